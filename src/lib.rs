@@ -1,0 +1,25 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+#![deny(unsafe_code)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+mod cancel;
+mod error;
+pub mod model;
+mod persistence;
+mod session;
+mod store;
+
+pub use cancel::CancelToken;
+pub use error::{Error, Result, WriterOwner};
+pub use model::header::{Header, Origin};
+pub use model::{
+    Batch, Commit, ContentRef, Event, INLINE_PAYLOAD_LIMIT, Message, PROJECTION_KINDS, Projection,
+    RecoveryStatus, SessionId, SessionRef, TERMINAL_TURN_STATUSES, Todo, TurnBoundary,
+};
+pub use persistence::{CreateOptions, Replay, Root, SessionInfo, StoreOptions, replay};
+pub use session::live::{PersistenceStatus, Session, SessionSnapshot};
+pub use session::pool::WRITER_THREADS;
+pub use store::read::LineageEntry;
+pub use store::reader::SessionReader;
+pub use store::schema::{APPLICATION_ID, CODEC, Durability, SCHEMA_VERSION};

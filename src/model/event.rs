@@ -1,0 +1,237 @@
+//! Events, batches, commits and content references.
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+use crate::model::ids::derived_id;
+
+/// Payloads longer than this are stored once in the `blobs` table (64 KiB).
+pub const INLINE_PAYLOAD_LIMIT: usize = 64 * 1024;
+
+/// One event of a session's log.
+///
+/// ```
+/// use session_store::Event;
+/// let e = Event::new("session/title").with_payload(&serde_json::json!({"title": "Hi"})).unwrap();
+/// assert_eq!(e.payload_str(), Some(r#"{"title":"Hi"}"#));
+/// ```
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Event {
+    /// Event id; empty on input means "derive one" (deterministic, see `docs/ARCHITECTURE.md`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub id: String,
+    /// Sequence number, assigned at acceptance (ignored on input).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub seq: u64,
+    /// Event kind, e.g. `message/complete`.
+    pub kind: String,
+    /// Optional events may be of any kind; the projection skips them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optional: bool,
+    /// The payload as JSON text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<Box<RawValue>>,
+    /// Set on events read back from storage whose payload lives in a blob.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_ref: Option<ContentRef>,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+impl Event {
+    /// A new event of `kind` with no payload.
+    pub fn new(kind: impl Into<String>) -> Self {
+        Event {
+            id: String::new(),
+            seq: 0,
+            kind: kind.into(),
+            optional: false,
+            payload: None,
+            content_ref: None,
+        }
+    }
+
+    /// Sets the payload from any serializable value.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] when the value cannot be serialized to JSON.
+    pub fn with_payload<T: Serialize + ?Sized>(mut self, value: &T) -> Result<Self> {
+        let text = serde_json::to_string(value)
+            .map_err(|e| Error::invalid(format!("payload is not JSON: {e}")))?;
+        self.payload = Some(raw_json(text)?);
+        Ok(self)
+    }
+
+    /// Sets the payload from JSON text.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] when `json` is not a single JSON value.
+    pub fn with_payload_json(mut self, json: &str) -> Result<Self> {
+        self.payload = Some(raw_json(json.to_owned())?);
+        Ok(self)
+    }
+
+    /// Marks the event optional (stored, skipped by the projection).
+    pub fn optional(mut self) -> Self {
+        self.optional = true;
+        self
+    }
+
+    /// Sets a caller-chosen event id.
+    pub fn with_id(mut self, id: impl Into<String>) -> Self {
+        self.id = id.into();
+        self
+    }
+
+    /// The payload JSON text, if any.
+    pub fn payload_str(&self) -> Option<&str> {
+        self.payload.as_deref().map(RawValue::get)
+    }
+
+    /// Bytes of the payload text (0 without a payload).
+    pub fn payload_len(&self) -> usize {
+        self.payload_str().map_or(0, str::len)
+    }
+}
+
+/// Parses JSON text into a raw value, refusing anything that is not exactly one JSON value.
+pub(crate) fn raw_json(text: String) -> Result<Box<RawValue>> {
+    RawValue::from_string(text).map_err(|e| Error::invalid(format!("payload is not JSON: {e}")))
+}
+
+/// One atomic append: an operation id (the idempotency key), an optional turn id and events.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Batch {
+    /// Idempotency key: a retry with the same id and content returns the original commit.
+    pub operation_id: String,
+    /// The turn this batch belongs to; derived from the operation id when a `turn/start`
+    /// is appended without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<String>,
+    /// The events, in order.
+    pub events: Vec<Event>,
+}
+
+impl Batch {
+    /// A batch without a turn id.
+    pub fn new(operation_id: impl Into<String>, events: Vec<Event>) -> Self {
+        Batch {
+            operation_id: operation_id.into(),
+            turn_id: None,
+            events,
+        }
+    }
+
+    /// Sets the turn id.
+    pub fn in_turn(mut self, turn_id: impl Into<String>) -> Self {
+        self.turn_id = Some(turn_id.into());
+        self
+    }
+}
+
+/// An accepted batch with its sequence range and identity.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Commit {
+    /// Random id of this commit.
+    pub commit_id: String,
+    /// The batch's operation id.
+    pub operation_id: String,
+    /// SHA-256 (hex) of the caller-supplied content, see [`operation_hash`].
+    pub operation_hash: String,
+    /// Sequence of the first event.
+    pub first_seq: u64,
+    /// The turn id (explicit or derived).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn_id: Option<String>,
+    /// Lease generation of the writer that accepted it.
+    pub writer_generation: u64,
+    /// Acceptance time, milliseconds since the Unix epoch.
+    pub created_at_ms: i64,
+    /// The events with their sequences and ids.
+    pub events: Vec<Event>,
+}
+
+impl Commit {
+    /// Sequence of the last event.
+    pub fn last_seq(&self) -> u64 {
+        self.first_seq + self.events.len() as u64 - 1
+    }
+}
+
+/// A reference to content stored in the `blobs` table.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContentRef {
+    /// SHA-256 of the raw bytes, lowercase hex.
+    pub digest: String,
+    /// Size of the raw bytes.
+    pub bytes: u64,
+    /// Media type of the bytes (`application/json` for payloads and messages).
+    pub media_type: String,
+}
+
+#[derive(Serialize)]
+struct HashedEvent<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a str>,
+    kind: &'a str,
+    optional: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload: Option<&'a RawValue>,
+}
+
+#[derive(Serialize)]
+struct HashedBatch<'a> {
+    #[serde(rename = "turnId", skip_serializing_if = "Option::is_none")]
+    turn_id: Option<&'a str>,
+    events: Vec<HashedEvent<'a>>,
+}
+
+/// The operation hash: lowercase hex SHA-256 of the JSON encoding of the caller-supplied
+/// content `{turnId?, events:[{id?, kind, optional, payload?}]}`.
+///
+/// `supplied_ids[i]` says whether event `i`'s id came from the caller; derived ids are not
+/// hashed, so a retry of the same logical batch hashes the same. Unlike upstream the session
+/// id is not hashed, so a session keeps its idempotency keys when imported under a new id.
+pub(crate) fn operation_hash(turn_id: Option<&str>, events: &[Event], supplied_ids: &[bool]) -> String {
+    let hashed = HashedBatch {
+        turn_id,
+        events: events
+            .iter()
+            .zip(supplied_ids)
+            .map(|(e, supplied)| HashedEvent {
+                id: supplied.then_some(e.id.as_str()),
+                kind: &e.kind,
+                optional: e.optional,
+                payload: e.payload.as_deref(),
+            })
+            .collect(),
+    };
+    // Serializing borrowed strings and raw values cannot fail.
+    let bytes = serde_json::to_vec(&hashed).unwrap_or_default();
+    hex::encode(Sha256::digest(&bytes))
+}
+
+/// The id given to event `index` of an operation whose caller left it empty.
+pub(crate) fn derived_event_id(operation_id: &str, operation_hash: &str, index: usize) -> String {
+    derived_id(&["event", operation_id, operation_hash, &index.to_string()])
+}
+
+/// Recomputes a stored commit's operation hash, telling derived ids from supplied ones.
+pub(crate) fn rehash_commit(commit: &Commit) -> String {
+    let supplied: Vec<bool> = commit
+        .events
+        .iter()
+        .enumerate()
+        .map(|(i, e)| e.id != derived_event_id(&commit.operation_id, &commit.operation_hash, i))
+        .collect();
+    operation_hash(commit.turn_id.as_deref(), &commit.events, &supplied)
+}
+
+/// SHA-256 of bytes, lowercase hex.
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}

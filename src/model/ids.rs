@@ -1,0 +1,200 @@
+//! Session identities: validated ids, refs, random and derived ids.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+
+/// Windows device names, refused as the part of an id before the first `.`.
+const RESERVED_NAMES: [&str; 22] = [
+    "CON", "PRN", "AUX", "NUL", "COM1", "COM2", "COM3", "COM4", "COM5", "COM6", "COM7", "COM8",
+    "COM9", "LPT1", "LPT2", "LPT3", "LPT4", "LPT5", "LPT6", "LPT7", "LPT8", "LPT9",
+];
+
+/// A validated session id: one safe path segment of 1..=255 bytes.
+///
+/// ```
+/// use session_store::SessionId;
+/// assert!(SessionId::new("chat-42").is_ok());
+/// assert!(SessionId::new("../x").is_err());
+/// assert!(SessionId::new("con.txt").is_err());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct SessionId(String);
+
+impl SessionId {
+    /// Validates `id` (DESIGN §2): no separators or `< > : " | ? *`, no control characters,
+    /// no leading/trailing `.` or white space, not a Windows device name.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] naming the rule that failed.
+    pub fn new(id: impl Into<String>) -> Result<Self> {
+        let id = id.into();
+        validate(&id)?;
+        Ok(SessionId(id))
+    }
+
+    /// A random id: 32 lowercase hex characters.
+    pub fn random() -> Self {
+        SessionId(random_hex())
+    }
+
+    /// The id as a string slice.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+fn validate(id: &str) -> Result<()> {
+    let bad = |why: &str| Err(Error::invalid(format!("invalid session id {id:?}: {why}")));
+    if id.is_empty() {
+        return bad("empty");
+    }
+    if id.len() > 255 {
+        return bad("longer than 255 bytes");
+    }
+    if id.trim() != id {
+        return bad("leading or trailing white space");
+    }
+    if id.starts_with('.') || id.ends_with('.') {
+        return bad("starts or ends with '.'");
+    }
+    if let Some(c) = id
+        .chars()
+        .find(|c| matches!(c, '/' | '\\' | '<' | '>' | ':' | '"' | '|' | '?' | '*') || c.is_control())
+    {
+        return bad(&format!("contains {c:?}"));
+    }
+    let stem = id.split('.').next().unwrap_or(id);
+    if RESERVED_NAMES.iter().any(|r| r.eq_ignore_ascii_case(stem)) {
+        return Err(Error::invalid(format!(
+            "reserved session id {id:?}: {stem} is a device name"
+        )));
+    }
+    Ok(())
+}
+
+impl TryFrom<String> for SessionId {
+    type Error = Error;
+    fn try_from(value: String) -> Result<Self> {
+        SessionId::new(value)
+    }
+}
+
+impl From<SessionId> for String {
+    fn from(id: SessionId) -> String {
+        id.0
+    }
+}
+
+impl FromStr for SessionId {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        SessionId::new(s)
+    }
+}
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl AsRef<str> for SessionId {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A session as a host names it: the owning host and the session id.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SessionRef {
+    /// The host that owns the session (a service only serves its own host id).
+    pub host_id: String,
+    /// The session id.
+    pub session_id: SessionId,
+}
+
+impl SessionRef {
+    /// Builds a ref, validating both parts.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for an empty host id or an invalid session id.
+    pub fn new(host_id: impl Into<String>, session_id: impl Into<String>) -> Result<Self> {
+        let host_id = host_id.into();
+        if host_id.trim().is_empty() {
+            return Err(Error::invalid("host id is required"));
+        }
+        Ok(SessionRef {
+            host_id,
+            session_id: SessionId::new(session_id)?,
+        })
+    }
+}
+
+impl fmt::Display for SessionRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.host_id, self.session_id)
+    }
+}
+
+/// 16 random bytes as 32 lowercase hex characters.
+pub(crate) fn random_hex() -> String {
+    format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..))
+}
+
+/// First 16 bytes (32 hex chars) of SHA-256 over the parts joined by NUL.
+pub(crate) fn derived_id(parts: &[&str]) -> String {
+    let mut h = Sha256::new();
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            h.update([0u8]);
+        }
+        h.update(p.as_bytes());
+    }
+    hex::encode(&h.finalize()[..16])
+}
+
+/// The turn id of a batch that opens a turn without naming one (upstream §1.8).
+pub(crate) fn derived_turn_id(session: &SessionId, operation_id: &str) -> String {
+    derived_id(&["turn", session.as_str(), operation_id])
+}
+
+/// Milliseconds since the Unix epoch.
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_unsafe_ids() {
+        for bad in [
+            "", "../x", "a/b", "a\\b", "CON", "con", "Lpt1.log", ".hidden", "trail.", " pad",
+            "nul\0", "a:b", "q?",
+        ] {
+            assert!(SessionId::new(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(SessionId::new("x".repeat(256)).is_err());
+        assert!(SessionId::new("x".repeat(255)).is_ok());
+        assert!(SessionId::new("console").is_ok());
+        assert!(SessionId::new("a b.c").is_ok());
+    }
+
+    #[test]
+    fn random_ids_are_valid_hex() {
+        let id = SessionId::random();
+        assert_eq!(id.as_str().len(), 32);
+        assert!(id.as_str().bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_ne!(SessionId::random(), id);
+    }
+}

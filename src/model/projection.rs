@@ -1,0 +1,813 @@
+//! The projection: session state folded from events (upstream §1.6–§1.8).
+//!
+//! Folding is two-phase: [`Projection::prepare`] parses and checks a whole batch against
+//! the current state without changing it (every error is found here), then
+//! [`Projection::apply_prepared`] applies it and cannot fail. This gives the semantics of
+//! "fold on a clone, then swap" without cloning the projection on every append.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use serde::de::{DeserializeOwned, IgnoredAny};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::model::event::{Commit, Event};
+use crate::model::message::{Message, model_messages};
+
+/// Event kinds the projection understands; any other kind must be `optional`.
+pub const PROJECTION_KINDS: [&str; 23] = [
+    "message/complete",
+    "message/upsert",
+    "assistant/attempt",
+    "history/replace",
+    "model/context-replace",
+    "compaction",
+    "legacy/import",
+    "session/title",
+    "session/config",
+    "turn/start",
+    "turn/end",
+    "step/start",
+    "step/end",
+    "tool/call",
+    "tool/start",
+    "tool/result",
+    "todo/write",
+    "interaction/created",
+    "interaction/resolved",
+    "runtime/recovery",
+    "plan/state",
+    "goal/state",
+    "diagnostic",
+];
+
+/// Turn statuses allowed in `turn/end`.
+pub const TERMINAL_TURN_STATUSES: [&str; 6] = [
+    "completed",
+    "interrupted",
+    "recovery_required",
+    "unknown",
+    "failed",
+    "protocol_failed",
+];
+
+/// Status of the open turn.
+pub const TURN_IN_PROGRESS: &str = "in_progress";
+
+/// A completed turn: where it started and ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnBoundary {
+    /// The turn id.
+    pub turn_id: String,
+    /// Sequence of the `turn/start` event.
+    pub start_sequence: u64,
+    /// Sequence of the `turn/end` event.
+    pub end_sequence: u64,
+    /// Last sequence of the commit that holds the `turn/end`: where a fork may cut.
+    pub boundary_sequence: u64,
+    /// The terminal status.
+    pub status: String,
+}
+
+/// One todo item of `todo/write`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Todo {
+    /// What to do (non-blank, trimmed, unique in the list).
+    pub content: String,
+    /// `pending`, `in_progress` or `completed`.
+    pub status: String,
+}
+
+/// Recovery state recorded by `runtime/recovery` (snake_case keys, strict).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecoveryStatus {
+    /// E.g. `recovery_required`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub state: String,
+    /// The tool call concerned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
+    /// The attempt concerned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_id: Option<String>,
+    /// Whether a person must decide how to continue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requires_user_decision: Option<bool>,
+    /// Whether the interrupted work was read-only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only: Option<bool>,
+    /// Phase of the interrupted work, e.g. `tool`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// Why recovery is needed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// When a retry is planned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_attempt_at: Option<Value>,
+    /// How long the runtime waited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waited_ms: Option<u64>,
+    /// How long it may wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_budget_ms: Option<u64>,
+    /// Whether it is still waiting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<bool>,
+}
+
+/// Session state folded from its events.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Projection {
+    /// Sequence of the last folded event.
+    pub committed_sequence: u64,
+    /// The open turn, if any.
+    pub turn_id: Option<String>,
+    /// Status of the open turn, or the terminal status of the last one (empty before any turn).
+    pub turn_status: String,
+    /// Sequence of the open turn's `turn/start` (0 without an open turn).
+    pub current_turn_start: u64,
+    /// Every ended turn, in order.
+    pub turns: Vec<TurnBoundary>,
+    /// The UI transcript.
+    pub messages: Vec<Message>,
+    /// The exact provider workset.
+    pub model_messages: Vec<Message>,
+    /// The current turn's todo list.
+    pub todos: Vec<Todo>,
+    /// Whether the current turn wrote todos.
+    pub todo_written: bool,
+    /// Pending interactions: id → `pending`.
+    pub interactions: BTreeMap<String, String>,
+    /// Active tools: call id → tool name.
+    pub active_tools: BTreeMap<String, String>,
+    /// The last recovery status (cleared by `turn/start`).
+    pub recovery: Option<RecoveryStatus>,
+    /// The last `plan/state` object.
+    pub plan_state: Option<Value>,
+    /// The last `goal/state` object.
+    pub goal_state: Option<Value>,
+    /// The last `session/title`.
+    pub title: String,
+    /// One-based sequence of the last title event (0 = never titled).
+    pub title_sequence: u64,
+    /// The configured model.
+    pub model_ref: String,
+    /// The configured model identity.
+    pub model_identity: Option<Value>,
+    #[serde(skip)]
+    message_index: HashMap<String, usize>,
+    #[serde(skip)]
+    model_index: HashMap<String, usize>,
+}
+
+/// A batch that passed [`Projection::prepare`], ready to apply.
+#[derive(Debug)]
+pub struct PreparedFold(Vec<Parsed>);
+
+#[derive(Debug)]
+enum Parsed {
+    Skip,
+    MessageComplete(Message),
+    MessageUpsert(Message),
+    HistoryReplace(Vec<Message>),
+    ModelReplace(Vec<Message>),
+    LegacyImport(LegacyImport),
+    Title(String),
+    Config(ConfigPayload),
+    TurnStart,
+    TurnEnd(String),
+    ToolStart(String, String),
+    ToolResult(String),
+    Todos(Vec<Todo>),
+    InteractionCreated(String),
+    InteractionResolved(String),
+    Recovery(RecoveryStatus),
+    PlanState(Value),
+    GoalState(Value),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MessagePayload {
+    message: Message,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AttemptPayload {
+    id: String,
+    #[serde(rename = "messageId")]
+    _message_id: Option<IgnoredAny>,
+    action: String,
+    #[serde(rename = "attempt")]
+    _attempt: Option<IgnoredAny>,
+    #[serde(rename = "max")]
+    _max: Option<IgnoredAny>,
+    #[serde(rename = "reason")]
+    _reason: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MessagesPayload {
+    messages: Vec<Message>,
+    #[serde(rename = "reason")]
+    _reason: Option<IgnoredAny>,
+    #[serde(rename = "trigger")]
+    _trigger: Option<IgnoredAny>,
+    #[serde(rename = "sourceSequences")]
+    _source_sequences: Option<Vec<u64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LegacyImport {
+    #[serde(rename = "source")]
+    _source: Option<IgnoredAny>,
+    messages: Vec<Message>,
+    goal: Option<Value>,
+    #[serde(rename = "modelRef", default)]
+    model_ref: String,
+    #[serde(rename = "modelIdentity")]
+    model_identity: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TitlePayload {
+    title: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigPayload {
+    #[serde(rename = "modelRef")]
+    model_ref: String,
+    #[serde(rename = "modelIdentity")]
+    model_identity: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TurnEndPayload {
+    status: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StepPayload {
+    id: String,
+    #[serde(rename = "status")]
+    _status: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ToolStartPayload {
+    id: String,
+    name: String,
+}
+
+/// `tool/call` and `tool/result` keys (upstream §1.6); `tool/result` adds five more.
+macro_rules! tool_payload {
+    ($name:ident { $($extra:ident : $key:literal),* }) => {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct $name {
+            id: String,
+            name: String,
+            args: Option<IgnoredAny>,
+            #[serde(rename = "runState")] run_state: Option<IgnoredAny>,
+            diagnostic: Option<IgnoredAny>,
+            #[serde(rename = "resolvedName")] resolved_name: Option<IgnoredAny>,
+            #[serde(rename = "capabilityId")] capability_id: Option<IgnoredAny>,
+            #[serde(rename = "readOnly")] read_only: Option<IgnoredAny>,
+            truncated: Option<IgnoredAny>,
+            #[serde(rename = "durationMs")] duration_ms: Option<IgnoredAny>,
+            #[serde(rename = "startedAt")] started_at: Option<IgnoredAny>,
+            #[serde(rename = "endedAt")] ended_at: Option<IgnoredAny>,
+            partial: Option<IgnoredAny>,
+            #[serde(rename = "argChars")] arg_chars: Option<IgnoredAny>,
+            refreshed: Option<IgnoredAny>,
+            #[serde(rename = "parentId")] parent_id: Option<IgnoredAny>,
+            #[serde(rename = "attemptId")] attempt_id: Option<IgnoredAny>,
+            #[serde(rename = "subagentRef")] subagent_ref: Option<IgnoredAny>,
+            #[serde(rename = "subagentStatus")] subagent_status: Option<IgnoredAny>,
+            #[serde(rename = "subagentErrorCode")] subagent_error_code: Option<IgnoredAny>,
+            #[serde(rename = "subagentRetryable")] subagent_retryable: Option<IgnoredAny>,
+            diff: Option<IgnoredAny>,
+            added: Option<IgnoredAny>,
+            removed: Option<IgnoredAny>,
+            profile: Option<IgnoredAny>,
+            execution: Option<IgnoredAny>,
+            #[serde(rename = "presentedFiles")] presented_files: Option<IgnoredAny>,
+            #[serde(rename = "workspaceMutation")] workspace_mutation: Option<IgnoredAny>,
+            #[serde(rename = "workspacePaths")] workspace_paths: Option<IgnoredAny>,
+            #[serde(rename = "workspaceAllPaths")] workspace_all_paths: Option<IgnoredAny>,
+            $(#[serde(rename = $key)] $extra: Option<IgnoredAny>,)*
+        }
+    };
+}
+tool_payload!(ToolCallPayload {});
+tool_payload!(ToolResultPayload { error: "error", output: "output", state: "state", todos: "todos", todo_written: "todoWritten" });
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TodoPayload {
+    todos: Vec<Todo>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InteractionCreatedPayload {
+    id: String,
+    #[serde(rename = "toolCallId")]
+    _tool_call_id: Option<IgnoredAny>,
+    #[serde(rename = "kind")]
+    _kind: Option<IgnoredAny>,
+    #[serde(default)]
+    state: String,
+    #[serde(rename = "sessionId")]
+    _session_id: Option<IgnoredAny>,
+    #[serde(rename = "headId")]
+    _head_id: Option<IgnoredAny>,
+    #[serde(rename = "turnId")]
+    _turn_id: Option<IgnoredAny>,
+    #[serde(rename = "runtimeEpoch")]
+    _runtime_epoch: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InteractionResolvedPayload {
+    id: String,
+    state: String,
+}
+
+fn bad(kind: &str, reason: impl Into<String>) -> Error {
+    Error::InvalidPayload {
+        kind: kind.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+fn decode<T: DeserializeOwned>(event: &Event) -> Result<T> {
+    let text = event
+        .payload_str()
+        .ok_or_else(|| bad(&event.kind, "payload is required"))?;
+    serde_json::from_str(text).map_err(|e| bad(&event.kind, e.to_string()))
+}
+
+fn required_id(kind: &str, id: &str) -> Result<()> {
+    if id.trim().is_empty() {
+        return Err(bad(kind, "id is required"));
+    }
+    Ok(())
+}
+
+fn one_of(kind: &str, field: &str, value: &str, allowed: &[&str]) -> Result<()> {
+    if !allowed.contains(&value) {
+        return Err(bad(kind, format!("{field} {value:?} is not one of {allowed:?}")));
+    }
+    Ok(())
+}
+
+fn json_object(event: &Event) -> Result<Value> {
+    let value: Value = decode(event)?;
+    if !value.is_object() {
+        return Err(bad(&event.kind, "payload must be a JSON object"));
+    }
+    Ok(value)
+}
+
+/// Parses and validates one event's payload against its kind's schema.
+fn parse(event: &Event) -> Result<Parsed> {
+    let kind = event.kind.as_str();
+    if event.optional {
+        return Ok(Parsed::Skip);
+    }
+    Ok(match kind {
+        "message/complete" | "message/upsert" => {
+            let p: MessagePayload = decode(event)?;
+            required_id(kind, &p.message.id)?;
+            if kind == "message/complete" {
+                Parsed::MessageComplete(p.message)
+            } else {
+                Parsed::MessageUpsert(p.message)
+            }
+        }
+        "assistant/attempt" => {
+            let p: AttemptPayload = decode(event)?;
+            required_id(kind, &p.id)?;
+            one_of(kind, "action", &p.action, &["begin", "discard", "commit"])?;
+            Parsed::Skip
+        }
+        "history/replace" => Parsed::HistoryReplace(decode::<MessagesPayload>(event)?.messages),
+        "model/context-replace" | "compaction" => {
+            Parsed::ModelReplace(decode::<MessagesPayload>(event)?.messages)
+        }
+        "legacy/import" => Parsed::LegacyImport(decode(event)?),
+        "session/title" => Parsed::Title(decode::<TitlePayload>(event)?.title),
+        "session/config" => {
+            let p: ConfigPayload = decode(event)?;
+            if p.model_ref.trim().is_empty() {
+                return Err(bad(kind, "modelRef is required"));
+            }
+            Parsed::Config(p)
+        }
+        "turn/start" => Parsed::TurnStart,
+        "turn/end" => {
+            let p: TurnEndPayload = decode(event)?;
+            one_of(kind, "status", &p.status, &TERMINAL_TURN_STATUSES)?;
+            Parsed::TurnEnd(p.status)
+        }
+        "step/start" | "step/end" => {
+            required_id(kind, &decode::<StepPayload>(event)?.id)?;
+            Parsed::Skip
+        }
+        "tool/call" => {
+            let p: ToolCallPayload = decode(event)?;
+            required_id(kind, &p.id)?;
+            required_id(kind, &p.name)?;
+            Parsed::Skip
+        }
+        "tool/start" => {
+            let p: ToolStartPayload = decode(event)?;
+            required_id(kind, &p.id)?;
+            required_id(kind, &p.name)?;
+            Parsed::ToolStart(p.id, p.name)
+        }
+        "tool/result" => {
+            let p: ToolResultPayload = decode(event)?;
+            required_id(kind, &p.id)?;
+            required_id(kind, &p.name)?;
+            Parsed::ToolResult(p.id)
+        }
+        "todo/write" => {
+            let p: TodoPayload = decode(event)?;
+            let mut seen = HashSet::new();
+            for t in &p.todos {
+                if t.content.trim().is_empty() || t.content.trim() != t.content {
+                    return Err(bad(kind, "todo content must be non-blank and trimmed"));
+                }
+                if !seen.insert(t.content.as_str()) {
+                    return Err(bad(kind, format!("duplicate todo {:?}", t.content)));
+                }
+                one_of(kind, "status", &t.status, &["pending", "in_progress", "completed"])?;
+            }
+            Parsed::Todos(p.todos)
+        }
+        "interaction/created" => {
+            let p: InteractionCreatedPayload = decode(event)?;
+            required_id(kind, &p.id)?;
+            one_of(kind, "state", &p.state, &["", "pending"])?;
+            Parsed::InteractionCreated(p.id)
+        }
+        "interaction/resolved" => {
+            let p: InteractionResolvedPayload = decode(event)?;
+            required_id(kind, &p.id)?;
+            one_of(
+                kind,
+                "state",
+                &p.state,
+                &["answered", "rejected", "cancelled", "unavailable"],
+            )?;
+            Parsed::InteractionResolved(p.id)
+        }
+        "runtime/recovery" => Parsed::Recovery(decode(event)?),
+        "plan/state" => Parsed::PlanState(json_object(event)?),
+        "goal/state" => Parsed::GoalState(json_object(event)?),
+        "diagnostic" => Parsed::Skip,
+        other => {
+            return Err(Error::UnsupportedVersion(format!(
+                "unknown required event kind {other:?} (mark it optional to store it)"
+            )));
+        }
+    })
+}
+
+impl Projection {
+    /// The number of ended turns.
+    pub fn ended_turns(&self) -> usize {
+        self.turns.len()
+    }
+
+    /// The first user message's text, trimmed, cut to 240 characters.
+    pub fn preview(&self) -> Option<String> {
+        self.messages
+            .iter()
+            .filter(|m| m.role() == Some("user"))
+            .filter_map(Message::text)
+            .map(str::trim)
+            .find(|t| !t.is_empty())
+            .map(|t| t.chars().take(240).collect())
+    }
+
+    /// The ended turn with this id.
+    pub fn turn(&self, turn_id: &str) -> Option<&TurnBoundary> {
+        self.turns.iter().find(|t| t.turn_id == turn_id)
+    }
+
+    /// Whether the state has an open turn or a pending interaction.
+    pub fn has_active_authority(&self) -> bool {
+        self.turn_id.is_some() || !self.interactions.is_empty()
+    }
+
+    /// Parses and checks a batch against this state without changing it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidPayload`] for a schema violation or a duplicate message id,
+    /// [`Error::UnsupportedVersion`] for an unknown required kind.
+    pub fn prepare(&self, events: &[Event]) -> Result<PreparedFold> {
+        let parsed = events.iter().map(parse).collect::<Result<Vec<_>>>()?;
+        // Duplicate stable ids through message/complete reject the whole batch.
+        let mut reset: Option<HashSet<&str>> = None;
+        let mut added: HashSet<&str> = HashSet::new();
+        for p in &parsed {
+            match p {
+                Parsed::MessageComplete(m) => {
+                    let known = match &reset {
+                        Some(ids) => ids.contains(m.id.as_str()),
+                        None => self.message_index.contains_key(&m.id),
+                    };
+                    if known || !added.insert(m.id.as_str()) {
+                        return Err(bad(
+                            "message/complete",
+                            format!("duplicate message id {:?}", m.id),
+                        ));
+                    }
+                }
+                Parsed::MessageUpsert(m) => {
+                    added.insert(m.id.as_str());
+                }
+                Parsed::HistoryReplace(ms) | Parsed::LegacyImport(LegacyImport { messages: ms, .. }) => {
+                    reset = Some(ms.iter().map(|m| m.id.as_str()).collect());
+                    added.clear();
+                }
+                _ => {}
+            }
+        }
+        Ok(PreparedFold(parsed))
+    }
+
+    /// Applies a prepared batch whose events carry sequences `first_seq..` and whose
+    /// commit ends at `commit_last_seq`.
+    pub fn apply_prepared(
+        &mut self,
+        prepared: PreparedFold,
+        first_seq: u64,
+        commit_last_seq: u64,
+        turn_id: Option<&str>,
+    ) {
+        for (i, p) in prepared.0.into_iter().enumerate() {
+            let seq = first_seq + i as u64;
+            self.committed_sequence = seq;
+            self.apply_one(p, seq, commit_last_seq, turn_id);
+        }
+    }
+
+    /// Folds one stored commit (prepare + apply).
+    ///
+    /// # Errors
+    /// As [`Projection::prepare`].
+    pub fn apply_commit(&mut self, commit: &Commit) -> Result<()> {
+        let prepared = self.prepare(&commit.events)?;
+        self.apply_prepared(
+            prepared,
+            commit.first_seq,
+            commit.last_seq(),
+            commit.turn_id.as_deref(),
+        );
+        Ok(())
+    }
+
+    /// Folds commits from an empty projection.
+    ///
+    /// # Errors
+    /// As [`Projection::prepare`].
+    pub fn fold<'a>(commits: impl IntoIterator<Item = &'a Commit>) -> Result<Projection> {
+        let mut p = Projection::default();
+        for c in commits {
+            p.apply_commit(c)?;
+        }
+        Ok(p)
+    }
+
+    fn apply_one(&mut self, parsed: Parsed, seq: u64, commit_last_seq: u64, turn_id: Option<&str>) {
+        match parsed {
+            Parsed::Skip => {}
+            Parsed::MessageComplete(m) => {
+                if let Some(model) = m.for_model() {
+                    self.push_model(model);
+                }
+                self.message_index.insert(m.id.clone(), self.messages.len());
+                self.messages.push(m);
+            }
+            Parsed::MessageUpsert(m) => self.upsert(m),
+            Parsed::HistoryReplace(ms) => self.replace_history(ms),
+            Parsed::ModelReplace(ms) => self.replace_model(ms),
+            Parsed::LegacyImport(l) => {
+                self.replace_history(l.messages);
+                self.goal_state = l.goal;
+                self.model_ref = l.model_ref.trim().to_owned();
+                self.model_identity = l.model_identity;
+            }
+            Parsed::Title(t) => {
+                self.title = t;
+                self.title_sequence = seq + 1;
+            }
+            Parsed::Config(c) => {
+                self.model_ref = c.model_ref.trim().to_owned();
+                self.model_identity = c.model_identity;
+            }
+            Parsed::TurnStart => {
+                self.turn_id = Some(turn_id.unwrap_or_default().to_owned());
+                self.turn_status = TURN_IN_PROGRESS.to_owned();
+                self.current_turn_start = seq;
+                self.todos.clear();
+                self.todo_written = false;
+                self.recovery = None;
+            }
+            Parsed::TurnEnd(status) => {
+                if let Some(open) = self.turn_id.take()
+                    && self.current_turn_start != 0
+                {
+                    self.turns.push(TurnBoundary {
+                        turn_id: open,
+                        start_sequence: self.current_turn_start,
+                        end_sequence: seq,
+                        boundary_sequence: commit_last_seq,
+                        status: status.clone(),
+                    });
+                }
+                self.turn_id = None;
+                self.current_turn_start = 0;
+                self.turn_status = status;
+            }
+            Parsed::ToolStart(id, name) => {
+                self.active_tools.insert(id, name);
+            }
+            Parsed::ToolResult(id) => {
+                self.active_tools.remove(&id);
+            }
+            Parsed::Todos(t) => {
+                self.todos = t;
+                self.todo_written = true;
+            }
+            Parsed::InteractionCreated(id) => {
+                self.interactions.insert(id, "pending".to_owned());
+            }
+            Parsed::InteractionResolved(id) => {
+                self.interactions.remove(&id);
+            }
+            Parsed::Recovery(r) => self.recovery = Some(r),
+            Parsed::PlanState(v) => self.plan_state = Some(v),
+            Parsed::GoalState(v) => self.goal_state = Some(v),
+        }
+    }
+
+    fn push_model(&mut self, m: Message) {
+        if !m.id.is_empty() {
+            self.model_index.insert(m.id.clone(), self.model_messages.len());
+        }
+        self.model_messages.push(m);
+    }
+
+    fn upsert(&mut self, m: Message) {
+        match self.model_index.get(&m.id).copied() {
+            Some(i) => match m.for_model() {
+                Some(model) => self.model_messages[i] = model,
+                None => {
+                    self.model_messages.remove(i);
+                    self.model_index = index_of(&self.model_messages);
+                }
+            },
+            None => {
+                if let Some(model) = m.for_model() {
+                    self.push_model(model);
+                }
+            }
+        }
+        match self.message_index.get(&m.id).copied() {
+            Some(i) => self.messages[i] = m,
+            None => {
+                self.message_index.insert(m.id.clone(), self.messages.len());
+                self.messages.push(m);
+            }
+        }
+    }
+
+    fn replace_history(&mut self, messages: Vec<Message>) {
+        self.replace_model(model_messages(&messages));
+        self.message_index = index_of(&messages);
+        self.messages = messages;
+    }
+
+    fn replace_model(&mut self, messages: Vec<Message>) {
+        self.model_index = index_of(&messages);
+        self.model_messages = messages;
+    }
+
+fn index_of(messages: &[Message]) -> HashMap<String, usize> {
+    messages
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| !m.id.is_empty())
+        .map(|(i, m)| (m.id.clone(), i))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ev(kind: &str, payload: Value) -> Event {
+        Event::new(kind).with_payload(&payload).unwrap()
+    }
+
+    fn fold(events: Vec<Event>, turn: Option<&str>) -> Result<Projection> {
+        let mut p = Projection::default();
+        let prepared = p.prepare(&events)?;
+        p.apply_prepared(prepared, 1, events.len() as u64, turn);
+        Ok(p)
+    }
+
+    #[test]
+    fn turn_boundaries_and_messages() {
+        let p = fold(
+            vec![
+                Event::new("turn/start"),
+                ev("message/complete", json!({"message": {"id": "a", "role": "user", "content": "hi"}})),
+                ev("turn/end", json!({"status": "completed"})),
+            ],
+            Some("t1"),
+        )
+        .unwrap();
+        assert_eq!(p.turns.len(), 1);
+        assert_eq!(p.turns[0].start_sequence, 1);
+        assert_eq!(p.turns[0].end_sequence, 3);
+        assert_eq!(p.turn_id, None);
+        assert_eq!(p.turn_status, "completed");
+        assert_eq!(p.model_messages.len(), 1);
+        assert_eq!(p.preview().as_deref(), Some("hi"));
+    }
+
+    #[test]
+    fn strict_payloads_are_refused() {
+        for (kind, payload) in [
+            ("tool/start", json!({"id": "x", "name": "bash", "extra": 1})),
+            ("turn/end", json!({"status": "in_progress"})),
+            ("message/complete", json!({"message": {"role": "user"}})),
+            ("todo/write", json!({"todos": [{"content": " x", "status": "pending"}]})),
+            ("plan/state", json!([1])),
+            ("interaction/resolved", json!({"id": "i", "state": "maybe"})),
+            ("runtime/recovery", json!({"State": "x"})),
+        ] {
+            let err = fold(vec![ev(kind, payload)], None).unwrap_err();
+            assert!(matches!(err, Error::InvalidPayload { .. }), "{kind}: {err}");
+        }
+        assert!(matches!(
+            fold(vec![Event::new("future/kind")], None).unwrap_err(),
+            Error::UnsupportedVersion(_)
+        ));
+        assert!(fold(vec![Event::new("future/kind").optional()], None).is_ok());
+    }
+
+    #[test]
+    fn duplicate_message_id_rejects_batch_without_change() {
+        let m = json!({"message": {"id": "a", "role": "user", "content": "x"}});
+        let mut p = fold(vec![ev("message/complete", m.clone())], None).unwrap();
+        let err = p.prepare(&[ev("session/title", json!({"title": "t"})), ev("message/complete", m.clone())]);
+        assert!(err.is_err());
+        assert_eq!(p.title, "");
+        // A history/replace earlier in the batch resets the known ids.
+        let ok = p
+            .prepare(&[ev("history/replace", json!({"messages": []})), ev("message/complete", m)])
+            .unwrap();
+        p.apply_prepared(ok, 2, 3, None);
+        assert_eq!(p.messages.len(), 1);
+    }
+
+    #[test]
+    fn upsert_and_local_only_filter() {
+        let p = fold(
+            vec![
+                ev("message/complete", json!({"message": {"id": "a", "role": "user", "content": "1"}})),
+                ev("message/upsert", json!({"message": {"id": "a", "role": "user", "content": "2", "local_only": true}})),
+                ev("message/upsert", json!({"message": {"id": "b", "role": "assistant", "content": "3", "provider_content": "P"}})),
+            ],
+            None,
+        )
+        .unwrap();
+        assert_eq!(p.messages.len(), 2);
+        assert_eq!(p.messages[0].text(), Some("2"));
+        assert_eq!(p.model_messages.len(), 1);
+        assert_eq!(p.model_messages[0].text(), Some("P"));
+    }
+}

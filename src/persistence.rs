@@ -1,0 +1,455 @@
+//! A root folder of sessions: create, open, stat, list, delete, replay; staging and
+//! atomic publication.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::cancel::CancelToken;
+use crate::error::{Error, Result, WriterOwner};
+use crate::model::event::rehash_commit;
+use crate::model::header::{Header, Origin};
+use crate::model::ids::{now_ms, random_hex};
+use crate::model::{Commit, Projection, SessionId};
+use crate::session::live::{Session, WriteBehind};
+use crate::store::lock::{WriterLock, recorded_owner};
+use crate::store::read::LineageEntry;
+use crate::store::reader::SessionReader;
+use crate::store::schema::{self, CODEC, Durability, LOCK_FILE, SESSION_FILE};
+use crate::store::{read, write};
+
+/// Folder under the root where creations are built before publication.
+pub(crate) const STAGING_DIR: &str = ".staging";
+/// Folder under the root where deletions land before removal.
+pub(crate) const TRASH_DIR: &str = ".trash";
+
+/// Settings of a root.
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    /// What a durable commit survives (default: power loss).
+    pub durability: Durability,
+    /// How long an accepted commit may wait before a timed drain (default 200 ms).
+    pub write_behind: Duration,
+    /// Byte budget of a session's write queue; `append` waits beyond it (default 16 MiB).
+    pub queue_budget: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            durability: Durability::PowerLoss,
+            write_behind: Duration::from_millis(200),
+            queue_budget: 16 << 20,
+        }
+    }
+}
+
+/// What to create.
+#[derive(Clone, Debug, Default)]
+pub struct CreateOptions {
+    /// The id; a random 32-hex id when `None`.
+    pub session_id: Option<SessionId>,
+    /// Working directory recorded in the header.
+    pub cwd: Option<String>,
+    /// The session this one derives from.
+    pub parent_session_id: Option<SessionId>,
+    /// How it came to be (default `new`).
+    pub origin: Origin,
+    /// Free-form provenance JSON.
+    pub provenance: Option<Value>,
+}
+
+impl CreateOptions {
+    /// Options for a session with this id.
+    pub fn with_id(id: SessionId) -> Self {
+        CreateOptions {
+            session_id: Some(id),
+            ..CreateOptions::default()
+        }
+    }
+}
+
+/// What `stat` reports about a session without reading its events.
+#[derive(Clone, Debug, Serialize)]
+pub struct SessionInfo {
+    /// The header row.
+    pub header: Header,
+    /// Last durable sequence.
+    pub durable_sequence: u64,
+    /// Events inherited from ancestors.
+    pub inherited_events: u64,
+    /// The ancestors, oldest first.
+    pub lineage: Vec<LineageEntry>,
+    /// The last writer that took the lease.
+    pub last_writer: WriterOwner,
+}
+
+/// The result of [`replay`]: every commit, validated, and their projection.
+#[derive(Clone, Debug)]
+pub struct Replay {
+    /// The header row.
+    pub header: Header,
+    /// Every durable commit in order.
+    pub commits: Vec<Commit>,
+    /// The fold of all commits.
+    pub projection: Projection,
+}
+
+/// A folder of sessions, one sub-folder each.
+///
+/// ```
+/// use session_store::{Batch, CreateOptions, Event, Root, SessionId};
+/// # fn main() -> session_store::Result<()> {
+/// let dir = tempfile::tempdir().unwrap();
+/// let root = Root::open(dir.path())?;
+/// let session = root.create(CreateOptions::with_id(SessionId::new("demo")?))?;
+/// session.append(Batch::new("op-1", vec![Event::new("session/title").with_payload(&serde_json::json!({"title": "Hello"}))?]))?;
+/// assert_eq!(session.flush()?, 1);
+/// session.close()?;
+/// assert_eq!(root.open_reader(&SessionId::new("demo")?)?.projection()?.title, "Hello");
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Root {
+    inner: Arc<RootInner>,
+}
+
+#[derive(Debug)]
+struct RootInner {
+    path: PathBuf,
+    options: StoreOptions,
+    host: String,
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+/// fsyncs a directory so that renames inside it are durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| Error::io(format!("fsync {}", dir.display()), e))
+}
+
+/// Renames `from` to `to`, failing with `SessionExists` if `to` exists (never replaces).
+pub(crate) fn rename_no_replace(from: &Path, to: &Path, id: &str) -> Result<()> {
+    use rustix::fs::{CWD, RenameFlags, renameat_with};
+    match renameat_with(CWD, from, CWD, to, RenameFlags::NOREPLACE) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::EXIST | rustix::io::Errno::NOTEMPTY) => Err(Error::SessionExists(id.to_owned())),
+        Err(e) => Err(Error::io(
+            format!("rename {} to {}", from.display(), to.display()),
+            std::io::Error::from(e),
+        )),
+    }
+}
+
+/// How many times a writer open retries a lock held only by a passing probe.
+const LOCK_ATTEMPTS: usize = 3;
+
+impl Root {
+    /// Opens (creating if needed) a root with default options.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the folder cannot be created.
+    pub fn open(path: impl AsRef<Path>) -> Result<Root> {
+        Self::with_options(path, StoreOptions::default())
+    }
+
+    /// Opens (creating if needed) a root with these options.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the folder cannot be created; [`Error::InvalidInput`] for a zero budget.
+    pub fn with_options(path: impl AsRef<Path>, options: StoreOptions) -> Result<Root> {
+        if options.queue_budget == 0 {
+            return Err(Error::invalid("queue budget must be positive"));
+        }
+        let path = path.as_ref().to_path_buf();
+        std::fs::create_dir_all(&path).map_err(|e| Error::io(format!("create root {}", path.display()), e))?;
+        Ok(Root {
+            inner: Arc::new(RootInner {
+                path,
+                options,
+                host: host_name(),
+            }),
+        })
+    }
+
+    /// The root folder.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &StoreOptions {
+        &self.inner.options
+    }
+
+    /// The folder of a session (whether or not it exists).
+    pub fn session_dir(&self, id: &SessionId) -> PathBuf {
+        self.inner.path.join(id.as_str())
+    }
+
+    /// A session folder that exists and is a real directory (not a symlink).
+    fn existing_dir(&self, id: &SessionId) -> Result<PathBuf> {
+        let dir = self.session_dir(id);
+        match std::fs::symlink_metadata(&dir) {
+            Ok(m) if m.is_dir() && dir.join(SESSION_FILE).is_file() => Ok(dir),
+            Ok(m) if !m.is_dir() => Err(Error::invalid(format!("{} is not a confined directory", dir.display()))),
+            _ => Err(Error::SessionNotFound(id.to_string())),
+        }
+    }
+
+    /// Creates a session and opens it for writing. The folder appears atomically: it is
+    /// built under `.staging/` and renamed into place with its writer lock already held.
+    ///
+    /// # Errors
+    /// [`Error::SessionExists`] when the id is taken; I/O and SQLite errors.
+    pub fn create(&self, options: CreateOptions) -> Result<Session> {
+        let id = options.session_id.clone().unwrap_or_else(SessionId::random);
+        let header = Header {
+            session_id: id.clone(),
+            codec: CODEC.to_owned(),
+            created_at_ms: now_ms(),
+            cwd: options.cwd,
+            parent_id: options.parent_session_id,
+            origin: options.origin,
+            provenance: options.provenance,
+        };
+        let (staging, lock) = self.stage(&id, "create", |conn| write::init_file(conn, &header))?;
+        self.publish(&staging, &id)?;
+        self.start_writer(&self.session_dir(&id), lock)
+    }
+
+    /// Builds a new session file in a fresh staging folder and takes its writer lock.
+    /// `fill` runs on the new file's connection; the folder is removed on any failure.
+    pub(crate) fn stage(
+        &self,
+        id: &SessionId,
+        purpose: &str,
+        fill: impl FnOnce(&mut rusqlite::Connection) -> Result<()>,
+    ) -> Result<(PathBuf, WriterLock)> {
+        if self.session_dir(id).exists() {
+            return Err(Error::SessionExists(id.to_string()));
+        }
+        let staging = self
+            .inner
+            .path
+            .join(STAGING_DIR)
+            .join(format!("{id}.{purpose}-{}", random_hex()));
+        std::fs::create_dir_all(&staging).map_err(|e| Error::io(format!("create {}", staging.display()), e))?;
+        let built = (|| {
+            let mut conn = schema::create_file(&staging.join(SESSION_FILE))?;
+            fill(&mut conn)?;
+            conn.close().map_err(|(_, e)| Error::from(e))?;
+            let lock = WriterLock::try_acquire(&staging.join(LOCK_FILE))?
+                .ok_or_else(|| Error::invalid("staging lock is held"))?;
+            sync_dir(&staging)?;
+            Ok(lock)
+        })();
+        match built {
+            Ok(lock) => Ok((staging, lock)),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&staging);
+                Err(e)
+            }
+        }
+    }
+
+    /// Renames a staged session folder into place; removes it if that fails.
+    pub(crate) fn publish(&self, staging: &Path, id: &SessionId) -> Result<()> {
+        let result = rename_no_replace(staging, &self.session_dir(id), id.as_str()).and_then(|()| sync_dir(&self.inner.path));
+        if result.is_err() {
+            let _ = std::fs::remove_dir_all(staging);
+        }
+        result
+    }
+
+    /// Opens an existing session for writing: takes the writer lock, bumps the lease
+    /// generation and rebuilds the projection from the file.
+    ///
+    /// # Errors
+    /// [`Error::SessionNotFound`]; [`Error::WriterOwned`] naming the holder when another
+    /// writer, in this process or another, has it.
+    pub fn open_writer(&self, id: &SessionId) -> Result<Session> {
+        let dir = self.existing_dir(id)?;
+        let lock_path = dir.join(LOCK_FILE);
+        for attempt in 1..=LOCK_ATTEMPTS {
+            if let Some(lock) = WriterLock::try_acquire(&lock_path)? {
+                return self.start_writer(&dir, lock);
+            }
+            if attempt < LOCK_ATTEMPTS {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        Err(Error::WriterOwned {
+            owner: self.current_owner(&dir)?,
+        })
+    }
+
+    fn current_owner(&self, dir: &Path) -> Result<WriterOwner> {
+        match recorded_owner(&dir.join(LOCK_FILE)) {
+            Some(owner) => Ok(owner),
+            None => SessionReader::open(dir)?.lease(),
+        }
+    }
+
+    fn start_writer(&self, dir: &Path, mut lock: WriterLock) -> Result<Session> {
+        let options = &self.inner.options;
+        let mut conn = schema::open_writer(&dir.join(SESSION_FILE), options.durability)?;
+        let mut owner = WriterOwner {
+            owner_id: random_hex(),
+            host: self.inner.host.clone(),
+            pid: std::process::id(),
+            generation: 0,
+            since_ms: now_ms(),
+        };
+        owner.generation = write::take_lease(&mut conn, &owner)?;
+        lock.record_owner(&owner)?;
+        Session::start(
+            dir,
+            conn,
+            lock,
+            owner,
+            WriteBehind {
+                delay: options.write_behind,
+                budget: options.queue_budget,
+            },
+        )
+    }
+
+    /// Opens a session read-only: no lock, no lease; sees only the durable prefix.
+    ///
+    /// # Errors
+    /// [`Error::SessionNotFound`]; [`Error::Corrupt`] or [`Error::UnsupportedVersion`] for a
+    /// file this build cannot read.
+    pub fn open_reader(&self, id: &SessionId) -> Result<SessionReader> {
+        SessionReader::open(&self.existing_dir(id)?)
+    }
+
+    /// Header, sequences, lineage and last writer of a session.
+    ///
+    /// # Errors
+    /// As [`Root::open_reader`].
+    pub fn stat(&self, id: &SessionId) -> Result<SessionInfo> {
+        let reader = self.open_reader(id)?;
+        Ok(SessionInfo {
+            header: reader.header().clone(),
+            durable_sequence: reader.durable_sequence()?,
+            inherited_events: reader.inherited_events(),
+            lineage: reader.lineage(),
+            last_writer: reader.lease()?,
+        })
+    }
+
+    /// The current writer of a session, if one holds its lock now.
+    ///
+    /// # Errors
+    /// As [`Root::open_reader`].
+    pub fn writer_owner(&self, id: &SessionId) -> Result<Option<WriterOwner>> {
+        let dir = self.existing_dir(id)?;
+        match WriterLock::try_acquire(&dir.join(LOCK_FILE))? {
+            Some(_probe) => Ok(None),
+            None => self.current_owner(&dir).map(Some),
+        }
+    }
+
+    /// Ids of every session under the root, sorted. Staging, trash and other dot-entries
+    /// are never listed.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the root cannot be read.
+    pub fn list_ids(&self) -> Result<Vec<SessionId>> {
+        let entries = std::fs::read_dir(&self.inner.path)
+            .map_err(|e| Error::io(format!("read {}", self.inner.path.display()), e))?;
+        let mut ids = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io("read root entry", e))?;
+            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                continue;
+            };
+            if name.starts_with('.') || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            if let Ok(id) = SessionId::new(name)
+                && entry.path().join(SESSION_FILE).is_file()
+            {
+                ids.push(id);
+            }
+        }
+        ids.sort();
+        Ok(ids)
+    }
+
+    /// Deletes a session: waits (until `cancel`) for its writer lock, so an owned session
+    /// is never deleted under its writer, then renames it into `.trash/` and removes it.
+    ///
+    /// # Errors
+    /// [`Error::Cancelled`] when the wait is cancelled (nothing is deleted);
+    /// [`Error::SessionNotFound`]; [`Error::InvalidInput`] while forks inherit from it.
+    pub fn delete(&self, id: &SessionId, cancel: &CancelToken) -> Result<()> {
+        let dir = self.existing_dir(id)?;
+        let lock = WriterLock::acquire(&dir.join(LOCK_FILE), cancel)?;
+        let dependents = read::read_dependents(&schema::open_reader(&dir.join(SESSION_FILE))?)?;
+        if !dependents.is_empty() {
+            return Err(Error::invalid(format!("{} sessions inherit from {id}", dependents.len())));
+        }
+        let trash = self.inner.path.join(TRASH_DIR);
+        std::fs::create_dir_all(&trash).map_err(|e| Error::io("create trash", e))?;
+        let tomb = trash.join(format!("{id}-{}", random_hex()));
+        rename_no_replace(&dir, &tomb, id.as_str())?;
+        sync_dir(&self.inner.path)?;
+        drop(lock);
+        std::fs::remove_dir_all(&tomb).map_err(|e| Error::io(format!("remove {}", tomb.display()), e))?;
+        Ok(())
+    }
+}
+
+/// Reads and validates every commit of a session file (or a session folder): contiguous
+/// sequences from 1, operation hashes, blob digests, known kinds, and a full fold.
+/// Ancestors of a fork are resolved as siblings of its folder.
+///
+/// # Errors
+/// [`Error::Corrupt`] naming the first problem; [`Error::SessionNotFound`] for a missing file.
+pub fn replay(path: impl AsRef<Path>) -> Result<Replay> {
+    let path = path.as_ref();
+    let (file, root) = if path.is_dir() {
+        (path.join(SESSION_FILE), path.parent().unwrap_or(path).to_path_buf())
+    } else {
+        let root = path.parent().and_then(Path::parent).unwrap_or(Path::new("."));
+        (path.to_path_buf(), root.to_path_buf())
+    };
+    schema::open_reader(&file)?;
+    let reader = SessionReader::open_file(&file, &root)?;
+    let mut commits = Vec::new();
+    let mut projection = Projection::default();
+    let mut expected = 1u64;
+    reader.visit(|c| {
+        if c.first_seq != expected {
+            return Err(Error::corrupt(format!("sequence gap: expected {expected}, found {}", c.first_seq)));
+        }
+        if rehash_commit(&c) != c.operation_hash {
+            return Err(Error::corrupt(format!("operation {:?} does not match its hash", c.operation_id)));
+        }
+        projection
+            .apply_commit(&c)
+            .map_err(|e| Error::corrupt(format!("commit {}: {e}", c.first_seq)))?;
+        expected = c.last_seq() + 1;
+        commits.push(c);
+        Ok(())
+    })?;
+    Ok(Replay {
+        header: reader.header().clone(),
+        commits,
+        projection,
+    })
+}

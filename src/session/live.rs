@@ -1,0 +1,524 @@
+//! A live writable session: the accepted tail in memory, write-behind group commit,
+//! `flush`, backpressure and close.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use rusqlite::Connection;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result, WriterOwner};
+use crate::model::event::{derived_event_id, operation_hash};
+use crate::model::ids::{derived_turn_id, now_ms, random_hex};
+use crate::model::{Batch, Commit, Event, Projection, SessionId};
+use crate::store::lock::WriterLock;
+use crate::store::reader::SessionReader;
+use crate::store::write::{self, Accepted};
+use crate::session::pool;
+
+/// Fixed per-commit charge against the queue budget, plus per event.
+const COMMIT_CHARGE: usize = 512;
+const EVENT_CHARGE: usize = 96;
+
+/// How a live session writes behind.
+#[derive(Clone, Debug)]
+pub(crate) struct WriteBehind {
+    pub delay: Duration,
+    pub budget: usize,
+}
+
+/// Where the accepted tail stands with respect to the disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PersistenceStatus {
+    /// Everything accepted is durable.
+    Ready,
+    /// Accepted commits are waiting for (or in) a drain.
+    Pending,
+    /// The last drain failed cleanly; the tail is kept and the next `flush` retries.
+    Failed,
+    /// A commit failed in a way that leaves its outcome unknown; the writer is poisoned
+    /// and accepts nothing until the session is reopened (which recovers from the file).
+    Uncertain,
+}
+
+/// A point-in-time view of a live session.
+#[derive(Clone, Debug, Serialize)]
+pub struct SessionSnapshot {
+    /// Last accepted sequence.
+    pub event_sequence: u64,
+    /// Last durable (committed and synced) sequence.
+    pub durable_sequence: u64,
+    /// Persistence status.
+    pub persistence_status: PersistenceStatus,
+    /// The error behind `Failed` / `Uncertain`.
+    pub persistence_error: Option<String>,
+    /// The projection of every accepted commit.
+    pub projection: Projection,
+}
+
+struct State {
+    projection: Projection,
+    next_seq: u64,
+    durable_seq: u64,
+    tail: VecDeque<Arc<Accepted>>,
+    tail_ops: HashMap<String, Arc<Commit>>,
+    queued_bytes: usize,
+    draining: bool,
+    timer_armed: bool,
+    /// Set after a clean failure: timed drains stop until an explicit flush succeeds.
+    paused: bool,
+    error: Option<String>,
+    poisoned: bool,
+    closed: bool,
+    released: bool,
+}
+
+struct Writer {
+    conn: Connection,
+    _lock: WriterLock,
+}
+
+pub(crate) struct Shared {
+    id: SessionId,
+    dir: PathBuf,
+    owner: WriterOwner,
+    config: WriteBehind,
+    reader: SessionReader,
+    state: Mutex<State>,
+    changed: Condvar,
+    writer: Mutex<Option<Writer>>,
+}
+
+/// A session opened for writing: the one writer of its file.
+///
+/// `Session` is a cheap handle (clones share the session). Appends are accepted in memory
+/// and become durable on the next drain: after the write-behind delay, on
+/// [`Session::flush`] or on [`Session::close`].
+#[derive(Clone)]
+pub struct Session {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("id", &self.shared.id).field("owner", &self.shared.owner).finish()
+    }
+}
+
+fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Session {
+    /// Builds the live session over an opened, leased file.
+    pub(crate) fn start(
+        dir: &Path,
+        conn: Connection,
+        lock: WriterLock,
+        owner: WriterOwner,
+        config: WriteBehind,
+    ) -> Result<Session> {
+        let reader = SessionReader::open(dir)?;
+        let projection = reader.projection()?;
+        let durable_seq = reader.durable_sequence()?;
+        let state = State {
+            projection,
+            next_seq: durable_seq + 1,
+            durable_seq,
+            tail: VecDeque::new(),
+            tail_ops: HashMap::new(),
+            queued_bytes: 0,
+            draining: false,
+            timer_armed: false,
+            paused: false,
+            error: None,
+            poisoned: false,
+            closed: false,
+            released: false,
+        };
+        Ok(Session {
+            shared: Arc::new(Shared {
+                id: reader.header().session_id.clone(),
+                dir: dir.to_path_buf(),
+                owner,
+                config,
+                reader,
+                state: Mutex::new(state),
+                changed: Condvar::new(),
+                writer: Mutex::new(Some(Writer { conn, _lock: lock })),
+            }),
+        })
+    }
+
+    /// The session id.
+    pub fn id(&self) -> &SessionId {
+        &self.shared.id
+    }
+
+    /// The session folder.
+    pub fn dir(&self) -> &Path {
+        &self.shared.dir
+    }
+
+    /// This writer's lease (its generation is the fencing token).
+    pub fn owner(&self) -> &WriterOwner {
+        &self.shared.owner
+    }
+
+    /// Read access to the durable prefix (the same view a cold reader has).
+    pub fn reader(&self) -> &SessionReader {
+        &self.shared.reader
+    }
+
+    /// Events inherited from ancestors (a fork's prefix; 0 for a root session).
+    pub fn inherited_events(&self) -> u64 {
+        self.shared.reader.inherited_events()
+    }
+
+    /// Appends a batch atomically: validate → hash → fold → accept → queue.
+    ///
+    /// Returns the commit. A retry with the same operation id and content returns the
+    /// original commit, also after a restart. Waits while the write queue is over its
+    /// byte budget.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`], [`Error::InvalidPayload`] or [`Error::UnsupportedVersion`]
+    /// for a bad batch (nothing changes, no sequence is used); [`Error::OperationConflict`]
+    /// for a reused operation id with other content; [`Error::Closed`] after close;
+    /// [`Error::Poisoned`] after an uncertain write; [`Error::PersistenceFailed`] when the
+    /// queue is full and the last drain failed.
+    pub fn append(&self, batch: Batch) -> Result<Arc<Commit>> {
+        let prepared = prepare_batch(&self.shared.id, batch)?;
+        self.shared.accept(prepared)
+    }
+
+    /// Shorthand for a batch without a turn id.
+    ///
+    /// # Errors
+    /// As [`Session::append`].
+    pub fn append_events(&self, operation_id: &str, events: Vec<Event>) -> Result<Arc<Commit>> {
+        self.append(Batch::new(operation_id, events))
+    }
+
+    /// Drains the queue now and returns the durable sequence (everything accepted before
+    /// the call is durable when it returns). Retries after a failed drain.
+    ///
+    /// # Errors
+    /// The drain's error ([`Error::DiskFull`], [`Error::StaleGeneration`], …);
+    /// [`Error::Poisoned`] once a write was uncertain.
+    pub fn flush(&self) -> Result<u64> {
+        self.shared.flush()
+    }
+
+    /// A snapshot of the accepted state (clones the projection).
+    pub fn snapshot(&self) -> SessionSnapshot {
+        let s = lock(&self.shared.state);
+        SessionSnapshot {
+            event_sequence: s.next_seq - 1,
+            durable_sequence: s.durable_seq,
+            persistence_status: status_of(&s),
+            persistence_error: s.error.clone(),
+            projection: s.projection.clone(),
+        }
+    }
+
+    /// Runs `f` on the accepted projection without cloning it.
+    pub fn with_projection<R>(&self, f: impl FnOnce(&Projection) -> R) -> R {
+        f(&lock(&self.shared.state).projection)
+    }
+
+    /// Last accepted and last durable sequence.
+    pub fn sequences(&self) -> (u64, u64) {
+        let s = lock(&self.shared.state);
+        (s.next_seq - 1, s.durable_seq)
+    }
+
+    /// Accepted commits with `last_seq > after`: durable ones from the file, then the
+    /// in-memory tail; at most `limit`.
+    ///
+    /// # Errors
+    /// Read errors of the durable part.
+    pub fn accepted_commits(&self, after: u64, limit: usize) -> Result<Vec<Arc<Commit>>> {
+        let (tail, durable): (Vec<Arc<Commit>>, u64) = {
+            let s = lock(&self.shared.state);
+            (s.tail.iter().map(|a| Arc::clone(&a.commit)).collect(), s.durable_seq)
+        };
+        let mut out: Vec<Arc<Commit>> = if after < durable {
+            self.shared.reader.commits(after, limit)?.into_iter().map(Arc::new).collect()
+        } else {
+            Vec::new()
+        };
+        let covered = out.last().map_or(after, |c| c.last_seq());
+        out.extend(tail.into_iter().filter(|c| c.last_seq() > covered));
+        out.truncate(limit);
+        Ok(out)
+    }
+
+    /// Stops accepting, drains everything, closes the file and releases the writer lock.
+    /// Idempotent; when the final drain fails the session keeps its lock and tail, and a
+    /// later `close` retries.
+    ///
+    /// # Errors
+    /// The final drain's error.
+    pub fn close(&self) -> Result<()> {
+        self.shared.close()
+    }
+
+    /// Whether two handles are the same session instance.
+    pub fn same_instance(&self, other: &Session) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+}
+
+fn status_of(s: &State) -> PersistenceStatus {
+    if s.poisoned {
+        PersistenceStatus::Uncertain
+    } else if s.error.is_some() {
+        PersistenceStatus::Failed
+    } else if s.tail.is_empty() {
+        PersistenceStatus::Ready
+    } else {
+        PersistenceStatus::Pending
+    }
+}
+
+/// A validated batch, hashed, with ids derived; not yet sequenced.
+struct PreparedBatch {
+    operation_id: String,
+    operation_hash: String,
+    turn_id: Option<String>,
+    events: Vec<Event>,
+    charge: usize,
+}
+
+fn prepare_batch(session: &SessionId, batch: Batch) -> Result<PreparedBatch> {
+    let operation_id = batch.operation_id.trim().to_owned();
+    if operation_id.is_empty() || batch.events.is_empty() {
+        return Err(Error::invalid("operation id and events are required"));
+    }
+    let mut events = batch.events;
+    for (i, e) in events.iter_mut().enumerate() {
+        let kind = e.kind.trim();
+        if kind.is_empty() {
+            return Err(Error::invalid(format!("events[{i}].kind is required")));
+        }
+        if kind.len() != e.kind.len() {
+            e.kind = kind.to_owned();
+        }
+        e.seq = 0;
+        e.content_ref = None;
+    }
+    let turn_id = match batch.turn_id.filter(|t| !t.trim().is_empty()) {
+        Some(t) => Some(t),
+        None if events.iter().any(|e| e.kind == "turn/start") => Some(derived_turn_id(session, &operation_id)),
+        None => None,
+    };
+    let supplied: Vec<bool> = events.iter().map(|e| !e.id.is_empty()).collect();
+    let hash = operation_hash(turn_id.as_deref(), &events, &supplied);
+    let mut charge = COMMIT_CHARGE;
+    for (i, e) in events.iter_mut().enumerate() {
+        if e.id.is_empty() {
+            e.id = derived_event_id(&operation_id, &hash, i);
+        }
+        charge += EVENT_CHARGE + e.id.len() + e.kind.len() + e.payload_len();
+    }
+    Ok(PreparedBatch {
+        operation_id,
+        operation_hash: hash,
+        turn_id,
+        events,
+        charge,
+    })
+}
+
+impl Shared {
+    fn accept(self: &Arc<Self>, batch: PreparedBatch) -> Result<Arc<Commit>> {
+        let mut s = lock(&self.state);
+        // Backpressure: wait for room unless the queue is empty.
+        while !s.closed && !s.poisoned && s.queued_bytes > 0 && s.queued_bytes + batch.charge > self.config.budget {
+            if s.paused {
+                return Err(Error::PersistenceFailed(s.error.clone().unwrap_or_default()));
+            }
+            if !s.draining && !s.timer_armed {
+                s.timer_armed = true;
+                pool::schedule(Arc::downgrade(self), Instant::now());
+            }
+            s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        if s.closed {
+            return Err(Error::Closed);
+        }
+        if s.poisoned {
+            return Err(Error::Poisoned(s.error.clone().unwrap_or_default()));
+        }
+        let earlier = match s.tail_ops.get(&batch.operation_id) {
+            Some(c) => Some(Arc::clone(c)),
+            None => self.reader.lookup_operation(&batch.operation_id)?.map(Arc::new),
+        };
+        if let Some(original) = earlier {
+            if original.operation_hash == batch.operation_hash {
+                return Ok(original);
+            }
+            return Err(Error::OperationConflict {
+                operation_id: batch.operation_id,
+            });
+        }
+        let fold = s.projection.prepare(&batch.events)?;
+        let first_seq = s.next_seq;
+        let mut events = batch.events;
+        for (i, e) in events.iter_mut().enumerate() {
+            e.seq = first_seq + i as u64;
+        }
+        let commit = Arc::new(Commit {
+            commit_id: random_hex(),
+            operation_id: batch.operation_id,
+            operation_hash: batch.operation_hash,
+            first_seq,
+            turn_id: batch.turn_id,
+            writer_generation: self.owner.generation,
+            created_at_ms: now_ms(),
+            events,
+        });
+        let last_seq = commit.last_seq();
+        let turns_before = s.projection.turns.len();
+        s.projection.apply_prepared(fold, first_seq, last_seq, commit.turn_id.as_deref());
+        let closed_turns = s.projection.turns[turns_before..].to_vec();
+        s.next_seq = last_seq + 1;
+        s.queued_bytes += batch.charge;
+        s.tail_ops.insert(commit.operation_id.clone(), Arc::clone(&commit));
+        s.tail.push_back(Arc::new(Accepted {
+            commit: Arc::clone(&commit),
+            closed_turns,
+            charge: batch.charge,
+        }));
+        if !s.timer_armed && !s.draining && !s.paused {
+            s.timer_armed = true;
+            pool::schedule(Arc::downgrade(self), Instant::now() + self.config.delay);
+        }
+        Ok(commit)
+    }
+
+    /// Writes the whole tail in one transaction. Waits for a drain already running.
+    fn drain(self: &Arc<Self>) -> Result<()> {
+        let batch: Vec<Arc<Accepted>> = {
+            let mut s = lock(&self.state);
+            while s.draining {
+                s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+            }
+            if s.poisoned {
+                return Err(Error::Poisoned(s.error.clone().unwrap_or_default()));
+            }
+            if s.tail.is_empty() {
+                return Ok(());
+            }
+            s.draining = true;
+            s.tail.iter().cloned().collect()
+        };
+        let result = {
+            let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+            match w.as_mut() {
+                Some(writer) => write::write_commits(&mut writer.conn, self.owner.generation, &batch),
+                None => Err(Error::Closed),
+            }
+        };
+        let mut s = lock(&self.state);
+        s.draining = false;
+        let outcome = match result {
+            Ok(()) => {
+                for accepted in &batch {
+                    s.tail.pop_front();
+                    s.tail_ops.remove(&accepted.commit.operation_id);
+                    s.queued_bytes -= accepted.charge;
+                }
+                s.durable_seq = batch.last().map_or(s.durable_seq, |a| a.commit.last_seq());
+                s.paused = false;
+                s.error = None;
+                // Commits accepted during the write are drained right after (drain chain).
+                if !s.tail.is_empty() && !s.timer_armed {
+                    s.timer_armed = true;
+                    pool::schedule(Arc::downgrade(self), Instant::now());
+                }
+                Ok(())
+            }
+            Err(e) => {
+                s.error = Some(e.to_string());
+                if e.is_retryable_write() {
+                    s.paused = true;
+                } else {
+                    s.poisoned = true;
+                }
+                Err(e)
+            }
+        };
+        drop(s);
+        self.changed.notify_all();
+        outcome
+    }
+
+    /// Entry point of the writer threads.
+    pub(crate) fn scheduled_drain(self: &Arc<Self>) {
+        {
+            let mut s = lock(&self.state);
+            s.timer_armed = false;
+            if s.paused || s.released {
+                return;
+            }
+        }
+        // A failure is recorded in the state and reported by the next flush.
+        let _ = self.drain();
+    }
+
+    fn flush(self: &Arc<Self>) -> Result<u64> {
+        let target = lock(&self.state).next_seq - 1;
+        loop {
+            {
+                let s = lock(&self.state);
+                if s.poisoned {
+                    return Err(Error::Poisoned(s.error.clone().unwrap_or_default()));
+                }
+                if s.durable_seq >= target {
+                    return Ok(s.durable_seq);
+                }
+            }
+            self.drain()?;
+        }
+    }
+
+    fn close(self: &Arc<Self>) -> Result<()> {
+        {
+            let mut s = lock(&self.state);
+            if s.released {
+                return Ok(());
+            }
+            s.closed = true;
+        }
+        self.changed.notify_all();
+        self.flush()?;
+        self.release();
+        Ok(())
+    }
+
+    /// Closes the connection and drops the writer lock.
+    fn release(&self) {
+        lock(&self.state).released = true;
+        let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        drop(writer);
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // Last handle gone without close: drain what was accepted, then release.
+        let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        if state.released || state.poisoned || state.tail.is_empty() {
+            return;
+        }
+        let batch: Vec<Arc<Accepted>> = state.tail.iter().cloned().collect();
+        if let Some(writer) = self.writer.get_mut().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            let _ = write::write_commits(&mut writer.conn, self.owner.generation, &batch);
+        }
+    }
+}

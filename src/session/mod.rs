@@ -1,0 +1,4 @@
+//! Live writable sessions and the shared writer threads that drain them.
+
+pub(crate) mod live;
+pub(crate) mod pool;

@@ -1,0 +1,93 @@
+//! The write-behind scheduler: a small, process-wide pool of writer threads that run
+//! timed drains. Sessions register a deadline; no session owns a thread.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+use std::sync::{Arc, Condvar, LazyLock, Mutex, Weak};
+use std::time::Instant;
+
+use crate::session::live::Shared;
+
+/// Writer threads in the process, whatever the number of open sessions.
+pub const WRITER_THREADS: usize = 2;
+
+struct Job {
+    at: Instant,
+    order: u64,
+    session: Weak<Shared>,
+}
+
+impl PartialEq for Job {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.order) == (other.at, other.order)
+    }
+}
+impl Eq for Job {}
+impl PartialOrd for Job {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Job {
+    /// Reversed: the earliest deadline is the heap's top.
+    fn cmp(&self, other: &Self) -> Ordering {
+        (other.at, other.order).cmp(&(self.at, self.order))
+    }
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: BinaryHeap<Job>,
+    next_order: u64,
+}
+
+struct Pool {
+    queue: Mutex<Queue>,
+    wake: Condvar,
+}
+
+static POOL: LazyLock<Arc<Pool>> = LazyLock::new(|| {
+    let pool = Arc::new(Pool {
+        queue: Mutex::new(Queue::default()),
+        wake: Condvar::new(),
+    });
+    for i in 0..WRITER_THREADS {
+        let p = Arc::clone(&pool);
+        // A pool that cannot start threads still works through explicit flushes.
+        let _ = std::thread::Builder::new()
+            .name(format!("session-store-writer-{i}"))
+            .spawn(move || p.run());
+    }
+    pool
+});
+
+impl Pool {
+    fn run(&self) {
+        loop {
+            let job = {
+                let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    let now = Instant::now();
+                    match q.jobs.peek().map(|j| j.at) {
+                        Some(at) if at <= now => break q.jobs.pop(),
+                        Some(at) => q = self.wake.wait_timeout(q, at - now).unwrap_or_else(|e| e.into_inner()).0,
+                        None => q = self.wake.wait(q).unwrap_or_else(|e| e.into_inner()),
+                    }
+                }
+            };
+            if let Some(session) = job.and_then(|j| j.session.upgrade()) {
+                session.scheduled_drain();
+            }
+        }
+    }
+}
+
+/// Asks a writer thread to drain `session` at `at`.
+pub(crate) fn schedule(session: Weak<Shared>, at: Instant) {
+    let pool = &*POOL;
+    let mut q = pool.queue.lock().unwrap_or_else(|e| e.into_inner());
+    let order = q.next_order;
+    q.next_order += 1;
+    q.jobs.push(Job { at, order, session });
+    pool.wake.notify_one();
+}

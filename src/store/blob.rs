@@ -1,0 +1,59 @@
+//! Blob encoding: zstd when it pays, verified on every read.
+
+use crate::error::{Error, Result};
+use crate::model::event::sha256_hex;
+
+/// zstd level for blobs: level 1 saves most of what higher levels do on JSON, fast.
+const ZSTD_LEVEL: i32 = 1;
+
+/// Largest blob this build will decompress (guards against zstd bombs in untrusted files).
+pub(crate) const MAX_BLOB_BYTES: u64 = 1 << 30;
+
+/// Compresses raw bytes when that saves at least an eighth: `(encoding, data)`.
+pub(crate) fn encode(raw: &[u8]) -> (&'static str, Vec<u8>) {
+    match zstd::bulk::compress(raw, ZSTD_LEVEL) {
+        Ok(c) if c.len() < raw.len() - raw.len() / 8 => ("zstd", c),
+        _ => ("identity", raw.to_vec()),
+    }
+}
+
+/// Decodes a stored blob and checks its size and digest.
+///
+/// # Errors
+/// [`Error::Corrupt`] when the encoding is unknown, the data does not decompress within
+/// `bytes`, or the digest does not match.
+pub(crate) fn decode(digest: &str, bytes: u64, encoding: &str, data: Vec<u8>) -> Result<Vec<u8>> {
+    if bytes > MAX_BLOB_BYTES {
+        return Err(Error::corrupt(format!("blob {digest} claims {bytes} bytes")));
+    }
+    let raw = match encoding {
+        "identity" => data,
+        "zstd" => zstd::bulk::decompress(&data, bytes as usize)
+            .map_err(|e| Error::corrupt(format!("blob {digest} does not decompress: {e}")))?,
+        other => return Err(Error::corrupt(format!("blob {digest} has encoding {other:?}"))),
+    };
+    if raw.len() as u64 != bytes || sha256_hex(&raw) != digest {
+        return Err(Error::corrupt(format!("blob {digest} does not match its digest")));
+    }
+    Ok(raw)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_tamper() {
+        let raw = "abc".repeat(30_000).into_bytes();
+        let digest = sha256_hex(&raw);
+        let (encoding, data) = encode(&raw);
+        assert_eq!(encoding, "zstd");
+        assert!(data.len() < raw.len() / 10);
+        assert_eq!(decode(&digest, raw.len() as u64, encoding, data).unwrap(), raw);
+        let mut bad = raw.clone();
+        bad[7] ^= 1;
+        assert!(decode(&digest, raw.len() as u64, "identity", bad).is_err());
+        let random: Vec<u8> = (0..100_000).map(|_| fastrand::u8(..)).collect();
+        assert_eq!(encode(&random).0, "identity");
+    }
+}

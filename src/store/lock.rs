@@ -1,0 +1,75 @@
+//! The writer lock: an OS advisory lock (`flock` on Linux) on `writer.lock`.
+//!
+//! The kernel releases it when the holder dies, so a crashed writer never strands a
+//! session. The holder writes who it is into the lock file (never a SQLite file, so
+//! plain `std::fs` I/O is safe here) so that a refused opener can name it.
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::Path;
+use std::time::Duration;
+
+use crate::cancel::CancelToken;
+use crate::error::{Error, Result, WriterOwner};
+
+/// How often a blocking acquire polls the lock.
+const POLL: Duration = Duration::from_millis(10);
+
+/// A held writer lock; dropping it releases the lock.
+#[derive(Debug)]
+pub(crate) struct WriterLock {
+    file: File,
+}
+
+fn open_lock_file(path: &Path) -> Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| Error::io(format!("open {}", path.display()), e))
+}
+
+impl WriterLock {
+    /// Takes the lock without waiting; `None` when someone else holds it.
+    pub(crate) fn try_acquire(path: &Path) -> Result<Option<WriterLock>> {
+        let file = open_lock_file(path)?;
+        match file.try_lock() {
+            Ok(()) => Ok(Some(WriterLock { file })),
+            Err(TryLockError::WouldBlock) => Ok(None),
+            Err(TryLockError::Error(e)) => Err(Error::io(format!("lock {}", path.display()), e)),
+        }
+    }
+
+    /// Waits for the lock until it is free or `cancel` fires ([`Error::Cancelled`]).
+    pub(crate) fn acquire(path: &Path, cancel: &CancelToken) -> Result<WriterLock> {
+        loop {
+            if cancel.is_cancelled() {
+                return Err(Error::Cancelled);
+            }
+            if let Some(lock) = Self::try_acquire(path)? {
+                return Ok(lock);
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Records the owner in the lock file for diagnostics.
+    pub(crate) fn record_owner(&mut self, owner: &WriterOwner) -> Result<()> {
+        let text = serde_json::to_vec(owner).unwrap_or_default();
+        let write = |f: &mut File| -> std::io::Result<()> {
+            f.set_len(0)?;
+            f.seek(SeekFrom::Start(0))?;
+            f.write_all(&text)
+        };
+        write(&mut self.file).map_err(|e| Error::io("record writer owner", e))
+    }
+}
+
+/// The owner recorded in a lock file, if readable.
+pub(crate) fn recorded_owner(path: &Path) -> Option<WriterOwner> {
+    let mut text = String::new();
+    File::open(path).ok()?.read_to_string(&mut text).ok()?;
+    serde_json::from_str(&text).ok()
+}

@@ -1,0 +1,9 @@
+//! One session file: schema, lock, blobs, the drain transaction and cold reads.
+//! Blocking code on `rusqlite`.
+
+pub(crate) mod blob;
+pub(crate) mod lock;
+pub(crate) mod read;
+pub(crate) mod reader;
+pub(crate) mod schema;
+pub(crate) mod write;

@@ -1,0 +1,234 @@
+//! Reads from one session file (any connection: writer, pooled reader, untrusted file).
+
+use rusqlite::{Connection, OptionalExtension, Row, params};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result, WriterOwner};
+use crate::model::event::raw_json;
+use crate::model::header::{Header, Origin};
+use crate::model::{Commit, ContentRef, Event, SessionId};
+use crate::store::blob;
+
+/// Media type of payload blobs.
+pub(crate) const JSON_MEDIA_TYPE: &str = "application/json";
+
+/// One ancestor of a fork and the last sequence it supplies.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LineageEntry {
+    /// The ancestor session.
+    pub ancestor_id: SessionId,
+    /// The last sequence read from that ancestor's file.
+    pub through_seq: u64,
+}
+
+fn session_id(value: String) -> rusqlite::Result<SessionId> {
+    SessionId::new(value).map_err(|e| rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e)))
+}
+
+/// The header row.
+pub(crate) fn read_header(conn: &Connection) -> Result<Header> {
+    let row = conn
+        .query_row(
+            "SELECT session_id, codec, created_at, cwd, parent_id, origin, provenance FROM header WHERE singleton = 1",
+            [],
+            |r| {
+                Ok((
+                    session_id(r.get(0)?)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, Option<String>>(3)?,
+                    r.get::<_, Option<String>>(4)?,
+                    r.get::<_, String>(5)?,
+                    r.get::<_, Option<String>>(6)?,
+                ))
+            },
+        )
+        .optional()?
+        .ok_or_else(|| Error::corrupt("header row is missing"))?;
+    let (session_id, codec, created_at_ms, cwd, parent, origin, provenance) = row;
+    Ok(Header {
+        session_id,
+        codec,
+        created_at_ms,
+        cwd,
+        parent_id: parent.map(SessionId::new).transpose().map_err(|e| Error::corrupt(format!("header parent: {e}")))?,
+        origin: Origin::parse(&origin).ok_or_else(|| Error::corrupt(format!("header origin {origin:?}")))?,
+        provenance: provenance
+            .map(|p| serde_json::from_str(&p))
+            .transpose()
+            .map_err(|e| Error::corrupt(format!("header provenance: {e}")))?,
+    })
+}
+
+/// The lineage rows, oldest ancestor first.
+pub(crate) fn read_lineage(conn: &Connection) -> Result<Vec<LineageEntry>> {
+    let mut stmt = conn.prepare_cached("SELECT ancestor_id, through_seq FROM lineage ORDER BY depth")?;
+    let rows = stmt.query_map([], |r| {
+        Ok(LineageEntry {
+            ancestor_id: session_id(r.get(0)?)?,
+            through_seq: r.get(1)?,
+        })
+    })?;
+    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+}
+
+/// The dependents rows: children that inherit from this file.
+pub(crate) fn read_dependents(conn: &Connection) -> Result<Vec<LineageEntry>> {
+    let mut stmt = conn.prepare_cached("SELECT child_id, through_seq FROM dependents ORDER BY child_id")?;
+    let rows = stmt.query_map([], |r| {
+        Ok(LineageEntry {
+            ancestor_id: session_id(r.get(0)?)?,
+            through_seq: r.get(1)?,
+        })
+    })?;
+    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+}
+
+/// The last committed sequence of this file's own commits, else `inherited`.
+pub(crate) fn last_seq(conn: &Connection, inherited: u64) -> Result<u64> {
+    let own: Option<u64> = conn.query_row("SELECT max(last_seq) FROM commits", [], |r| r.get(0))?;
+    Ok(own.unwrap_or(inherited))
+}
+
+/// The lease row as an owner record.
+pub(crate) fn read_lease(conn: &Connection) -> Result<WriterOwner> {
+    conn.query_row(
+        "SELECT owner_id, host_id, pid, generation, acquired_at FROM lease WHERE singleton = 1",
+        [],
+        |r| {
+            Ok(WriterOwner {
+                owner_id: r.get(0)?,
+                host: r.get(1)?,
+                pid: r.get(2)?,
+                generation: r.get(3)?,
+                since_ms: r.get(4)?,
+            })
+        },
+    )
+    .optional()?
+    .ok_or_else(|| Error::corrupt("lease row is missing"))
+}
+
+fn commit_row(r: &Row<'_>) -> rusqlite::Result<(Commit, u64)> {
+    Ok((
+        Commit {
+            first_seq: r.get(0)?,
+            commit_id: r.get(2)?,
+            operation_id: r.get(3)?,
+            operation_hash: r.get(4)?,
+            turn_id: r.get(5)?,
+            writer_generation: r.get(6)?,
+            created_at_ms: r.get(7)?,
+            events: Vec::new(),
+        },
+        r.get(1)?,
+    ))
+}
+
+const COMMIT_COLUMNS: &str =
+    "first_seq, last_seq, commit_id, operation_id, operation_hash, turn_id, writer_generation, created_at";
+
+/// The commit with this operation id, with its events.
+pub(crate) fn lookup_operation(conn: &Connection, operation_id: &str) -> Result<Option<Commit>> {
+    let found = conn
+        .prepare_cached(&format!("SELECT {COMMIT_COLUMNS} FROM commits WHERE operation_id = ?1"))?
+        .query_row([operation_id], commit_row)
+        .optional()?;
+    let Some((commit, last)) = found else {
+        return Ok(None);
+    };
+    let mut commits = vec![(commit, last)];
+    attach_events(conn, &mut commits)?;
+    Ok(commits.pop().map(|(c, _)| c))
+}
+
+/// Whole commits with `last_seq` in `(after, through]`, at most `limit`, with events.
+pub(crate) fn read_commits(conn: &Connection, after: u64, through: u64, limit: usize) -> Result<Vec<Commit>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COMMIT_COLUMNS} FROM commits WHERE last_seq > ?1 AND last_seq <= ?2 ORDER BY first_seq LIMIT ?3"
+    ))?;
+    let mut commits = stmt
+        .query_map(params![after, through.min(i64::MAX as u64), limit as i64], commit_row)?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    attach_events(conn, &mut commits)?;
+    Ok(commits.into_iter().map(|(c, _)| c).collect())
+}
+
+/// Loads the events of `commits` (contiguous, ascending) and checks each commit is whole.
+fn attach_events(conn: &Connection, commits: &mut [(Commit, u64)]) -> Result<()> {
+    let (Some(first), Some(last)) = (commits.first(), commits.last()) else {
+        return Ok(());
+    };
+    let (from, to) = (first.0.first_seq, last.1);
+    let mut stmt = conn.prepare_cached(
+        "SELECT seq, first_seq, event_id, kind, optional, payload, payload_ref
+         FROM events WHERE seq >= ?1 AND seq <= ?2 ORDER BY seq",
+    )?;
+    let mut rows = stmt.query(params![from, to])?;
+    let mut index = 0usize;
+    while let Some(r) = rows.next()? {
+        let seq: u64 = r.get(0)?;
+        let owner: u64 = r.get(1)?;
+        while index < commits.len() && commits[index].1 < seq {
+            index += 1;
+        }
+        let Some((commit, last)) = commits.get_mut(index) else {
+            break;
+        };
+        if owner != commit.first_seq || seq < commit.first_seq || seq > *last {
+            continue; // an event of a commit outside the page
+        }
+        let payload_text: Option<String> = r.get(5)?;
+        let payload_ref: Option<String> = r.get(6)?;
+        let (payload, content_ref) = match (payload_text, payload_ref) {
+            (Some(text), None) => (Some(raw_json(text).map_err(|e| Error::corrupt(format!("event {seq}: {e}")))?), None),
+            (None, Some(digest)) => {
+                let raw = read_blob(conn, &digest)?
+                    .ok_or_else(|| Error::corrupt(format!("event {seq} references missing blob {digest}")))?;
+                let bytes = raw.len() as u64;
+                let text = String::from_utf8(raw).map_err(|_| Error::corrupt(format!("blob {digest} is not UTF-8")))?;
+                (
+                    Some(raw_json(text).map_err(|e| Error::corrupt(format!("blob {digest}: {e}")))?),
+                    Some(ContentRef {
+                        digest,
+                        bytes,
+                        media_type: JSON_MEDIA_TYPE.to_owned(),
+                    }),
+                )
+            }
+            (None, None) => (None, None),
+            (Some(_), Some(_)) => return Err(Error::corrupt(format!("event {seq} has payload and payload_ref"))),
+        };
+        commit.events.push(Event {
+            id: r.get(2)?,
+            seq,
+            kind: r.get(3)?,
+            optional: r.get(4)?,
+            payload,
+            content_ref,
+        });
+    }
+    for (commit, last) in commits.iter() {
+        let expected = last.checked_sub(commit.first_seq).map(|d| d + 1);
+        let contiguous = commit.events.iter().enumerate().all(|(i, e)| e.seq == commit.first_seq + i as u64);
+        if expected != Some(commit.events.len() as u64) || !contiguous {
+            return Err(Error::corrupt(format!(
+                "commit {}..={} has {} events",
+                commit.first_seq,
+                last,
+                commit.events.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The raw bytes of a blob, verified against its digest.
+pub(crate) fn read_blob(conn: &Connection, digest: &str) -> Result<Option<Vec<u8>>> {
+    let row = conn
+        .prepare_cached("SELECT bytes, encoding, data FROM blobs WHERE digest = ?1")?
+        .query_row([digest], |r| Ok((r.get::<_, u64>(0)?, r.get::<_, String>(1)?, r.get::<_, Vec<u8>>(2)?)))
+        .optional()?;
+    row.map(|(bytes, encoding, data)| blob::decode(digest, bytes, &encoding, data))
+        .transpose()
+}

@@ -1,0 +1,163 @@
+//! The session file format: identity pragmas, migrations and connection settings.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::config::DbConfig;
+use rusqlite::{Connection, OpenFlags};
+use rusqlite_migration::{M, Migrations};
+
+use crate::error::{Error, Result};
+
+/// `PRAGMA application_id` of a session file ("SeSt").
+pub const APPLICATION_ID: i32 = 0x5365_5374;
+
+/// The session file inside a session folder.
+pub(crate) const SESSION_FILE: &str = "session.sqlite";
+
+/// The writer lock file inside a session folder.
+pub(crate) const LOCK_FILE: &str = "writer.lock";
+
+/// The codec name reported for session files of this format.
+pub const CODEC: &str = "session-store/sqlite-v1";
+
+/// Schema migrations, one numbered SQL file each; `user_version` is their count.
+const MIGRATIONS: &[M<'static>] = &[M::up(include_str!("../../migrations/0001_initial.sql"))];
+
+/// The schema version this build writes and reads.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// How long any connection waits for a lock held by another connection.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a session survives once `flush` has returned.
+///
+/// ```
+/// use session_store::Durability;
+/// assert_eq!(Durability::default(), Durability::PowerLoss);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Durability {
+    /// `synchronous=FULL`: a durable commit survives power loss and OS crashes.
+    #[default]
+    PowerLoss,
+    /// `synchronous=NORMAL`: a durable commit survives a process crash (SIGKILL, panic);
+    /// an OS crash or power loss may roll back the most recent commits, never corrupt.
+    ProcessCrash,
+}
+
+impl Durability {
+    fn synchronous(self) -> &'static str {
+        match self {
+            Durability::PowerLoss => "FULL",
+            Durability::ProcessCrash => "NORMAL",
+        }
+    }
+}
+
+/// Settings every connection gets: busy timeout, defensive mode, no trusted schema.
+fn harden(conn: &Connection) -> Result<()> {
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true)?;
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_TRUSTED_SCHEMA, false)?;
+    conn.pragma_update(None, "cell_size_check", true)?;
+    conn.pragma_update(None, "mmap_size", 0)?;
+    Ok(())
+}
+
+/// Creates a new session file at `path` (which must not exist) with the current schema.
+pub(crate) fn create_file(path: &Path) -> Result<Connection> {
+    let mut conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NOFOLLOW
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    harden(&conn)?;
+    conn.pragma_update(None, "application_id", APPLICATION_ID)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    Migrations::from_slice(MIGRATIONS).to_latest(&mut conn)?;
+    Ok(conn)
+}
+
+/// Opens an existing session file for writing (the caller holds the writer lock).
+pub(crate) fn open_writer(path: &Path, durability: Durability) -> Result<Connection> {
+    let mut conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_NOFOLLOW
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    harden(&conn)?;
+    check_format(&conn)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    Migrations::from_slice(MIGRATIONS).to_latest(&mut conn)?;
+    conn.pragma_update(None, "synchronous", durability.synchronous())?;
+    Ok(conn)
+}
+
+/// Flags of a read-only connection.
+pub(crate) fn reader_flags() -> OpenFlags {
+    OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NOFOLLOW | OpenFlags::SQLITE_OPEN_NO_MUTEX
+}
+
+/// Per-connection setup of a read-only connection.
+pub(crate) fn init_reader(conn: &mut Connection) -> rusqlite::Result<()> {
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true)?;
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_TRUSTED_SCHEMA, false)?;
+    conn.pragma_update(None, "cell_size_check", true)?;
+    conn.pragma_update(None, "mmap_size", 0)?;
+    Ok(())
+}
+
+/// Opens a standalone read-only connection (for files outside a root, e.g. `replay`).
+pub(crate) fn open_reader(path: &Path) -> Result<Connection> {
+    if !path.is_file() {
+        return Err(Error::SessionNotFound(path.display().to_string()));
+    }
+    let mut conn = Connection::open_with_flags(path, reader_flags())?;
+    init_reader(&mut conn)?;
+    check_format(&conn)?;
+    Ok(conn)
+}
+
+/// Refuses files that are not session files or are newer than this build.
+pub(crate) fn check_format(conn: &Connection) -> Result<()> {
+    let app: i32 = conn
+        .pragma_query_value(None, "application_id", |r| r.get(0))
+        .map_err(Error::from)?;
+    if app != APPLICATION_ID {
+        return Err(Error::corrupt(format!(
+            "not a session file (application_id {app:#x}, expected {APPLICATION_ID:#x})"
+        )));
+    }
+    let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    if version > SCHEMA_VERSION {
+        return Err(Error::UnsupportedVersion(format!(
+            "schema version {version} is newer than {SCHEMA_VERSION}"
+        )));
+    }
+    if version < 1 {
+        return Err(Error::corrupt(format!("schema version {version} is not initialised")));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrations_are_valid() {
+        assert!(Migrations::from_slice(MIGRATIONS).validate().is_ok());
+    }
+
+    #[test]
+    fn linked_sqlite_has_the_wal_reset_fix() {
+        assert!(rusqlite::version_number() >= 3_051_003, "{}", rusqlite::version());
+    }
+}
