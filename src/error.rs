@@ -148,7 +148,9 @@ impl From<rusqlite::Error> for Error {
         use rusqlite::ErrorCode;
         match &e {
             rusqlite::Error::SqliteFailure(f, _) => match f.code {
-                ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase => Error::Corrupt(e.to_string()),
+                ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase => {
+                    Error::Corrupt(e.to_string())
+                }
                 ErrorCode::DiskFull => Error::DiskFull(e.to_string()),
                 _ => Error::Sqlite(e),
             },

@@ -145,7 +145,9 @@ pub(crate) fn rename_no_replace(from: &Path, to: &Path, id: &str) -> Result<()> 
     use rustix::fs::{CWD, RenameFlags, renameat_with};
     match renameat_with(CWD, from, CWD, to, RenameFlags::NOREPLACE) {
         Ok(()) => Ok(()),
-        Err(rustix::io::Errno::EXIST | rustix::io::Errno::NOTEMPTY) => Err(Error::SessionExists(id.to_owned())),
+        Err(rustix::io::Errno::EXIST | rustix::io::Errno::NOTEMPTY) => {
+            Err(Error::SessionExists(id.to_owned()))
+        }
         Err(e) => Err(Error::io(
             format!("rename {} to {}", from.display(), to.display()),
             std::io::Error::from(e),
@@ -174,7 +176,8 @@ impl Root {
             return Err(Error::invalid("queue budget must be positive"));
         }
         let path = path.as_ref().to_path_buf();
-        std::fs::create_dir_all(&path).map_err(|e| Error::io(format!("create root {}", path.display()), e))?;
+        std::fs::create_dir_all(&path)
+            .map_err(|e| Error::io(format!("create root {}", path.display()), e))?;
         Ok(Root {
             inner: Arc::new(RootInner {
                 path,
@@ -204,7 +207,10 @@ impl Root {
         let dir = self.session_dir(id);
         match std::fs::symlink_metadata(&dir) {
             Ok(m) if m.is_dir() && dir.join(SESSION_FILE).is_file() => Ok(dir),
-            Ok(m) if !m.is_dir() => Err(Error::invalid(format!("{} is not a confined directory", dir.display()))),
+            Ok(m) if !m.is_dir() => Err(Error::invalid(format!(
+                "{} is not a confined directory",
+                dir.display()
+            ))),
             _ => Err(Error::SessionNotFound(id.to_string())),
         }
     }
@@ -246,7 +252,8 @@ impl Root {
             .path
             .join(STAGING_DIR)
             .join(format!("{id}.{purpose}-{}", random_hex()));
-        std::fs::create_dir_all(&staging).map_err(|e| Error::io(format!("create {}", staging.display()), e))?;
+        std::fs::create_dir_all(&staging)
+            .map_err(|e| Error::io(format!("create {}", staging.display()), e))?;
         let built = (|| {
             let mut conn = schema::create_file(&staging.join(SESSION_FILE))?;
             fill(&mut conn)?;
@@ -267,7 +274,8 @@ impl Root {
 
     /// Renames a staged session folder into place; removes it if that fails.
     pub(crate) fn publish(&self, staging: &Path, id: &SessionId) -> Result<()> {
-        let result = rename_no_replace(staging, &self.session_dir(id), id.as_str()).and_then(|()| sync_dir(&self.inner.path));
+        let result = rename_no_replace(staging, &self.session_dir(id), id.as_str())
+            .and_then(|()| sync_dir(&self.inner.path));
         if result.is_err() {
             let _ = std::fs::remove_dir_all(staging);
         }
@@ -401,7 +409,10 @@ impl Root {
         let lock = WriterLock::acquire(&dir.join(LOCK_FILE), cancel)?;
         let dependents = read::read_dependents(&schema::open_reader(&dir.join(SESSION_FILE))?)?;
         if !dependents.is_empty() {
-            return Err(Error::invalid(format!("{} sessions inherit from {id}", dependents.len())));
+            return Err(Error::invalid(format!(
+                "{} sessions inherit from {id}",
+                dependents.len()
+            )));
         }
         let trash = self.inner.path.join(TRASH_DIR);
         std::fs::create_dir_all(&trash).map_err(|e| Error::io("create trash", e))?;
@@ -409,7 +420,8 @@ impl Root {
         rename_no_replace(&dir, &tomb, id.as_str())?;
         sync_dir(&self.inner.path)?;
         drop(lock);
-        std::fs::remove_dir_all(&tomb).map_err(|e| Error::io(format!("remove {}", tomb.display()), e))?;
+        std::fs::remove_dir_all(&tomb)
+            .map_err(|e| Error::io(format!("remove {}", tomb.display()), e))?;
         Ok(())
     }
 }
@@ -423,9 +435,15 @@ impl Root {
 pub fn replay(path: impl AsRef<Path>) -> Result<Replay> {
     let path = path.as_ref();
     let (file, root) = if path.is_dir() {
-        (path.join(SESSION_FILE), path.parent().unwrap_or(path).to_path_buf())
+        (
+            path.join(SESSION_FILE),
+            path.parent().unwrap_or(path).to_path_buf(),
+        )
     } else {
-        let root = path.parent().and_then(Path::parent).unwrap_or(Path::new("."));
+        let root = path
+            .parent()
+            .and_then(Path::parent)
+            .unwrap_or(Path::new("."));
         (path.to_path_buf(), root.to_path_buf())
     };
     schema::open_reader(&file)?;
@@ -435,10 +453,16 @@ pub fn replay(path: impl AsRef<Path>) -> Result<Replay> {
     let mut expected = 1u64;
     reader.visit(|c| {
         if c.first_seq != expected {
-            return Err(Error::corrupt(format!("sequence gap: expected {expected}, found {}", c.first_seq)));
+            return Err(Error::corrupt(format!(
+                "sequence gap: expected {expected}, found {}",
+                c.first_seq
+            )));
         }
         if rehash_commit(&c) != c.operation_hash {
-            return Err(Error::corrupt(format!("operation {:?} does not match its hash", c.operation_id)));
+            return Err(Error::corrupt(format!(
+                "operation {:?} does not match its hash",
+                c.operation_id
+            )));
         }
         projection
             .apply_commit(&c)

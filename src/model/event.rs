@@ -196,7 +196,11 @@ struct HashedBatch<'a> {
 /// `supplied_ids[i]` says whether event `i`'s id came from the caller; derived ids are not
 /// hashed, so a retry of the same logical batch hashes the same. Unlike upstream the session
 /// id is not hashed, so a session keeps its idempotency keys when imported under a new id.
-pub(crate) fn operation_hash(turn_id: Option<&str>, events: &[Event], supplied_ids: &[bool]) -> String {
+pub(crate) fn operation_hash(
+    turn_id: Option<&str>,
+    events: &[Event],
+    supplied_ids: &[bool],
+) -> String {
     let hashed = HashedBatch {
         turn_id,
         events: events

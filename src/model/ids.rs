@@ -63,10 +63,9 @@ fn validate(id: &str) -> Result<()> {
     if id.starts_with('.') || id.ends_with('.') {
         return bad("starts or ends with '.'");
     }
-    if let Some(c) = id
-        .chars()
-        .find(|c| matches!(c, '/' | '\\' | '<' | '>' | ':' | '"' | '|' | '?' | '*') || c.is_control())
-    {
+    if let Some(c) = id.chars().find(|c| {
+        matches!(c, '/' | '\\' | '<' | '>' | ':' | '"' | '|' | '?' | '*') || c.is_control()
+    }) {
         return bad(&format!("contains {c:?}"));
     }
     let stem = id.split('.').next().unwrap_or(id);

@@ -63,7 +63,9 @@ impl Message {
             return None;
         }
         let needs_change = self.fields.contains_key("provider_content")
-            || PROVIDER_STRIPPED.iter().any(|k| self.fields.contains_key(*k));
+            || PROVIDER_STRIPPED
+                .iter()
+                .any(|k| self.fields.contains_key(*k));
         if !needs_change {
             return Some(self.clone());
         }

@@ -314,7 +314,13 @@ macro_rules! tool_payload {
     };
 }
 tool_payload!(ToolCallPayload {});
-tool_payload!(ToolResultPayload { error: "error", output: "output", state: "state", todos: "todos", todo_written: "todoWritten" });
+tool_payload!(ToolResultPayload {
+    error: "error",
+    output: "output",
+    state: "state",
+    todos: "todos",
+    todo_written: "todoWritten"
+});
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -372,7 +378,10 @@ fn required_id(kind: &str, id: &str) -> Result<()> {
 
 fn one_of(kind: &str, field: &str, value: &str, allowed: &[&str]) -> Result<()> {
     if !allowed.contains(&value) {
-        return Err(bad(kind, format!("{field} {value:?} is not one of {allowed:?}")));
+        return Err(bad(
+            kind,
+            format!("{field} {value:?} is not one of {allowed:?}"),
+        ));
     }
     Ok(())
 }
@@ -458,7 +467,12 @@ fn parse(event: &Event) -> Result<Parsed> {
                 if !seen.insert(t.content.as_str()) {
                     return Err(bad(kind, format!("duplicate todo {:?}", t.content)));
                 }
-                one_of(kind, "status", &t.status, &["pending", "in_progress", "completed"])?;
+                one_of(
+                    kind,
+                    "status",
+                    &t.status,
+                    &["pending", "in_progress", "completed"],
+                )?;
             }
             Parsed::Todos(p.todos)
         }
@@ -545,7 +559,8 @@ impl Projection {
                 Parsed::MessageUpsert(m) => {
                     added.insert(m.id.as_str());
                 }
-                Parsed::HistoryReplace(ms) | Parsed::LegacyImport(LegacyImport { messages: ms, .. }) => {
+                Parsed::HistoryReplace(ms)
+                | Parsed::LegacyImport(LegacyImport { messages: ms, .. }) => {
                     reset = Some(ms.iter().map(|m| m.id.as_str()).collect());
                     added.clear();
                 }
@@ -673,7 +688,8 @@ impl Projection {
 
     fn push_model(&mut self, m: Message) {
         if !m.id.is_empty() {
-            self.model_index.insert(m.id.clone(), self.model_messages.len());
+            self.model_index
+                .insert(m.id.clone(), self.model_messages.len());
         }
         self.model_messages.push(m);
     }
@@ -712,6 +728,7 @@ impl Projection {
         self.model_index = index_of(&messages);
         self.model_messages = messages;
     }
+}
 
 fn index_of(messages: &[Message]) -> HashMap<String, usize> {
     messages
@@ -743,7 +760,10 @@ mod tests {
         let p = fold(
             vec![
                 Event::new("turn/start"),
-                ev("message/complete", json!({"message": {"id": "a", "role": "user", "content": "hi"}})),
+                ev(
+                    "message/complete",
+                    json!({"message": {"id": "a", "role": "user", "content": "hi"}}),
+                ),
                 ev("turn/end", json!({"status": "completed"})),
             ],
             Some("t1"),
@@ -764,7 +784,10 @@ mod tests {
             ("tool/start", json!({"id": "x", "name": "bash", "extra": 1})),
             ("turn/end", json!({"status": "in_progress"})),
             ("message/complete", json!({"message": {"role": "user"}})),
-            ("todo/write", json!({"todos": [{"content": " x", "status": "pending"}]})),
+            (
+                "todo/write",
+                json!({"todos": [{"content": " x", "status": "pending"}]}),
+            ),
             ("plan/state", json!([1])),
             ("interaction/resolved", json!({"id": "i", "state": "maybe"})),
             ("runtime/recovery", json!({"State": "x"})),
@@ -783,12 +806,18 @@ mod tests {
     fn duplicate_message_id_rejects_batch_without_change() {
         let m = json!({"message": {"id": "a", "role": "user", "content": "x"}});
         let mut p = fold(vec![ev("message/complete", m.clone())], None).unwrap();
-        let err = p.prepare(&[ev("session/title", json!({"title": "t"})), ev("message/complete", m.clone())]);
+        let err = p.prepare(&[
+            ev("session/title", json!({"title": "t"})),
+            ev("message/complete", m.clone()),
+        ]);
         assert!(err.is_err());
         assert_eq!(p.title, "");
         // A history/replace earlier in the batch resets the known ids.
         let ok = p
-            .prepare(&[ev("history/replace", json!({"messages": []})), ev("message/complete", m)])
+            .prepare(&[
+                ev("history/replace", json!({"messages": []})),
+                ev("message/complete", m),
+            ])
             .unwrap();
         p.apply_prepared(ok, 2, 3, None);
         assert_eq!(p.messages.len(), 1);

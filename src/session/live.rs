@@ -13,10 +13,10 @@ use crate::error::{Error, Result, WriterOwner};
 use crate::model::event::{derived_event_id, operation_hash};
 use crate::model::ids::{derived_turn_id, now_ms, random_hex};
 use crate::model::{Batch, Commit, Event, Projection, SessionId};
+use crate::session::pool;
 use crate::store::lock::WriterLock;
 use crate::store::reader::SessionReader;
 use crate::store::write::{self, Accepted};
-use crate::session::pool;
 
 /// Fixed per-commit charge against the queue budget, plus per event.
 const COMMIT_CHARGE: usize = 512;
@@ -104,7 +104,10 @@ pub struct Session {
 
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Session").field("id", &self.shared.id).field("owner", &self.shared.owner).finish()
+        f.debug_struct("Session")
+            .field("id", &self.shared.id)
+            .field("owner", &self.shared.owner)
+            .finish()
     }
 }
 
@@ -244,10 +247,18 @@ impl Session {
     pub fn accepted_commits(&self, after: u64, limit: usize) -> Result<Vec<Arc<Commit>>> {
         let (tail, durable): (Vec<Arc<Commit>>, u64) = {
             let s = lock(&self.shared.state);
-            (s.tail.iter().map(|a| Arc::clone(&a.commit)).collect(), s.durable_seq)
+            (
+                s.tail.iter().map(|a| Arc::clone(&a.commit)).collect(),
+                s.durable_seq,
+            )
         };
         let mut out: Vec<Arc<Commit>> = if after < durable {
-            self.shared.reader.commits(after, limit)?.into_iter().map(Arc::new).collect()
+            self.shared
+                .reader
+                .commits(after, limit)?
+                .into_iter()
+                .map(Arc::new)
+                .collect()
         } else {
             Vec::new()
         };
@@ -313,7 +324,9 @@ fn prepare_batch(session: &SessionId, batch: Batch) -> Result<PreparedBatch> {
     }
     let turn_id = match batch.turn_id.filter(|t| !t.trim().is_empty()) {
         Some(t) => Some(t),
-        None if events.iter().any(|e| e.kind == "turn/start") => Some(derived_turn_id(session, &operation_id)),
+        None if events.iter().any(|e| e.kind == "turn/start") => {
+            Some(derived_turn_id(session, &operation_id))
+        }
         None => None,
     };
     let supplied: Vec<bool> = events.iter().map(|e| !e.id.is_empty()).collect();
@@ -338,9 +351,15 @@ impl Shared {
     fn accept(self: &Arc<Self>, batch: PreparedBatch) -> Result<Arc<Commit>> {
         let mut s = lock(&self.state);
         // Backpressure: wait for room unless the queue is empty.
-        while !s.closed && !s.poisoned && s.queued_bytes > 0 && s.queued_bytes + batch.charge > self.config.budget {
+        while !s.closed
+            && !s.poisoned
+            && s.queued_bytes > 0
+            && s.queued_bytes + batch.charge > self.config.budget
+        {
             if s.paused {
-                return Err(Error::PersistenceFailed(s.error.clone().unwrap_or_default()));
+                return Err(Error::PersistenceFailed(
+                    s.error.clone().unwrap_or_default(),
+                ));
             }
             if !s.draining && !s.timer_armed {
                 s.timer_armed = true;
@@ -356,7 +375,10 @@ impl Shared {
         }
         let earlier = match s.tail_ops.get(&batch.operation_id) {
             Some(c) => Some(Arc::clone(c)),
-            None => self.reader.lookup_operation(&batch.operation_id)?.map(Arc::new),
+            None => self
+                .reader
+                .lookup_operation(&batch.operation_id)?
+                .map(Arc::new),
         };
         if let Some(original) = earlier {
             if original.operation_hash == batch.operation_hash {
@@ -384,11 +406,13 @@ impl Shared {
         });
         let last_seq = commit.last_seq();
         let turns_before = s.projection.turns.len();
-        s.projection.apply_prepared(fold, first_seq, last_seq, commit.turn_id.as_deref());
+        s.projection
+            .apply_prepared(fold, first_seq, last_seq, commit.turn_id.as_deref());
         let closed_turns = s.projection.turns[turns_before..].to_vec();
         s.next_seq = last_seq + 1;
         s.queued_bytes += batch.charge;
-        s.tail_ops.insert(commit.operation_id.clone(), Arc::clone(&commit));
+        s.tail_ops
+            .insert(commit.operation_id.clone(), Arc::clone(&commit));
         s.tail.push_back(Arc::new(Accepted {
             commit: Arc::clone(&commit),
             closed_turns,
@@ -420,7 +444,9 @@ impl Shared {
         let result = {
             let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
             match w.as_mut() {
-                Some(writer) => write::write_commits(&mut writer.conn, self.owner.generation, &batch),
+                Some(writer) => {
+                    write::write_commits(&mut writer.conn, self.owner.generation, &batch)
+                }
                 None => Err(Error::Closed),
             }
         };
@@ -517,7 +543,12 @@ impl Drop for Shared {
             return;
         }
         let batch: Vec<Arc<Accepted>> = state.tail.iter().cloned().collect();
-        if let Some(writer) = self.writer.get_mut().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        if let Some(writer) = self
+            .writer
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
             let _ = write::write_commits(&mut writer.conn, self.owner.generation, &batch);
         }
     }

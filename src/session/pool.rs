@@ -70,7 +70,13 @@ impl Pool {
                     let now = Instant::now();
                     match q.jobs.peek().map(|j| j.at) {
                         Some(at) if at <= now => break q.jobs.pop(),
-                        Some(at) => q = self.wake.wait_timeout(q, at - now).unwrap_or_else(|e| e.into_inner()).0,
+                        Some(at) => {
+                            q = self
+                                .wake
+                                .wait_timeout(q, at - now)
+                                .unwrap_or_else(|e| e.into_inner())
+                                .0
+                        }
                         None => q = self.wake.wait(q).unwrap_or_else(|e| e.into_inner()),
                     }
                 }

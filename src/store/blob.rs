@@ -24,16 +24,24 @@ pub(crate) fn encode(raw: &[u8]) -> (&'static str, Vec<u8>) {
 /// `bytes`, or the digest does not match.
 pub(crate) fn decode(digest: &str, bytes: u64, encoding: &str, data: Vec<u8>) -> Result<Vec<u8>> {
     if bytes > MAX_BLOB_BYTES {
-        return Err(Error::corrupt(format!("blob {digest} claims {bytes} bytes")));
+        return Err(Error::corrupt(format!(
+            "blob {digest} claims {bytes} bytes"
+        )));
     }
     let raw = match encoding {
         "identity" => data,
         "zstd" => zstd::bulk::decompress(&data, bytes as usize)
             .map_err(|e| Error::corrupt(format!("blob {digest} does not decompress: {e}")))?,
-        other => return Err(Error::corrupt(format!("blob {digest} has encoding {other:?}"))),
+        other => {
+            return Err(Error::corrupt(format!(
+                "blob {digest} has encoding {other:?}"
+            )));
+        }
     };
     if raw.len() as u64 != bytes || sha256_hex(&raw) != digest {
-        return Err(Error::corrupt(format!("blob {digest} does not match its digest")));
+        return Err(Error::corrupt(format!(
+            "blob {digest} does not match its digest"
+        )));
     }
     Ok(raw)
 }
@@ -49,7 +57,10 @@ mod tests {
         let (encoding, data) = encode(&raw);
         assert_eq!(encoding, "zstd");
         assert!(data.len() < raw.len() / 10);
-        assert_eq!(decode(&digest, raw.len() as u64, encoding, data).unwrap(), raw);
+        assert_eq!(
+            decode(&digest, raw.len() as u64, encoding, data).unwrap(),
+            raw
+        );
         let mut bad = raw.clone();
         bad[7] ^= 1;
         assert!(decode(&digest, raw.len() as u64, "identity", bad).is_err());

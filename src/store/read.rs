@@ -22,7 +22,9 @@ pub struct LineageEntry {
 }
 
 fn session_id(value: String) -> rusqlite::Result<SessionId> {
-    SessionId::new(value).map_err(|e| rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e)))
+    SessionId::new(value).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
+    })
 }
 
 /// The header row.
@@ -51,8 +53,12 @@ pub(crate) fn read_header(conn: &Connection) -> Result<Header> {
         codec,
         created_at_ms,
         cwd,
-        parent_id: parent.map(SessionId::new).transpose().map_err(|e| Error::corrupt(format!("header parent: {e}")))?,
-        origin: Origin::parse(&origin).ok_or_else(|| Error::corrupt(format!("header origin {origin:?}")))?,
+        parent_id: parent
+            .map(SessionId::new)
+            .transpose()
+            .map_err(|e| Error::corrupt(format!("header parent: {e}")))?,
+        origin: Origin::parse(&origin)
+            .ok_or_else(|| Error::corrupt(format!("header origin {origin:?}")))?,
         provenance: provenance
             .map(|p| serde_json::from_str(&p))
             .transpose()
@@ -62,7 +68,8 @@ pub(crate) fn read_header(conn: &Connection) -> Result<Header> {
 
 /// The lineage rows, oldest ancestor first.
 pub(crate) fn read_lineage(conn: &Connection) -> Result<Vec<LineageEntry>> {
-    let mut stmt = conn.prepare_cached("SELECT ancestor_id, through_seq FROM lineage ORDER BY depth")?;
+    let mut stmt =
+        conn.prepare_cached("SELECT ancestor_id, through_seq FROM lineage ORDER BY depth")?;
     let rows = stmt.query_map([], |r| {
         Ok(LineageEntry {
             ancestor_id: session_id(r.get(0)?)?,
@@ -74,7 +81,8 @@ pub(crate) fn read_lineage(conn: &Connection) -> Result<Vec<LineageEntry>> {
 
 /// The dependents rows: children that inherit from this file.
 pub(crate) fn read_dependents(conn: &Connection) -> Result<Vec<LineageEntry>> {
-    let mut stmt = conn.prepare_cached("SELECT child_id, through_seq FROM dependents ORDER BY child_id")?;
+    let mut stmt =
+        conn.prepare_cached("SELECT child_id, through_seq FROM dependents ORDER BY child_id")?;
     let rows = stmt.query_map([], |r| {
         Ok(LineageEntry {
             ancestor_id: session_id(r.get(0)?)?,
@@ -125,13 +133,14 @@ fn commit_row(r: &Row<'_>) -> rusqlite::Result<(Commit, u64)> {
     ))
 }
 
-const COMMIT_COLUMNS: &str =
-    "first_seq, last_seq, commit_id, operation_id, operation_hash, turn_id, writer_generation, created_at";
+const COMMIT_COLUMNS: &str = "first_seq, last_seq, commit_id, operation_id, operation_hash, turn_id, writer_generation, created_at";
 
 /// The commit with this operation id, with its events.
 pub(crate) fn lookup_operation(conn: &Connection, operation_id: &str) -> Result<Option<Commit>> {
     let found = conn
-        .prepare_cached(&format!("SELECT {COMMIT_COLUMNS} FROM commits WHERE operation_id = ?1"))?
+        .prepare_cached(&format!(
+            "SELECT {COMMIT_COLUMNS} FROM commits WHERE operation_id = ?1"
+        ))?
         .query_row([operation_id], commit_row)
         .optional()?;
     let Some((commit, last)) = found else {
@@ -143,12 +152,20 @@ pub(crate) fn lookup_operation(conn: &Connection, operation_id: &str) -> Result<
 }
 
 /// Whole commits with `last_seq` in `(after, through]`, at most `limit`, with events.
-pub(crate) fn read_commits(conn: &Connection, after: u64, through: u64, limit: usize) -> Result<Vec<Commit>> {
+pub(crate) fn read_commits(
+    conn: &Connection,
+    after: u64,
+    through: u64,
+    limit: usize,
+) -> Result<Vec<Commit>> {
     let mut stmt = conn.prepare_cached(&format!(
         "SELECT {COMMIT_COLUMNS} FROM commits WHERE last_seq > ?1 AND last_seq <= ?2 ORDER BY first_seq LIMIT ?3"
     ))?;
     let mut commits = stmt
-        .query_map(params![after, through.min(i64::MAX as u64), limit as i64], commit_row)?
+        .query_map(
+            params![after, through.min(i64::MAX as u64), limit as i64],
+            commit_row,
+        )?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     attach_events(conn, &mut commits)?;
     Ok(commits.into_iter().map(|(c, _)| c).collect())
@@ -181,14 +198,22 @@ fn attach_events(conn: &Connection, commits: &mut [(Commit, u64)]) -> Result<()>
         let payload_text: Option<String> = r.get(5)?;
         let payload_ref: Option<String> = r.get(6)?;
         let (payload, content_ref) = match (payload_text, payload_ref) {
-            (Some(text), None) => (Some(raw_json(text).map_err(|e| Error::corrupt(format!("event {seq}: {e}")))?), None),
+            (Some(text), None) => (
+                Some(raw_json(text).map_err(|e| Error::corrupt(format!("event {seq}: {e}")))?),
+                None,
+            ),
             (None, Some(digest)) => {
-                let raw = read_blob(conn, &digest)?
-                    .ok_or_else(|| Error::corrupt(format!("event {seq} references missing blob {digest}")))?;
+                let raw = read_blob(conn, &digest)?.ok_or_else(|| {
+                    Error::corrupt(format!("event {seq} references missing blob {digest}"))
+                })?;
                 let bytes = raw.len() as u64;
-                let text = String::from_utf8(raw).map_err(|_| Error::corrupt(format!("blob {digest} is not UTF-8")))?;
+                let text = String::from_utf8(raw)
+                    .map_err(|_| Error::corrupt(format!("blob {digest} is not UTF-8")))?;
                 (
-                    Some(raw_json(text).map_err(|e| Error::corrupt(format!("blob {digest}: {e}")))?),
+                    Some(
+                        raw_json(text)
+                            .map_err(|e| Error::corrupt(format!("blob {digest}: {e}")))?,
+                    ),
                     Some(ContentRef {
                         digest,
                         bytes,
@@ -197,7 +222,11 @@ fn attach_events(conn: &Connection, commits: &mut [(Commit, u64)]) -> Result<()>
                 )
             }
             (None, None) => (None, None),
-            (Some(_), Some(_)) => return Err(Error::corrupt(format!("event {seq} has payload and payload_ref"))),
+            (Some(_), Some(_)) => {
+                return Err(Error::corrupt(format!(
+                    "event {seq} has payload and payload_ref"
+                )));
+            }
         };
         commit.events.push(Event {
             id: r.get(2)?,
@@ -210,7 +239,11 @@ fn attach_events(conn: &Connection, commits: &mut [(Commit, u64)]) -> Result<()>
     }
     for (commit, last) in commits.iter() {
         let expected = last.checked_sub(commit.first_seq).map(|d| d + 1);
-        let contiguous = commit.events.iter().enumerate().all(|(i, e)| e.seq == commit.first_seq + i as u64);
+        let contiguous = commit
+            .events
+            .iter()
+            .enumerate()
+            .all(|(i, e)| e.seq == commit.first_seq + i as u64);
         if expected != Some(commit.events.len() as u64) || !contiguous {
             return Err(Error::corrupt(format!(
                 "commit {}..={} has {} events",
@@ -227,7 +260,13 @@ fn attach_events(conn: &Connection, commits: &mut [(Commit, u64)]) -> Result<()>
 pub(crate) fn read_blob(conn: &Connection, digest: &str) -> Result<Option<Vec<u8>>> {
     let row = conn
         .prepare_cached("SELECT bytes, encoding, data FROM blobs WHERE digest = ?1")?
-        .query_row([digest], |r| Ok((r.get::<_, u64>(0)?, r.get::<_, String>(1)?, r.get::<_, Vec<u8>>(2)?)))
+        .query_row([digest], |r| {
+            Ok((
+                r.get::<_, u64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, Vec<u8>>(2)?,
+            ))
+        })
         .optional()?;
     row.map(|(bytes, encoding, data)| blob::decode(digest, bytes, &encoding, data))
         .transpose()

@@ -6,8 +6,8 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use r2d2::{Pool, PooledConnection};
-use scheduled_thread_pool::ScheduledThreadPool;
 use r2d2_sqlite::SqliteConnectionManager;
+use scheduled_thread_pool::ScheduledThreadPool;
 
 use crate::error::{Error, Result, WriterOwner};
 use crate::model::header::Header;
@@ -16,15 +16,14 @@ use crate::store::read::{self, LineageEntry};
 use crate::store::schema::{self, SESSION_FILE};
 
 /// One thread, shared by every read pool of the process, for r2d2's housekeeping.
-static POOL_THREADS: LazyLock<Arc<ScheduledThreadPool>> =
-    LazyLock::new(|| {
-        Arc::new(
-            ScheduledThreadPool::builder()
-                .num_threads(1)
-                .thread_name_pattern("session-store-read-pool-{}")
-                .build(),
-        )
-    });
+static POOL_THREADS: LazyLock<Arc<ScheduledThreadPool>> = LazyLock::new(|| {
+    Arc::new(
+        ScheduledThreadPool::builder()
+            .num_threads(1)
+            .thread_name_pattern("session-store-read-pool-{}")
+            .build(),
+    )
+});
 
 /// Read connections per session file at most.
 const MAX_READERS: u32 = 4;
@@ -84,7 +83,11 @@ impl SessionReader {
         let lineage = read::read_lineage(&conn)?;
         drop(conn);
         let mut segments = Vec::with_capacity(lineage.len() + 1);
-        for LineageEntry { ancestor_id, through_seq } in lineage {
+        for LineageEntry {
+            ancestor_id,
+            through_seq,
+        } in lineage
+        {
             let file = root.join(ancestor_id.as_str()).join(SESSION_FILE);
             let pool = read_pool(&file).map_err(|_| {
                 Error::corrupt(format!(
@@ -136,7 +139,10 @@ impl SessionReader {
     }
 
     fn own(&self) -> Result<PooledConnection<SqliteConnectionManager>> {
-        let own = self.segments.last().ok_or_else(|| Error::corrupt("no segments"))?;
+        let own = self
+            .segments
+            .last()
+            .ok_or_else(|| Error::corrupt("no segments"))?;
         Ok(own.pool.get()?)
     }
 
@@ -183,7 +189,12 @@ impl SessionReader {
             if segment.through > after {
                 let conn = segment.pool.get()?;
                 let from = after.max(floor);
-                out.extend(read::read_commits(&conn, from, segment.through, limit - out.len())?);
+                out.extend(read::read_commits(
+                    &conn,
+                    from,
+                    segment.through,
+                    limit - out.len(),
+                )?);
             }
             floor = segment.through;
         }

@@ -101,7 +101,9 @@ pub(crate) fn open_writer(path: &Path, durability: Durability) -> Result<Connect
 
 /// Flags of a read-only connection.
 pub(crate) fn reader_flags() -> OpenFlags {
-    OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NOFOLLOW | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    OpenFlags::SQLITE_OPEN_READ_ONLY
+        | OpenFlags::SQLITE_OPEN_NOFOLLOW
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX
 }
 
 /// Per-connection setup of a read-only connection.
@@ -142,7 +144,9 @@ pub(crate) fn check_format(conn: &Connection) -> Result<()> {
         )));
     }
     if version < 1 {
-        return Err(Error::corrupt(format!("schema version {version} is not initialised")));
+        return Err(Error::corrupt(format!(
+            "schema version {version} is not initialised"
+        )));
     }
     Ok(())
 }
@@ -158,6 +162,10 @@ mod tests {
 
     #[test]
     fn linked_sqlite_has_the_wal_reset_fix() {
-        assert!(rusqlite::version_number() >= 3_051_003, "{}", rusqlite::version());
+        assert!(
+            rusqlite::version_number() >= 3_051_003,
+            "{}",
+            rusqlite::version()
+        );
     }
 }

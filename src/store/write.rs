@@ -49,7 +49,11 @@ pub(crate) fn init_file(conn: &mut Connection, header: &Header) -> Result<()> {
 pub(crate) fn take_lease(conn: &mut Connection, owner: &WriterOwner) -> Result<u64> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let generation: Option<i64> = tx
-        .query_row("SELECT generation FROM lease WHERE singleton = 1", [], |r| r.get(0))
+        .query_row(
+            "SELECT generation FROM lease WHERE singleton = 1",
+            [],
+            |r| r.get(0),
+        )
         .optional()?;
     let next = u64::try_from(generation.ok_or_else(|| Error::corrupt("lease row is missing"))?)
         .map_err(|_| Error::corrupt("negative lease generation"))?
@@ -57,7 +61,13 @@ pub(crate) fn take_lease(conn: &mut Connection, owner: &WriterOwner) -> Result<u
     tx.execute(
         "UPDATE lease SET owner_id = ?1, host_id = ?2, pid = ?3, generation = ?4, acquired_at = ?5
          WHERE singleton = 1",
-        params![owner.owner_id, owner.host, owner.pid, next as i64, owner.since_ms],
+        params![
+            owner.owner_id,
+            owner.host,
+            owner.pid,
+            next as i64,
+            owner.since_ms
+        ],
     )?;
     tx.commit()?;
     Ok(next)
@@ -65,9 +75,17 @@ pub(crate) fn take_lease(conn: &mut Connection, owner: &WriterOwner) -> Result<u
 
 /// The drain: writes accepted commits in one `BEGIN IMMEDIATE` transaction, after
 /// checking that the lease is still at `generation` (fencing).
-pub(crate) fn write_commits(conn: &mut Connection, generation: u64, batch: &[Arc<Accepted>]) -> Result<()> {
+pub(crate) fn write_commits(
+    conn: &mut Connection,
+    generation: u64,
+    batch: &[Arc<Accepted>],
+) -> Result<()> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let current: i64 = tx.query_row("SELECT generation FROM lease WHERE singleton = 1", [], |r| r.get(0))?;
+    let current: i64 = tx.query_row(
+        "SELECT generation FROM lease WHERE singleton = 1",
+        [],
+        |r| r.get(0),
+    )?;
     if current != generation as i64 {
         return Err(Error::StaleGeneration {
             ours: generation,
