@@ -120,7 +120,7 @@ pub struct RecoveryStatus {
 }
 
 /// Session state folded from its events.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct Projection {
     /// Sequence of the last folded event.
     pub committed_sequence: u64,

@@ -1,0 +1,101 @@
+//! Helpers shared by the integration tests: temp roots, event builders, child processes.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::json;
+use session_store::{Batch, CreateOptions, Event, Root, SessionId, StoreOptions};
+
+/// A root in a fresh temp dir; keep the `TempDir` alive for the test's duration.
+pub fn temp_root() -> (tempfile::TempDir, Root) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = Root::open(dir.path().join("sessions")).expect("root");
+    (dir, root)
+}
+
+/// A root whose timed drains never fire during a test (1 hour write-behind).
+pub fn manual_root() -> (tempfile::TempDir, Root) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let options = StoreOptions {
+        write_behind: Duration::from_secs(3600),
+        ..StoreOptions::default()
+    };
+    let root = Root::with_options(dir.path().join("sessions"), options).expect("root");
+    (dir, root)
+}
+
+pub fn id(s: &str) -> SessionId {
+    SessionId::new(s).expect("valid id")
+}
+
+pub fn create(root: &Root, name: &str) -> session_store::Session {
+    root.create(CreateOptions::with_id(id(name)))
+        .expect("create")
+}
+
+pub fn message(id: &str, role: &str, content: &str) -> Event {
+    Event::new("message/complete")
+        .with_payload(&json!({"message": {"id": id, "role": role, "content": content}}))
+        .expect("payload")
+}
+
+pub fn title(text: &str) -> Event {
+    Event::new("session/title")
+        .with_payload(&json!({"title": text}))
+        .expect("payload")
+}
+
+pub fn turn_end(status: &str) -> Event {
+    Event::new("turn/end")
+        .with_payload(&json!({"status": status}))
+        .expect("payload")
+}
+
+/// A three-event completed turn with one user message.
+pub fn turn(op: &str, turn_id: &str, message_id: &str) -> Batch {
+    Batch::new(
+        op,
+        vec![
+            Event::new("turn/start"),
+            message(message_id, "user", message_id),
+            turn_end("completed"),
+        ],
+    )
+    .in_turn(turn_id)
+}
+
+/// Re-runs this test binary as a child process that runs only the ignored test `role`,
+/// with `env` set; its stdout is piped.
+pub fn spawn_role(role: &str, env: &[(&str, &str)]) -> Child {
+    let exe = std::env::current_exe().expect("current exe");
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        "--ignored",
+        "--exact",
+        role,
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("spawn child")
+}
+
+/// Reads lines from a child until one contains `prefix`; returns what follows it.
+/// (libtest prints `test name ... ` before the child's first line.)
+pub fn read_until(out: &mut BufReader<ChildStdout>, prefix: &str) -> String {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = out.read_line(&mut line).expect("read child");
+        assert!(n > 0, "child exited before printing {prefix:?}");
+        if let Some(at) = line.find(prefix) {
+            return line[at + prefix.len()..].trim_end().to_owned();
+        }
+    }
+}
