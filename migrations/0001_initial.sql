@@ -10,15 +10,19 @@ CREATE TABLE header (
     cwd         TEXT,
     parent_id   TEXT,
     origin      TEXT    NOT NULL,          -- new | fork | rewind | canonical-import | legacy-import
-    provenance  TEXT                       -- JSON, e.g. the legacy source of a migration
+    provenance  TEXT,                      -- JSON, e.g. the legacy source of a migration
+    inherited_events INTEGER NOT NULL DEFAULT 0  -- the fork cut, kept after materialisation
 );
 
--- The inherited prefix of a fork, flattened: ancestor files and the range each supplies
--- (events with seq in (previous through_seq, through_seq]). Empty for roots and exports.
+-- The inherited prefix of a fork, flattened: ancestor files and the range each supplies,
+-- events with seq in (after_seq, through_seq]. Sequences no row covers are in this file.
+-- Empty for roots and exports.
 CREATE TABLE lineage (
     depth        INTEGER PRIMARY KEY,      -- 0 = the oldest ancestor
     ancestor_id  TEXT    NOT NULL,
-    through_seq  INTEGER NOT NULL
+    after_seq    INTEGER NOT NULL,
+    through_seq  INTEGER NOT NULL,
+    CHECK (after_seq < through_seq)
 );
 
 -- Forks that inherit from this file, recorded before the child is published.
@@ -64,8 +68,10 @@ CREATE TABLE turns (
     start_seq     INTEGER PRIMARY KEY,
     turn_id       TEXT    NOT NULL,
     end_seq       INTEGER NOT NULL,
-    boundary_seq  INTEGER NOT NULL,
-    status        TEXT    NOT NULL
+    boundary_seq  INTEGER NOT NULL,       -- last seq of the commit holding turn/end
+    status        TEXT    NOT NULL,
+    fork_safe     INTEGER NOT NULL,       -- no open turn / pending interaction at boundary_seq
+    rewind_safe   INTEGER NOT NULL        -- none either at start_seq - 1, a commit boundary
 );
 CREATE INDEX turns_by_id ON turns (turn_id);
 

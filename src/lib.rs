@@ -17,9 +17,12 @@ pub use model::{
     Batch, Commit, ContentRef, Event, INLINE_PAYLOAD_LIMIT, Message, PROJECTION_KINDS, Projection,
     RecoveryStatus, SessionId, SessionRef, TERMINAL_TURN_STATUSES, Todo, TurnBoundary,
 };
-pub use persistence::{CreateOptions, Replay, Root, SessionInfo, StoreOptions, replay};
+pub use persistence::{
+    CreateOptions, ExportReport, ForkPoint, ImportOptions, Replay, Root, SessionInfo, StoreOptions,
+    replay,
+};
 pub use session::live::{PersistenceStatus, Session, SessionSnapshot};
 pub use session::pool::WRITER_THREADS;
-pub use store::read::LineageEntry;
+pub use store::read::{Dependent, LineageEntry};
 pub use store::reader::SessionReader;
 pub use store::schema::{APPLICATION_ID, CODEC, Durability, SCHEMA_VERSION};

@@ -219,9 +219,9 @@ pub(crate) fn operation_hash(
     hex::encode(Sha256::digest(&bytes))
 }
 
-/// The id given to event `index` of an operation whose caller left it empty.
-pub(crate) fn derived_event_id(operation_id: &str, operation_hash: &str, index: usize) -> String {
-    derived_id(&["event", operation_id, operation_hash, &index.to_string()])
+/// The id given to event `index` of a commit whose caller left it empty.
+pub(crate) fn derived_event_id(commit_id: &str, index: usize) -> String {
+    derived_id(&["event", commit_id, &index.to_string()])
 }
 
 /// Recomputes a stored commit's operation hash, telling derived ids from supplied ones.
@@ -230,9 +230,26 @@ pub(crate) fn rehash_commit(commit: &Commit) -> String {
         .events
         .iter()
         .enumerate()
-        .map(|(i, e)| e.id != derived_event_id(&commit.operation_id, &commit.operation_hash, i))
+        .map(|(i, e)| e.id != derived_event_id(&commit.commit_id, i))
         .collect();
     operation_hash(commit.turn_id.as_deref(), &commit.events, &supplied)
+}
+
+/// Operation ids with this prefix name commits inherited from an ancestor; callers
+/// cannot use it.
+pub(crate) const INHERITED_OPERATION_PREFIX: &str = "inherit:";
+
+/// The operation id an inherited commit has in a descendant: `inherit:<ancestor>:<commit>`.
+/// A commit inherited once keeps its first rebinding.
+pub(crate) fn inherited_operation_id(ancestor: &str, commit: &Commit) -> String {
+    if commit.operation_id.starts_with(INHERITED_OPERATION_PREFIX) {
+        commit.operation_id.clone()
+    } else {
+        format!(
+            "{INHERITED_OPERATION_PREFIX}{ancestor}:{}",
+            commit.commit_id
+        )
+    }
 }
 
 /// SHA-256 of bytes, lowercase hex.

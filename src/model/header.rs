@@ -65,4 +65,6 @@ pub struct Header {
     pub origin: Origin,
     /// Free-form provenance (e.g. a legacy migration's source).
     pub provenance: Option<Value>,
+    /// Events inherited from the parent at a fork or rewind (0 otherwise).
+    pub inherited_events: u64,
 }

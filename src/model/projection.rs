@@ -68,6 +68,12 @@ pub struct TurnBoundary {
     pub boundary_sequence: u64,
     /// The terminal status.
     pub status: String,
+    /// A fork after this turn is allowed: after the commit holding the `turn/end` no turn
+    /// is open and no interaction is pending.
+    pub fork_safe: bool,
+    /// A rewind before this turn is allowed: the `turn/start` opens its commit and before
+    /// it no turn was open and no interaction was pending.
+    pub rewind_safe: bool,
 }
 
 /// One todo item of `todo/write`.
@@ -130,6 +136,8 @@ pub struct Projection {
     pub turn_status: String,
     /// Sequence of the open turn's `turn/start` (0 without an open turn).
     pub current_turn_start: u64,
+    /// Whether a rewind to before the open turn would be allowed.
+    pub current_turn_rewind_safe: bool,
     /// Every ended turn, in order.
     pub turns: Vec<TurnBoundary>,
     /// The UI transcript.
@@ -579,10 +587,15 @@ impl Projection {
         commit_last_seq: u64,
         turn_id: Option<&str>,
     ) {
+        let turns_before = self.turns.len();
         for (i, p) in prepared.0.into_iter().enumerate() {
             let seq = first_seq + i as u64;
             self.committed_sequence = seq;
-            self.apply_one(p, seq, commit_last_seq, turn_id);
+            self.apply_one(p, seq, first_seq, commit_last_seq, turn_id);
+        }
+        let fork_safe = !self.has_active_authority();
+        for t in &mut self.turns[turns_before..] {
+            t.fork_safe = fork_safe;
         }
     }
 
@@ -613,7 +626,14 @@ impl Projection {
         Ok(p)
     }
 
-    fn apply_one(&mut self, parsed: Parsed, seq: u64, commit_last_seq: u64, turn_id: Option<&str>) {
+    fn apply_one(
+        &mut self,
+        parsed: Parsed,
+        seq: u64,
+        commit_first_seq: u64,
+        commit_last_seq: u64,
+        turn_id: Option<&str>,
+    ) {
         match parsed {
             Parsed::Skip => {}
             Parsed::MessageComplete(m) => {
@@ -641,6 +661,8 @@ impl Projection {
                 self.model_identity = c.model_identity;
             }
             Parsed::TurnStart => {
+                self.current_turn_rewind_safe =
+                    seq == commit_first_seq && !self.has_active_authority();
                 self.turn_id = Some(turn_id.unwrap_or_default().to_owned());
                 self.turn_status = TURN_IN_PROGRESS.to_owned();
                 self.current_turn_start = seq;
@@ -658,10 +680,13 @@ impl Projection {
                         end_sequence: seq,
                         boundary_sequence: commit_last_seq,
                         status: status.clone(),
+                        fork_safe: false,
+                        rewind_safe: self.current_turn_rewind_safe,
                     });
                 }
                 self.turn_id = None;
                 self.current_turn_start = 0;
+                self.current_turn_rewind_safe = false;
                 self.turn_status = status;
             }
             Parsed::ToolStart(id, name) => {

@@ -10,7 +10,7 @@ use rusqlite::Connection;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result, WriterOwner};
-use crate::model::event::{derived_event_id, operation_hash};
+use crate::model::event::{INHERITED_OPERATION_PREFIX, derived_event_id, operation_hash};
 use crate::model::ids::{derived_turn_id, now_ms, random_hex};
 use crate::model::{Batch, Commit, Event, Projection, SessionId};
 use crate::session::pool;
@@ -298,6 +298,7 @@ fn status_of(s: &State) -> PersistenceStatus {
 
 /// A validated batch, hashed, with ids derived; not yet sequenced.
 struct PreparedBatch {
+    commit_id: String,
     operation_id: String,
     operation_hash: String,
     turn_id: Option<String>,
@@ -309,6 +310,11 @@ fn prepare_batch(session: &SessionId, batch: Batch) -> Result<PreparedBatch> {
     let operation_id = batch.operation_id.trim().to_owned();
     if operation_id.is_empty() || batch.events.is_empty() {
         return Err(Error::invalid("operation id and events are required"));
+    }
+    if operation_id.starts_with(INHERITED_OPERATION_PREFIX) {
+        return Err(Error::invalid(format!(
+            "operation ids starting with {INHERITED_OPERATION_PREFIX:?} are reserved for inherited commits"
+        )));
     }
     let mut events = batch.events;
     for (i, e) in events.iter_mut().enumerate() {
@@ -331,14 +337,16 @@ fn prepare_batch(session: &SessionId, batch: Batch) -> Result<PreparedBatch> {
     };
     let supplied: Vec<bool> = events.iter().map(|e| !e.id.is_empty()).collect();
     let hash = operation_hash(turn_id.as_deref(), &events, &supplied);
+    let commit_id = random_hex();
     let mut charge = COMMIT_CHARGE;
     for (i, e) in events.iter_mut().enumerate() {
         if e.id.is_empty() {
-            e.id = derived_event_id(&operation_id, &hash, i);
+            e.id = derived_event_id(&commit_id, i);
         }
         charge += EVENT_CHARGE + e.id.len() + e.kind.len() + e.payload_len();
     }
     Ok(PreparedBatch {
+        commit_id,
         operation_id,
         operation_hash: hash,
         turn_id,
@@ -395,7 +403,7 @@ impl Shared {
             e.seq = first_seq + i as u64;
         }
         let commit = Arc::new(Commit {
-            commit_id: random_hex(),
+            commit_id: batch.commit_id,
             operation_id: batch.operation_id,
             operation_hash: batch.operation_hash,
             first_seq,

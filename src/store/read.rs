@@ -6,18 +6,29 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result, WriterOwner};
 use crate::model::event::raw_json;
 use crate::model::header::{Header, Origin};
-use crate::model::{Commit, ContentRef, Event, SessionId};
+use crate::model::{Commit, ContentRef, Event, SessionId, TurnBoundary};
 use crate::store::blob;
 
 /// Media type of payload blobs.
 pub(crate) const JSON_MEDIA_TYPE: &str = "application/json";
 
-/// One ancestor of a fork and the last sequence it supplies.
+/// One ancestor of a fork and the range of sequences it supplies: `(after_seq, through_seq]`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LineageEntry {
     /// The ancestor session.
     pub ancestor_id: SessionId,
+    /// The range starts after this sequence.
+    pub after_seq: u64,
     /// The last sequence read from that ancestor's file.
+    pub through_seq: u64,
+}
+
+/// A session that inherits from this one, up to `through_seq`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dependent {
+    /// The inheriting session.
+    pub child_id: SessionId,
+    /// The last inherited sequence.
     pub through_seq: u64,
 }
 
@@ -31,7 +42,8 @@ fn session_id(value: String) -> rusqlite::Result<SessionId> {
 pub(crate) fn read_header(conn: &Connection) -> Result<Header> {
     let row = conn
         .query_row(
-            "SELECT session_id, codec, created_at, cwd, parent_id, origin, provenance FROM header WHERE singleton = 1",
+            "SELECT session_id, codec, created_at, cwd, parent_id, origin, provenance, inherited_events
+             FROM header WHERE singleton = 1",
             [],
             |r| {
                 Ok((
@@ -42,12 +54,13 @@ pub(crate) fn read_header(conn: &Connection) -> Result<Header> {
                     r.get::<_, Option<String>>(4)?,
                     r.get::<_, String>(5)?,
                     r.get::<_, Option<String>>(6)?,
+                    r.get::<_, u64>(7)?,
                 ))
             },
         )
         .optional()?
         .ok_or_else(|| Error::corrupt("header row is missing"))?;
-    let (session_id, codec, created_at_ms, cwd, parent, origin, provenance) = row;
+    let (session_id, codec, created_at_ms, cwd, parent, origin, provenance, inherited_events) = row;
     Ok(Header {
         session_id,
         codec,
@@ -63,39 +76,86 @@ pub(crate) fn read_header(conn: &Connection) -> Result<Header> {
             .map(|p| serde_json::from_str(&p))
             .transpose()
             .map_err(|e| Error::corrupt(format!("header provenance: {e}")))?,
+        inherited_events,
     })
 }
 
-/// The lineage rows, oldest ancestor first.
+/// The lineage rows, in sequence order.
 pub(crate) fn read_lineage(conn: &Connection) -> Result<Vec<LineageEntry>> {
-    let mut stmt =
-        conn.prepare_cached("SELECT ancestor_id, through_seq FROM lineage ORDER BY depth")?;
+    let mut stmt = conn.prepare_cached(
+        "SELECT ancestor_id, after_seq, through_seq FROM lineage ORDER BY after_seq",
+    )?;
     let rows = stmt.query_map([], |r| {
         Ok(LineageEntry {
             ancestor_id: session_id(r.get(0)?)?,
-            through_seq: r.get(1)?,
+            after_seq: r.get(1)?,
+            through_seq: r.get(2)?,
         })
     })?;
     Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
 }
 
 /// The dependents rows: children that inherit from this file.
-pub(crate) fn read_dependents(conn: &Connection) -> Result<Vec<LineageEntry>> {
+pub(crate) fn read_dependents(conn: &Connection) -> Result<Vec<Dependent>> {
     let mut stmt =
         conn.prepare_cached("SELECT child_id, through_seq FROM dependents ORDER BY child_id")?;
     let rows = stmt.query_map([], |r| {
-        Ok(LineageEntry {
-            ancestor_id: session_id(r.get(0)?)?,
+        Ok(Dependent {
+            child_id: session_id(r.get(0)?)?,
             through_seq: r.get(1)?,
         })
     })?;
     Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
 }
 
-/// The last committed sequence of this file's own commits, else `inherited`.
-pub(crate) fn last_seq(conn: &Connection, inherited: u64) -> Result<u64> {
-    let own: Option<u64> = conn.query_row("SELECT max(last_seq) FROM commits", [], |r| r.get(0))?;
-    Ok(own.unwrap_or(inherited))
+const TURN_COLUMNS: &str =
+    "turn_id, start_seq, end_seq, boundary_seq, status, fork_safe, rewind_safe";
+
+fn turn_row(r: &Row<'_>) -> rusqlite::Result<TurnBoundary> {
+    Ok(TurnBoundary {
+        turn_id: r.get(0)?,
+        start_sequence: r.get(1)?,
+        end_sequence: r.get(2)?,
+        boundary_sequence: r.get(3)?,
+        status: r.get(4)?,
+        fork_safe: r.get(5)?,
+        rewind_safe: r.get(6)?,
+    })
+}
+
+/// The ended turn `turn_id` recorded in this file (the first one, if repeated).
+pub(crate) fn read_turn(conn: &Connection, turn_id: &str) -> Result<Option<TurnBoundary>> {
+    Ok(conn
+        .prepare_cached(&format!(
+            "SELECT {TURN_COLUMNS} FROM turns WHERE turn_id = ?1 ORDER BY start_seq LIMIT 1"
+        ))?
+        .query_row([turn_id], turn_row)
+        .optional()?)
+}
+
+/// The ended turns of this file whose `turn/end` falls in `(after, through]`.
+pub(crate) fn read_turns_ending_in(
+    conn: &Connection,
+    after: u64,
+    through: u64,
+) -> Result<Vec<TurnBoundary>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {TURN_COLUMNS} FROM turns WHERE end_seq > ?1 AND end_seq <= ?2 ORDER BY start_seq"
+    ))?;
+    let rows = stmt.query_map(params![after, through], turn_row)?;
+    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+}
+
+/// Whether one of this file's commits ends at `seq`.
+pub(crate) fn commit_ends_at(conn: &Connection, seq: u64) -> Result<bool> {
+    Ok(conn
+        .prepare_cached("SELECT 1 FROM commits WHERE last_seq = ?1")?
+        .exists([seq])?)
+}
+
+/// The last sequence of the commits stored in this file, if any.
+pub(crate) fn last_own_seq(conn: &Connection) -> Result<Option<u64>> {
+    Ok(conn.query_row("SELECT max(last_seq) FROM commits", [], |r| r.get(0))?)
 }
 
 /// The lease row as an owner record.

@@ -10,9 +10,10 @@ use r2d2_sqlite::SqliteConnectionManager;
 use scheduled_thread_pool::ScheduledThreadPool;
 
 use crate::error::{Error, Result, WriterOwner};
+use crate::model::event::inherited_operation_id;
 use crate::model::header::Header;
-use crate::model::{Commit, Projection, SessionId};
-use crate::store::read::{self, LineageEntry};
+use crate::model::{Commit, Projection, SessionId, TurnBoundary};
+use crate::store::read::{self, Dependent, LineageEntry};
 use crate::store::schema::{self, SESSION_FILE};
 
 /// One thread, shared by every read pool of the process, for r2d2's housekeeping.
@@ -48,23 +49,30 @@ fn read_pool(file: &Path) -> Result<ReadPool> {
     Ok(pool)
 }
 
-/// One file the session's events come from, and the last sequence it supplies.
+/// One range of sequences, `(after, through]`, and the file that holds it.
 #[derive(Clone, Debug)]
 struct Segment {
-    id: SessionId,
+    /// The session whose file holds the range.
+    source: SessionId,
+    after: u64,
     through: u64,
+    /// True for a range inherited from an ancestor.
+    inherited: bool,
     pool: ReadPool,
 }
 
 /// A read-only view of a session's durable prefix (its own file plus its ancestors').
 ///
 /// Sees only committed transactions: a live writer's accepted-but-undrained commits are
-/// invisible here.
+/// invisible here. Inherited commits are presented with the operation id
+/// `inherit:<ancestor>:<commit id>`, so an ancestor's idempotency keys never collide
+/// with the session's own.
 #[derive(Clone, Debug)]
 pub struct SessionReader {
     header: Header,
     file: PathBuf,
-    /// Ancestors oldest first, then this session's own file (through = u64::MAX).
+    lineage: Vec<LineageEntry>,
+    /// Ranges in sequence order covering `(0, u64::MAX]`.
     segments: Vec<Segment>,
 }
 
@@ -82,33 +90,43 @@ impl SessionReader {
         let header = read::read_header(&conn)?;
         let lineage = read::read_lineage(&conn)?;
         drop(conn);
-        let mut segments = Vec::with_capacity(lineage.len() + 1);
-        for LineageEntry {
-            ancestor_id,
-            through_seq,
-        } in lineage
-        {
-            let file = root.join(ancestor_id.as_str()).join(SESSION_FILE);
-            let pool = read_pool(&file).map_err(|_| {
+        let own_segment = |after: u64, through: u64| Segment {
+            source: header.session_id.clone(),
+            after,
+            through,
+            inherited: false,
+            pool: own.clone(),
+        };
+        let mut segments = Vec::with_capacity(2 * lineage.len() + 1);
+        let mut covered = 0;
+        for entry in &lineage {
+            if entry.after_seq < covered {
+                return Err(Error::corrupt("lineage ranges overlap"));
+            }
+            if entry.after_seq > covered {
+                segments.push(own_segment(covered, entry.after_seq));
+            }
+            let ancestor = root.join(entry.ancestor_id.as_str()).join(SESSION_FILE);
+            let pool = read_pool(&ancestor).map_err(|_| {
                 Error::corrupt(format!(
-                    "session {} inherits from {ancestor_id}, which is missing",
-                    header.session_id
+                    "session {} inherits from {}, which is missing",
+                    header.session_id, entry.ancestor_id
                 ))
             })?;
             segments.push(Segment {
-                id: ancestor_id,
-                through: through_seq,
+                source: entry.ancestor_id.clone(),
+                after: entry.after_seq,
+                through: entry.through_seq,
+                inherited: true,
                 pool,
             });
+            covered = entry.through_seq;
         }
-        segments.push(Segment {
-            id: header.session_id.clone(),
-            through: u64::MAX,
-            pool: own,
-        });
+        segments.push(own_segment(covered, u64::MAX));
         Ok(SessionReader {
             header,
             file: file.to_path_buf(),
+            lineage,
             segments,
         })
     }
@@ -123,19 +141,9 @@ impl SessionReader {
         &self.file
     }
 
-    /// The ancestors this session inherits from, oldest first.
-    pub fn lineage(&self) -> Vec<LineageEntry> {
-        self.ancestors()
-            .iter()
-            .map(|s| LineageEntry {
-                ancestor_id: s.id.clone(),
-                through_seq: s.through,
-            })
-            .collect()
-    }
-
-    fn ancestors(&self) -> &[Segment] {
-        &self.segments[..self.segments.len() - 1]
+    /// The ancestors this session inherits from and the ranges they supply.
+    pub fn lineage(&self) -> &[LineageEntry] {
+        &self.lineage
     }
 
     fn own(&self) -> Result<PooledConnection<SqliteConnectionManager>> {
@@ -146,9 +154,9 @@ impl SessionReader {
         Ok(own.pool.get()?)
     }
 
-    /// Events inherited from ancestors (0 for a root session).
+    /// Events inherited from the parent when this session was forked (0 for a root).
     pub fn inherited_events(&self) -> u64 {
-        self.ancestors().last().map_or(0, |s| s.through)
+        self.header.inherited_events
     }
 
     /// The last durable sequence.
@@ -156,7 +164,10 @@ impl SessionReader {
     /// # Errors
     /// SQLite errors mapped to [`Error`].
     pub fn durable_sequence(&self) -> Result<u64> {
-        read::last_seq(&*self.own()?, self.inherited_events())
+        let inherited = self.lineage.last().map_or(0, |e| e.through_seq);
+        Ok(read::last_own_seq(&*self.own()?)?
+            .unwrap_or(0)
+            .max(inherited))
     }
 
     /// The lease row: the last (or current) writer.
@@ -171,7 +182,7 @@ impl SessionReader {
     ///
     /// # Errors
     /// SQLite errors mapped to [`Error`].
-    pub fn dependents(&self) -> Result<Vec<LineageEntry>> {
+    pub fn dependents(&self) -> Result<Vec<Dependent>> {
         read::read_dependents(&*self.own()?)
     }
 
@@ -181,22 +192,22 @@ impl SessionReader {
     /// [`Error::Corrupt`] for damaged rows or blobs, or SQLite errors.
     pub fn commits(&self, after: u64, limit: usize) -> Result<Vec<Commit>> {
         let mut out = Vec::new();
-        let mut floor = 0u64;
         for segment in &self.segments {
             if out.len() >= limit {
                 break;
             }
-            if segment.through > after {
-                let conn = segment.pool.get()?;
-                let from = after.max(floor);
-                out.extend(read::read_commits(
-                    &conn,
-                    from,
-                    segment.through,
-                    limit - out.len(),
-                )?);
+            if segment.through <= after {
+                continue;
             }
-            floor = segment.through;
+            let conn = segment.pool.get()?;
+            let from = after.max(segment.after);
+            let page = read::read_commits(&conn, from, segment.through, limit - out.len())?;
+            out.extend(page.into_iter().map(|mut c| {
+                if segment.inherited {
+                    c.operation_id = inherited_operation_id(segment.source.as_str(), &c);
+                }
+                c
+            }));
         }
         Ok(out)
     }
@@ -207,22 +218,23 @@ impl SessionReader {
     /// As [`SessionReader::commits`].
     pub fn replay(&self) -> Result<Vec<Commit>> {
         let mut all = Vec::new();
-        self.visit(|c| {
+        self.visit(u64::MAX, |c| {
             all.push(c);
             Ok(())
         })?;
         Ok(all)
     }
 
-    /// Streams every durable commit, in order, in pages.
+    /// Streams the durable commits that end at or before `through`, in order, in pages.
     ///
     /// # Errors
     /// As [`SessionReader::commits`], or whatever `f` returns.
-    pub fn visit(&self, mut f: impl FnMut(Commit) -> Result<()>) -> Result<()> {
+    pub fn visit(&self, through: u64, mut f: impl FnMut(Commit) -> Result<()>) -> Result<()> {
         const PAGE: usize = 1000;
         let mut after = 0;
         loop {
-            let page = self.commits(after, PAGE)?;
+            let mut page = self.commits(after, PAGE)?;
+            page.retain(|c| c.last_seq() <= through);
             let Some(last) = page.last() else {
                 return Ok(());
             };
@@ -243,7 +255,7 @@ impl SessionReader {
     /// As [`SessionReader::commits`], or a fold error for an invalid stored payload.
     pub fn projection(&self) -> Result<Projection> {
         let mut p = Projection::default();
-        self.visit(|c| p.apply_commit(&c))?;
+        self.visit(u64::MAX, |c| p.apply_commit(&c))?;
         Ok(p)
     }
 
@@ -258,6 +270,64 @@ impl SessionReader {
             }
         }
         Ok(None)
+    }
+
+    /// The ended turn `turn_id`, looked up in the turn index of every file.
+    ///
+    /// # Errors
+    /// SQLite errors mapped to [`Error`].
+    pub fn turn(&self, turn_id: &str) -> Result<Option<TurnBoundary>> {
+        let mut found: Option<TurnBoundary> = None;
+        for segment in &self.segments {
+            if let Some(t) = read::read_turn(&*segment.pool.get()?, turn_id)?
+                && t.end_sequence > segment.after
+                && t.end_sequence <= segment.through
+                && found
+                    .as_ref()
+                    .is_none_or(|f| t.start_sequence < f.start_sequence)
+            {
+                found = Some(t);
+            }
+        }
+        Ok(found)
+    }
+
+    /// Whether some commit ends exactly at `seq` (0 always counts).
+    ///
+    /// # Errors
+    /// SQLite errors mapped to [`Error`].
+    pub fn is_commit_boundary(&self, seq: u64) -> Result<bool> {
+        if seq == 0 {
+            return Ok(true);
+        }
+        let Some(segment) = self
+            .segments
+            .iter()
+            .find(|s| s.after < seq && seq <= s.through)
+        else {
+            return Ok(false);
+        };
+        read::commit_ends_at(&*segment.pool.get()?, seq)
+    }
+
+    /// The lineage a fork cut at `cut` inherits: every range of `(0, cut]`, clipped,
+    /// naming the file that holds it (this session's own ranges name this session).
+    pub(crate) fn prefix_lineage(&self, cut: u64) -> Vec<LineageEntry> {
+        let mut out: Vec<LineageEntry> = Vec::new();
+        for s in self.segments.iter().filter(|s| s.after < cut) {
+            let through = s.through.min(cut);
+            match out.last_mut() {
+                Some(last) if last.ancestor_id == s.source && last.through_seq == s.after => {
+                    last.through_seq = through;
+                }
+                _ => out.push(LineageEntry {
+                    ancestor_id: s.source.clone(),
+                    after_seq: s.after,
+                    through_seq: through,
+                }),
+            }
+        }
+        out
     }
 
     /// The commit that recorded `operation_id` in this session's own file.

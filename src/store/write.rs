@@ -2,10 +2,10 @@
 
 use std::sync::Arc;
 
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 
 use crate::error::{Error, Result, WriterOwner};
-use crate::model::event::INLINE_PAYLOAD_LIMIT;
+use crate::model::event::{INLINE_PAYLOAD_LIMIT, sha256_hex};
 use crate::model::header::Header;
 use crate::model::{Commit, TurnBoundary};
 use crate::store::blob;
@@ -23,8 +23,9 @@ pub(crate) struct Accepted {
 pub(crate) fn init_file(conn: &mut Connection, header: &Header) -> Result<()> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     tx.execute(
-        "INSERT INTO header (singleton, session_id, codec, created_at, cwd, parent_id, origin, provenance)
-         VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        "INSERT INTO header (singleton, session_id, codec, created_at, cwd, parent_id, origin, provenance,
+                             inherited_events)
+         VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
         params![
             header.session_id.as_str(),
             header.codec,
@@ -33,6 +34,7 @@ pub(crate) fn init_file(conn: &mut Connection, header: &Header) -> Result<()> {
             header.parent_id.as_ref().map(|p| p.as_str()),
             header.origin.as_str(),
             header.provenance.as_ref().map(|v| v.to_string()),
+            header.inherited_events,
         ],
     )?;
     tx.execute(
@@ -81,81 +83,93 @@ pub(crate) fn write_commits(
     batch: &[Arc<Accepted>],
 ) -> Result<()> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let current: i64 = tx.query_row(
+    let current: u64 = tx.query_row(
         "SELECT generation FROM lease WHERE singleton = 1",
         [],
         |r| r.get(0),
     )?;
-    if current != generation as i64 {
+    if current != generation {
         return Err(Error::StaleGeneration {
             ours: generation,
-            current: current.max(0) as u64,
+            current,
         });
     }
-    {
-        let mut insert_commit = tx.prepare_cached(
-            "INSERT INTO commits (first_seq, last_seq, commit_id, operation_id, operation_hash,
-                                  turn_id, writer_generation, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-        )?;
-        let mut insert_event = tx.prepare_cached(
-            "INSERT INTO events (seq, first_seq, event_id, kind, optional, payload, payload_ref)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-        )?;
-        let mut blob_exists = tx.prepare_cached("SELECT 1 FROM blobs WHERE digest = ?1")?;
-        let mut insert_blob = tx.prepare_cached(
-            "INSERT INTO blobs (digest, bytes, encoding, data) VALUES (?1, ?2, ?3, ?4)",
-        )?;
-        let mut insert_turn = tx.prepare_cached(
-            "INSERT OR REPLACE INTO turns (start_seq, turn_id, end_seq, boundary_seq, status)
-             VALUES (?1, ?2, ?3, ?4, ?5)",
-        )?;
-        for accepted in batch {
-            let c = &accepted.commit;
-            insert_commit.execute(params![
-                c.first_seq as i64,
-                c.last_seq() as i64,
-                c.commit_id,
-                c.operation_id,
-                c.operation_hash,
-                c.turn_id,
-                c.writer_generation as i64,
-                c.created_at_ms,
-            ])?;
-            for e in &c.events {
-                let text = e.payload_str();
-                let (inline, reference) = match text {
-                    Some(t) if t.len() > INLINE_PAYLOAD_LIMIT => {
-                        let digest = crate::model::event::sha256_hex(t.as_bytes());
-                        if !blob_exists.exists([&digest])? {
-                            let (encoding, data) = blob::encode(t.as_bytes());
-                            insert_blob.execute(params![digest, t.len() as i64, encoding, data])?;
-                        }
-                        (None, Some(digest))
-                    }
-                    other => (other, None),
-                };
-                insert_event.execute(params![
-                    e.seq as i64,
-                    c.first_seq as i64,
-                    e.id,
-                    e.kind,
-                    e.optional,
-                    inline,
-                    reference,
-                ])?;
-            }
-            for t in &accepted.closed_turns {
-                insert_turn.execute(params![
-                    t.start_sequence as i64,
-                    t.turn_id,
-                    t.end_sequence as i64,
-                    t.boundary_sequence as i64,
-                    t.status,
-                ])?;
-            }
-        }
-    }
+    insert_commits(&tx, batch)?;
     tx.commit()?;
+    Ok(())
+}
+
+/// Inserts commits, their events, the blobs of large payloads (once per digest) and the
+/// turns they close, inside the caller's transaction.
+pub(crate) fn insert_commits(tx: &Transaction<'_>, batch: &[Arc<Accepted>]) -> Result<()> {
+    let mut insert_commit = tx.prepare_cached(
+        "INSERT INTO commits (first_seq, last_seq, commit_id, operation_id, operation_hash,
+                              turn_id, writer_generation, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?;
+    let mut insert_event = tx.prepare_cached(
+        "INSERT INTO events (seq, first_seq, event_id, kind, optional, payload, payload_ref)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?;
+    let mut blob_exists = tx.prepare_cached("SELECT 1 FROM blobs WHERE digest = ?1")?;
+    let mut insert_blob = tx.prepare_cached(
+        "INSERT INTO blobs (digest, bytes, encoding, data) VALUES (?1, ?2, ?3, ?4)",
+    )?;
+    for accepted in batch {
+        let c = &accepted.commit;
+        insert_commit.execute(params![
+            c.first_seq,
+            c.last_seq(),
+            c.commit_id,
+            c.operation_id,
+            c.operation_hash,
+            c.turn_id,
+            c.writer_generation,
+            c.created_at_ms,
+        ])?;
+        for e in &c.events {
+            let (inline, reference) = match e.payload_str() {
+                Some(text) if text.len() > INLINE_PAYLOAD_LIMIT => {
+                    let digest = sha256_hex(text.as_bytes());
+                    if !blob_exists.exists([&digest])? {
+                        let (encoding, data) = blob::encode(text.as_bytes());
+                        insert_blob.execute(params![digest, text.len() as u64, encoding, data])?;
+                    }
+                    (None, Some(digest))
+                }
+                other => (other, None),
+            };
+            insert_event.execute(params![
+                e.seq,
+                c.first_seq,
+                e.id,
+                e.kind,
+                e.optional,
+                inline,
+                reference
+            ])?;
+        }
+        insert_turns(tx, &accepted.closed_turns)?;
+    }
+    Ok(())
+}
+
+/// Inserts ended turns into the turn index.
+pub(crate) fn insert_turns(tx: &Transaction<'_>, turns: &[TurnBoundary]) -> Result<()> {
+    let mut insert_turn = tx.prepare_cached(
+        "INSERT OR REPLACE INTO turns (start_seq, turn_id, end_seq, boundary_seq, status, fork_safe, rewind_safe)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?;
+    for t in turns {
+        insert_turn.execute(params![
+            t.start_sequence,
+            t.turn_id,
+            t.end_sequence,
+            t.boundary_sequence,
+            t.status,
+            t.fork_safe,
+            t.rewind_safe,
+        ])?;
+    }
     Ok(())
 }

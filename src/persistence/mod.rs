@@ -1,5 +1,14 @@
-//! A root folder of sessions: create, open, stat, list, delete, replay; staging and
-//! atomic publication.
+//! A root folder of sessions: create, open, stat, list; staging and atomic publication.
+//! Forks, deletion, export/import and replay live in the sub-modules.
+
+mod delete;
+mod fork;
+mod portable;
+mod verify;
+
+pub use fork::ForkPoint;
+pub use portable::{ExportReport, ImportOptions};
+pub use verify::{Replay, replay};
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -9,18 +18,16 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::cancel::CancelToken;
 use crate::error::{Error, Result, WriterOwner};
-use crate::model::event::rehash_commit;
+use crate::model::SessionId;
 use crate::model::header::{Header, Origin};
 use crate::model::ids::{now_ms, random_hex};
-use crate::model::{Commit, Projection, SessionId};
 use crate::session::live::{Session, WriteBehind};
 use crate::store::lock::{WriterLock, recorded_owner};
 use crate::store::read::LineageEntry;
 use crate::store::reader::SessionReader;
 use crate::store::schema::{self, CODEC, Durability, LOCK_FILE, SESSION_FILE};
-use crate::store::{read, write};
+use crate::store::write;
 
 /// Folder under the root where creations are built before publication.
 pub(crate) const STAGING_DIR: &str = ".staging";
@@ -86,17 +93,6 @@ pub struct SessionInfo {
     pub lineage: Vec<LineageEntry>,
     /// The last writer that took the lease.
     pub last_writer: WriterOwner,
-}
-
-/// The result of [`replay`]: every commit, validated, and their projection.
-#[derive(Clone, Debug)]
-pub struct Replay {
-    /// The header row.
-    pub header: Header,
-    /// Every durable commit in order.
-    pub commits: Vec<Commit>,
-    /// The fold of all commits.
-    pub projection: Projection,
 }
 
 /// A folder of sessions, one sub-folder each.
@@ -230,6 +226,7 @@ impl Root {
             parent_id: options.parent_session_id,
             origin: options.origin,
             provenance: options.provenance,
+            inherited_events: 0,
         };
         let (staging, lock) = self.stage(&id, "create", |conn| write::init_file(conn, &header))?;
         self.publish(&staging, &id)?;
@@ -354,7 +351,7 @@ impl Root {
             header: reader.header().clone(),
             durable_sequence: reader.durable_sequence()?,
             inherited_events: reader.inherited_events(),
-            lineage: reader.lineage(),
+            lineage: reader.lineage().to_vec(),
             last_writer: reader.lease()?,
         })
     }
@@ -397,83 +394,4 @@ impl Root {
         ids.sort();
         Ok(ids)
     }
-
-    /// Deletes a session: waits (until `cancel`) for its writer lock, so an owned session
-    /// is never deleted under its writer, then renames it into `.trash/` and removes it.
-    ///
-    /// # Errors
-    /// [`Error::Cancelled`] when the wait is cancelled (nothing is deleted);
-    /// [`Error::SessionNotFound`]; [`Error::InvalidInput`] while forks inherit from it.
-    pub fn delete(&self, id: &SessionId, cancel: &CancelToken) -> Result<()> {
-        let dir = self.existing_dir(id)?;
-        let lock = WriterLock::acquire(&dir.join(LOCK_FILE), cancel)?;
-        let dependents = read::read_dependents(&schema::open_reader(&dir.join(SESSION_FILE))?)?;
-        if !dependents.is_empty() {
-            return Err(Error::invalid(format!(
-                "{} sessions inherit from {id}",
-                dependents.len()
-            )));
-        }
-        let trash = self.inner.path.join(TRASH_DIR);
-        std::fs::create_dir_all(&trash).map_err(|e| Error::io("create trash", e))?;
-        let tomb = trash.join(format!("{id}-{}", random_hex()));
-        rename_no_replace(&dir, &tomb, id.as_str())?;
-        sync_dir(&self.inner.path)?;
-        drop(lock);
-        std::fs::remove_dir_all(&tomb)
-            .map_err(|e| Error::io(format!("remove {}", tomb.display()), e))?;
-        Ok(())
-    }
-}
-
-/// Reads and validates every commit of a session file (or a session folder): contiguous
-/// sequences from 1, operation hashes, blob digests, known kinds, and a full fold.
-/// Ancestors of a fork are resolved as siblings of its folder.
-///
-/// # Errors
-/// [`Error::Corrupt`] naming the first problem; [`Error::SessionNotFound`] for a missing file.
-pub fn replay(path: impl AsRef<Path>) -> Result<Replay> {
-    let path = path.as_ref();
-    let (file, root) = if path.is_dir() {
-        (
-            path.join(SESSION_FILE),
-            path.parent().unwrap_or(path).to_path_buf(),
-        )
-    } else {
-        let root = path
-            .parent()
-            .and_then(Path::parent)
-            .unwrap_or(Path::new("."));
-        (path.to_path_buf(), root.to_path_buf())
-    };
-    schema::open_reader(&file)?;
-    let reader = SessionReader::open_file(&file, &root)?;
-    let mut commits = Vec::new();
-    let mut projection = Projection::default();
-    let mut expected = 1u64;
-    reader.visit(|c| {
-        if c.first_seq != expected {
-            return Err(Error::corrupt(format!(
-                "sequence gap: expected {expected}, found {}",
-                c.first_seq
-            )));
-        }
-        if rehash_commit(&c) != c.operation_hash {
-            return Err(Error::corrupt(format!(
-                "operation {:?} does not match its hash",
-                c.operation_id
-            )));
-        }
-        projection
-            .apply_commit(&c)
-            .map_err(|e| Error::corrupt(format!("commit {}: {e}", c.first_seq)))?;
-        expected = c.last_seq() + 1;
-        commits.push(c);
-        Ok(())
-    })?;
-    Ok(Replay {
-        header: reader.header().clone(),
-        commits,
-        projection,
-    })
 }

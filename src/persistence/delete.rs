@@ -1,0 +1,119 @@
+//! Delete that never breaks a fork: dependents get their inherited ranges materialised
+//! first, one transaction each, then the session disappears with one rename.
+
+use rusqlite::{TransactionBehavior, params};
+
+use crate::cancel::CancelToken;
+use crate::error::{Error, Result};
+use crate::model::SessionId;
+use crate::model::event::inherited_operation_id;
+use crate::model::ids::random_hex;
+use crate::persistence::fork::DELETING_OWNER;
+use crate::persistence::{Root, TRASH_DIR, rename_no_replace, sync_dir};
+use crate::store::lock::WriterLock;
+use crate::store::read;
+use crate::store::schema::{self, Durability, LOCK_FILE, SESSION_FILE};
+use crate::store::write::{self, Accepted};
+
+/// Commits copied per read while materialising.
+const COPY_PAGE: usize = 1000;
+
+impl Root {
+    /// Deletes a session. Waits (until `cancel`) for its writer lock, so an owned session is
+    /// never deleted under its writer. Sessions that inherit from it first get their
+    /// inherited range (events, turns and the blobs they reference) copied into their own
+    /// file, one transaction each with their lineage rewritten; then the folder is renamed
+    /// into `.trash/` and removed. A crash at any point leaves every session readable.
+    ///
+    /// # Errors
+    /// [`Error::Cancelled`] when the wait is cancelled (nothing is deleted);
+    /// [`Error::SessionNotFound`]; I/O and SQLite errors (the session stays intact).
+    pub fn delete(&self, id: &SessionId, cancel: &CancelToken) -> Result<()> {
+        let dir = self.existing_dir(id)?;
+        let lock = WriterLock::acquire(&dir.join(LOCK_FILE), cancel)?;
+        let file = dir.join(SESSION_FILE);
+        let mut conn = schema::open_writer(&file, Durability::PowerLoss)?;
+        let lineage = read::read_lineage(&conn)?;
+        loop {
+            let dependents = read::read_dependents(&conn)?;
+            for d in &dependents {
+                self.materialize(id, &d.child_id)?;
+            }
+            // Seal: no fork may record a new dependent from here on.
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            if read::read_dependents(&tx)? == dependents {
+                tx.execute(
+                    "UPDATE lease SET owner_id = ?1 WHERE singleton = 1",
+                    [DELETING_OWNER],
+                )?;
+                tx.commit()?;
+                break;
+            }
+        }
+        conn.close().map_err(|(_, e)| Error::from(e))?;
+        let trash = self.path().join(TRASH_DIR);
+        std::fs::create_dir_all(&trash).map_err(|e| Error::io("create trash", e))?;
+        let tomb = trash.join(format!("{id}-{}", random_hex()));
+        rename_no_replace(&dir, &tomb, id.as_str())?;
+        sync_dir(self.path())?;
+        drop(lock);
+        std::fs::remove_dir_all(&tomb)
+            .map_err(|e| Error::io(format!("remove {}", tomb.display()), e))?;
+        // The ancestors no longer need to keep this session's range alive.
+        for entry in lineage {
+            let ancestor = self.session_dir(&entry.ancestor_id).join(SESSION_FILE);
+            if ancestor.is_file() {
+                let c = schema::open_writer(&ancestor, Durability::PowerLoss)?;
+                c.execute("DELETE FROM dependents WHERE child_id = ?1", [id.as_str()])?;
+                drop(c.close());
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies every range `child` inherits from `ancestor` into `child`'s own file and drops
+    /// those lineage rows, in one transaction. A child that no longer exists is skipped.
+    fn materialize(&self, ancestor: &SessionId, child: &SessionId) -> Result<()> {
+        let child_file = self.session_dir(child).join(SESSION_FILE);
+        if !child_file.is_file() {
+            return Ok(());
+        }
+        let source = schema::open_reader(&self.session_dir(ancestor).join(SESSION_FILE))?;
+        let mut conn = schema::open_writer(&child_file, Durability::PowerLoss)?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let ranges: Vec<_> = read::read_lineage(&tx)?
+            .into_iter()
+            .filter(|e| &e.ancestor_id == ancestor)
+            .collect();
+        for range in &ranges {
+            let mut after = range.after_seq;
+            while after < range.through_seq {
+                let page = read::read_commits(&source, after, range.through_seq, COPY_PAGE)?;
+                let Some(last) = page.last() else {
+                    break;
+                };
+                after = last.last_seq();
+                let batch: Vec<_> = page
+                    .into_iter()
+                    .map(|mut commit| {
+                        commit.operation_id = inherited_operation_id(ancestor.as_str(), &commit);
+                        std::sync::Arc::new(Accepted {
+                            commit: std::sync::Arc::new(commit),
+                            closed_turns: Vec::new(),
+                            charge: 0,
+                        })
+                    })
+                    .collect();
+                write::insert_commits(&tx, &batch)?;
+            }
+            let turns = read::read_turns_ending_in(&source, range.after_seq, range.through_seq)?;
+            write::insert_turns(&tx, &turns)?;
+            tx.execute(
+                "DELETE FROM lineage WHERE ancestor_id = ?1 AND after_seq = ?2",
+                params![ancestor.as_str(), range.after_seq],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+}

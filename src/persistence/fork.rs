@@ -1,0 +1,149 @@
+//! Forks and rewinds at turn boundaries, without copying: the child records lineage
+//! rows naming the files that hold its inherited prefix.
+
+use std::path::Path;
+
+use rusqlite::{TransactionBehavior, params};
+use serde_json::json;
+
+use crate::error::{Error, Result};
+use crate::model::SessionId;
+use crate::model::header::{Header, Origin};
+use crate::model::ids::now_ms;
+use crate::persistence::Root;
+use crate::store::read::LineageEntry;
+use crate::store::schema::{self, CODEC, Durability, SESSION_FILE};
+use crate::store::write;
+
+/// Marker in a lease row's owner id while the session is being deleted: no new
+/// dependents may be recorded.
+pub(crate) const DELETING_OWNER: &str = "<deleting>";
+
+/// Where a fork or rewind cuts its parent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ForkPoint {
+    /// Keep everything up to the end of the commit that closed this turn.
+    AfterTurn(String),
+    /// Keep everything strictly before this turn's `turn/start`.
+    BeforeTurn(String),
+}
+
+impl Root {
+    /// Creates a child session that inherits the parent's durable prefix up to `point`,
+    /// without copying events or blobs. Returns the child's id (the child is not opened).
+    ///
+    /// The parent may be cold or live; a live parent should be flushed first (only its
+    /// durable prefix is seen). Before the child is published, every file that supplies
+    /// its prefix records it in its `dependents` table.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for an unknown turn; [`Error::ForkBoundaryNotAtomic`] when the
+    /// cut is not a commit boundary; [`Error::ForkActiveAuthority`] when the prefix leaves a
+    /// turn open or an interaction pending; [`Error::SessionExists`] for a taken child id.
+    pub fn fork(
+        &self,
+        parent: &SessionId,
+        point: ForkPoint,
+        child: Option<SessionId>,
+    ) -> Result<SessionId> {
+        let reader = self.open_reader(parent)?;
+        let (turn_id, origin) = match &point {
+            ForkPoint::AfterTurn(t) => (t, Origin::Fork),
+            ForkPoint::BeforeTurn(t) => (t, Origin::Rewind),
+        };
+        let turn = reader.turn(turn_id)?.ok_or_else(|| {
+            Error::invalid(format!("completed turn {turn_id:?} not found in {parent}"))
+        })?;
+        let cut = match point {
+            ForkPoint::AfterTurn(_) => {
+                if !turn.fork_safe {
+                    return Err(Error::ForkActiveAuthority(format!(
+                        "after turn {turn_id:?} (seq {}) a turn is open or an interaction pending",
+                        turn.boundary_sequence
+                    )));
+                }
+                turn.boundary_sequence
+            }
+            ForkPoint::BeforeTurn(_) => {
+                let cut = turn.start_sequence - 1;
+                if !reader.is_commit_boundary(cut)? {
+                    return Err(Error::ForkBoundaryNotAtomic(format!(
+                        "turn {turn_id:?} starts inside a commit (seq {})",
+                        turn.start_sequence
+                    )));
+                }
+                if !turn.rewind_safe {
+                    return Err(Error::ForkActiveAuthority(format!(
+                        "before turn {turn_id:?} (seq {cut}) a turn is open or an interaction pending"
+                    )));
+                }
+                cut
+            }
+        };
+        let child = child.unwrap_or_else(SessionId::random);
+        if self.session_dir(&child).exists() {
+            return Err(Error::SessionExists(child.to_string()));
+        }
+        let lineage = reader.prefix_lineage(cut);
+        for entry in &lineage {
+            let file = self.session_dir(&entry.ancestor_id).join(SESSION_FILE);
+            record_dependent(&file, &child, entry.through_seq)?;
+        }
+        let header = Header {
+            session_id: child.clone(),
+            codec: CODEC.to_owned(),
+            created_at_ms: now_ms(),
+            cwd: reader.header().cwd.clone(),
+            parent_id: Some(parent.clone()),
+            origin,
+            provenance: Some(json!({"parent": parent, "turn": turn_id, "through_seq": cut})),
+            inherited_events: cut,
+        };
+        let (staging, _lock) = self.stage(&child, origin.as_str(), |conn| {
+            write::init_file(conn, &header)?;
+            write_lineage(conn, &lineage)
+        })?;
+        self.publish(&staging, &child)?;
+        Ok(child)
+    }
+}
+
+/// Records `child` as a dependent of the session file `file`, durably.
+fn record_dependent(file: &Path, child: &SessionId, through: u64) -> Result<()> {
+    let mut conn = schema::open_writer(file, Durability::PowerLoss)?;
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let owner: String =
+        tx.query_row("SELECT owner_id FROM lease WHERE singleton = 1", [], |r| {
+            r.get(0)
+        })?;
+    if owner == DELETING_OWNER {
+        return Err(Error::SessionNotFound(format!(
+            "{} (being deleted)",
+            file.display()
+        )));
+    }
+    tx.execute(
+        "INSERT INTO dependents (child_id, through_seq) VALUES (?1, ?2)
+         ON CONFLICT (child_id) DO UPDATE SET through_seq = max(through_seq, excluded.through_seq)",
+        params![child.as_str(), through],
+    )?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// Replaces a file's lineage rows.
+pub(crate) fn write_lineage(
+    conn: &mut rusqlite::Connection,
+    lineage: &[LineageEntry],
+) -> Result<()> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.execute("DELETE FROM lineage", [])?;
+    for (depth, e) in lineage.iter().enumerate() {
+        tx.execute(
+            "INSERT INTO lineage (depth, ancestor_id, after_seq, through_seq) VALUES (?1, ?2, ?3, ?4)",
+            params![depth as i64, e.ancestor_id.as_str(), e.after_seq, e.through_seq],
+        )?;
+    }
+    tx.commit()?;
+    Ok(())
+}

@@ -1,0 +1,167 @@
+//! Export to one self-contained SQLite file, and validated, atomic import of such a file.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rusqlite::{Connection, TransactionBehavior};
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::model::SessionId;
+use crate::model::header::Origin;
+use crate::model::ids::random_hex;
+use crate::persistence::verify::{LogValidator, check_integrity, file_and_root};
+use crate::persistence::{Root, rename_no_replace, sync_dir};
+use crate::store::reader::SessionReader;
+use crate::store::schema;
+use crate::store::write::{self, Accepted};
+
+/// Commits inserted per statement batch while copying a log.
+const COPY_BATCH: usize = 256;
+
+/// What an export wrote.
+#[derive(Clone, Debug, Serialize)]
+pub struct ExportReport {
+    /// Commits in the file.
+    pub commits: u64,
+    /// Events in the file (its last sequence).
+    pub events: u64,
+    /// Size of the file in bytes.
+    pub bytes: u64,
+}
+
+/// How an imported session is published.
+#[derive(Clone, Debug, Default)]
+pub struct ImportOptions {
+    /// Publish under this id instead of the file's (id remap).
+    pub session_id: Option<SessionId>,
+    /// Working directory to record (default: the file's).
+    pub cwd: Option<String>,
+    /// Origin to record (default: [`Origin::CanonicalImport`]).
+    pub origin: Option<Origin>,
+}
+
+/// Copies the validated log of `reader` up to `through` into a fresh file's connection.
+fn copy_log(reader: &SessionReader, through: u64, conn: &mut Connection) -> Result<(u64, u64)> {
+    let mut validator = LogValidator::new();
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let mut pending = Vec::with_capacity(COPY_BATCH);
+    let mut commits = 0u64;
+    reader.visit(through, |c| {
+        let closed_turns = validator.check(&c)?;
+        commits += 1;
+        pending.push(Arc::new(Accepted {
+            commit: Arc::new(c),
+            closed_turns,
+            charge: 0,
+        }));
+        if pending.len() >= COPY_BATCH {
+            write::insert_commits(&tx, &pending)?;
+            pending.clear();
+        }
+        Ok(())
+    })?;
+    write::insert_commits(&tx, &pending)?;
+    if validator.last_seq() != through {
+        return Err(Error::corrupt(format!(
+            "log ends at {}, expected {through}",
+            validator.last_seq()
+        )));
+    }
+    tx.commit()?;
+    Ok((commits, through))
+}
+
+impl Root {
+    /// Writes a session's durable prefix as one self-contained SQLite file at `destination`
+    /// (which must not exist): inherited ranges and blobs materialised, no lineage, lease
+    /// or dependents, `journal_mode=DELETE`. Built under a temporary name beside the
+    /// destination, checked with `integrity_check`, fsynced and renamed into place.
+    ///
+    /// A live session keeps running: flush it first to include its latest commits; the
+    /// export holds the durable prefix as of its start.
+    ///
+    /// # Errors
+    /// [`Error::SessionExists`] when the destination exists; read, validation and I/O errors
+    /// (no file is left at the destination).
+    pub fn export(&self, id: &SessionId, destination: impl AsRef<Path>) -> Result<ExportReport> {
+        let dest = destination.as_ref();
+        if std::fs::symlink_metadata(dest).is_ok() {
+            return Err(Error::SessionExists(dest.display().to_string()));
+        }
+        let name = dest.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
+            Error::invalid(format!(
+                "export destination {} has no file name",
+                dest.display()
+            ))
+        })?;
+        let folder = match dest.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => std::path::PathBuf::from("."),
+        };
+        let reader = self.open_reader(id)?;
+        let through = reader.durable_sequence()?;
+        let temp = folder.join(format!(".{name}.export-{}", random_hex()));
+        let written = (|| {
+            let mut conn = schema::create_file(&temp)?;
+            write::init_file(&mut conn, reader.header())?;
+            let (commits, events) = copy_log(&reader, through, &mut conn)?;
+            conn.pragma_update_and_check(None, "journal_mode", "DELETE", |r| {
+                r.get::<_, String>(0)
+            })?;
+            conn.close().map_err(|(_, e)| Error::from(e))?;
+            check_integrity(&temp)?;
+            let file = std::fs::File::open(&temp).map_err(|e| Error::io("open export", e))?;
+            file.sync_all().map_err(|e| Error::io("fsync export", e))?;
+            let bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
+            rename_no_replace(&temp, dest, &dest.display().to_string())?;
+            sync_dir(&folder)?;
+            Ok(ExportReport {
+                commits,
+                events,
+                bytes,
+            })
+        })();
+        if written.is_err() {
+            let _ = std::fs::remove_file(&temp);
+            let _ = std::fs::remove_file(folder.join(format!("{}-journal", temp.display())));
+        }
+        written
+    }
+
+    /// Validates an exported file and publishes it as a new session: application id and
+    /// schema version, `integrity_check`, no lineage, contiguous sequences, operation
+    /// hashes, blob digests and a full projection replay — all before anything becomes
+    /// visible. The copy is built under `.staging/` and renamed into place.
+    ///
+    /// # Errors
+    /// [`Error::SessionExists`] when the target id is taken; [`Error::Corrupt`] or
+    /// [`Error::UnsupportedVersion`] for a bad file; [`Error::InvalidInput`] for a file that
+    /// is not self-contained. Nothing is left on disk on failure.
+    pub fn import(&self, file: impl AsRef<Path>, options: ImportOptions) -> Result<SessionId> {
+        let (file, root) = file_and_root(file.as_ref());
+        check_integrity(&file)?;
+        let reader = SessionReader::open_file(&file, &root)?;
+        if !reader.lineage().is_empty() {
+            return Err(Error::invalid(
+                "import is not a self-contained export: it has lineage rows",
+            ));
+        }
+        let mut header = reader.header().clone();
+        if let Some(id) = options.session_id {
+            header.session_id = id;
+        }
+        if options.cwd.is_some() {
+            header.cwd = options.cwd;
+        }
+        header.origin = options.origin.unwrap_or(Origin::CanonicalImport);
+        let target = header.session_id.clone();
+        let through = reader.durable_sequence()?;
+        let (staging, _lock) = self.stage(&target, "import", |conn| {
+            write::init_file(conn, &header)?;
+            copy_log(&reader, through, conn).map(drop)
+        })?;
+        self.publish(&staging, &target)?;
+        Ok(target)
+    }
+}

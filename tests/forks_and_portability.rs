@@ -1,0 +1,514 @@
+//! Forks and rewinds without copying, export to one file, validated import, and a delete
+//! that never breaks a fork — on real files, with a real SIGKILL for crash safety.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+use session_store::{
+    Batch, CancelToken, Error, Event, ForkPoint, ImportOptions, Origin, Root, replay,
+};
+
+fn after(turn: &str) -> ForkPoint {
+    ForkPoint::AfterTurn(turn.into())
+}
+
+fn before(turn: &str) -> ForkPoint {
+    ForkPoint::BeforeTurn(turn.into())
+}
+
+fn model_ids(root: &Root, name: &str) -> Vec<String> {
+    let p = root.open_reader(&id(name)).unwrap().projection().unwrap();
+    p.model_messages.iter().map(|m| m.id.clone()).collect()
+}
+
+fn staging_is_empty(root: &Root) -> bool {
+    std::fs::read_dir(root.path().join(".staging")).map_or(true, |mut d| d.next().is_none())
+}
+
+/// Seed `TestServiceForkAndRewindUsePersistedTurnBoundaries`, at the storage level.
+#[test]
+fn fork_and_rewind_use_persisted_turn_boundaries() {
+    let (_dir, root) = temp_root();
+    let parent = create(&root, "parent");
+    parent
+        .append(turn("same-size-a", "turn-a", "message-a"))
+        .unwrap();
+    parent
+        .append(turn("same-size-b", "turn-b", "message-b"))
+        .unwrap();
+    parent.flush().unwrap();
+
+    let child = root
+        .fork(&id("parent"), after("turn-a"), Some(id("child-after-a")))
+        .unwrap();
+    assert_eq!(model_ids(&root, child.as_str()), ["message-a"]);
+    let info = root.stat(&child).unwrap();
+    assert_eq!(info.inherited_events, 3);
+    assert_eq!(info.header.origin, Origin::Fork);
+    assert_eq!(info.header.parent_id, Some(id("parent")));
+
+    let rewound = root
+        .fork(&id("parent"), before("turn-b"), Some(id("child-before-b")))
+        .unwrap();
+    assert_eq!(model_ids(&root, rewound.as_str()), ["message-a"]);
+    assert_eq!(root.stat(&rewound).unwrap().header.origin, Origin::Rewind);
+
+    // No events were copied: the child file holds none of its own.
+    let file = root.session_dir(&child).join("session.sqlite");
+    let own: i64 = rusqlite::Connection::open(file)
+        .unwrap()
+        .query_row("SELECT count(*) FROM events", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(own, 0);
+    let deps: Vec<_> = root
+        .open_reader(&id("parent"))
+        .unwrap()
+        .dependents()
+        .unwrap();
+    assert_eq!(deps.len(), 2);
+
+    // The child has its own operation-id space and continues after the cut.
+    let w = root.open_writer(&child).unwrap();
+    assert_eq!(w.snapshot().event_sequence, 3);
+    let c = w
+        .append(turn("same-size-b", "turn-b2", "message-b2"))
+        .unwrap();
+    assert_eq!(
+        c.first_seq, 4,
+        "a parent's operation id did not dedupe the child's append"
+    );
+    w.close().unwrap();
+    assert_eq!(
+        model_ids(&root, child.as_str()),
+        ["message-a", "message-b2"]
+    );
+    let replayed = replay(root.session_dir(&child)).unwrap();
+    assert_eq!(replayed.commits.len(), 2);
+    assert!(
+        replayed.commits[0]
+            .operation_id
+            .starts_with("inherit:parent:")
+    );
+    parent.close().unwrap();
+}
+
+#[test]
+fn fork_refuses_unknown_turns_and_unsafe_cuts() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "p");
+    s.append(turn("a", "turn-a", "m-a")).unwrap();
+    // A turn whose start shares a commit with earlier events: rewinding before it would
+    // split that commit.
+    s.append(
+        Batch::new(
+            "b",
+            vec![
+                title("t"),
+                Event::new("turn/start"),
+                message("m-b", "user", "b"),
+                turn_end("completed"),
+            ],
+        )
+        .in_turn("turn-b"),
+    )
+    .unwrap();
+    // A turn that leaves an interaction pending.
+    let pending = Event::new("interaction/created")
+        .with_payload(&json!({"id": "ask", "state": "pending"}))
+        .unwrap();
+    s.append(
+        Batch::new(
+            "c",
+            vec![Event::new("turn/start"), pending, turn_end("completed")],
+        )
+        .in_turn("turn-c"),
+    )
+    .unwrap();
+    s.flush().unwrap();
+
+    let err = root.fork(&id("p"), after("nope"), None).unwrap_err();
+    assert!(matches!(err, Error::InvalidInput(_)), "{err}");
+    let err = root.fork(&id("p"), before("turn-b"), None).unwrap_err();
+    assert!(matches!(err, Error::ForkBoundaryNotAtomic(_)), "{err}");
+    let err = root.fork(&id("p"), after("turn-c"), None).unwrap_err();
+    assert!(matches!(err, Error::ForkActiveAuthority(_)), "{err}");
+    assert!(root.fork(&id("p"), after("turn-b"), Some(id("ok"))).is_ok());
+    let err = root
+        .fork(&id("p"), after("turn-a"), Some(id("ok")))
+        .unwrap_err();
+    assert!(matches!(err, Error::SessionExists(_)), "{err}");
+    assert_eq!(root.list_ids().unwrap(), vec![id("ok"), id("p")]);
+    assert!(staging_is_empty(&root));
+    s.close().unwrap();
+}
+
+/// Seed `TestServiceExportAndDeleteAreSessionDirectoryAtomic`, at the storage level.
+#[test]
+fn export_and_delete_are_atomic_and_the_export_is_self_contained() {
+    let (dir, root) = temp_root();
+    let s = create(&root, "managed");
+    s.append(Batch::new(
+        "message",
+        vec![message("m", "user", &"exported".repeat(20_000))],
+    ))
+    .unwrap();
+    s.flush().unwrap();
+    let exported = dir.path().join("exported-session.sqlite");
+    let report = root.export(&id("managed"), &exported).unwrap();
+    assert_eq!((report.commits, report.events), (1, 1));
+    replay(&exported).unwrap();
+    assert!(
+        !Path::new(&format!("{}-wal", exported.display())).exists(),
+        "export is one file"
+    );
+    let err = root.export(&id("managed"), &exported).unwrap_err();
+    assert!(matches!(err, Error::SessionExists(_)), "{err}");
+    s.close().unwrap();
+
+    root.delete(&id("managed"), &CancelToken::new()).unwrap();
+    assert!(!root.session_dir(&id("managed")).exists());
+    assert!(matches!(
+        root.open_reader(&id("managed")),
+        Err(Error::SessionNotFound(_))
+    ));
+    std::fs::remove_dir_all(root.path()).unwrap();
+    let again = replay(&exported).unwrap();
+    assert_eq!(again.projection.messages[0].text().unwrap().len(), 160_000);
+}
+
+#[test]
+fn a_live_session_exports_without_stopping_its_writer() {
+    let (dir, root) = temp_root();
+    let s = create(&root, "live");
+    s.append(turn("a", "t-a", "m-a")).unwrap();
+    s.flush().unwrap();
+    let exported = dir.path().join("live.sqlite");
+    root.export(&id("live"), &exported).unwrap();
+    s.append(turn("b", "t-b", "m-b")).unwrap();
+    assert_eq!(s.flush().unwrap(), 6);
+    assert_eq!(replay(&exported).unwrap().commits.len(), 1);
+    s.close().unwrap();
+}
+
+/// Seed `TestServiceImportValidatesSelfContainedContentAndPublishesAtomically`, storage level.
+#[test]
+fn import_validates_and_publishes_atomically() {
+    let work = tempfile::tempdir().unwrap();
+    let source = Root::open(work.path().join("source")).unwrap();
+    let s = create(&source, "portable");
+    s.append(Batch::new(
+        "large",
+        vec![message("large", "user", &"portable".repeat(20_000))],
+    ))
+    .unwrap();
+    s.close().unwrap();
+    let bundle = work.path().join("bundle.sqlite");
+    source.export(&id("portable"), &bundle).unwrap();
+    std::fs::remove_dir_all(source.path()).unwrap();
+
+    let target = Root::open(work.path().join("target")).unwrap();
+    let imported = target.import(&bundle, ImportOptions::default()).unwrap();
+    assert_eq!(imported, id("portable"));
+    let commits = target.open_reader(&imported).unwrap().replay().unwrap();
+    assert!(
+        commits[0].events[0].content_ref.is_some(),
+        "the large message is a blob"
+    );
+    let err = target
+        .import(&bundle, ImportOptions::default())
+        .unwrap_err();
+    assert!(matches!(err, Error::SessionExists(_)), "{err}");
+    assert!(staging_is_empty(&target));
+
+    let desktop = Root::open(work.path().join("desktop")).unwrap();
+    let options = |sid: &str| ImportOptions {
+        session_id: Some(id(sid)),
+        cwd: Some("/workspace".into()),
+        origin: Some(Origin::CanonicalImport),
+    };
+    let with_header = desktop.import(&bundle, options("portable")).unwrap();
+    let info = desktop.stat(&with_header).unwrap();
+    assert_eq!(info.header.cwd.as_deref(), Some("/workspace"));
+    assert_eq!(info.header.origin, Origin::CanonicalImport);
+    let remapped = desktop.import(&bundle, options("migr-conflict")).unwrap();
+    assert_eq!(remapped, id("migr-conflict"));
+    let p = desktop
+        .open_reader(&remapped)
+        .unwrap()
+        .projection()
+        .unwrap();
+    assert_eq!(p.messages.len(), 1);
+    // The remapped copy keeps its idempotency keys.
+    let w = desktop.open_writer(&remapped).unwrap();
+    let retried = w
+        .append(Batch::new(
+            "large",
+            vec![message("large", "user", &"portable".repeat(20_000))],
+        ))
+        .unwrap();
+    assert_eq!(retried.first_seq, 1);
+    w.close().unwrap();
+}
+
+fn tamper(bundle: &Path, name: &str, work: &Path, f: impl FnOnce(&Path)) -> std::path::PathBuf {
+    let copy = work.join(name);
+    std::fs::copy(bundle, &copy).unwrap();
+    f(&copy);
+    copy
+}
+
+fn sql(file: &Path, statements: &str) {
+    rusqlite::Connection::open(file)
+        .unwrap()
+        .execute_batch(statements)
+        .unwrap();
+}
+
+#[test]
+fn import_refuses_damaged_files_and_leaves_nothing_behind() {
+    let work = tempfile::tempdir().unwrap();
+    let source = Root::open(work.path().join("source")).unwrap();
+    let s = create(&source, "src");
+    for i in 0..3 {
+        s.append(Batch::new(
+            format!("op{i}"),
+            vec![message(
+                &format!("m{i}"),
+                "tool",
+                &format!("{i}").repeat(100_000),
+            )],
+        ))
+        .unwrap();
+    }
+    s.close().unwrap();
+    let bundle = work.path().join("bundle.sqlite");
+    source.export(&id("src"), &bundle).unwrap();
+    let len = std::fs::metadata(&bundle).unwrap().len();
+
+    let bad = [
+        tamper(&bundle, "truncated", work.path(), |f| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(f)
+                .unwrap()
+                .set_len(len / 2)
+                .unwrap();
+        }),
+        tamper(&bundle, "flipped-blob", work.path(), |f| {
+            let conn = rusqlite::Connection::open(f).unwrap();
+            let (digest, mut data): (String, Vec<u8>) = conn
+                .query_row("SELECT digest, data FROM blobs LIMIT 1", [], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .unwrap();
+            let mid = data.len() / 2;
+            data[mid] ^= 0x40;
+            conn.execute(
+                "UPDATE blobs SET data = ?1 WHERE digest = ?2",
+                rusqlite::params![data, digest],
+            )
+            .unwrap();
+        }),
+        tamper(&bundle, "gap", work.path(), |f| {
+            sql(
+                f,
+                "DELETE FROM events WHERE seq = 2; DELETE FROM commits WHERE first_seq = 2;",
+            );
+        }),
+        tamper(&bundle, "not-sqlite", work.path(), |f| {
+            std::fs::write(f, b"hello, not a database at all").unwrap()
+        }),
+        tamper(&bundle, "other-app", work.path(), |f| {
+            sql(f, "PRAGMA application_id = 42;")
+        }),
+        tamper(&bundle, "lineage", work.path(), |f| {
+            sql(
+                f,
+                "INSERT INTO lineage (depth, ancestor_id, after_seq, through_seq) VALUES (0, 'elsewhere', 0, 1);",
+            )
+        }),
+    ];
+    let target = Root::open(work.path().join("target")).unwrap();
+    for file in &bad {
+        let err = target.import(file, ImportOptions::default()).unwrap_err();
+        assert!(
+            matches!(err, Error::Corrupt(_) | Error::InvalidInput(_)),
+            "{}: unexpected {err:?}",
+            file.display()
+        );
+        assert!(target.list_ids().unwrap().is_empty(), "{}", file.display());
+        assert!(staging_is_empty(&target), "{}", file.display());
+    }
+    assert_eq!(
+        target.import(&bundle, ImportOptions::default()).unwrap(),
+        id("src")
+    );
+}
+
+/// Appends one turn with a large (blob) tool output.
+fn blob_turn(s: &session_store::Session, tag: &str) {
+    let output = json!({"message": {"id": format!("out-{tag}"), "role": "tool", "content": tag.repeat(70_000)}});
+    s.append(
+        Batch::new(
+            format!("op-{tag}"),
+            vec![
+                Event::new("turn/start"),
+                Event::new("message/complete")
+                    .with_payload(&output)
+                    .unwrap(),
+                turn_end("completed"),
+            ],
+        )
+        .in_turn(format!("turn-{tag}")),
+    )
+    .unwrap();
+}
+
+fn events_json(root: &Root, name: &str) -> String {
+    let commits = root.open_reader(&id(name)).unwrap().replay().unwrap();
+    let events: Vec<_> = commits.iter().flat_map(|c| c.events.iter()).collect();
+    serde_json::to_string(&events).unwrap()
+}
+
+#[test]
+fn deleting_ancestors_of_a_fork_chain_keeps_every_descendant_whole() {
+    let (dir, root) = temp_root();
+    let a = create(&root, "a");
+    blob_turn(&a, "a1");
+    blob_turn(&a, "a2");
+    a.close().unwrap();
+    root.fork(&id("a"), after("turn-a1"), Some(id("b")))
+        .unwrap();
+    let b = root.open_writer(&id("b")).unwrap();
+    blob_turn(&b, "b1");
+    b.close().unwrap();
+    root.fork(&id("b"), after("turn-b1"), Some(id("c")))
+        .unwrap();
+    let c = root.open_writer(&id("c")).unwrap();
+    blob_turn(&c, "c1");
+    c.close().unwrap();
+    assert_eq!(
+        root.stat(&id("c")).unwrap().lineage.len(),
+        2,
+        "flattened: a and b"
+    );
+
+    let before_c = events_json(&root, "c");
+    let before_b = events_json(&root, "b");
+    root.delete(&id("a"), &CancelToken::new()).unwrap();
+    assert_eq!(events_json(&root, "c"), before_c);
+    assert_eq!(events_json(&root, "b"), before_b);
+    root.delete(&id("b"), &CancelToken::new()).unwrap();
+    assert_eq!(events_json(&root, "c"), before_c);
+    assert!(root.stat(&id("c")).unwrap().lineage.is_empty());
+    assert_eq!(root.list_ids().unwrap(), vec![id("c")]);
+
+    let replayed = replay(root.session_dir(&id("c"))).unwrap();
+    assert_eq!(replayed.commits.len(), 3);
+    let exported = dir.path().join("c.sqlite");
+    root.export(&id("c"), &exported).unwrap();
+    let from_export = replay(&exported).unwrap();
+    let blob_bytes: Vec<usize> = from_export
+        .commits
+        .iter()
+        .map(|c| c.events[1].payload_len())
+        .collect();
+    assert!(blob_bytes.iter().all(|&n| n > 140_000), "{blob_bytes:?}");
+    assert_eq!(
+        serde_json::to_string(
+            &from_export
+                .commits
+                .iter()
+                .flat_map(|c| c.events.iter())
+                .collect::<Vec<_>>()
+        )
+        .unwrap(),
+        before_c
+    );
+}
+
+/// Child role: deletes session `a` of the root in `SS_ROOT`.
+#[test]
+#[ignore = "child process role, run by the crash tests"]
+fn child_delete_role() {
+    let root = Root::open(std::env::var("SS_ROOT").unwrap()).unwrap();
+    println!("deleting");
+    root.delete(&id("a"), &CancelToken::new()).unwrap();
+    println!("deleted");
+}
+
+/// A parent with many commits and blobs, and two forks of it (one a fork of the other).
+fn forked_family(root: &Root) {
+    let a = create(root, "a");
+    for i in 0..40 {
+        blob_turn(&a, &format!("{i:03}"));
+    }
+    for i in 0..400 {
+        a.append(Batch::new(
+            format!("small-{i}"),
+            vec![message(&format!("s{i}"), "user", "small")],
+        ))
+        .unwrap();
+    }
+    a.close().unwrap();
+    root.fork(&id("a"), after("turn-039"), Some(id("b")))
+        .unwrap();
+    let b = root.open_writer(&id("b")).unwrap();
+    blob_turn(&b, "b");
+    b.close().unwrap();
+    root.fork(&id("b"), after("turn-b"), Some(id("c"))).unwrap();
+    root.fork(&id("a"), after("turn-010"), Some(id("d")))
+        .unwrap();
+}
+
+#[test]
+fn a_delete_killed_at_random_points_never_breaks_a_fork() {
+    let trials: usize = std::env::var("DELETE_CRASH_TRIALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(24);
+    let mut completed = 0;
+    for trial in 0..trials {
+        let (_dir, root) = temp_root();
+        forked_family(&root);
+        let expected: Vec<(String, String)> = ["b", "c", "d"]
+            .iter()
+            .map(|n| (n.to_string(), events_json(&root, n)))
+            .collect();
+        let root_path = root.path().to_str().unwrap().to_owned();
+        let mut child = spawn_role("child_delete_role", &[("SS_ROOT", &root_path)]);
+        std::thread::sleep(Duration::from_millis(fastrand::u64(5..150)));
+        child.kill().unwrap();
+        if child.wait().unwrap().success() {
+            completed += 1;
+        }
+        for (name, events) in &expected {
+            assert_eq!(
+                &events_json(&root, name),
+                events,
+                "trial {trial}: {name} changed"
+            );
+            replay(root.session_dir(&id(name))).unwrap();
+        }
+        for present in root.list_ids().unwrap() {
+            replay(root.session_dir(&present))
+                .unwrap_or_else(|e| panic!("trial {trial}: {present}: {e}"));
+        }
+        // Whatever the kill interrupted, a second delete finishes the job.
+        if root.session_dir(&id("a")).exists() {
+            root.delete(&id("a"), &CancelToken::new()).unwrap();
+        }
+        for (name, events) in &expected {
+            assert_eq!(
+                &events_json(&root, name),
+                events,
+                "trial {trial}: {name} after re-delete"
+            );
+        }
+    }
+    eprintln!("{trials} kills, {completed} deletes finished before the kill");
+}
