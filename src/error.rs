@@ -101,6 +101,21 @@ pub enum Error {
     /// The fork or rewind prefix leaves an open turn or a pending interaction.
     #[error("fork boundary retains active runtime authority: {0}")]
     ForkActiveAuthority(String),
+    /// The runtime is running, cancelling or needs recovery.
+    #[error("session runtime is busy")]
+    RuntimeBusy,
+    /// Client bindings are still attached to the runtime.
+    #[error("session runtime still has client bindings")]
+    RuntimeBound,
+    /// No runtime is attached for this session.
+    #[error("session is not running")]
+    SessionNotRunning,
+    /// The execution no longer owns commit authority (it was cancelled or replaced).
+    #[error("execution no longer owns commit authority")]
+    StaleExecution,
+    /// The runtime needs a recovery decision before new work.
+    #[error("session runtime requires recovery")]
+    RecoveryRequired,
     /// An operating-system I/O error.
     #[error("{context}: {source}")]
     Io {

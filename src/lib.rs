@@ -7,6 +7,7 @@ mod cancel;
 mod error;
 pub mod model;
 mod persistence;
+mod service;
 mod session;
 mod store;
 
@@ -20,6 +21,11 @@ pub use model::{
 pub use persistence::{
     CreateOptions, ExportReport, ForkPoint, ImportOptions, Replay, Root, SessionInfo, StoreOptions,
     replay,
+};
+pub use service::{
+    CLOSURE_KINDS, CancelReceipt, ClientBinding, EventPage, Execution, HistoryPage,
+    MigrationRecord, ObserveResult, PersistentMessage, PreparedRuntime, Query, Runtime,
+    RuntimePhase, RuntimeSnapshot, Service, SessionPage, SessionSummary,
 };
 pub use session::live::{PersistenceStatus, Session, SessionSnapshot};
 pub use session::pool::WRITER_THREADS;

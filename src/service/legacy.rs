@@ -1,0 +1,134 @@
+//! Continuing a legacy transcript (one message JSON object per line) as a canonical
+//! session with a deterministic id. The source is only ever read.
+
+use std::path::Path;
+
+use serde::Serialize;
+use serde_json::json;
+
+use crate::error::{Error, Result};
+use crate::model::event::sha256_hex;
+use crate::model::header::Origin;
+use crate::model::ids::derived_id;
+use crate::model::{Batch, Event, Message, SessionId};
+use crate::persistence::{CreateOptions, Root};
+use crate::store::schema::CODEC;
+
+/// Messages per appended batch.
+const MESSAGES_PER_BATCH: usize = 128;
+
+/// What a legacy migration did.
+#[derive(Clone, Debug, Serialize)]
+pub struct MigrationRecord {
+    /// The new session's id (hex of the first 12 bytes of SHA-256 over path, digest,
+    /// head and codec).
+    pub target_id: SessionId,
+    /// The canonical source path.
+    pub source_path: String,
+    /// Bytes of the source file.
+    pub source_size: u64,
+    /// SHA-256 of the source file.
+    pub source_sha256: String,
+    /// The legacy head id the migration froze ("" for the file's tip).
+    pub legacy_head_id: String,
+    /// Messages migrated.
+    pub message_count: usize,
+    /// Whether an earlier migration of the same source was reused.
+    pub reused: bool,
+    /// Whether the last line was torn (incomplete) and skipped.
+    pub torn_last_line: bool,
+}
+
+/// Parses the transcript; a last line without a newline that does not parse is torn.
+fn parse_transcript(bytes: &[u8], branch: &str, digest: &str) -> Result<(Vec<Message>, bool)> {
+    let text = String::from_utf8_lossy(bytes);
+    let lines: Vec<&str> = text.split('\n').collect();
+    let mut messages = Vec::new();
+    let mut torn = false;
+    for (n, line) in lines.iter().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<Message>(line) {
+            Ok(mut m) => {
+                if m.id.is_empty() {
+                    m.id = derived_id(&["legacy", branch, &messages.len().to_string(), digest]);
+                }
+                messages.push(m);
+            }
+            Err(_) if n + 1 == lines.len() => torn = true,
+            Err(e) => return Err(Error::invalid(format!("legacy line {}: {e}", n + 1))),
+        }
+    }
+    Ok((messages, torn))
+}
+
+/// Publishes (or completes) the canonical session for a legacy transcript. Idempotent:
+/// every batch has a deterministic operation id, so a retry after a crash finishes the
+/// job and a second call reuses the target.
+pub(crate) fn migrate(root: &Root, source: &Path, head: &str) -> Result<MigrationRecord> {
+    let path = std::fs::canonicalize(source)
+        .map_err(|e| Error::io(format!("resolve {}", source.display()), e))?;
+    let bytes =
+        std::fs::read(&path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+    let digest = sha256_hex(&bytes);
+    let path_text = path.to_string_lossy().into_owned();
+    let target_hex = sha256_hex(format!("{path_text}\0{digest}\0{head}\0{CODEC}").as_bytes());
+    let target_id = SessionId::new(&target_hex[..24])?;
+    let branch = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let (messages, torn) = parse_transcript(&bytes, &branch, &digest)?;
+    let provenance = json!({
+        "source_path": path_text,
+        "source_size": bytes.len(),
+        "source_sha256": digest,
+        "legacy_head_id": head,
+        "version": "legacy",
+    });
+    let reused = root.session_dir(&target_id).exists();
+    let session = if reused {
+        let info = root.stat(&target_id)?;
+        if info
+            .header
+            .provenance
+            .as_ref()
+            .and_then(|p| p["source_sha256"].as_str())
+            != Some(digest.as_str())
+        {
+            return Err(Error::SessionExists(format!(
+                "{target_id} (from another source)"
+            )));
+        }
+        root.open_writer(&target_id)?
+    } else {
+        root.create(CreateOptions {
+            session_id: Some(target_id.clone()),
+            origin: Origin::LegacyImport,
+            provenance: Some(provenance),
+            ..CreateOptions::default()
+        })?
+    };
+    for (n, chunk) in messages.chunks(MESSAGES_PER_BATCH).enumerate() {
+        let events = chunk
+            .iter()
+            .map(|m| Event::new("message/complete").with_payload(&json!({ "message": m })))
+            .collect::<Result<Vec<_>>>()?;
+        session.append(Batch::new(
+            format!("legacy-import:{digest}:messages:{n}"),
+            events,
+        ))?;
+    }
+    session.close()?;
+    Ok(MigrationRecord {
+        target_id,
+        source_path: path_text,
+        source_size: bytes.len() as u64,
+        source_sha256: digest,
+        legacy_head_id: head.to_owned(),
+        message_count: messages.len(),
+        reused,
+        torn_last_line: torn,
+    })
+}

@@ -1,0 +1,624 @@
+//! The service hosts use: a registry of live runtimes (exactly one per session),
+//! create/open/close rules, cancellation, restart recovery, and entry points for fork,
+//! export, import, delete and legacy migration. Async on tokio; every SQLite call runs
+//! on a blocking thread.
+
+mod catalog;
+mod legacy;
+mod query;
+mod recovery;
+mod runtime;
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::Notify;
+
+use crate::cancel::CancelToken;
+use crate::error::{Error, Result};
+use crate::model::ids::random_hex;
+use crate::model::{SessionId, SessionRef};
+use crate::persistence::{CreateOptions, ExportReport, ForkPoint, ImportOptions, Root};
+use crate::session::live::Session;
+
+pub use legacy::MigrationRecord;
+pub use query::{
+    EventPage, HistoryPage, ObserveResult, PersistentMessage, Query, SessionPage, SessionSummary,
+};
+pub use runtime::{
+    CLOSURE_KINDS, CancelReceipt, Execution, Runtime, RuntimePhase, RuntimeSnapshot,
+};
+
+/// Runs blocking storage work off the async workers.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::io("blocking task", std::io::Error::other(e.to_string())))?
+}
+
+#[derive(Default)]
+struct Registry {
+    active: HashMap<SessionId, Runtime>,
+    /// Result of the last close of a session no longer active (for idempotent close).
+    closed: HashMap<SessionId, Option<String>>,
+    preparing: HashSet<SessionId>,
+    bindings: HashMap<SessionId, usize>,
+}
+
+pub(crate) struct ServiceInner {
+    host_id: String,
+    root: Root,
+    catalog: catalog::Catalog,
+    registry: Mutex<Registry>,
+    registry_changed: Notify,
+}
+
+/// A host's entry point: one published runtime per session, and the query side.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> session_store::Result<()> {
+/// use session_store::{Batch, CreateOptions, Root, Service, SessionId};
+/// let dir = tempfile::tempdir().unwrap();
+/// let service = Service::new("local", Root::open(dir.path())?)?;
+/// let runtime = service.create(CreateOptions::with_id(SessionId::new("chat")?)).await?;
+/// runtime.session().append(Batch::new("t", vec![session_store::Event::new("session/title")
+///     .with_payload(&serde_json::json!({"title": "Hi"}))?]))?;
+/// service.close(runtime.session_ref()).await?;
+/// let page = service.query().list(None, 50).await?;
+/// assert_eq!(page.sessions[0].title, "Hi");
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Service {
+    inner: Arc<ServiceInner>,
+}
+
+/// A client's hold on a runtime; the runtime cannot be closed while bindings remain.
+#[derive(Debug)]
+pub struct ClientBinding {
+    service: Service,
+    runtime: Runtime,
+    released: std::sync::atomic::AtomicBool,
+}
+
+/// A created runtime that is usable but invisible until [`Service::publish`].
+#[derive(Debug)]
+pub struct PreparedRuntime {
+    runtime: Runtime,
+    stamp: String,
+    state: Mutex<PreparedState>,
+}
+
+#[derive(Debug, Default)]
+struct PreparedState {
+    published: bool,
+    discarded: Option<Option<String>>,
+}
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service")
+            .field("host_id", &self.inner.host_id)
+            .finish()
+    }
+}
+
+impl Service {
+    /// A service for `host_id` over a root of sessions.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for an empty host id.
+    pub fn new(host_id: impl Into<String>, root: Root) -> Result<Service> {
+        let host_id = host_id.into();
+        if host_id.trim().is_empty() {
+            return Err(Error::invalid("host id is required"));
+        }
+        Ok(Service {
+            inner: Arc::new(ServiceInner {
+                host_id,
+                catalog: catalog::Catalog::new(root.path()),
+                root,
+                registry: Mutex::new(Registry::default()),
+                registry_changed: Notify::new(),
+            }),
+        })
+    }
+
+    fn registry(&self) -> MutexGuard<'_, Registry> {
+        self.inner
+            .registry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The host id this service serves.
+    pub fn host_id(&self) -> &str {
+        &self.inner.host_id
+    }
+
+    /// The root of sessions.
+    pub fn root(&self) -> &Root {
+        &self.inner.root
+    }
+
+    pub(crate) fn catalog(&self) -> &catalog::Catalog {
+        &self.inner.catalog
+    }
+
+    /// The query side (cold and live reads, never taking the writer lock).
+    pub fn query(&self) -> Query {
+        Query::new(self.clone())
+    }
+
+    /// A ref of this host.
+    pub fn session_ref(&self, id: SessionId) -> SessionRef {
+        SessionRef {
+            host_id: self.inner.host_id.clone(),
+            session_id: id,
+        }
+    }
+
+    fn check_ref(&self, r: &SessionRef) -> Result<()> {
+        if r.host_id != self.inner.host_id {
+            return Err(Error::invalid(format!(
+                "session ref host {:?} is not this service's host {:?}",
+                r.host_id, self.inner.host_id
+            )));
+        }
+        Ok(())
+    }
+
+    /// The published runtime of a session, if any.
+    pub fn runtime(&self, r: &SessionRef) -> Option<Runtime> {
+        self.registry().active.get(&r.session_id).cloned()
+    }
+
+    /// Creates a session whose runtime is usable but not visible until published.
+    ///
+    /// # Errors
+    /// [`Error::SessionExists`]; storage errors.
+    pub async fn prepare_create(&self, options: CreateOptions) -> Result<PreparedRuntime> {
+        let root = self.inner.root.clone();
+        let session = blocking(move || root.create(options)).await?;
+        let r = self.session_ref(session.id().clone());
+        Ok(PreparedRuntime {
+            runtime: Runtime::new(r, session),
+            stamp: random_hex(),
+            state: Mutex::new(PreparedState::default()),
+        })
+    }
+
+    /// Publishes the exact prepared instance (idempotent).
+    ///
+    /// # Errors
+    /// [`Error::SessionExists`] when another runtime is active for the session;
+    /// [`Error::Closed`] for a discarded one.
+    pub fn publish(&self, prepared: &PreparedRuntime) -> Result<Runtime> {
+        let mut state = prepared.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.discarded.is_some() {
+            return Err(Error::Closed);
+        }
+        if state.published {
+            return Ok(prepared.runtime.clone());
+        }
+        let id = prepared.runtime.session_ref().session_id.clone();
+        let mut reg = self.registry();
+        if reg.active.contains_key(&id) {
+            return Err(Error::SessionExists(id.to_string()));
+        }
+        reg.active.insert(id.clone(), prepared.runtime.clone());
+        reg.closed.remove(&id);
+        state.published = true;
+        drop(reg);
+        self.inner.registry_changed.notify_waiters();
+        Ok(prepared.runtime.clone())
+    }
+
+    /// Closes an unpublished prepared runtime and releases its writer. Repeated calls
+    /// return the first result.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a published runtime; the close error.
+    pub async fn discard(&self, prepared: &PreparedRuntime) -> Result<()> {
+        {
+            let state = prepared.state.lock().unwrap_or_else(|e| e.into_inner());
+            if state.published {
+                return Err(Error::invalid("published runtime cannot be discarded"));
+            }
+            if let Some(result) = &state.discarded {
+                return result
+                    .clone()
+                    .map_or(Ok(()), |e| Err(Error::PersistenceFailed(e)));
+            }
+        }
+        let result = close_session(prepared.runtime.session().clone()).await;
+        prepared.runtime.mark_closed();
+        let mut state = prepared.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.discarded = Some(result.as_ref().err().map(ToString::to_string));
+        result
+    }
+
+    /// Creates and publishes a session.
+    ///
+    /// # Errors
+    /// As [`Service::prepare_create`] and [`Service::publish`].
+    pub async fn create(&self, options: CreateOptions) -> Result<Runtime> {
+        let prepared = self.prepare_create(options).await?;
+        match self.publish(&prepared) {
+            Ok(runtime) => Ok(runtime),
+            Err(e) => {
+                let _ = self.discard(&prepared).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Opens (or reuses) the session's runtime and binds a client to it. Concurrent calls
+    /// get the same instance. A reopened session whose last turn is open is closed by one
+    /// recovery batch before it is published.
+    ///
+    /// # Errors
+    /// [`Error::SessionNotFound`]; [`Error::WriterOwned`] when another process writes it.
+    pub async fn open(&self, r: &SessionRef) -> Result<ClientBinding> {
+        let runtime = self.open_runtime(r).await?;
+        *self
+            .registry()
+            .bindings
+            .entry(r.session_id.clone())
+            .or_default() += 1;
+        Ok(ClientBinding {
+            service: self.clone(),
+            runtime,
+            released: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    pub(crate) async fn open_runtime(&self, r: &SessionRef) -> Result<Runtime> {
+        self.check_ref(r)?;
+        let id = r.session_id.clone();
+        loop {
+            let wait = {
+                let mut reg = self.registry();
+                if let Some(rt) = reg.active.get(&id) {
+                    return Ok(rt.clone());
+                }
+                if reg.preparing.contains(&id) {
+                    Some(self.inner.registry_changed.notified())
+                } else {
+                    reg.preparing.insert(id.clone());
+                    None
+                }
+            };
+            if let Some(notified) = wait {
+                notified.await;
+                continue;
+            }
+            let root = self.inner.root.clone();
+            let open_id = id.clone();
+            let opened = blocking(move || {
+                let session = root.open_writer(&open_id)?;
+                recovery::close_interrupted_turn(&session)?;
+                Ok(session)
+            })
+            .await;
+            let mut reg = self.registry();
+            reg.preparing.remove(&id);
+            let result = opened.map(|session| {
+                let rt = Runtime::new(r.clone(), session);
+                reg.active.insert(id.clone(), rt.clone());
+                reg.closed.remove(&id);
+                rt
+            });
+            drop(reg);
+            self.inner.registry_changed.notify_waiters();
+            return result;
+        }
+    }
+
+    /// Removes the runtime from the registry only if it is still the exact published
+    /// instance; does not close it.
+    pub fn detach(&self, runtime: &Runtime) -> bool {
+        let mut reg = self.registry();
+        let id = &runtime.session_ref().session_id;
+        if reg.active.get(id) == Some(runtime) {
+            reg.active.remove(id);
+            reg.bindings.remove(id);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Closes the session's runtime: drains, releases the writer, unregisters. Idempotent.
+    ///
+    /// # Errors
+    /// [`Error::RuntimeBound`] while client bindings remain; [`Error::RuntimeBusy`] while
+    /// it runs (the runtime stays registered in both cases); [`Error::SessionNotRunning`]
+    /// for a session never opened here.
+    pub async fn close(&self, r: &SessionRef) -> Result<()> {
+        self.check_ref(r)?;
+        let runtime = {
+            let reg = self.registry();
+            match reg.active.get(&r.session_id) {
+                Some(rt) => {
+                    if reg.bindings.get(&r.session_id).copied().unwrap_or(0) > 0 {
+                        return Err(Error::RuntimeBound);
+                    }
+                    if rt.phase().is_busy() {
+                        return Err(Error::RuntimeBusy);
+                    }
+                    rt.clone()
+                }
+                None => {
+                    return match reg.closed.get(&r.session_id) {
+                        Some(None) => Ok(()),
+                        Some(Some(e)) => Err(Error::PersistenceFailed(e.clone())),
+                        None => Err(Error::SessionNotRunning),
+                    };
+                }
+            }
+        };
+        let result = close_session(runtime.session().clone()).await;
+        if result.is_ok() {
+            runtime.mark_closed();
+            {
+                let mut reg = self.registry();
+                if reg.active.get(&r.session_id) == Some(&runtime) {
+                    reg.active.remove(&r.session_id);
+                }
+                reg.closed.insert(r.session_id.clone(), None);
+            }
+            self.query().refresh_catalog(&r.session_id).await;
+        }
+        result
+    }
+
+    /// Closes every runtime; bound or busy ones stay registered and are reported.
+    ///
+    /// # Errors
+    /// The first error met (after trying every runtime).
+    pub async fn close_all(&self) -> Result<()> {
+        let refs: Vec<SessionRef> = self
+            .registry()
+            .active
+            .values()
+            .map(|rt| rt.session_ref().clone())
+            .collect();
+        let mut first = None;
+        for r in refs {
+            if let Err(e) = self.close(&r).await {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Stops the service: closes every runtime (use before removing the root).
+    ///
+    /// # Errors
+    /// As [`Service::close_all`].
+    pub async fn shutdown(&self) -> Result<()> {
+        self.close_all().await
+    }
+
+    /// Flushes an attached runtime.
+    ///
+    /// # Errors
+    /// [`Error::SessionNotRunning`]; the drain's error.
+    pub async fn flush(&self, r: &SessionRef) -> Result<u64> {
+        let rt = self.runtime(r).ok_or(Error::SessionNotRunning)?;
+        let session = rt.session().clone();
+        blocking(move || session.flush()).await
+    }
+
+    /// Cancels the attached runtime's execution and returns its state.
+    ///
+    /// # Errors
+    /// [`Error::SessionNotRunning`] without an attached runtime.
+    pub fn cancel(&self, r: &SessionRef) -> Result<RuntimeSnapshot> {
+        self.check_ref(r)?;
+        let rt = self.runtime(r).ok_or(Error::SessionNotRunning)?;
+        rt.cancel();
+        Ok(rt.snapshot())
+    }
+
+    /// Cancels whatever runs for the session; accepted (phase idle) without a runtime.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a ref of another host.
+    pub fn cancel_session(&self, r: &SessionRef) -> Result<CancelReceipt> {
+        self.check_ref(r)?;
+        let Some(rt) = self.runtime(r) else {
+            return Ok(CancelReceipt {
+                session_ref: r.clone(),
+                accepted: true,
+                runtime_epoch: None,
+                activity_revision: 0,
+                phase: RuntimePhase::Idle,
+            });
+        };
+        rt.cancel();
+        Ok(CancelReceipt {
+            session_ref: r.clone(),
+            accepted: true,
+            runtime_epoch: Some(rt.epoch().to_owned()),
+            activity_revision: rt.revision(),
+            phase: rt.phase(),
+        })
+    }
+
+    async fn fork_at(
+        &self,
+        r: &SessionRef,
+        point: ForkPoint,
+        child: Option<SessionId>,
+    ) -> Result<Runtime> {
+        self.check_ref(r)?;
+        if let Some(rt) = self.runtime(r) {
+            let session = rt.session().clone();
+            blocking(move || session.flush()).await?;
+        }
+        let root = self.inner.root.clone();
+        let parent = r.session_id.clone();
+        let child = blocking(move || root.fork(&parent, point, child)).await?;
+        self.open_runtime(&self.session_ref(child)).await
+    }
+
+    /// Forks after a completed turn and publishes the child's runtime.
+    ///
+    /// # Errors
+    /// As [`Root::fork`].
+    pub async fn fork(
+        &self,
+        r: &SessionRef,
+        after_turn: &str,
+        child: Option<SessionId>,
+    ) -> Result<Runtime> {
+        self.fork_at(r, ForkPoint::AfterTurn(after_turn.to_owned()), child)
+            .await
+    }
+
+    /// Rewinds to before a turn into a new session and publishes its runtime.
+    ///
+    /// # Errors
+    /// As [`Root::fork`].
+    pub async fn rewind(
+        &self,
+        r: &SessionRef,
+        before_turn: &str,
+        child: Option<SessionId>,
+    ) -> Result<Runtime> {
+        self.fork_at(r, ForkPoint::BeforeTurn(before_turn.to_owned()), child)
+            .await
+    }
+
+    /// Exports a session (flushing an attached runtime first) to one self-contained file.
+    ///
+    /// # Errors
+    /// As [`Root::export`].
+    pub async fn export(
+        &self,
+        r: &SessionRef,
+        destination: impl AsRef<Path>,
+    ) -> Result<ExportReport> {
+        self.check_ref(r)?;
+        if let Some(rt) = self.runtime(r) {
+            let session = rt.session().clone();
+            blocking(move || session.flush()).await?;
+        }
+        let root = self.inner.root.clone();
+        let id = r.session_id.clone();
+        let dest: PathBuf = destination.as_ref().to_path_buf();
+        blocking(move || root.export(&id, dest)).await
+    }
+
+    /// Imports an exported file under its own id.
+    ///
+    /// # Errors
+    /// As [`Root::import`].
+    pub async fn import(&self, file: impl AsRef<Path>) -> Result<SessionRef> {
+        self.import_with_header(file, ImportOptions::default())
+            .await
+    }
+
+    /// Imports an exported file with an id remap, cwd and origin.
+    ///
+    /// # Errors
+    /// As [`Root::import`].
+    pub async fn import_with_header(
+        &self,
+        file: impl AsRef<Path>,
+        options: ImportOptions,
+    ) -> Result<SessionRef> {
+        let root = self.inner.root.clone();
+        let file = file.as_ref().to_path_buf();
+        let id = blocking(move || root.import(file, options)).await?;
+        Ok(self.session_ref(id))
+    }
+
+    /// Deletes a session: closes its attached runtime first (refusing a busy or bound
+    /// one), drops its catalog entry, then deletes it (waiting for another process's writer
+    /// until `cancel`).
+    ///
+    /// # Errors
+    /// As [`Service::close`] and [`Root::delete`].
+    pub async fn delete(&self, r: &SessionRef, cancel: &CancelToken) -> Result<()> {
+        self.check_ref(r)?;
+        if self.runtime(r).is_some() {
+            self.close(r).await?;
+        }
+        self.query().forget(&r.session_id).await;
+        let root = self.inner.root.clone();
+        let id = r.session_id.clone();
+        let cancel = cancel.clone();
+        blocking(move || root.delete(&id, &cancel)).await?;
+        self.registry().closed.remove(&r.session_id);
+        Ok(())
+    }
+
+    /// Continues a legacy transcript (one message JSON per line) as a new session with a
+    /// deterministic id; the source file is never written. A second call reuses it.
+    ///
+    /// # Errors
+    /// [`Error::Io`] for an unreadable source; [`Error::InvalidInput`] for a line that is
+    /// not a message (other than a torn last line).
+    pub async fn continue_legacy(
+        &self,
+        source: impl AsRef<Path>,
+        head: &str,
+    ) -> Result<(Runtime, MigrationRecord)> {
+        let root = self.inner.root.clone();
+        let source = source.as_ref().to_path_buf();
+        let head = head.to_owned();
+        let record = blocking(move || legacy::migrate(&root, &source, &head)).await?;
+        let runtime = self
+            .open_runtime(&self.session_ref(record.target_id.clone()))
+            .await?;
+        Ok((runtime, record))
+    }
+}
+
+async fn close_session(session: Session) -> Result<()> {
+    blocking(move || session.close()).await
+}
+
+impl ClientBinding {
+    /// The bound runtime.
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+
+    /// Releases the binding (once; later calls do nothing).
+    ///
+    /// # Errors
+    /// None today; reserved for retirement failures.
+    pub async fn release(&self) -> Result<()> {
+        if self
+            .released
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return Ok(());
+        }
+        let mut reg = self.service.registry();
+        let id = &self.runtime.session_ref().session_id;
+        if let Some(n) = reg.bindings.get_mut(id) {
+            *n = n.saturating_sub(1);
+        }
+        Ok(())
+    }
+}
+
+impl PreparedRuntime {
+    /// The prepared runtime (usable before publish).
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+
+    /// Random stamp of this preparation.
+    pub fn stamp(&self) -> &str {
+        &self.stamp
+    }
+}

@@ -1,0 +1,498 @@
+//! The query side: list, history, snapshots and observation, for live and cold
+//! sessions alike. Never takes the writer lock.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::model::event::INLINE_PAYLOAD_LIMIT;
+use crate::model::header::Origin;
+use crate::model::{Commit, ContentRef, Message, Projection, SessionId, SessionRef};
+use crate::service::runtime::RuntimeSnapshot;
+use crate::service::{Service, blocking};
+use crate::session::live::{PersistenceStatus, SessionSnapshot};
+use crate::store::reader::SessionReader;
+
+/// Largest page `list` returns.
+const MAX_LIST_LIMIT: usize = 100;
+/// Default and largest page of `history_page`.
+const DEFAULT_HISTORY_LIMIT: usize = 100;
+const MAX_HISTORY_LIMIT: usize = 500;
+/// Largest page of `observe`.
+const MAX_OBSERVE_LIMIT: usize = 1000;
+
+/// One row of `list`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SessionSummary {
+    /// The session.
+    pub session_ref: SessionRef,
+    /// Storage codec.
+    pub codec: String,
+    /// Title from the last `session/title`.
+    pub title: String,
+    /// Ended turns.
+    pub turns: u64,
+    /// First user message, cut to 240 characters.
+    pub preview: Option<String>,
+    /// Last accepted sequence (durable for cold sessions).
+    pub event_sequence: u64,
+    /// Last durable sequence.
+    pub durable_sequence: u64,
+    /// Creation time (ms since the Unix epoch).
+    pub created_at_ms: i64,
+    /// Last change of the session's files (ms since the Unix epoch).
+    pub updated_at_ms: i64,
+    /// Working directory from the header.
+    pub cwd: Option<String>,
+    /// Parent session from the header.
+    pub parent_id: Option<SessionId>,
+    /// Origin from the header.
+    pub origin: Origin,
+    /// Whether a runtime of this service has it open.
+    pub live: bool,
+}
+
+impl SessionSummary {
+    fn build(
+        session_ref: SessionRef,
+        reader: &SessionReader,
+        projection: &Projection,
+        (event_sequence, durable_sequence): (u64, u64),
+        updated_at_ms: i64,
+        live: bool,
+    ) -> SessionSummary {
+        let h = reader.header();
+        SessionSummary {
+            session_ref,
+            codec: h.codec.clone(),
+            title: projection.title.clone(),
+            turns: projection.ended_turns() as u64,
+            preview: projection.preview(),
+            event_sequence,
+            durable_sequence,
+            created_at_ms: h.created_at_ms,
+            updated_at_ms: updated_at_ms.max(h.created_at_ms),
+            cwd: h.cwd.clone(),
+            parent_id: h.parent_id.clone(),
+            origin: h.origin,
+            live,
+        }
+    }
+
+    /// A cold session's summary, folded from its durable prefix.
+    pub(crate) fn from_reader(
+        reader: &SessionReader,
+        dir: &Path,
+        host_id: &str,
+    ) -> Result<SessionSummary> {
+        let projection = reader.projection()?;
+        let durable = reader.durable_sequence()?;
+        let r = SessionRef {
+            host_id: host_id.to_owned(),
+            session_id: reader.header().session_id.clone(),
+        };
+        Ok(Self::build(
+            r,
+            reader,
+            &projection,
+            (durable, durable),
+            modified_ms(dir),
+            false,
+        ))
+    }
+}
+
+fn modified_ms(dir: &Path) -> i64 {
+    ["session.sqlite", "session.sqlite-wal"]
+        .iter()
+        .filter_map(|f| std::fs::metadata(dir.join(f)).ok()?.modified().ok())
+        .filter_map(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .max()
+        .unwrap_or(0)
+}
+
+/// A page of `list`.
+#[derive(Clone, Debug, Serialize)]
+pub struct SessionPage {
+    /// Sessions in id order.
+    pub sessions: Vec<SessionSummary>,
+    /// Pass as `cursor` for the next page; `None` on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// A message of a history page.
+#[derive(Clone, Debug, Serialize)]
+pub struct PersistentMessage {
+    /// The message id.
+    pub message_id: String,
+    /// One-based position in the transcript.
+    pub position: u64,
+    /// The message's role.
+    pub role: Option<String>,
+    /// The message, when its JSON is at most 64 KiB.
+    pub inline: Option<Message>,
+    /// Where to read a larger message (the payload of the event that recorded it).
+    pub content_ref: Option<ContentRef>,
+}
+
+/// A page of history.
+#[derive(Clone, Debug, Serialize)]
+pub struct HistoryPage {
+    /// Messages in ascending position.
+    pub messages: Vec<PersistentMessage>,
+    /// Whether older messages exist.
+    pub has_more: bool,
+    /// Cursor for the next (older) page, pinned to `snapshot_sequence`.
+    pub next_cursor: Option<String>,
+    /// The durable sequence the pages are pinned to.
+    pub snapshot_sequence: u64,
+}
+
+/// A page of commits.
+#[derive(Clone, Debug, Serialize)]
+pub struct EventPage {
+    /// Whole commits in order.
+    pub commits: Vec<Arc<Commit>>,
+    /// The last returned commit's last sequence (the next cursor).
+    pub next: u64,
+    /// Whether more commits exist beyond the page.
+    pub truncated: bool,
+}
+
+/// What `observe` sees.
+#[derive(Clone, Debug, Serialize)]
+pub struct ObserveResult {
+    /// The attached runtime's state, if one is attached.
+    pub runtime: Option<RuntimeSnapshot>,
+    /// Accepted commits (live) or durable commits (cold).
+    pub events: EventPage,
+}
+
+/// Reads for hosts, over live runtimes and cold files alike.
+#[derive(Clone, Debug)]
+pub struct Query {
+    service: Service,
+}
+
+fn history_cursor(snapshot: u64, before: u64) -> String {
+    format!("h1.{snapshot}.{before}")
+}
+
+fn parse_history_cursor(cursor: &str) -> Result<(u64, u64)> {
+    let bad = || Error::invalid(format!("invalid history cursor {cursor:?}"));
+    let mut parts = cursor.strip_prefix("h1.").ok_or_else(bad)?.split('.');
+    let snapshot = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
+    let before = parts
+        .next()
+        .and_then(|p| p.parse().ok())
+        .filter(|b| *b > 0)
+        .ok_or_else(bad)?;
+    Ok((snapshot, before))
+}
+
+impl Query {
+    pub(crate) fn new(service: Service) -> Query {
+        Query { service }
+    }
+
+    fn check(&self, r: &SessionRef) -> Result<()> {
+        if r.host_id != self.service.host_id() {
+            return Err(Error::invalid(format!(
+                "session ref host {:?} is not this service's",
+                r.host_id
+            )));
+        }
+        Ok(())
+    }
+
+    fn cold_reader(&self, id: &SessionId) -> Result<SessionReader> {
+        self.service.root().open_reader(id)
+    }
+
+    /// Sessions with ids after `cursor`, in id order, at most `limit` (0 = 50, max 100).
+    /// Live sessions report their accepted state; cold ones come from the catalog.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a limit over 100; I/O errors reading the root.
+    pub async fn list(&self, cursor: Option<&str>, limit: usize) -> Result<SessionPage> {
+        let limit = if limit == 0 { 50 } else { limit };
+        if limit > MAX_LIST_LIMIT {
+            return Err(Error::invalid(format!(
+                "list limit must be 1..={MAX_LIST_LIMIT}"
+            )));
+        }
+        let service = self.service.clone();
+        let cursor = cursor.map(str::to_owned);
+        blocking(move || {
+            let root = service.root();
+            let ids: Vec<SessionId> = root
+                .list_ids()?
+                .into_iter()
+                .filter(|id| cursor.as_deref().is_none_or(|c| id.as_str() > c))
+                .take(limit + 1)
+                .collect();
+            let more = ids.len() > limit;
+            let mut sessions = Vec::with_capacity(limit);
+            for id in ids.into_iter().take(limit) {
+                let summary = match service.runtime(&service.session_ref(id.clone())) {
+                    Some(rt) => live_summary(&service, &rt, &id)?,
+                    None => match service.catalog().summary(root, &id, service.host_id()) {
+                        Ok(s) => s,
+                        // Deleted between the folder walk and the read: skip it.
+                        Err(Error::SessionNotFound(_)) => continue,
+                        Err(e) => return Err(e),
+                    },
+                };
+                sessions.push(summary);
+            }
+            let next_cursor = more
+                .then(|| {
+                    sessions
+                        .last()
+                        .map(|s| s.session_ref.session_id.to_string())
+                })
+                .flatten();
+            Ok(SessionPage {
+                sessions,
+                next_cursor,
+            })
+        })
+        .await
+    }
+
+    /// The UI transcript (accepted for a live session, durable for a cold one).
+    ///
+    /// # Errors
+    /// [`Error::SessionNotFound`]; read errors.
+    pub async fn history(&self, r: &SessionRef) -> Result<Vec<Message>> {
+        Ok(self.snapshot(r).await?.projection.messages)
+    }
+
+    /// The session's snapshot: live (accepted) when attached, else folded from the
+    /// durable prefix (status `ready`).
+    ///
+    /// # Errors
+    /// [`Error::SessionNotFound`] (also after delete); read errors.
+    pub async fn snapshot(&self, r: &SessionRef) -> Result<SessionSnapshot> {
+        self.check(r)?;
+        if let Some(rt) = self.service.runtime(r) {
+            return Ok(rt.session().snapshot());
+        }
+        let query = self.clone();
+        let id = r.session_id.clone();
+        blocking(move || {
+            let reader = query.cold_reader(&id)?;
+            let projection = reader.projection()?;
+            let durable = reader.durable_sequence()?;
+            Ok(SessionSnapshot {
+                event_sequence: durable,
+                durable_sequence: durable,
+                persistence_status: PersistenceStatus::Ready,
+                persistence_error: None,
+                projection,
+            })
+        })
+        .await
+    }
+
+    /// A page of durable history, newest page first, ascending inside a page; the cursor
+    /// pins later pages to the first page's durable sequence. Messages over 64 KiB come
+    /// as a [`ContentRef`] (read it with [`Query::read_content`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a bad cursor; [`Error::SessionNotFound`]; read errors.
+    pub async fn history_page(
+        &self,
+        r: &SessionRef,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<HistoryPage> {
+        self.check(r)?;
+        let limit = if limit == 0 {
+            DEFAULT_HISTORY_LIMIT
+        } else {
+            limit.min(MAX_HISTORY_LIMIT)
+        };
+        let pinned = cursor.map(parse_history_cursor).transpose()?;
+        let query = self.clone();
+        let id = r.session_id.clone();
+        blocking(move || {
+            let reader = query.cold_reader(&id)?;
+            let durable = reader.durable_sequence()?;
+            let (snapshot, before) = match pinned {
+                Some((s, _)) if s > durable => {
+                    return Err(Error::invalid("history cursor is newer than the session"));
+                }
+                Some((s, b)) => (s, Some(b)),
+                None => (durable, None),
+            };
+            let (messages, refs) = messages_at(&reader, snapshot)?;
+            let end = before.map_or(messages.len(), |b| (b as usize - 1).min(messages.len()));
+            let start = end.saturating_sub(limit);
+            let page = messages[start..end]
+                .iter()
+                .enumerate()
+                .map(|(i, m)| {
+                    let large =
+                        serde_json::to_string(m).map_or(0, |t| t.len()) > INLINE_PAYLOAD_LIMIT;
+                    let content_ref = refs.get(&m.id).cloned().flatten().filter(|_| large);
+                    PersistentMessage {
+                        message_id: m.id.clone(),
+                        position: (start + i + 1) as u64,
+                        role: m.role().map(str::to_owned),
+                        inline: (content_ref.is_none()).then(|| m.clone()),
+                        content_ref,
+                    }
+                })
+                .collect();
+            Ok(HistoryPage {
+                messages: page,
+                has_more: start > 0,
+                next_cursor: (start > 0).then(|| history_cursor(snapshot, start as u64 + 1)),
+                snapshot_sequence: snapshot,
+            })
+        })
+        .await
+    }
+
+    /// Commits after `cursor`: accepted ones with the runtime's state when a runtime is
+    /// attached, durable ones otherwise.
+    ///
+    /// # Errors
+    /// [`Error::SessionNotFound`]; read errors.
+    pub async fn observe(
+        &self,
+        r: &SessionRef,
+        cursor: u64,
+        limit: usize,
+    ) -> Result<ObserveResult> {
+        self.check(r)?;
+        let limit = limit.clamp(1, MAX_OBSERVE_LIMIT);
+        let live = self.service.runtime(r);
+        let query = self.clone();
+        let id = r.session_id.clone();
+        blocking(move || {
+            let (runtime, mut commits) = match &live {
+                Some(rt) => (
+                    Some(rt.snapshot()),
+                    rt.session().accepted_commits(cursor, limit + 1)?,
+                ),
+                None => {
+                    let reader = query.cold_reader(&id)?;
+                    (
+                        None,
+                        reader
+                            .commits(cursor, limit + 1)?
+                            .into_iter()
+                            .map(Arc::new)
+                            .collect(),
+                    )
+                }
+            };
+            let truncated = commits.len() > limit;
+            commits.truncate(limit);
+            let next = commits.last().map_or(cursor, |c| c.last_seq());
+            Ok(ObserveResult {
+                runtime,
+                events: EventPage {
+                    commits,
+                    next,
+                    truncated,
+                },
+            })
+        })
+        .await
+    }
+
+    /// The bytes behind a content ref of this session (or its ancestors).
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] when the ref is not one of this session's.
+    pub async fn read_content(&self, r: &SessionRef, content: &ContentRef) -> Result<Vec<u8>> {
+        self.check(r)?;
+        let query = self.clone();
+        let id = r.session_id.clone();
+        let digest = content.digest.clone();
+        blocking(move || {
+            query.cold_reader(&id)?.blob(&digest)?.ok_or_else(|| {
+                Error::invalid(format!("content {digest} does not belong to session {id}"))
+            })
+        })
+        .await
+    }
+
+    /// Drops the catalog and rebuilds it from the session files; returns the count.
+    ///
+    /// # Errors
+    /// Read errors of any session.
+    pub async fn rebuild_catalog(&self) -> Result<usize> {
+        let service = self.service.clone();
+        blocking(move || service.catalog().rebuild(service.root(), service.host_id())).await
+    }
+
+    pub(crate) async fn refresh_catalog(&self, id: &SessionId) {
+        let service = self.service.clone();
+        let id = id.clone();
+        // The catalog is derived: a failed refresh only costs a recomputation later.
+        let _ = blocking(move || {
+            service
+                .catalog()
+                .refresh(service.root(), &id, service.host_id())
+        })
+        .await;
+    }
+
+    pub(crate) async fn forget(&self, id: &SessionId) {
+        let service = self.service.clone();
+        let id = id.clone();
+        let _ = blocking(move || service.catalog().forget(&id)).await;
+    }
+}
+
+fn live_summary(
+    service: &Service,
+    rt: &crate::service::Runtime,
+    id: &SessionId,
+) -> Result<SessionSummary> {
+    let session = rt.session();
+    let dir = service.root().session_dir(id);
+    let sequences = session.sequences();
+    Ok(session.with_projection(|p| {
+        SessionSummary::build(
+            rt.session_ref().clone(),
+            session.reader(),
+            p,
+            sequences,
+            modified_ms(&dir),
+            true,
+        )
+    }))
+}
+
+/// Per message id, the blob of the last event that recorded it, if it was a blob.
+type MessageRefs = std::collections::HashMap<String, Option<ContentRef>>;
+
+/// The transcript at `snapshot` and, per message id, the blob of the last event that
+/// recorded it (for messages stored through a large `message/complete` or `upsert`).
+fn messages_at(reader: &SessionReader, snapshot: u64) -> Result<(Vec<Message>, MessageRefs)> {
+    let mut projection = Projection::default();
+    let mut refs = std::collections::HashMap::new();
+    reader.visit(snapshot, |c| {
+        projection.apply_commit(&c)?;
+        for e in &c.events {
+            if matches!(e.kind.as_str(), "message/complete" | "message/upsert")
+                && let Some(id) = e
+                    .payload_str()
+                    .and_then(|p| serde_json::from_str::<serde_json::Value>(p).ok())
+                    .and_then(|v| v["message"]["id"].as_str().map(str::to_owned))
+            {
+                refs.insert(id, e.content_ref.clone());
+            }
+        }
+        Ok(())
+    })?;
+    Ok((projection.messages, refs))
+}
