@@ -1,1 +1,249 @@
-fn main() {}
+//! Append throughput, in one process and one run:
+//!
+//! * (a) durable: one session at `Durability::PowerLoss` (synchronous=FULL), 64-event
+//!   commits of ~400-byte `message/complete` payloads, `flush()` after every append, so
+//!   each commit is its own fsynced transaction;
+//! * (b) raw: plain rusqlite, `events(seq INTEGER PRIMARY KEY, payload TEXT)` in a WAL
+//!   file at synchronous=FULL, one `BEGIN IMMEDIATE` transaction per 64 rows;
+//! * (c) accepted: appends on one session with a long write-behind and no flush in the
+//!   loop (the final flush is not timed).
+//!
+//! The fsync rate of a machine drifts, so (a) and (b) run interleaved in several rounds
+//! (their order alternates) and the medians are reported; the ratio is the median of the
+//! per-round ratios. `BENCH_EVENTS` sets the events per measurement (default 96,000),
+//! `BENCH_ROUNDS` the rounds (default 3). Files go to a temp dir under `BENCH_DIR`, else
+//! under Cargo's target tmp dir (on disk, not tmpfs, so fsync is real).
+//!
+//! Run with `cargo bench --bench append`.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{fmt_count, median};
+use rusqlite::{Connection, TransactionBehavior};
+use session_store::{
+    Batch, CreateOptions, Durability, Event, Root, Session, SessionId, StoreOptions,
+};
+
+/// Events per commit (and rows per raw transaction).
+const EVENTS_PER_COMMIT: usize = 64;
+/// Approximate payload size in bytes.
+const PAYLOAD_BYTES: usize = 400;
+/// Target of ours/raw for durable appends.
+const RATIO_TARGET: f64 = 0.8;
+/// Target of the accepted (in-memory) rate, events per second.
+const ACCEPTED_TARGET: f64 = 100_000.0;
+
+type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn main() -> BenchResult<()> {
+    // `cargo bench` passes `--bench`; this harness has no options of its own.
+    let events = env_usize("BENCH_EVENTS", EVENTS_PER_COMMIT * 1500)?.max(EVENTS_PER_COMMIT);
+    let events = events / EVENTS_PER_COMMIT * EVENTS_PER_COMMIT;
+    let rounds = env_usize("BENCH_ROUNDS", 3)?.max(1);
+    let base = std::env::var_os("BENCH_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).to_path_buf());
+    std::fs::create_dir_all(&base)?;
+    let dir = tempfile::tempdir_in(&base)?;
+    let payloads = payloads(events);
+    let started = Instant::now();
+
+    println!(
+        "append bench: {events} events per measurement, {EVENTS_PER_COMMIT} events/commit, \
+         {}-byte payloads, {rounds} rounds, files in {}",
+        payloads[0].len(),
+        base.display()
+    );
+    // Warm-up (page cache, allocator, writer threads); not reported.
+    let warm = &payloads[..payloads.len().min(EVENTS_PER_COMMIT * 20)];
+    durable(&dir.path().join("warm-ours"), warm)?;
+    raw(&dir.path().join("warm-raw.sqlite"), warm)?;
+
+    let (mut ours, mut base_rates, mut ratios, mut accepted_rates, mut shares) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let ours_dir = dir.path().join(format!("ours-{round}"));
+        let raw_file = dir.path().join(format!("raw-{round}.sqlite"));
+        let (a, b) = if round % 2 == 0 {
+            let a = durable(&ours_dir, &payloads)?;
+            (a, raw(&raw_file, &payloads)?)
+        } else {
+            let b = raw(&raw_file, &payloads)?;
+            (durable(&ours_dir, &payloads)?, b)
+        };
+        let c = accepted(&dir.path().join(format!("accepted-{round}")), &payloads)?;
+        println!(
+            "round {}: ours {:>9} events/s ({:.0}% in append)   raw {:>9} events/s   \
+             ratio {:.2}   accepted {:>10} events/s",
+            round + 1,
+            fmt_count(a.rate),
+            a.append_share * 100.0,
+            fmt_count(b),
+            a.rate / b,
+            fmt_count(c)
+        );
+        ours.push(a.rate);
+        shares.push(a.append_share);
+        base_rates.push(b);
+        ratios.push(a.rate / b);
+        accepted_rates.push(c);
+    }
+
+    let (a, b, ratio, c) = (
+        median(&mut ours),
+        median(&mut base_rates),
+        median(&mut ratios),
+        median(&mut accepted_rates),
+    );
+    println!(
+        "(a) durable, ours (PowerLoss, flush per commit): median {:>10} events/s ({:.0} commits/s, \
+         {:.0}% of the time in append)",
+        fmt_count(a),
+        a / EVENTS_PER_COMMIT as f64,
+        median(&mut shares) * 100.0
+    );
+    println!(
+        "(b) raw rusqlite (WAL, FULL, txn per 64 rows):  median {:>10} events/s ({:.0} commits/s)",
+        fmt_count(b),
+        b / EVENTS_PER_COMMIT as f64
+    );
+    println!(
+        "ratio ours/raw (median of rounds): {ratio:.2}   target >= {RATIO_TARGET:.2}   {}",
+        verdict(ratio >= RATIO_TARGET)
+    );
+    println!(
+        "(c) accepted, in memory (no flush in loop):     median {:>10} events/s   target >= {}   {}",
+        fmt_count(c),
+        fmt_count(ACCEPTED_TARGET),
+        verdict(c >= ACCEPTED_TARGET)
+    );
+    println!("total bench time {:.1} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Reads a positive count from the environment, or `default`.
+fn env_usize(name: &str, default: usize) -> BenchResult<usize> {
+    match std::env::var(name) {
+        Ok(v) => v
+            .trim()
+            .replace('_', "")
+            .parse()
+            .map_err(|e| format!("{name}={v:?}: {e}").into()),
+        Err(std::env::VarError::NotPresent) => Ok(default),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `n` distinct `message/complete` payloads of about [`PAYLOAD_BYTES`] bytes each.
+fn payloads(n: usize) -> Vec<String> {
+    let filler = "lorem ipsum dolor sit amet ".repeat(PAYLOAD_BYTES / 27 + 1);
+    (0..n)
+        .map(|i| {
+            let head = format!(r#"{{"message":{{"id":"m{i:08}","role":"assistant","content":""#);
+            let room = PAYLOAD_BYTES.saturating_sub(head.len() + 3);
+            format!("{head}{}\"}}}}", &filler[..room])
+        })
+        .collect()
+}
+
+/// One commit's events.
+fn batch(op: usize, payloads: &[String]) -> BenchResult<Batch> {
+    let events = payloads
+        .iter()
+        .map(|p| Event::new("message/complete").with_payload_json(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Batch::new(format!("op-{op}"), events))
+}
+
+/// A fresh root holding one new session.
+fn session(dir: &Path, options: StoreOptions) -> BenchResult<Session> {
+    let root = Root::with_options(dir, options)?;
+    Ok(root.create(CreateOptions::with_id(SessionId::new("bench")?))?)
+}
+
+/// What (a) measured.
+struct Durable {
+    /// Events per second.
+    rate: f64,
+    /// Share of the time spent in `append` (the rest is `flush`).
+    append_share: f64,
+}
+
+/// (a): append + flush per commit.
+fn durable(dir: &Path, payloads: &[String]) -> BenchResult<Durable> {
+    let s = session(
+        dir,
+        StoreOptions {
+            durability: Durability::PowerLoss,
+            ..StoreOptions::default()
+        },
+    )?;
+    let mut in_append = Duration::ZERO;
+    let t = Instant::now();
+    for (op, chunk) in payloads.chunks(EVENTS_PER_COMMIT).enumerate() {
+        let a = Instant::now();
+        s.append(batch(op, chunk)?)?;
+        in_append += a.elapsed();
+        s.flush()?;
+    }
+    let elapsed = t.elapsed();
+    s.close()?;
+    Ok(Durable {
+        rate: payloads.len() as f64 / elapsed.as_secs_f64(),
+        append_share: in_append.as_secs_f64() / elapsed.as_secs_f64(),
+    })
+}
+
+/// (b): raw rusqlite, one `BEGIN IMMEDIATE` transaction per commit; events per second.
+fn raw(file: &Path, payloads: &[String]) -> BenchResult<f64> {
+    let mut conn = Connection::open(file)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.execute(
+        "CREATE TABLE events (seq INTEGER PRIMARY KEY, payload TEXT)",
+        [],
+    )?;
+    let t = Instant::now();
+    let mut seq = 0i64;
+    for chunk in payloads.chunks(EVENTS_PER_COMMIT) {
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        {
+            let mut insert =
+                tx.prepare_cached("INSERT INTO events (seq, payload) VALUES (?1, ?2)")?;
+            for p in chunk {
+                seq += 1;
+                insert.execute((seq, p.as_str()))?;
+            }
+        }
+        tx.commit()?;
+    }
+    Ok(payloads.len() as f64 / t.elapsed().as_secs_f64())
+}
+
+/// (c): appends with a long write-behind and a budget that never blocks; events per second
+/// accepted. The final flush is not timed.
+fn accepted(dir: &Path, payloads: &[String]) -> BenchResult<f64> {
+    let s = session(
+        dir,
+        StoreOptions {
+            write_behind: Duration::from_secs(3600),
+            queue_budget: 1 << 30,
+            ..StoreOptions::default()
+        },
+    )?;
+    let t = Instant::now();
+    for (op, chunk) in payloads.chunks(EVENTS_PER_COMMIT).enumerate() {
+        s.append(batch(op, chunk)?)?;
+    }
+    let rate = payloads.len() as f64 / t.elapsed().as_secs_f64();
+    s.flush()?;
+    s.close()?;
+    Ok(rate)
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "MET" } else { "MISSED" }
+}
