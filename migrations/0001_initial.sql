@@ -42,6 +42,7 @@ CREATE TABLE commits (
     writer_generation  INTEGER NOT NULL,
     created_at         INTEGER NOT NULL
 );
+CREATE UNIQUE INDEX commits_by_last_seq ON commits (last_seq);
 
 -- Content-addressed payloads over 64 KiB, stored once per file.
 CREATE TABLE blobs (
@@ -107,10 +108,12 @@ SELECT e.seq, c.turn_id, e.kind, e.optional,
        c.operation_id, datetime(c.created_at / 1000, 'unixepoch') AS created
 FROM events e JOIN commits c ON c.first_seq = e.first_seq;
 
+-- Messages stored as blobs (over 64 KiB) show their digest instead of a preview.
 CREATE VIEW transcript AS
 SELECT e.seq,
        json_extract(e.payload, '$.message.id')   AS message_id,
        json_extract(e.payload, '$.message.role') AS role,
-       substr(json_extract(e.payload, '$.message.content'), 1, 200) AS content_preview
+       CASE WHEN e.payload_ref IS NOT NULL THEN '<blob ' || e.payload_ref || '>'
+            ELSE substr(json_extract(e.payload, '$.message.content'), 1, 200) END AS content_preview
 FROM events e
-WHERE e.kind IN ('message/complete', 'message/upsert') AND e.payload IS NOT NULL;
+WHERE e.kind IN ('message/complete', 'message/upsert');

@@ -19,8 +19,8 @@ pub use model::{
     RecoveryStatus, SessionId, SessionRef, TERMINAL_TURN_STATUSES, Todo, TurnBoundary,
 };
 pub use persistence::{
-    CreateOptions, ExportReport, ForkPoint, ImportOptions, Replay, Root, SessionInfo, StoreOptions,
-    replay,
+    CatalogEntry, CreateOptions, ExportReport, ForkPoint, ImportOptions, Replay, Root, SessionInfo,
+    StoreOptions, replay,
 };
 pub use service::{
     CLOSURE_KINDS, CancelReceipt, ClientBinding, EventPage, Execution, HistoryPage,

@@ -5,7 +5,6 @@ use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::model::ids::derived_id;
 
 /// Payloads longer than this are stored once in the `blobs` table (64 KiB).
 pub const INLINE_PAYLOAD_LIMIT: usize = 64 * 1024;
@@ -219,9 +218,10 @@ pub(crate) fn operation_hash(
     hex::encode(Sha256::digest(&bytes))
 }
 
-/// The id given to event `index` of a commit whose caller left it empty.
+/// The id given to event `index` of a commit whose caller left it empty:
+/// `<commit id>.<index>` (unique in the session, recognisable when re-hashing).
 pub(crate) fn derived_event_id(commit_id: &str, index: usize) -> String {
-    derived_id(&["event", commit_id, &index.to_string()])
+    format!("{commit_id}.{index}")
 }
 
 /// Recomputes a stored commit's operation hash, telling derived ids from supplied ones.

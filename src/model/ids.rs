@@ -158,9 +158,11 @@ pub(crate) fn derived_id(parts: &[&str]) -> String {
     hex::encode(&h.finalize()[..16])
 }
 
-/// The turn id of a batch that opens a turn without naming one (upstream §1.8).
-pub(crate) fn derived_turn_id(session: &SessionId, operation_id: &str) -> String {
-    derived_id(&["turn", session.as_str(), operation_id])
+/// The turn id of a batch that opens a turn without naming one. Unlike upstream
+/// (§1.8) the session id is not part of it: operation ids are unique per session
+/// already, and a session imported under a new id keeps accepting its retries.
+pub(crate) fn derived_turn_id(operation_id: &str) -> String {
+    derived_id(&["turn", operation_id])
 }
 
 /// Milliseconds since the Unix epoch.

@@ -1,5 +1,7 @@
 //! Conversation messages: opaque JSON with a stable `id`, and the model filter.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -12,14 +14,38 @@ use serde_json::{Map, Value};
 /// assert_eq!(m.role(), Some("user"));
 /// assert_eq!(m.text(), Some("hi"));
 /// ```
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Message {
     /// The stable message id (may be empty only inside bulk replacements).
-    #[serde(default)]
     pub id: String,
     /// All other fields, verbatim.
-    #[serde(flatten)]
     pub fields: Map<String, Value>,
+}
+
+// Hand-written instead of `#[serde(flatten)]`, which buffers every field: messages are
+// parsed on every append.
+impl Serialize for Message {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(self.fields.len() + 1))?;
+        map.serialize_entry("id", &self.id)?;
+        for (k, v) in &self.fields {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Message {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let mut fields = Map::<String, Value>::deserialize(deserializer)?;
+        let id = match fields.remove("id") {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(id)) => id,
+            Some(_) => return Err(serde::de::Error::custom("message id must be a string")),
+        };
+        Ok(Message { id, fields })
+    }
 }
 
 /// Fields dropped from the provider view of a message (upstream §1.11).
@@ -57,8 +83,9 @@ impl Message {
             .or_else(|| self.fields.get("raw_content").and_then(Value::as_str))
     }
 
-    /// The provider view of this message, or `None` when it is local-only.
-    pub fn for_model(&self) -> Option<Message> {
+    /// The provider view of this message, or `None` when it is local-only. A message
+    /// that needs no change is shared, not copied.
+    pub fn for_model(self: &Arc<Self>) -> Option<Arc<Message>> {
         if self.fields.get("local_only").and_then(Value::as_bool) == Some(true) {
             return None;
         }
@@ -67,20 +94,20 @@ impl Message {
                 .iter()
                 .any(|k| self.fields.contains_key(*k));
         if !needs_change {
-            return Some(self.clone());
+            return Some(Arc::clone(self));
         }
-        let mut m = self.clone();
+        let mut m = Message::clone(self);
         if let Some(provider) = m.fields.remove("provider_content") {
             m.fields.insert("content".into(), provider);
         }
         for k in PROVIDER_STRIPPED {
             m.fields.remove(k);
         }
-        Some(m)
+        Some(Arc::new(m))
     }
 }
 
 /// The provider view of a list of messages.
-pub(crate) fn model_messages(messages: &[Message]) -> Vec<Message> {
+pub(crate) fn model_messages(messages: &[Arc<Message>]) -> Vec<Arc<Message>> {
     messages.iter().filter_map(Message::for_model).collect()
 }

@@ -6,6 +6,7 @@
 //! "fold on a clone, then swap" without cloning the projection on every append.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::{Deserialize, Serialize};
@@ -141,9 +142,9 @@ pub struct Projection {
     /// Every ended turn, in order.
     pub turns: Vec<TurnBoundary>,
     /// The UI transcript.
-    pub messages: Vec<Message>,
+    pub messages: Vec<Arc<Message>>,
     /// The exact provider workset.
-    pub model_messages: Vec<Message>,
+    pub model_messages: Vec<Arc<Message>>,
     /// The current turn's todo list.
     pub todos: Vec<Todo>,
     /// Whether the current turn wrote todos.
@@ -179,10 +180,10 @@ pub struct PreparedFold(Vec<Parsed>);
 #[derive(Debug)]
 enum Parsed {
     Skip,
-    MessageComplete(Message),
-    MessageUpsert(Message),
-    HistoryReplace(Vec<Message>),
-    ModelReplace(Vec<Message>),
+    MessageComplete(Arc<Message>),
+    MessageUpsert(Arc<Message>),
+    HistoryReplace(Vec<Arc<Message>>),
+    ModelReplace(Vec<Arc<Message>>),
     LegacyImport(LegacyImport),
     Title(String),
     Config(ConfigPayload),
@@ -201,7 +202,7 @@ enum Parsed {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct MessagePayload {
-    message: Message,
+    message: Arc<Message>,
 }
 
 #[derive(Deserialize)]
@@ -222,7 +223,7 @@ struct AttemptPayload {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct MessagesPayload {
-    messages: Vec<Message>,
+    messages: Vec<Arc<Message>>,
     #[serde(rename = "reason")]
     _reason: Option<IgnoredAny>,
     #[serde(rename = "trigger")]
@@ -236,7 +237,7 @@ struct MessagesPayload {
 struct LegacyImport {
     #[serde(rename = "source")]
     _source: Option<IgnoredAny>,
-    messages: Vec<Message>,
+    messages: Vec<Arc<Message>>,
     goal: Option<Value>,
     #[serde(rename = "modelRef", default)]
     model_ref: String,
@@ -524,7 +525,7 @@ impl Projection {
         self.messages
             .iter()
             .filter(|m| m.role() == Some("user"))
-            .filter_map(Message::text)
+            .filter_map(|m| m.text())
             .map(str::trim)
             .find(|t| !t.is_empty())
             .map(|t| t.chars().take(240).collect())
@@ -711,7 +712,7 @@ impl Projection {
         }
     }
 
-    fn push_model(&mut self, m: Message) {
+    fn push_model(&mut self, m: Arc<Message>) {
         if !m.id.is_empty() {
             self.model_index
                 .insert(m.id.clone(), self.model_messages.len());
@@ -719,7 +720,7 @@ impl Projection {
         self.model_messages.push(m);
     }
 
-    fn upsert(&mut self, m: Message) {
+    fn upsert(&mut self, m: Arc<Message>) {
         match self.model_index.get(&m.id).copied() {
             Some(i) => match m.for_model() {
                 Some(model) => self.model_messages[i] = model,
@@ -743,19 +744,19 @@ impl Projection {
         }
     }
 
-    fn replace_history(&mut self, messages: Vec<Message>) {
+    fn replace_history(&mut self, messages: Vec<Arc<Message>>) {
         self.replace_model(model_messages(&messages));
         self.message_index = index_of(&messages);
         self.messages = messages;
     }
 
-    fn replace_model(&mut self, messages: Vec<Message>) {
+    fn replace_model(&mut self, messages: Vec<Arc<Message>>) {
         self.model_index = index_of(&messages);
         self.model_messages = messages;
     }
 }
 
-fn index_of(messages: &[Message]) -> HashMap<String, usize> {
+fn index_of(messages: &[Arc<Message>]) -> HashMap<String, usize> {
     messages
         .iter()
         .enumerate()

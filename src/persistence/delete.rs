@@ -8,9 +8,8 @@ use crate::error::{Error, Result};
 use crate::model::SessionId;
 use crate::model::event::inherited_operation_id;
 use crate::model::ids::random_hex;
-use crate::persistence::fork::DELETING_OWNER;
 use crate::persistence::{Root, TRASH_DIR, rename_no_replace, sync_dir};
-use crate::store::lock::WriterLock;
+use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock, WriterLock};
 use crate::store::read;
 use crate::store::schema::{self, Durability, LOCK_FILE, SESSION_FILE};
 use crate::store::write::{self, Accepted};
@@ -27,45 +26,36 @@ impl Root {
     ///
     /// # Errors
     /// [`Error::Cancelled`] when the wait is cancelled (nothing is deleted);
-    /// [`Error::SessionNotFound`]; I/O and SQLite errors (the session stays intact).
+    /// [`Error::SessionNotFound`]; I/O and SQLite errors before the session is renamed
+    /// away (then it stays intact; clean-up after the rename never fails the call).
     pub fn delete(&self, id: &SessionId, cancel: &CancelToken) -> Result<()> {
         let dir = self.existing_dir(id)?;
         let lock = WriterLock::acquire(&dir.join(LOCK_FILE), cancel)?;
+        let forks = DependentsLock::exclusive(&dir.join(DEPENDENTS_LOCK_FILE), cancel)?;
         let file = dir.join(SESSION_FILE);
-        let mut conn = schema::open_writer(&file, Durability::PowerLoss)?;
+        let conn = schema::open_writer(&file, Durability::PowerLoss)?;
         let lineage = read::read_lineage(&conn)?;
-        loop {
-            let dependents = read::read_dependents(&conn)?;
-            for d in &dependents {
-                self.materialize(id, &d.child_id)?;
-            }
-            // Seal: no fork may record a new dependent from here on.
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            if read::read_dependents(&tx)? == dependents {
-                tx.execute(
-                    "UPDATE lease SET owner_id = ?1 WHERE singleton = 1",
-                    [DELETING_OWNER],
-                )?;
-                tx.commit()?;
-                break;
-            }
+        // The exclusive dependents lock keeps new forks out until the rename.
+        for d in read::read_dependents(&conn)? {
+            self.materialize(id, &d.child_id)?;
         }
         conn.close().map_err(|(_, e)| Error::from(e))?;
+        // Derived index; listing also drops entries whose folder is gone.
+        let _ = self.catalog().forget(self, id);
         let trash = self.path().join(TRASH_DIR);
         std::fs::create_dir_all(&trash).map_err(|e| Error::io("create trash", e))?;
         let tomb = trash.join(format!("{id}-{}", random_hex()));
         rename_no_replace(&dir, &tomb, id.as_str())?;
-        sync_dir(self.path())?;
-        drop(lock);
-        std::fs::remove_dir_all(&tomb)
-            .map_err(|e| Error::io(format!("remove {}", tomb.display()), e))?;
-        // The ancestors no longer need to keep this session's range alive.
+        drop((lock, forks));
+        // The session is gone from here on: the rest is clean-up, best effort (a leftover
+        // tombstone is removed when the root is next opened; a stale dependents row is
+        // skipped by a later delete).
+        let _ = sync_dir(self.path());
+        let _ = std::fs::remove_dir_all(&tomb);
         for entry in lineage {
             let ancestor = self.session_dir(&entry.ancestor_id).join(SESSION_FILE);
-            if ancestor.is_file() {
-                let c = schema::open_writer(&ancestor, Durability::PowerLoss)?;
-                c.execute("DELETE FROM dependents WHERE child_id = ?1", [id.as_str()])?;
-                drop(c.close());
+            if let Ok(c) = schema::open_writer(&ancestor, Durability::PowerLoss) {
+                let _ = c.execute("DELETE FROM dependents WHERE child_id = ?1", [id.as_str()]);
             }
         }
         Ok(())

@@ -11,13 +11,10 @@ use crate::model::SessionId;
 use crate::model::header::{Header, Origin};
 use crate::model::ids::now_ms;
 use crate::persistence::Root;
+use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock};
 use crate::store::read::LineageEntry;
 use crate::store::schema::{self, CODEC, Durability, SESSION_FILE};
 use crate::store::write;
-
-/// Marker in a lease row's owner id while the session is being deleted: no new
-/// dependents may be recorded.
-pub(crate) const DELETING_OWNER: &str = "<deleting>";
 
 /// Where a fork or rewind cuts its parent.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -85,9 +82,13 @@ impl Root {
             return Err(Error::SessionExists(child.to_string()));
         }
         let lineage = reader.prefix_lineage(cut);
+        // Shared locks keep every supplying session from being deleted until the child is
+        // published (a delete waits, then materialises the child like any dependent).
+        let mut _guards = Vec::with_capacity(lineage.len());
         for entry in &lineage {
-            let file = self.session_dir(&entry.ancestor_id).join(SESSION_FILE);
-            record_dependent(&file, &child, entry.through_seq)?;
+            let dir = self.session_dir(&entry.ancestor_id);
+            _guards.push(DependentsLock::shared(&dir.join(DEPENDENTS_LOCK_FILE))?);
+            record_dependent(&dir.join(SESSION_FILE), &child, entry.through_seq)?;
         }
         let header = Header {
             session_id: child.clone(),
@@ -112,16 +113,6 @@ impl Root {
 fn record_dependent(file: &Path, child: &SessionId, through: u64) -> Result<()> {
     let mut conn = schema::open_writer(file, Durability::PowerLoss)?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let owner: String =
-        tx.query_row("SELECT owner_id FROM lease WHERE singleton = 1", [], |r| {
-            r.get(0)
-        })?;
-    if owner == DELETING_OWNER {
-        return Err(Error::SessionNotFound(format!(
-            "{} (being deleted)",
-            file.display()
-        )));
-    }
     tx.execute(
         "INSERT INTO dependents (child_id, through_seq) VALUES (?1, ?2)
          ON CONFLICT (child_id) DO UPDATE SET through_seq = max(through_seq, excluded.through_seq)",

@@ -1,11 +1,14 @@
 //! A root folder of sessions: create, open, stat, list; staging and atomic publication.
 //! Forks, deletion, export/import and replay live in the sub-modules.
 
+mod catalog;
 mod delete;
 mod fork;
 mod portable;
 mod verify;
 
+pub(crate) use catalog::Catalog;
+pub use catalog::CatalogEntry;
 pub use fork::ForkPoint;
 pub use portable::{ExportReport, ImportOptions};
 pub use verify::{Replay, replay};
@@ -119,6 +122,7 @@ struct RootInner {
     path: PathBuf,
     options: StoreOptions,
     host: String,
+    catalog: Catalog,
 }
 
 fn host_name() -> String {
@@ -174,8 +178,15 @@ impl Root {
         let path = path.as_ref().to_path_buf();
         std::fs::create_dir_all(&path)
             .map_err(|e| Error::io(format!("create root {}", path.display()), e))?;
+        // Tombstones are sessions already deleted; a crash may leave them behind.
+        if let Ok(entries) = std::fs::read_dir(path.join(TRASH_DIR)) {
+            for entry in entries.flatten() {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
         Ok(Root {
             inner: Arc::new(RootInner {
+                catalog: Catalog::new(&path),
                 path,
                 options,
                 host: host_name(),
@@ -269,14 +280,38 @@ impl Root {
         }
     }
 
-    /// Renames a staged session folder into place; removes it if that fails.
+    /// Renames a staged session folder into place (removing it if that fails) and
+    /// records it in the catalog.
     pub(crate) fn publish(&self, staging: &Path, id: &SessionId) -> Result<()> {
         let result = rename_no_replace(staging, &self.session_dir(id), id.as_str())
             .and_then(|()| sync_dir(&self.inner.path));
-        if result.is_err() {
-            let _ = std::fs::remove_dir_all(staging);
+        match result {
+            // The catalog is derived: a session it misses is indexed on the next open.
+            Ok(()) => drop(self.inner.catalog.touch(self, id)),
+            Err(_) => drop(std::fs::remove_dir_all(staging)),
         }
         result
+    }
+
+    pub(crate) fn catalog(&self) -> &Catalog {
+        &self.inner.catalog
+    }
+
+    /// Catalog entries of the sessions with ids after `after`, in id order, at most
+    /// `limit` (stale entries recomputed from their files, vanished ones dropped).
+    ///
+    /// # Errors
+    /// Catalog or read errors.
+    pub fn list(&self, after: Option<&str>, limit: usize) -> Result<Vec<CatalogEntry>> {
+        self.inner.catalog.page(self, after, limit)
+    }
+
+    /// Drops the catalog and recomputes it from the session files; returns the count.
+    ///
+    /// # Errors
+    /// Read errors of any session.
+    pub fn rebuild_catalog(&self) -> Result<usize> {
+        self.inner.catalog.rebuild(self)
     }
 
     /// Opens an existing session for writing: takes the writer lock, bumps the lease

@@ -3,7 +3,6 @@
 //! export, import, delete and legacy migration. Async on tokio; every SQLite call runs
 //! on a blocking thread.
 
-mod catalog;
 mod legacy;
 mod query;
 mod recovery;
@@ -19,7 +18,9 @@ use crate::cancel::CancelToken;
 use crate::error::{Error, Result};
 use crate::model::ids::random_hex;
 use crate::model::{SessionId, SessionRef};
-use crate::persistence::{CreateOptions, ExportReport, ForkPoint, ImportOptions, Root};
+use crate::persistence::{
+    CatalogEntry, CreateOptions, ExportReport, ForkPoint, ImportOptions, Root,
+};
 use crate::session::live::Session;
 
 pub use legacy::MigrationRecord;
@@ -51,7 +52,6 @@ struct Registry {
 pub(crate) struct ServiceInner {
     host_id: String,
     root: Root,
-    catalog: catalog::Catalog,
     registry: Mutex<Registry>,
     registry_changed: Notify,
 }
@@ -119,7 +119,6 @@ impl Service {
         Ok(Service {
             inner: Arc::new(ServiceInner {
                 host_id,
-                catalog: catalog::Catalog::new(root.path()),
                 root,
                 registry: Mutex::new(Registry::default()),
                 registry_changed: Notify::new(),
@@ -142,10 +141,6 @@ impl Service {
     /// The root of sessions.
     pub fn root(&self) -> &Root {
         &self.inner.root
-    }
-
-    pub(crate) fn catalog(&self) -> &catalog::Catalog {
-        &self.inner.catalog
     }
 
     /// The query side (cold and live reads, never taking the writer lock).
@@ -371,7 +366,7 @@ impl Service {
                 }
                 reg.closed.insert(r.session_id.clone(), None);
             }
-            self.query().refresh_catalog(&r.session_id).await;
+            record_in_catalog(self.inner.root.clone(), runtime.session().clone()).await;
         }
         result
     }
@@ -540,7 +535,7 @@ impl Service {
     }
 
     /// Deletes a session: closes its attached runtime first (refusing a busy or bound
-    /// one), drops its catalog entry, then deletes it (waiting for another process's writer
+    /// one), then deletes it (waiting for another process's writer
     /// until `cancel`).
     ///
     /// # Errors
@@ -550,7 +545,6 @@ impl Service {
         if self.runtime(r).is_some() {
             self.close(r).await?;
         }
-        self.query().forget(&r.session_id).await;
         let root = self.inner.root.clone();
         let id = r.session_id.clone();
         let cancel = cancel.clone();
@@ -579,6 +573,18 @@ impl Service {
             .await?;
         Ok((runtime, record))
     }
+}
+
+/// Stores a closed session's catalog entry from its in-memory projection (no re-fold).
+async fn record_in_catalog(root: Root, session: Session) {
+    // The catalog is derived: a failed update only costs a recomputation when listed.
+    let _ = blocking(move || {
+        let durable = session.sequences().1;
+        let entry = session
+            .with_projection(|p| CatalogEntry::new(session.reader(), p, durable, session.dir()));
+        root.catalog().put(&root, &entry)
+    })
+    .await;
 }
 
 async fn close_session(session: Session) -> Result<()> {

@@ -1,7 +1,6 @@
 //! The query side: list, history, snapshots and observation, for live and cold
 //! sessions alike. Never takes the writer lock.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -10,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::model::event::INLINE_PAYLOAD_LIMIT;
 use crate::model::header::Origin;
 use crate::model::{Commit, ContentRef, Message, Projection, SessionId, SessionRef};
+use crate::persistence::CatalogEntry;
 use crate::service::runtime::RuntimeSnapshot;
 use crate::service::{Service, blocking};
 use crate::session::live::{PersistenceStatus, SessionSnapshot};
@@ -55,63 +55,31 @@ pub struct SessionSummary {
 }
 
 impl SessionSummary {
-    fn build(
-        session_ref: SessionRef,
-        reader: &SessionReader,
-        projection: &Projection,
-        (event_sequence, durable_sequence): (u64, u64),
-        updated_at_ms: i64,
+    fn from_entry(
+        host_id: &str,
+        e: CatalogEntry,
+        event_sequence: u64,
         live: bool,
     ) -> SessionSummary {
-        let h = reader.header();
         SessionSummary {
-            session_ref,
-            codec: h.codec.clone(),
-            title: projection.title.clone(),
-            turns: projection.ended_turns() as u64,
-            preview: projection.preview(),
+            session_ref: SessionRef {
+                host_id: host_id.to_owned(),
+                session_id: e.session_id,
+            },
+            codec: e.codec,
+            title: e.title,
+            turns: e.turns,
+            preview: e.preview,
             event_sequence,
-            durable_sequence,
-            created_at_ms: h.created_at_ms,
-            updated_at_ms: updated_at_ms.max(h.created_at_ms),
-            cwd: h.cwd.clone(),
-            parent_id: h.parent_id.clone(),
-            origin: h.origin,
+            durable_sequence: e.durable_sequence,
+            created_at_ms: e.created_at_ms,
+            updated_at_ms: e.updated_at_ms,
+            cwd: e.cwd,
+            parent_id: e.parent_id,
+            origin: e.origin,
             live,
         }
     }
-
-    /// A cold session's summary, folded from its durable prefix.
-    pub(crate) fn from_reader(
-        reader: &SessionReader,
-        dir: &Path,
-        host_id: &str,
-    ) -> Result<SessionSummary> {
-        let projection = reader.projection()?;
-        let durable = reader.durable_sequence()?;
-        let r = SessionRef {
-            host_id: host_id.to_owned(),
-            session_id: reader.header().session_id.clone(),
-        };
-        Ok(Self::build(
-            r,
-            reader,
-            &projection,
-            (durable, durable),
-            modified_ms(dir),
-            false,
-        ))
-    }
-}
-
-fn modified_ms(dir: &Path) -> i64 {
-    ["session.sqlite", "session.sqlite-wal"]
-        .iter()
-        .filter_map(|f| std::fs::metadata(dir.join(f)).ok()?.modified().ok())
-        .filter_map(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .max()
-        .unwrap_or(0)
 }
 
 /// A page of `list`.
@@ -133,7 +101,7 @@ pub struct PersistentMessage {
     /// The message's role.
     pub role: Option<String>,
     /// The message, when its JSON is at most 64 KiB.
-    pub inline: Option<Message>,
+    pub inline: Option<Arc<Message>>,
     /// Where to read a larger message (the payload of the event that recorded it).
     pub content_ref: Option<ContentRef>,
 }
@@ -227,27 +195,21 @@ impl Query {
         let service = self.service.clone();
         let cursor = cursor.map(str::to_owned);
         blocking(move || {
-            let root = service.root();
-            let ids: Vec<SessionId> = root
-                .list_ids()?
+            let mut entries = service.root().list(cursor.as_deref(), limit + 1)?;
+            let more = entries.len() > limit;
+            entries.truncate(limit);
+            let sessions: Vec<SessionSummary> = entries
                 .into_iter()
-                .filter(|id| cursor.as_deref().is_none_or(|c| id.as_str() > c))
-                .take(limit + 1)
+                .map(|entry| {
+                    match service.runtime(&service.session_ref(entry.session_id.clone())) {
+                        Some(rt) => live_summary(&rt, entry),
+                        None => {
+                            let durable = entry.durable_sequence;
+                            SessionSummary::from_entry(service.host_id(), entry, durable, false)
+                        }
+                    }
+                })
                 .collect();
-            let more = ids.len() > limit;
-            let mut sessions = Vec::with_capacity(limit);
-            for id in ids.into_iter().take(limit) {
-                let summary = match service.runtime(&service.session_ref(id.clone())) {
-                    Some(rt) => live_summary(&service, &rt, &id)?,
-                    None => match service.catalog().summary(root, &id, service.host_id()) {
-                        Ok(s) => s,
-                        // Deleted between the folder walk and the read: skip it.
-                        Err(Error::SessionNotFound(_)) => continue,
-                        Err(e) => return Err(e),
-                    },
-                };
-                sessions.push(summary);
-            }
             let next_cursor = more
                 .then(|| {
                     sessions
@@ -267,7 +229,7 @@ impl Query {
     ///
     /// # Errors
     /// [`Error::SessionNotFound`]; read errors.
-    pub async fn history(&self, r: &SessionRef) -> Result<Vec<Message>> {
+    pub async fn history(&self, r: &SessionRef) -> Result<Vec<Arc<Message>>> {
         Ok(self.snapshot(r).await?.projection.messages)
     }
 
@@ -429,47 +391,23 @@ impl Query {
     /// # Errors
     /// Read errors of any session.
     pub async fn rebuild_catalog(&self) -> Result<usize> {
-        let service = self.service.clone();
-        blocking(move || service.catalog().rebuild(service.root(), service.host_id())).await
-    }
-
-    pub(crate) async fn refresh_catalog(&self, id: &SessionId) {
-        let service = self.service.clone();
-        let id = id.clone();
-        // The catalog is derived: a failed refresh only costs a recomputation later.
-        let _ = blocking(move || {
-            service
-                .catalog()
-                .refresh(service.root(), &id, service.host_id())
-        })
-        .await;
-    }
-
-    pub(crate) async fn forget(&self, id: &SessionId) {
-        let service = self.service.clone();
-        let id = id.clone();
-        let _ = blocking(move || service.catalog().forget(&id)).await;
+        let root = self.service.root().clone();
+        blocking(move || root.rebuild_catalog()).await
     }
 }
 
-fn live_summary(
-    service: &Service,
-    rt: &crate::service::Runtime,
-    id: &SessionId,
-) -> Result<SessionSummary> {
+/// A live session's summary: its accepted state, not the catalog's durable one.
+fn live_summary(rt: &crate::service::Runtime, entry: CatalogEntry) -> SessionSummary {
     let session = rt.session();
-    let dir = service.root().session_dir(id);
-    let sequences = session.sequences();
-    Ok(session.with_projection(|p| {
-        SessionSummary::build(
-            rt.session_ref().clone(),
-            session.reader(),
-            p,
-            sequences,
-            modified_ms(&dir),
-            true,
-        )
-    }))
+    let (accepted, durable) = session.sequences();
+    let (title, turns, preview) =
+        session.with_projection(|p| (p.title.clone(), p.ended_turns() as u64, p.preview()));
+    let mut summary = SessionSummary::from_entry(&rt.session_ref().host_id, entry, accepted, true);
+    summary.durable_sequence = durable;
+    summary.title = title;
+    summary.turns = turns;
+    summary.preview = preview;
+    summary
 }
 
 /// Per message id, the blob of the last event that recorded it, if it was a blob.
@@ -477,7 +415,7 @@ type MessageRefs = std::collections::HashMap<String, Option<ContentRef>>;
 
 /// The transcript at `snapshot` and, per message id, the blob of the last event that
 /// recorded it (for messages stored through a large `message/complete` or `upsert`).
-fn messages_at(reader: &SessionReader, snapshot: u64) -> Result<(Vec<Message>, MessageRefs)> {
+fn messages_at(reader: &SessionReader, snapshot: u64) -> Result<(Vec<Arc<Message>>, MessageRefs)> {
     let mut projection = Projection::default();
     let mut refs = std::collections::HashMap::new();
     reader.visit(snapshot, |c| {

@@ -194,7 +194,7 @@ impl Session {
     /// [`Error::Poisoned`] after an uncertain write; [`Error::PersistenceFailed`] when the
     /// queue is full and the last drain failed.
     pub fn append(&self, batch: Batch) -> Result<Arc<Commit>> {
-        let prepared = prepare_batch(&self.shared.id, batch)?;
+        let prepared = prepare_batch(batch)?;
         self.shared.accept(prepared)
     }
 
@@ -306,7 +306,7 @@ struct PreparedBatch {
     charge: usize,
 }
 
-fn prepare_batch(session: &SessionId, batch: Batch) -> Result<PreparedBatch> {
+fn prepare_batch(batch: Batch) -> Result<PreparedBatch> {
     let operation_id = batch.operation_id.trim().to_owned();
     if operation_id.is_empty() || batch.events.is_empty() {
         return Err(Error::invalid("operation id and events are required"));
@@ -331,7 +331,7 @@ fn prepare_batch(session: &SessionId, batch: Batch) -> Result<PreparedBatch> {
     let turn_id = match batch.turn_id.filter(|t| !t.trim().is_empty()) {
         Some(t) => Some(t),
         None if events.iter().any(|e| e.kind == "turn/start") => {
-            Some(derived_turn_id(session, &operation_id))
+            Some(derived_turn_id(&operation_id))
         }
         None => None,
     };
@@ -357,8 +357,9 @@ fn prepare_batch(session: &SessionId, batch: Batch) -> Result<PreparedBatch> {
 
 impl Shared {
     fn accept(self: &Arc<Self>, batch: PreparedBatch) -> Result<Arc<Commit>> {
+        // Backpressure: over budget, the appender drains the queue itself (unless the
+        // queue is empty: one oversized commit is always accepted).
         let mut s = lock(&self.state);
-        // Backpressure: wait for room unless the queue is empty.
         while !s.closed
             && !s.poisoned
             && s.queued_bytes > 0
@@ -369,11 +370,10 @@ impl Shared {
                     s.error.clone().unwrap_or_default(),
                 ));
             }
-            if !s.draining && !s.timer_armed {
-                s.timer_armed = true;
-                pool::schedule(Arc::downgrade(self), Instant::now());
-            }
-            s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+            drop(s);
+            // A failure is recorded in the state and answered on the next loop.
+            let _ = self.drain();
+            s = lock(&self.state);
         }
         if s.closed {
             return Err(Error::Closed);
@@ -530,9 +530,19 @@ impl Shared {
             s.closed = true;
         }
         self.changed.notify_all();
-        self.flush()?;
-        self.release();
-        Ok(())
+        match self.flush() {
+            Ok(_) => {
+                self.release();
+                Ok(())
+            }
+            // The outcome of the last write is unknown: only a reopen (WAL recovery) can
+            // tell, so give the file up; what was accepted but not written is lost.
+            Err(e @ Error::Poisoned(_)) => {
+                self.release();
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Closes the connection and drops the writer lock.

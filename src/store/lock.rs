@@ -73,3 +73,40 @@ pub(crate) fn recorded_owner(path: &Path) -> Option<WriterOwner> {
     File::open(path).ok()?.read_to_string(&mut text).ok()?;
     serde_json::from_str(&text).ok()
 }
+
+/// The lock file that orders forks against deletion of the sessions they inherit from.
+pub(crate) const DEPENDENTS_LOCK_FILE: &str = "dependents.lock";
+
+/// A held lock on a session's `dependents.lock`: shared while a fork records itself and
+/// publishes, exclusive while a delete materialises dependents and removes the session.
+#[derive(Debug)]
+pub(crate) struct DependentsLock {
+    _file: File,
+}
+
+impl DependentsLock {
+    /// Takes the shared lock, waiting for a delete in progress to finish.
+    pub(crate) fn shared(path: &Path) -> Result<DependentsLock> {
+        let file = open_lock_file(path)?;
+        file.lock_shared()
+            .map_err(|e| Error::io(format!("lock {}", path.display()), e))?;
+        Ok(DependentsLock { _file: file })
+    }
+
+    /// Takes the exclusive lock, waiting for forks in progress until `cancel` fires.
+    pub(crate) fn exclusive(path: &Path, cancel: &CancelToken) -> Result<DependentsLock> {
+        let file = open_lock_file(path)?;
+        loop {
+            if cancel.is_cancelled() {
+                return Err(Error::Cancelled);
+            }
+            match file.try_lock() {
+                Ok(()) => return Ok(DependentsLock { _file: file }),
+                Err(TryLockError::WouldBlock) => std::thread::sleep(POLL),
+                Err(TryLockError::Error(e)) => {
+                    return Err(Error::io(format!("lock {}", path.display()), e));
+                }
+            }
+        }
+    }
+}

@@ -2,7 +2,7 @@
 //! files of its ancestors. Never touches the writer lock or the lease.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, RwLock};
 use std::time::Duration;
 
 use r2d2::{Pool, PooledConnection};
@@ -43,7 +43,7 @@ fn read_pool(file: &Path) -> Result<ReadPool> {
         .min_idle(Some(0))
         .idle_timeout(Some(Duration::from_secs(30)))
         .test_on_check_out(false)
-        .connection_timeout(Duration::from_secs(10))
+        .connection_timeout(Duration::from_secs(5))
         .thread_pool(Arc::clone(&POOL_THREADS))
         .build_unchecked(manager);
     Ok(pool)
@@ -58,7 +58,16 @@ struct Segment {
     through: u64,
     /// True for a range inherited from an ancestor.
     inherited: bool,
+    file: PathBuf,
     pool: ReadPool,
+}
+
+/// Where each range of a session's sequences is read from.
+#[derive(Clone, Debug)]
+struct Layout {
+    lineage: Vec<LineageEntry>,
+    /// Ranges in sequence order covering `(0, u64::MAX]`.
+    segments: Vec<Segment>,
 }
 
 /// A read-only view of a session's durable prefix (its own file plus its ancestors').
@@ -66,14 +75,59 @@ struct Segment {
 /// Sees only committed transactions: a live writer's accepted-but-undrained commits are
 /// invisible here. Inherited commits are presented with the operation id
 /// `inherit:<ancestor>:<commit id>`, so an ancestor's idempotency keys never collide
-/// with the session's own.
+/// with the session's own. When an ancestor is deleted (its range materialised into
+/// this file), the reader notices and re-reads its lineage.
 #[derive(Clone, Debug)]
 pub struct SessionReader {
     header: Header,
     file: PathBuf,
+    root: PathBuf,
+    own: ReadPool,
+    layout: Arc<RwLock<Layout>>,
+}
+
+fn build_layout(
+    header: &Header,
+    own: &ReadPool,
+    root: &Path,
     lineage: Vec<LineageEntry>,
-    /// Ranges in sequence order covering `(0, u64::MAX]`.
-    segments: Vec<Segment>,
+) -> Result<Layout> {
+    let own_segment = |after: u64, through: u64| Segment {
+        source: header.session_id.clone(),
+        after,
+        through,
+        inherited: false,
+        file: PathBuf::new(),
+        pool: own.clone(),
+    };
+    let mut segments = Vec::with_capacity(2 * lineage.len() + 1);
+    let mut covered = 0;
+    for entry in &lineage {
+        if entry.after_seq < covered {
+            return Err(Error::corrupt("lineage ranges overlap"));
+        }
+        if entry.after_seq > covered {
+            segments.push(own_segment(covered, entry.after_seq));
+        }
+        let ancestor = root.join(entry.ancestor_id.as_str()).join(SESSION_FILE);
+        let pool = read_pool(&ancestor).map_err(|_| {
+            Error::corrupt(format!(
+                "session {} inherits from {}, which is missing",
+                header.session_id, entry.ancestor_id
+            ))
+        })?;
+        segments.push(Segment {
+            source: entry.ancestor_id.clone(),
+            after: entry.after_seq,
+            through: entry.through_seq,
+            inherited: true,
+            file: ancestor,
+            pool,
+        });
+        covered = entry.through_seq;
+    }
+    segments.push(own_segment(covered, u64::MAX));
+    Ok(Layout { lineage, segments })
 }
 
 impl SessionReader {
@@ -90,45 +144,32 @@ impl SessionReader {
         let header = read::read_header(&conn)?;
         let lineage = read::read_lineage(&conn)?;
         drop(conn);
-        let own_segment = |after: u64, through: u64| Segment {
-            source: header.session_id.clone(),
-            after,
-            through,
-            inherited: false,
-            pool: own.clone(),
-        };
-        let mut segments = Vec::with_capacity(2 * lineage.len() + 1);
-        let mut covered = 0;
-        for entry in &lineage {
-            if entry.after_seq < covered {
-                return Err(Error::corrupt("lineage ranges overlap"));
-            }
-            if entry.after_seq > covered {
-                segments.push(own_segment(covered, entry.after_seq));
-            }
-            let ancestor = root.join(entry.ancestor_id.as_str()).join(SESSION_FILE);
-            let pool = read_pool(&ancestor).map_err(|_| {
-                Error::corrupt(format!(
-                    "session {} inherits from {}, which is missing",
-                    header.session_id, entry.ancestor_id
-                ))
-            })?;
-            segments.push(Segment {
-                source: entry.ancestor_id.clone(),
-                after: entry.after_seq,
-                through: entry.through_seq,
-                inherited: true,
-                pool,
-            });
-            covered = entry.through_seq;
-        }
-        segments.push(own_segment(covered, u64::MAX));
+        let layout = build_layout(&header, &own, root, lineage)?;
         Ok(SessionReader {
             header,
             file: file.to_path_buf(),
-            lineage,
-            segments,
+            root: root.to_path_buf(),
+            own,
+            layout: Arc::new(RwLock::new(layout)),
         })
+    }
+
+    fn layout(&self) -> Layout {
+        self.layout
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Re-reads the lineage; true when it changed (an ancestor was materialised).
+    fn reload_layout(&self) -> Result<bool> {
+        let lineage = read::read_lineage(&*self.own.get()?)?;
+        if lineage == self.layout().lineage {
+            return Ok(false);
+        }
+        let fresh = build_layout(&self.header, &self.own, &self.root, lineage)?;
+        *self.layout.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+        Ok(true)
     }
 
     /// The header row.
@@ -142,16 +183,12 @@ impl SessionReader {
     }
 
     /// The ancestors this session inherits from and the ranges they supply.
-    pub fn lineage(&self) -> &[LineageEntry] {
-        &self.lineage
+    pub fn lineage(&self) -> Vec<LineageEntry> {
+        self.layout().lineage
     }
 
     fn own(&self) -> Result<PooledConnection<SqliteConnectionManager>> {
-        let own = self
-            .segments
-            .last()
-            .ok_or_else(|| Error::corrupt("no segments"))?;
-        Ok(own.pool.get()?)
+        Ok(self.own.get()?)
     }
 
     /// Events inherited from the parent when this session was forked (0 for a root).
@@ -164,7 +201,7 @@ impl SessionReader {
     /// # Errors
     /// SQLite errors mapped to [`Error`].
     pub fn durable_sequence(&self) -> Result<u64> {
-        let inherited = self.lineage.last().map_or(0, |e| e.through_seq);
+        let inherited = self.layout().lineage.last().map_or(0, |e| e.through_seq);
         Ok(read::last_own_seq(&*self.own()?)?
             .unwrap_or(0)
             .max(inherited))
@@ -191,17 +228,47 @@ impl SessionReader {
     /// # Errors
     /// [`Error::Corrupt`] for damaged rows or blobs, or SQLite errors.
     pub fn commits(&self, after: u64, limit: usize) -> Result<Vec<Commit>> {
+        self.commits_through(after, u64::MAX, limit)
+    }
+
+    /// Whole durable commits with `last_seq` in `(after, through]`, at most `limit`.
+    fn commits_through(&self, after: u64, through: u64, limit: usize) -> Result<Vec<Commit>> {
+        match self.read_segments(&self.layout(), after, through, limit) {
+            // An ancestor may have been deleted after its range was copied here.
+            Err(e) if self.reload_layout()? => {
+                drop(e);
+                self.read_segments(&self.layout(), after, through, limit)
+            }
+            other => other,
+        }
+    }
+
+    fn read_segments(
+        &self,
+        layout: &Layout,
+        after: u64,
+        through: u64,
+        limit: usize,
+    ) -> Result<Vec<Commit>> {
         let mut out = Vec::new();
-        for segment in &self.segments {
-            if out.len() >= limit {
+        for segment in &layout.segments {
+            if out.len() >= limit || segment.after >= through {
                 break;
             }
             if segment.through <= after {
                 continue;
             }
+            // A deleted ancestor: fail fast (the pool would retry opening it).
+            if segment.inherited && !segment.file.is_file() {
+                return Err(Error::corrupt(format!(
+                    "ancestor {} is missing",
+                    segment.source
+                )));
+            }
             let conn = segment.pool.get()?;
             let from = after.max(segment.after);
-            let page = read::read_commits(&conn, from, segment.through, limit - out.len())?;
+            let page =
+                read::read_commits(&conn, from, segment.through.min(through), limit - out.len())?;
             out.extend(page.into_iter().map(|mut c| {
                 if segment.inherited {
                     c.operation_id = inherited_operation_id(segment.source.as_str(), &c);
@@ -233,8 +300,7 @@ impl SessionReader {
         const PAGE: usize = 1000;
         let mut after = 0;
         loop {
-            let mut page = self.commits(after, PAGE)?;
-            page.retain(|c| c.last_seq() <= through);
+            let page = self.commits_through(after, through, PAGE)?;
             let Some(last) = page.last() else {
                 return Ok(());
             };
@@ -264,7 +330,7 @@ impl SessionReader {
     /// # Errors
     /// [`Error::Corrupt`] when the stored bytes do not match the digest.
     pub fn blob(&self, digest: &str) -> Result<Option<Vec<u8>>> {
-        for segment in self.segments.iter().rev() {
+        for segment in self.layout().segments.iter().rev() {
             if let Some(bytes) = read::read_blob(&*segment.pool.get()?, digest)? {
                 return Ok(Some(bytes));
             }
@@ -278,7 +344,7 @@ impl SessionReader {
     /// SQLite errors mapped to [`Error`].
     pub fn turn(&self, turn_id: &str) -> Result<Option<TurnBoundary>> {
         let mut found: Option<TurnBoundary> = None;
-        for segment in &self.segments {
+        for segment in &self.layout().segments {
             if let Some(t) = read::read_turn(&*segment.pool.get()?, turn_id)?
                 && t.end_sequence > segment.after
                 && t.end_sequence <= segment.through
@@ -300,7 +366,8 @@ impl SessionReader {
         if seq == 0 {
             return Ok(true);
         }
-        let Some(segment) = self
+        let layout = self.layout();
+        let Some(segment) = layout
             .segments
             .iter()
             .find(|s| s.after < seq && seq <= s.through)
@@ -314,7 +381,7 @@ impl SessionReader {
     /// naming the file that holds it (this session's own ranges name this session).
     pub(crate) fn prefix_lineage(&self, cut: u64) -> Vec<LineageEntry> {
         let mut out: Vec<LineageEntry> = Vec::new();
-        for s in self.segments.iter().filter(|s| s.after < cut) {
+        for s in self.layout().segments.iter().filter(|s| s.after < cut) {
             let through = s.through.min(cut);
             match out.last_mut() {
                 Some(last) if last.ancestor_id == s.source && last.through_seq == s.after => {

@@ -56,12 +56,12 @@ impl Durability {
     }
 }
 
-/// Settings every connection gets: busy timeout, defensive mode, no trusted schema.
+/// Settings of writing connections: busy timeout, defensive mode, no trusted schema.
+/// (`cell_size_check` is for files from outside; it is on for every reader.)
 fn harden(conn: &Connection) -> Result<()> {
     conn.busy_timeout(BUSY_TIMEOUT)?;
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true)?;
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_TRUSTED_SCHEMA, false)?;
-    conn.pragma_update(None, "cell_size_check", true)?;
     conn.pragma_update(None, "mmap_size", 0)?;
     Ok(())
 }

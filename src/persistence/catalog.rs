@@ -1,0 +1,265 @@
+//! The catalog: `<root>/catalog.sqlite`, a derived index of per-session summaries that
+//! makes `list` one keyset query. Rebuildable at any time from the session files.
+//!
+//! An entry is trusted only while the session file's stamp (size and mtime of
+//! `session.sqlite` and `-wal`, read with `stat`, never by opening the file) is
+//! unchanged; otherwise it is recomputed from the file. Every page checks that each
+//! listed folder still exists, so a stale entry never revives a deleted session.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::UNIX_EPOCH;
+
+use rusqlite::{Connection, params};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::model::header::Origin;
+use crate::model::{Projection, SessionId};
+use crate::persistence::Root;
+use crate::store::reader::SessionReader;
+use crate::store::schema::SESSION_FILE;
+
+/// The catalog file in a root.
+pub(crate) const CATALOG_FILE: &str = "catalog.sqlite";
+
+/// What the catalog knows about a session.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CatalogEntry {
+    /// The session id.
+    pub session_id: SessionId,
+    /// Storage codec.
+    pub codec: String,
+    /// Title from the last `session/title`.
+    pub title: String,
+    /// Ended turns.
+    pub turns: u64,
+    /// First user message, cut to 240 characters.
+    pub preview: Option<String>,
+    /// Last durable sequence.
+    pub durable_sequence: u64,
+    /// Creation time (ms since the Unix epoch).
+    pub created_at_ms: i64,
+    /// Last change of the session's files (ms since the Unix epoch).
+    pub updated_at_ms: i64,
+    /// Working directory from the header.
+    pub cwd: Option<String>,
+    /// Parent session from the header.
+    pub parent_id: Option<SessionId>,
+    /// Origin from the header.
+    pub origin: Origin,
+}
+
+impl CatalogEntry {
+    /// The entry of a session whose projection is `projection` at `durable_sequence`.
+    pub(crate) fn new(
+        reader: &SessionReader,
+        projection: &Projection,
+        durable_sequence: u64,
+        dir: &Path,
+    ) -> Self {
+        let h = reader.header();
+        CatalogEntry {
+            session_id: h.session_id.clone(),
+            codec: h.codec.clone(),
+            title: projection.title.clone(),
+            turns: projection.ended_turns() as u64,
+            preview: projection.preview(),
+            durable_sequence,
+            created_at_ms: h.created_at_ms,
+            updated_at_ms: modified_ms(dir).max(h.created_at_ms),
+            cwd: h.cwd.clone(),
+            parent_id: h.parent_id.clone(),
+            origin: h.origin,
+        }
+    }
+}
+
+fn modified_ms(dir: &Path) -> i64 {
+    ["session.sqlite", "session.sqlite-wal"]
+        .iter()
+        .filter_map(|f| std::fs::metadata(dir.join(f)).ok()?.modified().ok())
+        .filter_map(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .max()
+        .unwrap_or(0)
+}
+
+fn file_stamp(path: &Path) -> String {
+    std::fs::metadata(path).map_or_else(
+        |_| "-".to_owned(),
+        |m| {
+            let mtime = m
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_nanos());
+            format!("{}@{mtime}", m.len())
+        },
+    )
+}
+
+/// The stamp of a session folder's files.
+pub(crate) fn session_stamp(dir: &Path) -> String {
+    format!(
+        "{}/{}",
+        file_stamp(&dir.join("session.sqlite")),
+        file_stamp(&dir.join("session.sqlite-wal"))
+    )
+}
+
+#[derive(Debug)]
+pub(crate) struct Catalog {
+    path: PathBuf,
+    conn: Mutex<Option<Connection>>,
+}
+
+impl Catalog {
+    pub(crate) fn new(root: &Path) -> Catalog {
+        Catalog {
+            path: root.join(CATALOG_FILE),
+            conn: Mutex::new(None),
+        }
+    }
+
+    /// Runs `f` on the catalog connection, opening (and, for a new catalog, filling) it first.
+    fn with_conn<T>(&self, root: &Root, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        let mut guard = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        if guard.is_none() {
+            let conn = Connection::open(&self.path)?;
+            conn.busy_timeout(std::time::Duration::from_secs(5))?;
+            conn.pragma_update(None, "journal_mode", "WAL")?;
+            conn.pragma_update(None, "synchronous", "NORMAL")?;
+            conn.execute_batch(
+                "CREATE TABLE IF NOT EXISTS sessions (
+                     session_id TEXT PRIMARY KEY,
+                     stamp      TEXT NOT NULL,
+                     entry      TEXT NOT NULL
+                 ) WITHOUT ROWID;",
+            )?;
+            // Index every folder once per process: sessions published before this catalog
+            // existed (or by a process that died before recording them) get a stale row.
+            let mut add = conn.prepare(
+                "INSERT OR IGNORE INTO sessions (session_id, stamp, entry) VALUES (?1, '', '')",
+            )?;
+            for id in root.list_ids()? {
+                add.execute([id.as_str()])?;
+            }
+            drop(add);
+            *guard = Some(conn);
+        }
+        match guard.as_ref() {
+            Some(conn) => f(conn),
+            None => Err(Error::corrupt("catalog connection missing")),
+        }
+    }
+
+    /// Records that a session exists (its entry is computed when first listed).
+    pub(crate) fn touch(&self, root: &Root, id: &SessionId) -> Result<()> {
+        self.with_conn(root, |c| {
+            c.prepare_cached(
+                "INSERT OR IGNORE INTO sessions (session_id, stamp, entry) VALUES (?1, '', '')",
+            )?
+            .execute([id.as_str()])?;
+            Ok(())
+        })
+    }
+
+    /// Stores an entry computed by the caller (e.g. from a live projection after close).
+    pub(crate) fn put(&self, root: &Root, entry: &CatalogEntry) -> Result<()> {
+        let stamp = session_stamp(&root.session_dir(&entry.session_id));
+        let text = serde_json::to_string(entry).map_err(|e| Error::invalid(e.to_string()))?;
+        self.with_conn(root, |c| {
+            c.prepare_cached(
+                "INSERT OR REPLACE INTO sessions (session_id, stamp, entry) VALUES (?1, ?2, ?3)",
+            )?
+            .execute(params![entry.session_id.as_str(), stamp, text])?;
+            Ok(())
+        })
+    }
+
+    /// Drops a session's entry.
+    pub(crate) fn forget(&self, root: &Root, id: &SessionId) -> Result<()> {
+        self.with_conn(root, |c| {
+            c.prepare_cached("DELETE FROM sessions WHERE session_id = ?1")?
+                .execute([id.as_str()])?;
+            Ok(())
+        })
+    }
+
+    /// Recomputes a session's entry from its file.
+    pub(crate) fn refresh(&self, root: &Root, id: &SessionId) -> Result<CatalogEntry> {
+        let dir = root.session_dir(id);
+        let reader = root.open_reader(id)?;
+        let entry = CatalogEntry::new(
+            &reader,
+            &reader.projection()?,
+            reader.durable_sequence()?,
+            &dir,
+        );
+        self.put(root, &entry)?;
+        Ok(entry)
+    }
+
+    /// Up to `limit` entries with ids after `after`, in id order; stale entries are
+    /// recomputed, entries of vanished folders dropped.
+    pub(crate) fn page(
+        &self,
+        root: &Root,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<CatalogEntry>> {
+        let mut out = Vec::with_capacity(limit);
+        let mut cursor = after.unwrap_or("").to_owned();
+        while out.len() < limit {
+            let rows: Vec<(String, String, String)> = self.with_conn(root, |c| {
+                let mut stmt = c.prepare_cached(
+                    "SELECT session_id, stamp, entry FROM sessions WHERE session_id > ?1 ORDER BY session_id LIMIT ?2",
+                )?;
+                let rows = stmt.query_map(params![cursor, (limit - out.len()) as i64], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })?;
+                Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+            })?;
+            let Some(last) = rows.last() else {
+                break;
+            };
+            cursor = last.0.clone();
+            for (sid, stamp, text) in rows {
+                let Ok(id) = SessionId::new(sid) else {
+                    continue;
+                };
+                let dir = root.session_dir(&id);
+                if !dir.join(SESSION_FILE).is_file() {
+                    self.forget(root, &id)?;
+                    continue;
+                }
+                let cached = (stamp == session_stamp(&dir))
+                    .then(|| serde_json::from_str::<CatalogEntry>(&text).ok())
+                    .flatten();
+                match cached {
+                    Some(entry) => out.push(entry),
+                    None => match self.refresh(root, &id) {
+                        Ok(entry) => out.push(entry),
+                        Err(Error::SessionNotFound(_)) => self.forget(root, &id)?,
+                        Err(e) => return Err(e),
+                    },
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Drops every entry and recomputes one per session; returns how many.
+    pub(crate) fn rebuild(&self, root: &Root) -> Result<usize> {
+        self.with_conn(root, |c| {
+            c.execute("DELETE FROM sessions", [])?;
+            Ok(())
+        })?;
+        let ids = root.list_ids()?;
+        for id in &ids {
+            self.refresh(root, id)?;
+        }
+        Ok(ids.len())
+    }
+}

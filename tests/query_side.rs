@@ -1,0 +1,195 @@
+//! The query side at scale: list pages with a stable cursor, deleted sessions never
+//! revived by the catalog, history pages pinned to a snapshot while appends continue.
+
+mod common;
+
+use std::collections::HashSet;
+
+use common::{id, message};
+use session_store::{Batch, CancelToken, CreateOptions, Error, Root, Service, SessionRef};
+
+fn service() -> (tempfile::TempDir, Service) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = Root::open(dir.path().join("sessions")).unwrap();
+    (dir, Service::new("local", root).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_sessions_list_in_stable_pages_while_sessions_are_created() {
+    let (_dir, service) = service();
+    let root = service.root().clone();
+    tokio::task::spawn_blocking(move || {
+        for i in 0..1000 {
+            let s = root
+                .create(CreateOptions::with_id(id(&format!("s{i:04}"))))
+                .unwrap();
+            s.append(Batch::new("t", vec![common::title(&format!("title {i}"))]))
+                .unwrap();
+            s.close().unwrap();
+        }
+    })
+    .await
+    .unwrap();
+
+    let creator = {
+        let root = service.root().clone();
+        tokio::task::spawn_blocking(move || {
+            for i in 0..100 {
+                // Interleaved ids land both before and after the cursor.
+                root.create(CreateOptions::with_id(id(&format!("s{:04}x", i * 10))))
+                    .unwrap()
+                    .close()
+                    .unwrap();
+            }
+        })
+    };
+    let mut seen = HashSet::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let page = service.query().list(cursor.as_deref(), 50).await.unwrap();
+        pages += 1;
+        for s in &page.sessions {
+            assert!(
+                seen.insert(s.session_ref.session_id.clone()),
+                "listed twice: {}",
+                s.session_ref.session_id
+            );
+        }
+        match page.next_cursor {
+            Some(next) => {
+                assert!(
+                    cursor.as_deref().is_none_or(|c| next.as_str() > c),
+                    "cursor went backwards"
+                );
+                cursor = Some(next);
+            }
+            None => break,
+        }
+    }
+    creator.await.unwrap();
+    for i in 0..1000 {
+        assert!(seen.contains(&id(&format!("s{i:04}"))), "s{i:04} missing");
+    }
+    assert!(pages >= 20);
+    let first = service.query().list(None, 50).await.unwrap();
+    assert_eq!(first.sessions[0].title, "title 0");
+}
+
+#[tokio::test]
+async fn a_deleted_session_never_reappears_in_list_or_snapshot() {
+    let (dir, service) = service();
+    let rt = service
+        .create(CreateOptions::with_id(id("gone")))
+        .await
+        .unwrap();
+    rt.session()
+        .append(Batch::new("m", vec![message("m", "user", "hi")]))
+        .unwrap();
+    service.close(rt.session_ref()).await.unwrap();
+    let keep = service
+        .create(CreateOptions::with_id(id("kept")))
+        .await
+        .unwrap();
+    service.close(keep.session_ref()).await.unwrap();
+    assert_eq!(
+        service.query().list(None, 50).await.unwrap().sessions.len(),
+        2
+    );
+
+    // Another process (another Root on the same folder) deletes it: this service's
+    // catalog still holds the entry.
+    let other = Root::open(dir.path().join("sessions")).unwrap();
+    other.delete(&id("gone"), &CancelToken::new()).unwrap();
+    let r = SessionRef::new("local", "gone").unwrap();
+    for _ in 0..2 {
+        let page = service.query().list(None, 50).await.unwrap();
+        let ids: Vec<_> = page
+            .sessions
+            .iter()
+            .map(|s| s.session_ref.session_id.as_str().to_owned())
+            .collect();
+        assert_eq!(ids, ["kept"]);
+        assert!(matches!(
+            service.query().snapshot(&r).await,
+            Err(Error::SessionNotFound(_))
+        ));
+    }
+    // A rebuilt catalog does not bring it back either.
+    assert_eq!(service.query().rebuild_catalog().await.unwrap(), 1);
+    assert_eq!(
+        service.query().list(None, 50).await.unwrap().sessions.len(),
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_pages_return_every_message_once_while_appends_continue() {
+    let (_dir, service) = service();
+    let rt = service
+        .create(CreateOptions::with_id(id("long")))
+        .await
+        .unwrap();
+    for chunk in 0..100 {
+        let events = (0..100)
+            .map(|i| message(&format!("m{:05}", chunk * 100 + i), "user", "x"))
+            .collect();
+        rt.session()
+            .append(Batch::new(format!("c{chunk}"), events))
+            .unwrap();
+    }
+    rt.session().flush().unwrap();
+    let writer = {
+        let session = rt.session().clone();
+        tokio::task::spawn_blocking(move || {
+            for i in 0..50 {
+                session
+                    .append(Batch::new(
+                        format!("late{i}"),
+                        vec![message(&format!("late{i}"), "user", "y")],
+                    ))
+                    .unwrap();
+                session.flush().unwrap();
+            }
+        })
+    };
+    let r = rt.session_ref().clone();
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut snapshot = None;
+    loop {
+        let page = service
+            .query()
+            .history_page(&r, cursor.as_deref(), 100)
+            .await
+            .unwrap();
+        assert!(
+            snapshot.is_none_or(|s| s == page.snapshot_sequence),
+            "pages moved off their snapshot"
+        );
+        snapshot = Some(page.snapshot_sequence);
+        let positions: Vec<u64> = page.messages.iter().map(|m| m.position).collect();
+        assert!(
+            positions.windows(2).all(|w| w[0] < w[1]),
+            "ascending inside a page"
+        );
+        seen.splice(0..0, page.messages.into_iter().map(|m| m.message_id));
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    writer.await.unwrap();
+    let pinned = snapshot.unwrap() as usize;
+    assert!(pinned >= 10_000);
+    assert_eq!(
+        seen.len(),
+        pinned,
+        "every message of the snapshot exactly once"
+    );
+    let unique: HashSet<_> = seen.iter().collect();
+    assert_eq!(unique.len(), seen.len());
+    assert_eq!(seen[0], "m00000");
+    assert_eq!(seen[9_999], "m09999");
+    service.close(&r).await.unwrap();
+}
