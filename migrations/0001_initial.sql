@@ -42,7 +42,6 @@ CREATE TABLE commits (
     writer_generation  INTEGER NOT NULL,
     created_at         INTEGER NOT NULL
 );
-CREATE UNIQUE INDEX commits_by_last_seq ON commits (last_seq);
 
 -- Content-addressed payloads over 64 KiB, stored once per file.
 CREATE TABLE blobs (
@@ -53,10 +52,11 @@ CREATE TABLE blobs (
 ) WITHOUT ROWID;
 
 -- The log. payload is JSON text (json_extract works on it); large payloads live in blobs.
+-- event_id is NULL for ids derived from the commit (`<commit_id>.<index>`); the commit of
+-- an event is the one whose [first_seq, last_seq] holds its seq.
 CREATE TABLE events (
     seq          INTEGER PRIMARY KEY,
-    first_seq    INTEGER NOT NULL REFERENCES commits (first_seq),
-    event_id     TEXT    NOT NULL,
+    event_id     TEXT,
     kind         TEXT    NOT NULL,
     optional     INTEGER NOT NULL DEFAULT 0,
     payload      TEXT,
@@ -106,7 +106,7 @@ SELECT e.seq, c.turn_id, e.kind, e.optional,
        CASE WHEN e.payload_ref IS NOT NULL THEN '<blob ' || e.payload_ref || '>'
             ELSE substr(e.payload, 1, 200) END AS payload_summary,
        c.operation_id, datetime(c.created_at / 1000, 'unixepoch') AS created
-FROM events e JOIN commits c ON c.first_seq = e.first_seq;
+FROM events e JOIN commits c ON e.seq BETWEEN c.first_seq AND c.last_seq;
 
 -- Messages stored as blobs (over 64 KiB) show their digest instead of a preview.
 CREATE VIEW transcript AS

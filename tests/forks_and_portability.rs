@@ -22,7 +22,7 @@ fn before(turn: &str) -> ForkPoint {
 
 fn model_ids(root: &Root, name: &str) -> Vec<String> {
     let p = root.open_reader(&id(name)).unwrap().projection().unwrap();
-    p.model_messages.iter().map(|m| m.id.clone()).collect()
+    p.model_messages.iter().map(|m| m.id().to_owned()).collect()
 }
 
 fn staging_is_empty(root: &Root) -> bool {

@@ -49,7 +49,7 @@ async fn service_fork_and_rewind_use_persisted_turn_boundaries() {
         .unwrap();
     let messages = child.session().snapshot().projection.model_messages;
     assert_eq!(
-        messages.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(),
+        messages.iter().map(|m| m.id()).collect::<Vec<_>>(),
         ["message-a"]
     );
     assert_eq!(child.session().inherited_events(), 3);
@@ -60,7 +60,7 @@ async fn service_fork_and_rewind_use_persisted_turn_boundaries() {
         .unwrap();
     let messages = rewound.session().snapshot().projection.model_messages;
     assert_eq!(
-        messages.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(),
+        messages.iter().map(|m| m.id()).collect::<Vec<_>>(),
         ["message-a"]
     );
 
@@ -294,7 +294,7 @@ async fn session_query_cold_read_does_not_acquire_writer() {
     let r = sref("local", "cold");
     let history = service.query().history(&r).await.unwrap();
     assert_eq!(history.len(), 1);
-    assert_eq!(history[0].id, "m");
+    assert_eq!(history[0].id(), "m");
     let binding = service.open(&r).await.unwrap();
     binding.release().await.unwrap();
     service.close(&r).await.unwrap();
@@ -322,7 +322,7 @@ async fn service_continue_legacy_publishes_new_identity_and_leaves_source_unchan
     );
     let got = rt.session().snapshot().projection.model_messages;
     assert_eq!(got.len(), 2);
-    assert_eq!(got[1].id, "user");
+    assert_eq!(got[1].id(), "user");
     service.close(rt.session_ref()).await.unwrap();
     let (again, second) = service.continue_legacy(&legacy, "").await.unwrap();
     assert!(second.reused);

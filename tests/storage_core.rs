@@ -144,7 +144,7 @@ fn cold_readers_see_only_durable_commits() {
     assert_eq!(cold.durable_sequence().unwrap(), 1);
     let commits = cold.commits(0, 10).unwrap();
     assert_eq!(commits.len(), 1);
-    assert_eq!(cold.projection().unwrap().messages[0].id, "m");
+    assert_eq!(cold.projection().unwrap().messages[0].id(), "m");
     s.close().unwrap();
 }
 

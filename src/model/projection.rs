@@ -5,9 +5,10 @@
 //! [`Projection::apply_prepared`] applies it and cannot fail. This gives the semantics of
 //! "fold on a clone, then swap" without cloning the projection on every append.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -412,7 +413,7 @@ fn parse(event: &Event) -> Result<Parsed> {
     Ok(match kind {
         "message/complete" | "message/upsert" => {
             let p: MessagePayload = decode(event)?;
-            required_id(kind, &p.message.id)?;
+            required_id(kind, p.message.id())?;
             if kind == "message/complete" {
                 Parsed::MessageComplete(p.message)
             } else {
@@ -468,7 +469,7 @@ fn parse(event: &Event) -> Result<Parsed> {
         }
         "todo/write" => {
             let p: TodoPayload = decode(event)?;
-            let mut seen = HashSet::new();
+            let mut seen = HashSet::default();
             for t in &p.todos {
                 if t.content.trim().is_empty() || t.content.trim() != t.content {
                     return Err(bad(kind, "todo content must be non-blank and trimmed"));
@@ -526,9 +527,8 @@ impl Projection {
             .iter()
             .filter(|m| m.role() == Some("user"))
             .filter_map(|m| m.text())
-            .map(str::trim)
-            .find(|t| !t.is_empty())
-            .map(|t| t.chars().take(240).collect())
+            .find(|t| !t.trim().is_empty())
+            .map(|t| t.trim().chars().take(240).collect())
     }
 
     /// The ended turn with this id.
@@ -550,27 +550,27 @@ impl Projection {
         let parsed = events.iter().map(parse).collect::<Result<Vec<_>>>()?;
         // Duplicate stable ids through message/complete reject the whole batch.
         let mut reset: Option<HashSet<&str>> = None;
-        let mut added: HashSet<&str> = HashSet::new();
+        let mut added: HashSet<&str> = HashSet::with_capacity_and_hasher(events.len(), Default::default());
         for p in &parsed {
             match p {
                 Parsed::MessageComplete(m) => {
                     let known = match &reset {
-                        Some(ids) => ids.contains(m.id.as_str()),
-                        None => self.message_index.contains_key(&m.id),
+                        Some(ids) => ids.contains(m.id()),
+                        None => self.message_index.contains_key(m.id()),
                     };
-                    if known || !added.insert(m.id.as_str()) {
+                    if known || !added.insert(m.id()) {
                         return Err(bad(
                             "message/complete",
-                            format!("duplicate message id {:?}", m.id),
+                            format!("duplicate message id {:?}", m.id()),
                         ));
                     }
                 }
                 Parsed::MessageUpsert(m) => {
-                    added.insert(m.id.as_str());
+                    added.insert(m.id());
                 }
                 Parsed::HistoryReplace(ms)
                 | Parsed::LegacyImport(LegacyImport { messages: ms, .. }) => {
-                    reset = Some(ms.iter().map(|m| m.id.as_str()).collect());
+                    reset = Some(ms.iter().map(|m| m.id()).collect());
                     added.clear();
                 }
                 _ => {}
@@ -641,7 +641,7 @@ impl Projection {
                 if let Some(model) = m.for_model() {
                     self.push_model(model);
                 }
-                self.message_index.insert(m.id.clone(), self.messages.len());
+                self.message_index.insert(m.id().to_owned(), self.messages.len());
                 self.messages.push(m);
             }
             Parsed::MessageUpsert(m) => self.upsert(m),
@@ -713,15 +713,15 @@ impl Projection {
     }
 
     fn push_model(&mut self, m: Arc<Message>) {
-        if !m.id.is_empty() {
+        if !m.id().is_empty() {
             self.model_index
-                .insert(m.id.clone(), self.model_messages.len());
+                .insert(m.id().to_owned(), self.model_messages.len());
         }
         self.model_messages.push(m);
     }
 
     fn upsert(&mut self, m: Arc<Message>) {
-        match self.model_index.get(&m.id).copied() {
+        match self.model_index.get(m.id()).copied() {
             Some(i) => match m.for_model() {
                 Some(model) => self.model_messages[i] = model,
                 None => {
@@ -735,10 +735,10 @@ impl Projection {
                 }
             }
         }
-        match self.message_index.get(&m.id).copied() {
+        match self.message_index.get(m.id()).copied() {
             Some(i) => self.messages[i] = m,
             None => {
-                self.message_index.insert(m.id.clone(), self.messages.len());
+                self.message_index.insert(m.id().to_owned(), self.messages.len());
                 self.messages.push(m);
             }
         }
@@ -760,8 +760,8 @@ fn index_of(messages: &[Arc<Message>]) -> HashMap<String, usize> {
     messages
         .iter()
         .enumerate()
-        .filter(|(_, m)| !m.id.is_empty())
-        .map(|(i, m)| (m.id.clone(), i))
+        .filter(|(_, m)| !m.id().is_empty())
+        .map(|(i, m)| (m.id().to_owned(), i))
         .collect()
 }
 
@@ -861,8 +861,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p.messages.len(), 2);
-        assert_eq!(p.messages[0].text(), Some("2"));
+        assert_eq!(p.messages[0].text().as_deref(), Some("2"));
         assert_eq!(p.model_messages.len(), 1);
-        assert_eq!(p.model_messages[0].text(), Some("P"));
+        assert_eq!(p.model_messages[0].text().as_deref(), Some("P"));
     }
 }

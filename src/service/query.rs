@@ -300,9 +300,9 @@ impl Query {
                 .map(|(i, m)| {
                     let large =
                         serde_json::to_string(m).map_or(0, |t| t.len()) > INLINE_PAYLOAD_LIMIT;
-                    let content_ref = refs.get(&m.id).cloned().flatten().filter(|_| large);
+                    let content_ref = refs.get(m.id()).cloned().flatten().filter(|_| large);
                     PersistentMessage {
-                        message_id: m.id.clone(),
+                        message_id: m.id().to_owned(),
                         position: (start + i + 1) as u64,
                         role: m.role().map(str::to_owned),
                         inline: (content_ref.is_none()).then(|| m.clone()),

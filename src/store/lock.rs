@@ -67,11 +67,35 @@ impl WriterLock {
     }
 }
 
-/// The owner recorded in a lock file, if readable.
+impl Drop for WriterLock {
+    /// Clears the owner record before the lock is released, so a record found in an
+    /// unlocked file can only come from a holder that died.
+    fn drop(&mut self) {
+        let _ = self.file.set_len(0);
+    }
+}
+
+fn process_alive(pid: u32) -> bool {
+    let proc = Path::new("/proc");
+    !proc.is_dir() || proc.join(pid.to_string()).exists()
+}
+
+/// The owner recorded in a held lock file. A holder writes its record right after
+/// taking the lock, so an empty, provisional (generation 0) or dead-process record
+/// means the record is not written yet: wait for it, briefly.
 pub(crate) fn recorded_owner(path: &Path) -> Option<WriterOwner> {
-    let mut text = String::new();
-    File::open(path).ok()?.read_to_string(&mut text).ok()?;
-    serde_json::from_str(&text).ok()
+    for _ in 0..40 {
+        let mut text = String::new();
+        let read = File::open(path).and_then(|mut f| f.read_to_string(&mut text));
+        if let (Ok(_), Ok(owner)) = (read, serde_json::from_str::<WriterOwner>(&text))
+            && owner.generation > 0
+            && process_alive(owner.pid)
+        {
+            return Some(owner);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    None
 }
 
 /// The lock file that orders forks against deletion of the sessions they inherit from.

@@ -4,7 +4,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result, WriterOwner};
-use crate::model::event::raw_json;
+use crate::model::event::{derived_event_id, raw_json};
 use crate::model::header::{Header, Origin};
 use crate::model::{Commit, ContentRef, Event, SessionId, TurnBoundary};
 use crate::store::blob;
@@ -149,13 +149,19 @@ pub(crate) fn read_turns_ending_in(
 /// Whether one of this file's commits ends at `seq`.
 pub(crate) fn commit_ends_at(conn: &Connection, seq: u64) -> Result<bool> {
     Ok(conn
-        .prepare_cached("SELECT 1 FROM commits WHERE last_seq = ?1")?
+        .prepare_cached(
+            "SELECT 1 FROM (SELECT last_seq FROM commits WHERE first_seq <= ?1
+                            ORDER BY first_seq DESC LIMIT 1) WHERE last_seq = ?1",
+        )?
         .exists([seq])?)
 }
 
 /// The last sequence of the commits stored in this file, if any.
 pub(crate) fn last_own_seq(conn: &Connection) -> Result<Option<u64>> {
-    Ok(conn.query_row("SELECT max(last_seq) FROM commits", [], |r| r.get(0))?)
+    Ok(conn
+        .prepare_cached("SELECT last_seq FROM commits ORDER BY first_seq DESC LIMIT 1")?
+        .query_row([], |r| r.get(0))
+        .optional()?)
 }
 
 /// The lease row as an owner record.
@@ -219,7 +225,10 @@ pub(crate) fn read_commits(
     limit: usize,
 ) -> Result<Vec<Commit>> {
     let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {COMMIT_COLUMNS} FROM commits WHERE last_seq > ?1 AND last_seq <= ?2 ORDER BY first_seq LIMIT ?3"
+        "SELECT {COMMIT_COLUMNS} FROM commits
+         WHERE first_seq >= coalesce((SELECT max(first_seq) FROM commits WHERE first_seq <= ?1 + 1), 0)
+           AND first_seq <= ?2 AND last_seq > ?1 AND last_seq <= ?2
+         ORDER BY first_seq LIMIT ?3"
     ))?;
     let mut commits = stmt
         .query_map(
@@ -238,25 +247,24 @@ fn attach_events(conn: &Connection, commits: &mut [(Commit, u64)]) -> Result<()>
     };
     let (from, to) = (first.0.first_seq, last.1);
     let mut stmt = conn.prepare_cached(
-        "SELECT seq, first_seq, event_id, kind, optional, payload, payload_ref
+        "SELECT seq, event_id, kind, optional, payload, payload_ref
          FROM events WHERE seq >= ?1 AND seq <= ?2 ORDER BY seq",
     )?;
     let mut rows = stmt.query(params![from, to])?;
     let mut index = 0usize;
     while let Some(r) = rows.next()? {
         let seq: u64 = r.get(0)?;
-        let owner: u64 = r.get(1)?;
         while index < commits.len() && commits[index].1 < seq {
             index += 1;
         }
         let Some((commit, last)) = commits.get_mut(index) else {
             break;
         };
-        if owner != commit.first_seq || seq < commit.first_seq || seq > *last {
+        if seq < commit.first_seq || seq > *last {
             continue; // an event of a commit outside the page
         }
-        let payload_text: Option<String> = r.get(5)?;
-        let payload_ref: Option<String> = r.get(6)?;
+        let payload_text: Option<String> = r.get(4)?;
+        let payload_ref: Option<String> = r.get(5)?;
         let (payload, content_ref) = match (payload_text, payload_ref) {
             (Some(text), None) => (
                 Some(raw_json(text).map_err(|e| Error::corrupt(format!("event {seq}: {e}")))?),
@@ -288,11 +296,15 @@ fn attach_events(conn: &Connection, commits: &mut [(Commit, u64)]) -> Result<()>
                 )));
             }
         };
+        let id = match r.get::<_, Option<String>>(1)? {
+            Some(id) => id,
+            None => derived_event_id(&commit.commit_id, (seq - commit.first_seq) as usize),
+        };
         commit.events.push(Event {
-            id: r.get(2)?,
+            id,
             seq,
-            kind: r.get(3)?,
-            optional: r.get(4)?,
+            kind: r.get(2)?,
+            optional: r.get(3)?,
             payload,
             content_ref,
         });

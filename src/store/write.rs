@@ -5,7 +5,7 @@ use std::sync::Arc;
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 
 use crate::error::{Error, Result, WriterOwner};
-use crate::model::event::{INLINE_PAYLOAD_LIMIT, sha256_hex};
+use crate::model::event::{INLINE_PAYLOAD_LIMIT, derived_event_id, sha256_hex};
 use crate::model::header::Header;
 use crate::model::{Commit, TurnBoundary};
 use crate::store::blob;
@@ -83,11 +83,9 @@ pub(crate) fn write_commits(
     batch: &[Arc<Accepted>],
 ) -> Result<()> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let current: u64 = tx.query_row(
-        "SELECT generation FROM lease WHERE singleton = 1",
-        [],
-        |r| r.get(0),
-    )?;
+    let current: u64 = tx
+        .prepare_cached("SELECT generation FROM lease WHERE singleton = 1")?
+        .query_row([], |r| r.get(0))?;
     if current != generation {
         return Err(Error::StaleGeneration {
             ours: generation,
@@ -108,8 +106,8 @@ pub(crate) fn insert_commits(tx: &Transaction<'_>, batch: &[Arc<Accepted>]) -> R
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )?;
     let mut insert_event = tx.prepare_cached(
-        "INSERT INTO events (seq, first_seq, event_id, kind, optional, payload, payload_ref)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        "INSERT INTO events (seq, event_id, kind, optional, payload, payload_ref)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )?;
     let mut blob_exists = tx.prepare_cached("SELECT 1 FROM blobs WHERE digest = ?1")?;
     let mut insert_blob = tx.prepare_cached(
@@ -127,7 +125,8 @@ pub(crate) fn insert_commits(tx: &Transaction<'_>, batch: &[Arc<Accepted>]) -> R
             c.writer_generation,
             c.created_at_ms,
         ])?;
-        for e in &c.events {
+        for (i, e) in c.events.iter().enumerate() {
+            let own_id = (e.id != derived_event_id(&c.commit_id, i)).then_some(e.id.as_str());
             let (inline, reference) = match e.payload_str() {
                 Some(text) if text.len() > INLINE_PAYLOAD_LIMIT => {
                     let digest = sha256_hex(text.as_bytes());
@@ -141,8 +140,7 @@ pub(crate) fn insert_commits(tx: &Transaction<'_>, batch: &[Arc<Accepted>]) -> R
             };
             insert_event.execute(params![
                 e.seq,
-                c.first_seq,
-                e.id,
+                own_id,
                 e.kind,
                 e.optional,
                 inline,
