@@ -143,7 +143,9 @@ impl Message {
         for k in PROVIDER_STRIPPED {
             fields.remove(k);
         }
-        Some(Arc::new(Self::from_value(&Value::Object(fields)).unwrap_or_else(|_| Message::clone(self))))
+        Some(Arc::new(
+            Self::from_value(&Value::Object(fields)).unwrap_or_else(|_| Message::clone(self)),
+        ))
     }
 }
 
@@ -187,7 +189,8 @@ mod tests {
         let model = m.for_model().unwrap();
         assert_eq!(model.text().as_deref(), Some("P"));
         assert!(!model.fields().contains_key("raw_content"));
-        let local: Arc<Message> = Arc::new(serde_json::from_str(r#"{"id":"l","local_only":true}"#).unwrap());
+        let local: Arc<Message> =
+            Arc::new(serde_json::from_str(r#"{"id":"l","local_only":true}"#).unwrap());
         assert!(local.for_model().is_none());
         assert!(serde_json::from_str::<Message>(r#"{"id":1}"#).is_err());
         assert!(serde_json::from_str::<Message>(r#"[1]"#).is_err());

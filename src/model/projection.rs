@@ -550,7 +550,8 @@ impl Projection {
         let parsed = events.iter().map(parse).collect::<Result<Vec<_>>>()?;
         // Duplicate stable ids through message/complete reject the whole batch.
         let mut reset: Option<HashSet<&str>> = None;
-        let mut added: HashSet<&str> = HashSet::with_capacity_and_hasher(events.len(), Default::default());
+        let mut added: HashSet<&str> =
+            HashSet::with_capacity_and_hasher(events.len(), Default::default());
         for p in &parsed {
             match p {
                 Parsed::MessageComplete(m) => {
@@ -641,7 +642,8 @@ impl Projection {
                 if let Some(model) = m.for_model() {
                     self.push_model(model);
                 }
-                self.message_index.insert(m.id().to_owned(), self.messages.len());
+                self.message_index
+                    .insert(m.id().to_owned(), self.messages.len());
                 self.messages.push(m);
             }
             Parsed::MessageUpsert(m) => self.upsert(m),
@@ -738,7 +740,8 @@ impl Projection {
         match self.message_index.get(m.id()).copied() {
             Some(i) => self.messages[i] = m,
             None => {
-                self.message_index.insert(m.id().to_owned(), self.messages.len());
+                self.message_index
+                    .insert(m.id().to_owned(), self.messages.len());
                 self.messages.push(m);
             }
         }

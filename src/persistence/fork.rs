@@ -13,7 +13,7 @@ use crate::model::ids::now_ms;
 use crate::persistence::Root;
 use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock};
 use crate::store::read::LineageEntry;
-use crate::store::schema::{self, CODEC, Durability, SESSION_FILE};
+use crate::store::schema::{self, CODEC, SESSION_FILE};
 use crate::store::write;
 
 /// Where a fork or rewind cuts its parent.
@@ -111,7 +111,7 @@ impl Root {
 
 /// Records `child` as a dependent of the session file `file`, durably.
 fn record_dependent(file: &Path, child: &SessionId, through: u64) -> Result<()> {
-    let mut conn = schema::open_writer(file, Durability::PowerLoss)?;
+    let mut conn = schema::open_side_writer(file)?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     tx.execute(
         "INSERT INTO dependents (child_id, through_seq) VALUES (?1, ?2)

@@ -265,7 +265,7 @@ impl Root {
         let built = (|| {
             let mut conn = schema::create_file(&staging.join(SESSION_FILE))?;
             fill(&mut conn)?;
-            conn.close().map_err(|(_, e)| Error::from(e))?;
+            schema::finish_staged(conn, &staging.join(SESSION_FILE))?;
             let lock = WriterLock::try_acquire(&staging.join(LOCK_FILE))?
                 .ok_or_else(|| Error::invalid("staging lock is held"))?;
             sync_dir(&staging)?;

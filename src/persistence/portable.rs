@@ -109,11 +109,9 @@ impl Root {
             conn.pragma_update_and_check(None, "journal_mode", "DELETE", |r| {
                 r.get::<_, String>(0)
             })?;
-            conn.close().map_err(|(_, e)| Error::from(e))?;
+            schema::finish_staged(conn, &temp)?;
             check_integrity(&temp)?;
-            let file = std::fs::File::open(&temp).map_err(|e| Error::io("open export", e))?;
-            file.sync_all().map_err(|e| Error::io("fsync export", e))?;
-            let bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
+            let bytes = std::fs::metadata(&temp).map(|m| m.len()).unwrap_or(0);
             rename_no_replace(&temp, dest, &dest.display().to_string())?;
             sync_dir(&folder)?;
             Ok(ExportReport {

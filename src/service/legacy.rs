@@ -51,7 +51,12 @@ fn parse_transcript(bytes: &[u8], branch: &str, digest: &str) -> Result<(Vec<Mes
         }
         match serde_json::from_str::<Message>(line) {
             Ok(m) if m.id().is_empty() => {
-                messages.push(m.with_id(&derived_id(&["legacy", branch, &messages.len().to_string(), digest])));
+                messages.push(m.with_id(&derived_id(&[
+                    "legacy",
+                    branch,
+                    &messages.len().to_string(),
+                    digest,
+                ])));
             }
             Ok(m) => messages.push(m),
             Err(_) if n + 1 == lines.len() => torn = true,

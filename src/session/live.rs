@@ -16,6 +16,7 @@ use crate::model::{Batch, Commit, Event, Projection, SessionId};
 use crate::session::pool;
 use crate::store::lock::WriterLock;
 use crate::store::reader::SessionReader;
+use crate::store::schema;
 use crate::store::write::{self, Accepted};
 
 /// Fixed per-commit charge against the queue budget, plus per event.
@@ -545,10 +546,14 @@ impl Shared {
         }
     }
 
-    /// Closes the connection and drops the writer lock.
+    /// Checkpoints and truncates the WAL, closes the connection and drops the lock.
     fn release(&self) {
         lock(&self.state).released = true;
         let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(w) = &writer {
+            // Best effort: a failed checkpoint leaves a WAL that the next opener replays.
+            let _ = schema::checkpoint_truncate(&w.conn);
+        }
         drop(writer);
     }
 }

@@ -67,6 +67,9 @@ fn harden(conn: &Connection) -> Result<()> {
 }
 
 /// Creates a new session file at `path` (which must not exist) with the current schema.
+///
+/// The file is being staged (invisible until renamed into place), so it is built with
+/// `synchronous=OFF`; [`finish_staged`] makes it durable with one fsync.
 pub(crate) fn create_file(path: &Path) -> Result<Connection> {
     let mut conn = Connection::open_with_flags(
         path,
@@ -76,10 +79,35 @@ pub(crate) fn create_file(path: &Path) -> Result<Connection> {
             | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
     harden(&conn)?;
-    conn.pragma_update(None, "application_id", APPLICATION_ID)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
-    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.pragma_update(None, "synchronous", "OFF")?;
+    conn.pragma_update(None, "application_id", APPLICATION_ID)?;
     Migrations::from_slice(MIGRATIONS).to_latest(&mut conn)?;
+    Ok(conn)
+}
+
+/// Closes the only connection to a staged file (which checkpoints it into the main file)
+/// and fsyncs the file.
+pub(crate) fn finish_staged(conn: Connection, path: &Path) -> Result<()> {
+    conn.close().map_err(|(_, e)| Error::from(e))?;
+    // No other connection to this staged file exists, so plain file I/O is safe.
+    std::fs::File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| Error::io(format!("fsync {}", path.display()), e))
+}
+
+/// Checkpoints the WAL into the main file and truncates it, so the file is complete on
+/// its own once the writer is gone (readers still open cannot do this on close).
+pub(crate) fn checkpoint_truncate(conn: &Connection) -> Result<()> {
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+    Ok(())
+}
+
+/// A writing connection for a short side update (a dependents row): it never
+/// checkpoints on close, so it costs one commit and nothing more.
+pub(crate) fn open_side_writer(path: &Path) -> Result<Connection> {
+    let conn = open_writer(path, Durability::PowerLoss)?;
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
     Ok(conn)
 }
 

@@ -139,12 +139,7 @@ pub(crate) fn insert_commits(tx: &Transaction<'_>, batch: &[Arc<Accepted>]) -> R
                 other => (other, None),
             };
             insert_event.execute(params![
-                e.seq,
-                own_id,
-                e.kind,
-                e.optional,
-                inline,
-                reference
+                e.seq, own_id, e.kind, e.optional, inline, reference
             ])?;
         }
         insert_turns(tx, &accepted.closed_turns)?;
