@@ -18,6 +18,7 @@ pub use model::{
     Batch, Commit, ContentRef, Event, INLINE_PAYLOAD_LIMIT, Message, PROJECTION_KINDS, Projection,
     RecoveryStatus, SessionId, SessionRef, TERMINAL_TURN_STATUSES, Todo, TurnBoundary,
 };
+pub use persistence::{BlobStats, KindStats, SessionStats, TableBytes};
 pub use persistence::{
     CatalogEntry, CreateOptions, ExportReport, ForkPoint, ImportOptions, Replay, Root, SessionInfo,
     StoreOptions, replay,

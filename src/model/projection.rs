@@ -128,7 +128,7 @@ pub struct RecoveryStatus {
 }
 
 /// Session state folded from its events.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Projection {
     /// Sequence of the last folded event.
     pub committed_sequence: u64,
@@ -168,10 +168,16 @@ pub struct Projection {
     pub model_ref: String,
     /// The configured model identity.
     pub model_identity: Option<Value>,
+    /// Id → position in `messages` / `model_messages`; rebuilt on first use after a
+    /// projection is deserialized (e.g. from a checkpoint).
     #[serde(skip)]
-    message_index: HashMap<String, usize>,
-    #[serde(skip)]
-    model_index: HashMap<String, usize>,
+    index: Option<Indexes>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Indexes {
+    messages: HashMap<String, usize>,
+    model: HashMap<String, usize>,
 }
 
 /// A batch that passed [`Projection::prepare`], ready to apply.
@@ -557,7 +563,7 @@ impl Projection {
                 Parsed::MessageComplete(m) => {
                     let known = match &reset {
                         Some(ids) => ids.contains(m.id()),
-                        None => self.message_index.contains_key(m.id()),
+                        None => self.knows_message(m.id()),
                     };
                     if known || !added.insert(m.id()) {
                         return Err(bad(
@@ -642,8 +648,8 @@ impl Projection {
                 if let Some(model) = m.for_model() {
                     self.push_model(model);
                 }
-                self.message_index
-                    .insert(m.id().to_owned(), self.messages.len());
+                let at = self.messages.len();
+                self.index_mut().messages.insert(m.id().to_owned(), at);
                 self.messages.push(m);
             }
             Parsed::MessageUpsert(m) => self.upsert(m),
@@ -714,21 +720,36 @@ impl Projection {
         }
     }
 
+    fn knows_message(&self, id: &str) -> bool {
+        match &self.index {
+            Some(index) => index.messages.contains_key(id),
+            None => self.messages.iter().any(|m| m.id() == id),
+        }
+    }
+
+    fn index_mut(&mut self) -> &mut Indexes {
+        let (messages, model) = (&self.messages, &self.model_messages);
+        self.index.get_or_insert_with(|| Indexes {
+            messages: index_of(messages),
+            model: index_of(model),
+        })
+    }
+
     fn push_model(&mut self, m: Arc<Message>) {
         if !m.id().is_empty() {
-            self.model_index
-                .insert(m.id().to_owned(), self.model_messages.len());
+            let at = self.model_messages.len();
+            self.index_mut().model.insert(m.id().to_owned(), at);
         }
         self.model_messages.push(m);
     }
 
     fn upsert(&mut self, m: Arc<Message>) {
-        match self.model_index.get(m.id()).copied() {
+        match self.index_mut().model.get(m.id()).copied() {
             Some(i) => match m.for_model() {
                 Some(model) => self.model_messages[i] = model,
                 None => {
                     self.model_messages.remove(i);
-                    self.model_index = index_of(&self.model_messages);
+                    self.index_mut().model = index_of(&self.model_messages);
                 }
             },
             None => {
@@ -737,11 +758,11 @@ impl Projection {
                 }
             }
         }
-        match self.message_index.get(m.id()).copied() {
+        match self.index_mut().messages.get(m.id()).copied() {
             Some(i) => self.messages[i] = m,
             None => {
-                self.message_index
-                    .insert(m.id().to_owned(), self.messages.len());
+                let at = self.messages.len();
+                self.index_mut().messages.insert(m.id().to_owned(), at);
                 self.messages.push(m);
             }
         }
@@ -749,12 +770,12 @@ impl Projection {
 
     fn replace_history(&mut self, messages: Vec<Arc<Message>>) {
         self.replace_model(model_messages(&messages));
-        self.message_index = index_of(&messages);
+        self.index_mut().messages = index_of(&messages);
         self.messages = messages;
     }
 
     fn replace_model(&mut self, messages: Vec<Arc<Message>>) {
-        self.model_index = index_of(&messages);
+        self.index_mut().model = index_of(&messages);
         self.model_messages = messages;
     }
 }

@@ -5,12 +5,14 @@ mod catalog;
 mod delete;
 mod fork;
 mod portable;
+mod stats;
 mod verify;
 
 pub(crate) use catalog::Catalog;
 pub use catalog::CatalogEntry;
 pub use fork::ForkPoint;
 pub use portable::{ExportReport, ImportOptions};
+pub use stats::{BlobStats, KindStats, SessionStats, TableBytes};
 pub use verify::{Replay, replay};
 
 use std::fs::File;

@@ -19,6 +19,11 @@ use crate::store::reader::SessionReader;
 use crate::store::schema;
 use crate::store::write::{self, Accepted};
 
+/// A closing session writes a projection checkpoint when this many events came since
+/// the last one; a running session when many more did.
+const CHECKPOINT_ON_CLOSE: u64 = 1_000;
+const CHECKPOINT_WHILE_RUNNING: u64 = 50_000;
+
 /// Fixed per-commit charge against the queue budget, plus per event.
 const COMMIT_CHARGE: usize = 512;
 const EVENT_CHARGE: usize = 96;
@@ -61,6 +66,8 @@ pub struct SessionSnapshot {
 }
 
 struct State {
+    /// Sequence of the newest projection checkpoint this session can start from.
+    checkpoint_seq: u64,
     projection: Projection,
     next_seq: u64,
     durable_seq: u64,
@@ -126,9 +133,10 @@ impl Session {
         config: WriteBehind,
     ) -> Result<Session> {
         let reader = SessionReader::open(dir)?;
-        let projection = reader.projection()?;
+        let (checkpoint_seq, projection) = reader.projection_and_checkpoint()?;
         let durable_seq = reader.durable_sequence()?;
         let state = State {
+            checkpoint_seq,
             projection,
             next_seq: durable_seq + 1,
             durable_seq,
@@ -503,7 +511,36 @@ impl Shared {
             }
         }
         // A failure is recorded in the state and reported by the next flush.
-        let _ = self.drain();
+        if self.drain().is_ok() {
+            self.write_checkpoint(CHECKPOINT_WHILE_RUNNING);
+        }
+    }
+
+    /// Stores the projection as a checkpoint when everything accepted is durable and at
+    /// least `min_events` came since the last one. Best effort: it is derived data.
+    fn write_checkpoint(&self, min_events: u64) {
+        let (seq, text) = {
+            let s = lock(&self.state);
+            if !s.tail.is_empty() || s.durable_seq < s.checkpoint_seq + min_events {
+                return;
+            }
+            match serde_json::to_string(&s.projection) {
+                Ok(text) => (s.durable_seq, text),
+                Err(_) => return,
+            }
+        };
+        let stored = match self
+            .writer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
+            Some(w) => write::store_checkpoint(&w.conn, seq, &text).is_ok(),
+            None => false,
+        };
+        if stored {
+            lock(&self.state).checkpoint_seq = seq;
+        }
     }
 
     fn flush(self: &Arc<Self>) -> Result<u64> {
@@ -533,6 +570,7 @@ impl Shared {
         self.changed.notify_all();
         match self.flush() {
             Ok(_) => {
+                self.write_checkpoint(CHECKPOINT_ON_CLOSE);
                 self.release();
                 Ok(())
             }

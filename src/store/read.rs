@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result, WriterOwner};
 use crate::model::event::{derived_event_id, raw_json};
 use crate::model::header::{Header, Origin};
-use crate::model::{Commit, ContentRef, Event, SessionId, TurnBoundary};
+use crate::model::{Commit, ContentRef, Event, Projection, SessionId, TurnBoundary};
 use crate::store::blob;
 
 /// Media type of payload blobs.
@@ -144,6 +144,19 @@ pub(crate) fn read_turns_ending_in(
     ))?;
     let rows = stmt.query_map(params![after, through], turn_row)?;
     Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+}
+
+/// The projection checkpoint of this file if it covers at most `through` events. Derived
+/// data: a file without one (or with an unreadable one) yields `None`.
+pub(crate) fn read_checkpoint(conn: &Connection, through: u64) -> Option<(u64, Projection)> {
+    let (seq, text): (u64, String) = conn
+        .query_row(
+            "SELECT through_seq, projection FROM checkpoint WHERE through_seq <= ?1",
+            [through.min(i64::MAX as u64)],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .ok()?;
+    serde_json::from_str(&text).ok().map(|p| (seq, p))
 }
 
 /// Whether one of this file's commits ends at `seq`.

@@ -296,9 +296,18 @@ impl SessionReader {
     ///
     /// # Errors
     /// As [`SessionReader::commits`], or whatever `f` returns.
-    pub fn visit(&self, through: u64, mut f: impl FnMut(Commit) -> Result<()>) -> Result<()> {
+    pub fn visit(&self, through: u64, f: impl FnMut(Commit) -> Result<()>) -> Result<()> {
+        self.visit_range(0, through, f)
+    }
+
+    /// Streams the durable commits with `last_seq` in `(after, through]`, in pages.
+    fn visit_range(
+        &self,
+        mut after: u64,
+        through: u64,
+        mut f: impl FnMut(Commit) -> Result<()>,
+    ) -> Result<()> {
         const PAGE: usize = 1000;
-        let mut after = 0;
         loop {
             let page = self.commits_through(after, through, PAGE)?;
             let Some(last) = page.last() else {
@@ -315,14 +324,45 @@ impl SessionReader {
         }
     }
 
-    /// The projection of the durable prefix.
+    /// The newest usable projection checkpoint: this file's, or an ancestor's taken within
+    /// the range this session inherits (its prefix is the same).
+    fn best_checkpoint(&self) -> Option<(u64, Projection)> {
+        let mut best: Option<(u64, Projection)> = None;
+        for segment in self.layout().segments.iter().rev() {
+            let found = segment
+                .pool
+                .get()
+                .ok()
+                .and_then(|conn| read::read_checkpoint(&conn, segment.through));
+            if let Some((seq, p)) = found
+                && best.as_ref().is_none_or(|(b, _)| seq > *b)
+            {
+                best = Some((seq, p));
+            }
+            if !segment.inherited {
+                // The own file appears once per gap; one lookup is enough.
+                if best.is_some() {
+                    break;
+                }
+            }
+        }
+        best
+    }
+
+    /// The projection of the durable prefix: from the newest checkpoint, folding only the
+    /// commits after it.
     ///
     /// # Errors
     /// As [`SessionReader::commits`], or a fold error for an invalid stored payload.
     pub fn projection(&self) -> Result<Projection> {
-        let mut p = Projection::default();
-        self.visit(u64::MAX, |c| p.apply_commit(&c))?;
-        Ok(p)
+        Ok(self.projection_and_checkpoint()?.1)
+    }
+
+    /// The projection and the sequence of the checkpoint it started from (0 for none).
+    pub(crate) fn projection_and_checkpoint(&self) -> Result<(u64, Projection)> {
+        let (start, mut p) = self.best_checkpoint().unwrap_or_default();
+        self.visit_range(start, u64::MAX, |c| p.apply_commit(&c))?;
+        Ok((start, p))
     }
 
     /// The raw bytes of a blob referenced by this session (searching its ancestors too).

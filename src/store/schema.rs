@@ -22,7 +22,10 @@ pub(crate) const LOCK_FILE: &str = "writer.lock";
 pub const CODEC: &str = "session-store/sqlite-v1";
 
 /// Schema migrations, one numbered SQL file each; `user_version` is their count.
-const MIGRATIONS: &[M<'static>] = &[M::up(include_str!("../../migrations/0001_initial.sql"))];
+const MIGRATIONS: &[M<'static>] = &[
+    M::up(include_str!("../../migrations/0001_initial.sql")),
+    M::up(include_str!("../../migrations/0002_checkpoint.sql")),
+];
 
 /// The schema version this build writes and reads.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

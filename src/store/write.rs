@@ -147,6 +147,19 @@ pub(crate) fn insert_commits(tx: &Transaction<'_>, batch: &[Arc<Accepted>]) -> R
     Ok(())
 }
 
+/// Replaces the projection checkpoint with `projection` (JSON) as of `through_seq`.
+pub(crate) fn store_checkpoint(
+    conn: &Connection,
+    through_seq: u64,
+    projection: &str,
+) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT OR REPLACE INTO checkpoint (singleton, through_seq, projection) VALUES (1, ?1, ?2)",
+    )?
+    .execute(params![through_seq, projection])?;
+    Ok(())
+}
+
 /// Inserts ended turns into the turn index.
 pub(crate) fn insert_turns(tx: &Transaction<'_>, turns: &[TurnBoundary]) -> Result<()> {
     let mut insert_turn = tx.prepare_cached(

@@ -1,0 +1,229 @@
+//! Storage statistics of a session: counts and bytes by event kind, the blobs its events
+//! reference and how well they compress, and bytes by table. Read-only; SQL aggregates
+//! over the session file and the files of its ancestors, no payload is decoded.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::model::SessionId;
+use crate::persistence::Root;
+use crate::store::schema::{self, SESSION_FILE};
+
+/// Events of one kind in a session (inherited events included).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct KindStats {
+    /// The event kind.
+    pub kind: String,
+    /// How many events of this kind.
+    pub count: u64,
+    /// Bytes of inline payload text.
+    pub inline_bytes: u64,
+    /// Events whose payload lives in a blob.
+    pub blob_events: u64,
+    /// Raw (uncompressed) bytes of those payloads.
+    pub blob_bytes: u64,
+}
+
+/// The distinct blobs a session's events reference.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct BlobStats {
+    /// Distinct blobs.
+    pub count: u64,
+    /// Blobs stored zstd-compressed (the others are stored as is).
+    pub compressed: u64,
+    /// Raw bytes of the blobs.
+    pub raw_bytes: u64,
+    /// Bytes stored for them.
+    pub stored_bytes: u64,
+    /// `raw_bytes / stored_bytes` (1 when there are none).
+    pub compression_ratio: f64,
+}
+
+/// Pages of one table of a session file, its indexes included.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TableBytes {
+    /// The table (`sqlite_schema` for the schema itself).
+    pub table: String,
+    /// Bytes of the pages it uses.
+    pub bytes: u64,
+    /// Pages it uses.
+    pub pages: u64,
+}
+
+/// What [`Root::stats`] reports.
+#[derive(Clone, Debug, Serialize)]
+pub struct SessionStats {
+    /// The session.
+    pub session_id: SessionId,
+    /// Its last durable sequence.
+    pub durable_sequence: u64,
+    /// Events counted (own and inherited).
+    pub events: u64,
+    /// By kind, most bytes first.
+    pub kinds: Vec<KindStats>,
+    /// The blobs the events reference.
+    pub blobs: BlobStats,
+    /// Tables of the session's own file, most bytes first.
+    pub tables: Vec<TableBytes>,
+    /// Bytes of the session's own file and its WAL.
+    pub file_bytes: u64,
+}
+
+/// One file and the range of sequences it supplies, `(after, through]`.
+struct Source {
+    file: PathBuf,
+    after: u64,
+    through: u64,
+}
+
+impl Root {
+    /// Counts and bytes by event kind, blob count and compression ratio, and bytes by
+    /// table of a session's durable prefix, inherited ranges included.
+    ///
+    /// # Errors
+    /// [`Error::SessionNotFound`]; [`Error::Corrupt`] when an ancestor is missing;
+    /// SQLite errors.
+    pub fn stats(&self, id: &SessionId) -> Result<SessionStats> {
+        let reader = self.open_reader(id)?;
+        let mut sources: Vec<Source> = reader
+            .lineage()
+            .into_iter()
+            .map(|e| Source {
+                file: self.session_dir(&e.ancestor_id).join(SESSION_FILE),
+                after: e.after_seq,
+                through: e.through_seq,
+            })
+            .collect();
+        // The own file holds exactly the sequences no lineage row covers.
+        sources.push(Source {
+            file: reader.file().to_path_buf(),
+            after: 0,
+            through: i64::MAX as u64,
+        });
+        let mut kinds: BTreeMap<String, KindStats> = BTreeMap::new();
+        let mut blobs: BTreeMap<String, (u64, u64, bool)> = BTreeMap::new();
+        for source in &sources {
+            let conn = schema::open_reader(&source.file).map_err(|e| match e {
+                Error::SessionNotFound(_) => Error::corrupt(format!(
+                    "session {id} inherits from {}, which is missing",
+                    source.file.display()
+                )),
+                other => other,
+            })?;
+            let range = (source.after, source.through);
+            let mut stmt = conn.prepare(
+                "SELECT e.kind, count(*),
+                        coalesce(sum(length(CAST(e.payload AS BLOB))), 0),
+                        count(e.payload_ref), coalesce(sum(b.bytes), 0)
+                 FROM events e LEFT JOIN blobs b ON b.digest = e.payload_ref
+                 WHERE e.seq > ?1 AND e.seq <= ?2 GROUP BY e.kind",
+            )?;
+            let rows = stmt.query_map(range, |r| {
+                Ok(KindStats {
+                    kind: r.get(0)?,
+                    count: r.get(1)?,
+                    inline_bytes: r.get(2)?,
+                    blob_events: r.get(3)?,
+                    blob_bytes: r.get(4)?,
+                })
+            })?;
+            for row in rows {
+                let row = row?;
+                let total = kinds.entry(row.kind.clone()).or_insert_with(|| KindStats {
+                    kind: row.kind.clone(),
+                    ..KindStats::default()
+                });
+                total.count += row.count;
+                total.inline_bytes += row.inline_bytes;
+                total.blob_events += row.blob_events;
+                total.blob_bytes += row.blob_bytes;
+            }
+            let mut stmt = conn.prepare(
+                "SELECT digest, bytes, length(data), encoding FROM blobs WHERE digest IN
+                     (SELECT payload_ref FROM events
+                      WHERE payload_ref IS NOT NULL AND seq > ?1 AND seq <= ?2)",
+            )?;
+            let rows = stmt.query_map(range, |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    (r.get(1)?, r.get(2)?, r.get::<_, String>(3)? == "zstd"),
+                ))
+            })?;
+            for row in rows {
+                let (digest, blob) = row?;
+                blobs.insert(digest, blob);
+            }
+        }
+        let mut kinds: Vec<KindStats> = kinds.into_values().collect();
+        kinds.sort_by(|a, b| {
+            (b.inline_bytes + b.blob_bytes)
+                .cmp(&(a.inline_bytes + a.blob_bytes))
+                .then_with(|| a.kind.cmp(&b.kind))
+        });
+        let (raw_bytes, stored_bytes) = blobs
+            .values()
+            .fold((0, 0), |(r, s), (raw, stored, _)| (r + raw, s + stored));
+        Ok(SessionStats {
+            session_id: id.clone(),
+            durable_sequence: reader.durable_sequence()?,
+            events: kinds.iter().map(|k| k.count).sum(),
+            kinds,
+            blobs: BlobStats {
+                count: blobs.len() as u64,
+                compressed: blobs.values().filter(|b| b.2).count() as u64,
+                raw_bytes,
+                stored_bytes,
+                compression_ratio: if stored_bytes == 0 {
+                    1.0
+                } else {
+                    raw_bytes as f64 / stored_bytes as f64
+                },
+            },
+            tables: table_bytes(reader.file())?,
+            file_bytes: file_bytes(reader.file()),
+        })
+    }
+
+    /// Bytes by table (indexes counted with their table) of a session's own file, most
+    /// bytes first.
+    ///
+    /// # Errors
+    /// [`Error::SessionNotFound`]; SQLite errors.
+    pub fn table_bytes(&self, id: &SessionId) -> Result<Vec<TableBytes>> {
+        table_bytes(&self.session_dir(id).join(SESSION_FILE)).map_err(|e| match e {
+            Error::SessionNotFound(_) => Error::SessionNotFound(id.to_string()),
+            other => other,
+        })
+    }
+}
+
+/// Bytes of a session file and its WAL.
+fn file_bytes(file: &Path) -> u64 {
+    let wal = PathBuf::from(format!("{}-wal", file.display()));
+    [file.to_path_buf(), wal]
+        .iter()
+        .filter_map(|f| std::fs::metadata(f).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// Pages by table from SQLite's `dbstat` table.
+fn table_bytes(file: &Path) -> Result<Vec<TableBytes>> {
+    let conn = schema::open_reader(file)?;
+    let mut stmt = conn.prepare(
+        "SELECT coalesce(s.tbl_name, d.name), sum(d.pgsize), count(*)
+         FROM dbstat d LEFT JOIN sqlite_schema s ON s.name = d.name
+         GROUP BY 1 ORDER BY 2 DESC, 1",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(TableBytes {
+            table: r.get(0)?,
+            bytes: r.get(1)?,
+            pages: r.get(2)?,
+        })
+    })?;
+    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+}
