@@ -193,3 +193,63 @@ async fn history_pages_return_every_message_once_while_appends_continue() {
     assert_eq!(seen[9_999], "m09999");
     service.close(&r).await.unwrap();
 }
+
+async fn page_ids(service: &Service, r: &SessionRef) -> Vec<(u64, String, String)> {
+    let page = service.query().history_page(r, None, 100).await.unwrap();
+    page.messages
+        .iter()
+        .map(|m| {
+            let text = m.inline.as_ref().and_then(|i| i.text()).unwrap_or_default();
+            (m.position, m.message_id.clone(), text)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn history_pages_follow_upserts_replacements_and_forks() {
+    let (_dir, service) = service();
+    let rt = service
+        .create(CreateOptions::with_id(id("edits")))
+        .await
+        .unwrap();
+    let s = rt.session();
+    s.append(common::turn("t1", "turn-1", "a")).unwrap();
+    s.append(Batch::new("b", vec![message("b", "assistant", "first")]))
+        .unwrap();
+    let upsert = session_store::Event::new("message/upsert")
+        .with_payload(
+            &serde_json::json!({"message": {"id": "b", "role": "assistant", "content": "second"}}),
+        )
+        .unwrap();
+    s.append(Batch::new("b2", vec![upsert])).unwrap();
+    s.flush().unwrap();
+    let r = rt.session_ref().clone();
+    assert_eq!(
+        page_ids(&service, &r).await,
+        [
+            (1, "a".into(), "a".into()),
+            (2, "b".into(), "second".into())
+        ]
+    );
+    let fork = service.fork(&r, "turn-1", Some(id("fork"))).await.unwrap();
+    fork.session()
+        .append(Batch::new("c", vec![message("c", "user", "child")]))
+        .unwrap();
+    fork.session().flush().unwrap();
+    assert_eq!(
+        page_ids(&service, fork.session_ref()).await,
+        [(1, "a".into(), "a".into()), (2, "c".into(), "child".into())]
+    );
+    let replace = session_store::Event::new("history/replace")
+        .with_payload(
+            &serde_json::json!({"messages": [{"id": "z", "role": "user", "content": "only"}]}),
+        )
+        .unwrap();
+    s.append(Batch::new("r", vec![replace])).unwrap();
+    s.flush().unwrap();
+    assert_eq!(
+        page_ids(&service, &r).await,
+        [(1, "z".into(), "only".into())]
+    );
+    service.close_all().await.unwrap();
+}

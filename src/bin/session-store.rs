@@ -1,11 +1,14 @@
-//! `session-store`: a small command-line front end to the `session_store` library.
+//! `session-store`: inspect and operate a root of sessions, and the bench harness.
 //!
 //! ```text
-//! session-store [--root DIR] [--json] demo
+//! session-store [--root DIR] [--host ID] [--json] <command> …
 //! ```
 //!
-//! The root defaults to `$SESSION_STORE_ROOT`, else `./session-store-demo`. Errors print
-//! one line on stderr and exit with status 1.
+//! The root is `--root`, else `$SESSION_STORE_ROOT`, else the platform data dir
+//! (`$XDG_DATA_HOME/session-store`, `~/.local/share/session-store`); `demo` alone defaults
+//! to `./session-store-demo`. Human output by default, `--json` for machines; errors are
+//! one line on stderr. Exit status: 0 ok, 1 other error, 2 usage, 3 not found, 4 already
+//! exists, 5 owned by another writer, 6 invalid or corrupt input.
 
 #[path = "../cli/mod.rs"]
 mod cli;
@@ -13,21 +16,34 @@ mod cli;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 
-/// Root used when neither `--root` nor `$SESSION_STORE_ROOT` is given.
-const DEFAULT_ROOT: &str = "session-store-demo";
+use cli::{CliResult, Context, Failure};
+
+/// Root used by `demo` when neither `--root` nor `$SESSION_STORE_ROOT` is given.
+const DEMO_ROOT: &str = "session-store-demo";
 
 /// Environment variable naming the root.
 const ROOT_ENV: &str = "SESSION_STORE_ROOT";
 
+/// Folder name of the root inside the platform data dir.
+const DATA_DIR_NAME: &str = "session-store";
+
 /// Durable, queryable, forkable AI-agent conversation sessions in SQLite.
+///
+/// Exit status: 0 ok, 1 other error, 2 usage, 3 not found, 4 already exists, 5 owned by
+/// another writer, 6 invalid or corrupt input.
 #[derive(Debug, Parser)]
 #[command(name = "session-store", version, about)]
 struct Args {
-    /// Root folder of sessions [default: $SESSION_STORE_ROOT, else ./session-store-demo]
+    /// Root folder of sessions [default: $SESSION_STORE_ROOT, else the platform data dir,
+    /// e.g. ~/.local/share/session-store; for `demo`: ./session-store-demo]
     #[arg(long, global = true, value_name = "DIR")]
     root: Option<PathBuf>,
+
+    /// Host id the sessions are served under.
+    #[arg(long, global = true, value_name = "ID", default_value = "local")]
+    host: String,
 
     /// Print machine-readable JSON on stdout.
     #[arg(long, global = true)]
@@ -38,38 +54,305 @@ struct Args {
     command: Command,
 }
 
+/// When `append` makes its batches durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Sync {
+    /// Flush (fsync) after every batch.
+    Each,
+    /// Flush once at the end of the input (timed group commits in between).
+    End,
+}
+
+/// What a durable commit survives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DurabilityArg {
+    /// synchronous=FULL: survives power loss.
+    Full,
+    /// synchronous=NORMAL: survives a process crash.
+    Normal,
+}
+
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Create a new empty session; prints its id.
+    Create {
+        /// The id (random 32-hex when omitted).
+        id: Option<String>,
+        /// Working directory to record in the header.
+        #[arg(long, value_name = "DIR")]
+        cwd: Option<String>,
+    },
+    /// Append JSON Lines batches (stdin by default), one batch per line:
+    /// {"operation_id", "turn_id"?, "events": [{"kind", "payload"?, "optional"?, "id"?}]}.
+    /// With --json, prints one line per batch once it is durable:
+    /// {"operation_id","first_seq","last_seq","durable_sequence"}.
+    Append {
+        /// The session.
+        id: String,
+        /// Read batches from this file instead of stdin.
+        #[arg(long, value_name = "F")]
+        file: Option<PathBuf>,
+        /// When batches become durable.
+        #[arg(long, value_enum, default_value = "end")]
+        sync: Sync,
+        /// Create the session first when it does not exist.
+        #[arg(long)]
+        create: bool,
+    },
+    /// List sessions, one page.
+    List {
+        /// Sessions per page (1..=100).
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// Start after this cursor (a previous page's next_cursor).
+        #[arg(long, value_name = "C")]
+        cursor: Option<String>,
+    },
+    /// Header, lineage, lease, sequences, turns and bytes by table of a session.
+    Show {
+        /// The session.
+        id: String,
+    },
+    /// One page of a session's durable history (newest page first).
+    History {
+        /// The session.
+        id: String,
+        /// Messages per page (at most 500).
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// An older page: a previous page's next_cursor.
+        #[arg(long, value_name = "C")]
+        cursor: Option<String>,
+    },
+    /// Durable events in replay order.
+    Events {
+        /// The session.
+        id: String,
+        /// Only events with a sequence above this.
+        #[arg(long, value_name = "SEQ", default_value_t = 0)]
+        after: u64,
+        /// At most this many events.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Print blob-backed payloads inline instead of as content refs.
+        #[arg(long)]
+        inline: bool,
+    },
+    /// Fork a session after a completed turn; prints the new id.
+    Fork {
+        /// The parent session.
+        id: String,
+        /// The turn to keep (everything up to its end).
+        #[arg(long, value_name = "T")]
+        after_turn: String,
+        /// The new session's id (random when omitted).
+        #[arg(long = "id", value_name = "NEW")]
+        new_id: Option<String>,
+    },
+    /// Rewind a session to before a turn, as a new session; prints the new id.
+    Rewind {
+        /// The parent session.
+        id: String,
+        /// The turn to drop (and everything after it).
+        #[arg(long, value_name = "T")]
+        before_turn: String,
+        /// The new session's id (random when omitted).
+        #[arg(long = "id", value_name = "NEW")]
+        new_id: Option<String>,
+    },
+    /// Write a session as one self-contained SQLite file.
+    Export {
+        /// The session.
+        id: String,
+        /// The file to write (must not exist).
+        file: PathBuf,
+    },
+    /// Validate an exported file and publish it as a new session.
+    Import {
+        /// The exported file.
+        file: PathBuf,
+        /// Publish under this id instead of the file's.
+        #[arg(long = "id", value_name = "NEW")]
+        new_id: Option<String>,
+        /// Working directory to record.
+        #[arg(long, value_name = "DIR")]
+        cwd: Option<String>,
+    },
+    /// Delete a session (its forks keep their inherited events).
+    Delete {
+        /// The session.
+        id: String,
+        /// Wait at most this long for its writer to go away.
+        #[arg(long, value_name = "SECONDS", default_value_t = 0.0)]
+        wait: f64,
+    },
+    /// Check a session or file: integrity_check, sequences, hashes, blob digests, full
+    /// replay. Exit 0 only when sound.
+    Verify {
+        /// A session id, or the path of a session file, folder or export.
+        target: String,
+    },
+    /// Continue a legacy transcript (one message JSON per line) as a new session.
+    MigrateLegacy {
+        /// The transcript.
+        file: PathBuf,
+        /// The legacy head id to freeze ("" for the file's tip).
+        #[arg(long, value_name = "ID", default_value = "")]
+        head: String,
+    },
+    /// Bytes and counts by event kind, blobs and compression ratio.
+    Stats {
+        /// The session.
+        id: String,
+    },
+    /// Rebuild the derived catalog from the session files.
+    RebuildCatalog,
     /// Write a scripted multi-session agent workload into the root and summarise it.
     Demo,
+    /// Append throughput: the library (group commit) on S sessions in parallel, a raw
+    /// rusqlite baseline, a JSON Lines file with one fdatasync per batch, and the
+    /// machine's fdatasync rate.
+    Bench {
+        /// Events in total (spread over the sessions).
+        #[arg(long, value_name = "N", default_value_t = 96_000)]
+        events: usize,
+        /// Events per batch (one transaction or fdatasync each in the baselines).
+        #[arg(long, value_name = "B", default_value_t = 64)]
+        batch: usize,
+        /// What a durable commit survives.
+        #[arg(long, value_enum, default_value = "full")]
+        durability: DurabilityArg,
+        /// Sessions (and baseline files) written in parallel.
+        #[arg(long, value_name = "S", default_value_t = 4)]
+        sessions: usize,
+        /// Folder for the bench files [default: a temporary folder in the root].
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
 }
 
-impl Args {
-    /// The root folder: `--root`, else `$SESSION_STORE_ROOT` (if not empty), else the default.
-    fn root(&self) -> PathBuf {
-        self.root
-            .clone()
-            .or_else(|| {
-                std::env::var_os(ROOT_ENV)
-                    .filter(|v| !v.is_empty())
-                    .map(PathBuf::from)
-            })
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_ROOT))
+/// The root from `--root`, else `$SESSION_STORE_ROOT` (if not empty), else `fallback`.
+fn resolve_root(
+    flag: Option<PathBuf>,
+    fallback: impl FnOnce() -> CliResult<PathBuf>,
+) -> CliResult<PathBuf> {
+    if let Some(root) = flag {
+        return Ok(root);
+    }
+    match std::env::var_os(ROOT_ENV).filter(|v| !v.is_empty()) {
+        Some(root) => Ok(PathBuf::from(root)),
+        None => fallback(),
+    }
+}
+
+/// The platform data dir's `session-store` folder.
+fn data_dir_root() -> CliResult<PathBuf> {
+    let env_dir = |name: &str| {
+        std::env::var_os(name)
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute())
+    };
+    let base = if cfg!(target_os = "macos") {
+        env_dir("HOME").map(|h| h.join("Library/Application Support"))
+    } else if cfg!(windows) {
+        env_dir("APPDATA")
+    } else {
+        env_dir("XDG_DATA_HOME").or_else(|| env_dir("HOME").map(|h| h.join(".local/share")))
+    };
+    base.map(|b| b.join(DATA_DIR_NAME)).ok_or_else(|| {
+        Failure::usage(format!(
+            "no root: pass --root DIR or set {ROOT_ENV} (no platform data dir found)"
+        ))
+    })
+}
+
+fn run(args: Args) -> CliResult<()> {
+    let fallback: fn() -> CliResult<PathBuf> = match args.command {
+        Command::Demo => || Ok(PathBuf::from(DEMO_ROOT)),
+        _ => data_dir_root,
+    };
+    let cx = Context {
+        root: resolve_root(args.root, fallback)?,
+        host: args.host,
+        json: args.json,
+    };
+    use cli::sessions as s;
+    match args.command {
+        Command::Create { id, cwd } => s::create(&cx, id.as_deref(), cwd),
+        Command::Append {
+            id,
+            file,
+            sync,
+            create,
+        } => cli::append::run(&cx, &id, file.as_deref(), sync == Sync::Each, create),
+        Command::List { limit, cursor } => s::list(&cx, limit, cursor.as_deref()),
+        Command::Show { id } => s::show(&cx, &id),
+        Command::History { id, limit, cursor } => s::history(&cx, &id, limit, cursor.as_deref()),
+        Command::Events {
+            id,
+            after,
+            limit,
+            inline,
+        } => s::events(&cx, &id, after, limit, inline),
+        Command::Fork {
+            id,
+            after_turn,
+            new_id,
+        } => s::fork(
+            &cx,
+            &id,
+            session_store::ForkPoint::AfterTurn(after_turn),
+            new_id.as_deref(),
+        ),
+        Command::Rewind {
+            id,
+            before_turn,
+            new_id,
+        } => s::fork(
+            &cx,
+            &id,
+            session_store::ForkPoint::BeforeTurn(before_turn),
+            new_id.as_deref(),
+        ),
+        Command::Export { id, file } => s::export(&cx, &id, &file),
+        Command::Import { file, new_id, cwd } => s::import(&cx, &file, new_id.as_deref(), cwd),
+        Command::Delete { id, wait } => s::delete(&cx, &id, wait),
+        Command::Verify { target } => s::verify(&cx, &target),
+        Command::MigrateLegacy { file, head } => s::migrate_legacy(&cx, &file, &head),
+        Command::Stats { id } => s::stats(&cx, &id),
+        Command::RebuildCatalog => s::rebuild_catalog(&cx),
+        Command::Demo => cli::demo::run(&cx.root, cx.json),
+        Command::Bench {
+            events,
+            batch,
+            durability,
+            sessions,
+            dir,
+        } => cli::bench::run(
+            &cx,
+            &cli::bench::Options {
+                events,
+                batch,
+                durability: match durability {
+                    DurabilityArg::Full => session_store::Durability::PowerLoss,
+                    DurabilityArg::Normal => session_store::Durability::ProcessCrash,
+                },
+                sessions,
+                dir,
+            },
+        ),
     }
 }
 
 fn main() -> ExitCode {
+    // clap prints usage errors itself and exits with status 2.
     let args = Args::parse();
-    let root = args.root();
-    let result = match args.command {
-        Command::Demo => cli::demo::run(&root, args.json),
-    };
-    match result {
+    match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("session-store: error: {}", cli::one_line(&*e));
-            ExitCode::FAILURE
+            ExitCode::from(cli::exit_code(&*e))
         }
     }
 }

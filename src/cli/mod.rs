@@ -1,15 +1,189 @@
 //! The command-line front end: subcommands and output helpers. Compiled into the
 //! `session-store` binary only (not part of the library).
 
+pub mod append;
+pub mod bench;
 pub mod demo;
+pub mod sessions;
 
+use std::fmt;
+use std::io::{IsTerminal, Write};
 use std::path::Path;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use session_store::Error;
 
 /// The error type of every subcommand.
 pub type CliError = Box<dyn std::error::Error>;
 
 /// The result type of every subcommand.
 pub type CliResult<T> = Result<T, CliError>;
+
+/// Exit status: success.
+pub const EXIT_OK: u8 = 0;
+/// Exit status: any other error.
+pub const EXIT_OTHER: u8 = 1;
+/// Exit status: bad command line.
+pub const EXIT_USAGE: u8 = 2;
+/// Exit status: no such session or file.
+pub const EXIT_NOT_FOUND: u8 = 3;
+/// Exit status: the session (or destination) already exists.
+pub const EXIT_EXISTS: u8 = 4;
+/// Exit status: another writer owns the session.
+pub const EXIT_OWNED: u8 = 5;
+/// Exit status: invalid or corrupt input.
+pub const EXIT_INVALID: u8 = 6;
+
+/// An error with the exit status it maps to.
+#[derive(Debug)]
+pub struct Failure {
+    /// The exit status.
+    pub code: u8,
+    /// The one-line message.
+    pub message: String,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Failure {}
+
+impl Failure {
+    /// A failure with this status.
+    pub fn new(code: u8, message: impl Into<String>) -> CliError {
+        Box::new(Failure {
+            code,
+            message: message.into(),
+        })
+    }
+
+    /// A bad command line (status 2).
+    pub fn usage(message: impl Into<String>) -> CliError {
+        Self::new(EXIT_USAGE, message)
+    }
+
+    /// Invalid or corrupt input (status 6).
+    pub fn invalid(message: impl Into<String>) -> CliError {
+        Self::new(EXIT_INVALID, message)
+    }
+
+    /// `error` with `context` in front, keeping the status it maps to.
+    pub fn context(
+        context: impl fmt::Display,
+        error: &(dyn std::error::Error + 'static),
+    ) -> CliError {
+        Self::new(exit_code(error), format!("{context}: {}", one_line(error)))
+    }
+}
+
+/// The exit status of a library error.
+pub fn library_code(error: &Error) -> u8 {
+    match error {
+        Error::SessionNotFound(_) => EXIT_NOT_FOUND,
+        Error::SessionExists(_) => EXIT_EXISTS,
+        Error::WriterOwned { .. } => EXIT_OWNED,
+        Error::InvalidInput(_)
+        | Error::InvalidPayload { .. }
+        | Error::OperationConflict { .. }
+        | Error::UnsupportedVersion(_)
+        | Error::Corrupt(_)
+        | Error::ForkBoundaryNotAtomic(_)
+        | Error::ForkActiveAuthority(_) => EXIT_INVALID,
+        Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => EXIT_NOT_FOUND,
+        _ => EXIT_OTHER,
+    }
+}
+
+/// The exit status of any error a subcommand returns.
+pub fn exit_code(error: &(dyn std::error::Error + 'static)) -> u8 {
+    if let Some(f) = error.downcast_ref::<Failure>() {
+        f.code
+    } else if let Some(e) = error.downcast_ref::<Error>() {
+        library_code(e)
+    } else if let Some(e) = error.downcast_ref::<std::io::Error>()
+        && e.kind() == std::io::ErrorKind::NotFound
+    {
+        EXIT_NOT_FOUND
+    } else {
+        EXIT_OTHER
+    }
+}
+
+/// What every subcommand gets from the global flags.
+#[derive(Clone, Debug)]
+pub struct Context {
+    /// The root folder of sessions.
+    pub root: std::path::PathBuf,
+    /// The host id sessions are served under.
+    pub host: String,
+    /// Machine-readable output.
+    pub json: bool,
+}
+
+impl Context {
+    /// Opens the root (creating it if needed).
+    pub fn open_root(&self) -> CliResult<session_store::Root> {
+        Ok(session_store::Root::open(&self.root)?)
+    }
+
+    /// A service over the root for this host.
+    pub fn service(&self) -> CliResult<session_store::Service> {
+        Ok(session_store::Service::new(
+            self.host.clone(),
+            self.open_root()?,
+        )?)
+    }
+}
+
+/// Parses a session id (status 6 when it is not a valid id).
+pub fn session_id(text: &str) -> CliResult<session_store::SessionId> {
+    Ok(session_store::SessionId::new(text)?)
+}
+
+/// Prints `value` as one line of JSON on stdout and flushes it.
+pub fn print_json<T: Serialize + ?Sized>(value: &T) -> CliResult<()> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer(&mut out, value)?;
+    out.write_all(b"\n")?;
+    out.flush()?;
+    Ok(())
+}
+
+/// A progress bar of `len` steps on stderr, hidden unless stderr is a terminal.
+pub fn progress_bar(len: u64, message: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len).with_message(message.to_owned());
+    if let Ok(style) = ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]") {
+        bar.set_style(style);
+    }
+    bar
+}
+
+/// A ticking spinner on stderr for an operation without steps, hidden unless stderr is a
+/// terminal.
+pub fn spinner(message: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new_spinner().with_message(message.to_owned());
+    bar.enable_steady_tick(Duration::from_millis(100));
+    bar
+}
+
+/// Runs a future of the library's async service to completion on a small runtime.
+pub fn block_on<F: std::future::Future>(future: F) -> CliResult<F::Output> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    Ok(runtime.block_on(future))
+}
 
 /// An error and its sources as one line (`outer: cause: root cause`), without repeats.
 pub fn one_line(error: &(dyn std::error::Error + 'static)) -> String {

@@ -180,6 +180,28 @@ struct Indexes {
     model: HashMap<String, usize>,
 }
 
+/// A change to the UI transcript, as the history index records it.
+#[derive(Clone, Debug)]
+pub(crate) enum HistoryChange {
+    /// The transcript was replaced by event `seq`: earlier entries are obsolete.
+    Reset {
+        /// The replacing event.
+        seq: u64,
+    },
+    /// From event `seq` on, `message` is at `position` (1-based); `item` is its index in
+    /// the event's `messages` array for a replacement.
+    Put {
+        /// The event.
+        seq: u64,
+        /// 1-based transcript position.
+        position: u64,
+        /// Index in the payload's `messages` array (replacements only).
+        item: Option<u64>,
+        /// The message.
+        message: Arc<Message>,
+    },
+}
+
 /// A batch that passed [`Projection::prepare`], ready to apply.
 #[derive(Debug)]
 pub struct PreparedFold(Vec<Parsed>);
@@ -595,11 +617,34 @@ impl Projection {
         commit_last_seq: u64,
         turn_id: Option<&str>,
     ) {
+        self.apply_tracked(prepared, first_seq, commit_last_seq, turn_id, None);
+    }
+
+    /// As [`Projection::apply_prepared`], also recording the transcript changes for the
+    /// history index.
+    pub(crate) fn apply_tracked(
+        &mut self,
+        prepared: PreparedFold,
+        first_seq: u64,
+        commit_last_seq: u64,
+        turn_id: Option<&str>,
+        mut history: Option<&mut Vec<HistoryChange>>,
+    ) {
         let turns_before = self.turns.len();
         for (i, p) in prepared.0.into_iter().enumerate() {
             let seq = first_seq + i as u64;
             self.committed_sequence = seq;
+            let effect = match &p {
+                Parsed::MessageComplete(m) | Parsed::MessageUpsert(m) => {
+                    Some(Some(m.id().to_owned()))
+                }
+                Parsed::HistoryReplace(_) | Parsed::LegacyImport(_) => Some(None),
+                _ => None,
+            };
             self.apply_one(p, seq, first_seq, commit_last_seq, turn_id);
+            if let (Some(effect), Some(sink)) = (effect, history.as_deref_mut()) {
+                self.record_history(seq, effect.as_deref(), sink);
+            }
         }
         let fork_safe = !self.has_active_authority();
         for t in &mut self.turns[turns_before..] {
@@ -618,6 +663,23 @@ impl Projection {
             commit.first_seq,
             commit.last_seq(),
             commit.turn_id.as_deref(),
+        );
+        Ok(())
+    }
+
+    /// As [`Projection::apply_commit`], also recording transcript changes.
+    pub(crate) fn apply_commit_tracked(
+        &mut self,
+        commit: &Commit,
+        history: &mut Vec<HistoryChange>,
+    ) -> Result<()> {
+        let prepared = self.prepare(&commit.events)?;
+        self.apply_tracked(
+            prepared,
+            commit.first_seq,
+            commit.last_seq(),
+            commit.turn_id.as_deref(),
+            Some(history),
         );
         Ok(())
     }
@@ -717,6 +779,37 @@ impl Projection {
             Parsed::Recovery(r) => self.recovery = Some(r),
             Parsed::PlanState(v) => self.plan_state = Some(v),
             Parsed::GoalState(v) => self.goal_state = Some(v),
+        }
+    }
+
+    /// What event `seq` did to the transcript: put message `id` at its position, or (for
+    /// `None`) replace the whole transcript.
+    fn record_history(&mut self, seq: u64, id: Option<&str>, sink: &mut Vec<HistoryChange>) {
+        match id {
+            Some(id) => {
+                if let Some(&at) = self.index_mut().messages.get(id) {
+                    sink.push(HistoryChange::Put {
+                        seq,
+                        position: at as u64 + 1,
+                        item: None,
+                        message: Arc::clone(&self.messages[at]),
+                    });
+                }
+            }
+            None => {
+                sink.push(HistoryChange::Reset { seq });
+                sink.extend(
+                    self.messages
+                        .iter()
+                        .enumerate()
+                        .map(|(i, m)| HistoryChange::Put {
+                            seq,
+                            position: i as u64 + 1,
+                            item: Some(i as u64),
+                            message: Arc::clone(m),
+                        }),
+                );
+            }
         }
     }
 

@@ -90,6 +90,7 @@ impl Root {
                         std::sync::Arc::new(Accepted {
                             commit: std::sync::Arc::new(commit),
                             closed_turns: Vec::new(),
+                            history: Vec::new(),
                             charge: 0,
                         })
                     })
@@ -98,6 +99,7 @@ impl Root {
             }
             let turns = read::read_turns_ending_in(&source, range.after_seq, range.through_seq)?;
             write::insert_turns(&tx, &turns)?;
+            write::copy_history(&tx, &source, range.after_seq, range.through_seq)?;
             tx.execute(
                 "DELETE FROM lineage WHERE ancestor_id = ?1 AND after_seq = ?2",
                 params![ancestor.as_str(), range.after_seq],

@@ -48,11 +48,12 @@ fn copy_log(reader: &SessionReader, through: u64, conn: &mut Connection) -> Resu
     let mut pending = Vec::with_capacity(COPY_BATCH);
     let mut commits = 0u64;
     reader.visit(through, |c| {
-        let closed_turns = validator.check(&c)?;
+        let (closed_turns, history) = validator.check(&c)?;
         commits += 1;
         pending.push(Arc::new(Accepted {
             commit: Arc::new(c),
             closed_turns,
+            history,
             charge: 0,
         }));
         if pending.len() >= COPY_BATCH {

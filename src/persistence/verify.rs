@@ -5,6 +5,7 @@ use std::path::Path;
 use crate::error::{Error, Result};
 use crate::model::event::rehash_commit;
 use crate::model::header::Header;
+use crate::model::projection::HistoryChange;
 use crate::model::{Commit, Projection, TurnBoundary};
 use crate::store::reader::SessionReader;
 use crate::store::schema::{self, SESSION_FILE};
@@ -36,8 +37,9 @@ impl LogValidator {
         }
     }
 
-    /// Validates and folds the next commit; returns the turns it closes.
-    pub(crate) fn check(&mut self, c: &Commit) -> Result<Vec<TurnBoundary>> {
+    /// Validates and folds the next commit; returns the turns it closes and its
+    /// transcript changes.
+    pub(crate) fn check(&mut self, c: &Commit) -> Result<(Vec<TurnBoundary>, Vec<HistoryChange>)> {
         if c.first_seq != self.next_seq || c.events.is_empty() {
             return Err(Error::corrupt(format!(
                 "sequence gap: expected {}, found a commit at {}",
@@ -51,11 +53,12 @@ impl LogValidator {
             )));
         }
         let turns_before = self.projection.turns.len();
+        let mut history = Vec::new();
         self.projection
-            .apply_commit(c)
+            .apply_commit_tracked(c, &mut history)
             .map_err(|e| Error::corrupt(format!("commit at {}: {e}", c.first_seq)))?;
         self.next_seq = c.last_seq() + 1;
-        Ok(self.projection.turns[turns_before..].to_vec())
+        Ok((self.projection.turns[turns_before..].to_vec(), history))
     }
 
     /// The last validated sequence.

@@ -6,14 +6,13 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::model::event::INLINE_PAYLOAD_LIMIT;
 use crate::model::header::Origin;
-use crate::model::{Commit, ContentRef, Message, Projection, SessionId, SessionRef};
+use crate::model::{Commit, ContentRef, Message, SessionId, SessionRef};
 use crate::persistence::CatalogEntry;
 use crate::service::runtime::RuntimeSnapshot;
 use crate::service::{Service, blocking};
 use crate::session::live::{PersistenceStatus, SessionSnapshot};
-use crate::store::reader::SessionReader;
+use crate::store::reader::{HistoryBody, SessionReader};
 
 /// Largest page `list` returns.
 const MAX_LIST_LIMIT: usize = 100;
@@ -262,7 +261,9 @@ impl Query {
 
     /// A page of durable history, newest page first, ascending inside a page; the cursor
     /// pins later pages to the first page's durable sequence. Messages over 64 KiB come
-    /// as a [`ContentRef`] (read it with [`Query::read_content`]).
+    /// as a [`ContentRef`] (read it with [`Query::read_content`]). Served from the history
+    /// index written with the events: the work is proportional to the page, not the
+    /// session.
     ///
     /// # Errors
     /// [`Error::InvalidInput`] for a bad cursor; [`Error::SessionNotFound`]; read errors.
@@ -291,29 +292,30 @@ impl Query {
                 Some((s, b)) => (s, Some(b)),
                 None => (durable, None),
             };
-            let (messages, refs) = messages_at(&reader, snapshot)?;
-            let end = before.map_or(messages.len(), |b| (b as usize - 1).min(messages.len()));
-            let start = end.saturating_sub(limit);
-            let page = messages[start..end]
-                .iter()
-                .enumerate()
-                .map(|(i, m)| {
-                    let large =
-                        serde_json::to_string(m).map_or(0, |t| t.len()) > INLINE_PAYLOAD_LIMIT;
-                    let content_ref = refs.get(m.id()).cloned().flatten().filter(|_| large);
+            let rows = reader.history_rows(snapshot, before.unwrap_or(u64::MAX), limit)?;
+            let oldest = rows.last().map_or(1, |(row, _)| row.position);
+            let messages = rows
+                .into_iter()
+                .rev()
+                .map(|(row, body)| {
+                    let (inline, content_ref) = match body {
+                        HistoryBody::Inline(m) => (Some(m), None),
+                        HistoryBody::Content(c) => (None, Some(c)),
+                    };
                     PersistentMessage {
-                        message_id: m.id().to_owned(),
-                        position: (start + i + 1) as u64,
-                        role: m.role().map(str::to_owned),
-                        inline: (content_ref.is_none()).then(|| m.clone()),
+                        message_id: row.message_id,
+                        position: row.position,
+                        role: row.role,
+                        inline,
                         content_ref,
                     }
                 })
                 .collect();
+            let has_more = oldest > 1;
             Ok(HistoryPage {
-                messages: page,
-                has_more: start > 0,
-                next_cursor: (start > 0).then(|| history_cursor(snapshot, start as u64 + 1)),
+                messages,
+                has_more,
+                next_cursor: has_more.then(|| history_cursor(snapshot, oldest)),
                 snapshot_sequence: snapshot,
             })
         })
@@ -408,29 +410,4 @@ fn live_summary(rt: &crate::service::Runtime, entry: CatalogEntry) -> SessionSum
     summary.turns = turns;
     summary.preview = preview;
     summary
-}
-
-/// Per message id, the blob of the last event that recorded it, if it was a blob.
-type MessageRefs = std::collections::HashMap<String, Option<ContentRef>>;
-
-/// The transcript at `snapshot` and, per message id, the blob of the last event that
-/// recorded it (for messages stored through a large `message/complete` or `upsert`).
-fn messages_at(reader: &SessionReader, snapshot: u64) -> Result<(Vec<Arc<Message>>, MessageRefs)> {
-    let mut projection = Projection::default();
-    let mut refs = std::collections::HashMap::new();
-    reader.visit(snapshot, |c| {
-        projection.apply_commit(&c)?;
-        for e in &c.events {
-            if matches!(e.kind.as_str(), "message/complete" | "message/upsert")
-                && let Some(id) = e
-                    .payload_str()
-                    .and_then(|p| serde_json::from_str::<serde_json::Value>(p).ok())
-                    .and_then(|v| v["message"]["id"].as_str().map(str::to_owned))
-            {
-                refs.insert(id, e.content_ref.clone());
-            }
-        }
-        Ok(())
-    })?;
-    Ok((projection.messages, refs))
 }

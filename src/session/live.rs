@@ -423,8 +423,14 @@ impl Shared {
         });
         let last_seq = commit.last_seq();
         let turns_before = s.projection.turns.len();
-        s.projection
-            .apply_prepared(fold, first_seq, last_seq, commit.turn_id.as_deref());
+        let mut history = Vec::new();
+        s.projection.apply_tracked(
+            fold,
+            first_seq,
+            last_seq,
+            commit.turn_id.as_deref(),
+            Some(&mut history),
+        );
         let closed_turns = s.projection.turns[turns_before..].to_vec();
         s.next_seq = last_seq + 1;
         s.queued_bytes += batch.charge;
@@ -433,6 +439,7 @@ impl Shared {
         s.tail.push_back(Arc::new(Accepted {
             commit: Arc::clone(&commit),
             closed_turns,
+            history,
             charge: batch.charge,
         }));
         if !s.timer_armed && !s.draining && !s.paused {

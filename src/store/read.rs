@@ -159,6 +159,75 @@ pub(crate) fn read_checkpoint(conn: &Connection, through: u64) -> Option<(u64, P
     serde_json::from_str(&text).ok().map(|p| (seq, p))
 }
 
+/// One entry of the history index: which event put which message at a position.
+#[derive(Clone, Debug)]
+pub(crate) struct HistoryRow {
+    pub position: u64,
+    pub event_seq: u64,
+    pub item: Option<u64>,
+    pub message_id: String,
+    pub role: Option<String>,
+    pub bytes: u64,
+}
+
+/// The newest transcript reset of this file with `after < seq <= through`.
+pub(crate) fn read_history_epoch(
+    conn: &Connection,
+    after: u64,
+    through: u64,
+) -> Result<Option<u64>> {
+    Ok(conn
+        .prepare_cached("SELECT max(seq) FROM history_resets WHERE seq > ?1 AND seq <= ?2")?
+        .query_row(params![after, through.min(i64::MAX as u64)], |r| r.get(0))?)
+}
+
+/// The newest entry per position below `before`, for events in `(after, through]` at or
+/// after `epoch`, newest positions first, at most `limit`.
+pub(crate) fn read_history_rows(
+    conn: &Connection,
+    (after, through): (u64, u64),
+    epoch: u64,
+    before: u64,
+    limit: usize,
+) -> Result<Vec<HistoryRow>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT position, max(event_seq), item, message_id, role, bytes FROM history
+         WHERE position < ?1 AND event_seq > ?2 AND event_seq <= ?3 AND event_seq >= ?4
+         GROUP BY position ORDER BY position DESC LIMIT ?5",
+    )?;
+    let rows = stmt.query_map(
+        params![
+            before.min(i64::MAX as u64),
+            after,
+            through.min(i64::MAX as u64),
+            epoch,
+            limit as i64
+        ],
+        |r| {
+            Ok(HistoryRow {
+                position: r.get(0)?,
+                event_seq: r.get(1)?,
+                item: r.get(2)?,
+                message_id: r.get(3)?,
+                role: r.get(4)?,
+                bytes: r.get(5)?,
+            })
+        },
+    )?;
+    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+}
+
+/// The payload of event `seq`: inline JSON text, or the digest of its blob.
+pub(crate) fn read_event_payload(
+    conn: &Connection,
+    seq: u64,
+) -> Result<(Option<String>, Option<String>)> {
+    conn.prepare_cached("SELECT payload, payload_ref FROM events WHERE seq = ?1")?
+        .query_row([seq], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?
+        .ok_or_else(|| Error::corrupt(format!("history names event {seq}, which is missing")))
+}
+
 /// Whether one of this file's commits ends at `seq`.
 pub(crate) fn commit_ends_at(conn: &Connection, seq: u64) -> Result<bool> {
     Ok(conn

@@ -10,10 +10,11 @@ use r2d2_sqlite::SqliteConnectionManager;
 use scheduled_thread_pool::ScheduledThreadPool;
 
 use crate::error::{Error, Result, WriterOwner};
+use crate::model::event::INLINE_PAYLOAD_LIMIT;
 use crate::model::event::inherited_operation_id;
 use crate::model::header::Header;
-use crate::model::{Commit, Projection, SessionId, TurnBoundary};
-use crate::store::read::{self, Dependent, LineageEntry};
+use crate::model::{Commit, ContentRef, Message, Projection, SessionId, TurnBoundary};
+use crate::store::read::{self, Dependent, HistoryRow, LineageEntry};
 use crate::store::schema::{self, SESSION_FILE};
 
 /// One thread, shared by every read pool of the process, for r2d2's housekeeping.
@@ -60,6 +61,25 @@ struct Segment {
     inherited: bool,
     file: PathBuf,
     pool: ReadPool,
+}
+
+/// A history entry's message: inline, or where to read it.
+#[derive(Clone, Debug)]
+pub(crate) enum HistoryBody {
+    /// The message.
+    Inline(Arc<Message>),
+    /// The event payload holding it.
+    Content(ContentRef),
+}
+
+#[derive(serde::Deserialize)]
+struct MessageOf {
+    message: Message,
+}
+
+#[derive(serde::Deserialize)]
+struct MessagesOf {
+    messages: Vec<Message>,
 }
 
 /// Where each range of a session's sequences is read from.
@@ -435,6 +455,102 @@ impl SessionReader {
             }
         }
         out
+    }
+
+    /// The history index at `snapshot`: the newest `limit` transcript positions below
+    /// `before`, newest first, with their messages (or, over 64 KiB, the content ref of
+    /// the event payload that holds them). O(page): no fold.
+    pub(crate) fn history_rows(
+        &self,
+        snapshot: u64,
+        before: u64,
+        limit: usize,
+    ) -> Result<Vec<(HistoryRow, HistoryBody)>> {
+        let layout = self.layout();
+        let segments: Vec<&Segment> = layout
+            .segments
+            .iter()
+            .filter(|s| s.after < snapshot)
+            .collect();
+        let mut epoch = 0;
+        for seg in &segments {
+            let conn = seg.pool.get()?;
+            if let Some(e) = read::read_history_epoch(&conn, seg.after, seg.through.min(snapshot))?
+            {
+                epoch = epoch.max(e);
+            }
+        }
+        let mut newest: std::collections::BTreeMap<u64, (HistoryRow, &Segment)> =
+            Default::default();
+        for seg in segments.iter().filter(|s| s.through >= epoch) {
+            let conn = seg.pool.get()?;
+            let bounds = (seg.after, seg.through.min(snapshot));
+            for row in read::read_history_rows(&conn, bounds, epoch, before, limit)? {
+                match newest.get(&row.position) {
+                    Some((kept, _)) if kept.event_seq >= row.event_seq => {}
+                    _ => {
+                        newest.insert(row.position, (row, seg));
+                    }
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(limit);
+        for (row, seg) in newest.into_values().rev().take(limit) {
+            let body = self.history_body(&row, seg)?;
+            out.push((row, body));
+        }
+        Ok(out)
+    }
+
+    fn history_body(&self, row: &HistoryRow, seg: &Segment) -> Result<HistoryBody> {
+        let conn = seg.pool.get()?;
+        let (inline, digest) = read::read_event_payload(&conn, row.event_seq)?;
+        let text = match (inline, digest) {
+            (_, Some(digest)) if row.bytes > INLINE_PAYLOAD_LIMIT as u64 => {
+                let bytes: u64 = conn
+                    .prepare_cached("SELECT bytes FROM blobs WHERE digest = ?1")?
+                    .query_row([&digest], |r| r.get(0))?;
+                return Ok(HistoryBody::Content(ContentRef {
+                    digest,
+                    bytes,
+                    media_type: read::JSON_MEDIA_TYPE.to_owned(),
+                }));
+            }
+            (Some(text), None) => text,
+            (_, Some(digest)) => {
+                let raw = read::read_blob(&conn, &digest)?
+                    .ok_or_else(|| Error::corrupt(format!("missing blob {digest}")))?;
+                String::from_utf8(raw)
+                    .map_err(|_| Error::corrupt(format!("blob {digest} is not UTF-8")))?
+            }
+            (None, None) => {
+                return Err(Error::corrupt(format!(
+                    "event {} has no payload",
+                    row.event_seq
+                )));
+            }
+        };
+        let bad =
+            |e: serde_json::Error| Error::corrupt(format!("history event {}: {e}", row.event_seq));
+        let message = match row.item {
+            None => {
+                serde_json::from_str::<MessageOf>(&text)
+                    .map_err(bad)?
+                    .message
+            }
+            Some(i) => serde_json::from_str::<MessagesOf>(&text)
+                .map_err(bad)?
+                .messages
+                .into_iter()
+                .nth(i as usize)
+                .ok_or_else(|| {
+                    Error::corrupt(format!(
+                        "history item {i} of event {} is missing",
+                        row.event_seq
+                    ))
+                })?,
+        };
+        Ok(HistoryBody::Inline(Arc::new(message)))
     }
 
     /// The commit that recorded `operation_id` in this session's own file.

@@ -7,6 +7,7 @@ use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, 
 use crate::error::{Error, Result, WriterOwner};
 use crate::model::event::{INLINE_PAYLOAD_LIMIT, derived_event_id, sha256_hex};
 use crate::model::header::Header;
+use crate::model::projection::HistoryChange;
 use crate::model::{Commit, TurnBoundary};
 use crate::store::blob;
 
@@ -15,6 +16,8 @@ use crate::store::blob;
 pub(crate) struct Accepted {
     pub commit: Arc<Commit>,
     pub closed_turns: Vec<TurnBoundary>,
+    /// Transcript changes for the history index.
+    pub history: Vec<HistoryChange>,
     /// Bytes charged against the queue budget.
     pub charge: usize,
 }
@@ -143,6 +146,7 @@ pub(crate) fn insert_commits(tx: &Transaction<'_>, batch: &[Arc<Accepted>]) -> R
             ])?;
         }
         insert_turns(tx, &accepted.closed_turns)?;
+        insert_history(tx, &accepted.history)?;
     }
     Ok(())
 }
@@ -157,6 +161,76 @@ pub(crate) fn store_checkpoint(
         "INSERT OR REPLACE INTO checkpoint (singleton, through_seq, projection) VALUES (1, ?1, ?2)",
     )?
     .execute(params![through_seq, projection])?;
+    Ok(())
+}
+
+/// Inserts transcript changes into the history index.
+pub(crate) fn insert_history(tx: &Transaction<'_>, changes: &[HistoryChange]) -> Result<()> {
+    if changes.is_empty() {
+        return Ok(());
+    }
+    let mut put = tx.prepare_cached(
+        "INSERT OR REPLACE INTO history (position, event_seq, item, message_id, role, bytes)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?;
+    let mut reset = tx.prepare_cached("INSERT OR IGNORE INTO history_resets (seq) VALUES (?1)")?;
+    for change in changes {
+        match change {
+            HistoryChange::Reset { seq } => {
+                reset.execute([seq])?;
+            }
+            HistoryChange::Put {
+                seq,
+                position,
+                item,
+                message,
+            } => {
+                put.execute(params![
+                    position,
+                    seq,
+                    item,
+                    message.id(),
+                    message.role(),
+                    message.json().len() as u64
+                ])?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Copies the history index rows of events in `(after, through]` from another file.
+pub(crate) fn copy_history(
+    tx: &Transaction<'_>,
+    source: &Connection,
+    after: u64,
+    through: u64,
+) -> Result<()> {
+    let mut select = source.prepare(
+        "SELECT position, event_seq, item, message_id, role, bytes FROM history
+         WHERE event_seq > ?1 AND event_seq <= ?2",
+    )?;
+    let mut put = tx.prepare_cached(
+        "INSERT OR REPLACE INTO history (position, event_seq, item, message_id, role, bytes)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?;
+    let mut rows = select.query(params![after, through])?;
+    while let Some(r) = rows.next()? {
+        put.execute(params![
+            r.get::<_, i64>(0)?,
+            r.get::<_, i64>(1)?,
+            r.get::<_, Option<i64>>(2)?,
+            r.get::<_, String>(3)?,
+            r.get::<_, Option<String>>(4)?,
+            r.get::<_, i64>(5)?
+        ])?;
+    }
+    let mut resets =
+        source.prepare("SELECT seq FROM history_resets WHERE seq > ?1 AND seq <= ?2")?;
+    let mut reset = tx.prepare_cached("INSERT OR IGNORE INTO history_resets (seq) VALUES (?1)")?;
+    for seq in resets.query_map(params![after, through], |r| r.get::<_, i64>(0))? {
+        reset.execute([seq?])?;
+    }
     Ok(())
 }
 

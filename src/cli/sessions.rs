@@ -1,0 +1,691 @@
+//! The subcommands that inspect and operate sessions, each one call (or a few) into the
+//! library: create, list, show, history, events, fork/rewind, export/import, delete,
+//! verify, migrate-legacy, stats, rebuild-catalog.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::json;
+use session_store::{
+    CancelToken, Commit, ContentRef, CreateOptions, Dependent, Error, Event, ForkPoint,
+    ImportOptions, LineageEntry, SessionId, TableBytes, TurnBoundary, WriterOwner,
+};
+
+use super::{
+    CliResult, Context, EXIT_NOT_FOUND, EXIT_OTHER, Failure, block_on, human_bytes, print_json,
+    session_id, spinner,
+};
+
+/// The session file inside a session folder (the documented layout).
+const SESSION_FILE: &str = "session.sqlite";
+
+/// Characters of a payload or message shown on one line of human output.
+const PREVIEW_CHARS: usize = 100;
+
+/// `text` on one line, cut to `max` characters with an ellipsis.
+fn preview(text: &str, max: usize) -> String {
+    let flat: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if flat.chars().count() <= max {
+        flat
+    } else {
+        let cut: String = flat.chars().take(max).collect();
+        format!("{cut}…")
+    }
+}
+
+/// Milliseconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS` (UTC).
+pub fn utc(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+        rest / 3600,
+        rest / 60 % 60,
+        rest % 60
+    )
+}
+
+/// A content ref for people: `<blob 1a2b3c4d5e6f… 120.0 KiB>`.
+fn blob_label(content: &ContentRef) -> String {
+    format!(
+        "<blob {}… {}>",
+        &content.digest[..content.digest.len().min(12)],
+        human_bytes(content.bytes)
+    )
+}
+
+/// `create [ID] [--cwd DIR]`.
+pub fn create(cx: &Context, id: Option<&str>, cwd: Option<String>) -> CliResult<()> {
+    let root = cx.open_root()?;
+    let options = CreateOptions {
+        session_id: id.map(session_id).transpose()?,
+        cwd,
+        ..CreateOptions::default()
+    };
+    let session = root.create(options)?;
+    session.close()?;
+    if cx.json {
+        print_json(&json!({ "session_id": session.id() }))
+    } else {
+        println!("{}", session.id());
+        Ok(())
+    }
+}
+
+/// `list [--limit N] [--cursor C]`.
+pub fn list(cx: &Context, limit: usize, cursor: Option<&str>) -> CliResult<()> {
+    let service = cx.service()?;
+    let page = block_on(service.query().list(cursor, limit))??;
+    if cx.json {
+        return print_json(&page);
+    }
+    if page.sessions.is_empty() {
+        println!("no sessions in {}", cx.root.display());
+        return Ok(());
+    }
+    let width = page
+        .sessions
+        .iter()
+        .map(|s| s.session_ref.session_id.as_str().len())
+        .max()
+        .unwrap_or(2)
+        .max(2);
+    println!(
+        "{:<width$}  {:>5}  {:>8}  {:<19}  TITLE",
+        "ID", "TURNS", "EVENTS", "UPDATED (UTC)"
+    );
+    for s in &page.sessions {
+        let title = if s.title.is_empty() {
+            s.preview
+                .as_deref()
+                .map_or_else(String::new, |p| format!("({})", preview(p, 60)))
+        } else {
+            preview(&s.title, 60)
+        };
+        println!(
+            "{:<width$}  {:>5}  {:>8}  {:<19}  {title}",
+            s.session_ref.session_id.as_str(),
+            s.turns,
+            s.durable_sequence,
+            utc(s.updated_at_ms),
+        );
+    }
+    if let Some(next) = &page.next_cursor {
+        println!("more: --cursor {next}");
+    }
+    Ok(())
+}
+
+/// What `show` prints with `--json`.
+#[derive(Serialize)]
+struct Show {
+    header: session_store::Header,
+    title: String,
+    durable_sequence: u64,
+    inherited_events: u64,
+    own_events: u64,
+    lineage: Vec<LineageEntry>,
+    /// The last writer that took the lease (the lease row).
+    lease: WriterOwner,
+    /// The writer holding the lock now, if any.
+    writer: Option<WriterOwner>,
+    dependents: Vec<Dependent>,
+    turn_status: String,
+    open_turn: Option<String>,
+    messages: usize,
+    turns: Vec<TurnBoundary>,
+    tables: Vec<TableBytes>,
+    file_bytes: u64,
+}
+
+/// `show ID`.
+pub fn show(cx: &Context, id: &str) -> CliResult<()> {
+    let root = cx.open_root()?;
+    let id = session_id(id)?;
+    let info = root.stat(&id)?;
+    let reader = root.open_reader(&id)?;
+    let projection = reader.projection()?;
+    let dir = root.session_dir(&id);
+    let file_bytes = ["session.sqlite", "session.sqlite-wal"]
+        .iter()
+        .filter_map(|f| std::fs::metadata(dir.join(f)).ok())
+        .map(|m| m.len())
+        .sum();
+    let own_events = info.durable_sequence
+        - info
+            .lineage
+            .iter()
+            .map(|e| e.through_seq - e.after_seq)
+            .sum::<u64>();
+    let show = Show {
+        title: projection.title.clone(),
+        durable_sequence: info.durable_sequence,
+        inherited_events: info.inherited_events,
+        own_events,
+        lineage: info.lineage,
+        lease: info.last_writer,
+        writer: root.writer_owner(&id)?,
+        dependents: reader.dependents()?,
+        turn_status: projection.turn_status.clone(),
+        open_turn: projection.turn_id.clone(),
+        messages: projection.messages.len(),
+        turns: projection.turns.clone(),
+        tables: root.table_bytes(&id)?,
+        file_bytes,
+        header: info.header,
+    };
+    if cx.json {
+        return print_json(&show);
+    }
+    print_show(&show);
+    Ok(())
+}
+
+fn print_show(s: &Show) {
+    let h = &s.header;
+    println!("session    {}", h.session_id);
+    if !s.title.is_empty() {
+        println!("title      {}", preview(&s.title, PREVIEW_CHARS));
+    }
+    println!(
+        "created    {} UTC, origin {}, codec {}",
+        utc(h.created_at_ms),
+        h.origin.as_str(),
+        h.codec
+    );
+    if let Some(cwd) = &h.cwd {
+        println!("cwd        {cwd}");
+    }
+    if let Some(parent) = &h.parent_id {
+        println!(
+            "parent     {parent} ({} events inherited at the cut)",
+            h.inherited_events
+        );
+    }
+    for e in &s.lineage {
+        println!(
+            "lineage    seq {}..={} from {}",
+            e.after_seq + 1,
+            e.through_seq,
+            e.ancestor_id
+        );
+    }
+    println!(
+        "sequences  durable {}, own {}, inherited {}",
+        s.durable_sequence, s.own_events, s.inherited_events
+    );
+    match &s.writer {
+        Some(w) => println!(
+            "writer     held by pid {} on host {} (generation {}, owner {})",
+            w.pid, w.host, w.generation, w.owner_id
+        ),
+        None => println!("writer     free"),
+    }
+    let l = &s.lease;
+    println!(
+        "lease      generation {}, last taken by pid {} on host {} at {} UTC (owner {})",
+        l.generation,
+        l.pid,
+        l.host,
+        utc(l.since_ms),
+        l.owner_id
+    );
+    for d in &s.dependents {
+        println!(
+            "dependent  {} (inherits through seq {})",
+            d.child_id, d.through_seq
+        );
+    }
+    println!(
+        "turns      {} ended, {} messages, status {}{}",
+        s.turns.len(),
+        s.messages,
+        s.turn_status,
+        s.open_turn
+            .as_deref()
+            .map_or_else(String::new, |t| format!(" (open turn {t})"))
+    );
+    for t in &s.turns {
+        let mut safe = Vec::new();
+        if t.fork_safe {
+            safe.push("fork-safe");
+        }
+        if t.rewind_safe {
+            safe.push("rewind-safe");
+        }
+        println!(
+            "  {}  seq {}..={} (cut {})  {}  {}",
+            t.turn_id,
+            t.start_sequence,
+            t.end_sequence,
+            t.boundary_sequence,
+            t.status,
+            safe.join(" ")
+        );
+    }
+    println!("file       {} on disk", human_bytes(s.file_bytes));
+    for t in &s.tables {
+        println!(
+            "  {:<14} {:>10}  ({} pages)",
+            t.table,
+            human_bytes(t.bytes),
+            t.pages
+        );
+    }
+}
+
+/// `history ID [--limit N] [--cursor C]`.
+pub fn history(cx: &Context, id: &str, limit: usize, cursor: Option<&str>) -> CliResult<()> {
+    let service = cx.service()?;
+    let r = service.session_ref(session_id(id)?);
+    let page = block_on(service.query().history_page(&r, cursor, limit))??;
+    if cx.json {
+        return print_json(&page);
+    }
+    if page.messages.is_empty() {
+        println!("no messages (durable sequence {})", page.snapshot_sequence);
+    }
+    for m in &page.messages {
+        let role = m.role.as_deref().unwrap_or("?");
+        let body = match (&m.inline, &m.content_ref) {
+            (_, Some(content)) => blob_label(content),
+            (Some(message), None) => message.text().unwrap_or_else(|| message.json().to_owned()),
+            (None, None) => String::new(),
+        };
+        println!(
+            "#{:<4} {role:<9} {}",
+            m.position,
+            preview(&body, PREVIEW_CHARS)
+        );
+    }
+    if let Some(next) = &page.next_cursor {
+        println!("older: --cursor {next}");
+    }
+    Ok(())
+}
+
+/// One event of `events --json`.
+#[derive(Serialize)]
+struct EventLine<'a> {
+    seq: u64,
+    id: &'a str,
+    kind: &'a str,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    optional: bool,
+    operation_id: &'a str,
+    commit_id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    turn_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload: Option<&'a serde_json::value::RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content_ref: Option<&'a ContentRef>,
+}
+
+impl<'a> EventLine<'a> {
+    fn new(commit: &'a Commit, e: &'a Event, inline: bool) -> Self {
+        let blob = e.content_ref.is_some();
+        EventLine {
+            seq: e.seq,
+            id: &e.id,
+            kind: &e.kind,
+            optional: e.optional,
+            operation_id: &commit.operation_id,
+            commit_id: &commit.commit_id,
+            turn_id: commit.turn_id.as_deref(),
+            payload: e.payload.as_deref().filter(|_| inline || !blob),
+            content_ref: e.content_ref.as_ref(),
+        }
+    }
+}
+
+/// `events ID [--after SEQ] [--limit N]`.
+pub fn events(cx: &Context, id: &str, after: u64, limit: usize, inline: bool) -> CliResult<()> {
+    let root = cx.open_root()?;
+    let reader = root.open_reader(&session_id(id)?)?;
+    let durable = reader.durable_sequence()?;
+    // Every commit holds at least one event, so `limit` commits cover `limit` events.
+    let commits = reader.commits(after, limit)?;
+    let lines: Vec<EventLine<'_>> = commits
+        .iter()
+        .flat_map(|c| c.events.iter().map(move |e| (c, e)))
+        .filter(|(_, e)| e.seq > after)
+        .take(limit)
+        .map(|(c, e)| EventLine::new(c, e, inline))
+        .collect();
+    let last = lines.last().map_or(after, |l| l.seq);
+    let next_after = (last < durable).then_some(last);
+    if cx.json {
+        return print_json(&json!({
+            "events": lines,
+            "durable_sequence": durable,
+            "next_after": next_after,
+        }));
+    }
+    for l in &lines {
+        let body = match (l.content_ref, l.payload) {
+            (Some(content), None) => blob_label(content),
+            (_, Some(payload)) => preview(payload.get(), PREVIEW_CHARS),
+            (None, None) => String::new(),
+        };
+        println!(
+            "{:>7}  {:<22} {:<16} {body}",
+            l.seq,
+            l.kind,
+            preview(l.turn_id.unwrap_or("-"), 16)
+        );
+    }
+    match next_after {
+        Some(next) => println!("more: --after {next}"),
+        None if lines.is_empty() => {
+            println!("no events after {after} (durable sequence {durable})")
+        }
+        None => {}
+    }
+    Ok(())
+}
+
+/// `fork ID --after-turn T [--id NEW]` and `rewind ID --before-turn T [--id NEW]`.
+pub fn fork(cx: &Context, id: &str, point: ForkPoint, new_id: Option<&str>) -> CliResult<()> {
+    let root = cx.open_root()?;
+    let parent = session_id(id)?;
+    let origin = match point {
+        ForkPoint::AfterTurn(_) => "fork",
+        ForkPoint::BeforeTurn(_) => "rewind",
+    };
+    let child = root.fork(&parent, point, new_id.map(session_id).transpose()?)?;
+    if cx.json {
+        print_json(&json!({"session_id": child, "parent_id": parent, "origin": origin}))
+    } else {
+        println!("{child}");
+        Ok(())
+    }
+}
+
+/// Fails with status 3 unless `path` exists.
+fn must_exist(path: &Path) -> CliResult<()> {
+    if std::fs::symlink_metadata(path).is_err() {
+        return Err(Failure::new(
+            EXIT_NOT_FOUND,
+            format!("{} not found", path.display()),
+        ));
+    }
+    Ok(())
+}
+
+/// `export ID FILE`.
+pub fn export(cx: &Context, id: &str, file: &Path) -> CliResult<()> {
+    let root = cx.open_root()?;
+    let id = session_id(id)?;
+    let bar = spinner(&format!("exporting {id}"));
+    let report = root.export(&id, file);
+    bar.finish_and_clear();
+    let report = report?;
+    if cx.json {
+        return print_json(&json!({
+            "session_id": id, "file": file, "commits": report.commits,
+            "events": report.events, "bytes": report.bytes,
+        }));
+    }
+    println!(
+        "exported {id} to {}: {} commits, {} events, {}",
+        file.display(),
+        report.commits,
+        report.events,
+        human_bytes(report.bytes)
+    );
+    Ok(())
+}
+
+/// `import FILE [--id NEW] [--cwd DIR]`.
+pub fn import(
+    cx: &Context,
+    file: &Path,
+    new_id: Option<&str>,
+    cwd: Option<String>,
+) -> CliResult<()> {
+    must_exist(file)?;
+    let root = cx.open_root()?;
+    let options = ImportOptions {
+        session_id: new_id.map(session_id).transpose()?,
+        cwd,
+        origin: None,
+    };
+    let bar = spinner(&format!("importing {}", file.display()));
+    let imported = root.import(file, options);
+    bar.finish_and_clear();
+    let id = imported?;
+    if cx.json {
+        print_json(&json!({"session_id": id, "file": file}))
+    } else {
+        println!("{id}");
+        Ok(())
+    }
+}
+
+/// How long `delete` waits for a lock it found free (it may be taken in between).
+const DELETE_GRACE: Duration = Duration::from_millis(500);
+
+/// `delete ID [--wait SECONDS]`.
+pub fn delete(cx: &Context, id: &str, wait: f64) -> CliResult<()> {
+    if !(wait.is_finite() && wait >= 0.0) {
+        return Err(Failure::usage(format!(
+            "--wait must be a number of seconds >= 0, not {wait}"
+        )));
+    }
+    let root = cx.open_root()?;
+    let id = session_id(id)?;
+    if wait == 0.0
+        && let Some(owner) = root.writer_owner(&id)?
+    {
+        return Err(Error::WriterOwned { owner }.into());
+    }
+    let cancel = CancelToken::new();
+    let timer = cancel.clone();
+    let patience = Duration::from_secs_f64(wait).max(DELETE_GRACE);
+    // The process exits when the delete returns; the timer thread needs no join.
+    std::thread::spawn(move || {
+        std::thread::sleep(patience);
+        timer.cancel();
+    });
+    let bar = spinner(&format!("deleting {id}"));
+    let deleted = root.delete(&id, &cancel);
+    bar.finish_and_clear();
+    match deleted {
+        Ok(()) => {}
+        Err(Error::Cancelled) => {
+            return Err(match root.writer_owner(&id)? {
+                Some(owner) => Error::WriterOwned { owner }.into(),
+                None => Failure::new(
+                    EXIT_OTHER,
+                    format!(
+                        "gave up deleting {id} after {wait} s (a fork or delete is in progress)"
+                    ),
+                ),
+            });
+        }
+        Err(e) => return Err(e.into()),
+    }
+    if cx.json {
+        print_json(&json!({ "deleted": id }))
+    } else {
+        println!("deleted {id}");
+        Ok(())
+    }
+}
+
+/// The session folder or file `verify` checks: a session of the root when `target` names
+/// one, else a path.
+fn verify_target(cx: &Context, target: &str) -> CliResult<PathBuf> {
+    if let Ok(id) = SessionId::new(target) {
+        let dir = cx.root.join(id.as_str());
+        if dir.join(SESSION_FILE).is_file() {
+            return Ok(dir);
+        }
+    }
+    let path = PathBuf::from(target);
+    if path.exists() {
+        return Ok(path);
+    }
+    Err(Failure::new(
+        EXIT_NOT_FOUND,
+        format!(
+            "{target:?} is neither a session in {} nor a file",
+            cx.root.display()
+        ),
+    ))
+}
+
+/// `verify (ID | FILE)`.
+pub fn verify(cx: &Context, target: &str) -> CliResult<()> {
+    let path = verify_target(cx, target)?;
+    let bar = spinner(&format!("verifying {}", path.display()));
+    let replayed = session_store::replay(&path);
+    bar.finish_and_clear();
+    let replay = match replayed {
+        Ok(replay) => replay,
+        Err(e) => {
+            if cx.json {
+                print_json(&json!({
+                    "ok": false, "path": path, "error": super::one_line(&e),
+                }))?;
+            }
+            return Err(Failure::context(
+                format!("{} is not sound", path.display()),
+                &e,
+            ));
+        }
+    };
+    let events = replay.commits.last().map_or(0, Commit::last_seq);
+    let p = &replay.projection;
+    if cx.json {
+        return print_json(&json!({
+            "ok": true, "path": path, "session_id": replay.header.session_id,
+            "commits": replay.commits.len(), "events": events,
+            "turns": p.turns.len(), "messages": p.messages.len(),
+        }));
+    }
+    println!(
+        "ok: {} ({}): {} commits, {} events, {} turns, {} messages; integrity, sequences, \
+         hashes, blob digests and replay are sound",
+        replay.header.session_id,
+        path.display(),
+        replay.commits.len(),
+        events,
+        p.turns.len(),
+        p.messages.len()
+    );
+    Ok(())
+}
+
+/// `migrate-legacy FILE [--head ID]`.
+pub fn migrate_legacy(cx: &Context, file: &Path, head: &str) -> CliResult<()> {
+    must_exist(file)?;
+    let service = cx.service()?;
+    let record = block_on(async {
+        let (runtime, record) = service.continue_legacy(file, head).await?;
+        service.close(runtime.session_ref()).await?;
+        Ok::<_, Error>(record)
+    })??;
+    if cx.json {
+        return print_json(&record);
+    }
+    println!(
+        "{} {} messages from {} into session {}{}",
+        if record.reused { "reused:" } else { "migrated" },
+        record.message_count,
+        record.source_path,
+        record.target_id,
+        if record.torn_last_line {
+            " (torn last line skipped)"
+        } else {
+            ""
+        }
+    );
+    Ok(())
+}
+
+/// `stats ID`.
+pub fn stats(cx: &Context, id: &str) -> CliResult<()> {
+    let root = cx.open_root()?;
+    let stats = root.stats(&session_id(id)?)?;
+    if cx.json {
+        return print_json(&stats);
+    }
+    println!(
+        "{}: {} events (durable sequence {}), {} on disk",
+        stats.session_id,
+        stats.events,
+        stats.durable_sequence,
+        human_bytes(stats.file_bytes)
+    );
+    let width = stats
+        .kinds
+        .iter()
+        .map(|k| k.kind.len())
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    println!(
+        "  {:<width$}  {:>8}  {:>10}  {:>6}  {:>10}",
+        "KIND", "COUNT", "INLINE", "BLOBS", "BLOB BYTES"
+    );
+    for k in &stats.kinds {
+        println!(
+            "  {:<width$}  {:>8}  {:>10}  {:>6}  {:>10}",
+            k.kind,
+            k.count,
+            human_bytes(k.inline_bytes),
+            k.blob_events,
+            human_bytes(k.blob_bytes)
+        );
+    }
+    let b = &stats.blobs;
+    println!(
+        "  blobs: {} distinct ({} zstd), {} raw, {} stored, compression ratio {:.2}",
+        b.count,
+        b.compressed,
+        human_bytes(b.raw_bytes),
+        human_bytes(b.stored_bytes),
+        b.compression_ratio
+    );
+    let tables: Vec<String> = stats
+        .tables
+        .iter()
+        .map(|t| format!("{} {}", t.table, human_bytes(t.bytes)))
+        .collect();
+    println!("  tables: {}", tables.join(", "));
+    Ok(())
+}
+
+/// `rebuild-catalog`.
+pub fn rebuild_catalog(cx: &Context) -> CliResult<()> {
+    let root = cx.open_root()?;
+    let bar = spinner("rebuilding the catalog");
+    let rebuilt = root.rebuild_catalog();
+    bar.finish_and_clear();
+    let count = rebuilt?;
+    if cx.json {
+        print_json(&json!({ "sessions": count }))
+    } else {
+        println!(
+            "rebuilt the catalog of {}: {count} sessions",
+            cx.root.display()
+        );
+        Ok(())
+    }
+}
