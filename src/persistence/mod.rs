@@ -48,6 +48,20 @@ pub struct StoreOptions {
     pub write_behind: Duration,
     /// Byte budget of a session's write queue; `append` waits beyond it (default 16 MiB).
     pub queue_budget: usize,
+    /// What a closing writer does with the WAL (default: truncate it).
+    pub checkpoint: CheckpointPolicy,
+}
+
+/// What a closing writer does with the session's WAL.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CheckpointPolicy {
+    /// `wal_checkpoint(TRUNCATE)` on close: the main file is complete on its own.
+    #[default]
+    TruncateOnClose,
+    /// Leave checkpoints to SQLite's automatic (passive) checkpoints and to a replicator
+    /// such as Litestream, which must see every WAL frame before it is checkpointed.
+    LeaveToReplicator,
 }
 
 impl Default for StoreOptions {
@@ -56,6 +70,7 @@ impl Default for StoreOptions {
             durability: Durability::PowerLoss,
             write_behind: Duration::from_millis(200),
             queue_budget: 16 << 20,
+            checkpoint: CheckpointPolicy::TruncateOnClose,
         }
     }
 }
@@ -365,6 +380,7 @@ impl Root {
             WriteBehind {
                 delay: options.write_behind,
                 budget: options.queue_budget,
+                checkpoint: options.checkpoint,
             },
         )
     }

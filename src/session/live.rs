@@ -13,6 +13,7 @@ use crate::error::{Error, Result, WriterOwner};
 use crate::model::event::{INHERITED_OPERATION_PREFIX, derived_event_id, operation_hash};
 use crate::model::ids::{derived_turn_id, now_ms, random_hex};
 use crate::model::{Batch, Commit, Event, Projection, SessionId};
+use crate::persistence::CheckpointPolicy;
 use crate::session::pool;
 use crate::store::lock::WriterLock;
 use crate::store::reader::SessionReader;
@@ -33,6 +34,7 @@ const EVENT_CHARGE: usize = 96;
 pub(crate) struct WriteBehind {
     pub delay: Duration,
     pub budget: usize,
+    pub checkpoint: CheckpointPolicy,
 }
 
 /// Where the accepted tail stands with respect to the disk.
@@ -595,7 +597,9 @@ impl Shared {
     fn release(&self) {
         lock(&self.state).released = true;
         let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(w) = &writer {
+        if let Some(w) = &writer
+            && self.config.checkpoint == CheckpointPolicy::TruncateOnClose
+        {
             // Best effort: a failed checkpoint leaves a WAL that the next opener replays.
             let _ = schema::checkpoint_truncate(&w.conn);
         }
