@@ -253,3 +253,39 @@ async fn history_pages_follow_upserts_replacements_and_forks() {
     );
     service.close_all().await.unwrap();
 }
+
+#[tokio::test]
+async fn continue_legacy_tolerates_a_torn_last_line_and_reports_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let legacy = dir.path().join("torn.jsonl");
+    std::fs::write(
+        &legacy,
+        "{\"id\":\"u1\",\"role\":\"user\",\"content\":\"hi\"}\n{\"id\":\"a1\",\"role\":\"assistant\",\"content\":\"hel",
+    )
+    .unwrap();
+    let service = Service::new("local", Root::open(dir.path().join("sessions")).unwrap()).unwrap();
+    let (rt, record) = service.continue_legacy(&legacy, "").await.unwrap();
+    assert!(record.torn_last_line);
+    assert_eq!(record.message_count, 1);
+    assert_eq!(
+        record.source_size,
+        std::fs::metadata(&legacy).unwrap().len()
+    );
+    assert_eq!(rt.session().snapshot().projection.messages.len(), 1);
+    service.close_all().await.unwrap();
+    // A damaged line in the middle is refused, and nothing is published.
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(
+        &bad,
+        "{\"id\":\"u1\",\"role\":\"user\"}\nnot json\n{\"id\":\"u2\"}\n",
+    )
+    .unwrap();
+    assert!(matches!(
+        service.continue_legacy(&bad, "").await,
+        Err(Error::InvalidInput(_))
+    ));
+    assert_eq!(
+        service.query().list(None, 50).await.unwrap().sessions.len(),
+        1
+    );
+}
