@@ -4,6 +4,7 @@
 pub mod append;
 pub mod bench;
 pub mod demo;
+pub mod replicate;
 pub mod sessions;
 
 use std::fmt;
@@ -21,8 +22,6 @@ pub type CliError = Box<dyn std::error::Error>;
 /// The result type of every subcommand.
 pub type CliResult<T> = Result<T, CliError>;
 
-/// Exit status: success.
-pub const EXIT_OK: u8 = 0;
 /// Exit status: any other error.
 pub const EXIT_OTHER: u8 = 1;
 /// Exit status: bad command line.
@@ -55,7 +54,7 @@ impl std::error::Error for Failure {}
 
 impl Failure {
     /// A failure with this status.
-    pub fn new(code: u8, message: impl Into<String>) -> CliError {
+    pub fn with_code(code: u8, message: impl Into<String>) -> CliError {
         Box::new(Failure {
             code,
             message: message.into(),
@@ -64,12 +63,12 @@ impl Failure {
 
     /// A bad command line (status 2).
     pub fn usage(message: impl Into<String>) -> CliError {
-        Self::new(EXIT_USAGE, message)
+        Self::with_code(EXIT_USAGE, message)
     }
 
     /// Invalid or corrupt input (status 6).
     pub fn invalid(message: impl Into<String>) -> CliError {
-        Self::new(EXIT_INVALID, message)
+        Self::with_code(EXIT_INVALID, message)
     }
 
     /// `error` with `context` in front, keeping the status it maps to.
@@ -77,7 +76,7 @@ impl Failure {
         context: impl fmt::Display,
         error: &(dyn std::error::Error + 'static),
     ) -> CliError {
-        Self::new(exit_code(error), format!("{context}: {}", one_line(error)))
+        Self::with_code(exit_code(error), format!("{context}: {}", one_line(error)))
     }
 }
 

@@ -236,14 +236,18 @@ fn print_show(s: &Show) {
         None => println!("writer     free"),
     }
     let l = &s.lease;
-    println!(
-        "lease      generation {}, last taken by pid {} on host {} at {} UTC (owner {})",
-        l.generation,
-        l.pid,
-        l.host,
-        utc(l.since_ms),
-        l.owner_id
-    );
+    if l.generation == 0 {
+        println!("lease      never taken (generation 0)");
+    } else {
+        println!(
+            "lease      generation {}, last taken by pid {} on host {} at {} UTC (owner {})",
+            l.generation,
+            l.pid,
+            l.host,
+            utc(l.since_ms),
+            l.owner_id
+        );
+    }
     for d in &s.dependents {
         println!(
             "dependent  {} (inherits through seq {})",
@@ -382,12 +386,13 @@ pub fn events(cx: &Context, id: &str, after: u64, limit: usize, inline: bool) ->
             (_, Some(payload)) => preview(payload.get(), PREVIEW_CHARS),
             (None, None) => String::new(),
         };
-        println!(
+        let line = format!(
             "{:>7}  {:<22} {:<16} {body}",
             l.seq,
             l.kind,
             preview(l.turn_id.unwrap_or("-"), 16)
         );
+        println!("{}", line.trim_end());
     }
     match next_after {
         Some(next) => println!("more: --after {next}"),
@@ -419,7 +424,7 @@ pub fn fork(cx: &Context, id: &str, point: ForkPoint, new_id: Option<&str>) -> C
 /// Fails with status 3 unless `path` exists.
 fn must_exist(path: &Path) -> CliResult<()> {
     if std::fs::symlink_metadata(path).is_err() {
-        return Err(Failure::new(
+        return Err(Failure::with_code(
             EXIT_NOT_FOUND,
             format!("{} not found", path.display()),
         ));
@@ -510,7 +515,7 @@ pub fn delete(cx: &Context, id: &str, wait: f64) -> CliResult<()> {
         Err(Error::Cancelled) => {
             return Err(match root.writer_owner(&id)? {
                 Some(owner) => Error::WriterOwned { owner }.into(),
-                None => Failure::new(
+                None => Failure::with_code(
                     EXIT_OTHER,
                     format!(
                         "gave up deleting {id} after {wait} s (a fork or delete is in progress)"
@@ -541,7 +546,7 @@ fn verify_target(cx: &Context, target: &str) -> CliResult<PathBuf> {
     if path.exists() {
         return Ok(path);
     }
-    Err(Failure::new(
+    Err(Failure::with_code(
         EXIT_NOT_FOUND,
         format!(
             "{target:?} is neither a session in {} nor a file",

@@ -1,0 +1,709 @@
+//! The `session-store` command line, driven as a user would: the built binary, real
+//! folders, real child processes (a second writer, SIGKILL mid-append).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_session-store");
+
+/// A fresh temp folder; sessions live in its `root/`.
+struct Env {
+    dir: tempfile::TempDir,
+}
+
+impl Env {
+    fn new() -> Env {
+        Env {
+            dir: tempfile::tempdir().expect("tempdir"),
+        }
+    }
+
+    fn root(&self) -> PathBuf {
+        self.dir.path().join("root")
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// The binary with `--root` set and no root in the environment.
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.arg("--root")
+            .arg(self.root())
+            .args(args)
+            .env_remove("SESSION_STORE_ROOT")
+            .current_dir(self.dir.path());
+        c
+    }
+
+    /// Runs with `stdin` as input.
+    fn run_with(&self, args: &[&str], stdin: &str) -> Output {
+        let mut child = self
+            .command(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let mut input = child.stdin.take().expect("stdin");
+        input.write_all(stdin.as_bytes()).expect("write stdin");
+        drop(input);
+        child.wait_with_output().expect("wait")
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.run_with(args, "")
+    }
+
+    /// Runs, expects status 0, returns stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
+        stdout(&out)
+    }
+
+    /// Runs with `--json`, expects status 0, parses stdout.
+    fn json(&self, args: &[&str]) -> Value {
+        let mut all = args.to_vec();
+        all.push("--json");
+        parse(&self.ok(&all))
+    }
+
+    /// Runs, expects `status`, returns stderr.
+    fn fails(&self, args: &[&str], status: i32) -> String {
+        let out = self.run(args);
+        assert_eq!(code(&out), status, "{args:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        if status != 2 {
+            assert_eq!(err.lines().count(), 1, "one line on stderr: {err:?}");
+        }
+        err
+    }
+}
+
+fn code(out: &Output) -> i32 {
+    out.status.code().expect("exit status")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn parse(text: &str) -> Value {
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+fn message(id: &str, role: &str, content: &str) -> Value {
+    json!({"kind": "message/complete", "payload": {"message": {"id": id, "role": role, "content": content}}})
+}
+
+/// A completed turn as JSON Lines: a user batch and an answer batch.
+fn turn_lines(n: usize) -> String {
+    let t = format!("turn-{n}");
+    let user = json!({"operation_id": format!("{t}/user"), "turn_id": t, "events": [
+        {"kind": "turn/start"},
+        message(&format!("{t}-u"), "user", &format!("question {n}")),
+    ]});
+    let answer = json!({"operation_id": format!("{t}/answer"), "turn_id": t, "events": [
+        message(&format!("{t}-a"), "assistant", &format!("answer {n}")),
+        {"kind": "session/title", "payload": {"title": "CLI test"}},
+        {"kind": "turn/end", "payload": {"status": "completed"}},
+    ]});
+    format!("{user}\n{answer}\n")
+}
+
+/// `chat` with `turns` completed turns.
+fn chat(env: &Env, id: &str, turns: usize) {
+    env.ok(&["create", id]);
+    let input: String = (1..=turns).map(turn_lines).collect();
+    let out = env.run_with(&["append", id], &input);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+}
+
+#[test]
+fn create_list_show_and_platform_root() {
+    let env = Env::new();
+    assert_eq!(
+        env.ok(&["create", "alpha", "--cwd", "/work/a"]).trim(),
+        "alpha"
+    );
+    let random = env.json(&["create"])["session_id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    assert_eq!(random.len(), 32);
+    env.fails(&["create", "alpha"], 4);
+    chat(&env, "beta", 1);
+
+    let page = env.json(&["list"]);
+    let ids: Vec<&str> = page["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .map(|s| s["session_ref"]["session_id"].as_str().expect("id"))
+        .collect();
+    assert_eq!(ids, ["alpha", "beta", random.as_str()]);
+    assert!(page["next_cursor"].is_null());
+    assert_eq!(page["sessions"][0]["session_ref"]["host_id"], "local");
+    let first = env.json(&["list", "--limit", "1", "--host", "laptop"]);
+    assert_eq!(first["sessions"][0]["session_ref"]["host_id"], "laptop");
+    let cursor = first["next_cursor"].as_str().expect("cursor").to_owned();
+    let second = env.json(&["list", "--limit", "1", "--cursor", &cursor]);
+    assert_eq!(second["sessions"][0]["session_ref"]["session_id"], "beta");
+    let human = env.ok(&["list"]);
+    assert!(
+        human.contains("beta") && human.contains("CLI test"),
+        "{human}"
+    );
+    env.fails(&["list", "--limit", "1000"], 6);
+
+    let show = env.json(&["show", "beta"]);
+    assert_eq!(show["header"]["session_id"], "beta");
+    assert_eq!(show["durable_sequence"], 5);
+    assert_eq!(show["turns"][0]["turn_id"], "turn-1");
+    assert!(show["writer"].is_null());
+    assert!(show["lease"]["generation"].as_u64().expect("generation") >= 1);
+    assert!(show["lease"]["pid"].as_u64().expect("pid") > 0);
+    assert!(
+        show["tables"]
+            .as_array()
+            .expect("tables")
+            .iter()
+            .any(|t| t["table"] == "events")
+    );
+    let human = env.ok(&["show", "alpha"]);
+    assert!(
+        human.contains("cwd        /work/a") && human.contains("writer     free"),
+        "{human}"
+    );
+
+    // Without --root and $SESSION_STORE_ROOT: the platform data dir.
+    let data = env.path("data");
+    let out = Command::new(BIN)
+        .args(["create", "here"])
+        .env_remove("SESSION_STORE_ROOT")
+        .env("XDG_DATA_HOME", &data)
+        .output()
+        .expect("run");
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(data.join("session-store/here/session.sqlite").is_file());
+    let out = Command::new(BIN)
+        .args(["show", "here", "--json"])
+        .env("SESSION_STORE_ROOT", data.join("session-store"))
+        .output()
+        .expect("run");
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+}
+
+#[test]
+fn append_history_events_stats_and_the_sqlite3_shell() {
+    let env = Env::new();
+    let big = "x".repeat(100 * 1024);
+    let mut input = turn_lines(1);
+    input.push('\n'); // blank lines are skipped
+    input.push_str(&turn_lines(2));
+    input.push_str(&format!(
+        "{}\n",
+        json!({"operation_id": "tool-log", "events": [
+            {"kind": "tool/log", "optional": true, "payload": {"log": big}},
+        ]})
+    ));
+    let out = env.run_with(
+        &["append", "made", "--create", "--sync", "each", "--json"],
+        &input,
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let lines: Vec<Value> = stdout(&out).lines().map(parse).collect();
+    assert_eq!(lines.len(), 5);
+    let mut next = 1;
+    for l in &lines {
+        assert_eq!(l["first_seq"], next);
+        assert!(l["durable_sequence"].as_u64() >= l["last_seq"].as_u64());
+        next = l["last_seq"].as_u64().expect("seq") + 1;
+    }
+    assert_eq!(lines[0]["operation_id"], "turn-1/user");
+    assert_eq!(lines[4]["last_seq"], 11);
+
+    // A retry is idempotent; the human summary names the durable sequence.
+    let again = env.run_with(&["append", "made"], &turn_lines(1));
+    assert_eq!(code(&again), 0);
+    assert!(
+        stdout(&again).contains("durable sequence 11"),
+        "{}",
+        stdout(&again)
+    );
+
+    let history = env.json(&["history", "made"]);
+    let messages = history["messages"].as_array().expect("messages");
+    assert_eq!(messages.len(), 4);
+    assert_eq!(messages[0]["inline"]["content"], "question 1");
+    let page = env.json(&["history", "made", "--limit", "2"]);
+    assert_eq!(page["messages"][0]["position"], 3);
+    let cursor = page["next_cursor"].as_str().expect("cursor").to_owned();
+    let older = env.json(&["history", "made", "--limit", "2", "--cursor", &cursor]);
+    assert_eq!(older["messages"][0]["position"], 1);
+    assert!(env.ok(&["history", "made"]).contains("answer 2"));
+
+    let events = env.json(&["events", "made", "--after", "9"]);
+    let list = events["events"].as_array().expect("events");
+    assert_eq!(list.len(), 2);
+    assert_eq!(list[0]["seq"], 10);
+    assert_eq!(list[1]["kind"], "tool/log");
+    assert!(
+        list[1]["payload"].is_null(),
+        "a blob-backed payload comes as a ref"
+    );
+    assert_eq!(
+        list[1]["content_ref"]["bytes"]
+            .as_u64()
+            .map(|b| b > 100 * 1024),
+        Some(true)
+    );
+    let inline = env.json(&["events", "made", "--after", "10", "--inline"]);
+    assert_eq!(
+        inline["events"][0]["payload"]["log"].as_str().map(str::len),
+        Some(big.len())
+    );
+    let first = env.json(&["events", "made", "--limit", "3"]);
+    assert_eq!(first["events"].as_array().map(Vec::len), Some(3));
+    assert_eq!(first["next_after"], 3);
+    assert!(env.ok(&["events", "made"]).contains("<blob "));
+
+    let stats = env.json(&["stats", "made"]);
+    assert_eq!(stats["events"], 11);
+    let kinds = stats["kinds"].as_array().expect("kinds");
+    let count = |kind: &str| {
+        kinds
+            .iter()
+            .find(|k| k["kind"] == kind)
+            .map(|k| k["count"].clone())
+    };
+    assert_eq!(count("message/complete"), Some(json!(4)));
+    assert_eq!(count("tool/log"), Some(json!(1)));
+    assert_eq!(stats["blobs"]["count"], 1);
+    assert!(stats["blobs"]["compression_ratio"].as_f64().expect("ratio") > 10.0);
+    assert!(env.ok(&["stats", "made"]).contains("compression ratio"));
+
+    // The file `append` created is readable by Debian's sqlite3.
+    let file = env.root().join("made/session.sqlite");
+    let out = Command::new("/usr/bin/sqlite3")
+        .arg(&file)
+        .arg("SELECT count(*) FROM events; SELECT role || ':' || content_preview FROM transcript ORDER BY seq LIMIT 1;")
+        .output()
+        .expect("sqlite3");
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stdout(&out), "11\nuser:question 1\n");
+}
+
+#[test]
+fn append_reports_and_keeps_the_batches_before_a_bad_line() {
+    let env = Env::new();
+    env.ok(&["create", "s"]);
+    let good = json!({"operation_id": "one", "events": [message("m1", "user", "hi")]});
+    for (bad, what) in [
+        ("{not json".to_owned(), "not a batch"),
+        (json!({"events": []}).to_string(), "operation_id"),
+        (
+            json!({"operation_id": "x", "events": [{"kind": "no/such-kind"}]}).to_string(),
+            "unknown",
+        ),
+        (
+            json!({"operation_id": "one", "events": [message("m1", "user", "changed")]})
+                .to_string(),
+            "conflicts",
+        ),
+    ] {
+        let out = env.run_with(
+            &["append", "s", "--json"],
+            &format!("{good}\n{bad}\n{good}\n"),
+        );
+        assert_eq!(code(&out), 6, "{bad}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("line 2") && stderr(&out).contains(what),
+            "{}",
+            stderr(&out)
+        );
+        let printed: Vec<Value> = stdout(&out).lines().map(parse).collect();
+        assert_eq!(printed.len(), 1, "only the batch before the bad line");
+        assert_eq!(printed[0]["last_seq"], 1);
+    }
+    assert_eq!(env.json(&["show", "s"])["durable_sequence"], 1);
+    env.fails(&["append", "missing"], 3);
+    env.fails(&["append", "s", "--file", "no-such-file.jsonl"], 3);
+    let file = env.path("batches.jsonl");
+    std::fs::write(&file, turn_lines(1)).expect("write");
+    let out = env.run(&[
+        "append",
+        "s",
+        "--file",
+        file.to_str().expect("utf-8"),
+        "--json",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(stdout(&out).lines().count(), 2);
+}
+
+#[test]
+fn fork_rewind_export_import_delete_and_verify() {
+    let env = Env::new();
+    chat(&env, "parent", 2);
+    assert_eq!(
+        env.ok(&["fork", "parent", "--after-turn", "turn-1", "--id", "child"])
+            .trim(),
+        "child"
+    );
+    let rewound = env.json(&["rewind", "parent", "--before-turn", "turn-2"]);
+    assert_eq!(rewound["origin"], "rewind");
+    let rewound = rewound["session_id"].as_str().expect("id").to_owned();
+    env.fails(&["fork", "parent", "--after-turn", "no-such-turn"], 6);
+    env.fails(
+        &["fork", "parent", "--after-turn", "turn-1", "--id", "child"],
+        4,
+    );
+    env.fails(&["fork", "nobody", "--after-turn", "turn-1"], 3);
+    let child = env.json(&["show", "child"]);
+    assert_eq!(child["header"]["parent_id"], "parent");
+    assert_eq!(child["inherited_events"], 5);
+    assert_eq!(child["lineage"][0]["ancestor_id"], "parent");
+    assert_eq!(env.json(&["show", &rewound])["durable_sequence"], 5);
+    assert_eq!(
+        env.json(&["show", "parent"])["dependents"]
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
+
+    let export = env.path("parent.sqlite");
+    let export_arg = export.to_str().expect("utf-8");
+    let report = env.json(&["export", "parent", export_arg]);
+    assert_eq!(
+        (report["commits"].clone(), report["events"].clone()),
+        (json!(4), json!(10))
+    );
+    env.fails(&["export", "parent", export_arg], 4);
+    assert_eq!(
+        env.ok(&["import", export_arg, "--id", "copy", "--cwd", "/elsewhere"])
+            .trim(),
+        "copy"
+    );
+    env.fails(&["import", export_arg, "--id", "copy"], 4);
+    env.fails(&["import", "missing.sqlite"], 3);
+    let copy = env.json(&["show", "copy"]);
+    assert_eq!(copy["header"]["origin"], "canonical-import");
+    assert_eq!(copy["header"]["cwd"], "/elsewhere");
+
+    for target in ["parent", "child", export_arg] {
+        let v = env.json(&["verify", target]);
+        assert_eq!(v["ok"], true, "{target}");
+    }
+    assert_eq!(env.json(&["verify", "child"])["events"], 5);
+    assert!(env.ok(&["verify", "copy"]).starts_with("ok: copy"));
+    env.fails(&["verify", "nothing"], 3);
+
+    // A payload changed behind the library's back: the operation hash no longer matches.
+    let tampered = env.path("tampered.sqlite");
+    std::fs::copy(&export, &tampered).expect("copy");
+    let out = Command::new("/usr/bin/sqlite3")
+        .arg(&tampered)
+        .arg(r#"UPDATE events SET payload = '{"title":"forged"}' WHERE kind = 'session/title' AND seq = 4"#)
+        .output()
+        .expect("sqlite3");
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let tampered_arg = tampered.to_str().expect("utf-8");
+    let out = env.run(&["verify", tampered_arg, "--json"]);
+    assert_eq!(code(&out), 6, "{}", stderr(&out));
+    assert_eq!(parse(&stdout(&out))["ok"], false);
+    assert!(stderr(&out).contains("hash"), "{}", stderr(&out));
+    env.fails(&["import", tampered_arg, "--id", "forged"], 6);
+    let garbage = env.path("garbage.sqlite");
+    std::fs::write(&garbage, b"not a database at all").expect("write");
+    env.fails(&["verify", garbage.to_str().expect("utf-8")], 6);
+
+    // Deleting the parent keeps its forks whole.
+    assert_eq!(env.json(&["delete", "parent"])["deleted"], "parent");
+    env.fails(&["show", "parent"], 3);
+    env.fails(&["delete", "parent"], 3);
+    assert_eq!(env.json(&["verify", "child"])["events"], 5);
+    assert!(
+        env.json(&["show", "child"])["lineage"]
+            .as_array()
+            .expect("lineage")
+            .is_empty()
+    );
+    env.fails(&["delete", "child", "--wait", "-1"], 2);
+}
+
+#[test]
+fn migrate_legacy_rebuild_catalog_and_demo() {
+    let env = Env::new();
+    let legacy = env.path("legacy.jsonl");
+    std::fs::write(
+        &legacy,
+        "{\"id\":\"l1\",\"role\":\"user\",\"content\":\"old question\"}\n{\"role\":\"assistant\",\"content\":\"old answer\"}\n",
+    )
+    .expect("write");
+    let legacy_arg = legacy.to_str().expect("utf-8");
+    let record = env.json(&["migrate-legacy", legacy_arg]);
+    assert_eq!(record["message_count"], 2);
+    assert_eq!(record["reused"], false);
+    let id = record["target_id"].as_str().expect("id").to_owned();
+    assert_eq!(env.json(&["migrate-legacy", legacy_arg])["reused"], true);
+    assert_eq!(
+        env.json(&["history", &id])["messages"][1]["inline"]["content"],
+        "old answer"
+    );
+    env.fails(&["migrate-legacy", "missing.jsonl"], 3);
+    std::fs::write(&legacy, "{\"id\":1}\n{\"id\":\"x\"}\n").expect("write");
+    env.fails(&["migrate-legacy", legacy_arg], 6);
+
+    chat(&env, "other", 1);
+    std::fs::remove_file(env.root().join("catalog.sqlite")).expect("remove catalog");
+    assert_eq!(env.json(&["rebuild-catalog"])["sessions"], 2);
+    assert!(env.ok(&["rebuild-catalog"]).contains("2 sessions"));
+
+    let demo = env.json(&["demo"]);
+    let sessions = demo["sessions"].as_array().expect("sessions");
+    assert!(sessions.len() >= 3);
+    let first = sessions[0].as_str().expect("id");
+    assert!(env.json(&["verify", first])["turns"].as_u64() > Some(0));
+    // Without --root, demo alone writes to ./session-store-demo.
+    let out = Command::new(BIN)
+        .arg("demo")
+        .env_remove("SESSION_STORE_ROOT")
+        .current_dir(env.dir.path())
+        .output()
+        .expect("demo");
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        env.path("session-store-demo")
+            .join(first)
+            .join("session.sqlite")
+            .is_file()
+    );
+}
+
+#[test]
+fn exit_codes_for_usage_other_errors_and_bad_ids() {
+    let env = Env::new();
+    env.fails(&["no-such-command"], 2);
+    env.fails(&["show"], 2);
+    env.fails(&["append", "x", "--sync", "sometimes"], 2);
+    env.fails(&["bench", "--events", "0"], 2);
+    env.fails(&["show", "missing"], 3);
+    env.fails(&["history", "missing"], 3);
+    env.fails(&["events", "missing"], 3);
+    env.fails(&["stats", "missing"], 3);
+    env.fails(&["export", "missing", "out.sqlite"], 3);
+    env.fails(&["show", "../escape"], 6);
+    env.fails(&["create", "con"], 6);
+    // A root that cannot be a folder.
+    let file = env.path("a-file");
+    std::fs::write(&file, b"").expect("write");
+    let out = Command::new(BIN)
+        .arg("--root")
+        .arg(&file)
+        .arg("list")
+        .output()
+        .expect("run");
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert_eq!(stderr(&out).lines().count(), 1);
+    assert!(stderr(&out).starts_with("session-store: error: "));
+}
+
+/// Waits until `show ID` reports a writer holding the lock; returns it.
+fn wait_for_writer(env: &Env, id: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let show = env.json(&["show", id]);
+        if !show["writer"].is_null() {
+            return show["writer"].clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the first appender never took the lock"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_second_appender_exits_5_naming_the_first_ones_pid() {
+    let env = Env::new();
+    env.ok(&["create", "shared"]);
+    let mut first: Child = env
+        .command(&["append", "shared", "--json", "--sync", "each"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let writer = wait_for_writer(&env, "shared");
+    assert_eq!(writer["pid"], first.id());
+
+    let out = env.run_with(&["append", "shared"], &turn_lines(1));
+    assert_eq!(code(&out), 5, "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!("pid {}", first.id())) && err.contains("host"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1);
+    let err = env.fails(&["delete", "shared"], 5);
+    assert!(err.contains(&format!("pid {}", first.id())), "{err}");
+    env.fails(&["delete", "shared", "--wait", "0.2"], 5);
+
+    // The first one keeps working; a delete that waits long enough outlives it.
+    let mut input = first.stdin.take().expect("stdin");
+    input.write_all(turn_lines(1).as_bytes()).expect("write");
+    input.flush().expect("flush");
+    let mut lines = BufReader::new(first.stdout.take().expect("stdout")).lines();
+    let line = lines.next().expect("a line").expect("read");
+    assert_eq!(parse(&line)["last_seq"], 2);
+    let deleter = env
+        .command(&["delete", "shared", "--wait", "30"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    std::thread::sleep(Duration::from_millis(300));
+    drop(input);
+    assert!(first.wait().expect("wait").success());
+    let out = deleter.wait_with_output().expect("wait");
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    env.fails(&["show", "shared"], 3);
+}
+
+/// `append --sync each --json` on a 10,000-batch file, SIGKILLed mid-way, ten times: every
+/// batch it printed is in the session afterwards, at the printed sequences.
+#[test]
+fn append_sync_each_killed_mid_way_keeps_every_printed_batch() {
+    let env = Env::new();
+    let file = env.path("batches.jsonl");
+    let mut text = String::new();
+    for i in 0..10_000 {
+        let batch = json!({"operation_id": format!("op-{i}"), "events": [
+            message(&format!("m{i}"), "user", &format!("message {i}")),
+            {"kind": "diagnostic", "optional": true, "payload": {"n": i}},
+        ]});
+        text.push_str(&batch.to_string());
+        text.push('\n');
+    }
+    std::fs::write(&file, text).expect("write");
+    for round in 0..10 {
+        let id = format!("killed-{round}");
+        env.ok(&["create", &id]);
+        let mut child = env
+            .command(&["append", &id, "--sync", "each", "--json"])
+            .stdin(std::fs::File::open(&file).expect("open"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn");
+        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+        let wanted = 5 + fastrand::usize(..200);
+        let mut printed = Vec::new();
+        let mut line = String::new();
+        while printed.len() < wanted {
+            line.clear();
+            if out.read_line(&mut line).expect("read") == 0 {
+                break;
+            }
+            printed.push(parse(&line));
+        }
+        child.kill().expect("SIGKILL");
+        child.wait().expect("wait");
+        // Lines already in the pipe were printed before the kill.
+        let mut rest = String::new();
+        out.read_to_string(&mut rest).expect("read rest");
+        let complete = rest.rfind('\n').map_or("", |end| &rest[..end]);
+        printed.extend(complete.lines().map(parse));
+        assert!(
+            printed.len() >= wanted,
+            "round {round}: the appender stopped early"
+        );
+        assert!(
+            printed.len() < 10_000,
+            "round {round}: killed too late to prove anything"
+        );
+
+        let events = env.json(&["events", &id, "--limit", "100000"]);
+        let stored: std::collections::HashMap<&str, (u64, u64)> = events["events"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .fold(std::collections::HashMap::new(), |mut m, e| {
+                let op = e["operation_id"].as_str().expect("op");
+                let seq = e["seq"].as_u64().expect("seq");
+                let range = m.entry(op).or_insert((seq, seq));
+                range.1 = range.1.max(seq);
+                m
+            });
+        for p in &printed {
+            let op = p["operation_id"].as_str().expect("op");
+            let want = (
+                p["first_seq"].as_u64().expect("first"),
+                p["last_seq"].as_u64().expect("last"),
+            );
+            assert_eq!(
+                stored.get(op),
+                Some(&want),
+                "round {round}: printed {op} is missing"
+            );
+        }
+        assert_eq!(env.json(&["verify", &id])["ok"], true);
+    }
+}
+
+#[test]
+fn bench_runs_small_and_reports_the_ratios() {
+    let env = Env::new();
+    let dir = env.path("bench");
+    let report = env.json(&[
+        "bench",
+        "--events",
+        "2000",
+        "--batch",
+        "50",
+        "--sessions",
+        "2",
+        "--durability",
+        "normal",
+        "--dir",
+        dir.to_str().expect("utf-8"),
+    ]);
+    for key in ["library", "raw", "jsonl"] {
+        assert!(
+            report[key]["events_per_s"].as_f64() > Some(0.0),
+            "{key}: {report}"
+        );
+        assert!(
+            report[key]["mb_per_s"].as_f64() > Some(0.0),
+            "{key}: {report}"
+        );
+    }
+    assert!(report["fdatasync_per_s"].as_f64() > Some(0.0));
+    assert!(report["ratio_library_raw"].as_f64() > Some(0.0));
+    assert!(report["ratio_library_jsonl"].as_f64() > Some(0.0));
+    assert_eq!(report["durability"], "normal");
+    let human = env.ok(&["bench", "--events", "640", "--sessions", "1"]);
+    assert!(
+        human.contains("ratio library/raw") && human.contains("library/JSONL"),
+        "{human}"
+    );
+    // The default bench folder inside the root is removed afterwards.
+    let leftovers: Vec<_> = std::fs::read_dir(env.root())
+        .expect("root")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".bench"))
+        .collect();
+    assert!(leftovers.is_empty());
+}
