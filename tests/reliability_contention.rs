@@ -1,0 +1,273 @@
+//! Reliability promise 3: processes racing to open one session for writing. Each round
+//! exactly one wins; every other gets `WriterOwned` naming the winner's pid and lease
+//! generation; a reader in another process reads the whole time without an error.
+//!
+//! The contenders are real child processes (this binary re-run as `contender_role`), told
+//! over stdin when to race: `go <round> <start_ms>` makes each of them sleep until the same
+//! wall-clock instant and call `Root::open_writer` once; the winner holds the session until
+//! `release <round>`, appends one commit and closes. `RELIABILITY_CONTENDERS` (2..=8,
+//! default 3) and `RELIABILITY_ROUNDS` (default 200) size the race.
+
+mod common;
+mod reliability_support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::*;
+use reliability_support::*;
+use session_store::{Batch, Error, Root};
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// Child role: races for the writer of `SS_ID` under `SS_ROOT` when told to on stdin.
+#[test]
+#[ignore = "child process role, run by contention_*"]
+fn contender_role() {
+    let Ok(root_path) = std::env::var("SS_ROOT") else {
+        return; // run by hand without a parent: nothing to do
+    };
+    let root = Root::open(root_path).unwrap();
+    let name = id(&std::env::var("SS_ID").unwrap());
+    println!("ready {}", std::process::id());
+    let mut held = None;
+    for line in std::io::stdin().lines() {
+        let line = line.unwrap();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["go", round, start] => {
+                let start: u64 = start.parse().unwrap();
+                if let Some(wait) = start.checked_sub(now_ms()) {
+                    std::thread::sleep(Duration::from_millis(wait));
+                }
+                match root.open_writer(&name) {
+                    Ok(s) => {
+                        println!("won {round} {}", s.owner().generation);
+                        held = Some(s);
+                    }
+                    Err(Error::WriterOwned { owner }) => {
+                        println!("lost {round} {} {}", owner.pid, owner.generation);
+                    }
+                    Err(e) => println!("error {round} {e}"),
+                }
+            }
+            ["release", round] => {
+                let s: session_store::Session = held.take().expect("release without a win");
+                s.append(Batch::new(
+                    format!("round-{round}"),
+                    vec![message(&format!("m-{round}"), "user", round)],
+                ))
+                .unwrap();
+                s.close().unwrap();
+                println!("released {round}");
+            }
+            ["quit"] => break,
+            other => panic!("unknown command {other:?}"),
+        }
+    }
+}
+
+struct ReaderFigures {
+    reads: u64,
+    commits_read: u64,
+    errors: Vec<String>,
+}
+
+/// Reads the session over and over (fresh `open_reader`, durable sequence, every commit)
+/// until `stop`; the durable sequence must never go back and the log must stay whole.
+fn reader_loop(root: Root, name: session_store::SessionId, stop: Arc<AtomicBool>) -> ReaderFigures {
+    let mut f = ReaderFigures {
+        reads: 0,
+        commits_read: 0,
+        errors: Vec::new(),
+    };
+    let mut last_durable = 0;
+    while !stop.load(Ordering::Relaxed) {
+        let result = (|| -> session_store::Result<u64> {
+            let reader = root.open_reader(&name)?;
+            let durable = reader.durable_sequence()?;
+            let commits = reader.replay()?;
+            let mut next = 1;
+            for c in &commits {
+                if c.first_seq != next {
+                    return Err(Error::Corrupt(format!("gap at {next}")));
+                }
+                next = c.last_seq() + 1;
+            }
+            if next - 1 < durable {
+                return Err(Error::Corrupt(format!(
+                    "read {} events but the durable sequence was {durable}",
+                    next - 1
+                )));
+            }
+            f.commits_read += commits.len() as u64;
+            Ok(next - 1)
+        })();
+        match result {
+            Ok(seen) if seen < last_durable => f.errors.push(format!(
+                "durable sequence went back: {seen} < {last_durable}"
+            )),
+            Ok(seen) => last_durable = seen,
+            Err(e) => f.errors.push(e.to_string()),
+        }
+        f.reads += 1;
+    }
+    f
+}
+
+fn run_contention(contenders: usize, rounds: usize) {
+    assert!(
+        (2..=8).contains(&contenders),
+        "RELIABILITY_CONTENDERS must be 2..=8"
+    );
+    let (_dir, root) = temp_root();
+    let name = id("contended");
+    create(&root, "contended").close().unwrap();
+    let env = [
+        ("SS_ROOT", root.path().to_str().unwrap().to_owned()),
+        ("SS_ID", name.to_string()),
+    ];
+    let mut children: Vec<ChildLines> = (0..contenders)
+        .map(|_| ChildLines::spawn("contender_role", &env))
+        .collect();
+    let pids: Vec<u32> = children
+        .iter_mut()
+        .map(|c| c.expect("ready ").parse().unwrap())
+        .collect();
+    for (c, pid) in children.iter().zip(&pids) {
+        assert_eq!(c.child.id(), *pid);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (root, name, stop) = (root.clone(), name.clone(), Arc::clone(&stop));
+        std::thread::spawn(move || reader_loop(root, name, stop))
+    };
+    let started = Instant::now();
+    let mut wins = vec![0usize; contenders];
+    let mut last_generation = root.stat(&name).unwrap().last_writer.generation;
+    // (pid, generation) of every winner so far, and refusals that named another writer.
+    let mut history: Vec<(u32, u64)> = vec![(std::process::id(), last_generation)];
+    let mut stale: Vec<String> = Vec::new();
+    for round in 0..rounds {
+        let start = now_ms() + 5;
+        for c in &mut children {
+            c.send(&format!("go {round} {start}"));
+        }
+        let mut winner = None;
+        let mut losers = Vec::new();
+        for (i, c) in children.iter_mut().enumerate() {
+            let answer = c.expect("");
+            let words: Vec<&str> = answer.split_whitespace().collect();
+            match words.as_slice() {
+                ["won", r, generation] if *r == round.to_string() => {
+                    assert!(
+                        winner.is_none(),
+                        "round {round}: two winners ({winner:?} and child {i})"
+                    );
+                    winner = Some((i, generation.parse::<u64>().unwrap()));
+                }
+                ["lost", r, pid, generation] if *r == round.to_string() => {
+                    losers.push((
+                        i,
+                        pid.parse::<u32>().unwrap(),
+                        generation.parse::<u64>().unwrap(),
+                    ));
+                }
+                other => panic!("round {round}: child {i} answered {other:?}"),
+            }
+        }
+        let (w, generation) = winner.unwrap_or_else(|| panic!("round {round}: nobody won"));
+        assert_eq!(
+            generation,
+            last_generation + 1,
+            "round {round}: each win takes the lease exactly once"
+        );
+        last_generation = generation;
+        for (i, pid, owner_generation) in losers {
+            if (pid, owner_generation) == (pids[w], generation) {
+                continue;
+            }
+            // KNOWN LIBRARY BUG (reported, not worked around): a loser can be told the
+            // *previous* round's writer (its pid, or the winner's pid with the previous
+            // generation). `Root::open_writer` names the owner recorded in `writer.lock`,
+            // or with no record the lease row; the winner writes both only after it took
+            // the flock, opened the file and committed its lease, so a loser that gives up
+            // inside that window names a writer that is gone. Clearing the record on
+            // release (27eed83) narrowed the window; under load (2 cores, other builds
+            // running) the default run still hits it. Refusals are collected over the
+            // whole run so the count is reported, not just the first.
+            let previous = history.iter().find(|(_, g)| *g == owner_generation);
+            assert!(
+                previous.is_some_and(|(p, _)| *p == pid),
+                "round {round}: child {i} was told pid {pid} generation {owner_generation}, \
+                 which never won"
+            );
+            stale.push(format!(
+                "round {round}: child {i} was told pid {pid} generation {owner_generation}, \
+                 but child {w} (pid {}) won generation {generation}",
+                pids[w]
+            ));
+        }
+        history.push((pids[w], generation));
+        wins[w] += 1;
+        children[w].send(&format!("release {round}"));
+        assert_eq!(children[w].expect("released "), round.to_string());
+    }
+    let raced = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    let figures = reader.join().unwrap();
+    for c in &mut children {
+        c.send("quit");
+    }
+    for c in &mut children {
+        assert!(c.child.wait().unwrap().success());
+    }
+    let replayed = session_store::replay(root.session_dir(&name)).unwrap();
+    eprintln!(
+        "contention: {contenders} processes raced {rounds} rounds in {raced:.1?}, wins per process \
+         {wins:?}; reader: {} reads, {} commits read, {} errors; {} of {} refusals named a stale owner",
+        figures.reads,
+        figures.commits_read,
+        figures.errors.len(),
+        stale.len(),
+        rounds * (contenders - 1)
+    );
+    assert!(
+        figures.errors.is_empty(),
+        "the reader failed {} of {} reads, first: {}",
+        figures.errors.len(),
+        figures.reads,
+        figures.errors[0]
+    );
+    assert!(figures.reads > 0);
+    assert_eq!(replayed.commits.len(), rounds, "one commit per round");
+    assert!(
+        stale.is_empty(),
+        "{} refusals named a stale owner (library bug, see the comment above), first: {}",
+        stale.len(),
+        stale[0]
+    );
+}
+
+#[test]
+fn contention_one_writer_wins_each_round_and_readers_never_fail() {
+    let contenders = env_count("RELIABILITY_CONTENDERS", 3);
+    run_contention(contenders, env_count("RELIABILITY_ROUNDS", 200));
+}
+
+/// The long variant for `scripts/soak.sh`: 8 processes, 2000 rounds unless the
+/// environment says otherwise.
+#[test]
+#[ignore = "soak: long contention run, run by scripts/soak.sh"]
+fn soak_contention() {
+    run_contention(
+        env_count("RELIABILITY_CONTENDERS", 8),
+        env_count("RELIABILITY_ROUNDS", 2000),
+    );
+}

@@ -1,0 +1,541 @@
+//! Reliability promise 5: damaged files. Copies of a closed session file are damaged in
+//! one way each (flipped bytes in a data page, truncation mid-page, a zeroed header,
+//! garbage, an empty file, a foreign application id, a newer schema version, a replaced
+//! blob, rows removed behind the store's back) and put in a session folder of a root.
+//! `replay`, `Root::open_reader` (with a full read) and `Root::open_writer` must each
+//! report `Corrupt` or `UnsupportedVersion`: never panic, never hand out a history that
+//! differs from the original (partial or altered).
+
+mod common;
+mod reliability_support;
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::PathBuf;
+
+use common::*;
+use reliability_support::*;
+use serde_json::json;
+use session_store::{Batch, Event, Root, replay};
+
+/// Unique text inside one inline payload, to find its data page in the file.
+const MARKER: &str = "MARKER-7f3a9c-inline-payload-text";
+
+/// Builds a closed session with turns, inline payloads and two blobs (one very
+/// compressible, one random hex); returns its file's bytes and its history.
+fn sample() -> (Vec<u8>, Vec<String>) {
+    let (dir, root) = temp_root();
+    let s = create(&root, "sample");
+    s.append(Batch::new("title", vec![title("Corruption sample")]))
+        .unwrap();
+    for i in 0..30 {
+        s.append(turn(
+            &format!("op-{i}"),
+            &format!("turn-{i}"),
+            &format!("m-{i}"),
+        ))
+        .unwrap();
+    }
+    s.append(Batch::new(
+        "marker",
+        vec![message(
+            "m-marker",
+            "user",
+            &format!("{MARKER} {}", "x".repeat(500)),
+        )],
+    ))
+    .unwrap();
+    let compressible = "tool output line\n".repeat(6_000);
+    s.append(Batch::new(
+        "zstd-blob",
+        vec![message("m-zstd", "tool", &compressible)],
+    ))
+    .unwrap();
+    let mut rng = fastrand::Rng::with_seed(7);
+    let random: String = (0..80_000)
+        .map(|_| char::from(b"0123456789abcdef"[rng.usize(..16)]))
+        .collect();
+    s.append(Batch::new(
+        "random-blob",
+        vec![
+            Event::new("host/attachment")
+                .optional()
+                .with_payload(&json!({"body": random}))
+                .unwrap(),
+        ],
+    ))
+    .unwrap();
+    for i in 30..60 {
+        s.append(turn(
+            &format!("op-{i}"),
+            &format!("turn-{i}"),
+            &format!("m-{i}"),
+        ))
+        .unwrap();
+    }
+    s.close().unwrap();
+    drop(s);
+    let folder = root.session_dir(&id("sample"));
+    let history = history_lines(&replay(&folder).unwrap().commits);
+    // Fold the WAL into the main file (the session's read pool may close after its
+    // writer, and read-only connections never checkpoint), so one file holds it all.
+    let file = folder.join("session.sqlite");
+    let conn = rusqlite::Connection::open(&file).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    // A pooled read connection of `replay` can linger for a moment on the pool's thread;
+    // leaving WAL mode needs every other connection gone.
+    while let Err(e) = conn.pragma_update(None, "journal_mode", "DELETE") {
+        assert!(std::time::Instant::now() < deadline, "{e}");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    drop(conn);
+    assert!(
+        !folder.join("session.sqlite-wal").exists(),
+        "the copy is one self-contained file"
+    );
+    let bytes = std::fs::read(&file).unwrap();
+    drop(root);
+    drop(dir);
+    (bytes, history)
+}
+
+fn page_size(file: &[u8]) -> usize {
+    match u16::from_be_bytes([file[16], file[17]]) {
+        1 => 65536,
+        n => n as usize,
+    }
+}
+
+/// A fresh root holding the damaged file as the session folder `sample`.
+fn planted(bytes: &[u8]) -> (tempfile::TempDir, Root, PathBuf) {
+    let (dir, root) = temp_root();
+    let folder = root.session_dir(&id("sample"));
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::write(folder.join("session.sqlite"), bytes).unwrap();
+    (dir, root, folder)
+}
+
+/// Applies SQL to a copy of the file (for damage only SQLite itself can do cleanly).
+fn with_sql(bytes: &[u8], sql: &str) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("copy.sqlite");
+    std::fs::write(&file, bytes).unwrap();
+    let conn = rusqlite::Connection::open(&file).unwrap();
+    conn.pragma_update(None, "foreign_keys", false).unwrap();
+    conn.execute_batch(sql).unwrap();
+    conn.pragma_update(None, "journal_mode", "DELETE").unwrap();
+    drop(conn);
+    std::fs::read(&file).unwrap()
+}
+
+/// What one entry point did with a damaged file (the texts are read through `Debug`).
+#[derive(Debug)]
+#[allow(dead_code)]
+enum Outcome {
+    /// Refused with `Corrupt` / `UnsupportedVersion`.
+    Refused(String),
+    /// Returned the original history unchanged (the damage hit unused bytes).
+    Intact,
+    /// Any other error.
+    OtherError(String),
+    /// Returned a history that differs from the original.
+    Different(String),
+    /// Panicked.
+    Panicked(String),
+}
+
+impl Outcome {
+    fn acceptable(&self) -> bool {
+        matches!(self, Outcome::Refused(_) | Outcome::Intact)
+    }
+}
+
+fn judge(original: &[String], f: impl FnOnce() -> session_store::Result<Vec<String>>) -> Outcome {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Err(panic) => Outcome::Panicked(
+            panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_default(),
+        ),
+        Ok(Err(e)) if is_damage(&e) => Outcome::Refused(e.to_string()),
+        Ok(Err(e)) => Outcome::OtherError(format!("{e:?}")),
+        Ok(Ok(h)) if h == original => Outcome::Intact,
+        Ok(Ok(h)) => {
+            let first = h
+                .iter()
+                .zip(original)
+                .position(|(a, b)| a != b)
+                .unwrap_or(h.len().min(original.len()));
+            Outcome::Different(format!(
+                "{} commits instead of {}, first difference at commit {first}",
+                h.len(),
+                original.len()
+            ))
+        }
+    }
+}
+
+/// The three entry points on one damaged file: `replay`, `open_reader` + a full read,
+/// `open_writer` + a full read of what it accepted (last: it writes the lease).
+fn outcomes(bytes: &[u8], original: &[String]) -> [(&'static str, Outcome); 3] {
+    let (_dir, root, folder) = planted(bytes);
+    let name = id("sample");
+    let replayed = judge(original, || Ok(history_lines(&replay(&folder)?.commits)));
+    let read = judge(original, || {
+        let reader = root.open_reader(&name)?;
+        reader.projection()?;
+        Ok(history_lines(&reader.replay()?))
+    });
+    let write = judge(original, || {
+        let s = root.open_writer(&name)?;
+        let h = history_lines(&s.accepted_commits(0, usize::MAX)?);
+        s.close()?;
+        Ok(h)
+    });
+    [
+        ("replay", replayed),
+        ("open_reader", read),
+        ("open_writer", write),
+    ]
+}
+
+/// Checks every entry point refused `bytes`; returns the failures as text.
+fn check_case(case: &str, bytes: &[u8], original: &[String]) -> Vec<String> {
+    let mut failures = Vec::new();
+    for (entry, outcome) in outcomes(bytes, original) {
+        eprintln!("corrupt: {case:<28} {entry:<12} {outcome:?}");
+        if !matches!(outcome, Outcome::Refused(_)) {
+            failures.push(format!("{case}: {entry}: {outcome:?}"));
+        }
+    }
+    failures
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> usize {
+    haystack
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .expect("marker in file")
+}
+
+/// Named damaged copies of the sample file.
+type Cases = Vec<(&'static str, Vec<u8>)>;
+
+/// Fixed damage, each of which must be refused by all three entry points.
+fn fixed_cases(file: &[u8]) -> Cases {
+    let ps = page_size(file);
+    let pages = file.len() / ps;
+    let marker_at = find(file, MARKER.as_bytes());
+    let mut cases: Cases = Vec::new();
+
+    let mut b = file.to_vec();
+    let page_start = marker_at / ps * ps;
+    b[page_start] = 0x6b; // not a b-tree page type
+    cases.push(("flipped page-type byte", b));
+
+    let mut b = file.to_vec();
+    for k in 0..16 {
+        b[page_start + ps / 2 + k * 7] ^= 0xa5;
+    }
+    cases.push(("16 flipped bytes mid-page", b));
+
+    cases.push((
+        "truncated mid-page",
+        file[..(pages / 2) * ps + ps / 2].to_vec(),
+    ));
+    cases.push(("truncated to one page", file[..ps].to_vec()));
+
+    let mut b = file.to_vec();
+    b[..100].fill(0);
+    cases.push(("zeroed header", b));
+
+    let mut rng = fastrand::Rng::with_seed(99);
+    cases.push(("garbage", (0..64 * 1024).map(|_| rng.u8(..)).collect()));
+    cases.push(("empty file", Vec::new()));
+
+    let mut b = file.to_vec();
+    b[68..72].copy_from_slice(&42i32.to_be_bytes());
+    cases.push(("wrong application_id", b));
+
+    let mut b = file.to_vec();
+    b[60..64].copy_from_slice(&(session_store::SCHEMA_VERSION as i32 + 1).to_be_bytes());
+    cases.push(("newer user_version", b));
+
+    cases.push((
+        "blob replaced by another",
+        with_sql(
+            file,
+            "UPDATE blobs SET data = (SELECT data FROM blobs ORDER BY bytes DESC LIMIT 1),
+                              bytes = (SELECT bytes FROM blobs ORDER BY bytes DESC LIMIT 1)
+             WHERE digest = (SELECT digest FROM blobs ORDER BY bytes ASC LIMIT 1)",
+        ),
+    ));
+    cases.push((
+        "blob zeroed",
+        with_sql(file, "UPDATE blobs SET data = zeroblob(length(data))"),
+    ));
+    cases.push((
+        "blob re-labelled identity",
+        with_sql(file, "UPDATE blobs SET encoding = 'identity'"),
+    ));
+    cases.push((
+        "blob row deleted",
+        with_sql(file, "DELETE FROM blobs WHERE encoding = 'zstd'"),
+    ));
+    cases.push((
+        "event row deleted",
+        with_sql(file, "DELETE FROM events WHERE seq = 5"),
+    ));
+    cases
+}
+
+/// Damage that leaves rows SQLite reads fine but that do not decode into the columns'
+/// Rust types.
+fn decoding_cases(file: &[u8]) -> Cases {
+    vec![
+        (
+            "invalid UTF-8 in a kind",
+            with_sql(
+                file,
+                "UPDATE events SET kind = CAST(x'7475726e2fff' AS TEXT) WHERE seq = 3",
+            ),
+        ),
+        (
+            "text where a number belongs",
+            with_sql(
+                file,
+                "UPDATE commits SET writer_generation = 'one' WHERE first_seq = 2",
+            ),
+        ),
+    ]
+}
+
+/// Damage that leaves a well-formed SQLite file with a consistent b-tree: only the
+/// store's own checks (sequence contiguity, operation hashes) can notice it.
+fn logical_cases(file: &[u8]) -> Cases {
+    let mut flipped = file.to_vec();
+    // 'K' -> 'J' inside a JSON string: still valid JSON, still valid UTF-8.
+    flipped[find(file, MARKER.as_bytes()) + 3] ^= 0x01;
+    vec![
+        ("flipped byte in a payload", flipped),
+        (
+            "commit removed (consistent)",
+            with_sql(
+                file,
+                "DELETE FROM turns WHERE start_seq = 5;
+                 DELETE FROM events
+                 WHERE seq BETWEEN 5 AND (SELECT last_seq FROM commits WHERE first_seq = 5);
+                 DELETE FROM commits WHERE first_seq = 5;",
+            ),
+        ),
+        (
+            "payload rewritten (valid)",
+            with_sql(
+                file,
+                "UPDATE events SET payload = json_set(payload, '$.message.content', 'forged')
+                 WHERE kind = 'message/complete' AND seq = 24;",
+            ),
+        ),
+    ]
+}
+
+/// Damages copies of the sample with `cases` and asserts every entry point refused each.
+fn assert_all_refused(cases: fn(&[u8]) -> Cases, what: &str) {
+    let (file, original) = sample();
+    let mut failures = Vec::new();
+    for (case, bytes) in cases(&file) {
+        failures.extend(check_case(case, &bytes, &original));
+    }
+    assert!(
+        failures.is_empty(),
+        "{} entry points {what}:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn corrupt_files_are_refused_by_replay_and_by_open() {
+    assert_all_refused(fixed_cases, "accepted damage");
+}
+
+/// Rows that do not decode (invalid UTF-8 in a TEXT column, text in an INTEGER column).
+///
+/// KNOWN LIBRARY BUG (reported, not worked around): these come back as `Error::Sqlite`
+/// (`Utf8Error`, `InvalidColumnType`; random flips also give `IntegralValueOutOfRange`)
+/// instead of `Error::Corrupt`, from `replay`, `open_reader` and `open_writer` alike:
+/// `From<rusqlite::Error>` maps only `SqliteFailure` codes to `Corrupt`.
+#[test]
+fn rows_that_do_not_decode_are_reported_as_corrupt() {
+    assert_all_refused(decoding_cases, "misreported undecodable rows");
+}
+
+/// A well-formed file whose log was edited behind the store's back.
+///
+/// KNOWN LIBRARY BUG (reported, not worked around): `replay` refuses all of these (its
+/// sequence and operation-hash checks), but `Root::open_reader` and `Root::open_writer`
+/// do not run those checks, so they hand out a history with a hole or a forged payload
+/// without an error.
+#[test]
+fn a_log_edited_behind_the_stores_back_is_refused_by_replay_and_by_open() {
+    assert_all_refused(logical_cases, "accepted a doctored log");
+}
+
+/// Random bytes flipped in random pages past the first: every entry point either refuses
+/// the file or (when the flips hit unused space) returns the original history, and never
+/// panics. `RELIABILITY_CORRUPT_TRIALS` raises the trial count (default 40).
+///
+/// KNOWN LIBRARY BUGS (reported): fails through both bugs above — a flip inside a payload
+/// is handed out by `open_reader`/`open_writer`, and undecodable rows are `Error::Sqlite`.
+fn random_flips(trials: usize) {
+    let (file, original) = sample();
+    let ps = page_size(&file);
+    let pages = file.len() / ps;
+    let mut rng = fastrand::Rng::with_seed(seed("corrupt_random_flips"));
+    let mut failures = Vec::new();
+    let mut refused = 0;
+    for trial in 0..trials {
+        let mut b = file.clone();
+        let page = rng.usize(1..pages);
+        for _ in 0..rng.usize(1..=8) {
+            let at = page * ps + rng.usize(..ps);
+            b[at] ^= rng.u8(1..);
+        }
+        let case = format!("trial {trial} (page {page})");
+        for (entry, outcome) in outcomes(&b, &original) {
+            if matches!(outcome, Outcome::Refused(_)) {
+                refused += 1;
+            }
+            if !outcome.acceptable() {
+                failures.push(format!("{case}: {entry}: {outcome:?}"));
+            }
+        }
+    }
+    eprintln!(
+        "corrupt_random_flips: {trials} damaged copies x 3 entry points: {refused} refusals, \
+         {} unacceptable outcomes",
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn random_flipped_bytes_are_refused_or_harmless() {
+    random_flips(env_count("RELIABILITY_CORRUPT_TRIALS", 40));
+}
+
+/// The long variant for `scripts/soak.sh`.
+#[test]
+#[ignore = "soak: many random corruptions, run by scripts/soak.sh"]
+fn soak_random_flipped_bytes() {
+    random_flips(env_count("RELIABILITY_CORRUPT_TRIALS", 2000));
+}
+
+/// A closed session with more than 1,000 events (so closing wrote a projection
+/// checkpoint), as a folder in a fresh root; returns the full fold's JSON.
+fn checkpointed(root: &Root) -> String {
+    let s = create(root, "sample");
+    for i in 0..350 {
+        s.append(turn(
+            &format!("op-{i}"),
+            &format!("turn-{i}"),
+            &format!("m-{i}"),
+        ))
+        .unwrap();
+    }
+    s.append(Batch::new("title", vec![title("checkpointed")]))
+        .unwrap();
+    s.close().unwrap();
+    drop(s);
+    let full = replay(root.session_dir(&id("sample"))).unwrap().projection;
+    serde_json::to_string(&full).unwrap()
+}
+
+/// What an opener folds (`open_reader(..).projection()`) after `sql` damaged the
+/// checkpoint: `Ok(json)` or the error.
+fn projection_after(sql: &str) -> (String, session_store::Result<String>) {
+    let (_dir, root) = temp_root();
+    let full = checkpointed(&root);
+    let file = root.session_dir(&id("sample")).join("session.sqlite");
+    let conn = rusqlite::Connection::open(&file).unwrap();
+    let rows: i64 = conn
+        .query_row("SELECT count(*) FROM checkpoint", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(
+        rows, 1,
+        "closing a session of 1,051 events writes a checkpoint"
+    );
+    conn.execute_batch(sql).unwrap();
+    drop(conn);
+    let opened = root
+        .open_reader(&id("sample"))
+        .and_then(|r| r.projection())
+        .map(|p| serde_json::to_string(&p).unwrap());
+    (full, opened)
+}
+
+/// Runs each checkpoint damage and collects the cases where the opener neither folded
+/// the whole log nor refused the file.
+fn checkpoint_failures(cases: &[(&str, &str)]) -> Vec<String> {
+    let mut failures = Vec::new();
+    for (case, sql) in cases {
+        let (full, opened) = projection_after(sql);
+        let outcome = match &opened {
+            Ok(p) if *p == full => "the full fold".to_owned(),
+            Ok(_) => "A DIFFERENT PROJECTION".to_owned(),
+            Err(e) if is_damage(e) => format!("refused: {e}"),
+            Err(e) => format!("OTHER ERROR: {e:?}"),
+        };
+        eprintln!("checkpoint: {case:<34} {outcome}");
+        if !(outcome == "the full fold" || outcome.starts_with("refused")) {
+            failures.push(format!("{case}: {outcome}"));
+        }
+    }
+    failures
+}
+
+/// The projection checkpoint is derived data: an unreadable one, one past the log's end
+/// or a missing one makes the opener fold the whole log.
+#[test]
+fn a_damaged_checkpoint_falls_back_to_the_log() {
+    let failures = checkpoint_failures(&[
+        ("unchanged", ""),
+        (
+            "garbage projection",
+            "UPDATE checkpoint SET projection = 'not json'",
+        ),
+        (
+            "empty projection object",
+            "UPDATE checkpoint SET projection = '{}'",
+        ),
+        (
+            "past the end of the log",
+            "UPDATE checkpoint SET through_seq = through_seq + 1000",
+        ),
+        ("checkpoint row deleted", "DELETE FROM checkpoint"),
+    ]);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// KNOWN LIBRARY BUG (reported, not worked around; the same gap as
+/// `a_log_edited_behind_the_stores_back_is_refused_by_replay_and_by_open`): a checkpoint
+/// that is well-formed but contradicts the log is believed. With `through_seq` behind the
+/// sequence its projection folded (`committed_sequence`), the opener folds those commits
+/// a second time and fails with `InvalidPayload` (duplicate message id): the session can
+/// no longer be opened although its log is intact. With another title, every opener shows
+/// the forged title. Nothing ties the checkpoint to the commits it claims to fold.
+#[test]
+fn a_checkpoint_that_contradicts_the_log_is_not_believed() {
+    let failures = checkpoint_failures(&[
+        (
+            "through_seq behind its projection",
+            "UPDATE checkpoint SET through_seq = through_seq - 300",
+        ),
+        (
+            "forged title",
+            "UPDATE checkpoint SET projection = json_set(projection, '$.title', 'forged')",
+        ),
+    ]);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
