@@ -208,6 +208,41 @@ enum Command {
     },
     /// Rebuild the derived catalog from the session files.
     RebuildCatalog,
+    /// Write a Litestream (>= 0.5) config that replicates every session of the root
+    /// continuously (stdout, or --config-out FILE); --run starts `litestream replicate`.
+    Replicate {
+        /// Replica: file:///PATH, s3://BUCKET/PREFIX or sftp://USER@HOST/PATH
+        /// [default: $SESSION_STORE_REPLICA].
+        #[arg(long, value_name = "URL")]
+        replica: Option<String>,
+        /// Write the config to this file instead of stdout.
+        #[arg(long, value_name = "FILE")]
+        config_out: Option<PathBuf>,
+        /// Start `litestream replicate -config FILE` (FILE: --config-out, else
+        /// <root>/litestream.yml).
+        #[arg(long)]
+        run: bool,
+        /// The Litestream binary [default: $LITESTREAM_BIN, else litestream on PATH].
+        #[arg(long, value_name = "BIN")]
+        litestream: Option<PathBuf>,
+    },
+    /// Restore one session (and the ancestors its lineage names) or all of them from a
+    /// Litestream replica into the root, verify each and rebuild the catalog.
+    #[command(group(clap::ArgGroup::new("which").required(true).args(["id", "all"])))]
+    Restore {
+        /// The replica `replicate` wrote to (file:///PATH, s3://…, sftp://…).
+        #[arg(long, value_name = "REPLICA")]
+        from: String,
+        /// The session to restore.
+        #[arg(long, value_name = "ID")]
+        id: Option<String>,
+        /// Every session of the replica.
+        #[arg(long)]
+        all: bool,
+        /// The Litestream binary [default: $LITESTREAM_BIN, else litestream on PATH].
+        #[arg(long, value_name = "BIN")]
+        litestream: Option<PathBuf>,
+    },
     /// Write a scripted multi-session agent workload into the root and summarise it.
     Demo,
     /// Append throughput: the library (group commit) on S sessions in parallel, a raw
@@ -322,6 +357,24 @@ fn run(args: Args) -> CliResult<()> {
         Command::MigrateLegacy { file, head } => s::migrate_legacy(&cx, &file, &head),
         Command::Stats { id } => s::stats(&cx, &id),
         Command::RebuildCatalog => s::rebuild_catalog(&cx),
+        Command::Replicate {
+            replica,
+            config_out,
+            run,
+            litestream,
+        } => cli::replicate::replicate(
+            &cx,
+            replica.as_deref(),
+            config_out.as_deref(),
+            run,
+            litestream.as_deref(),
+        ),
+        Command::Restore {
+            from,
+            id,
+            all,
+            litestream,
+        } => cli::replicate::restore(&cx, &from, id.as_deref(), all, litestream.as_deref()),
         Command::Demo => cli::demo::run(&cx.root, cx.json),
         Command::Bench {
             events,

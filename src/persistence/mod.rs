@@ -56,7 +56,9 @@ pub struct StoreOptions {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum CheckpointPolicy {
-    /// `wal_checkpoint(TRUNCATE)` on close: the main file is complete on its own.
+    /// `wal_checkpoint(TRUNCATE)` on close: the main file is complete on its own. Skipped
+    /// (as with `LeaveToReplicator`) for a session Litestream replicates, i.e. one with a
+    /// `.session.sqlite-litestream` folder beside its file.
     #[default]
     TruncateOnClose,
     /// Leave checkpoints to SQLite's automatic (passive) checkpoints and to a replicator

