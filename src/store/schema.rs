@@ -97,7 +97,8 @@ pub(crate) fn create_file(path: &Path) -> Result<Connection> {
 /// (Litestream) may hold a connection too, and then the close does not checkpoint.
 pub(crate) fn finish_staged(conn: Connection, path: &Path) -> Result<()> {
     conn.close().map_err(|(_, e)| Error::from(e))?;
-    // fsync only reads the files, so it is safe beside any other connection.
+    // This process has no other connection to a staged file, so opening (and closing) a
+    // descriptor on it cannot drop another connection's POSIX locks.
     let wal = PathBuf::from(format!("{}-wal", path.display()));
     for file in [path, wal.as_path()] {
         match std::fs::File::open(file) {
