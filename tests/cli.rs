@@ -151,14 +151,19 @@ fn create_list_show_and_platform_root() {
         .iter()
         .map(|s| s["session_ref"]["session_id"].as_str().expect("id"))
         .collect();
-    assert_eq!(ids, ["alpha", "beta", random.as_str()]);
+    let mut expected = vec!["alpha", "beta", random.as_str()];
+    expected.sort_unstable();
+    assert_eq!(ids, expected, "id order");
     assert!(page["next_cursor"].is_null());
     assert_eq!(page["sessions"][0]["session_ref"]["host_id"], "local");
     let first = env.json(&["list", "--limit", "1", "--host", "laptop"]);
     assert_eq!(first["sessions"][0]["session_ref"]["host_id"], "laptop");
     let cursor = first["next_cursor"].as_str().expect("cursor").to_owned();
     let second = env.json(&["list", "--limit", "1", "--cursor", &cursor]);
-    assert_eq!(second["sessions"][0]["session_ref"]["session_id"], "beta");
+    assert_eq!(
+        second["sessions"][0]["session_ref"]["session_id"],
+        expected[1]
+    );
     let human = env.ok(&["list"]);
     assert!(
         human.contains("beta") && human.contains("CLI test"),
