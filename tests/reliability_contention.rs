@@ -193,15 +193,11 @@ fn run_contention(contenders: usize, rounds: usize) {
             if (pid, owner_generation) == (pids[w], generation) {
                 continue;
             }
-            // KNOWN LIBRARY BUG (reported, not worked around): a loser can be told the
-            // *previous* round's writer (its pid, or the winner's pid with the previous
-            // generation). `Root::open_writer` names the owner recorded in `writer.lock`,
-            // or with no record the lease row; the winner writes both only after it took
-            // the flock, opened the file and committed its lease, so a loser that gives up
-            // inside that window names a writer that is gone. Clearing the record on
-            // release (27eed83) narrowed the window; under load (2 cores, other builds
-            // running) the default run still hits it. Refusals are collected over the
-            // whole run so the count is reported, not just the first.
+            // A loser must name the current holder. Regression guard: the winner used to
+            // record itself only after opening the file and committing its lease, so a
+            // loser refused inside that window named the previous writer (from the lease
+            // row). The holder now writes a provisional record right after taking the lock
+            // and a refused opener waits for the final one (store/lock.rs).
             let previous = history.iter().find(|(_, g)| *g == owner_generation);
             assert!(
                 previous.is_some_and(|(p, _)| *p == pid),
@@ -249,7 +245,7 @@ fn run_contention(contenders: usize, rounds: usize) {
     assert_eq!(replayed.commits.len(), rounds, "one commit per round");
     assert!(
         stale.is_empty(),
-        "{} refusals named a stale owner (library bug, see the comment above), first: {}",
+        "{} refusals named a stale owner, first: {}",
         stale.len(),
         stale[0]
     );

@@ -364,7 +364,6 @@ impl Root {
 
     fn start_writer(&self, dir: &Path, mut lock: WriterLock) -> Result<Session> {
         let options = &self.inner.options;
-        let mut conn = schema::open_writer(&dir.join(SESSION_FILE), options.durability)?;
         let mut owner = WriterOwner {
             owner_id: random_hex(),
             host: self.inner.host.clone(),
@@ -372,6 +371,9 @@ impl Root {
             generation: 0,
             since_ms: now_ms(),
         };
+        // Provisional record first, so a refused opener can name us at once.
+        lock.record_owner(&owner)?;
+        let mut conn = schema::open_writer(&dir.join(SESSION_FILE), options.durability)?;
         owner.generation = write::take_lease(&mut conn, &owner)?;
         lock.record_owner(&owner)?;
         Session::start(

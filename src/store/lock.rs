@@ -80,22 +80,32 @@ fn process_alive(pid: u32) -> bool {
     !proc.is_dir() || proc.join(pid.to_string()).exists()
 }
 
-/// The owner recorded in a held lock file. A holder writes its record right after
-/// taking the lock, so an empty, provisional (generation 0) or dead-process record
-/// means the record is not written yet: wait for it, briefly.
+/// How long a refused opener waits for the holder's final record (a holder that just
+/// took the lock writes a provisional record at once and the final one after its lease
+/// transaction, which a loaded machine can delay).
+const RECORD_WAIT: Duration = Duration::from_secs(2);
+
+/// The owner recorded in a held lock file. A holder writes a provisional record
+/// (generation 0) right after taking the lock and the final one once its lease is
+/// committed; an empty or dead-process record is not written yet. Waits briefly for the
+/// final record, then settles for the provisional one.
 pub(crate) fn recorded_owner(path: &Path) -> Option<WriterOwner> {
-    for _ in 0..40 {
+    let deadline = std::time::Instant::now() + RECORD_WAIT;
+    let mut provisional = None;
+    while std::time::Instant::now() < deadline {
         let mut text = String::new();
         let read = File::open(path).and_then(|mut f| f.read_to_string(&mut text));
         if let (Ok(_), Ok(owner)) = (read, serde_json::from_str::<WriterOwner>(&text))
-            && owner.generation > 0
             && process_alive(owner.pid)
         {
-            return Some(owner);
+            if owner.generation > 0 {
+                return Some(owner);
+            }
+            provisional = Some(owner);
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    None
+    provisional
 }
 
 /// The lock file that orders forks against deletion of the sessions they inherit from.
