@@ -43,7 +43,7 @@ run() {
   cargo test --release --test "$file" -- --nocapture "$@" >"$log" 2>&1
   status=$?
   # The suite's figure lines (kills, rounds, bytes, peak RSS, …).
-  grep -E '^(crash_during_appends|contention|full_disk|corrupt_random_flips|huge_payload|batches|session ids|deep_json):' "$log" \
+  grep -E '^(crash_during_appends|contention|full_disk(_timed)?|corrupt_random_flips|checkpoint|huge_payload|batches|session ids|deep_json):' "$log" \
     | grep -v RELIABILITY_SEED
   grep -E '^test result:' "$log" | tail -n 1
   if [ $status -eq 0 ]; then

@@ -486,7 +486,15 @@ fn proptest_payload_text_is_json_or_refused() {
             match Event::new("x").optional().with_payload_json(&text) {
                 Ok(e) => {
                     prop_assert!(serde_json::from_str::<Value>(&text).is_ok());
-                    prop_assert_eq!(e.payload_str(), Some(text.as_str()));
+                    // Stored as given, but for the white space around the value
+                    // (serde_json's `RawValue` drops it).
+                    let stored = e.payload_str().unwrap();
+                    prop_assert!(
+                        stored == text || stored == text.trim_matches([' ', '\t', '\n', '\r']),
+                        "{:?} stored as {:?}",
+                        text,
+                        stored
+                    );
                 }
                 Err(e) => {
                     prop_assert!(matches!(e, Error::InvalidInput(_)), "{:?}", e);
