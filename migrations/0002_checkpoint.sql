@@ -4,8 +4,13 @@
 CREATE TABLE checkpoint (
     singleton    INTEGER PRIMARY KEY CHECK (singleton = 1),
     through_seq  INTEGER NOT NULL,          -- the projection folds every event up to here
-    projection   TEXT    NOT NULL           -- JSON
+    projection   TEXT    NOT NULL,          -- JSON
+    digest       TEXT    NOT NULL           -- SHA-256 of through_seq and projection
 );
+
+-- SHA-256 over a commit row's identity (commit id, operation id and hash, sequences, turn,
+-- generation, time): an edited row is refused on read. NULL for rows of version-1 files.
+ALTER TABLE commits ADD COLUMN row_hash TEXT;
 
 -- The history index: one row per transcript change, written with the events, so a page
 -- of history is a keyset read (O(page)). A row names the event that put the message at

@@ -162,13 +162,27 @@ impl From<rusqlite::Error> for Error {
     fn from(e: rusqlite::Error) -> Self {
         use rusqlite::ErrorCode;
         match &e {
-            rusqlite::Error::SqliteFailure(f, _) => match f.code {
+            rusqlite::Error::SqliteFailure(f, msg) => match f.code {
                 ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase => {
                     Error::Corrupt(e.to_string())
                 }
                 ErrorCode::DiskFull => Error::DiskFull(e.to_string()),
+                // A schema that lacks what this build's statements name: a damaged or
+                // foreign file (our own statements are fixed and tested).
+                ErrorCode::Unknown
+                    if msg.as_deref().is_some_and(|m| {
+                        m.starts_with("no such column") || m.starts_with("no such table")
+                    }) =>
+                {
+                    Error::Corrupt(e.to_string())
+                }
                 _ => Error::Sqlite(e),
             },
+            // A stored value of the wrong type or encoding.
+            rusqlite::Error::InvalidColumnType(..)
+            | rusqlite::Error::FromSqlConversionFailure(..)
+            | rusqlite::Error::IntegralValueOutOfRange(..)
+            | rusqlite::Error::Utf8Error(..) => Error::Corrupt(format!("undecodable row: {e}")),
             _ => Error::Sqlite(e),
         }
     }

@@ -379,7 +379,7 @@ fn corrupt_files_are_refused_by_replay_and_by_open() {
 
 /// Rows that do not decode (invalid UTF-8 in a TEXT column, text in an INTEGER column).
 ///
-/// KNOWN LIBRARY BUG (reported, not worked around): these come back as `Error::Sqlite`
+/// Regression guard (a library bug, now fixed): these come back as `Error::Sqlite`
 /// (`Utf8Error`, `InvalidColumnType`; random flips also give `IntegralValueOutOfRange`)
 /// instead of `Error::Corrupt`, from `replay`, `open_reader` and `open_writer` alike:
 /// `From<rusqlite::Error>` maps only `SqliteFailure` codes to `Corrupt`.
@@ -390,7 +390,7 @@ fn rows_that_do_not_decode_are_reported_as_corrupt() {
 
 /// A well-formed file whose log was edited behind the store's back.
 ///
-/// KNOWN LIBRARY BUGS (reported, not worked around): `replay` refuses a hole or a changed
+/// Regression guard (these were library bugs, now fixed): `replay` refuses a hole or a changed
 /// payload (its sequence and operation-hash checks), but `Root::open_reader` and
 /// `Root::open_writer` do not run those checks, so they hand out such a history without an
 /// error. And no check at all covers a commit's `commit_id` (from which the event ids are
@@ -405,7 +405,7 @@ fn a_log_edited_behind_the_stores_back_is_refused_by_replay_and_by_open() {
 /// the file or (when the flips hit unused space) returns the original history, and never
 /// panics. `RELIABILITY_CORRUPT_TRIALS` raises the trial count (default 40).
 ///
-/// KNOWN LIBRARY BUGS (reported): fails through both bugs above — a flip inside a payload
+/// Regression guard (was failing through both bugs above, now fixed): fails through both bugs above — a flip inside a payload
 /// is handed out by `open_reader`/`open_writer`, and undecodable rows are `Error::Sqlite`.
 fn random_flips(trials: usize) {
     let (file, original) = sample();
@@ -537,7 +537,8 @@ fn a_damaged_checkpoint_falls_back_to_the_log() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// KNOWN LIBRARY BUG (reported, not worked around; the same gap as
+/// Regression guard (a library bug, now fixed: checkpoints carry a digest and must claim the
+/// sequence they folded, and a log that does not continue one falls back to a full fold; the same gap as
 /// `a_log_edited_behind_the_stores_back_is_refused_by_replay_and_by_open`): a checkpoint
 /// that is well-formed but contradicts the log is believed. With `through_seq` behind the
 /// sequence its projection folded (`committed_sequence`), the opener folds those commits

@@ -224,7 +224,7 @@ fn hostile_ids_are_refused() {
     assert!(SessionId::new("x".repeat(256)).is_err());
 }
 
-/// KNOWN LIBRARY BUG (reported, not worked around): `SessionId` accepts up to 255 bytes,
+/// Regression guard (a library bug, now fixed): `SessionId` accepts up to 255 bytes,
 /// but `Root::create` stages the folder as `.staging/<id>.create-<32 hex>`, a name 40 bytes
 /// longer, so every id over 215 bytes fails with `Io` "File name too long" (ENAMETOOLONG)
 /// on file systems with the usual 255-byte name limit.
@@ -873,7 +873,7 @@ fn soak_huge_random_payload() {
 /// The heaviest variant: just over the 1 GiB blob limit (`MAX_BLOB_BYTES`), repetitive so it
 /// compresses to almost nothing. It must be refused at append, or stored and read back.
 ///
-/// KNOWN LIBRARY BUG (reported, not worked around): it is accepted, written and closed,
+/// Regression guard (a library bug, now fixed): it is accepted, written and closed,
 /// and then every read of the session fails with `Corrupt` ("blob … claims … bytes"):
 /// the session can no longer be opened.
 #[test]

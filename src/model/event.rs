@@ -252,6 +252,23 @@ pub(crate) fn inherited_operation_id(ancestor: &str, commit: &Commit) -> String 
     }
 }
 
+/// SHA-256 over a commit's identity fields (not its events, which the operation hash
+/// covers): what `commits.row_hash` stores.
+pub(crate) fn commit_row_hash(c: &Commit, last_seq: u64) -> String {
+    let text = format!(
+        "{}\0{}\0{}\0{}\0{}\0{}\0{}\0{}",
+        c.commit_id,
+        c.operation_id,
+        c.operation_hash,
+        c.first_seq,
+        last_seq,
+        c.turn_id.as_deref().unwrap_or(""),
+        c.writer_generation,
+        c.created_at_ms
+    );
+    sha256_hex(text.as_bytes())
+}
+
 /// SHA-256 of bytes, lowercase hex.
 pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))

@@ -274,11 +274,12 @@ impl Root {
         if self.session_dir(id).exists() {
             return Err(Error::SessionExists(id.to_string()));
         }
+        // The id is not part of the name: the longest valid id must still fit.
         let staging = self
             .inner
             .path
             .join(STAGING_DIR)
-            .join(format!("{id}.{purpose}-{}", random_hex()));
+            .join(format!("{purpose}-{}", random_hex()));
         std::fs::create_dir_all(&staging)
             .map_err(|e| Error::io(format!("create {}", staging.display()), e))?;
         let built = (|| {

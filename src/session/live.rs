@@ -15,6 +15,7 @@ use crate::model::ids::{derived_turn_id, now_ms, random_hex};
 use crate::model::{Batch, Commit, Event, Projection, SessionId};
 use crate::persistence::CheckpointPolicy;
 use crate::session::pool;
+use crate::store::blob::MAX_BLOB_BYTES;
 use crate::store::lock::WriterLock;
 use crate::store::reader::SessionReader;
 use crate::store::schema;
@@ -338,6 +339,12 @@ fn prepare_batch(batch: Batch) -> Result<PreparedBatch> {
         }
         e.seq = 0;
         e.content_ref = None;
+        if e.payload_len() as u64 > MAX_BLOB_BYTES {
+            return Err(Error::invalid(format!(
+                "events[{i}] payload is {} bytes, over the {MAX_BLOB_BYTES}-byte limit",
+                e.payload_len()
+            )));
+        }
     }
     let turn_id = match batch.turn_id.filter(|t| !t.trim().is_empty()) {
         Some(t) => Some(t),

@@ -4,7 +4,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result, WriterOwner};
-use crate::model::event::{derived_event_id, raw_json};
+use crate::model::event::{commit_row_hash, derived_event_id, raw_json};
 use crate::model::header::{Header, Origin};
 use crate::model::{Commit, ContentRef, Event, Projection, SessionId, TurnBoundary};
 use crate::store::blob;
@@ -148,15 +148,21 @@ pub(crate) fn read_turns_ending_in(
 
 /// The projection checkpoint of this file if it covers at most `through` events. Derived
 /// data: a file without one (or with an unreadable one) yields `None`.
+/// A checkpoint is believed only when its digest matches and it claims the sequence its
+/// projection folded.
 pub(crate) fn read_checkpoint(conn: &Connection, through: u64) -> Option<(u64, Projection)> {
-    let (seq, text): (u64, String) = conn
+    let (seq, text, digest): (u64, String, String) = conn
         .query_row(
-            "SELECT through_seq, projection FROM checkpoint WHERE through_seq <= ?1",
+            "SELECT through_seq, projection, digest FROM checkpoint WHERE through_seq <= ?1",
             [through.min(i64::MAX as u64)],
-            |r| Ok((r.get(0)?, r.get(1)?)),
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )
         .ok()?;
-    serde_json::from_str(&text).ok().map(|p| (seq, p))
+    if digest != crate::store::write::checkpoint_digest(seq, &text) {
+        return None;
+    }
+    let p: Projection = serde_json::from_str(&text).ok()?;
+    (p.committed_sequence == seq).then_some((seq, p))
 }
 
 /// One entry of the history index: which event put which message at a position.
@@ -266,22 +272,33 @@ pub(crate) fn read_lease(conn: &Connection) -> Result<WriterOwner> {
 }
 
 fn commit_row(r: &Row<'_>) -> rusqlite::Result<(Commit, u64)> {
-    Ok((
-        Commit {
-            first_seq: r.get(0)?,
-            commit_id: r.get(2)?,
-            operation_id: r.get(3)?,
-            operation_hash: r.get(4)?,
-            turn_id: r.get(5)?,
-            writer_generation: r.get(6)?,
-            created_at_ms: r.get(7)?,
-            events: Vec::new(),
-        },
-        r.get(1)?,
-    ))
+    let commit = Commit {
+        first_seq: r.get(0)?,
+        commit_id: r.get(2)?,
+        operation_id: r.get(3)?,
+        operation_hash: r.get(4)?,
+        turn_id: r.get(5)?,
+        writer_generation: r.get(6)?,
+        created_at_ms: r.get(7)?,
+        events: Vec::new(),
+    };
+    let last: u64 = r.get(1)?;
+    let stored: Option<String> = r.get(8)?;
+    if stored.is_some_and(|h| h != commit_row_hash(&commit, last)) {
+        return Err(rusqlite::Error::FromSqlConversionFailure(
+            2,
+            rusqlite::types::Type::Text,
+            format!(
+                "commit row at {} does not match its row hash",
+                commit.first_seq
+            )
+            .into(),
+        ));
+    }
+    Ok((commit, last))
 }
 
-const COMMIT_COLUMNS: &str = "first_seq, last_seq, commit_id, operation_id, operation_hash, turn_id, writer_generation, created_at";
+const COMMIT_COLUMNS: &str = "first_seq, last_seq, commit_id, operation_id, operation_hash, turn_id, writer_generation, created_at, row_hash";
 
 /// The commit with this operation id, with its events.
 pub(crate) fn lookup_operation(conn: &Connection, operation_id: &str) -> Result<Option<Commit>> {

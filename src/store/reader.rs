@@ -11,7 +11,7 @@ use scheduled_thread_pool::ScheduledThreadPool;
 
 use crate::error::{Error, Result, WriterOwner};
 use crate::model::event::INLINE_PAYLOAD_LIMIT;
-use crate::model::event::inherited_operation_id;
+use crate::model::event::{inherited_operation_id, rehash_commit};
 use crate::model::header::Header;
 use crate::model::{Commit, ContentRef, Message, Projection, SessionId, TurnBoundary};
 use crate::store::read::{self, Dependent, HistoryRow, LineageEntry};
@@ -321,6 +321,8 @@ impl SessionReader {
     }
 
     /// Streams the durable commits with `last_seq` in `(after, through]`, in pages.
+    /// Every commit is checked on the way: contiguous sequences from `after + 1` and an
+    /// operation hash that matches its events, so a hole or an edited event is refused.
     fn visit_range(
         &self,
         mut after: u64,
@@ -330,20 +332,28 @@ impl SessionReader {
         const PAGE: usize = 1000;
         loop {
             let page = self.commits_through(after, through, PAGE)?;
-            let Some(last) = page.last() else {
+            if page.is_empty() {
                 return Ok(());
-            };
-            let next = last.last_seq();
-            if next <= after {
-                return Err(Error::corrupt("commit cursor did not advance"));
             }
-            after = next;
             for c in page {
+                if c.first_seq != after + 1 {
+                    return Err(Error::corrupt(format!(
+                        "sequence gap: expected {}, found a commit at {}",
+                        after + 1,
+                        c.first_seq
+                    )));
+                }
+                if rehash_commit(&c) != c.operation_hash {
+                    return Err(Error::corrupt(format!(
+                        "commit at {}: events do not match operation hash of {:?}",
+                        c.first_seq, c.operation_id
+                    )));
+                }
+                after = c.last_seq();
                 f(c)?;
             }
         }
     }
-
     /// The newest usable projection checkpoint: this file's, or an ancestor's taken within
     /// the range this session inherits (its prefix is the same).
     fn best_checkpoint(&self) -> Option<(u64, Projection)> {
@@ -380,9 +390,17 @@ impl SessionReader {
 
     /// The projection and the sequence of the checkpoint it started from (0 for none).
     pub(crate) fn projection_and_checkpoint(&self) -> Result<(u64, Projection)> {
-        let (start, mut p) = self.best_checkpoint().unwrap_or_default();
-        self.visit_range(start, u64::MAX, |c| p.apply_commit(&c))?;
-        Ok((start, p))
+        if let Some((start, mut p)) = self.best_checkpoint()
+            && self
+                .visit_range(start, u64::MAX, |c| p.apply_commit(&c))
+                .is_ok()
+        {
+            return Ok((start, p));
+        }
+        // No checkpoint, or one the log does not continue: the log is the truth.
+        let mut p = Projection::default();
+        self.visit_range(0, u64::MAX, |c| p.apply_commit(&c))?;
+        Ok((0, p))
     }
 
     /// The raw bytes of a blob referenced by this session (searching its ancestors too).

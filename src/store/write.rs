@@ -5,7 +5,7 @@ use std::sync::Arc;
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 
 use crate::error::{Error, Result, WriterOwner};
-use crate::model::event::{INLINE_PAYLOAD_LIMIT, derived_event_id, sha256_hex};
+use crate::model::event::{INLINE_PAYLOAD_LIMIT, commit_row_hash, derived_event_id, sha256_hex};
 use crate::model::header::Header;
 use crate::model::projection::HistoryChange;
 use crate::model::{Commit, TurnBoundary};
@@ -105,8 +105,8 @@ pub(crate) fn write_commits(
 pub(crate) fn insert_commits(tx: &Transaction<'_>, batch: &[Arc<Accepted>]) -> Result<()> {
     let mut insert_commit = tx.prepare_cached(
         "INSERT INTO commits (first_seq, last_seq, commit_id, operation_id, operation_hash,
-                              turn_id, writer_generation, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                              turn_id, writer_generation, created_at, row_hash)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
     )?;
     let mut insert_event = tx.prepare_cached(
         "INSERT INTO events (seq, event_id, kind, optional, payload, payload_ref)
@@ -127,6 +127,7 @@ pub(crate) fn insert_commits(tx: &Transaction<'_>, batch: &[Arc<Accepted>]) -> R
             c.turn_id,
             c.writer_generation,
             c.created_at_ms,
+            commit_row_hash(c, c.last_seq()),
         ])?;
         for (i, e) in c.events.iter().enumerate() {
             let own_id = (e.id != derived_event_id(&c.commit_id, i)).then_some(e.id.as_str());
@@ -158,9 +159,14 @@ pub(crate) fn store_checkpoint(
     projection: &str,
 ) -> Result<()> {
     conn.prepare_cached(
-        "INSERT OR REPLACE INTO checkpoint (singleton, through_seq, projection) VALUES (1, ?1, ?2)",
+        "INSERT OR REPLACE INTO checkpoint (singleton, through_seq, projection, digest)
+         VALUES (1, ?1, ?2, ?3)",
     )?
-    .execute(params![through_seq, projection])?;
+    .execute(params![
+        through_seq,
+        projection,
+        checkpoint_digest(through_seq, projection)
+    ])?;
     Ok(())
 }
 
@@ -232,6 +238,11 @@ pub(crate) fn copy_history(
         reset.execute([seq?])?;
     }
     Ok(())
+}
+
+/// What `checkpoint.digest` stores.
+pub(crate) fn checkpoint_digest(through_seq: u64, projection: &str) -> String {
+    sha256_hex(format!("{through_seq}\0{projection}").as_bytes())
 }
 
 /// Inserts ended turns into the turn index.
