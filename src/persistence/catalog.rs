@@ -76,7 +76,7 @@ impl CatalogEntry {
 }
 
 fn modified_ms(dir: &Path) -> i64 {
-    ["session.sqlite", "session.sqlite-wal"]
+    [SESSION_FILE.to_owned(), format!("{SESSION_FILE}-wal")]
         .iter()
         .filter_map(|f| std::fs::metadata(dir.join(f)).ok()?.modified().ok())
         .filter_map(|t| t.duration_since(UNIX_EPOCH).ok())
@@ -85,9 +85,12 @@ fn modified_ms(dir: &Path) -> i64 {
         .unwrap_or(0)
 }
 
+/// The stamp of a file that does not exist.
+const MISSING: &str = "-";
+
 fn file_stamp(path: &Path) -> String {
     std::fs::metadata(path).map_or_else(
-        |_| "-".to_owned(),
+        |_| MISSING.to_owned(),
         |m| {
             let mtime = m
                 .modified()
@@ -103,8 +106,8 @@ fn file_stamp(path: &Path) -> String {
 pub(crate) fn session_stamp(dir: &Path) -> String {
     format!(
         "{}/{}",
-        file_stamp(&dir.join("session.sqlite")),
-        file_stamp(&dir.join("session.sqlite-wal"))
+        file_stamp(&dir.join(SESSION_FILE)),
+        file_stamp(&dir.join(format!("{SESSION_FILE}-wal")))
     )
 }
 
@@ -230,11 +233,12 @@ impl Catalog {
                     continue;
                 };
                 let dir = root.session_dir(&id);
-                if !dir.join(SESSION_FILE).is_file() {
+                let current = session_stamp(&dir);
+                if current.starts_with(MISSING) {
                     self.forget(root, &id)?;
                     continue;
                 }
-                let cached = (stamp == session_stamp(&dir))
+                let cached = (stamp == current)
                     .then(|| serde_json::from_str::<CatalogEntry>(&text).ok())
                     .flatten();
                 match cached {
