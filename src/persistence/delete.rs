@@ -40,12 +40,13 @@ impl Root {
             self.materialize(id, &d.child_id)?;
         }
         conn.close().map_err(|(_, e)| Error::from(e))?;
-        // Derived index; listing also drops entries whose folder is gone.
-        let _ = self.catalog().forget(self, id);
         let trash = self.path().join(TRASH_DIR);
         std::fs::create_dir_all(&trash).map_err(|e| Error::io("create trash", e))?;
-        let tomb = trash.join(format!("{id}-{}", random_hex()));
+        // The id is not part of the name: the longest valid id must still fit.
+        let tomb = trash.join(random_hex());
         rename_no_replace(&dir, &tomb, id.as_str())?;
+        // Derived index; listing also drops entries whose folder is gone.
+        let _ = self.catalog().forget(self, id);
         drop((lock, forks));
         // The session is gone from here on: the rest is clean-up, best effort (a leftover
         // tombstone is removed when the root is next opened; a stale dependents row is

@@ -592,10 +592,11 @@ impl Shared {
             }
             // The outcome of the last write is unknown: only a reopen (WAL recovery) can
             // tell, so give the file up; what was accepted but not written is lost.
-            Err(e @ Error::Poisoned(_)) => {
+            Err(e) if lock(&self.state).poisoned => {
                 self.release();
                 Err(e)
             }
+            // A clean failure (e.g. a full disk): keep the lock and the tail for a retry.
             Err(e) => Err(e),
         }
     }

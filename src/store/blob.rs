@@ -6,8 +6,9 @@ use crate::model::event::sha256_hex;
 /// zstd level for blobs: level 1 saves most of what higher levels do on JSON, fast.
 const ZSTD_LEVEL: i32 = 1;
 
-/// Largest blob this build will decompress (guards against zstd bombs in untrusted files).
-pub(crate) const MAX_BLOB_BYTES: u64 = 1 << 30;
+/// Largest payload this build stores or decompresses: below SQLite's default 1,000,000,000
+/// byte value limit even when it does not compress (and a bound on zstd bombs).
+pub(crate) const MAX_BLOB_BYTES: u64 = 900_000_000;
 
 /// Compresses raw bytes when that saves at least an eighth: `(encoding, data)`.
 pub(crate) fn encode(raw: &[u8]) -> (&'static str, Vec<u8>) {
