@@ -224,13 +224,27 @@ pub(crate) fn derived_event_id(commit_id: &str, index: usize) -> String {
     format!("{commit_id}.{index}")
 }
 
+/// Whether `id` is the id [`derived_event_id`] gives event `index` of the commit, checked
+/// without allocating (the drain asks this for every event).
+pub(crate) fn is_derived_event_id(id: &str, commit_id: &str, index: usize) -> bool {
+    let Some(n) = id
+        .strip_prefix(commit_id)
+        .and_then(|rest| rest.strip_prefix('.'))
+    else {
+        return false;
+    };
+    // The exact decimal form only ("01" or "+1" are caller ids, not derived ones).
+    let canonical = n.bytes().all(|b| b.is_ascii_digit()) && (n == "0" || !n.starts_with('0'));
+    canonical && n.parse::<usize>().is_ok_and(|n| n == index)
+}
+
 /// Recomputes a stored commit's operation hash, telling derived ids from supplied ones.
 pub(crate) fn rehash_commit(commit: &Commit) -> String {
     let supplied: Vec<bool> = commit
         .events
         .iter()
         .enumerate()
-        .map(|(i, e)| e.id != derived_event_id(&commit.commit_id, i))
+        .map(|(i, e)| !is_derived_event_id(&e.id, &commit.commit_id, i))
         .collect();
     operation_hash(commit.turn_id.as_deref(), &commit.events, &supplied)
 }
@@ -272,4 +286,17 @@ pub(crate) fn commit_row_hash(c: &Commit, last_seq: u64) -> String {
 /// SHA-256 of bytes, lowercase hex.
 pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn derived_ids_are_recognised_exactly() {
+        assert!(is_derived_event_id(&derived_event_id("c1", 12), "c1", 12));
+        for id in ["c1.012", "c1.+12", "c1.11", "c2.12", "c1.12x", "c112"] {
+            assert!(!is_derived_event_id(id, "c1", 12), "{id}");
+        }
+    }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 
 use crate::error::{Error, Result, WriterOwner};
-use crate::model::event::{INLINE_PAYLOAD_LIMIT, commit_row_hash, derived_event_id, sha256_hex};
+use crate::model::event::{INLINE_PAYLOAD_LIMIT, commit_row_hash, is_derived_event_id, sha256_hex};
 use crate::model::header::Header;
 use crate::model::projection::HistoryChange;
 use crate::model::{Commit, TurnBoundary};
@@ -130,7 +130,7 @@ pub(crate) fn insert_commits(tx: &Transaction<'_>, batch: &[Arc<Accepted>]) -> R
             commit_row_hash(c, c.last_seq()),
         ])?;
         for (i, e) in c.events.iter().enumerate() {
-            let own_id = (e.id != derived_event_id(&c.commit_id, i)).then_some(e.id.as_str());
+            let own_id = (!is_derived_event_id(&e.id, &c.commit_id, i)).then_some(e.id.as_str());
             let (inline, reference) = match e.payload_str() {
                 Some(text) if text.len() > INLINE_PAYLOAD_LIMIT => {
                     let digest = sha256_hex(text.as_bytes());
