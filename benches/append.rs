@@ -21,7 +21,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{fmt_count, median};
+use common::{fmt_count, median, verdict};
 use rusqlite::{Connection, TransactionBehavior};
 use session_store::{
     Batch, CreateOptions, Durability, Event, Root, Session, SessionId, StoreOptions,
@@ -269,8 +269,4 @@ fn grouped(dir: &Path, payloads: &[String]) -> BenchResult<f64> {
     let rate = payloads.len() as f64 / t.elapsed().as_secs_f64();
     s.close()?;
     Ok(rate)
-}
-
-fn verdict(ok: bool) -> &'static str {
-    if ok { "MET" } else { "MISSED" }
 }

@@ -21,6 +21,9 @@
 //!
 //! Run with `cargo bench --bench fork`.
 
+mod common;
+use common::{fmt_count, fmt_mb, load_average, median, quick, verdict};
+
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -58,7 +61,7 @@ type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 fn main() -> BenchResult<()> {
     // `cargo bench` passes `--bench`; this harness has no options of its own.
-    let quick = std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+    let quick = quick();
     let turns = if quick { TURNS / 10 } else { TURNS };
     let base = std::env::var_os("BENCH_DIR")
         .map(PathBuf::from)
@@ -389,44 +392,4 @@ fn build(root: &Root, id: &SessionId, turns: usize, per_turn: usize) -> BenchRes
     session.flush()?;
     session.close()?;
     Ok(last)
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
-/// The 1-minute load average (other work on the machine skews the fsync-bound forks).
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
-        .unwrap_or_else(|| "?".to_owned())
-}
-
-/// Bytes as MB (10^6).
-fn fmt_mb(bytes: u64) -> String {
-    format!("{:.1} MB", bytes as f64 / 1e6)
-}
-
-/// A count with thousands separators.
-fn fmt_count(n: f64) -> String {
-    let digits = format!("{:.0}", n.max(0.0));
-    let mut out = String::new();
-    for (i, ch) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(ch);
-    }
-    out
-}
-
-fn verdict(ok: bool) -> &'static str {
-    if ok { "MET" } else { "MISSED" }
 }

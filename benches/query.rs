@@ -35,7 +35,7 @@ use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{fmt_count, median};
+use common::{fmt_count, fmt_mb, load_average, median, quick, verdict};
 use serde_json::json;
 use session_store::{
     Batch, CreateOptions, Durability, Event, Query, Root, Service, SessionId, SessionRef,
@@ -81,7 +81,7 @@ type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
 
 fn main() -> BenchResult<()> {
     // `cargo bench` passes `--bench`; this harness has no options of its own.
-    let quick = std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+    let quick = quick();
     let scale = if quick { 10 } else { 1 };
     let (sessions, messages, open_events) =
         (SESSIONS / scale, MESSAGES / scale, OPEN_EVENTS / scale);
@@ -646,21 +646,4 @@ fn fmt_ms(ms: f64) -> String {
     } else {
         format!("{ms:.0} ms")
     }
-}
-
-/// Bytes as MB (10^6).
-fn fmt_mb(bytes: u64) -> String {
-    format!("{:.1} MB", bytes as f64 / 1e6)
-}
-
-/// The 1-minute load average (other work on the machine skews the timings).
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
-        .unwrap_or_else(|| "?".to_owned())
-}
-
-fn verdict(ok: bool) -> &'static str {
-    if ok { "MET" } else { "MISSED" }
 }

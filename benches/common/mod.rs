@@ -24,3 +24,26 @@ pub fn fmt_count(n: f64) -> String {
     }
     out
 }
+
+/// How a result compares with its target.
+pub fn verdict(ok: bool) -> &'static str {
+    if ok { "MET" } else { "MISSED" }
+}
+
+/// The 1-minute load average (other work on the machine skews fsync-bound timings).
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".to_owned())
+}
+
+/// Bytes as MB (10^6).
+pub fn fmt_mb(bytes: u64) -> String {
+    format!("{:.1} MB", bytes as f64 / 1e6)
+}
+
+/// Whether `BENCH_QUICK` asks for a smoke run with smaller sizes.
+pub fn quick() -> bool {
+    std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0")
+}
