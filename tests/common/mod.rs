@@ -66,20 +66,21 @@ pub fn turn(op: &str, turn_id: &str, message_id: &str) -> Batch {
     .in_turn(turn_id)
 }
 
-/// Re-runs this test binary as a child process that runs only the ignored test `role`,
-/// with `env` set; its stdout is piped.
-pub fn spawn_role(role: &str, env: &[(&str, &str)]) -> Child {
+/// A command that re-runs this test binary as a child process running only the ignored
+/// test `role` (output not captured), stdout piped and stderr inherited.
+pub fn role_command(role: &str) -> Command {
     let exe = std::env::current_exe().expect("current exe");
     let mut cmd = Command::new(exe);
-    cmd.args([
-        "--ignored",
-        "--exact",
-        role,
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .stdout(Stdio::piped())
-    .stderr(Stdio::inherit());
+    cmd.args(["--ignored", "--exact", role, "--test-threads=1"])
+        .env("RUST_TEST_NOCAPTURE", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    cmd
+}
+
+/// Spawns [`role_command`] with `env` set.
+pub fn spawn_role(role: &str, env: &[(&str, &str)]) -> Child {
+    let mut cmd = role_command(role);
     for (k, v) in env {
         cmd.env(k, v);
     }

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
@@ -122,18 +122,8 @@ pub struct ChildLines {
 impl ChildLines {
     /// Spawns the role with `env`, stdin and stdout piped, stderr inherited.
     pub fn spawn(role: &str, env: &[(&str, String)]) -> ChildLines {
-        let exe = std::env::current_exe().expect("current exe");
-        let mut cmd = Command::new(exe);
-        cmd.args([
-            "--ignored",
-            "--exact",
-            role,
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+        let mut cmd = crate::common::role_command(role);
+        cmd.stdin(Stdio::piped());
         for (k, v) in env {
             cmd.env(k, v);
         }
