@@ -554,7 +554,7 @@ fn a_checkpoint_that_contradicts_the_log_is_not_believed() {
         ),
         (
             "forged title",
-            "UPDATE checkpoint SET projection = json_set(projection, '$.title', 'forged')",
+            "UPDATE checkpoint SET projection = json_set(projection, '$.state.title', 'forged')",
         ),
     ]);
     assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -20,6 +20,7 @@ use crate::store::lock::WriterLock;
 use crate::store::reader::SessionReader;
 use crate::store::schema;
 use crate::store::write::{self, Accepted};
+use crate::store::checkpoint;
 
 /// A closing session writes a projection checkpoint when this many events came since
 /// the last one; a running session when many more did.
@@ -536,11 +537,11 @@ impl Shared {
     /// least `min_events` came since the last one. Best effort: it is derived data.
     fn write_checkpoint(&self, min_events: u64) {
         let (seq, text) = {
-            let s = lock(&self.state);
+            let mut s = lock(&self.state);
             if !s.tail.is_empty() || s.durable_seq < s.checkpoint_seq + min_events {
                 return;
             }
-            match serde_json::to_string(&s.projection) {
+            match checkpoint::encode(&mut s.projection) {
                 Ok(text) => (s.durable_seq, text),
                 Err(_) => return,
             }

@@ -2,6 +2,7 @@
 //! Blocking code on `rusqlite`.
 
 pub(crate) mod blob;
+pub(crate) mod checkpoint;
 pub(crate) mod lock;
 pub(crate) mod read;
 pub(crate) mod reader;

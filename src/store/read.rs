@@ -161,7 +161,7 @@ pub(crate) fn read_checkpoint(conn: &Connection, through: u64) -> Option<(u64, P
     if digest != crate::store::write::checkpoint_digest(seq, &text) {
         return None;
     }
-    let p: Projection = serde_json::from_str(&text).ok()?;
+    let p = crate::store::checkpoint::decode(&text)?;
     (p.committed_sequence == seq).then_some((seq, p))
 }
 

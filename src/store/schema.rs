@@ -14,6 +14,8 @@ pub const APPLICATION_ID: i32 = 0x5365_5374;
 
 /// The session file inside a session folder.
 pub(crate) const SESSION_FILE: &str = "session.sqlite";
+/// The write-ahead log beside [`SESSION_FILE`] while the file is in WAL mode.
+pub(crate) const WAL_FILE: &str = "session.sqlite-wal";
 
 /// The writer lock file inside a session folder.
 pub(crate) const LOCK_FILE: &str = "writer.lock";
