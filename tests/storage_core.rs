@@ -478,3 +478,54 @@ fn a_projection_checkpoint_gives_the_same_state_as_a_full_fold() {
     );
     w.close().unwrap();
 }
+
+/// A checkpoint is rewritten only once the events since the last one outnumber the
+/// transcript messages and turns it holds, so a transcript-heavy session does not rewrite
+/// its whole transcript every thousand events.
+#[test]
+fn a_checkpoint_is_rewritten_only_when_it_saves_more_than_it_holds() {
+    let (_dir, root) = temp_root();
+    let name = id("growing");
+    let file = root.session_dir(&name).join("session.sqlite");
+    let through = || -> i64 {
+        rusqlite::Connection::open(&file)
+            .unwrap()
+            .query_row("SELECT through_seq FROM checkpoint", [], |r| r.get(0))
+            .unwrap()
+    };
+    let append_messages = |s: &session_store::Session, from: usize, n: usize| {
+        for i in from..from + n {
+            s.append(Batch::new(
+                format!("op{i}"),
+                vec![message(&format!("m{i}"), "user", "text")],
+            ))
+            .unwrap();
+        }
+    };
+    let s = create(&root, "growing");
+    append_messages(&s, 0, 2_000);
+    s.close().unwrap();
+    assert_eq!(
+        through(),
+        2_000,
+        "the first close checkpoints (2,000 new events)"
+    );
+
+    // 1,500 new events < the 2,000 messages the checkpoint holds: not rewritten.
+    let s = root.open_writer(&name).unwrap();
+    append_messages(&s, 2_000, 1_500);
+    s.close().unwrap();
+    assert_eq!(
+        through(),
+        2_000,
+        "1,500 new events do not pay for 3,500 held"
+    );
+
+    // 3,600 new events since it >= 3,600 held: rewritten.
+    let s = root.open_writer(&name).unwrap();
+    append_messages(&s, 3_500, 2_100);
+    s.close().unwrap();
+    assert_eq!(through(), 5_600);
+    let reader = root.open_reader(&name).unwrap();
+    assert_eq!(reader.projection().unwrap().messages.len(), 5_600);
+}

@@ -136,7 +136,7 @@ impl Stamper {
             )
             .ok()?;
             let ns = u128::try_from(st.st_mtime).ok()? * 1_000_000_000
-                + u128::try_from(st.st_mtime_nsec).ok()?;
+                + u128::from(st.st_mtime_nsec);
             Some((u64::try_from(st.st_size).ok()?, ns))
         };
         format!(

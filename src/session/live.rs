@@ -16,16 +16,34 @@ use crate::model::{Batch, Commit, Event, Projection, SessionId};
 use crate::persistence::CheckpointPolicy;
 use crate::session::pool;
 use crate::store::blob::MAX_BLOB_BYTES;
+use crate::store::checkpoint;
 use crate::store::lock::WriterLock;
 use crate::store::reader::SessionReader;
 use crate::store::schema;
 use crate::store::write::{self, Accepted};
-use crate::store::checkpoint;
 
 /// A closing session writes a projection checkpoint when this many events came since
-/// the last one; a running session when many more did.
+/// the last one; a running session when many more did. Either waits longer for a large
+/// projection: see [`checkpoint_due`].
 const CHECKPOINT_ON_CLOSE: u64 = 1_000;
 const CHECKPOINT_WHILE_RUNNING: u64 = 50_000;
+
+/// What a checkpoint of `projection` holds that grows with the session: transcript
+/// messages and ended turns. Writing or reading a checkpoint costs about one folded event
+/// per item.
+fn checkpoint_size(projection: &Projection) -> u64 {
+    (projection.messages.len() + projection.turns.len()) as u64
+}
+
+/// Whether a new projection checkpoint is worth writing after `new_events` events since
+/// the last one, which held `last_size` items: at least `min_events` came, and the events
+/// an opener would no longer fold outnumber what the last checkpoint held. So a
+/// transcript-heavy session checkpoints at doubling lengths, and all the checkpoints a
+/// session writes over its life cost about one fold of its log, instead of growing with
+/// the square of its length.
+fn checkpoint_due(new_events: u64, last_size: u64, min_events: u64) -> bool {
+    new_events >= min_events.max(last_size)
+}
 
 /// Fixed per-commit charge against the queue budget, plus per event.
 const COMMIT_CHARGE: usize = 512;
@@ -72,6 +90,9 @@ pub struct SessionSnapshot {
 struct State {
     /// Sequence of the newest projection checkpoint this session can start from.
     checkpoint_seq: u64,
+    /// [`checkpoint_size`] of that checkpoint (at open: of the opened projection, which
+    /// also holds the tail folded on top of it; 0 without a checkpoint).
+    checkpoint_size: u64,
     projection: Projection,
     next_seq: u64,
     durable_seq: u64,
@@ -141,6 +162,11 @@ impl Session {
         let durable_seq = reader.durable_sequence()?;
         let state = State {
             checkpoint_seq,
+            checkpoint_size: if checkpoint_seq == 0 {
+                0
+            } else {
+                checkpoint_size(&projection)
+            },
             projection,
             next_seq: durable_seq + 1,
             durable_seq,
@@ -533,16 +559,17 @@ impl Shared {
         }
     }
 
-    /// Stores the projection as a checkpoint when everything accepted is durable and at
-    /// least `min_events` came since the last one. Best effort: it is derived data.
+    /// Stores the projection as a checkpoint when everything accepted is durable and one
+    /// is due ([`checkpoint_due`]). Best effort: it is derived data.
     fn write_checkpoint(&self, min_events: u64) {
-        let (seq, text) = {
+        let (seq, size, text) = {
             let mut s = lock(&self.state);
-            if !s.tail.is_empty() || s.durable_seq < s.checkpoint_seq + min_events {
+            let new_events = s.durable_seq.saturating_sub(s.checkpoint_seq);
+            if !s.tail.is_empty() || !checkpoint_due(new_events, s.checkpoint_size, min_events) {
                 return;
             }
             match checkpoint::encode(&mut s.projection) {
-                Ok(text) => (s.durable_seq, text),
+                Ok(text) => (s.durable_seq, checkpoint_size(&s.projection), text),
                 Err(_) => return,
             }
         };
@@ -556,7 +583,9 @@ impl Shared {
             None => false,
         };
         if stored {
-            lock(&self.state).checkpoint_seq = seq;
+            let mut s = lock(&self.state);
+            s.checkpoint_seq = seq;
+            s.checkpoint_size = size;
         }
     }
 
