@@ -287,6 +287,20 @@ fn fixed_cases(file: &[u8]) -> Cases {
         "event row deleted",
         with_sql(file, "DELETE FROM events WHERE seq = 5"),
     ));
+    // What a flipped byte in `sqlite_schema` does: the table's SQL text no longer names
+    // its column, which `integrity_check` does not notice.
+    cases.push((
+        "CREATE TABLE text altered",
+        with_sql(
+            file,
+            "PRAGMA writable_schema = ON;
+             UPDATE sqlite_schema SET sql = replace(sql, 'seq ', 'sex ') WHERE name = 'events';",
+        ),
+    ));
+    cases.push((
+        "index dropped",
+        with_sql(file, "DROP INDEX turns_by_id"),
+    ));
     cases
 }
 

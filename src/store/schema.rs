@@ -1,6 +1,8 @@
 //! The session file format: identity pragmas, migrations and connection settings.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rusqlite::config::DbConfig;
@@ -192,6 +194,50 @@ pub(crate) fn check_format(conn: &Connection) -> Result<()> {
         return Err(Error::corrupt(format!(
             "schema version {version} is not initialised"
         )));
+    }
+    check_schema(conn, version)
+}
+
+/// One schema object: type, name, table, SQL text.
+type SchemaObject = (String, String, String, Option<String>);
+
+fn schema_objects(conn: &Connection) -> rusqlite::Result<Vec<SchemaObject>> {
+    conn.prepare("SELECT type, name, tbl_name, sql FROM sqlite_schema ORDER BY type, name")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+        .collect()
+}
+
+/// The objects that `version` migrations create, from an in-memory database migrated
+/// once per process and version.
+fn expected_schema(version: i64) -> Result<Arc<Vec<SchemaObject>>> {
+    static BUILT: Mutex<BTreeMap<i64, Arc<Vec<SchemaObject>>>> = Mutex::new(BTreeMap::new());
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(objects) = built.get(&version) {
+        return Ok(Arc::clone(objects));
+    }
+    let mut conn = Connection::open_in_memory()?;
+    let target = usize::try_from(version)
+        .map_err(|_| Error::corrupt(format!("schema version {version}")))?;
+    Migrations::from_slice(MIGRATIONS).to_version(&mut conn, target)?;
+    let objects = Arc::new(schema_objects(&conn)?);
+    built.insert(version, Arc::clone(&objects));
+    Ok(objects)
+}
+
+/// Refuses a file whose schema is not exactly what its `user_version` says: every table,
+/// index and view the migrations create must be there with the very same SQL text. (A
+/// damaged `CREATE TABLE` text passes `integrity_check` and would otherwise surface later
+/// as "no such column".) Objects of others (e.g. a replicator's tables) are allowed.
+fn check_schema(conn: &Connection, version: i64) -> Result<()> {
+    let expected = expected_schema(version)?;
+    let found = schema_objects(conn)?;
+    for object in expected.iter() {
+        if !found.contains(object) {
+            let (kind, name, _, _) = object;
+            return Err(Error::corrupt(format!(
+                "the schema differs from version {version}: {kind} {name} is missing or altered"
+            )));
+        }
     }
     Ok(())
 }

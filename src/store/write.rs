@@ -240,9 +240,15 @@ pub(crate) fn copy_history(
     Ok(())
 }
 
-/// What `checkpoint.digest` stores.
+/// What `checkpoint.digest` stores: SHA-256 (hex) of `through_seq` in decimal, a NUL and
+/// the projection text (hashed in place, the text can be megabytes).
 pub(crate) fn checkpoint_digest(through_seq: u64, projection: &str) -> String {
-    sha256_hex(format!("{through_seq}\0{projection}").as_bytes())
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(through_seq.to_string().as_bytes());
+    h.update([0]);
+    h.update(projection.as_bytes());
+    hex::encode(h.finalize())
 }
 
 /// Inserts ended turns into the turn index.
