@@ -297,10 +297,7 @@ fn fixed_cases(file: &[u8]) -> Cases {
              UPDATE sqlite_schema SET sql = replace(sql, 'seq ', 'sex ') WHERE name = 'events';",
         ),
     ));
-    cases.push((
-        "index dropped",
-        with_sql(file, "DROP INDEX turns_by_id"),
-    ));
+    cases.push(("index dropped", with_sql(file, "DROP INDEX turns_by_id")));
     cases
 }
 
