@@ -206,8 +206,7 @@ impl Catalog {
 
     /// Stores an entry computed by the caller (e.g. from a live projection after close).
     pub(crate) fn put(&self, root: &Root, entry: &CatalogEntry) -> Result<()> {
-        let stamp = session_stamp(&root.session_dir(&entry.session_id));
-        let text = serde_json::to_string(entry).map_err(|e| Error::invalid(e.to_string()))?;
+        let (stamp, text) = row(root, entry)?;
         self.with_conn(root, |c| {
             c.prepare_cached(
                 "INSERT OR REPLACE INTO sessions (session_id, stamp, entry) VALUES (?1, ?2, ?3)",
@@ -228,14 +227,7 @@ impl Catalog {
 
     /// Recomputes a session's entry from its file.
     pub(crate) fn refresh(&self, root: &Root, id: &SessionId) -> Result<CatalogEntry> {
-        let dir = root.session_dir(id);
-        let reader = root.open_reader(id)?;
-        let entry = CatalogEntry::new(
-            &reader,
-            &reader.projection()?,
-            reader.durable_sequence()?,
-            &dir,
-        );
+        let entry = compute(root, id)?;
         self.put(root, &entry)?;
         Ok(entry)
     }
@@ -290,16 +282,53 @@ impl Catalog {
         Ok(out)
     }
 
-    /// Drops every entry and recomputes one per session; returns how many.
+    /// Recomputes one entry per session, then replaces every row in one transaction, so a
+    /// rebuild cut short (an error, a crash) leaves the previous catalog whole and no other
+    /// process ever lists a half-filled one; returns how many.
     pub(crate) fn rebuild(&self, root: &Root) -> Result<usize> {
+        let ids = root.list_ids()?;
+        let mut rows = Vec::with_capacity(ids.len());
+        for id in &ids {
+            rows.push((id, row(root, &compute(root, id)?)?));
+        }
         self.with_conn(root, |c| {
-            c.execute("DELETE FROM sessions", [])?;
+            let tx = c.unchecked_transaction()?;
+            tx.execute("DELETE FROM sessions", [])?;
+            let mut put =
+                tx.prepare("INSERT INTO sessions (session_id, stamp, entry) VALUES (?1, ?2, ?3)")?;
+            for (id, (stamp, text)) in &rows {
+                put.execute(params![id.as_str(), stamp, text])?;
+            }
+            // Sessions published while the entries were computed: indexed when listed.
+            let mut add = tx.prepare(
+                "INSERT OR IGNORE INTO sessions (session_id, stamp, entry) VALUES (?1, '', '')",
+            )?;
+            for id in root.list_ids()? {
+                add.execute([id.as_str()])?;
+            }
+            drop((put, add));
+            tx.commit()?;
             Ok(())
         })?;
-        let ids = root.list_ids()?;
-        for id in &ids {
-            self.refresh(root, id)?;
-        }
         Ok(ids.len())
     }
+}
+
+/// A session's entry, computed from its file.
+fn compute(root: &Root, id: &SessionId) -> Result<CatalogEntry> {
+    let dir = root.session_dir(id);
+    let reader = root.open_reader(id)?;
+    Ok(CatalogEntry::new(
+        &reader,
+        &reader.projection()?,
+        reader.durable_sequence()?,
+        &dir,
+    ))
+}
+
+/// The stamp and the stored text of a session's entry.
+fn row(root: &Root, entry: &CatalogEntry) -> Result<(String, String)> {
+    let stamp = session_stamp(&root.session_dir(&entry.session_id));
+    let text = serde_json::to_string(entry).map_err(|e| Error::invalid(e.to_string()))?;
+    Ok((stamp, text))
 }

@@ -152,6 +152,20 @@ fn host_name() -> String {
         .unwrap_or_else(|| "localhost".to_owned())
 }
 
+/// The header of a new session (a random id unless one is given).
+fn new_header(options: CreateOptions) -> Header {
+    Header {
+        session_id: options.session_id.unwrap_or_else(SessionId::random),
+        codec: CODEC.to_owned(),
+        created_at_ms: now_ms(),
+        cwd: options.cwd,
+        parent_id: options.parent_session_id,
+        origin: options.origin,
+        provenance: options.provenance,
+        inherited_events: 0,
+    }
+}
+
 /// fsyncs a directory so that renames inside it are durable.
 pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
@@ -247,20 +261,36 @@ impl Root {
     /// # Errors
     /// [`Error::SessionExists`] when the id is taken; I/O and SQLite errors.
     pub fn create(&self, options: CreateOptions) -> Result<Session> {
-        let id = options.session_id.clone().unwrap_or_else(SessionId::random);
-        let header = Header {
-            session_id: id.clone(),
-            codec: CODEC.to_owned(),
-            created_at_ms: now_ms(),
-            cwd: options.cwd,
-            parent_id: options.parent_session_id,
-            origin: options.origin,
-            provenance: options.provenance,
-            inherited_events: 0,
-        };
+        let header = new_header(options);
+        let id = header.session_id.clone();
         let (staging, lock) = self.stage(&id, "create", |conn| write::init_file(conn, &header))?;
         self.publish(&staging, &id)?;
         self.start_writer(&self.session_dir(&id), lock)
+    }
+
+    /// Creates a session and has `fill` write to it while it is still under `.staging/`;
+    /// closes it and only then publishes it, so a crash or an error before the end leaves
+    /// nothing visible (at most a staging folder). Returns the id.
+    pub(crate) fn create_filled(
+        &self,
+        options: CreateOptions,
+        purpose: &str,
+        fill: impl FnOnce(&Session) -> Result<()>,
+    ) -> Result<SessionId> {
+        let header = new_header(options);
+        let id = header.session_id.clone();
+        let (staging, lock) = self.stage(&id, purpose, |conn| write::init_file(conn, &header))?;
+        let filled = self.start_writer(&staging, lock).and_then(|session| {
+            fill(&session)?;
+            session.close()
+        });
+        match filled {
+            Ok(()) => self.publish(&staging, &id).map(|()| id),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&staging);
+                Err(e)
+            }
+        }
     }
 
     /// Builds a new session file in a fresh staging folder and takes its writer lock.

@@ -12,6 +12,7 @@ use crate::model::header::Origin;
 use crate::model::ids::derived_id;
 use crate::model::{Batch, Event, Message, SessionId};
 use crate::persistence::{CreateOptions, Root};
+use crate::session::live::Session;
 use crate::store::schema::CODEC;
 
 /// Messages per appended batch.
@@ -66,9 +67,10 @@ fn parse_transcript(bytes: &[u8], branch: &str, digest: &str) -> Result<(Vec<Mes
     Ok((messages, torn))
 }
 
-/// Publishes (or completes) the canonical session for a legacy transcript. Idempotent:
-/// every batch has a deterministic operation id, so a retry after a crash finishes the
-/// job and a second call reuses the target.
+/// Publishes the canonical session for a legacy transcript, filled before it becomes
+/// visible (a crash leaves nothing). Idempotent: a second call reuses the target, and
+/// every batch has a deterministic operation id, so appending them again adds nothing
+/// (and completes a target an older build published before filling it).
 pub(crate) fn migrate(root: &Root, source: &Path, head: &str) -> Result<MigrationRecord> {
     let path = std::fs::canonicalize(source)
         .map_err(|e| Error::io(format!("resolve {}", source.display()), e))?;
@@ -90,8 +92,21 @@ pub(crate) fn migrate(root: &Root, source: &Path, head: &str) -> Result<Migratio
         "legacy_head_id": head,
         "version": "legacy",
     });
+    let append_all = |session: &Session| -> Result<()> {
+        for (n, chunk) in messages.chunks(MESSAGES_PER_BATCH).enumerate() {
+            let events = chunk
+                .iter()
+                .map(|m| Event::new("message/complete").with_payload(&json!({ "message": m })))
+                .collect::<Result<Vec<_>>>()?;
+            session.append(Batch::new(
+                format!("legacy-import:{digest}:messages:{n}"),
+                events,
+            ))?;
+        }
+        Ok(())
+    };
     let reused = root.session_dir(&target_id).exists();
-    let session = if reused {
+    if reused {
         let info = root.stat(&target_id)?;
         if info
             .header
@@ -104,26 +119,20 @@ pub(crate) fn migrate(root: &Root, source: &Path, head: &str) -> Result<Migratio
                 "{target_id} (from another source)"
             )));
         }
-        root.open_writer(&target_id)?
+        // Complete already unless an older build published it before filling it.
+        let session = root.open_writer(&target_id)?;
+        append_all(&session)?;
+        session.close()?;
     } else {
-        root.create(CreateOptions {
+        // Filled under `.staging/` and published whole: a crash leaves nothing visible.
+        let options = CreateOptions {
             session_id: Some(target_id.clone()),
             origin: Origin::LegacyImport,
             provenance: Some(provenance),
             ..CreateOptions::default()
-        })?
-    };
-    for (n, chunk) in messages.chunks(MESSAGES_PER_BATCH).enumerate() {
-        let events = chunk
-            .iter()
-            .map(|m| Event::new("message/complete").with_payload(&json!({ "message": m })))
-            .collect::<Result<Vec<_>>>()?;
-        session.append(Batch::new(
-            format!("legacy-import:{digest}:messages:{n}"),
-            events,
-        ))?;
+        };
+        root.create_filled(options, "legacy", append_all)?;
     }
-    session.close()?;
     Ok(MigrationRecord {
         target_id,
         source_path: path_text,
