@@ -4,11 +4,11 @@
 #   scripts/soak.sh                 every step below
 #   scripts/soak.sh crash input     only these steps
 #
-# Steps: crash, contention, disk, corrupt, input. Each runs the `soak_*` (#[ignore]d)
-# variants of its test file and, where a count drives a default test, that test with the
-# count raised. Counts come from the environment (defaults below); the full-disk step needs
-# root (it mounts tmpfs file systems) and skips itself otherwise. The 1 GiB payload step
-# needs about 4 GB of free memory.
+# Steps: crash, contention, disk, corrupt, input, operations. Each runs the `soak_*`
+# (#[ignore]d) variants of its test file and, where a count drives a default test, that
+# test with the count raised. Counts come from the environment (defaults below); the
+# full-disk step needs root (it mounts tmpfs file systems) and skips itself otherwise. The
+# 1 GiB payload step needs about 4 GB of free memory.
 #
 # Every step runs even when an earlier one fails; the summary at the end lists them, and
 # the exit status is non-zero when any failed. The logs stay in $SOAK_LOG_DIR.
@@ -19,17 +19,21 @@ export RELIABILITY_KILLS="${RELIABILITY_KILLS:-1000}"
 export RELIABILITY_CONTENDERS="${RELIABILITY_CONTENDERS:-8}"
 export RELIABILITY_ROUNDS="${RELIABILITY_ROUNDS:-2000}"
 export RELIABILITY_CORRUPT_TRIALS="${RELIABILITY_CORRUPT_TRIALS:-2000}"
+export RELIABILITY_OP_KILLS="${RELIABILITY_OP_KILLS:-300}"
+export RELIABILITY_WAL_COPIES="${RELIABILITY_WAL_COPIES:-200}"
 export PROPTEST_CASES="${PROPTEST_CASES:-2000}"
 SOAK_LOG_DIR="${SOAK_LOG_DIR:-target/soak}"
 mkdir -p "$SOAK_LOG_DIR"
 
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(crash contention disk corrupt input)
+[ ${#steps[@]} -eq 0 ] && steps=(crash contention disk corrupt input operations)
 
 echo "soak: kills=$RELIABILITY_KILLS contenders=$RELIABILITY_CONTENDERS rounds=$RELIABILITY_ROUNDS" \
-  "corrupt_trials=$RELIABILITY_CORRUPT_TRIALS proptest_cases=$PROPTEST_CASES logs=$SOAK_LOG_DIR"
+  "corrupt_trials=$RELIABILITY_CORRUPT_TRIALS proptest_cases=$PROPTEST_CASES" \
+  "op_kills=$RELIABILITY_OP_KILLS wal_copies=$RELIABILITY_WAL_COPIES logs=$SOAK_LOG_DIR"
 cargo test --release --no-run --test reliability_crash --test reliability_contention \
-  --test reliability_disk --test reliability_corrupt --test reliability_input || exit 1
+  --test reliability_disk --test reliability_corrupt --test reliability_input \
+  --test reliability_operations || exit 1
 
 summary=()
 failed=0
@@ -43,7 +47,7 @@ run() {
   cargo test --release --test "$file" -- --nocapture "$@" >"$log" 2>&1
   status=$?
   # The suite's figure lines (kills, rounds, bytes, peak RSS, …).
-  grep -E '^(crash_during_appends|contention|full_disk(_timed)?|corrupt_random_flips|checkpoint|huge_payload|batches|session ids|deep_json):' "$log" \
+  grep -E '^(crash_during_[a-z_]+|deleted_wal_of_a_live_copy|contention|full_disk(_timed)?|corrupt_random_flips|checkpoint|huge_payload|batches|session ids|deep_json):' "$log" \
     | grep -v RELIABILITY_SEED
   grep -E '^test result:' "$log" | tail -n 1
   if [ $status -eq 0 ]; then
@@ -68,8 +72,9 @@ for step in "${steps[@]}"; do
       run input-huge-random reliability_input --ignored --exact soak_huge_random_payload
       run input-over-blob-limit reliability_input --ignored --exact soak_payload_over_the_blob_limit
       ;;
+    operations) run operations reliability_operations --ignored soak_ ;;
     *)
-      echo "unknown step $step (crash, contention, disk, corrupt, input)" >&2
+      echo "unknown step $step (crash, contention, disk, corrupt, input, operations)" >&2
       exit 2
       ;;
   esac
