@@ -336,6 +336,15 @@ impl Want {
 }
 
 /// The library a step runs on: a root, the folder exports go to, and a service.
+/// Folders under `<root>/.staging/` (builds in progress or abandoned).
+fn staging_folders(root: &Path) -> usize {
+    std::fs::read_dir(root.join(".staging")).map_or(0, |d| {
+        d.flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .count()
+    })
+}
+
 struct Env {
     root: Root,
     out: PathBuf,
@@ -494,8 +503,10 @@ struct Figures {
     /// Sessions and export files replayed and compared.
     verified: usize,
     bytes: u64,
-    /// Staging folders and temporary export files the kills left.
+    /// Temporary export files the kills left (outside the root, never at a final path).
     leftovers: usize,
+    /// Staging folders the kills left, removed by the next `Root::open`.
+    staging_removed: usize,
 }
 
 impl Figures {
@@ -771,8 +782,15 @@ fn crash_round(fx: &Fixture, rng: &mut fastrand::Rng, kill: usize, figures: &mut
     figures.kills += 1;
     figures.done_before += progress.done.len();
 
-    // As after a restart: a fresh root on what the kill left.
+    // As after a restart: a fresh root on what the kill left. Opening it removes the
+    // staging folders of the dead child (and only those: nothing else is building).
+    figures.staging_removed += staging_folders(&dir.join("root"));
     let env = Env::new(Root::open(dir.join("root")).unwrap(), &dir.join("out"));
+    assert_eq!(
+        staging_folders(env.root.path()),
+        0,
+        "{ctx}: opening the root left the dead child's staging folders"
+    );
     let ids = check_after_kill(fx, &env, &survivor, &progress, &ctx, figures);
     let step = progress
         .in_flight()
@@ -851,7 +869,6 @@ fn check_after_kill(
             "{ctx}: step {i} never started but its result is there"
         );
     }
-    figures.leftovers += std::fs::read_dir(root.path().join(".staging")).map_or(0, |d| d.count());
 
     // The catalog, first in the process that lived through the kill (a fresh process
     // indexes every folder on its first use, for both): never a session that is not on
@@ -987,8 +1004,8 @@ fn crash_loop(op: Op, kills: usize) -> Figures {
     eprintln!(
         "crash_during_{}: {} kills in {:.1?} (kill window {:.1?}); {} inside a step: {outcomes}; \
          {} steps finished before their kill; {} retries succeeded; {} sessions/files \
-         re-verified, {} payload bytes checked; {} leftovers ignored (staging folders, \
-         temporary exports)",
+         re-verified, {} payload bytes checked; {} staging folders of the dead child removed \
+         by the next Root::open; {} temporary export files left beside their destination",
         op.name(),
         figures.kills,
         started.elapsed(),
@@ -998,6 +1015,7 @@ fn crash_loop(op: Op, kills: usize) -> Figures {
         figures.retries,
         figures.verified,
         figures.bytes,
+        figures.staging_removed,
         figures.leftovers,
     );
     assert_eq!(figures.kills, kills);

@@ -135,8 +135,8 @@ impl Stamper {
                 rustix::fs::AtFlags::empty(),
             )
             .ok()?;
-            let ns = u128::try_from(st.st_mtime).ok()? * 1_000_000_000
-                + u128::from(st.st_mtime_nsec);
+            let ns =
+                u128::try_from(st.st_mtime).ok()? * 1_000_000_000 + u128::from(st.st_mtime_nsec);
             Some((u64::try_from(st.st_size).ok()?, ns))
         };
         format!(

@@ -100,11 +100,11 @@ impl Root {
             provenance: Some(json!({"parent": parent, "turn": turn_id, "through_seq": cut})),
             inherited_events: cut,
         };
-        let (staging, _lock) = self.stage(&child, origin.as_str(), |conn| {
+        let (staged, _lock) = self.stage(&child, origin.as_str(), |conn| {
             write::init_file(conn, &header)?;
             write_lineage(conn, &lineage)
         })?;
-        self.publish(&staging, &child)?;
+        self.publish(staged, &child)?;
         Ok(child)
     }
 }

@@ -5,6 +5,7 @@ mod catalog;
 mod delete;
 mod fork;
 mod portable;
+mod staging;
 mod stats;
 mod verify;
 
@@ -14,6 +15,8 @@ pub use fork::ForkPoint;
 pub use portable::{ExportReport, ImportOptions};
 pub use stats::{BlobStats, KindStats, SessionStats, TableBytes};
 pub use verify::{Replay, replay};
+
+pub(crate) use staging::Staged;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -34,8 +37,6 @@ use crate::store::reader::SessionReader;
 use crate::store::schema::{self, CODEC, Durability, LOCK_FILE, SESSION_FILE};
 use crate::store::write;
 
-/// Folder under the root where creations are built before publication.
-pub(crate) const STAGING_DIR: &str = ".staging";
 /// Folder under the root where deletions land before removal.
 pub(crate) const TRASH_DIR: &str = ".trash";
 
@@ -211,12 +212,14 @@ impl Root {
         let path = path.as_ref().to_path_buf();
         std::fs::create_dir_all(&path)
             .map_err(|e| Error::io(format!("create root {}", path.display()), e))?;
-        // Tombstones are sessions already deleted; a crash may leave them behind.
+        // Tombstones are sessions already deleted, and staging folders of builds whose
+        // process died; a crash may leave either behind.
         if let Ok(entries) = std::fs::read_dir(path.join(TRASH_DIR)) {
             for entry in entries.flatten() {
                 let _ = std::fs::remove_dir_all(entry.path());
             }
         }
+        staging::remove_abandoned(&path);
         Ok(Root {
             inner: Arc::new(RootInner {
                 catalog: Catalog::new(&path),
@@ -263,8 +266,8 @@ impl Root {
     pub fn create(&self, options: CreateOptions) -> Result<Session> {
         let header = new_header(options);
         let id = header.session_id.clone();
-        let (staging, lock) = self.stage(&id, "create", |conn| write::init_file(conn, &header))?;
-        self.publish(&staging, &id)?;
+        let (staged, lock) = self.stage(&id, "create", |conn| write::init_file(conn, &header))?;
+        self.publish(staged, &id)?;
         self.start_writer(&self.session_dir(&id), lock)
     }
 
@@ -279,68 +282,43 @@ impl Root {
     ) -> Result<SessionId> {
         let header = new_header(options);
         let id = header.session_id.clone();
-        let (staging, lock) = self.stage(&id, purpose, |conn| write::init_file(conn, &header))?;
-        let filled = self.start_writer(&staging, lock).and_then(|session| {
-            fill(&session)?;
-            session.close()
-        });
-        match filled {
-            Ok(()) => self.publish(&staging, &id).map(|()| id),
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&staging);
-                Err(e)
-            }
-        }
+        let (staged, lock) = self.stage(&id, purpose, |conn| write::init_file(conn, &header))?;
+        let session = self.start_writer(staged.dir(), lock)?;
+        fill(&session)?;
+        session.close()?;
+        self.publish(staged, &id).map(|()| id)
     }
 
     /// Builds a new session file in a fresh staging folder and takes its writer lock.
-    /// `fill` runs on the new file's connection; the folder is removed on any failure.
+    /// `fill` runs on the new file's connection; the folder is removed on any failure
+    /// (when the returned [`Staged`] is dropped unpublished).
     pub(crate) fn stage(
         &self,
         id: &SessionId,
         purpose: &str,
         fill: impl FnOnce(&mut rusqlite::Connection) -> Result<()>,
-    ) -> Result<(PathBuf, WriterLock)> {
+    ) -> Result<(Staged, WriterLock)> {
         if self.session_dir(id).exists() {
             return Err(Error::SessionExists(id.to_string()));
         }
-        // The id is not part of the name: the longest valid id must still fit.
-        let staging = self
-            .inner
-            .path
-            .join(STAGING_DIR)
-            .join(format!("{purpose}-{}", random_hex()));
-        std::fs::create_dir_all(&staging)
-            .map_err(|e| Error::io(format!("create {}", staging.display()), e))?;
-        let built = (|| {
-            let mut conn = schema::create_file(&staging.join(SESSION_FILE))?;
-            fill(&mut conn)?;
-            schema::finish_staged(conn, &staging.join(SESSION_FILE))?;
-            let lock = WriterLock::try_acquire(&staging.join(LOCK_FILE))?
-                .ok_or_else(|| Error::invalid("staging lock is held"))?;
-            sync_dir(&staging)?;
-            Ok(lock)
-        })();
-        match built {
-            Ok(lock) => Ok((staging, lock)),
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&staging);
-                Err(e)
-            }
-        }
+        let staged = Staged::new(&self.inner.path, purpose)?;
+        let file = staged.dir().join(SESSION_FILE);
+        let mut conn = schema::create_file(&file)?;
+        fill(&mut conn)?;
+        schema::finish_staged(conn, &file)?;
+        let lock = WriterLock::try_acquire(&staged.dir().join(LOCK_FILE))?
+            .ok_or_else(|| Error::invalid("staging lock is held"))?;
+        sync_dir(staged.dir())?;
+        Ok((staged, lock))
     }
 
     /// Renames a staged session folder into place (removing it if that fails) and
     /// records it in the catalog.
-    pub(crate) fn publish(&self, staging: &Path, id: &SessionId) -> Result<()> {
-        let result = rename_no_replace(staging, &self.session_dir(id), id.as_str())
-            .and_then(|()| sync_dir(&self.inner.path));
-        match result {
-            // The catalog is derived: a session it misses is indexed on the next open.
-            Ok(()) => drop(self.inner.catalog.touch(self, id)),
-            Err(_) => drop(std::fs::remove_dir_all(staging)),
-        }
-        result
+    pub(crate) fn publish(&self, staged: Staged, id: &SessionId) -> Result<()> {
+        staged.publish(&self.session_dir(id), id.as_str())?;
+        // The catalog is derived: a session it misses is indexed on the next open.
+        drop(self.inner.catalog.touch(self, id));
+        Ok(())
     }
 
     pub(crate) fn catalog(&self) -> &Catalog {

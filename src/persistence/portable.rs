@@ -156,11 +156,11 @@ impl Root {
         header.origin = options.origin.unwrap_or(Origin::CanonicalImport);
         let target = header.session_id.clone();
         let through = reader.durable_sequence()?;
-        let (staging, _lock) = self.stage(&target, "import", |conn| {
+        let (staged, _lock) = self.stage(&target, "import", |conn| {
             write::init_file(conn, &header)?;
             copy_log(&reader, through, conn).map(drop)
         })?;
-        self.publish(&staging, &target)?;
+        self.publish(staged, &target)?;
         Ok(target)
     }
 }
