@@ -176,9 +176,10 @@ fn judge(original: &[String], f: impl FnOnce() -> session_store::Result<Vec<Stri
     }
 }
 
-/// The three entry points on one damaged file: `replay`, `open_reader` + a full read,
-/// `open_writer` + a full read of what it accepted (last: it writes the lease).
-fn outcomes(bytes: &[u8], original: &[String]) -> [(&'static str, Outcome); 3] {
+/// The four entry points on one damaged file: `replay`, `open_reader` + a full read,
+/// `open_reader` + one page of `commits` (what a cold `observe` reads), `open_writer` + a
+/// full read of what it accepted (last: it writes the lease).
+fn outcomes(bytes: &[u8], original: &[String]) -> [(&'static str, Outcome); 4] {
     let (_dir, root, folder) = planted(bytes);
     let name = id("sample");
     let replayed = judge(original, || Ok(history_lines(&replay(&folder)?.commits)));
@@ -186,6 +187,10 @@ fn outcomes(bytes: &[u8], original: &[String]) -> [(&'static str, Outcome); 3] {
         let reader = root.open_reader(&name)?;
         reader.projection()?;
         Ok(history_lines(&reader.replay()?))
+    });
+    let page = judge(original, || {
+        let reader = root.open_reader(&name)?;
+        Ok(history_lines(&reader.commits(0, usize::MAX)?))
     });
     let write = judge(original, || {
         let s = root.open_writer(&name)?;
@@ -196,6 +201,7 @@ fn outcomes(bytes: &[u8], original: &[String]) -> [(&'static str, Outcome); 3] {
     [
         ("replay", replayed),
         ("open_reader", read),
+        ("commits", page),
         ("open_writer", write),
     ]
 }
@@ -222,7 +228,7 @@ fn find(haystack: &[u8], needle: &[u8]) -> usize {
 /// Named damaged copies of the sample file.
 type Cases = Vec<(&'static str, Vec<u8>)>;
 
-/// Fixed damage, each of which must be refused by all three entry points.
+/// Fixed damage, each of which must be refused by all four entry points.
 fn fixed_cases(file: &[u8]) -> Cases {
     let ps = page_size(file);
     let pages = file.len() / ps;
@@ -443,7 +449,7 @@ fn random_flips(trials: usize) {
         }
     }
     eprintln!(
-        "corrupt_random_flips: {trials} damaged copies x 3 entry points: {refused} refusals, \
+        "corrupt_random_flips: {trials} damaged copies x 4 entry points: {refused} refusals, \
          {} unacceptable outcomes",
         failures.len()
     );

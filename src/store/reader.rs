@@ -150,6 +150,27 @@ fn build_layout(
     Ok(Layout { lineage, segments })
 }
 
+fn gap(expected: u64, found: u64) -> Error {
+    Error::corrupt(format!(
+        "sequence gap: expected {expected}, found a commit at {found}"
+    ))
+}
+
+/// Checks that `c` starts at `expected` and that its events match its operation hash;
+/// returns its last sequence.
+fn check_commit(expected: u64, c: &Commit) -> Result<u64> {
+    if c.first_seq != expected {
+        return Err(gap(expected, c.first_seq));
+    }
+    if rehash_commit(c) != c.operation_hash {
+        return Err(Error::corrupt(format!(
+            "commit at {}: events do not match operation hash of {:?}",
+            c.first_seq, c.operation_id
+        )));
+    }
+    Ok(c.last_seq())
+}
+
 impl SessionReader {
     /// Opens the session file in the session folder `dir` (ancestors are its siblings).
     pub(crate) fn open(dir: &Path) -> Result<SessionReader> {
@@ -243,12 +264,23 @@ impl SessionReader {
         read::read_dependents(&*self.own()?)
     }
 
-    /// Whole durable commits with `last_seq > after`, at most `limit`.
+    /// Whole durable commits with `last_seq > after`, at most `limit`, checked as a
+    /// stream is: each follows the one before without a gap (the first holds `after + 1`)
+    /// and its events match its operation hash.
     ///
     /// # Errors
-    /// [`Error::Corrupt`] for damaged rows or blobs, or SQLite errors.
+    /// [`Error::Corrupt`] for damaged rows or blobs, a gap or a hash mismatch; SQLite errors.
     pub fn commits(&self, after: u64, limit: usize) -> Result<Vec<Commit>> {
-        self.commits_through(after, u64::MAX, limit)
+        let page = self.commits_through(after, u64::MAX, limit)?;
+        let mut next = match page.first() {
+            Some(first) if first.first_seq <= after + 1 => first.first_seq,
+            Some(first) => return Err(gap(after + 1, first.first_seq)),
+            None => return Ok(page),
+        };
+        for c in &page {
+            next = check_commit(next, c)? + 1;
+        }
+        Ok(page)
     }
 
     /// Whole durable commits with `last_seq` in `(after, through]`, at most `limit`.
@@ -336,20 +368,7 @@ impl SessionReader {
                 return Ok(());
             }
             for c in page {
-                if c.first_seq != after + 1 {
-                    return Err(Error::corrupt(format!(
-                        "sequence gap: expected {}, found a commit at {}",
-                        after + 1,
-                        c.first_seq
-                    )));
-                }
-                if rehash_commit(&c) != c.operation_hash {
-                    return Err(Error::corrupt(format!(
-                        "commit at {}: events do not match operation hash of {:?}",
-                        c.first_seq, c.operation_id
-                    )));
-                }
-                after = c.last_seq();
+                after = check_commit(after + 1, &c)?;
                 f(c)?;
             }
         }
