@@ -100,7 +100,8 @@ struct State {
     tail_ops: HashMap<String, Arc<Commit>>,
     queued_bytes: usize,
     draining: bool,
-    timer_armed: bool,
+    /// The earliest drain scheduled on the writer pool and not yet run.
+    armed_at: Option<Instant>,
     /// Set after a clean failure: timed drains stop until an explicit flush succeeds.
     paused: bool,
     error: Option<String>,
@@ -174,7 +175,7 @@ impl Session {
             tail_ops: HashMap::new(),
             queued_bytes: 0,
             draining: false,
-            timer_armed: false,
+            armed_at: None,
             paused: false,
             error: None,
             poisoned: false,
@@ -402,8 +403,9 @@ fn prepare_batch(batch: Batch) -> Result<PreparedBatch> {
 
 impl Shared {
     fn accept(self: &Arc<Self>, batch: PreparedBatch) -> Result<Arc<Commit>> {
-        // Backpressure: over budget, the appender drains the queue itself (unless the
-        // queue is empty: one oversized commit is always accepted).
+        // Backpressure: over budget, the appender waits for the drain that is writing,
+        // or drains the queue itself when none is (unless the queue is empty: one
+        // oversized commit is always accepted).
         let mut s = lock(&self.state);
         while !s.closed
             && !s.poisoned
@@ -414,6 +416,10 @@ impl Shared {
                 return Err(Error::PersistenceFailed(
                     s.error.clone().unwrap_or_default(),
                 ));
+            }
+            if s.draining {
+                s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+                continue;
             }
             drop(s);
             // A failure is recorded in the state and answered on the next loop.
@@ -478,11 +484,26 @@ impl Shared {
             history,
             charge: batch.charge,
         }));
-        if !s.timer_armed && !s.draining && !s.paused {
-            s.timer_armed = true;
-            pool::schedule(Arc::downgrade(self), Instant::now() + self.config.delay);
+        if !s.draining && !s.paused {
+            // Past half the budget the drain starts at once, so that it writes while the
+            // appender goes on filling the other half.
+            let now = Instant::now();
+            let due = if s.queued_bytes > self.config.budget / 2 {
+                now
+            } else {
+                now + self.config.delay
+            };
+            self.arm(&mut s, due);
         }
         Ok(commit)
+    }
+
+    /// Schedules a drain on the writer pool at `due`, unless one is already due by then.
+    fn arm(self: &Arc<Self>, s: &mut State, due: Instant) {
+        if s.armed_at.is_none_or(|at| due < at) {
+            s.armed_at = Some(due);
+            pool::schedule(Arc::downgrade(self), due);
+        }
     }
 
     /// Writes the whole tail in one transaction. Waits for a drain already running.
@@ -523,9 +544,8 @@ impl Shared {
                 s.paused = false;
                 s.error = None;
                 // Commits accepted during the write are drained right after (drain chain).
-                if !s.tail.is_empty() && !s.timer_armed {
-                    s.timer_armed = true;
-                    pool::schedule(Arc::downgrade(self), Instant::now());
+                if !s.tail.is_empty() {
+                    self.arm(&mut s, Instant::now());
                 }
                 Ok(())
             }
@@ -548,7 +568,8 @@ impl Shared {
     pub(crate) fn scheduled_drain(self: &Arc<Self>) {
         {
             let mut s = lock(&self.state);
-            s.timer_armed = false;
+            // Any scheduled drain that runs stands for every one armed before it.
+            s.armed_at = None;
             if s.paused || s.released {
                 return;
             }
