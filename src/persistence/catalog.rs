@@ -289,7 +289,12 @@ impl Catalog {
         let ids = root.list_ids()?;
         let mut rows = Vec::with_capacity(ids.len());
         for id in &ids {
-            rows.push((id, row(root, &compute(root, id)?)?));
+            match compute(root, id) {
+                Ok(entry) => rows.push((id, row(root, &entry)?)),
+                // Deleted since it was listed: nothing to index.
+                Err(Error::SessionNotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
         }
         self.with_conn(root, |c| {
             let tx = c.unchecked_transaction()?;
@@ -310,7 +315,7 @@ impl Catalog {
             tx.commit()?;
             Ok(())
         })?;
-        Ok(ids.len())
+        Ok(rows.len())
     }
 }
 
