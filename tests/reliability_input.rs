@@ -231,13 +231,17 @@ fn hostile_ids_are_refused() {
 #[test]
 fn the_longest_valid_id_can_be_created() {
     let (_dir, root) = temp_root();
-    for len in [215, 216, 255] {
+    for len in [215, 216, 223, 255] {
         let id = SessionId::new("a".repeat(len)).unwrap();
         match root.create(CreateOptions::with_id(id.clone())) {
             Ok(s) => s.close().unwrap(),
             Err(e) => panic!("a valid {len}-byte id cannot be created: {e}"),
         }
         assert!(root.list_ids().unwrap().contains(&id));
+        // Neither staging nor trash names contain the id: it can be deleted too.
+        root.delete(&id, &session_store::CancelToken::new())
+            .unwrap_or_else(|e| panic!("a valid {len}-byte id cannot be deleted: {e}"));
+        assert!(!root.list_ids().unwrap().contains(&id));
     }
 }
 
