@@ -77,6 +77,27 @@ impl Message {
         })
     }
 
+    /// A message from parts a checkpoint stored (so they were probed when the message was
+    /// first appended): no second parse of the JSON.
+    pub(crate) fn from_checked_parts(
+        id: String,
+        role: Option<String>,
+        filtered: bool,
+        json: Box<RawValue>,
+    ) -> Message {
+        Message {
+            id,
+            role,
+            filtered,
+            json,
+        }
+    }
+
+    /// The parts [`Message::from_checked_parts`] takes back.
+    pub(crate) fn parts(&self) -> (&str, Option<&str>, bool, &RawValue) {
+        (&self.id, self.role.as_deref(), self.filtered, &self.json)
+    }
+
     /// A message from a JSON object.
     ///
     /// # Errors

@@ -158,7 +158,7 @@ pub(crate) fn read_checkpoint(conn: &Connection, through: u64) -> Option<(u64, P
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )
         .ok()?;
-    if digest != crate::store::write::checkpoint_digest(seq, &text) {
+    if digest != crate::store::checkpoint::digest(seq, &text) {
         return None;
     }
     let p = crate::store::checkpoint::decode(&text)?;

@@ -165,7 +165,7 @@ pub(crate) fn store_checkpoint(
     .execute(params![
         through_seq,
         projection,
-        checkpoint_digest(through_seq, projection)
+        crate::store::checkpoint::digest(through_seq, projection)
     ])?;
     Ok(())
 }
@@ -240,16 +240,6 @@ pub(crate) fn copy_history(
     Ok(())
 }
 
-/// What `checkpoint.digest` stores: SHA-256 (hex) of `through_seq` in decimal, a NUL and
-/// the projection text (hashed in place, the text can be megabytes).
-pub(crate) fn checkpoint_digest(through_seq: u64, projection: &str) -> String {
-    use sha2::{Digest, Sha256};
-    let mut h = Sha256::new();
-    h.update(through_seq.to_string().as_bytes());
-    h.update([0]);
-    h.update(projection.as_bytes());
-    hex::encode(h.finalize())
-}
 
 /// Inserts ended turns into the turn index.
 pub(crate) fn insert_turns(tx: &Transaction<'_>, turns: &[TurnBoundary]) -> Result<()> {
