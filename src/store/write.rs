@@ -240,7 +240,6 @@ pub(crate) fn copy_history(
     Ok(())
 }
 
-
 /// Inserts ended turns into the turn index.
 pub(crate) fn insert_turns(tx: &Transaction<'_>, turns: &[TurnBoundary]) -> Result<()> {
     let mut insert_turn = tx.prepare_cached(
