@@ -21,16 +21,14 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::workload::{payloads, raw_insert, raw_table};
 use common::{fmt_count, median, verdict};
-use rusqlite::{Connection, TransactionBehavior};
 use session_store::{
     Batch, CreateOptions, Durability, Event, Root, Session, SessionId, StoreOptions,
 };
 
 /// Events per commit (and rows per raw transaction).
 const EVENTS_PER_COMMIT: usize = 64;
-/// Approximate payload size in bytes.
-const PAYLOAD_BYTES: usize = 400;
 /// Target of ours/raw for durable appends.
 const RATIO_TARGET: f64 = 0.8;
 /// Target of the accepted (in-memory) rate, events per second.
@@ -150,18 +148,6 @@ fn env_usize(name: &str, default: usize) -> BenchResult<usize> {
     }
 }
 
-/// `n` distinct `message/complete` payloads of about [`PAYLOAD_BYTES`] bytes each.
-fn payloads(n: usize) -> Vec<String> {
-    let filler = "lorem ipsum dolor sit amet ".repeat(PAYLOAD_BYTES / 27 + 1);
-    (0..n)
-        .map(|i| {
-            let head = format!(r#"{{"message":{{"id":"m{i:08}","role":"assistant","content":""#);
-            let room = PAYLOAD_BYTES.saturating_sub(head.len() + 3);
-            format!("{head}{}\"}}}}", &filler[..room])
-        })
-        .collect()
-}
-
 /// One commit's events.
 fn batch(op: usize, payloads: &[String]) -> BenchResult<Batch> {
     let events = payloads
@@ -212,27 +198,9 @@ fn durable(dir: &Path, payloads: &[String]) -> BenchResult<Durable> {
 
 /// (b): raw rusqlite, one `BEGIN IMMEDIATE` transaction per commit; events per second.
 fn raw(file: &Path, payloads: &[String]) -> BenchResult<f64> {
-    let mut conn = Connection::open(file)?;
-    conn.pragma_update(None, "journal_mode", "WAL")?;
-    conn.pragma_update(None, "synchronous", "FULL")?;
-    conn.execute(
-        "CREATE TABLE events (seq INTEGER PRIMARY KEY, payload TEXT)",
-        [],
-    )?;
+    let mut conn = raw_table(file, "FULL")?;
     let t = Instant::now();
-    let mut seq = 0i64;
-    for chunk in payloads.chunks(EVENTS_PER_COMMIT) {
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        {
-            let mut insert =
-                tx.prepare_cached("INSERT INTO events (seq, payload) VALUES (?1, ?2)")?;
-            for p in chunk {
-                seq += 1;
-                insert.execute((seq, p.as_str()))?;
-            }
-        }
-        tx.commit()?;
-    }
+    raw_insert(&mut conn, payloads, EVENTS_PER_COMMIT)?;
     Ok(payloads.len() as f64 / t.elapsed().as_secs_f64())
 }
 

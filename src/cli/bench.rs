@@ -21,14 +21,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, TransactionBehavior};
 use serde::Serialize;
 use session_store::{Batch, CreateOptions, Durability, Event, Root, SessionId, StoreOptions};
 
+use super::workload::{PAYLOAD_BYTES, fmt_count, payloads, raw_insert, raw_table};
 use super::{CliResult, Context, Failure, print_json, progress_bar};
-
-/// Approximate payload size in bytes.
-const PAYLOAD_BYTES: usize = 400;
 
 /// How long the fdatasync rate is measured.
 const FDATASYNC_TIME: Duration = Duration::from_secs(1);
@@ -213,31 +210,6 @@ fn print_report(r: &Report) {
     );
 }
 
-/// A count rounded to an integer, with thousands separators: `1234567.8` → `1,234,568`.
-fn fmt_count(n: f64) -> String {
-    let digits = format!("{:.0}", n.max(0.0));
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, ch) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(ch);
-    }
-    out
-}
-
-/// `n` distinct `message/complete` payloads of about [`PAYLOAD_BYTES`] bytes each.
-fn payloads(n: usize) -> Vec<String> {
-    let filler = "lorem ipsum dolor sit amet ".repeat(PAYLOAD_BYTES / 27 + 1);
-    (0..n)
-        .map(|i| {
-            let head = format!(r#"{{"message":{{"id":"m{i:08}","role":"assistant","content":""#);
-            let room = PAYLOAD_BYTES.saturating_sub(head.len() + 3);
-            format!("{head}{}\"}}}}", &filler[..room])
-        })
-        .collect()
-}
-
 /// `payloads` dealt into `parts` nearly equal runs.
 fn split(payloads: &[String], parts: usize) -> Vec<Vec<String>> {
     let per = payloads.len().div_ceil(parts);
@@ -320,36 +292,10 @@ fn raw(dir: &Path, work: &[Vec<String>], options: &Options) -> CliResult<Rate> {
         _ => "FULL",
     };
     let elapsed = parallel(work, |i, part, barrier| {
-        let setup = || -> rusqlite::Result<Connection> {
-            let conn = Connection::open(dir.join(format!("raw-{i}.sqlite")))?;
-            conn.pragma_update(None, "journal_mode", "WAL")?;
-            conn.pragma_update(None, "synchronous", synchronous)?;
-            conn.execute(
-                "CREATE TABLE events (seq INTEGER PRIMARY KEY, payload TEXT)",
-                [],
-            )?;
-            Ok(conn)
-        };
-        let conn = setup();
+        let conn = raw_table(&dir.join(format!("raw-{i}.sqlite")), synchronous);
         barrier.wait();
         let mut conn = conn.map_err(|e| e.to_string())?;
-        let mut run = || -> rusqlite::Result<()> {
-            let mut seq = 0i64;
-            for chunk in part.chunks(options.batch) {
-                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-                {
-                    let mut insert =
-                        tx.prepare_cached("INSERT INTO events (seq, payload) VALUES (?1, ?2)")?;
-                    for p in chunk {
-                        seq += 1;
-                        insert.execute((seq, p.as_str()))?;
-                    }
-                }
-                tx.commit()?;
-            }
-            Ok(())
-        };
-        run().map_err(|e| e.to_string())
+        raw_insert(&mut conn, part, options.batch).map_err(|e| e.to_string())
     })?;
     Ok(Rate::new(
         work.iter().map(Vec::len).sum(),

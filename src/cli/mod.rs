@@ -6,6 +6,7 @@ pub mod bench;
 pub mod demo;
 pub mod replicate;
 pub mod sessions;
+pub mod workload;
 
 use std::fmt;
 use std::io::{IsTerminal, Write};
