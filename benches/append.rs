@@ -41,11 +41,7 @@ fn main() -> BenchResult<()> {
     let events = env_usize("BENCH_EVENTS", EVENTS_PER_COMMIT * 1500)?.max(EVENTS_PER_COMMIT);
     let events = events / EVENTS_PER_COMMIT * EVENTS_PER_COMMIT;
     let rounds = env_usize("BENCH_ROUNDS", 3)?.max(1);
-    let base = std::env::var_os("BENCH_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).to_path_buf());
-    std::fs::create_dir_all(&base)?;
-    let dir = tempfile::tempdir_in(&base)?;
+    let (base, dir) = common::bench_dir()?;
     let payloads = payloads(events);
     let started = Instant::now();
 

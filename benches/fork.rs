@@ -25,7 +25,7 @@ mod common;
 use common::{fmt_count, fmt_mb, load_average, median, quick, verdict};
 
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -63,11 +63,7 @@ fn main() -> BenchResult<()> {
     // `cargo bench` passes `--bench`; this harness has no options of its own.
     let quick = quick();
     let turns = if quick { TURNS / 10 } else { TURNS };
-    let base = std::env::var_os("BENCH_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).to_path_buf());
-    std::fs::create_dir_all(&base)?;
-    let dir = tempfile::tempdir_in(&base)?;
+    let (base, dir) = common::bench_dir()?;
     let root = Root::with_options(
         dir.path().join("sessions"),
         StoreOptions {

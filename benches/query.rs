@@ -32,7 +32,7 @@
 mod common;
 
 use std::hint::black_box;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{fmt_count, fmt_mb, load_average, median, quick, verdict};
@@ -85,11 +85,7 @@ fn main() -> BenchResult<()> {
     let scale = if quick { 10 } else { 1 };
     let (sessions, messages, open_events) =
         (SESSIONS / scale, MESSAGES / scale, OPEN_EVENTS / scale);
-    let base = std::env::var_os("BENCH_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).to_path_buf());
-    std::fs::create_dir_all(&base)?;
-    let dir = tempfile::tempdir_in(&base)?;
+    let (base, dir) = common::bench_dir()?;
     let rt = Runtime::new()?;
     let started = Instant::now();
     println!(

@@ -17,6 +17,17 @@ pub fn median(v: &mut [f64]) -> f64 {
     }
 }
 
+/// The folder a bench's files go under (`BENCH_DIR`, else Cargo's target tmp dir: on disk,
+/// so fsync is real), created if needed, and a fresh temp dir inside it.
+pub fn bench_dir() -> std::io::Result<(std::path::PathBuf, tempfile::TempDir)> {
+    let base = std::env::var_os("BENCH_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")));
+    std::fs::create_dir_all(&base)?;
+    let dir = tempfile::tempdir_in(&base)?;
+    Ok((base, dir))
+}
+
 /// How a result compares with its target.
 pub fn verdict(ok: bool) -> &'static str {
     if ok { "MET" } else { "MISSED" }
