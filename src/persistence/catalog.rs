@@ -93,26 +93,9 @@ fn file_stamp(size_and_mtime: Option<(u64, u128)>) -> String {
     size_and_mtime.map_or_else(|| MISSING.to_owned(), |(len, ns)| format!("{len}@{ns}"))
 }
 
-/// The stamp of a session folder's files.
-pub(crate) fn session_stamp(dir: &Path) -> String {
-    let part = |name: &str| {
-        let m = std::fs::metadata(dir.join(name)).ok()?;
-        let ns = m
-            .modified()
-            .ok()
-            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_nanos());
-        Some((m.len(), ns))
-    };
-    format!(
-        "{}/{}",
-        file_stamp(part(SESSION_FILE)),
-        file_stamp(part(WAL_FILE))
-    )
-}
-
-/// Stamps of many sessions of one root, each read with two `fstatat` calls relative to
-/// the root folder (no walk of the root's own path per file): what `list` does per entry.
+/// Stamps of the sessions of one root: size and mtime (ns) of `session.sqlite` and its
+/// `-wal`, each read with `fstatat` relative to the root folder (no walk of the root's own
+/// path per file, which is what `list` pays per entry).
 struct Stamper {
     root: rustix::fd::OwnedFd,
 }
@@ -126,7 +109,7 @@ impl Stamper {
         Ok(Stamper { root })
     }
 
-    /// The same text as [`session_stamp`] of the session's folder.
+    /// `<size>@<mtime ns>/<size>@<mtime ns>` of the session's file and WAL.
     fn stamp(&self, id: &SessionId) -> String {
         let part = |name: &str| {
             let st = rustix::fs::statat(
@@ -206,7 +189,7 @@ impl Catalog {
 
     /// Stores an entry computed by the caller (e.g. from a live projection after close).
     pub(crate) fn put(&self, root: &Root, entry: &CatalogEntry) -> Result<()> {
-        let (stamp, text) = row(root, entry)?;
+        let (stamp, text) = row(&Stamper::open(root.path())?, entry)?;
         self.with_conn(root, |c| {
             c.prepare_cached(
                 "INSERT OR REPLACE INTO sessions (session_id, stamp, entry) VALUES (?1, ?2, ?3)",
@@ -287,10 +270,11 @@ impl Catalog {
     /// process ever lists a half-filled one; returns how many.
     pub(crate) fn rebuild(&self, root: &Root) -> Result<usize> {
         let ids = root.list_ids()?;
+        let stamper = Stamper::open(root.path())?;
         let mut rows = Vec::with_capacity(ids.len());
         for id in &ids {
             match compute(root, id) {
-                Ok(entry) => rows.push((id, row(root, &entry)?)),
+                Ok(entry) => rows.push((id, row(&stamper, &entry)?)),
                 // Deleted since it was listed: nothing to index.
                 Err(Error::SessionNotFound(_)) => {}
                 Err(e) => return Err(e),
@@ -332,8 +316,8 @@ fn compute(root: &Root, id: &SessionId) -> Result<CatalogEntry> {
 }
 
 /// The stamp and the stored text of a session's entry.
-fn row(root: &Root, entry: &CatalogEntry) -> Result<(String, String)> {
-    let stamp = session_stamp(&root.session_dir(&entry.session_id));
+fn row(stamper: &Stamper, entry: &CatalogEntry) -> Result<(String, String)> {
+    let stamp = stamper.stamp(&entry.session_id);
     let text = serde_json::to_string(entry).map_err(|e| Error::invalid(e.to_string()))?;
     Ok((stamp, text))
 }
