@@ -1,11 +1,13 @@
 //! Validation of a whole log: the checks shared by `replay`, export and import.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::model::header::Header;
 use crate::model::projection::HistoryChange;
 use crate::model::{Commit, Projection, TurnBoundary};
+use crate::store::read::HistoryRow;
 use crate::store::reader::SessionReader;
 use crate::store::schema::{self, SESSION_FILE};
 
@@ -58,6 +60,89 @@ impl LogValidator {
     }
 }
 
+/// The history index a log implies: rows keyed by `(event_seq, position)` (a later change
+/// of the same key replaces an earlier one, as the index's upsert does) and resets.
+#[derive(Default)]
+struct HistoryIndex {
+    rows: BTreeMap<(u64, u64), HistoryRow>,
+    resets: BTreeSet<u64>,
+}
+
+impl HistoryIndex {
+    fn add(&mut self, changes: &[HistoryChange]) {
+        for change in changes {
+            match change {
+                HistoryChange::Reset { seq } => {
+                    self.resets.insert(*seq);
+                }
+                HistoryChange::Put {
+                    seq,
+                    position,
+                    item,
+                    message,
+                } => {
+                    let row = HistoryRow {
+                        position: *position,
+                        event_seq: *seq,
+                        item: *item,
+                        message_id: message.id().to_owned(),
+                        role: message.role().map(str::to_owned),
+                        bytes: message.json().len() as u64,
+                    };
+                    self.rows.insert((*seq, *position), row);
+                }
+            }
+        }
+    }
+
+    /// Refuses a stored index that differs from the log's: a row or reset missing, extra
+    /// or altered.
+    fn compare(self, (rows, resets): (Vec<HistoryRow>, Vec<u64>)) -> Result<()> {
+        let mismatch = |what: String| Err(Error::corrupt(format!("history index: {what}")));
+        let mut expected = self.rows.into_values();
+        let mut stored = rows.into_iter();
+        loop {
+            match (expected.next(), stored.next()) {
+                (None, None) => break,
+                (Some(want), Some(got)) if want == got => {}
+                (Some(want), got) => {
+                    let found = got.map_or_else(
+                        || "nothing".to_owned(),
+                        |g| {
+                            format!(
+                                "message {:?} (role {:?}, {} bytes) at position {} from event {}",
+                                g.message_id, g.role, g.bytes, g.position, g.event_seq
+                            )
+                        },
+                    );
+                    return mismatch(format!(
+                        "expected message {:?} at position {} from event {}, found {found}",
+                        want.message_id, want.position, want.event_seq
+                    ));
+                }
+                (None, Some(got)) => {
+                    return mismatch(format!(
+                        "position {} at event {} is not in the log",
+                        got.position, got.event_seq
+                    ));
+                }
+            }
+        }
+        let resets: BTreeSet<u64> = resets.into_iter().collect();
+        if let Some(seq) = self.resets.symmetric_difference(&resets).next() {
+            return mismatch(format!(
+                "the transcript reset at event {seq} is {}",
+                if resets.contains(seq) {
+                    "not in the log"
+                } else {
+                    "missing"
+                }
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// `PRAGMA integrity_check` and `foreign_key_check` on an untrusted file.
 pub(crate) fn check_integrity(file: &Path) -> Result<()> {
     let conn = schema::open_reader(file)?;
@@ -105,11 +190,16 @@ pub fn replay(path: impl AsRef<Path>) -> Result<Replay> {
     let reader = SessionReader::open_file(&file, &root)?;
     let mut validator = LogValidator::new();
     let mut commits = Vec::new();
+    let mut index = HistoryIndex::default();
     reader.visit(u64::MAX, |c| {
-        validator.check(&c)?;
+        let (_, history) = validator.check(&c)?;
+        index.add(&history);
         commits.push(c);
         Ok(())
     })?;
+    if let Some(stored) = reader.history_index(validator.last_seq())? {
+        index.compare(stored)?;
+    }
     Ok(Replay {
         header: reader.header().clone(),
         commits,

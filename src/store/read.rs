@@ -166,7 +166,7 @@ pub(crate) fn read_checkpoint(conn: &Connection, through: u64) -> Option<(u64, P
 }
 
 /// One entry of the history index: which event put which message at a position.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct HistoryRow {
     pub position: u64,
     pub event_seq: u64,
@@ -221,6 +221,44 @@ pub(crate) fn read_history_rows(
         },
     )?;
     Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+}
+
+/// Every history row and transcript reset of this file for events in `(after, through]`,
+/// in `(event_seq, position)` order; `None` for a file older than the history index
+/// (schema version 1).
+pub(crate) fn read_history_index(
+    conn: &Connection,
+    after: u64,
+    through: u64,
+) -> Result<Option<(Vec<HistoryRow>, Vec<u64>)>> {
+    let indexed = conn
+        .prepare_cached("SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'history'")?
+        .exists([])?;
+    if !indexed {
+        return Ok(None);
+    }
+    let through = through.min(i64::MAX as u64);
+    let rows = conn
+        .prepare_cached(
+            "SELECT position, event_seq, item, message_id, role, bytes FROM history
+             WHERE event_seq > ?1 AND event_seq <= ?2 ORDER BY event_seq, position",
+        )?
+        .query_map(params![after, through], |r| {
+            Ok(HistoryRow {
+                position: r.get(0)?,
+                event_seq: r.get(1)?,
+                item: r.get(2)?,
+                message_id: r.get(3)?,
+                role: r.get(4)?,
+                bytes: r.get(5)?,
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let resets = conn
+        .prepare_cached("SELECT seq FROM history_resets WHERE seq > ?1 AND seq <= ?2 ORDER BY seq")?
+        .query_map(params![after, through], |r| r.get(0))?
+        .collect::<rusqlite::Result<Vec<u64>>>()?;
+    Ok(Some((rows, resets)))
 }
 
 /// The payload of event `seq`: inline JSON text, or the digest of its blob.

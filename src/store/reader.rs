@@ -539,6 +539,23 @@ impl SessionReader {
         Ok(out)
     }
 
+    /// The whole history index through `through`: every row and reset, each read from the
+    /// file that holds its range (for `verify`); `None` when a file predates the index.
+    pub(crate) fn history_index(&self, through: u64) -> Result<Option<(Vec<HistoryRow>, Vec<u64>)>> {
+        let (mut rows, mut resets) = (Vec::new(), Vec::new());
+        for seg in self.layout().segments.iter().filter(|s| s.after < through) {
+            let conn = seg.pool.get()?;
+            match read::read_history_index(&conn, seg.after, seg.through.min(through))? {
+                Some((r, s)) => {
+                    rows.extend(r);
+                    resets.extend(s);
+                }
+                None => return Ok(None),
+            }
+        }
+        Ok(Some((rows, resets)))
+    }
+
     fn history_body(&self, row: &HistoryRow, seg: &Segment) -> Result<HistoryBody> {
         let conn = seg.pool.get()?;
         let (inline, digest) = read::read_event_payload(&conn, row.event_seq)?;

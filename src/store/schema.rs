@@ -226,10 +226,16 @@ fn expected_schema(version: i64) -> Result<Arc<Vec<SchemaObject>>> {
     Ok(objects)
 }
 
+/// Tables a replicator adds to the files it watches (Litestream's), the only objects a
+/// session file may hold besides its own: plain tables, which run nothing.
+const REPLICATOR_TABLES: &[&str] = &["_litestream_seq", "_litestream_lock"];
+
 /// Refuses a file whose schema is not exactly what its `user_version` says: every table,
-/// index and view the migrations create must be there with the very same SQL text. (A
+/// index and view the migrations create must be there with the very same SQL text (a
 /// damaged `CREATE TABLE` text passes `integrity_check` and would otherwise surface later
-/// as "no such column".) Objects of others (e.g. a replicator's tables) are allowed.
+/// as "no such column"), and nothing else may be: a planted trigger would run on our next
+/// write, a planted view or index could shadow or slow what we read. The one exception is a
+/// replicator's bookkeeping tables ([`REPLICATOR_TABLES`]).
 fn check_schema(conn: &Connection, version: i64) -> Result<()> {
     let expected = expected_schema(version)?;
     let found = schema_objects(conn)?;
@@ -240,6 +246,21 @@ fn check_schema(conn: &Connection, version: i64) -> Result<()> {
                 "the schema differs from version {version}: {kind} {name} is missing or altered"
             )));
         }
+    }
+    let foreign = found.iter().find(|object| {
+        let (kind, name, _, _) = object;
+        !expected.contains(object)
+            && !(kind == "table" && REPLICATOR_TABLES.contains(&name.as_str()))
+    });
+    if let Some((kind, name, table, _)) = foreign {
+        let on = if name == table {
+            String::new()
+        } else {
+            format!(" on {table:?}")
+        };
+        return Err(Error::corrupt(format!(
+            "the schema differs from version {version}: {kind} {name:?}{on} is not ours"
+        )));
     }
     Ok(())
 }
