@@ -471,7 +471,7 @@ fn migrate_legacy_rebuild_catalog_and_demo() {
     env.fails(&["migrate-legacy", legacy_arg], 6);
 
     chat(&env, "other", 1);
-    std::fs::remove_file(env.root().join("catalog.sqlite")).expect("remove catalog");
+    std::fs::remove_file(env.root().join(".catalog/catalog.sqlite")).expect("remove catalog");
     assert_eq!(env.json(&["rebuild-catalog"])["sessions"], 2);
     assert!(env.ok(&["rebuild-catalog"]).contains("2 sessions"));
 

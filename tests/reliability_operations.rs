@@ -399,7 +399,7 @@ impl Env {
                 self.service.close(runtime.session_ref()).await?;
                 Ok(Made::Legacy(record))
             }),
-            Step::Rebuild => self.root.rebuild_catalog().map(Made::Catalog),
+            Step::Rebuild => self.root.rebuild_catalog().map(|r| Made::Catalog(r.sessions)),
         }
     }
 }
@@ -665,7 +665,7 @@ impl Fixture {
             }
             (Step::Rebuild, Made::Catalog(count)) => {
                 assert_eq!(count, self.prints.len());
-                let listed = env.root.list(None, 1000).unwrap();
+                let listed = env.root.list(None, 1000).unwrap().entries;
                 assert_eq!(listed.len(), count);
                 Want::Catalog(catalog_view(&listed))
             }
@@ -879,7 +879,8 @@ fn check_after_kill(
     ] {
         let entries = r
             .list(None, 1000)
-            .unwrap_or_else(|e| panic!("{ctx}: {who}: list: {e}"));
+            .unwrap_or_else(|e| panic!("{ctx}: {who}: list: {e}"))
+            .entries;
         let listed: Vec<&SessionId> = entries.iter().map(|e| &e.session_id).collect();
         assert!(
             listed.iter().all(|n| ids.contains(*n)),
@@ -958,7 +959,7 @@ fn retry(
         Want::Catalog(want) => {
             for r in [&env.root, survivor] {
                 assert!(
-                    catalog_view(&r.list(None, 1000).unwrap()) == *want,
+                    catalog_view(&r.list(None, 1000).unwrap().entries) == *want,
                     "{ctx}: catalog after the rebuild"
                 );
             }

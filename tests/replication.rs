@@ -173,6 +173,7 @@ impl Setup {
 fn listed(root: &Root) -> Vec<String> {
     root.list(None, 100)
         .unwrap()
+        .entries
         .into_iter()
         .map(|e| e.session_id.to_string())
         .collect()

@@ -21,7 +21,9 @@ use super::{
 
 /// The session file inside a session folder (the documented layout).
 const SESSION_FILE: &str = "session.sqlite";
-/// The catalog file of a root, replicated beside the sessions.
+/// The catalog file of a root, in its dot-folder (out of the session id namespace).
+const LOCAL_CATALOG: &str = ".catalog/catalog.sqlite";
+/// The name of the catalog's replica, beside the sessions' replicas.
 const CATALOG_FILE: &str = "catalog.sqlite";
 /// The config `replicate --run` writes when `--config-out` is not given.
 const DEFAULT_CONFIG: &str = "litestream.yml";
@@ -135,7 +137,7 @@ fn yaml_string(s: &str) -> String {
 /// The Litestream configuration that replicates the root at `root` (absolute) to `replica`.
 pub fn config_text(root: &Path, replica: &Replica) -> String {
     let root_text = root.display().to_string();
-    let catalog = root.join(CATALOG_FILE).display().to_string();
+    let catalog = root.join(LOCAL_CATALOG).display().to_string();
     format!(
         "# Litestream (>= 0.5) configuration written by `session-store replicate` for the root\n\
          #   {root_text}\n\
@@ -703,7 +705,8 @@ fn restore_into(
         print_json(&json!({
             "root": root.path(), "from": replica.url(), "restored": restored,
             "skipped": skipped, "failed": failed,
-            "catalog_sessions": catalog.as_ref().ok(),
+            "catalog_sessions": catalog.as_ref().ok().map(|r| r.sessions),
+            "catalog_skipped": catalog.as_ref().ok().map(|r| &r.skipped),
             "catalog_error": catalog.as_ref().err().map(|e| super::one_line(e)),
         }))?;
     } else {
@@ -725,12 +728,20 @@ fn restore_into(
         for f in &failed {
             println!("NOT restored {}: {}", f.session_id, f.reason);
         }
-        if let Ok(n) = &catalog {
+        if let Ok(report) = &catalog {
+            for s in &report.skipped {
+                println!(
+                    "unreadable {} (not in the catalog): {}",
+                    s.session_id,
+                    super::one_line(s.error.as_ref())
+                );
+            }
             println!(
-                "restored {} sessions from {} into {}; catalog rebuilt: {n} sessions",
+                "restored {} sessions from {} into {}; catalog rebuilt: {} sessions",
                 restored.len(),
                 replica.url(),
-                root.path().display()
+                root.path().display(),
+                report.sessions
             );
         }
     }
@@ -778,7 +789,7 @@ mod tests {
         assert!(text.contains("    pattern: \"session.sqlite\"\n"));
         assert!(text.contains("    recursive: true\n    watch: true\n"));
         assert!(text.contains("      url: \"s3://bkt/host-a\"\n"));
-        assert!(text.contains("  - path: \"/srv/sessions/catalog.sqlite\"\n"));
+        assert!(text.contains("  - path: \"/srv/sessions/.catalog/catalog.sqlite\"\n"));
         assert!(text.contains("      url: \"s3://bkt/host-a/catalog.sqlite\"\n"));
         assert_eq!(yaml_string("a\"b\\c"), r#""a\"b\\c""#);
     }

@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::json;
 use session_store::{
     CancelToken, Commit, ContentRef, CreateOptions, Dependent, Error, Event, ForkPoint,
-    ImportOptions, LineageEntry, SessionId, TableBytes, TurnBoundary, WriterOwner,
+    ImportOptions, LineageEntry, SessionId, SkippedSession, TableBytes, TurnBoundary, WriterOwner,
 };
 
 use super::{
@@ -90,6 +90,13 @@ pub fn create(cx: &Context, id: Option<&str>, cwd: Option<String>) -> CliResult<
 pub fn list(cx: &Context, limit: usize, cursor: Option<&str>) -> CliResult<()> {
     let service = cx.service()?;
     let page = block_on(service.query().list(cursor, limit))??;
+    report_skipped(&page.skipped);
+    if let Some(e) = &page.catalog_error {
+        eprintln!(
+            "session-store: warning: catalog not used ({}); listed from the session files",
+            super::one_line(e.as_ref())
+        );
+    }
     if cx.json {
         return print_json(&page);
     }
@@ -128,6 +135,17 @@ pub fn list(cx: &Context, limit: usize, cursor: Option<&str>) -> CliResult<()> {
         println!("more: --cursor {next}");
     }
     Ok(())
+}
+
+/// Names each session that could not be read, with why, on stderr.
+fn report_skipped(skipped: &[SkippedSession]) {
+    for s in skipped {
+        eprintln!(
+            "session-store: skipped session {}: {}",
+            s.session_id,
+            super::one_line(s.error.as_ref())
+        );
+    }
 }
 
 /// What `show` prints with `--json`.
@@ -683,13 +701,19 @@ pub fn rebuild_catalog(cx: &Context) -> CliResult<()> {
     let bar = spinner("rebuilding the catalog");
     let rebuilt = root.rebuild_catalog();
     bar.finish_and_clear();
-    let count = rebuilt?;
+    let report = rebuilt?;
+    report_skipped(&report.skipped);
     if cx.json {
-        print_json(&json!({ "sessions": count }))
+        print_json(&report)
     } else {
         println!(
-            "rebuilt the catalog of {}: {count} sessions",
-            cx.root.display()
+            "rebuilt the catalog of {}: {} sessions{}",
+            cx.root.display(),
+            report.sessions,
+            match report.skipped.len() {
+                0 => String::new(),
+                n => format!(", {n} skipped (unreadable, named above)"),
+            }
         );
         Ok(())
     }

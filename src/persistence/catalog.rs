@@ -1,5 +1,12 @@
-//! The catalog: `<root>/catalog.sqlite`, a derived index of per-session summaries that
-//! makes `list` one keyset query. Rebuildable at any time from the session files.
+//! The catalog: `<root>/.catalog/catalog.sqlite`, a derived index of per-session summaries
+//! that makes `list` one keyset query. Rebuildable at any time from the session files.
+//!
+//! It lives in a dot-folder, out of the session id namespace (ids never start with `.`), so
+//! no session folder can take the name of the catalog or of its `-wal` / `-shm`. A catalog
+//! that is damaged or not ours is replaced on open; a catalog that cannot be written (a
+//! read-only root, a full disk) is bypassed: the page is computed from the session files.
+//! One session that cannot be read never fails a page or a rebuild: it is reported as a
+//! [`SkippedSession`] and the others are listed.
 //!
 //! An entry is trusted only while the session file's stamp (size and mtime of
 //! `session.sqlite` and `-wal`, read with `stat`, never by opening the file) is
@@ -7,10 +14,10 @@
 //! listed folder still exists, so a stale entry never revives a deleted session.
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::UNIX_EPOCH;
 
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OpenFlags, params};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -20,8 +27,57 @@ use crate::persistence::Root;
 use crate::store::reader::SessionReader;
 use crate::store::schema::{SESSION_FILE, WAL_FILE};
 
-/// The catalog file in a root.
+/// The folder of the catalog in a root (a dot-name: never a session id).
+pub(crate) const CATALOG_DIR: &str = ".catalog";
+/// The catalog file in [`CATALOG_DIR`].
 pub(crate) const CATALOG_FILE: &str = "catalog.sqlite";
+/// Where older builds kept the catalog: `<root>/catalog.sqlite` (and its `-wal`, `-shm`),
+/// removed when the catalog is first created in its folder.
+const LEGACY_CATALOG_FILES: [&str; 3] = ["catalog.sqlite", "catalog.sqlite-wal", "catalog.sqlite-shm"];
+/// `PRAGMA application_id` of a catalog file ("SeSC").
+const CATALOG_APPLICATION_ID: i32 = 0x5365_5343;
+/// The catalog's one table.
+const CATALOG_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY,
+    stamp      TEXT NOT NULL,
+    entry      TEXT NOT NULL
+) WITHOUT ROWID;";
+
+/// A session that `list` or `rebuild_catalog` could not read, and why; the other sessions
+/// are listed without it.
+#[derive(Clone, Debug, Serialize)]
+pub struct SkippedSession {
+    /// The session's id (its folder name).
+    pub session_id: SessionId,
+    /// Why it could not be read (e.g. a foreign or newer-schema file).
+    #[serde(serialize_with = "error_text")]
+    pub error: Arc<Error>,
+}
+
+fn error_text<S: serde::Serializer>(error: &Arc<Error>, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.collect_str(error)
+}
+
+/// A page of [`Root::list`].
+#[derive(Clone, Debug, Default)]
+pub struct Listing {
+    /// Sound sessions in id order.
+    pub entries: Vec<CatalogEntry>,
+    /// Sessions passed over on the way because they could not be read.
+    pub skipped: Vec<SkippedSession>,
+    /// Why the catalog was bypassed (the page was computed from the session files), e.g. a
+    /// read-only root or a full disk; `None` when the catalog served the page.
+    pub catalog_error: Option<Arc<Error>>,
+}
+
+/// What [`Root::rebuild_catalog`] did.
+#[derive(Clone, Debug, Serialize)]
+pub struct RebuildReport {
+    /// Sessions indexed.
+    pub sessions: usize,
+    /// Sessions that could not be read (listed as skipped until they can).
+    pub skipped: Vec<SkippedSession>,
+}
 
 /// What the catalog knows about a session.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -132,15 +188,82 @@ impl Stamper {
 
 #[derive(Debug)]
 pub(crate) struct Catalog {
-    path: PathBuf,
+    dir: PathBuf,
     conn: Mutex<Option<Connection>>,
+}
+
+/// Opens the catalog file at `path`, creating it (in one immediate transaction, so two
+/// processes creating it at once agree) when it is new. A file that is not a catalog of
+/// this format (another application's database, random bytes) is [`Error::Corrupt`].
+fn open_catalog(path: &Path) -> Result<Connection> {
+    let mut conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NOFOLLOW
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let app: i32 = tx.pragma_query_value(None, "application_id", |r| r.get(0))?;
+    let objects: i64 = tx.query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))?;
+    if app == 0 && objects == 0 {
+        tx.pragma_update(None, "application_id", CATALOG_APPLICATION_ID)?;
+        tx.execute_batch(CATALOG_SCHEMA)?;
+    } else if app != CATALOG_APPLICATION_ID {
+        return Err(Error::corrupt(format!(
+            "{} is not a catalog (application_id {app:#x})",
+            path.display()
+        )));
+    }
+    // A catalog whose table lacks a column fails here as Corrupt ("no such column").
+    tx.prepare("SELECT session_id, stamp, entry FROM sessions LIMIT 0")?;
+    tx.commit()?;
+    Ok(conn)
+}
+
+/// Removes `name` in `dir` when it is a regular file (never a folder, never through a link).
+fn remove_file_in(dir: &Path, name: &str) -> Result<()> {
+    let path = dir.join(name);
+    match std::fs::symlink_metadata(&path) {
+        Ok(m) if m.is_file() => std::fs::remove_file(&path)
+            .map_err(|e| Error::io(format!("remove {}", path.display()), e)),
+        _ => Ok(()),
+    }
 }
 
 impl Catalog {
     pub(crate) fn new(root: &Path) -> Catalog {
         Catalog {
-            path: root.join(CATALOG_FILE),
+            dir: root.join(CATALOG_DIR),
             conn: Mutex::new(None),
+        }
+    }
+
+    /// Opens the catalog in its folder. The catalog is derived: a damaged or foreign file
+    /// (and its `-wal` / `-shm`) is replaced by an empty catalog, refilled as sessions are
+    /// listed. The first open also removes a catalog left at the root by older builds.
+    fn open(&self, root: &Root) -> Result<Connection> {
+        match std::fs::create_dir(&self.dir) {
+            Ok(()) => {
+                for name in LEGACY_CATALOG_FILES {
+                    remove_file_in(root.path(), name)?;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && self.dir.is_dir() => {}
+            Err(e) => return Err(Error::io(format!("create {}", self.dir.display()), e)),
+        }
+        let path = self.dir.join(CATALOG_FILE);
+        match open_catalog(&path) {
+            Err(Error::Corrupt(_)) => {
+                for suffix in ["", "-wal", "-shm"] {
+                    remove_file_in(&self.dir, &format!("{CATALOG_FILE}{suffix}"))?;
+                }
+                open_catalog(&path)
+            }
+            other => other,
         }
     }
 
@@ -148,17 +271,7 @@ impl Catalog {
     fn with_conn<T>(&self, root: &Root, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
         let mut guard = self.conn.lock().unwrap_or_else(|e| e.into_inner());
         if guard.is_none() {
-            let conn = Connection::open(&self.path)?;
-            conn.busy_timeout(std::time::Duration::from_secs(5))?;
-            conn.pragma_update(None, "journal_mode", "WAL")?;
-            conn.pragma_update(None, "synchronous", "NORMAL")?;
-            conn.execute_batch(
-                "CREATE TABLE IF NOT EXISTS sessions (
-                     session_id TEXT PRIMARY KEY,
-                     stamp      TEXT NOT NULL,
-                     entry      TEXT NOT NULL
-                 ) WITHOUT ROWID;",
-            )?;
+            let conn = self.open(root)?;
             // Index every folder once per process: sessions published before this catalog
             // existed (or by a process that died before recording them) get a stale row.
             let mut add = conn.prepare(
@@ -189,7 +302,10 @@ impl Catalog {
 
     /// Stores an entry computed by the caller (e.g. from a live projection after close).
     pub(crate) fn put(&self, root: &Root, entry: &CatalogEntry) -> Result<()> {
-        let (stamp, text) = row(&Stamper::open(root.path())?, entry)?;
+        self.put_row(root, entry, &row(&Stamper::open(root.path())?, entry)?)
+    }
+
+    fn put_row(&self, root: &Root, entry: &CatalogEntry, (stamp, text): &(String, String)) -> Result<()> {
         self.with_conn(root, |c| {
             c.prepare_cached(
                 "INSERT OR REPLACE INTO sessions (session_id, stamp, entry) VALUES (?1, ?2, ?3)",
@@ -208,30 +324,37 @@ impl Catalog {
         })
     }
 
-    /// Recomputes a session's entry from its file.
-    pub(crate) fn refresh(&self, root: &Root, id: &SessionId) -> Result<CatalogEntry> {
-        let entry = compute(root, id)?;
-        self.put(root, &entry)?;
-        Ok(entry)
+    /// Up to `limit` entries with ids after `after`, in id order; stale entries are
+    /// recomputed, entries of vanished folders dropped, unreadable sessions skipped. When
+    /// the catalog cannot be used (it cannot be written: a read-only root, a full disk),
+    /// the page is computed from the session files and the catalog's error reported.
+    pub(crate) fn page(&self, root: &Root, after: Option<&str>, limit: usize) -> Result<Listing> {
+        let stamper = Stamper::open(root.path())?;
+        match self.cached_page(root, &stamper, after, limit) {
+            Ok(listing) => Ok(listing),
+            Err(e) => {
+                let mut listing = direct_page(root, &stamper, after, limit)?;
+                listing.catalog_error = Some(Arc::new(e));
+                Ok(listing)
+            }
+        }
     }
 
-    /// Up to `limit` entries with ids after `after`, in id order; stale entries are
-    /// recomputed, entries of vanished folders dropped.
-    pub(crate) fn page(
+    fn cached_page(
         &self,
         root: &Root,
+        stamper: &Stamper,
         after: Option<&str>,
         limit: usize,
-    ) -> Result<Vec<CatalogEntry>> {
-        let mut out = Vec::with_capacity(limit);
-        let stamper = Stamper::open(root.path())?;
+    ) -> Result<Listing> {
+        let mut out = Listing::default();
         let mut cursor = after.unwrap_or("").to_owned();
-        while out.len() < limit {
+        while out.entries.len() < limit {
             let rows: Vec<(String, String, String)> = self.with_conn(root, |c| {
                 let mut stmt = c.prepare_cached(
                     "SELECT session_id, stamp, entry FROM sessions WHERE session_id > ?1 ORDER BY session_id LIMIT ?2",
                 )?;
-                let rows = stmt.query_map(params![cursor, (limit - out.len()) as i64], |r| {
+                let rows = stmt.query_map(params![cursor, (limit - out.entries.len()) as i64], |r| {
                     Ok((r.get(0)?, r.get(1)?, r.get(2)?))
                 })?;
                 Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
@@ -252,14 +375,24 @@ impl Catalog {
                 let cached = (stamp == current)
                     .then(|| serde_json::from_str::<CatalogEntry>(&text).ok())
                     .flatten();
-                match cached {
-                    Some(entry) => out.push(entry),
-                    None => match self.refresh(root, &id) {
-                        Ok(entry) => out.push(entry),
-                        Err(Error::SessionNotFound(_)) => self.forget(root, &id)?,
-                        Err(e) => return Err(e),
+                let entry = match cached {
+                    Some(entry) => entry,
+                    None => match compute(root, stamper, &id) {
+                        Computed::Entry(entry) => {
+                            self.put_row(root, &entry, &row(stamper, &entry)?)?;
+                            entry
+                        }
+                        Computed::Gone => {
+                            self.forget(root, &id)?;
+                            continue;
+                        }
+                        Computed::Unreadable(skipped) => {
+                            out.skipped.push(skipped);
+                            continue;
+                        }
                     },
-                }
+                };
+                out.entries.push(entry);
             }
         }
         Ok(out)
@@ -267,17 +400,20 @@ impl Catalog {
 
     /// Recomputes one entry per session, then replaces every row in one transaction, so a
     /// rebuild cut short (an error, a crash) leaves the previous catalog whole and no other
-    /// process ever lists a half-filled one; returns how many.
-    pub(crate) fn rebuild(&self, root: &Root) -> Result<usize> {
+    /// process ever lists a half-filled one. A damaged or foreign catalog file is replaced.
+    /// Sessions that cannot be read are reported and keep a stale row, so `list` reports
+    /// them too.
+    pub(crate) fn rebuild(&self, root: &Root) -> Result<RebuildReport> {
         let ids = root.list_ids()?;
         let stamper = Stamper::open(root.path())?;
         let mut rows = Vec::with_capacity(ids.len());
+        let mut skipped = Vec::new();
         for id in &ids {
-            match compute(root, id) {
-                Ok(entry) => rows.push((id, row(&stamper, &entry)?)),
+            match compute(root, &stamper, id) {
+                Computed::Entry(entry) => rows.push((id, row(&stamper, &entry)?)),
                 // Deleted since it was listed: nothing to index.
-                Err(Error::SessionNotFound(_)) => {}
-                Err(e) => return Err(e),
+                Computed::Gone => {}
+                Computed::Unreadable(s) => skipped.push(s),
             }
         }
         self.with_conn(root, |c| {
@@ -299,20 +435,60 @@ impl Catalog {
             tx.commit()?;
             Ok(())
         })?;
-        Ok(rows.len())
+        Ok(RebuildReport {
+            sessions: rows.len(),
+            skipped,
+        })
     }
 }
 
-/// A session's entry, computed from its file.
-fn compute(root: &Root, id: &SessionId) -> Result<CatalogEntry> {
-    let dir = root.session_dir(id);
-    let reader = root.open_reader(id)?;
-    Ok(CatalogEntry::new(
-        &reader,
-        &reader.projection()?,
-        reader.durable_sequence()?,
-        &dir,
-    ))
+/// A page computed from the session files alone (no catalog read or write).
+fn direct_page(root: &Root, stamper: &Stamper, after: Option<&str>, limit: usize) -> Result<Listing> {
+    let mut out = Listing::default();
+    let after = after.unwrap_or("");
+    for id in root.list_ids()?.into_iter().filter(|id| id.as_str() > after) {
+        if out.entries.len() >= limit {
+            break;
+        }
+        match compute(root, stamper, &id) {
+            Computed::Entry(entry) => out.entries.push(entry),
+            Computed::Gone => {}
+            Computed::Unreadable(skipped) => out.skipped.push(skipped),
+        }
+    }
+    Ok(out)
+}
+
+/// What reading a session's entry gave.
+enum Computed {
+    Entry(CatalogEntry),
+    /// The session vanished (deleted meanwhile): not an error.
+    Gone,
+    /// The session exists but cannot be read.
+    Unreadable(SkippedSession),
+}
+
+/// A session's entry, computed from its file. An error is the session's own when its
+/// file is still there afterwards; otherwise it was deleted while being read.
+fn compute(root: &Root, stamper: &Stamper, id: &SessionId) -> Computed {
+    let read = || -> Result<CatalogEntry> {
+        let reader = root.open_reader(id)?;
+        Ok(CatalogEntry::new(
+            &reader,
+            &reader.projection()?,
+            reader.durable_sequence()?,
+            &root.session_dir(id),
+        ))
+    };
+    match read() {
+        Ok(entry) => Computed::Entry(entry),
+        Err(_) if stamper.stamp(id).starts_with(MISSING) => Computed::Gone,
+        Err(Error::SessionNotFound(_)) => Computed::Gone,
+        Err(e) => Computed::Unreadable(SkippedSession {
+            session_id: id.clone(),
+            error: Arc::new(e),
+        }),
+    }
 }
 
 /// The stamp and the stored text of a session's entry.

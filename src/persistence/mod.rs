@@ -10,7 +10,7 @@ mod stats;
 mod verify;
 
 pub(crate) use catalog::Catalog;
-pub use catalog::CatalogEntry;
+pub use catalog::{CatalogEntry, Listing, RebuildReport, SkippedSession};
 pub use fork::ForkPoint;
 pub use portable::{ExportReport, ImportOptions};
 pub use stats::{BlobStats, KindStats, SessionStats, TableBytes};
@@ -326,19 +326,24 @@ impl Root {
     }
 
     /// Catalog entries of the sessions with ids after `after`, in id order, at most
-    /// `limit` (stale entries recomputed from their files, vanished ones dropped).
+    /// `limit` (stale entries recomputed from their files, vanished ones dropped). A
+    /// session that cannot be read (a foreign or newer-schema file) is passed over and
+    /// reported in [`Listing::skipped`]; a catalog that cannot be written (a read-only
+    /// root, a full disk) is bypassed and reported in [`Listing::catalog_error`].
     ///
     /// # Errors
-    /// Catalog or read errors.
-    pub fn list(&self, after: Option<&str>, limit: usize) -> Result<Vec<CatalogEntry>> {
+    /// [`Error::Io`] when the root folder cannot be read.
+    pub fn list(&self, after: Option<&str>, limit: usize) -> Result<Listing> {
         self.inner.catalog.page(self, after, limit)
     }
 
-    /// Drops the catalog and recomputes it from the session files; returns the count.
+    /// Recomputes the catalog from the session files, replacing whatever is there (also a
+    /// damaged or foreign catalog file). Sessions that cannot be read are reported, not
+    /// indexed.
     ///
     /// # Errors
-    /// Read errors of any session.
-    pub fn rebuild_catalog(&self) -> Result<usize> {
+    /// When the root cannot be read or the catalog cannot be written.
+    pub fn rebuild_catalog(&self) -> Result<RebuildReport> {
         self.inner.catalog.rebuild(self)
     }
 

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::model::header::Origin;
 use crate::model::{Commit, ContentRef, Message, SessionId, SessionRef};
-use crate::persistence::CatalogEntry;
+use crate::persistence::{CatalogEntry, RebuildReport, SkippedSession};
 use crate::service::runtime::RuntimeSnapshot;
 use crate::service::{Service, blocking};
 use crate::session::live::{PersistenceStatus, SessionSnapshot};
@@ -88,6 +88,23 @@ pub struct SessionPage {
     pub sessions: Vec<SessionSummary>,
     /// Pass as `cursor` for the next page; `None` on the last page.
     pub next_cursor: Option<String>,
+    /// Sessions of this page's id range that could not be read (e.g. a foreign or
+    /// newer-schema file), with why; the others are listed.
+    pub skipped: Vec<SkippedSession>,
+    /// Why the catalog was bypassed for this page (computed from the session files), e.g.
+    /// a read-only root or a full disk.
+    #[serde(serialize_with = "optional_error_text")]
+    pub catalog_error: Option<Arc<Error>>,
+}
+
+fn optional_error_text<S: serde::Serializer>(
+    error: &Option<Arc<Error>>,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    match error {
+        Some(e) => s.collect_str(e),
+        None => s.serialize_none(),
+    }
 }
 
 /// A message of a history page.
@@ -194,9 +211,15 @@ impl Query {
         let service = self.service.clone();
         let cursor = cursor.map(str::to_owned);
         blocking(move || {
-            let mut entries = service.root().list(cursor.as_deref(), limit + 1)?;
+            let listing = service.root().list(cursor.as_deref(), limit + 1)?;
+            let mut entries = listing.entries;
             let more = entries.len() > limit;
             entries.truncate(limit);
+            // A session skipped after this page's last one is reported with the next page.
+            let mut skipped = listing.skipped;
+            if more && let Some(last) = entries.last() {
+                skipped.retain(|s| s.session_id < last.session_id);
+            }
             let sessions: Vec<SessionSummary> = entries
                 .into_iter()
                 .map(|entry| {
@@ -219,6 +242,8 @@ impl Query {
             Ok(SessionPage {
                 sessions,
                 next_cursor,
+                skipped,
+                catalog_error: listing.catalog_error,
             })
         })
         .await
@@ -388,11 +413,12 @@ impl Query {
         .await
     }
 
-    /// Drops the catalog and rebuilds it from the session files; returns the count.
+    /// Rebuilds the catalog from the session files (replacing whatever is there); reports
+    /// the count and the sessions that could not be read.
     ///
     /// # Errors
-    /// Read errors of any session.
-    pub async fn rebuild_catalog(&self) -> Result<usize> {
+    /// When the root cannot be read or the catalog cannot be written.
+    pub async fn rebuild_catalog(&self) -> Result<RebuildReport> {
         let root = self.service.root().clone();
         blocking(move || root.rebuild_catalog()).await
     }
