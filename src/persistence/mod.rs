@@ -31,7 +31,7 @@ use crate::model::SessionId;
 use crate::model::header::{Header, Origin};
 use crate::model::ids::{now_ms, random_hex};
 use crate::session::live::{Session, WriteBehind};
-use crate::store::lock::{WriterLock, recorded_owner};
+use crate::store::lock::{self, WriterLock, recorded_owner};
 use crate::store::read::LineageEntry;
 use crate::store::reader::SessionReader;
 use crate::store::schema::{self, CODEC, Durability, LOCK_FILE, SESSION_FILE};
@@ -433,9 +433,10 @@ impl Root {
     /// As [`Root::open_reader`].
     pub fn writer_owner(&self, id: &SessionId) -> Result<Option<WriterOwner>> {
         let dir = self.existing_dir(id)?;
-        match WriterLock::try_acquire(&dir.join(LOCK_FILE))? {
-            Some(_probe) => Ok(None),
-            None => self.current_owner(&dir).map(Some),
+        if lock::is_held(&dir.join(LOCK_FILE))? {
+            self.current_owner(&dir).map(Some)
+        } else {
+            Ok(None)
         }
     }
 

@@ -75,6 +75,22 @@ impl Drop for WriterLock {
     }
 }
 
+/// Whether a writer holds the lock at `path` now. Probes through a read-only descriptor
+/// (`flock` needs no write access), never creates or writes the file, so it works on a
+/// root the caller can only read; a missing lock file is a free lock.
+pub(crate) fn is_held(path: &Path) -> Result<bool> {
+    let file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(Error::io(format!("open {}", path.display()), e)),
+    };
+    match file.try_lock() {
+        Ok(()) => Ok(false),
+        Err(TryLockError::WouldBlock) => Ok(true),
+        Err(TryLockError::Error(e)) => Err(Error::io(format!("lock {}", path.display()), e)),
+    }
+}
+
 fn process_alive(pid: u32) -> bool {
     let proc = Path::new("/proc");
     !proc.is_dir() || proc.join(pid.to_string()).exists()
