@@ -1,6 +1,8 @@
 //! Delete that never breaks a fork: dependents get their inherited ranges materialised
 //! first, one transaction each, then the session disappears with one rename.
 
+use std::path::Path;
+
 use rusqlite::{TransactionBehavior, params};
 
 use crate::cancel::CancelToken;
@@ -33,6 +35,10 @@ impl Root {
         let lock = WriterLock::acquire(&dir.join(LOCK_FILE), cancel)?;
         let forks = DependentsLock::exclusive(&dir.join(DEPENDENTS_LOCK_FILE), cancel)?;
         let file = dir.join(SESSION_FILE);
+        // A concurrent delete of the same session may have renamed it away meanwhile.
+        if !file.is_file() {
+            return Err(Error::SessionNotFound(id.to_string()));
+        }
         let conn = schema::open_writer(&file, Durability::PowerLoss)?;
         let lineage = read::read_lineage(&conn)?;
         // The exclusive dependents lock keeps new forks out until the rename.
@@ -63,14 +69,23 @@ impl Root {
     }
 
     /// Copies every range `child` inherits from `ancestor` into `child`'s own file and drops
-    /// those lineage rows, in one transaction. A child that no longer exists is skipped.
+    /// those lineage rows, in one transaction. A child that no longer exists is skipped,
+    /// also one deleted while it is being materialised (its delete renames it away at any
+    /// moment: whatever fails then, e.g. "unable to open database file", is its absence).
     fn materialize(&self, ancestor: &SessionId, child: &SessionId) -> Result<()> {
         let child_file = self.session_dir(child).join(SESSION_FILE);
         if !child_file.is_file() {
             return Ok(());
         }
+        match self.copy_inherited(ancestor, &child_file) {
+            Err(_) if !child_file.is_file() => Ok(()),
+            other => other,
+        }
+    }
+
+    fn copy_inherited(&self, ancestor: &SessionId, child_file: &Path) -> Result<()> {
         let source = schema::open_reader(&self.session_dir(ancestor).join(SESSION_FILE))?;
-        let mut conn = schema::open_writer(&child_file, Durability::PowerLoss)?;
+        let mut conn = schema::open_writer(child_file, Durability::PowerLoss)?;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let ranges: Vec<_> = read::read_lineage(&tx)?
             .into_iter()
