@@ -63,7 +63,14 @@ pub fn run(
     let root = cx.open_root()?;
     let id = session_id(id)?;
     let session = match root.open_writer(&id) {
-        Err(Error::SessionNotFound(_)) if create => root.create(CreateOptions::with_id(id))?,
+        // Another `append --create` may publish it first: then this one appends to it, or
+        // is refused naming the writer (status 5), never "already exists".
+        Err(Error::SessionNotFound(_)) if create => {
+            match root.create(CreateOptions::with_id(id.clone())) {
+                Err(Error::SessionExists(_)) => root.open_writer(&id)?,
+                other => other?,
+            }
+        }
         other => other?,
     };
     let mut totals = Totals::default();
