@@ -1,0 +1,658 @@
+//! Reliability of a root as a whole (issue 11): one bad session, a damaged catalog or a
+//! session id that looks like a catalog file never takes the root down; concurrent
+//! deletes, list while deleting and concurrent `append --create` are races without
+//! losers; a root the user can only read serves every read-only command; schema objects
+//! we did not create (trigger, view, index, table) and a history index that differs from
+//! the log are refused. Everything runs through the CLI binary as real processes.
+
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_session-store");
+
+/// A batch of one completed turn with one user message (JSON Lines).
+fn turn_line(n: usize) -> String {
+    format!(
+        r#"{{"operation_id":"op-{n}","turn_id":"t{n}","events":[{{"kind":"turn/start"}},{{"kind":"message/complete","payload":{{"message":{{"id":"m{n}","role":"user","content":"hello {n}"}}}}}},{{"kind":"turn/end","payload":{{"status":"completed"}}}}]}}"#
+    ) + "\n"
+}
+
+/// A root folder in a temp dir, driven through the CLI.
+struct Env {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+}
+
+impl Env {
+    fn new() -> Env {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("root");
+        Env { _dir: dir, root }
+    }
+
+    fn work(&self) -> &Path {
+        self._dir.path()
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("--root").arg(&self.root).args(args);
+        cmd
+    }
+
+    fn run_with(&self, args: &[&str], stdin: &str) -> Output {
+        let mut child = self
+            .command(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(stdin.as_bytes())
+            .expect("write stdin");
+        child.wait_with_output().expect("wait")
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.run_with(args, "")
+    }
+
+    /// Runs a command that must exit 0; returns (stdout, stderr).
+    fn ok(&self, args: &[&str]) -> (String, String) {
+        let out = self.run(args);
+        let (stdout, stderr) = texts(&out);
+        assert!(
+            out.status.success(),
+            "{args:?} failed ({:?}): {stderr}",
+            out.status
+        );
+        (stdout, stderr)
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let mut full = vec!["--json"];
+        full.extend_from_slice(args);
+        serde_json::from_str(&self.ok(&full).0).expect("json output")
+    }
+
+    /// Runs a command that must exit with `code`; returns stderr.
+    fn fails(&self, args: &[&str], code: i32) -> String {
+        let out = self.run(args);
+        let (_, stderr) = texts(&out);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {stderr}");
+        stderr
+    }
+
+    /// A session with `turns` completed turns.
+    fn session(&self, id: &str, turns: usize) {
+        let lines: String = (1..=turns).map(turn_line).collect();
+        let out = self.run_with(&["append", id, "--create"], &lines);
+        assert!(out.status.success(), "append {id}: {}", texts(&out).1);
+    }
+
+    fn file(&self, id: &str) -> PathBuf {
+        self.root.join(id).join("session.sqlite")
+    }
+
+    fn sql(&self, id: &str, sql: &str) {
+        let conn = rusqlite::Connection::open(self.file(id)).expect("open");
+        conn.execute_batch(sql).expect("sql");
+    }
+
+    /// The ids `list --json` shows and the ids it reports as skipped.
+    fn listed(&self) -> (Vec<String>, Vec<String>) {
+        let page = self.json(&["list", "--limit", "100"]);
+        let ids = |key: &str, field: &dyn Fn(&Value) -> &Value| -> Vec<String> {
+            page[key]
+                .as_array()
+                .expect(key)
+                .iter()
+                .map(|s| field(s).as_str().expect("id").to_owned())
+                .collect()
+        };
+        (
+            ids("sessions", &|s| &s["session_ref"]["session_id"]),
+            ids("skipped", &|s| &s["session_id"]),
+        )
+    }
+}
+
+fn texts(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read dir") {
+        let entry = entry.expect("entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("type").is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy");
+        }
+    }
+}
+
+/// One foreign and one newer-schema session folder: `list` and `rebuild-catalog` list the
+/// sound sessions and name the bad ones (stderr, `--json`, library).
+#[test]
+fn one_bad_session_does_not_take_the_root_down() {
+    let env = Env::new();
+    env.session("a", 1);
+    env.session("c", 2);
+    env.session("y", 1);
+    env.ok(&["list"]);
+    // A foreign SQLite file, and a session file from a newer build.
+    std::fs::create_dir(env.root.join("x")).expect("mkdir");
+    rusqlite::Connection::open(env.file("x"))
+        .and_then(|c| c.execute_batch("create table t(x)"))
+        .expect("foreign file");
+    env.sql("y", "PRAGMA user_version = 99");
+
+    let (stdout, stderr) = env.ok(&["list"]);
+    assert!(stdout.contains("a ") && stdout.contains("c "), "{stdout}");
+    assert!(stderr.contains("skipped session x"), "{stderr}");
+    assert!(stderr.contains("skipped session y"), "{stderr}");
+    assert_eq!(
+        env.listed(),
+        (vec!["a".into(), "c".into()], vec!["x".into(), "y".into()])
+    );
+    // Paged: the bad sessions are reported once, with the page that covers them.
+    let first = env.json(&["list", "--limit", "1"]);
+    assert_eq!(first["skipped"].as_array().expect("skipped").len(), 0);
+    let second = env.json(&["list", "--limit", "1", "--cursor", "a"]);
+    assert_eq!(second["sessions"][0]["session_ref"]["session_id"], "c");
+    assert_eq!(second["skipped"][0]["session_id"], "x");
+
+    let rebuilt = env.json(&["rebuild-catalog"]);
+    assert_eq!(rebuilt["sessions"], 2);
+    let skipped: Vec<&str> = rebuilt["skipped"]
+        .as_array()
+        .expect("skipped")
+        .iter()
+        .map(|s| s["session_id"].as_str().expect("id"))
+        .collect();
+    assert_eq!(skipped, ["x", "y"]);
+    assert!(
+        rebuilt["skipped"][1]["error"]
+            .as_str()
+            .expect("error")
+            .contains("newer"),
+        "{rebuilt}"
+    );
+    let (_, stderr) = env.ok(&["rebuild-catalog"]);
+    assert!(stderr.contains("skipped session x"), "{stderr}");
+
+    // The library: a result type with the skipped ids and their errors.
+    let root = session_store::Root::open(&env.root).expect("root");
+    let listing = root.list(None, 10).expect("list");
+    let ids: Vec<&str> = listing
+        .entries
+        .iter()
+        .map(|e| e.session_id.as_str())
+        .collect();
+    assert_eq!(ids, ["a", "c"]);
+    assert!(matches!(
+        listing.skipped[1].error.as_ref(),
+        session_store::Error::UnsupportedVersion(_)
+    ));
+    assert_eq!(root.rebuild_catalog().expect("rebuild").skipped.len(), 2);
+
+    // Once repaired, it is listed again.
+    std::fs::remove_dir_all(env.root.join("x")).expect("rm");
+    env.sql("y", "PRAGMA user_version = 2");
+    assert_eq!(
+        env.listed(),
+        (vec!["a".into(), "c".into(), "y".into()], vec![])
+    );
+}
+
+/// Session ids named like the catalog's files (also from an import's header) never break
+/// `list`; a root whose catalog is at its old place (`<root>/catalog.sqlite`) is served.
+#[test]
+fn catalog_files_are_out_of_the_id_namespace() {
+    let env = Env::new();
+    env.session("a", 1);
+    env.ok(&["list"]);
+    for id in ["catalog.sqlite-wal", "catalog.sqlite-shm", "catalog.sqlite"] {
+        env.ok(&["create", id]);
+    }
+    let want: Vec<String> = ["a", "catalog.sqlite", "catalog.sqlite-shm", "catalog.sqlite-wal"]
+        .map(String::from)
+        .to_vec();
+    for _ in 0..2 {
+        assert_eq!(env.listed(), (want.clone(), vec![]));
+    }
+    env.ok(&["rebuild-catalog"]);
+    assert_eq!(env.listed(), (want.clone(), vec![]));
+
+    // An import whose header names the catalog's WAL.
+    let exported = env.work().join("wal.sqlite");
+    env.ok(&["export", "catalog.sqlite-wal", exported.to_str().expect("utf-8")]);
+    env.ok(&["delete", "catalog.sqlite-wal"]);
+    let (id, _) = env.ok(&["import", exported.to_str().expect("utf-8")]);
+    assert_eq!(id.trim(), "catalog.sqlite-wal");
+    assert_eq!(env.listed(), (want, vec![]));
+
+    // An older root: the catalog (with its -wal) at the root. It is replaced by one in
+    // `.catalog/`; the old files go.
+    let old = Env::new();
+    old.session("s", 1);
+    let conn = rusqlite::Connection::open(old.root.join("catalog.sqlite")).expect("open");
+    conn.execute_batch(
+        "PRAGMA journal_mode=WAL; CREATE TABLE sessions (session_id TEXT PRIMARY KEY, \
+         stamp TEXT NOT NULL, entry TEXT NOT NULL); INSERT INTO sessions VALUES ('s','','')",
+    )
+    .expect("old catalog");
+    std::fs::remove_dir_all(old.root.join(".catalog")).expect("rm new catalog");
+    assert!(old.root.join("catalog.sqlite-wal").exists());
+    assert_eq!(old.listed(), (vec!["s".into()], vec![]));
+    drop(conn);
+    assert!(old.root.join(".catalog/catalog.sqlite").is_file());
+    assert!(!old.root.join("catalog.sqlite").exists());
+}
+
+/// A catalog of random bytes or another application's SQLite file is replaced, by `list`
+/// and by `rebuild-catalog`.
+#[test]
+fn damaged_catalog_is_replaced() {
+    let env = Env::new();
+    for id in ["a", "b", "c"] {
+        env.session(id, 1);
+    }
+    let want = (vec!["a".to_owned(), "b".into(), "c".into()], vec![]);
+    assert_eq!(env.listed(), want);
+    let catalog = env.root.join(".catalog/catalog.sqlite");
+    let clear = || {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", catalog.display()));
+        }
+    };
+    let noise: Vec<u8> = (0..20_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let foreign = |sql: &str| {
+        clear();
+        rusqlite::Connection::open(&catalog)
+            .and_then(|c| c.execute_batch(sql))
+            .expect("foreign catalog");
+    };
+    for (what, command) in [("list", "list"), ("rebuild", "rebuild-catalog")] {
+        clear();
+        std::fs::write(&catalog, &noise).expect("noise");
+        env.ok(&[command]);
+        assert_eq!(env.listed(), want, "random bytes, {what}");
+
+        foreign("CREATE TABLE sessions (a, b); INSERT INTO sessions VALUES (1, 2)");
+        env.ok(&[command]);
+        assert_eq!(env.listed(), want, "another app's file, {what}");
+
+        foreign("PRAGMA application_id = 7; CREATE TABLE t (x)");
+        env.ok(&[command]);
+        assert_eq!(env.listed(), want, "another app's id, {what}");
+    }
+    assert_eq!(env.json(&["rebuild-catalog"])["sessions"], 3);
+}
+
+/// `delete P` and `delete B` at once, B a fork of P: both succeed, every round.
+#[test]
+fn concurrent_deletes_of_a_parent_and_its_fork() {
+    let template = Env::new();
+    template.session("P", 2);
+    template.ok(&["fork", "P", "--after-turn", "t1", "--id", "B"]);
+    template.ok(&["fork", "B", "--after-turn", "t1", "--id", "C"]);
+    let rounds = common_rounds("RELIABILITY_ROOT_DELETE_ROUNDS", 30);
+    let started = Instant::now();
+    for round in 0..rounds {
+        let env = Env::new();
+        copy_dir(&template.root, &env.root);
+        let spawn = |id: &str| {
+            env.command(&["delete", id])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn")
+        };
+        // Alternate who starts first.
+        let (p, b) = if round % 2 == 0 {
+            let p = spawn("P");
+            (p, spawn("B"))
+        } else {
+            let b = spawn("B");
+            (spawn("P"), b)
+        };
+        for (name, child) in [("P", p), ("B", b)] {
+            let out = child.wait_with_output().expect("wait");
+            assert!(
+                out.status.success(),
+                "round {round}: delete {name}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        // C, a fork of B, keeps every inherited event.
+        assert_eq!(env.listed(), (vec!["C".into()], vec![]));
+        env.ok(&["verify", "C"]);
+        let events = env.json(&["events", "C"]);
+        assert_eq!(events["durable_sequence"], 3, "round {round}");
+    }
+    eprintln!(
+        "concurrent deletes: {rounds} rounds in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+fn common_rounds(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(default)
+}
+
+/// `list` and `rebuild-catalog` while other sessions are deleted (forks among them, so
+/// deletes materialise): every call exits 0 quickly and never reports a deleted session
+/// as skipped.
+#[test]
+fn list_and_rebuild_while_deleting() {
+    let env = Env::new();
+    let count = 12;
+    for i in 0..count {
+        env.session(&format!("s{i:02}"), 2);
+    }
+    for i in 0..count / 2 {
+        env.ok(&[
+            "fork",
+            &format!("s{i:02}"),
+            "--after-turn",
+            "t1",
+            "--id",
+            &format!("f{i:02}"),
+        ]);
+    }
+    env.ok(&["list"]);
+    let deleter: Child = {
+        let script = (0..count)
+            .map(|i| format!("{BIN:?} --root {:?} delete s{i:02} || exit 1", env.root))
+            .collect::<Vec<_>>()
+            .join("\n");
+        Command::new("sh")
+            .args(["-c", &script])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn deleter")
+    };
+    let mut calls = 0;
+    let mut slowest = Duration::ZERO;
+    let mut deleter = Some(deleter);
+    while let Some(mut child) = deleter.take() {
+        for args in [&["--json", "list", "--limit", "100"][..], &["--json", "rebuild-catalog"]] {
+            let t = Instant::now();
+            let out = env.run(args);
+            slowest = slowest.max(t.elapsed());
+            calls += 1;
+            let (stdout, stderr) = texts(&out);
+            assert!(out.status.success(), "{args:?}: {stderr}");
+            let v: Value = serde_json::from_str(&stdout).expect("json");
+            assert_eq!(v["skipped"], serde_json::json!([]), "{args:?}: {v}");
+        }
+        match child.try_wait().expect("try_wait") {
+            Some(status) => {
+                let out = child.wait_with_output().expect("wait");
+                assert!(status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            }
+            None => deleter = Some(child),
+        }
+    }
+    let forks: Vec<String> = (0..count / 2).map(|i| format!("f{i:02}")).collect();
+    assert_eq!(env.listed(), (forks, vec![]));
+    assert!(slowest < Duration::from_secs(3), "slowest call {slowest:?}");
+    eprintln!("list/rebuild while deleting: {calls} calls, slowest {slowest:?}");
+}
+
+/// Three `append X --create` at once for a new session: none loses its batch to "already
+/// exists"; each appends (exit 0) or is refused naming the writer (exit 5).
+#[test]
+fn concurrent_append_create() {
+    let rounds = common_rounds("RELIABILITY_ROOT_CREATE_ROUNDS", 10);
+    let mut refused = 0;
+    for round in 0..rounds {
+        let env = Env::new();
+        let children: Vec<(usize, Child)> = (1..=3)
+            .map(|n| {
+                let mut child = env
+                    .command(&["--json", "append", "X", "--create"])
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("spawn");
+                use std::io::Write;
+                let mut stdin = child.stdin.take().expect("stdin");
+                stdin.write_all(turn_line(n).as_bytes()).expect("stdin");
+                drop(stdin);
+                (n, child)
+            })
+            .collect();
+        let mut appended = Vec::new();
+        for (n, child) in children {
+            let out = child.wait_with_output().expect("wait");
+            let (stdout, stderr) = texts(&out);
+            match out.status.code() {
+                Some(0) => {
+                    assert!(stdout.contains(&format!("op-{n}")), "{stdout}");
+                    appended.push(format!("op-{n}"));
+                }
+                Some(5) => {
+                    assert!(stderr.contains("owned by pid"), "{stderr}");
+                    refused += 1;
+                }
+                other => panic!("round {round}: append {n} exited {other:?}: {stderr}"),
+            }
+        }
+        assert!(!appended.is_empty(), "round {round}");
+        let events = env.json(&["events", "X"]);
+        let mut ops: Vec<String> = events["events"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .filter(|e| e["kind"] == "turn/start")
+            .map(|e| e["operation_id"].as_str().expect("op").to_owned())
+            .collect();
+        ops.sort();
+        appended.sort();
+        assert_eq!(ops, appended, "round {round}");
+    }
+    eprintln!("append --create x3: {rounds} rounds, {refused} refused with status 5");
+}
+
+/// The first of `setpriv` / `runuser` found, as a command prefix that runs as `nobody`.
+fn as_nobody() -> Option<Vec<&'static str>> {
+    let found = |tool: &str| {
+        ["/usr/bin", "/bin", "/usr/sbin", "/sbin"]
+            .iter()
+            .any(|d| Path::new(d).join(tool).is_file())
+    };
+    if found("setpriv") {
+        Some(vec![
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ])
+    } else if found("runuser") {
+        Some(vec!["runuser", "-u", "nobody", "--"])
+    } else {
+        None
+    }
+}
+
+fn chmod_tree(path: &Path, writable: bool) {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::symlink_metadata(path).expect("stat");
+    let mode = match (meta.is_dir(), writable) {
+        (true, false) => 0o555,
+        (true, true) => 0o755,
+        (false, false) => 0o444,
+        (false, true) => 0o644,
+    };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(path).expect("read dir") {
+            chmod_tree(&entry.expect("entry").path(), writable);
+        }
+    }
+}
+
+/// A user who can only read a root runs every read-only command: list (from the session
+/// files, the catalog being unwritable), show, history, events, stats, verify, export.
+#[test]
+fn read_only_root_serves_reads() {
+    let Some(prefix) = as_nobody() else {
+        eprintln!("read_only_root_serves_reads: skipped (neither setpriv nor runuser found)");
+        return;
+    };
+    let env = Env::new();
+    env.session("a", 2);
+    env.session("b", 1);
+    env.ok(&["fork", "a", "--after-turn", "t1", "--id", "f"]);
+    env.ok(&["list"]);
+    let out_dir = env.work().join("out");
+    std::fs::create_dir(&out_dir).expect("mkdir");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(env.work(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        std::fs::set_permissions(&out_dir, std::fs::Permissions::from_mode(0o777))
+            .expect("chmod");
+    }
+    chmod_tree(&env.root, false);
+    let run = |args: &[&str]| -> Output {
+        let (tool, rest) = prefix.split_first().expect("prefix");
+        Command::new(tool)
+            .args(rest)
+            .arg(BIN)
+            .arg("--root")
+            .arg(&env.root)
+            .args(args)
+            .output()
+            .expect("spawn")
+    };
+    // The restriction is real: nobody cannot create a session.
+    let refused = run(&["create", "z"]);
+    assert!(!refused.status.success(), "nobody could write the root");
+    let export = out_dir.join("a.sqlite");
+    let export = export.to_str().expect("utf-8");
+    for args in [
+        &["list"][..],
+        &["--json", "list"],
+        &["show", "a"],
+        &["--json", "show", "f"],
+        &["history", "a"],
+        &["events", "f"],
+        &["stats", "a"],
+        &["verify", "f"],
+        &["export", "a", export],
+    ] {
+        let out = run(args);
+        let (stdout, stderr) = texts(&out);
+        assert!(out.status.success(), "{args:?} as nobody: {stderr}");
+        if args.ends_with(&["list"]) {
+            for id in ["a", "b", "f"] {
+                assert!(stdout.contains(id), "{args:?}: {stdout}");
+            }
+        }
+    }
+    let listed: Value =
+        serde_json::from_slice(&run(&["--json", "list"]).stdout).expect("list json");
+    assert_eq!(listed["sessions"].as_array().expect("sessions").len(), 3);
+    assert!(listed["catalog_error"].is_string(), "{listed}");
+    let show: Value = serde_json::from_slice(&run(&["--json", "show", "a"]).stdout).expect("show");
+    assert_eq!(show["writer"], Value::Null);
+    chmod_tree(&env.root, true);
+    env.ok(&["import", export, "--id", "a2"]);
+}
+
+/// Objects planted in a session file (trigger, view, index, table) are refused by verify,
+/// open for writing (the trigger never runs), list (skipped, named) and import; a history
+/// index that differs from the log fails verify. A replicator's tables are allowed.
+#[test]
+fn planted_schema_objects_are_refused() {
+    let template = Env::new();
+    template.session("s", 2);
+    template.ok(&["verify", "s"]);
+    let plants = [
+        (
+            "trigger",
+            "\"t\"",
+            "CREATE TRIGGER t AFTER INSERT ON events BEGIN DELETE FROM history; \
+             UPDATE header SET cwd = 'pwned'; END;",
+        ),
+        ("view", "\"v\"", "CREATE VIEW v AS SELECT seq FROM events"),
+        ("index", "\"i\"", "CREATE INDEX i ON events (kind)"),
+        ("table", "\"x\"", "CREATE TABLE x (y)"),
+    ];
+    for (kind, name, sql) in plants {
+        let env = Env::new();
+        copy_dir(&template.root, &env.root);
+        env.sql("s", sql);
+        let before = std::fs::read(env.file("s")).expect("read");
+        let why = format!("{kind} {name}");
+        for args in [&["verify", "s"][..], &["show", "s"], &["history", "s"]] {
+            let stderr = env.fails(args, 6);
+            assert!(stderr.contains(&why), "{args:?}: {stderr}");
+        }
+        let out = env.run_with(&["append", "s"], &turn_line(3));
+        assert_eq!(out.status.code(), Some(6), "append: {}", texts(&out).1);
+        assert!(texts(&out).1.contains(&why));
+        assert_eq!(std::fs::read(env.file("s")).expect("read"), before, "{kind}");
+        let (_, stderr) = env.ok(&["list"]);
+        assert!(stderr.contains("skipped session s") && stderr.contains(&why));
+        let file = env.file("s");
+        let stderr = env.fails(&["import", file.to_str().expect("utf-8"), "--id", "c"], 6);
+        assert!(stderr.contains(&why), "import: {stderr}");
+        assert!(!env.root.join("c").exists());
+    }
+
+    // The history index against the log: a row missing, altered, extra; a reset extra.
+    for (what, sql) in [
+        ("missing", "DELETE FROM history WHERE position = 1"),
+        ("altered", "UPDATE history SET role = 'assistant' WHERE position = 2"),
+        (
+            "extra",
+            "INSERT INTO history VALUES (3, 5, NULL, 'ghost', 'user', 10)",
+        ),
+        ("reset", "INSERT INTO history_resets VALUES (4)"),
+    ] {
+        let env = Env::new();
+        copy_dir(&template.root, &env.root);
+        env.sql("s", sql);
+        let stderr = env.fails(&["verify", "s"], 6);
+        assert!(stderr.contains("history index"), "{what}: {stderr}");
+    }
+
+    // Litestream's bookkeeping tables are not ours but allowed.
+    let env = Env::new();
+    copy_dir(&template.root, &env.root);
+    env.sql(
+        "s",
+        "CREATE TABLE _litestream_seq (id INTEGER PRIMARY KEY, seq INTEGER); \
+         CREATE TABLE _litestream_lock (id INTEGER);",
+    );
+    env.ok(&["verify", "s"]);
+    let out = env.run_with(&["append", "s"], &turn_line(3));
+    assert!(out.status.success(), "{}", texts(&out).1);
+    env.ok(&["verify", "s"]);
+}
