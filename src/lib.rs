@@ -20,8 +20,8 @@ pub use model::{
 };
 pub use persistence::{BlobStats, KindStats, SessionStats, TableBytes};
 pub use persistence::{
-    CatalogEntry, CheckpointPolicy, CreateOptions, ExportReport, ForkPoint, ImportOptions,
-    Listing, RebuildReport, Replay, Root, SessionInfo, SkippedSession, StoreOptions, replay,
+    CatalogEntry, CheckpointPolicy, CreateOptions, ExportReport, ForkPoint, ImportOptions, Listing,
+    RebuildReport, Replay, Root, SessionInfo, SkippedSession, StoreOptions, replay,
 };
 pub use service::{
     CLOSURE_KINDS, CancelReceipt, ClientBinding, EventPage, Execution, HistoryPage,

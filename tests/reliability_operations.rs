@@ -399,7 +399,10 @@ impl Env {
                 self.service.close(runtime.session_ref()).await?;
                 Ok(Made::Legacy(record))
             }),
-            Step::Rebuild => self.root.rebuild_catalog().map(|r| Made::Catalog(r.sessions)),
+            Step::Rebuild => self
+                .root
+                .rebuild_catalog()
+                .map(|r| Made::Catalog(r.sessions)),
         }
     }
 }

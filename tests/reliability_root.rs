@@ -5,7 +5,6 @@
 //! we did not create (trigger, view, index, table) and a history index that differs from
 //! the log are refused. Everything runs through the CLI binary as real processes.
 
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -44,22 +43,17 @@ impl Env {
         cmd
     }
 
+    /// Runs with `stdin` as input (through a file, so the child reads it at its pace).
     fn run_with(&self, args: &[&str], stdin: &str) -> Output {
-        let mut child = self
+        let input = self.work().join(format!("stdin-{}", fastrand::u64(..)));
+        std::fs::write(&input, stdin).expect("write stdin");
+        let out = self
             .command(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn");
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(stdin.as_bytes())
-            .expect("write stdin");
-        child.wait_with_output().expect("wait")
+            .stdin(std::fs::File::open(&input).expect("open stdin"))
+            .output()
+            .expect("run");
+        let _ = std::fs::remove_file(&input);
+        out
     }
 
     fn run(&self, args: &[&str]) -> Output {
@@ -230,9 +224,14 @@ fn catalog_files_are_out_of_the_id_namespace() {
     for id in ["catalog.sqlite-wal", "catalog.sqlite-shm", "catalog.sqlite"] {
         env.ok(&["create", id]);
     }
-    let want: Vec<String> = ["a", "catalog.sqlite", "catalog.sqlite-shm", "catalog.sqlite-wal"]
-        .map(String::from)
-        .to_vec();
+    let want: Vec<String> = [
+        "a",
+        "catalog.sqlite",
+        "catalog.sqlite-shm",
+        "catalog.sqlite-wal",
+    ]
+    .map(String::from)
+    .to_vec();
     for _ in 0..2 {
         assert_eq!(env.listed(), (want.clone(), vec![]));
     }
@@ -241,7 +240,11 @@ fn catalog_files_are_out_of_the_id_namespace() {
 
     // An import whose header names the catalog's WAL.
     let exported = env.work().join("wal.sqlite");
-    env.ok(&["export", "catalog.sqlite-wal", exported.to_str().expect("utf-8")]);
+    env.ok(&[
+        "export",
+        "catalog.sqlite-wal",
+        exported.to_str().expect("utf-8"),
+    ]);
     env.ok(&["delete", "catalog.sqlite-wal"]);
     let (id, _) = env.ok(&["import", exported.to_str().expect("utf-8")]);
     assert_eq!(id.trim(), "catalog.sqlite-wal");
@@ -398,7 +401,10 @@ fn list_and_rebuild_while_deleting() {
     let mut slowest = Duration::ZERO;
     let mut deleter = Some(deleter);
     while let Some(mut child) = deleter.take() {
-        for args in [&["--json", "list", "--limit", "100"][..], &["--json", "rebuild-catalog"]] {
+        for args in [
+            &["--json", "list", "--limit", "100"][..],
+            &["--json", "rebuild-catalog"],
+        ] {
             let t = Instant::now();
             let out = env.run(args);
             slowest = slowest.max(t.elapsed());
@@ -535,8 +541,7 @@ fn read_only_root_serves_reads() {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(env.work(), std::fs::Permissions::from_mode(0o755))
             .expect("chmod");
-        std::fs::set_permissions(&out_dir, std::fs::Permissions::from_mode(0o777))
-            .expect("chmod");
+        std::fs::set_permissions(&out_dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
     }
     chmod_tree(&env.root, false);
     let run = |args: &[&str]| -> Output {
@@ -617,7 +622,11 @@ fn planted_schema_objects_are_refused() {
         let out = env.run_with(&["append", "s"], &turn_line(3));
         assert_eq!(out.status.code(), Some(6), "append: {}", texts(&out).1);
         assert!(texts(&out).1.contains(&why));
-        assert_eq!(std::fs::read(env.file("s")).expect("read"), before, "{kind}");
+        assert_eq!(
+            std::fs::read(env.file("s")).expect("read"),
+            before,
+            "{kind}"
+        );
         let (_, stderr) = env.ok(&["list"]);
         assert!(stderr.contains("skipped session s") && stderr.contains(&why));
         let file = env.file("s");
@@ -629,7 +638,10 @@ fn planted_schema_objects_are_refused() {
     // The history index against the log: a row missing, altered, extra; a reset extra.
     for (what, sql) in [
         ("missing", "DELETE FROM history WHERE position = 1"),
-        ("altered", "UPDATE history SET role = 'assistant' WHERE position = 2"),
+        (
+            "altered",
+            "UPDATE history SET role = 'assistant' WHERE position = 2",
+        ),
         (
             "extra",
             "INSERT INTO history VALUES (3, 5, NULL, 'ghost', 'user', 10)",
@@ -655,4 +667,60 @@ fn planted_schema_objects_are_refused() {
     let out = env.run_with(&["append", "s"], &turn_line(3));
     assert!(out.status.success(), "{}", texts(&out).1);
     env.ok(&["verify", "s"]);
+}
+
+/// Runs `f` on a fresh tmpfs of `size`, unmounted afterwards; `false` (with the reason
+/// printed) when no tmpfs can be mounted here (not root, no CAP_SYS_ADMIN).
+fn on_tmpfs(size: &str, f: impl FnOnce(&Path)) -> bool {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+        .arg(dir.path())
+        .stderr(Stdio::piped())
+        .output();
+    match mounted {
+        Ok(out) if out.status.success() => {}
+        other => {
+            eprintln!("no tmpfs: {other:?}");
+            return false;
+        }
+    }
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(dir.path())));
+    let _ = Command::new("umount").arg("-l").arg(dir.path()).status();
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+    true
+}
+
+/// `list` on a full disk lists from the session files and says the catalog could not be
+/// used because the disk is full (not "disk I/O error"); it needs no write at all.
+#[test]
+fn list_on_a_full_disk() {
+    let ran = on_tmpfs("1m", |dir| {
+        let env = Env {
+            _dir: tempfile::tempdir().expect("tempdir"),
+            root: dir.join("root"),
+        };
+        env.session("a", 1);
+        env.session("b", 1);
+        std::fs::remove_dir_all(env.root.join(".catalog")).expect("rm catalog");
+        // Fill the disk.
+        let mut filler = std::fs::File::create(dir.join("filler")).expect("filler");
+        let chunk = vec![0u8; 4096];
+        use std::io::Write;
+        while filler.write_all(&chunk).is_ok() {}
+        drop(filler);
+        let out = env.run(&["--json", "list"]);
+        let (stdout, stderr) = texts(&out);
+        assert!(out.status.success(), "list on a full disk: {stderr}");
+        let page: Value = serde_json::from_str(&stdout).expect("json");
+        assert_eq!(page["sessions"].as_array().expect("sessions").len(), 2);
+        let why = page["catalog_error"].as_str().expect("catalog_error");
+        assert!(why.contains("disk full"), "{why}");
+        assert!(stderr.contains("disk full"), "{stderr}");
+    });
+    if !ran {
+        eprintln!("list_on_a_full_disk: skipped (cannot mount a tmpfs)");
+    }
 }

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::UNIX_EPOCH;
 
-use rusqlite::{Connection, OpenFlags, params};
+use rusqlite::{Connection, params};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -25,7 +25,7 @@ use crate::model::header::Origin;
 use crate::model::{Projection, SessionId};
 use crate::persistence::Root;
 use crate::store::reader::SessionReader;
-use crate::store::schema::{SESSION_FILE, WAL_FILE};
+use crate::store::schema::{self, SESSION_FILE, WAL_FILE};
 
 /// The folder of the catalog in a root (a dot-name: never a session id).
 pub(crate) const CATALOG_DIR: &str = ".catalog";
@@ -33,7 +33,8 @@ pub(crate) const CATALOG_DIR: &str = ".catalog";
 pub(crate) const CATALOG_FILE: &str = "catalog.sqlite";
 /// Where older builds kept the catalog: `<root>/catalog.sqlite` (and its `-wal`, `-shm`),
 /// removed when the catalog is first created in its folder.
-const LEGACY_CATALOG_FILES: [&str; 3] = ["catalog.sqlite", "catalog.sqlite-wal", "catalog.sqlite-shm"];
+const LEGACY_CATALOG_FILES: [&str; 3] =
+    ["catalog.sqlite", "catalog.sqlite-wal", "catalog.sqlite-shm"];
 /// `PRAGMA application_id` of a catalog file ("SeSC").
 const CATALOG_APPLICATION_ID: i32 = 0x5365_5343;
 /// The catalog's one table.
@@ -54,7 +55,10 @@ pub struct SkippedSession {
     pub error: Arc<Error>,
 }
 
-fn error_text<S: serde::Serializer>(error: &Arc<Error>, s: S) -> std::result::Result<S::Ok, S::Error> {
+fn error_text<S: serde::Serializer>(
+    error: &Arc<Error>,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
     s.collect_str(error)
 }
 
@@ -196,13 +200,7 @@ pub(crate) struct Catalog {
 /// processes creating it at once agree) when it is new. A file that is not a catalog of
 /// this format (another application's database, random bytes) is [`Error::Corrupt`].
 fn open_catalog(path: &Path) -> Result<Connection> {
-    let mut conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE
-            | OpenFlags::SQLITE_OPEN_CREATE
-            | OpenFlags::SQLITE_OPEN_NOFOLLOW
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )?;
+    let mut conn = Connection::open_with_flags(path, schema::create_flags())?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
@@ -305,7 +303,12 @@ impl Catalog {
         self.put_row(root, entry, &row(&Stamper::open(root.path())?, entry)?)
     }
 
-    fn put_row(&self, root: &Root, entry: &CatalogEntry, (stamp, text): &(String, String)) -> Result<()> {
+    fn put_row(
+        &self,
+        root: &Root,
+        entry: &CatalogEntry,
+        (stamp, text): &(String, String),
+    ) -> Result<()> {
         self.with_conn(root, |c| {
             c.prepare_cached(
                 "INSERT OR REPLACE INTO sessions (session_id, stamp, entry) VALUES (?1, ?2, ?3)",
@@ -443,10 +446,19 @@ impl Catalog {
 }
 
 /// A page computed from the session files alone (no catalog read or write).
-fn direct_page(root: &Root, stamper: &Stamper, after: Option<&str>, limit: usize) -> Result<Listing> {
+fn direct_page(
+    root: &Root,
+    stamper: &Stamper,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Listing> {
     let mut out = Listing::default();
     let after = after.unwrap_or("");
-    for id in root.list_ids()?.into_iter().filter(|id| id.as_str() > after) {
+    for id in root
+        .list_ids()?
+        .into_iter()
+        .filter(|id| id.as_str() > after)
+    {
         if out.entries.len() >= limit {
             break;
         }

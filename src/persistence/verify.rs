@@ -75,21 +75,10 @@ impl HistoryIndex {
                 HistoryChange::Reset { seq } => {
                     self.resets.insert(*seq);
                 }
-                HistoryChange::Put {
-                    seq,
-                    position,
-                    item,
-                    message,
-                } => {
-                    let row = HistoryRow {
-                        position: *position,
-                        event_seq: *seq,
-                        item: *item,
-                        message_id: message.id().to_owned(),
-                        role: message.role().map(str::to_owned),
-                        bytes: message.json().len() as u64,
-                    };
-                    self.rows.insert((*seq, *position), row);
+                put => {
+                    if let Some(row) = HistoryRow::of(put) {
+                        self.rows.insert((row.event_seq, row.position), row);
+                    }
                 }
             }
         }

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result, WriterOwner};
 use crate::model::event::{commit_row_hash, derived_event_id, raw_json};
 use crate::model::header::{Header, Origin};
+use crate::model::projection::HistoryChange;
 use crate::model::{Commit, ContentRef, Event, Projection, SessionId, TurnBoundary};
 use crate::store::blob;
 
@@ -176,6 +177,40 @@ pub(crate) struct HistoryRow {
     pub bytes: u64,
 }
 
+impl HistoryRow {
+    /// The row a transcript change puts in the index (`None` for a reset).
+    pub(crate) fn of(change: &HistoryChange) -> Option<HistoryRow> {
+        match change {
+            HistoryChange::Reset { .. } => None,
+            HistoryChange::Put {
+                seq,
+                position,
+                item,
+                message,
+            } => Some(HistoryRow {
+                position: *position,
+                event_seq: *seq,
+                item: *item,
+                message_id: message.id().to_owned(),
+                role: message.role().map(str::to_owned),
+                bytes: message.json().len() as u64,
+            }),
+        }
+    }
+}
+
+/// A history row from `position, event_seq, item, message_id, role, bytes`.
+fn history_row(r: &Row<'_>) -> rusqlite::Result<HistoryRow> {
+    Ok(HistoryRow {
+        position: r.get(0)?,
+        event_seq: r.get(1)?,
+        item: r.get(2)?,
+        message_id: r.get(3)?,
+        role: r.get(4)?,
+        bytes: r.get(5)?,
+    })
+}
+
 /// The newest transcript reset of this file with `after < seq <= through`.
 pub(crate) fn read_history_epoch(
     conn: &Connection,
@@ -209,16 +244,7 @@ pub(crate) fn read_history_rows(
             epoch,
             limit as i64
         ],
-        |r| {
-            Ok(HistoryRow {
-                position: r.get(0)?,
-                event_seq: r.get(1)?,
-                item: r.get(2)?,
-                message_id: r.get(3)?,
-                role: r.get(4)?,
-                bytes: r.get(5)?,
-            })
-        },
+        history_row,
     )?;
     Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
 }
@@ -243,16 +269,7 @@ pub(crate) fn read_history_index(
             "SELECT position, event_seq, item, message_id, role, bytes FROM history
              WHERE event_seq > ?1 AND event_seq <= ?2 ORDER BY event_seq, position",
         )?
-        .query_map(params![after, through], |r| {
-            Ok(HistoryRow {
-                position: r.get(0)?,
-                event_seq: r.get(1)?,
-                item: r.get(2)?,
-                message_id: r.get(3)?,
-                role: r.get(4)?,
-                bytes: r.get(5)?,
-            })
-        })?
+        .query_map(params![after, through], history_row)?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let resets = conn
         .prepare_cached("SELECT seq FROM history_resets WHERE seq > ?1 AND seq <= ?2 ORDER BY seq")?

@@ -541,7 +541,10 @@ impl SessionReader {
 
     /// The whole history index through `through`: every row and reset, each read from the
     /// file that holds its range (for `verify`); `None` when a file predates the index.
-    pub(crate) fn history_index(&self, through: u64) -> Result<Option<(Vec<HistoryRow>, Vec<u64>)>> {
+    pub(crate) fn history_index(
+        &self,
+        through: u64,
+    ) -> Result<Option<(Vec<HistoryRow>, Vec<u64>)>> {
         let (mut rows, mut resets) = (Vec::new(), Vec::new());
         for seg in self.layout().segments.iter().filter(|s| s.after < through) {
             let conn = seg.pool.get()?;

@@ -81,13 +81,7 @@ fn harden(conn: &Connection) -> Result<()> {
 /// The file is being staged (invisible until renamed into place), so it is built with
 /// `synchronous=OFF`; [`finish_staged`] makes it durable with one fsync.
 pub(crate) fn create_file(path: &Path) -> Result<Connection> {
-    let mut conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE
-            | OpenFlags::SQLITE_OPEN_CREATE
-            | OpenFlags::SQLITE_OPEN_NOFOLLOW
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )?;
+    let mut conn = Connection::open_with_flags(path, create_flags())?;
     harden(&conn)?;
     // OFF before the switch to WAL: switching a new file's journal mode is itself a
     // rollback-journal transaction, which would otherwise cost four fsyncs.
@@ -146,6 +140,14 @@ pub(crate) fn open_writer(path: &Path, durability: Durability) -> Result<Connect
     Migrations::from_slice(MIGRATIONS).to_latest(&mut conn)?;
     conn.pragma_update(None, "synchronous", durability.synchronous())?;
     Ok(conn)
+}
+
+/// Flags of a connection that may create its file (never through a symlink).
+pub(crate) fn create_flags() -> OpenFlags {
+    OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NOFOLLOW
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX
 }
 
 /// Flags of a read-only connection.
