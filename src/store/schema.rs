@@ -249,11 +249,11 @@ fn check_schema(conn: &Connection, version: i64) -> Result<()> {
             )));
         }
     }
-    let foreign = found.iter().find(|object| {
+    let ours = |object: &SchemaObject| {
         let (kind, name, _, _) = object;
-        !expected.contains(object)
-            && !(kind == "table" && REPLICATOR_TABLES.contains(&name.as_str()))
-    });
+        expected.contains(object) || (kind == "table" && REPLICATOR_TABLES.contains(&name.as_str()))
+    };
+    let foreign = found.iter().find(|object| !ours(object));
     if let Some((kind, name, table, _)) = foreign {
         let on = if name == table {
             String::new()
