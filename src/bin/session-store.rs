@@ -219,7 +219,7 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         config_out: Option<PathBuf>,
         /// Start `litestream replicate -config FILE` (FILE: --config-out, else
-        /// <root>/litestream.yml).
+        /// <root>/.litestream.yml).
         #[arg(long)]
         run: bool,
         /// The Litestream binary [default: $LITESTREAM_BIN, else litestream on PATH].

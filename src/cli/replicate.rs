@@ -25,8 +25,9 @@ const SESSION_FILE: &str = "session.sqlite";
 const LOCAL_CATALOG: &str = ".catalog/catalog.sqlite";
 /// The name of the catalog's replica, beside the sessions' replicas.
 const CATALOG_FILE: &str = "catalog.sqlite";
-/// The config `replicate --run` writes when `--config-out` is not given.
-const DEFAULT_CONFIG: &str = "litestream.yml";
+/// The config `replicate --run` writes in the root when `--config-out` is not given (a
+/// dot-name, so no session id can take it).
+const DEFAULT_CONFIG: &str = ".litestream.yml";
 /// Environment variable naming the replica when `--replica` is not given.
 pub const REPLICA_ENV: &str = "SESSION_STORE_REPLICA";
 /// Environment variable naming the Litestream binary when `--litestream` is not given.
