@@ -30,7 +30,34 @@ static POOL_THREADS: LazyLock<Arc<ScheduledThreadPool>> = LazyLock::new(|| {
 /// Read connections per session file at most.
 const MAX_READERS: u32 = 4;
 
-type ReadPool = Pool<SqliteConnectionManager>;
+/// How long a connection is first waited for before checking that the file still exists.
+const FIRST_TRY: Duration = Duration::from_millis(250);
+
+/// A session file's pool of read-only connections.
+#[derive(Clone, Debug)]
+struct ReadPool {
+    pool: Pool<SqliteConnectionManager>,
+    file: Arc<Path>,
+}
+
+impl ReadPool {
+    /// An idle connection, else a new one. r2d2 retries a failing connect until its
+    /// timeout (5 s): a file that vanished meanwhile (a delete renamed it away) would stall
+    /// every read of it that long, so after a short first try a missing file is
+    /// [`Error::SessionNotFound`] at once.
+    fn get(&self) -> Result<PooledConnection<SqliteConnectionManager>> {
+        if let Some(conn) = self.pool.try_get() {
+            return Ok(conn);
+        }
+        match self.pool.get_timeout(FIRST_TRY) {
+            Ok(conn) => Ok(conn),
+            Err(_) if !self.file.is_file() => {
+                Err(Error::SessionNotFound(self.file.display().to_string()))
+            }
+            Err(_) => Ok(self.pool.get()?),
+        }
+    }
+}
 
 fn read_pool(file: &Path) -> Result<ReadPool> {
     if !file.is_file() {
@@ -47,7 +74,10 @@ fn read_pool(file: &Path) -> Result<ReadPool> {
         .connection_timeout(Duration::from_secs(5))
         .thread_pool(Arc::clone(&POOL_THREADS))
         .build_unchecked(manager);
-    Ok(pool)
+    Ok(ReadPool {
+        pool,
+        file: Arc::from(file),
+    })
 }
 
 /// One range of sequences, `(after, through]`, and the file that holds it.
@@ -229,7 +259,7 @@ impl SessionReader {
     }
 
     fn own(&self) -> Result<PooledConnection<SqliteConnectionManager>> {
-        Ok(self.own.get()?)
+        self.own.get()
     }
 
     /// Events inherited from the parent when this session was forked (0 for a root).

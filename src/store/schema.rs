@@ -228,9 +228,19 @@ fn expected_schema(version: i64) -> Result<Arc<Vec<SchemaObject>>> {
     Ok(objects)
 }
 
-/// Tables a replicator adds to the files it watches (Litestream's), the only objects a
-/// session file may hold besides its own: plain tables, which run nothing.
-const REPLICATOR_TABLES: &[&str] = &["_litestream_seq", "_litestream_lock"];
+/// Tables a replicator adds to the files it watches (Litestream's, name and stored SQL
+/// text), the only objects a session file may hold besides its own: plain tables, which
+/// run nothing.
+const REPLICATOR_TABLES: &[(&str, &str)] = &[
+    (
+        "_litestream_seq",
+        "CREATE TABLE _litestream_seq (id INTEGER PRIMARY KEY, seq INTEGER)",
+    ),
+    (
+        "_litestream_lock",
+        "CREATE TABLE _litestream_lock (id INTEGER)",
+    ),
+];
 
 /// Refuses a file whose schema is not exactly what its `user_version` says: every table,
 /// index and view the migrations create must be there with the very same SQL text (a
@@ -250,8 +260,11 @@ fn check_schema(conn: &Connection, version: i64) -> Result<()> {
         }
     }
     let ours = |object: &SchemaObject| {
-        let (kind, name, _, _) = object;
-        expected.contains(object) || (kind == "table" && REPLICATOR_TABLES.contains(&name.as_str()))
+        let (kind, name, table, sql) = object;
+        expected.contains(object)
+            || (kind == "table"
+                && name == table
+                && REPLICATOR_TABLES.contains(&(name.as_str(), sql.as_deref().unwrap_or(""))))
     };
     let foreign = found.iter().find(|object| !ours(object));
     if let Some((kind, name, table, _)) = foreign {
