@@ -485,6 +485,47 @@ fn concurrent_append_create() {
         assert_eq!(ops, appended, "round {round}");
     }
     eprintln!("append --create x3: {rounds} rounds, {refused} refused with status 5");
+
+    // The same class: three `migrate-legacy` of one source at once (a deterministic id).
+    for round in 0..rounds.min(5) {
+        let env = Env::new();
+        let legacy = env.work().join("legacy.jsonl");
+        let lines: String = (1..=4)
+            .map(|i| format!("{{\"id\":\"m{i}\",\"role\":\"user\",\"content\":\"hi {i}\"}}\n"))
+            .collect();
+        std::fs::write(&legacy, lines).expect("legacy");
+        let children: Vec<Child> = (0..3)
+            .map(|_| {
+                env.command(&["--json", "migrate-legacy", legacy.to_str().expect("utf-8")])
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("spawn")
+            })
+            .collect();
+        let mut target = None;
+        for child in children {
+            let out = child.wait_with_output().expect("wait");
+            let (stdout, stderr) = texts(&out);
+            match out.status.code() {
+                Some(0) => {
+                    let record: Value = serde_json::from_str(&stdout).expect("json");
+                    target = Some(record["target_id"].as_str().expect("id").to_owned());
+                }
+                Some(5) => assert!(stderr.contains("owned by pid"), "{stderr}"),
+                other => panic!("round {round}: migrate-legacy exited {other:?}: {stderr}"),
+            }
+        }
+        // All three may have been refused in turn (each open met another's writer): the
+        // session is there and whole all the same.
+        let target = target.unwrap_or_else(|| {
+            let listed = env.listed().0;
+            assert_eq!(listed.len(), 1, "round {round}: {listed:?}");
+            listed[0].clone()
+        });
+        let history = env.json(&["history", &target]);
+        assert_eq!(history["messages"].as_array().expect("messages").len(), 4);
+    }
 }
 
 /// The first of `setpriv` / `runuser` found, as a command prefix that runs as `nobody`.

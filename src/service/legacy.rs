@@ -105,7 +105,24 @@ pub(crate) fn migrate(root: &Root, source: &Path, head: &str) -> Result<Migratio
         }
         Ok(())
     };
-    let reused = root.session_dir(&target_id).exists();
+    // Filled under `.staging/` and published whole: a crash leaves nothing visible. A
+    // concurrent migration of the same source may publish it first: then it is reused.
+    let created = !root.session_dir(&target_id).exists()
+        && match root.create_filled(
+            CreateOptions {
+                session_id: Some(target_id.clone()),
+                origin: Origin::LegacyImport,
+                provenance: Some(provenance),
+                ..CreateOptions::default()
+            },
+            "legacy",
+            append_all,
+        ) {
+            Ok(_) => true,
+            Err(Error::SessionExists(_)) => false,
+            Err(e) => return Err(e),
+        };
+    let reused = !created;
     if reused {
         let info = root.stat(&target_id)?;
         if info
@@ -123,15 +140,6 @@ pub(crate) fn migrate(root: &Root, source: &Path, head: &str) -> Result<Migratio
         let session = root.open_writer(&target_id)?;
         append_all(&session)?;
         session.close()?;
-    } else {
-        // Filled under `.staging/` and published whole: a crash leaves nothing visible.
-        let options = CreateOptions {
-            session_id: Some(target_id.clone()),
-            origin: Origin::LegacyImport,
-            provenance: Some(provenance),
-            ..CreateOptions::default()
-        };
-        root.create_filled(options, "legacy", append_all)?;
     }
     Ok(MigrationRecord {
         target_id,
