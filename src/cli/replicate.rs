@@ -446,11 +446,11 @@ pub fn restore(
     let bin = find_litestream(litestream)?;
     check_version(&bin)?;
     let present = |id: &SessionId| root.session_dir(id).join(SESSION_FILE).is_file();
+    // `.staging` must be a real folder of the root (a symlink there is refused).
     let batch = root
-        .path()
-        .join(STAGING_DIR)
+        .confined_dir(STAGING_DIR)?
         .join(format!("restore-{:016x}", fastrand::u64(..)));
-    std::fs::create_dir_all(&batch)
+    std::fs::create_dir(&batch)
         .map_err(|e| Failure::context(format!("create {}", batch.display()), &e))?;
     let result = restore_into(
         cx,
@@ -665,8 +665,11 @@ fn restore_into(
                     .path()
                     .join(FAILED_DIR)
                     .join(format!("{id}-{:08x}", fastrand::u32(..)));
-                let moved = std::fs::create_dir_all(root.path().join(FAILED_DIR))
-                    .and_then(|()| rename_no_replace(&dir, &aside));
+                // A `.restore-failed` that is a symlink is refused, never followed.
+                let moved = root
+                    .confined_dir(FAILED_DIR)
+                    .map_err(|e| std::io::Error::other(e.to_string()))
+                    .and_then(|_| rename_no_replace(&dir, &aside));
                 failed.push(NotRestored {
                     session_id: id.to_string(),
                     reason: match moved {

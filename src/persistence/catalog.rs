@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::UNIX_EPOCH;
 
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OpenFlags, params};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -18,7 +18,7 @@ use crate::model::header::Origin;
 use crate::model::{Projection, SessionId};
 use crate::persistence::Root;
 use crate::store::reader::SessionReader;
-use crate::store::schema::{SESSION_FILE, WAL_FILE};
+use crate::store::schema::{self, SESSION_FILE, WAL_FILE};
 
 /// The catalog file in a root.
 pub(crate) const CATALOG_FILE: &str = "catalog.sqlite";
@@ -148,7 +148,7 @@ impl Catalog {
     fn with_conn<T>(&self, root: &Root, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
         let mut guard = self.conn.lock().unwrap_or_else(|e| e.into_inner());
         if guard.is_none() {
-            let conn = Connection::open(&self.path)?;
+            let conn = open_confined(root, &self.path)?;
             conn.busy_timeout(std::time::Duration::from_secs(5))?;
             conn.pragma_update(None, "journal_mode", "WAL")?;
             conn.pragma_update(None, "synchronous", "NORMAL")?;
@@ -301,6 +301,27 @@ impl Catalog {
         })?;
         Ok(rows.len())
     }
+}
+
+/// Opens (creating) the catalog without following a symlink. The catalog is derived: when
+/// its file or one of SQLite's files beside it is a symlink (or another non-regular
+/// file), those names are unlinked from the root (the links themselves, never what they
+/// point to) and a fresh catalog is built.
+fn open_confined(root: &Root, path: &Path) -> Result<Connection> {
+    if let Err(Error::InvalidInput(_)) = schema::check_file(path) {
+        for suffix in std::iter::once("").chain(schema::SIDECARS) {
+            let name = format!("{CATALOG_FILE}{suffix}");
+            let _ =
+                rustix::fs::unlinkat(root.dir_fd(), name.as_str(), rustix::fs::AtFlags::empty());
+        }
+    }
+    Ok(Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NOFOLLOW
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?)
 }
 
 /// A session's entry, computed from its file.

@@ -15,7 +15,7 @@ use crate::model::event::{inherited_operation_id, rehash_commit};
 use crate::model::header::Header;
 use crate::model::{Commit, ContentRef, Message, Projection, SessionId, TurnBoundary};
 use crate::store::read::{self, Dependent, HistoryRow, LineageEntry};
-use crate::store::schema::{self, SESSION_FILE};
+use crate::store::schema::{self, Access, SESSION_FILE};
 
 /// One thread, shared by every read pool of the process, for r2d2's housekeeping.
 static POOL_THREADS: LazyLock<Arc<ScheduledThreadPool>> = LazyLock::new(|| {
@@ -32,11 +32,11 @@ const MAX_READERS: u32 = 4;
 
 type ReadPool = Pool<SqliteConnectionManager>;
 
-fn read_pool(file: &Path) -> Result<ReadPool> {
+fn read_pool(file: &Path, access: Access) -> Result<ReadPool> {
     if !file.is_file() {
         return Err(Error::SessionNotFound(file.display().to_string()));
     }
-    let manager = SqliteConnectionManager::file(file)
+    let manager = SqliteConnectionManager::file(access.name(file))
         .with_flags(schema::reader_flags())
         .with_init(schema::init_reader);
     let pool = Pool::builder()
@@ -130,7 +130,7 @@ fn build_layout(
             segments.push(own_segment(covered, entry.after_seq));
         }
         let ancestor = root.join(entry.ancestor_id.as_str()).join(SESSION_FILE);
-        let pool = read_pool(&ancestor).map_err(|_| {
+        let pool = read_pool(&ancestor, Access::Shared).map_err(|_| {
             Error::corrupt(format!(
                 "session {} inherits from {}, which is missing",
                 header.session_id, entry.ancestor_id
@@ -174,12 +174,17 @@ fn check_commit(expected: u64, c: &Commit) -> Result<u64> {
 impl SessionReader {
     /// Opens the session file in the session folder `dir` (ancestors are its siblings).
     pub(crate) fn open(dir: &Path) -> Result<SessionReader> {
-        Self::open_file(&dir.join(SESSION_FILE), dir.parent().unwrap_or(dir))
+        Self::open_file(
+            &dir.join(SESSION_FILE),
+            dir.parent().unwrap_or(dir),
+            Access::Shared,
+        )
     }
 
-    /// Opens a session file, resolving ancestors as `<root>/<ancestor>/session.sqlite`.
-    pub(crate) fn open_file(file: &Path, root: &Path) -> Result<SessionReader> {
-        let own = read_pool(file)?;
+    /// Opens a session file with `access`, resolving ancestors as
+    /// `<root>/<ancestor>/session.sqlite`.
+    pub(crate) fn open_file(file: &Path, root: &Path, access: Access) -> Result<SessionReader> {
+        let own = read_pool(file, access)?;
         let conn = own.get()?;
         schema::check_format(&conn)?;
         let header = read::read_header(&conn)?;
