@@ -80,10 +80,21 @@ pub(crate) fn entries(dir: impl AsFd) -> std::io::Result<Vec<CString>> {
     Ok(names)
 }
 
+/// The type of `name` in `dir`, not following a symlink.
+fn type_at(dir: impl AsFd, name: &std::ffi::CStr) -> Option<FileType> {
+    rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)
+        .ok()
+        .map(|st| FileType::from_raw_mode(st.st_mode))
+}
+
 /// True when `name` in `dir` is a real directory (a symlink to one is not).
 pub(crate) fn is_dir_at(dir: impl AsFd, name: &std::ffi::CStr) -> bool {
-    rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)
-        .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Directory)
+    type_at(dir, name) == Some(FileType::Directory)
+}
+
+/// True when `name` in `dir` is a symlink.
+pub(crate) fn is_symlink_at(dir: impl AsFd, name: &std::ffi::CStr) -> bool {
+    type_at(dir, name) == Some(FileType::Symlink)
 }
 
 /// Removes `name` from `dir`, and everything under it when it is a directory, with

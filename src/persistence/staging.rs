@@ -108,8 +108,8 @@ impl Drop for Staged {
 
 /// Removes the staging folders of the root (folder `root`, resolved path `root_path`)
 /// that no living process is building (left by a crash); returns how many. Best effort:
-/// a folder that cannot be removed stays; a `.staging` that is not a real folder of the
-/// root is left alone (never followed).
+/// a folder that cannot be removed stays; a symlink is unlinked; a `.staging` that is not
+/// a real folder of the root is left alone (never followed).
 pub(crate) fn remove_abandoned(root: impl AsFd, root_path: &Path) -> usize {
     let staging_path = root_path.join(STAGING_DIR);
     let Ok(staging) = confine::open_dir_at(root, STAGING_DIR, &staging_path) else {
@@ -118,6 +118,10 @@ pub(crate) fn remove_abandoned(root: impl AsFd, root_path: &Path) -> usize {
     let mut removed = 0;
     for name in confine::entries(&staging).unwrap_or_default() {
         if !confine::is_dir_at(&staging, &name) {
+            // The store never makes a symlink here: unlink one (never follow it).
+            if confine::is_symlink_at(&staging, &name) {
+                let _ = rustix::fs::unlinkat(&staging, &name, rustix::fs::AtFlags::empty());
+            }
             continue;
         }
         let Ok(text) = name.to_str() else {
