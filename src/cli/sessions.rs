@@ -162,7 +162,7 @@ pub fn show(cx: &Context, id: &str) -> CliResult<()> {
     let dir = root.session_dir(&id);
     let file_bytes = ["session.sqlite", "session.sqlite-wal"]
         .iter()
-        .filter_map(|f| std::fs::metadata(dir.join(f)).ok())
+        .filter_map(|f| std::fs::symlink_metadata(dir.join(f)).ok())
         .map(|m| m.len())
         .sum();
     let own_events = info.durable_sequence

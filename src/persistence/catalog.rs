@@ -78,7 +78,7 @@ impl CatalogEntry {
 fn modified_ms(dir: &Path) -> i64 {
     [SESSION_FILE, WAL_FILE]
         .iter()
-        .filter_map(|f| std::fs::metadata(dir.join(f)).ok()?.modified().ok())
+        .filter_map(|f| std::fs::symlink_metadata(dir.join(f)).ok()?.modified().ok())
         .filter_map(|t| t.duration_since(UNIX_EPOCH).ok())
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
         .max()
@@ -94,7 +94,7 @@ fn file_stamp(size_and_mtime: Option<(u64, u128)>) -> String {
 }
 
 /// Stamps of the sessions of one root: size and mtime (ns) of `session.sqlite` and its
-/// `-wal`, each read with `fstatat` relative to the root folder (no walk of the root's own
+/// `-wal`, each read with `fstatat` relative to the root folder (a symlink is not followed) (no walk of the root's own
 /// path per file, which is what `list` pays per entry).
 struct Stamper {
     root: rustix::fd::OwnedFd,
@@ -115,7 +115,7 @@ impl Stamper {
             let st = rustix::fs::statat(
                 &self.root,
                 format!("{id}/{name}"),
-                rustix::fs::AtFlags::empty(),
+                rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
             )
             .ok()?;
             let ns =

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::cancel::CancelToken;
 use crate::error::{Error, Result, WriterOwner};
+use crate::store::schema::{NO_FOLLOW, open_no_follow};
 
 /// How often a blocking acquire polls the lock.
 const POLL: Duration = Duration::from_millis(10);
@@ -19,13 +20,6 @@ const POLL: Duration = Duration::from_millis(10);
 #[derive(Debug)]
 pub(crate) struct WriterLock {
     file: File,
-}
-
-/// `O_NOFOLLOW`: a lock file that is a symlink is refused, never followed (std adds
-/// `O_CLOEXEC` itself).
-fn no_follow() -> i32 {
-    // The flag's bits fit an `i32` (it is a C `int` flag).
-    rustix::fs::OFlags::NOFOLLOW.bits().cast_signed()
 }
 
 /// Opens (creating) a lock file without following a symlink: a symlink there is
@@ -37,7 +31,7 @@ fn open_lock_file(path: &Path) -> Result<File> {
         .write(true)
         .create(true)
         .truncate(false)
-        .custom_flags(no_follow())
+        .custom_flags(NO_FOLLOW)
         .open(path)
         .map_err(|e| refused_or_io(path, e))
 }
@@ -117,14 +111,7 @@ pub(crate) fn recorded_owner(path: &Path) -> Option<WriterOwner> {
     let mut provisional = None;
     while std::time::Instant::now() < deadline {
         let mut text = String::new();
-        let read = {
-            use std::os::unix::fs::OpenOptionsExt;
-            OpenOptions::new()
-                .read(true)
-                .custom_flags(no_follow())
-                .open(path)
-                .and_then(|mut f| f.read_to_string(&mut text))
-        };
+        let read = open_no_follow(path).and_then(|mut f| f.read_to_string(&mut text));
         if let (Ok(_), Ok(owner)) = (read, serde_json::from_str::<WriterOwner>(&text))
             && process_alive(owner.pid)
         {

@@ -101,6 +101,19 @@ pub(crate) fn check_file(file: &Path) -> Result<()> {
     Ok(())
 }
 
+/// `O_NOFOLLOW` for `OpenOptionsExt::custom_flags` (a C `int` flag).
+pub(crate) const NO_FOLLOW: i32 = rustix::fs::OFlags::NOFOLLOW.bits().cast_signed();
+
+/// Opens `path` read-only without following a symlink (`O_NOFOLLOW`; std adds
+/// `O_CLOEXEC`): a symlink is an error (`ELOOP`), never followed.
+pub(crate) fn open_no_follow(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(NO_FOLLOW)
+        .open(path)
+}
+
 /// The error for a path that must be a regular file and is not.
 pub(crate) fn not_regular(path: &Path, m: &std::fs::Metadata) -> Error {
     let what = if m.is_symlink() {
@@ -152,9 +165,9 @@ pub(crate) fn finish_staged(conn: Connection, path: &Path) -> Result<()> {
     conn.close().map_err(|(_, e)| Error::from(e))?;
     // This process has no other connection to a staged file, so opening (and closing) a
     // descriptor on it cannot drop another connection's POSIX locks.
-    let wal = PathBuf::from(format!("{}-wal", path.display()));
+    let wal = sidecar(path, "-wal");
     for file in [path, wal.as_path()] {
-        match std::fs::File::open(file) {
+        match open_no_follow(file) {
             Ok(f) => f.sync_all(),
             Err(e) if file == wal && e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(e),
