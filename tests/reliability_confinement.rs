@@ -49,6 +49,13 @@ impl World {
         }
     }
 
+    /// A new folder beside the root (outside it).
+    fn folder(&self, name: &str) -> PathBuf {
+        let dir = self.base.join(name);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        dir
+    }
+
     /// The canary file outside the root.
     fn canary(&self) -> PathBuf {
         self.outside.join("canary")
@@ -437,8 +444,7 @@ fn catalog_files_that_are_symlinks_are_replaced_not_followed() {
 fn export_never_follows_or_replaces_a_destination_or_temp_name() {
     let w = World::new();
     w.session("s");
-    let out_dir = w.base.join("out");
-    std::fs::create_dir_all(&out_dir).expect("mkdir");
+    let out_dir = w.folder("out");
     // A destination that is a symlink to the canary (or dangling, into the outside).
     let linked = out_dir.join("linked.sqlite");
     std::os::unix::fs::symlink(w.canary(), &linked).expect("symlink");
@@ -468,8 +474,7 @@ fn export_never_follows_or_replaces_a_destination_or_temp_name() {
 #[test]
 fn a_root_reached_through_a_symlinked_folder_works() {
     let w = World::new();
-    let real = w.base.join("real");
-    std::fs::create_dir_all(&real).expect("mkdir");
+    let real = w.folder("real");
     let lp = w.base.join("lp");
     std::os::unix::fs::symlink(&real, &lp).expect("symlink");
     let root = lp.join("sessions");
@@ -512,8 +517,7 @@ fn a_root_reached_through_a_symlinked_folder_works() {
 fn export_to_the_longest_file_name_works() {
     let w = World::new();
     w.session("s");
-    let out_dir = w.base.join("long");
-    std::fs::create_dir_all(&out_dir).expect("mkdir");
+    let out_dir = w.folder("long");
     for len in [214, 250, 255] {
         let name = format!("{}.sqlite", "n".repeat(len - ".sqlite".len()));
         let dest = out_dir.join(&name);
@@ -537,8 +541,7 @@ fn export_destinations_that_are_not_new_files_are_clear_errors() {
         stderr(&out)
     );
     // A folder.
-    let folder = w.base.join("a-folder");
-    std::fs::create_dir_all(&folder).expect("mkdir");
+    let folder = w.folder("a-folder");
     let out = w.run(&["export", "s", folder.to_str().expect("utf8")], "");
     assert_eq!(code(&out), 6, "{}", stderr(&out));
     assert!(stderr(&out).contains("a directory"), "{}", stderr(&out));
@@ -573,8 +576,7 @@ fn export_destinations_that_are_not_new_files_are_clear_errors() {
 fn import_and_verify_of_user_files_follow_their_links_refuse_fifos_and_leave_nothing_beside() {
     let w = World::new();
     w.session("s");
-    let user = w.base.join("user");
-    std::fs::create_dir_all(&user).expect("mkdir");
+    let user = w.folder("user");
     // An export (rollback journal mode) behind a symlink.
     let exported = user.join("export.sqlite");
     w.ok(&["export", "s", exported.to_str().expect("utf8")], "");
