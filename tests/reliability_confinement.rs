@@ -631,3 +631,86 @@ fn import_and_verify_of_user_files_follow_their_links_refuse_fifos_and_leave_not
     let out = w.run(&["import", user.join("nope").to_str().expect("utf8")], "");
     assert_eq!(code(&out), 3, "{}", stderr(&out));
 }
+
+#[test]
+fn an_ancestor_folder_that_is_a_symlink_is_refused_before_anything_is_written() {
+    let w = World::new();
+    w.session("p");
+    w.ok(&["fork", "p", "--after-turn", "turn-1", "--id", "c"], "");
+    // The ancestor's folder moves outside and a symlink takes its place.
+    let moved = w.outside.join("p");
+    std::fs::rename(w.root.join("p"), &moved).expect("move");
+    w.plant(&w.root.join("p"), &moved);
+    let before = w.outside_state();
+    for args in [
+        &["show", "c"][..],
+        &["events", "c"],
+        &["history", "c"],
+        &["fork", "c", "--after-turn", "turn-1", "--id", "d"],
+    ] {
+        let started = Instant::now();
+        let out = w.run(args, "");
+        assert_refused(&out, &format!("{args:?}"), "not a directory of the root");
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "{args:?} stalled {:?}",
+            started.elapsed()
+        );
+    }
+    // Deleting the child touches only its own folder (its row in the ancestor is left:
+    // SQLite refuses the path through the link, and a stale row is skipped later).
+    w.ok(&["delete", "c"], "");
+    assert_eq!(w.outside_state(), before, "the moved ancestor was written");
+    assert!(!w.root.join("d").exists() && !w.root.join("c").exists());
+}
+
+/// What the bundled SQLite does on its own with a symlinked `-wal`, `-shm` or `-journal`
+/// (the store refuses them before SQLite sees them; this pins SQLite's own behaviour):
+/// it opens them with `O_NOFOLLOW`, fails, and never writes the file they point to.
+#[test]
+fn sqlite_itself_never_follows_a_symlinked_sidecar() {
+    for (suffix, wal) in [("-wal", true), ("-shm", true), ("-journal", false)] {
+        let w = World::new();
+        let db = w.folder("db").join("x.sqlite");
+        let conn = rusqlite::Connection::open(&db).expect("open");
+        let mode = if wal { "WAL" } else { "DELETE" };
+        conn.pragma_update(None, "journal_mode", mode)
+            .expect("mode");
+        conn.execute_batch("CREATE TABLE t(x); INSERT INTO t VALUES (1);")
+            .expect("fill");
+        drop(conn);
+        let before = w.outside_state();
+        let side = PathBuf::from(format!("{}{suffix}", db.display()));
+        w.plant(&side, &w.canary());
+        // Default flags: no SQLITE_OPEN_NOFOLLOW (that flag is about the database path).
+        let written =
+            rusqlite::Connection::open(&db).and_then(|c| c.execute("INSERT INTO t VALUES (2)", []));
+        assert!(written.is_err(), "{suffix}: SQLite wrote through the link");
+        assert_eq!(w.outside_state(), before, "{suffix}: the canary changed");
+    }
+}
+
+#[test]
+fn confined_folders_of_the_library_refuse_symlinks() {
+    let w = World::new();
+    w.session("s");
+    let before = w.outside_state();
+    w.plant(&w.root.join(".restore-failed"), &w.outside);
+    let root = session_store::Root::open(&w.root).expect("root");
+    assert!(matches!(
+        root.confined_dir(".restore-failed"),
+        Err(session_store::Error::InvalidInput(_))
+    ));
+    assert!(matches!(
+        root.confined_dir("../V"),
+        Err(session_store::Error::InvalidInput(_))
+    ));
+    let made = root.confined_dir(".scratch").expect("scratch");
+    assert!(std::fs::symlink_metadata(&made).expect("lstat").is_dir());
+    assert_eq!(w.outside_state(), before);
+    // The root's path is resolved once: a root opened through a link reports the real path.
+    let link = w.base.join("root-link");
+    std::os::unix::fs::symlink(&w.root, &link).expect("symlink");
+    let through = session_store::Root::open(&link).expect("root through a link");
+    assert_eq!(through.path(), w.root);
+}

@@ -86,7 +86,7 @@ impl Root {
         // published (a delete waits, then materialises the child like any dependent).
         let mut _guards = Vec::with_capacity(lineage.len());
         for entry in &lineage {
-            let dir = self.session_dir(&entry.ancestor_id);
+            let dir = self.existing_dir(&entry.ancestor_id)?;
             _guards.push(DependentsLock::shared(&dir.join(DEPENDENTS_LOCK_FILE))?);
             record_dependent(&dir.join(SESSION_FILE), &child, entry.through_seq)?;
         }

@@ -288,19 +288,13 @@ impl Root {
 
     /// A session folder that exists and is a real directory (not a symlink), holding a
     /// session file that is a regular file with no symlink beside it (see
-    /// [`schema::check_file`]).
+    /// [`schema::check_session_dir`]).
     fn existing_dir(&self, id: &SessionId) -> Result<PathBuf> {
         let dir = self.session_dir(id);
-        match std::fs::symlink_metadata(&dir) {
-            Ok(m) if m.is_dir() => match schema::check_file(&dir.join(SESSION_FILE)) {
-                Err(Error::SessionNotFound(_)) => Err(Error::SessionNotFound(id.to_string())),
-                checked => checked.map(|()| dir),
-            },
-            Ok(_) => Err(Error::invalid(format!(
-                "{} is not a directory of the root (a symlink or another file); refused",
-                dir.display()
-            ))),
-            Err(_) => Err(Error::SessionNotFound(id.to_string())),
+        match schema::check_session_dir(&dir) {
+            Ok(()) => Ok(dir),
+            Err(Error::SessionNotFound(_)) => Err(Error::SessionNotFound(id.to_string())),
+            Err(e) => Err(e),
         }
     }
 

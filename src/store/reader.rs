@@ -129,13 +129,23 @@ fn build_layout(
         if entry.after_seq > covered {
             segments.push(own_segment(covered, entry.after_seq));
         }
-        let ancestor = root.join(entry.ancestor_id.as_str()).join(SESSION_FILE);
-        let pool = read_pool(&ancestor, Access::Shared).map_err(|_| {
-            Error::corrupt(format!(
-                "session {} inherits from {}, which is missing",
+        let ancestor_dir = root.join(entry.ancestor_id.as_str());
+        let ancestor = ancestor_dir.join(SESSION_FILE);
+        // A symlink there is refused now, not by SQLite at the first read.
+        let pool = match schema::check_session_dir(&ancestor_dir) {
+            Err(Error::InvalidInput(why)) => Err(Error::invalid(format!(
+                "session {} inherits from {}: {why}",
                 header.session_id, entry.ancestor_id
-            ))
-        })?;
+            ))),
+            checked => checked
+                .and_then(|()| read_pool(&ancestor, Access::Shared))
+                .map_err(|_| {
+                    Error::corrupt(format!(
+                        "session {} inherits from {}, which is missing",
+                        header.session_id, entry.ancestor_id
+                    ))
+                }),
+        }?;
         segments.push(Segment {
             source: entry.ancestor_id.clone(),
             after: entry.after_seq,

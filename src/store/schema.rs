@@ -114,6 +114,24 @@ pub(crate) fn open_no_follow(path: &Path) -> std::io::Result<std::fs::File> {
         .open(path)
 }
 
+/// Checks, without following any symlink, that `dir` is a real folder (not a symlink)
+/// holding a session file that passes [`check_file`].
+///
+/// # Errors
+/// [`Error::SessionNotFound`] when the folder or its file is missing;
+/// [`Error::InvalidInput`] naming a symlink or other file where a folder or a regular
+/// file must be.
+pub(crate) fn check_session_dir(dir: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(dir) {
+        Ok(m) if m.is_dir() => check_file(&dir.join(SESSION_FILE)),
+        Ok(_) => Err(Error::invalid(format!(
+            "{} is not a directory of the root (a symlink or another file); refused",
+            dir.display()
+        ))),
+        Err(_) => Err(Error::SessionNotFound(dir.display().to_string())),
+    }
+}
+
 /// The error for a path that must be a regular file and is not.
 pub(crate) fn not_regular(path: &Path, m: &std::fs::Metadata) -> Error {
     let what = if m.is_symlink() {
