@@ -714,3 +714,27 @@ fn confined_folders_of_the_library_refuse_symlinks() {
     let through = session_store::Root::open(&link).expect("root through a link");
     assert_eq!(through.path(), w.root);
 }
+
+#[test]
+fn a_scratch_folder_is_guarded_while_held_and_removed_when_dropped() {
+    let w = World::new();
+    let root = session_store::Root::open(&w.root).expect("root");
+    let scratch = root.scratch("restore").expect("scratch");
+    std::fs::write(scratch.path().join("f"), b"x").expect("write");
+    std::os::unix::fs::symlink(&w.outside, scratch.path().join("link")).expect("symlink");
+    // Another process opening the root does not take it for an abandoned build.
+    w.ok(&["list"], "");
+    assert!(
+        scratch.path().join("f").is_file(),
+        "a held scratch folder stays"
+    );
+    let before = w.outside_state();
+    let path = scratch.path().to_path_buf();
+    drop(scratch);
+    assert!(!path.exists(), "removed when dropped");
+    assert_eq!(w.outside_state(), before);
+    assert!(matches!(
+        root.scratch("../x"),
+        Err(session_store::Error::InvalidInput(_))
+    ));
+}

@@ -29,8 +29,6 @@ const DEFAULT_CONFIG: &str = "litestream.yml";
 pub const REPLICA_ENV: &str = "SESSION_STORE_REPLICA";
 /// Environment variable naming the Litestream binary when `--litestream` is not given.
 pub const LITESTREAM_ENV: &str = "LITESTREAM_BIN";
-/// Where the library builds folders before publication (never listed as sessions).
-const STAGING_DIR: &str = ".staging";
 /// The empty working folder `replicate --run` starts Litestream in (never listed).
 const LITESTREAM_CWD: &str = ".litestream-cwd";
 /// Where `restore` moves sessions that fail verification (never listed as sessions).
@@ -280,7 +278,7 @@ pub fn replicate(
         print!("{text}");
         return Ok(());
     };
-    std::fs::write(&file, &text)
+    write_config(&file, &text, config_out.is_none())
         .map_err(|e| Failure::context(format!("write {}", file.display()), &e))?;
     if !run {
         if cx.json {
@@ -308,9 +306,7 @@ pub fn replicate(
     );
     // Litestream 0.5.17's directory watcher sometimes rescans its working directory
     // (relative paths it then refuses): give it an empty one.
-    let cwd = root_dir.join(LITESTREAM_CWD);
-    std::fs::create_dir_all(&cwd)
-        .map_err(|e| Failure::context(format!("create {}", cwd.display()), &e))?;
+    let cwd = root.confined_dir(LITESTREAM_CWD)?;
     let file = std::path::absolute(&file)?;
     // Litestream takes over this process, so it receives the signals itself.
     use std::os::unix::process::CommandExt;
@@ -420,6 +416,19 @@ fn lineage_of(file: &Path) -> CliResult<Vec<SessionId>> {
 }
 
 /// Renames `from` to `to`, failing if `to` exists.
+/// Writes the Litestream config. The default file is in the root, where no symlink is
+/// followed (`O_NOFOLLOW`); a `--config-out` path is the user's and may be one.
+fn write_config(file: &Path, text: &str, in_root: bool) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    if in_root {
+        options.custom_flags(rustix::fs::OFlags::NOFOLLOW.bits().cast_signed());
+    }
+    options.open(file)?.write_all(text.as_bytes())
+}
+
 fn rename_no_replace(from: &Path, to: &Path) -> std::io::Result<()> {
     use rustix::fs::{CWD, RenameFlags, renameat_with};
     renameat_with(CWD, from, CWD, to, RenameFlags::NOREPLACE).map_err(std::io::Error::from)
@@ -446,24 +455,19 @@ pub fn restore(
     let bin = find_litestream(litestream)?;
     check_version(&bin)?;
     let present = |id: &SessionId| root.session_dir(id).join(SESSION_FILE).is_file();
-    // `.staging` must be a real folder of the root (a symlink there is refused).
-    let batch = root
-        .confined_dir(STAGING_DIR)?
-        .join(format!("restore-{:016x}", fastrand::u64(..)));
-    std::fs::create_dir(&batch)
-        .map_err(|e| Failure::context(format!("create {}", batch.display()), &e))?;
-    let result = restore_into(
+    // Guarded, so that another process opening the root meanwhile does not take it for
+    // an abandoned build; removed when dropped. A `.staging` symlink is refused.
+    let batch = root.scratch("restore")?;
+    restore_into(
         cx,
         &root,
         &replica,
         &bin,
-        &batch,
+        batch.path(),
         requested_id.as_ref(),
         all,
         &present,
-    );
-    let _ = std::fs::remove_dir_all(&batch);
-    result
+    )
 }
 
 #[allow(clippy::too_many_arguments)]

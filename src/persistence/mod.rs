@@ -206,6 +206,20 @@ pub(crate) fn rename_no_replace_at(
     }
 }
 
+/// A private folder under the root's `.staging/` (see [`Root::scratch`]); removed when
+/// dropped.
+#[derive(Debug)]
+pub struct Scratch {
+    staged: Staged,
+}
+
+impl Scratch {
+    /// The folder.
+    pub fn path(&self) -> &Path {
+        self.staged.dir()
+    }
+}
+
 /// How many times a writer open retries a lock held only by a passing probe.
 const LOCK_ATTEMPTS: usize = 3;
 
@@ -258,6 +272,22 @@ impl Root {
     pub(crate) fn dir_fd(&self) -> rustix::fd::BorrowedFd<'_> {
         use rustix::fd::AsFd;
         self.inner.dir.as_fd()
+    }
+
+    /// A private scratch folder `.staging/<purpose>-<random>/`, guarded like a session
+    /// being built: no `Root::open` (in any process) removes it while the handle lives;
+    /// dropped, it is removed (never following a symlink inside it).
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a purpose that is not lowercase ASCII letters and `-`,
+    /// or a `.staging` that is a symlink; [`Error::Io`] when it cannot be created.
+    pub fn scratch(&self, purpose: &str) -> Result<Scratch> {
+        if purpose.is_empty() || !purpose.bytes().all(|b| b.is_ascii_lowercase() || b == b'-') {
+            return Err(Error::invalid(format!(
+                "{purpose:?} is not a scratch purpose"
+            )));
+        }
+        Staged::new(self.dir_fd(), &self.inner.path, purpose).map(|staged| Scratch { staged })
     }
 
     /// The folder `name` of the root (e.g. a scratch folder), created when missing. It
