@@ -114,6 +114,30 @@ pub fn exit_code(error: &(dyn std::error::Error + 'static)) -> u8 {
     }
 }
 
+/// The largest sequence a command line may name (SQLite stores sequences as `i64`).
+pub const MAX_SEQUENCE: u64 = i64::MAX as u64;
+
+/// The largest `events --limit`.
+pub const MAX_EVENTS_LIMIT: u64 = 1_000_000;
+
+/// The longest `delete --wait`: one year, in seconds.
+pub const MAX_WAIT_SECONDS: f64 = 365.0 * 86_400.0;
+
+/// Parses a number of seconds in `0..=MAX_WAIT_SECONDS` (a clap value parser: anything
+/// else is a usage error, status 2).
+pub fn parse_wait(text: &str) -> Result<Duration, String> {
+    let seconds: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    if !(0.0..=MAX_WAIT_SECONDS).contains(&seconds) {
+        return Err(format!(
+            "{text} is not a number of seconds in 0..={MAX_WAIT_SECONDS}"
+        ));
+    }
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text}: {e}"))
+}
+
 /// What every subcommand gets from the global flags.
 #[derive(Clone, Debug)]
 pub struct Context {

@@ -274,7 +274,7 @@ pub fn replicate(
     let Some(file) = file else {
         if cx.json {
             return print_json(&json!({
-                "root": root_dir, "replica": replica.url(), "config": text,
+                "root": root_dir.to_string_lossy(), "replica": replica.url(), "config": text,
             }));
         }
         print!("{text}");
@@ -285,7 +285,7 @@ pub fn replicate(
     if !run {
         if cx.json {
             return print_json(&json!({
-                "root": root_dir, "replica": replica.url(), "config_file": file,
+                "root": root_dir.to_string_lossy(), "replica": replica.url(), "config_file": file.to_string_lossy(),
             }));
         }
         println!(
@@ -701,7 +701,7 @@ fn restore_into(
     let catalog = root.rebuild_catalog();
     if cx.json {
         print_json(&json!({
-            "root": root.path(), "from": replica.url(), "restored": restored,
+            "root": root.path().to_string_lossy(), "from": replica.url(), "restored": restored,
             "skipped": skipped, "failed": failed,
             "catalog_sessions": catalog.as_ref().ok(),
             "catalog_error": catalog.as_ref().err().map(|e| super::one_line(e)),

@@ -357,6 +357,14 @@ impl<'a> EventLine<'a> {
     }
 }
 
+/// What `events --json` prints.
+#[derive(Serialize)]
+struct EventsPage<'a> {
+    events: &'a [EventLine<'a>],
+    durable_sequence: u64,
+    next_after: Option<u64>,
+}
+
 /// `events ID [--after SEQ] [--limit N]`.
 pub fn events(cx: &Context, id: &str, after: u64, limit: usize, inline: bool) -> CliResult<()> {
     let root = cx.open_root()?;
@@ -374,11 +382,13 @@ pub fn events(cx: &Context, id: &str, after: u64, limit: usize, inline: bool) ->
     let last = lines.last().map_or(after, |l| l.seq);
     let next_after = (last < durable).then_some(last);
     if cx.json {
-        return print_json(&json!({
-            "events": lines,
-            "durable_sequence": durable,
-            "next_after": next_after,
-        }));
+        // A struct, not `json!`: payloads are written as the stored text (a `Value` tree
+        // would refuse numbers like 1e999 and nesting deeper than serde_json's limit).
+        return print_json(&EventsPage {
+            events: &lines,
+            durable_sequence: durable,
+            next_after,
+        });
     }
     for l in &lines {
         let body = match (l.content_ref, l.payload) {
@@ -442,7 +452,7 @@ pub fn export(cx: &Context, id: &str, file: &Path) -> CliResult<()> {
     let report = report?;
     if cx.json {
         return print_json(&json!({
-            "session_id": id, "file": file, "commits": report.commits,
+            "session_id": id, "file": file.to_string_lossy(), "commits": report.commits,
             "events": report.events, "bytes": report.bytes,
         }));
     }
@@ -475,7 +485,7 @@ pub fn import(
     bar.finish_and_clear();
     let id = imported?;
     if cx.json {
-        print_json(&json!({"session_id": id, "file": file}))
+        print_json(&json!({"session_id": id, "file": file.to_string_lossy()}))
     } else {
         println!("{id}");
         Ok(())
@@ -486,22 +496,17 @@ pub fn import(
 const DELETE_GRACE: Duration = Duration::from_millis(500);
 
 /// `delete ID [--wait SECONDS]`.
-pub fn delete(cx: &Context, id: &str, wait: f64) -> CliResult<()> {
-    if !(wait.is_finite() && wait >= 0.0) {
-        return Err(Failure::usage(format!(
-            "--wait must be a number of seconds >= 0, not {wait}"
-        )));
-    }
+pub fn delete(cx: &Context, id: &str, wait: Duration) -> CliResult<()> {
     let root = cx.open_root()?;
     let id = session_id(id)?;
-    if wait == 0.0
+    if wait.is_zero()
         && let Some(owner) = root.writer_owner(&id)?
     {
         return Err(Error::WriterOwned { owner }.into());
     }
     let cancel = CancelToken::new();
     let timer = cancel.clone();
-    let patience = Duration::from_secs_f64(wait).max(DELETE_GRACE);
+    let patience = wait.max(DELETE_GRACE);
     // The process exits when the delete returns; the timer thread needs no join.
     std::thread::spawn(move || {
         std::thread::sleep(patience);
@@ -518,7 +523,8 @@ pub fn delete(cx: &Context, id: &str, wait: f64) -> CliResult<()> {
                 None => Failure::with_code(
                     EXIT_OTHER,
                     format!(
-                        "gave up deleting {id} after {wait} s (a fork or delete is in progress)"
+                        "gave up deleting {id} after {} s (a fork or delete is in progress)",
+                        patience.as_secs_f64()
                     ),
                 ),
             });
@@ -566,7 +572,7 @@ pub fn verify(cx: &Context, target: &str) -> CliResult<()> {
         Err(e) => {
             if cx.json {
                 print_json(&json!({
-                    "ok": false, "path": path, "error": super::one_line(&e),
+                    "ok": false, "path": path.to_string_lossy(), "error": super::one_line(&e),
                 }))?;
             }
             return Err(Failure::context(
@@ -579,7 +585,7 @@ pub fn verify(cx: &Context, target: &str) -> CliResult<()> {
     let p = &replay.projection;
     if cx.json {
         return print_json(&json!({
-            "ok": true, "path": path, "session_id": replay.header.session_id,
+            "ok": true, "path": path.to_string_lossy(), "session_id": replay.header.session_id,
             "commits": replay.commits.len(), "events": events,
             "turns": p.turns.len(), "messages": p.messages.len(),
         }));
