@@ -21,7 +21,7 @@ pub use model::{
 pub use persistence::{BlobStats, KindStats, SessionStats, TableBytes};
 pub use persistence::{
     CatalogEntry, CheckpointPolicy, CreateOptions, ExportReport, ForkPoint, ImportOptions, Replay,
-    Root, SessionInfo, StoreOptions, replay,
+    Root, SessionInfo, StoreOptions, Verified, replay, verify,
 };
 pub use service::{
     CLOSURE_KINDS, CancelReceipt, ClientBinding, EventPage, Execution, HistoryPage,

@@ -13,7 +13,7 @@ use std::process::Command;
 
 use serde::Serialize;
 use serde_json::json;
-use session_store::{Commit, SessionId};
+use session_store::SessionId;
 
 use super::{
     CliError, CliResult, Context, EXIT_EXISTS, EXIT_INVALID, EXIT_NOT_FOUND, Failure, print_json,
@@ -327,7 +327,7 @@ pub fn replicate(
 #[derive(Debug, Serialize)]
 struct Restored {
     session_id: SessionId,
-    commits: usize,
+    commits: u64,
     events: u64,
     /// Ancestors it inherits from (restored too, or already in the root).
     inherits_from: Vec<SessionId>,
@@ -653,11 +653,11 @@ fn restore_into(
     let mut restored: Vec<Restored> = Vec::new();
     for id in &published {
         let dir = root.session_dir(id);
-        match session_store::replay(&dir) {
-            Ok(replay) => restored.push(Restored {
+        match session_store::verify(&dir) {
+            Ok(verified) => restored.push(Restored {
                 session_id: id.clone(),
-                commits: replay.commits.len(),
-                events: replay.commits.last().map_or(0, Commit::last_seq),
+                commits: verified.commits,
+                events: verified.events,
                 inherits_from: lineage_of(&dir.join(SESSION_FILE)).unwrap_or_default(),
             }),
             Err(e) => {

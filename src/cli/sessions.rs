@@ -565,7 +565,7 @@ fn verify_target(cx: &Context, target: &str) -> CliResult<PathBuf> {
 pub fn verify(cx: &Context, target: &str) -> CliResult<()> {
     let path = verify_target(cx, target)?;
     let bar = spinner(&format!("verifying {}", path.display()));
-    let replayed = session_store::replay(&path);
+    let replayed = session_store::verify(&path);
     bar.finish_and_clear();
     let replay = match replayed {
         Ok(replay) => replay,
@@ -581,12 +581,11 @@ pub fn verify(cx: &Context, target: &str) -> CliResult<()> {
             ));
         }
     };
-    let events = replay.commits.last().map_or(0, Commit::last_seq);
     let p = &replay.projection;
     if cx.json {
         return print_json(&json!({
             "ok": true, "path": path.to_string_lossy(), "session_id": replay.header.session_id,
-            "commits": replay.commits.len(), "events": events,
+            "commits": replay.commits, "events": replay.events,
             "turns": p.turns.len(), "messages": p.messages.len(),
         }));
     }
@@ -595,8 +594,8 @@ pub fn verify(cx: &Context, target: &str) -> CliResult<()> {
          hashes, blob digests and replay are sound",
         replay.header.session_id,
         path.display(),
-        replay.commits.len(),
-        events,
+        replay.commits,
+        replay.events,
         p.turns.len(),
         p.messages.len()
     );

@@ -339,26 +339,29 @@ impl Query {
         let query = self.clone();
         let id = r.session_id.clone();
         blocking(move || {
-            let (runtime, mut commits) = match &live {
-                Some(rt) => (
-                    Some(rt.snapshot()),
-                    rt.session().accepted_commits(cursor, limit + 1)?,
-                ),
+            // `end`: the last sequence there is to observe (a page may stop short of it).
+            let (runtime, end, mut commits) = match &live {
+                Some(rt) => {
+                    let snapshot = rt.snapshot();
+                    let end = snapshot.session.event_sequence;
+                    let commits = rt.session().accepted_commits(cursor, limit + 1)?;
+                    (Some(snapshot), end, commits)
+                }
                 None => {
                     let reader = query.cold_reader(&id)?;
-                    (
-                        None,
-                        reader
-                            .commits(cursor, limit + 1)?
-                            .into_iter()
-                            .map(Arc::new)
-                            .collect(),
-                    )
+                    let end = reader.durable_sequence()?;
+                    let commits = reader
+                        .commits(cursor, limit + 1)?
+                        .into_iter()
+                        .map(Arc::new)
+                        .collect();
+                    (None, end, commits)
                 }
             };
-            let truncated = commits.len() > limit;
+            let mut truncated = commits.len() > limit;
             commits.truncate(limit);
             let next = commits.last().map_or(cursor, |c| c.last_seq());
+            truncated |= next < end;
             Ok(ObserveResult {
                 runtime,
                 events: EventPage {

@@ -268,6 +268,11 @@ impl SessionReader {
     /// stream is: each follows the one before without a gap (the first holds `after + 1`)
     /// and its events match its operation hash.
     ///
+    /// A page also stops at the first commit boundary after 32 MiB of payload text (it
+    /// holds at least one commit), so memory follows the page, not how often a large
+    /// blob is referenced: a page shorter than `limit` is not the end of the log, ask
+    /// again after its last sequence until [`SessionReader::durable_sequence`].
+    ///
     /// # Errors
     /// [`Error::Corrupt`] for damaged rows or blobs, a gap or a hash mismatch; SQLite errors.
     pub fn commits(&self, after: u64, limit: usize) -> Result<Vec<Commit>> {
@@ -283,7 +288,8 @@ impl SessionReader {
         Ok(page)
     }
 
-    /// Whole durable commits with `last_seq` in `(after, through]`, at most `limit`.
+    /// Whole durable commits with `last_seq` in `(after, through]`, at most `limit` and
+    /// about [`read::PAGE_BYTES`] of payload.
     fn commits_through(&self, after: u64, through: u64, limit: usize) -> Result<Vec<Commit>> {
         match self.read_segments(&self.layout(), after, through, limit) {
             // An ancestor may have been deleted after its range was copied here.
@@ -303,8 +309,9 @@ impl SessionReader {
         limit: usize,
     ) -> Result<Vec<Commit>> {
         let mut out = Vec::new();
+        let mut budget = read::PAGE_BYTES;
         for segment in &layout.segments {
-            if out.len() >= limit || segment.after >= through {
+            if out.len() >= limit || budget == 0 || segment.after >= through {
                 break;
             }
             if segment.through <= after {
@@ -319,8 +326,13 @@ impl SessionReader {
             }
             let conn = segment.pool.get()?;
             let from = after.max(segment.after);
-            let page =
-                read::read_commits(&conn, from, segment.through.min(through), limit - out.len())?;
+            let page = read::read_commits(
+                &conn,
+                from,
+                segment.through.min(through),
+                limit - out.len(),
+                &mut budget,
+            )?;
             out.extend(page.into_iter().map(|mut c| {
                 if segment.inherited {
                     c.operation_id = inherited_operation_id(segment.source.as_str(), &c);
