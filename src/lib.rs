@@ -12,7 +12,7 @@ mod session;
 mod store;
 
 pub use cancel::CancelToken;
-pub use error::{Error, Result, WriterOwner};
+pub use error::{Error, Result, WriterOwner, quoted};
 pub use model::header::{Header, Origin};
 pub use model::{
     Batch, Commit, ContentRef, Event, INLINE_PAYLOAD_LIMIT, Message, PROJECTION_KINDS, Projection,

@@ -8,6 +8,7 @@ pub mod replicate;
 pub mod sessions;
 pub mod workload;
 
+use std::borrow::Cow;
 use std::fmt;
 use std::io::{IsTerminal, Write};
 use std::path::Path;
@@ -221,7 +222,26 @@ pub fn one_line(error: &(dyn std::error::Error + 'static)) -> String {
         }
         source = cause.source();
     }
-    line.replace(['\n', '\r'], " ")
+    printable(&line).into_owned()
+}
+
+/// `text` safe to print on a terminal: every control character (escape sequences, line
+/// breaks, C1 controls) written as a Rust escape (`\u{1b}`, `\n`), everything else as is.
+/// For human output of strings that come from a session or a caller; JSON output stays
+/// exact JSON instead.
+pub fn printable(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
 }
 
 /// `path` quoted for a POSIX shell, unquoted when it is plainly safe.
@@ -263,6 +283,15 @@ mod tests {
         );
         assert_eq!(shell_quote(Path::new("/tmp/a b")), "'/tmp/a b'");
         assert_eq!(shell_quote(Path::new("it's")), r"'it'\''s'");
+    }
+
+    #[test]
+    fn escapes_control_characters_only() {
+        assert_eq!(printable("plain é"), "plain é");
+        assert_eq!(
+            printable("a\u{1b}[31mb\nc\u{9b}"),
+            "a\\u{1b}[31mb\\nc\\u{9b}"
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@ use session_store::{
 
 use super::{
     CliResult, Context, EXIT_NOT_FOUND, EXIT_OTHER, Failure, block_on, human_bytes, print_json,
-    session_id, spinner,
+    printable, session_id, spinner,
 };
 
 /// The session file inside a session folder (the documented layout).
@@ -23,14 +23,12 @@ const SESSION_FILE: &str = "session.sqlite";
 /// Characters of a payload or message shown on one line of human output.
 const PREVIEW_CHARS: usize = 100;
 
-/// `text` on one line, cut to `max` characters with an ellipsis.
+/// `text` on one line, control characters escaped, cut to `max` characters with an
+/// ellipsis.
 fn preview(text: &str, max: usize) -> String {
-    let flat: String = text
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
+    let flat = printable(text);
     if flat.chars().count() <= max {
-        flat
+        flat.into_owned()
     } else {
         let cut: String = flat.chars().take(max).collect();
         format!("{cut}…")
@@ -205,10 +203,10 @@ fn print_show(s: &Show) {
         "created    {} UTC, origin {}, codec {}",
         utc(h.created_at_ms),
         h.origin.as_str(),
-        h.codec
+        printable(&h.codec)
     );
     if let Some(cwd) = &h.cwd {
-        println!("cwd        {cwd}");
+        println!("cwd        {}", printable(cwd));
     }
     if let Some(parent) = &h.parent_id {
         println!(
@@ -231,7 +229,10 @@ fn print_show(s: &Show) {
     match &s.writer {
         Some(w) => println!(
             "writer     held by pid {} on host {} (generation {}, owner {})",
-            w.pid, w.host, w.generation, w.owner_id
+            w.pid,
+            printable(&w.host),
+            w.generation,
+            printable(&w.owner_id)
         ),
         None => println!("writer     free"),
     }
@@ -243,9 +244,9 @@ fn print_show(s: &Show) {
             "lease      generation {}, last taken by pid {} on host {} at {} UTC (owner {})",
             l.generation,
             l.pid,
-            l.host,
+            printable(&l.host),
             utc(l.since_ms),
-            l.owner_id
+            printable(&l.owner_id)
         );
     }
     for d in &s.dependents {
@@ -258,10 +259,10 @@ fn print_show(s: &Show) {
         "turns      {} ended, {} messages, status {}{}",
         s.turns.len(),
         s.messages,
-        s.turn_status,
+        printable(&s.turn_status),
         s.open_turn
             .as_deref()
-            .map_or_else(String::new, |t| format!(" (open turn {t})"))
+            .map_or_else(String::new, |t| format!(" (open turn {})", printable(t)))
     );
     for t in &s.turns {
         let mut safe = Vec::new();
@@ -273,11 +274,11 @@ fn print_show(s: &Show) {
         }
         println!(
             "  {}  seq {}..={} (cut {})  {}  {}",
-            t.turn_id,
+            printable(&t.turn_id),
             t.start_sequence,
             t.end_sequence,
             t.boundary_sequence,
-            t.status,
+            printable(&t.status),
             safe.join(" ")
         );
     }
@@ -304,7 +305,7 @@ pub fn history(cx: &Context, id: &str, limit: usize, cursor: Option<&str>) -> Cl
         println!("no messages (durable sequence {})", page.snapshot_sequence);
     }
     for m in &page.messages {
-        let role = m.role.as_deref().unwrap_or("?");
+        let role = printable(m.role.as_deref().unwrap_or("?"));
         let body = match (&m.inline, &m.content_ref) {
             (_, Some(content)) => blob_label(content),
             (Some(message), None) => message.text().unwrap_or_else(|| message.json().to_owned()),
@@ -399,7 +400,7 @@ pub fn events(cx: &Context, id: &str, after: u64, limit: usize, inline: bool) ->
         let line = format!(
             "{:>7}  {:<22} {:<16} {body}",
             l.seq,
-            l.kind,
+            printable(l.kind),
             preview(l.turn_id.unwrap_or("-"), 16)
         );
         println!("{}", line.trim_end());
@@ -458,7 +459,7 @@ pub fn export(cx: &Context, id: &str, file: &Path) -> CliResult<()> {
     }
     println!(
         "exported {id} to {}: {} commits, {} events, {}",
-        file.display(),
+        printable(&file.display().to_string()),
         report.commits,
         report.events,
         human_bytes(report.bytes)
@@ -593,7 +594,7 @@ pub fn verify(cx: &Context, target: &str) -> CliResult<()> {
         "ok: {} ({}): {} commits, {} events, {} turns, {} messages; integrity, sequences, \
          hashes, blob digests and replay are sound",
         replay.header.session_id,
-        path.display(),
+        printable(&path.display().to_string()),
         replay.commits,
         replay.events,
         p.turns.len(),
@@ -618,7 +619,7 @@ pub fn migrate_legacy(cx: &Context, file: &Path, head: &str) -> CliResult<()> {
         "{} {} messages from {} into session {}{}",
         if record.reused { "reused:" } else { "migrated" },
         record.message_count,
-        record.source_path,
+        printable(&record.source_path),
         record.target_id,
         if record.torn_last_line {
             " (torn last line skipped)"
@@ -646,7 +647,7 @@ pub fn stats(cx: &Context, id: &str) -> CliResult<()> {
     let width = stats
         .kinds
         .iter()
-        .map(|k| k.kind.len())
+        .map(|k| printable(&k.kind).chars().count())
         .max()
         .unwrap_or(4)
         .max(4);
@@ -657,7 +658,7 @@ pub fn stats(cx: &Context, id: &str) -> CliResult<()> {
     for k in &stats.kinds {
         println!(
             "  {:<width$}  {:>8}  {:>10}  {:>6}  {:>10}",
-            k.kind,
+            printable(&k.kind),
             k.count,
             human_bytes(k.inline_bytes),
             k.blob_events,

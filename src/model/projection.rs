@@ -537,7 +537,8 @@ fn parse(event: &Event) -> Result<Parsed> {
         "diagnostic" => Parsed::Skip,
         other => {
             return Err(Error::UnsupportedVersion(format!(
-                "unknown required event kind {other:?} (mark it optional to store it)"
+                "unknown required event kind {} (mark it optional to store it)",
+                crate::error::quoted(other)
             )));
         }
     })

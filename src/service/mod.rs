@@ -159,8 +159,9 @@ impl Service {
     fn check_ref(&self, r: &SessionRef) -> Result<()> {
         if r.host_id != self.inner.host_id {
             return Err(Error::invalid(format!(
-                "session ref host {:?} is not this service's host {:?}",
-                r.host_id, self.inner.host_id
+                "session ref host {} is not this service's host {}",
+                crate::error::quoted(&r.host_id),
+                crate::error::quoted(&self.inner.host_id)
             )));
         }
         Ok(())

@@ -149,7 +149,12 @@ fn history_cursor(snapshot: u64, before: u64) -> String {
 }
 
 fn parse_history_cursor(cursor: &str) -> Result<(u64, u64)> {
-    let bad = || Error::invalid(format!("invalid history cursor {cursor:?}"));
+    let bad = || {
+        Error::invalid(format!(
+            "invalid history cursor {}",
+            crate::error::quoted(cursor)
+        ))
+    };
     let mut parts = cursor.strip_prefix("h1.").ok_or_else(bad)?.split('.');
     let snapshot = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
     let before = parts
@@ -168,8 +173,8 @@ impl Query {
     fn check(&self, r: &SessionRef) -> Result<()> {
         if r.host_id != self.service.host_id() {
             return Err(Error::invalid(format!(
-                "session ref host {:?} is not this service's",
-                r.host_id
+                "session ref host {} is not this service's",
+                crate::error::quoted(&r.host_id)
             )));
         }
         Ok(())

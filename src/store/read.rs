@@ -76,8 +76,9 @@ pub(crate) fn read_header(conn: &Connection) -> Result<Header> {
             .map(SessionId::new)
             .transpose()
             .map_err(|e| Error::corrupt(format!("header parent: {e}")))?,
-        origin: Origin::parse(&origin)
-            .ok_or_else(|| Error::corrupt(format!("header origin {origin:?}")))?,
+        origin: Origin::parse(&origin).ok_or_else(|| {
+            Error::corrupt(format!("header origin {}", crate::error::quoted(&origin)))
+        })?,
         provenance: provenance
             .map(|p| serde_json::from_str(&p))
             .transpose()

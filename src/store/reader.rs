@@ -164,8 +164,9 @@ fn check_commit(expected: u64, c: &Commit) -> Result<u64> {
     }
     if rehash_commit(c) != c.operation_hash {
         return Err(Error::corrupt(format!(
-            "commit at {}: events do not match operation hash of {:?}",
-            c.first_seq, c.operation_id
+            "commit at {}: events do not match operation hash of {}",
+            c.first_seq,
+            crate::error::quoted(&c.operation_id)
         )));
     }
     Ok(c.last_seq())
