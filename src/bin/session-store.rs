@@ -201,7 +201,8 @@ enum Command {
     MigrateLegacy {
         /// The transcript.
         file: PathBuf,
-        /// The legacy head id to freeze ("" for the file's tip).
+        /// The legacy head to freeze: the id of the last message to migrate ("" for the
+        /// file's tip); an id that no message has is refused.
         #[arg(long, value_name = "ID", default_value = "")]
         head: String,
     },
