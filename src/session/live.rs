@@ -452,6 +452,7 @@ impl Shared {
             });
         }
         let fold = s.projection.prepare(&batch.events)?;
+        s.projection.check_turn_nesting(&fold)?;
         let first_seq = s.next_seq;
         let mut events = batch.events;
         for (i, e) in events.iter_mut().enumerate() {
