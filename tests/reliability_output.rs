@@ -167,7 +167,10 @@ fn hostile_value() -> impl Strategy<Value = String> {
         Just(r#""\ud800 lone surrogate""#.to_owned()),
         Just(r#""\u0000\u001b[2J\u0007""#.to_owned()),
         hostile_string().prop_map(|s| serde_json::to_string(&s).expect("string")),
-        (0usize..4, prop_oneof![Just(100usize), Just(127), Just(200), Just(300)])
+        (
+            0usize..4,
+            prop_oneof![Just(100usize), Just(127), Just(200), Just(300)]
+        )
             .prop_map(|(_, depth)| nested(depth, "1e999")),
     ];
     leaf.prop_recursive(3, 24, 4, |inner| {
@@ -267,7 +270,13 @@ fn check_outputs(events: &[(String, Option<String>)]) -> Result<(), TestCaseErro
         // Refused (and said why): nothing to print.
         6 => {
             if std::env::var_os("SHOW_REFUSED").is_some() {
-                eprintln!("refused: {}", String::from_utf8_lossy(&appended.stderr).chars().take(300).collect::<String>());
+                eprintln!(
+                    "refused: {}",
+                    String::from_utf8_lossy(&appended.stderr)
+                        .chars()
+                        .take(300)
+                        .collect::<String>()
+                );
             }
             return Ok(());
         }
@@ -290,7 +299,12 @@ fn check_outputs(events: &[(String, Option<String>)]) -> Result<(), TestCaseErro
         let text = String::from_utf8(out.stdout.clone())
             .map_err(|_| TestCaseError::fail(format!("{args:?}: stdout is not UTF-8")))?;
         let parsed = serde_json::from_str::<Box<RawValue>>(text.trim_end());
-        prop_assert!(parsed.is_ok(), "{:?}: unparseable: {:?}", args, parsed.err());
+        prop_assert!(
+            parsed.is_ok(),
+            "{:?}: unparseable: {:?}",
+            args,
+            parsed.err()
+        );
         if args[1] == "events" {
             let page: EventsOut = serde_json::from_str(text.trim_end())
                 .map_err(|e| TestCaseError::fail(format!("events --json: {e}")))?;
@@ -409,7 +423,10 @@ fn shared_blob_root(dir: &Path, commits: usize) -> PathBuf {
     let session = root
         .create(CreateOptions::with_id(SessionId::new("s").expect("id")))
         .expect("create");
-    let payload = format!(r#"{{"blob":"{}"}}"#, "0123456789abcdef".repeat(SHARED_PAYLOAD / 16));
+    let payload = format!(
+        r#"{{"blob":"{}"}}"#,
+        "0123456789abcdef".repeat(SHARED_PAYLOAD / 16)
+    );
     for n in 0..commits {
         let event = Event::new("blob/shared")
             .optional()
@@ -476,7 +493,10 @@ fn read_peaks(commits: usize) -> Vec<(&'static str, u64)> {
             peak_rss_of(&root, &["import", export_arg, "--id", "t"]),
         ),
         ("rebuild-catalog", peak_rss_of(&root, &["rebuild-catalog"])),
-        ("events", peak_rss_of(&root, &["events", "s", "--limit", "1000"])),
+        (
+            "events",
+            peak_rss_of(&root, &["events", "s", "--limit", "1000"]),
+        ),
         ("show", peak_rss_of(&root, &["show", "s"])),
     ]
 }
@@ -557,7 +577,10 @@ fn migrate_legacy_refuses_invalid_utf8_and_honours_head() {
     let tip: serde_json::Value =
         serde_json::from_str(&env.ok(&["--json", "migrate-legacy", path])).expect("json");
     assert_eq!(tip["message_count"], 2);
-    assert_ne!(tip["target_id"], record["target_id"], "another head, another id");
+    assert_ne!(
+        tip["target_id"], record["target_id"],
+        "another head, another id"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -590,7 +613,10 @@ fn human_output_escapes_session_strings_and_errors_clip_huge_values() {
             control_chars(&text)
         );
         if args[0] == "show" {
-            assert!(text.contains(r"cwd        /tmp/\u{1b}]0;pwned\u{7}\u{1b}[2J"), "{text}");
+            assert!(
+                text.contains(r"cwd        /tmp/\u{1b}]0;pwned\u{7}\u{1b}[2J"),
+                "{text}"
+            );
         }
     }
     // JSON stays exact.
@@ -621,7 +647,10 @@ fn human_output_escapes_session_strings_and_errors_clip_huge_values() {
     let conflict = env.run_with(&["append", "t"], &format!("{}\n", line("2")));
     assert_eq!(code(&conflict), 6, "{}", describe(&conflict));
     let stderr = String::from_utf8_lossy(&conflict.stderr);
-    assert!(stderr.len() < 1000 && control_chars(&stderr).is_empty(), "{stderr}");
+    assert!(
+        stderr.len() < 1000 && control_chars(&stderr).is_empty(),
+        "{stderr}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -660,7 +689,9 @@ fn operation_hash_covers_payload_text_not_key_order_of_the_batch() {
 fn nested_turn_start_is_refused_and_turn_end_without_start_records_no_turn() {
     let env = Env::new();
     let start = |op: &str, turn: &str| {
-        format!(r#"{{"operation_id":"{op}","turn_id":"{turn}","events":[{{"kind":"turn/start"}}]}}"#)
+        format!(
+            r#"{{"operation_id":"{op}","turn_id":"{turn}","events":[{{"kind":"turn/start"}}]}}"#
+        )
     };
     let end = |op: &str| {
         format!(
@@ -683,9 +714,13 @@ fn nested_turn_start_is_refused_and_turn_end_without_start_records_no_turn() {
 
     assert_eq!(code(&env.run_with(&["append", "s"], &end("d"))), 0);
     // A turn/end with no open turn: accepted, records no turn, sets the status.
-    let stray = r#"{"operation_id":"e","events":[{"kind":"turn/end","payload":{"status":"failed"}}]}"#;
+    let stray =
+        r#"{"operation_id":"e","events":[{"kind":"turn/end","payload":{"status":"failed"}}]}"#;
     assert_eq!(code(&env.run_with(&["append", "s"], stray)), 0);
-    assert_eq!(code(&env.run_with(&["append", "s"], &start("f", "next"))), 0);
+    assert_eq!(
+        code(&env.run_with(&["append", "s"], &start("f", "next"))),
+        0
+    );
     assert_eq!(code(&env.run_with(&["append", "s"], &end("g"))), 0);
     let show: serde_json::Value =
         serde_json::from_str(&env.ok(&["--json", "show", "s"])).expect("json");
