@@ -33,50 +33,43 @@ use session_store::{Batch, CreateOptions, Event, Root, SessionId};
 
 const BIN: &str = env!("CARGO_BIN_EXE_session-store");
 
-/// A fresh folder whose `root/` holds the sessions.
-struct Env {
-    dir: tempfile::TempDir,
+/// The binary on `root`, with no root from the environment and no backtraces.
+fn cli(root: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.arg("--root")
+        .arg(root)
+        .args(args)
+        .env_remove("SESSION_STORE_ROOT")
+        .env("RUST_BACKTRACE", "0");
+    c
 }
+
+/// A temporary folder (removed on drop) whose `root/` holds the sessions.
+struct Env(tempfile::TempDir);
 
 impl Env {
     fn new() -> Env {
-        Env {
-            dir: tempfile::tempdir().expect("tempdir"),
-        }
+        Env(tempfile::tempdir().expect("tempdir"))
     }
 
-    fn root(&self) -> PathBuf {
-        self.dir.path().join("root")
-    }
-
+    /// `name` inside the folder, or the root for `"root"`.
     fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(BIN);
-        c.arg("--root")
-            .arg(self.root())
-            .args(args)
-            .env_remove("SESSION_STORE_ROOT")
-            .env("RUST_BACKTRACE", "0")
-            .current_dir(self.dir.path());
-        c
+        self.0.path().join(name)
     }
 
     /// Runs with `stdin` as input and collects everything.
     fn run_with(&self, args: &[&str], stdin: &str) -> Output {
-        let mut child = self
-            .command(args)
+        let mut child = cli(&self.path("root"), args)
+            .current_dir(self.0.path())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn");
-        let mut input = child.stdin.take().expect("stdin");
         // A child that refuses early may close its stdin: not an error here.
-        let _ = input.write_all(stdin.as_bytes());
-        drop(input);
+        if let Some(mut input) = child.stdin.take() {
+            let _ = input.write_all(stdin.as_bytes());
+        }
         child.wait_with_output().expect("wait")
     }
 
@@ -121,6 +114,29 @@ fn control_chars(text: &str) -> Vec<char> {
     text.chars()
         .filter(|c| c.is_control() && *c != '\n')
         .collect()
+}
+
+/// What is wrong with the human output of session `id` (`events`, `history`, `show`,
+/// `stats`, `list`): a failing command or a control character reaching the terminal.
+fn unprintable_human_output(env: &Env, id: &str) -> Option<String> {
+    let commands: [&[&str]; 5] = [
+        &["events", id],
+        &["history", id],
+        &["show", id],
+        &["stats", id],
+        &["list"],
+    ];
+    commands.into_iter().find_map(|args| {
+        let out = env.run(args);
+        let controls = control_chars(&String::from_utf8_lossy(&out.stdout));
+        if code(&out) != 0 {
+            Some(format!("{args:?}: {}", describe(&out)))
+        } else if !controls.is_empty() {
+            Some(format!("{args:?} printed control characters {controls:?}"))
+        } else {
+            None
+        }
+    })
 }
 
 // ---------------------------------------------------------------------------------------
@@ -254,7 +270,9 @@ struct EventOut {
     payload: Option<Box<RawValue>>,
 }
 
-fn check_outputs(events: &[(String, Option<String>)]) -> Result<(), TestCaseError> {
+/// Appends the batch made of `events`; when `append` accepts it, checks every output.
+/// Returns whether it was accepted.
+fn check_outputs(events: &[(String, Option<String>)]) -> Result<bool, TestCaseError> {
     let env = Env::new();
     let line = format!(
         r#"{{"operation_id":"hostile","events":[{}]}}"#,
@@ -268,18 +286,7 @@ fn check_outputs(events: &[(String, Option<String>)]) -> Result<(), TestCaseErro
     match code(&appended) {
         0 => {}
         // Refused (and said why): nothing to print.
-        6 => {
-            if std::env::var_os("SHOW_REFUSED").is_some() {
-                eprintln!(
-                    "refused: {}",
-                    String::from_utf8_lossy(&appended.stderr)
-                        .chars()
-                        .take(300)
-                        .collect::<String>()
-                );
-            }
-            return Ok(());
-        }
+        6 => return Ok(false),
         _ => {
             return Err(TestCaseError::fail(format!(
                 "append: {}",
@@ -318,30 +325,17 @@ fn check_outputs(events: &[(String, Option<String>)]) -> Result<(), TestCaseErro
             prop_assert_eq!(printed, given, "events --json must print payloads as given");
         }
     }
-    for args in [
-        &["events", "s"][..],
-        &["history", "s"],
-        &["show", "s"],
-        &["stats", "s"],
-        &["list"],
-    ] {
-        let out = env.run(args);
-        prop_assert_eq!(code(&out), 0, "{:?}: {}", args, describe(&out));
-        let text = String::from_utf8_lossy(&out.stdout);
-        prop_assert!(
-            control_chars(&text).is_empty(),
-            "{:?} printed control characters {:?}",
-            args,
-            control_chars(&text)
-        );
+    if let Some(problem) = unprintable_human_output(&env, "s") {
+        return Err(TestCaseError::fail(problem));
     }
-    Ok(())
+    Ok(true)
 }
 
 #[test]
 fn any_batch_append_accepts_prints_as_parseable_json() {
+    let cases = env_count("PROPTEST_CASES", 24) as u32;
     let config = Config {
-        cases: env_count("PROPTEST_CASES", 24) as u32,
+        cases,
         failure_persistence: None,
         ..Config::default()
     };
@@ -352,20 +346,36 @@ fn any_batch_append_accepts_prints_as_parseable_json() {
             .map(|(n, _)| hostile_event(n))
             .collect::<Vec<_>>()
     });
+    let accepted = std::cell::Cell::new(0u32);
     TestRunner::new(config)
-        .run(&batch, |events| check_outputs(&events))
+        .run(&batch, |events| {
+            accepted.set(accepted.get() + u32::from(check_outputs(&events)?));
+            Ok(())
+        })
         .unwrap();
+    eprintln!(
+        "append accepted {} of {cases} hostile batches",
+        accepted.get()
+    );
+    // Most draws are accepted (plan/state refuses numbers out of f64 range and deep
+    // nesting): the property is not vacuous.
+    assert!(
+        accepted.get() * 2 >= cases,
+        "only {} accepted",
+        accepted.get()
+    );
 }
 
 /// Fixed cases of the issue, run every time whatever the property draws.
 #[test]
 fn events_json_prints_1e999_and_200_deep_payloads() {
     for payload in ["[1e999, -0]", &nested(200, "")] {
-        check_outputs(&[(
+        let accepted = check_outputs(&[(
             format!(r#"{{"kind":"x","optional":true,"payload":{payload}}}"#),
             Some(payload.to_owned()),
         )])
         .unwrap();
+        assert!(accepted, "append accepts {payload}");
     }
 }
 
@@ -446,11 +456,7 @@ fn shared_blob_root(dir: &Path, commits: usize) -> PathBuf {
 /// Runs the binary to completion and returns its peak RSS in KiB (`VmHWM`, polled while
 /// it runs; the high-water mark only grows, so a late sample sees the peak).
 fn peak_rss_of(root: &Path, args: &[&str]) -> u64 {
-    let mut child = Command::new(BIN)
-        .arg("--root")
-        .arg(root)
-        .args(args)
-        .env_remove("SESSION_STORE_ROOT")
+    let mut child = cli(root, args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -551,7 +557,10 @@ fn migrate_legacy_refuses_invalid_utf8_and_honours_head() {
     let stderr = env.fails(&["migrate-legacy", bad.to_str().expect("path")], 6);
     assert!(stderr.contains("line 2 is not UTF-8"), "{stderr}");
     assert_eq!(std::fs::read(&bad).expect("read"), bad_bytes.to_vec());
-    assert!(session_dirs(&env.root()).is_empty(), "nothing published");
+    assert!(
+        session_dirs(&env.path("root")).is_empty(),
+        "nothing published"
+    );
 
     // A last line torn inside a UTF-8 character is a torn line, not a refusal.
     let good = env.path("good.jsonl");
@@ -563,7 +572,10 @@ fn migrate_legacy_refuses_invalid_utf8_and_honours_head() {
     let path = good.to_str().expect("path");
     let unknown = env.fails(&["migrate-legacy", path, "--head", "zz"], 6);
     assert!(unknown.contains("legacy head \"zz\""), "{unknown}");
-    assert!(session_dirs(&env.root()).is_empty(), "nothing published");
+    assert!(
+        session_dirs(&env.path("root")).is_empty(),
+        "nothing published"
+    );
 
     let record: serde_json::Value =
         serde_json::from_str(&env.ok(&["--json", "migrate-legacy", path, "--head", "a"]))
@@ -599,26 +611,12 @@ fn human_output_escapes_session_strings_and_errors_clip_huge_values() {
     let batch = r#"{"operation_id":"o","turn_id":"turn\u001b[1m","events":[{"kind":"turn/start"},{"kind":"session/title","payload":{"title":"\u001b[31mred"}},{"kind":"k\u001b[2J","optional":true},{"kind":"message/complete","payload":{"message":{"id":"m","role":"us\u001ber","content":"\u001b[5mblink"}}},{"kind":"turn/end","payload":{"status":"completed"}}]}"#;
     let out = env.run_with(&["append", "t"], &format!("{batch}\n"));
     assert_eq!(code(&out), 0, "{}", describe(&out));
-    for args in [
-        &["show", "t"][..],
-        &["events", "t"],
-        &["history", "t"],
-        &["stats", "t"],
-        &["list"],
-    ] {
-        let text = env.ok(args);
-        assert!(
-            control_chars(&text).is_empty(),
-            "{args:?}: {:?}",
-            control_chars(&text)
-        );
-        if args[0] == "show" {
-            assert!(
-                text.contains(r"cwd        /tmp/\u{1b}]0;pwned\u{7}\u{1b}[2J"),
-                "{text}"
-            );
-        }
-    }
+    assert_eq!(unprintable_human_output(&env, "t"), None);
+    let show = env.ok(&["show", "t"]);
+    assert!(
+        show.contains(r"cwd        /tmp/\u{1b}]0;pwned\u{7}\u{1b}[2J"),
+        "{show}"
+    );
     // JSON stays exact.
     let show: serde_json::Value =
         serde_json::from_str(&env.ok(&["--json", "show", "t"])).expect("json");
