@@ -738,3 +738,47 @@ fn nested_turn_start_is_refused_and_turn_end_without_start_records_no_turn() {
     assert_eq!(show["turn_status"], "completed");
     env.ok(&["verify", "s"]);
 }
+
+#[test]
+fn migrate_legacy_keeps_numbers_and_nesting_a_value_tree_would_refuse() {
+    let env = Env::new();
+    let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+    let source = env.path("odd.jsonl");
+    std::fs::write(
+        &source,
+        format!(
+            "{}\n{{\"role\":\"assistant\",\"content\":\"ok\",\"x\":[1e999,{deep}]}}\n",
+            r#"{"id":"a","role":"user","content":[1e999, -0]}"#,
+        ),
+    )
+    .expect("write");
+    let record: serde_json::Value = serde_json::from_str(&env.ok(&[
+        "--json",
+        "migrate-legacy",
+        source.to_str().expect("path"),
+    ]))
+    .expect("json");
+    assert_eq!(record["message_count"], 2);
+    let id = record["target_id"].as_str().expect("id");
+    let page: EventsOut =
+        serde_json::from_str(env.ok(&["--json", "events", id, "--inline"]).trim_end())
+            .expect("events --json parses");
+    let payloads: Vec<&str> = page
+        .events
+        .iter()
+        .filter_map(|e| e.payload.as_deref().map(RawValue::get))
+        .collect();
+    assert_eq!(payloads.len(), 2);
+    assert_eq!(
+        payloads[0],
+        r#"{"message":{"id":"a","role":"user","content":[1e999, -0]}}"#
+    );
+    // The message without an id gets a derived one; every other field keeps its text.
+    assert!(
+        payloads[1].contains(&format!(r#""x":[1e999,{deep}]"#))
+            && payloads[1].contains(r#""content":"ok""#),
+        "{}",
+        payloads[1]
+    );
+    env.ok(&["verify", id]);
+}

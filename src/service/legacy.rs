@@ -40,6 +40,13 @@ pub struct MigrationRecord {
     pub torn_last_line: bool,
 }
 
+/// A `message/complete` payload, serialized from the message's own JSON text (a `json!`
+/// tree would refuse numbers like `1e999` and deep nesting).
+#[derive(Serialize)]
+struct MessageOf<'a> {
+    message: &'a Message,
+}
+
 /// Parses the transcript; a last line without a newline that does not parse (or is cut
 /// inside a UTF-8 character) is torn. Any other line that is not UTF-8 is refused, never
 /// repaired: a migration copies messages exactly or not at all.
@@ -135,7 +142,7 @@ pub(crate) fn migrate(root: &Root, source: &Path, head: &str) -> Result<Migratio
         for (n, chunk) in messages.chunks(MESSAGES_PER_BATCH).enumerate() {
             let events = chunk
                 .iter()
-                .map(|m| Event::new("message/complete").with_payload(&json!({ "message": m })))
+                .map(|message| Event::new("message/complete").with_payload(&MessageOf { message }))
                 .collect::<Result<Vec<_>>>()?;
             session.append(Batch::new(
                 format!("legacy-import:{digest}:messages:{n}"),
