@@ -545,14 +545,28 @@ impl SessionReader {
             }
         }
         let mut out = Vec::with_capacity(limit);
+        // The positions of one `history/replace` are adjacent: its payload is read once.
+        let mut replaced: Option<(u64, Vec<Message>)> = None;
         for (row, seg) in newest.into_values().rev().take(limit) {
-            let body = self.history_body(&row, seg)?;
+            let body = self.history_body(&row, seg, &mut replaced)?;
             out.push((row, body));
         }
         Ok(out)
     }
 
-    fn history_body(&self, row: &HistoryRow, seg: &Segment) -> Result<HistoryBody> {
+    /// The message of one history entry; `replaced` keeps the messages of the last bulk
+    /// replacement read, keyed by its event sequence.
+    fn history_body(
+        &self,
+        row: &HistoryRow,
+        seg: &Segment,
+        replaced: &mut Option<(u64, Vec<Message>)>,
+    ) -> Result<HistoryBody> {
+        if let (Some(i), Some((seq, messages))) = (row.item, replaced.as_ref())
+            && *seq == row.event_seq
+        {
+            return Self::replaced_item(messages, i, row.event_seq);
+        }
         let conn = seg.pool.get()?;
         let (inline, digest) = read::read_event_payload(&conn, row.event_seq)?;
         let text = match (inline, digest) {
@@ -588,19 +602,26 @@ impl SessionReader {
                     .map_err(bad)?
                     .message
             }
-            Some(i) => serde_json::from_str::<MessagesOf>(&text)
-                .map_err(bad)?
-                .messages
-                .into_iter()
-                .nth(i as usize)
-                .ok_or_else(|| {
-                    Error::corrupt(format!(
-                        "history item {i} of event {} is missing",
-                        row.event_seq
-                    ))
-                })?,
+            Some(i) => {
+                let messages = serde_json::from_str::<MessagesOf>(&text)
+                    .map_err(bad)?
+                    .messages;
+                let (_, kept) = replaced.insert((row.event_seq, messages));
+                return Self::replaced_item(kept, i, row.event_seq);
+            }
         };
         Ok(HistoryBody::Inline(Arc::new(message)))
+    }
+
+    /// Item `i` of the messages a bulk replacement at `event_seq` holds.
+    fn replaced_item(messages: &[Message], i: u64, event_seq: u64) -> Result<HistoryBody> {
+        let message = usize::try_from(i)
+            .ok()
+            .and_then(|i| messages.get(i))
+            .ok_or_else(|| {
+                Error::corrupt(format!("history item {i} of event {event_seq} is missing"))
+            })?;
+        Ok(HistoryBody::Inline(Arc::new(message.clone())))
     }
 
     /// The commit that recorded `operation_id` in this session's own file.
