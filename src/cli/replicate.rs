@@ -13,7 +13,7 @@ use std::process::Command;
 
 use serde::Serialize;
 use serde_json::json;
-use session_store::{Commit, SessionId};
+use session_store::SessionId;
 
 use super::{
     CliError, CliResult, Context, EXIT_EXISTS, EXIT_INVALID, EXIT_NOT_FOUND, Failure, print_json,
@@ -272,7 +272,7 @@ pub fn replicate(
     let Some(file) = file else {
         if cx.json {
             return print_json(&json!({
-                "root": root_dir, "replica": replica.url(), "config": text,
+                "root": root_dir.to_string_lossy(), "replica": replica.url(), "config": text,
             }));
         }
         print!("{text}");
@@ -283,7 +283,7 @@ pub fn replicate(
     if !run {
         if cx.json {
             return print_json(&json!({
-                "root": root_dir, "replica": replica.url(), "config_file": file,
+                "root": root_dir.to_string_lossy(), "replica": replica.url(), "config_file": file.to_string_lossy(),
             }));
         }
         println!(
@@ -323,7 +323,7 @@ pub fn replicate(
 #[derive(Debug, Serialize)]
 struct Restored {
     session_id: SessionId,
-    commits: usize,
+    commits: u64,
     events: u64,
     /// Ancestors it inherits from (restored too, or already in the root).
     inherits_from: Vec<SessionId>,
@@ -657,11 +657,11 @@ fn restore_into(
     let mut restored: Vec<Restored> = Vec::new();
     for id in &published {
         let dir = root.session_dir(id);
-        match session_store::replay(&dir) {
-            Ok(replay) => restored.push(Restored {
+        match session_store::verify(&dir) {
+            Ok(verified) => restored.push(Restored {
                 session_id: id.clone(),
-                commits: replay.commits.len(),
-                events: replay.commits.last().map_or(0, Commit::last_seq),
+                commits: verified.commits,
+                events: verified.events,
                 inherits_from: lineage_of(&dir.join(SESSION_FILE)).unwrap_or_default(),
             }),
             Err(e) => {
@@ -708,7 +708,7 @@ fn restore_into(
     let catalog = root.rebuild_catalog();
     if cx.json {
         print_json(&json!({
-            "root": root.path(), "from": replica.url(), "restored": restored,
+            "root": root.path().to_string_lossy(), "from": replica.url(), "restored": restored,
             "skipped": skipped, "failed": failed,
             "catalog_sessions": catalog.as_ref().ok(),
             "catalog_error": catalog.as_ref().err().map(|e| super::one_line(e)),

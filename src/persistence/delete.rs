@@ -89,7 +89,9 @@ impl Root {
         for range in &ranges {
             let mut after = range.after_seq;
             while after < range.through_seq {
-                let page = read::read_commits(&source, after, range.through_seq, COPY_PAGE)?;
+                let mut budget = read::PAGE_BYTES;
+                let page =
+                    read::read_commits(&source, after, range.through_seq, COPY_PAGE, &mut budget)?;
                 let Some(last) = page.last() else {
                     break;
                 };

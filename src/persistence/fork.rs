@@ -49,7 +49,10 @@ impl Root {
             ForkPoint::BeforeTurn(t) => (t, Origin::Rewind),
         };
         let turn = reader.turn(turn_id)?.ok_or_else(|| {
-            Error::invalid(format!("completed turn {turn_id:?} not found in {parent}"))
+            Error::invalid(format!(
+                "completed turn {} not found in {parent}",
+                crate::error::quoted(turn_id)
+            ))
         })?;
         let cut = match point {
             ForkPoint::AfterTurn(_) => {

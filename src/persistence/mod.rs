@@ -15,7 +15,7 @@ pub use catalog::CatalogEntry;
 pub use fork::ForkPoint;
 pub use portable::{ExportReport, ImportOptions};
 pub use stats::{BlobStats, KindStats, SessionStats, TableBytes};
-pub use verify::{Replay, replay};
+pub use verify::{Replay, Verified, replay, verify};
 
 pub(crate) use staging::Staged;
 

@@ -7,8 +7,8 @@ use rusqlite::{Connection, TransactionBehavior};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::model::SessionId;
 use crate::model::header::Origin;
+use crate::model::{Event, SessionId};
 use crate::persistence::verify::{LogValidator, check_integrity, resolve_target};
 use crate::persistence::{Root, rename_no_replace, sync_dir};
 use crate::store::reader::SessionReader;
@@ -17,6 +17,10 @@ use crate::store::write::{self, Accepted};
 
 /// Commits inserted per statement batch while copying a log.
 const COPY_BATCH: usize = 256;
+
+/// Payload bytes held for one statement batch at most (the batch is written once it
+/// reaches this, so commits sharing a large blob are not all held at once).
+const COPY_BATCH_BYTES: usize = 32 << 20;
 
 /// What an export wrote.
 #[derive(Clone, Debug, Serialize)]
@@ -45,19 +49,22 @@ fn copy_log(reader: &SessionReader, through: u64, conn: &mut Connection) -> Resu
     let mut validator = LogValidator::new();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let mut pending = Vec::with_capacity(COPY_BATCH);
+    let mut pending_bytes = 0usize;
     let mut commits = 0u64;
     reader.visit(through, |c| {
         let (closed_turns, history) = validator.check(&c)?;
         commits += 1;
+        pending_bytes += c.events.iter().map(Event::payload_len).sum::<usize>();
         pending.push(Arc::new(Accepted {
             commit: Arc::new(c),
             closed_turns,
             history,
             charge: 0,
         }));
-        if pending.len() >= COPY_BATCH {
+        if pending.len() >= COPY_BATCH || pending_bytes >= COPY_BATCH_BYTES {
             write::insert_commits(&tx, &pending)?;
             pending.clear();
+            pending_bytes = 0;
         }
         Ok(())
     })?;

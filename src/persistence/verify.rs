@@ -133,27 +133,65 @@ pub(crate) fn resolve_target(path: &Path) -> Result<Target> {
     })
 }
 
+/// What [`verify`] found in a sound log: the counts and the projection, not the commits.
+#[derive(Clone, Debug)]
+pub struct Verified {
+    /// The header row.
+    pub header: Header,
+    /// Durable commits.
+    pub commits: u64,
+    /// The last sequence (0 for an empty log).
+    pub events: u64,
+    /// The fold of all commits.
+    pub projection: Projection,
+}
+
+/// Checks a session file (or folder) as [`replay`] does and hands each validated commit
+/// to `f`, one page in memory at a time.
+fn validate_each(path: &Path, mut f: impl FnMut(Commit)) -> Result<Verified> {
+    let target = resolve_target(path)?;
+    check_integrity(&target.file, target.access)?;
+    let reader = SessionReader::open_file(&target.file, &target.root, target.access)?;
+    let mut validator = LogValidator::new();
+    let mut commits = 0u64;
+    reader.visit(u64::MAX, |c| {
+        validator.check(&c)?;
+        commits += 1;
+        f(c);
+        Ok(())
+    })?;
+    Ok(Verified {
+        header: reader.header().clone(),
+        commits,
+        events: validator.last_seq(),
+        projection: validator.into_projection(),
+    })
+}
+
 /// Reads and validates every commit of a session file (or a session folder): structure
 /// (`integrity_check`), contiguous sequences from 1, operation hashes, blob digests, known
 /// kinds, and a full fold. Ancestors of a fork are resolved as siblings of its folder.
+///
+/// Keeps every commit in memory; [`verify`] makes the same checks in bounded memory.
 ///
 /// # Errors
 /// [`Error::Corrupt`] naming the first problem; [`Error::SessionNotFound`] for a missing file;
 /// [`Error::InvalidInput`] for a path that is neither a folder nor a regular file.
 pub fn replay(path: impl AsRef<Path>) -> Result<Replay> {
-    let target = resolve_target(path.as_ref())?;
-    check_integrity(&target.file, target.access)?;
-    let reader = SessionReader::open_file(&target.file, &target.root, target.access)?;
-    let mut validator = LogValidator::new();
     let mut commits = Vec::new();
-    reader.visit(u64::MAX, |c| {
-        validator.check(&c)?;
-        commits.push(c);
-        Ok(())
-    })?;
+    let verified = validate_each(path.as_ref(), |c| commits.push(c))?;
     Ok(Replay {
-        header: reader.header().clone(),
+        header: verified.header,
         commits,
-        projection: validator.into_projection(),
+        projection: verified.projection,
     })
+}
+
+/// Makes every check of [`replay`] without keeping the commits: memory follows one page
+/// of the log and the projection, not the log's length.
+///
+/// # Errors
+/// As [`replay`].
+pub fn verify(path: impl AsRef<Path>) -> Result<Verified> {
+    validate_each(path.as_ref(), drop)
 }
