@@ -27,6 +27,25 @@ impl fmt::Display for WriterOwner {
     }
 }
 
+/// Characters of a caller's value an error message quotes at most.
+const QUOTED_CHARS: usize = 64;
+
+/// `value` quoted for an error message (Rust string escapes, so control characters are
+/// visible), cut to its first 64 characters plus `… (N bytes)` when longer: a huge kind,
+/// id or cursor is never echoed whole.
+///
+/// ```
+/// assert_eq!(session_store::quoted("a\nb"), r#""a\nb""#);
+/// let long = "k".repeat(5_000_000);
+/// assert_eq!(session_store::quoted(&long), format!("{:?}… (5000000 bytes)", "k".repeat(64)));
+/// ```
+pub fn quoted(value: &str) -> String {
+    match value.char_indices().nth(QUOTED_CHARS) {
+        None => format!("{value:?}"),
+        Some((cut, _)) => format!("{:?}… ({} bytes)", &value[..cut], value.len()),
+    }
+}
+
 /// Everything that can go wrong, as variants a caller can match.
 ///
 /// Bad input (`InvalidInput`, `InvalidPayload`, `UnsupportedVersion` for an unknown
@@ -58,7 +77,7 @@ pub enum Error {
         owner: WriterOwner,
     },
     /// The operation id was used before with different content.
-    #[error("operation id {operation_id:?} conflicts with an earlier batch")]
+    #[error("operation id {} conflicts with an earlier batch", quoted(.operation_id))]
     OperationConflict {
         /// The reused operation id.
         operation_id: String,

@@ -12,7 +12,7 @@ mod session;
 mod store;
 
 pub use cancel::CancelToken;
-pub use error::{Error, Result, WriterOwner};
+pub use error::{Error, Result, WriterOwner, quoted};
 pub use model::header::{Header, Origin};
 pub use model::{
     Batch, Commit, ContentRef, Event, INLINE_PAYLOAD_LIMIT, Message, PROJECTION_KINDS, Projection,
@@ -21,7 +21,8 @@ pub use model::{
 pub use persistence::{BlobStats, KindStats, SessionStats, TableBytes};
 pub use persistence::{
     CatalogEntry, CheckpointPolicy, CreateOptions, ExportReport, ForkPoint, ImportOptions, Listing,
-    RebuildReport, Replay, Root, SessionInfo, SkippedSession, StoreOptions, replay,
+    RebuildReport, Replay, Root, Scratch, SessionInfo, SkippedSession, StoreOptions, Verified,
+    replay, verify,
 };
 pub use service::{
     CLOSURE_KINDS, CancelReceipt, ClientBinding, EventPage, Execution, HistoryPage,

@@ -15,7 +15,9 @@ mod cli;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
+use clap::builder::RangedU64ValueParser;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use cli::{CliResult, Context, Failure};
@@ -129,11 +131,13 @@ enum Command {
     Events {
         /// The session.
         id: String,
-        /// Only events with a sequence above this.
-        #[arg(long, value_name = "SEQ", default_value_t = 0)]
+        /// Only events with a sequence above this (0..=2^63-1).
+        #[arg(long, value_name = "SEQ", default_value_t = 0,
+              value_parser = clap::value_parser!(u64).range(..=cli::MAX_SEQUENCE))]
         after: u64,
-        /// At most this many events.
-        #[arg(long, default_value_t = 100)]
+        /// At most this many events (1..=1000000).
+        #[arg(long, default_value_t = 100,
+              value_parser = RangedU64ValueParser::<usize>::new().range(1..=cli::MAX_EVENTS_LIMIT))]
         limit: usize,
         /// Print blob-backed payloads inline instead of as content refs.
         #[arg(long)]
@@ -183,9 +187,9 @@ enum Command {
     Delete {
         /// The session.
         id: String,
-        /// Wait at most this long for its writer to go away.
-        #[arg(long, value_name = "SECONDS", default_value_t = 0.0)]
-        wait: f64,
+        /// Wait at most this long for its writer to go away (0..=31536000 seconds).
+        #[arg(long, value_name = "SECONDS", default_value = "0", value_parser = cli::parse_wait)]
+        wait: Duration,
     },
     /// Check a session or file: integrity_check, sequences, hashes, blob digests, full
     /// replay. Exit 0 only when sound.
@@ -197,7 +201,8 @@ enum Command {
     MigrateLegacy {
         /// The transcript.
         file: PathBuf,
-        /// The legacy head id to freeze ("" for the file's tip).
+        /// The legacy head to freeze: the id of the last message to migrate ("" for the
+        /// file's tip); an id that no message has is refused.
         #[arg(long, value_name = "ID", default_value = "")]
         head: String,
     },
@@ -249,17 +254,20 @@ enum Command {
     /// rusqlite baseline, a JSON Lines file with one fdatasync per batch, and the
     /// machine's fdatasync rate.
     Bench {
-        /// Events in total (spread over the sessions).
-        #[arg(long, value_name = "N", default_value_t = 96_000)]
+        /// Events in total (spread over the sessions; 1..=10000000).
+        #[arg(long, value_name = "N", default_value_t = 96_000,
+              value_parser = RangedU64ValueParser::<usize>::new().range(1..=10_000_000))]
         events: usize,
-        /// Events per batch (one transaction or fdatasync each in the baselines).
-        #[arg(long, value_name = "B", default_value_t = 64)]
+        /// Events per batch (one transaction or fdatasync each in the baselines; 1..=1000000).
+        #[arg(long, value_name = "B", default_value_t = 64,
+              value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
         batch: usize,
         /// What a durable commit survives.
         #[arg(long, value_enum, default_value = "full")]
         durability: DurabilityArg,
-        /// Sessions (and baseline files) written in parallel.
-        #[arg(long, value_name = "S", default_value_t = 4)]
+        /// Sessions (and baseline files) written in parallel (1..=1024).
+        #[arg(long, value_name = "S", default_value_t = 4,
+              value_parser = RangedU64ValueParser::<usize>::new().range(1..=1024))]
         sessions: usize,
         /// Folder for the bench files [default: a temporary folder in the root].
         #[arg(long, value_name = "DIR")]

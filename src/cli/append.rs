@@ -130,7 +130,11 @@ fn feed(
             Ok(commit) => commit,
             Err(e) => {
                 failure = Some(Failure::context(
-                    format!("line {} (operation {operation_id:?})", n + 1),
+                    format!(
+                        "line {} (operation {})",
+                        n + 1,
+                        session_store::quoted(&operation_id)
+                    ),
                     &e,
                 ));
                 break;

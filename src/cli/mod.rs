@@ -8,6 +8,7 @@ pub mod replicate;
 pub mod sessions;
 pub mod workload;
 
+use std::borrow::Cow;
 use std::fmt;
 use std::io::{IsTerminal, Write};
 use std::path::Path;
@@ -114,6 +115,30 @@ pub fn exit_code(error: &(dyn std::error::Error + 'static)) -> u8 {
     }
 }
 
+/// The largest sequence a command line may name (SQLite stores sequences as `i64`).
+pub const MAX_SEQUENCE: u64 = i64::MAX as u64;
+
+/// The largest `events --limit`.
+pub const MAX_EVENTS_LIMIT: u64 = 1_000_000;
+
+/// The longest `delete --wait`: one year, in seconds.
+pub const MAX_WAIT_SECONDS: f64 = 365.0 * 86_400.0;
+
+/// Parses a number of seconds in `0..=MAX_WAIT_SECONDS` (a clap value parser: anything
+/// else is a usage error, status 2).
+pub fn parse_wait(text: &str) -> Result<Duration, String> {
+    let seconds: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds"))?;
+    if !(0.0..=MAX_WAIT_SECONDS).contains(&seconds) {
+        return Err(format!(
+            "{text} is not a number of seconds in 0..={MAX_WAIT_SECONDS}"
+        ));
+    }
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text}: {e}"))
+}
+
 /// What every subcommand gets from the global flags.
 #[derive(Clone, Debug)]
 pub struct Context {
@@ -197,7 +222,26 @@ pub fn one_line(error: &(dyn std::error::Error + 'static)) -> String {
         }
         source = cause.source();
     }
-    line.replace(['\n', '\r'], " ")
+    printable(&line).into_owned()
+}
+
+/// `text` safe to print on a terminal: every control character (escape sequences, line
+/// breaks, C1 controls) written as a Rust escape (`\u{1b}`, `\n`), everything else as is.
+/// For human output of strings that come from a session or a caller; JSON output stays
+/// exact JSON instead.
+pub fn printable(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
 }
 
 /// `path` quoted for a POSIX shell, unquoted when it is plainly safe.
@@ -239,6 +283,15 @@ mod tests {
         );
         assert_eq!(shell_quote(Path::new("/tmp/a b")), "'/tmp/a b'");
         assert_eq!(shell_quote(Path::new("it's")), r"'it'\''s'");
+    }
+
+    #[test]
+    fn escapes_control_characters_only() {
+        assert_eq!(printable("plain é"), "plain é");
+        assert_eq!(
+            printable("a\u{1b}[31mb\nc\u{9b}"),
+            "a\\u{1b}[31mb\\nc\\u{9b}"
+        );
     }
 
     #[test]

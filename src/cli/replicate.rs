@@ -13,7 +13,7 @@ use std::process::Command;
 
 use serde::Serialize;
 use serde_json::json;
-use session_store::{Commit, SessionId};
+use session_store::SessionId;
 
 use super::{
     CliError, CliResult, Context, EXIT_EXISTS, EXIT_INVALID, EXIT_NOT_FOUND, Failure, print_json,
@@ -32,8 +32,6 @@ const DEFAULT_CONFIG: &str = ".litestream.yml";
 pub const REPLICA_ENV: &str = "SESSION_STORE_REPLICA";
 /// Environment variable naming the Litestream binary when `--litestream` is not given.
 pub const LITESTREAM_ENV: &str = "LITESTREAM_BIN";
-/// Where the library builds folders before publication (never listed as sessions).
-const STAGING_DIR: &str = ".staging";
 /// The empty working folder `replicate --run` starts Litestream in (never listed).
 const LITESTREAM_CWD: &str = ".litestream-cwd";
 /// Where `restore` moves sessions that fail verification (never listed as sessions).
@@ -277,18 +275,18 @@ pub fn replicate(
     let Some(file) = file else {
         if cx.json {
             return print_json(&json!({
-                "root": root_dir, "replica": replica.url(), "config": text,
+                "root": root_dir.to_string_lossy(), "replica": replica.url(), "config": text,
             }));
         }
         print!("{text}");
         return Ok(());
     };
-    std::fs::write(&file, &text)
+    write_config(&file, &text, config_out.is_none())
         .map_err(|e| Failure::context(format!("write {}", file.display()), &e))?;
     if !run {
         if cx.json {
             return print_json(&json!({
-                "root": root_dir, "replica": replica.url(), "config_file": file,
+                "root": root_dir.to_string_lossy(), "replica": replica.url(), "config_file": file.to_string_lossy(),
             }));
         }
         println!(
@@ -311,9 +309,7 @@ pub fn replicate(
     );
     // Litestream 0.5.17's directory watcher sometimes rescans its working directory
     // (relative paths it then refuses): give it an empty one.
-    let cwd = root_dir.join(LITESTREAM_CWD);
-    std::fs::create_dir_all(&cwd)
-        .map_err(|e| Failure::context(format!("create {}", cwd.display()), &e))?;
+    let cwd = root.confined_dir(LITESTREAM_CWD)?;
     let file = std::path::absolute(&file)?;
     // Litestream takes over this process, so it receives the signals itself.
     use std::os::unix::process::CommandExt;
@@ -330,7 +326,7 @@ pub fn replicate(
 #[derive(Debug, Serialize)]
 struct Restored {
     session_id: SessionId,
-    commits: usize,
+    commits: u64,
     events: u64,
     /// Ancestors it inherits from (restored too, or already in the root).
     inherits_from: Vec<SessionId>,
@@ -423,6 +419,19 @@ fn lineage_of(file: &Path) -> CliResult<Vec<SessionId>> {
 }
 
 /// Renames `from` to `to`, failing if `to` exists.
+/// Writes the Litestream config. The default file is in the root, where no symlink is
+/// followed (`O_NOFOLLOW`); a `--config-out` path is the user's and may be one.
+fn write_config(file: &Path, text: &str, in_root: bool) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    if in_root {
+        options.custom_flags(rustix::fs::OFlags::NOFOLLOW.bits().cast_signed());
+    }
+    options.open(file)?.write_all(text.as_bytes())
+}
+
 fn rename_no_replace(from: &Path, to: &Path) -> std::io::Result<()> {
     use rustix::fs::{CWD, RenameFlags, renameat_with};
     renameat_with(CWD, from, CWD, to, RenameFlags::NOREPLACE).map_err(std::io::Error::from)
@@ -449,24 +458,19 @@ pub fn restore(
     let bin = find_litestream(litestream)?;
     check_version(&bin)?;
     let present = |id: &SessionId| root.session_dir(id).join(SESSION_FILE).is_file();
-    let batch = root
-        .path()
-        .join(STAGING_DIR)
-        .join(format!("restore-{:016x}", fastrand::u64(..)));
-    std::fs::create_dir_all(&batch)
-        .map_err(|e| Failure::context(format!("create {}", batch.display()), &e))?;
-    let result = restore_into(
+    // Guarded, so that another process opening the root meanwhile does not take it for
+    // an abandoned build; removed when dropped. A `.staging` symlink is refused.
+    let batch = root.scratch("restore")?;
+    restore_into(
         cx,
         &root,
         &replica,
         &bin,
-        &batch,
+        batch.path(),
         requested_id.as_ref(),
         all,
         &present,
-    );
-    let _ = std::fs::remove_dir_all(&batch);
-    result
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -656,11 +660,11 @@ fn restore_into(
     let mut restored: Vec<Restored> = Vec::new();
     for id in &published {
         let dir = root.session_dir(id);
-        match session_store::replay(&dir) {
-            Ok(replay) => restored.push(Restored {
+        match session_store::verify(&dir) {
+            Ok(verified) => restored.push(Restored {
                 session_id: id.clone(),
-                commits: replay.commits.len(),
-                events: replay.commits.last().map_or(0, Commit::last_seq),
+                commits: verified.commits,
+                events: verified.events,
                 inherits_from: lineage_of(&dir.join(SESSION_FILE)).unwrap_or_default(),
             }),
             Err(e) => {
@@ -668,8 +672,11 @@ fn restore_into(
                     .path()
                     .join(FAILED_DIR)
                     .join(format!("{id}-{:08x}", fastrand::u32(..)));
-                let moved = std::fs::create_dir_all(root.path().join(FAILED_DIR))
-                    .and_then(|()| rename_no_replace(&dir, &aside));
+                // A `.restore-failed` that is a symlink is refused, never followed.
+                let moved = root
+                    .confined_dir(FAILED_DIR)
+                    .map_err(|e| std::io::Error::other(e.to_string()))
+                    .and_then(|_| rename_no_replace(&dir, &aside));
                 failed.push(NotRestored {
                     session_id: id.to_string(),
                     reason: match moved {
@@ -704,7 +711,7 @@ fn restore_into(
     let catalog = root.rebuild_catalog();
     if cx.json {
         print_json(&json!({
-            "root": root.path(), "from": replica.url(), "restored": restored,
+            "root": root.path().to_string_lossy(), "from": replica.url(), "restored": restored,
             "skipped": skipped, "failed": failed,
             "catalog_sessions": catalog.as_ref().ok().map(|r| r.sessions),
             "catalog_skipped": catalog.as_ref().ok().map(|r| &r.skipped),

@@ -14,7 +14,7 @@ use session_store::{
 
 use super::{
     CliResult, Context, EXIT_NOT_FOUND, EXIT_OTHER, Failure, block_on, human_bytes, print_json,
-    session_id, spinner,
+    printable, session_id, spinner,
 };
 
 /// The session file inside a session folder (the documented layout).
@@ -23,14 +23,12 @@ const SESSION_FILE: &str = "session.sqlite";
 /// Characters of a payload or message shown on one line of human output.
 const PREVIEW_CHARS: usize = 100;
 
-/// `text` on one line, cut to `max` characters with an ellipsis.
+/// `text` on one line, control characters escaped, cut to `max` characters with an
+/// ellipsis.
 fn preview(text: &str, max: usize) -> String {
-    let flat: String = text
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
+    let flat = printable(text);
     if flat.chars().count() <= max {
-        flat
+        flat.into_owned()
     } else {
         let cut: String = flat.chars().take(max).collect();
         format!("{cut}…")
@@ -180,7 +178,7 @@ pub fn show(cx: &Context, id: &str) -> CliResult<()> {
     let dir = root.session_dir(&id);
     let file_bytes = ["session.sqlite", "session.sqlite-wal"]
         .iter()
-        .filter_map(|f| std::fs::metadata(dir.join(f)).ok())
+        .filter_map(|f| std::fs::symlink_metadata(dir.join(f)).ok())
         .map(|m| m.len())
         .sum();
     let own_events = info.durable_sequence
@@ -223,10 +221,10 @@ fn print_show(s: &Show) {
         "created    {} UTC, origin {}, codec {}",
         utc(h.created_at_ms),
         h.origin.as_str(),
-        h.codec
+        printable(&h.codec)
     );
     if let Some(cwd) = &h.cwd {
-        println!("cwd        {cwd}");
+        println!("cwd        {}", printable(cwd));
     }
     if let Some(parent) = &h.parent_id {
         println!(
@@ -249,7 +247,10 @@ fn print_show(s: &Show) {
     match &s.writer {
         Some(w) => println!(
             "writer     held by pid {} on host {} (generation {}, owner {})",
-            w.pid, w.host, w.generation, w.owner_id
+            w.pid,
+            printable(&w.host),
+            w.generation,
+            printable(&w.owner_id)
         ),
         None => println!("writer     free"),
     }
@@ -261,9 +262,9 @@ fn print_show(s: &Show) {
             "lease      generation {}, last taken by pid {} on host {} at {} UTC (owner {})",
             l.generation,
             l.pid,
-            l.host,
+            printable(&l.host),
             utc(l.since_ms),
-            l.owner_id
+            printable(&l.owner_id)
         );
     }
     for d in &s.dependents {
@@ -276,10 +277,10 @@ fn print_show(s: &Show) {
         "turns      {} ended, {} messages, status {}{}",
         s.turns.len(),
         s.messages,
-        s.turn_status,
+        printable(&s.turn_status),
         s.open_turn
             .as_deref()
-            .map_or_else(String::new, |t| format!(" (open turn {t})"))
+            .map_or_else(String::new, |t| format!(" (open turn {})", printable(t)))
     );
     for t in &s.turns {
         let mut safe = Vec::new();
@@ -291,11 +292,11 @@ fn print_show(s: &Show) {
         }
         println!(
             "  {}  seq {}..={} (cut {})  {}  {}",
-            t.turn_id,
+            printable(&t.turn_id),
             t.start_sequence,
             t.end_sequence,
             t.boundary_sequence,
-            t.status,
+            printable(&t.status),
             safe.join(" ")
         );
     }
@@ -322,7 +323,7 @@ pub fn history(cx: &Context, id: &str, limit: usize, cursor: Option<&str>) -> Cl
         println!("no messages (durable sequence {})", page.snapshot_sequence);
     }
     for m in &page.messages {
-        let role = m.role.as_deref().unwrap_or("?");
+        let role = printable(m.role.as_deref().unwrap_or("?"));
         let body = match (&m.inline, &m.content_ref) {
             (_, Some(content)) => blob_label(content),
             (Some(message), None) => message.text().unwrap_or_else(|| message.json().to_owned()),
@@ -375,6 +376,14 @@ impl<'a> EventLine<'a> {
     }
 }
 
+/// What `events --json` prints.
+#[derive(Serialize)]
+struct EventsPage<'a> {
+    events: &'a [EventLine<'a>],
+    durable_sequence: u64,
+    next_after: Option<u64>,
+}
+
 /// `events ID [--after SEQ] [--limit N]`.
 pub fn events(cx: &Context, id: &str, after: u64, limit: usize, inline: bool) -> CliResult<()> {
     let root = cx.open_root()?;
@@ -392,11 +401,13 @@ pub fn events(cx: &Context, id: &str, after: u64, limit: usize, inline: bool) ->
     let last = lines.last().map_or(after, |l| l.seq);
     let next_after = (last < durable).then_some(last);
     if cx.json {
-        return print_json(&json!({
-            "events": lines,
-            "durable_sequence": durable,
-            "next_after": next_after,
-        }));
+        // A struct, not `json!`: payloads are written as the stored text (a `Value` tree
+        // would refuse numbers like 1e999 and nesting deeper than serde_json's limit).
+        return print_json(&EventsPage {
+            events: &lines,
+            durable_sequence: durable,
+            next_after,
+        });
     }
     for l in &lines {
         let body = match (l.content_ref, l.payload) {
@@ -407,7 +418,7 @@ pub fn events(cx: &Context, id: &str, after: u64, limit: usize, inline: bool) ->
         let line = format!(
             "{:>7}  {:<22} {:<16} {body}",
             l.seq,
-            l.kind,
+            printable(l.kind),
             preview(l.turn_id.unwrap_or("-"), 16)
         );
         println!("{}", line.trim_end());
@@ -460,13 +471,13 @@ pub fn export(cx: &Context, id: &str, file: &Path) -> CliResult<()> {
     let report = report?;
     if cx.json {
         return print_json(&json!({
-            "session_id": id, "file": file, "commits": report.commits,
+            "session_id": id, "file": file.to_string_lossy(), "commits": report.commits,
             "events": report.events, "bytes": report.bytes,
         }));
     }
     println!(
         "exported {id} to {}: {} commits, {} events, {}",
-        file.display(),
+        printable(&file.display().to_string()),
         report.commits,
         report.events,
         human_bytes(report.bytes)
@@ -493,7 +504,7 @@ pub fn import(
     bar.finish_and_clear();
     let id = imported?;
     if cx.json {
-        print_json(&json!({"session_id": id, "file": file}))
+        print_json(&json!({"session_id": id, "file": file.to_string_lossy()}))
     } else {
         println!("{id}");
         Ok(())
@@ -504,22 +515,17 @@ pub fn import(
 const DELETE_GRACE: Duration = Duration::from_millis(500);
 
 /// `delete ID [--wait SECONDS]`.
-pub fn delete(cx: &Context, id: &str, wait: f64) -> CliResult<()> {
-    if !(wait.is_finite() && wait >= 0.0) {
-        return Err(Failure::usage(format!(
-            "--wait must be a number of seconds >= 0, not {wait}"
-        )));
-    }
+pub fn delete(cx: &Context, id: &str, wait: Duration) -> CliResult<()> {
     let root = cx.open_root()?;
     let id = session_id(id)?;
-    if wait == 0.0
+    if wait.is_zero()
         && let Some(owner) = root.writer_owner(&id)?
     {
         return Err(Error::WriterOwned { owner }.into());
     }
     let cancel = CancelToken::new();
     let timer = cancel.clone();
-    let patience = Duration::from_secs_f64(wait).max(DELETE_GRACE);
+    let patience = wait.max(DELETE_GRACE);
     // The process exits when the delete returns; the timer thread needs no join.
     std::thread::spawn(move || {
         std::thread::sleep(patience);
@@ -536,7 +542,8 @@ pub fn delete(cx: &Context, id: &str, wait: f64) -> CliResult<()> {
                 None => Failure::with_code(
                     EXIT_OTHER,
                     format!(
-                        "gave up deleting {id} after {wait} s (a fork or delete is in progress)"
+                        "gave up deleting {id} after {} s (a fork or delete is in progress)",
+                        patience.as_secs_f64()
                     ),
                 ),
             });
@@ -577,14 +584,14 @@ fn verify_target(cx: &Context, target: &str) -> CliResult<PathBuf> {
 pub fn verify(cx: &Context, target: &str) -> CliResult<()> {
     let path = verify_target(cx, target)?;
     let bar = spinner(&format!("verifying {}", path.display()));
-    let replayed = session_store::replay(&path);
+    let replayed = session_store::verify(&path);
     bar.finish_and_clear();
     let replay = match replayed {
         Ok(replay) => replay,
         Err(e) => {
             if cx.json {
                 print_json(&json!({
-                    "ok": false, "path": path, "error": super::one_line(&e),
+                    "ok": false, "path": path.to_string_lossy(), "error": super::one_line(&e),
                 }))?;
             }
             return Err(Failure::context(
@@ -593,12 +600,11 @@ pub fn verify(cx: &Context, target: &str) -> CliResult<()> {
             ));
         }
     };
-    let events = replay.commits.last().map_or(0, Commit::last_seq);
     let p = &replay.projection;
     if cx.json {
         return print_json(&json!({
-            "ok": true, "path": path, "session_id": replay.header.session_id,
-            "commits": replay.commits.len(), "events": events,
+            "ok": true, "path": path.to_string_lossy(), "session_id": replay.header.session_id,
+            "commits": replay.commits, "events": replay.events,
             "turns": p.turns.len(), "messages": p.messages.len(),
         }));
     }
@@ -606,9 +612,9 @@ pub fn verify(cx: &Context, target: &str) -> CliResult<()> {
         "ok: {} ({}): {} commits, {} events, {} turns, {} messages; integrity, sequences, \
          hashes, blob digests and replay are sound",
         replay.header.session_id,
-        path.display(),
-        replay.commits.len(),
-        events,
+        printable(&path.display().to_string()),
+        replay.commits,
+        replay.events,
         p.turns.len(),
         p.messages.len()
     );
@@ -631,7 +637,7 @@ pub fn migrate_legacy(cx: &Context, file: &Path, head: &str) -> CliResult<()> {
         "{} {} messages from {} into session {}{}",
         if record.reused { "reused:" } else { "migrated" },
         record.message_count,
-        record.source_path,
+        printable(&record.source_path),
         record.target_id,
         if record.torn_last_line {
             " (torn last line skipped)"
@@ -659,7 +665,7 @@ pub fn stats(cx: &Context, id: &str) -> CliResult<()> {
     let width = stats
         .kinds
         .iter()
-        .map(|k| k.kind.len())
+        .map(|k| printable(&k.kind).chars().count())
         .max()
         .unwrap_or(4)
         .max(4);
@@ -670,7 +676,7 @@ pub fn stats(cx: &Context, id: &str) -> CliResult<()> {
     for k in &stats.kinds {
         println!(
             "  {:<width$}  {:>8}  {:>10}  {:>6}  {:>10}",
-            k.kind,
+            printable(&k.kind),
             k.count,
             human_bytes(k.inline_bytes),
             k.blob_events,

@@ -6,7 +6,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, quoted};
 
 /// Windows device names, refused as the part of an id before the first `.`.
 const RESERVED_NAMES: [&str; 22] = [
@@ -50,7 +50,12 @@ impl SessionId {
 }
 
 fn validate(id: &str) -> Result<()> {
-    let bad = |why: &str| Err(Error::invalid(format!("invalid session id {id:?}: {why}")));
+    let bad = |why: &str| {
+        Err(Error::invalid(format!(
+            "invalid session id {}: {why}",
+            quoted(id)
+        )))
+    };
     if id.is_empty() {
         return bad("empty");
     }
@@ -71,7 +76,8 @@ fn validate(id: &str) -> Result<()> {
     let stem = id.split('.').next().unwrap_or(id);
     if RESERVED_NAMES.iter().any(|r| r.eq_ignore_ascii_case(stem)) {
         return Err(Error::invalid(format!(
-            "reserved session id {id:?}: {stem} is a device name"
+            "reserved session id {}: {stem} is a device name",
+            quoted(id)
         )));
     }
     Ok(())

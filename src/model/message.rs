@@ -128,45 +128,107 @@ impl Message {
         self.json.get()
     }
 
-    /// All fields, parsed.
+    /// All fields, parsed (empty when a value does not fit a [`Value`], e.g. `1e999`).
     pub fn fields(&self) -> Map<String, Value> {
         serde_json::from_str(self.json.get()).unwrap_or_default()
     }
 
-    /// The `content` field if it is a string, else `raw_content`.
-    pub fn text(&self) -> Option<String> {
-        let fields = self.fields();
-        ["content", "raw_content"]
-            .iter()
-            .find_map(|k| fields.get(*k).and_then(Value::as_str).map(str::to_owned))
+    /// The top-level fields in order, each value as its exact JSON text (no number or
+    /// depth a `Value` tree would refuse is lost).
+    fn entries(&self) -> Vec<(String, Box<RawValue>)> {
+        serde_json::from_str::<Entries>(self.json.get())
+            .map(|e| e.0)
+            .unwrap_or_default()
     }
 
-    /// The same message with another id.
+    /// A message from fields, written in key order (as a `Map` writes them, so a message
+    /// rewritten by an earlier build reads the same), values kept as their JSON text.
+    fn from_entries(mut entries: Vec<(String, Box<RawValue>)>) -> serde_json::Result<Message> {
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut text = String::from("{");
+        for (i, (key, value)) in entries.iter().enumerate() {
+            if i > 0 {
+                text.push(',');
+            }
+            text.push_str(&serde_json::to_string(key)?);
+            text.push(':');
+            text.push_str(value.get());
+        }
+        text.push('}');
+        Self::from_raw(RawValue::from_string(text)?)
+    }
+
+    /// The `content` field if it is a string, else `raw_content`.
+    pub fn text(&self) -> Option<String> {
+        let entries = self.entries();
+        ["content", "raw_content"].iter().find_map(|k| {
+            entries
+                .iter()
+                .find(|(key, _)| key == k)
+                .and_then(|(_, v)| serde_json::from_str::<String>(v.get()).ok())
+        })
+    }
+
+    /// The same message with another id; every other field is kept as its exact text.
     pub fn with_id(&self, id: &str) -> Message {
-        let mut fields = self.fields();
-        fields.insert("id".into(), Value::String(id.to_owned()));
-        Self::from_value(&Value::Object(fields)).unwrap_or_else(|_| self.clone())
+        let mut entries = self.entries();
+        entries.retain(|(k, _)| k != "id");
+        let id = serde_json::value::to_raw_value(id)
+            .unwrap_or_else(|_| unreachable!("a string always serializes"));
+        entries.push(("id".to_owned(), id));
+        Self::from_entries(entries).unwrap_or_else(|_| self.clone())
     }
 
     /// The provider view of this message, or `None` when it is local-only. A message that
-    /// needs no change is shared, not copied.
+    /// needs no change is shared, not copied; the fields it keeps keep their exact text.
     pub fn for_model(self: &Arc<Self>) -> Option<Arc<Message>> {
         if !self.filtered {
             return Some(Arc::clone(self));
         }
-        let mut fields = self.fields();
-        if fields.get("local_only").and_then(Value::as_bool) == Some(true) {
+        let mut entries = self.entries();
+        let local = entries
+            .iter()
+            .any(|(k, v)| k == "local_only" && v.get().trim() == "true");
+        if local {
             return None;
         }
-        if let Some(provider) = fields.remove("provider_content") {
-            fields.insert("content".into(), provider);
+        if let Some(at) = entries.iter().position(|(k, _)| k == "provider_content") {
+            let (_, provider) = entries.remove(at);
+            match entries.iter_mut().find(|(k, _)| k == "content") {
+                Some(content) => content.1 = provider,
+                None => entries.push(("content".to_owned(), provider)),
+            }
         }
-        for k in PROVIDER_STRIPPED {
-            fields.remove(k);
-        }
+        entries.retain(|(k, _)| !PROVIDER_STRIPPED.contains(&k.as_str()));
         Some(Arc::new(
-            Self::from_value(&Value::Object(fields)).unwrap_or_else(|_| Message::clone(self)),
+            Self::from_entries(entries).unwrap_or_else(|_| Message::clone(self)),
         ))
+    }
+}
+
+/// A JSON object's fields in order, values as raw JSON text.
+struct Entries(Vec<(String, Box<RawValue>)>);
+
+impl<'de> Deserialize<'de> for Entries {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Entries;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Entries, A::Error> {
+                let mut out = Vec::new();
+                while let Some(entry) = map.next_entry::<String, Box<RawValue>>()? {
+                    out.push(entry);
+                }
+                Ok(Entries(out))
+            }
+        }
+        deserializer.deserialize_map(Visit)
     }
 }
 
@@ -216,5 +278,27 @@ mod tests {
         assert!(serde_json::from_str::<Message>(r#"{"id":1}"#).is_err());
         assert!(serde_json::from_str::<Message>(r#"[1]"#).is_err());
         assert!(serde_json::from_str::<Message>(r#"{"id":"x","id":"y"}"#).is_err());
+    }
+
+    #[test]
+    fn rewrites_keep_values_a_value_tree_would_refuse() {
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        let text =
+            format!(r#"{{"role":"user","content":[1e999,-0],"x":{deep},"raw_content":"r"}}"#);
+        let m: Arc<Message> = Arc::new(serde_json::from_str(&text).unwrap());
+        let renamed = m.with_id("n");
+        assert_eq!(
+            renamed.json(),
+            format!(
+                r#"{{"content":[1e999,-0],"id":"n","raw_content":"r","role":"user","x":{deep}}}"#
+            )
+        );
+        assert_eq!(renamed.id(), "n");
+        let model = m.for_model().unwrap();
+        assert_eq!(
+            model.json(),
+            format!(r#"{{"content":[1e999,-0],"role":"user","x":{deep}}}"#)
+        );
+        assert_eq!(m.text().as_deref(), Some("r"));
     }
 }

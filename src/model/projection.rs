@@ -537,7 +537,8 @@ fn parse(event: &Event) -> Result<Parsed> {
         "diagnostic" => Parsed::Skip,
         other => {
             return Err(Error::UnsupportedVersion(format!(
-                "unknown required event kind {other:?} (mark it optional to store it)"
+                "unknown required event kind {} (mark it optional to store it)",
+                crate::error::quoted(other)
             )));
         }
     })
@@ -606,6 +607,39 @@ impl Projection {
             }
         }
         Ok(PreparedFold(parsed))
+    }
+
+    /// Refuses a batch that starts a turn while one is open (before it or earlier in the
+    /// batch): the outer turn would be dropped without a `turn/end`, so it would never be
+    /// recorded. Checked on append only: a stored log folds as upstream does (the later
+    /// `turn/start` replaces the open turn), so files written before keep replaying.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] naming the open turn.
+    pub(crate) fn check_turn_nesting(&self, prepared: &PreparedFold) -> Result<()> {
+        let mut open = self.turn_id.as_ref().map(|t| {
+            format!(
+                "turn {} (started at sequence {})",
+                crate::error::quoted(t),
+                self.current_turn_start
+            )
+        });
+        for (i, p) in prepared.0.iter().enumerate() {
+            match p {
+                Parsed::TurnStart => {
+                    if let Some(turn) = &open {
+                        return Err(Error::invalid(format!(
+                            "events[{i}] is a turn/start while {turn} is still open; \
+                             append its turn/end first"
+                        )));
+                    }
+                    open = Some("the turn started earlier in this batch".to_owned());
+                }
+                Parsed::TurnEnd(_) => open = None,
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     /// Applies a prepared batch whose events carry sequences `first_seq..` and whose

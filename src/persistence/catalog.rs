@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::model::header::Origin;
 use crate::model::{Projection, SessionId};
-use crate::persistence::Root;
+use crate::persistence::{Root, confine};
 use crate::store::reader::SessionReader;
 use crate::store::schema::{self, SESSION_FILE, WAL_FILE};
 
@@ -31,10 +31,14 @@ use crate::store::schema::{self, SESSION_FILE, WAL_FILE};
 pub(crate) const CATALOG_DIR: &str = ".catalog";
 /// The catalog file in [`CATALOG_DIR`].
 pub(crate) const CATALOG_FILE: &str = "catalog.sqlite";
-/// Where older builds kept the catalog: `<root>/catalog.sqlite` (and its `-wal`, `-shm`),
-/// removed when the catalog is first created in its folder.
-const LEGACY_CATALOG_FILES: [&str; 3] =
-    ["catalog.sqlite", "catalog.sqlite-wal", "catalog.sqlite-shm"];
+/// The catalog file and SQLite's files beside it. Older builds kept them at the root; there
+/// they are removed when the catalog is first created in its folder.
+const CATALOG_FILES: [&str; 4] = [
+    "catalog.sqlite",
+    "catalog.sqlite-wal",
+    "catalog.sqlite-shm",
+    "catalog.sqlite-journal",
+];
 /// `PRAGMA application_id` of a catalog file ("SeSC").
 const CATALOG_APPLICATION_ID: i32 = 0x5365_5343;
 /// The catalog's one table.
@@ -138,7 +142,7 @@ impl CatalogEntry {
 fn modified_ms(dir: &Path) -> i64 {
     [SESSION_FILE, WAL_FILE]
         .iter()
-        .filter_map(|f| std::fs::metadata(dir.join(f)).ok()?.modified().ok())
+        .filter_map(|f| std::fs::symlink_metadata(dir.join(f)).ok()?.modified().ok())
         .filter_map(|t| t.duration_since(UNIX_EPOCH).ok())
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
         .max()
@@ -154,7 +158,7 @@ fn file_stamp(size_and_mtime: Option<(u64, u128)>) -> String {
 }
 
 /// Stamps of the sessions of one root: size and mtime (ns) of `session.sqlite` and its
-/// `-wal`, each read with `fstatat` relative to the root folder (no walk of the root's own
+/// `-wal`, each read with `fstatat` relative to the root folder (a symlink is not followed) (no walk of the root's own
 /// path per file, which is what `list` pays per entry).
 struct Stamper {
     root: rustix::fd::OwnedFd,
@@ -175,7 +179,7 @@ impl Stamper {
             let st = rustix::fs::statat(
                 &self.root,
                 format!("{id}/{name}"),
-                rustix::fs::AtFlags::empty(),
+                rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
             )
             .ok()?;
             let ns =
@@ -222,14 +226,23 @@ fn open_catalog(path: &Path) -> Result<Connection> {
     Ok(conn)
 }
 
-/// Removes `name` in `dir` when it is a regular file (never a folder, never through a link).
-fn remove_file_in(dir: &Path, name: &str) -> Result<()> {
-    let path = dir.join(name);
-    match std::fs::symlink_metadata(&path) {
-        Ok(m) if m.is_file() => std::fs::remove_file(&path)
-            .map_err(|e| Error::io(format!("remove {}", path.display()), e)),
-        _ => Ok(()),
+/// Unlinks the entries `names` of `dir` that are files or symlinks (a symlink itself, never
+/// what it points to); a missing entry or a folder (a session may bear such a name in an
+/// older root) is left alone.
+fn unlink_files_at(dir: impl rustix::fd::AsFd, names: &[&str], shown: &Path) -> Result<()> {
+    use rustix::io::Errno;
+    for name in names {
+        match rustix::fs::unlinkat(&dir, *name, rustix::fs::AtFlags::empty()) {
+            Ok(()) | Err(Errno::NOENT | Errno::ISDIR | Errno::PERM) => {}
+            Err(e) => {
+                return Err(Error::io(
+                    format!("remove {}", shown.join(name).display()),
+                    e.into(),
+                ));
+            }
+        }
     }
+    Ok(())
 }
 
 impl Catalog {
@@ -244,21 +257,23 @@ impl Catalog {
     /// (and its `-wal` / `-shm`) is replaced by an empty catalog, refilled as sessions are
     /// listed. The first open also removes a catalog left at the root by older builds.
     fn open(&self, root: &Root) -> Result<Connection> {
-        match std::fs::create_dir(&self.dir) {
-            Ok(()) => {
-                for name in LEGACY_CATALOG_FILES {
-                    remove_file_in(root.path(), name)?;
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && self.dir.is_dir() => {}
-            Err(e) => return Err(Error::io(format!("create {}", self.dir.display()), e)),
+        let fresh = !confine::is_dir_at(root.dir_fd(), c".catalog");
+        if confine::is_symlink_at(root.dir_fd(), c".catalog") {
+            // Derived data: the link itself goes, never what it points to.
+            unlink_files_at(root.dir_fd(), &[CATALOG_DIR], &self.dir)?;
+        }
+        let dir = confine::ensure_dir_at(root.dir_fd(), CATALOG_DIR, &self.dir)?;
+        if fresh {
+            unlink_files_at(root.dir_fd(), &CATALOG_FILES, root.path())?;
         }
         let path = self.dir.join(CATALOG_FILE);
+        if let Err(Error::InvalidInput(_)) = schema::check_file(&path) {
+            // A symlink or a non-regular file where the catalog's files belong.
+            unlink_files_at(&dir, &CATALOG_FILES, &self.dir)?;
+        }
         match open_catalog(&path) {
             Err(Error::Corrupt(_)) => {
-                for suffix in ["", "-wal", "-shm"] {
-                    remove_file_in(&self.dir, &format!("{CATALOG_FILE}{suffix}"))?;
-                }
+                unlink_files_at(&dir, &CATALOG_FILES, &self.dir)?;
                 open_catalog(&path)
             }
             other => other,

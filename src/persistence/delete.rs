@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::model::SessionId;
 use crate::model::event::inherited_operation_id;
 use crate::model::ids::random_hex;
-use crate::persistence::{Root, TRASH_DIR, rename_no_replace, sync_dir};
+use crate::persistence::{Root, TRASH_DIR, confine, rename_no_replace_at, sync_dir};
 use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock, WriterLock};
 use crate::store::read;
 use crate::store::schema::{self, Durability, LOCK_FILE, SESSION_FILE};
@@ -46,11 +46,17 @@ impl Root {
             self.materialize(id, &d.child_id)?;
         }
         conn.close().map_err(|(_, e)| Error::from(e))?;
-        let trash = self.path().join(TRASH_DIR);
-        std::fs::create_dir_all(&trash).map_err(|e| Error::io("create trash", e))?;
+        // A `.trash` that is a symlink is refused, never followed.
+        let trash = confine::ensure_dir_at(self.dir_fd(), TRASH_DIR, &self.path().join(TRASH_DIR))?;
         // The id is not part of the name: the longest valid id must still fit.
-        let tomb = trash.join(random_hex());
-        rename_no_replace(&dir, &tomb, id.as_str())?;
+        let tomb = random_hex();
+        rename_no_replace_at(
+            self.dir_fd(),
+            Path::new(id.as_str()),
+            &trash,
+            Path::new(&tomb),
+            id.as_str(),
+        )?;
         // Derived index; listing also drops entries whose folder is gone.
         let _ = self.catalog().forget(self, id);
         drop((lock, forks));
@@ -58,7 +64,9 @@ impl Root {
         // tombstone is removed when the root is next opened; a stale dependents row is
         // skipped by a later delete).
         let _ = sync_dir(self.path());
-        let _ = std::fs::remove_dir_all(&tomb);
+        if let Ok(tomb) = std::ffi::CString::new(tomb) {
+            let _ = confine::remove_tree_at(&trash, &tomb);
+        }
         for entry in lineage {
             let ancestor = self.session_dir(&entry.ancestor_id).join(SESSION_FILE);
             if let Ok(c) = schema::open_writer(&ancestor, Durability::PowerLoss) {
@@ -94,7 +102,9 @@ impl Root {
         for range in &ranges {
             let mut after = range.after_seq;
             while after < range.through_seq {
-                let page = read::read_commits(&source, after, range.through_seq, COPY_PAGE)?;
+                let mut budget = read::PAGE_BYTES;
+                let page =
+                    read::read_commits(&source, after, range.through_seq, COPY_PAGE, &mut budget)?;
                 let Some(last) = page.last() else {
                     break;
                 };

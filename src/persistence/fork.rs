@@ -49,7 +49,10 @@ impl Root {
             ForkPoint::BeforeTurn(t) => (t, Origin::Rewind),
         };
         let turn = reader.turn(turn_id)?.ok_or_else(|| {
-            Error::invalid(format!("completed turn {turn_id:?} not found in {parent}"))
+            Error::invalid(format!(
+                "completed turn {} not found in {parent}",
+                crate::error::quoted(turn_id)
+            ))
         })?;
         let cut = match point {
             ForkPoint::AfterTurn(_) => {
@@ -86,7 +89,7 @@ impl Root {
         // published (a delete waits, then materialises the child like any dependent).
         let mut _guards = Vec::with_capacity(lineage.len());
         for entry in &lineage {
-            let dir = self.session_dir(&entry.ancestor_id);
+            let dir = self.existing_dir(&entry.ancestor_id)?;
             _guards.push(DependentsLock::shared(&dir.join(DEPENDENTS_LOCK_FILE))?);
             record_dependent(&dir.join(SESSION_FILE), &child, entry.through_seq)?;
         }

@@ -2,6 +2,7 @@
 //! Forks, deletion, export/import and replay live in the sub-modules.
 
 mod catalog;
+mod confine;
 mod delete;
 mod fork;
 mod portable;
@@ -14,7 +15,7 @@ pub use catalog::{CatalogEntry, Listing, RebuildReport, SkippedSession};
 pub use fork::ForkPoint;
 pub use portable::{ExportReport, ImportOptions};
 pub use stats::{BlobStats, KindStats, SessionStats, TableBytes};
-pub use verify::{Replay, replay};
+pub use verify::{Replay, Verified, replay, verify};
 
 pub(crate) use staging::Staged;
 
@@ -139,7 +140,10 @@ pub struct Root {
 
 #[derive(Debug)]
 struct RootInner {
+    /// The root folder, resolved once when opened (no symlink in it).
     path: PathBuf,
+    /// The root folder, held open: the store's folders inside it are opened relative to it.
+    dir: rustix::fd::OwnedFd,
     options: StoreOptions,
     host: String,
     catalog: Catalog,
@@ -176,8 +180,21 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
 
 /// Renames `from` to `to`, failing with `SessionExists` if `to` exists (never replaces).
 pub(crate) fn rename_no_replace(from: &Path, to: &Path, id: &str) -> Result<()> {
-    use rustix::fs::{CWD, RenameFlags, renameat_with};
-    match renameat_with(CWD, from, CWD, to, RenameFlags::NOREPLACE) {
+    rename_no_replace_at(rustix::fs::CWD, from, rustix::fs::CWD, to, id)
+}
+
+/// Renames `from` in the folder `from_dir` to `to` in `to_dir` (both names relative to
+/// their folder's descriptor, neither followed if a symlink), failing with
+/// `SessionExists` naming `id` if `to` exists (never replaces).
+pub(crate) fn rename_no_replace_at(
+    from_dir: impl rustix::fd::AsFd,
+    from: &Path,
+    to_dir: impl rustix::fd::AsFd,
+    to: &Path,
+    id: &str,
+) -> Result<()> {
+    use rustix::fs::{RenameFlags, renameat_with};
+    match renameat_with(from_dir, from, to_dir, to, RenameFlags::NOREPLACE) {
         Ok(()) => Ok(()),
         Err(rustix::io::Errno::EXIST | rustix::io::Errno::NOTEMPTY) => {
             Err(Error::SessionExists(id.to_owned()))
@@ -186,6 +203,20 @@ pub(crate) fn rename_no_replace(from: &Path, to: &Path, id: &str) -> Result<()> 
             format!("rename {} to {}", from.display(), to.display()),
             std::io::Error::from(e),
         )),
+    }
+}
+
+/// A private folder under the root's `.staging/` (see [`Root::scratch`]); removed when
+/// dropped.
+#[derive(Debug)]
+pub struct Scratch {
+    staged: Staged,
+}
+
+impl Scratch {
+    /// The folder.
+    pub fn path(&self) -> &Path {
+        self.staged.dir()
     }
 }
 
@@ -209,30 +240,70 @@ impl Root {
         if options.queue_budget == 0 {
             return Err(Error::invalid("queue budget must be positive"));
         }
-        let path = path.as_ref().to_path_buf();
-        std::fs::create_dir_all(&path)
-            .map_err(|e| Error::io(format!("create root {}", path.display()), e))?;
+        // Resolved once: a root reached through a symlinked folder works, and no path
+        // the store builds below it contains a symlink.
+        let (path, dir) = confine::open_root(path.as_ref())?;
         // Tombstones are sessions already deleted, and staging folders of builds whose
-        // process died; a crash may leave either behind.
-        if let Ok(entries) = std::fs::read_dir(path.join(TRASH_DIR)) {
-            for entry in entries.flatten() {
-                let _ = std::fs::remove_dir_all(entry.path());
+        // process died; a crash may leave either behind. A `.trash` that is not a real
+        // folder of the root is left alone (never followed).
+        if let Ok(trash) = confine::open_dir_at(&dir, TRASH_DIR, &path.join(TRASH_DIR)) {
+            for name in confine::entries(&trash).unwrap_or_default() {
+                let _ = confine::remove_tree_at(&trash, &name);
             }
         }
-        staging::remove_abandoned(&path);
+        staging::remove_abandoned(&dir, &path);
         Ok(Root {
             inner: Arc::new(RootInner {
                 catalog: Catalog::new(&path),
                 path,
+                dir,
                 options,
                 host: host_name(),
             }),
         })
     }
 
-    /// The root folder.
+    /// The root folder, resolved (symlinks in the path given to [`Root::open`] followed).
     pub fn path(&self) -> &Path {
         &self.inner.path
+    }
+
+    /// The root folder's descriptor.
+    pub(crate) fn dir_fd(&self) -> rustix::fd::BorrowedFd<'_> {
+        use rustix::fd::AsFd;
+        self.inner.dir.as_fd()
+    }
+
+    /// A private scratch folder `.staging/<purpose>-<random>/`, guarded like a session
+    /// being built: no `Root::open` (in any process) removes it while the handle lives;
+    /// dropped, it is removed (never following a symlink inside it).
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a purpose that is not lowercase ASCII letters and `-`,
+    /// or a `.staging` that is a symlink; [`Error::Io`] when it cannot be created.
+    pub fn scratch(&self, purpose: &str) -> Result<Scratch> {
+        if purpose.is_empty() || !purpose.bytes().all(|b| b.is_ascii_lowercase() || b == b'-') {
+            return Err(Error::invalid(format!(
+                "{purpose:?} is not a scratch purpose"
+            )));
+        }
+        Staged::new(self.dir_fd(), &self.inner.path, purpose).map(|staged| Scratch { staged })
+    }
+
+    /// The folder `name` of the root (e.g. a scratch folder), created when missing. It
+    /// must be a real folder: a symlink (or any other file) there is refused, never
+    /// followed.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] when `name` is not a plain name, or names a symlink or
+    /// another file; [`Error::Io`] when it cannot be created.
+    pub fn confined_dir(&self, name: &str) -> Result<PathBuf> {
+        if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+            return Err(Error::invalid(format!("{name:?} is not a folder name")));
+        }
+        let path = self.inner.path.join(name);
+        confine::ensure_dir_at(self.dir_fd(), name, &path)?;
+        Ok(path)
     }
 
     /// The options in force.
@@ -245,16 +316,15 @@ impl Root {
         self.inner.path.join(id.as_str())
     }
 
-    /// A session folder that exists and is a real directory (not a symlink).
+    /// A session folder that exists and is a real directory (not a symlink), holding a
+    /// session file that is a regular file with no symlink beside it (see
+    /// [`schema::check_session_dir`]).
     fn existing_dir(&self, id: &SessionId) -> Result<PathBuf> {
         let dir = self.session_dir(id);
-        match std::fs::symlink_metadata(&dir) {
-            Ok(m) if m.is_dir() && dir.join(SESSION_FILE).is_file() => Ok(dir),
-            Ok(m) if !m.is_dir() => Err(Error::invalid(format!(
-                "{} is not a confined directory",
-                dir.display()
-            ))),
-            _ => Err(Error::SessionNotFound(id.to_string())),
+        match schema::check_session_dir(&dir) {
+            Ok(()) => Ok(dir),
+            Err(Error::SessionNotFound(_)) => Err(Error::SessionNotFound(id.to_string())),
+            Err(e) => Err(e),
         }
     }
 
@@ -301,7 +371,7 @@ impl Root {
         if self.session_dir(id).exists() {
             return Err(Error::SessionExists(id.to_string()));
         }
-        let staged = Staged::new(&self.inner.path, purpose)?;
+        let staged = Staged::new(self.dir_fd(), &self.inner.path, purpose)?;
         let file = staged.dir().join(SESSION_FILE);
         let mut conn = schema::create_file(&file)?;
         fill(&mut conn)?;
@@ -315,7 +385,7 @@ impl Root {
     /// Renames a staged session folder into place (removing it if that fails) and
     /// records it in the catalog.
     pub(crate) fn publish(&self, staged: Staged, id: &SessionId) -> Result<()> {
-        staged.publish(&self.session_dir(id), id.as_str())?;
+        staged.publish(self.dir_fd(), &self.inner.path, id.as_str())?;
         // The catalog is derived: a session it misses is indexed on the next open.
         drop(self.inner.catalog.touch(self, id));
         Ok(())
@@ -458,7 +528,8 @@ impl Root {
                 continue;
             }
             if let Ok(id) = SessionId::new(name)
-                && entry.path().join(SESSION_FILE).is_file()
+                && std::fs::symlink_metadata(entry.path().join(SESSION_FILE))
+                    .is_ok_and(|m| m.is_file())
             {
                 ids.push(id);
             }

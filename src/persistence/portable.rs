@@ -1,23 +1,26 @@
 //! Export to one self-contained SQLite file, and validated, atomic import of such a file.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rusqlite::{Connection, TransactionBehavior};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::model::SessionId;
 use crate::model::header::Origin;
-use crate::model::ids::random_hex;
-use crate::persistence::verify::{LogValidator, check_integrity, file_and_root};
+use crate::model::{Event, SessionId};
+use crate::persistence::verify::{LogValidator, check_integrity, resolve_target};
 use crate::persistence::{Root, rename_no_replace, sync_dir};
 use crate::store::reader::SessionReader;
-use crate::store::schema;
+use crate::store::schema::{self, Access};
 use crate::store::write::{self, Accepted};
 
 /// Commits inserted per statement batch while copying a log.
 const COPY_BATCH: usize = 256;
+
+/// Payload bytes held for one statement batch at most (the batch is written once it
+/// reaches this, so commits sharing a large blob are not all held at once).
+const COPY_BATCH_BYTES: usize = 32 << 20;
 
 /// What an export wrote.
 #[derive(Clone, Debug, Serialize)]
@@ -46,19 +49,22 @@ fn copy_log(reader: &SessionReader, through: u64, conn: &mut Connection) -> Resu
     let mut validator = LogValidator::new();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let mut pending = Vec::with_capacity(COPY_BATCH);
+    let mut pending_bytes = 0usize;
     let mut commits = 0u64;
     reader.visit(through, |c| {
         let (closed_turns, history) = validator.check(&c)?;
         commits += 1;
+        pending_bytes += c.events.iter().map(Event::payload_len).sum::<usize>();
         pending.push(Arc::new(Accepted {
             commit: Arc::new(c),
             closed_turns,
             history,
             charge: 0,
         }));
-        if pending.len() >= COPY_BATCH {
+        if pending.len() >= COPY_BATCH || pending_bytes >= COPY_BATCH_BYTES {
             write::insert_commits(&tx, &pending)?;
             pending.clear();
+            pending_bytes = 0;
         }
         Ok(())
     })?;
@@ -73,6 +79,49 @@ fn copy_log(reader: &SessionReader, through: u64, conn: &mut Connection) -> Resu
     Ok((commits, through))
 }
 
+/// Checks an export destination and returns its folder (resolved: the user's symlinks
+/// followed) and the destination path in it.
+fn export_destination(dest: &Path) -> Result<(PathBuf, PathBuf)> {
+    match std::fs::symlink_metadata(dest) {
+        Ok(m) if m.is_file() || m.is_symlink() => {
+            return Err(Error::SessionExists(dest.display().to_string()));
+        }
+        Ok(m) => {
+            return Err(Error::invalid(format!(
+                "export destination {} is {}; give the path of a new file",
+                dest.display(),
+                if m.is_dir() {
+                    "a directory"
+                } else {
+                    "not a regular file (a device, FIFO or socket)"
+                }
+            )));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io(format!("stat {}", dest.display()), e)),
+    }
+    let name = dest.file_name().ok_or_else(|| {
+        Error::invalid(format!(
+            "export destination {} has no file name",
+            dest.display()
+        ))
+    })?;
+    let folder = match dest.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let folder = std::fs::canonicalize(folder)
+        .map_err(|e| Error::io(format!("export folder {}", folder.display()), e))?;
+    if !folder.is_dir() {
+        return Err(Error::invalid(format!(
+            "export folder {} is not a directory",
+            folder.display()
+        )));
+    }
+    let dest = folder.join(name);
+    Ok((folder, dest))
+}
+
 impl Root {
     /// Writes a session's durable prefix as one self-contained SQLite file at `destination`
     /// (which must not exist): inherited ranges and blobs materialised, no lineage, lease
@@ -82,27 +131,21 @@ impl Root {
     /// A live session keeps running: flush it first to include its latest commits; the
     /// export holds the durable prefix as of its start.
     ///
+    /// The destination's folder is the user's: its symlinks are followed (resolved once);
+    /// the destination itself and the temporary file are never followed.
+    ///
     /// # Errors
-    /// [`Error::SessionExists`] when the destination exists; read, validation and I/O errors
-    /// (no file is left at the destination).
+    /// [`Error::SessionExists`] when the destination exists (a file or a symlink);
+    /// [`Error::InvalidInput`] when it is a folder, a device or another non-regular file,
+    /// or its folder is not a folder; [`Error::Io`] of kind `NotFound` when its folder is
+    /// missing; read, validation and I/O errors (no file is left at the destination).
     pub fn export(&self, id: &SessionId, destination: impl AsRef<Path>) -> Result<ExportReport> {
-        let dest = destination.as_ref();
-        if std::fs::symlink_metadata(dest).is_ok() {
-            return Err(Error::SessionExists(dest.display().to_string()));
-        }
-        let name = dest.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
-            Error::invalid(format!(
-                "export destination {} has no file name",
-                dest.display()
-            ))
-        })?;
-        let folder = match dest.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => std::path::PathBuf::from("."),
-        };
+        let (folder, dest) = export_destination(destination.as_ref())?;
         let reader = self.open_reader(id)?;
         let through = reader.durable_sequence()?;
-        let temp = folder.join(format!(".{name}.export-{}", random_hex()));
+        // Short, so that any destination name that fits the file system fits here too
+        // (with SQLite's `-journal` suffix); created with `O_NOFOLLOW` by SQLite.
+        let temp = folder.join(format!(".sse-{:016x}.tmp", fastrand::u64(..)));
         let written = (|| {
             let mut conn = schema::create_file(&temp)?;
             write::init_file(&mut conn, reader.header())?;
@@ -111,9 +154,9 @@ impl Root {
                 r.get::<_, String>(0)
             })?;
             schema::finish_staged(conn, &temp)?;
-            check_integrity(&temp)?;
-            let bytes = std::fs::metadata(&temp).map(|m| m.len()).unwrap_or(0);
-            rename_no_replace(&temp, dest, &dest.display().to_string())?;
+            check_integrity(&temp, Access::Shared)?;
+            let bytes = std::fs::symlink_metadata(&temp).map_or(0, |m| m.len());
+            rename_no_replace(&temp, &dest, &dest.display().to_string())?;
             sync_dir(&folder)?;
             Ok(ExportReport {
                 commits,
@@ -122,8 +165,11 @@ impl Root {
             })
         })();
         if written.is_err() {
+            // `remove_file` unlinks; it never follows a symlink.
             let _ = std::fs::remove_file(&temp);
-            let _ = std::fs::remove_file(folder.join(format!("{}-journal", temp.display())));
+            for suffix in schema::SIDECARS {
+                let _ = std::fs::remove_file(schema::sidecar(&temp, suffix));
+            }
         }
         written
     }
@@ -131,16 +177,19 @@ impl Root {
     /// Validates an exported file and publishes it as a new session: application id and
     /// schema version, `integrity_check`, no lineage, contiguous sequences, operation
     /// hashes, blob digests and a full projection replay — all before anything becomes
-    /// visible. The copy is built under `.staging/` and renamed into place.
+    /// visible. The copy is built under `.staging/` and renamed into place. The file is the
+    /// user's: a symlink to it is followed (resolved once), and nothing is created beside
+    /// it (see [`replay`](crate::replay)).
     ///
     /// # Errors
     /// [`Error::SessionExists`] when the target id is taken; [`Error::Corrupt`] or
     /// [`Error::UnsupportedVersion`] for a bad file; [`Error::InvalidInput`] for a file that
-    /// is not self-contained. Nothing is left on disk on failure.
+    /// is not self-contained, or a path that is not a regular file (a FIFO is refused before
+    /// it is opened). Nothing is left on disk on failure.
     pub fn import(&self, file: impl AsRef<Path>, options: ImportOptions) -> Result<SessionId> {
-        let (file, root) = file_and_root(file.as_ref());
-        check_integrity(&file)?;
-        let reader = SessionReader::open_file(&file, &root)?;
+        let target = resolve_target(file.as_ref())?;
+        check_integrity(&target.file, target.access)?;
+        let reader = SessionReader::open_file(&target.file, &target.root, target.access)?;
         if !reader.lineage().is_empty() {
             return Err(Error::invalid(
                 "import is not a self-contained export: it has lineage rows",

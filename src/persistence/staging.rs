@@ -7,11 +7,15 @@
 //! be locked is certainly abandoned: [`remove_abandoned`], run when a root is opened,
 //! removes exactly those and never a folder another process is still building.
 
+use std::ffi::CString;
 use std::path::{Path, PathBuf};
+
+use rustix::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use crate::error::{Error, Result};
 use crate::model::ids::random_hex;
-use crate::persistence::{rename_no_replace, sync_dir};
+use crate::persistence::confine;
+use crate::persistence::{rename_no_replace_at, sync_dir};
 use crate::store::lock::WriterLock;
 
 /// Folder under the root where new sessions are built before publication.
@@ -24,33 +28,44 @@ const GUARD_SUFFIX: &str = ".lock";
 /// [`Staged::publish`]. Dropped unpublished (an error on the way), it is removed.
 #[derive(Debug)]
 pub(crate) struct Staged {
+    /// `.staging`, held open (checked to be a real folder of the root).
+    staging: OwnedFd,
+    /// The folder's name in `.staging`.
+    name: String,
     dir: PathBuf,
-    guard_path: PathBuf,
     /// Held for the folder's whole life under `.staging/`.
     _guard: WriterLock,
     published: bool,
 }
 
+/// Opens (creating it when missing) the root's `.staging`, refusing a symlink there.
+fn open_staging(root: BorrowedFd<'_>, root_path: &Path) -> Result<OwnedFd> {
+    confine::ensure_dir_at(root, STAGING_DIR, &root_path.join(STAGING_DIR))
+}
+
 impl Staged {
-    /// A fresh, empty staging folder `<purpose>-<random>` under `root` (the session id
-    /// is not part of the name, so the longest valid id still fits).
-    pub(crate) fn new(root: &Path, purpose: &str) -> Result<Staged> {
-        let staging = root.join(STAGING_DIR);
-        std::fs::create_dir_all(&staging)
-            .map_err(|e| Error::io(format!("create {}", staging.display()), e))?;
+    /// A fresh, empty staging folder `<purpose>-<random>` under the root whose folder is
+    /// `root` (the session id is not part of the name, so the longest valid id still fits).
+    pub(crate) fn new(root: BorrowedFd<'_>, root_path: &Path, purpose: &str) -> Result<Staged> {
+        let staging = open_staging(root, root_path)?;
+        let staging_path = root_path.join(STAGING_DIR);
         let name = format!("{purpose}-{}", random_hex());
-        let guard_path = staging.join(format!("{name}{GUARD_SUFFIX}"));
-        let guard = WriterLock::try_acquire(&guard_path)?
-            .ok_or_else(|| Error::invalid(format!("{} is held", guard_path.display())))?;
-        let staged = Staged {
-            dir: staging.join(name),
-            guard_path,
+        let guard = WriterLock::try_acquire(&staging_path.join(format!("{name}{GUARD_SUFFIX}")))?
+            .ok_or_else(|| Error::invalid(format!("staging guard of {name} is held")))?;
+        let dir = staging_path.join(&name);
+        rustix::fs::mkdirat(
+            &staging,
+            name.as_str(),
+            rustix::fs::Mode::from_raw_mode(0o777),
+        )
+        .map_err(|e| Error::io(format!("create {}", dir.display()), e.into()))?;
+        Ok(Staged {
+            staging,
+            name,
+            dir,
             _guard: guard,
             published: false,
-        };
-        std::fs::create_dir(&staged.dir)
-            .map_err(|e| Error::io(format!("create {}", staged.dir.display()), e))?;
-        Ok(staged)
+        })
     }
 
     /// The folder being built.
@@ -58,49 +73,68 @@ impl Staged {
         &self.dir
     }
 
-    /// Renames the folder to `target` (never replacing: [`Error::SessionExists`] names
-    /// `id`) and makes the rename durable. On failure the folder is removed.
-    pub(crate) fn publish(mut self, target: &Path, id: &str) -> Result<()> {
-        rename_no_replace(&self.dir, target, id)?;
+    /// Renames the folder to `id` in the root (never replacing: [`Error::SessionExists`]
+    /// names `id`) and makes the rename durable. On failure the folder is removed.
+    pub(crate) fn publish(
+        mut self,
+        root: BorrowedFd<'_>,
+        root_path: &Path,
+        id: &str,
+    ) -> Result<()> {
+        rename_no_replace_at(
+            &self.staging,
+            Path::new(&self.name),
+            root,
+            Path::new(id),
+            id,
+        )?;
         self.published = true;
-        match target.parent() {
-            Some(root) => sync_dir(root),
-            None => Ok(()),
-        }
+        sync_dir(root_path)
     }
 }
 
 impl Drop for Staged {
     fn drop(&mut self) {
-        if !self.published {
-            let _ = std::fs::remove_dir_all(&self.dir);
+        if !self.published
+            && let Ok(name) = CString::new(self.name.as_str())
+        {
+            let _ = confine::remove_tree_at(&self.staging, &name);
         }
         // Removed while still locked: nobody can be waiting on a guard of a random name.
-        let _ = std::fs::remove_file(&self.guard_path);
+        let guard = format!("{}{GUARD_SUFFIX}", self.name);
+        let _ = rustix::fs::unlinkat(&self.staging, guard.as_str(), rustix::fs::AtFlags::empty());
     }
 }
 
-/// Removes the staging folders of `root` that no living process is building (left by a
-/// crash); returns how many. Best effort: a folder that cannot be removed stays.
-pub(crate) fn remove_abandoned(root: &Path) -> usize {
-    let Ok(entries) = std::fs::read_dir(root.join(STAGING_DIR)) else {
+/// Removes the staging folders of the root (folder `root`, resolved path `root_path`)
+/// that no living process is building (left by a crash); returns how many. Best effort:
+/// a folder that cannot be removed stays; a symlink is unlinked; a `.staging` that is not
+/// a real folder of the root is left alone (never followed).
+pub(crate) fn remove_abandoned(root: impl AsFd, root_path: &Path) -> usize {
+    let staging_path = root_path.join(STAGING_DIR);
+    let Ok(staging) = confine::open_dir_at(root, STAGING_DIR, &staging_path) else {
         return 0;
     };
     let mut removed = 0;
-    for entry in entries.flatten() {
-        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+    for name in confine::entries(&staging).unwrap_or_default() {
+        if !confine::is_dir_at(&staging, &name) {
+            // The store never makes a symlink here: unlink one (never follow it).
+            if confine::is_symlink_at(&staging, &name) {
+                let _ = rustix::fs::unlinkat(&staging, &name, rustix::fs::AtFlags::empty());
+            }
             continue;
         }
-        let dir = entry.path();
-        let mut guard_name = entry.file_name();
-        guard_name.push(GUARD_SUFFIX);
-        let guard_path = dir.with_file_name(guard_name);
-        // A folder built by this or another living process has its guard locked.
-        if let Ok(Some(_guard)) = WriterLock::try_acquire(&guard_path) {
-            if std::fs::remove_dir_all(&dir).is_ok() {
+        let Ok(text) = name.to_str() else {
+            continue;
+        };
+        let guard = format!("{text}{GUARD_SUFFIX}");
+        // A folder built by this or another living process has its guard locked (a
+        // guard that is a symlink is refused: the folder stays).
+        if let Ok(Some(_guard)) = WriterLock::try_acquire(&staging_path.join(&guard)) {
+            if confine::remove_tree_at(&staging, &name).is_ok() {
                 removed += 1;
             }
-            let _ = std::fs::remove_file(&guard_path);
+            let _ = rustix::fs::unlinkat(&staging, guard.as_str(), rustix::fs::AtFlags::empty());
         }
     }
     removed
@@ -113,14 +147,15 @@ mod tests {
     #[test]
     fn only_abandoned_folders_are_removed_and_an_error_removes_its_own() {
         let root = tempfile::tempdir().expect("tempdir");
-        let live = Staged::new(root.path(), "create").expect("stage");
+        let (path, fd) = confine::open_root(root.path()).expect("root");
+        let live = Staged::new(fd.as_fd(), &path, "create").expect("stage");
         std::fs::write(live.dir().join("session.sqlite"), b"x").expect("write");
         // An abandoned folder: no living guard (as after a SIGKILL).
         let abandoned = root.path().join(STAGING_DIR).join("import-0123");
         std::fs::create_dir(&abandoned).expect("mkdir");
         std::fs::write(abandoned.join("session.sqlite"), b"y").expect("write");
 
-        assert_eq!(remove_abandoned(root.path()), 1);
+        assert_eq!(remove_abandoned(&fd, &path), 1);
         assert!(!abandoned.exists());
         assert!(
             live.dir().join("session.sqlite").is_file(),
@@ -142,16 +177,17 @@ mod tests {
     #[test]
     fn publish_moves_the_folder_and_never_replaces() {
         let root = tempfile::tempdir().expect("tempdir");
-        let target = root.path().join("s1");
-        let staged = Staged::new(root.path(), "create").expect("stage");
+        let (path, fd) = confine::open_root(root.path()).expect("root");
+        let target = path.join("s1");
+        let staged = Staged::new(fd.as_fd(), &path, "create").expect("stage");
         std::fs::write(staged.dir().join("f"), b"1").expect("write");
-        staged.publish(&target, "s1").expect("publish");
+        staged.publish(fd.as_fd(), &path, "s1").expect("publish");
         assert!(target.join("f").is_file());
 
-        let second = Staged::new(root.path(), "create").expect("stage");
+        let second = Staged::new(fd.as_fd(), &path, "create").expect("stage");
         let dir = second.dir().to_path_buf();
         assert!(matches!(
-            second.publish(&target, "s1"),
+            second.publish(fd.as_fd(), &path, "s1"),
             Err(Error::SessionExists(_))
         ));
         assert!(!dir.exists(), "a refused publication removes its folder");

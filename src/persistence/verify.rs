@@ -1,7 +1,7 @@
 //! Validation of a whole log: the checks shared by `replay`, export and import.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::model::header::Header;
@@ -9,7 +9,7 @@ use crate::model::projection::HistoryChange;
 use crate::model::{Commit, Projection, TurnBoundary};
 use crate::store::read::HistoryRow;
 use crate::store::reader::SessionReader;
-use crate::store::schema::{self, SESSION_FILE};
+use crate::store::schema::{self, Access, SESSION_FILE};
 
 /// The result of [`replay`]: every commit, validated, and their projection.
 #[derive(Clone, Debug)]
@@ -133,8 +133,8 @@ impl HistoryIndex {
 }
 
 /// `PRAGMA integrity_check` and `foreign_key_check` on an untrusted file.
-pub(crate) fn check_integrity(file: &Path) -> Result<()> {
-    let conn = schema::open_reader(file)?;
+pub(crate) fn check_integrity(file: &Path, access: Access) -> Result<()> {
+    let conn = schema::open_reader_with(file, access)?;
     let verdict: String = conn.query_row("PRAGMA integrity_check(1)", [], |r| r.get(0))?;
     if verdict != "ok" {
         return Err(Error::corrupt(format!("integrity_check: {verdict}")));
@@ -151,47 +151,126 @@ pub(crate) fn check_integrity(file: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Splits a path into the session file and the root its ancestors live in.
-pub(crate) fn file_and_root(path: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
-    if path.is_dir() {
-        (
-            path.join(SESSION_FILE),
-            path.parent().unwrap_or(path).to_path_buf(),
-        )
-    } else {
-        let root = path
-            .parent()
-            .and_then(Path::parent)
-            .unwrap_or(Path::new("."));
-        (path.to_path_buf(), root.to_path_buf())
+/// A session file given by path, resolved.
+pub(crate) struct Target {
+    /// The session file (no symlink in its path).
+    pub(crate) file: PathBuf,
+    /// The root its ancestors live in.
+    pub(crate) root: PathBuf,
+    /// How to open it.
+    pub(crate) access: Access,
+}
+
+/// Resolves a session folder or a session file given by path. The path is the user's:
+/// its symlinks are followed (resolved once here). A folder is a session folder of a root
+/// (its file is opened shared, its ancestors are its siblings); a file is opened
+/// immutable unless a `-wal` or `-journal` is beside it (see [`Access`]), so nothing is
+/// ever created beside a user's file.
+///
+/// # Errors
+/// [`Error::SessionNotFound`] for a missing path; [`Error::InvalidInput`] for anything but
+/// a folder or a regular file (a FIFO is refused before it is opened, so nothing blocks),
+/// or a session file with a symlink beside it.
+pub(crate) fn resolve_target(path: &Path) -> Result<Target> {
+    let resolved = std::fs::canonicalize(path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            Error::SessionNotFound(path.display().to_string())
+        } else {
+            Error::io(format!("resolve {}", path.display()), e)
+        }
+    })?;
+    let meta = std::fs::metadata(&resolved)
+        .map_err(|e| Error::io(format!("stat {}", resolved.display()), e))?;
+    if meta.is_dir() {
+        let file = resolved.join(SESSION_FILE);
+        schema::check_file(&file)?;
+        let root = resolved.parent().unwrap_or(&resolved).to_path_buf();
+        return Ok(Target {
+            file,
+            root,
+            access: Access::Shared,
+        });
     }
+    if !meta.is_file() {
+        return Err(schema::not_regular(path, &meta));
+    }
+    schema::check_file(&resolved)?;
+    let root = resolved
+        .parent()
+        .and_then(Path::parent)
+        .unwrap_or(Path::new("/"))
+        .to_path_buf();
+    Ok(Target {
+        access: Access::for_user_file(&resolved),
+        file: resolved,
+        root,
+    })
+}
+
+/// What [`verify`] found in a sound log: the counts and the projection, not the commits.
+#[derive(Clone, Debug)]
+pub struct Verified {
+    /// The header row.
+    pub header: Header,
+    /// Durable commits.
+    pub commits: u64,
+    /// The last sequence (0 for an empty log).
+    pub events: u64,
+    /// The fold of all commits.
+    pub projection: Projection,
+}
+
+/// Checks a session file (or folder) as [`replay`] does and hands each validated commit
+/// to `f`, one page in memory at a time.
+fn validate_each(path: &Path, mut f: impl FnMut(Commit)) -> Result<Verified> {
+    let target = resolve_target(path)?;
+    check_integrity(&target.file, target.access)?;
+    let reader = SessionReader::open_file(&target.file, &target.root, target.access)?;
+    let mut validator = LogValidator::new();
+    let mut commits = 0u64;
+    let mut index = HistoryIndex::default();
+    reader.visit(u64::MAX, |c| {
+        let (_, history) = validator.check(&c)?;
+        index.add(&history);
+        commits += 1;
+        f(c);
+        Ok(())
+    })?;
+    if let Some(stored) = reader.history_index(validator.last_seq())? {
+        index.compare(stored)?;
+    }
+    Ok(Verified {
+        header: reader.header().clone(),
+        commits,
+        events: validator.last_seq(),
+        projection: validator.into_projection(),
+    })
 }
 
 /// Reads and validates every commit of a session file (or a session folder): structure
 /// (`integrity_check`), contiguous sequences from 1, operation hashes, blob digests, known
 /// kinds, and a full fold. Ancestors of a fork are resolved as siblings of its folder.
 ///
+/// Keeps every commit in memory; [`verify`] makes the same checks in bounded memory.
+///
 /// # Errors
-/// [`Error::Corrupt`] naming the first problem; [`Error::SessionNotFound`] for a missing file.
+/// [`Error::Corrupt`] naming the first problem; [`Error::SessionNotFound`] for a missing file;
+/// [`Error::InvalidInput`] for a path that is neither a folder nor a regular file.
 pub fn replay(path: impl AsRef<Path>) -> Result<Replay> {
-    let (file, root) = file_and_root(path.as_ref());
-    check_integrity(&file)?;
-    let reader = SessionReader::open_file(&file, &root)?;
-    let mut validator = LogValidator::new();
     let mut commits = Vec::new();
-    let mut index = HistoryIndex::default();
-    reader.visit(u64::MAX, |c| {
-        let (_, history) = validator.check(&c)?;
-        index.add(&history);
-        commits.push(c);
-        Ok(())
-    })?;
-    if let Some(stored) = reader.history_index(validator.last_seq())? {
-        index.compare(stored)?;
-    }
+    let verified = validate_each(path.as_ref(), |c| commits.push(c))?;
     Ok(Replay {
-        header: reader.header().clone(),
+        header: verified.header,
         commits,
-        projection: validator.into_projection(),
+        projection: verified.projection,
     })
+}
+
+/// Makes every check of [`replay`] without keeping the commits: memory follows one page
+/// of the log and the projection, not the log's length.
+///
+/// # Errors
+/// As [`replay`].
+pub fn verify(path: impl AsRef<Path>) -> Result<Verified> {
+    validate_each(path.as_ref(), drop)
 }

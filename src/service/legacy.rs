@@ -40,13 +40,37 @@ pub struct MigrationRecord {
     pub torn_last_line: bool,
 }
 
-/// Parses the transcript; a last line without a newline that does not parse is torn.
+/// A `message/complete` payload, serialized from the message's own JSON text (a `json!`
+/// tree would refuse numbers like `1e999` and deep nesting).
+#[derive(Serialize)]
+struct MessageOf<'a> {
+    message: &'a Message,
+}
+
+/// Parses the transcript; a last line without a newline that does not parse (or is cut
+/// inside a UTF-8 character) is torn. Any other line that is not UTF-8 is refused, never
+/// repaired: a migration copies messages exactly or not at all.
 fn parse_transcript(bytes: &[u8], branch: &str, digest: &str) -> Result<(Vec<Message>, bool)> {
-    let text = String::from_utf8_lossy(bytes);
-    let lines: Vec<&str> = text.split('\n').collect();
+    let lines: Vec<&[u8]> = bytes.split(|b| *b == b'\n').collect();
     let mut messages = Vec::new();
     let mut torn = false;
-    for (n, line) in lines.iter().enumerate() {
+    for (n, raw) in lines.iter().enumerate() {
+        let last = n + 1 == lines.len();
+        let line = match std::str::from_utf8(raw) {
+            Ok(line) => line,
+            Err(_) if last => {
+                torn = true;
+                continue;
+            }
+            Err(e) => {
+                return Err(Error::invalid(format!(
+                    "legacy line {} is not UTF-8 (invalid byte at offset {} of the line); \
+                     the transcript was left unchanged and nothing was migrated",
+                    n + 1,
+                    e.valid_up_to()
+                )));
+            }
+        };
         if line.trim().is_empty() {
             continue;
         }
@@ -60,11 +84,32 @@ fn parse_transcript(bytes: &[u8], branch: &str, digest: &str) -> Result<(Vec<Mes
                 ])));
             }
             Ok(m) => messages.push(m),
-            Err(_) if n + 1 == lines.len() => torn = true,
+            Err(_) if last => torn = true,
             Err(e) => return Err(Error::invalid(format!("legacy line {}: {e}", n + 1))),
         }
     }
     Ok((messages, torn))
+}
+
+/// The transcript up to and including the message whose id is `head` ("" keeps it all).
+///
+/// # Errors
+/// [`Error::InvalidInput`] when no message has that id (nothing is migrated).
+fn cut_at_head(mut messages: Vec<Message>, head: &str) -> Result<Vec<Message>> {
+    if head.is_empty() {
+        return Ok(messages);
+    }
+    let at = messages
+        .iter()
+        .position(|m| m.id() == head)
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "legacy head {} is not the id of a message of the transcript",
+                crate::error::quoted(head)
+            ))
+        })?;
+    messages.truncate(at + 1);
+    Ok(messages)
 }
 
 /// Publishes the canonical session for a legacy transcript, filled before it becomes
@@ -85,6 +130,7 @@ pub(crate) fn migrate(root: &Root, source: &Path, head: &str) -> Result<Migratio
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
     let (messages, torn) = parse_transcript(&bytes, &branch, &digest)?;
+    let messages = cut_at_head(messages, head)?;
     let provenance = json!({
         "source_path": path_text,
         "source_size": bytes.len(),
@@ -96,7 +142,7 @@ pub(crate) fn migrate(root: &Root, source: &Path, head: &str) -> Result<Migratio
         for (n, chunk) in messages.chunks(MESSAGES_PER_BATCH).enumerate() {
             let events = chunk
                 .iter()
-                .map(|m| Event::new("message/complete").with_payload(&json!({ "message": m })))
+                .map(|message| Event::new("message/complete").with_payload(&MessageOf { message }))
                 .collect::<Result<Vec<_>>>()?;
             session.append(Batch::new(
                 format!("legacy-import:{digest}:messages:{n}"),

@@ -159,8 +159,9 @@ impl Service {
     fn check_ref(&self, r: &SessionRef) -> Result<()> {
         if r.host_id != self.inner.host_id {
             return Err(Error::invalid(format!(
-                "session ref host {:?} is not this service's host {:?}",
-                r.host_id, self.inner.host_id
+                "session ref host {} is not this service's host {}",
+                crate::error::quoted(&r.host_id),
+                crate::error::quoted(&self.inner.host_id)
             )));
         }
         Ok(())
@@ -555,10 +556,13 @@ impl Service {
 
     /// Continues a legacy transcript (one message JSON per line) as a new session with a
     /// deterministic id; the source file is never written. A second call reuses it.
+    /// `head` freezes the transcript at the message with that id (inclusive); "" keeps it
+    /// all.
     ///
     /// # Errors
     /// [`Error::Io`] for an unreadable source; [`Error::InvalidInput`] for a line that is
-    /// not a message (other than a torn last line).
+    /// not a message or not UTF-8 (other than a torn last line), or a `head` that no
+    /// message has.
     pub async fn continue_legacy(
         &self,
         source: impl AsRef<Path>,

@@ -166,7 +166,12 @@ fn history_cursor(snapshot: u64, before: u64) -> String {
 }
 
 fn parse_history_cursor(cursor: &str) -> Result<(u64, u64)> {
-    let bad = || Error::invalid(format!("invalid history cursor {cursor:?}"));
+    let bad = || {
+        Error::invalid(format!(
+            "invalid history cursor {}",
+            crate::error::quoted(cursor)
+        ))
+    };
     let mut parts = cursor.strip_prefix("h1.").ok_or_else(bad)?.split('.');
     let snapshot = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
     let before = parts
@@ -185,8 +190,8 @@ impl Query {
     fn check(&self, r: &SessionRef) -> Result<()> {
         if r.host_id != self.service.host_id() {
             return Err(Error::invalid(format!(
-                "session ref host {:?} is not this service's",
-                r.host_id
+                "session ref host {} is not this service's",
+                crate::error::quoted(&r.host_id)
             )));
         }
         Ok(())
@@ -364,26 +369,29 @@ impl Query {
         let query = self.clone();
         let id = r.session_id.clone();
         blocking(move || {
-            let (runtime, mut commits) = match &live {
-                Some(rt) => (
-                    Some(rt.snapshot()),
-                    rt.session().accepted_commits(cursor, limit + 1)?,
-                ),
+            // `end`: the last sequence there is to observe (a page may stop short of it).
+            let (runtime, end, mut commits) = match &live {
+                Some(rt) => {
+                    let snapshot = rt.snapshot();
+                    let end = snapshot.session.event_sequence;
+                    let commits = rt.session().accepted_commits(cursor, limit + 1)?;
+                    (Some(snapshot), end, commits)
+                }
                 None => {
                     let reader = query.cold_reader(&id)?;
-                    (
-                        None,
-                        reader
-                            .commits(cursor, limit + 1)?
-                            .into_iter()
-                            .map(Arc::new)
-                            .collect(),
-                    )
+                    let end = reader.durable_sequence()?;
+                    let commits = reader
+                        .commits(cursor, limit + 1)?
+                        .into_iter()
+                        .map(Arc::new)
+                        .collect();
+                    (None, end, commits)
                 }
             };
-            let truncated = commits.len() > limit;
+            let mut truncated = commits.len() > limit;
             commits.truncate(limit);
             let next = commits.last().map_or(cursor, |c| c.last_seq());
+            truncated |= next < end;
             Ok(ObserveResult {
                 runtime,
                 events: EventPage {

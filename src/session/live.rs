@@ -280,7 +280,8 @@ impl Session {
     }
 
     /// Accepted commits with `last_seq > after`: durable ones from the file, then the
-    /// in-memory tail; at most `limit`.
+    /// in-memory tail; at most `limit` (fewer when the durable page stops at its byte
+    /// bound, see [`SessionReader::commits`]).
     ///
     /// # Errors
     /// Read errors of the durable part.
@@ -303,7 +304,10 @@ impl Session {
             Vec::new()
         };
         let covered = out.last().map_or(after, |c| c.last_seq());
-        out.extend(tail.into_iter().filter(|c| c.last_seq() > covered));
+        // A durable page cut short by its byte bound continues there, not in the tail.
+        if covered >= durable {
+            out.extend(tail.into_iter().filter(|c| c.last_seq() > covered));
+        }
         out.truncate(limit);
         Ok(out)
     }
@@ -448,6 +452,7 @@ impl Shared {
             });
         }
         let fold = s.projection.prepare(&batch.events)?;
+        s.projection.check_turn_nesting(&fold)?;
         let first_seq = s.next_seq;
         let mut events = batch.events;
         for (i, e) in events.iter_mut().enumerate() {

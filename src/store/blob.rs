@@ -35,7 +35,8 @@ pub(crate) fn decode(digest: &str, bytes: u64, encoding: &str, data: Vec<u8>) ->
             .map_err(|e| Error::corrupt(format!("blob {digest} does not decompress: {e}")))?,
         other => {
             return Err(Error::corrupt(format!(
-                "blob {digest} has encoding {other:?}"
+                "blob {digest} has encoding {}",
+                crate::error::quoted(other)
             )));
         }
     };

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::cancel::CancelToken;
 use crate::error::{Error, Result, WriterOwner};
+use crate::store::schema::{NO_FOLLOW, open_no_follow};
 
 /// How often a blocking acquire polls the lock.
 const POLL: Duration = Duration::from_millis(10);
@@ -21,14 +22,30 @@ pub(crate) struct WriterLock {
     file: File,
 }
 
+/// Opens (creating) a lock file without following a symlink: a symlink there is
+/// [`Error::InvalidInput`] and the file it points to is left untouched.
 fn open_lock_file(path: &Path) -> Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
     OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
+        .custom_flags(NO_FOLLOW)
         .open(path)
-        .map_err(|e| Error::io(format!("open {}", path.display()), e))
+        .map_err(|e| refused_or_io(path, e))
+}
+
+/// `ELOOP` from an `O_NOFOLLOW` open is a symlink: a clear refusal; anything else is I/O.
+fn refused_or_io(path: &Path, e: std::io::Error) -> Error {
+    if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) {
+        Error::invalid(format!(
+            "{} is a symlink; refused (a lock file must be a regular file of the session folder)",
+            path.display()
+        ))
+    } else {
+        Error::io(format!("open {}", path.display()), e)
+    }
 }
 
 impl WriterLock {
@@ -110,7 +127,7 @@ pub(crate) fn recorded_owner(path: &Path) -> Option<WriterOwner> {
     let mut provisional = None;
     while std::time::Instant::now() < deadline {
         let mut text = String::new();
-        let read = File::open(path).and_then(|mut f| f.read_to_string(&mut text));
+        let read = open_no_follow(path).and_then(|mut f| f.read_to_string(&mut text));
         if let (Ok(_), Ok(owner)) = (read, serde_json::from_str::<WriterOwner>(&text))
             && process_alive(owner.pid)
         {

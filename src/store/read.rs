@@ -2,6 +2,7 @@
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 use crate::error::{Error, Result, WriterOwner};
 use crate::model::event::{commit_row_hash, derived_event_id, raw_json};
@@ -12,6 +13,11 @@ use crate::store::blob;
 
 /// Media type of payload blobs.
 pub(crate) const JSON_MEDIA_TYPE: &str = "application/json";
+
+/// Payload bytes one page of commits holds at most before it is cut at the next commit
+/// boundary (a page holds at least one commit, whatever its size). Many commits that
+/// share one large blob would otherwise each bring a decoded copy into the page.
+pub(crate) const PAGE_BYTES: u64 = 32 << 20;
 
 /// One ancestor of a fork and the range of sequences it supplies: `(after_seq, through_seq]`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -71,8 +77,9 @@ pub(crate) fn read_header(conn: &Connection) -> Result<Header> {
             .map(SessionId::new)
             .transpose()
             .map_err(|e| Error::corrupt(format!("header parent: {e}")))?,
-        origin: Origin::parse(&origin)
-            .ok_or_else(|| Error::corrupt(format!("header origin {origin:?}")))?,
+        origin: Origin::parse(&origin).ok_or_else(|| {
+            Error::corrupt(format!("header origin {}", crate::error::quoted(&origin)))
+        })?,
         provenance: provenance
             .map(|p| serde_json::from_str(&p))
             .transpose()
@@ -367,16 +374,22 @@ pub(crate) fn lookup_operation(conn: &Connection, operation_id: &str) -> Result<
         return Ok(None);
     };
     let mut commits = vec![(commit, last)];
-    attach_events(conn, &mut commits)?;
+    // One commit: read whole, whatever its size.
+    let mut unbounded = u64::MAX;
+    attach_events(conn, &mut commits, &mut unbounded)?;
     Ok(commits.pop().map(|(c, _)| c))
 }
 
 /// Whole commits with `last_seq` in `(after, through]`, at most `limit`, with events.
+/// `budget` is the payload bytes the page may still take: the page is cut at the first
+/// commit boundary once it is spent (a first commit is always read whole), and what the
+/// page took is subtracted.
 pub(crate) fn read_commits(
     conn: &Connection,
     after: u64,
     through: u64,
     limit: usize,
+    budget: &mut u64,
 ) -> Result<Vec<Commit>> {
     let mut stmt = conn.prepare_cached(&format!(
         "SELECT {COMMIT_COLUMNS} FROM commits
@@ -390,12 +403,19 @@ pub(crate) fn read_commits(
             commit_row,
         )?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    attach_events(conn, &mut commits)?;
+    attach_events(conn, &mut commits, budget)?;
     Ok(commits.into_iter().map(|(c, _)| c).collect())
 }
 
 /// Loads the events of `commits` (contiguous, ascending) and checks each commit is whole.
-fn attach_events(conn: &Connection, commits: &mut [(Commit, u64)]) -> Result<()> {
+/// Stops at the first commit boundary after `budget` payload bytes (dropping the commits
+/// not reached) and subtracts the bytes it loaded. A blob referenced several times is
+/// read, decompressed and verified once per call.
+fn attach_events(
+    conn: &Connection,
+    commits: &mut Vec<(Commit, u64)>,
+    budget: &mut u64,
+) -> Result<()> {
     let (Some(first), Some(last)) = (commits.first(), commits.last()) else {
         return Ok(());
     };
@@ -406,10 +426,15 @@ fn attach_events(conn: &Connection, commits: &mut [(Commit, u64)]) -> Result<()>
     )?;
     let mut rows = stmt.query(params![from, to])?;
     let mut index = 0usize;
+    let mut blobs: rustc_hash::FxHashMap<String, (Box<RawValue>, u64)> = Default::default();
     while let Some(r) = rows.next()? {
         let seq: u64 = r.get(0)?;
         while index < commits.len() && commits[index].1 < seq {
             index += 1;
+        }
+        if index > 0 && *budget == 0 && commits.get(index).is_some_and(|c| c.0.first_seq == seq) {
+            commits.truncate(index);
+            break;
         }
         let Some((commit, last)) = commits.get_mut(index) else {
             break;
@@ -425,17 +450,23 @@ fn attach_events(conn: &Connection, commits: &mut [(Commit, u64)]) -> Result<()>
                 None,
             ),
             (None, Some(digest)) => {
-                let raw = read_blob(conn, &digest)?.ok_or_else(|| {
-                    Error::corrupt(format!("event {seq} references missing blob {digest}"))
-                })?;
-                let bytes = raw.len() as u64;
-                let text = String::from_utf8(raw)
-                    .map_err(|_| Error::corrupt(format!("blob {digest} is not UTF-8")))?;
+                let (payload, bytes) = match blobs.get(&digest) {
+                    Some((payload, bytes)) => (payload.clone(), *bytes),
+                    None => {
+                        let raw = read_blob(conn, &digest)?.ok_or_else(|| {
+                            Error::corrupt(format!("event {seq} references missing blob {digest}"))
+                        })?;
+                        let bytes = raw.len() as u64;
+                        let text = String::from_utf8(raw)
+                            .map_err(|_| Error::corrupt(format!("blob {digest} is not UTF-8")))?;
+                        let payload = raw_json(text)
+                            .map_err(|e| Error::corrupt(format!("blob {digest}: {e}")))?;
+                        blobs.insert(digest.clone(), (payload.clone(), bytes));
+                        (payload, bytes)
+                    }
+                };
                 (
-                    Some(
-                        raw_json(text)
-                            .map_err(|e| Error::corrupt(format!("blob {digest}: {e}")))?,
-                    ),
+                    Some(payload),
                     Some(ContentRef {
                         digest,
                         bytes,
@@ -450,6 +481,8 @@ fn attach_events(conn: &Connection, commits: &mut [(Commit, u64)]) -> Result<()>
                 )));
             }
         };
+        let taken = payload.as_deref().map_or(0, |p| p.get().len() as u64);
+        *budget = budget.saturating_sub(taken);
         let id = match r.get::<_, Option<String>>(1)? {
             Some(id) => id,
             None => derived_event_id(&commit.commit_id, (seq - commit.first_seq) as usize),

@@ -15,7 +15,7 @@ use crate::model::event::{inherited_operation_id, rehash_commit};
 use crate::model::header::Header;
 use crate::model::{Commit, ContentRef, Message, Projection, SessionId, TurnBoundary};
 use crate::store::read::{self, Dependent, HistoryRow, LineageEntry};
-use crate::store::schema::{self, SESSION_FILE};
+use crate::store::schema::{self, Access, SESSION_FILE};
 
 /// One thread, shared by every read pool of the process, for r2d2's housekeeping.
 static POOL_THREADS: LazyLock<Arc<ScheduledThreadPool>> = LazyLock::new(|| {
@@ -59,11 +59,11 @@ impl ReadPool {
     }
 }
 
-fn read_pool(file: &Path) -> Result<ReadPool> {
+fn read_pool(file: &Path, access: Access) -> Result<ReadPool> {
     if !file.is_file() {
         return Err(Error::SessionNotFound(file.display().to_string()));
     }
-    let manager = SqliteConnectionManager::file(file)
+    let manager = SqliteConnectionManager::file(access.name(file))
         .with_flags(schema::reader_flags())
         .with_init(schema::init_reader);
     let pool = Pool::builder()
@@ -159,13 +159,23 @@ fn build_layout(
         if entry.after_seq > covered {
             segments.push(own_segment(covered, entry.after_seq));
         }
-        let ancestor = root.join(entry.ancestor_id.as_str()).join(SESSION_FILE);
-        let pool = read_pool(&ancestor).map_err(|_| {
-            Error::corrupt(format!(
-                "session {} inherits from {}, which is missing",
+        let ancestor_dir = root.join(entry.ancestor_id.as_str());
+        let ancestor = ancestor_dir.join(SESSION_FILE);
+        // A symlink there is refused now, not by SQLite at the first read.
+        let pool = match schema::check_session_dir(&ancestor_dir) {
+            Err(Error::InvalidInput(why)) => Err(Error::invalid(format!(
+                "session {} inherits from {}: {why}",
                 header.session_id, entry.ancestor_id
-            ))
-        })?;
+            ))),
+            checked => checked
+                .and_then(|()| read_pool(&ancestor, Access::Shared))
+                .map_err(|_| {
+                    Error::corrupt(format!(
+                        "session {} inherits from {}, which is missing",
+                        header.session_id, entry.ancestor_id
+                    ))
+                }),
+        }?;
         segments.push(Segment {
             source: entry.ancestor_id.clone(),
             after: entry.after_seq,
@@ -194,8 +204,9 @@ fn check_commit(expected: u64, c: &Commit) -> Result<u64> {
     }
     if rehash_commit(c) != c.operation_hash {
         return Err(Error::corrupt(format!(
-            "commit at {}: events do not match operation hash of {:?}",
-            c.first_seq, c.operation_id
+            "commit at {}: events do not match operation hash of {}",
+            c.first_seq,
+            crate::error::quoted(&c.operation_id)
         )));
     }
     Ok(c.last_seq())
@@ -204,12 +215,17 @@ fn check_commit(expected: u64, c: &Commit) -> Result<u64> {
 impl SessionReader {
     /// Opens the session file in the session folder `dir` (ancestors are its siblings).
     pub(crate) fn open(dir: &Path) -> Result<SessionReader> {
-        Self::open_file(&dir.join(SESSION_FILE), dir.parent().unwrap_or(dir))
+        Self::open_file(
+            &dir.join(SESSION_FILE),
+            dir.parent().unwrap_or(dir),
+            Access::Shared,
+        )
     }
 
-    /// Opens a session file, resolving ancestors as `<root>/<ancestor>/session.sqlite`.
-    pub(crate) fn open_file(file: &Path, root: &Path) -> Result<SessionReader> {
-        let own = read_pool(file)?;
+    /// Opens a session file with `access`, resolving ancestors as
+    /// `<root>/<ancestor>/session.sqlite`.
+    pub(crate) fn open_file(file: &Path, root: &Path, access: Access) -> Result<SessionReader> {
+        let own = read_pool(file, access)?;
         let conn = own.get()?;
         schema::check_format(&conn)?;
         let header = read::read_header(&conn)?;
@@ -298,6 +314,11 @@ impl SessionReader {
     /// stream is: each follows the one before without a gap (the first holds `after + 1`)
     /// and its events match its operation hash.
     ///
+    /// A page also stops at the first commit boundary after 32 MiB of payload text (it
+    /// holds at least one commit), so memory follows the page, not how often a large
+    /// blob is referenced: a page shorter than `limit` is not the end of the log, ask
+    /// again after its last sequence until [`SessionReader::durable_sequence`].
+    ///
     /// # Errors
     /// [`Error::Corrupt`] for damaged rows or blobs, a gap or a hash mismatch; SQLite errors.
     pub fn commits(&self, after: u64, limit: usize) -> Result<Vec<Commit>> {
@@ -313,7 +334,8 @@ impl SessionReader {
         Ok(page)
     }
 
-    /// Whole durable commits with `last_seq` in `(after, through]`, at most `limit`.
+    /// Whole durable commits with `last_seq` in `(after, through]`, at most `limit` and
+    /// about [`read::PAGE_BYTES`] of payload.
     fn commits_through(&self, after: u64, through: u64, limit: usize) -> Result<Vec<Commit>> {
         match self.read_segments(&self.layout(), after, through, limit) {
             // An ancestor may have been deleted after its range was copied here.
@@ -333,8 +355,9 @@ impl SessionReader {
         limit: usize,
     ) -> Result<Vec<Commit>> {
         let mut out = Vec::new();
+        let mut budget = read::PAGE_BYTES;
         for segment in &layout.segments {
-            if out.len() >= limit || segment.after >= through {
+            if out.len() >= limit || budget == 0 || segment.after >= through {
                 break;
             }
             if segment.through <= after {
@@ -349,8 +372,13 @@ impl SessionReader {
             }
             let conn = segment.pool.get()?;
             let from = after.max(segment.after);
-            let page =
-                read::read_commits(&conn, from, segment.through.min(through), limit - out.len())?;
+            let page = read::read_commits(
+                &conn,
+                from,
+                segment.through.min(through),
+                limit - out.len(),
+                &mut budget,
+            )?;
             out.extend(page.into_iter().map(|mut c| {
                 if segment.inherited {
                     c.operation_id = inherited_operation_id(segment.source.as_str(), &c);
@@ -562,8 +590,10 @@ impl SessionReader {
             }
         }
         let mut out = Vec::with_capacity(limit);
+        // The positions of one `history/replace` are adjacent: its payload is read once.
+        let mut replaced: Option<(u64, Vec<Message>)> = None;
         for (row, seg) in newest.into_values().rev().take(limit) {
-            let body = self.history_body(&row, seg)?;
+            let body = self.history_body(&row, seg, &mut replaced)?;
             out.push((row, body));
         }
         Ok(out)
@@ -589,7 +619,19 @@ impl SessionReader {
         Ok(Some((rows, resets)))
     }
 
-    fn history_body(&self, row: &HistoryRow, seg: &Segment) -> Result<HistoryBody> {
+    /// The message of one history entry; `replaced` keeps the messages of the last bulk
+    /// replacement read, keyed by its event sequence.
+    fn history_body(
+        &self,
+        row: &HistoryRow,
+        seg: &Segment,
+        replaced: &mut Option<(u64, Vec<Message>)>,
+    ) -> Result<HistoryBody> {
+        if let (Some(i), Some((seq, messages))) = (row.item, replaced.as_ref())
+            && *seq == row.event_seq
+        {
+            return Self::replaced_item(messages, i, row.event_seq);
+        }
         let conn = seg.pool.get()?;
         let (inline, digest) = read::read_event_payload(&conn, row.event_seq)?;
         let text = match (inline, digest) {
@@ -625,19 +667,26 @@ impl SessionReader {
                     .map_err(bad)?
                     .message
             }
-            Some(i) => serde_json::from_str::<MessagesOf>(&text)
-                .map_err(bad)?
-                .messages
-                .into_iter()
-                .nth(i as usize)
-                .ok_or_else(|| {
-                    Error::corrupt(format!(
-                        "history item {i} of event {} is missing",
-                        row.event_seq
-                    ))
-                })?,
+            Some(i) => {
+                let messages = serde_json::from_str::<MessagesOf>(&text)
+                    .map_err(bad)?
+                    .messages;
+                let (_, kept) = replaced.insert((row.event_seq, messages));
+                return Self::replaced_item(kept, i, row.event_seq);
+            }
         };
         Ok(HistoryBody::Inline(Arc::new(message)))
+    }
+
+    /// Item `i` of the messages a bulk replacement at `event_seq` holds.
+    fn replaced_item(messages: &[Message], i: u64, event_seq: u64) -> Result<HistoryBody> {
+        let message = usize::try_from(i)
+            .ok()
+            .and_then(|i| messages.get(i))
+            .ok_or_else(|| {
+                Error::corrupt(format!("history item {i} of event {event_seq} is missing"))
+            })?;
+        Ok(HistoryBody::Inline(Arc::new(message.clone())))
     }
 
     /// The commit that recorded `operation_id` in this session's own file.

@@ -66,6 +66,84 @@ impl Durability {
     }
 }
 
+/// The files SQLite keeps beside a database file `F`: `F-wal`, `F-shm`, `F-journal`.
+pub(crate) const SIDECARS: [&str; 3] = ["-wal", "-shm", "-journal"];
+
+/// `file` with `suffix` appended (one of [`SIDECARS`]).
+pub(crate) fn sidecar(file: &Path, suffix: &str) -> PathBuf {
+    let mut name = file.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+/// Checks, without following any symlink, that `file` is a regular file and that none of
+/// SQLite's files beside it ([`SIDECARS`]) is a symlink or anything but a regular file.
+/// (SQLite opens those with `O_NOFOLLOW` and would fail with a bare "unable to open
+/// database file"; this names the culprit before anything is opened.)
+///
+/// # Errors
+/// [`Error::SessionNotFound`] when `file` is missing; [`Error::InvalidInput`] naming the
+/// symlink or other non-regular file.
+pub(crate) fn check_file(file: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(file) {
+        Ok(m) if m.is_file() => {}
+        Ok(m) => return Err(not_regular(file, &m)),
+        Err(_) => return Err(Error::SessionNotFound(file.display().to_string())),
+    }
+    for suffix in SIDECARS {
+        let side = sidecar(file, suffix);
+        if let Ok(m) = std::fs::symlink_metadata(&side)
+            && !m.is_file()
+        {
+            return Err(not_regular(&side, &m));
+        }
+    }
+    Ok(())
+}
+
+/// `O_NOFOLLOW` for `OpenOptionsExt::custom_flags` (a C `int` flag).
+pub(crate) const NO_FOLLOW: i32 = rustix::fs::OFlags::NOFOLLOW.bits().cast_signed();
+
+/// Opens `path` read-only without following a symlink (`O_NOFOLLOW`; std adds
+/// `O_CLOEXEC`): a symlink is an error (`ELOOP`), never followed.
+pub(crate) fn open_no_follow(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(NO_FOLLOW)
+        .open(path)
+}
+
+/// Checks, without following any symlink, that `dir` is a real folder (not a symlink)
+/// holding a session file that passes [`check_file`].
+///
+/// # Errors
+/// [`Error::SessionNotFound`] when the folder or its file is missing;
+/// [`Error::InvalidInput`] naming a symlink or other file where a folder or a regular
+/// file must be.
+pub(crate) fn check_session_dir(dir: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(dir) {
+        Ok(m) if m.is_dir() => check_file(&dir.join(SESSION_FILE)),
+        Ok(_) => Err(Error::invalid(format!(
+            "{} is not a directory of the root (a symlink or another file); refused",
+            dir.display()
+        ))),
+        Err(_) => Err(Error::SessionNotFound(dir.display().to_string())),
+    }
+}
+
+/// The error for a path that must be a regular file and is not.
+pub(crate) fn not_regular(path: &Path, m: &std::fs::Metadata) -> Error {
+    let what = if m.is_symlink() {
+        "a symlink"
+    } else if m.is_dir() {
+        "a directory"
+    } else {
+        "not a regular file"
+    };
+    Error::invalid(format!("{} is {what}; refused", path.display()))
+}
+
 /// Settings of writing connections: busy timeout, defensive mode, no trusted schema.
 /// (`cell_size_check` is for files from outside; it is on for every reader.)
 fn harden(conn: &Connection) -> Result<()> {
@@ -99,9 +177,9 @@ pub(crate) fn finish_staged(conn: Connection, path: &Path) -> Result<()> {
     conn.close().map_err(|(_, e)| Error::from(e))?;
     // This process has no other connection to a staged file, so opening (and closing) a
     // descriptor on it cannot drop another connection's POSIX locks.
-    let wal = PathBuf::from(format!("{}-wal", path.display()));
+    let wal = sidecar(path, "-wal");
     for file in [path, wal.as_path()] {
-        match std::fs::File::open(file) {
+        match open_no_follow(file) {
             Ok(f) => f.sync_all(),
             Err(e) if file == wal && e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(e),
@@ -150,11 +228,63 @@ pub(crate) fn create_flags() -> OpenFlags {
         | OpenFlags::SQLITE_OPEN_NO_MUTEX
 }
 
-/// Flags of a read-only connection.
+/// Flags of a read-only connection. `SQLITE_OPEN_URI` only matters for the names
+/// [`Access::name`] builds: every path the store opens is absolute (the root is resolved,
+/// a user's file too), so no plain path starts with `file:`.
 pub(crate) fn reader_flags() -> OpenFlags {
     OpenFlags::SQLITE_OPEN_READ_ONLY
         | OpenFlags::SQLITE_OPEN_NOFOLLOW
         | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        | OpenFlags::SQLITE_OPEN_URI
+}
+
+/// How a read-only connection opens a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// Shared with writers (locks, WAL index): the files of a root, and a user's file that
+    /// already has a `-wal` or `-journal` beside it.
+    Shared,
+    /// `immutable=1`: no locks, no WAL and no `-shm` file, so nothing is created beside
+    /// the file (a read-only connection to a WAL-mode file otherwise leaves `-wal` and
+    /// `-shm` behind). Only for a user's file with no `-wal` or `-journal` beside it,
+    /// which is then complete in itself and not being written.
+    Immutable,
+}
+
+impl Access {
+    /// The access for a user's file: [`Access::Shared`] when SQLite's files beside it
+    /// hold part of its content (a `-wal` or a hot `-journal`), else [`Access::Immutable`].
+    pub(crate) fn for_user_file(file: &Path) -> Access {
+        let live = ["-wal", "-journal"]
+            .iter()
+            .any(|s| std::fs::symlink_metadata(sidecar(file, s)).is_ok());
+        if live {
+            Access::Shared
+        } else {
+            Access::Immutable
+        }
+    }
+
+    /// The name SQLite is given for `path` (absolute): the path itself, or a `file:` URI
+    /// with `immutable=1`.
+    pub(crate) fn name(self, path: &Path) -> PathBuf {
+        match self {
+            Access::Shared => path.to_path_buf(),
+            Access::Immutable => {
+                use std::os::unix::ffi::OsStrExt;
+                let mut uri = String::from("file:");
+                for &b in path.as_os_str().as_bytes() {
+                    if b.is_ascii_alphanumeric() || b"/-._~".contains(&b) {
+                        uri.push(char::from(b));
+                    } else {
+                        uri.push_str(&format!("%{b:02X}"));
+                    }
+                }
+                uri.push_str("?immutable=1");
+                PathBuf::from(uri)
+            }
+        }
+    }
 }
 
 /// Per-connection setup of a read-only connection.
@@ -167,12 +297,17 @@ pub(crate) fn init_reader(conn: &mut Connection) -> rusqlite::Result<()> {
     Ok(())
 }
 
-/// Opens a standalone read-only connection (for files outside a root, e.g. `replay`).
+/// Opens a standalone read-only connection to a file of a root.
 pub(crate) fn open_reader(path: &Path) -> Result<Connection> {
+    open_reader_with(path, Access::Shared)
+}
+
+/// Opens a standalone read-only connection (e.g. to a user's file for `replay`).
+pub(crate) fn open_reader_with(path: &Path, access: Access) -> Result<Connection> {
     if !path.is_file() {
         return Err(Error::SessionNotFound(path.display().to_string()));
     }
-    let mut conn = Connection::open_with_flags(path, reader_flags())?;
+    let mut conn = Connection::open_with_flags(access.name(path), reader_flags())?;
     init_reader(&mut conn)?;
     check_format(&conn)?;
     Ok(conn)
