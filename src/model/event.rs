@@ -139,7 +139,9 @@ pub struct Commit {
     pub commit_id: String,
     /// The batch's operation id.
     pub operation_id: String,
-    /// SHA-256 (hex) of the caller-supplied content, see [`operation_hash`].
+    /// Lowercase hex SHA-256 of the caller-supplied content `{turnId?, events:[{id?, kind,
+    /// optional, payload?}]}`, payloads as their exact JSON text (caller-supplied event ids
+    /// only; derived ids and the session id are not hashed).
     pub operation_hash: String,
     /// Sequence of the first event.
     pub first_seq: u64,
