@@ -246,6 +246,22 @@ fn files_under(dir: &Path, out: &mut BTreeMap<PathBuf, u64>) {
     }
 }
 
+/// Creates session `name` (new, or forked from `from` at its point), appends `batches`
+/// and closes it.
+fn write_session(root: &Root, name: &str, from: Option<(&str, ForkPoint)>, batches: Vec<Batch>) {
+    let session = match from {
+        None => create(root, name),
+        Some((parent, point)) => {
+            root.fork(&id(parent), point, Some(id(name))).expect("fork");
+            root.open_writer(&id(name)).expect("open fork")
+        }
+    };
+    for batch in batches {
+        session.append(batch).expect("append");
+    }
+    session.close().expect("close");
+}
+
 /// Writes `tests/fixtures/schema2/` afresh. Run only with the schema-2 code (it refuses any
 /// other schema version): the fixtures stand for files earlier releases left on disk.
 #[test]
@@ -263,57 +279,40 @@ fn write_schema2_fixtures() {
     let root = Root::open(&root_dir).expect("root");
 
     // Blobs: two tool outputs over 64 KiB, each in `tool/result` and the tool message.
-    let s = create(&root, "blobs");
-    s.append(titled("title", "Build logs")).expect("append");
-    s.append(tool_turn("op-blob-1", "turn-1", 80))
-        .expect("append");
-    s.append(tool_turn("op-blob-2", "turn-2", 96))
-        .expect("append");
-    s.append(chat_turn("op-chat-3", "turn-3")).expect("append");
-    s.close().expect("close");
-
+    let blobs = vec![
+        titled("title", "Build logs"),
+        tool_turn("op-blob-1", "turn-1", 80),
+        tool_turn("op-blob-2", "turn-2", 96),
+        chat_turn("op-chat-3", "turn-3"),
+    ];
+    write_session(&root, "blobs", None, blobs);
     // A fork chain: chain-a, its fork chain-b, and chain-c forked from chain-b.
-    let a = create(&root, "chain-a");
-    a.append(titled("a-title", "Chain parent")).expect("append");
-    a.append(tool_turn("a-op-1", "a1", 70)).expect("append");
-    a.append(chat_turn("a-op-2", "a2")).expect("append");
-    a.append(chat_turn("a-op-3", "a3")).expect("append");
-    a.append(chat_turn("a-op-4", "a4")).expect("append");
-    a.close().expect("close");
-    root.fork(
-        &id("chain-a"),
-        ForkPoint::AfterTurn("a2".into()),
-        Some(id("chain-b")),
-    )
-    .expect("fork b");
-    let b = root.open_writer(&id("chain-b")).expect("open b");
-    b.append(titled("b-title", "Chain fork")).expect("append");
-    b.append(chat_turn("b-op-1", "b1")).expect("append");
-    b.append(chat_turn("b-op-2", "b2")).expect("append");
-    b.close().expect("close");
-    root.fork(
-        &id("chain-b"),
-        ForkPoint::AfterTurn("b1".into()),
-        Some(id("chain-c")),
-    )
-    .expect("fork c");
-    let c = root.open_writer(&id("chain-c")).expect("open c");
-    c.append(chat_turn("c-op-1", "c1")).expect("append");
-    c.append(titled("c-title", "Fork of the fork"))
-        .expect("append");
-    c.append(chat_turn("c-op-2", "c2")).expect("append");
-    c.close().expect("close");
-
+    let chain_a = vec![
+        titled("a-title", "Chain parent"),
+        tool_turn("a-op-1", "a1", 70),
+        chat_turn("a-op-2", "a2"),
+        chat_turn("a-op-3", "a3"),
+        chat_turn("a-op-4", "a4"),
+    ];
+    write_session(&root, "chain-a", None, chain_a);
+    let chain_b = vec![
+        titled("b-title", "Chain fork"),
+        chat_turn("b-op-1", "b1"),
+        chat_turn("b-op-2", "b2"),
+    ];
+    let after_a2 = ForkPoint::AfterTurn("a2".into());
+    write_session(&root, "chain-b", Some(("chain-a", after_a2)), chain_b);
+    let chain_c = vec![
+        chat_turn("c-op-1", "c1"),
+        titled("c-title", "Fork of the fork"),
+        chat_turn("c-op-2", "c2"),
+    ];
+    let after_b1 = ForkPoint::AfterTurn("b1".into());
+    write_session(&root, "chain-c", Some(("chain-b", after_b1)), chain_c);
     // A rewind of chain-a to before its turn a3, continued.
-    root.fork(
-        &id("chain-a"),
-        ForkPoint::BeforeTurn("a3".into()),
-        Some(id("rewound")),
-    )
-    .expect("rewind");
-    let r = root.open_writer(&id("rewound")).expect("open rewound");
-    r.append(chat_turn("r-op-1", "r1")).expect("append");
-    r.close().expect("close");
+    let before_a3 = ForkPoint::BeforeTurn("a3".into());
+    let rewound = vec![chat_turn("r-op-1", "r1")];
+    write_session(&root, "rewound", Some(("chain-a", before_a3)), rewound);
 
     root.export(&id(EXPORTED), dir.join("export.sqlite"))
         .expect("export");
@@ -498,6 +497,25 @@ fn schema2_fixtures_read_append_fork_delete_and_import() {
             result.len(),
             msg.len()
         );
+    }
+
+    // A writer open (the upgrade, once there is one) of the chain's parent alone, then of
+    // the fork of the fork alone: every member of the chain still reads as recorded,
+    // whichever of its files were opened for writing.
+    for upgraded in ["chain-a", "chain-c"] {
+        root.open_writer(&id(upgraded))
+            .expect("open writer")
+            .close()
+            .expect("close");
+        for name in ["chain-a", "chain-b", "chain-c", "rewound"] {
+            let expected = read_json(&fixtures.join(format!("expected/{name}.json")));
+            assert_eq!(
+                observed_session(&root, name),
+                expected,
+                "{name} after a writer opened {upgraded}"
+            );
+            verify(root.session_dir(&id(name))).expect("verify");
+        }
     }
 
     // A writer appends; a reopened writer and a reader see it; a retry stays idempotent.
