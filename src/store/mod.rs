@@ -1,5 +1,6 @@
-//! One session file: schema, lock, blobs, the drain transaction and cold reads.
-//! Blocking code on `rusqlite`.
+//! One session file: schema, lock, blobs, the writer (drain, checkpoints, close policy),
+//! every SQL statement on a session file, and cold reads. Blocking code
+//! on `rusqlite`.
 
 pub(crate) mod blob;
 pub(crate) mod checkpoint;
@@ -8,3 +9,4 @@ pub(crate) mod read;
 pub(crate) mod reader;
 pub(crate) mod schema;
 pub(crate) mod write;
+pub(crate) mod writer;
