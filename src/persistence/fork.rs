@@ -1,9 +1,6 @@
 //! Forks and rewinds at turn boundaries, without copying: the child records lineage
 //! rows naming the files that hold its inherited prefix.
 
-use std::path::Path;
-
-use rusqlite::{TransactionBehavior, params};
 use serde_json::json;
 
 use crate::error::{Error, Result};
@@ -12,8 +9,8 @@ use crate::model::header::{Header, Origin};
 use crate::model::ids::now_ms;
 use crate::persistence::Root;
 use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock};
-use crate::store::read::LineageEntry;
-use crate::store::schema::{self, CODEC, SESSION_FILE};
+use crate::store::lineage::{record_dependent, write_lineage};
+use crate::store::schema::{CODEC, SESSION_FILE};
 use crate::store::write;
 
 /// Where a fork or rewind cuts its parent.
@@ -91,7 +88,7 @@ impl Root {
         for entry in &lineage {
             let dir = self.existing_dir(&entry.ancestor_id)?;
             _guards.push(DependentsLock::shared(&dir.join(DEPENDENTS_LOCK_FILE))?);
-            record_dependent(&dir.join(SESSION_FILE), &child, entry.through_seq)?;
+            record_dependent(&dir.join(SESSION_FILE), child.as_str(), entry.through_seq)?;
         }
         let header = Header {
             session_id: child.clone(),
@@ -110,34 +107,4 @@ impl Root {
         self.publish(staged, &child)?;
         Ok(child)
     }
-}
-
-/// Records `child` as a dependent of the session file `file`, durably.
-fn record_dependent(file: &Path, child: &SessionId, through: u64) -> Result<()> {
-    let mut conn = schema::open_side_writer(file)?;
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    tx.execute(
-        "INSERT INTO dependents (child_id, through_seq) VALUES (?1, ?2)
-         ON CONFLICT (child_id) DO UPDATE SET through_seq = max(through_seq, excluded.through_seq)",
-        params![child.as_str(), through],
-    )?;
-    tx.commit()?;
-    Ok(())
-}
-
-/// Replaces a file's lineage rows.
-pub(crate) fn write_lineage(
-    conn: &mut rusqlite::Connection,
-    lineage: &[LineageEntry],
-) -> Result<()> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    tx.execute("DELETE FROM lineage", [])?;
-    for (depth, e) in lineage.iter().enumerate() {
-        tx.execute(
-            "INSERT INTO lineage (depth, ancestor_id, after_seq, through_seq) VALUES (?1, ?2, ?3, ?4)",
-            params![depth as i64, e.ancestor_id.as_str(), e.after_seq, e.through_seq],
-        )?;
-    }
-    tx.commit()?;
-    Ok(())
 }

@@ -4,9 +4,11 @@
 
 pub(crate) mod blob;
 pub(crate) mod checkpoint;
+pub(crate) mod lineage;
 pub(crate) mod lock;
 pub(crate) mod read;
 pub(crate) mod reader;
 pub(crate) mod schema;
+pub(crate) mod stats;
 pub(crate) mod write;
 pub(crate) mod writer;
