@@ -8,7 +8,8 @@ use crate::model::SessionId;
 use crate::model::header::{Header, Origin};
 use crate::model::ids::now_ms;
 use crate::persistence::Root;
-use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock};
+use crate::session::live::Session;
+use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock, WriterLock};
 use crate::store::lineage::{record_dependent, write_lineage};
 use crate::store::schema::{CODEC, SESSION_FILE};
 use crate::store::write;
@@ -40,6 +41,35 @@ impl Root {
         point: ForkPoint,
         child: Option<SessionId>,
     ) -> Result<SessionId> {
+        self.fork_locked(parent, point, child).map(|(id, _lock)| id)
+    }
+
+    /// As [`Root::fork`], and opens the child for writing with the writer lock it was
+    /// staged with, as [`Root::create`] does: the child is published already locked, so
+    /// no other opener (in this process or another) can take it between its publication
+    /// and this writer.
+    ///
+    /// # Errors
+    /// As [`Root::fork`]; I/O and SQLite errors of the open (the child then stays
+    /// published, unopened).
+    pub fn fork_writer(
+        &self,
+        parent: &SessionId,
+        point: ForkPoint,
+        child: Option<SessionId>,
+    ) -> Result<Session> {
+        let (id, lock) = self.fork_locked(parent, point, child)?;
+        self.start_writer(&self.session_dir(&id), lock)
+    }
+
+    /// Builds and publishes the child of a fork or rewind; returns its id and the writer
+    /// lock it was staged with, still held.
+    fn fork_locked(
+        &self,
+        parent: &SessionId,
+        point: ForkPoint,
+        child: Option<SessionId>,
+    ) -> Result<(SessionId, WriterLock)> {
         let reader = self.open_reader(parent)?;
         let (turn_id, origin) = match &point {
             ForkPoint::AfterTurn(t) => (t, Origin::Fork),
@@ -100,11 +130,11 @@ impl Root {
             provenance: Some(json!({"parent": parent, "turn": turn_id, "through_seq": cut})),
             inherited_events: cut,
         };
-        let (staged, _lock) = self.stage(&child, origin.as_str(), |conn| {
+        let (staged, lock) = self.stage(&child, origin.as_str(), |conn| {
             write::init_file(conn, &header)?;
             write_lineage(conn, &lineage)
         })?;
         self.publish(staged, &child)?;
-        Ok(child)
+        Ok((child, lock))
     }
 }
