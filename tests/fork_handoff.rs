@@ -83,7 +83,11 @@ fn root_fork_writer_returns_the_child_opened_under_its_staged_lock() {
     parent.append(turn("op-1", "turn-1", "m1")).expect("append");
     parent.flush().expect("flush");
     let child = root
-        .fork_writer(&id("p"), ForkPoint::AfterTurn("turn-1".into()), Some(id("c")))
+        .fork_writer(
+            &id("p"),
+            ForkPoint::AfterTurn("turn-1".into()),
+            Some(id("c")),
+        )
         .expect("fork_writer");
     assert_eq!(child.id(), &id("c"));
     assert_eq!(child.inherited_events(), 3);

@@ -8,8 +8,8 @@ use crate::error::{Error, Result};
 use crate::model::SessionId;
 use crate::model::ids::random_hex;
 use crate::persistence::{Root, TRASH_DIR, confine, rename_no_replace_at, sync_dir};
-use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock, WriterLock};
 use crate::store::lineage;
+use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock, WriterLock};
 use crate::store::read;
 use crate::store::schema::{self, Durability, LOCK_FILE, SESSION_FILE};
 

@@ -9,8 +9,8 @@ use crate::model::header::{Header, Origin};
 use crate::model::ids::now_ms;
 use crate::persistence::Root;
 use crate::session::live::Session;
-use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock, WriterLock};
 use crate::store::lineage::{record_dependent, write_lineage};
+use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock, WriterLock};
 use crate::store::schema::{CODEC, SESSION_FILE};
 use crate::store::write;
 

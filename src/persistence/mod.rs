@@ -37,8 +37,8 @@ use crate::store::read::LineageEntry;
 use crate::store::reader::SessionReader;
 use crate::store::schema::{self, CODEC, Durability, LOCK_FILE, SESSION_FILE};
 use crate::store::write;
-use crate::store::writer::FileWriter;
 pub use crate::store::writer::CheckpointPolicy;
+use crate::store::writer::FileWriter;
 
 /// Folder under the root where deletions land before removal.
 pub(crate) const TRASH_DIR: &str = ".trash";

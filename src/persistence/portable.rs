@@ -51,11 +51,7 @@ fn copy_log(reader: &SessionReader, through: u64, conn: &mut Connection) -> Resu
 }
 
 /// The body of [`copy_log`], inside its transaction.
-fn copy_commits(
-    reader: &SessionReader,
-    through: u64,
-    tx: &Transaction<'_>,
-) -> Result<(u64, u64)> {
+fn copy_commits(reader: &SessionReader, through: u64, tx: &Transaction<'_>) -> Result<(u64, u64)> {
     let mut validator = LogValidator::new();
     let mut pending = Vec::with_capacity(COPY_BATCH);
     let mut pending_bytes = 0usize;

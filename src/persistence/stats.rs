@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::model::SessionId;
 use crate::persistence::Root;
 use crate::store::schema::{self, SESSION_FILE};
-use crate::store::stats::{blob_sizes, kind_totals, table_bytes};
+use crate::store::stats::{BlobSize, blob_sizes, kind_totals, table_bytes};
 pub use crate::store::stats::{KindStats, TableBytes};
 
 /// The distinct blobs a session's events reference.
@@ -80,7 +80,7 @@ impl Root {
             through: i64::MAX as u64,
         });
         let mut kinds: BTreeMap<String, KindStats> = BTreeMap::new();
-        let mut blobs: BTreeMap<String, (u64, u64, bool)> = BTreeMap::new();
+        let mut blobs: BTreeMap<String, BlobSize> = BTreeMap::new();
         for source in &sources {
             let conn = schema::open_reader(&source.file).map_err(|e| match e {
                 Error::SessionNotFound(_) => Error::corrupt(format!(
@@ -109,7 +109,7 @@ impl Root {
         });
         let (raw_bytes, stored_bytes) = blobs
             .values()
-            .fold((0, 0), |(r, s), (raw, stored, _)| (r + raw, s + stored));
+            .fold((0, 0), |(r, s), b| (r + b.raw, s + b.stored));
         Ok(SessionStats {
             session_id: id.clone(),
             durable_sequence: reader.durable_sequence()?,
@@ -117,7 +117,7 @@ impl Root {
             kinds,
             blobs: BlobStats {
                 count: blobs.len() as u64,
-                compressed: blobs.values().filter(|b| b.2).count() as u64,
+                compressed: blobs.values().filter(|b| b.zstd).count() as u64,
                 raw_bytes,
                 stored_bytes,
                 compression_ratio: if stored_bytes == 0 {

@@ -552,7 +552,6 @@ impl Shared {
         self.changed.notify_all();
         outcome
     }
-
 }
 
 impl Drain for Shared {
@@ -573,7 +572,6 @@ impl Drain for Shared {
 }
 
 impl Shared {
-
     /// Stores the projection as a checkpoint when everything accepted is durable and one
     /// is due ([`checkpoint_due`]). Best effort: it is derived data.
     fn write_checkpoint(&self, min_events: u64) {

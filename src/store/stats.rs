@@ -56,13 +56,23 @@ pub(crate) fn kind_totals(conn: &Connection, after: u64, through: u64) -> Result
     Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
 }
 
-/// The blobs referenced by events with sequences in `(after, through]`: digest, then raw
-/// bytes, stored bytes and whether they are zstd-compressed.
+/// One stored blob's sizes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BlobSize {
+    /// Raw (decoded) bytes.
+    pub raw: u64,
+    /// Bytes stored.
+    pub stored: u64,
+    /// Whether it is stored zstd-compressed.
+    pub zstd: bool,
+}
+
+/// The blobs referenced by events with sequences in `(after, through]`, by digest.
 pub(crate) fn blob_sizes(
     conn: &Connection,
     after: u64,
     through: u64,
-) -> Result<Vec<(String, (u64, u64, bool))>> {
+) -> Result<Vec<(String, BlobSize)>> {
     let mut stmt = conn.prepare(
         "SELECT digest, bytes, length(data), encoding FROM blobs WHERE digest IN
              (SELECT payload_ref FROM events
@@ -71,7 +81,11 @@ pub(crate) fn blob_sizes(
     let rows = stmt.query_map((after, through), |r| {
         Ok((
             r.get::<_, String>(0)?,
-            (r.get(1)?, r.get(2)?, r.get::<_, String>(3)? == "zstd"),
+            BlobSize {
+                raw: r.get(1)?,
+                stored: r.get(2)?,
+                zstd: r.get::<_, String>(3)? == "zstd",
+            },
         ))
     })?;
     Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
