@@ -3,21 +3,15 @@
 
 use std::path::Path;
 
-use rusqlite::{TransactionBehavior, params};
-
 use crate::cancel::CancelToken;
 use crate::error::{Error, Result};
 use crate::model::SessionId;
-use crate::model::event::inherited_operation_id;
 use crate::model::ids::random_hex;
 use crate::persistence::{Root, TRASH_DIR, confine, rename_no_replace_at, sync_dir};
+use crate::store::lineage;
 use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock, WriterLock};
 use crate::store::read;
 use crate::store::schema::{self, Durability, LOCK_FILE, SESSION_FILE};
-use crate::store::write::{self, Accepted};
-
-/// Commits copied per read while materialising.
-const COPY_PAGE: usize = 1000;
 
 impl Root {
     /// Deletes a session. Waits (until `cancel`) for its writer lock, so an owned session is
@@ -40,7 +34,7 @@ impl Root {
             return Err(Error::SessionNotFound(id.to_string()));
         }
         let conn = schema::open_writer(&file, Durability::PowerLoss)?;
-        let lineage = read::read_lineage(&conn)?;
+        let ancestors = read::read_lineage(&conn)?;
         // The exclusive dependents lock keeps new forks out until the rename.
         for d in read::read_dependents(&conn)? {
             self.materialize(id, &d.child_id)?;
@@ -67,11 +61,9 @@ impl Root {
         if let Ok(tomb) = std::ffi::CString::new(tomb) {
             let _ = confine::remove_tree_at(&trash, &tomb);
         }
-        for entry in lineage {
+        for entry in ancestors {
             let ancestor = self.session_dir(&entry.ancestor_id).join(SESSION_FILE);
-            if let Ok(c) = schema::open_writer(&ancestor, Durability::PowerLoss) {
-                let _ = c.execute("DELETE FROM dependents WHERE child_id = ?1", [id.as_str()]);
-            }
+            let _ = lineage::forget_dependent(&ancestor, id.as_str());
         }
         Ok(())
     }
@@ -85,53 +77,10 @@ impl Root {
         if !child_file.is_file() {
             return Ok(());
         }
-        match self.copy_inherited(ancestor, &child_file) {
+        let source = self.session_dir(ancestor).join(SESSION_FILE);
+        match lineage::materialize(&source, ancestor.as_str(), &child_file) {
             Err(_) if !child_file.is_file() => Ok(()),
             other => other,
         }
-    }
-
-    fn copy_inherited(&self, ancestor: &SessionId, child_file: &Path) -> Result<()> {
-        let source = schema::open_reader(&self.session_dir(ancestor).join(SESSION_FILE))?;
-        let mut conn = schema::open_writer(child_file, Durability::PowerLoss)?;
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let ranges: Vec<_> = read::read_lineage(&tx)?
-            .into_iter()
-            .filter(|e| &e.ancestor_id == ancestor)
-            .collect();
-        for range in &ranges {
-            let mut after = range.after_seq;
-            while after < range.through_seq {
-                let mut budget = read::PAGE_BYTES;
-                let page =
-                    read::read_commits(&source, after, range.through_seq, COPY_PAGE, &mut budget)?;
-                let Some(last) = page.last() else {
-                    break;
-                };
-                after = last.last_seq();
-                let batch: Vec<_> = page
-                    .into_iter()
-                    .map(|mut commit| {
-                        commit.operation_id = inherited_operation_id(ancestor.as_str(), &commit);
-                        std::sync::Arc::new(Accepted {
-                            commit: std::sync::Arc::new(commit),
-                            closed_turns: Vec::new(),
-                            history: Vec::new(),
-                            charge: 0,
-                        })
-                    })
-                    .collect();
-                write::insert_commits(&tx, &batch)?;
-            }
-            let turns = read::read_turns_ending_in(&source, range.after_seq, range.through_seq)?;
-            write::insert_turns(&tx, &turns)?;
-            write::copy_history(&tx, &source, range.after_seq, range.through_seq)?;
-            tx.execute(
-                "DELETE FROM lineage WHERE ancestor_id = ?1 AND after_seq = ?2",
-                params![ancestor.as_str(), range.after_seq],
-            )?;
-        }
-        tx.commit()?;
-        Ok(())
     }
 }

@@ -1,9 +1,6 @@
 //! Forks and rewinds at turn boundaries, without copying: the child records lineage
 //! rows naming the files that hold its inherited prefix.
 
-use std::path::Path;
-
-use rusqlite::{TransactionBehavior, params};
 use serde_json::json;
 
 use crate::error::{Error, Result};
@@ -11,9 +8,10 @@ use crate::model::SessionId;
 use crate::model::header::{Header, Origin};
 use crate::model::ids::now_ms;
 use crate::persistence::Root;
-use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock};
-use crate::store::read::LineageEntry;
-use crate::store::schema::{self, CODEC, SESSION_FILE};
+use crate::session::live::Session;
+use crate::store::lineage::{record_dependent, write_lineage};
+use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock, WriterLock};
+use crate::store::schema::{CODEC, SESSION_FILE};
 use crate::store::write;
 
 /// Where a fork or rewind cuts its parent.
@@ -43,6 +41,35 @@ impl Root {
         point: ForkPoint,
         child: Option<SessionId>,
     ) -> Result<SessionId> {
+        self.fork_locked(parent, point, child).map(|(id, _lock)| id)
+    }
+
+    /// As [`Root::fork`], and opens the child for writing with the writer lock it was
+    /// staged with, as [`Root::create`] does: the child is published already locked, so
+    /// no other opener (in this process or another) can take it between its publication
+    /// and this writer.
+    ///
+    /// # Errors
+    /// As [`Root::fork`]; I/O and SQLite errors of the open (the child then stays
+    /// published, unopened).
+    pub fn fork_writer(
+        &self,
+        parent: &SessionId,
+        point: ForkPoint,
+        child: Option<SessionId>,
+    ) -> Result<Session> {
+        let (id, lock) = self.fork_locked(parent, point, child)?;
+        self.start_writer(&self.session_dir(&id), lock)
+    }
+
+    /// Builds and publishes the child of a fork or rewind; returns its id and the writer
+    /// lock it was staged with, still held.
+    fn fork_locked(
+        &self,
+        parent: &SessionId,
+        point: ForkPoint,
+        child: Option<SessionId>,
+    ) -> Result<(SessionId, WriterLock)> {
         let reader = self.open_reader(parent)?;
         let (turn_id, origin) = match &point {
             ForkPoint::AfterTurn(t) => (t, Origin::Fork),
@@ -91,7 +118,7 @@ impl Root {
         for entry in &lineage {
             let dir = self.existing_dir(&entry.ancestor_id)?;
             _guards.push(DependentsLock::shared(&dir.join(DEPENDENTS_LOCK_FILE))?);
-            record_dependent(&dir.join(SESSION_FILE), &child, entry.through_seq)?;
+            record_dependent(&dir.join(SESSION_FILE), child.as_str(), entry.through_seq)?;
         }
         let header = Header {
             session_id: child.clone(),
@@ -103,41 +130,11 @@ impl Root {
             provenance: Some(json!({"parent": parent, "turn": turn_id, "through_seq": cut})),
             inherited_events: cut,
         };
-        let (staged, _lock) = self.stage(&child, origin.as_str(), |conn| {
+        let (staged, lock) = self.stage(&child, origin.as_str(), |conn| {
             write::init_file(conn, &header)?;
             write_lineage(conn, &lineage)
         })?;
         self.publish(staged, &child)?;
-        Ok(child)
+        Ok((child, lock))
     }
-}
-
-/// Records `child` as a dependent of the session file `file`, durably.
-fn record_dependent(file: &Path, child: &SessionId, through: u64) -> Result<()> {
-    let mut conn = schema::open_side_writer(file)?;
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    tx.execute(
-        "INSERT INTO dependents (child_id, through_seq) VALUES (?1, ?2)
-         ON CONFLICT (child_id) DO UPDATE SET through_seq = max(through_seq, excluded.through_seq)",
-        params![child.as_str(), through],
-    )?;
-    tx.commit()?;
-    Ok(())
-}
-
-/// Replaces a file's lineage rows.
-pub(crate) fn write_lineage(
-    conn: &mut rusqlite::Connection,
-    lineage: &[LineageEntry],
-) -> Result<()> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    tx.execute("DELETE FROM lineage", [])?;
-    for (depth, e) in lineage.iter().enumerate() {
-        tx.execute(
-            "INSERT INTO lineage (depth, ancestor_id, after_seq, through_seq) VALUES (?1, ?2, ?3, ?4)",
-            params![depth as i64, e.ancestor_id.as_str(), e.after_seq, e.through_seq],
-        )?;
-    }
-    tx.commit()?;
-    Ok(())
 }

@@ -37,6 +37,8 @@ use crate::store::read::LineageEntry;
 use crate::store::reader::SessionReader;
 use crate::store::schema::{self, CODEC, Durability, LOCK_FILE, SESSION_FILE};
 use crate::store::write;
+pub use crate::store::writer::CheckpointPolicy;
+use crate::store::writer::FileWriter;
 
 /// Folder under the root where deletions land before removal.
 pub(crate) const TRASH_DIR: &str = ".trash";
@@ -52,20 +54,6 @@ pub struct StoreOptions {
     pub queue_budget: usize,
     /// What a closing writer does with the WAL (default: truncate it).
     pub checkpoint: CheckpointPolicy,
-}
-
-/// What a closing writer does with the session's WAL.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum CheckpointPolicy {
-    /// `wal_checkpoint(TRUNCATE)` on close: the main file is complete on its own. Skipped
-    /// (as with `LeaveToReplicator`) for a session Litestream replicates, i.e. one with a
-    /// `.session.sqlite-litestream` folder beside its file.
-    #[default]
-    TruncateOnClose,
-    /// Leave checkpoints to SQLite's automatic (passive) checkpoints and to a replicator
-    /// such as Litestream, which must see every WAL frame before it is checkpointed.
-    LeaveToReplicator,
 }
 
 impl Default for StoreOptions {
@@ -446,29 +434,24 @@ impl Root {
         }
     }
 
-    fn start_writer(&self, dir: &Path, mut lock: WriterLock) -> Result<Session> {
+    /// Opens the session file in `dir` for writing under `lock` (held by the caller) and
+    /// starts the live session on it.
+    fn start_writer(&self, dir: &Path, lock: WriterLock) -> Result<Session> {
         let options = &self.inner.options;
-        let mut owner = WriterOwner {
+        let owner = WriterOwner {
             owner_id: random_hex(),
             host: self.inner.host.clone(),
             pid: std::process::id(),
             generation: 0,
             since_ms: now_ms(),
         };
-        // Provisional record first, so a refused opener can name us at once.
-        lock.record_owner(&owner)?;
-        let mut conn = schema::open_writer(&dir.join(SESSION_FILE), options.durability)?;
-        owner.generation = write::take_lease(&mut conn, &owner)?;
-        lock.record_owner(&owner)?;
+        let writer = FileWriter::open(dir, lock, owner, options.durability, options.checkpoint)?;
         Session::start(
             dir,
-            conn,
-            lock,
-            owner,
+            writer,
             WriteBehind {
                 delay: options.write_behind,
                 budget: options.queue_budget,
-                checkpoint: options.checkpoint,
             },
         )
     }

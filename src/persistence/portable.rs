@@ -3,14 +3,15 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rusqlite::{Connection, TransactionBehavior};
+use rusqlite::{Connection, Transaction};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::model::header::Origin;
 use crate::model::{Event, SessionId};
-use crate::persistence::verify::{LogValidator, check_integrity, resolve_target};
+use crate::persistence::verify::{LogValidator, resolve_target};
 use crate::persistence::{Root, rename_no_replace, sync_dir};
+use crate::store::read::check_integrity;
 use crate::store::reader::SessionReader;
 use crate::store::schema::{self, Access};
 use crate::store::write::{self, Accepted};
@@ -46,8 +47,12 @@ pub struct ImportOptions {
 
 /// Copies the validated log of `reader` up to `through` into a fresh file's connection.
 fn copy_log(reader: &SessionReader, through: u64, conn: &mut Connection) -> Result<(u64, u64)> {
+    write::in_transaction(conn, |tx| copy_commits(reader, through, tx))
+}
+
+/// The body of [`copy_log`], inside its transaction.
+fn copy_commits(reader: &SessionReader, through: u64, tx: &Transaction<'_>) -> Result<(u64, u64)> {
     let mut validator = LogValidator::new();
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let mut pending = Vec::with_capacity(COPY_BATCH);
     let mut pending_bytes = 0usize;
     let mut commits = 0u64;
@@ -62,20 +67,19 @@ fn copy_log(reader: &SessionReader, through: u64, conn: &mut Connection) -> Resu
             charge: 0,
         }));
         if pending.len() >= COPY_BATCH || pending_bytes >= COPY_BATCH_BYTES {
-            write::insert_commits(&tx, &pending)?;
+            write::insert_commits(tx, &pending)?;
             pending.clear();
             pending_bytes = 0;
         }
         Ok(())
     })?;
-    write::insert_commits(&tx, &pending)?;
+    write::insert_commits(tx, &pending)?;
     if validator.last_seq() != through {
         return Err(Error::corrupt(format!(
             "log ends at {}, expected {through}",
             validator.last_seq()
         )));
     }
-    tx.commit()?;
     Ok((commits, through))
 }
 
@@ -150,9 +154,7 @@ impl Root {
             let mut conn = schema::create_file(&temp)?;
             write::init_file(&mut conn, reader.header())?;
             let (commits, events) = copy_log(&reader, through, &mut conn)?;
-            conn.pragma_update_and_check(None, "journal_mode", "DELETE", |r| {
-                r.get::<_, String>(0)
-            })?;
+            schema::use_rollback_journal(&conn)?;
             schema::finish_staged(conn, &temp)?;
             check_integrity(&temp, Access::Shared)?;
             let bytes = std::fs::symlink_metadata(&temp).map_or(0, |m| m.len());

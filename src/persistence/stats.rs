@@ -11,21 +11,8 @@ use crate::error::{Error, Result};
 use crate::model::SessionId;
 use crate::persistence::Root;
 use crate::store::schema::{self, SESSION_FILE};
-
-/// Events of one kind in a session (inherited events included).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct KindStats {
-    /// The event kind.
-    pub kind: String,
-    /// How many events of this kind.
-    pub count: u64,
-    /// Bytes of inline payload text.
-    pub inline_bytes: u64,
-    /// Events whose payload lives in a blob.
-    pub blob_events: u64,
-    /// Raw (uncompressed) bytes of those payloads.
-    pub blob_bytes: u64,
-}
+use crate::store::stats::{BlobSize, blob_sizes, kind_totals, table_bytes};
+pub use crate::store::stats::{KindStats, TableBytes};
 
 /// The distinct blobs a session's events reference.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -40,17 +27,6 @@ pub struct BlobStats {
     pub stored_bytes: u64,
     /// `raw_bytes / stored_bytes` (1 when there are none).
     pub compression_ratio: f64,
-}
-
-/// Pages of one table of a session file, its indexes included.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct TableBytes {
-    /// The table (`sqlite_schema` for the schema itself).
-    pub table: String,
-    /// Bytes of the pages it uses.
-    pub bytes: u64,
-    /// Pages it uses.
-    pub pages: u64,
 }
 
 /// What [`Root::stats`] reports.
@@ -104,7 +80,7 @@ impl Root {
             through: i64::MAX as u64,
         });
         let mut kinds: BTreeMap<String, KindStats> = BTreeMap::new();
-        let mut blobs: BTreeMap<String, (u64, u64, bool)> = BTreeMap::new();
+        let mut blobs: BTreeMap<String, BlobSize> = BTreeMap::new();
         for source in &sources {
             let conn = schema::open_reader(&source.file).map_err(|e| match e {
                 Error::SessionNotFound(_) => Error::corrupt(format!(
@@ -113,25 +89,7 @@ impl Root {
                 )),
                 other => other,
             })?;
-            let range = (source.after, source.through);
-            let mut stmt = conn.prepare(
-                "SELECT e.kind, count(*),
-                        coalesce(sum(length(CAST(e.payload AS BLOB))), 0),
-                        count(e.payload_ref), coalesce(sum(b.bytes), 0)
-                 FROM events e LEFT JOIN blobs b ON b.digest = e.payload_ref
-                 WHERE e.seq > ?1 AND e.seq <= ?2 GROUP BY e.kind",
-            )?;
-            let rows = stmt.query_map(range, |r| {
-                Ok(KindStats {
-                    kind: r.get(0)?,
-                    count: r.get(1)?,
-                    inline_bytes: r.get(2)?,
-                    blob_events: r.get(3)?,
-                    blob_bytes: r.get(4)?,
-                })
-            })?;
-            for row in rows {
-                let row = row?;
+            for row in kind_totals(&conn, source.after, source.through)? {
                 let total = kinds.entry(row.kind.clone()).or_insert_with(|| KindStats {
                     kind: row.kind.clone(),
                     ..KindStats::default()
@@ -141,21 +99,7 @@ impl Root {
                 total.blob_events += row.blob_events;
                 total.blob_bytes += row.blob_bytes;
             }
-            let mut stmt = conn.prepare(
-                "SELECT digest, bytes, length(data), encoding FROM blobs WHERE digest IN
-                     (SELECT payload_ref FROM events
-                      WHERE payload_ref IS NOT NULL AND seq > ?1 AND seq <= ?2)",
-            )?;
-            let rows = stmt.query_map(range, |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    (r.get(1)?, r.get(2)?, r.get::<_, String>(3)? == "zstd"),
-                ))
-            })?;
-            for row in rows {
-                let (digest, blob) = row?;
-                blobs.insert(digest, blob);
-            }
+            blobs.extend(blob_sizes(&conn, source.after, source.through)?);
         }
         let mut kinds: Vec<KindStats> = kinds.into_values().collect();
         kinds.sort_by(|a, b| {
@@ -165,7 +109,7 @@ impl Root {
         });
         let (raw_bytes, stored_bytes) = blobs
             .values()
-            .fold((0, 0), |(r, s), (raw, stored, _)| (r + raw, s + stored));
+            .fold((0, 0), |(r, s), b| (r + b.raw, s + b.stored));
         Ok(SessionStats {
             session_id: id.clone(),
             durable_sequence: reader.durable_sequence()?,
@@ -173,7 +117,7 @@ impl Root {
             kinds,
             blobs: BlobStats {
                 count: blobs.len() as u64,
-                compressed: blobs.values().filter(|b| b.2).count() as u64,
+                compressed: blobs.values().filter(|b| b.zstd).count() as u64,
                 raw_bytes,
                 stored_bytes,
                 compression_ratio: if stored_bytes == 0 {
@@ -208,22 +152,4 @@ fn file_bytes(file: &Path) -> u64 {
         .filter_map(|f| std::fs::metadata(f).ok())
         .map(|m| m.len())
         .sum()
-}
-
-/// Pages by table from SQLite's `dbstat` table.
-fn table_bytes(file: &Path) -> Result<Vec<TableBytes>> {
-    let conn = schema::open_reader(file)?;
-    let mut stmt = conn.prepare(
-        "SELECT coalesce(s.tbl_name, d.name), sum(d.pgsize), count(*)
-         FROM dbstat d LEFT JOIN sqlite_schema s ON s.name = d.name
-         GROUP BY 1 ORDER BY 2 DESC, 1",
-    )?;
-    let rows = stmt.query_map([], |r| {
-        Ok(TableBytes {
-            table: r.get(0)?,
-            bytes: r.get(1)?,
-            pages: r.get(2)?,
-        })
-    })?;
-    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
 }

@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::model::header::Header;
 use crate::model::projection::HistoryChange;
 use crate::model::{Commit, Projection, TurnBoundary};
-use crate::store::read::HistoryRow;
+use crate::store::read::{HistoryRow, check_integrity};
 use crate::store::reader::SessionReader;
 use crate::store::schema::{self, Access, SESSION_FILE};
 
@@ -130,25 +130,6 @@ impl HistoryIndex {
         }
         Ok(())
     }
-}
-
-/// `PRAGMA integrity_check` and `foreign_key_check` on an untrusted file.
-pub(crate) fn check_integrity(file: &Path, access: Access) -> Result<()> {
-    let conn = schema::open_reader_with(file, access)?;
-    let verdict: String = conn.query_row("PRAGMA integrity_check(1)", [], |r| r.get(0))?;
-    if verdict != "ok" {
-        return Err(Error::corrupt(format!("integrity_check: {verdict}")));
-    }
-    let dangling: i64 =
-        conn.query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| {
-            r.get(0)
-        })?;
-    if dangling != 0 {
-        return Err(Error::corrupt(format!(
-            "{dangling} rows reference missing commits or blobs"
-        )));
-    }
-    Ok(())
 }
 
 /// A session file given by path, resolved.

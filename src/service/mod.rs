@@ -300,18 +300,25 @@ impl Service {
                 Ok(session)
             })
             .await;
-            let mut reg = self.registry();
-            reg.preparing.remove(&id);
-            let result = opened.map(|session| {
-                let rt = Runtime::new(r.clone(), session);
-                reg.active.insert(id.clone(), rt.clone());
-                reg.closed.remove(&id);
-                rt
-            });
-            drop(reg);
-            self.inner.registry_changed.notify_waiters();
-            return result;
+            return self.install(r, opened);
         }
+    }
+
+    /// Ends the open of a session reserved in `preparing`: publishes its runtime when
+    /// `opened` succeeded, and wakes whoever waits for the reservation either way.
+    fn install(&self, r: &SessionRef, opened: Result<Session>) -> Result<Runtime> {
+        let id = &r.session_id;
+        let mut reg = self.registry();
+        reg.preparing.remove(id);
+        let result = opened.map(|session| {
+            let rt = Runtime::new(r.clone(), session);
+            reg.active.insert(id.clone(), rt.clone());
+            reg.closed.remove(id);
+            rt
+        });
+        drop(reg);
+        self.inner.registry_changed.notify_waiters();
+        result
     }
 
     /// Removes the runtime from the registry only if it is still the exact published
@@ -457,10 +464,27 @@ impl Service {
             let session = rt.session().clone();
             blocking(move || session.flush()).await?;
         }
+        let child = child.unwrap_or_else(SessionId::random);
+        // Reserved like an open, so that an open of the child in this service waits for
+        // the fork's runtime instead of racing it for the writer lock.
+        {
+            let mut reg = self.registry();
+            if reg.active.contains_key(&child) || !reg.preparing.insert(child.clone()) {
+                return Err(Error::SessionExists(child.to_string()));
+            }
+        }
         let root = self.inner.root.clone();
         let parent = r.session_id.clone();
-        let child = blocking(move || root.fork(&parent, point, child)).await?;
-        self.open_runtime(&self.session_ref(child)).await
+        let fork_id = child.clone();
+        // The child is published with its writer lock held and opened under it: no
+        // other process can take it in between (`Root::fork_writer`).
+        let opened = blocking(move || {
+            let session = root.fork_writer(&parent, point, Some(fork_id))?;
+            recovery::close_interrupted_turn(&session)?;
+            Ok(session)
+        })
+        .await;
+        self.install(&self.session_ref(child), opened)
     }
 
     /// Forks after a completed turn and publishes the child's runtime.

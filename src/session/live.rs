@@ -6,21 +6,18 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use rusqlite::Connection;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result, WriterOwner};
 use crate::model::event::{INHERITED_OPERATION_PREFIX, derived_event_id, operation_hash};
 use crate::model::ids::{derived_turn_id, now_ms, random_hex};
 use crate::model::{Batch, Commit, Event, Projection, SessionId};
-use crate::persistence::CheckpointPolicy;
-use crate::session::pool;
+use crate::session::pool::{self, Drain};
 use crate::store::blob::MAX_BLOB_BYTES;
 use crate::store::checkpoint;
-use crate::store::lock::WriterLock;
 use crate::store::reader::SessionReader;
-use crate::store::schema;
-use crate::store::write::{self, Accepted};
+use crate::store::write::Accepted;
+use crate::store::writer::FileWriter;
 
 /// A closing session writes a projection checkpoint when this many events came since
 /// the last one; a running session when many more did. Either waits longer for a large
@@ -54,7 +51,6 @@ const EVENT_CHARGE: usize = 96;
 pub(crate) struct WriteBehind {
     pub delay: Duration,
     pub budget: usize,
-    pub checkpoint: CheckpointPolicy,
 }
 
 /// Where the accepted tail stands with respect to the disk.
@@ -110,11 +106,6 @@ struct State {
     released: bool,
 }
 
-struct Writer {
-    conn: Connection,
-    _lock: WriterLock,
-}
-
 pub(crate) struct Shared {
     id: SessionId,
     dir: PathBuf,
@@ -123,7 +114,7 @@ pub(crate) struct Shared {
     reader: SessionReader,
     state: Mutex<State>,
     changed: Condvar,
-    writer: Mutex<Option<Writer>>,
+    writer: Mutex<Option<FileWriter>>,
 }
 
 /// A session opened for writing: the one writer of its file.
@@ -151,13 +142,7 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
 
 impl Session {
     /// Builds the live session over an opened, leased file.
-    pub(crate) fn start(
-        dir: &Path,
-        conn: Connection,
-        lock: WriterLock,
-        owner: WriterOwner,
-        config: WriteBehind,
-    ) -> Result<Session> {
+    pub(crate) fn start(dir: &Path, writer: FileWriter, config: WriteBehind) -> Result<Session> {
         let reader = SessionReader::open(dir)?;
         let (checkpoint_seq, projection) = reader.projection_and_checkpoint()?;
         let durable_seq = reader.durable_sequence()?;
@@ -186,12 +171,12 @@ impl Session {
             shared: Arc::new(Shared {
                 id: reader.header().session_id.clone(),
                 dir: dir.to_path_buf(),
-                owner,
+                owner: writer.owner().clone(),
                 config,
                 reader,
                 state: Mutex::new(state),
                 changed: Condvar::new(),
-                writer: Mutex::new(Some(Writer { conn, _lock: lock })),
+                writer: Mutex::new(Some(writer)),
             }),
         })
     }
@@ -507,7 +492,8 @@ impl Shared {
     fn arm(self: &Arc<Self>, s: &mut State, due: Instant) {
         if s.armed_at.is_none_or(|at| due < at) {
             s.armed_at = Some(due);
-            pool::schedule(Arc::downgrade(self), due);
+            let session = Arc::downgrade(self);
+            pool::schedule(session, due);
         }
     }
 
@@ -530,9 +516,7 @@ impl Shared {
         let result = {
             let mut w = self.writer.lock().unwrap_or_else(|e| e.into_inner());
             match w.as_mut() {
-                Some(writer) => {
-                    write::write_commits(&mut writer.conn, self.owner.generation, &batch)
-                }
+                Some(writer) => writer.drain(&batch),
                 None => Err(Error::Closed),
             }
         };
@@ -568,9 +552,10 @@ impl Shared {
         self.changed.notify_all();
         outcome
     }
+}
 
-    /// Entry point of the writer threads.
-    pub(crate) fn scheduled_drain(self: &Arc<Self>) {
+impl Drain for Shared {
+    fn scheduled_drain(self: Arc<Self>) {
         {
             let mut s = lock(&self.state);
             // Any scheduled drain that runs stands for every one armed before it.
@@ -584,7 +569,9 @@ impl Shared {
             self.write_checkpoint(CHECKPOINT_WHILE_RUNNING);
         }
     }
+}
 
+impl Shared {
     /// Stores the projection as a checkpoint when everything accepted is durable and one
     /// is due ([`checkpoint_due`]). Best effort: it is derived data.
     fn write_checkpoint(&self, min_events: u64) {
@@ -605,7 +592,7 @@ impl Shared {
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
         {
-            Some(w) => write::store_checkpoint(&w.conn, seq, &text).is_ok(),
+            Some(w) => w.store_checkpoint(seq, &text).is_ok(),
             None => false,
         };
         if stored {
@@ -657,18 +644,13 @@ impl Shared {
         }
     }
 
-    /// Checkpoints and truncates the WAL, closes the connection and drops the lock.
+    /// Closes the file as the writer's policy says and drops the lock.
     fn release(&self) {
         lock(&self.state).released = true;
         let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(w) = &writer
-            && self.config.checkpoint == CheckpointPolicy::TruncateOnClose
-            && !self.dir.join(schema::LITESTREAM_DIR).is_dir()
-        {
-            // Best effort: a failed checkpoint leaves a WAL that the next opener replays.
-            let _ = schema::checkpoint_truncate(&w.conn);
+        if let Some(w) = writer {
+            w.close();
         }
-        drop(writer);
     }
 }
 
@@ -686,7 +668,7 @@ impl Drop for Shared {
             .unwrap_or_else(|e| e.into_inner())
             .as_mut()
         {
-            let _ = write::write_commits(&mut writer.conn, self.owner.generation, &batch);
+            let _ = writer.drain(&batch);
         }
     }
 }

@@ -6,7 +6,12 @@ use std::collections::BinaryHeap;
 use std::sync::{Arc, Condvar, LazyLock, Mutex, Weak};
 use std::time::Instant;
 
-use crate::session::live::Shared;
+/// What the writer threads run: a session's timed drain. The pool knows sessions only
+/// through this trait, so it depends on nothing else in the crate.
+pub(crate) trait Drain: Send + Sync {
+    /// Runs a drain that was scheduled for now (see [`schedule`]).
+    fn scheduled_drain(self: Arc<Self>);
+}
 
 /// Writer threads in the process, whatever the number of open sessions.
 pub const WRITER_THREADS: usize = 2;
@@ -14,7 +19,7 @@ pub const WRITER_THREADS: usize = 2;
 struct Job {
     at: Instant,
     order: u64,
-    session: Weak<Shared>,
+    session: Weak<dyn Drain>,
 }
 
 impl PartialEq for Job {
@@ -89,7 +94,7 @@ impl Pool {
 }
 
 /// Asks a writer thread to drain `session` at `at`.
-pub(crate) fn schedule(session: Weak<Shared>, at: Instant) {
+pub(crate) fn schedule(session: Weak<dyn Drain>, at: Instant) {
     let pool = &*POOL;
     let mut q = pool.queue.lock().unwrap_or_else(|e| e.into_inner());
     let order = q.next_order;

@@ -1,10 +1,14 @@
-//! One session file: schema, lock, blobs, the drain transaction and cold reads.
-//! Blocking code on `rusqlite`.
+//! One session file: schema, lock, blobs, the writer (drain, checkpoints, close policy),
+//! every SQL statement on a session file, and cold reads. Blocking code
+//! on `rusqlite`.
 
 pub(crate) mod blob;
 pub(crate) mod checkpoint;
+pub(crate) mod lineage;
 pub(crate) mod lock;
 pub(crate) mod read;
 pub(crate) mod reader;
 pub(crate) mod schema;
+pub(crate) mod stats;
 pub(crate) mod write;
+pub(crate) mod writer;

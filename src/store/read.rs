@@ -1,5 +1,7 @@
 //! Reads from one session file (any connection: writer, pooled reader, untrusted file).
 
+use std::path::Path;
+
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -10,6 +12,7 @@ use crate::model::header::{Header, Origin};
 use crate::model::projection::HistoryChange;
 use crate::model::{Commit, ContentRef, Event, Projection, SessionId, TurnBoundary};
 use crate::store::blob;
+use crate::store::schema::{self, Access};
 
 /// Media type of payload blobs.
 pub(crate) const JSON_MEDIA_TYPE: &str = "application/json";
@@ -529,4 +532,23 @@ pub(crate) fn read_blob(conn: &Connection, digest: &str) -> Result<Option<Vec<u8
         .optional()?;
     row.map(|(bytes, encoding, data)| blob::decode(digest, bytes, &encoding, data))
         .transpose()
+}
+
+/// `PRAGMA integrity_check` and `foreign_key_check` on an untrusted file.
+pub(crate) fn check_integrity(file: &Path, access: Access) -> Result<()> {
+    let conn = schema::open_reader_with(file, access)?;
+    let verdict: String = conn.query_row("PRAGMA integrity_check(1)", [], |r| r.get(0))?;
+    if verdict != "ok" {
+        return Err(Error::corrupt(format!("integrity_check: {verdict}")));
+    }
+    let dangling: i64 =
+        conn.query_row("SELECT count(*) FROM pragma_foreign_key_check", [], |r| {
+            r.get(0)
+        })?;
+    if dangling != 0 {
+        return Err(Error::corrupt(format!(
+            "{dangling} rows reference missing commits or blobs"
+        )));
+    }
+    Ok(())
 }

@@ -196,6 +196,13 @@ pub(crate) fn checkpoint_truncate(conn: &Connection) -> Result<()> {
     Ok(())
 }
 
+/// Switches a freshly built file (an export) to `journal_mode=DELETE`, so that it is one
+/// self-contained file with no WAL beside it.
+pub(crate) fn use_rollback_journal(conn: &Connection) -> Result<()> {
+    conn.pragma_update_and_check(None, "journal_mode", "DELETE", |r| r.get::<_, String>(0))?;
+    Ok(())
+}
+
 /// A writing connection for a short side update (a dependents row): it never
 /// checkpoints on close, so it costs one commit and nothing more.
 pub(crate) fn open_side_writer(path: &Path) -> Result<Connection> {

@@ -49,6 +49,18 @@ pub(crate) fn init_file(conn: &mut Connection, header: &Header) -> Result<()> {
     Ok(())
 }
 
+/// Runs `body` in one `BEGIN IMMEDIATE` transaction on `conn`, committed when it succeeds
+/// (rolled back otherwise).
+pub(crate) fn in_transaction<T>(
+    conn: &mut Connection,
+    body: impl FnOnce(&Transaction<'_>) -> Result<T>,
+) -> Result<T> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let out = body(&tx)?;
+    tx.commit()?;
+    Ok(out)
+}
+
 /// Bumps the lease generation and records `owner` (the caller holds the writer lock).
 /// Returns the new generation.
 pub(crate) fn take_lease(conn: &mut Connection, owner: &WriterOwner) -> Result<u64> {

@@ -1,0 +1,99 @@
+//! Lineage and dependents rows, and the materialisation of an inherited range: every
+//! statement a fork, a rewind or a delete runs on a session file.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rusqlite::{Connection, TransactionBehavior, params};
+
+use crate::error::Result;
+use crate::model::event::inherited_operation_id;
+use crate::store::read::{self, LineageEntry};
+use crate::store::schema::{self, Durability};
+use crate::store::write::{self, Accepted};
+
+/// Commits copied per read while materialising.
+const COPY_PAGE: usize = 1000;
+
+/// Records `child` as a dependent of the session file `file` through `through`, durably
+/// (on a side connection: the file's writer, if any, is not disturbed).
+pub(crate) fn record_dependent(file: &Path, child: &str, through: u64) -> Result<()> {
+    let mut conn = schema::open_side_writer(file)?;
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.execute(
+        "INSERT INTO dependents (child_id, through_seq) VALUES (?1, ?2)
+         ON CONFLICT (child_id) DO UPDATE SET through_seq = max(through_seq, excluded.through_seq)",
+        params![child, through],
+    )?;
+    tx.commit()?;
+    Ok(())
+}
+
+/// Drops `child`'s dependents row from the session file `file`.
+pub(crate) fn forget_dependent(file: &Path, child: &str) -> Result<()> {
+    let conn = schema::open_writer(file, Durability::PowerLoss)?;
+    conn.execute("DELETE FROM dependents WHERE child_id = ?1", [child])?;
+    Ok(())
+}
+
+/// Replaces a file's lineage rows.
+pub(crate) fn write_lineage(conn: &mut Connection, lineage: &[LineageEntry]) -> Result<()> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    tx.execute("DELETE FROM lineage", [])?;
+    for (depth, e) in lineage.iter().enumerate() {
+        tx.execute(
+            "INSERT INTO lineage (depth, ancestor_id, after_seq, through_seq) VALUES (?1, ?2, ?3, ?4)",
+            params![depth as i64, e.ancestor_id.as_str(), e.after_seq, e.through_seq],
+        )?;
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+/// Copies every range the session file `child_file` inherits from `ancestor` (whose file
+/// is `source_file`) into `child_file` itself: commits (with inherited operation ids),
+/// their events and blobs, turns and history rows; then drops those lineage rows. One
+/// transaction: a crash leaves the child either untouched or self-sufficient for them.
+pub(crate) fn materialize(source_file: &Path, ancestor: &str, child_file: &Path) -> Result<()> {
+    let source = schema::open_reader(source_file)?;
+    let mut conn = schema::open_writer(child_file, Durability::PowerLoss)?;
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let ranges: Vec<_> = read::read_lineage(&tx)?
+        .into_iter()
+        .filter(|e| e.ancestor_id.as_str() == ancestor)
+        .collect();
+    for range in &ranges {
+        let mut after = range.after_seq;
+        while after < range.through_seq {
+            let mut budget = read::PAGE_BYTES;
+            let page =
+                read::read_commits(&source, after, range.through_seq, COPY_PAGE, &mut budget)?;
+            let Some(last) = page.last() else {
+                break;
+            };
+            after = last.last_seq();
+            let batch: Vec<_> = page
+                .into_iter()
+                .map(|mut commit| {
+                    commit.operation_id = inherited_operation_id(ancestor, &commit);
+                    Arc::new(Accepted {
+                        commit: Arc::new(commit),
+                        closed_turns: Vec::new(),
+                        history: Vec::new(),
+                        charge: 0,
+                    })
+                })
+                .collect();
+            write::insert_commits(&tx, &batch)?;
+        }
+        let turns = read::read_turns_ending_in(&source, range.after_seq, range.through_seq)?;
+        write::insert_turns(&tx, &turns)?;
+        write::copy_history(&tx, &source, range.after_seq, range.through_seq)?;
+        tx.execute(
+            "DELETE FROM lineage WHERE ancestor_id = ?1 AND after_seq = ?2",
+            params![ancestor, range.after_seq],
+        )?;
+    }
+    tx.commit()?;
+    Ok(())
+}

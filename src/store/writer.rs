@@ -1,0 +1,89 @@
+//! The one writer of a session file: its connection, its writer lock and its lease
+//! generation; the drain transaction, checkpoint writes and the close policy. A live
+//! `Session` owns one and never touches the file otherwise.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rusqlite::Connection;
+
+use crate::error::{Result, WriterOwner};
+use crate::store::lock::WriterLock;
+use crate::store::schema::{self, Durability, SESSION_FILE};
+use crate::store::write::{self, Accepted};
+
+/// What a closing writer does with the session's WAL.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CheckpointPolicy {
+    /// `wal_checkpoint(TRUNCATE)` on close: the main file is complete on its own. Skipped
+    /// (as with `LeaveToReplicator`) for a session Litestream replicates, i.e. one with a
+    /// `.session.sqlite-litestream` folder beside its file.
+    #[default]
+    TruncateOnClose,
+    /// Leave checkpoints to SQLite's automatic (passive) checkpoints and to a replicator
+    /// such as Litestream, which must see every WAL frame before it is checkpointed.
+    LeaveToReplicator,
+}
+
+/// A session file opened for writing under its writer lock, with the lease taken.
+pub(crate) struct FileWriter {
+    conn: Connection,
+    /// Held for as long as the writer lives; dropping it releases the file.
+    _lock: WriterLock,
+    owner: WriterOwner,
+    dir: PathBuf,
+    policy: CheckpointPolicy,
+}
+
+impl FileWriter {
+    /// Opens the session file in `dir` under `lock` (already held by the caller, e.g.
+    /// handed over from staging), bumps the lease generation and records `owner` with
+    /// it, in the lock file and in the `lease` row.
+    pub(crate) fn open(
+        dir: &Path,
+        mut lock: WriterLock,
+        mut owner: WriterOwner,
+        durability: Durability,
+        policy: CheckpointPolicy,
+    ) -> Result<FileWriter> {
+        // Provisional record first, so a refused opener can name us at once.
+        lock.record_owner(&owner)?;
+        let mut conn = schema::open_writer(&dir.join(SESSION_FILE), durability)?;
+        owner.generation = write::take_lease(&mut conn, &owner)?;
+        lock.record_owner(&owner)?;
+        Ok(FileWriter {
+            conn,
+            _lock: lock,
+            owner,
+            dir: dir.to_path_buf(),
+            policy,
+        })
+    }
+
+    /// The lease this writer holds (its generation is the fencing token).
+    pub(crate) fn owner(&self) -> &WriterOwner {
+        &self.owner
+    }
+
+    /// The drain: writes `batch` in one transaction, fenced by this writer's generation.
+    pub(crate) fn drain(&mut self, batch: &[Arc<Accepted>]) -> Result<()> {
+        write::write_commits(&mut self.conn, self.owner.generation, batch)
+    }
+
+    /// Replaces the projection checkpoint (`projection` as JSON, as of `through_seq`).
+    pub(crate) fn store_checkpoint(&self, through_seq: u64, projection: &str) -> Result<()> {
+        write::store_checkpoint(&self.conn, through_seq, projection)
+    }
+
+    /// Closes the file as the policy says (checkpointing and truncating the WAL unless
+    /// the WAL is left to a replicator), then releases the writer lock.
+    pub(crate) fn close(self) {
+        if self.policy == CheckpointPolicy::TruncateOnClose
+            && !self.dir.join(schema::LITESTREAM_DIR).is_dir()
+        {
+            // Best effort: a failed checkpoint leaves a WAL that the next opener replays.
+            let _ = schema::checkpoint_truncate(&self.conn);
+        }
+    }
+}

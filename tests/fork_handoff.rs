@@ -1,0 +1,111 @@
+//! A fork is published with its writer lock held and opened under that same lock (as a
+//! create is): no other opener can take the new child between its publication and the
+//! forking writer.
+
+mod common;
+
+use std::fs::{File, OpenOptions};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use common::{id, turn};
+use session_store::{CreateOptions, Error, ForkPoint, Root, Service};
+
+/// Forks this many children, each raced by a competitor.
+const FORKS: usize = 40;
+
+/// Spins on the child's `writer.lock` with a raw OS lock (`flock`, the same lock the
+/// store takes; per open file description, so it contends like another process),
+/// without pausing, from before the fork until `stop`. Returns the lock file when it ever
+/// got the lock (held until then), `None` otherwise.
+fn race_for_lock(path: std::path::PathBuf, stop: Arc<AtomicBool>) -> Option<File> {
+    while !stop.load(Ordering::Relaxed) {
+        // Not created here: only a published child's lock file is raced for.
+        if let Ok(file) = OpenOptions::new().read(true).write(true).open(&path)
+            && file.try_lock().is_ok()
+        {
+            return Some(file);
+        }
+        std::hint::spin_loop();
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_other_opener_takes_a_forked_child_before_its_writer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = Root::open(dir.path().join("sessions")).expect("root");
+    let service = Service::new("local", root.clone()).expect("service");
+    let parent = service
+        .create(CreateOptions::with_id(id("parent")))
+        .await
+        .expect("create parent");
+    parent
+        .session()
+        .append(turn("op-1", "turn-1", "m1"))
+        .expect("append");
+    let r = parent.session_ref().clone();
+    let mut children = Vec::new();
+    for i in 0..FORKS {
+        let child = id(&format!("child-{i:02}"));
+        let stop = Arc::new(AtomicBool::new(false));
+        let racer = {
+            let path = root.session_dir(&child).join("writer.lock");
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || race_for_lock(path, stop))
+        };
+        let forked = service.fork(&r, "turn-1", Some(child.clone())).await;
+        stop.store(true, Ordering::Relaxed);
+        let taken = racer.join().expect("racer");
+        assert!(
+            taken.is_none(),
+            "fork {i}: another opener took the child's writer lock before the fork's writer ({forked:?})"
+        );
+        let forked = forked.unwrap_or_else(|e| panic!("fork {i}: {e}"));
+        assert_eq!(forked.session().id(), &child);
+        children.push(forked);
+    }
+    // Each child stays owned by its fork's writer.
+    for child in &children {
+        match root.open_writer(child.session().id()) {
+            Err(Error::WriterOwned { owner }) => {
+                assert_eq!(owner.owner_id, child.session().owner().owner_id)
+            }
+            other => panic!("expected WriterOwned, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn root_fork_writer_returns_the_child_opened_under_its_staged_lock() {
+    let (_dir, root) = common::temp_root();
+    let parent = common::create(&root, "p");
+    parent.append(turn("op-1", "turn-1", "m1")).expect("append");
+    parent.flush().expect("flush");
+    let child = root
+        .fork_writer(
+            &id("p"),
+            ForkPoint::AfterTurn("turn-1".into()),
+            Some(id("c")),
+        )
+        .expect("fork_writer");
+    assert_eq!(child.id(), &id("c"));
+    assert_eq!(child.inherited_events(), 3);
+    assert_eq!(child.owner().generation, 1, "the first lease of the child");
+    match root.open_writer(&id("c")) {
+        Err(Error::WriterOwned { owner }) => assert_eq!(owner.owner_id, child.owner().owner_id),
+        other => panic!("expected WriterOwned, got {other:?}"),
+    }
+    child
+        .append(turn("op-2", "turn-2", "m2"))
+        .expect("append to the child");
+    assert_eq!(child.flush().expect("flush"), 6);
+    child.close().expect("close");
+    assert_eq!(
+        root.open_reader(&id("c"))
+            .expect("reader")
+            .durable_sequence()
+            .expect("durable"),
+        6
+    );
+}
