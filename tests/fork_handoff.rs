@@ -1,6 +1,6 @@
-//! A fork is published with its writer lock held and opened under that same lock (as a
-//! create is): no other opener can take the new child between its publication and the
-//! forking writer.
+//! A fork, and a legacy continuation, is published with its writer lock held and opened
+//! under that same lock (as a create is): no other opener can take the new session
+//! between its publication and the service's writer.
 
 mod common;
 
@@ -13,6 +13,9 @@ use session_store::{CreateOptions, Error, ForkPoint, Root, Service};
 
 /// Forks this many children, each raced by a competitor.
 const FORKS: usize = 40;
+
+/// Continues this many legacy transcripts, each raced by a competitor.
+const LEGACY: usize = 40;
 
 /// Spins on the child's `writer.lock` with a raw OS lock (`flock`, the same lock the
 /// store takes; per open file description, so it contends like another process),
@@ -108,4 +111,79 @@ fn root_fork_writer_returns_the_child_opened_under_its_staged_lock() {
             .expect("durable"),
         6
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_other_opener_takes_a_migrated_legacy_session_before_its_writer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sources: Vec<_> = (0..LEGACY)
+        .map(|i| {
+            let path = dir.path().join(format!("old-{i:02}.jsonl"));
+            std::fs::write(
+                &path,
+                format!("{{\"role\":\"user\",\"content\":\"hello {i}\"}}\n"),
+            )
+            .expect("write source");
+            path
+        })
+        .collect();
+    // The target id depends on the source only (path, digest, head), not on the root:
+    // learn each one from a migration into a scratch root.
+    let scratch = Service::new(
+        "local",
+        Root::open(dir.path().join("scratch")).expect("root"),
+    )
+    .expect("scratch service");
+    let mut targets = Vec::new();
+    for source in &sources {
+        let (_, record) = scratch
+            .continue_legacy(source, "")
+            .await
+            .expect("scratch migration");
+        targets.push(record.target_id);
+    }
+    scratch.close_all().await.expect("close scratch");
+    let root = Root::open(dir.path().join("sessions")).expect("root");
+    let service = Service::new("local", root.clone()).expect("service");
+    let mut runtimes = Vec::new();
+    for (i, (source, target)) in sources.iter().zip(&targets).enumerate() {
+        let stop = Arc::new(AtomicBool::new(false));
+        let racer = {
+            let path = root.session_dir(target).join("writer.lock");
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || race_for_lock(path, stop))
+        };
+        let continued = service.continue_legacy(source, "").await;
+        stop.store(true, Ordering::Relaxed);
+        let taken = racer.join().expect("racer");
+        assert!(
+            taken.is_none(),
+            "legacy {i}: another opener took the migrated session's writer lock before the \
+             service's writer ({continued:?})"
+        );
+        let (runtime, record) = continued.unwrap_or_else(|e| panic!("legacy {i}: {e}"));
+        assert_eq!(&record.target_id, target);
+        assert!(!record.reused);
+        assert_eq!(runtime.session().id(), target);
+        runtimes.push(runtime);
+    }
+    // Each migrated session stays owned by the service's writer; continuing it again in
+    // the same service reuses that runtime.
+    for (source, runtime) in sources.iter().zip(&runtimes) {
+        let id = runtime.session().id();
+        match root.open_writer(id) {
+            Err(Error::WriterOwned { owner }) => {
+                assert_eq!(owner.owner_id, runtime.session().owner().owner_id)
+            }
+            other => panic!("expected WriterOwned, got {other:?}"),
+        }
+        let (again, record) = service
+            .continue_legacy(source, "")
+            .await
+            .expect("continue again");
+        assert!(record.reused);
+        assert!(again.session().same_instance(runtime.session()));
+        assert_eq!(again.session().snapshot().projection.messages.len(), 1);
+    }
+    service.close_all().await.expect("close all");
 }

@@ -331,20 +331,29 @@ impl Root {
 
     /// Creates a session and has `fill` write to it while it is still under `.staging/`;
     /// closes it and only then publishes it, so a crash or an error before the end leaves
-    /// nothing visible (at most a staging folder). Returns the id.
+    /// nothing visible (at most a staging folder). The writer lock is held throughout:
+    /// the session is published locked and reopened for writing under that same lock, as
+    /// [`Root::create`] does, so no other opener can take it in between.
+    ///
+    /// # Errors
+    /// [`Error::SessionExists`] when the id is taken; `fill`'s error; I/O and SQLite
+    /// errors (an error of the final open leaves the session published, unopened).
     pub(crate) fn create_filled(
         &self,
         options: CreateOptions,
         purpose: &str,
         fill: impl FnOnce(&Session) -> Result<()>,
-    ) -> Result<SessionId> {
+    ) -> Result<Session> {
         let header = new_header(options);
         let id = header.session_id.clone();
         let (staged, lock) = self.stage(&id, purpose, |conn| write::init_file(conn, &header))?;
-        let session = self.start_writer(staged.dir(), lock)?;
-        fill(&session)?;
-        session.close()?;
-        self.publish(staged, &id).map(|()| id)
+        let filling = self.start_writer(staged.dir(), lock)?;
+        fill(&filling)?;
+        let lock = filling.close_keeping_lock()?;
+        // Nothing of the filling session may stay open on the staged path.
+        drop(filling);
+        self.publish(staged, &id)?;
+        self.start_writer(&self.session_dir(&id), lock)
     }
 
     /// Builds a new session file in a fresh staging folder and takes its writer lock.

@@ -112,89 +112,160 @@ fn cut_at_head(mut messages: Vec<Message>, head: &str) -> Result<Vec<Message>> {
     Ok(messages)
 }
 
-/// Publishes the canonical session for a legacy transcript, filled before it becomes
-/// visible (a crash leaves nothing). Idempotent: a second call reuses the target, and
-/// every batch has a deterministic operation id, so appending them again adds nothing
-/// (and completes a target an older build published before filling it).
-pub(crate) fn migrate(root: &Root, source: &Path, head: &str) -> Result<MigrationRecord> {
-    let path = std::fs::canonicalize(source)
-        .map_err(|e| Error::io(format!("resolve {}", source.display()), e))?;
-    let bytes =
-        std::fs::read(&path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
-    let digest = sha256_hex(&bytes);
-    let path_text = path.to_string_lossy().into_owned();
-    let target_hex = sha256_hex(format!("{path_text}\0{digest}\0{head}\0{CODEC}").as_bytes());
-    let target_id = SessionId::new(&target_hex[..24])?;
-    let branch = path
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let (messages, torn) = parse_transcript(&bytes, &branch, &digest)?;
-    let messages = cut_at_head(messages, head)?;
-    let provenance = json!({
-        "source_path": path_text,
-        "source_size": bytes.len(),
-        "source_sha256": digest,
-        "legacy_head_id": head,
-        "version": "legacy",
-    });
-    let append_all = |session: &Session| -> Result<()> {
-        for (n, chunk) in messages.chunks(MESSAGES_PER_BATCH).enumerate() {
-            let events = chunk
-                .iter()
-                .map(|message| Event::new("message/complete").with_payload(&MessageOf { message }))
-                .collect::<Result<Vec<_>>>()?;
-            session.append(Batch::new(
-                format!("legacy-import:{digest}:messages:{n}"),
-                events,
-            ))?;
-        }
-        Ok(())
-    };
-    // Filled under `.staging/` and published whole: a crash leaves nothing visible. A
-    // concurrent migration of the same source may publish it first: then it is reused.
-    let created = !root.session_dir(&target_id).exists()
-        && match root.create_filled(
-            CreateOptions {
-                session_id: Some(target_id.clone()),
-                origin: Origin::LegacyImport,
-                provenance: Some(provenance),
-                ..CreateOptions::default()
-            },
-            "legacy",
-            append_all,
-        ) {
-            Ok(_) => true,
-            Err(Error::SessionExists(_)) => false,
-            Err(e) => return Err(e),
+/// A legacy transcript read and parsed, with the deterministic id of the session that
+/// continues it. Nothing is written until [`Migration::run`] or [`Migration::complete`].
+pub(crate) struct Migration {
+    target_id: SessionId,
+    path_text: String,
+    source_size: u64,
+    digest: String,
+    head: String,
+    messages: Vec<Message>,
+    torn: bool,
+}
+
+impl Migration {
+    /// Reads and parses the transcript at `source`, cut at `head` ("" keeps it all).
+    ///
+    /// # Errors
+    /// [`Error::Io`] for an unreadable source; [`Error::InvalidInput`] for a line that is
+    /// not a message or not UTF-8 (other than a torn last line), or an unknown `head`.
+    pub(crate) fn read(source: &Path, head: &str) -> Result<Migration> {
+        let path = std::fs::canonicalize(source)
+            .map_err(|e| Error::io(format!("resolve {}", source.display()), e))?;
+        let bytes =
+            std::fs::read(&path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+        let digest = sha256_hex(&bytes);
+        let path_text = path.to_string_lossy().into_owned();
+        let target_hex = sha256_hex(format!("{path_text}\0{digest}\0{head}\0{CODEC}").as_bytes());
+        let target_id = SessionId::new(&target_hex[..24])?;
+        let branch = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let (messages, torn) = parse_transcript(&bytes, &branch, &digest)?;
+        let messages = cut_at_head(messages, head)?;
+        Ok(Migration {
+            target_id,
+            path_text,
+            source_size: bytes.len() as u64,
+            digest,
+            head: head.to_owned(),
+            messages,
+            torn,
+        })
+    }
+
+    /// The id of the session that continues the transcript.
+    pub(crate) fn target_id(&self) -> &SessionId {
+        &self.target_id
+    }
+
+    /// Publishes the canonical session for the transcript, filled before it becomes
+    /// visible (a crash leaves nothing), and returns it open for writing: it is published
+    /// with its writer lock held and opened under that lock, so no other opener can take
+    /// it in between. Idempotent: when the target exists it is reopened and completed
+    /// (see [`Migration::complete`]).
+    ///
+    /// # Errors
+    /// [`Error::SessionExists`] when the target comes from another source;
+    /// [`Error::WriterOwned`] when another writer holds an existing target; I/O and
+    /// SQLite errors.
+    pub(crate) fn run(self, root: &Root) -> Result<(Session, MigrationRecord)> {
+        let provenance = json!({
+            "source_path": self.path_text,
+            "source_size": self.source_size,
+            "source_sha256": self.digest,
+            "legacy_head_id": self.head,
+            "version": "legacy",
+        });
+        // Filled under `.staging/` and published whole: a crash leaves nothing visible. A
+        // concurrent migration of the same source may publish it first: then it is reused.
+        let created = if root.session_dir(&self.target_id).exists() {
+            None
+        } else {
+            match root.create_filled(
+                CreateOptions {
+                    session_id: Some(self.target_id.clone()),
+                    origin: Origin::LegacyImport,
+                    provenance: Some(provenance),
+                    ..CreateOptions::default()
+                },
+                "legacy",
+                |session| self.append_all(session),
+            ) {
+                Ok(session) => Some(session),
+                Err(Error::SessionExists(_)) => None,
+                Err(e) => return Err(e),
+            }
         };
-    let reused = !created;
-    if reused {
-        let info = root.stat(&target_id)?;
+        match created {
+            Some(session) => Ok((session, self.record(false))),
+            None => {
+                self.check_source(root)?;
+                let session = root.open_writer(&self.target_id)?;
+                let record = self.complete(root, &session)?;
+                Ok((session, record))
+            }
+        }
+    }
+
+    /// Reuses the target, already open for writing as `session`: checks that it continues
+    /// this very source and completes it. Every batch has a deterministic operation id,
+    /// so appending them again adds nothing (and completes a target an older build
+    /// published before filling it).
+    ///
+    /// # Errors
+    /// [`Error::SessionExists`] when the target comes from another source; append errors.
+    pub(crate) fn complete(self, root: &Root, session: &Session) -> Result<MigrationRecord> {
+        self.check_source(root)?;
+        self.append_all(session)?;
+        Ok(self.record(true))
+    }
+
+    /// Refuses an existing target whose provenance names another source digest.
+    fn check_source(&self, root: &Root) -> Result<()> {
+        let info = root.stat(&self.target_id)?;
         if info
             .header
             .provenance
             .as_ref()
             .and_then(|p| p["source_sha256"].as_str())
-            != Some(digest.as_str())
+            != Some(self.digest.as_str())
         {
             return Err(Error::SessionExists(format!(
-                "{target_id} (from another source)"
+                "{} (from another source)",
+                self.target_id
             )));
         }
-        // Complete already unless an older build published it before filling it.
-        let session = root.open_writer(&target_id)?;
-        append_all(&session)?;
-        session.close()?;
+        Ok(())
     }
-    Ok(MigrationRecord {
-        target_id,
-        source_path: path_text,
-        source_size: bytes.len() as u64,
-        source_sha256: digest,
-        legacy_head_id: head.to_owned(),
-        message_count: messages.len(),
-        reused,
-        torn_last_line: torn,
-    })
+
+    /// Appends every message, in batches with deterministic operation ids.
+    fn append_all(&self, session: &Session) -> Result<()> {
+        for (n, chunk) in self.messages.chunks(MESSAGES_PER_BATCH).enumerate() {
+            let events = chunk
+                .iter()
+                .map(|message| Event::new("message/complete").with_payload(&MessageOf { message }))
+                .collect::<Result<Vec<_>>>()?;
+            session.append(Batch::new(
+                format!("legacy-import:{}:messages:{n}", self.digest),
+                events,
+            ))?;
+        }
+        Ok(())
+    }
+
+    fn record(self, reused: bool) -> MigrationRecord {
+        MigrationRecord {
+            message_count: self.messages.len(),
+            target_id: self.target_id,
+            source_path: self.path_text,
+            source_size: self.source_size,
+            source_sha256: self.digest,
+            legacy_head_id: self.head,
+            reused,
+            torn_last_line: self.torn,
+        }
+    }
 }

@@ -274,51 +274,67 @@ impl Service {
 
     pub(crate) async fn open_runtime(&self, r: &SessionRef) -> Result<Runtime> {
         self.check_ref(r)?;
-        let id = r.session_id.clone();
+        if let Some(rt) = self.reserve(&r.session_id).await {
+            return Ok(rt);
+        }
+        let root = self.inner.root.clone();
+        let open_id = r.session_id.clone();
+        let opened = blocking(move || {
+            let session = root.open_writer(&open_id)?;
+            recovery::close_interrupted_turn(&session)?;
+            Ok(session)
+        })
+        .await;
+        self.install(r, opened)
+    }
+
+    /// Returns the runtime of `id` when it is published; otherwise reserves `id` in
+    /// `preparing` (waiting while another open holds the reservation) and returns `None`:
+    /// the caller opens the session and ends with [`Service::install`].
+    async fn reserve(&self, id: &SessionId) -> Option<Runtime> {
         loop {
-            let wait = {
+            let notified = {
                 let mut reg = self.registry();
-                if let Some(rt) = reg.active.get(&id) {
-                    return Ok(rt.clone());
+                if let Some(rt) = reg.active.get(id) {
+                    return Some(rt.clone());
                 }
-                if reg.preparing.contains(&id) {
-                    Some(self.inner.registry_changed.notified())
-                } else {
+                if !reg.preparing.contains(id) {
                     reg.preparing.insert(id.clone());
-                    None
+                    return None;
                 }
+                self.inner.registry_changed.notified()
             };
-            if let Some(notified) = wait {
-                notified.await;
-                continue;
-            }
-            let root = self.inner.root.clone();
-            let open_id = id.clone();
-            let opened = blocking(move || {
-                let session = root.open_writer(&open_id)?;
-                recovery::close_interrupted_turn(&session)?;
-                Ok(session)
-            })
-            .await;
-            return self.install(r, opened);
+            notified.await;
         }
     }
 
     /// Ends the open of a session reserved in `preparing`: publishes its runtime when
     /// `opened` succeeded, and wakes whoever waits for the reservation either way.
     fn install(&self, r: &SessionRef, opened: Result<Session>) -> Result<Runtime> {
+        let session = match opened {
+            Ok(session) => session,
+            Err(e) => {
+                self.release_reservation(&r.session_id);
+                return Err(e);
+            }
+        };
         let id = &r.session_id;
-        let mut reg = self.registry();
-        reg.preparing.remove(id);
-        let result = opened.map(|session| {
-            let rt = Runtime::new(r.clone(), session);
+        let rt = Runtime::new(r.clone(), session);
+        {
+            let mut reg = self.registry();
+            reg.preparing.remove(id);
             reg.active.insert(id.clone(), rt.clone());
             reg.closed.remove(id);
-            rt
-        });
-        drop(reg);
+        }
         self.inner.registry_changed.notify_waiters();
-        result
+        Ok(rt)
+    }
+
+    /// Ends a failed open of a session reserved in `preparing`: drops the reservation and
+    /// wakes whoever waits for it.
+    fn release_reservation(&self, id: &SessionId) {
+        self.registry().preparing.remove(id);
+        self.inner.registry_changed.notify_waiters();
     }
 
     /// Removes the runtime from the registry only if it is still the exact published
@@ -592,14 +608,32 @@ impl Service {
         source: impl AsRef<Path>,
         head: &str,
     ) -> Result<(Runtime, MigrationRecord)> {
-        let root = self.inner.root.clone();
         let source = source.as_ref().to_path_buf();
         let head = head.to_owned();
-        let record = blocking(move || legacy::migrate(&root, &source, &head)).await?;
-        let runtime = self
-            .open_runtime(&self.session_ref(record.target_id.clone()))
-            .await?;
-        Ok((runtime, record))
+        let migration = blocking(move || legacy::Migration::read(&source, &head)).await?;
+        let r = self.session_ref(migration.target_id().clone());
+        let root = self.inner.root.clone();
+        // Already open in this service: reuse that runtime.
+        if let Some(rt) = self.reserve(&r.session_id).await {
+            let session = rt.session().clone();
+            let record = blocking(move || migration.complete(&root, &session)).await?;
+            return Ok((rt, record));
+        }
+        // Published with its writer lock held and opened under it: no other process can
+        // take the migrated session in between (`Root::create_filled`).
+        let migrated = blocking(move || {
+            let (session, record) = migration.run(&root)?;
+            recovery::close_interrupted_turn(&session)?;
+            Ok((session, record))
+        })
+        .await;
+        match migrated {
+            Ok((session, record)) => Ok((self.install(&r, Ok(session))?, record)),
+            Err(e) => {
+                self.release_reservation(&r.session_id);
+                Err(e)
+            }
+        }
     }
 }
 

@@ -15,6 +15,7 @@ use crate::model::{Batch, Commit, Event, Projection, SessionId};
 use crate::session::pool::{self, Drain};
 use crate::store::blob::MAX_BLOB_BYTES;
 use crate::store::checkpoint;
+use crate::store::lock::WriterLock;
 use crate::store::reader::SessionReader;
 use crate::store::write::Accepted;
 use crate::store::writer::FileWriter;
@@ -304,7 +305,19 @@ impl Session {
     /// # Errors
     /// The final drain's error.
     pub fn close(&self) -> Result<()> {
-        self.shared.close()
+        self.shared.close().map(drop)
+    }
+
+    /// As [`Session::close`], but hands back the writer lock, still held, instead of
+    /// releasing it: the caller can publish or reopen the file under it with no gap in
+    /// which another opener could take it.
+    ///
+    /// # Errors
+    /// The final drain's error (the session then keeps its lock and tail, or gives the
+    /// file up when poisoned, as [`Session::close`] does); [`Error::Closed`] when the
+    /// session was already closed, its lock released.
+    pub(crate) fn close_keeping_lock(&self) -> Result<WriterLock> {
+        self.shared.close()?.ok_or(Error::Closed)
     }
 
     /// Whether two handles are the same session instance.
@@ -618,11 +631,13 @@ impl Shared {
         }
     }
 
-    fn close(self: &Arc<Self>) -> Result<()> {
+    /// Closes the session; returns its writer lock, still held, unless an earlier close
+    /// had already released it.
+    fn close(self: &Arc<Self>) -> Result<Option<WriterLock>> {
         {
             let mut s = lock(&self.state);
             if s.released {
-                return Ok(());
+                return Ok(None);
             }
             s.closed = true;
         }
@@ -630,13 +645,12 @@ impl Shared {
         match self.flush() {
             Ok(_) => {
                 self.write_checkpoint(CHECKPOINT_ON_CLOSE);
-                self.release();
-                Ok(())
+                Ok(self.release())
             }
             // The outcome of the last write is unknown: only a reopen (WAL recovery) can
             // tell, so give the file up; what was accepted but not written is lost.
             Err(e) if lock(&self.state).poisoned => {
-                self.release();
+                drop(self.release());
                 Err(e)
             }
             // A clean failure (e.g. a full disk): keep the lock and the tail for a retry.
@@ -644,13 +658,12 @@ impl Shared {
         }
     }
 
-    /// Closes the file as the writer's policy says and drops the lock.
-    fn release(&self) {
+    /// Closes the file as the writer's policy says and returns its lock (dropping it
+    /// releases the file).
+    fn release(&self) -> Option<WriterLock> {
         lock(&self.state).released = true;
         let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(w) = writer {
-            w.close();
-        }
+        writer.map(FileWriter::close)
     }
 }
 

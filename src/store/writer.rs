@@ -30,7 +30,7 @@ pub enum CheckpointPolicy {
 pub(crate) struct FileWriter {
     conn: Connection,
     /// Held for as long as the writer lives; dropping it releases the file.
-    _lock: WriterLock,
+    lock: WriterLock,
     owner: WriterOwner,
     dir: PathBuf,
     policy: CheckpointPolicy,
@@ -54,7 +54,7 @@ impl FileWriter {
         lock.record_owner(&owner)?;
         Ok(FileWriter {
             conn,
-            _lock: lock,
+            lock,
             owner,
             dir: dir.to_path_buf(),
             policy,
@@ -77,13 +77,18 @@ impl FileWriter {
     }
 
     /// Closes the file as the policy says (checkpointing and truncating the WAL unless
-    /// the WAL is left to a replicator), then releases the writer lock.
-    pub(crate) fn close(self) {
+    /// the WAL is left to a replicator) and hands back the writer lock, still held:
+    /// dropping it releases the file, keeping it lets the caller publish or reopen the
+    /// file with no gap in which another opener could take it.
+    pub(crate) fn close(self) -> WriterLock {
         if self.policy == CheckpointPolicy::TruncateOnClose
             && !self.dir.join(schema::LITESTREAM_DIR).is_dir()
         {
             // Best effort: a failed checkpoint leaves a WAL that the next opener replays.
             let _ = schema::checkpoint_truncate(&self.conn);
         }
+        // The connection is closed before the lock is handed on.
+        drop(self.conn);
+        self.lock
     }
 }
