@@ -12,7 +12,7 @@ use crate::error::{Error, Result, WriterOwner};
 use crate::model::event::{INHERITED_OPERATION_PREFIX, derived_event_id, operation_hash};
 use crate::model::ids::{derived_turn_id, now_ms, random_hex};
 use crate::model::{Batch, Commit, Event, Projection, SessionId};
-use crate::session::ops::{Known, OperationIds};
+use crate::session::ops::{Known, OperationIds, operation_key};
 use crate::session::pool::{self, Drain};
 use crate::store::blob::MAX_BLOB_BYTES;
 use crate::store::checkpoint;
@@ -149,8 +149,6 @@ impl Session {
         let reader = SessionReader::open(dir)?;
         let (checkpoint_seq, projection) = reader.projection_and_checkpoint()?;
         let durable_seq = reader.durable_sequence()?;
-        let mut ops = OperationIds::new();
-        reader.each_operation_id(|id| ops.insert(id))?;
         let state = State {
             checkpoint_seq,
             checkpoint_size: if checkpoint_seq == 0 {
@@ -163,7 +161,7 @@ impl Session {
             durable_seq,
             tail: VecDeque::new(),
             tail_ops: HashMap::new(),
-            ops,
+            ops: OperationIds::new(),
             queued_bytes: 0,
             draining: false,
             armed_at: None,
@@ -173,18 +171,20 @@ impl Session {
             closed: false,
             released: false,
         };
-        Ok(Session {
-            shared: Arc::new(Shared {
-                id: reader.header().session_id.clone(),
-                dir: dir.to_path_buf(),
-                owner: writer.owner().clone(),
-                config,
-                reader,
-                state: Mutex::new(state),
-                changed: Condvar::new(),
-                writer: Mutex::new(Some(writer)),
-            }),
-        })
+        let shared = Arc::new(Shared {
+            id: reader.header().session_id.clone(),
+            dir: dir.to_path_buf(),
+            owner: writer.owner().clone(),
+            config,
+            reader,
+            state: Mutex::new(state),
+            changed: Condvar::new(),
+            writer: Mutex::new(Some(writer)),
+        });
+        // The operation ids of the file are loaded by the first scheduled drain, on a
+        // writer thread: opening does not scan them.
+        shared.arm(&mut lock(&shared.state), Instant::now());
+        Ok(Session { shared })
     }
 
     /// The session id.
@@ -621,10 +621,22 @@ impl Drain for Shared {
             let mut s = lock(&self.state);
             // Any scheduled drain that runs stands for every one armed before it.
             s.armed_at = None;
-            if s.paused || s.released {
+            if s.released {
+                return;
+            }
+            // The run armed at open loads the operation ids; with nothing to drain it
+            // does no more (a checkpoint waits for a drain that writes).
+            let idle = s.paused || s.tail.is_empty();
+            if !s.ops.loaded() && idle {
+                drop(s);
+                self.load_operation_ids();
+                return;
+            }
+            if s.paused {
                 return;
             }
         }
+        self.load_operation_ids();
         // A failure is recorded in the state and reported by the next flush.
         if self.drain().is_ok() {
             self.write_checkpoint(CHECKPOINT_WHILE_RUNNING);
@@ -633,6 +645,22 @@ impl Drain for Shared {
 }
 
 impl Shared {
+    /// Loads the operation ids of the file into the filter, once, without holding the
+    /// state lock while reading. Best effort: until it succeeds, a new id costs a lookup.
+    fn load_operation_ids(&self) {
+        if lock(&self.state).ops.loaded() {
+            return;
+        }
+        let mut keys = Vec::new();
+        if self
+            .reader
+            .each_operation_id(|id| keys.push(operation_key(id)))
+            .is_ok()
+        {
+            lock(&self.state).ops.load(keys);
+        }
+    }
+
     /// Stores the projection as a checkpoint when everything accepted is durable and one
     /// is due ([`checkpoint_due`]). Best effort: it is derived data.
     fn write_checkpoint(&self, min_events: u64) {

@@ -6,10 +6,11 @@
 //!   commits (a retry of one of them is answered from memory: a conflict at once, the
 //!   original commit by one cold read);
 //! * the filter: a growing series of Bloom filters over every operation id of the file
-//!   (loaded when the session opens) and every id accepted since. An id it does not
-//!   contain was never used, so a fresh append needs no lookup. It stops at
-//!   [`MAX_FILTER_BYTES`] (about a million ids); past that, and on a false positive, the
-//!   session asks SQLite, without holding its state lock.
+//!   (loaded on a writer thread after the session opens, so opening does not scan the
+//!   file) and every id accepted since. An id it does not contain was never used, so a
+//!   fresh append needs no lookup. It stops at [`MAX_FILTER_BYTES`] (about a million
+//!   ids); past that, before it is loaded and on a false positive, the session asks
+//!   SQLite, without holding its state lock.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, VecDeque};
@@ -64,7 +65,8 @@ impl Segment {
     }
 }
 
-fn hash_of(operation_id: &str) -> u64 {
+/// The filter key of an operation id.
+pub(crate) fn operation_key(operation_id: &str) -> u64 {
     let mut h = DefaultHasher::new();
     operation_id.hash(&mut h);
     h.finish()
@@ -89,25 +91,46 @@ pub(crate) struct OperationIds {
     /// eviction may have missed the evicted id and is repeated.
     evictions: u64,
     segments: Vec<Segment>,
-    /// Every id of the file and every accepted id is in `segments`.
-    complete: bool,
+    /// The filter reached its bound and was dropped: it answers nothing any more.
+    full: bool,
+    /// The ids the file held are in the filter (those accepted since always are).
+    loaded: bool,
 }
 
 impl OperationIds {
-    /// An empty set (a file without commits).
+    /// An empty set whose filter is not loaded yet (see [`OperationIds::load`]).
     pub(crate) fn new() -> OperationIds {
         OperationIds {
             recent: HashMap::new(),
             order: VecDeque::new(),
             evictions: 0,
             segments: Vec::new(),
-            complete: true,
+            full: false,
+            loaded: false,
         }
     }
 
-    /// Adds an id to the filter (an id of the file, or one just accepted).
+    /// Whether [`OperationIds::load`] ran.
+    pub(crate) fn loaded(&self) -> bool {
+        self.loaded
+    }
+
+    /// Adds the keys ([`operation_key`]) of every operation id the file held; from then on
+    /// the filter can tell that an id is new.
+    pub(crate) fn load(&mut self, keys: impl IntoIterator<Item = u64>) {
+        for key in keys {
+            self.insert_key(key);
+        }
+        self.loaded = true;
+    }
+
+    /// Adds an id just accepted to the filter.
     pub(crate) fn insert(&mut self, operation_id: &str) {
-        if !self.complete {
+        self.insert_key(operation_key(operation_id));
+    }
+
+    fn insert_key(&mut self, key: u64) {
+        if self.full {
             return;
         }
         if self.segments.last().is_none_or(|s| s.len >= s.capacity) {
@@ -118,15 +141,14 @@ impl OperationIds {
             let used: usize = self.segments.iter().map(|s| s.bits.len() * 8).sum();
             if used + capacity * BITS_PER_ID / 8 > MAX_FILTER_BYTES {
                 // Full: from now on a miss asks the file.
-                self.complete = false;
+                self.full = true;
                 self.segments = Vec::new();
                 return;
             }
             self.segments.push(Segment::new(capacity));
         }
-        let hash = hash_of(operation_id);
         if let Some(segment) = self.segments.last_mut() {
-            segment.insert(hash);
+            segment.insert(key);
         }
     }
 
@@ -152,8 +174,8 @@ impl OperationIds {
         if let Some(hash) = self.recent.get(operation_id) {
             return Known::Recent(hash);
         }
-        if self.complete {
-            let hash = hash_of(operation_id);
+        if self.loaded && !self.full {
+            let hash = operation_key(operation_id);
             if !self.segments.iter().any(|s| s.contains(hash)) {
                 return Known::Absent;
             }
@@ -174,6 +196,11 @@ mod tests {
     #[test]
     fn inserted_ids_are_never_absent_and_others_mostly_are() {
         let mut ids = OperationIds::new();
+        assert_eq!(ids.known("op-x"), Known::Unknown, "not loaded yet");
+        ids.load((0..20_000).map(|i| operation_key(&format!("file-{i}"))));
+        for i in 0..20_000 {
+            assert_ne!(ids.known(&format!("file-{i}")), Known::Absent);
+        }
         for i in 0..50_000 {
             ids.insert(&format!("op-{i}"));
         }
@@ -192,11 +219,12 @@ mod tests {
     #[test]
     fn the_filter_stops_at_its_bound_and_then_answers_unknown() {
         let mut ids = OperationIds::new();
+        ids.load([]);
         let limit = MAX_FILTER_BYTES * 8 / BITS_PER_ID;
         for i in 0..limit {
             ids.insert(&format!("op-{i}"));
         }
-        assert!(!ids.complete);
+        assert!(ids.full);
         assert!(ids.segments.is_empty());
         assert_eq!(ids.known("never"), Known::Unknown);
     }
@@ -204,6 +232,7 @@ mod tests {
     #[test]
     fn the_recent_window_is_bounded_and_counts_evictions() {
         let mut ids = OperationIds::new();
+        ids.load([]);
         for i in 0..RECENT_WINDOW + 10 {
             ids.insert(&format!("op-{i}"));
             ids.remember(&format!("op-{i}"), "h");
