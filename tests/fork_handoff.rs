@@ -183,7 +183,7 @@ async fn no_other_opener_takes_a_migrated_legacy_session_before_its_writer() {
             .expect("continue again");
         assert!(record.reused);
         assert!(again.session().same_instance(runtime.session()));
-        assert_eq!(again.session().snapshot().projection.messages.len(), 1);
+        assert_eq!(again.session().snapshot().projection.transcript_len, 1);
     }
     service.close_all().await.expect("close all");
 }

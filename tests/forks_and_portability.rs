@@ -177,7 +177,10 @@ fn export_and_delete_are_atomic_and_the_export_is_self_contained() {
     ));
     std::fs::remove_dir_all(root.path()).unwrap();
     let again = replay(&exported).unwrap();
-    assert_eq!(again.projection.messages[0].text().unwrap().len(), 160_000);
+    assert_eq!(
+        again.projection.model_messages[0].text().unwrap().len(),
+        160_000
+    );
 }
 
 #[test]
@@ -241,7 +244,7 @@ fn import_validates_and_publishes_atomically() {
         .unwrap()
         .projection()
         .unwrap();
-    assert_eq!(p.messages.len(), 1);
+    assert_eq!(p.transcript_len, 1);
     // The remapped copy keeps its idempotency keys.
     let w = desktop.open_writer(&remapped).unwrap();
     let retried = w

@@ -27,12 +27,13 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 
 use common::*;
 use serde_json::{Value, json};
 use session_store::{
-    Batch, CancelToken, Commit, Event, ForkPoint, ImportOptions, Projection, Root, SCHEMA_VERSION,
-    SessionId, replay, verify,
+    Batch, CancelToken, Commit, Event, ForkPoint, ImportOptions, Message, Projection, Replay, Root,
+    SCHEMA_VERSION, SessionId, TurnBoundary, replay, verify,
 };
 use sha2::{Digest, Sha256};
 
@@ -135,7 +136,12 @@ fn event_digest(e: &Event) -> String {
 }
 
 /// What a reader of a session sees, as recorded in `expected/<id>.json`.
-fn observed(commits: &[Commit], projection: &Projection) -> Value {
+fn observed(
+    commits: &[Commit],
+    projection: &Projection,
+    turns: &[TurnBoundary],
+    transcript: &[Arc<Message>],
+) -> Value {
     let commits: Vec<Value> = commits
         .iter()
         .map(|c| {
@@ -155,17 +161,33 @@ fn observed(commits: &[Commit], projection: &Projection) -> Value {
         "durable_sequence": durable,
         "commits": commits,
         "title": projection.title,
-        "turn_ids": projection.turns.iter().map(|t| t.turn_id.clone()).collect::<Vec<_>>(),
-        "history_message_ids": projection.messages.iter().map(|m| m.id().to_owned()).collect::<Vec<_>>(),
+        "turn_ids": turns.iter().map(|t| t.turn_id.clone()).collect::<Vec<_>>(),
+        "history_message_ids": transcript.iter().map(|m| m.id().to_owned()).collect::<Vec<_>>(),
         "model_message_ids": projection.model_messages.iter().map(|m| m.id().to_owned()).collect::<Vec<_>>(),
     })
+}
+
+/// What a replay of a file sees.
+fn observed_replay(replayed: &Replay) -> Value {
+    observed(
+        &replayed.commits,
+        &replayed.projection,
+        &replayed.turns,
+        &replayed.transcript,
+    )
 }
 
 /// What the root's reader of `name` sees (durable sequence from the reader itself).
 fn observed_session(root: &Root, name: &str) -> Value {
     let reader = root.open_reader(&id(name)).expect("reader");
     let commits = reader.replay().expect("reader replay");
-    let mut seen = observed(&commits, &reader.projection().expect("projection"));
+    let durable = reader.durable_sequence().expect("durable sequence");
+    let mut seen = observed(
+        &commits,
+        &reader.projection().expect("projection"),
+        &reader.turns().expect("turns"),
+        &reader.transcript(durable).expect("transcript"),
+    );
     assert_eq!(
         seen["durable_sequence"].as_u64(),
         Some(reader.durable_sequence().expect("durable sequence")),
@@ -326,10 +348,7 @@ fn write_schema2_fixtures() {
         );
     }
     let exported = replay(dir.join("export.sqlite")).expect("replay export");
-    write_json(
-        &expected.join("export.json"),
-        &observed(&exported.commits, &exported.projection),
-    );
+    write_json(&expected.join("export.json"), &observed_replay(&exported));
     write_json(
         &dir.join("manifest.json"),
         &json!({"schema_version": SCHEMA_VERSION, "sessions": SESSIONS, "export_of": EXPORTED}),
@@ -436,7 +455,7 @@ fn schema2_fixtures_read_append_fork_delete_and_import() {
         let expected = read_json(&fixtures.join(format!("expected/{name}.json")));
         assert_eq!(observed_session(&root, name), expected, "{name}: reader");
         let replayed = replay(root.session_dir(&id(name))).expect("replay");
-        let mut seen = observed(&replayed.commits, &replayed.projection);
+        let mut seen = observed_replay(&replayed);
         seen["inherited_events"] = expected["inherited_events"].clone();
         assert_eq!(seen, expected, "{name}: replay");
         let verified = verify(root.session_dir(&id(name))).expect("verify");
@@ -447,11 +466,7 @@ fn schema2_fixtures_read_append_fork_delete_and_import() {
         );
     }
     let replayed = replay(&export).expect("replay export");
-    assert_eq!(
-        observed(&replayed.commits, &replayed.projection),
-        export_expected,
-        "export"
-    );
+    assert_eq!(observed_replay(&replayed), export_expected, "export");
     assert_eq!(
         json!(verify(&export).expect("verify export").events),
         export_expected["durable_sequence"]

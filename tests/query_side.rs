@@ -271,7 +271,7 @@ async fn continue_legacy_tolerates_a_torn_last_line_and_reports_it() {
         record.source_size,
         std::fs::metadata(&legacy).unwrap().len()
     );
-    assert_eq!(rt.session().snapshot().projection.messages.len(), 1);
+    assert_eq!(rt.session().snapshot().projection.transcript_len, 1);
     service.close_all().await.unwrap();
     // A damaged line in the middle is refused, and nothing is published.
     let bad = dir.path().join("bad.jsonl");

@@ -324,7 +324,6 @@ fn check_tables(root: &Root, name: &SessionId, replayed: &session_store::Replay)
         .collect::<Result<_, _>>()
         .unwrap();
     let folded: Vec<(String, u64, u64, String)> = replayed
-        .projection
         .turns
         .iter()
         .map(|t| {

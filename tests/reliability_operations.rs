@@ -662,7 +662,10 @@ impl Fixture {
                 assert!(!record.reused, "{record:?}");
                 assert_eq!(record.message_count, *messages, "{record:?}");
                 let dir = env.root.session_dir(&record.target_id);
-                assert_eq!(replay(&dir).unwrap().projection.messages.len(), *messages);
+                assert_eq!(
+                    replay(&dir).unwrap().projection.transcript_len as usize,
+                    *messages
+                );
                 let got = print_of(&dir, Lines::Content).unwrap().0;
                 Want::Session(record.target_id, got)
             }
@@ -699,10 +702,9 @@ fn plan_steps(op: Op, template: &Root, work: &Path, rng: &mut fastrand::Rng) -> 
             .map(|i| {
                 let parent = FORK_PARENTS[rng.usize(..FORK_PARENTS.len())];
                 let after = rng.bool();
-                let turns = template.open_reader(&id(parent)).unwrap().projection();
+                let turns = template.open_reader(&id(parent)).unwrap().turns();
                 let usable: Vec<String> = turns
                     .unwrap()
-                    .turns
                     .into_iter()
                     .filter(|t| if after { t.fork_safe } else { t.rewind_safe })
                     .map(|t| t.turn_id)

@@ -328,7 +328,7 @@ async fn service_continue_legacy_publishes_new_identity_and_leaves_source_unchan
     assert!(second.reused);
     assert_eq!(second.target_id, migration.target_id);
     assert_eq!(
-        again.session().snapshot().projection.messages.len(),
+        again.session().snapshot().projection.transcript_len,
         2,
         "reuse appended nothing twice"
     );

@@ -28,8 +28,12 @@ fn reopen_keeps_every_durable_event_and_the_same_projection() {
     assert_eq!(after.event_sequence, 7);
     assert_eq!(after.durable_sequence, 7);
     assert_eq!(after.projection.title, "Reopened");
-    assert_eq!(after.projection.turns, before.projection.turns);
-    assert_eq!(after.projection.messages, before.projection.messages);
+    assert_eq!(after.projection.ended_turns, before.projection.ended_turns);
+    assert_eq!(
+        after.projection.transcript_len,
+        before.projection.transcript_len
+    );
+    assert_eq!(after.projection.preview, before.projection.preview);
     assert_eq!(
         after.projection.model_messages,
         before.projection.model_messages
@@ -144,7 +148,7 @@ fn cold_readers_see_only_durable_commits() {
     assert_eq!(cold.durable_sequence().unwrap(), 1);
     let commits = cold.commits(0, 10).unwrap();
     assert_eq!(commits.len(), 1);
-    assert_eq!(cold.projection().unwrap().messages[0].id(), "m");
+    assert_eq!(cold.transcript(1).unwrap()[0].id(), "m");
     s.close().unwrap();
 }
 
@@ -465,8 +469,10 @@ fn a_projection_checkpoint_gives_the_same_state_as_a_full_fold() {
     let folded = session_store::Projection::fold(&reader.replay().unwrap()).unwrap();
     let from_checkpoint = reader.projection().unwrap();
     for p in [&live, &from_checkpoint] {
-        assert_eq!(p.messages, folded.messages);
-        assert_eq!(p.turns, folded.turns);
+        assert_eq!(p.model_messages, folded.model_messages);
+        assert_eq!(p.transcript_len, folded.transcript_len);
+        assert_eq!(p.ended_turns, folded.ended_turns);
+        assert_eq!(p.preview, folded.preview);
         assert_eq!(p.title, folded.title);
         assert_eq!(p.committed_sequence, folded.committed_sequence);
     }
@@ -527,5 +533,5 @@ fn a_checkpoint_is_rewritten_only_when_it_saves_more_than_it_holds() {
     s.close().unwrap();
     assert_eq!(through(), 5_600);
     let reader = root.open_reader(&name).unwrap();
-    assert_eq!(reader.projection().unwrap().messages.len(), 5_600);
+    assert_eq!(reader.projection().unwrap().transcript_len, 5_600);
 }

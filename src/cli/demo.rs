@@ -273,7 +273,7 @@ struct Summary {
     /// Events written (durable).
     events: u64,
     /// Ended turns.
-    turns: usize,
+    turns: u64,
     /// Distinct blobs referenced by the written events.
     blobs: usize,
     /// Raw bytes of those blobs.
@@ -363,7 +363,7 @@ fn create_fresh(root: &Root, script: &Script) -> CliResult<Session> {
 /// What writing one script produced.
 struct Written {
     events: u64,
-    turns: usize,
+    turns: u64,
     /// Blob digest → raw bytes.
     blobs: BTreeMap<String, u64>,
 }
@@ -456,7 +456,7 @@ fn write_script(session: &Session, script: &Script) -> CliResult<Written> {
         session.flush()?;
     }
     let events = session.flush()?;
-    let turns = session.with_projection(|p| p.ended_turns());
+    let turns = session.with_projection(|p| p.ended_turns);
     let mut blobs = BTreeMap::new();
     for commit in session.reader().replay()? {
         for e in commit.events {

@@ -162,7 +162,7 @@ struct Show {
     dependents: Vec<Dependent>,
     turn_status: String,
     open_turn: Option<String>,
-    messages: usize,
+    messages: u64,
     turns: Vec<TurnBoundary>,
     tables: Vec<TableBytes>,
     file_bytes: u64,
@@ -198,8 +198,8 @@ pub fn show(cx: &Context, id: &str) -> CliResult<()> {
         dependents: reader.dependents()?,
         turn_status: projection.turn_status.clone(),
         open_turn: projection.turn_id.clone(),
-        messages: projection.messages.len(),
-        turns: projection.turns.clone(),
+        messages: projection.transcript_len,
+        turns: reader.turns()?,
         tables: root.table_bytes(&id)?,
         file_bytes,
         header: info.header,
@@ -605,7 +605,7 @@ pub fn verify(cx: &Context, target: &str) -> CliResult<()> {
         return print_json(&json!({
             "ok": true, "path": path.to_string_lossy(), "session_id": replay.header.session_id,
             "commits": replay.commits, "events": replay.events,
-            "turns": p.turns.len(), "messages": p.messages.len(),
+            "turns": p.ended_turns, "messages": p.transcript_len,
         }));
     }
     println!(
@@ -615,8 +615,8 @@ pub fn verify(cx: &Context, target: &str) -> CliResult<()> {
         printable(&path.display().to_string()),
         replay.commits,
         replay.events,
-        p.turns.len(),
-        p.messages.len()
+        p.ended_turns,
+        p.transcript_len
     );
     Ok(())
 }

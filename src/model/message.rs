@@ -77,27 +77,6 @@ impl Message {
         })
     }
 
-    /// A message from parts a checkpoint stored (so they were probed when the message was
-    /// first appended): no second parse of the JSON.
-    pub(crate) fn from_checked_parts(
-        id: String,
-        role: Option<String>,
-        filtered: bool,
-        json: Box<RawValue>,
-    ) -> Message {
-        Message {
-            id,
-            role,
-            filtered,
-            json,
-        }
-    }
-
-    /// The parts [`Message::from_checked_parts`] takes back.
-    pub(crate) fn parts(&self) -> (&str, Option<&str>, bool, &RawValue) {
-        (&self.id, self.role.as_deref(), self.filtered, &self.json)
-    }
-
     /// A message from a JSON object.
     ///
     /// # Errors
@@ -252,11 +231,6 @@ impl<'de> Deserialize<'de> for Message {
         }
         Message::from_raw(json).map_err(serde::de::Error::custom)
     }
-}
-
-/// The provider view of a list of messages.
-pub(crate) fn model_messages(messages: &[Arc<Message>]) -> Vec<Arc<Message>> {
-    messages.iter().filter_map(Message::for_model).collect()
 }
 
 #[cfg(test)]

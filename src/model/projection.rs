@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::model::event::{Commit, Event};
-use crate::model::message::{Message, model_messages};
+use crate::model::message::Message;
 
 /// Event kinds the projection understands; any other kind must be `optional`.
 pub const PROJECTION_KINDS: [&str; 23] = [
@@ -128,6 +128,12 @@ pub struct RecoveryStatus {
 }
 
 /// Session state folded from its events.
+///
+/// The projection holds small state and the model workset; the UI transcript is not kept
+/// here (it lives in the log and the history index, read with
+/// `SessionReader::transcript` and history pages), only its length, where each message id
+/// sits (for duplicate ids and upserts) and the preview. So its memory does not grow with
+/// the transcript's bodies.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Projection {
     /// Sequence of the last folded event.
@@ -140,10 +146,17 @@ pub struct Projection {
     pub current_turn_start: u64,
     /// Whether a rewind to before the open turn would be allowed.
     pub current_turn_rewind_safe: bool,
-    /// Every ended turn, in order.
-    pub turns: Vec<TurnBoundary>,
-    /// The UI transcript.
-    pub messages: Vec<Arc<Message>>,
+    /// How many turns ended (the turns themselves are in the turn index:
+    /// `SessionReader::turns`).
+    pub ended_turns: u64,
+    /// How many messages the UI transcript holds.
+    pub transcript_len: u64,
+    /// The first user message's text, trimmed, cut to 240 characters. An upsert that
+    /// empties that message clears it; a later user message does not take its place.
+    pub preview: Option<String>,
+    /// 1-based transcript position of the preview's message (0: none).
+    #[serde(default)]
+    preview_position: u64,
     /// The exact provider workset.
     pub model_messages: Vec<Arc<Message>>,
     /// The current turn's todo list.
@@ -168,16 +181,58 @@ pub struct Projection {
     pub model_ref: String,
     /// The configured model identity.
     pub model_identity: Option<Value>,
-    /// Id → position in `messages` / `model_messages`; rebuilt on first use after a
-    /// projection is deserialized (e.g. from a checkpoint).
+    /// Transcript message ids (as [`MessageKey`]s) → 0-based position.
     #[serde(skip)]
-    index: Option<Indexes>,
+    transcript_ids: HashMap<MessageKey, u32>,
+    /// Where each model-workset message was read from, parallel to `model_messages`.
+    #[serde(skip)]
+    model_refs: Vec<ModelRef>,
+    /// Id → position in `model_messages`; rebuilt on first use.
+    #[serde(skip)]
+    model_index: Option<HashMap<String, usize>>,
 }
 
-#[derive(Clone, Debug, Default)]
-struct Indexes {
-    messages: HashMap<String, usize>,
-    model: HashMap<String, usize>,
+/// A message id as the transcript index keeps it: its XXH3-128 hash. Two different ids
+/// share one with probability about n²/2¹²⁹ (10⁻²⁶ for a million messages), the same
+/// assumption content addressing makes.
+pub(crate) type MessageKey = u128;
+
+/// The key of a message id.
+pub(crate) fn message_key(id: &str) -> MessageKey {
+    xxhash_rust::xxh3::xxh3_128(id.as_bytes())
+}
+
+/// Where a model-workset message is read from: the event at `seq` (its `message`, or item
+/// `item` of its `messages` array), taken as its provider view when `provider_view`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ModelRef {
+    /// The event.
+    pub seq: u64,
+    /// Index in the payload's `messages` array (bulk replacements only).
+    pub item: Option<u32>,
+    /// Whether the workset holds the message's provider view ([`Message::for_model`]).
+    pub provider_view: bool,
+}
+
+impl ModelRef {
+    /// The provider view of the message of the message event at `seq`.
+    fn message(seq: u64) -> ModelRef {
+        ModelRef {
+            seq,
+            item: None,
+            provider_view: true,
+        }
+    }
+}
+
+/// What a fold changed besides the projection: the turns it ended (for the turn index) and
+/// the transcript changes (for the history index).
+#[derive(Debug, Default)]
+pub(crate) struct FoldEffects {
+    /// Turns ended, in order.
+    pub turns: Vec<TurnBoundary>,
+    /// Transcript changes, in order.
+    pub history: Vec<HistoryChange>,
 }
 
 /// A change to the UI transcript, as the history index records it.
@@ -200,6 +255,24 @@ pub(crate) enum HistoryChange {
         /// The message.
         message: Arc<Message>,
     },
+}
+
+/// Applies transcript changes to a transcript held whole (oldest first).
+pub(crate) fn apply_history(transcript: &mut Vec<Arc<Message>>, changes: &[HistoryChange]) {
+    for change in changes {
+        match change {
+            HistoryChange::Reset { .. } => transcript.clear(),
+            HistoryChange::Put {
+                position, message, ..
+            } => {
+                let at = usize::try_from(position.saturating_sub(1)).unwrap_or(usize::MAX);
+                match transcript.get_mut(at) {
+                    Some(slot) => *slot = Arc::clone(message),
+                    None => transcript.push(Arc::clone(message)),
+                }
+            }
+        }
+    }
 }
 
 /// A batch that passed [`Projection::prepare`], ready to apply.
@@ -545,26 +618,6 @@ fn parse(event: &Event) -> Result<Parsed> {
 }
 
 impl Projection {
-    /// The number of ended turns.
-    pub fn ended_turns(&self) -> usize {
-        self.turns.len()
-    }
-
-    /// The first user message's text, trimmed, cut to 240 characters.
-    pub fn preview(&self) -> Option<String> {
-        self.messages
-            .iter()
-            .filter(|m| m.role() == Some("user"))
-            .filter_map(|m| m.text())
-            .find(|t| !t.trim().is_empty())
-            .map(|t| t.trim().chars().take(240).collect())
-    }
-
-    /// The ended turn with this id.
-    pub fn turn(&self, turn_id: &str) -> Option<&TurnBoundary> {
-        self.turns.iter().find(|t| t.turn_id == turn_id)
-    }
-
     /// Whether the state has an open turn or a pending interaction.
     pub fn has_active_authority(&self) -> bool {
         self.turn_id.is_some() || !self.interactions.is_empty()
@@ -651,37 +704,28 @@ impl Projection {
         commit_last_seq: u64,
         turn_id: Option<&str>,
     ) {
-        self.apply_tracked(prepared, first_seq, commit_last_seq, turn_id, None);
+        let mut effects = FoldEffects::default();
+        self.apply_tracked(prepared, first_seq, commit_last_seq, turn_id, &mut effects);
     }
 
-    /// As [`Projection::apply_prepared`], also recording the transcript changes for the
-    /// history index.
+    /// As [`Projection::apply_prepared`], also recording the turns ended and the
+    /// transcript changes in `effects`.
     pub(crate) fn apply_tracked(
         &mut self,
         prepared: PreparedFold,
         first_seq: u64,
         commit_last_seq: u64,
         turn_id: Option<&str>,
-        mut history: Option<&mut Vec<HistoryChange>>,
+        effects: &mut FoldEffects,
     ) {
-        let turns_before = self.turns.len();
+        let turns_before = effects.turns.len();
         for (i, p) in prepared.0.into_iter().enumerate() {
             let seq = first_seq + i as u64;
             self.committed_sequence = seq;
-            let effect = match &p {
-                Parsed::MessageComplete(m) | Parsed::MessageUpsert(m) => {
-                    Some(Some(m.id().to_owned()))
-                }
-                Parsed::HistoryReplace(_) | Parsed::LegacyImport(_) => Some(None),
-                _ => None,
-            };
-            self.apply_one(p, seq, first_seq, commit_last_seq, turn_id);
-            if let (Some(effect), Some(sink)) = (effect, history.as_deref_mut()) {
-                self.record_history(seq, effect.as_deref(), sink);
-            }
+            self.apply_one(p, seq, first_seq, commit_last_seq, turn_id, effects);
         }
         let fork_safe = !self.has_active_authority();
-        for t in &mut self.turns[turns_before..] {
+        for t in &mut effects.turns[turns_before..] {
             t.fork_safe = fork_safe;
         }
     }
@@ -691,21 +735,14 @@ impl Projection {
     /// # Errors
     /// As [`Projection::prepare`].
     pub fn apply_commit(&mut self, commit: &Commit) -> Result<()> {
-        let prepared = self.prepare(&commit.events)?;
-        self.apply_prepared(
-            prepared,
-            commit.first_seq,
-            commit.last_seq(),
-            commit.turn_id.as_deref(),
-        );
-        Ok(())
+        self.apply_commit_tracked(commit, &mut FoldEffects::default())
     }
 
-    /// As [`Projection::apply_commit`], also recording transcript changes.
+    /// As [`Projection::apply_commit`], also recording what the fold changed.
     pub(crate) fn apply_commit_tracked(
         &mut self,
         commit: &Commit,
-        history: &mut Vec<HistoryChange>,
+        effects: &mut FoldEffects,
     ) -> Result<()> {
         let prepared = self.prepare(&commit.events)?;
         self.apply_tracked(
@@ -713,7 +750,7 @@ impl Projection {
             commit.first_seq,
             commit.last_seq(),
             commit.turn_id.as_deref(),
-            Some(history),
+            effects,
         );
         Ok(())
     }
@@ -737,22 +774,24 @@ impl Projection {
         commit_first_seq: u64,
         commit_last_seq: u64,
         turn_id: Option<&str>,
+        effects: &mut FoldEffects,
     ) {
         match parsed {
             Parsed::Skip => {}
             Parsed::MessageComplete(m) => {
                 if let Some(model) = m.for_model() {
-                    self.push_model(model);
+                    self.push_model(model, ModelRef::message(seq));
                 }
-                let at = self.messages.len();
-                self.index_mut().messages.insert(m.id().to_owned(), at);
-                self.messages.push(m);
+                self.put_transcript(m, seq, &mut effects.history);
             }
-            Parsed::MessageUpsert(m) => self.upsert(m),
-            Parsed::HistoryReplace(ms) => self.replace_history(ms),
-            Parsed::ModelReplace(ms) => self.replace_model(ms),
+            Parsed::MessageUpsert(m) => {
+                self.upsert_model(&m, seq);
+                self.put_transcript(m, seq, &mut effects.history);
+            }
+            Parsed::HistoryReplace(ms) => self.replace_history(ms, seq, &mut effects.history),
+            Parsed::ModelReplace(ms) => self.replace_model(ms, seq),
             Parsed::LegacyImport(l) => {
-                self.replace_history(l.messages);
+                self.replace_history(l.messages, seq, &mut effects.history);
                 self.goal_state = l.goal;
                 self.model_ref = l.model_ref.trim().to_owned();
                 self.model_identity = l.model_identity;
@@ -779,7 +818,8 @@ impl Projection {
                 if let Some(open) = self.turn_id.take()
                     && self.current_turn_start != 0
                 {
-                    self.turns.push(TurnBoundary {
+                    self.ended_turns += 1;
+                    effects.turns.push(TurnBoundary {
                         turn_id: open,
                         start_sequence: self.current_turn_start,
                         end_sequence: seq,
@@ -816,104 +856,195 @@ impl Projection {
         }
     }
 
-    /// What event `seq` did to the transcript: put message `id` at its position, or (for
-    /// `None`) replace the whole transcript.
-    fn record_history(&mut self, seq: u64, id: Option<&str>, sink: &mut Vec<HistoryChange>) {
-        match id {
-            Some(id) => {
-                if let Some(&at) = self.index_mut().messages.get(id) {
-                    sink.push(HistoryChange::Put {
-                        seq,
-                        position: at as u64 + 1,
-                        item: None,
-                        message: Arc::clone(&self.messages[at]),
-                    });
-                }
-            }
-            None => {
-                sink.push(HistoryChange::Reset { seq });
-                sink.extend(
-                    self.messages
-                        .iter()
-                        .enumerate()
-                        .map(|(i, m)| HistoryChange::Put {
-                            seq,
-                            position: i as u64 + 1,
-                            item: Some(i as u64),
-                            message: Arc::clone(m),
-                        }),
-                );
-            }
-        }
-    }
-
     fn knows_message(&self, id: &str) -> bool {
-        match &self.index {
-            Some(index) => index.messages.contains_key(id),
-            None => self.messages.iter().any(|m| m.id() == id),
+        self.transcript_ids.contains_key(&message_key(id))
+    }
+
+    /// Puts `m` (from a `message/complete` or `message/upsert` at `seq`) into the
+    /// transcript: at the position of its id, else at the end.
+    fn put_transcript(&mut self, m: Arc<Message>, seq: u64, history: &mut Vec<HistoryChange>) {
+        let key = message_key(m.id());
+        let at = match self.transcript_ids.get(&key) {
+            Some(&at) => u64::from(at),
+            None => {
+                let at = self.transcript_len;
+                self.transcript_ids.insert(key, transcript_slot(at));
+                self.transcript_len += 1;
+                at
+            }
+        };
+        self.note_preview(at + 1, &m);
+        history.push(HistoryChange::Put {
+            seq,
+            position: at + 1,
+            item: None,
+            message: m,
+        });
+    }
+
+    /// Keeps the preview on the first user message with text, given `m` now at
+    /// `position` (1-based).
+    fn note_preview(&mut self, position: u64, m: &Message) {
+        let text = (m.role() == Some("user"))
+            .then(|| m.text())
+            .flatten()
+            .map(|t| t.trim().chars().take(240).collect::<String>())
+            .filter(|t| !t.is_empty());
+        match text {
+            Some(t) if self.preview_position == 0 || position <= self.preview_position => {
+                self.preview = Some(t);
+                self.preview_position = position;
+            }
+            None if position == self.preview_position => {
+                self.preview = None;
+                self.preview_position = 0;
+            }
+            _ => {}
         }
     }
 
-    fn index_mut(&mut self) -> &mut Indexes {
-        let (messages, model) = (&self.messages, &self.model_messages);
-        self.index.get_or_insert_with(|| Indexes {
-            messages: index_of(messages),
-            model: index_of(model),
+    fn model_index(&mut self) -> &mut HashMap<String, usize> {
+        let model = &self.model_messages;
+        self.model_index.get_or_insert_with(|| {
+            model
+                .iter()
+                .enumerate()
+                .filter(|(_, m)| !m.id().is_empty())
+                .map(|(i, m)| (m.id().to_owned(), i))
+                .collect()
         })
     }
 
-    fn push_model(&mut self, m: Arc<Message>) {
+    fn push_model(&mut self, m: Arc<Message>, from: ModelRef) {
         if !m.id().is_empty() {
             let at = self.model_messages.len();
-            self.index_mut().model.insert(m.id().to_owned(), at);
+            self.model_index().insert(m.id().to_owned(), at);
         }
         self.model_messages.push(m);
+        self.model_refs.push(from);
     }
 
-    fn upsert(&mut self, m: Arc<Message>) {
-        match self.index_mut().model.get(m.id()).copied() {
-            Some(i) => match m.for_model() {
-                Some(model) => self.model_messages[i] = model,
-                None => {
-                    self.model_messages.remove(i);
-                    self.index_mut().model = index_of(&self.model_messages);
-                }
-            },
-            None => {
-                if let Some(model) = m.for_model() {
-                    self.push_model(model);
-                }
+    /// The provider view of `m` (from the `message/upsert` at `seq`) replaces the
+    /// workset's message with its id, or joins the workset; a local-only `m` leaves it.
+    fn upsert_model(&mut self, m: &Arc<Message>, seq: u64) {
+        let from = ModelRef::message(seq);
+        match (self.model_index().get(m.id()).copied(), m.for_model()) {
+            (Some(i), Some(model)) => {
+                self.model_messages[i] = model;
+                self.model_refs[i] = from;
             }
-        }
-        match self.index_mut().messages.get(m.id()).copied() {
-            Some(i) => self.messages[i] = m,
-            None => {
-                let at = self.messages.len();
-                self.index_mut().messages.insert(m.id().to_owned(), at);
-                self.messages.push(m);
+            (Some(i), None) => {
+                self.model_messages.remove(i);
+                self.model_refs.remove(i);
+                self.model_index = None;
             }
+            (None, Some(model)) => self.push_model(model, from),
+            (None, None) => {}
         }
     }
 
-    fn replace_history(&mut self, messages: Vec<Arc<Message>>) {
-        self.replace_model(model_messages(&messages));
-        self.index_mut().messages = index_of(&messages);
-        self.messages = messages;
+    fn replace_history(
+        &mut self,
+        messages: Vec<Arc<Message>>,
+        seq: u64,
+        history: &mut Vec<HistoryChange>,
+    ) {
+        self.model_messages.clear();
+        self.model_refs.clear();
+        self.model_index = None;
+        for (i, m) in messages.iter().enumerate() {
+            if let Some(model) = m.for_model() {
+                self.push_model(
+                    model,
+                    ModelRef {
+                        seq,
+                        item: Some(transcript_slot(i as u64)),
+                        provider_view: true,
+                    },
+                );
+            }
+        }
+        history.push(HistoryChange::Reset { seq });
+        self.transcript_ids.clear();
+        self.transcript_len = messages.len() as u64;
+        self.preview = None;
+        self.preview_position = 0;
+        for (i, m) in messages.into_iter().enumerate() {
+            let at = i as u64;
+            if !m.id().is_empty() {
+                self.transcript_ids
+                    .insert(message_key(m.id()), transcript_slot(at));
+            }
+            self.note_preview(at + 1, &m);
+            history.push(HistoryChange::Put {
+                seq,
+                position: at + 1,
+                item: Some(at),
+                message: m,
+            });
+        }
     }
 
-    fn replace_model(&mut self, messages: Vec<Arc<Message>>) {
-        self.index_mut().model = index_of(&messages);
+    fn replace_model(&mut self, messages: Vec<Arc<Message>>, seq: u64) {
+        self.model_index = None;
+        self.model_refs = (0..messages.len())
+            .map(|i| ModelRef {
+                seq,
+                item: Some(transcript_slot(i as u64)),
+                provider_view: false,
+            })
+            .collect();
         self.model_messages = messages;
+    }
+
+    /// Where each model-workset message was read from (parallel to `model_messages`).
+    pub(crate) fn model_refs(&self) -> &[ModelRef] {
+        &self.model_refs
+    }
+
+    /// Puts back a workset read from its references (a checkpoint holds only those).
+    pub(crate) fn restore_model(&mut self, messages: Vec<Arc<Message>>, refs: Vec<ModelRef>) {
+        self.model_messages = messages;
+        self.model_refs = refs;
+        self.model_index = None;
+    }
+
+    /// The transcript index as bytes: for each position, the 16-byte little-endian key
+    /// of its message id (zero for none).
+    pub(crate) fn transcript_ids_bytes(&self) -> Vec<u8> {
+        let mut out = vec![0u8; self.transcript_len as usize * 16];
+        for (key, &at) in &self.transcript_ids {
+            let at = at as usize * 16;
+            if let Some(slot) = out.get_mut(at..at + 16) {
+                slot.copy_from_slice(&key.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    /// Puts back the transcript index from [`Projection::transcript_ids_bytes`]; `None`
+    /// when the bytes do not fit `transcript_len`.
+    pub(crate) fn restore_transcript_ids(&mut self, bytes: &[u8]) -> Option<()> {
+        if bytes.len() as u64 != self.transcript_len.checked_mul(16)? {
+            return None;
+        }
+        let mut ids = HashMap::with_capacity_and_hasher(bytes.len() / 16, Default::default());
+        for (at, chunk) in bytes.chunks_exact(16).enumerate() {
+            let key = u128::from_le_bytes(chunk.try_into().ok()?);
+            if key != 0 {
+                ids.insert(key, u32::try_from(at).ok()?);
+            }
+        }
+        self.transcript_ids = ids;
+        Some(())
     }
 }
 
-fn index_of(messages: &[Arc<Message>]) -> HashMap<String, usize> {
-    messages
-        .iter()
-        .enumerate()
-        .filter(|(_, m)| !m.id().is_empty())
-        .map(|(i, m)| (m.id().to_owned(), i))
-        .collect()
+/// A transcript position or item index as the indexes store it. Transcripts over 2³²
+/// messages are far beyond what a session file can hold (SQLite's 2⁶⁴ bytes aside, the
+/// smallest message event takes more than a byte), so the saturation is never reached.
+fn transcript_slot(at: u64) -> u32 {
+    u32::try_from(at).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]
@@ -946,13 +1077,12 @@ mod tests {
             Some("t1"),
         )
         .unwrap();
-        assert_eq!(p.turns.len(), 1);
-        assert_eq!(p.turns[0].start_sequence, 1);
-        assert_eq!(p.turns[0].end_sequence, 3);
+        assert_eq!(p.ended_turns, 1);
+        assert_eq!(p.transcript_len, 1);
         assert_eq!(p.turn_id, None);
         assert_eq!(p.turn_status, "completed");
         assert_eq!(p.model_messages.len(), 1);
-        assert_eq!(p.preview().as_deref(), Some("hi"));
+        assert_eq!(p.preview.as_deref(), Some("hi"));
     }
 
     #[test]
@@ -997,7 +1127,7 @@ mod tests {
             ])
             .unwrap();
         p.apply_prepared(ok, 2, 3, None);
-        assert_eq!(p.messages.len(), 1);
+        assert_eq!(p.transcript_len, 1);
     }
 
     #[test]
@@ -1011,8 +1141,7 @@ mod tests {
             None,
         )
         .unwrap();
-        assert_eq!(p.messages.len(), 2);
-        assert_eq!(p.messages[0].text().as_deref(), Some("2"));
+        assert_eq!(p.transcript_len, 2);
         assert_eq!(p.model_messages.len(), 1);
         assert_eq!(p.model_messages[0].text().as_deref(), Some("P"));
     }

@@ -57,13 +57,13 @@ fn copy_commits(reader: &SessionReader, through: u64, tx: &Transaction<'_>) -> R
     let mut pending_bytes = 0usize;
     let mut commits = 0u64;
     reader.visit(through, |c| {
-        let (closed_turns, history) = validator.check(&c)?;
+        let effects = validator.check(&c)?;
         commits += 1;
         pending_bytes += c.events.iter().map(Event::payload_len).sum::<usize>();
         pending.push(Arc::new(Accepted {
             commit: Arc::new(c),
-            closed_turns,
-            history,
+            closed_turns: effects.turns,
+            history: effects.history,
             charge: 0,
         }));
         if pending.len() >= COPY_BATCH || pending_bytes >= COPY_BATCH_BYTES {

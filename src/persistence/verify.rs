@@ -2,11 +2,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::model::header::Header;
-use crate::model::projection::HistoryChange;
-use crate::model::{Commit, Projection, TurnBoundary};
+use crate::model::projection::{FoldEffects, HistoryChange, apply_history};
+use crate::model::{Commit, Message, Projection, TurnBoundary};
 use crate::store::read::{HistoryRow, check_integrity};
 use crate::store::reader::SessionReader;
 use crate::store::schema::{self, Access, SESSION_FILE};
@@ -18,6 +19,10 @@ pub struct Replay {
     pub header: Header,
     /// Every durable commit in order.
     pub commits: Vec<Commit>,
+    /// The turns the fold ended, in order.
+    pub turns: Vec<TurnBoundary>,
+    /// The UI transcript the log ends with.
+    pub transcript: Vec<Arc<Message>>,
     /// The fold of all commits.
     pub projection: Projection,
 }
@@ -40,14 +45,13 @@ impl LogValidator {
 
     /// Folds the next commit (the reader already checked its sequence and hash); returns
     /// the turns it closes and its transcript changes.
-    pub(crate) fn check(&mut self, c: &Commit) -> Result<(Vec<TurnBoundary>, Vec<HistoryChange>)> {
-        let turns_before = self.projection.turns.len();
-        let mut history = Vec::new();
+    pub(crate) fn check(&mut self, c: &Commit) -> Result<FoldEffects> {
+        let mut effects = FoldEffects::default();
         self.projection
-            .apply_commit_tracked(c, &mut history)
+            .apply_commit_tracked(c, &mut effects)
             .map_err(|e| Error::corrupt(format!("commit at {}: {e}", c.first_seq)))?;
         self.next_seq = c.last_seq() + 1;
-        Ok((self.projection.turns[turns_before..].to_vec(), history))
+        Ok(effects)
     }
 
     /// The last validated sequence.
@@ -203,7 +207,7 @@ pub struct Verified {
 
 /// Checks a session file (or folder) as [`replay`] does and hands each validated commit
 /// to `f`, one page in memory at a time.
-fn validate_each(path: &Path, mut f: impl FnMut(Commit)) -> Result<Verified> {
+fn validate_each(path: &Path, mut f: impl FnMut(Commit, FoldEffects)) -> Result<Verified> {
     let target = resolve_target(path)?;
     check_integrity(&target.file, target.access)?;
     let reader = SessionReader::open_file(&target.file, &target.root, target.access)?;
@@ -211,10 +215,10 @@ fn validate_each(path: &Path, mut f: impl FnMut(Commit)) -> Result<Verified> {
     let mut commits = 0u64;
     let mut index = HistoryIndex::default();
     reader.visit(u64::MAX, |c| {
-        let (_, history) = validator.check(&c)?;
-        index.add(&history);
+        let effects = validator.check(&c)?;
+        index.add(&effects.history);
         commits += 1;
-        f(c);
+        f(c, effects);
         Ok(())
     })?;
     if let Some(stored) = reader.history_index(validator.last_seq())? {
@@ -238,11 +242,17 @@ fn validate_each(path: &Path, mut f: impl FnMut(Commit)) -> Result<Verified> {
 /// [`Error::Corrupt`] naming the first problem; [`Error::SessionNotFound`] for a missing file;
 /// [`Error::InvalidInput`] for a path that is neither a folder nor a regular file.
 pub fn replay(path: impl AsRef<Path>) -> Result<Replay> {
-    let mut commits = Vec::new();
-    let verified = validate_each(path.as_ref(), |c| commits.push(c))?;
+    let (mut commits, mut turns, mut transcript) = (Vec::new(), Vec::new(), Vec::new());
+    let verified = validate_each(path.as_ref(), |c, effects| {
+        commits.push(c);
+        turns.extend(effects.turns);
+        apply_history(&mut transcript, &effects.history);
+    })?;
     Ok(Replay {
         header: verified.header,
         commits,
+        turns,
+        transcript,
         projection: verified.projection,
     })
 }
@@ -253,5 +263,5 @@ pub fn replay(path: impl AsRef<Path>) -> Result<Replay> {
 /// # Errors
 /// As [`replay`].
 pub fn verify(path: impl AsRef<Path>) -> Result<Verified> {
-    validate_each(path.as_ref(), drop)
+    validate_each(path.as_ref(), |_, _| {})
 }

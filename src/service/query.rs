@@ -259,7 +259,18 @@ impl Query {
     /// # Errors
     /// [`Error::SessionNotFound`]; read errors.
     pub async fn history(&self, r: &SessionRef) -> Result<Vec<Arc<Message>>> {
-        Ok(self.snapshot(r).await?.projection.messages)
+        self.check(r)?;
+        let query = self.clone();
+        let id = r.session_id.clone();
+        let live = self.service.runtime(r);
+        blocking(move || match live {
+            Some(rt) => rt.session().transcript(),
+            None => {
+                let reader = query.cold_reader(&id)?;
+                reader.transcript(reader.durable_sequence()?)
+            }
+        })
+        .await
     }
 
     /// The session's snapshot: live (accepted) when attached, else folded from the
@@ -437,7 +448,7 @@ fn live_summary(rt: &crate::service::Runtime, entry: CatalogEntry) -> SessionSum
     let session = rt.session();
     let (accepted, durable) = session.sequences();
     let (title, turns, preview) =
-        session.with_projection(|p| (p.title.clone(), p.ended_turns() as u64, p.preview()));
+        session.with_projection(|p| (p.title.clone(), p.ended_turns, p.preview.clone()));
     let mut summary = SessionSummary::from_entry(&rt.session_ref().host_id, entry, accepted, true);
     summary.durable_sequence = durable;
     summary.title = title;

@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result, WriterOwner};
 use crate::model::event::{INHERITED_OPERATION_PREFIX, derived_event_id, operation_hash};
 use crate::model::ids::{derived_turn_id, now_ms, random_hex};
-use crate::model::{Batch, Commit, Event, Projection, SessionId};
+use crate::model::projection::{FoldEffects, apply_history};
+use crate::model::{Batch, Commit, Event, Message, Projection, SessionId};
 use crate::session::pool::{self, Drain};
 use crate::store::blob::MAX_BLOB_BYTES;
 use crate::store::checkpoint;
@@ -26,11 +27,11 @@ use crate::store::writer::FileWriter;
 const CHECKPOINT_ON_CLOSE: u64 = 1_000;
 const CHECKPOINT_WHILE_RUNNING: u64 = 50_000;
 
-/// What a checkpoint of `projection` holds that grows with the session: transcript
-/// messages and ended turns. Writing or reading a checkpoint costs about one folded event
-/// per item.
+/// What a checkpoint of `projection` costs to write and read, in folded events: a read
+/// of its event per workset message, and 16 bytes of transcript index per transcript
+/// message (a small fraction of a fold).
 fn checkpoint_size(projection: &Projection) -> u64 {
-    (projection.messages.len() + projection.turns.len()) as u64
+    projection.model_messages.len() as u64 + projection.transcript_len / 64
 }
 
 /// Whether a new projection checkpoint is worth writing after `new_events` events since
@@ -259,6 +260,24 @@ impl Session {
         f(&lock(&self.shared.state).projection)
     }
 
+    /// The whole UI transcript of every accepted commit, oldest first: the durable part
+    /// from the history index, then the changes of the accepted tail. It reads every
+    /// message; for a view, prefer history pages.
+    ///
+    /// # Errors
+    /// Read errors of the durable part.
+    pub fn transcript(&self) -> Result<Vec<Arc<Message>>> {
+        let (durable, tail) = {
+            let s = lock(&self.shared.state);
+            (s.durable_seq, s.tail.iter().cloned().collect::<Vec<_>>())
+        };
+        let mut transcript = self.shared.reader.transcript(durable)?;
+        for accepted in &tail {
+            apply_history(&mut transcript, &accepted.history);
+        }
+        Ok(transcript)
+    }
+
     /// Last accepted and last durable sequence.
     pub fn sequences(&self) -> (u64, u64) {
         let s = lock(&self.shared.state);
@@ -467,24 +486,22 @@ impl Shared {
             events,
         });
         let last_seq = commit.last_seq();
-        let turns_before = s.projection.turns.len();
-        let mut history = Vec::new();
+        let mut effects = FoldEffects::default();
         s.projection.apply_tracked(
             fold,
             first_seq,
             last_seq,
             commit.turn_id.as_deref(),
-            Some(&mut history),
+            &mut effects,
         );
-        let closed_turns = s.projection.turns[turns_before..].to_vec();
         s.next_seq = last_seq + 1;
         s.queued_bytes += batch.charge;
         s.tail_ops
             .insert(commit.operation_id.clone(), Arc::clone(&commit));
         s.tail.push_back(Arc::new(Accepted {
             commit: Arc::clone(&commit),
-            closed_turns,
-            history,
+            closed_turns: effects.turns,
+            history: effects.history,
             charge: batch.charge,
         }));
         if !s.draining && !s.paused {
@@ -588,7 +605,7 @@ impl Shared {
     /// Stores the projection as a checkpoint when everything accepted is durable and one
     /// is due ([`checkpoint_due`]). Best effort: it is derived data.
     fn write_checkpoint(&self, min_events: u64) {
-        let (seq, size, text) = {
+        let (seq, size, (text, ids)) = {
             let mut s = lock(&self.state);
             let new_events = s.durable_seq.saturating_sub(s.checkpoint_seq);
             if !s.tail.is_empty() || !checkpoint_due(new_events, s.checkpoint_size, min_events) {
@@ -605,7 +622,7 @@ impl Shared {
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
         {
-            Some(w) => w.store_checkpoint(seq, &text).is_ok(),
+            Some(w) => w.store_checkpoint(seq, &text, &ids).is_ok(),
             None => false,
         };
         if stored {

@@ -1,177 +1,123 @@
-//! The text of a projection checkpoint (`checkpoint.projection`): the projection in a
-//! compact form that an opener parses quickly, and its digest.
+//! The projection checkpoint: the small state, the transcript index and the model
+//! workset by reference. It never holds a message body: every message is in the log
+//! already, so the checkpoint names the event it comes from.
 //!
-//! Besides the small state, a projection holds three lists that grow with the session:
-//! the ended turns, the UI transcript and the model workset. Most model messages are the
-//! very transcript messages (shared `Arc`s), so the workset is stored as positions into
-//! the transcript, with only the messages of its own (filtered provider views, bulk
-//! replacements) written out; turns are stored as arrays instead of objects; a message is
-//! stored with the id, role and filter flag its append found, so decoding does not parse
-//! its JSON a second time. Decoding shares the `Arc`s again, so a checkpointed projection
-//! also costs the memory of one transcript, not two.
+//! `checkpoint.projection` is JSON text:
 //!
 //! ```text
-//! {"format": 3, "state": {…projection, lists empty…},
-//!  "turns": [[turn_id, start, end, boundary, status, fork_safe, rewind_safe], …],
-//!  "messages": [[id, role, filtered, message], …],
-//!  "model": [position ≥ 0 | -1 - k, …], "model_own": [[id, role, filtered, message] k, …]}
+//! {"format": 4, "state": {…the projection, workset empty…},
+//!  "model": [[seq, item, provider_view], …]}
 //! ```
 //!
-//! Anything else (an older form, a bad position) decodes as `None`: the opener then folds
-//! the log, which is always the truth. The digest ([`digest`]) is XXH3-128: it is there to
-//! notice damage (like every hash here it is unkeyed, so it cannot stop a deliberate edit),
-//! and at some 20 GB/s it costs an opener nothing next to parsing.
-
-use std::collections::HashMap;
-use std::sync::Arc;
+//! where each `model` entry is one workset message: the event at `seq`, its `message`
+//! (`item` = -1) or item `item` of its `messages` array, taken as its provider view when
+//! `provider_view` is 1. `checkpoint.message_ids` is the transcript index: 16 bytes per
+//! transcript position, the XXH3-128 of the message id there (little-endian; zero for
+//! none). So a checkpoint costs 16 bytes per transcript message plus a few bytes per
+//! workset message, whatever the messages' size.
+//!
+//! Anything else (an older form, an index that does not fit) decodes as `None`: the
+//! opener then folds the log, which is always the truth. The digest ([`digest`]) is
+//! XXH3-128: it is there to notice damage (like every hash here it is unkeyed, so it
+//! cannot stop a deliberate edit).
 
 use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
 
 use crate::error::{Error, Result};
-use crate::model::{Message, Projection, TurnBoundary};
+use crate::model::Projection;
+use crate::model::projection::ModelRef;
 
 /// The `format` this build writes and reads.
-const FORMAT: u32 = 3;
+const FORMAT: u32 = 4;
 
-/// A turn boundary as an array.
-type TurnRow = (String, u64, u64, u64, String, bool, bool);
+/// A workset reference as stored: sequence, item (-1 for none), provider view (0 / 1).
+type RefRow = (u64, i64, u8);
 
-/// A message as an array: id, role, filtered, the message JSON.
-type MessageRow = (String, Option<String>, bool, Box<RawValue>);
-
-/// What `checkpoint.digest` stores: XXH3-128 (hex) of `through_seq` in decimal, a NUL and
-/// the checkpoint text.
-pub(crate) fn digest(through_seq: u64, text: &str) -> String {
+/// What `checkpoint.digest` stores: XXH3-128 (hex) of `through_seq` in decimal, a NUL,
+/// the checkpoint text, a NUL and the transcript index.
+pub(crate) fn digest(through_seq: u64, text: &str, ids: &[u8]) -> String {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     h.update(through_seq.to_string().as_bytes());
     h.update(&[0]);
     h.update(text.as_bytes());
+    h.update(&[0]);
+    h.update(ids);
     format!("{:032x}", h.digest128())
-}
-
-fn message((id, role, filtered, json): MessageRow) -> Arc<Message> {
-    Arc::new(Message::from_checked_parts(id, role, filtered, json))
 }
 
 #[derive(Serialize)]
 struct Out<'a> {
     format: u32,
     state: &'a Projection,
-    turns: Vec<(&'a str, u64, u64, u64, &'a str, bool, bool)>,
-    messages: Vec<(&'a str, Option<&'a str>, bool, &'a RawValue)>,
-    model: Vec<i64>,
-    model_own: Vec<(&'a str, Option<&'a str>, bool, &'a RawValue)>,
+    model: Vec<RefRow>,
 }
 
 #[derive(Deserialize)]
 struct In {
     format: u32,
     state: Projection,
-    turns: Vec<TurnRow>,
-    messages: Vec<MessageRow>,
-    model: Vec<i64>,
-    model_own: Vec<MessageRow>,
+    model: Vec<RefRow>,
 }
 
-/// The checkpoint text of `projection`. Its three lists are moved out while the state is
-/// written and put back before returning.
-pub(crate) fn encode(projection: &mut Projection) -> Result<String> {
-    let turns = std::mem::take(&mut projection.turns);
-    let messages = std::mem::take(&mut projection.messages);
-    let model_messages = std::mem::take(&mut projection.model_messages);
-    let text = encode_parts(projection, &turns, &messages, &model_messages);
-    projection.turns = turns;
-    projection.messages = messages;
-    projection.model_messages = model_messages;
-    text
-}
-
-fn encode_parts(
-    state: &Projection,
-    turns: &[TurnBoundary],
-    messages: &[Arc<Message>],
-    model_messages: &[Arc<Message>],
-) -> Result<String> {
-    let position: HashMap<*const Message, usize> = messages
+/// The checkpoint of `projection`: its text and its transcript index. The workset is
+/// moved out while the state is written and put back before returning.
+pub(crate) fn encode(projection: &mut Projection) -> Result<(String, Vec<u8>)> {
+    let model: Vec<RefRow> = projection
+        .model_refs()
         .iter()
-        .enumerate()
-        .map(|(i, m)| (Arc::as_ptr(m), i))
+        .map(|r| {
+            (
+                r.seq,
+                r.item.map_or(-1, i64::from),
+                u8::from(r.provider_view),
+            )
+        })
         .collect();
-    let mut model = Vec::with_capacity(model_messages.len());
-    let mut model_own = Vec::new();
-    for m in model_messages {
-        match position.get(&Arc::as_ptr(m)) {
-            Some(&i) => model.push(i as i64),
-            None => {
-                model.push(-1 - model_own.len() as i64);
-                model_own.push(m.parts());
-            }
-        }
-    }
-    let out = Out {
+    let workset = std::mem::take(&mut projection.model_messages);
+    let text = serde_json::to_string(&Out {
         format: FORMAT,
-        state,
-        turns: turns
-            .iter()
-            .map(|t| {
-                (
-                    t.turn_id.as_str(),
-                    t.start_sequence,
-                    t.end_sequence,
-                    t.boundary_sequence,
-                    t.status.as_str(),
-                    t.fork_safe,
-                    t.rewind_safe,
-                )
-            })
-            .collect(),
-        messages: messages.iter().map(|m| m.parts()).collect(),
+        state: projection,
         model,
-        model_own,
-    };
-    serde_json::to_string(&out).map_err(|e| Error::invalid(format!("checkpoint: {e}")))
+    });
+    projection.model_messages = workset;
+    let text = text.map_err(|e| Error::invalid(format!("checkpoint: {e}")))?;
+    Ok((text, projection.transcript_ids_bytes()))
 }
 
-/// The projection of a checkpoint text, or `None` for any other form.
-pub(crate) fn decode(text: &str) -> Option<Projection> {
+/// The projection of a checkpoint, its workset still to be read from the references
+/// returned with it; `None` for any other form.
+pub(crate) fn decode(text: &str, ids: &[u8]) -> Option<(Projection, Vec<ModelRef>)> {
     let parts: In = serde_json::from_str(text).ok()?;
-    if parts.format != FORMAT {
+    if parts.format != FORMAT || !parts.state.model_messages.is_empty() {
         return None;
     }
-    let messages: Vec<Arc<Message>> = parts.messages.into_iter().map(message).collect();
-    let model_own: Vec<Arc<Message>> = parts.model_own.into_iter().map(message).collect();
-    let model_messages = parts
+    let refs = parts
         .model
-        .iter()
-        .map(|&k| match usize::try_from(k) {
-            Ok(i) => messages.get(i).cloned(),
-            Err(_) => usize::try_from(-1 - k)
-                .ok()
-                .and_then(|j| model_own.get(j).cloned()),
+        .into_iter()
+        .map(|(seq, item, provider_view)| {
+            Some(ModelRef {
+                seq,
+                item: match item {
+                    -1 => None,
+                    i => Some(u32::try_from(i).ok()?),
+                },
+                provider_view: match provider_view {
+                    0 => false,
+                    1 => true,
+                    _ => return None,
+                },
+            })
         })
         .collect::<Option<Vec<_>>>()?;
+    if refs
+        .iter()
+        .any(|r| r.seq == 0 || r.seq > parts.state.committed_sequence)
+    {
+        return None;
+    }
     let mut p = parts.state;
-    p.turns = parts
-        .turns
-        .into_iter()
-        .map(
-            |(turn_id, start_sequence, end_sequence, boundary_sequence, status, fork, rewind)| {
-                TurnBoundary {
-                    turn_id,
-                    start_sequence,
-                    end_sequence,
-                    boundary_sequence,
-                    status,
-                    fork_safe: fork,
-                    rewind_safe: rewind,
-                }
-            },
-        )
-        .collect();
-    p.messages = messages;
-    p.model_messages = model_messages;
-    Some(p)
+    p.restore_transcript_ids(ids)?;
+    Some((p, refs))
 }
 
 #[cfg(test)]
@@ -193,6 +139,12 @@ mod tests {
             message("a", ""),
             message("b", r#","raw_content":"r""#),
             message("c", r#","local_only":true"#),
+            Event::new("model/context-replace")
+                .with_payload_json(
+                    r#"{"messages":[{"id":"s","role":"system","content":"sum"},{"id":"a","role":"user","content":"c-a"}]}"#,
+                )
+                .expect("payload"),
+            message("d", ""),
             Event::new("turn/end")
                 .with_payload_json(r#"{"status":"completed"}"#)
                 .expect("payload"),
@@ -203,31 +155,67 @@ mod tests {
     }
 
     #[test]
-    fn round_trips_and_shares_the_transcript_messages() {
+    fn round_trips_state_index_and_references_without_bodies() {
         let mut p = sample();
-        assert_eq!(p.messages.len(), 3);
-        assert_eq!(p.model_messages.len(), 2, "local-only message left out");
-        let text = encode(&mut p).expect("encode");
-        assert_eq!(p.messages.len(), 3, "lists put back");
-        let back = decode(&text).expect("decode");
+        assert_eq!(p.transcript_len, 4);
+        assert_eq!(p.model_messages.len(), 3, "replacement (2) + d");
+        let (text, ids) = encode(&mut p).expect("encode");
+        assert_eq!(p.model_messages.len(), 3, "workset put back");
+        assert!(
+            !text.contains("c-d") && !text.contains("sum"),
+            "no message body in {text}"
+        );
+        assert_eq!(ids.len(), 4 * 16);
+        let (mut back, refs) = decode(&text, &ids).expect("decode");
+        assert_eq!(
+            refs,
+            vec![
+                ModelRef {
+                    seq: 5,
+                    item: Some(0),
+                    provider_view: false
+                },
+                ModelRef {
+                    seq: 5,
+                    item: Some(1),
+                    provider_view: false
+                },
+                ModelRef {
+                    seq: 6,
+                    item: None,
+                    provider_view: true
+                },
+            ]
+        );
+        back.restore_model(p.model_messages.clone(), refs);
         assert_eq!(
             serde_json::to_string(&back).expect("json"),
             serde_json::to_string(&p).expect("json")
         );
-        // `a` is shared, `b` has a filtered provider view of its own.
-        assert!(Arc::ptr_eq(&back.messages[0], &back.model_messages[0]));
-        assert!(!Arc::ptr_eq(&back.messages[1], &back.model_messages[1]));
-        assert_eq!(back.turns, p.turns);
+        // The transcript index came back: a duplicate id is refused, a new one is not.
+        let dup = Event::new("message/complete")
+            .with_payload_json(r#"{"message":{"id":"b","role":"user","content":"x"}}"#)
+            .expect("payload");
+        assert!(back.prepare(&[dup]).is_err());
+        let new = Event::new("message/complete")
+            .with_payload_json(r#"{"message":{"id":"e","role":"user","content":"x"}}"#)
+            .expect("payload");
+        assert!(back.prepare(&[new]).is_ok());
     }
 
     #[test]
-    fn refuses_other_forms_and_bad_positions() {
+    fn refuses_other_forms_and_bad_references() {
         let mut p = sample();
-        let text = encode(&mut p).expect("encode");
-        assert!(decode(&serde_json::to_string(&p).expect("json")).is_none());
-        assert!(decode(&text.replace(r#""format":3"#, r#""format":4"#)).is_none());
-        assert!(decode(&text.replace(r#""model":[0"#, r#""model":[7"#)).is_none());
-        assert!(decode(&text.replace(r#""model":[0,-1]"#, r#""model":[0,-2]"#)).is_none());
-        assert!(decode("{").is_none());
+        let (text, ids) = encode(&mut p).expect("encode");
+        assert!(
+            decode(&text, &ids[16..]).is_none(),
+            "index shorter than the transcript"
+        );
+        assert!(decode(&text.replace(r#""format":4"#, r#""format":3"#), &ids).is_none());
+        assert!(decode(&text.replace("[6,-1,1]", "[6,-2,1]"), &ids).is_none());
+        assert!(decode(&text.replace("[6,-1,1]", "[6,-1,2]"), &ids).is_none());
+        assert!(decode(&text.replace("[6,-1,1]", "[99,-1,1]"), &ids).is_none());
+        assert!(decode("{", &ids).is_none());
+        assert_ne!(digest(7, &text, &ids), digest(7, &text, &ids[16..]));
     }
 }

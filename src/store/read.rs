@@ -9,7 +9,7 @@ use serde_json::value::RawValue;
 use crate::error::{Error, Result, WriterOwner};
 use crate::model::event::{commit_row_hash, derived_event_id, raw_json};
 use crate::model::header::{Header, Origin};
-use crate::model::projection::HistoryChange;
+use crate::model::projection::{HistoryChange, ModelRef};
 use crate::model::{Commit, ContentRef, Event, Projection, SessionId, TurnBoundary};
 use crate::store::blob;
 use crate::store::schema::{self, Access};
@@ -157,23 +157,26 @@ pub(crate) fn read_turns_ending_in(
     Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
 }
 
-/// The projection checkpoint of this file if it covers at most `through` events. Derived
-/// data: a file without one (or with an unreadable one) yields `None`.
-/// A checkpoint is believed only when its digest matches and it claims the sequence its
-/// projection folded.
-pub(crate) fn read_checkpoint(conn: &Connection, through: u64) -> Option<(u64, Projection)> {
-    let (seq, text, digest): (u64, String, String) = conn
+/// The checkpoint stored at or below `through`: its sequence, its projection (workset
+/// still to be read) and the workset's references; `None` when there is none, it is
+/// damaged or of another form (an older file's checkpoint has no `message_ids`).
+pub(crate) fn read_checkpoint(
+    conn: &Connection,
+    through: u64,
+) -> Option<(u64, Projection, Vec<ModelRef>)> {
+    let (seq, text, digest, ids): (u64, String, String, Vec<u8>) = conn
         .query_row(
-            "SELECT through_seq, projection, digest FROM checkpoint WHERE through_seq <= ?1",
+            "SELECT through_seq, projection, digest, message_ids FROM checkpoint
+             WHERE through_seq <= ?1 AND message_ids IS NOT NULL",
             [through.min(i64::MAX as u64)],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
         )
         .ok()?;
-    if digest != crate::store::checkpoint::digest(seq, &text) {
+    if digest != crate::store::checkpoint::digest(seq, &text, &ids) {
         return None;
     }
-    let p = crate::store::checkpoint::decode(&text)?;
-    (p.committed_sequence == seq).then_some((seq, p))
+    let (p, refs) = crate::store::checkpoint::decode(&text, &ids)?;
+    (p.committed_sequence == seq).then_some((seq, p, refs))
 }
 
 /// One entry of the history index: which event put which message at a position.
@@ -297,6 +300,20 @@ pub(crate) fn read_event_payload(
         .query_row([seq], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?
         .ok_or_else(|| Error::corrupt(format!("history names event {seq}, which is missing")))
+}
+
+/// The payload text of event `seq`, read from its blob when it is stored as one.
+pub(crate) fn read_payload_text(conn: &Connection, seq: u64) -> Result<String> {
+    match read_event_payload(conn, seq)? {
+        (Some(text), None) => Ok(text),
+        (_, Some(digest)) => {
+            let raw = read_blob(conn, &digest)?
+                .ok_or_else(|| Error::corrupt(format!("missing blob {digest}")))?;
+            String::from_utf8(raw)
+                .map_err(|_| Error::corrupt(format!("blob {digest} is not UTF-8")))
+        }
+        (None, None) => Err(Error::corrupt(format!("event {seq} has no payload"))),
+    }
 }
 
 /// Whether one of this file's commits ends at `seq`.

@@ -13,6 +13,7 @@ use crate::error::{Error, Result, WriterOwner};
 use crate::model::event::INLINE_PAYLOAD_LIMIT;
 use crate::model::event::{inherited_operation_id, rehash_commit};
 use crate::model::header::Header;
+use crate::model::projection::ModelRef;
 use crate::model::{Commit, ContentRef, Message, Projection, SessionId, TurnBoundary};
 use crate::store::read::{self, Dependent, HistoryRow, LineageEntry};
 use crate::store::schema::{self, Access, SESSION_FILE};
@@ -432,19 +433,20 @@ impl SessionReader {
         }
     }
     /// The newest usable projection checkpoint: this file's, or an ancestor's taken within
-    /// the range this session inherits (its prefix is the same).
+    /// the range this session inherits (its prefix is the same), with its workset read
+    /// from the events it names.
     fn best_checkpoint(&self) -> Option<(u64, Projection)> {
-        let mut best: Option<(u64, Projection)> = None;
+        let mut best: Option<(u64, Projection, Vec<ModelRef>)> = None;
         for segment in self.layout().segments.iter().rev() {
             let found = segment
                 .pool
                 .get()
                 .ok()
                 .and_then(|conn| read::read_checkpoint(&conn, segment.through));
-            if let Some((seq, p)) = found
-                && best.as_ref().is_none_or(|(b, _)| seq > *b)
+            if let Some((seq, p, refs)) = found
+                && best.as_ref().is_none_or(|(b, _, _)| seq > *b)
             {
-                best = Some((seq, p));
+                best = Some((seq, p, refs));
             }
             if !segment.inherited {
                 // The own file appears once per gap; one lookup is enough.
@@ -453,7 +455,60 @@ impl SessionReader {
                 }
             }
         }
-        best
+        let (seq, mut p, refs) = best?;
+        let workset = self.read_model(&refs).ok()?;
+        p.restore_model(workset, refs);
+        Some((seq, p))
+    }
+
+    /// The model-workset messages `refs` name, read from their events.
+    fn read_model(&self, refs: &[ModelRef]) -> Result<Vec<Arc<Message>>> {
+        let mut out = Vec::with_capacity(refs.len());
+        let mut event: Option<(u64, Vec<Arc<Message>>)> = None;
+        for r in refs {
+            let messages = match &event {
+                Some((seq, messages)) if *seq == r.seq => messages,
+                _ => {
+                    let messages = self.event_messages(r.seq, r.item.is_some())?;
+                    &event.insert((r.seq, messages)).1
+                }
+            };
+            let bad =
+                || Error::corrupt(format!("checkpoint names a message event {} lacks", r.seq));
+            let m = messages.get(r.item.unwrap_or(0) as usize).ok_or_else(bad)?;
+            out.push(if r.provider_view {
+                m.for_model().ok_or_else(bad)?
+            } else {
+                Arc::clone(m)
+            });
+        }
+        Ok(out)
+    }
+
+    /// The messages of event `seq`: its `message`, or its `messages` array when `many`.
+    fn event_messages(&self, seq: u64, many: bool) -> Result<Vec<Arc<Message>>> {
+        let layout = self.layout();
+        let segment = layout
+            .segments
+            .iter()
+            .find(|s| s.after < seq && seq <= s.through)
+            .ok_or_else(|| Error::corrupt(format!("event {seq} is in no file")))?;
+        let text = read::read_payload_text(&*segment.pool.get()?, seq)?;
+        let bad = |e: serde_json::Error| Error::corrupt(format!("event {seq}: {e}"));
+        Ok(if many {
+            serde_json::from_str::<MessagesOf>(&text)
+                .map_err(bad)?
+                .messages
+                .into_iter()
+                .map(Arc::new)
+                .collect()
+        } else {
+            vec![Arc::new(
+                serde_json::from_str::<MessageOf>(&text)
+                    .map_err(bad)?
+                    .message,
+            )]
+        })
     }
 
     /// The projection of the durable prefix: from the newest checkpoint, folding only the
@@ -478,6 +533,62 @@ impl SessionReader {
         let mut p = Projection::default();
         self.visit_range(0, u64::MAX, |c| p.apply_commit(&c))?;
         Ok((0, p))
+    }
+
+    /// Every ended turn of the durable prefix, in order, from the turn index of each file.
+    ///
+    /// # Errors
+    /// SQLite errors mapped to [`Error`].
+    pub fn turns(&self) -> Result<Vec<TurnBoundary>> {
+        let mut out = Vec::new();
+        for segment in &self.layout().segments {
+            out.extend(read::read_turns_ending_in(
+                &*segment.pool.get()?,
+                segment.after,
+                segment.through.min(i64::MAX as u64),
+            )?);
+        }
+        Ok(out)
+    }
+
+    /// The whole UI transcript as of durable sequence `snapshot`, oldest first, read from
+    /// the history index page by page (bodies over 64 KiB from their blobs). It costs a
+    /// read of every message: for a view, prefer pages (`Query::history_page`).
+    ///
+    /// # Errors
+    /// Read errors; [`Error::Corrupt`] for an index entry its event does not back.
+    pub fn transcript(&self, snapshot: u64) -> Result<Vec<Arc<Message>>> {
+        const PAGE: usize = 1000;
+        let mut out = Vec::new();
+        let mut before = u64::MAX;
+        loop {
+            let rows = self.history_rows(snapshot, before, PAGE)?;
+            let Some((last, _)) = rows.last() else { break };
+            let oldest = last.position;
+            for (row, body) in rows {
+                out.push(match body {
+                    HistoryBody::Inline(m) => m,
+                    HistoryBody::Content(_) => {
+                        let messages = self.event_messages(row.event_seq, row.item.is_some())?;
+                        messages
+                            .get(row.item.unwrap_or(0) as usize)
+                            .cloned()
+                            .ok_or_else(|| {
+                                Error::corrupt(format!(
+                                    "history item of event {} is missing",
+                                    row.event_seq
+                                ))
+                            })?
+                    }
+                });
+            }
+            if oldest <= 1 {
+                break;
+            }
+            before = oldest;
+        }
+        out.reverse();
+        Ok(out)
     }
 
     /// The raw bytes of a blob referenced by this session (searching its ancestors too).
@@ -633,32 +744,19 @@ impl SessionReader {
             return Self::replaced_item(messages, i, row.event_seq);
         }
         let conn = seg.pool.get()?;
-        let (inline, digest) = read::read_event_payload(&conn, row.event_seq)?;
-        let text = match (inline, digest) {
-            (_, Some(digest)) if row.bytes > INLINE_PAYLOAD_LIMIT as u64 => {
-                let bytes: u64 = conn
-                    .prepare_cached("SELECT bytes FROM blobs WHERE digest = ?1")?
-                    .query_row([&digest], |r| r.get(0))?;
-                return Ok(HistoryBody::Content(ContentRef {
-                    digest,
-                    bytes,
-                    media_type: read::JSON_MEDIA_TYPE.to_owned(),
-                }));
-            }
-            (Some(text), None) => text,
-            (_, Some(digest)) => {
-                let raw = read::read_blob(&conn, &digest)?
-                    .ok_or_else(|| Error::corrupt(format!("missing blob {digest}")))?;
-                String::from_utf8(raw)
-                    .map_err(|_| Error::corrupt(format!("blob {digest} is not UTF-8")))?
-            }
-            (None, None) => {
-                return Err(Error::corrupt(format!(
-                    "event {} has no payload",
-                    row.event_seq
-                )));
-            }
-        };
+        if row.bytes > INLINE_PAYLOAD_LIMIT as u64
+            && let (_, Some(digest)) = read::read_event_payload(&conn, row.event_seq)?
+        {
+            let bytes: u64 = conn
+                .prepare_cached("SELECT bytes FROM blobs WHERE digest = ?1")?
+                .query_row([&digest], |r| r.get(0))?;
+            return Ok(HistoryBody::Content(ContentRef {
+                digest,
+                bytes,
+                media_type: read::JSON_MEDIA_TYPE.to_owned(),
+            }));
+        }
+        let text = read::read_payload_text(&conn, row.event_seq)?;
         let bad =
             |e: serde_json::Error| Error::corrupt(format!("history event {}: {e}", row.event_seq));
         let message = match row.item {

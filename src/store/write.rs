@@ -164,20 +164,23 @@ pub(crate) fn insert_commits(tx: &Transaction<'_>, batch: &[Arc<Accepted>]) -> R
     Ok(())
 }
 
-/// Replaces the projection checkpoint with `projection` (JSON) as of `through_seq`.
+/// Replaces the projection checkpoint with `projection` (its text and transcript index,
+/// `store::checkpoint`) as of `through_seq`.
 pub(crate) fn store_checkpoint(
     conn: &Connection,
     through_seq: u64,
     projection: &str,
+    message_ids: &[u8],
 ) -> Result<()> {
     conn.prepare_cached(
-        "INSERT OR REPLACE INTO checkpoint (singleton, through_seq, projection, digest)
-         VALUES (1, ?1, ?2, ?3)",
+        "INSERT OR REPLACE INTO checkpoint (singleton, through_seq, projection, digest, message_ids)
+         VALUES (1, ?1, ?2, ?3, ?4)",
     )?
     .execute(params![
         through_seq,
         projection,
-        crate::store::checkpoint::digest(through_seq, projection)
+        crate::store::checkpoint::digest(through_seq, projection, message_ids),
+        message_ids
     ])?;
     Ok(())
 }

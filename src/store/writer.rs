@@ -71,9 +71,15 @@ impl FileWriter {
         write::write_commits(&mut self.conn, self.owner.generation, batch)
     }
 
-    /// Replaces the projection checkpoint (`projection` as JSON, as of `through_seq`).
-    pub(crate) fn store_checkpoint(&self, through_seq: u64, projection: &str) -> Result<()> {
-        write::store_checkpoint(&self.conn, through_seq, projection)
+    /// Replaces the projection checkpoint (its text and transcript index, as of
+    /// `through_seq`).
+    pub(crate) fn store_checkpoint(
+        &self,
+        through_seq: u64,
+        projection: &str,
+        message_ids: &[u8],
+    ) -> Result<()> {
+        write::store_checkpoint(&self.conn, through_seq, projection, message_ids)
     }
 
     /// Closes the file as the policy says (checkpointing and truncating the WAL unless
