@@ -13,6 +13,7 @@ use crate::model::event::{INHERITED_OPERATION_PREFIX, derived_event_id, operatio
 use crate::model::ids::{derived_turn_id, now_ms, random_hex};
 use crate::model::projection::{FoldEffects, apply_history};
 use crate::model::{Batch, Commit, Event, Message, Projection, SessionId};
+use crate::session::ops::{Known, OperationIds, operation_key};
 use crate::session::pool::{self, Drain};
 use crate::store::blob::MAX_BLOB_BYTES;
 use crate::store::checkpoint;
@@ -96,6 +97,8 @@ struct State {
     durable_seq: u64,
     tail: VecDeque<Arc<Accepted>>,
     tail_ops: HashMap<String, Arc<Commit>>,
+    /// Operation ids known in memory beyond the tail (bounded; see `session::ops`).
+    ops: OperationIds,
     queued_bytes: usize,
     draining: bool,
     /// The earliest drain scheduled on the writer pool and not yet run.
@@ -160,6 +163,7 @@ impl Session {
             durable_seq,
             tail: VecDeque::new(),
             tail_ops: HashMap::new(),
+            ops: OperationIds::new(),
             queued_bytes: 0,
             draining: false,
             armed_at: None,
@@ -169,18 +173,22 @@ impl Session {
             closed: false,
             released: false,
         };
-        Ok(Session {
-            shared: Arc::new(Shared {
-                id: reader.header().session_id.clone(),
-                dir: dir.to_path_buf(),
-                owner: writer.owner().clone(),
-                config,
-                reader,
-                state: Mutex::new(state),
-                changed: Condvar::new(),
-                writer: Mutex::new(Some(writer)),
-            }),
-        })
+        let shared = Arc::new(Shared {
+            id: reader.header().session_id.clone(),
+            dir: dir.to_path_buf(),
+            owner: writer.owner().clone(),
+            config,
+            reader,
+            state: Mutex::new(state),
+            changed: Condvar::new(),
+            writer: Mutex::new(Some(writer)),
+        });
+        // The operation ids of the file are loaded on a writer thread by a run that is not
+        // a drain (it leaves `armed_at` alone, see `scheduled_drain`): opening does not
+        // scan them, and nothing accepted meanwhile is written before its time.
+        let session: Arc<dyn Drain> = shared.clone();
+        pool::schedule(Arc::downgrade(&session), Instant::now());
+        Ok(Session { shared })
     }
 
     /// The session id.
@@ -345,6 +353,18 @@ impl Session {
     }
 }
 
+/// The answer to a batch whose operation id was used by `original`: the original commit
+/// for a retry with the same content, a conflict otherwise.
+fn same_operation(original: Arc<Commit>, batch: PreparedBatch) -> Result<Arc<Commit>> {
+    if original.operation_hash == batch.operation_hash {
+        Ok(original)
+    } else {
+        Err(Error::OperationConflict {
+            operation_id: batch.operation_id,
+        })
+    }
+}
+
 fn status_of(s: &State) -> PersistenceStatus {
     if s.poisoned {
         PersistenceStatus::Uncertain
@@ -423,7 +443,51 @@ fn prepare_batch(batch: Batch) -> Result<PreparedBatch> {
 }
 
 impl Shared {
+    /// Accepts `batch` unless its operation id was used: the tail and the operation ids
+    /// in memory answer most appends; otherwise the file is asked, without holding the
+    /// state lock, and the answer is checked again under it.
     fn accept(self: &Arc<Self>, batch: PreparedBatch) -> Result<Arc<Commit>> {
+        // Set when the file did not have the id, to the eviction count it was asked at:
+        // an id accepted since is in memory unless it has left the recent window.
+        let mut absent_at: Option<u64> = None;
+        loop {
+            let s = self.admit(batch.charge)?;
+            if let Some(c) = s.tail_ops.get(&batch.operation_id) {
+                return same_operation(Arc::clone(c), batch);
+            }
+            let asked = absent_at == Some(s.ops.evictions());
+            let recent = match s.ops.known(&batch.operation_id) {
+                Known::Absent => None,
+                Known::Unknown if asked => None,
+                Known::Recent(hash) if hash != batch.operation_hash => {
+                    return Err(Error::OperationConflict {
+                        operation_id: batch.operation_id,
+                    });
+                }
+                Known::Recent(_) => Some(true),
+                Known::Unknown => Some(false),
+            };
+            let Some(recent) = recent else {
+                return self.accept_new(s, batch);
+            };
+            let evictions = s.ops.evictions();
+            drop(s);
+            match self.reader.lookup_operation(&batch.operation_id)? {
+                Some(original) => return same_operation(Arc::new(original), batch),
+                None if recent => {
+                    return Err(Error::corrupt(format!(
+                        "the durable commit of operation {:?} is missing",
+                        batch.operation_id
+                    )));
+                }
+                None => absent_at = Some(evictions),
+            }
+        }
+    }
+
+    /// Waits while the queue is over its budget, then returns the state lock, unless the
+    /// session is closed or poisoned.
+    fn admit(self: &Arc<Self>, charge: usize) -> Result<MutexGuard<'_, State>> {
         // Backpressure: over budget, the appender waits for the drain that is writing,
         // or drains the queue itself when none is (unless the queue is empty: one
         // oversized commit is always accepted).
@@ -431,7 +495,7 @@ impl Shared {
         while !s.closed
             && !s.poisoned
             && s.queued_bytes > 0
-            && s.queued_bytes + batch.charge > self.config.budget
+            && s.queued_bytes + charge > self.config.budget
         {
             if s.paused {
                 return Err(Error::PersistenceFailed(
@@ -453,21 +517,15 @@ impl Shared {
         if s.poisoned {
             return Err(Error::Poisoned(s.error.clone().unwrap_or_default()));
         }
-        let earlier = match s.tail_ops.get(&batch.operation_id) {
-            Some(c) => Some(Arc::clone(c)),
-            None => self
-                .reader
-                .lookup_operation(&batch.operation_id)?
-                .map(Arc::new),
-        };
-        if let Some(original) = earlier {
-            if original.operation_hash == batch.operation_hash {
-                return Ok(original);
-            }
-            return Err(Error::OperationConflict {
-                operation_id: batch.operation_id,
-            });
-        }
+        Ok(s)
+    }
+
+    /// Sequences, folds and queues a batch whose operation id is new.
+    fn accept_new(
+        self: &Arc<Self>,
+        mut s: MutexGuard<'_, State>,
+        batch: PreparedBatch,
+    ) -> Result<Arc<Commit>> {
         let fold = s.projection.prepare(&batch.events)?;
         s.projection.check_turn_nesting(&fold)?;
         let first_seq = s.next_seq;
@@ -496,6 +554,7 @@ impl Shared {
         );
         s.next_seq = last_seq + 1;
         s.queued_bytes += batch.charge;
+        s.ops.insert(&commit.operation_id);
         s.tail_ops
             .insert(commit.operation_id.clone(), Arc::clone(&commit));
         s.tail.push_back(Arc::new(Accepted {
@@ -557,6 +616,10 @@ impl Shared {
                 for accepted in &batch {
                     s.tail.pop_front();
                     s.tail_ops.remove(&accepted.commit.operation_id);
+                    s.ops.remember(
+                        &accepted.commit.operation_id,
+                        &accepted.commit.operation_hash,
+                    );
                     s.queued_bytes -= accepted.charge;
                 }
                 s.durable_seq = batch.last().map_or(s.durable_seq, |a| a.commit.last_seq());
@@ -588,12 +651,25 @@ impl Drain for Shared {
     fn scheduled_drain(self: Arc<Self>) {
         {
             let mut s = lock(&self.state);
+            if s.released {
+                return;
+            }
+            // A run is a drain only when the earliest drain armed is due. Any other run
+            // is the one scheduled at open (or one that an earlier run already stood
+            // for): it loads the operation ids and writes nothing, so a commit is never
+            // written before its write-behind time or an explicit flush.
+            if !s.armed_at.is_some_and(|at| at <= Instant::now()) {
+                drop(s);
+                self.load_operation_ids();
+                return;
+            }
             // Any scheduled drain that runs stands for every one armed before it.
             s.armed_at = None;
-            if s.paused || s.released {
+            if s.paused {
                 return;
             }
         }
+        self.load_operation_ids();
         // A failure is recorded in the state and reported by the next flush.
         if self.drain().is_ok() {
             self.write_checkpoint(CHECKPOINT_WHILE_RUNNING);
@@ -602,6 +678,22 @@ impl Drain for Shared {
 }
 
 impl Shared {
+    /// Loads the operation ids of the file into the filter, once, without holding the
+    /// state lock while reading. Best effort: until it succeeds, a new id costs a lookup.
+    fn load_operation_ids(&self) {
+        if lock(&self.state).ops.loaded() {
+            return;
+        }
+        let mut keys = Vec::new();
+        if self
+            .reader
+            .each_operation_id(|id| keys.push(operation_key(id)))
+            .is_ok()
+        {
+            lock(&self.state).ops.load(keys);
+        }
+    }
+
     /// Stores the projection as a checkpoint when everything accepted is durable and one
     /// is due ([`checkpoint_due`]). Best effort: it is derived data.
     fn write_checkpoint(&self, min_events: u64) {

@@ -382,6 +382,17 @@ fn commit_row(r: &Row<'_>) -> rusqlite::Result<(Commit, u64)> {
 
 const COMMIT_COLUMNS: &str = "first_seq, last_seq, commit_id, operation_id, operation_hash, turn_id, writer_generation, created_at, row_hash";
 
+/// Calls `each` with every operation id recorded in this file's `commits` table (a
+/// scan of the operation id index).
+pub(crate) fn each_operation_id(conn: &Connection, mut each: impl FnMut(&str)) -> Result<()> {
+    let mut select = conn.prepare("SELECT operation_id FROM commits")?;
+    let mut rows = select.query([])?;
+    while let Some(r) = rows.next()? {
+        each(r.get_ref(0)?.as_str().map_err(rusqlite::Error::from)?);
+    }
+    Ok(())
+}
+
 /// The commit with this operation id, with its events.
 pub(crate) fn lookup_operation(conn: &Connection, operation_id: &str) -> Result<Option<Commit>> {
     let found = conn

@@ -787,6 +787,12 @@ impl SessionReader {
         Ok(HistoryBody::Inline(Arc::new(message.clone())))
     }
 
+    /// Calls `each` with every operation id in this session's own file (the ids
+    /// [`SessionReader::lookup_operation`] can find).
+    pub(crate) fn each_operation_id(&self, each: impl FnMut(&str)) -> Result<()> {
+        read::each_operation_id(&*self.own()?, each)
+    }
+
     /// The commit that recorded `operation_id` in this session's own file.
     pub(crate) fn lookup_operation(&self, operation_id: &str) -> Result<Option<Commit>> {
         read::lookup_operation(&*self.own()?, operation_id)

@@ -1,0 +1,248 @@
+//! The operation ids a live session knows in memory, so that the idempotency check of an
+//! append does not read SQLite on the hot path.
+//!
+//! Two parts, both bounded:
+//! * the recent window: the id and operation hash of the last [`RECENT_WINDOW`] durable
+//!   commits (a retry of one of them is answered from memory: a conflict at once, the
+//!   original commit by one cold read);
+//! * the filter: a growing series of Bloom filters over every operation id of the file
+//!   (loaded on a writer thread after the session opens, so opening does not scan the
+//!   file) and every id accepted since. An id it does not contain was never used, so a
+//!   fresh append needs no lookup. It stops at [`MAX_FILTER_BYTES`] (about a million
+//!   ids); past that, before it is loaded and on a false positive, the session asks
+//!   SQLite, without holding its state lock.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
+
+/// Durable commits whose operation id and hash stay in memory.
+pub(crate) const RECENT_WINDOW: usize = 2048;
+/// The most memory the filter takes (its bits); at 16 bits per id, about a million ids.
+pub(crate) const MAX_FILTER_BYTES: usize = 2 << 20;
+/// Bits per id and probes per lookup: a false positive rate of about 0.05 % per segment.
+const BITS_PER_ID: usize = 16;
+const PROBES: u64 = 7;
+/// Ids the first segment holds; each next one holds twice as many.
+const FIRST_SEGMENT: usize = 1024;
+
+/// One Bloom filter of a fixed capacity.
+struct Segment {
+    bits: Vec<u64>,
+    capacity: usize,
+    len: usize,
+}
+
+impl Segment {
+    fn new(capacity: usize) -> Segment {
+        Segment {
+            bits: vec![0; capacity * BITS_PER_ID / 64],
+            capacity,
+            len: 0,
+        }
+    }
+
+    /// The word and bit mask of probe `i` for `hash` (double hashing).
+    fn position(&self, hash: u64, i: u64) -> (usize, u64) {
+        let m = (self.bits.len() * 64) as u64;
+        let bit = hash.wrapping_add(i.wrapping_mul((hash >> 32) | 1)) % m;
+        ((bit / 64) as usize, 1u64 << (bit % 64))
+    }
+
+    fn insert(&mut self, hash: u64) {
+        for i in 0..PROBES {
+            let (word, mask) = self.position(hash, i);
+            self.bits[word] |= mask;
+        }
+        self.len += 1;
+    }
+
+    fn contains(&self, hash: u64) -> bool {
+        (0..PROBES).all(|i| {
+            let (word, mask) = self.position(hash, i);
+            self.bits[word] & mask != 0
+        })
+    }
+}
+
+/// The filter key of an operation id.
+pub(crate) fn operation_key(operation_id: &str) -> u64 {
+    let mut h = DefaultHasher::new();
+    operation_id.hash(&mut h);
+    h.finish()
+}
+
+/// What memory says about an operation id.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Known<'a> {
+    /// A recent durable commit used it, with this operation hash.
+    Recent(&'a str),
+    /// Never used in this file: a new operation.
+    Absent,
+    /// Memory cannot tell: ask the file.
+    Unknown,
+}
+
+/// The in-memory operation ids of one live session (see the module doc).
+pub(crate) struct OperationIds {
+    recent: HashMap<String, String>,
+    order: VecDeque<String>,
+    /// Ids that left the recent window so far; a cold lookup that started before an
+    /// eviction may have missed the evicted id and is repeated.
+    evictions: u64,
+    segments: Vec<Segment>,
+    /// The filter reached its bound and was dropped: it answers nothing any more.
+    full: bool,
+    /// The ids the file held are in the filter (those accepted since always are).
+    loaded: bool,
+}
+
+impl OperationIds {
+    /// An empty set whose filter is not loaded yet (see [`OperationIds::load`]).
+    pub(crate) fn new() -> OperationIds {
+        OperationIds {
+            recent: HashMap::new(),
+            order: VecDeque::new(),
+            evictions: 0,
+            segments: Vec::new(),
+            full: false,
+            loaded: false,
+        }
+    }
+
+    /// Whether [`OperationIds::load`] ran.
+    pub(crate) fn loaded(&self) -> bool {
+        self.loaded
+    }
+
+    /// Adds the keys ([`operation_key`]) of every operation id the file held; from then on
+    /// the filter can tell that an id is new.
+    pub(crate) fn load(&mut self, keys: impl IntoIterator<Item = u64>) {
+        for key in keys {
+            self.insert_key(key);
+        }
+        self.loaded = true;
+    }
+
+    /// Adds an id just accepted to the filter.
+    pub(crate) fn insert(&mut self, operation_id: &str) {
+        self.insert_key(operation_key(operation_id));
+    }
+
+    fn insert_key(&mut self, key: u64) {
+        if self.full {
+            return;
+        }
+        if self.segments.last().is_none_or(|s| s.len >= s.capacity) {
+            let capacity = self
+                .segments
+                .last()
+                .map_or(FIRST_SEGMENT, |s| s.capacity * 2);
+            let used: usize = self.segments.iter().map(|s| s.bits.len() * 8).sum();
+            if used + capacity * BITS_PER_ID / 8 > MAX_FILTER_BYTES {
+                // Full: from now on a miss asks the file.
+                self.full = true;
+                self.segments = Vec::new();
+                return;
+            }
+            self.segments.push(Segment::new(capacity));
+        }
+        if let Some(segment) = self.segments.last_mut() {
+            segment.insert(key);
+        }
+    }
+
+    /// Records a commit that became durable, evicting the oldest past the window.
+    pub(crate) fn remember(&mut self, operation_id: &str, operation_hash: &str) {
+        if self
+            .recent
+            .insert(operation_id.to_owned(), operation_hash.to_owned())
+            .is_none()
+        {
+            self.order.push_back(operation_id.to_owned());
+        }
+        while self.order.len() > RECENT_WINDOW {
+            if let Some(old) = self.order.pop_front() {
+                self.recent.remove(&old);
+                self.evictions += 1;
+            }
+        }
+    }
+
+    /// What memory knows of `operation_id` (the accepted tail is the caller's).
+    pub(crate) fn known(&self, operation_id: &str) -> Known<'_> {
+        if let Some(hash) = self.recent.get(operation_id) {
+            return Known::Recent(hash);
+        }
+        if self.loaded && !self.full {
+            let hash = operation_key(operation_id);
+            if !self.segments.iter().any(|s| s.contains(hash)) {
+                return Known::Absent;
+            }
+        }
+        Known::Unknown
+    }
+
+    /// The eviction count (see [`OperationIds::known`] and the cold lookup).
+    pub(crate) fn evictions(&self) -> u64 {
+        self.evictions
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inserted_ids_are_never_absent_and_others_mostly_are() {
+        let mut ids = OperationIds::new();
+        assert_eq!(ids.known("op-x"), Known::Unknown, "not loaded yet");
+        ids.load((0..20_000).map(|i| operation_key(&format!("file-{i}"))));
+        for i in 0..20_000 {
+            assert_ne!(ids.known(&format!("file-{i}")), Known::Absent);
+        }
+        for i in 0..50_000 {
+            ids.insert(&format!("op-{i}"));
+        }
+        for i in 0..50_000 {
+            assert_ne!(ids.known(&format!("op-{i}")), Known::Absent);
+        }
+        let absent = (0..10_000)
+            .filter(|i| ids.known(&format!("other-{i}")) == Known::Absent)
+            .count();
+        assert!(
+            absent > 9_900,
+            "only {absent} of 10000 new ids were known absent"
+        );
+    }
+
+    #[test]
+    fn the_filter_stops_at_its_bound_and_then_answers_unknown() {
+        let mut ids = OperationIds::new();
+        ids.load([]);
+        let limit = MAX_FILTER_BYTES * 8 / BITS_PER_ID;
+        for i in 0..limit {
+            ids.insert(&format!("op-{i}"));
+        }
+        assert!(ids.full);
+        assert!(ids.segments.is_empty());
+        assert_eq!(ids.known("never"), Known::Unknown);
+    }
+
+    #[test]
+    fn the_recent_window_is_bounded_and_counts_evictions() {
+        let mut ids = OperationIds::new();
+        ids.load([]);
+        for i in 0..RECENT_WINDOW + 10 {
+            ids.insert(&format!("op-{i}"));
+            ids.remember(&format!("op-{i}"), "h");
+        }
+        assert_eq!(ids.recent.len(), RECENT_WINDOW);
+        assert_eq!(ids.evictions(), 10);
+        assert_eq!(ids.known("op-0"), Known::Unknown);
+        assert_eq!(
+            ids.known(&format!("op-{}", RECENT_WINDOW + 9)),
+            Known::Recent("h")
+        );
+    }
+}
