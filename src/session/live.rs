@@ -658,7 +658,7 @@ impl Drain for Shared {
             // is the one scheduled at open (or one that an earlier run already stood
             // for): it loads the operation ids and writes nothing, so a commit is never
             // written before its write-behind time or an explicit flush.
-            if !s.armed_at.is_some_and(|at| at <= Instant::now()) {
+            if s.armed_at.is_none_or(|at| at > Instant::now()) {
                 drop(s);
                 self.load_operation_ids();
                 return;
