@@ -32,6 +32,7 @@ pub const CODEC: &str = "session-store/sqlite-v1";
 const MIGRATIONS: &[M<'static>] = &[
     M::up(include_str!("../../migrations/0001_initial.sql")),
     M::up(include_str!("../../migrations/0002_checkpoint.sql")),
+    M::up(include_str!("../../migrations/0003_lean.sql")),
 ];
 
 /// The schema version this build writes and reads.
