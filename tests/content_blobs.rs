@@ -8,9 +8,9 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{id, message, turn_end};
+use common::{id, message};
 use rusqlite::Connection;
-use serde_json::{Value, json};
+use serde_json::Value;
 use session_store::{
     Batch, CancelToken, DEFAULT_INLINE_THRESHOLD, Error, Event, ForkPoint, ImportOptions,
     MAX_INLINE_THRESHOLD, MIN_INLINE_THRESHOLD, Root, StoreOptions,
@@ -68,38 +68,9 @@ fn tool_output(seed: u64, bytes: usize) -> String {
     out
 }
 
-fn event(kind: &str, payload: Value) -> Event {
-    Event::new(kind).with_payload(&payload).expect("payload")
-}
-
-/// An agent turn as a host writes it: the user's request, a tool call whose output is in
-/// `tool/result` and in the tool message, and the assistant's reply.
+/// Agent turn `n` with this tool output ([`common::tool_turn`]).
 fn tool_turn(n: u64, output: &str) -> Batch {
-    let call = format!("call-{n}");
-    Batch::new(
-        format!("op-{n}"),
-        vec![
-            Event::new("turn/start"),
-            message(&format!("user-{n}"), "user", "run the tests please"),
-            event(
-                "tool/call",
-                json!({"id": call, "name": "bash", "args": {"cmd": "cargo test"}}),
-            ),
-            event("tool/start", json!({"id": call, "name": "bash"})),
-            event(
-                "tool/result",
-                json!({"id": call, "name": "bash", "output": output}),
-            ),
-            event(
-                "message/complete",
-                json!({"message": {"id": format!("tool-{n}"), "role": "tool",
-                    "tool_call_id": call, "content": output}}),
-            ),
-            message(&format!("reply-{n}"), "assistant", "All tests pass."),
-            turn_end("completed"),
-        ],
-    )
-    .in_turn(format!("turn-{n}"))
+    common::tool_turn(&format!("op-{n}"), &format!("turn-{n}"), output)
 }
 
 fn file_of(root: &Root, name: &str) -> PathBuf {
@@ -464,3 +435,124 @@ fn export_import_fork_and_materialisation_keep_content_readable() {
     );
     session_store::verify(file_of(&root, "child")).expect("verify child");
 }
+
+/// Bytes on disk of a closed session file (with its WAL, if one is left), and the bytes of
+/// its `checkpoint` table (`dbstat`).
+fn disk_bytes(file: &Path) -> (u64, u64) {
+    let wal = PathBuf::from(format!("{}-wal", file.display()));
+    let total = std::fs::metadata(file).expect("file").len()
+        + std::fs::metadata(wal).map_or(0, |m| m.len());
+    let checkpoint = count(
+        file,
+        "SELECT coalesce(sum(pgsize), 0) FROM dbstat WHERE name = 'checkpoint'",
+    );
+    (total, checkpoint as u64)
+}
+
+/// The measurement behind [`DEFAULT_INLINE_THRESHOLD`]: bytes on disk over the same
+/// events as JSON Lines for `SSE_TURNS` (default 1,000) agent turns with 2-40 KB tool
+/// outputs, each in `tool/result` and the tool message, at several thresholds; and
+/// 20,000 chat messages of ~400 B. Run with
+/// `cargo test --release --test content_blobs -- --ignored --nocapture`.
+#[test]
+#[ignore = "measurement, prints a table"]
+fn measure_bytes_on_disk_by_threshold() {
+    let turns: u64 = std::env::var("SSE_TURNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    for (low, high) in [(2_000, 40_000), (256, 4_096)] {
+        measure_tool_turns(turns, low, high);
+    }
+    // Chat: 20,000 messages of ~400 B, two per turn; they stay inline at every threshold.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = root_with(dir.path(), 1024);
+    let s = root
+        .create(session_store::CreateOptions::with_id(id("chat")))
+        .expect("create");
+    let mut jsonl = 0usize;
+    for n in 0..10_000u64 {
+        let text = |who: &str| {
+            let mut t = format!("{who} {n}: ");
+            while t.len() < 400 {
+                t.push_str(WORDS_400[(n as usize + t.len()) % WORDS_400.len()]);
+                t.push(' ');
+            }
+            t
+        };
+        let batch = Batch::new(
+            format!("op-{n}"),
+            vec![
+                message(&format!("u{n}"), "user", &text("user")),
+                message(&format!("a{n}"), "assistant", &text("assistant")),
+            ],
+        );
+        jsonl += batch
+            .events
+            .iter()
+            .map(|e| serde_json::to_string(e).expect("json").len() + 1)
+            .sum::<usize>();
+        s.append(batch).expect("append");
+    }
+    s.close().expect("close");
+    let file = file_of(&root, "chat");
+    let (total, checkpoint) = disk_bytes(&file);
+    println!(
+        "chat 20,000 x ~400 B at 1 KiB: file {total} B = {:.3}x JSONL ({:.3}x without the \
+         checkpoint table), {} blobs",
+        total as f64 / jsonl as f64,
+        (total - checkpoint) as f64 / jsonl as f64,
+        count(&file, "SELECT count(*) FROM blobs")
+    );
+}
+
+/// Prints bytes on disk over JSON Lines for `turns` agent turns with outputs of `low` to
+/// `high` bytes, at 1, 2, 4 and 64 KiB thresholds.
+fn measure_tool_turns(turns: u64, low: usize, high: usize) {
+    let mut rng = fastrand::Rng::with_seed(12);
+    let outputs: Vec<String> = (0..turns)
+        .map(|n| tool_output(1000 + n, rng.usize(low..=high)))
+        .collect();
+    let jsonl: usize = outputs
+        .iter()
+        .enumerate()
+        .flat_map(|(n, o)| tool_turn(n as u64, o).events)
+        .map(|e| serde_json::to_string(&e).expect("json").len() + 1)
+        .sum();
+    let raw: usize = outputs.iter().map(String::len).sum();
+    let zstd: usize = outputs
+        .iter()
+        .map(|o| zstd::bulk::compress(o.as_bytes(), 1).expect("zstd").len())
+        .sum();
+    println!(
+        "{turns} agent turns, outputs {low}-{high} B: total {raw} B (zstd-1 {:.2}x smaller), JSON Lines {jsonl} B",
+        raw as f64 / zstd as f64
+    );
+    println!("threshold  file bytes  / JSONL  without checkpoint table  / JSONL  blobs");
+    for threshold in [1024, 2048, 4096, MAX_INLINE_THRESHOLD] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = root_with(dir.path(), threshold);
+        write_turns(&root, "m", &outputs);
+        let file = file_of(&root, "m");
+        let (total, checkpoint) = disk_bytes(&file);
+        println!(
+            "{threshold:>9}  {total:>10}  {:>6.3}  {:>24}  {:>6.3}  {}",
+            total as f64 / jsonl as f64,
+            total - checkpoint,
+            (total - checkpoint) as f64 / jsonl as f64,
+            count(&file, "SELECT count(*) FROM blobs")
+        );
+    }
+}
+
+const WORDS_400: [&str; 9] = [
+    "the",
+    "build",
+    "passes",
+    "now",
+    "with",
+    "one",
+    "warning",
+    "about",
+    "lifetimes",
+];

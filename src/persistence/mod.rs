@@ -60,7 +60,7 @@ pub struct StoreOptions {
     pub checkpoint: CheckpointPolicy,
     /// String values of a payload longer than this many bytes (their JSON text between
     /// the quotes) are stored once per file, zstd-compressed, in the blob table, with a
-    /// placeholder in the payload (default [`DEFAULT_INLINE_THRESHOLD`], 2 KiB; accepted
+    /// placeholder in the payload (default [`DEFAULT_INLINE_THRESHOLD`], 1 KiB; accepted
     /// [`MIN_INLINE_THRESHOLD`]..=[`MAX_INLINE_THRESHOLD`]). Applies to what this root
     /// writes: appends, imports, exports and materialised forks.
     pub inline_threshold: usize,

@@ -26,8 +26,8 @@ pub const MIN_INLINE_THRESHOLD: usize = 128;
 /// ([`INLINE_PAYLOAD_LIMIT`](crate::INLINE_PAYLOAD_LIMIT)) are stored as one blob anyway.
 pub const MAX_INLINE_THRESHOLD: usize = crate::model::event::INLINE_PAYLOAD_LIMIT;
 
-/// The default inline threshold (2 KiB): see `docs/ARCHITECTURE.md` for the measurement.
-pub const DEFAULT_INLINE_THRESHOLD: usize = 2048;
+/// The default inline threshold (1 KiB): see `docs/ARCHITECTURE.md` for the measurement.
+pub const DEFAULT_INLINE_THRESHOLD: usize = 1024;
 
 /// Checks an inline threshold against [`MIN_INLINE_THRESHOLD`]..=[`MAX_INLINE_THRESHOLD`].
 ///
