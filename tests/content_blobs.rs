@@ -436,6 +436,62 @@ fn export_import_fork_and_materialisation_keep_content_readable() {
     session_store::verify(file_of(&root, "child")).expect("verify child");
 }
 
+#[test]
+fn a_schema_2_file_upgrades_on_writer_open_and_stores_new_content_as_parts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let folder = dir.path().join("sessions").join("blobs");
+    std::fs::create_dir_all(&folder).expect("mkdir");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/schema2/root/blobs/session.sqlite");
+    std::fs::copy(fixture, folder.join("session.sqlite")).expect("copy");
+    let root = root_with(dir.path(), DEFAULT_INLINE_THRESHOLD);
+    let file = file_of(&root, "blobs");
+    let before = payloads(&root, "blobs");
+    assert_eq!(count(&file, "PRAGMA user_version"), 2);
+    let whole_blobs = count(
+        &file,
+        "SELECT count(*) FROM events WHERE payload_ref IS NOT NULL",
+    );
+    assert!(whole_blobs > 0, "the fixture has payloads over 64 KiB");
+
+    let s = root.open_writer(&id("blobs")).expect("writer");
+    let output = tool_output(5, 5_000);
+    s.append(tool_turn(100, &output)).expect("append");
+    s.close().expect("close");
+    assert_eq!(
+        count(&file, "PRAGMA user_version"),
+        session_store::SCHEMA_VERSION
+    );
+    assert_eq!(
+        count(
+            &file,
+            "SELECT count(*) FROM events WHERE payload_parts IS NOT NULL"
+        ),
+        2
+    );
+    let after = payloads(&root, "blobs");
+    assert_eq!(&after[..before.len()], &before[..]);
+    let tool_result: Value =
+        serde_json::from_str(after[before.len() + 4].as_deref().expect("payload")).expect("json");
+    assert_eq!(tool_result["output"], output);
+    session_store::verify(&file).expect("verify");
+    let stats = root.stats(&id("blobs")).expect("stats");
+    let kind = |k: &str| {
+        stats
+            .kinds
+            .iter()
+            .find(|s| s.kind == k)
+            .expect("kind")
+            .clone()
+    };
+    assert_eq!(kind("tool/result").content_parts, 1);
+    assert_eq!(kind("tool/result").blob_events as i64, whole_blobs / 2);
+    assert_eq!(
+        stats.blobs.count as i64,
+        count(&file, "SELECT count(*) FROM blobs")
+    );
+}
+
 /// Bytes on disk of a closed session file (with its WAL, if one is left), and the bytes of
 /// its `checkpoint` table (`dbstat`).
 fn disk_bytes(file: &Path) -> (u64, u64) {

@@ -315,9 +315,24 @@ const EVENT_COLUMNS: &str = "seq, event_id, kind, optional, payload, payload_ref
 /// The `payload_parts` column of an events row read with [`EVENT_COLUMNS`]: `None` in a
 /// file older than content parts (schema version 2), which has no such column.
 fn parts_column(r: &Row<'_>) -> rusqlite::Result<Option<String>> {
-    match r.as_ref().column_index("payload_parts") {
-        Ok(i) => r.get(i),
-        Err(_) => Ok(None),
+    PartsColumn::default().get(r)
+}
+
+/// Where `payload_parts` is among the columns of one run of a statement: looked up by name
+/// on its first row (a statement is re-prepared, e.g. after a writer upgraded the file,
+/// only when a run starts, so the columns stay put for the rest of the run).
+#[derive(Default)]
+struct PartsColumn {
+    at: Option<Option<usize>>,
+}
+
+impl PartsColumn {
+    /// The column's value in `r` (`None` when the file has no such column).
+    fn get(&mut self, r: &Row<'_>) -> rusqlite::Result<Option<String>> {
+        let at = *self
+            .at
+            .get_or_insert_with(|| r.as_ref().column_index("payload_parts").ok());
+        at.map_or(Ok(None), |i| r.get(i))
     }
 }
 
@@ -502,6 +517,7 @@ fn attach_events(
     let mut index = 0usize;
     let mut blobs: rustc_hash::FxHashMap<String, (Box<RawValue>, u64)> = Default::default();
     let mut parts = PartCache::default();
+    let mut parts_column = PartsColumn::default();
     while let Some(r) = rows.next()? {
         let seq: u64 = r.get(0)?;
         while index < commits.len() && commits[index].1 < seq {
@@ -517,7 +533,7 @@ fn attach_events(
         if seq < commit.first_seq || seq > *last {
             continue; // an event of a commit outside the page
         }
-        let payload_text = stored_text(conn, seq, r.get(4)?, parts_column(r)?, &mut parts)?;
+        let payload_text = stored_text(conn, seq, r.get(4)?, parts_column.get(r)?, &mut parts)?;
         let payload_ref: Option<String> = r.get(5)?;
         let (payload, content_ref) = match (payload_text, payload_ref) {
             (Some(text), None) => (
