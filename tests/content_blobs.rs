@@ -584,19 +584,28 @@ fn measure_tool_turns(turns: u64, low: usize, high: usize) {
         "{turns} agent turns, outputs {low}-{high} B: total {raw} B (zstd-1 {:.2}x smaller), JSON Lines {jsonl} B",
         raw as f64 / zstd as f64
     );
-    println!("threshold  file bytes  / JSONL  without checkpoint table  / JSONL  blobs");
+    println!(
+        "threshold  file bytes  / JSONL  without checkpoint table  / JSONL  blobs  write+close  replay"
+    );
     for threshold in [1024, 2048, 4096, MAX_INLINE_THRESHOLD] {
         let dir = tempfile::tempdir().expect("tempdir");
         let root = root_with(dir.path(), threshold);
+        let started = std::time::Instant::now();
         write_turns(&root, "m", &outputs);
+        let written = started.elapsed();
+        let started = std::time::Instant::now();
+        assert_eq!(payloads(&root, "m").len(), outputs.len() * 8);
+        let read = started.elapsed();
         let file = file_of(&root, "m");
         let (total, checkpoint) = disk_bytes(&file);
         println!(
-            "{threshold:>9}  {total:>10}  {:>6.3}  {:>24}  {:>6.3}  {}",
+            "{threshold:>9}  {total:>10}  {:>6.3}  {:>24}  {:>6.3}  {:>5}  {:>5} ms  {:>4} ms",
             total as f64 / jsonl as f64,
             total - checkpoint,
             (total - checkpoint) as f64 / jsonl as f64,
-            count(&file, "SELECT count(*) FROM blobs")
+            count(&file, "SELECT count(*) FROM blobs"),
+            written.as_millis(),
+            read.as_millis()
         );
     }
 }
