@@ -492,6 +492,34 @@ fn a_schema_2_file_upgrades_on_writer_open_and_stores_new_content_as_parts() {
     );
 }
 
+#[tokio::test]
+async fn history_pages_return_messages_whose_content_is_a_part() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = root_with(dir.path(), DEFAULT_INLINE_THRESHOLD);
+    let outputs: Vec<String> = (0..2).map(|n| tool_output(20 + n, 3_000)).collect();
+    write_turns(&root, "history", &outputs);
+    let service = session_store::Service::new("local", root).expect("service");
+    let r = session_store::SessionRef::new("local", "history").expect("ref");
+    let page = service
+        .query()
+        .history_page(&r, None, 100)
+        .await
+        .expect("page");
+    let tools: Vec<Value> = page
+        .messages
+        .iter()
+        .filter(|m| m.role.as_deref() == Some("tool"))
+        .map(|m| {
+            assert!(m.content_ref.is_none(), "under 64 KiB: inline");
+            serde_json::from_str(m.inline.as_ref().expect("inline").json()).expect("json")
+        })
+        .collect();
+    assert_eq!(tools.len(), 2);
+    for (message, output) in tools.iter().zip(&outputs) {
+        assert_eq!(&message["content"], output);
+    }
+}
+
 /// Bytes on disk of a closed session file (with its WAL, if one is left), and the bytes of
 /// its `checkpoint` table (`dbstat`).
 fn disk_bytes(file: &Path) -> (u64, u64) {
