@@ -649,6 +649,8 @@ pub(crate) fn check_integrity(file: &Path, access: Access) -> Result<()> {
 /// placeholder whose blob is missing, is corrupt. (Offsets and placeholders are checked
 /// byte by byte when the payload is read.)
 fn check_part_blobs(conn: &Connection) -> Result<()> {
+    // The placeholder at byte offset `o` is `"sse-blob:` and 64 hex digits: its digest is
+    // bytes `o + 10 ..` of the payload, `substr(…, o + 11, 64)` (substr counts from 1).
     let bad: Option<(u64, Option<String>)> = conn
         .query_row(
             "WITH parts AS (
