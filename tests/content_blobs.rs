@@ -454,9 +454,21 @@ fn a_schema_2_file_upgrades_on_writer_open_and_stores_new_content_as_parts() {
     );
     assert!(whole_blobs > 0, "the fixture has payloads over 64 KiB");
 
+    // A reader open (its statements prepared) on the schema-2 file while a writer
+    // upgrades it and appends parts reads the new commits whole.
+    let reader = root.open_reader(&id("blobs")).expect("reader");
+    let old_commits = reader.replay().expect("replay").len();
     let s = root.open_writer(&id("blobs")).expect("writer");
     let output = tool_output(5, 5_000);
     s.append(tool_turn(100, &output)).expect("append");
+    s.flush().expect("flush");
+    let commits = reader.replay().expect("replay after the upgrade");
+    assert_eq!(commits.len(), old_commits + 1);
+    let last = commits.last().expect("commits").events[4]
+        .payload_str()
+        .expect("payload");
+    let v: Value = serde_json::from_str(last).expect("json");
+    assert_eq!(v["output"], output);
     s.close().expect("close");
     assert_eq!(
         count(&file, "PRAGMA user_version"),
