@@ -20,9 +20,9 @@ pub use model::{
 };
 pub use persistence::{BlobStats, KindStats, SessionStats, TableBytes};
 pub use persistence::{
-    CatalogEntry, CheckpointPolicy, CreateOptions, ExportReport, ForkPoint, ImportOptions, Listing,
-    RebuildReport, Replay, Root, Scratch, SessionInfo, SkippedSession, StoreOptions, Verified,
-    replay, verify,
+    CatalogEntry, CheckpointPolicy, CreateOptions, DEFAULT_INLINE_THRESHOLD, ExportReport,
+    ForkPoint, ImportOptions, Listing, MAX_INLINE_THRESHOLD, MIN_INLINE_THRESHOLD, RebuildReport,
+    Replay, Root, Scratch, SessionInfo, SkippedSession, StoreOptions, Verified, replay, verify,
 };
 pub use service::{
     CLOSURE_KINDS, CancelReceipt, ClientBinding, EventPage, Execution, HistoryPage,

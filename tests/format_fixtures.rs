@@ -65,39 +65,10 @@ fn build_log(tag: &str, kib: usize) -> String {
     out
 }
 
-fn event(kind: &str, payload: Value) -> Event {
-    Event::new(kind).with_payload(&payload).expect("payload")
-}
-
-/// A completed turn: a user message, a tool call whose output (over 64 KiB when `kib` is
-/// large) appears in `tool/result` and in the tool message, and an assistant reply.
+/// A completed turn whose tool output (over 64 KiB when `kib` is large) appears in
+/// `tool/result` and in the tool message ([`common::tool_turn`]).
 fn tool_turn(op: &str, turn_id: &str, kib: usize) -> Batch {
-    let call = format!("call-{turn_id}");
-    let output = build_log(turn_id, kib);
-    Batch::new(
-        op,
-        vec![
-            Event::new("turn/start"),
-            message(&format!("user-{turn_id}"), "user", "run the build"),
-            event(
-                "tool/call",
-                json!({"id": call, "name": "bash", "args": {"cmd": "cargo build"}}),
-            ),
-            event("tool/start", json!({"id": call, "name": "bash"})),
-            event(
-                "tool/result",
-                json!({"id": call, "name": "bash", "output": output}),
-            ),
-            event(
-                "message/complete",
-                json!({"message": {"id": format!("tool-{turn_id}"), "role": "tool",
-                    "tool_call_id": call, "content": output}}),
-            ),
-            message(&format!("reply-{turn_id}"), "assistant", "the build passed"),
-            turn_end("completed"),
-        ],
-    )
-    .in_turn(turn_id)
+    common::tool_turn(op, turn_id, &build_log(turn_id, kib))
 }
 
 /// A completed chat turn with a user message and an assistant reply.

@@ -670,17 +670,18 @@ pub fn stats(cx: &Context, id: &str) -> CliResult<()> {
         .unwrap_or(4)
         .max(4);
     println!(
-        "  {:<width$}  {:>8}  {:>10}  {:>6}  {:>10}",
-        "KIND", "COUNT", "INLINE", "BLOBS", "BLOB BYTES"
+        "  {:<width$}  {:>8}  {:>10}  {:>6}  {:>10}  {:>6}",
+        "KIND", "COUNT", "INLINE", "BLOBS", "BLOB BYTES", "PARTS"
     );
     for k in &stats.kinds {
         println!(
-            "  {:<width$}  {:>8}  {:>10}  {:>6}  {:>10}",
+            "  {:<width$}  {:>8}  {:>10}  {:>6}  {:>10}  {:>6}",
             printable(&k.kind),
             k.count,
             human_bytes(k.inline_bytes),
             k.blob_events,
-            human_bytes(k.blob_bytes)
+            human_bytes(k.blob_bytes),
+            k.content_parts
         );
     }
     let b = &stats.blobs;

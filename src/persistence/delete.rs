@@ -78,7 +78,12 @@ impl Root {
             return Ok(());
         }
         let source = self.session_dir(ancestor).join(SESSION_FILE);
-        match lineage::materialize(&source, ancestor.as_str(), &child_file) {
+        match lineage::materialize(
+            &source,
+            ancestor.as_str(),
+            &child_file,
+            self.options().inline_threshold,
+        ) {
             Err(_) if !child_file.is_file() => Ok(()),
             other => other,
         }

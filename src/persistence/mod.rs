@@ -32,6 +32,10 @@ use crate::model::SessionId;
 use crate::model::header::{Header, Origin};
 use crate::model::ids::{now_ms, random_hex};
 use crate::session::live::{Session, WriteBehind};
+use crate::store::content;
+pub use crate::store::content::{
+    DEFAULT_INLINE_THRESHOLD, MAX_INLINE_THRESHOLD, MIN_INLINE_THRESHOLD,
+};
 use crate::store::lock::{self, WriterLock, recorded_owner};
 use crate::store::read::LineageEntry;
 use crate::store::reader::SessionReader;
@@ -54,6 +58,12 @@ pub struct StoreOptions {
     pub queue_budget: usize,
     /// What a closing writer does with the WAL (default: truncate it).
     pub checkpoint: CheckpointPolicy,
+    /// String values of a payload longer than this many bytes (their JSON text between
+    /// the quotes) are stored once per file, zstd-compressed, in the blob table, with a
+    /// placeholder in the payload (default [`DEFAULT_INLINE_THRESHOLD`], 1 KiB; accepted
+    /// [`MIN_INLINE_THRESHOLD`]..=[`MAX_INLINE_THRESHOLD`]). Applies to what this root
+    /// writes: appends, imports, exports and materialised forks.
+    pub inline_threshold: usize,
 }
 
 impl Default for StoreOptions {
@@ -63,6 +73,7 @@ impl Default for StoreOptions {
             write_behind: Duration::from_millis(200),
             queue_budget: 16 << 20,
             checkpoint: CheckpointPolicy::TruncateOnClose,
+            inline_threshold: DEFAULT_INLINE_THRESHOLD,
         }
     }
 }
@@ -223,11 +234,13 @@ impl Root {
     /// Opens (creating if needed) a root with these options.
     ///
     /// # Errors
-    /// [`Error::Io`] when the folder cannot be created; [`Error::InvalidInput`] for a zero budget.
+    /// [`Error::Io`] when the folder cannot be created; [`Error::InvalidInput`] for a zero budget
+    /// or an inline threshold out of range.
     pub fn with_options(path: impl AsRef<Path>, options: StoreOptions) -> Result<Root> {
         if options.queue_budget == 0 {
             return Err(Error::invalid("queue budget must be positive"));
         }
+        content::check_threshold(options.inline_threshold)?;
         // Resolved once: a root reached through a symlinked folder works, and no path
         // the store builds below it contains a symlink.
         let (path, dir) = confine::open_root(path.as_ref())?;
@@ -454,7 +467,14 @@ impl Root {
             generation: 0,
             since_ms: now_ms(),
         };
-        let writer = FileWriter::open(dir, lock, owner, options.durability, options.checkpoint)?;
+        let writer = FileWriter::open(
+            dir,
+            lock,
+            owner,
+            options.durability,
+            options.checkpoint,
+            options.inline_threshold,
+        )?;
         Session::start(
             dir,
             writer,

@@ -45,13 +45,26 @@ pub struct ImportOptions {
     pub origin: Option<Origin>,
 }
 
-/// Copies the validated log of `reader` up to `through` into a fresh file's connection.
-fn copy_log(reader: &SessionReader, through: u64, conn: &mut Connection) -> Result<(u64, u64)> {
-    write::in_transaction(conn, |tx| copy_commits(reader, through, tx))
+/// Copies the validated log of `reader` up to `through` into a fresh file's connection,
+/// string values longer than `inline_threshold` as content parts.
+fn copy_log(
+    reader: &SessionReader,
+    through: u64,
+    conn: &mut Connection,
+    inline_threshold: usize,
+) -> Result<(u64, u64)> {
+    write::in_transaction(conn, |tx| {
+        copy_commits(reader, through, tx, inline_threshold)
+    })
 }
 
 /// The body of [`copy_log`], inside its transaction.
-fn copy_commits(reader: &SessionReader, through: u64, tx: &Transaction<'_>) -> Result<(u64, u64)> {
+fn copy_commits(
+    reader: &SessionReader,
+    through: u64,
+    tx: &Transaction<'_>,
+    inline_threshold: usize,
+) -> Result<(u64, u64)> {
     let mut validator = LogValidator::new();
     let mut pending = Vec::with_capacity(COPY_BATCH);
     let mut pending_bytes = 0usize;
@@ -67,13 +80,13 @@ fn copy_commits(reader: &SessionReader, through: u64, tx: &Transaction<'_>) -> R
             charge: 0,
         }));
         if pending.len() >= COPY_BATCH || pending_bytes >= COPY_BATCH_BYTES {
-            write::insert_commits(tx, &pending)?;
+            write::insert_commits(tx, &pending, inline_threshold)?;
             pending.clear();
             pending_bytes = 0;
         }
         Ok(())
     })?;
-    write::insert_commits(tx, &pending)?;
+    write::insert_commits(tx, &pending, inline_threshold)?;
     if validator.last_seq() != through {
         return Err(Error::corrupt(format!(
             "log ends at {}, expected {through}",
@@ -153,7 +166,8 @@ impl Root {
         let written = (|| {
             let mut conn = schema::create_file(&temp)?;
             write::init_file(&mut conn, reader.header())?;
-            let (commits, events) = copy_log(&reader, through, &mut conn)?;
+            let (commits, events) =
+                copy_log(&reader, through, &mut conn, self.options().inline_threshold)?;
             schema::use_rollback_journal(&conn)?;
             schema::finish_staged(conn, &temp)?;
             check_integrity(&temp, Access::Shared)?;
@@ -209,7 +223,7 @@ impl Root {
         let through = reader.durable_sequence()?;
         let (staged, _lock) = self.stage(&target, "import", |conn| {
             write::init_file(conn, &header)?;
-            copy_log(&reader, through, conn).map(drop)
+            copy_log(&reader, through, conn, self.options().inline_threshold).map(drop)
         })?;
         self.publish(staged, &target)?;
         Ok(target)

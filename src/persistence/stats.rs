@@ -98,6 +98,7 @@ impl Root {
                 total.inline_bytes += row.inline_bytes;
                 total.blob_events += row.blob_events;
                 total.blob_bytes += row.blob_bytes;
+                total.content_parts += row.content_parts;
             }
             blobs.extend(blob_sizes(&conn, source.after, source.through)?);
         }

@@ -54,7 +54,13 @@ pub(crate) fn write_lineage(conn: &mut Connection, lineage: &[LineageEntry]) -> 
 /// is `source_file`) into `child_file` itself: commits (with inherited operation ids),
 /// their events and blobs, turns and history rows; then drops those lineage rows. One
 /// transaction: a crash leaves the child either untouched or self-sufficient for them.
-pub(crate) fn materialize(source_file: &Path, ancestor: &str, child_file: &Path) -> Result<()> {
+/// String values longer than `inline_threshold` become content parts of the child.
+pub(crate) fn materialize(
+    source_file: &Path,
+    ancestor: &str,
+    child_file: &Path,
+    inline_threshold: usize,
+) -> Result<()> {
     let source = schema::open_reader(source_file)?;
     let mut conn = schema::open_writer(child_file, Durability::PowerLoss)?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -84,7 +90,7 @@ pub(crate) fn materialize(source_file: &Path, ancestor: &str, child_file: &Path)
                     })
                 })
                 .collect();
-            write::insert_commits(&tx, &batch)?;
+            write::insert_commits(&tx, &batch, inline_threshold)?;
         }
         let turns = read::read_turns_ending_in(&source, range.after_seq, range.through_seq)?;
         write::insert_turns(&tx, &turns)?;

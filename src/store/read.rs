@@ -1,6 +1,7 @@
 //! Reads from one session file (any connection: writer, pooled reader, untrusted file).
 
 use std::path::Path;
+use std::sync::Arc;
 
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde::{Deserialize, Serialize};
@@ -11,8 +12,8 @@ use crate::model::event::{commit_row_hash, derived_event_id, raw_json};
 use crate::model::header::{Header, Origin};
 use crate::model::projection::{HistoryChange, ModelRef};
 use crate::model::{Commit, ContentRef, Event, Projection, SessionId, TurnBoundary};
-use crate::store::blob;
 use crate::store::schema::{self, Access};
+use crate::store::{blob, content};
 
 /// Media type of payload blobs.
 pub(crate) const JSON_MEDIA_TYPE: &str = "application/json";
@@ -291,15 +292,101 @@ pub(crate) fn read_history_index(
     Ok(Some((rows, resets)))
 }
 
-/// The payload of event `seq`: inline JSON text, or the digest of its blob.
+/// The payload of event `seq`: inline JSON text (its content parts spliced back), or the
+/// digest of its blob.
 pub(crate) fn read_event_payload(
     conn: &Connection,
     seq: u64,
 ) -> Result<(Option<String>, Option<String>)> {
-    conn.prepare_cached("SELECT payload, payload_ref FROM events WHERE seq = ?1")?
-        .query_row([seq], |r| Ok((r.get(0)?, r.get(1)?)))
+    let (text, reference, parts): (Option<String>, Option<String>, Option<String>) = conn
+        .prepare_cached(&format!(
+            "SELECT {EVENT_COLUMNS} FROM events WHERE seq = ?1"
+        ))?
+        .query_row([seq], |r| Ok((r.get(4)?, r.get(5)?, parts_column(r)?)))
         .optional()?
-        .ok_or_else(|| Error::corrupt(format!("history names event {seq}, which is missing")))
+        .ok_or_else(|| Error::corrupt(format!("history names event {seq}, which is missing")))?;
+    let mut cache = PartCache::default();
+    let text = stored_text(conn, seq, text, parts, &mut cache)?;
+    Ok((text, reference))
+}
+
+/// The columns an events row is read with: the six of every schema version by name, then
+/// all of them, so that `payload_parts` (schema version 3) is found by name when the
+/// file has it (see [`parts_column`]), whatever version the file had when prepared.
+const EVENT_COLUMNS: &str = "seq, event_id, kind, optional, payload, payload_ref, *";
+
+/// The `payload_parts` column of an events row read with [`EVENT_COLUMNS`]: `None` in a
+/// file older than content parts (schema version 2), which has no such column.
+fn parts_column(r: &Row<'_>) -> rusqlite::Result<Option<String>> {
+    PartsColumn::default().get(r)
+}
+
+/// Where `payload_parts` is among the columns of one run of a statement: looked up by name
+/// on its first row (a statement is re-prepared, e.g. after a writer upgraded the file,
+/// only when a run starts, so the columns stay put for the rest of the run).
+#[derive(Default)]
+struct PartsColumn {
+    at: Option<Option<usize>>,
+}
+
+impl PartsColumn {
+    /// The column's value in `r` (`None` when the file has no such column).
+    fn get(&mut self, r: &Row<'_>) -> rusqlite::Result<Option<String>> {
+        let at = *self
+            .at
+            .get_or_insert_with(|| r.as_ref().column_index("payload_parts").ok());
+        at.map_or(Ok(None), |i| r.get(i))
+    }
+}
+
+/// Content part bytes already read, by digest.
+type PartCache = rustc_hash::FxHashMap<String, Arc<[u8]>>;
+
+/// An event's inline payload text with its content parts (if any) spliced back, each
+/// part read once per `cache`.
+///
+/// # Errors
+/// [`Error::Corrupt`] naming the event for parts without an inline payload, a bad offset
+/// or placeholder, a missing or damaged blob.
+fn stored_text(
+    conn: &Connection,
+    seq: u64,
+    text: Option<String>,
+    parts: Option<String>,
+    cache: &mut PartCache,
+) -> Result<Option<String>> {
+    let (text, parts) = match (text, parts) {
+        (text, None) => return Ok(text),
+        (None, Some(_)) => {
+            return Err(Error::corrupt(format!(
+                "event {seq} has content parts but no inline payload"
+            )));
+        }
+        (Some(text), Some(parts)) => (text, parts),
+    };
+    content::reassemble(seq, &text, &parts, |digest| {
+        if let Some(raw) = cache.get(digest) {
+            return Ok(Some(Arc::clone(raw)));
+        }
+        let Some(raw) = read_blob(conn, digest).map_err(|e| match e {
+            Error::Corrupt(m) => Error::corrupt(format!("event {seq}: {m}")),
+            other => other,
+        })?
+        else {
+            return Ok(None);
+        };
+        let raw: Arc<[u8]> = raw.into();
+        cache.insert(digest.to_owned(), Arc::clone(&raw));
+        Ok(Some(raw))
+    })
+    .map(Some)
+}
+
+/// Whether the file's events have the `payload_parts` column (schema version 3 on).
+pub(crate) fn has_content_parts(conn: &Connection) -> Result<bool> {
+    Ok(conn
+        .prepare_cached("SELECT 1 FROM pragma_table_info('events') WHERE name = 'payload_parts'")?
+        .exists([])?)
 }
 
 /// The payload text of event `seq`, read from its blob when it is stored as one.
@@ -440,8 +527,8 @@ pub(crate) fn read_commits(
 
 /// Loads the events of `commits` (contiguous, ascending) and checks each commit is whole.
 /// Stops at the first commit boundary after `budget` payload bytes (dropping the commits
-/// not reached) and subtracts the bytes it loaded. A blob referenced several times is
-/// read, decompressed and verified once per call.
+/// not reached) and subtracts the bytes it loaded. A blob referenced several times (a
+/// whole payload or a content part) is read, decompressed and verified once per call.
 fn attach_events(
     conn: &Connection,
     commits: &mut Vec<(Commit, u64)>,
@@ -451,13 +538,14 @@ fn attach_events(
         return Ok(());
     };
     let (from, to) = (first.0.first_seq, last.1);
-    let mut stmt = conn.prepare_cached(
-        "SELECT seq, event_id, kind, optional, payload, payload_ref
-         FROM events WHERE seq >= ?1 AND seq <= ?2 ORDER BY seq",
-    )?;
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {EVENT_COLUMNS} FROM events WHERE seq >= ?1 AND seq <= ?2 ORDER BY seq"
+    ))?;
     let mut rows = stmt.query(params![from, to])?;
     let mut index = 0usize;
     let mut blobs: rustc_hash::FxHashMap<String, (Box<RawValue>, u64)> = Default::default();
+    let mut parts = PartCache::default();
+    let mut parts_column = PartsColumn::default();
     while let Some(r) = rows.next()? {
         let seq: u64 = r.get(0)?;
         while index < commits.len() && commits[index].1 < seq {
@@ -473,7 +561,7 @@ fn attach_events(
         if seq < commit.first_seq || seq > *last {
             continue; // an event of a commit outside the page
         }
-        let payload_text: Option<String> = r.get(4)?;
+        let payload_text = stored_text(conn, seq, r.get(4)?, parts_column.get(r)?, &mut parts)?;
         let payload_ref: Option<String> = r.get(5)?;
         let (payload, content_ref) = match (payload_text, payload_ref) {
             (Some(text), None) => (
@@ -562,7 +650,8 @@ pub(crate) fn read_blob(conn: &Connection, digest: &str) -> Result<Option<Vec<u8
         .transpose()
 }
 
-/// `PRAGMA integrity_check` and `foreign_key_check` on an untrusted file.
+/// `PRAGMA integrity_check` and `foreign_key_check` on an untrusted file, and (schema
+/// version 3 on) that every content part placeholder names a stored blob.
 pub(crate) fn check_integrity(file: &Path, access: Access) -> Result<()> {
     let conn = schema::open_reader_with(file, access)?;
     let verdict: String = conn.query_row("PRAGMA integrity_check(1)", [], |r| r.get(0))?;
@@ -578,5 +667,40 @@ pub(crate) fn check_integrity(file: &Path, access: Access) -> Result<()> {
             "{dangling} rows reference missing commits or blobs"
         )));
     }
+    if has_content_parts(&conn)? {
+        check_part_blobs(&conn)?;
+    }
     Ok(())
+}
+
+/// The first event whose `payload_parts` is not a JSON array of integers, or names a
+/// placeholder whose blob is missing, is corrupt. (Offsets and placeholders are checked
+/// byte by byte when the payload is read.)
+fn check_part_blobs(conn: &Connection) -> Result<()> {
+    // The placeholder at byte offset `o` is `"sse-blob:` and 64 hex digits: its digest is
+    // bytes `o + 10 ..` of the payload, `substr(…, o + 11, 64)` (substr counts from 1).
+    let bad: Option<(u64, Option<String>)> = conn
+        .query_row(
+            "WITH parts AS (
+                 SELECT seq, payload, payload_parts,
+                        CASE WHEN json_valid(payload_parts) THEN json_type(payload_parts) END AS form
+                 FROM events WHERE payload_parts IS NOT NULL)
+             SELECT p.seq, CAST(substr(CAST(p.payload AS BLOB), j.value + 11, 64) AS TEXT)
+             FROM parts p,
+                  json_each(CASE WHEN p.form = 'array' THEN p.payload_parts ELSE '[\"\"]' END) j
+             WHERE p.form IS NOT 'array' OR j.type IS NOT 'integer'
+                OR NOT EXISTS (SELECT 1 FROM blobs b WHERE b.digest =
+                               CAST(substr(CAST(p.payload AS BLOB), j.value + 11, 64) AS TEXT))
+             LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    match bad {
+        None => Ok(()),
+        Some((seq, digest)) => Err(Error::corrupt(format!(
+            "event {seq}: content part {} is malformed or its blob is missing",
+            digest.unwrap_or_default()
+        ))),
+    }
 }

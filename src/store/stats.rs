@@ -7,7 +7,7 @@ use rusqlite::Connection;
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::store::schema;
+use crate::store::{read, schema};
 
 /// Events of one kind in a session (inherited events included).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -22,6 +22,8 @@ pub struct KindStats {
     pub blob_events: u64,
     /// Raw (uncompressed) bytes of those payloads.
     pub blob_bytes: u64,
+    /// String values stored as content parts (in blobs, a placeholder inline).
+    pub content_parts: u64,
 }
 
 /// Pages of one table of a session file, its indexes included.
@@ -37,13 +39,19 @@ pub struct TableBytes {
 
 /// Events of the file with sequences in `(after, through]`, by kind.
 pub(crate) fn kind_totals(conn: &Connection, after: u64, through: u64) -> Result<Vec<KindStats>> {
-    let mut stmt = conn.prepare(
+    let parts = if read::has_content_parts(conn)? {
+        "coalesce(sum(CASE WHEN json_valid(e.payload_parts)
+                           THEN json_array_length(e.payload_parts) END), 0)"
+    } else {
+        "0"
+    };
+    let mut stmt = conn.prepare(&format!(
         "SELECT e.kind, count(*),
                 coalesce(sum(length(CAST(e.payload AS BLOB))), 0),
-                count(e.payload_ref), coalesce(sum(b.bytes), 0)
+                count(e.payload_ref), coalesce(sum(b.bytes), 0), {parts}
          FROM events e LEFT JOIN blobs b ON b.digest = e.payload_ref
-         WHERE e.seq > ?1 AND e.seq <= ?2 GROUP BY e.kind",
-    )?;
+         WHERE e.seq > ?1 AND e.seq <= ?2 GROUP BY e.kind"
+    ))?;
     let rows = stmt.query_map((after, through), |r| {
         Ok(KindStats {
             kind: r.get(0)?,
@@ -51,6 +59,7 @@ pub(crate) fn kind_totals(conn: &Connection, after: u64, through: u64) -> Result
             inline_bytes: r.get(2)?,
             blob_events: r.get(3)?,
             blob_bytes: r.get(4)?,
+            content_parts: r.get(5)?,
         })
     })?;
     Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
@@ -67,17 +76,27 @@ pub(crate) struct BlobSize {
     pub zstd: bool,
 }
 
-/// The blobs referenced by events with sequences in `(after, through]`, by digest.
+/// The blobs referenced by events with sequences in `(after, through]` (whole payloads
+/// and content parts), by digest.
 pub(crate) fn blob_sizes(
     conn: &Connection,
     after: u64,
     through: u64,
 ) -> Result<Vec<(String, BlobSize)>> {
-    let mut stmt = conn.prepare(
+    // A placeholder's digest starts 11 bytes (1-based) after its offset: `"sse-blob:`.
+    let parts = if read::has_content_parts(conn)? {
+        "UNION SELECT CAST(substr(CAST(e.payload AS BLOB), j.value + 11, 64) AS TEXT)
+              FROM events e, json_each(CASE WHEN json_valid(e.payload_parts)
+                                            THEN e.payload_parts ELSE '[]' END) j
+              WHERE e.payload_parts IS NOT NULL AND e.seq > ?1 AND e.seq <= ?2"
+    } else {
+        ""
+    };
+    let mut stmt = conn.prepare(&format!(
         "SELECT digest, bytes, length(data), encoding FROM blobs WHERE digest IN
              (SELECT payload_ref FROM events
-              WHERE payload_ref IS NOT NULL AND seq > ?1 AND seq <= ?2)",
-    )?;
+              WHERE payload_ref IS NOT NULL AND seq > ?1 AND seq <= ?2 {parts})"
+    ))?;
     let rows = stmt.query_map((after, through), |r| {
         Ok((
             r.get::<_, String>(0)?,

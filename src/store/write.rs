@@ -1,15 +1,18 @@
 //! Writes to one session file: initialisation, the lease, and the drain transaction.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
-use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
+use rusqlite::{
+    CachedStatement, Connection, OptionalExtension, Transaction, TransactionBehavior, params,
+};
 
 use crate::error::{Error, Result, WriterOwner};
 use crate::model::event::{INLINE_PAYLOAD_LIMIT, commit_row_hash, is_derived_event_id, sha256_hex};
 use crate::model::header::Header;
 use crate::model::projection::HistoryChange;
 use crate::model::{Commit, TurnBoundary};
-use crate::store::blob;
+use crate::store::{blob, content};
 
 /// An accepted commit on its way to disk, with the turns it closes.
 #[derive(Debug)]
@@ -91,11 +94,13 @@ pub(crate) fn take_lease(conn: &mut Connection, owner: &WriterOwner) -> Result<u
 }
 
 /// The drain: writes accepted commits in one `BEGIN IMMEDIATE` transaction, after
-/// checking that the lease is still at `generation` (fencing).
+/// checking that the lease is still at `generation` (fencing); string values longer than
+/// `inline_threshold` bytes become content parts.
 pub(crate) fn write_commits(
     conn: &mut Connection,
     generation: u64,
     batch: &[Arc<Accepted>],
+    inline_threshold: usize,
 ) -> Result<()> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let current: u64 = tx
@@ -107,27 +112,34 @@ pub(crate) fn write_commits(
             current,
         });
     }
-    insert_commits(&tx, batch)?;
+    insert_commits(&tx, batch, inline_threshold)?;
     tx.commit()?;
     Ok(())
 }
 
-/// Inserts commits, their events, the blobs of large payloads (once per digest) and the
-/// turns they close, inside the caller's transaction.
-pub(crate) fn insert_commits(tx: &Transaction<'_>, batch: &[Arc<Accepted>]) -> Result<()> {
+/// Inserts commits, their events, the blobs of large payloads and of long string values
+/// (once per digest, see [`content`]) and the turns they close, inside the caller's
+/// transaction. String values longer than `inline_threshold` bytes become content parts.
+pub(crate) fn insert_commits(
+    tx: &Transaction<'_>,
+    batch: &[Arc<Accepted>],
+    inline_threshold: usize,
+) -> Result<()> {
     let mut insert_commit = tx.prepare_cached(
         "INSERT INTO commits (first_seq, last_seq, commit_id, operation_id, operation_hash,
                               turn_id, writer_generation, created_at, row_hash)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
     )?;
     let mut insert_event = tx.prepare_cached(
-        "INSERT INTO events (seq, event_id, kind, optional, payload, payload_ref)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO events (seq, event_id, kind, optional, payload, payload_ref, payload_parts)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     )?;
-    let mut blob_exists = tx.prepare_cached("SELECT 1 FROM blobs WHERE digest = ?1")?;
-    let mut insert_blob = tx.prepare_cached(
-        "INSERT INTO blobs (digest, bytes, encoding, data) VALUES (?1, ?2, ?3, ?4)",
-    )?;
+    let mut blobs = BlobWriter {
+        exists: tx.prepare_cached("SELECT 1 FROM blobs WHERE digest = ?1")?,
+        insert: tx.prepare_cached(
+            "INSERT INTO blobs (digest, bytes, encoding, data) VALUES (?1, ?2, ?3, ?4)",
+        )?,
+    };
     for accepted in batch {
         let c = &accepted.commit;
         insert_commit.execute(params![
@@ -143,25 +155,51 @@ pub(crate) fn insert_commits(tx: &Transaction<'_>, batch: &[Arc<Accepted>]) -> R
         ])?;
         for (i, e) in c.events.iter().enumerate() {
             let own_id = (!is_derived_event_id(&e.id, &c.commit_id, i)).then_some(e.id.as_str());
-            let (inline, reference) = match e.payload_str() {
+            let (inline, reference, parts) = match e.payload_str() {
                 Some(text) if text.len() > INLINE_PAYLOAD_LIMIT => {
                     let digest = sha256_hex(text.as_bytes());
-                    if !blob_exists.exists([&digest])? {
-                        let (encoding, data) = blob::encode(text.as_bytes());
-                        insert_blob.execute(params![digest, text.len() as u64, encoding, data])?;
-                    }
-                    (None, Some(digest))
+                    blobs.put(&digest, text.as_bytes())?;
+                    (None, Some(digest), None)
                 }
-                other => (other, None),
+                Some(text) => match content::externalise(text, inline_threshold) {
+                    Some(ext) => {
+                        for (digest, raw) in &ext.parts {
+                            blobs.put(digest, raw.as_bytes())?;
+                        }
+                        let offsets = serde_json::to_string(&ext.offsets)
+                            .map_err(|e| Error::invalid(format!("content offsets: {e}")))?;
+                        (Some(Cow::Owned(ext.text)), None, Some(offsets))
+                    }
+                    None => (Some(Cow::Borrowed(text)), None, None),
+                },
+                None => (None, None, None),
             };
             insert_event.execute(params![
-                e.seq, own_id, e.kind, e.optional, inline, reference
+                e.seq, own_id, e.kind, e.optional, inline, reference, parts
             ])?;
         }
         insert_turns(tx, &accepted.closed_turns)?;
         insert_history(tx, &accepted.history)?;
     }
     Ok(())
+}
+
+/// The statements that store a blob once per digest.
+struct BlobWriter<'tx> {
+    exists: CachedStatement<'tx>,
+    insert: CachedStatement<'tx>,
+}
+
+impl BlobWriter<'_> {
+    /// Stores `raw` under `digest` (its SHA-256) unless the file already holds it.
+    fn put(&mut self, digest: &str, raw: &[u8]) -> Result<()> {
+        if !self.exists.exists([digest])? {
+            let (encoding, data) = blob::encode(raw);
+            self.insert
+                .execute(params![digest, raw.len() as u64, encoding, data])?;
+        }
+        Ok(())
+    }
 }
 
 /// Replaces the projection checkpoint with `projection` (its text and transcript index,

@@ -34,18 +34,22 @@ pub(crate) struct FileWriter {
     owner: WriterOwner,
     dir: PathBuf,
     policy: CheckpointPolicy,
+    /// String values longer than this become content parts (see `store::content`).
+    inline_threshold: usize,
 }
 
 impl FileWriter {
     /// Opens the session file in `dir` under `lock` (already held by the caller, e.g.
     /// handed over from staging), bumps the lease generation and records `owner` with
-    /// it, in the lock file and in the `lease` row.
+    /// it, in the lock file and in the `lease` row. String values of payloads longer than
+    /// `inline_threshold` bytes are stored as content parts.
     pub(crate) fn open(
         dir: &Path,
         mut lock: WriterLock,
         mut owner: WriterOwner,
         durability: Durability,
         policy: CheckpointPolicy,
+        inline_threshold: usize,
     ) -> Result<FileWriter> {
         // Provisional record first, so a refused opener can name us at once.
         lock.record_owner(&owner)?;
@@ -58,6 +62,7 @@ impl FileWriter {
             owner,
             dir: dir.to_path_buf(),
             policy,
+            inline_threshold,
         })
     }
 
@@ -68,7 +73,12 @@ impl FileWriter {
 
     /// The drain: writes `batch` in one transaction, fenced by this writer's generation.
     pub(crate) fn drain(&mut self, batch: &[Arc<Accepted>]) -> Result<()> {
-        write::write_commits(&mut self.conn, self.owner.generation, batch)
+        write::write_commits(
+            &mut self.conn,
+            self.owner.generation,
+            batch,
+            self.inline_threshold,
+        )
     }
 
     /// Replaces the projection checkpoint (its text and transcript index, as of

@@ -53,6 +53,42 @@ pub fn turn_end(status: &str) -> Event {
         .expect("payload")
 }
 
+/// An event of `kind` with this payload.
+pub fn event(kind: &str, payload: serde_json::Value) -> Event {
+    Event::new(kind).with_payload(&payload).expect("payload")
+}
+
+/// A completed agent turn as a host writes it: a user message, a tool call whose `output`
+/// appears in `tool/result` and in the tool message, and an assistant reply (eight events;
+/// `tool/result` is the fifth, the tool message the sixth).
+pub fn tool_turn(op: &str, turn_id: &str, output: &str) -> Batch {
+    let call = format!("call-{turn_id}");
+    Batch::new(
+        op,
+        vec![
+            Event::new("turn/start"),
+            message(&format!("user-{turn_id}"), "user", "run the build"),
+            event(
+                "tool/call",
+                json!({"id": call, "name": "bash", "args": {"cmd": "cargo build"}}),
+            ),
+            event("tool/start", json!({"id": call, "name": "bash"})),
+            event(
+                "tool/result",
+                json!({"id": call, "name": "bash", "output": output}),
+            ),
+            event(
+                "message/complete",
+                json!({"message": {"id": format!("tool-{turn_id}"), "role": "tool",
+                    "tool_call_id": call, "content": output}}),
+            ),
+            message(&format!("reply-{turn_id}"), "assistant", "the build passed"),
+            turn_end("completed"),
+        ],
+    )
+    .in_turn(turn_id)
+}
+
 /// A three-event completed turn with one user message.
 pub fn turn(op: &str, turn_id: &str, message_id: &str) -> Batch {
     Batch::new(
