@@ -389,7 +389,11 @@ fn prepare_batch(batch: Batch) -> Result<PreparedBatch> {
     let mut charge = COMMIT_CHARGE;
     for e in &events {
         // An empty id is derived once the commit is sequenced (`<commit id>.<index>`).
-        let id_len = if e.id.is_empty() { DERIVED_ID_CHARGE } else { e.id.len() };
+        let id_len = if e.id.is_empty() {
+            DERIVED_ID_CHARGE
+        } else {
+            e.id.len()
+        };
         charge += EVENT_CHARGE + id_len + e.kind.len() + e.payload_len();
     }
     Ok(PreparedBatch {

@@ -11,8 +11,8 @@ use crate::error::{Error, Result, WriterOwner};
 use crate::model::event::{
     commit_row_digest, commit_row_hash, derived_event_id, operation_key, raw_json,
 };
-use crate::model::ids::derived_turn_id;
 use crate::model::header::{Header, Origin};
+use crate::model::ids::derived_turn_id;
 use crate::model::projection::HistoryChange;
 use crate::model::{Commit, ContentRef, Event, Projection, SessionId, TurnBoundary};
 use crate::store::blob;
@@ -349,7 +349,10 @@ fn hex_column(r: &Row<'_>, i: usize, lengths: &[usize]) -> rusqlite::Result<Opti
         ValueRef::Blob(b) => Err(undecodable(
             i,
             Type::Blob,
-            format!("a {}-byte digest or id, expected {lengths:?} bytes", b.len()),
+            format!(
+                "a {}-byte digest or id, expected {lengths:?} bytes",
+                b.len()
+            ),
         )),
         _ => r.get(i),
     }
@@ -369,11 +372,20 @@ fn commit_row(r: &Row<'_>) -> rusqlite::Result<(Commit, u64)> {
     let last: u64 = r.get(1)?;
     let stored_id = hex_column(r, 2, &[16])?;
     let operation_id: String = r.get(3)?;
-    let operation_hash = hex_column(r, 4, &[32])?
-        .ok_or_else(|| undecodable(4, Type::Null, format!("commit {first_seq}: no operation hash")))?;
-    let turn_id = r
-        .get::<_, Option<String>>(5)?
-        .map(|t| if t.is_empty() { derived_turn_id(&operation_id) } else { t });
+    let operation_hash = hex_column(r, 4, &[32])?.ok_or_else(|| {
+        undecodable(
+            4,
+            Type::Null,
+            format!("commit {first_seq}: no operation hash"),
+        )
+    })?;
+    let turn_id = r.get::<_, Option<String>>(5)?.map(|t| {
+        if t.is_empty() {
+            derived_turn_id(&operation_id)
+        } else {
+            t
+        }
+    });
     let row_hash = r.get_ref(8)?;
     let mut commit = Commit {
         first_seq,
@@ -426,10 +438,7 @@ const COMMIT_COLUMNS: &str = "first_seq, last_seq, commit_id, operation_id, oper
 /// The commit with this operation id, with its events. Schema 3 finds it by its operation
 /// key and confirms the text; older files by the text (their unique index).
 pub(crate) fn lookup_operation(conn: &Connection, operation_id: &str) -> Result<Option<Commit>> {
-    let version: i64 = conn
-        .prepare_cached("PRAGMA user_version")?
-        .query_row([], |r| r.get(0))?;
-    let sql = if version >= 3 {
+    let sql = if schema_version(conn)? >= 3 {
         format!(
             "SELECT {COMMIT_COLUMNS} FROM commits WHERE operation_key = ?1 AND operation_id = ?2
              ORDER BY first_seq LIMIT 2"
@@ -442,7 +451,10 @@ pub(crate) fn lookup_operation(conn: &Connection, operation_id: &str) -> Result<
     };
     let mut found = conn
         .prepare_cached(&sql)?
-        .query_map(params![operation_key(operation_id), operation_id], commit_row)?
+        .query_map(
+            params![operation_key(operation_id), operation_id],
+            commit_row,
+        )?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     if found.len() > 1 {
         return Err(Error::corrupt(format!(
@@ -626,6 +638,33 @@ pub(crate) fn check_integrity(file: &Path, access: Access) -> Result<()> {
         return Err(Error::corrupt(format!(
             "{dangling} rows reference missing commits or blobs"
         )));
+    }
+    check_operation_keys(&conn)
+}
+
+/// The schema version of the file `conn` reads.
+fn schema_version(conn: &Connection) -> Result<i64> {
+    Ok(conn
+        .prepare_cached("PRAGMA user_version")?
+        .query_row([], |r| r.get(0))?)
+}
+
+/// Checks that every commit row's `operation_key` is the key of its operation id (schema
+/// 3; older files have none): a damaged key would hide the operation from retries.
+fn check_operation_keys(conn: &Connection) -> Result<()> {
+    if schema_version(conn)? < 3 {
+        return Ok(());
+    }
+    let mut stmt = conn.prepare("SELECT first_seq, operation_id, operation_key FROM commits")?;
+    let mut rows = stmt.query([])?;
+    while let Some(r) = rows.next()? {
+        let operation_id: String = r.get(1)?;
+        if r.get::<_, i64>(2)? != operation_key(&operation_id) {
+            return Err(Error::corrupt(format!(
+                "commit row at {} has the operation key of another operation id",
+                r.get::<_, i64>(0)?
+            )));
+        }
     }
     Ok(())
 }

@@ -9,8 +9,8 @@ use crate::error::{Error, Result, WriterOwner};
 use crate::model::event::{
     INLINE_PAYLOAD_LIMIT, commit_row_digest, is_derived_event_id, operation_key, sha256_hex,
 };
-use crate::model::ids::derived_turn_id;
 use crate::model::header::Header;
+use crate::model::ids::derived_turn_id;
 use crate::model::projection::HistoryChange;
 use crate::model::{Commit, TurnBoundary};
 use crate::store::blob;
@@ -231,9 +231,8 @@ pub(crate) fn compact_converted_commits(tx: &Transaction<'_>) -> rusqlite::Resul
         .prepare("SELECT first_seq, operation_id, turn_id FROM commits")?
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
         .collect::<rusqlite::Result<_>>()?;
-    let mut update = tx.prepare(
-        "UPDATE commits SET operation_key = ?2, turn_id = ?3 WHERE first_seq = ?1",
-    )?;
+    let mut update =
+        tx.prepare("UPDATE commits SET operation_key = ?2, turn_id = ?3 WHERE first_seq = ?1")?;
     for (first_seq, operation_id, turn_id) in rows {
         let turn_id = turn_id.map(|t| compact_turn_id(&operation_id, t));
         update.execute(params![first_seq, operation_key(&operation_id), turn_id])?;
