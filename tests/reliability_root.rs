@@ -207,7 +207,10 @@ fn one_bad_session_does_not_take_the_root_down() {
 
     // Once repaired, it is listed again.
     std::fs::remove_dir_all(env.root.join("x")).expect("rm");
-    env.sql("y", "PRAGMA user_version = 2");
+    env.sql(
+        "y",
+        &format!("PRAGMA user_version = {}", session_store::SCHEMA_VERSION),
+    );
     assert_eq!(
         env.listed(),
         (vec!["a".into(), "c".into(), "y".into()], vec![])
