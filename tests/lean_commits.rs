@@ -6,7 +6,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use common::*;
 use rusqlite::{Connection, params};
@@ -21,21 +20,6 @@ fn session_file(root: &Root, name: &str) -> PathBuf {
 fn sql(file: &Path, statements: &str) {
     let conn = Connection::open(file).expect("open");
     conn.execute_batch(statements).expect("sql");
-}
-
-/// The sqlite3 shell's answer (Debian's 3.40: the oldest shell the format promises).
-fn sqlite3(file: &Path, query: &str) -> String {
-    let out = Command::new("sqlite3")
-        .arg(file)
-        .arg(query)
-        .output()
-        .expect("sqlite3 shell");
-    assert!(
-        out.status.success(),
-        "sqlite3 {query}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 /// A chat turn as hosts write it: no turn id (derived from the operation id) and no event
@@ -217,19 +201,6 @@ fn retries_return_the_original_commit_before_and_after_restart() {
         .expect("replay");
     assert_eq!(identity(&read[0]), identity(&first));
     assert_eq!(identity(&read[1]), identity(&second));
-}
-
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("mkdir");
-    for entry in std::fs::read_dir(from).expect("read_dir") {
-        let entry = entry.expect("entry");
-        let target = to.join(entry.file_name());
-        if entry.file_type().expect("type").is_dir() {
-            copy_tree(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).expect("copy");
-        }
-    }
 }
 
 /// The committed schema-2 fixtures, upgraded by a writer open, keep every commit id, event
@@ -452,7 +423,7 @@ fn rewrite_checkpoint(root: &Root, name: &str, round: usize) {
             .expect("append");
     }
     let body = "lorem ipsum ".repeat(250);
-    let count = if round % 2 == 0 { 600 } else { 0 };
+    let count = if round.is_multiple_of(2) { 600 } else { 0 };
     let messages: Vec<_> = (0..count)
         .map(|k| json!({"id": format!("w{round}-{k}"), "role": "user", "content": body}))
         .collect();

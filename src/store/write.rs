@@ -173,11 +173,12 @@ pub(crate) fn insert_commits(tx: &Transaction<'_>, batch: &[Arc<Accepted>]) -> R
 /// The stored form of a hex text: a BLOB of its bytes when it is lowercase hex of even
 /// length (digests, our ids), else the text itself (an id of another form).
 fn stored_hex(text: &str) -> Value {
-    let canonical = !text.is_empty()
-        && text.len() % 2 == 0
-        && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    // Lowercase only, so the bytes read back as the very same text; `decode` refuses an
+    // odd length.
+    let lowercase =
+        !text.is_empty() && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
     match hex::decode(text) {
-        Ok(bytes) if canonical => Value::Blob(bytes),
+        Ok(bytes) if lowercase => Value::Blob(bytes),
         _ => Value::Text(text.to_owned()),
     }
 }
