@@ -136,7 +136,7 @@ impl Batch {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Commit {
     /// Id of this commit: 32 lowercase hex characters, derived from the commit's other
-    /// fields ([`derived_commit_id`]); commits of older files keep the random id they got.
+    /// fields (`derived_commit_id`); commits of older files keep the random id they got.
     pub commit_id: String,
     /// The batch's operation id.
     pub operation_id: String,
