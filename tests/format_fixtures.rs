@@ -26,7 +26,6 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 
 use common::*;
@@ -188,43 +187,8 @@ fn write_json(path: &Path, value: &Value) {
     std::fs::write(path, text).expect("write expected json");
 }
 
-/// Runs `/usr/bin/sqlite3 file sql` and returns its trimmed stdout.
-fn sqlite3(file: &Path, sql: &str) -> String {
-    let out = Command::new("/usr/bin/sqlite3")
-        .arg(file)
-        .arg(sql)
-        .output()
-        .expect("run /usr/bin/sqlite3");
-    assert!(
-        out.status.success(),
-        "sqlite3 {} {sql:?}: {}",
-        file.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .expect("utf-8")
-        .trim()
-        .to_owned()
-}
-
 fn session_file(root_dir: &Path, name: &str) -> PathBuf {
     root_dir.join(name).join("session.sqlite")
-}
-
-/// Copies a folder tree of regular files.
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("mkdir");
-    for entry in std::fs::read_dir(from).expect("read_dir") {
-        let entry = entry.expect("entry");
-        let kind = entry.file_type().expect("file type");
-        let target = to.join(entry.file_name());
-        if kind.is_dir() {
-            copy_tree(&entry.path(), &target);
-        } else {
-            assert!(kind.is_file(), "only files and folders in fixtures");
-            std::fs::copy(entry.path(), target).expect("copy");
-        }
-    }
 }
 
 /// Every file under `dir` with its size.

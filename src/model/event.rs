@@ -135,7 +135,8 @@ impl Batch {
 /// An accepted batch with its sequence range and identity.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Commit {
-    /// Random id of this commit.
+    /// Id of this commit: 32 lowercase hex characters, derived from the commit's other
+    /// fields (`derived_commit_id`); commits of older files keep the random id they got.
     pub commit_id: String,
     /// The batch's operation id.
     pub operation_id: String,
@@ -283,6 +284,55 @@ pub(crate) fn commit_row_hash(c: &Commit, last_seq: u64) -> String {
         c.created_at_ms
     );
     sha256_hex(text.as_bytes())
+}
+
+/// The first 16 bytes of SHA-256 over a commit row's identity, as schema version 3 stores
+/// it in `commits.row_hash`: the stored commit id (`None` when it is derived), operation id
+/// and hash, sequences, turn, generation and time. Unkeyed: it detects damage, not forgery.
+pub(crate) fn commit_row_digest(c: &Commit, last_seq: u64, stored_id: Option<&str>) -> [u8; 16] {
+    // A tag keeps "no stored id" and "no turn" apart from any stored value.
+    let tagged = |v: Option<&str>| v.map_or_else(|| "-".to_owned(), |v| format!("={v}"));
+    let text = format!(
+        "commit-v3\0{}\0{}\0{}\0{}\0{}\0{}\0{}\0{}",
+        tagged(stored_id),
+        c.operation_id,
+        c.operation_hash,
+        c.first_seq,
+        last_seq,
+        tagged(c.turn_id.as_deref()),
+        c.writer_generation,
+        c.created_at_ms
+    );
+    let mut digest = [0u8; 16];
+    digest.copy_from_slice(&Sha256::digest(text.as_bytes())[..16]);
+    digest
+}
+
+/// The id a commit gets from its other fields: the hex of its row digest with no stored
+/// id, so a schema-3 file stores neither (the row hash is the id). Unique in a session:
+/// the first sequence is part of it.
+pub(crate) fn derived_commit_id(c: &Commit) -> String {
+    hex::encode(commit_row_digest(c, c.last_seq(), None))
+}
+
+/// Gives a freshly sequenced commit its derived id ([`derived_commit_id`]) and every event
+/// without an id the one derived from it ([`derived_event_id`]).
+pub(crate) fn assign_derived_ids(c: &mut Commit) {
+    c.commit_id = derived_commit_id(c);
+    for (i, e) in c.events.iter_mut().enumerate() {
+        if e.id.is_empty() {
+            e.id = derived_event_id(&c.commit_id, i);
+        }
+    }
+}
+
+/// The lookup key of an operation id (`commits.operation_key`): the first 8 bytes of its
+/// SHA-256 as a signed big-endian integer. Not unique; a lookup confirms the text.
+pub(crate) fn operation_key(operation_id: &str) -> i64 {
+    let digest = Sha256::digest(operation_id.as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    i64::from_be_bytes(first)
 }
 
 /// SHA-256 of bytes, lowercase hex.

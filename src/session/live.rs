@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result, WriterOwner};
-use crate::model::event::{INHERITED_OPERATION_PREFIX, derived_event_id, operation_hash};
-use crate::model::ids::{derived_turn_id, now_ms, random_hex};
+use crate::model::event::{INHERITED_OPERATION_PREFIX, assign_derived_ids, operation_hash};
+use crate::model::ids::{derived_turn_id, now_ms};
 use crate::model::projection::{FoldEffects, apply_history};
 use crate::model::{Batch, Commit, Event, Message, Projection, SessionId};
-use crate::session::ops::{Known, OperationIds, operation_key};
+use crate::session::ops::{Known, OperationIds};
 use crate::session::pool::{self, Drain};
 use crate::store::blob::MAX_BLOB_BYTES;
 use crate::store::checkpoint;
@@ -48,6 +48,8 @@ fn checkpoint_due(new_events: u64, last_size: u64, min_events: u64) -> bool {
 /// Fixed per-commit charge against the queue budget, plus per event.
 const COMMIT_CHARGE: usize = 512;
 const EVENT_CHARGE: usize = 96;
+/// Bytes charged for a derived event id (`<32 hex>.<index>`).
+const DERIVED_ID_CHARGE: usize = 36;
 
 /// How a live session writes behind.
 #[derive(Clone, Debug)]
@@ -379,7 +381,6 @@ fn status_of(s: &State) -> PersistenceStatus {
 
 /// A validated batch, hashed, with ids derived; not yet sequenced.
 struct PreparedBatch {
-    commit_id: String,
     operation_id: String,
     operation_hash: String,
     turn_id: Option<String>,
@@ -424,16 +425,17 @@ fn prepare_batch(batch: Batch) -> Result<PreparedBatch> {
     };
     let supplied: Vec<bool> = events.iter().map(|e| !e.id.is_empty()).collect();
     let hash = operation_hash(turn_id.as_deref(), &events, &supplied);
-    let commit_id = random_hex();
     let mut charge = COMMIT_CHARGE;
-    for (i, e) in events.iter_mut().enumerate() {
-        if e.id.is_empty() {
-            e.id = derived_event_id(&commit_id, i);
-        }
-        charge += EVENT_CHARGE + e.id.len() + e.kind.len() + e.payload_len();
+    for e in &events {
+        // An empty id is derived once the commit is sequenced (`<commit id>.<index>`).
+        let id_len = if e.id.is_empty() {
+            DERIVED_ID_CHARGE
+        } else {
+            e.id.len()
+        };
+        charge += EVENT_CHARGE + id_len + e.kind.len() + e.payload_len();
     }
     Ok(PreparedBatch {
-        commit_id,
         operation_id,
         operation_hash: hash,
         turn_id,
@@ -533,8 +535,8 @@ impl Shared {
         for (i, e) in events.iter_mut().enumerate() {
             e.seq = first_seq + i as u64;
         }
-        let commit = Arc::new(Commit {
-            commit_id: batch.commit_id,
+        let mut commit = Commit {
+            commit_id: String::new(),
             operation_id: batch.operation_id,
             operation_hash: batch.operation_hash,
             first_seq,
@@ -542,7 +544,9 @@ impl Shared {
             writer_generation: self.owner.generation,
             created_at_ms: now_ms(),
             events,
-        });
+        };
+        assign_derived_ids(&mut commit);
+        let commit = Arc::new(commit);
         let last_seq = commit.last_seq();
         let mut effects = FoldEffects::default();
         s.projection.apply_tracked(
@@ -687,7 +691,7 @@ impl Shared {
         let mut keys = Vec::new();
         if self
             .reader
-            .each_operation_id(|id| keys.push(operation_key(id)))
+            .each_operation_key(|key| keys.push(key as u64))
             .is_ok()
         {
             lock(&self.state).ops.load(keys);

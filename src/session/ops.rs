@@ -12,9 +12,7 @@
 //!   ids); past that, before it is loaded and on a false positive, the session asks
 //!   SQLite, without holding its state lock.
 
-use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, VecDeque};
-use std::hash::{Hash, Hasher};
 
 /// Durable commits whose operation id and hash stay in memory.
 pub(crate) const RECENT_WINDOW: usize = 2048;
@@ -65,11 +63,10 @@ impl Segment {
     }
 }
 
-/// The filter key of an operation id.
+/// The filter key of an operation id: its operation key as the file stores it
+/// (`model::event::operation_key`, 8 bytes of SHA-256), so loading reads no text.
 pub(crate) fn operation_key(operation_id: &str) -> u64 {
-    let mut h = DefaultHasher::new();
-    operation_id.hash(&mut h);
-    h.finish()
+    crate::model::event::operation_key(operation_id) as u64
 }
 
 /// What memory says about an operation id.

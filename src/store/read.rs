@@ -3,13 +3,17 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use rusqlite::types::{Type, ValueRef};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::error::{Error, Result, WriterOwner};
-use crate::model::event::{commit_row_hash, derived_event_id, raw_json};
+use crate::model::event::{
+    commit_row_digest, commit_row_hash, derived_event_id, operation_key, raw_json,
+};
 use crate::model::header::{Header, Origin};
+use crate::model::ids::derived_turn_id;
 use crate::model::projection::{HistoryChange, ModelRef};
 use crate::model::{Commit, ContentRef, Event, Projection, SessionId, TurnBoundary};
 use crate::store::schema::{self, Access};
@@ -440,28 +444,94 @@ pub(crate) fn read_lease(conn: &Connection) -> Result<WriterOwner> {
     .ok_or_else(|| Error::corrupt("lease row is missing"))
 }
 
+/// A column that holds hex text in one of its stored forms: TEXT as it is, a BLOB of
+/// `lengths` bytes as lowercase hex; `None` for NULL.
+fn hex_column(r: &Row<'_>, i: usize, lengths: &[usize]) -> rusqlite::Result<Option<String>> {
+    match r.get_ref(i)? {
+        ValueRef::Null => Ok(None),
+        ValueRef::Blob(b) if lengths.contains(&b.len()) => Ok(Some(hex::encode(b))),
+        ValueRef::Blob(b) => Err(undecodable(
+            i,
+            Type::Blob,
+            format!(
+                "a {}-byte digest or id, expected {lengths:?} bytes",
+                b.len()
+            ),
+        )),
+        _ => r.get(i),
+    }
+}
+
+/// The error for a stored value that cannot be what its column holds.
+fn undecodable(i: usize, kind: Type, why: String) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(i, kind, why.into())
+}
+
+/// A commit row of any schema version: version 3 stores ids and digests as BLOBs, leaves
+/// a derived commit id out (it is the hex of the 16-byte row hash) and a derived turn id
+/// empty; versions 1 and 2 store hex text (version 1 without a row hash). The row hash is
+/// checked in the form the row has.
 fn commit_row(r: &Row<'_>) -> rusqlite::Result<(Commit, u64)> {
-    let commit = Commit {
-        first_seq: r.get(0)?,
-        commit_id: r.get(2)?,
-        operation_id: r.get(3)?,
-        operation_hash: r.get(4)?,
-        turn_id: r.get(5)?,
+    let first_seq: u64 = r.get(0)?;
+    let last: u64 = r.get(1)?;
+    let stored_id = hex_column(r, 2, &[16])?;
+    let operation_id: String = r.get(3)?;
+    let operation_hash = hex_column(r, 4, &[32])?.ok_or_else(|| {
+        undecodable(
+            4,
+            Type::Null,
+            format!("commit {first_seq}: no operation hash"),
+        )
+    })?;
+    let turn_id = r.get::<_, Option<String>>(5)?.map(|t| {
+        if t.is_empty() {
+            derived_turn_id(&operation_id)
+        } else {
+            t
+        }
+    });
+    let row_hash = r.get_ref(8)?;
+    let mut commit = Commit {
+        first_seq,
+        commit_id: String::new(),
+        operation_id,
+        operation_hash,
+        turn_id,
         writer_generation: r.get(6)?,
         created_at_ms: r.get(7)?,
         events: Vec::new(),
     };
-    let last: u64 = r.get(1)?;
-    let stored: Option<String> = r.get(8)?;
-    if stored.is_some_and(|h| h != commit_row_hash(&commit, last)) {
-        return Err(rusqlite::Error::FromSqlConversionFailure(
-            2,
-            rusqlite::types::Type::Text,
-            format!(
-                "commit row at {} does not match its row hash",
-                commit.first_seq
-            )
-            .into(),
+    let intact = match (stored_id, row_hash) {
+        // Schema 3: the 16-byte digest of the row; with no stored id, the id itself.
+        (stored, ValueRef::Blob(digest)) if digest.len() == 16 => {
+            let intact = commit_row_digest(&commit, last, stored.as_deref())[..] == *digest;
+            commit.commit_id = stored.unwrap_or_else(|| hex::encode(digest));
+            intact
+        }
+        (None, _) => {
+            return Err(undecodable(
+                2,
+                Type::Null,
+                format!("commit row at {first_seq} has neither a commit id nor a row digest"),
+            ));
+        }
+        // Schema 1: no row hash.
+        (Some(id), ValueRef::Null) => {
+            commit.commit_id = id;
+            true
+        }
+        // Schema 2, as written (TEXT) or converted by migration 0003 (32 bytes).
+        (Some(id), _) => {
+            commit.commit_id = id;
+            let stored = hex_column(r, 8, &[32])?;
+            stored.is_some_and(|h| h == commit_row_hash(&commit, last))
+        }
+    };
+    if !intact {
+        return Err(undecodable(
+            8,
+            Type::Blob,
+            format!("commit row at {first_seq} does not match its row hash"),
         ));
     }
     Ok((commit, last))
@@ -469,26 +539,45 @@ fn commit_row(r: &Row<'_>) -> rusqlite::Result<(Commit, u64)> {
 
 const COMMIT_COLUMNS: &str = "first_seq, last_seq, commit_id, operation_id, operation_hash, turn_id, writer_generation, created_at, row_hash";
 
-/// Calls `each` with every operation id recorded in this file's `commits` table (a
-/// scan of the operation id index).
-pub(crate) fn each_operation_id(conn: &Connection, mut each: impl FnMut(&str)) -> Result<()> {
-    let mut select = conn.prepare("SELECT operation_id FROM commits")?;
+/// Calls `each` with the operation key (`model::event::operation_key`) of every commit
+/// recorded in this file (a scan of the operation key index of a schema-3 file).
+pub(crate) fn each_operation_key(conn: &Connection, mut each: impl FnMut(i64)) -> Result<()> {
+    let mut select = conn.prepare("SELECT operation_key FROM commits")?;
     let mut rows = select.query([])?;
     while let Some(r) = rows.next()? {
-        each(r.get_ref(0)?.as_str().map_err(rusqlite::Error::from)?);
+        each(r.get(0)?);
     }
     Ok(())
 }
 
-/// The commit with this operation id, with its events.
+/// The commit with this operation id, with its events. Schema 3 finds it by its operation
+/// key and confirms the text; older files by the text (their unique index).
 pub(crate) fn lookup_operation(conn: &Connection, operation_id: &str) -> Result<Option<Commit>> {
-    let found = conn
-        .prepare_cached(&format!(
-            "SELECT {COMMIT_COLUMNS} FROM commits WHERE operation_id = ?1"
-        ))?
-        .query_row([operation_id], commit_row)
-        .optional()?;
-    let Some((commit, last)) = found else {
+    let sql = if schema_version(conn)? >= 3 {
+        format!(
+            "SELECT {COMMIT_COLUMNS} FROM commits WHERE operation_key = ?1 AND operation_id = ?2
+             ORDER BY first_seq LIMIT 2"
+        )
+    } else {
+        format!(
+            "SELECT {COMMIT_COLUMNS} FROM commits WHERE ?1 IS NOT NULL AND operation_id = ?2
+             ORDER BY first_seq LIMIT 2"
+        )
+    };
+    let mut found = conn
+        .prepare_cached(&sql)?
+        .query_map(
+            params![operation_key(operation_id), operation_id],
+            commit_row,
+        )?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    if found.len() > 1 {
+        return Err(Error::corrupt(format!(
+            "operation id {} is recorded by two commits",
+            crate::error::quoted(operation_id)
+        )));
+    }
+    let Some((commit, last)) = found.pop() else {
         return Ok(None);
     };
     let mut commits = vec![(commit, last)];
@@ -669,6 +758,33 @@ pub(crate) fn check_integrity(file: &Path, access: Access) -> Result<()> {
     }
     if has_content_parts(&conn)? {
         check_part_blobs(&conn)?;
+    }
+    check_operation_keys(&conn)
+}
+
+/// The schema version of the file `conn` reads.
+fn schema_version(conn: &Connection) -> Result<i64> {
+    Ok(conn
+        .prepare_cached("PRAGMA user_version")?
+        .query_row([], |r| r.get(0))?)
+}
+
+/// Checks that every commit row's `operation_key` is the key of its operation id (schema
+/// 3; older files have none): a damaged key would hide the operation from retries.
+fn check_operation_keys(conn: &Connection) -> Result<()> {
+    if schema_version(conn)? < 3 {
+        return Ok(());
+    }
+    let mut stmt = conn.prepare("SELECT first_seq, operation_id, operation_key FROM commits")?;
+    let mut rows = stmt.query([])?;
+    while let Some(r) = rows.next()? {
+        let operation_id: String = r.get(1)?;
+        if r.get::<_, i64>(2)? != operation_key(&operation_id) {
+            return Err(Error::corrupt(format!(
+                "commit row at {} has the operation key of another operation id",
+                r.get::<_, i64>(0)?
+            )));
+        }
     }
     Ok(())
 }

@@ -787,10 +787,10 @@ impl SessionReader {
         Ok(HistoryBody::Inline(Arc::new(message.clone())))
     }
 
-    /// Calls `each` with every operation id in this session's own file (the ids
-    /// [`SessionReader::lookup_operation`] can find).
-    pub(crate) fn each_operation_id(&self, each: impl FnMut(&str)) -> Result<()> {
-        read::each_operation_id(&*self.own()?, each)
+    /// Calls `each` with the operation key of every commit in this session's own file
+    /// (the commits [`SessionReader::lookup_operation`] can find).
+    pub(crate) fn each_operation_key(&self, each: impl FnMut(i64)) -> Result<()> {
+        read::each_operation_key(&*self.own()?, each)
     }
 
     /// The commit that recorded `operation_id` in this session's own file.

@@ -29,14 +29,31 @@ pub(crate) const LITESTREAM_DIR: &str = ".session.sqlite-litestream";
 pub const CODEC: &str = "session-store/sqlite-v1";
 
 /// Schema migrations, one numbered SQL file each; `user_version` is their count.
-const MIGRATIONS: &[M<'static>] = &[
-    M::up(include_str!("../../migrations/0001_initial.sql")),
-    M::up(include_str!("../../migrations/0002_checkpoint.sql")),
-    M::up(include_str!("../../migrations/0003_lean.sql")),
+const MIGRATION_SQL: [&str; 3] = [
+    include_str!("../../migrations/0001_initial.sql"),
+    include_str!("../../migrations/0002_checkpoint.sql"),
+    include_str!("../../migrations/0003_lean.sql"),
 ];
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+pub const SCHEMA_VERSION: i64 = MIGRATION_SQL.len() as i64;
+
+/// The migrations, with the Rust part of 0003 (what SQL cannot compute: the operation
+/// keys of converted commit rows, and which turn ids are derived).
+fn migrations() -> Migrations<'static> {
+    Migrations::new(vec![
+        M::up(MIGRATION_SQL[0]),
+        M::up(MIGRATION_SQL[1]),
+        M::up_with_hook(MIGRATION_SQL[2], |tx: &rusqlite::Transaction<'_>| {
+            crate::store::write::compact_converted_commits(tx)
+                .map_err(rusqlite_migration::HookError::from)
+        }),
+    ])
+}
+
+/// Free pages a writer keeps for reuse (1 MiB of 4 KiB pages); beyond that it gives the
+/// excess back to the file system ([`release_free_pages`]).
+const FREE_PAGES_KEPT: i64 = 256;
 
 /// How long any connection waits for a lock held by another connection.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -165,9 +182,12 @@ pub(crate) fn create_file(path: &Path) -> Result<Connection> {
     // OFF before the switch to WAL: switching a new file's journal mode is itself a
     // rollback-journal transaction, which would otherwise cost four fsyncs.
     conn.pragma_update(None, "synchronous", "OFF")?;
+    // Before the first table: SQLite only changes auto_vacuum of a file that has none
+    // (or with a VACUUM). Older files keep theirs; `incremental_vacuum` is a no-op there.
+    conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "application_id", APPLICATION_ID)?;
-    Migrations::from_slice(MIGRATIONS).to_latest(&mut conn)?;
+    migrations().to_latest(&mut conn)?;
     Ok(conn)
 }
 
@@ -197,6 +217,22 @@ pub(crate) fn checkpoint_truncate(conn: &Connection) -> Result<()> {
     Ok(())
 }
 
+/// Gives free pages beyond [`FREE_PAGES_KEPT`] back to the file system
+/// (`incremental_vacuum`), so pages freed by rewrites (the projection checkpoint) do not
+/// pile up. Free pages up to that count stay for the next rewrite to reuse. A no-op for a
+/// file without `auto_vacuum=INCREMENTAL` (files made before schema version 3).
+pub(crate) fn release_free_pages(conn: &Connection) -> Result<()> {
+    let free: i64 = conn.pragma_query_value(None, "freelist_count", |r| r.get(0))?;
+    if free > FREE_PAGES_KEPT {
+        let excess = free - FREE_PAGES_KEPT;
+        // incremental_vacuum returns one (empty) row per step; run it to the end.
+        let mut step = conn.prepare(&format!("PRAGMA incremental_vacuum({excess})"))?;
+        let mut rows = step.query([])?;
+        while rows.next()?.is_some() {}
+    }
+    Ok(())
+}
+
 /// Switches a freshly built file (an export) to `journal_mode=DELETE`, so that it is one
 /// self-contained file with no WAL beside it.
 pub(crate) fn use_rollback_journal(conn: &Connection) -> Result<()> {
@@ -223,7 +259,7 @@ pub(crate) fn open_writer(path: &Path, durability: Durability) -> Result<Connect
     harden(&conn)?;
     check_format(&conn)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
-    Migrations::from_slice(MIGRATIONS).to_latest(&mut conn)?;
+    migrations().to_latest(&mut conn)?;
     conn.pragma_update(None, "synchronous", durability.synchronous())?;
     Ok(conn)
 }
@@ -365,7 +401,7 @@ fn expected_schema(version: i64) -> Result<Arc<Vec<SchemaObject>>> {
     let mut conn = Connection::open_in_memory()?;
     let target = usize::try_from(version)
         .map_err(|_| Error::corrupt(format!("schema version {version}")))?;
-    Migrations::from_slice(MIGRATIONS).to_version(&mut conn, target)?;
+    migrations().to_version(&mut conn, target)?;
     let objects = Arc::new(schema_objects(&conn)?);
     built.insert(version, Arc::clone(&objects));
     Ok(objects)
@@ -429,7 +465,7 @@ mod tests {
 
     #[test]
     fn migrations_are_valid() {
-        assert!(Migrations::from_slice(MIGRATIONS).validate().is_ok());
+        assert!(migrations().validate().is_ok());
     }
 
     #[test]

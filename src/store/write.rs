@@ -3,13 +3,17 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use rusqlite::types::Value;
 use rusqlite::{
     CachedStatement, Connection, OptionalExtension, Transaction, TransactionBehavior, params,
 };
 
 use crate::error::{Error, Result, WriterOwner};
-use crate::model::event::{INLINE_PAYLOAD_LIMIT, commit_row_hash, is_derived_event_id, sha256_hex};
+use crate::model::event::{
+    INLINE_PAYLOAD_LIMIT, commit_row_digest, is_derived_event_id, operation_key, sha256_hex,
+};
 use crate::model::header::Header;
+use crate::model::ids::derived_turn_id;
 use crate::model::projection::HistoryChange;
 use crate::model::{Commit, TurnBoundary};
 use crate::store::{blob, content};
@@ -126,9 +130,9 @@ pub(crate) fn insert_commits(
     inline_threshold: usize,
 ) -> Result<()> {
     let mut insert_commit = tx.prepare_cached(
-        "INSERT INTO commits (first_seq, last_seq, commit_id, operation_id, operation_hash,
-                              turn_id, writer_generation, created_at, row_hash)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        "INSERT INTO commits (first_seq, last_seq, commit_id, operation_id, operation_key,
+                              operation_hash, turn_id, writer_generation, created_at, row_hash)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
     )?;
     let mut insert_event = tx.prepare_cached(
         "INSERT INTO events (seq, event_id, kind, optional, payload, payload_ref, payload_parts)
@@ -142,16 +146,18 @@ pub(crate) fn insert_commits(
     };
     for accepted in batch {
         let c = &accepted.commit;
+        let row = CompactCommit::of(c);
         insert_commit.execute(params![
             c.first_seq,
             c.last_seq(),
-            c.commit_id,
+            row.commit_id,
             c.operation_id,
-            c.operation_hash,
-            c.turn_id,
+            operation_key(&c.operation_id),
+            stored_hex(&c.operation_hash),
+            row.turn_id,
             c.writer_generation,
             c.created_at_ms,
-            commit_row_hash(c, c.last_seq()),
+            row.row_hash,
         ])?;
         for (i, e) in c.events.iter().enumerate() {
             let own_id = (!is_derived_event_id(&e.id, &c.commit_id, i)).then_some(e.id.as_str());
@@ -200,6 +206,77 @@ impl BlobWriter<'_> {
         }
         Ok(())
     }
+}
+
+/// The stored form of a hex text: a BLOB of its bytes when it is lowercase hex of even
+/// length (digests, our ids), else the text itself (an id of another form).
+fn stored_hex(text: &str) -> Value {
+    // Lowercase only, so the bytes read back as the very same text; `decode` refuses an
+    // odd length.
+    let lowercase =
+        !text.is_empty() && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    match hex::decode(text) {
+        Ok(bytes) if lowercase => Value::Blob(bytes),
+        _ => Value::Text(text.to_owned()),
+    }
+}
+
+/// The columns of a commit row that schema version 3 stores compactly.
+struct CompactCommit {
+    /// `None` when the commit id is derived (the hex of the row hash).
+    commit_id: Option<Value>,
+    /// `Some("")` when the turn id is the one derived from the operation id.
+    turn_id: Option<String>,
+    /// 16 bytes ([`commit_row_digest`]).
+    row_hash: Vec<u8>,
+}
+
+impl CompactCommit {
+    fn of(c: &Commit) -> CompactCommit {
+        let derived = commit_row_digest(c, c.last_seq(), None);
+        let (commit_id, row_hash) = if hex::encode(derived) == c.commit_id {
+            (None, derived)
+        } else {
+            let own = commit_row_digest(c, c.last_seq(), Some(&c.commit_id));
+            (Some(stored_hex(&c.commit_id)), own)
+        };
+        let turn_id = c
+            .turn_id
+            .as_ref()
+            .map(|t| compact_turn_id(&c.operation_id, t.clone()));
+        CompactCommit {
+            commit_id,
+            turn_id,
+            row_hash: row_hash.to_vec(),
+        }
+    }
+}
+
+/// The stored form of a turn id: `''` when it is the one derived from the operation id
+/// (a turn id is never empty: `Batch` drops a blank one).
+fn compact_turn_id(operation_id: &str, turn_id: String) -> String {
+    if turn_id == derived_turn_id(operation_id) {
+        String::new()
+    } else {
+        turn_id
+    }
+}
+
+/// The part of migration 0003 that SQL cannot do: fills `operation_key` of the converted
+/// commit rows and stores their derived turn ids as `''`. Every value a reader returns
+/// stays the same (row hashes of converted rows cover the turn id as read).
+pub(crate) fn compact_converted_commits(tx: &Transaction<'_>) -> rusqlite::Result<()> {
+    let rows: Vec<(i64, String, Option<String>)> = tx
+        .prepare("SELECT first_seq, operation_id, turn_id FROM commits")?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut update =
+        tx.prepare("UPDATE commits SET operation_key = ?2, turn_id = ?3 WHERE first_seq = ?1")?;
+    for (first_seq, operation_id, turn_id) in rows {
+        let turn_id = turn_id.map(|t| compact_turn_id(&operation_id, t));
+        update.execute(params![first_seq, operation_key(&operation_id), turn_id])?;
+    }
+    Ok(())
 }
 
 /// Replaces the projection checkpoint with `projection` (its text and transcript index,

@@ -136,3 +136,36 @@ pub fn read_until(out: &mut BufReader<ChildStdout>, prefix: &str) -> String {
         }
     }
 }
+
+/// Copies a folder tree of regular files.
+pub fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read_dir") {
+        let entry = entry.expect("entry");
+        let kind = entry.file_type().expect("file type");
+        let target = to.join(entry.file_name());
+        if kind.is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            assert!(kind.is_file(), "only files and folders in fixtures");
+            std::fs::copy(entry.path(), target).expect("copy");
+        }
+    }
+}
+
+/// Runs `/usr/bin/sqlite3 file sql` (Debian's 3.40: the oldest shell the format promises)
+/// and returns its trimmed stdout.
+pub fn sqlite3(file: &std::path::Path, sql: &str) -> String {
+    let out = Command::new("/usr/bin/sqlite3")
+        .arg(file)
+        .arg(sql)
+        .output()
+        .expect("run /usr/bin/sqlite3");
+    assert!(
+        out.status.success(),
+        "sqlite3 {} {sql:?}: {}",
+        file.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
