@@ -54,7 +54,9 @@ pub struct StoreOptions {
     pub durability: Durability,
     /// How long an accepted commit may wait before a timed drain (default 200 ms).
     pub write_behind: Duration,
-    /// Byte budget of a session's write queue; `append` waits beyond it (default 16 MiB).
+    /// Byte budget of a session's write queue; `append` waits beyond it (default 4 MiB:
+    /// the tail costs about twice its budget in memory, and a drain of 2 MiB already
+    /// spreads an fsync over thousands of events).
     pub queue_budget: usize,
     /// What a closing writer does with the WAL (default: truncate it).
     pub checkpoint: CheckpointPolicy,
@@ -71,7 +73,7 @@ impl Default for StoreOptions {
         StoreOptions {
             durability: Durability::PowerLoss,
             write_behind: Duration::from_millis(200),
-            queue_budget: 16 << 20,
+            queue_budget: 4 << 20,
             checkpoint: CheckpointPolicy::TruncateOnClose,
             inline_threshold: DEFAULT_INLINE_THRESHOLD,
         }
