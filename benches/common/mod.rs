@@ -4,18 +4,7 @@
 /// The workload and raw baseline `session-store bench` uses too.
 #[path = "../../src/cli/workload.rs"]
 pub mod workload;
-pub use workload::fmt_count;
-
-/// The median of `v` (sorted in place, total order on floats); 0 for an empty slice.
-pub fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => 0.0,
-        _ if n % 2 == 1 => v[n / 2],
-        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
+pub use workload::{fmt_count, median};
 
 /// The folder a bench's files go under (`BENCH_DIR`, else Cargo's target tmp dir: on disk,
 /// so fsync is real), created if needed, and a fresh temp dir inside it.

@@ -3,7 +3,9 @@
 
 pub mod append;
 pub mod bench;
+pub mod corpus;
 pub mod demo;
+pub mod lean;
 pub mod replicate;
 pub mod sessions;
 pub mod workload;
