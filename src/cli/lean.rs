@@ -363,17 +363,36 @@ fn new_session(dir: &Path) -> CliResult<(Root, session_store::Session)> {
 
 /// Bytes of every file under `path` (apparent sizes).
 fn dir_bytes(path: &Path) -> CliResult<u64> {
-    let mut total = 0;
+    Ok(folder_files(path)?.iter().map(|(_, bytes)| bytes).sum())
+}
+
+/// The entries of `path` that hold bytes, with their bytes (a sub-folder's: all its files),
+/// in name order.
+fn folder_files(path: &Path) -> CliResult<Vec<(String, u64)>> {
+    let mut files = Vec::new();
     for entry in std::fs::read_dir(path)? {
         let entry = entry?;
         let meta = entry.metadata()?;
-        total += if meta.is_dir() {
+        let bytes = if meta.is_dir() {
             dir_bytes(&entry.path())?
         } else {
             meta.len()
         };
+        if bytes > 0 {
+            files.push((entry.file_name().to_string_lossy().into_owned(), bytes));
+        }
     }
-    Ok(total)
+    files.sort();
+    Ok(files)
+}
+
+/// The total of a [`folder_files`] list, and the list as `name size, name size`.
+fn sum_files(files: &[(String, u64)]) -> (u64, String) {
+    let parts: Vec<String> = files
+        .iter()
+        .map(|(name, bytes)| format!("{name} {}", human_bytes(*bytes)))
+        .collect();
+    (files.iter().map(|(_, bytes)| bytes).sum(), parts.join(", "))
 }
 
 /// Writes `lines` to `file` (creating its folder), one per line, synced; returns the
@@ -404,16 +423,20 @@ fn event_lines(batches: &[Batch]) -> CliResult<Vec<String>> {
     Ok(lines)
 }
 
-/// Appends `batches` to a new session in `dir`, flushes and closes it; the session folder's
-/// bytes after close.
-fn stored_bytes(dir: &Path, batches: Vec<Batch>) -> CliResult<u64> {
+/// Appends `batches` to a new session in `dir`, flushes and closes it; the bytes of the
+/// session folder after close, and its files with their bytes.
+fn stored_bytes(dir: &Path, batches: Vec<Batch>) -> CliResult<(u64, String)> {
     let (root, session) = new_session(dir)?;
     for batch in batches {
         session.append(batch)?;
     }
     session.flush()?;
     session.close()?;
-    dir_bytes(&root.session_dir(session.id()))
+    let folder = root.session_dir(session.id());
+    // Every connection to the file is gone before its folder is measured, as after a
+    // host's exit.
+    drop((session, root));
+    Ok(sum_files(&folder_files(&folder)?))
 }
 
 /// Row 1: chat messages on disk vs as JSON Lines, and a `SQLiteSession`-shaped table.
@@ -425,7 +448,7 @@ fn chat_bytes(dir: &Path, messages: usize) -> CliResult<Row> {
         batches.push(batch);
         texts.extend(pair);
     }
-    let ours = stored_bytes(&dir.join("store"), batches)?;
+    let (ours, files) = stored_bytes(&dir.join("store"), batches)?;
     let jsonl = write_lines(
         &dir.join("messages.jsonl"),
         texts.iter().map(String::as_str),
@@ -442,7 +465,8 @@ fn chat_bytes(dir: &Path, messages: usize) -> CliResult<Row> {
         Unit::Bytes,
         (Bound::AtMost, 1.25),
         format!(
-            "peer: a table shaped as openai-agents SQLiteSession holds them in {} ({:.2}x)",
+            "{files}; peer: a table shaped as openai-agents SQLiteSession holds them in {} \
+             ({:.2}x)",
             human_bytes(peer),
             peer as f64 / jsonl as f64
         ),
@@ -533,7 +557,7 @@ fn agent_bytes(dir: &Path, turns: usize) -> CliResult<Row> {
     }
     let lines = event_lines(&batches)?;
     let jsonl = write_lines(&dir.join("events.jsonl"), lines.iter().map(String::as_str))?;
-    let ours = stored_bytes(&dir.join("store"), batches)?;
+    let (ours, files) = stored_bytes(&dir.join("store"), batches)?;
     Ok(Row::new(
         "2",
         format!(
@@ -545,7 +569,7 @@ fn agent_bytes(dir: &Path, turns: usize) -> CliResult<Row> {
         Unit::Bytes,
         (Bound::AtMost, 0.4),
         format!(
-            "{} of tool output, each written twice; {} events",
+            "{files}; {} of tool output, each written twice; {} events",
             human_bytes(outputs as u64),
             lines.len()
         ),
