@@ -419,34 +419,25 @@ fn run(args: Args) -> CliResult<()> {
         } => cli::replicate::restore(&cx, &from, id.as_deref(), all, litestream.as_deref()),
         Command::Demo => cli::demo::run(&cx.root, cx.json),
         Command::Bench {
-            suite: Suite::Lean,
+            suite,
             quick,
             events,
             batch,
             durability,
             sessions,
             dir,
-        } => {
-            if events.is_some() || batch.is_some() || durability.is_some() || sessions.is_some() {
-                return Err(Failure::usage(
-                    "--suite lean takes only --quick and --dir (its sizes are fixed)",
-                ));
+        } => match suite {
+            Suite::Lean => {
+                if events.is_some() || batch.is_some() || durability.is_some() || sessions.is_some()
+                {
+                    return Err(Failure::usage(
+                        "--suite lean takes only --quick and --dir (its sizes are fixed)",
+                    ));
+                }
+                cli::lean::run(&cx, &cli::lean::Options { quick, dir })
             }
-            cli::lean::run(&cx, &cli::lean::Options { quick, dir })
-        }
-        Command::Bench {
-            suite: Suite::Append,
-            quick,
-            events,
-            batch,
-            durability,
-            sessions,
-            dir,
-        } => {
-            if quick {
-                return Err(Failure::usage("--quick needs --suite lean"));
-            }
-            cli::bench::run(
+            Suite::Append if quick => Err(Failure::usage("--quick needs --suite lean")),
+            Suite::Append => cli::bench::run(
                 &cx,
                 &cli::bench::Options {
                     events: events.unwrap_or(96_000),
@@ -458,8 +449,8 @@ fn run(args: Args) -> CliResult<()> {
                     sessions: sessions.unwrap_or(4),
                     dir,
                 },
-            )
-        }
+            ),
+        },
         Command::BenchWriter {
             messages,
             compact_every,

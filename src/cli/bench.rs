@@ -25,7 +25,7 @@ use serde::Serialize;
 use session_store::{Batch, CreateOptions, Durability, Event, Root, SessionId, StoreOptions};
 
 use super::workload::{PAYLOAD_BYTES, fmt_count, payloads, raw_insert, raw_table};
-use super::{CliResult, Context, Failure, print_json, progress_bar};
+use super::{CliResult, Context, Failure, progress_bar};
 
 /// How long the fdatasync rate is measured.
 const FDATASYNC_TIME: Duration = Duration::from_secs(1);
@@ -182,15 +182,10 @@ pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
         fdatasync_per_s,
         total_seconds: started.elapsed().as_secs_f64(),
     };
-    if cx.json {
-        print_json(&report)
-    } else {
-        print_report(&report);
-        Ok(())
-    }
+    super::print_report(cx, &report, print_human)
 }
 
-fn print_report(r: &Report) {
+fn print_human(r: &Report) {
     println!(
         "bench: {} events of ~{PAYLOAD_BYTES} B in batches of {}, {} writers in parallel, \
          durability {}, files in {}",

@@ -270,15 +270,10 @@ pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
         rows,
         total_seconds: started.elapsed().as_secs_f64(),
     };
-    if cx.json {
-        print_json(&report)
-    } else {
-        print_report(&report);
-        Ok(())
-    }
+    super::print_report(cx, &report, print_human)
 }
 
-fn print_report(r: &Report) {
+fn print_human(r: &Report) {
     println!(
         "bench --suite lean{}: files in {}, durability full",
         if r.quick {

@@ -181,6 +181,20 @@ pub fn print_json<T: Serialize + ?Sized>(value: &T) -> CliResult<()> {
     Ok(())
 }
 
+/// Prints `value` as JSON when the context asks for it, else has `human` print it.
+pub fn print_report<T: Serialize>(
+    cx: &Context,
+    value: &T,
+    human: impl FnOnce(&T),
+) -> CliResult<()> {
+    if cx.json {
+        print_json(value)
+    } else {
+        human(value);
+        Ok(())
+    }
+}
+
 /// A progress bar of `len` steps on stderr, hidden unless stderr is a terminal.
 pub fn progress_bar(len: u64, message: &str) -> ProgressBar {
     if !std::io::stderr().is_terminal() {
