@@ -305,7 +305,7 @@ enum Command {
 pub enum Suite {
     /// Append throughput vs raw rusqlite, JSON Lines and fdatasync.
     Append,
-    /// The lean-store table (issue 12's eight measures).
+    /// The lean-store table: eight measures, each against its same-run baseline.
     Lean,
 }
 

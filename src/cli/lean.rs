@@ -203,6 +203,19 @@ pub struct Report {
     pub met: usize,
     /// Wall-clock seconds of the whole run.
     pub total_seconds: f64,
+    /// The 1-minute load average at the start and at the end (other work on the machine
+    /// skews the timed rows), when `/proc/loadavg` can be read.
+    pub load_average: [Option<f64>; 2],
+}
+
+/// The 1-minute load average, when `/proc/loadavg` can be read.
+fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// Runs the suite.
@@ -211,6 +224,7 @@ pub struct Report {
 /// I/O and storage errors; a failed child process.
 pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
     let started = Instant::now();
+    let load_start = load_average();
     let sizes = Sizes::new(options.quick);
     let (dir, _scratch) = bench::work_dir(cx, options.dir.as_deref(), "lean")?;
     let bar = progress_bar(9, "1: bytes on disk, chat");
@@ -269,6 +283,7 @@ pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
         met: rows.iter().filter(|r| r.met).count(),
         rows,
         total_seconds: started.elapsed().as_secs_f64(),
+        load_average: [load_start, load_average()],
     };
     super::print_report(cx, &report, print_human)
 }
@@ -302,11 +317,14 @@ fn print_human(r: &Report) {
             println!("     {}", row.detail);
         }
     }
+    let load = |l: Option<f64>| l.map_or_else(|| "?".to_owned(), |l| format!("{l:.2}"));
     println!(
-        "{} of {} targets met   (total {:.1} s)",
+        "{} of {} targets met   (total {:.1} s, load average {} at the start, {} at the end)",
         r.met,
         r.rows.len(),
-        r.total_seconds
+        r.total_seconds,
+        load(r.load_average[0]),
+        load(r.load_average[1])
     );
 }
 
