@@ -22,12 +22,9 @@ pub fn verdict(ok: bool) -> &'static str {
     if ok { "MET" } else { "MISSED" }
 }
 
-/// The 1-minute load average (other work on the machine skews fsync-bound timings).
+/// The 1-minute load average as text, `?` when unknown.
 pub fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
-        .unwrap_or_else(|| "?".to_owned())
+    workload::load_average().map_or_else(|| "?".to_owned(), |l| format!("{l:.2}"))
 }
 
 /// Bytes as MB (10^6).

@@ -34,7 +34,7 @@ use session_store::{Batch, CreateOptions, Durability, Event, Root, SessionId, St
 
 use super::bench::{self, Rate};
 use super::corpus::Corpus;
-use super::workload::{flushed_commits, fmt_count, median, payloads, raw_rate};
+use super::workload::{flushed_commits, fmt_count, load_average, median, payloads, raw_rate};
 use super::{CliResult, Context, Failure, human_bytes, print_json, progress_bar};
 
 /// JSON bytes of one chat message.
@@ -206,16 +206,6 @@ pub struct Report {
     /// The 1-minute load average at the start and at the end (other work on the machine
     /// skews the timed rows), when `/proc/loadavg` can be read.
     pub load_average: [Option<f64>; 2],
-}
-
-/// The 1-minute load average, when `/proc/loadavg` can be read.
-fn load_average() -> Option<f64> {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
 }
 
 /// Runs the suite.
@@ -801,6 +791,8 @@ fn open_append(big: &Path, small: &Path, big_messages: usize, trials: usize) -> 
         session.append(chat_turn(&mut corpus, t)?.0)?;
     }
     session.close()?;
+    // Nothing of the small session stays open: both sides start from closed files.
+    drop(session);
     let (big, small) = (Root::open(big)?, Root::open(small)?);
     let (mut ours, mut base, mut ratios, mut closes) = (vec![], vec![], vec![], vec![]);
     for trial in 0..trials {

@@ -48,6 +48,17 @@ pub fn median(v: &mut [f64]) -> f64 {
     }
 }
 
+/// The 1-minute load average, when `/proc/loadavg` can be read (other work on the machine
+/// skews fsync-bound timings).
+pub fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// The raw baseline's file: `events(seq INTEGER PRIMARY KEY, payload TEXT)` in WAL mode at
 /// `synchronous` (`FULL` or `NORMAL`).
 pub fn raw_table(file: &Path, synchronous: &str) -> rusqlite::Result<Connection> {
