@@ -114,7 +114,7 @@ fn human_output_prints_each_row_and_cleans_up() {
     for id in ROWS {
         let at = out
             .lines()
-            .position(|l| l.trim_start().starts_with(&format!("{id} ")))
+            .position(|l| l.starts_with(&format!("{id:>3}  ")))
             .unwrap_or_else(|| panic!("row {id} missing:\n{out}"));
         let figures = out.lines().nth(at + 1).unwrap_or("");
         for word in ["ours", "baseline", "ratio", "target"] {
