@@ -477,9 +477,11 @@ fn chat_bytes(dir: &Path, messages: usize) -> CliResult<Row> {
 }
 
 /// The bytes of `messages` in a file shaped as openai-agents' `SQLiteSession` (its two
-/// tables and index, WAL mode, one insert per message, one transaction per turn), after
-/// close.
+/// tables and its `(session_id, id)` index, WAL mode, one transaction per turn with an
+/// insert per message and the session's `updated_at`), after close. The session id is the
+/// SDK documentation's `conversation_123`.
 fn sqlite_session_bytes(file: &Path, messages: &[String]) -> CliResult<u64> {
+    const ID: &str = "conversation_123";
     let mut conn = rusqlite::Connection::open(file)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.execute_batch(
@@ -490,22 +492,29 @@ fn sqlite_session_bytes(file: &Path, messages: &[String]) -> CliResult<u64> {
              session_id TEXT NOT NULL, message_data TEXT NOT NULL,
              created_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP,
              FOREIGN KEY (session_id) REFERENCES agent_sessions (session_id) ON DELETE CASCADE);
-         CREATE INDEX idx_agent_messages_session_id ON agent_messages (session_id, created_at);
-         INSERT INTO agent_sessions (session_id) VALUES ('7f0c2f4e-5b1d-4c53-9a51-2f7e3c1d9b20');",
+         CREATE INDEX idx_agent_messages_session_id ON agent_messages (session_id, id);",
     )?;
     for pair in messages.chunks(2) {
         let tx = conn.transaction()?;
+        tx.execute(
+            "INSERT OR IGNORE INTO agent_sessions (session_id) VALUES (?1)",
+            [ID],
+        )?;
         for m in pair {
             tx.execute(
-                "INSERT INTO agent_messages (session_id, message_data)
-                 VALUES ('7f0c2f4e-5b1d-4c53-9a51-2f7e3c1d9b20', ?1)",
-                [m],
+                "INSERT INTO agent_messages (session_id, message_data) VALUES (?1, ?2)",
+                [ID, m.as_str()],
             )?;
         }
+        tx.execute(
+            "UPDATE agent_sessions SET updated_at = CURRENT_TIMESTAMP WHERE session_id = ?1",
+            [ID],
+        )?;
         tx.commit()?;
     }
     conn.close().map_err(|(_, e)| e)?;
-    let wal = Path::new(&format!("{}-wal", file.display())).to_path_buf();
+    let mut wal = file.as_os_str().to_owned();
+    wal.push("-wal");
     Ok(std::fs::metadata(file)?.len() + std::fs::metadata(&wal).map_or(0, |m| m.len()))
 }
 
