@@ -22,9 +22,9 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use session_store::{Batch, CreateOptions, Durability, Event, Root, SessionId, StoreOptions};
+use session_store::{CreateOptions, Durability, Root, SessionId, StoreOptions};
 
-use super::workload::{PAYLOAD_BYTES, fmt_count, payloads, raw_insert, raw_table};
+use super::workload::{PAYLOAD_BYTES, batch, fmt_count, payloads, raw_insert, raw_table};
 use super::{CliResult, Context, Failure, progress_bar};
 
 /// How long the fdatasync rate is measured.
@@ -272,11 +272,7 @@ pub(super) fn library(dir: &Path, work: &[Vec<String>], options: &Options) -> Cl
         let session = session.map_err(|e| e.to_string())?;
         let run = || -> session_store::Result<()> {
             for (n, chunk) in part.chunks(options.batch).enumerate() {
-                let events = chunk
-                    .iter()
-                    .map(|p| Event::new("message/complete").with_payload_json(p))
-                    .collect::<session_store::Result<Vec<_>>>()?;
-                session.append(Batch::new(format!("op-{n}"), events))?;
+                session.append(batch(n, chunk)?)?;
             }
             session.flush()?;
             Ok(())
