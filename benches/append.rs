@@ -148,12 +148,18 @@ fn durable(dir: &Path, payloads: &[String]) -> BenchResult<Flushed> {
         durability: Durability::PowerLoss,
         ..StoreOptions::default()
     };
-    Ok(flushed_commits(dir, payloads, EVENTS_PER_COMMIT, options)?)
+    Ok(flushed_commits(
+        dir,
+        payloads,
+        EVENTS_PER_COMMIT,
+        0,
+        options,
+    )?)
 }
 
 /// (b): raw rusqlite, one `BEGIN IMMEDIATE` transaction per commit; events per second.
 fn raw(file: &Path, payloads: &[String]) -> BenchResult<f64> {
-    Ok(raw_rate(file, payloads, EVENTS_PER_COMMIT, "FULL")?)
+    Ok(raw_rate(file, payloads, EVENTS_PER_COMMIT, "FULL", 0)?)
 }
 
 /// (c): appends with a long write-behind and a budget that never blocks; events per second
