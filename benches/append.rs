@@ -21,11 +21,9 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::workload::{payloads, raw_insert, raw_table};
+use common::workload::{Flushed, batch, bench_session, flushed_commits, payloads, raw_rate};
 use common::{fmt_count, median, verdict};
-use session_store::{
-    Batch, CreateOptions, Durability, Event, Root, Session, SessionId, StoreOptions,
-};
+use session_store::{Durability, StoreOptions};
 
 /// Events per commit (and rows per raw transaction).
 const EVENTS_PER_COMMIT: usize = 64;
@@ -144,66 +142,30 @@ fn env_usize(name: &str, default: usize) -> BenchResult<usize> {
     }
 }
 
-/// One commit's events.
-fn batch(op: usize, payloads: &[String]) -> BenchResult<Batch> {
-    let events = payloads
-        .iter()
-        .map(|p| Event::new("message/complete").with_payload_json(p))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Batch::new(format!("op-{op}"), events))
-}
-
-/// A fresh root holding one new session.
-fn session(dir: &Path, options: StoreOptions) -> BenchResult<Session> {
-    let root = Root::with_options(dir, options)?;
-    Ok(root.create(CreateOptions::with_id(SessionId::new("bench")?))?)
-}
-
-/// What (a) measured.
-struct Durable {
-    /// Events per second.
-    rate: f64,
-    /// Share of the time spent in `append` (the rest is `flush`).
-    append_share: f64,
-}
-
 /// (a): append + flush per commit.
-fn durable(dir: &Path, payloads: &[String]) -> BenchResult<Durable> {
-    let s = session(
+fn durable(dir: &Path, payloads: &[String]) -> BenchResult<Flushed> {
+    let options = StoreOptions {
+        durability: Durability::PowerLoss,
+        ..StoreOptions::default()
+    };
+    Ok(flushed_commits(
         dir,
-        StoreOptions {
-            durability: Durability::PowerLoss,
-            ..StoreOptions::default()
-        },
-    )?;
-    let mut in_append = Duration::ZERO;
-    let t = Instant::now();
-    for (op, chunk) in payloads.chunks(EVENTS_PER_COMMIT).enumerate() {
-        let a = Instant::now();
-        s.append(batch(op, chunk)?)?;
-        in_append += a.elapsed();
-        s.flush()?;
-    }
-    let elapsed = t.elapsed();
-    s.close()?;
-    Ok(Durable {
-        rate: payloads.len() as f64 / elapsed.as_secs_f64(),
-        append_share: in_append.as_secs_f64() / elapsed.as_secs_f64(),
-    })
+        payloads,
+        EVENTS_PER_COMMIT,
+        0,
+        options,
+    )?)
 }
 
 /// (b): raw rusqlite, one `BEGIN IMMEDIATE` transaction per commit; events per second.
 fn raw(file: &Path, payloads: &[String]) -> BenchResult<f64> {
-    let mut conn = raw_table(file, "FULL")?;
-    let t = Instant::now();
-    raw_insert(&mut conn, payloads, EVENTS_PER_COMMIT)?;
-    Ok(payloads.len() as f64 / t.elapsed().as_secs_f64())
+    Ok(raw_rate(file, payloads, EVENTS_PER_COMMIT, "FULL", 0)?)
 }
 
 /// (c): appends with a long write-behind and a budget that never blocks; events per second
 /// accepted. The final flush is not timed.
 fn accepted(dir: &Path, payloads: &[String]) -> BenchResult<f64> {
-    let s = session(
+    let s = bench_session(
         dir,
         StoreOptions {
             write_behind: Duration::from_secs(3600),
@@ -224,7 +186,7 @@ fn accepted(dir: &Path, payloads: &[String]) -> BenchResult<f64> {
 /// (d): durable with group commit: default write-behind (200 ms), no flush in the loop,
 /// timed until the final `flush()` returns (every event durable); events per second.
 fn grouped(dir: &Path, payloads: &[String]) -> BenchResult<f64> {
-    let s = session(dir, StoreOptions::default())?;
+    let s = bench_session(dir, StoreOptions::default())?;
     let t = Instant::now();
     for (op, chunk) in payloads.chunks(EVENTS_PER_COMMIT).enumerate() {
         s.append(batch(op, chunk)?)?;

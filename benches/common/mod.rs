@@ -4,18 +4,7 @@
 /// The workload and raw baseline `session-store bench` uses too.
 #[path = "../../src/cli/workload.rs"]
 pub mod workload;
-pub use workload::fmt_count;
-
-/// The median of `v` (sorted in place, total order on floats); 0 for an empty slice.
-pub fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n {
-        0 => 0.0,
-        _ if n % 2 == 1 => v[n / 2],
-        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
+pub use workload::{fmt_count, median};
 
 /// The folder a bench's files go under (`BENCH_DIR`, else Cargo's target tmp dir: on disk,
 /// so fsync is real), created if needed, and a fresh temp dir inside it.
@@ -33,12 +22,9 @@ pub fn verdict(ok: bool) -> &'static str {
     if ok { "MET" } else { "MISSED" }
 }
 
-/// The 1-minute load average (other work on the machine skews fsync-bound timings).
+/// The 1-minute load average as text, `?` when unknown.
 pub fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
-        .unwrap_or_else(|| "?".to_owned())
+    workload::load_average().map_or_else(|| "?".to_owned(), |l| format!("{l:.2}"))
 }
 
 /// Bytes as MB (10^6).

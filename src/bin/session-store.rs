@@ -252,27 +252,61 @@ enum Command {
     Demo,
     /// Append throughput: the library (group commit) on S sessions in parallel, a raw
     /// rusqlite baseline, a JSON Lines file with one fdatasync per batch, and the
-    /// machine's fdatasync rate.
+    /// machine's fdatasync rate. `--suite lean` instead prints the lean-store table: bytes
+    /// on disk, writer memory, reopen cost and durable append rates, each with its
+    /// same-run baseline, ratio and target.
     Bench {
-        /// Events in total (spread over the sessions; 1..=10000000).
-        #[arg(long, value_name = "N", default_value_t = 96_000,
+        /// Which benchmark: `append` (the throughput above) or `lean` (the table).
+        #[arg(long, value_enum, default_value = "append")]
+        suite: Suite,
+        /// With `--suite lean`: every measure at small sizes (a smoke run).
+        #[arg(long)]
+        quick: bool,
+        /// Events in total (spread over the sessions; 1..=10000000) [default: 96000].
+        #[arg(long, value_name = "N",
               value_parser = RangedU64ValueParser::<usize>::new().range(1..=10_000_000))]
-        events: usize,
-        /// Events per batch (one transaction or fdatasync each in the baselines; 1..=1000000).
-        #[arg(long, value_name = "B", default_value_t = 64,
+        events: Option<usize>,
+        /// Events per batch (one transaction or fdatasync each in the baselines;
+        /// 1..=1000000) [default: 64].
+        #[arg(long, value_name = "B",
               value_parser = RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
-        batch: usize,
-        /// What a durable commit survives.
-        #[arg(long, value_enum, default_value = "full")]
-        durability: DurabilityArg,
-        /// Sessions (and baseline files) written in parallel (1..=1024).
-        #[arg(long, value_name = "S", default_value_t = 4,
+        batch: Option<usize>,
+        /// What a durable commit survives [default: full].
+        #[arg(long, value_enum)]
+        durability: Option<DurabilityArg>,
+        /// Sessions (and baseline files) written in parallel (1..=1024) [default: 4].
+        #[arg(long, value_name = "S",
               value_parser = RangedU64ValueParser::<usize>::new().range(1..=1024))]
-        sessions: usize,
-        /// Folder for the bench files [default: a temporary folder in the root].
+        sessions: Option<usize>,
+        /// Folder for the bench files [default: a temporary folder in the root, removed
+        /// afterwards].
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
     },
+    /// The writer process of `bench --suite lean`'s memory rows: appends chat messages to a
+    /// new session in the root and prints its peak RSS as JSON.
+    #[command(hide = true)]
+    BenchWriter {
+        /// Messages to append (two per turn).
+        #[arg(long, value_name = "N",
+              value_parser = RangedU64ValueParser::<usize>::new().range(1..=10_000_000))]
+        messages: usize,
+        /// A `model/context-replace` every this many turns (0: never).
+        #[arg(long, value_name = "T", default_value_t = 0)]
+        compact_every: usize,
+        /// Write the events to a JSON Lines file instead of a session.
+        #[arg(long)]
+        jsonl: bool,
+    },
+}
+
+/// The benchmarks of `bench`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Suite {
+    /// Append throughput vs raw rusqlite, JSON Lines and fdatasync.
+    Append,
+    /// The lean-store table: eight measures, each against its same-run baseline.
+    Lean,
 }
 
 /// The root from `--root`, else `$SESSION_STORE_ROOT` (if not empty), else `fallback`.
@@ -385,24 +419,43 @@ fn run(args: Args) -> CliResult<()> {
         } => cli::replicate::restore(&cx, &from, id.as_deref(), all, litestream.as_deref()),
         Command::Demo => cli::demo::run(&cx.root, cx.json),
         Command::Bench {
+            suite,
+            quick,
             events,
             batch,
             durability,
             sessions,
             dir,
-        } => cli::bench::run(
-            &cx,
-            &cli::bench::Options {
-                events,
-                batch,
-                durability: match durability {
-                    DurabilityArg::Full => session_store::Durability::PowerLoss,
-                    DurabilityArg::Normal => session_store::Durability::ProcessCrash,
+        } => match suite {
+            Suite::Lean => {
+                if events.is_some() || batch.is_some() || durability.is_some() || sessions.is_some()
+                {
+                    return Err(Failure::usage(
+                        "--suite lean takes only --quick and --dir (its sizes are fixed)",
+                    ));
+                }
+                cli::lean::run(&cx, &cli::lean::Options { quick, dir })
+            }
+            Suite::Append if quick => Err(Failure::usage("--quick needs --suite lean")),
+            Suite::Append => cli::bench::run(
+                &cx,
+                &cli::bench::Options {
+                    events: events.unwrap_or(96_000),
+                    batch: batch.unwrap_or(64),
+                    durability: match durability.unwrap_or(DurabilityArg::Full) {
+                        DurabilityArg::Full => session_store::Durability::PowerLoss,
+                        DurabilityArg::Normal => session_store::Durability::ProcessCrash,
+                    },
+                    sessions: sessions.unwrap_or(4),
+                    dir,
                 },
-                sessions,
-                dir,
-            },
-        ),
+            ),
+        },
+        Command::BenchWriter {
+            messages,
+            compact_every,
+            jsonl,
+        } => cli::lean::writer(&cx, messages, compact_every, jsonl),
     }
 }
 

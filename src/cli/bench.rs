@@ -2,8 +2,8 @@
 //!
 //! * library: `S` sessions written in parallel (one thread each) through
 //!   `Session::append` with the default write-behind (group commit) at the chosen
-//!   durability; timed until every session's final `flush()` has returned, so every event
-//!   is durable;
+//!   durability; timed until every session has been flushed and closed (its final drain
+//!   and close-time checkpoint included), as a host waits before it exits;
 //! * raw: plain rusqlite, `events(seq INTEGER PRIMARY KEY, payload TEXT)` in `S` WAL files
 //!   in parallel with the same `synchronous` setting, one `BEGIN IMMEDIATE` transaction
 //!   per batch;
@@ -22,10 +22,10 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use session_store::{Batch, CreateOptions, Durability, Event, Root, SessionId, StoreOptions};
+use session_store::{CreateOptions, Durability, Root, SessionId, StoreOptions};
 
-use super::workload::{PAYLOAD_BYTES, fmt_count, payloads, raw_insert, raw_table};
-use super::{CliResult, Context, Failure, print_json, progress_bar};
+use super::workload::{PAYLOAD_BYTES, batch, fmt_count, payloads, raw_insert, raw_table};
+use super::{CliResult, Context, Failure, progress_bar};
 
 /// How long the fdatasync rate is measured.
 const FDATASYNC_TIME: Duration = Duration::from_secs(1);
@@ -102,7 +102,30 @@ pub struct Report {
 }
 
 /// Removes the bench folder when dropped (only a folder the bench created itself).
-struct Scratch(Option<PathBuf>);
+pub(super) struct Scratch(Option<PathBuf>);
+
+/// The folder a bench writes to: `dir` when given (kept afterwards), else a new
+/// `.bench-{suite}-{pid}` folder in the root, removed when the returned [`Scratch`] drops.
+pub(super) fn work_dir(
+    cx: &Context,
+    dir: Option<&Path>,
+    suite: &str,
+) -> CliResult<(PathBuf, Scratch)> {
+    match dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)?;
+            Ok((dir.to_path_buf(), Scratch(None)))
+        }
+        None => {
+            std::fs::create_dir_all(&cx.root)?;
+            let dir = cx
+                .root
+                .join(format!(".bench-{suite}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir)?;
+            Ok((dir.clone(), Scratch(Some(dir))))
+        }
+    }
+}
 
 impl Drop for Scratch {
     fn drop(&mut self) {
@@ -126,18 +149,7 @@ pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
         return Err(Failure::usage("--sessions must not exceed --events"));
     }
     let started = Instant::now();
-    let (dir, _scratch) = match &options.dir {
-        Some(dir) => {
-            std::fs::create_dir_all(dir)?;
-            (dir.clone(), Scratch(None))
-        }
-        None => {
-            std::fs::create_dir_all(&cx.root)?;
-            let dir = cx.root.join(format!(".bench-{}", std::process::id()));
-            std::fs::create_dir_all(&dir)?;
-            (dir.clone(), Scratch(Some(dir)))
-        }
-    };
+    let (dir, _scratch) = work_dir(cx, options.dir.as_deref(), "append")?;
     let work = split(&payloads(options.events), options.sessions);
     let payload_bytes: usize = work.iter().flatten().map(String::len).sum();
     let bar = progress_bar(4, "library");
@@ -170,15 +182,10 @@ pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
         fdatasync_per_s,
         total_seconds: started.elapsed().as_secs_f64(),
     };
-    if cx.json {
-        print_json(&report)
-    } else {
-        print_report(&report);
-        Ok(())
-    }
+    super::print_report(cx, &report, print_human)
 }
 
-fn print_report(r: &Report) {
+fn print_human(r: &Report) {
     println!(
         "bench: {} events of ~{PAYLOAD_BYTES} B in batches of {}, {} writers in parallel, \
          durability {}, files in {}",
@@ -211,7 +218,7 @@ fn print_report(r: &Report) {
 }
 
 /// `payloads` dealt into `parts` nearly equal runs.
-fn split(payloads: &[String], parts: usize) -> Vec<Vec<String>> {
+pub(super) fn split(payloads: &[String], parts: usize) -> Vec<Vec<String>> {
     let per = payloads.len().div_ceil(parts);
     payloads.chunks(per).map(<[String]>::to_vec).collect()
 }
@@ -243,8 +250,9 @@ where
     Ok(start)
 }
 
-/// The library: one session per part, group commit, flush at the end.
-fn library(dir: &Path, work: &[Vec<String>], options: &Options) -> CliResult<Rate> {
+/// The library: one session per part, group commit, flush and close at the end; the
+/// time runs until the last session's `close()` has returned.
+pub(super) fn library(dir: &Path, work: &[Vec<String>], options: &Options) -> CliResult<Rate> {
     let root = Root::with_options(
         dir,
         StoreOptions {
@@ -264,11 +272,7 @@ fn library(dir: &Path, work: &[Vec<String>], options: &Options) -> CliResult<Rat
         let session = session.map_err(|e| e.to_string())?;
         let run = || -> session_store::Result<()> {
             for (n, chunk) in part.chunks(options.batch).enumerate() {
-                let events = chunk
-                    .iter()
-                    .map(|p| Event::new("message/complete").with_payload_json(p))
-                    .collect::<session_store::Result<Vec<_>>>()?;
-                session.append(Batch::new(format!("op-{n}"), events))?;
+                session.append(batch(n, chunk)?)?;
             }
             session.flush()?;
             Ok(())
@@ -285,7 +289,7 @@ fn library(dir: &Path, work: &[Vec<String>], options: &Options) -> CliResult<Rat
 }
 
 /// Raw rusqlite: one WAL file per part, one transaction per batch.
-fn raw(dir: &Path, work: &[Vec<String>], options: &Options) -> CliResult<Rate> {
+pub(super) fn raw(dir: &Path, work: &[Vec<String>], options: &Options) -> CliResult<Rate> {
     std::fs::create_dir_all(dir)?;
     let synchronous = match options.durability {
         Durability::ProcessCrash => "NORMAL",

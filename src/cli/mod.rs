@@ -3,7 +3,9 @@
 
 pub mod append;
 pub mod bench;
+pub mod corpus;
 pub mod demo;
+pub mod lean;
 pub mod replicate;
 pub mod sessions;
 pub mod workload;
@@ -177,6 +179,20 @@ pub fn print_json<T: Serialize + ?Sized>(value: &T) -> CliResult<()> {
     out.write_all(b"\n")?;
     out.flush()?;
     Ok(())
+}
+
+/// Prints `value` as JSON when the context asks for it, else has `human` print it.
+pub fn print_report<T: Serialize>(
+    cx: &Context,
+    value: &T,
+    human: impl FnOnce(&T),
+) -> CliResult<()> {
+    if cx.json {
+        print_json(value)
+    } else {
+        human(value);
+        Ok(())
+    }
 }
 
 /// A progress bar of `len` steps on stderr, hidden unless stderr is a terminal.
