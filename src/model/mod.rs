@@ -6,6 +6,7 @@ pub(crate) mod header;
 pub(crate) mod ids;
 pub(crate) mod message;
 pub(crate) mod projection;
+pub(crate) mod transcript_index;
 
 pub use event::{Batch, Commit, ContentRef, Event, INLINE_PAYLOAD_LIMIT};
 pub use ids::{SessionId, SessionRef};

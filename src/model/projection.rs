@@ -16,6 +16,7 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 use crate::model::event::{Commit, Event};
 use crate::model::message::Message;
+use crate::model::transcript_index::{TranscriptIndex, message_key};
 
 /// Event kinds the projection understands; any other kind must be `optional`.
 pub const PROJECTION_KINDS: [&str; 23] = [
@@ -181,25 +182,15 @@ pub struct Projection {
     pub model_ref: String,
     /// The configured model identity.
     pub model_identity: Option<Value>,
-    /// Transcript message ids (as [`MessageKey`]s) → 0-based position.
+    /// Transcript message ids → 0-based position.
     #[serde(skip)]
-    transcript_ids: HashMap<MessageKey, u32>,
+    transcript_ids: TranscriptIndex,
     /// Where each model-workset message was read from, parallel to `model_messages`.
     #[serde(skip)]
     model_refs: Vec<ModelRef>,
     /// Id → position in `model_messages`; rebuilt on first use.
     #[serde(skip)]
     model_index: Option<HashMap<String, usize>>,
-}
-
-/// A message id as the transcript index keeps it: its XXH3-128 hash. Two different ids
-/// share one with probability about n²/2¹²⁹ (10⁻²⁶ for a million messages), the same
-/// assumption content addressing makes.
-pub(crate) type MessageKey = u128;
-
-/// The key of a message id.
-pub(crate) fn message_key(id: &str) -> MessageKey {
-    xxhash_rust::xxh3::xxh3_128(id.as_bytes())
 }
 
 /// Where a model-workset message is read from: the event at `seq` (its `message`, or item
@@ -857,15 +848,15 @@ impl Projection {
     }
 
     fn knows_message(&self, id: &str) -> bool {
-        self.transcript_ids.contains_key(&message_key(id))
+        self.transcript_ids.get(message_key(id)).is_some()
     }
 
     /// Puts `m` (from a `message/complete` or `message/upsert` at `seq`) into the
     /// transcript: at the position of its id, else at the end.
     fn put_transcript(&mut self, m: Arc<Message>, seq: u64, history: &mut Vec<HistoryChange>) {
         let key = message_key(m.id());
-        let at = match self.transcript_ids.get(&key) {
-            Some(&at) => u64::from(at),
+        let at = match self.transcript_ids.get(key) {
+            Some(at) => u64::from(at),
             None => {
                 let at = self.transcript_len;
                 self.transcript_ids.insert(key, transcript_slot(at));
@@ -1009,33 +1000,15 @@ impl Projection {
         self.model_index = None;
     }
 
-    /// The transcript index as bytes: for each position, the 16-byte little-endian key
-    /// of its message id (zero for none).
+    /// The transcript index as a checkpoint stores it ([`TranscriptIndex::to_bytes`]).
     pub(crate) fn transcript_ids_bytes(&self) -> Vec<u8> {
-        let mut out = vec![0u8; self.transcript_len as usize * 16];
-        for (key, &at) in &self.transcript_ids {
-            let at = at as usize * 16;
-            if let Some(slot) = out.get_mut(at..at + 16) {
-                slot.copy_from_slice(&key.to_le_bytes());
-            }
-        }
-        out
+        self.transcript_ids.to_bytes()
     }
 
     /// Puts back the transcript index from [`Projection::transcript_ids_bytes`]; `None`
     /// when the bytes do not fit `transcript_len`.
     pub(crate) fn restore_transcript_ids(&mut self, bytes: &[u8]) -> Option<()> {
-        if bytes.len() as u64 != self.transcript_len.checked_mul(16)? {
-            return None;
-        }
-        let mut ids = HashMap::with_capacity_and_hasher(bytes.len() / 16, Default::default());
-        for (at, chunk) in bytes.chunks_exact(16).enumerate() {
-            let key = u128::from_le_bytes(chunk.try_into().ok()?);
-            if key != 0 {
-                ids.insert(key, u32::try_from(at).ok()?);
-            }
-        }
-        self.transcript_ids = ids;
+        self.transcript_ids = TranscriptIndex::from_bytes(bytes, self.transcript_len)?;
         Some(())
     }
 }

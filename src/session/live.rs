@@ -29,7 +29,7 @@ const CHECKPOINT_ON_CLOSE: u64 = 1_000;
 const CHECKPOINT_WHILE_RUNNING: u64 = 50_000;
 
 /// What a checkpoint of `projection` costs to write and read, in folded events: a read
-/// of its event per workset message, and 16 bytes of transcript index per transcript
+/// of its event per workset message, and 20 bytes of transcript index per transcript
 /// message (a small fraction of a fold).
 fn checkpoint_size(projection: &Projection) -> u64 {
     projection.model_messages.len() as u64 + projection.transcript_len / 64

@@ -11,10 +11,10 @@
 //!
 //! where each `model` entry is one workset message: the event at `seq`, its `message`
 //! (`item` = -1) or item `item` of its `messages` array, taken as its provider view when
-//! `provider_view` is 1. `checkpoint.message_ids` is the transcript index: 16 bytes per
-//! transcript position, the XXH3-128 of the message id there (little-endian; zero for
-//! none). So a checkpoint costs 16 bytes per transcript message plus a few bytes per
-//! workset message, whatever the messages' size.
+//! `provider_view` is 1. `checkpoint.message_ids` is the transcript index
+//! (`model::transcript_index`): per message id, ascending by key, its 16-byte XXH3-128
+//! key and its 4-byte position (little-endian). So a checkpoint costs 20 bytes per
+//! transcript message plus a few bytes per workset message, whatever the messages' size.
 //!
 //! Anything else (an older form, an index that does not fit) decodes as `None`: the
 //! opener then folds the log, which is always the truth. The digest ([`digest`]) is
@@ -165,7 +165,7 @@ mod tests {
             !text.contains("c-d") && !text.contains("sum"),
             "no message body in {text}"
         );
-        assert_eq!(ids.len(), 4 * 16);
+        assert_eq!(ids.len(), 4 * 20);
         let (mut back, refs) = decode(&text, &ids).expect("decode");
         assert_eq!(
             refs,
@@ -207,15 +207,15 @@ mod tests {
     fn refuses_other_forms_and_bad_references() {
         let mut p = sample();
         let (text, ids) = encode(&mut p).expect("encode");
-        assert!(
-            decode(&text, &ids[16..]).is_none(),
-            "index shorter than the transcript"
-        );
+        assert!(decode(&text, &ids[1..]).is_none(), "index cut");
+        let mut swapped = ids[20..].to_vec();
+        swapped.extend_from_slice(&ids[..20]);
+        assert!(decode(&text, &swapped).is_none(), "index out of order");
         assert!(decode(&text.replace(r#""format":4"#, r#""format":3"#), &ids).is_none());
         assert!(decode(&text.replace("[6,-1,1]", "[6,-2,1]"), &ids).is_none());
         assert!(decode(&text.replace("[6,-1,1]", "[6,-1,2]"), &ids).is_none());
         assert!(decode(&text.replace("[6,-1,1]", "[99,-1,1]"), &ids).is_none());
         assert!(decode("{", &ids).is_none());
-        assert_ne!(digest(7, &text, &ids), digest(7, &text, &ids[16..]));
+        assert_ne!(digest(7, &text, &ids), digest(7, &text, &ids[20..]));
     }
 }
