@@ -181,7 +181,11 @@ async fn main() -> AnyResult<()> {
     let mut listed = Vec::new();
     loop {
         let page = query.list(cursor.as_deref(), 2).await?;
-        listed.extend(page.sessions.iter().map(|s| s.session_ref.session_id.clone()));
+        listed.extend(
+            page.sessions
+                .iter()
+                .map(|s| s.session_ref.session_id.clone()),
+        );
         match page.next_cursor {
             Some(next) => cursor = Some(next),
             None => break,
@@ -189,7 +193,11 @@ async fn main() -> AnyResult<()> {
     }
     println!(
         "list, 2 per page: {}",
-        listed.iter().map(|id| id.as_str()).collect::<Vec<_>>().join(", ")
+        listed
+            .iter()
+            .map(|id| id.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
     );
 
     // History pages come newest first; messages inside a page are in ascending order.
