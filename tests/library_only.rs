@@ -1,6 +1,8 @@
 //! The library builds without the command line's dependencies: with `--no-default-features`
 //! (no `cli` feature) the dependency tree has no `clap` and no `indicatif`, and the library
-//! compiles. Runs `cargo` itself (on PATH in CI; `$CARGO` when `cargo test` started us).
+//! compiles; and the API docs build without a rustdoc warning. Runs `cargo` itself (on
+//! PATH in CI; `$CARGO` when `cargo test` started us) in the release profile, on this
+//! target folder.
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -39,16 +41,37 @@ fn no_default_features_tree_has_no_cli_dependencies() {
     let lean = normal_tree(&["--no-default-features"]);
     assert!(lean.iter().any(|p| p == "rusqlite"), "{lean:?}");
     for cli_only in ["clap", "clap_builder", "indicatif", "console"] {
-        assert!(!lean.iter().any(|p| p == cli_only), "{cli_only} in {lean:?}");
+        assert!(
+            !lean.iter().any(|p| p == cli_only),
+            "{cli_only} in {lean:?}"
+        );
     }
     // The default build (what `cargo install` and `cargo run` use) still has the CLI's.
     let full = normal_tree(&[]);
     for cli_only in ["clap", "indicatif"] {
-        assert!(full.iter().any(|p| p == cli_only), "{cli_only} missing from {full:?}");
+        assert!(
+            full.iter().any(|p| p == cli_only),
+            "{cli_only} missing from {full:?}"
+        );
     }
 }
 
 #[test]
 fn library_checks_without_default_features() {
-    run(cargo().args(["check", "--release", "--lib", "--no-default-features", "--offline"]));
+    run(cargo().args([
+        "check",
+        "--release",
+        "--lib",
+        "--no-default-features",
+        "--offline",
+    ]));
+}
+
+/// The API docs (crate docs open with the README, example included) build without a
+/// rustdoc warning: broken intra-doc links, bad code blocks, missing docs.
+#[test]
+fn docs_build_without_warnings() {
+    run(cargo()
+        .args(["doc", "--release", "--no-deps", "--offline"])
+        .env("RUSTDOCFLAGS", "-D warnings"));
 }
