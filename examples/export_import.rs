@@ -9,6 +9,9 @@
 //!
 //! Uses the synchronous library API in a temporary folder that is removed at the end.
 
+mod common;
+
+use common::transcript;
 use serde_json::json;
 use session_store::{
     Batch, CreateOptions, Error, Event, ForkPoint, ImportOptions, Root, SessionId, verify,
@@ -37,13 +40,6 @@ fn turn(turn_id: &str, output: &str) -> session_store::Result<Batch> {
         ],
     )
     .in_turn(turn_id))
-}
-
-/// The message ids of a session's durable transcript in `root`.
-fn transcript(root: &Root, id: &SessionId) -> session_store::Result<Vec<String>> {
-    let reader = root.open_reader(id)?;
-    let messages = reader.transcript(reader.durable_sequence()?)?;
-    Ok(messages.iter().map(|m| m.id().to_owned()).collect())
 }
 
 fn main() -> AnyResult<()> {

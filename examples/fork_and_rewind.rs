@@ -9,35 +9,12 @@
 //! Uses the synchronous library API ([`Root`], [`session_store::Session`],
 //! [`session_store::SessionReader`]) in a temporary folder that is removed at the end.
 
-use serde_json::json;
-use session_store::{Batch, CreateOptions, Event, ForkPoint, Root, SessionId};
+mod common;
+
+use common::{chat_turn, transcript};
+use session_store::{CreateOptions, ForkPoint, Root, SessionId};
 
 type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
-
-/// A completed turn: the user's question and the assistant's answer.
-fn turn(turn_id: &str, question: &str, answer: &str) -> session_store::Result<Batch> {
-    let message = |id: String, role: &str, content: &str| {
-        Event::new("message/complete")
-            .with_payload(&json!({"message": {"id": id, "role": role, "content": content}}))
-    };
-    Ok(Batch::new(
-        format!("op-{turn_id}"),
-        vec![
-            Event::new("turn/start"),
-            message(format!("q-{turn_id}"), "user", question)?,
-            message(format!("a-{turn_id}"), "assistant", answer)?,
-            Event::new("turn/end").with_payload(&json!({"status": "completed"}))?,
-        ],
-    )
-    .in_turn(turn_id))
-}
-
-/// The message ids of a session's durable transcript.
-fn transcript(root: &Root, id: &SessionId) -> session_store::Result<Vec<String>> {
-    let reader = root.open_reader(id)?; // no lock: reads the durable prefix only
-    let messages = reader.transcript(reader.durable_sequence()?)?;
-    Ok(messages.iter().map(|m| m.id().to_owned()).collect())
-}
 
 fn main() -> AnyResult<()> {
     let dir = tempfile::tempdir()?;
@@ -46,9 +23,9 @@ fn main() -> AnyResult<()> {
     // A parent with three turns.
     let parent = SessionId::new("trip-planning")?;
     let session = root.create(CreateOptions::with_id(parent.clone()))?;
-    session.append(turn("turn-1", "Where should I go in May?", "Lisbon.")?)?;
-    session.append(turn("turn-2", "For how long?", "Five days.")?)?;
-    session.append(turn("turn-3", "By train?", "Yes, via Madrid.")?)?;
+    session.append(chat_turn("turn-1", "Where should I go in May?", "Lisbon.")?)?;
+    session.append(chat_turn("turn-2", "For how long?", "Five days.")?)?;
+    session.append(chat_turn("turn-3", "By train?", "Yes, via Madrid.")?)?;
     session.close()?; // drains and fsyncs; only durable events can be forked
     println!("parent: {}", transcript(&root, &parent)?.join(", "));
 
@@ -59,7 +36,11 @@ fn main() -> AnyResult<()> {
         Some(SessionId::new("trip-planning-porto")?),
     )?;
     let child = root.open_writer(&fork)?;
-    child.append(turn("turn-2b", "What about Porto?", "Porto works too.")?)?;
+    child.append(chat_turn(
+        "turn-2b",
+        "What about Porto?",
+        "Porto works too.",
+    )?)?;
     child.close()?;
     println!(
         "fork after turn-1: {}",

@@ -18,10 +18,11 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::json;
+mod common;
+
+use common::{chat_turn, transcript};
 use session_store::{
-    Batch, CheckpointPolicy, CreateOptions, Event, ImportOptions, Root, SessionId, StoreOptions,
-    verify,
+    CheckpointPolicy, CreateOptions, ImportOptions, Root, SessionId, StoreOptions, verify,
 };
 
 type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
@@ -34,31 +35,6 @@ fn find_litestream() -> Option<PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
         .map(|dir| dir.join("litestream"))
         .find(|bin| bin.is_file())
-}
-
-/// A completed turn: one question, one answer.
-fn turn(turn_id: &str, question: &str, answer: &str) -> session_store::Result<Batch> {
-    let message = |id: String, role: &str, content: &str| {
-        Event::new("message/complete")
-            .with_payload(&json!({"message": {"id": id, "role": role, "content": content}}))
-    };
-    Ok(Batch::new(
-        format!("op-{turn_id}"),
-        vec![
-            Event::new("turn/start"),
-            message(format!("q-{turn_id}"), "user", question)?,
-            message(format!("a-{turn_id}"), "assistant", answer)?,
-            Event::new("turn/end").with_payload(&json!({"status": "completed"}))?,
-        ],
-    )
-    .in_turn(turn_id))
-}
-
-/// The message ids of a session's durable transcript in `root`.
-fn transcript(root: &Root, id: &SessionId) -> session_store::Result<Vec<String>> {
-    let reader = root.open_reader(id)?;
-    let messages = reader.transcript(reader.durable_sequence()?)?;
-    Ok(messages.iter().map(|m| m.id().to_owned()).collect())
 }
 
 /// Waits until `done` holds, at most `limit`.
@@ -119,7 +95,11 @@ fn main() -> AnyResult<()> {
     let root = Root::with_options(&root_path, options)?;
     let id = SessionId::new("notes")?;
     let session = root.create(CreateOptions::with_id(id.clone()))?;
-    session.append(turn("turn-1", "Remind me to water the plants", "Noted.")?)?;
+    session.append(chat_turn(
+        "turn-1",
+        "Remind me to water the plants",
+        "Noted.",
+    )?)?;
     session.flush()?;
 
     // One Litestream config for the whole root: every session file under it (sessions
@@ -162,7 +142,7 @@ fn main() -> AnyResult<()> {
     println!("replicating {} to {}", id.as_str(), replica.display());
 
     // The writer keeps going while Litestream ships the WAL.
-    session.append(turn("turn-2", "And the cat?", "Feed it at six.")?)?;
+    session.append(chat_turn("turn-2", "And the cat?", "Feed it at six.")?)?;
     session.close()?;
     std::thread::sleep(Duration::from_millis(1500));
     replicator.stop()?;
