@@ -1,4 +1,10 @@
 #![doc = include_str!("../README.md")]
+//!
+//! ## Cargo features
+//!
+//! - `cli` (default): the `session-store` command-line binary and its dependencies
+//!   (`clap`, `indicatif`). A host that embeds the library turns it off:
+//!   `session-store = { version = "0.1", default-features = false }`.
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
