@@ -74,7 +74,7 @@ impl TranscriptIndex {
     /// The index of [`TranscriptIndex::to_bytes`] for a transcript of `len` messages;
     /// `None` unless the keys ascend strictly and every position is below `len`.
     pub(crate) fn from_bytes(bytes: &[u8], len: u64) -> Option<TranscriptIndex> {
-        if bytes.len() % ENTRY != 0 || (bytes.len() / ENTRY) as u64 > len {
+        if !bytes.len().is_multiple_of(ENTRY) || (bytes.len() / ENTRY) as u64 > len {
             return None;
         }
         let n = bytes.len() / ENTRY;
