@@ -82,18 +82,15 @@ impl FileWriter {
     }
 
     /// Replaces the projection checkpoint (its text and transcript index, as of
-    /// `through_seq`), then gives the pages the old one leaves free back to the file
-    /// system once they are many ([`schema::release_free_pages`]).
+    /// `through_seq`). The pages the old one leaves free are reused by the writes that
+    /// follow; what is still free at close is given back then.
     pub(crate) fn store_checkpoint(
         &self,
         through_seq: u64,
         projection: &str,
         message_ids: &[u8],
     ) -> Result<()> {
-        write::store_checkpoint(&self.conn, through_seq, projection, message_ids)?;
-        // Best effort: the checkpoint is stored; free pages only cost space.
-        let _ = schema::release_free_pages(&self.conn);
-        Ok(())
+        write::store_checkpoint(&self.conn, through_seq, projection, message_ids)
     }
 
     /// Closes the file as the policy says (checkpointing and truncating the WAL unless
@@ -101,7 +98,9 @@ impl FileWriter {
     /// dropping it releases the file, keeping it lets the caller publish or reopen the
     /// file with no gap in which another opener could take it.
     pub(crate) fn close(self) -> WriterLock {
-        // Best effort, as the checkpoint below: free pages only cost space.
+        // Best effort, as the checkpoint below: free pages only cost space. Only here:
+        // while the writer runs, SQLite reuses free pages for the rows it appends, and
+        // vacuuming then would move pages for nothing.
         let _ = schema::release_free_pages(&self.conn);
         if self.policy == CheckpointPolicy::TruncateOnClose
             && !self.dir.join(schema::LITESTREAM_DIR).is_dir()
