@@ -113,6 +113,50 @@ struct MessagesOf {
     messages: Vec<Message>,
 }
 
+/// Reads the messages of events by sequence across a layout, keeping one connection per
+/// file it reads (a checkpoint's workset is one event read per message).
+struct EventMessages {
+    layout: Layout,
+    conns: Vec<Option<PooledConnection<SqliteConnectionManager>>>,
+}
+
+impl EventMessages {
+    fn new(layout: Layout) -> EventMessages {
+        let conns = layout.segments.iter().map(|_| None).collect();
+        EventMessages { layout, conns }
+    }
+
+    /// The messages of event `seq`: its `message`, or its `messages` array when `many`.
+    fn read(&mut self, seq: u64, many: bool) -> Result<Vec<Arc<Message>>> {
+        let i = self
+            .layout
+            .segments
+            .iter()
+            .position(|s| s.after < seq && seq <= s.through)
+            .ok_or_else(|| Error::corrupt(format!("event {seq} is in no file")))?;
+        let conn = match &mut self.conns[i] {
+            Some(conn) => conn,
+            slot => slot.insert(self.layout.segments[i].pool.get()?),
+        };
+        let text = read::read_payload_text(conn, seq)?;
+        let bad = |e: serde_json::Error| Error::corrupt(format!("event {seq}: {e}"));
+        Ok(if many {
+            serde_json::from_str::<MessagesOf>(&text)
+                .map_err(bad)?
+                .messages
+                .into_iter()
+                .map(Arc::new)
+                .collect()
+        } else {
+            vec![Arc::new(
+                serde_json::from_str::<MessageOf>(&text)
+                    .map_err(bad)?
+                    .message,
+            )]
+        })
+    }
+}
+
 /// Where each range of a session's sequences is read from.
 #[derive(Clone, Debug)]
 struct Layout {
@@ -464,12 +508,13 @@ impl SessionReader {
     /// The model-workset messages `refs` name, read from their events.
     fn read_model(&self, refs: &[ModelRef]) -> Result<Vec<Arc<Message>>> {
         let mut out = Vec::with_capacity(refs.len());
+        let mut source = EventMessages::new(self.layout());
         let mut event: Option<(u64, Vec<Arc<Message>>)> = None;
         for r in refs {
             let messages = match &event {
                 Some((seq, messages)) if *seq == r.seq => messages,
                 _ => {
-                    let messages = self.event_messages(r.seq, r.item.is_some())?;
+                    let messages = source.read(r.seq, r.item.is_some())?;
                     &event.insert((r.seq, messages)).1
                 }
             };
@@ -483,32 +528,6 @@ impl SessionReader {
             });
         }
         Ok(out)
-    }
-
-    /// The messages of event `seq`: its `message`, or its `messages` array when `many`.
-    fn event_messages(&self, seq: u64, many: bool) -> Result<Vec<Arc<Message>>> {
-        let layout = self.layout();
-        let segment = layout
-            .segments
-            .iter()
-            .find(|s| s.after < seq && seq <= s.through)
-            .ok_or_else(|| Error::corrupt(format!("event {seq} is in no file")))?;
-        let text = read::read_payload_text(&*segment.pool.get()?, seq)?;
-        let bad = |e: serde_json::Error| Error::corrupt(format!("event {seq}: {e}"));
-        Ok(if many {
-            serde_json::from_str::<MessagesOf>(&text)
-                .map_err(bad)?
-                .messages
-                .into_iter()
-                .map(Arc::new)
-                .collect()
-        } else {
-            vec![Arc::new(
-                serde_json::from_str::<MessageOf>(&text)
-                    .map_err(bad)?
-                    .message,
-            )]
-        })
     }
 
     /// The projection of the durable prefix: from the newest checkpoint, folding only the
@@ -569,7 +588,8 @@ impl SessionReader {
                 out.push(match body {
                     HistoryBody::Inline(m) => m,
                     HistoryBody::Content(_) => {
-                        let messages = self.event_messages(row.event_seq, row.item.is_some())?;
+                        let messages = EventMessages::new(self.layout())
+                            .read(row.event_seq, row.item.is_some())?;
                         messages
                             .get(row.item.unwrap_or(0) as usize)
                             .cloned()
