@@ -539,15 +539,22 @@ fn commit_row(r: &Row<'_>) -> rusqlite::Result<(Commit, u64)> {
 
 const COMMIT_COLUMNS: &str = "first_seq, last_seq, commit_id, operation_id, operation_hash, turn_id, writer_generation, created_at, row_hash";
 
-/// Calls `each` with the operation key (`model::event::operation_key`) of every commit
-/// recorded in this file (a scan of the operation key index of a schema-3 file).
-pub(crate) fn each_operation_key(conn: &Connection, mut each: impl FnMut(i64)) -> Result<()> {
-    let mut select = conn.prepare("SELECT operation_key FROM commits")?;
-    let mut rows = select.query([])?;
-    while let Some(r) = rows.next()? {
-        each(r.get(0)?);
-    }
-    Ok(())
+/// The first sequence and operation key (`model::event::operation_key`) of at most
+/// `limit` commits of this file (schema 3) after `after_seq`, in order: one page of a
+/// keyset walk, so that no read transaction lasts the whole table.
+pub(crate) fn operation_keys_after(
+    conn: &Connection,
+    after_seq: u64,
+    limit: usize,
+) -> Result<Vec<(u64, i64)>> {
+    let mut select = conn.prepare_cached(
+        "SELECT first_seq, operation_key FROM commits WHERE first_seq > ?1
+         ORDER BY first_seq LIMIT ?2",
+    )?;
+    let rows = select.query_map(params![after_seq, limit as i64], |r| {
+        Ok((r.get(0)?, r.get(1)?))
+    })?;
+    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
 }
 
 /// The commit with this operation id, with its events. Schema 3 finds it by its operation

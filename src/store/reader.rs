@@ -807,10 +807,15 @@ impl SessionReader {
         Ok(HistoryBody::Inline(Arc::new(message.clone())))
     }
 
-    /// Calls `each` with the operation key of every commit in this session's own file
-    /// (the commits [`SessionReader::lookup_operation`] can find).
-    pub(crate) fn each_operation_key(&self, each: impl FnMut(i64)) -> Result<()> {
-        read::each_operation_key(&*self.own()?, each)
+    /// One page of the operation keys of this session's own file (the commits
+    /// [`SessionReader::lookup_operation`] can find): first sequence and key of at most
+    /// `limit` commits after `after_seq`.
+    pub(crate) fn operation_keys_after(
+        &self,
+        after_seq: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, i64)>> {
+        read::operation_keys_after(&*self.own()?, after_seq, limit)
     }
 
     /// The commit that recorded `operation_id` in this session's own file.
