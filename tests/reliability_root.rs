@@ -707,6 +707,30 @@ fn planted_schema_objects_are_refused() {
         assert!(stderr.contains("history index"), "{what}: {stderr}");
     }
 
+    // The turn index against the log: a turn missing, altered (a fork would cut there),
+    // extra.
+    for (what, sql) in [
+        (
+            "missing",
+            "DELETE FROM turns WHERE start_seq = (SELECT min(start_seq) FROM turns)",
+        ),
+        (
+            "altered",
+            "UPDATE turns SET boundary_seq = boundary_seq - 1",
+        ),
+        ("status", "UPDATE turns SET status = 'failed'"),
+        (
+            "extra",
+            "INSERT INTO turns VALUES (900, 'ghost', 901, 901, 'completed', 1, 1)",
+        ),
+    ] {
+        let env = Env::new();
+        copy_dir(&template.root, &env.root);
+        env.sql("s", sql);
+        let stderr = env.fails(&["verify", "s"], 6);
+        assert!(stderr.contains("turn index"), "{what}: {stderr}");
+    }
+
     // Litestream's bookkeeping tables are not ours but allowed.
     let env = Env::new();
     copy_dir(&template.root, &env.root);

@@ -136,6 +136,48 @@ impl HistoryIndex {
     }
 }
 
+/// Refuses a stored turn index that differs from the turns the log ends: a turn missing,
+/// extra or altered (a fork or rewind cuts where the index says).
+fn compare_turns(folded: &[TurnBoundary], stored: &[TurnBoundary]) -> Result<()> {
+    let differs = |what: String| Err(Error::corrupt(format!("turn index: {what}")));
+    for (i, want) in folded.iter().enumerate() {
+        match stored.get(i) {
+            Some(got) if got == want => {}
+            Some(got) => {
+                return differs(format!(
+                    "turn {} (sequences {}..={}) is stored as turn {} (sequences {}..={}, \
+                     boundary {}, status {}, fork_safe {}, rewind_safe {})",
+                    crate::error::quoted(&want.turn_id),
+                    want.start_sequence,
+                    want.end_sequence,
+                    crate::error::quoted(&got.turn_id),
+                    got.start_sequence,
+                    got.end_sequence,
+                    got.boundary_sequence,
+                    crate::error::quoted(&got.status),
+                    got.fork_safe,
+                    got.rewind_safe
+                ));
+            }
+            None => {
+                return differs(format!(
+                    "turn {} ending at {} is missing",
+                    crate::error::quoted(&want.turn_id),
+                    want.end_sequence
+                ));
+            }
+        }
+    }
+    if let Some(extra) = stored.get(folded.len()) {
+        return differs(format!(
+            "turn {} ending at {} is not in the log",
+            crate::error::quoted(&extra.turn_id),
+            extra.end_sequence
+        ));
+    }
+    Ok(())
+}
+
 /// A session file given by path, resolved.
 pub(crate) struct Target {
     /// The session file (no symlink in its path).
@@ -214,9 +256,11 @@ fn validate_each(path: &Path, mut f: impl FnMut(Commit, FoldEffects)) -> Result<
     let mut validator = LogValidator::new();
     let mut commits = 0u64;
     let mut index = HistoryIndex::default();
+    let mut turns = Vec::new();
     reader.visit(u64::MAX, |c| {
         let effects = validator.check(&c)?;
         index.add(&effects.history);
+        turns.extend(effects.turns.iter().cloned());
         commits += 1;
         f(c, effects);
         Ok(())
@@ -224,6 +268,7 @@ fn validate_each(path: &Path, mut f: impl FnMut(Commit, FoldEffects)) -> Result<
     if let Some(stored) = reader.history_index(validator.last_seq())? {
         index.compare(stored)?;
     }
+    compare_turns(&turns, &reader.turns()?)?;
     Ok(Verified {
         header: reader.header().clone(),
         commits,
