@@ -144,10 +144,7 @@ fn env_usize(name: &str, default: usize) -> BenchResult<usize> {
 
 /// (a): append + flush per commit.
 fn durable(dir: &Path, payloads: &[String]) -> BenchResult<Flushed> {
-    let options = StoreOptions {
-        durability: Durability::PowerLoss,
-        ..StoreOptions::default()
-    };
+    let options = StoreOptions::default().with_durability(Durability::PowerLoss);
     Ok(flushed_commits(
         dir,
         payloads,
@@ -167,11 +164,9 @@ fn raw(file: &Path, payloads: &[String]) -> BenchResult<f64> {
 fn accepted(dir: &Path, payloads: &[String]) -> BenchResult<f64> {
     let s = bench_session(
         dir,
-        StoreOptions {
-            write_behind: Duration::from_secs(3600),
-            queue_budget: 1 << 30,
-            ..StoreOptions::default()
-        },
+        StoreOptions::default()
+            .with_write_behind(Duration::from_secs(3600))
+            .with_queue_budget(1 << 30),
     )?;
     let t = Instant::now();
     for (op, chunk) in payloads.chunks(EVENTS_PER_COMMIT).enumerate() {

@@ -66,12 +66,9 @@ fn main() -> BenchResult<()> {
     let (base, dir) = common::bench_dir()?;
     let root = Root::with_options(
         dir.path().join("sessions"),
-        StoreOptions {
-            durability: Durability::ProcessCrash,
-            write_behind: Duration::from_secs(3600),
-            // Over the default 16 MiB budget an append drains the queue itself.
-            ..StoreOptions::default()
-        },
+        StoreOptions::default()
+            .with_durability(Durability::ProcessCrash)
+            .with_write_behind(Duration::from_secs(3600)),
     )?;
     let started = Instant::now();
     println!(

@@ -333,11 +333,9 @@ fn main() -> BenchResult<()> {
 fn bench_root(path: &Path) -> BenchResult<Root> {
     Ok(Root::with_options(
         path,
-        StoreOptions {
-            durability: Durability::ProcessCrash,
-            write_behind: Duration::from_secs(3600),
-            ..StoreOptions::default()
-        },
+        StoreOptions::default()
+            .with_durability(Durability::ProcessCrash)
+            .with_write_behind(Duration::from_secs(3600)),
     )?)
 }
 

@@ -89,10 +89,7 @@ fn main() -> AnyResult<()> {
     // Import it again under another id (an id remap).
     let copy = server.import(
         &file,
-        ImportOptions {
-            session_id: Some(SessionId::new("debug-build-copy")?),
-            ..ImportOptions::default()
-        },
+        ImportOptions::default().with_session_id(SessionId::new("debug-build-copy")?),
     )?;
     let header = server.stat(&copy)?.header;
     println!(
@@ -107,10 +104,7 @@ fn main() -> AnyResult<()> {
     std::fs::write(&damaged, &bytes[..bytes.len() / 2])?;
     let refused = server.import(
         &damaged,
-        ImportOptions {
-            session_id: Some(SessionId::new("debug-build-damaged")?),
-            ..ImportOptions::default()
-        },
+        ImportOptions::default().with_session_id(SessionId::new("debug-build-damaged")?),
     );
     let Err(error) = refused else {
         return Err("a damaged file was imported".into());

@@ -88,10 +88,7 @@ fn main() -> AnyResult<()> {
     let replica = dir.path().join("replica");
 
     // Writers of a replicated root leave WAL checkpoints to Litestream.
-    let options = StoreOptions {
-        checkpoint: CheckpointPolicy::LeaveToReplicator,
-        ..StoreOptions::default()
-    };
+    let options = StoreOptions::default().with_checkpoint(CheckpointPolicy::LeaveToReplicator);
     let root = Root::with_options(&root_path, options)?;
     let id = SessionId::new("notes")?;
     let session = root.create(CreateOptions::with_id(id.clone()))?;

@@ -19,10 +19,7 @@ use session_store::{
 fn root_with(dir: &Path, threshold: usize) -> Root {
     Root::with_options(
         dir.join("sessions"),
-        StoreOptions {
-            inline_threshold: threshold,
-            ..StoreOptions::default()
-        },
+        StoreOptions::default().with_inline_threshold(threshold),
     )
     .expect("root")
 }
@@ -222,10 +219,7 @@ fn payloads_round_trip_byte_exact_around_the_threshold() {
 fn the_threshold_is_a_checked_setting() {
     let dir = tempfile::tempdir().expect("tempdir");
     for bad in [0, MIN_INLINE_THRESHOLD - 1, MAX_INLINE_THRESHOLD + 1] {
-        let options = StoreOptions {
-            inline_threshold: bad,
-            ..StoreOptions::default()
-        };
+        let options = StoreOptions::default().with_inline_threshold(bad);
         match Root::with_options(dir.path().join("bad"), options) {
             Err(Error::InvalidInput(m)) => {
                 assert!(m.contains("inline threshold"), "{m}");

@@ -228,10 +228,11 @@ fn import_validates_and_publishes_atomically() {
     assert!(staging_is_empty(&target));
 
     let desktop = Root::open(work.path().join("desktop")).unwrap();
-    let options = |sid: &str| ImportOptions {
-        session_id: Some(id(sid)),
-        cwd: Some("/workspace".into()),
-        origin: Some(Origin::CanonicalImport),
+    let options = |sid: &str| {
+        ImportOptions::default()
+            .with_session_id(id(sid))
+            .with_cwd("/workspace")
+            .with_origin(Origin::CanonicalImport)
     };
     let with_header = desktop.import(&bundle, options("portable")).unwrap();
     let info = desktop.stat(&with_header).unwrap();

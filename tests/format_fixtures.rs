@@ -581,10 +581,7 @@ fn schema2_fixtures_read_append_fork_delete_and_import() {
 
     // And under a new id into the root that holds the rest.
     let renamed = SessionId::new("from-export").expect("id");
-    let options = ImportOptions {
-        session_id: Some(renamed.clone()),
-        ..ImportOptions::default()
-    };
+    let options = ImportOptions::default().with_session_id(renamed.clone());
     assert_eq!(
         root.import(&export, options).expect("import again"),
         renamed

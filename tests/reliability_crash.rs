@@ -211,10 +211,7 @@ fn crash_appender_role() {
         0 => Duration::from_secs(3600),
         _ => Duration::from_millis(rng.u64(1..30)),
     };
-    let options = StoreOptions {
-        write_behind,
-        ..StoreOptions::default()
-    };
+    let options = StoreOptions::default().with_write_behind(write_behind);
     let root = Root::with_options(root_path, options).unwrap();
     let s = root.open_writer(&name).unwrap();
     let generation = s.owner().generation;

@@ -71,10 +71,7 @@ fn run_full_disk(size: &str, filler_bytes: usize) {
     };
     let started = Instant::now();
     let mut rng = fastrand::Rng::with_seed(seed("full_disk"));
-    let options = StoreOptions {
-        write_behind: Duration::from_secs(3600),
-        ..StoreOptions::default()
-    };
+    let options = StoreOptions::default().with_write_behind(Duration::from_secs(3600));
     let root = Root::with_options(mount.dir.join("sessions"), options).unwrap();
     let name = id("full");
     let s = create(&root, "full");
@@ -218,10 +215,7 @@ fn full_disk_in_a_timed_drain_and_in_close() {
         return;
     };
     let mut rng = fastrand::Rng::with_seed(seed("full_disk_timed"));
-    let options = StoreOptions {
-        write_behind: Duration::from_millis(2),
-        ..StoreOptions::default()
-    };
+    let options = StoreOptions::default().with_write_behind(Duration::from_millis(2));
     let root = Root::with_options(mount.dir.join("sessions"), options).unwrap();
     let name = id("timed");
     let s = create(&root, "timed");

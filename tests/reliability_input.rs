@@ -826,11 +826,9 @@ fn run_huge_payload(bytes: usize, random: bool, max_rss_mb: u64) {
 #[test]
 fn an_append_over_the_queue_budget_does_not_wait_for_the_timer() {
     let dir = tempfile::tempdir().unwrap();
-    let options = session_store::StoreOptions {
-        write_behind: Duration::from_secs(60),
-        queue_budget: 1 << 20,
-        ..session_store::StoreOptions::default()
-    };
+    let options = session_store::StoreOptions::default()
+        .with_write_behind(Duration::from_secs(60))
+        .with_queue_budget(1 << 20);
     let root = Root::with_options(dir.path().join("sessions"), options).unwrap();
     let s = create(&root, "budget");
     s.append(Batch::new("small", vec![title("arms the timer")]))

@@ -388,10 +388,7 @@ impl Env {
                 Ok(Made::File(dest))
             }
             Step::Import { bundle, target } => {
-                let options = ImportOptions {
-                    session_id: Some(id(target)),
-                    ..ImportOptions::default()
-                };
+                let options = ImportOptions::default().with_session_id(id(target));
                 self.root.import(bundle, options).map(Made::Session)
             }
             Step::Legacy { source, .. } => self.tokio.block_on(async {
@@ -1065,10 +1062,7 @@ fn wal_writer_role() {
         return; // run by hand without a parent: nothing to do
     };
     let mut rng = fastrand::Rng::with_seed(std::env::var("SS_SEED").unwrap().parse().unwrap());
-    let options = StoreOptions {
-        write_behind: Duration::from_millis(rng.u64(1..10)),
-        ..StoreOptions::default()
-    };
+    let options = StoreOptions::default().with_write_behind(Duration::from_millis(rng.u64(1..10)));
     let root = Root::with_options(root_path, options).unwrap();
     let s = create(&root, "live");
     println!("ready");

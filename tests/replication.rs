@@ -138,11 +138,9 @@ fn write_config(litestream: &Path, root: &Path, replica: &Path, config: &Path) {
 
 /// A root whose writers leave checkpoints to the replicator and drain quickly.
 fn replicated_root(path: &Path) -> Root {
-    let options = StoreOptions {
-        checkpoint: CheckpointPolicy::LeaveToReplicator,
-        write_behind: Duration::from_millis(20),
-        ..StoreOptions::default()
-    };
+    let options = StoreOptions::default()
+        .with_checkpoint(CheckpointPolicy::LeaveToReplicator)
+        .with_write_behind(Duration::from_millis(20));
     Root::with_options(path, options).unwrap()
 }
 
@@ -473,10 +471,7 @@ fn replicated_root_still_behaves() {
         "{:?}",
         table_names(&exported)
     );
-    let options = |name: &str| ImportOptions {
-        session_id: Some(id(name)),
-        ..ImportOptions::default()
-    };
+    let options = |name: &str| ImportOptions::default().with_session_id(id(name));
     root.import(&exported, options("from-export")).unwrap();
     root.import(root.session_dir(&id("keep")), options("from-live-file"))
         .unwrap();

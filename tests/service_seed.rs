@@ -187,10 +187,8 @@ async fn runtime_cancellation_uses_owned_execution_without_turn_id() {
 #[tokio::test]
 async fn service_observe_distinguishes_live_accepted_and_cold_durable_prefixes() {
     let dir = tempfile::tempdir().unwrap();
-    let options = session_store::StoreOptions {
-        write_behind: std::time::Duration::from_secs(3600),
-        ..Default::default()
-    };
+    let options = session_store::StoreOptions::default()
+        .with_write_behind(std::time::Duration::from_secs(3600));
     let root = Root::with_options(dir.path().join("sessions-v4"), options).unwrap();
     let service = Service::new("local", root).unwrap();
     let rt = service.create(opts("observe")).await.unwrap();
@@ -415,10 +413,11 @@ async fn service_import_validates_self_contained_content_and_publishes_atomicall
         "desktop",
         &work.path().join("desktop-sessions-v5").join("by-id"),
     );
-    let header_options = |sid: &str| ImportOptions {
-        session_id: Some(id(sid)),
-        cwd: Some("/workspace".into()),
-        origin: Some(Origin::CanonicalImport),
+    let header_options = |sid: &str| {
+        ImportOptions::default()
+            .with_session_id(id(sid))
+            .with_cwd("/workspace")
+            .with_origin(Origin::CanonicalImport)
     };
     let header_ref = desktop
         .import_with_header(&bundle, header_options("portable"))

@@ -257,12 +257,11 @@ fn invalid_ids_are_refused_before_touching_disk() {
 fn create_is_atomic_and_refuses_existing_ids() {
     let (_dir, root) = temp_root();
     let s = root
-        .create(CreateOptions {
-            session_id: Some(id("made")),
-            cwd: Some("/work".into()),
-            origin: Origin::New,
-            ..CreateOptions::default()
-        })
+        .create(
+            CreateOptions::with_id(id("made"))
+                .with_cwd("/work")
+                .with_origin(Origin::New),
+        )
         .unwrap();
     let err = root.create(CreateOptions::with_id(id("made"))).unwrap_err();
     assert!(matches!(err, Error::SessionExists(_)), "{err}");

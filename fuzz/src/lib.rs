@@ -187,10 +187,7 @@ fn is_bad_input(e: &Error) -> bool {
 /// accepted commit durable, or a replay that differs from what was accepted.
 pub fn append_jsonl(data: &[u8]) -> AppendReport {
     let dir = scratch();
-    let options = StoreOptions {
-        write_behind: Duration::from_secs(3600),
-        ..StoreOptions::default()
-    };
+    let options = StoreOptions::default().with_write_behind(Duration::from_secs(3600));
     let root = Root::with_options(dir.path().join("root"), options).expect("open a fresh root");
     let id = SessionId::new("fuzz").expect("a valid id");
     let session = root

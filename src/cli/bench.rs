@@ -255,10 +255,7 @@ where
 pub(super) fn library(dir: &Path, work: &[Vec<String>], options: &Options) -> CliResult<Rate> {
     let root = Root::with_options(
         dir,
-        StoreOptions {
-            durability: options.durability,
-            ..StoreOptions::default()
-        },
+        StoreOptions::default().with_durability(options.durability),
     )?;
     let root = Arc::new(root);
     let elapsed = parallel(work, |i, part, barrier| {

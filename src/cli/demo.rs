@@ -343,10 +343,7 @@ fn create_fresh(root: &Root, script: &Script) -> CliResult<Session> {
             1 => script.slug.to_owned(),
             n => format!("{}-{n}", script.slug),
         };
-        let options = CreateOptions {
-            cwd: Some(script.cwd.to_owned()),
-            ..CreateOptions::with_id(SessionId::new(name)?)
-        };
+        let options = CreateOptions::with_id(SessionId::new(name)?).with_cwd(script.cwd);
         match root.create(options) {
             Ok(session) => return Ok(session),
             Err(Error::SessionExists(_)) => continue,

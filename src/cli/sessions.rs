@@ -69,11 +69,9 @@ fn blob_label(content: &ContentRef) -> String {
 /// `create [ID] [--cwd DIR]`.
 pub fn create(cx: &Context, id: Option<&str>, cwd: Option<String>) -> CliResult<()> {
     let root = cx.open_root()?;
-    let options = CreateOptions {
-        session_id: id.map(session_id).transpose()?,
-        cwd,
-        ..CreateOptions::default()
-    };
+    let mut options = CreateOptions::default();
+    options.session_id = id.map(session_id).transpose()?;
+    options.cwd = cwd;
     let session = root.create(options)?;
     session.close()?;
     if cx.json {
@@ -494,11 +492,9 @@ pub fn import(
 ) -> CliResult<()> {
     must_exist(file)?;
     let root = cx.open_root()?;
-    let options = ImportOptions {
-        session_id: new_id.map(session_id).transpose()?,
-        cwd,
-        origin: None,
-    };
+    let mut options = ImportOptions::default();
+    options.session_id = new_id.map(session_id).transpose()?;
+    options.cwd = cwd;
     let bar = spinner(&format!("importing {}", file.display()));
     let imported = root.import(file, options);
     bar.finish_and_clear();

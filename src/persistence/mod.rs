@@ -47,8 +47,19 @@ use crate::store::writer::FileWriter;
 /// Folder under the root where deletions land before removal.
 pub(crate) const TRASH_DIR: &str = ".trash";
 
-/// Settings of a root.
+/// Settings of a root. Built from [`StoreOptions::default`] with the `with_*` methods
+/// (new settings may be added in a minor release):
+///
+/// ```
+/// use std::time::Duration;
+/// use session_store::{Durability, StoreOptions};
+/// let options = StoreOptions::default()
+///     .with_durability(Durability::ProcessCrash)
+///     .with_write_behind(Duration::from_millis(50));
+/// assert_eq!(options.durability, Durability::ProcessCrash);
+/// ```
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct StoreOptions {
     /// What a durable commit survives (default: power loss).
     pub durability: Durability,
@@ -80,8 +91,10 @@ impl Default for StoreOptions {
     }
 }
 
-/// What to create.
+/// What to create: [`CreateOptions::default`] (a random id) or [`CreateOptions::with_id`],
+/// then the `with_*` methods (new settings may be added in a minor release).
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct CreateOptions {
     /// The id; a random 32-hex id when `None`.
     pub session_id: Option<SessionId>,
@@ -102,6 +115,63 @@ impl CreateOptions {
             session_id: Some(id),
             ..CreateOptions::default()
         }
+    }
+
+    /// These options with the working directory `cwd` recorded in the header.
+    pub fn with_cwd(mut self, cwd: impl Into<String>) -> Self {
+        self.cwd = Some(cwd.into());
+        self
+    }
+
+    /// These options with the session this one derives from.
+    pub fn with_parent(mut self, parent: SessionId) -> Self {
+        self.parent_session_id = Some(parent);
+        self
+    }
+
+    /// These options with how the session came to be.
+    pub fn with_origin(mut self, origin: Origin) -> Self {
+        self.origin = origin;
+        self
+    }
+
+    /// These options with free-form provenance JSON.
+    pub fn with_provenance(mut self, provenance: Value) -> Self {
+        self.provenance = Some(provenance);
+        self
+    }
+}
+
+impl StoreOptions {
+    /// These options with `durability`.
+    pub fn with_durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// These options with the write-behind delay `delay`.
+    pub fn with_write_behind(mut self, delay: Duration) -> Self {
+        self.write_behind = delay;
+        self
+    }
+
+    /// These options with a write-queue budget of `bytes` (refused by
+    /// [`Root::with_options`] when 0).
+    pub fn with_queue_budget(mut self, bytes: usize) -> Self {
+        self.queue_budget = bytes;
+        self
+    }
+
+    /// These options with the close policy `policy`.
+    pub fn with_checkpoint(mut self, policy: CheckpointPolicy) -> Self {
+        self.checkpoint = policy;
+        self
+    }
+
+    /// These options with the inline threshold `bytes` (checked by [`Root::with_options`]).
+    pub fn with_inline_threshold(mut self, bytes: usize) -> Self {
+        self.inline_threshold = bytes;
+        self
     }
 }
 

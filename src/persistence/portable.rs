@@ -34,8 +34,11 @@ pub struct ExportReport {
     pub bytes: u64,
 }
 
-/// How an imported session is published.
+/// How an imported session is published: [`ImportOptions::default`] (the file's id and
+/// working directory), then the `with_*` methods (new settings may be added in a minor
+/// release).
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct ImportOptions {
     /// Publish under this id instead of the file's (id remap).
     pub session_id: Option<SessionId>,
@@ -43,6 +46,26 @@ pub struct ImportOptions {
     pub cwd: Option<String>,
     /// Origin to record (default: [`Origin::CanonicalImport`]).
     pub origin: Option<Origin>,
+}
+
+impl ImportOptions {
+    /// These options publishing under `id` instead of the file's id.
+    pub fn with_session_id(mut self, id: SessionId) -> Self {
+        self.session_id = Some(id);
+        self
+    }
+
+    /// These options recording the working directory `cwd`.
+    pub fn with_cwd(mut self, cwd: impl Into<String>) -> Self {
+        self.cwd = Some(cwd.into());
+        self
+    }
+
+    /// These options recording `origin`.
+    pub fn with_origin(mut self, origin: Origin) -> Self {
+        self.origin = Some(origin);
+        self
+    }
 }
 
 /// Copies the validated log of `reader` up to `through` into a fresh file's connection,

@@ -18,10 +18,7 @@ pub fn temp_root() -> (tempfile::TempDir, Root) {
 /// A root whose timed drains never fire during a test (1 hour write-behind).
 pub fn manual_root() -> (tempfile::TempDir, Root) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let options = StoreOptions {
-        write_behind: Duration::from_secs(3600),
-        ..StoreOptions::default()
-    };
+    let options = StoreOptions::default().with_write_behind(Duration::from_secs(3600));
     let root = Root::with_options(dir.path().join("sessions"), options).expect("root");
     (dir, root)
 }
