@@ -248,8 +248,12 @@ pub struct Verified {
 }
 
 /// Checks a session file (or folder) as [`replay`] does and hands each validated commit
-/// to `f`, one page in memory at a time.
-fn validate_each(path: &Path, mut f: impl FnMut(Commit, FoldEffects)) -> Result<Verified> {
+/// to `f`, one page in memory at a time; returns what it found and the turns the log
+/// ends (checked against the turn index).
+fn validate_each(
+    path: &Path,
+    mut f: impl FnMut(Commit, FoldEffects),
+) -> Result<(Verified, Vec<TurnBoundary>)> {
     let target = resolve_target(path)?;
     check_integrity(&target.file, target.access)?;
     let reader = SessionReader::open_file(&target.file, &target.root, target.access)?;
@@ -269,12 +273,13 @@ fn validate_each(path: &Path, mut f: impl FnMut(Commit, FoldEffects)) -> Result<
         index.compare(stored)?;
     }
     compare_turns(&turns, &reader.turns()?)?;
-    Ok(Verified {
+    let verified = Verified {
         header: reader.header().clone(),
         commits,
         events: validator.last_seq(),
         projection: validator.into_projection(),
-    })
+    };
+    Ok((verified, turns))
 }
 
 /// Reads and validates every commit of a session file (or a session folder): structure
@@ -287,10 +292,9 @@ fn validate_each(path: &Path, mut f: impl FnMut(Commit, FoldEffects)) -> Result<
 /// [`Error::Corrupt`] naming the first problem; [`Error::SessionNotFound`] for a missing file;
 /// [`Error::InvalidInput`] for a path that is neither a folder nor a regular file.
 pub fn replay(path: impl AsRef<Path>) -> Result<Replay> {
-    let (mut commits, mut turns, mut transcript) = (Vec::new(), Vec::new(), Vec::new());
-    let verified = validate_each(path.as_ref(), |c, effects| {
+    let (mut commits, mut transcript) = (Vec::new(), Vec::new());
+    let (verified, turns) = validate_each(path.as_ref(), |c, effects| {
         commits.push(c);
-        turns.extend(effects.turns);
         apply_history(&mut transcript, &effects.history);
     })?;
     Ok(Replay {
@@ -308,5 +312,5 @@ pub fn replay(path: impl AsRef<Path>) -> Result<Replay> {
 /// # Errors
 /// As [`replay`].
 pub fn verify(path: impl AsRef<Path>) -> Result<Verified> {
-    validate_each(path.as_ref(), |_, _| {})
+    Ok(validate_each(path.as_ref(), |_, _| {})?.0)
 }

@@ -138,23 +138,28 @@ impl EventMessages {
             Some(conn) => conn,
             slot => slot.insert(self.layout.segments[i].pool.get()?),
         };
-        let text = read::read_payload_text(conn, seq)?;
-        let bad = |e: serde_json::Error| Error::corrupt(format!("event {seq}: {e}"));
-        Ok(if many {
-            serde_json::from_str::<MessagesOf>(&text)
-                .map_err(bad)?
-                .messages
-                .into_iter()
-                .map(Arc::new)
-                .collect()
-        } else {
-            vec![Arc::new(
-                serde_json::from_str::<MessageOf>(&text)
-                    .map_err(bad)?
-                    .message,
-            )]
-        })
+        parse_messages(seq, &read::read_payload_text(conn, seq)?, many)
     }
+}
+
+/// The messages of the payload `text` of event `seq`: its `message`, or its `messages`
+/// array when `many`.
+fn parse_messages(seq: u64, text: &str, many: bool) -> Result<Vec<Arc<Message>>> {
+    let bad = |e: serde_json::Error| Error::corrupt(format!("event {seq}: {e}"));
+    Ok(if many {
+        serde_json::from_str::<MessagesOf>(text)
+            .map_err(bad)?
+            .messages
+            .into_iter()
+            .map(Arc::new)
+            .collect()
+    } else {
+        vec![Arc::new(
+            serde_json::from_str::<MessageOf>(text)
+                .map_err(bad)?
+                .message,
+        )]
+    })
 }
 
 /// Where each range of a session's sequences is read from.
@@ -580,6 +585,7 @@ impl SessionReader {
         const PAGE: usize = 1000;
         let mut out = Vec::new();
         let mut before = u64::MAX;
+        let mut bodies = EventMessages::new(self.layout());
         loop {
             let rows = self.history_rows(snapshot, before, PAGE)?;
             let Some((last, _)) = rows.last() else { break };
@@ -588,8 +594,7 @@ impl SessionReader {
                 out.push(match body {
                     HistoryBody::Inline(m) => m,
                     HistoryBody::Content(_) => {
-                        let messages = EventMessages::new(self.layout())
-                            .read(row.event_seq, row.item.is_some())?;
+                        let messages = bodies.read(row.event_seq, row.item.is_some())?;
                         messages
                             .get(row.item.unwrap_or(0) as usize)
                             .cloned()
@@ -722,7 +727,7 @@ impl SessionReader {
         }
         let mut out = Vec::with_capacity(limit);
         // The positions of one `history/replace` are adjacent: its payload is read once.
-        let mut replaced: Option<(u64, Vec<Message>)> = None;
+        let mut replaced: Option<(u64, Vec<Arc<Message>>)> = None;
         for (row, seg) in newest.into_values().rev().take(limit) {
             let body = self.history_body(&row, seg, &mut replaced)?;
             out.push((row, body));
@@ -756,7 +761,7 @@ impl SessionReader {
         &self,
         row: &HistoryRow,
         seg: &Segment,
-        replaced: &mut Option<(u64, Vec<Message>)>,
+        replaced: &mut Option<(u64, Vec<Arc<Message>>)>,
     ) -> Result<HistoryBody> {
         if let (Some(i), Some((seq, messages))) = (row.item, replaced.as_ref())
             && *seq == row.event_seq
@@ -777,34 +782,20 @@ impl SessionReader {
             }));
         }
         let text = read::read_payload_text(&conn, row.event_seq)?;
-        let bad =
-            |e: serde_json::Error| Error::corrupt(format!("history event {}: {e}", row.event_seq));
-        let message = match row.item {
-            None => {
-                serde_json::from_str::<MessageOf>(&text)
-                    .map_err(bad)?
-                    .message
-            }
-            Some(i) => {
-                let messages = serde_json::from_str::<MessagesOf>(&text)
-                    .map_err(bad)?
-                    .messages;
-                let (_, kept) = replaced.insert((row.event_seq, messages));
-                return Self::replaced_item(kept, i, row.event_seq);
-            }
-        };
-        Ok(HistoryBody::Inline(Arc::new(message)))
+        let messages = parse_messages(row.event_seq, &text, row.item.is_some())?;
+        let (_, kept) = replaced.insert((row.event_seq, messages));
+        Self::replaced_item(kept, row.item.unwrap_or(0), row.event_seq)
     }
 
-    /// Item `i` of the messages a bulk replacement at `event_seq` holds.
-    fn replaced_item(messages: &[Message], i: u64, event_seq: u64) -> Result<HistoryBody> {
+    /// Item `i` of the messages event `event_seq` holds (0 for a message event).
+    fn replaced_item(messages: &[Arc<Message>], i: u64, event_seq: u64) -> Result<HistoryBody> {
         let message = usize::try_from(i)
             .ok()
             .and_then(|i| messages.get(i))
             .ok_or_else(|| {
                 Error::corrupt(format!("history item {i} of event {event_seq} is missing"))
             })?;
-        Ok(HistoryBody::Inline(Arc::new(message.clone())))
+        Ok(HistoryBody::Inline(Arc::clone(message)))
     }
 
     /// One page of the operation keys of this session's own file (the commits
