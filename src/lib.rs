@@ -22,18 +22,19 @@ pub use error::{Error, Result, WriterOwner, quoted};
 pub use model::header::{Header, Origin};
 pub use model::{
     Batch, Commit, ContentRef, Event, INLINE_PAYLOAD_LIMIT, Message, PROJECTION_KINDS, Projection,
-    RecoveryStatus, SessionId, SessionRef, TERMINAL_TURN_STATUSES, Todo, TurnBoundary,
+    RecoveryStatus, SessionId, SessionRef, Snippet, TERMINAL_TURN_STATUSES, Todo, TurnBoundary,
 };
 pub use persistence::{BlobStats, KindStats, SessionStats, TableBytes};
 pub use persistence::{
     CatalogEntry, CheckpointPolicy, CreateOptions, DEFAULT_INLINE_THRESHOLD, ExportReport,
     ForkPoint, ImportOptions, Listing, MAX_INLINE_THRESHOLD, MIN_INLINE_THRESHOLD, RebuildReport,
-    Replay, Root, Scratch, SessionInfo, SkippedSession, StoreOptions, Verified, replay, verify,
+    Replay, Root, Scratch, SearchOptions, SessionInfo, SkippedSession, StoreOptions, Verified,
+    replay, verify,
 };
 pub use service::{
     CLOSURE_KINDS, CancelReceipt, ClientBinding, EventPage, Execution, HistoryPage,
     MigrationRecord, ObserveResult, PersistentMessage, PreparedRuntime, Query, Runtime,
-    RuntimePhase, RuntimeSnapshot, Service, SessionPage, SessionSummary,
+    RuntimePhase, RuntimeSnapshot, SearchHit, SearchPage, Service, SessionPage, SessionSummary,
 };
 pub use session::live::{PersistenceStatus, Session, SessionSnapshot};
 pub use session::pool::WRITER_THREADS;

@@ -85,6 +85,8 @@ pub struct RebuildReport {
     pub sessions: usize,
     /// Sessions that could not be read (listed as skipped until they can).
     pub skipped: Vec<SkippedSession>,
+    /// Sessions in the rebuilt search index.
+    pub searchable: usize,
 }
 
 /// What the catalog knows about a session.
@@ -229,7 +231,24 @@ fn open_catalog(path: &Path) -> Result<Connection> {
 /// Unlinks the entries `names` of `dir` that are files or symlinks (a symlink itself, never
 /// what it points to); a missing entry or a folder (a session may bear such a name in an
 /// older root) is left alone.
-fn unlink_files_at(dir: impl rustix::fd::AsFd, names: &[&str], shown: &Path) -> Result<()> {
+/// Opens the catalog's folder of `root` (the catalog's and the search index's), creating
+/// it when missing; a symlink in its place is removed, never followed. When the folder is
+/// new, a catalog left at the root by older builds is removed.
+pub(crate) fn catalog_dir(root: &Root) -> Result<rustix::fd::OwnedFd> {
+    let shown = root.path().join(CATALOG_DIR);
+    let fresh = !confine::is_dir_at(root.dir_fd(), c".catalog");
+    if confine::is_symlink_at(root.dir_fd(), c".catalog") {
+        // Derived data: the link itself goes, never what it points to.
+        unlink_files_at(root.dir_fd(), &[CATALOG_DIR], &shown)?;
+    }
+    let dir = confine::ensure_dir_at(root.dir_fd(), CATALOG_DIR, &shown)?;
+    if fresh {
+        unlink_files_at(root.dir_fd(), &CATALOG_FILES, root.path())?;
+    }
+    Ok(dir)
+}
+
+pub(crate) fn unlink_files_at(dir: impl rustix::fd::AsFd, names: &[&str], shown: &Path) -> Result<()> {
     use rustix::io::Errno;
     for name in names {
         match rustix::fs::unlinkat(&dir, *name, rustix::fs::AtFlags::empty()) {
@@ -257,15 +276,7 @@ impl Catalog {
     /// (and its `-wal` / `-shm`) is replaced by an empty catalog, refilled as sessions are
     /// listed. The first open also removes a catalog left at the root by older builds.
     fn open(&self, root: &Root) -> Result<Connection> {
-        let fresh = !confine::is_dir_at(root.dir_fd(), c".catalog");
-        if confine::is_symlink_at(root.dir_fd(), c".catalog") {
-            // Derived data: the link itself goes, never what it points to.
-            unlink_files_at(root.dir_fd(), &[CATALOG_DIR], &self.dir)?;
-        }
-        let dir = confine::ensure_dir_at(root.dir_fd(), CATALOG_DIR, &self.dir)?;
-        if fresh {
-            unlink_files_at(root.dir_fd(), &CATALOG_FILES, root.path())?;
-        }
+        let dir = catalog_dir(root)?;
         let path = self.dir.join(CATALOG_FILE);
         if let Err(Error::InvalidInput(_)) = schema::check_file(&path) {
             // A symlink or a non-regular file where the catalog's files belong.
@@ -456,6 +467,7 @@ impl Catalog {
         Ok(RebuildReport {
             sessions: rows.len(),
             skipped,
+            searchable: 0,
         })
     }
 }

@@ -36,7 +36,8 @@ impl Root {
         let conn = schema::open_writer(&file, Durability::PowerLoss)?;
         let ancestors = read::read_lineage(&conn)?;
         // The exclusive dependents lock keeps new forks out until the rename.
-        for d in read::read_dependents(&conn)? {
+        let dependents = read::read_dependents(&conn)?;
+        for d in &dependents {
             self.materialize(id, &d.child_id)?;
         }
         conn.close().map_err(|(_, e)| Error::from(e))?;
@@ -53,6 +54,8 @@ impl Root {
         )?;
         // Derived index; listing also drops entries whose folder is gone.
         let _ = self.catalog().forget(self, id);
+        let children: Vec<SessionId> = dependents.into_iter().map(|d| d.child_id).collect();
+        self.unindex_deleted(id, &children);
         drop((lock, forks));
         // The session is gone from here on: the rest is clean-up, best effort (a leftover
         // tombstone is removed when the root is next opened; a stale dependents row is

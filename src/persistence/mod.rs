@@ -6,6 +6,7 @@ mod confine;
 mod delete;
 mod fork;
 mod portable;
+mod search;
 mod staging;
 mod stats;
 mod verify;
@@ -14,6 +15,7 @@ pub(crate) use catalog::Catalog;
 pub use catalog::{CatalogEntry, Listing, RebuildReport, SkippedSession};
 pub use fork::ForkPoint;
 pub use portable::{ExportReport, ImportOptions};
+pub use search::SearchOptions;
 pub use stats::{BlobStats, KindStats, SessionStats, TableBytes};
 pub use verify::{Replay, Verified, replay, verify};
 
@@ -218,6 +220,8 @@ struct RootInner {
     options: StoreOptions,
     host: String,
     catalog: Catalog,
+    /// The search index once opened (shared with the live sessions, which index drains).
+    search: crate::store::search::IndexSlot,
 }
 
 fn host_name() -> String {
@@ -328,6 +332,7 @@ impl Root {
         Ok(Root {
             inner: Arc::new(RootInner {
                 catalog: Catalog::new(&path),
+                search: crate::store::search::IndexSlot::default(),
                 path,
                 dir,
                 options,
@@ -470,11 +475,16 @@ impl Root {
         staged.publish(self.dir_fd(), &self.inner.path, id.as_str())?;
         // The catalog is derived: a session it misses is indexed on the next open.
         drop(self.inner.catalog.touch(self, id));
+        self.index_session(id);
         Ok(())
     }
 
     pub(crate) fn catalog(&self) -> &Catalog {
         &self.inner.catalog
+    }
+
+    fn index_slot(&self) -> &crate::store::search::IndexSlot {
+        &self.inner.search
     }
 
     /// Catalog entries of the sessions with ids after `after`, in id order, at most
@@ -490,13 +500,15 @@ impl Root {
     }
 
     /// Recomputes the catalog from the session files, replacing whatever is there (also a
-    /// damaged or foreign catalog file). Sessions that cannot be read are reported, not
-    /// indexed.
+    /// damaged or foreign catalog file), and rebuilds the search index (creating it when
+    /// missing). Sessions that cannot be read are reported, not indexed.
     ///
     /// # Errors
     /// When the root cannot be read or the catalog cannot be written.
     pub fn rebuild_catalog(&self) -> Result<RebuildReport> {
-        self.inner.catalog.rebuild(self)
+        let mut report = self.inner.catalog.rebuild(self)?;
+        report.searchable = self.rebuild_search()?;
+        Ok(report)
     }
 
     /// Opens an existing session for writing: takes the writer lock, bumps the lease
@@ -547,14 +559,23 @@ impl Root {
             options.checkpoint,
             options.inline_threshold,
         )?;
-        Session::start(
+        // A session still under `.staging/` is indexed once published.
+        let published = dir.parent() == Some(self.path());
+        let session = Session::start(
             dir,
             writer,
             WriteBehind {
                 delay: options.write_behind,
                 budget: options.queue_budget,
+                index: published.then(|| Arc::clone(self.index_slot())),
             },
-        )
+        )?;
+        if published {
+            // What an earlier writer drained without indexing (it died, or its index
+            // write failed) is caught up from the file.
+            self.index_reader(session.reader());
+        }
+        Ok(session)
     }
 
     /// Opens a session read-only: no lock, no lease; sees only the durable prefix.

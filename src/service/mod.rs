@@ -25,7 +25,8 @@ use crate::session::live::Session;
 
 pub use legacy::MigrationRecord;
 pub use query::{
-    EventPage, HistoryPage, ObserveResult, PersistentMessage, Query, SessionPage, SessionSummary,
+    EventPage, HistoryPage, ObserveResult, PersistentMessage, Query, SearchHit, SearchPage,
+    SessionPage, SessionSummary,
 };
 pub use runtime::{
     CLOSURE_KINDS, CancelReceipt, Execution, Runtime, RuntimePhase, RuntimeSnapshot,

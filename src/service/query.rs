@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::model::header::Origin;
 use crate::model::{Commit, ContentRef, Message, SessionId, SessionRef};
-use crate::persistence::{CatalogEntry, RebuildReport, SkippedSession};
+use crate::model::Snippet;
+use crate::persistence::{CatalogEntry, RebuildReport, SearchOptions, SkippedSession};
 use crate::service::runtime::RuntimeSnapshot;
 use crate::service::{Service, blocking};
 use crate::session::live::{PersistenceStatus, SessionSnapshot};
@@ -95,6 +96,40 @@ pub struct SessionPage {
     /// a read-only root or a full disk.
     #[serde(serialize_with = "optional_error_text")]
     pub catalog_error: Option<Arc<Error>>,
+}
+
+/// One hit of [`Query::search`].
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SearchHit {
+    /// The session whose file holds the message: a fork's own messages are found under
+    /// the fork, inherited ones under the session that wrote them.
+    pub session_ref: SessionRef,
+    /// That session's title.
+    pub title: String,
+    /// Transcript position (1-based; 0 for a hit in the title).
+    pub position: u64,
+    /// The message id ("" for the title).
+    pub message_id: String,
+    /// The message's role (`title` for the title).
+    pub role: Option<String>,
+    /// The matching words in context.
+    pub snippet: Snippet,
+    /// bm25 of the hit (lower is better); hits matching the query's words as one exact
+    /// phrase come first whatever their rank.
+    pub rank: f64,
+    /// When the message was committed (ms since the Unix epoch).
+    pub time_ms: i64,
+    /// Forks (and rewinds) that inherit this message from `session_ref`.
+    pub shared_with: Vec<SessionRef>,
+}
+
+/// A page of [`Query::search`].
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SearchPage {
+    /// Hits, best first.
+    pub hits: Vec<SearchHit>,
+    /// Pass as [`SearchOptions::with_cursor`] for the next page; `None` on the last page.
+    pub next_cursor: Option<String>,
 }
 
 fn optional_error_text<S: serde::Serializer>(
@@ -250,6 +285,50 @@ impl Query {
                 skipped,
                 catalog_error: listing.catalog_error,
             })
+        })
+        .await
+    }
+
+    /// Full-text search over every session of the root: user and assistant text, tool
+    /// outputs (also those stored as content blobs) and titles, best first, one page.
+    ///
+    /// Query syntax: words (all must match, any order), `"an exact phrase"`, `prefix*`,
+    /// `a OR b`, `a NOT b`, `AND` (implicit) and parentheses; case and diacritics are
+    /// ignored. A query of plain words ranks rows holding them as one exact phrase first,
+    /// then by bm25. Sees the durable prefix of each session (a live session's accepted
+    /// but not yet drained commits are not indexed yet). Deleted sessions are never
+    /// returned. The index (`<root>/.catalog/search.sqlite`) is derived: created and
+    /// filled on the first search of a root, kept current by writers after each drain,
+    /// rebuilt by [`Query::rebuild_catalog`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] with the reason for a malformed query (an unclosed quote
+    /// or parenthesis, an operator without its terms, a NUL, over 1,024 bytes), a bad
+    /// cursor or a limit over 100; I/O and SQLite errors of the index.
+    pub async fn search(&self, query: &str, options: SearchOptions) -> Result<SearchPage> {
+        let service = self.service.clone();
+        let query = query.to_owned();
+        blocking(move || {
+            let (found, next_cursor) = service.root().search(&query, &options)?;
+            let hits = found
+                .into_iter()
+                .map(|f| SearchHit {
+                    session_ref: service.session_ref(f.hit.session_id),
+                    title: f.hit.title,
+                    position: f.hit.position,
+                    message_id: f.hit.message_id,
+                    role: f.hit.role,
+                    snippet: f.snippet,
+                    rank: f.hit.rank,
+                    time_ms: f.hit.time_ms,
+                    shared_with: f
+                        .shared_with
+                        .into_iter()
+                        .map(|id| service.session_ref(id))
+                        .collect(),
+                })
+                .collect();
+            Ok(SearchPage { hits, next_cursor })
         })
         .await
     }

@@ -19,6 +19,7 @@ use crate::store::blob::MAX_BLOB_BYTES;
 use crate::store::checkpoint;
 use crate::store::lock::WriterLock;
 use crate::store::reader::SessionReader;
+use crate::store::search::IndexSlot;
 use crate::store::write::Accepted;
 use crate::store::writer::FileWriter;
 
@@ -56,6 +57,9 @@ const DERIVED_ID_CHARGE: usize = 36;
 pub(crate) struct WriteBehind {
     pub delay: Duration,
     pub budget: usize,
+    /// The root's search index, kept current after each drain once the root has one
+    /// (`None` for a session being built under `.staging/`: it is indexed once published).
+    pub index: Option<IndexSlot>,
 }
 
 /// Where the accepted tail stands with respect to the disk.
@@ -647,6 +651,13 @@ impl Shared {
         };
         drop(s);
         self.changed.notify_all();
+        if outcome.is_ok()
+            && let Some(index) = self.config.index.as_ref().and_then(|slot| slot.get())
+        {
+            // Derived and best effort: an index write that fails (busy, full disk) is
+            // caught up by the next drain, the next open or a rebuild.
+            let _ = index.index_drained(&self.reader, &batch);
+        }
         outcome
     }
 }

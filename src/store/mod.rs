@@ -10,6 +10,7 @@ pub(crate) mod lock;
 pub(crate) mod read;
 pub(crate) mod reader;
 pub(crate) mod schema;
+pub(crate) mod search;
 pub(crate) mod stats;
 pub(crate) mod write;
 pub(crate) mod writer;

@@ -407,6 +407,34 @@ pub(crate) fn read_payload_text(conn: &Connection, seq: u64) -> Result<String> {
     }
 }
 
+/// The creation time (ms) of the commit holding event `seq` in this file.
+pub(crate) fn commit_time(conn: &Connection, seq: u64) -> Result<i64> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT created_at FROM commits WHERE first_seq <= ?1 ORDER BY first_seq DESC LIMIT 1",
+        )?
+        .query_row([seq], |r| r.get(0))
+        .optional()?
+        .unwrap_or(0))
+}
+
+/// Sequences of this file's events of `kind` in `(after, through]`, in order.
+pub(crate) fn events_of_kind(
+    conn: &Connection,
+    kind: &str,
+    after: u64,
+    through: u64,
+) -> Result<Vec<u64>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT seq FROM events WHERE kind = ?1 AND seq > ?2 AND seq <= ?3 ORDER BY seq",
+        )?
+        .query_map(params![kind, after, through.min(i64::MAX as u64)], |r| {
+            r.get(0)
+        })?
+        .collect::<rusqlite::Result<Vec<u64>>>()?)
+}
+
 /// Whether one of this file's commits ends at `seq`.
 pub(crate) fn commit_ends_at(conn: &Connection, seq: u64) -> Result<bool> {
     Ok(conn

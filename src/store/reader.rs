@@ -113,6 +113,26 @@ struct MessagesOf {
     messages: Vec<Message>,
 }
 
+#[derive(serde::Deserialize)]
+struct TitleOf {
+    title: String,
+}
+
+/// What a session's own file holds after some sequence, for the search index (see
+/// [`SessionReader::own_changes`]).
+#[derive(Debug, Default)]
+pub(crate) struct OwnChanges {
+    /// The last sequence read (the file's last commit, or the `after` asked for).
+    pub through: u64,
+    /// History rows in `(event_seq, position)` order, each with its message and the
+    /// time (ms) of its commit.
+    pub rows: Vec<(HistoryRow, Arc<Message>, i64)>,
+    /// Transcript resets, in order.
+    pub resets: Vec<u64>,
+    /// `session/title` events: sequence, title, time (ms).
+    pub titles: Vec<(u64, String, i64)>,
+}
+
 /// Reads the messages of events by sequence across a layout, keeping one connection per
 /// file it reads (a checkpoint's workset is one event read per message).
 struct EventMessages {
@@ -796,6 +816,83 @@ impl SessionReader {
                 Error::corrupt(format!("history item {i} of event {event_seq} is missing"))
             })?;
         Ok(HistoryBody::Inline(Arc::clone(message)))
+    }
+
+    /// What this session's own file adds to the search index after sequence `after`:
+    /// its history rows (each with its message, content parts spliced back, and the time
+    /// of its commit), transcript resets and titles, up to the file's last commit.
+    pub(crate) fn own_changes(&self, after: u64) -> Result<OwnChanges> {
+        let conn = self.own()?;
+        let through = read::last_own_seq(&conn)?.unwrap_or(0).max(after);
+        let (rows, resets) =
+            read::read_history_index(&conn, after, through)?.unwrap_or_default();
+        let mut out = OwnChanges {
+            through,
+            resets,
+            ..OwnChanges::default()
+        };
+        let mut event: Option<(u64, Vec<Arc<Message>>)> = None;
+        for row in rows {
+            let messages = match &event {
+                Some((seq, messages)) if *seq == row.event_seq => messages,
+                _ => {
+                    let text = read::read_payload_text(&conn, row.event_seq)?;
+                    let messages = parse_messages(row.event_seq, &text, row.item.is_some())?;
+                    &event.insert((row.event_seq, messages)).1
+                }
+            };
+            let HistoryBody::Inline(message) =
+                Self::replaced_item(messages, row.item.unwrap_or(0), row.event_seq)?
+            else {
+                continue;
+            };
+            let time = read::commit_time(&conn, row.event_seq)?;
+            out.rows.push((row, message, time));
+        }
+        for seq in read::events_of_kind(&conn, "session/title", after, through)? {
+            let text = read::read_payload_text(&conn, seq)?;
+            let title = serde_json::from_str::<TitleOf>(&text)
+                .map_err(|e| Error::corrupt(format!("event {seq}: {e}")))?
+                .title;
+            out.titles.push((seq, title, read::commit_time(&conn, seq)?));
+        }
+        Ok(out)
+    }
+
+    /// The title this session inherits: the newest `session/title` of the ranges it
+    /// inherits ("" when none sets one).
+    pub(crate) fn inherited_title(&self) -> Result<String> {
+        for seg in self.layout().segments.iter().rev().filter(|s| s.inherited) {
+            let conn = seg.pool.get()?;
+            if let Some(seq) = read::events_of_kind(&conn, "session/title", seg.after, seg.through)?
+                .last()
+            {
+                let text = read::read_payload_text(&conn, *seq)?;
+                return serde_json::from_str::<TitleOf>(&text)
+                    .map(|t| t.title)
+                    .map_err(|e| Error::corrupt(format!("event {seq}: {e}")));
+            }
+        }
+        Ok(String::new())
+    }
+
+    /// The message at transcript `position` as of the durable prefix (its newest
+    /// version), read through the history index; `None` when there is none.
+    pub(crate) fn message_at(&self, position: u64) -> Result<Option<Arc<Message>>> {
+        let rows = self.history_rows(u64::MAX, position.saturating_add(1), 1)?;
+        let Some((row, body)) = rows.into_iter().next() else {
+            return Ok(None);
+        };
+        if row.position != position {
+            return Ok(None);
+        }
+        Ok(match body {
+            HistoryBody::Inline(m) => Some(m),
+            HistoryBody::Content(_) => EventMessages::new(self.layout())
+                .read(row.event_seq, row.item.is_some())?
+                .get(row.item.unwrap_or(0) as usize)
+                .cloned(),
+        })
     }
 
     /// One page of the operation keys of this session's own file (the commits

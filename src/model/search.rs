@@ -1,0 +1,574 @@
+//! Full-text search, the pure part: the query syntax (parsed here and rewritten as an FTS5
+//! expression in which every term is a quoted string, so no FTS5 operator, column filter or
+//! `NEAR(` can come from the user), the text of a message that is indexed, and snippets
+//! with the matched words marked.
+//!
+//! Syntax: words (all must match), `"a phrase"`, `prefix*`, `a OR b`, `a NOT b`, `AND`
+//! (implicit between terms) and parentheses. Matching ignores case and diacritics; words
+//! are runs of letters and digits.
+
+use std::ops::Range;
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::model::Message;
+
+/// Longest query accepted, in bytes.
+pub const MAX_QUERY_BYTES: usize = 1024;
+/// Most terms a query may have.
+const MAX_TERMS: usize = 64;
+/// Deepest nesting of parentheses.
+const MAX_DEPTH: usize = 16;
+/// Words of a snippet at most.
+const SNIPPET_WORDS: usize = 24;
+/// Words shown before the first match.
+const SNIPPET_LEAD: usize = 6;
+/// Keys whose string values are not text to search (ids, types, encoded data).
+const SKIPPED_KEYS: [&str; 8] = [
+    "type",
+    "id",
+    "tool_call_id",
+    "call_id",
+    "media_type",
+    "mime_type",
+    "data",
+    "image_url",
+];
+
+/// A parsed search query.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct SearchQuery {
+    root: Node,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Node {
+    /// A word or a phrase; `prefix` for a trailing `*`.
+    Term { text: String, prefix: bool },
+    And(Vec<Node>),
+    Or(Vec<Node>),
+    /// Matches of the left side without a match of the right side.
+    Not(Box<Node>, Box<Node>),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Token {
+    Term { text: String, prefix: bool },
+    Open,
+    Close,
+    And,
+    Or,
+    Not,
+}
+
+fn bad(reason: impl std::fmt::Display) -> Error {
+    Error::invalid(format!("invalid search query: {reason}"))
+}
+
+/// Whether `c` is part of a word (as SQLite's `unicode61` tokenizer sees it, closely).
+fn is_word_char(c: char) -> bool {
+    c.is_alphanumeric()
+}
+
+fn lex(query: &str) -> Result<Vec<Token>> {
+    let mut out = Vec::new();
+    let mut chars = query.char_indices().peekable();
+    while let Some((at, c)) = chars.next() {
+        match c {
+            c if c.is_whitespace() => {}
+            '(' => out.push(Token::Open),
+            ')' => out.push(Token::Close),
+            '"' => {
+                let mut text = String::new();
+                let mut closed = false;
+                while let Some((_, c)) = chars.next() {
+                    if c == '"' {
+                        // `""` inside a phrase is a literal quote, as in FTS5.
+                        if chars.peek().is_some_and(|(_, n)| *n == '"') {
+                            chars.next();
+                            text.push('"');
+                            continue;
+                        }
+                        closed = true;
+                        break;
+                    }
+                    text.push(c);
+                }
+                if !closed {
+                    return Err(bad(format!("the phrase opened at byte {at} has no closing \"")));
+                }
+                let prefix = chars.peek().is_some_and(|(_, n)| *n == '*');
+                if prefix {
+                    chars.next();
+                }
+                out.push(Token::Term { text, prefix });
+            }
+            _ => {
+                let mut word = String::from(c);
+                while let Some((_, n)) = chars.peek() {
+                    if n.is_whitespace() || matches!(n, '(' | ')' | '"') {
+                        break;
+                    }
+                    word.push(*n);
+                    chars.next();
+                }
+                out.push(match word.as_str() {
+                    "AND" => Token::And,
+                    "OR" => Token::Or,
+                    "NOT" => Token::Not,
+                    _ => match word.strip_suffix('*') {
+                        Some(stem) if !stem.is_empty() => Token::Term {
+                            text: stem.to_owned(),
+                            prefix: true,
+                        },
+                        Some(_) => return Err(bad("`*` must follow a word (prefix*)")),
+                        None => Token::Term {
+                            text: word,
+                            prefix: false,
+                        },
+                    },
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+struct Parser {
+    tokens: Vec<Token>,
+    at: usize,
+    depth: usize,
+}
+
+impl Parser {
+    fn peek(&self) -> Option<&Token> {
+        self.tokens.get(self.at)
+    }
+
+    fn or(&mut self) -> Result<Node> {
+        let mut parts = vec![self.and()?];
+        while self.peek() == Some(&Token::Or) {
+            self.at += 1;
+            parts.push(self.and()?);
+        }
+        Ok(if parts.len() == 1 {
+            parts.remove(0)
+        } else {
+            Node::Or(parts)
+        })
+    }
+
+    fn and(&mut self) -> Result<Node> {
+        let mut parts = vec![self.not()?];
+        loop {
+            match self.peek() {
+                Some(Token::And) => {
+                    self.at += 1;
+                    parts.push(self.not()?);
+                }
+                Some(Token::Term { .. } | Token::Open) => parts.push(self.not()?),
+                _ => break,
+            }
+        }
+        Ok(if parts.len() == 1 {
+            parts.remove(0)
+        } else {
+            Node::And(parts)
+        })
+    }
+
+    fn not(&mut self) -> Result<Node> {
+        let mut left = self.unary()?;
+        while self.peek() == Some(&Token::Not) {
+            self.at += 1;
+            let right = self.unary()?;
+            left = Node::Not(Box::new(left), Box::new(right));
+        }
+        Ok(left)
+    }
+
+    fn unary(&mut self) -> Result<Node> {
+        let token = self.peek().cloned();
+        self.at += 1;
+        match token {
+            Some(Token::Term { text, prefix }) => {
+                if !text.chars().any(is_word_char) {
+                    return Err(bad(format!(
+                        "{} has no letter or digit to search for",
+                        crate::error::quoted(&text)
+                    )));
+                }
+                Ok(Node::Term { text, prefix })
+            }
+            Some(Token::Open) => {
+                self.depth += 1;
+                if self.depth > MAX_DEPTH {
+                    return Err(bad(format!(
+                        "parentheses nest deeper than {MAX_DEPTH} levels"
+                    )));
+                }
+                if self.peek() == Some(&Token::Close) {
+                    return Err(bad("empty parentheses"));
+                }
+                let inner = self.or()?;
+                if self.peek() != Some(&Token::Close) {
+                    return Err(bad("a `(` is not closed"));
+                }
+                self.at += 1;
+                self.depth -= 1;
+                Ok(inner)
+            }
+            Some(Token::Close) => Err(bad("a `)` closes nothing")),
+            Some(Token::Not) => Err(bad(
+                "NOT needs a term before it (write `a NOT b`: matches of a without b)",
+            )),
+            Some(op @ (Token::And | Token::Or)) => Err(bad(format!(
+                "{} needs a term on each side",
+                if op == Token::And { "AND" } else { "OR" }
+            ))),
+            None => Err(bad("the query ends where a term is expected")),
+        }
+    }
+}
+
+impl SearchQuery {
+    /// Parses `query` (see the module documentation for the syntax).
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] saying what is wrong: an empty query, a NUL, a query over
+    /// [`MAX_QUERY_BYTES`], an unclosed `"` or `(`, an operator without its terms.
+    pub(crate) fn parse(query: &str) -> Result<SearchQuery> {
+        if query.contains('\0') {
+            return Err(bad("it contains a NUL character"));
+        }
+        if query.len() > MAX_QUERY_BYTES {
+            return Err(bad(format!(
+                "it is {} bytes long (at most {MAX_QUERY_BYTES})",
+                query.len()
+            )));
+        }
+        let tokens = lex(query)?;
+        if tokens.is_empty() {
+            return Err(bad("it is empty"));
+        }
+        let terms = tokens
+            .iter()
+            .filter(|t| matches!(t, Token::Term { .. }))
+            .count();
+        if terms > MAX_TERMS {
+            return Err(bad(format!("it has {terms} terms (at most {MAX_TERMS})")));
+        }
+        let mut parser = Parser {
+            tokens,
+            at: 0,
+            depth: 0,
+        };
+        let root = parser.or()?;
+        match parser.peek() {
+            None => Ok(SearchQuery { root }),
+            Some(Token::Close) => Err(bad("a `)` closes nothing")),
+            Some(_) => Err(bad("an operator is missing a term")),
+        }
+    }
+
+    /// The query as an FTS5 expression: every term a quoted string.
+    pub(crate) fn fts(&self) -> String {
+        let mut out = String::new();
+        emit(&self.root, &mut out);
+        out
+    }
+
+    /// For a query of two or more plain words or phrases (no operator, no prefix), the
+    /// FTS5 expression of them as one exact phrase: rows matching it rank first.
+    pub(crate) fn exact_phrase(&self) -> Option<String> {
+        let Node::And(parts) = &self.root else {
+            return None;
+        };
+        let mut words = Vec::with_capacity(parts.len());
+        for part in parts {
+            match part {
+                Node::Term {
+                    text,
+                    prefix: false,
+                } => words.push(text.as_str()),
+                _ => return None,
+            }
+        }
+        Some(quote(&words.join(" ")))
+    }
+
+    /// The words to mark in a snippet (lowercase), each with whether it is a prefix.
+    pub(crate) fn marks(&self) -> Vec<(String, bool)> {
+        let mut out = Vec::new();
+        collect_marks(&self.root, &mut out);
+        out
+    }
+}
+
+fn quote(text: &str) -> String {
+    format!("\"{}\"", text.replace('"', "\"\""))
+}
+
+fn emit(node: &Node, out: &mut String) {
+    let join = |parts: &[Node], op: &str, out: &mut String| {
+        out.push('(');
+        for (i, p) in parts.iter().enumerate() {
+            if i > 0 {
+                out.push_str(op);
+            }
+            emit(p, out);
+        }
+        out.push(')');
+    };
+    match node {
+        Node::Term { text, prefix } => {
+            out.push_str(&quote(text));
+            if *prefix {
+                out.push('*');
+            }
+        }
+        Node::And(parts) => join(parts, " AND ", out),
+        Node::Or(parts) => join(parts, " OR ", out),
+        Node::Not(left, right) => {
+            out.push('(');
+            emit(left, out);
+            out.push_str(" NOT ");
+            emit(right, out);
+            out.push(')');
+        }
+    }
+}
+
+fn collect_marks(node: &Node, out: &mut Vec<(String, bool)>) {
+    match node {
+        Node::Term { text, prefix } => {
+            let words: Vec<String> = words(text).map(|(_, w)| w).collect();
+            let last = words.len().saturating_sub(1);
+            for (i, w) in words.into_iter().enumerate() {
+                out.push((w, *prefix && i == last));
+            }
+        }
+        Node::And(parts) | Node::Or(parts) => parts.iter().for_each(|p| collect_marks(p, out)),
+        // What a NOT excludes is never in a hit.
+        Node::Not(left, _) => collect_marks(left, out),
+    }
+}
+
+/// The words of `text`, lowercased, with their byte ranges.
+fn words(text: &str) -> impl Iterator<Item = (Range<usize>, String)> + '_ {
+    let mut chars = text.char_indices().peekable();
+    std::iter::from_fn(move || {
+        let (start, _) = chars.by_ref().find(|(_, c)| is_word_char(*c))?;
+        let mut end = text.len();
+        while let Some((at, c)) = chars.peek() {
+            if !is_word_char(*c) {
+                end = *at;
+                break;
+            }
+            chars.next();
+        }
+        Some((start..end, text[start..end].to_lowercase()))
+    })
+}
+
+/// Text to search of a message: the string values of its `content` (or `raw_content`)
+/// and of its `tool_calls`, at any depth, except ids, types and encoded data; one per line.
+pub(crate) fn message_text(message: &Message) -> String {
+    let fields = message.fields();
+    let mut out = String::new();
+    let content = fields.get("content").or_else(|| fields.get("raw_content"));
+    for value in [content, fields.get("tool_calls")].into_iter().flatten() {
+        strings(value, &mut out);
+    }
+    out
+}
+
+fn strings(value: &Value, out: &mut String) {
+    match value {
+        Value::String(s) => {
+            if !out.is_empty() {
+                out.push('\n');
+            }
+            out.push_str(s);
+        }
+        Value::Array(items) => items.iter().for_each(|v| strings(v, out)),
+        Value::Object(map) => map
+            .iter()
+            .filter(|(k, _)| !SKIPPED_KEYS.contains(&k.as_str()))
+            .for_each(|(_, v)| strings(v, out)),
+        _ => {}
+    }
+}
+
+/// A short extract of a hit's text with the words that matched.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Snippet {
+    /// The extract on one line (white space collapsed); `…` where text was cut.
+    pub text: String,
+    /// Byte ranges of `text` that matched a query word.
+    pub matches: Vec<Range<usize>>,
+}
+
+impl Snippet {
+    /// The text with each match between `open` and `close` (e.g. terminal escapes, or
+    /// `[` and `]`).
+    pub fn marked(&self, open: &str, close: &str) -> String {
+        let mut out = String::with_capacity(self.text.len() + self.matches.len() * 8);
+        let mut at = 0;
+        for m in &self.matches {
+            let (Some(before), Some(hit)) = (self.text.get(at..m.start), self.text.get(m.clone()))
+            else {
+                continue;
+            };
+            out.push_str(before);
+            out.push_str(open);
+            out.push_str(hit);
+            out.push_str(close);
+            at = m.end;
+        }
+        out.push_str(self.text.get(at..).unwrap_or_default());
+        out
+    }
+}
+
+/// A snippet of `text` around its first word matching `marks` (see
+/// [`SearchQuery::marks`]), with every matching word in it marked.
+pub(crate) fn snippet(text: &str, marks: &[(String, bool)]) -> Snippet {
+    let spans: Vec<(Range<usize>, bool)> = words(text)
+        .map(|(range, word)| {
+            let hit = marks.iter().any(|(m, prefix)| {
+                if *prefix {
+                    word.starts_with(m.as_str())
+                } else {
+                    word == *m
+                }
+            });
+            (range, hit)
+        })
+        .collect();
+    let first = spans.iter().position(|(_, hit)| *hit).unwrap_or(0);
+    let start = first.saturating_sub(SNIPPET_LEAD);
+    let end = (start + SNIPPET_WORDS).min(spans.len());
+    let mut out = Snippet::default();
+    let Some(chosen) = spans.get(start..end).filter(|s| !s.is_empty()) else {
+        return out;
+    };
+    if start > 0 {
+        out.text.push('…');
+    }
+    // From the first chosen word to the end of the last, white space collapsed.
+    let (from, to) = (chosen[0].0.start, chosen[chosen.len() - 1].0.end);
+    let mut last_end = from;
+    for (range, hit) in chosen {
+        let gap = &text[last_end..range.start];
+        if !gap.is_empty() {
+            let flat: String = gap
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+                .chars()
+                .filter(|c| !c.is_control())
+                .collect();
+            let spaced = gap.starts_with(char::is_whitespace) && !flat.is_empty();
+            if spaced {
+                out.text.push(' ');
+            }
+            out.text.push_str(&flat);
+            if gap.ends_with(char::is_whitespace) {
+                out.text.push(' ');
+            }
+        }
+        let at = out.text.len();
+        out.text.push_str(&text[range.clone()]);
+        if *hit {
+            out.matches.push(at..out.text.len());
+        }
+        last_end = range.end;
+    }
+    if to < text.len() && end < spans.len() {
+        out.text.push('…');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fts(q: &str) -> String {
+        SearchQuery::parse(q).expect("parses").fts()
+    }
+
+    #[test]
+    fn terms_are_quoted_and_operators_kept() {
+        assert_eq!(fts("hello"), r#""hello""#);
+        assert_eq!(fts("a b"), r#"("a" AND "b")"#);
+        assert_eq!(fts(r#""a b" OR c*"#), r#"("a b" OR "c"*)"#);
+        assert_eq!(fts("a NOT b"), r#"("a" NOT "b")"#);
+        assert_eq!(fts("(a OR b) c"), r#"(("a" OR "b") AND "c")"#);
+        assert_eq!(fts("text:foo"), r#""text:foo""#);
+        assert_eq!(fts("NEAR(a b)"), r#"("NEAR" AND ("a" AND "b"))"#);
+        assert_eq!(fts(r#""say ""hi""""#), r#""say ""hi""""#);
+    }
+
+    #[test]
+    fn malformed_queries_say_why() {
+        for (q, why) in [
+            ("", "empty"),
+            ("  ", "empty"),
+            ("\"open", "closing"),
+            ("(a", "not closed"),
+            ("a)", "closes nothing"),
+            ("OR a", "each side"),
+            ("a OR", "ends"),
+            ("NOT a", "NOT needs"),
+            ("*", "must follow"),
+            ("a\0b", "NUL"),
+            ("()", "empty parentheses"),
+            ("\"...\"", "no letter"),
+        ] {
+            let e = SearchQuery::parse(q).expect_err(q).to_string();
+            assert!(e.contains(why), "{q:?}: {e}");
+        }
+        let long = "a ".repeat(MAX_QUERY_BYTES);
+        assert!(SearchQuery::parse(&long).is_err());
+        let deep = format!("{}a{}", "(".repeat(40), ")".repeat(40));
+        assert!(SearchQuery::parse(&deep).is_err());
+    }
+
+    #[test]
+    fn exact_phrase_only_for_plain_words() {
+        let p = |q: &str| SearchQuery::parse(q).expect("parses").exact_phrase();
+        assert_eq!(p("quick brown fox").as_deref(), Some(r#""quick brown fox""#));
+        assert_eq!(p("quick"), None);
+        assert_eq!(p("quick OR fox"), None);
+        assert_eq!(p("quick fo*"), None);
+    }
+
+    #[test]
+    fn snippets_mark_matching_words() {
+        let q = SearchQuery::parse("deploy* KUBERNETES").expect("parses");
+        let s = snippet(
+            "We talked about many things.\nThen deploying to Kubernetes failed twice.",
+            &q.marks(),
+        );
+        assert_eq!(s.marked("[", "]"), "We talked about many things. Then [deploying] to [Kubernetes] failed twice.");
+        let long: String = (0..100).map(|i| format!("w{i} ")).collect::<String>() + "needle end";
+        let s = snippet(&long, &SearchQuery::parse("needle").expect("parses").marks());
+        assert!(s.text.starts_with('…'), "{}", s.text);
+        assert_eq!(s.marked("<", ">").matches("<needle>").count(), 1);
+    }
+
+    #[test]
+    fn message_text_takes_content_parts_and_tool_calls() {
+        let m = Message::from_value(&serde_json::json!({
+            "id": "m1", "role": "assistant",
+            "content": [{"type": "text", "text": "hello there"}, {"type": "image", "data": "QUJD"}],
+            "tool_calls": [{"id": "c1", "function": {"name": "grep", "arguments": "{\"q\":\"zebra\"}"}}]
+        }))
+        .expect("message");
+        let t = message_text(&m);
+        assert!(t.contains("hello there") && t.contains("zebra") && !t.contains("QUJD"), "{t}");
+    }
+}

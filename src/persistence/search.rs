@@ -1,0 +1,314 @@
+//! Full-text search across a root: where the search index (`store::search`) sits in a
+//! root (`<root>/.catalog/search.sqlite`), when it is created and filled, how it is kept
+//! current (publication, writer open, each drain, delete, rebuild), and a search: the
+//! index's hits checked against the session folders (a deleted session is never
+//! returned) with their snippets cut from the messages read back through each session's
+//! reader.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::model::search::{SearchQuery, message_text, snippet};
+use crate::model::{SessionId, Snippet};
+use crate::persistence::Root;
+use crate::persistence::catalog::{CATALOG_DIR, catalog_dir, unlink_files_at};
+use crate::store::reader::SessionReader;
+use crate::store::schema::{self, SESSION_FILE};
+use crate::store::search::{
+    IndexFilter, IndexHit, SEARCH_FILE, SEARCH_FILES, SearchIndex,
+};
+
+/// Default page of a search.
+const DEFAULT_SEARCH_LIMIT: usize = 20;
+/// Largest page of a search.
+const MAX_SEARCH_LIMIT: usize = 100;
+
+/// What [`crate::Query::search`] looks for besides the query. Built with
+/// [`SearchOptions::default`] and the `with_*` methods.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct SearchOptions {
+    /// Hits per page (0 = 20; at most 100).
+    pub limit: usize,
+    /// A previous page's `next_cursor`.
+    pub cursor: Option<String>,
+    /// Only this session's messages (its own and those it inherits from its ancestors).
+    pub session: Option<SessionId>,
+    /// Only sessions created with this working directory.
+    pub cwd: Option<String>,
+    /// Only messages committed at or after this time (ms since the Unix epoch).
+    pub since_ms: Option<i64>,
+    /// Only messages with this role (`user`, `assistant`, `tool`, …; `title` for titles).
+    pub role: Option<String>,
+}
+
+impl SearchOptions {
+    /// Hits per page (0 = 20; at most 100).
+    #[must_use]
+    pub fn with_limit(mut self, limit: usize) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    /// Continue after a previous page (its `next_cursor`).
+    #[must_use]
+    pub fn with_cursor(mut self, cursor: impl Into<String>) -> Self {
+        self.cursor = Some(cursor.into());
+        self
+    }
+
+    /// Only this session (with what it inherits).
+    #[must_use]
+    pub fn with_session(mut self, session: SessionId) -> Self {
+        self.session = Some(session);
+        self
+    }
+
+    /// Only sessions with this working directory.
+    #[must_use]
+    pub fn with_cwd(mut self, cwd: impl Into<String>) -> Self {
+        self.cwd = Some(cwd.into());
+        self
+    }
+
+    /// Only messages committed at or after `ms` (since the Unix epoch).
+    #[must_use]
+    pub fn with_since(mut self, ms: i64) -> Self {
+        self.since_ms = Some(ms);
+        self
+    }
+
+    /// Only messages with this role.
+    #[must_use]
+    pub fn with_role(mut self, role: impl Into<String>) -> Self {
+        self.role = Some(role.into());
+        self
+    }
+}
+
+/// One hit of [`Root::search`], before the service names its session with a ref.
+#[derive(Clone, Debug)]
+pub(crate) struct Found {
+    pub hit: IndexHit,
+    pub snippet: Snippet,
+    pub shared_with: Vec<SessionId>,
+}
+
+/// `s1.<tier>.<rank bits>.<row>`: the keyset of the last hit of a page.
+fn cursor_of(hit: &IndexHit) -> String {
+    format!("s1.{}.{:x}.{}", hit.tier, hit.rank.to_bits(), hit.row)
+}
+
+fn parse_cursor(cursor: &str) -> Result<(i64, f64, i64)> {
+    let bad = || {
+        Error::invalid(format!(
+            "invalid search cursor {}",
+            crate::error::quoted(cursor)
+        ))
+    };
+    let mut parts = cursor.strip_prefix("s1.").ok_or_else(bad)?.split('.');
+    let tier = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
+    let rank = parts
+        .next()
+        .and_then(|p| u64::from_str_radix(p, 16).ok())
+        .map(f64::from_bits)
+        .filter(|r| r.is_finite())
+        .ok_or_else(bad)?;
+    let row = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
+    if parts.next().is_some() {
+        return Err(bad());
+    }
+    Ok((tier, rank, row))
+}
+
+impl Root {
+    /// The root's search index when it exists (opened on first use in this process);
+    /// `None` when nobody has searched this root yet (writers never create it).
+    pub(crate) fn search_index(&self) -> Option<Arc<SearchIndex>> {
+        if let Some(index) = self.index_slot().get() {
+            return Some(Arc::clone(index));
+        }
+        let path = self.path().join(CATALOG_DIR).join(SEARCH_FILE);
+        if !std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
+            return None;
+        }
+        self.open_search_index().ok()
+    }
+
+    /// Opens the search index, creating it (and filling it from every session) when it is
+    /// missing, and replacing a damaged or foreign file (the index is derived).
+    fn open_search_index(&self) -> Result<Arc<SearchIndex>> {
+        if let Some(index) = self.index_slot().get() {
+            return Ok(Arc::clone(index));
+        }
+        let dir = catalog_dir(self)?;
+        let shown = self.path().join(CATALOG_DIR);
+        let path = shown.join(SEARCH_FILE);
+        let mut fresh = !std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file());
+        if let Err(Error::InvalidInput(_)) = schema::check_file(&path) {
+            // A symlink or a non-regular file where the index's files belong.
+            unlink_files_at(&dir, &SEARCH_FILES, &shown)?;
+        }
+        let index = match SearchIndex::open(&path) {
+            Err(Error::Corrupt(_)) => {
+                unlink_files_at(&dir, &SEARCH_FILES, &shown)?;
+                fresh = true;
+                SearchIndex::open(&path)
+            }
+            other => other,
+        }?;
+        if fresh {
+            self.fill(&index)?;
+        }
+        let index = Arc::new(index);
+        // Two threads may open it at once: the first one set is kept.
+        let _ = self.index_slot().set(Arc::clone(&index));
+        Ok(self.index_slot().get().map_or(index, Arc::clone))
+    }
+
+    /// Indexes every session of the root into `index` (emptied first).
+    fn fill(&self, index: &SearchIndex) -> Result<usize> {
+        let ids = self.list_ids()?;
+        index.rebuild(ids.iter().map(|id| self.open_reader(id)), |_| {})
+    }
+
+    /// Rebuilds the search index from the session files (creating it when missing):
+    /// every session that can be read, whatever the index held before. Returns how many
+    /// sessions it indexed.
+    pub(crate) fn rebuild_search(&self) -> Result<usize> {
+        match self.search_index() {
+            Some(index) => self.fill(&index),
+            // Creating it fills it.
+            None => Ok(self.open_search_index()?.indexed_sessions()?.len()),
+        }
+    }
+
+    /// Brings a published session up to date in the search index, if the root has one.
+    /// Best effort: the index is derived, and a session it misses is caught up when next
+    /// opened for writing or by a rebuild.
+    pub(crate) fn index_session(&self, id: &SessionId) {
+        if let Some(index) = self.search_index()
+            && let Ok(reader) = self.open_reader(id)
+        {
+            let _ = index.catch_up(&reader);
+        }
+    }
+
+    /// As [`Root::index_session`] with the reader of a live session.
+    pub(crate) fn index_reader(&self, reader: &SessionReader) {
+        if let Some(index) = self.search_index() {
+            let _ = index.catch_up(reader);
+        }
+    }
+
+    /// Drops a deleted session from the search index and re-indexes the sessions that
+    /// inherited from it (their ranges now live in their own files). Best effort.
+    pub(crate) fn unindex_deleted(&self, id: &SessionId, dependents: &[SessionId]) {
+        if let Some(index) = self.search_index() {
+            let _ = index.forget(id);
+            for child in dependents {
+                self.index_session(child);
+            }
+        }
+    }
+
+    /// One page of full-text search hits for `query` (syntax: `model::search`), best
+    /// first, and the cursor of the next page. Creates and fills the index on first use.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a malformed query, a bad cursor or a limit over 100;
+    /// I/O and SQLite errors of the index.
+    pub(crate) fn search(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+    ) -> Result<(Vec<Found>, Option<String>)> {
+        let parsed = SearchQuery::parse(query)?;
+        let limit = if options.limit == 0 {
+            DEFAULT_SEARCH_LIMIT
+        } else {
+            options.limit
+        };
+        if limit > MAX_SEARCH_LIMIT {
+            return Err(Error::invalid(format!(
+                "search limit must be 1..={MAX_SEARCH_LIMIT}"
+            )));
+        }
+        let after = options.cursor.as_deref().map(parse_cursor).transpose()?;
+        let index = self.open_search_index()?;
+        let filter = IndexFilter {
+            session: options.session.as_ref(),
+            cwd: options.cwd.as_deref(),
+            since_ms: options.since_ms,
+            role: options.role.as_deref(),
+            after,
+            limit: limit + 1,
+        };
+        let mut hits = index.search(&parsed.fts(), parsed.exact_phrase().as_deref(), &filter)?;
+        let more = hits.len() > limit;
+        hits.truncate(limit);
+        let next = more.then(|| hits.last().map(cursor_of)).flatten();
+        let marks = parsed.marks();
+        let mut readers: HashMap<SessionId, Option<SessionReader>> = HashMap::new();
+        let mut out = Vec::with_capacity(hits.len());
+        for hit in hits {
+            let reader = readers
+                .entry(hit.session_id.clone())
+                .or_insert_with(|| self.live_reader(&index, &hit.session_id));
+            let Some(reader) = reader else { continue };
+            let text = if hit.position == 0 {
+                hit.title.clone()
+            } else {
+                match reader.message_at(hit.position)? {
+                    Some(m) if m.id() == hit.message_id => message_text(&m),
+                    // The index is behind the file (it is caught up on the next drain,
+                    // open or rebuild): not a hit of the current transcript.
+                    _ => continue,
+                }
+            };
+            out.push(Found {
+                shared_with: index.shared_with(&hit.session_id, hit.seq)?,
+                snippet: snippet(&text, &marks),
+                hit,
+            });
+        }
+        Ok((out, next))
+    }
+
+    /// A reader of a session a hit names, or `None` when its folder is gone (a deleted
+    /// session: dropped from the index on the way).
+    fn live_reader(&self, index: &SearchIndex, id: &SessionId) -> Option<SessionReader> {
+        let file = self.session_dir(id).join(SESSION_FILE);
+        if !std::fs::symlink_metadata(&file).is_ok_and(|m| m.is_file()) {
+            let _ = index.forget(id);
+            return None;
+        }
+        self.open_reader(id).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_round_trip_and_refuse_junk() {
+        let hit = IndexHit {
+            row: 42,
+            session_id: SessionId::new("s").expect("id"),
+            title: String::new(),
+            position: 1,
+            seq: 1,
+            message_id: String::new(),
+            role: None,
+            time_ms: 0,
+            rank: -1.25e-6,
+            tier: 1,
+        };
+        assert_eq!(parse_cursor(&cursor_of(&hit)).expect("parses"), (1, -1.25e-6, 42));
+        for junk in ["", "s1.", "s1.1.zz.3", "h1.1.2", "s1.1.0.1.9", "s1.1.7ff8000000000000.1"] {
+            assert!(parse_cursor(junk).is_err(), "{junk}");
+        }
+    }
+}

@@ -1,0 +1,674 @@
+//! The full-text search index of a root: `<root>/.catalog/search.sqlite`, derived from the
+//! session files like the catalog and rebuildable from them at any time; never the source
+//! of truth. Every SQL statement on it is here.
+//!
+//! - `search_text`: a contentless FTS5 table (`content=''`, `detail=full` for phrases) over
+//!   the text of each indexed message and title. It keeps the inverted index only, so its
+//!   bytes stay well under the text's; snippets are cut from the messages read back
+//!   through the session's reader. Plain contentless (no `contentless_delete`, which needs
+//!   SQLite 3.43): the file stays readable and searchable by older SQLite shells (Debian's
+//!   3.40). Its rows are never deleted; a row is live only while `search_rows` has its id.
+//!   A replaced message, a reset transcript or a deleted session leave dead FTS rows that
+//!   no search returns, reclaimed by the next rebuild.
+//! - `search_rows`: what a hit needs (session key, transcript position — 0 for the title —,
+//!   event sequence, time, role, message id), one row per live FTS row.
+//! - `search_sessions`: one row per indexed session (cwd, title, and `indexed_seq`, the
+//!   last sequence of its own file the index holds: catching up reads only what follows).
+//! - `search_lineage`: the ranges each fork inherits, to list the forks that share a hit
+//!   found in an ancestor's file and to search one session with its inherited part.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
+
+use crate::error::{Error, Result};
+use crate::model::SessionId;
+use crate::model::projection::HistoryChange;
+use crate::model::search::message_text;
+use crate::store::read::LineageEntry;
+use crate::store::reader::{OwnChanges, SessionReader};
+use crate::store::schema;
+use crate::store::write::Accepted;
+
+/// The index file, in the catalog's folder.
+pub(crate) const SEARCH_FILE: &str = "search.sqlite";
+/// The index file and SQLite's files beside it.
+pub(crate) const SEARCH_FILES: [&str; 4] = [
+    "search.sqlite",
+    "search.sqlite-wal",
+    "search.sqlite-shm",
+    "search.sqlite-journal",
+];
+/// `PRAGMA application_id` of a search index ("SeSF").
+const SEARCH_APPLICATION_ID: i32 = 0x5365_5346;
+/// How long an index write waits for another process's (a drain gives up after this and
+/// the index catches up later).
+const BUSY: Duration = Duration::from_millis(250);
+
+const SEARCH_SCHEMA: &str = "
+CREATE TABLE search_sessions (
+    id          INTEGER PRIMARY KEY,
+    session_id  TEXT NOT NULL UNIQUE,
+    cwd         TEXT,
+    title       TEXT NOT NULL,
+    indexed_seq INTEGER NOT NULL
+);
+CREATE TABLE search_lineage (
+    ancestor_id TEXT NOT NULL,
+    session     INTEGER NOT NULL,
+    after_seq   INTEGER NOT NULL,
+    through_seq INTEGER NOT NULL,
+    PRIMARY KEY (ancestor_id, session, after_seq)
+) WITHOUT ROWID;
+CREATE INDEX search_lineage_of ON search_lineage (session);
+CREATE TABLE search_rows (
+    id         INTEGER PRIMARY KEY AUTOINCREMENT,
+    session    INTEGER NOT NULL,
+    position   INTEGER NOT NULL,
+    seq        INTEGER NOT NULL,
+    time_ms    INTEGER NOT NULL,
+    role       TEXT,
+    message_id TEXT NOT NULL
+);
+CREATE UNIQUE INDEX search_rows_at ON search_rows (session, position);
+CREATE VIRTUAL TABLE search_text USING fts5(
+    text, content = '', detail = full, tokenize = 'unicode61 remove_diacritics 2'
+);";
+
+/// Opens the index file at `path`, creating its schema when the file is new (one
+/// immediate transaction, so two processes creating it agree). A file that is not such
+/// an index is [`Error::Corrupt`] (the caller replaces it: the index is derived).
+pub(crate) fn open_index(path: &Path) -> Result<Connection> {
+    let mut conn = Connection::open_with_flags(path, schema::create_flags())?;
+    conn.busy_timeout(Duration::from_secs(5))?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let app: i32 = tx.pragma_query_value(None, "application_id", |r| r.get(0))?;
+    let objects: i64 = tx.query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))?;
+    if app == 0 && objects == 0 {
+        tx.pragma_update(None, "application_id", SEARCH_APPLICATION_ID)?;
+        tx.execute_batch(SEARCH_SCHEMA)?;
+    } else if app != SEARCH_APPLICATION_ID {
+        return Err(Error::corrupt(format!(
+            "{} is not a search index (application_id {app:#x})",
+            path.display()
+        )));
+    }
+    // A table that lacks a column fails here as Corrupt ("no such column").
+    tx.prepare(
+        "SELECT s.session_id, s.cwd, s.title, s.indexed_seq, r.position, r.seq, r.time_ms,
+                r.role, r.message_id, l.ancestor_id, l.after_seq, l.through_seq
+         FROM search_sessions s, search_rows r, search_lineage l, search_text t LIMIT 0",
+    )
+    .map_err(|e| Error::corrupt(format!("{}: {e}", path.display())))?;
+    tx.commit()?;
+    conn.busy_timeout(BUSY)?;
+    Ok(conn)
+}
+
+/// A root's search index: a connection for index writes and one for searches (so a
+/// search never waits for a drain's index write, nor the reverse), each opened by
+/// [`open_index`].
+#[derive(Debug)]
+pub(crate) struct SearchIndex {
+    path: PathBuf,
+    write: Mutex<Connection>,
+    read: Mutex<Connection>,
+}
+
+/// A root's search index once opened; shared by the root with its live sessions, which
+/// index each drain once it is set.
+pub(crate) type IndexSlot = Arc<OnceLock<Arc<SearchIndex>>>;
+
+/// One hit as the index has it (the snippet is cut by the caller from the message).
+#[derive(Clone, Debug)]
+pub(crate) struct IndexHit {
+    /// Key of the row (the keyset cursor's last part).
+    pub row: i64,
+    /// The session whose file holds the message.
+    pub session_id: SessionId,
+    /// That session's title.
+    pub title: String,
+    /// Transcript position (0 for the title).
+    pub position: u64,
+    /// The event that put the message there.
+    pub seq: u64,
+    /// The message id ("" for the title).
+    pub message_id: String,
+    /// The message's role (`title` for the title).
+    pub role: Option<String>,
+    /// Time of the commit (ms since the Unix epoch).
+    pub time_ms: i64,
+    /// bm25 (lower is better).
+    pub rank: f64,
+    /// 0 when the row matched the query's words as one exact phrase, else 1.
+    pub tier: i64,
+}
+
+/// What a search looks for, besides the query.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct IndexFilter<'a> {
+    /// Only this session's messages (its own and those it inherits).
+    pub session: Option<&'a SessionId>,
+    /// Only sessions with this working directory.
+    pub cwd: Option<&'a str>,
+    /// Only messages committed at or after this time (ms).
+    pub since_ms: Option<i64>,
+    /// Only messages with this role (`title` for titles).
+    pub role: Option<&'a str>,
+    /// Keyset: only hits after this `(tier, rank, row)`.
+    pub after: Option<(i64, f64, i64)>,
+    /// At most this many hits.
+    pub limit: usize,
+}
+
+/// One change to a session's part of the index, in sequence order.
+enum Change<'a> {
+    /// The transcript was replaced: every earlier message is gone.
+    Reset,
+    /// `message` is now at `position`.
+    Put {
+        position: u64,
+        seq: u64,
+        message_id: &'a str,
+        role: Option<&'a str>,
+        text: String,
+        time_ms: i64,
+    },
+    /// A new title.
+    Title {
+        seq: u64,
+        title: String,
+        time_ms: i64,
+    },
+}
+
+#[derive(serde::Deserialize)]
+struct TitlePayload {
+    title: String,
+}
+
+fn lock(m: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// An FTS5 error (a query it refuses) as [`Error::InvalidInput`]; anything else as is.
+fn query_error(e: rusqlite::Error) -> Error {
+    let text = e.to_string();
+    if text.contains("fts5") {
+        Error::invalid(format!("invalid search query: {text}"))
+    } else {
+        e.into()
+    }
+}
+
+impl SearchIndex {
+    /// The index at `path`, its two connections opened.
+    ///
+    /// # Errors
+    /// As [`open_index`].
+    pub(crate) fn open(path: &Path) -> Result<SearchIndex> {
+        Ok(SearchIndex {
+            path: path.to_path_buf(),
+            write: Mutex::new(open_index(path)?),
+            read: Mutex::new(open_index(path)?),
+        })
+    }
+
+    /// Indexes the commits a drain just wrote for `reader`'s session, from memory. When
+    /// the index is behind (an earlier index write failed, a writer died, a rebuild ran)
+    /// it catches up from the file instead, which already holds `batch`.
+    ///
+    /// # Errors
+    /// SQLite errors (busy after [`BUSY`]); the caller ignores them: the next drain, the
+    /// next open or a rebuild catches up.
+    pub(crate) fn index_drained(&self, reader: &SessionReader, batch: &[Arc<Accepted>]) -> Result<()> {
+        let (Some(first), Some(last)) = (batch.first(), batch.last()) else {
+            return Ok(());
+        };
+        let id = &reader.header().session_id;
+        let mut conn = lock(&self.write);
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let Some((key, indexed)) = session_state(&tx, id)? else {
+            drop(tx);
+            drop(conn);
+            return self.catch_up(reader);
+        };
+        if indexed >= last.commit.last_seq() {
+            return Ok(());
+        }
+        if first.commit.first_seq > indexed + 1 {
+            drop(tx);
+            drop(conn);
+            return self.catch_up(reader);
+        }
+        let mut changes = Vec::new();
+        for accepted in batch.iter().filter(|a| a.commit.first_seq > indexed) {
+            let c = &accepted.commit;
+            for change in &accepted.history {
+                changes.push(match change {
+                    HistoryChange::Reset { .. } => Change::Reset,
+                    HistoryChange::Put {
+                        seq,
+                        position,
+                        message,
+                        ..
+                    } => Change::Put {
+                        position: *position,
+                        seq: *seq,
+                        message_id: message.id(),
+                        role: message.role(),
+                        text: message_text(message),
+                        time_ms: c.created_at_ms,
+                    },
+                });
+            }
+            for (i, e) in c.events.iter().enumerate() {
+                if e.kind == "session/title"
+                    && let Some(text) = e.payload_str()
+                    && let Ok(t) = serde_json::from_str::<TitlePayload>(text)
+                {
+                    changes.push(Change::Title {
+                        seq: c.first_seq + i as u64,
+                        title: t.title,
+                        time_ms: c.created_at_ms,
+                    });
+                }
+            }
+        }
+        apply(&tx, key, &changes)?;
+        set_indexed(&tx, key, last.commit.last_seq())?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Brings `reader`'s session up to date in the index: registers it when the index
+    /// does not know it (or when its lineage changed: an ancestor was deleted and its
+    /// range copied into this file), then indexes what its own file holds after the last
+    /// indexed sequence. Idempotent; a write that raced with it is caught up next time.
+    ///
+    /// # Errors
+    /// Read errors of the session; SQLite errors of the index.
+    pub(crate) fn catch_up(&self, reader: &SessionReader) -> Result<()> {
+        let id = &reader.header().session_id;
+        let lineage = reader.lineage();
+        let known = {
+            let conn = lock(&self.write);
+            match session_state(&conn, id)? {
+                Some((key, indexed)) if stored_lineage(&conn, key)? == lineage => {
+                    Some((key, indexed))
+                }
+                _ => None,
+            }
+        };
+        let after = known.map_or(0, |(_, indexed)| indexed);
+        let own = reader.own_changes(after)?;
+        if known.is_some() && own.through <= after {
+            return Ok(());
+        }
+        let title = match known {
+            None if own.titles.is_empty() => reader.inherited_title()?,
+            _ => String::new(),
+        };
+        let mut conn = lock(&self.write);
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let key = match known {
+            Some((key, indexed)) => {
+                // Another writer of the index moved on meanwhile: leave it to the next
+                // catch-up rather than apply rows twice.
+                if session_state(&tx, id)? != Some((key, indexed)) {
+                    return Ok(());
+                }
+                key
+            }
+            None => register(&tx, reader, &lineage, &title)?,
+        };
+        apply(&tx, key, &changes_of(&own))?;
+        set_indexed(&tx, key, own.through.max(reader.inherited_events()))?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Drops a session from the index (its FTS rows stay, dead, until a rebuild).
+    ///
+    /// # Errors
+    /// SQLite errors.
+    pub(crate) fn forget(&self, id: &SessionId) -> Result<()> {
+        let mut conn = lock(&self.write);
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        forget_in(&tx, id)?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Empties the index (dead FTS rows included), then indexes each session `readers`
+    /// yields, all in one transaction on a connection of its own: searches meanwhile see
+    /// the previous index whole, and a drain's index write that cannot wait is caught up
+    /// later. Returns how many sessions were indexed; a session that cannot be read is
+    /// passed to `skipped` and left out.
+    ///
+    /// # Errors
+    /// SQLite errors of the index.
+    pub(crate) fn rebuild(
+        &self,
+        readers: impl Iterator<Item = Result<SessionReader>>,
+        mut skipped: impl FnMut(Error),
+    ) -> Result<usize> {
+        let mut conn = open_index(&self.path)?;
+        conn.busy_timeout(Duration::from_secs(5))?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        tx.execute_batch(
+            "DELETE FROM search_rows; DELETE FROM search_lineage; DELETE FROM search_sessions;
+             INSERT INTO search_text (search_text) VALUES ('delete-all');",
+        )?;
+        let mut count = 0;
+        for reader in readers {
+            let indexed = reader.and_then(|reader| {
+                let own = reader.own_changes(0)?;
+                let title = if own.titles.is_empty() {
+                    reader.inherited_title()?
+                } else {
+                    String::new()
+                };
+                let key = register(&tx, &reader, &reader.lineage(), &title)?;
+                apply(&tx, key, &changes_of(&own))?;
+                set_indexed(&tx, key, own.through.max(reader.inherited_events()))
+            });
+            match indexed {
+                Ok(()) => count += 1,
+                Err(e) => skipped(e),
+            }
+        }
+        tx.commit()?;
+        Ok(count)
+    }
+
+    /// Hits for the FTS5 expression `fts` (built by `model::search`, every term quoted),
+    /// best first: rows matching `phrase` (the words as one exact phrase) first, then by
+    /// bm25, then by row.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for an expression FTS5 refuses; SQLite errors.
+    pub(crate) fn search(
+        &self,
+        fts: &str,
+        phrase: Option<&str>,
+        filter: &IndexFilter<'_>,
+    ) -> Result<Vec<IndexHit>> {
+        let tier = if phrase.is_some() {
+            "CASE WHEN m.id IN (SELECT rowid FROM search_text WHERE search_text MATCH ?10)
+                  THEN 0 ELSE 1 END"
+        } else {
+            "1 + 0 * length(?10)"
+        };
+        let sql = format!(
+            "SELECT * FROM (
+                SELECT r.id, s.session_id, s.title, r.position, r.seq, r.message_id, r.role,
+                       r.time_ms, m.score, {tier} AS tier
+                FROM (SELECT rowid AS id, bm25(search_text) AS score FROM search_text
+                      WHERE search_text MATCH ?1) AS m
+                JOIN search_rows r ON r.id = m.id
+                JOIN search_sessions s ON s.id = r.session
+                WHERE (?2 IS NULL OR r.role = ?2)
+                  AND (?3 IS NULL OR r.time_ms >= ?3)
+                  AND (?4 IS NULL OR s.cwd = ?4)
+                  AND (?5 IS NULL OR s.session_id = ?5 OR EXISTS (
+                        SELECT 1 FROM search_lineage l JOIN search_sessions f ON f.id = l.session
+                        WHERE f.session_id = ?5 AND l.ancestor_id = s.session_id
+                          AND r.seq > l.after_seq AND r.seq <= l.through_seq)))
+             WHERE ?6 IS NULL OR (tier, score, id) > (?6, ?7, ?8)
+             ORDER BY tier, score, id
+             LIMIT ?9"
+        );
+        let conn = lock(&self.read);
+        let mut stmt = conn.prepare_cached(&sql)?;
+        let (after_tier, after_rank, after_row) = match filter.after {
+            Some((t, r, id)) => (Some(t), Some(r), Some(id)),
+            None => (None, None, None),
+        };
+        let rows = stmt
+            .query_map(
+                params![
+                    fts,
+                    filter.role,
+                    filter.since_ms,
+                    filter.cwd,
+                    filter.session.map(SessionId::as_str),
+                    after_tier,
+                    after_rank,
+                    after_row,
+                    filter.limit as i64,
+                    phrase.unwrap_or(""),
+                ],
+                |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, String>(2)?,
+                        r.get::<_, u64>(3)?,
+                        r.get::<_, u64>(4)?,
+                        r.get::<_, String>(5)?,
+                        r.get::<_, Option<String>>(6)?,
+                        r.get::<_, i64>(7)?,
+                        r.get::<_, f64>(8)?,
+                        r.get::<_, i64>(9)?,
+                    ))
+                },
+            )
+            .map_err(query_error)?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (row, sid, title, position, seq, message_id, role, time_ms, rank, tier) =
+                row.map_err(query_error)?;
+            out.push(IndexHit {
+                row,
+                session_id: SessionId::new(sid)?,
+                title,
+                position,
+                seq,
+                message_id,
+                role,
+                time_ms,
+                rank,
+                tier,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The sessions that inherit event `seq` of `ancestor`'s file (forks sharing a hit).
+    ///
+    /// # Errors
+    /// SQLite errors.
+    pub(crate) fn shared_with(&self, ancestor: &SessionId, seq: u64) -> Result<Vec<SessionId>> {
+        let conn = lock(&self.read);
+        let mut stmt = conn.prepare_cached(
+            "SELECT s.session_id FROM search_lineage l JOIN search_sessions s ON s.id = l.session
+             WHERE l.ancestor_id = ?1 AND l.after_seq < ?2 AND l.through_seq >= ?2
+             ORDER BY s.session_id",
+        )?;
+        let ids = stmt
+            .query_map(params![ancestor.as_str(), seq], |r| r.get::<_, String>(0))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        ids.into_iter().map(SessionId::new).collect()
+    }
+
+    /// Sessions the index knows, for tests and `verify`-like checks: id and indexed
+    /// sequence, in id order.
+    ///
+    /// # Errors
+    /// SQLite errors.
+    pub(crate) fn indexed_sessions(&self) -> Result<Vec<(SessionId, u64)>> {
+        let conn = lock(&self.read);
+        let mut stmt = conn
+            .prepare_cached("SELECT session_id, indexed_seq FROM search_sessions ORDER BY 1")?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, u64>(1)?)))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        rows.into_iter()
+            .map(|(id, seq)| Ok((SessionId::new(id)?, seq)))
+            .collect()
+    }
+}
+
+/// The key and indexed sequence of a session the index knows.
+fn session_state(conn: &Connection, id: &SessionId) -> Result<Option<(i64, u64)>> {
+    Ok(conn
+        .prepare_cached("SELECT id, indexed_seq FROM search_sessions WHERE session_id = ?1")?
+        .query_row([id.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?)
+}
+
+/// The lineage recorded for session `key`, in range order.
+fn stored_lineage(conn: &Connection, key: i64) -> Result<Vec<LineageEntry>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT ancestor_id, after_seq, through_seq FROM search_lineage WHERE session = ?1
+         ORDER BY after_seq",
+    )?;
+    let rows = stmt
+        .query_map([key], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, u64>(1)?, r.get::<_, u64>(2)?))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    rows.into_iter()
+        .map(|(ancestor, after_seq, through_seq)| {
+            Ok(LineageEntry {
+                ancestor_id: SessionId::new(ancestor)?,
+                after_seq,
+                through_seq,
+            })
+        })
+        .collect()
+}
+
+/// Removes a session's live rows, lineage and entry.
+fn forget_in(tx: &Transaction<'_>, id: &SessionId) -> Result<()> {
+    if let Some((key, _)) = session_state(tx, id)? {
+        tx.prepare_cached("DELETE FROM search_rows WHERE session = ?1")?
+            .execute([key])?;
+        tx.prepare_cached("DELETE FROM search_lineage WHERE session = ?1")?
+            .execute([key])?;
+        tx.prepare_cached("DELETE FROM search_sessions WHERE id = ?1")?
+            .execute([key])?;
+    }
+    Ok(())
+}
+
+/// (Re)registers `reader`'s session with nothing of its own indexed yet: its previous
+/// rows are dropped, its lineage recorded; returns its key.
+fn register(
+    tx: &Transaction<'_>,
+    reader: &SessionReader,
+    lineage: &[LineageEntry],
+    title: &str,
+) -> Result<i64> {
+    let header = reader.header();
+    forget_in(tx, &header.session_id)?;
+    tx.prepare_cached(
+        "INSERT INTO search_sessions (session_id, cwd, title, indexed_seq) VALUES (?1, ?2, ?3, 0)",
+    )?
+    .execute(params![header.session_id.as_str(), header.cwd, title])?;
+    let key = tx.last_insert_rowid();
+    let mut put = tx.prepare_cached(
+        "INSERT OR REPLACE INTO search_lineage (ancestor_id, session, after_seq, through_seq)
+         VALUES (?1, ?2, ?3, ?4)",
+    )?;
+    for entry in lineage {
+        put.execute(params![
+            entry.ancestor_id.as_str(),
+            key,
+            entry.after_seq,
+            entry.through_seq
+        ])?;
+    }
+    Ok(key)
+}
+
+fn set_indexed(tx: &Transaction<'_>, key: i64, seq: u64) -> Result<()> {
+    tx.prepare_cached("UPDATE search_sessions SET indexed_seq = ?2 WHERE id = ?1")?
+        .execute(params![key, seq])?;
+    Ok(())
+}
+
+/// The changes `own` makes, in sequence order (a reset before the rows of its event).
+fn changes_of(own: &OwnChanges) -> Vec<Change<'_>> {
+    let mut changes: Vec<(u64, u8, Change<'_>)> = Vec::new();
+    changes.extend(own.resets.iter().map(|seq| (*seq, 0, Change::Reset)));
+    for (row, message, time_ms) in &own.rows {
+        changes.push((
+            row.event_seq,
+            1,
+            Change::Put {
+                position: row.position,
+                seq: row.event_seq,
+                message_id: message.id(),
+                role: message.role(),
+                text: message_text(message),
+                time_ms: *time_ms,
+            },
+        ));
+    }
+    for (seq, title, time_ms) in &own.titles {
+        changes.push((
+            *seq,
+            2,
+            Change::Title {
+                seq: *seq,
+                title: title.clone(),
+                time_ms: *time_ms,
+            },
+        ));
+    }
+    // Stable: the rows of one event keep their position order.
+    changes.sort_by_key(|(seq, kind, _)| (*seq, *kind));
+    changes.into_iter().map(|(_, _, c)| c).collect()
+}
+
+/// Applies `changes` (in sequence order) to session `key`'s rows.
+fn apply(tx: &Transaction<'_>, key: i64, changes: &[Change<'_>]) -> Result<()> {
+    let mut drop_at =
+        tx.prepare_cached("DELETE FROM search_rows WHERE session = ?1 AND position = ?2")?;
+    let mut put_row = tx.prepare_cached(
+        "INSERT INTO search_rows (session, position, seq, time_ms, role, message_id)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?;
+    let mut put_text = tx.prepare_cached("INSERT INTO search_text (rowid, text) VALUES (?1, ?2)")?;
+    let mut put = |position: u64, seq: u64, time_ms: i64, role: Option<&str>, id: &str, text: &str| -> Result<()> {
+        drop_at.execute(params![key, position])?;
+        if text.trim().is_empty() {
+            return Ok(());
+        }
+        put_row.execute(params![key, position, seq, time_ms, role, id])?;
+        put_text.execute(params![tx.last_insert_rowid(), text])?;
+        Ok(())
+    };
+    for change in changes {
+        match change {
+            Change::Reset => {
+                tx.prepare_cached("DELETE FROM search_rows WHERE session = ?1 AND position > 0")?
+                    .execute([key])?;
+            }
+            Change::Put {
+                position,
+                seq,
+                message_id,
+                role,
+                text,
+                time_ms,
+            } => put(*position, *seq, *time_ms, *role, message_id, text)?,
+            Change::Title {
+                seq,
+                title,
+                time_ms,
+            } => {
+                put(0, *seq, *time_ms, Some("title"), "", title)?;
+                tx.prepare_cached("UPDATE search_sessions SET title = ?2 WHERE id = ?1")?
+                    .execute(params![key, title])?;
+            }
+        }
+    }
+    Ok(())
+}
