@@ -127,6 +127,31 @@ enum Command {
         #[arg(long, value_name = "C")]
         cursor: Option<String>,
     },
+    /// Full-text search over every session: words (all must match), "a phrase",
+    /// prefix*, a OR b, a NOT b, parentheses; case and diacritics ignored. Hits best
+    /// first (an exact phrase of the words first, then bm25), one page.
+    Search {
+        /// The query.
+        query: String,
+        /// Hits per page (1..=100).
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        /// The next page: a previous page's next_cursor.
+        #[arg(long, value_name = "C")]
+        cursor: Option<String>,
+        /// Only this session (with the messages it inherits).
+        #[arg(long, value_name = "ID")]
+        session: Option<String>,
+        /// Only sessions created with this working directory.
+        #[arg(long, value_name = "DIR")]
+        cwd: Option<String>,
+        /// Only messages at or after this UTC time: YYYY-MM-DD[THH:MM[:SS]].
+        #[arg(long, value_name = "DATE", value_parser = cli::search::parse_date)]
+        since: Option<i64>,
+        /// Only messages with this role (user, assistant, tool, …; title for titles).
+        #[arg(long)]
+        role: Option<String>,
+    },
     /// Durable events in replay order.
     Events {
         /// The session.
@@ -366,6 +391,26 @@ fn run(args: Args) -> CliResult<()> {
         Command::List { limit, cursor } => s::list(&cx, limit, cursor.as_deref()),
         Command::Show { id } => s::show(&cx, &id),
         Command::History { id, limit, cursor } => s::history(&cx, &id, limit, cursor.as_deref()),
+        Command::Search {
+            query,
+            limit,
+            cursor,
+            session,
+            cwd,
+            since,
+            role,
+        } => cli::search::search(
+            &cx,
+            &query,
+            cli::search::SearchArgs {
+                limit,
+                cursor,
+                session,
+                cwd,
+                since_ms: since,
+                role,
+            },
+        ),
         Command::Events {
             id,
             after,

@@ -7,6 +7,7 @@ pub mod corpus;
 pub mod demo;
 pub mod lean;
 pub mod replicate;
+pub mod search;
 pub mod sessions;
 pub mod workload;
 
