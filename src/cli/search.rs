@@ -147,7 +147,14 @@ mod tests {
         assert_eq!(parse_date("1970-01-01"), Ok(0));
         assert_eq!(parse_date("2024-02-29T12:30"), Ok(1_709_209_800_000));
         assert_eq!(parse_date("2024-02-29 12:30:05Z"), Ok(1_709_209_805_000));
-        for bad in ["", "yesterday", "2024-13-01", "2024-1", "2024-01-01T25:00", "+2024-01-01"] {
+        for bad in [
+            "",
+            "yesterday",
+            "2024-13-01",
+            "2024-1",
+            "2024-01-01T25:00",
+            "+2024-01-01",
+        ] {
             assert!(parse_date(bad).is_err(), "{bad}");
         }
     }

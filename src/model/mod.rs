@@ -12,8 +12,8 @@ pub(crate) mod transcript_index;
 pub use event::{Batch, Commit, ContentRef, Event, INLINE_PAYLOAD_LIMIT};
 pub use ids::{SessionId, SessionRef};
 pub use message::Message;
-pub use search::Snippet;
 pub use projection::{
     PROJECTION_KINDS, PreparedFold, Projection, RecoveryStatus, TERMINAL_TURN_STATUSES,
     TURN_IN_PROGRESS, Todo, TurnBoundary,
 };
+pub use search::Snippet;

@@ -45,7 +45,10 @@ pub(crate) struct SearchQuery {
 #[derive(Clone, Debug, PartialEq)]
 enum Node {
     /// A word or a phrase; `prefix` for a trailing `*`.
-    Term { text: String, prefix: bool },
+    Term {
+        text: String,
+        prefix: bool,
+    },
     And(Vec<Node>),
     Or(Vec<Node>),
     /// Matches of the left side without a match of the right side.
@@ -96,7 +99,9 @@ fn lex(query: &str) -> Result<Vec<Token>> {
                     text.push(c);
                 }
                 if !closed {
-                    return Err(bad(format!("the phrase opened at byte {at} has no closing \"")));
+                    return Err(bad(format!(
+                        "the phrase opened at byte {at} has no closing \""
+                    )));
                 }
                 let prefix = chars.peek().is_some_and(|(_, n)| *n == '*');
                 if prefix {
@@ -540,7 +545,10 @@ mod tests {
     #[test]
     fn exact_phrase_only_for_plain_words() {
         let p = |q: &str| SearchQuery::parse(q).expect("parses").exact_phrase();
-        assert_eq!(p("quick brown fox").as_deref(), Some(r#""quick brown fox""#));
+        assert_eq!(
+            p("quick brown fox").as_deref(),
+            Some(r#""quick brown fox""#)
+        );
         assert_eq!(p("quick"), None);
         assert_eq!(p("quick OR fox"), None);
         assert_eq!(p("quick fo*"), None);
@@ -553,9 +561,15 @@ mod tests {
             "We talked about many things.\nThen deploying to Kubernetes failed twice.",
             &q.marks(),
         );
-        assert_eq!(s.marked("[", "]"), "We talked about many things. Then [deploying] to [Kubernetes] failed twice.");
+        assert_eq!(
+            s.marked("[", "]"),
+            "We talked about many things. Then [deploying] to [Kubernetes] failed twice."
+        );
         let long: String = (0..100).map(|i| format!("w{i} ")).collect::<String>() + "needle end";
-        let s = snippet(&long, &SearchQuery::parse("needle").expect("parses").marks());
+        let s = snippet(
+            &long,
+            &SearchQuery::parse("needle").expect("parses").marks(),
+        );
         assert!(s.text.starts_with('…'), "{}", s.text);
         assert_eq!(s.marked("<", ">").matches("<needle>").count(), 1);
     }
@@ -569,6 +583,9 @@ mod tests {
         }))
         .expect("message");
         let t = message_text(&m);
-        assert!(t.contains("hello there") && t.contains("zebra") && !t.contains("QUJD"), "{t}");
+        assert!(
+            t.contains("hello there") && t.contains("zebra") && !t.contains("QUJD"),
+            "{t}"
+        );
     }
 }

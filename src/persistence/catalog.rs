@@ -248,7 +248,11 @@ pub(crate) fn catalog_dir(root: &Root) -> Result<rustix::fd::OwnedFd> {
     Ok(dir)
 }
 
-pub(crate) fn unlink_files_at(dir: impl rustix::fd::AsFd, names: &[&str], shown: &Path) -> Result<()> {
+pub(crate) fn unlink_files_at(
+    dir: impl rustix::fd::AsFd,
+    names: &[&str],
+    shown: &Path,
+) -> Result<()> {
     use rustix::io::Errno;
     for name in names {
         match rustix::fs::unlinkat(&dir, *name, rustix::fs::AtFlags::empty()) {

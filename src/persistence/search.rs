@@ -15,9 +15,7 @@ use crate::persistence::Root;
 use crate::persistence::catalog::{CATALOG_DIR, catalog_dir, unlink_files_at};
 use crate::store::reader::SessionReader;
 use crate::store::schema::{self, SESSION_FILE};
-use crate::store::search::{
-    IndexFilter, IndexHit, SEARCH_FILE, SEARCH_FILES, SearchIndex,
-};
+use crate::store::search::{IndexFilter, IndexHit, SEARCH_FILE, SEARCH_FILES, SearchIndex};
 
 /// Default page of a search.
 const DEFAULT_SEARCH_LIMIT: usize = 20;
@@ -306,8 +304,18 @@ mod tests {
             rank: -1.25e-6,
             tier: 1,
         };
-        assert_eq!(parse_cursor(&cursor_of(&hit)).expect("parses"), (1, -1.25e-6, 42));
-        for junk in ["", "s1.", "s1.1.zz.3", "h1.1.2", "s1.1.0.1.9", "s1.1.7ff8000000000000.1"] {
+        assert_eq!(
+            parse_cursor(&cursor_of(&hit)).expect("parses"),
+            (1, -1.25e-6, 42)
+        );
+        for junk in [
+            "",
+            "s1.",
+            "s1.1.zz.3",
+            "h1.1.2",
+            "s1.1.0.1.9",
+            "s1.1.7ff8000000000000.1",
+        ] {
             assert!(parse_cursor(junk).is_err(), "{junk}");
         }
     }

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::model::Snippet;
 use crate::model::header::Origin;
 use crate::model::{Commit, ContentRef, Message, SessionId, SessionRef};
-use crate::model::Snippet;
 use crate::persistence::{CatalogEntry, RebuildReport, SearchOptions, SkippedSession};
 use crate::service::runtime::RuntimeSnapshot;
 use crate::service::{Service, blocking};

@@ -824,8 +824,7 @@ impl SessionReader {
     pub(crate) fn own_changes(&self, after: u64) -> Result<OwnChanges> {
         let conn = self.own()?;
         let through = read::last_own_seq(&conn)?.unwrap_or(0).max(after);
-        let (rows, resets) =
-            read::read_history_index(&conn, after, through)?.unwrap_or_default();
+        let (rows, resets) = read::read_history_index(&conn, after, through)?.unwrap_or_default();
         let mut out = OwnChanges {
             through,
             resets,
@@ -854,7 +853,8 @@ impl SessionReader {
             let title = serde_json::from_str::<TitleOf>(&text)
                 .map_err(|e| Error::corrupt(format!("event {seq}: {e}")))?
                 .title;
-            out.titles.push((seq, title, read::commit_time(&conn, seq)?));
+            out.titles
+                .push((seq, title, read::commit_time(&conn, seq)?));
         }
         Ok(out)
     }
@@ -864,8 +864,8 @@ impl SessionReader {
     pub(crate) fn inherited_title(&self) -> Result<String> {
         for seg in self.layout().segments.iter().rev().filter(|s| s.inherited) {
             let conn = seg.pool.get()?;
-            if let Some(seq) = read::events_of_kind(&conn, "session/title", seg.after, seg.through)?
-                .last()
+            if let Some(seq) =
+                read::events_of_kind(&conn, "session/title", seg.after, seg.through)?.last()
             {
                 let text = read::read_payload_text(&conn, *seq)?;
                 return serde_json::from_str::<TitleOf>(&text)

@@ -225,7 +225,11 @@ impl SearchIndex {
     /// # Errors
     /// SQLite errors (busy after [`BUSY`]); the caller ignores them: the next drain, the
     /// next open or a rebuild catches up.
-    pub(crate) fn index_drained(&self, reader: &SessionReader, batch: &[Arc<Accepted>]) -> Result<()> {
+    pub(crate) fn index_drained(
+        &self,
+        reader: &SessionReader,
+        batch: &[Arc<Accepted>],
+    ) -> Result<()> {
         let (Some(first), Some(last)) = (batch.first(), batch.last()) else {
             return Ok(());
         };
@@ -503,8 +507,8 @@ impl SearchIndex {
     /// SQLite errors.
     pub(crate) fn indexed_sessions(&self) -> Result<Vec<(SessionId, u64)>> {
         let conn = lock(&self.read);
-        let mut stmt = conn
-            .prepare_cached("SELECT session_id, indexed_seq FROM search_sessions ORDER BY 1")?;
+        let mut stmt =
+            conn.prepare_cached("SELECT session_id, indexed_seq FROM search_sessions ORDER BY 1")?;
         let rows = stmt
             .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, u64>(1)?)))?
             .collect::<rusqlite::Result<Vec<_>>>()?;
@@ -530,7 +534,11 @@ fn stored_lineage(conn: &Connection, key: i64) -> Result<Vec<LineageEntry>> {
     )?;
     let rows = stmt
         .query_map([key], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, u64>(1)?, r.get::<_, u64>(2)?))
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, u64>(1)?,
+                r.get::<_, u64>(2)?,
+            ))
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     rows.into_iter()
@@ -635,8 +643,15 @@ fn apply(tx: &Transaction<'_>, key: i64, changes: &[Change<'_>]) -> Result<()> {
         "INSERT INTO search_rows (session, position, seq, time_ms, role, message_id)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
     )?;
-    let mut put_text = tx.prepare_cached("INSERT INTO search_text (rowid, text) VALUES (?1, ?2)")?;
-    let mut put = |position: u64, seq: u64, time_ms: i64, role: Option<&str>, id: &str, text: &str| -> Result<()> {
+    let mut put_text =
+        tx.prepare_cached("INSERT INTO search_text (rowid, text) VALUES (?1, ?2)")?;
+    let mut put = |position: u64,
+                   seq: u64,
+                   time_ms: i64,
+                   role: Option<&str>,
+                   id: &str,
+                   text: &str|
+     -> Result<()> {
         drop_at.execute(params![key, position])?;
         if text.trim().is_empty() {
             return Ok(());

@@ -1,0 +1,809 @@
+//! Full-text search (issue 14): hits in the right sessions for words, phrases, prefixes,
+//! tool outputs and content stored as blobs; titles; deleted sessions and forks; a rebuild
+//! that changes nothing; malformed and hostile queries; ranking; paging and filters; a
+//! writer SIGKILLed while it drains; the CLI.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::BufReader;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+use session_store::{
+    Batch, CancelToken, CreateOptions, Error, ForkPoint, Root, SearchHit, SearchOptions, Service,
+};
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// Every hit of `query` (all pages).
+fn search_all(root: &Root, query: &str, options: SearchOptions) -> Vec<SearchHit> {
+    let service = Service::new("local", root.clone()).expect("service");
+    let rt = rt();
+    let mut out = Vec::new();
+    let mut options = options.with_limit(100);
+    loop {
+        let page = rt
+            .block_on(service.query().search(query, options.clone()))
+            .unwrap_or_else(|e| panic!("search {query:?}: {e}"));
+        out.extend(page.hits);
+        match page.next_cursor {
+            Some(c) => options = options.with_cursor(c),
+            None => return out,
+        }
+    }
+}
+
+fn search_err(root: &Root, query: &str) -> Option<Error> {
+    let service = Service::new("local", root.clone()).expect("service");
+    rt().block_on(service.query().search(query, SearchOptions::default()))
+        .err()
+}
+
+/// `(session, position)` of each hit, in order.
+fn at(hits: &[SearchHit]) -> Vec<(String, u64)> {
+    hits.iter()
+        .map(|h| (h.session_ref.session_id.to_string(), h.position))
+        .collect()
+}
+
+fn sessions_of(hits: &[SearchHit]) -> BTreeSet<String> {
+    hits.iter()
+        .map(|h| h.session_ref.session_id.to_string())
+        .collect()
+}
+
+fn append(root: &Root, name: &str, op: &str, events: Vec<session_store::Event>) {
+    let s = root.open_writer(&id(name)).expect("open writer");
+    s.append(Batch::new(op, events)).expect("append");
+    s.close().expect("close");
+}
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_session-store"))
+}
+
+#[test]
+fn words_phrases_prefixes_tool_outputs_blobs_and_titles_are_found() {
+    let (_dir, root) = temp_root();
+    let a = create(&root, "alpha");
+    a.append(Batch::new(
+        "a1",
+        vec![
+            title("Garden planning"),
+            message(
+                "a-u1",
+                "user",
+                "The quick brown fox jumps over the lazy dog",
+            ),
+            message("a-a1", "assistant", "Foxes are quick; dogs are lazy."),
+        ],
+    ))
+    .expect("append");
+    a.close().expect("close");
+    let b = create(&root, "beta");
+    b.append(Batch::new(
+        "b1",
+        vec![message("b-u1", "user", "brown dogs are quick too")],
+    ))
+    .expect("append");
+    b.close().expect("close");
+
+    // The first search creates the index and fills it from the files.
+    assert_eq!(
+        at(&search_all(&root, "fox", SearchOptions::default())),
+        [("alpha".into(), 1)]
+    );
+    let phrase = search_all(&root, "\"quick brown\"", SearchOptions::default());
+    assert_eq!(sessions_of(&phrase), BTreeSet::from(["alpha".into()]));
+    let words = search_all(&root, "quick brown", SearchOptions::default());
+    assert_eq!(
+        sessions_of(&words),
+        BTreeSet::from(["alpha".into(), "beta".into()])
+    );
+    assert_eq!(
+        at(&search_all(&root, "jump*", SearchOptions::default())),
+        [("alpha".into(), 1)]
+    );
+    assert_eq!(
+        sessions_of(&search_all(
+            &root,
+            "quick NOT fox",
+            SearchOptions::default()
+        )),
+        BTreeSet::from(["alpha".into(), "beta".into()]),
+        "Foxes is not fox: the assistant message of alpha has quick without fox"
+    );
+    assert_eq!(
+        at(&search_all(
+            &root,
+            "quick NOT (fox OR foxes)",
+            SearchOptions::default()
+        )),
+        [("beta".into(), 1)]
+    );
+    let titled = search_all(&root, "garden", SearchOptions::default());
+    assert_eq!(at(&titled), [("alpha".into(), 0)]);
+    assert_eq!(titled[0].role.as_deref(), Some("title"));
+    assert_eq!(titled[0].title, "Garden planning");
+    assert_eq!(titled[0].snippet.marked("[", "]"), "[Garden] planning");
+
+    // Written after the index exists: indexed by the writer's drains. A tool output over
+    // the inline threshold is a content part, one over 64 KiB makes its payload a blob.
+    let part = format!(
+        "{} marmalade {}",
+        "log line ".repeat(300),
+        "tail ".repeat(50)
+    );
+    let blob = format!(
+        "{} xylophonequux {}",
+        "0123456789abcdef ".repeat(4000),
+        "end ".repeat(10)
+    );
+    assert!(part.len() > 2048 && blob.len() > 65 * 1024);
+    let c = create(&root, "gamma");
+    c.append(tool_turn("c1", "t1", &part)).expect("append");
+    c.append(tool_turn("c2", "t2", &blob)).expect("append");
+    c.flush().expect("flush");
+    let hits = search_all(&root, "marmalade", SearchOptions::default());
+    assert_eq!(at(&hits), [("gamma".into(), 2)]);
+    assert_eq!(hits[0].role.as_deref(), Some("tool"));
+    assert_eq!(hits[0].message_id, "tool-t1");
+    assert!(
+        hits[0].snippet.marked("[", "]").contains("[marmalade]"),
+        "{:?}",
+        hits[0].snippet
+    );
+    let hits = search_all(&root, "xylophonequux", SearchOptions::default());
+    assert_eq!(at(&hits), [("gamma".into(), 5)]);
+    assert_eq!(hits[0].message_id, "tool-t2");
+    // A later title is found, and hits show it at once.
+    c.append(Batch::new("c3", vec![title("Build failures")]))
+        .expect("append");
+    c.close().expect("close");
+    let hits = search_all(&root, "marmalade", SearchOptions::default());
+    assert_eq!(hits[0].title, "Build failures");
+    assert_eq!(
+        at(&search_all(&root, "failures", SearchOptions::default())),
+        [("gamma".into(), 0)]
+    );
+    // Case and diacritics are ignored.
+    append(
+        &root,
+        "beta",
+        "b2",
+        vec![message("b-u2", "user", "Café CRÈME brûlée")],
+    );
+    assert_eq!(
+        at(&search_all(&root, "creme cafe", SearchOptions::default())),
+        [("beta".into(), 2)]
+    );
+}
+
+#[test]
+fn deleted_sessions_are_never_returned_and_forks_share_inherited_hits() {
+    let (_dir, root) = temp_root();
+    let p = create(&root, "parent");
+    p.append(
+        Batch::new(
+            "p1",
+            vec![
+                session_store::Event::new("turn/start"),
+                message("p-u1", "user", "inherited walrus question"),
+                turn_end("completed"),
+            ],
+        )
+        .in_turn("t1"),
+    )
+    .expect("append");
+    p.close().expect("close");
+    assert!(search_all(&root, "nothing", SearchOptions::default()).is_empty());
+    let child = root
+        .fork(
+            &id("parent"),
+            ForkPoint::AfterTurn("t1".into()),
+            Some(id("child")),
+        )
+        .expect("fork");
+    append(
+        &root,
+        "child",
+        "c1",
+        vec![message("c-u2", "user", "own narwhal answer")],
+    );
+    append(
+        &root,
+        "parent",
+        "p2",
+        vec![message("p-u2", "user", "later walrus, parent only")],
+    );
+
+    // Inherited: under the session that wrote it, with the fork listed.
+    let hits = search_all(&root, "walrus", SearchOptions::default());
+    assert_eq!(sessions_of(&hits), BTreeSet::from(["parent".into()]));
+    let first = hits.iter().find(|h| h.message_id == "p-u1").expect("p-u1");
+    assert_eq!(
+        first
+            .shared_with
+            .iter()
+            .map(|r| r.session_id.as_str())
+            .collect::<Vec<_>>(),
+        ["child"]
+    );
+    let later = hits.iter().find(|h| h.message_id == "p-u2").expect("p-u2");
+    assert!(later.shared_with.is_empty(), "written after the fork point");
+    // The fork's own message is under the fork.
+    assert_eq!(
+        at(&search_all(&root, "narwhal", SearchOptions::default())),
+        [("child".into(), 2)]
+    );
+    // Searching one session includes what it inherits, not its parent's later messages.
+    let in_child = search_all(
+        &root,
+        "walrus",
+        SearchOptions::default().with_session(child.clone()),
+    );
+    assert_eq!(
+        in_child
+            .iter()
+            .map(|h| h.message_id.as_str())
+            .collect::<Vec<_>>(),
+        ["p-u1"]
+    );
+
+    // Deleting the parent copies the inherited range into the fork: found there now.
+    root.delete(&id("parent"), &CancelToken::new())
+        .expect("delete");
+    let hits = search_all(&root, "walrus", SearchOptions::default());
+    assert_eq!(at(&hits), [("child".into(), 1)]);
+    assert!(hits[0].shared_with.is_empty());
+    // Deleting the fork leaves nothing.
+    root.delete(&id("child"), &CancelToken::new())
+        .expect("delete");
+    assert!(search_all(&root, "walrus OR narwhal", SearchOptions::default()).is_empty());
+    // A session removed behind the index's back (an older build's delete, `rm -r`) is not
+    // returned either: a hit whose folder is gone is dropped, and the index forgets it.
+    create(&root, "ghost").close().expect("close");
+    append(
+        &root,
+        "ghost",
+        "g",
+        vec![message("g1", "user", "spectral walrus")],
+    );
+    assert_eq!(
+        search_all(&root, "spectral", SearchOptions::default()).len(),
+        1
+    );
+    std::fs::remove_dir_all(root.path().join("ghost")).expect("rm");
+    assert!(search_all(&root, "spectral OR walrus", SearchOptions::default()).is_empty());
+}
+
+#[test]
+fn a_search_after_rebuild_catalog_equals_the_one_before() {
+    let (_dir, root) = temp_root();
+    let words = ["amber", "basalt", "cobalt", "dune", "ember", "fjord"];
+    let mut rng = fastrand::Rng::with_seed(14);
+    for s in 0..6 {
+        let name = format!("s{s}");
+        let session = create(&root, &name);
+        for m in 0..12 {
+            let text: Vec<&str> = (0..rng.usize(3..12))
+                .map(|_| words[rng.usize(..words.len())])
+                .collect();
+            session
+                .append(Batch::new(
+                    format!("{name}-{m}"),
+                    vec![message(&format!("{name}-m{m}"), "user", &text.join(" "))],
+                ))
+                .expect("append");
+        }
+        session.close().expect("close");
+        if s == 0 {
+            // The index exists from here on: later sessions are indexed by their drains.
+            search_all(&root, "amber", SearchOptions::default());
+        }
+    }
+    let queries = [
+        "amber",
+        "basalt cobalt",
+        "\"dune ember\"",
+        "fj*",
+        "amber OR fjord",
+        "cobalt NOT dune",
+    ];
+    let snapshot = |root: &Root| -> Vec<Vec<(String, u64, String, String, u64)>> {
+        queries
+            .iter()
+            .map(|q| {
+                let mut hits: Vec<_> = search_all(root, q, SearchOptions::default())
+                    .into_iter()
+                    .map(|h| {
+                        let text = h.snippet.marked("[", "]");
+                        (
+                            h.session_ref.session_id.to_string(),
+                            h.position,
+                            h.message_id,
+                            text,
+                            h.rank.to_bits(),
+                        )
+                    })
+                    .collect();
+                hits.sort();
+                hits
+            })
+            .collect()
+    };
+    let before = snapshot(&root);
+    assert!(before.iter().all(|hits| !hits.is_empty()));
+    let out = bin()
+        .args(["--root"])
+        .arg(root.path())
+        .args(["--json", "rebuild-catalog"])
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(report["searchable"], 6);
+    assert_eq!(snapshot(&Root::open(root.path()).expect("root")), before);
+}
+
+#[test]
+fn malformed_and_hostile_queries_are_invalid_input_never_sql_errors() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "one");
+    s.append(Batch::new(
+        "o",
+        vec![message("m", "user", "text near a column: value")],
+    ))
+    .expect("append");
+    s.close().expect("close");
+    for (q, why) in [
+        ("", "empty"),
+        ("\"unclosed phrase", "no closing \""),
+        ("(open", "not closed"),
+        ("a OR", "ends"),
+        ("NOT a", "NOT needs a term before it"),
+        ("a\0b", "NUL"),
+        ("*", "must follow a word"),
+    ] {
+        match search_err(&root, q) {
+            Some(Error::InvalidInput(text)) => assert!(text.contains(why), "{q:?}: {text}"),
+            other => panic!("{q:?}: {other:?}"),
+        }
+    }
+    let long = "word ".repeat(400);
+    assert!(matches!(
+        search_err(&root, &long),
+        Some(Error::InvalidInput(_))
+    ));
+    // FTS5 syntax in a query is text, never an operator or an SQL error.
+    for q in [
+        "NEAR(text value)",
+        "NEAR(",
+        "text:near",
+        "{text}: value",
+        "^text",
+        "text + value",
+        "- value",
+        "a:b:c",
+        "column: value",
+        "'); DROP TABLE search_rows; --",
+        "\"\"\"\"",
+        "text\"near",
+        "((text))",
+        "AND AND",
+        "OR",
+        ")(",
+        "\u{202e}text",
+        "ünïcödé 文字 🙂",
+    ] {
+        match search_err(&root, q) {
+            None => {}
+            Some(Error::InvalidInput(text)) => {
+                assert!(!text.to_lowercase().contains("sql"), "{q:?}: {text}")
+            }
+            Some(other) => panic!("{q:?}: not InvalidInput: {other:?}"),
+        }
+    }
+    assert_eq!(
+        at(&search_all(&root, "text:near", SearchOptions::default())),
+        [("one".into(), 1)]
+    );
+    assert_eq!(
+        at(&search_all(
+            &root,
+            "NEAR(text value)",
+            SearchOptions::default()
+        )),
+        [("one".into(), 1)]
+    );
+    // The index is untouched by all that.
+    assert_eq!(
+        at(&search_all(&root, "column", SearchOptions::default())),
+        [("one".into(), 1)]
+    );
+    // A bad cursor and a limit over 100 are InvalidInput too.
+    let service = Service::new("local", root.clone()).expect("service");
+    for options in [
+        SearchOptions::default().with_cursor("junk"),
+        SearchOptions::default().with_limit(101),
+    ] {
+        let e = rt()
+            .block_on(service.query().search("text", options))
+            .expect_err("refused");
+        assert!(matches!(e, Error::InvalidInput(_)), "{e:?}");
+    }
+}
+
+#[test]
+fn an_exact_phrase_match_ranks_first() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "rank");
+    // Short rows repeating the words (high bm25) and one long row with the exact phrase.
+    for i in 0..20 {
+        s.append(Batch::new(
+            format!("r{i}"),
+            vec![message(
+                &format!("noise-{i}"),
+                "user",
+                "server deploy staging deploy server staging",
+            )],
+        ))
+        .expect("append");
+    }
+    let filler = "and some more words about other things ".repeat(30);
+    s.append(Batch::new(
+        "exact",
+        vec![message(
+            "exact",
+            "user",
+            &format!("{filler} please deploy staging server now {filler}"),
+        )],
+    ))
+    .expect("append");
+    s.close().expect("close");
+    let hits = search_all(&root, "deploy staging server", SearchOptions::default());
+    assert_eq!(hits.len(), 21);
+    assert_eq!(hits[0].message_id, "exact");
+    // Without the phrase tier bm25 alone would put it last: the test can fail.
+    assert!(hits[1..].iter().all(|h| h.rank < hits[0].rank));
+    assert_eq!(
+        hits[0].snippet.marked("[", "]").matches('[').count(),
+        3,
+        "{:?}",
+        hits[0].snippet
+    );
+}
+
+#[test]
+fn pages_and_filters() {
+    let (_dir, root) = temp_root();
+    for (name, cwd) in [("p1", "/work/a"), ("p2", "/work/b")] {
+        let s = root
+            .create(CreateOptions::with_id(id(name)).with_cwd(cwd))
+            .expect("create");
+        for i in 0..15 {
+            let role = if i % 3 == 0 { "assistant" } else { "user" };
+            s.append(Batch::new(
+                format!("{name}-{i}"),
+                vec![message(
+                    &format!("{name}-{i}"),
+                    role,
+                    &format!("common word number {i}"),
+                )],
+            ))
+            .expect("append");
+        }
+        s.close().expect("close");
+    }
+    let service = Service::new("local", root.clone()).expect("service");
+    let rt = rt();
+    let mut seen = BTreeSet::new();
+    let mut options = SearchOptions::default().with_limit(7);
+    let mut pages = 0;
+    loop {
+        let page = rt
+            .block_on(service.query().search("common", options.clone()))
+            .expect("search");
+        pages += 1;
+        assert!(page.hits.len() <= 7);
+        for h in &page.hits {
+            assert!(
+                seen.insert(h.message_id.clone()),
+                "duplicate {}",
+                h.message_id
+            );
+        }
+        match page.next_cursor {
+            Some(c) => options = options.with_cursor(c),
+            None => break,
+        }
+    }
+    assert_eq!((seen.len(), pages), (30, 5));
+    let assistant = search_all(
+        &root,
+        "common",
+        SearchOptions::default().with_role("assistant"),
+    );
+    assert_eq!(assistant.len(), 10);
+    assert!(
+        assistant
+            .iter()
+            .all(|h| h.role.as_deref() == Some("assistant"))
+    );
+    let in_b = search_all(
+        &root,
+        "common",
+        SearchOptions::default().with_cwd("/work/b"),
+    );
+    assert_eq!(sessions_of(&in_b), BTreeSet::from(["p2".into()]));
+    assert_eq!(in_b.len(), 15);
+    let one = search_all(
+        &root,
+        "common",
+        SearchOptions::default().with_session(id("p1")),
+    );
+    assert_eq!(sessions_of(&one), BTreeSet::from(["p1".into()]));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    assert!(
+        search_all(
+            &root,
+            "common",
+            SearchOptions::default().with_since(now + 60_000)
+        )
+        .is_empty()
+    );
+    assert_eq!(
+        search_all(
+            &root,
+            "common",
+            SearchOptions::default().with_since(now - 600_000)
+        )
+        .len(),
+        30
+    );
+}
+
+/// The child of [`a_sigkilled_writer_leaves_a_repairable_index`]: appends one message per
+/// batch and flushes each, printing `durable <seq>`, until killed.
+#[test]
+#[ignore = "child process role"]
+fn search_writer_role() {
+    let root = Root::open(std::env::var("SS_ROOT").expect("SS_ROOT")).expect("root");
+    let session = root
+        .open_writer(&id(&std::env::var("SS_ID").expect("SS_ID")))
+        .expect("open");
+    let start: u64 = std::env::var("SS_START")
+        .expect("SS_START")
+        .parse()
+        .expect("n");
+    println!("ready");
+    for i in start.. {
+        session
+            .append(Batch::new(
+                format!("w{i}"),
+                vec![message(
+                    &format!("w{i}"),
+                    "user",
+                    &format!("tally item{i} entry"),
+                )],
+            ))
+            .expect("append");
+        let seq = session.flush().expect("flush");
+        println!("durable {seq}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_sigkilled_writer_leaves_a_repairable_index() {
+    let (_dir, root) = temp_root();
+    create(&root, "killed").close().expect("close");
+    // The index exists before the writer starts, so the writer keeps it current.
+    assert!(search_all(&root, "tally", SearchOptions::default()).is_empty());
+    let mut rng = fastrand::Rng::with_seed(1414);
+    let mut written = 0u64;
+    for round in 0..6 {
+        let mut child = spawn_role(
+            "search_writer_role",
+            &[
+                ("SS_ROOT", root.path().to_str().expect("utf-8")),
+                ("SS_ID", "killed"),
+                ("SS_START", &written.to_string()),
+            ],
+        );
+        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+        read_until(&mut out, "ready");
+        read_until(&mut out, "durable ");
+        std::thread::sleep(Duration::from_millis(rng.u64(5..120)));
+        child.kill().expect("kill");
+        child.wait().expect("wait");
+        let transcript = {
+            let reader = root.open_reader(&id("killed")).expect("reader");
+            reader
+                .transcript(reader.durable_sequence().expect("seq"))
+                .expect("transcript")
+        };
+        written = transcript.len() as u64;
+        let expected: BTreeSet<String> = transcript.iter().map(|m| m.id().to_owned()).collect();
+        // Whatever the kill cut, every hit the index has is a message of the file.
+        let found: BTreeSet<String> = search_all(&root, "tally", SearchOptions::default())
+            .into_iter()
+            .map(|h| h.message_id)
+            .collect();
+        assert!(
+            found.is_subset(&expected),
+            "round {round}: hits outside the file"
+        );
+        // Repaired: by reopening the writer (odd rounds) or by rebuild-catalog (even ones).
+        if round % 2 == 1 {
+            root.open_writer(&id("killed"))
+                .expect("reopen")
+                .close()
+                .expect("close");
+        } else {
+            let out = bin()
+                .arg("--root")
+                .arg(root.path())
+                .arg("rebuild-catalog")
+                .output()
+                .expect("run");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let hits = search_all(&root, "tally", SearchOptions::default());
+        let found: BTreeSet<String> = hits.iter().map(|h| h.message_id.clone()).collect();
+        assert_eq!(found, expected, "round {round}: {} written", expected.len());
+        assert_eq!(
+            hits.len(),
+            expected.len(),
+            "round {round}: one hit per message"
+        );
+        let last = format!("item{}", written - 1);
+        assert_eq!(search_all(&root, &last, SearchOptions::default()).len(), 1);
+    }
+    assert!(written > 6, "the writer wrote {written} messages");
+}
+
+#[test]
+fn cli_search_marks_snippets_on_a_terminal_only_and_follows_the_exit_codes() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "cli");
+    s.append(Batch::new(
+        "c",
+        vec![
+            title("Shell notes"),
+            message("m1", "user", "grep the logs for timeouts"),
+        ],
+    ))
+    .expect("append");
+    s.close().expect("close");
+    let run = |args: &[&str]| {
+        bin()
+            .arg("--root")
+            .arg(root.path())
+            .args(args)
+            .output()
+            .expect("run")
+    };
+    let out = run(&["search", "timeouts"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("cli #1 user") && text.contains("grep the logs for timeouts"),
+        "{text}"
+    );
+    assert!(
+        !text.contains('\x1b'),
+        "no escapes when stdout is not a terminal: {text:?}"
+    );
+    let out = run(&[
+        "--json",
+        "search",
+        "timeout*",
+        "--role",
+        "user",
+        "--since",
+        "2020-01-01",
+    ]);
+    assert!(out.status.success());
+    let page: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(page["hits"][0]["message_id"], "m1");
+    assert_eq!(page["hits"][0]["session_ref"]["session_id"], "cli");
+    let snippet = &page["hits"][0]["snippet"];
+    let (start, end) = (
+        snippet["matches"][0]["start"].as_u64().expect("start") as usize,
+        snippet["matches"][0]["end"].as_u64().expect("end") as usize,
+    );
+    assert_eq!(
+        &snippet["text"].as_str().expect("text")[start..end],
+        "timeouts"
+    );
+    assert_eq!(page["next_cursor"], json!(null));
+    // Exit codes: a malformed query or a limit over 100 is invalid input (6), a bad date
+    // a usage error (2), an unknown session in --session simply has no hits.
+    let out = run(&["search", "\"open"]);
+    assert_eq!(out.status.code(), Some(6));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no closing"));
+    assert_eq!(
+        run(&["search", "x", "--limit", "101"]).status.code(),
+        Some(6)
+    );
+    assert_eq!(
+        run(&["search", "x", "--since", "last week"]).status.code(),
+        Some(2)
+    );
+    let out = run(&["search", "timeouts", "--session", "nope"]);
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "no matches");
+}
+
+#[test]
+fn an_index_write_that_cannot_wait_is_caught_up_later() {
+    use std::io::Write;
+    let (_dir, root) = temp_root();
+    let s = create(&root, "busy");
+    assert!(search_all(&root, "anything", SearchOptions::default()).is_empty());
+    s.append(Batch::new("b0", vec![message("b0", "user", "before lock")]))
+        .expect("append");
+    s.flush().expect("flush");
+    // Another process holds the index's write lock: the drain's index write gives up.
+    let mut shell = Command::new("/usr/bin/sqlite3")
+        .arg(root.path().join(".catalog/search.sqlite"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("sqlite3");
+    let mut stdin = shell.stdin.take().expect("stdin");
+    writeln!(stdin, "BEGIN IMMEDIATE; SELECT 'locked';").expect("write");
+    let mut out = BufReader::new(shell.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).expect("read");
+    assert_eq!(line.trim(), "locked");
+    s.append(Batch::new(
+        "b1",
+        vec![message("b1", "user", "while locked")],
+    ))
+    .expect("append");
+    assert_eq!(
+        s.flush().expect("flush"),
+        2,
+        "the drain itself never waits for the index"
+    );
+    writeln!(stdin, "ROLLBACK;").expect("write");
+    drop(stdin);
+    shell.wait().expect("wait");
+    assert!(
+        search_all(&root, "locked", SearchOptions::default()).is_empty(),
+        "behind"
+    );
+    // The next drain sees the gap and catches up from the file.
+    s.append(Batch::new("b2", vec![message("b2", "user", "after lock")]))
+        .expect("append");
+    s.flush().expect("flush");
+    let hits = search_all(&root, "lock OR locked", SearchOptions::default());
+    let ids: BTreeSet<&str> = hits.iter().map(|h| h.message_id.as_str()).collect();
+    assert_eq!(ids, BTreeSet::from(["b0", "b1", "b2"]));
+    s.close().expect("close");
+}
