@@ -89,6 +89,8 @@ impl SearchOptions {
 #[derive(Clone, Debug)]
 pub(crate) struct Found {
     pub hit: IndexHit,
+    /// The message's id ("" for a title).
+    pub message_id: String,
     pub snippet: Snippet,
     pub shared_with: Vec<SessionId>,
 }
@@ -255,11 +257,11 @@ impl Root {
                 .entry(hit.session_id.clone())
                 .or_insert_with(|| self.live_reader(&index, &hit.session_id));
             let Some(reader) = reader else { continue };
-            let text = if hit.position == 0 {
-                hit.title.clone()
+            let (message_id, text) = if hit.position == 0 {
+                (String::new(), hit.title.clone())
             } else {
                 match reader.message_at(hit.position)? {
-                    Some(m) if m.id() == hit.message_id => message_text(&m),
+                    Some((seq, m)) if seq == hit.seq => (m.id().to_owned(), message_text(&m)),
                     // The index is behind the file (it is caught up on the next drain,
                     // open or rebuild): not a hit of the current transcript.
                     _ => continue,
@@ -268,6 +270,7 @@ impl Root {
             out.push(Found {
                 shared_with: index.shared_with(&hit.session_id, hit.seq)?,
                 snippet: snippet(&text, &marks),
+                message_id,
                 hit,
             });
         }
@@ -298,7 +301,6 @@ mod tests {
             title: String::new(),
             position: 1,
             seq: 1,
-            message_id: String::new(),
             role: None,
             time_ms: 0,
             rank: -1.25e-6,

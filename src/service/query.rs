@@ -316,7 +316,7 @@ impl Query {
                     session_ref: service.session_ref(f.hit.session_id),
                     title: f.hit.title,
                     position: f.hit.position,
-                    message_id: f.hit.message_id,
+                    message_id: f.message_id,
                     role: f.hit.role,
                     snippet: f.snippet,
                     rank: f.hit.rank,

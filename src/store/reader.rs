@@ -877,8 +877,9 @@ impl SessionReader {
     }
 
     /// The message at transcript `position` as of the durable prefix (its newest
-    /// version), read through the history index; `None` when there is none.
-    pub(crate) fn message_at(&self, position: u64) -> Result<Option<Arc<Message>>> {
+    /// version) and the event that put it there, read through the history index; `None`
+    /// when there is none.
+    pub(crate) fn message_at(&self, position: u64) -> Result<Option<(u64, Arc<Message>)>> {
         let rows = self.history_rows(u64::MAX, position.saturating_add(1), 1)?;
         let Some((row, body)) = rows.into_iter().next() else {
             return Ok(None);
@@ -886,13 +887,14 @@ impl SessionReader {
         if row.position != position {
             return Ok(None);
         }
-        Ok(match body {
+        let message = match body {
             HistoryBody::Inline(m) => Some(m),
             HistoryBody::Content(_) => EventMessages::new(self.layout())
                 .read(row.event_seq, row.item.is_some())?
                 .get(row.item.unwrap_or(0) as usize)
                 .cloned(),
-        })
+        };
+        Ok(message.map(|m| (row.event_seq, m)))
     }
 
     /// One page of the operation keys of this session's own file (the commits
