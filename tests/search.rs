@@ -151,7 +151,7 @@ fn words_phrases_prefixes_tool_outputs_blobs_and_titles_are_found() {
     let c = create(&root, "gamma");
     c.append(tool_turn("c1", "t1", &part)).expect("append");
     c.append(tool_turn("c2", "t2", &blob)).expect("append");
-    c.flush().expect("flush");
+    c.close().expect("close");
     let hits = search_all(&root, "marmalade", SearchOptions::default());
     assert_eq!(at(&hits), [("gamma".into(), 2)]);
     assert_eq!(hits[0].role.as_deref(), Some("tool"));
@@ -165,9 +165,7 @@ fn words_phrases_prefixes_tool_outputs_blobs_and_titles_are_found() {
     assert_eq!(at(&hits), [("gamma".into(), 5)]);
     assert_eq!(hits[0].message_id, "tool-t2");
     // A later title is found, and hits show it at once.
-    c.append(Batch::new("c3", vec![title("Build failures")]))
-        .expect("append");
-    c.close().expect("close");
+    append(&root, "gamma", "c3", vec![title("Build failures")]);
     let hits = search_all(&root, "marmalade", SearchOptions::default());
     assert_eq!(hits[0].title, "Build failures");
     assert_eq!(
@@ -768,6 +766,8 @@ fn an_index_write_that_cannot_wait_is_caught_up_later() {
     s.append(Batch::new("b0", vec![message("b0", "user", "before lock")]))
         .expect("append");
     s.flush().expect("flush");
+    // Let the writer thread index it before the lock is taken.
+    std::thread::sleep(Duration::from_millis(200));
     // Another process holds the index's write lock: the drain's index write gives up.
     let mut shell = Command::new("/usr/bin/sqlite3")
         .arg(root.path().join(".catalog/search.sqlite"))
@@ -791,6 +791,8 @@ fn an_index_write_that_cannot_wait_is_caught_up_later() {
         2,
         "the drain itself never waits for the index"
     );
+    // Longer than an index write waits: the writer thread gives up on this commit.
+    std::thread::sleep(Duration::from_millis(800));
     writeln!(stdin, "ROLLBACK;").expect("write");
     drop(stdin);
     shell.wait().expect("wait");
@@ -798,12 +800,12 @@ fn an_index_write_that_cannot_wait_is_caught_up_later() {
         search_all(&root, "locked", SearchOptions::default()).is_empty(),
         "behind"
     );
-    // The next drain sees the gap and catches up from the file.
+    // The next drain sees the gap and catches up from the file (close indexes what it
+    // drained before it returns).
     s.append(Batch::new("b2", vec![message("b2", "user", "after lock")]))
         .expect("append");
-    s.flush().expect("flush");
+    s.close().expect("close");
     let hits = search_all(&root, "lock OR locked", SearchOptions::default());
     let ids: BTreeSet<&str> = hits.iter().map(|h| h.message_id.as_str()).collect();
     assert_eq!(ids, BTreeSet::from(["b0", "b1", "b2"]));
-    s.close().expect("close");
 }

@@ -134,7 +134,7 @@ enum Command {
         /// The query.
         query: String,
         /// Hits per page (1..=100).
-        #[arg(long, default_value_t = 20)]
+        #[arg(long, default_value_t = 10)]
         limit: usize,
         /// The next page: a previous page's next_cursor.
         #[arg(long, value_name = "C")]

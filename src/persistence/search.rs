@@ -17,8 +17,8 @@ use crate::store::reader::SessionReader;
 use crate::store::schema::{self, SESSION_FILE};
 use crate::store::search::{IndexFilter, IndexHit, SEARCH_FILE, SEARCH_FILES, SearchIndex};
 
-/// Default page of a search.
-const DEFAULT_SEARCH_LIMIT: usize = 20;
+/// Default page of a search (each hit reads its message back for the snippet).
+const DEFAULT_SEARCH_LIMIT: usize = 10;
 /// Largest page of a search.
 const MAX_SEARCH_LIMIT: usize = 100;
 
@@ -27,7 +27,7 @@ const MAX_SEARCH_LIMIT: usize = 100;
 #[derive(Clone, Debug, Default)]
 #[non_exhaustive]
 pub struct SearchOptions {
-    /// Hits per page (0 = 20; at most 100).
+    /// Hits per page (0 = 10; at most 100).
     pub limit: usize,
     /// A previous page's `next_cursor`.
     pub cursor: Option<String>,
@@ -42,7 +42,7 @@ pub struct SearchOptions {
 }
 
 impl SearchOptions {
-    /// Hits per page (0 = 20; at most 100).
+    /// Hits per page (0 = 10; at most 100).
     #[must_use]
     pub fn with_limit(mut self, limit: usize) -> Self {
         self.limit = limit;

@@ -126,6 +126,9 @@ pub(crate) struct Shared {
     state: Mutex<State>,
     changed: Condvar,
     writer: Mutex<Option<FileWriter>>,
+    /// Drained commits waiting for the search index (written by a writer thread, off the
+    /// flushing caller's path).
+    unindexed: Mutex<Vec<Arc<Accepted>>>,
 }
 
 /// A session opened for writing: the one writer of its file.
@@ -188,6 +191,7 @@ impl Session {
             state: Mutex::new(state),
             changed: Condvar::new(),
             writer: Mutex::new(Some(writer)),
+            unindexed: Mutex::new(Vec::new()),
         });
         // The operation ids of the file are loaded on a writer thread by a run that is not
         // a drain (it leaves `armed_at` alone, see `scheduled_drain`): opening does not
@@ -652,18 +656,39 @@ impl Shared {
         drop(s);
         self.changed.notify_all();
         if outcome.is_ok()
-            && let Some(index) = self.config.index.as_ref().and_then(|slot| slot.get())
+            && self
+                .config
+                .index
+                .as_ref()
+                .is_some_and(|slot| slot.get().is_some())
         {
-            // Derived and best effort: an index write that fails (busy, full disk) is
-            // caught up by the next drain, the next open or a rebuild.
-            let _ = index.index_drained(&self.reader, &batch);
+            // Indexed on a writer thread, so that a flush never waits for the index.
+            self.unindexed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(batch);
+            let session: Arc<dyn Drain> = self.clone();
+            pool::schedule(Arc::downgrade(&session), Instant::now());
         }
         outcome
+    }
+
+    /// Writes the drained commits still waiting for the search index into it. Derived
+    /// and best effort: an index write that fails (busy, full disk) is caught up by the
+    /// next drain, the next open or a rebuild.
+    fn index_drained(&self) {
+        let batch = std::mem::take(&mut *self.unindexed.lock().unwrap_or_else(|e| e.into_inner()));
+        if let Some(index) = self.config.index.as_ref().and_then(|slot| slot.get())
+            && !batch.is_empty()
+        {
+            let _ = index.index_drained(&self.reader, &batch);
+        }
     }
 }
 
 impl Drain for Shared {
     fn scheduled_drain(self: Arc<Self>) {
+        self.index_drained();
         {
             let mut s = lock(&self.state);
             if s.released {
@@ -784,6 +809,8 @@ impl Shared {
         match self.flush() {
             Ok(_) => {
                 self.write_checkpoint(CHECKPOINT_ON_CLOSE);
+                // A closed session is wholly in the search index.
+                self.index_drained();
                 Ok(self.release())
             }
             // The outcome of the last write is unknown: only a reopen (WAL recovery) can

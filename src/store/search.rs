@@ -11,7 +11,8 @@
 //!   A replaced message, a reset transcript or a deleted session leave dead FTS rows that
 //!   no search returns, reclaimed by the next rebuild.
 //! - `search_rows`: what a hit needs to be found again and filtered (session key, transcript
-//!   position — 0 for the title —, event sequence, time, role), one row per live FTS row.
+//!   position — 0 for the title —, event sequence, time, role: a small integer for the
+//!   usual roles, else the text), one row per live FTS row.
 //!   The message id is not copied: a hit reads its message back for the snippet anyway.
 //! - `search_sessions`: one row per indexed session (cwd, title, and `indexed_seq`, the
 //!   last sequence of its own file the index holds: catching up reads only what follows).
@@ -22,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
+use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 
 use crate::error::{Error, Result};
@@ -70,7 +72,7 @@ CREATE TABLE search_rows (
     position   INTEGER NOT NULL,
     seq        INTEGER NOT NULL,
     time_ms    INTEGER NOT NULL,
-    role       TEXT
+    role
 );
 CREATE UNIQUE INDEX search_rows_at ON search_rows (session, position);
 CREATE VIRTUAL TABLE search_text USING fts5(
@@ -90,6 +92,8 @@ pub(crate) fn open_index(path: &Path) -> Result<Connection> {
     let objects: i64 = tx.query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))?;
     if app == 0 && objects == 0 {
         tx.pragma_update(None, "application_id", SEARCH_APPLICATION_ID)?;
+        // Before the first table: a rebuild gives the pages it frees back to the disk.
+        tx.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
         tx.execute_batch(SEARCH_SCHEMA)?;
     } else if app != SEARCH_APPLICATION_ID {
         return Err(Error::corrupt(format!(
@@ -186,6 +190,32 @@ enum Change<'a> {
 #[derive(serde::Deserialize)]
 struct TitlePayload {
     title: String,
+}
+
+/// Roles stored as their index here (others as their text): 1-2 bytes a row, not 4-9.
+const ROLES: [&str; 5] = ["title", "user", "assistant", "tool", "system"];
+
+/// A role as stored in `search_rows.role`.
+fn role_value(role: Option<&str>) -> Value {
+    match role {
+        None => Value::Null,
+        Some(r) => ROLES
+            .iter()
+            .position(|known| *known == r)
+            .map_or_else(|| Value::Text(r.to_owned()), |i| Value::Integer(i as i64)),
+    }
+}
+
+/// A role read back from `search_rows.role`.
+fn role_of(value: Value) -> Option<String> {
+    match value {
+        Value::Integer(i) => usize::try_from(i)
+            .ok()
+            .and_then(|i| ROLES.get(i))
+            .map(|r| (*r).to_owned()),
+        Value::Text(t) => Some(t),
+        _ => None,
+    }
 }
 
 fn lock(m: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
@@ -389,7 +419,9 @@ impl SearchIndex {
             [],
         )?;
         tx.commit()?;
-        // Best effort: the main file is complete on its own and the WAL emptied.
+        // Best effort: the pages the merge freed go back to the disk, the main file is
+        // complete on its own and the WAL emptied.
+        let _ = conn.execute_batch("PRAGMA incremental_vacuum");
         let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
         Ok(count)
     }
@@ -441,7 +473,7 @@ impl SearchIndex {
             .query_map(
                 params![
                     fts,
-                    filter.role,
+                    role_value(filter.role),
                     filter.since_ms,
                     filter.cwd,
                     filter.session.map(SessionId::as_str),
@@ -458,7 +490,7 @@ impl SearchIndex {
                         r.get::<_, String>(2)?,
                         r.get::<_, u64>(3)?,
                         r.get::<_, u64>(4)?,
-                        r.get::<_, Option<String>>(5)?,
+                        r.get::<_, Value>(5)?,
                         r.get::<_, i64>(6)?,
                         r.get::<_, f64>(7)?,
                         r.get::<_, i64>(8)?,
@@ -476,7 +508,7 @@ impl SearchIndex {
                 title,
                 position,
                 seq,
-                role,
+                role: role_of(role),
                 time_ms,
                 rank,
                 tier,
@@ -652,7 +684,7 @@ fn apply(tx: &Transaction<'_>, key: i64, changes: &[Change<'_>]) -> Result<()> {
             if text.trim().is_empty() {
                 return Ok(());
             }
-            put_row.execute(params![key, position, seq, time_ms, role])?;
+            put_row.execute(params![key, position, seq, time_ms, role_value(role)])?;
             put_text.execute(params![tx.last_insert_rowid(), text])?;
             Ok(())
         };
