@@ -9,11 +9,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::model::Message;
 use crate::model::search::{SearchQuery, message_text, snippet};
 use crate::model::{SessionId, Snippet};
 use crate::persistence::Root;
 use crate::persistence::catalog::{CATALOG_DIR, catalog_dir, unlink_files_at};
-use crate::store::reader::SessionReader;
+use crate::store::reader::{SessionReader, own_messages_at};
 use crate::store::schema::{self, SESSION_FILE};
 use crate::store::search::{IndexFilter, IndexHit, SEARCH_FILE, SEARCH_FILES, SearchIndex};
 
@@ -250,42 +251,68 @@ impl Root {
         hits.truncate(limit);
         let next = more.then(|| hits.last().map(cursor_of)).flatten();
         let marks = parsed.marks();
-        let mut readers: HashMap<SessionId, Option<SessionReader>> = HashMap::new();
+        // Each hit's message, read back from the file that holds it: one connection per
+        // session of the page.
+        let mut wanted: HashMap<&SessionId, Vec<(u64, u64)>> = HashMap::new();
+        for hit in hits.iter().filter(|h| h.position > 0) {
+            wanted
+                .entry(&hit.session_id)
+                .or_default()
+                .push((hit.position, hit.seq));
+        }
+        let mut messages: HashMap<(&SessionId, u64), Arc<Message>> = HashMap::new();
+        let mut gone: Vec<SessionId> = Vec::new();
+        for (id, at) in &wanted {
+            let file = self.session_dir(id).join(SESSION_FILE);
+            if !std::fs::symlink_metadata(&file).is_ok_and(|m| m.is_file()) {
+                gone.push((*id).clone());
+                continue;
+            }
+            match own_messages_at(&file, at) {
+                Ok(found) => {
+                    for ((position, _), m) in at.iter().zip(found) {
+                        if let Some(m) = m {
+                            messages.insert((*id, *position), m);
+                        }
+                    }
+                }
+                // Deleted while being read.
+                Err(_) if !file.is_file() => gone.push((*id).clone()),
+                Err(e) => return Err(e),
+            }
+        }
         let mut out = Vec::with_capacity(hits.len());
-        for hit in hits {
-            let reader = readers
-                .entry(hit.session_id.clone())
-                .or_insert_with(|| self.live_reader(&index, &hit.session_id));
-            let Some(reader) = reader else { continue };
+        for hit in &hits {
             let (message_id, text) = if hit.position == 0 {
+                if !self
+                    .session_dir(&hit.session_id)
+                    .join(SESSION_FILE)
+                    .is_file()
+                {
+                    gone.push(hit.session_id.clone());
+                    continue;
+                }
                 (String::new(), hit.title.clone())
             } else {
-                match reader.message_at(hit.position)? {
-                    Some((seq, m)) if seq == hit.seq => (m.id().to_owned(), message_text(&m)),
-                    // The index is behind the file (it is caught up on the next drain,
-                    // open or rebuild): not a hit of the current transcript.
-                    _ => continue,
+                match messages.get(&(&hit.session_id, hit.position)) {
+                    Some(m) => (m.id().to_owned(), message_text(m)),
+                    // Its session is gone, or the index is behind the file (caught up
+                    // on the next drain, open or rebuild): not a current hit.
+                    None => continue,
                 }
             };
             out.push(Found {
                 shared_with: index.shared_with(&hit.session_id, hit.seq)?,
                 snippet: snippet(&text, &marks),
                 message_id,
-                hit,
+                hit: hit.clone(),
             });
         }
-        Ok((out, next))
-    }
-
-    /// A reader of a session a hit names, or `None` when its folder is gone (a deleted
-    /// session: dropped from the index on the way).
-    fn live_reader(&self, index: &SearchIndex, id: &SessionId) -> Option<SessionReader> {
-        let file = self.session_dir(id).join(SESSION_FILE);
-        if !std::fs::symlink_metadata(&file).is_ok_and(|m| m.is_file()) {
-            let _ = index.forget(id);
-            return None;
+        // A session deleted behind the index's back (an older build, by hand): forgotten.
+        for id in gone {
+            let _ = index.forget(&id);
         }
-        self.open_reader(id).ok()
+        Ok((out, next))
     }
 }
 

@@ -435,6 +435,26 @@ pub(crate) fn events_of_kind(
         .collect::<rusqlite::Result<Vec<u64>>>()?)
 }
 
+/// The payload item of the history row that event `seq` wrote at `position` in this
+/// file, when that row is still the current one there: `Some(None)` for a message event,
+/// `Some(Some(i))` for item `i` of a replacement; `None` when there is no such row or a
+/// newer row or a transcript reset of this file came after it.
+pub(crate) fn current_history_item(
+    conn: &Connection,
+    position: u64,
+    seq: u64,
+) -> Result<Option<Option<u64>>> {
+    let item: Option<Option<u64>> = conn
+        .prepare_cached(
+            "SELECT item FROM history h WHERE position = ?1 AND event_seq = ?2
+               AND NOT EXISTS (SELECT 1 FROM history n WHERE n.position = ?1 AND n.event_seq > ?2)
+               AND NOT EXISTS (SELECT 1 FROM history_resets WHERE seq > ?2)",
+        )?
+        .query_row(params![position, seq], |r| r.get(0))
+        .optional()?;
+    Ok(item)
+}
+
 /// Whether one of this file's commits ends at `seq`.
 pub(crate) fn commit_ends_at(conn: &Connection, seq: u64) -> Result<bool> {
     Ok(conn

@@ -182,6 +182,37 @@ fn parse_messages(seq: u64, text: &str, many: bool) -> Result<Vec<Arc<Message>>>
     })
 }
 
+/// The messages that events put at transcript positions of a session file's own history,
+/// for `wanted` `(position, event seq)` pairs, in order: each `None` when that row is gone
+/// or no longer current (a newer version or a reset came after it). One standalone
+/// read-only connection (format checked), no lineage: for search hits, which name the
+/// file that holds them. Content parts are spliced back as every read does.
+///
+/// # Errors
+/// [`Error::SessionNotFound`] when the file is gone; read errors.
+pub(crate) fn own_messages_at(
+    file: &Path,
+    wanted: &[(u64, u64)],
+) -> Result<Vec<Option<Arc<Message>>>> {
+    let conn = schema::open_reader(file)?;
+    let mut out = Vec::with_capacity(wanted.len());
+    for (position, seq) in wanted {
+        let Some(item) = read::current_history_item(&conn, *position, *seq)? else {
+            out.push(None);
+            continue;
+        };
+        let text = read::read_payload_text(&conn, *seq)?;
+        let messages = parse_messages(*seq, &text, item.is_some())?;
+        out.push(
+            usize::try_from(item.unwrap_or(0))
+                .ok()
+                .and_then(|i| messages.get(i))
+                .cloned(),
+        );
+    }
+    Ok(out)
+}
+
 /// Where each range of a session's sequences is read from.
 #[derive(Clone, Debug)]
 struct Layout {
@@ -874,27 +905,6 @@ impl SessionReader {
             }
         }
         Ok(String::new())
-    }
-
-    /// The message at transcript `position` as of the durable prefix (its newest
-    /// version) and the event that put it there, read through the history index; `None`
-    /// when there is none.
-    pub(crate) fn message_at(&self, position: u64) -> Result<Option<(u64, Arc<Message>)>> {
-        let rows = self.history_rows(u64::MAX, position.saturating_add(1), 1)?;
-        let Some((row, body)) = rows.into_iter().next() else {
-            return Ok(None);
-        };
-        if row.position != position {
-            return Ok(None);
-        }
-        let message = match body {
-            HistoryBody::Inline(m) => Some(m),
-            HistoryBody::Content(_) => EventMessages::new(self.layout())
-                .read(row.event_seq, row.item.is_some())?
-                .get(row.item.unwrap_or(0) as usize)
-                .cloned(),
-        };
-        Ok(message.map(|m| (row.event_seq, m)))
     }
 
     /// One page of the operation keys of this session's own file (the commits

@@ -85,6 +85,9 @@ CREATE VIRTUAL TABLE search_text USING fts5(
 pub(crate) fn open_index(path: &Path) -> Result<Connection> {
     let mut conn = Connection::open_with_flags(path, schema::create_flags())?;
     conn.busy_timeout(Duration::from_secs(5))?;
+    // Takes effect only in a new, empty file (before its first table): a rebuild then
+    // gives the pages it frees back to the disk. A no-op on an existing file.
+    conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -92,8 +95,6 @@ pub(crate) fn open_index(path: &Path) -> Result<Connection> {
     let objects: i64 = tx.query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))?;
     if app == 0 && objects == 0 {
         tx.pragma_update(None, "application_id", SEARCH_APPLICATION_ID)?;
-        // Before the first table: a rebuild gives the pages it frees back to the disk.
-        tx.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
         tx.execute_batch(SEARCH_SCHEMA)?;
     } else if app != SEARCH_APPLICATION_ID {
         return Err(Error::corrupt(format!(
