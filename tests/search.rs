@@ -283,6 +283,9 @@ fn deleted_sessions_are_never_returned_and_forks_share_inherited_hits() {
     assert!(search_all(&root, "spectral OR walrus", SearchOptions::default()).is_empty());
 }
 
+/// Session, position, message id, marked snippet and rank bits of a hit.
+type HitKey = (String, u64, String, String, u64);
+
 #[test]
 fn a_search_after_rebuild_catalog_equals_the_one_before() {
     let (_dir, root) = temp_root();
@@ -316,7 +319,7 @@ fn a_search_after_rebuild_catalog_equals_the_one_before() {
         "amber OR fjord",
         "cobalt NOT dune",
     ];
-    let snapshot = |root: &Root| -> Vec<Vec<(String, u64, String, String, u64)>> {
+    let snapshot = |root: &Root| -> Vec<Vec<HitKey>> {
         queries
             .iter()
             .map(|q| {

@@ -206,31 +206,18 @@ pub(crate) struct Catalog {
 /// processes creating it at once agree) when it is new. A file that is not a catalog of
 /// this format (another application's database, random bytes) is [`Error::Corrupt`].
 fn open_catalog(path: &Path) -> Result<Connection> {
-    let mut conn = Connection::open_with_flags(path, schema::create_flags())?;
-    conn.busy_timeout(std::time::Duration::from_secs(5))?;
-    conn.pragma_update(None, "journal_mode", "WAL")?;
-    conn.pragma_update(None, "synchronous", "NORMAL")?;
-    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    let app: i32 = tx.pragma_query_value(None, "application_id", |r| r.get(0))?;
-    let objects: i64 = tx.query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))?;
-    if app == 0 && objects == 0 {
-        tx.pragma_update(None, "application_id", CATALOG_APPLICATION_ID)?;
-        tx.execute_batch(CATALOG_SCHEMA)?;
-    } else if app != CATALOG_APPLICATION_ID {
-        return Err(Error::corrupt(format!(
-            "{} is not a catalog (application_id {app:#x})",
-            path.display()
-        )));
-    }
-    // A catalog whose table lacks a column fails here as Corrupt ("no such column").
-    tx.prepare("SELECT session_id, stamp, entry FROM sessions LIMIT 0")?;
-    tx.commit()?;
-    Ok(conn)
+    schema::open_derived(
+        path,
+        &schema::DerivedFile {
+            application_id: CATALOG_APPLICATION_ID,
+            schema: CATALOG_SCHEMA,
+            probe: "SELECT session_id, stamp, entry FROM sessions LIMIT 0",
+            what: "a catalog",
+            incremental_vacuum: false,
+        },
+    )
 }
 
-/// Unlinks the entries `names` of `dir` that are files or symlinks (a symlink itself, never
-/// what it points to); a missing entry or a folder (a session may bear such a name in an
-/// older root) is left alone.
 /// Opens the catalog's folder of `root` (the catalog's and the search index's), creating
 /// it when missing; a symlink in its place is removed, never followed. When the folder is
 /// new, a catalog left at the root by older builds is removed.
@@ -248,6 +235,9 @@ pub(crate) fn catalog_dir(root: &Root) -> Result<rustix::fd::OwnedFd> {
     Ok(dir)
 }
 
+/// Unlinks the entries `names` of `dir` that are files or symlinks (a symlink itself, never
+/// what it points to); a missing entry or a folder (a session may bear such a name in an
+/// older root) is left alone.
 pub(crate) fn unlink_files_at(
     dir: impl rustix::fd::AsFd,
     names: &[&str],

@@ -272,6 +272,54 @@ pub(crate) fn create_flags() -> OpenFlags {
         | OpenFlags::SQLITE_OPEN_NO_MUTEX
 }
 
+/// A derived file of a root that is not a session file (the catalog, the search index):
+/// what [`open_derived`] checks and creates.
+pub(crate) struct DerivedFile<'a> {
+    /// Its `PRAGMA application_id`.
+    pub application_id: i32,
+    /// Its tables, created in a new file.
+    pub schema: &'a str,
+    /// A statement naming every table and column it reads (prepared, never run).
+    pub probe: &'a str,
+    /// What it is, for errors ("a catalog").
+    pub what: &'a str,
+    /// Whether a new file gives freed pages back on `PRAGMA incremental_vacuum`.
+    pub incremental_vacuum: bool,
+}
+
+/// Opens the derived file at `path` (WAL, `synchronous=NORMAL`, busy timeout 5 s),
+/// creating its schema in one immediate transaction when the file is new (so two
+/// processes creating it at once agree). A file that is not such a file (another
+/// application's database, random bytes, a missing table or column) is
+/// [`Error::Corrupt`]: the owner replaces it, the file being derived.
+pub(crate) fn open_derived(path: &Path, file: &DerivedFile<'_>) -> Result<Connection> {
+    let mut conn = Connection::open_with_flags(path, create_flags())?;
+    conn.busy_timeout(Duration::from_secs(5))?;
+    if file.incremental_vacuum {
+        // Takes effect only in a new, empty file (before its first table).
+        conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
+    }
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    let app: i32 = tx.pragma_query_value(None, "application_id", |r| r.get(0))?;
+    let objects: i64 = tx.query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))?;
+    if app == 0 && objects == 0 {
+        tx.pragma_update(None, "application_id", file.application_id)?;
+        tx.execute_batch(file.schema)?;
+    } else if app != file.application_id {
+        return Err(Error::corrupt(format!(
+            "{} is not {} (application_id {app:#x})",
+            path.display(),
+            file.what
+        )));
+    }
+    tx.prepare(file.probe)
+        .map_err(|e| Error::corrupt(format!("{}: {e}", path.display())))?;
+    tx.commit()?;
+    Ok(conn)
+}
+
 /// Flags of a read-only connection. `SQLITE_OPEN_URI` only matters for the names
 /// [`Access::name`] builds: every path the store opens is absolute (the root is resolved,
 /// a user's file too), so no plain path starts with `file:`.

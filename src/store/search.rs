@@ -83,33 +83,20 @@ CREATE VIRTUAL TABLE search_text USING fts5(
 /// immediate transaction, so two processes creating it agree). A file that is not such
 /// an index is [`Error::Corrupt`] (the caller replaces it: the index is derived).
 pub(crate) fn open_index(path: &Path) -> Result<Connection> {
-    let mut conn = Connection::open_with_flags(path, schema::create_flags())?;
-    conn.busy_timeout(Duration::from_secs(5))?;
-    // Takes effect only in a new, empty file (before its first table): a rebuild then
-    // gives the pages it frees back to the disk. A no-op on an existing file.
-    conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
-    conn.pragma_update(None, "journal_mode", "WAL")?;
-    conn.pragma_update(None, "synchronous", "NORMAL")?;
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let app: i32 = tx.pragma_query_value(None, "application_id", |r| r.get(0))?;
-    let objects: i64 = tx.query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))?;
-    if app == 0 && objects == 0 {
-        tx.pragma_update(None, "application_id", SEARCH_APPLICATION_ID)?;
-        tx.execute_batch(SEARCH_SCHEMA)?;
-    } else if app != SEARCH_APPLICATION_ID {
-        return Err(Error::corrupt(format!(
-            "{} is not a search index (application_id {app:#x})",
-            path.display()
-        )));
-    }
-    // A table that lacks a column fails here as Corrupt ("no such column").
-    tx.prepare(
-        "SELECT s.session_id, s.cwd, s.title, s.indexed_seq, r.position, r.seq, r.time_ms,
-                r.role, l.ancestor_id, l.after_seq, l.through_seq
-         FROM search_sessions s, search_rows r, search_lineage l, search_text t LIMIT 0",
-    )
-    .map_err(|e| Error::corrupt(format!("{}: {e}", path.display())))?;
-    tx.commit()?;
+    let conn = schema::open_derived(
+        path,
+        &schema::DerivedFile {
+            application_id: SEARCH_APPLICATION_ID,
+            schema: SEARCH_SCHEMA,
+            probe: "SELECT s.session_id, s.cwd, s.title, s.indexed_seq, r.position, r.seq,
+                           r.time_ms, r.role, l.ancestor_id, l.after_seq, l.through_seq
+                    FROM search_sessions s, search_rows r, search_lineage l, search_text t
+                    LIMIT 0",
+            what: "a search index",
+            // A rebuild gives the pages it frees back to the disk.
+            incremental_vacuum: true,
+        },
+    )?;
     conn.busy_timeout(BUSY)?;
     Ok(conn)
 }
