@@ -462,28 +462,12 @@ pub(crate) fn snippet(text: &str, marks: &[(String, bool)]) -> Snippet {
     if start > 0 {
         out.text.push('…');
     }
-    // From the first chosen word to the end of the last, white space collapsed.
-    let (from, to) = (chosen[0].0.start, chosen[chosen.len() - 1].0.end);
+    // From the first chosen word to the end of the last (the whole text when they are all
+    // of it), white space collapsed.
+    let from = if start == 0 { 0 } else { chosen[0].0.start };
     let mut last_end = from;
     for (range, hit) in chosen {
-        let gap = &text[last_end..range.start];
-        if !gap.is_empty() {
-            let flat: String = gap
-                .split_whitespace()
-                .collect::<Vec<_>>()
-                .join(" ")
-                .chars()
-                .filter(|c| !c.is_control())
-                .collect();
-            let spaced = gap.starts_with(char::is_whitespace) && !flat.is_empty();
-            if spaced {
-                out.text.push(' ');
-            }
-            out.text.push_str(&flat);
-            if gap.ends_with(char::is_whitespace) {
-                out.text.push(' ');
-            }
-        }
+        push_gap(&mut out.text, &text[last_end..range.start]);
         let at = out.text.len();
         out.text.push_str(&text[range.clone()]);
         if *hit {
@@ -491,10 +475,33 @@ pub(crate) fn snippet(text: &str, marks: &[(String, bool)]) -> Snippet {
         }
         last_end = range.end;
     }
-    if to < text.len() && end < spans.len() {
+    if end < spans.len() {
         out.text.push('…');
+    } else {
+        push_gap(&mut out.text, &text[last_end..]);
+        out.text.truncate(out.text.trim_end().len());
     }
     out
+}
+
+/// Appends the text between two words, white space collapsed to one space, control
+/// characters dropped.
+fn push_gap(out: &mut String, gap: &str) {
+    let flat: String = gap
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .chars()
+        .filter(|c| !c.is_control())
+        .collect();
+    let lead = gap.starts_with(char::is_whitespace) && !out.is_empty();
+    if lead && !flat.is_empty() {
+        out.push(' ');
+    }
+    out.push_str(&flat);
+    if gap.ends_with(char::is_whitespace) && !out.is_empty() && !out.ends_with(' ') {
+        out.push(' ');
+    }
 }
 
 #[cfg(test)]
@@ -558,7 +565,7 @@ mod tests {
     fn snippets_mark_matching_words() {
         let q = SearchQuery::parse("deploy* KUBERNETES").expect("parses");
         let s = snippet(
-            "We talked about many things.\nThen deploying to Kubernetes failed twice.",
+            "  We talked about many things.\nThen deploying to Kubernetes failed twice. \n",
             &q.marks(),
         );
         assert_eq!(
