@@ -193,75 +193,50 @@ fn prepared_root(
         .with_durability(Durability::ProcessCrash)
         .with_write_behind(Duration::from_secs(3600));
     let marker = path.join(BUILT);
-    if let Ok(text) = std::fs::read_to_string(&marker) {
+    let reused = std::fs::read_to_string(&marker).ok().and_then(|text| {
         let mut parts = text.split_whitespace().map(str::parse::<u64>);
-        if let (Some(Ok(s)), Some(Ok(m)), Some(Ok(bytes))) =
-            (parts.next(), parts.next(), parts.next())
-            && (s, m) == (sessions as u64, messages as u64)
-        {
-            println!("reusing {} ({sessions} x {messages})", path.display());
-            return Ok((Root::with_options(path, options)?, bytes, index_bytes(path)));
-        }
-    }
-    if path.exists() {
-        std::fs::remove_dir_all(path)?;
-    }
-    let root = Root::with_options(path, options)?;
-    let t = Instant::now();
-    let text_bytes = build_root(&root, words, sessions, messages)?;
-    println!(
-        "built {sessions} sessions x {messages} messages ({} of text) in {:.1} s",
-        fmt_mb(text_bytes),
-        t.elapsed().as_secs_f64()
-    );
-    let t = Instant::now();
-    let service = Service::new("bench", root.clone())?;
-    rt.block_on(service.query().search("warmup", SearchOptions::default()))?;
-    println!(
-        "created and filled the index ({} messages) in {:.1} s: {}",
-        fmt_count((sessions * messages) as f64),
-        t.elapsed().as_secs_f64(),
-        fmt_mb(index_bytes(path))
-    );
-    std::fs::write(&marker, format!("{sessions} {messages} {text_bytes}"))?;
-    Ok((root, text_bytes, index_bytes(path)))
-}
-
-/// `QUERIES + WARMUP` one-word and two-word queries, each made of words of one message
-/// of a session both roots hold (sessions below `sessions`, rebuilt from their seeds), so
-/// that every query has hits in both; words of the 50 most frequent are left out.
-fn queries(words: &Words, sessions: usize, messages: usize) -> (Vec<String>, Vec<String>) {
-    let rank: std::collections::HashMap<&str, usize> = words
-        .words
-        .iter()
-        .enumerate()
-        .map(|(r, w)| (w.as_str(), r))
-        .collect();
-    let mut rng = fastrand::Rng::with_seed(2024);
-    let mut pick = |n: usize| -> String {
-        loop {
-            let s = rng.usize(..sessions);
-            let m = rng.usize(..messages);
-            let mut text_rng = fastrand::Rng::with_seed(s as u64);
-            let text = (0..=m)
-                .map(|_| words.text(&mut text_rng))
-                .last()
-                .unwrap_or_default();
-            let mut candidates: Vec<&str> = text
-                .split(' ')
-                .filter(|w| rank.get(w).is_some_and(|r| QUERY_RANKS.contains(r)))
-                .collect();
-            candidates.sort_unstable();
-            candidates.dedup();
-            if candidates.len() >= n {
-                rng.shuffle(&mut candidates);
-                return candidates[..n].join(" ");
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some(Ok(s)), Some(Ok(m)), Some(Ok(bytes)))
+                if (s, m) == (sessions as u64, messages as u64) =>
+            {
+                Some(bytes)
             }
+            _ => None,
+        }
+    });
+    let (root, text_bytes) = match reused {
+        Some(bytes) => {
+            println!("reusing {} ({sessions} x {messages})", path.display());
+            (Root::with_options(path, options)?, bytes)
+        }
+        None => {
+            if path.exists() {
+                std::fs::remove_dir_all(path)?;
+            }
+            let root = Root::with_options(path, options)?;
+            let t = Instant::now();
+            let text_bytes = build_root(&root, words, sessions, messages)?;
+            println!(
+                "built {sessions} sessions x {messages} messages ({} of text) in {:.1} s",
+                fmt_mb(text_bytes),
+                t.elapsed().as_secs_f64()
+            );
+            std::fs::write(&marker, format!("{sessions} {messages} {text_bytes}"))?;
+            (root, text_bytes)
         }
     };
-    let one = (0..QUERIES + WARMUP).map(|_| pick(1)).collect();
-    let two = (0..QUERIES + WARMUP).map(|_| pick(2)).collect();
-    (one, two)
+    if index_bytes(path) == 0 {
+        let t = Instant::now();
+        let service = Service::new("bench", root.clone())?;
+        rt.block_on(service.query().search("warmup", SearchOptions::default()))?;
+        println!(
+            "created and filled the index ({} messages) in {:.1} s: {}",
+            fmt_count((sessions * messages) as f64),
+            t.elapsed().as_secs_f64(),
+            fmt_mb(index_bytes(path))
+        );
+    }
+    Ok((root, text_bytes, index_bytes(path)))
 }
 
 fn index_bytes(root: &Path) -> u64 {

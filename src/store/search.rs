@@ -76,7 +76,8 @@ CREATE TABLE search_rows (
 );
 CREATE UNIQUE INDEX search_rows_at ON search_rows (session, position);
 CREATE VIRTUAL TABLE search_text USING fts5(
-    text, content = '', detail = full, tokenize = 'unicode61 remove_diacritics 2'
+    text, content = '', detail = full, columnsize = 0,
+    tokenize = 'unicode61 remove_diacritics 2'
 );";
 
 /// Opens the index file at `path`, creating its schema when the file is new (one
