@@ -3,7 +3,9 @@
 //! of truth. Every SQL statement on it is here.
 //!
 //! - `search_text`: a contentless FTS5 table (`content=''`, `detail=full` for phrases) over
-//!   the text of each indexed message and title. It keeps the inverted index only, so its
+//!   the text of each indexed message and title. `columnsize=0`: no per-row token count,
+//!   so bm25 ranks without length normalisation but reads no `docsize` row per match
+//!   (about 10x cheaper on a frequent word). It keeps the inverted index only, so its
 //!   bytes stay well under the text's; snippets are cut from the messages read back
 //!   through the session's reader. Plain contentless (no `contentless_delete`, which needs
 //!   SQLite 3.43): the file stays readable and searchable by older SQLite shells (Debian's
