@@ -239,6 +239,43 @@ fn prepared_root(
     Ok((root, text_bytes, index_bytes(path)))
 }
 
+/// `QUERIES + WARMUP` one-word and two-word queries, each made of words of one message
+/// of a session both roots hold (sessions below `sessions`, rebuilt from their seeds), so
+/// that every query has hits in both; words of the 50 most frequent are left out.
+fn queries(words: &Words, sessions: usize, messages: usize) -> (Vec<String>, Vec<String>) {
+    let rank: std::collections::HashMap<&str, usize> = words
+        .words
+        .iter()
+        .enumerate()
+        .map(|(r, w)| (w.as_str(), r))
+        .collect();
+    let mut rng = fastrand::Rng::with_seed(2024);
+    let mut pick = |n: usize| -> String {
+        loop {
+            let s = rng.usize(..sessions);
+            let m = rng.usize(..messages);
+            let mut text_rng = fastrand::Rng::with_seed(s as u64);
+            let text = (0..=m)
+                .map(|_| words.text(&mut text_rng))
+                .last()
+                .unwrap_or_default();
+            let mut candidates: Vec<&str> = text
+                .split(' ')
+                .filter(|w| rank.get(w).is_some_and(|r| QUERY_RANKS.contains(r)))
+                .collect();
+            candidates.sort_unstable();
+            candidates.dedup();
+            if candidates.len() >= n {
+                rng.shuffle(&mut candidates);
+                return candidates[..n].join(" ");
+            }
+        }
+    };
+    let one = (0..QUERIES + WARMUP).map(|_| pick(1)).collect();
+    let two = (0..QUERIES + WARMUP).map(|_| pick(2)).collect();
+    (one, two)
+}
+
 fn index_bytes(root: &Path) -> u64 {
     ["search.sqlite", "search.sqlite-wal"]
         .iter()
