@@ -413,13 +413,13 @@ fn main() -> BenchResult<()> {
     }
 
     // Durable appends with and without the index, alternating.
-    let with = Root::open(dir.join("append-indexed"))?;
-    let without = Root::open(dir.join("append-plain"))?;
+    // Fresh roots each run (a reused session would answer the same operation ids as
+    // retries, without writing).
+    let with = Root::open(tmp.path().join("append-indexed"))?;
+    let without = Root::open(tmp.path().join("append-plain"))?;
     let id = SessionId::new("appender")?;
     for root in [&with, &without] {
-        if root.open_reader(&id).is_err() {
-            root.create(CreateOptions::with_id(id.clone()))?.close()?;
-        }
+        root.create(CreateOptions::with_id(id.clone()))?.close()?;
     }
     rt.block_on(
         Service::new("bench", with.clone())?

@@ -812,3 +812,34 @@ fn an_index_write_that_cannot_wait_is_caught_up_later() {
     let ids: BTreeSet<&str> = hits.iter().map(|h| h.message_id.as_str()).collect();
     assert_eq!(ids, BTreeSet::from(["b0", "b1", "b2"]));
 }
+
+#[test]
+fn imported_sessions_are_found_under_their_new_id() {
+    let (dir, root) = temp_root();
+    assert!(search_all(&root, "anything", SearchOptions::default()).is_empty());
+    append_new(&root, "original", "an aardvark in the export");
+    let file = dir.path().join("original.sqlite");
+    root.export(&id("original"), &file).expect("export");
+    let imported = root
+        .import(
+            &file,
+            session_store::ImportOptions::default().with_session_id(id("copy")),
+        )
+        .expect("import");
+    let hits = search_all(&root, "aardvark", SearchOptions::default());
+    assert_eq!(
+        sessions_of(&hits),
+        BTreeSet::from(["copy".to_owned(), "original".to_owned()])
+    );
+    assert_eq!(imported.as_str(), "copy");
+}
+
+fn append_new(root: &Root, name: &str, text: &str) {
+    create(root, name).close().expect("close");
+    append(
+        root,
+        name,
+        "n1",
+        vec![message(&format!("{name}-1"), "user", text)],
+    );
+}

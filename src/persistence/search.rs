@@ -22,6 +22,11 @@ use crate::store::search::{IndexFilter, IndexHit, SEARCH_FILE, SEARCH_FILES, Sea
 const DEFAULT_SEARCH_LIMIT: usize = 10;
 /// Largest page of a search.
 const MAX_SEARCH_LIMIT: usize = 100;
+/// Threads reading a page's messages back from their session files.
+const READ_THREADS: usize = 4;
+
+/// Messages read back, keyed by session and position, and the sessions found gone.
+type ReadBack<'a> = (Vec<((&'a SessionId, u64), Arc<Message>)>, Vec<SessionId>);
 
 /// What [`crate::Query::search`] looks for besides the query. Built with
 /// [`SearchOptions::default`] and the `with_*` methods.
@@ -214,6 +219,34 @@ impl Root {
         }
     }
 
+    /// The messages of `wanted` hits, `(position, seq)` by session, each read back from
+    /// the file that holds it (see [`own_messages_at`]), and the sessions whose folder is
+    /// gone.
+    fn read_back<'a>(&self, wanted: &[(&'a SessionId, Vec<(u64, u64)>)]) -> Result<ReadBack<'a>> {
+        let mut messages = Vec::new();
+        let mut gone = Vec::new();
+        for (id, at) in wanted {
+            let file = self.session_dir(id).join(SESSION_FILE);
+            if !std::fs::symlink_metadata(&file).is_ok_and(|m| m.is_file()) {
+                gone.push((*id).clone());
+                continue;
+            }
+            match own_messages_at(&file, at) {
+                Ok(found) => {
+                    for ((position, _), m) in at.iter().zip(found) {
+                        if let Some(m) = m {
+                            messages.push(((*id, *position), m));
+                        }
+                    }
+                }
+                // Deleted while being read.
+                Err(_) if !file.is_file() => gone.push((*id).clone()),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((messages, gone))
+    }
+
     /// One page of full-text search hits for `query` (syntax: `model::search`), best
     /// first, and the cursor of the next page. Creates and fills the index on first use.
     ///
@@ -260,26 +293,29 @@ impl Root {
                 .or_default()
                 .push((hit.position, hit.seq));
         }
+        // The files are read on up to `READ_THREADS` threads: opening a connection (the
+        // file's schema parsed and checked) is most of a hit's cost.
+        let wanted: Vec<(&SessionId, Vec<(u64, u64)>)> = wanted.into_iter().collect();
+        let chunk = wanted.len().div_ceil(READ_THREADS).max(1);
+        let read: Vec<Result<ReadBack<'_>>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = wanted
+                .chunks(chunk)
+                .map(|part| scope.spawn(move || self.read_back(part)))
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| {
+                    w.join()
+                        .unwrap_or_else(|_| Err(Error::corrupt("a search read thread panicked")))
+                })
+                .collect()
+        });
         let mut messages: HashMap<(&SessionId, u64), Arc<Message>> = HashMap::new();
         let mut gone: Vec<SessionId> = Vec::new();
-        for (id, at) in &wanted {
-            let file = self.session_dir(id).join(SESSION_FILE);
-            if !std::fs::symlink_metadata(&file).is_ok_and(|m| m.is_file()) {
-                gone.push((*id).clone());
-                continue;
-            }
-            match own_messages_at(&file, at) {
-                Ok(found) => {
-                    for ((position, _), m) in at.iter().zip(found) {
-                        if let Some(m) = m {
-                            messages.insert((*id, *position), m);
-                        }
-                    }
-                }
-                // Deleted while being read.
-                Err(_) if !file.is_file() => gone.push((*id).clone()),
-                Err(e) => return Err(e),
-            }
+        for part in read {
+            let (found, vanished) = part?;
+            messages.extend(found);
+            gone.extend(vanished);
         }
         let mut out = Vec::with_capacity(hits.len());
         for hit in &hits {
