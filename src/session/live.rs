@@ -52,6 +52,10 @@ const EVENT_CHARGE: usize = 96;
 /// Bytes charged for a derived event id (`<32 hex>.<index>`).
 const DERIVED_ID_CHARGE: usize = 36;
 
+/// How long drained commits wait for the search index: the drains of that time share one
+/// index write.
+const INDEX_DELAY: Duration = Duration::from_millis(50);
+
 /// How a live session writes behind.
 #[derive(Clone, Debug)]
 pub(crate) struct WriteBehind {
@@ -662,13 +666,16 @@ impl Shared {
                 .as_ref()
                 .is_some_and(|slot| slot.get().is_some())
         {
-            // Indexed on a writer thread, so that a flush never waits for the index.
-            self.unindexed
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .extend(batch);
-            let session: Arc<dyn Drain> = self.clone();
-            pool::schedule(Arc::downgrade(&session), Instant::now());
+            // Indexed on a writer thread, so that a flush never waits for the index, and
+            // a little later, so that the drains of a busy session share one index write.
+            let mut queue = self.unindexed.lock().unwrap_or_else(|e| e.into_inner());
+            let first = queue.is_empty();
+            queue.extend(batch);
+            drop(queue);
+            if first {
+                let session: Arc<dyn Drain> = self.clone();
+                pool::schedule(Arc::downgrade(&session), Instant::now() + INDEX_DELAY);
+            }
         }
         outcome
     }
