@@ -56,6 +56,10 @@ pub fn parse_date(text: &str) -> Result<i64, String> {
         return Err(bad());
     };
     let (y, m, day) = (num(y, 1970, 9999)?, num(m, 1, 12)?, num(day, 1, 31)?);
+    let (next_year, next_month) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+    if day > days_from_civil(next_year, next_month, 1) - days_from_civil(y, m, 1) {
+        return Err(bad());
+    }
     let mut seconds = days_from_civil(y, m, day) * 86_400;
     if let Some(time) = time {
         let parts: Vec<&str> = time.split(':').collect();
@@ -147,6 +151,7 @@ mod tests {
         assert_eq!(parse_date("1970-01-01"), Ok(0));
         assert_eq!(parse_date("2024-02-29T12:30"), Ok(1_709_209_800_000));
         assert_eq!(parse_date("2024-02-29 12:30:05Z"), Ok(1_709_209_805_000));
+        assert_eq!(parse_date("2023-12-31"), Ok(1_703_980_800_000));
         for bad in [
             "",
             "yesterday",
@@ -154,6 +159,8 @@ mod tests {
             "2024-1",
             "2024-01-01T25:00",
             "+2024-01-01",
+            "2023-02-29",
+            "2024-04-31",
         ] {
             assert!(parse_date(bad).is_err(), "{bad}");
         }
