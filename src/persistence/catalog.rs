@@ -298,7 +298,9 @@ impl Catalog {
         }
         match guard.as_ref() {
             Some(conn) => f(conn),
-            None => Err(Error::corrupt("catalog connection missing")),
+            None => Err(Error::internal(
+                "catalog connection missing after opening it",
+            )),
         }
     }
 
@@ -521,6 +523,7 @@ fn compute(root: &Root, stamper: &Stamper, id: &SessionId) -> Computed {
 /// The stamp and the stored text of a session's entry.
 fn row(stamper: &Stamper, entry: &CatalogEntry) -> Result<(String, String)> {
     let stamp = stamper.stamp(&entry.session_id);
-    let text = serde_json::to_string(entry).map_err(|e| Error::invalid(e.to_string()))?;
+    let text = serde_json::to_string(entry)
+        .map_err(|e| Error::internal_from("catalog entry to JSON", e))?;
     Ok((stamp, text))
 }

@@ -459,7 +459,7 @@ impl Root {
         fill(&mut conn)?;
         schema::finish_staged(conn, &file)?;
         let lock = WriterLock::try_acquire(&staged.dir().join(LOCK_FILE))?
-            .ok_or_else(|| Error::invalid("staging lock is held"))?;
+            .ok_or_else(|| Error::internal("lock of a fresh staging folder is held"))?;
         sync_dir(staged.dir())?;
         Ok((staged, lock))
     }

@@ -50,8 +50,9 @@ impl Staged {
         let staging = open_staging(root, root_path)?;
         let staging_path = root_path.join(STAGING_DIR);
         let name = format!("{purpose}-{}", random_hex());
-        let guard = WriterLock::try_acquire(&staging_path.join(format!("{name}{GUARD_SUFFIX}")))?
-            .ok_or_else(|| Error::invalid(format!("staging guard of {name} is held")))?;
+        let guard =
+            WriterLock::try_acquire(&staging_path.join(format!("{name}{GUARD_SUFFIX}")))?
+                .ok_or_else(|| Error::internal(format!("fresh staging guard of {name} is held")))?;
         let dir = staging_path.join(&name);
         rustix::fs::mkdirat(
             &staging,

@@ -37,14 +37,14 @@ pub(crate) async fn blocking<T: Send + 'static>(
 ) -> Result<T> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| Error::io("blocking task", std::io::Error::other(e.to_string())))?
+        .map_err(|e| Error::internal_from("blocking storage task did not finish", e))?
 }
 
 #[derive(Default)]
 struct Registry {
     active: HashMap<SessionId, Runtime>,
-    /// Result of the last close of a session no longer active (for idempotent close).
-    closed: HashMap<SessionId, Option<String>>,
+    /// Sessions closed here and no longer active (for idempotent close).
+    closed: HashSet<SessionId>,
     preparing: HashSet<SessionId>,
     bindings: HashMap<SessionId, usize>,
 }
@@ -95,7 +95,8 @@ pub struct PreparedRuntime {
 #[derive(Debug, Default)]
 struct PreparedState {
     published: bool,
-    discarded: Option<Option<String>>,
+    /// The result of the first `discard`, returned again by later ones.
+    discarded: Option<Result<()>>,
 }
 
 impl std::fmt::Debug for Service {
@@ -225,15 +226,13 @@ impl Service {
                 return Err(Error::invalid("published runtime cannot be discarded"));
             }
             if let Some(result) = &state.discarded {
-                return result
-                    .clone()
-                    .map_or(Ok(()), |e| Err(Error::PersistenceFailed(e)));
+                return result.clone();
             }
         }
         let result = close_session(prepared.runtime.session().clone()).await;
         prepared.runtime.mark_closed();
         let mut state = prepared.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.discarded = Some(result.as_ref().err().map(ToString::to_string));
+        state.discarded = Some(result.clone());
         result
     }
 
@@ -372,10 +371,10 @@ impl Service {
                     rt.clone()
                 }
                 None => {
-                    return match reg.closed.get(&r.session_id) {
-                        Some(None) => Ok(()),
-                        Some(Some(e)) => Err(Error::PersistenceFailed(e.clone())),
-                        None => Err(Error::SessionNotRunning),
+                    return if reg.closed.contains(&r.session_id) {
+                        Ok(())
+                    } else {
+                        Err(Error::SessionNotRunning)
                     };
                 }
             }
@@ -388,7 +387,7 @@ impl Service {
                 if reg.active.get(&r.session_id) == Some(&runtime) {
                     reg.active.remove(&r.session_id);
                 }
-                reg.closed.insert(r.session_id.clone(), None);
+                reg.closed.insert(r.session_id.clone());
             }
             record_in_catalog(self.inner.root.clone(), runtime.session().clone()).await;
         }

@@ -107,7 +107,8 @@ struct State {
     armed_at: Option<Instant>,
     /// Set after a clean failure: timed drains stop until an explicit flush succeeds.
     paused: bool,
-    error: Option<String>,
+    /// The error of the last failed drain (cleared by a successful one).
+    error: Option<Error>,
     poisoned: bool,
     closed: bool,
     released: bool,
@@ -260,7 +261,7 @@ impl Session {
             event_sequence: s.next_seq - 1,
             durable_sequence: s.durable_seq,
             persistence_status: status_of(&s),
-            persistence_error: s.error.clone(),
+            persistence_error: s.error.as_ref().map(ToString::to_string),
             projection: s.projection.clone(),
         }
     }
@@ -364,6 +365,16 @@ fn same_operation(original: Arc<Commit>, batch: PreparedBatch) -> Result<Arc<Com
         Err(Error::OperationConflict {
             operation_id: batch.operation_id,
         })
+    }
+}
+
+impl State {
+    /// The failed drain's error behind a paused or poisoned state (both are set only
+    /// together with it).
+    fn failure(&self) -> Error {
+        self.error
+            .clone()
+            .unwrap_or_else(|| Error::internal("a failed or poisoned session without its error"))
     }
 }
 
@@ -500,9 +511,7 @@ impl Shared {
             && s.queued_bytes + charge > self.config.budget
         {
             if s.paused {
-                return Err(Error::PersistenceFailed(
-                    s.error.clone().unwrap_or_default(),
-                ));
+                return Err(Error::PersistenceFailed(Box::new(s.failure())));
             }
             if s.draining {
                 s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
@@ -517,7 +526,7 @@ impl Shared {
             return Err(Error::Closed);
         }
         if s.poisoned {
-            return Err(Error::Poisoned(s.error.clone().unwrap_or_default()));
+            return Err(Error::Poisoned(Box::new(s.failure())));
         }
         Ok(s)
     }
@@ -598,7 +607,7 @@ impl Shared {
                 s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
             }
             if s.poisoned {
-                return Err(Error::Poisoned(s.error.clone().unwrap_or_default()));
+                return Err(Error::Poisoned(Box::new(s.failure())));
             }
             if s.tail.is_empty() {
                 return Ok(());
@@ -636,7 +645,7 @@ impl Shared {
                 Ok(())
             }
             Err(e) => {
-                s.error = Some(e.to_string());
+                s.error = Some(e.clone());
                 if e.is_retryable_write() {
                     s.paused = true;
                 } else {
@@ -749,7 +758,7 @@ impl Shared {
             {
                 let s = lock(&self.state);
                 if s.poisoned {
-                    return Err(Error::Poisoned(s.error.clone().unwrap_or_default()));
+                    return Err(Error::Poisoned(Box::new(s.failure())));
                 }
                 if s.durable_seq >= target {
                     return Ok(s.durable_seq);
