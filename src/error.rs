@@ -46,11 +46,6 @@ pub fn quoted(value: &str) -> String {
     }
 }
 
-/// A cause of an [`Error`] kept behind an `Arc`, so that the error can be cloned (a
-/// session hands the same failure to every later caller) without losing the cause's type:
-/// `error.source()` reaches it and `downcast_ref` gets it back.
-pub type SharedCause = std::sync::Arc<dyn std::error::Error + Send + Sync>;
-
 /// Everything that can go wrong, as variants a caller can match, and classifiers
 /// ([`Error::is_retryable`], [`Error::is_not_found`], [`Error::writer_owner`],
 /// [`Error::is_corrupt`], [`Error::is_caller_error`], …) a host can branch on instead.
@@ -128,14 +123,14 @@ pub enum Error {
     RecoveryRequired,
     /// No read connection to a session file could be had in time: every pooled connection
     /// stayed busy, or a new one could not be opened. The source is the pool's error.
-    ReadConnection(SharedCause),
+    ReadConnection(std::sync::Arc<dyn std::error::Error + Send + Sync>),
     /// An invariant inside the library broke (a bug, or a worker task that panicked), not
     /// anything the caller did. The source, when there is one, is what failed.
     Internal {
         /// What the library was doing.
         context: String,
         /// What failed, when a lower-level error did.
-        source: Option<SharedCause>,
+        source: Option<std::sync::Arc<dyn std::error::Error + Send + Sync>>,
     },
     /// An operating-system I/O error.
     Io {
