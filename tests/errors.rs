@@ -26,7 +26,26 @@ fn classes(e: &Error) -> Vec<&'static str> {
         ("needs_reopen", e.needs_reopen()),
         ("internal", e.is_internal()),
     ];
-    all.into_iter().filter(|(_, yes)| *yes).map(|(n, _)| n).collect()
+    all.into_iter()
+        .filter(|(_, yes)| *yes)
+        .map(|(n, _)| n)
+        .collect()
+}
+
+/// A new session `name` holding one durable commit (operation `op-0`).
+fn durable_session(root: &Root, name: &str) -> session_store::Session {
+    let s = create(root, name);
+    s.append(Batch::new("op-0", vec![title("durable")]))
+        .expect("append");
+    s.flush().expect("flush");
+    s
+}
+
+/// The failed write's error behind a `PersistenceFailed` or `Poisoned` (its source).
+fn failed_write(e: &Error) -> &Error {
+    e.source()
+        .and_then(|c| c.downcast_ref::<Error>())
+        .expect("the failed write is the source")
 }
 
 /// The session file of `s`.
@@ -136,10 +155,7 @@ fn a_damaged_file_is_corrupt_and_a_newer_one_unsupported() {
 #[test]
 fn what_the_caller_passed_is_a_caller_error_and_changes_nothing() {
     let (dir, root) = temp_root();
-    let s = create(&root, "input");
-    s.append(Batch::new("op-1", vec![title("first")]))
-        .expect("append");
-    s.flush().expect("flush");
+    let s = durable_session(&root, "input");
     let before = s.snapshot().event_sequence;
 
     let mut refused = vec![
@@ -152,7 +168,7 @@ fn what_the_caller_passed_is_a_caller_error_and_changes_nothing() {
         s.append(Batch::new("", vec![title("x")]))
             .expect_err("no operation id"),
         // The same operation id with other content.
-        s.append(Batch::new("op-1", vec![title("second")]))
+        s.append(Batch::new("op-0", vec![title("other")]))
             .expect_err("conflict"),
         // A payload that does not match its kind's schema.
         s.append(Batch::new(
@@ -174,9 +190,21 @@ fn what_the_caller_passed_is_a_caller_error_and_changes_nothing() {
         )
         .expect_err("unknown turn"),
     );
-    assert!(matches!(refused[0], Error::InvalidInput(_)), "{:?}", refused[0]);
-    assert!(matches!(refused[3], Error::OperationConflict { .. }), "{:?}", refused[3]);
-    assert!(matches!(refused[4], Error::InvalidPayload { .. }), "{:?}", refused[4]);
+    assert!(
+        matches!(refused[0], Error::InvalidInput(_)),
+        "{:?}",
+        refused[0]
+    );
+    assert!(
+        matches!(refused[3], Error::OperationConflict { .. }),
+        "{:?}",
+        refused[3]
+    );
+    assert!(
+        matches!(refused[4], Error::InvalidPayload { .. }),
+        "{:?}",
+        refused[4]
+    );
     for e in &refused {
         assert_eq!(classes(e), ["caller_error"], "{e:?}");
         assert!(e.source().is_none(), "{e:?}");
@@ -197,10 +225,8 @@ fn a_busy_file_is_retryable_and_flush_recovers() {
         .with_write_behind(Duration::from_secs(3600))
         .with_queue_budget(1);
     let root = Root::with_options(dir.path(), options).expect("root");
-    let s = create(&root, "busy");
-    s.append(Batch::new("op-0", vec![title("durable")]))
-        .expect("append");
-    let durable = s.flush().expect("flush");
+    let s = durable_session(&root, "busy");
+    let durable = s.snapshot().durable_sequence;
 
     let other = rusqlite::Connection::open(session_file(&s)).expect("sqlite");
     other.execute_batch("BEGIN IMMEDIATE").expect("write lock");
@@ -212,10 +238,7 @@ fn a_busy_file_is_retryable_and_flush_recovers() {
         .expect_err("over budget while the drain fails");
     assert!(matches!(e, Error::PersistenceFailed(_)), "{e:?}");
     assert_eq!(classes(&e), ["retryable"], "{e}");
-    let cause = e
-        .source()
-        .and_then(|c| c.downcast_ref::<Error>())
-        .expect("the failed write is the source");
+    let cause = failed_write(&e);
     assert!(matches!(cause, Error::Sqlite(_)), "{cause:?}");
     assert_eq!(classes(cause), ["retryable"]);
     let sqlite = cause
@@ -243,10 +266,7 @@ fn a_busy_file_is_retryable_and_flush_recovers() {
 #[test]
 fn closed_fenced_and_poisoned_sessions_need_a_reopen() {
     let (_dir, root) = manual_root();
-    let s = create(&root, "fenced");
-    s.append(Batch::new("op-0", vec![title("durable")]))
-        .expect("append");
-    s.flush().expect("flush");
+    let s = durable_session(&root, "fenced");
 
     // Another writer's lease (bumped behind this one's back) fences the next write off.
     let other = rusqlite::Connection::open(session_file(&s)).expect("sqlite");
@@ -269,10 +289,7 @@ fn closed_fenced_and_poisoned_sessions_need_a_reopen() {
         .expect_err("poisoned");
     assert!(matches!(e, Error::Poisoned(_)), "{e:?}");
     assert_eq!(classes(&e), ["needs_reopen"], "{e}");
-    let cause = e
-        .source()
-        .and_then(|c| c.downcast_ref::<Error>())
-        .expect("the failed write is the source");
+    let cause = failed_write(&e);
     assert!(matches!(cause, Error::StaleGeneration { .. }), "{cause:?}");
 
     // close releases a poisoned session (and says it was poisoned); then it is closed.
