@@ -109,6 +109,17 @@ fn run_full_disk(size: &str, filler_bytes: usize) {
         matches!(failure, Error::DiskFull(_) | Error::Io { .. }),
         "ENOSPC must be reported as DiskFull or Io, got {failure:?}"
     );
+    // What a host branches on (issue 13): retryable, SQLite's `SQLITE_FULL` the typed source.
+    assert!(failure.is_retryable(), "{failure:?}");
+    if let Error::DiskFull(_) = &failure {
+        let sqlite = std::error::Error::source(&failure)
+            .and_then(|c| c.downcast_ref::<rusqlite::Error>())
+            .expect("SQLite's error is the source");
+        assert_eq!(
+            sqlite.sqlite_error_code(),
+            Some(rusqlite::ErrorCode::DiskFull)
+        );
+    }
     let snap = s.snapshot();
     assert_eq!(
         snap.persistence_status,
