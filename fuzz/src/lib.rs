@@ -166,15 +166,10 @@ pub fn import_bytes(data: &[u8]) -> ImportReport {
     }
 }
 
-/// The refusals `Session::append` documents for a bad batch.
+/// The refusals `Session::append` documents for a bad batch (the caller's mistake, or an
+/// unknown required kind).
 fn is_bad_input(e: &Error) -> bool {
-    matches!(
-        e,
-        Error::InvalidInput(_)
-            | Error::InvalidPayload { .. }
-            | Error::UnsupportedVersion(_)
-            | Error::OperationConflict { .. }
-    )
+    e.is_caller_error() || e.is_unsupported()
 }
 
 /// Appends every line of `data` that parses as a `Batch` to one fresh session (write-behind
