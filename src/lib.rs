@@ -11,6 +11,7 @@
 
 mod cancel;
 mod error;
+pub mod format;
 pub mod model;
 mod persistence;
 mod service;
@@ -28,7 +29,8 @@ pub use persistence::{BlobStats, KindStats, SessionStats, TableBytes};
 pub use persistence::{
     CatalogEntry, CheckpointPolicy, CreateOptions, DEFAULT_INLINE_THRESHOLD, ExportReport,
     ForkPoint, ImportOptions, Listing, MAX_INLINE_THRESHOLD, MIN_INLINE_THRESHOLD, RebuildReport,
-    Replay, Root, Scratch, SessionInfo, SkippedSession, StoreOptions, Verified, replay, verify,
+    Replay, Root, Scratch, SessionInfo, SkippedSession, StoreOptions, Verified,
+    catalog_session_ids, replay, verify,
 };
 pub use service::{
     CLOSURE_KINDS, CancelReceipt, ClientBinding, EventPage, Execution, HistoryPage,

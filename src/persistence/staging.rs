@@ -91,6 +91,36 @@ impl Staged {
         self.published = true;
         sync_dir(root_path)
     }
+
+    /// Creates the folder `child` inside this staging folder (an existing one is kept);
+    /// returns its path.
+    pub(crate) fn make_child(&self, child: &str) -> Result<PathBuf> {
+        let path = self.dir.join(child);
+        let relative = Path::new(&self.name).join(child);
+        match rustix::fs::mkdirat(
+            &self.staging,
+            &relative,
+            rustix::fs::Mode::from_raw_mode(0o777),
+        ) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => Ok(path),
+            Err(e) => Err(Error::io(format!("create {}", path.display()), e.into())),
+        }
+    }
+
+    /// Renames the folder `child` of this staging folder to `id` in the root (never
+    /// replacing: [`Error::SessionExists`] names `id`) and makes the rename durable. The
+    /// staging folder itself stays (other children may follow).
+    pub(crate) fn publish_child(
+        &self,
+        child: &str,
+        root: BorrowedFd<'_>,
+        root_path: &Path,
+        id: &str,
+    ) -> Result<()> {
+        let relative = Path::new(&self.name).join(child);
+        rename_no_replace_at(&self.staging, &relative, root, Path::new(id), id)?;
+        sync_dir(root_path)
+    }
 }
 
 impl Drop for Staged {
