@@ -3,12 +3,15 @@
 //! ## Cargo features
 //!
 //! - `cli` (default): the `session-store` command-line binary and its dependencies
-//!   (`clap`, `indicatif`). A host that embeds the library turns it off:
+//!   (`clap`, `indicatif`), and the module `baseline`: the raw-SQLite baselines its
+//!   benchmarks measure the library against. A host that embeds the library turns it off:
 //!   `session-store = { version = "0.1", default-features = false }`.
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+#[cfg(feature = "cli")]
+pub mod baseline;
 mod cancel;
 mod error;
 pub mod format;

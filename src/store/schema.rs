@@ -77,7 +77,8 @@ pub enum Durability {
 }
 
 impl Durability {
-    fn synchronous(self) -> &'static str {
+    /// The `PRAGMA synchronous` setting of this durability.
+    pub(crate) fn synchronous(self) -> &'static str {
         match self {
             Durability::PowerLoss => "FULL",
             Durability::ProcessCrash => "NORMAL",
