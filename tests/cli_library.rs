@@ -12,7 +12,7 @@ mod common;
 
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use common::*;
@@ -23,22 +23,21 @@ use session_store::{Durability, Error, ForkPoint, Root, catalog_session_ids, rep
 /// The staging folder of a root (the library's name for it is private on purpose).
 const STAGING: &str = ".staging";
 
-fn cli(root: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_session-store"))
-        .arg("--root")
-        .arg(root)
-        .args(args)
-        .output()
-        .expect("run session-store")
+/// `session-store --json --root ROOT list` (it opens the root), not yet started.
+fn list_command(root: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_session-store"));
+    cmd.arg("--json").arg("--root").arg(root).arg("list");
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
 }
 
-fn text(out: &Output) -> String {
-    format!(
-        "status {:?}\nstdout: {}\nstderr: {}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+/// The stdout of a `session-store` run that must have succeeded.
+fn succeeded(out: Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// A closed source root (its own temp dir) holding `alpha` (two turns) and `alpha-fork`
@@ -111,13 +110,7 @@ fn restore_staging_survives_concurrent_opens_and_publishes() {
 
     // Other processes (`list` opens the root) and threads open the root meanwhile.
     let lists: Vec<_> = (0..3)
-        .map(|_| {
-            Command::new(env!("CARGO_BIN_EXE_session-store"))
-                .arg("--root")
-                .arg(&target_dir)
-                .args(["--json", "list"])
-                .output()
-        })
+        .map(|_| list_command(&target_dir).spawn().expect("spawn list"))
         .collect();
     std::thread::scope(|scope| {
         for _ in 0..4 {
@@ -128,9 +121,8 @@ fn restore_staging_survives_concurrent_opens_and_publishes() {
             });
         }
     });
-    for out in lists {
-        let out = out.expect("run list");
-        assert!(out.status.success(), "{}", text(&out));
+    for list in lists {
+        succeeded(list.wait_with_output().expect("wait for list"));
     }
     for name in ["alpha", "alpha-fork"] {
         assert!(
@@ -167,9 +159,7 @@ fn restore_staging_survives_concurrent_opens_and_publishes() {
         );
     }
     // The catalog was told: a fresh process lists both.
-    let out = cli(&target_dir, &["--json", "list"]);
-    assert!(out.status.success(), "{}", text(&out));
-    let listed = String::from_utf8_lossy(&out.stdout);
+    let listed = succeeded(list_command(&target_dir).output().expect("list"));
     assert!(
         listed.contains("\"alpha\"") && listed.contains("\"alpha-fork\""),
         "{listed}"
@@ -244,8 +234,7 @@ fn a_killed_restore_leaves_staging_the_next_open_removes() {
     assert!(staged.join("alpha").join(SESSION_FILE).is_file());
 
     // While the restoring process lives, opens elsewhere leave its staging alone.
-    let out_list = cli(&target_dir, &["list"]);
-    assert!(out_list.status.success(), "{}", text(&out_list));
+    succeeded(list_command(&target_dir).output().expect("list"));
     Root::open(&target_dir).expect("open");
     assert!(staged.join("alpha").join(SESSION_FILE).is_file());
 
