@@ -317,10 +317,11 @@ fn set_aside_moves_a_session_out_of_the_namespace() {
     writer.close().expect("close");
     let elsewhere = tempfile::tempdir().expect("tempdir");
     std::os::unix::fs::symlink(elsewhere.path(), root.path().join(".evil")).expect("symlink");
-    assert!(matches!(
-        root.set_aside(&id("bad"), ".evil"),
-        Err(Error::InvalidInput { .. })
-    ));
+    let refused = root.set_aside(&id("bad"), ".evil");
+    assert!(
+        matches!(refused, Err(Error::InvalidInput { .. })),
+        "{refused:?}"
+    );
     assert_eq!(
         std::fs::read_dir(elsewhere.path()).expect("read").count(),
         0

@@ -463,8 +463,8 @@ fn restore_into(
         }
         (None, true) => {
             let layout = replica.dir().map(|d| layout_ids(&d)).transpose()?;
-            // A dot-name: no session id takes it.
-            let scratch = batch.path().join(".catalog");
+            // A dot-name, as in a root: no session id takes it.
+            let scratch = batch.path().join(CATALOG_DIR);
             std::fs::create_dir_all(&scratch)
                 .map_err(|e| Failure::context(format!("create {}", scratch.display()), &e))?;
             let catalog = catalog_ids(bin, replica, &scratch)?;

@@ -471,15 +471,11 @@ impl Root {
         }
         let folder_path = self.inner.path.join(folder);
         let dir = self.existing_dir(id)?;
-        let Some(lock) = WriterLock::try_acquire(&dir.join(LOCK_FILE))? else {
-            return Err(Error::WriterOwned {
-                owner: self.current_owner(&dir)?,
-            });
-        };
+        let folder_fd = confine::ensure_dir_at(self.dir_fd(), folder, &folder_path)?;
+        let lock = self.take_writer_lock(&dir)?;
         // A fresh folder per move: the id is not part of its name, so the longest id fits.
         let holder = random_hex();
         let aside = folder_path.join(&holder);
-        let folder_fd = confine::ensure_dir_at(self.dir_fd(), folder, &folder_path)?;
         rustix::fs::mkdirat(
             &folder_fd,
             holder.as_str(),
@@ -628,17 +624,28 @@ impl Root {
     /// writer, in this process or another, has it.
     pub fn open_writer(&self, id: &SessionId) -> Result<Session> {
         let dir = self.existing_dir(id)?;
+        let lock = self.take_writer_lock(&dir)?;
+        self.start_writer(&dir, lock)
+    }
+
+    /// Takes the writer lock of the session folder `dir`, retrying a lock held only for a
+    /// moment (a probe, or a child process between `fork` and `exec` that shares the
+    /// descriptor).
+    ///
+    /// # Errors
+    /// [`Error::WriterOwned`] naming the holder when a writer keeps it.
+    fn take_writer_lock(&self, dir: &Path) -> Result<WriterLock> {
         let lock_path = dir.join(LOCK_FILE);
         for attempt in 1..=LOCK_ATTEMPTS {
             if let Some(lock) = WriterLock::try_acquire(&lock_path)? {
-                return self.start_writer(&dir, lock);
+                return Ok(lock);
             }
             if attempt < LOCK_ATTEMPTS {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
         Err(Error::WriterOwned {
-            owner: self.current_owner(&dir)?,
+            owner: self.current_owner(dir)?,
         })
     }
 
