@@ -476,12 +476,7 @@ impl Root {
         // A fresh folder per move: the id is not part of its name, so the longest id fits.
         let holder = random_hex();
         let aside = folder_path.join(&holder);
-        rustix::fs::mkdirat(
-            &folder_fd,
-            holder.as_str(),
-            rustix::fs::Mode::from_raw_mode(0o777),
-        )
-        .map_err(|e| Error::io(format!("create {}", aside.display()), e.into()))?;
+        confine::ensure_dir_at(&folder_fd, &holder, &aside)?;
         rename_no_replace_at(
             self.dir_fd(),
             Path::new(id.as_str()),

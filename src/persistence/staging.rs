@@ -92,19 +92,12 @@ impl Staged {
         sync_dir(root_path)
     }
 
-    /// Creates the folder `child` inside this staging folder (an existing one is kept);
-    /// returns its path.
+    /// Creates the folder `child` inside this staging folder (an existing one is kept, a
+    /// symlink there refused); returns its path.
     pub(crate) fn make_child(&self, child: &str) -> Result<PathBuf> {
         let path = self.dir.join(child);
-        let relative = Path::new(&self.name).join(child);
-        match rustix::fs::mkdirat(
-            &self.staging,
-            &relative,
-            rustix::fs::Mode::from_raw_mode(0o777),
-        ) {
-            Ok(()) | Err(rustix::io::Errno::EXIST) => Ok(path),
-            Err(e) => Err(Error::io(format!("create {}", path.display()), e.into())),
-        }
+        confine::ensure_dir_at(&self.staging, &format!("{}/{child}", self.name), &path)?;
+        Ok(path)
     }
 
     /// Renames the folder `child` of this staging folder to `id` in the root (never
