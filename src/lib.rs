@@ -3,14 +3,18 @@
 //! ## Cargo features
 //!
 //! - `cli` (default): the `session-store` command-line binary and its dependencies
-//!   (`clap`, `indicatif`). A host that embeds the library turns it off:
+//!   (`clap`, `indicatif`), and the module `baseline`: the raw-SQLite baselines its
+//!   benchmarks measure the library against. A host that embeds the library turns it off:
 //!   `session-store = { version = "0.1", default-features = false }`.
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+#[cfg(feature = "cli")]
+pub mod baseline;
 mod cancel;
 mod error;
+pub mod format;
 pub mod model;
 mod persistence;
 mod service;
@@ -28,7 +32,8 @@ pub use persistence::{BlobStats, KindStats, SessionStats, TableBytes};
 pub use persistence::{
     CatalogEntry, CheckpointPolicy, CreateOptions, DEFAULT_INLINE_THRESHOLD, ExportReport,
     ForkPoint, ImportOptions, Listing, MAX_INLINE_THRESHOLD, MIN_INLINE_THRESHOLD, RebuildReport,
-    Replay, Root, Scratch, SessionInfo, SkippedSession, StoreOptions, Verified, replay, verify,
+    Replay, Root, Scratch, SessionInfo, SkippedSession, StoreOptions, Verified,
+    catalog_session_ids, replay, verify,
 };
 pub use service::{
     CLOSURE_KINDS, CancelReceipt, ClientBinding, EventPage, Execution, HistoryPage,

@@ -251,7 +251,7 @@ enum Command {
     /// Write a scripted multi-session agent workload into the root and summarise it.
     Demo,
     /// Append throughput: the library (group commit) on S sessions in parallel, a raw
-    /// rusqlite baseline, a JSON Lines file with one fdatasync per batch, and the
+    /// SQLite baseline, a JSON Lines file with one fdatasync per batch, and the
     /// machine's fdatasync rate. `--suite lean` instead prints the lean-store table: bytes
     /// on disk, writer memory, reopen cost and durable append rates, each with its
     /// same-run baseline, ratio and target.
@@ -303,7 +303,7 @@ enum Command {
 /// The benchmarks of `bench`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Suite {
-    /// Append throughput vs raw rusqlite, JSON Lines and fdatasync.
+    /// Append throughput vs raw SQLite, JSON Lines and fdatasync.
     Append,
     /// The lean-store table: eight measures, each against its same-run baseline.
     Lean,

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::json;
+use session_store::format::{SESSION_FILE, WAL_FILE};
 use session_store::{
     CancelToken, Commit, ContentRef, CreateOptions, Dependent, Error, Event, ForkPoint,
     ImportOptions, LineageEntry, SessionId, SkippedSession, TableBytes, TurnBoundary, WriterOwner,
@@ -16,9 +17,6 @@ use super::{
     CliResult, Context, EXIT_NOT_FOUND, EXIT_OTHER, Failure, block_on, human_bytes, print_json,
     printable, session_id, spinner,
 };
-
-/// The session file inside a session folder (the documented layout).
-const SESSION_FILE: &str = "session.sqlite";
 
 /// Characters of a payload or message shown on one line of human output.
 const PREVIEW_CHARS: usize = 100;
@@ -174,7 +172,7 @@ pub fn show(cx: &Context, id: &str) -> CliResult<()> {
     let reader = root.open_reader(&id)?;
     let projection = reader.projection()?;
     let dir = root.session_dir(&id);
-    let file_bytes = ["session.sqlite", "session.sqlite-wal"]
+    let file_bytes = [SESSION_FILE, WAL_FILE]
         .iter()
         .filter_map(|f| std::fs::symlink_metadata(dir.join(f)).ok())
         .map(|m| m.len())

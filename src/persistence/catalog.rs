@@ -28,9 +28,10 @@ use crate::store::reader::SessionReader;
 use crate::store::schema::{self, SESSION_FILE, WAL_FILE};
 
 /// The folder of the catalog in a root (a dot-name: never a session id).
-pub(crate) const CATALOG_DIR: &str = ".catalog";
-/// The catalog file in [`CATALOG_DIR`].
-pub(crate) const CATALOG_FILE: &str = "catalog.sqlite";
+pub const CATALOG_DIR: &str = ".catalog";
+/// The catalog file in [`CATALOG_DIR`]: `<root>/.catalog/catalog.sqlite`, a derived index
+/// that [`Root::rebuild_catalog`] recomputes from the session files.
+pub const CATALOG_FILE: &str = "catalog.sqlite";
 /// The catalog file and SQLite's files beside it. Older builds kept them at the root; there
 /// they are removed when the catalog is first created in its folder.
 const CATALOG_FILES: [&str; 4] = [
@@ -224,6 +225,43 @@ fn open_catalog(path: &Path) -> Result<Connection> {
     tx.prepare("SELECT session_id, stamp, entry FROM sessions LIMIT 0")?;
     tx.commit()?;
     Ok(conn)
+}
+
+/// The session ids a catalog file lists, sorted: e.g. a root's catalog restored from a
+/// replica, to learn which sessions the replica holds (`restore --all`). The file is only
+/// read (a copy with no `-wal` beside it is opened immutable: nothing is created beside
+/// it); its entries are not checked against any session file.
+///
+/// # Errors
+/// [`Error::SessionNotFound`] when `file` is missing; [`Error::InvalidInput`] for a
+/// symlink or a non-regular file; [`Error::Corrupt`] for a file that is not a catalog or
+/// lists an invalid id.
+pub fn catalog_session_ids(file: &Path) -> Result<Vec<SessionId>> {
+    schema::check_file(file)?;
+    let access = schema::Access::for_user_file(file);
+    let conn = Connection::open_with_flags(access.name(file), schema::reader_flags())?;
+    let app: i32 = conn.pragma_query_value(None, "application_id", |r| r.get(0))?;
+    if app != CATALOG_APPLICATION_ID {
+        return Err(Error::corrupt(format!(
+            "{} is not a catalog (application_id {app:#x})",
+            file.display()
+        )));
+    }
+    let mut stmt = conn.prepare("SELECT session_id FROM sessions ORDER BY session_id")?;
+    let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+    let mut ids = Vec::new();
+    for row in rows {
+        let text = row?;
+        let id = SessionId::new(text.as_str()).map_err(|_| {
+            Error::corrupt(format!(
+                "{} lists an invalid session id {}",
+                file.display(),
+                crate::error::quoted(&text)
+            ))
+        })?;
+        ids.push(id);
+    }
+    Ok(ids)
 }
 
 /// Unlinks the entries `names` of `dir` that are files or symlinks (a symlink itself, never

@@ -92,6 +92,29 @@ impl Staged {
         self.published = true;
         sync_dir(root_path)
     }
+
+    /// Creates the folder `child` inside this staging folder (an existing one is kept, a
+    /// symlink there refused); returns its path.
+    pub(crate) fn make_child(&self, child: &str) -> Result<PathBuf> {
+        let path = self.dir.join(child);
+        confine::ensure_dir_at(&self.staging, &format!("{}/{child}", self.name), &path)?;
+        Ok(path)
+    }
+
+    /// Renames the folder `child` of this staging folder to `id` in the root (never
+    /// replacing: [`Error::SessionExists`] names `id`) and makes the rename durable. The
+    /// staging folder itself stays (other children may follow).
+    pub(crate) fn publish_child(
+        &self,
+        child: &str,
+        root: BorrowedFd<'_>,
+        root_path: &Path,
+        id: &str,
+    ) -> Result<()> {
+        let relative = Path::new(&self.name).join(child);
+        rename_no_replace_at(&self.staging, &relative, root, Path::new(id), id)?;
+        sync_dir(root_path)
+    }
 }
 
 impl Drop for Staged {

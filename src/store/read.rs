@@ -111,6 +111,19 @@ pub(crate) fn read_lineage(conn: &Connection) -> Result<Vec<LineageEntry>> {
     Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
 }
 
+/// The lineage rows of the session file `file`, read without opening its ancestors (a
+/// file staged away from them, e.g. a restored copy not yet published).
+///
+/// # Errors
+/// [`Error::SessionNotFound`] when `file` is missing; [`Error::InvalidInput`] for a
+/// symlink; [`Error::Corrupt`] or [`Error::UnsupportedVersion`] for a file that is not a
+/// session file this build reads.
+pub(crate) fn read_file_lineage(file: &Path) -> Result<Vec<LineageEntry>> {
+    schema::check_file(file)?;
+    let conn = schema::open_reader_with(file, Access::for_user_file(file))?;
+    read_lineage(&conn)
+}
+
 /// The dependents rows: children that inherit from this file.
 pub(crate) fn read_dependents(conn: &Connection) -> Result<Vec<Dependent>> {
     let mut stmt =

@@ -14,10 +14,11 @@ use crate::error::{Error, Result};
 /// `PRAGMA application_id` of a session file ("SeSt").
 pub const APPLICATION_ID: i32 = 0x5365_5374;
 
-/// The session file inside a session folder.
-pub(crate) const SESSION_FILE: &str = "session.sqlite";
-/// The write-ahead log beside [`SESSION_FILE`] while the file is in WAL mode.
-pub(crate) const WAL_FILE: &str = "session.sqlite-wal";
+/// The session file inside a session folder: `<root>/<id>/session.sqlite`.
+pub const SESSION_FILE: &str = "session.sqlite";
+/// The write-ahead log beside [`SESSION_FILE`] while the file is in WAL mode (part of the
+/// session's content until it is checkpointed: copy or measure it with the file).
+pub const WAL_FILE: &str = "session.sqlite-wal";
 
 /// The writer lock file inside a session folder.
 pub(crate) const LOCK_FILE: &str = "writer.lock";
@@ -76,7 +77,8 @@ pub enum Durability {
 }
 
 impl Durability {
-    fn synchronous(self) -> &'static str {
+    /// The `PRAGMA synchronous` setting of this durability.
+    pub(crate) fn synchronous(self) -> &'static str {
         match self {
             Durability::PowerLoss => "FULL",
             Durability::ProcessCrash => "NORMAL",
