@@ -28,7 +28,8 @@ fn repo() -> &'static Path {
 /// `CARGO_TARGET_TMPDIR`).
 fn target_dir() -> PathBuf {
     let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    tmp.parent().map_or_else(|| repo().join("target"), Path::to_path_buf)
+    tmp.parent()
+        .map_or_else(|| repo().join("target"), Path::to_path_buf)
 }
 
 /// Runs `cmd` with the variables cargo sets for a test binary removed (so a nested
@@ -39,8 +40,12 @@ fn run(cmd: &mut Command) -> Output {
         if key.starts_with("CARGO_PKG_")
             || key.starts_with("CARGO_MANIFEST_")
             || key.starts_with("CARGO_BIN_")
-            || ["CARGO_CRATE_NAME", "CARGO_PRIMARY_PACKAGE", "CARGO_TARGET_TMPDIR"]
-                .contains(&key.as_ref())
+            || [
+                "CARGO_CRATE_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+            ]
+            .contains(&key.as_ref())
         {
             cmd.env_remove(key.as_ref());
         }
@@ -148,7 +153,9 @@ fn venv_with_tools(venv: &Path) -> PathBuf {
 /// `PATH` with the venv's `bin` first (maturin's PEP 517 hooks run `maturin` from `PATH`).
 fn venv_path(venv: &Path) -> std::ffi::OsString {
     let mut dirs = vec![venv.join("bin")];
-    dirs.extend(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()));
+    dirs.extend(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    ));
     std::env::join_paths(dirs).expect("PATH entries without separators")
 }
 
@@ -195,7 +202,13 @@ fn pytest_suite_passes() {
     // sources, without the native module) is not on sys.path: the installed package is.
     let out = run(Command::new(venv.join("bin").join("pytest"))
         .current_dir(repo().join("python").join("tests"))
-        .args(["-q", "-p", "no:cacheprovider", "-W", "error::pytest.PytestUnraisableExceptionWarning"])
+        .args([
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-W",
+            "error::pytest.PytestUnraisableExceptionWarning",
+        ])
         .env("PATH", venv_path(&venv))
         .env("VIRTUAL_ENV", &venv)
         .env("PYTHONDONTWRITEBYTECODE", "1"));

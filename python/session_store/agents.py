@@ -264,16 +264,21 @@ class SessionStoreSession:
         """The latest ``limit`` stored messages (all for None), oldest first."""
         if limit is not None and limit <= 0:
             return []
+        if limit is None:
+            # One call for the whole transcript: fewer round trips than the pages.
+            try:
+                return self.root.transcript(self.session_id)
+            except NotFound:
+                return []
         pages: list[list[dict[str, Any]]] = []
-        wanted = limit
+        wanted: int = limit
         cursor: str | None = None
         try:
             while True:
-                size = _PAGE if wanted is None else min(wanted, _PAGE)
+                size = min(wanted, _PAGE)
                 page = self.root.history(self.session_id, cursor=cursor, limit=size)
                 pages.append([self._body(m) for m in page["messages"]])
-                if wanted is not None:
-                    wanted -= len(page["messages"])
+                wanted -= len(page["messages"])
                 cursor = page["next_cursor"]
                 if cursor is None or wanted == 0:
                     break

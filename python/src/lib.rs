@@ -17,8 +17,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use serde::Serialize;
 use session_store::{
-    Batch, CancelToken, CreateOptions, Durability, Error, ForkPoint, ImportOptions, Query,
-    Service, SessionId, StoreOptions,
+    Batch, CancelToken, CreateOptions, Durability, Error, ForkPoint, ImportOptions, Query, Service,
+    SessionId, StoreOptions,
 };
 
 create_exception!(
@@ -595,7 +595,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PersistenceFailed", py.get_type::<PersistenceFailed>())?;
     m.add("DiskFull", py.get_type::<DiskFull>())?;
     m.add("Cancelled", py.get_type::<Cancelled>())?;
-    m.add("ForkBoundaryNotAtomic", py.get_type::<ForkBoundaryNotAtomic>())?;
+    m.add(
+        "ForkBoundaryNotAtomic",
+        py.get_type::<ForkBoundaryNotAtomic>(),
+    )?;
     m.add("ForkActiveAuthority", py.get_type::<ForkActiveAuthority>())?;
     m.add("RuntimeStateError", py.get_type::<RuntimeStateError>())?;
     m.add("StorageError", py.get_type::<StorageError>())?;
