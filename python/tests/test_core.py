@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import threading
+import time
 
 import pytest
 
@@ -249,8 +250,35 @@ def test_async_variants(root, tmp_path):
     assert "as" in listed and "imp" not in listed
 
 
-def test_sqlite_work_runs_in_parallel_threads(root):
-    """Writers in threads make progress together: each flush releases the GIL."""
+def test_a_blocking_call_releases_the_gil(root):
+    """While one thread waits inside the store (a delete waiting 1.5 s for a held writer
+    lock), another thread keeps running Python code: the wait does not hold the GIL."""
+    writer = root.create("held")
+    outcome = []
+
+    def blocked():
+        try:
+            root.delete("held", wait=1.5)
+        except session_store.Cancelled:
+            outcome.append("cancelled")
+
+    thread = threading.Thread(target=blocked)
+    start = time.monotonic()
+    thread.start()
+    spins = 0
+    while time.monotonic() - start < 0.5:
+        spins += 1  # pure Python: runs only while this thread has the GIL
+    elapsed = time.monotonic() - start
+    still_waiting = thread.is_alive()
+    thread.join()
+    writer.close()
+    assert outcome == ["cancelled"]
+    assert still_waiting and elapsed < 1.2, f"main thread stalled {elapsed:.2f} s"
+    assert spins > 1000
+
+
+def test_writers_in_threads(root):
+    """Writers in threads, each flushing after every batch, all succeed."""
     errors = []
 
     def work(i):
