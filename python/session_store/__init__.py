@@ -375,8 +375,8 @@ class Root:
         self._native.delete(session_id, wait)
 
     def verify(self, session_id: str) -> dict[str, Any]:
-        """:func:`verify` of this session's folder."""
-        return verify(os.path.join(self.path, session_id))
+        """:func:`verify` of this session (its id is checked: no path outside the root)."""
+        return json.loads(self._native.verify(session_id))
 
     # Async variants.
 

@@ -476,6 +476,17 @@ impl Root {
         })
     }
 
+    /// Verifies one session of this root (see the module's `verify`).
+    fn verify(&self, py: Python<'_>, session_id: &str) -> NativeResult<String> {
+        detached(py, || {
+            let dir = self
+                .service
+                .root()
+                .session_dir(&self::session_id(session_id)?);
+            verified_json(session_store::verify(dir)?)
+        })
+    }
+
     /// Deletes a session, waiting at most `wait` seconds for its writer (`Cancelled` then).
     #[pyo3(signature = (session_id, wait=10.0))]
     fn delete(&self, py: Python<'_>, session_id: &str, wait: f64) -> NativeResult<()> {
@@ -562,14 +573,16 @@ impl Session {
 /// returns JSON `{"session_id", "commits", "events"}` or raises `Corrupt`.
 #[pyfunction]
 fn verify(py: Python<'_>, path: PathBuf) -> NativeResult<String> {
-    detached(py, || {
-        let verified = session_store::verify(path)?;
-        json(&serde_json::json!({
-            "session_id": verified.header.session_id,
-            "commits": verified.commits,
-            "events": verified.events,
-        }))
-    })
+    detached(py, || verified_json(session_store::verify(path)?))
+}
+
+/// What `verify` reports: `{"session_id", "commits", "events"}`.
+fn verified_json(verified: session_store::Verified) -> session_store::Result<String> {
+    json(&serde_json::json!({
+        "session_id": verified.header.session_id,
+        "commits": verified.commits,
+        "events": verified.events,
+    }))
 }
 
 /// The native module.

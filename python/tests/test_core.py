@@ -209,6 +209,10 @@ def test_hostile_input_is_refused_and_changes_nothing(root, tmp_path):
         root.fork("h", after_turn="t0", child="bad/id")
     with pytest.raises(NotFound):
         root.history("missing")
+    with pytest.raises(InvalidInput):
+        root.verify("../h")
+    with pytest.raises(NotFound):
+        root.verify("missing")
     with pytest.raises(NotFound):
         session_store.verify(tmp_path / "missing-root" / "x")
     blocker = tmp_path / "a-file"
