@@ -23,19 +23,33 @@ cost grows with the session, as a ``history/replace`` does); ``clear_session`` w
 but the empty replacement.
 
 The writer lock is taken at the first change and held until :meth:`SessionStoreSession.close`
-(or the end of an ``async with`` / ``with`` block): a second process (or a second
-``SessionStoreSession`` of the same id in this one) changing the same session gets
-:class:`session_store.WriterOwned`, whose ``owner`` names the holder. Reads take no lock.
+(or the end of an ``async with`` / ``with`` block, or the object's garbage collection): a
+second *process* changing the same session gets :class:`session_store.WriterOwned`, whose
+``owner`` names the holder. In one process, every ``SessionStoreSession`` of the same root
+folder and session id shares one writer (as when a server makes a new one per request); the
+lock is released when the last of them is closed. Reads take no lock.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from . import InvalidInput, NotFound, PathLike, Root, Session, SessionStoreError, _to_thread, encode_json
+from . import (
+    Closed,
+    InvalidInput,
+    NotFound,
+    PathLike,
+    Root,
+    Session,
+    SessionStoreError,
+    _to_thread,
+    encode_json,
+)
 
 if TYPE_CHECKING:
     from agents.items import TResponseInputItem
@@ -48,6 +62,45 @@ ITEM_ID_KEY = "sse_item_id"
 
 #: Largest history page the store serves.
 _PAGE = 500
+
+
+class _SharedWriter:
+    """The one writer of a session in this process, shared by its adapters."""
+
+    __slots__ = ("key", "lock", "session", "users")
+
+    def __init__(self, key: tuple[str, str]) -> None:
+        self.key = key
+        self.lock = threading.Lock()  # serializes the changes of all the adapters
+        self.session: Session | None = None  # opened at the first change
+        self.users = 0
+
+
+_WRITERS_LOCK = threading.Lock()
+_WRITERS: dict[tuple[str, str], _SharedWriter] = {}
+
+
+def _acquire_writer(root: Root, session_id: str) -> _SharedWriter:
+    key = (os.path.realpath(root.path), session_id)
+    with _WRITERS_LOCK:
+        shared = _WRITERS.get(key)
+        if shared is None:
+            shared = _WRITERS[key] = _SharedWriter(key)
+        shared.users += 1
+    return shared
+
+
+def _release_writer(shared: _SharedWriter) -> None:
+    # Closed under the registry lock: a new adapter of the same session waits for it.
+    with _WRITERS_LOCK:
+        shared.users -= 1
+        if shared.users > 0:
+            return
+        del _WRITERS[shared.key]
+        with shared.lock:
+            session, shared.session = shared.session, None
+            if session is not None:
+                session.close()
 
 
 def _to_message(item: Mapping[str, Any], message_id: str) -> dict[str, Any]:
@@ -90,8 +143,10 @@ class SessionStoreSession:
             from agents.memory.session_settings import coerce_session_settings
 
             self.session_settings = coerce_session_settings(session_settings)
-        self._writer: Session | None = None
-        self._lock = threading.Lock()
+        self._shared = _acquire_writer(self.root, session_id)
+        self._lock = self._shared.lock
+        # Releases this adapter's share once: on close() or when it is garbage-collected.
+        self._release = weakref.finalize(self, _release_writer, self._shared)
 
     # The SDK's protocol.
 
@@ -148,7 +203,7 @@ class SessionStoreSession:
     def clear_session_sync(self) -> None:
         """:meth:`clear_session`, blocking."""
         with self._lock:
-            if self._writer is None and not self._exists():
+            if self._shared.session is None and not self._exists():
                 return
             self._replace(self._open_writer(), [])
 
@@ -175,8 +230,8 @@ class SessionStoreSession:
         ones were popped), one ``history/replace`` trims the new session to the kept items.
         """
         with self._lock:
-            if self._writer is not None:
-                self._writer.flush()
+            if self._shared.session is not None:
+                self._shared.session.flush()
             messages = self._messages(None)
             index = self._index_of(messages, after_item)
             kept = messages[: index + 1]
@@ -195,11 +250,10 @@ class SessionStoreSession:
         return await _to_thread(self.fork, after_item, new_session_id)
 
     def close(self) -> None:
-        """Releases the writer lock (everything is already durable)."""
-        with self._lock:
-            writer, self._writer = self._writer, None
-        if writer is not None:
-            writer.close()
+        """Ends this adapter's use of the session; the writer lock is released when no other
+        adapter of the same session in this process still uses it. Everything is already
+        durable. Later changes through this adapter raise :class:`session_store.Closed`."""
+        self._release()
 
     async def aclose(self) -> None:
         """:meth:`close` in a worker thread."""
@@ -230,12 +284,16 @@ class SessionStoreSession:
         return True
 
     def _open_writer(self) -> Session:
-        if self._writer is None:
+        """The shared writer (held ``self._lock``), opened or created at first use."""
+        if not self._release.alive:
+            raise Closed("session runtime is closed")
+        shared = self._shared
+        if shared.session is None:
             try:
-                self._writer = self.root.open(self.session_id)
+                shared.session = self.root.open(self.session_id)
             except NotFound:
-                self._writer = self.root.create(self.session_id)
-        return self._writer
+                shared.session = self.root.create(self.session_id)
+        return shared.session
 
     def _turn(self, writer: Session, first: int, events: list[dict[str, Any]]) -> None:
         """One durable turn ``t<first>`` holding ``events``."""

@@ -190,6 +190,37 @@ def test_a_second_writer_process_gets_writer_owned(root):
     run(main())
 
 
+def test_adapters_of_one_session_in_one_process_share_its_writer(root):
+    async def main():
+        first = SessionStoreSession("shared", root)
+        await first.add_items([user("one")])
+        # A new adapter per request, the earlier one still open: both write, in order.
+        second = SessionStoreSession("shared", root.path)
+        await second.add_items([user("two")])
+        await first.add_items([user("three")])
+        assert await second.pop_item() == user("three")
+        assert await first.get_items() == [user("one"), user("two")]
+        assert root.writer_owner("shared")["pid"] == os.getpid()
+        first.close()
+        first.close()  # idempotent
+        with pytest.raises(session_store.Closed):
+            await first.add_items([user("late")])
+        await second.add_items([user("four")])  # the other adapter still writes
+        second.close()
+        # The last close released the lock: a plain writer can open the session now.
+        root.open("shared").close()
+        # An adapter dropped without close releases its share when collected.
+        third = SessionStoreSession("shared", root)
+        await third.add_items([user("five")])
+        del third
+        import gc
+
+        gc.collect()
+        root.open("shared").close()
+
+    run(main())
+
+
 def test_fork_after_item(root):
     async def main():
         s = SessionStoreSession("trunk", root)
