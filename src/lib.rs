@@ -11,6 +11,7 @@
 
 mod cancel;
 mod error;
+pub mod format;
 pub mod model;
 mod persistence;
 mod service;
@@ -21,15 +22,14 @@ pub use cancel::CancelToken;
 pub use error::{Error, Result, WriterOwner, quoted};
 pub use model::header::{Header, Origin};
 pub use model::{
-    Batch, CLOSURE_KINDS, Commit, ContentRef, Event, INLINE_PAYLOAD_LIMIT, Message,
-    PROJECTION_KINDS, Projection, RecoveryStatus, SessionId, SessionRef, TERMINAL_TURN_STATUSES,
-    Todo, TurnBoundary,
+    Batch, CLOSURE_KINDS, Commit, ContentRef, Event, Message, PROJECTION_KINDS, Projection,
+    RecoveryStatus, SessionId, SessionRef, TERMINAL_TURN_STATUSES, Todo, TurnBoundary,
 };
 pub use persistence::{BlobStats, KindStats, SessionStats, TableBytes};
 pub use persistence::{
-    CatalogEntry, CheckpointPolicy, CreateOptions, DEFAULT_INLINE_THRESHOLD, ExportReport,
-    ForkPoint, ImportOptions, Listing, MAX_INLINE_THRESHOLD, MIN_INLINE_THRESHOLD, RebuildReport,
-    Replay, Root, Scratch, SessionInfo, SkippedSession, StoreOptions, Verified, replay, verify,
+    CatalogEntry, CheckpointPolicy, CreateOptions, ExportReport, ForkPoint, ImportOptions, Listing,
+    RebuildReport, Replay, Root, Scratch, SessionInfo, SkippedSession, StoreOptions, Verified,
+    replay, verify,
 };
 pub use service::{
     CancelReceipt, ClientBinding, EventPage, Execution, HistoryPage, MigrationRecord,
@@ -40,4 +40,4 @@ pub use session::live::{PersistenceStatus, Session, SessionSnapshot};
 pub use session::pool::WRITER_THREADS;
 pub use store::read::{Dependent, LineageEntry};
 pub use store::reader::SessionReader;
-pub use store::schema::{APPLICATION_ID, CODEC, Durability, SCHEMA_VERSION};
+pub use store::schema::Durability;

@@ -11,9 +11,9 @@ use std::process::Command;
 use common::{id, message};
 use rusqlite::Connection;
 use serde_json::Value;
+use session_store::format::{DEFAULT_INLINE_THRESHOLD, MAX_INLINE_THRESHOLD, MIN_INLINE_THRESHOLD};
 use session_store::{
-    Batch, CancelToken, DEFAULT_INLINE_THRESHOLD, Error, Event, ForkPoint, ImportOptions,
-    MAX_INLINE_THRESHOLD, MIN_INLINE_THRESHOLD, Root, StoreOptions,
+    Batch, CancelToken, Error, Event, ForkPoint, ImportOptions, Root, StoreOptions,
 };
 
 fn root_with(dir: &Path, threshold: usize) -> Root {
@@ -466,7 +466,7 @@ fn a_schema_2_file_upgrades_on_writer_open_and_stores_new_content_as_parts() {
     s.close().expect("close");
     assert_eq!(
         count(&file, "PRAGMA user_version"),
-        session_store::SCHEMA_VERSION
+        session_store::format::SCHEMA_VERSION
     );
     assert_eq!(
         count(

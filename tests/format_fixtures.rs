@@ -30,9 +30,10 @@ use std::sync::Arc;
 
 use common::*;
 use serde_json::{Value, json};
+use session_store::format::SCHEMA_VERSION;
 use session_store::{
     Batch, CancelToken, Commit, Event, ForkPoint, ImportOptions, Message, Projection, Replay, Root,
-    SCHEMA_VERSION, SessionId, TurnBoundary, replay, verify,
+    SessionId, TurnBoundary, replay, verify,
 };
 use sha2::{Digest, Sha256};
 

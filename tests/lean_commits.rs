@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use common::*;
 use rusqlite::{Connection, params};
 use serde_json::json;
-use session_store::{Batch, Commit, Error, Event, Root, SCHEMA_VERSION, replay, verify};
+use session_store::format::SCHEMA_VERSION;
+use session_store::{Batch, Commit, Error, Event, Root, replay, verify};
 use sha2::{Digest, Sha256};
 
 fn session_file(root: &Root, name: &str) -> PathBuf {

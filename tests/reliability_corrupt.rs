@@ -265,7 +265,7 @@ fn fixed_cases(file: &[u8]) -> Cases {
     cases.push(("wrong application_id", b));
 
     let mut b = file.to_vec();
-    b[60..64].copy_from_slice(&(session_store::SCHEMA_VERSION as i32 + 1).to_be_bytes());
+    b[60..64].copy_from_slice(&(session_store::format::SCHEMA_VERSION as i32 + 1).to_be_bytes());
     cases.push(("newer user_version", b));
 
     cases.push((

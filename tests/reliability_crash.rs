@@ -23,7 +23,7 @@ use session_store::{Batch, CreateOptions, Event, Root, Service, SessionId, Store
 /// (bounds the size of the file that every round re-verifies).
 const KILLS_PER_SESSION: usize = 10;
 
-/// A payload text longer than [`session_store::INLINE_PAYLOAD_LIMIT`], so it goes to a blob:
+/// A payload text longer than [`session_store::format::INLINE_PAYLOAD_LIMIT`], so it goes to a blob:
 /// compressible or random, 65..200 KiB.
 fn blob_text(rng: &mut fastrand::Rng) -> String {
     let len = rng.usize(65 * 1024 + 1..200 * 1024);

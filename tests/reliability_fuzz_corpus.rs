@@ -281,7 +281,7 @@ fn write_import_seeds(dir: &Path) {
         "bad-user-version-plus-one",
         &format!(
             "PRAGMA user_version = {};",
-            session_store::SCHEMA_VERSION + 1
+            session_store::format::SCHEMA_VERSION + 1
         ),
     );
     edit(

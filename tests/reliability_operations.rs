@@ -26,9 +26,10 @@ use common::*;
 use reliability_support::*;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use session_store::format::INLINE_PAYLOAD_LIMIT;
 use session_store::{
-    Batch, CatalogEntry, Commit, Error, Event, ForkPoint, INLINE_PAYLOAD_LIMIT, ImportOptions,
-    MigrationRecord, Origin, Root, Service, Session, SessionId, StoreOptions, replay,
+    Batch, CatalogEntry, Commit, Error, Event, ForkPoint, ImportOptions, MigrationRecord, Origin,
+    Root, Service, Session, SessionId, StoreOptions, replay,
 };
 use sha2::{Digest, Sha256};
 

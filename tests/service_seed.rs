@@ -149,7 +149,7 @@ async fn query_list_projects_event_backed_title_and_completed_turns() {
     assert_eq!(page.sessions.len(), 1);
     let got = &page.sessions[0];
     assert_eq!(got.session_ref, sref("host-a", "listed"));
-    assert_eq!(got.codec, session_store::CODEC);
+    assert_eq!(got.codec, session_store::format::CODEC);
     assert_eq!(got.title, "Event title");
     assert_eq!(got.turns, 1);
 }

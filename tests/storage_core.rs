@@ -273,7 +273,7 @@ fn create_is_atomic_and_refuses_existing_ids() {
     );
     let info = root.stat(&id("made")).unwrap();
     assert_eq!(info.header.cwd.as_deref(), Some("/work"));
-    assert_eq!(info.header.codec, session_store::CODEC);
+    assert_eq!(info.header.codec, session_store::format::CODEC);
     assert_eq!(root.list_ids().unwrap(), vec![id("made")]);
     let random = root.create(CreateOptions::default()).unwrap();
     assert_eq!(random.id().as_str().len(), 32);

@@ -6,8 +6,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 
-/// Payloads longer than this are stored once in the `blobs` table (64 KiB).
-pub const INLINE_PAYLOAD_LIMIT: usize = 64 * 1024;
+pub(crate) use crate::format::INLINE_PAYLOAD_LIMIT;
 
 /// One event of a session's log.
 ///

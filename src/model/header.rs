@@ -53,7 +53,7 @@ impl Origin {
 pub struct Header {
     /// The session id (equals the folder name).
     pub session_id: SessionId,
-    /// The storage codec ([`crate::CODEC`]).
+    /// The storage codec ([`crate::format::CODEC`]).
     pub codec: String,
     /// Creation time, milliseconds since the Unix epoch.
     pub created_at_ms: i64,

@@ -10,7 +10,7 @@ pub(crate) mod payload;
 pub(crate) mod projection;
 pub(crate) mod transcript_index;
 
-pub use event::{Batch, Commit, ContentRef, Event, INLINE_PAYLOAD_LIMIT};
+pub use event::{Batch, Commit, ContentRef, Event};
 pub use ids::{SessionId, SessionRef};
 pub use kind::{CLOSURE_KINDS, PROJECTION_KINDS, TERMINAL_TURN_STATUSES, TURN_IN_PROGRESS};
 pub use message::Message;

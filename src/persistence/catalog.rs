@@ -27,10 +27,7 @@ use crate::persistence::{Root, confine};
 use crate::store::reader::SessionReader;
 use crate::store::schema::{self, SESSION_FILE, WAL_FILE};
 
-/// The folder of the catalog in a root (a dot-name: never a session id).
-pub(crate) const CATALOG_DIR: &str = ".catalog";
-/// The catalog file in [`CATALOG_DIR`].
-pub(crate) const CATALOG_FILE: &str = "catalog.sqlite";
+pub(crate) use crate::format::{CATALOG_DIR, CATALOG_FILE};
 /// The catalog file and SQLite's files beside it. Older builds kept them at the root; there
 /// they are removed when the catalog is first created in its folder.
 const CATALOG_FILES: [&str; 4] = [
