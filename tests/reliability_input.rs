@@ -385,11 +385,9 @@ fn build(spec: &BatchSpec) -> Batch {
             }
         })
         .collect();
-    Batch {
-        operation_id: spec.operation_id.clone(),
-        turn_id: spec.turn_id.clone(),
-        events,
-    }
+    let mut batch = Batch::new(spec.operation_id.clone(), events);
+    batch.turn_id = spec.turn_id.clone();
+    batch
 }
 
 #[test]

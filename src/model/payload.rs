@@ -19,6 +19,7 @@ use crate::model::message::Message;
 /// One todo item of `todo/write`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct Todo {
     /// What to do (non-blank, trimmed, unique in the list).
     pub content: String,
@@ -26,9 +27,21 @@ pub struct Todo {
     pub status: String,
 }
 
+impl Todo {
+    /// A todo item. `todo/write` accepts it when `content` is non-blank, trimmed and unique
+    /// in the list, and `status` is `pending`, `in_progress` or `completed`.
+    pub fn new(content: impl Into<String>, status: impl Into<String>) -> Self {
+        Todo {
+            content: content.into(),
+            status: status.into(),
+        }
+    }
+}
+
 /// Recovery state recorded by `runtime/recovery` (snake_case keys, strict).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct RecoveryStatus {
     /// E.g. `recovery_required`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -63,6 +76,17 @@ pub struct RecoveryStatus {
     /// Whether it is still waiting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<bool>,
+}
+
+impl RecoveryStatus {
+    /// A status in `state` (e.g. `recovery_required`) with every other field unset; set
+    /// the ones that apply on the returned value.
+    pub fn new(state: impl Into<String>) -> Self {
+        RecoveryStatus {
+            state: state.into(),
+            ..RecoveryStatus::default()
+        }
+    }
 }
 
 /// `message/complete` and `message/upsert`: one message.
@@ -372,5 +396,26 @@ mod tests {
             serde_json::to_string(&MessageOut { message: &m }).unwrap(),
             r#"{"message":{"id":"a","role":"user","n":1e999}}"#
         );
+    }
+
+    /// The constructors of the records a host builds give the payloads the fold accepts.
+    #[test]
+    fn constructors_build_accepted_payloads() {
+        let mut recovery = RecoveryStatus::new("recovery_required");
+        recovery.call_id = Some("c1".to_owned());
+        assert_eq!(
+            serde_json::to_string(&recovery).unwrap(),
+            r#"{"state":"recovery_required","call_id":"c1"}"#
+        );
+        let todos = vec![Todo::new("write it", "pending")];
+        let event = Event::new(crate::model::kind::TODO_WRITE)
+            .with_payload(&json!({ "todos": todos }))
+            .unwrap();
+        let folded: TodoPayload = decode(&event).unwrap();
+        assert_eq!(folded.todos, todos);
+        let event = Event::new(crate::model::kind::RUNTIME_RECOVERY)
+            .with_payload(&recovery)
+            .unwrap();
+        assert_eq!(decode::<RecoveryStatus>(&event).unwrap(), recovery);
     }
 }

@@ -26,6 +26,7 @@ use crate::model::transcript_index::{TranscriptIndex, message_key};
 
 /// A completed turn: where it started and ended.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct TurnBoundary {
     /// The turn id.
     pub turn_id: String,

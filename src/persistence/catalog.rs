@@ -48,6 +48,7 @@ const CATALOG_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS sessions (
 /// A session that `list` or `rebuild_catalog` could not read, and why; the other sessions
 /// are listed without it.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct SkippedSession {
     /// The session's id (its folder name).
     pub session_id: SessionId,
@@ -65,6 +66,7 @@ fn error_text<S: serde::Serializer>(
 
 /// A page of [`Root::list`].
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct Listing {
     /// Sound sessions in id order.
     pub entries: Vec<CatalogEntry>,
@@ -77,6 +79,7 @@ pub struct Listing {
 
 /// What [`Root::rebuild_catalog`] did.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct RebuildReport {
     /// Sessions indexed.
     pub sessions: usize,
@@ -86,6 +89,7 @@ pub struct RebuildReport {
 
 /// What the catalog knows about a session.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct CatalogEntry {
     /// The session id.
     pub session_id: SessionId,

@@ -178,6 +178,7 @@ impl StoreOptions {
 
 /// What `stat` reports about a session without reading its events.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct SessionInfo {
     /// The header row.
     pub header: Header,

@@ -25,6 +25,7 @@ const COPY_BATCH_BYTES: usize = 32 << 20;
 
 /// What an export wrote.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct ExportReport {
     /// Commits in the file.
     pub commits: u64,

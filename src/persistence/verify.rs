@@ -14,6 +14,7 @@ use crate::store::schema::{self, Access, SESSION_FILE};
 
 /// The result of [`replay`]: every commit, validated, and their projection.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Replay {
     /// The header row.
     pub header: Header,
@@ -236,6 +237,7 @@ pub(crate) fn resolve_target(path: &Path) -> Result<Target> {
 
 /// What [`verify`] found in a sound log: the counts and the projection, not the commits.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Verified {
     /// The header row.
     pub header: Header,

@@ -22,6 +22,7 @@ const MESSAGES_PER_BATCH: usize = 128;
 
 /// What a legacy migration did.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct MigrationRecord {
     /// The new session's id (hex of the first 12 bytes of SHA-256 over path, digest,
     /// head and codec).

@@ -39,6 +39,7 @@ impl RuntimePhase {
 
 /// A runtime's state with its session's.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct RuntimeSnapshot {
     /// The session.
     pub session_ref: SessionRef,
@@ -102,6 +103,7 @@ pub struct Execution {
 
 /// What `cancel_session` did.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct CancelReceipt {
     /// The session.
     pub session_ref: SessionRef,

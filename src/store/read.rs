@@ -29,6 +29,7 @@ pub(crate) const PAGE_BYTES: u64 = 32 << 20;
 
 /// One ancestor of a fork and the range of sequences it supplies: `(after_seq, through_seq]`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct LineageEntry {
     /// The ancestor session.
     pub ancestor_id: SessionId,
@@ -40,6 +41,7 @@ pub struct LineageEntry {
 
 /// A session that inherits from this one, up to `through_seq`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Dependent {
     /// The inheriting session.
     pub child_id: SessionId,
