@@ -5,6 +5,16 @@
 //! - `cli` (default): the `session-store` command-line binary and its dependencies
 //!   (`clap`, `indicatif`). A host that embeds the library turns it off:
 //!   `session-store = { version = "0.1", default-features = false }`.
+//!
+//! ## Where things are
+//!
+//! The crate root holds what a host calls and the records it gets back: [`Root`] and
+//! [`Session`] for storage, [`SessionReader`] for reading, [`Service`] for the async host
+//! API, and [`Error`]. [`model`] holds the pure data (events, messages, the projection and
+//! its fold) and [`format`](mod@format) the on-disk constants (file names, identity pragmas, size
+//! limits). Records the library returns are `#[non_exhaustive]`: they may gain fields in a
+//! minor release, so build inputs with their constructors (`Batch::new`, `Event::new`,
+//! `CreateOptions::with_id`, ...) rather than struct literals.
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
