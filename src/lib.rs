@@ -38,16 +38,16 @@ pub use model::{
 pub use persistence::{BlobStats, KindStats, SessionStats, TableBytes};
 pub use persistence::{
     CatalogEntry, CheckpointPolicy, CreateOptions, ExportReport, ForkPoint, ImportOptions, Listing,
-    RebuildReport, Replay, Root, Scratch, SessionInfo, SkippedSession, StoreOptions, Verified,
-    replay, verify,
+    RebuildReport, ReplayReport, Root, Scratch, SessionInfo, SkippedSession, StoreOptions,
+    Verified, replay_file, verify_file,
 };
 pub use service::{
     CancelReceipt, ClientBinding, EventPage, Execution, HistoryPage, MigrationRecord,
-    ObserveResult, PersistentMessage, PreparedRuntime, Query, Runtime, RuntimePhase,
-    RuntimeSnapshot, Service, SessionPage, SessionSummary,
+    ObserveResult, PersistentMessage, PreparedRuntime, Runtime, RuntimePhase, RuntimeSnapshot,
+    Service, SessionPage, SessionQuery, SessionSummary,
 };
 pub use session::live::{PersistenceStatus, Session, SessionSnapshot};
 pub use session::pool::WRITER_THREADS;
-pub use store::read::{Dependent, LineageEntry};
+pub use store::read::{DependentFork, LineageEntry};
 pub use store::reader::SessionReader;
 pub use store::schema::Durability;

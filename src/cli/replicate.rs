@@ -660,7 +660,7 @@ fn restore_into(
     let mut restored: Vec<Restored> = Vec::new();
     for id in &published {
         let dir = root.session_dir(id);
-        match session_store::verify(&dir) {
+        match session_store::verify_file(&dir) {
             Ok(verified) => restored.push(Restored {
                 session_id: id.clone(),
                 commits: verified.commits,

@@ -15,7 +15,7 @@ pub use catalog::{CatalogEntry, Listing, RebuildReport, SkippedSession};
 pub use fork::ForkPoint;
 pub use portable::{ExportReport, ImportOptions};
 pub use stats::{BlobStats, KindStats, SessionStats, TableBytes};
-pub use verify::{Replay, Verified, replay, verify};
+pub use verify::{ReplayReport, Verified, replay_file, verify_file};
 
 pub(crate) use staging::Staged;
 

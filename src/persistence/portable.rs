@@ -219,7 +219,7 @@ impl Root {
     /// hashes, blob digests and a full projection replay — all before anything becomes
     /// visible. The copy is built under `.staging/` and renamed into place. The file is the
     /// user's: a symlink to it is followed (resolved once), and nothing is created beside
-    /// it (see [`replay`](crate::replay)).
+    /// it (see [`replay_file`](crate::replay_file)).
     ///
     /// # Errors
     /// [`Error::SessionExists`] when the target id is taken; [`Error::Corrupt`] or

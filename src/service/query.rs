@@ -163,7 +163,7 @@ pub struct ObserveResult {
 
 /// Reads for hosts, over live runtimes and cold files alike.
 #[derive(Clone, Debug)]
-pub struct Query {
+pub struct SessionQuery {
     service: Service,
 }
 
@@ -188,9 +188,9 @@ fn parse_history_cursor(cursor: &str) -> Result<(u64, u64)> {
     Ok((snapshot, before))
 }
 
-impl Query {
-    pub(crate) fn new(service: Service) -> Query {
-        Query { service }
+impl SessionQuery {
+    pub(crate) fn new(service: Service) -> SessionQuery {
+        SessionQuery { service }
     }
 
     fn check(&self, r: &SessionRef) -> Result<()> {
@@ -308,7 +308,7 @@ impl Query {
 
     /// A page of durable history, newest page first, ascending inside a page; the cursor
     /// pins later pages to the first page's durable sequence. Messages over 64 KiB come
-    /// as a [`ContentRef`] (read it with [`Query::read_content`]). Served from the history
+    /// as a [`ContentRef`] (read it with [`SessionQuery::read_content`]). Served from the history
     /// index written with the events: the work is proportional to the page, not the
     /// session.
     ///

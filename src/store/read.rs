@@ -42,7 +42,7 @@ pub struct LineageEntry {
 /// A session that inherits from this one, up to `through_seq`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
-pub struct Dependent {
+pub struct DependentFork {
     /// The inheriting session.
     pub child_id: SessionId,
     /// The last inherited sequence.
@@ -114,11 +114,11 @@ pub(crate) fn read_lineage(conn: &Connection) -> Result<Vec<LineageEntry>> {
 }
 
 /// The dependents rows: children that inherit from this file.
-pub(crate) fn read_dependents(conn: &Connection) -> Result<Vec<Dependent>> {
+pub(crate) fn read_dependents(conn: &Connection) -> Result<Vec<DependentFork>> {
     let mut stmt =
         conn.prepare_cached("SELECT child_id, through_seq FROM dependents ORDER BY child_id")?;
     let rows = stmt.query_map([], |r| {
-        Ok(Dependent {
+        Ok(DependentFork {
             child_id: session_id(r.get(0)?)?,
             through_seq: r.get(1)?,
         })

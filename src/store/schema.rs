@@ -340,7 +340,7 @@ pub(crate) fn open_reader(path: &Path) -> Result<Connection> {
     open_reader_with(path, Access::Shared)
 }
 
-/// Opens a standalone read-only connection (e.g. to a user's file for `replay`).
+/// Opens a standalone read-only connection (e.g. to a user's file for `replay_file`).
 pub(crate) fn open_reader_with(path: &Path, access: Access) -> Result<Connection> {
     if !path.is_file() {
         return Err(Error::SessionNotFound(path.display().to_string()));
