@@ -4,6 +4,7 @@ use std::fmt;
 
 /// Who holds a session's writer lock, as recorded by the holder.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct WriterOwner {
     /// Random id of the owning writer instance.
     pub owner_id: String,

@@ -18,7 +18,9 @@ use std::time::Duration;
 use common::*;
 use session_store::baseline::{RawTable, raw_rate, sqlite_session_bytes};
 use session_store::format::{CATALOG_DIR, CATALOG_FILE, SESSION_FILE, WAL_FILE};
-use session_store::{Durability, Error, ForkPoint, Root, catalog_session_ids, replay, verify};
+use session_store::{
+    Durability, Error, ForkPoint, Root, catalog_session_ids, replay_file, verify_file,
+};
 
 /// The staging folder of a root (the library's name for it is private on purpose).
 const STAGING: &str = ".staging";
@@ -86,7 +88,7 @@ fn staging_entries(root: &Path) -> Vec<String> {
 
 /// Every commit of a session (folder or file), as JSON, for comparisons.
 fn commits(path: &Path) -> serde_json::Value {
-    serde_json::to_value(replay(path).expect("replay").commits).expect("json")
+    serde_json::to_value(replay_file(path).expect("replay").commits).expect("json")
 }
 
 #[test]
@@ -151,7 +153,7 @@ fn restore_staging_survives_concurrent_opens_and_publishes() {
     for name in ["alpha", "alpha-fork"] {
         staging.publish_session(&id(name)).expect("publish");
         let dir = target.session_dir(&id(name));
-        verify(&dir).expect("verify");
+        verify_file(&dir).expect("verify");
         assert_eq!(
             commits(&dir),
             commits(&src.session_dir(&id(name))),

@@ -1,7 +1,7 @@
 //! `session_store._native`: the Rust side of the `session_store` Python package.
 //!
 //! A thin layer over [`session_store::Root`], [`session_store::Session`] and
-//! [`session_store::Query`]: every call that touches SQLite or the file system releases the
+//! [`session_store::SessionQuery`]: every call that touches SQLite or the file system releases the
 //! GIL (`Python::detach`), JSON crosses the boundary as text (the Python side encodes and
 //! decodes it with the standard `json` module, so payloads are stored as given), and every
 //! [`session_store::Error`] becomes an instance of the exception class of its variant.
@@ -17,8 +17,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use serde::Serialize;
 use session_store::{
-    Batch, CancelToken, CreateOptions, Durability, Error, ForkPoint, ImportOptions, Query, Service,
-    SessionId, StoreOptions,
+    Batch, CancelToken, CreateOptions, Durability, Error, ForkPoint, ImportOptions, Service,
+    SessionId, SessionQuery, StoreOptions,
 };
 
 create_exception!(
@@ -211,7 +211,7 @@ fn session_id(id: &str) -> session_store::Result<SessionId> {
     SessionId::new(id)
 }
 
-/// The one tokio runtime of the process that runs [`Query`] futures (their storage work
+/// The one tokio runtime of the process that runs [`SessionQuery`] futures (their storage work
 /// runs on its blocking pool).
 fn tokio_runtime() -> session_store::Result<&'static tokio::runtime::Runtime> {
     static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
@@ -238,7 +238,7 @@ struct Root {
 }
 
 impl Root {
-    fn query(&self) -> Query {
+    fn query(&self) -> SessionQuery {
         self.service.query()
     }
 
@@ -485,7 +485,7 @@ impl Root {
                 .service
                 .root()
                 .session_dir(&self::session_id(session_id)?);
-            verified_json(session_store::verify(dir)?)
+            verified_json(session_store::verify_file(dir)?)
         })
     }
 
@@ -575,7 +575,7 @@ impl Session {
 /// returns JSON `{"session_id", "commits", "events"}` or raises `Corrupt`.
 #[pyfunction]
 fn verify(py: Python<'_>, path: PathBuf) -> NativeResult<String> {
-    detached(py, || verified_json(session_store::verify(path)?))
+    detached(py, || verified_json(session_store::verify_file(path)?))
 }
 
 /// What `verify` reports: `{"session_id", "commits", "events"}`.

@@ -619,7 +619,7 @@ fn restore_into(
     // that listing the root never trips over it.
     let mut restored: Vec<Restored> = Vec::new();
     for (id, ancestors) in published {
-        match session_store::verify(root.session_dir(&id)) {
+        match session_store::verify_file(root.session_dir(&id)) {
             Ok(verified) => restored.push(Restored {
                 session_id: id,
                 commits: verified.commits,

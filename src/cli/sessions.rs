@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::json;
 use session_store::format::{SESSION_FILE, WAL_FILE};
 use session_store::{
-    CancelToken, Commit, ContentRef, CreateOptions, Dependent, Error, Event, ForkPoint,
+    CancelToken, Commit, ContentRef, CreateOptions, DependentFork, Error, Event, ForkPoint,
     ImportOptions, LineageEntry, SessionId, SkippedSession, TableBytes, TurnBoundary, WriterOwner,
 };
 
@@ -155,7 +155,7 @@ struct Show {
     lease: WriterOwner,
     /// The writer holding the lock now, if any.
     writer: Option<WriterOwner>,
-    dependents: Vec<Dependent>,
+    dependents: Vec<DependentFork>,
     turn_status: String,
     open_turn: Option<String>,
     messages: u64,
@@ -578,7 +578,7 @@ fn verify_target(cx: &Context, target: &str) -> CliResult<PathBuf> {
 pub fn verify(cx: &Context, target: &str) -> CliResult<()> {
     let path = verify_target(cx, target)?;
     let bar = spinner(&format!("verifying {}", path.display()));
-    let replayed = session_store::verify(&path);
+    let replayed = session_store::verify_file(&path);
     bar.finish_and_clear();
     let replay = match replayed {
         Ok(replay) => replay,

@@ -27,11 +27,7 @@ use crate::persistence::{Root, confine};
 use crate::store::reader::SessionReader;
 use crate::store::schema::{self, SESSION_FILE, WAL_FILE};
 
-/// The folder of the catalog in a root (a dot-name: never a session id).
-pub const CATALOG_DIR: &str = ".catalog";
-/// The catalog file in [`CATALOG_DIR`]: `<root>/.catalog/catalog.sqlite`, a derived index
-/// that [`Root::rebuild_catalog`] recomputes from the session files.
-pub const CATALOG_FILE: &str = "catalog.sqlite";
+pub(crate) use crate::format::{CATALOG_DIR, CATALOG_FILE};
 /// The catalog file and SQLite's files beside it. Older builds kept them at the root; there
 /// they are removed when the catalog is first created in its folder.
 const CATALOG_FILES: [&str; 4] = [
@@ -52,6 +48,7 @@ const CATALOG_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS sessions (
 /// A session that `list` or `rebuild_catalog` could not read, and why; the other sessions
 /// are listed without it.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct SkippedSession {
     /// The session's id (its folder name).
     pub session_id: SessionId,
@@ -69,6 +66,7 @@ fn error_text<S: serde::Serializer>(
 
 /// A page of [`Root::list`].
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct Listing {
     /// Sound sessions in id order.
     pub entries: Vec<CatalogEntry>,
@@ -81,6 +79,7 @@ pub struct Listing {
 
 /// What [`Root::rebuild_catalog`] did.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct RebuildReport {
     /// Sessions indexed.
     pub sessions: usize,
@@ -90,6 +89,7 @@ pub struct RebuildReport {
 
 /// What the catalog knows about a session.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct CatalogEntry {
     /// The session id.
     pub session_id: SessionId,

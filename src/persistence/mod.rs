@@ -11,14 +11,11 @@ mod stats;
 mod verify;
 
 pub(crate) use catalog::Catalog;
-pub use catalog::{
-    CATALOG_DIR, CATALOG_FILE, CatalogEntry, Listing, RebuildReport, SkippedSession,
-    catalog_session_ids,
-};
+pub use catalog::{CatalogEntry, Listing, RebuildReport, SkippedSession, catalog_session_ids};
 pub use fork::ForkPoint;
 pub use portable::{ExportReport, ImportOptions};
 pub use stats::{BlobStats, KindStats, SessionStats, TableBytes};
-pub use verify::{Replay, Verified, replay, verify};
+pub use verify::{ReplayReport, Verified, replay_file, verify_file};
 
 pub(crate) use staging::Staged;
 
@@ -31,14 +28,12 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::error::{Error, Result, WriterOwner};
+use crate::format::DEFAULT_INLINE_THRESHOLD;
 use crate::model::SessionId;
 use crate::model::header::{Header, Origin};
 use crate::model::ids::{now_ms, random_hex};
 use crate::session::live::{Session, WriteBehind};
 use crate::store::content;
-pub use crate::store::content::{
-    DEFAULT_INLINE_THRESHOLD, MAX_INLINE_THRESHOLD, MIN_INLINE_THRESHOLD,
-};
 use crate::store::lock::{self, WriterLock, recorded_owner};
 use crate::store::read::LineageEntry;
 use crate::store::reader::SessionReader;
@@ -77,8 +72,11 @@ pub struct StoreOptions {
     /// String values of a payload longer than this many bytes (their JSON text between
     /// the quotes) are stored once per file, zstd-compressed, in the blob table, with a
     /// placeholder in the payload (default [`DEFAULT_INLINE_THRESHOLD`], 1 KiB; accepted
-    /// [`MIN_INLINE_THRESHOLD`]..=[`MAX_INLINE_THRESHOLD`]). Applies to what this root
-    /// writes: appends, imports, exports and materialised forks.
+    /// [`format::MIN_INLINE_THRESHOLD`]..=[`format::MAX_INLINE_THRESHOLD`]). Applies to
+    /// what this root writes: appends, imports, exports and materialised forks.
+    ///
+    /// [`format::MIN_INLINE_THRESHOLD`]: crate::format::MIN_INLINE_THRESHOLD
+    /// [`format::MAX_INLINE_THRESHOLD`]: crate::format::MAX_INLINE_THRESHOLD
     pub inline_threshold: usize,
 }
 
@@ -180,6 +178,7 @@ impl StoreOptions {
 
 /// What `stat` reports about a session without reading its events.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct SessionInfo {
     /// The header row.
     pub header: Header,

@@ -18,8 +18,7 @@ use crate::persistence::confine;
 use crate::persistence::{rename_no_replace_at, sync_dir};
 use crate::store::lock::WriterLock;
 
-/// Folder under the root where new sessions are built before publication.
-pub(crate) const STAGING_DIR: &str = ".staging";
+pub(crate) use crate::format::STAGING_DIR;
 
 /// Suffix of a staging folder's guard file.
 const GUARD_SUFFIX: &str = ".lock";

@@ -16,6 +16,7 @@ pub use crate::store::stats::{KindStats, TableBytes};
 
 /// The distinct blobs a session's events reference.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct BlobStats {
     /// Distinct blobs.
     pub count: u64,
@@ -31,6 +32,7 @@ pub struct BlobStats {
 
 /// What [`Root::stats`] reports.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct SessionStats {
     /// The session.
     pub session_id: SessionId,

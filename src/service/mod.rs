@@ -25,11 +25,10 @@ use crate::session::live::Session;
 
 pub use legacy::MigrationRecord;
 pub use query::{
-    EventPage, HistoryPage, ObserveResult, PersistentMessage, Query, SessionPage, SessionSummary,
+    EventPage, HistoryPage, ObserveResult, PersistentMessage, SessionPage, SessionQuery,
+    SessionSummary,
 };
-pub use runtime::{
-    CLOSURE_KINDS, CancelReceipt, Execution, Runtime, RuntimePhase, RuntimeSnapshot,
-};
+pub use runtime::{CancelReceipt, Execution, Runtime, RuntimePhase, RuntimeSnapshot};
 
 /// Runs blocking storage work off the async workers.
 pub(crate) async fn blocking<T: Send + 'static>(
@@ -145,8 +144,8 @@ impl Service {
     }
 
     /// The query side (cold and live reads, never taking the writer lock).
-    pub fn query(&self) -> Query {
-        Query::new(self.clone())
+    pub fn query(&self) -> SessionQuery {
+        SessionQuery::new(self.clone())
     }
 
     /// A ref of this host.

@@ -24,6 +24,7 @@ const MAX_OBSERVE_LIMIT: usize = 1000;
 
 /// One row of `list`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct SessionSummary {
     /// The session.
     pub session_ref: SessionRef,
@@ -83,6 +84,7 @@ impl SessionSummary {
 
 /// A page of `list`.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct SessionPage {
     /// Sessions in id order.
     pub sessions: Vec<SessionSummary>,
@@ -109,6 +111,7 @@ fn optional_error_text<S: serde::Serializer>(
 
 /// A message of a history page.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct PersistentMessage {
     /// The message id.
     pub message_id: String,
@@ -124,6 +127,7 @@ pub struct PersistentMessage {
 
 /// A page of history.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct HistoryPage {
     /// Messages in ascending position.
     pub messages: Vec<PersistentMessage>,
@@ -137,6 +141,7 @@ pub struct HistoryPage {
 
 /// A page of commits.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct EventPage {
     /// Whole commits in order.
     pub commits: Vec<Arc<Commit>>,
@@ -148,6 +153,7 @@ pub struct EventPage {
 
 /// What `observe` sees.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct ObserveResult {
     /// The attached runtime's state, if one is attached.
     pub runtime: Option<RuntimeSnapshot>,
@@ -157,7 +163,7 @@ pub struct ObserveResult {
 
 /// Reads for hosts, over live runtimes and cold files alike.
 #[derive(Clone, Debug)]
-pub struct Query {
+pub struct SessionQuery {
     service: Service,
 }
 
@@ -182,9 +188,9 @@ fn parse_history_cursor(cursor: &str) -> Result<(u64, u64)> {
     Ok((snapshot, before))
 }
 
-impl Query {
-    pub(crate) fn new(service: Service) -> Query {
-        Query { service }
+impl SessionQuery {
+    pub(crate) fn new(service: Service) -> SessionQuery {
+        SessionQuery { service }
     }
 
     fn check(&self, r: &SessionRef) -> Result<()> {
@@ -302,7 +308,7 @@ impl Query {
 
     /// A page of durable history, newest page first, ascending inside a page; the cursor
     /// pins later pages to the first page's durable sequence. Messages over 64 KiB come
-    /// as a [`ContentRef`] (read it with [`Query::read_content`]). Served from the history
+    /// as a [`ContentRef`] (read it with [`SessionQuery::read_content`]). Served from the history
     /// index written with the events: the work is proportional to the page, not the
     /// session.
     ///

@@ -75,6 +75,7 @@ pub enum PersistenceStatus {
 
 /// A point-in-time view of a live session.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct SessionSnapshot {
     /// Last accepted sequence.
     pub event_sequence: u64,
