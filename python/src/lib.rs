@@ -384,11 +384,7 @@ impl Root {
     ) -> NativeResult<Bound<'py, PyBytes>> {
         let bytes = detached(py, || {
             let r = self.service.session_ref(self::session_id(session_id)?);
-            let content = session_store::ContentRef {
-                digest,
-                bytes: 0,
-                media_type: String::new(),
-            };
+            let content = session_store::ContentRef::new(digest, 0, "");
             self.run(self.query().read_content(&r, &content))
         })?;
         Ok(PyBytes::new(py, &bytes))

@@ -178,6 +178,19 @@ pub struct ContentRef {
     pub media_type: String,
 }
 
+impl ContentRef {
+    /// A reference to the content of SHA-256 `digest` (lowercase hex), `bytes` long, of
+    /// `media_type`. Readers look content up by its digest alone; the size and media type
+    /// describe it to the caller.
+    pub fn new(digest: impl Into<String>, bytes: u64, media_type: impl Into<String>) -> Self {
+        Self {
+            digest: digest.into(),
+            bytes,
+            media_type: media_type.into(),
+        }
+    }
+}
+
 #[derive(Serialize)]
 struct HashedEvent<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
