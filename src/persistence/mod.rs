@@ -330,7 +330,7 @@ impl Scratch {
     /// Publishes the session `id` laid out in this folder into the root: its file (and a
     /// `-wal` beside it) and its folder are fsynced, the folder is renamed to `<root>/<id>`
     /// without ever replacing a session, the rename is made durable and the catalog told.
-    /// The file is not verified: check it with [`verify`] once its ancestors are published.
+    /// The file is not verified: check it with [`verify_file`](crate::verify_file) once its ancestors are published.
     ///
     /// # Errors
     /// [`Error::SessionExists`] when the root already has `id` (the copy stays here);
