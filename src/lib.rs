@@ -21,8 +21,9 @@ pub use cancel::CancelToken;
 pub use error::{Error, Result, WriterOwner, quoted};
 pub use model::header::{Header, Origin};
 pub use model::{
-    Batch, Commit, ContentRef, Event, INLINE_PAYLOAD_LIMIT, Message, PROJECTION_KINDS, Projection,
-    RecoveryStatus, SessionId, SessionRef, TERMINAL_TURN_STATUSES, Todo, TurnBoundary,
+    Batch, CLOSURE_KINDS, Commit, ContentRef, Event, INLINE_PAYLOAD_LIMIT, Message,
+    PROJECTION_KINDS, Projection, RecoveryStatus, SessionId, SessionRef, TERMINAL_TURN_STATUSES,
+    Todo, TurnBoundary,
 };
 pub use persistence::{BlobStats, KindStats, SessionStats, TableBytes};
 pub use persistence::{
@@ -31,9 +32,9 @@ pub use persistence::{
     Replay, Root, Scratch, SessionInfo, SkippedSession, StoreOptions, Verified, replay, verify,
 };
 pub use service::{
-    CLOSURE_KINDS, CancelReceipt, ClientBinding, EventPage, Execution, HistoryPage,
-    MigrationRecord, ObserveResult, PersistentMessage, PreparedRuntime, Query, Runtime,
-    RuntimePhase, RuntimeSnapshot, Service, SessionPage, SessionSummary,
+    CancelReceipt, ClientBinding, EventPage, Execution, HistoryPage, MigrationRecord,
+    ObserveResult, PersistentMessage, PreparedRuntime, Query, Runtime, RuntimePhase,
+    RuntimeSnapshot, Service, SessionPage, SessionSummary,
 };
 pub use session::live::{PersistenceStatus, Session, SessionSnapshot};
 pub use session::pool::WRITER_THREADS;

@@ -27,9 +27,7 @@ pub use legacy::MigrationRecord;
 pub use query::{
     EventPage, HistoryPage, ObserveResult, PersistentMessage, Query, SessionPage, SessionSummary,
 };
-pub use runtime::{
-    CLOSURE_KINDS, CancelReceipt, Execution, Runtime, RuntimePhase, RuntimeSnapshot,
-};
+pub use runtime::{CancelReceipt, Execution, Runtime, RuntimePhase, RuntimeSnapshot};
 
 /// Runs blocking storage work off the async workers.
 pub(crate) async fn blocking<T: Send + 'static>(
