@@ -111,6 +111,14 @@ enum Command {
         #[arg(long, value_name = "C")]
         cursor: Option<String>,
     },
+    /// Set a session's title: appends a `session/title` event as its writer (exit 5 when
+    /// another process writes it).
+    Rename {
+        /// The session.
+        id: String,
+        /// The new title (not blank).
+        title: String,
+    },
     /// Header, lineage, lease, sequences, turns and bytes by table of a session.
     Show {
         /// The session.
@@ -364,6 +372,7 @@ fn run(args: Args) -> CliResult<()> {
             create,
         } => cli::append::run(&cx, &id, file.as_deref(), sync == Sync::Each, create),
         Command::List { limit, cursor } => s::list(&cx, limit, cursor.as_deref()),
+        Command::Rename { id, title } => s::rename(&cx, &id, &title),
         Command::Show { id } => s::show(&cx, &id),
         Command::History { id, limit, cursor } => s::history(&cx, &id, limit, cursor.as_deref()),
         Command::Events {

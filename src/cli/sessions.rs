@@ -1,5 +1,5 @@
 //! The subcommands that inspect and operate sessions, each one call (or a few) into the
-//! library: create, list, show, history, events, fork/rewind, export/import, delete,
+//! library: create, list, rename, show, history, events, fork/rewind, export/import, delete,
 //! verify, migrate-legacy, stats, rebuild-catalog.
 
 use std::path::{Path, PathBuf};
@@ -141,6 +141,19 @@ fn report_skipped(skipped: &[SkippedSession]) {
             s.session_id,
             super::one_line(s.error.as_ref())
         );
+    }
+}
+
+/// `rename ID TITLE`.
+pub fn rename(cx: &Context, id: &str, title: &str) -> CliResult<()> {
+    let root = cx.open_root()?;
+    let id = session_id(id)?;
+    root.rename(&id, title)?;
+    if cx.json {
+        print_json(&json!({ "session_id": id, "title": title }))
+    } else {
+        println!("renamed {id}: {}", preview(title, PREVIEW_CHARS));
+        Ok(())
     }
 }
 

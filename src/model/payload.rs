@@ -115,11 +115,24 @@ pub(crate) struct LegacyImport {
     pub(crate) model_identity: Option<Value>,
 }
 
-/// `session/title`.
-#[derive(Deserialize)]
+/// `session/title`: read by the fold and written by [`title_event`].
+#[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct TitlePayload {
     pub(crate) title: String,
+}
+
+/// The `session/title` event that renames a session to `title`.
+///
+/// # Errors
+/// [`Error::InvalidInput`] for a blank title.
+pub(crate) fn title_event(title: &str) -> Result<Event> {
+    if title.trim().is_empty() {
+        return Err(Error::invalid("a title must not be blank"));
+    }
+    Event::new(crate::model::kind::SESSION_TITLE).with_payload(&TitlePayload {
+        title: title.to_owned(),
+    })
 }
 
 /// `session/config`: the model (`modelRef` must not be blank).

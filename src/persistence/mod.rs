@@ -489,6 +489,41 @@ impl Root {
         self.inner.catalog.page(self, after, limit)
     }
 
+    /// Records a closed writer's session in the catalog from its in-memory projection (no
+    /// re-fold).
+    ///
+    /// # Errors
+    /// When the catalog cannot be written (it is derived: the entry is recomputed when
+    /// next listed).
+    pub(crate) fn record_closed(&self, session: &Session) -> Result<()> {
+        let durable = session.sequences().1;
+        let entry = session
+            .with_projection(|p| CatalogEntry::new(session.reader(), p, durable, session.dir()));
+        self.inner.catalog.put(self, &entry)
+    }
+
+    /// Renames a session as its writer: opens it for writing, appends a `session/title`
+    /// event ([`Session::rename`]), closes it and records the new title in the catalog, so
+    /// `list` shows it at once.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a blank title (nothing changes);
+    /// [`Error::SessionNotFound`]; [`Error::WriterOwned`] when another writer has it; as
+    /// [`Session::append`] and [`Session::close`].
+    pub fn rename(&self, id: &SessionId, title: &str) -> Result<()> {
+        // Checked before the writer is taken, so a bad title changes nothing (not even the
+        // lease generation).
+        crate::model::payload::title_event(title)?;
+        let session = self.open_writer(id)?;
+        let appended = session.rename(title);
+        let closed = session.close();
+        appended?;
+        closed?;
+        // The catalog is derived: a failed update only costs a recomputation when listed.
+        let _ = self.record_closed(&session);
+        Ok(())
+    }
+
     /// Recomputes the catalog from the session files, replacing whatever is there (also a
     /// damaged or foreign catalog file). Sessions that cannot be read are reported, not
     /// indexed.
