@@ -25,6 +25,7 @@ pub use model::{
     PROJECTION_KINDS, Projection, RecoveryStatus, SessionId, SessionRef, TERMINAL_TURN_STATUSES,
     Todo, TurnBoundary,
 };
+pub use model::{Cost, MAX_COST_SCALE, Usage, UsageTotals};
 pub use persistence::{BlobStats, KindStats, SessionStats, TableBytes};
 pub use persistence::{
     CatalogEntry, CheckpointPolicy, CreateOptions, DEFAULT_INLINE_THRESHOLD, ExportReport,

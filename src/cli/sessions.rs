@@ -9,7 +9,8 @@ use serde::Serialize;
 use serde_json::json;
 use session_store::{
     CancelToken, Commit, ContentRef, CreateOptions, Dependent, Error, Event, ForkPoint,
-    ImportOptions, LineageEntry, SessionId, SkippedSession, TableBytes, TurnBoundary, WriterOwner,
+    ImportOptions, LineageEntry, SessionId, SkippedSession, TableBytes, TurnBoundary, Usage,
+    UsageTotals, WriterOwner,
 };
 
 use super::{
@@ -177,6 +178,8 @@ struct Show {
     turns: Vec<TurnBoundary>,
     tables: Vec<TableBytes>,
     file_bytes: u64,
+    /// Token and cost totals (a fork's include its inherited prefix).
+    usage: Usage,
 }
 
 /// `show ID`.
@@ -213,6 +216,7 @@ pub fn show(cx: &Context, id: &str) -> CliResult<()> {
         turns: reader.turns()?,
         tables: root.table_bytes(&id)?,
         file_bytes,
+        usage: projection.usage.clone(),
         header: info.header,
     };
     if cx.json {
@@ -311,6 +315,7 @@ fn print_show(s: &Show) {
             safe.join(" ")
         );
     }
+    print_usage("usage     ", &s.usage);
     println!("file       {} on disk", human_bytes(s.file_bytes));
     for t in &s.tables {
         println!(
@@ -319,6 +324,30 @@ fn print_show(s: &Show) {
             human_bytes(t.bytes),
             t.pages
         );
+    }
+}
+
+/// One line of usage totals for people.
+fn usage_line(t: &UsageTotals) -> String {
+    format!(
+        "{} calls, {} in, {} out, {} cache read, {} cache write{}",
+        t.events,
+        t.input_tokens,
+        t.output_tokens,
+        t.cache_read_tokens,
+        t.cache_write_tokens,
+        t.cost.map_or_else(String::new, |c| format!(", cost {c}"))
+    )
+}
+
+/// The usage totals under `label`, then one line per model (nothing without usage).
+fn print_usage(label: &str, usage: &Usage) {
+    if usage.is_empty() {
+        return;
+    }
+    println!("{label} {}", usage_line(&usage.total));
+    for (model, t) in &usage.by_model {
+        println!("  {}: {}", preview(model, 60), usage_line(t));
     }
 }
 
@@ -708,6 +737,7 @@ pub fn stats(cx: &Context, id: &str) -> CliResult<()> {
         .map(|t| format!("{} {}", t.table, human_bytes(t.bytes)))
         .collect();
     println!("  tables: {}", tables.join(", "));
+    print_usage("  usage:", &stats.usage);
     Ok(())
 }
 

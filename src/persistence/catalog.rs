@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::model::header::Origin;
-use crate::model::{Projection, SessionId};
+use crate::model::{Projection, SessionId, Usage};
 use crate::persistence::{Root, confine};
 use crate::store::reader::SessionReader;
 use crate::store::schema::{self, SESSION_FILE, WAL_FILE};
@@ -112,6 +112,9 @@ pub struct CatalogEntry {
     pub parent_id: Option<SessionId>,
     /// Origin from the header.
     pub origin: Origin,
+    /// Token and cost totals (a fork's include its inherited prefix).
+    #[serde(default)]
+    pub usage: Usage,
 }
 
 impl CatalogEntry {
@@ -135,6 +138,7 @@ impl CatalogEntry {
             cwd: h.cwd.clone(),
             parent_id: h.parent_id.clone(),
             origin: h.origin,
+            usage: projection.usage.clone(),
         }
     }
 }

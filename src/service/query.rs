@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::model::header::Origin;
-use crate::model::{Commit, ContentRef, Message, SessionId, SessionRef};
+use crate::model::{Commit, ContentRef, Message, SessionId, SessionRef, Usage};
 use crate::persistence::{CatalogEntry, RebuildReport, SkippedSession};
 use crate::service::runtime::RuntimeSnapshot;
 use crate::service::{Service, blocking};
@@ -49,6 +49,10 @@ pub struct SessionSummary {
     pub parent_id: Option<SessionId>,
     /// Origin from the header.
     pub origin: Origin,
+    /// Token and cost totals (accepted for a live session; a fork's include its
+    /// inherited prefix).
+    #[serde(default)]
+    pub usage: Usage,
     /// Whether a runtime of this service has it open.
     pub live: bool,
 }
@@ -76,6 +80,7 @@ impl SessionSummary {
             cwd: e.cwd,
             parent_id: e.parent_id,
             origin: e.origin,
+            usage: e.usage,
             live,
         }
     }
@@ -447,12 +452,19 @@ impl Query {
 fn live_summary(rt: &crate::service::Runtime, entry: CatalogEntry) -> SessionSummary {
     let session = rt.session();
     let (accepted, durable) = session.sequences();
-    let (title, turns, preview) =
-        session.with_projection(|p| (p.title.clone(), p.ended_turns, p.preview.clone()));
+    let (title, turns, preview, usage) = session.with_projection(|p| {
+        (
+            p.title.clone(),
+            p.ended_turns,
+            p.preview.clone(),
+            p.usage.clone(),
+        )
+    });
     let mut summary = SessionSummary::from_entry(&rt.session_ref().host_id, entry, accepted, true);
     summary.durable_sequence = durable;
     summary.title = title;
     summary.turns = turns;
     summary.preview = preview;
+    summary.usage = usage;
     summary
 }
