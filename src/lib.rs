@@ -29,8 +29,9 @@ pub use model::{Cost, MAX_COST_SCALE, Usage, UsageTotals};
 pub use persistence::{BlobStats, KindStats, SessionStats, TableBytes};
 pub use persistence::{
     CatalogEntry, CheckpointPolicy, CreateOptions, DEFAULT_INLINE_THRESHOLD, ExportReport,
-    ForkPoint, ImportOptions, Listing, MAX_INLINE_THRESHOLD, MIN_INLINE_THRESHOLD, RebuildReport,
-    Replay, Root, Scratch, SessionInfo, SkippedSession, StoreOptions, Verified, replay, verify,
+    ForkPoint, ImportOptions, ListFilter, ListSort, Listing, MAX_INLINE_THRESHOLD,
+    MIN_INLINE_THRESHOLD, RebuildReport, Replay, Root, Scratch, SessionInfo, SkippedSession,
+    StoreOptions, Verified, replay, verify,
 };
 pub use service::{
     CancelReceipt, ClientBinding, EventPage, Execution, HistoryPage, MigrationRecord,

@@ -102,7 +102,7 @@ enum Command {
         #[arg(long)]
         create: bool,
     },
-    /// List sessions, one page.
+    /// List sessions, one page (filters combine; a cursor continues the same listing).
     List {
         /// Sessions per page (1..=100).
         #[arg(long, default_value_t = 50)]
@@ -110,6 +110,23 @@ enum Command {
         /// Start after this cursor (a previous page's next_cursor).
         #[arg(long, value_name = "C")]
         cursor: Option<String>,
+        /// Only sessions whose header names exactly this working directory.
+        #[arg(long, value_name = "DIR")]
+        cwd: Option<String>,
+        /// Only sessions updated since: a duration back from now (7d, 12h) or a UTC date
+        /// (2026-12-01, 2026-12-01T08:30:00Z).
+        #[arg(long, value_name = "WHEN", value_parser = cli::when::parse_since)]
+        since: Option<i64>,
+        /// Only sessions whose title contains this text (ASCII case ignored).
+        #[arg(long, value_name = "TEXT")]
+        title: Option<String>,
+        /// Only sessions of this origin (new, fork, rewind, canonical-import,
+        /// legacy-import).
+        #[arg(long, value_name = "ORIGIN", value_parser = parse_origin)]
+        origin: Option<session_store::Origin>,
+        /// The order: id, updated (most recent first) or created (most recent first).
+        #[arg(long, value_enum, default_value = "id")]
+        sort: SortArg,
     },
     /// Set a session's title: appends a `session/title` event as its writer (exit 5 when
     /// another process writes it).
@@ -308,6 +325,24 @@ enum Command {
     },
 }
 
+/// The order of `list`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SortArg {
+    /// By session id.
+    Id,
+    /// Most recently updated first.
+    Updated,
+    /// Most recently created first.
+    Created,
+}
+
+/// An origin name for `list --origin`.
+fn parse_origin(text: &str) -> Result<session_store::Origin, String> {
+    session_store::Origin::parse(text).ok_or_else(|| {
+        format!("{text:?} is not an origin (new, fork, rewind, canonical-import, legacy-import)")
+    })
+}
+
 /// The benchmarks of `bench`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Suite {
@@ -371,7 +406,26 @@ fn run(args: Args) -> CliResult<()> {
             sync,
             create,
         } => cli::append::run(&cx, &id, file.as_deref(), sync == Sync::Each, create),
-        Command::List { limit, cursor } => s::list(&cx, limit, cursor.as_deref()),
+        Command::List {
+            limit,
+            cursor,
+            cwd,
+            since,
+            title,
+            origin,
+            sort,
+        } => {
+            let mut filter = session_store::ListFilter::default().with_sort(match sort {
+                SortArg::Id => session_store::ListSort::Id,
+                SortArg::Updated => session_store::ListSort::Updated,
+                SortArg::Created => session_store::ListSort::Created,
+            });
+            filter.cwd = cwd;
+            filter.since_ms = since;
+            filter.title = title;
+            filter.origin = origin;
+            s::list(&cx, limit, cursor.as_deref(), filter)
+        }
         Command::Rename { id, title } => s::rename(&cx, &id, &title),
         Command::Show { id } => s::show(&cx, &id),
         Command::History { id, limit, cursor } => s::history(&cx, &id, limit, cursor.as_deref()),

@@ -9,8 +9,8 @@ use serde::Serialize;
 use serde_json::json;
 use session_store::{
     CancelToken, Commit, ContentRef, CreateOptions, Dependent, Error, Event, ForkPoint,
-    ImportOptions, LineageEntry, SessionId, SkippedSession, TableBytes, TurnBoundary, Usage,
-    UsageTotals, WriterOwner,
+    ImportOptions, LineageEntry, ListFilter, SessionId, SkippedSession, TableBytes, TurnBoundary,
+    Usage, UsageTotals, WriterOwner,
 };
 
 use super::{
@@ -83,10 +83,11 @@ pub fn create(cx: &Context, id: Option<&str>, cwd: Option<String>) -> CliResult<
     }
 }
 
-/// `list [--limit N] [--cursor C]`.
-pub fn list(cx: &Context, limit: usize, cursor: Option<&str>) -> CliResult<()> {
+/// `list [--limit N] [--cursor C] [--cwd DIR] [--since WHEN] [--title TEXT]
+/// [--origin ORIGIN] [--sort id|updated|created]`.
+pub fn list(cx: &Context, limit: usize, cursor: Option<&str>, filter: ListFilter) -> CliResult<()> {
     let service = cx.service()?;
-    let page = block_on(service.query().list(cursor, limit))??;
+    let page = block_on(service.query().list_with(cursor, limit, filter))??;
     report_skipped(&page.skipped);
     if let Some(e) = &page.catalog_error {
         eprintln!(

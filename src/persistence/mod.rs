@@ -11,7 +11,7 @@ mod stats;
 mod verify;
 
 pub(crate) use catalog::Catalog;
-pub use catalog::{CatalogEntry, Listing, RebuildReport, SkippedSession};
+pub use catalog::{CatalogEntry, ListFilter, ListSort, Listing, RebuildReport, SkippedSession};
 pub use fork::ForkPoint;
 pub use portable::{ExportReport, ImportOptions};
 pub use stats::{BlobStats, KindStats, SessionStats, TableBytes};
@@ -522,6 +522,22 @@ impl Root {
         // The catalog is derived: a failed update only costs a recomputation when listed.
         let _ = self.record_closed(&session);
         Ok(())
+    }
+
+    /// As [`Root::list`], keeping only the sessions that pass `filter`, in its order;
+    /// `after` is a cursor from [`ListFilter::cursor_after`]. A filtered or sorted page
+    /// first brings stale catalog entries up to date (one `stat` per session), then is one
+    /// keyset query on the catalog; unreadable sessions are reported on the first page.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a cursor of another order; as [`Root::list`].
+    pub fn list_filtered(
+        &self,
+        filter: &ListFilter,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Listing> {
+        self.inner.catalog.filtered_page(self, filter, after, limit)
     }
 
     /// Recomputes the catalog from the session files, replacing whatever is there (also a

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::model::header::Origin;
 use crate::model::{Commit, ContentRef, Message, SessionId, SessionRef, Usage};
-use crate::persistence::{CatalogEntry, RebuildReport, SkippedSession};
+use crate::persistence::{CatalogEntry, ListFilter, ListSort, RebuildReport, SkippedSession};
 use crate::service::runtime::RuntimeSnapshot;
 use crate::service::{Service, blocking};
 use crate::session::live::{PersistenceStatus, SessionSnapshot};
@@ -89,7 +89,7 @@ impl SessionSummary {
 /// A page of `list`.
 #[derive(Clone, Debug, Serialize)]
 pub struct SessionPage {
-    /// Sessions in id order.
+    /// Sessions in the listing's order (id order by default).
     pub sessions: Vec<SessionSummary>,
     /// Pass as `cursor` for the next page; `None` on the last page.
     pub next_cursor: Option<String>,
@@ -212,6 +212,23 @@ impl Query {
     /// # Errors
     /// [`Error::InvalidInput`] for a limit over 100; I/O errors reading the root.
     pub async fn list(&self, cursor: Option<&str>, limit: usize) -> Result<SessionPage> {
+        self.list_with(cursor, limit, ListFilter::default()).await
+    }
+
+    /// As [`Query::list`], keeping only the sessions that pass `filter` (working
+    /// directory, updated since, title text, origin), in its order (id, most recently
+    /// updated or created first); still one keyset query on the catalog per page
+    /// ([`Root::list_filtered`](crate::Root::list_filtered)). `cursor` is a previous
+    /// page's `next_cursor` under the same filter.
+    ///
+    /// # Errors
+    /// As [`Query::list`]; [`Error::InvalidInput`] for a cursor of another order.
+    pub async fn list_with(
+        &self,
+        cursor: Option<&str>,
+        limit: usize,
+        filter: ListFilter,
+    ) -> Result<SessionPage> {
         let limit = if limit == 0 { 50 } else { limit };
         if limit > MAX_LIST_LIMIT {
             return Err(Error::invalid(format!(
@@ -221,15 +238,24 @@ impl Query {
         let service = self.service.clone();
         let cursor = cursor.map(str::to_owned);
         blocking(move || {
-            let listing = service.root().list(cursor.as_deref(), limit + 1)?;
+            let listing = service
+                .root()
+                .list_filtered(&filter, cursor.as_deref(), limit + 1)?;
             let mut entries = listing.entries;
             let more = entries.len() > limit;
             entries.truncate(limit);
-            // A session skipped after this page's last one is reported with the next page.
+            // In id order a session skipped after this page's last one is reported with the
+            // next page (in time order they all come with the first page).
             let mut skipped = listing.skipped;
-            if more && let Some(last) = entries.last() {
+            if more
+                && filter.sort == ListSort::Id
+                && let Some(last) = entries.last()
+            {
                 skipped.retain(|s| s.session_id < last.session_id);
             }
+            let next_cursor = more
+                .then(|| entries.last().map(|e| filter.cursor_after(e)))
+                .flatten();
             let sessions: Vec<SessionSummary> = entries
                 .into_iter()
                 .map(|entry| {
@@ -242,13 +268,6 @@ impl Query {
                     }
                 })
                 .collect();
-            let next_cursor = more
-                .then(|| {
-                    sessions
-                        .last()
-                        .map(|s| s.session_ref.session_id.to_string())
-                })
-                .flatten();
             Ok(SessionPage {
                 sessions,
                 next_cursor,
