@@ -33,6 +33,7 @@ pub use persistence::{
     MIN_INLINE_THRESHOLD, RebuildReport, Replay, Root, Scratch, SessionInfo, SkippedSession,
     StoreOptions, Verified, replay, verify,
 };
+pub use persistence::{GcDeleted, GcKept, GcOptions, GcReport};
 pub use service::{
     CancelReceipt, ClientBinding, EventPage, Execution, HistoryPage, MigrationRecord,
     ObserveResult, PersistentMessage, PreparedRuntime, Query, Runtime, RuntimePhase,

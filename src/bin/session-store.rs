@@ -216,6 +216,20 @@ enum Command {
         #[arg(long, value_name = "SECONDS", default_value = "0", value_parser = cli::parse_wait)]
         wait: Duration,
     },
+    /// Delete the sessions not updated for DURATION and without a writer (a live writer:
+    /// kept and reported); forks get their inherited history first, as `delete` does.
+    /// Prints what it deletes, or with --dry-run what it would.
+    Gc {
+        /// Age of the last change: 90s, 45m, 12h, 7d, 2w.
+        #[arg(long, value_name = "DURATION", value_parser = cli::when::parse_duration)]
+        older_than: Duration,
+        /// Print what would be deleted; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Keep sessions that forks inherit from.
+        #[arg(long)]
+        keep_forked: bool,
+    },
     /// Check a session or file: integrity_check, sequences, hashes, blob digests, full
     /// replay. Exit 0 only when sound.
     Verify {
@@ -458,6 +472,16 @@ fn run(args: Args) -> CliResult<()> {
         Command::Export { id, file } => s::export(&cx, &id, &file),
         Command::Import { file, new_id, cwd } => s::import(&cx, &file, new_id.as_deref(), cwd),
         Command::Delete { id, wait } => s::delete(&cx, &id, wait),
+        Command::Gc {
+            older_than,
+            dry_run,
+            keep_forked,
+        } => s::gc(
+            &cx,
+            &session_store::GcOptions::older_than(older_than)
+                .with_dry_run(dry_run)
+                .with_keep_forked(keep_forked),
+        ),
         Command::Verify { target } => s::verify(&cx, &target),
         Command::MigrateLegacy { file, head } => s::migrate_legacy(&cx, &file, &head),
         Command::Stats { id } => s::stats(&cx, &id),

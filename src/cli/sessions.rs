@@ -1,6 +1,6 @@
 //! The subcommands that inspect and operate sessions, each one call (or a few) into the
 //! library: create, list, rename, show, history, events, fork/rewind, export/import, delete,
-//! verify, migrate-legacy, stats, rebuild-catalog.
+//! gc, verify, migrate-legacy, stats, rebuild-catalog.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::json;
 use session_store::{
-    CancelToken, Commit, ContentRef, CreateOptions, Dependent, Error, Event, ForkPoint,
+    CancelToken, Commit, ContentRef, CreateOptions, Dependent, Error, Event, ForkPoint, GcOptions,
     ImportOptions, LineageEntry, ListFilter, SessionId, SkippedSession, TableBytes, TurnBoundary,
     Usage, UsageTotals, WriterOwner,
 };
@@ -594,6 +594,59 @@ pub fn delete(cx: &Context, id: &str, wait: Duration) -> CliResult<()> {
     } else {
         println!("deleted {id}");
         Ok(())
+    }
+}
+
+/// `gc --older-than DURATION [--dry-run] [--keep-forked]`: prints each session deleted
+/// (or that would be) and each old one kept, with why; fails (status 1) when a deletion
+/// failed.
+pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
+    let root = cx.open_root()?;
+    let bar = spinner("collecting old sessions");
+    let collected = root.gc(options);
+    bar.finish_and_clear();
+    let report = collected?;
+    if cx.json {
+        print_json(&report)?;
+    } else {
+        let verb = if report.dry_run {
+            "would delete"
+        } else {
+            "deleted"
+        };
+        for d in &report.deleted {
+            let forks: Vec<&str> = d.forks.iter().map(SessionId::as_str).collect();
+            println!(
+                "{verb} {} (updated {} UTC){}",
+                d.session_id,
+                utc(d.updated_at_ms),
+                if forks.is_empty() {
+                    String::new()
+                } else {
+                    format!("; forks keep their history: {}", forks.join(", "))
+                }
+            );
+        }
+        for k in &report.kept {
+            println!("kept {}: {}", k.session_id, printable(&k.reason));
+        }
+        for f in &report.failed {
+            eprintln!(
+                "session-store: could not delete {}: {}",
+                f.session_id,
+                printable(&f.reason)
+            );
+        }
+        if report.deleted.is_empty() && report.kept.is_empty() && report.failed.is_empty() {
+            println!("nothing to collect");
+        }
+    }
+    match report.failed.len() {
+        0 => Ok(()),
+        n => Err(Failure::with_code(
+            EXIT_OTHER,
+            format!("{n} session(s) could not be deleted (they are intact)"),
+        )),
     }
 }
 

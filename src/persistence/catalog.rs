@@ -300,7 +300,8 @@ impl CatalogEntry {
     }
 }
 
-fn modified_ms(dir: &Path) -> i64 {
+/// Last change of a session's files (ms since the Unix epoch; 0 when unknown).
+pub(crate) fn modified_ms(dir: &Path) -> i64 {
     [SESSION_FILE, WAL_FILE]
         .iter()
         .filter_map(|f| std::fs::symlink_metadata(dir.join(f)).ok()?.modified().ok())

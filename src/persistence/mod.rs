@@ -6,6 +6,7 @@ mod confine;
 mod delete;
 mod fork;
 mod portable;
+mod retention;
 mod staging;
 mod stats;
 mod verify;
@@ -14,6 +15,7 @@ pub(crate) use catalog::Catalog;
 pub use catalog::{CatalogEntry, ListFilter, ListSort, Listing, RebuildReport, SkippedSession};
 pub use fork::ForkPoint;
 pub use portable::{ExportReport, ImportOptions};
+pub use retention::{GcDeleted, GcKept, GcOptions, GcReport};
 pub use stats::{BlobStats, KindStats, SessionStats, TableBytes};
 pub use verify::{Replay, Verified, replay, verify};
 
