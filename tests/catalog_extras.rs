@@ -112,13 +112,14 @@ fn live_writer(root: &Path, session: &str) -> Child {
         .spawn()
         .expect("spawn writer");
     let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if !json_of(root, &["show", session])["writer"].is_null() {
-            return child;
+    while json_of(root, &["show", session])["writer"].is_null() {
+        if Instant::now() > deadline {
+            stop(child);
+            panic!("the writer never took the lock");
         }
-        assert!(Instant::now() < deadline, "the writer never took the lock");
         std::thread::sleep(Duration::from_millis(20));
     }
+    child
 }
 
 fn stop(mut child: Child) {
@@ -156,7 +157,13 @@ fn chat(root: &Path, name: &str, turns: usize, cwd: &str) {
             )
         })
         .collect();
-    let mut child = command(root, &["append", name])
+    let out = append(root, name, &lines);
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+}
+
+/// `append session` with `lines` on stdin.
+fn append(root: &Path, session: &str, lines: &str) -> Output {
+    let mut child = command(root, &["append", session])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -168,14 +175,19 @@ fn chat(root: &Path, name: &str, turns: usize, cwd: &str) {
         .expect("stdin")
         .write_all(lines.as_bytes())
         .expect("write");
-    let out = child.wait_with_output().expect("wait");
-    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    child.wait_with_output().expect("wait")
+}
+
+/// A fresh temp folder and the root inside it.
+fn temp_cli_root() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("root");
+    (dir, root)
 }
 
 #[test]
 fn rename_appends_a_title_that_list_shows_at_once() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let root = dir.path().join("root");
+    let (_dir, root) = temp_cli_root();
     chat(&root, "talk", 1, "/w");
     // Listed once, so the catalog holds an entry to bring up to date.
     assert_eq!(json_of(&root, &["list"])["sessions"][0]["title"], "");
@@ -458,28 +470,15 @@ fn hostile_usage_payloads_are_refused_and_change_nothing() {
     // The refused payloads are caller errors on the command line too (status 6).
     s.close().expect("close");
     let dir = root.path().to_path_buf();
-    let mut child = command(&dir, &["append", "u"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
     let line = json!({"operation_id": "cli", "events": [{"kind": "usage", "payload": with("cost", json!("1,5"))}]});
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(format!("{line}\n").as_bytes())
-        .expect("write");
-    let out = child.wait_with_output().expect("wait");
+    let out = append(&dir, "u", &format!("{line}\n"));
     assert_eq!(code(&out), 6, "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("usage"), "{}", text(&out.stderr));
 }
 
 #[test]
 fn list_filters_and_sorts_are_keyset_pages_on_the_catalog() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let root = dir.path().join("root");
+    let (_dir, root) = temp_cli_root();
     // Five sessions: cwd, title, origin and last change chosen per session.
     chat(&root, "a", 1, "/proj");
     chat(&root, "b", 2, "/proj");
@@ -604,8 +603,7 @@ fn list_filters_and_sorts_are_keyset_pages_on_the_catalog() {
 
 #[test]
 fn gc_deletes_only_old_sessions_without_a_writer() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let root = dir.path().join("root");
+    let (_dir, root) = temp_cli_root();
     chat(&root, "old", 1, "/w");
     chat(&root, "busy", 1, "/w");
     chat(&root, "fresh", 1, "/w");

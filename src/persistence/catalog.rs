@@ -661,7 +661,7 @@ impl Catalog {
                     None => match compute(root, stamper, &id) {
                         Computed::Entry(entry) => {
                             self.put_row(root, &entry, &row(stamper, &entry)?)?;
-                            entry
+                            *entry
                         }
                         Computed::Gone => {
                             self.forget(root, &id)?;
@@ -741,7 +741,7 @@ fn direct_page(
             break;
         }
         match compute(root, stamper, &id) {
-            Computed::Entry(entry) => out.entries.push(entry),
+            Computed::Entry(entry) => out.entries.push(*entry),
             Computed::Gone => {}
             Computed::Unreadable(skipped) => out.skipped.push(skipped),
         }
@@ -761,7 +761,7 @@ fn direct_filtered_page(
     let mut entries = Vec::new();
     for sid in root.list_ids()? {
         match compute(root, stamper, &sid) {
-            Computed::Entry(entry) => entries.push(entry),
+            Computed::Entry(entry) => entries.push(*entry),
             Computed::Gone => {}
             Computed::Unreadable(skipped) => out.skipped.push(skipped),
         }
@@ -786,7 +786,7 @@ fn direct_filtered_page(
 
 /// What reading a session's entry gave.
 enum Computed {
-    Entry(CatalogEntry),
+    Entry(Box<CatalogEntry>),
     /// The session vanished (deleted meanwhile): not an error.
     Gone,
     /// The session exists but cannot be read.
@@ -806,7 +806,7 @@ fn compute(root: &Root, stamper: &Stamper, id: &SessionId) -> Computed {
         ))
     };
     match read() {
-        Ok(entry) => Computed::Entry(entry),
+        Ok(entry) => Computed::Entry(Box::new(entry)),
         Err(_) if stamper.stamp(id).starts_with(MISSING) => Computed::Gone,
         Err(Error::SessionNotFound(_)) => Computed::Gone,
         Err(e) => Computed::Unreadable(SkippedSession {
