@@ -594,6 +594,15 @@ fn list_filters_and_sorts_are_keyset_pages_on_the_catalog() {
     assert_eq!(page.sessions[0].session_ref.session_id.as_str(), "e");
     assert!(page.next_cursor.is_none());
 
+    // A session that became unreadable is reported with the first page, never listed from
+    // the entry it had.
+    std::fs::write(root.join("c").join("session.sqlite"), b"not a session file").expect("damage");
+    let page = json_of(&root, &["list", "--title", "parser"]);
+    assert_eq!(page["sessions"].as_array().expect("sessions").len(), 1);
+    assert_eq!(page["sessions"][0]["session_ref"]["session_id"], "a");
+    assert_eq!(page["skipped"][0]["session_id"], "c");
+    assert_eq!(listed(&root, &["--sort", "updated"]), ["d", "b", "e", "a"]);
+
     // Bad input: a cursor of another order (6), an unknown origin, sort or date (2).
     fails(&root, &["list", "--sort", "updated", "--cursor", "a"], 6);
     fails(&root, &["list", "--origin", "alien"], 2);

@@ -316,7 +316,7 @@ fn print_show(s: &Show) {
             safe.join(" ")
         );
     }
-    print_usage("usage     ", &s.usage);
+    print_usage("usage     ", "  ", &s.usage);
     println!("file       {} on disk", human_bytes(s.file_bytes));
     for t in &s.tables {
         println!(
@@ -341,14 +341,15 @@ fn usage_line(t: &UsageTotals) -> String {
     )
 }
 
-/// The usage totals under `label`, then one line per model (nothing without usage).
-fn print_usage(label: &str, usage: &Usage) {
+/// The usage totals under `label`, then one line per model indented by `indent`
+/// (nothing without usage).
+fn print_usage(label: &str, indent: &str, usage: &Usage) {
     if usage.is_empty() {
         return;
     }
     println!("{label} {}", usage_line(&usage.total));
     for (model, t) in &usage.by_model {
-        println!("  {}: {}", preview(model, 60), usage_line(t));
+        println!("{indent}{}: {}", preview(model, 60), usage_line(t));
     }
 }
 
@@ -791,7 +792,7 @@ pub fn stats(cx: &Context, id: &str) -> CliResult<()> {
         .map(|t| format!("{} {}", t.table, human_bytes(t.bytes)))
         .collect();
     println!("  tables: {}", tables.join(", "));
-    print_usage("  usage:", &stats.usage);
+    print_usage("  usage:", "    ", &stats.usage);
     Ok(())
 }
 

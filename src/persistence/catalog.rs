@@ -562,7 +562,18 @@ impl Catalog {
             match compute(root, stamper, &id) {
                 Computed::Entry(entry) => self.put_row(root, &entry, &row(stamper, &entry)?)?,
                 Computed::Gone => self.forget(root, &id)?,
-                Computed::Unreadable(s) => skipped.push(s),
+                Computed::Unreadable(s) => {
+                    // Its old entry must not match a filter: the row is left stale and
+                    // empty (retried next time, as `touch` leaves a new one).
+                    self.with_conn(root, |c| {
+                        c.prepare_cached(
+                            "UPDATE sessions SET stamp = '', entry = '' WHERE session_id = ?1",
+                        )?
+                        .execute([id.as_str()])?;
+                        Ok(())
+                    })?;
+                    skipped.push(s);
+                }
             }
         }
         Ok(skipped)
