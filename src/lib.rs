@@ -38,12 +38,14 @@ pub use model::{
     Batch, CLOSURE_KINDS, Commit, ContentRef, Event, Message, PROJECTION_KINDS, Projection,
     RecoveryStatus, SessionId, SessionRef, TERMINAL_TURN_STATUSES, Todo, TurnBoundary,
 };
+pub use model::{Cost, MAX_COST_SCALE, Usage, UsageTotals};
 pub use persistence::{BlobStats, KindStats, SessionStats, TableBytes};
 pub use persistence::{
-    CatalogEntry, CheckpointPolicy, CreateOptions, ExportReport, ForkPoint, ImportOptions, Listing,
-    RebuildReport, ReplayReport, Root, Scratch, SessionInfo, SkippedSession, StoreOptions,
-    Verified, catalog_session_ids, replay_file, verify_file,
+    CatalogEntry, CheckpointPolicy, CreateOptions, ExportReport, ForkPoint, ImportOptions,
+    ListFilter, ListSort, Listing, RebuildReport, ReplayReport, Root, Scratch, SessionInfo,
+    SkippedSession, StoreOptions, Verified, catalog_session_ids, replay_file, verify_file,
 };
+pub use persistence::{GcDeleted, GcKept, GcOptions, GcReport};
 pub use service::{
     CancelReceipt, ClientBinding, EventPage, Execution, HistoryPage, MigrationRecord,
     ObserveResult, PersistentMessage, PreparedRuntime, Runtime, RuntimePhase, RuntimeSnapshot,

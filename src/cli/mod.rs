@@ -8,6 +8,7 @@ pub mod demo;
 pub mod lean;
 pub mod replicate;
 pub mod sessions;
+pub mod when;
 pub mod workload;
 
 use std::borrow::Cow;

@@ -45,11 +45,13 @@ pub(crate) const RUNTIME_RECOVERY: &str = "runtime/recovery";
 pub(crate) const PLAN_STATE: &str = "plan/state";
 /// `goal/state`: the goal, a JSON object.
 pub(crate) const GOAL_STATE: &str = "goal/state";
+/// `usage`: one model call's token counts and cost, summed into the usage totals.
+pub(crate) const USAGE: &str = "usage";
 /// `diagnostic`: free-form diagnostics, not folded.
 pub(crate) const DIAGNOSTIC: &str = "diagnostic";
 
 /// Event kinds the projection understands; any other kind must be `optional`.
-pub const PROJECTION_KINDS: [&str; 23] = [
+pub const PROJECTION_KINDS: [&str; 24] = [
     MESSAGE_COMPLETE,
     MESSAGE_UPSERT,
     ASSISTANT_ATTEMPT,
@@ -72,6 +74,7 @@ pub const PROJECTION_KINDS: [&str; 23] = [
     RUNTIME_RECOVERY,
     PLAN_STATE,
     GOAL_STATE,
+    USAGE,
     DIAGNOSTIC,
 ];
 

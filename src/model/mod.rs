@@ -9,6 +9,7 @@ pub(crate) mod message;
 pub(crate) mod payload;
 pub(crate) mod projection;
 pub(crate) mod transcript_index;
+pub(crate) mod usage;
 
 pub use event::{Batch, Commit, ContentRef, Event};
 pub use ids::{SessionId, SessionRef};
@@ -16,3 +17,4 @@ pub use kind::{CLOSURE_KINDS, PROJECTION_KINDS, TERMINAL_TURN_STATUSES, TURN_IN_
 pub use message::Message;
 pub use payload::{RecoveryStatus, Todo};
 pub use projection::{PreparedFold, Projection, TurnBoundary};
+pub use usage::{Cost, MAX_COST_SCALE, Usage, UsageTotals};

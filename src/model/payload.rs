@@ -14,7 +14,9 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::model::event::Event;
+use crate::model::kind::USAGE;
 use crate::model::message::Message;
+use crate::model::usage::{Cost, UsageRecord};
 
 /// One todo item of `todo/write`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -139,11 +141,66 @@ pub(crate) struct LegacyImport {
     pub(crate) model_identity: Option<Value>,
 }
 
-/// `session/title`.
-#[derive(Deserialize)]
+/// `session/title`: read by the fold and written by [`title_event`].
+#[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct TitlePayload {
     pub(crate) title: String,
+}
+
+/// The `session/title` event that renames a session to `title`.
+///
+/// # Errors
+/// [`Error::InvalidInput`] for a blank title.
+pub(crate) fn title_event(title: &str) -> Result<Event> {
+    if title.trim().is_empty() {
+        return Err(Error::invalid("a title must not be blank"));
+    }
+    Event::new(crate::model::kind::SESSION_TITLE).with_payload(&TitlePayload {
+        title: title.to_owned(),
+    })
+}
+
+/// `usage`: one model call's token counts and cost, under the providers' own field names.
+/// Counts are non-negative integers; `cost` is an exact decimal string ([`Cost`]).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct UsagePayload {
+    model: String,
+    input_tokens: u64,
+    output_tokens: u64,
+    cache_read_tokens: Option<u64>,
+    cache_write_tokens: Option<u64>,
+    cost: Option<Cost>,
+}
+
+/// Longest `model` name of a `usage` event (the totals keep one entry per name).
+const MAX_USAGE_MODEL_BYTES: usize = 256;
+
+impl UsagePayload {
+    /// The checked record: `model` must be non-blank and at most 256 bytes.
+    ///
+    /// # Errors
+    /// [`Error::InvalidPayload`] naming `usage`.
+    pub(crate) fn record(self) -> Result<UsageRecord> {
+        if self.model.trim().is_empty() {
+            return Err(bad(USAGE, "model is required"));
+        }
+        if self.model.len() > MAX_USAGE_MODEL_BYTES {
+            return Err(bad(
+                USAGE,
+                format!("model is longer than {MAX_USAGE_MODEL_BYTES} bytes"),
+            ));
+        }
+        Ok(UsageRecord {
+            model: self.model,
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+            cache_read_tokens: self.cache_read_tokens.unwrap_or(0),
+            cache_write_tokens: self.cache_write_tokens.unwrap_or(0),
+            cost: self.cost,
+        })
+    }
 }
 
 /// `session/config`: the model (`modelRef` must not be blank).

@@ -19,10 +19,11 @@ use crate::model::message::Message;
 use crate::model::payload::{
     AttemptPayload, ConfigPayload, InteractionCreatedPayload, InteractionResolvedPayload,
     LegacyImport, MessagePayload, MessagesPayload, RecoveryStatus, StepPayload, TitlePayload, Todo,
-    TodoPayload, ToolCallPayload, ToolResultPayload, ToolStartPayload, TurnEndPayload, bad, decode,
-    json_object, one_of, required_id,
+    TodoPayload, ToolCallPayload, ToolResultPayload, ToolStartPayload, TurnEndPayload,
+    UsagePayload, bad, decode, json_object, one_of, required_id,
 };
 use crate::model::transcript_index::{TranscriptIndex, message_key};
+use crate::model::usage::{Usage, UsageRecord};
 
 /// A completed turn: where it started and ended.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,6 +101,10 @@ pub struct Projection {
     pub model_ref: String,
     /// The configured model identity.
     pub model_identity: Option<Value>,
+    /// Token and cost totals of the `usage` events folded (a fork's include its inherited
+    /// prefix).
+    #[serde(default, skip_serializing_if = "Usage::is_empty")]
+    pub usage: Usage,
     /// Transcript message ids → 0-based position.
     #[serde(skip)]
     transcript_ids: TranscriptIndex,
@@ -186,7 +191,12 @@ pub(crate) fn apply_history(transcript: &mut Vec<Arc<Message>>, changes: &[Histo
 
 /// A batch that passed [`Projection::prepare`], ready to apply.
 #[derive(Debug)]
-pub struct PreparedFold(Vec<Parsed>);
+pub struct PreparedFold {
+    events: Vec<Parsed>,
+    /// The usage totals after the batch, when it holds `usage` events (summed, and checked
+    /// for overflow, in `prepare`).
+    usage: Option<Usage>,
+}
 
 #[derive(Debug)]
 enum Parsed {
@@ -208,6 +218,7 @@ enum Parsed {
     Recovery(RecoveryStatus),
     PlanState(Value),
     GoalState(Value),
+    Usage(UsageRecord),
 }
 
 /// Parses and validates one event's payload against its kind's schema.
@@ -302,6 +313,7 @@ fn parse(event: &Event) -> Result<Parsed> {
         kind::RUNTIME_RECOVERY => Parsed::Recovery(decode(event)?),
         kind::PLAN_STATE => Parsed::PlanState(json_object(event)?),
         kind::GOAL_STATE => Parsed::GoalState(json_object(event)?),
+        kind::USAGE => Parsed::Usage(decode::<UsagePayload>(event)?.record()?),
         kind::DIAGNOSTIC => Parsed::Skip,
         other => {
             return Err(Error::UnsupportedVersion(format!(
@@ -329,8 +341,13 @@ impl Projection {
         let mut reset: Option<HashSet<&str>> = None;
         let mut added: HashSet<&str> =
             HashSet::with_capacity_and_hasher(events.len(), Default::default());
+        let mut usage: Option<Usage> = None;
         for p in &parsed {
             match p {
+                Parsed::Usage(r) => usage
+                    .get_or_insert_with(|| self.usage.clone())
+                    .add(r)
+                    .ok_or_else(|| bad(kind::USAGE, "the usage totals would overflow"))?,
                 Parsed::MessageComplete(m) => {
                     let known = match &reset {
                         Some(ids) => ids.contains(m.id()),
@@ -354,7 +371,10 @@ impl Projection {
                 _ => {}
             }
         }
-        Ok(PreparedFold(parsed))
+        Ok(PreparedFold {
+            events: parsed,
+            usage,
+        })
     }
 
     /// Refuses a batch that starts a turn while one is open (before it or earlier in the
@@ -372,7 +392,7 @@ impl Projection {
                 self.current_turn_start
             )
         });
-        for (i, p) in prepared.0.iter().enumerate() {
+        for (i, p) in prepared.events.iter().enumerate() {
             match p {
                 Parsed::TurnStart => {
                     if let Some(turn) = &open {
@@ -414,10 +434,13 @@ impl Projection {
         effects: &mut FoldEffects,
     ) {
         let turns_before = effects.turns.len();
-        for (i, p) in prepared.0.into_iter().enumerate() {
+        for (i, p) in prepared.events.into_iter().enumerate() {
             let seq = first_seq + i as u64;
             self.committed_sequence = seq;
             self.apply_one(p, seq, first_seq, commit_last_seq, turn_id, effects);
+        }
+        if let Some(usage) = prepared.usage {
+            self.usage = usage;
         }
         let fork_safe = !self.has_active_authority();
         for t in &mut effects.turns[turns_before..] {
@@ -472,7 +495,8 @@ impl Projection {
         effects: &mut FoldEffects,
     ) {
         match parsed {
-            Parsed::Skip => {}
+            // The batch's usage totals were summed in `prepare` and are set once after it.
+            Parsed::Skip | Parsed::Usage(_) => {}
             Parsed::MessageComplete(m) => {
                 if let Some(model) = m.for_model() {
                     self.push_model(model, ModelRef::message(seq));

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::model::header::Origin;
-use crate::model::{Projection, SessionId};
+use crate::model::{Projection, SessionId, Usage};
 use crate::persistence::{Root, confine};
 use crate::store::reader::SessionReader;
 use crate::store::schema::{self, SESSION_FILE, WAL_FILE};
@@ -77,6 +77,163 @@ pub struct Listing {
     pub catalog_error: Option<Arc<Error>>,
 }
 
+/// The order of a listing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ListSort {
+    /// By session id, ascending.
+    #[default]
+    Id,
+    /// Most recently updated first (ties by id, descending).
+    Updated,
+    /// Most recently created first (ties by id, descending).
+    Created,
+}
+
+/// Which sessions a listing returns and in which order: every filter given must match.
+/// Built with the `with_*` methods.
+#[non_exhaustive]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListFilter {
+    /// Only sessions whose header names exactly this working directory.
+    pub cwd: Option<String>,
+    /// Only sessions updated at or after this time (ms since the Unix epoch).
+    pub since_ms: Option<i64>,
+    /// Only sessions whose title contains this text (ASCII letters compared without case).
+    pub title: Option<String>,
+    /// Only sessions of this origin.
+    pub origin: Option<Origin>,
+    /// The order.
+    pub sort: ListSort,
+}
+
+impl ListFilter {
+    /// Only sessions whose header names exactly `cwd`.
+    pub fn with_cwd(mut self, cwd: impl Into<String>) -> Self {
+        self.cwd = Some(cwd.into());
+        self
+    }
+
+    /// Only sessions updated at or after `ms` (ms since the Unix epoch).
+    pub fn with_since_ms(mut self, ms: i64) -> Self {
+        self.since_ms = Some(ms);
+        self
+    }
+
+    /// Only sessions whose title contains `text` (ASCII letters compared without case).
+    pub fn with_title(mut self, text: impl Into<String>) -> Self {
+        self.title = Some(text.into());
+        self
+    }
+
+    /// Only sessions of this origin.
+    pub fn with_origin(mut self, origin: Origin) -> Self {
+        self.origin = Some(origin);
+        self
+    }
+
+    /// The order.
+    pub fn with_sort(mut self, sort: ListSort) -> Self {
+        self.sort = sort;
+        self
+    }
+
+    /// Whether this is the plain listing (no filter, id order).
+    fn is_plain(&self) -> bool {
+        *self == ListFilter::default()
+    }
+
+    /// Whether `e` passes every filter (the same test the catalog query makes in SQL).
+    fn matches(&self, e: &CatalogEntry) -> bool {
+        self.cwd.as_ref().is_none_or(|c| e.cwd.as_ref() == Some(c))
+            && self.since_ms.is_none_or(|s| e.updated_at_ms >= s)
+            && self.title.as_ref().is_none_or(|t| {
+                e.title
+                    .to_ascii_lowercase()
+                    .contains(&t.to_ascii_lowercase())
+            })
+            && self.origin.is_none_or(|o| e.origin == o)
+    }
+
+    /// The time `e` is sorted by (`None` in id order).
+    fn key(&self, e: &CatalogEntry) -> Option<i64> {
+        match self.sort {
+            ListSort::Id => None,
+            ListSort::Updated => Some(e.updated_at_ms),
+            ListSort::Created => Some(e.created_at_ms),
+        }
+    }
+
+    /// The cursor that continues a page ending with `e`: its id in id order, else
+    /// `u.<updated ms>.<id>` or `c.<created ms>.<id>`.
+    pub fn cursor_after(&self, e: &CatalogEntry) -> String {
+        match (self.sort, self.key(e)) {
+            (ListSort::Updated, Some(k)) => format!("u.{k}.{}", e.session_id),
+            (ListSort::Created, Some(k)) => format!("c.{k}.{}", e.session_id),
+            _ => e.session_id.to_string(),
+        }
+    }
+
+    /// The position a cursor names: `(time, id)` in time order (`time` is `i64::MAX`
+    /// without a cursor), `(0, id)` in id order.
+    fn position(&self, cursor: Option<&str>) -> Result<(i64, String)> {
+        let Some(cursor) = cursor else {
+            return Ok((i64::MAX, String::new()));
+        };
+        let prefix = match self.sort {
+            ListSort::Id => return Ok((0, cursor.to_owned())),
+            ListSort::Updated => "u",
+            ListSort::Created => "c",
+        };
+        let mut parts = cursor.splitn(3, '.');
+        match (
+            parts.next(),
+            parts.next().map(str::parse::<i64>),
+            parts.next(),
+        ) {
+            (Some(p), Some(Ok(k)), Some(id)) if p == prefix => Ok((k, id.to_owned())),
+            _ => Err(Error::invalid(format!(
+                "invalid list cursor {} for this sort",
+                crate::error::quoted(cursor)
+            ))),
+        }
+    }
+
+    /// The one keyset query of a filtered or sorted page: named parameters `:cwd`,
+    /// `:since`, `:title` (lower-cased), `:origin`, `:key`, `:id`, `:limit`.
+    fn sql(&self) -> String {
+        // In id order every row's key is 0: a cursor (key 0) keeps the ids after it, no
+        // cursor (key i64::MAX) keeps every row.
+        let (key, keyset, order) = match self.sort {
+            ListSort::Id => (
+                "0",
+                "(k < :key OR (k = :key AND session_id > :id))",
+                "session_id",
+            ),
+            ListSort::Updated => (
+                "json_extract(entry, '$.updated_at_ms')",
+                "(k < :key OR (k = :key AND session_id < :id))",
+                "k DESC, session_id DESC",
+            ),
+            ListSort::Created => (
+                "json_extract(entry, '$.created_at_ms')",
+                "(k < :key OR (k = :key AND session_id < :id))",
+                "k DESC, session_id DESC",
+            ),
+        };
+        format!(
+            "SELECT session_id, stamp, entry FROM (
+                 SELECT session_id, stamp, entry, {key} AS k FROM sessions WHERE entry <> ''
+             ) WHERE (:cwd IS NULL OR json_extract(entry, '$.cwd') = :cwd)
+               AND (:since IS NULL OR json_extract(entry, '$.updated_at_ms') >= :since)
+               AND (:title IS NULL OR instr(lower(json_extract(entry, '$.title')), :title) > 0)
+               AND (:origin IS NULL OR json_extract(entry, '$.origin') = :origin)
+               AND {keyset}
+             ORDER BY {order} LIMIT :limit"
+        )
+    }
+}
+
 /// What [`Root::rebuild_catalog`] did.
 #[derive(Clone, Debug, Serialize)]
 #[non_exhaustive]
@@ -113,6 +270,9 @@ pub struct CatalogEntry {
     pub parent_id: Option<SessionId>,
     /// Origin from the header.
     pub origin: Origin,
+    /// Token and cost totals (a fork's include its inherited prefix).
+    #[serde(default)]
+    pub usage: Usage,
 }
 
 impl CatalogEntry {
@@ -136,11 +296,13 @@ impl CatalogEntry {
             cwd: h.cwd.clone(),
             parent_id: h.parent_id.clone(),
             origin: h.origin,
+            usage: projection.usage.clone(),
         }
     }
 }
 
-fn modified_ms(dir: &Path) -> i64 {
+/// Last change of a session's files (ms since the Unix epoch; 0 when unknown).
+pub(crate) fn modified_ms(dir: &Path) -> i64 {
     [SESSION_FILE, WAL_FILE]
         .iter()
         .filter_map(|f| std::fs::symlink_metadata(dir.join(f)).ok()?.modified().ok())
@@ -382,6 +544,116 @@ impl Catalog {
         })
     }
 
+    /// Up to `limit` entries after the cursor `after` that pass `filter`, in its order.
+    /// The plain listing (no filter, id order) is [`Catalog::page`]. Otherwise every
+    /// stale entry is brought up to date first (one `stat` per session; only changed files
+    /// are read), then the page is one keyset query on the catalog; sessions that cannot
+    /// be read are reported on the first page. When the catalog cannot be used, the page
+    /// is computed from the session files.
+    pub(crate) fn filtered_page(
+        &self,
+        root: &Root,
+        filter: &ListFilter,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Listing> {
+        if filter.is_plain() {
+            return self.page(root, after, limit);
+        }
+        let position = filter.position(after)?;
+        let stamper = Stamper::open(root.path())?;
+        let cached = self.refresh(root, &stamper).and_then(|skipped| {
+            let mut listing = self.query_page(root, &stamper, filter, &position, limit)?;
+            listing.skipped = skipped;
+            Ok(listing)
+        });
+        let mut listing = match cached {
+            Ok(listing) => listing,
+            Err(e) => {
+                let mut listing = direct_filtered_page(root, &stamper, filter, &position, limit)?;
+                listing.catalog_error = Some(Arc::new(e));
+                listing
+            }
+        };
+        if after.is_some() {
+            listing.skipped.clear();
+        }
+        Ok(listing)
+    }
+
+    /// Brings every stale entry up to date (vanished sessions dropped); returns the
+    /// sessions that cannot be read.
+    fn refresh(&self, root: &Root, stamper: &Stamper) -> Result<Vec<SkippedSession>> {
+        let rows: Vec<(String, String)> = self.with_conn(root, |c| {
+            let mut stmt = c.prepare_cached("SELECT session_id, stamp FROM sessions")?;
+            let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })?;
+        let mut skipped = Vec::new();
+        for (sid, stamp) in rows {
+            let Ok(id) = SessionId::new(sid) else {
+                continue;
+            };
+            if stamper.stamp(&id) == stamp {
+                continue;
+            }
+            match compute(root, stamper, &id) {
+                Computed::Entry(entry) => self.put_row(root, &entry, &row(stamper, &entry)?)?,
+                Computed::Gone => self.forget(root, &id)?,
+                Computed::Unreadable(s) => {
+                    // Its old entry must not match a filter: the row is left stale and
+                    // empty (retried next time, as `touch` leaves a new one).
+                    self.with_conn(root, |c| {
+                        c.prepare_cached(
+                            "UPDATE sessions SET stamp = '', entry = '' WHERE session_id = ?1",
+                        )?
+                        .execute([id.as_str()])?;
+                        Ok(())
+                    })?;
+                    skipped.push(s);
+                }
+            }
+        }
+        Ok(skipped)
+    }
+
+    /// One keyset query for a filtered or sorted page (entries fresh after `refresh`).
+    fn query_page(
+        &self,
+        root: &Root,
+        stamper: &Stamper,
+        filter: &ListFilter,
+        (key, id): &(i64, String),
+        limit: usize,
+    ) -> Result<Listing> {
+        let texts: Vec<String> = self.with_conn(root, |c| {
+            let mut stmt = c.prepare_cached(&filter.sql())?;
+            let rows = stmt.query_map(
+                rusqlite::named_params! {
+                    ":cwd": filter.cwd,
+                    ":since": filter.since_ms,
+                    ":title": filter.title.as_ref().map(|t| t.to_ascii_lowercase()),
+                    ":origin": filter.origin.map(Origin::as_str),
+                    ":key": key,
+                    ":id": id,
+                    ":limit": i64::try_from(limit).unwrap_or(i64::MAX),
+                },
+                |r| r.get::<_, String>(2),
+            )?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })?;
+        let mut out = Listing::default();
+        for text in texts {
+            let entry: CatalogEntry = serde_json::from_str(&text)
+                .map_err(|e| Error::corrupt(format!("catalog entry: {e}")))?;
+            // Deleted since the refresh: never revived.
+            if !stamper.stamp(&entry.session_id).starts_with(MISSING) {
+                out.entries.push(entry);
+            }
+        }
+        Ok(out)
+    }
+
     /// Up to `limit` entries with ids after `after`, in id order; stale entries are
     /// recomputed, entries of vanished folders dropped, unreadable sessions skipped. When
     /// the catalog cannot be used (it cannot be written: a read-only root, a full disk),
@@ -438,7 +710,7 @@ impl Catalog {
                     None => match compute(root, stamper, &id) {
                         Computed::Entry(entry) => {
                             self.put_row(root, &entry, &row(stamper, &entry)?)?;
-                            entry
+                            *entry
                         }
                         Computed::Gone => {
                             self.forget(root, &id)?;
@@ -518,7 +790,7 @@ fn direct_page(
             break;
         }
         match compute(root, stamper, &id) {
-            Computed::Entry(entry) => out.entries.push(entry),
+            Computed::Entry(entry) => out.entries.push(*entry),
             Computed::Gone => {}
             Computed::Unreadable(skipped) => out.skipped.push(skipped),
         }
@@ -526,9 +798,44 @@ fn direct_page(
     Ok(out)
 }
 
+/// A filtered or sorted page computed from the session files alone.
+fn direct_filtered_page(
+    root: &Root,
+    stamper: &Stamper,
+    filter: &ListFilter,
+    (key, id): &(i64, String),
+    limit: usize,
+) -> Result<Listing> {
+    let mut out = Listing::default();
+    let mut entries = Vec::new();
+    for sid in root.list_ids()? {
+        match compute(root, stamper, &sid) {
+            Computed::Entry(entry) => entries.push(*entry),
+            Computed::Gone => {}
+            Computed::Unreadable(skipped) => out.skipped.push(skipped),
+        }
+    }
+    entries.retain(|e| filter.matches(e));
+    match filter.sort {
+        ListSort::Id => entries.retain(|e| e.session_id.as_str() > id.as_str()),
+        ListSort::Updated | ListSort::Created => {
+            entries.retain(|e| {
+                let k = filter.key(e).unwrap_or(0);
+                k < *key || (k == *key && e.session_id.as_str() < id.as_str())
+            });
+            entries.sort_by(|a, b| {
+                (filter.key(b), &b.session_id).cmp(&(filter.key(a), &a.session_id))
+            });
+        }
+    }
+    entries.truncate(limit);
+    out.entries = entries;
+    Ok(out)
+}
+
 /// What reading a session's entry gave.
 enum Computed {
-    Entry(CatalogEntry),
+    Entry(Box<CatalogEntry>),
     /// The session vanished (deleted meanwhile): not an error.
     Gone,
     /// The session exists but cannot be read.
@@ -548,7 +855,7 @@ fn compute(root: &Root, stamper: &Stamper, id: &SessionId) -> Computed {
         ))
     };
     match read() {
-        Ok(entry) => Computed::Entry(entry),
+        Ok(entry) => Computed::Entry(Box::new(entry)),
         Err(_) if stamper.stamp(id).starts_with(MISSING) => Computed::Gone,
         Err(Error::SessionNotFound(_)) => Computed::Gone,
         Err(e) => Computed::Unreadable(SkippedSession {

@@ -6,14 +6,18 @@ mod confine;
 mod delete;
 mod fork;
 mod portable;
+mod retention;
 mod staging;
 mod stats;
 mod verify;
 
 pub(crate) use catalog::Catalog;
-pub use catalog::{CatalogEntry, Listing, RebuildReport, SkippedSession, catalog_session_ids};
+pub use catalog::{
+    CatalogEntry, ListFilter, ListSort, Listing, RebuildReport, SkippedSession, catalog_session_ids,
+};
 pub use fork::ForkPoint;
 pub use portable::{ExportReport, ImportOptions};
+pub use retention::{GcDeleted, GcKept, GcOptions, GcReport};
 pub use stats::{BlobStats, KindStats, SessionStats, TableBytes};
 pub use verify::{ReplayReport, Verified, replay_file, verify_file};
 
@@ -598,6 +602,57 @@ impl Root {
     /// [`Error::Io`] when the root folder cannot be read.
     pub fn list(&self, after: Option<&str>, limit: usize) -> Result<Listing> {
         self.inner.catalog.page(self, after, limit)
+    }
+
+    /// Records a closed writer's session in the catalog from its in-memory projection (no
+    /// re-fold).
+    ///
+    /// # Errors
+    /// When the catalog cannot be written (it is derived: the entry is recomputed when
+    /// next listed).
+    pub(crate) fn record_closed(&self, session: &Session) -> Result<()> {
+        let durable = session.sequences().1;
+        let entry = session
+            .with_projection(|p| CatalogEntry::new(session.reader(), p, durable, session.dir()));
+        self.inner.catalog.put(self, &entry)
+    }
+
+    /// Renames a session as its writer: opens it for writing, appends a `session/title`
+    /// event ([`Session::rename`]), closes it and records the new title in the catalog, so
+    /// `list` shows it at once.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a blank title (nothing changes);
+    /// [`Error::SessionNotFound`]; [`Error::WriterOwned`] when another writer has it; as
+    /// [`Session::append`] and [`Session::close`].
+    pub fn rename(&self, id: &SessionId, title: &str) -> Result<()> {
+        // Checked before the writer is taken, so a bad title changes nothing (not even the
+        // lease generation).
+        crate::model::payload::title_event(title)?;
+        let session = self.open_writer(id)?;
+        let appended = session.rename(title);
+        let closed = session.close();
+        appended?;
+        closed?;
+        // The catalog is derived: a failed update only costs a recomputation when listed.
+        let _ = self.record_closed(&session);
+        Ok(())
+    }
+
+    /// As [`Root::list`], keeping only the sessions that pass `filter`, in its order;
+    /// `after` is a cursor from [`ListFilter::cursor_after`]. A filtered or sorted page
+    /// first brings stale catalog entries up to date (one `stat` per session), then is one
+    /// keyset query on the catalog; unreadable sessions are reported on the first page.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a cursor of another order; as [`Root::list`].
+    pub fn list_filtered(
+        &self,
+        filter: &ListFilter,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Listing> {
+        self.inner.catalog.filtered_page(self, filter, after, limit)
     }
 
     /// Recomputes the catalog from the session files, replacing whatever is there (also a

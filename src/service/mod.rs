@@ -18,9 +18,7 @@ use crate::cancel::CancelToken;
 use crate::error::{Error, Result};
 use crate::model::ids::random_hex;
 use crate::model::{SessionId, SessionRef};
-use crate::persistence::{
-    CatalogEntry, CreateOptions, ExportReport, ForkPoint, ImportOptions, Root,
-};
+use crate::persistence::{CreateOptions, ExportReport, ForkPoint, ImportOptions, Root};
 use crate::session::live::Session;
 
 pub use legacy::MigrationRecord;
@@ -592,6 +590,29 @@ impl Service {
         Ok(())
     }
 
+    /// Renames a session: appends a `session/title` event as its writer. Through the
+    /// attached runtime when there is one (the title is in its projection at once, and
+    /// durable when this returns); otherwise as [`Root::rename`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a blank title; [`Error::SessionNotFound`];
+    /// [`Error::WriterOwned`] when another process writes it; as [`Session::append`].
+    pub async fn rename(&self, r: &SessionRef, title: &str) -> Result<()> {
+        self.check_ref(r)?;
+        let title = title.to_owned();
+        if let Some(rt) = self.runtime(r) {
+            let session = rt.session().clone();
+            return blocking(move || {
+                session.rename(&title)?;
+                session.flush().map(drop)
+            })
+            .await;
+        }
+        let root = self.inner.root.clone();
+        let id = r.session_id.clone();
+        blocking(move || root.rename(&id, &title)).await
+    }
+
     /// Continues a legacy transcript (one message JSON per line) as a new session with a
     /// deterministic id; the source file is never written. A second call reuses it.
     /// `head` freezes the transcript at the message with that id (inclusive); "" keeps it
@@ -638,13 +659,7 @@ impl Service {
 /// Stores a closed session's catalog entry from its in-memory projection (no re-fold).
 async fn record_in_catalog(root: Root, session: Session) {
     // The catalog is derived: a failed update only costs a recomputation when listed.
-    let _ = blocking(move || {
-        let durable = session.sequences().1;
-        let entry = session
-            .with_projection(|p| CatalogEntry::new(session.reader(), p, durable, session.dir()));
-        root.catalog().put(&root, &entry)
-    })
-    .await;
+    let _ = blocking(move || root.record_closed(&session)).await;
 }
 
 async fn close_session(session: Session) -> Result<()> {

@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::model::header::Origin;
-use crate::model::{Commit, ContentRef, Message, SessionId, SessionRef};
-use crate::persistence::{CatalogEntry, RebuildReport, SkippedSession};
+use crate::model::{Commit, ContentRef, Message, SessionId, SessionRef, Usage};
+use crate::persistence::{CatalogEntry, ListFilter, ListSort, RebuildReport, SkippedSession};
 use crate::service::runtime::RuntimeSnapshot;
 use crate::service::{Service, blocking};
 use crate::session::live::{PersistenceStatus, SessionSnapshot};
@@ -50,6 +50,10 @@ pub struct SessionSummary {
     pub parent_id: Option<SessionId>,
     /// Origin from the header.
     pub origin: Origin,
+    /// Token and cost totals (accepted for a live session; a fork's include its
+    /// inherited prefix).
+    #[serde(default)]
+    pub usage: Usage,
     /// Whether a runtime of this service has it open.
     pub live: bool,
 }
@@ -77,6 +81,7 @@ impl SessionSummary {
             cwd: e.cwd,
             parent_id: e.parent_id,
             origin: e.origin,
+            usage: e.usage,
             live,
         }
     }
@@ -86,7 +91,7 @@ impl SessionSummary {
 #[derive(Clone, Debug, Serialize)]
 #[non_exhaustive]
 pub struct SessionPage {
-    /// Sessions in id order.
+    /// Sessions in the listing's order (id order by default).
     pub sessions: Vec<SessionSummary>,
     /// Pass as `cursor` for the next page; `None` on the last page.
     pub next_cursor: Option<String>,
@@ -213,6 +218,23 @@ impl SessionQuery {
     /// # Errors
     /// [`Error::InvalidInput`] for a limit over 100; I/O errors reading the root.
     pub async fn list(&self, cursor: Option<&str>, limit: usize) -> Result<SessionPage> {
+        self.list_with(cursor, limit, ListFilter::default()).await
+    }
+
+    /// As [`SessionQuery::list`], keeping only the sessions that pass `filter` (working
+    /// directory, updated since, title text, origin), in its order (id, most recently
+    /// updated or created first); still one keyset query on the catalog per page
+    /// ([`Root::list_filtered`](crate::Root::list_filtered)). `cursor` is a previous
+    /// page's `next_cursor` under the same filter.
+    ///
+    /// # Errors
+    /// As [`SessionQuery::list`]; [`Error::InvalidInput`] for a cursor of another order.
+    pub async fn list_with(
+        &self,
+        cursor: Option<&str>,
+        limit: usize,
+        filter: ListFilter,
+    ) -> Result<SessionPage> {
         let limit = if limit == 0 { 50 } else { limit };
         if limit > MAX_LIST_LIMIT {
             return Err(Error::invalid(format!(
@@ -222,15 +244,24 @@ impl SessionQuery {
         let service = self.service.clone();
         let cursor = cursor.map(str::to_owned);
         blocking(move || {
-            let listing = service.root().list(cursor.as_deref(), limit + 1)?;
+            let listing = service
+                .root()
+                .list_filtered(&filter, cursor.as_deref(), limit + 1)?;
             let mut entries = listing.entries;
             let more = entries.len() > limit;
             entries.truncate(limit);
-            // A session skipped after this page's last one is reported with the next page.
+            // In id order a session skipped after this page's last one is reported with the
+            // next page (in time order they all come with the first page).
             let mut skipped = listing.skipped;
-            if more && let Some(last) = entries.last() {
+            if more
+                && filter.sort == ListSort::Id
+                && let Some(last) = entries.last()
+            {
                 skipped.retain(|s| s.session_id < last.session_id);
             }
+            let next_cursor = more
+                .then(|| entries.last().map(|e| filter.cursor_after(e)))
+                .flatten();
             let sessions: Vec<SessionSummary> = entries
                 .into_iter()
                 .map(|entry| {
@@ -243,13 +274,6 @@ impl SessionQuery {
                     }
                 })
                 .collect();
-            let next_cursor = more
-                .then(|| {
-                    sessions
-                        .last()
-                        .map(|s| s.session_ref.session_id.to_string())
-                })
-                .flatten();
             Ok(SessionPage {
                 sessions,
                 next_cursor,
@@ -453,12 +477,19 @@ impl SessionQuery {
 fn live_summary(rt: &crate::service::Runtime, entry: CatalogEntry) -> SessionSummary {
     let session = rt.session();
     let (accepted, durable) = session.sequences();
-    let (title, turns, preview) =
-        session.with_projection(|p| (p.title.clone(), p.ended_turns, p.preview.clone()));
+    let (title, turns, preview, usage) = session.with_projection(|p| {
+        (
+            p.title.clone(),
+            p.ended_turns,
+            p.preview.clone(),
+            p.usage.clone(),
+        )
+    });
     let mut summary = SessionSummary::from_entry(&rt.session_ref().host_id, entry, accepted, true);
     summary.durable_sequence = durable;
     summary.title = title;
     summary.turns = turns;
     summary.preview = preview;
+    summary.usage = usage;
     summary
 }

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result, WriterOwner};
 use crate::model::event::{INHERITED_OPERATION_PREFIX, assign_derived_ids, operation_hash};
-use crate::model::ids::{derived_turn_id, now_ms};
+use crate::model::ids::{derived_turn_id, now_ms, random_hex};
 use crate::model::projection::{FoldEffects, apply_history};
 use crate::model::{Batch, Commit, Event, Message, Projection, SessionId};
 use crate::session::ops::{Known, OperationIds};
@@ -243,6 +243,16 @@ impl Session {
     /// As [`Session::append`].
     pub fn append_events(&self, operation_id: &str, events: Vec<Event>) -> Result<Arc<Commit>> {
         self.append(Batch::new(operation_id, events))
+    }
+
+    /// Renames the session: appends a `session/title` event (outside any turn, under a
+    /// fresh operation id). The title shows in the projection at once.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a blank title; as [`Session::append`].
+    pub fn rename(&self, title: &str) -> Result<Arc<Commit>> {
+        let event = crate::model::payload::title_event(title)?;
+        self.append_events(&format!("title-{}", random_hex()), vec![event])
     }
 
     /// Drains the queue now and returns the durable sequence (everything accepted before
