@@ -3,7 +3,7 @@
 //! * (a) durable: one session at `Durability::PowerLoss` (synchronous=FULL), 64-event
 //!   commits of ~400-byte `message/complete` payloads, `flush()` after every append, so
 //!   each commit is its own fsynced transaction;
-//! * (b) raw: plain rusqlite, `events(seq INTEGER PRIMARY KEY, payload TEXT)` in a WAL
+//! * (b) raw: plain SQLite (`session_store::baseline`), `events(seq INTEGER PRIMARY KEY, payload TEXT)` in a WAL
 //!   file at synchronous=FULL, one `BEGIN IMMEDIATE` transaction per 64 rows;
 //! * (c) accepted: appends on one session with a long write-behind and no flush in the
 //!   loop (the final flush is not timed).
@@ -21,8 +21,9 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::workload::{Flushed, batch, bench_session, flushed_commits, payloads, raw_rate};
+use common::workload::{Flushed, batch, bench_session, flushed_commits, payloads};
 use common::{fmt_count, median, verdict};
+use session_store::baseline::raw_rate;
 use session_store::{Durability, StoreOptions};
 
 /// Events per commit (and rows per raw transaction).
@@ -104,7 +105,7 @@ fn main() -> BenchResult<()> {
         median(&mut shares) * 100.0
     );
     println!(
-        "(b) raw rusqlite (WAL, FULL, txn per 64 rows):  median {:>10} events/s ({:.0} commits/s)",
+        "(b) raw SQLite (WAL, FULL, txn per 64 rows):    median {:>10} events/s ({:.0} commits/s)",
         fmt_count(b),
         b / EVENTS_PER_COMMIT as f64
     );
@@ -154,9 +155,15 @@ fn durable(dir: &Path, payloads: &[String]) -> BenchResult<Flushed> {
     )?)
 }
 
-/// (b): raw rusqlite, one `BEGIN IMMEDIATE` transaction per commit; events per second.
+/// (b): raw SQLite, one `BEGIN IMMEDIATE` transaction per commit; events per second.
 fn raw(file: &Path, payloads: &[String]) -> BenchResult<f64> {
-    Ok(raw_rate(file, payloads, EVENTS_PER_COMMIT, "FULL", 0)?)
+    Ok(raw_rate(
+        file,
+        payloads,
+        EVENTS_PER_COMMIT,
+        Durability::PowerLoss,
+        0,
+    )?)
 }
 
 /// (c): appends with a long write-behind and a budget that never blocks; events per second

@@ -1,17 +1,17 @@
 //! The query side and `open`, in one process and one run:
 //!
-//! * `Query::list` over 10,000 sessions (each made with `Root::create`, one
+//! * `SessionQuery::list` over 10,000 sessions (each made with `Root::create`, one
 //!   `session/title` event and `close`): after one untimed warm-up walk that fills the
 //!   catalog, the first page of 50 (median of 20 runs, target <= 5 ms) and a full walk in
 //!   pages of 50 until `next_cursor` is `None` (median of 5 runs, target <= 100 ms). The
 //!   baseline lists without the catalog: `open_reader(id)?.projection()?.title` for the
 //!   same 50 / all ids (the ids are given to it; reading the folder is not timed);
-//! * `Query::history_page` of 50 on a cold session of 100,000 `message/complete` events
+//! * `SessionQuery::history_page` of 50 on a cold session of 100,000 `message/complete` events
 //!   (unique ids, ~200-byte contents, appended in batches of 500, then closed): the
 //!   newest page, and a page in the middle (reached first by following cursors, untimed,
 //!   in pages of 50; a walk over its time budget stops early and the page where it
 //!   stopped is timed, its position printed). Target <= 5 ms each. Baseline:
-//!   `Query::history` (the whole transcript) of the same session;
+//!   `SessionQuery::history` (the whole transcript) of the same session;
 //! * `Service::open` (writer lock, lease, projection, restart-recovery check), `release`
 //!   and `close` of a 100,000-event session vs a 100-event session, both closed cleanly
 //!   before (turns of 100 events: `turn/start`, a user and an assistant
@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use common::{fmt_count, fmt_mb, load_average, median, quick, verdict};
 use serde_json::json;
 use session_store::{
-    Batch, CreateOptions, Durability, Event, Query, Root, Service, SessionId, SessionRef,
+    Batch, CreateOptions, Durability, Event, Root, Service, SessionId, SessionQuery, SessionRef,
     StoreOptions,
 };
 use tokio::runtime::Runtime;
@@ -397,7 +397,7 @@ fn create_part(root: &Root, ids: &[SessionId]) -> Result<(), String> {
 }
 
 /// Lists every session in pages of [`PAGE`]; returns the pages and sessions seen.
-async fn walk(query: &Query) -> session_store::Result<(usize, usize)> {
+async fn walk(query: &SessionQuery) -> session_store::Result<(usize, usize)> {
     let (mut pages, mut sessions) = (0, 0);
     let mut cursor: Option<String> = None;
     loop {
@@ -485,7 +485,7 @@ fn build_turns(root: &Root, id: &SessionId, turns: usize) -> BenchResult<()> {
 /// [`PAGE`], for at most [`WALK_BUDGET`]. Returns the cursor whose page ends where
 /// the walk stopped, that position, and the pages fetched.
 async fn walk_history(
-    query: &Query,
+    query: &SessionQuery,
     r: &SessionRef,
     messages: usize,
 ) -> session_store::Result<(Option<String>, usize, usize)> {

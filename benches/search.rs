@@ -8,7 +8,7 @@
 //!   index; the first search then creates the index and fills it in one transaction
 //!   (timed and printed). `SEARCH_ROOT=DIR` keeps both roots in DIR and reuses them on
 //!   the next run when they are complete (a marker file is written once built);
-//! * `Query::search` (first page of 10 with snippets) p50 and p99 over `QUERIES` one-word
+//! * `SessionQuery::search` (first page of 10 with snippets) p50 and p99 over `QUERIES` one-word
 //!   and `QUERIES` two-word queries, the words of each taken from one message of a session
 //!   both roots hold (so every query has hits), of the vocabulary's ranks 50..20,000 (the
 //!   50 most frequent words are left out: each is in thousands of messages).
@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use common::{fmt_count, fmt_mb, load_average, median, quick, verdict};
 use serde_json::json;
 use session_store::{
-    Batch, CreateOptions, Durability, Event, Query, Root, SearchOptions, Service, SessionId,
+    Batch, CreateOptions, Durability, Event, Root, SearchOptions, Service, SessionId, SessionQuery,
     StoreOptions,
 };
 use tokio::runtime::Runtime;
@@ -290,7 +290,11 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 /// p50 and p99 (ms) of `queries` on `query`, and the median hit count of a first page.
-fn time_queries(rt: &Runtime, query: &Query, queries: &[String]) -> BenchResult<(f64, f64, f64)> {
+fn time_queries(
+    rt: &Runtime,
+    query: &SessionQuery,
+    queries: &[String],
+) -> BenchResult<(f64, f64, f64)> {
     for q in queries.iter().take(WARMUP) {
         rt.block_on(query.search(q, SearchOptions::default()))?;
     }

@@ -14,7 +14,7 @@ mod common;
 use common::transcript;
 use serde_json::json;
 use session_store::{
-    Batch, CreateOptions, Error, Event, ForkPoint, ImportOptions, Root, SessionId, verify,
+    Batch, CreateOptions, Error, Event, ForkPoint, ImportOptions, Root, SessionId, verify_file,
 };
 
 type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
@@ -71,7 +71,7 @@ fn main() -> AnyResult<()> {
         report.bytes
     );
     // Anyone can check such a file before trusting it (integrity, hashes, full replay).
-    verify(&file)?;
+    verify_file(&file)?;
 
     // Import into the server under the file's id; a second import of it is refused.
     let imported = server.import(&file, ImportOptions::default())?;

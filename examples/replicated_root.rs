@@ -22,7 +22,7 @@ mod common;
 
 use common::{chat_turn, transcript};
 use session_store::{
-    CheckpointPolicy, CreateOptions, ImportOptions, Root, SessionId, StoreOptions, verify,
+    CheckpointPolicy, CreateOptions, ImportOptions, Root, SessionId, StoreOptions, verify_file,
 };
 
 type AnyResult<T> = Result<T, Box<dyn std::error::Error>>;
@@ -160,7 +160,7 @@ fn main() -> AnyResult<()> {
         )
         .into());
     }
-    verify(&restored)?;
+    verify_file(&restored)?;
     let host_b = Root::open(dir.path().join("host-b"))?;
     let brought_back = host_b.import(&restored, ImportOptions::default())?;
     let messages = transcript(&host_b, &brought_back)?;

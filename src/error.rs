@@ -4,6 +4,7 @@ use std::fmt;
 
 /// Who holds a session's writer lock, as recorded by the holder.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct WriterOwner {
     /// Random id of the owning writer instance.
     pub owner_id: String,
@@ -46,18 +47,24 @@ pub fn quoted(value: &str) -> String {
     }
 }
 
-/// Everything that can go wrong, as variants a caller can match.
+/// Everything that can go wrong, as variants a caller can match, and classifiers
+/// ([`Error::is_retryable`], [`Error::is_not_found`], [`Error::writer_owner`],
+/// [`Error::is_corrupt`], [`Error::is_caller_error`], …) a host can branch on instead.
 ///
 /// Bad input (`InvalidInput`, `InvalidPayload`, `UnsupportedVersion` for an unknown
-/// required kind, `OperationConflict`) never changes anything on disk.
-#[derive(Debug, thiserror::Error)]
+/// required kind, `OperationConflict`) never changes anything on disk. Where a failure has a
+/// cause (an OS error, an SQLite error, the failed write behind a poisoned session), the
+/// cause is the error's [`source`](std::error::Error::source), typed. `Error` is `Clone`:
+/// its OS and SQLite causes are shared.
+#[derive(Clone, Debug)]
 #[non_exhaustive]
 pub enum Error {
-    /// The caller passed something malformed: an id, a batch, an option.
-    #[error("invalid input: {0}")]
+    /// The caller passed something malformed or not allowed: an id, a batch, an option, a
+    /// cursor, a call the handle's state forbids, or a path that is not what it must be (a
+    /// symlink, a non-regular file). Nothing changed on disk; sending the same again fails
+    /// the same way.
     InvalidInput(String),
     /// An event payload does not match its kind's schema.
-    #[error("invalid {kind} payload: {reason}")]
     InvalidPayload {
         /// The event kind.
         kind: String,
@@ -65,98 +72,247 @@ pub enum Error {
         reason: String,
     },
     /// No session with this id exists under the root.
-    #[error("session {0} not found")]
     SessionNotFound(String),
     /// A session (or export destination) with this name already exists.
-    #[error("session {0} already exists")]
     SessionExists(String),
     /// Another writer (in this process or another) owns the session.
-    #[error("session writer is owned by {owner}")]
     WriterOwned {
         /// The current owner, as it recorded itself.
         owner: WriterOwner,
     },
     /// The operation id was used before with different content.
-    #[error("operation id {} conflicts with an earlier batch", quoted(.operation_id))]
     OperationConflict {
         /// The reused operation id.
         operation_id: String,
     },
     /// A file, schema or event kind newer than this build understands.
-    #[error("unsupported session storage version: {0}")]
     UnsupportedVersion(String),
-    /// A file that is damaged or not a session file.
-    #[error("corrupt session store: {0}")]
+    /// A file that is damaged or not a session file; the text says what is wrong where.
     Corrupt(String),
-    /// The handle is read-only.
-    #[error("session handle is read-only")]
-    ReadOnly,
     /// The session was closed; it accepts nothing more.
-    #[error("session runtime is closed")]
     Closed,
     /// Another writer took the lease: this handle is fenced off.
-    #[error("stale writer generation {ours}: the lease is now at {current}")]
     StaleGeneration {
         /// The generation this handle holds.
         ours: u64,
         /// The generation in the file.
         current: u64,
     },
-    /// An earlier commit failed in a way that leaves its outcome unknown; reopen the session.
-    #[error("writer poisoned by an earlier failure, reopen the session: {0}")]
-    Poisoned(String),
-    /// The last write failed; the accepted tail is kept and the next `flush` retries.
-    #[error("persistence failed, accepted tail kept: {0}")]
-    PersistenceFailed(String),
-    /// The disk (or its quota) is full.
-    #[error("disk full: {0}")]
-    DiskFull(String),
+    /// An earlier write failed in a way that leaves its outcome unknown; reopen the session.
+    /// The source is that write's error.
+    Poisoned(Box<Error>),
+    /// The last write failed cleanly; the accepted tail is kept and the next `flush`
+    /// retries. The source is that write's error (e.g. [`Error::DiskFull`]).
+    PersistenceFailed(Box<Error>),
+    /// The disk (or its quota) is full. The source is SQLite's `SQLITE_FULL` error.
+    DiskFull(std::sync::Arc<rusqlite::Error>),
     /// The wait was cancelled by the caller.
-    #[error("operation cancelled")]
     Cancelled,
     /// The fork or rewind cut does not fall on a commit boundary.
-    #[error("fork boundary is not an atomic batch boundary: {0}")]
     ForkBoundaryNotAtomic(String),
     /// The fork or rewind prefix leaves an open turn or a pending interaction.
-    #[error("fork boundary retains active runtime authority: {0}")]
     ForkActiveAuthority(String),
     /// The runtime is running, cancelling or needs recovery.
-    #[error("session runtime is busy")]
     RuntimeBusy,
     /// Client bindings are still attached to the runtime.
-    #[error("session runtime still has client bindings")]
     RuntimeBound,
     /// No runtime is attached for this session.
-    #[error("session is not running")]
     SessionNotRunning,
     /// The execution no longer owns commit authority (it was cancelled or replaced).
-    #[error("execution no longer owns commit authority")]
     StaleExecution,
     /// The runtime needs a recovery decision before new work.
-    #[error("session runtime requires recovery")]
     RecoveryRequired,
+    /// No read connection to a session file could be had in time: every pooled connection
+    /// stayed busy, or a new one could not be opened. The source is the pool's error.
+    ReadConnection(std::sync::Arc<dyn std::error::Error + Send + Sync>),
+    /// An invariant inside the library broke (a bug, or a worker task that panicked), not
+    /// anything the caller did. The source, when there is one, is what failed.
+    Internal {
+        /// What the library was doing.
+        context: String,
+        /// What failed, when a lower-level error did.
+        source: Option<std::sync::Arc<dyn std::error::Error + Send + Sync>>,
+    },
     /// An operating-system I/O error.
-    #[error("{context}: {source}")]
     Io {
         /// What was being done.
         context: String,
         /// The OS error.
-        #[source]
-        source: std::io::Error,
+        source: std::sync::Arc<std::io::Error>,
     },
     /// Any other SQLite error.
-    #[error("sqlite: {0}")]
-    Sqlite(#[source] rusqlite::Error),
+    Sqlite(std::sync::Arc<rusqlite::Error>),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidInput(what) => write!(f, "invalid input: {what}"),
+            Error::InvalidPayload { kind, reason } => write!(f, "invalid {kind} payload: {reason}"),
+            Error::SessionNotFound(id) => write!(f, "session {id} not found"),
+            Error::SessionExists(id) => write!(f, "session {id} already exists"),
+            Error::WriterOwned { owner } => write!(f, "session writer is owned by {owner}"),
+            Error::OperationConflict { operation_id } => write!(
+                f,
+                "operation id {} conflicts with an earlier batch",
+                quoted(operation_id)
+            ),
+            Error::UnsupportedVersion(what) => {
+                write!(f, "unsupported session storage version: {what}")
+            }
+            Error::Corrupt(what) => write!(f, "corrupt session store: {what}"),
+            Error::Closed => f.write_str("session runtime is closed"),
+            Error::StaleGeneration { ours, current } => write!(
+                f,
+                "stale writer generation {ours}: the lease is now at {current}"
+            ),
+            Error::Poisoned(cause) => write!(
+                f,
+                "writer poisoned by an earlier failure, reopen the session: {cause}"
+            ),
+            Error::PersistenceFailed(cause) => {
+                write!(f, "persistence failed, accepted tail kept: {cause}")
+            }
+            Error::DiskFull(cause) => write!(f, "disk full: {cause}"),
+            Error::Cancelled => f.write_str("operation cancelled"),
+            Error::ForkBoundaryNotAtomic(what) => {
+                write!(f, "fork boundary is not an atomic batch boundary: {what}")
+            }
+            Error::ForkActiveAuthority(what) => {
+                write!(f, "fork boundary retains active runtime authority: {what}")
+            }
+            Error::RuntimeBusy => f.write_str("session runtime is busy"),
+            Error::RuntimeBound => f.write_str("session runtime still has client bindings"),
+            Error::SessionNotRunning => f.write_str("session is not running"),
+            Error::StaleExecution => f.write_str("execution no longer owns commit authority"),
+            Error::RecoveryRequired => f.write_str("session runtime requires recovery"),
+            Error::ReadConnection(cause) => {
+                write!(f, "no read connection to the session file: {cause}")
+            }
+            Error::Internal { context, source } => match source {
+                Some(cause) => write!(f, "internal error: {context}: {cause}"),
+                None => write!(f, "internal error: {context}"),
+            },
+            Error::Io { context, source } => write!(f, "{context}: {source}"),
+            Error::Sqlite(cause) => write!(f, "sqlite: {cause}"),
+        }
+    }
+}
+
+/// The source is the cause itself (an [`std::io::Error`], a [`rusqlite::Error`], the
+/// [`Error`] of the failed write, the pool's error), not the `Arc` that shares it, so
+/// `source().and_then(|s| s.downcast_ref::<std::io::Error>())` works.
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Poisoned(cause) | Error::PersistenceFailed(cause) => Some(&**cause),
+            Error::DiskFull(cause) | Error::Sqlite(cause) => Some(&**cause),
+            Error::Io { source, .. } => Some(&**source),
+            Error::ReadConnection(cause) => Some(&**cause),
+            Error::Internal { source, .. } => source.as_deref().map(|s| s as _),
+            _ => None,
+        }
+    }
 }
 
 /// Result alias used across the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Classifiers: what a host (and the CLI's exit codes) needs to decide, without matching
+/// variants or text. Each looks at this error only, not at its sources: a
+/// [`Error::Poisoned`] whose cause was corrupt is "reopen", not "corrupt".
+impl Error {
+    /// True when the same call may succeed later without reopening anything: nothing was
+    /// lost and nothing needs a decision, only time or space. Covers [`Error::DiskFull`],
+    /// [`Error::PersistenceFailed`] (the accepted tail is kept; `flush` retries it),
+    /// SQLite's `SQLITE_BUSY` / `SQLITE_LOCKED` ([`Error::Sqlite`]) and
+    /// [`Error::ReadConnection`].
+    pub fn is_retryable(&self) -> bool {
+        self.is_retryable_write()
+            || matches!(self, Error::PersistenceFailed(_) | Error::ReadConnection(_))
+    }
+
+    /// True when what was asked for does not exist: [`Error::SessionNotFound`], or an
+    /// [`Error::Io`] of kind `NotFound` (a file or folder the caller named is missing).
+    pub fn is_not_found(&self) -> bool {
+        match self {
+            Error::SessionNotFound(_) => true,
+            Error::Io { source, .. } => source.kind() == std::io::ErrorKind::NotFound,
+            _ => false,
+        }
+    }
+
+    /// True when the name to create is taken: [`Error::SessionExists`] (a session id, an
+    /// export destination, a published runtime).
+    pub fn is_already_exists(&self) -> bool {
+        matches!(self, Error::SessionExists(_))
+    }
+
+    /// The writer that owns the session, for [`Error::WriterOwned`] (another writer, in
+    /// this process or another, holds the session's writer lock); `None` otherwise.
+    pub fn writer_owner(&self) -> Option<&WriterOwner> {
+        match self {
+            Error::WriterOwned { owner } => Some(owner),
+            _ => None,
+        }
+    }
+
+    /// True for [`Error::WriterOwned`]: [`Error::writer_owner`] says who.
+    pub fn is_writer_owned(&self) -> bool {
+        self.writer_owner().is_some()
+    }
+
+    /// True when a file is damaged or is not a session file: [`Error::Corrupt`] (SQLite's
+    /// `SQLITE_CORRUPT` / `SQLITE_NOTADB`, undecodable rows, hash, sequence, blob or index
+    /// mismatches). Retrying does not help; `verify` names the problem.
+    pub fn is_corrupt(&self) -> bool {
+        matches!(self, Error::Corrupt(_))
+    }
+
+    /// True when a file, schema or event kind is newer than this build:
+    /// [`Error::UnsupportedVersion`]. A newer build may read it.
+    pub fn is_unsupported(&self) -> bool {
+        matches!(self, Error::UnsupportedVersion(_))
+    }
+
+    /// True when the caller's request is refused as given and nothing changed on disk:
+    /// [`Error::InvalidInput`], [`Error::InvalidPayload`], [`Error::OperationConflict`],
+    /// [`Error::ForkBoundaryNotAtomic`] and [`Error::ForkActiveAuthority`]. Sending the
+    /// same again fails the same way; fix the request. (An unknown required event kind is
+    /// [`Error::is_unsupported`].)
+    pub fn is_caller_error(&self) -> bool {
+        matches!(
+            self,
+            Error::InvalidInput(_)
+                | Error::InvalidPayload { .. }
+                | Error::OperationConflict { .. }
+                | Error::ForkBoundaryNotAtomic(_)
+                | Error::ForkActiveAuthority(_)
+        )
+    }
+
+    /// True when this handle can do no more writes and the session must be opened again
+    /// (after the owner, if any, lets go): [`Error::Poisoned`] (an uncertain write),
+    /// [`Error::StaleGeneration`] (another writer took the lease) and [`Error::Closed`].
+    pub fn needs_reopen(&self) -> bool {
+        matches!(
+            self,
+            Error::Poisoned(_) | Error::StaleGeneration { .. } | Error::Closed
+        )
+    }
+
+    /// True for [`Error::Internal`]: an invariant inside the library broke (a bug to
+    /// report), not anything the caller did.
+    pub fn is_internal(&self) -> bool {
+        matches!(self, Error::Internal { .. })
+    }
+}
+
 impl Error {
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io {
             context: context.into(),
-            source,
+            source: std::sync::Arc::new(source),
         }
     }
 
@@ -168,12 +324,37 @@ impl Error {
         Error::Corrupt(msg.into())
     }
 
+    /// An [`Error::Internal`] without a lower-level cause: `context` says what broke.
+    pub(crate) fn internal(context: impl Into<String>) -> Self {
+        Error::Internal {
+            context: context.into(),
+            source: None,
+        }
+    }
+
+    /// An [`Error::Internal`] whose cause is `source`: `context` says what the library was
+    /// doing.
+    pub(crate) fn internal_from(
+        context: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Error::Internal {
+            context: context.into(),
+            source: Some(std::sync::Arc::new(source)),
+        }
+    }
+
     /// True when retrying the same write later can succeed without reopening
     /// (the transaction rolled back cleanly: full disk, busy database).
     pub(crate) fn is_retryable_write(&self) -> bool {
-        matches!(self, Error::DiskFull(_))
-            || matches!(self, Error::Sqlite(rusqlite::Error::SqliteFailure(e, _))
-                if matches!(e.code, rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked))
+        match self {
+            Error::DiskFull(_) => true,
+            Error::Sqlite(e) => matches!(
+                e.sqlite_error_code(),
+                Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+            ),
+            _ => false,
+        }
     }
 }
 
@@ -185,7 +366,7 @@ impl From<rusqlite::Error> for Error {
                 ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase => {
                     Error::Corrupt(e.to_string())
                 }
-                ErrorCode::DiskFull => Error::DiskFull(e.to_string()),
+                ErrorCode::DiskFull => Error::DiskFull(std::sync::Arc::new(e)),
                 // A schema that lacks what this build's statements name: a damaged or
                 // foreign file (our own statements are fixed and tested).
                 ErrorCode::Unknown
@@ -195,14 +376,14 @@ impl From<rusqlite::Error> for Error {
                 {
                     Error::Corrupt(e.to_string())
                 }
-                _ => Error::Sqlite(e),
+                _ => Error::Sqlite(std::sync::Arc::new(e)),
             },
             // A stored value of the wrong type or encoding.
             rusqlite::Error::InvalidColumnType(..)
             | rusqlite::Error::FromSqlConversionFailure(..)
             | rusqlite::Error::IntegralValueOutOfRange(..)
             | rusqlite::Error::Utf8Error(..) => Error::Corrupt(format!("undecodable row: {e}")),
-            _ => Error::Sqlite(e),
+            _ => Error::Sqlite(std::sync::Arc::new(e)),
         }
     }
 }
@@ -216,8 +397,10 @@ impl From<rusqlite_migration::Error> for Error {
     }
 }
 
+/// A connection the read pool could not hand out (r2d2's error: its timeout, or why a
+/// connection could not be opened) is [`Error::ReadConnection`], the pool's error its source.
 impl From<r2d2::Error> for Error {
     fn from(e: r2d2::Error) -> Self {
-        Error::io("open read connection", std::io::Error::other(e.to_string()))
+        Error::ReadConnection(std::sync::Arc::new(e))
     }
 }

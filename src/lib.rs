@@ -3,14 +3,28 @@
 //! ## Cargo features
 //!
 //! - `cli` (default): the `session-store` command-line binary and its dependencies
-//!   (`clap`, `indicatif`). A host that embeds the library turns it off:
+//!   (`clap`, `indicatif`), and the module `baseline`: the raw-SQLite baselines its
+//!   benchmarks measure the library against. A host that embeds the library turns it off:
 //!   `session-store = { version = "0.1", default-features = false }`.
+//!
+//! ## Where things are
+//!
+//! The crate root holds what a host calls and the records it gets back: [`Root`] and
+//! [`Session`] for storage, [`SessionReader`] for reading, [`Service`] for the async host
+//! API, and [`Error`]. [`model`] holds the pure data (events, messages, the projection and
+//! its fold) and [`format`](mod@format) the on-disk constants (file names, identity pragmas, size
+//! limits). Records the library returns are `#[non_exhaustive]`: they may gain fields in a
+//! minor release, so build inputs with their constructors (`Batch::new`, `Event::new`,
+//! `CreateOptions::with_id`, ...) rather than struct literals.
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+#[cfg(feature = "cli")]
+pub mod baseline;
 mod cancel;
 mod error;
+pub mod format;
 pub mod model;
 mod persistence;
 mod service;
@@ -21,23 +35,25 @@ pub use cancel::CancelToken;
 pub use error::{Error, Result, WriterOwner, quoted};
 pub use model::header::{Header, Origin};
 pub use model::{
-    Batch, Commit, ContentRef, Event, INLINE_PAYLOAD_LIMIT, Message, PROJECTION_KINDS, Projection,
+    Batch, CLOSURE_KINDS, Commit, ContentRef, Event, Message, PROJECTION_KINDS, Projection,
     RecoveryStatus, SessionId, SessionRef, Snippet, TERMINAL_TURN_STATUSES, Todo, TurnBoundary,
 };
+pub use model::{Cost, MAX_COST_SCALE, Usage, UsageTotals};
 pub use persistence::{BlobStats, KindStats, SessionStats, TableBytes};
 pub use persistence::{
-    CatalogEntry, CheckpointPolicy, CreateOptions, DEFAULT_INLINE_THRESHOLD, ExportReport,
-    ForkPoint, ImportOptions, Listing, MAX_INLINE_THRESHOLD, MIN_INLINE_THRESHOLD, RebuildReport,
-    Replay, Root, Scratch, SearchOptions, SessionInfo, SkippedSession, StoreOptions, Verified,
-    replay, verify,
+    CatalogEntry, CheckpointPolicy, CreateOptions, ExportReport, ForkPoint, ImportOptions,
+    ListFilter, ListSort, Listing, RebuildReport, ReplayReport, Root, Scratch, SearchOptions,
+    SessionInfo, SkippedSession, StoreOptions, Verified, catalog_session_ids, replay_file,
+    verify_file,
 };
+pub use persistence::{GcDeleted, GcKept, GcOptions, GcReport};
 pub use service::{
-    CLOSURE_KINDS, CancelReceipt, ClientBinding, EventPage, Execution, HistoryPage,
-    MigrationRecord, ObserveResult, PersistentMessage, PreparedRuntime, Query, Runtime,
-    RuntimePhase, RuntimeSnapshot, SearchHit, SearchPage, Service, SessionPage, SessionSummary,
+    CancelReceipt, ClientBinding, EventPage, Execution, HistoryPage, MigrationRecord,
+    ObserveResult, PersistentMessage, PreparedRuntime, Runtime, RuntimePhase, RuntimeSnapshot,
+    SearchHit, SearchPage, Service, SessionPage, SessionQuery, SessionSummary,
 };
 pub use session::live::{PersistenceStatus, Session, SessionSnapshot};
 pub use session::pool::WRITER_THREADS;
-pub use store::read::{Dependent, LineageEntry};
+pub use store::read::{DependentFork, LineageEntry};
 pub use store::reader::SessionReader;
-pub use store::schema::{APPLICATION_ID, CODEC, Durability, SCHEMA_VERSION};
+pub use store::schema::Durability;

@@ -11,9 +11,9 @@ use std::process::Command;
 use common::{id, message};
 use rusqlite::Connection;
 use serde_json::Value;
+use session_store::format::{DEFAULT_INLINE_THRESHOLD, MAX_INLINE_THRESHOLD, MIN_INLINE_THRESHOLD};
 use session_store::{
-    Batch, CancelToken, DEFAULT_INLINE_THRESHOLD, Error, Event, ForkPoint, ImportOptions,
-    MAX_INLINE_THRESHOLD, MIN_INLINE_THRESHOLD, Root, StoreOptions,
+    Batch, CancelToken, Error, Event, ForkPoint, ImportOptions, Root, StoreOptions,
 };
 
 fn root_with(dir: &Path, threshold: usize) -> Root {
@@ -85,7 +85,7 @@ fn count(file: &Path, sql: &str) -> i64 {
 fn payloads(root: &Root, name: &str) -> Vec<Option<String>> {
     root.open_reader(&id(name))
         .expect("reader")
-        .replay()
+        .all_commits()
         .expect("replay")
         .into_iter()
         .flat_map(|c| c.events)
@@ -142,7 +142,7 @@ fn a_tool_output_is_stored_once_across_tool_result_and_the_tool_message() {
         .expect("reader")
         .projection()
         .expect("projection");
-    session_store::verify(&file).expect("verify");
+    session_store::verify_file(&file).expect("verify");
 }
 
 #[test]
@@ -212,7 +212,7 @@ fn payloads_round_trip_byte_exact_around_the_threshold() {
     );
     // a+1, the escaped value once, the bare string (same bytes as a+1), the real one.
     assert_eq!(count(&file, "SELECT count(*) FROM blobs"), 3);
-    session_store::verify(&file).expect("verify");
+    session_store::verify_file(&file).expect("verify");
 }
 
 #[test]
@@ -348,13 +348,13 @@ fn hostile_parts_read_as_corrupt_and_fail_verify() {
         assert!(conn.execute(sql, []).expect(sql) > 0, "{sql}");
         drop(conn);
         // The reader names the event; it never panics.
-        match root.open_reader(&id(name)).and_then(|r| r.replay()) {
+        match root.open_reader(&id(name)).and_then(|r| r.all_commits()) {
             Err(Error::Corrupt(m)) => {
                 assert!(m.contains("event 5"), "{name}: {m}");
             }
             other => panic!("{name}: {other:?}"),
         }
-        match session_store::verify(&file) {
+        match session_store::verify_file(&file) {
             Err(Error::Corrupt(m)) => assert!(m.contains(says), "{name}: {m}"),
             other => panic!("{name}: {other:?}"),
         }
@@ -391,7 +391,7 @@ fn export_import_fork_and_materialisation_keep_content_readable() {
     let export = dir.path().join("parent.sqlite");
     root.export(&id("parent"), &export).expect("export");
     assert_eq!(count(&export, "SELECT count(*) FROM blobs"), 3);
-    session_store::verify(&export).expect("verify export");
+    session_store::verify_file(&export).expect("verify export");
     let other = root_with(&dir.path().join("other"), DEFAULT_INLINE_THRESHOLD);
     other
         .import(&export, ImportOptions::default())
@@ -427,7 +427,7 @@ fn export_import_fork_and_materialisation_keep_content_readable() {
         count(&file_of(&root, "child"), "SELECT count(*) FROM blobs"),
         2
     );
-    session_store::verify(file_of(&root, "child")).expect("verify child");
+    session_store::verify_file(file_of(&root, "child")).expect("verify child");
 }
 
 #[test]
@@ -451,12 +451,12 @@ fn a_schema_2_file_upgrades_on_writer_open_and_stores_new_content_as_parts() {
     // A reader open (its statements prepared) on the schema-2 file while a writer
     // upgrades it and appends parts reads the new commits whole.
     let reader = root.open_reader(&id("blobs")).expect("reader");
-    let old_commits = reader.replay().expect("replay").len();
+    let old_commits = reader.all_commits().expect("replay").len();
     let s = root.open_writer(&id("blobs")).expect("writer");
     let output = tool_output(5, 5_000);
     s.append(tool_turn(100, &output)).expect("append");
     s.flush().expect("flush");
-    let commits = reader.replay().expect("replay after the upgrade");
+    let commits = reader.all_commits().expect("replay after the upgrade");
     assert_eq!(commits.len(), old_commits + 1);
     let last = commits.last().expect("commits").events[4]
         .payload_str()
@@ -466,7 +466,7 @@ fn a_schema_2_file_upgrades_on_writer_open_and_stores_new_content_as_parts() {
     s.close().expect("close");
     assert_eq!(
         count(&file, "PRAGMA user_version"),
-        session_store::SCHEMA_VERSION
+        session_store::format::SCHEMA_VERSION
     );
     assert_eq!(
         count(
@@ -480,7 +480,7 @@ fn a_schema_2_file_upgrades_on_writer_open_and_stores_new_content_as_parts() {
     let tool_result: Value =
         serde_json::from_str(after[before.len() + 4].as_deref().expect("payload")).expect("json");
     assert_eq!(tool_result["output"], output);
-    session_store::verify(&file).expect("verify");
+    session_store::verify_file(&file).expect("verify");
     let stats = root.stats(&id("blobs")).expect("stats");
     let kind = |k: &str| {
         stats

@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::*;
 use serde_json::json;
 use session_store::{
-    Batch, CancelToken, Error, Event, ForkPoint, ImportOptions, Origin, Root, replay,
+    Batch, CancelToken, Error, Event, ForkPoint, ImportOptions, Origin, Root, replay_file,
 };
 
 fn after(turn: &str) -> ForkPoint {
@@ -86,7 +86,7 @@ fn fork_and_rewind_use_persisted_turn_boundaries() {
         model_ids(&root, child.as_str()),
         ["message-a", "message-b2"]
     );
-    let replayed = replay(root.session_dir(&child)).unwrap();
+    let replayed = replay_file(root.session_dir(&child)).unwrap();
     assert_eq!(replayed.commits.len(), 2);
     assert!(
         replayed.commits[0]
@@ -160,7 +160,7 @@ fn export_and_delete_are_atomic_and_the_export_is_self_contained() {
     let exported = dir.path().join("exported-session.sqlite");
     let report = root.export(&id("managed"), &exported).unwrap();
     assert_eq!((report.commits, report.events), (1, 1));
-    replay(&exported).unwrap();
+    replay_file(&exported).unwrap();
     assert!(
         !Path::new(&format!("{}-wal", exported.display())).exists(),
         "export is one file"
@@ -176,7 +176,7 @@ fn export_and_delete_are_atomic_and_the_export_is_self_contained() {
         Err(Error::SessionNotFound(_))
     ));
     std::fs::remove_dir_all(root.path()).unwrap();
-    let again = replay(&exported).unwrap();
+    let again = replay_file(&exported).unwrap();
     assert_eq!(
         again.projection.model_messages[0].text().unwrap().len(),
         160_000
@@ -193,7 +193,7 @@ fn a_live_session_exports_without_stopping_its_writer() {
     root.export(&id("live"), &exported).unwrap();
     s.append(turn("b", "t-b", "m-b")).unwrap();
     assert_eq!(s.flush().unwrap(), 6);
-    assert_eq!(replay(&exported).unwrap().commits.len(), 1);
+    assert_eq!(replay_file(&exported).unwrap().commits.len(), 1);
     s.close().unwrap();
 }
 
@@ -216,7 +216,11 @@ fn import_validates_and_publishes_atomically() {
     let target = Root::open(work.path().join("target")).unwrap();
     let imported = target.import(&bundle, ImportOptions::default()).unwrap();
     assert_eq!(imported, id("portable"));
-    let commits = target.open_reader(&imported).unwrap().replay().unwrap();
+    let commits = target
+        .open_reader(&imported)
+        .unwrap()
+        .all_commits()
+        .unwrap();
     assert!(
         commits[0].events[0].content_ref.is_some(),
         "the large message is a blob"
@@ -373,7 +377,7 @@ fn blob_turn(s: &session_store::Session, tag: &str) {
 }
 
 fn events_json(root: &Root, name: &str) -> String {
-    let commits = root.open_reader(&id(name)).unwrap().replay().unwrap();
+    let commits = root.open_reader(&id(name)).unwrap().all_commits().unwrap();
     let events: Vec<_> = commits.iter().flat_map(|c| c.events.iter()).collect();
     serde_json::to_string(&events).unwrap()
 }
@@ -411,11 +415,11 @@ fn deleting_ancestors_of_a_fork_chain_keeps_every_descendant_whole() {
     assert!(root.stat(&id("c")).unwrap().lineage.is_empty());
     assert_eq!(root.list_ids().unwrap(), vec![id("c")]);
 
-    let replayed = replay(root.session_dir(&id("c"))).unwrap();
+    let replayed = replay_file(root.session_dir(&id("c"))).unwrap();
     assert_eq!(replayed.commits.len(), 3);
     let exported = dir.path().join("c.sqlite");
     root.export(&id("c"), &exported).unwrap();
-    let from_export = replay(&exported).unwrap();
+    let from_export = replay_file(&exported).unwrap();
     let blob_bytes: Vec<usize> = from_export
         .commits
         .iter()
@@ -496,10 +500,10 @@ fn a_delete_killed_at_random_points_never_breaks_a_fork() {
                 events,
                 "trial {trial}: {name} changed"
             );
-            replay(root.session_dir(&id(name))).unwrap();
+            replay_file(root.session_dir(&id(name))).unwrap();
         }
         for present in root.list_ids().unwrap() {
-            replay(root.session_dir(&present))
+            replay_file(root.session_dir(&present))
                 .unwrap_or_else(|e| panic!("trial {trial}: {present}: {e}"));
         }
         // Whatever the kill interrupted, a second delete finishes the job.

@@ -30,9 +30,10 @@ use std::sync::Arc;
 
 use common::*;
 use serde_json::{Value, json};
+use session_store::format::SCHEMA_VERSION;
 use session_store::{
-    Batch, CancelToken, Commit, Event, ForkPoint, ImportOptions, Message, Projection, Replay, Root,
-    SCHEMA_VERSION, SessionId, TurnBoundary, replay, verify,
+    Batch, CancelToken, Commit, Event, ForkPoint, ImportOptions, Message, Projection, ReplayReport,
+    Root, SessionId, TurnBoundary, replay_file, verify_file,
 };
 use sha2::{Digest, Sha256};
 
@@ -138,7 +139,7 @@ fn observed(
 }
 
 /// What a replay of a file sees.
-fn observed_replay(replayed: &Replay) -> Value {
+fn observed_replay(replayed: &ReplayReport) -> Value {
     observed(
         &replayed.commits,
         &replayed.projection,
@@ -150,7 +151,7 @@ fn observed_replay(replayed: &Replay) -> Value {
 /// What the root's reader of `name` sees (durable sequence from the reader itself).
 fn observed_session(root: &Root, name: &str) -> Value {
     let reader = root.open_reader(&id(name)).expect("reader");
-    let commits = reader.replay().expect("reader replay");
+    let commits = reader.all_commits().expect("reader replay");
     let durable = reader.durable_sequence().expect("durable sequence");
     let mut seen = observed(
         &commits,
@@ -282,7 +283,7 @@ fn write_schema2_fixtures() {
             &observed_session(&root, name),
         );
     }
-    let exported = replay(dir.join("export.sqlite")).expect("replay export");
+    let exported = replay_file(dir.join("export.sqlite")).expect("replay export");
     write_json(&expected.join("export.json"), &observed_replay(&exported));
     write_json(
         &dir.join("manifest.json"),
@@ -389,21 +390,21 @@ fn schema2_fixtures_read_append_fork_delete_and_import() {
     for name in SESSIONS {
         let expected = read_json(&fixtures.join(format!("expected/{name}.json")));
         assert_eq!(observed_session(&root, name), expected, "{name}: reader");
-        let replayed = replay(root.session_dir(&id(name))).expect("replay");
+        let replayed = replay_file(root.session_dir(&id(name))).expect("replay");
         let mut seen = observed_replay(&replayed);
         seen["inherited_events"] = expected["inherited_events"].clone();
         assert_eq!(seen, expected, "{name}: replay");
-        let verified = verify(root.session_dir(&id(name))).expect("verify");
+        let verified = verify_file(root.session_dir(&id(name))).expect("verify");
         assert_eq!(
             json!(verified.events),
             expected["durable_sequence"],
             "{name}"
         );
     }
-    let replayed = replay(&export).expect("replay export");
+    let replayed = replay_file(&export).expect("replay export");
     assert_eq!(observed_replay(&replayed), export_expected, "export");
     assert_eq!(
-        json!(verify(&export).expect("verify export").events),
+        json!(verify_file(&export).expect("verify export").events),
         export_expected["durable_sequence"]
     );
 
@@ -411,7 +412,7 @@ fn schema2_fixtures_read_append_fork_delete_and_import() {
     let blobs = root
         .open_reader(&id("blobs"))
         .expect("reader")
-        .replay()
+        .all_commits()
         .expect("replay");
     let outputs: Vec<(String, String)> = blobs
         .iter()
@@ -464,7 +465,7 @@ fn schema2_fixtures_read_append_fork_delete_and_import() {
                 expected,
                 "{name} after a writer opened {upgraded}"
             );
-            verify(root.session_dir(&id(name))).expect("verify");
+            verify_file(root.session_dir(&id(name))).expect("verify");
         }
     }
 
@@ -497,7 +498,7 @@ fn schema2_fixtures_read_append_fork_delete_and_import() {
             json!(format!("{name}-after"))
         );
         assert_eq!(seen["title"], before["title"], "{name}");
-        verify(root.session_dir(&id(name))).expect("verify after append");
+        verify_file(root.session_dir(&id(name))).expect("verify after append");
 
         // A fork after the new turn reads everything and takes appends itself.
         let fork = format!("{name}-fork");
@@ -524,7 +525,7 @@ fn schema2_fixtures_read_append_fork_delete_and_import() {
             .expect("append to fork");
         assert_eq!(f.flush().expect("flush"), seq + 8);
         f.close().expect("close");
-        verify(root.session_dir(&id(&fork))).expect("verify fork");
+        verify_file(root.session_dir(&id(&fork))).expect("verify fork");
     }
 
     // Deleting the chain's parent keeps its fork, the fork of the fork and the rewind whole.
@@ -542,7 +543,7 @@ fn schema2_fixtures_read_append_fork_delete_and_import() {
     assert!(root.open_reader(&id("chain-a")).is_err());
     for (name, was) in dependents.iter().zip(&before) {
         assert_eq!(&events_of(name), was, "{name} after deleting chain-a");
-        verify(root.session_dir(&id(name))).expect("verify after delete");
+        verify_file(root.session_dir(&id(name))).expect("verify after delete");
     }
     root.delete(&id("chain-b"), &CancelToken::new())
         .expect("delete chain-b");
@@ -555,7 +556,7 @@ fn schema2_fixtures_read_append_fork_delete_and_import() {
     c.append(chat_turn("c-after-delete", "c-after-delete"))
         .expect("append");
     c.close().expect("close");
-    verify(root.session_dir(&id("chain-c"))).expect("verify chain-c");
+    verify_file(root.session_dir(&id("chain-c"))).expect("verify chain-c");
 
     // The export imports into a fresh root, reads as recorded and takes appends.
     let other_dir = work.path().join("imported");
@@ -577,7 +578,7 @@ fn schema2_fixtures_read_append_fork_delete_and_import() {
         .expect("append");
     assert_eq!(s.flush().expect("flush"), seq + 4);
     s.close().expect("close");
-    verify(other.session_dir(&imported)).expect("verify import");
+    verify_file(other.session_dir(&imported)).expect("verify import");
 
     // And under a new id into the root that holds the rest.
     let renamed = SessionId::new("from-export").expect("id");

@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use common::*;
 use rusqlite::{Connection, params};
 use serde_json::json;
-use session_store::{Batch, Commit, Error, Event, Root, SCHEMA_VERSION, replay, verify};
+use session_store::format::SCHEMA_VERSION;
+use session_store::{Batch, Commit, Error, Event, Root, replay_file, verify_file};
 use sha2::{Digest, Sha256};
 
 fn session_file(root: &Root, name: &str) -> PathBuf {
@@ -97,7 +98,7 @@ fn commit_rows_take_less_than_half_the_schema2_bytes() {
     let commits = root
         .open_reader(&id("lean"))
         .expect("reader")
-        .replay()
+        .all_commits()
         .expect("replay");
 
     // The same commits in the schema-2 form (migrations 0001 + 0002), in a scratch file.
@@ -197,7 +198,7 @@ fn retries_return_the_original_commit_before_and_after_restart() {
     let read = root
         .open_reader(&id("retry"))
         .expect("reader")
-        .replay()
+        .all_commits()
         .expect("replay");
     assert_eq!(identity(&read[0]), identity(&first));
     assert_eq!(identity(&read[1]), identity(&second));
@@ -219,7 +220,7 @@ fn schema2_fixtures_upgrade_keeping_every_id() {
         .map(|name| {
             let reader = root.open_reader(&id(name)).expect("reader");
             reader
-                .replay()
+                .all_commits()
                 .expect("replay")
                 .iter()
                 .map(identity)
@@ -235,7 +236,7 @@ fn schema2_fixtures_upgrade_keeping_every_id() {
     // Upgrade the ancestors last, so a child reads an ancestor of either version.
     for name in names.iter().rev() {
         let s = root.open_writer(&id(name)).expect("upgrade");
-        let own = s.reader().replay().expect("replay");
+        let own = s.reader().all_commits().expect("replay");
         for c in own.iter().filter(|c| c.first_seq > s.inherited_events()) {
             let again = s.append(retry_of(c)).expect("retry of a schema-2 commit");
             assert_eq!(identity(&again), identity(c), "{name}");
@@ -263,13 +264,13 @@ fn schema2_fixtures_upgrade_keeping_every_id() {
     for (name, before) in names.iter().zip(&before) {
         let reader = root.open_reader(&id(name)).expect("reader");
         let after: Vec<_> = reader
-            .replay()
+            .all_commits()
             .expect("replay")
             .iter()
             .map(identity)
             .collect();
         assert_eq!(&after, before, "{name}");
-        verify(root.session_dir(&id(name))).expect("verify");
+        verify_file(root.session_dir(&id(name))).expect("verify");
     }
 }
 
@@ -287,12 +288,12 @@ fn sample(root: &Root, name: &str) -> Vec<Commit> {
 fn assert_refused(root: &Root, name: &str, what: &str) {
     let dir = root.session_dir(&id(name));
     let outcomes = [
-        ("replay", replay(&dir).map(drop)),
-        ("verify", verify(&dir).map(drop)),
+        ("replay", replay_file(&dir).map(drop)),
+        ("verify", verify_file(&dir).map(drop)),
         (
             "reader",
             root.open_reader(&id(name))
-                .and_then(|r| r.replay())
+                .and_then(|r| r.all_commits())
                 .map(drop),
         ),
     ];
@@ -368,7 +369,7 @@ fn hostile_commit_rows_are_refused_or_read_correctly() {
         "UPDATE commits SET operation_key = (SELECT operation_key FROM commits WHERE first_seq = 5)
          WHERE first_seq = 1",
     );
-    let refused = verify(root.session_dir(&id("colliding"))).expect_err("key damage");
+    let refused = verify_file(root.session_dir(&id("colliding"))).expect_err("key damage");
     assert!(matches!(refused, Error::Corrupt(_)), "{refused}");
     let s = root.open_writer(&id("colliding")).expect("open");
     let again = s.append(retry_of(&commits[1])).expect("retry");

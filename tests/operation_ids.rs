@@ -169,7 +169,7 @@ fn two_threads_retrying_the_same_operation_get_one_commit() {
         assert_eq!(a.as_ref().unwrap(), b.as_ref().unwrap());
     }
     assert_eq!(s.flush().unwrap(), 2 * rounds as u64 + 50);
-    let replayed = s.reader().replay().unwrap();
+    let replayed = s.reader().all_commits().unwrap();
     assert_eq!(replayed.len(), 2 * rounds + 50);
     s.close().unwrap();
 }

@@ -92,7 +92,7 @@ fn reader_loop(root: Root, name: session_store::SessionId, stop: Arc<AtomicBool>
         let result = (|| -> session_store::Result<u64> {
             let reader = root.open_reader(&name)?;
             let durable = reader.durable_sequence()?;
-            let commits = reader.replay()?;
+            let commits = reader.all_commits()?;
             let mut next = 1;
             for c in &commits {
                 if c.first_seq != next {
@@ -224,7 +224,7 @@ fn run_contention(contenders: usize, rounds: usize) {
     for c in &mut children {
         assert!(c.child.wait().unwrap().success());
     }
-    let replayed = session_store::replay(root.session_dir(&name)).unwrap();
+    let replayed = session_store::replay_file(root.session_dir(&name)).unwrap();
     eprintln!(
         "contention: {contenders} processes raced {rounds} rounds in {raced:.1?}, wins per process \
          {wins:?}; reader: {} reads, {} commits read, {} errors; {} of {} refusals named a stale owner",

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use common::*;
 use reliability_support::*;
 use serde_json::json;
-use session_store::{Batch, Event, Root, replay};
+use session_store::{Batch, Event, Root, replay_file};
 
 /// Unique text inside one inline payload, to find its data page in the file.
 const MARKER: &str = "MARKER-7f3a9c-inline-payload-text";
@@ -75,7 +75,7 @@ fn sample() -> (Vec<u8>, Vec<String>) {
     s.close().unwrap();
     drop(s);
     let folder = root.session_dir(&id("sample"));
-    let history = history_lines(&replay(&folder).unwrap().commits);
+    let history = history_lines(&replay_file(&folder).unwrap().commits);
     // Fold the WAL into the main file (the session's read pool may close after its
     // writer, and read-only connections never checkpoint), so one file holds it all.
     let file = folder.join("session.sqlite");
@@ -182,11 +182,13 @@ fn judge(original: &[String], f: impl FnOnce() -> session_store::Result<Vec<Stri
 fn outcomes(bytes: &[u8], original: &[String]) -> [(&'static str, Outcome); 4] {
     let (_dir, root, folder) = planted(bytes);
     let name = id("sample");
-    let replayed = judge(original, || Ok(history_lines(&replay(&folder)?.commits)));
+    let replayed = judge(original, || {
+        Ok(history_lines(&replay_file(&folder)?.commits))
+    });
     let read = judge(original, || {
         let reader = root.open_reader(&name)?;
         reader.projection()?;
-        Ok(history_lines(&reader.replay()?))
+        Ok(history_lines(&reader.all_commits()?))
     });
     let page = judge(original, || {
         let reader = root.open_reader(&name)?;
@@ -265,7 +267,7 @@ fn fixed_cases(file: &[u8]) -> Cases {
     cases.push(("wrong application_id", b));
 
     let mut b = file.to_vec();
-    b[60..64].copy_from_slice(&(session_store::SCHEMA_VERSION as i32 + 1).to_be_bytes());
+    b[60..64].copy_from_slice(&(session_store::format::SCHEMA_VERSION as i32 + 1).to_be_bytes());
     cases.push(("newer user_version", b));
 
     cases.push((
@@ -484,7 +486,9 @@ fn checkpointed(root: &Root) -> String {
         .unwrap();
     s.close().unwrap();
     drop(s);
-    let full = replay(root.session_dir(&id("sample"))).unwrap().projection;
+    let full = replay_file(root.session_dir(&id("sample")))
+        .unwrap()
+        .projection;
     serde_json::to_string(&full).unwrap()
 }
 

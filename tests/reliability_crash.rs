@@ -17,13 +17,15 @@ use std::time::{Duration, Instant};
 use common::*;
 use reliability_support::*;
 use serde_json::json;
-use session_store::{Batch, CreateOptions, Event, Root, Service, SessionId, StoreOptions, replay};
+use session_store::{
+    Batch, CreateOptions, Event, Root, Service, SessionId, StoreOptions, replay_file,
+};
 
 /// Kills per session file before the test moves on to a fresh session in the same root
 /// (bounds the size of the file that every round re-verifies).
 const KILLS_PER_SESSION: usize = 10;
 
-/// A payload text longer than [`session_store::INLINE_PAYLOAD_LIMIT`], so it goes to a blob:
+/// A payload text longer than [`session_store::format::INLINE_PAYLOAD_LIMIT`], so it goes to a blob:
 /// compressible or random, 65..200 KiB.
 fn blob_text(rng: &mut fastrand::Rng) -> String {
     let len = rng.usize(65 * 1024 + 1..200 * 1024);
@@ -280,7 +282,7 @@ fn parse_report(lines: &[String]) -> Report {
 
 /// Structural checks straight in SQL, beyond what `replay` checks: every event belongs to
 /// a whole commit, no blob is orphaned, and the turn index matches the fold.
-fn check_tables(root: &Root, name: &SessionId, replayed: &session_store::Replay) {
+fn check_tables(root: &Root, name: &SessionId, replayed: &session_store::ReplayReport) {
     let file = root.session_dir(name).join("session.sqlite");
     let conn =
         rusqlite::Connection::open_with_flags(&file, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
@@ -401,7 +403,7 @@ fn run_crash_loop(kills: usize) -> Figures {
 
         // 1. The file is sound: integrity_check, foreign keys, contiguous sequences,
         //    operation hashes, blob digests and a full fold (all inside `replay`).
-        let replayed = replay(root.session_dir(name)).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        let replayed = replay_file(root.session_dir(name)).unwrap_or_else(|e| panic!("{ctx}: {e}"));
         check_tables(&root, name, &replayed);
         let now = history_lines(&replayed.commits);
         // What an opener folds (from the newest projection checkpoint on) is what the
@@ -495,7 +497,8 @@ fn run_crash_loop(kills: usize) -> Figures {
             binding.release().await.unwrap();
             service.close(&sref).await.unwrap();
         });
-        let recovered = replay(root.session_dir(name)).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        let recovered =
+            replay_file(root.session_dir(name)).unwrap_or_else(|e| panic!("{ctx}: {e}"));
         let after = history_lines(&recovered.commits);
         assert_eq!(
             after[..now.len()],
@@ -515,7 +518,7 @@ fn run_crash_loop(kills: usize) -> Figures {
     }
     // Every session of the root is still exactly as last verified.
     for (name, history) in &histories {
-        let replayed = replay(root.session_dir(name)).unwrap();
+        let replayed = replay_file(root.session_dir(name)).unwrap();
         assert_eq!(&history_lines(&replayed.commits), history, "{name} changed");
     }
     eprintln!(

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use reliability_support::*;
-use session_store::{Batch, Error, Event, PersistenceStatus, Root, StoreOptions, replay};
+use session_store::{Batch, Error, Event, PersistenceStatus, Root, StoreOptions, replay_file};
 
 /// A tmpfs of a fixed size, unmounted when dropped.
 struct Tmpfs {
@@ -109,6 +109,17 @@ fn run_full_disk(size: &str, filler_bytes: usize) {
         matches!(failure, Error::DiskFull(_) | Error::Io { .. }),
         "ENOSPC must be reported as DiskFull or Io, got {failure:?}"
     );
+    // What a host branches on (issue 13): retryable, SQLite's `SQLITE_FULL` the typed source.
+    assert!(failure.is_retryable(), "{failure:?}");
+    if let Error::DiskFull(_) = &failure {
+        let sqlite = std::error::Error::source(&failure)
+            .and_then(|c| c.downcast_ref::<rusqlite::Error>())
+            .expect("SQLite's error is the source");
+        assert_eq!(
+            sqlite.sqlite_error_code(),
+            Some(rusqlite::ErrorCode::DiskFull)
+        );
+    }
     let snap = s.snapshot();
     assert_eq!(
         snap.persistence_status,
@@ -139,7 +150,7 @@ fn run_full_disk(size: &str, filler_bytes: usize) {
     assert_eq!(s.snapshot().persistence_status, PersistenceStatus::Failed);
 
     // 3. The file is sound while the disk is full, and holds exactly the durable prefix.
-    let on_full = replay(root.session_dir(&name)).unwrap();
+    let on_full = replay_file(root.session_dir(&name)).unwrap();
     assert_eq!(
         on_full.commits.last().map_or(0, |c| c.last_seq()),
         durable_at_failure
@@ -160,7 +171,7 @@ fn run_full_disk(size: &str, filler_bytes: usize) {
 
     // 5. After reopening, every accepted commit is there, byte for byte.
     let again = root.open_writer(&name).unwrap();
-    let commits = again.reader().replay().unwrap();
+    let commits = again.reader().all_commits().unwrap();
     assert_eq!(
         commits.len(),
         appended.len(),
@@ -174,7 +185,7 @@ fn run_full_disk(size: &str, filler_bytes: usize) {
     }
     again.close().unwrap();
     drop(again);
-    replay(root.session_dir(&name)).unwrap();
+    replay_file(root.session_dir(&name)).unwrap();
     eprintln!(
         "full_disk: {size} tmpfs, {} commits ({bytes} payload bytes) verified after freeing \
          {filler_bytes} bytes; {} commits were accepted while the disk was full; {:.1?}",
@@ -291,12 +302,12 @@ fn full_disk_in_a_timed_drain_and_in_close() {
             );
         }
     }
-    replay(root.session_dir(&name)).unwrap();
+    replay_file(root.session_dir(&name)).unwrap();
 
     std::fs::remove_file(&filler).unwrap();
     s.close().unwrap();
     drop(s);
-    let commits = root.open_reader(&name).unwrap().replay().unwrap();
+    let commits = root.open_reader(&name).unwrap().all_commits().unwrap();
     let stored: Vec<String> = commits.iter().map(commit_digest).collect();
     assert_eq!(stored, appended, "every accepted commit, byte for byte");
     eprintln!(

@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use common::*;
 use serde_json::{Value, json};
-use session_store::{Batch, Event, ForkPoint, replay};
+use session_store::{Batch, Event, ForkPoint, replay_file};
 
 fn corpus_dir(target: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -281,7 +281,7 @@ fn write_import_seeds(dir: &Path) {
         "bad-user-version-plus-one",
         &format!(
             "PRAGMA user_version = {};",
-            session_store::SCHEMA_VERSION + 1
+            session_store::format::SCHEMA_VERSION + 1
         ),
     );
     edit(
@@ -515,7 +515,7 @@ fn write_append_seeds(dir: &Path) {
 fn write_seed_corpus() {
     write_import_seeds(&corpus_dir("import"));
     write_append_seeds(&corpus_dir("append_jsonl"));
-    let replayed = replay(corpus_dir("import").join("ok-export.sqlite")).unwrap();
+    let replayed = replay_file(corpus_dir("import").join("ok-export.sqlite")).unwrap();
     eprintln!(
         "seed corpus written: ok-export.sqlite has {} commits",
         replayed.commits.len()

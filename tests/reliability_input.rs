@@ -16,7 +16,7 @@ use proptest::test_runner::{Config, TestRunner};
 use reliability_support::*;
 use serde_json::{Value, json};
 use session_store::{
-    Batch, CreateOptions, Error, Event, PROJECTION_KINDS, Root, SessionId, SessionRef, replay,
+    Batch, CreateOptions, Error, Event, PROJECTION_KINDS, Root, SessionId, SessionRef, replay_file,
 };
 
 fn config() -> Config {
@@ -385,11 +385,9 @@ fn build(spec: &BatchSpec) -> Batch {
             }
         })
         .collect();
-    Batch {
-        operation_id: spec.operation_id.clone(),
-        turn_id: spec.turn_id.clone(),
-        events,
-    }
+    let mut batch = Batch::new(spec.operation_id.clone(), events);
+    batch.turn_id = spec.turn_id.clone();
+    batch
 }
 
 #[test]
@@ -458,7 +456,7 @@ fn proptest_a_batch_is_stored_whole_or_refused_without_a_trace() {
             s.close().unwrap();
             drop(s);
             // What is on disk is exactly what was accepted, and folds to the same state.
-            let replayed = replay(root.session_dir(&id("hostile"))).unwrap();
+            let replayed = replay_file(root.session_dir(&id("hostile"))).unwrap();
             prop_assert_eq!(history_lines(&replayed.commits), history_lines(&accepted));
             prop_assert_eq!(serde_json::to_string(&replayed.projection).unwrap(), live);
             Ok(())
@@ -598,7 +596,7 @@ fn deeply_nested_json_is_refused_or_stored_without_a_stack_overflow() {
 
     // Everything stored reads back byte for byte, through replay and a cold reader, and
     // the query side serves the session.
-    let replayed = replay(root.session_dir(&id("deep"))).unwrap();
+    let replayed = replay_file(root.session_dir(&id("deep"))).unwrap();
     let texts: Vec<String> = replayed
         .commits
         .iter()
@@ -611,7 +609,11 @@ fn deeply_nested_json_is_refused_or_stored_without_a_stack_overflow() {
         .transcript(reader.durable_sequence().unwrap())
         .unwrap();
     assert!(transcript.iter().any(|m| m.id() == "m-ok"));
-    let cold = root.open_reader(&id("deep")).unwrap().replay().unwrap();
+    let cold = root
+        .open_reader(&id("deep"))
+        .unwrap()
+        .all_commits()
+        .unwrap();
     assert_eq!(history_lines(&cold), history_lines(&replayed.commits));
     let service = session_store::Service::new("local", root.clone()).unwrap();
     let sref = service.session_ref(id("deep"));
@@ -642,7 +644,7 @@ fn deeply_nested_json_is_refused_or_stored_without_a_stack_overflow() {
     )
     .unwrap();
     drop(conn);
-    let err = replay(root.session_dir(&id("deep"))).unwrap_err();
+    let err = replay_file(root.session_dir(&id("deep"))).unwrap_err();
     assert!(matches!(err, Error::Corrupt(_)), "{err:?}");
     // The fold keeps a message's JSON as text, so it may accept the nesting; what matters
     // is an answer, not a stack overflow.
@@ -680,7 +682,7 @@ fn huge_ids_kinds_and_operation_ids_are_stored_or_refused_cleanly() {
     }
     s.close().unwrap();
     drop(s);
-    let replayed = replay(root.session_dir(&id("huge"))).unwrap();
+    let replayed = replay_file(root.session_dir(&id("huge"))).unwrap();
     assert_eq!(history_lines(&replayed.commits), history_lines(&stored));
 }
 
@@ -720,7 +722,7 @@ fn huge_payload_role() {
         .unwrap();
     let kept = |root: &Root| {
         root.open_reader(&name)
-            .and_then(|r| r.replay())
+            .and_then(|r| r.all_commits())
             .is_ok_and(|c| c.first().is_some_and(|c| c.operation_id == "before"))
     };
     let refuse = |e: Error, s: session_store::Session| {
@@ -746,7 +748,7 @@ fn huge_payload_role() {
     let wrote = started.elapsed();
     s.close().unwrap();
     drop(s);
-    let commits = match root.open_reader(&name).and_then(|r| r.replay()) {
+    let commits = match root.open_reader(&name).and_then(|r| r.all_commits()) {
         Ok(c) => c,
         Err(e) => {
             println!("unreadable {e}");

@@ -26,7 +26,7 @@ use common::id;
 use reliability_support::*;
 use serde_json::json;
 use session_store::{
-    Batch, CreateOptions, Event, Root, Runtime, Service, SessionRef, WRITER_THREADS, replay,
+    Batch, CreateOptions, Event, Root, Runtime, Service, SessionRef, WRITER_THREADS, replay_file,
 };
 use sha2::{Digest, Sha256};
 
@@ -465,7 +465,8 @@ fn run_load(test: &str, default_secs: usize) {
     let mut replayed_commits = 0u64;
     for (sref, ledger) in &ledgers {
         let name = &sref.session_id;
-        let r = replay(root.session_dir(name)).unwrap_or_else(|e| panic!("{name}: replay: {e}"));
+        let r =
+            replay_file(root.session_dir(name)).unwrap_or_else(|e| panic!("{name}: replay: {e}"));
         assert_eq!(
             r.commits.len(),
             ledger.accepted.len(),

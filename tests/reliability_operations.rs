@@ -26,9 +26,10 @@ use common::*;
 use reliability_support::*;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use session_store::format::INLINE_PAYLOAD_LIMIT;
 use session_store::{
-    Batch, CatalogEntry, Commit, Error, Event, ForkPoint, INLINE_PAYLOAD_LIMIT, ImportOptions,
-    MigrationRecord, Origin, Root, Service, Session, SessionId, StoreOptions, replay,
+    Batch, CatalogEntry, Commit, Error, Event, ForkPoint, ImportOptions, MigrationRecord, Origin,
+    Root, Service, Session, SessionId, StoreOptions, replay_file,
 };
 use sha2::{Digest, Sha256};
 
@@ -180,7 +181,7 @@ struct Print {
 
 /// Replays a session folder or an export file: its print and its payload bytes.
 fn print_of(path: &Path, lines: Lines) -> session_store::Result<(Print, u64)> {
-    let replayed = replay(path)?;
+    let replayed = replay_file(path)?;
     let history = match lines {
         Lines::Exact => history_lines(&replayed.commits),
         Lines::Content => replayed
@@ -628,7 +629,7 @@ impl Fixture {
                 } else {
                     boundary.start_sequence - 1
                 };
-                let commits = replay(self.template.join(parent)).unwrap().commits;
+                let commits = replay_file(self.template.join(parent)).unwrap().commits;
                 assert_eq!(
                     got.history,
                     fork_prefix(parent, &commits, cut),
@@ -660,7 +661,7 @@ impl Fixture {
                 assert_eq!(record.message_count, *messages, "{record:?}");
                 let dir = env.root.session_dir(&record.target_id);
                 assert_eq!(
-                    replay(&dir).unwrap().projection.transcript_len as usize,
+                    replay_file(&dir).unwrap().projection.transcript_len as usize,
                     *messages
                 );
                 let got = print_of(&dir, Lines::Content).unwrap().0;
@@ -1098,11 +1099,11 @@ fn entry_point_histories(
     std::thread::Result<session_store::Result<Vec<String>>>,
 )> {
     type Read<'a> = &'a dyn Fn() -> session_store::Result<Vec<String>>;
-    let by_replay: Read = &|| Ok(history_lines(&replay(root.session_dir(name))?.commits));
+    let by_replay: Read = &|| Ok(history_lines(&replay_file(root.session_dir(name))?.commits));
     let by_reader: Read = &|| {
         let reader = root.open_reader(name)?;
         reader.projection()?;
-        Ok(history_lines(&reader.replay()?))
+        Ok(history_lines(&reader.all_commits()?))
     };
     let by_writer: Read = &|| {
         let writer = root.open_writer(name)?;
@@ -1191,7 +1192,7 @@ fn wal_trial(rng: &mut fastrand::Rng, trial: usize, seed: u64, figures: &mut Wal
         .filter_map(|l| l.split("durable ").nth(1)?.trim().parse::<u64>().ok())
         .max()
         .unwrap_or(0);
-    let replayed = replay(&original).unwrap_or_else(|e| panic!("{ctx}: the original: {e}"));
+    let replayed = replay_file(&original).unwrap_or_else(|e| panic!("{ctx}: the original: {e}"));
     let full = history_lines(&replayed.commits);
     let on_disk = replayed.commits.last().map_or(0, Commit::last_seq);
     assert!(

@@ -209,7 +209,10 @@ fn one_bad_session_does_not_take_the_root_down() {
     std::fs::remove_dir_all(env.root.join("x")).expect("rm");
     env.sql(
         "y",
-        &format!("PRAGMA user_version = {}", session_store::SCHEMA_VERSION),
+        &format!(
+            "PRAGMA user_version = {}",
+            session_store::format::SCHEMA_VERSION
+        ),
     );
     assert_eq!(
         env.listed(),

@@ -15,7 +15,7 @@ use common::*;
 use serde_json::{Value, json};
 use session_store::{
     Batch, CancelToken, CheckpointPolicy, Event, ForkPoint, ImportOptions, Root, StoreOptions,
-    replay,
+    replay_file,
 };
 
 /// What Litestream keeps beside a file it replicates.
@@ -219,7 +219,7 @@ fn turn_with_blob(op: &str, turn_id: &str, message_id: &str, kib: usize) -> Batc
 
 /// Everything `replay` reads from a session, and the bytes of every blob it references.
 fn contents(root: &Root, name: &str) -> (Value, BTreeMap<String, Vec<u8>>) {
-    let replayed = replay(root.session_dir(&id(name))).expect("replay passes");
+    let replayed = replay_file(root.session_dir(&id(name))).expect("replay passes");
     let reader = root.open_reader(&id(name)).unwrap();
     let mut blobs = BTreeMap::new();
     for commit in &replayed.commits {
@@ -505,7 +505,7 @@ fn replicated_root_still_behaves() {
     create(&root, "doomed").close().unwrap();
 
     let stop = litestream.stop();
-    assert!(replay(root.session_dir(&id("keep"))).is_ok());
+    assert!(replay_file(root.session_dir(&id("keep"))).is_ok());
     println!(
         "replicated root behaved; close with the default policy {close_took:.1?}; \
          stop {stop:.1?}; whole test {:.1?}",

@@ -9,7 +9,7 @@ use common::{id, message, title, turn, turn_end};
 use serde_json::json;
 use session_store::{
     Batch, CancelToken, CreateOptions, Error, Event, ImportOptions, Origin, Root, RuntimePhase,
-    Service, SessionRef, replay,
+    Service, SessionRef, replay_file,
 };
 
 fn service_at(host: &str, path: &Path) -> Service {
@@ -149,7 +149,7 @@ async fn query_list_projects_event_backed_title_and_completed_turns() {
     assert_eq!(page.sessions.len(), 1);
     let got = &page.sessions[0];
     assert_eq!(got.session_ref, sref("host-a", "listed"));
-    assert_eq!(got.codec, session_store::CODEC);
+    assert_eq!(got.codec, session_store::format::CODEC);
     assert_eq!(got.title, "Event title");
     assert_eq!(got.turns, 1);
 }
@@ -346,7 +346,7 @@ async fn service_export_and_delete_are_session_directory_atomic() {
         .unwrap();
     let exported = dir.path().join("exported-session");
     service.export(rt.session_ref(), &exported).await.unwrap();
-    replay(&exported).expect("export is self-contained");
+    replay_file(&exported).expect("export is self-contained");
     assert!(
         !exported.join("writer.lock").exists() && exported.is_file(),
         "export is one file, no lock"
@@ -362,7 +362,7 @@ async fn service_export_and_delete_are_session_directory_atomic() {
         Err(Error::SessionNotFound(_))
     ));
     std::fs::remove_dir_all(&root_path).unwrap();
-    replay(&exported).expect("export depended on the source root");
+    replay_file(&exported).expect("export depended on the source root");
 }
 
 #[tokio::test]

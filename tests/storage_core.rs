@@ -20,7 +20,7 @@ fn reopen_keeps_every_durable_event_and_the_same_projection() {
     s.append(turn("b", "turn-b", "m-b")).unwrap();
     assert_eq!(s.flush().unwrap(), 7);
     let before = s.snapshot();
-    let events_before: Vec<_> = s.reader().replay().unwrap();
+    let events_before: Vec<_> = s.reader().all_commits().unwrap();
     s.close().unwrap();
 
     let again = root.open_writer(&id("reopen")).unwrap();
@@ -38,7 +38,7 @@ fn reopen_keeps_every_durable_event_and_the_same_projection() {
         after.projection.model_messages,
         before.projection.model_messages
     );
-    let events_after = again.reader().replay().unwrap();
+    let events_after = again.reader().all_commits().unwrap();
     assert_eq!(
         serde_json::to_string(&events_after).unwrap(),
         serde_json::to_string(&events_before).unwrap()
@@ -121,7 +121,7 @@ fn rejected_batch_changes_nothing_and_uses_no_sequence() {
     assert_eq!(next.first_seq, 2, "rejected batches consumed no sequence");
     assert_eq!(s.flush().unwrap(), 2);
     s.close().unwrap();
-    let replayed = session_store::replay(root.session_dir(&id("rejected"))).unwrap();
+    let replayed = session_store::replay_file(root.session_dir(&id("rejected"))).unwrap();
     assert_eq!(replayed.commits.len(), 2);
 }
 
@@ -190,7 +190,7 @@ fn large_payload_is_stored_once_as_a_blob() {
     ))
     .unwrap();
     s.flush().unwrap();
-    let events = s.reader().replay().unwrap();
+    let events = s.reader().all_commits().unwrap();
     let refs: Vec<_> = events
         .iter()
         .flat_map(|c| &c.events)
@@ -273,7 +273,7 @@ fn create_is_atomic_and_refuses_existing_ids() {
     );
     let info = root.stat(&id("made")).unwrap();
     assert_eq!(info.header.cwd.as_deref(), Some("/work"));
-    assert_eq!(info.header.codec, session_store::CODEC);
+    assert_eq!(info.header.codec, session_store::format::CODEC);
     assert_eq!(root.list_ids().unwrap(), vec![id("made")]);
     let random = root.create(CreateOptions::default()).unwrap();
     assert_eq!(random.id().as_str().len(), 32);
@@ -427,7 +427,7 @@ fn a_writer_in_another_process_is_refused_then_replaced_after_sigkill() {
         "lost flushed events: {on_disk} < {durable}"
     );
     assert_eq!(accepted, on_disk);
-    let replay = session_store::replay(root.session_dir(&id("shared"))).unwrap();
+    let replay = session_store::replay_file(root.session_dir(&id("shared"))).unwrap();
     assert_eq!(replay.commits.len() as u64, on_disk);
     next.close().unwrap();
     drop(dir);
@@ -465,7 +465,7 @@ fn a_projection_checkpoint_gives_the_same_state_as_a_full_fold() {
     let live = w.snapshot().projection;
     w.close().unwrap();
     let reader = root.open_reader(&id("checkpointed")).unwrap();
-    let folded = session_store::Projection::fold(&reader.replay().unwrap()).unwrap();
+    let folded = session_store::Projection::fold(&reader.all_commits().unwrap()).unwrap();
     let from_checkpoint = reader.projection().unwrap();
     for p in [&live, &from_checkpoint] {
         assert_eq!(p.model_messages, folded.model_messages);

@@ -1,7 +1,8 @@
 //! Helpers shared by the benches (`mod common;` in a bench file).
 #![allow(dead_code)]
 
-/// The workload and raw baseline `session-store bench` uses too.
+/// The workload `session-store bench` uses too (its raw baseline is
+/// `session_store::baseline`).
 #[path = "../../src/cli/workload.rs"]
 pub mod workload;
 pub use workload::{fmt_count, median};

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use session_store::{
-    Batch, Commit, CreateOptions, Error, ImportOptions, Root, SessionId, StoreOptions, replay,
+    Batch, Commit, CreateOptions, Error, ImportOptions, Root, SessionId, StoreOptions, replay_file,
 };
 
 /// What [`import_bytes`] saw: each side's commit count, or its error's variant name.
@@ -33,7 +33,7 @@ use session_store::{
 pub struct ImportReport {
     /// `Root::import` of the bytes as an export file.
     pub import: Result<usize, String>,
-    /// `replay` of a session folder holding the bytes as `session.sqlite`.
+    /// `replay_file` of a session folder holding the bytes as `session.sqlite`.
     pub replay: Result<usize, String>,
 }
 
@@ -115,7 +115,7 @@ pub fn import_bytes(data: &[u8]) -> ImportReport {
     let folder = dir.path().join("replay").join("sample");
     std::fs::create_dir_all(&folder).expect("create the replay folder");
     std::fs::write(folder.join("session.sqlite"), data).expect("write session.sqlite");
-    let source = replay(&folder);
+    let source = replay_file(&folder);
 
     let file = dir.path().join("in").join("export.sqlite");
     std::fs::create_dir_all(dir.path().join("in")).expect("create the import folder");
@@ -125,7 +125,7 @@ pub fn import_bytes(data: &[u8]) -> ImportReport {
 
     let import = match imported {
         Ok(id) => {
-            let copy = replay(root.session_dir(&id))
+            let copy = replay_file(root.session_dir(&id))
                 .unwrap_or_else(|e| panic!("an imported session does not replay: {e}"));
             let source = source
                 .as_ref()
@@ -166,15 +166,10 @@ pub fn import_bytes(data: &[u8]) -> ImportReport {
     }
 }
 
-/// The refusals `Session::append` documents for a bad batch.
+/// The refusals `Session::append` documents for a bad batch (the caller's mistake, or an
+/// unknown required kind).
 fn is_bad_input(e: &Error) -> bool {
-    matches!(
-        e,
-        Error::InvalidInput(_)
-            | Error::InvalidPayload { .. }
-            | Error::UnsupportedVersion(_)
-            | Error::OperationConflict { .. }
-    )
+    e.is_caller_error() || e.is_unsupported()
 }
 
 /// Appends every line of `data` that parses as a `Batch` to one fresh session (write-behind
@@ -249,7 +244,7 @@ pub fn append_jsonl(data: &[u8]) -> AppendReport {
     session.close().expect("close");
     drop(session);
 
-    let replayed = replay(root.session_dir(&id))
+    let replayed = replay_file(root.session_dir(&id))
         .unwrap_or_else(|e| panic!("the appended session does not replay: {e}"));
     assert_eq!(
         fingerprints(&replayed.commits),

@@ -102,7 +102,7 @@ enum Command {
         #[arg(long)]
         create: bool,
     },
-    /// List sessions, one page.
+    /// List sessions, one page (filters combine; a cursor continues the same listing).
     List {
         /// Sessions per page (1..=100).
         #[arg(long, default_value_t = 50)]
@@ -110,6 +110,31 @@ enum Command {
         /// Start after this cursor (a previous page's next_cursor).
         #[arg(long, value_name = "C")]
         cursor: Option<String>,
+        /// Only sessions whose header names exactly this working directory.
+        #[arg(long, value_name = "DIR")]
+        cwd: Option<String>,
+        /// Only sessions updated since: a duration back from now (7d, 12h) or a UTC date
+        /// (2026-12-01, 2026-12-01T08:30:00Z).
+        #[arg(long, value_name = "WHEN", value_parser = cli::when::parse_since)]
+        since: Option<i64>,
+        /// Only sessions whose title contains this text (ASCII case ignored).
+        #[arg(long, value_name = "TEXT")]
+        title: Option<String>,
+        /// Only sessions of this origin (new, fork, rewind, canonical-import,
+        /// legacy-import).
+        #[arg(long, value_name = "ORIGIN", value_parser = parse_origin)]
+        origin: Option<session_store::Origin>,
+        /// The order: id, updated (most recent first) or created (most recent first).
+        #[arg(long, value_enum, default_value = "id")]
+        sort: SortArg,
+    },
+    /// Set a session's title: appends a `session/title` event as its writer (exit 5 when
+    /// another process writes it).
+    Rename {
+        /// The session.
+        id: String,
+        /// The new title (not blank).
+        title: String,
     },
     /// Header, lineage, lease, sequences, turns and bytes by table of a session.
     Show {
@@ -216,6 +241,20 @@ enum Command {
         #[arg(long, value_name = "SECONDS", default_value = "0", value_parser = cli::parse_wait)]
         wait: Duration,
     },
+    /// Delete the sessions not updated for DURATION and without a writer (a live writer:
+    /// kept and reported); forks get their inherited history first, as `delete` does.
+    /// Prints what it deletes, or with --dry-run what it would.
+    Gc {
+        /// Age of the last change: 90s, 45m, 12h, 7d, 2w.
+        #[arg(long, value_name = "DURATION", value_parser = cli::when::parse_duration)]
+        older_than: Duration,
+        /// Print what would be deleted; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Keep sessions that forks inherit from.
+        #[arg(long)]
+        keep_forked: bool,
+    },
     /// Check a session or file: integrity_check, sequences, hashes, blob digests, full
     /// replay. Exit 0 only when sound.
     Verify {
@@ -276,7 +315,7 @@ enum Command {
     /// Write a scripted multi-session agent workload into the root and summarise it.
     Demo,
     /// Append throughput: the library (group commit) on S sessions in parallel, a raw
-    /// rusqlite baseline, a JSON Lines file with one fdatasync per batch, and the
+    /// SQLite baseline, a JSON Lines file with one fdatasync per batch, and the
     /// machine's fdatasync rate. `--suite lean` instead prints the lean-store table: bytes
     /// on disk, writer memory, reopen cost and durable append rates, each with its
     /// same-run baseline, ratio and target.
@@ -325,10 +364,28 @@ enum Command {
     },
 }
 
+/// The order of `list`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SortArg {
+    /// By session id.
+    Id,
+    /// Most recently updated first.
+    Updated,
+    /// Most recently created first.
+    Created,
+}
+
+/// An origin name for `list --origin`.
+fn parse_origin(text: &str) -> Result<session_store::Origin, String> {
+    session_store::Origin::parse(text).ok_or_else(|| {
+        format!("{text:?} is not an origin (new, fork, rewind, canonical-import, legacy-import)")
+    })
+}
+
 /// The benchmarks of `bench`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Suite {
-    /// Append throughput vs raw rusqlite, JSON Lines and fdatasync.
+    /// Append throughput vs raw SQLite, JSON Lines and fdatasync.
     Append,
     /// The lean-store table: eight measures, each against its same-run baseline.
     Lean,
@@ -388,7 +445,27 @@ fn run(args: Args) -> CliResult<()> {
             sync,
             create,
         } => cli::append::run(&cx, &id, file.as_deref(), sync == Sync::Each, create),
-        Command::List { limit, cursor } => s::list(&cx, limit, cursor.as_deref()),
+        Command::List {
+            limit,
+            cursor,
+            cwd,
+            since,
+            title,
+            origin,
+            sort,
+        } => {
+            let mut filter = session_store::ListFilter::default().with_sort(match sort {
+                SortArg::Id => session_store::ListSort::Id,
+                SortArg::Updated => session_store::ListSort::Updated,
+                SortArg::Created => session_store::ListSort::Created,
+            });
+            filter.cwd = cwd;
+            filter.since_ms = since;
+            filter.title = title;
+            filter.origin = origin;
+            s::list(&cx, limit, cursor.as_deref(), filter)
+        }
+        Command::Rename { id, title } => s::rename(&cx, &id, &title),
         Command::Show { id } => s::show(&cx, &id),
         Command::History { id, limit, cursor } => s::history(&cx, &id, limit, cursor.as_deref()),
         Command::Search {
@@ -440,6 +517,16 @@ fn run(args: Args) -> CliResult<()> {
         Command::Export { id, file } => s::export(&cx, &id, &file),
         Command::Import { file, new_id, cwd } => s::import(&cx, &file, new_id.as_deref(), cwd),
         Command::Delete { id, wait } => s::delete(&cx, &id, wait),
+        Command::Gc {
+            older_than,
+            dry_run,
+            keep_forked,
+        } => s::gc(
+            &cx,
+            &session_store::GcOptions::older_than(older_than)
+                .with_dry_run(dry_run)
+                .with_keep_forked(keep_forked),
+        ),
         Command::Verify { target } => s::verify(&cx, &target),
         Command::MigrateLegacy { file, head } => s::migrate_legacy(&cx, &file, &head),
         Command::Stats { id } => s::stats(&cx, &id),

@@ -4,7 +4,7 @@
 //!   `Session::append` with the default write-behind (group commit) at the chosen
 //!   durability; timed until every session has been flushed and closed (its final drain
 //!   and close-time checkpoint included), as a host waits before it exits;
-//! * raw: plain rusqlite, `events(seq INTEGER PRIMARY KEY, payload TEXT)` in `S` WAL files
+//! * raw: plain SQLite, `events(seq INTEGER PRIMARY KEY, payload TEXT)` in `S` WAL files
 //!   in parallel with the same `synchronous` setting, one `BEGIN IMMEDIATE` transaction
 //!   per batch;
 //! * JSON Lines: `S` files in parallel, one line per event, one `fdatasync` per batch (what
@@ -22,9 +22,10 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use session_store::baseline::RawTable;
 use session_store::{CreateOptions, Durability, Root, SessionId, StoreOptions};
 
-use super::workload::{PAYLOAD_BYTES, batch, fmt_count, payloads, raw_insert, raw_table};
+use super::workload::{PAYLOAD_BYTES, batch, fmt_count, payloads};
 use super::{CliResult, Context, Failure, progress_bar};
 
 /// How long the fdatasync rate is measured.
@@ -87,7 +88,7 @@ pub struct Report {
     pub dir: PathBuf,
     /// Through the library, group commit.
     pub library: Rate,
-    /// Raw rusqlite, one transaction per batch.
+    /// Raw SQLite, one transaction per batch.
     pub raw: Rate,
     /// JSON Lines, one fdatasync per batch.
     pub jsonl: Rate,
@@ -155,7 +156,7 @@ pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
     let bar = progress_bar(4, "library");
     let library = library(&dir.join("library"), &work, options)?;
     bar.inc(1);
-    bar.set_message("raw rusqlite");
+    bar.set_message("raw SQLite");
     let raw = raw(&dir.join("raw"), &work, options)?;
     bar.inc(1);
     bar.set_message("JSON Lines");
@@ -204,7 +205,7 @@ fn print_human(r: &Report) {
         );
     };
     row("library (group commit, durable)", &r.library);
-    row("raw rusqlite (1 transaction/batch)", &r.raw);
+    row("raw SQLite (1 transaction/batch)", &r.raw);
     row("JSON Lines (1 fdatasync/batch)", &r.jsonl);
     println!(
         "  {:<36} {:>11} fdatasync/s (4 KiB appends, 1 file)",
@@ -285,18 +286,14 @@ pub(super) fn library(dir: &Path, work: &[Vec<String>], options: &Options) -> Cl
     ))
 }
 
-/// Raw rusqlite: one WAL file per part, one transaction per batch.
+/// Raw SQLite: one WAL file per part, one transaction per batch.
 pub(super) fn raw(dir: &Path, work: &[Vec<String>], options: &Options) -> CliResult<Rate> {
     std::fs::create_dir_all(dir)?;
-    let synchronous = match options.durability {
-        Durability::ProcessCrash => "NORMAL",
-        _ => "FULL",
-    };
     let elapsed = parallel(work, |i, part, barrier| {
-        let conn = raw_table(&dir.join(format!("raw-{i}.sqlite")), synchronous);
+        let table = RawTable::create(&dir.join(format!("raw-{i}.sqlite")), options.durability);
         barrier.wait();
-        let mut conn = conn.map_err(|e| e.to_string())?;
-        raw_insert(&mut conn, part, options.batch).map_err(|e| e.to_string())
+        let mut table = table.map_err(|e| e.to_string())?;
+        table.insert(part, options.batch).map_err(|e| e.to_string())
     })?;
     Ok(Rate::new(
         work.iter().map(Vec::len).sum(),

@@ -455,7 +455,7 @@ fn write_script(session: &Session, script: &Script) -> CliResult<Written> {
     let events = session.flush()?;
     let turns = session.with_projection(|p| p.ended_turns);
     let mut blobs = BTreeMap::new();
-    for commit in session.reader().replay()? {
+    for commit in session.reader().all_commits()? {
         for e in commit.events {
             if let Some(content) = e.content_ref {
                 blobs.insert(content.digest, content.bytes);

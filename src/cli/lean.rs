@@ -30,11 +30,12 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use session_store::baseline::{raw_rate, sqlite_session_bytes};
 use session_store::{Batch, CreateOptions, Durability, Event, Root, SessionId, StoreOptions};
 
 use super::bench::{self, Rate};
 use super::corpus::Corpus;
-use super::workload::{flushed_commits, fmt_count, load_average, median, payloads, raw_rate};
+use super::workload::{flushed_commits, fmt_count, load_average, median, payloads};
 use super::{CliResult, Context, Failure, human_bytes, print_json, progress_bar};
 
 /// JSON bytes of one chat message.
@@ -481,48 +482,6 @@ fn chat_bytes(dir: &Path, messages: usize) -> CliResult<Row> {
     ))
 }
 
-/// The bytes of `messages` in a file shaped as openai-agents' `SQLiteSession` (its two
-/// tables and its `(session_id, id)` index, WAL mode, one transaction per turn with an
-/// insert per message and the session's `updated_at`), after close. The session id is the
-/// SDK documentation's `conversation_123`.
-fn sqlite_session_bytes(file: &Path, messages: &[String]) -> CliResult<u64> {
-    const ID: &str = "conversation_123";
-    let mut conn = rusqlite::Connection::open(file)?;
-    conn.pragma_update(None, "journal_mode", "WAL")?;
-    conn.execute_batch(
-        "CREATE TABLE agent_sessions (session_id TEXT PRIMARY KEY,
-             created_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP,
-             updated_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP);
-         CREATE TABLE agent_messages (id INTEGER PRIMARY KEY AUTOINCREMENT,
-             session_id TEXT NOT NULL, message_data TEXT NOT NULL,
-             created_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP,
-             FOREIGN KEY (session_id) REFERENCES agent_sessions (session_id) ON DELETE CASCADE);
-         CREATE INDEX idx_agent_messages_session_id ON agent_messages (session_id, id);",
-    )?;
-    for pair in messages.chunks(2) {
-        let tx = conn.transaction()?;
-        tx.execute(
-            "INSERT OR IGNORE INTO agent_sessions (session_id) VALUES (?1)",
-            [ID],
-        )?;
-        for m in pair {
-            tx.execute(
-                "INSERT INTO agent_messages (session_id, message_data) VALUES (?1, ?2)",
-                [ID, m.as_str()],
-            )?;
-        }
-        tx.execute(
-            "UPDATE agent_sessions SET updated_at = CURRENT_TIMESTAMP WHERE session_id = ?1",
-            [ID],
-        )?;
-        tx.commit()?;
-    }
-    conn.close().map_err(|(_, e)| e)?;
-    let mut wal = file.as_os_str().to_owned();
-    wal.push("-wal");
-    Ok(std::fs::metadata(file)?.len() + std::fs::metadata(&wal).map_or(0, |m| m.len()))
-}
-
 /// Agent turn `t` with a tool output of `output_bytes`: two batches, the output in
 /// `tool/result` and in the tool message.
 fn agent_turn(corpus: &mut Corpus, t: usize, output_bytes: usize) -> CliResult<[Batch; 2]> {
@@ -913,7 +872,7 @@ fn bench_one_session(
             fmt_count(events as f64)
         ),
         (ours, base, ratio),
-        "raw rusqlite, 1 transaction per batch",
+        "raw SQLite, 1 transaction per batch",
         Unit::EventsPerS,
         (Bound::AtLeast, 0.9),
         format!("median of {rounds} rounds"),
@@ -921,7 +880,7 @@ fn bench_one_session(
 }
 
 /// Rows 7 and 8: `events` events in commits of `per_commit` with a `flush()` after each vs
-/// raw rusqlite with one transaction per `per_commit` rows, both at `synchronous=FULL`,
+/// raw SQLite with one transaction per `per_commit` rows, both at `synchronous=FULL`,
 /// each after `untimed` events written the same way to the same file.
 fn flushed_vs_raw(
     dir: &Path,
@@ -945,7 +904,13 @@ fn flushed_vs_raw(
         |round| {
             let path = dir.join(format!("raw-{round}"));
             std::fs::create_dir_all(&path)?;
-            let rate = raw_rate(&path.join("raw.sqlite"), &work, per_commit, "FULL", untimed)?;
+            let rate = raw_rate(
+                &path.join("raw.sqlite"),
+                &work,
+                per_commit,
+                Durability::PowerLoss,
+                untimed,
+            )?;
             discard(&path)?;
             Ok(rate)
         },
@@ -969,7 +934,7 @@ fn flushed_vs_raw(
         row,
         measure,
         (ours, base, ratio),
-        "raw rusqlite, synchronous=FULL",
+        "raw SQLite, synchronous=FULL",
         Unit::EventsPerS,
         (Bound::AtLeast, if per_commit == 1 { 0.85 } else { 0.8 }),
         format!(

@@ -9,6 +9,7 @@ pub mod lean;
 pub mod replicate;
 pub mod search;
 pub mod sessions;
+pub mod when;
 pub mod workload;
 
 use std::borrow::Cow;
@@ -85,21 +86,19 @@ impl Failure {
     }
 }
 
-/// The exit status of a library error.
+/// The exit status of a library error, through its classifiers (the table is in
+/// `docs/ARCHITECTURE.md`, "Public API: errors").
 pub fn library_code(error: &Error) -> u8 {
-    match error {
-        Error::SessionNotFound(_) => EXIT_NOT_FOUND,
-        Error::SessionExists(_) => EXIT_EXISTS,
-        Error::WriterOwned { .. } => EXIT_OWNED,
-        Error::InvalidInput(_)
-        | Error::InvalidPayload { .. }
-        | Error::OperationConflict { .. }
-        | Error::UnsupportedVersion(_)
-        | Error::Corrupt(_)
-        | Error::ForkBoundaryNotAtomic(_)
-        | Error::ForkActiveAuthority(_) => EXIT_INVALID,
-        Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound => EXIT_NOT_FOUND,
-        _ => EXIT_OTHER,
+    if error.is_not_found() {
+        EXIT_NOT_FOUND
+    } else if error.is_already_exists() {
+        EXIT_EXISTS
+    } else if error.is_writer_owned() {
+        EXIT_OWNED
+    } else if error.is_caller_error() || error.is_corrupt() || error.is_unsupported() {
+        EXIT_INVALID
+    } else {
+        EXIT_OTHER
     }
 }
 

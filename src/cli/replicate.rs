@@ -13,18 +13,13 @@ use std::process::Command;
 
 use serde::Serialize;
 use serde_json::json;
-use session_store::SessionId;
+use session_store::format::{CATALOG_DIR, CATALOG_FILE, SESSION_FILE};
+use session_store::{Root, Scratch, SessionId, catalog_session_ids};
 
 use super::{
     CliError, CliResult, Context, EXIT_EXISTS, EXIT_INVALID, EXIT_NOT_FOUND, Failure, print_json,
 };
 
-/// The session file inside a session folder (the documented layout).
-const SESSION_FILE: &str = "session.sqlite";
-/// The catalog file of a root, in its dot-folder (out of the session id namespace).
-const LOCAL_CATALOG: &str = ".catalog/catalog.sqlite";
-/// The name of the catalog's replica, beside the sessions' replicas.
-const CATALOG_FILE: &str = "catalog.sqlite";
 /// The config `replicate --run` writes in the root when `--config-out` is not given (a
 /// dot-name, so no session id can take it).
 const DEFAULT_CONFIG: &str = ".litestream.yml";
@@ -136,7 +131,11 @@ fn yaml_string(s: &str) -> String {
 /// The Litestream configuration that replicates the root at `root` (absolute) to `replica`.
 pub fn config_text(root: &Path, replica: &Replica) -> String {
     let root_text = root.display().to_string();
-    let catalog = root.join(LOCAL_CATALOG).display().to_string();
+    let catalog = root
+        .join(CATALOG_DIR)
+        .join(CATALOG_FILE)
+        .display()
+        .to_string();
     format!(
         "# Litestream (>= 0.5) configuration written by `session-store replicate` for the root\n\
          #   {root_text}\n\
@@ -389,36 +388,9 @@ fn catalog_ids(
             Err(Failure::context(format!("restore {url}"), &*e))
         };
     }
-    let conn = rusqlite::Connection::open_with_flags(
-        &file,
-        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )?;
-    let mut stmt = conn.prepare("SELECT session_id FROM sessions")?;
-    let ids = stmt
-        .query_map([], |r| r.get::<_, String>(0))?
-        .filter_map(|r| r.ok().and_then(|s| SessionId::new(s).ok()))
-        .collect();
-    Ok(Some(ids))
+    Ok(Some(catalog_session_ids(&file)?.into_iter().collect()))
 }
 
-/// The ancestors a session file names in its lineage, oldest first.
-fn lineage_of(file: &Path) -> CliResult<Vec<SessionId>> {
-    let conn = rusqlite::Connection::open_with_flags(
-        file,
-        rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )?;
-    let mut stmt = conn.prepare("SELECT ancestor_id FROM lineage ORDER BY depth")?;
-    let mut ids = Vec::new();
-    for row in stmt.query_map([], |r| r.get::<_, String>(0))? {
-        let id = SessionId::new(row?)?;
-        if !ids.contains(&id) {
-            ids.push(id);
-        }
-    }
-    Ok(ids)
-}
-
-/// Renames `from` to `to`, failing if `to` exists.
 /// Writes the Litestream config. The default file is in the root, where no symlink is
 /// followed (`O_NOFOLLOW`); a `--config-out` path is the user's and may be one.
 fn write_config(file: &Path, text: &str, in_root: bool) -> std::io::Result<()> {
@@ -430,18 +402,6 @@ fn write_config(file: &Path, text: &str, in_root: bool) -> std::io::Result<()> {
         options.custom_flags(rustix::fs::OFlags::NOFOLLOW.bits().cast_signed());
     }
     options.open(file)?.write_all(text.as_bytes())
-}
-
-fn rename_no_replace(from: &Path, to: &Path) -> std::io::Result<()> {
-    use rustix::fs::{CWD, RenameFlags, renameat_with};
-    renameat_with(CWD, from, CWD, to, RenameFlags::NOREPLACE).map_err(std::io::Error::from)
-}
-
-fn sync_path(path: &Path) {
-    // Best effort: the rename that follows is what publishes the session.
-    if let Ok(f) = std::fs::File::open(path) {
-        let _ = f.sync_all();
-    }
 }
 
 /// `restore --from REPLICA (--id ID | --all)` into the root.
@@ -458,15 +418,16 @@ pub fn restore(
     let bin = find_litestream(litestream)?;
     check_version(&bin)?;
     let present = |id: &SessionId| root.session_dir(id).join(SESSION_FILE).is_file();
-    // Guarded, so that another process opening the root meanwhile does not take it for
-    // an abandoned build; removed when dropped. A `.staging` symlink is refused.
+    // The library's guarded staging: another process opening the root meanwhile does not
+    // take it for an abandoned build; removed when dropped (or by the next open after a
+    // crash). A `.staging` symlink is refused.
     let batch = root.scratch("restore")?;
     restore_into(
         cx,
         &root,
         &replica,
         &bin,
-        batch.path(),
+        &batch,
         requested_id.as_ref(),
         all,
         &present,
@@ -476,10 +437,10 @@ pub fn restore(
 #[allow(clippy::too_many_arguments)]
 fn restore_into(
     cx: &Context,
-    root: &session_store::Root,
+    root: &Root,
     replica: &Replica,
     bin: &Path,
-    batch: &Path,
+    batch: &Scratch,
     requested_id: Option<&SessionId>,
     all: bool,
     present: &dyn Fn(&SessionId) -> bool,
@@ -502,7 +463,8 @@ fn restore_into(
         }
         (None, true) => {
             let layout = replica.dir().map(|d| layout_ids(&d)).transpose()?;
-            let scratch = batch.join(".catalog");
+            // A dot-name, as in a root: no session id takes it.
+            let scratch = batch.path().join(CATALOG_DIR);
             std::fs::create_dir_all(&scratch)
                 .map_err(|e| Failure::context(format!("create {}", scratch.display()), &e))?;
             let catalog = catalog_ids(bin, replica, &scratch)?;
@@ -562,12 +524,11 @@ fn restore_into(
         if staged.contains_key(&id) || missing.contains_key(&id) {
             continue;
         }
-        let dir = batch.join(id.as_str());
-        let file = dir.join(SESSION_FILE);
         let url = replica.child(&format!("{id}/{SESSION_FILE}"));
-        let restored = std::fs::create_dir_all(&dir)
-            .map_err(|e| Failure::context(format!("create {}", dir.display()), &e))
-            .and_then(|()| {
+        let restored = batch
+            .session_file(&id)
+            .map_err(CliError::from)
+            .and_then(|file| {
                 run_litestream(
                     bin,
                     &[
@@ -578,7 +539,7 @@ fn restore_into(
                     ],
                 )
             })
-            .and_then(|_| lineage_of(&file));
+            .and_then(|_| Ok(batch.staged_ancestors(&id)?));
         match restored {
             Ok(ancestors) => {
                 for a in &ancestors {
@@ -606,7 +567,7 @@ fn restore_into(
     }
 
     // Publish, ancestors first, every session whose ancestors are all available.
-    let mut published: Vec<SessionId> = Vec::new();
+    let mut published: Vec<(SessionId, Vec<SessionId>)> = Vec::new();
     let mut orphans: BTreeMap<SessionId, String> = BTreeMap::new();
     loop {
         let ready: Vec<SessionId> = staged
@@ -618,21 +579,20 @@ fn restore_into(
             break;
         }
         for id in ready {
-            staged.remove(&id);
-            let from = batch.join(id.as_str());
-            sync_path(&from.join(SESSION_FILE));
-            sync_path(&from);
-            match rename_no_replace(&from, &root.session_dir(&id)) {
-                Ok(()) => published.push(id),
+            let ancestors = staged.remove(&id).map(|s| s.ancestors).unwrap_or_default();
+            match batch.publish_session(&id) {
+                Ok(()) => published.push((id, ancestors)),
                 Err(e) => {
                     failed.push(NotRestored {
                         session_id: id.to_string(),
-                        reason: format!("could not publish it in the root: {e}"),
+                        reason: format!(
+                            "could not publish it in the root: {}",
+                            super::one_line(&e)
+                        ),
                     });
                 }
             }
         }
-        sync_path(root.path());
     }
     // What is left inherits from a session that is neither in the root nor restorable.
     for (id, s) in &staged {
@@ -658,36 +618,29 @@ fn restore_into(
     // Verify every published session (ancestors first); move a failure out of the root so
     // that listing the root never trips over it.
     let mut restored: Vec<Restored> = Vec::new();
-    for id in &published {
-        let dir = root.session_dir(id);
-        match session_store::verify(&dir) {
+    for (id, ancestors) in published {
+        match session_store::verify_file(root.session_dir(&id)) {
             Ok(verified) => restored.push(Restored {
-                session_id: id.clone(),
+                session_id: id,
                 commits: verified.commits,
                 events: verified.events,
-                inherits_from: lineage_of(&dir.join(SESSION_FILE)).unwrap_or_default(),
+                inherits_from: ancestors,
             }),
             Err(e) => {
-                let aside = root
-                    .path()
-                    .join(FAILED_DIR)
-                    .join(format!("{id}-{:08x}", fastrand::u32(..)));
                 // A `.restore-failed` that is a symlink is refused, never followed.
-                let moved = root
-                    .confined_dir(FAILED_DIR)
-                    .map_err(|e| std::io::Error::other(e.to_string()))
-                    .and_then(|_| rename_no_replace(&dir, &aside));
+                let moved = root.set_aside(&id, FAILED_DIR);
                 failed.push(NotRestored {
                     session_id: id.to_string(),
                     reason: match moved {
-                        Ok(()) => format!(
+                        Ok(aside) => format!(
                             "verify failed: {}; the restored copy is in {}",
                             super::one_line(&e),
                             aside.display()
                         ),
                         Err(m) => format!(
-                            "verify failed: {}; and moving it out of the root failed: {m}",
-                            super::one_line(&e)
+                            "verify failed: {}; and moving it out of the root failed: {}",
+                            super::one_line(&e),
+                            super::one_line(&m)
                         ),
                     },
                 });

@@ -1,24 +1,23 @@
 //! The subcommands that inspect and operate sessions, each one call (or a few) into the
-//! library: create, list, show, history, events, fork/rewind, export/import, delete,
-//! verify, migrate-legacy, stats, rebuild-catalog.
+//! library: create, list, rename, show, history, events, fork/rewind, export/import, delete,
+//! gc, verify, migrate-legacy, stats, rebuild-catalog.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::json;
+use session_store::format::{SESSION_FILE, WAL_FILE};
 use session_store::{
-    CancelToken, Commit, ContentRef, CreateOptions, Dependent, Error, Event, ForkPoint,
-    ImportOptions, LineageEntry, SessionId, SkippedSession, TableBytes, TurnBoundary, WriterOwner,
+    CancelToken, Commit, ContentRef, CreateOptions, DependentFork, Error, Event, ForkPoint,
+    GcOptions, ImportOptions, LineageEntry, ListFilter, SessionId, SkippedSession, TableBytes,
+    TurnBoundary, Usage, UsageTotals, WriterOwner,
 };
 
 use super::{
     CliResult, Context, EXIT_NOT_FOUND, EXIT_OTHER, Failure, block_on, human_bytes, print_json,
     printable, session_id, spinner,
 };
-
-/// The session file inside a session folder (the documented layout).
-const SESSION_FILE: &str = "session.sqlite";
 
 /// Characters of a payload or message shown on one line of human output.
 const PREVIEW_CHARS: usize = 100;
@@ -82,10 +81,11 @@ pub fn create(cx: &Context, id: Option<&str>, cwd: Option<String>) -> CliResult<
     }
 }
 
-/// `list [--limit N] [--cursor C]`.
-pub fn list(cx: &Context, limit: usize, cursor: Option<&str>) -> CliResult<()> {
+/// `list [--limit N] [--cursor C] [--cwd DIR] [--since WHEN] [--title TEXT]
+/// [--origin ORIGIN] [--sort id|updated|created]`.
+pub fn list(cx: &Context, limit: usize, cursor: Option<&str>, filter: ListFilter) -> CliResult<()> {
     let service = cx.service()?;
-    let page = block_on(service.query().list(cursor, limit))??;
+    let page = block_on(service.query().list_with(cursor, limit, filter))??;
     report_skipped(&page.skipped);
     if let Some(e) = &page.catalog_error {
         eprintln!(
@@ -144,6 +144,19 @@ fn report_skipped(skipped: &[SkippedSession]) {
     }
 }
 
+/// `rename ID TITLE`.
+pub fn rename(cx: &Context, id: &str, title: &str) -> CliResult<()> {
+    let root = cx.open_root()?;
+    let id = session_id(id)?;
+    root.rename(&id, title)?;
+    if cx.json {
+        print_json(&json!({ "session_id": id, "title": title }))
+    } else {
+        println!("renamed {id}: {}", preview(title, PREVIEW_CHARS));
+        Ok(())
+    }
+}
+
 /// What `show` prints with `--json`.
 #[derive(Serialize)]
 struct Show {
@@ -157,13 +170,15 @@ struct Show {
     lease: WriterOwner,
     /// The writer holding the lock now, if any.
     writer: Option<WriterOwner>,
-    dependents: Vec<Dependent>,
+    dependents: Vec<DependentFork>,
     turn_status: String,
     open_turn: Option<String>,
     messages: u64,
     turns: Vec<TurnBoundary>,
     tables: Vec<TableBytes>,
     file_bytes: u64,
+    /// Token and cost totals (a fork's include its inherited prefix).
+    usage: Usage,
 }
 
 /// `show ID`.
@@ -174,7 +189,7 @@ pub fn show(cx: &Context, id: &str) -> CliResult<()> {
     let reader = root.open_reader(&id)?;
     let projection = reader.projection()?;
     let dir = root.session_dir(&id);
-    let file_bytes = ["session.sqlite", "session.sqlite-wal"]
+    let file_bytes = [SESSION_FILE, WAL_FILE]
         .iter()
         .filter_map(|f| std::fs::symlink_metadata(dir.join(f)).ok())
         .map(|m| m.len())
@@ -200,6 +215,7 @@ pub fn show(cx: &Context, id: &str) -> CliResult<()> {
         turns: reader.turns()?,
         tables: root.table_bytes(&id)?,
         file_bytes,
+        usage: projection.usage.clone(),
         header: info.header,
     };
     if cx.json {
@@ -298,6 +314,7 @@ fn print_show(s: &Show) {
             safe.join(" ")
         );
     }
+    print_usage("usage     ", "  ", &s.usage);
     println!("file       {} on disk", human_bytes(s.file_bytes));
     for t in &s.tables {
         println!(
@@ -306,6 +323,31 @@ fn print_show(s: &Show) {
             human_bytes(t.bytes),
             t.pages
         );
+    }
+}
+
+/// One line of usage totals for people.
+fn usage_line(t: &UsageTotals) -> String {
+    format!(
+        "{} calls, {} in, {} out, {} cache read, {} cache write{}",
+        t.events,
+        t.input_tokens,
+        t.output_tokens,
+        t.cache_read_tokens,
+        t.cache_write_tokens,
+        t.cost.map_or_else(String::new, |c| format!(", cost {c}"))
+    )
+}
+
+/// The usage totals under `label`, then one line per model indented by `indent`
+/// (nothing without usage).
+fn print_usage(label: &str, indent: &str, usage: &Usage) {
+    if usage.is_empty() {
+        return;
+    }
+    println!("{label} {}", usage_line(&usage.total));
+    for (model, t) in &usage.by_model {
+        println!("{indent}{}: {}", preview(model, 60), usage_line(t));
     }
 }
 
@@ -554,6 +596,59 @@ pub fn delete(cx: &Context, id: &str, wait: Duration) -> CliResult<()> {
     }
 }
 
+/// `gc --older-than DURATION [--dry-run] [--keep-forked]`: prints each session deleted
+/// (or that would be) and each old one kept, with why; fails (status 1) when a deletion
+/// failed.
+pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
+    let root = cx.open_root()?;
+    let bar = spinner("collecting old sessions");
+    let collected = root.gc(options);
+    bar.finish_and_clear();
+    let report = collected?;
+    if cx.json {
+        print_json(&report)?;
+    } else {
+        let verb = if report.dry_run {
+            "would delete"
+        } else {
+            "deleted"
+        };
+        for d in &report.deleted {
+            let forks: Vec<&str> = d.forks.iter().map(SessionId::as_str).collect();
+            println!(
+                "{verb} {} (updated {} UTC){}",
+                d.session_id,
+                utc(d.updated_at_ms),
+                if forks.is_empty() {
+                    String::new()
+                } else {
+                    format!("; forks keep their history: {}", forks.join(", "))
+                }
+            );
+        }
+        for k in &report.kept {
+            println!("kept {}: {}", k.session_id, printable(&k.reason));
+        }
+        for f in &report.failed {
+            eprintln!(
+                "session-store: could not delete {}: {}",
+                f.session_id,
+                printable(&f.reason)
+            );
+        }
+        if report.deleted.is_empty() && report.kept.is_empty() && report.failed.is_empty() {
+            println!("nothing to collect");
+        }
+    }
+    match report.failed.len() {
+        0 => Ok(()),
+        n => Err(Failure::with_code(
+            EXIT_OTHER,
+            format!("{n} session(s) could not be deleted (they are intact)"),
+        )),
+    }
+}
+
 /// The session folder or file `verify` checks: a session of the root when `target` names
 /// one, else a path.
 fn verify_target(cx: &Context, target: &str) -> CliResult<PathBuf> {
@@ -580,7 +675,7 @@ fn verify_target(cx: &Context, target: &str) -> CliResult<PathBuf> {
 pub fn verify(cx: &Context, target: &str) -> CliResult<()> {
     let path = verify_target(cx, target)?;
     let bar = spinner(&format!("verifying {}", path.display()));
-    let replayed = session_store::verify(&path);
+    let replayed = session_store::verify_file(&path);
     bar.finish_and_clear();
     let replay = match replayed {
         Ok(replay) => replay,
@@ -695,6 +790,7 @@ pub fn stats(cx: &Context, id: &str) -> CliResult<()> {
         .map(|t| format!("{} {}", t.table, human_bytes(t.bytes)))
         .collect();
     println!("  tables: {}", tables.join(", "));
+    print_usage("  usage:", "    ", &stats.usage);
     Ok(())
 }
 

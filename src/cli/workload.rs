@@ -1,12 +1,11 @@
-//! The benchmark workload, its raw-SQLite baseline and the durable-commit measurement,
-//! shared by `session-store bench` and `benches/` (which include this file with `#[path]`:
-//! a bench cannot import the binary's modules, and this is not library API). Std,
-//! rusqlite and the library's public API only.
+//! The benchmark workload and the durable-commit measurement, shared by `session-store
+//! bench` and `benches/` (which include this file with `#[path]`: a bench cannot import
+//! the binary's modules, and this is not library API). Std and the library's public API
+//! only; the raw-SQLite baseline is the library's `session_store::baseline`.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use rusqlite::{Connection, TransactionBehavior};
 use session_store::{Batch, CreateOptions, Event, Root, Session, SessionId, StoreOptions};
 
 /// Approximate payload size in bytes.
@@ -57,57 +56,6 @@ pub fn load_average() -> Option<f64> {
         .next()?
         .parse()
         .ok()
-}
-
-/// The raw baseline's file: `events(seq INTEGER PRIMARY KEY, payload TEXT)` in WAL mode at
-/// `synchronous` (`FULL` or `NORMAL`).
-pub fn raw_table(file: &Path, synchronous: &str) -> rusqlite::Result<Connection> {
-    let conn = Connection::open(file)?;
-    conn.pragma_update(None, "journal_mode", "WAL")?;
-    conn.pragma_update(None, "synchronous", synchronous)?;
-    conn.execute(
-        "CREATE TABLE events (seq INTEGER PRIMARY KEY, payload TEXT)",
-        [],
-    )?;
-    Ok(conn)
-}
-
-/// Inserts `payloads` into a [`raw_table`] after the rows it holds (`seq` is the next
-/// rowid), one `BEGIN IMMEDIATE` transaction per `batch` rows.
-pub fn raw_insert(
-    conn: &mut Connection,
-    payloads: &[String],
-    batch: usize,
-) -> rusqlite::Result<()> {
-    for chunk in payloads.chunks(batch.max(1)) {
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        {
-            let mut insert = tx.prepare_cached("INSERT INTO events (payload) VALUES (?1)")?;
-            for p in chunk {
-                insert.execute([p.as_str()])?;
-            }
-        }
-        tx.commit()?;
-    }
-    Ok(())
-}
-
-/// Events per second of [`raw_insert`] into a new [`raw_table`] at `synchronous`, one
-/// transaction per `batch` rows. The file's creation and its first `untimed` payloads (a
-/// warm-up on the same file, see [`flushed_commits`]) are not timed.
-pub fn raw_rate(
-    file: &Path,
-    payloads: &[String],
-    batch: usize,
-    synchronous: &str,
-    untimed: usize,
-) -> rusqlite::Result<f64> {
-    let mut conn = raw_table(file, synchronous)?;
-    let (warm, timed) = payloads.split_at(untimed.min(payloads.len()));
-    raw_insert(&mut conn, warm, batch)?;
-    let t = Instant::now();
-    raw_insert(&mut conn, timed, batch)?;
-    Ok(timed.len() as f64 / t.elapsed().as_secs_f64().max(1e-9))
 }
 
 /// One commit of `message/complete` events with these payloads, operation id `op-{op}`.

@@ -6,8 +6,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 
-/// Payloads longer than this are stored once in the `blobs` table (64 KiB).
-pub const INLINE_PAYLOAD_LIMIT: usize = 64 * 1024;
+pub(crate) use crate::format::INLINE_PAYLOAD_LIMIT;
 
 /// One event of a session's log.
 ///
@@ -17,6 +16,7 @@ pub const INLINE_PAYLOAD_LIMIT: usize = 64 * 1024;
 /// assert_eq!(e.payload_str(), Some(r#"{"title":"Hi"}"#));
 /// ```
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Event {
     /// Event id; empty on input means "derive one" (deterministic, see `docs/ARCHITECTURE.md`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -104,6 +104,7 @@ pub(crate) fn raw_json(text: String) -> Result<Box<RawValue>> {
 
 /// One atomic append: an operation id (the idempotency key), an optional turn id and events.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Batch {
     /// Idempotency key: a retry with the same id and content returns the original commit.
     pub operation_id: String,
@@ -134,6 +135,7 @@ impl Batch {
 
 /// An accepted batch with its sequence range and identity.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Commit {
     /// Id of this commit: 32 lowercase hex characters, derived from the commit's other
     /// fields (`derived_commit_id`); commits of older files keep the random id they got.
@@ -166,6 +168,7 @@ impl Commit {
 
 /// A reference to content stored in the `blobs` table.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ContentRef {
     /// SHA-256 of the raw bytes, lowercase hex.
     pub digest: String,
@@ -173,6 +176,19 @@ pub struct ContentRef {
     pub bytes: u64,
     /// Media type of the bytes (`application/json` for payloads and messages).
     pub media_type: String,
+}
+
+impl ContentRef {
+    /// A reference to the content of SHA-256 `digest` (lowercase hex), `bytes` long, of
+    /// `media_type`. Readers look content up by its digest alone; the size and media type
+    /// describe it to the caller.
+    pub fn new(digest: impl Into<String>, bytes: u64, media_type: impl Into<String>) -> Self {
+        Self {
+            digest: digest.into(),
+            bytes,
+            media_type: media_type.into(),
+        }
+    }
 }
 
 #[derive(Serialize)]

@@ -8,6 +8,7 @@ use crate::model::ids::SessionId;
 /// How a session came to be.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum Origin {
     /// Created empty.
     #[default]
@@ -50,10 +51,11 @@ impl Origin {
 
 /// The one `header` row of a session file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Header {
     /// The session id (equals the folder name).
     pub session_id: SessionId,
-    /// The storage codec ([`crate::CODEC`]).
+    /// The storage codec ([`crate::format::CODEC`]).
     pub codec: String,
     /// Creation time, milliseconds since the Unix epoch.
     pub created_at_ms: i64,

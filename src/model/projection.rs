@@ -9,57 +9,25 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
-use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::model::event::{Commit, Event};
+use crate::model::kind::{self, TERMINAL_TURN_STATUSES, TURN_IN_PROGRESS};
 use crate::model::message::Message;
+use crate::model::payload::{
+    AttemptPayload, ConfigPayload, InteractionCreatedPayload, InteractionResolvedPayload,
+    LegacyImport, MessagePayload, MessagesPayload, RecoveryStatus, StepPayload, TitlePayload, Todo,
+    TodoPayload, ToolCallPayload, ToolResultPayload, ToolStartPayload, TurnEndPayload,
+    UsagePayload, bad, decode, json_object, one_of, required_id,
+};
 use crate::model::transcript_index::{TranscriptIndex, message_key};
-
-/// Event kinds the projection understands; any other kind must be `optional`.
-pub const PROJECTION_KINDS: [&str; 23] = [
-    "message/complete",
-    "message/upsert",
-    "assistant/attempt",
-    "history/replace",
-    "model/context-replace",
-    "compaction",
-    "legacy/import",
-    "session/title",
-    "session/config",
-    "turn/start",
-    "turn/end",
-    "step/start",
-    "step/end",
-    "tool/call",
-    "tool/start",
-    "tool/result",
-    "todo/write",
-    "interaction/created",
-    "interaction/resolved",
-    "runtime/recovery",
-    "plan/state",
-    "goal/state",
-    "diagnostic",
-];
-
-/// Turn statuses allowed in `turn/end`.
-pub const TERMINAL_TURN_STATUSES: [&str; 6] = [
-    "completed",
-    "interrupted",
-    "recovery_required",
-    "unknown",
-    "failed",
-    "protocol_failed",
-];
-
-/// Status of the open turn.
-pub const TURN_IN_PROGRESS: &str = "in_progress";
+use crate::model::usage::{Usage, UsageRecord};
 
 /// A completed turn: where it started and ended.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct TurnBoundary {
     /// The turn id.
     pub turn_id: String,
@@ -77,55 +45,6 @@ pub struct TurnBoundary {
     /// A rewind before this turn is allowed: the `turn/start` opens its commit and before
     /// it no turn was open and no interaction was pending.
     pub rewind_safe: bool,
-}
-
-/// One todo item of `todo/write`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Todo {
-    /// What to do (non-blank, trimmed, unique in the list).
-    pub content: String,
-    /// `pending`, `in_progress` or `completed`.
-    pub status: String,
-}
-
-/// Recovery state recorded by `runtime/recovery` (snake_case keys, strict).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RecoveryStatus {
-    /// E.g. `recovery_required`.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub state: String,
-    /// The tool call concerned.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub call_id: Option<String>,
-    /// The attempt concerned.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub attempt_id: Option<String>,
-    /// Whether a person must decide how to continue.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub requires_user_decision: Option<bool>,
-    /// Whether the interrupted work was read-only.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub read_only: Option<bool>,
-    /// Phase of the interrupted work, e.g. `tool`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase: Option<String>,
-    /// Why recovery is needed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// When a retry is planned.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub next_attempt_at: Option<Value>,
-    /// How long the runtime waited.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub waited_ms: Option<u64>,
-    /// How long it may wait.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub wait_budget_ms: Option<u64>,
-    /// Whether it is still waiting.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub waiting: Option<bool>,
 }
 
 /// Session state folded from its events.
@@ -182,6 +101,10 @@ pub struct Projection {
     pub model_ref: String,
     /// The configured model identity.
     pub model_identity: Option<Value>,
+    /// Token and cost totals of the `usage` events folded (a fork's include its inherited
+    /// prefix).
+    #[serde(default, skip_serializing_if = "Usage::is_empty")]
+    pub usage: Usage,
     /// Transcript message ids → 0-based position.
     #[serde(skip)]
     transcript_ids: TranscriptIndex,
@@ -268,7 +191,12 @@ pub(crate) fn apply_history(transcript: &mut Vec<Arc<Message>>, changes: &[Histo
 
 /// A batch that passed [`Projection::prepare`], ready to apply.
 #[derive(Debug)]
-pub struct PreparedFold(Vec<Parsed>);
+pub struct PreparedFold {
+    events: Vec<Parsed>,
+    /// The usage totals after the batch, when it holds `usage` events (summed, and checked
+    /// for overflow, in `prepare`).
+    usage: Option<Usage>,
+}
 
 #[derive(Debug)]
 enum Parsed {
@@ -290,210 +218,7 @@ enum Parsed {
     Recovery(RecoveryStatus),
     PlanState(Value),
     GoalState(Value),
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct MessagePayload {
-    message: Arc<Message>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AttemptPayload {
-    id: String,
-    #[serde(rename = "messageId")]
-    _message_id: Option<IgnoredAny>,
-    action: String,
-    #[serde(rename = "attempt")]
-    _attempt: Option<IgnoredAny>,
-    #[serde(rename = "max")]
-    _max: Option<IgnoredAny>,
-    #[serde(rename = "reason")]
-    _reason: Option<IgnoredAny>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct MessagesPayload {
-    messages: Vec<Arc<Message>>,
-    #[serde(rename = "reason")]
-    _reason: Option<IgnoredAny>,
-    #[serde(rename = "trigger")]
-    _trigger: Option<IgnoredAny>,
-    #[serde(rename = "sourceSequences")]
-    _source_sequences: Option<Vec<u64>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LegacyImport {
-    #[serde(rename = "source")]
-    _source: Option<IgnoredAny>,
-    messages: Vec<Arc<Message>>,
-    goal: Option<Value>,
-    #[serde(rename = "modelRef", default)]
-    model_ref: String,
-    #[serde(rename = "modelIdentity")]
-    model_identity: Option<Value>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TitlePayload {
-    title: String,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ConfigPayload {
-    #[serde(rename = "modelRef")]
-    model_ref: String,
-    #[serde(rename = "modelIdentity")]
-    model_identity: Option<Value>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TurnEndPayload {
-    status: String,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StepPayload {
-    id: String,
-    #[serde(rename = "status")]
-    _status: Option<IgnoredAny>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ToolStartPayload {
-    id: String,
-    name: String,
-}
-
-/// `tool/call` and `tool/result` keys (upstream §1.6); `tool/result` adds five more.
-macro_rules! tool_payload {
-    ($name:ident { $($extra:ident : $key:literal),* }) => {
-        #[derive(Deserialize)]
-        #[serde(deny_unknown_fields)]
-        #[allow(dead_code)]
-        struct $name {
-            id: String,
-            name: String,
-            args: Option<IgnoredAny>,
-            #[serde(rename = "runState")] run_state: Option<IgnoredAny>,
-            diagnostic: Option<IgnoredAny>,
-            #[serde(rename = "resolvedName")] resolved_name: Option<IgnoredAny>,
-            #[serde(rename = "capabilityId")] capability_id: Option<IgnoredAny>,
-            #[serde(rename = "readOnly")] read_only: Option<IgnoredAny>,
-            truncated: Option<IgnoredAny>,
-            #[serde(rename = "durationMs")] duration_ms: Option<IgnoredAny>,
-            #[serde(rename = "startedAt")] started_at: Option<IgnoredAny>,
-            #[serde(rename = "endedAt")] ended_at: Option<IgnoredAny>,
-            partial: Option<IgnoredAny>,
-            #[serde(rename = "argChars")] arg_chars: Option<IgnoredAny>,
-            refreshed: Option<IgnoredAny>,
-            #[serde(rename = "parentId")] parent_id: Option<IgnoredAny>,
-            #[serde(rename = "attemptId")] attempt_id: Option<IgnoredAny>,
-            #[serde(rename = "subagentRef")] subagent_ref: Option<IgnoredAny>,
-            #[serde(rename = "subagentStatus")] subagent_status: Option<IgnoredAny>,
-            #[serde(rename = "subagentErrorCode")] subagent_error_code: Option<IgnoredAny>,
-            #[serde(rename = "subagentRetryable")] subagent_retryable: Option<IgnoredAny>,
-            diff: Option<IgnoredAny>,
-            added: Option<IgnoredAny>,
-            removed: Option<IgnoredAny>,
-            profile: Option<IgnoredAny>,
-            execution: Option<IgnoredAny>,
-            #[serde(rename = "presentedFiles")] presented_files: Option<IgnoredAny>,
-            #[serde(rename = "workspaceMutation")] workspace_mutation: Option<IgnoredAny>,
-            #[serde(rename = "workspacePaths")] workspace_paths: Option<IgnoredAny>,
-            #[serde(rename = "workspaceAllPaths")] workspace_all_paths: Option<IgnoredAny>,
-            $(#[serde(rename = $key)] $extra: Option<IgnoredAny>,)*
-        }
-    };
-}
-tool_payload!(ToolCallPayload {});
-tool_payload!(ToolResultPayload {
-    error: "error",
-    output: "output",
-    state: "state",
-    todos: "todos",
-    todo_written: "todoWritten"
-});
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TodoPayload {
-    todos: Vec<Todo>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct InteractionCreatedPayload {
-    id: String,
-    #[serde(rename = "toolCallId")]
-    _tool_call_id: Option<IgnoredAny>,
-    #[serde(rename = "kind")]
-    _kind: Option<IgnoredAny>,
-    #[serde(default)]
-    state: String,
-    #[serde(rename = "sessionId")]
-    _session_id: Option<IgnoredAny>,
-    #[serde(rename = "headId")]
-    _head_id: Option<IgnoredAny>,
-    #[serde(rename = "turnId")]
-    _turn_id: Option<IgnoredAny>,
-    #[serde(rename = "runtimeEpoch")]
-    _runtime_epoch: Option<IgnoredAny>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct InteractionResolvedPayload {
-    id: String,
-    state: String,
-}
-
-fn bad(kind: &str, reason: impl Into<String>) -> Error {
-    Error::InvalidPayload {
-        kind: kind.to_owned(),
-        reason: reason.into(),
-    }
-}
-
-fn decode<T: DeserializeOwned>(event: &Event) -> Result<T> {
-    let text = event
-        .payload_str()
-        .ok_or_else(|| bad(&event.kind, "payload is required"))?;
-    serde_json::from_str(text).map_err(|e| bad(&event.kind, e.to_string()))
-}
-
-fn required_id(kind: &str, id: &str) -> Result<()> {
-    if id.trim().is_empty() {
-        return Err(bad(kind, "id is required"));
-    }
-    Ok(())
-}
-
-fn one_of(kind: &str, field: &str, value: &str, allowed: &[&str]) -> Result<()> {
-    if !allowed.contains(&value) {
-        return Err(bad(
-            kind,
-            format!("{field} {value:?} is not one of {allowed:?}"),
-        ));
-    }
-    Ok(())
-}
-
-fn json_object(event: &Event) -> Result<Value> {
-    let value: Value = decode(event)?;
-    if !value.is_object() {
-        return Err(bad(&event.kind, "payload must be a JSON object"));
-    }
-    Ok(value)
+    Usage(UsageRecord),
 }
 
 /// Parses and validates one event's payload against its kind's schema.
@@ -503,63 +228,63 @@ fn parse(event: &Event) -> Result<Parsed> {
         return Ok(Parsed::Skip);
     }
     Ok(match kind {
-        "message/complete" | "message/upsert" => {
+        kind::MESSAGE_COMPLETE | kind::MESSAGE_UPSERT => {
             let p: MessagePayload = decode(event)?;
             required_id(kind, p.message.id())?;
-            if kind == "message/complete" {
+            if kind == kind::MESSAGE_COMPLETE {
                 Parsed::MessageComplete(p.message)
             } else {
                 Parsed::MessageUpsert(p.message)
             }
         }
-        "assistant/attempt" => {
+        kind::ASSISTANT_ATTEMPT => {
             let p: AttemptPayload = decode(event)?;
             required_id(kind, &p.id)?;
-            one_of(kind, "action", &p.action, &["begin", "discard", "commit"])?;
+            one_of(kind, "action", &p.action, &kind::ATTEMPT_ACTIONS)?;
             Parsed::Skip
         }
-        "history/replace" => Parsed::HistoryReplace(decode::<MessagesPayload>(event)?.messages),
-        "model/context-replace" | "compaction" => {
+        kind::HISTORY_REPLACE => Parsed::HistoryReplace(decode::<MessagesPayload>(event)?.messages),
+        kind::MODEL_CONTEXT_REPLACE | kind::COMPACTION => {
             Parsed::ModelReplace(decode::<MessagesPayload>(event)?.messages)
         }
-        "legacy/import" => Parsed::LegacyImport(decode(event)?),
-        "session/title" => Parsed::Title(decode::<TitlePayload>(event)?.title),
-        "session/config" => {
+        kind::LEGACY_IMPORT => Parsed::LegacyImport(decode(event)?),
+        kind::SESSION_TITLE => Parsed::Title(decode::<TitlePayload>(event)?.title),
+        kind::SESSION_CONFIG => {
             let p: ConfigPayload = decode(event)?;
             if p.model_ref.trim().is_empty() {
                 return Err(bad(kind, "modelRef is required"));
             }
             Parsed::Config(p)
         }
-        "turn/start" => Parsed::TurnStart,
-        "turn/end" => {
+        kind::TURN_START => Parsed::TurnStart,
+        kind::TURN_END => {
             let p: TurnEndPayload = decode(event)?;
             one_of(kind, "status", &p.status, &TERMINAL_TURN_STATUSES)?;
             Parsed::TurnEnd(p.status)
         }
-        "step/start" | "step/end" => {
+        kind::STEP_START | kind::STEP_END => {
             required_id(kind, &decode::<StepPayload>(event)?.id)?;
             Parsed::Skip
         }
-        "tool/call" => {
+        kind::TOOL_CALL => {
             let p: ToolCallPayload = decode(event)?;
             required_id(kind, &p.id)?;
             required_id(kind, &p.name)?;
             Parsed::Skip
         }
-        "tool/start" => {
+        kind::TOOL_START => {
             let p: ToolStartPayload = decode(event)?;
             required_id(kind, &p.id)?;
             required_id(kind, &p.name)?;
             Parsed::ToolStart(p.id, p.name)
         }
-        "tool/result" => {
+        kind::TOOL_RESULT => {
             let p: ToolResultPayload = decode(event)?;
             required_id(kind, &p.id)?;
             required_id(kind, &p.name)?;
             Parsed::ToolResult(p.id)
         }
-        "todo/write" => {
+        kind::TODO_WRITE => {
             let p: TodoPayload = decode(event)?;
             let mut seen = HashSet::default();
             for t in &p.todos {
@@ -569,36 +294,27 @@ fn parse(event: &Event) -> Result<Parsed> {
                 if !seen.insert(t.content.as_str()) {
                     return Err(bad(kind, format!("duplicate todo {:?}", t.content)));
                 }
-                one_of(
-                    kind,
-                    "status",
-                    &t.status,
-                    &["pending", "in_progress", "completed"],
-                )?;
+                one_of(kind, "status", &t.status, &kind::TODO_STATUSES)?;
             }
             Parsed::Todos(p.todos)
         }
-        "interaction/created" => {
+        kind::INTERACTION_CREATED => {
             let p: InteractionCreatedPayload = decode(event)?;
             required_id(kind, &p.id)?;
-            one_of(kind, "state", &p.state, &["", "pending"])?;
+            one_of(kind, "state", &p.state, &["", kind::INTERACTION_PENDING])?;
             Parsed::InteractionCreated(p.id)
         }
-        "interaction/resolved" => {
+        kind::INTERACTION_RESOLVED => {
             let p: InteractionResolvedPayload = decode(event)?;
             required_id(kind, &p.id)?;
-            one_of(
-                kind,
-                "state",
-                &p.state,
-                &["answered", "rejected", "cancelled", "unavailable"],
-            )?;
+            one_of(kind, "state", &p.state, &kind::INTERACTION_RESOLVED_STATES)?;
             Parsed::InteractionResolved(p.id)
         }
-        "runtime/recovery" => Parsed::Recovery(decode(event)?),
-        "plan/state" => Parsed::PlanState(json_object(event)?),
-        "goal/state" => Parsed::GoalState(json_object(event)?),
-        "diagnostic" => Parsed::Skip,
+        kind::RUNTIME_RECOVERY => Parsed::Recovery(decode(event)?),
+        kind::PLAN_STATE => Parsed::PlanState(json_object(event)?),
+        kind::GOAL_STATE => Parsed::GoalState(json_object(event)?),
+        kind::USAGE => Parsed::Usage(decode::<UsagePayload>(event)?.record()?),
+        kind::DIAGNOSTIC => Parsed::Skip,
         other => {
             return Err(Error::UnsupportedVersion(format!(
                 "unknown required event kind {} (mark it optional to store it)",
@@ -625,8 +341,13 @@ impl Projection {
         let mut reset: Option<HashSet<&str>> = None;
         let mut added: HashSet<&str> =
             HashSet::with_capacity_and_hasher(events.len(), Default::default());
+        let mut usage: Option<Usage> = None;
         for p in &parsed {
             match p {
+                Parsed::Usage(r) => usage
+                    .get_or_insert_with(|| self.usage.clone())
+                    .add(r)
+                    .ok_or_else(|| bad(kind::USAGE, "the usage totals would overflow"))?,
                 Parsed::MessageComplete(m) => {
                     let known = match &reset {
                         Some(ids) => ids.contains(m.id()),
@@ -634,7 +355,7 @@ impl Projection {
                     };
                     if known || !added.insert(m.id()) {
                         return Err(bad(
-                            "message/complete",
+                            kind::MESSAGE_COMPLETE,
                             format!("duplicate message id {:?}", m.id()),
                         ));
                     }
@@ -650,7 +371,10 @@ impl Projection {
                 _ => {}
             }
         }
-        Ok(PreparedFold(parsed))
+        Ok(PreparedFold {
+            events: parsed,
+            usage,
+        })
     }
 
     /// Refuses a batch that starts a turn while one is open (before it or earlier in the
@@ -668,7 +392,7 @@ impl Projection {
                 self.current_turn_start
             )
         });
-        for (i, p) in prepared.0.iter().enumerate() {
+        for (i, p) in prepared.events.iter().enumerate() {
             match p {
                 Parsed::TurnStart => {
                     if let Some(turn) = &open {
@@ -710,10 +434,13 @@ impl Projection {
         effects: &mut FoldEffects,
     ) {
         let turns_before = effects.turns.len();
-        for (i, p) in prepared.0.into_iter().enumerate() {
+        for (i, p) in prepared.events.into_iter().enumerate() {
             let seq = first_seq + i as u64;
             self.committed_sequence = seq;
             self.apply_one(p, seq, first_seq, commit_last_seq, turn_id, effects);
+        }
+        if let Some(usage) = prepared.usage {
+            self.usage = usage;
         }
         let fork_safe = !self.has_active_authority();
         for t in &mut effects.turns[turns_before..] {
@@ -768,7 +495,8 @@ impl Projection {
         effects: &mut FoldEffects,
     ) {
         match parsed {
-            Parsed::Skip => {}
+            // The batch's usage totals were summed in `prepare` and are set once after it.
+            Parsed::Skip | Parsed::Usage(_) => {}
             Parsed::MessageComplete(m) => {
                 if let Some(model) = m.for_model() {
                     self.push_model(model, ModelRef::message(seq));
@@ -836,7 +564,8 @@ impl Projection {
                 self.todo_written = true;
             }
             Parsed::InteractionCreated(id) => {
-                self.interactions.insert(id, "pending".to_owned());
+                self.interactions
+                    .insert(id, kind::INTERACTION_PENDING.to_owned());
             }
             Parsed::InteractionResolved(id) => {
                 self.interactions.remove(&id);

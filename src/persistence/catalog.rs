@@ -22,15 +22,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::model::header::Origin;
-use crate::model::{Projection, SessionId};
+use crate::model::{Projection, SessionId, Usage};
 use crate::persistence::{Root, confine};
 use crate::store::reader::SessionReader;
 use crate::store::schema::{self, SESSION_FILE, WAL_FILE};
 
-/// The folder of the catalog in a root (a dot-name: never a session id).
-pub(crate) const CATALOG_DIR: &str = ".catalog";
-/// The catalog file in [`CATALOG_DIR`].
-pub(crate) const CATALOG_FILE: &str = "catalog.sqlite";
+pub(crate) use crate::format::{CATALOG_DIR, CATALOG_FILE};
 /// The catalog file and SQLite's files beside it. Older builds kept them at the root; there
 /// they are removed when the catalog is first created in its folder.
 const CATALOG_FILES: [&str; 4] = [
@@ -51,6 +48,7 @@ const CATALOG_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS sessions (
 /// A session that `list` or `rebuild_catalog` could not read, and why; the other sessions
 /// are listed without it.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct SkippedSession {
     /// The session's id (its folder name).
     pub session_id: SessionId,
@@ -68,6 +66,7 @@ fn error_text<S: serde::Serializer>(
 
 /// A page of [`Root::list`].
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct Listing {
     /// Sound sessions in id order.
     pub entries: Vec<CatalogEntry>,
@@ -78,8 +77,166 @@ pub struct Listing {
     pub catalog_error: Option<Arc<Error>>,
 }
 
+/// The order of a listing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ListSort {
+    /// By session id, ascending.
+    #[default]
+    Id,
+    /// Most recently updated first (ties by id, descending).
+    Updated,
+    /// Most recently created first (ties by id, descending).
+    Created,
+}
+
+/// Which sessions a listing returns and in which order: every filter given must match.
+/// Built with the `with_*` methods.
+#[non_exhaustive]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListFilter {
+    /// Only sessions whose header names exactly this working directory.
+    pub cwd: Option<String>,
+    /// Only sessions updated at or after this time (ms since the Unix epoch).
+    pub since_ms: Option<i64>,
+    /// Only sessions whose title contains this text (ASCII letters compared without case).
+    pub title: Option<String>,
+    /// Only sessions of this origin.
+    pub origin: Option<Origin>,
+    /// The order.
+    pub sort: ListSort,
+}
+
+impl ListFilter {
+    /// Only sessions whose header names exactly `cwd`.
+    pub fn with_cwd(mut self, cwd: impl Into<String>) -> Self {
+        self.cwd = Some(cwd.into());
+        self
+    }
+
+    /// Only sessions updated at or after `ms` (ms since the Unix epoch).
+    pub fn with_since_ms(mut self, ms: i64) -> Self {
+        self.since_ms = Some(ms);
+        self
+    }
+
+    /// Only sessions whose title contains `text` (ASCII letters compared without case).
+    pub fn with_title(mut self, text: impl Into<String>) -> Self {
+        self.title = Some(text.into());
+        self
+    }
+
+    /// Only sessions of this origin.
+    pub fn with_origin(mut self, origin: Origin) -> Self {
+        self.origin = Some(origin);
+        self
+    }
+
+    /// The order.
+    pub fn with_sort(mut self, sort: ListSort) -> Self {
+        self.sort = sort;
+        self
+    }
+
+    /// Whether this is the plain listing (no filter, id order).
+    fn is_plain(&self) -> bool {
+        *self == ListFilter::default()
+    }
+
+    /// Whether `e` passes every filter (the same test the catalog query makes in SQL).
+    fn matches(&self, e: &CatalogEntry) -> bool {
+        self.cwd.as_ref().is_none_or(|c| e.cwd.as_ref() == Some(c))
+            && self.since_ms.is_none_or(|s| e.updated_at_ms >= s)
+            && self.title.as_ref().is_none_or(|t| {
+                e.title
+                    .to_ascii_lowercase()
+                    .contains(&t.to_ascii_lowercase())
+            })
+            && self.origin.is_none_or(|o| e.origin == o)
+    }
+
+    /// The time `e` is sorted by (`None` in id order).
+    fn key(&self, e: &CatalogEntry) -> Option<i64> {
+        match self.sort {
+            ListSort::Id => None,
+            ListSort::Updated => Some(e.updated_at_ms),
+            ListSort::Created => Some(e.created_at_ms),
+        }
+    }
+
+    /// The cursor that continues a page ending with `e`: its id in id order, else
+    /// `u.<updated ms>.<id>` or `c.<created ms>.<id>`.
+    pub fn cursor_after(&self, e: &CatalogEntry) -> String {
+        match (self.sort, self.key(e)) {
+            (ListSort::Updated, Some(k)) => format!("u.{k}.{}", e.session_id),
+            (ListSort::Created, Some(k)) => format!("c.{k}.{}", e.session_id),
+            _ => e.session_id.to_string(),
+        }
+    }
+
+    /// The position a cursor names: `(time, id)` in time order (`time` is `i64::MAX`
+    /// without a cursor), `(0, id)` in id order.
+    fn position(&self, cursor: Option<&str>) -> Result<(i64, String)> {
+        let Some(cursor) = cursor else {
+            return Ok((i64::MAX, String::new()));
+        };
+        let prefix = match self.sort {
+            ListSort::Id => return Ok((0, cursor.to_owned())),
+            ListSort::Updated => "u",
+            ListSort::Created => "c",
+        };
+        let mut parts = cursor.splitn(3, '.');
+        match (
+            parts.next(),
+            parts.next().map(str::parse::<i64>),
+            parts.next(),
+        ) {
+            (Some(p), Some(Ok(k)), Some(id)) if p == prefix => Ok((k, id.to_owned())),
+            _ => Err(Error::invalid(format!(
+                "invalid list cursor {} for this sort",
+                crate::error::quoted(cursor)
+            ))),
+        }
+    }
+
+    /// The one keyset query of a filtered or sorted page: named parameters `:cwd`,
+    /// `:since`, `:title` (lower-cased), `:origin`, `:key`, `:id`, `:limit`.
+    fn sql(&self) -> String {
+        // In id order every row's key is 0: a cursor (key 0) keeps the ids after it, no
+        // cursor (key i64::MAX) keeps every row.
+        let (key, keyset, order) = match self.sort {
+            ListSort::Id => (
+                "0",
+                "(k < :key OR (k = :key AND session_id > :id))",
+                "session_id",
+            ),
+            ListSort::Updated => (
+                "json_extract(entry, '$.updated_at_ms')",
+                "(k < :key OR (k = :key AND session_id < :id))",
+                "k DESC, session_id DESC",
+            ),
+            ListSort::Created => (
+                "json_extract(entry, '$.created_at_ms')",
+                "(k < :key OR (k = :key AND session_id < :id))",
+                "k DESC, session_id DESC",
+            ),
+        };
+        format!(
+            "SELECT session_id, stamp, entry FROM (
+                 SELECT session_id, stamp, entry, {key} AS k FROM sessions WHERE entry <> ''
+             ) WHERE (:cwd IS NULL OR json_extract(entry, '$.cwd') = :cwd)
+               AND (:since IS NULL OR json_extract(entry, '$.updated_at_ms') >= :since)
+               AND (:title IS NULL OR instr(lower(json_extract(entry, '$.title')), :title) > 0)
+               AND (:origin IS NULL OR json_extract(entry, '$.origin') = :origin)
+               AND {keyset}
+             ORDER BY {order} LIMIT :limit"
+        )
+    }
+}
+
 /// What [`Root::rebuild_catalog`] did.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct RebuildReport {
     /// Sessions indexed.
     pub sessions: usize,
@@ -91,6 +248,7 @@ pub struct RebuildReport {
 
 /// What the catalog knows about a session.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct CatalogEntry {
     /// The session id.
     pub session_id: SessionId,
@@ -114,6 +272,9 @@ pub struct CatalogEntry {
     pub parent_id: Option<SessionId>,
     /// Origin from the header.
     pub origin: Origin,
+    /// Token and cost totals (a fork's include its inherited prefix).
+    #[serde(default)]
+    pub usage: Usage,
 }
 
 impl CatalogEntry {
@@ -137,11 +298,13 @@ impl CatalogEntry {
             cwd: h.cwd.clone(),
             parent_id: h.parent_id.clone(),
             origin: h.origin,
+            usage: projection.usage.clone(),
         }
     }
 }
 
-fn modified_ms(dir: &Path) -> i64 {
+/// Last change of a session's files (ms since the Unix epoch; 0 when unknown).
+pub(crate) fn modified_ms(dir: &Path) -> i64 {
     [SESSION_FILE, WAL_FILE]
         .iter()
         .filter_map(|f| std::fs::symlink_metadata(dir.join(f)).ok()?.modified().ok())
@@ -235,6 +398,43 @@ pub(crate) fn catalog_dir(root: &Root) -> Result<rustix::fd::OwnedFd> {
     Ok(dir)
 }
 
+/// The session ids a catalog file lists, sorted: e.g. a root's catalog restored from a
+/// replica, to learn which sessions the replica holds (`restore --all`). The file is only
+/// read (a copy with no `-wal` beside it is opened immutable: nothing is created beside
+/// it); its entries are not checked against any session file.
+///
+/// # Errors
+/// [`Error::SessionNotFound`] when `file` is missing; [`Error::InvalidInput`] for a
+/// symlink or a non-regular file; [`Error::Corrupt`] for a file that is not a catalog or
+/// lists an invalid id.
+pub fn catalog_session_ids(file: &Path) -> Result<Vec<SessionId>> {
+    schema::check_file(file)?;
+    let access = schema::Access::for_user_file(file);
+    let conn = Connection::open_with_flags(access.name(file), schema::reader_flags())?;
+    let app: i32 = conn.pragma_query_value(None, "application_id", |r| r.get(0))?;
+    if app != CATALOG_APPLICATION_ID {
+        return Err(Error::corrupt(format!(
+            "{} is not a catalog (application_id {app:#x})",
+            file.display()
+        )));
+    }
+    let mut stmt = conn.prepare("SELECT session_id FROM sessions ORDER BY session_id")?;
+    let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+    let mut ids = Vec::new();
+    for row in rows {
+        let text = row?;
+        let id = SessionId::new(text.as_str()).map_err(|_| {
+            Error::corrupt(format!(
+                "{} lists an invalid session id {}",
+                file.display(),
+                crate::error::quoted(&text)
+            ))
+        })?;
+        ids.push(id);
+    }
+    Ok(ids)
+}
+
 /// Unlinks the entries `names` of `dir` that are files or symlinks (a symlink itself, never
 /// what it points to); a missing entry or a folder (a session may bear such a name in an
 /// older root) is left alone.
@@ -303,7 +503,9 @@ impl Catalog {
         }
         match guard.as_ref() {
             Some(conn) => f(conn),
-            None => Err(Error::corrupt("catalog connection missing")),
+            None => Err(Error::internal(
+                "catalog connection missing after opening it",
+            )),
         }
     }
 
@@ -345,6 +547,116 @@ impl Catalog {
                 .execute([id.as_str()])?;
             Ok(())
         })
+    }
+
+    /// Up to `limit` entries after the cursor `after` that pass `filter`, in its order.
+    /// The plain listing (no filter, id order) is [`Catalog::page`]. Otherwise every
+    /// stale entry is brought up to date first (one `stat` per session; only changed files
+    /// are read), then the page is one keyset query on the catalog; sessions that cannot
+    /// be read are reported on the first page. When the catalog cannot be used, the page
+    /// is computed from the session files.
+    pub(crate) fn filtered_page(
+        &self,
+        root: &Root,
+        filter: &ListFilter,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Listing> {
+        if filter.is_plain() {
+            return self.page(root, after, limit);
+        }
+        let position = filter.position(after)?;
+        let stamper = Stamper::open(root.path())?;
+        let cached = self.refresh(root, &stamper).and_then(|skipped| {
+            let mut listing = self.query_page(root, &stamper, filter, &position, limit)?;
+            listing.skipped = skipped;
+            Ok(listing)
+        });
+        let mut listing = match cached {
+            Ok(listing) => listing,
+            Err(e) => {
+                let mut listing = direct_filtered_page(root, &stamper, filter, &position, limit)?;
+                listing.catalog_error = Some(Arc::new(e));
+                listing
+            }
+        };
+        if after.is_some() {
+            listing.skipped.clear();
+        }
+        Ok(listing)
+    }
+
+    /// Brings every stale entry up to date (vanished sessions dropped); returns the
+    /// sessions that cannot be read.
+    fn refresh(&self, root: &Root, stamper: &Stamper) -> Result<Vec<SkippedSession>> {
+        let rows: Vec<(String, String)> = self.with_conn(root, |c| {
+            let mut stmt = c.prepare_cached("SELECT session_id, stamp FROM sessions")?;
+            let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })?;
+        let mut skipped = Vec::new();
+        for (sid, stamp) in rows {
+            let Ok(id) = SessionId::new(sid) else {
+                continue;
+            };
+            if stamper.stamp(&id) == stamp {
+                continue;
+            }
+            match compute(root, stamper, &id) {
+                Computed::Entry(entry) => self.put_row(root, &entry, &row(stamper, &entry)?)?,
+                Computed::Gone => self.forget(root, &id)?,
+                Computed::Unreadable(s) => {
+                    // Its old entry must not match a filter: the row is left stale and
+                    // empty (retried next time, as `touch` leaves a new one).
+                    self.with_conn(root, |c| {
+                        c.prepare_cached(
+                            "UPDATE sessions SET stamp = '', entry = '' WHERE session_id = ?1",
+                        )?
+                        .execute([id.as_str()])?;
+                        Ok(())
+                    })?;
+                    skipped.push(s);
+                }
+            }
+        }
+        Ok(skipped)
+    }
+
+    /// One keyset query for a filtered or sorted page (entries fresh after `refresh`).
+    fn query_page(
+        &self,
+        root: &Root,
+        stamper: &Stamper,
+        filter: &ListFilter,
+        (key, id): &(i64, String),
+        limit: usize,
+    ) -> Result<Listing> {
+        let texts: Vec<String> = self.with_conn(root, |c| {
+            let mut stmt = c.prepare_cached(&filter.sql())?;
+            let rows = stmt.query_map(
+                rusqlite::named_params! {
+                    ":cwd": filter.cwd,
+                    ":since": filter.since_ms,
+                    ":title": filter.title.as_ref().map(|t| t.to_ascii_lowercase()),
+                    ":origin": filter.origin.map(Origin::as_str),
+                    ":key": key,
+                    ":id": id,
+                    ":limit": i64::try_from(limit).unwrap_or(i64::MAX),
+                },
+                |r| r.get::<_, String>(2),
+            )?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })?;
+        let mut out = Listing::default();
+        for text in texts {
+            let entry: CatalogEntry = serde_json::from_str(&text)
+                .map_err(|e| Error::corrupt(format!("catalog entry: {e}")))?;
+            // Deleted since the refresh: never revived.
+            if !stamper.stamp(&entry.session_id).starts_with(MISSING) {
+                out.entries.push(entry);
+            }
+        }
+        Ok(out)
     }
 
     /// Up to `limit` entries with ids after `after`, in id order; stale entries are
@@ -403,7 +715,7 @@ impl Catalog {
                     None => match compute(root, stamper, &id) {
                         Computed::Entry(entry) => {
                             self.put_row(root, &entry, &row(stamper, &entry)?)?;
-                            entry
+                            *entry
                         }
                         Computed::Gone => {
                             self.forget(root, &id)?;
@@ -484,7 +796,7 @@ fn direct_page(
             break;
         }
         match compute(root, stamper, &id) {
-            Computed::Entry(entry) => out.entries.push(entry),
+            Computed::Entry(entry) => out.entries.push(*entry),
             Computed::Gone => {}
             Computed::Unreadable(skipped) => out.skipped.push(skipped),
         }
@@ -492,9 +804,44 @@ fn direct_page(
     Ok(out)
 }
 
+/// A filtered or sorted page computed from the session files alone.
+fn direct_filtered_page(
+    root: &Root,
+    stamper: &Stamper,
+    filter: &ListFilter,
+    (key, id): &(i64, String),
+    limit: usize,
+) -> Result<Listing> {
+    let mut out = Listing::default();
+    let mut entries = Vec::new();
+    for sid in root.list_ids()? {
+        match compute(root, stamper, &sid) {
+            Computed::Entry(entry) => entries.push(*entry),
+            Computed::Gone => {}
+            Computed::Unreadable(skipped) => out.skipped.push(skipped),
+        }
+    }
+    entries.retain(|e| filter.matches(e));
+    match filter.sort {
+        ListSort::Id => entries.retain(|e| e.session_id.as_str() > id.as_str()),
+        ListSort::Updated | ListSort::Created => {
+            entries.retain(|e| {
+                let k = filter.key(e).unwrap_or(0);
+                k < *key || (k == *key && e.session_id.as_str() < id.as_str())
+            });
+            entries.sort_by(|a, b| {
+                (filter.key(b), &b.session_id).cmp(&(filter.key(a), &a.session_id))
+            });
+        }
+    }
+    entries.truncate(limit);
+    out.entries = entries;
+    Ok(out)
+}
+
 /// What reading a session's entry gave.
 enum Computed {
-    Entry(CatalogEntry),
+    Entry(Box<CatalogEntry>),
     /// The session vanished (deleted meanwhile): not an error.
     Gone,
     /// The session exists but cannot be read.
@@ -514,7 +861,7 @@ fn compute(root: &Root, stamper: &Stamper, id: &SessionId) -> Computed {
         ))
     };
     match read() {
-        Ok(entry) => Computed::Entry(entry),
+        Ok(entry) => Computed::Entry(Box::new(entry)),
         Err(_) if stamper.stamp(id).starts_with(MISSING) => Computed::Gone,
         Err(Error::SessionNotFound(_)) => Computed::Gone,
         Err(e) => Computed::Unreadable(SkippedSession {
@@ -527,6 +874,7 @@ fn compute(root: &Root, stamper: &Stamper, id: &SessionId) -> Computed {
 /// The stamp and the stored text of a session's entry.
 fn row(stamper: &Stamper, entry: &CatalogEntry) -> Result<(String, String)> {
     let stamp = stamper.stamp(&entry.session_id);
-    let text = serde_json::to_string(entry).map_err(|e| Error::invalid(e.to_string()))?;
+    let text = serde_json::to_string(entry)
+        .map_err(|e| Error::internal_from("catalog entry to JSON", e))?;
     Ok((stamp, text))
 }

@@ -25,6 +25,18 @@ impl Root {
     /// [`Error::SessionNotFound`]; I/O and SQLite errors before the session is renamed
     /// away (then it stays intact; clean-up after the rename never fails the call).
     pub fn delete(&self, id: &SessionId, cancel: &CancelToken) -> Result<()> {
+        self.delete_unless(id, cancel, |_| None).map(drop)
+    }
+
+    /// As [`Root::delete`], but once the session's writer and dependents locks are held
+    /// (no writer can append, no fork can start), `keep` looks at its folder and may keep
+    /// it: `Ok(Some(why))`, nothing changed. `Ok(None)`: deleted.
+    pub(crate) fn delete_unless(
+        &self,
+        id: &SessionId,
+        cancel: &CancelToken,
+        keep: impl FnOnce(&Path) -> Option<String>,
+    ) -> Result<Option<String>> {
         let dir = self.existing_dir(id)?;
         let lock = WriterLock::acquire(&dir.join(LOCK_FILE), cancel)?;
         let forks = DependentsLock::exclusive(&dir.join(DEPENDENTS_LOCK_FILE), cancel)?;
@@ -32,6 +44,9 @@ impl Root {
         // A concurrent delete of the same session may have renamed it away meanwhile.
         if !file.is_file() {
             return Err(Error::SessionNotFound(id.to_string()));
+        }
+        if let Some(why) = keep(&dir) {
+            return Ok(Some(why));
         }
         let conn = schema::open_writer(&file, Durability::PowerLoss)?;
         let ancestors = read::read_lineage(&conn)?;
@@ -68,7 +83,7 @@ impl Root {
             let ancestor = self.session_dir(&entry.ancestor_id).join(SESSION_FILE);
             let _ = lineage::forget_dependent(&ancestor, id.as_str());
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Copies every range `child` inherits from `ancestor` into `child`'s own file and drops

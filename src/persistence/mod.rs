@@ -6,18 +6,22 @@ mod confine;
 mod delete;
 mod fork;
 mod portable;
+mod retention;
 mod search;
 mod staging;
 mod stats;
 mod verify;
 
 pub(crate) use catalog::Catalog;
-pub use catalog::{CatalogEntry, Listing, RebuildReport, SkippedSession};
+pub use catalog::{
+    CatalogEntry, ListFilter, ListSort, Listing, RebuildReport, SkippedSession, catalog_session_ids,
+};
 pub use fork::ForkPoint;
 pub use portable::{ExportReport, ImportOptions};
+pub use retention::{GcDeleted, GcKept, GcOptions, GcReport};
 pub use search::SearchOptions;
 pub use stats::{BlobStats, KindStats, SessionStats, TableBytes};
-pub use verify::{Replay, Verified, replay, verify};
+pub use verify::{ReplayReport, Verified, replay_file, verify_file};
 
 pub(crate) use staging::Staged;
 
@@ -30,18 +34,16 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::error::{Error, Result, WriterOwner};
+use crate::format::DEFAULT_INLINE_THRESHOLD;
 use crate::model::SessionId;
 use crate::model::header::{Header, Origin};
 use crate::model::ids::{now_ms, random_hex};
 use crate::session::live::{Session, WriteBehind};
 use crate::store::content;
-pub use crate::store::content::{
-    DEFAULT_INLINE_THRESHOLD, MAX_INLINE_THRESHOLD, MIN_INLINE_THRESHOLD,
-};
 use crate::store::lock::{self, WriterLock, recorded_owner};
 use crate::store::read::LineageEntry;
 use crate::store::reader::SessionReader;
-use crate::store::schema::{self, CODEC, Durability, LOCK_FILE, SESSION_FILE};
+use crate::store::schema::{self, CODEC, Durability, LOCK_FILE, SESSION_FILE, WAL_FILE};
 use crate::store::write;
 pub use crate::store::writer::CheckpointPolicy;
 use crate::store::writer::FileWriter;
@@ -76,8 +78,11 @@ pub struct StoreOptions {
     /// String values of a payload longer than this many bytes (their JSON text between
     /// the quotes) are stored once per file, zstd-compressed, in the blob table, with a
     /// placeholder in the payload (default [`DEFAULT_INLINE_THRESHOLD`], 1 KiB; accepted
-    /// [`MIN_INLINE_THRESHOLD`]..=[`MAX_INLINE_THRESHOLD`]). Applies to what this root
-    /// writes: appends, imports, exports and materialised forks.
+    /// [`format::MIN_INLINE_THRESHOLD`]..=[`format::MAX_INLINE_THRESHOLD`]). Applies to
+    /// what this root writes: appends, imports, exports and materialised forks.
+    ///
+    /// [`format::MIN_INLINE_THRESHOLD`]: crate::format::MIN_INLINE_THRESHOLD
+    /// [`format::MAX_INLINE_THRESHOLD`]: crate::format::MAX_INLINE_THRESHOLD
     pub inline_threshold: usize,
 }
 
@@ -179,6 +184,7 @@ impl StoreOptions {
 
 /// What `stat` reports about a session without reading its events.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct SessionInfo {
     /// The header row.
     pub header: Header,
@@ -281,17 +287,83 @@ pub(crate) fn rename_no_replace_at(
     }
 }
 
-/// A private folder under the root's `.staging/` (see [`Root::scratch`]); removed when
-/// dropped.
+/// A private folder under the root's `.staging/` (see [`Root::scratch`]), guarded for as
+/// long as the handle lives (no `Root::open` in any process removes it) and removed when
+/// dropped; after a crash the next `Root::open` removes it.
+///
+/// Sessions that arrive from outside the library (a restore from a replica) are laid out
+/// in it and published into the root one by one: [`Scratch::session_file`] says where
+/// to write a session's file, [`Scratch::staged_ancestors`] what it inherits from, and
+/// [`Scratch::publish_session`] renames it into place, as `create` and `import` publish
+/// what they build.
 #[derive(Debug)]
 pub struct Scratch {
     staged: Staged,
+    root: Root,
 }
 
 impl Scratch {
     /// The folder.
     pub fn path(&self) -> &Path {
         self.staged.dir()
+    }
+
+    /// Where the session `id` is laid out in this folder: the path of its session file,
+    /// `<scratch>/<id>/session.sqlite`, its folder created (an existing one is kept).
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the folder cannot be created.
+    pub fn session_file(&self, id: &SessionId) -> Result<PathBuf> {
+        Ok(self.staged.make_child(id.as_str())?.join(SESSION_FILE))
+    }
+
+    /// The ancestors the session file of `id` in this folder names in its lineage, oldest
+    /// first. They are not opened (they may be in the root already, or still to come).
+    ///
+    /// # Errors
+    /// [`Error::SessionNotFound`] when no file of `id` is laid out here;
+    /// [`Error::InvalidInput`] for a symlink; [`Error::Corrupt`] or
+    /// [`Error::UnsupportedVersion`] for a file that is not a session file this build reads.
+    pub fn staged_ancestors(&self, id: &SessionId) -> Result<Vec<SessionId>> {
+        let file = self.path().join(id.as_str()).join(SESSION_FILE);
+        let mut ids: Vec<SessionId> = Vec::new();
+        for entry in crate::store::read::read_file_lineage(&file)? {
+            if !ids.contains(&entry.ancestor_id) {
+                ids.push(entry.ancestor_id);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Publishes the session `id` laid out in this folder into the root: its file (and a
+    /// `-wal` beside it) and its folder are fsynced, the folder is renamed to `<root>/<id>`
+    /// without ever replacing a session, the rename is made durable and the catalog told.
+    /// The file is not verified: check it with [`verify_file`](crate::verify_file) once its ancestors are published.
+    ///
+    /// # Errors
+    /// [`Error::SessionExists`] when the root already has `id` (the copy stays here);
+    /// [`Error::SessionNotFound`] when no file of `id` is laid out here;
+    /// [`Error::InvalidInput`] for a symlink in the laid-out folder; [`Error::Io`].
+    pub fn publish_session(&self, id: &SessionId) -> Result<()> {
+        let dir = self.path().join(id.as_str());
+        schema::check_session_dir(&dir)?;
+        for file in [SESSION_FILE, WAL_FILE] {
+            let path = dir.join(file);
+            match schema::open_no_follow(&path) {
+                Ok(f) => f
+                    .sync_all()
+                    .map_err(|e| Error::io(format!("fsync {}", path.display()), e))?,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io(format!("open {}", path.display()), e)),
+            }
+        }
+        sync_dir(&dir)?;
+        let root = &self.root;
+        self.staged
+            .publish_child(id.as_str(), root.dir_fd(), root.path(), id.as_str())?;
+        // The catalog is derived: a session it misses is indexed on the next open.
+        drop(root.inner.catalog.touch(root, id));
+        Ok(())
     }
 }
 
@@ -365,7 +437,10 @@ impl Root {
                 "{purpose:?} is not a scratch purpose"
             )));
         }
-        Staged::new(self.dir_fd(), &self.inner.path, purpose).map(|staged| Scratch { staged })
+        Staged::new(self.dir_fd(), &self.inner.path, purpose).map(|staged| Scratch {
+            staged,
+            root: self.clone(),
+        })
     }
 
     /// The folder `name` of the root (e.g. a scratch folder), created when missing. It
@@ -382,6 +457,46 @@ impl Root {
         let path = self.inner.path.join(name);
         confine::ensure_dir_at(self.dir_fd(), name, &path)?;
         Ok(path)
+    }
+
+    /// Moves the session `id` out of the session namespace into the folder `folder` of the
+    /// root (a dot-name such as `.restore-failed`, created when missing, never a symlink),
+    /// as `<folder>/<random>/<id>`, and returns that path: a copy kept for inspection that
+    /// listing, opening and deleting no longer see. Its writer lock is taken first.
+    /// Sessions that inherit from it are not materialised: they cannot be read while it is
+    /// away ([`Root::delete`] keeps them readable instead).
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] when `folder` is not a dot-name or is a symlink or a file;
+    /// [`Error::SessionNotFound`]; [`Error::WriterOwned`] when a writer holds the session;
+    /// [`Error::Io`].
+    pub fn set_aside(&self, id: &SessionId, folder: &str) -> Result<PathBuf> {
+        if folder.len() < 2 || !folder.starts_with('.') || folder == ".." || folder.contains('/') {
+            return Err(Error::invalid(format!(
+                "{} is not a dot-folder name",
+                crate::error::quoted(folder)
+            )));
+        }
+        let folder_path = self.inner.path.join(folder);
+        let dir = self.existing_dir(id)?;
+        let folder_fd = confine::ensure_dir_at(self.dir_fd(), folder, &folder_path)?;
+        let lock = self.take_writer_lock(&dir)?;
+        // A fresh folder per move: the id is not part of its name, so the longest id fits.
+        let holder = random_hex();
+        let aside = folder_path.join(&holder);
+        confine::ensure_dir_at(&folder_fd, &holder, &aside)?;
+        rename_no_replace_at(
+            self.dir_fd(),
+            Path::new(id.as_str()),
+            &folder_fd,
+            &Path::new(&holder).join(id.as_str()),
+            id.as_str(),
+        )?;
+        drop(lock);
+        // Derived index; listing also drops entries whose folder is gone.
+        let _ = self.inner.catalog.forget(self, id);
+        sync_dir(&self.inner.path)?;
+        Ok(aside.join(id.as_str()))
     }
 
     /// The options in force.
@@ -464,7 +579,7 @@ impl Root {
         fill(&mut conn)?;
         schema::finish_staged(conn, &file)?;
         let lock = WriterLock::try_acquire(&staged.dir().join(LOCK_FILE))?
-            .ok_or_else(|| Error::invalid("staging lock is held"))?;
+            .ok_or_else(|| Error::internal("lock of a fresh staging folder is held"))?;
         sync_dir(staged.dir())?;
         Ok((staged, lock))
     }
@@ -499,6 +614,57 @@ impl Root {
         self.inner.catalog.page(self, after, limit)
     }
 
+    /// Records a closed writer's session in the catalog from its in-memory projection (no
+    /// re-fold).
+    ///
+    /// # Errors
+    /// When the catalog cannot be written (it is derived: the entry is recomputed when
+    /// next listed).
+    pub(crate) fn record_closed(&self, session: &Session) -> Result<()> {
+        let durable = session.sequences().1;
+        let entry = session
+            .with_projection(|p| CatalogEntry::new(session.reader(), p, durable, session.dir()));
+        self.inner.catalog.put(self, &entry)
+    }
+
+    /// Renames a session as its writer: opens it for writing, appends a `session/title`
+    /// event ([`Session::rename`]), closes it and records the new title in the catalog, so
+    /// `list` shows it at once.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a blank title (nothing changes);
+    /// [`Error::SessionNotFound`]; [`Error::WriterOwned`] when another writer has it; as
+    /// [`Session::append`] and [`Session::close`].
+    pub fn rename(&self, id: &SessionId, title: &str) -> Result<()> {
+        // Checked before the writer is taken, so a bad title changes nothing (not even the
+        // lease generation).
+        crate::model::payload::title_event(title)?;
+        let session = self.open_writer(id)?;
+        let appended = session.rename(title);
+        let closed = session.close();
+        appended?;
+        closed?;
+        // The catalog is derived: a failed update only costs a recomputation when listed.
+        let _ = self.record_closed(&session);
+        Ok(())
+    }
+
+    /// As [`Root::list`], keeping only the sessions that pass `filter`, in its order;
+    /// `after` is a cursor from [`ListFilter::cursor_after`]. A filtered or sorted page
+    /// first brings stale catalog entries up to date (one `stat` per session), then is one
+    /// keyset query on the catalog; unreadable sessions are reported on the first page.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a cursor of another order; as [`Root::list`].
+    pub fn list_filtered(
+        &self,
+        filter: &ListFilter,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Listing> {
+        self.inner.catalog.filtered_page(self, filter, after, limit)
+    }
+
     /// Recomputes the catalog from the session files, replacing whatever is there (also a
     /// damaged or foreign catalog file), and rebuilds the search index (creating it when
     /// missing). Sessions that cannot be read are reported, not indexed.
@@ -519,17 +685,28 @@ impl Root {
     /// writer, in this process or another, has it.
     pub fn open_writer(&self, id: &SessionId) -> Result<Session> {
         let dir = self.existing_dir(id)?;
+        let lock = self.take_writer_lock(&dir)?;
+        self.start_writer(&dir, lock)
+    }
+
+    /// Takes the writer lock of the session folder `dir`, retrying a lock held only for a
+    /// moment (a probe, or a child process between `fork` and `exec` that shares the
+    /// descriptor).
+    ///
+    /// # Errors
+    /// [`Error::WriterOwned`] naming the holder when a writer keeps it.
+    fn take_writer_lock(&self, dir: &Path) -> Result<WriterLock> {
         let lock_path = dir.join(LOCK_FILE);
         for attempt in 1..=LOCK_ATTEMPTS {
             if let Some(lock) = WriterLock::try_acquire(&lock_path)? {
-                return self.start_writer(&dir, lock);
+                return Ok(lock);
             }
             if attempt < LOCK_ATTEMPTS {
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
         Err(Error::WriterOwned {
-            owner: self.current_owner(&dir)?,
+            owner: self.current_owner(dir)?,
         })
     }
 

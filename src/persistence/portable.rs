@@ -25,6 +25,7 @@ const COPY_BATCH_BYTES: usize = 32 << 20;
 
 /// What an export wrote.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct ExportReport {
     /// Commits in the file.
     pub commits: u64,
@@ -218,7 +219,7 @@ impl Root {
     /// hashes, blob digests and a full projection replay — all before anything becomes
     /// visible. The copy is built under `.staging/` and renamed into place. The file is the
     /// user's: a symlink to it is followed (resolved once), and nothing is created beside
-    /// it (see [`replay`](crate::replay)).
+    /// it (see [`replay_file`](crate::replay_file)).
     ///
     /// # Errors
     /// [`Error::SessionExists`] when the target id is taken; [`Error::Corrupt`] or

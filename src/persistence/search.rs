@@ -28,7 +28,7 @@ const READ_THREADS: usize = 4;
 /// Messages read back, keyed by session and position, and the sessions found gone.
 type ReadBack<'a> = (Vec<((&'a SessionId, u64), Arc<Message>)>, Vec<SessionId>);
 
-/// What [`crate::Query::search`] looks for besides the query. Built with
+/// What [`crate::SessionQuery::search`] looks for besides the query. Built with
 /// [`SearchOptions::default`] and the `with_*` methods.
 #[derive(Clone, Debug, Default)]
 #[non_exhaustive]

@@ -18,8 +18,7 @@ use crate::persistence::confine;
 use crate::persistence::{rename_no_replace_at, sync_dir};
 use crate::store::lock::WriterLock;
 
-/// Folder under the root where new sessions are built before publication.
-pub(crate) const STAGING_DIR: &str = ".staging";
+pub(crate) use crate::format::STAGING_DIR;
 
 /// Suffix of a staging folder's guard file.
 const GUARD_SUFFIX: &str = ".lock";
@@ -50,8 +49,9 @@ impl Staged {
         let staging = open_staging(root, root_path)?;
         let staging_path = root_path.join(STAGING_DIR);
         let name = format!("{purpose}-{}", random_hex());
-        let guard = WriterLock::try_acquire(&staging_path.join(format!("{name}{GUARD_SUFFIX}")))?
-            .ok_or_else(|| Error::invalid(format!("staging guard of {name} is held")))?;
+        let guard =
+            WriterLock::try_acquire(&staging_path.join(format!("{name}{GUARD_SUFFIX}")))?
+                .ok_or_else(|| Error::internal(format!("fresh staging guard of {name} is held")))?;
         let dir = staging_path.join(&name);
         rustix::fs::mkdirat(
             &staging,
@@ -89,6 +89,29 @@ impl Staged {
             id,
         )?;
         self.published = true;
+        sync_dir(root_path)
+    }
+
+    /// Creates the folder `child` inside this staging folder (an existing one is kept, a
+    /// symlink there refused); returns its path.
+    pub(crate) fn make_child(&self, child: &str) -> Result<PathBuf> {
+        let path = self.dir.join(child);
+        confine::ensure_dir_at(&self.staging, &format!("{}/{child}", self.name), &path)?;
+        Ok(path)
+    }
+
+    /// Renames the folder `child` of this staging folder to `id` in the root (never
+    /// replacing: [`Error::SessionExists`] names `id`) and makes the rename durable. The
+    /// staging folder itself stays (other children may follow).
+    pub(crate) fn publish_child(
+        &self,
+        child: &str,
+        root: BorrowedFd<'_>,
+        root_path: &Path,
+        id: &str,
+    ) -> Result<()> {
+        let relative = Path::new(&self.name).join(child);
+        rename_no_replace_at(&self.staging, &relative, root, Path::new(id), id)?;
         sync_dir(root_path)
     }
 }

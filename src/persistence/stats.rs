@@ -1,6 +1,7 @@
 //! Storage statistics of a session: counts and bytes by event kind, the blobs its events
-//! reference and how well they compress, and bytes by table. Read-only; SQL aggregates
-//! over the session file and the files of its ancestors, no payload is decoded.
+//! reference and how well they compress, bytes by table, and the usage totals. Read-only;
+//! SQL aggregates over the session file and the files of its ancestors (no payload is
+//! decoded for them); the usage totals come from the projection.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -8,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::model::SessionId;
+use crate::model::{SessionId, Usage};
 use crate::persistence::Root;
 use crate::store::schema::{self, SESSION_FILE};
 use crate::store::stats::{BlobSize, blob_sizes, kind_totals, table_bytes};
@@ -16,6 +17,7 @@ pub use crate::store::stats::{KindStats, TableBytes};
 
 /// The distinct blobs a session's events reference.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct BlobStats {
     /// Distinct blobs.
     pub count: u64,
@@ -31,6 +33,7 @@ pub struct BlobStats {
 
 /// What [`Root::stats`] reports.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct SessionStats {
     /// The session.
     pub session_id: SessionId,
@@ -46,6 +49,9 @@ pub struct SessionStats {
     pub tables: Vec<TableBytes>,
     /// Bytes of the session's own file and its WAL.
     pub file_bytes: u64,
+    /// Token and cost totals of its `usage` events (inherited ones included), from the
+    /// projection.
+    pub usage: Usage,
 }
 
 /// One file and the range of sequences it supplies, `(after, through]`.
@@ -56,8 +62,8 @@ struct Source {
 }
 
 impl Root {
-    /// Counts and bytes by event kind, blob count and compression ratio, and bytes by
-    /// table of a session's durable prefix, inherited ranges included.
+    /// Counts and bytes by event kind, blob count and compression ratio, bytes by table
+    /// and usage totals of a session's durable prefix, inherited ranges included.
     ///
     /// # Errors
     /// [`Error::SessionNotFound`]; [`Error::Corrupt`] when an ancestor is missing;
@@ -129,6 +135,7 @@ impl Root {
             },
             tables: table_bytes(reader.file())?,
             file_bytes: file_bytes(reader.file()),
+            usage: reader.projection()?.usage,
         })
     }
 

@@ -1,4 +1,4 @@
-//! Validation of a whole log: the checks shared by `replay`, export and import.
+//! Validation of a whole log: the checks shared by `replay_file`, export and import.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -12,9 +12,10 @@ use crate::store::read::{HistoryRow, check_integrity};
 use crate::store::reader::SessionReader;
 use crate::store::schema::{self, Access, SESSION_FILE};
 
-/// The result of [`replay`]: every commit, validated, and their projection.
+/// The result of [`replay_file`]: every commit, validated, and their projection.
 #[derive(Clone, Debug)]
-pub struct Replay {
+#[non_exhaustive]
+pub struct ReplayReport {
     /// The header row.
     pub header: Header,
     /// Every durable commit in order.
@@ -234,8 +235,9 @@ pub(crate) fn resolve_target(path: &Path) -> Result<Target> {
     })
 }
 
-/// What [`verify`] found in a sound log: the counts and the projection, not the commits.
+/// What [`verify_file`] found in a sound log: the counts and the projection, not the commits.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Verified {
     /// The header row.
     pub header: Header,
@@ -247,7 +249,7 @@ pub struct Verified {
     pub projection: Projection,
 }
 
-/// Checks a session file (or folder) as [`replay`] does and hands each validated commit
+/// Checks a session file (or folder) as [`replay_file`] does and hands each validated commit
 /// to `f`, one page in memory at a time; returns what it found and the turns the log
 /// ends (checked against the turn index).
 fn validate_each(
@@ -286,18 +288,18 @@ fn validate_each(
 /// (`integrity_check`), contiguous sequences from 1, operation hashes, blob digests, known
 /// kinds, and a full fold. Ancestors of a fork are resolved as siblings of its folder.
 ///
-/// Keeps every commit in memory; [`verify`] makes the same checks in bounded memory.
+/// Keeps every commit in memory; [`verify_file`] makes the same checks in bounded memory.
 ///
 /// # Errors
 /// [`Error::Corrupt`] naming the first problem; [`Error::SessionNotFound`] for a missing file;
 /// [`Error::InvalidInput`] for a path that is neither a folder nor a regular file.
-pub fn replay(path: impl AsRef<Path>) -> Result<Replay> {
+pub fn replay_file(path: impl AsRef<Path>) -> Result<ReplayReport> {
     let (mut commits, mut transcript) = (Vec::new(), Vec::new());
     let (verified, turns) = validate_each(path.as_ref(), |c, effects| {
         commits.push(c);
         apply_history(&mut transcript, &effects.history);
     })?;
-    Ok(Replay {
+    Ok(ReplayReport {
         header: verified.header,
         commits,
         turns,
@@ -306,11 +308,11 @@ pub fn replay(path: impl AsRef<Path>) -> Result<Replay> {
     })
 }
 
-/// Makes every check of [`replay`] without keeping the commits: memory follows one page
+/// Makes every check of [`replay_file`] without keeping the commits: memory follows one page
 /// of the log and the projection, not the log's length.
 ///
 /// # Errors
-/// As [`replay`].
-pub fn verify(path: impl AsRef<Path>) -> Result<Verified> {
+/// As [`replay_file`].
+pub fn verify_file(path: impl AsRef<Path>) -> Result<Verified> {
     Ok(validate_each(path.as_ref(), |_, _| {})?.0)
 }

@@ -10,6 +10,8 @@ use crate::error::{Error, Result};
 use crate::model::event::sha256_hex;
 use crate::model::header::Origin;
 use crate::model::ids::derived_id;
+use crate::model::kind;
+use crate::model::payload::MessageOut;
 use crate::model::{Batch, Event, Message, SessionId};
 use crate::persistence::{CreateOptions, Root};
 use crate::session::live::Session;
@@ -20,6 +22,7 @@ const MESSAGES_PER_BATCH: usize = 128;
 
 /// What a legacy migration did.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct MigrationRecord {
     /// The new session's id (hex of the first 12 bytes of SHA-256 over path, digest,
     /// head and codec).
@@ -38,13 +41,6 @@ pub struct MigrationRecord {
     pub reused: bool,
     /// Whether the last line was torn (incomplete) and skipped.
     pub torn_last_line: bool,
-}
-
-/// A `message/complete` payload, serialized from the message's own JSON text (a `json!`
-/// tree would refuse numbers like `1e999` and deep nesting).
-#[derive(Serialize)]
-struct MessageOf<'a> {
-    message: &'a Message,
 }
 
 /// Parses the transcript; a last line without a newline that does not parse (or is cut
@@ -246,7 +242,9 @@ impl Migration {
         for (n, chunk) in self.messages.chunks(MESSAGES_PER_BATCH).enumerate() {
             let events = chunk
                 .iter()
-                .map(|message| Event::new("message/complete").with_payload(&MessageOf { message }))
+                .map(|message| {
+                    Event::new(kind::MESSAGE_COMPLETE).with_payload(&MessageOut { message })
+                })
                 .collect::<Result<Vec<_>>>()?;
             session.append(Batch::new(
                 format!("legacy-import:{}:messages:{n}", self.digest),

@@ -18,19 +18,15 @@ use crate::cancel::CancelToken;
 use crate::error::{Error, Result};
 use crate::model::ids::random_hex;
 use crate::model::{SessionId, SessionRef};
-use crate::persistence::{
-    CatalogEntry, CreateOptions, ExportReport, ForkPoint, ImportOptions, Root,
-};
+use crate::persistence::{CreateOptions, ExportReport, ForkPoint, ImportOptions, Root};
 use crate::session::live::Session;
 
 pub use legacy::MigrationRecord;
 pub use query::{
-    EventPage, HistoryPage, ObserveResult, PersistentMessage, Query, SearchHit, SearchPage,
-    SessionPage, SessionSummary,
+    EventPage, HistoryPage, ObserveResult, PersistentMessage, SearchHit, SearchPage, SessionPage,
+    SessionQuery, SessionSummary,
 };
-pub use runtime::{
-    CLOSURE_KINDS, CancelReceipt, Execution, Runtime, RuntimePhase, RuntimeSnapshot,
-};
+pub use runtime::{CancelReceipt, Execution, Runtime, RuntimePhase, RuntimeSnapshot};
 
 /// Runs blocking storage work off the async workers.
 pub(crate) async fn blocking<T: Send + 'static>(
@@ -38,14 +34,14 @@ pub(crate) async fn blocking<T: Send + 'static>(
 ) -> Result<T> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| Error::io("blocking task", std::io::Error::other(e.to_string())))?
+        .map_err(|e| Error::internal_from("blocking storage task did not finish", e))?
 }
 
 #[derive(Default)]
 struct Registry {
     active: HashMap<SessionId, Runtime>,
-    /// Result of the last close of a session no longer active (for idempotent close).
-    closed: HashMap<SessionId, Option<String>>,
+    /// Sessions closed here and no longer active (for idempotent close).
+    closed: HashSet<SessionId>,
     preparing: HashSet<SessionId>,
     bindings: HashMap<SessionId, usize>,
 }
@@ -96,7 +92,8 @@ pub struct PreparedRuntime {
 #[derive(Debug, Default)]
 struct PreparedState {
     published: bool,
-    discarded: Option<Option<String>>,
+    /// The result of the first `discard`, returned again by later ones.
+    discarded: Option<Result<()>>,
 }
 
 impl std::fmt::Debug for Service {
@@ -145,8 +142,8 @@ impl Service {
     }
 
     /// The query side (cold and live reads, never taking the writer lock).
-    pub fn query(&self) -> Query {
-        Query::new(self.clone())
+    pub fn query(&self) -> SessionQuery {
+        SessionQuery::new(self.clone())
     }
 
     /// A ref of this host.
@@ -226,15 +223,13 @@ impl Service {
                 return Err(Error::invalid("published runtime cannot be discarded"));
             }
             if let Some(result) = &state.discarded {
-                return result
-                    .clone()
-                    .map_or(Ok(()), |e| Err(Error::PersistenceFailed(e)));
+                return result.clone();
             }
         }
         let result = close_session(prepared.runtime.session().clone()).await;
         prepared.runtime.mark_closed();
         let mut state = prepared.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.discarded = Some(result.as_ref().err().map(ToString::to_string));
+        state.discarded = Some(result.clone());
         result
     }
 
@@ -373,10 +368,10 @@ impl Service {
                     rt.clone()
                 }
                 None => {
-                    return match reg.closed.get(&r.session_id) {
-                        Some(None) => Ok(()),
-                        Some(Some(e)) => Err(Error::PersistenceFailed(e.clone())),
-                        None => Err(Error::SessionNotRunning),
+                    return if reg.closed.contains(&r.session_id) {
+                        Ok(())
+                    } else {
+                        Err(Error::SessionNotRunning)
                     };
                 }
             }
@@ -389,7 +384,7 @@ impl Service {
                 if reg.active.get(&r.session_id) == Some(&runtime) {
                     reg.active.remove(&r.session_id);
                 }
-                reg.closed.insert(r.session_id.clone(), None);
+                reg.closed.insert(r.session_id.clone());
             }
             record_in_catalog(self.inner.root.clone(), runtime.session().clone()).await;
         }
@@ -595,6 +590,29 @@ impl Service {
         Ok(())
     }
 
+    /// Renames a session: appends a `session/title` event as its writer. Through the
+    /// attached runtime when there is one (the title is in its projection at once, and
+    /// durable when this returns); otherwise as [`Root::rename`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a blank title; [`Error::SessionNotFound`];
+    /// [`Error::WriterOwned`] when another process writes it; as [`Session::append`].
+    pub async fn rename(&self, r: &SessionRef, title: &str) -> Result<()> {
+        self.check_ref(r)?;
+        let title = title.to_owned();
+        if let Some(rt) = self.runtime(r) {
+            let session = rt.session().clone();
+            return blocking(move || {
+                session.rename(&title)?;
+                session.flush().map(drop)
+            })
+            .await;
+        }
+        let root = self.inner.root.clone();
+        let id = r.session_id.clone();
+        blocking(move || root.rename(&id, &title)).await
+    }
+
     /// Continues a legacy transcript (one message JSON per line) as a new session with a
     /// deterministic id; the source file is never written. A second call reuses it.
     /// `head` freezes the transcript at the message with that id (inclusive); "" keeps it
@@ -641,13 +659,7 @@ impl Service {
 /// Stores a closed session's catalog entry from its in-memory projection (no re-fold).
 async fn record_in_catalog(root: Root, session: Session) {
     // The catalog is derived: a failed update only costs a recomputation when listed.
-    let _ = blocking(move || {
-        let durable = session.sequences().1;
-        let entry = session
-            .with_projection(|p| CatalogEntry::new(session.reader(), p, durable, session.dir()));
-        root.catalog().put(&root, &entry)
-    })
-    .await;
+    let _ = blocking(move || root.record_closed(&session)).await;
 }
 
 async fn close_session(session: Session) -> Result<()> {

@@ -8,8 +8,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::model::Snippet;
 use crate::model::header::Origin;
-use crate::model::{Commit, ContentRef, Message, SessionId, SessionRef};
-use crate::persistence::{CatalogEntry, RebuildReport, SearchOptions, SkippedSession};
+use crate::model::{Commit, ContentRef, Message, SessionId, SessionRef, Usage};
+use crate::persistence::{
+    CatalogEntry, ListFilter, ListSort, RebuildReport, SearchOptions, SkippedSession,
+};
 use crate::service::runtime::RuntimeSnapshot;
 use crate::service::{Service, blocking};
 use crate::session::live::{PersistenceStatus, SessionSnapshot};
@@ -25,6 +27,7 @@ const MAX_OBSERVE_LIMIT: usize = 1000;
 
 /// One row of `list`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct SessionSummary {
     /// The session.
     pub session_ref: SessionRef,
@@ -50,6 +53,10 @@ pub struct SessionSummary {
     pub parent_id: Option<SessionId>,
     /// Origin from the header.
     pub origin: Origin,
+    /// Token and cost totals (accepted for a live session; a fork's include its
+    /// inherited prefix).
+    #[serde(default)]
+    pub usage: Usage,
     /// Whether a runtime of this service has it open.
     pub live: bool,
 }
@@ -77,6 +84,7 @@ impl SessionSummary {
             cwd: e.cwd,
             parent_id: e.parent_id,
             origin: e.origin,
+            usage: e.usage,
             live,
         }
     }
@@ -84,8 +92,9 @@ impl SessionSummary {
 
 /// A page of `list`.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct SessionPage {
-    /// Sessions in id order.
+    /// Sessions in the listing's order (id order by default).
     pub sessions: Vec<SessionSummary>,
     /// Pass as `cursor` for the next page; `None` on the last page.
     pub next_cursor: Option<String>,
@@ -98,7 +107,7 @@ pub struct SessionPage {
     pub catalog_error: Option<Arc<Error>>,
 }
 
-/// One hit of [`Query::search`].
+/// One hit of [`SessionQuery::search`].
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SearchHit {
     /// The session whose file holds the message: a fork's own messages are found under
@@ -123,7 +132,7 @@ pub struct SearchHit {
     pub shared_with: Vec<SessionRef>,
 }
 
-/// A page of [`Query::search`].
+/// A page of [`SessionQuery::search`].
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SearchPage {
     /// Hits, best first.
@@ -144,6 +153,7 @@ fn optional_error_text<S: serde::Serializer>(
 
 /// A message of a history page.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct PersistentMessage {
     /// The message id.
     pub message_id: String,
@@ -159,6 +169,7 @@ pub struct PersistentMessage {
 
 /// A page of history.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct HistoryPage {
     /// Messages in ascending position.
     pub messages: Vec<PersistentMessage>,
@@ -172,6 +183,7 @@ pub struct HistoryPage {
 
 /// A page of commits.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct EventPage {
     /// Whole commits in order.
     pub commits: Vec<Arc<Commit>>,
@@ -183,6 +195,7 @@ pub struct EventPage {
 
 /// What `observe` sees.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct ObserveResult {
     /// The attached runtime's state, if one is attached.
     pub runtime: Option<RuntimeSnapshot>,
@@ -192,7 +205,7 @@ pub struct ObserveResult {
 
 /// Reads for hosts, over live runtimes and cold files alike.
 #[derive(Clone, Debug)]
-pub struct Query {
+pub struct SessionQuery {
     service: Service,
 }
 
@@ -217,9 +230,9 @@ fn parse_history_cursor(cursor: &str) -> Result<(u64, u64)> {
     Ok((snapshot, before))
 }
 
-impl Query {
-    pub(crate) fn new(service: Service) -> Query {
-        Query { service }
+impl SessionQuery {
+    pub(crate) fn new(service: Service) -> SessionQuery {
+        SessionQuery { service }
     }
 
     fn check(&self, r: &SessionRef) -> Result<()> {
@@ -242,6 +255,23 @@ impl Query {
     /// # Errors
     /// [`Error::InvalidInput`] for a limit over 100; I/O errors reading the root.
     pub async fn list(&self, cursor: Option<&str>, limit: usize) -> Result<SessionPage> {
+        self.list_with(cursor, limit, ListFilter::default()).await
+    }
+
+    /// As [`SessionQuery::list`], keeping only the sessions that pass `filter` (working
+    /// directory, updated since, title text, origin), in its order (id, most recently
+    /// updated or created first); still one keyset query on the catalog per page
+    /// ([`Root::list_filtered`](crate::Root::list_filtered)). `cursor` is a previous
+    /// page's `next_cursor` under the same filter.
+    ///
+    /// # Errors
+    /// As [`SessionQuery::list`]; [`Error::InvalidInput`] for a cursor of another order.
+    pub async fn list_with(
+        &self,
+        cursor: Option<&str>,
+        limit: usize,
+        filter: ListFilter,
+    ) -> Result<SessionPage> {
         let limit = if limit == 0 { 50 } else { limit };
         if limit > MAX_LIST_LIMIT {
             return Err(Error::invalid(format!(
@@ -251,15 +281,24 @@ impl Query {
         let service = self.service.clone();
         let cursor = cursor.map(str::to_owned);
         blocking(move || {
-            let listing = service.root().list(cursor.as_deref(), limit + 1)?;
+            let listing = service
+                .root()
+                .list_filtered(&filter, cursor.as_deref(), limit + 1)?;
             let mut entries = listing.entries;
             let more = entries.len() > limit;
             entries.truncate(limit);
-            // A session skipped after this page's last one is reported with the next page.
+            // In id order a session skipped after this page's last one is reported with the
+            // next page (in time order they all come with the first page).
             let mut skipped = listing.skipped;
-            if more && let Some(last) = entries.last() {
+            if more
+                && filter.sort == ListSort::Id
+                && let Some(last) = entries.last()
+            {
                 skipped.retain(|s| s.session_id < last.session_id);
             }
+            let next_cursor = more
+                .then(|| entries.last().map(|e| filter.cursor_after(e)))
+                .flatten();
             let sessions: Vec<SessionSummary> = entries
                 .into_iter()
                 .map(|entry| {
@@ -272,13 +311,6 @@ impl Query {
                     }
                 })
                 .collect();
-            let next_cursor = more
-                .then(|| {
-                    sessions
-                        .last()
-                        .map(|s| s.session_ref.session_id.to_string())
-                })
-                .flatten();
             Ok(SessionPage {
                 sessions,
                 next_cursor,
@@ -299,7 +331,7 @@ impl Query {
     /// but not yet drained commits are not indexed yet). Deleted sessions are never
     /// returned. The index (`<root>/.catalog/search.sqlite`) is derived: created and
     /// filled on the first search of a root, kept current by writers after each drain,
-    /// rebuilt by [`Query::rebuild_catalog`].
+    /// rebuilt by [`SessionQuery::rebuild_catalog`].
     ///
     /// # Errors
     /// [`Error::InvalidInput`] with the reason for a malformed query (an unclosed quote
@@ -381,7 +413,7 @@ impl Query {
 
     /// A page of durable history, newest page first, ascending inside a page; the cursor
     /// pins later pages to the first page's durable sequence. Messages over 64 KiB come
-    /// as a [`ContentRef`] (read it with [`Query::read_content`]). Served from the history
+    /// as a [`ContentRef`] (read it with [`SessionQuery::read_content`]). Served from the history
     /// index written with the events: the work is proportional to the page, not the
     /// session.
     ///
@@ -526,12 +558,19 @@ impl Query {
 fn live_summary(rt: &crate::service::Runtime, entry: CatalogEntry) -> SessionSummary {
     let session = rt.session();
     let (accepted, durable) = session.sequences();
-    let (title, turns, preview) =
-        session.with_projection(|p| (p.title.clone(), p.ended_turns, p.preview.clone()));
+    let (title, turns, preview, usage) = session.with_projection(|p| {
+        (
+            p.title.clone(),
+            p.ended_turns,
+            p.preview.clone(),
+            p.usage.clone(),
+        )
+    });
     let mut summary = SessionSummary::from_entry(&rt.session_ref().host_id, entry, accepted, true);
     summary.durable_sequence = durable;
     summary.title = title;
     summary.turns = turns;
     summary.preview = preview;
+    summary.usage = usage;
     summary
 }

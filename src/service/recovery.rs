@@ -1,9 +1,9 @@
 //! Restart recovery: a session reopened with an open turn gets one batch that closes it,
 //! without re-running anything or restoring any authority (upstream §3.7).
 
-use serde_json::json;
-
 use crate::error::Result;
+use crate::model::kind::{self, INTERACTION_UNAVAILABLE, TOOL_RESULT_UNKNOWN, TURN_INTERRUPTED};
+use crate::model::payload::{InteractionResolvedPayload, ToolResultOut, TurnEndPayload};
 use crate::model::{Batch, Event};
 use crate::session::live::Session;
 
@@ -29,18 +29,25 @@ pub(crate) fn close_interrupted_turn(session: &Session) -> Result<()> {
         return Ok(());
     };
     let mut events = Vec::with_capacity(tools.len() + interactions.len() + 1);
-    for (id, name) in tools {
-        events.push(Event::new("tool/result").with_payload(
-            &json!({"id": id, "name": name, "state": "result_unknown", "error": NO_RESULT}),
-        )?);
+    for (id, name) in &tools {
+        events.push(Event::new(kind::TOOL_RESULT).with_payload(&ToolResultOut {
+            error: NO_RESULT,
+            id,
+            name,
+            state: TOOL_RESULT_UNKNOWN,
+        })?);
     }
     for id in interactions {
-        events.push(
-            Event::new("interaction/resolved")
-                .with_payload(&json!({"id": id, "state": "unavailable"}))?,
-        );
+        events.push(Event::new(kind::INTERACTION_RESOLVED).with_payload(
+            &InteractionResolvedPayload {
+                id,
+                state: INTERACTION_UNAVAILABLE.to_owned(),
+            },
+        )?);
     }
-    events.push(Event::new("turn/end").with_payload(&json!({"status": "interrupted"}))?);
+    events.push(Event::new(kind::TURN_END).with_payload(&TurnEndPayload {
+        status: TURN_INTERRUPTED.to_owned(),
+    })?);
     let operation = format!("restart-recovery:{}:{turn_id}", session.owner().generation);
     session.append(Batch::new(operation, events).in_turn(turn_id))?;
     session.flush()?;

@@ -8,17 +8,8 @@ use serde::Serialize;
 use crate::cancel::CancelToken;
 use crate::error::{Error, Result};
 use crate::model::ids::random_hex;
-use crate::model::{Batch, Commit, SessionRef};
+use crate::model::{Batch, CLOSURE_KINDS, Commit, SessionRef};
 use crate::session::live::{Session, SessionSnapshot};
-
-/// Event kinds that close a turn; a cancelled execution may still commit these.
-pub const CLOSURE_KINDS: [&str; 5] = [
-    "turn/end",
-    "interaction/resolved",
-    "runtime/recovery",
-    "diagnostic",
-    "assistant/attempt",
-];
 
 /// What a runtime is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -48,6 +39,7 @@ impl RuntimePhase {
 
 /// A runtime's state with its session's.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct RuntimeSnapshot {
     /// The session.
     pub session_ref: SessionRef,
@@ -111,6 +103,7 @@ pub struct Execution {
 
 /// What `cancel_session` did.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct CancelReceipt {
     /// The session.
     pub session_ref: SessionRef,

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result, WriterOwner};
 use crate::model::event::{INHERITED_OPERATION_PREFIX, assign_derived_ids, operation_hash};
-use crate::model::ids::{derived_turn_id, now_ms};
+use crate::model::ids::{derived_turn_id, now_ms, random_hex};
 use crate::model::projection::{FoldEffects, apply_history};
 use crate::model::{Batch, Commit, Event, Message, Projection, SessionId};
 use crate::session::ops::{Known, OperationIds};
@@ -83,6 +83,7 @@ pub enum PersistenceStatus {
 
 /// A point-in-time view of a live session.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct SessionSnapshot {
     /// Last accepted sequence.
     pub event_sequence: u64,
@@ -115,7 +116,8 @@ struct State {
     armed_at: Option<Instant>,
     /// Set after a clean failure: timed drains stop until an explicit flush succeeds.
     paused: bool,
-    error: Option<String>,
+    /// The error of the last failed drain (cleared by a successful one).
+    error: Option<Error>,
     poisoned: bool,
     closed: bool,
     released: bool,
@@ -255,6 +257,16 @@ impl Session {
         self.append(Batch::new(operation_id, events))
     }
 
+    /// Renames the session: appends a `session/title` event (outside any turn, under a
+    /// fresh operation id). The title shows in the projection at once.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a blank title; as [`Session::append`].
+    pub fn rename(&self, title: &str) -> Result<Arc<Commit>> {
+        let event = crate::model::payload::title_event(title)?;
+        self.append_events(&format!("title-{}", random_hex()), vec![event])
+    }
+
     /// Drains the queue now and returns the durable sequence (everything accepted before
     /// the call is durable when it returns). Retries after a failed drain.
     ///
@@ -272,7 +284,7 @@ impl Session {
             event_sequence: s.next_seq - 1,
             durable_sequence: s.durable_seq,
             persistence_status: status_of(&s),
-            persistence_error: s.error.clone(),
+            persistence_error: s.error.as_ref().map(ToString::to_string),
             projection: s.projection.clone(),
         }
     }
@@ -376,6 +388,16 @@ fn same_operation(original: Arc<Commit>, batch: PreparedBatch) -> Result<Arc<Com
         Err(Error::OperationConflict {
             operation_id: batch.operation_id,
         })
+    }
+}
+
+impl State {
+    /// The failed drain's error behind a paused or poisoned state (both are set only
+    /// together with it).
+    fn failure(&self) -> Error {
+        self.error
+            .clone()
+            .unwrap_or_else(|| Error::internal("a failed or poisoned session without its error"))
     }
 }
 
@@ -512,9 +534,7 @@ impl Shared {
             && s.queued_bytes + charge > self.config.budget
         {
             if s.paused {
-                return Err(Error::PersistenceFailed(
-                    s.error.clone().unwrap_or_default(),
-                ));
+                return Err(Error::PersistenceFailed(Box::new(s.failure())));
             }
             if s.draining {
                 s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
@@ -529,7 +549,7 @@ impl Shared {
             return Err(Error::Closed);
         }
         if s.poisoned {
-            return Err(Error::Poisoned(s.error.clone().unwrap_or_default()));
+            return Err(Error::Poisoned(Box::new(s.failure())));
         }
         Ok(s)
     }
@@ -610,7 +630,7 @@ impl Shared {
                 s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
             }
             if s.poisoned {
-                return Err(Error::Poisoned(s.error.clone().unwrap_or_default()));
+                return Err(Error::Poisoned(Box::new(s.failure())));
             }
             if s.tail.is_empty() {
                 return Ok(());
@@ -648,7 +668,7 @@ impl Shared {
                 Ok(())
             }
             Err(e) => {
-                s.error = Some(e.to_string());
+                s.error = Some(e.clone());
                 if e.is_retryable_write() {
                     s.paused = true;
                 } else {
@@ -792,7 +812,7 @@ impl Shared {
             {
                 let s = lock(&self.state);
                 if s.poisoned {
-                    return Err(Error::Poisoned(s.error.clone().unwrap_or_default()));
+                    return Err(Error::Poisoned(Box::new(s.failure())));
                 }
                 if s.durable_seq >= target {
                     return Ok(s.durable_seq);

@@ -80,7 +80,7 @@ pub(crate) fn encode(projection: &mut Projection) -> Result<(String, Vec<u8>)> {
         model,
     });
     projection.model_messages = workset;
-    let text = text.map_err(|e| Error::invalid(format!("checkpoint: {e}")))?;
+    let text = text.map_err(|e| Error::internal_from("checkpoint to JSON", e))?;
     Ok((text, projection.transcript_ids_bytes()))
 }
 

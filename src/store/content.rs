@@ -19,15 +19,7 @@ pub(crate) const PLACEHOLDER_PREFIX: &str = "sse-blob:";
 /// Bytes of a placeholder with its quotes: `"`, the prefix, 64 hex digits, `"`.
 pub(crate) const PLACEHOLDER_LEN: usize = 1 + PLACEHOLDER_PREFIX.len() + 64 + 1;
 
-/// The smallest inline threshold a store accepts: a shorter string would not shrink.
-pub const MIN_INLINE_THRESHOLD: usize = 128;
-
-/// The largest inline threshold a store accepts: payloads over 64 KiB
-/// ([`INLINE_PAYLOAD_LIMIT`](crate::INLINE_PAYLOAD_LIMIT)) are stored as one blob anyway.
-pub const MAX_INLINE_THRESHOLD: usize = crate::model::event::INLINE_PAYLOAD_LIMIT;
-
-/// The default inline threshold (1 KiB): see `docs/ARCHITECTURE.md` for the measurement.
-pub const DEFAULT_INLINE_THRESHOLD: usize = 1024;
+use crate::format::{MAX_INLINE_THRESHOLD, MIN_INLINE_THRESHOLD};
 
 /// Checks an inline threshold against [`MIN_INLINE_THRESHOLD`]..=[`MAX_INLINE_THRESHOLD`].
 ///
@@ -267,6 +259,6 @@ mod tests {
         assert!(check_threshold(0).is_err());
         assert!(check_threshold(MIN_INLINE_THRESHOLD - 1).is_err());
         assert!(check_threshold(MAX_INLINE_THRESHOLD + 1).is_err());
-        assert!(check_threshold(DEFAULT_INLINE_THRESHOLD).is_ok());
+        assert!(check_threshold(crate::format::DEFAULT_INLINE_THRESHOLD).is_ok());
     }
 }

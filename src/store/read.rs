@@ -29,6 +29,7 @@ pub(crate) const PAGE_BYTES: u64 = 32 << 20;
 
 /// One ancestor of a fork and the range of sequences it supplies: `(after_seq, through_seq]`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct LineageEntry {
     /// The ancestor session.
     pub ancestor_id: SessionId,
@@ -40,7 +41,8 @@ pub struct LineageEntry {
 
 /// A session that inherits from this one, up to `through_seq`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Dependent {
+#[non_exhaustive]
+pub struct DependentFork {
     /// The inheriting session.
     pub child_id: SessionId,
     /// The last inherited sequence.
@@ -111,12 +113,25 @@ pub(crate) fn read_lineage(conn: &Connection) -> Result<Vec<LineageEntry>> {
     Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
 }
 
+/// The lineage rows of the session file `file`, read without opening its ancestors (a
+/// file staged away from them, e.g. a restored copy not yet published).
+///
+/// # Errors
+/// [`Error::SessionNotFound`] when `file` is missing; [`Error::InvalidInput`] for a
+/// symlink; [`Error::Corrupt`] or [`Error::UnsupportedVersion`] for a file that is not a
+/// session file this build reads.
+pub(crate) fn read_file_lineage(file: &Path) -> Result<Vec<LineageEntry>> {
+    schema::check_file(file)?;
+    let conn = schema::open_reader_with(file, Access::for_user_file(file))?;
+    read_lineage(&conn)
+}
+
 /// The dependents rows: children that inherit from this file.
-pub(crate) fn read_dependents(conn: &Connection) -> Result<Vec<Dependent>> {
+pub(crate) fn read_dependents(conn: &Connection) -> Result<Vec<DependentFork>> {
     let mut stmt =
         conn.prepare_cached("SELECT child_id, through_seq FROM dependents ORDER BY child_id")?;
     let rows = stmt.query_map([], |r| {
-        Ok(Dependent {
+        Ok(DependentFork {
             child_id: session_id(r.get(0)?)?,
             through_seq: r.get(1)?,
         })

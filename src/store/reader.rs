@@ -15,7 +15,7 @@ use crate::model::event::{inherited_operation_id, rehash_commit};
 use crate::model::header::Header;
 use crate::model::projection::ModelRef;
 use crate::model::{Commit, ContentRef, Message, Projection, SessionId, TurnBoundary};
-use crate::store::read::{self, Dependent, HistoryRow, LineageEntry};
+use crate::store::read::{self, DependentFork, HistoryRow, LineageEntry};
 use crate::store::schema::{self, Access, SESSION_FILE};
 
 /// One thread, shared by every read pool of the process, for r2d2's housekeeping.
@@ -407,7 +407,7 @@ impl SessionReader {
     ///
     /// # Errors
     /// SQLite errors mapped to [`Error`].
-    pub fn dependents(&self) -> Result<Vec<Dependent>> {
+    pub fn dependents(&self) -> Result<Vec<DependentFork>> {
         read::read_dependents(&*self.own()?)
     }
 
@@ -494,7 +494,7 @@ impl SessionReader {
     ///
     /// # Errors
     /// As [`SessionReader::commits`].
-    pub fn replay(&self) -> Result<Vec<Commit>> {
+    pub fn all_commits(&self) -> Result<Vec<Commit>> {
         let mut all = Vec::new();
         self.visit(u64::MAX, |c| {
             all.push(c);
@@ -628,7 +628,7 @@ impl SessionReader {
 
     /// The whole UI transcript as of durable sequence `snapshot`, oldest first, read from
     /// the history index page by page (bodies over 64 KiB from their blobs). It costs a
-    /// read of every message: for a view, prefer pages (`Query::history_page`).
+    /// read of every message: for a view, prefer pages (`SessionQuery::history_page`).
     ///
     /// # Errors
     /// Read errors; [`Error::Corrupt`] for an index entry its event does not back.

@@ -11,22 +11,13 @@ use rusqlite_migration::{M, Migrations};
 
 use crate::error::{Error, Result};
 
-/// `PRAGMA application_id` of a session file ("SeSt").
-pub const APPLICATION_ID: i32 = 0x5365_5374;
-
-/// The session file inside a session folder.
-pub(crate) const SESSION_FILE: &str = "session.sqlite";
-/// The write-ahead log beside [`SESSION_FILE`] while the file is in WAL mode.
-pub(crate) const WAL_FILE: &str = "session.sqlite-wal";
+pub(crate) use crate::format::{APPLICATION_ID, CODEC, SCHEMA_VERSION, SESSION_FILE, WAL_FILE};
 
 /// The writer lock file inside a session folder.
 pub(crate) const LOCK_FILE: &str = "writer.lock";
 
 /// The folder Litestream keeps beside a session file it replicates.
 pub(crate) const LITESTREAM_DIR: &str = ".session.sqlite-litestream";
-
-/// The codec name reported for session files of this format.
-pub const CODEC: &str = "session-store/sqlite-v1";
 
 /// Schema migrations, one numbered SQL file each; `user_version` is their count.
 const MIGRATION_SQL: [&str; 3] = [
@@ -35,8 +26,8 @@ const MIGRATION_SQL: [&str; 3] = [
     include_str!("../../migrations/0003_lean.sql"),
 ];
 
-/// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i64 = MIGRATION_SQL.len() as i64;
+// `user_version` is the number of migrations: one more migration is one more version.
+const _: () = assert!(MIGRATION_SQL.len() as i64 == SCHEMA_VERSION);
 
 /// The migrations, with the Rust part of 0003 (what SQL cannot compute: the operation
 /// keys of converted commit rows, and which turn ids are derived).
@@ -76,7 +67,8 @@ pub enum Durability {
 }
 
 impl Durability {
-    fn synchronous(self) -> &'static str {
+    /// The `PRAGMA synchronous` setting of this durability.
+    pub(crate) fn synchronous(self) -> &'static str {
         match self {
             Durability::PowerLoss => "FULL",
             Durability::ProcessCrash => "NORMAL",
@@ -394,7 +386,7 @@ pub(crate) fn open_reader(path: &Path) -> Result<Connection> {
     open_reader_with(path, Access::Shared)
 }
 
-/// Opens a standalone read-only connection (e.g. to a user's file for `replay`).
+/// Opens a standalone read-only connection (e.g. to a user's file for `replay_file`).
 pub(crate) fn open_reader_with(path: &Path, access: Access) -> Result<Connection> {
     if !path.is_file() {
         return Err(Error::SessionNotFound(path.display().to_string()));

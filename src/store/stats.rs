@@ -11,6 +11,7 @@ use crate::store::{read, schema};
 
 /// Events of one kind in a session (inherited events included).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct KindStats {
     /// The event kind.
     pub kind: String,
@@ -28,6 +29,7 @@ pub struct KindStats {
 
 /// Pages of one table of a session file, its indexes included.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct TableBytes {
     /// The table (`sqlite_schema` for the schema itself).
     pub table: String,

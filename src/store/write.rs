@@ -173,7 +173,7 @@ pub(crate) fn insert_commits(
                             blobs.put(digest, raw.as_bytes())?;
                         }
                         let offsets = serde_json::to_string(&ext.offsets)
-                            .map_err(|e| Error::invalid(format!("content offsets: {e}")))?;
+                            .map_err(|e| Error::internal_from("content offsets to JSON", e))?;
                         (Some(Cow::Owned(ext.text)), None, Some(offsets))
                     }
                     None => (Some(Cow::Borrowed(text)), None, None),

@@ -93,7 +93,7 @@ pub fn history_lines<C: std::borrow::Borrow<Commit>>(commits: &[C]) -> Vec<Strin
 
 /// Whether an error is one of the two a damaged or too-new file may produce.
 pub fn is_damage(e: &Error) -> bool {
-    matches!(e, Error::Corrupt(_) | Error::UnsupportedVersion(_))
+    e.is_corrupt() || e.is_unsupported()
 }
 
 /// Peak resident set of this process in KiB (`VmHWM`), 0 where unknown.

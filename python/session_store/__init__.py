@@ -1,0 +1,446 @@
+"""Durable, queryable, forkable AI-agent sessions in SQLite, from Python.
+
+The Rust crate ``session-store`` behind a small Pythonic API::
+
+    import session_store
+
+    root = session_store.Root("./sessions")
+    with root.create("chat") as session:                 # the one writer of "chat"
+        session.append(
+            [
+                {"kind": "turn/start"},
+                {"kind": "message/complete",
+                 "payload": {"message": {"id": "m1", "role": "user", "content": "Hi"}}},
+                {"kind": "turn/end", "payload": {"status": "completed"}},
+            ],
+            operation_id="op-1",
+            turn_id="turn-1",
+        )
+        session.flush()                                  # durable (fsynced)
+    page = root.history("chat", limit=50)               # newest page first
+    child = root.fork("chat", after_turn="turn-1")       # copies nothing
+
+Events are dicts ``{"kind", "payload"?, "optional"?, "id"?}``; payloads are JSON-able values,
+encoded once with :func:`json.dumps` and stored as that exact text. Every call that touches
+SQLite releases the GIL, so threads run in parallel; the ``a``-prefixed methods (``aappend``,
+``ahistory``, ``afork``, …) are the same calls run in :func:`asyncio.to_thread` for asyncio
+hosts. Errors are :class:`SessionStoreError` subclasses mirroring the Rust ``Error``.
+
+Reads through :class:`Root` (``history``, ``transcript``, ``events``, ``turns``) see the
+*durable* state: call :meth:`Session.flush` first to read what a writer appended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+from . import _native
+from ._native import (
+    AlreadyExists,
+    Cancelled,
+    Closed,
+    Corrupt,
+    DiskFull,
+    ForkActiveAuthority,
+    ForkBoundaryNotAtomic,
+    InvalidInput,
+    InvalidPayload,
+    NotFound,
+    OperationConflict,
+    PersistenceFailed,
+    Poisoned,
+    InternalError,
+    RuntimeStateError,
+    SessionStoreError,
+    StaleGeneration,
+    StorageError,
+    UnsupportedVersion,
+    WriterOwned,
+)
+
+__all__ = [
+    "AlreadyExists",
+    "Cancelled",
+    "Closed",
+    "Corrupt",
+    "DiskFull",
+    "ForkActiveAuthority",
+    "ForkBoundaryNotAtomic",
+    "InvalidInput",
+    "InvalidPayload",
+    "NotFound",
+    "OperationConflict",
+    "PersistenceFailed",
+    "Poisoned",
+    "InternalError",
+    "Root",
+    "RuntimeStateError",
+    "Session",
+    "SessionReader",
+    "SessionStoreError",
+    "StaleGeneration",
+    "StorageError",
+    "UnsupportedVersion",
+    "WriterOwned",
+    "encode_json",
+    "verify",
+    "averify",
+]
+
+_T = TypeVar("_T")
+
+PathLike = str | os.PathLike[str]
+
+
+def encode_json(value: Any) -> str:
+    """``value`` as compact JSON text (UTF-8, no NaN/Infinity).
+
+    Raises :class:`InvalidInput` when the value cannot be encoded (a set, an object, NaN,
+    a key that is not a string, …), before anything is written.
+    """
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as e:
+        raise InvalidInput(f"invalid input: value is not JSON-able: {e}") from None
+
+
+async def _to_thread(fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    return await asyncio.to_thread(functools.partial(fn, *args, **kwargs))
+
+
+def _check_events(events: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    if isinstance(events, (str, bytes)) or not isinstance(events, Sequence):
+        raise InvalidInput("invalid input: events must be a list of dicts")
+    out = list(events)
+    for i, event in enumerate(out):
+        if not isinstance(event, Mapping):
+            raise InvalidInput(f"invalid input: event {i} is {type(event).__name__}, not a dict")
+    return out
+
+
+class Session:
+    """A session opened for writing: the one writer of its file (across processes).
+
+    Obtained from :meth:`Root.create` or :meth:`Root.open`. Appends are accepted in memory
+    and become durable after the write-behind delay, on :meth:`flush` or on :meth:`close`.
+    A context manager (sync and async) that closes the session on exit.
+    """
+
+    __slots__ = ("_native", "_root")
+
+    def __init__(self, native: _native.Session, root: Root) -> None:
+        self._native = native
+        self._root = root
+
+    @property
+    def id(self) -> str:
+        """The session id."""
+        return self._native.id
+
+    @property
+    def root(self) -> Root:
+        """The root this session lives in."""
+        return self._root
+
+    def sequences(self) -> tuple[int, int]:
+        """``(accepted, durable)`` event sequences."""
+        return self._native.sequences()
+
+    def append(
+        self,
+        events: Sequence[Mapping[str, Any]],
+        *,
+        operation_id: str,
+        turn_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Appends one batch atomically; returns the commit
+        ``{"commit_id", "operation_id", "turn_id", "first_seq", "last_seq"}``.
+
+        ``operation_id`` is the idempotency key: the same batch sent again returns the
+        original commit; different content under it raises :class:`OperationConflict`.
+        A batch that does not validate raises (:class:`InvalidInput`,
+        :class:`InvalidPayload`, :class:`UnsupportedVersion`) and appends nothing.
+        """
+        batch: dict[str, Any] = {"operation_id": operation_id, "events": _check_events(events)}
+        if turn_id is not None:
+            batch["turn_id"] = turn_id
+        return self.append_json(encode_json(batch))
+
+    def append_json(self, batch: str) -> dict[str, Any]:
+        """As :meth:`append`, with the batch as JSON text in the CLI's ``append`` line format
+        ``{"operation_id", "turn_id"?, "events": [{"kind", "payload"?, "optional"?, "id"?}]}``.
+        """
+        if not isinstance(batch, str):
+            raise TypeError(f"batch must be str, not {type(batch).__name__}")
+        return json.loads(self._native.append(batch))
+
+    def flush(self) -> int:
+        """Writes every accepted batch in one fsynced transaction; returns the durable sequence."""
+        return self._native.flush()
+
+    def transcript(self) -> list[dict[str, Any]]:
+        """The accepted transcript (messages), including batches not yet durable."""
+        return json.loads(self._native.transcript())
+
+    def close(self) -> None:
+        """Flushes and releases the writer lock. Later calls raise :class:`Closed`."""
+        self._native.close()
+
+    async def aappend(
+        self,
+        events: Sequence[Mapping[str, Any]],
+        *,
+        operation_id: str,
+        turn_id: str | None = None,
+    ) -> dict[str, Any]:
+        """:meth:`append` in a worker thread."""
+        return await _to_thread(self.append, events, operation_id=operation_id, turn_id=turn_id)
+
+    async def aflush(self) -> int:
+        """:meth:`flush` in a worker thread."""
+        return await _to_thread(self.flush)
+
+    async def aclose(self) -> None:
+        """:meth:`close` in a worker thread."""
+        await _to_thread(self.close)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Session:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"<session_store.Session {self.id!r}>"
+
+
+class SessionReader:
+    """Lock-free reads of one session's durable state (any number, beside its writer)."""
+
+    __slots__ = ("_root", "id")
+
+    def __init__(self, root: Root, session_id: str) -> None:
+        self._root = root
+        self.id = session_id
+
+    def history(self, cursor: str | None = None, limit: int = 100) -> dict[str, Any]:
+        """:meth:`Root.history` of this session."""
+        return self._root.history(self.id, cursor=cursor, limit=limit)
+
+    def transcript(self) -> list[dict[str, Any]]:
+        """:meth:`Root.transcript` of this session."""
+        return self._root.transcript(self.id)
+
+    def events(self, after: int = 0, limit: int = 1000) -> dict[str, Any]:
+        """:meth:`Root.events` of this session."""
+        return self._root.events(self.id, after=after, limit=limit)
+
+    def turns(self) -> list[dict[str, Any]]:
+        """:meth:`Root.turns` of this session."""
+        return self._root.turns(self.id)
+
+    def __repr__(self) -> str:
+        return f"<session_store.SessionReader {self.id!r}>"
+
+
+class Root:
+    """A root folder of sessions (created when missing): one SQLite file per session.
+
+    ``durability`` is ``"full"`` (``synchronous=FULL``, survives power loss; the default)
+    or ``"normal"`` (survives a process crash); ``write_behind_ms`` is how long an accepted
+    batch waits before it is written (default 200 ms; :meth:`Session.flush` writes at once).
+    """
+
+    __slots__ = ("_native",)
+
+    def __init__(
+        self,
+        path: PathLike,
+        *,
+        durability: str = "full",
+        write_behind_ms: int | None = None,
+    ) -> None:
+        self._native = _native.Root(os.fspath(path), durability, write_behind_ms)
+
+    @property
+    def path(self) -> str:
+        """The root folder."""
+        return os.fspath(self._native.path)
+
+    # Writers and readers.
+
+    def create(self, session_id: str | None = None, *, cwd: str | None = None) -> Session:
+        """Creates a session (a random id when None) and opens it for writing.
+
+        Raises :class:`AlreadyExists` for a taken id, :class:`InvalidInput` for a bad one.
+        """
+        return Session(self._native.create(session_id, cwd), self)
+
+    def open(self, session_id: str) -> Session:
+        """Opens an existing session as its one writer.
+
+        Raises :class:`NotFound`, or :class:`WriterOwned` (its ``owner`` says who) when
+        another writer, in this process or another, has it.
+        """
+        return Session(self._native.open_writer(session_id), self)
+
+    def reader(self, session_id: str) -> SessionReader:
+        """A reader of one session (no lock; durable state)."""
+        return SessionReader(self, session_id)
+
+    # Queries (durable state).
+
+    def list(self, cursor: str | None = None, limit: int = 50) -> dict[str, Any]:
+        """One page of sessions in id order: ``{"sessions", "next_cursor", "skipped",
+        "catalog_error"}``; pass ``next_cursor`` back for the next page (limit <= 100)."""
+        return json.loads(self._native.list(cursor, limit))
+
+    def iter_sessions(self, page_size: int = 100) -> Iterator[dict[str, Any]]:
+        """Every session summary of the root, page by page."""
+        cursor: str | None = None
+        while True:
+            page = self.list(cursor, page_size)
+            yield from page["sessions"]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return
+
+    def history(
+        self, session_id: str, cursor: str | None = None, limit: int = 100
+    ) -> dict[str, Any]:
+        """One page of the durable transcript, newest page first and ascending inside it:
+        ``{"messages": [{"message_id", "position", "role", "inline", "content_ref"}],
+        "has_more", "next_cursor", "snapshot_sequence"}`` (limit <= 500). A message over
+        64 KiB has ``inline`` None and a ``content_ref``: read it with :meth:`read_content`.
+        """
+        return json.loads(self._native.history(session_id, cursor, limit))
+
+    def transcript(self, session_id: str) -> list[dict[str, Any]]:
+        """The whole durable transcript, oldest first."""
+        return json.loads(self._native.transcript(session_id))
+
+    def events(self, session_id: str, after: int = 0, limit: int = 1000) -> dict[str, Any]:
+        """Durable commits after sequence ``after``: ``{"commits", "next", "truncated"}``."""
+        return json.loads(self._native.events(session_id, after, limit))
+
+    def turns(self, session_id: str) -> list[dict[str, Any]]:
+        """The completed turns of the durable log, in order."""
+        return json.loads(self._native.turns(session_id))
+
+    def read_content(self, session_id: str, digest: str) -> bytes:
+        """The bytes behind a ``content_ref`` digest of this session or its ancestors."""
+        return self._native.read_content(session_id, digest)
+
+    def writer_owner(self, session_id: str) -> dict[str, Any] | None:
+        """Who holds the session's writer lock, or None."""
+        owner = self._native.writer_owner(session_id)
+        return None if owner is None else json.loads(owner)
+
+    # Whole-session operations.
+
+    def fork(self, session_id: str, *, after_turn: str, child: str | None = None) -> str:
+        """A new session inheriting ``session_id`` up to the end of turn ``after_turn``
+        (durable prefix; copies nothing); returns its id."""
+        return self._native.fork(session_id, after_turn, None, child)
+
+    def rewind(self, session_id: str, *, before_turn: str, child: str | None = None) -> str:
+        """A new session holding ``session_id`` up to just before turn ``before_turn``."""
+        return self._native.fork(session_id, None, before_turn, child)
+
+    def export(self, session_id: str, path: PathLike) -> dict[str, Any]:
+        """Writes the session to one self-contained file: ``{"commits", "events", "bytes"}``."""
+        return json.loads(self._native.export(session_id, os.fspath(path)))
+
+    def import_file(
+        self, path: PathLike, *, session_id: str | None = None, cwd: str | None = None
+    ) -> str:
+        """Validates an exported file and publishes it (under ``session_id`` if given);
+        returns the id. A damaged file raises :class:`Corrupt` and publishes nothing."""
+        return self._native.import_file(os.fspath(path), session_id, cwd)
+
+    def delete(self, session_id: str, *, wait: float = 10.0) -> None:
+        """Deletes a session; forks of it keep their history. Waits at most ``wait`` seconds
+        for its writer, then raises :class:`Cancelled` (nothing deleted)."""
+        self._native.delete(session_id, wait)
+
+    def verify(self, session_id: str) -> dict[str, Any]:
+        """:func:`verify` of this session (its id is checked: no path outside the root)."""
+        return json.loads(self._native.verify(session_id))
+
+    # Async variants.
+
+    async def acreate(self, session_id: str | None = None, *, cwd: str | None = None) -> Session:
+        """:meth:`create` in a worker thread."""
+        return await _to_thread(self.create, session_id, cwd=cwd)
+
+    async def aopen(self, session_id: str) -> Session:
+        """:meth:`open` in a worker thread."""
+        return await _to_thread(self.open, session_id)
+
+    async def alist(self, cursor: str | None = None, limit: int = 50) -> dict[str, Any]:
+        """:meth:`list` in a worker thread."""
+        return await _to_thread(self.list, cursor, limit)
+
+    async def ahistory(
+        self, session_id: str, cursor: str | None = None, limit: int = 100
+    ) -> dict[str, Any]:
+        """:meth:`history` in a worker thread."""
+        return await _to_thread(self.history, session_id, cursor, limit)
+
+    async def atranscript(self, session_id: str) -> list[dict[str, Any]]:
+        """:meth:`transcript` in a worker thread."""
+        return await _to_thread(self.transcript, session_id)
+
+    async def afork(self, session_id: str, *, after_turn: str, child: str | None = None) -> str:
+        """:meth:`fork` in a worker thread."""
+        return await _to_thread(self.fork, session_id, after_turn=after_turn, child=child)
+
+    async def arewind(
+        self, session_id: str, *, before_turn: str, child: str | None = None
+    ) -> str:
+        """:meth:`rewind` in a worker thread."""
+        return await _to_thread(self.rewind, session_id, before_turn=before_turn, child=child)
+
+    async def aexport(self, session_id: str, path: PathLike) -> dict[str, Any]:
+        """:meth:`export` in a worker thread."""
+        return await _to_thread(self.export, session_id, path)
+
+    async def aimport_file(
+        self, path: PathLike, *, session_id: str | None = None, cwd: str | None = None
+    ) -> str:
+        """:meth:`import_file` in a worker thread."""
+        return await _to_thread(self.import_file, path, session_id=session_id, cwd=cwd)
+
+    async def adelete(self, session_id: str, *, wait: float = 10.0) -> None:
+        """:meth:`delete` in a worker thread."""
+        await _to_thread(self.delete, session_id, wait=wait)
+
+    async def averify(self, session_id: str) -> dict[str, Any]:
+        """:meth:`verify` in a worker thread."""
+        return await _to_thread(self.verify, session_id)
+
+    def __repr__(self) -> str:
+        return f"<session_store.Root {self.path!r}>"
+
+
+def verify(path: PathLike) -> dict[str, Any]:
+    """Checks a session file, folder or export (integrity check, sequences, hashes, blob
+    digests, a full replay): ``{"session_id", "commits", "events"}`` when sound, else
+    raises :class:`Corrupt` (or :class:`NotFound`, :class:`UnsupportedVersion`)."""
+    return json.loads(_native.verify(os.fspath(path)))
+
+
+async def averify(path: PathLike) -> dict[str, Any]:
+    """:func:`verify` in a worker thread."""
+    return await _to_thread(verify, path)

@@ -1,0 +1,113 @@
+"""Type stubs of the native module (``session_store._native``, built from Rust with PyO3).
+
+Use the Pythonic wrappers in :mod:`session_store`; this layer passes JSON as text.
+"""
+
+from typing import Any
+
+class SessionStoreError(Exception):
+    """Base class of every error raised by session_store."""
+
+class InvalidInput(SessionStoreError):
+    """The caller passed something malformed: an id, a batch, a cursor, an option, JSON."""
+
+class InvalidPayload(InvalidInput):
+    """An event payload does not match its kind's schema."""
+
+class OperationConflict(InvalidInput):
+    """The operation id was used before with different content."""
+
+class NotFound(SessionStoreError):
+    """No session with this id exists under the root."""
+
+class AlreadyExists(SessionStoreError):
+    """A session (or export destination) with this name already exists."""
+
+class WriterOwned(SessionStoreError):
+    """Another writer owns the session."""
+
+    owner: dict[str, Any]
+    """``{"owner_id", "host", "pid", "generation", "since_ms"}`` of the holder."""
+
+class UnsupportedVersion(SessionStoreError):
+    """A file, schema or required event kind newer than this build understands."""
+
+class Corrupt(SessionStoreError):
+    """A file that is damaged or not a session file."""
+
+class InternalError(SessionStoreError):
+    """An invariant broke inside the library (a bug, not the caller's doing)."""
+
+class Closed(SessionStoreError):
+    """The session was closed; it accepts nothing more."""
+
+class StaleGeneration(SessionStoreError):
+    """Another writer took the lease: this handle is fenced off."""
+
+class Poisoned(SessionStoreError):
+    """An earlier failure left a commit's outcome unknown; reopen the session."""
+
+class PersistenceFailed(SessionStoreError):
+    """The last write failed; the accepted tail is kept and the next flush retries."""
+
+class DiskFull(PersistenceFailed):
+    """The disk (or its quota) is full."""
+
+class Cancelled(SessionStoreError):
+    """The wait was cancelled (e.g. ``delete`` gave up waiting for the writer)."""
+
+class ForkBoundaryNotAtomic(SessionStoreError):
+    """The fork or rewind cut does not fall on a commit boundary."""
+
+class ForkActiveAuthority(SessionStoreError):
+    """The fork or rewind prefix leaves an open turn or a pending interaction."""
+
+class RuntimeStateError(SessionStoreError):
+    """The service runtime is busy, bound, not running, stale or needs recovery."""
+
+class StorageError(SessionStoreError):
+    """An operating-system I/O error or any other SQLite error."""
+
+class Session:
+    """A session opened for writing."""
+
+    @property
+    def id(self) -> str: ...
+    def append(self, batch_json: str) -> str: ...
+    def flush(self) -> int: ...
+    def sequences(self) -> tuple[int, int]: ...
+    def transcript(self) -> str: ...
+    def close(self) -> None: ...
+
+class Root:
+    """A root folder of sessions."""
+
+    def __init__(
+        self, path: str, durability: str | None = None, write_behind_ms: int | None = None
+    ) -> None: ...
+    @property
+    def path(self) -> str: ...
+    def create(self, session_id: str | None = None, cwd: str | None = None) -> Session: ...
+    def open_writer(self, session_id: str) -> Session: ...
+    def list(self, cursor: str | None = None, limit: int = 50) -> str: ...
+    def history(self, session_id: str, cursor: str | None = None, limit: int = 100) -> str: ...
+    def transcript(self, session_id: str) -> str: ...
+    def events(self, session_id: str, after: int = 0, limit: int = 1000) -> str: ...
+    def read_content(self, session_id: str, digest: str) -> bytes: ...
+    def turns(self, session_id: str) -> str: ...
+    def writer_owner(self, session_id: str) -> str | None: ...
+    def fork(
+        self,
+        parent: str,
+        after_turn: str | None = None,
+        before_turn: str | None = None,
+        child: str | None = None,
+    ) -> str: ...
+    def export(self, session_id: str, path: str) -> str: ...
+    def import_file(
+        self, path: str, session_id: str | None = None, cwd: str | None = None
+    ) -> str: ...
+    def verify(self, session_id: str) -> str: ...
+    def delete(self, session_id: str, wait: float = 10.0) -> None: ...
+
+def verify(path: str) -> str: ...

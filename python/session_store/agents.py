@@ -1,0 +1,381 @@
+"""An openai-agents ``Session`` stored in a session-store root.
+
+:class:`SessionStoreSession` has the shape of ``agents.memory.SQLiteSession(session_id,
+db_path)`` and implements the SDK's ``Session`` protocol (``get_items``, ``add_items``,
+``pop_item``, ``clear_session``, all async) on one session of a root::
+
+    from agents import Agent, Runner
+    from session_store.agents import SessionStoreSession
+
+    session = SessionStoreSession("user-42", "./sessions")
+    result = await Runner.run(agent, "Hello", session=session)
+    branch = session.fork(after_item=1)          # a new session with items 0..1, copy-free
+
+How items are stored: each ``add_items`` call is one atomic, fsynced commit forming one turn
+(``turn/start``, one ``message/complete`` per item, ``turn/end``). An item is stored as the
+message's JSON object itself, so the store's transcript, previews and the ``sqlite3`` views
+show it: the message ``id`` is a stable id the store assigns (``i<sequence>``, unique in the
+session forever) and the item's own ``id``, when it has one, is kept under ``sse_item_id``.
+``pop_item`` and ``clear_session`` are turns holding one ``history/replace`` event (the items
+that remain), so the transcript changes and every earlier item stays readable in the log
+(:meth:`SessionStoreSession.events`). ``pop_item`` rewrites the remaining items' JSON (the
+cost grows with the session, as a ``history/replace`` does); ``clear_session`` writes nothing
+but the empty replacement.
+
+The writer lock is taken at the first change and held until :meth:`SessionStoreSession.close`
+(or the end of an ``async with`` / ``with`` block, or the object's garbage collection): a
+second *process* changing the same session gets :class:`session_store.WriterOwned`, whose
+``owner`` names the holder. In one process, every ``SessionStoreSession`` of the same root
+folder and session id shares one writer (as when a server makes a new one per request); the
+lock is released when the last of them is closed. Reads take no lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import weakref
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from . import (
+    Closed,
+    InvalidInput,
+    NotFound,
+    PathLike,
+    Root,
+    Session,
+    SessionStoreError,
+    _to_thread,
+    encode_json,
+)
+
+if TYPE_CHECKING:
+    from agents.items import TResponseInputItem
+    from agents.memory.session_settings import SessionSettings
+
+__all__ = ["ITEM_ID_KEY", "SessionStoreSession"]
+
+#: The key under which an item's own ``id`` is kept (the message ``id`` is the store's).
+ITEM_ID_KEY = "sse_item_id"
+
+#: Largest history page the store serves.
+_PAGE = 500
+
+
+class _SharedWriter:
+    """The one writer of a session in this process, shared by its adapters."""
+
+    __slots__ = ("key", "lock", "session", "users")
+
+    def __init__(self, key: tuple[str, str]) -> None:
+        self.key = key
+        self.lock = threading.Lock()  # serializes the changes of all the adapters
+        self.session: Session | None = None  # opened at the first change
+        self.users = 0
+
+
+_WRITERS_LOCK = threading.Lock()
+_WRITERS: dict[tuple[str, str], _SharedWriter] = {}
+
+
+def _acquire_writer(root: Root, session_id: str) -> _SharedWriter:
+    key = (os.path.realpath(root.path), session_id)
+    with _WRITERS_LOCK:
+        shared = _WRITERS.get(key)
+        if shared is None:
+            shared = _WRITERS[key] = _SharedWriter(key)
+        shared.users += 1
+    return shared
+
+
+def _release_writer(shared: _SharedWriter) -> None:
+    # Closed under the registry lock: a new adapter of the same session waits for it.
+    with _WRITERS_LOCK:
+        shared.users -= 1
+        if shared.users > 0:
+            return
+        del _WRITERS[shared.key]
+        with shared.lock:
+            session, shared.session = shared.session, None
+            if session is not None:
+                session.close()
+
+
+def _to_message(item: Mapping[str, Any], message_id: str) -> dict[str, Any]:
+    if not isinstance(item, Mapping):
+        raise TypeError(f"a session item must be a dict, not {type(item).__name__}")
+    # Key order is kept: the item's own id takes the place of its "id" key.
+    message = {ITEM_ID_KEY if key == "id" else key: value for key, value in item.items()}
+    message["id"] = message_id
+    return message
+
+
+def _to_item(message: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "id" if key == ITEM_ID_KEY else key: value
+        for key, value in message.items()
+        if key != "id"
+    }
+
+
+class SessionStoreSession:
+    """One conversation (a session of ``root``) for the openai-agents ``Runner``.
+
+    ``root`` is a :class:`session_store.Root` or a folder path (opened as a root, created
+    when missing). The session is created at the first ``add_items``. Beyond the SDK's
+    protocol: :meth:`history` (items with their stable ids), :meth:`fork`, :meth:`events`
+    and :meth:`close`.
+    """
+
+    session_settings: SessionSettings | None = None
+
+    def __init__(
+        self,
+        session_id: str,
+        root: Root | PathLike,
+        session_settings: SessionSettings | Mapping[str, Any] | None = None,
+    ) -> None:
+        self.session_id = session_id
+        self.root = root if isinstance(root, Root) else Root(root)
+        if session_settings is not None:
+            from agents.memory.session_settings import coerce_session_settings
+
+            self.session_settings = coerce_session_settings(session_settings)
+        self._shared = _acquire_writer(self.root, session_id)
+        self._lock = self._shared.lock
+        # Releases this adapter's share once: on close() or when it is garbage-collected.
+        self._release = weakref.finalize(self, _release_writer, self._shared)
+
+    # The SDK's protocol.
+
+    async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
+        """The latest ``limit`` items (all when None and the settings set no limit),
+        oldest first."""
+        return await _to_thread(self.get_items_sync, limit)
+
+    async def add_items(self, items: list[TResponseInputItem]) -> None:
+        """Appends ``items`` in one durable commit (nothing for an empty list)."""
+        await _to_thread(self.add_items_sync, items)
+
+    async def pop_item(self) -> TResponseInputItem | None:
+        """Removes and returns the latest item; None when there is none."""
+        return await _to_thread(self.pop_item_sync)
+
+    async def clear_session(self) -> None:
+        """Removes every item (they stay readable in the log)."""
+        await _to_thread(self.clear_session_sync)
+
+    # Synchronous forms (the async methods run these in a worker thread).
+
+    def get_items_sync(self, limit: int | None = None) -> list[Any]:
+        """:meth:`get_items`, blocking."""
+        if limit is None and self.session_settings is not None:
+            limit = self.session_settings.limit
+        return [_to_item(m) for m in self._messages(limit)]
+
+    def add_items_sync(self, items: list[Any]) -> None:
+        """:meth:`add_items`, blocking."""
+        if not items:
+            return
+        with self._lock:
+            writer = self._open_writer()
+            accepted, _ = writer.sequences()
+            first = accepted + 1
+            messages = [_to_message(item, f"i{first + 1 + k}") for k, item in enumerate(items)]
+            self._turn(
+                writer,
+                first,
+                [{"kind": "message/complete", "payload": {"message": m}} for m in messages],
+            )
+
+    def pop_item_sync(self) -> Any:
+        """:meth:`pop_item`, blocking."""
+        with self._lock:
+            messages = self._messages(None)
+            if not messages:
+                return None
+            writer = self._open_writer()
+            self._replace(writer, messages[:-1])
+            return _to_item(messages[-1])
+
+    def clear_session_sync(self) -> None:
+        """:meth:`clear_session`, blocking."""
+        with self._lock:
+            if self._shared.session is None and not self._exists():
+                return
+            self._replace(self._open_writer(), [])
+
+    # Beyond the protocol.
+
+    def history(self) -> list[dict[str, Any]]:
+        """The current items with their stable ids: ``[{"item_id", "position", "item"}]``."""
+        return [
+            {"item_id": m["id"], "position": i, "item": _to_item(m)}
+            for i, m in enumerate(self._messages(None))
+        ]
+
+    def events(self, after: int = 0, limit: int = 1000) -> dict[str, Any]:
+        """The session's durable log (every item ever added, pops and clears included)."""
+        return self.root.events(self.session_id, after=after, limit=limit)
+
+    def fork(
+        self, after_item: int | str, new_session_id: str | None = None
+    ) -> SessionStoreSession:
+        """A new session holding this one's items up to and including ``after_item`` (an
+        index into :meth:`get_items`, negative from the end, or a stable ``item_id`` from
+        :meth:`history`). The new session shares this one's log up to that item's
+        ``add_items`` turn without copying it; when that turn added more items (or later
+        ones were popped), one ``history/replace`` trims the new session to the kept items.
+        """
+        with self._lock:
+            if self._shared.session is not None:
+                self._shared.session.flush()
+            messages = self._messages(None)
+            index = self._index_of(messages, after_item)
+            kept = messages[: index + 1]
+            turn = self._turn_of(kept[-1]["id"])
+            child = self.root.fork(self.session_id, after_turn=turn, child=new_session_id)
+        branch = SessionStoreSession(child, self.root, self.session_settings)
+        if branch._messages(None) != kept:
+            with branch._lock:
+                branch._replace(branch._open_writer(), kept)
+        return branch
+
+    async def afork(
+        self, after_item: int | str, new_session_id: str | None = None
+    ) -> SessionStoreSession:
+        """:meth:`fork` in a worker thread."""
+        return await _to_thread(self.fork, after_item, new_session_id)
+
+    def close(self) -> None:
+        """Ends this adapter's use of the session; the writer lock is released when no other
+        adapter of the same session in this process still uses it. Everything is already
+        durable. Later changes through this adapter raise :class:`session_store.Closed`."""
+        self._release()
+
+    async def aclose(self) -> None:
+        """:meth:`close` in a worker thread."""
+        await _to_thread(self.close)
+
+    def __enter__(self) -> SessionStoreSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> SessionStoreSession:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"<SessionStoreSession {self.session_id!r} in {self.root.path!r}>"
+
+    # Internals.
+
+    def _exists(self) -> bool:
+        try:
+            self.root.turns(self.session_id)
+        except NotFound:
+            return False
+        return True
+
+    def _open_writer(self) -> Session:
+        """The shared writer (held ``self._lock``), opened or created at first use."""
+        if not self._release.alive:
+            raise Closed("session runtime is closed")
+        shared = self._shared
+        if shared.session is None:
+            try:
+                shared.session = self.root.open(self.session_id)
+            except NotFound:
+                shared.session = self.root.create(self.session_id)
+        return shared.session
+
+    def _turn(self, writer: Session, first: int, events: list[dict[str, Any]]) -> None:
+        """One durable turn ``t<first>`` holding ``events``."""
+        turn = f"t{first}"
+        batch = {
+            "operation_id": f"agents-{first}",
+            "turn_id": turn,
+            "events": [
+                {"kind": "turn/start"},
+                *events,
+                {"kind": "turn/end", "payload": {"status": "completed"}},
+            ],
+        }
+        writer.append_json(encode_json(batch))
+        writer.flush()
+
+    def _replace(self, writer: Session, messages: list[dict[str, Any]]) -> None:
+        accepted, _ = writer.sequences()
+        self._turn(
+            writer,
+            accepted + 1,
+            [{"kind": "history/replace", "payload": {"messages": messages}}],
+        )
+
+    def _messages(self, limit: int | None) -> list[dict[str, Any]]:
+        """The latest ``limit`` stored messages (all for None), oldest first."""
+        if limit is not None and limit <= 0:
+            return []
+        if limit is None:
+            # One call for the whole transcript: fewer round trips than the pages.
+            try:
+                return self.root.transcript(self.session_id)
+            except NotFound:
+                return []
+        pages: list[list[dict[str, Any]]] = []
+        wanted: int = limit
+        cursor: str | None = None
+        try:
+            while True:
+                size = min(wanted, _PAGE)
+                page = self.root.history(self.session_id, cursor=cursor, limit=size)
+                pages.append([self._body(m) for m in page["messages"]])
+                wanted -= len(page["messages"])
+                cursor = page["next_cursor"]
+                if cursor is None or wanted == 0:
+                    break
+        except NotFound:
+            return []
+        return [m for page in reversed(pages) for m in page]
+
+    def _body(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        if row["inline"] is not None:
+            return row["inline"]
+        # A message over 64 KiB: the payload of the event that recorded it.
+        payload = json.loads(self.root.read_content(self.session_id, row["content_ref"]["digest"]))
+        if "message" in payload:
+            return payload["message"]
+        for message in payload.get("messages", []):
+            if message.get("id") == row["message_id"]:
+                return message
+        raise SessionStoreError(f"message {row['message_id']!r} not found in its content")
+
+    @staticmethod
+    def _index_of(messages: list[dict[str, Any]], after_item: int | str) -> int:
+        if isinstance(after_item, bool) or not isinstance(after_item, (int, str)):
+            raise TypeError("after_item must be an item index (int) or an item id (str)")
+        if isinstance(after_item, str):
+            for i, m in enumerate(messages):
+                if m["id"] == after_item:
+                    return i
+            raise NotFound(f"item {after_item!r} is not in the session")
+        index = after_item + len(messages) if after_item < 0 else after_item
+        if not 0 <= index < len(messages):
+            raise IndexError(f"item index {after_item} out of range ({len(messages)} items)")
+        return index
+
+    def _turn_of(self, message_id: str) -> str:
+        """The turn whose ``add_items`` commit added the message ``i<seq>``."""
+        if not (message_id.startswith("i") and message_id[1:].isdigit()):
+            raise InvalidInput(f"invalid input: {message_id!r} is not an item id of this adapter")
+        seq = int(message_id[1:])
+        for turn in self.root.turns(self.session_id):
+            if turn["start_sequence"] < seq < turn["end_sequence"]:
+                return turn["turn_id"]
+        raise SessionStoreError(f"no completed turn holds item {message_id!r}")

@@ -1,0 +1,617 @@
+//! `session_store._native`: the Rust side of the `session_store` Python package.
+//!
+//! A thin layer over [`session_store::Root`], [`session_store::Session`] and
+//! [`session_store::SessionQuery`]: every call that touches SQLite or the file system releases the
+//! GIL (`Python::detach`), JSON crosses the boundary as text (the Python side encodes and
+//! decodes it with the standard `json` module, so payloads are stored as given), and every
+//! [`session_store::Error`] becomes an instance of the exception class of its variant.
+//! The Pythonic API (dicts, context managers, async variants) is `session_store/__init__.py`.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use pyo3::create_exception;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+use serde::Serialize;
+use session_store::{
+    Batch, CancelToken, CreateOptions, Durability, Error, ForkPoint, ImportOptions, Service,
+    SessionId, SessionQuery, StoreOptions,
+};
+
+create_exception!(
+    _native,
+    SessionStoreError,
+    PyException,
+    "Base class of every error raised by session_store."
+);
+create_exception!(
+    _native,
+    InvalidInput,
+    SessionStoreError,
+    "The caller passed something malformed: an id, a batch, a cursor, an option, JSON."
+);
+create_exception!(
+    _native,
+    InvalidPayload,
+    InvalidInput,
+    "An event payload does not match its kind's schema."
+);
+create_exception!(
+    _native,
+    OperationConflict,
+    InvalidInput,
+    "The operation id was used before with different content."
+);
+create_exception!(
+    _native,
+    NotFound,
+    SessionStoreError,
+    "No session with this id exists under the root."
+);
+create_exception!(
+    _native,
+    AlreadyExists,
+    SessionStoreError,
+    "A session (or export destination) with this name already exists."
+);
+create_exception!(
+    _native,
+    WriterOwned,
+    SessionStoreError,
+    "Another writer owns the session; `owner` is a dict (owner_id, host, pid, generation, since_ms)."
+);
+create_exception!(
+    _native,
+    UnsupportedVersion,
+    SessionStoreError,
+    "A file, schema or required event kind newer than this build understands."
+);
+create_exception!(
+    _native,
+    Corrupt,
+    SessionStoreError,
+    "A file that is damaged or not a session file."
+);
+create_exception!(
+    _native,
+    InternalError,
+    SessionStoreError,
+    "An invariant broke inside the library (a bug, not the caller's doing)."
+);
+create_exception!(
+    _native,
+    Closed,
+    SessionStoreError,
+    "The session was closed; it accepts nothing more."
+);
+create_exception!(
+    _native,
+    StaleGeneration,
+    SessionStoreError,
+    "Another writer took the lease: this handle is fenced off."
+);
+create_exception!(
+    _native,
+    Poisoned,
+    SessionStoreError,
+    "An earlier failure left a commit's outcome unknown; reopen the session."
+);
+create_exception!(
+    _native,
+    PersistenceFailed,
+    SessionStoreError,
+    "The last write failed; the accepted tail is kept and the next flush retries."
+);
+create_exception!(
+    _native,
+    DiskFull,
+    PersistenceFailed,
+    "The disk (or its quota) is full."
+);
+create_exception!(
+    _native,
+    Cancelled,
+    SessionStoreError,
+    "The wait was cancelled (e.g. `delete` gave up waiting for the writer)."
+);
+create_exception!(
+    _native,
+    ForkBoundaryNotAtomic,
+    SessionStoreError,
+    "The fork or rewind cut does not fall on a commit boundary."
+);
+create_exception!(
+    _native,
+    ForkActiveAuthority,
+    SessionStoreError,
+    "The fork or rewind prefix leaves an open turn or a pending interaction."
+);
+create_exception!(
+    _native,
+    RuntimeStateError,
+    SessionStoreError,
+    "The service runtime is busy, bound, not running, stale or needs recovery."
+);
+create_exception!(
+    _native,
+    StorageError,
+    SessionStoreError,
+    "An operating-system I/O error or any other SQLite error."
+);
+
+/// The exception of `e`'s variant, with its message (and `owner` for `WriterOwned`).
+fn to_py(py: Python<'_>, e: Error) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        Error::InvalidInput(_) => InvalidInput::new_err(msg),
+        Error::InvalidPayload { .. } => InvalidPayload::new_err(msg),
+        Error::OperationConflict { .. } => OperationConflict::new_err(msg),
+        Error::SessionNotFound(_) => NotFound::new_err(msg),
+        Error::SessionExists(_) => AlreadyExists::new_err(msg),
+        Error::WriterOwned { owner } => {
+            let err = WriterOwned::new_err(msg);
+            let dict = PyDict::new(py);
+            let filled = dict
+                .set_item("owner_id", owner.owner_id)
+                .and_then(|()| dict.set_item("host", owner.host))
+                .and_then(|()| dict.set_item("pid", owner.pid))
+                .and_then(|()| dict.set_item("generation", owner.generation))
+                .and_then(|()| dict.set_item("since_ms", owner.since_ms))
+                .and_then(|()| err.value(py).setattr("owner", dict));
+            match filled {
+                Ok(()) => err,
+                Err(other) => other,
+            }
+        }
+        Error::UnsupportedVersion(_) => UnsupportedVersion::new_err(msg),
+        Error::Corrupt(_) => Corrupt::new_err(msg),
+        Error::Internal { .. } => InternalError::new_err(msg),
+        Error::Closed => Closed::new_err(msg),
+        Error::StaleGeneration { .. } => StaleGeneration::new_err(msg),
+        Error::Poisoned(_) => Poisoned::new_err(msg),
+        Error::PersistenceFailed(_) => PersistenceFailed::new_err(msg),
+        Error::DiskFull(_) => DiskFull::new_err(msg),
+        Error::Cancelled => Cancelled::new_err(msg),
+        Error::ForkBoundaryNotAtomic(_) => ForkBoundaryNotAtomic::new_err(msg),
+        Error::ForkActiveAuthority(_) => ForkActiveAuthority::new_err(msg),
+        Error::RuntimeBusy
+        | Error::RuntimeBound
+        | Error::SessionNotRunning
+        | Error::StaleExecution
+        | Error::RecoveryRequired => RuntimeStateError::new_err(msg),
+        Error::Io { .. } | Error::Sqlite(_) | Error::ReadConnection(_) => {
+            StorageError::new_err(msg)
+        }
+        _ => SessionStoreError::new_err(msg),
+    }
+}
+
+/// Result of a call, errors already Python exceptions.
+type NativeResult<T> = Result<T, PyErr>;
+
+/// Runs `f` with the GIL released and maps its error.
+fn detached<T: Send>(
+    py: Python<'_>,
+    f: impl FnOnce() -> session_store::Result<T> + Send,
+) -> NativeResult<T> {
+    py.detach(f).map_err(|e| to_py(py, e))
+}
+
+/// `value` as JSON text.
+fn json<T: Serialize>(value: &T) -> session_store::Result<String> {
+    serde_json::to_string(value)
+        .map_err(|e| Error::InvalidInput(format!("value cannot be encoded as JSON: {e}")))
+}
+
+/// A session id from a Python string (validated by the library).
+fn session_id(id: &str) -> session_store::Result<SessionId> {
+    SessionId::new(id)
+}
+
+/// The one tokio runtime of the process that runs [`SessionQuery`] futures (their storage work
+/// runs on its blocking pool).
+fn tokio_runtime() -> session_store::Result<&'static tokio::runtime::Runtime> {
+    static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("session-store-py")
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(|e| Error::Io {
+            context: "starting the query runtime".into(),
+            source: std::sync::Arc::new(std::io::Error::other(e.clone())),
+        })
+}
+
+/// A root folder of sessions (`session_store.Root` wraps it).
+#[pyclass(frozen, module = "session_store._native")]
+struct Root {
+    service: Service,
+}
+
+impl Root {
+    fn query(&self) -> SessionQuery {
+        self.service.query()
+    }
+
+    /// Runs a query future on the shared runtime.
+    fn run<T>(
+        &self,
+        f: impl Future<Output = session_store::Result<T>>,
+    ) -> session_store::Result<T> {
+        tokio_runtime()?.block_on(f)
+    }
+}
+
+#[pymethods]
+impl Root {
+    /// Opens (creating it when missing) the root at `path`. `durability` is `"full"`
+    /// (fsync on every drain, the default) or `"normal"`; `write_behind_ms` is the delay
+    /// before an accepted batch is written (default 200).
+    #[new]
+    #[pyo3(signature = (path, durability=None, write_behind_ms=None))]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        durability: Option<&str>,
+        write_behind_ms: Option<u64>,
+    ) -> NativeResult<Root> {
+        let mut options = StoreOptions::default();
+        match durability {
+            None | Some("full") => {}
+            Some("normal") => options = options.with_durability(Durability::ProcessCrash),
+            Some(other) => {
+                return Err(InvalidInput::new_err(format!(
+                    "invalid input: durability must be \"full\" or \"normal\", not {}",
+                    session_store::quoted(other)
+                )));
+            }
+        }
+        if let Some(ms) = write_behind_ms {
+            options = options.with_write_behind(Duration::from_millis(ms));
+        }
+        detached(py, move || {
+            let root = session_store::Root::with_options(path, options)?;
+            Ok(Root {
+                service: Service::new("local", root)?,
+            })
+        })
+    }
+
+    /// The root folder.
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.service.root().path().to_path_buf()
+    }
+
+    /// Creates a session (a random id when `session_id` is None) and opens it for writing.
+    #[pyo3(signature = (session_id=None, cwd=None))]
+    fn create(
+        &self,
+        py: Python<'_>,
+        session_id: Option<String>,
+        cwd: Option<String>,
+    ) -> NativeResult<Session> {
+        detached(py, || {
+            let id = match session_id {
+                Some(id) => SessionId::new(id)?,
+                None => SessionId::random(),
+            };
+            let mut options = CreateOptions::with_id(id);
+            if let Some(cwd) = cwd {
+                options = options.with_cwd(cwd);
+            }
+            Ok(Session {
+                inner: self.service.root().create(options)?,
+            })
+        })
+    }
+
+    /// Opens an existing session as its one writer (`WriterOwned` when another has it).
+    fn open_writer(&self, py: Python<'_>, session_id: &str) -> NativeResult<Session> {
+        detached(py, || {
+            let id = self::session_id(session_id)?;
+            Ok(Session {
+                inner: self.service.root().open_writer(&id)?,
+            })
+        })
+    }
+
+    /// One page of sessions after `cursor` (JSON of a `SessionPage`).
+    #[pyo3(signature = (cursor=None, limit=50))]
+    fn list(&self, py: Python<'_>, cursor: Option<String>, limit: usize) -> NativeResult<String> {
+        detached(py, || {
+            let page = self.run(self.query().list(cursor.as_deref(), limit))?;
+            json(&page)
+        })
+    }
+
+    /// One page of the durable transcript, newest page first (JSON of a `HistoryPage`).
+    #[pyo3(signature = (session_id, cursor=None, limit=100))]
+    fn history(
+        &self,
+        py: Python<'_>,
+        session_id: &str,
+        cursor: Option<String>,
+        limit: usize,
+    ) -> NativeResult<String> {
+        detached(py, || {
+            let r = self.service.session_ref(self::session_id(session_id)?);
+            let page = self.run(self.query().history_page(&r, cursor.as_deref(), limit))?;
+            json(&page)
+        })
+    }
+
+    /// The whole durable transcript (a JSON array of messages).
+    fn transcript(&self, py: Python<'_>, session_id: &str) -> NativeResult<String> {
+        detached(py, || {
+            let r = self.service.session_ref(self::session_id(session_id)?);
+            let messages = self.run(self.query().history(&r))?;
+            json(&messages)
+        })
+    }
+
+    /// Durable commits after sequence `after`, at most `limit` (JSON of an `EventPage`).
+    #[pyo3(signature = (session_id, after=0, limit=1000))]
+    fn events(
+        &self,
+        py: Python<'_>,
+        session_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> NativeResult<String> {
+        detached(py, || {
+            let r = self.service.session_ref(self::session_id(session_id)?);
+            let observed = self.run(self.query().observe(&r, after, limit))?;
+            json(&observed.events)
+        })
+    }
+
+    /// The bytes of a content ref (`digest`) of this session or its ancestors.
+    fn read_content<'py>(
+        &self,
+        py: Python<'py>,
+        session_id: &str,
+        digest: String,
+    ) -> NativeResult<Bound<'py, PyBytes>> {
+        let bytes = detached(py, || {
+            let r = self.service.session_ref(self::session_id(session_id)?);
+            let content = session_store::ContentRef::new(digest, 0, "");
+            self.run(self.query().read_content(&r, &content))
+        })?;
+        Ok(PyBytes::new(py, &bytes))
+    }
+
+    /// The completed turns of the durable log (JSON array of turn boundaries).
+    fn turns(&self, py: Python<'_>, session_id: &str) -> NativeResult<String> {
+        detached(py, || {
+            let reader = self
+                .service
+                .root()
+                .open_reader(&self::session_id(session_id)?)?;
+            json(&reader.turns()?)
+        })
+    }
+
+    /// Who holds the session's writer lock (JSON object), or None.
+    fn writer_owner(&self, py: Python<'_>, session_id: &str) -> NativeResult<Option<String>> {
+        detached(py, || {
+            let owner = self
+                .service
+                .root()
+                .writer_owner(&self::session_id(session_id)?)?;
+            owner.as_ref().map(json).transpose()
+        })
+    }
+
+    /// Forks `parent` after turn `after_turn`, or rewinds it to before turn `before_turn`
+    /// (exactly one of them); returns the new session's id. Copies nothing.
+    #[pyo3(signature = (parent, after_turn=None, before_turn=None, child=None))]
+    fn fork(
+        &self,
+        py: Python<'_>,
+        parent: &str,
+        after_turn: Option<String>,
+        before_turn: Option<String>,
+        child: Option<String>,
+    ) -> NativeResult<String> {
+        detached(py, || {
+            let point = match (after_turn, before_turn) {
+                (Some(t), None) => ForkPoint::AfterTurn(t),
+                (None, Some(t)) => ForkPoint::BeforeTurn(t),
+                _ => {
+                    return Err(Error::InvalidInput(
+                        "give exactly one of after_turn and before_turn".into(),
+                    ));
+                }
+            };
+            let child = child.map(SessionId::new).transpose()?;
+            let id = self
+                .service
+                .root()
+                .fork(&self::session_id(parent)?, point, child)?;
+            Ok(id.to_string())
+        })
+    }
+
+    /// Exports a session to one self-contained file (JSON of an `ExportReport`).
+    fn export(&self, py: Python<'_>, session_id: &str, path: PathBuf) -> NativeResult<String> {
+        detached(py, || {
+            let report = self
+                .service
+                .root()
+                .export(&self::session_id(session_id)?, path)?;
+            json(&report)
+        })
+    }
+
+    /// Validates and imports an exported file; returns the new session's id.
+    #[pyo3(signature = (path, session_id=None, cwd=None))]
+    fn import_file(
+        &self,
+        py: Python<'_>,
+        path: PathBuf,
+        session_id: Option<String>,
+        cwd: Option<String>,
+    ) -> NativeResult<String> {
+        detached(py, || {
+            let mut options = ImportOptions::default();
+            if let Some(id) = session_id {
+                options = options.with_session_id(SessionId::new(id)?);
+            }
+            if let Some(cwd) = cwd {
+                options = options.with_cwd(cwd);
+            }
+            Ok(self.service.root().import(path, options)?.to_string())
+        })
+    }
+
+    /// Verifies one session of this root (see the module's `verify`).
+    fn verify(&self, py: Python<'_>, session_id: &str) -> NativeResult<String> {
+        detached(py, || {
+            let dir = self
+                .service
+                .root()
+                .session_dir(&self::session_id(session_id)?);
+            verified_json(session_store::verify_file(dir)?)
+        })
+    }
+
+    /// Deletes a session, waiting at most `wait` seconds for its writer (`Cancelled` then).
+    #[pyo3(signature = (session_id, wait=10.0))]
+    fn delete(&self, py: Python<'_>, session_id: &str, wait: f64) -> NativeResult<()> {
+        let wait = Duration::try_from_secs_f64(wait).map_err(|e| {
+            InvalidInput::new_err(format!("invalid input: wait of {wait} seconds: {e}"))
+        })?;
+        detached(py, || {
+            let id = self::session_id(session_id)?;
+            let cancel = CancelToken::new();
+            let timer = cancel.clone();
+            // The timer thread only cancels the wait; it needs no join.
+            std::thread::spawn(move || {
+                std::thread::sleep(wait);
+                timer.cancel();
+            });
+            self.service.root().delete(&id, &cancel)
+        })
+    }
+}
+
+/// A session opened for writing (`session_store.Session` wraps it).
+#[pyclass(frozen, module = "session_store._native")]
+struct Session {
+    inner: session_store::Session,
+}
+
+/// What `append` reports of a commit.
+#[derive(Serialize)]
+struct CommitSummary<'a> {
+    commit_id: &'a str,
+    operation_id: &'a str,
+    turn_id: Option<&'a str>,
+    first_seq: u64,
+    last_seq: u64,
+}
+
+#[pymethods]
+impl Session {
+    /// The session id.
+    #[getter]
+    fn id(&self) -> String {
+        self.inner.id().to_string()
+    }
+
+    /// Appends one batch given as JSON text `{"operation_id", "turn_id"?, "events": [...]}`;
+    /// returns the commit (JSON). Accepted in memory; durable after `flush`.
+    fn append(&self, py: Python<'_>, batch_json: &str) -> NativeResult<String> {
+        detached(py, || {
+            let batch: Batch = serde_json::from_str(batch_json)
+                .map_err(|e| Error::InvalidInput(format!("batch is not valid: {e}")))?;
+            let commit = self.inner.append(batch)?;
+            json(&CommitSummary {
+                commit_id: &commit.commit_id,
+                operation_id: &commit.operation_id,
+                turn_id: commit.turn_id.as_deref(),
+                first_seq: commit.first_seq,
+                last_seq: commit.last_seq(),
+            })
+        })
+    }
+
+    /// Writes every accepted batch (fsynced); returns the durable sequence.
+    fn flush(&self, py: Python<'_>) -> NativeResult<u64> {
+        detached(py, || self.inner.flush())
+    }
+
+    /// `(accepted, durable)` sequences.
+    fn sequences(&self) -> (u64, u64) {
+        self.inner.sequences()
+    }
+
+    /// The accepted transcript, including batches not yet durable (a JSON array).
+    fn transcript(&self, py: Python<'_>) -> NativeResult<String> {
+        detached(py, || json(&self.inner.transcript()?))
+    }
+
+    /// Flushes and releases the writer lock; later calls raise `Closed`.
+    fn close(&self, py: Python<'_>) -> NativeResult<()> {
+        detached(py, || self.inner.close())
+    }
+}
+
+/// Verifies a session file, folder or export (integrity, hashes, blobs, full replay);
+/// returns JSON `{"session_id", "commits", "events"}` or raises `Corrupt`.
+#[pyfunction]
+fn verify(py: Python<'_>, path: PathBuf) -> NativeResult<String> {
+    detached(py, || verified_json(session_store::verify_file(path)?))
+}
+
+/// What `verify` reports: `{"session_id", "commits", "events"}`.
+fn verified_json(verified: session_store::Verified) -> session_store::Result<String> {
+    json(&serde_json::json!({
+        "session_id": verified.header.session_id,
+        "commits": verified.commits,
+        "events": verified.events,
+    }))
+}
+
+/// The native module.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<Root>()?;
+    m.add_class::<Session>()?;
+    m.add_function(wrap_pyfunction!(verify, m)?)?;
+    m.add("SessionStoreError", py.get_type::<SessionStoreError>())?;
+    m.add("InvalidInput", py.get_type::<InvalidInput>())?;
+    m.add("InvalidPayload", py.get_type::<InvalidPayload>())?;
+    m.add("OperationConflict", py.get_type::<OperationConflict>())?;
+    m.add("NotFound", py.get_type::<NotFound>())?;
+    m.add("AlreadyExists", py.get_type::<AlreadyExists>())?;
+    m.add("WriterOwned", py.get_type::<WriterOwned>())?;
+    m.add("UnsupportedVersion", py.get_type::<UnsupportedVersion>())?;
+    m.add("Corrupt", py.get_type::<Corrupt>())?;
+    m.add("InternalError", py.get_type::<InternalError>())?;
+    m.add("Closed", py.get_type::<Closed>())?;
+    m.add("StaleGeneration", py.get_type::<StaleGeneration>())?;
+    m.add("Poisoned", py.get_type::<Poisoned>())?;
+    m.add("PersistenceFailed", py.get_type::<PersistenceFailed>())?;
+    m.add("DiskFull", py.get_type::<DiskFull>())?;
+    m.add("Cancelled", py.get_type::<Cancelled>())?;
+    m.add(
+        "ForkBoundaryNotAtomic",
+        py.get_type::<ForkBoundaryNotAtomic>(),
+    )?;
+    m.add("ForkActiveAuthority", py.get_type::<ForkActiveAuthority>())?;
+    m.add("RuntimeStateError", py.get_type::<RuntimeStateError>())?;
+    m.add("StorageError", py.get_type::<StorageError>())?;
+    Ok(())
+}

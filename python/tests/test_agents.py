@@ -1,0 +1,323 @@
+"""session_store.agents.SessionStoreSession: the openai-agents Session protocol, a second
+writer in another process, forks, and a full offline Runner conversation with tool calls
+(the SDK's own agents.testing.ScriptedModel)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from agents import Agent, Runner, function_tool, set_tracing_disabled
+from agents.memory import Session as SessionProtocol
+from agents.memory import SessionSettings
+from agents.testing import ScriptedModel, assistant_message, function_call
+
+import session_store
+from session_store.agents import SessionStoreSession
+
+set_tracing_disabled(True)  # offline: no trace export
+
+
+def user(text: str) -> dict:
+    return {"role": "user", "content": text}
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_implements_the_sdk_protocol(root):
+    session = SessionStoreSession("s", root)
+    assert isinstance(session, SessionProtocol)
+    assert session.session_id == "s"
+    # A path works as well as a Root (the shape of SQLiteSession(session_id, db_path)).
+    assert isinstance(SessionStoreSession("s", root.path).root, session_store.Root)
+
+
+def test_get_items_limits(root):
+    async def main():
+        s = SessionStoreSession("lim", root)
+        assert await s.get_items() == []
+        assert await s.get_items(limit=3) == []
+        items = [user(f"u{i}") for i in range(7)]
+        await s.add_items(items[:4])
+        await s.add_items(items[4:])
+        assert await s.get_items() == items
+        assert await s.get_items(limit=3) == items[-3:]
+        assert await s.get_items(limit=1) == items[-1:]
+        assert await s.get_items(limit=0) == []
+        assert await s.get_items(limit=100) == items
+        limited = SessionStoreSession("lim", root, session_settings=SessionSettings(limit=2))
+        assert await limited.get_items() == items[-2:]
+        assert await limited.get_items(limit=5) == items[-5:]
+        s.close()
+
+    run(main())
+
+
+def test_get_items_over_many_pages(root):
+    async def main():
+        s = SessionStoreSession("many", root)
+        items = [user(f"u{i}") for i in range(1_203)]
+        for start in range(0, len(items), 100):
+            await s.add_items(items[start : start + 100])
+        assert await s.get_items() == items
+        assert await s.get_items(limit=777) == items[-777:]
+
+    run(main())
+
+
+def test_pop_on_empty_pop_and_clear_then_add(root):
+    async def main():
+        s = SessionStoreSession("p", root)
+        assert await s.pop_item() is None
+        await s.clear_session()  # on a session that does not exist yet: nothing happens
+        await s.add_items([user("a"), {"type": "function_call", "id": "fc_1", "call_id": "c1",
+                                       "name": "f", "arguments": "{}"}])
+        await s.add_items([])
+        popped = await s.pop_item()
+        assert popped == {"type": "function_call", "id": "fc_1", "call_id": "c1",
+                          "name": "f", "arguments": "{}"}
+        assert list(popped) == ["type", "id", "call_id", "name", "arguments"]  # key order kept
+        assert await s.get_items() == [user("a")]
+        assert await s.pop_item() == user("a")
+        assert await s.pop_item() is None
+        await s.add_items([user("b")])
+        await s.clear_session()
+        assert await s.get_items() == []
+        assert await s.pop_item() is None
+        await s.add_items([user("c"), user("d")])
+        assert await s.get_items() == [user("c"), user("d")]
+        # The full history stays readable: every item ever added is in the log.
+        kinds, added = [], []
+        for commit in s.events()["commits"]:
+            for e in commit["events"]:
+                kinds.append(e["kind"])
+                if e["kind"] == "message/complete":
+                    added.append(e["payload"]["message"].get("content"))
+        assert kinds.count("history/replace") == 3
+        assert added == ["a", None, "b", "c", "d"]
+        assert session_store.verify(os.path.join(root.path, "p"))["commits"] == 6
+        s.close()
+
+    run(main())
+
+
+def test_history_has_stable_ids(root):
+    async def main():
+        s = SessionStoreSession("ids", root)
+        await s.add_items([user("a"), user("b")])
+        first = s.history()
+        await s.add_items([user("c")])
+        await s.pop_item()
+        second = s.history()
+        assert second == first
+        assert [h["position"] for h in second] == [0, 1]
+        assert len({h["item_id"] for h in second}) == 2
+        await s.add_items([user("c2")])
+        assert s.history()[2]["item_id"] not in {h["item_id"] for h in first}
+
+    run(main())
+
+
+def test_two_sessions_in_one_root_are_independent(root):
+    async def main():
+        a = SessionStoreSession("a", root)
+        b = SessionStoreSession("b", root)
+        await a.add_items([user("for a")])
+        await b.add_items([user("for b 1"), user("for b 2")])
+        await a.pop_item()
+        assert await a.get_items() == []
+        assert await b.get_items() == [user("for b 1"), user("for b 2")]
+        await b.clear_session()
+        await a.add_items([user("again")])
+        assert await a.get_items() == [user("again")]
+        assert await b.get_items() == []
+        ids = [s["session_ref"]["session_id"] for s in root.list()["sessions"]]
+        assert ids == ["a", "b"]
+
+    run(main())
+
+
+SECOND_WRITER = """
+import asyncio, json, sys
+import session_store
+from session_store.agents import SessionStoreSession
+
+async def main():
+    s = SessionStoreSession("shared", sys.argv[1])
+    print(json.dumps({"read": await s.get_items()}), flush=True)
+    try:
+        await s.add_items([{"role": "user", "content": "intruder"}])
+    except session_store.WriterOwned as e:
+        print(json.dumps({"owned": e.owner, "message": str(e)}), flush=True)
+        return
+    print(json.dumps({"wrote": True}), flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_a_second_writer_process_gets_writer_owned(root):
+    async def main():
+        s = SessionStoreSession("shared", root)
+        await s.add_items([user("mine")])
+        out = subprocess.run(
+            [sys.executable, "-c", SECOND_WRITER, root.path],
+            capture_output=True, text=True, timeout=60, cwd=root.path,
+        )
+        assert out.returncode == 0, out.stderr
+        lines = [json.loads(line) for line in out.stdout.splitlines()]
+        # Reads take no lock; the write is refused and names this process.
+        assert lines[0] == {"read": [user("mine")]}
+        assert lines[1]["owned"]["pid"] == os.getpid()
+        assert str(os.getpid()) in lines[1]["message"]
+        assert await s.get_items() == [user("mine")]
+        # Once this process closes its writer, the other one can write.
+        await s.aclose()
+        again = subprocess.run(
+            [sys.executable, "-c", SECOND_WRITER, root.path],
+            capture_output=True, text=True, timeout=60, cwd=root.path,
+        )
+        assert json.loads(again.stdout.splitlines()[1]) == {"wrote": True}, again.stderr
+        assert await s.get_items() == [user("mine"), user("intruder")]
+
+    run(main())
+
+
+def test_adapters_of_one_session_in_one_process_share_its_writer(root):
+    async def main():
+        first = SessionStoreSession("shared", root)
+        await first.add_items([user("one")])
+        # A new adapter per request, the earlier one still open: both write, in order.
+        second = SessionStoreSession("shared", root.path)
+        await second.add_items([user("two")])
+        await first.add_items([user("three")])
+        assert await second.pop_item() == user("three")
+        assert await first.get_items() == [user("one"), user("two")]
+        assert root.writer_owner("shared")["pid"] == os.getpid()
+        first.close()
+        first.close()  # idempotent
+        with pytest.raises(session_store.Closed):
+            await first.add_items([user("late")])
+        await second.add_items([user("four")])  # the other adapter still writes
+        second.close()
+        # The last close released the lock: a plain writer can open the session now.
+        root.open("shared").close()
+        # An adapter dropped without close releases its share when collected.
+        third = SessionStoreSession("shared", root)
+        await third.add_items([user("five")])
+        del third
+        import gc
+
+        gc.collect()
+        root.open("shared").close()
+
+    run(main())
+
+
+def test_fork_after_item(root):
+    async def main():
+        s = SessionStoreSession("trunk", root)
+        await s.add_items([user("a"), user("b")])
+        await s.add_items([user("c")])
+        await s.add_items([user("d"), user("e")])
+        # After the last item of an add_items call: the log is shared, nothing replaced.
+        at_c = await s.afork(2, "at-c")
+        assert await at_c.get_items() == [user("a"), user("b"), user("c")]
+        assert "history/replace" not in json.dumps(at_c.events())
+        # Inside a call's items, by id or by negative index: one replacement trims it.
+        by_id = s.fork(s.history()[0]["item_id"])
+        assert await by_id.get_items() == [user("a")]
+        by_neg = s.fork(-2)
+        assert await by_neg.get_items() == [user("a"), user("b"), user("c"), user("d")]
+        # The branch is a session of its own; the trunk is unchanged.
+        await at_c.add_items([user("branch")])
+        assert (await at_c.get_items())[-1] == user("branch")
+        assert await s.get_items() == [user(x) for x in "abcde"]
+        # After a pop, the fork follows the current items, not the log.
+        await s.pop_item()
+        tail = s.fork(-1)
+        assert await tail.get_items() == [user(x) for x in "abcd"]
+        with pytest.raises(IndexError):
+            s.fork(10)
+        with pytest.raises(session_store.NotFound):
+            s.fork("i999")
+        with pytest.raises(TypeError):
+            s.fork(1.5)
+        for branch in (at_c, by_id, by_neg, tail, s):
+            branch.close()
+
+    run(main())
+
+
+def test_hostile_items(root):
+    async def main():
+        s = SessionStoreSession("h", root)
+        with pytest.raises(TypeError):
+            await s.add_items(["not a dict"])
+        with pytest.raises(session_store.InvalidInput):
+            await s.add_items([{"role": "user", "content": {1, 2}}])
+        with pytest.raises(session_store.InvalidInput):
+            SessionStoreSession("../x", root).get_items_sync()
+        assert await s.get_items() == []
+        big = user("y" * 200_000)
+        await s.add_items([big, user("small")])
+        assert await s.get_items() == [big, user("small")]
+        assert await s.pop_item() == user("small")
+        assert await s.get_items(limit=1) == [big]
+
+    run(main())
+
+
+@function_tool
+def get_weather(city: str) -> str:
+    """The weather in a city."""
+    return f"sunny in {city}"
+
+
+def test_runner_conversation_with_tool_calls(root):
+    model = ScriptedModel(
+        [
+            [function_call("get_weather", {"city": "Paris"}, call_id="call_1")],
+            [assistant_message("It is sunny in Paris.", item_id="msg_1")],
+            [function_call("get_weather", {"city": "Oslo"}, call_id="call_2")],
+            [assistant_message("Oslo is sunny too.", item_id="msg_2")],
+        ]
+    )
+    agent = Agent(name="forecaster", instructions="Answer.", model=model, tools=[get_weather])
+
+    async def main():
+        session = SessionStoreSession("conversation", root)
+        first = await Runner.run(agent, "Weather in Paris?", session=session)
+        assert first.final_output == "It is sunny in Paris."
+        second = await Runner.run(agent, "And Oslo?", session=session)
+        assert second.final_output == "Oslo is sunny too."
+        model.assert_complete()
+        items = await session.get_items()
+        return items, session
+
+    items, session = run(main())
+    kinds = [i.get("type", "message") for i in items]
+    assert kinds == [
+        "message", "function_call", "function_call_output", "message",
+        "message", "function_call", "function_call_output", "message",
+    ]
+    assert items[0]["content"] == "Weather in Paris?" and items[4]["content"] == "And Oslo?"
+    assert items[2]["output"] == "sunny in Paris" and items[6]["output"] == "sunny in Oslo"
+    assert items[1]["call_id"] == "call_1" and items[3]["id"] == "msg_1"
+    # The second run saw the first run's items from the session.
+    second_run_first_call = model.calls[2].input
+    assert [i.get("content") for i in second_run_first_call if i.get("role") == "user"] == [
+        "Weather in Paris?", "And Oslo?",
+    ]
+    # A fresh adapter (as after a restart) reads the same conversation; the file verifies.
+    session.close()
+    assert run(SessionStoreSession("conversation", root.path).get_items()) == items
+    assert session_store.verify(os.path.join(root.path, "conversation"))["commits"] >= 2
+    assert root.list()["sessions"][0]["preview"] == "Weather in Paris?"

@@ -1,0 +1,311 @@
+"""The core API: append, flush, history pages, list, fork, rewind, export, import, delete,
+verify, async variants, the exception hierarchy and hostile input."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+
+import pytest
+
+import session_store
+from session_store import (
+    AlreadyExists,
+    Closed,
+    Corrupt,
+    InvalidInput,
+    InvalidPayload,
+    NotFound,
+    OperationConflict,
+    SessionStoreError,
+    UnsupportedVersion,
+    WriterOwned,
+)
+
+from conftest import msg, turn
+
+
+def fill(root, sid: str, turns: int, per_turn: int = 1) -> session_store.Session:
+    session = root.create(sid)
+    n = 0
+    for t in range(turns):
+        messages = []
+        for _ in range(per_turn):
+            n += 1
+            messages.append(msg(n, "user" if n % 2 else "assistant"))
+        session.append(turn(f"t{t}", *messages), operation_id=f"op-{t}", turn_id=f"t{t}")
+    session.flush()
+    return session
+
+
+def test_append_flush_history_and_idempotent_retry(root):
+    with root.create("chat") as s:
+        events = turn("t1", msg(1), msg(2, "assistant"))
+        first = s.append(events, operation_id="op-1", turn_id="t1")
+        assert (first["first_seq"], first["last_seq"], first["turn_id"]) == (1, 4, "t1")
+        assert s.sequences()[0] == 4
+        # Accepted but not yet durable: the root's reads see the durable state only.
+        assert s.transcript()[1]["content"] == "message 2"
+        again = s.append(events, operation_id="op-1", turn_id="t1")
+        assert again["commit_id"] == first["commit_id"]
+        with pytest.raises(OperationConflict, match="op-1"):
+            s.append(turn("t1", msg(9)), operation_id="op-1", turn_id="t1")
+        assert s.flush() == 4
+    page = root.history("chat")
+    assert [m["inline"]["content"] for m in page["messages"]] == ["message 1", "message 2"]
+    assert page["has_more"] is False and page["next_cursor"] is None
+    assert root.transcript("chat")[0] == msg(1)
+    assert [t["turn_id"] for t in root.turns("chat")] == ["t1"]
+    commits = root.events("chat")["commits"]
+    assert len(commits) == 1 and [e["kind"] for e in commits[0]["events"]][1] == "message/complete"
+
+
+def test_history_pages_walk_every_message_once(root):
+    fill(root, "long", 25, per_turn=10).close()
+    seen, cursor = [], None
+    while True:
+        page = root.history("long", cursor=cursor, limit=40)
+        assert len(page["messages"]) <= 40
+        seen = [m["message_id"] for m in page["messages"]] + seen
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == [f"m{i}" for i in range(1, 251)]
+    reader = root.reader("long")
+    assert reader.history(limit=3)["messages"][-1]["message_id"] == "m250"
+    assert len(reader.transcript()) == 250
+
+
+def test_list_pages_and_iteration(root):
+    for i in range(7):
+        root.create(f"s{i}").close()
+    page = root.list(limit=3)
+    assert [s["session_ref"]["session_id"] for s in page["sessions"]] == ["s0", "s1", "s2"]
+    assert page["next_cursor"]
+    assert [s["session_ref"]["session_id"] for s in root.iter_sessions(page_size=2)] == [
+        f"s{i}" for i in range(7)
+    ]
+
+
+def test_fork_and_rewind_copy_nothing_and_keep_the_parent(root):
+    fill(root, "parent", 4).close()
+    child = root.fork("parent", after_turn="t1", child="child")
+    assert child == "child"
+    assert [m["id"] for m in root.transcript("child")] == ["m1", "m2"]
+    rewound = root.rewind("parent", before_turn="t1")
+    assert [m["id"] for m in root.transcript(rewound)] == ["m1"]
+    assert len(root.transcript("parent")) == 4
+    with root.open("child") as w:
+        w.append(turn("c1", msg(100)), operation_id="c-op", turn_id="c1")
+    assert [m["id"] for m in root.transcript("child")] == ["m1", "m2", "m100"]
+    assert len(root.transcript("parent")) == 4
+    with pytest.raises(InvalidInput, match="turn"):
+        root.fork("parent", after_turn="no-such-turn")
+
+
+def test_export_import_verify_delete(root, tmp_path):
+    fill(root, "src", 3).close()
+    out = tmp_path / "src.export"
+    report = root.export("src", out)
+    assert report["events"] == 9 and report["bytes"] == out.stat().st_size
+    assert session_store.verify(out)["events"] == 9
+    assert root.verify("src") == {"session_id": "src", "commits": 3, "events": 9}
+    other = session_store.Root(tmp_path / "other")
+    assert other.import_file(out, session_id="copy") == "copy"
+    assert other.transcript("copy") == root.transcript("src")
+    with pytest.raises(AlreadyExists):
+        other.import_file(out, session_id="copy")
+    root.delete("src")
+    with pytest.raises(NotFound):
+        root.history("src")
+    with pytest.raises(NotFound):
+        root.delete("src")
+
+
+def test_damaged_export_is_corrupt_and_imports_nothing(root, tmp_path):
+    fill(root, "src", 3).close()
+    out = tmp_path / "src.export"
+    root.export("src", out)
+    data = bytearray(out.read_bytes())
+    for i in range(4096, len(data), 997):
+        data[i] ^= 0xFF
+    out.write_bytes(bytes(data))
+    with pytest.raises(Corrupt):
+        session_store.verify(out)
+    with pytest.raises(Corrupt):
+        root.import_file(out, session_id="bad")
+    assert [s["session_ref"]["session_id"] for s in root.iter_sessions()] == ["src"]
+    garbage = tmp_path / "garbage"
+    garbage.write_bytes(b"not a database at all" * 100)
+    with pytest.raises(Corrupt):
+        session_store.verify(garbage)
+
+
+def test_error_hierarchy_and_writer_owned_carries_the_owner(root):
+    for cls in (InvalidInput, NotFound, AlreadyExists, WriterOwned, Corrupt, Closed):
+        assert issubclass(cls, SessionStoreError)
+    assert issubclass(InvalidPayload, InvalidInput) and issubclass(OperationConflict, InvalidInput)
+    with pytest.raises(NotFound, match="nope"):
+        root.open("nope")
+    writer = root.create("a")
+    with pytest.raises(AlreadyExists):
+        root.create("a")
+    with pytest.raises(WriterOwned) as owned:
+        root.open("a")
+    assert owned.value.owner["pid"] == os.getpid()
+    assert root.writer_owner("a")["pid"] == os.getpid()
+    writer.close()
+    with pytest.raises(Closed):
+        writer.append(turn("t", msg(1)), operation_id="late")
+    root.open("a").close()  # free again
+
+
+def test_hostile_input_is_refused_and_changes_nothing(root, tmp_path):
+    with root.create("h") as s:
+        s.append(turn("t0", msg(0)), operation_id="ok", turn_id="t0")
+        s.flush()
+        cases = [
+            lambda: s.append_json("{not json"),
+            lambda: s.append_json('{"operation_id": "x", "events": [{"kind": 3}]}'),
+            lambda: s.append_json("[]"),
+            lambda: s.append([{"kind": "session/title", "payload": {"x": {1, 2}}}], operation_id="set"),
+            lambda: s.append([{"kind": "session/title", "payload": float("nan")}], operation_id="nan"),
+            lambda: s.append("turn/start", operation_id="str"),
+            lambda: s.append([1, 2], operation_id="ints"),
+            lambda: s.append([{"kind": "turn/start"}], operation_id=""),
+        ]
+        for case in cases:
+            with pytest.raises(InvalidInput):
+                case()
+        with pytest.raises(InvalidPayload):
+            s.append([{"kind": "session/title", "payload": {"title": 7}}], operation_id="p")
+        with pytest.raises(UnsupportedVersion):
+            s.append([{"kind": "future/kind"}], operation_id="f")
+        with pytest.raises(InvalidInput, match="turn"):
+            s.append([{"kind": "turn/start"}, {"kind": "turn/start"}], operation_id="nest")
+        with pytest.raises(TypeError):
+            s.append_json(b"{}")
+        assert s.sequences() == (3, 3)
+    assert len(root.events("h")["commits"]) == 1
+    for bad_id in ["", "../escape", "a/b", "x" * 5000, "\x00"]:
+        with pytest.raises(InvalidInput):
+            root.create(bad_id)
+        with pytest.raises(InvalidInput):
+            root.history(bad_id)
+    with pytest.raises(TypeError):
+        root.create(123)
+    with pytest.raises(TypeError):
+        root.history("h", limit="ten")
+    with pytest.raises(InvalidInput):
+        root.history("h", cursor="h1.garbage")
+    with pytest.raises(InvalidInput):
+        root.list(limit=10_000)
+    with pytest.raises(InvalidInput):
+        session_store.Root(tmp_path / "r2", durability="sometimes")
+    with pytest.raises(InvalidInput):
+        root.fork("h", after_turn="t0", child="bad/id")
+    with pytest.raises(NotFound):
+        root.history("missing")
+    with pytest.raises(InvalidInput):
+        root.verify("../h")
+    with pytest.raises(NotFound):
+        root.verify("missing")
+    with pytest.raises(NotFound):
+        session_store.verify(tmp_path / "missing-root" / "x")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(SessionStoreError):
+        session_store.Root(blocker / "root")
+    # Nothing refused left a session folder behind.
+    assert [d for d in os.listdir(root.path) if not d.startswith(".")] == ["h"]
+    assert [m["id"] for m in root.transcript("h")] == ["m0"]
+
+
+def test_large_messages_come_back_through_content(root):
+    big = "x" * 100_000
+    with root.create("big") as s:
+        s.append(turn("t", msg(1, content=big)), operation_id="op", turn_id="t")
+    row = root.history("big")["messages"][0]
+    assert row["inline"] is None
+    payload = json.loads(root.read_content("big", row["content_ref"]["digest"]))
+    assert payload["message"]["content"] == big
+    assert root.transcript("big")[0]["content"] == big
+
+
+def test_async_variants(root, tmp_path):
+    async def main():
+        s = await root.acreate("as")
+        async with s:
+            await s.aappend(turn("t1", msg(1)), operation_id="o1", turn_id="t1")
+            assert await s.aflush() == 3
+        assert (await root.ahistory("as"))["messages"][0]["message_id"] == "m1"
+        child = await root.afork("as", after_turn="t1")
+        exported = await root.aexport(child, tmp_path / "c.export")
+        assert exported["events"] == 3
+        assert (await session_store.averify(tmp_path / "c.export"))["events"] == 3
+        assert await root.aimport_file(tmp_path / "c.export", session_id="imp") == "imp"
+        await root.adelete("imp")
+        return [s["session_ref"]["session_id"] for s in (await root.alist())["sessions"]]
+
+    listed = asyncio.run(main())
+    assert "as" in listed and "imp" not in listed
+
+
+def test_a_blocking_call_releases_the_gil(root):
+    """While one thread waits inside the store (a delete waiting 1.5 s for a held writer
+    lock), another thread keeps running Python code: the wait does not hold the GIL."""
+    writer = root.create("held")
+    outcome = []
+
+    def blocked():
+        try:
+            root.delete("held", wait=1.5)
+        except session_store.Cancelled:
+            outcome.append("cancelled")
+
+    thread = threading.Thread(target=blocked)
+    start = time.monotonic()
+    thread.start()
+    spins = 0
+    while time.monotonic() - start < 0.5:
+        spins += 1  # pure Python: runs only while this thread has the GIL
+    elapsed = time.monotonic() - start
+    still_waiting = thread.is_alive()
+    thread.join()
+    writer.close()
+    assert outcome == ["cancelled"]
+    assert still_waiting and elapsed < 1.2, f"main thread stalled {elapsed:.2f} s"
+    assert spins > 1000
+
+
+def test_writers_in_threads(root):
+    """Writers in threads, each flushing after every batch, all succeed."""
+    errors = []
+
+    def work(i):
+        try:
+            with root.create(f"w{i}") as s:
+                for t in range(20):
+                    s.append(turn(f"t{t}", msg(t)), operation_id=f"o{t}", turn_id=f"t{t}")
+                    s.flush()
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert all(len(root.transcript(f"w{i}")) == 20 for i in range(4))
+
+
+def test_delete_waits_for_the_writer_then_gives_up(root):
+    writer = root.create("held")
+    with pytest.raises(session_store.Cancelled):
+        root.delete("held", wait=0.2)
+    writer.close()
+    root.delete("held", wait=0.2)

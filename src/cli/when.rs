@@ -1,0 +1,148 @@
+//! Times on the command line: durations (`90s`, `45m`, `12h`, `7d`, `2w`) for
+//! `gc --older-than` and `list --since`, and UTC dates (`2026-12-01`,
+//! `2026-12-01T08:30:00Z`) for `list --since`.
+
+use std::time::Duration;
+
+/// Seconds per unit of a duration.
+const UNITS: [(&str, u64); 5] = [
+    ("s", 1),
+    ("m", 60),
+    ("h", 3600),
+    ("d", 86_400),
+    ("w", 604_800),
+];
+
+/// The longest duration accepted: 100 years.
+const MAX_SECONDS: u64 = 100 * 365 * 86_400;
+
+/// A duration: a whole number and a unit `s`, `m`, `h`, `d` or `w` (`7d`), at most 100
+/// years.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let bad = || format!("{text:?} is not a duration like 90s, 45m, 12h, 7d or 2w");
+    let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+    let (number, unit) = text.split_at(split);
+    let per = UNITS
+        .iter()
+        .find(|(u, _)| *u == unit)
+        .map(|(_, per)| *per)
+        .ok_or_else(bad)?;
+    let n: u64 = number.parse().map_err(|_| bad())?;
+    match n.checked_mul(per) {
+        Some(secs) if secs <= MAX_SECONDS => Ok(Duration::from_secs(secs)),
+        _ => Err(format!("{text:?} is longer than 100 years")),
+    }
+}
+
+/// A point in time for `--since`, as ms since the Unix epoch: a duration back from now
+/// (`7d`), a UTC date (`2026-12-01`) or date and time (`2026-12-01T08:30[:00][Z]`).
+pub fn parse_since(text: &str) -> Result<i64, String> {
+    if let Ok(ago) = parse_duration(text) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_err(|e| format!("the clock is before 1970: {e}"))?;
+        let ms = now.saturating_sub(ago).as_millis();
+        return i64::try_from(ms).map_err(|_| format!("{text:?} is out of range"));
+    }
+    parse_utc(text).ok_or_else(|| {
+        format!(
+            "{text:?} is neither a duration (7d) nor a UTC date (2026-12-01 or \
+             2026-12-01T08:30:00Z)"
+        )
+    })
+}
+
+/// `YYYY-MM-DD[THH:MM[:SS]][Z]` (UTC) as ms since the Unix epoch.
+fn parse_utc(text: &str) -> Option<i64> {
+    let text = text.strip_suffix('Z').unwrap_or(text);
+    let (date, time) = match text.split_once(['T', ' ']) {
+        Some((d, t)) => (d, Some(t)),
+        None => (text, None),
+    };
+    let number = |s: &str, len: usize| -> Option<i64> {
+        (s.len() == len && s.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| s.parse().ok())
+            .flatten()
+    };
+    let mut d = date.split('-');
+    let (year, month, day) = (
+        number(d.next()?, 4)?,
+        number(d.next()?, 2)?,
+        number(d.next()?, 2)?,
+    );
+    if d.next().is_some()
+        || !(1..=12).contains(&month)
+        || !(1..=days_in(year, month)).contains(&day)
+    {
+        return None;
+    }
+    let mut seconds = 0;
+    if let Some(time) = time {
+        let mut t = time.split(':');
+        let hour = number(t.next()?, 2)?;
+        let minute = number(t.next()?, 2)?;
+        let second = t.next().map_or(Some(0), |s| number(s, 2))?;
+        if t.next().is_some() || hour > 23 || minute > 59 || second > 59 {
+            return None;
+        }
+        seconds = hour * 3600 + minute * 60 + second;
+    }
+    Some((days_from_civil(year, month, day) * 86_400 + seconds) * 1000)
+}
+
+/// Days in `month` of `year` (Gregorian).
+fn days_in(year: i64, month: i64) -> i64 {
+    match month {
+        2 if year % 4 == 0 && (year % 100 != 0 || year % 400 == 0) => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
+}
+
+/// Days since 1970-01-01 of a Gregorian date (Howard Hinnant's days_from_civil).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_dates() {
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        for bad in [
+            "",
+            "7",
+            "d",
+            "-1d",
+            "1.5h",
+            "7 d",
+            "7y",
+            "99999999999999999999d",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(parse_utc("1970-01-01"), Some(0));
+        assert_eq!(parse_utc("2000-03-01T00:00:01Z"), Some(951_868_801_000));
+        assert_eq!(parse_utc("2024-02-29"), Some(1_709_164_800_000));
+        for bad in [
+            "2023-02-29",
+            "2024-13-01",
+            "2024-1-01",
+            "2024-01-01T24:00",
+            "x",
+        ] {
+            assert_eq!(parse_utc(bad), None, "{bad:?}");
+        }
+        assert!(parse_since("1d").is_ok_and(|ms| ms > 0));
+    }
+}

@@ -1,0 +1,478 @@
+//! The payload schemas: typed serde structs for the payloads the projection folds
+//! (strict: unknown keys are refused) and for those the library writes itself, with the
+//! checks they share. Kind names and allowed values are in [`crate::model::kind`].
+//!
+//! The structs the library writes declare their fields in key order, so they serialize
+//! to the very bytes a `serde_json::json!` object of the same keys gives (its map is
+//! sorted): files written before and after read the same.
+
+use std::sync::Arc;
+
+use serde::de::{DeserializeOwned, IgnoredAny};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::model::event::Event;
+use crate::model::kind::USAGE;
+use crate::model::message::Message;
+use crate::model::usage::{Cost, UsageRecord};
+
+/// One todo item of `todo/write`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct Todo {
+    /// What to do (non-blank, trimmed, unique in the list).
+    pub content: String,
+    /// `pending`, `in_progress` or `completed`.
+    pub status: String,
+}
+
+impl Todo {
+    /// A todo item. `todo/write` accepts it when `content` is non-blank, trimmed and unique
+    /// in the list, and `status` is `pending`, `in_progress` or `completed`.
+    pub fn new(content: impl Into<String>, status: impl Into<String>) -> Self {
+        Todo {
+            content: content.into(),
+            status: status.into(),
+        }
+    }
+}
+
+/// Recovery state recorded by `runtime/recovery` (snake_case keys, strict).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct RecoveryStatus {
+    /// E.g. `recovery_required`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub state: String,
+    /// The tool call concerned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<String>,
+    /// The attempt concerned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_id: Option<String>,
+    /// Whether a person must decide how to continue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requires_user_decision: Option<bool>,
+    /// Whether the interrupted work was read-only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_only: Option<bool>,
+    /// Phase of the interrupted work, e.g. `tool`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// Why recovery is needed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// When a retry is planned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_attempt_at: Option<Value>,
+    /// How long the runtime waited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waited_ms: Option<u64>,
+    /// How long it may wait.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_budget_ms: Option<u64>,
+    /// Whether it is still waiting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<bool>,
+}
+
+impl RecoveryStatus {
+    /// A status in `state` (e.g. `recovery_required`) with every other field unset; set
+    /// the ones that apply on the returned value.
+    pub fn new(state: impl Into<String>) -> Self {
+        RecoveryStatus {
+            state: state.into(),
+            ..RecoveryStatus::default()
+        }
+    }
+}
+
+/// `message/complete` and `message/upsert`: one message.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct MessagePayload {
+    pub(crate) message: Arc<Message>,
+}
+
+/// `assistant/attempt`: the attempt id and its action (`kind::ATTEMPT_ACTIONS`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AttemptPayload {
+    pub(crate) id: String,
+    #[serde(rename = "messageId")]
+    _message_id: Option<IgnoredAny>,
+    pub(crate) action: String,
+    #[serde(rename = "attempt")]
+    _attempt: Option<IgnoredAny>,
+    #[serde(rename = "max")]
+    _max: Option<IgnoredAny>,
+    #[serde(rename = "reason")]
+    _reason: Option<IgnoredAny>,
+}
+
+/// `history/replace`, `model/context-replace` and `compaction`: the replacing messages.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct MessagesPayload {
+    pub(crate) messages: Vec<Arc<Message>>,
+    #[serde(rename = "reason")]
+    _reason: Option<IgnoredAny>,
+    #[serde(rename = "trigger")]
+    _trigger: Option<IgnoredAny>,
+    #[serde(rename = "sourceSequences")]
+    _source_sequences: Option<Vec<u64>>,
+}
+
+/// `legacy/import`: a whole legacy transcript with its goal and model.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LegacyImport {
+    #[serde(rename = "source")]
+    _source: Option<IgnoredAny>,
+    pub(crate) messages: Vec<Arc<Message>>,
+    pub(crate) goal: Option<Value>,
+    #[serde(rename = "modelRef", default)]
+    pub(crate) model_ref: String,
+    #[serde(rename = "modelIdentity")]
+    pub(crate) model_identity: Option<Value>,
+}
+
+/// `session/title`: read by the fold and written by [`title_event`].
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TitlePayload {
+    pub(crate) title: String,
+}
+
+/// The `session/title` event that renames a session to `title`.
+///
+/// # Errors
+/// [`Error::InvalidInput`] for a blank title.
+pub(crate) fn title_event(title: &str) -> Result<Event> {
+    if title.trim().is_empty() {
+        return Err(Error::invalid("a title must not be blank"));
+    }
+    Event::new(crate::model::kind::SESSION_TITLE).with_payload(&TitlePayload {
+        title: title.to_owned(),
+    })
+}
+
+/// `usage`: one model call's token counts and cost, under the providers' own field names.
+/// Counts are non-negative integers; `cost` is an exact decimal string ([`Cost`]).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct UsagePayload {
+    model: String,
+    input_tokens: u64,
+    output_tokens: u64,
+    cache_read_tokens: Option<u64>,
+    cache_write_tokens: Option<u64>,
+    cost: Option<Cost>,
+}
+
+/// Longest `model` name of a `usage` event (the totals keep one entry per name).
+const MAX_USAGE_MODEL_BYTES: usize = 256;
+
+impl UsagePayload {
+    /// The checked record: `model` must be non-blank and at most 256 bytes.
+    ///
+    /// # Errors
+    /// [`Error::InvalidPayload`] naming `usage`.
+    pub(crate) fn record(self) -> Result<UsageRecord> {
+        if self.model.trim().is_empty() {
+            return Err(bad(USAGE, "model is required"));
+        }
+        if self.model.len() > MAX_USAGE_MODEL_BYTES {
+            return Err(bad(
+                USAGE,
+                format!("model is longer than {MAX_USAGE_MODEL_BYTES} bytes"),
+            ));
+        }
+        Ok(UsageRecord {
+            model: self.model,
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+            cache_read_tokens: self.cache_read_tokens.unwrap_or(0),
+            cache_write_tokens: self.cache_write_tokens.unwrap_or(0),
+            cost: self.cost,
+        })
+    }
+}
+
+/// `session/config`: the model (`modelRef` must not be blank).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ConfigPayload {
+    #[serde(rename = "modelRef")]
+    pub(crate) model_ref: String,
+    #[serde(rename = "modelIdentity")]
+    pub(crate) model_identity: Option<Value>,
+}
+
+/// `turn/end`: a terminal status (`kind::TERMINAL_TURN_STATUSES`); read by the fold and
+/// written by restart recovery.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TurnEndPayload {
+    pub(crate) status: String,
+}
+
+/// `step/start` and `step/end`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct StepPayload {
+    pub(crate) id: String,
+    #[serde(rename = "status")]
+    _status: Option<IgnoredAny>,
+}
+
+/// `tool/start`: the call that became active.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ToolStartPayload {
+    pub(crate) id: String,
+    pub(crate) name: String,
+}
+
+/// `tool/call` and `tool/result` keys (upstream §1.6); `tool/result` adds five more.
+macro_rules! tool_payload {
+    ($(#[$doc:meta])* $name:ident { $($extra:ident : $key:literal),* }) => {
+        $(#[$doc])*
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        pub(crate) struct $name {
+            pub(crate) id: String,
+            pub(crate) name: String,
+            args: Option<IgnoredAny>,
+            #[serde(rename = "runState")] run_state: Option<IgnoredAny>,
+            diagnostic: Option<IgnoredAny>,
+            #[serde(rename = "resolvedName")] resolved_name: Option<IgnoredAny>,
+            #[serde(rename = "capabilityId")] capability_id: Option<IgnoredAny>,
+            #[serde(rename = "readOnly")] read_only: Option<IgnoredAny>,
+            truncated: Option<IgnoredAny>,
+            #[serde(rename = "durationMs")] duration_ms: Option<IgnoredAny>,
+            #[serde(rename = "startedAt")] started_at: Option<IgnoredAny>,
+            #[serde(rename = "endedAt")] ended_at: Option<IgnoredAny>,
+            partial: Option<IgnoredAny>,
+            #[serde(rename = "argChars")] arg_chars: Option<IgnoredAny>,
+            refreshed: Option<IgnoredAny>,
+            #[serde(rename = "parentId")] parent_id: Option<IgnoredAny>,
+            #[serde(rename = "attemptId")] attempt_id: Option<IgnoredAny>,
+            #[serde(rename = "subagentRef")] subagent_ref: Option<IgnoredAny>,
+            #[serde(rename = "subagentStatus")] subagent_status: Option<IgnoredAny>,
+            #[serde(rename = "subagentErrorCode")] subagent_error_code: Option<IgnoredAny>,
+            #[serde(rename = "subagentRetryable")] subagent_retryable: Option<IgnoredAny>,
+            diff: Option<IgnoredAny>,
+            added: Option<IgnoredAny>,
+            removed: Option<IgnoredAny>,
+            profile: Option<IgnoredAny>,
+            execution: Option<IgnoredAny>,
+            #[serde(rename = "presentedFiles")] presented_files: Option<IgnoredAny>,
+            #[serde(rename = "workspaceMutation")] workspace_mutation: Option<IgnoredAny>,
+            #[serde(rename = "workspacePaths")] workspace_paths: Option<IgnoredAny>,
+            #[serde(rename = "workspaceAllPaths")] workspace_all_paths: Option<IgnoredAny>,
+            $(#[serde(rename = $key)] $extra: Option<IgnoredAny>,)*
+        }
+    };
+}
+tool_payload!(
+    /// `tool/call`: the call the model asked for.
+    ToolCallPayload {}
+);
+tool_payload!(
+    /// `tool/result`, as the fold reads it.
+    ToolResultPayload {
+    error: "error",
+    output: "output",
+    state: "state",
+    todos: "todos",
+    todo_written: "todoWritten"
+});
+
+/// A `message/complete` payload the library writes (legacy migration), serialized from
+/// the message's own JSON text (a `json!` tree would refuse numbers like `1e999` and deep
+/// nesting).
+#[derive(Serialize)]
+pub(crate) struct MessageOut<'a> {
+    /// The message.
+    pub(crate) message: &'a Message,
+}
+
+/// A `tool/result` the library writes (restart recovery): a call closed without its
+/// result. Fields in key order (see the module docs).
+#[derive(Serialize)]
+pub(crate) struct ToolResultOut<'a> {
+    /// Why there is no result.
+    pub(crate) error: &'a str,
+    /// The call id.
+    pub(crate) id: &'a str,
+    /// The tool name.
+    pub(crate) name: &'a str,
+    /// The result state, e.g. `kind::TOOL_RESULT_UNKNOWN`.
+    pub(crate) state: &'a str,
+}
+
+/// `todo/write`: the whole todo list.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TodoPayload {
+    pub(crate) todos: Vec<Todo>,
+}
+
+/// `interaction/created`: a pending interaction (state empty or `pending`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct InteractionCreatedPayload {
+    pub(crate) id: String,
+    #[serde(rename = "toolCallId")]
+    _tool_call_id: Option<IgnoredAny>,
+    #[serde(rename = "kind")]
+    _kind: Option<IgnoredAny>,
+    #[serde(default)]
+    pub(crate) state: String,
+    #[serde(rename = "sessionId")]
+    _session_id: Option<IgnoredAny>,
+    #[serde(rename = "headId")]
+    _head_id: Option<IgnoredAny>,
+    #[serde(rename = "turnId")]
+    _turn_id: Option<IgnoredAny>,
+    #[serde(rename = "runtimeEpoch")]
+    _runtime_epoch: Option<IgnoredAny>,
+}
+
+/// `interaction/resolved`: the interaction and how it was resolved
+/// (`kind::INTERACTION_RESOLVED_STATES`); read by the fold and written by restart recovery.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct InteractionResolvedPayload {
+    pub(crate) id: String,
+    pub(crate) state: String,
+}
+
+/// An [`Error::InvalidPayload`] for `kind`.
+pub(crate) fn bad(kind: &str, reason: impl Into<String>) -> Error {
+    Error::InvalidPayload {
+        kind: kind.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+/// Decodes an event's payload into its schema.
+///
+/// # Errors
+/// [`Error::InvalidPayload`] without a payload or when it does not fit.
+pub(crate) fn decode<T: DeserializeOwned>(event: &Event) -> Result<T> {
+    let text = event
+        .payload_str()
+        .ok_or_else(|| bad(&event.kind, "payload is required"))?;
+    serde_json::from_str(text).map_err(|e| bad(&event.kind, e.to_string()))
+}
+
+/// Refuses a blank id.
+///
+/// # Errors
+/// [`Error::InvalidPayload`] naming `kind`.
+pub(crate) fn required_id(kind: &str, id: &str) -> Result<()> {
+    if id.trim().is_empty() {
+        return Err(bad(kind, "id is required"));
+    }
+    Ok(())
+}
+
+/// Refuses a `field` whose value is not one of `allowed`.
+///
+/// # Errors
+/// [`Error::InvalidPayload`] naming `kind`, the field and the allowed values.
+pub(crate) fn one_of(kind: &str, field: &str, value: &str, allowed: &[&str]) -> Result<()> {
+    if !allowed.contains(&value) {
+        return Err(bad(
+            kind,
+            format!("{field} {value:?} is not one of {allowed:?}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Decodes a payload that must be a JSON object (`plan/state`, `goal/state`).
+///
+/// # Errors
+/// As [`decode`], and when the payload is not an object.
+pub(crate) fn json_object(event: &Event) -> Result<Value> {
+    let value: Value = decode(event)?;
+    if !value.is_object() {
+        return Err(bad(&event.kind, "payload must be a JSON object"));
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::model::kind::{INTERACTION_UNAVAILABLE, TOOL_RESULT_UNKNOWN, TURN_INTERRUPTED};
+
+    /// The payloads the library writes serialize to the bytes the `json!` objects of
+    /// earlier builds gave, so files written before and after compare equal.
+    #[test]
+    fn written_payloads_keep_their_bytes() {
+        let tool = ToolResultOut {
+            error: "why",
+            id: "c1",
+            name: "bash",
+            state: TOOL_RESULT_UNKNOWN,
+        };
+        let expected =
+            json!({"id": "c1", "name": "bash", "state": "result_unknown", "error": "why"});
+        assert_eq!(
+            serde_json::to_string(&tool).unwrap(),
+            serde_json::to_string(&expected).unwrap()
+        );
+        let resolved = InteractionResolvedPayload {
+            id: "i1".to_owned(),
+            state: INTERACTION_UNAVAILABLE.to_owned(),
+        };
+        assert_eq!(
+            serde_json::to_string(&resolved).unwrap(),
+            serde_json::to_string(&json!({"id": "i1", "state": "unavailable"})).unwrap()
+        );
+        let end = TurnEndPayload {
+            status: TURN_INTERRUPTED.to_owned(),
+        };
+        assert_eq!(
+            serde_json::to_string(&end).unwrap(),
+            r#"{"status":"interrupted"}"#
+        );
+        let m: Message = serde_json::from_str(r#"{"id":"a","role":"user","n":1e999}"#).unwrap();
+        assert_eq!(
+            serde_json::to_string(&MessageOut { message: &m }).unwrap(),
+            r#"{"message":{"id":"a","role":"user","n":1e999}}"#
+        );
+    }
+
+    /// The constructors of the records a host builds give the payloads the fold accepts.
+    #[test]
+    fn constructors_build_accepted_payloads() {
+        let mut recovery = RecoveryStatus::new("recovery_required");
+        recovery.call_id = Some("c1".to_owned());
+        assert_eq!(
+            serde_json::to_string(&recovery).unwrap(),
+            r#"{"state":"recovery_required","call_id":"c1"}"#
+        );
+        let todos = vec![Todo::new("write it", "pending")];
+        let event = Event::new(crate::model::kind::TODO_WRITE)
+            .with_payload(&json!({ "todos": todos }))
+            .unwrap();
+        let folded: TodoPayload = decode(&event).unwrap();
+        assert_eq!(folded.todos, todos);
+        let event = Event::new(crate::model::kind::RUNTIME_RECOVERY)
+            .with_payload(&recovery)
+            .unwrap();
+        assert_eq!(decode::<RecoveryStatus>(&event).unwrap(), recovery);
+    }
+}

@@ -1,0 +1,205 @@
+//! Retention that never surprises: [`Root::gc`] deletes the sessions not updated for a
+//! given time and without a writer, each through [`Root::delete`] (forks get their
+//! inherited history materialised first; crash-safe), and reports every session it
+//! deletes, would delete (a dry run) or keeps, with why. Nothing is deleted unless the
+//! caller asks for it.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::cancel::CancelToken;
+use crate::error::{Error, Result};
+use crate::model::SessionId;
+use crate::model::ids::now_ms;
+use crate::persistence::Root;
+use crate::persistence::catalog::modified_ms;
+use crate::store::reader::SessionReader;
+
+/// How long a deletion waits for a session's locks before it is kept as busy.
+const LOCK_WAIT: Duration = Duration::from_millis(200);
+
+/// What [`Root::gc`] deletes. Built with [`GcOptions::older_than`] and the `with_*`
+/// methods.
+#[non_exhaustive]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GcOptions {
+    /// Only sessions whose files have not changed for at least this long.
+    pub older_than: Duration,
+    /// Report what would be deleted; delete nothing.
+    pub dry_run: bool,
+    /// Keep sessions that forks inherit from (otherwise their forks get the inherited
+    /// history copied in first, as [`Root::delete`] does).
+    pub keep_forked: bool,
+}
+
+impl GcOptions {
+    /// Sessions not updated for `older_than`, deleted for real, forked ones included.
+    pub fn older_than(older_than: Duration) -> Self {
+        GcOptions {
+            older_than,
+            dry_run: false,
+            keep_forked: false,
+        }
+    }
+
+    /// Report only, delete nothing.
+    pub fn with_dry_run(mut self, dry_run: bool) -> Self {
+        self.dry_run = dry_run;
+        self
+    }
+
+    /// Keep sessions that forks inherit from.
+    pub fn with_keep_forked(mut self, keep_forked: bool) -> Self {
+        self.keep_forked = keep_forked;
+        self
+    }
+}
+
+/// A session [`Root::gc`] deleted (or, in a dry run, would delete).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct GcDeleted {
+    /// The session.
+    pub session_id: SessionId,
+    /// Last change of its files (ms since the Unix epoch).
+    pub updated_at_ms: i64,
+    /// Its forks, which get the history they inherit from it copied in first.
+    pub forks: Vec<SessionId>,
+}
+
+/// A session old enough that [`Root::gc`] kept, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct GcKept {
+    /// The session.
+    pub session_id: SessionId,
+    /// Why: a live writer (named), forks with `keep_forked`, updated meanwhile, or the
+    /// error met.
+    pub reason: String,
+}
+
+/// What [`Root::gc`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct GcReport {
+    /// Whether this was a dry run (nothing deleted).
+    pub dry_run: bool,
+    /// Sessions deleted (or that would be), in id order.
+    pub deleted: Vec<GcDeleted>,
+    /// Old sessions kept, with why.
+    pub kept: Vec<GcKept>,
+    /// Old sessions whose deletion failed, with the error (they stay intact).
+    pub failed: Vec<GcKept>,
+}
+
+/// Why an old session is kept (`Err(why)`), else its forks (`Ok`). Made before any lock
+/// is taken (`writer`: also whether a writer holds it), and again under its locks before
+/// a real deletion (where no writer can).
+fn reason_to_keep(
+    root: &Root,
+    id: &SessionId,
+    dir: &Path,
+    cutoff_ms: i64,
+    keep_forked: bool,
+    writer: bool,
+) -> Result<std::result::Result<Vec<SessionId>, String>> {
+    if modified_ms(dir) > cutoff_ms {
+        return Ok(Err("updated meanwhile".to_owned()));
+    }
+    if writer && let Some(owner) = root.writer_owner(id)? {
+        return Ok(Err(format!(
+            "a live writer holds it (pid {} on host {})",
+            owner.pid, owner.host
+        )));
+    }
+    let forks: Vec<SessionId> = SessionReader::open(dir)?
+        .dependents()?
+        .into_iter()
+        .map(|d| d.child_id)
+        .collect();
+    if keep_forked && !forks.is_empty() {
+        return Ok(Err(format!("{} fork(s) inherit from it", forks.len())));
+    }
+    Ok(Ok(forks))
+}
+
+/// A token cancelled after `wait` (a detached timer thread).
+fn cancel_after(wait: Duration) -> CancelToken {
+    let token = CancelToken::new();
+    let timer = token.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(wait);
+        timer.cancel();
+    });
+    token
+}
+
+impl Root {
+    /// Deletes the sessions whose files have not changed for `options.older_than` and
+    /// that no writer holds, each as [`Root::delete`] does (forks first get the history
+    /// they inherit copied in; a crash at any point leaves every session readable). Every
+    /// check (age, writer, forks with `keep_forked`) is made again under the session's
+    /// writer and dependents locks, so a session that a writer or a fork takes meanwhile
+    /// is kept, never deleted under it. A dry run only reports.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the root cannot be read; a session's own failure is reported in
+    /// [`GcReport::failed`] and the others go on.
+    pub fn gc(&self, options: &GcOptions) -> Result<GcReport> {
+        let older_ms = i64::try_from(options.older_than.as_millis()).unwrap_or(i64::MAX);
+        let cutoff_ms = now_ms().saturating_sub(older_ms);
+        let mut report = GcReport {
+            dry_run: options.dry_run,
+            ..GcReport::default()
+        };
+        for id in self.list_ids()? {
+            let dir = self.session_dir(&id);
+            let updated_at_ms = modified_ms(&dir);
+            if updated_at_ms > cutoff_ms {
+                continue;
+            }
+            let keep = |why: String| GcKept {
+                session_id: id.clone(),
+                reason: why,
+            };
+            let forks = match reason_to_keep(self, &id, &dir, cutoff_ms, options.keep_forked, true)
+            {
+                Ok(Ok(forks)) => forks,
+                Ok(Err(why)) => {
+                    report.kept.push(keep(why));
+                    continue;
+                }
+                Err(Error::SessionNotFound(_)) => continue,
+                Err(e) => {
+                    report.failed.push(keep(e.to_string()));
+                    continue;
+                }
+            };
+            let deleted = GcDeleted {
+                session_id: id.clone(),
+                updated_at_ms,
+                forks,
+            };
+            if options.dry_run {
+                report.deleted.push(deleted);
+                continue;
+            }
+            let recheck = |dir: &Path| -> Option<String> {
+                match reason_to_keep(self, &id, dir, cutoff_ms, options.keep_forked, false) {
+                    Ok(Ok(_)) => None,
+                    Ok(Err(why)) => Some(why),
+                    Err(e) => Some(e.to_string()),
+                }
+            };
+            match self.delete_unless(&id, &cancel_after(LOCK_WAIT), recheck) {
+                Ok(None) => report.deleted.push(deleted),
+                Ok(Some(why)) => report.kept.push(keep(why)),
+                Err(Error::Cancelled) => report
+                    .kept
+                    .push(keep("busy: a writer, fork or delete held it".to_owned())),
+                Err(Error::SessionNotFound(_)) => {}
+                Err(e) => report.failed.push(keep(e.to_string())),
+            }
+        }
+        Ok(report)
+    }
+}

@@ -1,0 +1,696 @@
+//! Titles, usage totals, list filters and retention (issue 14), through the library and the
+//! built binary: real roots, real child processes (a live writer is another process
+//! holding the lock), file times set back with `File::set_modified` to age sessions.
+
+mod common;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant, SystemTime};
+
+use common::{create, event, id, temp_root, turn};
+use serde_json::{Value, json};
+use session_store::{
+    Batch, Error, ForkPoint, GcOptions, ListFilter, ListSort, Origin, Root, Service, Usage,
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_session-store");
+
+/// The binary on `root`, no root in the environment.
+fn command(root: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.arg("--root")
+        .arg(root)
+        .args(args)
+        .env_remove("SESSION_STORE_ROOT");
+    c
+}
+
+fn run(root: &Path, args: &[&str]) -> Output {
+    command(root, args).output().expect("run")
+}
+
+fn code(out: &Output) -> i32 {
+    out.status.code().expect("exit status")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Runs, expects status 0, returns stdout.
+fn ok(root: &Path, args: &[&str]) -> String {
+    let out = run(root, args);
+    assert_eq!(code(&out), 0, "{args:?}: {}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// Runs with `--json`, expects status 0, parses stdout.
+fn json_of(root: &Path, args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let out = ok(root, &all);
+    serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+}
+
+/// Runs, expects `status` and one line on stderr (clap's usage errors aside); returns it.
+fn fails(root: &Path, args: &[&str], status: i32) -> String {
+    let out = run(root, args);
+    assert_eq!(code(&out), status, "{args:?}: {}", text(&out.stderr));
+    let err = text(&out.stderr);
+    if status != 2 {
+        assert_eq!(err.lines().count(), 1, "one line on stderr: {err:?}");
+    }
+    err
+}
+
+/// Ids listed (one page of `list --json` with these extra arguments).
+fn listed(root: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args = vec!["list"];
+    args.extend_from_slice(extra);
+    json_of(root, &args)["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .map(|s| {
+            s["session_ref"]["session_id"]
+                .as_str()
+                .expect("id")
+                .to_owned()
+        })
+        .collect()
+}
+
+/// Sets the times of a session's files `secs` seconds back, as if it had not been touched
+/// since.
+fn age(root: &Path, session: &str, secs: u64) {
+    touch(root, session, SystemTime::now() - Duration::from_secs(secs));
+}
+
+/// Sets the times of a session's files to `when`.
+fn touch(root: &Path, session: &str, when: SystemTime) {
+    for name in ["session.sqlite", "session.sqlite-wal"] {
+        let path = root.join(session).join(name);
+        if path.exists() {
+            std::fs::File::options()
+                .write(true)
+                .open(&path)
+                .and_then(|f| f.set_modified(when))
+                .expect("set mtime");
+        }
+    }
+}
+
+/// A child process appending to `session` that holds its writer lock until killed; waits
+/// until `show` names it.
+fn live_writer(root: &Path, session: &str) -> Child {
+    let child = command(root, &["append", session])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn writer");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while json_of(root, &["show", session])["writer"].is_null() {
+        if Instant::now() > deadline {
+            stop(child);
+            panic!("the writer never took the lock");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+fn stop(mut child: Child) {
+    if let Some(stdin) = child.stdin.as_mut() {
+        let _ = stdin.flush();
+    }
+    child.kill().expect("kill");
+    child.wait().expect("wait");
+}
+
+/// A `usage` event.
+fn usage(model: &str, input: u64, output: u64, cost: &str) -> session_store::Event {
+    event(
+        "usage",
+        json!({"model": model, "input_tokens": input, "output_tokens": output,
+               "cache_read_tokens": 2, "cost": cost}),
+    )
+}
+
+/// `chat`: a session `name` with `turns` completed turns (`t1`, `t2`, …) written by the
+/// binary, titled by the caller.
+fn chat(root: &Path, name: &str, turns: usize, cwd: &str) {
+    ok(root, &["create", name, "--cwd", cwd]);
+    let lines: String = (1..=turns)
+        .map(|n| {
+            let t = format!("t{n}");
+            format!(
+                "{}\n",
+                json!({"operation_id": format!("{t}/op"), "turn_id": t, "events": [
+                    {"kind": "turn/start"},
+                    {"kind": "message/complete", "payload": {"message":
+                        {"id": format!("{name}-{t}"), "role": "user", "content": format!("question {n}")}}},
+                    {"kind": "turn/end", "payload": {"status": "completed"}},
+                ]})
+            )
+        })
+        .collect();
+    let out = append(root, name, &lines);
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+}
+
+/// `append session` with `lines` on stdin.
+fn append(root: &Path, session: &str, lines: &str) -> Output {
+    let mut child = command(root, &["append", session])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(lines.as_bytes())
+        .expect("write");
+    child.wait_with_output().expect("wait")
+}
+
+/// A fresh temp folder and the root inside it.
+fn temp_cli_root() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("root");
+    (dir, root)
+}
+
+#[test]
+fn rename_appends_a_title_that_list_shows_at_once() {
+    let (_dir, root) = temp_cli_root();
+    chat(&root, "talk", 1, "/w");
+    // Listed once, so the catalog holds an entry to bring up to date.
+    assert_eq!(json_of(&root, &["list"])["sessions"][0]["title"], "");
+    let before = json_of(&root, &["show", "talk"])["durable_sequence"].clone();
+    let out = json_of(&root, &["rename", "talk", "Fix the parser"]);
+    assert_eq!(
+        out,
+        json!({"session_id": "talk", "title": "Fix the parser"})
+    );
+    let page = json_of(&root, &["list"]);
+    assert_eq!(page["sessions"][0]["title"], "Fix the parser");
+    assert!(ok(&root, &["list"]).contains("Fix the parser"));
+    let show = json_of(&root, &["show", "talk"]);
+    assert_eq!(show["title"], "Fix the parser");
+    assert_eq!(show["durable_sequence"], before.as_u64().expect("seq") + 1);
+    let events = json_of(&root, &["events", "talk"]);
+    let last = events["events"].as_array().expect("events").last().cloned();
+    assert_eq!(
+        last.as_ref().map(|e| e["kind"].clone()),
+        Some(json!("session/title"))
+    );
+
+    // Exit codes: 3 no such session, 6 a blank title (nothing appended), 2 usage, and 5
+    // while another process writes it (the title unchanged).
+    fails(&root, &["rename", "nope", "x"], 3);
+    fails(&root, &["rename", "talk", "   "], 6);
+    fails(&root, &["rename", "talk"], 2);
+    let writer = live_writer(&root, "talk");
+    let err = fails(&root, &["rename", "talk", "Stolen"], 5);
+    assert!(err.contains(&writer.id().to_string()), "{err}");
+    stop(writer);
+    assert_eq!(json_of(&root, &["show", "talk"])["title"], "Fix the parser");
+    assert_eq!(
+        json_of(&root, &["show", "talk"])["durable_sequence"],
+        before.as_u64().expect("seq") + 1
+    );
+}
+
+#[test]
+fn service_rename_goes_through_the_live_runtime() {
+    let (_dir, root) = temp_root();
+    let rt = tokio::runtime::Runtime::new().expect("tokio");
+    rt.block_on(async {
+        let service = Service::new("h", root.clone()).expect("service");
+        let runtime = service
+            .create(session_store::CreateOptions::with_id(id("live")))
+            .await
+            .expect("create");
+        let r = runtime.session_ref().clone();
+        service.rename(&r, "Live title").await.expect("rename");
+        let page = service.query().list(None, 10).await.expect("list");
+        assert_eq!(page.sessions[0].title, "Live title");
+        assert!(page.sessions[0].live);
+        assert!(matches!(
+            service.rename(&r, "").await,
+            Err(Error::InvalidInput(_))
+        ));
+        service.close(&r).await.expect("close");
+        service.rename(&r, "Cold title").await.expect("rename cold");
+        let page = service.query().list(None, 10).await.expect("list");
+        assert_eq!(page.sessions[0].title, "Cold title");
+        assert!(!page.sessions[0].live);
+    });
+}
+
+/// The totals of `n` events of `usage("m", 3, 5, "0.1")` and one "x" event per 10.
+fn expected_totals(u: &Usage, n: u64) {
+    let xs = n / 10;
+    assert_eq!(u.total.events, n + xs);
+    assert_eq!(u.total.input_tokens, 3 * n + 7 * xs);
+    assert_eq!(u.total.output_tokens, 5 * n);
+    assert_eq!(u.total.cache_read_tokens, 2 * (n + xs));
+    assert_eq!(u.total.cache_write_tokens, 0);
+    // 0.1 summed n times and 0.000000000000000001 xs times, exactly (floating point
+    // would drift after a few additions).
+    let cost = format!("{}.{:0>18}", n / 10, format!("{}{:017}", n % 10, xs));
+    assert_eq!(u.total.cost.map(|c| c.to_string()), Some(cost));
+    assert_eq!(u.by_model["m"].events, n);
+    assert_eq!(
+        u.by_model["m"].cost.map(|c| c.to_string()),
+        Some(format!("{}.{}", n / 10, n % 10))
+    );
+    assert_eq!(u.by_model["x"].input_tokens, 7 * xs);
+}
+
+#[test]
+fn usage_totals_are_exact_across_many_batches_and_a_fork() {
+    let (dir, root) = temp_root();
+    let s = create(&root, "parent");
+    // 300 batches of one usage event; every tenth also a turn with an "x" usage event.
+    for i in 1..=300u64 {
+        let mut events = vec![usage("m", 3, 5, "0.1")];
+        if i % 10 == 0 {
+            let t = turn(&format!("turn-{i}"), &format!("t{i}"), &format!("msg-{i}"));
+            let mut turn_events = t.events;
+            turn_events.insert(1, usage("x", 7, 0, "0.000000000000000001"));
+            s.append(Batch::new(format!("op-{i}"), vec![events.remove(0)]))
+                .expect("append usage");
+            s.append(Batch::new(format!("turn-{i}"), turn_events).in_turn(format!("t{i}")))
+                .expect("append turn");
+        } else {
+            s.append(Batch::new(format!("op-{i}"), events))
+                .expect("append");
+        }
+    }
+    s.with_projection(|p| expected_totals(&p.usage, 300));
+    s.close().expect("close");
+    // Reopened from its checkpoint and from the log alike, and in the catalog entry.
+    expected_totals(
+        &root
+            .open_reader(&id("parent"))
+            .expect("reader")
+            .projection()
+            .expect("p")
+            .usage,
+        300,
+    );
+    let w = root.open_writer(&id("parent")).expect("writer");
+    w.with_projection(|p| expected_totals(&p.usage, 300));
+    w.close().expect("close");
+    let listing = root.list(None, 10).expect("list");
+    expected_totals(&listing.entries[0].usage, 300);
+
+    // A fork after turn t100 folds the inherited prefix once: its totals are the parent's
+    // at the cut (100 "m" events, 10 "x" events), then grow with its own events only.
+    let child = root
+        .fork(
+            &id("parent"),
+            ForkPoint::AfterTurn("t100".into()),
+            Some(id("child")),
+        )
+        .expect("fork");
+    expected_totals(
+        &root
+            .open_reader(&child)
+            .expect("reader")
+            .projection()
+            .expect("p")
+            .usage,
+        100,
+    );
+    let c = root.open_writer(&child).expect("child writer");
+    for i in 101..=110u64 {
+        c.append(Batch::new(
+            format!("child-{i}"),
+            vec![usage("m", 3, 5, "0.1")],
+        ))
+        .expect("append");
+    }
+    c.close().expect("close");
+    let child_usage = root
+        .open_reader(&child)
+        .expect("reader")
+        .projection()
+        .expect("p")
+        .usage;
+    assert_eq!(child_usage.by_model["m"].events, 110);
+    assert_eq!(
+        child_usage.total.cost.map(|c| c.to_string()),
+        Some("11.000000000000000010".into())
+    );
+    // The parent is not changed by its fork; deleting it materialises the fork's inherited
+    // history without counting it twice.
+    expected_totals(
+        &root
+            .open_reader(&id("parent"))
+            .expect("reader")
+            .projection()
+            .expect("p")
+            .usage,
+        300,
+    );
+    root.delete(&id("parent"), &session_store::CancelToken::new())
+        .expect("delete");
+    assert_eq!(
+        root.open_reader(&child)
+            .expect("reader")
+            .projection()
+            .expect("p")
+            .usage,
+        child_usage
+    );
+
+    // The CLI shows the same totals in show, stats and list --json.
+    let cli_root = dir.path().join("sessions");
+    let show = json_of(&cli_root, &["show", "child"]);
+    assert_eq!(show["usage"]["total"]["cost"], "11.000000000000000010");
+    assert_eq!(show["usage"]["by_model"]["m"]["events"], 110);
+    let stats = json_of(&cli_root, &["stats", "child"]);
+    assert_eq!(stats["usage"], show["usage"]);
+    let page = json_of(&cli_root, &["list"]);
+    assert_eq!(page["sessions"][0]["usage"], show["usage"]);
+    assert!(ok(&cli_root, &["show", "child"]).contains("cost 11.000000000000000010"));
+}
+
+#[test]
+fn hostile_usage_payloads_are_refused_and_change_nothing() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "u");
+    s.append(Batch::new(
+        "ok",
+        vec![event(
+            "usage",
+            json!({"model": "m", "input_tokens": u64::MAX - 1, "output_tokens": 0}),
+        )],
+    ))
+    .expect("a large but valid count");
+    let before = s.with_projection(|p| p.usage.clone());
+    let base = json!({"model": "m", "input_tokens": 1, "output_tokens": 1});
+    let with = |key: &str, value: Value| {
+        let mut p = base.clone();
+        p[key] = value;
+        p
+    };
+    let mut missing = base.clone();
+    missing
+        .as_object_mut()
+        .expect("object")
+        .remove("output_tokens");
+    let hostile = [
+        with("input_tokens", json!(-1)),
+        with("output_tokens", json!(1.5)),
+        with("input_tokens", json!("10")),
+        with("input_tokens", json!(1e30)),
+        with("input_tokens", json!(2)), // the total would pass u64::MAX
+        with("cache_read_tokens", json!(-3)),
+        with("cache_write_tokens", json!(true)),
+        with("cost", json!(0.1)),
+        with("cost", json!("-1")),
+        with("cost", json!("1e3")),
+        with("cost", json!("0.1.2")),
+        with("cost", json!("")),
+        with("cost", json!(".5")),
+        with("cost", json!(" 1")),
+        with("cost", json!("0.0000000000000000001")),
+        with("cost", json!("9".repeat(40))),
+        with("model", json!("")),
+        with("model", json!(" ")),
+        with("model", json!(7)),
+        with("model", json!("m".repeat(300))),
+        with("reasoning_tokens", json!(1)),
+        missing,
+        json!([1, 2]),
+        json!(null),
+    ];
+    for (i, payload) in hostile.iter().enumerate() {
+        let err = s
+            .append(Batch::new(
+                format!("bad-{i}"),
+                vec![event("usage", payload.clone())],
+            ))
+            .expect_err(&format!("{payload} must be refused"));
+        assert!(
+            matches!(err, Error::InvalidPayload { .. }),
+            "{payload}: {err}"
+        );
+        assert!(err.is_caller_error(), "{payload}: {err}");
+    }
+    // A usage event without a payload, and a good event batched with a bad one.
+    assert!(
+        s.append(Batch::new("bare", vec![session_store::Event::new("usage")]))
+            .is_err()
+    );
+    assert!(
+        s.append(Batch::new(
+            "mixed",
+            vec![
+                usage("m", 1, 1, "1"),
+                event("usage", with("cost", json!("x")))
+            ]
+        ))
+        .is_err()
+    );
+    s.with_projection(|p| assert_eq!(p.usage, before));
+    assert_eq!(
+        s.flush().expect("flush"),
+        1,
+        "only the first batch is in the log"
+    );
+    // The refused payloads are caller errors on the command line too (status 6).
+    s.close().expect("close");
+    let dir = root.path().to_path_buf();
+    let line = json!({"operation_id": "cli", "events": [{"kind": "usage", "payload": with("cost", json!("1,5"))}]});
+    let out = append(&dir, "u", &format!("{line}\n"));
+    assert_eq!(code(&out), 6, "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("usage"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn list_filters_and_sorts_are_keyset_pages_on_the_catalog() {
+    let (_dir, root) = temp_cli_root();
+    // Five sessions: cwd, title, origin and last change chosen per session.
+    chat(&root, "a", 1, "/proj");
+    chat(&root, "b", 2, "/proj");
+    chat(&root, "c", 1, "/other");
+    chat(&root, "d", 1, "/proj");
+    ok(&root, &["rename", "a", "Refactor the PARSER"]);
+    ok(&root, &["rename", "c", "parser notes"]);
+    ok(&root, &["rename", "d", "Lunch"]);
+    ok(&root, &["fork", "b", "--after-turn", "t1", "--id", "e"]);
+    // Updated order (newest first): d, b, e, a, c. A session's update time is never
+    // before its creation, so the times are set ahead: c on 2099-12-01, the others on
+    // 2100-01-02..05 (2100-01-01T00:00:00Z is 4102444800 s after the epoch).
+    let day = |n: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(4_102_444_800 + n * 86_400);
+    for (session, days) in [("d", 4), ("b", 3), ("e", 2), ("a", 1)] {
+        touch(&root, session, day(days));
+    }
+    touch(&root, "c", day(0) - Duration::from_secs(31 * 86_400));
+    assert_eq!(listed(&root, &[]), ["a", "b", "c", "d", "e"]);
+    assert_eq!(
+        listed(&root, &["--sort", "updated"]),
+        ["d", "b", "e", "a", "c"]
+    );
+    assert_eq!(listed(&root, &["--cwd", "/proj"]), ["a", "b", "d", "e"]);
+    assert_eq!(listed(&root, &["--title", "parser"]), ["a", "c"]);
+    assert_eq!(
+        listed(&root, &["--title", "PARSER", "--cwd", "/proj"]),
+        ["a"]
+    );
+    assert_eq!(listed(&root, &["--origin", "fork"]), ["e"]);
+    assert_eq!(
+        listed(&root, &["--since", "2100-01-01", "--sort", "updated"]),
+        ["d", "b", "e", "a"]
+    );
+    assert_eq!(
+        listed(&root, &["--since", "2100-01-03T00:00:00Z"]),
+        ["b", "d", "e"]
+    );
+    assert_eq!(listed(&root, &["--since", "1d"]), ["a", "b", "c", "d", "e"]);
+    assert_eq!(
+        listed(&root, &["--since", "2000-01-01"]),
+        ["a", "b", "c", "d", "e"]
+    );
+    assert!(listed(&root, &["--since", "2101-01-01"]).is_empty());
+
+    // Pages of two follow the cursor through the same order, in every sort.
+    for sort in ["id", "updated", "created"] {
+        let all = json_of(&root, &["list", "--sort", sort])["sessions"].clone();
+        let mut paged = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let mut args = vec!["list", "--sort", sort, "--limit", "2"];
+            if let Some(c) = &cursor {
+                args.extend(["--cursor", c.as_str()]);
+            }
+            let page = json_of(&root, &args);
+            paged.extend(
+                page["sessions"]
+                    .as_array()
+                    .expect("sessions")
+                    .iter()
+                    .cloned(),
+            );
+            match page["next_cursor"].as_str() {
+                Some(c) => cursor = Some(c.to_owned()),
+                None => break,
+            }
+        }
+        assert_eq!(Value::Array(paged), all, "{sort}");
+    }
+    let created = json_of(&root, &["list", "--sort", "created"])["sessions"].clone();
+    let keys: Vec<(i64, String)> = created
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .map(|s| {
+            (
+                s["created_at_ms"].as_i64().expect("ms"),
+                s["session_ref"]["session_id"]
+                    .as_str()
+                    .expect("id")
+                    .to_owned(),
+            )
+        })
+        .collect();
+    let mut sorted = keys.clone();
+    sorted.sort_by(|x, y| y.cmp(x));
+    assert_eq!(keys, sorted);
+
+    // The library: the same filter through SessionQuery::list_with and Root::list_filtered.
+    let lib = Root::open(&root).expect("root");
+    let filter = ListFilter::default()
+        .with_cwd("/proj")
+        .with_sort(ListSort::Updated);
+    let ids: Vec<String> = lib
+        .list_filtered(&filter, None, 10)
+        .expect("list")
+        .entries
+        .iter()
+        .map(|e| e.session_id.to_string())
+        .collect();
+    assert_eq!(ids, ["d", "b", "e", "a"]);
+    let rt = tokio::runtime::Runtime::new().expect("tokio");
+    let page = rt
+        .block_on(async {
+            let service = Service::new("h", lib.clone())?;
+            service
+                .query()
+                .list_with(None, 1, ListFilter::default().with_origin(Origin::Fork))
+                .await
+        })
+        .expect("list_with");
+    assert_eq!(page.sessions.len(), 1);
+    assert_eq!(page.sessions[0].session_ref.session_id.as_str(), "e");
+    assert!(page.next_cursor.is_none());
+
+    // A session that became unreadable is reported with the first page, never listed from
+    // the entry it had.
+    std::fs::write(root.join("c").join("session.sqlite"), b"not a session file").expect("damage");
+    let page = json_of(&root, &["list", "--title", "parser"]);
+    assert_eq!(page["sessions"].as_array().expect("sessions").len(), 1);
+    assert_eq!(page["sessions"][0]["session_ref"]["session_id"], "a");
+    assert_eq!(page["skipped"][0]["session_id"], "c");
+    assert_eq!(listed(&root, &["--sort", "updated"]), ["d", "b", "e", "a"]);
+
+    // Bad input: a cursor of another order (6), an unknown origin, sort or date (2).
+    fails(&root, &["list", "--sort", "updated", "--cursor", "a"], 6);
+    fails(&root, &["list", "--origin", "alien"], 2);
+    fails(&root, &["list", "--sort", "size"], 2);
+    fails(&root, &["list", "--since", "2024-02-30"], 2);
+}
+
+#[test]
+fn gc_deletes_only_old_sessions_without_a_writer() {
+    let (_dir, root) = temp_cli_root();
+    chat(&root, "old", 1, "/w");
+    chat(&root, "busy", 1, "/w");
+    chat(&root, "fresh", 1, "/w");
+    chat(&root, "parent", 2, "/w");
+    ok(
+        &root,
+        &["fork", "parent", "--after-turn", "t2", "--id", "child"],
+    );
+    let child_before = json_of(&root, &["history", "child"]);
+    let writer = live_writer(&root, "busy");
+    for session in ["old", "busy", "parent"] {
+        age(&root, session, 3 * 86_400);
+    }
+
+    // A dry run deletes nothing and says what it would do.
+    let dry = json_of(&root, &["gc", "--older-than", "2d", "--dry-run"]);
+    assert_eq!(dry["dry_run"], true);
+    let names = |v: &Value, key: &str| -> Vec<String> {
+        v[key]
+            .as_array()
+            .expect(key)
+            .iter()
+            .map(|d| d["session_id"].as_str().expect("id").to_owned())
+            .collect()
+    };
+    assert_eq!(names(&dry, "deleted"), ["old", "parent"]);
+    assert_eq!(dry["deleted"][1]["forks"], json!(["child"]));
+    assert_eq!(names(&dry, "kept"), ["busy"]);
+    assert!(
+        dry["kept"][0]["reason"]
+            .as_str()
+            .expect("reason")
+            .contains(&format!("pid {}", writer.id()))
+    );
+    let human = ok(&root, &["gc", "--older-than", "2d", "--dry-run"]);
+    assert!(human.contains("would delete old"), "{human}");
+    assert!(human.contains("kept busy"), "{human}");
+    assert_eq!(
+        listed(&root, &[]),
+        ["busy", "child", "fresh", "old", "parent"]
+    );
+
+    // --keep-forked keeps the parent; the live writer's session is kept and reported.
+    let kept = json_of(&root, &["gc", "--older-than", "2d", "--keep-forked"]);
+    assert_eq!(names(&kept, "deleted"), ["old"]);
+    assert_eq!(names(&kept, "kept"), ["busy", "parent"]);
+    assert_eq!(listed(&root, &[]), ["busy", "child", "fresh", "parent"]);
+
+    // Without it the parent goes; its fork keeps the history it inherited.
+    let out = ok(&root, &["gc", "--older-than", "2d"]);
+    assert!(out.contains("deleted parent"), "{out}");
+    assert!(out.contains("kept busy"), "{out}");
+    assert_eq!(listed(&root, &[]), ["busy", "child", "fresh"]);
+    assert_eq!(json_of(&root, &["history", "child"]), child_before);
+    assert!(ok(&root, &["verify", "child"]).starts_with("ok"));
+    stop(writer);
+
+    // Once its writer is gone the old session is collected; the fresh ones never.
+    age(&root, "busy", 3 * 86_400);
+    assert_eq!(
+        names(&json_of(&root, &["gc", "--older-than", "2d"]), "deleted"),
+        ["busy"]
+    );
+    assert!(ok(&root, &["gc", "--older-than", "2d"]).contains("nothing to collect"));
+    assert_eq!(listed(&root, &[]), ["child", "fresh"]);
+
+    // The library: a dry run reports, deletes nothing.
+    let lib = Root::open(&root).expect("root");
+    age(&root, "fresh", 3 * 86_400);
+    age(&root, "child", 3 * 86_400);
+    let report = lib
+        .gc(&GcOptions::older_than(Duration::from_secs(86_400)).with_dry_run(true))
+        .expect("gc");
+    assert_eq!(report.deleted.len(), 2);
+    assert_eq!(lib.list_ids().expect("ids").len(), 2);
+
+    // Bad durations are usage errors (2).
+    fails(&root, &["gc", "--older-than", "7"], 2);
+    fails(&root, &["gc", "--older-than", "-1d"], 2);
+    fails(&root, &["gc"], 2);
+}

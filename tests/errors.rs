@@ -1,0 +1,377 @@
+//! The public classifiers of `session_store::Error` (issue 13), one test each: every error
+//! is produced through the public API on real session files (except `Internal`, a library
+//! bug no call can cause, and the read pool's `ReadConnection`, built from a real r2d2
+//! error), and each test checks the classifier, the ones that must not answer, and the
+//! `source()` chain where the error has a cause.
+
+mod common;
+
+use std::error::Error as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{create, id, manual_root, message, temp_root, title};
+use session_store::{Batch, Error, Event, PersistenceStatus, Root, SessionId, StoreOptions};
+
+/// The classifiers that answer yes for `e`, by name (each test states the exact set).
+fn classes(e: &Error) -> Vec<&'static str> {
+    let all = [
+        ("retryable", e.is_retryable()),
+        ("not_found", e.is_not_found()),
+        ("already_exists", e.is_already_exists()),
+        ("writer_owned", e.is_writer_owned()),
+        ("corrupt", e.is_corrupt()),
+        ("unsupported", e.is_unsupported()),
+        ("caller_error", e.is_caller_error()),
+        ("needs_reopen", e.needs_reopen()),
+        ("internal", e.is_internal()),
+    ];
+    all.into_iter()
+        .filter(|(_, yes)| *yes)
+        .map(|(n, _)| n)
+        .collect()
+}
+
+/// A new session `name` holding one durable commit (operation `op-0`).
+fn durable_session(root: &Root, name: &str) -> session_store::Session {
+    let s = create(root, name);
+    s.append(Batch::new("op-0", vec![title("durable")]))
+        .expect("append");
+    s.flush().expect("flush");
+    s
+}
+
+/// The failed write's error behind a `PersistenceFailed` or `Poisoned` (its source).
+fn failed_write(e: &Error) -> &Error {
+    e.source()
+        .and_then(|c| c.downcast_ref::<Error>())
+        .expect("the failed write is the source")
+}
+
+/// The session file of `s`.
+fn session_file(s: &session_store::Session) -> std::path::PathBuf {
+    s.dir().join("session.sqlite")
+}
+
+#[test]
+fn a_missing_session_or_folder_is_not_found() {
+    let (dir, root) = temp_root();
+    let absent = id("absent");
+    for e in [
+        root.open_reader(&absent).expect_err("no such session"),
+        root.open_writer(&absent).expect_err("no such session"),
+        root.stat(&absent).expect_err("no such session"),
+    ] {
+        assert!(matches!(e, Error::SessionNotFound(_)), "{e:?}");
+        assert_eq!(classes(&e), ["not_found"], "{e}");
+        assert!(e.to_string().contains("absent"), "{e}");
+        assert!(e.source().is_none());
+    }
+
+    // An export into a folder that does not exist: the OS error is the typed source.
+    create(&root, "present").close().expect("close");
+    let e = root
+        .export(&id("present"), dir.path().join("no-such-folder/out.sqlite"))
+        .expect_err("missing destination folder");
+    assert_eq!(classes(&e), ["not_found"], "{e:?}");
+    let io = e
+        .source()
+        .and_then(|s| s.downcast_ref::<std::io::Error>())
+        .expect("the io::Error is the source");
+    assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+}
+
+#[test]
+fn a_taken_name_is_already_exists() {
+    let (_dir, root) = temp_root();
+    create(&root, "taken").close().expect("close");
+    let e = root
+        .create(session_store::CreateOptions::with_id(id("taken")))
+        .expect_err("the id is taken");
+    assert!(matches!(e, Error::SessionExists(_)), "{e:?}");
+    assert_eq!(classes(&e), ["already_exists"]);
+    assert!(e.source().is_none());
+}
+
+#[test]
+fn a_second_writer_is_writer_owned_and_told_the_owner() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = Root::open(dir.path()).expect("root");
+    let s = create(&first, "owned");
+    // A second root on the same folder (as another process would open it).
+    let second = Root::open(dir.path()).expect("root");
+    let e = second.open_writer(&id("owned")).expect_err("owned");
+    assert_eq!(classes(&e), ["writer_owned"], "{e:?}");
+    let owner = e.writer_owner().expect("the owner is reported");
+    assert_eq!(owner, s.owner());
+    assert_eq!(owner.pid, std::process::id());
+    assert!(e.to_string().contains(&format!("pid {}", owner.pid)), "{e}");
+    assert!(e.source().is_none());
+    // Once the first writer lets go, the second opens it.
+    s.close().expect("close");
+    second
+        .open_writer(&id("owned"))
+        .expect("free now")
+        .close()
+        .expect("close");
+}
+
+#[test]
+fn a_damaged_file_is_corrupt_and_a_newer_one_unsupported() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "damaged");
+    s.append(Batch::new("t", vec![title("before the damage")]))
+        .expect("append");
+    let file = session_file(&s);
+    s.close().expect("close");
+    let good = std::fs::read(&file).expect("read");
+
+    let mut garbage = b"this is not a session file".repeat(2_000);
+    garbage.truncate(good.len().max(4096));
+    std::fs::write(&file, &garbage).expect("write");
+    for e in [
+        root.open_reader(&id("damaged")).expect_err("damaged"),
+        root.open_writer(&id("damaged")).expect_err("damaged"),
+        root.stat(&id("damaged")).expect_err("damaged"),
+    ] {
+        assert!(matches!(e, Error::Corrupt(_)), "{e:?}");
+        assert_eq!(classes(&e), ["corrupt"], "{e}");
+    }
+
+    // A schema version newer than this build: unsupported, not corrupt.
+    std::fs::write(&file, &good).expect("restore");
+    let conn = rusqlite::Connection::open(&file).expect("sqlite");
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .expect("user_version");
+    conn.pragma_update(None, "user_version", version + 1)
+        .expect("bump");
+    drop(conn);
+    let e = root.open_reader(&id("damaged")).expect_err("newer");
+    assert!(matches!(e, Error::UnsupportedVersion(_)), "{e:?}");
+    assert_eq!(classes(&e), ["unsupported"], "{e}");
+}
+
+#[test]
+fn what_the_caller_passed_is_a_caller_error_and_changes_nothing() {
+    let (dir, root) = temp_root();
+    let s = durable_session(&root, "input");
+    let before = s.snapshot().event_sequence;
+
+    let mut refused = vec![
+        SessionId::new("../escape").expect_err("bad id"),
+        Root::with_options(
+            dir.path().join("other"),
+            StoreOptions::default().with_queue_budget(0),
+        )
+        .expect_err("zero budget"),
+        s.append(Batch::new("", vec![title("x")]))
+            .expect_err("no operation id"),
+        // The same operation id with other content.
+        s.append(Batch::new("op-0", vec![title("other")]))
+            .expect_err("conflict"),
+        // A payload that does not match its kind's schema.
+        s.append(Batch::new(
+            "op-2",
+            vec![
+                Event::new("message/complete")
+                    .with_payload(&serde_json::json!({"message": 42}))
+                    .expect("json"),
+            ],
+        ))
+        .expect_err("bad payload"),
+    ];
+    // A fork cut at a turn the session does not have.
+    refused.push(
+        root.fork(
+            &id("input"),
+            session_store::ForkPoint::AfterTurn("no-such-turn".into()),
+            None,
+        )
+        .expect_err("unknown turn"),
+    );
+    assert!(
+        matches!(refused[0], Error::InvalidInput(_)),
+        "{:?}",
+        refused[0]
+    );
+    assert!(
+        matches!(refused[3], Error::OperationConflict { .. }),
+        "{:?}",
+        refused[3]
+    );
+    assert!(
+        matches!(refused[4], Error::InvalidPayload { .. }),
+        "{:?}",
+        refused[4]
+    );
+    for e in &refused {
+        assert_eq!(classes(e), ["caller_error"], "{e:?}");
+        assert!(e.source().is_none(), "{e:?}");
+    }
+    assert_eq!(s.snapshot().event_sequence, before, "nothing was accepted");
+    s.close().expect("close");
+    assert!(!dir.path().join("other").exists(), "no root was made");
+}
+
+/// A write that meets another connection's write lock (SQLite `SQLITE_BUSY` after the
+/// 5 s busy timeout) fails cleanly: retryable, the tail kept, an append over the budget is
+/// `PersistenceFailed` whose source is that busy error, and `flush` succeeds once the
+/// other connection lets go.
+#[test]
+fn a_busy_file_is_retryable_and_flush_recovers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let options = StoreOptions::default()
+        .with_write_behind(Duration::from_secs(3600))
+        .with_queue_budget(1);
+    let root = Root::with_options(dir.path(), options).expect("root");
+    let s = durable_session(&root, "busy");
+    let durable = s.snapshot().durable_sequence;
+
+    let other = rusqlite::Connection::open(session_file(&s)).expect("sqlite");
+    other.execute_batch("BEGIN IMMEDIATE").expect("write lock");
+    // Over the budget at once: a drain starts and meets the lock.
+    s.append(Batch::new("op-1", vec![message("m1", "user", "one")]))
+        .expect("accepted in memory");
+    let e = s
+        .append(Batch::new("op-2", vec![message("m2", "user", "two")]))
+        .expect_err("over budget while the drain fails");
+    assert!(matches!(e, Error::PersistenceFailed(_)), "{e:?}");
+    assert_eq!(classes(&e), ["retryable"], "{e}");
+    let cause = failed_write(&e);
+    assert!(matches!(cause, Error::Sqlite(_)), "{cause:?}");
+    assert_eq!(classes(cause), ["retryable"]);
+    let sqlite = cause
+        .source()
+        .and_then(|c| c.downcast_ref::<rusqlite::Error>())
+        .expect("the SQLite error is the source");
+    assert_eq!(
+        sqlite.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy)
+    );
+    let snap = s.snapshot();
+    assert_eq!(snap.persistence_status, PersistenceStatus::Failed);
+    assert_eq!(snap.durable_sequence, durable);
+    assert_eq!(snap.persistence_error, Some(cause.to_string()));
+
+    other.execute_batch("ROLLBACK").expect("let go");
+    let now = s.flush().expect("the retry succeeds");
+    assert_eq!(now, durable + 1, "the kept tail is written");
+    assert_eq!(s.snapshot().persistence_status, PersistenceStatus::Ready);
+    s.close().expect("close");
+}
+
+/// A closed session and a writer fenced off by another lease need a reopen; a poisoned
+/// session says so with the failed write as its source.
+#[test]
+fn closed_fenced_and_poisoned_sessions_need_a_reopen() {
+    let (_dir, root) = manual_root();
+    let s = durable_session(&root, "fenced");
+
+    // Another writer's lease (bumped behind this one's back) fences the next write off.
+    let other = rusqlite::Connection::open(session_file(&s)).expect("sqlite");
+    other
+        .execute("UPDATE lease SET generation = generation + 1", [])
+        .expect("bump the lease");
+    drop(other);
+    s.append(Batch::new("op-1", vec![title("fenced")]))
+        .expect("accepted in memory");
+    let e = s.flush().expect_err("fenced");
+    assert!(matches!(e, Error::StaleGeneration { .. }), "{e:?}");
+    assert_eq!(classes(&e), ["needs_reopen"], "{e}");
+    assert_eq!(
+        s.snapshot().persistence_status,
+        PersistenceStatus::Uncertain
+    );
+
+    let e = s
+        .append(Batch::new("op-2", vec![title("after")]))
+        .expect_err("poisoned");
+    assert!(matches!(e, Error::Poisoned(_)), "{e:?}");
+    assert_eq!(classes(&e), ["needs_reopen"], "{e}");
+    let cause = failed_write(&e);
+    assert!(matches!(cause, Error::StaleGeneration { .. }), "{cause:?}");
+
+    // close releases a poisoned session (and says it was poisoned); then it is closed.
+    let e = s.close().expect_err("poisoned");
+    assert!(matches!(e, Error::Poisoned(_)), "{e:?}");
+    assert_eq!(classes(&e), ["needs_reopen"], "{e}");
+    let e = s
+        .append(Batch::new("op-3", vec![title("closed")]))
+        .expect_err("closed");
+    assert!(matches!(e, Error::Closed), "{e:?}");
+    assert_eq!(classes(&e), ["needs_reopen"], "{e}");
+    // Reopening (a new lease) is the way on: the durable prefix is there, writes work.
+    let again = root.open_writer(&id("fenced")).expect("reopens");
+    assert_eq!(again.snapshot().durable_sequence, 1);
+    again
+        .append(Batch::new("op-4", vec![title("reopened")]))
+        .expect("append");
+    again.close().expect("close");
+
+    // A clean close, then an append: Closed.
+    let t = create(&root, "closed");
+    t.close().expect("close");
+    let e = t
+        .append(Batch::new("op", vec![title("late")]))
+        .expect_err("closed");
+    assert!(matches!(e, Error::Closed), "{e:?}");
+    assert_eq!(classes(&e), ["needs_reopen"]);
+    root.open_writer(&id("closed"))
+        .expect("reopens")
+        .close()
+        .expect("close");
+}
+
+/// The read pool's failure (here a real r2d2 error from a pool that cannot connect) is
+/// `ReadConnection`: retryable, the pool's error its source.
+#[test]
+fn a_read_pool_failure_is_a_retryable_read_connection_error() {
+    #[derive(Debug)]
+    struct Refusing;
+    impl r2d2::ManageConnection for Refusing {
+        type Connection = ();
+        type Error = std::io::Error;
+        fn connect(&self) -> Result<(), std::io::Error> {
+            Err(std::io::Error::other("no connection today"))
+        }
+        fn is_valid(&self, _: &mut ()) -> Result<(), std::io::Error> {
+            Ok(())
+        }
+        fn has_broken(&self, _: &mut ()) -> bool {
+            false
+        }
+    }
+    let pool_error = r2d2::Pool::builder()
+        .connection_timeout(Duration::from_millis(50))
+        .build(Refusing)
+        .expect_err("the pool cannot connect");
+    let e = Error::from(pool_error);
+    assert!(matches!(e, Error::ReadConnection(_)), "{e:?}");
+    assert_eq!(classes(&e), ["retryable"]);
+    let pool = e
+        .source()
+        .and_then(|c| c.downcast_ref::<r2d2::Error>())
+        .expect("the pool's error is the source");
+    assert!(pool.to_string().contains("no connection today"), "{pool}");
+}
+
+/// `Internal` is a library bug (no call can cause it on purpose): it classifies as
+/// internal only, never as the caller's mistake, and keeps its cause.
+#[test]
+fn an_internal_failure_is_not_a_caller_error() {
+    let e = Error::Internal {
+        context: "checkpoint to JSON".into(),
+        source: Some(Arc::new(std::io::Error::other("boom"))),
+    };
+    assert_eq!(classes(&e), ["internal"]);
+    assert_eq!(e.to_string(), "internal error: checkpoint to JSON: boom");
+    assert!(
+        e.source()
+            .and_then(|c| c.downcast_ref::<std::io::Error>())
+            .is_some()
+    );
+    // Clones share the cause.
+    let copy = e.clone();
+    assert_eq!(copy.to_string(), e.to_string());
+}
