@@ -72,6 +72,7 @@ _SAFE = re.compile(r"[a-z0-9_-]{1,200}")
 _CHECKPOINT = "langgraph/checkpoint"
 _WRITES = "langgraph/writes"
 _DELETE = "langgraph/delete"
+_MISSING = object()
 
 
 def session_id_of(thread_id: str) -> str:
@@ -364,9 +365,9 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         values: dict[str, Any] = c.pop("channel_values")  # type: ignore[misc]
         with self._lock:
             stored = [
-                [channel, version, self._stored_value(thread_id, ns, channel, version, values[channel])]
+                [channel, version, self._stored_value(thread_id, ns, channel, version, value)]
                 for channel, version in new_versions.items()
-                if channel in values
+                if (value := values.get(channel, _MISSING)) is not _MISSING
             ]
             self._commit(
                 thread_id,

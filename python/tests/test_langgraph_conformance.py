@@ -1,6 +1,7 @@
 """LangGraph's checkpointer conformance suite (the PyPI package
 ``langgraph-checkpoint-conformance``) against :class:`SessionStoreSaver`: every capability,
-base and extended. The report (passed/total) is printed past pytest's capture (``tests/python.rs`` shows it in CI's log)."""
+base and extended. The report (passed/total) is printed past pytest's capture
+(``tests/python.rs`` shows it in CI's log)."""
 
 from __future__ import annotations
 
