@@ -151,8 +151,10 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         self._lock = threading.RLock()
         self._threads: dict[str, _Thread] = {}
         self._writers: dict[str, _SharedWriter] = {}
-        # (thread, ns, channel) -> (version, the list value last stored): the base of a
-        # list channel that only grows.
+        # (thread, ns, channel) -> (version, the list value last stored or read): the base
+        # of a list channel that only grows, and the start of the next read of it (its items
+        # are shared with what that read returns: LangGraph replaces messages, it does not
+        # change them in place).
         self._lists: dict[tuple[str, str, str], tuple[Any, list[Any]]] = {}
 
     # Reading.
@@ -180,22 +182,38 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
             self._threads[thread_id] = model
             return model
 
-    def _value(self, model: _Thread, ns: str, channel: str, version: Any) -> Any:
-        """The value of ``channel`` at ``version`` (following list bases iteratively)."""
+    def _value(self, thread_id: str, model: _Thread, ns: str, channel: str, version: Any) -> Any:
+        """The value of ``channel`` at ``version``: a list stored as appended items is its
+        base's list plus them, the chain of bases followed back to a whole value or to the
+        version this saver last read or wrote (kept decoded, see :meth:`_stored_value`)."""
+        key = (thread_id, ns, channel)
+        cached = self._lists.get(key)
         suffixes: list[list[Any]] = []
         record = model.blobs.get((ns, channel, version))
-        while record is not None and "base" in record:
+        base: list[Any] | None = None
+        at = version
+        while True:
+            if cached is not None and cached[0] == at:
+                base = cached[1]
+                break
+            if record is None:
+                raise SessionStoreError(
+                    f"checkpoint value {channel!r} version {at!r} is missing from the log"
+                )
+            if "base" not in record:
+                break
             suffixes.append(self.serde.loads_typed(_decode(record)))
-            record = model.blobs.get((ns, channel, record["base"]))
-        if record is None:
-            raise SessionStoreError(
-                f"checkpoint value {channel!r} version {version!r} is missing from the log"
-            )
-        value = self.serde.loads_typed(_decode(record))
-        if suffixes:
-            value = list(value)
-            for suffix in reversed(suffixes):
-                value.extend(suffix)
+            at = record["base"]
+            record = model.blobs.get((ns, channel, at))
+        if base is None:
+            value = self.serde.loads_typed(_decode(record))
+            if not suffixes and not isinstance(value, list):
+                return value
+            base = value
+        value = list(base)
+        for suffix in reversed(suffixes):
+            value.extend(suffix)
+        self._lists[key] = (version, list(value))
         return value
 
     def _tuple(self, thread_id: str, model: _Thread, ns: str, cid: str) -> CheckpointTuple:
@@ -204,7 +222,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         values = {}
         for channel, version in checkpoint["channel_versions"].items():
             if (ns, channel, version) in model.blobs:
-                values[channel] = self._value(model, ns, channel, version)
+                values[channel] = self._value(thread_id, model, ns, channel, version)
         stored = model.writes.get((ns, cid), {})
         writes = [
             (task, channel, self.serde.loads_typed(_decode(value)))
@@ -310,26 +328,29 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                 shared = self._writers[thread_id] = _acquire_writer(
                     self.root, session_id_of(thread_id)
                 )
-            with shared.lock:
-                if shared.session is None:
-                    sid = session_id_of(thread_id)
-                    try:
-                        shared.session = self.root.open(sid)
-                    except NotFound:
-                        shared.session = self.root.create(sid)
-                writer = shared.session
-                first = writer.sequences()[0] + 1
-                batch = {
-                    "operation_id": f"langgraph-{first}",
-                    "turn_id": f"t{first}",
-                    "events": [
-                        {"kind": "turn/start"},
-                        {"kind": kind, "optional": True, "payload": payload},
-                        {"kind": "turn/end", "payload": {"status": "completed"}},
-                    ],
-                }
-                writer.append_json(encode_json(batch))
-                writer.flush()
+        with shared.lock:
+            if shared.session is None:
+                sid = session_id_of(thread_id)
+                try:
+                    shared.session = self.root.open(sid)
+                except NotFound:
+                    shared.session = self.root.create(sid)
+            writer = shared.session
+            first = writer.sequences()[0] + 1
+            batch = {
+                "operation_id": f"langgraph-{first}",
+                "turn_id": f"t{first}",
+                "events": [
+                    {"kind": "turn/start"},
+                    {"kind": kind, "optional": True, "payload": payload},
+                    {"kind": "turn/end", "payload": {"status": "completed"}},
+                ],
+            }
+            writer.append_json(encode_json(batch))
+        # Outside the locks: a commit appended meanwhile by another thread (LangGraph saves
+        # from background threads) goes into the same fsynced transaction, and this call
+        # returns once its own commit is durable (group commit).
+        writer.flush()
 
     def _stored_value(
         self, thread_id: str, ns: str, channel: str, version: Any, value: Any
@@ -369,20 +390,20 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                 for channel, version in new_versions.items()
                 if (value := values.get(channel, _MISSING)) is not _MISSING
             ]
-            self._commit(
-                thread_id,
-                _CHECKPOINT,
-                {
-                    "ns": ns,
-                    "id": checkpoint["id"],
-                    "parent": config["configurable"].get("checkpoint_id"),
-                    "checkpoint": _encode(self.serde.dumps_typed(c)),
-                    "metadata": _encode(
-                        self.serde.dumps_typed(get_checkpoint_metadata(config, metadata))
-                    ),
-                    "values": stored,
-                },
-            )
+        self._commit(
+            thread_id,
+            _CHECKPOINT,
+            {
+                "ns": ns,
+                "id": checkpoint["id"],
+                "parent": config["configurable"].get("checkpoint_id"),
+                "checkpoint": _encode(self.serde.dumps_typed(c)),
+                "metadata": _encode(
+                    self.serde.dumps_typed(get_checkpoint_metadata(config, metadata))
+                ),
+                "values": stored,
+            },
+        )
         return {
             "configurable": {
                 "thread_id": thread_id,
