@@ -154,16 +154,21 @@ class Bench:
             per_call * calls,
         )
 
-    def filled(self, items: int) -> tuple[SessionStoreSession, SQLiteSession]:
-        ours, theirs = self.ours("reads"), self.sqlite("reads")
+    @staticmethod
+    def fill(items: int, *sessions: Any) -> None:
+        """Adds ``items`` items to each session, 100 per call (setup, not timed)."""
 
-        async def fill() -> None:
+        async def run() -> None:
             for start in range(0, items, 100):
                 batch = [item(i) for i in range(start, min(items, start + 100))]
-                await ours.add_items(batch)
-                await theirs.add_items(batch)
+                for session in sessions:
+                    await session.add_items(batch)
 
-        asyncio.run(fill())
+        asyncio.run(run())
+
+    def filled(self, items: int) -> tuple[SessionStoreSession, SQLiteSession]:
+        ours, theirs = self.ours("reads"), self.sqlite("reads")
+        self.fill(items, ours, theirs)
         return ours, theirs
 
     def get_items(self, items: int, reads: int) -> None:
@@ -196,14 +201,7 @@ class Bench:
         theirs = FullAdvancedSQLiteSession(
             session_id="branch", db_path=self.path("advanced.db"), create_tables=True
         )
-
-        async def fill() -> None:
-            for start in range(0, items, 100):
-                batch = [item(i) for i in range(start, min(items, start + 100))]
-                await ours.add_items(batch)
-                await theirs.add_items(batch)
-
-        asyncio.run(fill())
+        self.fill(items, ours, theirs)
         middle = items // 2  # items 0..middle-1 kept: turns (user items) 1..middle/2
         made = [0]
 
