@@ -13,16 +13,18 @@
 How it is stored: a LangGraph *thread* is one session of the root (id ``lg-<thread_id>``
 for a thread id of ``[a-z0-9_-]``, else ``lgx-<hex of its UTF-8>``); checkpoint namespaces
 live inside it. Every change is one durable (fsynced) commit forming one turn and holding
-one optional event:
+optional events:
 
-- ``langgraph/checkpoint`` ``{"ns", "id", "parent", "checkpoint", "metadata", "values"}``:
-  the checkpoint without its channel values, its metadata, and the values of the channels
-  this checkpoint gave a new version (``new_versions``), each ``[channel, version, value]``.
-  A value is the serializer's ``(type, bytes)`` as ``{"t", "b"}`` (bytes in base64), so a
-  value above the store's inline threshold (1 KiB) is a content part: stored once per file
-  however many checkpoints hold it. A list channel that only grew since the previous version
-  this saver wrote (``messages``) is stored as ``{"base": <previous version>, "t", "b"}``:
-  the appended items only, read back as the base's list plus them.
+- ``langgraph/value`` ``{"t", "b"}``, one per channel this checkpoint gave a new version
+  (``new_versions``), then ``langgraph/checkpoint`` ``{"ns", "id", "parent", "checkpoint",
+  "metadata", "values"}``: the checkpoint without its channel values, its metadata, and
+  ``[channel, version, base]`` naming the commit's value events in order. A value is the
+  serializer's ``(type, bytes)`` (bytes in base64) and nothing else, so equal values are
+  equal payloads: a value above the store's inline threshold (1 KiB) is a content part and
+  a payload over 64 KiB a blob, each stored once per file however many checkpoints hold it.
+  A list channel that only grew since the version this saver last wrote or read
+  (``messages``) names that version as its ``base`` and its value event holds the appended
+  items only, read back as the base's list plus them.
 - ``langgraph/writes`` ``{"ns", "id", "task", "path", "writes": [[idx, channel, value]]}``:
   pending writes of one task (a regular write already stored under the same task and index
   is kept; the special ones, negative indexes, are replaced).
@@ -70,6 +72,7 @@ __all__ = ["SessionStoreSaver", "session_id_of", "thread_id_of"]
 
 _SAFE = re.compile(r"[a-z0-9_-]{1,200}")
 _CHECKPOINT = "langgraph/checkpoint"
+_VALUE = "langgraph/value"
 _WRITES = "langgraph/writes"
 _DELETE = "langgraph/delete"
 _MISSING = object()
@@ -106,7 +109,7 @@ def _decode(value: dict[str, Any]) -> tuple[str, bytes]:
 class _Thread:
     """What the durable log of one thread says, folded (raw records, decoded lazily)."""
 
-    __slots__ = ("after", "blobs", "checkpoints", "writes")
+    __slots__ = ("after", "blobs", "checkpoints", "values", "writes")
 
     def __init__(self) -> None:
         self.after = 0  # the last sequence folded in
@@ -116,12 +119,23 @@ class _Thread:
         self.blobs: dict[tuple[str, str, Any], dict[str, Any]] = {}
         # (ns, checkpoint id) -> (task, idx) -> (task, channel, value record, path)
         self.writes: dict[tuple[str, str], dict[tuple[str, int], tuple[str, str, Any, str]]] = {}
+        # The value events of the commit being folded, for its checkpoint event.
+        self.values: list[dict[str, Any]] = []
 
-    def fold(self, kind: str, payload: dict[str, Any]) -> None:
-        if kind == _CHECKPOINT:
+    def fold(self, kind: str, payload: Any) -> None:
+        if kind == _VALUE:
+            self.values.append(payload)
+        elif kind == _CHECKPOINT:
             ns = payload["ns"]
-            for channel, version, value in payload["values"]:
-                self.blobs[(ns, channel, version)] = value
+            if len(payload["values"]) != len(self.values):
+                raise SessionStoreError(
+                    f"checkpoint {payload['id']!r} names {len(payload['values'])} values, "
+                    f"its commit holds {len(self.values)}"
+                )
+            for (channel, version, base), value in zip(payload["values"], self.values):
+                record = value if base is None else {**value, "base": base}
+                self.blobs[(ns, channel, version)] = record
+            self.values = []
             self.checkpoints.setdefault(ns, {})[payload["id"]] = (
                 payload["checkpoint"],
                 payload["metadata"],
@@ -173,6 +187,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                     self._threads.pop(thread_id, None)
                     return None
                 for commit in page["commits"]:
+                    model.values = []
                     for event in commit["events"]:
                         if event["kind"].startswith("langgraph/"):
                             model.fold(event["kind"], event["payload"])
@@ -320,8 +335,9 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
 
     # Writing.
 
-    def _commit(self, thread_id: str, kind: str, payload: dict[str, Any]) -> None:
-        """One durable turn holding one ``kind`` event (the writer opened at first use)."""
+    def _commit(self, thread_id: str, events: list[tuple[str, Any]]) -> None:
+        """One durable turn holding these optional ``(kind, payload)`` events (the writer
+        opened at first use)."""
         with self._lock:
             shared = self._writers.get(thread_id)
             if shared is None:
@@ -342,7 +358,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                 "turn_id": f"t{first}",
                 "events": [
                     {"kind": "turn/start"},
-                    {"kind": kind, "optional": True, "payload": payload},
+                    *({"kind": k, "optional": True, "payload": p} for k, p in events),
                     {"kind": "turn/end", "payload": {"status": "completed"}},
                 ],
             }
@@ -354,9 +370,9 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
 
     def _stored_value(
         self, thread_id: str, ns: str, channel: str, version: Any, value: Any
-    ) -> dict[str, Any]:
-        """The record of a new channel version: the appended items of a list that grew from
-        the version this saver stored before, else the whole value."""
+    ) -> tuple[Any, dict[str, str]]:
+        """The stored form of a new channel version, ``(base, value)``: the version a list
+        grew from and its appended items, else ``None`` and the whole value."""
         key = (thread_id, ns, channel)
         previous = self._lists.get(key)
         if isinstance(value, list):
@@ -367,10 +383,10 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                 if base != version and 0 < n <= len(value) and all(
                     a is b or a == b for a, b in zip(items, value)
                 ):
-                    return {"base": base, **_encode(self.serde.dumps_typed(value[n:]))}
+                    return base, _encode(self.serde.dumps_typed(value[n:]))
         elif previous is not None:
             del self._lists[key]
-        return _encode(self.serde.dumps_typed(value))
+        return None, _encode(self.serde.dumps_typed(value))
 
     def put(
         self,
@@ -384,26 +400,32 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         ns = config["configurable"].get("checkpoint_ns", "")
         c = checkpoint.copy()
         values: dict[str, Any] = c.pop("channel_values")  # type: ignore[misc]
+        names: list[list[Any]] = []
+        events: list[tuple[str, Any]] = []
         with self._lock:
-            stored = [
-                [channel, version, self._stored_value(thread_id, ns, channel, version, value)]
-                for channel, version in new_versions.items()
-                if (value := values.get(channel, _MISSING)) is not _MISSING
-            ]
-        self._commit(
-            thread_id,
-            _CHECKPOINT,
-            {
-                "ns": ns,
-                "id": checkpoint["id"],
-                "parent": config["configurable"].get("checkpoint_id"),
-                "checkpoint": _encode(self.serde.dumps_typed(c)),
-                "metadata": _encode(
-                    self.serde.dumps_typed(get_checkpoint_metadata(config, metadata))
-                ),
-                "values": stored,
-            },
+            for channel, version in new_versions.items():
+                if channel in values:
+                    base, value = self._stored_value(
+                        thread_id, ns, channel, version, values[channel]
+                    )
+                    names.append([channel, version, base])
+                    events.append((_VALUE, value))
+        events.append(
+            (
+                _CHECKPOINT,
+                {
+                    "ns": ns,
+                    "id": checkpoint["id"],
+                    "parent": config["configurable"].get("checkpoint_id"),
+                    "checkpoint": _encode(self.serde.dumps_typed(c)),
+                    "metadata": _encode(
+                        self.serde.dumps_typed(get_checkpoint_metadata(config, metadata))
+                    ),
+                    "values": names,
+                },
+            )
         )
+        self._commit(thread_id, events)
         return {
             "configurable": {
                 "thread_id": thread_id,
@@ -422,20 +444,17 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         """Stores the pending writes of task ``task_id`` on the checkpoint of ``config``."""
         if not writes:
             return
-        self._commit(
-            str(config["configurable"]["thread_id"]),
-            _WRITES,
-            {
-                "ns": config["configurable"].get("checkpoint_ns", ""),
-                "id": config["configurable"]["checkpoint_id"],
-                "task": task_id,
-                "path": task_path,
-                "writes": [
-                    [WRITES_IDX_MAP.get(channel, idx), channel, _encode(self.serde.dumps_typed(v))]
-                    for idx, (channel, v) in enumerate(writes)
-                ],
-            },
-        )
+        payload = {
+            "ns": config["configurable"].get("checkpoint_ns", ""),
+            "id": config["configurable"]["checkpoint_id"],
+            "task": task_id,
+            "path": task_path,
+            "writes": [
+                [WRITES_IDX_MAP.get(channel, idx), channel, _encode(self.serde.dumps_typed(v))]
+                for idx, (channel, v) in enumerate(writes)
+            ],
+        }
+        self._commit(str(config["configurable"]["thread_id"]), [(_WRITES, payload)])
 
     def _release(self, thread_id: str) -> None:
         """Closes this saver's use of the thread's writer and forgets what it knew."""
@@ -479,7 +498,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
 
     def _hide(self, thread_id: str, doomed: list[list[str]]) -> None:
         if doomed:
-            self._commit(thread_id, _DELETE, {"checkpoints": doomed})
+            self._commit(thread_id, [(_DELETE, {"checkpoints": doomed})])
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Hides every checkpoint (and its writes) whose metadata ``run_id`` is one of

@@ -140,24 +140,27 @@ def test_grown_message_lists_are_stored_as_their_suffix(root, saver) -> None:
         g.invoke({"messages": [HumanMessage(content=f"{i} {long}")]}, config("grow"))
     assert len(g.get_state(config("grow")).values["messages"]) == 15
 
-    records = []
+    records = []  # (base version, value) of each new version of "messages"
     after = 0
     while True:
         page = root.events(session_id_of("grow"), after=after)
         for commit in page["commits"]:
+            values = [e["payload"] for e in commit["events"] if e["kind"] == "langgraph/value"]
             for event in commit["events"]:
                 after = event["seq"]
                 if event["kind"] == "langgraph/checkpoint":
-                    records += [v for ch, _, v in event["payload"]["values"] if ch == "messages"]
+                    names = event["payload"]["values"]
+                    assert len(names) == len(values)
+                    records += [(b, v) for (ch, _, b), v in zip(names, values) if ch == "messages"]
         if not page["truncated"]:
             break
     # One record per new version of the channel: the first whole, every later one only
     # the appended messages on top of the previous version.
     assert len(records) == 15
-    assert "base" not in records[0]
-    assert all("base" in r for r in records[1:])
+    assert records[0][0] is None
+    assert all(base is not None for base, _ in records[1:])
     # Each message is stored once: every record holds the one message its step added.
-    for record in records:
+    for _, record in records:
         value = saver.serde.loads_typed((record["t"], base64.b64decode(record["b"])))
         assert len(value) == 1
 
@@ -247,3 +250,28 @@ def test_a_second_process_writer_gets_writer_owned(root, saver) -> None:
         [sys.executable, "-c", script, root.path], capture_output=True, text=True, check=True
     )
     assert out.stdout.split() == ["owned", str(os.getpid())]
+
+
+def test_a_large_value_in_many_checkpoints_is_stored_once(root) -> None:
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    def folder_bytes() -> int:
+        return sum(
+            os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root.path) for f in fs
+        )
+
+    doc = os.urandom(60_000).hex()  # 120 kB that does not compress much
+    with SessionStoreSaver(root) as saver:
+        cfg = config("doc", checkpoint_ns="")
+        saver.put(cfg, empty_checkpoint(), {}, {})
+        before = folder_bytes()
+        for i in range(10):
+            checkpoint = empty_checkpoint()
+            checkpoint["channel_values"] = {"doc": doc}
+            version = saver.get_next_version(None if i == 0 else version, None)
+            checkpoint["channel_versions"] = {"doc": version}
+            cfg = saver.put(cfg, checkpoint, {"step": i}, {"doc": version})
+        grown = folder_bytes() - before
+        assert saver.get_tuple(config("doc")).checkpoint["channel_values"]["doc"] == doc
+    # Ten new versions of one 120 kB value: stored once (the rest is placeholders).
+    assert grown < 3 * len(doc), grown
