@@ -2,12 +2,14 @@
 //! of `cargo test`.
 //!
 //! A virtual environment under `target/python-venv` is created on first use with
-//! `python3 -m venv` and gets maturin, pytest and openai-agents from PyPI; the package is
-//! built and installed with `pip install ./python` (maturin as the PEP 517 backend, no build
-//! isolation, the wheel's Rust build in this target folder), and re-installed only when a
-//! source it is built from changed (`python/`, `src/`, `Cargo.toml`, `Cargo.lock`: a SHA-256
-//! of them is kept in the venv). A current venv needs no network. Then pytest runs and this
-//! test fails with its output when pytest fails.
+//! `python3 -m venv` and gets maturin, pytest, openai-agents, LangGraph, its SQLite
+//! checkpointer and its checkpointer conformance suite (`langgraph-checkpoint-conformance`)
+//! from PyPI; the package is built and installed with `pip install ./python` (maturin as the
+//! PEP 517 backend, no build isolation, the wheel's Rust build in this target folder), and
+//! re-installed only when a source it is built from changed (`python/`, `src/`, `Cargo.toml`,
+//! `Cargo.lock`: a SHA-256 of them is kept in the venv). A current venv needs no network.
+//! Then pytest runs and this test fails with its output when pytest fails; the pytest summary
+//! and the LangGraph conformance report (`passed/total`) are printed to stderr.
 
 use std::ffi::OsStr;
 use std::fs;
@@ -18,7 +20,19 @@ use std::process::{Command, Output};
 use sha2::{Digest, Sha256};
 
 /// What the venv gets from PyPI besides the package. Changing it rebuilds the venv.
-const REQUIREMENTS: &[&str] = &["maturin>=1.7,<2", "pytest>=7", "openai-agents>=0.2"];
+const REQUIREMENTS: &[&str] = &[
+    "maturin>=1.7,<2",
+    "pytest>=7",
+    "openai-agents>=0.2",
+    "langgraph>=1",
+    "langgraph-checkpoint>=4",
+    "langgraph-checkpoint-sqlite>=3",
+    "langgraph-checkpoint-conformance>=0.0.2",
+];
+
+/// What the line of `python/tests/test_langgraph_conformance.py` reporting the LangGraph
+/// checkpointer conformance suite's `passed/total` starts with.
+const CONFORMANCE: &str = "langgraph checkpoint conformance:";
 
 /// The repository root.
 fn repo() -> &'static Path {
@@ -224,6 +238,11 @@ fn pytest_suite_passes() {
     );
     let summary = stdout.lines().last().unwrap_or_default();
     assert!(summary.contains(" passed"), "pytest ran no test:\n{stdout}");
-    // Straight to stderr, past the test harness's capture: the count shows in CI's log.
+    let conformance = stdout
+        .lines()
+        .find(|line| line.starts_with(CONFORMANCE))
+        .unwrap_or_else(|| panic!("no LangGraph conformance report in pytest's output:\n{stdout}"));
+    // Straight to stderr, past the test harness's capture: the counts show in CI's log.
     let _ = writeln!(std::io::stderr(), "python tests (pytest): {summary}");
+    let _ = writeln!(std::io::stderr(), "{conformance}");
 }

@@ -1,0 +1,628 @@
+"""A LangGraph checkpointer stored in a session-store root.
+
+:class:`SessionStoreSaver` is a ``BaseCheckpointSaver`` (sync and async methods)::
+
+    from langgraph.graph import StateGraph, MessagesState
+    from session_store.langgraph import SessionStoreSaver
+
+    saver = SessionStoreSaver("./sessions")
+    graph = builder.compile(checkpointer=saver)
+    graph.invoke({"messages": [("user", "hi")]}, {"configurable": {"thread_id": "t1"}})
+    saver.copy_thread("t1", "t1-branch")          # a fork of the session: copies nothing
+
+How it is stored: a LangGraph *thread* is one session of the root (id ``lg-<thread_id>``
+for a thread id of ``[a-z0-9_-]``, else ``lgx-<hex of its UTF-8>``); checkpoint namespaces
+live inside it. Every change is one durable (fsynced) commit forming one turn and holding
+optional events:
+
+- ``langgraph/value`` ``{"t", "b"}``, one per channel this checkpoint gave a new version
+  (``new_versions``), then ``langgraph/checkpoint`` ``{"ns", "id", "parent", "checkpoint",
+  "metadata", "values"}``: the checkpoint without its channel values, its metadata, and
+  ``[channel, version, base]`` naming the commit's value events in order. A value is the
+  serializer's ``(type, bytes)`` (bytes in base64) and nothing else, so equal values are
+  equal payloads: a value above the store's inline threshold (1 KiB) is a content part and
+  a payload over 64 KiB a blob, each stored once per file however many checkpoints hold it.
+  A list channel that only grew since the version this saver last wrote or read
+  (``messages``) names that version as its ``base`` and its value event holds the appended
+  items only, read back as the base's list plus them.
+- ``langgraph/writes`` ``{"ns", "id", "task", "path", "writes": [[idx, channel, value]]}``:
+  pending writes of one task (a regular write already stored under the same task and index
+  is kept; the special ones, negative indexes, are replaced).
+- ``langgraph/delete`` ``{"checkpoints": [[ns, id]]}``: ``prune`` and ``delete_for_runs``
+  hide checkpoints and their writes (the values stay, other checkpoints may share them; the
+  log keeps everything).
+
+``delete_thread`` deletes the session; ``copy_thread`` forks it after its last turn (the
+target shares the source's file prefix, nothing is copied); ``prune(strategy="delete")``
+deletes the sessions. Reads go through the durable log, folded into a per-thread index
+that later reads extend with the new commits only.
+
+The saver holds the writer lock of every thread it changed until :meth:`close` (or the end
+of a ``with`` block); in one process it shares writers with the other adapters of the same
+root folder (:mod:`session_store.agents`), another process gets :class:`WriterOwned`.
+"""
+
+from __future__ import annotations
+
+import base64
+import random
+import re
+import threading
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    SerializerProtocol,
+    get_checkpoint_id,
+    get_checkpoint_metadata,
+    writes_sort_key,
+)
+
+from . import NotFound, PathLike, Root, SessionStoreError, _to_thread, encode_json
+from .agents import _acquire_writer, _release_writer, _SharedWriter
+
+__all__ = ["SessionStoreSaver", "session_id_of", "thread_id_of"]
+
+_SAFE = re.compile(r"[a-z0-9_-]{1,200}")
+_CHECKPOINT = "langgraph/checkpoint"
+_VALUE = "langgraph/value"
+_WRITES = "langgraph/writes"
+_DELETE = "langgraph/delete"
+_MISSING = object()
+
+
+def session_id_of(thread_id: str) -> str:
+    """The session id holding LangGraph thread ``thread_id``."""
+    thread_id = str(thread_id)
+    if _SAFE.fullmatch(thread_id):
+        return f"lg-{thread_id}"
+    return f"lgx-{thread_id.encode().hex()}"
+
+
+def thread_id_of(session_id: str) -> str | None:
+    """The thread id a session holds, or None for a session that is not a thread's."""
+    if session_id.startswith("lg-"):
+        return session_id[3:]
+    if session_id.startswith("lgx-"):
+        try:
+            return bytes.fromhex(session_id[4:]).decode()
+        except ValueError:
+            return None
+    return None
+
+
+def _encode(typed: tuple[str, bytes]) -> dict[str, str]:
+    return {"t": typed[0], "b": base64.b64encode(typed[1]).decode("ascii")}
+
+
+def _decode(value: dict[str, Any]) -> tuple[str, bytes]:
+    return value["t"], base64.b64decode(value["b"])
+
+
+class _Thread:
+    """What the durable log of one thread says, folded (raw records, decoded lazily)."""
+
+    __slots__ = ("after", "blobs", "checkpoints", "values", "writes")
+
+    def __init__(self) -> None:
+        self.after = 0  # the last sequence folded in
+        # ns -> checkpoint id -> (checkpoint record, metadata record, parent id)
+        self.checkpoints: dict[str, dict[str, tuple[Any, Any, str | None]]] = {}
+        # (ns, channel, version) -> value record
+        self.blobs: dict[tuple[str, str, Any], dict[str, Any]] = {}
+        # (ns, checkpoint id) -> (task, idx) -> (task, channel, value record, path)
+        self.writes: dict[tuple[str, str], dict[tuple[str, int], tuple[str, str, Any, str]]] = {}
+        # The value events of the commit being folded, for its checkpoint event.
+        self.values: list[dict[str, Any]] = []
+
+    def fold(self, kind: str, payload: Any) -> None:
+        if kind == _VALUE:
+            self.values.append(payload)
+        elif kind == _CHECKPOINT:
+            ns = payload["ns"]
+            if len(payload["values"]) != len(self.values):
+                raise SessionStoreError(
+                    f"checkpoint {payload['id']!r} names {len(payload['values'])} values, "
+                    f"its commit holds {len(self.values)}"
+                )
+            for (channel, version, base), value in zip(payload["values"], self.values):
+                record = value if base is None else {**value, "base": base}
+                self.blobs[(ns, channel, version)] = record
+            self.values = []
+            self.checkpoints.setdefault(ns, {})[payload["id"]] = (
+                payload["checkpoint"],
+                payload["metadata"],
+                payload["parent"],
+            )
+        elif kind == _WRITES:
+            stored = self.writes.setdefault((payload["ns"], payload["id"]), {})
+            task, path = payload["task"], payload["path"]
+            for idx, channel, value in payload["writes"]:
+                key = (task, idx)
+                if idx >= 0 and key in stored:
+                    continue
+                stored[key] = (task, channel, value, path)
+        elif kind == _DELETE:
+            for ns, cid in payload["checkpoints"]:
+                self.checkpoints.get(ns, {}).pop(cid, None)
+                self.writes.pop((ns, cid), None)
+
+
+class SessionStoreSaver(BaseCheckpointSaver[str]):
+    """A LangGraph checkpointer whose threads are sessions of ``root`` (a
+    :class:`session_store.Root` or a folder, created when missing)."""
+
+    def __init__(self, root: Root | PathLike, *, serde: SerializerProtocol | None = None) -> None:
+        super().__init__(serde=serde)
+        self.root = root if isinstance(root, Root) else Root(root)
+        self._lock = threading.RLock()
+        self._threads: dict[str, _Thread] = {}
+        self._writers: dict[str, _SharedWriter] = {}
+        # (thread, ns, channel) -> (version, the list value last stored or read): the base
+        # of a list channel that only grows, and the start of the next read of it (its items
+        # are shared with what that read returns: LangGraph replaces messages, it does not
+        # change them in place).
+        self._lists: dict[tuple[str, str, str], tuple[Any, list[Any]]] = {}
+
+    # Reading.
+
+    def _thread(self, thread_id: str) -> _Thread | None:
+        """The thread's index brought up to its durable log; None when there is no session."""
+        sid = session_id_of(thread_id)
+        with self._lock:
+            model = self._threads.get(thread_id)
+            if model is None:
+                model = _Thread()
+            while True:
+                try:
+                    page = self.root.events(sid, after=model.after, limit=1000)
+                except NotFound:
+                    self._threads.pop(thread_id, None)
+                    return None
+                for commit in page["commits"]:
+                    model.values = []
+                    for event in commit["events"]:
+                        if event["kind"].startswith("langgraph/"):
+                            model.fold(event["kind"], event["payload"])
+                        model.after = event["seq"]
+                if not page["truncated"] or not page["commits"]:
+                    break
+            self._threads[thread_id] = model
+            return model
+
+    def _value(self, thread_id: str, model: _Thread, ns: str, channel: str, version: Any) -> Any:
+        """The value of ``channel`` at ``version``: a list stored as appended items is its
+        base's list plus them, the chain of bases followed back to a whole value or to the
+        version this saver last read or wrote (kept decoded, see :meth:`_stored_value`)."""
+        key = (thread_id, ns, channel)
+        cached = self._lists.get(key)
+        suffixes: list[list[Any]] = []
+        record = model.blobs.get((ns, channel, version))
+        base: list[Any] | None = None
+        at = version
+        while True:
+            if cached is not None and cached[0] == at:
+                base = cached[1]
+                break
+            if record is None:
+                raise SessionStoreError(
+                    f"checkpoint value {channel!r} version {at!r} is missing from the log"
+                )
+            if "base" not in record:
+                break
+            suffixes.append(self.serde.loads_typed(_decode(record)))
+            at = record["base"]
+            record = model.blobs.get((ns, channel, at))
+        if base is None:
+            value = self.serde.loads_typed(_decode(record))
+            if not suffixes and not isinstance(value, list):
+                return value
+            base = value
+        value = list(base)
+        for suffix in reversed(suffixes):
+            value.extend(suffix)
+        self._lists[key] = (version, list(value))
+        return value
+
+    def _tuple(self, thread_id: str, model: _Thread, ns: str, cid: str) -> CheckpointTuple:
+        record, metadata, parent = model.checkpoints[ns][cid]
+        checkpoint: Checkpoint = self.serde.loads_typed(_decode(record))
+        values = {}
+        for channel, version in checkpoint["channel_versions"].items():
+            if (ns, channel, version) in model.blobs:
+                values[channel] = self._value(thread_id, model, ns, channel, version)
+        stored = model.writes.get((ns, cid), {})
+        writes = [
+            (task, channel, self.serde.loads_typed(_decode(value)))
+            for task, channel, value, _ in (
+                stored[k] for k in sorted(stored, key=lambda k: writes_sort_key(stored[k][3], *k))
+            )
+        ]
+        return CheckpointTuple(
+            config={
+                "configurable": {
+                    "thread_id": thread_id,
+                    "checkpoint_ns": ns,
+                    "checkpoint_id": cid,
+                }
+            },
+            checkpoint={**checkpoint, "channel_values": values},
+            metadata=self.serde.loads_typed(_decode(metadata)),
+            parent_config=(
+                {
+                    "configurable": {
+                        "thread_id": thread_id,
+                        "checkpoint_ns": ns,
+                        "checkpoint_id": parent,
+                    }
+                }
+                if parent
+                else None
+            ),
+            pending_writes=writes,
+        )
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The checkpoint named by ``config`` (its latest in the namespace without an id)."""
+        thread_id = str(config["configurable"]["thread_id"])
+        ns = config["configurable"].get("checkpoint_ns", "")
+        with self._lock:
+            model = self._thread(thread_id)
+            if model is None:
+                return None
+            checkpoints = model.checkpoints.get(ns, {})
+            cid = get_checkpoint_id(config)
+            if cid is None:
+                if not checkpoints:
+                    return None
+                cid = max(checkpoints)
+            elif cid not in checkpoints:
+                return None
+            return self._tuple(thread_id, model, ns, cid)
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """Checkpoints newest first, of ``config``'s thread (and namespace and id when it
+        names them; every thread of the root for None), matching ``filter`` (metadata
+        equality), older than ``before``, at most ``limit``."""
+        if config is not None:
+            threads = [str(config["configurable"]["thread_id"])]
+            want_ns = config["configurable"].get("checkpoint_ns")
+            want_id = get_checkpoint_id(config)
+        else:
+            threads = [
+                t
+                for s in self.root.iter_sessions()
+                if (t := thread_id_of(s["session_ref"]["session_id"])) is not None
+            ]
+            want_ns = want_id = None
+        before_id = get_checkpoint_id(before) if before else None
+        out: list[CheckpointTuple] = []
+        with self._lock:
+            for thread_id in threads:
+                model = self._thread(thread_id)
+                if model is None:
+                    continue
+                for ns, checkpoints in model.checkpoints.items():
+                    if want_ns is not None and ns != want_ns:
+                        continue
+                    for cid in sorted(checkpoints, reverse=True):
+                        if want_id and cid != want_id:
+                            continue
+                        if before_id and cid >= before_id:
+                            continue
+                        if filter:
+                            metadata = self.serde.loads_typed(_decode(checkpoints[cid][1]))
+                            if not all(metadata.get(k) == v for k, v in filter.items()):
+                                continue
+                        if limit is not None and len(out) >= limit:
+                            break
+                        out.append(self._tuple(thread_id, model, ns, cid))
+        yield from out
+
+    # Writing.
+
+    def _commit(self, thread_id: str, events: list[tuple[str, Any]]) -> None:
+        """One durable turn holding these optional ``(kind, payload)`` events (the writer
+        opened at first use)."""
+        with self._lock:
+            shared = self._writers.get(thread_id)
+            if shared is None:
+                shared = self._writers[thread_id] = _acquire_writer(
+                    self.root, session_id_of(thread_id)
+                )
+        with shared.lock:
+            if shared.session is None:
+                sid = session_id_of(thread_id)
+                try:
+                    shared.session = self.root.open(sid)
+                except NotFound:
+                    shared.session = self.root.create(sid)
+            writer = shared.session
+            first = writer.sequences()[0] + 1
+            batch = {
+                "operation_id": f"langgraph-{first}",
+                "turn_id": f"t{first}",
+                "events": [
+                    {"kind": "turn/start"},
+                    *({"kind": k, "optional": True, "payload": p} for k, p in events),
+                    {"kind": "turn/end", "payload": {"status": "completed"}},
+                ],
+            }
+            writer.append_json(encode_json(batch))
+        # Outside the locks: a commit appended meanwhile by another thread (LangGraph saves
+        # from background threads) goes into the same fsynced transaction, and this call
+        # returns once its own commit is durable (group commit).
+        writer.flush()
+
+    def _stored_value(
+        self, thread_id: str, ns: str, channel: str, version: Any, value: Any
+    ) -> tuple[Any, dict[str, str]]:
+        """The stored form of a new channel version, ``(base, value)``: the version a list
+        grew from and its appended items, else ``None`` and the whole value."""
+        key = (thread_id, ns, channel)
+        previous = self._lists.get(key)
+        if isinstance(value, list):
+            self._lists[key] = (version, list(value))
+            if previous is not None:
+                base, items = previous
+                n = len(items)
+                if base != version and 0 < n <= len(value) and all(
+                    a is b or a == b for a, b in zip(items, value)
+                ):
+                    return base, _encode(self.serde.dumps_typed(value[n:]))
+        elif previous is not None:
+            del self._lists[key]
+        return None, _encode(self.serde.dumps_typed(value))
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Stores a checkpoint (the channels of ``new_versions`` only); returns its config."""
+        thread_id = str(config["configurable"]["thread_id"])
+        ns = config["configurable"].get("checkpoint_ns", "")
+        c = checkpoint.copy()
+        values: dict[str, Any] = c.pop("channel_values")  # type: ignore[misc]
+        names: list[list[Any]] = []
+        events: list[tuple[str, Any]] = []
+        with self._lock:
+            for channel, version in new_versions.items():
+                if channel in values:
+                    base, value = self._stored_value(
+                        thread_id, ns, channel, version, values[channel]
+                    )
+                    names.append([channel, version, base])
+                    events.append((_VALUE, value))
+        events.append(
+            (
+                _CHECKPOINT,
+                {
+                    "ns": ns,
+                    "id": checkpoint["id"],
+                    "parent": config["configurable"].get("checkpoint_id"),
+                    "checkpoint": _encode(self.serde.dumps_typed(c)),
+                    "metadata": _encode(
+                        self.serde.dumps_typed(get_checkpoint_metadata(config, metadata))
+                    ),
+                    "values": names,
+                },
+            )
+        )
+        self._commit(thread_id, events)
+        return {
+            "configurable": {
+                "thread_id": thread_id,
+                "checkpoint_ns": ns,
+                "checkpoint_id": checkpoint["id"],
+            }
+        }
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Stores the pending writes of task ``task_id`` on the checkpoint of ``config``."""
+        if not writes:
+            return
+        payload = {
+            "ns": config["configurable"].get("checkpoint_ns", ""),
+            "id": config["configurable"]["checkpoint_id"],
+            "task": task_id,
+            "path": task_path,
+            "writes": [
+                [WRITES_IDX_MAP.get(channel, idx), channel, _encode(self.serde.dumps_typed(v))]
+                for idx, (channel, v) in enumerate(writes)
+            ],
+        }
+        self._commit(str(config["configurable"]["thread_id"]), [(_WRITES, payload)])
+
+    def _release(self, thread_id: str) -> None:
+        """Closes this saver's use of the thread's writer and forgets what it knew."""
+        shared = self._writers.pop(thread_id, None)
+        if shared is not None:
+            _release_writer(shared)
+        self._threads.pop(thread_id, None)
+        for key in [k for k in self._lists if k[0] == thread_id]:
+            del self._lists[key]
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Deletes the thread's session (its forks keep their history)."""
+        thread_id = str(thread_id)
+        with self._lock:
+            self._release(thread_id)
+            try:
+                self.root.delete(session_id_of(thread_id))
+            except NotFound:
+                pass
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Makes ``target_thread_id`` a fork of the source thread's session: it shares every
+        checkpoint and write without copying them. Nothing happens for a missing source;
+        an existing target raises :class:`session_store.AlreadyExists`."""
+        source = str(source_thread_id)
+        with self._lock:
+            shared = self._writers.get(source)
+            if shared is not None and shared.session is not None:
+                shared.session.flush()
+            try:
+                turns = self.root.turns(session_id_of(source))
+            except NotFound:
+                return
+            if not turns:
+                return
+            self.root.fork(
+                session_id_of(source),
+                after_turn=turns[-1]["turn_id"],
+                child=session_id_of(str(target_thread_id)),
+            )
+
+    def _hide(self, thread_id: str, doomed: list[list[str]]) -> None:
+        if doomed:
+            self._commit(thread_id, [(_DELETE, {"checkpoints": doomed})])
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Hides every checkpoint (and its writes) whose metadata ``run_id`` is one of
+        ``run_ids``, in every thread of the root."""
+        wanted = set(run_ids)
+        if not wanted:
+            return
+        with self._lock:
+            for session in list(self.root.iter_sessions()):
+                thread_id = thread_id_of(session["session_ref"]["session_id"])
+                model = None if thread_id is None else self._thread(thread_id)
+                if model is None:
+                    continue
+                doomed = [
+                    [ns, cid]
+                    for ns, checkpoints in model.checkpoints.items()
+                    for cid, (_, metadata, _) in checkpoints.items()
+                    if self.serde.loads_typed(_decode(metadata)).get("run_id") in wanted
+                ]
+                self._hide(thread_id, doomed)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """``"keep_latest"``: hides all but the latest checkpoint of each namespace (the
+        latest keeps its writes); ``"delete"``: deletes the threads."""
+        if strategy not in ("keep_latest", "delete"):
+            raise ValueError(f"unknown prune strategy {strategy!r}")
+        with self._lock:
+            for thread_id in map(str, thread_ids):
+                if strategy == "delete":
+                    self.delete_thread(thread_id)
+                    continue
+                model = self._thread(thread_id)
+                if model is None:
+                    continue
+                doomed = [
+                    [ns, cid]
+                    for ns, checkpoints in model.checkpoints.items()
+                    for cid in sorted(checkpoints)[:-1]
+                ]
+                self._hide(thread_id, doomed)
+
+    def close(self) -> None:
+        """Releases the writer locks this saver holds (everything is already durable)."""
+        with self._lock:
+            for thread_id in list(self._writers):
+                self._release(thread_id)
+
+    def __enter__(self) -> SessionStoreSaver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> SessionStoreSaver:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await _to_thread(self.close)
+
+    # Async variants: the same calls in a worker thread.
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """:meth:`get_tuple` in a worker thread."""
+        return await _to_thread(self.get_tuple, config)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """:meth:`list` in a worker thread."""
+        tuples = await _to_thread(
+            lambda: list(self.list(config, filter=filter, before=before, limit=limit))
+        )
+        for item in tuples:
+            yield item
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """:meth:`put` in a worker thread."""
+        return await _to_thread(self.put, config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """:meth:`put_writes` in a worker thread."""
+        await _to_thread(self.put_writes, config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """:meth:`delete_thread` in a worker thread."""
+        await _to_thread(self.delete_thread, thread_id)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """:meth:`copy_thread` in a worker thread."""
+        await _to_thread(self.copy_thread, source_thread_id, target_thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """:meth:`delete_for_runs` in a worker thread."""
+        await _to_thread(self.delete_for_runs, run_ids)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """:meth:`prune` in a worker thread."""
+        await _to_thread(self.prune, thread_ids, strategy=strategy)
+
+    def get_next_version(self, current: str | None, channel: None) -> str:
+        """The next channel version: a zero-padded counter and a random fraction, as
+        LangGraph's ``InMemorySaver`` makes them (versions sort as strings, and two branches
+        resumed from the same checkpoint never give one channel the same version)."""
+        if current is None:
+            n = 0
+        elif isinstance(current, int):
+            n = current
+        else:
+            n = int(str(current).split(".")[0])
+        return f"{n + 1:032}.{random.random():016}"

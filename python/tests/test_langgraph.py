@@ -1,0 +1,277 @@
+"""SessionStoreSaver under a real LangGraph graph: a StateGraph with a messages channel,
+interrupted and resumed from its checkpoint, time-travelled to an earlier checkpoint,
+copied, reopened after a restart, and what the log holds (grown lists stored as suffixes)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import subprocess
+import sys
+
+import pytest
+from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import END, START, MessagesState, StateGraph
+
+import session_store
+from session_store.langgraph import SessionStoreSaver, session_id_of, thread_id_of
+
+
+def echo(state: MessagesState) -> dict:
+    """The model: answers the last message with its text reversed."""
+    last = state["messages"][-1]
+    return {"messages": [AIMessage(content=f"echo {last.content[::-1]}")]}
+
+
+def review(state: MessagesState) -> dict:
+    return {"messages": [AIMessage(content=f"reviewed {len(state['messages'])}")]}
+
+
+def graph(saver: SessionStoreSaver, *, interrupt: bool = False):
+    builder = StateGraph(MessagesState)
+    builder.add_node("echo", echo)
+    builder.add_node("review", review)
+    builder.add_edge(START, "echo")
+    builder.add_edge("echo", "review")
+    builder.add_edge("review", END)
+    return builder.compile(
+        checkpointer=saver, interrupt_before=["review"] if interrupt else None
+    )
+
+
+def contents(state) -> list[str]:
+    return [m.content for m in state.values["messages"]]
+
+
+def config(thread: str, **extra) -> dict:
+    return {"configurable": {"thread_id": thread, **extra}}
+
+
+@pytest.fixture
+def saver(root):
+    with SessionStoreSaver(root) as saver:
+        yield saver
+
+
+def test_a_conversation_is_stored_and_read_back_after_a_restart(root, saver) -> None:
+    g = graph(saver)
+    g.invoke({"messages": [HumanMessage(content="hello")]}, config("chat"))
+    g.invoke({"messages": [HumanMessage(content="again")]}, config("chat"))
+    expected = ["hello", "echo olleh", "reviewed 2", "again", "echo niaga", "reviewed 5"]
+    assert contents(g.get_state(config("chat"))) == expected
+    saver.close()
+
+    # A new process's view: a fresh root object and saver over the same folder.
+    with SessionStoreSaver(session_store.Root(root.path)) as reopened:
+        g2 = graph(reopened)
+        assert contents(g2.get_state(config("chat"))) == expected
+        history = list(g2.get_state_history(config("chat")))
+        # Per invoke: the input, its step 0, echo, review; the same as LangGraph's own saver.
+        assert [len(s.values.get("messages", [])) for s in history] == [6, 5, 4, 3, 3, 2, 1, 0]
+        reference = graph(InMemorySaver())
+        for text in ("hello", "again"):
+            reference.invoke({"messages": [HumanMessage(content=text)]}, config("chat"))
+        expected_history = list(reference.get_state_history(config("chat")))
+        assert [(s.next, s.metadata["step"], s.metadata["source"]) for s in history] == [
+            (s.next, s.metadata["step"], s.metadata["source"]) for s in expected_history
+        ]
+        g2.invoke({"messages": [HumanMessage(content="third")]}, config("chat"))
+        assert contents(g2.get_state(config("chat")))[-3:] == [
+            "third",
+            "echo driht",
+            "reviewed 8",
+        ]
+    assert root.verify(session_id_of("chat"))["events"] > 0
+
+
+def test_an_interrupted_run_resumes_from_its_checkpoint(root, saver) -> None:
+    g = graph(saver, interrupt=True)
+    g.invoke({"messages": [HumanMessage(content="stop here")]}, config("paused"))
+    state = g.get_state(config("paused"))
+    assert state.next == ("review",)
+    assert contents(state) == ["stop here", "echo ereh pots"]
+    saver.close()
+
+    with SessionStoreSaver(root) as later:
+        g2 = graph(later, interrupt=True)
+        assert g2.get_state(config("paused")).next == ("review",)
+        g2.invoke(None, config("paused"))  # resume: runs the interrupted node
+        state = g2.get_state(config("paused"))
+        assert state.next == ()
+        assert contents(state) == ["stop here", "echo ereh pots", "reviewed 2"]
+
+
+def test_time_travel_forks_from_an_earlier_checkpoint(saver) -> None:
+    g = graph(saver)
+    g.invoke({"messages": [HumanMessage(content="one")]}, config("tt"))
+    g.invoke({"messages": [HumanMessage(content="two")]}, config("tt"))
+    history = list(g.get_state_history(config("tt")))
+    # The checkpoint after the first invoke ended (3 messages, nothing next).
+    after_first = next(s for s in history if len(s.values.get("messages", [])) == 3)
+    assert contents(after_first) == ["one", "echo eno", "reviewed 2"]
+
+    # Replaying from there with new input branches off it.
+    g.invoke({"messages": [HumanMessage(content="other")]}, after_first.config)
+    latest = g.get_state(config("tt"))
+    assert contents(latest) == [
+        "one", "echo eno", "reviewed 2", "other", "echo rehto", "reviewed 5"
+    ]
+    assert latest.parent_config is not None
+
+    # Both branches stay readable: the old "two" run is still in the history.
+    everything = list(g.get_state_history(config("tt")))
+    assert len(everything) == len(history) + 4
+    ends = {tuple(contents(s)) for s in everything if len(s.values.get("messages", [])) == 6}
+    assert ends == {
+        ("one", "echo eno", "reviewed 2", "two", "echo owt", "reviewed 5"),
+        ("one", "echo eno", "reviewed 2", "other", "echo rehto", "reviewed 5"),
+    }
+
+    # Reading the earlier checkpoint by id gives it back unchanged.
+    assert contents(g.get_state(after_first.config)) == ["one", "echo eno", "reviewed 2"]
+
+
+def test_grown_message_lists_are_stored_as_their_suffix(root, saver) -> None:
+    g = graph(saver)
+    long = "x" * 5000  # above the inline threshold: a content part
+    for i in range(5):
+        g.invoke({"messages": [HumanMessage(content=f"{i} {long}")]}, config("grow"))
+    assert len(g.get_state(config("grow")).values["messages"]) == 15
+
+    records = []  # (base version, value) of each new version of "messages"
+    after = 0
+    while True:
+        page = root.events(session_id_of("grow"), after=after)
+        for commit in page["commits"]:
+            values = [e["payload"] for e in commit["events"] if e["kind"] == "langgraph/value"]
+            for event in commit["events"]:
+                after = event["seq"]
+                if event["kind"] == "langgraph/checkpoint":
+                    names = event["payload"]["values"]
+                    assert len(names) == len(values)
+                    records += [(b, v) for (ch, _, b), v in zip(names, values) if ch == "messages"]
+        if not page["truncated"]:
+            break
+    # One record per new version of the channel: the first whole, every later one only
+    # the appended messages on top of the previous version.
+    assert len(records) == 15
+    assert records[0][0] is None
+    assert all(base is not None for base, _ in records[1:])
+    # Each message is stored once: every record holds the one message its step added.
+    for _, record in records:
+        value = saver.serde.loads_typed((record["t"], base64.b64decode(record["b"])))
+        assert len(value) == 1
+
+
+def test_copy_thread_is_a_fork_of_the_session(root, saver) -> None:
+    g = graph(saver)
+    g.invoke({"messages": [HumanMessage(content="source")]}, config("src"))
+    saver.copy_thread("src", "dst")
+    assert contents(g.get_state(config("dst"))) == contents(g.get_state(config("src")))
+    summary = next(
+        s for s in root.iter_sessions() if s["session_ref"]["session_id"] == session_id_of("dst")
+    )
+    assert summary["origin"] == "fork"
+    assert summary["parent_id"] == session_id_of("src")
+
+    # The copy continues on its own; the source is unchanged.
+    g.invoke({"messages": [HumanMessage(content="only in dst")]}, config("dst"))
+    assert len(contents(g.get_state(config("dst")))) == 6
+    assert len(contents(g.get_state(config("src")))) == 3
+
+    # Deleting the source leaves the copy whole.
+    saver.delete_thread("src")
+    assert g.get_state(config("src")).values == {}
+    assert len(contents(g.get_state(config("dst")))) == 6
+
+
+def test_prune_and_delete_for_runs_hide_checkpoints(saver) -> None:
+    g = graph(saver)
+    g.invoke({"messages": [HumanMessage(content="a")]}, config("p"))
+    g.invoke({"messages": [HumanMessage(content="b")]}, config("p"))
+    assert len(list(saver.list(config("p")))) == 8
+    saver.prune(["p"])
+    kept = list(saver.list(config("p")))
+    assert len(kept) == 1
+    assert [m.content for m in kept[0].checkpoint["channel_values"]["messages"]][-1] == "reviewed 5"
+    assert contents(g.get_state(config("p")))[-1] == "reviewed 5"
+
+    run = "5b6e0c52-0000-4000-8000-000000000001"
+    run_config = {**config("r"), "metadata": {"run_id": run}}
+    g.invoke({"messages": [HumanMessage(content="c")]}, run_config)
+    assert {t.metadata.get("run_id") for t in saver.list(config("r"))} == {run}
+    saver.delete_for_runs([run])
+    assert list(saver.list(config("r"))) == []
+    assert g.get_state(config("r")).values == {}
+    assert len(list(saver.list(config("p")))) == 1  # other runs untouched
+
+
+def test_thread_ids_map_to_session_ids_and_back(root, saver) -> None:
+    for thread in ["chat", "a-b_c", "UPPER", "with space", "ünïcode", "../x", "con", "nul"]:
+        sid = session_id_of(thread)
+        root.create(sid).close()  # an id the store accepts
+        assert thread_id_of(sid) == thread
+    assert thread_id_of("not-a-thread") is None
+    g = graph(saver)
+    g.invoke({"messages": [HumanMessage(content="odd")]}, config("Odd/Thread: 1"))
+    assert contents(g.get_state(config("Odd/Thread: 1")))[0] == "odd"
+    threads = {t.config["configurable"]["thread_id"] for t in saver.list(None)}
+    assert threads == {"Odd/Thread: 1"}
+
+
+def test_the_async_graph_api_works_with_the_saver(saver) -> None:
+    async def run() -> list[str]:
+        g = graph(saver)
+        await g.ainvoke({"messages": [HumanMessage(content="async")]}, config("aio"))
+        return contents(await g.aget_state(config("aio")))
+
+    assert asyncio.run(run()) == ["async", "echo cnysa", "reviewed 2"]
+
+
+def test_a_second_process_writer_gets_writer_owned(root, saver) -> None:
+    graph(saver).invoke({"messages": [HumanMessage(content="mine")]}, config("owned"))
+    script = (
+        "import sys\n"
+        "from langchain_core.messages import HumanMessage\n"
+        "import session_store\n"
+        "from session_store.langgraph import SessionStoreSaver\n"
+        "saver = SessionStoreSaver(sys.argv[1])\n"
+        "cfg = {'configurable': {'thread_id': 'owned'}}\n"
+        "assert saver.get_tuple(cfg) is not None\n"  # reads take no lock
+        "tup = saver.get_tuple(cfg)\n"
+        "try:\n"
+        "    saver.put_writes(tup.config, [('x', 1)], 'task')\n"
+        "except session_store.WriterOwned as e:\n"
+        "    print('owned', e.owner['pid'])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, root.path], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["owned", str(os.getpid())]
+
+
+def test_a_large_value_in_many_checkpoints_is_stored_once(root) -> None:
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    def folder_bytes() -> int:
+        return sum(
+            os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root.path) for f in fs
+        )
+
+    doc = os.urandom(60_000).hex()  # 120 kB that does not compress much
+    with SessionStoreSaver(root) as saver:
+        cfg = config("doc", checkpoint_ns="")
+        saver.put(cfg, empty_checkpoint(), {}, {})
+        before = folder_bytes()
+        for i in range(10):
+            checkpoint = empty_checkpoint()
+            checkpoint["channel_values"] = {"doc": doc}
+            version = saver.get_next_version(None if i == 0 else version, None)
+            checkpoint["channel_versions"] = {"doc": version}
+            cfg = saver.put(cfg, checkpoint, {"step": i}, {"doc": version})
+        grown = folder_bytes() - before
+        assert saver.get_tuple(config("doc")).checkpoint["channel_values"]["doc"] == doc
+    # Ten new versions of one 120 kB value: stored once (the rest is placeholders).
+    assert grown < 3 * len(doc), grown
