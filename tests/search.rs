@@ -487,6 +487,103 @@ fn an_exact_phrase_match_ranks_first() {
     );
 }
 
+/// Every hit of `query`, `limit` per page, in page order.
+fn search_paged(root: &Root, query: &str, limit: usize) -> (Vec<SearchHit>, usize) {
+    let service = Service::new("local", root.clone()).expect("service");
+    let rt = rt();
+    let mut options = SearchOptions::default().with_limit(limit);
+    let (mut out, mut pages) = (Vec::new(), 0);
+    loop {
+        let page = rt
+            .block_on(service.query().search(query, options.clone()))
+            .unwrap_or_else(|e| panic!("search {query:?}: {e}"));
+        pages += 1;
+        out.extend(page.hits);
+        match page.next_cursor {
+            Some(c) => options = options.with_cursor(c),
+            None => return (out, pages),
+        }
+    }
+}
+
+#[test]
+fn an_or_query_finds_rows_holding_either_side_those_holding_both_first() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "either");
+    // Rows of exactly 3 words on average: FTS5's bm25 (with `columnsize=0` a row's length
+    // is -1 to it) then has a length factor of 0, and scored a row lacking one side of
+    // the OR 0/0, a NULL that failed the search.
+    for (i, text) in [
+        "apple pie fresh",
+        "zebra crossing road",
+        "apple zebra too",
+        "nothing at all",
+        "still nothing here",
+    ]
+    .iter()
+    .enumerate()
+    {
+        s.append(Batch::new(
+            format!("e{i}"),
+            vec![message(&format!("e{i}"), "user", text)],
+        ))
+        .expect("append");
+    }
+    s.close().expect("close");
+    let hits = search_all(&root, "apple OR zebra", SearchOptions::default());
+    let ids: Vec<&str> = hits.iter().map(|h| h.message_id.as_str()).collect();
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    assert_eq!(ids[0], "e2");
+    assert!(hits[1..].iter().all(|h| h.rank > hits[0].rank));
+    let mut rest = ids[1..].to_vec();
+    rest.sort_unstable();
+    assert_eq!(rest, ["e0", "e1"]);
+    // One hit a page: the same hits in the same order.
+    let (paged, pages) = search_paged(&root, "apple OR zebra", 1);
+    assert_eq!(at(&paged), at(&hits));
+    assert_eq!(pages, 3);
+}
+
+#[test]
+fn a_page_is_full_when_replaced_messages_rank_ahead_of_live_ones() {
+    let (_dir, root) = temp_root();
+    // The index exists before the writes: each drain indexes them.
+    assert!(search_all(&root, "zebra", SearchOptions::default()).is_empty());
+    let churn = create(&root, "churn");
+    for i in 0..60 {
+        let draft = session_store::Event::new("message/upsert")
+            .with_payload(&json!({"message": {"id": "m", "role": "user",
+                "content": format!("zebra zebra zebra draft {i}")}}))
+            .expect("payload");
+        churn
+            .append(Batch::new(format!("d{i}"), vec![draft]))
+            .expect("append");
+        churn.flush().expect("flush");
+    }
+    let last = session_store::Event::new("message/upsert")
+        .with_payload(&json!({"message": {"id": "m", "role": "user", "content": "final"}}))
+        .expect("payload");
+    churn
+        .append(Batch::new("final", vec![last]))
+        .expect("append");
+    churn.close().expect("close");
+    let live = create(&root, "live");
+    for i in 0..5 {
+        live.append(Batch::new(
+            format!("l{i}"),
+            vec![message(&format!("l{i}"), "user", "one zebra")],
+        ))
+        .expect("append");
+    }
+    live.close().expect("close");
+    // The 60 replaced drafts are dead rows of the index, ranked ahead of the live ones
+    // (more occurrences, older rows): every page is still full and nothing is skipped.
+    let (hits, pages) = search_paged(&root, "zebra", 2);
+    let ids: BTreeSet<&str> = hits.iter().map(|h| h.message_id.as_str()).collect();
+    assert_eq!(ids, BTreeSet::from(["l0", "l1", "l2", "l3", "l4"]));
+    assert_eq!((hits.len(), pages), (5, 3));
+}
+
 #[test]
 fn pages_and_filters() {
     let (_dir, root) = temp_root();

@@ -51,6 +51,9 @@ const SEARCH_APPLICATION_ID: i32 = 0x5365_5346;
 /// How long an index write waits for another process's (a drain gives up after this and
 /// the index catches up later).
 const BUSY: Duration = Duration::from_millis(250);
+/// An unfiltered search ranks this many FTS rows per hit wanted before it joins them
+/// (dead rows among them are skipped; when too many are dead, every match is joined).
+const CANDIDATES: usize = 4;
 
 const SEARCH_SCHEMA: &str = "
 CREATE TABLE search_sessions (
@@ -421,6 +424,13 @@ impl SearchIndex {
     /// best first: rows matching `phrase` (the words as one exact phrase) first, then by
     /// bm25, then by row.
     ///
+    /// Without filters, the best [`CANDIDATES`] x `limit` FTS rows are ranked inside FTS5
+    /// first and only those are looked up in `search_rows` and `search_sessions`: a
+    /// frequent word's matches are scored, but not each joined (the join of every match
+    /// was most of a one-word search). When too many of those candidates are dead rows
+    /// (a replaced message, a deleted session) for a full page, or with a filter (which
+    /// needs each match's row), every match is joined, filtered and ranked.
+    ///
     /// # Errors
     /// [`Error::InvalidInput`] for an expression FTS5 refuses; SQLite errors.
     pub(crate) fn search(
@@ -430,17 +440,49 @@ impl SearchIndex {
         filter: &IndexFilter<'_>,
     ) -> Result<Vec<IndexHit>> {
         let tier = if phrase.is_some() {
-            "CASE WHEN m.id IN (SELECT rowid FROM search_text WHERE search_text MATCH ?10)
+            "CASE WHEN rowid IN (SELECT rowid FROM search_text WHERE search_text MATCH ?10)
                   THEN 0 ELSE 1 END"
         } else {
             "1 + 0 * length(?10)"
         };
+        // bm25 can be NaN (NULL in SQL) for a row lacking one of an OR's terms: with
+        // `columnsize=0` it takes each row's length as -1, so when the rows average
+        // exactly 3 words its length factor is 0 and an absent term scores 0/0. Such a
+        // row ranks 0, after the rows holding every term (bm25 is negative).
+        let matches = format!(
+            "SELECT rowid AS id, coalesce(bm25(search_text), 0) AS score, {tier} AS tier
+             FROM search_text WHERE search_text MATCH ?1"
+        );
+        let conn = lock(&self.read);
+        let unfiltered = filter.session.is_none()
+            && filter.cwd.is_none()
+            && filter.since_ms.is_none()
+            && filter.role.is_none();
+        if unfiltered {
+            let candidates = filter.limit.saturating_mul(CANDIDATES);
+            let sql = format!(
+                "SELECT m.id, s.session_id, s.title, r.position, r.seq, r.role, r.time_ms,
+                        m.score, m.tier
+                 FROM (SELECT * FROM ({matches})
+                       WHERE ?6 IS NULL OR (tier, score, id) > (?6, ?7, ?8)
+                       ORDER BY tier, score, id
+                       LIMIT ?9) AS m
+                 LEFT JOIN search_rows r ON r.id = m.id
+                 LEFT JOIN search_sessions s ON s.id = r.session
+                 ORDER BY m.tier, m.score, m.id"
+            );
+            let rows = query_hits(&conn, &sql, fts, phrase, filter, candidates)?;
+            let found = rows.len();
+            let live: Vec<IndexHit> = rows.into_iter().flatten().collect();
+            if live.len() >= filter.limit || found < candidates {
+                return Ok(live.into_iter().take(filter.limit).collect());
+            }
+        }
         let sql = format!(
             "SELECT * FROM (
                 SELECT r.id, s.session_id, s.title, r.position, r.seq, r.role, r.time_ms,
-                       m.score, {tier} AS tier
-                FROM (SELECT rowid AS id, bm25(search_text) AS score FROM search_text
-                      WHERE search_text MATCH ?1) AS m
+                       m.score, m.tier
+                FROM ({matches}) AS m
                 JOIN search_rows r ON r.id = m.id
                 JOIN search_sessions s ON s.id = r.session
                 WHERE (?2 IS NULL OR r.role = ?2)
@@ -454,58 +496,10 @@ impl SearchIndex {
              ORDER BY tier, score, id
              LIMIT ?9"
         );
-        let conn = lock(&self.read);
-        let mut stmt = conn.prepare_cached(&sql)?;
-        let (after_tier, after_rank, after_row) = match filter.after {
-            Some((t, r, id)) => (Some(t), Some(r), Some(id)),
-            None => (None, None, None),
-        };
-        let rows = stmt
-            .query_map(
-                params![
-                    fts,
-                    role_value(filter.role),
-                    filter.since_ms,
-                    filter.cwd,
-                    filter.session.map(SessionId::as_str),
-                    after_tier,
-                    after_rank,
-                    after_row,
-                    filter.limit as i64,
-                    phrase.unwrap_or(""),
-                ],
-                |r| {
-                    Ok((
-                        r.get::<_, i64>(0)?,
-                        r.get::<_, String>(1)?,
-                        r.get::<_, String>(2)?,
-                        r.get::<_, u64>(3)?,
-                        r.get::<_, u64>(4)?,
-                        r.get::<_, Value>(5)?,
-                        r.get::<_, i64>(6)?,
-                        r.get::<_, f64>(7)?,
-                        r.get::<_, i64>(8)?,
-                    ))
-                },
-            )
-            .map_err(query_error)?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (row, sid, title, position, seq, role, time_ms, rank, tier) =
-                row.map_err(query_error)?;
-            out.push(IndexHit {
-                row,
-                session_id: SessionId::new(sid)?,
-                title,
-                position,
-                seq,
-                role: role_of(role),
-                time_ms,
-                rank,
-                tier,
-            });
-        }
-        Ok(out)
+        Ok(query_hits(&conn, &sql, fts, phrase, filter, filter.limit)?
+            .into_iter()
+            .flatten()
+            .collect())
     }
 
     /// The sessions that inherit event `seq` of `ancestor`'s file (forks sharing a hit).
@@ -541,6 +535,73 @@ impl SearchIndex {
             .map(|(id, seq)| Ok((SessionId::new(id)?, seq)))
             .collect()
     }
+}
+
+/// Runs a search statement of [`SearchIndex::search`] (parameters: `?1` the FTS5
+/// expression, `?2`-`?5` the filters, `?6`-`?8` the keyset, `?9` the limit, `?10` the
+/// phrase): its rows in order, `None` for a candidate with no live row.
+fn query_hits(
+    conn: &Connection,
+    sql: &str,
+    fts: &str,
+    phrase: Option<&str>,
+    filter: &IndexFilter<'_>,
+    limit: usize,
+) -> Result<Vec<Option<IndexHit>>> {
+    let mut stmt = conn.prepare_cached(sql)?;
+    let (after_tier, after_rank, after_row) = match filter.after {
+        Some((t, r, id)) => (Some(t), Some(r), Some(id)),
+        None => (None, None, None),
+    };
+    let rows = stmt
+        .query_map(
+            params![
+                fts,
+                role_value(filter.role),
+                filter.since_ms,
+                filter.cwd,
+                filter.session.map(SessionId::as_str),
+                after_tier,
+                after_rank,
+                after_row,
+                i64::try_from(limit).unwrap_or(i64::MAX),
+                phrase.unwrap_or(""),
+            ],
+            |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, Option<String>>(1)?,
+                    r.get::<_, Option<String>>(2)?,
+                    r.get::<_, Option<u64>>(3)?,
+                    r.get::<_, Option<u64>>(4)?,
+                    r.get::<_, Value>(5)?,
+                    r.get::<_, Option<i64>>(6)?,
+                    r.get::<_, f64>(7)?,
+                    r.get::<_, i64>(8)?,
+                ))
+            },
+        )
+        .map_err(query_error)?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (row, sid, title, position, seq, role, time_ms, rank, tier) =
+            row.map_err(query_error)?;
+        out.push(match (sid, title, position, seq, time_ms) {
+            (Some(sid), Some(title), Some(position), Some(seq), Some(time_ms)) => Some(IndexHit {
+                row,
+                session_id: SessionId::new(sid)?,
+                title,
+                position,
+                seq,
+                role: role_of(role),
+                time_ms,
+                rank,
+                tier,
+            }),
+            _ => None,
+        });
+    }
+    Ok(out)
 }
 
 /// The key and indexed sequence of a session the index knows.
