@@ -584,6 +584,89 @@ fn a_page_is_full_when_replaced_messages_rank_ahead_of_live_ones() {
     assert_eq!((hits.len(), pages), (5, 3));
 }
 
+/// The message ids of the hits of `query`.
+fn ids_of(root: &Root, query: &str) -> Vec<String> {
+    search_all(root, query, SearchOptions::default())
+        .into_iter()
+        .map(|h| h.message_id)
+        .collect()
+}
+
+#[test]
+fn a_session_deleted_and_created_again_between_searches_shows_its_new_messages() {
+    let (_dir, root) = temp_root();
+    append_new(&root, "again", "walrus from the first life");
+    assert_eq!(ids_of(&root, "walrus"), ["again-1"]);
+    // Same id, same position and sequence, another file and text, deleted and created
+    // through another handle on the root (as another process would): the connection
+    // this one read the old file on must not answer for the new one.
+    let other = Root::open(root.path()).expect("root");
+    other
+        .delete(&id("again"), &CancelToken::new())
+        .expect("delete");
+    assert!(ids_of(&root, "walrus").is_empty());
+    create(&other, "again").close().expect("close");
+    append(
+        &other,
+        "again",
+        "n1",
+        vec![message(
+            "second-life",
+            "user",
+            "walrus from the second life",
+        )],
+    );
+    let hits = search_all(&root, "walrus", SearchOptions::default());
+    assert_eq!(at(&hits), [("again".into(), 1)]);
+    assert_eq!(hits[0].message_id, "second-life");
+    assert!(hits[0].snippet.marked("[", "]").contains("second"));
+    // Removed behind the library's back: no hit, the index forgets it.
+    std::fs::remove_dir_all(root.path().join("again")).expect("rm");
+    assert!(ids_of(&root, "walrus").is_empty());
+}
+
+#[test]
+fn a_session_restored_from_an_older_copy_is_searched_in_that_copy() {
+    let (dir, root) = temp_root();
+    append_new(&root, "kept", "walrus as first written");
+    // An older copy of the file, as a replica would hold it (no search has run yet: no
+    // connection of this process is open on it).
+    let file = root.path().join("kept").join("session.sqlite");
+    let backup = dir.path().join("backup");
+    std::fs::create_dir(&backup).expect("mkdir");
+    for suffix in ["", "-wal"] {
+        let from = format!("{}{suffix}", file.display());
+        if std::path::Path::new(&from).exists() {
+            std::fs::copy(&from, backup.join(format!("session.sqlite{suffix}"))).expect("copy");
+        }
+    }
+    // The transcript replaced: position 1 now holds another message, the first one is
+    // no longer current in this file.
+    let replace = session_store::Event::new("history/replace")
+        .with_payload(&json!({"messages": [
+            {"id": "rewritten", "role": "user", "content": "walrus rewritten"}]}))
+        .expect("payload");
+    append(&root, "kept", "replace", vec![replace]);
+    assert_eq!(ids_of(&root, "walrus"), ["rewritten"]);
+    // Restored from the older copy (deleted first, as `restore` requires) by another
+    // handle on the root, as the CLI's `restore` in another process would.
+    let other = Root::open(root.path()).expect("root");
+    other
+        .delete(&id("kept"), &CancelToken::new())
+        .expect("delete");
+    let scratch = other.scratch("restore").expect("scratch");
+    let staged = scratch.session_file(&id("kept")).expect("staged");
+    for entry in std::fs::read_dir(&backup).expect("backup") {
+        let entry = entry.expect("entry");
+        std::fs::copy(entry.path(), staged.with_file_name(entry.file_name())).expect("copy");
+    }
+    scratch.publish_session(&id("kept")).expect("publish");
+    let hits = search_all(&root, "walrus", SearchOptions::default());
+    assert_eq!(at(&hits), [("kept".into(), 1)]);
+    assert_eq!(hits[0].message_id, "kept-1");
+    assert!(hits[0].snippet.marked("[", "]").contains("first"));
+}
+
 #[test]
 fn pages_and_filters() {
     let (_dir, root) = temp_root();

@@ -337,7 +337,8 @@ impl Scratch {
 
     /// Publishes the session `id` laid out in this folder into the root: its file (and a
     /// `-wal` beside it) and its folder are fsynced, the folder is renamed to `<root>/<id>`
-    /// without ever replacing a session, the rename is made durable and the catalog told.
+    /// without ever replacing a session, the rename is made durable and the catalog and
+    /// the search index told.
     /// The file is not verified: check it with [`verify_file`](crate::verify_file) once its ancestors are published.
     ///
     /// # Errors
@@ -363,6 +364,9 @@ impl Scratch {
             .publish_child(id.as_str(), root.dir_fd(), root.path(), id.as_str())?;
         // The catalog is derived: a session it misses is indexed on the next open.
         drop(root.inner.catalog.touch(root, id));
+        // So is the search index (best effort: a session whose ancestors are still to
+        // come is indexed on its next writer open or by a rebuild).
+        root.index_session(id);
         Ok(())
     }
 }

@@ -14,7 +14,7 @@ use crate::model::search::{SearchQuery, message_text, snippet};
 use crate::model::{SessionId, Snippet};
 use crate::persistence::Root;
 use crate::persistence::catalog::{CATALOG_DIR, catalog_dir, unlink_files_at};
-use crate::store::reader::{SessionReader, own_messages_at};
+use crate::store::reader::SessionReader;
 use crate::store::schema::{self, SESSION_FILE};
 use crate::store::search::{IndexFilter, IndexHit, SEARCH_FILE, SEARCH_FILES, SearchIndex};
 
@@ -212,6 +212,7 @@ impl Root {
     /// inherited from it (their ranges now live in their own files). Best effort.
     pub(crate) fn unindex_deleted(&self, id: &SessionId, dependents: &[SessionId]) {
         if let Some(index) = self.search_index() {
+            index.release_file(&self.session_dir(id).join(SESSION_FILE));
             let _ = index.forget(id);
             for child in dependents {
                 self.index_session(child);
@@ -220,18 +221,18 @@ impl Root {
     }
 
     /// The messages of `wanted` hits, `(position, seq)` by session, each read back from
-    /// the file that holds it (see [`own_messages_at`]), and the sessions whose folder is
-    /// gone.
-    fn read_back<'a>(&self, wanted: &[(&'a SessionId, Vec<(u64, u64)>)]) -> Result<ReadBack<'a>> {
+    /// the file that holds it (see [`SearchIndex::hit_messages`]), and the sessions whose
+    /// folder is gone.
+    fn read_back<'a>(
+        &self,
+        index: &SearchIndex,
+        wanted: &[(&'a SessionId, Vec<(u64, u64)>)],
+    ) -> Result<ReadBack<'a>> {
         let mut messages = Vec::new();
         let mut gone = Vec::new();
         for (id, at) in wanted {
             let file = self.session_dir(id).join(SESSION_FILE);
-            if !std::fs::symlink_metadata(&file).is_ok_and(|m| m.is_file()) {
-                gone.push((*id).clone());
-                continue;
-            }
-            match own_messages_at(&file, at) {
+            match index.hit_messages(&file, at) {
                 Ok(found) => {
                     for ((position, _), m) in at.iter().zip(found) {
                         if let Some(m) = m {
@@ -239,6 +240,7 @@ impl Root {
                         }
                     }
                 }
+                Err(Error::SessionNotFound(_)) => gone.push((*id).clone()),
                 // Deleted while being read.
                 Err(_) if !file.is_file() => gone.push((*id).clone()),
                 Err(e) => return Err(e),
@@ -300,7 +302,7 @@ impl Root {
         let read: Vec<Result<ReadBack<'_>>> = std::thread::scope(|scope| {
             let workers: Vec<_> = wanted
                 .chunks(chunk)
-                .map(|part| scope.spawn(move || self.read_back(part)))
+                .map(|part| scope.spawn(|| self.read_back(&index, part)))
                 .collect();
             workers
                 .into_iter()

@@ -5,6 +5,7 @@
 pub(crate) mod blob;
 pub(crate) mod checkpoint;
 pub(crate) mod content;
+pub(crate) mod hit_files;
 pub(crate) mod lineage;
 pub(crate) mod lock;
 pub(crate) mod read;

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use r2d2::{Pool, PooledConnection};
 use r2d2_sqlite::SqliteConnectionManager;
+use rusqlite::Connection;
 use scheduled_thread_pool::ScheduledThreadPool;
 
 use crate::error::{Error, Result, WriterOwner};
@@ -184,24 +185,23 @@ fn parse_messages(seq: u64, text: &str, many: bool) -> Result<Vec<Arc<Message>>>
 
 /// The messages that events put at transcript positions of a session file's own history,
 /// for `wanted` `(position, event seq)` pairs, in order: each `None` when that row is gone
-/// or no longer current (a newer version or a reset came after it). One standalone
-/// read-only connection (format checked), no lineage: for search hits, which name the
-/// file that holds them. Content parts are spliced back as every read does.
+/// or no longer current (a newer version or a reset came after it). Read on `conn`, a
+/// connection to that file alone (no lineage): for search hits, which name the file that
+/// holds them. Content parts are spliced back as every read does.
 ///
 /// # Errors
-/// [`Error::SessionNotFound`] when the file is gone; read errors.
+/// Read errors.
 pub(crate) fn own_messages_at(
-    file: &Path,
+    conn: &Connection,
     wanted: &[(u64, u64)],
 ) -> Result<Vec<Option<Arc<Message>>>> {
-    let conn = schema::open_reader(file)?;
     let mut out = Vec::with_capacity(wanted.len());
     for (position, seq) in wanted {
-        let Some(item) = read::current_history_item(&conn, *position, *seq)? else {
+        let Some(item) = read::current_history_item(conn, *position, *seq)? else {
             out.push(None);
             continue;
         };
-        let text = read::read_payload_text(&conn, *seq)?;
+        let text = read::read_payload_text(conn, *seq)?;
         let messages = parse_messages(*seq, &text, item.is_some())?;
         out.push(
             usize::try_from(item.unwrap_or(0))

@@ -388,12 +388,23 @@ pub(crate) fn open_reader(path: &Path) -> Result<Connection> {
 
 /// Opens a standalone read-only connection (e.g. to a user's file for `replay_file`).
 pub(crate) fn open_reader_with(path: &Path, access: Access) -> Result<Connection> {
+    let conn = open_reader_unchecked_with(path, access)?;
+    check_format(&conn)?;
+    Ok(conn)
+}
+
+/// As [`open_reader`], the format not checked yet: the caller runs [`check_format`]
+/// before its first read (e.g. inside the read transaction it opens anyway).
+pub(crate) fn open_unchecked_reader(path: &Path) -> Result<Connection> {
+    open_reader_unchecked_with(path, Access::Shared)
+}
+
+fn open_reader_unchecked_with(path: &Path, access: Access) -> Result<Connection> {
     if !path.is_file() {
         return Err(Error::SessionNotFound(path.display().to_string()));
     }
     let mut conn = Connection::open_with_flags(access.name(path), reader_flags())?;
     init_reader(&mut conn)?;
-    check_format(&conn)?;
     Ok(conn)
 }
 

@@ -29,9 +29,11 @@ use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 
 use crate::error::{Error, Result};
+use crate::model::Message;
 use crate::model::SessionId;
 use crate::model::projection::HistoryChange;
 use crate::model::search::message_text;
+use crate::store::hit_files::HitFiles;
 use crate::store::read::LineageEntry;
 use crate::store::reader::{OwnChanges, SessionReader};
 use crate::store::schema;
@@ -54,6 +56,8 @@ const BUSY: Duration = Duration::from_millis(250);
 /// An unfiltered search ranks this many FTS rows per hit wanted before it joins them
 /// (dead rows among them are skipped; when too many are dead, every match is joined).
 const CANDIDATES: usize = 4;
+/// Connections to session files kept open for reading hits back.
+const KEPT_FILES: usize = 64;
 
 const SEARCH_SCHEMA: &str = "
 CREATE TABLE search_sessions (
@@ -109,12 +113,14 @@ pub(crate) fn open_index(path: &Path) -> Result<Connection> {
 
 /// A root's search index: a connection for index writes and one for searches (so a
 /// search never waits for a drain's index write, nor the reverse), each opened by
-/// [`open_index`].
+/// [`open_index`]; and the connections to session files that read hits back, kept
+/// between searches ([`HitFiles`]).
 #[derive(Debug)]
 pub(crate) struct SearchIndex {
     path: PathBuf,
     write: Mutex<Connection>,
     read: Mutex<Connection>,
+    files: HitFiles,
 }
 
 /// A root's search index once opened; shared by the root with its live sessions, which
@@ -236,7 +242,27 @@ impl SearchIndex {
             path: path.to_path_buf(),
             write: Mutex::new(open_index(path)?),
             read: Mutex::new(open_index(path)?),
+            files: HitFiles::new(KEPT_FILES),
         })
+    }
+
+    /// The messages of hits held by the session file `file`, at `wanted` `(position,
+    /// event seq)` pairs, each `None` when no longer current; on a kept connection to
+    /// that same file when there is one.
+    ///
+    /// # Errors
+    /// As [`HitFiles::messages_at`]: [`Error::SessionNotFound`] when the file is gone.
+    pub(crate) fn hit_messages(
+        &self,
+        file: &Path,
+        wanted: &[(u64, u64)],
+    ) -> Result<Vec<Option<Arc<Message>>>> {
+        self.files.messages_at(file, wanted)
+    }
+
+    /// Closes the kept connection to `file` (its session was deleted).
+    pub(crate) fn release_file(&self, file: &Path) {
+        self.files.release(file);
     }
 
     /// Indexes the commits a drain just wrote for `reader`'s session, from memory. When
