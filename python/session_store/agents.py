@@ -32,7 +32,6 @@ lock is released when the last of them is closed. Reads take no lock.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import weakref
@@ -59,10 +58,6 @@ __all__ = ["ITEM_ID_KEY", "SessionStoreSession"]
 
 #: The key under which an item's own ``id`` is kept (the message ``id`` is the store's).
 ITEM_ID_KEY = "sse_item_id"
-
-#: Largest history page the store serves.
-_PAGE = 500
-
 
 class _SharedWriter:
     """The one writer of a session in this process, shared by its adapters."""
@@ -143,6 +138,7 @@ class SessionStoreSession:
             from agents.memory.session_settings import coerce_session_settings
 
             self.session_settings = coerce_session_settings(session_settings)
+        self._reader = self.root.reader(session_id)  # its connections stay open
         self._shared = _acquire_writer(self.root, session_id)
         self._lock = self._shared.lock
         # Releases this adapter's share once: on close() or when it is garbage-collected.
@@ -173,7 +169,12 @@ class SessionStoreSession:
         """:meth:`get_items`, blocking."""
         if limit is None and self.session_settings is not None:
             limit = self.session_settings.limit
-        return [_to_item(m) for m in self._messages(limit)]
+        if limit is not None and limit <= 0:
+            return []
+        try:
+            return self._reader._native.messages(limit, ITEM_ID_KEY)
+        except NotFound:
+            return []
 
     def add_items_sync(self, items: list[Any]) -> None:
         """:meth:`add_items`, blocking."""
@@ -320,41 +321,10 @@ class SessionStoreSession:
 
     def _messages(self, limit: int | None) -> list[dict[str, Any]]:
         """The latest ``limit`` stored messages (all for None), oldest first."""
-        if limit is not None and limit <= 0:
-            return []
-        if limit is None:
-            # One call for the whole transcript: fewer round trips than the pages.
-            try:
-                return self.root.transcript(self.session_id)
-            except NotFound:
-                return []
-        pages: list[list[dict[str, Any]]] = []
-        wanted: int = limit
-        cursor: str | None = None
         try:
-            while True:
-                size = min(wanted, _PAGE)
-                page = self.root.history(self.session_id, cursor=cursor, limit=size)
-                pages.append([self._body(m) for m in page["messages"]])
-                wanted -= len(page["messages"])
-                cursor = page["next_cursor"]
-                if cursor is None or wanted == 0:
-                    break
+            return self._reader.messages(limit)
         except NotFound:
             return []
-        return [m for page in reversed(pages) for m in page]
-
-    def _body(self, row: Mapping[str, Any]) -> dict[str, Any]:
-        if row["inline"] is not None:
-            return row["inline"]
-        # A message over 64 KiB: the payload of the event that recorded it.
-        payload = json.loads(self.root.read_content(self.session_id, row["content_ref"]["digest"]))
-        if "message" in payload:
-            return payload["message"]
-        for message in payload.get("messages", []):
-            if message.get("id") == row["message_id"]:
-                return message
-        raise SessionStoreError(f"message {row['message_id']!r} not found in its content")
 
     @staticmethod
     def _index_of(messages: list[dict[str, Any]], after_item: int | str) -> int:

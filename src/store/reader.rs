@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use r2d2::{Pool, PooledConnection};
 use r2d2_sqlite::SqliteConnectionManager;
+use rusqlite::Connection;
 use scheduled_thread_pool::ScheduledThreadPool;
 
 use crate::error::{Error, Result, WriterOwner};
@@ -56,6 +57,38 @@ impl ReadPool {
                 Err(Error::SessionNotFound(self.file.display().to_string()))
             }
             Err(_) => Ok(self.pool.get()?),
+        }
+    }
+}
+
+/// A pooled read connection inside one read transaction (`BEGIN`, ended when dropped):
+/// the statements run through it share one snapshot and take the WAL read lock once,
+/// instead of once per statement.
+struct ReadTxn(PooledConnection<SqliteConnectionManager>);
+
+impl ReadTxn {
+    /// A connection of `pool` with a deferred read transaction begun.
+    fn begin(pool: &ReadPool) -> Result<ReadTxn> {
+        let conn = pool.get()?;
+        conn.execute_batch("BEGIN")?;
+        Ok(ReadTxn(conn))
+    }
+}
+
+impl std::ops::Deref for ReadTxn {
+    type Target = Connection;
+
+    fn deref(&self) -> &Connection {
+        &self.0
+    }
+}
+
+impl Drop for ReadTxn {
+    fn drop(&mut self) {
+        // A read transaction holds no change: ending it cannot lose anything, and the
+        // connection must go back to the pool outside any transaction.
+        if self.0.execute_batch("COMMIT").is_err() {
+            let _ = self.0.execute_batch("ROLLBACK");
         }
     }
 }
@@ -111,6 +144,45 @@ struct MessageOf {
 #[derive(serde::Deserialize)]
 struct MessagesOf {
     messages: Vec<Message>,
+}
+
+/// A message event's payload, its message kept as JSON text.
+#[derive(serde::Deserialize)]
+struct MessageTextOf<'a> {
+    #[serde(borrow)]
+    message: &'a serde_json::value::RawValue,
+}
+
+/// A replacement's payload, its messages kept as JSON text.
+#[derive(serde::Deserialize)]
+struct MessageTextsOf {
+    messages: Vec<Box<serde_json::value::RawValue>>,
+}
+
+/// A message of the transcript as stored, unparsed (see
+/// [`SessionReader::transcript_texts`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MessageText {
+    /// The payload of the `message/complete` or `message/upsert` event that recorded it,
+    /// as JSON text `{"message": <the message>}`: the message is its `message` member.
+    Payload(String),
+    /// The message's own JSON text (an item of a `history/replace`).
+    Message(String),
+}
+
+impl MessageText {
+    /// The message's JSON text, verbatim (found in a payload with one parsing pass).
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] for a payload without a `message` member.
+    pub fn message(&self) -> Result<&str> {
+        match self {
+            MessageText::Message(text) => Ok(text),
+            MessageText::Payload(text) => serde_json::from_str::<MessageTextOf<'_>>(text)
+                .map(|of| of.message.get())
+                .map_err(|e| Error::corrupt(format!("message payload: {e}"))),
+        }
+    }
 }
 
 #[derive(serde::Deserialize)]
@@ -664,6 +736,93 @@ impl SessionReader {
             before = oldest;
         }
         out.reverse();
+        Ok(out)
+    }
+
+    /// The newest `limit` messages of the UI transcript as of durable sequence `snapshot`,
+    /// oldest first (all of them for `usize::MAX`), unparsed: each the JSON text of the
+    /// event payload that holds it or its own (content parts spliced back, payloads over
+    /// 64 KiB read from their blobs); [`MessageText::message`] is what
+    /// [`SessionReader::transcript`] gives as [`Message::json`]. One read transaction and
+    /// one statement per file for the history index and the message events' payloads (a
+    /// replacement's payload is read once for all its items); the work follows `limit`,
+    /// not the session. For hosts that turn the JSON into something else (another
+    /// language's objects, a UI's) in one pass.
+    ///
+    /// # Errors
+    /// Read errors; [`Error::Corrupt`] for an index entry its event does not back.
+    pub fn transcript_texts(&self, snapshot: u64, limit: usize) -> Result<Vec<MessageText>> {
+        match self.read_texts(&self.layout(), snapshot, limit) {
+            // An ancestor may have been deleted after its range was copied here.
+            Err(e) if self.reload_layout()? => {
+                drop(e);
+                self.read_texts(&self.layout(), snapshot, limit)
+            }
+            other => other,
+        }
+    }
+
+    fn read_texts(&self, layout: &Layout, snapshot: u64, limit: usize) -> Result<Vec<MessageText>> {
+        let segments: Vec<&Segment> = layout
+            .segments
+            .iter()
+            .filter(|s| s.after < snapshot)
+            .collect();
+        let txns = segments
+            .iter()
+            .map(|seg| ReadTxn::begin(&seg.pool))
+            .collect::<Result<Vec<_>>>()?;
+        let mut epoch = 0;
+        for (seg, conn) in segments.iter().zip(&txns) {
+            if let Some(e) = read::read_history_epoch(conn, seg.after, seg.through.min(snapshot))? {
+                epoch = epoch.max(e);
+            }
+        }
+        // Every file's entries, newest position first and, for one position, newest event
+        // first: the first entry of each position is the current one.
+        let mut entries: Vec<(read::HistoryText, &ReadTxn)> = Vec::new();
+        for (seg, conn) in segments.iter().zip(&txns) {
+            if seg.through < epoch {
+                continue;
+            }
+            let bounds = (seg.after, seg.through.min(snapshot));
+            let texts = read::read_history_texts(conn, bounds, epoch, u64::MAX, limit)?;
+            entries.extend(texts.into_iter().map(|t| (t, conn)));
+        }
+        entries.sort_unstable_by(|(a, _), (b, _)| {
+            (b.position, b.event_seq).cmp(&(a.position, a.event_seq))
+        });
+        entries.dedup_by_key(|(t, _)| t.position);
+        entries.truncate(limit);
+        let mut out = Vec::with_capacity(entries.len());
+        // The positions of one `history/replace` are adjacent: its payload is read once.
+        let mut replaced: Option<(u64, Vec<Box<serde_json::value::RawValue>>)> = None;
+        for (entry, conn) in entries.into_iter().rev() {
+            let seq = entry.event_seq;
+            let bad = |e: serde_json::Error| Error::corrupt(format!("event {seq}: {e}"));
+            let Some(i) = entry.item else {
+                out.push(MessageText::Payload(match entry.payload {
+                    Some(text) => text,
+                    None => read::read_payload_text(conn, seq)?,
+                }));
+                continue;
+            };
+            let items = match &replaced {
+                Some((at, items)) if *at == seq => items,
+                _ => {
+                    let text = read::read_payload_text(conn, seq)?;
+                    let of: MessageTextsOf = serde_json::from_str(&text).map_err(bad)?;
+                    &replaced.insert((seq, of.messages)).1
+                }
+            };
+            let item = usize::try_from(i)
+                .ok()
+                .and_then(|i| items.get(i))
+                .ok_or_else(|| {
+                    Error::corrupt(format!("history item {i} of event {seq} is missing"))
+                })?;
+            out.push(MessageText::Message(item.get().to_owned()));
+        }
         Ok(out)
     }
 
