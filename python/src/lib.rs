@@ -517,6 +517,18 @@ impl Root {
     }
 }
 
+/// `{"position", "message_id", "event_seq"}` of a transcript entry.
+fn entry_dict<'py>(
+    py: Python<'py>,
+    entry: &session_store::TranscriptEntry,
+) -> NativeResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    dict.set_item("position", entry.position)?;
+    dict.set_item("message_id", &entry.message_id)?;
+    dict.set_item("event_seq", entry.event_seq)?;
+    Ok(dict)
+}
+
 /// A file's identity (device, inode): a session file replaced under the same path (the
 /// session deleted and made again) is another file.
 type FileId = (u64, u64);
@@ -584,6 +596,58 @@ impl Reader {
     /// The last durable sequence.
     fn durable_sequence(&self, py: Python<'_>) -> NativeResult<u64> {
         detached(py, || self.read(SessionReader::durable_sequence))
+    }
+
+    /// The number of messages in the transcript as of durable sequence `snapshot`.
+    fn transcript_len(&self, py: Python<'_>, snapshot: u64) -> NativeResult<u64> {
+        detached(py, || self.read(|r| r.transcript_len(snapshot)))
+    }
+
+    /// The message at 1-based `position` as of `snapshot`:
+    /// `{"position", "message_id", "event_seq"}` or None.
+    fn transcript_entry<'py>(
+        &self,
+        py: Python<'py>,
+        snapshot: u64,
+        position: u64,
+    ) -> NativeResult<Option<Bound<'py, PyDict>>> {
+        let entry = detached(py, || self.read(|r| r.transcript_entry(snapshot, position)))?;
+        entry.map(|e| entry_dict(py, &e)).transpose()
+    }
+
+    /// Where the message `message_id` is as of `snapshot` (as `transcript_entry`), or None.
+    fn transcript_find<'py>(
+        &self,
+        py: Python<'py>,
+        snapshot: u64,
+        message_id: &str,
+    ) -> NativeResult<Option<Bound<'py, PyDict>>> {
+        let entry = detached(py, || self.read(|r| r.transcript_find(snapshot, message_id)))?;
+        entry.map(|e| entry_dict(py, &e)).transpose()
+    }
+
+    /// Whether the transcript as of `earlier` is exactly the first `len` messages of the
+    /// one as of `later`, told from the history index.
+    fn transcript_prefix_kept(
+        &self,
+        py: Python<'_>,
+        earlier: u64,
+        later: u64,
+        len: u64,
+    ) -> NativeResult<bool> {
+        detached(py, || {
+            self.read(|r| r.transcript_prefix_kept(earlier, later, len))
+        })
+    }
+
+    /// The ended turn holding sequence `seq` (JSON of a turn boundary), or None.
+    fn turn_holding(&self, py: Python<'_>, seq: u64) -> NativeResult<Option<String>> {
+        detached(py, || {
+            self.read(|r| r.turn_holding(seq))?
+                .as_ref()
+                .map(json)
+                .transpose()
+        })
     }
 
     /// The newest `limit` messages of the durable transcript (all for None), oldest first,

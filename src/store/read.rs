@@ -353,6 +353,99 @@ pub(crate) fn read_history_texts(
     Ok(out)
 }
 
+/// The current entry at `position` for events in `(after, through]` at or after `epoch`.
+pub(crate) fn read_history_at(
+    conn: &Connection,
+    (after, through): (u64, u64),
+    epoch: u64,
+    position: u64,
+) -> Result<Option<HistoryRow>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT position, event_seq, item, message_id, role, bytes FROM history
+             WHERE position = ?1 AND event_seq > ?2 AND event_seq <= ?3 AND event_seq >= ?4
+             ORDER BY event_seq DESC LIMIT 1",
+        )?
+        .query_row(
+            params![
+                position.min(i64::MAX as u64),
+                after,
+                through.min(i64::MAX as u64),
+                epoch
+            ],
+            history_row,
+        )
+        .optional()?)
+}
+
+/// The newest entry of the message `message_id` for events in `(after, through]` at or
+/// after `epoch` (a scan of the index: it has no key on message ids).
+pub(crate) fn read_history_of(
+    conn: &Connection,
+    (after, through): (u64, u64),
+    epoch: u64,
+    message_id: &str,
+) -> Result<Option<HistoryRow>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT position, event_seq, item, message_id, role, bytes FROM history
+             WHERE message_id = ?1 AND event_seq > ?2 AND event_seq <= ?3 AND event_seq >= ?4
+             ORDER BY event_seq DESC LIMIT 1",
+        )?
+        .query_row(
+            params![message_id, after, through.min(i64::MAX as u64), epoch],
+            history_row,
+        )
+        .optional()?)
+}
+
+/// The highest position with an entry for events in `(after, through]` at or after
+/// `epoch` (read from the top of the index down to the first such entry).
+pub(crate) fn read_history_len(
+    conn: &Connection,
+    (after, through): (u64, u64),
+    epoch: u64,
+) -> Result<Option<u64>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT position FROM history
+             WHERE event_seq > ?1 AND event_seq <= ?2 AND event_seq >= ?3
+             ORDER BY position DESC LIMIT 1",
+        )?
+        .query_row(params![after, through.min(i64::MAX as u64), epoch], |r| {
+            r.get(0)
+        })
+        .optional()?)
+}
+
+/// Whether an entry at a position up to `position` was written by an event in
+/// `(after, through]`.
+pub(crate) fn history_changed_through(
+    conn: &Connection,
+    (after, through): (u64, u64),
+    position: u64,
+) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT 1 FROM history WHERE position <= ?1 AND event_seq > ?2 AND event_seq <= ?3",
+        )?
+        .exists(params![
+            position.min(i64::MAX as u64),
+            after,
+            through.min(i64::MAX as u64)
+        ])?)
+}
+
+/// The ended turn of this file that started last at or before `seq`.
+pub(crate) fn read_turn_started_by(conn: &Connection, seq: u64) -> Result<Option<TurnBoundary>> {
+    Ok(conn
+        .prepare_cached(&format!(
+            "SELECT {TURN_COLUMNS} FROM turns WHERE start_seq <= ?1 ORDER BY start_seq DESC LIMIT 1"
+        ))?
+        .query_row([seq.min(i64::MAX as u64)], turn_row)
+        .optional()?)
+}
+
 /// Every history row and transcript reset of this file for events in `(after, through]`,
 /// in `(event_seq, position)` order; `None` for a file older than the history index
 /// (schema version 1).
