@@ -55,5 +55,5 @@ pub use service::{
 pub use session::live::{PersistenceStatus, Session, SessionSnapshot};
 pub use session::pool::WRITER_THREADS;
 pub use store::read::{DependentFork, LineageEntry};
-pub use store::reader::SessionReader;
+pub use store::reader::{MessageText, SessionReader, TranscriptEntry};
 pub use store::schema::Durability;

@@ -1,6 +1,6 @@
 """Same-run comparison of session_store's adapters with the stores Python hosts use today.
 
-    target/python-venv/bin/python python/bench/peers.py [--rounds 5] [--quick]
+    target/python-venv/bin/python python/bench/peers.py [--rounds 5] [--quick] [--only adds|reads|branch|graph]
 
 One process, every store on the same local disk at the same durability (SQLite
 ``synchronous=FULL``; session_store's default ``durability="full"``), the same items
@@ -316,18 +316,29 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="sizes / 10 (smoke run)")
     parser.add_argument("--dir", help="work folder (default: a temporary one, removed)")
+    parser.add_argument(
+        "--only",
+        choices=["adds", "reads", "branch", "graph"],
+        action="append",
+        help="run only these measures (repeatable; default: all)",
+    )
     args = parser.parse_args()
+    only = set(args.only or ["adds", "reads", "branch", "graph"])
     scale = 10 if args.quick else 1
     workdir = args.dir or tempfile.mkdtemp(prefix="sse-peers-")
     os.makedirs(workdir, exist_ok=True)
     bench = Bench(workdir, args.rounds, scale)
     print(f"python {sys.version.split()[0]}, {args.rounds} rounds, work folder {workdir}")
     try:
-        bench.add_items(1, 200 // scale)
-        bench.add_items(64, 50 // scale)
-        bench.get_items(20_000 // scale, 3)
-        bench.branch(20_000 // scale)
-        bench.graph_steps(1_000 // scale, 10)
+        if "adds" in only:
+            bench.add_items(1, 200 // scale)
+            bench.add_items(64, 50 // scale)
+        if "reads" in only:
+            bench.get_items(20_000 // scale, 3)
+        if "branch" in only:
+            bench.branch(20_000 // scale)
+        if "graph" in only:
+            bench.graph_steps(1_000 // scale, 10)
     finally:
         if not args.dir:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -226,13 +226,36 @@ class Session:
 
 
 class SessionReader:
-    """Lock-free reads of one session's durable state (any number, beside its writer)."""
+    """Lock-free reads of one session's durable state (any number, beside its writer).
 
-    __slots__ = ("_root", "id")
+    Its read connections are opened at the first :meth:`messages` and kept for the next
+    calls (a session deleted and made again under the same id is noticed and reopened).
+    """
+
+    __slots__ = ("_native_reader", "_root", "id")
 
     def __init__(self, root: Root, session_id: str) -> None:
         self._root = root
         self.id = session_id
+        self._native_reader: _native.Reader | None = None
+
+    @property
+    def _native(self) -> _native.Reader:
+        if self._native_reader is None:
+            self._native_reader = self._root._native.reader(self.id)
+        return self._native_reader
+
+    def messages(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """The newest ``limit`` messages of the durable transcript (all when None), oldest
+        first, each as ``json.loads`` gives it (messages over 64 KiB included). The work
+        follows ``limit``, not the session's length."""
+        if limit is not None and limit <= 0:
+            return []
+        return self._native.messages(limit)
+
+    async def amessages(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """:meth:`messages` in a worker thread."""
+        return await _to_thread(self.messages, limit)
 
     def history(self, cursor: str | None = None, limit: int = 100) -> dict[str, Any]:
         """:meth:`Root.history` of this session."""

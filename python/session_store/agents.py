@@ -60,10 +60,6 @@ __all__ = ["ITEM_ID_KEY", "SessionStoreSession"]
 #: The key under which an item's own ``id`` is kept (the message ``id`` is the store's).
 ITEM_ID_KEY = "sse_item_id"
 
-#: Largest history page the store serves.
-_PAGE = 500
-
-
 class _SharedWriter:
     """The one writer of a session in this process, shared by its adapters."""
 
@@ -143,6 +139,7 @@ class SessionStoreSession:
             from agents.memory.session_settings import coerce_session_settings
 
             self.session_settings = coerce_session_settings(session_settings)
+        self._reader = self.root.reader(session_id)  # its connections stay open
         self._shared = _acquire_writer(self.root, session_id)
         self._lock = self._shared.lock
         # Releases this adapter's share once: on close() or when it is garbage-collected.
@@ -173,7 +170,12 @@ class SessionStoreSession:
         """:meth:`get_items`, blocking."""
         if limit is None and self.session_settings is not None:
             limit = self.session_settings.limit
-        return [_to_item(m) for m in self._messages(limit)]
+        if limit is not None and limit <= 0:
+            return []
+        try:
+            return self._reader._native.messages(limit, ITEM_ID_KEY)
+        except NotFound:
+            return []
 
     def add_items_sync(self, items: list[Any]) -> None:
         """:meth:`add_items`, blocking."""
@@ -229,16 +231,27 @@ class SessionStoreSession:
         ``add_items`` turn without copying it; when that turn added more items (or later
         ones were popped), one ``history/replace`` trims the new session to the kept items.
         """
+        if isinstance(after_item, bool) or not isinstance(after_item, (int, str)):
+            raise TypeError("after_item must be an item index (int) or an item id (str)")
         with self._lock:
             if self._shared.session is not None:
                 self._shared.session.flush()
-            messages = self._messages(None)
-            index = self._index_of(messages, after_item)
-            kept = messages[: index + 1]
-            turn = self._turn_of(kept[-1]["id"])
-            child = self.root.fork(self.session_id, after_turn=turn, child=new_session_id)
+            # The item and its turn from the history and turn indexes: no item is read.
+            reader = self._reader._native
+            try:
+                snapshot = reader.durable_sequence()
+            except NotFound:
+                snapshot = None
+            entry = self._entry(snapshot, after_item)
+            turn = self._turn_of(entry["message_id"])
+            child = self.root.fork(self.session_id, after_turn=turn["turn_id"], child=new_session_id)
+            position = entry["position"]
+            # The child holds the items up to the end of that turn: the kept ones exactly
+            # unless the turn added more after the item or a later change touched them.
+            shared = reader.transcript_prefix_kept(turn["boundary_sequence"], snapshot, position)
+            kept = [] if shared else self._messages(None)[:position]
         branch = SessionStoreSession(child, self.root, self.session_settings)
-        if branch._messages(None) != kept:
+        if not shared and branch._messages(None) != kept:
             with branch._lock:
                 branch._replace(branch._open_writer(), kept)
         return branch
@@ -320,62 +333,38 @@ class SessionStoreSession:
 
     def _messages(self, limit: int | None) -> list[dict[str, Any]]:
         """The latest ``limit`` stored messages (all for None), oldest first."""
-        if limit is not None and limit <= 0:
-            return []
-        if limit is None:
-            # One call for the whole transcript: fewer round trips than the pages.
-            try:
-                return self.root.transcript(self.session_id)
-            except NotFound:
-                return []
-        pages: list[list[dict[str, Any]]] = []
-        wanted: int = limit
-        cursor: str | None = None
         try:
-            while True:
-                size = min(wanted, _PAGE)
-                page = self.root.history(self.session_id, cursor=cursor, limit=size)
-                pages.append([self._body(m) for m in page["messages"]])
-                wanted -= len(page["messages"])
-                cursor = page["next_cursor"]
-                if cursor is None or wanted == 0:
-                    break
+            return self._reader.messages(limit)
         except NotFound:
             return []
-        return [m for page in reversed(pages) for m in page]
 
-    def _body(self, row: Mapping[str, Any]) -> dict[str, Any]:
-        if row["inline"] is not None:
-            return row["inline"]
-        # A message over 64 KiB: the payload of the event that recorded it.
-        payload = json.loads(self.root.read_content(self.session_id, row["content_ref"]["digest"]))
-        if "message" in payload:
-            return payload["message"]
-        for message in payload.get("messages", []):
-            if message.get("id") == row["message_id"]:
-                return message
-        raise SessionStoreError(f"message {row['message_id']!r} not found in its content")
-
-    @staticmethod
-    def _index_of(messages: list[dict[str, Any]], after_item: int | str) -> int:
-        if isinstance(after_item, bool) or not isinstance(after_item, (int, str)):
-            raise TypeError("after_item must be an item index (int) or an item id (str)")
+    def _entry(self, snapshot: int | None, after_item: int | str) -> dict[str, Any]:
+        """The transcript entry ``{"position", "message_id", "event_seq"}`` of
+        ``after_item`` (an index, negative from the end, or an item id) as of ``snapshot``
+        (None: the session does not exist yet)."""
+        reader = self._reader._native
         if isinstance(after_item, str):
-            for i, m in enumerate(messages):
-                if m["id"] == after_item:
-                    return i
-            raise NotFound(f"item {after_item!r} is not in the session")
-        index = after_item + len(messages) if after_item < 0 else after_item
-        if not 0 <= index < len(messages):
-            raise IndexError(f"item index {after_item} out of range ({len(messages)} items)")
-        return index
+            found = None if snapshot is None else reader.transcript_find(snapshot, after_item)
+            if found is None:
+                raise NotFound(f"item {after_item!r} is not in the session")
+            return found
+        count = 0 if snapshot is None else reader.transcript_len(snapshot)
+        index = after_item + count if after_item < 0 else after_item
+        if not 0 <= index < count:
+            raise IndexError(f"item index {after_item} out of range ({count} items)")
+        entry = reader.transcript_entry(snapshot, index + 1)
+        if entry is None:
+            raise SessionStoreError(f"item {index} is missing from the history index")
+        return entry
 
-    def _turn_of(self, message_id: str) -> str:
+    def _turn_of(self, message_id: str) -> dict[str, Any]:
         """The turn whose ``add_items`` commit added the message ``i<seq>``."""
         if not (message_id.startswith("i") and message_id[1:].isdigit()):
             raise InvalidInput(f"invalid input: {message_id!r} is not an item id of this adapter")
         seq = int(message_id[1:])
-        for turn in self.root.turns(self.session_id):
+        turn = self._reader._native.turn_holding(seq)
+        if turn is not None:
+            turn = json.loads(turn)
             if turn["start_sequence"] < seq < turn["end_sequence"]:
-                return turn["turn_id"]
+                return turn
         raise SessionStoreError(f"no completed turn holds item {message_id!r}")

@@ -7,18 +7,21 @@
 //! [`session_store::Error`] becomes an instance of the exception class of its variant.
 //! The Pythonic API (dicts, context managers, async variants) is `session_store/__init__.py`.
 
-use std::path::PathBuf;
-use std::sync::OnceLock;
+mod pyjson;
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::{PyBytes, PyDict, PyList};
 use serde::Serialize;
 use session_store::{
     Batch, CancelToken, CreateOptions, Durability, Error, ForkPoint, ImportOptions, Service,
-    SessionId, SessionQuery, StoreOptions,
+    SessionId, SessionQuery, SessionReader, StoreOptions,
 };
 
 create_exception!(
@@ -325,6 +328,15 @@ impl Root {
         })
     }
 
+    /// A reader of one session's durable state, kept open across calls.
+    fn reader(&self, py: Python<'_>, session_id: &str) -> NativeResult<Reader> {
+        Ok(Reader {
+            root: self.service.root().clone(),
+            id: self::session_id(session_id).map_err(|e| to_py(py, e))?,
+            open: Mutex::new(None),
+        })
+    }
+
     /// One page of sessions after `cursor` (JSON of a `SessionPage`).
     #[pyo3(signature = (cursor=None, limit=50))]
     fn list(&self, py: Python<'_>, cursor: Option<String>, limit: usize) -> NativeResult<String> {
@@ -505,6 +517,161 @@ impl Root {
     }
 }
 
+/// `{"position", "message_id", "event_seq"}` of a transcript entry.
+fn entry_dict<'py>(
+    py: Python<'py>,
+    entry: &session_store::TranscriptEntry,
+) -> NativeResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    dict.set_item("position", entry.position)?;
+    dict.set_item("message_id", &entry.message_id)?;
+    dict.set_item("event_seq", entry.event_seq)?;
+    Ok(dict)
+}
+
+/// A file's identity (device, inode): a session file replaced under the same path (the
+/// session deleted and made again) is another file.
+type FileId = (u64, u64);
+
+fn file_id(file: &Path) -> session_store::Result<FileId> {
+    let m = std::fs::metadata(file).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => Error::SessionNotFound(file.display().to_string()),
+        _ => Error::Io {
+            context: format!("reading the metadata of {}", file.display()),
+            source: std::sync::Arc::new(e),
+        },
+    })?;
+    Ok((m.dev(), m.ino()))
+}
+
+/// Lock-free reads of one session's durable state (`session_store.SessionReader` uses it):
+/// its read connections stay open between calls. Each call checks, with one `stat`, that
+/// the session file is still the one opened (else opens it again); a read that fails is
+/// retried once on a fresh open.
+#[pyclass(frozen, module = "session_store._native")]
+struct Reader {
+    root: session_store::Root,
+    id: SessionId,
+    open: Mutex<Option<(SessionReader, FileId)>>,
+}
+
+impl Reader {
+    /// The open reader, (re)opened when missing, stale or `fresh` is asked.
+    fn current(&self, fresh: bool) -> session_store::Result<SessionReader> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if !fresh
+            && let Some((reader, id)) = open.as_ref()
+            && file_id(reader.file()).is_ok_and(|now| now == *id)
+        {
+            return Ok(reader.clone());
+        }
+        *open = None;
+        let reader = self.root.open_reader(&self.id)?;
+        let id = file_id(reader.file())?;
+        *open = Some((reader.clone(), id));
+        Ok(reader)
+    }
+
+    /// Runs `f` on the reader, once more on a fresh one when it fails (a session missing
+    /// now is [`Error::SessionNotFound`]).
+    fn read<T>(
+        &self,
+        f: impl Fn(&SessionReader) -> session_store::Result<T>,
+    ) -> session_store::Result<T> {
+        match f(&self.current(false)?) {
+            Ok(v) => Ok(v),
+            Err(_) => f(&self.current(true)?),
+        }
+    }
+}
+
+#[pymethods]
+impl Reader {
+    /// The session id.
+    #[getter]
+    fn id(&self) -> String {
+        self.id.to_string()
+    }
+
+    /// The last durable sequence.
+    fn durable_sequence(&self, py: Python<'_>) -> NativeResult<u64> {
+        detached(py, || self.read(SessionReader::durable_sequence))
+    }
+
+    /// The number of messages in the transcript as of durable sequence `snapshot`.
+    fn transcript_len(&self, py: Python<'_>, snapshot: u64) -> NativeResult<u64> {
+        detached(py, || self.read(|r| r.transcript_len(snapshot)))
+    }
+
+    /// The message at 1-based `position` as of `snapshot`:
+    /// `{"position", "message_id", "event_seq"}` or None.
+    fn transcript_entry<'py>(
+        &self,
+        py: Python<'py>,
+        snapshot: u64,
+        position: u64,
+    ) -> NativeResult<Option<Bound<'py, PyDict>>> {
+        let entry = detached(py, || self.read(|r| r.transcript_entry(snapshot, position)))?;
+        entry.map(|e| entry_dict(py, &e)).transpose()
+    }
+
+    /// Where the message `message_id` is as of `snapshot` (as `transcript_entry`), or None.
+    fn transcript_find<'py>(
+        &self,
+        py: Python<'py>,
+        snapshot: u64,
+        message_id: &str,
+    ) -> NativeResult<Option<Bound<'py, PyDict>>> {
+        let entry = detached(py, || self.read(|r| r.transcript_find(snapshot, message_id)))?;
+        entry.map(|e| entry_dict(py, &e)).transpose()
+    }
+
+    /// Whether the transcript as of `earlier` is exactly the first `len` messages of the
+    /// one as of `later`, told from the history index.
+    fn transcript_prefix_kept(
+        &self,
+        py: Python<'_>,
+        earlier: u64,
+        later: u64,
+        len: u64,
+    ) -> NativeResult<bool> {
+        detached(py, || {
+            self.read(|r| r.transcript_prefix_kept(earlier, later, len))
+        })
+    }
+
+    /// The ended turn holding sequence `seq` (JSON of a turn boundary), or None.
+    fn turn_holding(&self, py: Python<'_>, seq: u64) -> NativeResult<Option<String>> {
+        detached(py, || {
+            self.read(|r| r.turn_holding(seq))?
+                .as_ref()
+                .map(json)
+                .transpose()
+        })
+    }
+
+    /// The newest `limit` messages of the durable transcript (all for None), oldest first,
+    /// as Python objects (what `json.loads` of each message gives). With `item_id_key`,
+    /// each message becomes a session item: its `id` dropped, `item_id_key` renamed `id`.
+    #[pyo3(signature = (limit=None, item_id_key=None))]
+    fn messages<'py>(
+        &self,
+        py: Python<'py>,
+        limit: Option<usize>,
+        item_id_key: Option<&str>,
+    ) -> NativeResult<Bound<'py, PyList>> {
+        let texts = detached(py, || {
+            self.read(|r| r.transcript_texts(r.durable_sequence()?, limit.unwrap_or(usize::MAX)))
+        })?;
+        let out = PyList::empty(py);
+        let keys = pyjson::Keys::new(py);
+        for text in &texts {
+            out.append(pyjson::message(&keys, text, item_id_key)?)?;
+        }
+        Ok(out)
+    }
+}
+
 /// A session opened for writing (`session_store.Session` wraps it).
 #[pyclass(frozen, module = "session_store._native")]
 struct Session {
@@ -589,6 +756,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<Root>()?;
     m.add_class::<Session>()?;
+    m.add_class::<Reader>()?;
     m.add_function(wrap_pyfunction!(verify, m)?)?;
     m.add("SessionStoreError", py.get_type::<SessionStoreError>())?;
     m.add("InvalidInput", py.get_type::<InvalidInput>())?;

@@ -321,3 +321,23 @@ def test_runner_conversation_with_tool_calls(root):
     assert run(SessionStoreSession("conversation", root.path).get_items()) == items
     assert session_store.verify(os.path.join(root.path, "conversation"))["commits"] >= 2
     assert root.list()["sessions"][0]["preview"] == "Weather in Paris?"
+
+
+def test_reads_follow_the_session_when_it_is_made_again(root):
+    async def main():
+        s = SessionStoreSession("again", root)
+        await s.add_items([user("a"), user("b")])
+        assert await s.get_items(1) == [user("b")]
+        s.close()
+        root.delete("again")
+        reader = SessionStoreSession("again", root)
+        assert await reader.get_items() == []
+        writer = SessionStoreSession("again", root)
+        await writer.add_items([user("c")])
+        # The first adapter's kept reader sees the new file, not the deleted one.
+        assert await reader.get_items() == [user("c")]
+        assert await reader.get_items(5) == [user("c")]
+        writer.close()
+        reader.close()
+
+    run(main())

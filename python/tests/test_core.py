@@ -309,3 +309,54 @@ def test_delete_waits_for_the_writer_then_gives_up(root):
         root.delete("held", wait=0.2)
     writer.close()
     root.delete("held", wait=0.2)
+
+
+def test_reader_messages_are_what_json_loads_gives(root):
+    # Values where a JSON reader other than Python's could differ: big and negative
+    # integers, -0.0, floats at the edges, escapes, non-ASCII, nesting, a 64 KiB+ message.
+    odd = {
+        "id": "odd",
+        "role": "user",
+        "content": "é 😀 \u0000 \"q\" \\ \n",
+        "n": [12345678901234567890123, -9223372036854775809, 18446744073709551615, -5, 0],
+        "f": [-0.0, 0.1, 1e308, 1.7976931348623157e308, 5e-324, 2.5e-8, 1e22],
+        "deep": {"a": [{"b": None, "c": True, "d": False}], "": {}},
+    }
+    big = msg(2, content="x" * 70_000)
+    with root.create("odd") as s:
+        s.append(turn("t1", odd, big, msg(3)), operation_id="op-1", turn_id="t1")
+        s.append(
+            [{"kind": "message/upsert", "payload": {"message": {**msg(3), "content": "v2"}}}],
+            operation_id="op-2",
+        )
+        s.flush()
+    reader = root.reader("odd")
+    got = reader.messages()
+    assert got == root.transcript("odd") == [odd, big, {**msg(3), "content": "v2"}]
+    assert repr(got[0]) == repr(odd)  # -0.0 stays a float with its sign, ints stay ints
+    assert [type(v) for v in got[0]["n"]] == [int] * 5
+    assert reader.messages(2) == got[1:]
+    assert reader.messages(0) == [] and reader.messages(-1) == []
+    # A replacement's items come from its one payload.
+    with root.open("odd") as s:
+        s.append(
+            [{"kind": "history/replace", "payload": {"messages": [odd, msg(9)]}}],
+            operation_id="op-3",
+        )
+    assert reader.messages() == [odd, msg(9)]
+    assert repr(reader.messages(2)[0]) == repr(odd)
+
+
+def test_a_kept_reader_follows_a_session_made_again(root):
+    with root.create("again") as s:
+        s.append(turn("t1", msg(1)), operation_id="op-1", turn_id="t1")
+    reader = root.reader("again")
+    assert reader.messages() == [msg(1)]
+    root.delete("again")
+    with pytest.raises(session_store.NotFound):
+        reader.messages()
+    with root.create("again") as s:
+        s.append(turn("t1", msg(2)), operation_id="op-1", turn_id="t1")
+    assert reader.messages() == [msg(2)]
+    with pytest.raises(session_store.InvalidInput):
+        root.reader("../bad").messages()

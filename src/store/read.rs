@@ -282,6 +282,170 @@ pub(crate) fn read_history_rows(
     Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
 }
 
+/// A transcript entry as [`read_history_texts`] reads it: the event that put a message at
+/// a position, and the message's source text.
+#[derive(Debug)]
+pub(crate) struct HistoryText {
+    /// 1-based transcript position.
+    pub position: u64,
+    /// The event that put the message there.
+    pub event_seq: u64,
+    /// Index in the payload's `messages` array (replacements only).
+    pub item: Option<u64>,
+    /// For a message event (`item` None) whose payload is inline: its text, content parts
+    /// spliced back. `None` for a replacement's item (its `messages` payload is shared by
+    /// many entries: read it once, by sequence) and for a payload stored as a blob.
+    pub payload: Option<String>,
+}
+
+/// The entries [`read_history_rows`] reads and the payloads of the message events they
+/// name, in one statement: the newest entry per position below `before`, for events in
+/// `(after, through]` at or after `epoch`, newest positions first, at most `limit`.
+pub(crate) fn read_history_texts(
+    conn: &Connection,
+    (after, through): (u64, u64),
+    epoch: u64,
+    before: u64,
+    limit: usize,
+) -> Result<Vec<HistoryText>> {
+    // The index in its key order (position, then event, both descending) joined to the
+    // events: no grouping, no sort; the first row of a position is its current entry and
+    // the read stops after `limit` positions. `payload_parts` exists from schema version 3
+    // on: a file older than that (until a writer upgrades it) is read without it.
+    let sql = |parts: &str| {
+        format!(
+            "SELECT h.position, h.event_seq, h.item,
+                    CASE WHEN h.item IS NULL THEN e.payload END, {parts}
+             FROM history h LEFT JOIN events e ON e.seq = h.event_seq
+             WHERE h.position < ?1 AND h.event_seq > ?2 AND h.event_seq <= ?3
+               AND h.event_seq >= ?4
+             ORDER BY h.position DESC, h.event_seq DESC"
+        )
+    };
+    let mut stmt =
+        match conn.prepare_cached(&sql("CASE WHEN h.item IS NULL THEN e.payload_parts END")) {
+            Ok(stmt) => stmt,
+            Err(_) => conn.prepare_cached(&sql("NULL"))?,
+        };
+    let mut rows = stmt.query(params![
+        before.min(i64::MAX as u64),
+        after,
+        through.min(i64::MAX as u64),
+        epoch
+    ])?;
+    let mut out: Vec<HistoryText> = Vec::new();
+    let mut cache = PartCache::default();
+    while out.len() < limit
+        && let Some(r) = rows.next()?
+    {
+        let position = r.get(0)?;
+        if out.last().is_some_and(|t| t.position == position) {
+            continue; // an older entry of the same position
+        }
+        let event_seq = r.get(1)?;
+        out.push(HistoryText {
+            position,
+            event_seq,
+            item: r.get(2)?,
+            payload: stored_text(conn, event_seq, r.get(3)?, r.get(4)?, &mut cache)?,
+        });
+    }
+    Ok(out)
+}
+
+/// The current entry at `position` for events in `(after, through]` at or after `epoch`.
+pub(crate) fn read_history_at(
+    conn: &Connection,
+    (after, through): (u64, u64),
+    epoch: u64,
+    position: u64,
+) -> Result<Option<HistoryRow>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT position, event_seq, item, message_id, role, bytes FROM history
+             WHERE position = ?1 AND event_seq > ?2 AND event_seq <= ?3 AND event_seq >= ?4
+             ORDER BY event_seq DESC LIMIT 1",
+        )?
+        .query_row(
+            params![
+                position.min(i64::MAX as u64),
+                after,
+                through.min(i64::MAX as u64),
+                epoch
+            ],
+            history_row,
+        )
+        .optional()?)
+}
+
+/// The newest entry of the message `message_id` for events in `(after, through]` at or
+/// after `epoch` (a scan of the index: it has no key on message ids).
+pub(crate) fn read_history_of(
+    conn: &Connection,
+    (after, through): (u64, u64),
+    epoch: u64,
+    message_id: &str,
+) -> Result<Option<HistoryRow>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT position, event_seq, item, message_id, role, bytes FROM history
+             WHERE message_id = ?1 AND event_seq > ?2 AND event_seq <= ?3 AND event_seq >= ?4
+             ORDER BY event_seq DESC LIMIT 1",
+        )?
+        .query_row(
+            params![message_id, after, through.min(i64::MAX as u64), epoch],
+            history_row,
+        )
+        .optional()?)
+}
+
+/// The highest position with an entry for events in `(after, through]` at or after
+/// `epoch` (read from the top of the index down to the first such entry).
+pub(crate) fn read_history_len(
+    conn: &Connection,
+    (after, through): (u64, u64),
+    epoch: u64,
+) -> Result<Option<u64>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT position FROM history
+             WHERE event_seq > ?1 AND event_seq <= ?2 AND event_seq >= ?3
+             ORDER BY position DESC LIMIT 1",
+        )?
+        .query_row(params![after, through.min(i64::MAX as u64), epoch], |r| {
+            r.get(0)
+        })
+        .optional()?)
+}
+
+/// Whether an entry at a position up to `position` was written by an event in
+/// `(after, through]`.
+pub(crate) fn history_changed_through(
+    conn: &Connection,
+    (after, through): (u64, u64),
+    position: u64,
+) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT 1 FROM history WHERE position <= ?1 AND event_seq > ?2 AND event_seq <= ?3",
+        )?
+        .exists(params![
+            position.min(i64::MAX as u64),
+            after,
+            through.min(i64::MAX as u64)
+        ])?)
+}
+
+/// The ended turn of this file that started last at or before `seq`.
+pub(crate) fn read_turn_started_by(conn: &Connection, seq: u64) -> Result<Option<TurnBoundary>> {
+    Ok(conn
+        .prepare_cached(&format!(
+            "SELECT {TURN_COLUMNS} FROM turns WHERE start_seq <= ?1 ORDER BY start_seq DESC LIMIT 1"
+        ))?
+        .query_row([seq.min(i64::MAX as u64)], turn_row)
+        .optional()?)
+}
+
 /// Every history row and transcript reset of this file for events in `(after, through]`,
 /// in `(event_seq, position)` order; `None` for a file older than the history index
 /// (schema version 1).

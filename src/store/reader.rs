@@ -61,6 +61,41 @@ impl ReadPool {
     }
 }
 
+/// A pooled read connection inside one read transaction (`BEGIN`, ended when dropped):
+/// the statements run through it share one snapshot and take the WAL read lock once,
+/// instead of once per statement.
+struct ReadTxn(PooledConnection<SqliteConnectionManager>);
+
+impl ReadTxn {
+    /// A connection of `pool` with a deferred read transaction begun.
+    fn begin(pool: &ReadPool) -> Result<ReadTxn> {
+        let conn = pool.get()?;
+        conn.execute_batch("BEGIN")?;
+        Ok(ReadTxn(conn))
+    }
+}
+
+impl std::ops::Deref for ReadTxn {
+    type Target = Connection;
+
+    fn deref(&self) -> &Connection {
+        &self.0
+    }
+}
+
+impl Drop for ReadTxn {
+    fn drop(&mut self) {
+        // A read transaction holds no change: ending it cannot lose anything, and the
+        // connection must go back to the pool outside any transaction.
+        if self.0.execute_batch("COMMIT").is_err() {
+            let _ = self.0.execute_batch("ROLLBACK");
+        }
+    }
+}
+
+/// A file in a read transaction and the range of sequences `(after, through]` read from it.
+type FileRange = (ReadTxn, (u64, u64));
+
 fn read_pool(file: &Path, access: Access) -> Result<ReadPool> {
     if !file.is_file() {
         return Err(Error::SessionNotFound(file.display().to_string()));
@@ -112,6 +147,67 @@ struct MessageOf {
 #[derive(serde::Deserialize)]
 struct MessagesOf {
     messages: Vec<Message>,
+}
+
+/// A message's place in the transcript (see [`SessionReader::transcript_entry`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct TranscriptEntry {
+    /// 1-based position.
+    pub position: u64,
+    /// The message id.
+    pub message_id: String,
+    /// The event that put the message there (a `message/*` event or a `history/replace`).
+    pub event_seq: u64,
+}
+
+impl TranscriptEntry {
+    fn of(row: HistoryRow) -> TranscriptEntry {
+        TranscriptEntry {
+            position: row.position,
+            message_id: row.message_id,
+            event_seq: row.event_seq,
+        }
+    }
+}
+
+/// A message event's payload, its message kept as JSON text.
+#[derive(serde::Deserialize)]
+struct MessageTextOf<'a> {
+    #[serde(borrow)]
+    message: &'a serde_json::value::RawValue,
+}
+
+/// A replacement's payload, its messages kept as JSON text.
+#[derive(serde::Deserialize)]
+struct MessageTextsOf {
+    messages: Vec<Box<serde_json::value::RawValue>>,
+}
+
+/// A message of the transcript as stored, unparsed (see
+/// [`SessionReader::transcript_texts`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MessageText {
+    /// The payload of the `message/complete` or `message/upsert` event that recorded it,
+    /// as JSON text `{"message": <the message>}`: the message is its `message` member.
+    Payload(String),
+    /// The message's own JSON text (an item of a `history/replace`).
+    Message(String),
+}
+
+impl MessageText {
+    /// The message's JSON text, verbatim (found in a payload with one parsing pass).
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] for a payload without a `message` member.
+    pub fn message(&self) -> Result<&str> {
+        match self {
+            MessageText::Message(text) => Ok(text),
+            MessageText::Payload(text) => serde_json::from_str::<MessageTextOf<'_>>(text)
+                .map(|of| of.message.get())
+                .map_err(|e| Error::corrupt(format!("message payload: {e}"))),
+        }
+    }
 }
 
 #[derive(serde::Deserialize)]
@@ -665,6 +761,275 @@ impl SessionReader {
         }
         out.reverse();
         Ok(out)
+    }
+
+    /// The newest `limit` messages of the UI transcript as of durable sequence `snapshot`,
+    /// oldest first (all of them for `usize::MAX`), unparsed: each the JSON text of the
+    /// event payload that holds it or its own (content parts spliced back, payloads over
+    /// 64 KiB read from their blobs); [`MessageText::message`] is what
+    /// [`SessionReader::transcript`] gives as [`Message::json`]. One read transaction and
+    /// one statement per file for the history index and the message events' payloads (a
+    /// replacement's payload is read once for all its items); the work follows `limit`,
+    /// not the session. For hosts that turn the JSON into something else (another
+    /// language's objects, a UI's) in one pass.
+    ///
+    /// # Errors
+    /// Read errors; [`Error::Corrupt`] for an index entry its event does not back.
+    pub fn transcript_texts(&self, snapshot: u64, limit: usize) -> Result<Vec<MessageText>> {
+        match self.read_texts(&self.layout(), snapshot, limit) {
+            // An ancestor may have been deleted after its range was copied here.
+            Err(e) if self.reload_layout()? => {
+                drop(e);
+                self.read_texts(&self.layout(), snapshot, limit)
+            }
+            other => other,
+        }
+    }
+
+    fn read_texts(&self, layout: &Layout, snapshot: u64, limit: usize) -> Result<Vec<MessageText>> {
+        let segments: Vec<&Segment> = layout
+            .segments
+            .iter()
+            .filter(|s| s.after < snapshot)
+            .collect();
+        let txns = segments
+            .iter()
+            .map(|seg| ReadTxn::begin(&seg.pool))
+            .collect::<Result<Vec<_>>>()?;
+        let mut epoch = 0;
+        for (seg, conn) in segments.iter().zip(&txns) {
+            if let Some(e) = read::read_history_epoch(conn, seg.after, seg.through.min(snapshot))? {
+                epoch = epoch.max(e);
+            }
+        }
+        // Every file's entries, newest position first and, for one position, newest event
+        // first: the first entry of each position is the current one.
+        let mut entries: Vec<(read::HistoryText, &ReadTxn)> = Vec::new();
+        for (seg, conn) in segments.iter().zip(&txns) {
+            if seg.through < epoch {
+                continue;
+            }
+            let bounds = (seg.after, seg.through.min(snapshot));
+            let texts = read::read_history_texts(conn, bounds, epoch, u64::MAX, limit)?;
+            entries.extend(texts.into_iter().map(|t| (t, conn)));
+        }
+        entries.sort_unstable_by(|(a, _), (b, _)| {
+            (b.position, b.event_seq).cmp(&(a.position, a.event_seq))
+        });
+        entries.dedup_by_key(|(t, _)| t.position);
+        entries.truncate(limit);
+        let mut out = Vec::with_capacity(entries.len());
+        // The positions of one `history/replace` are adjacent: its payload is read once.
+        let mut replaced: Option<(u64, Vec<Box<serde_json::value::RawValue>>)> = None;
+        for (entry, conn) in entries.into_iter().rev() {
+            let seq = entry.event_seq;
+            let bad = |e: serde_json::Error| Error::corrupt(format!("event {seq}: {e}"));
+            let Some(i) = entry.item else {
+                out.push(MessageText::Payload(match entry.payload {
+                    Some(text) => text,
+                    None => read::read_payload_text(conn, seq)?,
+                }));
+                continue;
+            };
+            let items = match &replaced {
+                Some((at, items)) if *at == seq => items,
+                _ => {
+                    let text = read::read_payload_text(conn, seq)?;
+                    let of: MessageTextsOf = serde_json::from_str(&text).map_err(bad)?;
+                    &replaced.insert((seq, of.messages)).1
+                }
+            };
+            let item = usize::try_from(i)
+                .ok()
+                .and_then(|i| items.get(i))
+                .ok_or_else(|| {
+                    Error::corrupt(format!("history item {i} of event {seq} is missing"))
+                })?;
+            out.push(MessageText::Message(item.get().to_owned()));
+        }
+        Ok(out)
+    }
+
+    /// The files holding sequences up to `snapshot`, each in a read transaction with the
+    /// range it holds (clipped to `snapshot`), and the newest transcript reset among them
+    /// (0 for none).
+    fn history_files(layout: &Layout, snapshot: u64) -> Result<(Vec<FileRange>, u64)> {
+        let files = layout
+            .segments
+            .iter()
+            .filter(|s| s.after < snapshot)
+            .map(|s| Ok((ReadTxn::begin(&s.pool)?, (s.after, s.through.min(snapshot)))))
+            .collect::<Result<Vec<_>>>()?;
+        let mut epoch = 0;
+        for (conn, (after, through)) in &files {
+            if let Some(e) = read::read_history_epoch(conn, *after, *through)? {
+                epoch = epoch.max(e);
+            }
+        }
+        Ok((files, epoch))
+    }
+
+    /// Runs `f` on the layout, once more on a re-read one when it fails and the lineage
+    /// changed (an ancestor deleted after its range was copied here).
+    fn with_layout<T>(&self, f: impl Fn(&Layout) -> Result<T>) -> Result<T> {
+        match f(&self.layout()) {
+            Err(e) if self.reload_layout()? => {
+                drop(e);
+                f(&self.layout())
+            }
+            other => other,
+        }
+    }
+
+    /// The number of messages in the UI transcript as of durable sequence `snapshot`,
+    /// from the history index (no message is read).
+    ///
+    /// # Errors
+    /// Read errors.
+    pub fn transcript_len(&self, snapshot: u64) -> Result<u64> {
+        self.with_layout(|layout| {
+            let (files, epoch) = Self::history_files(layout, snapshot)?;
+            let mut len = 0;
+            for (conn, bounds) in files.iter().filter(|(_, (_, t))| *t >= epoch) {
+                len = len.max(read::read_history_len(conn, *bounds, epoch)?.unwrap_or(0));
+            }
+            Ok(len)
+        })
+    }
+
+    /// The message at 1-based `position` of the UI transcript as of durable sequence
+    /// `snapshot` (`None` past its end), from the history index: a key lookup per file.
+    ///
+    /// # Errors
+    /// Read errors.
+    pub fn transcript_entry(
+        &self,
+        snapshot: u64,
+        position: u64,
+    ) -> Result<Option<TranscriptEntry>> {
+        self.with_layout(|layout| {
+            let (files, epoch) = Self::history_files(layout, snapshot)?;
+            let mut newest: Option<HistoryRow> = None;
+            for (conn, bounds) in files.iter().filter(|(_, (_, t))| *t >= epoch) {
+                if let Some(row) = read::read_history_at(conn, *bounds, epoch, position)?
+                    && newest.as_ref().is_none_or(|n| n.event_seq < row.event_seq)
+                {
+                    newest = Some(row);
+                }
+            }
+            Ok(newest.map(TranscriptEntry::of))
+        })
+    }
+
+    /// Where the message `message_id` is in the UI transcript as of durable sequence
+    /// `snapshot` (`None` when it is not there). Reads the history index through (it has
+    /// no key on message ids), no message.
+    ///
+    /// # Errors
+    /// Read errors.
+    pub fn transcript_find(
+        &self,
+        snapshot: u64,
+        message_id: &str,
+    ) -> Result<Option<TranscriptEntry>> {
+        let found = self.with_layout(|layout| {
+            let (files, epoch) = Self::history_files(layout, snapshot)?;
+            let mut newest: Option<HistoryRow> = None;
+            for (conn, bounds) in files.iter().filter(|(_, (_, t))| *t >= epoch) {
+                if let Some(row) = read::read_history_of(conn, *bounds, epoch, message_id)?
+                    && newest.as_ref().is_none_or(|n| n.event_seq < row.event_seq)
+                {
+                    newest = Some(row);
+                }
+            }
+            Ok(newest)
+        })?;
+        // Still there only when no later entry took its position.
+        let Some(row) = found else { return Ok(None) };
+        Ok(self
+            .transcript_entry(snapshot, row.position)?
+            .filter(|now| now.event_seq == row.event_seq && now.message_id == row.message_id))
+    }
+
+    /// Whether the UI transcript as of durable sequence `earlier` is exactly the first
+    /// `len` messages of the one as of `later` (`earlier <= later`): it holds `len`
+    /// messages, and no event in `(earlier, later]` replaced the transcript or changed one
+    /// of them. Told from the history index, without reading a message.
+    ///
+    /// # Errors
+    /// Read errors.
+    pub fn transcript_prefix_kept(&self, earlier: u64, later: u64, len: u64) -> Result<bool> {
+        if earlier > later {
+            return Ok(false);
+        }
+        // Positions run 1..=n without a gap: the transcript holds `len` messages when
+        // `len` has one and `len + 1` has none.
+        let holds = match len {
+            0 => self.transcript_len(earlier)? == 0,
+            _ => {
+                self.transcript_entry(earlier, len)?.is_some()
+                    && self.transcript_entry(earlier, len + 1)?.is_none()
+            }
+        };
+        if !holds || !self.no_reset(earlier, later)? {
+            return Ok(false);
+        }
+        self.with_layout(|layout| {
+            for seg in layout
+                .segments
+                .iter()
+                .filter(|s| s.after < later && s.through > earlier)
+            {
+                let conn = seg.pool.get()?;
+                let bounds = (seg.after.max(earlier), seg.through.min(later));
+                if read::history_changed_through(&conn, bounds, len)? {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        })
+    }
+
+    /// Whether no transcript reset happened in `(earlier, later]`.
+    fn no_reset(&self, earlier: u64, later: u64) -> Result<bool> {
+        self.with_layout(|layout| {
+            for seg in layout
+                .segments
+                .iter()
+                .filter(|s| s.after < later && s.through > earlier)
+            {
+                let conn = seg.pool.get()?;
+                let (after, through) = (seg.after.max(earlier), seg.through.min(later));
+                if read::read_history_epoch(&conn, after, through)?.is_some() {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        })
+    }
+
+    /// The ended turn whose events hold sequence `seq` (its `turn/start` at or before
+    /// `seq`, its `turn/end` at or after it), if any.
+    ///
+    /// # Errors
+    /// Read errors.
+    pub fn turn_holding(&self, seq: u64) -> Result<Option<TurnBoundary>> {
+        self.with_layout(|layout| {
+            let Some(seg) = layout
+                .segments
+                .iter()
+                .find(|s| s.after < seq && seq <= s.through)
+            else {
+                return Ok(None);
+            };
+            Ok(
+                read::read_turn_started_by(&*seg.pool.get()?, seq)?.filter(|t| {
+                    t.start_sequence > seg.after
+                        && t.end_sequence >= seq
+                        && t.end_sequence <= seg.through
+                }),
+            )
+        })
     }
 
     /// The raw bytes of a blob referenced by this session (searching its ancestors too).
