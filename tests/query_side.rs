@@ -289,3 +289,70 @@ async fn continue_legacy_tolerates_a_torn_last_line_and_reports_it() {
         1
     );
 }
+
+/// What a page of history needs to show its turns (issue 16): each message's event
+/// sequence, the turns overlapping a sequence range (also those a fork inherits), and a
+/// session's catalog entry without a fold, current after a change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_messages_carry_sequences_and_turns_overlap_them() {
+    let (_dir, service) = service();
+    let root = service.root().clone();
+    let session = root.create(CreateOptions::with_id(id("turny"))).unwrap();
+    for t in 1..=20 {
+        session
+            .append(common::turn(
+                &format!("op-{t}"),
+                &format!("turn-{t}"),
+                &format!("m{t}"),
+            ))
+            .unwrap();
+    }
+    // A message outside any turn after turn 20.
+    session
+        .append(Batch::new(
+            "loose",
+            vec![message("loose", "user", "outside")],
+        ))
+        .unwrap();
+    session.close().unwrap();
+    let r = service.session_ref(id("turny"));
+    let page = service.query().history_page(&r, None, 5).await.unwrap();
+    let seqs: Vec<u64> = page.messages.iter().map(|m| m.event_sequence).collect();
+    // Turn t holds sequences 3t-2..=3t, its message at 3t-1; the loose message is 61.
+    assert_eq!(seqs, [50, 53, 56, 59, 61]);
+    let reader = root.open_reader(&id("turny")).unwrap();
+    let turns = reader.turns_overlapping(50, 61).unwrap();
+    let names: Vec<&str> = turns.iter().map(|t| t.turn_id.as_str()).collect();
+    assert_eq!(names, ["turn-17", "turn-18", "turn-19", "turn-20"]);
+    assert_eq!(reader.turns_overlapping(61, 61).unwrap(), []);
+    assert_eq!(reader.turns_overlapping(2, 2).unwrap()[0].turn_id, "turn-1");
+    assert_eq!(reader.turns_overlapping(3, 4).unwrap().len(), 2);
+    // A fork after turn 10 sees the inherited turns up to its cut, none after.
+    let fork = root
+        .fork(
+            &id("turny"),
+            session_store::ForkPoint::AfterTurn("turn-10".into()),
+            Some(id("turny-fork")),
+        )
+        .unwrap();
+    let fork_reader = root.open_reader(&fork).unwrap();
+    let inherited = fork_reader.turns_overlapping(1, 1000).unwrap();
+    assert_eq!(inherited.len(), 10);
+    assert_eq!(inherited.last().unwrap().turn_id, "turn-10");
+    // The catalog entry: as listed, refreshed after a rename, not found once deleted.
+    let entry = root.catalog_entry(&id("turny")).unwrap();
+    assert_eq!((entry.turns, entry.title.as_str()), (20, ""));
+    root.rename(&id("turny"), "Renamed").unwrap();
+    assert_eq!(root.catalog_entry(&id("turny")).unwrap().title, "Renamed");
+    assert_eq!(
+        root.catalog_entry(&fork).unwrap().parent_id,
+        Some(id("turny"))
+    );
+    assert!(
+        root.catalog_entry(&id("missing"))
+            .unwrap_err()
+            .is_not_found()
+    );
+    root.delete(&fork, &CancelToken::new()).unwrap();
+    assert!(root.catalog_entry(&fork).unwrap_err().is_not_found());
+}

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::UNIX_EPOCH;
 
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -538,6 +538,45 @@ impl Catalog {
             .execute(params![entry.session_id.as_str(), stamp, text])?;
             Ok(())
         })
+    }
+
+    /// One session's entry: the cached row when its stamp is current, else computed from
+    /// the file and stored. A catalog that cannot be used is bypassed (computed).
+    pub(crate) fn entry(&self, root: &Root, id: &SessionId) -> Result<CatalogEntry> {
+        let stamper = Stamper::open(root.path())?;
+        let current = stamper.stamp(id);
+        if current.starts_with(MISSING) {
+            return Err(Error::SessionNotFound(id.to_string()));
+        }
+        let cached = self
+            .with_conn(root, |c| {
+                Ok(
+                    c.prepare_cached("SELECT stamp, entry FROM sessions WHERE session_id = ?1")?
+                        .query_row([id.as_str()], |r| {
+                            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+                        })
+                        .optional()?,
+                )
+            })
+            .ok()
+            .flatten()
+            .filter(|(stamp, _)| *stamp == current)
+            .and_then(|(_, text)| serde_json::from_str::<CatalogEntry>(&text).ok());
+        if let Some(entry) = cached {
+            return Ok(entry);
+        }
+        match compute(root, &stamper, id) {
+            Computed::Entry(entry) => {
+                // The catalog is derived: a failed update only costs a recomputation.
+                let _ = row(&stamper, &entry).and_then(|r| self.put_row(root, &entry, &r));
+                Ok(*entry)
+            }
+            Computed::Gone => Err(Error::SessionNotFound(id.to_string())),
+            Computed::Unreadable(_) => root.open_reader(id).and_then(|reader| {
+                reader.projection()?;
+                Err(Error::corrupt(format!("session {id} cannot be read")))
+            }),
+        }
     }
 
     /// Drops a session's entry.
