@@ -95,8 +95,9 @@ pub fn fork_tree(tree: &ForkTree) -> Markup {
                     @let (x1, y1, x2, y2) = (px + NODE_W, py + NODE_H / 2.0, cx, cy + NODE_H / 2.0);
                     @let mid = (x1 + x2) / 2.0;
                     g.edge data-parent=(e.parent.as_str()) data-child=(e.child.as_str()) {
+                        title { (e.parent.as_str()) " → " (e.child.as_str()) ": " (e.label) }
                         path d=(format!("M{x1},{y1} C{mid},{y1} {mid},{y2} {x2},{y2}")) {}
-                        text x=(mid) y=(y2 - 6.0) text-anchor="middle" { (clip(&e.label, 28)) }
+                        text x=(x2 - 8.0) y=(y2 - 6.0) text-anchor="end" { (clip(&e.label, 14)) }
                     }
                 }
             }
