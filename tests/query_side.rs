@@ -6,7 +6,9 @@ mod common;
 use std::collections::HashSet;
 
 use common::{id, message};
-use session_store::{Batch, CancelToken, CreateOptions, Error, Root, Service, SessionRef};
+use session_store::{
+    Batch, CancelToken, CreateOptions, Error, ListFilter, ListSort, Root, Service, SessionRef,
+};
 
 fn service() -> (tempfile::TempDir, Service) {
     let dir = tempfile::tempdir().unwrap();
@@ -355,4 +357,60 @@ async fn history_messages_carry_sequences_and_turns_overlap_them() {
     );
     root.delete(&fork, &CancelToken::new()).unwrap();
     assert!(root.catalog_entry(&fork).unwrap_err().is_not_found());
+}
+
+/// `ListFilter::cached_only` (issue 16): a sorted page from the catalog as last
+/// refreshed, without stamping every session; a refreshing page brings it up to date; a
+/// deleted session is never returned either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_only_pages_skip_the_refresh_until_a_refreshing_page() {
+    let (_dir, service) = service();
+    let root = service.root().clone();
+    for name in ["a", "b", "c"] {
+        root.create(CreateOptions::with_id(id(name)))
+            .unwrap()
+            .close()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let newest_first = || ListFilter::default().with_sort(ListSort::Updated);
+    let order = |page: session_store::SessionPage| -> Vec<String> {
+        page.sessions
+            .into_iter()
+            .map(|s| s.session_ref.session_id.to_string())
+            .collect()
+    };
+    let q = service.query();
+    assert_eq!(
+        order(q.list_with(None, 10, newest_first()).await.unwrap()),
+        ["c", "b", "a"]
+    );
+    // "a" changes behind the catalog's back (a writer appends and stays open).
+    let writer = root.open_writer(&id("a")).unwrap();
+    writer
+        .append(Batch::new("op", vec![message("m", "user", "hi")]))
+        .unwrap();
+    writer.flush().unwrap();
+    let cached = q
+        .list_with(None, 10, newest_first().cached_only())
+        .await
+        .unwrap();
+    assert_eq!(order(cached), ["c", "b", "a"]);
+    assert_eq!(
+        order(q.list_with(None, 10, newest_first()).await.unwrap()),
+        ["a", "c", "b"]
+    );
+    writer.close().unwrap();
+    root.delete(&id("c"), &CancelToken::new()).unwrap();
+    let cached = q
+        .list_with(None, 10, newest_first().cached_only())
+        .await
+        .unwrap();
+    assert!(!order(cached).contains(&"c".to_owned()));
+    // The plain listing ignores the flag.
+    let plain = q
+        .list_with(None, 10, ListFilter::default().cached_only())
+        .await
+        .unwrap();
+    assert_eq!(order(plain), ["a", "b"]);
 }

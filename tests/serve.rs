@@ -569,3 +569,22 @@ fn bad_flags_and_a_missing_root_exit_with_their_codes() {
         Some(2)
     );
 }
+
+#[test]
+fn a_session_created_while_served_is_listed_within_seconds() {
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    assert!(!server.ok("/").body.contains("late-comer"));
+    serve_support::cli_ok(&root, &["create", "late-comer"]);
+    // The first page refreshed the catalog; later ones start a background refresh at
+    // most every 2 s and show the catalog as it is meanwhile.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        if server.ok("/api/sessions").body.contains("late-comer") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never listed");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(server.ok("/").body.contains("late-comer"));
+}

@@ -4,6 +4,7 @@
 //! file is touched.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use session_store::{
@@ -24,6 +25,8 @@ pub const MAX_PAGE: usize = 100;
 const MAX_TREE_NODES: usize = 200;
 /// Ancestors a fork tree follows at most.
 const MAX_ANCESTORS: usize = 64;
+/// How old the catalog may get before a sessions page starts a refresh.
+pub const REFRESH_EVERY: Duration = Duration::from_secs(2);
 
 /// The query parameters every route understands (each optional; empty means absent).
 #[derive(Debug, Default, Deserialize)]
@@ -158,19 +161,63 @@ pub struct SessionList {
     pub skipped: Vec<SkippedSession>,
 }
 
-/// A page of sessions, most recently updated first, filtered by `cwd` and `origin`.
+/// Whether a sessions page refreshes the catalog first.
+enum Refresh {
+    /// The first page of this server: refresh, and wait for it.
+    Now,
+    /// The last refresh is [`REFRESH_EVERY`] old: start one, serve the catalog as it is.
+    Behind,
+    /// Refreshed recently: serve the catalog as it is.
+    Recent,
+}
+
+/// What this page does about the catalog's freshness (a full refresh stats every session:
+/// about 75 ms for 10,000 on a busy 2-core machine).
+fn refresh_plan(app: &App) -> Refresh {
+    let mut last = app
+        .catalog_refreshed
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    match *last {
+        None => Refresh::Now,
+        Some(at) if at.elapsed() >= REFRESH_EVERY => {
+            *last = Some(Instant::now());
+            Refresh::Behind
+        }
+        Some(_) => Refresh::Recent,
+    }
+}
+
+/// A page of sessions, most recently updated first, filtered by `cwd` and `origin`. The
+/// catalog is refreshed by the server's first page, then in the background at most every
+/// [`REFRESH_EVERY`]: a page is one keyset query, and a change shows within seconds.
 pub async fn sessions(app: &App, params: &Params) -> Result<SessionList, Problem> {
-    let mut filter = ListFilter::default().with_sort(ListSort::Updated);
+    let newest_first = ListFilter::default().with_sort(ListSort::Updated);
+    let mut filter = newest_first.clone();
     if let Some(cwd) = params.cwd() {
         filter = filter.with_cwd(cwd);
     }
     if let Some(origin) = params.origin()? {
         filter = filter.with_origin(origin);
     }
-    let page = app
-        .query
-        .list_with(params.cursor(), params.limit()?, filter)
-        .await?;
+    let limit = params.limit()?;
+    let plan = refresh_plan(app);
+    match plan {
+        Refresh::Now => {}
+        Refresh::Behind => {
+            filter = filter.cached_only();
+            let query = app.query.clone();
+            // A refreshing page of one; its result is the catalog it leaves behind.
+            tokio::spawn(async move { query.list_with(None, 1, newest_first).await });
+        }
+        Refresh::Recent => filter = filter.cached_only(),
+    }
+    let page = app.query.list_with(params.cursor(), limit, filter).await?;
+    if let Refresh::Now = plan {
+        *app.catalog_refreshed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
     let root = app.root.clone();
     let summaries = page.sessions;
     let sessions = blocking(move || {

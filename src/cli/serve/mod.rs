@@ -20,7 +20,8 @@ mod transcript;
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use axum::Router;
 use axum::http::Uri;
@@ -61,6 +62,8 @@ pub struct App {
     pub host: String,
     /// The token every request must present (with `--allow-remote`).
     pub token: Option<Arc<str>>,
+    /// When a sessions page last refreshed the catalog (`None`: not yet).
+    pub catalog_refreshed: Arc<Mutex<Option<Instant>>>,
 }
 
 /// A random token: 16 bytes of the OS's randomness, in hex.
@@ -150,6 +153,7 @@ pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
         query: service.query(),
         host: cx.host.clone(),
         token: token.clone(),
+        catalog_refreshed: Arc::default(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(WORKERS)
