@@ -40,7 +40,15 @@ fn normal_tree(extra: &[&str]) -> Vec<String> {
 fn no_default_features_tree_has_no_cli_dependencies() {
     let lean = normal_tree(&["--no-default-features"]);
     assert!(lean.iter().any(|p| p == "rusqlite"), "{lean:?}");
-    for cli_only in ["clap", "clap_builder", "indicatif", "console"] {
+    for cli_only in [
+        "clap",
+        "clap_builder",
+        "indicatif",
+        "console",
+        "axum",
+        "hyper",
+        "maud",
+    ] {
         assert!(
             !lean.iter().any(|p| p == cli_only),
             "{cli_only} in {lean:?}"
@@ -48,7 +56,7 @@ fn no_default_features_tree_has_no_cli_dependencies() {
     }
     // The default build (what `cargo install` and `cargo run` use) still has the CLI's.
     let full = normal_tree(&[]);
-    for cli_only in ["clap", "indicatif"] {
+    for cli_only in ["clap", "indicatif", "axum", "maud"] {
         assert!(
             full.iter().any(|p| p == cli_only),
             "{cli_only} missing from {full:?}"

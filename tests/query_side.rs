@@ -6,7 +6,9 @@ mod common;
 use std::collections::HashSet;
 
 use common::{id, message};
-use session_store::{Batch, CancelToken, CreateOptions, Error, Root, Service, SessionRef};
+use session_store::{
+    Batch, CancelToken, CreateOptions, Error, ListFilter, ListSort, Root, Service, SessionRef,
+};
 
 fn service() -> (tempfile::TempDir, Service) {
     let dir = tempfile::tempdir().unwrap();
@@ -288,4 +290,127 @@ async fn continue_legacy_tolerates_a_torn_last_line_and_reports_it() {
         service.query().list(None, 50).await.unwrap().sessions.len(),
         1
     );
+}
+
+/// What a page of history needs to show its turns (issue 16): each message's event
+/// sequence, the turns overlapping a sequence range (also those a fork inherits), and a
+/// session's catalog entry without a fold, current after a change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_messages_carry_sequences_and_turns_overlap_them() {
+    let (_dir, service) = service();
+    let root = service.root().clone();
+    let session = root.create(CreateOptions::with_id(id("turny"))).unwrap();
+    for t in 1..=20 {
+        session
+            .append(common::turn(
+                &format!("op-{t}"),
+                &format!("turn-{t}"),
+                &format!("m{t}"),
+            ))
+            .unwrap();
+    }
+    // A message outside any turn after turn 20.
+    session
+        .append(Batch::new(
+            "loose",
+            vec![message("loose", "user", "outside")],
+        ))
+        .unwrap();
+    session.close().unwrap();
+    let r = service.session_ref(id("turny"));
+    let page = service.query().history_page(&r, None, 5).await.unwrap();
+    let seqs: Vec<u64> = page.messages.iter().map(|m| m.event_sequence).collect();
+    // Turn t holds sequences 3t-2..=3t, its message at 3t-1; the loose message is 61.
+    assert_eq!(seqs, [50, 53, 56, 59, 61]);
+    let reader = root.open_reader(&id("turny")).unwrap();
+    let turns = reader.turns_overlapping(50, 61).unwrap();
+    let names: Vec<&str> = turns.iter().map(|t| t.turn_id.as_str()).collect();
+    assert_eq!(names, ["turn-17", "turn-18", "turn-19", "turn-20"]);
+    assert_eq!(reader.turns_overlapping(61, 61).unwrap(), []);
+    assert_eq!(reader.turns_overlapping(2, 2).unwrap()[0].turn_id, "turn-1");
+    assert_eq!(reader.turns_overlapping(3, 4).unwrap().len(), 2);
+    // A fork after turn 10 sees the inherited turns up to its cut, none after.
+    let fork = root
+        .fork(
+            &id("turny"),
+            session_store::ForkPoint::AfterTurn("turn-10".into()),
+            Some(id("turny-fork")),
+        )
+        .unwrap();
+    let fork_reader = root.open_reader(&fork).unwrap();
+    let inherited = fork_reader.turns_overlapping(1, 1000).unwrap();
+    assert_eq!(inherited.len(), 10);
+    assert_eq!(inherited.last().unwrap().turn_id, "turn-10");
+    // The catalog entry: as listed, refreshed after a rename, not found once deleted.
+    let entry = root.catalog_entry(&id("turny")).unwrap();
+    assert_eq!((entry.turns, entry.title.as_str()), (20, ""));
+    root.rename(&id("turny"), "Renamed").unwrap();
+    assert_eq!(root.catalog_entry(&id("turny")).unwrap().title, "Renamed");
+    assert_eq!(
+        root.catalog_entry(&fork).unwrap().parent_id,
+        Some(id("turny"))
+    );
+    assert!(
+        root.catalog_entry(&id("missing"))
+            .unwrap_err()
+            .is_not_found()
+    );
+    root.delete(&fork, &CancelToken::new()).unwrap();
+    assert!(root.catalog_entry(&fork).unwrap_err().is_not_found());
+}
+
+/// `ListFilter::cached_only` (issue 16): a sorted page from the catalog as last
+/// refreshed, without stamping every session; a refreshing page brings it up to date; a
+/// deleted session is never returned either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_only_pages_skip_the_refresh_until_a_refreshing_page() {
+    let (_dir, service) = service();
+    let root = service.root().clone();
+    for name in ["a", "b", "c"] {
+        root.create(CreateOptions::with_id(id(name)))
+            .unwrap()
+            .close()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let newest_first = || ListFilter::default().with_sort(ListSort::Updated);
+    let order = |page: session_store::SessionPage| -> Vec<String> {
+        page.sessions
+            .into_iter()
+            .map(|s| s.session_ref.session_id.to_string())
+            .collect()
+    };
+    let q = service.query();
+    assert_eq!(
+        order(q.list_with(None, 10, newest_first()).await.unwrap()),
+        ["c", "b", "a"]
+    );
+    // "a" changes behind the catalog's back (a writer appends and stays open).
+    let writer = root.open_writer(&id("a")).unwrap();
+    writer
+        .append(Batch::new("op", vec![message("m", "user", "hi")]))
+        .unwrap();
+    writer.flush().unwrap();
+    let cached = q
+        .list_with(None, 10, newest_first().cached_only())
+        .await
+        .unwrap();
+    assert_eq!(order(cached), ["c", "b", "a"]);
+    assert_eq!(
+        order(q.list_with(None, 10, newest_first()).await.unwrap()),
+        ["a", "c", "b"]
+    );
+    writer.close().unwrap();
+    root.delete(&id("c"), &CancelToken::new()).unwrap();
+    let cached = q
+        .list_with(None, 10, newest_first().cached_only())
+        .await
+        .unwrap();
+    assert!(!order(cached).contains(&"c".to_owned()));
+    // The plain listing ignores the flag.
+    let plain = q
+        .list_with(None, 10, ListFilter::default().cached_only())
+        .await
+        .unwrap();
+    assert_eq!(order(plain), ["a", "b"]);
 }

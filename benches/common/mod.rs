@@ -7,6 +7,8 @@
 pub mod workload;
 pub use workload::{fmt_count, median};
 
+pub mod roots;
+
 /// The folder a bench's files go under (`BENCH_DIR`, else Cargo's target tmp dir: on disk,
 /// so fsync is real), created if needed, and a fresh temp dir inside it.
 pub fn bench_dir() -> std::io::Result<(std::path::PathBuf, tempfile::TempDir)> {

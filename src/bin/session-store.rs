@@ -312,6 +312,22 @@ enum Command {
         #[arg(long, value_name = "BIN")]
         litestream: Option<PathBuf>,
     },
+    /// Browse the root in a web browser: a read-only HTTP server (sessions, search,
+    /// transcripts, fork trees, storage charts, and the same data as JSON under /api/).
+    /// Prints its URL as the first line on stdout, then serves until stopped.
+    Serve {
+        /// Address to listen on; port 0 picks a free one. Only loopback addresses unless
+        /// --allow-remote.
+        #[arg(long, value_name = "IP:PORT", default_value = cli::serve::DEFAULT_ADDR)]
+        addr: std::net::SocketAddr,
+        /// Open the system's browser on the URL.
+        #[arg(long)]
+        open: bool,
+        /// Allow a non-loopback address; a random token is then printed in the URL and
+        /// required on every request.
+        #[arg(long)]
+        allow_remote: bool,
+    },
     /// Write a scripted multi-session agent workload into the root and summarise it.
     Demo,
     /// Append throughput: the library (group commit) on S sessions in parallel, a raw
@@ -549,6 +565,18 @@ fn run(args: Args) -> CliResult<()> {
             all,
             litestream,
         } => cli::replicate::restore(&cx, &from, id.as_deref(), all, litestream.as_deref()),
+        Command::Serve {
+            addr,
+            open,
+            allow_remote,
+        } => cli::serve::run(
+            &cx,
+            &cli::serve::Options {
+                addr,
+                open,
+                allow_remote,
+            },
+        ),
         Command::Demo => cli::demo::run(&cx.root, cx.json),
         Command::Bench {
             suite,

@@ -8,6 +8,7 @@ pub mod demo;
 pub mod lean;
 pub mod replicate;
 pub mod search;
+pub mod serve;
 pub mod sessions;
 pub mod when;
 pub mod workload;

@@ -181,6 +181,16 @@ struct Show {
     usage: Usage,
 }
 
+/// Bytes of a session's own file and its WAL (0 for a file that is missing).
+pub fn file_bytes(root: &session_store::Root, id: &SessionId) -> u64 {
+    let dir = root.session_dir(id);
+    [SESSION_FILE, WAL_FILE]
+        .iter()
+        .filter_map(|f| std::fs::symlink_metadata(dir.join(f)).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
 /// `show ID`.
 pub fn show(cx: &Context, id: &str) -> CliResult<()> {
     let root = cx.open_root()?;
@@ -188,12 +198,7 @@ pub fn show(cx: &Context, id: &str) -> CliResult<()> {
     let info = root.stat(&id)?;
     let reader = root.open_reader(&id)?;
     let projection = reader.projection()?;
-    let dir = root.session_dir(&id);
-    let file_bytes = [SESSION_FILE, WAL_FILE]
-        .iter()
-        .filter_map(|f| std::fs::symlink_metadata(dir.join(f)).ok())
-        .map(|m| m.len())
-        .sum();
+    let file_bytes = file_bytes(&root, &id);
     let own_events = info.durable_sequence
         - info
             .lineage

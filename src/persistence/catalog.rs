@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::UNIX_EPOCH;
 
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -105,6 +105,9 @@ pub struct ListFilter {
     pub origin: Option<Origin>,
     /// The order.
     pub sort: ListSort,
+    /// A filtered or sorted page served from the catalog as last refreshed, without first
+    /// bringing every stale entry up to date (see [`ListFilter::cached_only`]).
+    pub cached_only: bool,
 }
 
 impl ListFilter {
@@ -138,9 +141,23 @@ impl ListFilter {
         self
     }
 
+    /// Serve a filtered or sorted page from the catalog as last refreshed: one keyset
+    /// query, without the `stat` of every session that brings stale entries up to date
+    /// first. A session changed since the last refreshing page may be out of place or show
+    /// its older entry; a deleted one is still never returned. For a view that refreshes
+    /// now and then (a refreshing page every few seconds) over a big root. The plain
+    /// listing (no filter, id order) always checks the entries it returns.
+    pub fn cached_only(mut self) -> Self {
+        self.cached_only = true;
+        self
+    }
+
     /// Whether this is the plain listing (no filter, id order).
     fn is_plain(&self) -> bool {
-        *self == ListFilter::default()
+        ListFilter {
+            cached_only: false,
+            ..self.clone()
+        } == ListFilter::default()
     }
 
     /// Whether `e` passes every filter (the same test the catalog query makes in SQL).
@@ -540,6 +557,45 @@ impl Catalog {
         })
     }
 
+    /// One session's entry: the cached row when its stamp is current, else computed from
+    /// the file and stored. A catalog that cannot be used is bypassed (computed).
+    pub(crate) fn entry(&self, root: &Root, id: &SessionId) -> Result<CatalogEntry> {
+        let stamper = Stamper::open(root.path())?;
+        let current = stamper.stamp(id);
+        if current.starts_with(MISSING) {
+            return Err(Error::SessionNotFound(id.to_string()));
+        }
+        let cached = self
+            .with_conn(root, |c| {
+                Ok(
+                    c.prepare_cached("SELECT stamp, entry FROM sessions WHERE session_id = ?1")?
+                        .query_row([id.as_str()], |r| {
+                            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+                        })
+                        .optional()?,
+                )
+            })
+            .ok()
+            .flatten()
+            .filter(|(stamp, _)| *stamp == current)
+            .and_then(|(_, text)| serde_json::from_str::<CatalogEntry>(&text).ok());
+        if let Some(entry) = cached {
+            return Ok(entry);
+        }
+        match compute(root, &stamper, id) {
+            Computed::Entry(entry) => {
+                // The catalog is derived: a failed update only costs a recomputation.
+                let _ = row(&stamper, &entry).and_then(|r| self.put_row(root, &entry, &r));
+                Ok(*entry)
+            }
+            Computed::Gone => Err(Error::SessionNotFound(id.to_string())),
+            Computed::Unreadable(_) => root.open_reader(id).and_then(|reader| {
+                reader.projection()?;
+                Err(Error::corrupt(format!("session {id} cannot be read")))
+            }),
+        }
+    }
+
     /// Drops a session's entry.
     pub(crate) fn forget(&self, root: &Root, id: &SessionId) -> Result<()> {
         self.with_conn(root, |c| {
@@ -567,7 +623,12 @@ impl Catalog {
         }
         let position = filter.position(after)?;
         let stamper = Stamper::open(root.path())?;
-        let cached = self.refresh(root, &stamper).and_then(|skipped| {
+        let refreshed = if filter.cached_only {
+            Ok(Vec::new())
+        } else {
+            self.refresh(root, &stamper)
+        };
+        let cached = refreshed.and_then(|skipped| {
             let mut listing = self.query_page(root, &stamper, filter, &position, limit)?;
             listing.skipped = skipped;
             Ok(listing)

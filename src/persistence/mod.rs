@@ -669,6 +669,16 @@ impl Root {
         self.inner.catalog.filtered_page(self, filter, after, limit)
     }
 
+    /// One session's catalog entry (title, turns, preview, usage, header fields) without
+    /// folding it: the cached entry when the session's files did not change since it was
+    /// recorded, else computed from the file (and recorded).
+    ///
+    /// # Errors
+    /// [`Error::SessionNotFound`]; as [`Root::open_reader`] for a file that cannot be read.
+    pub fn catalog_entry(&self, id: &SessionId) -> Result<CatalogEntry> {
+        self.inner.catalog.entry(self, id)
+    }
+
     /// Recomputes the catalog from the session files, replacing whatever is there (also a
     /// damaged or foreign catalog file), and rebuilds the search index (creating it when
     /// missing). Sessions that cannot be read are reported, not indexed.

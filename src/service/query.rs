@@ -159,6 +159,9 @@ pub struct PersistentMessage {
     pub message_id: String,
     /// One-based position in the transcript.
     pub position: u64,
+    /// Sequence of the event that put the message at its position (places it in its
+    /// turn: see [`SessionReader::turns_overlapping`]).
+    pub event_sequence: u64,
     /// The message's role.
     pub role: Option<String>,
     /// The message, when its JSON is at most 64 KiB.
@@ -457,6 +460,7 @@ impl SessionQuery {
                     PersistentMessage {
                         message_id: row.message_id,
                         position: row.position,
+                        event_sequence: row.event_seq,
                         role: row.role,
                         inline,
                         content_ref,

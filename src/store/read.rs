@@ -177,6 +177,25 @@ pub(crate) fn read_turns_ending_in(
     Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
 }
 
+/// The ended turns of this file whose `turn/end` falls in `(after, through]` and that
+/// overlap the sequences `first..=last`: the turn holding `first` (if any) and those
+/// starting up to `last`. Two lookups on the `start_seq` key, whatever the file's size.
+pub(crate) fn read_turns_overlapping(
+    conn: &Connection,
+    (after, through): (u64, u64),
+    first: u64,
+    last: u64,
+) -> Result<Vec<TurnBoundary>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {TURN_COLUMNS} FROM turns
+         WHERE start_seq >= coalesce((SELECT max(start_seq) FROM turns WHERE start_seq <= ?3), 0)
+           AND start_seq <= ?4 AND end_seq >= ?3 AND end_seq > ?1 AND end_seq <= ?2
+         ORDER BY start_seq"
+    ))?;
+    let rows = stmt.query_map(params![after, through, first, last], turn_row)?;
+    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+}
+
 /// The checkpoint stored at or below `through`: its sequence, its projection (workset
 /// still to be read) and the workset's references; `None` when there is none, it is
 /// damaged or of another form (an older file's checkpoint has no `message_ids`).

@@ -722,6 +722,26 @@ impl SessionReader {
         Ok(out)
     }
 
+    /// The ended turns of the durable prefix that overlap the sequences `first..=last`, in
+    /// order: what a page of history (whose messages carry their event sequences) needs to
+    /// show its turns. Costs a few index lookups per file, not a read of every turn.
+    ///
+    /// # Errors
+    /// SQLite errors mapped to [`Error`].
+    pub fn turns_overlapping(&self, first: u64, last: u64) -> Result<Vec<TurnBoundary>> {
+        let clip = |seq: u64| seq.min(i64::MAX as u64);
+        let mut out = Vec::new();
+        for segment in &self.layout().segments {
+            out.extend(read::read_turns_overlapping(
+                &*segment.pool.get()?,
+                (segment.after, clip(segment.through)),
+                clip(first),
+                clip(last),
+            )?);
+        }
+        Ok(out)
+    }
+
     /// The whole UI transcript as of durable sequence `snapshot`, oldest first, read from
     /// the history index page by page (bodies over 64 KiB from their blobs). It costs a
     /// read of every message: for a view, prefer pages (`SessionQuery::history_page`).

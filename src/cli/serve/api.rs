@@ -1,0 +1,81 @@
+//! The JSON API under `/api/`: the same data as the pages, from the same loaders;
+//! failures answer `{"error": …, "status": …}`.
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::header;
+use axum::response::IntoResponse;
+use session_store::{SearchPage, SessionStats};
+
+use super::App;
+use super::data::{self, ForkTree, Params, SessionDetail, SessionList, Transcript};
+use super::problem::{ApiError, Problem};
+
+/// `GET /api/sessions?cwd=&origin=&cursor=&limit=`: a page of sessions, newest first.
+pub async fn sessions(
+    State(app): State<App>,
+    Query(params): Query<Params>,
+) -> Result<Json<SessionList>, ApiError> {
+    Ok(Json(data::sessions(&app, &params).await?))
+}
+
+/// `GET /api/search?q=&cwd=&cursor=&limit=`: a page of full-text hits.
+pub async fn search(
+    State(app): State<App>,
+    Query(params): Query<Params>,
+) -> Result<Json<SearchPage>, ApiError> {
+    Ok(Json(data::search(&app, &params).await?))
+}
+
+/// `GET /api/sessions/{id}`: header, lineage, catalog entry, writer.
+pub async fn session(
+    State(app): State<App>,
+    Path(id): Path<String>,
+) -> Result<Json<SessionDetail>, ApiError> {
+    Ok(Json(data::session(&app, data::session_id(&id)?).await?))
+}
+
+/// `GET /api/sessions/{id}/history?cursor=&limit=`: a page of the transcript and its turns.
+pub async fn history(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    Query(params): Query<Params>,
+) -> Result<Json<Transcript>, ApiError> {
+    Ok(Json(
+        data::history(&app, data::session_id(&id)?, &params).await?,
+    ))
+}
+
+/// `GET /api/sessions/{id}/tree`: ancestors, siblings and descendants.
+pub async fn tree(
+    State(app): State<App>,
+    Path(id): Path<String>,
+) -> Result<Json<ForkTree>, ApiError> {
+    Ok(Json(data::tree(&app, data::session_id(&id)?).await?))
+}
+
+/// `GET /api/sessions/{id}/stats`: bytes by kind, blobs, tables, usage.
+pub async fn stats(
+    State(app): State<App>,
+    Path(id): Path<String>,
+) -> Result<Json<SessionStats>, ApiError> {
+    Ok(Json(data::stats(&app, data::session_id(&id)?).await?))
+}
+
+/// `GET /api/sessions/{id}/content/{digest}` (and `/sessions/{id}/content/{digest}`): the
+/// bytes of a blob, as plain text (never rendered as a page: `nosniff` is set on every
+/// answer).
+pub async fn content(
+    State(app): State<App>,
+    Path((id, digest)): Path<(String, String)>,
+) -> Result<impl IntoResponse, ApiError> {
+    let id = data::session_id(&id)?;
+    let digest = data::digest(&digest)?;
+    let bytes = data::content(&app, id, digest).await?;
+    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], bytes))
+}
+
+/// Any other address under `/api/`.
+pub async fn not_found() -> ApiError {
+    ApiError(Problem::not_found("no API route at this address"))
+}

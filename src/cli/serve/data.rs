@@ -1,0 +1,548 @@
+//! What the pages and the JSON API show, read through the public library API only
+//! (`Root`, `SessionQuery`, `SessionReader`): never a writer lock, only durable prefixes.
+//! Each loader validates its inputs (session ids, digests, origins, limits) before any
+//! file is touched.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use session_store::{
+    CatalogEntry, ContentRef, HistoryPage, ListFilter, ListSort, Origin, Root, SearchOptions,
+    SearchPage, SessionId, SessionInfo, SessionRef, SessionStats, SessionSummary, SkippedSession,
+    TurnBoundary, WriterOwner,
+};
+
+use super::App;
+use super::problem::Problem;
+use crate::cli::sessions::file_bytes;
+
+/// Sessions or messages per page unless `limit` says otherwise.
+pub const PAGE: usize = 50;
+/// The largest `limit`.
+pub const MAX_PAGE: usize = 100;
+/// Sessions a fork tree shows at most.
+const MAX_TREE_NODES: usize = 200;
+/// Ancestors a fork tree follows at most.
+const MAX_ANCESTORS: usize = 64;
+/// How old the catalog may get before a sessions page starts a refresh.
+pub const REFRESH_EVERY: Duration = Duration::from_secs(2);
+
+/// The query parameters every route understands (each optional; empty means absent).
+#[derive(Debug, Default, Deserialize)]
+pub struct Params {
+    /// Full-text search query.
+    pub q: Option<String>,
+    /// A previous page's `next_cursor`.
+    pub cursor: Option<String>,
+    /// Only sessions of this working directory.
+    pub cwd: Option<String>,
+    /// Only sessions of this origin.
+    pub origin: Option<String>,
+    /// Page size (1..=100).
+    pub limit: Option<String>,
+}
+
+/// `value` unless it is absent or blank.
+fn given(value: &Option<String>) -> Option<&str> {
+    value.as_deref().filter(|v| !v.trim().is_empty())
+}
+
+impl Params {
+    /// The search query, if one is given.
+    pub fn query(&self) -> Option<&str> {
+        given(&self.q)
+    }
+
+    /// The cursor, if one is given.
+    pub fn cursor(&self) -> Option<&str> {
+        given(&self.cursor)
+    }
+
+    /// The working-directory filter, if one is given.
+    pub fn cwd(&self) -> Option<&str> {
+        given(&self.cwd)
+    }
+
+    /// The origin filter's text, if one is given.
+    pub fn origin_text(&self) -> Option<&str> {
+        given(&self.origin)
+    }
+
+    /// The origin filter, parsed.
+    fn origin(&self) -> Result<Option<Origin>, Problem> {
+        self.origin_text()
+            .map(|o| {
+                Origin::parse(o).ok_or_else(|| {
+                    Problem::bad_request(format!(
+                        "unknown origin {o:?} (new, fork, rewind, canonical-import, legacy-import)"
+                    ))
+                })
+            })
+            .transpose()
+    }
+
+    /// The page size: [`PAGE`] unless `limit` gives one in `1..=MAX_PAGE`.
+    fn limit(&self) -> Result<usize, Problem> {
+        match given(&self.limit) {
+            None => Ok(PAGE),
+            Some(text) => text
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=MAX_PAGE).contains(n))
+                .ok_or_else(|| {
+                    Problem::bad_request(format!(
+                        "limit {text:?} is not a number in 1..={MAX_PAGE}"
+                    ))
+                }),
+        }
+    }
+}
+
+/// A session id from a URL (status 400 when it is not a valid id).
+pub fn session_id(text: &str) -> Result<SessionId, Problem> {
+    SessionId::new(text).map_err(|e| Problem::bad_request(crate::cli::one_line(&e)))
+}
+
+/// A content digest from a URL: 64 lowercase hex characters (else status 400).
+pub fn digest(text: &str) -> Result<String, Problem> {
+    if text.len() == 64
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        Ok(text.to_owned())
+    } else {
+        Err(Problem::bad_request(
+            "a content digest is 64 lowercase hex characters",
+        ))
+    }
+}
+
+/// Runs blocking library work off the async workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> session_store::Result<T> + Send + 'static,
+) -> Result<T, Problem> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(result) => Ok(result?),
+        Err(e) => Err(Problem {
+            status: axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            message: format!("a storage task did not finish: {e}"),
+        }),
+    }
+}
+
+/// The writer holding a session now, if any (a session that vanished has none).
+fn current_writer(root: &Root, id: &SessionId) -> Option<WriterOwner> {
+    root.writer_owner(id).ok().flatten()
+}
+
+/// One row of the sessions page.
+#[derive(Debug, Serialize)]
+pub struct SessionRow {
+    /// What `list` reports.
+    #[serde(flatten)]
+    pub summary: SessionSummary,
+    /// Bytes of the session's own file and WAL.
+    pub file_bytes: u64,
+    /// The writer appending to it now (a "live" session), if any.
+    pub writer: Option<WriterOwner>,
+}
+
+/// A page of the sessions list, newest first.
+#[derive(Debug, Serialize)]
+pub struct SessionList {
+    /// The sessions.
+    pub sessions: Vec<SessionRow>,
+    /// The next page's cursor.
+    pub next_cursor: Option<String>,
+    /// Sessions that could not be read, with why.
+    pub skipped: Vec<SkippedSession>,
+}
+
+/// Whether a sessions page refreshes the catalog first.
+enum Refresh {
+    /// The first page of this server: refresh, and wait for it.
+    Now,
+    /// The last refresh is [`REFRESH_EVERY`] old: start one, serve the catalog as it is.
+    Behind,
+    /// Refreshed recently: serve the catalog as it is.
+    Recent,
+}
+
+/// What this page does about the catalog's freshness (a full refresh stats every session:
+/// about 75 ms for 10,000 on a busy 2-core machine).
+fn refresh_plan(app: &App) -> Refresh {
+    let mut last = app
+        .catalog_refreshed
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    match *last {
+        None => Refresh::Now,
+        Some(at) if at.elapsed() >= REFRESH_EVERY => {
+            *last = Some(Instant::now());
+            Refresh::Behind
+        }
+        Some(_) => Refresh::Recent,
+    }
+}
+
+/// A page of sessions, most recently updated first, filtered by `cwd` and `origin`. The
+/// catalog is refreshed by the server's first page, then in the background at most every
+/// [`REFRESH_EVERY`]: a page is one keyset query, and a change shows within seconds.
+pub async fn sessions(app: &App, params: &Params) -> Result<SessionList, Problem> {
+    let newest_first = ListFilter::default().with_sort(ListSort::Updated);
+    let mut filter = newest_first.clone();
+    if let Some(cwd) = params.cwd() {
+        filter = filter.with_cwd(cwd);
+    }
+    if let Some(origin) = params.origin()? {
+        filter = filter.with_origin(origin);
+    }
+    let limit = params.limit()?;
+    let plan = refresh_plan(app);
+    match plan {
+        Refresh::Now => {}
+        Refresh::Behind => {
+            filter = filter.cached_only();
+            let query = app.query.clone();
+            // A refreshing page of one; its result is the catalog it leaves behind.
+            tokio::spawn(async move { query.list_with(None, 1, newest_first).await });
+        }
+        Refresh::Recent => filter = filter.cached_only(),
+    }
+    let page = app.query.list_with(params.cursor(), limit, filter).await?;
+    if let Refresh::Now = plan {
+        *app.catalog_refreshed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+    let root = app.root.clone();
+    let summaries = page.sessions;
+    let sessions = blocking(move || {
+        Ok(summaries
+            .into_iter()
+            .map(|summary| {
+                let id = &summary.session_ref.session_id;
+                SessionRow {
+                    file_bytes: file_bytes(&root, id),
+                    writer: current_writer(&root, id),
+                    summary,
+                }
+            })
+            .collect())
+    })
+    .await?;
+    Ok(SessionList {
+        sessions,
+        next_cursor: page.next_cursor,
+        skipped: page.skipped,
+    })
+}
+
+/// A page of full-text search hits for `q`, best first.
+pub async fn search(app: &App, params: &Params) -> Result<SearchPage, Problem> {
+    let q = params
+        .query()
+        .ok_or_else(|| Problem::bad_request("q (the search query) is required"))?;
+    let mut options = SearchOptions::default().with_limit(params.limit()?);
+    if let Some(cursor) = params.cursor() {
+        options = options.with_cursor(cursor);
+    }
+    if let Some(cwd) = params.cwd() {
+        options = options.with_cwd(cwd);
+    }
+    Ok(app.query.search(q, options).await?)
+}
+
+/// A session's header and state.
+#[derive(Debug, Serialize)]
+pub struct SessionDetail {
+    /// Header, durable sequence, lineage, last writer.
+    pub info: SessionInfo,
+    /// Title, turns, preview, usage (from the catalog).
+    pub entry: CatalogEntry,
+    /// The writer appending to it now, if any: the page shows its durable prefix.
+    pub writer: Option<WriterOwner>,
+    /// Bytes of its own file and WAL.
+    pub file_bytes: u64,
+}
+
+/// The header and state of session `id`.
+pub async fn session(app: &App, id: SessionId) -> Result<SessionDetail, Problem> {
+    let root = app.root.clone();
+    blocking(move || {
+        let info = root.stat(&id)?;
+        let entry = root.catalog_entry(&id)?;
+        Ok(SessionDetail {
+            info,
+            entry,
+            writer: current_writer(&root, &id),
+            file_bytes: file_bytes(&root, &id),
+        })
+    })
+    .await
+}
+
+/// A page of a session's transcript with the turns its messages belong to.
+#[derive(Debug, Serialize)]
+pub struct Transcript {
+    /// The messages (ascending), the cursor of the older page.
+    #[serde(flatten)]
+    pub page: HistoryPage,
+    /// The ended turns that overlap the page, in order.
+    pub turns: Vec<TurnBoundary>,
+}
+
+/// The newest page of `id`'s transcript, or the older page `cursor` names.
+pub async fn history(app: &App, id: SessionId, params: &Params) -> Result<Transcript, Problem> {
+    let session = SessionRef {
+        host_id: app.host.clone(),
+        session_id: id.clone(),
+    };
+    let page = app
+        .query
+        .history_page(&session, params.cursor(), params.limit()?)
+        .await?;
+    let span = page
+        .messages
+        .first()
+        .zip(page.messages.last())
+        .map(|(a, b)| (a.event_sequence, b.event_sequence));
+    let turns = match span {
+        None => Vec::new(),
+        Some((first, last)) => {
+            let root = app.root.clone();
+            blocking(move || root.open_reader(&id)?.turns_overlapping(first, last)).await?
+        }
+    };
+    Ok(Transcript { page, turns })
+}
+
+/// How a session of a fork tree relates to the session it is drawn for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Relation {
+    /// A parent, grandparent, ….
+    Ancestor,
+    /// The session the tree is drawn for.
+    Focus,
+    /// Another fork of the same parent.
+    Sibling,
+    /// A fork of the session, or of one of its forks.
+    Descendant,
+}
+
+/// A session of a fork tree.
+#[derive(Debug, Serialize)]
+pub struct TreeNode {
+    /// The session.
+    pub session_id: SessionId,
+    /// Its title ("" when it has none).
+    pub title: String,
+    /// How it came to be.
+    pub origin: Origin,
+    /// Its relation to the focus.
+    pub relation: Relation,
+    /// Forks between it and the oldest ancestor drawn (0 for that one).
+    pub generation: usize,
+    /// Whether a writer holds it now.
+    pub live: bool,
+}
+
+/// A fork: the child inherits its parent's events through `through_sequence`.
+#[derive(Debug, Serialize)]
+pub struct TreeEdge {
+    /// The parent session.
+    pub parent: SessionId,
+    /// The fork (or rewind).
+    pub child: SessionId,
+    /// The last inherited sequence.
+    pub through_sequence: u64,
+    /// Where it was cut: `after turn-2`, `before turn-3` (or `at seq N`).
+    pub label: String,
+}
+
+/// A session's ancestors, siblings and descendants.
+#[derive(Debug, Serialize)]
+pub struct ForkTree {
+    /// The session the tree is drawn for.
+    pub focus: SessionId,
+    /// The sessions: ancestors oldest first, then the focus, siblings and descendants.
+    pub nodes: Vec<TreeNode>,
+    /// One per node but the oldest.
+    pub edges: Vec<TreeEdge>,
+    /// Whether forks were left out past the size limit.
+    pub truncated: bool,
+}
+
+/// The fork tree of `id`.
+pub async fn tree(app: &App, id: SessionId) -> Result<ForkTree, Problem> {
+    let root = app.root.clone();
+    blocking(move || build_tree(&root, id)).await
+}
+
+/// A direct fork of a session: its id, catalog entry and last inherited sequence.
+type Child = (SessionId, CatalogEntry, u64);
+
+/// The sessions forked directly from `parent`, with the label of each fork point. A fork
+/// is recorded as a dependent by every file it inherits from, which need not be its
+/// parent's own (a fork of a fork that inherits only the grandparent's events): the
+/// dependents of the parent and of its ancestors whose header names `parent` are its
+/// forks, each cut at the highest sequence recorded.
+fn children(root: &Root, parent: &SessionId) -> session_store::Result<Vec<(Child, String)>> {
+    let reader = root.open_reader(parent)?;
+    let mut cut: BTreeMap<SessionId, u64> = BTreeMap::new();
+    let mut record = |dependents: Vec<session_store::DependentFork>| {
+        for d in dependents {
+            let through = cut.entry(d.child_id).or_default();
+            *through = (*through).max(d.through_seq);
+        }
+    };
+    record(reader.dependents()?);
+    for ancestor in reader.lineage() {
+        match root.open_reader(&ancestor.ancestor_id) {
+            Ok(r) => record(r.dependents()?),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let mut out = Vec::new();
+    for (child, through) in cut {
+        let entry = match root.catalog_entry(&child) {
+            Ok(entry) => entry,
+            Err(e) if e.is_not_found() => continue,
+            Err(e) => return Err(e),
+        };
+        if entry.parent_id.as_ref() != Some(parent) {
+            continue;
+        }
+        let turns = reader.turns_overlapping(through, through.saturating_add(1))?;
+        let label = match entry.origin {
+            Origin::Rewind => turns
+                .iter()
+                .find(|t| t.start_sequence == through.saturating_add(1))
+                .map(|t| format!("before {}", t.turn_id)),
+            _ => turns
+                .iter()
+                .find(|t| t.boundary_sequence == through)
+                .map(|t| format!("after {}", t.turn_id)),
+        }
+        .unwrap_or_else(|| format!("at seq {through}"));
+        out.push(((child, entry, through), label));
+    }
+    Ok(out)
+}
+
+fn build_tree(root: &Root, focus: SessionId) -> session_store::Result<ForkTree> {
+    // The ancestors, newest first, as far as they still exist.
+    let mut chain = vec![(focus.clone(), root.catalog_entry(&focus)?)];
+    while chain.len() <= MAX_ANCESTORS {
+        let Some(parent) = chain.last().and_then(|(_, e)| e.parent_id.clone()) else {
+            break;
+        };
+        if chain.iter().any(|(id, _)| *id == parent) {
+            break;
+        }
+        match root.catalog_entry(&parent) {
+            Ok(entry) => chain.push((parent, entry)),
+            Err(e) if e.is_not_found() => break,
+            Err(e) => return Err(e),
+        }
+    }
+    chain.reverse();
+    let focus_generation = chain.len() - 1;
+    let mut tree = ForkTree {
+        focus: focus.clone(),
+        nodes: Vec::new(),
+        edges: Vec::new(),
+        truncated: false,
+    };
+    let node = |id: SessionId, entry: CatalogEntry, relation, generation| TreeNode {
+        live: current_writer(root, &id).is_some(),
+        session_id: id,
+        title: entry.title,
+        origin: entry.origin,
+        relation,
+        generation,
+    };
+    // Each ancestor's edge to the next one; the parent's other forks are siblings.
+    let mut siblings = Vec::new();
+    for generation in 0..focus_generation {
+        let (parent, _) = &chain[generation];
+        let next = &chain[generation + 1].0;
+        for ((child, entry, through), label) in children(root, parent)? {
+            let is_next = child == *next;
+            if is_next || generation + 1 == focus_generation {
+                tree.edges.push(TreeEdge {
+                    parent: parent.clone(),
+                    child: child.clone(),
+                    through_sequence: through,
+                    label,
+                });
+                if !is_next {
+                    siblings.push(node(child, entry, Relation::Sibling, focus_generation));
+                }
+            }
+        }
+    }
+    for (generation, (id, entry)) in chain.into_iter().enumerate() {
+        let relation = if generation == focus_generation {
+            Relation::Focus
+        } else {
+            Relation::Ancestor
+        };
+        tree.nodes.push(node(id, entry, relation, generation));
+    }
+    tree.nodes.extend(siblings);
+    // The focus's forks, breadth first.
+    let mut frontier = vec![(focus, focus_generation)];
+    while let Some((parent, generation)) = frontier.pop() {
+        for ((child, entry, through), label) in children(root, &parent)? {
+            if tree.nodes.len() >= MAX_TREE_NODES {
+                tree.truncated = true;
+                return Ok(tree);
+            }
+            if tree.nodes.iter().any(|n| n.session_id == child) {
+                continue;
+            }
+            tree.edges.push(TreeEdge {
+                parent: parent.clone(),
+                child: child.clone(),
+                through_sequence: through,
+                label,
+            });
+            frontier.insert(0, (child.clone(), generation + 1));
+            tree.nodes
+                .push(node(child, entry, Relation::Descendant, generation + 1));
+        }
+    }
+    Ok(tree)
+}
+
+/// Storage statistics of `id`: bytes by kind, blobs and compression, tables.
+pub async fn stats(app: &App, id: SessionId) -> Result<SessionStats, Problem> {
+    let root = app.root.clone();
+    blocking(move || root.stats(&id)).await
+}
+
+/// The bytes of content `digest` of session `id` (or its ancestors); 404 when the
+/// session holds no such content.
+pub async fn content(app: &App, id: SessionId, digest: String) -> Result<Vec<u8>, Problem> {
+    let session = SessionRef {
+        host_id: app.host.clone(),
+        session_id: id,
+    };
+    app.query
+        .read_content(&session, &ContentRef::new(digest, 0, ""))
+        .await
+        .map_err(|e| {
+            let problem = Problem::library(&e);
+            if e.is_caller_error() {
+                Problem::not_found(problem.message)
+            } else {
+                problem
+            }
+        })
+}

@@ -1,0 +1,166 @@
+//! What every request passes through: the Host check (loopback names only unless
+//! `--allow-remote`, against DNS rebinding), the token check (with `--allow-remote`: the
+//! `token` query parameter, an `Authorization: Bearer` header or the cookie set by the
+//! first authorised answer) and the security headers on every answer (a CSP without
+//! inline scripts, `nosniff`, no framing, no referrer, no caching), plus a
+//! `Server-Timing` header with the time spent serving the request.
+
+use std::time::Instant;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::App;
+use super::problem::{ApiError, PageError, Problem};
+
+/// The Content-Security-Policy of every answer: scripts, styles and images only from the
+/// server itself (no inline script or style), nothing embedded, no `<base>`, no framing.
+pub const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; \
+                       img-src 'self' data:; object-src 'none'; base-uri 'none'; \
+                       form-action 'self'; frame-ancestors 'none'";
+
+/// The cookie that carries the token after a request with `?token=`.
+const COOKIE: &str = "session_store_token";
+
+/// Whether two byte strings are equal, in time independent of where they differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The tokens a request presents: query parameter, bearer header, cookie.
+fn presented(request: &Request) -> impl Iterator<Item = &str> {
+    let query = request
+        .uri()
+        .query()
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .filter_map(|pair| pair.strip_prefix("token="));
+    let headers = request.headers();
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let cookies = headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|c| c.trim().strip_prefix(COOKIE)?.strip_prefix('='));
+    query.chain(bearer).chain(cookies)
+}
+
+/// Whether the Host header names a loopback host (`localhost`, `127.x.y.z`, `[::1]`).
+fn loopback_host(headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The refusal of a request, as JSON under `/api/`, else as a page.
+fn refuse(path: &str, problem: Problem) -> Response {
+    if path.starts_with("/api/") {
+        ApiError(problem).into_response()
+    } else {
+        PageError(problem).into_response()
+    }
+}
+
+/// The middleware: checks, then the handler, then the headers.
+pub async fn check(State(app): State<App>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let path = request.uri().path().to_owned();
+    let mut set_cookie = false;
+    let mut response = if app.token.is_none() && !loopback_host(request.headers()) {
+        refuse(
+            &path,
+            Problem {
+                status: StatusCode::MISDIRECTED_REQUEST,
+                message: "this server answers only to localhost, 127.0.0.1 or [::1]".into(),
+            },
+        )
+    } else if let Some(token) = &app.token
+        && !presented(&request).any(|t| same(t.as_bytes(), token.as_bytes()))
+    {
+        refuse(
+            &path,
+            Problem {
+                status: StatusCode::UNAUTHORIZED,
+                message: "a token is required: open the URL the server printed at start".into(),
+            },
+        )
+    } else {
+        set_cookie = app.token.is_some()
+            && request
+                .uri()
+                .query()
+                .is_some_and(|q| q.split('&').any(|p| p.starts_with("token=")));
+        next.run(request).await
+    };
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    headers
+        .entry(header::CACHE_CONTROL)
+        .or_insert(HeaderValue::from_static("no-store"));
+    if set_cookie
+        && let Some(token) = &app.token
+        && let Ok(cookie) = HeaderValue::from_str(&format!(
+            "{COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/"
+        ))
+    {
+        headers.insert(header::SET_COOKIE, cookie);
+    }
+    let elapsed = started.elapsed().as_secs_f64() * 1e3;
+    if let Ok(timing) = HeaderValue::from_str(&format!("app;dur={elapsed:.3}")) {
+        headers.insert("server-timing", timing);
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compares_whole_tokens() {
+        assert!(same(b"abc", b"abc"));
+        assert!(!same(b"abc", b"abd"));
+        assert!(!same(b"abc", b"ab"));
+    }
+
+    #[test]
+    fn knows_loopback_hosts() {
+        let host = |h: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::HOST, HeaderValue::from_str(h).unwrap());
+            loopback_host(&headers)
+        };
+        assert!(host("127.0.0.1:8080"));
+        assert!(host("localhost:1"));
+        assert!(host("[::1]:80"));
+        assert!(!host("evil.example:8080"));
+        assert!(!host("10.0.0.1"));
+        assert!(!host("127.0.0.1.evil.example"));
+    }
+}

@@ -1,0 +1,186 @@
+//! `serve`: a read-only HTTP browser over a root, on axum and tokio. It uses only the
+//! public library API (`Root`, `SessionQuery`, `SessionReader`): it never takes a writer
+//! lock and shows the durable prefix of sessions that writers are appending to.
+//!
+//! Modules: [`data`] loads what a page shows (validating ids first), [`templates`],
+//! [`transcript`] and [`svg`] render it, [`pages`] and [`api`] are the HTML and JSON
+//! routes, [`guard`] checks the host and token and sets the security headers,
+//! [`assets`] serves the stylesheet, [`problem`] renders errors, [`links`] builds URLs.
+
+mod api;
+mod assets;
+mod data;
+mod guard;
+mod links;
+mod pages;
+mod problem;
+mod svg;
+mod templates;
+mod transcript;
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use axum::Router;
+use axum::http::Uri;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use session_store::{Root, Service, SessionQuery};
+
+use super::{CliResult, Context, EXIT_NOT_FOUND, EXIT_OTHER, Failure};
+
+/// Where `serve` listens unless `--addr` says otherwise.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:8765";
+
+/// Worker threads of the server's runtime (storage work runs on its blocking pool).
+const WORKERS: usize = 2;
+
+/// Bytes of randomness in the token of a remote server.
+const TOKEN_BYTES: usize = 16;
+
+/// What `serve` is asked to do.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The address to listen on (port 0: any free port).
+    pub addr: SocketAddr,
+    /// Open the browser on the printed URL.
+    pub open: bool,
+    /// Allow a non-loopback address; every request then needs the printed token.
+    pub allow_remote: bool,
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct App {
+    /// The root served.
+    pub root: Root,
+    /// Its query side.
+    pub query: SessionQuery,
+    /// The host id of session refs.
+    pub host: String,
+    /// The token every request must present (with `--allow-remote`).
+    pub token: Option<Arc<str>>,
+    /// When a sessions page last refreshed the catalog (`None`: not yet).
+    pub catalog_refreshed: Arc<Mutex<Option<Instant>>>,
+}
+
+/// A random token: 16 bytes of the OS's randomness, in hex.
+fn random_token() -> CliResult<String> {
+    let mut bytes = [0u8; TOKEN_BYTES];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| Failure::with_code(EXIT_OTHER, format!("no randomness for a token: {e}")))?;
+    Ok(hex::encode(bytes))
+}
+
+/// The routes.
+fn router(app: App) -> Router {
+    Router::new()
+        .route("/", get(pages::sessions))
+        .route("/sessions/{id}", get(pages::session))
+        .route("/sessions/{id}/tree", get(pages::tree))
+        .route("/sessions/{id}/stats", get(pages::stats))
+        .route("/sessions/{id}/content/{digest}", get(api::content))
+        .route("/assets/style.css", get(assets::style))
+        .route("/api/sessions", get(api::sessions))
+        .route("/api/search", get(api::search))
+        .route("/api/sessions/{id}", get(api::session))
+        .route("/api/sessions/{id}/history", get(api::history))
+        .route("/api/sessions/{id}/tree", get(api::tree))
+        .route("/api/sessions/{id}/stats", get(api::stats))
+        .route("/api/sessions/{id}/content/{digest}", get(api::content))
+        .fallback(fallback)
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            guard::check,
+        ))
+        .with_state(app)
+}
+
+/// Any address without a route: a JSON 404 under `/api/`, else an HTML one.
+async fn fallback(uri: Uri) -> Response {
+    if uri.path().starts_with("/api/") {
+        api::not_found().await.into_response()
+    } else {
+        pages::not_found().await.into_response()
+    }
+}
+
+/// Starts the system's browser on `url` (`xdg-open`, `open` on macOS); a failure is a
+/// warning.
+fn open_browser(url: &str) {
+    let opener = if cfg!(target_os = "macos") {
+        "open"
+    } else {
+        "xdg-open"
+    };
+    if let Err(e) = std::process::Command::new(opener)
+        .arg(url)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+    {
+        eprintln!("session-store: warning: cannot start {opener}: {e}; open {url} yourself");
+    }
+}
+
+/// `serve [--addr IP:PORT] [--open] [--allow-remote]`: prints the URL (with the token, if
+/// any) as the first line on stdout, then serves until killed.
+pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
+    let addr = options.addr;
+    if !addr.ip().is_loopback() && !options.allow_remote {
+        return Err(Failure::usage(format!(
+            "{addr} is not a loopback address: pass --allow-remote to serve other machines \
+             (every request then needs the token printed at start)"
+        )));
+    }
+    if !cx.root.is_dir() {
+        return Err(Failure::with_code(
+            EXIT_NOT_FOUND,
+            format!("no root at {}", cx.root.display()),
+        ));
+    }
+    let root = cx.open_root()?;
+    let service = Service::new(cx.host.clone(), root.clone())?;
+    let token = match options.allow_remote {
+        true => Some(Arc::<str>::from(random_token()?)),
+        false => None,
+    };
+    let app = App {
+        root,
+        query: service.query(),
+        host: cx.host.clone(),
+        token: token.clone(),
+        catalog_refreshed: Arc::default(),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(WORKERS)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| Failure::with_code(EXIT_OTHER, format!("cannot listen on {addr}: {e}")))?;
+        let bound = listener.local_addr()?;
+        let url = match &token {
+            Some(token) => format!("http://{bound}/?token={token}"),
+            None => format!("http://{bound}/"),
+        };
+        {
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "{url}")?;
+            out.flush()?;
+        }
+        eprintln!(
+            "session-store: serving {} read-only at {url} (Ctrl-C stops)",
+            cx.root.display()
+        );
+        if options.open {
+            open_browser(&url);
+        }
+        axum::serve(listener, router(app)).await?;
+        Ok(())
+    })
+}

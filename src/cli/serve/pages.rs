@@ -1,0 +1,69 @@
+//! The HTML routes: each validates its path and query, loads through [`data`] and renders
+//! a template; failures answer with a small HTML error page.
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{Html, IntoResponse, Response};
+
+use super::App;
+use super::data::{self, Params};
+use super::problem::{PageError, Problem};
+use super::{templates, transcript};
+
+/// `GET /`: the sessions list, or the hits of `q`.
+pub async fn sessions(
+    State(app): State<App>,
+    Query(params): Query<Params>,
+) -> Result<Response, PageError> {
+    if params.query().is_some() {
+        return Ok(match data::search(&app, &params).await {
+            Ok(page) => templates::search_page(&page, &params).into_response(),
+            // A malformed query: the reason, above the search box holding it.
+            Err(p) if p.status == StatusCode::BAD_REQUEST => {
+                (p.status, templates::search_refused(&p.message, &params)).into_response()
+            }
+            Err(p) => return Err(p.into()),
+        });
+    }
+    let list = data::sessions(&app, &params).await?;
+    Ok(templates::sessions_page(&list, &params).into_response())
+}
+
+/// `GET /sessions/{id}`: header, lineage and a page of the transcript.
+pub async fn session(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    Query(params): Query<Params>,
+) -> Result<Html<String>, PageError> {
+    let id = data::session_id(&id)?;
+    let detail = data::session(&app, id.clone()).await?;
+    let transcript = data::history(&app, id, &params).await?;
+    Ok(transcript::session_page(
+        &detail,
+        &transcript,
+        params.cursor(),
+    ))
+}
+
+/// `GET /sessions/{id}/tree`: the fork tree.
+pub async fn tree(
+    State(app): State<App>,
+    Path(id): Path<String>,
+) -> Result<Html<String>, PageError> {
+    let tree = data::tree(&app, data::session_id(&id)?).await?;
+    Ok(templates::tree_page(&tree))
+}
+
+/// `GET /sessions/{id}/stats`: storage statistics as charts.
+pub async fn stats(
+    State(app): State<App>,
+    Path(id): Path<String>,
+) -> Result<Html<String>, PageError> {
+    let stats = data::stats(&app, data::session_id(&id)?).await?;
+    Ok(templates::stats_page(&stats))
+}
+
+/// Any other address.
+pub async fn not_found() -> PageError {
+    PageError(Problem::not_found("no page at this address"))
+}

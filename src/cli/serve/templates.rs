@@ -1,0 +1,282 @@
+//! The page frame and the sessions, search, error, tree and stats pages, as maud
+//! templates compiled into the binary. maud escapes every interpolated string, so text
+//! from a session (titles, ids, snippets, working directories) is always text, never
+//! markup; URLs are built by [`links`] from validated ids, never taken from a session.
+
+use axum::http::StatusCode;
+use axum::response::Html;
+use maud::{DOCTYPE, Markup, html};
+use session_store::{SearchPage, SessionId, SessionStats, Snippet};
+
+use super::data::{ForkTree, Params, SessionList};
+use super::{links, svg};
+use crate::cli::human_bytes;
+use crate::cli::sessions::utc;
+
+/// The origins a session list can be filtered by.
+const ORIGINS: [&str; 5] = ["new", "fork", "rewind", "canonical-import", "legacy-import"];
+
+/// Characters of a title or preview shown in a list.
+const TITLE_CHARS: usize = 100;
+
+/// `text` cut to `max` characters, with an ellipsis when cut.
+pub fn clip(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_owned(),
+    }
+}
+
+/// A page: the frame, the navigation and `body`.
+pub fn layout(title: &str, body: Markup) -> Html<String> {
+    Html(
+        html! {
+            (DOCTYPE)
+            html lang="en" {
+                head {
+                    meta charset="utf-8";
+                    meta name="viewport" content="width=device-width, initial-scale=1";
+                    title { (title) " · session-store" }
+                    link rel="stylesheet" href="/assets/style.css";
+                }
+                body {
+                    header.top {
+                        a.brand href="/" { "session-store" }
+                        nav { a href="/" { "Sessions" } }
+                    }
+                    main { (body) }
+                }
+            }
+        }
+        .into_string(),
+    )
+}
+
+/// The small page of an error answer.
+pub fn error_page(status: StatusCode, message: &str) -> Html<String> {
+    layout(
+        status.canonical_reason().unwrap_or("Error"),
+        html! {
+            h1 { (status.as_u16()) " " (status.canonical_reason().unwrap_or("Error")) }
+            p.error { (message) }
+            p { a href="/" { "Back to the sessions" } }
+        },
+    )
+}
+
+/// The search box and the filters, keeping what was asked.
+fn filters(params: &Params) -> Markup {
+    let origin = params.origin_text().unwrap_or("");
+    html! {
+        form.filters method="get" action="/" {
+            input type="search" name="q" placeholder="Search messages, tool outputs, titles"
+                value=(params.query().unwrap_or("")) aria-label="Search";
+            input type="text" name="cwd" placeholder="Working directory"
+                value=(params.cwd().unwrap_or("")) aria-label="Working directory";
+            select name="origin" aria-label="Origin" {
+                option value="" selected[origin.is_empty()] { "any origin" }
+                @for o in ORIGINS {
+                    option value=(o) selected[origin == o] { (o) }
+                }
+            }
+            button type="submit" { "Go" }
+            @if params.query().is_some() || params.cwd().is_some() || !origin.is_empty() {
+                " " a href="/" { "clear" }
+            }
+        }
+    }
+}
+
+/// The sessions page: a page of the catalog, newest first.
+pub fn sessions_page(list: &SessionList, params: &Params) -> Html<String> {
+    let next = list.next_cursor.as_deref().map(|cursor| {
+        links::with_query(
+            "/",
+            &[
+                ("cwd", params.cwd()),
+                ("origin", params.origin_text()),
+                ("cursor", Some(cursor)),
+            ],
+        )
+    });
+    layout(
+        "Sessions",
+        html! {
+            h1 { "Sessions" }
+            (filters(params))
+            @if list.sessions.is_empty() {
+                p.empty { "No sessions." }
+            } @else {
+                table.sessions {
+                    thead { tr {
+                        th { "Title" } th { "Id" } th { "Working directory" } th { "Origin" }
+                        th.num { "Turns" } th.num { "Events" } th.num { "Tokens in / out" }
+                        th.num { "Size" } th { "Updated (UTC)" }
+                    } }
+                    tbody {
+                        @for row in &list.sessions {
+                            @let s = &row.summary;
+                            @let id = &s.session_ref.session_id;
+                            tr.session {
+                                td.title {
+                                    a href=(links::session(id)) {
+                                        @if s.title.is_empty() {
+                                            span.untitled { (clip(s.preview.as_deref().unwrap_or("(untitled)"), TITLE_CHARS)) }
+                                        } @else {
+                                            (clip(&s.title, TITLE_CHARS))
+                                        }
+                                    }
+                                    @if row.writer.is_some() { " " span.badge.live { "live" } }
+                                }
+                                td { code { (id.as_str()) } }
+                                td { (s.cwd.as_deref().unwrap_or("")) }
+                                td { (s.origin.as_str()) }
+                                td.num { (s.turns) }
+                                td.num { (s.durable_sequence) }
+                                td.num {
+                                    @if s.usage.is_empty() { "—" } @else {
+                                        (s.usage.total.input_tokens) " / " (s.usage.total.output_tokens)
+                                    }
+                                }
+                                td.num { (human_bytes(row.file_bytes)) }
+                                td { (utc(s.updated_at_ms)) }
+                            }
+                        }
+                    }
+                }
+            }
+            @for skipped in &list.skipped {
+                p.warning { "Skipped " code { (skipped.session_id.as_str()) } ": " (crate::cli::one_line(skipped.error.as_ref())) }
+            }
+            @if let Some(next) = next { p.pager { a href=(next) { "Next page →" } } }
+        },
+    )
+}
+
+/// A snippet with its matched words in `<mark>`.
+pub fn snippet(s: &Snippet) -> Markup {
+    let mut parts: Vec<(&str, bool)> = Vec::new();
+    let mut at = 0;
+    for m in &s.matches {
+        if let (Some(before), Some(hit)) = (s.text.get(at..m.start), s.text.get(m.clone())) {
+            parts.push((before, false));
+            parts.push((hit, true));
+            at = m.end;
+        }
+    }
+    parts.push((s.text.get(at..).unwrap_or(""), false));
+    html! {
+        @for (text, hit) in parts {
+            @if hit { mark { (text) } } @else { (text) }
+        }
+    }
+}
+
+/// The search results page.
+pub fn search_page(page: &SearchPage, params: &Params) -> Html<String> {
+    let next = page.next_cursor.as_deref().map(|cursor| {
+        links::with_query(
+            "/",
+            &[
+                ("q", params.query()),
+                ("cwd", params.cwd()),
+                ("cursor", Some(cursor)),
+            ],
+        )
+    });
+    layout(
+        "Search",
+        html! {
+            h1 { "Search" }
+            (filters(params))
+            @if page.hits.is_empty() {
+                p.empty { "No hits." }
+            }
+            ol.hits {
+                @for hit in &page.hits {
+                    @let id = &hit.session_ref.session_id;
+                    li.hit {
+                        a href=(links::message(id, hit.position)) {
+                            @if hit.title.is_empty() { code { (id.as_str()) } } @else { (clip(&hit.title, TITLE_CHARS)) }
+                        }
+                        " " span.role { (hit.role.as_deref().unwrap_or("")) }
+                        @if hit.position > 0 { " " span.meta { "#" (hit.position) } }
+                        " " span.meta { (utc(hit.time_ms)) }
+                        p.snippet { (snippet(&hit.snippet)) }
+                    }
+                }
+            }
+            @if let Some(next) = next { p.pager { a href=(next) { "More hits →" } } }
+        },
+    )
+}
+
+/// The search page of a query that was refused, with the reason.
+pub fn search_refused(message: &str, params: &Params) -> Html<String> {
+    layout(
+        "Search",
+        html! {
+            h1 { "Search" }
+            (filters(params))
+            p.error { (message) }
+        },
+    )
+}
+
+/// The navigation of a session's pages.
+pub fn session_nav(id: &SessionId) -> Markup {
+    html! {
+        nav.session-nav {
+            a href=(links::session(id)) { "Transcript" }
+            a href=(links::tree(id)) { "Fork tree" }
+            a href=(links::stats(id)) { "Storage" }
+            a href=(links::api_session(id)) { "JSON" }
+        }
+    }
+}
+
+/// The fork tree page.
+pub fn tree_page(tree: &ForkTree) -> Html<String> {
+    layout(
+        &format!("Fork tree of {}", tree.focus),
+        html! {
+            h1 { "Fork tree of " code { (tree.focus.as_str()) } }
+            (session_nav(&tree.focus))
+            p.meta {
+                (tree.nodes.len()) " sessions: ancestors, siblings and descendants; each edge is labelled with its fork point."
+                @if tree.truncated { " Only the first sessions are drawn." }
+            }
+            div.graph { (svg::fork_tree(tree)) }
+        },
+    )
+}
+
+/// The storage stats page.
+pub fn stats_page(stats: &SessionStats) -> Html<String> {
+    let id = &stats.session_id;
+    let b = &stats.blobs;
+    layout(
+        &format!("Storage of {id}"),
+        html! {
+            h1 { "Storage of " code { (id.as_str()) } }
+            (session_nav(id))
+            p.meta {
+                (stats.events) " events through sequence " (stats.durable_sequence) "; file and WAL "
+                (human_bytes(stats.file_bytes)) "."
+            }
+            h2 { "Bytes by event kind" }
+            div.chart { (svg::kind_chart(&stats.kinds)) }
+            h2 { "Blobs" }
+            p {
+                (b.count) " distinct blobs (" (b.compressed) " compressed): "
+                (human_bytes(b.raw_bytes)) " raw, " (human_bytes(b.stored_bytes)) " stored, ratio "
+                (format!("{:.2}", b.compression_ratio)) "."
+            }
+            div.chart { (svg::bars(&[("raw", b.raw_bytes), ("stored", b.stored_bytes)])) }
+            h2 { "Bytes by table" }
+            div.chart {
+                (svg::bars(&stats.tables.iter().map(|t| (t.table.as_str(), t.bytes)).collect::<Vec<_>>()))
+            }
+        },
+    )
+}

@@ -1,0 +1,222 @@
+//! The session page: the header, the lineage and a page of the transcript, messages
+//! grouped into their turns, tool calls and outputs in collapsed `<details>`, a permalink
+//! anchor per message, blob content behind a link (loaded on demand).
+
+use axum::response::Html;
+use maud::{Markup, html};
+use serde_json::{Map, Value};
+use session_store::{Message, PersistentMessage, SessionId, TurnBoundary};
+
+use super::data::{SessionDetail, Transcript};
+use super::links;
+use super::templates::{clip, layout, session_nav};
+use crate::cli::human_bytes;
+use crate::cli::sessions::utc;
+
+/// Text longer than this (in bytes) is collapsed behind its first line.
+const LONG_TEXT: usize = 1500;
+/// Characters of a collapsed text shown in its summary.
+const SUMMARY_CHARS: usize = 120;
+
+/// A role as a CSS class suffix: lowercase ASCII letters, digits and `-` only.
+fn role_class(role: &str) -> String {
+    let token: String = role
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+        .take(24)
+        .collect::<String>()
+        .to_ascii_lowercase();
+    format!("message role-{token}")
+}
+
+/// A JSON value as text: a string as is, anything else pretty-printed.
+fn json_text(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        other => serde_json::to_string_pretty(other).unwrap_or_default(),
+    }
+}
+
+/// One tool call of an assistant message: id, name, arguments.
+struct ToolCall {
+    id: String,
+    name: String,
+    arguments: String,
+}
+
+/// The tool calls of a message (`tool_calls[]` in the OpenAI shape: `id`,
+/// `function.name`, `function.arguments`; or `name` and `arguments` / `input`).
+fn tool_calls(fields: &Map<String, Value>) -> Vec<ToolCall> {
+    let Some(Value::Array(calls)) = fields.get("tool_calls") else {
+        return Vec::new();
+    };
+    calls
+        .iter()
+        .map(|call| {
+            let function = call.get("function").unwrap_or(call);
+            let text = |v: Option<&Value>| v.map(json_text).unwrap_or_default();
+            ToolCall {
+                id: text(call.get("id")),
+                name: text(function.get("name")),
+                arguments: text(function.get("arguments").or_else(|| function.get("input"))),
+            }
+        })
+        .collect()
+}
+
+/// The body of an inline message.
+fn body(message: &Message) -> Markup {
+    let fields = message.fields();
+    let text = message.text();
+    let is_tool = message.role() == Some("tool");
+    html! {
+        @if let Some(text) = &text {
+            @if is_tool {
+                details.tool-output {
+                    summary {
+                        "tool output"
+                        @if let Some(Value::String(call)) = fields.get("tool_call_id") { " · " code { (call) } }
+                        " · " (human_bytes(text.len() as u64))
+                    }
+                    pre { (text) }
+                }
+            } @else if text.len() > LONG_TEXT {
+                details.long {
+                    summary { (clip(text.lines().next().unwrap_or(""), SUMMARY_CHARS)) " … (" (human_bytes(text.len() as u64)) ")" }
+                    div.text { (text) }
+                }
+            } @else {
+                div.text { (text) }
+            }
+        } @else if let Some(content) = fields.get("content").filter(|c| !c.is_null()) {
+            details.json {
+                summary { "content (JSON)" }
+                pre { (json_text(content)) }
+            }
+        }
+        @for call in tool_calls(&fields) {
+            details.tool-call {
+                summary { "tool call " code { (call.name) } @if !call.id.is_empty() { " · " code { (call.id) } } }
+                pre { (call.arguments) }
+            }
+        }
+    }
+}
+
+/// One message, with its permalink anchor `m<position>`.
+fn message(session: &SessionId, m: &PersistentMessage) -> Markup {
+    let role = m.role.as_deref().unwrap_or("(no role)");
+    html! {
+        article class=(role_class(role)) id=(format!("m{}", m.position)) {
+            header {
+                span.role { (role) }
+                " " a.permalink href=(format!("#m{}", m.position)) title="Permalink" { "#" (m.position) }
+                " " span.meta { code { (m.message_id) } }
+            }
+            @match (&m.inline, &m.content_ref) {
+                (Some(inline), _) => (body(inline)),
+                (None, Some(content)) => p.blob {
+                    "Large message (" (human_bytes(content.bytes)) ", stored as a blob): "
+                    a href=(links::content(session, &content.digest)) { "load it" }
+                },
+                (None, None) => p.empty { "(no body)" },
+            }
+        }
+    }
+}
+
+/// The page's messages grouped by the ended turn that holds them (`None`: outside any
+/// ended turn, e.g. a turn still open).
+fn sections(t: &Transcript) -> Vec<(Option<&TurnBoundary>, Vec<&PersistentMessage>)> {
+    let mut out: Vec<(Option<&TurnBoundary>, Vec<&PersistentMessage>)> = Vec::new();
+    for m in &t.page.messages {
+        let seq = m.event_sequence;
+        let turn = t
+            .turns
+            .iter()
+            .find(|t| t.start_sequence <= seq && seq <= t.end_sequence);
+        match out.last_mut() {
+            Some((last, messages))
+                if last.map(|l| l.start_sequence) == turn.map(|t| t.start_sequence) =>
+            {
+                messages.push(m);
+            }
+            _ => out.push((turn, vec![m])),
+        }
+    }
+    out
+}
+
+/// The session page.
+pub fn session_page(d: &SessionDetail, t: &Transcript, cursor: Option<&str>) -> Html<String> {
+    let h = &d.info.header;
+    let id = &h.session_id;
+    let title = if d.entry.title.is_empty() {
+        id.as_str()
+    } else {
+        d.entry.title.as_str()
+    };
+    let older = t
+        .page
+        .next_cursor
+        .as_deref()
+        .map(|c| links::with_query(&links::session(id), &[("cursor", Some(c))]));
+    let pager = html! {
+        p.pager {
+            @if cursor.is_some() { a href=(links::session(id)) { "← Newest messages" } " " }
+            @if let Some(older) = &older { a href=(older) { "Older messages →" } }
+        }
+    };
+    layout(
+        title,
+        html! {
+            h1 {
+                (title)
+                @if d.writer.is_some() { " " span.badge.live title="A writer holds this session: the durable prefix is shown" { "live" } }
+            }
+            (session_nav(id))
+            dl.header {
+                dt { "Id" } dd { code { (id.as_str()) } }
+                @if let Some(cwd) = &h.cwd { dt { "Working directory" } dd { code { (cwd) } } }
+                dt { "Origin" } dd {
+                    (h.origin.as_str())
+                    @if let Some(parent) = &h.parent_id { " of " a href=(links::session(parent)) { code { (parent.as_str()) } } }
+                }
+                dt { "Created (UTC)" } dd { (utc(h.created_at_ms)) }
+                dt { "Durable sequence" } dd { (d.info.durable_sequence) " (" (d.info.inherited_events) " inherited)" }
+                dt { "Turns" } dd { (d.entry.turns) }
+                dt { "File" } dd { (human_bytes(d.file_bytes)) }
+                @if !d.entry.usage.is_empty() {
+                    dt { "Tokens" } dd { (d.entry.usage.total.input_tokens) " in, " (d.entry.usage.total.output_tokens) " out" }
+                }
+                @if let Some(w) = &d.writer {
+                    dt { "Writer" } dd { "pid " (w.pid) " on " (w.host) " since " (utc(w.since_ms)) }
+                }
+            }
+            @if !d.info.lineage.is_empty() {
+                h2 { "Lineage" }
+                ol.lineage {
+                    @for e in &d.info.lineage {
+                        li { a href=(links::session(&e.ancestor_id)) { code { (e.ancestor_id.as_str()) } } " sequences " (e.after_seq + 1) "–" (e.through_seq) }
+                    }
+                    li { code { (id.as_str()) } " (this session)" }
+                }
+            }
+            h2 { "Transcript" }
+            @if t.page.messages.is_empty() { p.empty { "No messages." } }
+            (pager)
+            @for (turn, messages) in sections(t) {
+                section.turn id=[turn.map(|t| format!("t{}", t.start_sequence))] {
+                    h3 {
+                        @match turn {
+                            Some(turn) => { "Turn " code { (turn.turn_id) } " " span.meta { (turn.status) } },
+                            None => { "Outside an ended turn" },
+                        }
+                    }
+                    @for m in messages { (message(id, m)) }
+                }
+            }
+            (pager)
+        },
+    )
+}

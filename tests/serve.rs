@@ -1,0 +1,590 @@
+//! `session-store serve` (issue 16), through the real binary on an ephemeral loopback
+//! port: every page's HTML and the JSON API over a demo root with forks, paging and
+//! filters, ids and digests validated (400 / 404), hostile session content escaped, the
+//! security headers, a live session shown at its durable prefix without taking its lock,
+//! remote addresses refused without `--allow-remote` and a token required with it, a
+//! Host header that is not loopback refused, bad flags.
+
+mod common;
+mod serve_support;
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use serve_support::{DEMO, Server, cli, demo_root};
+use session_store::{Batch, CreateOptions, Event, Root, SessionId, StoreOptions};
+
+fn ids(list: &Value) -> Vec<String> {
+    list["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .map(|s| {
+            s["session_ref"]["session_id"]
+                .as_str()
+                .expect("id")
+                .to_owned()
+        })
+        .collect()
+}
+
+#[test]
+fn pages_and_api_over_the_demo_root() {
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+
+    // The sessions page: every title, newest first, with the security headers.
+    let page = server.ok("/");
+    for (_, title) in DEMO {
+        let escaped = title.replace('\'', "&#39;");
+        assert!(
+            page.body.contains(title) || page.body.contains(&escaped),
+            "title {title:?} missing"
+        );
+    }
+    let csp = page.header("content-security-policy").expect("CSP");
+    assert!(csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"));
+    assert_eq!(page.header("x-content-type-options"), Some("nosniff"));
+    assert!(
+        page.header("server-timing")
+            .is_some_and(|t| t.starts_with("app;dur="))
+    );
+    let css = server.ok("/assets/style.css");
+    assert!(
+        css.header("content-type")
+            .is_some_and(|t| t.starts_with("text/css"))
+    );
+
+    // The API: the same sessions, most recently updated first.
+    let list = server.ok("/api/sessions").json();
+    let all = ids(&list);
+    assert_eq!(all.len(), 8, "{all:?}");
+    let updated: Vec<i64> = list["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .map(|s| s["updated_at_ms"].as_i64().expect("updated"))
+        .collect();
+    assert!(updated.windows(2).all(|w| w[0] >= w[1]), "{updated:?}");
+    // Pages of three follow the cursor to the same listing.
+    let mut paged = Vec::new();
+    let mut path = "/api/sessions?limit=3".to_owned();
+    loop {
+        let page = server.ok(&path).json();
+        paged.extend(ids(&page));
+        match page["next_cursor"].as_str() {
+            Some(c) => path = format!("/api/sessions?limit=3&cursor={c}"),
+            None => break,
+        }
+    }
+    assert_eq!(paged, all);
+    // Filters.
+    assert_eq!(
+        ids(&server.ok("/api/sessions?cwd=%2Fsrv%2Fgateway").json()),
+        ["demo-log-triage"]
+    );
+    let mut forks = ids(&server.ok("/api/sessions?origin=fork").json());
+    forks.sort();
+    assert_eq!(forks, ["flaky-fork", "flaky-fork-2"]);
+    let html = server.ok("/?origin=rewind").body;
+    assert!(html.contains("flaky-rewind") && !html.contains("demo-log-triage"));
+    for bad in [
+        "/api/sessions?origin=bogus",
+        "/api/sessions?limit=0",
+        "/api/sessions?limit=101",
+    ] {
+        let reply = server.get(bad);
+        assert_eq!(reply.status, 400, "{bad}");
+        assert!(reply.json()["error"].is_string());
+    }
+
+    // Search: the page with marked words, the API, a malformed query refused.
+    let hits = server.ok("/?q=api-3").body;
+    assert!(
+        hits.contains("<mark>") && hits.contains("/sessions/demo-log-triage#m"),
+        "{hits}"
+    );
+    let found = server.ok("/api/search?q=upstream").json();
+    assert!(
+        found["hits"]
+            .as_array()
+            .expect("hits")
+            .iter()
+            .any(|h| h["session_ref"]["session_id"] == "demo-log-triage")
+    );
+    let malformed = server.get("/api/search?q=%22unclosed");
+    assert_eq!(malformed.status, 400);
+    assert!(
+        malformed.json()["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("quote") || e.contains('"'))
+    );
+    let refused = server.get("/?q=%22unclosed");
+    assert_eq!(refused.status, 400);
+    assert!(
+        refused.body.contains("<p class=\"error\">")
+            && refused.body.contains("value=\"&quot;unclosed\"")
+    );
+
+    // A session page: header, turns as sections, roles, permalinks, tool calls and outputs
+    // collapsed, a blob behind a link that loads it.
+    let session = server.ok("/sessions/demo-flaky-test").body;
+    for needle in [
+        "Fix the flaky parser test",
+        "<section class=\"turn\"",
+        "<code>turn-1</code>",
+        "<code>turn-2</code>",
+        "id=\"m1\"",
+        "href=\"#m1\"",
+        "class=\"message role-user\"",
+        "class=\"message role-tool\"",
+        "<details class=\"tool-call\"><summary>tool call <code>bash</code>",
+        "<details class=\"tool-output\">",
+        "The CI keeps failing on tokens::nested_quotes",
+        "Done: the test now uses its own temp dir",
+    ] {
+        assert!(
+            session.contains(needle),
+            "{needle:?} missing from the session page"
+        );
+    }
+    let blob = session
+        .split("href=\"")
+        .find_map(|s| s.split('"').next().filter(|h| h.contains("/content/")))
+        .expect("a blob link")
+        .to_owned();
+    let content = server.ok(&blob);
+    assert!(content.body.contains("quoted_string_roundtrip"));
+    assert!(
+        content
+            .header("content-type")
+            .is_some_and(|t| t.starts_with("text/plain"))
+    );
+    assert_eq!(server.ok(&format!("/api{blob}")).body, content.body);
+
+    // The session and its history as JSON, paged.
+    let detail = server.ok("/api/sessions/demo-flaky-test").json();
+    assert_eq!(detail["info"]["header"]["session_id"], "demo-flaky-test");
+    assert_eq!(detail["entry"]["title"], "Fix the flaky parser test");
+    assert!(detail["writer"].is_null());
+    let newest = server
+        .ok("/api/sessions/demo-flaky-test/history?limit=3")
+        .json();
+    let positions = |page: &Value| -> Vec<u64> {
+        page["messages"]
+            .as_array()
+            .expect("messages")
+            .iter()
+            .map(|m| m["position"].as_u64().expect("position"))
+            .collect()
+    };
+    let top = positions(&newest);
+    assert_eq!(top.len(), 3);
+    assert_eq!(newest["turns"][0]["turn_id"], "turn-2");
+    let cursor = newest["next_cursor"].as_str().expect("older page");
+    let older = server
+        .ok(&format!(
+            "/api/sessions/demo-flaky-test/history?limit=3&cursor={cursor}"
+        ))
+        .json();
+    assert_eq!(
+        positions(&older).last().map(|p| p + 1),
+        top.first().copied()
+    );
+    let older_html = server
+        .ok(&format!(
+            "/sessions/demo-flaky-test?cursor={cursor}&limit=3"
+        ))
+        .body;
+    assert!(older_html.contains("Newest messages"));
+    assert_eq!(
+        server
+            .get("/api/sessions/demo-flaky-test/history?cursor=h9")
+            .status,
+        400
+    );
+
+    // The fork tree: ancestors, siblings and descendants, edges labelled with fork points.
+    let tree = server.ok("/api/sessions/flaky-fork/tree").json();
+    let relation = |id: &str| {
+        tree["nodes"]
+            .as_array()
+            .expect("nodes")
+            .iter()
+            .find(|n| n["session_id"] == id)
+            .map(|n| n["relation"].as_str().unwrap_or("").to_owned())
+    };
+    assert_eq!(relation("demo-flaky-test").as_deref(), Some("ancestor"));
+    assert_eq!(relation("flaky-fork").as_deref(), Some("focus"));
+    assert_eq!(relation("flaky-rewind").as_deref(), Some("sibling"));
+    assert_eq!(relation("flaky-fork-2").as_deref(), Some("descendant"));
+    assert_eq!(relation("demo-log-triage"), None);
+    let labels: Vec<(&str, &str)> = tree["edges"]
+        .as_array()
+        .expect("edges")
+        .iter()
+        .map(|e| {
+            (
+                e["child"].as_str().unwrap_or(""),
+                e["label"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        labels,
+        [
+            ("flaky-fork", "after turn-1"),
+            ("flaky-rewind", "before turn-2"),
+            ("flaky-fork-2", "after turn-1")
+        ]
+    );
+    let svg = server.ok("/sessions/flaky-fork/tree").body;
+    assert_eq!(svg.matches("<g class=\"node ").count(), 4);
+    assert_eq!(svg.matches("<g class=\"edge\"").count(), 3);
+    for needle in [
+        "after turn-1",
+        "before turn-2",
+        "href=\"/sessions/flaky-fork-2\"",
+        "node focus",
+    ] {
+        assert!(svg.contains(needle), "{needle:?} missing from the tree");
+    }
+
+    // Storage stats: JSON and the charts.
+    let stats = server.ok("/api/sessions/demo-flaky-test/stats").json();
+    assert!(stats["blobs"]["count"].as_u64().is_some_and(|n| n > 0));
+    assert!(
+        stats["kinds"]
+            .as_array()
+            .expect("kinds")
+            .iter()
+            .any(|k| k["kind"] == "message/complete")
+    );
+    let charts = server.ok("/sessions/demo-flaky-test/stats").body;
+    assert_eq!(charts.matches("<svg class=\"bars\"").count(), 3);
+    assert!(charts.contains("message/complete") && charts.contains("compressed"));
+}
+
+#[test]
+fn ids_digests_and_routes_are_validated() {
+    let (_dir, root) = demo_root();
+    let before = std::fs::read_dir(&root).expect("root").count();
+    let server = Server::start(&root, &[]);
+    let digest = "0".repeat(64);
+    for (path, status, json) in [
+        ("/sessions/nope", 404, false),
+        ("/sessions/nope/tree", 404, false),
+        ("/sessions/nope/stats", 404, false),
+        ("/api/sessions/nope", 404, true),
+        ("/api/sessions/nope/history", 404, true),
+        ("/api/sessions/nope/tree", 404, true),
+        ("/api/sessions/nope/stats", 404, true),
+        ("/sessions/..%2F..%2Fetc", 400, false),
+        ("/sessions/con.txt", 400, false),
+        ("/api/sessions/..", 400, true),
+        ("/api/sessions/a%3Cb", 400, true),
+        ("/api/sessions/%20x/tree", 400, true),
+        ("/api/sessions/demo-flaky-test/content/abc", 400, false),
+        (
+            "/api/sessions/demo-flaky-test/content/..%2Fsession.sqlite",
+            400,
+            false,
+        ),
+        (
+            &format!("/api/sessions/demo-flaky-test/content/{digest}"),
+            404,
+            true,
+        ),
+        (&format!("/api/sessions/nope/content/{digest}"), 404, true),
+        ("/no/such/page", 404, false),
+        ("/api/nothing", 404, true),
+    ] {
+        let reply = server.get(path);
+        assert_eq!(reply.status, status, "{path}: {}", reply.body);
+        if json {
+            assert!(reply.json()["error"].is_string(), "{path}");
+        } else if !path.starts_with("/api/") {
+            assert!(
+                reply.body.contains("<p class=\"error\">"),
+                "{path}: {}",
+                reply.body
+            );
+        }
+        assert!(reply.header("content-security-policy").is_some(), "{path}");
+    }
+    // Nothing was created for the ids asked for.
+    assert_eq!(std::fs::read_dir(&root).expect("root").count(), before);
+    assert!(!root.join("nope").exists());
+}
+
+/// Text a hostile agent could put in a session.
+const HOSTILE: &str = "<script>document.title='pwned'</script><img src=x onerror=alert(1)> \
+                       <a href=\"javascript:alert(2)\">click</a> [x](javascript:alert(3)) \"q' &amp;";
+
+/// A session full of hostile strings: title, cwd, role, message ids, tool call names and
+/// arguments, tool output, and a fork with a hostile turn id.
+fn hostile_root() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("root");
+    let root = Root::open(&path).expect("root");
+    let id = SessionId::new("hostile").expect("id");
+    let session = root
+        .create(CreateOptions::with_id(id.clone()).with_cwd("/tmp/\"><script>alert(4)</script>"))
+        .expect("create");
+    let event =
+        |kind: &str, payload: Value| Event::new(kind).with_payload(&payload).expect("payload");
+    let turn = "t\"><script>alert(5)</script>";
+    session
+        .append(
+            Batch::new(
+                "op-1",
+                vec![
+                    Event::new("turn/start"),
+                    event("message/complete", json!({"message": {"id": "u\"1<b>", "role": "user", "content": HOSTILE}})),
+                    event("message/complete", json!({"message": {"id": "a1", "role": "assistant\"><script>x</script>",
+                        "content": HOSTILE,
+                        "tool_calls": [{"id": "c<1>", "type": "function",
+                            "function": {"name": "<img src=x onerror=alert(6)>", "arguments": HOSTILE}}]}})),
+                    event("message/complete", json!({"message": {"id": "tool1", "role": "tool",
+                        "tool_call_id": "c<1>", "content": HOSTILE.repeat(40)}})),
+                    event("session/title", json!({"title": HOSTILE})),
+                    event("turn/end", json!({"status": "completed"})),
+                ],
+            )
+            .in_turn(turn),
+        )
+        .expect("append");
+    session.close().expect("close");
+    root.fork(
+        &id,
+        session_store::ForkPoint::AfterTurn(turn.into()),
+        Some(SessionId::new("hostile-fork").expect("id")),
+    )
+    .expect("fork");
+    (dir, path)
+}
+
+#[test]
+fn hostile_content_is_escaped_everywhere() {
+    let (_dir, root) = hostile_root();
+    let server = Server::start(&root, &[]);
+    for path in [
+        "/",
+        "/sessions/hostile",
+        "/sessions/hostile/tree",
+        "/sessions/hostile-fork/tree",
+        "/sessions/hostile/stats",
+        "/?q=pwned",
+        "/?q=%3Cscript%3E&cwd=%22%3E%3Cscript%3E",
+        "/?cwd=%22%3E%3Cscript%3Ealert(7)%3C%2Fscript%3E",
+    ] {
+        let page = server.ok(path).body;
+        let lower = page.to_ascii_lowercase();
+        // The server never emits a script, an image or an event handler of its own, so any
+        // of these would be the session's, unescaped.
+        for forbidden in [
+            "<script",
+            "<img",
+            "href=\"javascript",
+            "<b>",
+            "<a href=\"javascript",
+        ] {
+            assert!(
+                !lower.contains(forbidden),
+                "{path}: {forbidden:?} in {page}"
+            );
+        }
+        if !path.ends_with("/stats") && !path.contains("alert(7)") {
+            assert!(
+                page.contains("&lt;script&gt;"),
+                "{path}: the text is not shown escaped"
+            );
+        }
+    }
+    let session = server.ok("/sessions/hostile").body;
+    // Attributes built from session text keep it inside the quotes.
+    assert!(session.contains("class=\"message role-assistantscriptxscript\""));
+    assert!(session.contains("<section class=\"turn\" id=\"t1\">"));
+    assert!(session.contains("<code>t&quot;&gt;&lt;script&gt;alert(5)"));
+    assert!(session.contains("&quot;q&#39; &amp;amp;") || session.contains("&quot;q' &amp;amp;"));
+    // The reflected search query stays inside the input's value.
+    let reflected = server.get("/?q=%22%3E%3Cscript%3E").body;
+    assert!(
+        reflected.contains("value=\"&quot;&gt;&lt;script&gt;\""),
+        "{reflected}"
+    );
+    // The JSON API returns the strings exact (JSON, served as application/json).
+    let api = server.ok("/api/sessions/hostile");
+    assert!(
+        api.header("content-type")
+            .is_some_and(|t| t.starts_with("application/json"))
+    );
+    assert_eq!(api.json()["entry"]["title"], HOSTILE);
+}
+
+#[test]
+fn a_live_session_shows_its_durable_prefix_and_keeps_its_writer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("root");
+    let root = Root::with_options(
+        &path,
+        StoreOptions::default().with_write_behind(Duration::from_secs(3600)),
+    )
+    .expect("root");
+    let id = SessionId::new("live-one").expect("id");
+    let session = root
+        .create(CreateOptions::with_id(id.clone()))
+        .expect("create");
+    session
+        .append(Batch::new(
+            "op-1",
+            vec![common::message("m1", "user", "durable words")],
+        ))
+        .expect("append");
+    session.flush().expect("flush");
+    let server = Server::start(&path, &[]);
+    let page = server.ok("/sessions/live-one").body;
+    assert!(page.contains("durable words") && page.contains("badge live"));
+    assert!(server.ok("/").body.contains("badge live"));
+    assert!(!server.ok("/api/sessions/live-one").json()["writer"].is_null());
+    // Accepted but not durable: not shown yet; the writer keeps writing meanwhile.
+    session
+        .append(Batch::new(
+            "op-2",
+            vec![common::message("m2", "assistant", "pending words")],
+        ))
+        .expect("append while served");
+    let page = server.ok("/sessions/live-one").body;
+    assert!(!page.contains("pending words"));
+    session.flush().expect("flush while served");
+    assert!(
+        server
+            .ok("/sessions/live-one")
+            .body
+            .contains("pending words")
+    );
+    session.close().expect("close");
+    // Released: no badge, and the server holds no lock (a new writer opens at once).
+    let page = server.ok("/sessions/live-one").body;
+    assert!(!page.contains("badge live"));
+    root.open_writer(&id)
+        .expect("reopen while served")
+        .close()
+        .expect("close");
+}
+
+#[test]
+fn remote_addresses_need_allow_remote_and_then_a_token() {
+    let (_dir, root) = demo_root();
+    let refused = cli(&root, &["serve", "--addr", "0.0.0.0:0"]);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--allow-remote"));
+
+    let server = Server::start_at(&root, "0.0.0.0:0", &["--allow-remote"]);
+    let token = server
+        .printed
+        .split("?token=")
+        .nth(1)
+        .expect("a token in the printed URL")
+        .to_owned();
+    assert_eq!(token.len(), 32);
+    for path in ["/", "/sessions/demo-flaky-test", "/assets/style.css"] {
+        assert_eq!(server.get(path).status, 401, "{path}");
+    }
+    let api = server.get("/api/sessions");
+    assert_eq!(api.status, 401);
+    assert!(
+        api.json()["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("token"))
+    );
+    assert_eq!(
+        server
+            .get("/?token=0123456789abcdef0123456789abcdef")
+            .status,
+        401
+    );
+    assert_eq!(server.get(&format!("/?token={}", &token[..31])).status, 401);
+    let first = server.ok(&format!("/?token={token}"));
+    let cookie = first.header("set-cookie").expect("a cookie");
+    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"));
+    let cookie = cookie.split(';').next().expect("cookie pair").to_owned();
+    assert_eq!(
+        server
+            .get_with("/sessions/demo-flaky-test", &[("cookie", &cookie)])
+            .status,
+        200
+    );
+    let bearer = format!("Bearer {token}");
+    assert_eq!(
+        server
+            .get_with("/api/sessions", &[("authorization", &bearer)])
+            .status,
+        200
+    );
+    // Any Host is accepted with a token (the server was asked to serve other machines).
+    assert_eq!(
+        server
+            .get_with(
+                &format!("/api/sessions?token={token}"),
+                &[("host", "example.test")]
+            )
+            .status,
+        200
+    );
+}
+
+#[test]
+fn a_loopback_server_answers_only_to_loopback_host_names() {
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    for host in ["example.test", "example.test:80", "127.0.0.1.example.test"] {
+        let reply = server.get_with("/api/sessions", &[("host", host)]);
+        assert_eq!(reply.status, 421, "{host}");
+    }
+    for host in ["localhost", "127.0.0.1:1234", "[::1]:80"] {
+        assert_eq!(
+            server.get_with("/api/sessions", &[("host", host)]).status,
+            200,
+            "{host}"
+        );
+    }
+}
+
+#[test]
+fn bad_flags_and_a_missing_root_exit_with_their_codes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("missing");
+    let out = cli(&missing, &["serve", "--addr", "127.0.0.1:0"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(!missing.exists(), "serve created the missing root");
+    assert_eq!(
+        cli(dir.path(), &["serve", "--addr", "nonsense"])
+            .status
+            .code(),
+        Some(2)
+    );
+    assert_eq!(
+        cli(dir.path(), &["serve", "--bogus"]).status.code(),
+        Some(2)
+    );
+}
+
+#[test]
+fn a_session_created_while_served_is_listed_within_seconds() {
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    assert!(!server.ok("/").body.contains("late-comer"));
+    serve_support::cli_ok(&root, &["create", "late-comer"]);
+    // The first page refreshed the catalog; later ones start a background refresh at
+    // most every 2 s and show the catalog as it is meanwhile.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        if server.ok("/api/sessions").body.contains("late-comer") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never listed");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(server.ok("/").body.contains("late-comer"));
+}

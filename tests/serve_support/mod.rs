@@ -1,0 +1,212 @@
+//! Helpers of the `serve` tests (`tests/serve.rs`, `tests/browser.rs`): a demo root made by
+//! the real binary, and the real `session-store serve` process on an ephemeral loopback
+//! port, killed when dropped.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+
+/// The binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_session-store");
+
+/// Runs `session-store --root ROOT ARGS…` to completion.
+pub fn cli(root: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("--root")
+        .arg(root)
+        .args(args)
+        .output()
+        .expect("run session-store")
+}
+
+/// Runs a command that must succeed; returns its stdout.
+pub fn cli_ok(root: &Path, args: &[&str]) -> String {
+    let out = cli(root, args);
+    assert!(
+        out.status.success(),
+        "session-store {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8 stdout")
+}
+
+/// The demo's sessions and titles (`src/cli/demo.rs`).
+pub const DEMO: [(&str, &str); 5] = [
+    ("demo-flaky-test", "Fix the flaky parser test"),
+    ("demo-log-triage", "Triage the 502s in last night's logs"),
+    ("demo-cli-flag", "Add a --dry-run flag"),
+    ("demo-query-plan", "Why is the orders query slow?"),
+    ("demo-release-notes", "Draft release notes for 3.2"),
+];
+
+/// A demo root (`session-store demo`) with a lineage around `demo-flaky-test`:
+/// `flaky-fork` (after turn-1), `flaky-rewind` (before turn-2) and `flaky-fork-2` (a fork
+/// of `flaky-fork` after turn-1).
+pub fn demo_root() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("demo");
+    cli_ok(&root, &["demo"]);
+    cli_ok(
+        &root,
+        &[
+            "fork",
+            "demo-flaky-test",
+            "--after-turn",
+            "turn-1",
+            "--id",
+            "flaky-fork",
+        ],
+    );
+    cli_ok(
+        &root,
+        &[
+            "rewind",
+            "demo-flaky-test",
+            "--before-turn",
+            "turn-2",
+            "--id",
+            "flaky-rewind",
+        ],
+    );
+    cli_ok(
+        &root,
+        &[
+            "fork",
+            "flaky-fork",
+            "--after-turn",
+            "turn-1",
+            "--id",
+            "flaky-fork-2",
+        ],
+    );
+    (dir, root)
+}
+
+/// A running `session-store serve`.
+pub struct Server {
+    child: Child,
+    /// The URL it printed on its first line (with `?token=` under `--allow-remote`).
+    pub printed: String,
+    /// `http://127.0.0.1:PORT`, no trailing slash.
+    pub base: String,
+}
+
+/// An answer.
+pub struct Reply {
+    /// HTTP status.
+    pub status: u16,
+    /// Headers, names lowercase.
+    pub headers: Vec<(String, String)>,
+    /// The body as text.
+    pub body: String,
+}
+
+impl Reply {
+    /// The value of header `name` (lowercase), if present.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The body as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+}
+
+impl Server {
+    /// Starts `session-store --root ROOT serve --addr 127.0.0.1:0 EXTRA…` and reads the
+    /// URL from its first line.
+    pub fn start(root: &Path, extra: &[&str]) -> Server {
+        Self::start_at(root, "127.0.0.1:0", extra)
+    }
+
+    /// As [`Server::start`] on `addr`.
+    pub fn start_at(root: &Path, addr: &str, extra: &[&str]) -> Server {
+        let mut child = Command::new(BIN)
+            .arg("--root")
+            .arg(root)
+            .args(["serve", "--addr", addr])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("read the URL");
+        let printed = line.trim().to_owned();
+        assert!(printed.starts_with("http://"), "first line: {printed:?}");
+        let port = printed
+            .trim_start_matches("http://")
+            .split('/')
+            .next()
+            .and_then(|hostport| hostport.rsplit(':').next())
+            .expect("port")
+            .to_owned();
+        Server {
+            child,
+            printed,
+            base: format!("http://127.0.0.1:{port}"),
+        }
+    }
+
+    /// `GET base+path` with extra headers.
+    pub fn get_with(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .max_redirects(0)
+            .build()
+            .into();
+        let mut request = agent.get(format!("{}{path}", self.base));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let mut response = request.call().unwrap_or_else(|e| panic!("GET {path}: {e}"));
+        let status = response.status().as_u16();
+        let headers = response
+            .headers()
+            .iter()
+            .map(|(n, v)| {
+                (
+                    n.as_str().to_ascii_lowercase(),
+                    v.to_str().unwrap_or("").to_owned(),
+                )
+            })
+            .collect();
+        let body = response
+            .body_mut()
+            .with_config()
+            .limit(64 << 20)
+            .read_to_string()
+            .unwrap_or_else(|e| panic!("GET {path}: body: {e}"));
+        Reply {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    /// `GET base+path`.
+    pub fn get(&self, path: &str) -> Reply {
+        self.get_with(path, &[])
+    }
+
+    /// `GET` that must answer 200; returns the body.
+    pub fn ok(&self, path: &str) -> Reply {
+        let reply = self.get(path);
+        assert_eq!(reply.status, 200, "GET {path}: {}", reply.body);
+        reply
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
