@@ -101,6 +101,22 @@ fn texts_are_the_transcript_through_upserts_replacements_blobs_and_forks() {
         let (expected, texts) = both(&reader, third, limit);
         assert_eq!(texts, expected, "limit {limit}");
     }
+    // Read in parts below a position, newest part first, the parts make the whole.
+    let len = reader.transcript_len(third).unwrap();
+    assert_eq!(len, 3);
+    let mut parts = Vec::new();
+    for before in (2..=len + 1).rev().step_by(2) {
+        let mut part = reader.transcript_texts_before(third, before, 2).unwrap();
+        part.extend(parts);
+        parts = part;
+    }
+    assert_eq!(parts, reader.transcript_texts(third, usize::MAX).unwrap());
+    assert!(
+        reader
+            .transcript_texts_before(third, 1, 5)
+            .unwrap()
+            .is_empty()
+    );
     let raw = reader.transcript_texts(third, usize::MAX).unwrap();
     assert!(matches!(&raw[0], MessageText::Message(t) if t.contains("r1")));
     assert!(matches!(&raw[2], MessageText::Payload(t) if t.starts_with("{\"message\"")));

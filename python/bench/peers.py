@@ -1,6 +1,7 @@
 """Same-run comparison of session_store's adapters with the stores Python hosts use today.
 
-    target/python-venv/bin/python python/bench/peers.py [--rounds 5] [--quick] [--only adds|reads|branch|graph]
+    target/python-venv/bin/python python/bench/peers.py [--rounds 5] [--quick]
+        [--only adds|reads|branch|graph]
 
 One process, every store on the same local disk at the same durability (SQLite
 ``synchronous=FULL``; session_store's default ``durability="full"``), the same items

@@ -244,7 +244,9 @@ class SessionStoreSession:
                 snapshot = None
             entry = self._entry(snapshot, after_item)
             turn = self._turn_of(entry["message_id"])
-            child = self.root.fork(self.session_id, after_turn=turn["turn_id"], child=new_session_id)
+            child = self.root.fork(
+                self.session_id, after_turn=turn["turn_id"], child=new_session_id
+            )
             position = entry["position"]
             # The child holds the items up to the end of that turn: the kept ones exactly
             # unless the turn added more after the item or a later change touched them.

@@ -622,7 +622,9 @@ impl Reader {
         snapshot: u64,
         message_id: &str,
     ) -> NativeResult<Option<Bound<'py, PyDict>>> {
-        let entry = detached(py, || self.read(|r| r.transcript_find(snapshot, message_id)))?;
+        let entry = detached(py, || {
+            self.read(|r| r.transcript_find(snapshot, message_id))
+        })?;
         entry.map(|e| entry_dict(py, &e)).transpose()
     }
 
@@ -653,6 +655,9 @@ impl Reader {
     /// The newest `limit` messages of the durable transcript (all for None), oldest first,
     /// as Python objects (what `json.loads` of each message gives). With `item_id_key`,
     /// each message becomes a session item: its `id` dropped, `item_id_key` renamed `id`.
+    ///
+    /// Over [`PART`] messages, the transcript is read in parts of [`PART`] on a scoped
+    /// thread (without the GIL) while this one builds the objects of the parts already read.
     #[pyo3(signature = (limit=None, item_id_key=None))]
     fn messages<'py>(
         &self,
@@ -660,17 +665,70 @@ impl Reader {
         limit: Option<usize>,
         item_id_key: Option<&str>,
     ) -> NativeResult<Bound<'py, PyList>> {
-        let texts = detached(py, || {
-            self.read(|r| r.transcript_texts(r.durable_sequence()?, limit.unwrap_or(usize::MAX)))
+        let limit = limit.unwrap_or(usize::MAX);
+        let (reader, snapshot, len) = detached(py, || {
+            self.read(|r| {
+                let snapshot = r.durable_sequence()?;
+                Ok((r.clone(), snapshot, r.transcript_len(snapshot)?))
+            })
         })?;
-        let out = PyList::empty(py);
+        let wanted = usize::try_from(len).unwrap_or(usize::MAX).min(limit);
         let keys = pyjson::Keys::new(py);
-        for text in &texts {
-            out.append(pyjson::message(&keys, text, item_id_key)?)?;
+        if wanted <= PART {
+            let texts = detached(py, || reader.transcript_texts(snapshot, wanted))?;
+            let items = texts
+                .iter()
+                .map(|t| pyjson::message(&keys, t, item_id_key))
+                .collect::<PyResult<Vec<_>>>()?;
+            return PyList::new(py, items);
         }
-        Ok(out)
+        // Newest part first: part k holds the positions below `len + 1 - k * PART`.
+        let mut parts: Vec<Vec<Bound<'py, PyAny>>> = Vec::new();
+        std::thread::scope(|scope| -> NativeResult<()> {
+            let (tx, rx) = std::sync::mpsc::sync_channel(2);
+            let reader = &reader;
+            scope.spawn(move || {
+                let mut before = len.saturating_add(1);
+                let mut left = wanted;
+                while left > 0 {
+                    let n = left.min(PART);
+                    let part = reader.transcript_texts_before(snapshot, before, n);
+                    let failed = part.is_err();
+                    // The receiver is gone when the other side failed: stop.
+                    if tx.send(part).is_err() || failed {
+                        return;
+                    }
+                    before = before.saturating_sub(n as u64);
+                    left -= n;
+                }
+            });
+            let mut rx = rx;
+            loop {
+                // The wait releases the GIL (a `Receiver` moves in and back: it is not `Sync`).
+                let (back, got) = py.detach(move || {
+                    let got = rx.recv();
+                    (rx, got)
+                });
+                rx = back;
+                let Ok(part) = got else {
+                    return Ok(());
+                };
+                let texts = part.map_err(|e| to_py(py, e))?;
+                parts.push(
+                    texts
+                        .iter()
+                        .map(|t| pyjson::message(&keys, t, item_id_key))
+                        .collect::<PyResult<Vec<_>>>()?,
+                );
+            }
+        })?;
+        PyList::new(py, parts.into_iter().rev().flatten())
     }
 }
+
+/// Messages read at once by [`Reader::messages`]; a longer transcript is read in parts of
+/// this many.
+const PART: usize = 2000;
 
 /// A session opened for writing (`session_store.Session` wraps it).
 #[pyclass(frozen, module = "session_store._native")]

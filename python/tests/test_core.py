@@ -360,3 +360,19 @@ def test_a_kept_reader_follows_a_session_made_again(root):
     assert reader.messages() == [msg(2)]
     with pytest.raises(session_store.InvalidInput):
         root.reader("../bad").messages()
+
+
+def test_long_transcripts_read_in_parts_in_order(root):
+    # Over 2,000 messages the native side reads in parts on a second thread while it
+    # builds the objects of the parts already read: every message once, in order.
+    with root.create("long") as s:
+        for t in range(9):
+            batch = [msg(t * 500 + i) for i in range(500)]
+            s.append(turn(f"t{t}", *batch), operation_id=f"op-{t}", turn_id=f"t{t}")
+        s.flush()
+    reader = root.reader("long")
+    everything = root.transcript("long")
+    assert len(everything) == 4500
+    assert reader.messages() == everything
+    for limit in (2000, 2001, 4000, 4499, 4500, 10_000):
+        assert reader.messages(limit) == everything[-limit:], limit

@@ -796,17 +796,31 @@ impl SessionReader {
     /// # Errors
     /// Read errors; [`Error::Corrupt`] for an index entry its event does not back.
     pub fn transcript_texts(&self, snapshot: u64, limit: usize) -> Result<Vec<MessageText>> {
-        match self.read_texts(&self.layout(), snapshot, limit) {
-            // An ancestor may have been deleted after its range was copied here.
-            Err(e) if self.reload_layout()? => {
-                drop(e);
-                self.read_texts(&self.layout(), snapshot, limit)
-            }
-            other => other,
-        }
+        self.transcript_texts_before(snapshot, u64::MAX, limit)
     }
 
-    fn read_texts(&self, layout: &Layout, snapshot: u64, limit: usize) -> Result<Vec<MessageText>> {
+    /// As [`SessionReader::transcript_texts`], for the messages at positions below `before`
+    /// (1-based; positions run from 1 to [`SessionReader::transcript_len`] without a gap):
+    /// a long transcript read in parts, all pinned to one `snapshot`.
+    ///
+    /// # Errors
+    /// As [`SessionReader::transcript_texts`].
+    pub fn transcript_texts_before(
+        &self,
+        snapshot: u64,
+        before: u64,
+        limit: usize,
+    ) -> Result<Vec<MessageText>> {
+        self.with_layout(|layout| self.read_texts(layout, snapshot, before, limit))
+    }
+
+    fn read_texts(
+        &self,
+        layout: &Layout,
+        snapshot: u64,
+        before: u64,
+        limit: usize,
+    ) -> Result<Vec<MessageText>> {
         let segments: Vec<&Segment> = layout
             .segments
             .iter()
@@ -830,7 +844,7 @@ impl SessionReader {
                 continue;
             }
             let bounds = (seg.after, seg.through.min(snapshot));
-            let texts = read::read_history_texts(conn, bounds, epoch, u64::MAX, limit)?;
+            let texts = read::read_history_texts(conn, bounds, epoch, before, limit)?;
             entries.extend(texts.into_iter().map(|t| (t, conn)));
         }
         entries.sort_unstable_by(|(a, _), (b, _)| {
