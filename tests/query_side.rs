@@ -414,3 +414,39 @@ async fn cached_only_pages_skip_the_refresh_until_a_refreshing_page() {
         .unwrap();
     assert_eq!(order(plain), ["a", "b"]);
 }
+
+/// The catalog has an index per sorted order (issue 16), also a catalog made before they
+/// existed once it is opened again, so a sorted page walks an index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_catalog_indexes_its_sorted_orders() {
+    let (dir, service) = service();
+    let root = service.root().clone();
+    root.create(CreateOptions::with_id(id("one")))
+        .unwrap()
+        .close()
+        .unwrap();
+    let sorted = ListFilter::default().with_sort(ListSort::Updated);
+    service
+        .query()
+        .list_with(None, 10, sorted.clone())
+        .await
+        .unwrap();
+    let catalog = dir.path().join("sessions/.catalog/catalog.sqlite");
+    let indexes = "SELECT name FROM sqlite_schema WHERE type = 'index' AND name LIKE 'sessions_by_%' ORDER BY name";
+    assert_eq!(
+        common::sqlite3(&catalog, indexes),
+        "sessions_by_created\nsessions_by_updated"
+    );
+    // An older catalog (no indexes) gets them from the next process that opens it.
+    common::sqlite3(
+        &catalog,
+        "DROP INDEX sessions_by_created; DROP INDEX sessions_by_updated;",
+    );
+    let again = Service::new("local", Root::open(dir.path().join("sessions")).unwrap()).unwrap();
+    let page = again.query().list_with(None, 10, sorted).await.unwrap();
+    assert_eq!(page.sessions.len(), 1);
+    assert_eq!(
+        common::sqlite3(&catalog, indexes),
+        "sessions_by_created\nsessions_by_updated"
+    );
+}

@@ -172,7 +172,7 @@ enum Refresh {
 }
 
 /// What this page does about the catalog's freshness (a full refresh stats every session:
-/// about 75 ms for 10,000 on a busy 2-core machine).
+/// 50-120 ms for 10,000 on a busy 2-core machine).
 fn refresh_plan(app: &App) -> Refresh {
     let mut last = app
         .catalog_refreshed
