@@ -312,6 +312,21 @@ fn ids_digests_and_routes_are_validated() {
         }
         assert!(reply.header("content-security-policy").is_some(), "{path}");
     }
+    // Hostile query parameters: 400 with the reason, never a server error.
+    let long = "a".repeat(3000);
+    for path in [
+        "/api/sessions?cursor=garbage".to_owned(),
+        "/api/sessions?cursor=%00%FF".to_owned(),
+        "/api/sessions?origin=%00".to_owned(),
+        "/api/search?q=x&cursor=bad".to_owned(),
+        format!("/api/search?q={long}"),
+        "/api/sessions/demo-flaky-test/history?limit=99999".to_owned(),
+        "/api/sessions/demo-flaky-test/history?cursor=h1.999999.5".to_owned(),
+        "/?limit=abc".to_owned(),
+        "/sessions/%FF".to_owned(),
+    ] {
+        assert_eq!(server.get(&path).status, 400, "{path}");
+    }
     // Nothing was created for the ids asked for.
     assert_eq!(std::fs::read_dir(&root).expect("root").count(), before);
     assert!(!root.join("nope").exists());
