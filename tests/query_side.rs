@@ -322,6 +322,34 @@ async fn history_messages_carry_sequences_and_turns_overlap_them() {
     let seqs: Vec<u64> = page.messages.iter().map(|m| m.event_sequence).collect();
     // Turn t holds sequences 3t-2..=3t, its message at 3t-1; the loose message is 61.
     assert_eq!(seqs, [50, 53, 56, 59, 61]);
+    // A page ending at a position (a permalink), then older pages by its cursor.
+    let positions = |p: &session_store::HistoryPage| -> Vec<u64> {
+        p.messages.iter().map(|m| m.position).collect()
+    };
+    let at = service
+        .query()
+        .history_page_ending_at(&r, 3, 2)
+        .await
+        .unwrap();
+    assert_eq!(positions(&at), [2, 3]);
+    let older = service
+        .query()
+        .history_page(&r, at.next_cursor.as_deref(), 2)
+        .await
+        .unwrap();
+    assert_eq!(positions(&older), [1]);
+    let past_end = service
+        .query()
+        .history_page_ending_at(&r, 999, 2)
+        .await
+        .unwrap();
+    assert_eq!(positions(&past_end), [20, 21]);
+    let zero = service
+        .query()
+        .history_page_ending_at(&r, 0, 2)
+        .await
+        .unwrap_err();
+    assert!(zero.is_caller_error());
     let reader = root.open_reader(&id("turny")).unwrap();
     let turns = reader.turns_overlapping(50, 61).unwrap();
     let names: Vec<&str> = turns.iter().map(|t| t.turn_id.as_str()).collect();

@@ -25,6 +25,8 @@ pub const MAX_PAGE: usize = 100;
 const MAX_TREE_NODES: usize = 200;
 /// Ancestors a fork tree follows at most.
 const MAX_ANCESTORS: usize = 64;
+/// Newer messages shown after the one a link (`?at=N`) names.
+const AT_CONTEXT: u64 = 5;
 /// How old the catalog may get before a sessions page starts a refresh.
 pub const REFRESH_EVERY: Duration = Duration::from_secs(2);
 
@@ -41,6 +43,8 @@ pub struct Params {
     pub origin: Option<String>,
     /// Page size (1..=100).
     pub limit: Option<String>,
+    /// A transcript position: the page that holds it (with a few newer messages).
+    pub at: Option<String>,
 }
 
 /// `value` unless it is absent or blank.
@@ -78,6 +82,21 @@ impl Params {
                         "unknown origin {o:?} (new, fork, rewind, canonical-import, legacy-import)"
                     ))
                 })
+            })
+            .transpose()
+    }
+
+    /// The transcript position asked for, if any (a number from 1).
+    fn at(&self) -> Result<Option<u64>, Problem> {
+        given(&self.at)
+            .map(|text| {
+                text.trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|p| *p >= 1)
+                    .ok_or_else(|| {
+                        Problem::bad_request(format!("at {text:?} is not a position from 1"))
+                    })
             })
             .transpose()
     }
@@ -295,16 +314,22 @@ pub struct Transcript {
     pub turns: Vec<TurnBoundary>,
 }
 
-/// The newest page of `id`'s transcript, or the older page `cursor` names.
+/// The newest page of `id`'s transcript, the older page `cursor` names, or the page that
+/// holds position `at`.
 pub async fn history(app: &App, id: SessionId, params: &Params) -> Result<Transcript, Problem> {
     let session = SessionRef {
         host_id: app.host.clone(),
         session_id: id.clone(),
     };
-    let page = app
-        .query
-        .history_page(&session, params.cursor(), params.limit()?)
-        .await?;
+    let limit = params.limit()?;
+    let page = match (params.cursor(), params.at()?) {
+        (None, Some(at)) => {
+            app.query
+                .history_page_ending_at(&session, at.saturating_add(AT_CONTEXT), limit)
+                .await?
+        }
+        (cursor, _) => app.query.history_page(&session, cursor, limit).await?,
+    };
     let span = page
         .messages
         .first()
