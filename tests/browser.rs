@@ -4,7 +4,7 @@
 //! the page, applied the CSP and ran whatever scripts it would run) shows: the demo's
 //! titles on the sessions page, a session's messages, one node per session of a lineage
 //! on the fork tree page, and a hostile message that ran no script and is shown as text.
-//! Screenshots of three pages are taken (and written to `$SESSION_STORE_SCREENSHOTS`, e.g.
+//! Screenshots of four pages (sessions, a session, a fork tree, storage) are taken (and written to `$SESSION_STORE_SCREENSHOTS`, e.g.
 //! `docs/screenshots`, when set).
 //!
 //! Chromium (`/usr/bin/chromium`, or `$CHROMIUM`) is installed by `.ci/run`; without it the
@@ -169,6 +169,7 @@ fn pages_render_in_headless_chromium_and_hostile_content_runs_no_script() {
         ("sessions.png", "/"),
         ("session.png", "/sessions/demo-flaky-test"),
         ("fork-tree.png", "/sessions/flaky-fork/tree"),
+        ("stats.png", "/sessions/demo-flaky-test/stats"),
     ] {
         screenshot(&bin, &profile, &url(path), &shots.join(name));
     }

@@ -322,6 +322,34 @@ async fn history_messages_carry_sequences_and_turns_overlap_them() {
     let seqs: Vec<u64> = page.messages.iter().map(|m| m.event_sequence).collect();
     // Turn t holds sequences 3t-2..=3t, its message at 3t-1; the loose message is 61.
     assert_eq!(seqs, [50, 53, 56, 59, 61]);
+    // A page ending at a position (a permalink), then older pages by its cursor.
+    let positions = |p: &session_store::HistoryPage| -> Vec<u64> {
+        p.messages.iter().map(|m| m.position).collect()
+    };
+    let at = service
+        .query()
+        .history_page_ending_at(&r, 3, 2)
+        .await
+        .unwrap();
+    assert_eq!(positions(&at), [2, 3]);
+    let older = service
+        .query()
+        .history_page(&r, at.next_cursor.as_deref(), 2)
+        .await
+        .unwrap();
+    assert_eq!(positions(&older), [1]);
+    let past_end = service
+        .query()
+        .history_page_ending_at(&r, 999, 2)
+        .await
+        .unwrap();
+    assert_eq!(positions(&past_end), [20, 21]);
+    let zero = service
+        .query()
+        .history_page_ending_at(&r, 0, 2)
+        .await
+        .unwrap_err();
+    assert!(zero.is_caller_error());
     let reader = root.open_reader(&id("turny")).unwrap();
     let turns = reader.turns_overlapping(50, 61).unwrap();
     let names: Vec<&str> = turns.iter().map(|t| t.turn_id.as_str()).collect();
@@ -413,4 +441,40 @@ async fn cached_only_pages_skip_the_refresh_until_a_refreshing_page() {
         .await
         .unwrap();
     assert_eq!(order(plain), ["a", "b"]);
+}
+
+/// The catalog has an index per sorted order (issue 16), also a catalog made before they
+/// existed once it is opened again, so a sorted page walks an index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_catalog_indexes_its_sorted_orders() {
+    let (dir, service) = service();
+    let root = service.root().clone();
+    root.create(CreateOptions::with_id(id("one")))
+        .unwrap()
+        .close()
+        .unwrap();
+    let sorted = ListFilter::default().with_sort(ListSort::Updated);
+    service
+        .query()
+        .list_with(None, 10, sorted.clone())
+        .await
+        .unwrap();
+    let catalog = dir.path().join("sessions/.catalog/catalog.sqlite");
+    let indexes = "SELECT name FROM sqlite_schema WHERE type = 'index' AND name LIKE 'sessions_by_%' ORDER BY name";
+    assert_eq!(
+        common::sqlite3(&catalog, indexes),
+        "sessions_by_created\nsessions_by_updated"
+    );
+    // An older catalog (no indexes) gets them from the next process that opens it.
+    common::sqlite3(
+        &catalog,
+        "DROP INDEX sessions_by_created; DROP INDEX sessions_by_updated;",
+    );
+    let again = Service::new("local", Root::open(dir.path().join("sessions")).unwrap()).unwrap();
+    let page = again.query().list_with(None, 10, sorted).await.unwrap();
+    assert_eq!(page.sessions.len(), 1);
+    assert_eq!(
+        common::sqlite3(&catalog, indexes),
+        "sessions_by_created\nsessions_by_updated"
+    );
 }

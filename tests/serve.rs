@@ -101,7 +101,7 @@ fn pages_and_api_over_the_demo_root() {
     // Search: the page with marked words, the API, a malformed query refused.
     let hits = server.ok("/?q=api-3").body;
     assert!(
-        hits.contains("<mark>") && hits.contains("/sessions/demo-log-triage#m"),
+        hits.contains("<mark>") && hits.contains("/sessions/demo-log-triage?at="),
         "{hits}"
     );
     let found = server.ok("/api/search?q=upstream").json();
@@ -135,7 +135,7 @@ fn pages_and_api_over_the_demo_root() {
         "<code>turn-1</code>",
         "<code>turn-2</code>",
         "id=\"m1\"",
-        "href=\"#m1\"",
+        "href=\"/sessions/demo-flaky-test?at=1#m1\"",
         "class=\"message role-user\"",
         "class=\"message role-tool\"",
         "<details class=\"tool-call\"><summary>tool call <code>bash</code>",
@@ -311,6 +311,21 @@ fn ids_digests_and_routes_are_validated() {
             );
         }
         assert!(reply.header("content-security-policy").is_some(), "{path}");
+    }
+    // Hostile query parameters: 400 with the reason, never a server error.
+    let long = "a".repeat(3000);
+    for path in [
+        "/api/sessions?cursor=garbage".to_owned(),
+        "/api/sessions?cursor=%00%FF".to_owned(),
+        "/api/sessions?origin=%00".to_owned(),
+        "/api/search?q=x&cursor=bad".to_owned(),
+        format!("/api/search?q={long}"),
+        "/api/sessions/demo-flaky-test/history?limit=99999".to_owned(),
+        "/api/sessions/demo-flaky-test/history?cursor=h1.999999.5".to_owned(),
+        "/?limit=abc".to_owned(),
+        "/sessions/%FF".to_owned(),
+    ] {
+        assert_eq!(server.get(&path).status, 400, "{path}");
     }
     // Nothing was created for the ids asked for.
     assert_eq!(std::fs::read_dir(&root).expect("root").count(), before);
@@ -587,4 +602,57 @@ fn a_session_created_while_served_is_listed_within_seconds() {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(server.ok("/").body.contains("late-comer"));
+}
+
+#[test]
+fn a_permalink_opens_the_page_that_holds_its_message() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("root");
+    let root = Root::open(&path).expect("root");
+    let session = root
+        .create(CreateOptions::with_id(SessionId::new("long").expect("id")))
+        .expect("create");
+    let events = (1..=120)
+        .map(|i| common::message(&format!("m{i}"), "user", &format!("message number {i}")))
+        .collect();
+    session.append(Batch::new("op", events)).expect("append");
+    session.close().expect("close");
+    let server = Server::start(&path, &[]);
+    // The newest page does not hold message 3; its permalink's page does, with a few
+    // newer messages after it, and pages on to older ones.
+    assert!(!server.ok("/sessions/long").body.contains("id=\"m3\""));
+    let page = server.ok("/sessions/long?at=3").body;
+    assert!(page.contains("id=\"m3\"") && page.contains("href=\"/sessions/long?at=3#m3\""));
+    let api = server.ok("/api/sessions/long/history?at=3").json();
+    let positions: Vec<u64> = api["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| m["position"].as_u64().expect("position"))
+        .collect();
+    assert_eq!(positions, (1..=8).collect::<Vec<u64>>());
+    let api = server
+        .ok("/api/sessions/long/history?at=100&limit=10")
+        .json();
+    assert_eq!(api["messages"][9]["position"], 105);
+    let older = api["next_cursor"].as_str().expect("older pages");
+    let next = server
+        .ok(&format!(
+            "/api/sessions/long/history?cursor={older}&limit=10"
+        ))
+        .json();
+    assert_eq!(next["messages"][9]["position"], 95);
+    // Past the end: the newest page; not a position: 400.
+    assert_eq!(
+        server.ok("/api/sessions/long/history?at=999").json()["messages"][49]["position"],
+        120
+    );
+    for bad in ["0", "-1", "x"] {
+        assert_eq!(
+            server
+                .get(&format!("/api/sessions/long/history?at={bad}"))
+                .status,
+            400
+        );
+    }
 }

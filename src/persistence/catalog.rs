@@ -45,6 +45,16 @@ const CATALOG_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS sessions (
     entry      TEXT NOT NULL
 ) WITHOUT ROWID;";
 
+/// The indexes of the sorted listings (most recently updated or created first): a page is
+/// a walk of the first entries of one of them, whatever the number of sessions. Partial,
+/// like the listing query (`entry <> ''`): a row recorded before its entry is computed
+/// holds no JSON.
+const CATALOG_ORDER_INDEXES: &str = "
+    CREATE INDEX IF NOT EXISTS sessions_by_updated
+        ON sessions (json_extract(entry, '$.updated_at_ms')) WHERE entry <> '';
+    CREATE INDEX IF NOT EXISTS sessions_by_created
+        ON sessions (json_extract(entry, '$.created_at_ms')) WHERE entry <> '';";
+
 /// A session that `list` or `rebuild_catalog` could not read, and why; the other sessions
 /// are listed without it.
 #[derive(Clone, Debug, Serialize)]
@@ -386,7 +396,7 @@ pub(crate) struct Catalog {
 /// processes creating it at once agree) when it is new. A file that is not a catalog of
 /// this format (another application's database, random bytes) is [`Error::Corrupt`].
 fn open_catalog(path: &Path) -> Result<Connection> {
-    schema::open_derived(
+    let conn = schema::open_derived(
         path,
         &schema::DerivedFile {
             application_id: CATALOG_APPLICATION_ID,
@@ -395,7 +405,11 @@ fn open_catalog(path: &Path) -> Result<Connection> {
             what: "a catalog",
             incremental_vacuum: false,
         },
-    )
+    )?;
+    // Also in a catalog made by an older build. Best effort: without them (a read-only
+    // root) a sorted page sorts the rows instead of walking an index.
+    let _ = conn.execute_batch(CATALOG_ORDER_INDEXES);
+    Ok(conn)
 }
 
 /// Opens the catalog's folder of `root` (the catalog's and the search index's), creating

@@ -428,23 +428,54 @@ impl SessionQuery {
         cursor: Option<&str>,
         limit: usize,
     ) -> Result<HistoryPage> {
+        let pinned = cursor.map(parse_history_cursor).transpose()?;
+        self.history_page_from(r, pinned.map(|(s, b)| (Some(s), b)), limit)
+            .await
+    }
+
+    /// The page of durable history whose newest message is the one at `position`
+    /// (1-based; past the end: the newest page), for a link to a message: its `next_cursor`
+    /// continues with older pages as [`SessionQuery::history_page`]'s does.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for position 0; as [`SessionQuery::history_page`].
+    pub async fn history_page_ending_at(
+        &self,
+        r: &SessionRef,
+        position: u64,
+        limit: usize,
+    ) -> Result<HistoryPage> {
+        if position == 0 {
+            return Err(Error::invalid("history positions start at 1"));
+        }
+        self.history_page_from(r, Some((None, position.saturating_add(1))), limit)
+            .await
+    }
+
+    /// A page of the messages before position `start.1` as of snapshot `start.0` (the
+    /// durable sequence when `None`); the newest page without `start`.
+    async fn history_page_from(
+        &self,
+        r: &SessionRef,
+        start: Option<(Option<u64>, u64)>,
+        limit: usize,
+    ) -> Result<HistoryPage> {
         self.check(r)?;
         let limit = if limit == 0 {
             DEFAULT_HISTORY_LIMIT
         } else {
             limit.min(MAX_HISTORY_LIMIT)
         };
-        let pinned = cursor.map(parse_history_cursor).transpose()?;
         let query = self.clone();
         let id = r.session_id.clone();
         blocking(move || {
             let reader = query.cold_reader(&id)?;
             let durable = reader.durable_sequence()?;
-            let (snapshot, before) = match pinned {
-                Some((s, _)) if s > durable => {
+            let (snapshot, before) = match start {
+                Some((Some(s), _)) if s > durable => {
                     return Err(Error::invalid("history cursor is newer than the session"));
                 }
-                Some((s, b)) => (s, Some(b)),
+                Some((s, b)) => (s.unwrap_or(durable), Some(b)),
                 None => (durable, None),
             };
             let rows = reader.history_rows(snapshot, before.unwrap_or(u64::MAX), limit)?;

@@ -8,8 +8,9 @@ use axum::response::IntoResponse;
 use session_store::{SearchPage, SessionStats};
 
 use super::App;
-use super::data::{self, ForkTree, Params, SessionDetail, SessionList, Transcript};
+use super::data::{self, Params, SessionDetail, SessionList, Transcript};
 use super::problem::{ApiError, Problem};
+use super::tree::{self, ForkTree};
 
 /// `GET /api/sessions?cwd=&origin=&cursor=&limit=`: a page of sessions, newest first.
 pub async fn sessions(
@@ -51,7 +52,7 @@ pub async fn tree(
     State(app): State<App>,
     Path(id): Path<String>,
 ) -> Result<Json<ForkTree>, ApiError> {
-    Ok(Json(data::tree(&app, data::session_id(&id)?).await?))
+    Ok(Json(tree::tree(&app, data::session_id(&id)?).await?))
 }
 
 /// `GET /api/sessions/{id}/stats`: bytes by kind, blobs, tables, usage.

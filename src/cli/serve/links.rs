@@ -39,9 +39,9 @@ pub fn session(id: &SessionId) -> String {
     format!("/sessions/{}", encode(id.as_str()))
 }
 
-/// A message of the session page (its anchor; on the page that holds it).
+/// A message: the session page that holds it, scrolled to its anchor (a permalink).
 pub fn message(id: &SessionId, position: u64) -> String {
-    format!("{}#m{position}", session(id))
+    format!("{}?at={position}#m{position}", session(id))
 }
 
 /// The fork tree page.

@@ -2,7 +2,8 @@
 //! public library API (`Root`, `SessionQuery`, `SessionReader`): it never takes a writer
 //! lock and shows the durable prefix of sessions that writers are appending to.
 //!
-//! Modules: [`data`] loads what a page shows (validating ids first), [`templates`],
+//! Modules: [`data`] loads what a page shows (validating ids first) and [`tree`] a fork
+//! tree, [`templates`],
 //! [`transcript`] and [`svg`] render it, [`pages`] and [`api`] are the HTML and JSON
 //! routes, [`guard`] checks the host and token and sets the security headers,
 //! [`assets`] serves the stylesheet, [`problem`] renders errors, [`links`] builds URLs.
@@ -17,6 +18,7 @@ mod problem;
 mod svg;
 mod templates;
 mod transcript;
+mod tree;
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;

@@ -8,7 +8,7 @@ use axum::response::{Html, IntoResponse, Response};
 use super::App;
 use super::data::{self, Params};
 use super::problem::{PageError, Problem};
-use super::{templates, transcript};
+use super::{templates, transcript, tree};
 
 /// `GET /`: the sessions list, or the hits of `q`.
 pub async fn sessions(
@@ -50,7 +50,7 @@ pub async fn tree(
     State(app): State<App>,
     Path(id): Path<String>,
 ) -> Result<Html<String>, PageError> {
-    let tree = data::tree(&app, data::session_id(&id)?).await?;
+    let tree = tree::tree(&app, data::session_id(&id)?).await?;
     Ok(templates::tree_page(&tree))
 }
 

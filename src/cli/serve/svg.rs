@@ -9,9 +9,9 @@ use std::collections::BTreeMap;
 use maud::{Markup, html};
 use session_store::{KindStats, SessionId};
 
-use super::data::{ForkTree, Relation};
 use super::links;
 use super::templates::clip;
+use super::tree::{ForkTree, Relation};
 use crate::cli::human_bytes;
 
 /// Fork tree geometry (px).

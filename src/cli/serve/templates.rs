@@ -8,7 +8,8 @@ use axum::response::Html;
 use maud::{DOCTYPE, Markup, html};
 use session_store::{SearchPage, SessionId, SessionStats, Snippet};
 
-use super::data::{ForkTree, Params, SessionList};
+use super::data::{Params, SessionList};
+use super::tree::ForkTree;
 use super::{links, svg};
 use crate::cli::human_bytes;
 use crate::cli::sessions::utc;

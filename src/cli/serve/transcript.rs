@@ -110,7 +110,7 @@ fn message(session: &SessionId, m: &PersistentMessage) -> Markup {
         article class=(role_class(role)) id=(format!("m{}", m.position)) {
             header {
                 span.role { (role) }
-                " " a.permalink href=(format!("#m{}", m.position)) title="Permalink" { "#" (m.position) }
+                " " a.permalink href=(links::message(session, m.position)) title="Permalink" { "#" (m.position) }
                 " " span.meta { code { (m.message_id) } }
             }
             @match (&m.inline, &m.content_ref) {
