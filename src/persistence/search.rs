@@ -22,8 +22,10 @@ use crate::store::search::{IndexFilter, IndexHit, SEARCH_FILE, SEARCH_FILES, Sea
 const DEFAULT_SEARCH_LIMIT: usize = 10;
 /// Largest page of a search.
 const MAX_SEARCH_LIMIT: usize = 100;
-/// Threads reading a page's messages back from their session files.
-const READ_THREADS: usize = 4;
+/// Threads reading a page's messages back from their session files: one per session of a
+/// default page. A cold file's first read waits on the file system (SQLite sets up its
+/// `-shm`) as much as on the CPU, so more threads than cores still overlap.
+const READ_THREADS: usize = 10;
 
 /// Messages read back, keyed by session and position, and the sessions found gone.
 type ReadBack<'a> = (Vec<((&'a SessionId, u64), Arc<Message>)>, Vec<SessionId>);
@@ -296,7 +298,8 @@ impl Root {
                 .push((hit.position, hit.seq));
         }
         // The files are read on up to `READ_THREADS` threads: opening a connection (the
-        // file's schema parsed and checked) is most of a hit's cost.
+        // file's schema parsed and checked, its `-shm` set up) is most of a hit's cost
+        // when none is kept for it.
         let wanted: Vec<(&SessionId, Vec<(u64, u64)>)> = wanted.into_iter().collect();
         let chunk = wanted.len().div_ceil(READ_THREADS).max(1);
         let read: Vec<Result<ReadBack<'_>>> = std::thread::scope(|scope| {

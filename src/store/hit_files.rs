@@ -11,15 +11,16 @@
 //! The file's format is checked when the connection is opened and again whenever its
 //! schema cookie (`PRAGMA schema_version`) has moved since; each read is one read
 //! transaction, which sees the file's latest commit. At most [`HitFiles::new`]'s
-//! capacity stay open (least recently used closed first), each holding its file's
-//! descriptors and a small page cache; a deleted session's connection is closed by
-//! [`HitFiles::release`] (else by its next use or eviction, until when its disk space
-//! stays allocated).
+//! capacity stay open (least recently used closed first, on a thread of its own, off the
+//! search's path), each holding its file's descriptors and a small page cache; a deleted
+//! session's connection is closed by [`HitFiles::release`] (else by its next use or
+//! eviction, until when its disk space stays allocated).
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::mpsc::{Sender, channel};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 
@@ -95,6 +96,33 @@ impl Entry {
     }
 }
 
+/// Closes `entries` off the caller's path, on a thread that only closes connections
+/// (started on first use; inline when it cannot be): closing one frees its parsed schema,
+/// as much work as a search's read of it.
+fn close_later(entries: impl IntoIterator<Item = Entry>) {
+    static CLOSER: OnceLock<Option<Mutex<Sender<Entry>>>> = OnceLock::new();
+    let closer = CLOSER.get_or_init(|| {
+        let (send, receive) = channel::<Entry>();
+        std::thread::Builder::new()
+            .name("search-close".to_owned())
+            .spawn(move || receive.into_iter().for_each(drop))
+            .ok()
+            .map(|_| Mutex::new(send))
+    });
+    for entry in entries {
+        let unsent = match closer {
+            Some(send) => send
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .send(entry)
+                .err()
+                .map(|e| e.0),
+            None => Some(entry),
+        };
+        drop(unsent);
+    }
+}
+
 impl HitFiles {
     /// Keeps at most `capacity` connections open.
     pub(crate) fn new(capacity: usize) -> HitFiles {
@@ -166,14 +194,13 @@ impl HitFiles {
                 closed.extend(kept.entries.remove(&oldest));
             }
         }
-        // Closed once the lock is released.
-        drop(closed);
+        close_later(closed);
     }
 
     /// Closes the kept connection to `file`, if any (its session was deleted).
     pub(crate) fn release(&self, file: &Path) {
         let entry = self.kept().entries.remove(file);
-        drop(entry);
+        close_later(entry);
     }
 
     /// The files with a kept connection, sorted (for tests).
