@@ -941,17 +941,31 @@ impl SessionReader {
         snapshot: u64,
         position: u64,
     ) -> Result<Option<TranscriptEntry>> {
+        Ok(self
+            .newest_history_row(snapshot, |conn, bounds, epoch| {
+                read::read_history_at(conn, bounds, epoch, position)
+            })?
+            .map(TranscriptEntry::of))
+    }
+
+    /// The newest history row that `lookup` finds in any file of the lineage as of durable
+    /// sequence `snapshot` (each file asked once, with its bounds and the transcript's epoch).
+    fn newest_history_row(
+        &self,
+        snapshot: u64,
+        lookup: impl Fn(&Connection, (u64, u64), u64) -> Result<Option<HistoryRow>>,
+    ) -> Result<Option<HistoryRow>> {
         self.with_layout(|layout| {
             let (files, epoch) = Self::history_files(layout, snapshot)?;
             let mut newest: Option<HistoryRow> = None;
             for (conn, bounds) in files.iter().filter(|(_, (_, t))| *t >= epoch) {
-                if let Some(row) = read::read_history_at(conn, *bounds, epoch, position)?
+                if let Some(row) = lookup(conn, *bounds, epoch)?
                     && newest.as_ref().is_none_or(|n| n.event_seq < row.event_seq)
                 {
                     newest = Some(row);
                 }
             }
-            Ok(newest.map(TranscriptEntry::of))
+            Ok(newest)
         })
     }
 
@@ -966,17 +980,8 @@ impl SessionReader {
         snapshot: u64,
         message_id: &str,
     ) -> Result<Option<TranscriptEntry>> {
-        let found = self.with_layout(|layout| {
-            let (files, epoch) = Self::history_files(layout, snapshot)?;
-            let mut newest: Option<HistoryRow> = None;
-            for (conn, bounds) in files.iter().filter(|(_, (_, t))| *t >= epoch) {
-                if let Some(row) = read::read_history_of(conn, *bounds, epoch, message_id)?
-                    && newest.as_ref().is_none_or(|n| n.event_seq < row.event_seq)
-                {
-                    newest = Some(row);
-                }
-            }
-            Ok(newest)
+        let found = self.newest_history_row(snapshot, |conn, bounds, epoch| {
+            read::read_history_of(conn, bounds, epoch, message_id)
         })?;
         // Still there only when no later entry took its position.
         let Some(row) = found else { return Ok(None) };
