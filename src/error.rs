@@ -63,7 +63,13 @@ pub enum Error {
     /// cursor, a call the handle's state forbids, or a path that is not what it must be (a
     /// symlink, a non-regular file). Nothing changed on disk; sending the same again fails
     /// the same way.
-    InvalidInput(String),
+    InvalidInput {
+        /// What is wrong with the input.
+        what: String,
+        /// Why it was refused, when a lower-level error said so (the `serde_json::Error`
+        /// of a payload or line that is not JSON).
+        source: Option<std::sync::Arc<dyn std::error::Error + Send + Sync>>,
+    },
     /// An event payload does not match its kind's schema.
     InvalidPayload {
         /// The event kind.
@@ -86,9 +92,23 @@ pub enum Error {
         operation_id: String,
     },
     /// A file, schema or event kind newer than this build understands.
-    UnsupportedVersion(String),
-    /// A file that is damaged or not a session file; the text says what is wrong where.
-    Corrupt(String),
+    UnsupportedVersion {
+        /// What is newer (a schema version, an event kind).
+        what: String,
+        /// The error that refused it, when a lower-level one did (the schema migrations'
+        /// `rusqlite_migration::Error` for a file of a newer schema).
+        source: Option<std::sync::Arc<dyn std::error::Error + Send + Sync>>,
+    },
+    /// A file that is damaged or not a session file.
+    Corrupt {
+        /// What is wrong where (the file, event, blob, row or index).
+        what: String,
+        /// The error that found the damage, when a lower-level one did: SQLite's
+        /// (`SQLITE_CORRUPT`, `SQLITE_NOTADB`, an undecodable value), a `serde_json::Error`
+        /// (a stored payload or row that is not the JSON it must be), the `std::io::Error` of
+        /// a blob that does not decompress.
+        source: Option<std::sync::Arc<dyn std::error::Error + Send + Sync>>,
+    },
     /// The session was closed; it accepts nothing more.
     Closed,
     /// Another writer took the lease: this handle is fenced off.
@@ -147,7 +167,10 @@ pub enum Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::InvalidInput(what) => write!(f, "invalid input: {what}"),
+            Error::InvalidInput { what, source } => {
+                write!(f, "invalid input: {what}")?;
+                with_cause(f, source)
+            }
             Error::InvalidPayload { kind, reason } => write!(f, "invalid {kind} payload: {reason}"),
             Error::SessionNotFound(id) => write!(f, "session {id} not found"),
             Error::SessionExists(id) => write!(f, "session {id} already exists"),
@@ -157,10 +180,14 @@ impl fmt::Display for Error {
                 "operation id {} conflicts with an earlier batch",
                 quoted(operation_id)
             ),
-            Error::UnsupportedVersion(what) => {
-                write!(f, "unsupported session storage version: {what}")
+            Error::UnsupportedVersion { what, source } => {
+                write!(f, "unsupported session storage version: {what}")?;
+                with_cause(f, source)
             }
-            Error::Corrupt(what) => write!(f, "corrupt session store: {what}"),
+            Error::Corrupt { what, source } => {
+                write!(f, "corrupt session store: {what}")?;
+                with_cause(f, source)
+            }
             Error::Closed => f.write_str("session runtime is closed"),
             Error::StaleGeneration { ours, current } => write!(
                 f,
@@ -189,18 +216,31 @@ impl fmt::Display for Error {
             Error::ReadConnection(cause) => {
                 write!(f, "no read connection to the session file: {cause}")
             }
-            Error::Internal { context, source } => match source {
-                Some(cause) => write!(f, "internal error: {context}: {cause}"),
-                None => write!(f, "internal error: {context}"),
-            },
+            Error::Internal { context, source } => {
+                write!(f, "internal error: {context}")?;
+                with_cause(f, source)
+            }
             Error::Io { context, source } => write!(f, "{context}: {source}"),
             Error::Sqlite(cause) => write!(f, "sqlite: {cause}"),
         }
     }
 }
 
+/// A message's `: cause` ending, when there is a cause: every variant with a source ends
+/// its message with it (the CLI's one-line chain knows and does not repeat it).
+fn with_cause(
+    f: &mut fmt::Formatter<'_>,
+    source: &Option<std::sync::Arc<dyn std::error::Error + Send + Sync>>,
+) -> fmt::Result {
+    match source {
+        Some(cause) => write!(f, ": {cause}"),
+        None => Ok(()),
+    }
+}
+
 /// The source is the cause itself (an [`std::io::Error`], a [`rusqlite::Error`], the
-/// [`Error`] of the failed write, the pool's error), not the `Arc` that shares it, so
+/// [`Error`] of the failed write, the pool's error, the `serde_json::Error` behind a corrupt
+/// row or a refused input), not the `Arc` that shares it, so
 /// `source().and_then(|s| s.downcast_ref::<std::io::Error>())` works.
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
@@ -209,7 +249,10 @@ impl std::error::Error for Error {
             Error::DiskFull(cause) | Error::Sqlite(cause) => Some(&**cause),
             Error::Io { source, .. } => Some(&**source),
             Error::ReadConnection(cause) => Some(&**cause),
-            Error::Internal { source, .. } => source.as_deref().map(|s| s as _),
+            Error::InvalidInput { source, .. }
+            | Error::UnsupportedVersion { source, .. }
+            | Error::Corrupt { source, .. }
+            | Error::Internal { source, .. } => source.as_deref().map(|s| s as _),
             _ => None,
         }
     }
@@ -266,13 +309,13 @@ impl Error {
     /// `SQLITE_CORRUPT` / `SQLITE_NOTADB`, undecodable rows, hash, sequence, blob or index
     /// mismatches). Retrying does not help; `verify` names the problem.
     pub fn is_corrupt(&self) -> bool {
-        matches!(self, Error::Corrupt(_))
+        matches!(self, Error::Corrupt { .. })
     }
 
     /// True when a file, schema or event kind is newer than this build:
     /// [`Error::UnsupportedVersion`]. A newer build may read it.
     pub fn is_unsupported(&self) -> bool {
-        matches!(self, Error::UnsupportedVersion(_))
+        matches!(self, Error::UnsupportedVersion { .. })
     }
 
     /// True when the caller's request is refused as given and nothing changed on disk:
@@ -283,7 +326,7 @@ impl Error {
     pub fn is_caller_error(&self) -> bool {
         matches!(
             self,
-            Error::InvalidInput(_)
+            Error::InvalidInput { .. }
                 | Error::InvalidPayload { .. }
                 | Error::OperationConflict { .. }
                 | Error::ForkBoundaryNotAtomic(_)
@@ -316,12 +359,53 @@ impl Error {
         }
     }
 
-    pub(crate) fn invalid(msg: impl Into<String>) -> Self {
-        Error::InvalidInput(msg.into())
+    /// An [`Error::InvalidInput`] without a lower-level cause: `what` says what is wrong.
+    pub(crate) fn invalid(what: impl Into<String>) -> Self {
+        Error::InvalidInput {
+            what: what.into(),
+            source: None,
+        }
     }
 
-    pub(crate) fn corrupt(msg: impl Into<String>) -> Self {
-        Error::Corrupt(msg.into())
+    /// An [`Error::InvalidInput`] whose cause is `source` (the parse error of the input):
+    /// `what` says which input.
+    pub(crate) fn invalid_from(
+        what: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Error::InvalidInput {
+            what: what.into(),
+            source: Some(std::sync::Arc::new(source)),
+        }
+    }
+
+    /// An [`Error::Corrupt`] the library found itself: `what` says what is wrong where.
+    pub(crate) fn corrupt(what: impl Into<String>) -> Self {
+        Error::Corrupt {
+            what: what.into(),
+            source: None,
+        }
+    }
+
+    /// An [`Error::Corrupt`] that `source` found (SQLite's error, a JSON parse error, a
+    /// decompression error): `what` says what was being read.
+    pub(crate) fn corrupt_from(
+        what: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Error::Corrupt {
+            what: what.into(),
+            source: Some(std::sync::Arc::new(source)),
+        }
+    }
+
+    /// An [`Error::UnsupportedVersion`] without a lower-level cause: `what` is newer than
+    /// this build.
+    pub(crate) fn unsupported(what: impl Into<String>) -> Self {
+        Error::UnsupportedVersion {
+            what: what.into(),
+            source: None,
+        }
     }
 
     /// An [`Error::Internal`] without a lower-level cause: `context` says what broke.
@@ -364,7 +448,7 @@ impl From<rusqlite::Error> for Error {
         match &e {
             rusqlite::Error::SqliteFailure(f, msg) => match f.code {
                 ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase => {
-                    Error::Corrupt(e.to_string())
+                    Error::corrupt_from("SQLite reports", e)
                 }
                 ErrorCode::DiskFull => Error::DiskFull(std::sync::Arc::new(e)),
                 // A schema that lacks what this build's statements name: a damaged or
@@ -374,7 +458,7 @@ impl From<rusqlite::Error> for Error {
                         m.starts_with("no such column") || m.starts_with("no such table")
                     }) =>
                 {
-                    Error::Corrupt(e.to_string())
+                    Error::corrupt_from("the schema lacks what this build reads", e)
                 }
                 _ => Error::Sqlite(std::sync::Arc::new(e)),
             },
@@ -382,7 +466,7 @@ impl From<rusqlite::Error> for Error {
             rusqlite::Error::InvalidColumnType(..)
             | rusqlite::Error::FromSqlConversionFailure(..)
             | rusqlite::Error::IntegralValueOutOfRange(..)
-            | rusqlite::Error::Utf8Error(..) => Error::Corrupt(format!("undecodable row: {e}")),
+            | rusqlite::Error::Utf8Error(..) => Error::corrupt_from("undecodable row", e),
             _ => Error::Sqlite(std::sync::Arc::new(e)),
         }
     }
@@ -392,7 +476,10 @@ impl From<rusqlite_migration::Error> for Error {
     fn from(e: rusqlite_migration::Error) -> Self {
         match e {
             rusqlite_migration::Error::RusqliteError { err, .. } => err.into(),
-            other => Error::UnsupportedVersion(other.to_string()),
+            other => Error::UnsupportedVersion {
+                what: "the schema migrations refuse the file".into(),
+                source: Some(std::sync::Arc::new(other)),
+            },
         }
     }
 }

@@ -243,7 +243,7 @@ fn service_rename_goes_through_the_live_runtime() {
         assert!(page.sessions[0].live);
         assert!(matches!(
             service.rename(&r, "").await,
-            Err(Error::InvalidInput(_))
+            Err(Error::InvalidInput { .. })
         ));
         service.close(&r).await.expect("close");
         service.rename(&r, "Cold title").await.expect("rename cold");

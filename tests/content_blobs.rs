@@ -221,7 +221,7 @@ fn the_threshold_is_a_checked_setting() {
     for bad in [0, MIN_INLINE_THRESHOLD - 1, MAX_INLINE_THRESHOLD + 1] {
         let options = StoreOptions::default().with_inline_threshold(bad);
         match Root::with_options(dir.path().join("bad"), options) {
-            Err(Error::InvalidInput(m)) => {
+            Err(Error::InvalidInput { what: m, .. }) => {
                 assert!(m.contains("inline threshold"), "{m}");
                 assert!(m.contains(&MIN_INLINE_THRESHOLD.to_string()), "{m}");
             }
@@ -349,13 +349,15 @@ fn hostile_parts_read_as_corrupt_and_fail_verify() {
         drop(conn);
         // The reader names the event; it never panics.
         match root.open_reader(&id(name)).and_then(|r| r.all_commits()) {
-            Err(Error::Corrupt(m)) => {
-                assert!(m.contains("event 5"), "{name}: {m}");
+            Err(e @ Error::Corrupt { .. }) => {
+                assert!(e.to_string().contains("event 5"), "{name}: {e}");
             }
             other => panic!("{name}: {other:?}"),
         }
         match session_store::verify_file(&file) {
-            Err(Error::Corrupt(m)) => assert!(m.contains(says), "{name}: {m}"),
+            Err(e @ Error::Corrupt { .. }) => {
+                assert!(e.to_string().contains(says), "{name}: {e}")
+            }
             other => panic!("{name}: {other:?}"),
         }
         let out = Command::new(env!("CARGO_BIN_EXE_session-store"))
@@ -374,7 +376,7 @@ fn hostile_parts_read_as_corrupt_and_fail_verify() {
         let dest = dir.path().join(format!("{name}.export"));
         assert!(matches!(
             root.export(&id(name), &dest),
-            Err(Error::Corrupt(_))
+            Err(Error::Corrupt { .. })
         ));
         assert!(!dest.exists());
     }

@@ -131,7 +131,7 @@ fn fork_refuses_unknown_turns_and_unsafe_cuts() {
     s.flush().unwrap();
 
     let err = root.fork(&id("p"), after("nope"), None).unwrap_err();
-    assert!(matches!(err, Error::InvalidInput(_)), "{err}");
+    assert!(matches!(err, Error::InvalidInput { .. }), "{err}");
     let err = root.fork(&id("p"), before("turn-b"), None).unwrap_err();
     assert!(matches!(err, Error::ForkBoundaryNotAtomic(_)), "{err}");
     let err = root.fork(&id("p"), after("turn-c"), None).unwrap_err();
@@ -344,7 +344,7 @@ fn import_refuses_damaged_files_and_leaves_nothing_behind() {
     for file in &bad {
         let err = target.import(file, ImportOptions::default()).unwrap_err();
         assert!(
-            matches!(err, Error::Corrupt(_) | Error::InvalidInput(_)),
+            matches!(err, Error::Corrupt { .. } | Error::InvalidInput { .. }),
             "{}: unexpected {err:?}",
             file.display()
         );

@@ -299,7 +299,7 @@ fn assert_refused(root: &Root, name: &str, what: &str) {
     ];
     for (entry, outcome) in outcomes {
         match outcome {
-            Err(Error::Corrupt(_)) => {}
+            Err(Error::Corrupt { .. }) => {}
             other => panic!("{what}: {entry} gave {other:?}, expected Error::Corrupt"),
         }
     }
@@ -370,7 +370,7 @@ fn hostile_commit_rows_are_refused_or_read_correctly() {
          WHERE first_seq = 1",
     );
     let refused = verify_file(root.session_dir(&id("colliding"))).expect_err("key damage");
-    assert!(matches!(refused, Error::Corrupt(_)), "{refused}");
+    assert!(matches!(refused, Error::Corrupt { .. }), "{refused}");
     let s = root.open_writer(&id("colliding")).expect("open");
     let again = s.append(retry_of(&commits[1])).expect("retry");
     assert_eq!(identity(&again), identity(&commits[1]));
@@ -397,7 +397,7 @@ fn hostile_commit_rows_are_refused_or_read_correctly() {
     drop(conn);
     let s = root.open_writer(&id("twice"));
     let outcome = s.and_then(|s| s.append(chat_turn("op-0", 0)).map(drop));
-    assert!(matches!(outcome, Err(Error::Corrupt(_))), "{outcome:?}");
+    assert!(matches!(outcome, Err(Error::Corrupt { .. })), "{outcome:?}");
 }
 
 /// `(freelist_count, page_count, auto_vacuum)` of a file.

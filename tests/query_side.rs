@@ -284,7 +284,7 @@ async fn continue_legacy_tolerates_a_torn_last_line_and_reports_it() {
     .unwrap();
     assert!(matches!(
         service.continue_legacy(&bad, "").await,
-        Err(Error::InvalidInput(_))
+        Err(Error::InvalidInput { .. })
     ));
     assert_eq!(
         service.query().list(None, 50).await.unwrap().sessions.len(),

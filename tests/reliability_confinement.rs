@@ -726,11 +726,11 @@ fn confined_folders_of_the_library_refuse_symlinks() {
     let root = session_store::Root::open(&w.root).expect("root");
     assert!(matches!(
         root.confined_dir(".restore-failed"),
-        Err(session_store::Error::InvalidInput(_))
+        Err(session_store::Error::InvalidInput { .. })
     ));
     assert!(matches!(
         root.confined_dir("../V"),
-        Err(session_store::Error::InvalidInput(_))
+        Err(session_store::Error::InvalidInput { .. })
     ));
     let made = root.confined_dir(".scratch").expect("scratch");
     assert!(std::fs::symlink_metadata(&made).expect("lstat").is_dir());
@@ -762,6 +762,6 @@ fn a_scratch_folder_is_guarded_while_held_and_removed_when_dropped() {
     assert_eq!(w.outside_state(), before);
     assert!(matches!(
         root.scratch("../x"),
-        Err(session_store::Error::InvalidInput(_))
+        Err(session_store::Error::InvalidInput { .. })
     ));
 }

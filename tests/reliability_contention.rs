@@ -96,15 +96,21 @@ fn reader_loop(root: Root, name: session_store::SessionId, stop: Arc<AtomicBool>
             let mut next = 1;
             for c in &commits {
                 if c.first_seq != next {
-                    return Err(Error::Corrupt(format!("gap at {next}")));
+                    return Err(Error::Corrupt {
+                        what: format!("gap at {next}"),
+                        source: None,
+                    });
                 }
                 next = c.last_seq() + 1;
             }
             if next - 1 < durable {
-                return Err(Error::Corrupt(format!(
-                    "read {} events but the durable sequence was {durable}",
-                    next - 1
-                )));
+                return Err(Error::Corrupt {
+                    what: format!(
+                        "read {} events but the durable sequence was {durable}",
+                        next - 1
+                    ),
+                    source: None,
+                });
             }
             f.commits_read += commits.len() as u64;
             Ok(next - 1)

@@ -147,7 +147,7 @@ fn proptest_session_ids_never_escape_the_root() {
                     }
                 }
                 Err(e) => {
-                    prop_assert!(matches!(e, Error::InvalidInput(_)), "{e:?}");
+                    prop_assert!(matches!(e, Error::InvalidInput { .. }), "{e:?}");
                     prop_assert!(serde_json::from_value::<SessionId>(json!(text)).is_err());
                     prop_assert!(text.parse::<SessionId>().is_err());
                     prop_assert!(SessionRef::new("host", text.clone()).is_err());
@@ -217,7 +217,7 @@ fn hostile_ids_are_refused() {
         "a\"b",
     ] {
         assert!(
-            matches!(SessionId::new(bad), Err(Error::InvalidInput(_))),
+            matches!(SessionId::new(bad), Err(Error::InvalidInput { .. })),
             "{bad:?} was accepted"
         );
     }
@@ -435,9 +435,9 @@ fn proptest_a_batch_is_stored_whole_or_refused_without_a_trace() {
                         prop_assert!(
                             matches!(
                                 e,
-                                Error::InvalidInput(_)
+                                Error::InvalidInput { .. }
                                     | Error::InvalidPayload { .. }
-                                    | Error::UnsupportedVersion(_)
+                                    | Error::UnsupportedVersion { .. }
                                     | Error::OperationConflict { .. }
                             ),
                             "unexpected refusal {:?} for {:?}",
@@ -499,7 +499,7 @@ fn proptest_payload_text_is_json_or_refused() {
                     );
                 }
                 Err(e) => {
-                    prop_assert!(matches!(e, Error::InvalidInput(_)), "{:?}", e);
+                    prop_assert!(matches!(e, Error::InvalidInput { .. }), "{:?}", e);
                     prop_assert!(serde_json::from_str::<Value>(&text).is_err());
                 }
             }
@@ -525,7 +525,7 @@ fn append_or_refuse(s: &session_store::Session, op: &str, event: Event) -> Optio
         Ok(_) => text,
         Err(e) => {
             assert!(
-                matches!(e, Error::InvalidPayload { .. } | Error::InvalidInput(_)),
+                matches!(e, Error::InvalidPayload { .. } | Error::InvalidInput { .. }),
                 "{op}: {e:?}"
             );
             assert!(
@@ -546,7 +546,7 @@ fn deeply_nested_json_is_refused_or_stored_without_a_stack_overflow() {
     let mut stored: Vec<String> = Vec::new();
     // As an optional event's payload, through the event API.
     match Event::new("x").optional().with_payload_json(&deep) {
-        Err(e) => assert!(matches!(e, Error::InvalidInput(_)), "{e:?}"),
+        Err(e) => assert!(matches!(e, Error::InvalidInput { .. }), "{e:?}"),
         Ok(ev) => stored.extend(append_or_refuse(&s, "deep-api", ev)),
     }
     // Through a JSON Lines batch.
@@ -645,7 +645,7 @@ fn deeply_nested_json_is_refused_or_stored_without_a_stack_overflow() {
     .unwrap();
     drop(conn);
     let err = replay_file(root.session_dir(&id("deep"))).unwrap_err();
-    assert!(matches!(err, Error::Corrupt(_)), "{err:?}");
+    assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
     // The fold keeps a message's JSON as text, so it may accept the nesting; what matters
     // is an answer, not a stack overflow.
     if let Err(e) = root.open_reader(&id("deep")).and_then(|r| r.projection()) {

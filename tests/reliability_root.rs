@@ -201,7 +201,7 @@ fn one_bad_session_does_not_take_the_root_down() {
     assert_eq!(ids, ["a", "c"]);
     assert!(matches!(
         listing.skipped[1].error.as_ref(),
-        session_store::Error::UnsupportedVersion(_)
+        session_store::Error::UnsupportedVersion { .. }
     ));
     assert_eq!(root.rebuild_catalog().expect("rebuild").skipped.len(), 2);
 

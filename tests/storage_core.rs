@@ -242,7 +242,7 @@ fn invalid_ids_are_refused_before_touching_disk() {
         "x\0y",
     ] {
         assert!(
-            matches!(SessionId::new(bad), Err(Error::InvalidInput(_))),
+            matches!(SessionId::new(bad), Err(Error::InvalidInput { .. })),
             "{bad:?}"
         );
     }

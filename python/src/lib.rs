@@ -149,7 +149,7 @@ create_exception!(
 fn to_py(py: Python<'_>, e: Error) -> PyErr {
     let msg = e.to_string();
     match e {
-        Error::InvalidInput(_) => InvalidInput::new_err(msg),
+        Error::InvalidInput { .. } => InvalidInput::new_err(msg),
         Error::InvalidPayload { .. } => InvalidPayload::new_err(msg),
         Error::OperationConflict { .. } => OperationConflict::new_err(msg),
         Error::SessionNotFound(_) => NotFound::new_err(msg),
@@ -169,8 +169,8 @@ fn to_py(py: Python<'_>, e: Error) -> PyErr {
                 Err(other) => other,
             }
         }
-        Error::UnsupportedVersion(_) => UnsupportedVersion::new_err(msg),
-        Error::Corrupt(_) => Corrupt::new_err(msg),
+        Error::UnsupportedVersion { .. } => UnsupportedVersion::new_err(msg),
+        Error::Corrupt { .. } => Corrupt::new_err(msg),
         Error::Internal { .. } => InternalError::new_err(msg),
         Error::Closed => Closed::new_err(msg),
         Error::StaleGeneration { .. } => StaleGeneration::new_err(msg),
@@ -203,10 +203,19 @@ fn detached<T: Send>(
     py.detach(f).map_err(|e| to_py(py, e))
 }
 
+/// An [`Error::InvalidInput`] whose cause (its typed source) is the JSON error `source`:
+/// `what` says which input.
+fn invalid_from(what: &str, source: serde_json::Error) -> Error {
+    Error::InvalidInput {
+        what: what.to_owned(),
+        source: Some(std::sync::Arc::new(source)),
+    }
+}
+
 /// `value` as JSON text.
 fn json<T: Serialize>(value: &T) -> session_store::Result<String> {
     serde_json::to_string(value)
-        .map_err(|e| Error::InvalidInput(format!("value cannot be encoded as JSON: {e}")))
+        .map_err(|e| invalid_from("value cannot be encoded as JSON", e))
 }
 
 /// A session id from a Python string (validated by the library).
@@ -440,9 +449,10 @@ impl Root {
                 (Some(t), None) => ForkPoint::AfterTurn(t),
                 (None, Some(t)) => ForkPoint::BeforeTurn(t),
                 _ => {
-                    return Err(Error::InvalidInput(
-                        "give exactly one of after_turn and before_turn".into(),
-                    ));
+                    return Err(Error::InvalidInput {
+                        what: "give exactly one of after_turn and before_turn".into(),
+                        source: None,
+                    });
                 }
             };
             let child = child.map(SessionId::new).transpose()?;
@@ -759,7 +769,7 @@ impl Session {
     fn append(&self, py: Python<'_>, batch_json: &str) -> NativeResult<String> {
         detached(py, || {
             let batch: Batch = serde_json::from_str(batch_json)
-                .map_err(|e| Error::InvalidInput(format!("batch is not valid: {e}")))?;
+                .map_err(|e| invalid_from("batch is not valid", e))?;
             let commit = self.inner.append(batch)?;
             json(&CommitSummary {
                 commit_id: &commit.commit_id,

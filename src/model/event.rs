@@ -60,7 +60,7 @@ impl Event {
     /// [`Error::InvalidInput`] when the value cannot be serialized to JSON.
     pub fn with_payload<T: Serialize + ?Sized>(mut self, value: &T) -> Result<Self> {
         let text = serde_json::to_string(value)
-            .map_err(|e| Error::invalid(format!("payload is not JSON: {e}")))?;
+            .map_err(|e| Error::invalid_from("payload is not JSON", e))?;
         self.payload = Some(raw_json(text)?);
         Ok(self)
     }
@@ -99,7 +99,7 @@ impl Event {
 
 /// Parses JSON text into a raw value, refusing anything that is not exactly one JSON value.
 pub(crate) fn raw_json(text: String) -> Result<Box<RawValue>> {
-    RawValue::from_string(text).map_err(|e| Error::invalid(format!("payload is not JSON: {e}")))
+    RawValue::from_string(text).map_err(|e| Error::invalid_from("payload is not JSON", e))
 }
 
 /// One atomic append: an operation id (the idempotency key), an optional turn id and events.

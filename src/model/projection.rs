@@ -316,7 +316,7 @@ fn parse(event: &Event) -> Result<Parsed> {
         kind::USAGE => Parsed::Usage(decode::<UsagePayload>(event)?.record()?),
         kind::DIAGNOSTIC => Parsed::Skip,
         other => {
-            return Err(Error::UnsupportedVersion(format!(
+            return Err(Error::unsupported(format!(
                 "unknown required event kind {} (mark it optional to store it)",
                 crate::error::quoted(other)
             )));
@@ -806,7 +806,7 @@ mod tests {
         }
         assert!(matches!(
             fold(vec![Event::new("future/kind")], None).unwrap_err(),
-            Error::UnsupportedVersion(_)
+            Error::UnsupportedVersion { .. }
         ));
         assert!(fold(vec![Event::new("future/kind").optional()], None).is_ok());
     }

@@ -503,12 +503,12 @@ impl Catalog {
     fn open(&self, root: &Root) -> Result<Connection> {
         let dir = catalog_dir(root)?;
         let path = self.dir.join(CATALOG_FILE);
-        if let Err(Error::InvalidInput(_)) = schema::check_file(&path) {
+        if let Err(Error::InvalidInput { .. }) = schema::check_file(&path) {
             // A symlink or a non-regular file where the catalog's files belong.
             unlink_files_at(&dir, &CATALOG_FILES, &self.dir)?;
         }
         match open_catalog(&path) {
-            Err(Error::Corrupt(_)) => {
+            Err(Error::Corrupt { .. }) => {
                 unlink_files_at(&dir, &CATALOG_FILES, &self.dir)?;
                 open_catalog(&path)
             }
@@ -724,8 +724,8 @@ impl Catalog {
         })?;
         let mut out = Listing::default();
         for text in texts {
-            let entry: CatalogEntry = serde_json::from_str(&text)
-                .map_err(|e| Error::corrupt(format!("catalog entry: {e}")))?;
+            let entry: CatalogEntry =
+                serde_json::from_str(&text).map_err(|e| Error::corrupt_from("catalog entry", e))?;
             // Deleted since the refresh: never revived.
             if !stamper.stamp(&entry.session_id).starts_with(MISSING) {
                 out.entries.push(entry);

@@ -169,7 +169,7 @@ mod tests {
         let shown = root.path().join(".trash");
         assert!(matches!(
             ensure_dir_at(&fd, ".trash", &shown),
-            Err(Error::InvalidInput(_))
+            Err(Error::InvalidInput { .. })
         ));
         assert!(ensure_dir_at(&fd, ".staging", &shown).is_ok());
     }

@@ -154,12 +154,12 @@ impl Root {
         let shown = self.path().join(CATALOG_DIR);
         let path = shown.join(SEARCH_FILE);
         let mut fresh = !std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file());
-        if let Err(Error::InvalidInput(_)) = schema::check_file(&path) {
+        if let Err(Error::InvalidInput { .. }) = schema::check_file(&path) {
             // A symlink or a non-regular file where the index's files belong.
             unlink_files_at(&dir, &SEARCH_FILES, &shown)?;
         }
         let index = match SearchIndex::open(&path) {
-            Err(Error::Corrupt(_)) => {
+            Err(Error::Corrupt { .. }) => {
                 unlink_files_at(&dir, &SEARCH_FILES, &shown)?;
                 fresh = true;
                 SearchIndex::open(&path)

@@ -50,7 +50,7 @@ impl LogValidator {
         let mut effects = FoldEffects::default();
         self.projection
             .apply_commit_tracked(c, &mut effects)
-            .map_err(|e| Error::corrupt(format!("commit at {}: {e}", c.first_seq)))?;
+            .map_err(|e| Error::corrupt_from(format!("commit at {}", c.first_seq), e))?;
         self.next_seq = c.last_seq() + 1;
         Ok(effects)
     }

@@ -81,7 +81,7 @@ fn parse_transcript(bytes: &[u8], branch: &str, digest: &str) -> Result<(Vec<Mes
             }
             Ok(m) => messages.push(m),
             Err(_) if last => torn = true,
-            Err(e) => return Err(Error::invalid(format!("legacy line {}: {e}", n + 1))),
+            Err(e) => return Err(Error::invalid_from(format!("legacy line {}", n + 1), e)),
         }
     }
     Ok((messages, torn))

@@ -32,7 +32,7 @@ pub(crate) fn decode(digest: &str, bytes: u64, encoding: &str, data: Vec<u8>) ->
     let raw = match encoding {
         "identity" => data,
         "zstd" => zstd::bulk::decompress(&data, bytes as usize)
-            .map_err(|e| Error::corrupt(format!("blob {digest} does not decompress: {e}")))?,
+            .map_err(|e| Error::corrupt_from(format!("blob {digest} does not decompress"), e))?,
         other => {
             return Err(Error::corrupt(format!(
                 "blob {digest} has encoding {}",

@@ -122,9 +122,10 @@ fn long_string_values(json: &[u8], threshold: usize) -> Vec<(usize, usize)> {
 /// [`Error::Corrupt`] naming event `seq` for anything else.
 pub(crate) fn parse_offsets(seq: u64, parts: &str, stored: &str) -> Result<Vec<usize>> {
     let offsets: Vec<usize> = serde_json::from_str(parts).map_err(|e| {
-        Error::corrupt(format!(
-            "event {seq}: payload_parts is not a list of offsets: {e}"
-        ))
+        Error::corrupt_from(
+            format!("event {seq}: payload_parts is not a list of offsets"),
+            e,
+        )
     })?;
     let mut next = 0usize;
     for &offset in &offsets {
@@ -243,7 +244,7 @@ mod tests {
         let some = |_: &str| Ok(Some(Arc::from(&b"x"[..])));
         for parts in ["[6]", "[4]", "x", "[-1]", "[5,5]", "[99999]"] {
             let e = reassemble(9, &ext.text, parts, some).unwrap_err();
-            assert!(matches!(e, Error::Corrupt(_)), "{parts}: {e}");
+            assert!(matches!(e, Error::Corrupt { .. }), "{parts}: {e}");
             assert!(e.to_string().contains("event 9"), "{e}");
         }
         let e = reassemble(9, &ext.text, "[5]", none).unwrap_err();

@@ -294,12 +294,18 @@ mod tests {
             .expect("open")
             .execute_batch("CREATE TABLE intruder (x)")
             .expect("alter");
-        assert!(matches!(text_at(&files, &file, at), Err(Error::Corrupt(_))));
+        assert!(matches!(
+            text_at(&files, &file, at),
+            Err(Error::Corrupt { .. })
+        ));
         assert!(
             files.kept_files().is_empty(),
             "a failed connection is not kept"
         );
-        assert!(matches!(text_at(&files, &file, at), Err(Error::Corrupt(_))));
+        assert!(matches!(
+            text_at(&files, &file, at),
+            Err(Error::Corrupt { .. })
+        ));
     }
 
     #[test]

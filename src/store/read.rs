@@ -9,9 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use crate::error::{Error, Result, WriterOwner};
-use crate::model::event::{
-    commit_row_digest, commit_row_hash, derived_event_id, operation_key, raw_json,
-};
+use crate::model::event::{commit_row_digest, commit_row_hash, derived_event_id, operation_key};
 use crate::model::header::{Header, Origin};
 use crate::model::ids::derived_turn_id;
 use crate::model::projection::{HistoryChange, ModelRef};
@@ -86,14 +84,14 @@ pub(crate) fn read_header(conn: &Connection) -> Result<Header> {
         parent_id: parent
             .map(SessionId::new)
             .transpose()
-            .map_err(|e| Error::corrupt(format!("header parent: {e}")))?,
+            .map_err(|e| Error::corrupt_from("header parent", e))?,
         origin: Origin::parse(&origin).ok_or_else(|| {
             Error::corrupt(format!("header origin {}", crate::error::quoted(&origin)))
         })?,
         provenance: provenance
             .map(|p| serde_json::from_str(&p))
             .transpose()
-            .map_err(|e| Error::corrupt(format!("header provenance: {e}")))?,
+            .map_err(|e| Error::corrupt_from("header provenance", e))?,
         inherited_events,
     })
 }
@@ -544,6 +542,16 @@ impl PartsColumn {
 /// Content part bytes already read, by digest.
 type PartCache = rustc_hash::FxHashMap<String, Arc<[u8]>>;
 
+/// Stored payload `text` (of the event or blob `what` names) as one JSON value.
+///
+/// # Errors
+/// [`Error::Corrupt`] naming `what` when it is not one JSON value, the parse error its
+/// source.
+fn stored_json(what: String, text: String) -> Result<Box<RawValue>> {
+    RawValue::from_string(text)
+        .map_err(|e| Error::corrupt_from(format!("{what}: payload is not JSON"), e))
+}
+
 /// An event's inline payload text with its content parts (if any) spliced back, each
 /// part read once per `cache`.
 ///
@@ -571,7 +579,10 @@ fn stored_text(
             return Ok(Some(Arc::clone(raw)));
         }
         let Some(raw) = read_blob(conn, digest).map_err(|e| match e {
-            Error::Corrupt(m) => Error::corrupt(format!("event {seq}: {m}")),
+            Error::Corrupt { what, source } => Error::Corrupt {
+                what: format!("event {seq}: {what}"),
+                source,
+            },
             other => other,
         })?
         else {
@@ -906,10 +917,7 @@ fn attach_events(
         let payload_text = stored_text(conn, seq, r.get(4)?, parts_column.get(r)?, &mut parts)?;
         let payload_ref: Option<String> = r.get(5)?;
         let (payload, content_ref) = match (payload_text, payload_ref) {
-            (Some(text), None) => (
-                Some(raw_json(text).map_err(|e| Error::corrupt(format!("event {seq}: {e}")))?),
-                None,
-            ),
+            (Some(text), None) => (Some(stored_json(format!("event {seq}"), text)?), None),
             (None, Some(digest)) => {
                 let (payload, bytes) = match blobs.get(&digest) {
                     Some((payload, bytes)) => (payload.clone(), *bytes),
@@ -920,8 +928,7 @@ fn attach_events(
                         let bytes = raw.len() as u64;
                         let text = String::from_utf8(raw)
                             .map_err(|_| Error::corrupt(format!("blob {digest} is not UTF-8")))?;
-                        let payload = raw_json(text)
-                            .map_err(|e| Error::corrupt(format!("blob {digest}: {e}")))?;
+                        let payload = stored_json(format!("blob {digest}"), text)?;
                         blobs.insert(digest.clone(), (payload.clone(), bytes));
                         (payload, bytes)
                     }

@@ -205,7 +205,7 @@ impl MessageText {
             MessageText::Message(text) => Ok(text),
             MessageText::Payload(text) => serde_json::from_str::<MessageTextOf<'_>>(text)
                 .map(|of| of.message.get())
-                .map_err(|e| Error::corrupt(format!("message payload: {e}"))),
+                .map_err(|e| Error::corrupt_from("message payload", e)),
         }
     }
 }
@@ -262,7 +262,7 @@ impl EventMessages {
 /// The messages of the payload `text` of event `seq`: its `message`, or its `messages`
 /// array when `many`.
 fn parse_messages(seq: u64, text: &str, many: bool) -> Result<Vec<Arc<Message>>> {
-    let bad = |e: serde_json::Error| Error::corrupt(format!("event {seq}: {e}"));
+    let bad = |e: serde_json::Error| Error::corrupt_from(format!("event {seq}"), e);
     Ok(if many {
         serde_json::from_str::<MessagesOf>(text)
             .map_err(bad)?
@@ -360,10 +360,13 @@ fn build_layout(
         let ancestor = ancestor_dir.join(SESSION_FILE);
         // A symlink there is refused now, not by SQLite at the first read.
         let pool = match schema::check_session_dir(&ancestor_dir) {
-            Err(Error::InvalidInput(why)) => Err(Error::invalid(format!(
-                "session {} inherits from {}: {why}",
-                header.session_id, entry.ancestor_id
-            ))),
+            Err(Error::InvalidInput { what, source }) => Err(Error::InvalidInput {
+                what: format!(
+                    "session {} inherits from {}: {what}",
+                    header.session_id, entry.ancestor_id
+                ),
+                source,
+            }),
             checked => checked
                 .and_then(|()| read_pool(&ancestor, Access::Shared))
                 .map_err(|_| {
@@ -857,7 +860,7 @@ impl SessionReader {
         let mut replaced: Option<(u64, Vec<Box<serde_json::value::RawValue>>)> = None;
         for (entry, conn) in entries.into_iter().rev() {
             let seq = entry.event_seq;
-            let bad = |e: serde_json::Error| Error::corrupt(format!("event {seq}: {e}"));
+            let bad = |e: serde_json::Error| Error::corrupt_from(format!("event {seq}"), e);
             let Some(i) = entry.item else {
                 out.push(MessageText::Payload(match entry.payload {
                     Some(text) => text,
@@ -1286,7 +1289,7 @@ impl SessionReader {
         for seq in read::events_of_kind(&conn, "session/title", after, through)? {
             let text = read::read_payload_text(&conn, seq)?;
             let title = serde_json::from_str::<TitleOf>(&text)
-                .map_err(|e| Error::corrupt(format!("event {seq}: {e}")))?
+                .map_err(|e| Error::corrupt_from(format!("event {seq}"), e))?
                 .title;
             out.titles
                 .push((seq, title, read::commit_time(&conn, seq)?));
@@ -1305,7 +1308,7 @@ impl SessionReader {
                 let text = read::read_payload_text(&conn, *seq)?;
                 return serde_json::from_str::<TitleOf>(&text)
                     .map(|t| t.title)
-                    .map_err(|e| Error::corrupt(format!("event {seq}: {e}")));
+                    .map_err(|e| Error::corrupt_from(format!("event {seq}"), e));
             }
         }
         Ok(String::new())

@@ -307,7 +307,7 @@ pub(crate) fn open_derived(path: &Path, file: &DerivedFile<'_>) -> Result<Connec
         )));
     }
     tx.prepare(file.probe)
-        .map_err(|e| Error::corrupt(format!("{}: {e}", path.display())))?;
+        .map_err(|e| Error::corrupt_from(path.display().to_string(), e))?;
     tx.commit()?;
     Ok(conn)
 }
@@ -420,7 +420,7 @@ pub(crate) fn check_format(conn: &Connection) -> Result<()> {
     }
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
     if version > SCHEMA_VERSION {
-        return Err(Error::UnsupportedVersion(format!(
+        return Err(Error::unsupported(format!(
             "schema version {version} is newer than {SCHEMA_VERSION}"
         )));
     }
