@@ -136,6 +136,16 @@ fn a_damaged_file_is_corrupt_and_a_newer_one_unsupported() {
     ] {
         assert!(matches!(e, Error::Corrupt { .. }), "{e:?}");
         assert_eq!(classes(&e), ["corrupt"], "{e}");
+        // SQLite found it (`SQLITE_NOTADB`): its error is the typed source.
+        let sqlite = e
+            .source()
+            .and_then(|c| c.downcast_ref::<rusqlite::Error>())
+            .unwrap_or_else(|| panic!("no rusqlite source: {e:?}"));
+        assert_eq!(
+            sqlite.sqlite_error_code(),
+            Some(rusqlite::ErrorCode::NotADatabase),
+            "{e}"
+        );
     }
 
     // A schema version newer than this build: unsupported, not corrupt.
@@ -150,6 +160,75 @@ fn a_damaged_file_is_corrupt_and_a_newer_one_unsupported() {
     let e = root.open_reader(&id("damaged")).expect_err("newer");
     assert!(matches!(e, Error::UnsupportedVersion { .. }), "{e:?}");
     assert_eq!(classes(&e), ["unsupported"], "{e}");
+    // The store's own version check refused it before any lower-level code ran.
+    assert!(e.source().is_none(), "{e:?}");
+    assert!(e.to_string().contains("is newer than"), "{e}");
+}
+
+/// A stored payload that is not JSON, and a row whose column does not decode, are corrupt
+/// with the lower-level error as the typed source (`serde_json::Error`, `rusqlite::Error`),
+/// the message ending with it once.
+#[test]
+fn a_corrupt_row_has_its_decoding_error_as_source() {
+    let (_dir, root) = temp_root();
+    for name in ["not-json", "not-a-number"] {
+        let s = create(&root, name);
+        s.append(Batch::new("t", vec![title("before the damage")]))
+            .expect("append");
+        let file = session_file(&s);
+        s.close().expect("close");
+        let sql = match name {
+            "not-json" => "UPDATE events SET payload = '{not json' WHERE kind = 'session/title'",
+            _ => "UPDATE commits SET writer_generation = 'one'",
+        };
+        let conn = rusqlite::Connection::open(&file).expect("sqlite");
+        assert!(conn.execute(sql, []).expect(sql) > 0, "{sql}");
+        drop(conn);
+
+        let e = root
+            .open_reader(&id(name))
+            .and_then(|r| r.all_commits())
+            .expect_err(name);
+        assert_eq!(classes(&e), ["corrupt"], "{name}: {e:?}");
+        let cause = e
+            .source()
+            .unwrap_or_else(|| panic!("{name}: no source: {e:?}"));
+        if name == "not-json" {
+            assert!(cause.is::<serde_json::Error>(), "{name}: {e:?}");
+            assert!(e.to_string().contains("payload is not JSON"), "{e}");
+        } else {
+            assert!(
+                matches!(
+                    cause.downcast_ref::<rusqlite::Error>(),
+                    Some(rusqlite::Error::InvalidColumnType(..))
+                ),
+                "{name}: {e:?}"
+            );
+        }
+        let text = cause.to_string();
+        assert_eq!(e.to_string().matches(&text).count(), 1, "{e}");
+        assert!(e.to_string().ends_with(&text), "{e}");
+    }
+}
+
+/// The schema migrations' refusal of a database newer than they know is
+/// `UnsupportedVersion` with their `rusqlite_migration::Error` as the typed source.
+#[test]
+fn a_migrations_refusal_is_unsupported_with_its_error_as_source() {
+    let mut conn = rusqlite::Connection::open_in_memory().expect("sqlite");
+    conn.pragma_update(None, "user_version", 7)
+        .expect("version");
+    let refused =
+        rusqlite_migration::Migrations::new(vec![rusqlite_migration::M::up("CREATE TABLE t (x)")])
+            .to_latest(&mut conn)
+            .expect_err("a newer database");
+    let e = Error::from(refused);
+    assert_eq!(classes(&e), ["unsupported"], "{e:?}");
+    assert!(
+        e.source()
+            .is_some_and(|c| c.is::<rusqlite_migration::Error>()),
+        "{e:?}"
+    );
 }
 
 #[test]
@@ -212,6 +291,25 @@ fn what_the_caller_passed_is_a_caller_error_and_changes_nothing() {
     assert_eq!(s.snapshot().event_sequence, before, "nothing was accepted");
     s.close().expect("close");
     assert!(!dir.path().join("other").exists(), "no root was made");
+}
+
+/// Input that is not JSON is a caller error whose typed source is the JSON parse error.
+#[test]
+fn input_that_is_not_json_has_the_parse_error_as_source() {
+    let e = Event::new("session/title")
+        .with_payload_json("{\"title\": ")
+        .expect_err("not JSON");
+    assert!(matches!(e, Error::InvalidInput { .. }), "{e:?}");
+    assert_eq!(classes(&e), ["caller_error"], "{e}");
+    let parse = e
+        .source()
+        .and_then(|c| c.downcast_ref::<serde_json::Error>())
+        .unwrap_or_else(|| panic!("no serde_json source: {e:?}"));
+    assert!(parse.is_eof(), "{parse}");
+    assert_eq!(
+        e.to_string(),
+        format!("invalid input: payload is not JSON: {parse}")
+    );
 }
 
 /// A write that meets another connection's write lock (SQLite `SQLITE_BUSY` after the
