@@ -198,7 +198,7 @@ pub(crate) fn reassemble(
     }
     out.extend_from_slice(&stored.as_bytes()[done..]);
     String::from_utf8(out)
-        .map_err(|_| Error::corrupt(format!("event {seq}: a content part is not UTF-8")))
+        .map_err(|e| Error::corrupt_from(format!("event {seq}: a content part is not UTF-8"), e))
 }
 
 #[cfg(test)]

@@ -610,7 +610,7 @@ pub(crate) fn read_payload_text(conn: &Connection, seq: u64) -> Result<String> {
             let raw = read_blob(conn, &digest)?
                 .ok_or_else(|| Error::corrupt(format!("missing blob {digest}")))?;
             String::from_utf8(raw)
-                .map_err(|_| Error::corrupt(format!("blob {digest} is not UTF-8")))
+                .map_err(|e| Error::corrupt_from(format!("blob {digest} is not UTF-8"), e))
         }
         (None, None) => Err(Error::corrupt(format!("event {seq} has no payload"))),
     }
@@ -926,8 +926,9 @@ fn attach_events(
                             Error::corrupt(format!("event {seq} references missing blob {digest}"))
                         })?;
                         let bytes = raw.len() as u64;
-                        let text = String::from_utf8(raw)
-                            .map_err(|_| Error::corrupt(format!("blob {digest} is not UTF-8")))?;
+                        let text = String::from_utf8(raw).map_err(|e| {
+                            Error::corrupt_from(format!("blob {digest} is not UTF-8"), e)
+                        })?;
                         let payload = stored_json(format!("blob {digest}"), text)?;
                         blobs.insert(digest.clone(), (payload.clone(), bytes));
                         (payload, bytes)

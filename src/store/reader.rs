@@ -369,11 +369,14 @@ fn build_layout(
             }),
             checked => checked
                 .and_then(|()| read_pool(&ancestor, Access::Shared))
-                .map_err(|_| {
-                    Error::corrupt(format!(
-                        "session {} inherits from {}, which is missing",
-                        header.session_id, entry.ancestor_id
-                    ))
+                .map_err(|e| {
+                    Error::corrupt_from(
+                        format!(
+                            "session {} inherits from {}, which cannot be read",
+                            header.session_id, entry.ancestor_id
+                        ),
+                        e,
+                    )
                 }),
         }?;
         segments.push(Segment {
