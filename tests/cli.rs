@@ -431,7 +431,13 @@ fn fork_rewind_export_import_delete_and_verify() {
     env.fails(&["import", tampered_arg, "--id", "forged"], 6);
     let garbage = env.path("garbage.sqlite");
     std::fs::write(&garbage, b"not a database at all").expect("write");
-    env.fails(&["verify", garbage.to_str().expect("utf-8")], 6);
+    let refused = env.fails(&["verify", garbage.to_str().expect("utf-8")], 6);
+    // SQLite's error is the typed source: its text is printed once, not restated.
+    assert_eq!(
+        refused.matches("file is not a database").count(),
+        1,
+        "{refused}"
+    );
 
     // Deleting the parent keeps its forks whole.
     assert_eq!(env.json(&["delete", "parent"])["deleted"], "parent");

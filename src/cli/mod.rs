@@ -227,16 +227,21 @@ pub fn block_on<F: std::future::Future>(future: F) -> CliResult<F::Output> {
     Ok(runtime.block_on(future))
 }
 
-/// An error and its sources as one line (`outer: cause: root cause`), without repeats.
+/// An error and its sources as one line (`outer: cause: root cause`), without repeats: a
+/// cause already in the line is left out, and so is one that only restates the cause
+/// before it behind a prefix (SQLite's `Error code 26: file is not a database` under
+/// `file is not a database`).
 pub fn one_line(error: &(dyn std::error::Error + 'static)) -> String {
     let mut line = error.to_string();
+    let mut previous = line.clone();
     let mut source = error.source();
     while let Some(cause) = source {
         let text = cause.to_string();
-        if !line.contains(&text) {
+        if !line.contains(&text) && !text.ends_with(&previous) {
             line.push_str(": ");
             line.push_str(&text);
         }
+        previous = text;
         source = cause.source();
     }
     printable(&line).into_owned()
@@ -308,6 +313,49 @@ mod tests {
         assert_eq!(
             printable("a\u{1b}[31mb\nc\u{9b}"),
             "a\\u{1b}[31mb\\nc\\u{9b}"
+        );
+    }
+
+    /// An error with a message and an optional source, to build chains.
+    #[derive(Debug)]
+    struct Chain(&'static str, Option<Box<Chain>>);
+
+    impl std::fmt::Display for Chain {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Chain {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|c| c as _)
+        }
+    }
+
+    #[test]
+    fn one_line_prints_each_cause_once() {
+        let chain = |texts: &[&'static str]| {
+            texts
+                .iter()
+                .rev()
+                .fold(None, |inner, text| Some(Box::new(Chain(text, inner))))
+                .expect("a chain")
+        };
+        // The library's message already ends with its cause; SQLite's own error restates it.
+        let corrupt = chain(&[
+            "corrupt session store: SQLite reports: file is not a database",
+            "file is not a database",
+            "Error code 26: file is not a database",
+        ]);
+        assert_eq!(
+            one_line(&*corrupt),
+            "corrupt session store: SQLite reports: file is not a database"
+        );
+        // A cause that says more is kept, and so is its own cause.
+        let io = chain(&["export failed", "open /x/y", "permission denied"]);
+        assert_eq!(
+            one_line(&*io),
+            "export failed: open /x/y: permission denied"
         );
     }
 
