@@ -53,8 +53,9 @@ pub fn quoted(value: &str) -> String {
 ///
 /// Bad input (`InvalidInput`, `InvalidPayload`, `UnsupportedVersion` for an unknown
 /// required kind, `OperationConflict`) never changes anything on disk. Where a failure has a
-/// cause (an OS error, an SQLite error, the failed write behind a poisoned session), the
-/// cause is the error's [`source`](std::error::Error::source), typed. `Error` is `Clone`:
+/// cause (an OS error, an SQLite error, the JSON parse error of a corrupt row or a refused
+/// payload, the failed write behind a poisoned session), the cause is the error's
+/// [`source`](std::error::Error::source), typed. `Error` is `Clone`:
 /// its OS and SQLite causes are shared.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
