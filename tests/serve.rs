@@ -656,3 +656,71 @@ fn a_permalink_opens_the_page_that_holds_its_message() {
         );
     }
 }
+
+/// Asserts `reply` is the server's own error body with `status`: JSON `{"error", "status"}`
+/// under `/api/`, else the HTML error page; always with the security headers.
+fn own_error(path: &str, reply: &serve_support::Reply, status: u16) {
+    assert_eq!(reply.status, status, "{path}: {}", reply.body);
+    assert!(
+        reply
+            .header("content-security-policy")
+            .is_some_and(|c| c.contains("script-src 'self'")),
+        "{path}"
+    );
+    assert_eq!(reply.header("x-content-type-options"), Some("nosniff"));
+    let kind = reply.header("content-type").unwrap_or("");
+    if path.starts_with("/api/") {
+        assert!(kind.starts_with("application/json"), "{path}: {kind}");
+        let body = reply.json();
+        assert!(body["error"].is_string(), "{path}: {body}");
+        assert_eq!(body["status"], status, "{path}");
+    } else {
+        assert!(kind.starts_with("text/html"), "{path}: {kind}");
+        assert!(
+            reply.body.contains("<p class=\"error\">") && reply.body.contains("</html>"),
+            "{path}: {}",
+            reply.body
+        );
+    }
+}
+
+#[test]
+fn refusals_axum_makes_use_the_servers_error_body() {
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    // Paths and query strings the extractors cannot parse (invalid UTF-8, a repeated
+    // field): 400 with the server's body, not axum's plain text.
+    for path in [
+        "/sessions/%FF",
+        "/sessions/%FF/tree",
+        "/sessions/demo-flaky-test/content/%C0%AF",
+        "/api/sessions/%FF",
+        "/api/sessions/%E2%82/history",
+        "/api/sessions/demo-flaky-test/content/%FF",
+        "/?q=%FF",
+        "/?cwd=a&cwd=b",
+        "/sessions/demo-flaky-test?cursor=%FE",
+        "/api/sessions?cursor=%00%FF",
+        "/api/search?q=%FF",
+        "/api/sessions/demo-flaky-test/history?limit=1&limit=2",
+    ] {
+        own_error(path, &server.get(path), 400);
+    }
+    // Unknown routes: 404; a wrong method: 405, still naming the allowed one.
+    for path in ["/nowhere", "/sessions", "/api/", "/api/sessions/x/y/z"] {
+        own_error(path, &server.get(path), 404);
+    }
+    for (method, path) in [
+        ("POST", "/"),
+        ("DELETE", "/sessions/demo-flaky-test"),
+        ("PUT", "/api/sessions"),
+        ("POST", "/api/sessions/demo-flaky-test/history"),
+    ] {
+        let reply = server.request(method, path, &[]);
+        own_error(path, &reply, 405);
+        assert!(
+            reply.header("allow").is_some_and(|a| a.contains("GET")),
+            "{method} {path}"
+        );
+    }
+}

@@ -157,16 +157,26 @@ impl Server {
 
     /// `GET base+path` with extra headers.
     pub fn get_with(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        self.request("GET", path, headers)
+    }
+
+    /// `METHOD base+path` (no body) with extra headers.
+    pub fn request(&self, method: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .max_redirects(0)
             .build()
             .into();
-        let mut request = agent.get(format!("{}{path}", self.base));
+        let mut request = ureq::http::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base));
         for (name, value) in headers {
             request = request.header(*name, *value);
         }
-        let mut response = request.call().unwrap_or_else(|e| panic!("GET {path}: {e}"));
+        let request = request.body(()).expect("a request");
+        let mut response = agent
+            .run(request)
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
         let status = response.status().as_u16();
         let headers = response
             .headers()
@@ -183,7 +193,7 @@ impl Server {
             .with_config()
             .limit(64 << 20)
             .read_to_string()
-            .unwrap_or_else(|e| panic!("GET {path}: body: {e}"));
+            .unwrap_or_else(|e| panic!("{method} {path}: body: {e}"));
         Reply {
             status,
             headers,
