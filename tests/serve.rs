@@ -724,3 +724,36 @@ fn refusals_axum_makes_use_the_servers_error_body() {
         );
     }
 }
+
+#[test]
+fn a_blob_link_from_a_page_answers_errors_as_pages_and_the_api_as_json() {
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    let missing = "0".repeat(64);
+    for (tail, status) in [
+        (format!("demo-flaky-test/content/{missing}"), 404),
+        (format!("nope/content/{missing}"), 404),
+        ("demo-flaky-test/content/abc".to_owned(), 400),
+        (format!("..%2Fx/content/{missing}"), 400),
+        (format!("demo-flaky-test/content/{}", "A".repeat(64)), 400),
+    ] {
+        for prefix in ["/sessions/", "/api/sessions/"] {
+            let path = format!("{prefix}{tail}");
+            own_error(&path, &server.get(&path), status);
+        }
+    }
+    // The link a session page shows still loads the blob, as plain text.
+    let page = server.ok("/sessions/demo-flaky-test").body;
+    let link = page
+        .split("href=\"")
+        .find_map(|s| s.split('"').next().filter(|h| h.contains("/content/")))
+        .expect("a blob link")
+        .to_owned();
+    assert!(link.starts_with("/sessions/"), "{link}");
+    let blob = server.ok(&link);
+    assert!(
+        blob.header("content-type")
+            .is_some_and(|t| t.starts_with("text/plain"))
+    );
+    assert_eq!(server.ok(&format!("/api{link}")).body, blob.body);
+}

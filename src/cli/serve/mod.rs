@@ -84,7 +84,7 @@ fn router(app: App) -> Router {
         .route("/sessions/{id}", get(pages::session))
         .route("/sessions/{id}/tree", get(pages::tree))
         .route("/sessions/{id}/stats", get(pages::stats))
-        .route("/sessions/{id}/content/{digest}", get(api::content))
+        .route("/sessions/{id}/content/{digest}", get(pages::content))
         .route("/assets/style.css", get(assets::style))
         .route("/api/sessions", get(api::sessions))
         .route("/api/search", get(api::search))
