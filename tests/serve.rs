@@ -389,6 +389,7 @@ fn hostile_content_is_escaped_everywhere() {
         "/sessions/hostile/tree",
         "/sessions/hostile-fork/tree",
         "/sessions/hostile/stats",
+        "/stats",
         "/?q=pwned",
         "/?q=%3Cscript%3E&cwd=%22%3E%3Cscript%3E",
         "/?cwd=%22%3E%3Cscript%3Ealert(7)%3C%2Fscript%3E",
@@ -756,4 +757,90 @@ fn a_blob_link_from_a_page_answers_errors_as_pages_and_the_api_as_json() {
             .is_some_and(|t| t.starts_with("text/plain"))
     );
     assert_eq!(server.ok(&format!("/api{link}")).body, blob.body);
+}
+
+#[test]
+fn the_root_storage_page_totals_the_catalog() {
+    let (_dir, root) = demo_root();
+    // Usage in two sessions (the demo records none).
+    let library = Root::open(&root).expect("root");
+    for (id, input) in [("demo-log-triage", 1000), ("demo-cli-flag", 234)] {
+        let session = library
+            .open_writer(&SessionId::new(id).expect("id"))
+            .expect("writer");
+        let usage = json!({"model": "m", "input_tokens": input, "output_tokens": 7,
+                           "cache_read_tokens": 3});
+        session
+            .append(Batch::new(
+                "usage-op",
+                vec![Event::new("usage").with_payload(&usage).expect("payload")],
+            ))
+            .expect("append usage");
+        session.close().expect("close");
+    }
+    drop(library);
+    let server = Server::start(&root, &[]);
+    // Asked first (before any sessions page): the catalog is refreshed, then summed.
+    let totals = server.ok("/api/stats").json();
+    let list = server.ok("/api/sessions").json();
+    let sessions = list["sessions"].as_array().expect("sessions");
+    let sum = |pointer: &str| -> u64 {
+        sessions
+            .iter()
+            .map(|s| s.pointer(pointer).and_then(Value::as_u64).unwrap_or(0))
+            .sum()
+    };
+    assert_eq!(totals["sessions"], 8);
+    assert_eq!(totals["events"], sum("/durable_sequence"));
+    assert_eq!(totals["turns"], sum("/turns"));
+    assert_eq!(totals["input_tokens"], sum("/usage/total/input_tokens"));
+    assert_eq!(totals["output_tokens"], sum("/usage/total/output_tokens"));
+    assert_eq!(totals["input_tokens"], 1234);
+    assert_eq!(totals["cache_read_tokens"], 6);
+    assert_eq!(totals["usage_events"], 2);
+    let on_disk: u64 = sessions
+        .iter()
+        .map(|s| s["file_bytes"].as_u64().expect("file_bytes"))
+        .sum();
+    let counted = totals["file_bytes"].as_u64().expect("file_bytes")
+        + totals["wal_bytes"].as_u64().expect("wal_bytes");
+    assert_eq!(counted, on_disk);
+
+    // The page: charts, linked from the navigation of every page, under the CSP.
+    let page = server.ok("/stats");
+    assert_eq!(page.body.matches("<svg class=\"bars\"").count(), 3);
+    for needle in ["session files", "ended turns", "cache read", "8 sessions"] {
+        assert!(
+            page.body.contains(needle),
+            "{needle:?} missing: {}",
+            page.body
+        );
+    }
+    assert!(
+        page.header("content-security-policy")
+            .is_some_and(|c| !c.contains("unsafe-inline"))
+    );
+    assert!(!page.body.to_ascii_lowercase().contains("style=\""));
+    for path in ["/", "/sessions/demo-flaky-test", "/nowhere"] {
+        assert!(
+            server.get(path).body.contains("href=\"/stats\""),
+            "{path}: no link to the storage page"
+        );
+    }
+    // Nothing below it; a wrong method is refused in the server's own body.
+    own_error("/stats/x", &server.get("/stats/x"), 404);
+    own_error("/api/stats/x", &server.get("/api/stats/x"), 404);
+    own_error(
+        "/api/stats",
+        &server.request("POST", "/api/stats", &[]),
+        405,
+    );
+
+    // A session created while served is counted after a refresh (within seconds).
+    serve_support::cli_ok(&root, &["create", "late-comer"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while server.ok("/api/stats").json()["sessions"] != 9 {
+        assert!(std::time::Instant::now() < deadline, "never counted");
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }

@@ -5,7 +5,7 @@ use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use session_store::{SearchPage, SessionStats};
+use session_store::{CatalogTotals, SearchPage, SessionStats};
 
 use super::App;
 use super::data::{self, Params, SessionDetail, SessionList, Transcript};
@@ -53,6 +53,11 @@ pub async fn tree(
     Path(id): Path<String>,
 ) -> Result<Json<ForkTree>, ApiError> {
     Ok(Json(tree::tree(&app, data::session_id(&id)?).await?))
+}
+
+/// `GET /api/stats`: totals over the root's catalog.
+pub async fn root_stats(State(app): State<App>) -> Result<Json<CatalogTotals>, ApiError> {
+    Ok(Json(data::root_stats(&app).await?))
 }
 
 /// `GET /api/sessions/{id}/stats`: bytes by kind, blobs, tables, usage.

@@ -81,6 +81,7 @@ fn random_token() -> CliResult<String> {
 fn router(app: App) -> Router {
     Router::new()
         .route("/", get(pages::sessions))
+        .route("/stats", get(pages::root_stats))
         .route("/sessions/{id}", get(pages::session))
         .route("/sessions/{id}/tree", get(pages::tree))
         .route("/sessions/{id}/stats", get(pages::stats))
@@ -88,6 +89,7 @@ fn router(app: App) -> Router {
         .route("/assets/style.css", get(assets::style))
         .route("/api/sessions", get(api::sessions))
         .route("/api/search", get(api::search))
+        .route("/api/stats", get(api::root_stats))
         .route("/api/sessions/{id}", get(api::session))
         .route("/api/sessions/{id}/history", get(api::history))
         .route("/api/sessions/{id}/tree", get(api::tree))

@@ -63,6 +63,11 @@ pub async fn stats(
     Ok(templates::stats_page(&stats))
 }
 
+/// `GET /stats`: totals over the root's catalog as charts.
+pub async fn root_stats(State(app): State<App>) -> Result<Html<String>, PageError> {
+    Ok(templates::root_stats_page(&data::root_stats(&app).await?))
+}
+
 /// `GET /sessions/{id}/content/{digest}`: the bytes of a blob, followed from a session
 /// page ([`api::blob`]); failures answer with an error page, not JSON.
 pub async fn content(
