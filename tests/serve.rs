@@ -844,3 +844,31 @@ fn the_root_storage_page_totals_the_catalog() {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// `--open` without a browser to start (no `xdg-open` on the PATH): a warning, and the
+/// server serves on.
+#[test]
+fn open_without_a_browser_warns_and_serves() {
+    let (dir, root) = demo_root();
+    let log = dir.path().join("stderr.txt");
+    let mut command = Server::command(&[], &root, "127.0.0.1:0", &["--open"]);
+    command
+        .env("PATH", dir.path())
+        .stderr(std::fs::File::create(&log).expect("log"));
+    let server = Server::spawn(command);
+    assert!(server.ok("/").body.contains("Fix the flaky parser test"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let stderr = loop {
+        let text = std::fs::read_to_string(&log).expect("stderr");
+        if text.contains("warning") || std::time::Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        stderr.contains("warning: cannot start") && stderr.contains(&server.printed),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("session-store: error"), "{stderr}");
+    server.ok("/api/sessions");
+}

@@ -126,15 +126,33 @@ impl Server {
 
     /// As [`Server::start`] on `addr`.
     pub fn start_at(root: &Path, addr: &str, extra: &[&str]) -> Server {
-        let mut child = Command::new(BIN)
+        Self::spawn(Self::command(&[], root, addr, extra))
+    }
+
+    /// `PREFIX… session-store --root ROOT serve --addr ADDR EXTRA…` (a prefix such as
+    /// `setpriv --reuid=…` runs it as another user), not started yet: set its environment
+    /// or stderr, then [`Server::spawn`] it.
+    pub fn command(prefix: &[&str], root: &Path, addr: &str, extra: &[&str]) -> Command {
+        let mut command = match prefix.split_first() {
+            Some((tool, rest)) => {
+                let mut c = Command::new(tool);
+                c.args(rest).arg(BIN);
+                c
+            }
+            None => Command::new(BIN),
+        };
+        command
             .arg("--root")
             .arg(root)
             .args(["serve", "--addr", addr])
             .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn serve");
+            .stderr(Stdio::inherit());
+        command
+    }
+
+    /// Starts `command` (a `serve`) and reads the URL from its first line.
+    pub fn spawn(mut command: Command) -> Server {
+        let mut child = command.stdout(Stdio::piped()).spawn().expect("spawn serve");
         let mut line = String::new();
         BufReader::new(child.stdout.take().expect("stdout"))
             .read_line(&mut line)
