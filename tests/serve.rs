@@ -845,6 +845,94 @@ fn the_root_storage_page_totals_the_catalog() {
     }
 }
 
+/// Sets `path` and everything under it read-only (or back to writable).
+fn chmod_tree(path: &std::path::Path, writable: bool) {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::symlink_metadata(path).expect("stat");
+    let mode = match (meta.is_dir(), writable) {
+        (true, false) => 0o555,
+        (true, true) => 0o755,
+        (false, false) => 0o444,
+        (false, true) => 0o644,
+    };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(path).expect("read dir") {
+            chmod_tree(&entry.expect("entry").path(), writable);
+        }
+    }
+}
+
+/// A user who can only read the root (its files chmod'ed read-only, the server run as
+/// `nobody` through `setpriv`, since root ignores file modes) is served every page.
+///
+/// Ignored: it finds a library bug. A session file with no `-wal` beside it (a fork or
+/// rewind closed cleanly) in a directory the reader cannot write is opened `Shared`, and
+/// SQLite cannot create the `-shm` a WAL-mode file needs: "attempt to write a readonly
+/// database" (SQLITE_READONLY_DIRECTORY) for `show`, `history`, `stats` of such a session
+/// and the pages that read it (tree, session, search).
+#[test]
+#[ignore = "library bug: a root's WAL-mode file without -wal cannot be read from a read-only directory"]
+fn a_read_only_root_is_served() {
+    const AS_NOBODY: [&str; 4] = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+    ];
+    let switched = std::process::Command::new(AS_NOBODY[0])
+        .args(&AS_NOBODY[1..])
+        .arg("true")
+        .status();
+    if !switched.is_ok_and(|s| s.success()) {
+        eprintln!("a_read_only_root_is_served: skipped (setpriv cannot switch to nobody here)");
+        return;
+    }
+    let (dir, root) = demo_root();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+    }
+    chmod_tree(&root, false);
+    // The restriction is real: nobody cannot create a session there.
+    let refused = std::process::Command::new(AS_NOBODY[0])
+        .args(&AS_NOBODY[1..])
+        .arg(serve_support::BIN)
+        .arg("--root")
+        .arg(&root)
+        .args(["create", "z"])
+        .output()
+        .expect("spawn");
+    assert!(!refused.status.success(), "nobody could write the root");
+    let server = Server::spawn(Server::command(&AS_NOBODY, &root, "127.0.0.1:0", &[]));
+    let blob = server
+        .ok("/sessions/demo-flaky-test")
+        .body
+        .split("href=\"")
+        .find_map(|s| s.split('"').next().filter(|h| h.contains("/content/")))
+        .expect("a blob link")
+        .to_owned();
+    for path in [
+        "/",
+        "/?q=upstream",
+        "/sessions/flaky-fork",
+        "/sessions/flaky-fork/tree",
+        "/sessions/demo-flaky-test/stats",
+        "/stats",
+        &blob,
+        "/api/sessions",
+        "/api/sessions/flaky-fork-2/history",
+        "/api/stats",
+    ] {
+        server.ok(path);
+    }
+    assert_eq!(ids(&server.ok("/api/sessions").json()).len(), 8);
+    assert_eq!(server.ok("/api/stats").json()["sessions"], 8);
+    drop(server);
+    chmod_tree(&root, true);
+}
+
 /// `--open` without a browser to start (no `xdg-open` on the PATH): a warning, and the
 /// server serves on.
 #[test]
