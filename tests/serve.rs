@@ -960,3 +960,18 @@ fn open_without_a_browser_warns_and_serves() {
     assert!(!stderr.contains("session-store: error"), "{stderr}");
     server.ok("/api/sessions");
 }
+
+#[test]
+fn the_first_sessions_page_names_a_session_that_cannot_be_read() {
+    let (_dir, root) = demo_root();
+    let broken = root.join("broken-one");
+    std::fs::create_dir(&broken).expect("mkdir");
+    std::fs::write(broken.join("session.sqlite"), b"not a session file").expect("write");
+    let server = Server::start(&root, &[]);
+    let page = server.ok("/").body;
+    assert!(
+        page.contains("Skipped <code>broken-one</code>"),
+        "the unreadable session is not named: {page}"
+    );
+    assert_eq!(ids(&server.ok("/api/sessions").json()).len(), 8);
+}

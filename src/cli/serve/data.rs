@@ -203,25 +203,27 @@ fn refresh_plan(app: &App) -> Refresh {
 }
 
 /// Keeps the catalog fresh for a page that reads it as it is: the server's first such page
-/// refreshes it and waits, later ones start a background refresh at most every
+/// refreshes it and waits (returning the sessions that could not be read, which only a
+/// refresh finds), later ones start a background refresh at most every
 /// [`REFRESH_EVERY`]: a change shows within seconds.
-async fn refresh_catalog(app: &App) -> Result<(), Problem> {
+async fn refresh_catalog(app: &App) -> Result<Vec<SkippedSession>, Problem> {
     // A refreshing page of one; its result is the catalog it leaves behind.
     let newest_first = ListFilter::default().with_sort(ListSort::Updated);
-    match refresh_plan(app) {
+    Ok(match refresh_plan(app) {
         Refresh::Now => {
-            app.query.list_with(None, 1, newest_first).await?;
+            let page = app.query.list_with(None, 1, newest_first).await?;
             *app.catalog_refreshed
                 .lock()
                 .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+            page.skipped
         }
         Refresh::Behind => {
             let query = app.query.clone();
             tokio::spawn(async move { query.list_with(None, 1, newest_first).await });
+            Vec::new()
         }
-        Refresh::Recent => {}
-    }
-    Ok(())
+        Refresh::Recent => Vec::new(),
+    })
 }
 
 /// A page of sessions, most recently updated first, filtered by `cwd` and `origin`, from
@@ -237,8 +239,12 @@ pub async fn sessions(app: &App, params: &Params) -> Result<SessionList, Problem
         filter = filter.with_origin(origin);
     }
     let limit = params.limit()?;
-    refresh_catalog(app).await?;
+    let mut skipped = refresh_catalog(app).await?;
     let page = app.query.list_with(params.cursor(), limit, filter).await?;
+    if params.cursor().is_some() {
+        skipped.clear();
+    }
+    skipped.extend(page.skipped);
     let root = app.root.clone();
     let summaries = page.sessions;
     let sessions = blocking(move || {
@@ -258,7 +264,7 @@ pub async fn sessions(app: &App, params: &Params) -> Result<SessionList, Problem
     Ok(SessionList {
         sessions,
         next_cursor: page.next_cursor,
-        skipped: page.skipped,
+        skipped,
     })
 }
 
