@@ -12,6 +12,8 @@
 //!   background refreshes; the page adds each row's file size and writer check). The
 //!   refreshing call (a `stat` of every session: the server's first page, and its
 //!   background refresh at most every 2 s) is printed too;
+//! * the root's storage page `/stats` and `/api/stats`: `Root::catalog_totals` (one
+//!   aggregate query on the catalog);
 //! * the transcript page `/sessions/history` and `/api/sessions/history/history`, newest
 //!   page and a page in the middle (its cursor found by a library walk, untimed):
 //!   `SessionQuery::history_page` of 50 (the page adds the header, the catalog entry, the
@@ -128,6 +130,13 @@ fn main() -> BenchResult<()> {
             PAGE,
         ))?))
     })?;
+    let mut totals_ms = sample(REPS, || Ok(black_box(root.catalog_totals()?)))?;
+    let totals = median(&mut totals_ms);
+    println!(
+        "library: catalog_totals {} (median {})",
+        spread(&totals_ms),
+        fmt_ms(totals)
+    );
     let (refreshing, list, newest, middle) = (
         median(&mut refreshing_ms),
         median(&mut list_ms),
@@ -153,6 +162,18 @@ fn main() -> BenchResult<()> {
             "/api/sessions".to_owned(),
             list,
             "list_with cached",
+        ),
+        (
+            "root storage page /stats",
+            "/stats".to_owned(),
+            totals,
+            "catalog_totals",
+        ),
+        (
+            "API /api/stats",
+            "/api/stats".to_owned(),
+            totals,
+            "catalog_totals",
         ),
         (
             "transcript page, newest",

@@ -41,10 +41,10 @@ pub use model::{
 pub use model::{Cost, MAX_COST_SCALE, Usage, UsageTotals};
 pub use persistence::{BlobStats, KindStats, SessionStats, TableBytes};
 pub use persistence::{
-    CatalogEntry, CheckpointPolicy, CreateOptions, ExportReport, ForkPoint, ImportOptions,
-    ListFilter, ListSort, Listing, RebuildReport, ReplayReport, Root, Scratch, SearchOptions,
-    SessionInfo, SkippedSession, StoreOptions, Verified, catalog_session_ids, replay_file,
-    verify_file,
+    CatalogEntry, CatalogTotals, CheckpointPolicy, CreateOptions, ExportReport, ForkPoint,
+    ImportOptions, ListFilter, ListSort, Listing, RebuildReport, ReplayReport, Root, Scratch,
+    SearchOptions, SessionInfo, SkippedSession, StoreOptions, Verified, catalog_session_ids,
+    replay_file, verify_file,
 };
 pub use persistence::{GcDeleted, GcKept, GcOptions, GcReport};
 pub use service::{

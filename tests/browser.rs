@@ -4,7 +4,8 @@
 //! the page, applied the CSP and ran whatever scripts it would run) shows: the demo's
 //! titles on the sessions page, a session's messages, one node per session of a lineage
 //! on the fork tree page, and a hostile message that ran no script and is shown as text.
-//! Screenshots of four pages (sessions, a session, a fork tree, storage) are taken (and written to `$SESSION_STORE_SCREENSHOTS`, e.g.
+//! The root's storage page draws its three charts. Screenshots of five pages (sessions, a
+//! session, a fork tree, its storage, the root's storage) are taken (and written to `$SESSION_STORE_SCREENSHOTS`, e.g.
 //! `docs/screenshots`, when set).
 //!
 //! Chromium (`/usr/bin/chromium`, or `$CHROMIUM`) is installed by `.ci/run`; without it the
@@ -161,6 +162,15 @@ fn pages_render_in_headless_chromium_and_hostile_content_runs_no_script() {
         "the hostile text is not shown as text"
     );
 
+    // The root's storage page: three charts drawn, the totals of the 8 sessions.
+    let stats = dump_dom(&bin, &profile, &url("/stats"));
+    assert_eq!(stats.matches("<svg class=\"bars\"").count(), 3, "{stats}");
+    assert!(stats.contains("8 sessions") && stats.contains("session files"));
+    assert!(
+        sessions.contains("href=\"/stats\""),
+        "no Storage link in the nav"
+    );
+
     let shots = std::env::var_os("SESSION_STORE_SCREENSHOTS")
         .map(PathBuf::from)
         .unwrap_or_else(|| dir.path().join("screenshots"));
@@ -170,6 +180,7 @@ fn pages_render_in_headless_chromium_and_hostile_content_runs_no_script() {
         ("session.png", "/sessions/demo-flaky-test"),
         ("fork-tree.png", "/sessions/flaky-fork/tree"),
         ("stats.png", "/sessions/demo-flaky-test/stats"),
+        ("root-stats.png", "/stats"),
     ] {
         screenshot(&bin, &profile, &url(path), &shots.join(name));
     }

@@ -389,6 +389,7 @@ fn hostile_content_is_escaped_everywhere() {
         "/sessions/hostile/tree",
         "/sessions/hostile-fork/tree",
         "/sessions/hostile/stats",
+        "/stats",
         "/?q=pwned",
         "/?q=%3Cscript%3E&cwd=%22%3E%3Cscript%3E",
         "/?cwd=%22%3E%3Cscript%3Ealert(7)%3C%2Fscript%3E",
@@ -655,4 +656,322 @@ fn a_permalink_opens_the_page_that_holds_its_message() {
             400
         );
     }
+}
+
+/// Asserts `reply` is the server's own error body with `status`: JSON `{"error", "status"}`
+/// under `/api/`, else the HTML error page; always with the security headers.
+fn own_error(path: &str, reply: &serve_support::Reply, status: u16) {
+    assert_eq!(reply.status, status, "{path}: {}", reply.body);
+    assert!(
+        reply
+            .header("content-security-policy")
+            .is_some_and(|c| c.contains("script-src 'self'")),
+        "{path}"
+    );
+    assert_eq!(reply.header("x-content-type-options"), Some("nosniff"));
+    let kind = reply.header("content-type").unwrap_or("");
+    if path.starts_with("/api/") {
+        assert!(kind.starts_with("application/json"), "{path}: {kind}");
+        let body = reply.json();
+        assert!(body["error"].is_string(), "{path}: {body}");
+        assert_eq!(body["status"], status, "{path}");
+    } else {
+        assert!(kind.starts_with("text/html"), "{path}: {kind}");
+        assert!(
+            reply.body.contains("<p class=\"error\">") && reply.body.contains("</html>"),
+            "{path}: {}",
+            reply.body
+        );
+    }
+}
+
+#[test]
+fn refusals_axum_makes_use_the_servers_error_body() {
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    // Paths and query strings the extractors cannot parse (invalid UTF-8, a repeated
+    // field): 400 with the server's body, not axum's plain text.
+    for path in [
+        "/sessions/%FF",
+        "/sessions/%FF/tree",
+        "/sessions/demo-flaky-test/content/%C0%AF",
+        "/api/sessions/%FF",
+        "/api/sessions/%E2%82/history",
+        "/api/sessions/demo-flaky-test/content/%FF",
+        "/?q=%FF",
+        "/?cwd=a&cwd=b",
+        "/sessions/demo-flaky-test?cursor=%FE",
+        "/api/sessions?cursor=%00%FF",
+        "/api/search?q=%FF",
+        "/api/sessions/demo-flaky-test/history?limit=1&limit=2",
+    ] {
+        own_error(path, &server.get(path), 400);
+    }
+    // Unknown routes: 404; a wrong method: 405, still naming the allowed one.
+    for path in ["/nowhere", "/sessions", "/api/", "/api/sessions/x/y/z"] {
+        own_error(path, &server.get(path), 404);
+    }
+    for (method, path) in [
+        ("POST", "/"),
+        ("DELETE", "/sessions/demo-flaky-test"),
+        ("PUT", "/api/sessions"),
+        ("POST", "/api/sessions/demo-flaky-test/history"),
+    ] {
+        let reply = server.request(method, path, &[]);
+        own_error(path, &reply, 405);
+        assert!(
+            reply.header("allow").is_some_and(|a| a.contains("GET")),
+            "{method} {path}"
+        );
+    }
+}
+
+#[test]
+fn a_blob_link_from_a_page_answers_errors_as_pages_and_the_api_as_json() {
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    let missing = "0".repeat(64);
+    for (tail, status) in [
+        (format!("demo-flaky-test/content/{missing}"), 404),
+        (format!("nope/content/{missing}"), 404),
+        ("demo-flaky-test/content/abc".to_owned(), 400),
+        (format!("..%2Fx/content/{missing}"), 400),
+        (format!("demo-flaky-test/content/{}", "A".repeat(64)), 400),
+    ] {
+        for prefix in ["/sessions/", "/api/sessions/"] {
+            let path = format!("{prefix}{tail}");
+            own_error(&path, &server.get(&path), status);
+        }
+    }
+    // The link a session page shows still loads the blob, as plain text.
+    let page = server.ok("/sessions/demo-flaky-test").body;
+    let link = page
+        .split("href=\"")
+        .find_map(|s| s.split('"').next().filter(|h| h.contains("/content/")))
+        .expect("a blob link")
+        .to_owned();
+    assert!(link.starts_with("/sessions/"), "{link}");
+    let blob = server.ok(&link);
+    assert!(
+        blob.header("content-type")
+            .is_some_and(|t| t.starts_with("text/plain"))
+    );
+    assert_eq!(server.ok(&format!("/api{link}")).body, blob.body);
+}
+
+#[test]
+fn the_root_storage_page_totals_the_catalog() {
+    let (_dir, root) = demo_root();
+    // Usage in two sessions (the demo records none).
+    let library = Root::open(&root).expect("root");
+    for (id, input) in [("demo-log-triage", 1000), ("demo-cli-flag", 234)] {
+        let session = library
+            .open_writer(&SessionId::new(id).expect("id"))
+            .expect("writer");
+        let usage = json!({"model": "m", "input_tokens": input, "output_tokens": 7,
+                           "cache_read_tokens": 3});
+        session
+            .append(Batch::new(
+                "usage-op",
+                vec![Event::new("usage").with_payload(&usage).expect("payload")],
+            ))
+            .expect("append usage");
+        session.close().expect("close");
+    }
+    drop(library);
+    let server = Server::start(&root, &[]);
+    // Asked first (before any sessions page): the catalog is refreshed, then summed.
+    let totals = server.ok("/api/stats").json();
+    let list = server.ok("/api/sessions").json();
+    let sessions = list["sessions"].as_array().expect("sessions");
+    let sum = |pointer: &str| -> u64 {
+        sessions
+            .iter()
+            .map(|s| s.pointer(pointer).and_then(Value::as_u64).unwrap_or(0))
+            .sum()
+    };
+    assert_eq!(totals["sessions"], 8);
+    assert_eq!(totals["events"], sum("/durable_sequence"));
+    assert_eq!(totals["turns"], sum("/turns"));
+    assert_eq!(totals["input_tokens"], sum("/usage/total/input_tokens"));
+    assert_eq!(totals["output_tokens"], sum("/usage/total/output_tokens"));
+    assert_eq!(totals["input_tokens"], 1234);
+    assert_eq!(totals["cache_read_tokens"], 6);
+    assert_eq!(totals["usage_events"], 2);
+    let on_disk: u64 = sessions
+        .iter()
+        .map(|s| s["file_bytes"].as_u64().expect("file_bytes"))
+        .sum();
+    let counted = totals["file_bytes"].as_u64().expect("file_bytes")
+        + totals["wal_bytes"].as_u64().expect("wal_bytes");
+    assert_eq!(counted, on_disk);
+
+    // The page: charts, linked from the navigation of every page, under the CSP.
+    let page = server.ok("/stats");
+    assert_eq!(page.body.matches("<svg class=\"bars\"").count(), 3);
+    for needle in ["session files", "ended turns", "cache read", "8 sessions"] {
+        assert!(
+            page.body.contains(needle),
+            "{needle:?} missing: {}",
+            page.body
+        );
+    }
+    assert!(
+        page.header("content-security-policy")
+            .is_some_and(|c| !c.contains("unsafe-inline"))
+    );
+    assert!(!page.body.to_ascii_lowercase().contains("style=\""));
+    for path in ["/", "/sessions/demo-flaky-test", "/nowhere"] {
+        assert!(
+            server.get(path).body.contains("href=\"/stats\""),
+            "{path}: no link to the storage page"
+        );
+    }
+    // Nothing below it; a wrong method is refused in the server's own body.
+    own_error("/stats/x", &server.get("/stats/x"), 404);
+    own_error("/api/stats/x", &server.get("/api/stats/x"), 404);
+    own_error(
+        "/api/stats",
+        &server.request("POST", "/api/stats", &[]),
+        405,
+    );
+
+    // A session created while served is counted after a refresh (within seconds).
+    serve_support::cli_ok(&root, &["create", "late-comer"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while server.ok("/api/stats").json()["sessions"] != 9 {
+        assert!(std::time::Instant::now() < deadline, "never counted");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Sets `path` and everything under it read-only (or back to writable).
+fn chmod_tree(path: &std::path::Path, writable: bool) {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::symlink_metadata(path).expect("stat");
+    let mode = match (meta.is_dir(), writable) {
+        (true, false) => 0o555,
+        (true, true) => 0o755,
+        (false, false) => 0o444,
+        (false, true) => 0o644,
+    };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(path).expect("read dir") {
+            chmod_tree(&entry.expect("entry").path(), writable);
+        }
+    }
+}
+
+/// A user who can only read the root (its files chmod'ed read-only, the server run as
+/// `nobody` through `setpriv`, since root ignores file modes) is served every page.
+///
+/// Ignored: it finds a library bug. A session file with no `-wal` beside it (a fork or
+/// rewind closed cleanly) in a directory the reader cannot write is opened `Shared`, and
+/// SQLite cannot create the `-shm` a WAL-mode file needs: "attempt to write a readonly
+/// database" (SQLITE_READONLY_DIRECTORY) for `show`, `history`, `stats` of such a session
+/// and the pages that read it (tree, session, search).
+#[test]
+#[ignore = "library bug: a root's WAL-mode file without -wal cannot be read from a read-only directory"]
+fn a_read_only_root_is_served() {
+    const AS_NOBODY: [&str; 4] = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+    ];
+    let switched = std::process::Command::new(AS_NOBODY[0])
+        .args(&AS_NOBODY[1..])
+        .arg("true")
+        .status();
+    if !switched.is_ok_and(|s| s.success()) {
+        eprintln!("a_read_only_root_is_served: skipped (setpriv cannot switch to nobody here)");
+        return;
+    }
+    let (dir, root) = demo_root();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+    }
+    chmod_tree(&root, false);
+    // The restriction is real: nobody cannot create a session there.
+    let refused = std::process::Command::new(AS_NOBODY[0])
+        .args(&AS_NOBODY[1..])
+        .arg(serve_support::BIN)
+        .arg("--root")
+        .arg(&root)
+        .args(["create", "z"])
+        .output()
+        .expect("spawn");
+    assert!(!refused.status.success(), "nobody could write the root");
+    let server = Server::spawn(Server::command(&AS_NOBODY, &root, "127.0.0.1:0", &[]));
+    let blob = server
+        .ok("/sessions/demo-flaky-test")
+        .body
+        .split("href=\"")
+        .find_map(|s| s.split('"').next().filter(|h| h.contains("/content/")))
+        .expect("a blob link")
+        .to_owned();
+    for path in [
+        "/",
+        "/?q=upstream",
+        "/sessions/flaky-fork",
+        "/sessions/flaky-fork/tree",
+        "/sessions/demo-flaky-test/stats",
+        "/stats",
+        &blob,
+        "/api/sessions",
+        "/api/sessions/flaky-fork-2/history",
+        "/api/stats",
+    ] {
+        server.ok(path);
+    }
+    assert_eq!(ids(&server.ok("/api/sessions").json()).len(), 8);
+    assert_eq!(server.ok("/api/stats").json()["sessions"], 8);
+    drop(server);
+    chmod_tree(&root, true);
+}
+
+/// `--open` without a browser to start (no `xdg-open` on the PATH): a warning, and the
+/// server serves on.
+#[test]
+fn open_without_a_browser_warns_and_serves() {
+    let (dir, root) = demo_root();
+    let log = dir.path().join("stderr.txt");
+    let mut command = Server::command(&[], &root, "127.0.0.1:0", &["--open"]);
+    command
+        .env("PATH", dir.path())
+        .stderr(std::fs::File::create(&log).expect("log"));
+    let server = Server::spawn(command);
+    assert!(server.ok("/").body.contains("Fix the flaky parser test"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let stderr = loop {
+        let text = std::fs::read_to_string(&log).expect("stderr");
+        if text.contains("warning") || std::time::Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        stderr.contains("warning: cannot start") && stderr.contains(&server.printed),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("session-store: error"), "{stderr}");
+    server.ok("/api/sessions");
+}
+
+#[test]
+fn the_first_sessions_page_names_a_session_that_cannot_be_read() {
+    let (_dir, root) = demo_root();
+    let broken = root.join("broken-one");
+    std::fs::create_dir(&broken).expect("mkdir");
+    std::fs::write(broken.join("session.sqlite"), b"not a session file").expect("write");
+    let server = Server::start(&root, &[]);
+    let page = server.ok("/").body;
+    assert!(
+        page.contains("Skipped <code>broken-one</code>"),
+        "the unreadable session is not named: {page}"
+    );
+    assert_eq!(ids(&server.ok("/api/sessions").json()).len(), 8);
 }

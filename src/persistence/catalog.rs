@@ -87,6 +87,49 @@ pub struct Listing {
     pub catalog_error: Option<Arc<Error>>,
 }
 
+/// Totals over the catalog as last refreshed ([`Root::catalog_totals`]): one aggregate
+/// query over its rows, no session file opened. Sizes are those of the entries' stamps
+/// (the last refresh); a fork's events, turns and usage include its inherited prefix, as
+/// its [`CatalogEntry`] does.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct CatalogTotals {
+    /// Sessions with an entry.
+    pub sessions: u64,
+    /// Bytes of their `session.sqlite` files.
+    pub file_bytes: u64,
+    /// Bytes of their `-wal` files.
+    pub wal_bytes: u64,
+    /// Durable events (the sum of the durable sequences).
+    pub events: u64,
+    /// Ended turns.
+    pub turns: u64,
+    /// `usage` events folded.
+    pub usage_events: u64,
+    /// Input tokens.
+    pub input_tokens: u64,
+    /// Output tokens.
+    pub output_tokens: u64,
+    /// Tokens read from a cache.
+    pub cache_read_tokens: u64,
+    /// Tokens written to a cache.
+    pub cache_write_tokens: u64,
+}
+
+/// The aggregate behind [`CatalogTotals`]: a stamp starts with the session file's size and
+/// holds the WAL's after its `/` (`-`, a missing file, casts to 0).
+const TOTALS_SQL: &str = "SELECT count(*),
+    sum(CAST(stamp AS INTEGER)),
+    sum(CAST(substr(stamp, instr(stamp, '/') + 1) AS INTEGER)),
+    sum(json_extract(entry, '$.durable_sequence')),
+    sum(json_extract(entry, '$.turns')),
+    sum(json_extract(entry, '$.usage.total.events')),
+    sum(json_extract(entry, '$.usage.total.input_tokens')),
+    sum(json_extract(entry, '$.usage.total.output_tokens')),
+    sum(json_extract(entry, '$.usage.total.cache_read_tokens')),
+    sum(json_extract(entry, '$.usage.total.cache_write_tokens'))
+    FROM sessions WHERE entry <> ''";
+
 /// The order of a listing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -659,6 +702,30 @@ impl Catalog {
             listing.skipped.clear();
         }
         Ok(listing)
+    }
+
+    /// Totals over the rows as they are (see [`CatalogTotals`]).
+    pub(crate) fn totals(&self, root: &Root) -> Result<CatalogTotals> {
+        self.with_conn(root, |c| {
+            let row = c.query_row(TOTALS_SQL, [], |r| {
+                let n = |i| -> rusqlite::Result<u64> {
+                    Ok(u64::try_from(r.get::<_, Option<i64>>(i)?.unwrap_or(0)).unwrap_or(0))
+                };
+                Ok(CatalogTotals {
+                    sessions: n(0)?,
+                    file_bytes: n(1)?,
+                    wal_bytes: n(2)?,
+                    events: n(3)?,
+                    turns: n(4)?,
+                    usage_events: n(5)?,
+                    input_tokens: n(6)?,
+                    output_tokens: n(7)?,
+                    cache_read_tokens: n(8)?,
+                    cache_write_tokens: n(9)?,
+                })
+            })?;
+            Ok(row)
+        })
     }
 
     /// Brings every stale entry up to date (vanished sessions dropped); returns the

@@ -14,7 +14,8 @@ mod verify;
 
 pub(crate) use catalog::Catalog;
 pub use catalog::{
-    CatalogEntry, ListFilter, ListSort, Listing, RebuildReport, SkippedSession, catalog_session_ids,
+    CatalogEntry, CatalogTotals, ListFilter, ListSort, Listing, RebuildReport, SkippedSession,
+    catalog_session_ids,
 };
 pub use fork::ForkPoint;
 pub use portable::{ExportReport, ImportOptions};
@@ -667,6 +668,18 @@ impl Root {
         limit: usize,
     ) -> Result<Listing> {
         self.inner.catalog.filtered_page(self, filter, after, limit)
+    }
+
+    /// Totals over the catalog as last refreshed: sessions, bytes of their files and WALs,
+    /// events, turns and token usage, in one aggregate query (no session file opened, so
+    /// its cost does not grow with the sessions' sizes). Entries are as fresh as the last
+    /// refreshing listing ([`Root::list`], or [`Root::list_filtered`] without
+    /// [`ListFilter::cached_only`]).
+    ///
+    /// # Errors
+    /// When the catalog cannot be opened or read.
+    pub fn catalog_totals(&self) -> Result<CatalogTotals> {
+        self.inner.catalog.totals(self)
     }
 
     /// One session's catalog entry (title, turns, preview, usage, header fields) without

@@ -126,15 +126,33 @@ impl Server {
 
     /// As [`Server::start`] on `addr`.
     pub fn start_at(root: &Path, addr: &str, extra: &[&str]) -> Server {
-        let mut child = Command::new(BIN)
+        Self::spawn(Self::command(&[], root, addr, extra))
+    }
+
+    /// `PREFIX… session-store --root ROOT serve --addr ADDR EXTRA…` (a prefix such as
+    /// `setpriv --reuid=…` runs it as another user), not started yet: set its environment
+    /// or stderr, then [`Server::spawn`] it.
+    pub fn command(prefix: &[&str], root: &Path, addr: &str, extra: &[&str]) -> Command {
+        let mut command = match prefix.split_first() {
+            Some((tool, rest)) => {
+                let mut c = Command::new(tool);
+                c.args(rest).arg(BIN);
+                c
+            }
+            None => Command::new(BIN),
+        };
+        command
             .arg("--root")
             .arg(root)
             .args(["serve", "--addr", addr])
             .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn serve");
+            .stderr(Stdio::inherit());
+        command
+    }
+
+    /// Starts `command` (a `serve`) and reads the URL from its first line.
+    pub fn spawn(mut command: Command) -> Server {
+        let mut child = command.stdout(Stdio::piped()).spawn().expect("spawn serve");
         let mut line = String::new();
         BufReader::new(child.stdout.take().expect("stdout"))
             .read_line(&mut line)
@@ -157,16 +175,26 @@ impl Server {
 
     /// `GET base+path` with extra headers.
     pub fn get_with(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        self.request("GET", path, headers)
+    }
+
+    /// `METHOD base+path` (no body) with extra headers.
+    pub fn request(&self, method: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .max_redirects(0)
             .build()
             .into();
-        let mut request = agent.get(format!("{}{path}", self.base));
+        let mut request = ureq::http::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base));
         for (name, value) in headers {
             request = request.header(*name, *value);
         }
-        let mut response = request.call().unwrap_or_else(|e| panic!("GET {path}: {e}"));
+        let request = request.body(()).expect("a request");
+        let mut response = agent
+            .run(request)
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
         let status = response.status().as_u16();
         let headers = response
             .headers()
@@ -183,7 +211,7 @@ impl Server {
             .with_config()
             .limit(64 << 20)
             .read_to_string()
-            .unwrap_or_else(|e| panic!("GET {path}: body: {e}"));
+            .unwrap_or_else(|e| panic!("{method} {path}: body: {e}"));
         Reply {
             status,
             headers,

@@ -4,8 +4,8 @@
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::header;
-use axum::response::IntoResponse;
-use session_store::{SearchPage, SessionStats};
+use axum::response::{IntoResponse, Response};
+use session_store::{CatalogTotals, SearchPage, SessionStats};
 
 use super::App;
 use super::data::{self, Params, SessionDetail, SessionList, Transcript};
@@ -55,6 +55,11 @@ pub async fn tree(
     Ok(Json(tree::tree(&app, data::session_id(&id)?).await?))
 }
 
+/// `GET /api/stats`: totals over the root's catalog.
+pub async fn root_stats(State(app): State<App>) -> Result<Json<CatalogTotals>, ApiError> {
+    Ok(Json(data::root_stats(&app).await?))
+}
+
 /// `GET /api/sessions/{id}/stats`: bytes by kind, blobs, tables, usage.
 pub async fn stats(
     State(app): State<App>,
@@ -63,17 +68,22 @@ pub async fn stats(
     Ok(Json(data::stats(&app, data::session_id(&id)?).await?))
 }
 
-/// `GET /api/sessions/{id}/content/{digest}` (and `/sessions/{id}/content/{digest}`): the
-/// bytes of a blob, as plain text (never rendered as a page: `nosniff` is set on every
-/// answer).
+/// The bytes of blob `digest` of session `id` (both validated first), as plain text
+/// (never rendered as a page: `nosniff` is set on every answer). Shared by this route and
+/// the HTML one, which answer failures in their own format.
+pub async fn blob(app: &App, id: &str, digest: &str) -> Result<Response, Problem> {
+    let id = data::session_id(id)?;
+    let digest = data::digest(digest)?;
+    let bytes = data::content(app, id, digest).await?;
+    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], bytes).into_response())
+}
+
+/// `GET /api/sessions/{id}/content/{digest}`: the bytes of a blob ([`blob`]).
 pub async fn content(
     State(app): State<App>,
     Path((id, digest)): Path<(String, String)>,
-) -> Result<impl IntoResponse, ApiError> {
-    let id = data::session_id(&id)?;
-    let digest = data::digest(&digest)?;
-    let bytes = data::content(&app, id, digest).await?;
-    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], bytes))
+) -> Result<Response, ApiError> {
+    Ok(blob(&app, &id, &digest).await?)
 }
 
 /// Any other address under `/api/`.

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use session_store::{
-    CatalogEntry, ContentRef, HistoryPage, ListFilter, ListSort, Origin, Root, SearchOptions,
-    SearchPage, SessionId, SessionInfo, SessionRef, SessionStats, SessionSummary, SkippedSession,
-    TurnBoundary, WriterOwner,
+    CatalogEntry, CatalogTotals, ContentRef, HistoryPage, ListFilter, ListSort, Origin, Root,
+    SearchOptions, SearchPage, SessionId, SessionInfo, SessionRef, SessionStats, SessionSummary,
+    SkippedSession, TurnBoundary, WriterOwner,
 };
 
 use super::App;
@@ -202,12 +202,36 @@ fn refresh_plan(app: &App) -> Refresh {
     }
 }
 
-/// A page of sessions, most recently updated first, filtered by `cwd` and `origin`. The
-/// catalog is refreshed by the server's first page, then in the background at most every
-/// [`REFRESH_EVERY`]: a page is one keyset query, and a change shows within seconds.
-pub async fn sessions(app: &App, params: &Params) -> Result<SessionList, Problem> {
+/// Keeps the catalog fresh for a page that reads it as it is: the server's first such page
+/// refreshes it and waits (returning the sessions that could not be read, which only a
+/// refresh finds), later ones start a background refresh at most every
+/// [`REFRESH_EVERY`]: a change shows within seconds.
+async fn refresh_catalog(app: &App) -> Result<Vec<SkippedSession>, Problem> {
+    // A refreshing page of one; its result is the catalog it leaves behind.
     let newest_first = ListFilter::default().with_sort(ListSort::Updated);
-    let mut filter = newest_first.clone();
+    Ok(match refresh_plan(app) {
+        Refresh::Now => {
+            let page = app.query.list_with(None, 1, newest_first).await?;
+            *app.catalog_refreshed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+            page.skipped
+        }
+        Refresh::Behind => {
+            let query = app.query.clone();
+            tokio::spawn(async move { query.list_with(None, 1, newest_first).await });
+            Vec::new()
+        }
+        Refresh::Recent => Vec::new(),
+    })
+}
+
+/// A page of sessions, most recently updated first, filtered by `cwd` and `origin`, from
+/// the catalog kept fresh by [`refresh_catalog`]: a page is one keyset query.
+pub async fn sessions(app: &App, params: &Params) -> Result<SessionList, Problem> {
+    let mut filter = ListFilter::default()
+        .with_sort(ListSort::Updated)
+        .cached_only();
     if let Some(cwd) = params.cwd() {
         filter = filter.with_cwd(cwd);
     }
@@ -215,23 +239,12 @@ pub async fn sessions(app: &App, params: &Params) -> Result<SessionList, Problem
         filter = filter.with_origin(origin);
     }
     let limit = params.limit()?;
-    let plan = refresh_plan(app);
-    match plan {
-        Refresh::Now => {}
-        Refresh::Behind => {
-            filter = filter.cached_only();
-            let query = app.query.clone();
-            // A refreshing page of one; its result is the catalog it leaves behind.
-            tokio::spawn(async move { query.list_with(None, 1, newest_first).await });
-        }
-        Refresh::Recent => filter = filter.cached_only(),
-    }
+    let mut skipped = refresh_catalog(app).await?;
     let page = app.query.list_with(params.cursor(), limit, filter).await?;
-    if let Refresh::Now = plan {
-        *app.catalog_refreshed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    if params.cursor().is_some() {
+        skipped.clear();
     }
+    skipped.extend(page.skipped);
     let root = app.root.clone();
     let summaries = page.sessions;
     let sessions = blocking(move || {
@@ -251,7 +264,7 @@ pub async fn sessions(app: &App, params: &Params) -> Result<SessionList, Problem
     Ok(SessionList {
         sessions,
         next_cursor: page.next_cursor,
-        skipped: page.skipped,
+        skipped,
     })
 }
 
@@ -338,6 +351,14 @@ pub async fn history(app: &App, id: SessionId, params: &Params) -> Result<Transc
         }
     };
     Ok(Transcript { page, turns })
+}
+
+/// Totals over the whole root, from the catalog alone (one aggregate query, no session
+/// file opened), kept fresh as the sessions page keeps it.
+pub async fn root_stats(app: &App) -> Result<CatalogTotals, Problem> {
+    refresh_catalog(app).await?;
+    let root = app.root.clone();
+    blocking(move || root.catalog_totals()).await
 }
 
 /// Storage statistics of `id`: bytes by kind, blobs and compression, tables.

@@ -3,7 +3,9 @@
 //! `token` query parameter, an `Authorization: Bearer` header or the cookie set by the
 //! first authorised answer) and the security headers on every answer (a CSP without
 //! inline scripts, `nosniff`, no framing, no referrer, no caching), plus a
-//! `Server-Timing` header with the time spent serving the request.
+//! `Server-Timing` header with the time spent serving the request. Every refusal axum
+//! makes itself (a path or query it cannot parse, a wrong method) is rewritten into the
+//! server's own error body by [`own_errors`].
 
 use std::time::Instant;
 
@@ -75,6 +77,42 @@ fn refuse(path: &str, problem: Problem) -> Response {
     }
 }
 
+/// The longest body of an axum refusal read back to be quoted in the error body.
+const REFUSAL_BYTES: usize = 4096;
+
+/// An answer the handlers did not render: an error status whose body is neither HTML nor
+/// JSON (axum's own refusals: `400` or `422` for a path or query it cannot parse, `405`
+/// for a wrong method) becomes the server's error body, JSON under `/api/`, else a page,
+/// its headers (e.g. `Allow`) kept. Any other answer passes unchanged.
+async fn own_errors(path: &str, response: Response) -> Response {
+    let status = response.status();
+    let rendered = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|t| t.to_str().ok())
+        .is_some_and(|t| t.starts_with("text/html") || t.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || rendered {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let said = axum::body::to_bytes(body, REFUSAL_BYTES)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let message = match said.is_empty() {
+        true => status
+            .canonical_reason()
+            .unwrap_or("refused")
+            .to_lowercase(),
+        false => said,
+    };
+    let own = refuse(path, Problem { status, message });
+    let (own_parts, body) = own.into_parts();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.extend(own_parts.headers);
+    Response::from_parts(parts, body)
+}
+
 /// The middleware: checks, then the handler, then the headers.
 pub async fn check(State(app): State<App>, request: Request, next: Next) -> Response {
     let started = Instant::now();
@@ -104,7 +142,7 @@ pub async fn check(State(app): State<App>, request: Request, next: Next) -> Resp
                 .uri()
                 .query()
                 .is_some_and(|q| q.split('&').any(|p| p.starts_with("token=")));
-        next.run(request).await
+        own_errors(&path, next.run(request).await).await
     };
     let headers = response.headers_mut();
     headers.insert(

@@ -8,7 +8,7 @@ use axum::response::{Html, IntoResponse, Response};
 use super::App;
 use super::data::{self, Params};
 use super::problem::{PageError, Problem};
-use super::{templates, transcript, tree};
+use super::{api, templates, transcript, tree};
 
 /// `GET /`: the sessions list, or the hits of `q`.
 pub async fn sessions(
@@ -61,6 +61,20 @@ pub async fn stats(
 ) -> Result<Html<String>, PageError> {
     let stats = data::stats(&app, data::session_id(&id)?).await?;
     Ok(templates::stats_page(&stats))
+}
+
+/// `GET /stats`: totals over the root's catalog as charts.
+pub async fn root_stats(State(app): State<App>) -> Result<Html<String>, PageError> {
+    Ok(templates::root_stats_page(&data::root_stats(&app).await?))
+}
+
+/// `GET /sessions/{id}/content/{digest}`: the bytes of a blob, followed from a session
+/// page ([`api::blob`]); failures answer with an error page, not JSON.
+pub async fn content(
+    State(app): State<App>,
+    Path((id, digest)): Path<(String, String)>,
+) -> Result<Response, PageError> {
+    Ok(api::blob(&app, &id, &digest).await?)
 }
 
 /// Any other address.

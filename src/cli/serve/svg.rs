@@ -130,8 +130,8 @@ pub fn fork_tree(tree: &ForkTree) -> Markup {
 }
 
 /// A horizontal bar chart: one row per label, its segments stacked (classes `seg0`,
-/// `seg1`, …), the total printed after the bar.
-fn stacked(rows: &[(&str, Vec<u64>)], legend: &[&str]) -> Markup {
+/// `seg1`, …), the total printed after the bar by `show`.
+fn stacked(rows: &[(&str, Vec<u64>)], legend: &[&str], show: fn(u64) -> String) -> Markup {
     let max = rows
         .iter()
         .map(|(_, s)| s.iter().sum::<u64>())
@@ -161,7 +161,7 @@ fn stacked(rows: &[(&str, Vec<u64>)], legend: &[&str]) -> Markup {
                     }) {
                         rect class=(format!("seg{k}")) x=(x) y=(y + 1.0) width=(width) height=(BAR_H) {}
                     }
-                    text.value x=(LABEL_W + BAR_W + 6.0) y=(y + 14.0) { (human_bytes(segments.iter().sum())) }
+                    text.value x=(LABEL_W + BAR_W + 6.0) y=(y + 14.0) { (show(segments.iter().sum())) }
                 }
             }
         }
@@ -174,11 +174,21 @@ pub fn kind_chart(kinds: &[KindStats]) -> Markup {
         .iter()
         .map(|k| (k.kind.as_str(), vec![k.inline_bytes, k.blob_bytes]))
         .collect();
-    stacked(&rows, &["inline", "in blobs (raw)"])
+    stacked(&rows, &["inline", "in blobs (raw)"], human_bytes)
 }
 
 /// One bar per `(label, bytes)`.
 pub fn bars(rows: &[(&str, u64)]) -> Markup {
+    single(rows, human_bytes)
+}
+
+/// One bar per `(label, count)`.
+pub fn count_bars(rows: &[(&str, u64)]) -> Markup {
+    single(rows, |n| n.to_string())
+}
+
+/// One bar per `(label, value)`, the value printed by `show`.
+fn single(rows: &[(&str, u64)], show: fn(u64) -> String) -> Markup {
     let rows: Vec<(&str, Vec<u64>)> = rows.iter().map(|(l, v)| (*l, vec![*v])).collect();
-    stacked(&rows, &[])
+    stacked(&rows, &[], show)
 }

@@ -6,7 +6,7 @@
 use axum::http::StatusCode;
 use axum::response::Html;
 use maud::{DOCTYPE, Markup, html};
-use session_store::{SearchPage, SessionId, SessionStats, Snippet};
+use session_store::{CatalogTotals, SearchPage, SessionId, SessionStats, Snippet};
 
 use super::data::{Params, SessionList};
 use super::tree::ForkTree;
@@ -43,7 +43,7 @@ pub fn layout(title: &str, body: Markup) -> Html<String> {
                 body {
                     header.top {
                         a.brand href="/" { "session-store" }
-                        nav { a href="/" { "Sessions" } }
+                        nav { a href="/" { "Sessions" } " " a href="/stats" { "Storage" } }
                     }
                     main { (body) }
                 }
@@ -277,6 +277,36 @@ pub fn stats_page(stats: &SessionStats) -> Html<String> {
             h2 { "Bytes by table" }
             div.chart {
                 (svg::bars(&stats.tables.iter().map(|t| (t.table.as_str(), t.bytes)).collect::<Vec<_>>()))
+            }
+        },
+    )
+}
+
+/// The storage page of the whole root: totals over the catalog as charts.
+pub fn root_stats_page(t: &CatalogTotals) -> Html<String> {
+    layout(
+        "Storage",
+        html! {
+            h1 { "Storage of the root" }
+            p.meta {
+                (t.sessions) " sessions, " (t.events) " events, " (t.turns) " ended turns; files and WALs "
+                (human_bytes(t.file_bytes.saturating_add(t.wal_bytes))) ". From the catalog: a fork counts its inherited prefix."
+            }
+            h2 { "Bytes on disk" }
+            div.chart { (svg::bars(&[("session files", t.file_bytes), ("WALs", t.wal_bytes)])) }
+            h2 { "Sessions, events and turns" }
+            div.chart {
+                (svg::count_bars(&[("sessions", t.sessions), ("events", t.events), ("ended turns", t.turns)]))
+            }
+            h2 { "Token usage" }
+            p { (t.usage_events) " usage events." }
+            div.chart {
+                (svg::count_bars(&[
+                    ("input", t.input_tokens),
+                    ("output", t.output_tokens),
+                    ("cache read", t.cache_read_tokens),
+                    ("cache write", t.cache_write_tokens),
+                ]))
             }
         },
     )
