@@ -5,6 +5,8 @@
 //! we did not create (trigger, view, index, table) and a history index that differs from
 //! the log are refused. Everything runs through the CLI binary as real processes.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -555,23 +557,6 @@ fn as_nobody() -> Option<Vec<&'static str>> {
     }
 }
 
-fn chmod_tree(path: &Path, writable: bool) {
-    use std::os::unix::fs::PermissionsExt;
-    let meta = std::fs::symlink_metadata(path).expect("stat");
-    let mode = match (meta.is_dir(), writable) {
-        (true, false) => 0o555,
-        (true, true) => 0o755,
-        (false, false) => 0o444,
-        (false, true) => 0o644,
-    };
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
-    if meta.is_dir() {
-        for entry in std::fs::read_dir(path).expect("read dir") {
-            chmod_tree(&entry.expect("entry").path(), writable);
-        }
-    }
-}
-
 /// A user who can only read a root runs every read-only command: list (from the session
 /// files, the catalog being unwritable), show, history, events, stats, verify, export.
 #[test]
@@ -599,7 +584,7 @@ fn read_only_root_serves_reads() {
             .expect("chmod");
         std::fs::set_permissions(&out_dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
     }
-    chmod_tree(&env.root, false);
+    common::chmod_tree(&env.root, false);
     let run = |args: &[&str]| -> Output {
         Command::new(tool)
             .args(rest)
@@ -641,7 +626,7 @@ fn read_only_root_serves_reads() {
     assert!(listed["catalog_error"].is_string(), "{listed}");
     let show: Value = serde_json::from_slice(&run(&["--json", "show", "a"]).stdout).expect("show");
     assert_eq!(show["writer"], Value::Null);
-    chmod_tree(&env.root, true);
+    common::chmod_tree(&env.root, true);
     env.ok(&["import", export, "--id", "a2"]);
 }
 

@@ -845,24 +845,6 @@ fn the_root_storage_page_totals_the_catalog() {
     }
 }
 
-/// Sets `path` and everything under it read-only (or back to writable).
-fn chmod_tree(path: &std::path::Path, writable: bool) {
-    use std::os::unix::fs::PermissionsExt;
-    let meta = std::fs::symlink_metadata(path).expect("stat");
-    let mode = match (meta.is_dir(), writable) {
-        (true, false) => 0o555,
-        (true, true) => 0o755,
-        (false, false) => 0o444,
-        (false, true) => 0o644,
-    };
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
-    if meta.is_dir() {
-        for entry in std::fs::read_dir(path).expect("read dir") {
-            chmod_tree(&entry.expect("entry").path(), writable);
-        }
-    }
-}
-
 /// A user who can only read the root (its files chmod'ed read-only, the server run as
 /// `nobody` through `setpriv`, since root ignores file modes) is served every page.
 ///
@@ -894,7 +876,7 @@ fn a_read_only_root_is_served() {
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
             .expect("chmod");
     }
-    chmod_tree(&root, false);
+    common::chmod_tree(&root, false);
     // The restriction is real: nobody cannot create a session there.
     let refused = std::process::Command::new(AS_NOBODY[0])
         .args(&AS_NOBODY[1..])
@@ -930,7 +912,7 @@ fn a_read_only_root_is_served() {
     assert_eq!(ids(&server.ok("/api/sessions").json()).len(), 8);
     assert_eq!(server.ok("/api/stats").json()["sessions"], 8);
     drop(server);
-    chmod_tree(&root, true);
+    common::chmod_tree(&root, true);
 }
 
 /// `--open` without a browser to start (no `xdg-open` on the PATH): a warning, and the

@@ -166,3 +166,21 @@ pub fn sqlite3(file: &std::path::Path, sql: &str) -> String {
     );
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
+
+/// Sets `path` and everything under it read-only (or back to writable).
+pub fn chmod_tree(path: &std::path::Path, writable: bool) {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::symlink_metadata(path).expect("stat");
+    let mode = match (meta.is_dir(), writable) {
+        (true, false) => 0o555,
+        (true, true) => 0o755,
+        (false, false) => 0o444,
+        (false, true) => 0o644,
+    };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(path).expect("read dir") {
+            chmod_tree(&entry.expect("entry").path(), writable);
+        }
+    }
+}
