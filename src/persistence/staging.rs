@@ -23,6 +23,9 @@ pub(crate) use crate::format::STAGING_DIR;
 /// Suffix of a staging folder's guard file.
 const GUARD_SUFFIX: &str = ".lock";
 
+/// Fresh names tried before a staging folder is refused (each one's guard held).
+const FRESH_NAME_ATTEMPTS: usize = 8;
+
 /// A folder being built under `.staging/`, invisible to every reader until
 /// [`Staged::publish`]. Dropped unpublished (an error on the way), it is removed.
 #[derive(Debug)]
@@ -48,10 +51,21 @@ impl Staged {
     pub(crate) fn new(root: BorrowedFd<'_>, root_path: &Path, purpose: &str) -> Result<Staged> {
         let staging = open_staging(root, root_path)?;
         let staging_path = root_path.join(STAGING_DIR);
-        let name = format!("{purpose}-{}", random_hex());
-        let guard =
-            WriterLock::try_acquire(&staging_path.join(format!("{name}{GUARD_SUFFIX}")))?
-                .ok_or_else(|| Error::internal(format!("fresh staging guard of {name} is held")))?;
+        // A fresh name's guard is free unless another process holds that very path; a CI
+        // run once saw it held (cause not found), so a held guard means: take another name.
+        let mut attempt = 0;
+        let (name, guard) = loop {
+            let name = format!("{purpose}-{}", random_hex());
+            match WriterLock::try_acquire(&staging_path.join(format!("{name}{GUARD_SUFFIX}")))? {
+                Some(guard) => break (name, guard),
+                None if attempt < FRESH_NAME_ATTEMPTS => attempt += 1,
+                None => {
+                    return Err(Error::internal(format!(
+                        "the staging guards of {FRESH_NAME_ATTEMPTS} fresh names were held, the last {name}"
+                    )));
+                }
+            }
+        };
         let dir = staging_path.join(&name);
         rustix::fs::mkdirat(
             &staging,
