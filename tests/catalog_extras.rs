@@ -69,17 +69,7 @@ fn fails(root: &Path, args: &[&str], status: i32) -> String {
 fn listed(root: &Path, extra: &[&str]) -> Vec<String> {
     let mut args = vec!["list"];
     args.extend_from_slice(extra);
-    json_of(root, &args)["sessions"]
-        .as_array()
-        .expect("sessions")
-        .iter()
-        .map(|s| {
-            s["session_ref"]["session_id"]
-                .as_str()
-                .expect("id")
-                .to_owned()
-        })
-        .collect()
+    common::listed_ids(&json_of(root, &args))
 }
 
 /// Sets the times of a session's files `secs` seconds back, as if it had not been touched

@@ -14,20 +14,6 @@ use serde_json::{Value, json};
 use serve_support::{DEMO, Server, cli, demo_root};
 use session_store::{Batch, CreateOptions, Event, Root, SessionId, StoreOptions};
 
-fn ids(list: &Value) -> Vec<String> {
-    list["sessions"]
-        .as_array()
-        .expect("sessions")
-        .iter()
-        .map(|s| {
-            s["session_ref"]["session_id"]
-                .as_str()
-                .expect("id")
-                .to_owned()
-        })
-        .collect()
-}
-
 #[test]
 fn pages_and_api_over_the_demo_root() {
     let (_dir, root) = demo_root();
@@ -57,7 +43,7 @@ fn pages_and_api_over_the_demo_root() {
 
     // The API: the same sessions, most recently updated first.
     let list = server.ok("/api/sessions").json();
-    let all = ids(&list);
+    let all = common::listed_ids(&list);
     assert_eq!(all.len(), 8, "{all:?}");
     let updated: Vec<i64> = list["sessions"]
         .as_array()
@@ -71,7 +57,7 @@ fn pages_and_api_over_the_demo_root() {
     let mut path = "/api/sessions?limit=3".to_owned();
     loop {
         let page = server.ok(&path).json();
-        paged.extend(ids(&page));
+        paged.extend(common::listed_ids(&page));
         match page["next_cursor"].as_str() {
             Some(c) => path = format!("/api/sessions?limit=3&cursor={c}"),
             None => break,
@@ -80,10 +66,10 @@ fn pages_and_api_over_the_demo_root() {
     assert_eq!(paged, all);
     // Filters.
     assert_eq!(
-        ids(&server.ok("/api/sessions?cwd=%2Fsrv%2Fgateway").json()),
+        common::listed_ids(&server.ok("/api/sessions?cwd=%2Fsrv%2Fgateway").json()),
         ["demo-log-triage"]
     );
-    let mut forks = ids(&server.ok("/api/sessions?origin=fork").json());
+    let mut forks = common::listed_ids(&server.ok("/api/sessions?origin=fork").json());
     forks.sort();
     assert_eq!(forks, ["flaky-fork", "flaky-fork-2"]);
     let html = server.ok("/?origin=rewind").body;
@@ -909,7 +895,10 @@ fn a_read_only_root_is_served() {
     ] {
         server.ok(path);
     }
-    assert_eq!(ids(&server.ok("/api/sessions").json()).len(), 8);
+    assert_eq!(
+        common::listed_ids(&server.ok("/api/sessions").json()).len(),
+        8
+    );
     assert_eq!(server.ok("/api/stats").json()["sessions"], 8);
     drop(server);
     common::chmod_tree(&root, true);
@@ -955,5 +944,8 @@ fn the_first_sessions_page_names_a_session_that_cannot_be_read() {
         page.contains("Skipped <code>broken-one</code>"),
         "the unreadable session is not named: {page}"
     );
-    assert_eq!(ids(&server.ok("/api/sessions").json()).len(), 8);
+    assert_eq!(
+        common::listed_ids(&server.ok("/api/sessions").json()).len(),
+        8
+    );
 }

@@ -184,3 +184,18 @@ pub fn chmod_tree(path: &std::path::Path, writable: bool) {
         }
     }
 }
+
+/// The session ids of a listing page as `list --json` and `/api/sessions` print it.
+pub fn listed_ids(list: &serde_json::Value) -> Vec<String> {
+    list["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .map(|s| {
+            s["session_ref"]["session_id"]
+                .as_str()
+                .expect("id")
+                .to_owned()
+        })
+        .collect()
+}
