@@ -558,7 +558,10 @@ fn as_nobody() -> Option<Vec<&'static str>> {
 }
 
 /// A user who can only read a root runs every read-only command: list (from the session
-/// files, the catalog being unwritable), show, history, events, stats, verify, export.
+/// files, the catalog being unwritable), show, history, events, stats, verify, export;
+/// also on files with no `-wal` beside them, as a writer that closes last leaves them
+/// (SQLite cannot create the `-wal` and `-shm` of a shared read there: such a file is read
+/// as immutable).
 #[test]
 fn read_only_root_serves_reads() {
     let Some(prefix) = as_nobody() else {
@@ -576,6 +579,15 @@ fn read_only_root_serves_reads() {
     env.session("b", 1);
     env.ok(&["fork", "a", "--after-turn", "t1", "--id", "f"]);
     env.ok(&["list"]);
+    for id in ["a", "f"] {
+        // A writer's connection that closes last checkpoints the WAL and removes it.
+        let conn = rusqlite::Connection::open(env.file(id)).expect("open");
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .expect("checkpoint");
+        drop(conn);
+        let wal = PathBuf::from(format!("{}-wal", env.file(id).display()));
+        assert!(!wal.exists(), "{id}: the WAL is still there");
+    }
     let out_dir = env.work().join("out");
     std::fs::create_dir(&out_dir).expect("mkdir");
     {

@@ -832,15 +832,10 @@ fn the_root_storage_page_totals_the_catalog() {
 }
 
 /// A user who can only read the root (its files chmod'ed read-only, the server run as
-/// `nobody` through `setpriv`, since root ignores file modes) is served every page.
-///
-/// Ignored: it finds a library bug. A session file with no `-wal` beside it (a fork or
-/// rewind closed cleanly) in a directory the reader cannot write is opened `Shared`, and
-/// SQLite cannot create the `-shm` a WAL-mode file needs: "attempt to write a readonly
-/// database" (SQLITE_READONLY_DIRECTORY) for `show`, `history`, `stats` of such a session
-/// and the pages that read it (tree, session, search).
+/// `nobody` through `setpriv`, since root ignores file modes) is served every page,
+/// including those of sessions whose file has no `-wal` beside it (a fork or rewind
+/// closed cleanly), which are read as immutable.
 #[test]
-#[ignore = "library bug: a root's WAL-mode file without -wal cannot be read from a read-only directory"]
 fn a_read_only_root_is_served() {
     const AS_NOBODY: [&str; 4] = [
         "setpriv",

@@ -408,24 +408,31 @@ impl Stamper {
         Ok(Stamper { root })
     }
 
+    /// Size and mtime (ns) of the file `name` of session `id`; `None` when it is missing.
+    fn size_and_mtime(&self, id: &SessionId, name: &str) -> Option<(u64, u128)> {
+        let st = rustix::fs::statat(
+            &self.root,
+            format!("{id}/{name}"),
+            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .ok()?;
+        let ns = u128::try_from(st.st_mtime).ok()? * 1_000_000_000 + u128::from(st.st_mtime_nsec);
+        Some((u64::try_from(st.st_size).ok()?, ns))
+    }
+
     /// `<size>@<mtime ns>/<size>@<mtime ns>` of the session's file and WAL.
     fn stamp(&self, id: &SessionId) -> String {
-        let part = |name: &str| {
-            let st = rustix::fs::statat(
-                &self.root,
-                format!("{id}/{name}"),
-                rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-            )
-            .ok()?;
-            let ns =
-                u128::try_from(st.st_mtime).ok()? * 1_000_000_000 + u128::from(st.st_mtime_nsec);
-            Some((u64::try_from(st.st_size).ok()?, ns))
-        };
         format!(
             "{}/{}",
-            file_stamp(part(SESSION_FILE)),
-            file_stamp(part(WAL_FILE))
+            file_stamp(self.size_and_mtime(id, SESSION_FILE)),
+            file_stamp(self.size_and_mtime(id, WAL_FILE))
         )
+    }
+
+    /// Bytes of the session's file and of its WAL (0 for a missing one).
+    fn bytes(&self, id: &SessionId) -> (u64, u64) {
+        let size = |name| self.size_and_mtime(id, name).map_or(0, |(len, _)| len);
+        (size(SESSION_FILE), size(WAL_FILE))
     }
 }
 
@@ -704,8 +711,14 @@ impl Catalog {
         Ok(listing)
     }
 
-    /// Totals over the rows as they are (see [`CatalogTotals`]).
+    /// Totals over the rows as they are (see [`CatalogTotals`]); when the catalog cannot
+    /// be used (a read-only root), totals computed from the session files.
     pub(crate) fn totals(&self, root: &Root) -> Result<CatalogTotals> {
+        self.cached_totals(root)
+            .or_else(|e| direct_totals(root).map_err(|_| e))
+    }
+
+    fn cached_totals(&self, root: &Root) -> Result<CatalogTotals> {
         self.with_conn(root, |c| {
             let row = c.query_row(TOTALS_SQL, [], |r| {
                 let n = |i| -> rusqlite::Result<u64> {
@@ -944,6 +957,31 @@ fn direct_page(
         }
     }
     Ok(out)
+}
+
+/// [`CatalogTotals`] computed from the session files alone (sessions that cannot be read
+/// are left out, as from the catalog).
+fn direct_totals(root: &Root) -> Result<CatalogTotals> {
+    let stamper = Stamper::open(root.path())?;
+    let mut totals = CatalogTotals::default();
+    for id in root.list_ids()? {
+        let Computed::Entry(entry) = compute(root, &stamper, &id) else {
+            continue;
+        };
+        let (file_bytes, wal_bytes) = stamper.bytes(&id);
+        let usage = &entry.usage.total;
+        totals.sessions += 1;
+        totals.file_bytes += file_bytes;
+        totals.wal_bytes += wal_bytes;
+        totals.events += entry.durable_sequence;
+        totals.turns += entry.turns;
+        totals.usage_events += usage.events;
+        totals.input_tokens += usage.input_tokens;
+        totals.output_tokens += usage.output_tokens;
+        totals.cache_read_tokens += usage.cache_read_tokens;
+        totals.cache_write_tokens += usage.cache_write_tokens;
+    }
+    Ok(totals)
 }
 
 /// A filtered or sorted page computed from the session files alone.

@@ -145,11 +145,29 @@ impl Root {
     }
 
     /// Opens the search index, creating it (and filling it from every session) when it is
-    /// missing, and replacing a damaged or foreign file (the index is derived).
+    /// missing, and replacing a damaged or foreign file (the index is derived). When the
+    /// root's index can be neither opened nor created (a root this process may only
+    /// read), a private one is built for this process ([`SearchIndex::open_private`]).
     fn open_search_index(&self) -> Result<Arc<SearchIndex>> {
         if let Some(index) = self.index_slot().get() {
             return Ok(Arc::clone(index));
         }
+        let (index, fresh) = match self.open_root_index() {
+            Ok(opened) => opened,
+            Err(e) => (SearchIndex::open_private().map_err(|_| e)?, true),
+        };
+        if fresh {
+            self.fill(&index)?;
+        }
+        let index = Arc::new(index);
+        // Two threads may open it at once: the first one set is kept.
+        let _ = self.index_slot().set(Arc::clone(&index));
+        Ok(self.index_slot().get().map_or(index, Arc::clone))
+    }
+
+    /// The index in the root's catalog folder, and whether it was created empty (a
+    /// damaged or foreign file is replaced).
+    fn open_root_index(&self) -> Result<(SearchIndex, bool)> {
         let dir = catalog_dir(self)?;
         let shown = self.path().join(CATALOG_DIR);
         let path = shown.join(SEARCH_FILE);
@@ -166,13 +184,7 @@ impl Root {
             }
             other => other,
         }?;
-        if fresh {
-            self.fill(&index)?;
-        }
-        let index = Arc::new(index);
-        // Two threads may open it at once: the first one set is kept.
-        let _ = self.index_slot().set(Arc::clone(&index));
-        Ok(self.index_slot().get().map_or(index, Arc::clone))
+        Ok((index, fresh))
     }
 
     /// Indexes every session of the root into `index` (emptied first).

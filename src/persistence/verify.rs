@@ -213,11 +213,8 @@ pub(crate) fn resolve_target(path: &Path) -> Result<Target> {
         let file = resolved.join(SESSION_FILE);
         schema::check_file(&file)?;
         let root = resolved.parent().unwrap_or(&resolved).to_path_buf();
-        return Ok(Target {
-            file,
-            root,
-            access: Access::Shared,
-        });
+        let access = Access::for_root_file(&file);
+        return Ok(Target { file, root, access });
     }
     if !meta.is_file() {
         return Err(schema::not_regular(path, &meta));

@@ -27,7 +27,7 @@ use rusqlite::{Connection, Transaction, TransactionBehavior};
 use crate::error::{Error, Result};
 use crate::model::Message;
 use crate::store::reader::own_messages_at;
-use crate::store::schema;
+use crate::store::schema::{self, Access};
 
 /// A file's identity: device and inode.
 type Identity = (u64, u64);
@@ -49,6 +49,8 @@ struct Kept {
 #[derive(Debug)]
 struct Entry {
     conn: Connection,
+    /// How it was opened: an immutable connection is not kept ([`Access::for_root_file`]).
+    access: Access,
     /// The file the connection was opened on.
     identity: Identity,
     /// `PRAGMA schema_version` when the format was last checked.
@@ -71,9 +73,11 @@ fn schema_cookie(conn: &Connection) -> Result<i64> {
 impl Entry {
     /// A new connection to `file`, whose identity was `identity` just before.
     fn open(file: &Path, identity: Identity) -> Result<Entry> {
-        let conn = schema::open_unchecked_reader(file)?;
+        let access = Access::for_root_file(file);
+        let conn = schema::open_unchecked_reader(file, access)?;
         Ok(Entry {
             conn,
+            access,
             identity,
             // Checked at its first read.
             checked_cookie: -1,
@@ -167,8 +171,8 @@ impl HitFiles {
         };
         let found = entry.read(wanted)?;
         // A file replaced while it was being opened: the connection may be on either, so
-        // it is not kept.
-        if fresh && identity_of(file).ok() != Some(identity) {
+        // it is not kept; nor an immutable one, which would not see a writer that starts.
+        if entry.access == Access::Immutable || fresh && identity_of(file).ok() != Some(identity) {
             return Ok(found);
         }
         self.keep(file, entry);

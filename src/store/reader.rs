@@ -40,6 +40,7 @@ const FIRST_TRY: Duration = Duration::from_millis(250);
 struct ReadPool {
     pool: Pool<SqliteConnectionManager>,
     file: Arc<Path>,
+    access: Access,
 }
 
 impl ReadPool {
@@ -48,6 +49,16 @@ impl ReadPool {
     /// every read of it that long, so after a short first try a missing file is
     /// [`Error::SessionNotFound`] at once.
     fn get(&self) -> Result<PooledConnection<SqliteConnectionManager>> {
+        if !self.access.still_valid(&self.file) {
+            return Err(Error::Sqlite(Arc::new(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
+                Some(format!(
+                    "{} was read as immutable (its folder refuses new files) and a writer \
+                     has started on it since: open the session again",
+                    self.file.display()
+                )),
+            ))));
+        }
         if let Some(conn) = self.pool.try_get() {
             return Ok(conn);
         }
@@ -114,6 +125,7 @@ fn read_pool(file: &Path, access: Access) -> Result<ReadPool> {
     Ok(ReadPool {
         pool,
         file: Arc::from(file),
+        access,
     })
 }
 
@@ -368,7 +380,7 @@ fn build_layout(
                 source,
             }),
             checked => checked
-                .and_then(|()| read_pool(&ancestor, Access::Shared))
+                .and_then(|()| read_pool(&ancestor, Access::for_root_file(&ancestor)))
                 .map_err(|e| {
                     Error::corrupt_from(
                         format!(
@@ -418,11 +430,9 @@ fn check_commit(expected: u64, c: &Commit) -> Result<u64> {
 impl SessionReader {
     /// Opens the session file in the session folder `dir` (ancestors are its siblings).
     pub(crate) fn open(dir: &Path) -> Result<SessionReader> {
-        Self::open_file(
-            &dir.join(SESSION_FILE),
-            dir.parent().unwrap_or(dir),
-            Access::Shared,
-        )
+        let file = dir.join(SESSION_FILE);
+        let access = Access::for_root_file(&file);
+        Self::open_file(&file, dir.parent().unwrap_or(dir), access)
     }
 
     /// Opens a session file with `access`, resolving ancestors as

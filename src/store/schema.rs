@@ -330,8 +330,9 @@ pub(crate) enum Access {
     Shared,
     /// `immutable=1`: no locks, no WAL and no `-shm` file, so nothing is created beside
     /// the file (a read-only connection to a WAL-mode file otherwise leaves `-wal` and
-    /// `-shm` behind). Only for a user's file with no `-wal` or `-journal` beside it,
-    /// which is then complete in itself and not being written.
+    /// `-shm` behind). Only for a file with no `-wal` or `-journal` beside it, which is
+    /// then complete in itself and not being written: a user's file, or a root's file in
+    /// a folder this process cannot add files to ([`Access::for_root_file`]).
     Immutable,
 }
 
@@ -339,14 +340,42 @@ impl Access {
     /// The access for a user's file: [`Access::Shared`] when SQLite's files beside it
     /// hold part of its content (a `-wal` or a hot `-journal`), else [`Access::Immutable`].
     pub(crate) fn for_user_file(file: &Path) -> Access {
-        let live = ["-wal", "-journal"]
-            .iter()
-            .any(|s| std::fs::symlink_metadata(sidecar(file, s)).is_ok());
-        if live {
+        if live_beside(file) {
             Access::Shared
         } else {
             Access::Immutable
         }
+    }
+
+    /// The access for a file of a root: [`Access::Shared`], unless the file has no `-wal`
+    /// beside it and its folder refuses this process new files. SQLite cannot then create
+    /// the `-wal` and `-shm` that a shared read of a WAL-mode file needs
+    /// (SQLITE_READONLY_DIRECTORY): the file is complete in itself (a closed session whose
+    /// last connection removed its `-wal`), and no writer can be adding to it, since a
+    /// writer's first write creates the `-wal`; it is read [`Access::Immutable`]. A
+    /// connection kept open on such a file is checked before each read: once a `-wal`
+    /// has appeared it is not used again ([`Access::still_valid`]).
+    pub(crate) fn for_root_file(file: &Path) -> Access {
+        use rustix::fs::{Access as Mode, AtFlags, CWD, accessat};
+        let folder = file.parent().unwrap_or(Path::new("."));
+        let writable = accessat(
+            CWD,
+            folder,
+            Mode::WRITE_OK | Mode::EXEC_OK,
+            AtFlags::EACCESS,
+        );
+        if writable.is_ok() || live_beside(file) {
+            Access::Shared
+        } else {
+            Access::Immutable
+        }
+    }
+
+    /// False when a connection opened with this access to `file` must not be used again:
+    /// an immutable one once a `-wal` or `-journal` is beside the file (a writer has
+    /// started on it).
+    pub(crate) fn still_valid(self, file: &Path) -> bool {
+        self == Access::Shared || !live_beside(file)
     }
 
     /// The name SQLite is given for `path` (absolute): the path itself, or a `file:` URI
@@ -383,29 +412,33 @@ pub(crate) fn init_reader(conn: &mut Connection) -> rusqlite::Result<()> {
 
 /// Opens a standalone read-only connection to a file of a root.
 pub(crate) fn open_reader(path: &Path) -> Result<Connection> {
-    open_reader_with(path, Access::Shared)
+    open_reader_with(path, Access::for_root_file(path))
 }
 
 /// Opens a standalone read-only connection (e.g. to a user's file for `replay_file`).
 pub(crate) fn open_reader_with(path: &Path, access: Access) -> Result<Connection> {
-    let conn = open_reader_unchecked_with(path, access)?;
+    let conn = open_unchecked_reader(path, access)?;
     check_format(&conn)?;
     Ok(conn)
 }
 
-/// As [`open_reader`], the format not checked yet: the caller runs [`check_format`]
+/// As [`open_reader_with`], the format not checked yet: the caller runs [`check_format`]
 /// before its first read (e.g. inside the read transaction it opens anyway).
-pub(crate) fn open_unchecked_reader(path: &Path) -> Result<Connection> {
-    open_reader_unchecked_with(path, Access::Shared)
-}
-
-fn open_reader_unchecked_with(path: &Path, access: Access) -> Result<Connection> {
+pub(crate) fn open_unchecked_reader(path: &Path, access: Access) -> Result<Connection> {
     if !path.is_file() {
         return Err(Error::SessionNotFound(path.display().to_string()));
     }
     let mut conn = Connection::open_with_flags(access.name(path), reader_flags())?;
     init_reader(&mut conn)?;
     Ok(conn)
+}
+
+/// True when a `-wal` or `-journal` is beside `file`: SQLite's files that hold part of
+/// its content (a symlink counts: SQLite refuses it).
+fn live_beside(file: &Path) -> bool {
+    ["-wal", "-journal"]
+        .iter()
+        .any(|s| std::fs::symlink_metadata(sidecar(file, s)).is_ok())
 }
 
 /// Refuses files that are not session files or are newer than this build.
@@ -513,6 +546,20 @@ fn check_schema(conn: &Connection, version: i64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_immutable_connection_is_valid_until_a_wal_appears() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join(SESSION_FILE);
+        std::fs::write(&file, b"").expect("write");
+        assert!(Access::Immutable.still_valid(&file));
+        assert!(Access::Shared.still_valid(&file));
+        std::fs::write(sidecar(&file, "-wal"), b"").expect("write");
+        assert!(!Access::Immutable.still_valid(&file));
+        assert!(Access::Shared.still_valid(&file));
+        // A folder this process may write to: shared, -wal or not.
+        assert_eq!(Access::for_root_file(&file), Access::Shared);
+    }
 
     #[test]
     fn migrations_are_valid() {

@@ -118,6 +118,8 @@ pub(crate) fn open_index(path: &Path) -> Result<Connection> {
 #[derive(Debug)]
 pub(crate) struct SearchIndex {
     path: PathBuf,
+    /// The folder of a private index ([`SearchIndex::open_private`]), removed with it.
+    private_dir: Option<PathBuf>,
     write: Mutex<Connection>,
     read: Mutex<Connection>,
     files: HitFiles,
@@ -218,6 +220,40 @@ fn role_of(value: Value) -> Option<String> {
     }
 }
 
+/// Start of the name of a private index's folder, followed by `<pid>-<random hex>`.
+const PRIVATE_PREFIX: &str = "session-store-search-";
+
+/// Removes the private index folders in `temp` whose process is gone (one killed before
+/// it could remove its own). Best effort.
+fn remove_private_of_dead_processes(temp: &Path) {
+    let Ok(entries) = std::fs::read_dir(temp) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(PRIVATE_PREFIX))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok());
+        if let Some(pid) = pid
+            && !Path::new(&format!("/proc/{pid}")).exists()
+            && entry.file_type().is_ok_and(|t| t.is_dir())
+        {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+impl Drop for SearchIndex {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.private_dir {
+            // Best effort: the connections close right after (their files unlinked).
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
 fn lock(m: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -240,10 +276,37 @@ impl SearchIndex {
     pub(crate) fn open(path: &Path) -> Result<SearchIndex> {
         Ok(SearchIndex {
             path: path.to_path_buf(),
+            private_dir: None,
             write: Mutex::new(open_index(path)?),
             read: Mutex::new(open_index(path)?),
             files: HitFiles::new(KEPT_FILES),
         })
+    }
+
+    /// A new, empty index of this process alone, in a folder of its own (mode 0700) under
+    /// the system's temporary folder, removed when the index is dropped: for a root whose
+    /// own index cannot be opened or created (a root this process may only read).
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the folder cannot be created; as [`open_index`].
+    pub(crate) fn open_private() -> Result<SearchIndex> {
+        use std::os::unix::fs::DirBuilderExt;
+        let temp = std::env::temp_dir();
+        remove_private_of_dead_processes(&temp);
+        let dir = temp.join(format!(
+            "{PRIVATE_PREFIX}{}-{:016x}",
+            std::process::id(),
+            fastrand::u64(..)
+        ));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+        let mut index = SearchIndex::open(&dir.join("search.sqlite")).inspect_err(|_| {
+            let _ = std::fs::remove_dir_all(&dir);
+        })?;
+        index.private_dir = Some(dir);
+        Ok(index)
     }
 
     /// The messages of hits held by the session file `file`, at `wanted` `(position,
@@ -791,4 +854,37 @@ fn apply(tx: &Transaction<'_>, key: i64, changes: &[Change<'_>]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn private_folders_of_dead_processes_are_removed() {
+        let temp = tempfile::tempdir().expect("tempdir");
+        // No process has a pid above the kernel's limit (2^22).
+        let dead = temp.path().join(format!("{PRIVATE_PREFIX}999999999-00"));
+        let alive = temp
+            .path()
+            .join(format!("{PRIVATE_PREFIX}{}-00", std::process::id()));
+        let other = temp.path().join("session-store-other-999999999-00");
+        for dir in [&dead, &alive, &other] {
+            std::fs::create_dir(dir).expect("mkdir");
+            std::fs::write(dir.join("search.sqlite"), b"x").expect("write");
+        }
+        remove_private_of_dead_processes(temp.path());
+        assert!(!dead.exists());
+        assert!(alive.exists());
+        assert!(other.exists());
+    }
+
+    #[test]
+    fn a_private_index_is_removed_with_it() {
+        let index = SearchIndex::open_private().expect("private index");
+        let dir = index.private_dir.clone().expect("its folder");
+        assert!(dir.join("search.sqlite").is_file());
+        drop(index);
+        assert!(!dir.exists());
+    }
 }
