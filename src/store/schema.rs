@@ -331,7 +331,9 @@ pub(crate) enum Access {
     /// `immutable=1`: no locks, no WAL and no `-shm` file, so nothing is created beside
     /// the file (a read-only connection to a WAL-mode file otherwise leaves `-wal` and
     /// `-shm` behind). Only for a user's file with no `-wal` or `-journal` beside it,
-    /// which is then complete in itself and not being written.
+    /// which is then complete in itself and not being written; and for a search hit's
+    /// session file in that state and left alone for a while, whose read is then checked
+    /// against the file's inode afterwards (`store::hit_files`).
     Immutable,
 }
 
@@ -393,10 +395,10 @@ pub(crate) fn open_reader_with(path: &Path, access: Access) -> Result<Connection
     Ok(conn)
 }
 
-/// As [`open_reader`], the format not checked yet: the caller runs [`check_format`]
+/// As [`open_reader_with`], the format not checked yet: the caller runs [`check_format`]
 /// before its first read (e.g. inside the read transaction it opens anyway).
-pub(crate) fn open_unchecked_reader(path: &Path) -> Result<Connection> {
-    open_reader_unchecked_with(path, Access::Shared)
+pub(crate) fn open_unchecked_reader(path: &Path, access: Access) -> Result<Connection> {
+    open_reader_unchecked_with(path, access)
 }
 
 fn open_reader_unchecked_with(path: &Path, access: Access) -> Result<Connection> {
