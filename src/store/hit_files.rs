@@ -18,18 +18,17 @@
 //!
 //! A *quiet* file is read without locks (`immutable=1`): one that is complete by itself
 //! (an empty or no `-wal`, no `-journal`: every commit is in the main file) and whose
-//! inode has not changed for [`QUIET`] (its change time: any write, truncation or
-//! replacement moves it, and a writer's commits and checkpoints do). That is most of a
-//! root's files (every closed session), and it saves the setup of the file's WAL index
-//! (SQLite truncates and rebuilds the `-shm` of a file no other connection has open) and
-//! its locks, about half of a cold open. Such a read is checked afterwards: when the
-//! file's [`Stamp`] (inode, size, change time, the `-wal` still empty) is not what it was
-//! before, a writer may have changed the file during the read, and the hits are read again
-//! on a connection with locks. The file having been left alone for [`QUIET`], a write
-//! after the first stat moves the change time even on a file system with coarse
-//! timestamps; a commit that lands in the `-wal` during the read is either seen by the
-//! check or comes after the snapshot read (the main file, all commits until then). A
-//! connection without locks is used again only while the file's stamp is unchanged.
+//! inode has not changed for [`QUIET`] (its change time, which any write to the file, a
+//! truncation or a replacement moves; a writer's commits go to the `-wal` first, and its
+//! checkpoints write the file). That is most of a root's files (every closed session), and
+//! it saves the setup of the file's WAL index (SQLite truncates and rebuilds the `-shm` of
+//! a file no other connection has open) and its locks, about half of what opening it cost.
+//! Such a read is checked afterwards: when the file's [`Stamp`] (inode, size, change time,
+//! the `-wal` still empty) is not what it was before, a writer may have committed or
+//! checkpointed during the read, and the hits are read again on a connection with locks.
+//! The file having been left alone for [`QUIET`], a write after the first stat moves the
+//! change time even on a file system with coarse timestamps. A connection without locks is
+//! used again only while the file's stamp is unchanged.
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
