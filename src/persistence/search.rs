@@ -23,8 +23,9 @@ const DEFAULT_SEARCH_LIMIT: usize = 10;
 /// Largest page of a search.
 const MAX_SEARCH_LIMIT: usize = 100;
 /// Threads reading a page's messages back from their session files: one per session of a
-/// default page. A cold file's first read waits on the file system (SQLite sets up its
-/// `-shm`) as much as on the CPU, so more threads than cores still overlap.
+/// default page. A cold file's first read waits on the file system (for its pages, and
+/// for its `-shm`, which SQLite sets up unless the file is read without locks) as much as
+/// on the CPU, so more threads than cores still overlap.
 const READ_THREADS: usize = 10;
 
 /// Messages read back, keyed by session and position, and the sessions found gone.
@@ -310,8 +311,8 @@ impl Root {
                 .push((hit.position, hit.seq));
         }
         // The files are read on up to `READ_THREADS` threads: opening a connection (the
-        // file's schema parsed and checked, its `-shm` set up) is most of a hit's cost
-        // when none is kept for it.
+        // file's schema parsed and checked; its `-shm` set up unless the file is quiet
+        // and read without locks) is most of a hit's cost when none is kept for it.
         let wanted: Vec<(&SessionId, Vec<(u64, u64)>)> = wanted.into_iter().collect();
         let chunk = wanted.len().div_ceil(READ_THREADS).max(1);
         let read: Vec<Result<ReadBack<'_>>> = std::thread::scope(|scope| {

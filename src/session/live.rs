@@ -134,7 +134,17 @@ pub(crate) struct Shared {
     writer: Mutex<Option<FileWriter>>,
     /// Drained commits waiting for the search index (written by a writer thread, off the
     /// flushing caller's path).
-    unindexed: Mutex<Vec<Arc<Accepted>>>,
+    unindexed: Mutex<Unindexed>,
+}
+
+/// Drained commits waiting for the search index, and when they are due.
+#[derive(Default)]
+struct Unindexed {
+    commits: Vec<Arc<Accepted>>,
+    /// [`INDEX_DELAY`] after the first of them was drained: the writer-thread run
+    /// scheduled for then writes them all. Runs before it (the session's timed drains)
+    /// leave them, so the drains of that time share one index write.
+    due: Option<Instant>,
 }
 
 /// A session opened for writing: the one writer of its file.
@@ -197,7 +207,7 @@ impl Session {
             state: Mutex::new(state),
             changed: Condvar::new(),
             writer: Mutex::new(Some(writer)),
-            unindexed: Mutex::new(Vec::new()),
+            unindexed: Mutex::new(Unindexed::default()),
         });
         // The operation ids of the file are loaded on a writer thread by a run that is not
         // a drain (it leaves `armed_at` alone, see `scheduled_drain`): opening does not
@@ -689,22 +699,33 @@ impl Shared {
             // Indexed on a writer thread, so that a flush never waits for the index, and
             // a little later, so that the drains of a busy session share one index write.
             let mut queue = self.unindexed.lock().unwrap_or_else(|e| e.into_inner());
-            let first = queue.is_empty();
-            queue.extend(batch);
+            queue.commits.extend(batch);
+            let due = match queue.due {
+                Some(_) => None,
+                None => Some(*queue.due.insert(Instant::now() + INDEX_DELAY)),
+            };
             drop(queue);
-            if first {
+            if let Some(due) = due {
                 let session: Arc<dyn Drain> = self.clone();
-                pool::schedule(Arc::downgrade(&session), Instant::now() + INDEX_DELAY);
+                pool::schedule(Arc::downgrade(&session), due);
             }
         }
         outcome
     }
 
-    /// Writes the drained commits still waiting for the search index into it. Derived
+    /// Writes the drained commits still waiting for the search index into it: all of
+    /// them when `now` is `None` (a close), else only once they are due at `now`. Derived
     /// and best effort: an index write that fails (busy, full disk) is caught up by the
     /// next drain, the next open or a rebuild.
-    fn index_drained(&self) {
-        let batch = std::mem::take(&mut *self.unindexed.lock().unwrap_or_else(|e| e.into_inner()));
+    fn index_drained(&self, now: Option<Instant>) {
+        let batch = {
+            let mut queue = self.unindexed.lock().unwrap_or_else(|e| e.into_inner());
+            if now.is_some_and(|now| queue.due.is_none_or(|due| due > now)) {
+                return;
+            }
+            queue.due = None;
+            std::mem::take(&mut queue.commits)
+        };
         if let Some(index) = self.config.index.as_ref().and_then(|slot| slot.get())
             && !batch.is_empty()
         {
@@ -715,7 +736,7 @@ impl Shared {
 
 impl Drain for Shared {
     fn scheduled_drain(self: Arc<Self>) {
-        self.index_drained();
+        self.index_drained(Some(Instant::now()));
         {
             let mut s = lock(&self.state);
             if s.released {
@@ -837,7 +858,7 @@ impl Shared {
             Ok(_) => {
                 self.write_checkpoint(CHECKPOINT_ON_CLOSE);
                 // A closed session is wholly in the search index.
-                self.index_drained();
+                self.index_drained(None);
                 Ok(self.release())
             }
             // The outcome of the last write is unknown: only a reopen (WAL recovery) can

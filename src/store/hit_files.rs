@@ -1,7 +1,7 @@
 //! Read-only connections to session files kept open between searches, to read search
-//! hits' messages back: opening a session file (its schema parsed and checked) is most of
-//! what a hit costs, and a user paging through results or refining a query reads the
-//! same few sessions again.
+//! hits' messages back: opening a session file (its schema parsed and checked, its WAL
+//! index set up) is most of what a hit costs, and a user paging through results or
+//! refining a query reads the same few sessions again.
 //!
 //! A kept connection is used again only for the same file: the path's device and inode
 //! must still be the ones it was opened on. While the connection is open its file
@@ -15,12 +15,27 @@
 //! search's path), each holding its file's descriptors and a small page cache; a deleted
 //! session's connection is closed by [`HitFiles::release`] (else by its next use or
 //! eviction, until when its disk space stays allocated).
+//!
+//! A *quiet* file is read without locks (`immutable=1`): one that is complete by itself
+//! (an empty or no `-wal`, no `-journal`: every commit is in the main file) and whose
+//! inode has not changed for [`QUIET`] (its change time, which any write to the file, a
+//! truncation or a replacement moves; a writer's commits go to the `-wal` first, and its
+//! checkpoints write the file). That is most of a root's files (every closed session), and
+//! it saves the setup of the file's WAL index (SQLite truncates and rebuilds the `-shm` of
+//! a file no other connection has open) and its locks, about half of what opening it cost.
+//! Such a read is checked afterwards: when the file's [`Stamp`] (inode, size, change time,
+//! the `-wal` still empty) is not what it was before, a writer may have committed or
+//! checkpointed during the read, and the hits are read again on a connection with locks.
+//! The file having been left alone for [`QUIET`], a write after the first stat moves the
+//! change time even on a file system with coarse timestamps. A connection without locks is
+//! used again only while the file's stamp is unchanged.
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 
@@ -29,13 +44,68 @@ use crate::model::Message;
 use crate::store::reader::own_messages_at;
 use crate::store::schema::{self, Access};
 
+/// How long a file's inode must have been left unchanged before the file is read without
+/// locks.
+const QUIET: Duration = Duration::from_secs(1);
+
 /// A file's identity: device and inode.
 type Identity = (u64, u64);
+
+/// What a read without locks is checked against: the file's identity, size and inode
+/// change time, and whether it is complete by itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp {
+    identity: Identity,
+    size: u64,
+    /// `st_ctime` (seconds, nanoseconds).
+    changed: (i64, i64),
+    /// No `-journal`, and an empty or no `-wal`: every commit is in the main file.
+    complete: bool,
+}
+
+impl Stamp {
+    /// The stamp of the regular file at `file` (a symlink is not followed).
+    fn of(file: &Path) -> Result<Stamp> {
+        let m = match std::fs::symlink_metadata(file) {
+            Ok(m) if m.is_file() => m,
+            _ => return Err(Error::SessionNotFound(file.display().to_string())),
+        };
+        let absent = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
+        let wal_empty = match std::fs::symlink_metadata(schema::sidecar(file, "-wal")) {
+            Ok(wal) => wal.is_file() && wal.len() == 0,
+            Err(e) => absent(&e),
+        };
+        let no_journal =
+            std::fs::symlink_metadata(schema::sidecar(file, "-journal")).is_err_and(|e| absent(&e));
+        Ok(Stamp {
+            identity: (m.dev(), m.ino()),
+            size: m.size(),
+            changed: (m.ctime(), m.ctime_nsec()),
+            complete: wal_empty && no_journal,
+        })
+    }
+
+    /// Whether the file may be read without locks at `now`: complete by itself, and its
+    /// inode unchanged for `quiet`.
+    fn quiet(&self, quiet: Duration, now: SystemTime) -> bool {
+        let (Ok(secs), Ok(nanos)) = (u64::try_from(self.changed.0), u32::try_from(self.changed.1))
+        else {
+            return false;
+        };
+        self.complete
+            && UNIX_EPOCH
+                .checked_add(Duration::new(secs, nanos))
+                .and_then(|changed| changed.checked_add(quiet))
+                .is_some_and(|settled| settled <= now)
+    }
+}
 
 /// The kept connections, by session file path.
 #[derive(Debug)]
 pub(crate) struct HitFiles {
     capacity: usize,
+    /// How long a file must be left alone before it is read without locks ([`QUIET`]).
+    quiet: Duration,
     kept: Mutex<Kept>,
 }
 
@@ -49,10 +119,11 @@ struct Kept {
 #[derive(Debug)]
 struct Entry {
     conn: Connection,
-    /// How it was opened: an immutable connection is not kept ([`Access::for_root_file`]).
-    access: Access,
     /// The file the connection was opened on.
     identity: Identity,
+    /// For a connection without locks: the stamp of the file it reads, which it is used
+    /// for only while the file's is the same.
+    unlocked: Option<Stamp>,
     /// `PRAGMA schema_version` when the format was last checked.
     checked_cookie: i64,
     used: u64,
@@ -60,10 +131,7 @@ struct Entry {
 
 /// The identity of the regular file at `file` (a symlink is not followed).
 fn identity_of(file: &Path) -> Result<Identity> {
-    match std::fs::symlink_metadata(file) {
-        Ok(m) if m.is_file() => Ok((m.dev(), m.ino())),
-        _ => Err(Error::SessionNotFound(file.display().to_string())),
-    }
+    Stamp::of(file).map(|s| s.identity)
 }
 
 fn schema_cookie(conn: &Connection) -> Result<i64> {
@@ -71,18 +139,32 @@ fn schema_cookie(conn: &Connection) -> Result<i64> {
 }
 
 impl Entry {
-    /// A new connection to `file`, whose identity was `identity` just before.
-    fn open(file: &Path, identity: Identity) -> Result<Entry> {
-        let access = Access::for_root_file(file);
+    /// A new connection to `file`, whose stamp was `stamp` just before: without locks
+    /// when `unlocked`, else as [`Access::for_root_file`] says (also without locks in a
+    /// folder that refuses the `-wal` a shared read needs; checked the same way).
+    fn open(file: &Path, stamp: Stamp, unlocked: bool) -> Result<Entry> {
+        let access = if unlocked {
+            Access::Immutable
+        } else {
+            Access::for_root_file(file)
+        };
         let conn = schema::open_unchecked_reader(file, access)?;
         Ok(Entry {
             conn,
-            access,
-            identity,
+            identity: stamp.identity,
+            unlocked: (access == Access::Immutable).then_some(stamp),
             // Checked at its first read.
             checked_cookie: -1,
             used: 0,
         })
+    }
+
+    /// Whether this connection reads the file whose stamp is now `stamp`.
+    fn reads(&self, stamp: &Stamp) -> bool {
+        match &self.unlocked {
+            None => self.identity == stamp.identity,
+            Some(opened) => opened == stamp,
+        }
     }
 
     /// The messages at `wanted`, in one read transaction that first checks the file's
@@ -130,8 +212,14 @@ fn close_later(entries: impl IntoIterator<Item = Entry>) {
 impl HitFiles {
     /// Keeps at most `capacity` connections open.
     pub(crate) fn new(capacity: usize) -> HitFiles {
+        HitFiles::with_quiet(capacity, QUIET)
+    }
+
+    /// As [`HitFiles::new`], reading files without locks once left alone for `quiet`.
+    fn with_quiet(capacity: usize, quiet: Duration) -> HitFiles {
         HitFiles {
             capacity,
+            quiet,
             kept: Mutex::new(Kept::default()),
         }
     }
@@ -154,8 +242,8 @@ impl HitFiles {
         file: &Path,
         wanted: &[(u64, u64)],
     ) -> Result<Vec<Option<Arc<Message>>>> {
-        let identity = match identity_of(file) {
-            Ok(identity) => identity,
+        let stamp = match Stamp::of(file) {
+            Ok(stamp) => stamp,
             Err(e) => {
                 self.release(file);
                 return Err(e);
@@ -164,15 +252,32 @@ impl HitFiles {
         // Taken out while in use: the lock is not held during the read, and two searches
         // reading the same file at once each have a connection of their own.
         let kept = self.kept().entries.remove(file);
-        let (mut entry, fresh) = match kept {
-            Some(entry) if entry.identity == identity => (entry, false),
-            // Another file at that path now (closed here), or none kept.
-            _ => (Entry::open(file, identity)?, true),
+        let (mut entry, mut fresh) = match kept {
+            Some(entry) if entry.reads(&stamp) => (entry, false),
+            // Another file at that path now, the file changed under a connection without
+            // locks, or none kept.
+            other => {
+                close_later(other);
+                let unlocked = stamp.quiet(self.quiet, SystemTime::now());
+                (Entry::open(file, stamp, unlocked)?, true)
+            }
         };
-        let found = entry.read(wanted)?;
+        let mut found = entry.read(wanted);
+        if let Some(before) = entry.unlocked
+            && Stamp::of(file).ok() != Some(before)
+        {
+            // Changed while read without locks: the read may be torn; read again, with
+            // locks where the folder allows them (a file replaced meanwhile is caught
+            // below).
+            close_later(Some(entry));
+            entry = Entry::open(file, Stamp::of(file)?, false)?;
+            fresh = true;
+            found = entry.read(wanted);
+        }
+        let found = found?;
         // A file replaced while it was being opened: the connection may be on either, so
-        // it is not kept; nor an immutable one, which would not see a writer that starts.
-        if entry.access == Access::Immutable || fresh && identity_of(file).ok() != Some(identity) {
+        // it is not kept.
+        if fresh && identity_of(file).ok() != Some(stamp.identity) {
             return Ok(found);
         }
         self.keep(file, entry);
@@ -214,6 +319,12 @@ impl HitFiles {
         files.sort();
         files
     }
+
+    /// Whether the kept connection to `file` reads it without locks (for tests).
+    #[cfg(test)]
+    fn kept_unlocked(&self, file: &Path) -> Option<bool> {
+        self.kept().entries.get(file).map(|e| e.unlocked.is_some())
+    }
 }
 
 #[cfg(test)]
@@ -221,7 +332,18 @@ mod tests {
     use super::*;
     use crate::model::SessionId;
     use crate::store::schema::SESSION_FILE;
-    use crate::{Batch, CancelToken, CreateOptions, Event, Root};
+    use crate::{Batch, CancelToken, CreateOptions, Event, Root, Session};
+
+    /// Appends one user message `text` to `s` and flushes it.
+    fn say(s: &Session, text: &str) {
+        let event = Event::new("message/complete")
+            .with_payload(
+                &serde_json::json!({"message": {"id": text, "role": "user", "content": text}}),
+            )
+            .expect("payload");
+        s.append(Batch::new(text, vec![event])).expect("append");
+        s.flush().expect("flush");
+    }
 
     /// Creates session `name` holding one user message `text`; returns its file and the
     /// `(position, seq)` of the message.
@@ -230,14 +352,14 @@ mod tests {
         let s = root
             .create(CreateOptions::with_id(id.clone()))
             .expect("create");
-        let event = Event::new("message/complete")
-            .with_payload(
-                &serde_json::json!({"message": {"id": text, "role": "user", "content": text}}),
-            )
-            .expect("payload");
-        s.append(Batch::new(format!("{name}-{text}"), vec![event]))
-            .expect("append");
+        say(&s, text);
         s.close().expect("close");
+        last_message(root, name)
+    }
+
+    /// The file of session `name` and the `(position, seq)` of its last message.
+    fn last_message(root: &Root, name: &str) -> (PathBuf, (u64, u64)) {
+        let id = SessionId::new(name).expect("id");
         let own = root
             .open_reader(&id)
             .expect("reader")
@@ -310,6 +432,107 @@ mod tests {
             text_at(&files, &file, at),
             Err(Error::Corrupt { .. })
         ));
+    }
+
+    /// Long enough for a file's change time to be past [`HitFiles::with_quiet`]'s period
+    /// of the tests below.
+    const TEST_QUIET: Duration = Duration::from_millis(100);
+
+    fn settle() {
+        std::thread::sleep(TEST_QUIET + Duration::from_millis(50));
+    }
+
+    #[test]
+    fn a_quiet_file_is_read_without_locks_until_a_writer_changes_it() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let root = Root::open(dir.path()).expect("root");
+        let files = HitFiles::with_quiet(4, TEST_QUIET);
+        let (file, first) = session(&root, "a", "one");
+        // Just written: read with locks.
+        assert_eq!(
+            text_at(&files, &file, first).expect("read").as_deref(),
+            Some("one")
+        );
+        assert_eq!(files.kept_unlocked(&file), Some(false));
+        // Left alone: the kept connection still serves it; a new one has no locks.
+        settle();
+        assert!(text_at(&files, &file, first).expect("read").is_some());
+        assert_eq!(files.kept_unlocked(&file), Some(false));
+        files.release(&file);
+        assert!(text_at(&files, &file, first).expect("read").is_some());
+        assert_eq!(files.kept_unlocked(&file), Some(true));
+        // A writer's commit, in the WAL only: read with locks, which see it.
+        let writer = root
+            .open_writer(&SessionId::new("a").expect("id"))
+            .expect("writer");
+        say(&writer, "two");
+        let (_, second) = last_message(&root, "a");
+        assert_ne!(first, second);
+        assert_eq!(
+            text_at(&files, &file, second).expect("read").as_deref(),
+            Some("two")
+        );
+        assert_eq!(files.kept_unlocked(&file), Some(false));
+        // Closed (checkpointed into the main file) and left alone: without locks again
+        // once the kept connection is gone, and the new message is there.
+        writer.close().expect("close");
+        settle();
+        files.release(&file);
+        assert_eq!(
+            text_at(&files, &file, second).expect("read").as_deref(),
+            Some("two")
+        );
+        assert_eq!(files.kept_unlocked(&file), Some(true));
+        // Written again after that: the connection without locks is not used for it.
+        let writer = root
+            .open_writer(&SessionId::new("a").expect("id"))
+            .expect("writer");
+        say(&writer, "three");
+        writer.close().expect("close");
+        let (_, third) = last_message(&root, "a");
+        assert_eq!(
+            text_at(&files, &file, third).expect("read").as_deref(),
+            Some("three")
+        );
+        assert_eq!(files.kept_unlocked(&file), Some(false));
+    }
+
+    #[test]
+    fn a_quiet_file_that_is_not_a_session_file_is_refused() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let root = Root::open(dir.path()).expect("root");
+        let files = HitFiles::with_quiet(4, TEST_QUIET);
+        let (file, at) = session(&root, "a", "text");
+        settle();
+        assert!(text_at(&files, &file, at).expect("read").is_some());
+        assert_eq!(files.kept_unlocked(&file), Some(true));
+        // Altered in place (the change checkpointed into the main file on close).
+        let conn = Connection::open(&file).expect("open");
+        conn.execute_batch("CREATE TABLE intruder (x)")
+            .expect("alter");
+        conn.close().expect("close");
+        for _ in 0..2 {
+            assert!(matches!(
+                text_at(&files, &file, at),
+                Err(Error::Corrupt { .. })
+            ));
+            assert!(files.kept_files().is_empty());
+            // Then again once the file is quiet: refused without locks too.
+            settle();
+        }
+        // Another application's database in its place, quiet.
+        std::fs::remove_file(&file).expect("rm");
+        let other = Connection::open(&file).expect("create");
+        other
+            .execute_batch("PRAGMA journal_mode=WAL; CREATE TABLE t (x); INSERT INTO t VALUES (1)")
+            .expect("fill");
+        other.close().expect("close");
+        settle();
+        assert!(matches!(
+            text_at(&files, &file, at),
+            Err(Error::Corrupt { .. })
+        ));
+        assert!(files.kept_files().is_empty());
     }
 
     #[test]

@@ -331,8 +331,10 @@ pub(crate) enum Access {
     /// `immutable=1`: no locks, no WAL and no `-shm` file, so nothing is created beside
     /// the file (a read-only connection to a WAL-mode file otherwise leaves `-wal` and
     /// `-shm` behind). Only for a file with no `-wal` or `-journal` beside it, which is
-    /// then complete in itself and not being written: a user's file, or a root's file in
-    /// a folder this process cannot add files to ([`Access::for_root_file`]).
+    /// then complete in itself and not being written: a user's file; a root's file in a
+    /// folder this process cannot add files to ([`Access::for_root_file`]); and a search
+    /// hit's session file in that state and left alone for a while, whose read is then
+    /// checked against the file's inode afterwards (`store::hit_files`).
     Immutable,
 }
 
