@@ -232,9 +232,25 @@ pub(crate) fn operation_hash(
             })
             .collect(),
     };
-    // Serializing borrowed strings and raw values cannot fail.
-    let bytes = serde_json::to_vec(&hashed).unwrap_or_default();
-    hex::encode(Sha256::digest(&bytes))
+    // Streamed into the hash: the batch's JSON is never held whole. Serializing borrowed
+    // strings and raw values into a hasher cannot fail.
+    let mut hasher = HashWriter(Sha256::new());
+    let _ = serde_json::to_writer(&mut hasher, &hashed);
+    hex::encode(hasher.0.finalize())
+}
+
+/// An `io::Write` that feeds a SHA-256.
+struct HashWriter(Sha256);
+
+impl std::io::Write for HashWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.update(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// The id given to event `index` of a commit whose caller left it empty:
@@ -366,5 +382,26 @@ mod tests {
         for id in ["c1.012", "c1.+12", "c1.11", "c2.12", "c1.12x", "c112"] {
             assert!(!is_derived_event_id(id, "c1", 12), "{id}");
         }
+    }
+
+    /// The operation hash of a batch is pinned: stored hashes of existing files must keep
+    /// matching a retry of the same batch.
+    #[test]
+    fn the_operation_hash_of_a_batch_is_stable() {
+        let events = vec![
+            Event::new("turn/start").with_id("e1"),
+            Event::new("message/complete")
+                .with_payload_json(
+                    r#"{"message":{"id":"m1","role":"user","content":"héllo \"x\""}}"#,
+                )
+                .expect("payload"),
+        ];
+        let hashed = operation_hash(Some("t1"), &events, &[true, false]);
+        let json = r#"{"turnId":"t1","events":[{"id":"e1","kind":"turn/start","optional":false},{"kind":"message/complete","optional":false,"payload":{"message":{"id":"m1","role":"user","content":"héllo \"x\""}}}]}"#;
+        assert_eq!(hashed, hex::encode(Sha256::digest(json.as_bytes())));
+        assert_eq!(
+            operation_hash(None, &[], &[]),
+            hex::encode(Sha256::digest(br#"{"events":[]}"#))
+        );
     }
 }
