@@ -4,6 +4,7 @@
 
 pub(crate) mod blob;
 pub(crate) mod checkpoint;
+pub(crate) mod chunked;
 pub(crate) mod content;
 pub(crate) mod hit_files;
 pub(crate) mod lineage;

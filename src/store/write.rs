@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use rusqlite::types::Value;
+use rusqlite::types::{ToSqlOutput, Value};
 use rusqlite::{
     CachedStatement, Connection, OptionalExtension, Transaction, TransactionBehavior, params,
 };
@@ -16,6 +16,7 @@ use crate::model::header::Header;
 use crate::model::ids::derived_turn_id;
 use crate::model::projection::HistoryChange;
 use crate::model::{Commit, TurnBoundary};
+use crate::store::chunked::{ChunkedInsert, opt_text, owned_text, value};
 use crate::store::{blob, content};
 
 /// An accepted commit on its way to disk, with the turns it closes.
@@ -134,10 +135,12 @@ pub(crate) fn insert_commits(
                               operation_hash, turn_id, writer_generation, created_at, row_hash)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
     )?;
-    let mut insert_event = tx.prepare_cached(
+    let mut events = ChunkedInsert::new(
         "INSERT INTO events (seq, event_id, kind, optional, payload, payload_ref, payload_parts)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-    )?;
+         VALUES ",
+        7,
+    );
+    let mut history = HistoryWriter::new(tx)?;
     let mut blobs = BlobWriter {
         exists: tx.prepare_cached("SELECT 1 FROM blobs WHERE digest = ?1")?,
         insert: tx.prepare_cached(
@@ -180,14 +183,28 @@ pub(crate) fn insert_commits(
                 },
                 None => (None, None, None),
             };
-            insert_event.execute(params![
-                e.seq, own_id, e.kind, e.optional, inline, reference, parts
-            ])?;
+            let inline = match inline {
+                Some(Cow::Borrowed(text)) => value(text)?,
+                owned => owned_text(owned.map(Cow::into_owned)),
+            };
+            events.push(
+                tx,
+                [
+                    value(&e.seq)?,
+                    opt_text(own_id),
+                    value(e.kind.as_str())?,
+                    value(&e.optional)?,
+                    inline,
+                    owned_text(reference),
+                    owned_text(parts),
+                ],
+            )?;
         }
         insert_turns(tx, &accepted.closed_turns)?;
-        insert_history(tx, &accepted.history)?;
+        history.add(tx, &accepted.history)?;
     }
-    Ok(())
+    events.finish(tx)?;
+    history.finish(tx)
 }
 
 /// The statements that store a blob once per digest.
@@ -300,39 +317,56 @@ pub(crate) fn store_checkpoint(
     Ok(())
 }
 
-/// Inserts transcript changes into the history index.
-pub(crate) fn insert_history(tx: &Transaction<'_>, changes: &[HistoryChange]) -> Result<()> {
-    if changes.is_empty() {
-        return Ok(());
+/// Transcript changes on their way into the history index: resets at once, rows in
+/// chunks ([`ChunkedInsert`]).
+struct HistoryWriter<'a, 'tx> {
+    rows: ChunkedInsert<'a>,
+    reset: CachedStatement<'tx>,
+}
+
+impl<'a, 'tx> HistoryWriter<'a, 'tx> {
+    fn new(tx: &'tx Transaction<'_>) -> Result<HistoryWriter<'a, 'tx>> {
+        Ok(HistoryWriter {
+            rows: ChunkedInsert::new(
+                "INSERT OR REPLACE INTO history (position, event_seq, item, message_id, role, bytes)
+                 VALUES ",
+                6,
+            ),
+            reset: tx.prepare_cached("INSERT OR IGNORE INTO history_resets (seq) VALUES (?1)")?,
+        })
     }
-    let mut put = tx.prepare_cached(
-        "INSERT OR REPLACE INTO history (position, event_seq, item, message_id, role, bytes)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    )?;
-    let mut reset = tx.prepare_cached("INSERT OR IGNORE INTO history_resets (seq) VALUES (?1)")?;
-    for change in changes {
-        match change {
-            HistoryChange::Reset { seq } => {
-                reset.execute([seq])?;
-            }
-            HistoryChange::Put {
-                seq,
-                position,
-                item,
-                message,
-            } => {
-                put.execute(params![
-                    position,
+
+    /// Adds `changes` (in order: a row replaced later in the same drain is replaced in it).
+    fn add(&mut self, tx: &Transaction<'_>, changes: &'a [HistoryChange]) -> Result<()> {
+        for change in changes {
+            match change {
+                HistoryChange::Reset { seq } => {
+                    self.reset.execute([seq])?;
+                }
+                HistoryChange::Put {
                     seq,
+                    position,
                     item,
-                    message.id(),
-                    message.role(),
-                    message.json().len() as u64
-                ])?;
+                    message,
+                } => self.rows.push(
+                    tx,
+                    [
+                        value(position)?,
+                        value(seq)?,
+                        value(item)?,
+                        value(message.id())?,
+                        opt_text(message.role()),
+                        ToSqlOutput::from(message.json().len() as i64),
+                    ],
+                )?,
             }
         }
+        Ok(())
     }
-    Ok(())
+
+    fn finish(self, tx: &Transaction<'_>) -> Result<()> {
+        self.rows.finish(tx)
+    }
 }
 
 /// Copies the history index rows of events in `(after, through]` from another file.
