@@ -28,7 +28,9 @@
 //! checkpointed during the read, and the hits are read again on a connection with locks.
 //! The file having been left alone for [`QUIET`], a write after the first stat moves the
 //! change time even on a file system with coarse timestamps. A connection without locks is
-//! used again only while the file's stamp is unchanged.
+//! used again only while the file's stamp is unchanged. A file in a folder that refuses
+//! this process the `-wal` a read with locks needs ([`Access::for_root_file`]) is read the
+//! same way, quiet or not.
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
