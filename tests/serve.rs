@@ -868,7 +868,7 @@ fn a_read_only_root_is_served() {
         .output()
         .expect("spawn");
     assert!(!refused.status.success(), "nobody could write the root");
-    let server = Server::spawn(Server::command(&AS_NOBODY, &root, "127.0.0.1:0", &[]));
+    let mut server = Server::spawn(Server::command(&AS_NOBODY, &root, "127.0.0.1:0", &[]));
     let blob = server
         .ok("/sessions/demo-flaky-test")
         .body
@@ -895,8 +895,44 @@ fn a_read_only_root_is_served() {
         8
     );
     assert_eq!(server.ok("/api/stats").json()["sessions"], 8);
+    // Its search built a private index, which a graceful stop removes.
+    let private = |pid: u32| -> Vec<std::path::PathBuf> {
+        let prefix = format!("session-store-search-{pid}-");
+        std::fs::read_dir(std::env::temp_dir())
+            .expect("temp dir")
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+            .map(|e| e.path())
+            .collect()
+    };
+    let pid = server.pid();
+    assert_eq!(private(pid).len(), 1, "one private index while serving");
+    let status = server.terminate();
+    assert!(status.success(), "SIGTERM: {status:?}");
+    assert!(private(pid).is_empty(), "left behind: {:?}", private(pid));
     drop(server);
     common::chmod_tree(&root, true);
+}
+
+/// SIGTERM (and Ctrl-C's SIGINT) stop the server gracefully: a request in flight is
+/// answered, then it exits 0 and says so.
+#[test]
+fn a_signal_stops_the_server_gracefully() {
+    let (dir, root) = demo_root();
+    let log = dir.path().join("stderr.txt");
+    let mut command = Server::command(&[], &root, "127.0.0.1:0", &[]);
+    command.stderr(std::fs::File::create(&log).expect("log"));
+    let mut server = Server::spawn(command);
+    server.ok("/");
+    let status = server.terminate();
+    assert!(status.success(), "{status:?}");
+    let stderr = std::fs::read_to_string(&log).expect("read log");
+    assert!(stderr.contains("session-store: stopped"), "{stderr}");
+    // Nothing answers on the port any more.
+    assert!(
+        std::net::TcpStream::connect(server.base.trim_start_matches("http://")).is_err(),
+        "still listening"
+    );
 }
 
 /// `--open` without a browser to start (no `xdg-open` on the PATH): a warning, and the

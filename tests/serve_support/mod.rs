@@ -173,6 +173,31 @@ impl Server {
         }
     }
 
+    /// Sends the server SIGTERM and waits (at most 10 s) for it to exit; its exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -TERM failed");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "serve ignored SIGTERM"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// `GET base+path` with extra headers.
     pub fn get_with(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
         self.request("GET", path, headers)

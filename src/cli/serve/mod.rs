@@ -184,7 +184,35 @@ pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
         if options.open {
             open_browser(&url);
         }
-        axum::serve(listener, router(app)).await?;
+        axum::serve(listener, router(app))
+            .with_graceful_shutdown(shutdown_requested())
+            .await?;
+        eprintln!("session-store: stopped");
         Ok(())
     })
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM. The server then takes no new connection,
+/// finishes the requests in flight and returns, and the root is dropped as usual (a
+/// private search index, built for a root this process may only read, is removed with it).
+/// A signal that cannot be listened for is never awaited.
+async fn shutdown_requested() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let interrupt = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    let terminate = async {
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                terminate.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
 }
