@@ -11,26 +11,40 @@ use crate::error::Result;
 /// Rows per multi-row statement.
 const CHUNK: usize = 32;
 
-/// Rows waiting to be inserted into one table, in order.
-pub(crate) struct ChunkedInsert<'a> {
+/// The two statements of one table's multi-row insert, built once per process (a `static`
+/// `LazyLock` of the caller's): for a whole chunk and for one row.
+pub(crate) struct ChunkSql {
     /// Values per row.
     width: usize,
-    /// The statement for a whole chunk, and for one row.
-    chunk_sql: String,
-    row_sql: String,
+    chunk: String,
+    row: String,
+}
+
+impl ChunkSql {
+    /// The statements for rows of `width` values, starting `head` (`INSERT … VALUES `,
+    /// without the row tuples).
+    pub(crate) fn new(head: &str, width: usize) -> ChunkSql {
+        let tuple = format!("({})", vec!["?"; width].join(","));
+        ChunkSql {
+            width,
+            chunk: format!("{head}{}", vec![tuple.as_str(); CHUNK].join(",")),
+            row: format!("{head}{tuple}"),
+        }
+    }
+}
+
+/// Rows waiting to be inserted into one table, in order.
+pub(crate) struct ChunkedInsert<'a> {
+    sql: &'static ChunkSql,
     values: Vec<ToSqlOutput<'a>>,
 }
 
 impl<'a> ChunkedInsert<'a> {
-    /// Rows of `width` values for the statement starting `head` (`INSERT … VALUES `,
-    /// without the row tuples).
-    pub(crate) fn new(head: &str, width: usize) -> ChunkedInsert<'a> {
-        let tuple = format!("({})", vec!["?"; width].join(","));
+    /// No rows yet, to be inserted by `sql`'s statements.
+    pub(crate) fn new(sql: &'static ChunkSql) -> ChunkedInsert<'a> {
         ChunkedInsert {
-            width,
-            chunk_sql: format!("{head}{}", vec![tuple.as_str(); CHUNK].join(",")),
-            row_sql: format!("{head}{tuple}"),
-            values: Vec::with_capacity(CHUNK * width),
+            sql,
+            values: Vec::with_capacity(CHUNK * sql.width),
         }
     }
 
@@ -40,10 +54,10 @@ impl<'a> ChunkedInsert<'a> {
         tx: &Transaction<'_>,
         row: [ToSqlOutput<'a>; N],
     ) -> Result<()> {
-        debug_assert_eq!(N, self.width);
+        debug_assert_eq!(N, self.sql.width);
         self.values.extend(row);
-        if self.values.len() == CHUNK * self.width {
-            tx.prepare_cached(&self.chunk_sql)?
+        if self.values.len() == CHUNK * self.sql.width {
+            tx.prepare_cached(&self.sql.chunk)?
                 .execute(params_from_iter(self.values.drain(..)))?;
         }
         Ok(())
@@ -55,9 +69,9 @@ impl<'a> ChunkedInsert<'a> {
         if self.values.is_empty() {
             return Ok(());
         }
-        let mut row = tx.prepare_cached(&self.row_sql)?;
+        let mut row = tx.prepare_cached(&self.sql.row)?;
         while !self.values.is_empty() {
-            row.execute(params_from_iter(self.values.drain(..self.width)))?;
+            row.execute(params_from_iter(self.values.drain(..self.sql.width)))?;
         }
         Ok(())
     }
@@ -86,6 +100,9 @@ mod tests {
     use super::*;
     use rusqlite::Connection;
 
+    static T_ROWS: std::sync::LazyLock<ChunkSql> =
+        std::sync::LazyLock::new(|| ChunkSql::new("INSERT INTO t (k, v) VALUES ", 2));
+
     fn table() -> Connection {
         let conn = Connection::open_in_memory().expect("open");
         conn.execute_batch("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT)")
@@ -98,7 +115,7 @@ mod tests {
         let mut conn = table();
         let texts: Vec<String> = (0..2 * CHUNK + 6).map(|i| format!("v{i}")).collect();
         let tx = conn.transaction().expect("tx");
-        let mut rows = ChunkedInsert::new("INSERT INTO t (k, v) VALUES ", 2);
+        let mut rows = ChunkedInsert::new(&T_ROWS);
         for (k, v) in texts.iter().enumerate() {
             rows.push(&tx, [ToSqlOutput::from(k as i64), opt_text(Some(v))])
                 .expect("push");
@@ -125,7 +142,7 @@ mod tests {
     fn a_refused_row_fails_its_chunk() {
         let mut conn = table();
         let tx = conn.transaction().expect("tx");
-        let mut rows = ChunkedInsert::new("INSERT INTO t (k, v) VALUES ", 2);
+        let mut rows = ChunkedInsert::new(&T_ROWS);
         let mut failed = false;
         for k in 0..CHUNK {
             // The last row of the chunk repeats the first key.

@@ -104,6 +104,15 @@ impl Drop for ReadTxn {
     }
 }
 
+/// Item `i` of the messages event `event_seq` holds; a history row naming a missing one is
+/// [`Error::Corrupt`].
+fn history_item<T>(items: &[T], i: u64, event_seq: u64) -> Result<&T> {
+    usize::try_from(i)
+        .ok()
+        .and_then(|i| items.get(i))
+        .ok_or_else(|| Error::corrupt(format!("history item {i} of event {event_seq} is missing")))
+}
+
 /// A file in a read transaction and the range of sequences `(after, through]` read from it.
 type FileRange = (ReadTxn, (u64, u64));
 
@@ -889,12 +898,7 @@ impl SessionReader {
                     &replaced.insert((seq, of.messages)).1
                 }
             };
-            let item = usize::try_from(i)
-                .ok()
-                .and_then(|i| items.get(i))
-                .ok_or_else(|| {
-                    Error::corrupt(format!("history item {i} of event {seq} is missing"))
-                })?;
+            let item = history_item(items, i, seq)?;
             out.push(MessageText::Message(item.get().to_owned()));
         }
         Ok(out)
@@ -1029,24 +1033,26 @@ impl SessionReader {
         if !holds || !self.no_reset(earlier, later)? {
             return Ok(false);
         }
-        self.with_layout(|layout| {
-            for seg in layout
-                .segments
-                .iter()
-                .filter(|s| s.after < later && s.through > earlier)
-            {
-                let conn = seg.pool.get()?;
-                let bounds = (seg.after.max(earlier), seg.through.min(later));
-                if read::history_changed_through(&conn, bounds, len)? {
-                    return Ok(false);
-                }
-            }
-            Ok(true)
+        self.none_in(earlier, later, |conn, bounds| {
+            read::history_changed_through(conn, bounds, len)
         })
     }
 
     /// Whether no transcript reset happened in `(earlier, later]`.
     fn no_reset(&self, earlier: u64, later: u64) -> Result<bool> {
+        self.none_in(earlier, later, |conn, (after, through)| {
+            Ok(read::read_history_epoch(conn, after, through)?.is_some())
+        })
+    }
+
+    /// Whether `found` is false in every file for its part of `(earlier, later]` (given
+    /// that file's connection and the part's `(after, through]`).
+    fn none_in(
+        &self,
+        earlier: u64,
+        later: u64,
+        found: impl Fn(&Connection, (u64, u64)) -> Result<bool>,
+    ) -> Result<bool> {
         self.with_layout(|layout| {
             for seg in layout
                 .segments
@@ -1054,8 +1060,7 @@ impl SessionReader {
                 .filter(|s| s.after < later && s.through > earlier)
             {
                 let conn = seg.pool.get()?;
-                let (after, through) = (seg.after.max(earlier), seg.through.min(later));
-                if read::read_history_epoch(&conn, after, through)?.is_some() {
+                if found(&conn, (seg.after.max(earlier), seg.through.min(later)))? {
                     return Ok(false);
                 }
             }
@@ -1260,13 +1265,9 @@ impl SessionReader {
 
     /// Item `i` of the messages event `event_seq` holds (0 for a message event).
     fn replaced_item(messages: &[Arc<Message>], i: u64, event_seq: u64) -> Result<HistoryBody> {
-        let message = usize::try_from(i)
-            .ok()
-            .and_then(|i| messages.get(i))
-            .ok_or_else(|| {
-                Error::corrupt(format!("history item {i} of event {event_seq} is missing"))
-            })?;
-        Ok(HistoryBody::Inline(Arc::clone(message)))
+        Ok(HistoryBody::Inline(Arc::clone(history_item(
+            messages, i, event_seq,
+        )?)))
     }
 
     /// What this session's own file adds to the search index after sequence `after`:

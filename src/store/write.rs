@@ -1,7 +1,7 @@
 //! Writes to one session file: initialisation, the lease, and the drain transaction.
 
 use std::borrow::Cow;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use rusqlite::types::{ToSqlOutput, Value};
 use rusqlite::{
@@ -16,7 +16,7 @@ use crate::model::header::Header;
 use crate::model::ids::derived_turn_id;
 use crate::model::projection::HistoryChange;
 use crate::model::{Commit, TurnBoundary};
-use crate::store::chunked::{ChunkedInsert, opt_text, owned_text, value};
+use crate::store::chunked::{ChunkSql, ChunkedInsert, opt_text, owned_text, value};
 use crate::store::{blob, content};
 
 /// An accepted commit on its way to disk, with the turns it closes.
@@ -122,6 +122,22 @@ pub(crate) fn write_commits(
     Ok(())
 }
 
+/// The drain's multi-row inserts of event rows and of history rows.
+static EVENT_ROWS: LazyLock<ChunkSql> = LazyLock::new(|| {
+    ChunkSql::new(
+        "INSERT INTO events (seq, event_id, kind, optional, payload, payload_ref, payload_parts)
+         VALUES ",
+        7,
+    )
+});
+static HISTORY_ROWS: LazyLock<ChunkSql> = LazyLock::new(|| {
+    ChunkSql::new(
+        "INSERT OR REPLACE INTO history (position, event_seq, item, message_id, role, bytes)
+         VALUES ",
+        6,
+    )
+});
+
 /// Inserts commits, their events, the blobs of large payloads and of long string values
 /// (once per digest, see [`content`]) and the turns they close, inside the caller's
 /// transaction. String values longer than `inline_threshold` bytes become content parts.
@@ -135,11 +151,7 @@ pub(crate) fn insert_commits(
                               operation_hash, turn_id, writer_generation, created_at, row_hash)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
     )?;
-    let mut events = ChunkedInsert::new(
-        "INSERT INTO events (seq, event_id, kind, optional, payload, payload_ref, payload_parts)
-         VALUES ",
-        7,
-    );
+    let mut events = ChunkedInsert::new(&EVENT_ROWS);
     let mut history = HistoryWriter::new(tx)?;
     let mut blobs = BlobWriter {
         exists: tx.prepare_cached("SELECT 1 FROM blobs WHERE digest = ?1")?,
@@ -335,11 +347,7 @@ struct HistoryWriter<'a, 'tx> {
 impl<'a, 'tx> HistoryWriter<'a, 'tx> {
     fn new(tx: &'tx Transaction<'_>) -> Result<HistoryWriter<'a, 'tx>> {
         Ok(HistoryWriter {
-            rows: ChunkedInsert::new(
-                "INSERT OR REPLACE INTO history (position, event_seq, item, message_id, role, bytes)
-                 VALUES ",
-                6,
-            ),
+            rows: ChunkedInsert::new(&HISTORY_ROWS),
             reset: tx.prepare_cached("INSERT OR IGNORE INTO history_resets (seq) VALUES (?1)")?,
         })
     }
