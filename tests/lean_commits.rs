@@ -507,3 +507,110 @@ fn a_durable_one_event_commit_writes_few_pages() {
     println!("WAL frames per durable one-event commit: {frames:.2}");
     assert!(frames <= 4.5, "{frames:.2} frames per commit");
 }
+
+/// Zeroes the bit words of a stored operation filter (its header, segment heads and check
+/// left as they are): restored without its check, it would call every id new.
+fn zero_filter_bits(file: &Path) {
+    let conn = Connection::open(file).expect("open");
+    let mut filter: Vec<u8> = conn
+        .query_row("SELECT operation_filter FROM checkpoint", [], |r| r.get(0))
+        .expect("filter");
+    let segments = u32::from_le_bytes(filter[4..8].try_into().expect("count"));
+    let mut at = 8;
+    for _ in 0..segments {
+        let capacity = u32::from_le_bytes(filter[at..at + 4].try_into().expect("cap")) as usize;
+        let bytes = capacity * 16 / 8;
+        filter[at + 8..at + 8 + bytes].fill(0);
+        at += 8 + bytes;
+    }
+    assert_eq!(filter.len(), at + 16, "the layout of migrations/0004");
+    conn.execute("UPDATE checkpoint SET operation_filter = ?1", [filter])
+        .expect("update");
+}
+
+/// Schema 4: a closing session stores its operation filter with the checkpoint, and the
+/// next writer starts from it. Every retry still returns the original commit, a reused id
+/// with other content is still a conflict and new operations append, whether the filter
+/// is intact, damaged (its bits zeroed: its check fails, it is ignored and the keys are
+/// scanned) or missing (NULL, as a checkpoint without one); a version-3 file (the column
+/// dropped, `user_version` 3) reads, verifies and is upgraded by its next writer.
+#[test]
+fn the_checkpoint_operation_filter_is_restored_and_a_bad_one_ignored() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "filter");
+    // 1,200 one-event commits: the close is due a checkpoint (1,000 events or more).
+    let commits: Vec<_> = (0..1_200)
+        .map(|n| {
+            s.append_events(&format!("op-{n}"), vec![title(&format!("t{n}"))])
+                .expect("append")
+        })
+        .collect();
+    s.close().expect("close");
+    let file = session_file(&root, "filter");
+    assert_eq!(
+        sqlite3(
+            &file,
+            "SELECT through_seq, length(operation_filter) > 16 FROM checkpoint"
+        ),
+        "1200|1"
+    );
+    let states = ["intact", "damaged", "missing", "version 3"];
+    for (next, state) in (1_201..).zip(states) {
+        match state {
+            "damaged" => zero_filter_bits(&file),
+            "missing" => sql(&file, "UPDATE checkpoint SET operation_filter = NULL"),
+            "version 3" => {
+                sql(
+                    &file,
+                    "ALTER TABLE checkpoint DROP COLUMN operation_filter;
+                     PRAGMA user_version = 3;",
+                );
+                verify_file(&file).expect("a version-3 file verifies");
+                let read = root.open_reader(&id("filter")).expect("v3 reader");
+                assert_eq!(read.durable_sequence().expect("seq"), next - 1);
+            }
+            _ => {}
+        }
+        let s = root.open_writer(&id("filter")).expect("reopen");
+        for pick in [0, 1, 599, 1_198, 1_199] {
+            let again = s.append(retry_of(&commits[pick])).expect("retry");
+            assert_eq!(
+                identity(&again),
+                identity(&commits[pick]),
+                "{state}: {pick}"
+            );
+        }
+        let conflict = s
+            .append_events("op-5", vec![title("other content")])
+            .expect_err("conflict");
+        assert!(
+            matches!(conflict, Error::OperationConflict { .. }),
+            "{state}: {conflict}"
+        );
+        let new = s
+            .append_events(&format!("new-{state}"), vec![title(state)])
+            .expect("new");
+        assert_eq!(new.first_seq, next, "{state}");
+        s.close().expect("close");
+    }
+    assert_eq!(
+        sqlite3(&file, "PRAGMA user_version"),
+        SCHEMA_VERSION.to_string()
+    );
+    assert_eq!(
+        sqlite3(
+            &file,
+            "SELECT count(*) FROM pragma_table_info('checkpoint') WHERE name = 'operation_filter'"
+        ),
+        "1"
+    );
+    verify_file(&file).expect("verify");
+    assert_eq!(
+        root.open_reader(&id("filter"))
+            .expect("reader")
+            .all_commits()
+            .expect("replay")
+            .len(),
+        1_204
+    );
+}

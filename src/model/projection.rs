@@ -734,11 +734,10 @@ impl Projection {
         self.transcript_ids.to_bytes()
     }
 
-    /// Puts back the transcript index from [`Projection::transcript_ids_bytes`]; `None`
-    /// when the bytes do not fit `transcript_len`.
-    pub(crate) fn restore_transcript_ids(&mut self, bytes: &[u8]) -> Option<()> {
-        self.transcript_ids = TranscriptIndex::from_bytes(bytes, self.transcript_len)?;
-        Some(())
+    /// Puts back the transcript index of a checkpoint (loaded from
+    /// [`Projection::transcript_ids_bytes`] for this `transcript_len`).
+    pub(crate) fn restore_transcript_ids(&mut self, index: TranscriptIndex) {
+        self.transcript_ids = index;
     }
 }
 

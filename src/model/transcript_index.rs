@@ -19,7 +19,7 @@ pub(crate) fn message_key(id: &str) -> MessageKey {
 }
 
 /// Bytes per entry in [`TranscriptIndex::to_bytes`]: the key, then the position.
-const ENTRY: usize = 16 + 4;
+pub(crate) const ENTRY: usize = 16 + 4;
 
 /// Message key → 0-based transcript position.
 #[derive(Clone, Debug, Default)]
@@ -73,25 +73,67 @@ impl TranscriptIndex {
 
     /// The index of [`TranscriptIndex::to_bytes`] for a transcript of `len` messages;
     /// `None` unless the keys ascend strictly and every position is below `len`.
+    #[cfg(test)]
     pub(crate) fn from_bytes(bytes: &[u8], len: u64) -> Option<TranscriptIndex> {
-        if !bytes.len().is_multiple_of(ENTRY) || (bytes.len() / ENTRY) as u64 > len {
+        let mut loader = IndexLoader::new(bytes.len(), len)?;
+        loader.push(bytes)?;
+        loader.finish()
+    }
+}
+
+/// Rebuilds a [`TranscriptIndex`] from its [`TranscriptIndex::to_bytes`] form read in
+/// pieces (each a whole number of entries), so that the reader needs no copy of the whole
+/// form: a 100,000-message index is 2 MB.
+pub(crate) struct IndexLoader {
+    keys: Vec<MessageKey>,
+    positions: Vec<u32>,
+    entries: usize,
+    len: u64,
+}
+
+impl IndexLoader {
+    /// A loader of a `bytes`-long form for a transcript of `len` messages; `None` unless
+    /// `bytes` is a whole number of entries, at most one per message.
+    pub(crate) fn new(bytes: usize, len: u64) -> Option<IndexLoader> {
+        if !bytes.is_multiple_of(ENTRY) || (bytes / ENTRY) as u64 > len {
             return None;
         }
-        let n = bytes.len() / ENTRY;
-        let (mut keys, mut positions) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let entries = bytes / ENTRY;
+        Some(IndexLoader {
+            keys: Vec::with_capacity(entries),
+            positions: Vec::with_capacity(entries),
+            entries,
+            len,
+        })
+    }
+
+    /// Adds the next entries; `None` when `bytes` is not a whole number of entries, goes
+    /// past the announced length, breaks the strict key order or names a position at or
+    /// past the transcript's length.
+    pub(crate) fn push(&mut self, bytes: &[u8]) -> Option<()> {
+        if !bytes.len().is_multiple_of(ENTRY)
+            || self.keys.len() + bytes.len() / ENTRY > self.entries
+        {
+            return None;
+        }
         for entry in bytes.chunks_exact(ENTRY) {
             let (key, at) = entry.split_at(16);
             let key = u128::from_le_bytes(key.try_into().ok()?);
             let at = u32::from_le_bytes(at.try_into().ok()?);
-            if keys.last().is_some_and(|&last| last >= key) || u64::from(at) >= len {
+            if self.keys.last().is_some_and(|&last| last >= key) || u64::from(at) >= self.len {
                 return None;
             }
-            keys.push(key);
-            positions.push(at);
+            self.keys.push(key);
+            self.positions.push(at);
         }
-        Some(TranscriptIndex {
-            keys,
-            positions,
+        Some(())
+    }
+
+    /// The index, once every announced entry came.
+    pub(crate) fn finish(self) -> Option<TranscriptIndex> {
+        (self.keys.len() == self.entries).then(|| TranscriptIndex {
+            keys: self.keys,
+            positions: self.positions,
             added: HashMap::default(),
         })
     }
@@ -119,6 +161,37 @@ mod tests {
         assert_eq!(again.get(message_key("d")), Some(3));
         back.clear();
         assert_eq!(back.get(message_key("a")), None);
+    }
+
+    #[test]
+    fn an_index_loaded_in_pieces_equals_one_loaded_whole() {
+        let mut index = TranscriptIndex::default();
+        for i in 0..10u32 {
+            index.insert(message_key(&format!("m{i}")), i);
+        }
+        let bytes = index.to_bytes();
+        let mut loader = IndexLoader::new(bytes.len(), 10).expect("loader");
+        for piece in bytes.chunks(3 * ENTRY) {
+            loader.push(piece).expect("piece");
+        }
+        let back = loader.finish().expect("finish");
+        for i in 0..10u32 {
+            assert_eq!(back.get(message_key(&format!("m{i}"))), Some(i));
+        }
+        let mut short = IndexLoader::new(bytes.len(), 10).expect("loader");
+        short.push(&bytes[..9 * ENTRY]).expect("nine");
+        assert!(short.finish().is_none(), "an entry missing");
+        let mut over = IndexLoader::new(bytes.len() - ENTRY, 10).expect("loader");
+        assert!(over.push(&bytes).is_none(), "more than announced");
+        let mut split = IndexLoader::new(bytes.len(), 10).expect("loader");
+        assert!(split.push(&bytes[..ENTRY + 1]).is_none(), "half an entry");
+        let mut order = IndexLoader::new(2 * ENTRY, 10).expect("loader");
+        order.push(&bytes[ENTRY..2 * ENTRY]).expect("second");
+        assert!(order.push(&bytes[..ENTRY]).is_none(), "order across pieces");
+        assert!(
+            IndexLoader::new(bytes.len(), 9).is_none(),
+            "more entries than messages"
+        );
     }
 
     #[test]

@@ -46,6 +46,40 @@ fn checkpoint_due(new_events: u64, last_size: u64, min_events: u64) -> bool {
     new_events >= min_events.max(last_size)
 }
 
+/// The operation ids an opening session starts from, and the sequence after which the
+/// keys of its file are still to be loaded. With the filter of the checkpoint it started
+/// from (`checkpoint_seq`), the keys after it are read here when they fit in one page (a
+/// session reopened after a clean close has few or none), so the filter is complete at
+/// once; otherwise the writer thread loads them ([`Shared::load_operation_ids`]). Without
+/// one, the writer thread loads every key.
+fn restored_operation_ids(reader: &SessionReader, checkpoint_seq: u64) -> (OperationIds, u64) {
+    let restored = (checkpoint_seq > 0)
+        .then(|| reader.operation_filter(checkpoint_seq))
+        .flatten()
+        .and_then(|bytes| OperationIds::restored(&bytes));
+    let Some(mut ops) = restored else {
+        return (OperationIds::new(), 0);
+    };
+    if let Ok((keys, None)) = operation_keys_page(reader, checkpoint_seq) {
+        ops.load(keys);
+    }
+    (ops, checkpoint_seq)
+}
+
+/// Operation keys read per page when a session loads them ([`operation_keys_page`]).
+const KEYS_PAGE: usize = 4096;
+
+/// One page of the operation keys of `reader`'s own file after the commit starting after
+/// `after_seq`, and where the next page starts (`None` after the last).
+fn operation_keys_page(reader: &SessionReader, after_seq: u64) -> Result<(Vec<u64>, Option<u64>)> {
+    let page = reader.operation_keys_after(after_seq, KEYS_PAGE)?;
+    let next = match page.last() {
+        Some(&(last, _)) if page.len() == KEYS_PAGE => Some(last),
+        _ => None,
+    };
+    Ok((page.into_iter().map(|(_, key)| key as u64).collect(), next))
+}
+
 /// Fixed per-commit charge against the queue budget, plus per event.
 const COMMIT_CHARGE: usize = 512;
 const EVENT_CHARGE: usize = 96;
@@ -132,6 +166,10 @@ pub(crate) struct Shared {
     state: Mutex<State>,
     changed: Condvar,
     writer: Mutex<Option<FileWriter>>,
+    /// The operation keys of the commits after this sequence are still to be loaded into
+    /// the filter ([`Shared::load_operation_ids`]): the checkpoint's sequence when its
+    /// filter was restored, else 0.
+    keys_after: u64,
     /// Drained commits waiting for the search index (written by a writer thread, off the
     /// flushing caller's path).
     unindexed: Mutex<Unindexed>,
@@ -176,6 +214,7 @@ impl Session {
         let reader = SessionReader::open(dir)?;
         let (checkpoint_seq, projection) = reader.projection_and_checkpoint()?;
         let durable_seq = reader.durable_sequence()?;
+        let (ops, keys_after) = restored_operation_ids(&reader, checkpoint_seq);
         let state = State {
             checkpoint_seq,
             checkpoint_size: if checkpoint_seq == 0 {
@@ -188,7 +227,7 @@ impl Session {
             durable_seq,
             tail: VecDeque::new(),
             tail_ops: HashMap::new(),
-            ops: OperationIds::new(),
+            ops,
             queued_bytes: 0,
             draining: false,
             armed_at: None,
@@ -207,6 +246,7 @@ impl Session {
             state: Mutex::new(state),
             changed: Condvar::new(),
             writer: Mutex::new(Some(writer)),
+            keys_after,
             unindexed: Mutex::new(Unindexed::default()),
         });
         // The operation ids of the file are loaded on a writer thread by a run that is not
@@ -768,6 +808,8 @@ impl Drain for Shared {
 impl Shared {
     /// Loads the operation ids of the file into the filter, once, without holding the
     /// state lock while reading. Best effort: until it succeeds, a new id costs a lookup.
+    /// Only the keys after [`Shared::keys_after`] are read: those before are in the
+    /// filter already when the checkpoint's was restored.
     ///
     /// The keys are read in pages, each its own short read transaction, and a session that
     /// starts closing stops the load: a close's `wal_checkpoint(TRUNCATE)` waits for
@@ -775,24 +817,20 @@ impl Shared {
     /// 50,000-commit session took 9.99 ms against 0.81 ms for a small one (3.15 ms paged;
     /// `bench --suite lean` row 5, runs before and after).
     fn load_operation_ids(&self) {
-        const PAGE: usize = 4096;
         if lock(&self.state).ops.loaded() {
             return;
         }
         let mut keys = Vec::new();
-        let mut after = 0;
-        loop {
+        let mut after = Some(self.keys_after);
+        while let Some(from) = after {
             if lock(&self.state).closed {
                 return;
             }
-            let Ok(page) = self.reader.operation_keys_after(after, PAGE) else {
+            let Ok((page, next)) = operation_keys_page(&self.reader, from) else {
                 return;
             };
-            keys.extend(page.iter().map(|&(_, key)| key as u64));
-            match page.last() {
-                Some(&(last, _)) if page.len() == PAGE => after = last,
-                _ => break,
-            }
+            keys.extend(page);
+            after = next;
         }
         lock(&self.state).ops.load(keys);
     }
@@ -800,14 +838,20 @@ impl Shared {
     /// Stores the projection as a checkpoint when everything accepted is durable and one
     /// is due ([`checkpoint_due`]). Best effort: it is derived data.
     fn write_checkpoint(&self, min_events: u64) {
-        let (seq, size, (text, ids)) = {
+        let (seq, size, (text, ids), filter) = {
             let mut s = lock(&self.state);
             let new_events = s.durable_seq.saturating_sub(s.checkpoint_seq);
             if !s.tail.is_empty() || !checkpoint_due(new_events, s.checkpoint_size, min_events) {
                 return;
             }
+            // With the tail empty, the filter holds exactly the ids of the durable commits.
             match checkpoint::encode(&mut s.projection) {
-                Ok(text) => (s.durable_seq, checkpoint_size(&s.projection), text),
+                Ok(text) => (
+                    s.durable_seq,
+                    checkpoint_size(&s.projection),
+                    text,
+                    s.ops.filter_bytes(),
+                ),
                 Err(_) => return,
             }
         };
@@ -817,7 +861,9 @@ impl Shared {
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
         {
-            Some(w) => w.store_checkpoint(seq, &text, &ids).is_ok(),
+            Some(w) => w
+                .store_checkpoint(seq, &text, &ids, filter.as_deref())
+                .is_ok(),
             None => false,
         };
         if stored {

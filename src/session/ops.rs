@@ -23,6 +23,8 @@ const BITS_PER_ID: usize = 16;
 const PROBES: u64 = 7;
 /// Ids the first segment holds; each next one holds twice as many.
 const FIRST_SEGMENT: usize = 1024;
+/// The first byte of [`OperationIds::filter_bytes`]: the form this build writes and reads.
+const FILTER_FORMAT: u8 = 1;
 
 /// One Bloom filter of a fixed capacity.
 struct Segment {
@@ -105,6 +107,72 @@ impl OperationIds {
             full: false,
             loaded: false,
         }
+    }
+
+    /// The filter a checkpoint stored ([`OperationIds::filter_bytes`]), not loaded yet:
+    /// the keys of the commits after the checkpoint are still to come through
+    /// [`OperationIds::load`]. `None` for bytes of another form.
+    pub(crate) fn restored(bytes: &[u8]) -> Option<OperationIds> {
+        let mut ids = OperationIds::new();
+        let (header, mut rest) = bytes.split_first_chunk::<8>()?;
+        let [format, bits, probes, 0, count @ ..] = *header else {
+            return None;
+        };
+        if format != FILTER_FORMAT
+            || usize::from(bits) != BITS_PER_ID
+            || u64::from(probes) != PROBES
+        {
+            return None;
+        }
+        let mut used = 0;
+        for _ in 0..u32::from_le_bytes(count) {
+            // Each segment is twice the one before, and all together within the bound
+            // (checked before anything is allocated), every one but the last full.
+            let expected = ids
+                .segments
+                .last()
+                .map_or(FIRST_SEGMENT, |s| s.capacity * 2);
+            used += expected * BITS_PER_ID / 8;
+            let before_full = ids.segments.last().is_none_or(|s| s.len == s.capacity);
+            let (head, words) = rest.split_first_chunk::<8>()?;
+            let (capacity, len) = head.split_at(4);
+            let capacity = u32::from_le_bytes(capacity.try_into().ok()?) as usize;
+            let len = u32::from_le_bytes(len.try_into().ok()?) as usize;
+            if capacity != expected || len > capacity || !before_full || used > MAX_FILTER_BYTES {
+                return None;
+            }
+            let mut segment = Segment::new(capacity);
+            let (bits, after) = words.split_at_checked(segment.bits.len() * 8)?;
+            for (word, bytes) in segment.bits.iter_mut().zip(bits.chunks_exact(8)) {
+                *word = u64::from_le_bytes(bytes.try_into().ok()?);
+            }
+            segment.len = len;
+            ids.segments.push(segment);
+            rest = after;
+        }
+        rest.is_empty().then_some(ids)
+    }
+
+    /// The filter as a checkpoint stores it (the module doc of `migrations/0004`): a
+    /// header, then each segment's capacity, count and bit words, little-endian. `None`
+    /// unless the filter holds every id of the file ([`OperationIds::load`] ran and it
+    /// did not reach its bound).
+    pub(crate) fn filter_bytes(&self) -> Option<Vec<u8>> {
+        if !self.loaded || self.full {
+            return None;
+        }
+        let words: usize = self.segments.iter().map(|s| s.bits.len()).sum();
+        let mut out = Vec::with_capacity(8 + self.segments.len() * 8 + words * 8);
+        out.extend_from_slice(&[FILTER_FORMAT, BITS_PER_ID as u8, PROBES as u8, 0]);
+        out.extend_from_slice(&(self.segments.len() as u32).to_le_bytes());
+        for segment in &self.segments {
+            out.extend_from_slice(&(segment.capacity as u32).to_le_bytes());
+            out.extend_from_slice(&(segment.len as u32).to_le_bytes());
+            for word in &segment.bits {
+                out.extend_from_slice(&word.to_le_bytes());
+            }
+        }
+        Some(out)
     }
 
     /// Whether [`OperationIds::load`] ran.
@@ -211,6 +279,84 @@ mod tests {
             absent > 9_900,
             "only {absent} of 10000 new ids were known absent"
         );
+    }
+
+    #[test]
+    fn a_stored_filter_is_restored_with_the_same_answers() {
+        let mut ids = OperationIds::new();
+        assert_eq!(ids.filter_bytes(), None, "not loaded: not complete");
+        ids.load((0..3_000).map(|i| operation_key(&format!("file-{i}"))));
+        let bytes = ids.filter_bytes().expect("complete");
+        assert_eq!(&bytes[..4], &[FILTER_FORMAT, 16, 7, 0]);
+        let mut back = OperationIds::restored(&bytes).expect("restored");
+        assert_eq!(
+            back.known("file-1"),
+            Known::Unknown,
+            "keys after it still to come"
+        );
+        back.load([operation_key("after-0")]);
+        for i in 0..3_000 {
+            assert_ne!(back.known(&format!("file-{i}")), Known::Absent, "file-{i}");
+        }
+        assert_ne!(back.known("after-0"), Known::Absent);
+        // The same bits: an id the original knows absent, the restored one does too
+        // (but for the one key added since, a false positive at most).
+        let differ = (0..2_000)
+            .map(|i| format!("other-{i}"))
+            .filter(|id| (ids.known(id) == Known::Absent) != (back.known(id) == Known::Absent))
+            .count();
+        assert!(differ <= 1, "{differ} answers differ");
+        let empty = OperationIds::restored(&{
+            let mut none = OperationIds::new();
+            none.load([]);
+            none.filter_bytes().expect("empty filter")
+        });
+        assert!(empty.is_some_and(|e| e.segments.is_empty()));
+    }
+
+    #[test]
+    fn a_stored_filter_of_another_form_is_refused() {
+        let mut ids = OperationIds::new();
+        ids.load((0..1_500).map(|i| operation_key(&format!("file-{i}"))));
+        let bytes = ids.filter_bytes().expect("complete");
+        let refused = |what: &str, bytes: &[u8]| {
+            assert!(OperationIds::restored(bytes).is_none(), "{what}");
+        };
+        refused("empty", &[]);
+        refused("cut", &bytes[..bytes.len() - 1]);
+        refused("longer", &[&bytes[..], &[0]].concat());
+        for (at, what) in [
+            (0, "format"),
+            (1, "bits per id"),
+            (2, "probes"),
+            (3, "reserved"),
+        ] {
+            let mut other = bytes.clone();
+            other[at] ^= 0x40;
+            refused(what, &other);
+        }
+        // Segment 0's capacity, then its count over its capacity.
+        let mut other = bytes.clone();
+        other[8..12].copy_from_slice(&2048u32.to_le_bytes());
+        refused("capacity", &other);
+        let mut other = bytes.clone();
+        other[12..16].copy_from_slice(&1025u32.to_le_bytes());
+        refused("count", &other);
+        // A segment after one that is not full.
+        let mut other = bytes.clone();
+        other[12..16].copy_from_slice(&1000u32.to_le_bytes());
+        refused("a gap", &other);
+        // A count of segments past the bound is refused before anything is allocated.
+        let mut other = bytes.clone();
+        other[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        refused("too many segments", &other);
+        let full = {
+            let mut full = OperationIds::new();
+            full.load([]);
+            full.full = true;
+            full
+        };
+        assert_eq!(full.filter_bytes(), None, "a full filter is not stored");
     }
 
     #[test]

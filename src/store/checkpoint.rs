@@ -34,15 +34,72 @@ const FORMAT: u32 = 4;
 type RefRow = (u64, i64, u8);
 
 /// What `checkpoint.digest` stores: XXH3-128 (hex) of `through_seq` in decimal, a NUL,
-/// the checkpoint text, a NUL and the transcript index.
+/// the checkpoint text, a NUL and the transcript index. (The operation filter carries a
+/// check of its own: [`sealed_filter`].)
 pub(crate) fn digest(through_seq: u64, text: &str, ids: &[u8]) -> String {
+    let mut digest = Digest::new(through_seq, text);
+    digest.update(ids);
+    digest.hex()
+}
+
+/// [`digest`] computed as the transcript index is read in pieces.
+pub(crate) struct Digest(xxhash_rust::xxh3::Xxh3);
+
+impl Digest {
+    /// The digest of a checkpoint as of `through_seq` with `text`, its transcript index
+    /// still to come ([`Digest::update`]).
+    pub(crate) fn new(through_seq: u64, text: &str) -> Digest {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        h.update(through_seq.to_string().as_bytes());
+        h.update(&[0]);
+        h.update(text.as_bytes());
+        h.update(&[0]);
+        Digest(h)
+    }
+
+    /// Adds the next bytes of the transcript index.
+    pub(crate) fn update(&mut self, ids: &[u8]) {
+        self.0.update(ids);
+    }
+
+    /// The digest as `checkpoint.digest` stores it (32 hex digits).
+    pub(crate) fn hex(&self) -> String {
+        format!("{:032x}", self.0.digest128())
+    }
+}
+
+/// Bytes of the check that ends a stored operation filter.
+const FILTER_CHECK: usize = 16;
+
+/// The check of an operation filter stored as of `through_seq`: XXH3-128 of
+/// `through_seq` (8 bytes, little-endian) and the filter.
+fn filter_check(through_seq: u64, filter: &[u8]) -> [u8; FILTER_CHECK] {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
-    h.update(through_seq.to_string().as_bytes());
-    h.update(&[0]);
-    h.update(text.as_bytes());
-    h.update(&[0]);
-    h.update(ids);
-    format!("{:032x}", h.digest128())
+    h.update(&through_seq.to_le_bytes());
+    h.update(filter);
+    h.digest128().to_le_bytes()
+}
+
+/// `checkpoint.operation_filter` for the live session's operation filter `filter`
+/// (`session::ops`) as of `through_seq`: the filter, then its check. Checked on its own,
+/// so a reader that does not use the filter does not read it.
+pub(crate) fn sealed_filter(through_seq: u64, filter: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(filter.len() + FILTER_CHECK);
+    out.extend_from_slice(filter);
+    out.extend_from_slice(&filter_check(through_seq, filter));
+    out
+}
+
+/// The filter of a stored `checkpoint.operation_filter` as of `through_seq` (its check
+/// removed); `None` when the check fails.
+pub(crate) fn unsealed_filter(through_seq: u64, mut stored: Vec<u8>) -> Option<Vec<u8>> {
+    let len = stored.len().checked_sub(FILTER_CHECK)?;
+    let (filter, check) = stored.split_at(len);
+    if check != filter_check(through_seq, filter) {
+        return None;
+    }
+    stored.truncate(len);
+    Some(stored)
 }
 
 #[derive(Serialize)]
@@ -84,9 +141,10 @@ pub(crate) fn encode(projection: &mut Projection) -> Result<(String, Vec<u8>)> {
     Ok((text, projection.transcript_ids_bytes()))
 }
 
-/// The projection of a checkpoint, its workset still to be read from the references
-/// returned with it; `None` for any other form.
-pub(crate) fn decode(text: &str, ids: &[u8]) -> Option<(Projection, Vec<ModelRef>)> {
+/// The projection of a checkpoint's text, its workset still to be read from the
+/// references returned with it and its transcript index still to be restored
+/// ([`Projection::restore_transcript_ids`]); `None` for any other form.
+pub(crate) fn decode_state(text: &str) -> Option<(Projection, Vec<ModelRef>)> {
     let parts: In = serde_json::from_str(text).ok()?;
     if parts.format != FORMAT || !parts.state.model_messages.is_empty() {
         return None;
@@ -115,8 +173,15 @@ pub(crate) fn decode(text: &str, ids: &[u8]) -> Option<(Projection, Vec<ModelRef
     {
         return None;
     }
-    let mut p = parts.state;
-    p.restore_transcript_ids(ids)?;
+    Some((parts.state, refs))
+}
+
+/// [`decode_state`] with the transcript index `ids` restored.
+#[cfg(test)]
+fn decode(text: &str, ids: &[u8]) -> Option<(Projection, Vec<ModelRef>)> {
+    let (mut p, refs) = decode_state(text)?;
+    let index = crate::model::transcript_index::TranscriptIndex::from_bytes(ids, p.transcript_len)?;
+    p.restore_transcript_ids(index);
     Some((p, refs))
 }
 
@@ -124,6 +189,25 @@ pub(crate) fn decode(text: &str, ids: &[u8]) -> Option<(Projection, Vec<ModelRef
 mod tests {
     use super::*;
     use crate::model::Event;
+
+    #[test]
+    fn a_sealed_filter_is_checked_against_its_sequence() {
+        let filter = vec![1u8, 16, 7, 0, 0, 0, 0, 0];
+        let sealed = sealed_filter(42, &filter);
+        assert_eq!(sealed.len(), filter.len() + FILTER_CHECK);
+        assert_eq!(unsealed_filter(42, sealed.clone()), Some(filter.clone()));
+        assert_eq!(
+            unsealed_filter(43, sealed.clone()),
+            None,
+            "another sequence"
+        );
+        let mut flipped = sealed.clone();
+        flipped[3] ^= 1;
+        assert_eq!(unsealed_filter(42, flipped), None, "a flipped byte");
+        assert_eq!(unsealed_filter(42, sealed[..10].to_vec()), None, "cut");
+        assert_eq!(unsealed_filter(42, vec![]), None, "empty");
+        assert_eq!(unsealed_filter(7, sealed_filter(7, &[])), Some(vec![]));
+    }
 
     fn sample() -> Projection {
         let mut p = Projection::default();

@@ -13,6 +13,7 @@ use crate::model::event::{commit_row_digest, commit_row_hash, derived_event_id, 
 use crate::model::header::{Header, Origin};
 use crate::model::ids::derived_turn_id;
 use crate::model::projection::{HistoryChange, ModelRef};
+use crate::model::transcript_index::{ENTRY, IndexLoader};
 use crate::model::{Commit, ContentRef, Event, Projection, SessionId, TurnBoundary};
 use crate::store::schema::{self, Access};
 use crate::store::{blob, content};
@@ -197,24 +198,69 @@ pub(crate) fn read_turns_overlapping(
 /// The checkpoint stored at or below `through`: its sequence, its projection (workset
 /// still to be read) and the workset's references; `None` when there is none, it is
 /// damaged or of another form (an older file's checkpoint has no `message_ids`).
+///
+/// The transcript index (20 bytes per message) is read through SQLite's incremental blob
+/// I/O in pieces of [`INDEX_PIECE`] bytes, hashed and decoded as it comes, in one read
+/// transaction with the row. Read as a value, SQLite assembled it whole in a buffer of its
+/// own and rusqlite copied it again before the decode: three copies of 2 MB of memory new
+/// to the process at each open of a 100,000-message session, whose page faults were most
+/// of the read (`bench --suite lean` row 5).
 pub(crate) fn read_checkpoint(
     conn: &Connection,
     through: u64,
 ) -> Option<(u64, Projection, Vec<ModelRef>)> {
-    let (seq, text, digest, ids): (u64, String, String, Vec<u8>) = conn
+    let tx = conn.unchecked_transaction().ok()?;
+    let (rowid, seq, text, digest, ids_len): (i64, u64, String, String, usize) = tx
         .query_row(
-            "SELECT through_seq, projection, digest, message_ids FROM checkpoint
-             WHERE through_seq <= ?1 AND message_ids IS NOT NULL",
+            "SELECT singleton, through_seq, projection, digest, length(message_ids)
+             FROM checkpoint WHERE through_seq <= ?1 AND message_ids IS NOT NULL",
             [through.min(i64::MAX as u64)],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
         )
         .ok()?;
-    if digest != crate::store::checkpoint::digest(seq, &text, &ids) {
+    let (mut p, refs) = crate::store::checkpoint::decode_state(&text)?;
+    let mut hash = crate::store::checkpoint::Digest::new(seq, &text);
+    let mut index = IndexLoader::new(ids_len, p.transcript_len)?;
+    let blob = tx
+        .blob_open(rusqlite::MAIN_DB, "checkpoint", "message_ids", rowid, true)
+        .ok()?;
+    let mut piece = vec![0; INDEX_PIECE.min(ids_len)];
+    let mut at = 0;
+    while at < ids_len {
+        let n = INDEX_PIECE.min(ids_len - at);
+        let bytes = piece.get_mut(..n)?;
+        blob.read_at_exact(bytes, at).ok()?;
+        hash.update(bytes);
+        index.push(bytes)?;
+        at += n;
+    }
+    if digest != hash.hex() {
         return None;
     }
-    let (p, refs) = crate::store::checkpoint::decode(&text, &ids)?;
+    p.restore_transcript_ids(index.finish()?);
     (p.committed_sequence == seq).then_some((seq, p, refs))
 }
+
+/// The operation filter of the checkpoint as of `through_seq` (see
+/// `migrations/0004_operation_filter.sql`), its check verified and removed; `None` for
+/// an older file, another checkpoint, none stored, or one that does not check out.
+pub(crate) fn read_operation_filter(conn: &Connection, through_seq: u64) -> Option<Vec<u8>> {
+    if schema_version(conn).ok()? < 4 {
+        return None;
+    }
+    let stored: Vec<u8> = conn
+        .query_row(
+            "SELECT operation_filter FROM checkpoint
+             WHERE through_seq = ?1 AND operation_filter IS NOT NULL",
+            [through_seq.min(i64::MAX as u64)],
+            |r| r.get(0),
+        )
+        .ok()?;
+    crate::store::checkpoint::unsealed_filter(through_seq, stored)
+}
+
+/// Bytes of the transcript index read at a time: a whole number of entries, about 64 KiB.
+const INDEX_PIECE: usize = (64 * 1024 / ENTRY) * ENTRY;
 
 /// One entry of the history index: which event put which message at a position.
 #[derive(Clone, Debug, PartialEq, Eq)]

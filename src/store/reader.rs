@@ -1339,6 +1339,13 @@ impl SessionReader {
         read::operation_keys_after(&*self.own()?, after_seq, limit)
     }
 
+    /// The operation filter (`session::ops`) stored with this session's own file's
+    /// checkpoint if that checkpoint is the one as of `through_seq` (schema 4); `None`
+    /// when there is none or it does not check out.
+    pub(crate) fn operation_filter(&self, through_seq: u64) -> Option<Vec<u8>> {
+        read::read_operation_filter(&*self.own().ok()?, through_seq)
+    }
+
     /// The commit that recorded `operation_id` in this session's own file.
     pub(crate) fn lookup_operation(&self, operation_id: &str) -> Result<Option<Commit>> {
         read::lookup_operation(&*self.own()?, operation_id)

@@ -309,26 +309,30 @@ pub(crate) fn compact_converted_commits(tx: &Transaction<'_>) -> rusqlite::Resul
 }
 
 /// Replaces the projection checkpoint with `projection` (its text and transcript index,
-/// `store::checkpoint`) as of `through_seq`, in one transaction. The transcript index (20
-/// bytes per message) is written through SQLite's incremental blob I/O into a `zeroblob`
-/// of its size, so SQLite never holds a copy of it whole (bound as a value, it held two:
-/// 4 MB at the close of a 100,000-message session, the writer's peak).
+/// `store::checkpoint`) and the live session's operation filter (`filter`, if it has a
+/// complete one) as of `through_seq`, in one transaction. The transcript index (20 bytes
+/// per message) is written through SQLite's incremental blob I/O into a `zeroblob` of its
+/// size, so SQLite never holds a copy of it whole (bound as a value, it held two: 4 MB at
+/// the close of a 100,000-message session, the writer's peak).
 pub(crate) fn store_checkpoint(
     conn: &Connection,
     through_seq: u64,
     projection: &str,
     message_ids: &[u8],
+    filter: Option<&[u8]>,
 ) -> Result<()> {
     let tx = conn.unchecked_transaction()?;
     tx.prepare_cached(
-        "INSERT OR REPLACE INTO checkpoint (singleton, through_seq, projection, digest, message_ids)
-         VALUES (1, ?1, ?2, ?3, zeroblob(?4))",
+        "INSERT OR REPLACE INTO checkpoint
+             (singleton, through_seq, projection, digest, message_ids, operation_filter)
+         VALUES (1, ?1, ?2, ?3, zeroblob(?4), ?5)",
     )?
     .execute(params![
         through_seq,
         projection,
         crate::store::checkpoint::digest(through_seq, projection, message_ids),
-        message_ids.len() as u64
+        message_ids.len() as u64,
+        filter.map(|f| crate::store::checkpoint::sealed_filter(through_seq, f))
     ])?;
     // The row is the singleton: its rowid is 1.
     tx.blob_open(rusqlite::MAIN_DB, "checkpoint", "message_ids", 1, false)?

@@ -81,16 +81,18 @@ impl FileWriter {
         )
     }
 
-    /// Replaces the projection checkpoint (its text and transcript index, as of
-    /// `through_seq`). The pages the old one leaves free are reused by the writes that
-    /// follow; what is still free at close is given back then.
+    /// Replaces the projection checkpoint (its text and transcript index, and the live
+    /// session's operation filter when it has a complete one, as of `through_seq`). The
+    /// pages the old one leaves free are reused by the writes that follow; what is still
+    /// free at close is given back then.
     pub(crate) fn store_checkpoint(
         &self,
         through_seq: u64,
         projection: &str,
         message_ids: &[u8],
+        filter: Option<&[u8]>,
     ) -> Result<()> {
-        write::store_checkpoint(&self.conn, through_seq, projection, message_ids)
+        write::store_checkpoint(&self.conn, through_seq, projection, message_ids, filter)
     }
 
     /// Closes the file as the policy says (checkpointing and truncating the WAL unless

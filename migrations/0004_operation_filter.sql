@@ -1,0 +1,13 @@
+-- session-store schema version 4: the operation filter in the checkpoint, so that opening
+-- a long session does not scan every commit's operation key.
+--
+-- operation_filter: the Bloom filter a live session keeps over the operation ids of this
+-- file's own commits (`session::ops`), as of checkpoint.through_seq: a header (format 1,
+-- bits per id, probes, segment count) and each segment's capacity, count and bit words,
+-- all little-endian, then a check of its own: XXH3-128 of through_seq and the rest (not
+-- in checkpoint.digest, so a reader that does not use the filter does not read it). An
+-- opener restores it and adds only the keys of the commits after through_seq. NULL when
+-- the writer had no complete filter to store (its opener then scans every key, as a
+-- version-3 opener does). Derived data like the rest of the checkpoint: a filter that
+-- does not check out is ignored.
+ALTER TABLE checkpoint ADD COLUMN operation_filter BLOB;
