@@ -1,26 +1,44 @@
-//! Committed on-disk fixtures of an older format, so every later format change is tested
+//! Committed on-disk fixtures of older formats, so every later format change is tested
 //! against real files that earlier code wrote.
 //!
-//! `tests/fixtures/schema2/` was written by schema version 2 of this crate (migrations 0001
-//! and 0002) through the public API, by the ignored generator
-//! [`write_schema2_fixtures`] (`cargo test --release --test format_fixtures -- --ignored
-//! write_schema2_fixtures`). It holds a root (`root/`) with a session whose tool outputs
-//! are blobs over 64 KiB and appear both in `tool/result` and in the tool message
-//! (`blobs`), a fork chain with titles and several turns (`chain-a`, its fork `chain-b`,
-//! the fork of the fork `chain-c`), a rewind of `chain-a` (`rewound`), an export of
-//! `chain-c` (`export.sqlite`), and per session an `expected/<id>.json` recording what a
-//! reader must see: the durable sequence, every commit's operation id with a digest of each
-//! event's kind and payload text, the title, the turn ids and the history and model
-//! message ids.
+//! Each fixture set (a [`FixtureSet`]: its folder, the schema version that wrote it and its
+//! sessions) was written by that schema version of this crate through the public API, by
+//! an ignored generator pinned to it ([`write_schema2_fixtures`], [`write_schema3_fixtures`]:
+//! `cargo test --release --test format_fixtures -- --ignored write_schema3_fixtures`, run
+//! on a checkout of that schema's code):
 //!
-//! [`schema2_fixtures_read_append_fork_delete_and_import`] copies that root and checks, for
-//! each session and the export, that it reads as recorded, `replay` and `verify` pass, a
-//! writer appends and a reopen sees it, a fork of it reads, deleting the chain's parent
-//! keeps every descendant whole, and the export imports. It passes on schema version 2
-//! today; **every later format (migration 0003 onwards) must keep it passing unchanged**:
-//! a writer open upgrades these files, and readers, `verify`, `export` and `import` must
-//! accept them before and after. Never regenerate the fixtures with a newer schema: they
-//! stand for files already on users' disks.
+//! - `tests/fixtures/schema2/`: schema 2 (migrations 0001 and 0002).
+//! - `tests/fixtures/schema3/`: schema 3 (up to 0003: compact commit rows, checkpoints
+//!   holding the transcript index `message_ids`), written at 68b7ad8.
+//!
+//! Both hold a root (`root/`) with a session whose tool outputs are blobs over 64 KiB and
+//! appear both in `tool/result` and in the tool message (`blobs`), a fork chain with titles
+//! and several turns (`chain-a`, its fork `chain-b`, the fork of the fork `chain-c`), a
+//! rewind of `chain-a` (`rewound`), an export of `chain-c` (`export.sqlite`), and per
+//! session an `expected/<id>.json` recording what a reader must see: the durable sequence,
+//! every commit's operation id with a digest of each event's kind and payload text, the
+//! title, the turn ids and the history and model message ids. The schema-3 set adds `long`
+//! (1,040 one-event commits, five chat turns and a title: 1,061 events), whose close wrote
+//! a projection checkpoint with a transcript index (its through sequence is in
+//! `manifest.json`), and `long-fork`, forked after its end so that it starts from that
+//! checkpoint. Its expected files have a commit per line (the schema-2 ones are pretty).
+//!
+//! [`check_fixture_set`] copies a set's root and checks, for each session and the export,
+//! that its `user_version` and checkpoint rows are as written, it reads as recorded, `replay` and `verify` pass, a writer appends and a reopen sees
+//! it, a fork of it reads, deleting the chain's parent keeps every descendant whole, and the
+//! export imports; [`schema2_fixtures_read_append_fork_delete_and_import`] and
+//! [`schema3_fixtures_read_append_fork_delete_and_import`] run it on each set.
+//! [`schema3_long_session_keeps_its_checkpoint_and_operations_through_the_upgrade`] checks
+//! the long session across the upgrade: its schema-3 checkpoint is kept and used (with no
+//! operation filter until a new checkpoint is written), retries of its old operations return
+//! the original commits, a reused operation id with other content is a conflict, and after a
+//! new checkpoint (which stores the filter) a reopen still answers retries; it exports and
+//! imports before and after.
+//!
+//! **Every later format must keep these passing unchanged**: a writer open upgrades the
+//! files, and readers, `verify`, `export` and `import` must accept them before and after.
+//! Never regenerate a set with a newer schema: they stand for files already on users'
+//! disks. A new schema version that changes what is on disk gets a set of its own.
 
 mod common;
 
@@ -37,18 +55,61 @@ use session_store::{
 };
 use sha2::{Digest, Sha256};
 
-/// The sessions of the fixture root, each with an `expected/<id>.json`.
-const SESSIONS: [&str; 5] = ["blobs", "chain-a", "chain-b", "chain-c", "rewound"];
+/// A committed fixture set: what one schema version of this crate wrote.
+struct FixtureSet {
+    /// Its folder under `tests/fixtures/`.
+    dir: &'static str,
+    /// The schema version that wrote it (`user_version` of its files).
+    schema: i64,
+    /// Its sessions, each with an `expected/<id>.json`.
+    sessions: &'static [&'static str],
+    /// Writes those sessions into a fresh root (the generator's part that differs).
+    write: fn(&Root),
+}
+
+impl FixtureSet {
+    fn path(&self) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(self.dir)
+    }
+
+    fn expected(&self, name: &str) -> Value {
+        read_json(&self.path().join(format!("expected/{name}.json")))
+    }
+}
+
+/// Written by schema 2: blobs, a fork chain, a rewind.
+const SCHEMA2: FixtureSet = FixtureSet {
+    dir: "schema2",
+    schema: 2,
+    sessions: &["blobs", "chain-a", "chain-b", "chain-c", "rewound"],
+    write: write_common_sessions,
+};
+
+/// Written by schema 3: the same, and a session long enough for a checkpoint with its fork.
+const SCHEMA3: FixtureSet = FixtureSet {
+    dir: "schema3",
+    schema: 3,
+    sessions: &[
+        "blobs", "chain-a", "chain-b", "chain-c", "rewound", LONG, LONG_FORK,
+    ],
+    write: write_schema3_sessions,
+};
 
 /// The session `export.sqlite` was made from.
 const EXPORTED: &str = "chain-c";
 
-/// The schema version the fixtures were written with.
-const FIXTURE_SCHEMA: i64 = 2;
+/// The schema-3 session whose close wrote a projection checkpoint, and its fork.
+const LONG: &str = "long";
+const LONG_FORK: &str = "long-fork";
 
-fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/schema2")
-}
+/// One-event commits of [`LONG`]; with its chat turns, more than the 1,000 events since
+/// the last checkpoint after which a close writes one.
+const LONG_COMMITS: usize = 1_040;
+
+/// New events after which a close writes a new checkpoint (`CHECKPOINT_ON_CLOSE`).
+const EVENTS_FOR_A_CHECKPOINT: usize = 1_000;
 
 /// A compressible text of about `kib` KiB: numbered build-log lines.
 fn build_log(tag: &str, kib: usize) -> String {
@@ -183,8 +244,28 @@ fn read_json(path: &Path) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("parse {}: {e}", path.display()))
 }
 
+/// Writes `value`, an object, with each member on a line of its own and each element of
+/// a member that is an array (a commit, a message id) on one line: diffable, and a third
+/// the size of `to_string_pretty` for the long sessions' commits. (The schema-2 set was
+/// written pretty; a reader sees the same values.)
 fn write_json(path: &Path, value: &Value) {
-    let text = serde_json::to_string_pretty(value).expect("json") + "\n";
+    let compact = |v: &Value| serde_json::to_string(v).expect("json");
+    let members: Vec<String> = value
+        .as_object()
+        .expect("an object")
+        .iter()
+        .map(|(key, member)| match member.as_array() {
+            Some(items) if !items.is_empty() => {
+                let lines: Vec<String> = items
+                    .iter()
+                    .map(|i| format!("    {}", compact(i)))
+                    .collect();
+                format!("  {}: [\n{}\n  ]", compact(&json!(key)), lines.join(",\n"))
+            }
+            _ => format!("  {}: {}", compact(&json!(key)), compact(member)),
+        })
+        .collect();
+    let text = format!("{{\n{}\n}}\n", members.join(",\n"));
     std::fs::write(path, text).expect("write expected json");
 }
 
@@ -220,22 +301,8 @@ fn write_session(root: &Root, name: &str, from: Option<(&str, ForkPoint)>, batch
     session.close().expect("close");
 }
 
-/// Writes `tests/fixtures/schema2/` afresh. Run only with the schema-2 code (it refuses any
-/// other schema version): the fixtures stand for files earlier releases left on disk.
-#[test]
-#[ignore = "regenerates committed fixtures; run by hand with schema-2 code only"]
-fn write_schema2_fixtures() {
-    assert_eq!(
-        SCHEMA_VERSION, FIXTURE_SCHEMA,
-        "schema-2 fixtures must be written by schema-2 code"
-    );
-    let dir = fixture_dir();
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir).expect("remove old fixtures");
-    }
-    let root_dir = dir.join("root");
-    let root = Root::open(&root_dir).expect("root");
-
+/// The sessions of the schema-2 set: blobs, the fork chain and the rewind.
+fn write_common_sessions(root: &Root) {
     // Blobs: two tool outputs over 64 KiB, each in `tool/result` and the tool message.
     let blobs = vec![
         titled("title", "Build logs"),
@@ -243,7 +310,7 @@ fn write_schema2_fixtures() {
         tool_turn("op-blob-2", "turn-2", 96),
         chat_turn("op-chat-3", "turn-3"),
     ];
-    write_session(&root, "blobs", None, blobs);
+    write_session(root, "blobs", None, blobs);
     // A fork chain: chain-a, its fork chain-b, and chain-c forked from chain-b.
     let chain_a = vec![
         titled("a-title", "Chain parent"),
@@ -252,32 +319,73 @@ fn write_schema2_fixtures() {
         chat_turn("a-op-3", "a3"),
         chat_turn("a-op-4", "a4"),
     ];
-    write_session(&root, "chain-a", None, chain_a);
+    write_session(root, "chain-a", None, chain_a);
     let chain_b = vec![
         titled("b-title", "Chain fork"),
         chat_turn("b-op-1", "b1"),
         chat_turn("b-op-2", "b2"),
     ];
     let after_a2 = ForkPoint::AfterTurn("a2".into());
-    write_session(&root, "chain-b", Some(("chain-a", after_a2)), chain_b);
+    write_session(root, "chain-b", Some(("chain-a", after_a2)), chain_b);
     let chain_c = vec![
         chat_turn("c-op-1", "c1"),
         titled("c-title", "Fork of the fork"),
         chat_turn("c-op-2", "c2"),
     ];
     let after_b1 = ForkPoint::AfterTurn("b1".into());
-    write_session(&root, "chain-c", Some(("chain-b", after_b1)), chain_c);
+    write_session(root, "chain-c", Some(("chain-b", after_b1)), chain_c);
     // A rewind of chain-a to before its turn a3, continued.
     let before_a3 = ForkPoint::BeforeTurn("a3".into());
     let rewound = vec![chat_turn("r-op-1", "r1")];
-    write_session(&root, "rewound", Some(("chain-a", before_a3)), rewound);
+    write_session(root, "rewound", Some(("chain-a", before_a3)), rewound);
+}
+
+/// The sessions of the schema-3 set: the schema-2 ones, [`LONG`] ([`LONG_COMMITS`]
+/// one-event commits (titles) with a chat turn before every 260th, then a title and a chat
+/// turn; its close writes a checkpoint whose transcript index names the turns' messages)
+/// and [`LONG_FORK`], forked after that last turn with two turns of its own.
+fn write_schema3_sessions(root: &Root) {
+    write_common_sessions(root);
+    let mut long = Vec::new();
+    for n in 0..LONG_COMMITS {
+        if n % 260 == 0 {
+            long.push(chat_turn(&format!("long-chat-{n}"), &format!("long-{n}")));
+        }
+        long.push(titled(&format!("long-op-{n}"), &format!("t{n}")));
+    }
+    long.push(titled("long-title", "A long session"));
+    long.push(chat_turn("long-chat-end", "long-end"));
+    write_session(root, LONG, None, long);
+    let fork = vec![
+        chat_turn("long-fork-op-1", "long-fork-1"),
+        chat_turn("long-fork-op-2", "long-fork-2"),
+    ];
+    let after_end = ForkPoint::AfterTurn("long-end".into());
+    write_session(root, LONG_FORK, Some((LONG, after_end)), fork);
+}
+
+/// Writes the fixture set afresh. Run only with the code of the set's schema version (it
+/// refuses any other): the fixtures stand for files earlier releases left on disk.
+fn write_fixtures(set: &FixtureSet) {
+    assert_eq!(
+        SCHEMA_VERSION, set.schema,
+        "{} fixtures must be written by schema-{} code",
+        set.dir, set.schema
+    );
+    let dir = set.path();
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).expect("remove old fixtures");
+    }
+    let root_dir = dir.join("root");
+    let root = Root::open(&root_dir).expect("root");
+    (set.write)(&root);
 
     root.export(&id(EXPORTED), dir.join("export.sqlite"))
         .expect("export");
 
     let expected = dir.join("expected");
     std::fs::create_dir_all(&expected).expect("mkdir expected");
-    for name in SESSIONS {
+    for name in set.sessions {
         write_json(
             &expected.join(format!("{name}.json")),
             &observed_session(&root, name),
@@ -285,19 +393,28 @@ fn write_schema2_fixtures() {
     }
     let exported = replay_file(dir.join("export.sqlite")).expect("replay export");
     write_json(&expected.join("export.json"), &observed_replay(&exported));
-    write_json(
-        &dir.join("manifest.json"),
-        &json!({"schema_version": SCHEMA_VERSION, "sessions": SESSIONS, "export_of": EXPORTED}),
-    );
     // A writer's close checkpoints and truncates the WAL (forks wrote to their parents'
     // files after those closed).
-    for name in SESSIONS {
+    for name in set.sessions {
         root.open_writer(&id(name))
             .expect("open writer")
             .close()
             .expect("close");
     }
     drop(root);
+    let checkpoints: BTreeMap<&str, Value> = set
+        .sessions
+        .iter()
+        .filter_map(|name| {
+            let through = checkpoint_through(&session_file(&root_dir, name));
+            (!through.is_empty()).then(|| (*name, json!(through.parse::<u64>().expect("seq"))))
+        })
+        .collect();
+    write_json(
+        &dir.join("manifest.json"),
+        &json!({"schema_version": SCHEMA_VERSION, "sessions": set.sessions,
+            "export_of": EXPORTED, "checkpoints": checkpoints}),
+    );
 
     // Keep only what a reader needs: no derived catalog, no empty work folders, no lock
     // files (recreated on demand); the WAL was checkpointed and truncated on close.
@@ -307,7 +424,18 @@ fn write_schema2_fixtures() {
             std::fs::remove_dir_all(p).expect("remove derived folder");
         }
     }
-    for name in SESSIONS {
+    let mut folders: Vec<String> = std::fs::read_dir(&root_dir)
+        .expect("read root")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    folders.sort_unstable();
+    let mut sessions = set.sessions.to_vec();
+    sessions.sort_unstable();
+    assert_eq!(
+        folders, sessions,
+        "the root holds the set's sessions and nothing else"
+    );
+    for name in set.sessions {
         // With no connection open, an empty WAL and its index are leftovers of readers.
         let file = session_file(&root_dir, name);
         let wal = PathBuf::from(format!("{}-wal", file.display()));
@@ -342,30 +470,66 @@ fn write_schema2_fixtures() {
         total += bytes;
     }
     println!("{total:>9}  total");
-    assert!(total < 1 << 20, "fixtures must stay small: {total} bytes");
+    // Each session file is about 20 pages of 4 KiB however short (a page per table and
+    // index); the long sessions' expected commits take the rest.
+    assert!(total < 1_400_000, "fixtures must stay small: {total} bytes");
 }
 
-/// The schema-2 fixtures read as recorded, replay and verify, take appends, fork, survive
-/// the delete of the chain's parent, and the export imports — today and after every later
-/// format change.
+/// `through_seq` of the file's projection checkpoint, empty without one.
+fn checkpoint_through(file: &Path) -> String {
+    sqlite3(file, "SELECT group_concat(through_seq) FROM checkpoint")
+}
+
+/// Writes `tests/fixtures/schema2/` afresh, with schema-2 code only.
 #[test]
-fn schema2_fixtures_read_append_fork_delete_and_import() {
-    let fixtures = fixture_dir();
-    let manifest = read_json(&fixtures.join("manifest.json"));
-    assert_eq!(manifest["schema_version"], json!(FIXTURE_SCHEMA));
+#[ignore = "regenerates committed fixtures; run by hand with schema-2 code only"]
+fn write_schema2_fixtures() {
+    write_fixtures(&SCHEMA2);
+}
+
+/// Writes `tests/fixtures/schema3/` afresh, with schema-3 code only (68b7ad8).
+#[test]
+#[ignore = "regenerates committed fixtures; run by hand with schema-3 code only"]
+fn write_schema3_fixtures() {
+    write_fixtures(&SCHEMA3);
+}
+
+/// Copies the set's root into a temp dir: the temp dir and the copied root.
+fn copied(set: &FixtureSet) -> (tempfile::TempDir, PathBuf) {
     let work = tempfile::tempdir().expect("tempdir");
     let root_dir = work.path().join("sessions");
-    copy_tree(&fixtures.join("root"), &root_dir);
+    copy_tree(&set.path().join("root"), &root_dir);
+    let manifest = read_json(&set.path().join("manifest.json"));
+    assert_eq!(manifest["schema_version"], json!(set.schema));
+    assert_eq!(manifest["sessions"], json!(set.sessions));
+    (work, root_dir)
+}
+
+/// The set's files read as recorded, replay and verify, take appends, fork, survive the
+/// delete of the chain's parent, and the export imports — today and after every later
+/// format change.
+fn check_fixture_set(set: &FixtureSet) {
+    let fixtures = set.path();
+    let (work, root_dir) = copied(set);
     let export = work.path().join("export.sqlite");
     std::fs::copy(fixtures.join("export.sqlite"), &export).expect("copy export");
+    let checkpoints = &read_json(&fixtures.join("manifest.json"))["checkpoints"];
 
-    // The files as committed: schema 2, readable by the sqlite3 shell.
-    for name in SESSIONS {
+    // The files as committed: the set's schema, readable by the sqlite3 shell, with the
+    // checkpoints the manifest records (none for schema 2).
+    for name in set.sessions {
         let file = session_file(&root_dir, name);
-        let expected = read_json(&fixtures.join(format!("expected/{name}.json")));
+        let expected = set.expected(name);
         assert_eq!(
             sqlite3(&file, "PRAGMA user_version"),
-            FIXTURE_SCHEMA.to_string()
+            set.schema.to_string()
+        );
+        assert_eq!(
+            checkpoint_through(&file),
+            checkpoints
+                .get(name)
+                .map_or(String::new(), Value::to_string),
+            "{name}: checkpoint"
         );
         let own = expected["durable_sequence"].as_u64().expect("seq")
             - expected["inherited_events"].as_u64().expect("inherited");
@@ -377,18 +541,18 @@ fn schema2_fixtures_read_append_fork_delete_and_import() {
     }
     assert_eq!(
         sqlite3(&export, "PRAGMA user_version"),
-        FIXTURE_SCHEMA.to_string()
+        set.schema.to_string()
     );
-    let export_expected = read_json(&fixtures.join("expected/export.json"));
+    let export_expected = set.expected("export");
     assert_eq!(
         sqlite3(&export, "SELECT count(*) FROM events"),
         export_expected["durable_sequence"].to_string()
     );
 
-    // Readers, replay and verify see exactly what schema 2 recorded.
+    // Readers, replay and verify see exactly what the set's schema recorded.
     let root = Root::open(&root_dir).expect("root");
-    for name in SESSIONS {
-        let expected = read_json(&fixtures.join(format!("expected/{name}.json")));
+    for name in set.sessions {
+        let expected = set.expected(name);
         assert_eq!(observed_session(&root, name), expected, "{name}: reader");
         let replayed = replay_file(root.session_dir(&id(name))).expect("replay");
         let mut seen = observed_replay(&replayed);
@@ -459,10 +623,9 @@ fn schema2_fixtures_read_append_fork_delete_and_import() {
             .close()
             .expect("close");
         for name in ["chain-a", "chain-b", "chain-c", "rewound"] {
-            let expected = read_json(&fixtures.join(format!("expected/{name}.json")));
             assert_eq!(
                 observed_session(&root, name),
-                expected,
+                set.expected(name),
                 "{name} after a writer opened {upgraded}"
             );
             verify_file(root.session_dir(&id(name))).expect("verify");
@@ -470,8 +633,8 @@ fn schema2_fixtures_read_append_fork_delete_and_import() {
     }
 
     // A writer appends; a reopened writer and a reader see it; a retry stays idempotent.
-    for name in SESSIONS {
-        let before = read_json(&fixtures.join(format!("expected/{name}.json")));
+    for name in set.sessions {
+        let before = set.expected(name);
         let seq = before["durable_sequence"].as_u64().expect("seq");
         let batch = chat_turn(&format!("{name}-after"), &format!("{name}-after"));
         let s = root.open_writer(&id(name)).expect("open writer");
@@ -501,7 +664,7 @@ fn schema2_fixtures_read_append_fork_delete_and_import() {
         verify_file(root.session_dir(&id(name))).expect("verify after append");
 
         // A fork after the new turn reads everything and takes appends itself.
-        let fork = format!("{name}-fork");
+        let fork = format!("{name}-after-fork");
         root.fork(
             &id(name),
             ForkPoint::AfterTurn(format!("{name}-after")),
@@ -536,7 +699,7 @@ fn schema2_fixtures_read_append_fork_delete_and_import() {
             .remove("inherited_events");
         v
     };
-    let dependents = ["chain-b", "chain-c", "rewound", "chain-a-fork"];
+    let dependents = ["chain-b", "chain-c", "rewound", "chain-a-after-fork"];
     let before: Vec<Value> = dependents.iter().map(|n| events_of(n)).collect();
     root.delete(&id("chain-a"), &CancelToken::new())
         .expect("delete chain-a");
@@ -592,4 +755,215 @@ fn schema2_fixtures_read_append_fork_delete_and_import() {
         .expect("object")
         .remove("inherited_events");
     assert_eq!(seen, export_expected, "export imported under a new id");
+}
+
+/// [`check_fixture_set`] on the files schema 2 wrote.
+#[test]
+fn schema2_fixtures_read_append_fork_delete_and_import() {
+    check_fixture_set(&SCHEMA2);
+}
+
+/// [`check_fixture_set`] on the files schema 3 wrote.
+#[test]
+fn schema3_fixtures_read_append_fork_delete_and_import() {
+    check_fixture_set(&SCHEMA3);
+}
+
+/// What a reader of `name` sees, without the count of inherited events (an export or an
+/// import has none).
+fn observed_own(root: &Root, name: &str) -> Value {
+    let mut seen = observed_session(root, name);
+    seen.as_object_mut()
+        .expect("object")
+        .remove("inherited_events");
+    seen
+}
+
+/// Exports `name` to `work/<tag>.sqlite`: the export verifies and replays as the session
+/// reads, and imports into a fresh root under its id, reading the same there.
+fn export_and_import(root: &Root, name: &str, work: &Path, tag: &str) {
+    let seen = observed_own(root, name);
+    let export = work.join(format!("{tag}.sqlite"));
+    root.export(&id(name), &export).expect("export");
+    assert_eq!(
+        sqlite3(&export, "PRAGMA user_version"),
+        SCHEMA_VERSION.to_string()
+    );
+    assert_eq!(
+        json!(verify_file(&export).expect("verify export").events),
+        seen["durable_sequence"],
+        "{tag}"
+    );
+    let replayed = replay_file(&export).expect("replay export");
+    assert_eq!(
+        observed_replay(&replayed),
+        seen,
+        "{tag}: replay of the export"
+    );
+    let other = Root::open(work.join(format!("{tag}-root"))).expect("root");
+    let imported = other
+        .import(&export, ImportOptions::default())
+        .expect("import");
+    assert_eq!(
+        observed_own(&other, imported.as_str()),
+        seen,
+        "{tag}: import"
+    );
+}
+
+/// `through_seq`, a check that `message_ids` is non-empty and the `operation_filter` (its
+/// length, `NULL` when there is none) of the file's checkpoint row.
+fn checkpoint_row(file: &Path) -> String {
+    sqlite3(
+        file,
+        "SELECT through_seq, length(message_ids) >= 20, ifnull(length(operation_filter), 'NULL')
+         FROM checkpoint",
+    )
+}
+
+/// The schema-3 long session across the upgrade: its checkpoint (through sequence as
+/// recorded, transcript index non-empty) stays and is used after a writer's open, which
+/// stores no operation filter until it writes a new checkpoint; retries of its old
+/// operations (the first, the middle, the last) return the original commits, a reused
+/// operation id with other content is `OperationConflict`, new operations append; after
+/// enough new commits a close writes a checkpoint with an operation filter, and a reopen
+/// still answers retries of old and new operations. Readers, `verify_file`, `replay_file`,
+/// export and import accept the files before and after; its fork reads and takes retries.
+#[test]
+fn schema3_long_session_keeps_its_checkpoint_and_operations_through_the_upgrade() {
+    let set = &SCHEMA3;
+    let (work, root_dir) = copied(set);
+    let manifest = read_json(&set.path().join("manifest.json"));
+    let through = manifest["checkpoints"][LONG]
+        .as_u64()
+        .expect("long's checkpoint");
+    let expected = set.expected(LONG);
+    let durable = expected["durable_sequence"].as_u64().expect("seq");
+    assert!(through > EVENTS_FOR_A_CHECKPOINT as u64 && through <= durable);
+    let file = session_file(&root_dir, LONG);
+    let has_filter_column = |file: &Path| {
+        sqlite3(
+            file,
+            "SELECT count(*) FROM pragma_table_info('checkpoint') WHERE name = 'operation_filter'",
+        )
+    };
+
+    // As committed: schema 3, a checkpoint with a transcript index and no filter column.
+    assert_eq!(sqlite3(&file, "PRAGMA user_version"), "3");
+    assert_eq!(has_filter_column(&file), "0");
+    assert_eq!(
+        sqlite3(
+            &file,
+            "SELECT through_seq, length(message_ids) >= 20 FROM checkpoint"
+        ),
+        format!("{through}|1")
+    );
+    let digest = sqlite3(&file, "SELECT digest FROM checkpoint");
+    let root = Root::open(&root_dir).expect("root");
+    let originals = root
+        .open_reader(&id(LONG))
+        .expect("reader")
+        .all_commits()
+        .expect("replay");
+    let fork_originals = root
+        .open_reader(&id(LONG_FORK))
+        .expect("fork reader")
+        .all_commits()
+        .expect("fork replay");
+    export_and_import(&root, LONG, work.path(), "long-v3");
+    export_and_import(&root, LONG_FORK, work.path(), "long-fork-v3");
+    assert_eq!(
+        sqlite3(&file, "PRAGMA user_version"),
+        "3",
+        "readers upgrade nothing"
+    );
+
+    // The writer's open upgrades the file and keeps the checkpoint, which has no filter.
+    // It starts from it: its close writes none (one folding the whole log would count
+    // every event as new, more than the 1,000 after which a close writes one).
+    let last = originals.len() - 1;
+    let picks = [0, 1, last / 2, last - 1, last];
+    let new_seq = retries_conflict_and_append(&root, LONG, &originals, &picks, durable, "upgraded");
+    assert_eq!(
+        sqlite3(&file, "PRAGMA user_version"),
+        SCHEMA_VERSION.to_string()
+    );
+    assert_eq!(checkpoint_row(&file), format!("{through}|1|NULL"));
+    assert_eq!(sqlite3(&file, "SELECT digest FROM checkpoint"), digest);
+    let seen = observed_session(&root, LONG);
+    let commits = seen["commits"].as_array().expect("commits");
+    assert_eq!(
+        commits[..originals.len()],
+        expected["commits"].as_array().expect("commits")[..],
+        "long after the upgrade"
+    );
+    assert_eq!(commits[originals.len()]["operation_id"], "new-upgraded");
+
+    // Enough new commits for a checkpoint: the close stores the filter with it.
+    let s = root.open_writer(&id(LONG)).expect("reopen");
+    let added: Vec<Commit> = (0..EVENTS_FOR_A_CHECKPOINT)
+        .map(|n| {
+            let commit = s.append_events(&format!("after-{n}"), vec![title(&format!("a{n}"))]);
+            Commit::clone(&commit.expect("append"))
+        })
+        .collect();
+    s.close().expect("close");
+    let now = new_seq + EVENTS_FOR_A_CHECKPOINT as u64;
+    let row = checkpoint_row(&file);
+    let (head, filter_bytes) = row.rsplit_once('|').expect("row");
+    assert_eq!(head, format!("{now}|1"), "a new checkpoint");
+    assert!(
+        filter_bytes.parse::<u64>().is_ok_and(|b| b > 16),
+        "the new checkpoint stores an operation filter: {row}"
+    );
+
+    // A reopen restores the filter and still answers retries of old and new operations.
+    let mut all = originals.clone();
+    all.extend(added);
+    let picks = [0, last / 2, last, last + 1, all.len() - 1];
+    retries_conflict_and_append(&root, LONG, &all, &picks, now, "with the filter");
+    assert_eq!(
+        checkpoint_row(&file),
+        row,
+        "no new checkpoint for one commit"
+    );
+    let seen = observed_session(&root, LONG);
+    assert_eq!(
+        seen["commits"].as_array().expect("commits")[..originals.len()],
+        expected["commits"].as_array().expect("commits")[..],
+        "the original commits read as recorded"
+    );
+    assert_eq!(
+        json!(verify_file(&file).expect("verify").events),
+        seen["durable_sequence"]
+    );
+    let mut replayed = observed_replay(&replay_file(&file).expect("replay"));
+    replayed["inherited_events"] = json!(0);
+    assert_eq!(replayed, seen, "replay after the upgrade");
+    export_and_import(&root, LONG, work.path(), "long-v4");
+
+    // The fork reads as recorded after its parent's upgrade; its own writer upgrades it
+    // and answers retries of its own operations.
+    let fork_expected = set.expected(LONG_FORK);
+    assert_eq!(observed_session(&root, LONG_FORK), fork_expected);
+    let own: Vec<usize> = (0..fork_originals.len())
+        .filter(|&i| fork_originals[i].operation_id.starts_with("long-fork-op"))
+        .collect();
+    assert_eq!(own.len(), 2);
+    let fork_durable = fork_expected["durable_sequence"].as_u64().expect("seq");
+    retries_conflict_and_append(
+        &root,
+        LONG_FORK,
+        &fork_originals,
+        &own,
+        fork_durable,
+        "fork",
+    );
+    let fork_file = session_file(&root_dir, LONG_FORK);
+    assert_eq!(
+        sqlite3(&fork_file, "PRAGMA user_version"),
+        SCHEMA_VERSION.to_string()
+    );
+    verify_file(&fork_file).expect("verify fork");
+    export_and_import(&root, LONG_FORK, work.path(), "long-fork-v4");
 }

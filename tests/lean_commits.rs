@@ -37,35 +37,6 @@ fn chat_turn(op: &str, n: usize) -> Batch {
     )
 }
 
-/// What identifies a commit to a caller: ids, hashes, turn, time, event ids.
-fn identity(c: &Commit) -> serde_json::Value {
-    json!({
-        "commit_id": c.commit_id, "operation_id": c.operation_id,
-        "operation_hash": c.operation_hash, "turn_id": c.turn_id, "first_seq": c.first_seq,
-        "writer_generation": c.writer_generation, "created_at_ms": c.created_at_ms,
-        "event_ids": c.events.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
-    })
-}
-
-/// The batch a caller would retry to get `c` back: derived event ids left out.
-fn retry_of(c: &Commit) -> Batch {
-    let events = c
-        .events
-        .iter()
-        .enumerate()
-        .map(|(i, e)| {
-            let mut e = e.clone();
-            if e.id == format!("{}.{i}", c.commit_id) {
-                e.id.clear();
-            }
-            e
-        })
-        .collect();
-    let mut batch = Batch::new(c.operation_id.clone(), events);
-    batch.turn_id = c.turn_id.clone();
-    batch
-}
-
 /// Bytes of the commits table and its indexes (`dbstat`), per commit row.
 fn commit_bytes_per_row(conn: &Connection, tables: &[&str]) -> f64 {
     let marks = vec!["?"; tables.len()].join(", ");
@@ -571,27 +542,8 @@ fn the_checkpoint_operation_filter_is_restored_and_a_bad_one_ignored() {
             }
             _ => {}
         }
-        let s = root.open_writer(&id("filter")).expect("reopen");
-        for pick in [0, 1, 599, 1_198, 1_199] {
-            let again = s.append(retry_of(&commits[pick])).expect("retry");
-            assert_eq!(
-                identity(&again),
-                identity(&commits[pick]),
-                "{state}: {pick}"
-            );
-        }
-        let conflict = s
-            .append_events("op-5", vec![title("other content")])
-            .expect_err("conflict");
-        assert!(
-            matches!(conflict, Error::OperationConflict { .. }),
-            "{state}: {conflict}"
-        );
-        let new = s
-            .append_events(&format!("new-{state}"), vec![title(state)])
-            .expect("new");
-        assert_eq!(new.first_seq, next, "{state}");
-        s.close().expect("close");
+        let picks = [0, 1, 599, 1_198, 1_199];
+        retries_conflict_and_append(&root, "filter", &commits, &picks, next - 1, state);
     }
     assert_eq!(
         sqlite3(&file, "PRAGMA user_version"),

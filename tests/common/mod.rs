@@ -1,12 +1,13 @@
 //! Helpers shared by the integration tests: temp roots, event builders, child processes.
 #![allow(dead_code)]
 
+use std::borrow::Borrow;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::json;
-use session_store::{Batch, CreateOptions, Event, Root, SessionId, StoreOptions};
+use session_store::{Batch, Commit, CreateOptions, Error, Event, Root, SessionId, StoreOptions};
 
 /// A root in a fresh temp dir; keep the `TempDir` alive for the test's duration.
 pub fn temp_root() -> (tempfile::TempDir, Root) {
@@ -198,4 +199,70 @@ pub fn listed_ids(list: &serde_json::Value) -> Vec<String> {
                 .to_owned()
         })
         .collect()
+}
+
+/// What identifies a commit to a caller: ids, hashes, turn, time, event ids.
+pub fn identity(c: &Commit) -> serde_json::Value {
+    json!({
+        "commit_id": c.commit_id, "operation_id": c.operation_id,
+        "operation_hash": c.operation_hash, "turn_id": c.turn_id, "first_seq": c.first_seq,
+        "writer_generation": c.writer_generation, "created_at_ms": c.created_at_ms,
+        "event_ids": c.events.iter().map(|e| e.id.clone()).collect::<Vec<_>>(),
+    })
+}
+
+/// The batch a caller would retry to get `c` back: derived event ids left out.
+pub fn retry_of(c: &Commit) -> Batch {
+    let events = c
+        .events
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let mut e = e.clone();
+            if e.id == format!("{}.{i}", c.commit_id) {
+                e.id.clear();
+            }
+            e
+        })
+        .collect();
+    let mut batch = Batch::new(c.operation_id.clone(), events);
+    batch.turn_id = c.turn_id.clone();
+    batch
+}
+
+/// Retries of `picks` of `originals` in the writer of `name` return the original commits
+/// (same ids, hashes, time, event ids), a reused operation id with other content is a
+/// conflict, and a new operation appends after `durable`. Returns its sequence.
+pub fn retries_conflict_and_append(
+    root: &Root,
+    name: &str,
+    originals: &[impl Borrow<Commit>],
+    picks: &[usize],
+    durable: u64,
+    state: &str,
+) -> u64 {
+    let s = root.open_writer(&id(name)).expect("open writer");
+    for &pick in picks {
+        let original = originals[pick].borrow();
+        let again = s.append(retry_of(original)).expect("retry");
+        assert_eq!(
+            identity(&again),
+            identity(original),
+            "{state}: {name} commit {pick}"
+        );
+    }
+    let reused = &originals[picks[picks.len() / 2]].borrow().operation_id;
+    let conflict = s
+        .append_events(reused, vec![title("other content")])
+        .expect_err("conflict");
+    assert!(
+        matches!(conflict, Error::OperationConflict { .. }),
+        "{state}: {conflict}"
+    );
+    let new = s
+        .append_events(&format!("new-{state}"), vec![title(state)])
+        .expect("new operation");
+    assert_eq!(new.first_seq, durable + 1, "{state}: retries added nothing");
+    s.close().expect("close");
+    new.first_seq
 }
