@@ -249,9 +249,10 @@ impl Session {
             keys_after,
             unindexed: Mutex::new(Unindexed::default()),
         });
-        // The operation ids of the file are loaded on a writer thread by a run that is not
-        // a drain (it leaves `armed_at` alone, see `scheduled_drain`): opening does not
-        // scan them, and nothing accepted meanwhile is written before its time.
+        // The operation ids the checkpoint's filter did not give are loaded on a writer
+        // thread by a run that is not a drain (it leaves `armed_at` alone, see
+        // `scheduled_drain`): opening does not scan them, and nothing accepted meanwhile is
+        // written before its time. (A run that finds the filter complete does nothing.)
         let session: Arc<dyn Drain> = shared.clone();
         pool::schedule(Arc::downgrade(&session), Instant::now());
         Ok(Session { shared })
