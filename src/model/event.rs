@@ -234,17 +234,48 @@ pub(crate) fn operation_hash(
     };
     // Streamed into the hash: the batch's JSON is never held whole. Serializing borrowed
     // strings and raw values into a hasher cannot fail.
-    let mut hasher = HashWriter(Sha256::new());
+    let mut hasher = HashWriter {
+        sha: Sha256::new(),
+        buf: [0; HASH_BUFFER],
+        len: 0,
+    };
     let _ = serde_json::to_writer(&mut hasher, &hashed);
-    hex::encode(hasher.0.finalize())
+    hasher.feed();
+    hex::encode(hasher.sha.finalize())
 }
 
-/// An `io::Write` that feeds a SHA-256.
-struct HashWriter(Sha256);
+/// Bytes [`HashWriter`] gathers before it feeds the hash.
+const HASH_BUFFER: usize = 4096;
+
+/// An `io::Write` that feeds a SHA-256, in pieces of up to [`HASH_BUFFER`] bytes (the
+/// serializer writes a few bytes at a time: a quote, a key, a comma).
+struct HashWriter {
+    sha: Sha256,
+    buf: [u8; HASH_BUFFER],
+    len: usize,
+}
+
+impl HashWriter {
+    /// Hashes the gathered bytes.
+    fn feed(&mut self) {
+        self.sha.update(&self.buf[..self.len]);
+        self.len = 0;
+    }
+}
 
 impl std::io::Write for HashWriter {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.update(bytes);
+        if self.len + bytes.len() > HASH_BUFFER {
+            self.feed();
+        }
+        match self.buf.get_mut(self.len..self.len + bytes.len()) {
+            Some(free) => {
+                free.copy_from_slice(bytes);
+                self.len += bytes.len();
+            }
+            // Larger than the buffer (a long payload): hashed at once.
+            None => self.sha.update(bytes),
+        }
         Ok(bytes.len())
     }
 
@@ -256,7 +287,14 @@ impl std::io::Write for HashWriter {
 /// The id given to event `index` of a commit whose caller left it empty:
 /// `<commit id>.<index>` (unique in the session, recognisable when re-hashing).
 pub(crate) fn derived_event_id(commit_id: &str, index: usize) -> String {
-    format!("{commit_id}.{index}")
+    use std::fmt::Write as _;
+    let digits = index.checked_ilog10().map_or(1, |d| d as usize + 1);
+    let mut id = String::with_capacity(commit_id.len() + 1 + digits);
+    id.push_str(commit_id);
+    id.push('.');
+    // Writing to a `String` cannot fail.
+    let _ = write!(id, "{index}");
+    id
 }
 
 /// Whether `id` is the id [`derived_event_id`] gives event `index` of the commit, checked
@@ -378,6 +416,10 @@ mod tests {
 
     #[test]
     fn derived_ids_are_recognised_exactly() {
+        for (index, id) in [(0, "c1.0"), (9, "c1.9"), (10, "c1.10"), (12345, "c1.12345")] {
+            let derived = derived_event_id("c1", index);
+            assert_eq!((derived.as_str(), derived.capacity()), (id, id.len()));
+        }
         assert!(is_derived_event_id(&derived_event_id("c1", 12), "c1", 12));
         for id in ["c1.012", "c1.+12", "c1.11", "c2.12", "c1.12x", "c112"] {
             assert!(!is_derived_event_id(id, "c1", 12), "{id}");
@@ -403,5 +445,21 @@ mod tests {
             operation_hash(None, &[], &[]),
             hex::encode(Sha256::digest(br#"{"events":[]}"#))
         );
+        // Payloads around and over the hash's buffer.
+        for n in [4000, 4096, 10_000] {
+            let text = format!(r#"{{"x":"{}"}}"#, "y".repeat(n));
+            let events = vec![
+                Event::new("a").with_payload_json(&text).expect("payload"),
+                Event::new("b").with_payload_json(&text).expect("payload"),
+            ];
+            let json = format!(
+                r#"{{"events":[{{"kind":"a","optional":false,"payload":{text}}},{{"kind":"b","optional":false,"payload":{text}}}]}}"#
+            );
+            assert_eq!(
+                operation_hash(None, &events, &[false, false]),
+                hex::encode(Sha256::digest(json.as_bytes())),
+                "{n}"
+            );
+        }
     }
 }
