@@ -234,48 +234,17 @@ pub(crate) fn operation_hash(
     };
     // Streamed into the hash: the batch's JSON is never held whole. Serializing borrowed
     // strings and raw values into a hasher cannot fail.
-    let mut hasher = HashWriter {
-        sha: Sha256::new(),
-        buf: [0; HASH_BUFFER],
-        len: 0,
-    };
+    let mut hasher = HashWriter(Sha256::new());
     let _ = serde_json::to_writer(&mut hasher, &hashed);
-    hasher.feed();
-    hex::encode(hasher.sha.finalize())
+    hex::encode(hasher.0.finalize())
 }
 
-/// Bytes [`HashWriter`] gathers before it feeds the hash.
-const HASH_BUFFER: usize = 4096;
-
-/// An `io::Write` that feeds a SHA-256, in pieces of up to [`HASH_BUFFER`] bytes (the
-/// serializer writes a few bytes at a time: a quote, a key, a comma).
-struct HashWriter {
-    sha: Sha256,
-    buf: [u8; HASH_BUFFER],
-    len: usize,
-}
-
-impl HashWriter {
-    /// Hashes the gathered bytes.
-    fn feed(&mut self) {
-        self.sha.update(&self.buf[..self.len]);
-        self.len = 0;
-    }
-}
+/// An `io::Write` that feeds a SHA-256.
+struct HashWriter(Sha256);
 
 impl std::io::Write for HashWriter {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        if self.len + bytes.len() > HASH_BUFFER {
-            self.feed();
-        }
-        match self.buf.get_mut(self.len..self.len + bytes.len()) {
-            Some(free) => {
-                free.copy_from_slice(bytes);
-                self.len += bytes.len();
-            }
-            // Larger than the buffer (a long payload): hashed at once.
-            None => self.sha.update(bytes),
-        }
+        self.0.update(bytes);
         Ok(bytes.len())
     }
 
@@ -445,21 +414,5 @@ mod tests {
             operation_hash(None, &[], &[]),
             hex::encode(Sha256::digest(br#"{"events":[]}"#))
         );
-        // Payloads around and over the hash's buffer.
-        for n in [4000, 4096, 10_000] {
-            let text = format!(r#"{{"x":"{}"}}"#, "y".repeat(n));
-            let events = vec![
-                Event::new("a").with_payload_json(&text).expect("payload"),
-                Event::new("b").with_payload_json(&text).expect("payload"),
-            ];
-            let json = format!(
-                r#"{{"events":[{{"kind":"a","optional":false,"payload":{text}}},{{"kind":"b","optional":false,"payload":{text}}}]}}"#
-            );
-            assert_eq!(
-                operation_hash(None, &events, &[false, false]),
-                hex::encode(Sha256::digest(json.as_bytes())),
-                "{n}"
-            );
-        }
     }
 }
