@@ -256,7 +256,14 @@ impl std::io::Write for HashWriter {
 /// The id given to event `index` of a commit whose caller left it empty:
 /// `<commit id>.<index>` (unique in the session, recognisable when re-hashing).
 pub(crate) fn derived_event_id(commit_id: &str, index: usize) -> String {
-    format!("{commit_id}.{index}")
+    use std::fmt::Write as _;
+    let digits = index.checked_ilog10().map_or(1, |d| d as usize + 1);
+    let mut id = String::with_capacity(commit_id.len() + 1 + digits);
+    id.push_str(commit_id);
+    id.push('.');
+    // Writing to a `String` cannot fail.
+    let _ = write!(id, "{index}");
+    id
 }
 
 /// Whether `id` is the id [`derived_event_id`] gives event `index` of the commit, checked
@@ -378,6 +385,10 @@ mod tests {
 
     #[test]
     fn derived_ids_are_recognised_exactly() {
+        for (index, id) in [(0, "c1.0"), (9, "c1.9"), (10, "c1.10"), (12345, "c1.12345")] {
+            let derived = derived_event_id("c1", index);
+            assert_eq!((derived.as_str(), derived.capacity()), (id, id.len()));
+        }
         assert!(is_derived_event_id(&derived_event_id("c1", 12), "c1", 12));
         for id in ["c1.012", "c1.+12", "c1.11", "c2.12", "c1.12x", "c112"] {
             assert!(!is_derived_event_id(id, "c1", 12), "{id}");

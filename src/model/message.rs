@@ -24,11 +24,75 @@ use serde_json::{Map, Value};
 /// ```
 #[derive(Clone, Debug)]
 pub struct Message {
-    id: String,
-    role: Option<String>,
+    /// `None` without an `id` (read as "").
+    id: Option<Field>,
+    role: Option<Field>,
     /// Whether the provider view differs from the message (local-only or stripped keys).
     filtered: bool,
     json: Box<RawValue>,
+}
+
+/// A string field of a message: where its text sits in the message's JSON when the JSON
+/// spells it without escapes (most ids and roles: no allocation of its own), else a copy.
+#[derive(Clone, Debug)]
+enum Field {
+    /// Bytes `start..end` of the message's JSON text.
+    At { start: usize, end: usize },
+    /// The unescaped text.
+    Own(Box<str>),
+}
+
+impl Field {
+    /// The field for `value`, read from `json`.
+    fn of(value: Text<'_>, json: &str) -> Field {
+        match value.0 {
+            Cow::Borrowed(text) => {
+                let start = (text.as_ptr() as usize).wrapping_sub(json.as_ptr() as usize);
+                let end = start.wrapping_add(text.len());
+                // A borrowed string is a slice of `json`; checked all the same.
+                if json.get(start..end).is_some_and(|at| at == text) {
+                    Field::At { start, end }
+                } else {
+                    Field::Own(text.into())
+                }
+            }
+            Cow::Owned(text) => Field::Own(text.into_boxed_str()),
+        }
+    }
+
+    /// The field's text in a message whose JSON is `json`.
+    fn get<'a>(&'a self, json: &'a str) -> &'a str {
+        match self {
+            Field::At { start, end } => json.get(*start..*end).unwrap_or_default(),
+            Field::Own(text) => text,
+        }
+    }
+}
+
+/// A JSON string, borrowed from the text being parsed when it holds no escapes (serde's
+/// `Cow<str>` borrows only as a field of its own, never inside an `Option`).
+struct Text<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a str>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = Text<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Text<'a>, E> {
+                Ok(Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Text<'a>, E> {
+                Ok(Text(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Text<'a>, E> {
+                Ok(Text(Cow::Owned(v)))
+            }
+        }
+        deserializer.deserialize_str(Visit(std::marker::PhantomData))
+    }
 }
 
 /// Fields dropped from the provider view of a message (upstream §1.11).
@@ -45,9 +109,9 @@ const PROVIDER_STRIPPED: [&str; 6] = [
 #[derive(Deserialize)]
 struct Probe<'a> {
     #[serde(borrow, default)]
-    id: Option<Cow<'a, str>>,
+    id: Option<Text<'a>>,
     #[serde(borrow, default)]
-    role: Option<Cow<'a, str>>,
+    role: Option<Text<'a>>,
     local_only: Option<bool>,
     provider_content: Option<IgnoredAny>,
     raw_content: Option<IgnoredAny>,
@@ -60,7 +124,8 @@ struct Probe<'a> {
 
 impl Message {
     fn from_raw(json: Box<RawValue>) -> serde_json::Result<Message> {
-        let p: Probe<'_> = serde_json::from_str(json.get())?;
+        let text = json.get();
+        let p: Probe<'_> = serde_json::from_str(text)?;
         let filtered = p.local_only == Some(true)
             || p.provider_content.is_some()
             || p.raw_content.is_some()
@@ -69,9 +134,11 @@ impl Message {
             || p.decision_receipts.is_some()
             || p.tool_execution.is_some()
             || p.tool_run_state.is_some();
+        let id = p.id.map(|v| Field::of(v, text));
+        let role = p.role.map(|v| Field::of(v, text));
         Ok(Message {
-            id: p.id.map(Cow::into_owned).unwrap_or_default(),
-            role: p.role.map(Cow::into_owned),
+            id,
+            role,
             filtered,
             json,
         })
@@ -94,12 +161,12 @@ impl Message {
 
     /// The stable message id ("" only inside bulk replacements).
     pub fn id(&self) -> &str {
-        &self.id
+        self.id.as_ref().map_or("", |f| f.get(self.json.get()))
     }
 
     /// The `role` field, if it is a string.
     pub fn role(&self) -> Option<&str> {
-        self.role.as_deref()
+        self.role.as_ref().map(|f| f.get(self.json.get()))
     }
 
     /// The message as JSON text, verbatim.
@@ -252,6 +319,39 @@ mod tests {
         assert!(serde_json::from_str::<Message>(r#"{"id":1}"#).is_err());
         assert!(serde_json::from_str::<Message>(r#"[1]"#).is_err());
         assert!(serde_json::from_str::<Message>(r#"{"id":"x","id":"y"}"#).is_err());
+    }
+
+    #[test]
+    fn ids_and_roles_read_alike_with_and_without_escapes() {
+        for (text, id, role) in [
+            (r#"{"id":"m1","role":"user"}"#, "m1", Some("user")),
+            (r#"{ "role" : "tool" , "id" : "" }"#, "", Some("tool")),
+            (
+                r#"{"id":"a\"b\u00e9","role":"us\u0065r"}"#,
+                "a\"bé",
+                Some("user"),
+            ),
+            (r#"{"role":null,"content":"x"}"#, "", None),
+        ] {
+            let m: Message = serde_json::from_str(text).unwrap();
+            assert_eq!((m.id(), m.role(), m.json()), (id, role, text), "{text}");
+            let copy = m.clone();
+            drop(m);
+            assert_eq!((copy.id(), copy.role()), (id, role), "{text}");
+        }
+        for bad in [
+            r#"{"id":1}"#,
+            r#"{"role":["user"]}"#,
+            r#"{"role":"a","role":"b"}"#,
+        ] {
+            let err = serde_json::from_str::<Message>(bad)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("expected a string") || err.contains("duplicate field"),
+                "{bad}: {err}"
+            );
+        }
     }
 
     #[test]

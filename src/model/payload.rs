@@ -95,7 +95,24 @@ impl RecoveryStatus {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct MessagePayload {
+    #[serde(deserialize_with = "shared")]
     pub(crate) message: Arc<Message>,
+}
+
+/// A message read straight into its `Arc` (serde's `Arc<T>` reads a `Box<T>`, then copies
+/// it into a second allocation).
+fn shared<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Arc<Message>, D::Error> {
+    Message::deserialize(deserializer).map(Arc::new)
+}
+
+/// Messages read as [`shared`] does.
+fn all_shared<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<Arc<Message>>, D::Error> {
+    Ok(Vec::<Message>::deserialize(deserializer)?
+        .into_iter()
+        .map(Arc::new)
+        .collect())
 }
 
 /// `assistant/attempt`: the attempt id and its action (`kind::ATTEMPT_ACTIONS`).
@@ -118,6 +135,7 @@ pub(crate) struct AttemptPayload {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct MessagesPayload {
+    #[serde(deserialize_with = "all_shared")]
     pub(crate) messages: Vec<Arc<Message>>,
     #[serde(rename = "reason")]
     _reason: Option<IgnoredAny>,
@@ -133,6 +151,7 @@ pub(crate) struct MessagesPayload {
 pub(crate) struct LegacyImport {
     #[serde(rename = "source")]
     _source: Option<IgnoredAny>,
+    #[serde(deserialize_with = "all_shared")]
     pub(crate) messages: Vec<Arc<Message>>,
     pub(crate) goal: Option<Value>,
     #[serde(rename = "modelRef", default)]

@@ -22,7 +22,7 @@ use crate::model::payload::{
     TodoPayload, ToolCallPayload, ToolResultPayload, ToolStartPayload, TurnEndPayload,
     UsagePayload, bad, decode, json_object, one_of, required_id,
 };
-use crate::model::transcript_index::{TranscriptIndex, message_key};
+use crate::model::transcript_index::{MessageKey, TranscriptIndex, message_key};
 use crate::model::usage::{Usage, UsageRecord};
 
 /// A completed turn: where it started and ended.
@@ -111,9 +111,10 @@ pub struct Projection {
     /// Where each model-workset message was read from, parallel to `model_messages`.
     #[serde(skip)]
     model_refs: Vec<ModelRef>,
-    /// Id → position in `model_messages`; rebuilt on first use.
+    /// Id key → position in `model_messages`; built on the first upsert, kept up to date
+    /// from then on (a session that never upserts never builds it).
     #[serde(skip)]
-    model_index: Option<HashMap<String, usize>>,
+    model_index: Option<HashMap<MessageKey, usize>>,
 }
 
 /// Where a model-workset message is read from: the event at `seq` (its `message`, or item
@@ -336,7 +337,10 @@ impl Projection {
     /// [`Error::InvalidPayload`] for a schema violation or a duplicate message id,
     /// [`Error::UnsupportedVersion`] for an unknown required kind.
     pub fn prepare(&self, events: &[Event]) -> Result<PreparedFold> {
-        let parsed = events.iter().map(parse).collect::<Result<Vec<_>>>()?;
+        let mut parsed = Vec::with_capacity(events.len());
+        for event in events {
+            parsed.push(parse(event)?);
+        }
         // Duplicate stable ids through message/complete reject the whole batch.
         let mut reset: Option<HashSet<&str>> = None;
         let mut added: HashSet<&str> =
@@ -434,6 +438,7 @@ impl Projection {
         effects: &mut FoldEffects,
     ) {
         let turns_before = effects.turns.len();
+        effects.history.reserve(prepared.events.len());
         for (i, p) in prepared.events.into_iter().enumerate() {
             let seq = first_seq + i as u64;
             self.committed_sequence = seq;
@@ -605,6 +610,10 @@ impl Projection {
     /// Keeps the preview on the first user message with text, given `m` now at
     /// `position` (1-based).
     fn note_preview(&mut self, position: u64, m: &Message) {
+        // A message after the preview's cannot change it: its text is not read.
+        if self.preview_position != 0 && position > self.preview_position {
+            return;
+        }
         let text = (m.role() == Some("user"))
             .then(|| m.text())
             .flatten()
@@ -623,22 +632,24 @@ impl Projection {
         }
     }
 
-    fn model_index(&mut self) -> &mut HashMap<String, usize> {
+    fn model_index(&mut self) -> &mut HashMap<MessageKey, usize> {
         let model = &self.model_messages;
         self.model_index.get_or_insert_with(|| {
             model
                 .iter()
                 .enumerate()
                 .filter(|(_, m)| !m.id().is_empty())
-                .map(|(i, m)| (m.id().to_owned(), i))
+                .map(|(i, m)| (message_key(m.id()), i))
                 .collect()
         })
     }
 
     fn push_model(&mut self, m: Arc<Message>, from: ModelRef) {
-        if !m.id().is_empty() {
-            let at = self.model_messages.len();
-            self.model_index().insert(m.id().to_owned(), at);
+        // Without an index yet, its first use builds it from the workset.
+        if let Some(index) = &mut self.model_index
+            && !m.id().is_empty()
+        {
+            index.insert(message_key(m.id()), self.model_messages.len());
         }
         self.model_messages.push(m);
         self.model_refs.push(from);
@@ -648,7 +659,10 @@ impl Projection {
     /// workset's message with its id, or joins the workset; a local-only `m` leaves it.
     fn upsert_model(&mut self, m: &Arc<Message>, seq: u64) {
         let from = ModelRef::message(seq);
-        match (self.model_index().get(m.id()).copied(), m.for_model()) {
+        match (
+            self.model_index().get(&message_key(m.id())).copied(),
+            m.for_model(),
+        ) {
             (Some(i), Some(model)) => {
                 self.model_messages[i] = model;
                 self.model_refs[i] = from;
@@ -829,6 +843,35 @@ mod tests {
             .unwrap();
         p.apply_prepared(ok, 2, 3, None);
         assert_eq!(p.transcript_len, 1);
+    }
+
+    #[test]
+    fn upserts_find_their_message_before_and_after_the_model_index_is_built() {
+        let msg = |kind: &str, id: &str, content: &str| {
+            ev(
+                kind,
+                json!({"message": {"id": id, "role": "assistant", "content": content}}),
+            )
+        };
+        let p = fold(
+            vec![
+                msg("message/complete", "a", "1"),
+                msg("message/complete", "b", "2"),
+                msg("message/upsert", "b", "2'"),
+                msg("message/complete", "c", "3"),
+                msg("message/upsert", "c", "3'"),
+                msg("message/upsert", "a", "1'"),
+                msg("message/upsert", "d", "4"),
+            ],
+            None,
+        )
+        .unwrap();
+        let texts: Vec<_> = p.model_messages.iter().map(|m| m.text()).collect();
+        assert_eq!(
+            texts,
+            ["1'", "2'", "3'", "4"].map(|t| Some(t.to_owned())).to_vec()
+        );
+        assert_eq!(p.transcript_len, 4);
     }
 
     #[test]
