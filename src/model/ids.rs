@@ -147,9 +147,19 @@ impl fmt::Display for SessionRef {
     }
 }
 
-/// 16 random bytes as 32 lowercase hex characters.
+/// 16 random bytes as 32 lowercase hex characters: session ids, staging folder names,
+/// writer owner ids and the like, which must differ between processes as well as within one.
 pub(crate) fn random_hex() -> String {
-    format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..))
+    format!("{:016x}{:016x}", random_u64(), random_u64())
+}
+
+/// A random `u64` from the operating system (`getrandom`). `fastrand`'s global generator
+/// seeds each thread from the monotonic clock and the thread id alone (hashed with fixed
+/// keys), so two processes whose threads of the same id seed it in the same nanosecond
+/// draw the same names. Without the OS's randomness (a sandbox refusing `getrandom(2)`), it
+/// falls back to `fastrand` mixed with the process id.
+pub(crate) fn random_u64() -> u64 {
+    getrandom::u64().unwrap_or_else(|_| fastrand::u64(..) ^ u64::from(std::process::id()) << 32)
 }
 
 /// First 16 bytes (32 hex chars) of SHA-256 over the parts joined by NUL.
@@ -184,6 +194,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn random_ids_are_hex_and_differ() {
+        let ids: std::collections::HashSet<String> = (0..10_000).map(|_| random_hex()).collect();
+        assert_eq!(ids.len(), 10_000);
+        assert!(ids.iter().all(|id| {
+            id.len() == 32
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        }));
+        // Threads started together draw different values (each its own OS draw).
+        let drawn: std::collections::HashSet<u64> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..8).map(|_| scope.spawn(random_u64)).collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("thread"))
+                .collect()
+        });
+        assert_eq!(drawn.len(), 8);
+        let id = SessionId::random();
+        assert_eq!(id.as_str().len(), 32);
+        assert_ne!(SessionId::random(), id);
+    }
+
+    #[test]
     fn refuses_unsafe_ids() {
         for bad in [
             "", "../x", "a/b", "a\\b", "CON", "con", "Lpt1.log", ".hidden", "trail.", " pad",
@@ -195,13 +229,5 @@ mod tests {
         assert!(SessionId::new("x".repeat(255)).is_ok());
         assert!(SessionId::new("console").is_ok());
         assert!(SessionId::new("a b.c").is_ok());
-    }
-
-    #[test]
-    fn random_ids_are_valid_hex() {
-        let id = SessionId::random();
-        assert_eq!(id.as_str().len(), 32);
-        assert!(id.as_str().bytes().all(|b| b.is_ascii_hexdigit()));
-        assert_ne!(SessionId::random(), id);
     }
 }

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::model::header::Origin;
+use crate::model::ids::random_u64;
 use crate::model::{Event, SessionId};
 use crate::persistence::verify::{LogValidator, resolve_target};
 use crate::persistence::{Root, rename_no_replace, sync_dir};
@@ -186,7 +187,7 @@ impl Root {
         let through = reader.durable_sequence()?;
         // Short, so that any destination name that fits the file system fits here too
         // (with SQLite's `-journal` suffix); created with `O_NOFOLLOW` by SQLite.
-        let temp = folder.join(format!(".sse-{:016x}.tmp", fastrand::u64(..)));
+        let temp = folder.join(format!(".sse-{:016x}.tmp", random_u64()));
         let written = (|| {
             let mut conn = schema::create_file(&temp)?;
             write::init_file(&mut conn, reader.header())?;

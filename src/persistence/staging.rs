@@ -52,7 +52,9 @@ impl Staged {
         let staging = open_staging(root, root_path)?;
         let staging_path = root_path.join(STAGING_DIR);
         // A fresh name's guard is free unless another process holds that very path; a CI
-        // run once saw it held (cause not found), so a held guard means: take another name.
+        // run once saw it held (the names then came from `fastrand`, whose global generator
+        // seeds from the clock and the thread id only; now from the OS, `random_u64`), so a
+        // held guard means: take another name.
         let mut attempt = 0;
         let (name, guard) = loop {
             let name = format!("{purpose}-{}", random_hex());

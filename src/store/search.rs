@@ -296,7 +296,7 @@ impl SearchIndex {
         let dir = temp.join(format!(
             "{PRIVATE_PREFIX}{}-{:016x}",
             std::process::id(),
-            fastrand::u64(..)
+            crate::model::ids::random_u64()
         ));
         std::fs::DirBuilder::new()
             .mode(0o700)
