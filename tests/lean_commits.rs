@@ -503,7 +503,8 @@ fn zero_filter_bits(file: &Path) {
 /// next writer starts from it. Every retry still returns the original commit, a reused id
 /// with other content is still a conflict and new operations append, whether the filter
 /// is intact, damaged (its bits zeroed: its check fails, it is ignored and the keys are
-/// scanned) or missing (NULL, as a checkpoint without one); a version-3 file (the column
+/// scanned), longer than any this build writes (3 MiB: not read), or missing (NULL, as a
+/// checkpoint without one); a version-3 file (the column
 /// dropped, `user_version` 3) reads, verifies and is upgraded by its next writer.
 #[test]
 fn the_checkpoint_operation_filter_is_restored_and_a_bad_one_ignored() {
@@ -525,10 +526,15 @@ fn the_checkpoint_operation_filter_is_restored_and_a_bad_one_ignored() {
         ),
         "1200|1"
     );
-    let states = ["intact", "damaged", "missing", "version 3"];
+    let states = ["intact", "damaged", "oversized", "missing", "version 3"];
     for (next, state) in (1_201..).zip(states) {
         match state {
             "damaged" => zero_filter_bits(&file),
+            // Longer than any filter this build writes: not read at all.
+            "oversized" => sql(
+                &file,
+                "UPDATE checkpoint SET operation_filter = zeroblob(3 * 1024 * 1024)",
+            ),
             "missing" => sql(&file, "UPDATE checkpoint SET operation_filter = NULL"),
             "version 3" => {
                 sql(
@@ -563,6 +569,6 @@ fn the_checkpoint_operation_filter_is_restored_and_a_bad_one_ignored() {
             .all_commits()
             .expect("replay")
             .len(),
-        1_204
+        1_205
     );
 }

@@ -13,7 +13,7 @@ use crate::model::event::{INHERITED_OPERATION_PREFIX, assign_derived_ids, operat
 use crate::model::ids::{derived_turn_id, now_ms, random_hex};
 use crate::model::projection::{FoldEffects, apply_history};
 use crate::model::{Batch, Commit, Event, Message, Projection, SessionId};
-use crate::session::ops::{Known, OperationIds};
+use crate::session::ops::{self, Known, OperationIds};
 use crate::session::pool::{self, Drain};
 use crate::store::blob::MAX_BLOB_BYTES;
 use crate::store::checkpoint;
@@ -54,7 +54,7 @@ fn checkpoint_due(new_events: u64, last_size: u64, min_events: u64) -> bool {
 /// one, the writer thread loads every key.
 fn restored_operation_ids(reader: &SessionReader, checkpoint_seq: u64) -> (OperationIds, u64) {
     let restored = (checkpoint_seq > 0)
-        .then(|| reader.operation_filter(checkpoint_seq))
+        .then(|| reader.operation_filter(checkpoint_seq, ops::MAX_FILTER_FORM))
         .flatten()
         .and_then(|bytes| OperationIds::restored(&bytes));
     let Some(mut ops) = restored else {

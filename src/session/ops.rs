@@ -23,6 +23,11 @@ const BITS_PER_ID: usize = 16;
 const PROBES: u64 = 7;
 /// Ids the first segment holds; each next one holds twice as many.
 const FIRST_SEGMENT: usize = 1024;
+/// The longest [`OperationIds::filter_bytes`] this build writes, with its stored check: the
+/// bits within [`MAX_FILTER_BYTES`], an 8-byte head per segment (fewer than 32 of them, each
+/// twice the one before), the 8-byte header and the 16-byte check. A longer stored filter
+/// is not even read.
+pub(crate) const MAX_FILTER_FORM: usize = MAX_FILTER_BYTES + 32 * 8 + 8 + 16;
 /// The first byte of [`OperationIds::filter_bytes`]: the form this build writes and reads.
 const FILTER_FORMAT: u8 = 1;
 
@@ -357,6 +362,24 @@ mod tests {
             full
         };
         assert_eq!(full.filter_bytes(), None, "a full filter is not stored");
+    }
+
+    #[test]
+    fn the_largest_filter_stored_fits_the_form_read_back() {
+        let mut ids = OperationIds::new();
+        ids.load([]);
+        let mut largest = 0;
+        for i in 0.. {
+            ids.insert(&format!("op-{i}"));
+            if ids.full {
+                break;
+            }
+            if ids.segments.last().is_some_and(|s| s.len == s.capacity) {
+                largest = ids.filter_bytes().expect("complete").len();
+            }
+        }
+        assert!(largest > MAX_FILTER_BYTES * 9 / 10, "{largest}");
+        assert!(largest + 16 <= MAX_FILTER_FORM, "{largest}");
     }
 
     #[test]

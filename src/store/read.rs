@@ -243,16 +243,22 @@ pub(crate) fn read_checkpoint(
 
 /// The operation filter of the checkpoint as of `through_seq` (see
 /// `migrations/0004_operation_filter.sql`), its check verified and removed; `None` for
-/// an older file, another checkpoint, none stored, or one that does not check out.
-pub(crate) fn read_operation_filter(conn: &Connection, through_seq: u64) -> Option<Vec<u8>> {
+/// an older file, another checkpoint, none stored, one longer than `max_bytes` (not read:
+/// a damaged or hostile length costs no memory) or one that does not check out.
+pub(crate) fn read_operation_filter(
+    conn: &Connection,
+    through_seq: u64,
+    max_bytes: usize,
+) -> Option<Vec<u8>> {
     if schema_version(conn).ok()? < 4 {
         return None;
     }
     let stored: Vec<u8> = conn
         .query_row(
             "SELECT operation_filter FROM checkpoint
-             WHERE through_seq = ?1 AND operation_filter IS NOT NULL",
-            [through_seq.min(i64::MAX as u64)],
+             WHERE through_seq = ?1 AND operation_filter IS NOT NULL
+               AND length(operation_filter) <= ?2",
+            params![through_seq.min(i64::MAX as u64), max_bytes as u64],
             |r| r.get(0),
         )
         .ok()?;

@@ -1341,9 +1341,9 @@ impl SessionReader {
 
     /// The operation filter (`session::ops`) stored with this session's own file's
     /// checkpoint if that checkpoint is the one as of `through_seq` (schema 4); `None`
-    /// when there is none or it does not check out.
-    pub(crate) fn operation_filter(&self, through_seq: u64) -> Option<Vec<u8>> {
-        read::read_operation_filter(&*self.own().ok()?, through_seq)
+    /// when there is none, it is longer than `max_bytes` or it does not check out.
+    pub(crate) fn operation_filter(&self, through_seq: u64, max_bytes: usize) -> Option<Vec<u8>> {
+        read::read_operation_filter(&*self.own().ok()?, through_seq, max_bytes)
     }
 
     /// The commit that recorded `operation_id` in this session's own file.
