@@ -68,10 +68,7 @@ struct Stamp {
 impl Stamp {
     /// The stamp of the regular file at `file` (a symlink is not followed).
     fn of(file: &Path) -> Result<Stamp> {
-        let m = match std::fs::symlink_metadata(file) {
-            Ok(m) if m.is_file() => m,
-            _ => return Err(Error::SessionNotFound(file.display().to_string())),
-        };
+        let m = regular_file(file)?;
         let absent = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
         let wal_empty = match std::fs::symlink_metadata(schema::sidecar(file, "-wal")) {
             Ok(wal) => wal.is_file() && wal.len() == 0,
@@ -131,9 +128,18 @@ struct Entry {
     used: u64,
 }
 
-/// The identity of the regular file at `file` (a symlink is not followed).
+/// The metadata of the regular file at `file` (a symlink is not followed).
+fn regular_file(file: &Path) -> Result<std::fs::Metadata> {
+    match std::fs::symlink_metadata(file) {
+        Ok(m) if m.is_file() => Ok(m),
+        _ => Err(Error::SessionNotFound(file.display().to_string())),
+    }
+}
+
+/// The identity of the regular file at `file` (a symlink is not followed): one `lstat`,
+/// not the three of a [`Stamp`].
 fn identity_of(file: &Path) -> Result<Identity> {
-    Stamp::of(file).map(|s| s.identity)
+    regular_file(file).map(|m| (m.dev(), m.ino()))
 }
 
 fn schema_cookie(conn: &Connection) -> Result<i64> {
