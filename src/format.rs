@@ -5,7 +5,7 @@
 //! to back up or replicate a root (which names are sessions, which are the library's own
 //! dot-folders) and to choose a [`StoreOptions::with_inline_threshold`]. Everything else
 //! about the layout is private: read and write through [`Root`] and [`SessionReader`].
-//! `docs/ARCHITECTURE.md` (section "File format") describes what each value guards.
+//! `docs/ARCHITECTURE.md` (§2, "On disk") describes what each value guards.
 //!
 //! [`StoreOptions::with_inline_threshold`]: crate::StoreOptions::with_inline_threshold
 //! [`Root`]: crate::Root
@@ -53,6 +53,6 @@ pub const MIN_INLINE_THRESHOLD: usize = 128;
 /// ([`INLINE_PAYLOAD_LIMIT`]) are stored as one blob anyway.
 pub const MAX_INLINE_THRESHOLD: usize = INLINE_PAYLOAD_LIMIT;
 
-/// The default inline threshold (1 KiB): string values of a payload at least this long
-/// are stored once as content parts; see `docs/ARCHITECTURE.md` for the measurement.
+/// The default inline threshold (1 KiB): string values of a payload longer than this are
+/// stored once as content parts; see `docs/ARCHITECTURE.md` for the measurement.
 pub const DEFAULT_INLINE_THRESHOLD: usize = 1024;

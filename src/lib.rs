@@ -3,7 +3,8 @@
 //! ## Cargo features
 //!
 //! - `cli` (default): the `session-store` command-line binary and its dependencies
-//!   (`clap`, `indicatif`), and the module `baseline`: the raw-SQLite baselines its
+//!   (`clap`, `indicatif`, and for `serve` `axum`, `maud` and tokio's networking and
+//!   signals), and the module `baseline`: the raw-SQLite baselines its
 //!   benchmarks measure the library against. A host that embeds the library turns it off:
 //!   `session-store = { version = "0.1", default-features = false }`.
 //!

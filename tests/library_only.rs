@@ -1,8 +1,8 @@
 //! The library builds without the command line's dependencies: with `--no-default-features`
-//! (no `cli` feature) the dependency tree has no `clap` and no `indicatif`, and the library
-//! compiles; and the API docs build without a rustdoc warning. Runs `cargo` itself (on
-//! PATH in CI; `$CARGO` when `cargo test` started us) in the release profile, on this
-//! target folder.
+//! (no `cli` feature) the dependency tree has no `clap`, `indicatif`, `axum` or `maud`, and
+//! the library compiles; and the API docs build without a rustdoc warning. Runs `cargo`
+//! itself (on PATH in CI; `$CARGO` when `cargo test` started us) in the release profile, on
+//! this target folder.
 
 use std::path::Path;
 use std::process::{Command, Output};
