@@ -656,8 +656,9 @@ impl Root {
 
     /// As [`Root::list`], keeping only the sessions that pass `filter`, in its order;
     /// `after` is a cursor from [`ListFilter::cursor_after`]. A filtered or sorted page
-    /// first brings stale catalog entries up to date (one `stat` per session), then is one
-    /// keyset query on the catalog; unreadable sessions are reported on the first page.
+    /// first brings stale catalog entries up to date (one `stat` per session; skipped with
+    /// [`ListFilter::cached_only`]), then is one keyset query on the catalog; unreadable
+    /// sessions are reported on the first page.
     ///
     /// # Errors
     /// [`Error::InvalidInput`] for a cursor of another order; as [`Root::list`].
