@@ -10,7 +10,8 @@
 //! * Numeric arguments out of range are usage errors (exit 2), never a panic.
 //! * Reads of many commits sharing one large blob (`verify`, `export`, `import`,
 //!   `rebuild-catalog`, `events`, `show`) peak at the same RSS for 6 and 36 references.
-//! * `migrate-legacy` refuses invalid UTF-8 and honours `--head`.
+//! * `migrate-legacy` refuses invalid UTF-8 and honours `--head`; `append` refuses it as
+//!   invalid input (exit 6).
 //! * Human output escapes terminal control sequences from a session; error lines clip
 //!   huge values.
 //! * The append rules the README documents: what the operation hash covers, nested
@@ -59,6 +60,11 @@ impl Env {
 
     /// Runs with `stdin` as input and collects everything.
     fn run_with(&self, args: &[&str], stdin: &str) -> Output {
+        self.run_bytes(args, stdin.as_bytes())
+    }
+
+    /// Runs with `stdin` (any bytes) as input and collects everything.
+    fn run_bytes(&self, args: &[&str], stdin: &[u8]) -> Output {
         let mut child = cli(&self.path("root"), args)
             .current_dir(self.0.path())
             .stdin(Stdio::piped())
@@ -68,7 +74,7 @@ impl Env {
             .expect("spawn");
         // A child that refuses early may close its stdin: not an error here.
         if let Some(mut input) = child.stdin.take() {
-            let _ = input.write_all(stdin.as_bytes());
+            let _ = input.write_all(stdin);
         }
         child.wait_with_output().expect("wait")
     }
@@ -597,6 +603,24 @@ fn migrate_legacy_refuses_invalid_utf8_and_honours_head() {
         tip["target_id"], record["target_id"],
         "another head, another id"
     );
+}
+
+#[test]
+fn append_refuses_invalid_utf8_as_invalid_input_keeping_the_lines_before() {
+    let env = Env::new();
+    env.ok(&["create", "s"]);
+    let good = r#"{"operation_id":"a","events":[{"kind":"diagnostic"}]}"#;
+    let input = [
+        format!("{good}\n").into_bytes(),
+        b"{\"operation_id\":\"b\xff\",\"events\":[{\"kind\":\"diagnostic\"}]}\n".to_vec(),
+    ]
+    .concat();
+    let out = env.run_bytes(&["append", "s"], &input);
+    assert_eq!(code(&out), 6, "{}", describe(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("line 2 is not UTF-8"), "{stderr}");
+    // The line before it is durable, nothing of line 2 is.
+    assert_eq!(durable(&env, "s"), 1);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -106,6 +106,11 @@ fn feed(
     for (n, line) in input.lines().enumerate() {
         let line = match line {
             Ok(line) => line,
+            // Bad input, as a line that is not JSON is (status 6), not a failed read.
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                failure = Some(Failure::invalid(format!("line {} is not UTF-8", n + 1)));
+                break;
+            }
             Err(e) => {
                 failure = Some(Failure::context(format!("read line {}", n + 1), &e));
                 break;
