@@ -478,3 +478,25 @@ async fn the_catalog_indexes_its_sorted_orders() {
         "sessions_by_created\nsessions_by_updated"
     );
 }
+
+/// A caller's `after` beyond any sequence SQLite can hold (the Python `events(after=2**63)`,
+/// `observe` with `u64::MAX`) is an empty page, not an SQLite conversion error.
+#[tokio::test]
+async fn commits_after_a_sequence_beyond_sqlite_integers_are_an_empty_page() {
+    let (_dir, service) = service();
+    let root = service.root().clone();
+    let s = root.create(CreateOptions::with_id(id("e"))).unwrap();
+    s.append(Batch::new("a", vec![message("m1", "user", "hi")]))
+        .unwrap();
+    s.close().unwrap();
+    let reader = root.open_reader(&id("e")).unwrap();
+    let r = service.session_ref(id("e"));
+    for after in [i64::MAX as u64, i64::MAX as u64 + 1, u64::MAX] {
+        assert!(reader.commits(after, 10).unwrap().is_empty(), "{after}");
+        let page = service.query().observe(&r, after, 10).await.unwrap();
+        assert!(page.events.commits.is_empty(), "{after}");
+        assert!(!page.events.truncated, "{after}");
+    }
+    // The edge below still reads the log.
+    assert_eq!(reader.commits(0, 10).unwrap().len(), 1);
+}

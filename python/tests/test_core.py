@@ -190,6 +190,8 @@ def test_hostile_input_is_refused_and_changes_nothing(root, tmp_path):
             s.append_json(b"{}")
         assert s.sequences() == (3, 3)
     assert len(root.events("h")["commits"]) == 1
+    # After any sequence there is (SQLite's integers end at 2**63 - 1): an empty page.
+    assert root.events("h", after=2**63)["commits"] == []
     for bad_id in ["", "../escape", "a/b", "x" * 5000, "\x00"]:
         with pytest.raises(InvalidInput):
             root.create(bad_id)
