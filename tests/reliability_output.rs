@@ -412,6 +412,12 @@ fn numeric_arguments_out_of_range_are_usage_errors_not_panics() {
         &["events", "s", "--limit", "18446744073709551616"],
         &["history", "s", "--limit", "18446744073709551616"],
         &["list", "--limit", "18446744073709551616"],
+        // `--help` says 1..=100, as `events --limit` says its range: 0 is not "the default"
+        // and 101 a usage error like any other number out of range (was exit 6).
+        &["list", "--limit", "0"],
+        &["list", "--limit", "101"],
+        &["search", "x", "--limit", "0"],
+        &["search", "x", "--limit", "101"],
         &["bench", "--events", "18446744073709551615"],
         &["bench", "--batch", "0"],
         &["bench", "--sessions", "100000"],
@@ -425,6 +431,9 @@ fn numeric_arguments_out_of_range_are_usage_errors_not_panics() {
     assert!(page.contains(r#""events":[]"#), "{page}");
     env.ok(&["events", "s", "--limit", "1000000"]);
     env.ok(&["history", "s", "--limit", "18446744073709551615"]);
+    env.ok(&["list", "--limit", "100"]);
+    env.ok(&["list", "--limit", "1"]);
+    env.ok(&["search", "x", "--limit", "100"]);
     env.ok(&["delete", "s", "--wait", "0.5"]);
     env.fails(&["show", "s"], 3);
 }

@@ -923,14 +923,15 @@ fn cli_search_marks_snippets_on_a_terminal_only_and_follows_the_exit_codes() {
         "timeouts"
     );
     assert_eq!(page["next_cursor"], json!(null));
-    // Exit codes: a malformed query or a limit over 100 is invalid input (6), a bad date
-    // a usage error (2), an unknown session in --session simply has no hits.
+    // Exit codes: a malformed query is invalid input (6), a limit over 100 and a bad date
+    // usage errors (2, as every number out of its range), an unknown session in --session
+    // simply has no hits.
     let out = run(&["search", "\"open"]);
     assert_eq!(out.status.code(), Some(6));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no closing"));
     assert_eq!(
         run(&["search", "x", "--limit", "101"]).status.code(),
-        Some(6)
+        Some(2)
     );
     assert_eq!(
         run(&["search", "x", "--since", "last week"]).status.code(),

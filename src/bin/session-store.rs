@@ -105,7 +105,8 @@ enum Command {
     /// List sessions, one page (filters combine; a cursor continues the same listing).
     List {
         /// Sessions per page (1..=100).
-        #[arg(long, default_value_t = 50)]
+        #[arg(long, default_value_t = 50,
+              value_parser = RangedU64ValueParser::<usize>::new().range(1..=session_store::MAX_LIST_LIMIT as u64))]
         limit: usize,
         /// Start after this cursor (a previous page's next_cursor).
         #[arg(long, value_name = "C")]
@@ -159,7 +160,8 @@ enum Command {
         /// The query.
         query: String,
         /// Hits per page (1..=100).
-        #[arg(long, default_value_t = 10)]
+        #[arg(long, default_value_t = 10,
+              value_parser = RangedU64ValueParser::<usize>::new().range(1..=session_store::MAX_SEARCH_LIMIT as u64))]
         limit: usize,
         /// The next page: a previous page's next_cursor.
         #[arg(long, value_name = "C")]

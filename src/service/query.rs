@@ -17,8 +17,8 @@ use crate::service::{Service, blocking};
 use crate::session::live::{PersistenceStatus, SessionSnapshot};
 use crate::store::reader::{HistoryBody, SessionReader};
 
-/// Largest page `list` returns.
-const MAX_LIST_LIMIT: usize = 100;
+/// Largest page `list` returns (a larger `limit` is [`Error::InvalidInput`]).
+pub const MAX_LIST_LIMIT: usize = 100;
 /// Default and largest page of `history_page`.
 const DEFAULT_HISTORY_LIMIT: usize = 100;
 const MAX_HISTORY_LIMIT: usize = 500;
