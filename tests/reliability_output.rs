@@ -7,7 +7,8 @@
 //!   `history --json` and `show --json` exit 0 with parseable JSON, and `events --json`
 //!   gives back every payload byte for byte; human output carries no control characters.
 //!   `PROPTEST_CASES` sets the cases (default 24).
-//! * Numeric arguments out of range are usage errors (exit 2), never a panic.
+//! * Numeric arguments out of range are usage errors (exit 2), never a panic; a closed
+//!   stdout ends a command quietly (status 1), never a panic.
 //! * Reads of many commits sharing one large blob (`verify`, `export`, `import`,
 //!   `rebuild-catalog`, `events`, `show`) peak at the same RSS for 6 and 36 references.
 //! * `migrate-legacy` refuses invalid UTF-8 and honours `--head`; `append` refuses it as
@@ -630,6 +631,40 @@ fn append_refuses_invalid_utf8_as_invalid_input_keeping_the_lines_before() {
     assert!(stderr.contains("line 2 is not UTF-8"), "{stderr}");
     // The line before it is durable, nothing of line 2 is.
     assert_eq!(durable(&env, "s"), 1);
+}
+
+/// `session-store events s | head`: the reader closes the pipe while the command still
+/// prints. The command stops quietly with status 1 (no panic, no backtrace, no error line
+/// for a reader that left on purpose), for human and JSON output.
+#[test]
+fn a_closed_stdout_ends_the_command_quietly_without_a_panic() {
+    let env = Env::new();
+    // About 200 KiB of output: more than a pipe holds, so the writes after the first
+    // 64 KiB fail even if the pipe was still open when the first ones were made.
+    let lines: String = (0..2000)
+        .map(|i| {
+            format!(
+                r#"{{"operation_id":"o{i}","events":[{{"kind":"diagnostic","payload":{{"n":"{}"}}}}]}}"#,
+                "x".repeat(60)
+            ) + "\n"
+        })
+        .collect();
+    assert_eq!(code(&env.run_with(&["append", "s", "--create"], &lines)), 0);
+    for args in [
+        &["events", "s", "--limit", "2000"][..],
+        &["--json", "events", "s", "--limit", "2000"][..],
+    ] {
+        let mut child = cli(&env.path("root"), args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("wait");
+        assert_eq!(code(&out), 1, "{args:?}: {}", describe(&out));
+        assert!(out.stderr.is_empty(), "{args:?}: {}", describe(&out));
+    }
 }
 
 // ---------------------------------------------------------------------------------------

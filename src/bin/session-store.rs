@@ -626,6 +626,8 @@ fn main() -> ExitCode {
     let args = Args::parse();
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader left on purpose (`| head`): no error line for it.
+        Err(e) if cli::is_broken_pipe(&*e) => ExitCode::from(cli::EXIT_OTHER),
         Err(e) => {
             eprintln!("session-store: error: {}", cli::one_line(&*e));
             ExitCode::from(cli::exit_code(&*e))

@@ -81,7 +81,7 @@ pub fn run(
     closed?;
     if !cx.json {
         let (_, durable) = session.sequences();
-        println!(
+        outln!(
             "appended {} batches ({} events, {} of payload) to {}; durable sequence {durable}",
             totals.batches,
             totals.events,

@@ -277,7 +277,7 @@ pub fn replicate(
                 "root": root_dir.to_string_lossy(), "replica": replica.url(), "config": text,
             }));
         }
-        print!("{text}");
+        out!("{text}");
         return Ok(());
     };
     write_config(&file, &text, config_out.is_none())
@@ -288,7 +288,7 @@ pub fn replicate(
                 "root": root_dir.to_string_lossy(), "replica": replica.url(), "config_file": file.to_string_lossy(),
             }));
         }
-        println!(
+        outln!(
             "wrote the Litestream config for {} to {}; start it with `session-store replicate \
              --run --config-out {2}`, or from an empty folder: litestream replicate -config {2}",
             root_dir.display(),
@@ -678,26 +678,28 @@ fn restore_into(
                 let names: Vec<&str> = r.inherits_from.iter().map(SessionId::as_str).collect();
                 format!(", inherits from {}", names.join(", "))
             };
-            println!(
+            outln!(
                 "restored {}: {} commits, {} events{inherits}; verified",
-                r.session_id, r.commits, r.events
+                r.session_id,
+                r.commits,
+                r.events
             );
         }
         for s in &skipped {
-            println!("skipped {}: {}", s.session_id, s.reason);
+            outln!("skipped {}: {}", s.session_id, s.reason);
         }
         for f in &failed {
-            println!("NOT restored {}: {}", f.session_id, f.reason);
+            outln!("NOT restored {}: {}", f.session_id, f.reason);
         }
         if let Ok(report) = &catalog {
             for s in &report.skipped {
-                println!(
+                outln!(
                     "unreadable {} (not in the catalog): {}",
                     s.session_id,
                     super::one_line(s.error.as_ref())
                 );
             }
-            println!(
+            outln!(
                 "restored {} sessions from {} into {}; catalog rebuilt: {} sessions",
                 restored.len(),
                 replica.url(),

@@ -97,16 +97,15 @@ pub fn search(cx: &Context, query: &str, args: SearchArgs) -> CliResult<()> {
     if cx.json {
         return print_json(&page);
     }
-    print_page(&page, std::io::stdout().is_terminal());
-    Ok(())
+    print_page(&page, std::io::stdout().is_terminal())
 }
 
 /// One block per hit: where it is, then its snippet (matches in bold reverse video on a
 /// terminal, plain text otherwise).
-fn print_page(page: &SearchPage, terminal: bool) {
+fn print_page(page: &SearchPage, terminal: bool) -> CliResult<()> {
     if page.hits.is_empty() {
-        println!("no matches");
-        return;
+        outln!("no matches");
+        return Ok(());
     }
     let (open, close) = if terminal {
         ("\x1b[1;7m", "\x1b[0m")
@@ -119,7 +118,7 @@ fn print_page(page: &SearchPage, terminal: bool) {
         } else {
             format!("  {}", printable(&hit.title))
         };
-        println!(
+        outln!(
             "{} #{} {} {}{title}",
             hit.session_ref.session_id,
             hit.position,
@@ -132,14 +131,15 @@ fn print_page(page: &SearchPage, terminal: bool) {
                 .iter()
                 .map(|r| r.session_id.as_str())
                 .collect();
-            println!("  also in: {}", forks.join(", "));
+            outln!("  also in: {}", forks.join(", "));
         }
         // Snippet text has no control characters: only the marks are escapes.
-        println!("  {}", hit.snippet.marked(open, close));
+        outln!("  {}", hit.snippet.marked(open, close));
     }
     if let Some(next) = &page.next_cursor {
-        println!("next page: --cursor {next}");
+        outln!("next page: --cursor {next}");
     }
+    Ok(())
 }
 
 #[cfg(test)]
