@@ -177,7 +177,12 @@ class Session:
         """
         if not isinstance(batch, str):
             raise TypeError(f"batch must be str, not {type(batch).__name__}")
-        return json.loads(self._native.append(batch))
+        try:
+            commit = self._native.append(batch)
+        except UnicodeEncodeError as e:
+            # A lone surrogate (``json.loads('"\\ud800"')`` gives one) has no UTF-8 form.
+            raise InvalidInput(f"invalid input: batch is not UTF-8 text: {e}") from None
+        return json.loads(commit)
 
     def flush(self) -> int:
         """Writes every accepted batch in one fsynced transaction; returns the durable sequence."""

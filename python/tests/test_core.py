@@ -176,6 +176,12 @@ def test_hostile_input_is_refused_and_changes_nothing(root, tmp_path):
             lambda: s.append("turn/start", operation_id="str"),
             lambda: s.append([1, 2], operation_id="ints"),
             lambda: s.append([{"kind": "turn/start"}], operation_id=""),
+            # A lone surrogate (json.loads('"\\ud800"') gives one) has no UTF-8 form.
+            lambda: s.append(
+                [{"kind": "session/title", "payload": json.loads('{"title": "\\ud800"}')}],
+                operation_id="surrogate",
+            ),
+            lambda: s.append_json('{"operation_id": "\ud800", "events": [{"kind": "turn/start"}]}'),
         ]
         for case in cases:
             with pytest.raises(InvalidInput):
