@@ -230,6 +230,9 @@ fn parse_history_cursor(cursor: &str) -> Result<(u64, u64)> {
         .and_then(|p| p.parse().ok())
         .filter(|b| *b > 0)
         .ok_or_else(bad)?;
+    if parts.next().is_some() {
+        return Err(bad());
+    }
     Ok((snapshot, before))
 }
 
