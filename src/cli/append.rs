@@ -60,8 +60,12 @@ pub fn run(
         }
         None => Box::new(std::io::stdin().lock()),
     };
-    let root = cx.open_root()?;
     let id = session_id(id)?;
+    let root = if create {
+        cx.create_root()?
+    } else {
+        cx.open_root()?
+    };
     let session = match root.open_writer(&id) {
         // Another `append --create` may publish it first: then this one appends to it, or
         // is refused naming the writer (status 5), never "already exists".

@@ -184,17 +184,32 @@ pub struct Context {
 }
 
 impl Context {
-    /// Opens the root (creating it if needed).
+    /// Opens the root, which must exist: status 3 and nothing created when it does not.
+    /// Commands that read or change existing sessions use this, so a mistyped `--root`
+    /// leaves no empty root behind.
     pub fn open_root(&self) -> CliResult<session_store::Root> {
+        if !self.root.is_dir() {
+            return Err(Failure::with_code(
+                EXIT_NOT_FOUND,
+                format!("no root at {}", self.root.display()),
+            ));
+        }
+        self.create_root()
+    }
+
+    /// Opens the root, creating it if needed (commands that create sessions).
+    pub fn create_root(&self) -> CliResult<session_store::Root> {
         Ok(session_store::Root::open(&self.root)?)
     }
 
-    /// A service over the root for this host.
+    /// A service over the root (which must exist) for this host.
     pub fn service(&self) -> CliResult<session_store::Service> {
-        Ok(session_store::Service::new(
-            self.host.clone(),
-            self.open_root()?,
-        )?)
+        self.service_on(self.open_root()?)
+    }
+
+    /// A service over `root` for this host.
+    pub fn service_on(&self, root: session_store::Root) -> CliResult<session_store::Service> {
+        Ok(session_store::Service::new(self.host.clone(), root)?)
     }
 }
 

@@ -414,7 +414,7 @@ pub fn restore(
 ) -> CliResult<()> {
     let replica = Replica::parse(from)?;
     let requested_id = id.map(super::session_id).transpose()?;
-    let root = cx.open_root()?;
+    let root = cx.create_root()?;
     let bin = find_litestream(litestream)?;
     check_version(&bin)?;
     let present = |id: &SessionId| root.session_dir(id).join(SESSION_FILE).is_file();

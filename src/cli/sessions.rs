@@ -67,7 +67,7 @@ fn blob_label(content: &ContentRef) -> String {
 
 /// `create [ID] [--cwd DIR]`.
 pub fn create(cx: &Context, id: Option<&str>, cwd: Option<String>) -> CliResult<()> {
-    let root = cx.open_root()?;
+    let root = cx.create_root()?;
     let mut options = CreateOptions::default();
     options.session_id = id.map(session_id).transpose()?;
     options.cwd = cwd;
@@ -149,8 +149,8 @@ fn report_skipped(skipped: &[SkippedSession]) {
 
 /// `rename ID TITLE`.
 pub fn rename(cx: &Context, id: &str, title: &str) -> CliResult<()> {
-    let root = cx.open_root()?;
     let id = session_id(id)?;
+    let root = cx.open_root()?;
     root.rename(&id, title)?;
     if cx.json {
         print_json(&json!({ "session_id": id, "title": title }))
@@ -196,8 +196,8 @@ pub fn file_bytes(root: &session_store::Root, id: &SessionId) -> u64 {
 
 /// `show ID`.
 pub fn show(cx: &Context, id: &str) -> CliResult<()> {
-    let root = cx.open_root()?;
     let id = session_id(id)?;
+    let root = cx.open_root()?;
     let info = root.stat(&id)?;
     let reader = root.open_reader(&id)?;
     let projection = reader.projection()?;
@@ -365,8 +365,9 @@ fn print_usage(label: &str, indent: &str, usage: &Usage) -> CliResult<()> {
 
 /// `history ID [--limit N] [--cursor C]`.
 pub fn history(cx: &Context, id: &str, limit: usize, cursor: Option<&str>) -> CliResult<()> {
+    let id = session_id(id)?;
     let service = cx.service()?;
-    let r = service.session_ref(session_id(id)?);
+    let r = service.session_ref(id);
     let page = block_on(service.query().history_page(&r, cursor, limit))??;
     if cx.json {
         return print_json(&page);
@@ -438,8 +439,9 @@ struct EventsPage<'a> {
 
 /// `events ID [--after SEQ] [--limit N]`.
 pub fn events(cx: &Context, id: &str, after: u64, limit: usize, inline: bool) -> CliResult<()> {
+    let id = session_id(id)?;
     let root = cx.open_root()?;
-    let reader = root.open_reader(&session_id(id)?)?;
+    let reader = root.open_reader(&id)?;
     let durable = reader.durable_sequence()?;
     // Every commit holds at least one event, so `limit` commits cover `limit` events.
     let commits = reader.commits(after, limit)?;
@@ -487,8 +489,8 @@ pub fn events(cx: &Context, id: &str, after: u64, limit: usize, inline: bool) ->
 
 /// `fork ID --after-turn T [--id NEW]` and `rewind ID --before-turn T [--id NEW]`.
 pub fn fork(cx: &Context, id: &str, point: ForkPoint, new_id: Option<&str>) -> CliResult<()> {
-    let root = cx.open_root()?;
     let parent = session_id(id)?;
+    let root = cx.open_root()?;
     let origin = match point {
         ForkPoint::AfterTurn(_) => "fork",
         ForkPoint::BeforeTurn(_) => "rewind",
@@ -515,8 +517,8 @@ fn must_exist(path: &Path) -> CliResult<()> {
 
 /// `export ID FILE`.
 pub fn export(cx: &Context, id: &str, file: &Path) -> CliResult<()> {
-    let root = cx.open_root()?;
     let id = session_id(id)?;
+    let root = cx.open_root()?;
     let bar = spinner(&format!("exporting {id}"));
     let report = root.export(&id, file);
     bar.finish_and_clear();
@@ -545,7 +547,7 @@ pub fn import(
     cwd: Option<String>,
 ) -> CliResult<()> {
     must_exist(file)?;
-    let root = cx.open_root()?;
+    let root = cx.create_root()?;
     let mut options = ImportOptions::default();
     options.session_id = new_id.map(session_id).transpose()?;
     options.cwd = cwd;
@@ -566,8 +568,8 @@ const DELETE_GRACE: Duration = Duration::from_millis(500);
 
 /// `delete ID [--wait SECONDS]`.
 pub fn delete(cx: &Context, id: &str, wait: Duration) -> CliResult<()> {
-    let root = cx.open_root()?;
     let id = session_id(id)?;
+    let root = cx.open_root()?;
     if wait.is_zero()
         && let Some(owner) = root.writer_owner(&id)?
     {
@@ -727,7 +729,7 @@ pub fn verify(cx: &Context, target: &str) -> CliResult<()> {
 /// `migrate-legacy FILE [--head ID]`.
 pub fn migrate_legacy(cx: &Context, file: &Path, head: &str) -> CliResult<()> {
     must_exist(file)?;
-    let service = cx.service()?;
+    let service = cx.service_on(cx.create_root()?)?;
     let record = block_on(async {
         let (runtime, record) = service.continue_legacy(file, head).await?;
         service.close(runtime.session_ref()).await?;
@@ -753,8 +755,9 @@ pub fn migrate_legacy(cx: &Context, file: &Path, head: &str) -> CliResult<()> {
 
 /// `stats ID`.
 pub fn stats(cx: &Context, id: &str) -> CliResult<()> {
+    let id = session_id(id)?;
     let root = cx.open_root()?;
-    let stats = root.stats(&session_id(id)?)?;
+    let stats = root.stats(&id)?;
     if cx.json {
         return print_json(&stats);
     }
