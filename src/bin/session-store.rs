@@ -172,8 +172,9 @@ enum Command {
         /// Only sessions created with this working directory.
         #[arg(long, value_name = "DIR")]
         cwd: Option<String>,
-        /// Only messages at or after this UTC time: YYYY-MM-DD[THH:MM[:SS]].
-        #[arg(long, value_name = "DATE", value_parser = cli::search::parse_date)]
+        /// Only messages since: a duration back from now (7d, 12h) or a UTC date
+        /// (2026-12-01, 2026-12-01T08:30:00Z).
+        #[arg(long, value_name = "WHEN", value_parser = cli::when::parse_since)]
         since: Option<i64>,
         /// Only messages with this role (user, assistant, tool, …; title for titles).
         #[arg(long)]
