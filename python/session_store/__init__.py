@@ -193,7 +193,9 @@ class Session:
         return json.loads(self._native.transcript())
 
     def close(self) -> None:
-        """Flushes and releases the writer lock. Later calls raise :class:`Closed`."""
+        """Flushes and releases the writer lock. Later appends raise :class:`Closed`; closing
+        again does nothing, and :meth:`flush`, :meth:`sequences` and :meth:`transcript` still
+        answer (with the state at the close)."""
         self._native.close()
 
     async def aappend(

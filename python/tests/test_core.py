@@ -160,6 +160,9 @@ def test_error_hierarchy_and_writer_owned_carries_the_owner(root):
     writer.close()
     with pytest.raises(Closed):
         writer.append(turn("t", msg(1)), operation_id="late")
+    # As Session.close documents: only appends raise; the rest answer with the closed state.
+    writer.close()
+    assert writer.flush() == 0 and writer.sequences() == (0, 0) and writer.transcript() == []
     root.open("a").close()  # free again
 
 
