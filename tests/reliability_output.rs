@@ -633,6 +633,41 @@ fn append_refuses_invalid_utf8_as_invalid_input_keeping_the_lines_before() {
     assert_eq!(durable(&env, "s"), 1);
 }
 
+/// A batch is the JSON object the README documents. A JSON array used to be read as the
+/// struct's fields in order (`["op", null, [...]]` appended), and an array of events (a
+/// likely mistake) was refused with serde's "expected struct Batch with 3 elements".
+#[test]
+fn append_refuses_a_batch_that_is_not_a_json_object() {
+    let env = Env::new();
+    env.ok(&["create", "s"]);
+    for line in [
+        r#"["o",null,[{"kind":"diagnostic"}]]"#,
+        r#"[{"kind":"diagnostic"}]"#,
+        "[]",
+        r#""o""#,
+    ] {
+        let out = env.run_with(&["append", "s"], &format!("{line}\n"));
+        assert_eq!(code(&out), 6, "{line}: {}", describe(&out));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("a batch object"), "{line}: {stderr}");
+        assert!(
+            serde_json::from_str::<Batch>(line).is_err(),
+            "{line} parsed as a Batch"
+        );
+    }
+    assert_eq!(durable(&env, "s"), 0, "nothing appended");
+    // The object form, keys in any order, still parses.
+    let batch: Batch = serde_json::from_str(
+        r#"{"events":[{"kind":"diagnostic"}],"turn_id":"t","operation_id":"o"}"#,
+    )
+    .expect("an object");
+    assert_eq!(
+        (batch.operation_id.as_str(), batch.turn_id.as_deref()),
+        ("o", Some("t"))
+    );
+    assert_eq!(batch.events.len(), 1);
+}
+
 /// `session-store events s | head`: the reader closes the pipe while the command still
 /// prints. The command stops quietly with status 1 (no panic, no backtrace, no error line
 /// for a reader that left on purpose), for human and JSON output.
