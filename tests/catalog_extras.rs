@@ -600,6 +600,42 @@ fn list_filters_and_sorts_are_keyset_pages_on_the_catalog() {
     fails(&root, &["list", "--since", "2024-02-30"], 2);
 }
 
+/// Reading a session whose file has no `-wal` beside it (a fork, an import) makes SQLite
+/// create an empty one: its fresh mtime made the session "updated" now, so `show`, a
+/// browser's page or `gc --dry-run` itself put an old session back at the top of
+/// `list --sort updated` and out of reach of `gc` (the test's sessions were created now,
+/// so only `gc`, which goes by the files alone, sees their age). An empty WAL holds no
+/// change.
+#[test]
+fn reading_a_session_does_not_make_it_updated() {
+    let (_dir, root) = temp_cli_root();
+    chat(&root, "parent", 1, "/w");
+    ok(
+        &root,
+        &["fork", "parent", "--after-turn", "t1", "--id", "child"],
+    );
+    let wal = root.join("child").join("session.sqlite-wal");
+    let _ = std::fs::remove_file(&wal);
+    age(&root, "parent", 3 * 86_400);
+    age(&root, "child", 3 * 86_400);
+    for args in [
+        &["show", "child"][..],
+        &["history", "child"],
+        &["verify", "child"],
+    ] {
+        ok(&root, args);
+    }
+    assert!(wal.exists(), "the reads made SQLite's -wal");
+    let dry = json_of(&root, &["gc", "--older-than", "2d", "--dry-run"]);
+    let again = json_of(&root, &["gc", "--older-than", "2d", "--dry-run"]);
+    assert_eq!(dry, again, "a dry run changes nothing the next one sees");
+    assert_eq!(
+        dry["deleted"].as_array().expect("deleted").len(),
+        2,
+        "{dry}"
+    );
+}
+
 #[test]
 fn gc_deletes_only_old_sessions_without_a_writer() {
     let (_dir, root) = temp_cli_root();
