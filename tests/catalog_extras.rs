@@ -636,6 +636,40 @@ fn reading_a_session_does_not_make_it_updated() {
     );
 }
 
+/// An old parent and its old fork: deleting the fork (first in id order) removes its row
+/// from the parent's `dependents`, which changes the parent's file. The parent was then
+/// skipped without a word (neither deleted nor kept), against the dry run that said it
+/// would be deleted. Every session old when the run starts is reported.
+#[test]
+fn gc_reports_a_parent_its_deleted_fork_changed() {
+    let (_dir, root) = temp_cli_root();
+    chat(&root, "parent", 1, "/w");
+    ok(
+        &root,
+        &["fork", "parent", "--after-turn", "t1", "--id", "child"],
+    );
+    for session in ["parent", "child"] {
+        age(&root, session, 3 * 86_400);
+    }
+    let dry = json_of(&root, &["gc", "--older-than", "2d", "--dry-run"]);
+    let ids = |v: &Value, key: &str| -> Vec<String> {
+        v[key]
+            .as_array()
+            .expect(key)
+            .iter()
+            .map(|d| d["session_id"].as_str().expect("id").to_owned())
+            .collect()
+    };
+    assert_eq!(ids(&dry, "deleted"), ["child", "parent"]);
+    let real = json_of(&root, &["gc", "--older-than", "2d"]);
+    assert_eq!(ids(&real, "deleted"), ["child"]);
+    assert_eq!(ids(&real, "kept"), ["parent"], "{real}");
+    let reason = real["kept"][0]["reason"].as_str().expect("reason");
+    assert!(reason.contains("updated"), "{reason}");
+    assert_eq!(listed(&root, &[]), ["parent"]);
+    assert!(ok(&root, &["verify", "parent"]).starts_with("ok"));
+}
+
 #[test]
 fn gc_deletes_only_old_sessions_without_a_writer() {
     let (_dir, root) = temp_cli_root();
