@@ -138,7 +138,7 @@ pub fn config_text(root: &Path, replica: &Replica) -> String {
         .to_string();
     format!(
         "# Litestream (>= 0.5) configuration written by `session-store replicate` for the root\n\
-         #   {root_text}\n\
+         #   {root_shown}\n\
          # Every <root>/<id>/session.sqlite is replicated to <replica>/<id>/session.sqlite (the\n\
          # watcher picks up sessions created later), and the catalog to <replica>/{CATALOG_FILE}\n\
          # (`session-store restore --all` reads it to find the sessions of the replica).\n\
@@ -157,7 +157,9 @@ pub fn config_text(root: &Path, replica: &Replica) -> String {
            - path: {catalog}\n    \
              replica:\n      \
                url: {catalog_url}\n",
-        replica_url = replica.url(),
+        // In the comments a line break would end the comment: escaped, as in human output.
+        root_shown = super::printable(&root_text),
+        replica_url = super::printable(&replica.url()),
         dir = yaml_string(&root_text),
         url = yaml_string(&replica.url()),
         catalog = yaml_string(&catalog),
@@ -755,5 +757,21 @@ mod tests {
         assert!(text.contains("  - path: \"/srv/sessions/.catalog/catalog.sqlite\"\n"));
         assert!(text.contains("      url: \"s3://bkt/host-a/catalog.sqlite\"\n"));
         assert_eq!(yaml_string("a\"b\\c"), r#""a\"b\\c""#);
+    }
+
+    #[test]
+    fn a_root_path_with_a_line_break_stays_inside_its_comment() {
+        let replica = Replica::parse("file:///backup/r").unwrap();
+        let text = config_text(Path::new("/srv/a\ndbs: []\r\n# b"), &replica);
+        let (head, body) = text.split_once("\ndbs:\n").expect("the dbs key");
+        assert!(
+            head.lines().all(|l| l.starts_with('#')),
+            "every line before dbs: is a comment:\n{text}"
+        );
+        assert!(
+            body.lines()
+                .any(|l| l.starts_with("  - dir: \"/srv/a") && l.ends_with("# b\"")),
+            "the path is one quoted value:\n{body}"
+        );
     }
 }
