@@ -562,6 +562,21 @@ fn a_missing_root_is_not_found_and_only_creating_commands_make_it() {
         assert!(!env.root().exists(), "{args:?} made the root");
     }
     assert!(!env.path("out.sqlite").exists());
+    // `restore` makes the root, but not before it has a Litestream to restore with.
+    let missing = env.path("no-litestream");
+    let err = env.fails(
+        &[
+            "restore",
+            "--from",
+            "file:///nowhere",
+            "--all",
+            "--litestream",
+            missing.to_str().expect("path"),
+        ],
+        3,
+    );
+    assert!(err.contains("no-litestream"), "{err}");
+    assert!(!env.root().exists(), "restore made the root");
     env.ok(&["create", "s"]);
     assert!(env.root().is_dir());
     assert!(env.ok(&["list"]).contains('s'));

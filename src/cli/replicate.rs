@@ -416,9 +416,10 @@ pub fn restore(
 ) -> CliResult<()> {
     let replica = Replica::parse(from)?;
     let requested_id = id.map(super::session_id).transpose()?;
-    let root = cx.create_root()?;
+    // Litestream first: without one, nothing is created.
     let bin = find_litestream(litestream)?;
     check_version(&bin)?;
+    let root = cx.create_root()?;
     let present = |id: &SessionId| root.session_dir(id).join(SESSION_FILE).is_file();
     // The library's guarded staging: another process opening the root meanwhile does not
     // take it for an abandoned build; removed when dropped (or by the next open after a
