@@ -577,6 +577,11 @@ fn a_missing_root_is_not_found_and_only_creating_commands_make_it() {
     );
     assert!(err.contains("no-litestream"), "{err}");
     assert!(!env.root().exists(), "restore made the root");
+    // Nor do the commands that make sessions when their id is refused.
+    env.fails(&["create", "../bad"], 6);
+    std::fs::write(env.path("x.sqlite"), b"x").expect("write");
+    env.fails(&["import", "x.sqlite", "--id", "../bad"], 6);
+    assert!(!env.root().exists(), "a refused id made the root");
     env.ok(&["create", "s"]);
     assert!(env.root().is_dir());
     assert!(env.ok(&["list"]).contains('s'));

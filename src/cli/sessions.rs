@@ -67,10 +67,10 @@ fn blob_label(content: &ContentRef) -> String {
 
 /// `create [ID] [--cwd DIR]`.
 pub fn create(cx: &Context, id: Option<&str>, cwd: Option<String>) -> CliResult<()> {
-    let root = cx.create_root()?;
     let mut options = CreateOptions::default();
     options.session_id = id.map(session_id).transpose()?;
     options.cwd = cwd;
+    let root = cx.create_root()?;
     let session = root.create(options)?;
     session.close()?;
     if cx.json {
@@ -547,10 +547,10 @@ pub fn import(
     cwd: Option<String>,
 ) -> CliResult<()> {
     must_exist(file)?;
-    let root = cx.create_root()?;
     let mut options = ImportOptions::default();
     options.session_id = new_id.map(session_id).transpose()?;
     options.cwd = cwd;
+    let root = cx.create_root()?;
     let bar = spinner(&format!("importing {}", file.display()));
     let imported = root.import(file, options);
     bar.finish_and_clear();
