@@ -668,6 +668,29 @@ fn append_refuses_a_batch_that_is_not_a_json_object() {
     assert_eq!(batch.events.len(), 1);
 }
 
+/// An event kind this build does not know, not marked optional, is refused as newer than
+/// this build (exit 6), and the message says that, not "unsupported session storage
+/// version" (nothing about the file or its version is wrong).
+#[test]
+fn an_unknown_required_kind_is_named_without_blaming_the_storage_version() {
+    let env = Env::new();
+    env.ok(&["create", "s"]);
+    let out = env.run_with(
+        &["append", "s"],
+        "{\"operation_id\":\"a\",\"events\":[{\"kind\":\"future/kind\"}]}\n",
+    );
+    assert_eq!(code(&out), 6, "{}", describe(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("not supported by this build")
+            && stderr.contains("\"future/kind\"")
+            && stderr.contains("mark it optional")
+            && !stderr.contains("storage version"),
+        "{stderr}"
+    );
+    assert_eq!(durable(&env, "s"), 0);
+}
+
 /// `session-store events s | head`: the reader closes the pipe while the command still
 /// prints. The command stops quietly with status 1 (no panic, no backtrace, no error line
 /// for a reader that left on purpose), for human and JSON output.
