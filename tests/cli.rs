@@ -395,7 +395,12 @@ fn fork_rewind_export_import_delete_and_verify() {
         (report["commits"].clone(), report["events"].clone()),
         (json!(4), json!(10))
     );
-    env.fails(&["export", "parent", export_arg], 4);
+    // The existing file is named as the export destination, not as a session.
+    let exists = env.fails(&["export", "parent", export_arg], 4);
+    assert!(
+        exists.contains("export destination") && !exists.contains("session "),
+        "{exists}"
+    );
     assert_eq!(
         env.ok(&["import", export_arg, "--id", "copy", "--cwd", "/elsewhere"])
             .trim(),

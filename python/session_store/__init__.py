@@ -389,8 +389,16 @@ class Root:
         return self._native.fork(session_id, None, before_turn, child)
 
     def export(self, session_id: str, path: PathLike) -> dict[str, Any]:
-        """Writes the session to one self-contained file: ``{"commits", "events", "bytes"}``."""
-        return json.loads(self._native.export(session_id, os.fspath(path)))
+        """Writes the session to one self-contained file: ``{"commits", "events", "bytes"}``.
+        Raises :class:`AlreadyExists` when ``path`` exists (nothing is written)."""
+        try:
+            report = self._native.export(session_id, os.fspath(path))
+        except AlreadyExists:
+            # The native message names the taken path as it names a taken session id.
+            raise AlreadyExists(
+                f"export destination {os.fspath(path)} already exists; give the path of a new file"
+            ) from None
+        return json.loads(report)
 
     def import_file(
         self, path: PathLike, *, session_id: str | None = None, cwd: str | None = None

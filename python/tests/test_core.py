@@ -112,6 +112,9 @@ def test_export_import_verify_delete(root, tmp_path):
     report = root.export("src", out)
     assert report["events"] == 9 and report["bytes"] == out.stat().st_size
     assert session_store.verify(out)["events"] == 9
+    with pytest.raises(AlreadyExists, match="export destination") as exists:
+        root.export("src", out)
+    assert "session " not in str(exists.value)
     assert root.verify("src") == {"session_id": "src", "commits": 3, "events": 9}
     other = session_store.Root(tmp_path / "other")
     assert other.import_file(out, session_id="copy") == "copy"

@@ -15,8 +15,8 @@ use session_store::{
 };
 
 use super::{
-    CliResult, Context, EXIT_NOT_FOUND, EXIT_OTHER, Failure, block_on, human_bytes, print_json,
-    printable, session_id, spinner,
+    CliError, CliResult, Context, EXIT_EXISTS, EXIT_NOT_FOUND, EXIT_OTHER, Failure, block_on,
+    human_bytes, print_json, printable, session_id, spinner,
 };
 
 /// Characters of a payload or message shown on one line of human output.
@@ -522,7 +522,20 @@ pub fn export(cx: &Context, id: &str, file: &Path) -> CliResult<()> {
     let bar = spinner(&format!("exporting {id}"));
     let report = root.export(&id, file);
     bar.finish_and_clear();
-    let report = report?;
+    // The library names a taken destination as it names a taken session id.
+    let report = report.map_err(|e| -> CliError {
+        if e.is_already_exists() {
+            Failure::with_code(
+                EXIT_EXISTS,
+                format!(
+                    "export destination {} already exists; give the path of a new file",
+                    file.display()
+                ),
+            )
+        } else {
+            e.into()
+        }
+    })?;
     if cx.json {
         return print_json(&json!({
             "session_id": id, "file": file.to_string_lossy(), "commits": report.commits,
