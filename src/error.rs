@@ -182,7 +182,7 @@ impl fmt::Display for Error {
                 quoted(operation_id)
             ),
             Error::UnsupportedVersion { what, source } => {
-                write!(f, "unsupported session storage version: {what}")?;
+                write!(f, "not supported by this build: {what}")?;
                 with_cause(f, source)
             }
             Error::Corrupt { what, source } => {

@@ -43,15 +43,15 @@ pub use model::{Cost, MAX_COST_SCALE, Usage, UsageTotals};
 pub use persistence::{BlobStats, KindStats, SessionStats, TableBytes};
 pub use persistence::{
     CatalogEntry, CatalogTotals, CheckpointPolicy, CreateOptions, ExportReport, ForkPoint,
-    ImportOptions, ListFilter, ListSort, Listing, RebuildReport, ReplayReport, Root, Scratch,
-    SearchOptions, SessionInfo, SkippedSession, StoreOptions, Verified, catalog_session_ids,
-    replay_file, verify_file,
+    ImportOptions, ListFilter, ListSort, Listing, MAX_SEARCH_LIMIT, RebuildReport, ReplayReport,
+    Root, Scratch, SearchOptions, SessionInfo, SkippedSession, StoreOptions, Verified,
+    catalog_session_ids, replay_file, verify_file,
 };
 pub use persistence::{GcDeleted, GcKept, GcOptions, GcReport};
 pub use service::{
-    CancelReceipt, ClientBinding, EventPage, Execution, HistoryPage, MigrationRecord,
-    ObserveResult, PersistentMessage, PreparedRuntime, Runtime, RuntimePhase, RuntimeSnapshot,
-    SearchHit, SearchPage, Service, SessionPage, SessionQuery, SessionSummary,
+    CancelReceipt, ClientBinding, EventPage, Execution, HistoryPage, MAX_LIST_LIMIT,
+    MigrationRecord, ObserveResult, PersistentMessage, PreparedRuntime, Runtime, RuntimePhase,
+    RuntimeSnapshot, SearchHit, SearchPage, Service, SessionPage, SessionQuery, SessionSummary,
 };
 pub use session::live::{PersistenceStatus, Session, SessionSnapshot};
 pub use session::pool::WRITER_THREADS;

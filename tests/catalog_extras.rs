@@ -600,6 +600,76 @@ fn list_filters_and_sorts_are_keyset_pages_on_the_catalog() {
     fails(&root, &["list", "--since", "2024-02-30"], 2);
 }
 
+/// Reading a session whose file has no `-wal` beside it (a fork, an import) makes SQLite
+/// create an empty one: its fresh mtime made the session "updated" now, so `show`, a
+/// browser's page or `gc --dry-run` itself put an old session back at the top of
+/// `list --sort updated` and out of reach of `gc` (the test's sessions were created now,
+/// so only `gc`, which goes by the files alone, sees their age). An empty WAL holds no
+/// change.
+#[test]
+fn reading_a_session_does_not_make_it_updated() {
+    let (_dir, root) = temp_cli_root();
+    chat(&root, "parent", 1, "/w");
+    ok(
+        &root,
+        &["fork", "parent", "--after-turn", "t1", "--id", "child"],
+    );
+    let wal = root.join("child").join("session.sqlite-wal");
+    let _ = std::fs::remove_file(&wal);
+    age(&root, "parent", 3 * 86_400);
+    age(&root, "child", 3 * 86_400);
+    for args in [
+        &["show", "child"][..],
+        &["history", "child"],
+        &["verify", "child"],
+    ] {
+        ok(&root, args);
+    }
+    assert!(wal.exists(), "the reads made SQLite's -wal");
+    let dry = json_of(&root, &["gc", "--older-than", "2d", "--dry-run"]);
+    let again = json_of(&root, &["gc", "--older-than", "2d", "--dry-run"]);
+    assert_eq!(dry, again, "a dry run changes nothing the next one sees");
+    assert_eq!(
+        dry["deleted"].as_array().expect("deleted").len(),
+        2,
+        "{dry}"
+    );
+}
+
+/// An old parent and its old fork: deleting the fork (first in id order) removes its row
+/// from the parent's `dependents`, which changes the parent's file. The parent was then
+/// skipped without a word (neither deleted nor kept), against the dry run that said it
+/// would be deleted. Every session old when the run starts is reported.
+#[test]
+fn gc_reports_a_parent_its_deleted_fork_changed() {
+    let (_dir, root) = temp_cli_root();
+    chat(&root, "parent", 1, "/w");
+    ok(
+        &root,
+        &["fork", "parent", "--after-turn", "t1", "--id", "child"],
+    );
+    for session in ["parent", "child"] {
+        age(&root, session, 3 * 86_400);
+    }
+    let dry = json_of(&root, &["gc", "--older-than", "2d", "--dry-run"]);
+    let ids = |v: &Value, key: &str| -> Vec<String> {
+        v[key]
+            .as_array()
+            .expect(key)
+            .iter()
+            .map(|d| d["session_id"].as_str().expect("id").to_owned())
+            .collect()
+    };
+    assert_eq!(ids(&dry, "deleted"), ["child", "parent"]);
+    let real = json_of(&root, &["gc", "--older-than", "2d"]);
+    assert_eq!(ids(&real, "deleted"), ["child"]);
+    assert_eq!(ids(&real, "kept"), ["parent"], "{real}");
+    let reason = real["kept"][0]["reason"].as_str().expect("reason");
+    assert!(reason.contains("updated"), "{reason}");
+    assert_eq!(listed(&root, &[]), ["parent"]);
+    assert!(ok(&root, &["verify", "parent"]).starts_with("ok"));
+}
+
 #[test]
 fn gc_deletes_only_old_sessions_without_a_writer() {
     let (_dir, root) = temp_cli_root();

@@ -169,7 +169,8 @@ fn create_list_show_and_platform_root() {
         human.contains("beta") && human.contains("CLI test"),
         "{human}"
     );
-    env.fails(&["list", "--limit", "1000"], 6);
+    // Out of the range `--help` gives (1..=100): a usage error, as for every number.
+    env.fails(&["list", "--limit", "1000"], 2);
 
     let show = env.json(&["show", "beta"]);
     assert_eq!(show["header"]["session_id"], "beta");
@@ -394,7 +395,12 @@ fn fork_rewind_export_import_delete_and_verify() {
         (report["commits"].clone(), report["events"].clone()),
         (json!(4), json!(10))
     );
-    env.fails(&["export", "parent", export_arg], 4);
+    // The existing file is named as the export destination, not as a session.
+    let exists = env.fails(&["export", "parent", export_arg], 4);
+    assert!(
+        exists.contains("export destination") && !exists.contains("session "),
+        "{exists}"
+    );
     assert_eq!(
         env.ok(&["import", export_arg, "--id", "copy", "--cwd", "/elsewhere"])
             .trim(),
@@ -516,18 +522,82 @@ fn exit_codes_for_usage_other_errors_and_bad_ids() {
     env.fails(&["export", "missing", "out.sqlite"], 3);
     env.fails(&["show", "../escape"], 6);
     env.fails(&["create", "con"], 6);
-    // A root that cannot be a folder.
+    // A root that cannot be a folder: no root to read (3), none can be made (1).
     let file = env.path("a-file");
     std::fs::write(&file, b"").expect("write");
-    let out = Command::new(BIN)
-        .arg("--root")
-        .arg(&file)
-        .arg("list")
-        .output()
-        .expect("run");
-    assert_eq!(code(&out), 1, "{}", stderr(&out));
-    assert_eq!(stderr(&out).lines().count(), 1);
-    assert!(stderr(&out).starts_with("session-store: error: "));
+    for (command, status) in [("list", 3), ("create", 1)] {
+        let out = Command::new(BIN)
+            .arg("--root")
+            .arg(&file)
+            .arg(command)
+            .output()
+            .expect("run");
+        assert_eq!(code(&out), status, "{command}: {}", stderr(&out));
+        assert_eq!(stderr(&out).lines().count(), 1);
+        assert!(stderr(&out).starts_with("session-store: error: "));
+    }
+}
+
+/// Commands that read or change existing sessions never create the root: a mistyped
+/// `--root` is "no root at …" (status 3, as `serve` has it) and leaves nothing on disk
+/// (`gc --dry-run` and `list` used to make the folder and its `.catalog`). Commands that
+/// create sessions make it.
+#[test]
+fn a_missing_root_is_not_found_and_only_creating_commands_make_it() {
+    let env = Env::new();
+    let refused: &[&[&str]] = &[
+        &["list"],
+        &["search", "x"],
+        &["show", "s"],
+        &["history", "s"],
+        &["events", "s"],
+        &["stats", "s"],
+        &["rename", "s", "t"],
+        &["fork", "s", "--after-turn", "t"],
+        &["rewind", "s", "--before-turn", "t"],
+        &["export", "s", "out.sqlite"],
+        &["delete", "s"],
+        &["gc", "--older-than", "1d", "--dry-run"],
+        &["rebuild-catalog"],
+        &["append", "s"],
+    ];
+    for args in refused {
+        let err = env.fails(args, 3);
+        assert!(err.contains("no root at"), "{args:?}: {err}");
+        assert!(!env.root().exists(), "{args:?} made the root");
+    }
+    assert!(!env.path("out.sqlite").exists());
+    // `restore` makes the root, but not before it has a Litestream to restore with.
+    let missing = env.path("no-litestream");
+    let err = env.fails(
+        &[
+            "restore",
+            "--from",
+            "file:///nowhere",
+            "--all",
+            "--litestream",
+            missing.to_str().expect("path"),
+        ],
+        3,
+    );
+    assert!(err.contains("no-litestream"), "{err}");
+    assert!(!env.root().exists(), "restore made the root");
+    // Nor do the commands that make sessions when their id is refused.
+    env.fails(&["create", "../bad"], 6);
+    std::fs::write(env.path("x.sqlite"), b"x").expect("write");
+    env.fails(&["import", "x.sqlite", "--id", "../bad"], 6);
+    assert!(!env.root().exists(), "a refused id made the root");
+    env.ok(&["create", "s"]);
+    assert!(env.root().is_dir());
+    assert!(env.ok(&["list"]).contains('s'));
+    // `append --create` makes the root too.
+    std::fs::remove_dir_all(env.root()).expect("remove root");
+    let out = env.run_with(
+        &["append", "s", "--create"],
+        "{\"operation_id\":\"a\",\"events\":[{\"kind\":\"diagnostic\"}]}\n",
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(env.json(&["show", "s"])["durable_sequence"], 1);
 }
 
 /// Waits until `show ID` reports a writer holding the lock; returns it.

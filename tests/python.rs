@@ -215,11 +215,16 @@ fn pytest_suite_passes() {
     let venv = target_dir().join("python-venv");
     let python = venv_with_tools(&venv);
     install_package(&venv, &python);
-    // From python/tests with the venv's pytest script, so `python/session_store` (the
-    // sources, without the native module) is not on sys.path: the installed package is.
-    let out = run(Command::new(venv.join("bin").join("pytest"))
+    // From python/tests, so `python/session_store` (the sources, without the native
+    // module) is not on sys.path: the installed package is. As `python -m pytest`, not the
+    // venv's `pytest` script: a script's shebang names the python of the folder the venv
+    // was made in, so in a copied target dir (a worktree seeded with `cp -a`) it ran the
+    // other checkout's installed package.
+    let out = run(Command::new(&python)
         .current_dir(repo().join("python").join("tests"))
         .args([
+            "-m",
+            "pytest",
             "-q",
             "-p",
             "no:cacheprovider",

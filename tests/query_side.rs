@@ -478,3 +478,59 @@ async fn the_catalog_indexes_its_sorted_orders() {
         "sessions_by_created\nsessions_by_updated"
     );
 }
+
+/// A caller's `after` beyond any sequence SQLite can hold (the Python `events(after=2**63)`,
+/// `observe` with `u64::MAX`) is an empty page, not an SQLite conversion error.
+#[tokio::test]
+async fn commits_after_a_sequence_beyond_sqlite_integers_are_an_empty_page() {
+    let (_dir, service) = service();
+    let root = service.root().clone();
+    let s = root.create(CreateOptions::with_id(id("e"))).unwrap();
+    s.append(Batch::new("a", vec![message("m1", "user", "hi")]))
+        .unwrap();
+    s.close().unwrap();
+    let reader = root.open_reader(&id("e")).unwrap();
+    let r = service.session_ref(id("e"));
+    for after in [i64::MAX as u64, i64::MAX as u64 + 1, u64::MAX] {
+        assert!(reader.commits(after, 10).unwrap().is_empty(), "{after}");
+        let page = service.query().observe(&r, after, 10).await.unwrap();
+        assert!(page.events.commits.is_empty(), "{after}");
+        assert!(!page.events.truncated, "{after}");
+    }
+    // The edge below still reads the log.
+    assert_eq!(reader.commits(0, 10).unwrap().len(), 1);
+}
+
+/// A history cursor is exactly `h1.<snapshot>.<position>`: anything after it (as a search
+/// cursor's parser already refuses) is a malformed cursor, not the same page.
+#[tokio::test]
+async fn history_cursors_with_trailing_parts_are_refused() {
+    let (_dir, service) = service();
+    let root = service.root().clone();
+    let s = root.create(CreateOptions::with_id(id("h"))).unwrap();
+    for i in 0..5 {
+        let m = format!("m{i}");
+        s.append(Batch::new(m.clone(), vec![message(&m, "user", "hi")]))
+            .unwrap();
+    }
+    s.close().unwrap();
+    let r = service.session_ref(id("h"));
+    let q = service.query();
+    let first = q.history_page(&r, None, 2).await.unwrap();
+    let cursor = first.next_cursor.expect("an older page");
+    assert_eq!(
+        q.history_page(&r, Some(&cursor), 2).await.unwrap().messages[0].message_id,
+        "m1"
+    );
+    for bad in [
+        format!("{cursor}.1"),
+        format!("{cursor}."),
+        format!("{cursor}.x"),
+    ] {
+        let err = q.history_page(&r, Some(&bad), 2).await.unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidInput { .. }) && err.to_string().contains(&bad),
+            "{bad}: {err}"
+        );
+    }
+}

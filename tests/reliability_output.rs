@@ -7,10 +7,12 @@
 //!   `history --json` and `show --json` exit 0 with parseable JSON, and `events --json`
 //!   gives back every payload byte for byte; human output carries no control characters.
 //!   `PROPTEST_CASES` sets the cases (default 24).
-//! * Numeric arguments out of range are usage errors (exit 2), never a panic.
+//! * Numeric arguments out of range are usage errors (exit 2), never a panic; a closed
+//!   stdout ends a command quietly (status 1), never a panic.
 //! * Reads of many commits sharing one large blob (`verify`, `export`, `import`,
 //!   `rebuild-catalog`, `events`, `show`) peak at the same RSS for 6 and 36 references.
-//! * `migrate-legacy` refuses invalid UTF-8 and honours `--head`.
+//! * `migrate-legacy` refuses invalid UTF-8 and honours `--head`; `append` refuses it as
+//!   invalid input (exit 6).
 //! * Human output escapes terminal control sequences from a session; error lines clip
 //!   huge values.
 //! * The append rules the README documents: what the operation hash covers, nested
@@ -59,6 +61,11 @@ impl Env {
 
     /// Runs with `stdin` as input and collects everything.
     fn run_with(&self, args: &[&str], stdin: &str) -> Output {
+        self.run_bytes(args, stdin.as_bytes())
+    }
+
+    /// Runs with `stdin` (any bytes) as input and collects everything.
+    fn run_bytes(&self, args: &[&str], stdin: &[u8]) -> Output {
         let mut child = cli(&self.path("root"), args)
             .current_dir(self.0.path())
             .stdin(Stdio::piped())
@@ -68,7 +75,7 @@ impl Env {
             .expect("spawn");
         // A child that refuses early may close its stdin: not an error here.
         if let Some(mut input) = child.stdin.take() {
-            let _ = input.write_all(stdin.as_bytes());
+            let _ = input.write_all(stdin);
         }
         child.wait_with_output().expect("wait")
     }
@@ -406,6 +413,12 @@ fn numeric_arguments_out_of_range_are_usage_errors_not_panics() {
         &["events", "s", "--limit", "18446744073709551616"],
         &["history", "s", "--limit", "18446744073709551616"],
         &["list", "--limit", "18446744073709551616"],
+        // `--help` says 1..=100, as `events --limit` says its range: 0 is not "the default"
+        // and 101 a usage error like any other number out of range (was exit 6).
+        &["list", "--limit", "0"],
+        &["list", "--limit", "101"],
+        &["search", "x", "--limit", "0"],
+        &["search", "x", "--limit", "101"],
         &["bench", "--events", "18446744073709551615"],
         &["bench", "--batch", "0"],
         &["bench", "--sessions", "100000"],
@@ -419,6 +432,9 @@ fn numeric_arguments_out_of_range_are_usage_errors_not_panics() {
     assert!(page.contains(r#""events":[]"#), "{page}");
     env.ok(&["events", "s", "--limit", "1000000"]);
     env.ok(&["history", "s", "--limit", "18446744073709551615"]);
+    env.ok(&["list", "--limit", "100"]);
+    env.ok(&["list", "--limit", "1"]);
+    env.ok(&["search", "x", "--limit", "100"]);
     env.ok(&["delete", "s", "--wait", "0.5"]);
     env.fails(&["show", "s"], 3);
 }
@@ -597,6 +613,116 @@ fn migrate_legacy_refuses_invalid_utf8_and_honours_head() {
         tip["target_id"], record["target_id"],
         "another head, another id"
     );
+}
+
+#[test]
+fn append_refuses_invalid_utf8_as_invalid_input_keeping_the_lines_before() {
+    let env = Env::new();
+    env.ok(&["create", "s"]);
+    let good = r#"{"operation_id":"a","events":[{"kind":"diagnostic"}]}"#;
+    let input = [
+        format!("{good}\n").into_bytes(),
+        b"{\"operation_id\":\"b\xff\",\"events\":[{\"kind\":\"diagnostic\"}]}\n".to_vec(),
+    ]
+    .concat();
+    let out = env.run_bytes(&["append", "s"], &input);
+    assert_eq!(code(&out), 6, "{}", describe(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("line 2 is not UTF-8"), "{stderr}");
+    // The line before it is durable, nothing of line 2 is.
+    assert_eq!(durable(&env, "s"), 1);
+}
+
+/// A batch is the JSON object the README documents. A JSON array used to be read as the
+/// struct's fields in order (`["op", null, [...]]` appended), and an array of events (a
+/// likely mistake) was refused with serde's "expected struct Batch with 3 elements".
+#[test]
+fn append_refuses_a_batch_that_is_not_a_json_object() {
+    let env = Env::new();
+    env.ok(&["create", "s"]);
+    for line in [
+        r#"["o",null,[{"kind":"diagnostic"}]]"#,
+        r#"[{"kind":"diagnostic"}]"#,
+        "[]",
+        r#""o""#,
+    ] {
+        let out = env.run_with(&["append", "s"], &format!("{line}\n"));
+        assert_eq!(code(&out), 6, "{line}: {}", describe(&out));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("a batch object"), "{line}: {stderr}");
+        assert!(
+            serde_json::from_str::<Batch>(line).is_err(),
+            "{line} parsed as a Batch"
+        );
+    }
+    assert_eq!(durable(&env, "s"), 0, "nothing appended");
+    // The object form, keys in any order, still parses.
+    let batch: Batch = serde_json::from_str(
+        r#"{"events":[{"kind":"diagnostic"}],"turn_id":"t","operation_id":"o"}"#,
+    )
+    .expect("an object");
+    assert_eq!(
+        (batch.operation_id.as_str(), batch.turn_id.as_deref()),
+        ("o", Some("t"))
+    );
+    assert_eq!(batch.events.len(), 1);
+}
+
+/// An event kind this build does not know, not marked optional, is refused as newer than
+/// this build (exit 6), and the message says that, not "unsupported session storage
+/// version" (nothing about the file or its version is wrong).
+#[test]
+fn an_unknown_required_kind_is_named_without_blaming_the_storage_version() {
+    let env = Env::new();
+    env.ok(&["create", "s"]);
+    let out = env.run_with(
+        &["append", "s"],
+        "{\"operation_id\":\"a\",\"events\":[{\"kind\":\"future/kind\"}]}\n",
+    );
+    assert_eq!(code(&out), 6, "{}", describe(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("not supported by this build")
+            && stderr.contains("\"future/kind\"")
+            && stderr.contains("mark it optional")
+            && !stderr.contains("storage version"),
+        "{stderr}"
+    );
+    assert_eq!(durable(&env, "s"), 0);
+}
+
+/// `session-store events s | head`: the reader closes the pipe while the command still
+/// prints. The command stops quietly with status 1 (no panic, no backtrace, no error line
+/// for a reader that left on purpose), for human and JSON output.
+#[test]
+fn a_closed_stdout_ends_the_command_quietly_without_a_panic() {
+    let env = Env::new();
+    // About 200 KiB of output: more than a pipe holds, so the writes after the first
+    // 64 KiB fail even if the pipe was still open when the first ones were made.
+    let lines: String = (0..2000)
+        .map(|i| {
+            format!(
+                r#"{{"operation_id":"o{i}","events":[{{"kind":"diagnostic","payload":{{"n":"{}"}}}}]}}"#,
+                "x".repeat(60)
+            ) + "\n"
+        })
+        .collect();
+    assert_eq!(code(&env.run_with(&["append", "s", "--create"], &lines)), 0);
+    for args in [
+        &["events", "s", "--limit", "2000"][..],
+        &["--json", "events", "s", "--limit", "2000"][..],
+    ] {
+        let mut child = cli(&env.path("root"), args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("wait");
+        assert_eq!(code(&out), 1, "{args:?}: {}", describe(&out));
+        assert!(out.stderr.is_empty(), "{args:?}: {}", describe(&out));
+    }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -923,14 +923,30 @@ fn cli_search_marks_snippets_on_a_terminal_only_and_follows_the_exit_codes() {
         "timeouts"
     );
     assert_eq!(page["next_cursor"], json!(null));
-    // Exit codes: a malformed query or a limit over 100 is invalid input (6), a bad date
-    // a usage error (2), an unknown session in --session simply has no hits.
+    // `--since` takes what `list --since` takes: a duration back from now or a UTC date.
+    let hits_since = |since: &str| {
+        let out = run(&["--json", "search", "timeout*", "--since", since]);
+        assert!(
+            out.status.success(),
+            "{since}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let page: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        page["hits"].as_array().expect("hits").len()
+    };
+    assert!(hits_since("1d") > 0);
+    assert!(hits_since("12h") > 0);
+    assert!(hits_since("2020-01-01T00:00:00Z") > 0);
+    assert_eq!(hits_since("2100-01-01"), 0);
+    // Exit codes: a malformed query is invalid input (6), a limit over 100 and a bad date
+    // usage errors (2, as every number out of its range), an unknown session in --session
+    // simply has no hits.
     let out = run(&["search", "\"open"]);
     assert_eq!(out.status.code(), Some(6));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no closing"));
     assert_eq!(
         run(&["search", "x", "--limit", "101"]).status.code(),
-        Some(6)
+        Some(2)
     );
     assert_eq!(
         run(&["search", "x", "--since", "last week"]).status.code(),

@@ -177,7 +177,12 @@ class Session:
         """
         if not isinstance(batch, str):
             raise TypeError(f"batch must be str, not {type(batch).__name__}")
-        return json.loads(self._native.append(batch))
+        try:
+            commit = self._native.append(batch)
+        except UnicodeEncodeError as e:
+            # A lone surrogate (``json.loads('"\\ud800"')`` gives one) has no UTF-8 form.
+            raise InvalidInput(f"invalid input: batch is not UTF-8 text: {e}") from None
+        return json.loads(commit)
 
     def flush(self) -> int:
         """Writes every accepted batch in one fsynced transaction; returns the durable sequence."""
@@ -188,7 +193,9 @@ class Session:
         return json.loads(self._native.transcript())
 
     def close(self) -> None:
-        """Flushes and releases the writer lock. Later calls raise :class:`Closed`."""
+        """Flushes and releases the writer lock. Later appends raise :class:`Closed`; closing
+        again does nothing, and :meth:`flush`, :meth:`sequences` and :meth:`transcript` still
+        answer (with the state at the close)."""
         self._native.close()
 
     async def aappend(
@@ -382,8 +389,16 @@ class Root:
         return self._native.fork(session_id, None, before_turn, child)
 
     def export(self, session_id: str, path: PathLike) -> dict[str, Any]:
-        """Writes the session to one self-contained file: ``{"commits", "events", "bytes"}``."""
-        return json.loads(self._native.export(session_id, os.fspath(path)))
+        """Writes the session to one self-contained file: ``{"commits", "events", "bytes"}``.
+        Raises :class:`AlreadyExists` when ``path`` exists (nothing is written)."""
+        try:
+            report = self._native.export(session_id, os.fspath(path))
+        except AlreadyExists:
+            # The native message names the taken path as it names a taken session id.
+            raise AlreadyExists(
+                f"export destination {os.fspath(path)} already exists; give the path of a new file"
+            ) from None
+        return json.loads(report)
 
     def import_file(
         self, path: PathLike, *, session_id: str | None = None, cwd: str | None = None

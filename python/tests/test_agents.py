@@ -263,6 +263,9 @@ def test_hostile_items(root):
             await s.add_items(["not a dict"])
         with pytest.raises(session_store.InvalidInput):
             await s.add_items([{"role": "user", "content": {1, 2}}])
+        # A tool output with a lone surrogate, as json.loads gives it from a "\ud800" escape.
+        with pytest.raises(session_store.InvalidInput):
+            await s.add_items([user("ok"), json.loads('{"role": "user", "content": "\\ud800"}')])
         with pytest.raises(session_store.InvalidInput):
             SessionStoreSession("../x", root).get_items_sync()
         assert await s.get_items() == []

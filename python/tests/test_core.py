@@ -112,6 +112,9 @@ def test_export_import_verify_delete(root, tmp_path):
     report = root.export("src", out)
     assert report["events"] == 9 and report["bytes"] == out.stat().st_size
     assert session_store.verify(out)["events"] == 9
+    with pytest.raises(AlreadyExists, match="export destination") as exists:
+        root.export("src", out)
+    assert "session " not in str(exists.value)
     assert root.verify("src") == {"session_id": "src", "commits": 3, "events": 9}
     other = session_store.Root(tmp_path / "other")
     assert other.import_file(out, session_id="copy") == "copy"
@@ -160,6 +163,9 @@ def test_error_hierarchy_and_writer_owned_carries_the_owner(root):
     writer.close()
     with pytest.raises(Closed):
         writer.append(turn("t", msg(1)), operation_id="late")
+    # As Session.close documents: only appends raise; the rest answer with the closed state.
+    writer.close()
+    assert writer.flush() == 0 and writer.sequences() == (0, 0) and writer.transcript() == []
     root.open("a").close()  # free again
 
 
@@ -176,6 +182,12 @@ def test_hostile_input_is_refused_and_changes_nothing(root, tmp_path):
             lambda: s.append("turn/start", operation_id="str"),
             lambda: s.append([1, 2], operation_id="ints"),
             lambda: s.append([{"kind": "turn/start"}], operation_id=""),
+            # A lone surrogate (json.loads('"\\ud800"') gives one) has no UTF-8 form.
+            lambda: s.append(
+                [{"kind": "session/title", "payload": json.loads('{"title": "\\ud800"}')}],
+                operation_id="surrogate",
+            ),
+            lambda: s.append_json('{"operation_id": "\ud800", "events": [{"kind": "turn/start"}]}'),
         ]
         for case in cases:
             with pytest.raises(InvalidInput):
@@ -190,6 +202,8 @@ def test_hostile_input_is_refused_and_changes_nothing(root, tmp_path):
             s.append_json(b"{}")
         assert s.sequences() == (3, 3)
     assert len(root.events("h")["commits"]) == 1
+    # After any sequence there is (SQLite's integers end at 2**63 - 1): an empty page.
+    assert root.events("h", after=2**63)["commits"] == []
     for bad_id in ["", "../escape", "a/b", "x" * 5000, "\x00"]:
         with pytest.raises(InvalidInput):
             root.create(bad_id)

@@ -105,7 +105,8 @@ enum Command {
     /// List sessions, one page (filters combine; a cursor continues the same listing).
     List {
         /// Sessions per page (1..=100).
-        #[arg(long, default_value_t = 50)]
+        #[arg(long, default_value_t = 50,
+              value_parser = RangedU64ValueParser::<usize>::new().range(1..=session_store::MAX_LIST_LIMIT as u64))]
         limit: usize,
         /// Start after this cursor (a previous page's next_cursor).
         #[arg(long, value_name = "C")]
@@ -159,7 +160,8 @@ enum Command {
         /// The query.
         query: String,
         /// Hits per page (1..=100).
-        #[arg(long, default_value_t = 10)]
+        #[arg(long, default_value_t = 10,
+              value_parser = RangedU64ValueParser::<usize>::new().range(1..=session_store::MAX_SEARCH_LIMIT as u64))]
         limit: usize,
         /// The next page: a previous page's next_cursor.
         #[arg(long, value_name = "C")]
@@ -170,8 +172,9 @@ enum Command {
         /// Only sessions created with this working directory.
         #[arg(long, value_name = "DIR")]
         cwd: Option<String>,
-        /// Only messages at or after this UTC time: YYYY-MM-DD[THH:MM[:SS]].
-        #[arg(long, value_name = "DATE", value_parser = cli::search::parse_date)]
+        /// Only messages since: a duration back from now (7d, 12h) or a UTC date
+        /// (2026-12-01, 2026-12-01T08:30:00Z).
+        #[arg(long, value_name = "WHEN", value_parser = cli::when::parse_since)]
         since: Option<i64>,
         /// Only messages with this role (user, assistant, tool, …; title for titles).
         #[arg(long)]
@@ -624,6 +627,8 @@ fn main() -> ExitCode {
     let args = Args::parse();
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader left on purpose (`| head`): no error line for it.
+        Err(e) if cli::is_broken_pipe(&*e) => ExitCode::from(cli::EXIT_OTHER),
         Err(e) => {
             eprintln!("session-store: error: {}", cli::one_line(&*e));
             ExitCode::from(cli::exit_code(&*e))

@@ -60,8 +60,12 @@ pub fn run(
         }
         None => Box::new(std::io::stdin().lock()),
     };
-    let root = cx.open_root()?;
     let id = session_id(id)?;
+    let root = if create {
+        cx.create_root()?
+    } else {
+        cx.open_root()?
+    };
     let session = match root.open_writer(&id) {
         // Another `append --create` may publish it first: then this one appends to it, or
         // is refused naming the writer (status 5), never "already exists".
@@ -81,7 +85,7 @@ pub fn run(
     closed?;
     if !cx.json {
         let (_, durable) = session.sequences();
-        println!(
+        outln!(
             "appended {} batches ({} events, {} of payload) to {}; durable sequence {durable}",
             totals.batches,
             totals.events,
@@ -106,6 +110,11 @@ fn feed(
     for (n, line) in input.lines().enumerate() {
         let line = match line {
             Ok(line) => line,
+            // Bad input, as a line that is not JSON is (status 6), not a failed read.
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                failure = Some(Failure::invalid(format!("line {} is not UTF-8", n + 1)));
+                break;
+            }
             Err(e) => {
                 failure = Some(Failure::context(format!("read line {}", n + 1), &e));
                 break;

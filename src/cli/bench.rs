@@ -186,8 +186,8 @@ pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
     super::print_report(cx, &report, print_human)
 }
 
-fn print_human(r: &Report) {
-    println!(
+fn print_human(r: &Report) -> CliResult<()> {
+    outln!(
         "bench: {} events of ~{PAYLOAD_BYTES} B in batches of {}, {} writers in parallel, \
          durability {}, files in {}",
         r.events,
@@ -196,26 +196,30 @@ fn print_human(r: &Report) {
         r.durability,
         r.dir.display()
     );
-    let row = |name: &str, rate: &Rate| {
-        println!(
+    let row = |name: &str, rate: &Rate| -> CliResult<()> {
+        outln!(
             "  {name:<36} {:>11} events/s  {:>7.1} MB/s  ({:.2} s)",
             fmt_count(rate.events_per_s),
             rate.mb_per_s,
             rate.seconds
         );
+        Ok(())
     };
-    row("library (group commit, durable)", &r.library);
-    row("raw SQLite (1 transaction/batch)", &r.raw);
-    row("JSON Lines (1 fdatasync/batch)", &r.jsonl);
-    println!(
+    row("library (group commit, durable)", &r.library)?;
+    row("raw SQLite (1 transaction/batch)", &r.raw)?;
+    row("JSON Lines (1 fdatasync/batch)", &r.jsonl)?;
+    outln!(
         "  {:<36} {:>11} fdatasync/s (4 KiB appends, 1 file)",
         "fdatasync",
         fmt_count(r.fdatasync_per_s)
     );
-    println!(
+    outln!(
         "  ratio library/raw {:.2}   library/JSONL {:.2}   (total {:.1} s)",
-        r.ratio_library_raw, r.ratio_library_jsonl, r.total_seconds
+        r.ratio_library_raw,
+        r.ratio_library_jsonl,
+        r.total_seconds
     );
+    Ok(())
 }
 
 /// `payloads` dealt into `parts` nearly equal runs.

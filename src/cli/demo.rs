@@ -485,16 +485,16 @@ fn dir_bytes(dir: &Path) -> CliResult<u64> {
 /// Prints the summary as text or JSON on stdout.
 fn print_summary(summary: &Summary, json: bool) -> CliResult<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(summary)?);
+        outln!("{}", serde_json::to_string_pretty(summary)?);
         return Ok(());
     }
-    println!(
+    outln!(
         "wrote {} sessions to {} in {:.2} s",
         summary.sessions.len(),
         summary.root.display(),
         summary.elapsed_ms as f64 / 1000.0
     );
-    println!(
+    outln!(
         "  {} events, {} turns, {} blobs ({} raw), {} on disk",
         summary.events,
         summary.turns,
@@ -502,10 +502,10 @@ fn print_summary(summary: &Summary, json: bool) -> CliResult<()> {
         human_bytes(summary.blob_bytes),
         human_bytes(summary.bytes_on_disk)
     );
-    println!("  sessions: {}", summary.sessions.join(", "));
+    outln!("  sessions: {}", summary.sessions.join(", "));
     if let Some(first) = summary.sessions.first() {
-        println!("transcript of {first}:");
-        println!("  {}", summary.transcript_command);
+        outln!("transcript of {first}:");
+        outln!("  {}", summary.transcript_command);
     }
     Ok(())
 }

@@ -284,8 +284,8 @@ pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
     super::print_report(cx, &report, print_human)
 }
 
-fn print_human(r: &Report) {
-    println!(
+fn print_human(r: &Report) -> CliResult<()> {
+    outln!(
         "bench --suite lean{}: files in {}, durability full",
         if r.quick {
             " --quick (smoke sizes)"
@@ -295,8 +295,8 @@ fn print_human(r: &Report) {
         r.dir.display()
     );
     for row in &r.rows {
-        println!("{:>3}  {}", row.row, row.measure);
-        println!(
+        outln!("{:>3}  {}", row.row, row.measure);
+        outln!(
             "     ours {}   baseline {} ({})   ratio {:.2}x   target {} {:.2}x   {}",
             fmt_value(row.value, row.unit),
             fmt_value(row.baseline, row.unit),
@@ -310,11 +310,11 @@ fn print_human(r: &Report) {
             if row.met { "MET" } else { "MISSED" }
         );
         if !row.detail.is_empty() {
-            println!("     {}", row.detail);
+            outln!("     {}", row.detail);
         }
     }
     let load = |l: Option<f64>| l.map_or_else(|| "?".to_owned(), |l| format!("{l:.2}"));
-    println!(
+    outln!(
         "{} of {} targets met   (total {:.1} s, load average {} at the start, {} at the end)",
         r.met,
         r.rows.len(),
@@ -322,6 +322,7 @@ fn print_human(r: &Report) {
         load(r.load_average[0]),
         load(r.load_average[1])
     );
+    Ok(())
 }
 
 fn fmt_value(v: f64, unit: Unit) -> String {

@@ -1,6 +1,24 @@
 //! The command-line front end: subcommands and output helpers. Compiled into the
 //! `session-store` binary only (not part of the library).
 
+/// `println!` that returns its error from the enclosing function (which returns a
+/// [`CliResult`]) instead of panicking: a reader that closed the pipe (`| head`) ends the
+/// command quietly (see [`is_broken_pipe`]).
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout(), $($arg)*)?
+    }};
+}
+
+/// `print!` as [`outln!`] is `println!`.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout(), $($arg)*)?
+    }};
+}
+
 pub mod append;
 pub mod bench;
 pub mod corpus;
@@ -118,6 +136,18 @@ pub fn exit_code(error: &(dyn std::error::Error + 'static)) -> u8 {
     }
 }
 
+/// True when `error` is a write to stdout that failed because its reader went away
+/// (`session-store events ID | head`): the command then ends quietly with status 1.
+pub fn is_broken_pipe(error: &(dyn std::error::Error + 'static)) -> bool {
+    let kind = match error.downcast_ref::<std::io::Error>() {
+        Some(e) => Some(e.kind()),
+        None => error
+            .downcast_ref::<serde_json::Error>()
+            .and_then(serde_json::Error::io_error_kind),
+    };
+    kind == Some(std::io::ErrorKind::BrokenPipe)
+}
+
 /// The largest sequence a command line may name (SQLite stores sequences as `i64`).
 pub const MAX_SEQUENCE: u64 = i64::MAX as u64;
 
@@ -154,17 +184,32 @@ pub struct Context {
 }
 
 impl Context {
-    /// Opens the root (creating it if needed).
+    /// Opens the root, which must exist: status 3 and nothing created when it does not.
+    /// Commands that read or change existing sessions use this, so a mistyped `--root`
+    /// leaves no empty root behind.
     pub fn open_root(&self) -> CliResult<session_store::Root> {
+        if !self.root.is_dir() {
+            return Err(Failure::with_code(
+                EXIT_NOT_FOUND,
+                format!("no root at {}", self.root.display()),
+            ));
+        }
+        self.create_root()
+    }
+
+    /// Opens the root, creating it if needed (commands that create sessions).
+    pub fn create_root(&self) -> CliResult<session_store::Root> {
         Ok(session_store::Root::open(&self.root)?)
     }
 
-    /// A service over the root for this host.
+    /// A service over the root (which must exist) for this host.
     pub fn service(&self) -> CliResult<session_store::Service> {
-        Ok(session_store::Service::new(
-            self.host.clone(),
-            self.open_root()?,
-        )?)
+        self.service_on(self.open_root()?)
+    }
+
+    /// A service over `root` for this host.
+    pub fn service_on(&self, root: session_store::Root) -> CliResult<session_store::Service> {
+        Ok(session_store::Service::new(self.host.clone(), root)?)
     }
 }
 
@@ -186,13 +231,12 @@ pub fn print_json<T: Serialize + ?Sized>(value: &T) -> CliResult<()> {
 pub fn print_report<T: Serialize>(
     cx: &Context,
     value: &T,
-    human: impl FnOnce(&T),
+    human: impl FnOnce(&T) -> CliResult<()>,
 ) -> CliResult<()> {
     if cx.json {
         print_json(value)
     } else {
-        human(value);
-        Ok(())
+        human(value)
     }
 }
 

@@ -138,7 +138,7 @@ pub fn config_text(root: &Path, replica: &Replica) -> String {
         .to_string();
     format!(
         "# Litestream (>= 0.5) configuration written by `session-store replicate` for the root\n\
-         #   {root_text}\n\
+         #   {root_shown}\n\
          # Every <root>/<id>/session.sqlite is replicated to <replica>/<id>/session.sqlite (the\n\
          # watcher picks up sessions created later), and the catalog to <replica>/{CATALOG_FILE}\n\
          # (`session-store restore --all` reads it to find the sessions of the replica).\n\
@@ -157,7 +157,9 @@ pub fn config_text(root: &Path, replica: &Replica) -> String {
            - path: {catalog}\n    \
              replica:\n      \
                url: {catalog_url}\n",
-        replica_url = replica.url(),
+        // In the comments a line break would end the comment: escaped, as in human output.
+        root_shown = super::printable(&root_text),
+        replica_url = super::printable(&replica.url()),
         dir = yaml_string(&root_text),
         url = yaml_string(&replica.url()),
         catalog = yaml_string(&catalog),
@@ -277,7 +279,7 @@ pub fn replicate(
                 "root": root_dir.to_string_lossy(), "replica": replica.url(), "config": text,
             }));
         }
-        print!("{text}");
+        out!("{text}");
         return Ok(());
     };
     write_config(&file, &text, config_out.is_none())
@@ -288,7 +290,7 @@ pub fn replicate(
                 "root": root_dir.to_string_lossy(), "replica": replica.url(), "config_file": file.to_string_lossy(),
             }));
         }
-        println!(
+        outln!(
             "wrote the Litestream config for {} to {}; start it with `session-store replicate \
              --run --config-out {2}`, or from an empty folder: litestream replicate -config {2}",
             root_dir.display(),
@@ -414,9 +416,10 @@ pub fn restore(
 ) -> CliResult<()> {
     let replica = Replica::parse(from)?;
     let requested_id = id.map(super::session_id).transpose()?;
-    let root = cx.open_root()?;
+    // Litestream first: without one, nothing is created.
     let bin = find_litestream(litestream)?;
     check_version(&bin)?;
+    let root = cx.create_root()?;
     let present = |id: &SessionId| root.session_dir(id).join(SESSION_FILE).is_file();
     // The library's guarded staging: another process opening the root meanwhile does not
     // take it for an abandoned build; removed when dropped (or by the next open after a
@@ -678,26 +681,28 @@ fn restore_into(
                 let names: Vec<&str> = r.inherits_from.iter().map(SessionId::as_str).collect();
                 format!(", inherits from {}", names.join(", "))
             };
-            println!(
+            outln!(
                 "restored {}: {} commits, {} events{inherits}; verified",
-                r.session_id, r.commits, r.events
+                r.session_id,
+                r.commits,
+                r.events
             );
         }
         for s in &skipped {
-            println!("skipped {}: {}", s.session_id, s.reason);
+            outln!("skipped {}: {}", s.session_id, s.reason);
         }
         for f in &failed {
-            println!("NOT restored {}: {}", f.session_id, f.reason);
+            outln!("NOT restored {}: {}", f.session_id, f.reason);
         }
         if let Ok(report) = &catalog {
             for s in &report.skipped {
-                println!(
+                outln!(
                     "unreadable {} (not in the catalog): {}",
                     s.session_id,
                     super::one_line(s.error.as_ref())
                 );
             }
-            println!(
+            outln!(
                 "restored {} sessions from {} into {}; catalog rebuilt: {} sessions",
                 restored.len(),
                 replica.url(),
@@ -753,5 +758,21 @@ mod tests {
         assert!(text.contains("  - path: \"/srv/sessions/.catalog/catalog.sqlite\"\n"));
         assert!(text.contains("      url: \"s3://bkt/host-a/catalog.sqlite\"\n"));
         assert_eq!(yaml_string("a\"b\\c"), r#""a\"b\\c""#);
+    }
+
+    #[test]
+    fn a_root_path_with_a_line_break_stays_inside_its_comment() {
+        let replica = Replica::parse("file:///backup/r").unwrap();
+        let text = config_text(Path::new("/srv/a\ndbs: []\r\n# b"), &replica);
+        let (head, body) = text.split_once("\ndbs:\n").expect("the dbs key");
+        assert!(
+            head.lines().all(|l| l.starts_with('#')),
+            "every line before dbs: is a comment:\n{text}"
+        );
+        assert!(
+            body.lines()
+                .any(|l| l.starts_with("  - dir: \"/srv/a") && l.ends_with("# b\"")),
+            "the path is one quoted value:\n{body}"
+        );
     }
 }

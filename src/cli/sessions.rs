@@ -15,8 +15,8 @@ use session_store::{
 };
 
 use super::{
-    CliResult, Context, EXIT_NOT_FOUND, EXIT_OTHER, Failure, block_on, human_bytes, print_json,
-    printable, session_id, spinner,
+    CliError, CliResult, Context, EXIT_EXISTS, EXIT_NOT_FOUND, EXIT_OTHER, Failure, block_on,
+    human_bytes, print_json, printable, session_id, spinner,
 };
 
 /// Characters of a payload or message shown on one line of human output.
@@ -67,16 +67,16 @@ fn blob_label(content: &ContentRef) -> String {
 
 /// `create [ID] [--cwd DIR]`.
 pub fn create(cx: &Context, id: Option<&str>, cwd: Option<String>) -> CliResult<()> {
-    let root = cx.open_root()?;
     let mut options = CreateOptions::default();
     options.session_id = id.map(session_id).transpose()?;
     options.cwd = cwd;
+    let root = cx.create_root()?;
     let session = root.create(options)?;
     session.close()?;
     if cx.json {
         print_json(&json!({ "session_id": session.id() }))
     } else {
-        println!("{}", session.id());
+        outln!("{}", session.id());
         Ok(())
     }
 }
@@ -97,7 +97,7 @@ pub fn list(cx: &Context, limit: usize, cursor: Option<&str>, filter: ListFilter
         return print_json(&page);
     }
     if page.sessions.is_empty() {
-        println!("no sessions in {}", cx.root.display());
+        outln!("no sessions in {}", cx.root.display());
         return Ok(());
     }
     let width = page
@@ -107,9 +107,12 @@ pub fn list(cx: &Context, limit: usize, cursor: Option<&str>, filter: ListFilter
         .max()
         .unwrap_or(2)
         .max(2);
-    println!(
+    outln!(
         "{:<width$}  {:>5}  {:>8}  {:<19}  TITLE",
-        "ID", "TURNS", "EVENTS", "UPDATED (UTC)"
+        "ID",
+        "TURNS",
+        "EVENTS",
+        "UPDATED (UTC)"
     );
     for s in &page.sessions {
         let title = if s.title.is_empty() {
@@ -119,7 +122,7 @@ pub fn list(cx: &Context, limit: usize, cursor: Option<&str>, filter: ListFilter
         } else {
             preview(&s.title, 60)
         };
-        println!(
+        outln!(
             "{:<width$}  {:>5}  {:>8}  {:<19}  {title}",
             s.session_ref.session_id.as_str(),
             s.turns,
@@ -128,7 +131,7 @@ pub fn list(cx: &Context, limit: usize, cursor: Option<&str>, filter: ListFilter
         );
     }
     if let Some(next) = &page.next_cursor {
-        println!("more: --cursor {next}");
+        outln!("more: --cursor {next}");
     }
     Ok(())
 }
@@ -146,13 +149,13 @@ fn report_skipped(skipped: &[SkippedSession]) {
 
 /// `rename ID TITLE`.
 pub fn rename(cx: &Context, id: &str, title: &str) -> CliResult<()> {
-    let root = cx.open_root()?;
     let id = session_id(id)?;
+    let root = cx.open_root()?;
     root.rename(&id, title)?;
     if cx.json {
         print_json(&json!({ "session_id": id, "title": title }))
     } else {
-        println!("renamed {id}: {}", preview(title, PREVIEW_CHARS));
+        outln!("renamed {id}: {}", preview(title, PREVIEW_CHARS));
         Ok(())
     }
 }
@@ -193,8 +196,8 @@ pub fn file_bytes(root: &session_store::Root, id: &SessionId) -> u64 {
 
 /// `show ID`.
 pub fn show(cx: &Context, id: &str) -> CliResult<()> {
-    let root = cx.open_root()?;
     let id = session_id(id)?;
+    let root = cx.open_root()?;
     let info = root.stat(&id)?;
     let reader = root.open_reader(&id)?;
     let projection = reader.projection()?;
@@ -226,58 +229,59 @@ pub fn show(cx: &Context, id: &str) -> CliResult<()> {
     if cx.json {
         return print_json(&show);
     }
-    print_show(&show);
-    Ok(())
+    print_show(&show)
 }
 
-fn print_show(s: &Show) {
+fn print_show(s: &Show) -> CliResult<()> {
     let h = &s.header;
-    println!("session    {}", h.session_id);
+    outln!("session    {}", h.session_id);
     if !s.title.is_empty() {
-        println!("title      {}", preview(&s.title, PREVIEW_CHARS));
+        outln!("title      {}", preview(&s.title, PREVIEW_CHARS));
     }
-    println!(
+    outln!(
         "created    {} UTC, origin {}, codec {}",
         utc(h.created_at_ms),
         h.origin.as_str(),
         printable(&h.codec)
     );
     if let Some(cwd) = &h.cwd {
-        println!("cwd        {}", printable(cwd));
+        outln!("cwd        {}", printable(cwd));
     }
     if let Some(parent) = &h.parent_id {
-        println!(
+        outln!(
             "parent     {parent} ({} events inherited at the cut)",
             h.inherited_events
         );
     }
     for e in &s.lineage {
-        println!(
+        outln!(
             "lineage    seq {}..={} from {}",
             e.after_seq + 1,
             e.through_seq,
             e.ancestor_id
         );
     }
-    println!(
+    outln!(
         "sequences  durable {}, own {}, inherited {}",
-        s.durable_sequence, s.own_events, s.inherited_events
+        s.durable_sequence,
+        s.own_events,
+        s.inherited_events
     );
     match &s.writer {
-        Some(w) => println!(
+        Some(w) => outln!(
             "writer     held by pid {} on host {} (generation {}, owner {})",
             w.pid,
             printable(&w.host),
             w.generation,
             printable(&w.owner_id)
         ),
-        None => println!("writer     free"),
+        None => outln!("writer     free"),
     }
     let l = &s.lease;
     if l.generation == 0 {
-        println!("lease      never taken (generation 0)");
+        outln!("lease      never taken (generation 0)");
     } else {
-        println!(
+        outln!(
             "lease      generation {}, last taken by pid {} on host {} at {} UTC (owner {})",
             l.generation,
             l.pid,
@@ -287,12 +291,13 @@ fn print_show(s: &Show) {
         );
     }
     for d in &s.dependents {
-        println!(
+        outln!(
             "dependent  {} (inherits through seq {})",
-            d.child_id, d.through_seq
+            d.child_id,
+            d.through_seq
         );
     }
-    println!(
+    outln!(
         "turns      {} ended, {} messages, status {}{}",
         s.turns.len(),
         s.messages,
@@ -309,7 +314,7 @@ fn print_show(s: &Show) {
         if t.rewind_safe {
             safe.push("rewind-safe");
         }
-        println!(
+        outln!(
             "  {}  seq {}..={} (cut {})  {}  {}",
             printable(&t.turn_id),
             t.start_sequence,
@@ -319,16 +324,17 @@ fn print_show(s: &Show) {
             safe.join(" ")
         );
     }
-    print_usage("usage     ", "  ", &s.usage);
-    println!("file       {} on disk", human_bytes(s.file_bytes));
+    print_usage("usage     ", "  ", &s.usage)?;
+    outln!("file       {} on disk", human_bytes(s.file_bytes));
     for t in &s.tables {
-        println!(
+        outln!(
             "  {:<14} {:>10}  ({} pages)",
             t.table,
             human_bytes(t.bytes),
             t.pages
         );
     }
+    Ok(())
 }
 
 /// One line of usage totals for people.
@@ -346,26 +352,28 @@ fn usage_line(t: &UsageTotals) -> String {
 
 /// The usage totals under `label`, then one line per model indented by `indent`
 /// (nothing without usage).
-fn print_usage(label: &str, indent: &str, usage: &Usage) {
+fn print_usage(label: &str, indent: &str, usage: &Usage) -> CliResult<()> {
     if usage.is_empty() {
-        return;
+        return Ok(());
     }
-    println!("{label} {}", usage_line(&usage.total));
+    outln!("{label} {}", usage_line(&usage.total));
     for (model, t) in &usage.by_model {
-        println!("{indent}{}: {}", preview(model, 60), usage_line(t));
+        outln!("{indent}{}: {}", preview(model, 60), usage_line(t));
     }
+    Ok(())
 }
 
 /// `history ID [--limit N] [--cursor C]`.
 pub fn history(cx: &Context, id: &str, limit: usize, cursor: Option<&str>) -> CliResult<()> {
+    let id = session_id(id)?;
     let service = cx.service()?;
-    let r = service.session_ref(session_id(id)?);
+    let r = service.session_ref(id);
     let page = block_on(service.query().history_page(&r, cursor, limit))??;
     if cx.json {
         return print_json(&page);
     }
     if page.messages.is_empty() {
-        println!("no messages (durable sequence {})", page.snapshot_sequence);
+        outln!("no messages (durable sequence {})", page.snapshot_sequence);
     }
     for m in &page.messages {
         let role = printable(m.role.as_deref().unwrap_or("?"));
@@ -374,14 +382,14 @@ pub fn history(cx: &Context, id: &str, limit: usize, cursor: Option<&str>) -> Cl
             (Some(message), None) => message.text().unwrap_or_else(|| message.json().to_owned()),
             (None, None) => String::new(),
         };
-        println!(
+        outln!(
             "#{:<4} {role:<9} {}",
             m.position,
             preview(&body, PREVIEW_CHARS)
         );
     }
     if let Some(next) = &page.next_cursor {
-        println!("older: --cursor {next}");
+        outln!("older: --cursor {next}");
     }
     Ok(())
 }
@@ -431,8 +439,9 @@ struct EventsPage<'a> {
 
 /// `events ID [--after SEQ] [--limit N]`.
 pub fn events(cx: &Context, id: &str, after: u64, limit: usize, inline: bool) -> CliResult<()> {
+    let id = session_id(id)?;
     let root = cx.open_root()?;
-    let reader = root.open_reader(&session_id(id)?)?;
+    let reader = root.open_reader(&id)?;
     let durable = reader.durable_sequence()?;
     // Every commit holds at least one event, so `limit` commits cover `limit` events.
     let commits = reader.commits(after, limit)?;
@@ -466,12 +475,12 @@ pub fn events(cx: &Context, id: &str, after: u64, limit: usize, inline: bool) ->
             printable(l.kind),
             preview(l.turn_id.unwrap_or("-"), 16)
         );
-        println!("{}", line.trim_end());
+        outln!("{}", line.trim_end());
     }
     match next_after {
-        Some(next) => println!("more: --after {next}"),
+        Some(next) => outln!("more: --after {next}"),
         None if lines.is_empty() => {
-            println!("no events after {after} (durable sequence {durable})")
+            outln!("no events after {after} (durable sequence {durable})")
         }
         None => {}
     }
@@ -480,8 +489,8 @@ pub fn events(cx: &Context, id: &str, after: u64, limit: usize, inline: bool) ->
 
 /// `fork ID --after-turn T [--id NEW]` and `rewind ID --before-turn T [--id NEW]`.
 pub fn fork(cx: &Context, id: &str, point: ForkPoint, new_id: Option<&str>) -> CliResult<()> {
-    let root = cx.open_root()?;
     let parent = session_id(id)?;
+    let root = cx.open_root()?;
     let origin = match point {
         ForkPoint::AfterTurn(_) => "fork",
         ForkPoint::BeforeTurn(_) => "rewind",
@@ -490,7 +499,7 @@ pub fn fork(cx: &Context, id: &str, point: ForkPoint, new_id: Option<&str>) -> C
     if cx.json {
         print_json(&json!({"session_id": child, "parent_id": parent, "origin": origin}))
     } else {
-        println!("{child}");
+        outln!("{child}");
         Ok(())
     }
 }
@@ -508,19 +517,32 @@ fn must_exist(path: &Path) -> CliResult<()> {
 
 /// `export ID FILE`.
 pub fn export(cx: &Context, id: &str, file: &Path) -> CliResult<()> {
-    let root = cx.open_root()?;
     let id = session_id(id)?;
+    let root = cx.open_root()?;
     let bar = spinner(&format!("exporting {id}"));
     let report = root.export(&id, file);
     bar.finish_and_clear();
-    let report = report?;
+    // The library names a taken destination as it names a taken session id.
+    let report = report.map_err(|e| -> CliError {
+        if e.is_already_exists() {
+            Failure::with_code(
+                EXIT_EXISTS,
+                format!(
+                    "export destination {} already exists; give the path of a new file",
+                    file.display()
+                ),
+            )
+        } else {
+            e.into()
+        }
+    })?;
     if cx.json {
         return print_json(&json!({
             "session_id": id, "file": file.to_string_lossy(), "commits": report.commits,
             "events": report.events, "bytes": report.bytes,
         }));
     }
-    println!(
+    outln!(
         "exported {id} to {}: {} commits, {} events, {}",
         printable(&file.display().to_string()),
         report.commits,
@@ -538,10 +560,10 @@ pub fn import(
     cwd: Option<String>,
 ) -> CliResult<()> {
     must_exist(file)?;
-    let root = cx.open_root()?;
     let mut options = ImportOptions::default();
     options.session_id = new_id.map(session_id).transpose()?;
     options.cwd = cwd;
+    let root = cx.create_root()?;
     let bar = spinner(&format!("importing {}", file.display()));
     let imported = root.import(file, options);
     bar.finish_and_clear();
@@ -549,7 +571,7 @@ pub fn import(
     if cx.json {
         print_json(&json!({"session_id": id, "file": file.to_string_lossy()}))
     } else {
-        println!("{id}");
+        outln!("{id}");
         Ok(())
     }
 }
@@ -559,8 +581,8 @@ const DELETE_GRACE: Duration = Duration::from_millis(500);
 
 /// `delete ID [--wait SECONDS]`.
 pub fn delete(cx: &Context, id: &str, wait: Duration) -> CliResult<()> {
-    let root = cx.open_root()?;
     let id = session_id(id)?;
+    let root = cx.open_root()?;
     if wait.is_zero()
         && let Some(owner) = root.writer_owner(&id)?
     {
@@ -596,7 +618,7 @@ pub fn delete(cx: &Context, id: &str, wait: Duration) -> CliResult<()> {
     if cx.json {
         print_json(&json!({ "deleted": id }))
     } else {
-        println!("deleted {id}");
+        outln!("deleted {id}");
         Ok(())
     }
 }
@@ -620,7 +642,7 @@ pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
         };
         for d in &report.deleted {
             let forks: Vec<&str> = d.forks.iter().map(SessionId::as_str).collect();
-            println!(
+            outln!(
                 "{verb} {} (updated {} UTC){}",
                 d.session_id,
                 utc(d.updated_at_ms),
@@ -632,7 +654,7 @@ pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
             );
         }
         for k in &report.kept {
-            println!("kept {}: {}", k.session_id, printable(&k.reason));
+            outln!("kept {}: {}", k.session_id, printable(&k.reason));
         }
         for f in &report.failed {
             eprintln!(
@@ -642,7 +664,7 @@ pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
             );
         }
         if report.deleted.is_empty() && report.kept.is_empty() && report.failed.is_empty() {
-            println!("nothing to collect");
+            outln!("nothing to collect");
         }
     }
     match report.failed.len() {
@@ -704,7 +726,7 @@ pub fn verify(cx: &Context, target: &str) -> CliResult<()> {
             "turns": p.ended_turns, "messages": p.transcript_len,
         }));
     }
-    println!(
+    outln!(
         "ok: {} ({}): {} commits, {} events, {} turns, {} messages; integrity, sequences, \
          hashes, blob digests and replay are sound",
         replay.header.session_id,
@@ -720,7 +742,7 @@ pub fn verify(cx: &Context, target: &str) -> CliResult<()> {
 /// `migrate-legacy FILE [--head ID]`.
 pub fn migrate_legacy(cx: &Context, file: &Path, head: &str) -> CliResult<()> {
     must_exist(file)?;
-    let service = cx.service()?;
+    let service = cx.service_on(cx.create_root()?)?;
     let record = block_on(async {
         let (runtime, record) = service.continue_legacy(file, head).await?;
         service.close(runtime.session_ref()).await?;
@@ -729,7 +751,7 @@ pub fn migrate_legacy(cx: &Context, file: &Path, head: &str) -> CliResult<()> {
     if cx.json {
         return print_json(&record);
     }
-    println!(
+    outln!(
         "{} {} messages from {} into session {}{}",
         if record.reused { "reused:" } else { "migrated" },
         record.message_count,
@@ -746,12 +768,13 @@ pub fn migrate_legacy(cx: &Context, file: &Path, head: &str) -> CliResult<()> {
 
 /// `stats ID`.
 pub fn stats(cx: &Context, id: &str) -> CliResult<()> {
+    let id = session_id(id)?;
     let root = cx.open_root()?;
-    let stats = root.stats(&session_id(id)?)?;
+    let stats = root.stats(&id)?;
     if cx.json {
         return print_json(&stats);
     }
-    println!(
+    outln!(
         "{}: {} events (durable sequence {}), {} on disk",
         stats.session_id,
         stats.events,
@@ -765,12 +788,17 @@ pub fn stats(cx: &Context, id: &str) -> CliResult<()> {
         .max()
         .unwrap_or(4)
         .max(4);
-    println!(
+    outln!(
         "  {:<width$}  {:>8}  {:>10}  {:>6}  {:>10}  {:>6}",
-        "KIND", "COUNT", "INLINE", "BLOBS", "BLOB BYTES", "PARTS"
+        "KIND",
+        "COUNT",
+        "INLINE",
+        "BLOBS",
+        "BLOB BYTES",
+        "PARTS"
     );
     for k in &stats.kinds {
-        println!(
+        outln!(
             "  {:<width$}  {:>8}  {:>10}  {:>6}  {:>10}  {:>6}",
             printable(&k.kind),
             k.count,
@@ -781,7 +809,7 @@ pub fn stats(cx: &Context, id: &str) -> CliResult<()> {
         );
     }
     let b = &stats.blobs;
-    println!(
+    outln!(
         "  blobs: {} distinct ({} zstd), {} raw, {} stored, compression ratio {:.2}",
         b.count,
         b.compressed,
@@ -794,8 +822,8 @@ pub fn stats(cx: &Context, id: &str) -> CliResult<()> {
         .iter()
         .map(|t| format!("{} {}", t.table, human_bytes(t.bytes)))
         .collect();
-    println!("  tables: {}", tables.join(", "));
-    print_usage("  usage:", "    ", &stats.usage);
+    outln!("  tables: {}", tables.join(", "));
+    print_usage("  usage:", "    ", &stats.usage)?;
     Ok(())
 }
 
@@ -810,7 +838,7 @@ pub fn rebuild_catalog(cx: &Context) -> CliResult<()> {
     if cx.json {
         print_json(&report)
     } else {
-        println!(
+        outln!(
             "rebuilt the catalog of {}: {} sessions{}",
             cx.root.display(),
             report.sessions,

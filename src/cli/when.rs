@@ -134,11 +134,15 @@ mod tests {
         assert_eq!(parse_utc("1970-01-01"), Some(0));
         assert_eq!(parse_utc("2000-03-01T00:00:01Z"), Some(951_868_801_000));
         assert_eq!(parse_utc("2024-02-29"), Some(1_709_164_800_000));
+        assert_eq!(parse_utc("2024-02-29 12:30:05Z"), Some(1_709_209_805_000));
         for bad in [
             "2023-02-29",
+            "2024-04-31",
             "2024-13-01",
             "2024-1-01",
+            "+2024-01-01",
             "2024-01-01T24:00",
+            "",
             "x",
         ] {
             assert_eq!(parse_utc(bad), None, "{bad:?}");

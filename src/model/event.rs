@@ -103,7 +103,10 @@ pub(crate) fn raw_json(text: String) -> Result<Box<RawValue>> {
 }
 
 /// One atomic append: an operation id (the idempotency key), an optional turn id and events.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+///
+/// Deserialized only from an object `{"operation_id", "turn_id"?, "events": [...]}` (keys in
+/// any order): a JSON array is refused, not read as the fields in order.
+#[derive(Clone, Debug, Serialize)]
 #[non_exhaustive]
 pub struct Batch {
     /// Idempotency key: a retry with the same id and content returns the original commit.
@@ -130,6 +133,43 @@ impl Batch {
     pub fn in_turn(mut self, turn_id: impl Into<String>) -> Self {
         self.turn_id = Some(turn_id.into());
         self
+    }
+}
+
+/// [`Batch`]'s fields as serde's derive reads them (from a map or, the reason this is not
+/// `Batch`'s own impl, from a sequence).
+#[derive(Deserialize)]
+struct BatchFields {
+    operation_id: String,
+    #[serde(default)]
+    turn_id: Option<String>,
+    events: Vec<Event>,
+}
+
+impl<'de> Deserialize<'de> for Batch {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        /// Accepts a map only, and hands it to the derived reader of the fields.
+        struct ObjectOnly;
+
+        impl<'de> serde::de::Visitor<'de> for ObjectOnly {
+            type Value = Batch;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(r#"a batch object {"operation_id", "turn_id"?, "events": [...]}"#)
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Batch, A::Error> {
+                let fields =
+                    BatchFields::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(Batch {
+                    operation_id: fields.operation_id,
+                    turn_id: fields.turn_id,
+                    events: fields.events,
+                })
+            }
+        }
+
+        deserializer.deserialize_map(ObjectOnly)
     }
 }
 

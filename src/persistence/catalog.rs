@@ -377,7 +377,11 @@ impl CatalogEntry {
 pub(crate) fn modified_ms(dir: &Path) -> i64 {
     [SESSION_FILE, WAL_FILE]
         .iter()
-        .filter_map(|f| std::fs::symlink_metadata(dir.join(f)).ok()?.modified().ok())
+        .filter_map(|f| Some((*f, std::fs::symlink_metadata(dir.join(f)).ok()?)))
+        // An empty WAL holds no change: SQLite creates one for any reader of a file that
+        // had none, and a checkpoint that empties it writes the file itself first.
+        .filter(|(f, m)| *f == SESSION_FILE || m.len() > 0)
+        .filter_map(|(_, m)| m.modified().ok())
         .filter_map(|t| t.duration_since(UNIX_EPOCH).ok())
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
         .max()

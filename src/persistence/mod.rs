@@ -20,7 +20,7 @@ pub use catalog::{
 pub use fork::ForkPoint;
 pub use portable::{ExportReport, ImportOptions};
 pub use retention::{GcDeleted, GcKept, GcOptions, GcReport};
-pub use search::SearchOptions;
+pub use search::{MAX_SEARCH_LIMIT, SearchOptions};
 pub use stats::{BlobStats, KindStats, SessionStats, TableBytes};
 pub use verify::{ReplayReport, Verified, replay_file, verify_file};
 

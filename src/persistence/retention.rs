@@ -103,7 +103,11 @@ fn reason_to_keep(
     writer: bool,
 ) -> Result<std::result::Result<Vec<SessionId>, String>> {
     if modified_ms(dir) > cutoff_ms {
-        return Ok(Err("updated meanwhile".to_owned()));
+        return Ok(Err(
+            "updated meanwhile (by a writer, or by this run deleting a session it shares \
+             history with)"
+                .to_owned(),
+        ));
     }
     if writer && let Some(owner) = root.writer_owner(id)? {
         return Ok(Err(format!(
@@ -151,12 +155,20 @@ impl Root {
             dry_run: options.dry_run,
             ..GcReport::default()
         };
-        for id in self.list_ids()? {
+        // The ages as the run starts: deleting one session changes the files of those it
+        // shares history with (its forks, its ancestors' `dependents`), and such a session,
+        // old when the run began, is then reported as updated meanwhile, not passed over.
+        let old: Vec<(SessionId, i64)> = self
+            .list_ids()?
+            .into_iter()
+            .map(|id| {
+                let updated_at_ms = modified_ms(&self.session_dir(&id));
+                (id, updated_at_ms)
+            })
+            .filter(|(_, updated_at_ms)| *updated_at_ms <= cutoff_ms)
+            .collect();
+        for (id, updated_at_ms) in old {
             let dir = self.session_dir(&id);
-            let updated_at_ms = modified_ms(&dir);
-            if updated_at_ms > cutoff_ms {
-                continue;
-            }
             let keep = |why: String| GcKept {
                 session_id: id.clone(),
                 reason: why,

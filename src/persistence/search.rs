@@ -20,8 +20,9 @@ use crate::store::search::{IndexFilter, IndexHit, SEARCH_FILE, SEARCH_FILES, Sea
 
 /// Default page of a search (each hit reads its message back for the snippet).
 const DEFAULT_SEARCH_LIMIT: usize = 10;
-/// Largest page of a search.
-const MAX_SEARCH_LIMIT: usize = 100;
+/// Largest page of a search (a larger [`SearchOptions::limit`] is
+/// [`Error::InvalidInput`](crate::Error::InvalidInput)).
+pub const MAX_SEARCH_LIMIT: usize = 100;
 /// Threads reading a page's messages back from their session files: one per session of a
 /// default page. A cold file's first read waits on the file system (for its pages, and
 /// for its `-shm`, which SQLite sets up unless the file is read without locks) as much as

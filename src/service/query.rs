@@ -17,8 +17,8 @@ use crate::service::{Service, blocking};
 use crate::session::live::{PersistenceStatus, SessionSnapshot};
 use crate::store::reader::{HistoryBody, SessionReader};
 
-/// Largest page `list` returns.
-const MAX_LIST_LIMIT: usize = 100;
+/// Largest page `list` returns (a larger `limit` is [`Error::InvalidInput`]).
+pub const MAX_LIST_LIMIT: usize = 100;
 /// Default and largest page of `history_page`.
 const DEFAULT_HISTORY_LIMIT: usize = 100;
 const MAX_HISTORY_LIMIT: usize = 500;
@@ -230,6 +230,9 @@ fn parse_history_cursor(cursor: &str) -> Result<(u64, u64)> {
         .and_then(|p| p.parse().ok())
         .filter(|b| *b > 0)
         .ok_or_else(bad)?;
+    if parts.next().is_some() {
+        return Err(bad());
+    }
     Ok((snapshot, before))
 }
 

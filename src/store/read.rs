@@ -922,7 +922,11 @@ pub(crate) fn read_commits(
     ))?;
     let mut commits = stmt
         .query_map(
-            params![after, through.min(i64::MAX as u64), limit as i64],
+            params![
+                after.min(i64::MAX as u64),
+                through.min(i64::MAX as u64),
+                limit as i64
+            ],
             commit_row,
         )?
         .collect::<rusqlite::Result<Vec<_>>>()?;

@@ -29,9 +29,9 @@ use axum::Router;
 use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use session_store::{Root, Service, SessionQuery};
+use session_store::{Root, SessionQuery};
 
-use super::{CliResult, Context, EXIT_NOT_FOUND, EXIT_OTHER, Failure};
+use super::{CliResult, Context, EXIT_OTHER, Failure};
 
 /// Where `serve` listens unless `--addr` says otherwise.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:8765";
@@ -140,14 +140,8 @@ pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
              (every request then needs the token printed at start)"
         )));
     }
-    if !cx.root.is_dir() {
-        return Err(Failure::with_code(
-            EXIT_NOT_FOUND,
-            format!("no root at {}", cx.root.display()),
-        ));
-    }
     let root = cx.open_root()?;
-    let service = Service::new(cx.host.clone(), root.clone())?;
+    let service = cx.service_on(root.clone())?;
     let token = match options.allow_remote {
         true => Some(Arc::<str>::from(random_token()?)),
         false => None,
