@@ -49,9 +49,10 @@ pub use persistence::{
 };
 pub use persistence::{GcDeleted, GcKept, GcOptions, GcReport};
 pub use service::{
-    CancelReceipt, ClientBinding, EventPage, Execution, HistoryPage, MAX_LIST_LIMIT,
-    MigrationRecord, ObserveResult, PersistentMessage, PreparedRuntime, Runtime, RuntimePhase,
-    RuntimeSnapshot, SearchHit, SearchPage, Service, SessionPage, SessionQuery, SessionSummary,
+    CancelReceipt, ClientBinding, EventPage, Execution, HistoryPage, MAX_HISTORY_LIMIT,
+    MAX_LIST_LIMIT, MigrationRecord, ObserveResult, PersistentMessage, PreparedRuntime, Runtime,
+    RuntimePhase, RuntimeSnapshot, SearchHit, SearchPage, Service, SessionPage, SessionQuery,
+    SessionSummary,
 };
 pub use session::live::{PersistenceStatus, Session, SessionSnapshot};
 pub use session::pool::WRITER_THREADS;

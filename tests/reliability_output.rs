@@ -419,6 +419,10 @@ fn numeric_arguments_out_of_range_are_usage_errors_not_panics() {
         &["list", "--limit", "101"],
         &["search", "x", "--limit", "0"],
         &["search", "x", "--limit", "101"],
+        // `history --limit` likewise (1..=500): 0 was the default page and 501 clamped.
+        &["history", "s", "--limit", "0"],
+        &["history", "s", "--limit", "501"],
+        &["history", "s", "--limit", "18446744073709551615"],
         &["bench", "--events", "18446744073709551615"],
         &["bench", "--batch", "0"],
         &["bench", "--sessions", "100000"],
@@ -431,10 +435,13 @@ fn numeric_arguments_out_of_range_are_usage_errors_not_panics() {
     let page = env.ok(&["--json", "events", "s", "--after", "9223372036854775807"]);
     assert!(page.contains(r#""events":[]"#), "{page}");
     env.ok(&["events", "s", "--limit", "1000000"]);
-    env.ok(&["history", "s", "--limit", "18446744073709551615"]);
+    env.ok(&["history", "s", "--limit", "500"]);
+    env.ok(&["history", "s", "--limit", "1"]);
     env.ok(&["list", "--limit", "100"]);
     env.ok(&["list", "--limit", "1"]);
     env.ok(&["search", "x", "--limit", "100"]);
+    let help = env.ok(&["history", "--help"]);
+    assert!(help.contains("1..=500"), "{help}");
     env.ok(&["delete", "s", "--wait", "0.5"]);
     env.fails(&["show", "s"], 3);
 }

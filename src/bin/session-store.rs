@@ -146,8 +146,9 @@ enum Command {
     History {
         /// The session.
         id: String,
-        /// Messages per page (at most 500).
-        #[arg(long, default_value_t = 100)]
+        /// Messages per page (1..=500).
+        #[arg(long, default_value_t = 100,
+              value_parser = RangedU64ValueParser::<usize>::new().range(1..=session_store::MAX_HISTORY_LIMIT as u64))]
         limit: usize,
         /// An older page: a previous page's next_cursor.
         #[arg(long, value_name = "C")]

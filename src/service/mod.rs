@@ -23,8 +23,8 @@ use crate::session::live::Session;
 
 pub use legacy::MigrationRecord;
 pub use query::{
-    EventPage, HistoryPage, MAX_LIST_LIMIT, ObserveResult, PersistentMessage, SearchHit,
-    SearchPage, SessionPage, SessionQuery, SessionSummary,
+    EventPage, HistoryPage, MAX_HISTORY_LIMIT, MAX_LIST_LIMIT, ObserveResult, PersistentMessage,
+    SearchHit, SearchPage, SessionPage, SessionQuery, SessionSummary,
 };
 pub use runtime::{CancelReceipt, Execution, Runtime, RuntimePhase, RuntimeSnapshot};
 

@@ -19,9 +19,10 @@ use crate::store::reader::{HistoryBody, SessionReader};
 
 /// Largest page `list` returns (a larger `limit` is [`Error::InvalidInput`]).
 pub const MAX_LIST_LIMIT: usize = 100;
-/// Default and largest page of `history_page`.
+/// Default page of `history_page` (a `limit` of 0 gives it).
 const DEFAULT_HISTORY_LIMIT: usize = 100;
-const MAX_HISTORY_LIMIT: usize = 500;
+/// Largest page `history_page` returns (a larger `limit` is clamped to it).
+pub const MAX_HISTORY_LIMIT: usize = 500;
 /// Largest page of `observe`.
 const MAX_OBSERVE_LIMIT: usize = 1000;
 
