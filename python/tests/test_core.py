@@ -204,11 +204,33 @@ def test_hostile_input_is_refused_and_changes_nothing(root, tmp_path):
     assert len(root.events("h")["commits"]) == 1
     # After any sequence there is (SQLite's integers end at 2**63 - 1): an empty page.
     assert root.events("h", after=2**63)["commits"] == []
-    for bad_id in ["", "../escape", "a/b", "x" * 5000, "\x00"]:
+    # A lone surrogate has no UTF-8 form: InvalidInput too (was UnicodeEncodeError).
+    for bad_id in ["", "../escape", "a/b", "x" * 5000, "\x00", "\ud800", "a\udcff"]:
         with pytest.raises(InvalidInput):
             root.create(bad_id)
         with pytest.raises(InvalidInput):
             root.history(bad_id)
+        with pytest.raises(InvalidInput):
+            root.reader(bad_id).messages()
+        with pytest.raises(InvalidInput):
+            root.fork("h", after_turn="t0", child=bad_id)
+        with pytest.raises(InvalidInput):
+            root.delete(bad_id)
+    with pytest.raises(InvalidInput):
+        root.history("h", cursor="\ud800")
+    with pytest.raises(InvalidInput):
+        root.create("cwd-surrogate", cwd="\ud800")
+    # A NUL in a path is malformed input, not a storage failure (was StorageError).
+    nul = str(tmp_path / "a\x00b")
+    with pytest.raises(InvalidInput):
+        session_store.Root(nul)
+    with pytest.raises(InvalidInput):
+        root.export("h", nul)
+    with pytest.raises(InvalidInput):
+        root.import_file(nul)
+    with pytest.raises(InvalidInput):
+        session_store.verify(nul)
+    assert not os.path.exists(tmp_path / "a")
     with pytest.raises(TypeError):
         root.create(123)
     with pytest.raises(TypeError):
