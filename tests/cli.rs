@@ -522,6 +522,17 @@ fn exit_codes_for_usage_other_errors_and_bad_ids() {
     env.fails(&["export", "missing", "out.sqlite"], 3);
     env.fails(&["show", "../escape"], 6);
     env.fails(&["create", "con"], 6);
+    // A host id with a control character (it is printed in refs and messages) or a blank
+    // one is a usage error for every command, `create` too; nothing is created.
+    for host in ["a\nb", "a\u{1b}[31m", "tab\t", "", " "] {
+        env.fails(&["--host", host, "create", "h"], 2);
+        env.fails(&["--host", host, "list"], 2);
+    }
+    // An empty working directory is refused by the library (6), nothing created.
+    let err = env.fails(&["create", "c", "--cwd", ""], 6);
+    assert!(err.contains("cwd"), "{err}");
+    env.fails(&["show", "c"], 3);
+    env.fails(&["show", "h"], 3);
     // A root that cannot be a folder: no root to read (3), none can be made (1).
     let file = env.path("a-file");
     std::fs::write(&file, b"").expect("write");

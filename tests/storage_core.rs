@@ -253,6 +253,63 @@ fn invalid_ids_are_refused_before_touching_disk() {
     assert!(!dir.path().join("x").exists());
 }
 
+/// A host id must be printable (it is shown in refs and error messages): control
+/// characters and blanks are `InvalidInput`; an empty `cwd` is refused at create and import
+/// with nothing created.
+#[test]
+fn bad_host_ids_and_an_empty_cwd_are_refused() {
+    let (dir, root) = temp_root();
+    for bad in [
+        "",
+        " ",
+        "a\nb",
+        "a\u{1b}[2J",
+        "nul\0",
+        "del\u{7f}",
+        "c1\u{85}",
+    ] {
+        assert!(
+            matches!(
+                session_store::Service::new(bad, root.clone()),
+                Err(Error::InvalidInput { .. })
+            ),
+            "{bad:?}"
+        );
+        assert!(
+            matches!(
+                session_store::SessionRef::new(bad, "s"),
+                Err(Error::InvalidInput { .. })
+            ),
+            "{bad:?}"
+        );
+    }
+    assert!(session_store::Service::new("laptop-1.example", root.clone()).is_ok());
+    let empty_cwd = CreateOptions::with_id(SessionId::new("c").unwrap()).with_cwd("");
+    assert!(matches!(
+        root.create(empty_cwd),
+        Err(Error::InvalidInput { .. })
+    ));
+    assert!(!root.session_dir(&SessionId::new("c").unwrap()).exists());
+    let s = root
+        .create(CreateOptions::with_id(SessionId::new("src").unwrap()).with_cwd("/w"))
+        .unwrap();
+    s.close().unwrap();
+    let export = dir.path().join("src.export");
+    root.export(&SessionId::new("src").unwrap(), &export)
+        .unwrap();
+    let refused = root.import(
+        &export,
+        session_store::ImportOptions::default()
+            .with_session_id(SessionId::new("imp").unwrap())
+            .with_cwd(""),
+    );
+    assert!(
+        matches!(refused, Err(Error::InvalidInput { .. })),
+        "{refused:?}"
+    );
+    assert!(!root.session_dir(&SessionId::new("imp").unwrap()).exists());
+}
+
 #[test]
 fn create_is_atomic_and_refuses_existing_ids() {
     let (_dir, root) = temp_root();

@@ -43,8 +43,9 @@ struct Args {
     #[arg(long, global = true, value_name = "DIR")]
     root: Option<PathBuf>,
 
-    /// Host id the sessions are served under.
-    #[arg(long, global = true, value_name = "ID", default_value = "local")]
+    /// Host id the sessions are served under (printable, not blank).
+    #[arg(long, global = true, value_name = "ID", default_value = "local",
+          value_parser = cli::parse_host)]
     host: String,
 
     /// Print machine-readable JSON on stdout.

@@ -157,6 +157,14 @@ pub const MAX_EVENTS_LIMIT: u64 = 1_000_000;
 /// The longest `delete --wait`: one year, in seconds.
 pub const MAX_WAIT_SECONDS: f64 = 365.0 * 86_400.0;
 
+/// Parses `--host`: a host id [`session_store::SessionRef::check_host_id`] accepts (a
+/// clap value parser: anything else is a usage error, status 2, for every command).
+pub fn parse_host(text: &str) -> Result<String, String> {
+    session_store::SessionRef::check_host_id(text)
+        .map(|()| text.to_owned())
+        .map_err(|e| e.to_string())
+}
+
 /// Parses a number of seconds in `0..=MAX_WAIT_SECONDS` (a clap value parser: anything
 /// else is a usage error, status 2).
 pub fn parse_wait(text: &str) -> Result<Duration, String> {

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::error::{Error, Result};
 use crate::model::ids::SessionId;
 
 /// How a session came to be.
@@ -69,4 +70,20 @@ pub struct Header {
     pub provenance: Option<Value>,
     /// Events inherited from the parent at a fork or rewind (0 otherwise).
     pub inherited_events: u64,
+}
+
+impl Header {
+    /// Checks a working directory given for a new or imported session: not empty (leave
+    /// it out instead). Headers already written are read as they are.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for an empty `cwd`.
+    pub(crate) fn check_cwd(cwd: &str) -> Result<()> {
+        if cwd.is_empty() {
+            return Err(Error::invalid(
+                "cwd is empty: give a working directory or leave it out",
+            ));
+        }
+        Ok(())
+    }
 }

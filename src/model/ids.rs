@@ -128,16 +128,35 @@ impl SessionRef {
     /// Builds a ref, validating both parts.
     ///
     /// # Errors
-    /// [`Error::InvalidInput`] for an empty host id or an invalid session id.
+    /// [`Error::InvalidInput`] for a host id [`SessionRef::check_host_id`] refuses or an
+    /// invalid session id.
     pub fn new(host_id: impl Into<String>, session_id: impl Into<String>) -> Result<Self> {
         let host_id = host_id.into();
-        if host_id.trim().is_empty() {
-            return Err(Error::invalid("host id is required"));
-        }
+        Self::check_host_id(&host_id)?;
         Ok(SessionRef {
             host_id,
             session_id: SessionId::new(session_id)?,
         })
+    }
+}
+
+impl SessionRef {
+    /// Checks a host id: not blank, and no control character (it is printed in refs,
+    /// listings and error messages).
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] naming what is wrong.
+    pub fn check_host_id(host_id: &str) -> Result<()> {
+        if host_id.trim().is_empty() {
+            return Err(Error::invalid("host id is required"));
+        }
+        if host_id.chars().any(char::is_control) {
+            return Err(Error::invalid(format!(
+                "host id {} contains a control character",
+                quoted(host_id)
+            )));
+        }
+        Ok(())
     }
 }
 

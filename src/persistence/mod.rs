@@ -240,8 +240,14 @@ fn host_name() -> String {
 }
 
 /// The header of a new session (a random id unless one is given).
-fn new_header(options: CreateOptions) -> Header {
-    Header {
+///
+/// # Errors
+/// [`Error::InvalidInput`] for a working directory [`Header::check_cwd`] refuses.
+fn new_header(options: CreateOptions) -> Result<Header> {
+    if let Some(cwd) = &options.cwd {
+        Header::check_cwd(cwd)?;
+    }
+    Ok(Header {
         session_id: options.session_id.unwrap_or_else(SessionId::random),
         codec: CODEC.to_owned(),
         created_at_ms: now_ms(),
@@ -250,7 +256,7 @@ fn new_header(options: CreateOptions) -> Header {
         origin: options.origin,
         provenance: options.provenance,
         inherited_events: 0,
-    }
+    })
 }
 
 /// fsyncs a directory so that renames inside it are durable.
@@ -530,9 +536,10 @@ impl Root {
     /// built under `.staging/` and renamed into place with its writer lock already held.
     ///
     /// # Errors
-    /// [`Error::SessionExists`] when the id is taken; I/O and SQLite errors.
+    /// [`Error::SessionExists`] when the id is taken; [`Error::InvalidInput`] for an empty
+    /// `cwd`; I/O and SQLite errors.
     pub fn create(&self, options: CreateOptions) -> Result<Session> {
-        let header = new_header(options);
+        let header = new_header(options)?;
         let id = header.session_id.clone();
         let (staged, lock) = self.stage(&id, "create", |conn| write::init_file(conn, &header))?;
         self.publish(staged, &id)?;
@@ -554,7 +561,7 @@ impl Root {
         purpose: &str,
         fill: impl FnOnce(&Session) -> Result<()>,
     ) -> Result<Session> {
-        let header = new_header(options);
+        let header = new_header(options)?;
         let id = header.session_id.clone();
         let (staged, lock) = self.stage(&id, purpose, |conn| write::init_file(conn, &header))?;
         let filling = self.start_writer(staged.dir(), lock)?;

@@ -7,7 +7,7 @@ use rusqlite::{Connection, Transaction};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::model::header::Origin;
+use crate::model::header::{Header, Origin};
 use crate::model::ids::random_u64;
 use crate::model::{Event, SessionId};
 use crate::persistence::verify::{LogValidator, resolve_target};
@@ -240,8 +240,9 @@ impl Root {
         if let Some(id) = options.session_id {
             header.session_id = id;
         }
-        if options.cwd.is_some() {
-            header.cwd = options.cwd;
+        if let Some(cwd) = options.cwd {
+            Header::check_cwd(&cwd)?;
+            header.cwd = Some(cwd);
         }
         header.origin = options.origin.unwrap_or(Origin::CanonicalImport);
         let target = header.session_id.clone();

@@ -108,12 +108,10 @@ impl Service {
     /// A service for `host_id` over a root of sessions.
     ///
     /// # Errors
-    /// [`Error::InvalidInput`] for an empty host id.
+    /// [`Error::InvalidInput`] for a host id [`SessionRef::check_host_id`] refuses.
     pub fn new(host_id: impl Into<String>, root: Root) -> Result<Service> {
         let host_id = host_id.into();
-        if host_id.trim().is_empty() {
-            return Err(Error::invalid("host id is required"));
-        }
+        SessionRef::check_host_id(&host_id)?;
         Ok(Service {
             inner: Arc::new(ServiceInner {
                 host_id,
