@@ -205,6 +205,18 @@ fn rename_appends_a_title_that_list_shows_at_once() {
     fails(&root, &["rename", "nope", "x"], 3);
     fails(&root, &["rename", "talk", "   "], 6);
     fails(&root, &["rename", "talk"], 2);
+    // A raw `session/title` event appended directly is held to the same rule as `rename`
+    // (a blank title hid the session's preview in `list`): exit 6, nothing appended.
+    for blank in ["", "   ", "\\n\\t"] {
+        let line = format!(
+            r#"{{"operation_id":"blank-{}","events":[{{"kind":"session/title","payload":{{"title":"{blank}"}}}}]}}"#,
+            blank.len()
+        );
+        let out = append(&root, "talk", &format!("{line}\n"));
+        assert_eq!(code(&out), 6, "{blank:?}: {}", text(&out.stderr));
+        assert!(text(&out.stderr).contains("blank"), "{}", text(&out.stderr));
+    }
+    assert_eq!(json_of(&root, &["show", "talk"])["title"], "Fix the parser");
     let writer = live_writer(&root, "talk");
     let err = fails(&root, &["rename", "talk", "Stolen"], 5);
     assert!(err.contains(&writer.id().to_string()), "{err}");

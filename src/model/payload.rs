@@ -167,12 +167,18 @@ pub(crate) struct TitlePayload {
     pub(crate) title: String,
 }
 
+/// Whether `title` is blank (empty or whitespace): refused by [`title_event`] and, on
+/// append, in a `session/title` event.
+pub(crate) fn is_blank_title(title: &str) -> bool {
+    title.trim().is_empty()
+}
+
 /// The `session/title` event that renames a session to `title`.
 ///
 /// # Errors
 /// [`Error::InvalidInput`] for a blank title.
 pub(crate) fn title_event(title: &str) -> Result<Event> {
-    if title.trim().is_empty() {
+    if is_blank_title(title) {
         return Err(Error::invalid("a title must not be blank"));
     }
     Event::new(crate::model::kind::SESSION_TITLE).with_payload(&TitlePayload {

@@ -20,7 +20,7 @@ use crate::model::payload::{
     AttemptPayload, ConfigPayload, InteractionCreatedPayload, InteractionResolvedPayload,
     LegacyImport, MessagePayload, MessagesPayload, RecoveryStatus, StepPayload, TitlePayload, Todo,
     TodoPayload, ToolCallPayload, ToolResultPayload, ToolStartPayload, TurnEndPayload,
-    UsagePayload, bad, decode, json_object, one_of, required_id,
+    UsagePayload, bad, decode, is_blank_title, json_object, one_of, required_id,
 };
 use crate::model::transcript_index::{MessageKey, TranscriptIndex, message_key};
 use crate::model::usage::{Usage, UsageRecord};
@@ -325,6 +325,22 @@ fn parse(event: &Event) -> Result<Parsed> {
     })
 }
 
+/// Refuses a blank `session/title` (as `rename` does: a blank title would hide the
+/// session's preview in listings). A stored one still folds.
+///
+/// # Errors
+/// [`Error::InvalidPayload`] for `session/title`.
+fn check_titles(prepared: &PreparedFold) -> Result<()> {
+    for p in &prepared.events {
+        if let Parsed::Title(title) = p
+            && is_blank_title(title)
+        {
+            return Err(bad(kind::SESSION_TITLE, "a title must not be blank"));
+        }
+    }
+    Ok(())
+}
+
 impl Projection {
     /// Whether the state has an open turn or a pending interaction.
     pub fn has_active_authority(&self) -> bool {
@@ -381,14 +397,24 @@ impl Projection {
         })
     }
 
+    /// The rules checked on append only, after [`Projection::prepare`]: a stored log folds
+    /// without them, so files written before a rule keep opening, replaying and verifying.
+    ///
+    /// # Errors
+    /// As [`Projection::check_turn_nesting`] and [`check_titles`].
+    pub(crate) fn check_append(&self, prepared: &PreparedFold) -> Result<()> {
+        self.check_turn_nesting(prepared)?;
+        check_titles(prepared)
+    }
+
     /// Refuses a batch that starts a turn while one is open (before it or earlier in the
     /// batch): the outer turn would be dropped without a `turn/end`, so it would never be
-    /// recorded. Checked on append only: a stored log folds as upstream does (the later
-    /// `turn/start` replaces the open turn), so files written before keep replaying.
+    /// recorded. A stored log folds as upstream does (the later `turn/start` replaces the
+    /// open turn).
     ///
     /// # Errors
     /// [`Error::InvalidInput`] naming the open turn.
-    pub(crate) fn check_turn_nesting(&self, prepared: &PreparedFold) -> Result<()> {
+    fn check_turn_nesting(&self, prepared: &PreparedFold) -> Result<()> {
         let mut open = self.turn_id.as_ref().map(|t| {
             format!(
                 "turn {} (started at sequence {})",
@@ -822,6 +848,28 @@ mod tests {
             Error::UnsupportedVersion { .. }
         ));
         assert!(fold(vec![Event::new("future/kind").optional()], None).is_ok());
+    }
+
+    /// A blank title is refused on append only: a stored log holding one (written before
+    /// the rule) still folds, so such files open, replay and verify.
+    #[test]
+    fn a_blank_title_is_refused_on_append_and_folded_when_stored() {
+        for blank in ["", "  ", "\n\t"] {
+            let events = vec![ev("session/title", json!({ "title": blank }))];
+            let p = Projection::default();
+            let prepared = p.prepare(&events).unwrap();
+            let err = p.check_append(&prepared).unwrap_err();
+            assert!(
+                matches!(err, Error::InvalidPayload { .. }),
+                "{blank:?}: {err}"
+            );
+            assert_eq!(fold(events, None).unwrap().title, blank);
+        }
+        let p = Projection::default();
+        let named = p
+            .prepare(&[ev("session/title", json!({"title": " a "}))])
+            .unwrap();
+        assert!(p.check_append(&named).is_ok());
     }
 
     #[test]

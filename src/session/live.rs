@@ -612,7 +612,7 @@ impl Shared {
         batch: PreparedBatch,
     ) -> Result<Arc<Commit>> {
         let fold = s.projection.prepare(&batch.events)?;
-        s.projection.check_turn_nesting(&fold)?;
+        s.projection.check_append(&fold)?;
         let first_seq = s.next_seq;
         let mut events = batch.events;
         for (i, e) in events.iter_mut().enumerate() {
