@@ -356,6 +356,41 @@ fn append_reports_and_keeps_the_batches_before_a_bad_line() {
     ]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(stdout(&out).lines().count(), 2);
+
+    // `append --create` whose first batch is bad (not JSON, a payload off its schema, an
+    // empty operation id, two turn/starts) creates nothing: it used to leave an empty
+    // session behind.
+    let good = json!({"operation_id": "one", "events": [message("m1", "user", "hi")]});
+    for bad in [
+        "{not json".to_owned(),
+        json!({"operation_id": "t", "events": [{"kind": "session/title", "payload": {"title": 7}}]})
+            .to_string(),
+        json!({"operation_id": "", "events": [{"kind": "turn/start"}]}).to_string(),
+        json!({"operation_id": "n", "events": [{"kind": "turn/start"}, {"kind": "turn/start"}]})
+            .to_string(),
+    ] {
+        let out = env.run_with(&["append", "fresh", "--create", "--json"], &format!("\n{bad}\n{good}\n"));
+        assert_eq!(code(&out), 6, "{bad}: {}", stderr(&out));
+        assert!(stderr(&out).contains("line 2"), "{}", stderr(&out));
+        assert_eq!(stdout(&out), "", "{bad}");
+        env.fails(&["show", "fresh"], 3);
+        assert!(!env.root().join("fresh").exists(), "{bad}");
+    }
+    // A good first batch is appended with the create and reported; a bad later line keeps it.
+    let out = env.run_with(
+        &["append", "fresh", "--create", "--json"],
+        &format!("{good}\n{{bad\n"),
+    );
+    assert_eq!(code(&out), 6, "{}", stderr(&out));
+    let printed: Vec<Value> = stdout(&out).lines().map(parse).collect();
+    assert_eq!(printed.len(), 1, "{printed:?}");
+    assert_eq!(printed[0]["operation_id"], "one");
+    assert_eq!(printed[0]["last_seq"], 1);
+    assert_eq!(env.json(&["show", "fresh"])["durable_sequence"], 1);
+    // Empty input still creates the empty session it names.
+    let out = env.run_with(&["append", "empty", "--create"], "");
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(env.json(&["show", "empty"])["durable_sequence"], 0);
 }
 
 #[test]

@@ -12,9 +12,9 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 
 use serde::Serialize;
-use session_store::{Batch, CreateOptions, Error, Session};
+use session_store::{Batch, Commit, CreateOptions, Error, Root, Session, SessionId};
 
-use super::{CliResult, Context, Failure, human_bytes, session_id};
+use super::{CliError, CliResult, Context, Failure, human_bytes, session_id};
 
 /// What is printed for a durable batch.
 #[derive(Debug, Serialize)]
@@ -66,19 +66,16 @@ pub fn run(
     } else {
         cx.open_root()?
     };
+    let mut lines: Lines = Box::new(input.lines().enumerate());
+    let mut pending: Vec<Accepted> = Vec::new();
+    let mut totals = Totals::default();
     let session = match root.open_writer(&id) {
-        // Another `append --create` may publish it first: then this one appends to it, or
-        // is refused naming the writer (status 5), never "already exists".
         Err(Error::SessionNotFound(_)) if create => {
-            match root.create(CreateOptions::with_id(id.clone())) {
-                Err(Error::SessionExists(_)) => root.open_writer(&id)?,
-                other => other?,
-            }
+            create_with_first(&root, &id, &mut lines, &mut pending, &mut totals)?
         }
         other => other?,
     };
-    let mut totals = Totals::default();
-    let result = feed(cx, &session, input, sync_each, &mut totals);
+    let result = feed(cx, &session, lines, sync_each, &mut pending, &mut totals);
     // Whatever was accepted is made durable (and reported) even when a line failed.
     let closed = session.close();
     result?;
@@ -96,73 +93,147 @@ pub fn run(
     Ok(())
 }
 
-/// Appends every line of `input`; reports durable batches as it goes (`sync_each`) or
-/// after the final flush.
+/// The numbered lines of the input.
+type Lines = Box<dyn Iterator<Item = (usize, std::io::Result<String>)>>;
+
+/// Creates the session with the input's first batch in it (`Root::create_with_batch`), so
+/// a first line that is not a valid batch creates nothing (status 6); empty input creates
+/// an empty session. Another `append --create` may publish it first: then this one
+/// appends to it (the first line is fed again), or is refused naming the writer (status
+/// 5), never "already exists".
+fn create_with_first(
+    root: &Root,
+    id: &SessionId,
+    lines: &mut Lines,
+    pending: &mut Vec<Accepted>,
+    totals: &mut Totals,
+) -> CliResult<Session> {
+    let mut first = None;
+    for (n, line) in lines.by_ref() {
+        let line = read_line(n, line)?;
+        if !line.trim().is_empty() {
+            first = Some((n, line));
+            break;
+        }
+    }
+    let Some((n, line)) = first else {
+        return match root.create(CreateOptions::with_id(id.clone())) {
+            Err(Error::SessionExists(_)) => Ok(root.open_writer(id)?),
+            other => Ok(other?),
+        };
+    };
+    let batch = parse_batch(n, &line)?;
+    let (operation_id, bytes) = (batch.operation_id.clone(), payload_bytes(&batch));
+    match root.create_with_batch(CreateOptions::with_id(id.clone()), batch) {
+        Ok((session, commit)) => {
+            accepted(operation_id, bytes, &commit, pending, totals);
+            Ok(session)
+        }
+        Err(Error::SessionExists(_)) => {
+            let rest = std::mem::replace(lines, Box::new(std::iter::empty()));
+            *lines = Box::new(std::iter::once((n, Ok(line))).chain(rest));
+            Ok(root.open_writer(id)?)
+        }
+        Err(e) => Err(line_failure(n, &operation_id, &e)),
+    }
+}
+
+/// Line `n` (0-based) of the input; one that is not UTF-8 is bad input (status 6), not a
+/// failed read.
+fn read_line(n: usize, line: std::io::Result<String>) -> CliResult<String> {
+    line.map_err(|e| match e.kind() {
+        std::io::ErrorKind::InvalidData => Failure::invalid(format!("line {} is not UTF-8", n + 1)),
+        _ => Failure::context(format!("read line {}", n + 1), &e),
+    })
+}
+
+/// Line `n` (0-based) as a batch (status 6 when it is not one).
+fn parse_batch(n: usize, line: &str) -> CliResult<Batch> {
+    serde_json::from_str(line)
+        .map_err(|e| Failure::invalid(format!("line {}: not a batch: {e}", n + 1)))
+}
+
+/// The failure of line `n`'s batch `operation_id`.
+fn line_failure(n: usize, operation_id: &str, e: &Error) -> CliError {
+    Failure::context(
+        format!(
+            "line {} (operation {})",
+            n + 1,
+            session_store::quoted(operation_id)
+        ),
+        e,
+    )
+}
+
+/// Payload bytes of a batch (for the human summary).
+fn payload_bytes(batch: &Batch) -> u64 {
+    batch.events.iter().map(|e| e.payload_len() as u64).sum()
+}
+
+/// Counts an accepted batch and queues it for reporting.
+fn accepted(
+    operation_id: String,
+    bytes: u64,
+    commit: &Commit,
+    pending: &mut Vec<Accepted>,
+    totals: &mut Totals,
+) {
+    totals.batches += 1;
+    totals.events += commit.events.len() as u64;
+    totals.bytes += bytes;
+    pending.push(Accepted {
+        operation_id,
+        first_seq: commit.first_seq,
+        last_seq: commit.last_seq(),
+    });
+}
+
+/// Appends every line of `lines` after what `pending` holds; reports durable batches as
+/// it goes (`sync_each`) or after the final flush.
 fn feed(
     cx: &Context,
     session: &Session,
-    input: Box<dyn BufRead>,
+    lines: Lines,
     sync_each: bool,
+    pending: &mut Vec<Accepted>,
     totals: &mut Totals,
 ) -> CliResult<()> {
-    let mut pending: Vec<Accepted> = Vec::new();
     let mut failure = None;
-    for (n, line) in input.lines().enumerate() {
-        let line = match line {
+    if sync_each && !pending.is_empty() {
+        report(cx, session.flush()?, pending)?;
+    }
+    for (n, line) in lines {
+        let line = match read_line(n, line) {
             Ok(line) => line,
-            // Bad input, as a line that is not JSON is (status 6), not a failed read.
-            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
-                failure = Some(Failure::invalid(format!("line {} is not UTF-8", n + 1)));
-                break;
-            }
-            Err(e) => {
-                failure = Some(Failure::context(format!("read line {}", n + 1), &e));
+            Err(f) => {
+                failure = Some(f);
                 break;
             }
         };
         if line.trim().is_empty() {
             continue;
         }
-        let batch: Batch = match serde_json::from_str(&line) {
+        let batch = match parse_batch(n, &line) {
             Ok(batch) => batch,
-            Err(e) => {
-                failure = Some(Failure::invalid(format!(
-                    "line {}: not a batch: {e}",
-                    n + 1
-                )));
+            Err(f) => {
+                failure = Some(f);
                 break;
             }
         };
-        let operation_id = batch.operation_id.clone();
-        let bytes: usize = batch.events.iter().map(|e| e.payload_len()).sum();
-        let commit = match session.append(batch) {
-            Ok(commit) => commit,
+        let (operation_id, bytes) = (batch.operation_id.clone(), payload_bytes(&batch));
+        match session.append(batch) {
+            Ok(commit) => accepted(operation_id, bytes, &commit, pending, totals),
             Err(e) => {
-                failure = Some(Failure::context(
-                    format!(
-                        "line {} (operation {})",
-                        n + 1,
-                        session_store::quoted(&operation_id)
-                    ),
-                    &e,
-                ));
+                failure = Some(line_failure(n, &operation_id, &e));
                 break;
             }
-        };
-        totals.batches += 1;
-        totals.events += commit.events.len() as u64;
-        totals.bytes += bytes as u64;
-        pending.push(Accepted {
-            operation_id,
-            first_seq: commit.first_seq,
-            last_seq: commit.last_seq(),
-        });
+        }
         if sync_each {
-            report(cx, session.flush()?, &mut pending)?;
+            report(cx, session.flush()?, pending)?;
         }
     }
     if !pending.is_empty() {
-        report(cx, session.flush()?, &mut pending)?;
+        report(cx, session.flush()?, pending)?;
     }
     failure.map_or(Ok(()), Err)
 }

@@ -36,9 +36,9 @@ use serde_json::Value;
 
 use crate::error::{Error, Result, WriterOwner};
 use crate::format::DEFAULT_INLINE_THRESHOLD;
-use crate::model::SessionId;
 use crate::model::header::{Header, Origin};
 use crate::model::ids::{now_ms, random_hex};
+use crate::model::{Batch, Commit, SessionId};
 use crate::session::live::{Session, WriteBehind};
 use crate::store::content;
 use crate::store::lock::{self, WriterLock, recorded_owner};
@@ -544,6 +544,28 @@ impl Root {
         let (staged, lock) = self.stage(&id, "create", |conn| write::init_file(conn, &header))?;
         self.publish(staged, &id)?;
         self.start_writer(&self.session_dir(&id), lock)
+    }
+
+    /// Creates a session whose first batch is `first` and opens it for writing: the session
+    /// is published (as by [`Root::create`]) only once `first` was appended and made
+    /// durable, so a batch the writer refuses creates nothing. Returns the session and the
+    /// commit of `first`.
+    ///
+    /// # Errors
+    /// As [`Root::create`]; what [`Session::append`] returns for `first`
+    /// ([`Error::InvalidInput`], [`Error::InvalidPayload`], …), nothing created.
+    pub fn create_with_batch(
+        &self,
+        options: CreateOptions,
+        first: Batch,
+    ) -> Result<(Session, Arc<Commit>)> {
+        let mut commit = None;
+        let session = self.create_filled(options, "create", |s| {
+            commit = Some(s.append(first)?);
+            Ok(())
+        })?;
+        let commit = commit.ok_or_else(|| Error::internal("the first batch was not appended"))?;
+        Ok((session, commit))
     }
 
     /// Creates a session and has `fill` write to it while it is still under `.staging/`;
