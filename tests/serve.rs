@@ -318,8 +318,9 @@ fn ids_digests_and_routes_are_validated() {
     assert!(!root.join("nope").exists());
 }
 
-/// Text a hostile agent could put in a session.
-const HOSTILE: &str = "<script>document.title='pwned'</script><img src=x onerror=alert(1)> \
+/// Text a hostile agent could put in a session (terminal escapes and other control
+/// characters first, so that a clipped title holds them).
+const HOSTILE: &str = "\u{1b}[2J\u{7}\u{9b}31m\u{0}<script>document.title='pwned'</script><img src=x onerror=alert(1)> \
                        <a href=\"javascript:alert(2)\">click</a> [x](javascript:alert(3)) \"q' &amp;";
 
 /// A session full of hostile strings: title, cwd, role, message ids, tool call names and
@@ -400,6 +401,18 @@ fn hostile_content_is_escaped_everywhere() {
             assert!(
                 page.contains("&lt;script&gt;"),
                 "{path}: the text is not shown escaped"
+            );
+        }
+        // Control characters are shown as the CLI shows them (`\u{1b}`), never raw;
+        // line breaks and tabs stay (whitespace in HTML).
+        let raw = page
+            .chars()
+            .find(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t'));
+        assert_eq!(raw, None, "{path}: a raw control character in {page:?}");
+        if path == "/" || path == "/sessions/hostile" {
+            assert!(
+                page.contains("\\u{1b}[2J\\u{7}\\u{9b}31m\\u{0}&lt;script&gt;"),
+                "{path}: {page}"
             );
         }
     }
@@ -717,6 +730,20 @@ fn a_blob_link_from_a_page_answers_errors_as_pages_and_the_api_as_json() {
     let (_dir, root) = demo_root();
     let server = Server::start(&root, &[]);
     let missing = "0".repeat(64);
+    // A well-formed digest the session does not hold is "not found", not "invalid input".
+    for path in [
+        format!("/sessions/demo-flaky-test/content/{missing}"),
+        format!("/api/sessions/demo-flaky-test/content/{missing}"),
+    ] {
+        let reply = server.get(&path);
+        assert_eq!(reply.status, 404, "{path}");
+        assert!(
+            !reply.body.contains("invalid input"),
+            "{path}: {}",
+            reply.body
+        );
+        assert!(reply.body.contains("no content"), "{path}: {}", reply.body);
+    }
     for (tail, status) in [
         (format!("demo-flaky-test/content/{missing}"), 404),
         (format!("nope/content/{missing}"), 404),

@@ -304,12 +304,23 @@ pub fn one_line(error: &(dyn std::error::Error + 'static)) -> String {
 /// For human output of strings that come from a session or a caller; JSON output stays
 /// exact JSON instead.
 pub fn printable(text: &str) -> Cow<'_, str> {
-    if !text.chars().any(char::is_control) {
+    escape_controls(text, char::is_control)
+}
+
+/// As [`printable`], keeping line breaks and tabs (`\n`, `\r`, `\t`): for text shown as a
+/// block where they are layout, such as the web pages (`serve`).
+pub fn printable_block(text: &str) -> Cow<'_, str> {
+    escape_controls(text, |c| c.is_control() && !matches!(c, '\n' | '\r' | '\t'))
+}
+
+/// `text` with every character `escaped` picks written as a Rust escape (`\u{1b}`).
+fn escape_controls(text: &str, escaped: impl Fn(char) -> bool) -> Cow<'_, str> {
+    if !text.chars().any(&escaped) {
         return Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len() + 8);
     for c in text.chars() {
-        if c.is_control() {
+        if escaped(c) {
             out.extend(c.escape_default());
         } else {
             out.push(c);

@@ -374,15 +374,20 @@ pub async fn content(app: &App, id: SessionId, digest: String) -> Result<Vec<u8>
         host_id: app.host.clone(),
         session_id: id,
     };
+    let content = ContentRef::new(digest, 0, "");
     app.query
-        .read_content(&session, &ContentRef::new(digest, 0, ""))
+        .read_content(&session, &content)
         .await
         .map_err(|e| {
-            let problem = Problem::library(&e);
+            // The id and the digest are well formed (checked before): the library's
+            // "does not belong" (a caller error) means there is no such content here.
             if e.is_caller_error() {
-                Problem::not_found(problem.message)
+                Problem::not_found(format!(
+                    "no content {} in session {} or its ancestors",
+                    content.digest, session.session_id
+                ))
             } else {
-                problem
+                Problem::library(&e)
             }
         })
 }

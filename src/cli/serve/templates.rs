@@ -3,6 +3,8 @@
 //! from a session (titles, ids, snippets, working directories) is always text, never
 //! markup; URLs are built by [`links`] from validated ids, never taken from a session.
 
+use std::borrow::Cow;
+
 use axum::http::StatusCode;
 use axum::response::Html;
 use maud::{DOCTYPE, Markup, html};
@@ -28,10 +30,11 @@ pub fn clip(text: &str, max: usize) -> String {
     }
 }
 
-/// A page: the frame, the navigation and `body`.
+/// A page: the frame, the navigation and `body`. Control characters from a session
+/// (terminal escapes, NUL, C1 controls) are shown as the CLI shows them (`\u{1b}`), never
+/// sent raw; line breaks and tabs stay.
 pub fn layout(title: &str, body: Markup) -> Html<String> {
-    Html(
-        html! {
+    let page = html! {
             (DOCTYPE)
             html lang="en" {
                 head {
@@ -48,9 +51,12 @@ pub fn layout(title: &str, body: Markup) -> Html<String> {
                     main { (body) }
                 }
             }
-        }
-        .into_string(),
-    )
+    }
+    .into_string();
+    Html(match crate::cli::printable_block(&page) {
+        Cow::Borrowed(_) => page,
+        Cow::Owned(shown) => shown,
+    })
 }
 
 /// The small page of an error answer.
