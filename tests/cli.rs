@@ -633,6 +633,9 @@ fn a_missing_root_is_not_found_and_only_creating_commands_make_it() {
     std::fs::write(env.path("x.sqlite"), b"x").expect("write");
     env.fails(&["import", "x.sqlite", "--id", "../bad"], 6);
     assert!(!env.root().exists(), "a refused id made the root");
+    // Nor does an import whose file is refused (it is validated inside the root).
+    env.fails(&["import", "x.sqlite"], 6);
+    assert!(!env.root().exists(), "a refused import left the root");
     env.ok(&["create", "s"]);
     assert!(env.root().is_dir());
     assert!(env.ok(&["list"]).contains('s'));

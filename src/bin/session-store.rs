@@ -457,15 +457,28 @@ fn run(args: Args) -> CliResult<()> {
         host: args.host,
         json: args.json,
     };
+    let root_was_missing = std::fs::symlink_metadata(&cx.root).is_err();
+    let result = dispatch(&cx, args.command);
+    if result.is_err() && root_was_missing {
+        // A command that made the root and then failed (an import whose file is refused
+        // is validated inside the root) leaves no empty root behind. `remove_dir` removes
+        // only an empty folder, so nothing anyone wrote there meanwhile goes.
+        let _ = std::fs::remove_dir(&cx.root);
+    }
+    result
+}
+
+/// Runs one command on `cx`.
+fn dispatch(cx: &Context, command: Command) -> CliResult<()> {
     use cli::sessions as s;
-    match args.command {
-        Command::Create { id, cwd } => s::create(&cx, id.as_deref(), cwd),
+    match command {
+        Command::Create { id, cwd } => s::create(cx, id.as_deref(), cwd),
         Command::Append {
             id,
             file,
             sync,
             create,
-        } => cli::append::run(&cx, &id, file.as_deref(), sync == Sync::Each, create),
+        } => cli::append::run(cx, &id, file.as_deref(), sync == Sync::Each, create),
         Command::List {
             limit,
             cursor,
@@ -484,11 +497,11 @@ fn run(args: Args) -> CliResult<()> {
             filter.since_ms = since;
             filter.title = title;
             filter.origin = origin;
-            s::list(&cx, limit, cursor.as_deref(), filter)
+            s::list(cx, limit, cursor.as_deref(), filter)
         }
-        Command::Rename { id, title } => s::rename(&cx, &id, &title),
-        Command::Show { id } => s::show(&cx, &id),
-        Command::History { id, limit, cursor } => s::history(&cx, &id, limit, cursor.as_deref()),
+        Command::Rename { id, title } => s::rename(cx, &id, &title),
+        Command::Show { id } => s::show(cx, &id),
+        Command::History { id, limit, cursor } => s::history(cx, &id, limit, cursor.as_deref()),
         Command::Search {
             query,
             limit,
@@ -498,7 +511,7 @@ fn run(args: Args) -> CliResult<()> {
             since,
             role,
         } => cli::search::search(
-            &cx,
+            cx,
             &query,
             cli::search::SearchArgs {
                 limit,
@@ -514,13 +527,13 @@ fn run(args: Args) -> CliResult<()> {
             after,
             limit,
             inline,
-        } => s::events(&cx, &id, after, limit, inline),
+        } => s::events(cx, &id, after, limit, inline),
         Command::Fork {
             id,
             after_turn,
             new_id,
         } => s::fork(
-            &cx,
+            cx,
             &id,
             session_store::ForkPoint::AfterTurn(after_turn),
             new_id.as_deref(),
@@ -530,35 +543,35 @@ fn run(args: Args) -> CliResult<()> {
             before_turn,
             new_id,
         } => s::fork(
-            &cx,
+            cx,
             &id,
             session_store::ForkPoint::BeforeTurn(before_turn),
             new_id.as_deref(),
         ),
-        Command::Export { id, file } => s::export(&cx, &id, &file),
-        Command::Import { file, new_id, cwd } => s::import(&cx, &file, new_id.as_deref(), cwd),
-        Command::Delete { id, wait } => s::delete(&cx, &id, wait),
+        Command::Export { id, file } => s::export(cx, &id, &file),
+        Command::Import { file, new_id, cwd } => s::import(cx, &file, new_id.as_deref(), cwd),
+        Command::Delete { id, wait } => s::delete(cx, &id, wait),
         Command::Gc {
             older_than,
             dry_run,
             keep_forked,
         } => s::gc(
-            &cx,
+            cx,
             &session_store::GcOptions::older_than(older_than)
                 .with_dry_run(dry_run)
                 .with_keep_forked(keep_forked),
         ),
-        Command::Verify { target } => s::verify(&cx, &target),
-        Command::MigrateLegacy { file, head } => s::migrate_legacy(&cx, &file, &head),
-        Command::Stats { id } => s::stats(&cx, &id),
-        Command::RebuildCatalog => s::rebuild_catalog(&cx),
+        Command::Verify { target } => s::verify(cx, &target),
+        Command::MigrateLegacy { file, head } => s::migrate_legacy(cx, &file, &head),
+        Command::Stats { id } => s::stats(cx, &id),
+        Command::RebuildCatalog => s::rebuild_catalog(cx),
         Command::Replicate {
             replica,
             config_out,
             run,
             litestream,
         } => cli::replicate::replicate(
-            &cx,
+            cx,
             replica.as_deref(),
             config_out.as_deref(),
             run,
@@ -569,13 +582,13 @@ fn run(args: Args) -> CliResult<()> {
             id,
             all,
             litestream,
-        } => cli::replicate::restore(&cx, &from, id.as_deref(), all, litestream.as_deref()),
+        } => cli::replicate::restore(cx, &from, id.as_deref(), all, litestream.as_deref()),
         Command::Serve {
             addr,
             open,
             allow_remote,
         } => cli::serve::run(
-            &cx,
+            cx,
             &cli::serve::Options {
                 addr,
                 open,
@@ -599,11 +612,11 @@ fn run(args: Args) -> CliResult<()> {
                         "--suite lean takes only --quick and --dir (its sizes are fixed)",
                     ));
                 }
-                cli::lean::run(&cx, &cli::lean::Options { quick, dir })
+                cli::lean::run(cx, &cli::lean::Options { quick, dir })
             }
             Suite::Append if quick => Err(Failure::usage("--quick needs --suite lean")),
             Suite::Append => cli::bench::run(
-                &cx,
+                cx,
                 &cli::bench::Options {
                     events: events.unwrap_or(96_000),
                     batch: batch.unwrap_or(64),
@@ -620,7 +633,7 @@ fn run(args: Args) -> CliResult<()> {
             messages,
             compact_every,
             jsonl,
-        } => cli::lean::writer(&cx, messages, compact_every, jsonl),
+        } => cli::lean::writer(cx, messages, compact_every, jsonl),
     }
 }
 
