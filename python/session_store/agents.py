@@ -179,11 +179,11 @@ class SessionStoreSession:
 
     def add_items_sync(self, items: list[Any]) -> None:
         """:meth:`add_items`, blocking."""
-        if not items:
-            return
         # Checked before the writer is opened: a refused item creates no session and takes
-        # no writer lock.
+        # no writer lock; no items (an empty list or iterable) write nothing.
         messages = [_to_message(item, "") for item in items]
+        if not messages:
+            return
         try:
             encode_json(messages).encode()
         except UnicodeEncodeError as e:

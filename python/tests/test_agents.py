@@ -269,6 +269,9 @@ def test_hostile_items(root):
         with pytest.raises(session_store.InvalidInput):
             SessionStoreSession("../x", root).get_items_sync()
         assert await s.get_items() == []
+        # No items, in a list or any other iterable, write nothing.
+        await s.add_items([])
+        await s.add_items(iter([]))
         # Refused items created no session (so took no writer lock).
         with pytest.raises(session_store.NotFound):
             root.turns("h")
