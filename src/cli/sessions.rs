@@ -202,12 +202,7 @@ pub fn show(cx: &Context, id: &str) -> CliResult<()> {
     let reader = root.open_reader(&id)?;
     let projection = reader.projection()?;
     let file_bytes = file_bytes(&root, &id);
-    let own_events = info.durable_sequence
-        - info
-            .lineage
-            .iter()
-            .map(|e| e.through_seq - e.after_seq)
-            .sum::<u64>();
+    let own_events = info.durable_sequence.saturating_sub(info.inherited_events);
     let show = Show {
         title: projection.title.clone(),
         durable_sequence: info.durable_sequence,

@@ -191,7 +191,9 @@ pub struct SessionInfo {
     pub header: Header,
     /// Last durable sequence.
     pub durable_sequence: u64,
-    /// Events inherited from ancestors.
+    /// Events read from ancestors' files now: the sum of `lineage`'s ranges (0 once an
+    /// import or an ancestor's delete materialised them; the header's `inherited_events`
+    /// keeps the count at the cut).
     pub inherited_events: u64,
     /// The ancestors, oldest first.
     pub lineage: Vec<LineageEntry>,
@@ -827,11 +829,12 @@ impl Root {
     /// As [`Root::open_reader`].
     pub fn stat(&self, id: &SessionId) -> Result<SessionInfo> {
         let reader = self.open_reader(id)?;
+        let lineage = reader.lineage();
         Ok(SessionInfo {
             header: reader.header().clone(),
             durable_sequence: reader.durable_sequence()?,
-            inherited_events: reader.inherited_events(),
-            lineage: reader.lineage().to_vec(),
+            inherited_events: lineage.iter().map(|e| e.through_seq - e.after_seq).sum(),
+            lineage,
             last_writer: reader.lease()?,
         })
     }
