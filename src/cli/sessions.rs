@@ -296,7 +296,11 @@ fn print_show(s: &Show) -> CliResult<()> {
         "turns      {} ended, {} messages, status {}{}",
         s.turns.len(),
         s.messages,
-        printable(&s.turn_status),
+        if s.turn_status.is_empty() {
+            "none".into()
+        } else {
+            printable(&s.turn_status)
+        },
         s.open_turn
             .as_deref()
             .map_or_else(String::new, |t| format!(" (open turn {})", printable(t)))
