@@ -261,6 +261,23 @@ fn new_header(options: CreateOptions) -> Result<Header> {
     })
 }
 
+/// Refuses a session folder whose file is another session's (a folder copied or renamed
+/// by hand): its header names the session whose file it is, and forks of it would record
+/// that session as their ancestor and read its folder instead.
+///
+/// # Errors
+/// [`Error::Corrupt`] naming both ids.
+fn check_folder_owner(id: &SessionId, reader: &SessionReader) -> Result<()> {
+    let named = &reader.header().session_id;
+    if named != id {
+        return Err(Error::corrupt(format!(
+            "session folder {id} holds the file of session {named} (copied or renamed by \
+             hand?); a session file is only valid in the folder of its id"
+        )));
+    }
+    Ok(())
+}
+
 /// fsyncs a directory so that renames inside it are durable.
 pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
@@ -744,6 +761,8 @@ impl Root {
     /// writer, in this process or another, has it.
     pub fn open_writer(&self, id: &SessionId) -> Result<Session> {
         let dir = self.existing_dir(id)?;
+        // Before the lock and the lease: a refused folder is left as it is.
+        check_folder_owner(id, &SessionReader::open(&dir)?)?;
         let lock = self.take_writer_lock(&dir)?;
         self.start_writer(&dir, lock)
     }
@@ -820,7 +839,9 @@ impl Root {
     /// [`Error::SessionNotFound`]; [`Error::Corrupt`] or [`Error::UnsupportedVersion`] for a
     /// file this build cannot read.
     pub fn open_reader(&self, id: &SessionId) -> Result<SessionReader> {
-        SessionReader::open(&self.existing_dir(id)?)
+        let reader = SessionReader::open(&self.existing_dir(id)?)?;
+        check_folder_owner(id, &reader)?;
+        Ok(reader)
     }
 
     /// Header, sequences, lineage and last writer of a session.
