@@ -509,3 +509,26 @@ async fn a_ref_of_another_host_is_a_caller_error() {
     assert_eq!(service.flush(&local).await.expect("flush"), 1);
     service.close(&local).await.expect("close");
 }
+
+/// A `SessionRef` read from JSON passes the checks of `SessionRef::new`: a ref round-trips,
+/// a blank host id or one with a control character is refused as a bad session id is.
+#[test]
+fn a_session_ref_read_from_json_is_checked_as_new_checks_it() {
+    let r = session_store::SessionRef::new("laptop", "chat-1").expect("ref");
+    let text = serde_json::to_string(&r).expect("json");
+    assert_eq!(
+        serde_json::from_str::<session_store::SessionRef>(&text).expect("parse"),
+        r
+    );
+    for bad in [
+        r#"{"host_id":"","session_id":"x"}"#,
+        r#"{"host_id":"  ","session_id":"x"}"#,
+        r#"{"host_id":"a\u001b[2J","session_id":"x"}"#,
+        r#"{"host_id":"h","session_id":"../x"}"#,
+    ] {
+        assert!(
+            serde_json::from_str::<session_store::SessionRef>(bad).is_err(),
+            "{bad}"
+        );
+    }
+}
