@@ -191,6 +191,11 @@ fn create_list_show_and_platform_root() {
         human.contains("cwd        /work/a") && human.contains("writer     free"),
         "{human}"
     );
+    // A session that never had a turn says so (it printed "status " and nothing after).
+    assert!(
+        human.contains("turns      0 ended, 0 messages, status none\n"),
+        "{human}"
+    );
 
     // Without --root and $SESSION_STORE_ROOT: the platform data dir.
     let data = env.path("data");

@@ -473,3 +473,62 @@ fn an_internal_failure_is_not_a_caller_error() {
     let copy = e.clone();
     assert_eq!(copy.to_string(), e.to_string());
 }
+
+/// A service serves its own host only: every call given a ref of another host is a caller
+/// error that touches nothing, `flush` included (it flushed the local session of the same
+/// id), and `runtime` finds no runtime under it.
+#[tokio::test]
+async fn a_ref_of_another_host_is_a_caller_error() {
+    let (_dir, root) = manual_root();
+    let service = session_store::Service::new("here", root).expect("service");
+    let rt = service
+        .create(session_store::CreateOptions::with_id(id("s")))
+        .await
+        .expect("create");
+    rt.session()
+        .append(Batch::new("op-1", vec![title("kept in memory")]))
+        .expect("append");
+    let foreign = session_store::SessionRef::new("elsewhere", "s").expect("ref");
+    assert!(service.runtime(&foreign).is_none());
+    let refused = [
+        service.flush(&foreign).await.expect_err("flush"),
+        service.close(&foreign).await.expect_err("close"),
+        service.cancel(&foreign).expect_err("cancel"),
+    ];
+    for e in &refused {
+        assert_eq!(classes(e), ["caller_error"], "{e:?}");
+    }
+    let snapshot = rt.session().snapshot();
+    assert_eq!(
+        (snapshot.event_sequence, snapshot.durable_sequence),
+        (1, 0),
+        "the foreign flush wrote nothing"
+    );
+    let local = service.session_ref(id("s"));
+    assert!(service.runtime(&local).is_some());
+    assert_eq!(service.flush(&local).await.expect("flush"), 1);
+    service.close(&local).await.expect("close");
+}
+
+/// A `SessionRef` read from JSON passes the checks of `SessionRef::new`: a ref round-trips,
+/// a blank host id or one with a control character is refused as a bad session id is.
+#[test]
+fn a_session_ref_read_from_json_is_checked_as_new_checks_it() {
+    let r = session_store::SessionRef::new("laptop", "chat-1").expect("ref");
+    let text = serde_json::to_string(&r).expect("json");
+    assert_eq!(
+        serde_json::from_str::<session_store::SessionRef>(&text).expect("parse"),
+        r
+    );
+    for bad in [
+        r#"{"host_id":"","session_id":"x"}"#,
+        r#"{"host_id":"  ","session_id":"x"}"#,
+        r#"{"host_id":"a\u001b[2J","session_id":"x"}"#,
+        r#"{"host_id":"h","session_id":"../x"}"#,
+    ] {
+        assert!(
+            serde_json::from_str::<session_store::SessionRef>(bad).is_err(),
+            "{bad}"
+        );
+    }
+}

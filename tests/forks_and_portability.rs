@@ -399,11 +399,15 @@ fn deleting_ancestors_of_a_fork_chain_keeps_every_descendant_whole() {
     let c = root.open_writer(&id("c")).unwrap();
     blob_turn(&c, "c1");
     c.close().unwrap();
-    assert_eq!(
-        root.stat(&id("c")).unwrap().lineage.len(),
-        2,
-        "flattened: a and b"
-    );
+    let info = root.stat(&id("c")).unwrap();
+    assert_eq!(info.lineage.len(), 2, "flattened: a and b");
+    let ranges: u64 = info
+        .lineage
+        .iter()
+        .map(|e| e.through_seq - e.after_seq)
+        .sum();
+    assert_eq!(info.inherited_events, ranges);
+    assert!(info.inherited_events > 0 && info.inherited_events < info.durable_sequence);
 
     let before_c = events_json(&root, "c");
     let before_b = events_json(&root, "b");
@@ -412,7 +416,12 @@ fn deleting_ancestors_of_a_fork_chain_keeps_every_descendant_whole() {
     assert_eq!(events_json(&root, "b"), before_b);
     root.delete(&id("b"), &CancelToken::new()).unwrap();
     assert_eq!(events_json(&root, "c"), before_c);
-    assert!(root.stat(&id("c")).unwrap().lineage.is_empty());
+    // Materialised: nothing is read from an ancestor any more (the header keeps the cut's
+    // count); `show` printed "own N, inherited M" with N + M over the durable sequence.
+    let info = root.stat(&id("c")).unwrap();
+    assert!(info.lineage.is_empty());
+    assert_eq!(info.inherited_events, 0);
+    assert!(info.header.inherited_events > 0);
     assert_eq!(root.list_ids().unwrap(), vec![id("c")]);
 
     let replayed = replay_file(root.session_dir(&id("c"))).unwrap();
@@ -426,6 +435,13 @@ fn deleting_ancestors_of_a_fork_chain_keeps_every_descendant_whole() {
         .map(|c| c.events[1].payload_len())
         .collect();
     assert!(blob_bytes.iter().all(|&n| n > 140_000), "{blob_bytes:?}");
+    let imported = root
+        .import(
+            &exported,
+            ImportOptions::default().with_session_id(id("c2")),
+        )
+        .unwrap();
+    assert_eq!(root.stat(&imported).unwrap().inherited_events, 0);
     assert_eq!(
         serde_json::to_string(
             &from_export

@@ -580,3 +580,87 @@ fn a_checkpoint_that_contradicts_the_log_is_not_believed() {
     ]);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// A session folder copied by hand under another name holds a file whose header names the
+/// original: it is refused as `Corrupt` by readers, writers and forks, and nothing is
+/// written to it (a fork of it recorded the original as its ancestor and read the
+/// original's events instead of the copy's).
+#[test]
+fn a_folder_holding_another_sessions_file_is_refused() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "original");
+    s.append(turn("op-1", "turn-1", "m1")).unwrap();
+    s.close().unwrap();
+    let copy = root.session_dir(&id("copy"));
+    std::fs::create_dir_all(&copy).unwrap();
+    std::fs::copy(
+        root.session_dir(&id("original")).join("session.sqlite"),
+        copy.join("session.sqlite"),
+    )
+    .unwrap();
+    let before = std::fs::read(copy.join("session.sqlite")).unwrap();
+    let refused = [
+        root.open_reader(&id("copy")).map(|_| ()).unwrap_err(),
+        root.open_writer(&id("copy")).map(|_| ()).unwrap_err(),
+        root.stat(&id("copy")).map(|_| ()).unwrap_err(),
+        root.fork(
+            &id("copy"),
+            session_store::ForkPoint::AfterTurn("turn-1".into()),
+            Some(id("child")),
+        )
+        .map(|_| ())
+        .unwrap_err(),
+    ];
+    for e in &refused {
+        assert!(e.is_corrupt(), "{e:?}");
+        assert!(e.to_string().contains("original"), "{e}");
+    }
+    assert!(!root.session_dir(&id("child")).exists());
+    assert_eq!(std::fs::read(copy.join("session.sqlite")).unwrap(), before);
+    assert!(root.open_reader(&id("original")).is_ok());
+}
+
+/// A fork whose parent was restored from an older copy (it holds less than the fork's
+/// lineage range) reports a durable sequence its log does not reach: `verify` refuses it
+/// as `Corrupt` instead of calling it sound with fewer events than `show` reports.
+#[test]
+fn a_fork_whose_parent_holds_less_than_its_range_fails_verify() {
+    let (dir, root) = temp_root();
+    let s = create(&root, "parent");
+    s.append(turn("op-1", "turn-1", "m1")).unwrap();
+    s.close().unwrap();
+    let parent = root.session_dir(&id("parent"));
+    let older = dir.path().join("older");
+    std::fs::create_dir_all(&older).unwrap();
+    for f in ["session.sqlite", "session.sqlite-wal"] {
+        if parent.join(f).exists() {
+            std::fs::copy(parent.join(f), older.join(f)).unwrap();
+        }
+    }
+    let s = root.open_writer(&id("parent")).unwrap();
+    s.append(turn("op-2", "turn-2", "m2")).unwrap();
+    s.close().unwrap();
+    root.fork(
+        &id("parent"),
+        session_store::ForkPoint::AfterTurn("turn-2".into()),
+        Some(id("child")),
+    )
+    .unwrap();
+    let child = root.session_dir(&id("child"));
+    let sound = session_store::verify_file(&child).unwrap();
+    assert_eq!(
+        sound.events,
+        root.stat(&id("child")).unwrap().durable_sequence
+    );
+
+    // The parent restored from the copy taken before turn-2.
+    for f in ["session.sqlite", "session.sqlite-wal", "session.sqlite-shm"] {
+        let _ = std::fs::remove_file(parent.join(f));
+        if older.join(f).exists() {
+            std::fs::copy(older.join(f), parent.join(f)).unwrap();
+        }
+    }
+    let e = session_store::verify_file(&child).unwrap_err();
+    assert!(e.is_corrupt(), "{e:?}");
+    assert!(e.to_string().contains("lineage range"), "{e}");
+}

@@ -1168,7 +1168,7 @@ fn wal_trial(rng: &mut fastrand::Rng, trial: usize, seed: u64, figures: &mut Wal
     }
     let original = root.session_dir(&id("live"));
     let copies = Root::open(dir.path().join("copy")).unwrap();
-    let copy = copies.session_dir(&id("sample"));
+    let copy = copies.session_dir(&id("live"));
     let shm = ["session.sqlite-shm"];
     let files: &[&str] = &["session.sqlite", "session.sqlite-wal"];
     copy_files(&original, &copy, files);
@@ -1178,7 +1178,7 @@ fn wal_trial(rng: &mut fastrand::Rng, trial: usize, seed: u64, figures: &mut Wal
     let wal = copy.join("session.sqlite-wal");
     figures.wal_bytes += std::fs::metadata(&wal).map_or(0, |m| m.len());
     std::fs::remove_file(&wal).unwrap();
-    let outcomes = entry_point_histories(&copies, &id("sample"));
+    let outcomes = entry_point_histories(&copies, &id("live"));
 
     // The original: the writer went on undisturbed, and its file holds all it reported.
     if live {
@@ -1204,8 +1204,8 @@ fn wal_trial(rng: &mut fastrand::Rng, trial: usize, seed: u64, figures: &mut Wal
     if !live {
         // Control: the same copy with its -wal reads exactly as the original.
         let control = Root::open(dir.path().join("control")).unwrap();
-        copy_files(&original, &control.session_dir(&id("sample")), files);
-        for (entry, outcome) in entry_point_histories(&control, &id("sample")) {
+        copy_files(&original, &control.session_dir(&id("live")), files);
+        for (entry, outcome) in entry_point_histories(&control, &id("live")) {
             let history = outcome.unwrap().unwrap();
             assert!(history == full, "{ctx}: {entry} of the intact copy");
         }

@@ -109,10 +109,12 @@ def encode_json(value: Any) -> str:
         raise InvalidInput(f"invalid input: value is not JSON-able: {e}") from None
 
 
-def _utf8_text(fn: Callable[..., _T]) -> Callable[..., _T]:
-    """``fn`` raising :class:`InvalidInput` where PyO3 raises :class:`UnicodeEncodeError`:
-    a str argument (an id, a cursor, a path, a batch) holding a lone surrogate
-    (``json.loads('"\\ud800"')`` gives one) has no UTF-8 form; nothing was done."""
+def _native_args(fn: Callable[..., _T]) -> Callable[..., _T]:
+    """``fn`` raising :class:`InvalidInput` where PyO3 refuses to convert an argument, so
+    nothing was done: :class:`UnicodeEncodeError` for a str argument (an id, a cursor, a
+    path, a batch) holding a lone surrogate (``json.loads('"\\ud800"')`` gives one; it has
+    no UTF-8 form), :class:`OverflowError` for an int out of the native type's range (a
+    negative ``limit`` or ``after``, one beyond 64 bits), as a limit over the maximum is."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> _T:
@@ -120,6 +122,8 @@ def _utf8_text(fn: Callable[..., _T]) -> Callable[..., _T]:
             return fn(*args, **kwargs)
         except UnicodeEncodeError as e:
             raise InvalidInput(f"invalid input: text is not UTF-8: {e}") from None
+        except OverflowError as e:
+            raise InvalidInput(f"invalid input: number out of range: {e}") from None
 
     return wrapper
 
@@ -194,7 +198,7 @@ class Session:
             batch["turn_id"] = turn_id
         return self.append_json(encode_json(batch))
 
-    @_utf8_text
+    @_native_args
     def append_json(self, batch: str) -> dict[str, Any]:
         """As :meth:`append`, with the batch as JSON text in the CLI's ``append`` line format
         ``{"operation_id", "turn_id"?, "events": [{"kind", "payload"?, "optional"?, "id"?}]}``.
@@ -271,7 +275,7 @@ class SessionReader:
             self._native_reader = self._root._native.reader(self.id)
         return self._native_reader
 
-    @_utf8_text
+    @_native_args
     def messages(self, limit: int | None = None) -> list[dict[str, Any]]:
         """The newest ``limit`` messages of the durable transcript (all when None), oldest
         first, each as ``json.loads`` gives it (messages over 64 KiB included). The work
@@ -314,7 +318,7 @@ class Root:
 
     __slots__ = ("_native",)
 
-    @_utf8_text
+    @_native_args
     def __init__(
         self,
         path: PathLike,
@@ -331,7 +335,7 @@ class Root:
 
     # Writers and readers.
 
-    @_utf8_text
+    @_native_args
     def create(self, session_id: str | None = None, *, cwd: str | None = None) -> Session:
         """Creates a session (a random id when None) and opens it for writing.
 
@@ -339,7 +343,7 @@ class Root:
         """
         return Session(self._native.create(session_id, cwd), self)
 
-    @_utf8_text
+    @_native_args
     def open(self, session_id: str) -> Session:
         """Opens an existing session as its one writer.
 
@@ -354,7 +358,7 @@ class Root:
 
     # Queries (durable state).
 
-    @_utf8_text
+    @_native_args
     def list(self, cursor: str | None = None, limit: int = 50) -> dict[str, Any]:
         """One page of sessions in id order: ``{"sessions", "next_cursor", "skipped",
         "catalog_error"}``; pass ``next_cursor`` back for the next page (limit <= 100)."""
@@ -370,7 +374,7 @@ class Root:
             if cursor is None:
                 return
 
-    @_utf8_text
+    @_native_args
     def history(
         self, session_id: str, cursor: str | None = None, limit: int = 100
     ) -> dict[str, Any]:
@@ -381,27 +385,27 @@ class Root:
         """
         return json.loads(self._native.history(session_id, cursor, limit))
 
-    @_utf8_text
+    @_native_args
     def transcript(self, session_id: str) -> list[dict[str, Any]]:
         """The whole durable transcript, oldest first."""
         return json.loads(self._native.transcript(session_id))
 
-    @_utf8_text
+    @_native_args
     def events(self, session_id: str, after: int = 0, limit: int = 1000) -> dict[str, Any]:
         """Durable commits after sequence ``after``: ``{"commits", "next", "truncated"}``."""
         return json.loads(self._native.events(session_id, after, limit))
 
-    @_utf8_text
+    @_native_args
     def turns(self, session_id: str) -> list[dict[str, Any]]:
         """The completed turns of the durable log, in order."""
         return json.loads(self._native.turns(session_id))
 
-    @_utf8_text
+    @_native_args
     def read_content(self, session_id: str, digest: str) -> bytes:
         """The bytes behind a ``content_ref`` digest of this session or its ancestors."""
         return self._native.read_content(session_id, digest)
 
-    @_utf8_text
+    @_native_args
     def writer_owner(self, session_id: str) -> dict[str, Any] | None:
         """Who holds the session's writer lock, or None."""
         owner = self._native.writer_owner(session_id)
@@ -409,18 +413,18 @@ class Root:
 
     # Whole-session operations.
 
-    @_utf8_text
+    @_native_args
     def fork(self, session_id: str, *, after_turn: str, child: str | None = None) -> str:
         """A new session inheriting ``session_id`` up to the end of turn ``after_turn``
         (durable prefix; copies nothing); returns its id."""
         return self._native.fork(session_id, after_turn, None, child)
 
-    @_utf8_text
+    @_native_args
     def rewind(self, session_id: str, *, before_turn: str, child: str | None = None) -> str:
         """A new session holding ``session_id`` up to just before turn ``before_turn``."""
         return self._native.fork(session_id, None, before_turn, child)
 
-    @_utf8_text
+    @_native_args
     def export(self, session_id: str, path: PathLike) -> dict[str, Any]:
         """Writes the session to one self-contained file: ``{"commits", "events", "bytes"}``.
         Raises :class:`AlreadyExists` when ``path`` exists (nothing is written)."""
@@ -433,7 +437,7 @@ class Root:
             ) from None
         return json.loads(report)
 
-    @_utf8_text
+    @_native_args
     def import_file(
         self, path: PathLike, *, session_id: str | None = None, cwd: str | None = None
     ) -> str:
@@ -441,13 +445,13 @@ class Root:
         returns the id. A damaged file raises :class:`Corrupt` and publishes nothing."""
         return self._native.import_file(_fspath(path), session_id, cwd)
 
-    @_utf8_text
+    @_native_args
     def delete(self, session_id: str, *, wait: float = 10.0) -> None:
         """Deletes a session; forks of it keep their history. Waits at most ``wait`` seconds
         for its writer, then raises :class:`Cancelled` (nothing deleted)."""
         self._native.delete(session_id, wait)
 
-    @_utf8_text
+    @_native_args
     def verify(self, session_id: str) -> dict[str, Any]:
         """:func:`verify` of this session (its id is checked: no path outside the root)."""
         return json.loads(self._native.verify(session_id))
@@ -508,7 +512,7 @@ class Root:
         return f"<session_store.Root {self.path!r}>"
 
 
-@_utf8_text
+@_native_args
 def verify(path: PathLike) -> dict[str, Any]:
     """Checks a session file, folder or export (integrity check, sequences, hashes, blob
     digests, a full replay): ``{"session_id", "commits", "events"}`` when sound, else

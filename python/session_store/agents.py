@@ -179,13 +179,21 @@ class SessionStoreSession:
 
     def add_items_sync(self, items: list[Any]) -> None:
         """:meth:`add_items`, blocking."""
-        if not items:
+        # Checked before the writer is opened: a refused item creates no session and takes
+        # no writer lock; no items (an empty list or iterable) write nothing.
+        messages = [_to_message(item, "") for item in items]
+        if not messages:
             return
+        try:
+            encode_json(messages).encode()
+        except UnicodeEncodeError as e:
+            raise InvalidInput(f"invalid input: text is not UTF-8: {e}") from None
         with self._lock:
             writer = self._open_writer()
             accepted, _ = writer.sequences()
             first = accepted + 1
-            messages = [_to_message(item, f"i{first + 1 + k}") for k, item in enumerate(items)]
+            for k, message in enumerate(messages):
+                message["id"] = f"i{first + 1 + k}"
             self._turn(
                 writer,
                 first,

@@ -372,21 +372,27 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         self, thread_id: str, ns: str, channel: str, version: Any, value: Any
     ) -> tuple[Any, dict[str, str]]:
         """The stored form of a new channel version, ``(base, value)``: the version a list
-        grew from and its appended items, else ``None`` and the whole value."""
+        grew from and its appended items, else ``None`` and the whole value. Changes nothing:
+        :meth:`_remember` records the version once its commit is durable."""
+        previous = self._lists.get((thread_id, ns, channel))
+        if isinstance(value, list) and previous is not None:
+            base, items = previous
+            n = len(items)
+            if base != version and 0 < n <= len(value) and all(
+                a is b or a == b for a, b in zip(items, value)
+            ):
+                return base, _encode(self.serde.dumps_typed(value[n:]))
+        return None, _encode(self.serde.dumps_typed(value))
+
+    def _remember(self, thread_id: str, ns: str, channel: str, version: Any, value: Any) -> None:
+        """Records a stored channel version: a list is the base of the next one grown from it.
+        Called only after its commit is durable, so a failed ``put`` (a value or metadata the
+        serializer refuses, another writer) never leaves a base that is not in the log."""
         key = (thread_id, ns, channel)
-        previous = self._lists.get(key)
         if isinstance(value, list):
             self._lists[key] = (version, list(value))
-            if previous is not None:
-                base, items = previous
-                n = len(items)
-                if base != version and 0 < n <= len(value) and all(
-                    a is b or a == b for a, b in zip(items, value)
-                ):
-                    return base, _encode(self.serde.dumps_typed(value[n:]))
-        elif previous is not None:
-            del self._lists[key]
-        return None, _encode(self.serde.dumps_typed(value))
+        else:
+            self._lists.pop(key, None)
 
     def put(
         self,
@@ -426,6 +432,9 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
             )
         )
         self._commit(thread_id, events)
+        with self._lock:
+            for channel, _, _ in names:
+                self._remember(thread_id, ns, channel, new_versions[channel], values[channel])
         return {
             "configurable": {
                 "thread_id": thread_id,

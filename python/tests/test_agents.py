@@ -269,6 +269,13 @@ def test_hostile_items(root):
         with pytest.raises(session_store.InvalidInput):
             SessionStoreSession("../x", root).get_items_sync()
         assert await s.get_items() == []
+        # No items, in a list or any other iterable, write nothing.
+        await s.add_items([])
+        await s.add_items(iter([]))
+        # Refused items created no session (so took no writer lock).
+        with pytest.raises(session_store.NotFound):
+            root.turns("h")
+        assert [x for x in root.iter_sessions() if x["session_ref"]["session_id"] == "h"] == []
         big = user("y" * 200_000)
         await s.add_items([big, user("small")])
         assert await s.get_items() == [big, user("small")]

@@ -239,6 +239,19 @@ def test_hostile_input_is_refused_and_changes_nothing(root, tmp_path):
         root.history("h", cursor="h1.garbage")
     with pytest.raises(InvalidInput):
         root.list(limit=10_000)
+    # Out of the native integer's range is out of range too (not OverflowError).
+    for call in (
+        lambda: root.list(limit=-1),
+        lambda: root.history("h", limit=-1),
+        lambda: root.history("h", limit=2**64),
+        lambda: root.events("h", after=-1),
+        lambda: root.events("h", limit=-5),
+        lambda: root.reader("h").messages(2**64),
+        lambda: root.events("h", after=2**64),
+        lambda: session_store.Root(tmp_path / "r3", write_behind_ms=-1),
+    ):
+        with pytest.raises(InvalidInput):
+            call()
     with pytest.raises(InvalidInput):
         session_store.Root(tmp_path / "r2", durability="sometimes")
     with pytest.raises(InvalidInput):

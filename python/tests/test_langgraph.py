@@ -165,6 +165,28 @@ def test_grown_message_lists_are_stored_as_their_suffix(root, saver) -> None:
         assert len(value) == 1
 
 
+def test_a_refused_put_leaves_no_base_outside_the_log(root, saver) -> None:
+    # A put whose metadata the serializer refuses stores nothing; the list it would have
+    # grown must not become the base of the next checkpoint's suffix (it is not in the log).
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    def checkpoint(messages: list[str], version: str) -> dict:
+        c = empty_checkpoint()
+        c["channel_values"] = {"messages": messages}
+        c["channel_versions"] = {"messages": version}
+        return c
+
+    first = saver.put(config("refused"), checkpoint(["a"], "1"), {"step": 1}, {"messages": "1"})
+    before = root.events(session_id_of("refused"))["commits"]
+    with pytest.raises(TypeError):
+        saver.put(first, checkpoint(["a", "b"], "2"), {"bad": object()}, {"messages": "2"})
+    assert root.events(session_id_of("refused"))["commits"] == before
+    third = saver.put(first, checkpoint(["a", "b", "c"], "3"), {"step": 3}, {"messages": "3"})
+    assert saver.get_tuple(third).checkpoint["channel_values"]["messages"] == ["a", "b", "c"]
+    with SessionStoreSaver(root) as fresh:
+        assert fresh.get_tuple(third).checkpoint["channel_values"]["messages"] == ["a", "b", "c"]
+
+
 def test_copy_thread_is_a_fork_of_the_session(root, saver) -> None:
     g = graph(saver)
     g.invoke({"messages": [HumanMessage(content="source")]}, config("src"))

@@ -202,12 +202,7 @@ pub fn show(cx: &Context, id: &str) -> CliResult<()> {
     let reader = root.open_reader(&id)?;
     let projection = reader.projection()?;
     let file_bytes = file_bytes(&root, &id);
-    let own_events = info.durable_sequence
-        - info
-            .lineage
-            .iter()
-            .map(|e| e.through_seq - e.after_seq)
-            .sum::<u64>();
+    let own_events = info.durable_sequence.saturating_sub(info.inherited_events);
     let show = Show {
         title: projection.title.clone(),
         durable_sequence: info.durable_sequence,
@@ -301,7 +296,11 @@ fn print_show(s: &Show) -> CliResult<()> {
         "turns      {} ended, {} messages, status {}{}",
         s.turns.len(),
         s.messages,
-        printable(&s.turn_status),
+        if s.turn_status.is_empty() {
+            "none".into()
+        } else {
+            printable(&s.turn_status)
+        },
         s.open_turn
             .as_deref()
             .map_or_else(String::new, |t| format!(" (open turn {})", printable(t)))

@@ -115,13 +115,33 @@ impl AsRef<str> for SessionId {
     }
 }
 
-/// A session as a host names it: the owning host and the session id.
+/// A session as a host names it: the owning host and the session id. Deserialized through
+/// the same checks as [`SessionRef::new`].
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "RawSessionRef")]
 pub struct SessionRef {
     /// The host that owns the session (a service only serves its own host id).
     pub host_id: String,
     /// The session id.
     pub session_id: SessionId,
+}
+
+/// A [`SessionRef`] as read, before its host id is checked.
+#[derive(Deserialize)]
+struct RawSessionRef {
+    host_id: String,
+    session_id: SessionId,
+}
+
+impl TryFrom<RawSessionRef> for SessionRef {
+    type Error = Error;
+    fn try_from(raw: RawSessionRef) -> Result<Self> {
+        Self::check_host_id(&raw.host_id)?;
+        Ok(SessionRef {
+            host_id: raw.host_id,
+            session_id: raw.session_id,
+        })
+    }
 }
 
 impl SessionRef {

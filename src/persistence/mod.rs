@@ -191,7 +191,9 @@ pub struct SessionInfo {
     pub header: Header,
     /// Last durable sequence.
     pub durable_sequence: u64,
-    /// Events inherited from ancestors.
+    /// Events read from ancestors' files now: the sum of `lineage`'s ranges (0 once an
+    /// import or an ancestor's delete materialised them; the header's `inherited_events`
+    /// keeps the count at the cut).
     pub inherited_events: u64,
     /// The ancestors, oldest first.
     pub lineage: Vec<LineageEntry>,
@@ -257,6 +259,23 @@ fn new_header(options: CreateOptions) -> Result<Header> {
         provenance: options.provenance,
         inherited_events: 0,
     })
+}
+
+/// Refuses a session folder whose file is another session's (a folder copied or renamed
+/// by hand): its header names the session whose file it is, and forks of it would record
+/// that session as their ancestor and read its folder instead.
+///
+/// # Errors
+/// [`Error::Corrupt`] naming both ids.
+fn check_folder_owner(id: &SessionId, reader: &SessionReader) -> Result<()> {
+    let named = &reader.header().session_id;
+    if named != id {
+        return Err(Error::corrupt(format!(
+            "session folder {id} holds the file of session {named} (copied or renamed by \
+             hand?); a session file is only valid in the folder of its id"
+        )));
+    }
+    Ok(())
 }
 
 /// fsyncs a directory so that renames inside it are durable.
@@ -742,6 +761,8 @@ impl Root {
     /// writer, in this process or another, has it.
     pub fn open_writer(&self, id: &SessionId) -> Result<Session> {
         let dir = self.existing_dir(id)?;
+        // Before the lock and the lease: a refused folder is left as it is.
+        check_folder_owner(id, &SessionReader::open(&dir)?)?;
         let lock = self.take_writer_lock(&dir)?;
         self.start_writer(&dir, lock)
     }
@@ -818,7 +839,9 @@ impl Root {
     /// [`Error::SessionNotFound`]; [`Error::Corrupt`] or [`Error::UnsupportedVersion`] for a
     /// file this build cannot read.
     pub fn open_reader(&self, id: &SessionId) -> Result<SessionReader> {
-        SessionReader::open(&self.existing_dir(id)?)
+        let reader = SessionReader::open(&self.existing_dir(id)?)?;
+        check_folder_owner(id, &reader)?;
+        Ok(reader)
     }
 
     /// Header, sequences, lineage and last writer of a session.
@@ -827,11 +850,12 @@ impl Root {
     /// As [`Root::open_reader`].
     pub fn stat(&self, id: &SessionId) -> Result<SessionInfo> {
         let reader = self.open_reader(id)?;
+        let lineage = reader.lineage();
         Ok(SessionInfo {
             header: reader.header().clone(),
             durable_sequence: reader.durable_sequence()?,
-            inherited_events: reader.inherited_events(),
-            lineage: reader.lineage().to_vec(),
+            inherited_events: lineage.iter().map(|e| e.through_seq - e.after_seq).sum(),
+            lineage,
             last_writer: reader.lease()?,
         })
     }

@@ -268,6 +268,16 @@ fn validate_each(
         f(c, effects);
         Ok(())
     })?;
+    // A fork whose ancestor holds less than its lineage range (an ancestor restored from an
+    // older copy, an edited range) reads a shorter log than the sequence it reports.
+    let durable = reader.durable_sequence()?;
+    if validator.last_seq() != durable {
+        return Err(Error::corrupt(format!(
+            "the log ends at sequence {} but the session reports {durable} as durable: an \
+             ancestor holds less than its lineage range",
+            validator.last_seq()
+        )));
+    }
     if let Some(stored) = reader.history_index(validator.last_seq())? {
         index.compare(stored)?;
     }

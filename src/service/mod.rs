@@ -163,8 +163,11 @@ impl Service {
         Ok(())
     }
 
-    /// The published runtime of a session, if any.
+    /// The published runtime of a session, if any (none for a ref of another host).
     pub fn runtime(&self, r: &SessionRef) -> Option<Runtime> {
+        if r.host_id != self.inner.host_id {
+            return None;
+        }
         self.registry().active.get(&r.session_id).cloned()
     }
 
@@ -420,8 +423,10 @@ impl Service {
     /// Flushes an attached runtime.
     ///
     /// # Errors
-    /// [`Error::SessionNotRunning`]; the drain's error.
+    /// [`Error::InvalidInput`] for a ref of another host; [`Error::SessionNotRunning`];
+    /// the drain's error.
     pub async fn flush(&self, r: &SessionRef) -> Result<u64> {
+        self.check_ref(r)?;
         let rt = self.runtime(r).ok_or(Error::SessionNotRunning)?;
         let session = rt.session().clone();
         blocking(move || session.flush()).await
