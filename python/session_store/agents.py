@@ -32,6 +32,7 @@ lock is released when the last of them is closed. Reads take no lock.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import threading
@@ -74,29 +75,69 @@ class _SharedWriter:
 
 _WRITERS_LOCK = threading.Lock()
 _WRITERS: dict[tuple[str, str], _SharedWriter] = {}
+# The thread holding _WRITERS_LOCK. A garbage collection can run at any allocation, also
+# in that thread while it holds the lock, and then an adapter's finalizer must not wait
+# for the lock (it would wait forever): it leaves its share in _DEFERRED, and the holder
+# releases it as it lets the lock go (_unlock_registry).
+_HOLDER: int | None = None
+_DEFERRED: collections.deque[_SharedWriter] = collections.deque()
+
+
+def _lock_registry() -> None:
+    global _HOLDER
+    _WRITERS_LOCK.acquire()
+    _HOLDER = threading.get_ident()
+
+
+def _unlock_registry() -> None:
+    global _HOLDER
+    _HOLDER = None
+    _WRITERS_LOCK.release()
+    while _DEFERRED:
+        _lock_registry()
+        try:
+            while _DEFERRED:
+                _release_locked(_DEFERRED.popleft())
+        finally:
+            _HOLDER = None
+            _WRITERS_LOCK.release()
 
 
 def _acquire_writer(root: Root, session_id: str) -> _SharedWriter:
     key = (os.path.realpath(root.path), session_id)
-    with _WRITERS_LOCK:
+    _lock_registry()
+    try:
         shared = _WRITERS.get(key)
         if shared is None:
             shared = _WRITERS[key] = _SharedWriter(key)
         shared.users += 1
+    finally:
+        _unlock_registry()
     return shared
 
 
-def _release_writer(shared: _SharedWriter) -> None:
+def _release_locked(shared: _SharedWriter) -> None:
     # Closed under the registry lock: a new adapter of the same session waits for it.
-    with _WRITERS_LOCK:
-        shared.users -= 1
-        if shared.users > 0:
-            return
-        del _WRITERS[shared.key]
-        with shared.lock:
-            session, shared.session = shared.session, None
-            if session is not None:
-                session.close()
+    shared.users -= 1
+    if shared.users > 0:
+        return
+    del _WRITERS[shared.key]
+    with shared.lock:
+        session, shared.session = shared.session, None
+        if session is not None:
+            session.close()
+
+
+def _release_writer(shared: _SharedWriter) -> None:
+    """Releases one adapter's share: on close(), or by its finalizer (see _HOLDER)."""
+    if _HOLDER == threading.get_ident():
+        _DEFERRED.append(shared)
+        return
+    _lock_registry()
+    try:
+        _release_locked(shared)
+    finally:
+        _unlock_registry()
 
 
 def _to_message(item: Mapping[str, Any], message_id: str) -> dict[str, Any]:

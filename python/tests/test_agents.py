@@ -351,3 +351,31 @@ def test_reads_follow_the_session_when_it_is_made_again(root):
         reader.close()
 
     run(main())
+
+
+def test_a_collected_adapter_never_deadlocks_the_registry(tmp_path):
+    """An adapter collected while its thread holds the writers' registry lock (a collection
+    can run at any allocation) defers its release instead of waiting on that lock forever
+    (it did: the finalizer took the same non-reentrant lock); the release happens as the
+    lock is let go."""
+    script = """
+import sys
+import session_store
+from session_store import agents
+root = session_store.Root(sys.argv[1])
+adapter = agents.SessionStoreSession("gc", root)
+adapter.add_items_sync([{"role": "user", "content": "hi"}])
+agents._lock_registry()  # as this thread's own registry work does
+del adapter  # its finalizer runs here, as a collection inside that work would run it
+agents._unlock_registry()
+root.open("gc").close()  # the collected adapter's writer was released with the lock
+print("released")
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "root")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "released"
