@@ -652,6 +652,16 @@ fn reading_a_session_does_not_make_it_updated() {
 /// from the parent's `dependents`, which changes the parent's file. The parent was then
 /// skipped without a word (neither deleted nor kept), against the dry run that said it
 /// would be deleted. Every session old when the run starts is reported.
+/// The session ids a `gc --json` report lists under `key` (`deleted` or `kept`).
+fn gc_ids(report: &Value, key: &str) -> Vec<String> {
+    report[key]
+        .as_array()
+        .expect(key)
+        .iter()
+        .map(|d| d["session_id"].as_str().expect("id").to_owned())
+        .collect()
+}
+
 #[test]
 fn gc_reports_a_parent_its_deleted_fork_changed() {
     let (_dir, root) = temp_cli_root();
@@ -664,18 +674,10 @@ fn gc_reports_a_parent_its_deleted_fork_changed() {
         age(&root, session, 3 * 86_400);
     }
     let dry = json_of(&root, &["gc", "--older-than", "2d", "--dry-run"]);
-    let ids = |v: &Value, key: &str| -> Vec<String> {
-        v[key]
-            .as_array()
-            .expect(key)
-            .iter()
-            .map(|d| d["session_id"].as_str().expect("id").to_owned())
-            .collect()
-    };
-    assert_eq!(ids(&dry, "deleted"), ["child", "parent"]);
+    assert_eq!(gc_ids(&dry, "deleted"), ["child", "parent"]);
     let real = json_of(&root, &["gc", "--older-than", "2d"]);
-    assert_eq!(ids(&real, "deleted"), ["child"]);
-    assert_eq!(ids(&real, "kept"), ["parent"], "{real}");
+    assert_eq!(gc_ids(&real, "deleted"), ["child"]);
+    assert_eq!(gc_ids(&real, "kept"), ["parent"], "{real}");
     let reason = real["kept"][0]["reason"].as_str().expect("reason");
     assert!(reason.contains("updated"), "{reason}");
     assert_eq!(listed(&root, &[]), ["parent"]);
@@ -702,17 +704,9 @@ fn gc_deletes_only_old_sessions_without_a_writer() {
     // A dry run deletes nothing and says what it would do.
     let dry = json_of(&root, &["gc", "--older-than", "2d", "--dry-run"]);
     assert_eq!(dry["dry_run"], true);
-    let names = |v: &Value, key: &str| -> Vec<String> {
-        v[key]
-            .as_array()
-            .expect(key)
-            .iter()
-            .map(|d| d["session_id"].as_str().expect("id").to_owned())
-            .collect()
-    };
-    assert_eq!(names(&dry, "deleted"), ["old", "parent"]);
+    assert_eq!(gc_ids(&dry, "deleted"), ["old", "parent"]);
     assert_eq!(dry["deleted"][1]["forks"], json!(["child"]));
-    assert_eq!(names(&dry, "kept"), ["busy"]);
+    assert_eq!(gc_ids(&dry, "kept"), ["busy"]);
     assert!(
         dry["kept"][0]["reason"]
             .as_str()
@@ -729,8 +723,8 @@ fn gc_deletes_only_old_sessions_without_a_writer() {
 
     // --keep-forked keeps the parent; the live writer's session is kept and reported.
     let kept = json_of(&root, &["gc", "--older-than", "2d", "--keep-forked"]);
-    assert_eq!(names(&kept, "deleted"), ["old"]);
-    assert_eq!(names(&kept, "kept"), ["busy", "parent"]);
+    assert_eq!(gc_ids(&kept, "deleted"), ["old"]);
+    assert_eq!(gc_ids(&kept, "kept"), ["busy", "parent"]);
     assert_eq!(listed(&root, &[]), ["busy", "child", "fresh", "parent"]);
 
     // Without it the parent goes; its fork keeps the history it inherited.
@@ -745,7 +739,7 @@ fn gc_deletes_only_old_sessions_without_a_writer() {
     // Once its writer is gone the old session is collected; the fresh ones never.
     age(&root, "busy", 3 * 86_400);
     assert_eq!(
-        names(&json_of(&root, &["gc", "--older-than", "2d"]), "deleted"),
+        gc_ids(&json_of(&root, &["gc", "--older-than", "2d"]), "deleted"),
         ["busy"]
     );
     assert!(ok(&root, &["gc", "--older-than", "2d"]).contains("nothing to collect"));
