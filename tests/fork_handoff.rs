@@ -260,3 +260,41 @@ async fn an_open_fork_or_migration_whose_caller_gives_up_still_ends() {
         .await
         .expect("close all");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_racing_a_close_gets_a_live_registered_runtime() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_root, service, parent) = service_with_parent(dir.path()).await;
+    let r = parent.session_ref().clone();
+    drop(parent);
+    for i in 0..50 {
+        let (closed, opened) = tokio::join!(service.close(&r), service.open(&r));
+        // The close may win (the open then opens the session again) or find the binding
+        // (RuntimeBound); either way the open's runtime is the registered, writable one.
+        assert!(
+            matches!(closed, Ok(()) | Err(Error::RuntimeBound)),
+            "round {i}: {closed:?}"
+        );
+        let binding = opened.unwrap_or_else(|e| panic!("round {i}: open: {e}"));
+        let registered = service.runtime(&r).expect("a registered runtime");
+        assert!(
+            registered
+                .session()
+                .same_instance(binding.runtime().session()),
+            "round {i}: the open returned a runtime that is not the registered one"
+        );
+        let op = format!("after-close-{i}");
+        let appended = binding.runtime().session().append(turn(
+            &op,
+            &format!("turn-{op}"),
+            &format!("m-{op}"),
+        ));
+        assert!(appended.is_ok(), "round {i}: {appended:?}");
+        binding.release().await.expect("release");
+    }
+    // Two closes at once: both succeed (close is idempotent), the session is closed once.
+    let (first, second) = tokio::join!(service.close(&r), service.close(&r));
+    assert!(first.is_ok() && second.is_ok(), "{first:?} {second:?}");
+    assert!(service.runtime(&r).is_none());
+    service.close_all().await.expect("close all");
+}

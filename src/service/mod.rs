@@ -38,10 +38,10 @@ pub(crate) async fn blocking<T: Send + 'static>(
 }
 
 /// Runs `f` as a task of its own and waits for it: a caller that stops waiting (a
-/// `tokio::time::timeout`, a `select!`) does not stop it half-way. An open, fork or
-/// migration that reserved a session id in the registry always ends by installing its
-/// runtime or dropping the reservation; dropped mid-way, it would leave the reservation
-/// behind and every later open of that id would wait for it forever.
+/// `tokio::time::timeout`, a `select!`) does not stop it half-way. An open, fork,
+/// migration or close that reserved a session id in the registry always ends by
+/// installing a runtime or dropping the reservation; dropped mid-way, it would leave the
+/// reservation behind and every later open of that id would wait for it forever.
 async fn to_completion<T: Send + 'static>(
     f: impl Future<Output = Result<T>> + Send + 'static,
 ) -> Result<T> {
@@ -366,6 +366,8 @@ impl Service {
     }
 
     /// Closes the session's runtime: drains, releases the writer, unregisters. Idempotent.
+    /// While it closes, the runtime is no longer published: an open of the session waits
+    /// for the close and opens it again; another close waits and returns `Ok`.
     ///
     /// # Errors
     /// [`Error::RuntimeBound`] while client bindings remain; [`Error::RuntimeBusy`] while
@@ -373,40 +375,57 @@ impl Service {
     /// for a session never opened here.
     pub async fn close(&self, r: &SessionRef) -> Result<()> {
         self.check_ref(r)?;
-        let runtime = {
-            let reg = self.registry();
-            match reg.active.get(&r.session_id) {
-                Some(rt) => {
-                    if reg.bindings.get(&r.session_id).copied().unwrap_or(0) > 0 {
+        let id = r.session_id.clone();
+        // Unpublished and reserved while it closes: an open meanwhile waits for the close
+        // and then opens the session again, instead of binding the runtime being closed.
+        // A close or open of the same session under way is waited for first.
+        let runtime = loop {
+            let notified = {
+                let mut reg = self.registry();
+                if let Some(rt) = reg.active.get(&id) {
+                    if reg.bindings.get(&id).copied().unwrap_or(0) > 0 {
                         return Err(Error::RuntimeBound);
                     }
                     if rt.phase().is_busy() {
                         return Err(Error::RuntimeBusy);
                     }
-                    rt.clone()
+                    let rt = rt.clone();
+                    reg.active.remove(&id);
+                    reg.preparing.insert(id.clone());
+                    break rt;
                 }
-                None => {
-                    return if reg.closed.contains(&r.session_id) {
+                if !reg.preparing.contains(&id) {
+                    return if reg.closed.contains(&id) {
                         Ok(())
                     } else {
                         Err(Error::SessionNotRunning)
                     };
                 }
-            }
+                self.inner.registry_changed.notified()
+            };
+            notified.await;
         };
-        let result = close_session(runtime.session().clone()).await;
-        if result.is_ok() {
-            runtime.mark_closed();
-            {
-                let mut reg = self.registry();
-                if reg.active.get(&r.session_id) == Some(&runtime) {
-                    reg.active.remove(&r.session_id);
-                }
-                reg.closed.insert(r.session_id.clone());
+        let service = self.clone();
+        to_completion(async move {
+            let result = close_session(runtime.session().clone()).await;
+            if result.is_ok() {
+                runtime.mark_closed();
+                record_in_catalog(service.inner.root.clone(), runtime.session().clone()).await;
             }
-            record_in_catalog(self.inner.root.clone(), runtime.session().clone()).await;
-        }
-        result
+            {
+                let mut reg = service.registry();
+                reg.preparing.remove(&id);
+                if result.is_ok() {
+                    reg.closed.insert(id);
+                } else {
+                    // Still open: published again, as it was.
+                    reg.active.insert(id, runtime);
+                }
+            }
+            service.inner.registry_changed.notify_waiters();
+            result
+        })
+        .await
     }
 
     /// Closes every runtime; bound or busy ones stay registered and are reported.
