@@ -298,3 +298,30 @@ async fn an_open_racing_a_close_gets_a_live_registered_runtime() {
     assert!(service.runtime(&r).is_none());
     service.close_all().await.expect("close all");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_binding_no_longer_holds_its_runtime_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (root, service, parent) = service_with_parent(dir.path()).await;
+    let r = parent.session_ref().clone();
+    drop(parent);
+    let binding = service.open(&r).await.expect("open");
+    let kept = service.open(&r).await.expect("open again");
+    assert!(matches!(service.close(&r).await, Err(Error::RuntimeBound)));
+    // Dropped without `release` (an early return, a panic unwinding a task): it lets go.
+    drop(binding);
+    assert!(
+        matches!(service.close(&r).await, Err(Error::RuntimeBound)),
+        "one still bound"
+    );
+    kept.release().await.expect("release");
+    drop(kept); // released already: dropping it changes nothing
+    service
+        .close(&r)
+        .await
+        .expect("close once every binding is gone");
+    root.open_writer(&r.session_id)
+        .expect("the writer is free")
+        .close()
+        .expect("close");
+}

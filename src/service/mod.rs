@@ -86,7 +86,8 @@ pub struct Service {
     inner: Arc<ServiceInner>,
 }
 
-/// A client's hold on a runtime; the runtime cannot be closed while bindings remain.
+/// A client's hold on a runtime; the runtime cannot be closed while bindings remain. The
+/// hold ends with [`ClientBinding::release`] or when the binding is dropped.
 #[derive(Debug)]
 pub struct ClientBinding {
     service: Service,
@@ -719,23 +720,37 @@ impl ClientBinding {
         &self.runtime
     }
 
-    /// Releases the binding (once; later calls do nothing).
+    /// Releases the binding (once; later calls do nothing). Dropping the binding releases
+    /// it too.
     ///
     /// # Errors
     /// None today; reserved for retirement failures.
     pub async fn release(&self) -> Result<()> {
+        self.let_go();
+        Ok(())
+    }
+
+    /// Takes this binding off its runtime's count, the first time only.
+    fn let_go(&self) {
         if self
             .released
             .swap(true, std::sync::atomic::Ordering::SeqCst)
         {
-            return Ok(());
+            return;
         }
         let mut reg = self.service.registry();
         let id = &self.runtime.session_ref().session_id;
         if let Some(n) = reg.bindings.get_mut(id) {
             *n = n.saturating_sub(1);
         }
-        Ok(())
+    }
+}
+
+impl Drop for ClientBinding {
+    /// A binding dropped without [`ClientBinding::release`] (an early return, a panic)
+    /// lets go of its runtime as well, so the runtime can still be closed.
+    fn drop(&mut self) {
+        self.let_go();
     }
 }
 
