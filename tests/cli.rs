@@ -863,3 +863,54 @@ fn bench_runs_small_and_reports_the_ratios() {
         .collect();
     assert!(leftovers.is_empty());
 }
+
+#[test]
+fn reads_racing_a_delete_exit_0_or_3() {
+    let env = Env::new();
+    chat(&env, "s", 40);
+    env.ok(&["export", "s", env.path("s.export").to_str().expect("utf-8")]);
+    // Another process (this test, through the library) deletes the session and imports it
+    // again, over and over, while the binary reads it.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churn = {
+        let (root, export) = (env.root(), env.path("s.export"));
+        let done = std::sync::Arc::clone(&done);
+        std::thread::spawn(move || {
+            let root = session_store::Root::open(root).expect("root");
+            let s = session_store::SessionId::new("s").expect("id");
+            let never = session_store::CancelToken::new();
+            let again = session_store::ImportOptions::default().with_session_id(s.clone());
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while std::time::Instant::now() < until {
+                root.delete(&s, &never).expect("delete");
+                root.import(&export, again.clone()).expect("import");
+            }
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+        })
+    };
+    let reads: [&[&str]; 3] = [
+        &["events", "s", "--limit", "5"],
+        &["history", "s", "--limit", "5"],
+        &["show", "s"],
+    ];
+    let (mut counts, mut wrong) = ([0usize; 2], Vec::new());
+    while !done.load(std::sync::atomic::Ordering::SeqCst) {
+        for args in reads {
+            let out = env.run(args);
+            match code(&out) {
+                0 => counts[0] += 1,
+                3 => counts[1] += 1,
+                other => wrong.push(format!("{args:?}: exit {other}: {}", stderr(&out).trim())),
+            }
+        }
+    }
+    churn.join().expect("churn");
+    println!(
+        "{} answered, {} not found, {} other",
+        counts[0],
+        counts[1],
+        wrong.len()
+    );
+    assert!(wrong.is_empty(), "reads racing a delete: {wrong:#?}");
+    assert!(counts[0] > 0 && counts[1] > 0, "{counts:?}");
+}

@@ -10,13 +10,13 @@ use serde_json::json;
 use session_store::format::{SESSION_FILE, WAL_FILE};
 use session_store::{
     CancelToken, Commit, ContentRef, CreateOptions, DependentFork, Error, Event, ForkPoint,
-    GcOptions, ImportOptions, LineageEntry, ListFilter, SessionId, SkippedSession, TableBytes,
-    TurnBoundary, Usage, UsageTotals, WriterOwner, utc,
+    GcOptions, ImportOptions, LineageEntry, ListFilter, Root, SessionId, SkippedSession,
+    TableBytes, TurnBoundary, Usage, UsageTotals, WriterOwner, utc,
 };
 
 use super::{
     CliError, CliResult, Context, EXIT_EXISTS, EXIT_NOT_FOUND, EXIT_OTHER, Failure, block_on,
-    human_bytes, print_json, printable, session_id, spinner,
+    exit_code, human_bytes, is_broken_pipe, print_json, printable, session_id, spinner,
 };
 
 /// Characters of a payload or message shown on one line of human output.
@@ -172,14 +172,53 @@ pub fn file_bytes(root: &session_store::Root, id: &SessionId) -> u64 {
         .sum()
 }
 
+/// Which file is at `path` now (device and inode), `None` when there is none.
+fn file_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
+}
+
+/// Runs `read`, a read of session `id`. When it fails and the session's file is no longer
+/// the one it was (the session was deleted, or deleted and imported again, while it was
+/// read), the failure is "not found" (status 3), not SQLite's error for the files that
+/// went away ("disk I/O error", "unable to open database file").
+fn read_of<T>(root: &Root, id: &SessionId, read: impl FnOnce() -> CliResult<T>) -> CliResult<T> {
+    let file = root.session_dir(id).join(SESSION_FILE);
+    let before = file_identity(&file);
+    match read() {
+        Err(e)
+            if exit_code(e.as_ref()) != EXIT_NOT_FOUND
+                && !is_broken_pipe(e.as_ref())
+                && file_identity(&file) != before =>
+        {
+            Err(Failure::with_code(
+                EXIT_NOT_FOUND,
+                format!("session {id} not found (deleted while it was read)"),
+            ))
+        }
+        other => other,
+    }
+}
+
 /// `show ID`.
 pub fn show(cx: &Context, id: &str) -> CliResult<()> {
     let id = session_id(id)?;
     let root = cx.open_root()?;
-    let info = root.stat(&id)?;
-    let reader = root.open_reader(&id)?;
+    let show = read_of(&root, &id, || show_of(&root, &id))?;
+    if cx.json {
+        return print_json(&show);
+    }
+    print_show(&show)
+}
+
+/// What `show ID` prints.
+fn show_of(root: &Root, id: &SessionId) -> CliResult<Show> {
+    let info = root.stat(id)?;
+    let reader = root.open_reader(id)?;
     let projection = reader.projection()?;
-    let file_bytes = file_bytes(&root, &id);
+    let file_bytes = file_bytes(root, id);
     let own_events = info.durable_sequence.saturating_sub(info.inherited_events);
     let show = Show {
         title: projection.title.clone(),
@@ -188,21 +227,18 @@ pub fn show(cx: &Context, id: &str) -> CliResult<()> {
         own_events,
         lineage: info.lineage,
         lease: info.last_writer,
-        writer: root.writer_owner(&id)?,
+        writer: root.writer_owner(id)?,
         dependents: reader.dependents()?,
         turn_status: projection.turn_status.clone(),
         open_turn: projection.turn_id.clone(),
         messages: projection.transcript_len,
         turns: reader.turns()?,
-        tables: root.table_bytes(&id)?,
+        tables: root.table_bytes(id)?,
         file_bytes,
         usage: projection.usage.clone(),
         header: info.header,
     };
-    if cx.json {
-        return print_json(&show);
-    }
-    print_show(&show)
+    Ok(show)
 }
 
 fn print_show(s: &Show) -> CliResult<()> {
@@ -344,8 +380,10 @@ fn print_usage(label: &str, indent: &str, usage: &Usage) -> CliResult<()> {
 pub fn history(cx: &Context, id: &str, limit: usize, cursor: Option<&str>) -> CliResult<()> {
     let id = session_id(id)?;
     let service = cx.service()?;
-    let r = service.session_ref(id);
-    let page = block_on(service.query().history_page(&r, cursor, limit))??;
+    let r = service.session_ref(id.clone());
+    let page = read_of(service.root(), &id, || {
+        Ok(block_on(service.query().history_page(&r, cursor, limit))??)
+    })?;
     if cx.json {
         return print_json(&page);
     }
@@ -418,10 +456,11 @@ struct EventsPage<'a> {
 pub fn events(cx: &Context, id: &str, after: u64, limit: usize, inline: bool) -> CliResult<()> {
     let id = session_id(id)?;
     let root = cx.open_root()?;
-    let reader = root.open_reader(&id)?;
-    let durable = reader.durable_sequence()?;
     // Every commit holds at least one event, so `limit` commits cover `limit` events.
-    let commits = reader.commits(after, limit)?;
+    let (durable, commits) = read_of(&root, &id, || {
+        let reader = root.open_reader(&id)?;
+        Ok((reader.durable_sequence()?, reader.commits(after, limit)?))
+    })?;
     let lines: Vec<EventLine<'_>> = commits
         .iter()
         .flat_map(|c| c.events.iter().map(move |e| (c, e)))
