@@ -1040,3 +1040,49 @@ fn append_new(root: &Root, name: &str, text: &str) {
         vec![message(&format!("{name}-1"), "user", text)],
     );
 }
+
+#[test]
+fn a_cursor_keeps_its_place_when_other_sessions_change_the_ranks() {
+    let (_dir, root) = temp_root();
+    // 20 hits of different weights (1-5 occurrences of the word), in one session.
+    let s = create(&root, "ranked");
+    let events = (0..20)
+        .map(|i| {
+            let words = vec!["kilo"; 1 + i % 5].join(" ");
+            message(&format!("k{i}"), "user", &format!("{words} filler {i}"))
+        })
+        .collect();
+    s.append(Batch::new("k", events)).expect("append");
+    s.close().expect("close");
+    let service = Service::new("local", root.clone()).expect("service");
+    let rt = rt();
+    let first = rt
+        .block_on(
+            service
+                .query()
+                .search("kilo", SearchOptions::default().with_limit(5)),
+        )
+        .expect("first page");
+    let mut seen: Vec<String> = first.hits.iter().map(|h| h.message_id.clone()).collect();
+    // Another session's messages change every row's bm25 (the word got rarer): the rest
+    // of the hits still follow the cursor, each once.
+    let other = create(&root, "unrelated");
+    let events = (0..300)
+        .map(|i| message(&format!("u{i}"), "user", &format!("unrelated text {i}")))
+        .collect();
+    other.append(Batch::new("u", events)).expect("append");
+    other.close().expect("close");
+    let mut cursor = first.next_cursor;
+    while let Some(c) = cursor {
+        let page = rt
+            .block_on(service.query().search(
+                "kilo",
+                SearchOptions::default().with_limit(5).with_cursor(c),
+            ))
+            .expect("next page");
+        seen.extend(page.hits.iter().map(|h| h.message_id.clone()));
+        cursor = page.next_cursor;
+    }
+    let distinct: BTreeSet<&String> = seen.iter().collect();
+    assert_eq!((seen.len(), distinct.len()), (20, 20), "{seen:?}");
+}

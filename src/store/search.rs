@@ -543,6 +543,15 @@ impl SearchIndex {
              FROM search_text WHERE search_text MATCH ?1"
         );
         let conn = lock(&self.read);
+        // One read transaction: the cursor's row is ranked on the same index as the page.
+        let read = conn.unchecked_transaction()?;
+        let filter = &IndexFilter {
+            after: match filter.after {
+                Some(after) => Some(reanchor(&read, fts, after)?),
+                None => None,
+            },
+            ..filter.clone()
+        };
         let unfiltered = filter.session.is_none()
             && filter.cwd.is_none()
             && filter.since_ms.is_none()
@@ -624,6 +633,26 @@ impl SearchIndex {
             .map(|(id, seq)| Ok((SessionId::new(id)?, seq)))
             .collect()
     }
+}
+
+/// The keyset position `(tier, bm25, row)` of a cursor's row in the index as it is now.
+/// bm25 weighs each term by its rarity in the whole index, so any session's change moves
+/// every score: compared with the score the row had when its page was served, the rows
+/// after it could all fall before it (the next page empty) or before ones come back. The
+/// FTS row outlives its message (contentless rows are never deleted, only a rebuild
+/// drops them), so the cursor's row is ranked again; only after a rebuild does the
+/// cursor keep the score it carries. The tier depends on the row and the query alone.
+fn reanchor(conn: &Connection, fts: &str, after: (i64, f64, i64)) -> Result<(i64, f64, i64)> {
+    let (tier, score, row) = after;
+    let now = conn
+        .prepare_cached(
+            "SELECT coalesce(bm25(search_text), 0) FROM search_text
+             WHERE search_text MATCH ?1 AND rowid = ?2",
+        )?
+        .query_row(params![fts, row], |r| r.get::<_, f64>(0))
+        .optional()
+        .map_err(query_error)?;
+    Ok((tier, now.unwrap_or(score), row))
 }
 
 /// Runs a search statement of [`SearchIndex::search`] (parameters: `?1` the FTS5
