@@ -657,6 +657,37 @@ fn a_permalink_opens_the_page_that_holds_its_message() {
     }
 }
 
+#[test]
+fn every_search_hit_links_to_a_page_that_opens() {
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    // "test" is in a title (position 0) and in messages of the demo.
+    let api = server.ok("/api/search?q=test&limit=100").json();
+    let hits = api["hits"].as_array().expect("hits");
+    assert!(hits.iter().any(|h| h["position"] == 0), "{api}");
+    assert!(
+        hits.iter().any(|h| h["position"].as_u64() > Some(0)),
+        "{api}"
+    );
+    let page = server.ok("/?q=test&limit=100").body;
+    let links: Vec<&str> = page
+        .split("<li class=\"hit\"><a href=\"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .collect();
+    assert_eq!(links.len(), hits.len(), "{page}");
+    for link in links {
+        let link = link.replace("&amp;", "&");
+        let (path, anchor) = link.split_once('#').unwrap_or((&link, ""));
+        let reply = server.get(path);
+        assert_eq!(reply.status, 200, "{link}: {}", reply.body);
+        // A message's link opens the page holding it, scrolled to its anchor.
+        if !anchor.is_empty() {
+            assert!(reply.body.contains(&format!("id=\"{anchor}\"")), "{link}");
+        }
+    }
+}
+
 /// Asserts `reply` is the server's own error body with `status`: JSON `{"error", "status"}`
 /// under `/api/`, else the HTML error page; always with the security headers.
 fn own_error(path: &str, reply: &serve_support::Reply, status: u16) {
