@@ -185,31 +185,32 @@ fn words_phrases_prefixes_tool_outputs_blobs_and_titles_are_found() {
     );
 }
 
+/// Session "parent" holding `events` in turn "t1", the index created, and its fork
+/// "child" after that turn (returned).
+fn parent_and_fork(root: &Root, events: Vec<session_store::Event>) -> session_store::SessionId {
+    let p = create(root, "parent");
+    let mut all = vec![session_store::Event::new("turn/start")];
+    all.extend(events);
+    all.push(turn_end("completed"));
+    p.append(Batch::new("p1", all).in_turn("t1"))
+        .expect("append");
+    p.close().expect("close");
+    assert!(search_all(root, "nothing", SearchOptions::default()).is_empty());
+    root.fork(
+        &id("parent"),
+        ForkPoint::AfterTurn("t1".into()),
+        Some(id("child")),
+    )
+    .expect("fork")
+}
+
 #[test]
 fn deleted_sessions_are_never_returned_and_forks_share_inherited_hits() {
     let (_dir, root) = temp_root();
-    let p = create(&root, "parent");
-    p.append(
-        Batch::new(
-            "p1",
-            vec![
-                session_store::Event::new("turn/start"),
-                message("p-u1", "user", "inherited walrus question"),
-                turn_end("completed"),
-            ],
-        )
-        .in_turn("t1"),
-    )
-    .expect("append");
-    p.close().expect("close");
-    assert!(search_all(&root, "nothing", SearchOptions::default()).is_empty());
-    let child = root
-        .fork(
-            &id("parent"),
-            ForkPoint::AfterTurn("t1".into()),
-            Some(id("child")),
-        )
-        .expect("fork");
+    let child = parent_and_fork(
+        &root,
+        vec![message("p-u1", "user", "inherited walrus question")],
+    );
     append(
         &root,
         "child",
@@ -1085,4 +1086,51 @@ fn a_cursor_keeps_its_place_when_other_sessions_change_the_ranks() {
     }
     let distinct: BTreeSet<&String> = seen.iter().collect();
     assert_eq!((seen.len(), distinct.len()), (20, 20), "{seen:?}");
+}
+
+#[test]
+fn a_forks_inherited_title_is_found_after_its_parent_is_renamed() {
+    let (_dir, root) = temp_root();
+    parent_and_fork(
+        &root,
+        vec![
+            title("Quokka migration plan"),
+            message("p-u1", "user", "first question"),
+        ],
+    );
+    // One title hit, the parent's, shared with the fork.
+    let hits = search_all(&root, "quokka", SearchOptions::default());
+    assert_eq!(at(&hits), [("parent".into(), 0)]);
+    assert_eq!(hits[0].shared_with.len(), 1);
+    // The parent is renamed: the fork keeps the title it inherited (as `list` shows), and
+    // search still finds it there, once; the parent's new title under the parent.
+    root.rename(&id("parent"), "Wombat plan").expect("rename");
+    let titles = |root: &Root| {
+        root.list(None, 10)
+            .expect("list")
+            .entries
+            .into_iter()
+            .map(|e| (e.session_id.to_string(), e.title))
+            .collect::<Vec<_>>()
+    };
+    assert!(titles(&root).contains(&("child".into(), "Quokka migration plan".into())));
+    let check = |root: &Root| {
+        let hits = search_all(root, "quokka", SearchOptions::default());
+        assert_eq!(at(&hits), [("child".into(), 0)]);
+        assert_eq!(hits[0].title, "Quokka migration plan");
+        assert!(hits[0].shared_with.is_empty());
+        let own = search_all(
+            root,
+            "quokka",
+            SearchOptions::default().with_session(id("child")),
+        );
+        assert_eq!(at(&own), [("child".into(), 0)]);
+        assert_eq!(
+            at(&search_all(root, "wombat", SearchOptions::default())),
+            [("parent".into(), 0)]
+        );
+    };
+    check(&root);
+    root.rebuild_catalog().expect("rebuild");
+    check(&root);
 }
