@@ -1134,3 +1134,33 @@ fn a_forks_inherited_title_is_found_after_its_parent_is_renamed() {
     root.rebuild_catalog().expect("rebuild");
     check(&root);
 }
+
+#[test]
+fn cli_search_shows_a_hostile_role_escaped() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "roles");
+    s.append(Batch::new(
+        "r",
+        vec![message(
+            "r1",
+            "us\u{1b}]0;pwned\u{7}er",
+            "zanzibar in a message",
+        )],
+    ))
+    .expect("append");
+    s.close().expect("close");
+    let out = bin()
+        .arg("--root")
+        .arg(root.path())
+        .args(["search", "zanzibar"])
+        .output()
+        .expect("run");
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // Escaped as `history` shows it, never sent to the terminal raw.
+    assert!(
+        !stdout.contains('\u{1b}') && !stdout.contains('\u{7}'),
+        "{stdout:?}"
+    );
+    assert!(stdout.contains("us\\u{1b}]0;pwned\\u{7}er"), "{stdout}");
+}
