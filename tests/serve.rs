@@ -688,6 +688,57 @@ fn every_search_hit_links_to_a_page_that_opens() {
     }
 }
 
+#[test]
+fn next_page_links_keep_the_page_size_asked_for() {
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    // The href of the link whose text starts with `label`, `&amp;` decoded.
+    let link = |page: &str, label: &str| -> String {
+        let before = page
+            .split(&format!("\">{label}"))
+            .next()
+            .filter(|b| b.len() < page.len())
+            .unwrap_or_else(|| panic!("no {label:?} link: {page}"));
+        before
+            .rsplit("href=\"")
+            .next()
+            .expect("href")
+            .replace("&amp;", "&")
+    };
+    // Sessions: 8 in pages of 3.
+    let next = link(&server.ok("/?limit=3").body, "Next page");
+    assert!(next.contains("limit=3"), "{next}");
+    assert_eq!(
+        server
+            .ok(&next)
+            .body
+            .matches("<tr class=\"session\">")
+            .count(),
+        3
+    );
+    // Search hits of "test" in pages of 2.
+    let next = link(&server.ok("/?q=test&limit=2").body, "More hits");
+    assert!(next.contains("limit=2"), "{next}");
+    assert_eq!(
+        server.ok(&next).body.matches("<li class=\"hit\">").count(),
+        2
+    );
+    // A transcript in pages of 2 messages.
+    let next = link(
+        &server.ok("/sessions/demo-flaky-test?limit=2").body,
+        "Older messages",
+    );
+    assert!(next.contains("limit=2"), "{next}");
+    assert_eq!(
+        server
+            .ok(&next)
+            .body
+            .matches("<article class=\"message")
+            .count(),
+        2
+    );
+}
+
 /// Asserts `reply` is the server's own error body with `status`: JSON `{"error", "status"}`
 /// under `/api/`, else the HTML error page; always with the security headers.
 fn own_error(path: &str, reply: &serve_support::Reply, status: u16) {

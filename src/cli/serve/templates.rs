@@ -102,6 +102,7 @@ pub fn sessions_page(list: &SessionList, params: &Params) -> Html<String> {
             &[
                 ("cwd", params.cwd()),
                 ("origin", params.origin_text()),
+                ("limit", params.limit_text()),
                 ("cursor", Some(cursor)),
             ],
         )
@@ -187,6 +188,7 @@ pub fn search_page(page: &SearchPage, params: &Params) -> Html<String> {
             &[
                 ("q", params.query()),
                 ("cwd", params.cwd()),
+                ("limit", params.limit_text()),
                 ("cursor", Some(cursor)),
             ],
         )
