@@ -1164,3 +1164,45 @@ fn cli_search_shows_a_hostile_role_escaped() {
     );
     assert!(stdout.contains("us\\u{1b}]0;pwned\\u{7}er"), "{stdout}");
 }
+
+#[test]
+fn a_snippet_shows_and_marks_a_word_matched_without_its_diacritics() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "accents");
+    let long = (0..60).map(|i| format!("word{i}")).collect::<Vec<_>>();
+    s.append(Batch::new(
+        "a",
+        vec![
+            message("a1", "user", &format!("{} résumé and more", long.join(" "))),
+            // Precomposed, and `e` + U+0301 (decomposed), and a dotted capital I.
+            message("a2", "user", "café then cafe\u{301} in İstanbul"),
+        ],
+    ))
+    .expect("append");
+    s.close().expect("close");
+    let marked = |query: &str, id: &str| -> (String, Vec<String>) {
+        let hits = search_all(&root, query, SearchOptions::default());
+        let hit = hits
+            .iter()
+            .find(|h| h.message_id == id)
+            .unwrap_or_else(|| panic!("{query:?} does not find {id}"));
+        let text = hit.snippet.text.clone();
+        let words = hit
+            .snippet
+            .matches
+            .iter()
+            .map(|m| text[m.clone()].to_owned())
+            .collect();
+        (text, words)
+    };
+    // The word found is in the snippet (not the first 24 words of the message), marked.
+    let (text, words) = marked("resume", "a1");
+    assert!(text.contains("résumé"), "{text}");
+    assert_eq!(words, ["résumé"]);
+    let (_, words) = marked("cafe", "a2");
+    assert_eq!(words, ["café", "cafe\u{301}"]);
+    let (_, words) = marked("CAFÉ", "a2");
+    assert_eq!(words, ["café", "cafe\u{301}"]);
+    let (_, words) = marked("istanbul", "a2");
+    assert_eq!(words, ["İstanbul"]);
+}
