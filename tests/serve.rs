@@ -14,6 +14,16 @@ use serde_json::{Value, json};
 use serve_support::{DEMO, Server, cli, demo_root};
 use session_store::{Batch, CreateOptions, Event, Root, SessionId, StoreOptions};
 
+/// The transcript positions of a history page's messages (JSON), in order.
+fn positions(page: &Value) -> Vec<u64> {
+    page["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| m["position"].as_u64().expect("position"))
+        .collect()
+}
+
 #[test]
 fn pages_and_api_over_the_demo_root() {
     let (_dir, root) = demo_root();
@@ -156,14 +166,6 @@ fn pages_and_api_over_the_demo_root() {
     let newest = server
         .ok("/api/sessions/demo-flaky-test/history?limit=3")
         .json();
-    let positions = |page: &Value| -> Vec<u64> {
-        page["messages"]
-            .as_array()
-            .expect("messages")
-            .iter()
-            .map(|m| m["position"].as_u64().expect("position"))
-            .collect()
-    };
     let top = positions(&newest);
     assert_eq!(top.len(), 3);
     assert_eq!(newest["turns"][0]["turn_id"], "turn-2");
@@ -624,13 +626,7 @@ fn a_permalink_opens_the_page_that_holds_its_message() {
     let page = server.ok("/sessions/long?at=3").body;
     assert!(page.contains("id=\"m3\"") && page.contains("href=\"/sessions/long?at=3#m3\""));
     let api = server.ok("/api/sessions/long/history?at=3").json();
-    let positions: Vec<u64> = api["messages"]
-        .as_array()
-        .expect("messages")
-        .iter()
-        .map(|m| m["position"].as_u64().expect("position"))
-        .collect();
-    assert_eq!(positions, (1..=8).collect::<Vec<u64>>());
+    assert_eq!(positions(&api), (1..=8).collect::<Vec<u64>>());
     let api = server
         .ok("/api/sessions/long/history?at=100&limit=10")
         .json();
@@ -642,6 +638,19 @@ fn a_permalink_opens_the_page_that_holds_its_message() {
         ))
         .json();
     assert_eq!(next["messages"][9]["position"], 95);
+    // However small the page, it holds the message its link names.
+    for limit in 1..=6 {
+        let api = server
+            .ok(&format!("/api/sessions/long/history?at=50&limit={limit}"))
+            .json();
+        let positions = positions(&api);
+        assert!(positions.contains(&50), "limit {limit}: {positions:?}");
+        assert_eq!(positions.len(), limit as usize);
+        let page = server
+            .ok(&format!("/sessions/long?at=50&limit={limit}"))
+            .body;
+        assert!(page.contains("id=\"m50\""), "limit {limit}");
+    }
     // Past the end: the newest page; not a position: 400.
     assert_eq!(
         server.ok("/api/sessions/long/history?at=999").json()["messages"][49]["position"],

@@ -337,8 +337,11 @@ pub async fn history(app: &App, id: SessionId, params: &Params) -> Result<Transc
     let limit = params.limit()?;
     let page = match (params.cursor(), params.at()?) {
         (None, Some(at)) => {
+            // A few newer messages after it, as many as the page has room for besides it.
+            let context =
+                AT_CONTEXT.min(u64::try_from(limit).unwrap_or(u64::MAX).saturating_sub(1));
             app.query
-                .history_page_ending_at(&session, at.saturating_add(AT_CONTEXT), limit)
+                .history_page_ending_at(&session, at.saturating_add(context), limit)
                 .await?
         }
         (cursor, _) => app.query.history_page(&session, cursor, limit).await?,
