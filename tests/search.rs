@@ -1206,3 +1206,60 @@ fn a_snippet_shows_and_marks_a_word_matched_without_its_diacritics() {
     let (_, words) = marked("istanbul", "a2");
     assert_eq!(words, ["İstanbul"]);
 }
+
+#[test]
+fn a_fork_that_replaced_an_inherited_message_is_not_said_to_hold_it() {
+    let (_dir, root) = temp_root();
+    let child = parent_and_fork(
+        &root,
+        vec![
+            message("p-u1", "user", "inherited dugong question"),
+            message("p-u2", "user", "inherited manatee answer"),
+        ],
+    );
+    // A second fork keeps both; the first replaces one (an upsert of the same message)
+    // and then its whole transcript (a compaction).
+    root.fork(
+        &id("parent"),
+        ForkPoint::AfterTurn("t1".into()),
+        Some(id("keeper")),
+    )
+    .expect("fork");
+    let forks = |query: &str| -> Vec<String> {
+        let hits = search_all(&root, query, SearchOptions::default());
+        assert_eq!(hits.len(), 1, "{query}");
+        hits[0]
+            .shared_with
+            .iter()
+            .map(|r| r.session_id.to_string())
+            .collect()
+    };
+    let in_child = |query: &str| {
+        search_all(
+            &root,
+            query,
+            SearchOptions::default().with_session(child.clone()),
+        )
+        .len()
+    };
+    assert_eq!(forks("dugong"), ["child", "keeper"]);
+    let upsert = session_store::Event::new("message/upsert")
+        .with_payload(&json!({"message": {"id": "p-u1", "role": "user", "content": "edited"}}))
+        .expect("payload");
+    append(&root, "child", "c1", vec![upsert]);
+    assert_eq!(forks("dugong"), ["keeper"]);
+    assert_eq!(in_child("dugong"), 0);
+    assert_eq!(forks("manatee"), ["child", "keeper"]);
+    assert_eq!(in_child("manatee"), 1);
+    let compact = session_store::Event::new("history/replace")
+        .with_payload(&json!({"messages": [{"id": "s", "role": "user", "content": "summary"}]}))
+        .expect("payload");
+    append(&root, "child", "c2", vec![compact]);
+    assert_eq!(forks("manatee"), ["keeper"]);
+    assert_eq!(in_child("manatee"), 0);
+    // The same after a rebuild.
+    root.rebuild_catalog().expect("rebuild");
+    assert_eq!(forks("dugong"), ["keeper"]);
+    assert_eq!(forks("manatee"), ["keeper"]);
+    assert_eq!(in_child("manatee") + in_child("dugong"), 0);
+}
