@@ -278,6 +278,7 @@ fn validate_each(
             validator.last_seq()
         )));
     }
+    reader.check_ancestry()?;
     if let Some(stored) = reader.history_index(validator.last_seq())? {
         index.compare(stored)?;
     }
