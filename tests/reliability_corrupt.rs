@@ -610,6 +610,9 @@ fn a_folder_holding_another_sessions_file_is_refused() {
         )
         .map(|_| ())
         .unwrap_err(),
+        // What `verify ID` and `restore` run: it used to be "sound" (`verify_file` on the
+        // folder, which a user may name as they like).
+        root.verify(&id("copy")).map(|_| ()).unwrap_err(),
     ];
     for e in &refused {
         assert!(e.is_corrupt(), "{e:?}");
@@ -618,6 +621,8 @@ fn a_folder_holding_another_sessions_file_is_refused() {
     assert!(!root.session_dir(&id("child")).exists());
     assert_eq!(std::fs::read(copy.join("session.sqlite")).unwrap(), before);
     assert!(root.open_reader(&id("original")).is_ok());
+    // The file itself, given by path, is the user's: an export-like file verifies.
+    session_store::verify_file(copy.join("session.sqlite")).unwrap();
 }
 
 /// A fork whose parent was restored from an older copy (it holds less than the fork's
