@@ -233,20 +233,6 @@ fn contents(root: &Root, name: &str) -> (Value, BTreeMap<String, Vec<u8>>) {
     (serde_json::to_value(&replayed.commits).unwrap(), blobs)
 }
 
-/// Copies the folder `from` (files and folders, recursively) to `to`.
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_tree(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).unwrap();
-        }
-    }
-}
-
 fn table_names(file: &Path) -> Vec<String> {
     let conn = rusqlite::Connection::open(file).unwrap();
     let mut stmt = conn
