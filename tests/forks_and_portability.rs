@@ -354,6 +354,18 @@ fn import_refuses_damaged_files_and_leaves_nothing_behind() {
         assert!(target.list_ids().unwrap().is_empty(), "{}", file.display());
         assert!(staging_is_empty(&target), "{}", file.display());
     }
+    // Lineage rows are what is wrong, not the ancestor they name being out of reach (the
+    // error used to be "inherits from elsewhere, which cannot be read: session <the
+    // file's grandparent folder>/elsewhere not found").
+    let err = target
+        .import(&bad[5], ImportOptions::default())
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidInput { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("not a self-contained export")
+            && err.to_string().contains("elsewhere"),
+        "{err}"
+    );
     assert_eq!(
         target.import(&bundle, ImportOptions::default()).unwrap(),
         id("src")
