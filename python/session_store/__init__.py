@@ -499,6 +499,15 @@ class Root:
         return self._native.import_file(_fspath(path), session_id, cwd)
 
     @_native_args
+    def rename(self, session_id: str, title: str) -> None:
+        """Sets the session's title (a ``session/title`` event written as its writer, durable
+        when this returns; :meth:`list` and :meth:`search` show it at once). A blank title
+        raises :class:`InvalidInput`; a session another writer has (a :class:`Session` of
+        this process included: append the event there instead) raises
+        :class:`WriterOwned`."""
+        self._native.rename(session_id, title)
+
+    @_native_args
     def delete(self, session_id: str, *, wait: float = 10.0) -> None:
         """Deletes a session; forks of it keep their history. Waits at most ``wait`` seconds
         for its writer, then raises :class:`Cancelled` (nothing deleted)."""
@@ -575,6 +584,10 @@ class Root:
     ) -> str:
         """:meth:`import_file` in a worker thread."""
         return await _to_thread(self.import_file, path, session_id=session_id, cwd=cwd)
+
+    async def arename(self, session_id: str, title: str) -> None:
+        """:meth:`rename` in a worker thread."""
+        await _to_thread(self.rename, session_id, title)
 
     async def adelete(self, session_id: str, *, wait: float = 10.0) -> None:
         """:meth:`delete` in a worker thread."""

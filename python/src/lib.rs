@@ -562,6 +562,15 @@ impl Root {
         })
     }
 
+    /// Sets a session's title as its writer (a `session/title` event; `WriterOwned` while
+    /// another writer, in this process or another, has it).
+    fn rename(&self, py: Python<'_>, session_id: &str, title: &str) -> NativeResult<()> {
+        detached(py, || {
+            let id = self::session_id(session_id)?;
+            self.service.root().rename(&id, title)
+        })
+    }
+
     /// Deletes a session, waiting at most `wait` seconds for its writer (`Cancelled` then).
     #[pyo3(signature = (session_id, wait=10.0))]
     fn delete(&self, py: Python<'_>, session_id: &str, wait: f64) -> NativeResult<()> {

@@ -490,3 +490,25 @@ def test_search_finds_words_with_filters_and_pages(root):
     ]:
         with pytest.raises(InvalidInput):
             bad()
+
+
+def test_rename_sets_the_title_that_list_and_search_show(root):
+    with root.create("chat") as s:
+        s.append(turn("t1", msg(1)), operation_id="op-1", turn_id="t1")
+        with pytest.raises(WriterOwned):
+            root.rename("chat", "Taken")  # this process's own writer has it
+    root.rename("chat", "Harbour plans")
+    assert [x["title"] for x in root.list()["sessions"]] == ["Harbour plans"]
+    hits = root.search("harbour", role="title")["hits"]
+    assert [(h["session_ref"]["session_id"], h["position"]) for h in hits] == [("chat", 0)]
+    asyncio.run(root.arename("chat", "Second title"))
+    assert root.list()["sessions"][0]["title"] == "Second title"
+    durable = root.events("chat")["next"]
+    for args, error in [
+        (("chat", "  "), InvalidInput),
+        (("nope", "x"), NotFound),
+        (("../x", "x"), InvalidInput),
+    ]:
+        with pytest.raises(error):
+            root.rename(*args)
+    assert root.events("chat")["next"] == durable
