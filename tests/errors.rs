@@ -106,6 +106,11 @@ fn a_second_writer_is_writer_owned_and_told_the_owner() {
     assert_eq!(owner, s.owner());
     assert_eq!(owner.pid, std::process::id());
     assert!(e.to_string().contains(&format!("pid {}", owner.pid)), "{e}");
+    // When the lease was taken reads as a UTC time, not as a count of milliseconds
+    // ("since 1796336102082 ms" read like a duration of 57 years).
+    let taken = format!("since {} UTC)", session_store::utc(owner.since_ms));
+    assert!(e.to_string().ends_with(&taken), "{e} (wanted {taken:?})");
+    assert!(!e.to_string().contains(" ms)"), "{e}");
     assert!(e.source().is_none());
     // Once the first writer lets go, the second opens it.
     s.close().expect("close");

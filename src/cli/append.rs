@@ -38,6 +38,9 @@ struct Totals {
     batches: u64,
     events: u64,
     bytes: u64,
+    /// Batches answered with a commit already stored (a retry of the same operation id
+    /// and content): nothing was appended for them.
+    retries: u64,
 }
 
 /// Runs `append`.
@@ -82,8 +85,12 @@ pub fn run(
     closed?;
     if !cx.json {
         let (_, durable) = session.sequences();
+        let retries = match totals.retries {
+            0 => String::new(),
+            n => format!(" ({n} retries of batches already stored)"),
+        };
         outln!(
-            "appended {} batches ({} events, {} of payload) to {}; durable sequence {durable}",
+            "appended {} batches ({} events, {} of payload) to {}{retries}; durable sequence {durable}",
             totals.batches,
             totals.events,
             human_bytes(totals.bytes),
@@ -126,7 +133,7 @@ fn create_with_first(
     let (operation_id, bytes) = (batch.operation_id.clone(), payload_bytes(&batch));
     match root.create_with_batch(CreateOptions::with_id(id.clone()), batch) {
         Ok((session, commit)) => {
-            accepted(operation_id, bytes, &commit, pending, totals);
+            accepted(operation_id, bytes, &commit, false, pending, totals);
             Ok(session)
         }
         Err(Error::SessionExists(_)) => {
@@ -176,17 +183,23 @@ fn payload_bytes(batch: &Batch) -> u64 {
     batch.events.iter().map(|e| e.payload_len() as u64).sum()
 }
 
-/// Counts an accepted batch and queues it for reporting.
+/// Counts an accepted batch (as a retry when `retry`: its commit was there before) and
+/// queues it for reporting.
 fn accepted(
     operation_id: String,
     bytes: u64,
     commit: &Commit,
+    retry: bool,
     pending: &mut Vec<Accepted>,
     totals: &mut Totals,
 ) {
-    totals.batches += 1;
-    totals.events += commit.events.len() as u64;
-    totals.bytes += bytes;
+    if retry {
+        totals.retries += 1;
+    } else {
+        totals.batches += 1;
+        totals.events += commit.events.len() as u64;
+        totals.bytes += bytes;
+    }
     pending.push(Accepted {
         operation_id,
         first_seq: commit.first_seq,
@@ -227,8 +240,13 @@ fn feed(
             }
         };
         let (operation_id, bytes) = (batch.operation_id.clone(), payload_bytes(&batch));
+        // A commit that starts at or below the last accepted sequence was there before.
+        let (last_accepted, _) = session.sequences();
         match session.append(batch) {
-            Ok(commit) => accepted(operation_id, bytes, &commit, pending, totals),
+            Ok(commit) => {
+                let retry = commit.first_seq <= last_accepted;
+                accepted(operation_id, bytes, &commit, retry, pending, totals);
+            }
             Err(e) => {
                 failure = Some(line_failure(n, &operation_id, &e));
                 break;

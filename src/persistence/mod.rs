@@ -8,6 +8,7 @@ mod fork;
 mod portable;
 mod retention;
 mod search;
+mod settled;
 mod staging;
 mod stats;
 mod verify;
@@ -847,16 +848,18 @@ impl Root {
     /// Header, sequences, lineage and last writer of a session.
     ///
     /// # Errors
-    /// As [`Root::open_reader`].
+    /// As [`Root::open_reader`]; a session deleted while it is read is
+    /// [`Error::SessionNotFound`].
     pub fn stat(&self, id: &SessionId) -> Result<SessionInfo> {
-        let reader = self.open_reader(id)?;
-        let lineage = reader.lineage();
-        Ok(SessionInfo {
-            header: reader.header().clone(),
-            durable_sequence: reader.durable_sequence()?,
-            inherited_events: lineage.iter().map(|e| e.through_seq - e.after_seq).sum(),
-            lineage,
-            last_writer: reader.lease()?,
+        self.read_settled(id, |reader| {
+            let lineage = reader.lineage();
+            Ok(SessionInfo {
+                header: reader.header().clone(),
+                durable_sequence: reader.durable_sequence()?,
+                inherited_events: lineage.iter().map(|e| e.through_seq - e.after_seq).sum(),
+                lineage,
+                last_writer: reader.lease()?,
+            })
         })
     }
 
