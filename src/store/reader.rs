@@ -532,6 +532,43 @@ impl SessionReader {
         read::read_dependents(&*self.own()?)
     }
 
+    /// Checks that every ancestor is the session this one was cut from: created no later
+    /// than this session and recording it in its `dependents` through at least the range
+    /// it supplies. A session made again under a deleted ancestor's id (a fork brought back
+    /// from a copy afterwards), or an ancestor put back from a copy older than the fork,
+    /// fails; a delete of such an ancestor would not keep this session's history either.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] naming the ancestor; SQLite errors.
+    pub(crate) fn check_ancestry(&self) -> Result<()> {
+        let me = &self.header.session_id;
+        for segment in self.layout().segments.iter().filter(|s| s.inherited) {
+            let conn = segment.pool.get()?;
+            let ancestor = read::read_header(&conn)?;
+            if ancestor.created_at_ms > self.header.created_at_ms {
+                return Err(Error::corrupt(format!(
+                    "session {me} inherits from {}, which was created after it: another \
+                     session under that id, not the one it was forked from",
+                    segment.source
+                )));
+            }
+            let recorded = read::read_dependents(&conn)?
+                .into_iter()
+                .any(|d| &d.child_id == me && d.through_seq >= segment.through);
+            if !recorded {
+                return Err(Error::corrupt(format!(
+                    "session {me} inherits sequences {}..={} from {}, which does not record \
+                     it as a dependent (a copy older than the fork, or another session under \
+                     that id): deleting it would not keep this history",
+                    segment.after + 1,
+                    segment.through,
+                    segment.source
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Whole durable commits with `last_seq > after`, at most `limit`, checked as a
     /// stream is: each follows the one before without a gap (the first holds `after + 1`)
     /// and its events match its operation hash.
