@@ -537,3 +537,47 @@ fn a_session_ref_read_from_json_is_checked_as_new_checks_it() {
         );
     }
 }
+
+/// A session whose last write failed with an unknown outcome is poisoned; the close that
+/// releases it must not record the in-memory projection (which holds the commits never
+/// written) in the catalog: `list` would show them while the file does not hold them.
+#[tokio::test]
+async fn a_poisoned_close_records_nothing_unwritten_in_the_catalog() {
+    let (_dir, root) = manual_root();
+    let service = session_store::Service::new("local", root.clone()).expect("service");
+    let rt = service
+        .create(session_store::CreateOptions::with_id(id("poisoned")))
+        .await
+        .expect("create");
+    let s = rt.session().clone();
+    s.append(Batch::new("op-0", vec![title("durable")]))
+        .expect("append");
+    s.flush().expect("flush");
+
+    // Another lease fences the next write off: its outcome counts as unknown (poisoned).
+    let other = rusqlite::Connection::open(session_file(&s)).expect("sqlite");
+    other
+        .execute("UPDATE lease SET generation = generation + 1", [])
+        .expect("bump the lease");
+    drop(other);
+    s.append(Batch::new("op-1", vec![title("never written")]))
+        .expect("accepted in memory");
+    s.flush().expect_err("fenced");
+
+    let r = rt.session_ref().clone();
+    service
+        .close(&r)
+        .await
+        .expect_err("the close says it was poisoned");
+    service.close(&r).await.expect("then it is released");
+
+    let page = service.query().list(None, 50).await.expect("list");
+    let entry = page
+        .sessions
+        .iter()
+        .find(|e| e.session_ref.session_id.as_str() == "poisoned")
+        .expect("listed");
+    assert_eq!(entry.title, "durable", "{entry:?}");
+    assert_eq!(entry.durable_sequence, 1, "{entry:?}");
+    assert_eq!(entry.event_sequence, 1, "{entry:?}");
+}
