@@ -53,6 +53,15 @@ fn session_file(s: &session_store::Session) -> std::path::PathBuf {
     s.dir().join("session.sqlite")
 }
 
+/// Bumps the lease generation of `s`'s file behind its back, as another writer's open
+/// would: `s`'s next write is fenced off.
+fn bump_lease(s: &session_store::Session) {
+    rusqlite::Connection::open(session_file(s))
+        .expect("sqlite")
+        .execute("UPDATE lease SET generation = generation + 1", [])
+        .expect("bump the lease");
+}
+
 #[test]
 fn a_missing_session_or_folder_is_not_found() {
     let (dir, root) = temp_root();
@@ -372,11 +381,7 @@ fn closed_fenced_and_poisoned_sessions_need_a_reopen() {
     let s = durable_session(&root, "fenced");
 
     // Another writer's lease (bumped behind this one's back) fences the next write off.
-    let other = rusqlite::Connection::open(session_file(&s)).expect("sqlite");
-    other
-        .execute("UPDATE lease SET generation = generation + 1", [])
-        .expect("bump the lease");
-    drop(other);
+    bump_lease(&s);
     s.append(Batch::new("op-1", vec![title("fenced")]))
         .expect("accepted in memory");
     let e = s.flush().expect_err("fenced");
@@ -555,11 +560,7 @@ async fn a_poisoned_close_records_nothing_unwritten_in_the_catalog() {
     s.flush().expect("flush");
 
     // Another lease fences the next write off: its outcome counts as unknown (poisoned).
-    let other = rusqlite::Connection::open(session_file(&s)).expect("sqlite");
-    other
-        .execute("UPDATE lease SET generation = generation + 1", [])
-        .expect("bump the lease");
-    drop(other);
+    bump_lease(&s);
     s.append(Batch::new("op-1", vec![title("never written")]))
         .expect("accepted in memory");
     s.flush().expect_err("fenced");
