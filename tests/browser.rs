@@ -26,6 +26,19 @@ fn chromium() -> Option<PathBuf> {
     path.is_file().then_some(path)
 }
 
+/// The browser; without it the test fails under `$CI` and is skipped (`None`) otherwise.
+fn chromium_or_skip() -> Option<PathBuf> {
+    let bin = chromium();
+    if bin.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "chromium is missing (/usr/bin/chromium or $CHROMIUM): .ci/run installs it"
+        );
+        println!("browser test skipped: no /usr/bin/chromium (apt-get install chromium)");
+    }
+    bin
+}
+
 /// A headless Chromium with its own profile folder.
 fn browser(bin: &Path, profile: &Path) -> Command {
     let mut cmd = Command::new(bin);
@@ -84,12 +97,7 @@ const HOSTILE: &str = "<script>document.title='pwned';document.body.append(Objec
 
 #[test]
 fn pages_render_in_headless_chromium_and_hostile_content_runs_no_script() {
-    let Some(bin) = chromium() else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "chromium is missing (/usr/bin/chromium or $CHROMIUM): .ci/run installs it"
-        );
-        println!("browser test skipped: no /usr/bin/chromium (apt-get install chromium)");
+    let Some(bin) = chromium_or_skip() else {
         return;
     };
     let (dir, root) = demo_root();
@@ -183,5 +191,85 @@ fn pages_render_in_headless_chromium_and_hostile_content_runs_no_script() {
         ("root-stats.png", "/stats"),
     ] {
         screenshot(&bin, &profile, &url(path), &shots.join(name));
+    }
+}
+
+/// Marks the `<body>` of a page with the elements that stick out past the right edge of
+/// the window (`data-wider="TAG.class@right …"`, or `none`), once Chromium laid it out.
+const MEASURE: &str = "<script>const w=document.documentElement.clientWidth;const out=[];\
+    for(const e of document.querySelectorAll('body *')){const r=e.getBoundingClientRect();\
+    const p=e.parentElement&&e.parentElement.getBoundingClientRect();\
+    if(r.right>w+1&&!(p&&p.right>w+1))out.push(e.tagName+'.'+e.className+'@'+Math.round(r.right));}\
+    document.body.setAttribute('data-wider',out.join(' ')||'none');</script>";
+
+#[test]
+fn long_words_from_a_session_never_make_a_page_wider_than_the_window() {
+    let Some(bin) = chromium_or_skip() else {
+        return;
+    };
+    let (dir, root) = demo_root();
+    // Words without a break point wherever a session's text is shown: a title, a
+    // message, a message id, a tool call's name and id, a working directory.
+    let word = "W".repeat(5_000);
+    let batch = serde_json::json!({
+        "operation_id": "wide",
+        "events": [
+            {"kind": "session/title", "payload": {"title": format!("needle {word}")}},
+            {"kind": "message/complete", "payload": {"message": {
+                "id": "i".repeat(2_000), "role": "user", "content": format!("needle {word} tail")}}},
+            {"kind": "message/complete", "payload": {"message": {
+                "id": "call", "role": "assistant", "content": "calling",
+                "tool_calls": [{"id": "c".repeat(2_000), "type": "function",
+                                "function": {"name": "n".repeat(2_000), "arguments": "{}"}}]}}},
+        ],
+    });
+    let input = dir.path().join("wide.jsonl");
+    std::fs::write(&input, format!("{batch}\n")).expect("write the batch");
+    let cwd = format!("/{}", "d".repeat(2_000));
+    cli_ok(&root, &["create", "wide", "--cwd", &cwd]);
+    cli_ok(
+        &root,
+        &[
+            "append",
+            "wide",
+            "--file",
+            input.to_str().expect("utf-8 path"),
+        ],
+    );
+    let server = Server::start(&root, &[]);
+    let profile = dir.path().join("chromium-profile");
+    // The page as served, its stylesheet inlined and the measuring script added (the
+    // served page's CSP runs no inline script), opened from a file at 1200x800.
+    let css = server.ok("/assets/style.css").body;
+    for path in [
+        "/",
+        "/?q=needle",
+        "/sessions/wide",
+        "/sessions/wide/tree",
+        "/sessions/wide/stats",
+        "/stats",
+    ] {
+        let page = server.ok(path).body;
+        let link = "<link rel=\"stylesheet\" href=\"/assets/style.css\">";
+        assert!(page.contains(link) && page.contains("</body>"), "{path}");
+        let page = page
+            .replace(link, &format!("<style>{css}</style>"))
+            .replace("</body>", &format!("{MEASURE}</body>"));
+        let file = dir.path().join("measured.html");
+        std::fs::write(&file, page).expect("write the page");
+        let out = browser(&bin, &profile)
+            .args(["--window-size=1200,800", "--dump-dom"])
+            .arg(format!("file://{}", file.display()))
+            .output()
+            .expect("run chromium");
+        let dom = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            dom.contains("data-wider=\"none\""),
+            "{path} is wider than the window: {}",
+            dom.split("data-wider=\"")
+                .nth(1)
+                .and_then(|d| d.split('"').next())
+                .unwrap_or("not measured")
+        );
     }
 }

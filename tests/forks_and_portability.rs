@@ -605,3 +605,90 @@ fn a_delete_killed_at_random_points_never_breaks_a_fork() {
     }
     eprintln!("{trials} kills, {completed} deletes finished before the kill");
 }
+
+/// `Root::stat` and `Root::stats` of a session that another thread keeps deleting and
+/// importing again (alone, or as the leaf of a chain whose ancestors it deletes, which
+/// materialises their ranges into the leaf): each call either answers or says the session
+/// is not found; never a disk I/O error, never "corrupt" for a sound file whose folder, or
+/// an ancestor's, left while it was read.
+fn reads_racing_deletes_answer_or_say_not_found(chain: bool) {
+    let (dir, root) = temp_root();
+    let s = create(&root, "s");
+    for i in 0..60 {
+        s.append(turn(&format!("op{i}"), &format!("t{i}"), &format!("m{i}")))
+            .expect("append");
+    }
+    s.close().expect("close");
+    let export = dir.path().join("s.export");
+    root.export(&id("s"), &export).expect("export");
+    let target = id(if chain { "leaf" } else { "s" });
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churn = {
+        let (root, done) = (root.clone(), std::sync::Arc::clone(&done));
+        std::thread::spawn(move || {
+            let never = CancelToken::new();
+            let import = || {
+                root.import(&export, ImportOptions::default().with_session_id(id("s")))
+                    .expect("import")
+            };
+            for _ in 0..150 {
+                if chain {
+                    let mid = root.fork(
+                        &id("s"),
+                        ForkPoint::AfterTurn("t40".into()),
+                        Some(id("mid")),
+                    );
+                    mid.expect("fork mid");
+                    let leaf = root.fork(
+                        &id("mid"),
+                        ForkPoint::AfterTurn("t20".into()),
+                        Some(id("leaf")),
+                    );
+                    leaf.expect("fork leaf");
+                    root.delete(&id("mid"), &never).expect("delete mid");
+                    root.delete(&id("s"), &never).expect("delete s");
+                    root.delete(&id("leaf"), &never).expect("delete leaf");
+                } else {
+                    root.delete(&id("s"), &never).expect("delete s");
+                }
+                import();
+            }
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+        })
+    };
+    let (mut answered, mut not_found, mut wrong) = (0, 0, Vec::new());
+    while !done.load(std::sync::atomic::Ordering::SeqCst) {
+        for result in [root.stat(&target).map(drop), root.stats(&target).map(drop)] {
+            match result {
+                Ok(()) => answered += 1,
+                Err(Error::SessionNotFound(_)) => not_found += 1,
+                Err(e) => wrong.push(e.to_string()),
+            }
+        }
+    }
+    churn.join().expect("churn");
+    println!(
+        "chain {chain}: {answered} answered, {not_found} not found, {} other",
+        wrong.len()
+    );
+    wrong.sort();
+    wrong.dedup();
+    assert!(
+        wrong.is_empty(),
+        "reads racing deletes failed otherwise: {wrong:#?}"
+    );
+    assert!(
+        answered > 0 && not_found > 0,
+        "{answered} answered, {not_found} not found"
+    );
+}
+
+#[test]
+fn stat_and_stats_racing_a_delete_answer_or_say_not_found() {
+    reads_racing_deletes_answer_or_say_not_found(false);
+}
+
+#[test]
+fn stat_and_stats_racing_deletes_in_a_fork_chain_answer_or_say_not_found() {
+    reads_racing_deletes_answer_or_say_not_found(true);
+}

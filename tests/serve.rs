@@ -657,6 +657,88 @@ fn a_permalink_opens_the_page_that_holds_its_message() {
     }
 }
 
+#[test]
+fn every_search_hit_links_to_a_page_that_opens() {
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    // "test" is in a title (position 0) and in messages of the demo.
+    let api = server.ok("/api/search?q=test&limit=100").json();
+    let hits = api["hits"].as_array().expect("hits");
+    assert!(hits.iter().any(|h| h["position"] == 0), "{api}");
+    assert!(
+        hits.iter().any(|h| h["position"].as_u64() > Some(0)),
+        "{api}"
+    );
+    let page = server.ok("/?q=test&limit=100").body;
+    let links: Vec<&str> = page
+        .split("<li class=\"hit\"><a href=\"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .collect();
+    assert_eq!(links.len(), hits.len(), "{page}");
+    for link in links {
+        let link = link.replace("&amp;", "&");
+        let (path, anchor) = link.split_once('#').unwrap_or((&link, ""));
+        let reply = server.get(path);
+        assert_eq!(reply.status, 200, "{link}: {}", reply.body);
+        // A message's link opens the page holding it, scrolled to its anchor.
+        if !anchor.is_empty() {
+            assert!(reply.body.contains(&format!("id=\"{anchor}\"")), "{link}");
+        }
+    }
+}
+
+#[test]
+fn next_page_links_keep_the_page_size_asked_for() {
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    // The href of the link whose text starts with `label`, `&amp;` decoded.
+    let link = |page: &str, label: &str| -> String {
+        let before = page
+            .split(&format!("\">{label}"))
+            .next()
+            .filter(|b| b.len() < page.len())
+            .unwrap_or_else(|| panic!("no {label:?} link: {page}"));
+        before
+            .rsplit("href=\"")
+            .next()
+            .expect("href")
+            .replace("&amp;", "&")
+    };
+    // Sessions: 8 in pages of 3.
+    let next = link(&server.ok("/?limit=3").body, "Next page");
+    assert!(next.contains("limit=3"), "{next}");
+    assert_eq!(
+        server
+            .ok(&next)
+            .body
+            .matches("<tr class=\"session\">")
+            .count(),
+        3
+    );
+    // Search hits of "test" in pages of 2.
+    let next = link(&server.ok("/?q=test&limit=2").body, "More hits");
+    assert!(next.contains("limit=2"), "{next}");
+    assert_eq!(
+        server.ok(&next).body.matches("<li class=\"hit\">").count(),
+        2
+    );
+    // A transcript in pages of 2 messages.
+    let next = link(
+        &server.ok("/sessions/demo-flaky-test?limit=2").body,
+        "Older messages",
+    );
+    assert!(next.contains("limit=2"), "{next}");
+    assert_eq!(
+        server
+            .ok(&next)
+            .body
+            .matches("<article class=\"message")
+            .count(),
+        2
+    );
+}
+
 /// Asserts `reply` is the server's own error body with `status`: JSON `{"error", "status"}`
 /// under `/api/`, else the HTML error page; always with the security headers.
 fn own_error(path: &str, reply: &serve_support::Reply, status: u16) {

@@ -4,8 +4,8 @@ use std::io::IsTerminal;
 
 use session_store::{SearchOptions, SearchPage};
 
-use super::sessions::utc;
 use super::{CliResult, Context, block_on, print_json, printable, session_id};
+use session_store::utc;
 
 /// What `search` takes besides the query.
 #[derive(Debug)]
@@ -74,7 +74,7 @@ fn print_page(page: &SearchPage, terminal: bool) -> CliResult<()> {
             "{} #{} {} {}{title}",
             hit.session_ref.session_id,
             hit.position,
-            hit.role.as_deref().unwrap_or("-"),
+            printable(hit.role.as_deref().unwrap_or("-")),
             utc(hit.time_ms),
         );
         if !hit.shared_with.is_empty() {

@@ -440,6 +440,7 @@ impl SearchIndex {
             None => register(&tx, reader, &lineage, &title)?,
         };
         apply(&tx, key, &changes_of(&own))?;
+        carry_titles(&tx, TitleScope::Session(key))?;
         set_indexed(&tx, key, own.through.max(reader.inherited_events()))?;
         tx.commit()?;
         Ok(())
@@ -495,6 +496,7 @@ impl SearchIndex {
                 Err(e) => skipped(e),
             }
         }
+        carry_titles(&tx, TitleScope::All)?;
         // One b-tree per term instead of the many segments a bulk load leaves: smaller,
         // and a query reads fewer pages.
         tx.execute(
@@ -543,6 +545,15 @@ impl SearchIndex {
              FROM search_text WHERE search_text MATCH ?1"
         );
         let conn = lock(&self.read);
+        // One read transaction: the cursor's row is ranked on the same index as the page.
+        let read = conn.unchecked_transaction()?;
+        let filter = &IndexFilter {
+            after: match filter.after {
+                Some(after) => Some(reanchor(&read, fts, after)?),
+                None => None,
+            },
+            ..filter.clone()
+        };
         let unfiltered = filter.session.is_none()
             && filter.cwd.is_none()
             && filter.since_ms.is_none()
@@ -624,6 +635,26 @@ impl SearchIndex {
             .map(|(id, seq)| Ok((SessionId::new(id)?, seq)))
             .collect()
     }
+}
+
+/// The keyset position `(tier, bm25, row)` of a cursor's row in the index as it is now.
+/// bm25 weighs each term by its rarity in the whole index, so any session's change moves
+/// every score: compared with the score the row had when its page was served, the rows
+/// after it could all fall before it (the next page empty) or before ones come back. The
+/// FTS row outlives its message (contentless rows are never deleted, only a rebuild
+/// drops them), so the cursor's row is ranked again; only after a rebuild does the
+/// cursor keep the score it carries. The tier depends on the row and the query alone.
+fn reanchor(conn: &Connection, fts: &str, after: (i64, f64, i64)) -> Result<(i64, f64, i64)> {
+    let (tier, score, row) = after;
+    let now = conn
+        .prepare_cached(
+            "SELECT coalesce(bm25(search_text), 0) FROM search_text
+             WHERE search_text MATCH ?1 AND rowid = ?2",
+        )?
+        .query_row(params![fts, row], |r| r.get::<_, f64>(0))
+        .optional()
+        .map_err(query_error)?;
+    Ok((tier, now.unwrap_or(score), row))
 }
 
 /// Runs a search statement of [`SearchIndex::search`] (parameters: `?1` the FTS5
@@ -809,26 +840,84 @@ fn changes_of(own: &OwnChanges) -> Vec<Change<'_>> {
     changes.into_iter().map(|(_, _, c)| c).collect()
 }
 
-/// Applies `changes` (in sequence order) to session `key`'s rows.
-fn apply(tx: &Transaction<'_>, key: i64, changes: &[Change<'_>]) -> Result<()> {
-    let mut drop_at =
-        tx.prepare_cached("DELETE FROM search_rows WHERE session = ?1 AND position = ?2")?;
-    let mut put_row = tx.prepare_cached(
+/// Puts `text` at `position` of session `key` (replacing the row there; blank text
+/// leaves none).
+fn put(
+    tx: &Transaction<'_>,
+    key: i64,
+    position: u64,
+    seq: u64,
+    time_ms: i64,
+    role: Option<&str>,
+    text: &str,
+) -> Result<()> {
+    tx.prepare_cached("DELETE FROM search_rows WHERE session = ?1 AND position = ?2")?
+        .execute(params![key, position])?;
+    if text.trim().is_empty() {
+        return Ok(());
+    }
+    tx.prepare_cached(
         "INSERT INTO search_rows (session, position, seq, time_ms, role)
          VALUES (?1, ?2, ?3, ?4, ?5)",
-    )?;
-    let mut put_text =
-        tx.prepare_cached("INSERT INTO search_text (rowid, text) VALUES (?1, ?2)")?;
-    let mut put =
-        |position: u64, seq: u64, time_ms: i64, role: Option<&str>, text: &str| -> Result<()> {
-            drop_at.execute(params![key, position])?;
-            if text.trim().is_empty() {
-                return Ok(());
-            }
-            put_row.execute(params![key, position, seq, time_ms, role_value(role)])?;
-            put_text.execute(params![tx.last_insert_rowid(), text])?;
-            Ok(())
-        };
+    )?
+    .execute(params![key, position, seq, time_ms, role_value(role)])?;
+    tx.prepare_cached("INSERT INTO search_text (rowid, text) VALUES (?1, ?2)")?
+        .execute(params![tx.last_insert_rowid(), text])?;
+    Ok(())
+}
+
+/// Which sessions [`carry_titles`] looks at.
+#[derive(Clone, Copy)]
+enum TitleScope {
+    /// Every session (after a rebuild).
+    All,
+    /// This session (just registered).
+    Session(i64),
+    /// The forks of this session (its title just changed).
+    ForksOf(i64),
+}
+
+/// Gives a title row of its own to each session of `scope` that shows a title it
+/// inherited (`search_sessions.title`, with no title row of its own) which no ancestor's
+/// current title row within its inherited ranges holds any more: the ancestor was renamed
+/// after the fork, and its title row now holds the new title. Without it the fork's title
+/// (still what `list` shows for it) was found nowhere. The row's sequence is 0 (no event
+/// of this file) and its time the time it is carried.
+fn carry_titles(tx: &Transaction<'_>, scope: TitleScope) -> Result<()> {
+    // Each scope picks its sessions by key (a catch-up or a rename reads a few rows).
+    let (pick, key) = match scope {
+        TitleScope::All => ("?1 IS NULL", None),
+        TitleScope::Session(key) => ("f.id = ?1", Some(key)),
+        TitleScope::ForksOf(key) => (
+            "f.id IN (SELECT l.session FROM search_lineage l JOIN search_sessions a
+                      ON a.session_id = l.ancestor_id WHERE a.id = ?1)",
+            Some(key),
+        ),
+    };
+    let orphans = tx
+        .prepare_cached(&format!(
+            "SELECT f.id, f.title FROM search_sessions f
+             WHERE {pick} AND f.title <> ''
+               AND NOT EXISTS (SELECT 1 FROM search_rows r
+                               WHERE r.session = f.id AND r.position = 0)
+               AND NOT EXISTS (
+                     SELECT 1 FROM search_lineage l
+                     JOIN search_sessions a ON a.session_id = l.ancestor_id
+                     JOIN search_rows r ON r.session = a.id AND r.position = 0
+                     WHERE l.session = f.id AND a.title = f.title
+                       AND r.seq > l.after_seq AND r.seq <= l.through_seq)"
+        ))?
+        .query_map([key], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let now = crate::model::ids::now_ms();
+    for (key, title) in orphans {
+        put(tx, key, 0, 0, now, Some("title"), &title)?;
+    }
+    Ok(())
+}
+
+/// Applies `changes` (in sequence order) to session `key`'s rows.
+fn apply(tx: &Transaction<'_>, key: i64, changes: &[Change<'_>]) -> Result<()> {
     for change in changes {
         match change {
             Change::Reset => {
@@ -841,15 +930,16 @@ fn apply(tx: &Transaction<'_>, key: i64, changes: &[Change<'_>]) -> Result<()> {
                 role,
                 text,
                 time_ms,
-            } => put(*position, *seq, *time_ms, *role, text)?,
+            } => put(tx, key, *position, *seq, *time_ms, *role, text)?,
             Change::Title {
                 seq,
                 title,
                 time_ms,
             } => {
-                put(0, *seq, *time_ms, Some("title"), title)?;
+                put(tx, key, 0, *seq, *time_ms, Some("title"), title)?;
                 tx.prepare_cached("UPDATE search_sessions SET title = ?2 WHERE id = ?1")?
                     .execute(params![key, title])?;
+                carry_titles(tx, TitleScope::ForksOf(key))?;
             }
         }
     }

@@ -81,6 +81,11 @@ impl Params {
             .transpose()
     }
 
+    /// The page size as given, if one is (kept by the links to the next pages).
+    pub fn limit_text(&self) -> Option<&str> {
+        given(&self.limit)
+    }
+
     /// The transcript position asked for, if any (a number from 1).
     fn at(&self) -> Result<Option<u64>, Problem> {
         given(&self.at)
@@ -98,7 +103,7 @@ impl Params {
 
     /// The page size: [`PAGE`] unless `limit` gives one in `1..=MAX_PAGE`.
     fn limit(&self) -> Result<usize, Problem> {
-        match given(&self.limit) {
+        match self.limit_text() {
             None => Ok(PAGE),
             Some(text) => text
                 .trim()
