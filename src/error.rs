@@ -22,10 +22,41 @@ impl fmt::Display for WriterOwner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "pid {} on host {} (generation {}, since {} ms)",
-            self.pid, self.host, self.generation, self.since_ms
+            "pid {} on host {} (generation {}, since {} UTC)",
+            self.pid,
+            self.host,
+            self.generation,
+            utc(self.since_ms)
         )
     }
+}
+
+/// Milliseconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS` (UTC), as messages and the
+/// CLI print times.
+///
+/// ```
+/// assert_eq!(session_store::utc(0), "1970-01-01 00:00:00");
+/// assert_eq!(session_store::utc(1_796_336_102_082), "2026-12-03 22:15:02");
+/// ```
+pub fn utc(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+        rest / 3600,
+        rest / 60 % 60,
+        rest % 60
+    )
 }
 
 /// Characters of a caller's value an error message quotes at most.

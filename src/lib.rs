@@ -33,7 +33,7 @@ mod session;
 mod store;
 
 pub use cancel::CancelToken;
-pub use error::{Error, Result, WriterOwner, quoted};
+pub use error::{Error, Result, WriterOwner, quoted, utc};
 pub use model::header::{Header, Origin};
 pub use model::{
     Batch, CLOSURE_KINDS, Commit, ContentRef, Event, Message, PROJECTION_KINDS, Projection,

@@ -244,13 +244,34 @@ fn append_history_events_stats_and_the_sqlite3_shell() {
     assert_eq!(lines[0]["operation_id"], "turn-1/user");
     assert_eq!(lines[4]["last_seq"], 11);
 
-    // A retry is idempotent; the human summary names the durable sequence.
+    // A retry is idempotent; the human summary names the durable sequence, and counts
+    // the retried batches as retries, not as appended (nothing was added).
     let again = env.run_with(&["append", "made"], &turn_lines(1));
     assert_eq!(code(&again), 0);
+    let summary = stdout(&again);
+    assert!(summary.contains("durable sequence 11"), "{summary}");
     assert!(
-        stdout(&again).contains("durable sequence 11"),
-        "{}",
-        stdout(&again)
+        summary.starts_with("appended 0 batches (0 events, ")
+            && summary.contains("2 retries of batches already stored"),
+        "{summary}"
+    );
+    // A retry and a new batch in one run (in another session): one appended, one retry.
+    assert_eq!(
+        code(&env.run_with(&["append", "other", "--create"], &turn_lines(1))),
+        0
+    );
+    let first = turn_lines(1)
+        .lines()
+        .next()
+        .map(str::to_owned)
+        .unwrap_or_default();
+    let extra = json!({"operation_id": "extra", "events": [message("m-extra", "user", "more")]});
+    let summary = stdout(&env.run_with(&["append", "other"], &format!("{first}\n{extra}\n")));
+    assert!(
+        summary.starts_with("appended 1 batches (1 events, ")
+            && summary.contains("1 retries of batches already stored")
+            && summary.contains("durable sequence 6"),
+        "{summary}"
     );
 
     let history = env.json(&["history", "made"]);

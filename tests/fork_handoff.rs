@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use common::{id, turn};
-use session_store::{CreateOptions, Error, ForkPoint, Root, Service};
+use session_store::{CreateOptions, Error, ForkPoint, Root, Runtime, Service};
 
 /// Forks this many children, each raced by a competitor.
 const FORKS: usize = 40;
@@ -34,10 +34,10 @@ fn race_for_lock(path: std::path::PathBuf, stop: Arc<AtomicBool>) -> Option<File
     None
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_other_opener_takes_a_forked_child_before_its_writer() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let root = Root::open(dir.path().join("sessions")).expect("root");
+/// A service over a new root in `dir` holding the runtime of `parent`, one ended turn
+/// (`turn-1`, 3 events) accepted.
+async fn service_with_parent(dir: &std::path::Path) -> (Root, Service, Runtime) {
+    let root = Root::open(dir.join("sessions")).expect("root");
     let service = Service::new("local", root.clone()).expect("service");
     let parent = service
         .create(CreateOptions::with_id(id("parent")))
@@ -47,6 +47,13 @@ async fn no_other_opener_takes_a_forked_child_before_its_writer() {
         .session()
         .append(turn("op-1", "turn-1", "m1"))
         .expect("append");
+    (root, service, parent)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_other_opener_takes_a_forked_child_before_its_writer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (root, service, parent) = service_with_parent(dir.path()).await;
     let r = parent.session_ref().clone();
     let mut children = Vec::new();
     for i in 0..FORKS {
@@ -186,4 +193,70 @@ async fn no_other_opener_takes_a_migrated_legacy_session_before_its_writer() {
         assert_eq!(again.session().snapshot().projection.transcript_len, 1);
     }
     service.close_all().await.expect("close all");
+}
+
+/// Gives `f` so little time that the caller stops waiting for it mid-way (as a host's
+/// `tokio::time::timeout` or `select!` does); asserts it did not finish.
+async fn give_up_on<T: std::fmt::Debug>(what: &str, f: impl std::future::Future<Output = T>) {
+    let given_up = tokio::time::timeout(std::time::Duration::from_micros(1), f).await;
+    assert!(given_up.is_err(), "{what} finished at once: {given_up:?}");
+}
+
+/// Waits at most 10 s for `f` (a hang is a failure, not a stuck test).
+async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(std::time::Duration::from_secs(10), f)
+        .await
+        .unwrap_or_else(|_| panic!("{what} hung (still waiting after 10 s)"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_fork_or_migration_whose_caller_gives_up_still_ends() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_root, service, parent) = service_with_parent(dir.path()).await;
+    let r = parent.session_ref().clone();
+    service.close(&r).await.expect("close parent");
+
+    // An open given up on: the next open of the session gets its runtime, and only one.
+    give_up_on("open", service.open(&r)).await;
+    let binding = within("open after a given-up open", service.open(&r))
+        .await
+        .expect("open after a given-up open");
+    let again = within("second open", service.open(&r))
+        .await
+        .expect("second open");
+    assert!(
+        again
+            .runtime()
+            .session()
+            .same_instance(binding.runtime().session())
+    );
+    binding.release().await.expect("release");
+    again.release().await.expect("release");
+
+    // A fork given up on: the child is opened by the next open, in this service.
+    let child = service.session_ref(id("child"));
+    give_up_on("fork", service.fork(&r, "turn-1", Some(id("child")))).await;
+    let opened = within(
+        "open of a child whose fork was given up on",
+        service.open(&child),
+    )
+    .await
+    .expect("open the child");
+    assert_eq!(opened.runtime().session().inherited_events(), 3);
+    opened.release().await.expect("release");
+
+    // A legacy continuation given up on: continuing it again ends, with the same target.
+    let source = dir.path().join("old.jsonl");
+    std::fs::write(&source, "{\"role\":\"user\",\"content\":\"hello\"}\n").expect("source");
+    give_up_on("continue_legacy", service.continue_legacy(&source, "")).await;
+    let (migrated, _) = within(
+        "continue_legacy again",
+        service.continue_legacy(&source, ""),
+    )
+    .await
+    .expect("continue again");
+    assert_eq!(migrated.session().snapshot().projection.transcript_len, 1);
+    within("close all", service.close_all())
+        .await
+        .expect("close all");
 }

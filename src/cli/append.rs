@@ -38,6 +38,9 @@ struct Totals {
     batches: u64,
     events: u64,
     bytes: u64,
+    /// Batches answered with a commit already stored (a retry of the same operation id
+    /// and content): nothing was appended for them.
+    retries: u64,
 }
 
 /// Runs `append`.
@@ -82,8 +85,12 @@ pub fn run(
     closed?;
     if !cx.json {
         let (_, durable) = session.sequences();
+        let retries = match totals.retries {
+            0 => String::new(),
+            n => format!(" ({n} retries of batches already stored)"),
+        };
         outln!(
-            "appended {} batches ({} events, {} of payload) to {}; durable sequence {durable}",
+            "appended {} batches ({} events, {} of payload) to {}{retries}; durable sequence {durable}",
             totals.batches,
             totals.events,
             human_bytes(totals.bytes),
@@ -126,7 +133,7 @@ fn create_with_first(
     let (operation_id, bytes) = (batch.operation_id.clone(), payload_bytes(&batch));
     match root.create_with_batch(CreateOptions::with_id(id.clone()), batch) {
         Ok((session, commit)) => {
-            accepted(operation_id, bytes, &commit, pending, totals);
+            accepted(operation_id, bytes, &commit, false, pending, totals);
             Ok(session)
         }
         Err(Error::SessionExists(_)) => {
@@ -139,11 +146,17 @@ fn create_with_first(
 }
 
 /// Line `n` (0-based) of the input; one that is not UTF-8 is bad input (status 6), not a
-/// failed read.
+/// failed read. A byte order mark before the first line is dropped (RFC 8259 lets a
+/// parser ignore it, and editors on Windows write one); anywhere else it stays, and is
+/// not JSON.
 fn read_line(n: usize, line: std::io::Result<String>) -> CliResult<String> {
-    line.map_err(|e| match e.kind() {
+    let line = line.map_err(|e| match e.kind() {
         std::io::ErrorKind::InvalidData => Failure::invalid(format!("line {} is not UTF-8", n + 1)),
         _ => Failure::context(format!("read line {}", n + 1), &e),
+    })?;
+    Ok(match line.strip_prefix('\u{feff}') {
+        Some(rest) if n == 0 => rest.to_owned(),
+        _ => line,
     })
 }
 
@@ -170,17 +183,23 @@ fn payload_bytes(batch: &Batch) -> u64 {
     batch.events.iter().map(|e| e.payload_len() as u64).sum()
 }
 
-/// Counts an accepted batch and queues it for reporting.
+/// Counts an accepted batch (as a retry when `retry`: its commit was there before) and
+/// queues it for reporting.
 fn accepted(
     operation_id: String,
     bytes: u64,
     commit: &Commit,
+    retry: bool,
     pending: &mut Vec<Accepted>,
     totals: &mut Totals,
 ) {
-    totals.batches += 1;
-    totals.events += commit.events.len() as u64;
-    totals.bytes += bytes;
+    if retry {
+        totals.retries += 1;
+    } else {
+        totals.batches += 1;
+        totals.events += commit.events.len() as u64;
+        totals.bytes += bytes;
+    }
     pending.push(Accepted {
         operation_id,
         first_seq: commit.first_seq,
@@ -221,8 +240,13 @@ fn feed(
             }
         };
         let (operation_id, bytes) = (batch.operation_id.clone(), payload_bytes(&batch));
+        // A commit that starts at or below the last accepted sequence was there before.
+        let (last_accepted, _) = session.sequences();
         match session.append(batch) {
-            Ok(commit) => accepted(operation_id, bytes, &commit, pending, totals),
+            Ok(commit) => {
+                let retry = commit.first_seq <= last_accepted;
+                accepted(operation_id, bytes, &commit, retry, pending, totals);
+            }
             Err(e) => {
                 failure = Some(line_failure(n, &operation_id, &e));
                 break;

@@ -4,8 +4,8 @@ use std::io::IsTerminal;
 
 use session_store::{SearchOptions, SearchPage};
 
-use super::sessions::utc;
 use super::{CliResult, Context, block_on, print_json, printable, session_id};
+use session_store::utc;
 
 /// What `search` takes besides the query.
 #[derive(Debug)]

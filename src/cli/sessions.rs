@@ -11,7 +11,7 @@ use session_store::format::{SESSION_FILE, WAL_FILE};
 use session_store::{
     CancelToken, Commit, ContentRef, CreateOptions, DependentFork, Error, Event, ForkPoint,
     GcOptions, ImportOptions, LineageEntry, ListFilter, SessionId, SkippedSession, TableBytes,
-    TurnBoundary, Usage, UsageTotals, WriterOwner,
+    TurnBoundary, Usage, UsageTotals, WriterOwner, utc,
 };
 
 use super::{
@@ -32,28 +32,6 @@ fn preview(text: &str, max: usize) -> String {
         let cut: String = flat.chars().take(max).collect();
         format!("{cut}…")
     }
-}
-
-/// Milliseconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS` (UTC).
-pub fn utc(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
-        rest / 3600,
-        rest / 60 % 60,
-        rest % 60
-    )
 }
 
 /// A content ref for people: `<blob 1a2b3c4d5e6f… 120.0 KiB>`.
@@ -675,18 +653,18 @@ pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
     }
 }
 
-/// The session folder or file `verify` checks: a session of the root when `target` names
-/// one, else a path.
-fn verify_target(cx: &Context, target: &str) -> CliResult<PathBuf> {
+/// The session folder or file `verify` checks, with the session id when `target` names a
+/// session of the root (checked as the root opens it), else a path.
+fn verify_target(cx: &Context, target: &str) -> CliResult<(PathBuf, Option<SessionId>)> {
     if let Ok(id) = SessionId::new(target) {
         let dir = cx.root.join(id.as_str());
         if dir.join(SESSION_FILE).is_file() {
-            return Ok(dir);
+            return Ok((dir, Some(id)));
         }
     }
     let path = PathBuf::from(target);
     if path.exists() {
-        return Ok(path);
+        return Ok((path, None));
     }
     Err(Failure::with_code(
         EXIT_NOT_FOUND,
@@ -699,9 +677,12 @@ fn verify_target(cx: &Context, target: &str) -> CliResult<PathBuf> {
 
 /// `verify (ID | FILE)`.
 pub fn verify(cx: &Context, target: &str) -> CliResult<()> {
-    let path = verify_target(cx, target)?;
+    let (path, id) = verify_target(cx, target)?;
     let bar = spinner(&format!("verifying {}", path.display()));
-    let replayed = session_store::verify_file(&path);
+    let replayed = match &id {
+        Some(id) => cx.open_root()?.verify(id),
+        None => session_store::verify_file(&path),
+    };
     bar.finish_and_clear();
     let replay = match replayed {
         Ok(replay) => replay,

@@ -8,6 +8,7 @@ mod fork;
 mod portable;
 mod retention;
 mod search;
+mod settled;
 mod staging;
 mod stats;
 mod verify;
@@ -668,13 +669,18 @@ impl Root {
     }
 
     /// Records a closed writer's session in the catalog from its in-memory projection (no
-    /// re-fold).
+    /// re-fold), unless it holds commits never written (a poisoned session's).
     ///
     /// # Errors
     /// When the catalog cannot be written (it is derived: the entry is recomputed when
     /// next listed).
     pub(crate) fn record_closed(&self, session: &Session) -> Result<()> {
-        let durable = session.sequences().1;
+        let (accepted, durable) = session.sequences();
+        if accepted != durable {
+            // Released with commits never written (a poisoned session): its projection
+            // is not the file's. The entry is recomputed from the file when next listed.
+            return Ok(());
+        }
         let entry = session
             .with_projection(|p| CatalogEntry::new(session.reader(), p, durable, session.dir()));
         self.inner.catalog.put(self, &entry)
@@ -847,16 +853,18 @@ impl Root {
     /// Header, sequences, lineage and last writer of a session.
     ///
     /// # Errors
-    /// As [`Root::open_reader`].
+    /// As [`Root::open_reader`]; a session deleted while it is read is
+    /// [`Error::SessionNotFound`].
     pub fn stat(&self, id: &SessionId) -> Result<SessionInfo> {
-        let reader = self.open_reader(id)?;
-        let lineage = reader.lineage();
-        Ok(SessionInfo {
-            header: reader.header().clone(),
-            durable_sequence: reader.durable_sequence()?,
-            inherited_events: lineage.iter().map(|e| e.through_seq - e.after_seq).sum(),
-            lineage,
-            last_writer: reader.lease()?,
+        self.read_settled(id, |reader| {
+            let lineage = reader.lineage();
+            Ok(SessionInfo {
+                header: reader.header().clone(),
+                durable_sequence: reader.durable_sequence()?,
+                inherited_events: lineage.iter().map(|e| e.through_seq - e.after_seq).sum(),
+                lineage,
+                last_writer: reader.lease()?,
+            })
         })
     }
 

@@ -11,6 +11,7 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::model::{SessionId, Usage};
 use crate::persistence::Root;
+use crate::store::reader::SessionReader;
 use crate::store::schema::{self, SESSION_FILE};
 use crate::store::stats::{BlobSize, blob_sizes, kind_totals, table_bytes};
 pub use crate::store::stats::{KindStats, TableBytes};
@@ -66,10 +67,14 @@ impl Root {
     /// and usage totals of a session's durable prefix, inherited ranges included.
     ///
     /// # Errors
-    /// [`Error::SessionNotFound`]; [`Error::Corrupt`] when an ancestor is missing;
-    /// SQLite errors.
+    /// [`Error::SessionNotFound`], also for a session deleted while it is read;
+    /// [`Error::Corrupt`] when an ancestor is missing; SQLite errors.
     pub fn stats(&self, id: &SessionId) -> Result<SessionStats> {
-        let reader = self.open_reader(id)?;
+        self.read_settled(id, |reader| self.stats_of(id, reader))
+    }
+
+    /// [`Root::stats`] on an open reader of `id`.
+    fn stats_of(&self, id: &SessionId, reader: &SessionReader) -> Result<SessionStats> {
         let mut sources: Vec<Source> = reader
             .lineage()
             .into_iter()
@@ -89,10 +94,12 @@ impl Root {
         let mut blobs: BTreeMap<String, BlobSize> = BTreeMap::new();
         for source in &sources {
             let conn = schema::open_reader(&source.file).map_err(|e| match e {
-                Error::SessionNotFound(_) => Error::corrupt(format!(
-                    "session {id} inherits from {}, which is missing",
-                    source.file.display()
-                )),
+                Error::SessionNotFound(_) if source.file != reader.file() => {
+                    Error::corrupt(format!(
+                        "session {id} inherits from {}, which is missing",
+                        source.file.display()
+                    ))
+                }
                 other => other,
             })?;
             for row in kind_totals(&conn, source.after, source.through)? {

@@ -37,6 +37,19 @@ pub(crate) async fn blocking<T: Send + 'static>(
         .map_err(|e| Error::internal_from("blocking storage task did not finish", e))?
 }
 
+/// Runs `f` as a task of its own and waits for it: a caller that stops waiting (a
+/// `tokio::time::timeout`, a `select!`) does not stop it half-way. An open, fork or
+/// migration that reserved a session id in the registry always ends by installing its
+/// runtime or dropping the reservation; dropped mid-way, it would leave the reservation
+/// behind and every later open of that id would wait for it forever.
+async fn to_completion<T: Send + 'static>(
+    f: impl Future<Output = Result<T>> + Send + 'static,
+) -> Result<T> {
+    tokio::spawn(f)
+        .await
+        .map_err(|e| Error::internal_from("service task did not finish", e))?
+}
+
 #[derive(Default)]
 struct Registry {
     active: HashMap<SessionId, Runtime>,
@@ -271,18 +284,22 @@ impl Service {
 
     pub(crate) async fn open_runtime(&self, r: &SessionRef) -> Result<Runtime> {
         self.check_ref(r)?;
-        if let Some(rt) = self.reserve(&r.session_id).await {
-            return Ok(rt);
-        }
-        let root = self.inner.root.clone();
-        let open_id = r.session_id.clone();
-        let opened = blocking(move || {
-            let session = root.open_writer(&open_id)?;
-            recovery::close_interrupted_turn(&session)?;
-            Ok(session)
+        let (service, r) = (self.clone(), r.clone());
+        to_completion(async move {
+            if let Some(rt) = service.reserve(&r.session_id).await {
+                return Ok(rt);
+            }
+            let root = service.inner.root.clone();
+            let open_id = r.session_id.clone();
+            let opened = blocking(move || {
+                let session = root.open_writer(&open_id)?;
+                recovery::close_interrupted_turn(&session)?;
+                Ok(session)
+            })
+            .await;
+            service.install(&r, opened)
         })
-        .await;
-        self.install(r, opened)
+        .await
     }
 
     /// Returns the runtime of `id` when it is published; otherwise reserves `id` in
@@ -490,16 +507,20 @@ impl Service {
         }
         let root = self.inner.root.clone();
         let parent = r.session_id.clone();
-        let fork_id = child.clone();
-        // The child is published with its writer lock held and opened under it: no
-        // other process can take it in between (`Root::fork_writer`).
-        let opened = blocking(move || {
-            let session = root.fork_writer(&parent, point, Some(fork_id))?;
-            recovery::close_interrupted_turn(&session)?;
-            Ok(session)
+        let service = self.clone();
+        to_completion(async move {
+            let fork_id = child.clone();
+            // The child is published with its writer lock held and opened under it: no
+            // other process can take it in between (`Root::fork_writer`).
+            let opened = blocking(move || {
+                let session = root.fork_writer(&parent, point, Some(fork_id))?;
+                recovery::close_interrupted_turn(&session)?;
+                Ok(session)
+            })
+            .await;
+            service.install(&service.session_ref(child), opened)
         })
-        .await;
-        self.install(&self.session_ref(child), opened)
+        .await
     }
 
     /// Forks after a completed turn and publishes the child's runtime.
@@ -635,27 +656,31 @@ impl Service {
         let migration = blocking(move || legacy::Migration::read(&source, &head)).await?;
         let r = self.session_ref(migration.target_id().clone());
         let root = self.inner.root.clone();
-        // Already open in this service: reuse that runtime.
-        if let Some(rt) = self.reserve(&r.session_id).await {
-            let session = rt.session().clone();
-            let record = blocking(move || migration.complete(&root, &session)).await?;
-            return Ok((rt, record));
-        }
-        // Published with its writer lock held and opened under it: no other process can
-        // take the migrated session in between (`Root::create_filled`).
-        let migrated = blocking(move || {
-            let (session, record) = migration.run(&root)?;
-            recovery::close_interrupted_turn(&session)?;
-            Ok((session, record))
-        })
-        .await;
-        match migrated {
-            Ok((session, record)) => Ok((self.install(&r, Ok(session))?, record)),
-            Err(e) => {
-                self.release_reservation(&r.session_id);
-                Err(e)
+        let service = self.clone();
+        to_completion(async move {
+            // Already open in this service: reuse that runtime.
+            if let Some(rt) = service.reserve(&r.session_id).await {
+                let session = rt.session().clone();
+                let record = blocking(move || migration.complete(&root, &session)).await?;
+                return Ok((rt, record));
             }
-        }
+            // Published with its writer lock held and opened under it: no other process
+            // can take the migrated session in between (`Root::create_filled`).
+            let migrated = blocking(move || {
+                let (session, record) = migration.run(&root)?;
+                recovery::close_interrupted_turn(&session)?;
+                Ok((session, record))
+            })
+            .await;
+            match migrated {
+                Ok((session, record)) => Ok((service.install(&r, Ok(session))?, record)),
+                Err(e) => {
+                    service.release_reservation(&r.session_id);
+                    Err(e)
+                }
+            }
+        })
+        .await
     }
 }
 

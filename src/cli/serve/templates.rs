@@ -14,7 +14,7 @@ use super::data::{Params, SessionList};
 use super::tree::ForkTree;
 use super::{links, svg};
 use crate::cli::human_bytes;
-use crate::cli::sessions::utc;
+use session_store::utc;
 
 /// The origins a session list can be filtered by.
 const ORIGINS: [&str; 5] = ["new", "fork", "rewind", "canonical-import", "legacy-import"];

@@ -11,7 +11,7 @@ use super::data::{Params, SessionDetail, Transcript};
 use super::links;
 use super::templates::{clip, layout, session_nav};
 use crate::cli::human_bytes;
-use crate::cli::sessions::utc;
+use session_store::utc;
 
 /// Text longer than this (in bytes) is collapsed behind its first line.
 const LONG_TEXT: usize = 1500;

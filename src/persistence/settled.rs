@@ -1,0 +1,73 @@
+//! Reads of a session that another process may delete meanwhile.
+//!
+//! A delete moves the session's folder into `.trash` and removes it, and first moves each
+//! of its ranges into the files of its forks (ARCHITECTURE §8). A read that started before
+//! then meets missing files: SQLite answers "disk I/O error" or "unable to open", a range
+//! read from an ancestor finds no file. Those are neither the caller's fault nor
+//! corruption: [`Root::read_settled`] tells them apart.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::model::SessionId;
+use crate::persistence::Root;
+use crate::store::reader::SessionReader;
+use crate::store::schema::SESSION_FILE;
+
+/// How many times a read is run when the layout under it changed each time.
+const ATTEMPTS: usize = 3;
+
+/// Which file is at `path` now (device and inode), `None` when there is none.
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
+}
+
+impl Root {
+    /// Runs `read` on a fresh reader of `id`. When it fails and the session's file is gone
+    /// meanwhile, the answer is [`Error::SessionNotFound`]; when the file was replaced (an
+    /// import under the same id) or the session's lineage changed (an ancestor's delete
+    /// moved its range into the session's own file), the read runs again on the new
+    /// layout, up to 3 times. Any other failure is returned as it is.
+    pub(crate) fn read_settled<T>(
+        &self,
+        id: &SessionId,
+        read: impl Fn(&SessionReader) -> Result<T>,
+    ) -> Result<T> {
+        let file = self.session_dir(id).join(SESSION_FILE);
+        let mut attempt = 1;
+        loop {
+            let file_before = identity(&file);
+            let mut lineage_before = None;
+            let failure = match self.open_reader(id).and_then(|reader| {
+                lineage_before = Some(reader.lineage());
+                read(&reader)
+            }) {
+                Ok(value) => return Ok(value),
+                Err(e @ Error::SessionNotFound(_)) => return Err(e),
+                Err(e) => e,
+            };
+            let Some(file_now) = identity(&file) else {
+                return Err(Error::SessionNotFound(id.to_string()));
+            };
+            if attempt == ATTEMPTS {
+                return Err(failure);
+            }
+            attempt += 1;
+            if file_before == Some(file_now) {
+                let lineage_now = match self.open_reader(id) {
+                    Ok(reader) => reader.lineage(),
+                    Err(Error::SessionNotFound(_)) => {
+                        return Err(Error::SessionNotFound(id.to_string()));
+                    }
+                    Err(_) => return Err(failure),
+                };
+                if lineage_before.is_none_or(|before| before == lineage_now) {
+                    return Err(failure);
+                }
+            }
+        }
+    }
+}
