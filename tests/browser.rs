@@ -26,6 +26,19 @@ fn chromium() -> Option<PathBuf> {
     path.is_file().then_some(path)
 }
 
+/// The browser; without it the test fails under `$CI` and is skipped (`None`) otherwise.
+fn chromium_or_skip() -> Option<PathBuf> {
+    let bin = chromium();
+    if bin.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "chromium is missing (/usr/bin/chromium or $CHROMIUM): .ci/run installs it"
+        );
+        println!("browser test skipped: no /usr/bin/chromium (apt-get install chromium)");
+    }
+    bin
+}
+
 /// A headless Chromium with its own profile folder.
 fn browser(bin: &Path, profile: &Path) -> Command {
     let mut cmd = Command::new(bin);
@@ -77,6 +90,16 @@ fn screenshot(bin: &Path, profile: &Path, url: &str, file: &Path) {
     );
 }
 
+/// `session-store append ARGS… --file F` of `batch` (written to F in `dir`).
+fn append(root: &Path, dir: &Path, batch: &serde_json::Value, args: &[&str]) {
+    let input = dir.join("batch.jsonl");
+    std::fs::write(&input, format!("{batch}\n")).expect("write the batch");
+    let mut all = vec!["append"];
+    all.extend(args);
+    all.extend(["--file", input.to_str().expect("utf-8 path")]);
+    cli_ok(root, &all);
+}
+
 /// What the hostile message would do if it ran: change the title, add an element.
 const HOSTILE: &str = "<script>document.title='pwned';document.body.append(Object.assign(\
     document.createElement('div'),{id:'pwned'}))</script>\
@@ -84,12 +107,7 @@ const HOSTILE: &str = "<script>document.title='pwned';document.body.append(Objec
 
 #[test]
 fn pages_render_in_headless_chromium_and_hostile_content_runs_no_script() {
-    let Some(bin) = chromium() else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "chromium is missing (/usr/bin/chromium or $CHROMIUM): .ci/run installs it"
-        );
-        println!("browser test skipped: no /usr/bin/chromium (apt-get install chromium)");
+    let Some(bin) = chromium_or_skip() else {
         return;
     };
     let (dir, root) = demo_root();
@@ -98,10 +116,7 @@ fn pages_render_in_headless_chromium_and_hostile_content_runs_no_script() {
         "events": [{"kind": "message/complete",
                     "payload": {"message": {"id": "evil", "role": "user", "content": HOSTILE}}}],
     });
-    let input = dir.path().join("hostile.jsonl");
-    std::fs::write(&input, format!("{batch}\n")).expect("write the batch");
-    let input = input.to_str().expect("utf-8 path");
-    cli_ok(&root, &["append", "demo-query-plan", "--file", input]);
+    append(&root, dir.path(), &batch, &["demo-query-plan"]);
     let server = Server::start(&root, &[]);
     let profile = dir.path().join("chromium-profile");
     let url = |path: &str| format!("{}{path}", server.base);
@@ -183,5 +198,120 @@ fn pages_render_in_headless_chromium_and_hostile_content_runs_no_script() {
         ("root-stats.png", "/stats"),
     ] {
         screenshot(&bin, &profile, &url(path), &shots.join(name));
+    }
+}
+
+/// Marks the `<body>` of a page with the elements that stick out past the right edge of
+/// the window (`data-wider="TAG.class@right …"`, or `none`), once Chromium laid it out.
+const MEASURE: &str = "<script>const w=document.documentElement.clientWidth;const out=[];\
+    for(const e of document.querySelectorAll('body *')){const r=e.getBoundingClientRect();\
+    const p=e.parentElement&&e.parentElement.getBoundingClientRect();\
+    if(r.right>w+1&&!(p&&p.right>w+1))out.push(e.tagName+'.'+e.className+'@'+Math.round(r.right));}\
+    document.body.setAttribute('data-wider',out.join(' ')||'none');</script>";
+
+#[test]
+fn long_words_from_a_session_never_make_a_page_wider_than_the_window() {
+    let Some(bin) = chromium_or_skip() else {
+        return;
+    };
+    let (dir, root) = demo_root();
+    // Words without a break point wherever a session's text is shown: a title, a
+    // message, a message id, a tool call's name and id, a working directory.
+    let word = "W".repeat(5_000);
+    let batch = serde_json::json!({
+        "operation_id": "wide",
+        "events": [
+            {"kind": "session/title", "payload": {"title": format!("needle {word}")}},
+            {"kind": "message/complete", "payload": {"message": {
+                "id": "i".repeat(2_000), "role": "user", "content": format!("needle {word} tail")}}},
+            {"kind": "message/complete", "payload": {"message": {
+                "id": "call", "role": "assistant", "content": "calling",
+                "tool_calls": [{"id": "c".repeat(2_000), "type": "function",
+                                "function": {"name": "n".repeat(2_000), "arguments": "{}"}}]}}},
+        ],
+    });
+    let cwd = format!("/{}", "d".repeat(2_000));
+    cli_ok(&root, &["create", "wide", "--cwd", &cwd]);
+    append(&root, dir.path(), &batch, &["wide"]);
+    let server = Server::start(&root, &[]);
+    for path in [
+        "/",
+        "/?q=needle",
+        "/sessions/wide",
+        "/sessions/wide/tree",
+        "/sessions/wide/stats",
+        "/stats",
+    ] {
+        let wider = laid_out(&bin, dir.path(), &server, path, MEASURE, "data-wider");
+        assert_eq!(wider, "none", "{path} is wider than the window");
+    }
+}
+
+/// Lays out page `path` of `server` in Chromium (1200x800) with `script` added and
+/// returns the value `script` gave the `<body>`'s attribute `attribute`. The page as
+/// served, its stylesheet inlined (the served page's CSP runs no inline script, so it is
+/// opened from a file).
+fn laid_out(
+    bin: &Path,
+    dir: &Path,
+    server: &Server,
+    path: &str,
+    script: &str,
+    attribute: &str,
+) -> String {
+    let css = server.ok("/assets/style.css").body;
+    let page = server.ok(path).body;
+    let link = "<link rel=\"stylesheet\" href=\"/assets/style.css\">";
+    assert!(page.contains(link) && page.contains("</body>"), "{path}");
+    let page = page
+        .replace(link, &format!("<style>{css}</style>"))
+        .replace("</body>", &format!("{script}</body>"));
+    let file = dir.join("laid-out.html");
+    std::fs::write(&file, page).expect("write the page");
+    let out = browser(bin, &dir.join("chromium-profile"))
+        .args(["--window-size=1200,800", "--dump-dom"])
+        .arg(format!("file://{}", file.display()))
+        .output()
+        .expect("run chromium");
+    let dom = String::from_utf8_lossy(&out.stdout);
+    dom.split(&format!("{attribute}=\""))
+        .nth(1)
+        .and_then(|d| d.split('"').next())
+        .unwrap_or("not laid out")
+        .to_owned()
+}
+
+/// Marks the `<body>` with the rows whose parts are not laid out left to right in their
+/// order (`data-reordered="…"`, or `none`): a search hit's title, role, position and time,
+/// a message's role, permalink and id.
+const REORDERED: &str = "<script>const bad=[];\
+    for(const row of document.querySelectorAll('li.hit, article.message header')){\
+    const xs=[...row.children].filter(e=>e.tagName!=='P').map(e=>e.getBoundingClientRect().left);\
+    for(let i=1;i<xs.length;i++)if(xs[i]<xs[i-1])bad.push(row.tagName+':'+row.textContent.slice(0,60));}\
+    document.body.setAttribute('data-reordered',bad.join(' | ')||'none');</script>";
+
+#[test]
+fn a_bidi_override_in_a_session_never_reorders_the_pages_own_text() {
+    let Some(bin) = chromium_or_skip() else {
+        return;
+    };
+    let (dir, root) = demo_root();
+    // Right-to-left overrides (U+202E) left open in a title, a role and a message id: they
+    // must not turn the page's own text after them (role, position, time) around.
+    let batch = serde_json::json!({
+        "operation_id": "bidi",
+        "events": [
+            {"kind": "session/title", "payload": {"title": "Budget plan \u{202e}"}},
+            {"kind": "message/complete", "payload": {"message": {
+                "id": "r1\u{202e}", "role": "user", "content": "budget notes"}}},
+            {"kind": "message/complete", "payload": {"message": {
+                "id": "r2", "role": "us\u{202e}er", "content": "budget again"}}},
+        ],
+    });
+    append(&root, dir.path(), &batch, &["bidi", "--create"]);
+    let server = Server::start(&root, &[]);
+    for path in ["/?q=budget", "/sessions/bidi"] {
+        let reordered = laid_out(&bin, dir.path(), &server, path, REORDERED, "data-reordered");
+        assert_eq!(reordered, "none", "{path}");
     }
 }

@@ -53,6 +53,15 @@ fn session_file(s: &session_store::Session) -> std::path::PathBuf {
     s.dir().join("session.sqlite")
 }
 
+/// Bumps the lease generation of `s`'s file behind its back, as another writer's open
+/// would: `s`'s next write is fenced off.
+fn bump_lease(s: &session_store::Session) {
+    rusqlite::Connection::open(session_file(s))
+        .expect("sqlite")
+        .execute("UPDATE lease SET generation = generation + 1", [])
+        .expect("bump the lease");
+}
+
 #[test]
 fn a_missing_session_or_folder_is_not_found() {
     let (dir, root) = temp_root();
@@ -372,11 +381,7 @@ fn closed_fenced_and_poisoned_sessions_need_a_reopen() {
     let s = durable_session(&root, "fenced");
 
     // Another writer's lease (bumped behind this one's back) fences the next write off.
-    let other = rusqlite::Connection::open(session_file(&s)).expect("sqlite");
-    other
-        .execute("UPDATE lease SET generation = generation + 1", [])
-        .expect("bump the lease");
-    drop(other);
+    bump_lease(&s);
     s.append(Batch::new("op-1", vec![title("fenced")]))
         .expect("accepted in memory");
     let e = s.flush().expect_err("fenced");
@@ -536,4 +541,44 @@ fn a_session_ref_read_from_json_is_checked_as_new_checks_it() {
             "{bad}"
         );
     }
+}
+
+/// A session whose last write failed with an unknown outcome is poisoned; the close that
+/// releases it must not record the in-memory projection (which holds the commits never
+/// written) in the catalog: `list` would show them while the file does not hold them.
+#[tokio::test]
+async fn a_poisoned_close_records_nothing_unwritten_in_the_catalog() {
+    let (_dir, root) = manual_root();
+    let service = session_store::Service::new("local", root.clone()).expect("service");
+    let rt = service
+        .create(session_store::CreateOptions::with_id(id("poisoned")))
+        .await
+        .expect("create");
+    let s = rt.session().clone();
+    s.append(Batch::new("op-0", vec![title("durable")]))
+        .expect("append");
+    s.flush().expect("flush");
+
+    // Another lease fences the next write off: its outcome counts as unknown (poisoned).
+    bump_lease(&s);
+    s.append(Batch::new("op-1", vec![title("never written")]))
+        .expect("accepted in memory");
+    s.flush().expect_err("fenced");
+
+    let r = rt.session_ref().clone();
+    service
+        .close(&r)
+        .await
+        .expect_err("the close says it was poisoned");
+    service.close(&r).await.expect("then it is released");
+
+    let page = service.query().list(None, 50).await.expect("list");
+    let entry = page
+        .sessions
+        .iter()
+        .find(|e| e.session_ref.session_id.as_str() == "poisoned")
+        .expect("listed");
+    assert_eq!(entry.title, "durable", "{entry:?}");
+    assert_eq!(entry.durable_sequence, 1, "{entry:?}");
+    assert_eq!(entry.event_sequence, 1, "{entry:?}");
 }

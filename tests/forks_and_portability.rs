@@ -262,6 +262,24 @@ fn import_validates_and_publishes_atomically() {
     w.close().unwrap();
 }
 
+/// Exports session `src` of a root under `work`, three one-message commits (`op0`..`op2`,
+/// tool messages holding `content(i)`), to `work/bundle.sqlite`.
+fn export_of_three(work: &Path, content: impl Fn(usize) -> String) -> std::path::PathBuf {
+    let source = Root::open(work.join("source")).unwrap();
+    let s = create(&source, "src");
+    for i in 0..3 {
+        s.append(Batch::new(
+            format!("op{i}"),
+            vec![message(&format!("m{i}"), "tool", &content(i))],
+        ))
+        .unwrap();
+    }
+    s.close().unwrap();
+    let bundle = work.join("bundle.sqlite");
+    source.export(&id("src"), &bundle).unwrap();
+    bundle
+}
+
 fn tamper(bundle: &Path, name: &str, work: &Path, f: impl FnOnce(&Path)) -> std::path::PathBuf {
     let copy = work.join(name);
     std::fs::copy(bundle, &copy).unwrap();
@@ -279,22 +297,7 @@ fn sql(file: &Path, statements: &str) {
 #[test]
 fn import_refuses_damaged_files_and_leaves_nothing_behind() {
     let work = tempfile::tempdir().unwrap();
-    let source = Root::open(work.path().join("source")).unwrap();
-    let s = create(&source, "src");
-    for i in 0..3 {
-        s.append(Batch::new(
-            format!("op{i}"),
-            vec![message(
-                &format!("m{i}"),
-                "tool",
-                &format!("{i}").repeat(100_000),
-            )],
-        ))
-        .unwrap();
-    }
-    s.close().unwrap();
-    let bundle = work.path().join("bundle.sqlite");
-    source.export(&id("src"), &bundle).unwrap();
+    let bundle = export_of_three(work.path(), |i| format!("{i}").repeat(100_000));
     let len = std::fs::metadata(&bundle).unwrap().len();
 
     let bad = [
@@ -351,10 +354,76 @@ fn import_refuses_damaged_files_and_leaves_nothing_behind() {
         assert!(target.list_ids().unwrap().is_empty(), "{}", file.display());
         assert!(staging_is_empty(&target), "{}", file.display());
     }
+    // Lineage rows are what is wrong, not the ancestor they name being out of reach (the
+    // error used to be "inherits from elsewhere, which cannot be read: session <the
+    // file's grandparent folder>/elsewhere not found").
+    let err = target
+        .import(&bad[5], ImportOptions::default())
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidInput { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("not a self-contained export")
+            && err.to_string().contains("elsewhere"),
+        "{err}"
+    );
     assert_eq!(
         target.import(&bundle, ImportOptions::default()).unwrap(),
         id("src")
     );
+}
+
+/// Events that no commit row covers (its commit rows deleted, or a row added past the last
+/// commit) are part of no log: import used to publish what the commits named (an empty
+/// session when none was left) and `verify_file` called such a file sound.
+#[test]
+fn events_outside_every_commit_are_refused_by_import_and_verify() {
+    let work = tempfile::tempdir().unwrap();
+    let bundle = export_of_three(work.path(), |_| "hi".to_string());
+
+    let bad = [
+        tamper(&bundle, "no-commits", work.path(), |f| {
+            sql(
+                f,
+                "DELETE FROM commits; DELETE FROM turns; DELETE FROM history;",
+            )
+        }),
+        tamper(&bundle, "orphan-tail", work.path(), |f| {
+            sql(
+                f,
+                "INSERT INTO events (seq, kind, payload) VALUES (4, 'session/title', '{\"title\":\"x\"}');",
+            )
+        }),
+        tamper(&bundle, "orphan-zero", work.path(), |f| {
+            sql(
+                f,
+                "INSERT INTO events (seq, kind) VALUES (0, 'turn/start');",
+            )
+        }),
+    ];
+    let target = Root::open(work.path().join("target")).unwrap();
+    for file in &bad {
+        let before = std::fs::read(file).unwrap();
+        let err = session_store::verify_file(file).unwrap_err();
+        assert!(
+            matches!(err, Error::Corrupt { .. }),
+            "{}: verify gave {err:?}",
+            file.display()
+        );
+        let err = target.import(file, ImportOptions::default()).unwrap_err();
+        assert!(
+            matches!(err, Error::Corrupt { .. }),
+            "{}: import gave {err:?}",
+            file.display()
+        );
+        assert!(
+            err.to_string().contains("no commit"),
+            "{}: the error names the problem: {err}",
+            file.display()
+        );
+        assert!(target.list_ids().unwrap().is_empty(), "{}", file.display());
+        assert!(staging_is_empty(&target), "{}", file.display());
+        assert_eq!(std::fs::read(file).unwrap(), before, "{}", file.display());
+    }
 }
 
 /// Appends one turn with a large (blob) tool output.

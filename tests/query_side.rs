@@ -534,3 +534,29 @@ async fn history_cursors_with_trailing_parts_are_refused() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_content_ref_the_session_does_not_hold_is_named_quoted_and_clipped() {
+    let (_dir, service) = service();
+    let root = service.root().clone();
+    let s = root.create(CreateOptions::with_id(id("blobs"))).unwrap();
+    s.append(Batch::new("m", vec![message("m1", "user", "hello")]))
+        .unwrap();
+    s.close().unwrap();
+    let r = SessionRef::new("local", id("blobs")).unwrap();
+    let long = format!("\u{1b}[2J{}", "f".repeat(100_000));
+    for (digest, shown) in [
+        ("", "content \"\" does not belong"),
+        (long.as_str(), "\\u{1b}[2J"),
+    ] {
+        let e = service
+            .query()
+            .read_content(&r, &session_store::ContentRef::new(digest, 0, ""))
+            .await
+            .unwrap_err();
+        assert!(e.is_caller_error(), "{e}");
+        let text = e.to_string();
+        assert!(text.contains(shown), "{text}");
+        assert!(text.len() < 300 && !text.contains('\u{1b}'), "{text}");
+    }
+}

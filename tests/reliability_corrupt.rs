@@ -610,6 +610,9 @@ fn a_folder_holding_another_sessions_file_is_refused() {
         )
         .map(|_| ())
         .unwrap_err(),
+        // What `verify ID` and `restore` run: it used to be "sound" (`verify_file` on the
+        // folder, which a user may name as they like).
+        root.verify(&id("copy")).map(|_| ()).unwrap_err(),
     ];
     for e in &refused {
         assert!(e.is_corrupt(), "{e:?}");
@@ -618,6 +621,8 @@ fn a_folder_holding_another_sessions_file_is_refused() {
     assert!(!root.session_dir(&id("child")).exists());
     assert_eq!(std::fs::read(copy.join("session.sqlite")).unwrap(), before);
     assert!(root.open_reader(&id("original")).is_ok());
+    // The file itself, given by path, is the user's: an export-like file verifies.
+    session_store::verify_file(copy.join("session.sqlite")).unwrap();
 }
 
 /// A fork whose parent was restored from an older copy (it holds less than the fork's
@@ -631,12 +636,7 @@ fn a_fork_whose_parent_holds_less_than_its_range_fails_verify() {
     s.close().unwrap();
     let parent = root.session_dir(&id("parent"));
     let older = dir.path().join("older");
-    std::fs::create_dir_all(&older).unwrap();
-    for f in ["session.sqlite", "session.sqlite-wal"] {
-        if parent.join(f).exists() {
-            std::fs::copy(parent.join(f), older.join(f)).unwrap();
-        }
-    }
+    copy_session_files(&parent, &older);
     let s = root.open_writer(&id("parent")).unwrap();
     s.append(turn("op-2", "turn-2", "m2")).unwrap();
     s.close().unwrap();
@@ -654,13 +654,101 @@ fn a_fork_whose_parent_holds_less_than_its_range_fails_verify() {
     );
 
     // The parent restored from the copy taken before turn-2.
-    for f in ["session.sqlite", "session.sqlite-wal", "session.sqlite-shm"] {
-        let _ = std::fs::remove_file(parent.join(f));
-        if older.join(f).exists() {
-            std::fs::copy(older.join(f), parent.join(f)).unwrap();
-        }
-    }
+    put_back(&older, &parent);
     let e = session_store::verify_file(&child).unwrap_err();
     assert!(e.is_corrupt(), "{e:?}");
     assert!(e.to_string().contains("lineage range"), "{e}");
+}
+
+/// Copies a session folder's files (`session.sqlite` and its `-wal`) from `from` to `to`.
+fn copy_session_files(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for f in ["session.sqlite", "session.sqlite-wal"] {
+        if from.join(f).exists() {
+            std::fs::copy(from.join(f), to.join(f)).unwrap();
+        }
+    }
+}
+
+/// Replaces a session folder's files (its `-shm` removed) with the copy in `from`.
+fn put_back(from: &std::path::Path, to: &std::path::Path) {
+    for f in ["session.sqlite", "session.sqlite-wal", "session.sqlite-shm"] {
+        let _ = std::fs::remove_file(to.join(f));
+    }
+    copy_session_files(from, to);
+}
+
+/// A fork brought back from a copy (a backup, a replica: `restore --id`) after its parent
+/// was deleted and another session was made under the parent's id, with commits of the
+/// same sizes: the fork read the newcomer's events as its own history and `verify` called
+/// it sound. An ancestor must record the fork in its `dependents`; otherwise the fork is
+/// `Corrupt`.
+#[test]
+fn a_fork_whose_ancestor_is_another_session_under_its_id_fails_verify() {
+    let (dir, root) = temp_root();
+    let s = create(&root, "parent");
+    s.append(turn("op-1", "turn-1", "m1")).unwrap();
+    s.close().unwrap();
+    root.fork(
+        &id("parent"),
+        session_store::ForkPoint::AfterTurn("turn-1".into()),
+        Some(id("child")),
+    )
+    .unwrap();
+    let saved = dir.path().join("saved-child");
+    copy_session_files(&root.session_dir(&id("child")), &saved);
+    let cancel = session_store::CancelToken::new();
+    root.delete(&id("child"), &cancel).unwrap();
+    root.delete(&id("parent"), &cancel).unwrap();
+    // Another session under the parent's id, its first commit the same size.
+    let s = create(&root, "parent");
+    s.append(turn("other-op", "turn-1", "impostor")).unwrap();
+    s.close().unwrap();
+    copy_session_files(&saved, &root.session_dir(&id("child")));
+
+    let e = session_store::verify_file(root.session_dir(&id("child"))).unwrap_err();
+    assert!(e.is_corrupt(), "{e:?}");
+    assert!(
+        e.to_string()
+            .contains("from parent, which does not record it"),
+        "{e}"
+    );
+    let e = replay_file(root.session_dir(&id("child"))).unwrap_err();
+    assert!(e.is_corrupt(), "{e:?}");
+}
+
+/// A parent put back from a copy taken before the fork holds the whole range, but does not
+/// record the fork: a delete of it would not materialise the fork, so `verify` refuses the
+/// fork. A parent whose clock was ahead (imported from a host whose header says it was
+/// created after the fork) is still the fork's parent: creation times are not compared.
+#[test]
+fn a_fork_whose_ancestor_does_not_record_it_fails_verify() {
+    let (dir, root) = temp_root();
+    let s = create(&root, "parent");
+    s.append(turn("op-1", "turn-1", "m1")).unwrap();
+    s.close().unwrap();
+    let before_fork = dir.path().join("parent-before-fork");
+    copy_session_files(&root.session_dir(&id("parent")), &before_fork);
+    root.fork(
+        &id("parent"),
+        session_store::ForkPoint::AfterTurn("turn-1".into()),
+        Some(id("child")),
+    )
+    .unwrap();
+    assert!(session_store::verify_file(root.session_dir(&id("child"))).is_ok());
+    // The parent put back as it was before the fork: it holds the whole range, but a
+    // delete of it would not materialise the fork.
+    let created_later = dir.path().join("created-later");
+    copy_session_files(&root.session_dir(&id("parent")), &created_later);
+    put_back(&before_fork, &root.session_dir(&id("parent")));
+    let e = session_store::verify_file(root.session_dir(&id("child"))).unwrap_err();
+    assert!(e.is_corrupt(), "{e:?}");
+    assert!(e.to_string().contains("dependent"), "{e}");
+
+    put_back(&created_later, &root.session_dir(&id("parent")));
+    rusqlite::Connection::open(root.session_dir(&id("parent")).join("session.sqlite"))
+        .unwrap()
+        .execute("UPDATE header SET created_at = created_at + 86400000", [])
+        .unwrap();
+    session_store::verify_file(root.session_dir(&id("child"))).unwrap();
 }

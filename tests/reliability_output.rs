@@ -623,6 +623,68 @@ fn migrate_legacy_refuses_invalid_utf8_and_honours_head() {
 }
 
 #[test]
+fn migrate_legacy_names_the_line_of_a_duplicate_message_id() {
+    let env = Env::new();
+    let dup = env.path("dup.jsonl");
+    let text = "{\"id\":\"a\",\"role\":\"user\",\"content\":\"x\"}\n\
+                {\"id\":\"b\",\"role\":\"assistant\",\"content\":\"y\"}\n\
+                {\"id\":\"a\",\"role\":\"user\",\"content\":\"z\"}\n";
+    std::fs::write(&dup, text).expect("write");
+    let stderr = env.fails(&["migrate-legacy", dup.to_str().expect("path")], 6);
+    // Before: "invalid message/complete payload: duplicate message id", no line.
+    assert!(
+        stderr.contains("legacy line 3") && stderr.contains("\"a\"") && stderr.contains("line 1"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("message/complete"), "{stderr}");
+    assert!(
+        session_dirs(&env.path("root")).is_empty(),
+        "nothing published"
+    );
+}
+
+#[test]
+fn a_byte_order_mark_before_the_first_line_is_ignored() {
+    // RFC 8259 lets a parser ignore a leading BOM, and editors on Windows write one.
+    let env = Env::new();
+    env.ok(&["create", "s"]);
+    let line = r#"{"operation_id":"a","events":[{"kind":"diagnostic"}]}"#;
+    let out = env.run_bytes(&["append", "s"], format!("\u{feff}{line}\n").as_bytes());
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    assert_eq!(durable(&env, "s"), 1);
+    // Only before the first line: one inside the input is still not JSON.
+    let out = env.run_bytes(&["append", "s"], format!("\u{feff}{line}\n").as_bytes());
+    assert_eq!(code(&out), 0, "a retry: {}", describe(&out));
+    let second = r#"{"operation_id":"b","events":[{"kind":"diagnostic"}]}"#;
+    let out = env.run_bytes(
+        &["append", "s"],
+        format!("{line}\n\u{feff}{second}\n").as_bytes(),
+    );
+    assert_eq!(code(&out), 6, "{}", describe(&out));
+    assert_eq!(durable(&env, "s"), 1);
+
+    let legacy = env.path("bom.jsonl");
+    std::fs::write(
+        &legacy,
+        "\u{feff}{\"id\":\"a\",\"role\":\"user\",\"content\":\"x\"}\r\n",
+    )
+    .expect("write");
+    let record: serde_json::Value = serde_json::from_str(&env.ok(&[
+        "--json",
+        "migrate-legacy",
+        legacy.to_str().expect("path"),
+    ]))
+    .expect("json");
+    assert_eq!(record["message_count"], 1, "{record}");
+    let history = env.ok(&[
+        "--json",
+        "history",
+        record["target_id"].as_str().expect("id"),
+    ]);
+    assert!(history.contains(r#""message_id":"a""#), "{history}");
+}
+
+#[test]
 fn append_refuses_invalid_utf8_as_invalid_input_keeping_the_lines_before() {
     let env = Env::new();
     env.ok(&["create", "s"]);

@@ -416,6 +416,32 @@ fn replicate_then_restore_all_sessions() {
     );
     assert!(Root::open(&third).unwrap().list_ids().unwrap().is_empty());
 
+    // A replica folder holding another session's replica (copied or renamed by hand): its
+    // file names `beta`, so no command could open it under `beta-copy`. It used to be
+    // published ("verified", exit 0) and then skipped by every listing.
+    copy_tree(&replica.join("beta"), &replica.join("beta-copy"));
+    let fourth = work.path().join("fourth-host");
+    let out = cli(
+        &bin,
+        &[
+            "--root",
+            fourth.to_str().unwrap(),
+            "restore",
+            "--from",
+            &from,
+            "--id",
+            "beta-copy",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(6), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains("NOT restored beta-copy: verify failed: corrupt session store: session folder beta-copy holds the file of session beta"),
+        "{}",
+        text(&out)
+    );
+    assert!(Root::open(&fourth).unwrap().list_ids().unwrap().is_empty());
+
     println!(
         "replicated 5 sessions and stopped litestream in {replicated_at:.1?} (stop {stop:.1?}); \
          restore --all took {restore_took:.1?}; whole test {:.1?}",

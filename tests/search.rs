@@ -185,31 +185,32 @@ fn words_phrases_prefixes_tool_outputs_blobs_and_titles_are_found() {
     );
 }
 
+/// Session "parent" holding `events` in turn "t1", the index created, and its fork
+/// "child" after that turn (returned).
+fn parent_and_fork(root: &Root, events: Vec<session_store::Event>) -> session_store::SessionId {
+    let p = create(root, "parent");
+    let mut all = vec![session_store::Event::new("turn/start")];
+    all.extend(events);
+    all.push(turn_end("completed"));
+    p.append(Batch::new("p1", all).in_turn("t1"))
+        .expect("append");
+    p.close().expect("close");
+    assert!(search_all(root, "nothing", SearchOptions::default()).is_empty());
+    root.fork(
+        &id("parent"),
+        ForkPoint::AfterTurn("t1".into()),
+        Some(id("child")),
+    )
+    .expect("fork")
+}
+
 #[test]
 fn deleted_sessions_are_never_returned_and_forks_share_inherited_hits() {
     let (_dir, root) = temp_root();
-    let p = create(&root, "parent");
-    p.append(
-        Batch::new(
-            "p1",
-            vec![
-                session_store::Event::new("turn/start"),
-                message("p-u1", "user", "inherited walrus question"),
-                turn_end("completed"),
-            ],
-        )
-        .in_turn("t1"),
-    )
-    .expect("append");
-    p.close().expect("close");
-    assert!(search_all(&root, "nothing", SearchOptions::default()).is_empty());
-    let child = root
-        .fork(
-            &id("parent"),
-            ForkPoint::AfterTurn("t1".into()),
-            Some(id("child")),
-        )
-        .expect("fork");
+    let child = parent_and_fork(
+        &root,
+        vec![message("p-u1", "user", "inherited walrus question")],
+    );
     append(
         &root,
         "child",
@@ -1039,4 +1040,226 @@ fn append_new(root: &Root, name: &str, text: &str) {
         "n1",
         vec![message(&format!("{name}-1"), "user", text)],
     );
+}
+
+#[test]
+fn a_cursor_keeps_its_place_when_other_sessions_change_the_ranks() {
+    let (_dir, root) = temp_root();
+    // 20 hits of different weights (1-5 occurrences of the word), in one session.
+    let s = create(&root, "ranked");
+    let events = (0..20)
+        .map(|i| {
+            let words = vec!["kilo"; 1 + i % 5].join(" ");
+            message(&format!("k{i}"), "user", &format!("{words} filler {i}"))
+        })
+        .collect();
+    s.append(Batch::new("k", events)).expect("append");
+    s.close().expect("close");
+    let service = Service::new("local", root.clone()).expect("service");
+    let rt = rt();
+    let first = rt
+        .block_on(
+            service
+                .query()
+                .search("kilo", SearchOptions::default().with_limit(5)),
+        )
+        .expect("first page");
+    let mut seen: Vec<String> = first.hits.iter().map(|h| h.message_id.clone()).collect();
+    // Another session's messages change every row's bm25 (the word got rarer): the rest
+    // of the hits still follow the cursor, each once.
+    let other = create(&root, "unrelated");
+    let events = (0..300)
+        .map(|i| message(&format!("u{i}"), "user", &format!("unrelated text {i}")))
+        .collect();
+    other.append(Batch::new("u", events)).expect("append");
+    other.close().expect("close");
+    let mut cursor = first.next_cursor;
+    while let Some(c) = cursor {
+        let page = rt
+            .block_on(service.query().search(
+                "kilo",
+                SearchOptions::default().with_limit(5).with_cursor(c),
+            ))
+            .expect("next page");
+        seen.extend(page.hits.iter().map(|h| h.message_id.clone()));
+        cursor = page.next_cursor;
+    }
+    let distinct: BTreeSet<&String> = seen.iter().collect();
+    assert_eq!((seen.len(), distinct.len()), (20, 20), "{seen:?}");
+}
+
+#[test]
+fn a_forks_inherited_title_is_found_after_its_parent_is_renamed() {
+    let (_dir, root) = temp_root();
+    parent_and_fork(
+        &root,
+        vec![
+            title("Quokka migration plan"),
+            message("p-u1", "user", "first question"),
+        ],
+    );
+    // One title hit, the parent's, shared with the fork.
+    let hits = search_all(&root, "quokka", SearchOptions::default());
+    assert_eq!(at(&hits), [("parent".into(), 0)]);
+    assert_eq!(hits[0].shared_with.len(), 1);
+    // The parent is renamed: the fork keeps the title it inherited (as `list` shows), and
+    // search still finds it there, once; the parent's new title under the parent.
+    root.rename(&id("parent"), "Wombat plan").expect("rename");
+    let titles = |root: &Root| {
+        root.list(None, 10)
+            .expect("list")
+            .entries
+            .into_iter()
+            .map(|e| (e.session_id.to_string(), e.title))
+            .collect::<Vec<_>>()
+    };
+    assert!(titles(&root).contains(&("child".into(), "Quokka migration plan".into())));
+    let check = |root: &Root| {
+        let hits = search_all(root, "quokka", SearchOptions::default());
+        assert_eq!(at(&hits), [("child".into(), 0)]);
+        assert_eq!(hits[0].title, "Quokka migration plan");
+        assert!(hits[0].shared_with.is_empty());
+        let own = search_all(
+            root,
+            "quokka",
+            SearchOptions::default().with_session(id("child")),
+        );
+        assert_eq!(at(&own), [("child".into(), 0)]);
+        assert_eq!(
+            at(&search_all(root, "wombat", SearchOptions::default())),
+            [("parent".into(), 0)]
+        );
+    };
+    check(&root);
+    root.rebuild_catalog().expect("rebuild");
+    check(&root);
+}
+
+#[test]
+fn cli_search_shows_a_hostile_role_escaped() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "roles");
+    s.append(Batch::new(
+        "r",
+        vec![message(
+            "r1",
+            "us\u{1b}]0;pwned\u{7}er",
+            "zanzibar in a message",
+        )],
+    ))
+    .expect("append");
+    s.close().expect("close");
+    let out = bin()
+        .arg("--root")
+        .arg(root.path())
+        .args(["search", "zanzibar"])
+        .output()
+        .expect("run");
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // Escaped as `history` shows it, never sent to the terminal raw.
+    assert!(
+        !stdout.contains('\u{1b}') && !stdout.contains('\u{7}'),
+        "{stdout:?}"
+    );
+    assert!(stdout.contains("us\\u{1b}]0;pwned\\u{7}er"), "{stdout}");
+}
+
+#[test]
+fn a_snippet_shows_and_marks_a_word_matched_without_its_diacritics() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "accents");
+    let long = (0..60).map(|i| format!("word{i}")).collect::<Vec<_>>();
+    s.append(Batch::new(
+        "a",
+        vec![
+            message("a1", "user", &format!("{} résumé and more", long.join(" "))),
+            // Precomposed, and `e` + U+0301 (decomposed), and a dotted capital I.
+            message("a2", "user", "café then cafe\u{301} in İstanbul"),
+        ],
+    ))
+    .expect("append");
+    s.close().expect("close");
+    let marked = |query: &str, id: &str| -> (String, Vec<String>) {
+        let hits = search_all(&root, query, SearchOptions::default());
+        let hit = hits
+            .iter()
+            .find(|h| h.message_id == id)
+            .unwrap_or_else(|| panic!("{query:?} does not find {id}"));
+        let text = hit.snippet.text.clone();
+        let words = hit
+            .snippet
+            .matches
+            .iter()
+            .map(|m| text[m.clone()].to_owned())
+            .collect();
+        (text, words)
+    };
+    // The word found is in the snippet (not the first 24 words of the message), marked.
+    let (text, words) = marked("resume", "a1");
+    assert!(text.contains("résumé"), "{text}");
+    assert_eq!(words, ["résumé"]);
+    let (_, words) = marked("cafe", "a2");
+    assert_eq!(words, ["café", "cafe\u{301}"]);
+    let (_, words) = marked("CAFÉ", "a2");
+    assert_eq!(words, ["café", "cafe\u{301}"]);
+    let (_, words) = marked("istanbul", "a2");
+    assert_eq!(words, ["İstanbul"]);
+}
+
+#[test]
+fn a_fork_that_replaced_an_inherited_message_is_not_said_to_hold_it() {
+    let (_dir, root) = temp_root();
+    let child = parent_and_fork(
+        &root,
+        vec![
+            message("p-u1", "user", "inherited dugong question"),
+            message("p-u2", "user", "inherited manatee answer"),
+        ],
+    );
+    // A second fork keeps both; the first replaces one (an upsert of the same message)
+    // and then its whole transcript (a compaction).
+    root.fork(
+        &id("parent"),
+        ForkPoint::AfterTurn("t1".into()),
+        Some(id("keeper")),
+    )
+    .expect("fork");
+    let forks = |query: &str| -> Vec<String> {
+        let hits = search_all(&root, query, SearchOptions::default());
+        assert_eq!(hits.len(), 1, "{query}");
+        hits[0]
+            .shared_with
+            .iter()
+            .map(|r| r.session_id.to_string())
+            .collect()
+    };
+    let in_child = |query: &str| {
+        search_all(
+            &root,
+            query,
+            SearchOptions::default().with_session(child.clone()),
+        )
+        .len()
+    };
+    assert_eq!(forks("dugong"), ["child", "keeper"]);
+    let upsert = session_store::Event::new("message/upsert")
+        .with_payload(&json!({"message": {"id": "p-u1", "role": "user", "content": "edited"}}))
+        .expect("payload");
+    append(&root, "child", "c1", vec![upsert]);
+    assert_eq!(forks("dugong"), ["keeper"]);
+    assert_eq!(in_child("dugong"), 0);
+    assert_eq!(forks("manatee"), ["child", "keeper"]);
+    assert_eq!(in_child("manatee"), 1);
+    let compact = session_store::Event::new("history/replace")
+        .with_payload(&json!({"messages": [{"id": "s", "role": "user", "content": "summary"}]}))
+        .expect("payload");
+    append(&root, "child", "c2", vec![compact]);
+    assert_eq!(forks("manatee"), ["keeper"]);
+    assert_eq!(in_child("manatee"), 0);
+    // The same after a rebuild.
+    root.rebuild_catalog().expect("rebuild");
+    assert_eq!(forks("dugong"), ["keeper"]);
+    assert_eq!(forks("manatee"), ["keeper"]);
+    assert_eq!(in_child("manatee") + in_child("dugong"), 0);
 }

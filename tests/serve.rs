@@ -14,6 +14,16 @@ use serde_json::{Value, json};
 use serve_support::{DEMO, Server, cli, demo_root};
 use session_store::{Batch, CreateOptions, Event, Root, SessionId, StoreOptions};
 
+/// The transcript positions of a history page's messages (JSON), in order.
+fn positions(page: &Value) -> Vec<u64> {
+    page["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| m["position"].as_u64().expect("position"))
+        .collect()
+}
+
 #[test]
 fn pages_and_api_over_the_demo_root() {
     let (_dir, root) = demo_root();
@@ -156,14 +166,6 @@ fn pages_and_api_over_the_demo_root() {
     let newest = server
         .ok("/api/sessions/demo-flaky-test/history?limit=3")
         .json();
-    let positions = |page: &Value| -> Vec<u64> {
-        page["messages"]
-            .as_array()
-            .expect("messages")
-            .iter()
-            .map(|m| m["position"].as_u64().expect("position"))
-            .collect()
-    };
     let top = positions(&newest);
     assert_eq!(top.len(), 3);
     assert_eq!(newest["turns"][0]["turn_id"], "turn-2");
@@ -624,13 +626,7 @@ fn a_permalink_opens_the_page_that_holds_its_message() {
     let page = server.ok("/sessions/long?at=3").body;
     assert!(page.contains("id=\"m3\"") && page.contains("href=\"/sessions/long?at=3#m3\""));
     let api = server.ok("/api/sessions/long/history?at=3").json();
-    let positions: Vec<u64> = api["messages"]
-        .as_array()
-        .expect("messages")
-        .iter()
-        .map(|m| m["position"].as_u64().expect("position"))
-        .collect();
-    assert_eq!(positions, (1..=8).collect::<Vec<u64>>());
+    assert_eq!(positions(&api), (1..=8).collect::<Vec<u64>>());
     let api = server
         .ok("/api/sessions/long/history?at=100&limit=10")
         .json();
@@ -642,6 +638,19 @@ fn a_permalink_opens_the_page_that_holds_its_message() {
         ))
         .json();
     assert_eq!(next["messages"][9]["position"], 95);
+    // However small the page, it holds the message its link names.
+    for limit in 1..=6 {
+        let api = server
+            .ok(&format!("/api/sessions/long/history?at=50&limit={limit}"))
+            .json();
+        let positions = positions(&api);
+        assert!(positions.contains(&50), "limit {limit}: {positions:?}");
+        assert_eq!(positions.len(), limit as usize);
+        let page = server
+            .ok(&format!("/sessions/long?at=50&limit={limit}"))
+            .body;
+        assert!(page.contains("id=\"m50\""), "limit {limit}");
+    }
     // Past the end: the newest page; not a position: 400.
     assert_eq!(
         server.ok("/api/sessions/long/history?at=999").json()["messages"][49]["position"],
@@ -655,6 +664,88 @@ fn a_permalink_opens_the_page_that_holds_its_message() {
             400
         );
     }
+}
+
+#[test]
+fn every_search_hit_links_to_a_page_that_opens() {
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    // "test" is in a title (position 0) and in messages of the demo.
+    let api = server.ok("/api/search?q=test&limit=100").json();
+    let hits = api["hits"].as_array().expect("hits");
+    assert!(hits.iter().any(|h| h["position"] == 0), "{api}");
+    assert!(
+        hits.iter().any(|h| h["position"].as_u64() > Some(0)),
+        "{api}"
+    );
+    let page = server.ok("/?q=test&limit=100").body;
+    let links: Vec<&str> = page
+        .split("<li class=\"hit\"><a href=\"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .collect();
+    assert_eq!(links.len(), hits.len(), "{page}");
+    for link in links {
+        let link = link.replace("&amp;", "&");
+        let (path, anchor) = link.split_once('#').unwrap_or((&link, ""));
+        let reply = server.get(path);
+        assert_eq!(reply.status, 200, "{link}: {}", reply.body);
+        // A message's link opens the page holding it, scrolled to its anchor.
+        if !anchor.is_empty() {
+            assert!(reply.body.contains(&format!("id=\"{anchor}\"")), "{link}");
+        }
+    }
+}
+
+#[test]
+fn next_page_links_keep_the_page_size_asked_for() {
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    // The href of the link whose text starts with `label`, `&amp;` decoded.
+    let link = |page: &str, label: &str| -> String {
+        let before = page
+            .split(&format!("\">{label}"))
+            .next()
+            .filter(|b| b.len() < page.len())
+            .unwrap_or_else(|| panic!("no {label:?} link: {page}"));
+        before
+            .rsplit("href=\"")
+            .next()
+            .expect("href")
+            .replace("&amp;", "&")
+    };
+    // Sessions: 8 in pages of 3.
+    let next = link(&server.ok("/?limit=3").body, "Next page");
+    assert!(next.contains("limit=3"), "{next}");
+    assert_eq!(
+        server
+            .ok(&next)
+            .body
+            .matches("<tr class=\"session\">")
+            .count(),
+        3
+    );
+    // Search hits of "test" in pages of 2.
+    let next = link(&server.ok("/?q=test&limit=2").body, "More hits");
+    assert!(next.contains("limit=2"), "{next}");
+    assert_eq!(
+        server.ok(&next).body.matches("<li class=\"hit\">").count(),
+        2
+    );
+    // A transcript in pages of 2 messages.
+    let next = link(
+        &server.ok("/sessions/demo-flaky-test?limit=2").body,
+        "Older messages",
+    );
+    assert!(next.contains("limit=2"), "{next}");
+    assert_eq!(
+        server
+            .ok(&next)
+            .body
+            .matches("<article class=\"message")
+            .count(),
+        2
+    );
 }
 
 /// Asserts `reply` is the server's own error body with `status`: JSON `{"error", "status"}`

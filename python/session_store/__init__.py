@@ -37,6 +37,7 @@ import functools
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 from . import _native
@@ -107,6 +108,26 @@ def encode_json(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError, RecursionError) as e:
         raise InvalidInput(f"invalid input: value is not JSON-able: {e}") from None
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _epoch_ms(when: datetime | None) -> int | None:
+    """``when`` as whole milliseconds since the Unix epoch; a naive datetime (no timezone:
+    local time or UTC?) or another type raises :class:`InvalidInput`."""
+    if when is None:
+        return None
+    if not isinstance(when, datetime):
+        raise InvalidInput(
+            f"invalid input: since must be a datetime.datetime, not {type(when).__name__}"
+        )
+    if when.utcoffset() is None:
+        raise InvalidInput(
+            "invalid input: since is a naive datetime; give it a timezone "
+            "(e.g. datetime.timezone.utc)"
+        )
+    return (when - _EPOCH) // timedelta(milliseconds=1)
 
 
 def _native_args(fn: Callable[..., _T]) -> Callable[..., _T]:
@@ -386,6 +407,38 @@ class Root:
         return json.loads(self._native.history(session_id, cursor, limit))
 
     @_native_args
+    def search(
+        self,
+        query: str,
+        *,
+        limit: int = 10,
+        cursor: str | None = None,
+        session: str | None = None,
+        cwd: str | None = None,
+        since: datetime | None = None,
+        role: str | None = None,
+    ) -> dict[str, Any]:
+        """Full-text search over every session of the root (durable messages and titles),
+        best first: ``{"hits": [{"session_ref", "title", "position", "message_id", "role",
+        "snippet": {"text", "matches": [{"start", "end"}]}, "rank", "time_ms",
+        "shared_with"}], "next_cursor"}``. ``snippet["text"][m["start"]:m["end"]]`` is a
+        matching word. Pass ``next_cursor`` back as ``cursor`` (with the same query and
+        filters) for the next page; ``limit`` is at most 100 (0 gives 10, as in
+        :meth:`list` 0 gives the default).
+
+        The query syntax is the CLI's: words (all must match), ``"a phrase"``, ``prefix*``,
+        ``OR``, ``NOT``, parentheses. Filters combine: ``session`` (its own messages and
+        those it inherits), ``cwd`` (sessions created with that working directory),
+        ``since`` (messages committed at or after it: a timezone-aware
+        :class:`datetime.datetime`), ``role`` (``user``, ``assistant``, ``tool``, …;
+        ``title`` for titles). A malformed query raises :class:`InvalidInput` with the
+        reason.
+        """
+        return json.loads(
+            self._native.search(query, cursor, limit, session, cwd, _epoch_ms(since), role)
+        )
+
+    @_native_args
     def transcript(self, session_id: str) -> list[dict[str, Any]]:
         """The whole durable transcript, oldest first."""
         return json.loads(self._native.transcript(session_id))
@@ -446,6 +499,15 @@ class Root:
         return self._native.import_file(_fspath(path), session_id, cwd)
 
     @_native_args
+    def rename(self, session_id: str, title: str) -> None:
+        """Sets the session's title (a ``session/title`` event written as its writer, durable
+        when this returns; :meth:`list` and :meth:`search` show it at once). A blank title
+        raises :class:`InvalidInput`; a session another writer has (a :class:`Session` of
+        this process included: append the event there instead) raises
+        :class:`WriterOwned`."""
+        self._native.rename(session_id, title)
+
+    @_native_args
     def delete(self, session_id: str, *, wait: float = 10.0) -> None:
         """Deletes a session; forks of it keep their history. Waits at most ``wait`` seconds
         for its writer, then raises :class:`Cancelled` (nothing deleted)."""
@@ -476,6 +538,29 @@ class Root:
         """:meth:`history` in a worker thread."""
         return await _to_thread(self.history, session_id, cursor, limit)
 
+    async def asearch(
+        self,
+        query: str,
+        *,
+        limit: int = 10,
+        cursor: str | None = None,
+        session: str | None = None,
+        cwd: str | None = None,
+        since: datetime | None = None,
+        role: str | None = None,
+    ) -> dict[str, Any]:
+        """:meth:`search` in a worker thread."""
+        return await _to_thread(
+            self.search,
+            query,
+            limit=limit,
+            cursor=cursor,
+            session=session,
+            cwd=cwd,
+            since=since,
+            role=role,
+        )
+
     async def atranscript(self, session_id: str) -> list[dict[str, Any]]:
         """:meth:`transcript` in a worker thread."""
         return await _to_thread(self.transcript, session_id)
@@ -499,6 +584,10 @@ class Root:
     ) -> str:
         """:meth:`import_file` in a worker thread."""
         return await _to_thread(self.import_file, path, session_id=session_id, cwd=cwd)
+
+    async def arename(self, session_id: str, title: str) -> None:
+        """:meth:`rename` in a worker thread."""
+        await _to_thread(self.rename, session_id, title)
 
     async def adelete(self, session_id: str, *, wait: float = 10.0) -> None:
         """:meth:`delete` in a worker thread."""

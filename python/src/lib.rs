@@ -20,8 +20,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use serde::Serialize;
 use session_store::{
-    Batch, CancelToken, CreateOptions, Durability, Error, ForkPoint, ImportOptions, Service,
-    SessionId, SessionQuery, SessionReader, StoreOptions,
+    Batch, CancelToken, CreateOptions, Durability, Error, ForkPoint, ImportOptions, SearchOptions,
+    Service, SessionId, SessionQuery, SessionReader, Snippet, StoreOptions,
 };
 
 create_exception!(
@@ -214,8 +214,23 @@ fn invalid_from(what: &str, source: serde_json::Error) -> Error {
 
 /// `value` as JSON text.
 fn json<T: Serialize>(value: &T) -> session_store::Result<String> {
-    serde_json::to_string(value)
-        .map_err(|e| invalid_from("value cannot be encoded as JSON", e))
+    serde_json::to_string(value).map_err(|e| invalid_from("value cannot be encoded as JSON", e))
+}
+
+/// `snippet` with its matches as indices of characters (Python's `str` indices) instead
+/// of bytes. The library's ranges fall on character boundaries; one that would not is
+/// dropped rather than misplaced.
+fn char_indexed(snippet: Snippet) -> Snippet {
+    let chars_before = |byte: usize| snippet.text.get(..byte).map(|s| s.chars().count());
+    let matches = snippet
+        .matches
+        .iter()
+        .filter_map(|m| Some(chars_before(m.start)?..chars_before(m.end)?))
+        .collect();
+    Snippet {
+        matches,
+        text: snippet.text,
+    }
 }
 
 /// A session id from a Python string (validated by the library).
@@ -351,6 +366,46 @@ impl Root {
     fn list(&self, py: Python<'_>, cursor: Option<String>, limit: usize) -> NativeResult<String> {
         detached(py, || {
             let page = self.run(self.query().list(cursor.as_deref(), limit))?;
+            json(&page)
+        })
+    }
+
+    /// One page of full-text search hits over every session of the root, best first (JSON
+    /// of a `SearchPage`; each snippet's `matches` are Python string indices, not bytes).
+    #[pyo3(signature = (query, cursor=None, limit=10, session=None, cwd=None, since_ms=None, role=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn search(
+        &self,
+        py: Python<'_>,
+        query: &str,
+        cursor: Option<String>,
+        limit: usize,
+        session: Option<String>,
+        cwd: Option<String>,
+        since_ms: Option<i64>,
+        role: Option<String>,
+    ) -> NativeResult<String> {
+        detached(py, || {
+            let mut options = SearchOptions::default().with_limit(limit);
+            if let Some(cursor) = cursor {
+                options = options.with_cursor(cursor);
+            }
+            if let Some(session) = session {
+                options = options.with_session(self::session_id(&session)?);
+            }
+            if let Some(cwd) = cwd {
+                options = options.with_cwd(cwd);
+            }
+            if let Some(ms) = since_ms {
+                options = options.with_since(ms);
+            }
+            if let Some(role) = role {
+                options = options.with_role(role);
+            }
+            let mut page = self.run(self.query().search(query, options))?;
+            for hit in &mut page.hits {
+                hit.snippet = char_indexed(std::mem::take(&mut hit.snippet));
+            }
             json(&page)
         })
     }
@@ -504,6 +559,15 @@ impl Root {
                 .root()
                 .session_dir(&self::session_id(session_id)?);
             verified_json(session_store::verify_file(dir)?)
+        })
+    }
+
+    /// Sets a session's title as its writer (a `session/title` event; `WriterOwned` while
+    /// another writer, in this process or another, has it).
+    fn rename(&self, py: Python<'_>, session_id: &str, title: &str) -> NativeResult<()> {
+        detached(py, || {
+            let id = self::session_id(session_id)?;
+            self.service.root().rename(&id, title)
         })
     }
 

@@ -8,6 +8,7 @@ import json
 import os
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -425,3 +426,89 @@ def test_long_transcripts_read_in_parts_in_order(root):
     assert reader.messages() == everything
     for limit in (2000, 2001, 4000, 4499, 4500, 10_000):
         assert reader.messages(limit) == everything[-limit:], limit
+
+
+def test_search_finds_words_with_filters_and_pages(root):
+    with root.create("alpha", cwd="/work/a") as s:
+        s.append(
+            turn(
+                "t1",
+                msg(1, "user", "the café by the harbour opened"),
+                msg(2, "assistant", "harbour lights"),
+            ),
+            operation_id="op-1",
+            turn_id="t1",
+        )
+    with root.create("beta", cwd="/work/b") as s:
+        s.append(turn("t1", msg(3, "user", "a harbour seal")), operation_id="op-1", turn_id="t1")
+
+    found = root.search("harbour")
+    assert {(h["session_ref"]["session_id"], h["message_id"]) for h in found["hits"]} == {
+        ("alpha", "m1"),
+        ("alpha", "m2"),
+        ("beta", "m3"),
+    }
+    assert found["next_cursor"] is None
+    # Matches index the snippet as a Python str: the "é" before the word is one character
+    # (two bytes).
+    m1 = next(h for h in found["hits"] if h["message_id"] == "m1")
+    text = m1["snippet"]["text"]
+    assert [text[m["start"] : m["end"]] for m in m1["snippet"]["matches"]] == ["harbour"]
+    assert m1["role"] == "user" and m1["position"] == 1 and m1["time_ms"] > 0
+
+    assert [h["message_id"] for h in root.search("harbour", role="assistant")["hits"]] == ["m2"]
+    assert [h["message_id"] for h in root.search("harbour", cwd="/work/b")["hits"]] == ["m3"]
+    assert {h["message_id"] for h in root.search("harbour", session="alpha")["hits"]} == {
+        "m1",
+        "m2",
+    }
+    assert [h["message_id"] for h in root.search('"harbour seal"')["hits"]] == ["m3"]
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    assert root.search("harbour", since=later)["hits"] == []
+    earlier = datetime.now(timezone.utc) - timedelta(hours=1)
+    assert len(root.search("harbour", since=earlier)["hits"]) == 3
+
+    # One hit a page, every hit once.
+    seen, cursor = [], None
+    while True:
+        page = root.search("harbour", limit=1, cursor=cursor)
+        seen += [h["message_id"] for h in page["hits"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert sorted(seen) == ["m1", "m2", "m3"]
+    assert asyncio.run(root.asearch("seal"))["hits"][0]["message_id"] == "m3"
+
+    for bad in [
+        lambda: root.search('"unclosed'),
+        lambda: root.search(""),
+        lambda: root.search("harbour", limit=101),
+        lambda: root.search("harbour", since=datetime(2026, 1, 1)),  # naive: which zone?
+        lambda: root.search("harbour", since=1767225600),  # a number: seconds or ms?
+        lambda: root.search("harbour", cursor="s1.x"),
+        lambda: root.search("harbour", session="../x"),
+    ]:
+        with pytest.raises(InvalidInput):
+            bad()
+
+
+def test_rename_sets_the_title_that_list_and_search_show(root):
+    with root.create("chat") as s:
+        s.append(turn("t1", msg(1)), operation_id="op-1", turn_id="t1")
+        with pytest.raises(WriterOwned):
+            root.rename("chat", "Taken")  # this process's own writer has it
+    root.rename("chat", "Harbour plans")
+    assert [x["title"] for x in root.list()["sessions"]] == ["Harbour plans"]
+    hits = root.search("harbour", role="title")["hits"]
+    assert [(h["session_ref"]["session_id"], h["position"]) for h in hits] == [("chat", 0)]
+    asyncio.run(root.arename("chat", "Second title"))
+    assert root.list()["sessions"][0]["title"] == "Second title"
+    durable = root.events("chat")["next"]
+    for args, error in [
+        (("chat", "  "), InvalidInput),
+        (("nope", "x"), NotFound),
+        (("../x", "x"), InvalidInput),
+    ]:
+        with pytest.raises(error):
+            root.rename(*args)
+    assert root.events("chat")["next"] == durable

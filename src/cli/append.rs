@@ -146,11 +146,17 @@ fn create_with_first(
 }
 
 /// Line `n` (0-based) of the input; one that is not UTF-8 is bad input (status 6), not a
-/// failed read.
+/// failed read. A byte order mark before the first line is dropped (RFC 8259 lets a
+/// parser ignore it, and editors on Windows write one); anywhere else it stays, and is
+/// not JSON.
 fn read_line(n: usize, line: std::io::Result<String>) -> CliResult<String> {
-    line.map_err(|e| match e.kind() {
+    let line = line.map_err(|e| match e.kind() {
         std::io::ErrorKind::InvalidData => Failure::invalid(format!("line {} is not UTF-8", n + 1)),
         _ => Failure::context(format!("read line {}", n + 1), &e),
+    })?;
+    Ok(match line.strip_prefix('\u{feff}') {
+        Some(rest) if n == 0 => rest.to_owned(),
+        _ => line,
     })
 }
 

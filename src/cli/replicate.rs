@@ -622,7 +622,7 @@ fn restore_into(
     // that listing the root never trips over it.
     let mut restored: Vec<Restored> = Vec::new();
     for (id, ancestors) in published {
-        match session_store::verify_file(root.session_dir(&id)) {
+        match root.verify(&id) {
             Ok(verified) => restored.push(Restored {
                 session_id: id,
                 commits: verified.commits,

@@ -74,7 +74,7 @@ fn print_page(page: &SearchPage, terminal: bool) -> CliResult<()> {
             "{} #{} {} {}{title}",
             hit.session_ref.session_id,
             hit.position,
-            hit.role.as_deref().unwrap_or("-"),
+            printable(hit.role.as_deref().unwrap_or("-")),
             utc(hit.time_ms),
         );
         if !hit.shared_with.is_empty() {

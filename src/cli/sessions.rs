@@ -692,18 +692,18 @@ pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
     }
 }
 
-/// The session folder or file `verify` checks: a session of the root when `target` names
-/// one, else a path.
-fn verify_target(cx: &Context, target: &str) -> CliResult<PathBuf> {
+/// The session folder or file `verify` checks, with the session id when `target` names a
+/// session of the root (checked as the root opens it), else a path.
+fn verify_target(cx: &Context, target: &str) -> CliResult<(PathBuf, Option<SessionId>)> {
     if let Ok(id) = SessionId::new(target) {
         let dir = cx.root.join(id.as_str());
         if dir.join(SESSION_FILE).is_file() {
-            return Ok(dir);
+            return Ok((dir, Some(id)));
         }
     }
     let path = PathBuf::from(target);
     if path.exists() {
-        return Ok(path);
+        return Ok((path, None));
     }
     Err(Failure::with_code(
         EXIT_NOT_FOUND,
@@ -716,9 +716,12 @@ fn verify_target(cx: &Context, target: &str) -> CliResult<PathBuf> {
 
 /// `verify (ID | FILE)`.
 pub fn verify(cx: &Context, target: &str) -> CliResult<()> {
-    let path = verify_target(cx, target)?;
+    let (path, id) = verify_target(cx, target)?;
     let bar = spinner(&format!("verifying {}", path.display()));
-    let replayed = session_store::verify_file(&path);
+    let replayed = match &id {
+        Some(id) => cx.open_root()?.verify(id),
+        None => session_store::verify_file(&path),
+    };
     bar.finish_and_clear();
     let replay = match replayed {
         Ok(replay) => replay,

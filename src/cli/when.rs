@@ -16,33 +16,65 @@ const UNITS: [(&str, u64); 5] = [
 /// The longest duration accepted: 100 years.
 const MAX_SECONDS: u64 = 100 * 365 * 86_400;
 
+/// Why a text is not a duration.
+enum NotADuration {
+    /// Not a whole number and a unit.
+    Malformed,
+    /// A duration over [`MAX_SECONDS`].
+    TooLong,
+}
+
+impl NotADuration {
+    fn message(&self, text: &str) -> String {
+        match self {
+            NotADuration::Malformed => {
+                format!("{text:?} is not a duration like 90s, 45m, 12h, 7d or 2w")
+            }
+            NotADuration::TooLong => format!("{text:?} is longer than 100 years"),
+        }
+    }
+}
+
 /// A duration: a whole number and a unit `s`, `m`, `h`, `d` or `w` (`7d`), at most 100
 /// years.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let bad = || format!("{text:?} is not a duration like 90s, 45m, 12h, 7d or 2w");
-    let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+    duration(text).map_err(|e| e.message(text))
+}
+
+fn duration(text: &str) -> Result<Duration, NotADuration> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or(NotADuration::Malformed)?;
     let (number, unit) = text.split_at(split);
     let per = UNITS
         .iter()
         .find(|(u, _)| *u == unit)
         .map(|(_, per)| *per)
-        .ok_or_else(bad)?;
-    let n: u64 = number.parse().map_err(|_| bad())?;
+        .ok_or(NotADuration::Malformed)?;
+    if number.is_empty() {
+        return Err(NotADuration::Malformed);
+    }
+    // All digits: a number that does not fit in 64 bits is too long as well.
+    let n: u64 = number.parse().map_err(|_| NotADuration::TooLong)?;
     match n.checked_mul(per) {
         Some(secs) if secs <= MAX_SECONDS => Ok(Duration::from_secs(secs)),
-        _ => Err(format!("{text:?} is longer than 100 years")),
+        _ => Err(NotADuration::TooLong),
     }
 }
 
 /// A point in time for `--since`, as ms since the Unix epoch: a duration back from now
 /// (`7d`), a UTC date (`2026-12-01`) or date and time (`2026-12-01T08:30[:00][Z]`).
 pub fn parse_since(text: &str) -> Result<i64, String> {
-    if let Ok(ago) = parse_duration(text) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_err(|e| format!("the clock is before 1970: {e}"))?;
-        let ms = now.saturating_sub(ago).as_millis();
-        return i64::try_from(ms).map_err(|_| format!("{text:?} is out of range"));
+    match duration(text) {
+        Ok(ago) => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_err(|e| format!("the clock is before 1970: {e}"))?;
+            let ms = now.saturating_sub(ago).as_millis();
+            return i64::try_from(ms).map_err(|_| format!("{text:?} is out of range"));
+        }
+        Err(e @ NotADuration::TooLong) => return Err(e.message(text)),
+        Err(NotADuration::Malformed) => {}
     }
     parse_utc(text).ok_or_else(|| {
         format!(
@@ -148,5 +180,15 @@ mod tests {
             assert_eq!(parse_utc(bad), None, "{bad:?}");
         }
         assert!(parse_since("1d").is_ok_and(|ms| ms > 0));
+        // A duration too long says so, as `gc --older-than` does (it said "neither a
+        // duration nor a UTC date").
+        for long in ["99999999999d", "99999999999999999999d", "5300w"] {
+            let e = parse_since(long).expect_err(long);
+            assert!(e.contains("longer than 100 years"), "{e}");
+            let e = parse_duration(long).expect_err(long);
+            assert!(e.contains("longer than 100 years"), "{e}");
+        }
+        let e = parse_duration("7y").expect_err("7y");
+        assert!(e.contains("not a duration"), "{e}");
     }
 }

@@ -10,6 +10,8 @@
 use std::ops::Range;
 
 use serde_json::Value;
+use unicode_normalization::UnicodeNormalization;
+use unicode_normalization::char::is_combining_mark;
 
 use crate::error::{Error, Result};
 use crate::model::Message;
@@ -69,9 +71,20 @@ fn bad(reason: impl std::fmt::Display) -> Error {
     Error::invalid(format!("invalid search query: {reason}"))
 }
 
-/// Whether `c` is part of a word (as SQLite's `unicode61` tokenizer sees it, closely).
+/// Whether `c` is part of a word (as SQLite's `unicode61` tokenizer sees it, closely: a
+/// combining mark belongs to the word it accents).
 fn is_word_char(c: char) -> bool {
-    c.is_alphanumeric()
+    c.is_alphanumeric() || is_combining_mark(c)
+}
+
+/// A word as the index compares it (`unicode61 remove_diacritics 2`, closely): lowercase,
+/// decomposed, its combining marks dropped. So `résumé`, `RESUME` and `resume` (and `e`
+/// followed by U+0301) are one word, and a snippet marks what the search matched.
+fn fold(word: &str) -> String {
+    word.to_lowercase()
+        .nfd()
+        .filter(|c| !is_combining_mark(*c))
+        .collect()
 }
 
 fn lex(query: &str) -> Result<Vec<Token>> {
@@ -303,7 +316,7 @@ impl SearchQuery {
         Some(quote(&words.join(" ")))
     }
 
-    /// The words to mark in a snippet (lowercase), each with whether it is a prefix.
+    /// The words to mark in a snippet (folded), each with whether it is a prefix.
     pub(crate) fn marks(&self) -> Vec<(String, bool)> {
         let mut out = Vec::new();
         collect_marks(&self.root, &mut out);
@@ -360,7 +373,7 @@ fn collect_marks(node: &Node, out: &mut Vec<(String, bool)>) {
     }
 }
 
-/// The words of `text`, lowercased, with their byte ranges.
+/// The words of `text`, folded ([`fold`]), with their byte ranges.
 fn words(text: &str) -> impl Iterator<Item = (Range<usize>, String)> + '_ {
     let mut chars = text.char_indices().peekable();
     std::iter::from_fn(move || {
@@ -373,7 +386,7 @@ fn words(text: &str) -> impl Iterator<Item = (Range<usize>, String)> + '_ {
             }
             chars.next();
         }
-        Some((start..end, text[start..end].to_lowercase()))
+        Some((start..end, fold(&text[start..end])))
     })
 }
 

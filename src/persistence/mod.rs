@@ -669,13 +669,18 @@ impl Root {
     }
 
     /// Records a closed writer's session in the catalog from its in-memory projection (no
-    /// re-fold).
+    /// re-fold), unless it holds commits never written (a poisoned session's).
     ///
     /// # Errors
     /// When the catalog cannot be written (it is derived: the entry is recomputed when
     /// next listed).
     pub(crate) fn record_closed(&self, session: &Session) -> Result<()> {
-        let durable = session.sequences().1;
+        let (accepted, durable) = session.sequences();
+        if accepted != durable {
+            // Released with commits never written (a poisoned session): its projection
+            // is not the file's. The entry is recomputed from the file when next listed.
+            return Ok(());
+        }
         let entry = session
             .with_projection(|p| CatalogEntry::new(session.reader(), p, durable, session.dir()));
         self.inner.catalog.put(self, &entry)

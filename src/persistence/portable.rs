@@ -12,7 +12,7 @@ use crate::model::ids::random_u64;
 use crate::model::{Event, SessionId};
 use crate::persistence::verify::{LogValidator, resolve_target};
 use crate::persistence::{Root, rename_no_replace, sync_dir};
-use crate::store::read::check_integrity;
+use crate::store::read::{check_integrity, read_file_lineage};
 use crate::store::reader::SessionReader;
 use crate::store::schema::{self, Access};
 use crate::store::write::{self, Accepted};
@@ -230,12 +230,18 @@ impl Root {
     pub fn import(&self, file: impl AsRef<Path>, options: ImportOptions) -> Result<SessionId> {
         let target = resolve_target(file.as_ref())?;
         check_integrity(&target.file, target.access)?;
-        let reader = SessionReader::open_file(&target.file, &target.root, target.access)?;
-        if !reader.lineage().is_empty() {
-            return Err(Error::invalid(
-                "import is not a self-contained export: it has lineage rows",
-            ));
+        // Before a reader opens what the rows name (folders beside the user's file).
+        let lineage = read_file_lineage(&target.file)?;
+        if let Some(first) = lineage.first() {
+            return Err(Error::invalid(format!(
+                "import is not a self-contained export: it has lineage rows (it inherits \
+                 sequences {}..={} from {}); export the session to get its whole history",
+                first.after_seq + 1,
+                first.through_seq,
+                first.ancestor_id
+            )));
         }
+        let reader = SessionReader::open_file(&target.file, &target.root, target.access)?;
         let mut header = reader.header().clone();
         if let Some(id) = options.session_id {
             header.session_id = id;

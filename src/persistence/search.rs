@@ -357,7 +357,7 @@ impl Root {
                 }
             };
             out.push(Found {
-                shared_with: index.shared_with(&hit.session_id, hit.seq)?,
+                shared_with: index.shared_with(&hit.session_id, hit.seq, hit.position)?,
                 snippet: snippet(&text, &marks),
                 message_id,
                 hit: hit.clone(),

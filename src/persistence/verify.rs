@@ -278,6 +278,7 @@ fn validate_each(
             validator.last_seq()
         )));
     }
+    reader.check_ancestry()?;
     if let Some(stored) = reader.history_index(validator.last_seq())? {
         index.compare(stored)?;
     }
@@ -313,6 +314,20 @@ pub fn replay_file(path: impl AsRef<Path>) -> Result<ReplayReport> {
         transcript,
         projection: verified.projection,
     })
+}
+
+impl crate::persistence::Root {
+    /// Checks session `id` of this root as [`verify_file`] checks a session folder, after
+    /// the checks [`Root::open_reader`](crate::Root::open_reader) makes of the folder: a real
+    /// folder of the root (not a symlink) holding the session's own file, not another
+    /// session's copied or renamed by hand (which every other command refuses).
+    ///
+    /// # Errors
+    /// As [`Root::open_reader`](crate::Root::open_reader) and [`verify_file`].
+    pub fn verify(&self, id: &crate::SessionId) -> Result<Verified> {
+        self.open_reader(id)?;
+        verify_file(self.session_dir(id))
+    }
 }
 
 /// Makes every check of [`replay_file`] without keeping the commits: memory follows one page

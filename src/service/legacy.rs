@@ -1,6 +1,7 @@
 //! Continuing a legacy transcript (one message JSON object per line) as a canonical
 //! session with a deterministic id. The source is only ever read.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use serde::Serialize;
@@ -43,10 +44,15 @@ pub struct MigrationRecord {
     pub torn_last_line: bool,
 }
 
+/// A message of the transcript and its 1-based line.
+type Line = (usize, Message);
+
 /// Parses the transcript; a last line without a newline that does not parse (or is cut
 /// inside a UTF-8 character) is torn. Any other line that is not UTF-8 is refused, never
-/// repaired: a migration copies messages exactly or not at all.
-fn parse_transcript(bytes: &[u8], branch: &str, digest: &str) -> Result<(Vec<Message>, bool)> {
+/// repaired: a migration copies messages exactly or not at all. A byte order mark before
+/// the first line is ignored (RFC 8259 lets a parser ignore it).
+fn parse_transcript(bytes: &[u8], branch: &str, digest: &str) -> Result<(Vec<Line>, bool)> {
+    let bytes = bytes.strip_prefix("\u{feff}".as_bytes()).unwrap_or(bytes);
     let lines: Vec<&[u8]> = bytes.split(|b| *b == b'\n').collect();
     let mut messages = Vec::new();
     let mut torn = false;
@@ -72,14 +78,10 @@ fn parse_transcript(bytes: &[u8], branch: &str, digest: &str) -> Result<(Vec<Mes
         }
         match serde_json::from_str::<Message>(line) {
             Ok(m) if m.id().is_empty() => {
-                messages.push(m.with_id(&derived_id(&[
-                    "legacy",
-                    branch,
-                    &messages.len().to_string(),
-                    digest,
-                ])));
+                let id = derived_id(&["legacy", branch, &messages.len().to_string(), digest]);
+                messages.push((n + 1, m.with_id(&id)));
             }
-            Ok(m) => messages.push(m),
+            Ok(m) => messages.push((n + 1, m)),
             Err(_) if last => torn = true,
             Err(e) => return Err(Error::invalid_from(format!("legacy line {}", n + 1), e)),
         }
@@ -91,13 +93,13 @@ fn parse_transcript(bytes: &[u8], branch: &str, digest: &str) -> Result<(Vec<Mes
 ///
 /// # Errors
 /// [`Error::InvalidInput`] when no message has that id (nothing is migrated).
-fn cut_at_head(mut messages: Vec<Message>, head: &str) -> Result<Vec<Message>> {
+fn cut_at_head(mut messages: Vec<Line>, head: &str) -> Result<Vec<Line>> {
     if head.is_empty() {
         return Ok(messages);
     }
     let at = messages
         .iter()
-        .position(|m| m.id() == head)
+        .position(|(_, m)| m.id() == head)
         .ok_or_else(|| {
             Error::invalid(format!(
                 "legacy head {} is not the id of a message of the transcript",
@@ -106,6 +108,24 @@ fn cut_at_head(mut messages: Vec<Message>, head: &str) -> Result<Vec<Message>> {
         })?;
     messages.truncate(at + 1);
     Ok(messages)
+}
+
+/// The messages of `lines`, refused as [`Error::InvalidInput`] naming both lines when two
+/// share an id (a session's transcript holds an id once; the append would refuse it
+/// without saying where).
+fn unique_ids(lines: Vec<Line>) -> Result<Vec<Message>> {
+    let mut seen: HashMap<&str, usize> = HashMap::with_capacity(lines.len());
+    for (line, m) in &lines {
+        if let Some(first) = seen.insert(m.id(), *line) {
+            return Err(Error::invalid(format!(
+                "legacy line {line}: duplicate message id {} (line {first} has it); \
+                 nothing was migrated",
+                crate::error::quoted(m.id())
+            )));
+        }
+    }
+    drop(seen);
+    Ok(lines.into_iter().map(|(_, m)| m).collect())
 }
 
 /// A legacy transcript read and parsed, with the deterministic id of the session that
@@ -139,8 +159,8 @@ impl Migration {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let (messages, torn) = parse_transcript(&bytes, &branch, &digest)?;
-        let messages = cut_at_head(messages, head)?;
+        let (lines, torn) = parse_transcript(&bytes, &branch, &digest)?;
+        let messages = unique_ids(cut_at_head(lines, head)?)?;
         Ok(Migration {
             target_id,
             path_text,

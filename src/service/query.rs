@@ -576,7 +576,10 @@ impl SessionQuery {
         let digest = content.digest.clone();
         blocking(move || {
             query.cold_reader(&id)?.blob(&digest)?.ok_or_else(|| {
-                Error::invalid(format!("content {digest} does not belong to session {id}"))
+                Error::invalid(format!(
+                    "content {} does not belong to session {id}",
+                    crate::error::quoted(&digest)
+                ))
             })
         })
         .await

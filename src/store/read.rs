@@ -1076,7 +1076,30 @@ pub(crate) fn check_integrity(file: &Path, access: Access) -> Result<()> {
     if has_content_parts(&conn)? {
         check_part_blobs(&conn)?;
     }
+    check_events_in_commits(&conn)?;
     check_operation_keys(&conn)
+}
+
+/// Checks that every event row lies in the range of the commit row starting at or before
+/// it: a row no commit covers (its commit deleted, one added past the last commit) is part
+/// of no log, and a copy of the log would leave it out without a word.
+fn check_events_in_commits(conn: &Connection) -> Result<()> {
+    let orphan: Option<i64> = conn
+        .query_row(
+            "SELECT seq FROM events AS e
+             WHERE coalesce((SELECT last_seq FROM commits WHERE first_seq <= e.seq
+                             ORDER BY first_seq DESC LIMIT 1), e.seq - 1) < e.seq
+             LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    match orphan {
+        Some(seq) => Err(Error::corrupt(format!(
+            "event at sequence {seq} belongs to no commit row"
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// The schema version of the file `conn` reads.

@@ -532,6 +532,37 @@ impl SessionReader {
         read::read_dependents(&*self.own()?)
     }
 
+    /// Checks that every ancestor is the session this one was cut from: it records this
+    /// session in its `dependents` through at least the range it supplies (a fork writes
+    /// that row before it is published). A session made again under a deleted ancestor's
+    /// id (a fork brought back from a copy afterwards), or an ancestor put back from a copy
+    /// older than the fork, fails; a delete of such an ancestor would not keep this
+    /// session's history either. (Creation times are not compared: an imported ancestor
+    /// keeps the clock of the host that made it.)
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] naming the ancestor; SQLite errors.
+    pub(crate) fn check_ancestry(&self) -> Result<()> {
+        let me = &self.header.session_id;
+        for segment in self.layout().segments.iter().filter(|s| s.inherited) {
+            let recorded = read::read_dependents(&*segment.pool.get()?)?
+                .into_iter()
+                .any(|d| &d.child_id == me && d.through_seq >= segment.through);
+            if !recorded {
+                return Err(Error::corrupt(format!(
+                    "session {me} inherits sequences {}..={} from {}, which does not record \
+                     it as a dependent (another session under that id, or a copy older than \
+                     the fork): it is not the session this one was forked from, and deleting \
+                     it would not keep this history",
+                    segment.after + 1,
+                    segment.through,
+                    segment.source
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Whole durable commits with `last_seq > after`, at most `limit`, checked as a
     /// stream is: each follows the one before without a gap (the first holds `after + 1`)
     /// and its events match its operation hash.

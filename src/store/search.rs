@@ -65,7 +65,8 @@ CREATE TABLE search_sessions (
     session_id  TEXT NOT NULL UNIQUE,
     cwd         TEXT,
     title       TEXT NOT NULL,
-    indexed_seq INTEGER NOT NULL
+    indexed_seq INTEGER NOT NULL,
+    reset_seq   INTEGER
 );
 CREATE TABLE search_lineage (
     ancestor_id TEXT NOT NULL,
@@ -98,7 +99,8 @@ pub(crate) fn open_index(path: &Path) -> Result<Connection> {
         &schema::DerivedFile {
             application_id: SEARCH_APPLICATION_ID,
             schema: SEARCH_SCHEMA,
-            probe: "SELECT s.session_id, s.cwd, s.title, s.indexed_seq, r.position, r.seq,
+            probe:
+                "SELECT s.session_id, s.cwd, s.title, s.indexed_seq, s.reset_seq, r.position, r.seq,
                            r.time_ms, r.role, l.ancestor_id, l.after_seq, l.through_seq
                     FROM search_sessions s, search_rows r, search_lineage l, search_text t
                     LIMIT 0",
@@ -171,8 +173,8 @@ pub(crate) struct IndexFilter<'a> {
 
 /// One change to a session's part of the index, in sequence order.
 enum Change<'a> {
-    /// The transcript was replaced: every earlier message is gone.
-    Reset,
+    /// The transcript was replaced (at event `seq`): every earlier message is gone.
+    Reset { seq: u64 },
     /// `message` is now at `position`.
     Put {
         position: u64,
@@ -364,7 +366,7 @@ impl SearchIndex {
             let c = &accepted.commit;
             for change in &accepted.history {
                 changes.push(match change {
-                    HistoryChange::Reset { .. } => Change::Reset,
+                    HistoryChange::Reset { seq } => Change::Reset { seq: *seq },
                     HistoryChange::Put {
                         seq,
                         position,
@@ -440,6 +442,7 @@ impl SearchIndex {
             None => register(&tx, reader, &lineage, &title)?,
         };
         apply(&tx, key, &changes_of(&own))?;
+        carry_titles(&tx, TitleScope::Session(key))?;
         set_indexed(&tx, key, own.through.max(reader.inherited_events()))?;
         tx.commit()?;
         Ok(())
@@ -495,6 +498,7 @@ impl SearchIndex {
                 Err(e) => skipped(e),
             }
         }
+        carry_titles(&tx, TitleScope::All)?;
         // One b-tree per term instead of the many segments a bulk load leaves: smaller,
         // and a query reads fewer pages.
         tx.execute(
@@ -543,6 +547,15 @@ impl SearchIndex {
              FROM search_text WHERE search_text MATCH ?1"
         );
         let conn = lock(&self.read);
+        // One read transaction: the cursor's row is ranked on the same index as the page.
+        let read = conn.unchecked_transaction()?;
+        let filter = &IndexFilter {
+            after: match filter.after {
+                Some(after) => Some(reanchor(&read, fts, after)?),
+                None => None,
+            },
+            ..filter.clone()
+        };
         let unfiltered = filter.session.is_none()
             && filter.cwd.is_none()
             && filter.since_ms.is_none()
@@ -580,7 +593,8 @@ impl SearchIndex {
                   AND (?5 IS NULL OR s.session_id = ?5 OR EXISTS (
                         SELECT 1 FROM search_lineage l JOIN search_sessions f ON f.id = l.session
                         WHERE f.session_id = ?5 AND l.ancestor_id = s.session_id
-                          AND r.seq > l.after_seq AND r.seq <= l.through_seq)))
+                          AND r.seq > l.after_seq AND r.seq <= l.through_seq
+                          AND {VISIBLE_IN_FORK})))
              WHERE ?6 IS NULL OR (tier, score, id) > (?6, ?7, ?8)
              ORDER BY tier, score, id
              LIMIT ?9"
@@ -591,19 +605,30 @@ impl SearchIndex {
             .collect())
     }
 
-    /// The sessions that inherit event `seq` of `ancestor`'s file (forks sharing a hit).
+    /// The sessions that inherit event `seq` of `ancestor`'s file and still show it at
+    /// transcript `position` ([`VISIBLE_IN_FORK`]): forks sharing a hit.
     ///
     /// # Errors
     /// SQLite errors.
-    pub(crate) fn shared_with(&self, ancestor: &SessionId, seq: u64) -> Result<Vec<SessionId>> {
+    pub(crate) fn shared_with(
+        &self,
+        ancestor: &SessionId,
+        seq: u64,
+        position: u64,
+    ) -> Result<Vec<SessionId>> {
         let conn = lock(&self.read);
-        let mut stmt = conn.prepare_cached(
-            "SELECT s.session_id FROM search_lineage l JOIN search_sessions s ON s.id = l.session
-             WHERE l.ancestor_id = ?1 AND l.after_seq < ?2 AND l.through_seq >= ?2
-             ORDER BY s.session_id",
-        )?;
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT f.session_id
+             FROM (SELECT ?2 AS seq, ?3 AS position) r, search_lineage l
+             JOIN search_sessions f ON f.id = l.session
+             WHERE l.ancestor_id = ?1 AND l.after_seq < r.seq AND l.through_seq >= r.seq
+               AND {VISIBLE_IN_FORK}
+             ORDER BY f.session_id"
+        ))?;
         let ids = stmt
-            .query_map(params![ancestor.as_str(), seq], |r| r.get::<_, String>(0))?
+            .query_map(params![ancestor.as_str(), seq, position], |r| {
+                r.get::<_, String>(0)
+            })?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         ids.into_iter().map(SessionId::new).collect()
     }
@@ -625,6 +650,44 @@ impl SearchIndex {
             .collect()
     }
 }
+
+/// The keyset position `(tier, bm25, row)` of a cursor's row in the index as it is now.
+/// bm25 weighs each term by its rarity in the whole index, so any session's change moves
+/// every score: compared with the score the row had when its page was served, the rows
+/// after it could all fall before it (the next page empty) or before ones come back. The
+/// FTS row outlives its message (contentless rows are never deleted, only a rebuild
+/// drops them), so the cursor's row is ranked again; only after a rebuild does the
+/// cursor keep the score it carries. The tier depends on the row and the query alone.
+fn reanchor(conn: &Connection, fts: &str, after: (i64, f64, i64)) -> Result<(i64, f64, i64)> {
+    let (tier, score, row) = after;
+    let now = conn
+        .prepare_cached(
+            "SELECT coalesce(bm25(search_text), 0) FROM search_text
+             WHERE search_text MATCH ?1 AND rowid = ?2",
+        )?
+        .query_row(params![fts, row], |r| r.get::<_, f64>(0))
+        .optional()
+        .map_err(query_error)?;
+    Ok((tier, now.unwrap_or(score), row))
+}
+
+/// SQL: whether the row `r` (its `seq` and `position`) of an ancestor's file, inherited by
+/// fork `f` (a `search_sessions` row), is still in `f`'s transcript: no later row at that
+/// position in `f` or in an ancestor range of `f`'s lineage, and (for a message, not the
+/// title) no reset of `f`'s own transcript or of an ancestor's within `f`'s range of it.
+/// Before, a fork that replaced or compacted what it inherited was still said to hold it
+/// (`shared_with`, a search of that fork alone).
+const VISIBLE_IN_FORK: &str = "
+    NOT EXISTS (SELECT 1 FROM search_rows o WHERE o.session = f.id AND o.position = r.position)
+    AND (r.position = 0 OR f.reset_seq IS NULL)
+    AND NOT EXISTS (
+        SELECT 1 FROM search_lineage l2 JOIN search_sessions a2 ON a2.session_id = l2.ancestor_id
+        WHERE l2.session = f.id
+          AND (EXISTS (SELECT 1 FROM search_rows o2
+                       WHERE o2.session = a2.id AND o2.position = r.position AND o2.seq > r.seq
+                         AND o2.seq > l2.after_seq AND o2.seq <= l2.through_seq)
+               OR (r.position > 0 AND a2.reset_seq > r.seq
+                   AND a2.reset_seq > l2.after_seq AND a2.reset_seq <= l2.through_seq)))";
 
 /// Runs a search statement of [`SearchIndex::search`] (parameters: `?1` the FTS5
 /// expression, `?2`-`?5` the filters, `?6`-`?8` the keyset, `?9` the limit, `?10` the
@@ -779,7 +842,11 @@ fn set_indexed(tx: &Transaction<'_>, key: i64, seq: u64) -> Result<()> {
 /// The changes `own` makes, in sequence order (a reset before the rows of its event).
 fn changes_of(own: &OwnChanges) -> Vec<Change<'_>> {
     let mut changes: Vec<(u64, u8, Change<'_>)> = Vec::new();
-    changes.extend(own.resets.iter().map(|seq| (*seq, 0, Change::Reset)));
+    changes.extend(
+        own.resets
+            .iter()
+            .map(|seq| (*seq, 0, Change::Reset { seq: *seq })),
+    );
     for (row, message, time_ms) in &own.rows {
         changes.push((
             row.event_seq,
@@ -809,31 +876,91 @@ fn changes_of(own: &OwnChanges) -> Vec<Change<'_>> {
     changes.into_iter().map(|(_, _, c)| c).collect()
 }
 
-/// Applies `changes` (in sequence order) to session `key`'s rows.
-fn apply(tx: &Transaction<'_>, key: i64, changes: &[Change<'_>]) -> Result<()> {
-    let mut drop_at =
-        tx.prepare_cached("DELETE FROM search_rows WHERE session = ?1 AND position = ?2")?;
-    let mut put_row = tx.prepare_cached(
+/// Puts `text` at `position` of session `key` (replacing the row there; blank text
+/// leaves none).
+fn put(
+    tx: &Transaction<'_>,
+    key: i64,
+    position: u64,
+    seq: u64,
+    time_ms: i64,
+    role: Option<&str>,
+    text: &str,
+) -> Result<()> {
+    tx.prepare_cached("DELETE FROM search_rows WHERE session = ?1 AND position = ?2")?
+        .execute(params![key, position])?;
+    if text.trim().is_empty() {
+        return Ok(());
+    }
+    tx.prepare_cached(
         "INSERT INTO search_rows (session, position, seq, time_ms, role)
          VALUES (?1, ?2, ?3, ?4, ?5)",
-    )?;
-    let mut put_text =
-        tx.prepare_cached("INSERT INTO search_text (rowid, text) VALUES (?1, ?2)")?;
-    let mut put =
-        |position: u64, seq: u64, time_ms: i64, role: Option<&str>, text: &str| -> Result<()> {
-            drop_at.execute(params![key, position])?;
-            if text.trim().is_empty() {
-                return Ok(());
-            }
-            put_row.execute(params![key, position, seq, time_ms, role_value(role)])?;
-            put_text.execute(params![tx.last_insert_rowid(), text])?;
-            Ok(())
-        };
+    )?
+    .execute(params![key, position, seq, time_ms, role_value(role)])?;
+    tx.prepare_cached("INSERT INTO search_text (rowid, text) VALUES (?1, ?2)")?
+        .execute(params![tx.last_insert_rowid(), text])?;
+    Ok(())
+}
+
+/// Which sessions [`carry_titles`] looks at.
+#[derive(Clone, Copy)]
+enum TitleScope {
+    /// Every session (after a rebuild).
+    All,
+    /// This session (just registered).
+    Session(i64),
+    /// The forks of this session (its title just changed).
+    ForksOf(i64),
+}
+
+/// Gives a title row of its own to each session of `scope` that shows a title it
+/// inherited (`search_sessions.title`, with no title row of its own) which no ancestor's
+/// current title row within its inherited ranges holds any more: the ancestor was renamed
+/// after the fork, and its title row now holds the new title. Without it the fork's title
+/// (still what `list` shows for it) was found nowhere. The row's sequence is 0 (no event
+/// of this file) and its time the time it is carried.
+fn carry_titles(tx: &Transaction<'_>, scope: TitleScope) -> Result<()> {
+    // Each scope picks its sessions by key (a catch-up or a rename reads a few rows).
+    let (pick, key) = match scope {
+        TitleScope::All => ("?1 IS NULL", None),
+        TitleScope::Session(key) => ("f.id = ?1", Some(key)),
+        TitleScope::ForksOf(key) => (
+            "f.id IN (SELECT l.session FROM search_lineage l JOIN search_sessions a
+                      ON a.session_id = l.ancestor_id WHERE a.id = ?1)",
+            Some(key),
+        ),
+    };
+    let orphans = tx
+        .prepare_cached(&format!(
+            "SELECT f.id, f.title FROM search_sessions f
+             WHERE {pick} AND f.title <> ''
+               AND NOT EXISTS (SELECT 1 FROM search_rows r
+                               WHERE r.session = f.id AND r.position = 0)
+               AND NOT EXISTS (
+                     SELECT 1 FROM search_lineage l
+                     JOIN search_sessions a ON a.session_id = l.ancestor_id
+                     JOIN search_rows r ON r.session = a.id AND r.position = 0
+                     WHERE l.session = f.id AND a.title = f.title
+                       AND r.seq > l.after_seq AND r.seq <= l.through_seq)"
+        ))?
+        .query_map([key], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let now = crate::model::ids::now_ms();
+    for (key, title) in orphans {
+        put(tx, key, 0, 0, now, Some("title"), &title)?;
+    }
+    Ok(())
+}
+
+/// Applies `changes` (in sequence order) to session `key`'s rows.
+fn apply(tx: &Transaction<'_>, key: i64, changes: &[Change<'_>]) -> Result<()> {
     for change in changes {
         match change {
-            Change::Reset => {
+            Change::Reset { seq } => {
                 tx.prepare_cached("DELETE FROM search_rows WHERE session = ?1 AND position > 0")?
                     .execute([key])?;
+                tx.prepare_cached("UPDATE search_sessions SET reset_seq = ?2 WHERE id = ?1")?
+                    .execute(params![key, seq])?;
             }
             Change::Put {
                 position,
@@ -841,15 +968,16 @@ fn apply(tx: &Transaction<'_>, key: i64, changes: &[Change<'_>]) -> Result<()> {
                 role,
                 text,
                 time_ms,
-            } => put(*position, *seq, *time_ms, *role, text)?,
+            } => put(tx, key, *position, *seq, *time_ms, *role, text)?,
             Change::Title {
                 seq,
                 title,
                 time_ms,
             } => {
-                put(0, *seq, *time_ms, Some("title"), title)?;
+                put(tx, key, 0, *seq, *time_ms, Some("title"), title)?;
                 tx.prepare_cached("UPDATE search_sessions SET title = ?2 WHERE id = ?1")?
                     .execute(params![key, title])?;
+                carry_titles(tx, TitleScope::ForksOf(key))?;
             }
         }
     }

@@ -81,6 +81,11 @@ impl Params {
             .transpose()
     }
 
+    /// The page size as given, if one is (kept by the links to the next pages).
+    pub fn limit_text(&self) -> Option<&str> {
+        given(&self.limit)
+    }
+
     /// The transcript position asked for, if any (a number from 1).
     fn at(&self) -> Result<Option<u64>, Problem> {
         given(&self.at)
@@ -98,7 +103,7 @@ impl Params {
 
     /// The page size: [`PAGE`] unless `limit` gives one in `1..=MAX_PAGE`.
     fn limit(&self) -> Result<usize, Problem> {
-        match given(&self.limit) {
+        match self.limit_text() {
             None => Ok(PAGE),
             Some(text) => text
                 .trim()
@@ -332,8 +337,11 @@ pub async fn history(app: &App, id: SessionId, params: &Params) -> Result<Transc
     let limit = params.limit()?;
     let page = match (params.cursor(), params.at()?) {
         (None, Some(at)) => {
+            // A few newer messages after it, as many as the page has room for besides it.
+            let context =
+                AT_CONTEXT.min(u64::try_from(limit).unwrap_or(u64::MAX).saturating_sub(1));
             app.query
-                .history_page_ending_at(&session, at.saturating_add(AT_CONTEXT), limit)
+                .history_page_ending_at(&session, at.saturating_add(context), limit)
                 .await?
         }
         (cursor, _) => app.query.history_page(&session, cursor, limit).await?,

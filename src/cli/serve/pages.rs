@@ -38,11 +38,7 @@ pub async fn session(
     let id = data::session_id(&id)?;
     let detail = data::session(&app, id.clone()).await?;
     let transcript = data::history(&app, id, &params).await?;
-    Ok(transcript::session_page(
-        &detail,
-        &transcript,
-        params.cursor(),
-    ))
+    Ok(transcript::session_page(&detail, &transcript, &params))
 }
 
 /// `GET /sessions/{id}/tree`: the fork tree.

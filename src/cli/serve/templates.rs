@@ -102,6 +102,7 @@ pub fn sessions_page(list: &SessionList, params: &Params) -> Html<String> {
             &[
                 ("cwd", params.cwd()),
                 ("origin", params.origin_text()),
+                ("limit", params.limit_text()),
                 ("cursor", Some(cursor)),
             ],
         )
@@ -187,6 +188,7 @@ pub fn search_page(page: &SearchPage, params: &Params) -> Html<String> {
             &[
                 ("q", params.query()),
                 ("cwd", params.cwd()),
+                ("limit", params.limit_text()),
                 ("cursor", Some(cursor)),
             ],
         )
@@ -203,7 +205,8 @@ pub fn search_page(page: &SearchPage, params: &Params) -> Html<String> {
                 @for hit in &page.hits {
                     @let id = &hit.session_ref.session_id;
                     li.hit {
-                        a href=(links::message(id, hit.position)) {
+                        // A title (position 0) is no message: its hit opens the session.
+                        a href=(if hit.position == 0 { links::session(id) } else { links::message(id, hit.position) }) {
                             @if hit.title.is_empty() { code { (id.as_str()) } } @else { (clip(&hit.title, TITLE_CHARS)) }
                         }
                         " " span.role { (hit.role.as_deref().unwrap_or("")) }

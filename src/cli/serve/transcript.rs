@@ -7,7 +7,7 @@ use maud::{Markup, html};
 use serde_json::{Map, Value};
 use session_store::{Message, PersistentMessage, SessionId, TurnBoundary};
 
-use super::data::{SessionDetail, Transcript};
+use super::data::{Params, SessionDetail, Transcript};
 use super::links;
 use super::templates::{clip, layout, session_nav};
 use crate::cli::human_bytes;
@@ -148,7 +148,8 @@ fn sections(t: &Transcript) -> Vec<(Option<&TurnBoundary>, Vec<&PersistentMessag
 }
 
 /// The session page.
-pub fn session_page(d: &SessionDetail, t: &Transcript, cursor: Option<&str>) -> Html<String> {
+pub fn session_page(d: &SessionDetail, t: &Transcript, params: &Params) -> Html<String> {
+    let cursor = params.cursor();
     let h = &d.info.header;
     let id = &h.session_id;
     let title = if d.entry.title.is_empty() {
@@ -156,14 +157,15 @@ pub fn session_page(d: &SessionDetail, t: &Transcript, cursor: Option<&str>) -> 
     } else {
         d.entry.title.as_str()
     };
-    let older = t
-        .page
-        .next_cursor
-        .as_deref()
-        .map(|c| links::with_query(&links::session(id), &[("cursor", Some(c))]));
+    let older = t.page.next_cursor.as_deref().map(|c| {
+        links::with_query(
+            &links::session(id),
+            &[("limit", params.limit_text()), ("cursor", Some(c))],
+        )
+    });
     let pager = html! {
         p.pager {
-            @if cursor.is_some() { a href=(links::session(id)) { "← Newest messages" } " " }
+            @if cursor.is_some() { a href=(links::with_query(&links::session(id), &[("limit", params.limit_text())])) { "← Newest messages" } " " }
             @if let Some(older) = &older { a href=(older) { "Older messages →" } }
         }
     };
