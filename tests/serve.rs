@@ -1098,3 +1098,64 @@ fn the_first_sessions_page_names_a_session_that_cannot_be_read() {
         8
     );
 }
+
+/// The search API and page take the CLI's filters (`role`, `since`, `session`) instead of
+/// ignoring them, and refuse an `origin` (a filter of the sessions list that search does
+/// not have) instead of answering as if it held.
+#[test]
+fn search_takes_role_since_and_session_and_refuses_an_origin() {
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    let hits = |path: &str| -> Vec<Value> {
+        server.ok(path).json()["hits"]
+            .as_array()
+            .expect("hits")
+            .clone()
+    };
+    let all = hits("/api/search?q=test&limit=100");
+    let tool = hits("/api/search?q=test&role=tool&limit=100");
+    assert!(!tool.is_empty() && tool.len() < all.len(), "{tool:?}");
+    assert!(tool.iter().all(|h| h["role"] == "tool"), "{tool:?}");
+
+    let one = hits("/api/search?q=test&session=demo-flaky-test&limit=100");
+    assert!(!one.is_empty() && one.len() < all.len(), "{one:?}");
+    let ids = |hs: &[Value]| -> std::collections::BTreeSet<String> {
+        hs.iter()
+            .map(|h| {
+                h["session_ref"]["session_id"]
+                    .as_str()
+                    .expect("id")
+                    .to_owned()
+            })
+            .collect()
+    };
+    assert!(ids(&one).len() < ids(&all).len(), "{one:?}");
+
+    assert!(hits("/api/search?q=test&since=2999-01-01").is_empty());
+    assert_eq!(
+        hits("/api/search?q=test&since=2000-01-01&limit=100").len(),
+        all.len()
+    );
+    assert_eq!(
+        hits("/api/search?q=test&since=30d&limit=100").len(),
+        all.len()
+    );
+
+    // The page keeps the filters in its next-page link.
+    let page = server.ok("/?q=test&role=tool&since=30d&limit=1").body;
+    assert!(
+        page.contains("role=tool") && page.contains("since=30d"),
+        "{page}"
+    );
+
+    for (path, names) in [
+        ("/api/search?q=test&since=yesterday", "since"),
+        ("/api/search?q=test&session=..%2Fx", "session"),
+        ("/api/search?q=test&origin=fork", "origin"),
+        ("/?q=test&origin=fork", "origin"),
+    ] {
+        let reply = server.get(path);
+        assert_eq!(reply.status, 400, "{path}: {}", reply.body);
+        assert!(reply.body.contains(names), "{path}: {}", reply.body);
+    }
+}

@@ -40,6 +40,12 @@ pub struct Params {
     pub limit: Option<String>,
     /// A transcript position: the page that holds it (with a few newer messages).
     pub at: Option<String>,
+    /// Search: only messages with this role (`title` for titles).
+    pub role: Option<String>,
+    /// Search: only messages since this time (`7d`, `2026-12-01`, as `search --since`).
+    pub since: Option<String>,
+    /// Search: only this session (with what it inherits).
+    pub session: Option<String>,
 }
 
 /// `value` unless it is absent or blank.
@@ -61,6 +67,21 @@ impl Params {
     /// The working-directory filter, if one is given.
     pub fn cwd(&self) -> Option<&str> {
         given(&self.cwd)
+    }
+
+    /// The search's role filter, if one is given.
+    pub fn role(&self) -> Option<&str> {
+        given(&self.role)
+    }
+
+    /// The search's time filter as given, if one is (kept by the links to the next pages).
+    pub fn since_text(&self) -> Option<&str> {
+        given(&self.since)
+    }
+
+    /// The search's session filter as given, if one is.
+    pub fn session_text(&self) -> Option<&str> {
+        given(&self.session)
     }
 
     /// The origin filter's text, if one is given.
@@ -278,12 +299,29 @@ pub async fn search(app: &App, params: &Params) -> Result<SearchPage, Problem> {
     let q = params
         .query()
         .ok_or_else(|| Problem::bad_request("q (the search query) is required"))?;
+    if params.origin_text().is_some() {
+        return Err(Problem::bad_request(
+            "origin filters the sessions list, not search (search takes cwd, role, since and \
+             session)",
+        ));
+    }
     let mut options = SearchOptions::default().with_limit(params.limit()?);
     if let Some(cursor) = params.cursor() {
         options = options.with_cursor(cursor);
     }
     if let Some(cwd) = params.cwd() {
         options = options.with_cwd(cwd);
+    }
+    if let Some(role) = params.role() {
+        options = options.with_role(role);
+    }
+    if let Some(since) = params.since_text() {
+        let ms = crate::cli::when::parse_since(since.trim())
+            .map_err(|e| Problem::bad_request(format!("since: {e}")))?;
+        options = options.with_since(ms);
+    }
+    if let Some(session) = params.session_text() {
+        options = options.with_session(session_id(session)?);
     }
     Ok(app.query.search(q, options).await?)
 }

@@ -86,6 +86,12 @@ fn filters(params: &Params) -> Markup {
                     option value=(o) selected[origin == o] { (o) }
                 }
             }
+            // Search filters given in the URL (no fields of their own) stay with a new query.
+            @for (name, value) in [("role", params.role()), ("since", params.since_text()), ("session", params.session_text())] {
+                @if let Some(value) = value {
+                    input type="hidden" name=(name) value=(value);
+                }
+            }
             button type="submit" { "Go" }
             @if params.query().is_some() || params.cwd().is_some() || !origin.is_empty() {
                 " " a href="/" { "clear" }
@@ -188,6 +194,9 @@ pub fn search_page(page: &SearchPage, params: &Params) -> Html<String> {
             &[
                 ("q", params.query()),
                 ("cwd", params.cwd()),
+                ("role", params.role()),
+                ("since", params.since_text()),
+                ("session", params.session_text()),
                 ("limit", params.limit_text()),
                 ("cursor", Some(cursor)),
             ],
