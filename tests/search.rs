@@ -941,7 +941,7 @@ fn cli_search_marks_snippets_on_a_terminal_only_and_follows_the_exit_codes() {
     assert_eq!(hits_since("2100-01-01"), 0);
     // Exit codes: a malformed query is invalid input (6), a limit over 100 and a bad date
     // usage errors (2, as every number out of its range), an unknown session in --session
-    // simply has no hits.
+    // is not found (3), as for every command naming a session.
     let out = run(&["search", "\"open"]);
     assert_eq!(out.status.code(), Some(6));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no closing"));
@@ -954,8 +954,13 @@ fn cli_search_marks_snippets_on_a_terminal_only_and_follows_the_exit_codes() {
         Some(2)
     );
     let out = run(&["search", "timeouts", "--session", "nope"]);
-    assert!(out.status.success());
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "no matches");
+    assert_eq!(out.status.code(), Some(3));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not found"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.stdout.is_empty());
 }
 
 #[test]

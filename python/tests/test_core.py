@@ -490,6 +490,8 @@ def test_search_finds_words_with_filters_and_pages(root):
     ]:
         with pytest.raises(InvalidInput):
             bad()
+    with pytest.raises(NotFound):
+        root.search("harbour", session="nope")
 
 
 def test_rename_sets_the_title_that_list_and_search_show(root):

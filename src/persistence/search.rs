@@ -270,7 +270,8 @@ impl Root {
     ///
     /// # Errors
     /// [`Error::InvalidInput`] for a malformed query, a bad cursor or a limit over 100;
-    /// I/O and SQLite errors of the index.
+    /// [`Error::SessionNotFound`] when `options.session` names no session; I/O and SQLite
+    /// errors of the index.
     pub(crate) fn search(
         &self,
         query: &str,
@@ -288,6 +289,11 @@ impl Root {
             )));
         }
         let after = options.cursor.as_deref().map(parse_cursor).transpose()?;
+        if let Some(id) = &options.session {
+            // A mistyped id is "not found", as for every other call naming a session,
+            // not a search that found nothing.
+            self.existing_dir(id)?;
+        }
         let index = self.open_search_index()?;
         let filter = IndexFilter {
             session: options.session.as_ref(),
