@@ -177,6 +177,32 @@ fn a_damaged_file_is_corrupt_and_a_newer_one_unsupported() {
     // The store's own version check refused it before any lower-level code ran.
     assert!(e.source().is_none(), "{e:?}");
     assert!(e.to_string().contains("is newer than"), "{e}");
+
+    // A header naming another storage codec (a file of another format or a later one
+    // under the same schema version) is unsupported too, not read as this codec; an
+    // import refuses it and publishes nothing.
+    create(&root, "codec").close().expect("close");
+    let file = root.session_dir(&id("codec")).join("session.sqlite");
+    let conn = rusqlite::Connection::open(&file).expect("sqlite");
+    conn.execute("UPDATE header SET codec = 'other/v9'", [])
+        .expect("codec");
+    drop(conn);
+    for e in [
+        root.open_reader(&id("codec")).expect_err("other codec"),
+        root.open_writer(&id("codec")).expect_err("other codec"),
+        session_store::verify_file(&file).expect_err("other codec"),
+    ] {
+        assert!(matches!(e, Error::UnsupportedVersion { .. }), "{e:?}");
+        assert!(e.to_string().contains("other/v9"), "{e}");
+    }
+    let e = root
+        .import(
+            &file,
+            session_store::ImportOptions::default().with_session_id(id("imported")),
+        )
+        .expect_err("other codec");
+    assert!(matches!(e, Error::UnsupportedVersion { .. }), "{e:?}");
+    assert!(!root.session_dir(&id("imported")).exists());
 }
 
 /// A stored payload that is not JSON, and a row whose column does not decode, are corrupt

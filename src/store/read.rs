@@ -15,7 +15,7 @@ use crate::model::ids::derived_turn_id;
 use crate::model::projection::{HistoryChange, ModelRef};
 use crate::model::transcript_index::{ENTRY, IndexLoader};
 use crate::model::{Commit, ContentRef, Event, Projection, SessionId, TurnBoundary};
-use crate::store::schema::{self, Access};
+use crate::store::schema::{self, Access, CODEC};
 use crate::store::{blob, content};
 
 /// Media type of payload blobs.
@@ -77,6 +77,14 @@ pub(crate) fn read_header(conn: &Connection) -> Result<Header> {
         .optional()?
         .ok_or_else(|| Error::corrupt("header row is missing"))?;
     let (session_id, codec, created_at_ms, cwd, parent, origin, provenance, inherited_events) = row;
+    if codec != CODEC {
+        // Another format (or a later one under the same schema version) is not read as
+        // this one.
+        return Err(Error::unsupported(format!(
+            "storage codec {} (this build reads {CODEC})",
+            crate::error::quoted(&codec)
+        )));
+    }
     Ok(Header {
         session_id,
         codec,
