@@ -325,3 +325,30 @@ async fn a_dropped_binding_no_longer_holds_its_runtime_open() {
         .close()
         .expect("close");
 }
+
+/// Bindings count per runtime: releasing a binding of a runtime that was detached (and
+/// replaced by a new one) does not take a binding of the new runtime off its count, so the
+/// new runtime is not closed under a client still bound to it.
+#[tokio::test(flavor = "multi_thread")]
+async fn releasing_a_binding_of_a_detached_runtime_leaves_the_new_ones_count() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_root, service, parent) = service_with_parent(dir.path()).await;
+    let r = parent.session_ref().clone();
+    drop(parent);
+    let old = service.open(&r).await.expect("open");
+    assert!(service.detach(old.runtime()), "detached");
+    let session = old.runtime().session().clone();
+    tokio::task::spawn_blocking(move || session.close())
+        .await
+        .expect("join")
+        .expect("close the detached runtime's session");
+    let new = service.open(&r).await.expect("open a new runtime");
+    assert_ne!(new.runtime(), old.runtime());
+    old.release().await.expect("release the old binding");
+    assert!(
+        matches!(service.close(&r).await, Err(Error::RuntimeBound)),
+        "the new runtime is still bound"
+    );
+    new.release().await.expect("release");
+    service.close(&r).await.expect("close once unbound");
+}

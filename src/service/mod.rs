@@ -740,6 +740,11 @@ impl ClientBinding {
         }
         let mut reg = self.service.registry();
         let id = &self.runtime.session_ref().session_id;
+        // The count is the registered runtime's: a binding of one detached since (and
+        // maybe replaced by a new runtime) has nothing to take off.
+        if reg.active.get(id) != Some(&self.runtime) {
+            return;
+        }
         if let Some(n) = reg.bindings.get_mut(id) {
             *n = n.saturating_sub(1);
         }
