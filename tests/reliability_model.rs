@@ -1,0 +1,667 @@
+//! A model-based random test of the read side: random sequences of operations (turns of
+//! `message/complete` messages, `message/upsert` of old, removed and new ids, a refused
+//! duplicate `message/complete`, `history/replace`, `model/context-replace`, flush, close and
+//! reopen, fork after a turn, rewind before one, delete of a parent, export and import under a
+//! new id) run on real session files through the public API, and after every step each
+//! session's answers are compared with a small in-memory model (a list of messages, the model
+//! workset, event, commit and turn counts per session): the cold transcript, every history page
+//! walked by its cursor, `transcript_texts`, the live writer's transcript, the commits replayed,
+//! the folded projection and `verify_file`. `PROPTEST_CASES` sets the number of sequences
+//! (default 12).
+
+mod common;
+mod reliability_support;
+
+use std::cell::Cell;
+use std::sync::Arc;
+
+use common::*;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use reliability_support::env_count;
+use serde_json::{Value, json};
+use session_store::{
+    Batch, CancelToken, Error, Event, ForkPoint, ImportOptions, Message, Root, Service, Session,
+    SessionQuery, SessionRef, verify_file,
+};
+
+const HOST: &str = "model";
+
+fn config() -> Config {
+    Config {
+        cases: env_count("PROPTEST_CASES", 12) as u32,
+        failure_persistence: None,
+        ..Config::default()
+    }
+}
+
+/// One step of a sequence. `s` picks a session (modulo how many exist), the other numbers pick
+/// among what the session holds at that point.
+#[derive(Clone, Debug)]
+enum Op {
+    /// A turn of `n` new messages, then an upsert of a known id when `upsert` is set.
+    Turn {
+        s: u8,
+        n: u8,
+        upsert: Option<u16>,
+    },
+    /// An upsert outside a turn: of an id used before anywhere (`Some`), or a new one.
+    Upsert {
+        s: u8,
+        known: Option<u16>,
+    },
+    /// A `message/complete` reusing an id of the transcript: refused, nothing changes.
+    Duplicate {
+        s: u8,
+        pick: u16,
+    },
+    /// A `history/replace` (`history`) or a `model/context-replace` (the workset only) of
+    /// the transcript's messages `keep` selects (bit i, modulo 16) and `add` new ones.
+    Replace {
+        s: u8,
+        keep: u16,
+        add: u8,
+        history: bool,
+    },
+    Flush {
+        s: u8,
+    },
+    /// Close the writer; the next write reopens it (folding from the file).
+    Reopen {
+        s: u8,
+    },
+    Fork {
+        s: u8,
+        turn: u16,
+    },
+    Rewind {
+        s: u8,
+        turn: u16,
+    },
+    /// Delete a session that was forked, materialising its forks (nothing without one).
+    DeleteParent {
+        s: u8,
+    },
+    ExportImport {
+        s: u8,
+    },
+}
+
+fn arb_op() -> impl Strategy<Value = Op> {
+    let s = any::<u8>();
+    prop_oneof![
+        5 => (s, 1..4u8, prop::option::of(any::<u16>()))
+            .prop_map(|(s, n, upsert)| Op::Turn { s, n, upsert }),
+        2 => (s, prop::option::of(any::<u16>())).prop_map(|(s, known)| Op::Upsert { s, known }),
+        1 => (s, any::<u16>()).prop_map(|(s, pick)| Op::Duplicate { s, pick }),
+        2 => (s, any::<u16>(), 0..3u8, any::<bool>())
+            .prop_map(|(s, keep, add, history)| Op::Replace { s, keep, add, history }),
+        2 => s.prop_map(|s| Op::Flush { s }),
+        2 => s.prop_map(|s| Op::Reopen { s }),
+        2 => (s, any::<u16>()).prop_map(|(s, turn)| Op::Fork { s, turn }),
+        1 => (s, any::<u16>()).prop_map(|(s, turn)| Op::Rewind { s, turn }),
+        2 => s.prop_map(|s| Op::DeleteParent { s }),
+        1 => s.prop_map(|s| Op::ExportImport { s }),
+    ]
+}
+
+/// What a session holds at one sequence.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Fold {
+    /// The UI transcript, oldest first (each message as JSON).
+    messages: Vec<Value>,
+    /// The ids of the model workset, in order.
+    workset: Vec<String>,
+    events: u64,
+    commits: u64,
+}
+
+impl Fold {
+    fn ids(&self) -> Vec<String> {
+        self.messages.iter().map(message_id).collect()
+    }
+
+    /// Puts `m` at its id's position, else at the end; the workset likewise.
+    fn put(&mut self, m: Value) {
+        let id = message_id(&m);
+        match self.messages.iter().position(|x| message_id(x) == id) {
+            Some(i) => self.messages[i] = m,
+            None => self.messages.push(m),
+        }
+        if !self.workset.contains(&id) {
+            self.workset.push(id);
+        }
+    }
+}
+
+/// An ended turn: the session before its first event and after its last.
+#[derive(Clone, Debug)]
+struct Turn {
+    id: String,
+    before: Fold,
+    after: Fold,
+}
+
+/// A session's state: what its log folds to and the turns it ended.
+#[derive(Clone, Debug, Default)]
+struct State {
+    fold: Fold,
+    turns: Vec<Turn>,
+}
+
+struct Sess {
+    id: String,
+    /// What the writer accepted (equal to `durable` without a writer).
+    accepted: State,
+    /// What is on disk.
+    durable: State,
+    writer: Option<Session>,
+    /// Whether some fork or rewind read this session's file (it has dependents).
+    forked: bool,
+}
+
+impl Sess {
+    /// A session made on disk (a fork, a rewind, an import) holding `state`, not open.
+    fn cold(id: String, state: State) -> Sess {
+        Sess {
+            id,
+            accepted: state.clone(),
+            durable: state,
+            writer: None,
+            forked: false,
+        }
+    }
+}
+
+fn message_id(m: &Value) -> String {
+    m["id"].as_str().expect("model message id").to_owned()
+}
+
+fn message(id: &str, n: u64) -> Value {
+    let role = if n.is_multiple_of(2) {
+        "user"
+    } else {
+        "assistant"
+    };
+    json!({"id": id, "role": role, "content": format!("text {n} of {id}")})
+}
+
+fn store_value(m: &Message) -> Value {
+    serde_json::from_str(m.json()).expect("stored message is JSON")
+}
+
+/// The state of one sequence: the sessions, the store's handles and counters for fresh names.
+struct World {
+    root: Root,
+    service: Service,
+    rt: tokio::runtime::Runtime,
+    sessions: Vec<Sess>,
+    /// Every message id used so far, in any session.
+    used: Vec<String>,
+    counter: u64,
+    exports: std::path::PathBuf,
+    /// Forks and rewinds made, parents deleted, imports made.
+    figures: [usize; 3],
+}
+
+impl World {
+    fn fresh(&mut self, prefix: &str) -> String {
+        self.counter += 1;
+        format!("{prefix}{}", self.counter)
+    }
+
+    /// The index of the session `s` picks, creating the first one when there is none.
+    fn pick(&mut self, s: u8) -> usize {
+        if self.sessions.is_empty() {
+            let name = self.fresh("s");
+            let session = create(&self.root, &name);
+            self.sessions.push(Sess {
+                id: name,
+                accepted: State::default(),
+                durable: State::default(),
+                writer: Some(session),
+                forked: false,
+            });
+        }
+        usize::from(s) % self.sessions.len()
+    }
+
+    fn writer(&mut self, i: usize) -> Session {
+        let sess = &mut self.sessions[i];
+        if sess.writer.is_none() {
+            sess.writer = Some(self.root.open_writer(&id(&sess.id)).expect("reopen"));
+        }
+        sess.writer.clone().expect("writer")
+    }
+
+    fn flush(&mut self, i: usize) {
+        let sess = &mut self.sessions[i];
+        if let Some(w) = &sess.writer {
+            assert_eq!(w.flush().expect("flush"), sess.accepted.fold.events);
+        }
+        sess.durable = sess.accepted.clone();
+    }
+
+    fn close(&mut self, i: usize) {
+        let sess = &mut self.sessions[i];
+        if let Some(w) = sess.writer.take() {
+            w.close().expect("close");
+        }
+        sess.durable = sess.accepted.clone();
+    }
+
+    /// Appends `events` as one commit of session `i` (a turn when `turn` is given) and
+    /// folds `f` into the model.
+    fn append(&mut self, i: usize, events: Vec<Event>, turn: Option<String>, f: Fold) {
+        let w = self.writer(i);
+        let op = self.fresh("op");
+        let n = events.len() as u64;
+        let mut batch = Batch::new(op, events);
+        if let Some(t) = &turn {
+            batch = batch.in_turn(t.clone());
+        }
+        let commit = w.append(batch).expect("append");
+        let state = &mut self.sessions[i].accepted;
+        assert_eq!(commit.first_seq, state.fold.events + 1);
+        let before = state.fold.clone();
+        state.fold = f;
+        state.fold.events = before.events + n;
+        state.fold.commits = before.commits + 1;
+        if let Some(id) = turn {
+            state.turns.push(Turn {
+                id,
+                before,
+                after: state.fold.clone(),
+            });
+        }
+    }
+
+    fn new_message(&mut self) -> Value {
+        let id = self.fresh("m");
+        self.used.push(id.clone());
+        message(&id, self.counter)
+    }
+
+    fn apply(&mut self, op: &Op) {
+        match *op {
+            Op::Turn { s, n, upsert } => {
+                let i = self.pick(s);
+                let mut fold = self.sessions[i].accepted.fold.clone();
+                let mut events = vec![Event::new("turn/start")];
+                for _ in 0..n {
+                    let m = self.new_message();
+                    events.push(event("message/complete", json!({ "message": m })));
+                    fold.put(m);
+                }
+                if let Some(pick) = upsert {
+                    let ids = fold.ids();
+                    let target = &ids[usize::from(pick) % ids.len()];
+                    self.counter += 1;
+                    let m = message(target, self.counter);
+                    events.push(event("message/upsert", json!({ "message": m })));
+                    fold.put(m);
+                }
+                events.push(turn_end("completed"));
+                let turn = self.fresh("t");
+                self.append(i, events, Some(turn), fold);
+            }
+            Op::Upsert { s, known } => {
+                let i = self.pick(s);
+                let m = match known {
+                    Some(pick) if !self.used.is_empty() => {
+                        let target = self.used[usize::from(pick) % self.used.len()].clone();
+                        self.counter += 1;
+                        message(&target, self.counter)
+                    }
+                    _ => self.new_message(),
+                };
+                let mut fold = self.sessions[i].accepted.fold.clone();
+                let events = vec![event("message/upsert", json!({ "message": m }))];
+                fold.put(m);
+                self.append(i, events, None, fold);
+            }
+            Op::Duplicate { s, pick } => {
+                let i = self.pick(s);
+                let ids = self.sessions[i].accepted.fold.ids();
+                if ids.is_empty() {
+                    return;
+                }
+                let target = ids[usize::from(pick) % ids.len()].clone();
+                let w = self.writer(i);
+                let before = w.snapshot().event_sequence;
+                let op = self.fresh("op");
+                self.counter += 1;
+                let m = message(&target, self.counter);
+                let refused = w.append_events(
+                    &op,
+                    vec![event("message/complete", json!({ "message": m }))],
+                );
+                assert!(
+                    matches!(refused, Err(Error::InvalidPayload { .. })),
+                    "a duplicate message/complete of {target:?} was not refused: {refused:?}"
+                );
+                assert_eq!(w.snapshot().event_sequence, before);
+            }
+            Op::Replace {
+                s,
+                keep,
+                add,
+                history,
+            } => {
+                let i = self.pick(s);
+                let mut fold = self.sessions[i].accepted.fold.clone();
+                let mut messages: Vec<Value> = fold
+                    .messages
+                    .iter()
+                    .enumerate()
+                    .filter(|(k, _)| keep & (1 << (k % 16)) != 0)
+                    .map(|(_, m)| m.clone())
+                    .collect();
+                for _ in 0..add {
+                    messages.push(self.new_message());
+                }
+                fold.workset = messages.iter().map(message_id).collect();
+                let kind = if history {
+                    fold.messages = messages.clone();
+                    "history/replace"
+                } else {
+                    "model/context-replace"
+                };
+                let events = vec![event(kind, json!({ "messages": messages }))];
+                self.append(i, events, None, fold);
+            }
+            Op::Flush { s } => {
+                let i = self.pick(s);
+                self.flush(i);
+            }
+            Op::Reopen { s } => {
+                let i = self.pick(s);
+                self.close(i);
+            }
+            Op::Fork { s, turn } | Op::Rewind { s, turn } => {
+                let i = self.pick(s);
+                if self.sessions[i].accepted.turns.is_empty() {
+                    return;
+                }
+                self.flush(i);
+                let parent = &self.sessions[i];
+                let k = usize::from(turn) % parent.durable.turns.len();
+                let t = &parent.durable.turns[k];
+                let after = matches!(op, Op::Fork { .. });
+                let (point, state) = if after {
+                    let state = State {
+                        fold: t.after.clone(),
+                        turns: parent.durable.turns[..=k].to_vec(),
+                    };
+                    (ForkPoint::AfterTurn(t.id.clone()), state)
+                } else {
+                    let state = State {
+                        fold: t.before.clone(),
+                        turns: parent.durable.turns[..k].to_vec(),
+                    };
+                    (ForkPoint::BeforeTurn(t.id.clone()), state)
+                };
+                let parent_id = id(&parent.id);
+                let name = self.fresh("f");
+                let child = self
+                    .root
+                    .fork(&parent_id, point.clone(), Some(id(&name)))
+                    .unwrap_or_else(|e| panic!("{point:?} of {parent_id}: {e}"));
+                assert_eq!(child.as_str(), name);
+                self.sessions[i].forked = true;
+                self.figures[0] += 1;
+                self.sessions.push(Sess::cold(name, state));
+            }
+            Op::DeleteParent { s } => {
+                let parents: Vec<usize> = (0..self.sessions.len())
+                    .filter(|i| self.sessions[*i].forked)
+                    .collect();
+                let Some(&i) = parents.get(usize::from(s) % parents.len().max(1)) else {
+                    return;
+                };
+                self.close(i);
+                let sess = self.sessions.remove(i);
+                self.root
+                    .delete(&id(&sess.id), &CancelToken::new())
+                    .expect("delete");
+                self.figures[1] += 1;
+            }
+            Op::ExportImport { s } => {
+                let i = self.pick(s);
+                self.flush(i);
+                let name = format!("{}.sqlite", self.fresh("x"));
+                let file = self.exports.join(name);
+                let from = id(&self.sessions[i].id);
+                self.root.export(&from, &file).expect("export");
+                let name = self.fresh("i");
+                let imported = self
+                    .root
+                    .import(&file, ImportOptions::default().with_session_id(id(&name)))
+                    .expect("import");
+                assert_eq!(imported.as_str(), name);
+                self.figures[2] += 1;
+                let state = self.sessions[i].durable.clone();
+                self.sessions.push(Sess::cold(name, state));
+            }
+        }
+    }
+
+    /// Compares every session's answers with the model; `page` is the history page size.
+    fn check(&self, page: usize) -> Result<(), TestCaseError> {
+        let query = self.service.query();
+        for sess in &self.sessions {
+            check_session(&self.root, &query, &self.rt, sess, page)?;
+        }
+        Ok(())
+    }
+}
+
+fn values(messages: &[Arc<Message>]) -> Vec<Value> {
+    messages.iter().map(|m| store_value(m)).collect()
+}
+
+fn check_session(
+    root: &Root,
+    query: &SessionQuery,
+    rt: &tokio::runtime::Runtime,
+    sess: &Sess,
+    page: usize,
+) -> Result<(), TestCaseError> {
+    let sid = id(&sess.id);
+    let want = &sess.durable.fold;
+    let who = &sess.id;
+
+    // The cold reader: durable sequence, transcript, texts, length, commits, turns, fold.
+    let reader = root.open_reader(&sid).expect("reader");
+    let durable = reader.durable_sequence().expect("durable sequence");
+    prop_assert_eq!(durable, want.events, "{}: durable sequence", who);
+    let transcript = reader.transcript(durable).expect("transcript");
+    prop_assert_eq!(&values(&transcript), &want.messages, "{}: transcript", who);
+    let texts: Vec<Value> = reader
+        .transcript_texts(durable, usize::MAX)
+        .expect("transcript texts")
+        .iter()
+        .map(|t| serde_json::from_str(t.message().expect("text")).expect("JSON"))
+        .collect();
+    prop_assert_eq!(&texts, &want.messages, "{}: transcript_texts", who);
+    prop_assert_eq!(
+        reader.transcript_len(durable).expect("len"),
+        want.messages.len() as u64,
+        "{}: transcript_len",
+        who
+    );
+    let commits = reader.all_commits().expect("commits");
+    prop_assert_eq!(commits.len() as u64, want.commits, "{}: commits", who);
+    let mut seq = 0;
+    for c in &commits {
+        for e in &c.events {
+            seq += 1;
+            prop_assert_eq!(e.seq, seq, "{}: event sequences", who);
+        }
+    }
+    prop_assert_eq!(seq, want.events, "{}: replayed events", who);
+    let turns: Vec<String> = reader
+        .turns()
+        .expect("turns")
+        .into_iter()
+        .map(|t| t.turn_id)
+        .collect();
+    let want_turns: Vec<String> = sess.durable.turns.iter().map(|t| t.id.clone()).collect();
+    prop_assert_eq!(&turns, &want_turns, "{}: turns", who);
+    let projection = reader.projection().expect("projection");
+    prop_assert_eq!(projection.committed_sequence, want.events);
+    prop_assert_eq!(projection.transcript_len, want.messages.len() as u64);
+    prop_assert_eq!(projection.ended_turns, want_turns.len() as u64);
+    let workset: Vec<String> = projection
+        .model_messages
+        .iter()
+        .map(|m| m.id().to_owned())
+        .collect();
+    prop_assert_eq!(&workset, &want.workset, "{}: cold workset", who);
+
+    // The query side: the whole history, and every page by its cursor.
+    let r = SessionRef::new(HOST, sess.id.as_str()).expect("ref");
+    let history = rt.block_on(query.history(&r)).expect("history");
+    prop_assert_eq!(&values(&history), &want.messages, "{}: history", who);
+    let mut pages = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let p = rt
+            .block_on(query.history_page(&r, cursor.as_deref(), page))
+            .expect("history page");
+        prop_assert_eq!(p.snapshot_sequence, durable, "{}: page snapshot", who);
+        prop_assert!(p.messages.len() <= page, "{}: page over its limit", who);
+        let positions: Vec<u64> = p.messages.iter().map(|m| m.position).collect();
+        let expected_positions: Vec<u64> = match positions.first() {
+            Some(first) => (*first..*first + positions.len() as u64).collect(),
+            None => Vec::new(),
+        };
+        prop_assert_eq!(&positions, &expected_positions, "{}: page positions", who);
+        prop_assert_eq!(
+            p.has_more,
+            positions.first().is_some_and(|p| *p > 1),
+            "{}: has_more",
+            who
+        );
+        let done = !p.has_more;
+        cursor = p.next_cursor.clone();
+        pages.push(p);
+        if done {
+            break;
+        }
+        prop_assert!(cursor.is_some(), "{}: has_more without a cursor", who);
+        prop_assert!(
+            pages.len() <= want.messages.len() + 1,
+            "{}: endless pages",
+            who
+        );
+    }
+    let walked: Vec<Value> = pages
+        .iter()
+        .rev()
+        .flat_map(|p| p.messages.iter())
+        .map(|m| {
+            let value = store_value(m.inline.as_ref().expect("inline"));
+            prop_assert_eq!(&m.message_id, &message_id(&value));
+            Ok(value)
+        })
+        .collect::<Result<_, TestCaseError>>()?;
+    prop_assert_eq!(&walked, &want.messages, "{}: pages walked by cursor", who);
+
+    // The whole file, checked as `verify` does.
+    let verified = verify_file(root.session_dir(&sid)).expect("verify_file");
+    prop_assert_eq!(verified.events, want.events, "{}: verified events", who);
+    prop_assert_eq!(verified.commits, want.commits, "{}: verified commits", who);
+    prop_assert_eq!(
+        verified.projection.transcript_len,
+        want.messages.len() as u64
+    );
+
+    // The live writer: the accepted state.
+    if let Some(w) = &sess.writer {
+        let live = &sess.accepted.fold;
+        prop_assert_eq!(
+            &values(&w.transcript().expect("live transcript")),
+            &live.messages,
+            "{}: live transcript",
+            who
+        );
+        let snapshot = w.snapshot();
+        prop_assert_eq!(snapshot.event_sequence, live.events, "{}: accepted", who);
+        prop_assert_eq!(
+            snapshot.durable_sequence,
+            want.events,
+            "{}: live durable",
+            who
+        );
+        let workset: Vec<String> = snapshot
+            .projection
+            .model_messages
+            .iter()
+            .map(|m| m.id().to_owned())
+            .collect();
+        prop_assert_eq!(&workset, &live.workset, "{}: live workset", who);
+    }
+    Ok(())
+}
+
+/// Runs one sequence; returns the forks, deletes and imports it made.
+fn run(ops: &[(Op, u8)]) -> Result<[usize; 3], TestCaseError> {
+    let (dir, root) = manual_root();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio");
+    let service = Service::new(HOST, root.clone()).expect("service");
+    let exports = dir.path().join("exports");
+    std::fs::create_dir(&exports).expect("exports dir");
+    let mut world = World {
+        root,
+        service,
+        rt,
+        sessions: Vec::new(),
+        used: Vec::new(),
+        counter: 0,
+        exports,
+        figures: [0; 3],
+    };
+    for (op, page) in ops {
+        world.apply(op);
+        world.check(usize::from(*page))?;
+    }
+    // Everything closed: the files alone answer the same.
+    for i in 0..world.sessions.len() {
+        world.close(i);
+    }
+    world.check(7)?;
+    Ok(world.figures)
+}
+
+#[test]
+fn proptest_reads_agree_with_a_model_of_the_transcript() {
+    let steps = Cell::new(0usize);
+    let figures = Cell::new([0usize; 3]);
+    let mut runner = TestRunner::new(config());
+    runner
+        .run(&prop::collection::vec((arb_op(), 1..5u8), 1..40), |ops| {
+            steps.set(steps.get() + ops.len());
+            let made = run(&ops)?;
+            let mut sum = figures.get();
+            for (total, n) in sum.iter_mut().zip(made) {
+                *total += n;
+            }
+            figures.set(sum);
+            Ok(())
+        })
+        .unwrap();
+    let [forks, deletes, imports] = figures.get();
+    eprintln!(
+        "{} steps checked against the model: {forks} forks and rewinds, {deletes} parents \
+         deleted, {imports} imports",
+        steps.get()
+    );
+    assert!(
+        forks > 0 && deletes > 0 && imports > 0,
+        "every kind of session-making step was exercised"
+    );
+}
