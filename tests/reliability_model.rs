@@ -20,12 +20,16 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use reliability_support::env_count;
 use serde_json::{Value, json};
+use session_store::format::SESSION_FILE;
 use session_store::{
     Batch, CancelToken, Error, Event, ForkPoint, ImportOptions, Message, Root, Service, Session,
     SessionQuery, SessionRef, verify_file,
 };
 
 const HOST: &str = "model";
+
+/// Events of a bulk commit: as many as make a close write a checkpoint.
+const BULK: usize = 1_000;
 
 fn config() -> Config {
     Config {
@@ -49,6 +53,11 @@ enum Op {
     Upsert {
         s: u8,
         known: Option<u16>,
+    },
+    /// One commit of 1,000 `diagnostic` events: the next close writes a projection
+    /// checkpoint, which the next open (and a fork's open within its range) starts from.
+    Bulk {
+        s: u8,
     },
     /// A `message/complete` reusing an id of the transcript: refused, nothing changes.
     Duplicate {
@@ -96,6 +105,7 @@ fn arb_op() -> impl Strategy<Value = Op> {
         1 => (s, any::<u16>()).prop_map(|(s, pick)| Op::Duplicate { s, pick }),
         2 => (s, any::<u16>(), 0..3u8, any::<bool>())
             .prop_map(|(s, keep, add, history)| Op::Replace { s, keep, add, history }),
+        1 => s.prop_map(|s| Op::Bulk { s }),
         2 => s.prop_map(|s| Op::Flush { s }),
         2 => s.prop_map(|s| Op::Reopen { s }),
         2 => (s, any::<u16>()).prop_map(|(s, turn)| Op::Fork { s, turn }),
@@ -200,8 +210,8 @@ struct World {
     used: Vec<String>,
     counter: u64,
     exports: std::path::PathBuf,
-    /// Forks and rewinds made, parents deleted, imports made.
-    figures: [usize; 3],
+    /// Forks and rewinds made, parents deleted, imports made, checkpoints at the end.
+    figures: [usize; 4],
 }
 
 impl World {
@@ -318,6 +328,12 @@ impl World {
                 let mut fold = self.sessions[i].accepted.fold.clone();
                 let events = vec![event("message/upsert", json!({ "message": m }))];
                 fold.put(m);
+                self.append(i, events, None, fold);
+            }
+            Op::Bulk { s } => {
+                let i = self.pick(s);
+                let fold = self.sessions[i].accepted.fold.clone();
+                let events = (0..BULK).map(|_| Event::new("diagnostic")).collect();
                 self.append(i, events, None, fold);
             }
             Op::Duplicate { s, pick } => {
@@ -606,7 +622,7 @@ fn check_session(
 }
 
 /// Runs one sequence; returns the forks, deletes and imports it made.
-fn run(ops: &[(Op, u8)]) -> Result<[usize; 3], TestCaseError> {
+fn run(ops: &[(Op, u8)]) -> Result<[usize; 4], TestCaseError> {
     let (dir, root) = manual_root();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -623,7 +639,7 @@ fn run(ops: &[(Op, u8)]) -> Result<[usize; 3], TestCaseError> {
         used: Vec::new(),
         counter: 0,
         exports,
-        figures: [0; 3],
+        figures: [0; 4],
     };
     for (op, page) in ops {
         world.apply(op);
@@ -634,13 +650,19 @@ fn run(ops: &[(Op, u8)]) -> Result<[usize; 3], TestCaseError> {
         world.close(i);
     }
     world.check(7)?;
+    for sess in &world.sessions {
+        let file = world.root.session_dir(&id(&sess.id)).join(SESSION_FILE);
+        if sqlite3(&file, "SELECT count(*) FROM checkpoint") == "1" {
+            world.figures[3] += 1;
+        }
+    }
     Ok(world.figures)
 }
 
 #[test]
 fn proptest_reads_agree_with_a_model_of_the_transcript() {
     let steps = Cell::new(0usize);
-    let figures = Cell::new([0usize; 3]);
+    let figures = Cell::new([0usize; 4]);
     let mut runner = TestRunner::new(config());
     runner
         .run(&prop::collection::vec((arb_op(), 1..5u8), 1..40), |ops| {
@@ -654,14 +676,14 @@ fn proptest_reads_agree_with_a_model_of_the_transcript() {
             Ok(())
         })
         .unwrap();
-    let [forks, deletes, imports] = figures.get();
+    let [forks, deletes, imports, checkpoints] = figures.get();
     eprintln!(
         "{} steps checked against the model: {forks} forks and rewinds, {deletes} parents \
-         deleted, {imports} imports",
+         deleted, {imports} imports, {checkpoints} sessions ending with a checkpoint",
         steps.get()
     );
     assert!(
-        forks > 0 && deletes > 0 && imports > 0,
+        forks > 0 && deletes > 0 && imports > 0 && checkpoints > 0,
         "every kind of session-making step was exercised"
     );
 }
