@@ -22,8 +22,8 @@ use reliability_support::env_count;
 use serde_json::{Value, json};
 use session_store::format::SESSION_FILE;
 use session_store::{
-    Batch, CancelToken, Error, Event, ForkPoint, ImportOptions, Message, Root, Service, Session,
-    SessionQuery, SessionRef, verify_file,
+    Batch, CancelToken, Error, Event, ForkPoint, HistoryPage, ImportOptions, Message, Root,
+    Service, Session, SessionQuery, SessionRef, verify_file,
 };
 
 const HOST: &str = "model";
@@ -37,6 +37,19 @@ fn config() -> Config {
         failure_persistence: None,
         ..Config::default()
     }
+}
+
+/// A history walk by cursor, one page a step.
+struct Walk {
+    session: String,
+    /// The transcript as of the first page.
+    expected: Vec<Value>,
+    snapshot: u64,
+    page: usize,
+    cursor: Option<String>,
+    /// (position, message) of the pages so far, oldest first.
+    walked: Vec<(u64, Value)>,
+    pages: usize,
 }
 
 /// One step of a sequence. `s` picks a session (modulo how many exist), the other numbers pick
@@ -157,6 +170,24 @@ struct Turn {
 struct State {
     fold: Fold,
     turns: Vec<Turn>,
+    /// The fold after each commit, oldest first (what older snapshots read).
+    past: Vec<Fold>,
+}
+
+impl State {
+    /// The state as of sequence `cut` (a commit boundary), with `turns` ended by then.
+    fn at(&self, fold: &Fold, turns: usize) -> State {
+        State {
+            fold: fold.clone(),
+            turns: self.turns[..turns].to_vec(),
+            past: self
+                .past
+                .iter()
+                .take_while(|f| f.events <= fold.events)
+                .cloned()
+                .collect(),
+        }
+    }
 }
 
 struct Sess {
@@ -210,8 +241,11 @@ struct World {
     used: Vec<String>,
     counter: u64,
     exports: std::path::PathBuf,
-    /// Forks and rewinds made, parents deleted, imports made, checkpoints at the end.
-    figures: [usize; 4],
+    /// A history walk by cursor spread over the steps (one page a step).
+    walk: Option<Walk>,
+    /// Forks and rewinds made, parents deleted, imports made, checkpoints at the end, walks
+    /// over several steps finished.
+    figures: [usize; 5],
 }
 
 impl World {
@@ -277,6 +311,7 @@ impl World {
         state.fold = f;
         state.fold.events = before.events + n;
         state.fold.commits = before.commits + 1;
+        state.past.push(state.fold.clone());
         if let Some(id) = turn {
             state.turns.push(Turn {
                 id,
@@ -405,16 +440,10 @@ impl World {
                 let t = &parent.durable.turns[k];
                 let after = matches!(op, Op::Fork { .. });
                 let (point, state) = if after {
-                    let state = State {
-                        fold: t.after.clone(),
-                        turns: parent.durable.turns[..=k].to_vec(),
-                    };
+                    let state = parent.durable.at(&t.after, k + 1);
                     (ForkPoint::AfterTurn(t.id.clone()), state)
                 } else {
-                    let state = State {
-                        fold: t.before.clone(),
-                        turns: parent.durable.turns[..k].to_vec(),
-                    };
+                    let state = parent.durable.at(&t.before, k);
                     (ForkPoint::BeforeTurn(t.id.clone()), state)
                 };
                 let parent_id = id(&parent.id);
@@ -463,10 +492,66 @@ impl World {
     }
 
     /// Compares every session's answers with the model; `page` is the history page size.
-    fn check(&self, page: usize) -> Result<(), TestCaseError> {
+    /// Compares every session's answers with the model (`page`: the history page size,
+    /// `pick`: which older snapshot is read), then takes one more page of the walk.
+    fn check(&mut self, page: usize, pick: u16) -> Result<(), TestCaseError> {
         let query = self.service.query();
         for sess in &self.sessions {
-            check_session(&self.root, &query, &self.rt, sess, page)?;
+            check_session(&self.root, &query, &self.rt, sess, page, pick)?;
+        }
+        self.walk_on(pick)
+    }
+
+    /// Takes the next page of the walk, pinned to the snapshot of its first page whatever
+    /// the steps since did (appends, replacements, reopens, a parent's delete); starts a walk
+    /// of a session `pick` chooses when there is none. A walk of a deleted session stops.
+    fn walk_on(&mut self, pick: u16) -> Result<(), TestCaseError> {
+        if self.sessions.is_empty() {
+            return Ok(());
+        }
+        let walk = match self.walk.take() {
+            Some(walk) if self.sessions.iter().any(|s| s.id == walk.session) => walk,
+            _ => {
+                let sess = &self.sessions[usize::from(pick) % self.sessions.len()];
+                Walk {
+                    session: sess.id.clone(),
+                    expected: sess.durable.fold.messages.clone(),
+                    snapshot: sess.durable.fold.events,
+                    page: 1 + usize::from(pick % 2),
+                    cursor: None,
+                    walked: Vec::new(),
+                    pages: 0,
+                }
+            }
+        };
+        let r = SessionRef::new(HOST, walk.session.as_str()).expect("ref");
+        let query = self.service.query();
+        let p = self
+            .rt
+            .block_on(query.history_page(&r, walk.cursor.as_deref(), walk.page))
+            .expect("history page");
+        let mut walk = walk;
+        let below = walk.walked.first().map(|(position, _)| *position);
+        let got = check_page(&p, walk.snapshot, walk.page, below, &walk.session)?;
+        walk.walked.splice(0..0, got);
+        walk.pages += 1;
+        match p.next_cursor.filter(|_| p.has_more) {
+            Some(cursor) => {
+                walk.cursor = Some(cursor);
+                self.walk = Some(walk);
+            }
+            None => {
+                let walked: Vec<Value> = walk.walked.into_iter().map(|(_, m)| m).collect();
+                prop_assert_eq!(
+                    &walked,
+                    &walk.expected,
+                    "{}: a walk over several steps",
+                    walk.session
+                );
+                if walk.pages > 1 {
+                    self.figures[4] += 1;
+                }
+            }
         }
         Ok(())
     }
@@ -476,12 +561,47 @@ fn values(messages: &[Arc<Message>]) -> Vec<Value> {
     messages.iter().map(|m| store_value(m)).collect()
 }
 
+/// Checks one history page: pinned to `snapshot`, at most `limit` messages in ascending
+/// positions ending right below `below` (the oldest position of the newer page, if any),
+/// `has_more` and its cursor while position 1 is not reached, each message's id its own;
+/// returns the messages with their positions.
+fn check_page(
+    p: &HistoryPage,
+    snapshot: u64,
+    limit: usize,
+    below: Option<u64>,
+    who: &str,
+) -> Result<Vec<(u64, Value)>, TestCaseError> {
+    prop_assert_eq!(p.snapshot_sequence, snapshot, "{}: page snapshot", who);
+    prop_assert!(p.messages.len() <= limit, "{}: page over its limit", who);
+    let positions: Vec<u64> = p.messages.iter().map(|m| m.position).collect();
+    if let Some(below) = below {
+        let expected: Vec<u64> = (below.saturating_sub(limit as u64).max(1)..below).collect();
+        prop_assert_eq!(&positions, &expected, "{}: page positions", who);
+    } else if let Some(first) = positions.first() {
+        let expected: Vec<u64> = (*first..*first + positions.len() as u64).collect();
+        prop_assert_eq!(&positions, &expected, "{}: first page positions", who);
+    }
+    let more = positions.first().is_some_and(|p| *p > 1);
+    prop_assert_eq!(p.has_more, more, "{}: has_more", who);
+    prop_assert_eq!(p.next_cursor.is_some(), more, "{}: next cursor", who);
+    p.messages
+        .iter()
+        .map(|m| {
+            let value = store_value(m.inline.as_ref().expect("inline"));
+            prop_assert_eq!(&m.message_id, &message_id(&value));
+            Ok((m.position, value))
+        })
+        .collect()
+}
+
 fn check_session(
     root: &Root,
     query: &SessionQuery,
     rt: &tokio::runtime::Runtime,
     sess: &Sess,
     page: usize,
+    pick: u16,
 ) -> Result<(), TestCaseError> {
     let sid = id(&sess.id);
     let want = &sess.durable.fold;
@@ -535,53 +655,54 @@ fn check_session(
         .collect();
     prop_assert_eq!(&workset, &want.workset, "{}: cold workset", who);
 
+    // An older snapshot (or none: sequence 0), whole and as its newest `page` texts.
+    let empty = Fold::default();
+    let old = match usize::from(pick) % (sess.durable.past.len() + 1) {
+        0 => &empty,
+        k => &sess.durable.past[k - 1],
+    };
+    prop_assert!(old.events <= durable);
+    let transcript = reader.transcript(old.events).expect("older transcript");
+    prop_assert_eq!(
+        &values(&transcript),
+        &old.messages,
+        "{}: transcript at {}",
+        who,
+        old.events
+    );
+    let tail: Vec<Value> = reader
+        .transcript_texts(old.events, page)
+        .expect("older texts")
+        .iter()
+        .map(|t| serde_json::from_str(t.message().expect("text")).expect("JSON"))
+        .collect();
+    let from = old.messages.len().saturating_sub(page);
+    prop_assert_eq!(
+        &tail[..],
+        &old.messages[from..],
+        "{}: newest texts at {}",
+        who,
+        old.events
+    );
+
     // The query side: the whole history, and every page by its cursor.
     let r = SessionRef::new(HOST, sess.id.as_str()).expect("ref");
     let history = rt.block_on(query.history(&r)).expect("history");
     prop_assert_eq!(&values(&history), &want.messages, "{}: history", who);
-    let mut pages = Vec::new();
+    let mut walked: Vec<(u64, Value)> = Vec::new();
     let mut cursor: Option<String> = None;
     loop {
         let p = rt
             .block_on(query.history_page(&r, cursor.as_deref(), page))
             .expect("history page");
-        prop_assert_eq!(p.snapshot_sequence, durable, "{}: page snapshot", who);
-        prop_assert!(p.messages.len() <= page, "{}: page over its limit", who);
-        let positions: Vec<u64> = p.messages.iter().map(|m| m.position).collect();
-        let expected_positions: Vec<u64> = match positions.first() {
-            Some(first) => (*first..*first + positions.len() as u64).collect(),
-            None => Vec::new(),
-        };
-        prop_assert_eq!(&positions, &expected_positions, "{}: page positions", who);
-        prop_assert_eq!(
-            p.has_more,
-            positions.first().is_some_and(|p| *p > 1),
-            "{}: has_more",
-            who
-        );
-        let done = !p.has_more;
-        cursor = p.next_cursor.clone();
-        pages.push(p);
-        if done {
+        let below = walked.first().map(|(position, _)| *position);
+        walked.splice(0..0, check_page(&p, durable, page, below, who)?);
+        cursor = p.next_cursor.filter(|_| p.has_more);
+        if cursor.is_none() {
             break;
         }
-        prop_assert!(cursor.is_some(), "{}: has_more without a cursor", who);
-        prop_assert!(
-            pages.len() <= want.messages.len() + 1,
-            "{}: endless pages",
-            who
-        );
     }
-    let walked: Vec<Value> = pages
-        .iter()
-        .rev()
-        .flat_map(|p| p.messages.iter())
-        .map(|m| {
-            let value = store_value(m.inline.as_ref().expect("inline"));
-            prop_assert_eq!(&m.message_id, &message_id(&value));
-            Ok(value)
-        })
-        .collect::<Result<_, TestCaseError>>()?;
+    let walked: Vec<Value> = walked.into_iter().map(|(_, m)| m).collect();
     prop_assert_eq!(&walked, &want.messages, "{}: pages walked by cursor", who);
 
     // The whole file, checked as `verify` does.
@@ -622,7 +743,7 @@ fn check_session(
 }
 
 /// Runs one sequence; returns the forks, deletes and imports it made.
-fn run(ops: &[(Op, u8)]) -> Result<[usize; 4], TestCaseError> {
+fn run(ops: &[(Op, u8, u16)]) -> Result<[usize; 5], TestCaseError> {
     let (dir, root) = manual_root();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -639,17 +760,18 @@ fn run(ops: &[(Op, u8)]) -> Result<[usize; 4], TestCaseError> {
         used: Vec::new(),
         counter: 0,
         exports,
-        figures: [0; 4],
+        walk: None,
+        figures: [0; 5],
     };
-    for (op, page) in ops {
+    for (op, page, pick) in ops {
         world.apply(op);
-        world.check(usize::from(*page))?;
+        world.check(usize::from(*page), *pick)?;
     }
     // Everything closed: the files alone answer the same.
     for i in 0..world.sessions.len() {
         world.close(i);
     }
-    world.check(7)?;
+    world.check(7, 0)?;
     for sess in &world.sessions {
         let file = world.root.session_dir(&id(&sess.id)).join(SESSION_FILE);
         if sqlite3(&file, "SELECT count(*) FROM checkpoint") == "1" {
@@ -662,24 +784,28 @@ fn run(ops: &[(Op, u8)]) -> Result<[usize; 4], TestCaseError> {
 #[test]
 fn proptest_reads_agree_with_a_model_of_the_transcript() {
     let steps = Cell::new(0usize);
-    let figures = Cell::new([0usize; 4]);
+    let figures = Cell::new([0usize; 5]);
     let mut runner = TestRunner::new(config());
     runner
-        .run(&prop::collection::vec((arb_op(), 1..5u8), 1..40), |ops| {
-            steps.set(steps.get() + ops.len());
-            let made = run(&ops)?;
-            let mut sum = figures.get();
-            for (total, n) in sum.iter_mut().zip(made) {
-                *total += n;
-            }
-            figures.set(sum);
-            Ok(())
-        })
+        .run(
+            &prop::collection::vec((arb_op(), 1..5u8, any::<u16>()), 1..40),
+            |ops| {
+                steps.set(steps.get() + ops.len());
+                let made = run(&ops)?;
+                let mut sum = figures.get();
+                for (total, n) in sum.iter_mut().zip(made) {
+                    *total += n;
+                }
+                figures.set(sum);
+                Ok(())
+            },
+        )
         .unwrap();
-    let [forks, deletes, imports, checkpoints] = figures.get();
+    let [forks, deletes, imports, checkpoints, walks] = figures.get();
     eprintln!(
         "{} steps checked against the model: {forks} forks and rewinds, {deletes} parents \
-         deleted, {imports} imports, {checkpoints} sessions ending with a checkpoint",
+         deleted, {imports} imports, {checkpoints} sessions ending with a checkpoint, {walks} \
+         walks by cursor over several steps",
         steps.get()
     );
     assert!(
