@@ -22,8 +22,8 @@ use reliability_support::env_count;
 use serde_json::{Value, json};
 use session_store::format::SESSION_FILE;
 use session_store::{
-    Batch, CancelToken, Error, Event, ForkPoint, HistoryPage, ImportOptions, Message, Root,
-    Service, Session, SessionQuery, SessionRef, verify_file,
+    Batch, CancelToken, ContentRef, Error, Event, ForkPoint, HistoryPage, ImportOptions, Message,
+    Root, Service, Session, SessionQuery, SessionRef, verify_file,
 };
 
 const HOST: &str = "model";
@@ -56,11 +56,14 @@ struct Walk {
 /// among what the session holds at that point.
 #[derive(Clone, Debug)]
 enum Op {
-    /// A turn of `n` new messages, then an upsert of a known id when `upsert` is set.
+    /// A turn of `n` new messages, then an upsert of a known id when `upsert` is set; the
+    /// four bits of `sizes` for message i choose its length (one in 16 over 64 KiB, three
+    /// over the inline threshold: content parts).
     Turn {
         s: u8,
         n: u8,
         upsert: Option<u16>,
+        sizes: u16,
     },
     /// An upsert outside a turn: of an id used before anywhere (`Some`), or a new one.
     Upsert {
@@ -112,8 +115,8 @@ enum Op {
 fn arb_op() -> impl Strategy<Value = Op> {
     let s = any::<u8>();
     prop_oneof![
-        5 => (s, 1..4u8, prop::option::of(any::<u16>()))
-            .prop_map(|(s, n, upsert)| Op::Turn { s, n, upsert }),
+        5 => (s, 1..4u8, prop::option::of(any::<u16>()), any::<u16>())
+            .prop_map(|(s, n, upsert, sizes)| Op::Turn { s, n, upsert, sizes }),
         2 => (s, prop::option::of(any::<u16>())).prop_map(|(s, known)| Op::Upsert { s, known }),
         1 => (s, any::<u16>()).prop_map(|(s, pick)| Op::Duplicate { s, pick }),
         2 => (s, any::<u16>(), 0..3u8, any::<bool>())
@@ -227,6 +230,20 @@ fn message(id: &str, n: u64) -> Value {
     json!({"id": id, "role": role, "content": format!("text {n} of {id}")})
 }
 
+/// `length` characters of text that does not compress to nothing.
+fn long_text(seed: &str, length: usize) -> String {
+    let mut out = String::with_capacity(length + 16);
+    let mut n = seed.len() as u64;
+    while out.len() < length {
+        n = n
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        out.push_str(&format!("{:x} ", n >> 40));
+    }
+    out.truncate(length);
+    out
+}
+
 fn store_value(m: &Message) -> Value {
     serde_json::from_str(m.json()).expect("stored message is JSON")
 }
@@ -329,12 +346,25 @@ impl World {
 
     fn apply(&mut self, op: &Op) {
         match *op {
-            Op::Turn { s, n, upsert } => {
+            Op::Turn {
+                s,
+                n,
+                upsert,
+                sizes,
+            } => {
                 let i = self.pick(s);
                 let mut fold = self.sessions[i].accepted.fold.clone();
                 let mut events = vec![Event::new("turn/start")];
-                for _ in 0..n {
-                    let m = self.new_message();
+                for k in 0..n {
+                    let mut m = self.new_message();
+                    let length = match (sizes >> (4 * k)) & 15 {
+                        15 => 70_000,
+                        12..=14 => 1_500,
+                        _ => 0,
+                    };
+                    if length > 0 {
+                        m["content"] = json!(long_text(&message_id(&m), length));
+                    }
                     events.push(event("message/complete", json!({ "message": m })));
                     fold.put(m);
                 }
@@ -532,7 +562,12 @@ impl World {
             .expect("history page");
         let mut walk = walk;
         let below = walk.walked.first().map(|(position, _)| *position);
-        let got = check_page(&p, walk.snapshot, walk.page, below, &walk.session)?;
+        let read = |c: &ContentRef| {
+            self.rt
+                .block_on(query.read_content(&r, c))
+                .expect("content")
+        };
+        let got = check_page(&read, &p, walk.snapshot, walk.page, below, &walk.session)?;
         walk.walked.splice(0..0, got);
         walk.pages += 1;
         match p.next_cursor.filter(|_| p.has_more) {
@@ -566,6 +601,7 @@ fn values(messages: &[Arc<Message>]) -> Vec<Value> {
 /// `has_more` and its cursor while position 1 is not reached, each message's id its own;
 /// returns the messages with their positions.
 fn check_page(
+    read: &dyn Fn(&ContentRef) -> Vec<u8>,
     p: &HistoryPage,
     snapshot: u64,
     limit: usize,
@@ -588,7 +624,30 @@ fn check_page(
     p.messages
         .iter()
         .map(|m| {
-            let value = store_value(m.inline.as_ref().expect("inline"));
+            let value = match (&m.inline, &m.content_ref) {
+                (Some(inline), None) => store_value(inline),
+                (None, Some(content)) => {
+                    // The payload of the event that recorded it: a message event's
+                    // `message`, or the replacement's item with this id.
+                    let payload: Value = serde_json::from_slice(&read(content)).expect("JSON");
+                    match payload.get("message") {
+                        Some(message) => message.clone(),
+                        None => payload["messages"]
+                            .as_array()
+                            .expect("a replacement's messages")
+                            .iter()
+                            .find(|x| message_id(x) == m.message_id)
+                            .expect("the replacement holds the message")
+                            .clone(),
+                    }
+                }
+                other => {
+                    return Err(TestCaseError::fail(format!(
+                        "{who}: message {} is {other:?}",
+                        m.message_id
+                    )));
+                }
+            };
             prop_assert_eq!(&m.message_id, &message_id(&value));
             Ok((m.position, value))
         })
@@ -696,7 +755,8 @@ fn check_session(
             .block_on(query.history_page(&r, cursor.as_deref(), page))
             .expect("history page");
         let below = walked.first().map(|(position, _)| *position);
-        walked.splice(0..0, check_page(&p, durable, page, below, who)?);
+        let read = |c: &ContentRef| rt.block_on(query.read_content(&r, c)).expect("content");
+        walked.splice(0..0, check_page(&read, &p, durable, page, below, who)?);
         cursor = p.next_cursor.filter(|_| p.has_more);
         if cursor.is_none() {
             break;
