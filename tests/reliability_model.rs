@@ -70,6 +70,14 @@ enum Op {
         s: u8,
         known: Option<u16>,
     },
+    /// One commit of message events outside a turn, each part a `message/complete` (0: of
+    /// a new id, 1: of an id used before anywhere, refusing the whole batch when the
+    /// transcript holds it by then), a `message/upsert` (2: new, 3: used before) or a
+    /// `history/replace` keeping what `pick` selects plus a new message (4).
+    Mixed {
+        s: u8,
+        parts: Vec<(u8, u16)>,
+    },
     /// One commit of 1,000 `diagnostic` events: the next close writes a projection
     /// checkpoint, which the next open (and a fork's open within its range) starts from.
     Bulk {
@@ -121,6 +129,8 @@ fn arb_op() -> impl Strategy<Value = Op> {
         1 => (s, any::<u16>()).prop_map(|(s, pick)| Op::Duplicate { s, pick }),
         2 => (s, any::<u16>(), 0..3u8, any::<bool>())
             .prop_map(|(s, keep, add, history)| Op::Replace { s, keep, add, history }),
+        3 => (s, prop::collection::vec((0..5u8, any::<u16>()), 1..5))
+            .prop_map(|(s, parts)| Op::Mixed { s, parts }),
         1 => s.prop_map(|s| Op::Bulk { s }),
         2 => s.prop_map(|s| Op::Flush { s }),
         2 => s.prop_map(|s| Op::Reopen { s }),
@@ -147,8 +157,9 @@ impl Fold {
         self.messages.iter().map(message_id).collect()
     }
 
-    /// Puts `m` at its id's position, else at the end; the workset likewise.
-    fn put(&mut self, m: Value) {
+    /// A `message/upsert`: `m` at its id's position, else at the end; in the workset in
+    /// place of its id (the last with it), else at the end.
+    fn upsert(&mut self, m: Value) {
         let id = message_id(&m);
         match self.messages.iter().position(|x| message_id(x) == id) {
             Some(i) => self.messages[i] = m,
@@ -157,6 +168,36 @@ impl Fold {
         if !self.workset.contains(&id) {
             self.workset.push(id);
         }
+    }
+
+    /// A `message/complete`: refused (false) for an id the transcript holds, else `m` at
+    /// the end of the transcript and of the workset.
+    fn complete(&mut self, m: Value) -> bool {
+        let id = message_id(&m);
+        if self.messages.iter().any(|x| message_id(x) == id) {
+            return false;
+        }
+        self.messages.push(m);
+        self.workset.push(id);
+        true
+    }
+
+    /// A `history/replace` (`history`) or `model/context-replace` by `messages`.
+    fn replace(&mut self, messages: &[Value], history: bool) {
+        self.workset = messages.iter().map(message_id).collect();
+        if history {
+            self.messages = messages.to_vec();
+        }
+    }
+
+    /// The transcript's messages `keep` selects (bit i, modulo 16).
+    fn kept(&self, keep: u16) -> Vec<Value> {
+        self.messages
+            .iter()
+            .enumerate()
+            .filter(|(k, _)| keep & (1 << (k % 16)) != 0)
+            .map(|(_, m)| m.clone())
+            .collect()
     }
 }
 
@@ -366,7 +407,7 @@ impl World {
                         m["content"] = json!(long_text(&message_id(&m), length));
                     }
                     events.push(event("message/complete", json!({ "message": m })));
-                    fold.put(m);
+                    assert!(fold.complete(m));
                 }
                 if let Some(pick) = upsert {
                     let ids = fold.ids();
@@ -374,7 +415,7 @@ impl World {
                     self.counter += 1;
                     let m = message(target, self.counter);
                     events.push(event("message/upsert", json!({ "message": m })));
-                    fold.put(m);
+                    fold.upsert(m);
                 }
                 events.push(turn_end("completed"));
                 let turn = self.fresh("t");
@@ -392,7 +433,7 @@ impl World {
                 };
                 let mut fold = self.sessions[i].accepted.fold.clone();
                 let events = vec![event("message/upsert", json!({ "message": m }))];
-                fold.put(m);
+                fold.upsert(m);
                 self.append(i, events, None, fold);
             }
             Op::Bulk { s } => {
@@ -431,25 +472,64 @@ impl World {
             } => {
                 let i = self.pick(s);
                 let mut fold = self.sessions[i].accepted.fold.clone();
-                let mut messages: Vec<Value> = fold
-                    .messages
-                    .iter()
-                    .enumerate()
-                    .filter(|(k, _)| keep & (1 << (k % 16)) != 0)
-                    .map(|(_, m)| m.clone())
-                    .collect();
+                let mut messages = fold.kept(keep);
                 for _ in 0..add {
                     messages.push(self.new_message());
                 }
-                fold.workset = messages.iter().map(message_id).collect();
+                fold.replace(&messages, history);
                 let kind = if history {
-                    fold.messages = messages.clone();
                     "history/replace"
                 } else {
                     "model/context-replace"
                 };
                 let events = vec![event(kind, json!({ "messages": messages }))];
                 self.append(i, events, None, fold);
+            }
+            Op::Mixed { s, ref parts } => {
+                let i = self.pick(s);
+                let mut fold = self.sessions[i].accepted.fold.clone();
+                let mut events = Vec::new();
+                let mut refused = false;
+                for &(part, pick) in parts {
+                    let used = (!self.used.is_empty())
+                        .then(|| self.used[usize::from(pick) % self.used.len()].clone());
+                    let m = match used {
+                        Some(target) if part % 2 == 1 => {
+                            self.counter += 1;
+                            message(&target, self.counter)
+                        }
+                        _ => self.new_message(),
+                    };
+                    match part {
+                        0 | 1 => {
+                            refused |= !fold.complete(m.clone());
+                            events.push(event("message/complete", json!({ "message": m })));
+                        }
+                        2 | 3 => {
+                            fold.upsert(m.clone());
+                            events.push(event("message/upsert", json!({ "message": m })));
+                        }
+                        _ => {
+                            let mut messages = fold.kept(pick);
+                            messages.push(m);
+                            fold.replace(&messages, true);
+                            events.push(event("history/replace", json!({ "messages": messages })));
+                        }
+                    }
+                }
+                if !refused {
+                    self.append(i, events, None, fold);
+                    return;
+                }
+                let w = self.writer(i);
+                let before = w.snapshot().event_sequence;
+                let op = self.fresh("op");
+                let result = w.append_events(&op, events);
+                assert!(
+                    matches!(result, Err(Error::InvalidPayload { .. })),
+                    "a batch completing a message id twice was not refused: {result:?}"
+                );
+                assert_eq!(w.snapshot().event_sequence, before);
             }
             Op::Flush { s } => {
                 let i = self.pick(s);
