@@ -845,6 +845,32 @@ fn check_session(
     let walked: Vec<Value> = walked.into_iter().map(|(_, m)| m).collect();
     prop_assert_eq!(&walked, &want.messages, "{}: pages walked by cursor", who);
 
+    // The commits observed cold, page by page from sequence 0.
+    let (mut after, mut observed, mut events) = (0u64, 0u64, 0u64);
+    loop {
+        let o = rt
+            .block_on(query.observe(&r, after, page))
+            .expect("observe");
+        prop_assert!(o.runtime.is_none(), "{}: a runtime attached", who);
+        for c in &o.events.commits {
+            prop_assert_eq!(c.first_seq, after + 1, "{}: observed commits in order", who);
+            after = c.last_seq();
+            observed += 1;
+            events += c.events.len() as u64;
+        }
+        prop_assert_eq!(o.events.next, after, "{}: observe's next", who);
+        if !o.events.truncated {
+            break;
+        }
+        prop_assert!(
+            !o.events.commits.is_empty(),
+            "{}: an empty truncated page",
+            who
+        );
+    }
+    prop_assert_eq!(observed, want.commits, "{}: observed commits", who);
+    prop_assert_eq!(events, want.events, "{}: observed events", who);
+
     // The whole file, checked as `verify` does.
     let verified = verify_file(root.session_dir(&sid)).expect("verify_file");
     prop_assert_eq!(verified.events, want.events, "{}: verified events", who);
@@ -878,6 +904,19 @@ fn check_session(
             .map(|m| m.id().to_owned())
             .collect();
         prop_assert_eq!(&workset, &live.workset, "{}: live workset", who);
+        let accepted = w.accepted_commits(0, usize::MAX).expect("accepted commits");
+        prop_assert_eq!(
+            accepted.len() as u64,
+            live.commits,
+            "{}: accepted commits",
+            who
+        );
+        prop_assert_eq!(
+            accepted.last().map_or(0, |c| c.last_seq()),
+            live.events,
+            "{}: accepted events",
+            who
+        );
     }
     Ok(())
 }
