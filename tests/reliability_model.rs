@@ -875,9 +875,13 @@ fn check_session(
     let verified = verify_file(root.session_dir(&sid)).expect("verify_file");
     prop_assert_eq!(verified.events, want.events, "{}: verified events", who);
     prop_assert_eq!(verified.commits, want.commits, "{}: verified commits", who);
+    // The projection from the newest checkpoint is the full fold's.
+    let cold = serde_json::to_value(&projection).expect("projection JSON");
     prop_assert_eq!(
-        verified.projection.transcript_len,
-        want.messages.len() as u64
+        &serde_json::to_value(&verified.projection).expect("projection JSON"),
+        &cold,
+        "{}: the checkpointed fold differs from the full fold",
+        who
     );
 
     // The live writer: the accepted state.
@@ -890,6 +894,14 @@ fn check_session(
             who
         );
         let snapshot = w.snapshot();
+        if live.events == want.events {
+            prop_assert_eq!(
+                &serde_json::to_value(&snapshot.projection).expect("projection JSON"),
+                &cold,
+                "{}: the writer's fold differs from the cold one",
+                who
+            );
+        }
         prop_assert_eq!(snapshot.event_sequence, live.events, "{}: accepted", who);
         prop_assert_eq!(
             snapshot.durable_sequence,
