@@ -22,8 +22,8 @@ use reliability_support::env_count;
 use serde_json::{Value, json};
 use session_store::format::SESSION_FILE;
 use session_store::{
-    Batch, CancelToken, ContentRef, Error, Event, ForkPoint, HistoryPage, ImportOptions, Message,
-    Root, Service, Session, SessionQuery, SessionRef, verify_file,
+    Batch, CancelToken, ClientBinding, ContentRef, Error, Event, ForkPoint, HistoryPage,
+    ImportOptions, Message, Root, Service, Session, SessionQuery, SessionRef, verify_file,
 };
 
 const HOST: &str = "model";
@@ -241,6 +241,9 @@ struct Sess {
     /// What is on disk.
     durable: State,
     writer: Option<Session>,
+    /// The service's binding when the writer is a runtime of the service (its queries
+    /// then answer from the accepted state).
+    binding: Option<ClientBinding>,
     /// Whether some fork or rewind read this session's file (it has dependents).
     forked: bool,
 }
@@ -253,6 +256,7 @@ impl Sess {
             accepted: state.clone(),
             durable: state,
             writer: None,
+            binding: None,
             forked: false,
         }
     }
@@ -322,16 +326,28 @@ impl World {
                 accepted: State::default(),
                 durable: State::default(),
                 writer: Some(session),
+                binding: None,
                 forked: false,
             });
         }
         usize::from(s) % self.sessions.len()
     }
 
+    /// Session `i`'s writer, opened when it has none: every other time as a runtime of
+    /// the service, else by the root.
     fn writer(&mut self, i: usize) -> Session {
+        self.counter += 1;
+        let served = self.counter.is_multiple_of(2);
         let sess = &mut self.sessions[i];
         if sess.writer.is_none() {
-            sess.writer = Some(self.root.open_writer(&id(&sess.id)).expect("reopen"));
+            if served {
+                let r = SessionRef::new(HOST, sess.id.as_str()).expect("ref");
+                let binding = self.rt.block_on(self.service.open(&r)).expect("open");
+                sess.writer = Some(binding.runtime().session().clone());
+                sess.binding = Some(binding);
+            } else {
+                sess.writer = Some(self.root.open_writer(&id(&sess.id)).expect("reopen"));
+            }
         }
         sess.writer.clone().expect("writer")
     }
@@ -346,8 +362,14 @@ impl World {
 
     fn close(&mut self, i: usize) {
         let sess = &mut self.sessions[i];
-        if let Some(w) = sess.writer.take() {
-            w.close().expect("close");
+        match (sess.writer.take(), sess.binding.take()) {
+            (Some(_), Some(binding)) => {
+                let r = SessionRef::new(HOST, sess.id.as_str()).expect("ref");
+                self.rt.block_on(binding.release()).expect("release");
+                self.rt.block_on(self.service.close(&r)).expect("close");
+            }
+            (Some(w), None) => w.close().expect("close"),
+            _ => {}
         }
         sess.durable = sess.accepted.clone();
     }
@@ -826,8 +848,15 @@ fn check_session(
 
     // The query side: the whole history, and every page by its cursor.
     let r = SessionRef::new(HOST, sess.id.as_str()).expect("ref");
+    // A runtime of the service answers `history` and `observe` from its accepted state.
+    let served = sess.binding.is_some().then_some(&sess.accepted.fold);
     let history = rt.block_on(query.history(&r)).expect("history");
-    prop_assert_eq!(&values(&history), &want.messages, "{}: history", who);
+    prop_assert_eq!(
+        &values(&history),
+        &served.unwrap_or(want).messages,
+        "{}: history",
+        who
+    );
     let mut walked: Vec<(u64, Value)> = Vec::new();
     let mut cursor: Option<String> = None;
     loop {
@@ -851,7 +880,7 @@ fn check_session(
         let o = rt
             .block_on(query.observe(&r, after, page))
             .expect("observe");
-        prop_assert!(o.runtime.is_none(), "{}: a runtime attached", who);
+        prop_assert_eq!(o.runtime.is_some(), served.is_some(), "{}: runtime", who);
         for c in &o.events.commits {
             prop_assert_eq!(c.first_seq, after + 1, "{}: observed commits in order", who);
             after = c.last_seq();
@@ -868,8 +897,9 @@ fn check_session(
             who
         );
     }
-    prop_assert_eq!(observed, want.commits, "{}: observed commits", who);
-    prop_assert_eq!(events, want.events, "{}: observed events", who);
+    let seen = served.unwrap_or(want);
+    prop_assert_eq!(observed, seen.commits, "{}: observed commits", who);
+    prop_assert_eq!(events, seen.events, "{}: observed events", who);
 
     // The whole file, checked as `verify` does.
     let verified = verify_file(root.session_dir(&sid)).expect("verify_file");
