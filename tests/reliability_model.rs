@@ -857,6 +857,7 @@ fn check_session(
         "{}: history",
         who
     );
+    let read = |c: &ContentRef| rt.block_on(query.read_content(&r, c)).expect("content");
     let mut walked: Vec<(u64, Value)> = Vec::new();
     let mut cursor: Option<String> = None;
     loop {
@@ -864,7 +865,6 @@ fn check_session(
             .block_on(query.history_page(&r, cursor.as_deref(), page))
             .expect("history page");
         let below = walked.first().map(|(position, _)| *position);
-        let read = |c: &ContentRef| rt.block_on(query.read_content(&r, c)).expect("content");
         walked.splice(0..0, check_page(&read, &p, durable, page, below, who)?);
         cursor = p.next_cursor.filter(|_| p.has_more);
         if cursor.is_none() {
@@ -873,6 +873,27 @@ fn check_session(
     }
     let walked: Vec<Value> = walked.into_iter().map(|(_, m)| m).collect();
     prop_assert_eq!(&walked, &want.messages, "{}: pages walked by cursor", who);
+
+    // The page ending at a position (past the end: the newest page), then older pages.
+    let position = 1 + u64::from(pick) % (want.messages.len() as u64 + 2);
+    let end = position.min(want.messages.len() as u64);
+    let p = rt
+        .block_on(query.history_page_ending_at(&r, position, page))
+        .expect("history page ending at");
+    let got = check_page(&read, &p, durable, page, Some(end + 1), who)?;
+    let from = end.saturating_sub(page as u64) as usize;
+    let expected: Vec<Value> = want.messages[from..end as usize].to_vec();
+    let got: Vec<Value> = got.into_iter().map(|(_, m)| m).collect();
+    prop_assert_eq!(&got, &expected, "{}: the page ending at {}", who, position);
+    if let Some(cursor) = p.next_cursor {
+        let older = rt
+            .block_on(query.history_page(&r, Some(&cursor), page))
+            .expect("older page");
+        let got = check_page(&read, &older, durable, page, Some(from as u64 + 1), who)?;
+        let expected = &want.messages[from.saturating_sub(page)..from];
+        let got: Vec<Value> = got.into_iter().map(|(_, m)| m).collect();
+        prop_assert_eq!(&got[..], expected, "{}: the page before it", who);
+    }
 
     // The commits observed cold, page by page from sequence 0.
     let (mut after, mut observed, mut events) = (0u64, 0u64, 0u64);
