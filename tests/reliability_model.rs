@@ -1055,3 +1055,45 @@ fn proptest_reads_agree_with_a_model_of_the_transcript() {
         "every kind of session-making step was exercised"
     );
 }
+
+/// The preview is the first user message's text; an upsert that empties that message clears
+/// it and a later user message does not take its place (`Projection::preview`,
+/// ARCHITECTURE §3): not one appended after the clearing either (it did), also once read
+/// back cold and in the catalog; an upsert that fills the message again brings it back.
+#[test]
+fn a_preview_cleared_by_an_upsert_is_not_taken_by_a_later_message() {
+    let (_dir, root) = manual_root();
+    let s = create(&root, "preview");
+    let upsert = |content: &str| {
+        event(
+            "message/upsert",
+            json!({"message": {"id": "m1", "role": "user", "content": content}}),
+        )
+    };
+    s.append_events("a", vec![common::message("m1", "user", "hello")])
+        .unwrap();
+    s.append_events("b", vec![common::message("m2", "user", "second")])
+        .unwrap();
+    s.append_events("c", vec![upsert("")]).unwrap();
+    assert_eq!(s.snapshot().projection.preview, None);
+    s.append_events("d", vec![common::message("m3", "user", "third")])
+        .unwrap();
+    assert_eq!(s.snapshot().projection.preview, None, "live");
+    s.close().unwrap();
+    let cold = root
+        .open_reader(&id("preview"))
+        .unwrap()
+        .projection()
+        .unwrap();
+    assert_eq!(cold.preview, None, "cold");
+    let listed = root.list(None, 10).unwrap();
+    assert_eq!(listed.entries[0].preview, None, "catalog");
+
+    let s = root.open_writer(&id("preview")).unwrap();
+    s.append_events("e", vec![upsert("hello again")]).unwrap();
+    assert_eq!(
+        s.snapshot().projection.preview.as_deref(),
+        Some("hello again")
+    );
+    s.close().unwrap();
+}
