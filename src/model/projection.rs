@@ -74,7 +74,8 @@ pub struct Projection {
     /// The first user message's text, trimmed, cut to 240 characters. An upsert that
     /// empties that message clears it; a later user message does not take its place.
     pub preview: Option<String>,
-    /// 1-based transcript position of the preview's message (0: none).
+    /// 1-based transcript position of the preview's message (0: none yet). An upsert that
+    /// empties that message keeps it, so no later message takes the preview's place.
     #[serde(default)]
     preview_position: u64,
     /// The exact provider workset.
@@ -650,10 +651,8 @@ impl Projection {
                 self.preview = Some(t);
                 self.preview_position = position;
             }
-            None if position == self.preview_position => {
-                self.preview = None;
-                self.preview_position = 0;
-            }
+            // The position stays taken: a later user message does not take its place.
+            None if position == self.preview_position => self.preview = None,
             _ => {}
         }
     }
