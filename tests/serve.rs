@@ -1098,3 +1098,69 @@ fn the_first_sessions_page_names_a_session_that_cannot_be_read() {
         8
     );
 }
+
+/// A root holding `big`, a session of `messages` messages in turns of 100.
+fn root_with_a_long_session(messages: usize) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let root_dir = dir.path().join("root");
+    let root = Root::open(&root_dir).unwrap();
+    let session = root
+        .create(CreateOptions::with_id(SessionId::new("big").unwrap()))
+        .unwrap();
+    for t in 0..messages / 100 {
+        let mut events = vec![Event::new("turn/start")];
+        for k in 0..100 {
+            let n = t * 100 + k;
+            let message = json!({"message": {"id": format!("m{n}"), "role": "user",
+                "content": format!("message {n} about the staging deploy")}});
+            events.push(
+                Event::new("message/complete")
+                    .with_payload(&message)
+                    .unwrap(),
+            );
+        }
+        events.push(
+            Event::new("turn/end")
+                .with_payload(&json!({"status": "completed"}))
+                .unwrap(),
+        );
+        session
+            .append(Batch::new(format!("op-{t}"), events).in_turn(format!("t{t}")))
+            .unwrap();
+    }
+    session.close().unwrap();
+    (dir, root_dir)
+}
+
+#[test]
+fn concurrent_requests_share_a_bounded_pool_of_storage_threads() {
+    // Each request's storage work ran on tokio's blocking pool, which grows to 512
+    // threads: 200 concurrent requests over a 100,000-message session left the server with
+    // 194 threads and 2.9 GB resident (a session's stats page holds about 30 MB while it
+    // runs). The pool is bounded now; the requests beyond it wait their turn.
+    let (_dir, root) = root_with_a_long_session(20_000);
+    let server = Server::start(&root, &[]);
+    server.ok("/sessions/big/stats");
+    let before = server.status_field("Threads");
+    let start = std::sync::Barrier::new(64);
+    std::thread::scope(|scope| {
+        for i in 0..64 {
+            let (server, start) = (&server, &start);
+            scope.spawn(move || {
+                start.wait();
+                let path = match i % 3 {
+                    0 => "/sessions/big/stats",
+                    1 => "/api/sessions/big/stats",
+                    _ => "/sessions/big?at=10000",
+                };
+                server.ok(path);
+            });
+        }
+    });
+    // Idle blocking threads stay for 10 s: what is counted now is what the burst made.
+    let after = server.status_field("Threads");
+    assert!(
+        after <= before + 12,
+        "{before} threads before 64 concurrent requests, {after} after"
+    );
+}

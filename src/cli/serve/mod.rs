@@ -39,6 +39,11 @@ pub const DEFAULT_ADDR: &str = "127.0.0.1:8765";
 /// Worker threads of the server's runtime (storage work runs on its blocking pool).
 const WORKERS: usize = 2;
 
+/// Threads of the runtime's blocking pool, where every request's storage work runs (tokio's
+/// default is 512): concurrent requests beyond it queue for a thread, so the server's
+/// threads and the memory its reads hold stay bounded however many clients ask at once.
+const STORAGE_THREADS: usize = 8;
+
 /// Bytes of randomness in the token of a remote server.
 const TOKEN_BYTES: usize = 16;
 
@@ -155,6 +160,7 @@ pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(WORKERS)
+        .max_blocking_threads(STORAGE_THREADS)
         .enable_all()
         .build()?;
     runtime.block_on(async move {
