@@ -13,6 +13,7 @@ mod assets;
 mod data;
 mod guard;
 mod links;
+mod listen;
 mod pages;
 mod problem;
 mod svg;
@@ -184,9 +185,7 @@ pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
         if options.open {
             open_browser(&url);
         }
-        axum::serve(listener, router(app))
-            .with_graceful_shutdown(shutdown_requested())
-            .await?;
+        listen::serve(listener, router(app), shutdown_requested()).await;
         eprintln!("session-store: stopped");
         Ok(())
     })
