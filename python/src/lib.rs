@@ -579,14 +579,9 @@ impl Root {
         })?;
         detached(py, || {
             let id = self::session_id(session_id)?;
-            let cancel = CancelToken::new();
-            let timer = cancel.clone();
-            // The timer thread only cancels the wait; it needs no join.
-            std::thread::spawn(move || {
-                std::thread::sleep(wait);
-                timer.cancel();
-            });
-            self.service.root().delete(&id, &cancel)
+            // A deadline, not a timer thread: a thread per delete outlived the call by
+            // `wait` seconds, so a host deleting often kept hundreds of them.
+            self.service.root().delete(&id, &CancelToken::after(wait))
         })
     }
 }

@@ -604,14 +604,8 @@ pub fn delete(cx: &Context, id: &str, wait: Duration) -> CliResult<()> {
     {
         return Err(Error::WriterOwned { owner }.into());
     }
-    let cancel = CancelToken::new();
-    let timer = cancel.clone();
     let patience = wait.max(DELETE_GRACE);
-    // The process exits when the delete returns; the timer thread needs no join.
-    std::thread::spawn(move || {
-        std::thread::sleep(patience);
-        timer.cancel();
-    });
+    let cancel = CancelToken::after(patience);
     let bar = spinner(&format!("deleting {id}"));
     let deleted = root.delete(&id, &cancel);
     bar.finish_and_clear();

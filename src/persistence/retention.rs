@@ -126,17 +126,6 @@ fn reason_to_keep(
     Ok(Ok(forks))
 }
 
-/// A token cancelled after `wait` (a detached timer thread).
-fn cancel_after(wait: Duration) -> CancelToken {
-    let token = CancelToken::new();
-    let timer = token.clone();
-    std::thread::spawn(move || {
-        std::thread::sleep(wait);
-        timer.cancel();
-    });
-    token
-}
-
 impl Root {
     /// Deletes the sessions whose files have not changed for `options.older_than` and
     /// that no writer holds, each as [`Root::delete`] does (forks first get the history
@@ -202,7 +191,7 @@ impl Root {
                     Err(e) => Some(e.to_string()),
                 }
             };
-            match self.delete_unless(&id, &cancel_after(LOCK_WAIT), recheck) {
+            match self.delete_unless(&id, &CancelToken::after(LOCK_WAIT), recheck) {
                 Ok(None) => report.deleted.push(deleted),
                 Ok(Some(why)) => report.kept.push(keep(why)),
                 Err(Error::Cancelled) => report

@@ -198,6 +198,24 @@ impl Server {
         self.child.id()
     }
 
+    /// A field of the server's `/proc/PID/status` as a number (`Threads`, `VmRSS` in kB).
+    pub fn status_field(&self, field: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("read the server's /proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {field} in {status}"))
+    }
+
+    /// How many file descriptors the server has open.
+    pub fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .expect("list the server's descriptors")
+            .count()
+    }
+
     /// `GET base+path` with extra headers.
     pub fn get_with(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
         self.request("GET", path, headers)

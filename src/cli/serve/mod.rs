@@ -13,6 +13,7 @@ mod assets;
 mod data;
 mod guard;
 mod links;
+mod listen;
 mod pages;
 mod problem;
 mod svg;
@@ -38,6 +39,11 @@ pub const DEFAULT_ADDR: &str = "127.0.0.1:8765";
 
 /// Worker threads of the server's runtime (storage work runs on its blocking pool).
 const WORKERS: usize = 2;
+
+/// Threads of the runtime's blocking pool, where every request's storage work runs (tokio's
+/// default is 512): concurrent requests beyond it queue for a thread, so the server's
+/// threads and the memory its reads hold stay bounded however many clients ask at once.
+const STORAGE_THREADS: usize = 8;
 
 /// Bytes of randomness in the token of a remote server.
 const TOKEN_BYTES: usize = 16;
@@ -155,6 +161,7 @@ pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(WORKERS)
+        .max_blocking_threads(STORAGE_THREADS)
         .enable_all()
         .build()?;
     runtime.block_on(async move {
@@ -178,9 +185,7 @@ pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
         if options.open {
             open_browser(&url);
         }
-        axum::serve(listener, router(app))
-            .with_graceful_shutdown(shutdown_requested())
-            .await?;
+        listen::serve(listener, router(app), shutdown_requested()).await;
         eprintln!("session-store: stopped");
         Ok(())
     })
