@@ -662,6 +662,45 @@ fn a_missing_root_is_not_found_and_only_creating_commands_make_it() {
     // Nor does an import whose file is refused (it is validated inside the root).
     env.fails(&["import", "x.sqlite"], 6);
     assert!(!env.root().exists(), "a refused import left the root");
+    // A root whose parents are missing too: the refused command removes every folder it
+    // made, not only the root (the parents were left behind).
+    let deep = env.path("a/b/root");
+    std::fs::write(env.path("bad.jsonl"), b"not a transcript\n").expect("write");
+    let run_deep = |args: &[&str], stdin: &str| {
+        let mut child = Command::new(BIN)
+            .arg("--root")
+            .arg(&deep)
+            .args(args)
+            .env_remove("SESSION_STORE_ROOT")
+            .current_dir(env.path(""))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let mut input = child.stdin.take().expect("stdin");
+        input.write_all(stdin.as_bytes()).expect("write stdin");
+        drop(input);
+        child.wait_with_output().expect("wait")
+    };
+    for (args, stdin) in [
+        (&["import", "x.sqlite"][..], ""),
+        (&["migrate-legacy", "bad.jsonl"][..], ""),
+        (&["append", "s", "--create"][..], "not a batch\n"),
+    ] {
+        let out = run_deep(args, stdin);
+        assert_eq!(code(&out), 6, "{args:?}: {}", stderr(&out));
+        assert!(!env.path("a").exists(), "{args:?} left the root's parents");
+    }
+    // Folders that were there stay, with what they hold.
+    std::fs::create_dir(env.path("a")).expect("mkdir");
+    std::fs::write(env.path("a/keep"), b"x").expect("write");
+    assert_eq!(code(&run_deep(&["import", "x.sqlite"], "")), 6);
+    assert!(!env.path("a/b").exists(), "a refused import left a/b");
+    assert!(
+        env.path("a/keep").exists(),
+        "a folder that was there lost a file"
+    );
     env.ok(&["create", "s"]);
     assert!(env.root().is_dir());
     assert!(env.ok(&["list"]).contains('s'));
