@@ -524,6 +524,28 @@ fn list_filters_and_sorts_are_keyset_pages_on_the_catalog() {
         ["a", "b", "c", "d", "e"]
     );
     assert!(listed(&root, &["--since", "2101-01-01"]).is_empty());
+    // An empty page says whether the filters or the cursor emptied it, not that the root
+    // holds no sessions (it said "no sessions in ROOT" for all three).
+    let empty = ok(&root, &["list", "--since", "2101-01-01"]);
+    assert!(
+        empty.starts_with("no sessions match the filters in "),
+        "{empty}"
+    );
+    let empty = ok(&root, &["list", "--cursor", "zzz"]);
+    assert!(
+        empty.starts_with("no more sessions after the cursor in "),
+        "{empty}"
+    );
+    let empty = ok(&root, &["list", "--cwd", "/nowhere", "--cursor", "a"]);
+    assert!(
+        empty.starts_with("no more sessions match the filters after the cursor in "),
+        "{empty}"
+    );
+    let (_empty_dir, empty_root) = temp_cli_root();
+    ok(&empty_root, &["create", "x"]);
+    ok(&empty_root, &["delete", "x"]);
+    let empty = ok(&empty_root, &["list"]);
+    assert!(empty.starts_with("no sessions in "), "{empty}");
 
     // Pages of two follow the cursor through the same order, in every sort.
     for sort in ["id", "updated", "created"] {

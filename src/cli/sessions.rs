@@ -63,6 +63,10 @@ pub fn create(cx: &Context, id: Option<&str>, cwd: Option<String>) -> CliResult<
 /// [--origin ORIGIN] [--sort id|updated|created]`.
 pub fn list(cx: &Context, limit: usize, cursor: Option<&str>, filter: ListFilter) -> CliResult<()> {
     let service = cx.service()?;
+    let filtered = filter.cwd.is_some()
+        || filter.since_ms.is_some()
+        || filter.title.is_some()
+        || filter.origin.is_some();
     let page = block_on(service.query().list_with(cursor, limit, filter))??;
     report_skipped(&page.skipped);
     if let Some(e) = &page.catalog_error {
@@ -75,7 +79,15 @@ pub fn list(cx: &Context, limit: usize, cursor: Option<&str>, filter: ListFilter
         return print_json(&page);
     }
     if page.sessions.is_empty() {
-        outln!("no sessions in {}", cx.root.display());
+        // An empty page of a filtered or continued listing says so: "no sessions in ROOT"
+        // read as if the root held none.
+        let what = match (filtered, cursor.is_some()) {
+            (true, false) => "no sessions match the filters",
+            (true, true) => "no more sessions match the filters after the cursor",
+            (false, true) => "no more sessions after the cursor",
+            (false, false) => "no sessions",
+        };
+        outln!("{what} in {}", cx.root.display());
         return Ok(());
     }
     let width = page
