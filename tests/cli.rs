@@ -369,6 +369,22 @@ fn append_reports_and_keeps_the_batches_before_a_bad_line() {
         assert_eq!(printed[0]["last_seq"], 1);
     }
     assert_eq!(env.json(&["show", "s"])["durable_sequence"], 1);
+    // Without --json the summary of what was kept is printed too (it printed nothing, so
+    // the batches kept before the bad line went unreported); a bad first line adds none.
+    let two = json!({"operation_id": "two", "events": [message("m2", "user", "ho")]});
+    let out = env.run_with(&["append", "s"], &format!("{good}\n{two}\n{{bad\n"));
+    assert_eq!(code(&out), 6, "{}", stderr(&out));
+    assert!(stderr(&out).contains("line 3"), "{}", stderr(&out));
+    let summary = stdout(&out);
+    assert!(
+        summary.starts_with("appended 1 batches (1 events, ")
+            && summary.contains("1 retries of batches already stored")
+            && summary.contains("durable sequence 2"),
+        "{summary}"
+    );
+    let out = env.run_with(&["append", "s"], "{bad\n");
+    assert_eq!(code(&out), 6, "{}", stderr(&out));
+    assert_eq!(stdout(&out), "");
     env.fails(&["append", "missing"], 3);
     env.fails(&["append", "s", "--file", "no-such-file.jsonl"], 3);
     let file = env.path("batches.jsonl");

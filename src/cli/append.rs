@@ -80,10 +80,14 @@ pub fn run(
     };
     let result = feed(cx, &session, lines, sync_each, &mut pending, &mut totals);
     // Whatever was accepted is made durable (and reported) even when a line failed.
-    let closed = session.close();
-    result?;
-    closed?;
-    if !cx.json {
+    if let Err(e) = session.close() {
+        result?;
+        return Err(e.into());
+    }
+    // A failed line stops the input there; the batches before it are durable now and are
+    // counted as a run that ended well is (with `--json` their lines are already out).
+    let kept = totals.batches + totals.retries > 0;
+    if !cx.json && (result.is_ok() || kept) {
         let (_, durable) = session.sequences();
         let retries = match totals.retries {
             0 => String::new(),
@@ -97,7 +101,7 @@ pub fn run(
             session.id()
         );
     }
-    Ok(())
+    result
 }
 
 /// The numbered lines of the input.
