@@ -414,6 +414,9 @@ fn append_reports_and_keeps_the_batches_before_a_bad_line() {
         let out = env.run_with(&["append", "fresh", "--create", "--json"], &format!("\n{bad}\n{good}\n"));
         assert_eq!(code(&out), 6, "{bad}: {}", stderr(&out));
         assert!(stderr(&out).contains("line 2"), "{}", stderr(&out));
+        // serde_json's own "at line 1 column C" (of the line, or of the payload) is not
+        // given as a line of the input: it said "line 2: … at line 1 column 2".
+        assert!(!stderr(&out).contains("line 1"), "{}", stderr(&out));
         assert_eq!(stdout(&out), "", "{bad}");
         env.fails(&["show", "fresh"], 3);
         assert!(!env.root().join("fresh").exists(), "{bad}");

@@ -166,8 +166,17 @@ fn read_line(n: usize, line: std::io::Result<String>) -> CliResult<String> {
 
 /// Line `n` (0-based) as a batch (status 6 when it is not one).
 fn parse_batch(n: usize, line: &str) -> CliResult<Batch> {
-    serde_json::from_str(line)
-        .map_err(|e| Failure::invalid(format!("line {}: not a batch: {e}", n + 1)))
+    serde_json::from_str(line).map_err(|e| {
+        // serde_json places the error "at line 1 column C" of the one line it was given;
+        // the input's line is `n + 1`, so only the column is kept.
+        let text = e.to_string();
+        let suffix = format!(" at line {} column {}", e.line(), e.column());
+        let reason = match text.strip_suffix(&suffix) {
+            Some(reason) if e.line() > 0 => format!("{reason} (column {})", e.column()),
+            _ => text,
+        };
+        Failure::invalid(format!("line {}: not a batch: {reason}", n + 1))
+    })
 }
 
 /// The failure of line `n`'s batch `operation_id`.

@@ -395,7 +395,28 @@ pub(crate) fn decode<T: DeserializeOwned>(event: &Event) -> Result<T> {
     let text = event
         .payload_str()
         .ok_or_else(|| bad(&event.kind, "payload is required"))?;
-    serde_json::from_str(text).map_err(|e| bad(&event.kind, e.to_string()))
+    serde_json::from_str(text).map_err(|e| bad(&event.kind, payload_json_error(&e)))
+}
+
+/// The reason a payload's text does not fit its schema, with the position serde_json gives
+/// said to be in the payload: its bare "at line 1 column 60" read as a line of the
+/// caller's own input (`append` names the input line before it).
+fn payload_json_error(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    if e.line() == 0 {
+        return text;
+    }
+    let suffix = format!(" at line {} column {}", e.line(), e.column());
+    let message = text.strip_suffix(&suffix).unwrap_or(&text);
+    if e.line() == 1 {
+        format!("{message} (column {} of the payload)", e.column())
+    } else {
+        format!(
+            "{message} (line {} column {} of the payload)",
+            e.line(),
+            e.column()
+        )
+    }
 }
 
 /// Refuses a blank id.
