@@ -777,6 +777,30 @@ fn gc_deletes_only_old_sessions_without_a_writer() {
     assert_eq!(report.deleted.len(), 2);
     assert_eq!(lib.list_ids().expect("ids").len(), 2);
 
+    // An old session that cannot be read: a dry run says it could not check it (it said
+    // "could not delete", having tried nothing); a real run could not delete it. Both exit
+    // 1 and leave it as it was.
+    chat(&root, "garbled", 1, "/w");
+    std::fs::write(
+        root.join("garbled").join("session.sqlite"),
+        b"not a session",
+    )
+    .expect("damage");
+    age(&root, "garbled", 3 * 86_400);
+    let out = run(&root, &["gc", "--older-than", "2d", "--dry-run"]);
+    assert_eq!(code(&out), 1);
+    let err = text(&out.stderr);
+    assert!(err.contains("could not check garbled"), "{err}");
+    assert!(!err.contains("delete"), "{err}");
+    let out = run(&root, &["gc", "--older-than", "2d"]);
+    assert_eq!(code(&out), 1);
+    let err = text(&out.stderr);
+    assert!(err.contains("could not delete garbled"), "{err}");
+    assert_eq!(
+        std::fs::read(root.join("garbled").join("session.sqlite")).expect("read"),
+        b"not a session"
+    );
+
     // Bad durations are usage errors (2).
     fails(&root, &["gc", "--older-than", "7"], 2);
     fails(&root, &["gc", "--older-than", "-1d"], 2);

@@ -678,9 +678,15 @@ pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
         for k in &report.kept {
             outln!("kept {}: {}", k.session_id, printable(&k.reason));
         }
+        // A dry run deletes nothing, so what failed there is the check.
+        let failed = if report.dry_run {
+            "could not check"
+        } else {
+            "could not delete"
+        };
         for f in &report.failed {
             eprintln!(
-                "session-store: could not delete {}: {}",
+                "session-store: {failed} {}: {}",
                 f.session_id,
                 printable(&f.reason)
             );
@@ -691,6 +697,10 @@ pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
     }
     match report.failed.len() {
         0 => Ok(()),
+        n if report.dry_run => Err(Failure::with_code(
+            EXIT_OTHER,
+            format!("{n} session(s) could not be checked"),
+        )),
         n => Err(Failure::with_code(
             EXIT_OTHER,
             format!("{n} session(s) could not be deleted (they are intact)"),
