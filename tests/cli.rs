@@ -972,3 +972,34 @@ fn reads_racing_a_delete_exit_0_or_3() {
     assert!(wrong.is_empty(), "reads racing a delete: {wrong:#?}");
     assert!(counts[0] > 0 && counts[1] > 0, "{counts:?}");
 }
+
+/// A batch can end one turn and go on (here with the whole next turn): a fork after the
+/// first turn cuts at the end of that batch, so it holds the next turn too, and `fork
+/// --help` says so (it said "everything up to its end"); a rewind before the next turn,
+/// which starts inside the batch, is refused (exit 6) with nothing made.
+#[test]
+fn a_fork_after_a_turn_keeps_the_whole_batch_that_ends_it() {
+    let env = Env::new();
+    let first = json!({"operation_id": "a", "turn_id": "t1", "events": [
+        {"kind": "turn/start"}, message("m1", "user", "one"),
+    ]});
+    let second = json!({"operation_id": "b", "turn_id": "t2", "events": [
+        {"kind": "turn/end", "payload": {"status": "completed"}},
+        {"kind": "turn/start"}, message("m2", "user", "two"),
+        {"kind": "turn/end", "payload": {"status": "completed"}},
+    ]});
+    let out = env.run_with(
+        &["append", "mid", "--create"],
+        &format!("{first}\n{second}\n"),
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    env.ok(&["fork", "mid", "--after-turn", "t1", "--id", "child"]);
+    let history = env.json(&["history", "child"]);
+    assert_eq!(history["messages"].as_array().map(Vec::len), Some(2));
+    assert_eq!(env.json(&["show", "child"])["durable_sequence"], 6);
+    let err = env.fails(&["rewind", "mid", "--before-turn", "t2", "--id", "r"], 6);
+    assert!(err.contains("inside a commit"), "{err}");
+    assert!(!env.root().join("r").exists());
+    let help = env.ok(&["fork", "--help"]);
+    assert!(help.contains("the end of the batch that ends it"), "{help}");
+}

@@ -202,7 +202,8 @@ enum Command {
     Fork {
         /// The parent session.
         id: String,
-        /// The turn to keep (everything up to its end).
+        /// The turn to keep: everything up to the end of the batch that ends it (a batch
+        /// that ends it and goes on, say with the next turn, is kept whole).
         #[arg(long, value_name = "T")]
         after_turn: String,
         /// The new session's id (random when omitted).
