@@ -913,13 +913,23 @@ fn bench_runs_small_and_reports_the_ratios() {
         human.contains("ratio library/raw") && human.contains("library/JSONL"),
         "{human}"
     );
-    // The default bench folder inside the root is removed afterwards.
-    let leftovers: Vec<_> = std::fs::read_dir(env.root())
+    // The default bench folder inside the root is removed afterwards, and so is the root
+    // the bench made for it: `bench` makes no sessions, so it leaves no root behind (it
+    // left an empty one).
+    assert!(!env.root().exists(), "bench left the root it made");
+    env.ok(&["create", "s"]);
+    env.ok(&["bench", "--events", "640", "--sessions", "1"]);
+    let left: Vec<_> = std::fs::read_dir(env.root())
         .expect("root")
         .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().starts_with(".bench"))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name == "s" || name.starts_with(".bench"))
         .collect();
-    assert!(leftovers.is_empty());
+    assert_eq!(
+        left,
+        ["s"],
+        "an existing root keeps its sessions, no bench folder"
+    );
 }
 
 #[test]

@@ -13,7 +13,7 @@
 #[path = "../cli/mod.rs"]
 mod cli;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -458,30 +458,16 @@ fn run(args: Args) -> CliResult<()> {
         host: args.host,
         json: args.json,
     };
-    let missing = missing_folders(&cx.root);
+    let missing = cli::missing_folders(&cx.root);
     let result = dispatch(&cx, args.command);
     if result.is_err() {
         // A command that made the root and then failed (an import whose file is refused
         // is validated inside the root) leaves no empty root behind, nor the folders above
         // it that making the root created. `remove_dir` removes only an empty folder, so
         // nothing anyone wrote there meanwhile goes.
-        for dir in &missing {
-            if std::fs::remove_dir(dir).is_err() {
-                break;
-            }
-        }
+        cli::remove_empty_folders(&missing);
     }
     result
-}
-
-/// The folders of `root`'s path that do not exist, the root first, then each missing
-/// parent up to the first one that exists: what making the root would create.
-fn missing_folders(root: &Path) -> Vec<PathBuf> {
-    root.ancestors()
-        .filter(|p| !p.as_os_str().is_empty())
-        .take_while(|p| std::fs::symlink_metadata(p).is_err())
-        .map(Path::to_path_buf)
-        .collect()
 }
 
 /// Runs one command on `cx`.

@@ -102,8 +102,9 @@ pub struct Report {
     pub total_seconds: f64,
 }
 
-/// Removes the bench folder when dropped (only a folder the bench created itself).
-pub(super) struct Scratch(Option<PathBuf>);
+/// Removes the bench folder when dropped (only a folder the bench created itself), then
+/// the root and its parents when the bench made them and they are empty.
+pub(super) struct Scratch(Option<PathBuf>, Vec<PathBuf>);
 
 /// The folder a bench writes to: `dir` when given (kept afterwards), else a new
 /// `.bench-{suite}-{pid}` folder in the root, removed when the returned [`Scratch`] drops.
@@ -115,16 +116,27 @@ pub(super) fn work_dir(
     match dir {
         Some(dir) => {
             std::fs::create_dir_all(dir)?;
-            Ok((dir.to_path_buf(), Scratch(None)))
+            Ok((dir.to_path_buf(), Scratch(None, Vec::new())))
         }
         None => {
+            // A missing root is made for the scratch folder and removed with it: `bench`
+            // makes no sessions, so it leaves no root behind (README, Command line).
+            let made = super::missing_folders(&cx.root);
+            let scratch = Scratch(None, made);
             std::fs::create_dir_all(&cx.root)?;
             let dir = cx
                 .root
                 .join(format!(".bench-{suite}-{}", std::process::id()));
             std::fs::create_dir_all(&dir)?;
-            Ok((dir.clone(), Scratch(Some(dir))))
+            Ok((dir.clone(), Scratch(Some(dir), scratch.forget_made())))
         }
+    }
+}
+
+impl Scratch {
+    /// The folders this one would remove, handed over (it then removes none).
+    fn forget_made(mut self) -> Vec<PathBuf> {
+        std::mem::take(&mut self.1)
     }
 }
 
@@ -133,6 +145,7 @@ impl Drop for Scratch {
         if let Some(dir) = self.0.take() {
             let _ = std::fs::remove_dir_all(dir);
         }
+        super::remove_empty_folders(&self.1);
     }
 }
 

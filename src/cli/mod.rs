@@ -34,7 +34,7 @@ pub mod workload;
 use std::borrow::Cow;
 use std::fmt;
 use std::io::{IsTerminal, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -218,6 +218,27 @@ impl Context {
     /// A service over `root` for this host.
     pub fn service_on(&self, root: session_store::Root) -> CliResult<session_store::Service> {
         Ok(session_store::Service::new(self.host.clone(), root)?)
+    }
+}
+
+/// The folders of `root`'s path that do not exist, the root first, then each missing
+/// parent up to the first one that exists: what making the root would create.
+pub fn missing_folders(root: &Path) -> Vec<PathBuf> {
+    root.ancestors()
+        .filter(|p| !p.as_os_str().is_empty())
+        .take_while(|p| std::fs::symlink_metadata(p).is_err())
+        .map(Path::to_path_buf)
+        .collect()
+}
+
+/// Removes `folders` (as [`missing_folders`] lists them, deepest first) while they are
+/// empty, stopping at the first that is not: what a command made and left unused goes,
+/// nothing anyone wrote there meanwhile does.
+pub fn remove_empty_folders(folders: &[PathBuf]) {
+    for dir in folders {
+        if std::fs::remove_dir(dir).is_err() {
+            break;
+        }
     }
 }
 
