@@ -1013,3 +1013,33 @@ fn a_fork_after_a_turn_keeps_the_whole_batch_that_ends_it() {
     let help = env.ok(&["fork", "--help"]);
     assert!(help.contains("the end of the batch that ends it"), "{help}");
 }
+
+/// `show` and `stats` print a session's usage totals, and their help says so (it did not).
+#[test]
+fn show_and_stats_print_usage_totals_as_their_help_says() {
+    let env = Env::new();
+    let batch = json!({"operation_id": "u", "events": [{"kind": "usage", "payload":
+        {"model": "m", "input_tokens": 3, "output_tokens": 4, "cost": "0.000000001"}}]});
+    let out = env.run_with(
+        &["append", "s", "--create"],
+        &format!(
+            "{batch}\n{}\n",
+            json!({"operation_id": "v", "events": [{"kind": "usage", "payload":
+            {"model": "m", "input_tokens": 1, "output_tokens": 0, "cost": "0.1"}}]})
+        ),
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    for command in ["show", "stats"] {
+        let text = env.ok(&[command, "s"]);
+        assert!(
+            text.contains("2 calls, 4 in, 4 out") && text.contains("cost 0.100000001"),
+            "{command}: {text}"
+        );
+        assert_eq!(
+            env.json(&[command, "s"])["usage"]["total"]["cost"],
+            "0.100000001"
+        );
+        let help = env.ok(&[command, "--help"]);
+        assert!(help.contains("usage totals"), "{command}: {help}");
+    }
+}

@@ -138,7 +138,7 @@ enum Command {
         /// The new title (not blank).
         title: String,
     },
-    /// Header, lineage, lease, sequences, turns and bytes by table of a session.
+    /// Header, lineage, lease, sequences, turns, usage totals and bytes by table of a session.
     Show {
         /// The session.
         id: String,
@@ -276,7 +276,7 @@ enum Command {
         #[arg(long, value_name = "ID", default_value = "")]
         head: String,
     },
-    /// Bytes and counts by event kind, blobs and compression ratio.
+    /// Bytes and counts by event kind, blobs and compression ratio, usage totals.
     Stats {
         /// The session.
         id: String,
