@@ -961,6 +961,27 @@ fn cli_search_marks_snippets_on_a_terminal_only_and_follows_the_exit_codes() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.stdout.is_empty());
+
+    // A long title is clipped on a hit's line as `list` clips it (it was printed whole:
+    // one 20,000-character line per hit); the JSON keeps it whole.
+    let long: String = "alpha ".repeat(3_000) + "needle";
+    let out = run(&["rename", "cli", &long]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(&["search", "timeouts"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let first = text.lines().next().unwrap_or_default();
+    assert!(first.starts_with("cli #1 user"), "{first}");
+    assert!(
+        first.chars().count() < 200 && first.ends_with('…'),
+        "{first}"
+    );
+    let out = run(&["--json", "search", "timeouts"]);
+    let page: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(page["hits"][0]["title"], long.as_str());
 }
 
 #[test]

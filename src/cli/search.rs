@@ -4,7 +4,11 @@ use std::io::IsTerminal;
 
 use session_store::{SearchOptions, SearchPage};
 
+use super::sessions::preview;
 use super::{CliResult, Context, block_on, print_json, printable, session_id};
+
+/// Characters of a session's title shown on a hit's line (as `list` shows it).
+const TITLE_CHARS: usize = 60;
 use session_store::utc;
 
 /// What `search` takes besides the query.
@@ -65,10 +69,11 @@ fn print_page(page: &SearchPage, terminal: bool) -> CliResult<()> {
         ("", "")
     };
     for hit in &page.hits {
+        // Clipped as `list` clips it: a title can be any length (it printed whole).
         let title = if hit.title.is_empty() {
             String::new()
         } else {
-            format!("  {}", printable(&hit.title))
+            format!("  {}", preview(&hit.title, TITLE_CHARS))
         };
         outln!(
             "{} #{} {} {}{title}",

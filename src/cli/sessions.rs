@@ -24,7 +24,7 @@ const PREVIEW_CHARS: usize = 100;
 
 /// `text` on one line, control characters escaped, cut to `max` characters with an
 /// ellipsis.
-fn preview(text: &str, max: usize) -> String {
+pub(super) fn preview(text: &str, max: usize) -> String {
     let flat = printable(text);
     if flat.chars().count() <= max {
         flat.into_owned()
