@@ -32,9 +32,14 @@ impl Env {
 
     /// The binary with `--root` set and no root in the environment.
     fn command(&self, args: &[&str]) -> Command {
+        self.command_at(&self.root(), args)
+    }
+
+    /// The binary with `--root root`, run in the temp folder.
+    fn command_at(&self, root: &std::path::Path, args: &[&str]) -> Command {
         let mut c = Command::new(BIN);
         c.arg("--root")
-            .arg(self.root())
+            .arg(root)
             .args(args)
             .env_remove("SESSION_STORE_ROOT")
             .current_dir(self.dir.path());
@@ -43,8 +48,13 @@ impl Env {
 
     /// Runs with `stdin` as input.
     fn run_with(&self, args: &[&str], stdin: &str) -> Output {
+        self.run_at(&self.root(), args, stdin)
+    }
+
+    /// Runs with `--root root` and `stdin` as input.
+    fn run_at(&self, root: &std::path::Path, args: &[&str], stdin: &str) -> Output {
         let mut child = self
-            .command(args)
+            .command_at(root, args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -685,23 +695,7 @@ fn a_missing_root_is_not_found_and_only_creating_commands_make_it() {
     // made, not only the root (the parents were left behind).
     let deep = env.path("a/b/root");
     std::fs::write(env.path("bad.jsonl"), b"not a transcript\n").expect("write");
-    let run_deep = |args: &[&str], stdin: &str| {
-        let mut child = Command::new(BIN)
-            .arg("--root")
-            .arg(&deep)
-            .args(args)
-            .env_remove("SESSION_STORE_ROOT")
-            .current_dir(env.path(""))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn");
-        let mut input = child.stdin.take().expect("stdin");
-        input.write_all(stdin.as_bytes()).expect("write stdin");
-        drop(input);
-        child.wait_with_output().expect("wait")
-    };
+    let run_deep = |args: &[&str], stdin: &str| env.run_at(&deep, args, stdin);
     for (args, stdin) in [
         (&["import", "x.sqlite"][..], ""),
         (&["migrate-legacy", "bad.jsonl"][..], ""),
