@@ -597,6 +597,26 @@ fn export_destinations_that_are_not_new_files_are_clear_errors() {
         "",
     );
     assert_eq!(names(&folder), ["x.sqlite"]);
+    // Inside the root (the root itself, a session folder, the store's own folders, also
+    // through a symlink to the root): refused (6), nothing written. An export there was a
+    // file a later `delete` removed with its session, or one whose name an id then had
+    // ("already exists" and "not found" at once).
+    std::os::unix::fs::symlink(&w.root, w.base.join("root-link")).expect("symlink");
+    w.ok(&["list"], "");
+    for dest in [
+        w.root.join("x"),
+        w.root.join("s").join("backup.sqlite"),
+        w.root.join(".staging").join("x.sqlite"),
+        w.root.join(".catalog").join("x.sqlite"),
+        w.base.join("root-link").join("x"),
+    ] {
+        let out = w.run(&["export", "s", dest.to_str().expect("utf8")], "");
+        assert_eq!(code(&out), 6, "{}: {}", dest.display(), stderr(&out));
+        assert!(stderr(&out).contains("inside the root"), "{}", stderr(&out));
+        assert!(!dest.exists(), "{}", dest.display());
+    }
+    w.ok(&["create", "x"], "");
+    w.ok(&["verify", "s"], "");
 }
 
 #[test]

@@ -179,10 +179,21 @@ impl Root {
     /// # Errors
     /// [`Error::SessionExists`] when the destination exists (a file or a symlink);
     /// [`Error::InvalidInput`] when it is a folder, a device or another non-regular file,
-    /// or its folder is not a folder; [`Error::Io`] of kind `NotFound` when its folder is
+    /// its folder is not a folder, or it is inside the root (a session folder, the store's
+    /// own folders or the root itself); [`Error::Io`] of kind `NotFound` when its folder is
     /// missing; read, validation and I/O errors (no file is left at the destination).
     pub fn export(&self, id: &SessionId, destination: impl AsRef<Path>) -> Result<ExportReport> {
         let (folder, dest) = export_destination(destination.as_ref())?;
+        // The root is the store's: a file in a session folder goes with that session's
+        // delete, and one at the top takes an id's name (its session then "already exists"
+        // and is "not found" at once).
+        if folder.starts_with(self.path()) {
+            return Err(Error::invalid(format!(
+                "export destination {} is inside the root {}; give a path outside it",
+                dest.display(),
+                self.path().display()
+            )));
+        }
         let reader = self.open_reader(id)?;
         let through = reader.durable_sequence()?;
         // Short, so that any destination name that fits the file system fits here too
