@@ -572,6 +572,29 @@ fn list_filters_and_sorts_are_keyset_pages_on_the_catalog() {
         }
         assert_eq!(Value::Array(paged), all, "{sort}");
     }
+    // The human "more:" line continues the same listing: it names the sort the cursor
+    // belongs to (alone, `--cursor u.…` was read as an id and listed other sessions), and
+    // the filters to give again (alone, the cursor listed every session after it).
+    let human = ok(&root, &["list", "--sort", "updated", "--limit", "2"]);
+    let more = human.lines().last().unwrap_or_default();
+    let args: Vec<&str> = more
+        .strip_prefix("more: ")
+        .unwrap_or_else(|| panic!("{human}"))
+        .split(' ')
+        .collect();
+    assert_eq!(args[..3], ["--sort", "updated", "--cursor"], "{more}");
+    let mut next = vec!["list", "--limit", "2"];
+    next.extend(&args);
+    assert_eq!(listed(&root, &next[1..]), ["e", "a"], "{more}");
+    let human = ok(
+        &root,
+        &["list", "--cwd", "/proj", "--origin", "new", "--limit", "1"],
+    );
+    let more = human.lines().last().unwrap_or_default();
+    assert!(
+        more.starts_with("more: --cursor ") && more.ends_with(" (with the same --cwd, --origin)"),
+        "{more}"
+    );
     let created = json_of(&root, &["list", "--sort", "created"])["sessions"].clone();
     let keys: Vec<(i64, String)> = created
         .as_array()

@@ -10,7 +10,7 @@ use serde_json::json;
 use session_store::format::{SESSION_FILE, WAL_FILE};
 use session_store::{
     CancelToken, Commit, ContentRef, CreateOptions, DependentFork, Error, Event, ForkPoint,
-    GcOptions, ImportOptions, LineageEntry, ListFilter, Root, SessionId, SkippedSession,
+    GcOptions, ImportOptions, LineageEntry, ListFilter, ListSort, Root, SessionId, SkippedSession,
     TableBytes, TurnBoundary, Usage, UsageTotals, WriterOwner, utc,
 };
 
@@ -63,10 +63,21 @@ pub fn create(cx: &Context, id: Option<&str>, cwd: Option<String>) -> CliResult<
 /// [--origin ORIGIN] [--sort id|updated|created]`.
 pub fn list(cx: &Context, limit: usize, cursor: Option<&str>, filter: ListFilter) -> CliResult<()> {
     let service = cx.service()?;
-    let filtered = filter.cwd.is_some()
-        || filter.since_ms.is_some()
-        || filter.title.is_some()
-        || filter.origin.is_some();
+    let filters: Vec<&str> = [
+        ("--cwd", filter.cwd.is_some()),
+        ("--since", filter.since_ms.is_some()),
+        ("--title", filter.title.is_some()),
+        ("--origin", filter.origin.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(flag, given)| given.then_some(flag))
+    .collect();
+    let filtered = !filters.is_empty();
+    let sort = match filter.sort {
+        ListSort::Updated => "--sort updated ",
+        ListSort::Created => "--sort created ",
+        _ => "",
+    };
     let page = block_on(service.query().list_with(cursor, limit, filter))??;
     report_skipped(&page.skipped);
     if let Some(e) = &page.catalog_error {
@@ -121,7 +132,14 @@ pub fn list(cx: &Context, limit: usize, cursor: Option<&str>, filter: ListFilter
         );
     }
     if let Some(next) = &page.next_cursor {
-        outln!("more: --cursor {next}");
+        // The cursor continues this listing only: alone, a sorted listing's cursor read as
+        // an id (or was refused) and a filtered one's listed every session after it.
+        let same = if filters.is_empty() {
+            String::new()
+        } else {
+            format!(" (with the same {})", filters.join(", "))
+        };
+        outln!("more: {sort}--cursor {next}{same}");
     }
     Ok(())
 }
