@@ -982,6 +982,23 @@ fn cli_search_marks_snippets_on_a_terminal_only_and_follows_the_exit_codes() {
     let out = run(&["--json", "search", "timeouts"]);
     let page: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(page["hits"][0]["title"], long.as_str());
+    // The next page's hint names what it needs again: the cursor alone continued an
+    // unfiltered search of whatever query it was given.
+    let out = run(&[
+        "search",
+        "timeouts OR needle",
+        "--limit",
+        "1",
+        "--since",
+        "1d",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("next page: --cursor ")
+            && last.ends_with(" (with the same query and --since)"),
+        "{last}"
+    );
 }
 
 #[test]

@@ -32,6 +32,12 @@ pub struct SearchArgs {
 /// `search QUERY [--limit N] [--cursor C] [--session ID] [--cwd DIR] [--since DATE]
 /// [--role ROLE]`.
 pub fn search(cx: &Context, query: &str, args: SearchArgs) -> CliResult<()> {
+    let given = Given {
+        session: args.session.is_some(),
+        cwd: args.cwd.is_some(),
+        since: args.since_ms.is_some(),
+        role: args.role.is_some(),
+    };
     let mut options = SearchOptions::default().with_limit(args.limit);
     if let Some(c) = args.cursor {
         options = options.with_cursor(c);
@@ -48,17 +54,35 @@ pub fn search(cx: &Context, query: &str, args: SearchArgs) -> CliResult<()> {
     if let Some(r) = args.role {
         options = options.with_role(r);
     }
+    let filters: Vec<&str> = [
+        ("--session", given.session),
+        ("--cwd", given.cwd),
+        ("--since", given.since),
+        ("--role", given.role),
+    ]
+    .into_iter()
+    .filter_map(|(flag, given)| given.then_some(flag))
+    .collect();
     let service = cx.service()?;
     let page = block_on(service.query().search(query, options))??;
     if cx.json {
         return print_json(&page);
     }
-    print_page(&page, std::io::stdout().is_terminal())
+    print_page(&page, &filters, std::io::stdout().is_terminal())
+}
+
+/// Which filters a search was given (its next page needs them again).
+struct Given {
+    session: bool,
+    cwd: bool,
+    since: bool,
+    role: bool,
 }
 
 /// One block per hit: where it is, then its snippet (matches in bold reverse video on a
-/// terminal, plain text otherwise).
-fn print_page(page: &SearchPage, terminal: bool) -> CliResult<()> {
+/// terminal, plain text otherwise); then the next page's cursor, with the `filters` it
+/// needs again (alone it continued an unfiltered search).
+fn print_page(page: &SearchPage, filters: &[&str], terminal: bool) -> CliResult<()> {
     if page.hits.is_empty() {
         outln!("no matches");
         return Ok(());
@@ -94,7 +118,12 @@ fn print_page(page: &SearchPage, terminal: bool) -> CliResult<()> {
         outln!("  {}", hit.snippet.marked(open, close));
     }
     if let Some(next) = &page.next_cursor {
-        outln!("next page: --cursor {next}");
+        let same = if filters.is_empty() {
+            String::new()
+        } else {
+            format!(" and {}", filters.join(", "))
+        };
+        outln!("next page: --cursor {next} (with the same query{same})");
     }
     Ok(())
 }
