@@ -1037,3 +1037,28 @@ fn show_and_stats_print_usage_totals_as_their_help_says() {
         assert!(help.contains("usage totals"), "{command}: {help}");
     }
 }
+
+/// `import` and `verify` given a folder that holds no session file say so (exit 3): they
+/// said "session DIR/session.sqlite not found", `verify` "DIR is not sound". A session's
+/// own folder still imports and verifies.
+#[test]
+fn a_folder_without_a_session_file_is_named_as_such() {
+    let env = Env::new();
+    env.ok(&["create", "s"]);
+    let folder = env.path("plain-folder");
+    std::fs::create_dir(&folder).expect("mkdir");
+    let folder = folder.to_str().expect("utf-8");
+    for args in [&["import", folder][..], &["verify", folder][..]] {
+        let err = env.fails(args, 3);
+        assert!(
+            err.contains("is a folder without a session file (session.sqlite)")
+                && !err.contains("not sound"),
+            "{args:?}: {err}"
+        );
+    }
+    let own = env.root().join("s");
+    let own = own.to_str().expect("utf-8");
+    assert!(env.ok(&["verify", own]).starts_with("ok: s"));
+    env.ok(&["import", own, "--id", "s2"]);
+    assert_eq!(env.json(&["show", "s2"])["durable_sequence"], 0);
+}

@@ -561,6 +561,22 @@ fn must_exist(path: &Path) -> CliResult<()> {
     Ok(())
 }
 
+/// Fails with status 3 when `path` is a folder without a session file: `import` and
+/// `verify` take a session's folder for its file, and said "session DIR/session.sqlite
+/// not found" (verify: "DIR is not sound") for any other folder.
+fn not_a_bare_folder(path: &Path) -> CliResult<()> {
+    if path.is_dir() && std::fs::symlink_metadata(path.join(SESSION_FILE)).is_err() {
+        return Err(Failure::with_code(
+            EXIT_NOT_FOUND,
+            format!(
+                "{} is a folder without a session file ({SESSION_FILE})",
+                path.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// `export ID FILE`.
 pub fn export(cx: &Context, id: &str, file: &Path) -> CliResult<()> {
     let id = session_id(id)?;
@@ -606,6 +622,7 @@ pub fn import(
     cwd: Option<String>,
 ) -> CliResult<()> {
     must_exist(file)?;
+    not_a_bare_folder(file)?;
     let mut options = ImportOptions::default();
     options.session_id = new_id.map(session_id).transpose()?;
     options.cwd = cwd;
@@ -737,6 +754,7 @@ fn verify_target(cx: &Context, target: &str) -> CliResult<(PathBuf, Option<Sessi
     }
     let path = PathBuf::from(target);
     if path.exists() {
+        not_a_bare_folder(&path)?;
         return Ok((path, None));
     }
     Err(Failure::with_code(
