@@ -1062,3 +1062,22 @@ fn a_folder_without_a_session_file_is_named_as_such() {
     env.ok(&["import", own, "--id", "s2"]);
     assert_eq!(env.json(&["show", "s2"])["durable_sequence"], 0);
 }
+
+/// A folder where `append --file` or `migrate-legacy` want a file of lines is invalid
+/// input (6), named as a folder: it was "Is a directory (os error 21)", status 1. Nothing
+/// is created (the root they would make included).
+#[test]
+fn a_folder_given_as_a_file_of_lines_is_invalid_input() {
+    let env = Env::new();
+    let folder = env.path("lines");
+    std::fs::create_dir(&folder).expect("mkdir");
+    let folder = folder.to_str().expect("utf-8");
+    for args in [
+        &["append", "s", "--create", "--file", folder][..],
+        &["migrate-legacy", folder][..],
+    ] {
+        let err = env.fails(args, 6);
+        assert!(err.contains("is a folder; give a file"), "{args:?}: {err}");
+        assert!(!env.root().exists(), "{args:?} left a root");
+    }
+}

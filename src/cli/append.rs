@@ -57,6 +57,7 @@ pub fn run(
 ) -> CliResult<()> {
     let input: Box<dyn BufRead> = match file {
         Some(path) => {
+            super::not_a_folder(path)?;
             Box::new(BufReader::new(File::open(path).map_err(|e| {
                 Failure::context(format!("open {}", path.display()), &e)
             })?))

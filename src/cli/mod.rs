@@ -242,6 +242,18 @@ pub fn remove_empty_folders(folders: &[PathBuf]) {
     }
 }
 
+/// Fails with status 6 when `path` is a folder: input read as lines (`append --file`,
+/// `migrate-legacy`) failed on one with "Is a directory (os error 21)", status 1.
+pub fn not_a_folder(path: &Path) -> CliResult<()> {
+    if path.is_dir() {
+        return Err(Failure::invalid(format!(
+            "{} is a folder; give a file",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
 /// Parses a session id (status 6 when it is not a valid id).
 pub fn session_id(text: &str) -> CliResult<session_store::SessionId> {
     Ok(session_store::SessionId::new(text)?)

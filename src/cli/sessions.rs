@@ -813,6 +813,7 @@ pub fn verify(cx: &Context, target: &str) -> CliResult<()> {
 /// `migrate-legacy FILE [--head ID]`.
 pub fn migrate_legacy(cx: &Context, file: &Path, head: &str) -> CliResult<()> {
     must_exist(file)?;
+    super::not_a_folder(file)?;
     let service = cx.service_on(cx.create_root()?)?;
     let record = block_on(async {
         let (runtime, record) = service.continue_legacy(file, head).await?;
