@@ -1081,3 +1081,18 @@ fn a_folder_given_as_a_file_of_lines_is_invalid_input() {
         assert!(!env.root().exists(), "{args:?} left a root");
     }
 }
+
+/// An export whose file cannot be written (here into `/proc`, which takes no files, even
+/// for root) names the session and the destination asked for (status 1): the error named
+/// only SQLite's temporary file beside it (a full disk named nothing at all).
+#[test]
+fn an_export_that_cannot_write_names_its_destination() {
+    let env = Env::new();
+    env.ok(&["create", "s"]);
+    let err = env.fails(&["export", "s", "/proc/session-store-export.sqlite"], 1);
+    assert!(
+        err.starts_with("session-store: error: export s to /proc/session-store-export.sqlite: "),
+        "{err}"
+    );
+    assert!(!std::path::Path::new("/proc/session-store-export.sqlite").exists());
+}

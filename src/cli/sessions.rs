@@ -594,6 +594,10 @@ pub fn export(cx: &Context, id: &str, file: &Path) -> CliResult<()> {
                     file.display()
                 ),
             )
+        } else if super::library_code(&e) == EXIT_OTHER {
+            // A failed write (a full disk, a folder that takes no files) named only the
+            // temporary file SQLite was given, or nothing at all.
+            Failure::context(format!("export {id} to {}", file.display()), &e)
         } else {
             e.into()
         }
