@@ -210,25 +210,38 @@ fn file_identity(path: &Path) -> Option<(u64, u64)> {
         .map(|m| (m.dev(), m.ino()))
 }
 
-/// Runs `read`, a read of session `id`. When it fails and the session's file is no longer
-/// the one it was (the session was deleted, or deleted and imported again, while it was
-/// read), the failure is "not found" (status 3), not SQLite's error for the files that
-/// went away ("disk I/O error", "unable to open database file").
-fn read_of<T>(root: &Root, id: &SessionId, read: impl FnOnce() -> CliResult<T>) -> CliResult<T> {
+/// Reads of one session `read_of` makes at most when each fails on a file it cannot tell
+/// from the one it started with.
+const READ_ATTEMPTS: usize = 5;
+
+/// Runs `read`, a read of session `id`. When it fails and the session's file is gone or no
+/// longer the one it was (the session was deleted, or deleted and imported again, while it
+/// was read), the failure is "not found" (status 3), not SQLite's error for the files that
+/// went away ("disk I/O error", "unable to open database file"). A failure on what looks
+/// like the same file is read again (at most [`READ_ATTEMPTS`] reads): a file deleted and
+/// made again can get the inode number the old one had, and a file missing before and
+/// after the read was still a session deleted meanwhile (both exited 1).
+fn read_of<T>(root: &Root, id: &SessionId, read: impl Fn() -> CliResult<T>) -> CliResult<T> {
     let file = root.session_dir(id).join(SESSION_FILE);
-    let before = file_identity(&file);
-    match read() {
-        Err(e)
-            if exit_code(e.as_ref()) != EXIT_NOT_FOUND
-                && !is_broken_pipe(e.as_ref())
-                && file_identity(&file) != before =>
-        {
-            Err(Failure::with_code(
-                EXIT_NOT_FOUND,
-                format!("session {id} not found (deleted while it was read)"),
-            ))
+    let mut attempt = 1;
+    loop {
+        let before = file_identity(&file);
+        match read() {
+            Err(e) if exit_code(e.as_ref()) != EXIT_NOT_FOUND && !is_broken_pipe(e.as_ref()) => {
+                let now = file_identity(&file);
+                if now.is_none() || now != before {
+                    return Err(Failure::with_code(
+                        EXIT_NOT_FOUND,
+                        format!("session {id} not found (deleted while it was read)"),
+                    ));
+                }
+                if attempt == READ_ATTEMPTS {
+                    return Err(e);
+                }
+                attempt += 1;
+            }
+            other => return other,
         }
-        other => other,
     }
 }
 
