@@ -950,10 +950,11 @@ fn reads_racing_a_delete_exit_0_or_3() {
             done.store(true, std::sync::atomic::Ordering::SeqCst);
         })
     };
-    let reads: [&[&str]; 3] = [
+    let reads: [&[&str]; 4] = [
         &["events", "s", "--limit", "5"],
         &["history", "s", "--limit", "5"],
         &["show", "s"],
+        &["stats", "s"],
     ];
     // Three readers at once (one at a time missed the races a loaded machine showed: a
     // file missing before and after a failed read, an inode number reused by the import).
