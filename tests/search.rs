@@ -284,6 +284,96 @@ fn deleted_sessions_are_never_returned_and_forks_share_inherited_hits() {
     assert!(search_all(&root, "spectral OR walrus", SearchOptions::default()).is_empty());
 }
 
+/// A delete killed after its rename (the fork's inherited range already copied into the
+/// fork's file) and before it updated the index leaves the index holding the deleted
+/// parent's rows, the fork's inherited messages among them. The first search dropped those
+/// hits and forgot the parent, so the fork's inherited messages were found by no search
+/// until a `rebuild-catalog` or a writer open of the fork. The state is made as such a kill
+/// leaves it: the index files moved aside while another process (the CLI) deletes the
+/// parent, then put back.
+#[test]
+fn a_delete_killed_before_it_updated_the_index_leaves_the_forks_messages_found() {
+    let (dir, root) = temp_root();
+    parent_and_fork(
+        &root,
+        vec![message("p-u1", "user", "inherited walrus question")],
+    );
+    append(
+        &root,
+        "child",
+        "c1",
+        vec![message("c-u2", "user", "own narwhal answer")],
+    );
+    assert_eq!(
+        at(&search_all(&root, "walrus", SearchOptions::default())),
+        [("parent".into(), 1)]
+    );
+    let path = root.path().to_path_buf();
+    drop(root);
+    let catalog = path.join(".catalog");
+    let aside = dir.path().join("aside");
+    std::fs::create_dir(&aside).expect("mkdir");
+    let files: Vec<String> = std::fs::read_dir(&catalog)
+        .expect("catalog")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("search.sqlite"))
+        .collect();
+    assert!(files.contains(&"search.sqlite".to_owned()), "{files:?}");
+    for f in &files {
+        std::fs::rename(catalog.join(f), aside.join(f)).expect("move aside");
+    }
+    let out = bin()
+        .arg("--root")
+        .arg(&path)
+        .args(["delete", "parent"])
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !catalog.join("search.sqlite").exists(),
+        "the delete made no index"
+    );
+    for f in &files {
+        std::fs::rename(aside.join(f), catalog.join(f)).expect("put back");
+    }
+
+    let root = Root::open(&path).expect("root");
+    // As after a delete that ran to its end: the inherited message under the fork.
+    for _ in 0..2 {
+        let hits = search_all(&root, "walrus", SearchOptions::default());
+        assert_eq!(at(&hits), [("child".into(), 1)]);
+        assert!(hits[0].shared_with.is_empty());
+        assert_eq!(
+            at(&search_all(&root, "narwhal", SearchOptions::default())),
+            [("child".into(), 2)]
+        );
+    }
+    let out = bin()
+        .arg("--root")
+        .arg(&path)
+        .arg("rebuild-catalog")
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        at(&search_all(
+            &root,
+            "walrus OR narwhal",
+            SearchOptions::default()
+        )),
+        [("child".into(), 1), ("child".into(), 2)]
+    );
+}
+
 /// Session, position, message id, marked snippet and rank bits of a hit.
 type HitKey = (String, u64, String, String, u64);
 

@@ -277,6 +277,23 @@ impl Root {
         query: &str,
         options: &SearchOptions,
     ) -> Result<(Vec<Found>, Option<String>)> {
+        match self.search_once(query, options)? {
+            // Sessions that inherited from a session found gone were indexed again: the
+            // page is asked again, with their messages in it.
+            (_, _, true) => self
+                .search_once(query, options)
+                .map(|(found, next, _)| (found, next)),
+            (found, next, false) => Ok((found, next)),
+        }
+    }
+
+    /// One try of [`Root::search`]; also says whether it indexed again sessions that
+    /// inherited from a session it found gone (their hits may be missing from this page).
+    fn search_once(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+    ) -> Result<(Vec<Found>, Option<String>, bool)> {
         let parsed = SearchQuery::parse(query)?;
         let limit = if options.limit == 0 {
             DEFAULT_SEARCH_LIMIT
@@ -369,11 +386,21 @@ impl Root {
                 hit: hit.clone(),
             });
         }
-        // A session deleted behind the index's back (an older build, by hand): forgotten.
+        // A session deleted behind the index's back (an older build, by hand), or by a
+        // delete killed after its rename and before it updated the index: forgotten, and
+        // the sessions that inherited from it indexed again. The delete copied their
+        // inherited range into their own files, which the index holds only under the
+        // deleted session: forgetting it alone lost those messages from every search
+        // until a rebuild or a writer open of each fork.
+        let mut reindexed = false;
+        gone.sort();
+        gone.dedup();
         for id in gone {
-            let _ = index.forget(&id);
+            let inheritors = index.inheritors(&id).unwrap_or_default();
+            reindexed |= !inheritors.is_empty();
+            self.unindex_deleted(&id, &inheritors);
         }
-        Ok((out, next))
+        Ok((out, next, reindexed))
     }
 }
 

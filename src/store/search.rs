@@ -633,6 +633,24 @@ impl SearchIndex {
         ids.into_iter().map(SessionId::new).collect()
     }
 
+    /// The sessions whose indexed lineage names `ancestor` (forks and rewinds that
+    /// inherit a range of its file, as the index last saw them), in id order.
+    ///
+    /// # Errors
+    /// SQLite errors.
+    pub(crate) fn inheritors(&self, ancestor: &SessionId) -> Result<Vec<SessionId>> {
+        let conn = lock(&self.read);
+        let mut stmt = conn.prepare_cached(
+            "SELECT DISTINCT f.session_id FROM search_lineage l
+             JOIN search_sessions f ON f.id = l.session
+             WHERE l.ancestor_id = ?1 ORDER BY 1",
+        )?;
+        let ids = stmt
+            .query_map(params![ancestor.as_str()], |r| r.get::<_, String>(0))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        ids.into_iter().map(SessionId::new).collect()
+    }
+
     /// Sessions the index knows, for tests and `verify`-like checks: id and indexed
     /// sequence, in id order.
     ///
