@@ -725,10 +725,14 @@ pub fn verify(cx: &Context, target: &str) -> CliResult<()> {
                     "ok": false, "path": path.to_string_lossy(), "error": super::one_line(&e),
                 }))?;
             }
-            return Err(Failure::context(
-                format!("{} is not sound", path.display()),
-                &e,
-            ));
+            // Only a damaged (or too new) file is "not sound": an error that kept the
+            // file from being read (a full disk, a permission, I/O) says nothing of it.
+            let what = if e.is_corrupt() || e.is_unsupported() {
+                format!("{} is not sound", path.display())
+            } else {
+                format!("could not verify {}", path.display())
+            };
+            return Err(Failure::context(what, &e));
         }
     };
     let p = &replay.projection;
