@@ -93,26 +93,7 @@ fn batches(tag: &str, turns: usize, rng: &mut fastrand::Rng) -> String {
     out
 }
 
-/// Copies a folder tree (files and folders only: a template holds nothing else).
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("mkdir");
-    for entry in std::fs::read_dir(from).expect("read_dir").flatten() {
-        let path = entry.path();
-        let target = to.join(entry.file_name());
-        if entry.file_type().expect("type").is_dir() {
-            copy_tree(&path, &target);
-        } else {
-            std::fs::copy(&path, &target).expect("copy");
-            let f = std::fs::File::options()
-                .write(true)
-                .open(&target)
-                .expect("open");
-            f.set_modified(entry.metadata().expect("meta").modified().expect("mtime"))
-                .expect("set mtime");
-        }
-    }
-}
-
+/// Sets the time of every file under `dir` to `when`.
 fn age_tree(dir: &Path, when: SystemTime) {
     for entry in std::fs::read_dir(dir).expect("read_dir").flatten() {
         let path = entry.path();
@@ -126,6 +107,16 @@ fn age_tree(dir: &Path, when: SystemTime) {
             f.set_modified(when).expect("set mtime");
         }
     }
+}
+
+fn month_ago() -> SystemTime {
+    SystemTime::now() - Duration::from_secs(30 * 24 * 3600)
+}
+
+/// A copy of the template's root, its files a month old again (for `gc`).
+fn copy_root(tpl: &Template, to: &Path) {
+    common::copy_tree(&tpl.root, to);
+    age_tree(to, month_ago());
 }
 
 struct Template {
@@ -198,10 +189,7 @@ fn template(rng: &mut fastrand::Rng) -> Template {
         text.push('\n');
     }
     std::fs::write(&legacy, text).expect("legacy");
-    age_tree(
-        &root,
-        SystemTime::now() - Duration::from_secs(30 * 24 * 3600),
-    );
+    age_tree(&root, month_ago());
     let events = sessions_on_disk(&root)
         .into_iter()
         .map(|id| {
@@ -281,122 +269,111 @@ struct Cmd {
     whole_events: Option<usize>,
 }
 
+/// The sessions a command makes, changes and may remove (`None`: any), and how many
+/// events a made session holds when whole.
+type Effects = (
+    Option<&'static str>,
+    Option<&'static [&'static str]>,
+    Option<&'static [&'static str]>,
+    Option<usize>,
+);
+
+fn cmd(name: &'static str, args: Vec<String>, input: bool, effects: Effects) -> Cmd {
+    let (makes, changes, removes, whole_events) = effects;
+    Cmd {
+        name,
+        args,
+        input,
+        makes,
+        changes,
+        removes,
+        whole_events,
+    }
+}
+
 fn commands(tpl: &Template, out: &Path) -> Vec<Cmd> {
     let s = |v: &[&str]| v.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>();
+    let path = |p: &Path| p.to_str().expect("utf-8").to_owned();
     let n = |id: &str| tpl.events[id].len();
+    let none: Option<&'static [&'static str]> = Some(&[]);
     vec![
-        Cmd {
-            name: "rewind",
-            args: s(&["rewind", "big", "--before-turn", "big-t2", "--id", "NEW"]),
-            input: false,
-            makes: Some("NEW"),
-            changes: Some(&["big"]),
-            removes: Some(&[]),
-            whole_events: Some(8),
-        },
-        Cmd {
-            name: "fork of a fork",
-            args: s(&["fork", "f2", "--after-turn", "f2-t0", "--id", "NEW"]),
-            input: false,
-            makes: Some("NEW"),
-            changes: Some(&["f2", "f1", "demo-flaky-test"]),
-            removes: Some(&[]),
-            whole_events: Some(n("f2")),
-        },
-        Cmd {
-            name: "delete of a forked parent",
-            args: s(&["delete", "big"]),
-            input: false,
-            makes: None,
-            changes: Some(&["rw", "bf"]),
-            removes: Some(&["big"]),
-            whole_events: None,
-        },
-        Cmd {
-            name: "delete of a fork with a fork",
-            args: s(&["delete", "f1"]),
-            input: false,
-            makes: None,
-            changes: Some(&["f2", "demo-flaky-test"]),
-            removes: Some(&["f1"]),
-            whole_events: None,
-        },
-        Cmd {
-            name: "gc",
-            args: s(&["gc", "--older-than", "1d"]),
-            input: false,
-            makes: None,
-            changes: None,
-            removes: None,
-            whole_events: None,
-        },
-        Cmd {
-            name: "rename",
-            args: s(&["rename", "big", "A new title"]),
-            input: false,
-            makes: None,
-            changes: Some(&["big"]),
-            removes: Some(&[]),
-            whole_events: None,
-        },
-        Cmd {
-            name: "append --create",
-            args: s(&["append", "NEW", "--create"]),
-            input: true,
-            makes: Some("NEW"),
-            changes: Some(&[]),
-            removes: Some(&[]),
-            // Batches after the first are appended one by one: any count from the first.
-            whole_events: None,
-        },
-        Cmd {
-            name: "import",
-            args: vec![
+        cmd(
+            "rewind",
+            s(&["rewind", "big", "--before-turn", "big-t2", "--id", "NEW"]),
+            false,
+            (Some("NEW"), Some(&["big"]), none, Some(8)),
+        ),
+        cmd(
+            "fork of a fork",
+            s(&["fork", "f2", "--after-turn", "f2-t0", "--id", "NEW"]),
+            false,
+            (
+                Some("NEW"),
+                Some(&["f2", "f1", "demo-flaky-test"]),
+                none,
+                Some(n("f2")),
+            ),
+        ),
+        cmd(
+            "delete of a forked parent",
+            s(&["delete", "big"]),
+            false,
+            (None, Some(&["rw", "bf"]), Some(&["big"]), None),
+        ),
+        cmd(
+            "delete of a fork with a fork",
+            s(&["delete", "f1"]),
+            false,
+            (None, Some(&["f2", "demo-flaky-test"]), Some(&["f1"]), None),
+        ),
+        cmd(
+            "gc",
+            s(&["gc", "--older-than", "1d"]),
+            false,
+            (None, None, None, None),
+        ),
+        cmd(
+            "rename",
+            s(&["rename", "big", "A new title"]),
+            false,
+            (None, Some(&["big"]), none, None),
+        ),
+        // Batches after the first are appended one by one: any count from the first.
+        cmd(
+            "append --create",
+            s(&["append", "NEW", "--create"]),
+            true,
+            (Some("NEW"), none, none, None),
+        ),
+        cmd(
+            "import",
+            vec![
                 "import".into(),
-                tpl.export.to_str().expect("utf-8").into(),
+                path(&tpl.export),
                 "--id".into(),
                 "NEW".into(),
             ],
-            input: false,
-            makes: Some("NEW"),
-            changes: Some(&[]),
-            removes: Some(&[]),
-            whole_events: Some(n("big")),
-        },
-        Cmd {
-            name: "migrate-legacy",
-            args: vec![
-                "migrate-legacy".into(),
-                tpl.legacy.to_str().expect("utf-8").into(),
-            ],
-            input: false,
-            makes: None,
-            changes: Some(&[]),
-            removes: Some(&[]),
-            whole_events: None,
-        },
-        Cmd {
-            name: "export",
-            args: vec![
-                "export".into(),
-                "big".into(),
-                out.to_str().expect("utf-8").into(),
-            ],
-            input: false,
-            makes: None,
-            changes: Some(&[]),
-            removes: Some(&[]),
-            whole_events: None,
-        },
-        Cmd {
-            name: "rebuild-catalog",
-            args: s(&["rebuild-catalog"]),
-            input: false,
-            makes: None,
-            changes: Some(&[]),
-            removes: Some(&[]),
-            whole_events: None,
-        },
+            false,
+            (Some("NEW"), none, none, Some(n("big"))),
+        ),
+        cmd(
+            "migrate-legacy",
+            vec!["migrate-legacy".into(), path(&tpl.legacy)],
+            false,
+            (None, none, none, None),
+        ),
+        cmd(
+            "export",
+            vec!["export".into(), "big".into(), path(out)],
+            false,
+            (None, none, none, None),
+        ),
+        cmd(
+            "rebuild-catalog",
+            s(&["rebuild-catalog"]),
+            false,
+            (None, none, none, None),
+        ),
     ]
 }
 
@@ -447,17 +424,7 @@ fn check_after(tpl: &Template, cmd: &Cmd, root: &Path, ctx: &str) {
     // The catalog of a fresh process names exactly the session folders.
     let listed: Value =
         serde_json::from_str(&ok(root, &["--json", "list", "--limit", "100"], None)).expect("json");
-    let listed: BTreeSet<String> = listed["sessions"]
-        .as_array()
-        .expect("sessions")
-        .iter()
-        .map(|s| {
-            s["session_ref"]["session_id"]
-                .as_str()
-                .expect("id")
-                .to_owned()
-        })
-        .collect();
+    let listed: BTreeSet<String> = common::listed_ids(&listed).into_iter().collect();
     let disk = sessions_on_disk(root);
     assert_eq!(listed, disk, "{ctx}: list");
     let left: Vec<_> = std::fs::read_dir(root.join(".staging"))
@@ -565,7 +532,7 @@ fn cli_commands_killed_at_random_moments_leave_a_whole_root() {
     for cmd in commands {
         // The dry run: how long the command takes here.
         let dry = work.path().join("dry");
-        copy_tree(&tpl.root, &dry);
+        copy_root(&tpl, &dry);
         let started = Instant::now();
         let args = args_of(&cmd);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -575,7 +542,7 @@ fn cli_commands_killed_at_random_moments_leave_a_whole_root() {
         let _ = std::fs::remove_file(&out);
         for kill in 0..kills {
             let root = work.path().join(format!("r{kill}"));
-            copy_tree(&tpl.root, &root);
+            copy_root(&tpl, &root);
             let delay = Duration::from_micros(rng.u64(0..=(took.as_micros() as u64 * 6 / 5)));
             let ctx = format!("{} kill {kill} after {delay:?} (seed {seed})", cmd.name);
             killed += usize::from(kill_after(&root, &cmd, &tpl.batches, delay));

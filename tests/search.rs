@@ -66,6 +66,21 @@ fn append(root: &Root, name: &str, op: &str, events: Vec<session_store::Event>) 
     s.close().expect("close");
 }
 
+/// Runs the binary on the root at `root` with `args`; it must succeed.
+fn cli_ok(root: &std::path::Path, args: &[&str]) {
+    let out = bin()
+        .arg("--root")
+        .arg(root)
+        .args(args)
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_session-store"))
 }
@@ -204,19 +219,26 @@ fn parent_and_fork(root: &Root, events: Vec<session_store::Event>) -> session_st
     .expect("fork")
 }
 
-#[test]
-fn deleted_sessions_are_never_returned_and_forks_share_inherited_hits() {
-    let (_dir, root) = temp_root();
+/// [`parent_and_fork`] with "inherited walrus question" in the parent's turn and "own
+/// narwhal answer" appended to the fork.
+fn walrus_parent_and_narwhal_fork(root: &Root) -> session_store::SessionId {
     let child = parent_and_fork(
-        &root,
+        root,
         vec![message("p-u1", "user", "inherited walrus question")],
     );
     append(
-        &root,
+        root,
         "child",
         "c1",
         vec![message("c-u2", "user", "own narwhal answer")],
     );
+    child
+}
+
+#[test]
+fn deleted_sessions_are_never_returned_and_forks_share_inherited_hits() {
+    let (_dir, root) = temp_root();
+    let child = walrus_parent_and_narwhal_fork(&root);
     append(
         &root,
         "parent",
@@ -294,16 +316,7 @@ fn deleted_sessions_are_never_returned_and_forks_share_inherited_hits() {
 #[test]
 fn a_delete_killed_before_it_updated_the_index_leaves_the_forks_messages_found() {
     let (dir, root) = temp_root();
-    parent_and_fork(
-        &root,
-        vec![message("p-u1", "user", "inherited walrus question")],
-    );
-    append(
-        &root,
-        "child",
-        "c1",
-        vec![message("c-u2", "user", "own narwhal answer")],
-    );
+    walrus_parent_and_narwhal_fork(&root);
     assert_eq!(
         at(&search_all(&root, "walrus", SearchOptions::default())),
         [("parent".into(), 1)]
@@ -323,17 +336,7 @@ fn a_delete_killed_before_it_updated_the_index_leaves_the_forks_messages_found()
     for f in &files {
         std::fs::rename(catalog.join(f), aside.join(f)).expect("move aside");
     }
-    let out = bin()
-        .arg("--root")
-        .arg(&path)
-        .args(["delete", "parent"])
-        .output()
-        .expect("run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    cli_ok(&path, &["delete", "parent"]);
     assert!(
         !catalog.join("search.sqlite").exists(),
         "the delete made no index"
@@ -353,17 +356,7 @@ fn a_delete_killed_before_it_updated_the_index_leaves_the_forks_messages_found()
             [("child".into(), 2)]
         );
     }
-    let out = bin()
-        .arg("--root")
-        .arg(&path)
-        .arg("rebuild-catalog")
-        .output()
-        .expect("run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    cli_ok(&path, &["rebuild-catalog"]);
     assert_eq!(
         at(&search_all(
             &root,
