@@ -367,6 +367,86 @@ fn a_delete_killed_before_it_updated_the_index_leaves_the_forks_messages_found()
     );
 }
 
+/// The first search of a root creates the index and fills it from every session; killed
+/// while it filled it (a SIGKILL, or Ctrl-C on a big root), it left an index file with no
+/// session in it, which every later search took as filled: "no matches" for good, but for
+/// what writers added, until a `rebuild-catalog`. A search now fills an index whose fill
+/// never completed. Each round kills the binary's first search of a fresh copy within the
+/// time a whole first search takes, then searches again.
+#[test]
+fn a_first_search_killed_while_it_filled_the_index_leaves_it_to_be_filled_again() {
+    use std::os::unix::process::ExitStatusExt;
+    let (dir, root) = temp_root();
+    for k in 0..120 {
+        let s = create(&root, &format!("s{k:03}"));
+        for m in 0..5 {
+            s.append(Batch::new(
+                format!("m{m}"),
+                vec![message(
+                    &format!("m{m}"),
+                    "user",
+                    &format!("kestrel number {k} message {m} with some more words"),
+                )],
+            ))
+            .expect("append");
+        }
+        s.close().expect("close");
+    }
+    let template = root.path().to_path_buf();
+    drop(root);
+    let count = |path: &std::path::Path| -> u64 {
+        let out = bin()
+            .arg("--root")
+            .arg(path)
+            .args(["--json", "search", "kestrel", "--limit", "1"])
+            .output()
+            .expect("run");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        u64::from(v["next_cursor"].is_string()) + v["hits"].as_array().expect("hits").len() as u64
+    };
+    // How long a whole first search takes here.
+    let dry = dir.path().join("dry");
+    copy_tree(&template, &dry);
+    let started = std::time::Instant::now();
+    assert_eq!(count(&dry), 2, "a hit and a next page");
+    let took = started.elapsed();
+    let mut rng = fastrand::Rng::with_seed(1717);
+    let mut killed = 0;
+    for round in 0..6 {
+        let copy = dir.path().join(format!("round-{round}"));
+        copy_tree(&template, &copy);
+        let mut child = bin()
+            .arg("--root")
+            .arg(&copy)
+            .args(["search", "kestrel"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn");
+        let at = took.as_micros() as u64 * rng.u64(30..=90) / 100;
+        std::thread::sleep(Duration::from_micros(at));
+        let _ = child.kill();
+        killed += usize::from(child.wait().expect("wait").signal() == Some(9));
+        assert_eq!(
+            count(&copy),
+            2,
+            "round {round}: killed after {at} µs of {took:?}, the next search found nothing"
+        );
+        let root = Root::open(&copy).expect("root");
+        assert_eq!(
+            search_all(&root, "kestrel", SearchOptions::default()).len(),
+            600,
+            "round {round}"
+        );
+    }
+    assert!(killed > 0, "no search was killed before it ended");
+}
+
 /// Session, position, message id, marked snippet and rank bits of a hit.
 type HitKey = (String, u64, String, String, u64);
 
