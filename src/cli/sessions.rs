@@ -172,18 +172,21 @@ pub fn file_bytes(root: &session_store::Root, id: &SessionId) -> u64 {
         .sum()
 }
 
-/// Which file is at `path` now (device and inode), `None` when there is none.
-fn file_identity(path: &Path) -> Option<(u64, u64)> {
+/// Which file is at `path` now (device, inode and, where the file system keeps it, the
+/// time it was created: a file made after another was deleted may get its inode number),
+/// `None` when there is none.
+fn file_identity(path: &Path) -> Option<(u64, u64, Option<std::time::SystemTime>)> {
     use std::os::unix::fs::MetadataExt;
     std::fs::symlink_metadata(path)
         .ok()
-        .map(|m| (m.dev(), m.ino()))
+        .map(|m| (m.dev(), m.ino(), m.created().ok()))
 }
 
 /// Runs `read`, a read of session `id`. When it fails and the session's file is no longer
 /// the one it was (the session was deleted, or deleted and imported again, while it was
-/// read), the failure is "not found" (status 3), not SQLite's error for the files that
-/// went away ("disk I/O error", "unable to open database file").
+/// read), or there was none when the read began (it was imported and deleted again
+/// meanwhile), the failure is "not found" (status 3), not SQLite's error for the files
+/// that went away ("disk I/O error", "unable to open database file").
 fn read_of<T>(root: &Root, id: &SessionId, read: impl FnOnce() -> CliResult<T>) -> CliResult<T> {
     let file = root.session_dir(id).join(SESSION_FILE);
     let before = file_identity(&file);
@@ -191,7 +194,7 @@ fn read_of<T>(root: &Root, id: &SessionId, read: impl FnOnce() -> CliResult<T>) 
         Err(e)
             if exit_code(e.as_ref()) != EXIT_NOT_FOUND
                 && !is_broken_pipe(e.as_ref())
-                && file_identity(&file) != before =>
+                && (before.is_none() || file_identity(&file) != before) =>
         {
             Err(Failure::with_code(
                 EXIT_NOT_FOUND,
