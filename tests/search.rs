@@ -66,8 +66,8 @@ fn append(root: &Root, name: &str, op: &str, events: Vec<session_store::Event>) 
     s.close().expect("close");
 }
 
-/// Runs the binary on the root at `root` with `args`; it must succeed.
-fn cli_ok(root: &std::path::Path, args: &[&str]) {
+/// Runs the binary on the root at `root` with `args`; it must succeed. Returns stdout.
+fn cli_ok(root: &std::path::Path, args: &[&str]) -> Vec<u8> {
     let out = bin()
         .arg("--root")
         .arg(root)
@@ -79,6 +79,7 @@ fn cli_ok(root: &std::path::Path, args: &[&str]) {
         "{args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    out.stdout
 }
 
 fn bin() -> Command {
@@ -395,18 +396,8 @@ fn a_first_search_killed_while_it_filled_the_index_leaves_it_to_be_filled_again(
     let template = root.path().to_path_buf();
     drop(root);
     let count = |path: &std::path::Path| -> u64 {
-        let out = bin()
-            .arg("--root")
-            .arg(path)
-            .args(["--json", "search", "kestrel", "--limit", "1"])
-            .output()
-            .expect("run");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        let out = cli_ok(path, &["--json", "search", "kestrel", "--limit", "1"]);
+        let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
         u64::from(v["next_cursor"].is_string()) + v["hits"].as_array().expect("hits").len() as u64
     };
     // How long a whole first search takes here.
@@ -507,18 +498,8 @@ fn a_search_after_rebuild_catalog_equals_the_one_before() {
     };
     let before = snapshot(&root);
     assert!(before.iter().all(|hits| !hits.is_empty()));
-    let out = bin()
-        .args(["--root"])
-        .arg(root.path())
-        .args(["--json", "rebuild-catalog"])
-        .output()
-        .expect("run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let out = cli_ok(root.path(), &["--json", "rebuild-catalog"]);
+    let report: serde_json::Value = serde_json::from_slice(&out).expect("json");
     assert_eq!(report["searchable"], 6);
     assert_eq!(snapshot(&Root::open(root.path()).expect("root")), before);
 }
