@@ -25,6 +25,7 @@ export RELIABILITY_ROUNDS="${RELIABILITY_ROUNDS:-2000}"
 export RELIABILITY_CORRUPT_TRIALS="${RELIABILITY_CORRUPT_TRIALS:-2000}"
 export RELIABILITY_OP_KILLS="${RELIABILITY_OP_KILLS:-300}"
 export RELIABILITY_WAL_COPIES="${RELIABILITY_WAL_COPIES:-200}"
+export RELIABILITY_CLI_KILLS="${RELIABILITY_CLI_KILLS:-40}"
 export PROPTEST_CASES="${PROPTEST_CASES:-2000}"
 export RELIABILITY_LOAD_SECS="${RELIABILITY_LOAD_SECS:-60}"
 SOAK_FUZZ_SECS="${SOAK_FUZZ_SECS:-0}"
@@ -36,11 +37,12 @@ steps=("$@")
 
 echo "soak: kills=$RELIABILITY_KILLS contenders=$RELIABILITY_CONTENDERS rounds=$RELIABILITY_ROUNDS" \
   "corrupt_trials=$RELIABILITY_CORRUPT_TRIALS proptest_cases=$PROPTEST_CASES" \
-  "op_kills=$RELIABILITY_OP_KILLS wal_copies=$RELIABILITY_WAL_COPIES" \
+  "op_kills=$RELIABILITY_OP_KILLS wal_copies=$RELIABILITY_WAL_COPIES cli_kills=$RELIABILITY_CLI_KILLS" \
   "load_secs=$RELIABILITY_LOAD_SECS fuzz_secs=$SOAK_FUZZ_SECS logs=$SOAK_LOG_DIR"
 cargo test --release --no-run --test reliability_crash --test reliability_contention \
   --test reliability_disk --test reliability_corrupt --test reliability_input \
-  --test reliability_operations --test reliability_load --test reliability_fuzz_corpus || exit 1
+  --test reliability_operations --test reliability_cli_crash --test reliability_load \
+  --test reliability_fuzz_corpus || exit 1
 
 summary=()
 failed=0
@@ -54,7 +56,7 @@ run() {
   cargo test --release --test "$file" -- --nocapture "$@" >"$log" 2>&1
   status=$?
   # The suite's figure lines (kills, rounds, bytes, peak RSS, …).
-  grep -E '^(crash_during_[a-z_]+|deleted_wal_of_a_live_copy|contention|full_disk(_timed)?|corrupt_random_flips|checkpoint|huge_payload|batches|session ids|deep_json|load|fuzz_corpus):' "$log" \
+  grep -E '^(crash_during_[a-z_]+|deleted_wal_of_a_live_copy|contention|full_disk(_timed)?|corrupt_random_flips|checkpoint|huge_payload|batches|session ids|deep_json|load|fuzz_corpus|cli crash):' "$log" \
     | grep -v RELIABILITY_SEED
   grep -E '^test result:' "$log" | tail -n 1
   record "$name" $status $start "$log"
@@ -104,7 +106,10 @@ for step in "${steps[@]}"; do
       run input-huge-random reliability_input --ignored --exact soak_huge_random_payload
       run input-over-blob-limit reliability_input --ignored --exact soak_payload_over_the_blob_limit
       ;;
-    operations) run operations reliability_operations --ignored soak_ ;;
+    operations)
+      run operations reliability_operations --ignored soak_
+      run operations-cli reliability_cli_crash --exact cli_commands_killed_at_random_moments_leave_a_whole_root
+      ;;
     load) run load reliability_load --ignored --exact soak_load ;;
     fuzz)
       run fuzz-corpus reliability_fuzz_corpus --exact the_fuzz_seed_corpus_replays_without_a_panic

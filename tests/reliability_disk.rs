@@ -327,3 +327,51 @@ fn full_disk_keeps_the_tail_and_recovers_after_space_is_freed() {
 fn soak_full_disk() {
     run_full_disk("64m", 16 << 20);
 }
+
+/// A sound session read on a full disk: SQLite cannot set up the file's `-shm` (ENOSPC,
+/// `SQLITE_IOERR_SHMSIZE`), so `verify ID` cannot read it. It said "… is not sound" (as
+/// for a damaged file) although nothing is wrong with the file; it now says it could not
+/// verify it (exit 1, not 6), and once space is freed it verifies.
+#[test]
+fn verify_on_a_full_disk_does_not_call_a_sound_session_unsound() {
+    let Some((_base, mount, filler)) = small_disk("2m", 0) else {
+        return;
+    };
+    let dir = mount.dir.join("sessions");
+    let root = Root::open(&dir).unwrap();
+    let s = create(&root, "sound");
+    s.append(Batch::new("m1", vec![message("m1", "user", "hello")]))
+        .unwrap();
+    s.close().unwrap();
+    drop(root);
+    // As after the last connection went: no `-shm` (a reader must make one).
+    let _ = std::fs::remove_file(dir.join("sound").join("session.sqlite-shm"));
+    // Fill the disk.
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&filler).unwrap();
+        let chunk = vec![0x5a; 64 * 1024];
+        while f.write_all(&chunk).is_ok() {}
+        let _ = f.write_all(&[0x5a]);
+    }
+    let verify = || {
+        Command::new(env!("CARGO_BIN_EXE_session-store"))
+            .arg("--root")
+            .arg(&dir)
+            .args(["verify", "sound"])
+            .output()
+            .unwrap()
+    };
+    let out = verify();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(!stderr.contains("is not sound"), "{stderr}");
+    assert!(stderr.contains("could not verify"), "{stderr}");
+    std::fs::remove_file(&filler).unwrap();
+    let out = verify();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

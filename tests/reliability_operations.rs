@@ -28,8 +28,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use session_store::format::INLINE_PAYLOAD_LIMIT;
 use session_store::{
-    Batch, CatalogEntry, Commit, Error, Event, ForkPoint, ImportOptions, MigrationRecord, Origin,
-    Root, Service, Session, SessionId, StoreOptions, replay_file,
+    Batch, CatalogEntry, Commit, CreateOptions, Error, Event, ForkPoint, ImportOptions,
+    MigrationRecord, Origin, Root, Service, Session, SessionId, StoreOptions, replay_file,
 };
 use sha2::{Digest, Sha256};
 
@@ -336,7 +336,6 @@ impl Want {
     }
 }
 
-/// The library a step runs on: a root, the folder exports go to, and a service.
 /// Folders under `<root>/.staging/` (builds in progress or abandoned).
 fn staging_folders(root: &Path) -> usize {
     std::fs::read_dir(root.join(".staging")).map_or(0, |d| {
@@ -346,6 +345,16 @@ fn staging_folders(root: &Path) -> usize {
     })
 }
 
+/// Every name under `<root>/.staging/`: folders and their guards.
+fn staging_entries(root: &Path) -> Vec<String> {
+    std::fs::read_dir(root.join(".staging")).map_or(Vec::new(), |d| {
+        d.flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
+    })
+}
+
+/// The library a step runs on: a root, the folder exports go to, and a service.
 struct Env {
     root: Root,
     out: PathBuf,
@@ -790,9 +799,9 @@ fn crash_round(fx: &Fixture, rng: &mut fastrand::Rng, kill: usize, figures: &mut
     figures.staging_removed += staging_folders(&dir.join("root"));
     let env = Env::new(Root::open(dir.join("root")).unwrap(), &dir.join("out"));
     assert_eq!(
-        staging_folders(env.root.path()),
-        0,
-        "{ctx}: opening the root left the dead child's staging folders"
+        staging_entries(env.root.path()),
+        Vec::<String>::new(),
+        "{ctx}: opening the root left the dead child's staging folders or guards"
     );
     let ids = check_after_kill(fx, &env, &survivor, &progress, &ctx, figures);
     let step = progress
@@ -1271,4 +1280,47 @@ fn a_live_copy_without_its_wal_is_refused_or_an_earlier_state() {
 #[ignore = "soak: many copies, run by scripts/soak.sh"]
 fn soak_deleted_wal_of_a_live_copy() {
     deleted_wal_loop(env_count(COPIES_VAR, SOAK_COPIES));
+}
+
+/// A builder SIGKILLed after it published its folder (or after it locked a fresh guard,
+/// before it made the folder) leaves `.staging/<purpose>-<hex>.lock` with no folder beside
+/// it. Such guards were never removed: one more file in `.staging/` for every such kill.
+/// The next open removes it, and leaves alone a guard a living builder holds (here this
+/// process, through a descriptor of its own) and a file that is no guard.
+#[test]
+fn a_staging_guard_left_without_its_folder_is_removed_by_the_next_open() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(Root::open(dir.path()).unwrap());
+    let staging = dir.path().join(".staging");
+    std::fs::create_dir_all(&staging).unwrap();
+    let orphan = staging.join("fork-0123456789abcdef0123456789abcdef.lock");
+    std::fs::write(&orphan, b"").unwrap();
+    let held_path = staging.join("import-fedcba9876543210fedcba9876543210.lock");
+    let held = std::fs::File::create(&held_path).unwrap();
+    held.try_lock().unwrap();
+    let other = staging.join("notes.txt");
+    std::fs::write(&other, b"not ours").unwrap();
+
+    let root = Root::open(dir.path()).unwrap();
+    assert!(!orphan.exists(), "an abandoned guard is removed");
+    assert!(held_path.exists(), "a guard a living builder holds stays");
+    assert!(other.exists(), "a file that is no guard stays");
+    // Staging goes on working beside them.
+    let made = root
+        .create(CreateOptions::with_id(
+            SessionId::new("after-orphans").unwrap(),
+        ))
+        .unwrap();
+    made.close().unwrap();
+    drop(root);
+
+    drop(held);
+    drop(Root::open(dir.path()).unwrap());
+    assert!(
+        !held_path.exists(),
+        "released, it is removed by the next open"
+    );
+    let mut left = staging_entries(dir.path());
+    left.sort();
+    assert_eq!(left, vec!["notes.txt".to_owned()]);
 }

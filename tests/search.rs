@@ -66,6 +66,22 @@ fn append(root: &Root, name: &str, op: &str, events: Vec<session_store::Event>) 
     s.close().expect("close");
 }
 
+/// Runs the binary on the root at `root` with `args`; it must succeed. Returns stdout.
+fn cli_ok(root: &std::path::Path, args: &[&str]) -> Vec<u8> {
+    let out = bin()
+        .arg("--root")
+        .arg(root)
+        .args(args)
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_session-store"))
 }
@@ -204,19 +220,26 @@ fn parent_and_fork(root: &Root, events: Vec<session_store::Event>) -> session_st
     .expect("fork")
 }
 
-#[test]
-fn deleted_sessions_are_never_returned_and_forks_share_inherited_hits() {
-    let (_dir, root) = temp_root();
+/// [`parent_and_fork`] with "inherited walrus question" in the parent's turn and "own
+/// narwhal answer" appended to the fork.
+fn walrus_parent_and_narwhal_fork(root: &Root) -> session_store::SessionId {
     let child = parent_and_fork(
-        &root,
+        root,
         vec![message("p-u1", "user", "inherited walrus question")],
     );
     append(
-        &root,
+        root,
         "child",
         "c1",
         vec![message("c-u2", "user", "own narwhal answer")],
     );
+    child
+}
+
+#[test]
+fn deleted_sessions_are_never_returned_and_forks_share_inherited_hits() {
+    let (_dir, root) = temp_root();
+    let child = walrus_parent_and_narwhal_fork(&root);
     append(
         &root,
         "parent",
@@ -284,6 +307,137 @@ fn deleted_sessions_are_never_returned_and_forks_share_inherited_hits() {
     assert!(search_all(&root, "spectral OR walrus", SearchOptions::default()).is_empty());
 }
 
+/// A delete killed after its rename (the fork's inherited range already copied into the
+/// fork's file) and before it updated the index leaves the index holding the deleted
+/// parent's rows, the fork's inherited messages among them. The first search dropped those
+/// hits and forgot the parent, so the fork's inherited messages were found by no search
+/// until a `rebuild-catalog` or a writer open of the fork. The state is made as such a kill
+/// leaves it: the index files moved aside while another process (the CLI) deletes the
+/// parent, then put back.
+#[test]
+fn a_delete_killed_before_it_updated_the_index_leaves_the_forks_messages_found() {
+    let (dir, root) = temp_root();
+    walrus_parent_and_narwhal_fork(&root);
+    assert_eq!(
+        at(&search_all(&root, "walrus", SearchOptions::default())),
+        [("parent".into(), 1)]
+    );
+    let path = root.path().to_path_buf();
+    drop(root);
+    let catalog = path.join(".catalog");
+    let aside = dir.path().join("aside");
+    std::fs::create_dir(&aside).expect("mkdir");
+    let files: Vec<String> = std::fs::read_dir(&catalog)
+        .expect("catalog")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("search.sqlite"))
+        .collect();
+    assert!(files.contains(&"search.sqlite".to_owned()), "{files:?}");
+    for f in &files {
+        std::fs::rename(catalog.join(f), aside.join(f)).expect("move aside");
+    }
+    cli_ok(&path, &["delete", "parent"]);
+    assert!(
+        !catalog.join("search.sqlite").exists(),
+        "the delete made no index"
+    );
+    for f in &files {
+        std::fs::rename(aside.join(f), catalog.join(f)).expect("put back");
+    }
+
+    let root = Root::open(&path).expect("root");
+    // As after a delete that ran to its end: the inherited message under the fork.
+    for _ in 0..2 {
+        let hits = search_all(&root, "walrus", SearchOptions::default());
+        assert_eq!(at(&hits), [("child".into(), 1)]);
+        assert!(hits[0].shared_with.is_empty());
+        assert_eq!(
+            at(&search_all(&root, "narwhal", SearchOptions::default())),
+            [("child".into(), 2)]
+        );
+    }
+    cli_ok(&path, &["rebuild-catalog"]);
+    assert_eq!(
+        at(&search_all(
+            &root,
+            "walrus OR narwhal",
+            SearchOptions::default()
+        )),
+        [("child".into(), 1), ("child".into(), 2)]
+    );
+}
+
+/// The first search of a root creates the index and fills it from every session; killed
+/// while it filled it (a SIGKILL, or Ctrl-C on a big root), it left an index file with no
+/// session in it, which every later search took as filled: "no matches" for good, but for
+/// what writers added, until a `rebuild-catalog`. A search now fills an index whose fill
+/// never completed. Each round kills the binary's first search of a fresh copy within the
+/// time a whole first search takes, then searches again.
+#[test]
+fn a_first_search_killed_while_it_filled_the_index_leaves_it_to_be_filled_again() {
+    use std::os::unix::process::ExitStatusExt;
+    let (dir, root) = temp_root();
+    for k in 0..120 {
+        let s = create(&root, &format!("s{k:03}"));
+        for m in 0..5 {
+            s.append(Batch::new(
+                format!("m{m}"),
+                vec![message(
+                    &format!("m{m}"),
+                    "user",
+                    &format!("kestrel number {k} message {m} with some more words"),
+                )],
+            ))
+            .expect("append");
+        }
+        s.close().expect("close");
+    }
+    let template = root.path().to_path_buf();
+    drop(root);
+    let count = |path: &std::path::Path| -> u64 {
+        let out = cli_ok(path, &["--json", "search", "kestrel", "--limit", "1"]);
+        let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
+        u64::from(v["next_cursor"].is_string()) + v["hits"].as_array().expect("hits").len() as u64
+    };
+    // How long a whole first search takes here.
+    let dry = dir.path().join("dry");
+    copy_tree(&template, &dry);
+    let started = std::time::Instant::now();
+    assert_eq!(count(&dry), 2, "a hit and a next page");
+    let took = started.elapsed();
+    let mut rng = fastrand::Rng::with_seed(1717);
+    let mut killed = 0;
+    for round in 0..6 {
+        let copy = dir.path().join(format!("round-{round}"));
+        copy_tree(&template, &copy);
+        let mut child = bin()
+            .arg("--root")
+            .arg(&copy)
+            .args(["search", "kestrel"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn");
+        let at = took.as_micros() as u64 * rng.u64(30..=90) / 100;
+        std::thread::sleep(Duration::from_micros(at));
+        let _ = child.kill();
+        killed += usize::from(child.wait().expect("wait").signal() == Some(9));
+        assert_eq!(
+            count(&copy),
+            2,
+            "round {round}: killed after {at} µs of {took:?}, the next search found nothing"
+        );
+        let root = Root::open(&copy).expect("root");
+        assert_eq!(
+            search_all(&root, "kestrel", SearchOptions::default()).len(),
+            600,
+            "round {round}"
+        );
+    }
+    assert!(killed > 0, "no search was killed before it ended");
+}
+
 /// Session, position, message id, marked snippet and rank bits of a hit.
 type HitKey = (String, u64, String, String, u64);
 
@@ -344,18 +498,8 @@ fn a_search_after_rebuild_catalog_equals_the_one_before() {
     };
     let before = snapshot(&root);
     assert!(before.iter().all(|hits| !hits.is_empty()));
-    let out = bin()
-        .args(["--root"])
-        .arg(root.path())
-        .args(["--json", "rebuild-catalog"])
-        .output()
-        .expect("run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let out = cli_ok(root.path(), &["--json", "rebuild-catalog"]);
+    let report: serde_json::Value = serde_json::from_slice(&out).expect("json");
     assert_eq!(report["searchable"], 6);
     assert_eq!(snapshot(&Root::open(root.path()).expect("root")), before);
 }

@@ -202,12 +202,14 @@ pub fn file_bytes(root: &session_store::Root, id: &SessionId) -> u64 {
         .sum()
 }
 
-/// Which file is at `path` now (device and inode), `None` when there is none.
-fn file_identity(path: &Path) -> Option<(u64, u64)> {
+/// Which file is at `path` now (device, inode and, where the file system keeps it, the
+/// time it was created: a file made after another was deleted may get its inode number),
+/// `None` when there is none.
+fn file_identity(path: &Path) -> Option<(u64, u64, Option<std::time::SystemTime>)> {
     use std::os::unix::fs::MetadataExt;
     std::fs::symlink_metadata(path)
         .ok()
-        .map(|m| (m.dev(), m.ino()))
+        .map(|m| (m.dev(), m.ino(), m.created().ok()))
 }
 
 /// Reads of one session `read_of` makes at most when each fails on a file it cannot tell
@@ -216,11 +218,11 @@ const READ_ATTEMPTS: usize = 5;
 
 /// Runs `read`, a read of session `id`. When it fails and the session's file is gone or no
 /// longer the one it was (the session was deleted, or deleted and imported again, while it
-/// was read), the failure is "not found" (status 3), not SQLite's error for the files that
+/// was read), or there was none when the read began (it was imported and deleted again
+/// meanwhile), the failure is "not found" (status 3), not SQLite's error for the files that
 /// went away ("disk I/O error", "unable to open database file"). A failure on what looks
-/// like the same file is read again (at most [`READ_ATTEMPTS`] reads): a file deleted and
-/// made again can get the inode number the old one had, and a file missing before and
-/// after the read was still a session deleted meanwhile (both exited 1).
+/// like the same file is read again (at most [`READ_ATTEMPTS`] reads): where the file
+/// system keeps no creation time, a file deleted and made again can look like the old one.
 fn read_of<T>(root: &Root, id: &SessionId, read: impl Fn() -> CliResult<T>) -> CliResult<T> {
     let file = root.session_dir(id).join(SESSION_FILE);
     let mut attempt = 1;
@@ -229,7 +231,7 @@ fn read_of<T>(root: &Root, id: &SessionId, read: impl Fn() -> CliResult<T>) -> C
         match read() {
             Err(e) if exit_code(e.as_ref()) != EXIT_NOT_FOUND && !is_broken_pipe(e.as_ref()) => {
                 let now = file_identity(&file);
-                if now.is_none() || now != before {
+                if before.is_none() || now.is_none() || now != before {
                     return Err(Failure::with_code(
                         EXIT_NOT_FOUND,
                         format!("session {id} not found (deleted while it was read)"),
@@ -800,10 +802,14 @@ pub fn verify(cx: &Context, target: &str) -> CliResult<()> {
                     "ok": false, "path": path.to_string_lossy(), "error": super::one_line(&e),
                 }))?;
             }
-            return Err(Failure::context(
-                format!("{} is not sound", path.display()),
-                &e,
-            ));
+            // Only a damaged (or too new) file is "not sound": an error that kept the
+            // file from being read (a full disk, a permission, I/O) says nothing of it.
+            let what = if e.is_corrupt() || e.is_unsupported() {
+                format!("{} is not sound", path.display())
+            } else {
+                format!("could not verify {}", path.display())
+            };
+            return Err(Failure::context(what, &e));
         }
     };
     let p = &replay.projection;

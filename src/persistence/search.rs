@@ -143,50 +143,57 @@ impl Root {
         if !std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
             return None;
         }
-        self.open_search_index().ok()
+        // Not filled here, when a fill never completed: that is a search's work, not a
+        // writer's.
+        self.opened_search_index().ok()
     }
 
     /// Opens the search index, creating it (and filling it from every session) when it is
     /// missing, and replacing a damaged or foreign file (the index is derived). When the
     /// root's index can be neither opened nor created (a root this process may only
     /// read), a private one is built for this process ([`SearchIndex::open_private`]).
+    /// An index whose fill never completed (the search that created it was killed while
+    /// it filled it) is filled now: it used to stay empty but for what writers added.
     fn open_search_index(&self) -> Result<Arc<SearchIndex>> {
+        let index = self.opened_search_index()?;
+        if !index.is_filled()? {
+            self.fill(&index)?;
+        }
+        Ok(index)
+    }
+
+    /// The search index, opened (created, replaced or private as
+    /// [`Root::open_search_index`] says) and kept in this root, not filled.
+    fn opened_search_index(&self) -> Result<Arc<SearchIndex>> {
         if let Some(index) = self.index_slot().get() {
             return Ok(Arc::clone(index));
         }
-        let (index, fresh) = match self.open_root_index() {
+        let index = match self.open_root_index() {
             Ok(opened) => opened,
-            Err(e) => (SearchIndex::open_private().map_err(|_| e)?, true),
+            Err(e) => SearchIndex::open_private().map_err(|_| e)?,
         };
-        if fresh {
-            self.fill(&index)?;
-        }
         let index = Arc::new(index);
         // Two threads may open it at once: the first one set is kept.
         let _ = self.index_slot().set(Arc::clone(&index));
         Ok(self.index_slot().get().map_or(index, Arc::clone))
     }
 
-    /// The index in the root's catalog folder, and whether it was created empty (a
-    /// damaged or foreign file is replaced).
-    fn open_root_index(&self) -> Result<(SearchIndex, bool)> {
+    /// The index in the root's catalog folder (a damaged or foreign file is replaced).
+    fn open_root_index(&self) -> Result<SearchIndex> {
         let dir = catalog_dir(self)?;
         let shown = self.path().join(CATALOG_DIR);
         let path = shown.join(SEARCH_FILE);
-        let mut fresh = !std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file());
         if let Err(Error::InvalidInput { .. }) = schema::check_file(&path) {
             // A symlink or a non-regular file where the index's files belong.
             unlink_files_at(&dir, &SEARCH_FILES, &shown)?;
         }
-        let index = match SearchIndex::open(&path) {
+        match SearchIndex::open(&path) {
             Err(Error::Corrupt { .. }) => {
                 unlink_files_at(&dir, &SEARCH_FILES, &shown)?;
-                fresh = true;
                 SearchIndex::open(&path)
             }
             other => other,
-        }?;
-        Ok((index, fresh))
+        }
     }
 
     /// Indexes every session of the root into `index` (emptied first).
@@ -277,6 +284,23 @@ impl Root {
         query: &str,
         options: &SearchOptions,
     ) -> Result<(Vec<Found>, Option<String>)> {
+        match self.search_once(query, options)? {
+            // Sessions that inherited from a session found gone were indexed again: the
+            // page is asked again, with their messages in it.
+            (_, _, true) => self
+                .search_once(query, options)
+                .map(|(found, next, _)| (found, next)),
+            (found, next, false) => Ok((found, next)),
+        }
+    }
+
+    /// One try of [`Root::search`]; also says whether it indexed again sessions that
+    /// inherited from a session it found gone (their hits may be missing from this page).
+    fn search_once(
+        &self,
+        query: &str,
+        options: &SearchOptions,
+    ) -> Result<(Vec<Found>, Option<String>, bool)> {
         let parsed = SearchQuery::parse(query)?;
         let limit = if options.limit == 0 {
             DEFAULT_SEARCH_LIMIT
@@ -369,11 +393,21 @@ impl Root {
                 hit: hit.clone(),
             });
         }
-        // A session deleted behind the index's back (an older build, by hand): forgotten.
+        // A session deleted behind the index's back (an older build, by hand), or by a
+        // delete killed after its rename and before it updated the index: forgotten, and
+        // the sessions that inherited from it indexed again. The delete copied their
+        // inherited range into their own files, which the index holds only under the
+        // deleted session: forgetting it alone lost those messages from every search
+        // until a rebuild or a writer open of each fork.
+        let mut reindexed = false;
+        gone.sort();
+        gone.dedup();
         for id in gone {
-            let _ = index.forget(&id);
+            let inheritors = index.inheritors(&id).unwrap_or_default();
+            reindexed |= !inheritors.is_empty();
+            self.unindex_deleted(&id, &inheritors);
         }
-        Ok((out, next))
+        Ok((out, next, reindexed))
     }
 }
 

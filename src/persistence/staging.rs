@@ -56,14 +56,19 @@ impl Staged {
         // seeds from the clock and the thread id only; now from the OS, `random_u64`), so a
         // held guard means: take another name.
         let mut attempt = 0;
+        // A guard is also taken again when the file this process locked is no longer the
+        // one at its path: [`remove_abandoned`] of another process may have locked and
+        // unlinked it between this process creating and locking it (a guard with no folder
+        // beside it looks abandoned), and a lock on an unlinked file guards nothing.
         let (name, guard) = loop {
             let name = format!("{purpose}-{}", random_hex());
-            match WriterLock::try_acquire(&staging_path.join(format!("{name}{GUARD_SUFFIX}")))? {
-                Some(guard) => break (name, guard),
-                None if attempt < FRESH_NAME_ATTEMPTS => attempt += 1,
-                None => {
+            let guard_path = staging_path.join(format!("{name}{GUARD_SUFFIX}"));
+            match WriterLock::try_acquire(&guard_path)? {
+                Some(guard) if guard.is_at(&guard_path) => break (name, guard),
+                Some(_) | None if attempt < FRESH_NAME_ATTEMPTS => attempt += 1,
+                Some(_) | None => {
                     return Err(Error::internal(format!(
-                        "the staging guards of {FRESH_NAME_ATTEMPTS} fresh names were held, the last {name}"
+                        "the staging guards of {FRESH_NAME_ATTEMPTS} fresh names were held or taken away, the last {name}"
                     )));
                 }
             }
@@ -160,6 +165,8 @@ pub(crate) fn remove_abandoned(root: impl AsFd, root_path: &Path) -> usize {
             // The store never makes a symlink here: unlink one (never follow it).
             if confine::is_symlink_at(&staging, &name) {
                 let _ = rustix::fs::unlinkat(&staging, &name, rustix::fs::AtFlags::empty());
+            } else {
+                remove_orphaned_guard(&staging, &staging_path, &name);
             }
             continue;
         }
@@ -177,6 +184,36 @@ pub(crate) fn remove_abandoned(root: impl AsFd, root_path: &Path) -> usize {
         }
     }
     removed
+}
+
+/// Unlinks `name` in `.staging` when it is a guard with no folder beside it that no
+/// living process holds: what a builder killed after publishing its folder (before it
+/// unlinked the guard), or between creating the guard and making the folder, leaves. A
+/// builder locks its guard before it makes the folder, so once this process holds the
+/// guard no folder of that name can appear; a builder that had created the file but not
+/// yet locked it finds it unlinked and takes another name ([`Staged::new`]).
+fn remove_orphaned_guard(staging: &OwnedFd, staging_path: &Path, name: &std::ffi::CStr) {
+    let Some(folder) = name
+        .to_str()
+        .ok()
+        .and_then(|text| text.strip_suffix(GUARD_SUFFIX))
+    else {
+        return;
+    };
+    let Ok(folder) = CString::new(folder) else {
+        return;
+    };
+    if confine::is_dir_at(staging, &folder) {
+        return;
+    }
+    let Ok(text) = name.to_str() else {
+        return;
+    };
+    if let Ok(Some(_guard)) = WriterLock::try_acquire(&staging_path.join(text))
+        && !confine::is_dir_at(staging, &folder)
+    {
+        let _ = rustix::fs::unlinkat(staging, name, rustix::fs::AtFlags::empty());
+    }
 }
 
 #[cfg(test)]

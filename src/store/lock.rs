@@ -59,6 +59,17 @@ impl WriterLock {
         }
     }
 
+    /// Whether `path` still names the file this lock holds (same device and inode). A
+    /// lock taken on a file that another process unlinked meanwhile guards nothing: the
+    /// next opener of `path` creates a new file and locks that one.
+    pub(crate) fn is_at(&self, path: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        match (self.file.metadata(), std::fs::symlink_metadata(path)) {
+            (Ok(held), Ok(named)) => held.dev() == named.dev() && held.ino() == named.ino(),
+            _ => false,
+        }
+    }
+
     /// Waits for the lock until it is free or `cancel` fires ([`Error::Cancelled`]).
     pub(crate) fn acquire(path: &Path, cancel: &CancelToken) -> Result<WriterLock> {
         loop {

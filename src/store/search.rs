@@ -48,6 +48,11 @@ pub(crate) const SEARCH_FILES: [&str; 4] = [
     "search.sqlite-shm",
     "search.sqlite-journal",
 ];
+/// `PRAGMA user_version` of an index that a fill ([`SearchIndex::rebuild`]) completed: set
+/// in the fill's own transaction, so an index whose first fill was interrupted (a search
+/// killed while it filled a new index) is 0 and is filled again by the next search.
+const FILLED: i64 = 1;
+
 /// `PRAGMA application_id` of a search index ("SeSF").
 const SEARCH_APPLICATION_ID: i32 = 0x5365_5346;
 /// How long an index write waits for another process's (a drain gives up after this and
@@ -505,12 +510,25 @@ impl SearchIndex {
             "INSERT INTO search_text (search_text) VALUES ('optimize')",
             [],
         )?;
+        tx.pragma_update(None, "user_version", FILLED)?;
         tx.commit()?;
         // Best effort: the pages the merge freed go back to the disk, the main file is
         // complete on its own and the WAL emptied.
         let _ = conn.execute_batch("PRAGMA incremental_vacuum");
         let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
         Ok(count)
+    }
+
+    /// Whether a fill ([`SearchIndex::rebuild`]) of this index ran to its end: an index
+    /// created but never filled (its first search killed while it filled it, or an index
+    /// file written before this mark existed) holds only what writers added since.
+    ///
+    /// # Errors
+    /// SQLite errors.
+    pub(crate) fn is_filled(&self) -> Result<bool> {
+        let conn = lock(&self.read);
+        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        Ok(version == FILLED)
     }
 
     /// Hits for the FTS5 expression `fts` (built by `model::search`, every term quoted),
@@ -629,6 +647,24 @@ impl SearchIndex {
             .query_map(params![ancestor.as_str(), seq, position], |r| {
                 r.get::<_, String>(0)
             })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        ids.into_iter().map(SessionId::new).collect()
+    }
+
+    /// The sessions whose indexed lineage names `ancestor` (forks and rewinds that
+    /// inherit a range of its file, as the index last saw them), in id order.
+    ///
+    /// # Errors
+    /// SQLite errors.
+    pub(crate) fn inheritors(&self, ancestor: &SessionId) -> Result<Vec<SessionId>> {
+        let conn = lock(&self.read);
+        let mut stmt = conn.prepare_cached(
+            "SELECT DISTINCT f.session_id FROM search_lineage l
+             JOIN search_sessions f ON f.id = l.session
+             WHERE l.ancestor_id = ?1 ORDER BY 1",
+        )?;
+        let ids = stmt
+            .query_map(params![ancestor.as_str()], |r| r.get::<_, String>(0))?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         ids.into_iter().map(SessionId::new).collect()
     }
