@@ -270,17 +270,24 @@ impl Service {
     /// # Errors
     /// [`Error::SessionNotFound`]; [`Error::WriterOwned`] when another process writes it.
     pub async fn open(&self, r: &SessionRef) -> Result<ClientBinding> {
-        let runtime = self.open_runtime(r).await?;
-        *self
-            .registry()
-            .bindings
-            .entry(r.session_id.clone())
-            .or_default() += 1;
-        Ok(ClientBinding {
-            service: self.clone(),
-            runtime,
-            released: std::sync::atomic::AtomicBool::new(false),
-        })
+        loop {
+            let runtime = self.open_runtime(r).await?;
+            // Counted only while it is still the published runtime, under the registry
+            // lock a close takes too: a close that unpublished it after `open_runtime`
+            // returned (and found no binding to refuse it) is closing it, so open again,
+            // which waits for that close. Counted anyway, the binding was of a closed
+            // runtime (appends `Closed`) and its count stayed behind for the next one.
+            let mut reg = self.registry();
+            if reg.active.get(&r.session_id) != Some(&runtime) {
+                continue;
+            }
+            *reg.bindings.entry(r.session_id.clone()).or_default() += 1;
+            return Ok(ClientBinding {
+                service: self.clone(),
+                runtime,
+                released: std::sync::atomic::AtomicBool::new(false),
+            });
+        }
     }
 
     pub(crate) async fn open_runtime(&self, r: &SessionRef) -> Result<Runtime> {

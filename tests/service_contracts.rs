@@ -1,0 +1,666 @@
+//! The `Service` as a host uses it, against what its doc comments promise: concurrent
+//! opens and closes on a multi-threaded runtime, a service dropped without `shutdown`,
+//! restart recovery after a writer process is SIGKILLed mid-turn, the projection read
+//! cold, live and after a reopen, idempotent retries across a crash, and the classifiers
+//! of the errors the service returns.
+
+mod common;
+
+use std::io::BufReader;
+use std::time::Duration;
+
+use common::{event, id, message, read_until, spawn_role, title, turn, turn_end};
+use serde_json::json;
+use session_store::{Batch, CreateOptions, Error, Event, Root, RuntimePhase, Service, SessionRef};
+
+const HOST: &str = "contracts";
+
+/// Fails the test instead of hanging when `f` does not end within 20 s.
+async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(20), f)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not end within 20 s (deadlock?)"))
+}
+
+fn service_in(dir: &std::path::Path) -> Service {
+    Service::new(HOST, Root::open(dir.join("sessions")).expect("root")).expect("service")
+}
+
+/// Many tasks open, append through and release bindings of one session while others
+/// close it, on a multi-threaded runtime: every binding an open returns is a runtime that
+/// accepts appends, and once every binding is released the session closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn opens_and_closes_from_many_tasks_never_bind_a_closed_runtime() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = service_in(dir.path());
+    let rt = service
+        .create(CreateOptions::with_id(id("busy")))
+        .await
+        .expect("create");
+    let r = rt.session_ref().clone();
+    drop(rt);
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    let mut tasks = Vec::new();
+    let closed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    for t in 0..2 {
+        let (service, r) = (service.clone(), r.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0;
+            while std::time::Instant::now() < deadline {
+                let binding = service.open(&r).await.expect("open");
+                let op = format!("op-{t}-{n}");
+                let appended = binding
+                    .runtime()
+                    .session()
+                    .append_events(&op, vec![title(&op)]);
+                assert!(
+                    appended.is_ok(),
+                    "task {t} round {n}: an open bound a runtime that refuses appends: {appended:?}"
+                );
+                binding.release().await.expect("release");
+                n += 1;
+            }
+            n
+        }));
+    }
+    for _ in 0..2 {
+        let (service, r, closed) = (service.clone(), r.clone(), closed.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0;
+            while std::time::Instant::now() < deadline {
+                match service.close(&r).await {
+                    Ok(()) => {
+                        closed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Err(Error::RuntimeBound) => {}
+                    Err(e) => panic!("close: {e}"),
+                }
+                n += 1;
+                tokio::task::yield_now().await;
+            }
+            n
+        }));
+    }
+    for task in tasks {
+        within("a task", task).await.expect("task");
+    }
+    assert!(
+        closed.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "some closes won"
+    );
+    within("the last close", service.close(&r))
+        .await
+        .expect("every binding released: the session closes");
+    assert!(service.runtime(&r).is_none());
+    // The writer is free, and a new runtime is not held by counts left behind.
+    let binding = service.open(&r).await.expect("open again");
+    binding.release().await.expect("release");
+    service.close(&r).await.expect("close again");
+}
+
+/// The session the crash tests work on.
+const CRASHED: &str = "crashed";
+
+/// A root whose timed drains never fire (1 hour write-behind): only `flush` and `close`
+/// make commits durable.
+fn manual_root(dir: &std::path::Path) -> Root {
+    let options =
+        session_store::StoreOptions::default().with_write_behind(Duration::from_secs(3600));
+    Root::with_options(dir.join("sessions"), options).expect("root")
+}
+
+/// Child process: opens `CRASHED` through a service, appends half a turn (two running
+/// tools, a pending interaction) plus a pending interaction outside the turn, makes them
+/// durable, accepts one more batch that it never flushes, says `durable` and waits to be
+/// killed.
+#[test]
+#[ignore = "child role of service_contracts::a_writer_killed_mid_turn_recovers_on_reopen"]
+fn crashing_writer_role() {
+    let dir = std::path::PathBuf::from(std::env::var("SSC_DIR").expect("SSC_DIR"));
+    let rt = tokio::runtime::Runtime::new().expect("tokio");
+    rt.block_on(async {
+        let service = Service::new(HOST, manual_root(&dir)).expect("service");
+        let binding = service
+            .open(&SessionRef::new(HOST, CRASHED).expect("ref"))
+            .await
+            .expect("open");
+        let runtime = binding.runtime();
+        runtime
+            .session()
+            .append_events(
+                "op-outside",
+                vec![event(
+                    "interaction/created",
+                    json!({"id": "outside", "state": "pending"}),
+                )],
+            )
+            .expect("outside");
+        let execution = runtime.bind_execution("agent").expect("bind");
+        execution
+            .append(
+                Batch::new(
+                    "op-open-turn",
+                    vec![
+                        Event::new("turn/start"),
+                        message("user-t2", "user", "deploy"),
+                        event("tool/start", json!({"id": "call-a", "name": "bash"})),
+                        event("tool/start", json!({"id": "call-b", "name": "grep"})),
+                        event(
+                            "interaction/created",
+                            json!({"id": "approve", "state": "pending"}),
+                        ),
+                    ],
+                )
+                .in_turn("t2"),
+            )
+            .expect("open turn");
+        service.flush(runtime.session_ref()).await.expect("flush");
+        execution
+            .append(
+                Batch::new(
+                    "op-lost",
+                    vec![message("lost", "assistant", "never durable")],
+                )
+                .in_turn("t2"),
+            )
+            .expect("accepted");
+        println!("durable");
+        std::future::pending::<()>().await;
+    });
+}
+
+/// A writer process SIGKILLed mid-turn: the cold projection shows the open turn, its
+/// running tools and pending interactions; a reopen through the service closes the turn
+/// with one durable recovery batch; a retry of the durable batch returns the original
+/// commit, one of the batch that was never durable is appended anew; the projection then
+/// reads the same live, cold and after a further reopen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_killed_mid_turn_recovers_on_reopen() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = Service::new(HOST, manual_root(dir.path())).expect("service");
+    let rt = service
+        .create(CreateOptions::with_id(id(CRASHED)))
+        .await
+        .expect("create");
+    let r = rt.session_ref().clone();
+    rt.session()
+        .append_events("op-title", vec![title("Crash test")])
+        .expect("title");
+    rt.session()
+        .append(turn("op-t1", "t1", "m1"))
+        .expect("turn 1");
+    drop(rt);
+    service.close(&r).await.expect("close");
+
+    let mut child = spawn_role(
+        "crashing_writer_role",
+        &[("SSC_DIR", dir.path().to_str().expect("utf-8"))],
+    );
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    read_until(&mut out, "durable");
+
+    // Cold, while the other process holds the writer.
+    let err = service.open(&r).await.expect_err("owned by the child");
+    assert!(err.is_writer_owned(), "{err:?}");
+    assert_eq!(err.writer_owner().expect("owner").pid, child.id());
+    let cold = service.query().snapshot(&r).await.expect("cold snapshot");
+    let p = &cold.projection;
+    assert_eq!(p.turn_id.as_deref(), Some("t2"));
+    assert_eq!(
+        p.active_tools.keys().collect::<Vec<_>>(),
+        ["call-a", "call-b"]
+    );
+    assert_eq!(
+        p.interactions.keys().collect::<Vec<_>>(),
+        ["approve", "outside"]
+    );
+    assert_eq!(p.title, "Crash test");
+    let durable_before = cold.durable_sequence;
+
+    child.kill().expect("kill");
+    child.wait().expect("wait");
+
+    let binding = within("reopen", service.open(&r)).await.expect("reopen");
+    let runtime = binding.runtime().clone();
+    let live = runtime.snapshot();
+    assert_eq!(live.phase, RuntimePhase::Idle);
+    let p = &live.session.projection;
+    assert_eq!(p.turn_id, None);
+    assert_eq!(p.turn_status, "interrupted");
+    assert!(p.active_tools.is_empty(), "{:?}", p.active_tools);
+    assert_eq!(p.title, "Crash test");
+    assert_eq!(
+        live.session.durable_sequence, live.session.event_sequence,
+        "the recovery batch is durable"
+    );
+    assert!(
+        p.interactions.is_empty(),
+        "every pending interaction resolved: {:?}",
+        p.interactions
+    );
+    assert!(live.session.durable_sequence > durable_before);
+
+    // Retries: the durable batch returns its commit; the lost one is appended anew.
+    let history = service.query().history(&r).await.expect("history");
+    assert!(history.iter().all(|m| m.id() != "lost"));
+    let original = runtime
+        .session()
+        .reader()
+        .all_commits()
+        .expect("commits")
+        .into_iter()
+        .find(|c| c.operation_id == "op-open-turn")
+        .expect("durable commit");
+    let again = runtime
+        .session()
+        .append(common::retry_of(&original))
+        .expect("retry");
+    assert_eq!(common::identity(&again), common::identity(&original));
+    let conflict = runtime
+        .session()
+        .append_events("op-open-turn", vec![title("other")])
+        .expect_err("conflict");
+    assert!(conflict.is_caller_error(), "{conflict:?}");
+    let lost = runtime
+        .session()
+        .append(
+            Batch::new(
+                "op-lost",
+                vec![message("lost", "assistant", "never durable")],
+            )
+            .in_turn("t2"),
+        )
+        .expect("the batch never made durable is appended anew");
+    assert!(lost.first_seq > live.session.durable_sequence);
+
+    let live = runtime.snapshot().session.projection;
+    binding.release().await.expect("release");
+    within("close", service.close(&r)).await.expect("close");
+    let cold = service.query().snapshot(&r).await.expect("cold").projection;
+    assert_eq!(
+        serde_json::to_value(&cold).expect("json"),
+        serde_json::to_value(&live).expect("json"),
+        "cold projection after close equals the live one"
+    );
+    let binding = service.open(&r).await.expect("reopen");
+    let reopened = binding.runtime().snapshot().session.projection;
+    assert_eq!(
+        serde_json::to_value(&reopened).expect("json"),
+        serde_json::to_value(&live).expect("json"),
+        "reopened projection equals the live one"
+    );
+    binding.release().await.expect("release");
+    service.shutdown().await.expect("shutdown");
+}
+
+/// A service dropped without `shutdown` (a host that returns early) lets its writers go:
+/// a new service in the same process opens the session, and what was accepted is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_dropped_without_shutdown_releases_its_writers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let r = {
+        let service = service_in(dir.path());
+        let rt = service
+            .create(CreateOptions::with_id(id("dropped")))
+            .await
+            .expect("create");
+        rt.session()
+            .append(turn("op-1", "t1", "m1"))
+            .expect("append");
+        let binding = service.open(rt.session_ref()).await.expect("bind");
+        let r = rt.session_ref().clone();
+        drop(binding);
+        r
+    };
+    let service = service_in(dir.path());
+    let binding = within("open after drop", async {
+        loop {
+            match service.open(&r).await {
+                Ok(b) => break b,
+                Err(e) if e.is_writer_owned() => {
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
+                Err(e) => panic!("open: {e}"),
+            }
+        }
+    })
+    .await;
+    let history = service.query().history(&r).await.expect("history");
+    assert_eq!(history.len(), 1);
+    binding.release().await.expect("release");
+    service.shutdown().await.expect("shutdown");
+}
+
+/// Every part of the projection a host reads (title, config, usage, plan and goal, todos,
+/// recovery status, running tools and pending interactions outside a turn, the workset
+/// after a context replace and an upsert): the same live, cold (from the file, with and
+/// without a checkpoint) and after a reopen; and `list` reports the same summary live and
+/// cold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_projection_reads_the_same_live_cold_and_reopened() {
+    for filler in [0usize, 120] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let service = service_in(dir.path());
+        let rt = service
+            .create(CreateOptions::with_id(id("rich")))
+            .await
+            .expect("create");
+        let r = rt.session_ref().clone();
+        let s = rt.session().clone();
+        s.append_events(
+            "op-config",
+            vec![
+                event(
+                    "session/config",
+                    json!({"modelRef": "model-x", "modelIdentity": {"v": 1}}),
+                ),
+                title("Rich"),
+                event("plan/state", json!({"steps": [1, 2]})),
+                event("goal/state", json!({"goal": "ship"})),
+            ],
+        )
+        .expect("config");
+        s.append(
+            Batch::new(
+                "op-t1",
+                vec![
+                    Event::new("turn/start"),
+                    message("u1", "user", "  first question  "),
+                    event(
+                        "todo/write",
+                        json!({"todos": [{"content": "a", "status": "pending"}]}),
+                    ),
+                    event(
+                        "runtime/recovery",
+                        json!({"state": "recovery_required", "reason": "test"}),
+                    ),
+                    event("tool/start", json!({"id": "c1", "name": "bash"})),
+                    event(
+                        "tool/result",
+                        json!({"id": "c1", "name": "bash", "output": "ok"}),
+                    ),
+                    message("a1", "assistant", "answer"),
+                    event(
+                        "usage",
+                        json!({"model": "model-x", "input_tokens": 10, "output_tokens": 5,
+                            "cost": "0.25"}),
+                    ),
+                    turn_end("completed"),
+                ],
+            )
+            .in_turn("t1"),
+        )
+        .expect("t1");
+        for i in 0..filler {
+            let events = (0..10)
+                .map(|j| message(&format!("f{i}-{j}"), "assistant", "filler"))
+                .collect();
+            s.append_events(&format!("op-fill-{i}"), events)
+                .expect("filler");
+        }
+        s.append_events(
+            "op-outside",
+            vec![
+                event("tool/start", json!({"id": "bg", "name": "watch"})),
+                event(
+                    "interaction/created",
+                    json!({"id": "later", "state": "pending"}),
+                ),
+                event(
+                    "model/context-replace",
+                    json!({"messages": [{"id": "sum", "role": "system", "content": "summary"}]}),
+                ),
+                event(
+                    "message/upsert",
+                    json!({"message": {"id": "a1", "role": "assistant", "content": "edited"}}),
+                ),
+            ],
+        )
+        .expect("outside");
+        drop(rt);
+        s.flush().expect("flush");
+        let live = s.snapshot().projection;
+        let live_json = serde_json::to_value(&live).expect("json");
+        let live_list = service.query().list(None, 10).await.expect("list");
+        let live_summary = serde_json::to_value(&live_list.sessions[0]).expect("json");
+        service.close(&r).await.expect("close");
+
+        let cold = service.query().snapshot(&r).await.expect("cold");
+        assert_eq!(
+            serde_json::to_value(&cold.projection).expect("json"),
+            live_json,
+            "filler {filler}: cold projection"
+        );
+        let cold_list = service.query().list(None, 10).await.expect("list");
+        let mut cold_summary = serde_json::to_value(&cold_list.sessions[0]).expect("json");
+        assert_eq!(cold_summary["live"], json!(false));
+        cold_summary["live"] = json!(true);
+        for volatile in ["updated_at_ms"] {
+            cold_summary[volatile] = live_summary[volatile].clone();
+        }
+        assert_eq!(cold_summary, live_summary, "filler {filler}: list summary");
+
+        let binding = service.open(&r).await.expect("reopen");
+        let reopened = binding.runtime().snapshot().session.projection;
+        assert_eq!(
+            serde_json::to_value(&reopened).expect("json"),
+            live_json,
+            "filler {filler}: reopened projection"
+        );
+        binding.release().await.expect("release");
+        service.shutdown().await.expect("shutdown");
+    }
+}
+
+/// What each classifier says about an error, in one line.
+fn classes(e: &Error) -> String {
+    let mut c = Vec::new();
+    if e.is_retryable() {
+        c.push("retryable");
+    }
+    if e.is_not_found() {
+        c.push("not_found");
+    }
+    if e.is_already_exists() {
+        c.push("already_exists");
+    }
+    if e.is_writer_owned() {
+        c.push("writer_owned");
+    }
+    if e.is_corrupt() {
+        c.push("corrupt");
+    }
+    if e.is_unsupported() {
+        c.push("unsupported");
+    }
+    if e.is_caller_error() {
+        c.push("caller_error");
+    }
+    if e.needs_reopen() {
+        c.push("needs_reopen");
+    }
+    if e.is_internal() {
+        c.push("internal");
+    }
+    c.join(",")
+}
+
+/// The errors the service and its queries return, each with the classifiers its doc
+/// comments and ARCHITECTURE's error table give it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_errors_carry_their_documented_classifiers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = service_in(dir.path());
+    let rt = service
+        .create(CreateOptions::with_id(id("one")))
+        .await
+        .expect("create");
+    let r = rt.session_ref().clone();
+    rt.session().append(turn("op-1", "t1", "m1")).expect("t1");
+    let other_host = SessionRef::new("elsewhere", "one").expect("ref");
+    let missing = SessionRef::new(HOST, "missing").expect("ref");
+    let mut wrong = Vec::new();
+    let mut check = |what: &str, got: Result<String, Error>, want: &str| match got {
+        Ok(v) => wrong.push(format!("{what}: succeeded ({v}), expected [{want}]")),
+        Err(e) => {
+            let c = classes(&e);
+            if c != want {
+                wrong.push(format!("{what}: {e:?} is [{c}], expected [{want}]"));
+            }
+        }
+    };
+    let q = service.query();
+    check(
+        "open other host",
+        service.open(&other_host).await.map(|_| "bound".into()),
+        "caller_error",
+    );
+    check(
+        "open missing",
+        service.open(&missing).await.map(|_| "bound".into()),
+        "not_found",
+    );
+    check(
+        "snapshot missing",
+        q.snapshot(&missing).await.map(|_| "snap".into()),
+        "not_found",
+    );
+    check(
+        "history missing",
+        q.history(&missing).await.map(|_| "hist".into()),
+        "not_found",
+    );
+    check(
+        "history_page missing",
+        q.history_page(&missing, None, 10)
+            .await
+            .map(|_| "page".into()),
+        "not_found",
+    );
+    check(
+        "observe missing",
+        q.observe(&missing, 0, 10).await.map(|_| "obs".into()),
+        "not_found",
+    );
+    check(
+        "history_page bad cursor",
+        q.history_page(&r, Some("h1.x"), 10)
+            .await
+            .map(|_| "page".into()),
+        "caller_error",
+    );
+    check(
+        "history_page newer cursor",
+        q.history_page(&r, Some("h1.999999.2"), 10)
+            .await
+            .map(|_| "page".into()),
+        "caller_error",
+    );
+    check(
+        "history_page_ending_at 0",
+        q.history_page_ending_at(&r, 0, 10)
+            .await
+            .map(|_| "page".into()),
+        "caller_error",
+    );
+    check(
+        "list limit 101",
+        q.list(None, 101).await.map(|_| "page".into()),
+        "caller_error",
+    );
+    check(
+        "fork unknown turn",
+        service
+            .fork(&r, "no-such-turn", Some(id("child-x")))
+            .await
+            .map(|_| "forked".into()),
+        "caller_error",
+    );
+    check(
+        "fork onto an existing id",
+        service
+            .fork(&r, "t1", Some(id("one")))
+            .await
+            .map(|_| "forked".into()),
+        "already_exists",
+    );
+    check(
+        "rename blank",
+        service.rename(&r, "  ").await.map(|_| "renamed".into()),
+        "caller_error",
+    );
+    check(
+        "rename missing",
+        service
+            .rename(&missing, "t")
+            .await
+            .map(|_| "renamed".into()),
+        "not_found",
+    );
+    check(
+        "continue_legacy missing file",
+        service
+            .continue_legacy(dir.path().join("nope.jsonl"), "")
+            .await
+            .map(|_| "continued".into()),
+        "not_found",
+    );
+    check(
+        "import missing file",
+        service
+            .import(dir.path().join("nope.db"))
+            .await
+            .map(|_| "imported".into()),
+        "not_found",
+    );
+    let export = dir.path().join("one.db");
+    service.export(&r, &export).await.expect("export");
+    check(
+        "export onto an existing file",
+        service.export(&r, &export).await.map(|_| "exported".into()),
+        "already_exists",
+    );
+    check(
+        "import under an existing id",
+        service.import(&export).await.map(|_| "imported".into()),
+        "already_exists",
+    );
+    check(
+        "flush other host",
+        service.flush(&other_host).await.map(|s| s.to_string()),
+        "caller_error",
+    );
+    // A second service in this process over the same root: the writer is owned.
+    let second = service_in(dir.path());
+    check(
+        "open owned by another service",
+        second.open(&r).await.map(|_| "bound".into()),
+        "writer_owned",
+    );
+    check(
+        "delete owned by another service (cancelled wait)",
+        {
+            let cancel = session_store::CancelToken::new();
+            cancel.cancel();
+            second.delete(&r, &cancel).await.map(|_| "deleted".into())
+        },
+        "",
+    );
+    // Closed runtime: appends and executions need a reopen.
+    drop(rt);
+    let rt = service.runtime(&r).expect("runtime");
+    service.close(&r).await.expect("close");
+    check(
+        "append after close",
+        rt.session()
+            .append_events("late", vec![title("late")])
+            .map(|c| c.commit_id.clone()),
+        "needs_reopen",
+    );
+    check(
+        "bind after close",
+        rt.bind_execution("x").map(|_| "bound".into()),
+        "needs_reopen",
+    );
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
