@@ -664,3 +664,67 @@ async fn service_errors_carry_their_documented_classifiers() {
     );
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
+
+/// An execution dropped without `finish` (its task panicked, or returned early on an
+/// error) ends as `finish` ends it: the runtime goes back to `idle`, so the next execution
+/// binds and the session closes; a cancelled one too. Dropping an execution that was
+/// replaced or whose authority was revoked changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_execution_dropped_without_finish_ends_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = service_in(dir.path());
+    let rt = service
+        .create(CreateOptions::with_id(id("dropped-exec")))
+        .await
+        .expect("create");
+    let r = rt.session_ref().clone();
+    // A task that panics while it holds the execution.
+    let task = {
+        let rt = rt.clone();
+        tokio::spawn(async move {
+            let exec = rt.bind_execution("agent").expect("bind");
+            exec.append(
+                Batch::new(
+                    "op-open",
+                    vec![Event::new("turn/start"), message("u", "user", "q")],
+                )
+                .in_turn("t1"),
+            )
+            .expect("open turn");
+            panic!("the agent loop failed");
+        })
+    };
+    assert!(task.await.expect_err("panicked").is_panic());
+    assert_eq!(
+        rt.phase(),
+        RuntimePhase::Idle,
+        "the dropped execution ended"
+    );
+    // An early return while cancelling.
+    let exec = rt
+        .bind_execution("agent")
+        .expect("the next execution binds");
+    service.cancel_session(&r).expect("cancel");
+    assert_eq!(rt.phase(), RuntimePhase::Cancelling);
+    drop(exec);
+    assert_eq!(
+        rt.phase(),
+        RuntimePhase::Idle,
+        "the cancelled execution ended"
+    );
+    // Revoked authority stays revoked until the host resolves it.
+    let exec = rt.bind_execution("tool").expect("bind");
+    rt.require_recovery("tool");
+    drop(exec);
+    assert_eq!(rt.phase(), RuntimePhase::RecoveryRequired);
+    rt.resolve_recovery();
+    let exec = rt.bind_execution("agent").expect("bind");
+    exec.append(Batch::new("op-close", vec![turn_end("interrupted")]).in_turn("t1"))
+        .expect("close the turn");
+    exec.finish();
+    assert_eq!(rt.phase(), RuntimePhase::Idle);
+    drop(rt);
+    within("close", service.close(&r))
+        .await
+        .expect("the session closes");
+}

@@ -283,7 +283,13 @@ impl Execution {
     }
 
     /// Ends the execution: the runtime returns to `idle` (unless recovery is required).
+    /// Dropping the execution ends it the same way.
     pub fn finish(self) {
+        drop(self);
+    }
+
+    /// Ends the execution if it is still the runtime's current one.
+    fn end(&self) {
         let mut s = self.runtime.state();
         if s.execution
             .as_ref()
@@ -296,5 +302,14 @@ impl Execution {
             }
             s.revision += 1;
         }
+    }
+}
+
+impl Drop for Execution {
+    /// An execution dropped without [`Execution::finish`] (its task panicked or returned
+    /// early) ends as `finish` ends it: otherwise the runtime stayed `running` for good,
+    /// refusing every later execution and every close with [`Error::RuntimeBusy`].
+    fn drop(&mut self) {
+        self.end();
     }
 }
