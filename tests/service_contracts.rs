@@ -728,3 +728,122 @@ async fn an_execution_dropped_without_finish_ends_it() {
         .await
         .expect("the session closes");
 }
+
+/// Queries (history, history pages, snapshots, observe, list) running while the session
+/// is closed and opened again, over and over: each answers (live or cold), never an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn queries_answer_while_the_session_closes_and_reopens() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = service_in(dir.path());
+    let rt = service
+        .create(CreateOptions::with_id(id("queried")))
+        .await
+        .expect("create");
+    let r = rt.session_ref().clone();
+    for i in 0..20 {
+        rt.session()
+            .append(turn(&format!("op-{i}"), &format!("t{i}"), &format!("m{i}")))
+            .expect("turn");
+    }
+    drop(rt);
+    service.flush(&r).await.expect("flush");
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    let mut tasks = Vec::new();
+    for t in 0..3 {
+        let (service, r) = (service.clone(), r.clone());
+        tasks.push(tokio::spawn(async move {
+            let q = service.query();
+            let mut n = 0u64;
+            while std::time::Instant::now() < deadline {
+                let what = (n + t) % 5;
+                let result = match what {
+                    0 => q.history(&r).await.map(|h| h.len() as u64),
+                    1 => q
+                        .history_page(&r, None, 7)
+                        .await
+                        .map(|p| p.messages.len() as u64),
+                    2 => q.snapshot(&r).await.map(|s| s.projection.transcript_len),
+                    3 => q
+                        .observe(&r, 0, 100)
+                        .await
+                        .map(|o| o.events.commits.len() as u64),
+                    _ => q.list(None, 10).await.map(|p| p.sessions.len() as u64),
+                };
+                match result {
+                    Ok(count) => assert!(count >= 1, "query {what}: empty answer"),
+                    Err(e) => panic!("query {what} round {n}: {e:?}"),
+                }
+                n += 1;
+            }
+            n
+        }));
+    }
+    let mut cycles = 0;
+    while std::time::Instant::now() < deadline {
+        let binding = service.open(&r).await.expect("open");
+        binding.release().await.expect("release");
+        within("close", service.close(&r)).await.expect("close");
+        cycles += 1;
+    }
+    for task in tasks {
+        within("queries", task).await.expect("query task");
+    }
+    assert!(cycles > 0);
+}
+
+/// A thread appending business batches through an execution as fast as it can while the
+/// session is cancelled (300 rounds): once `cancel_session` has returned, no business
+/// batch of the execution is accepted (each append either landed before it returned or
+/// is `StaleExecution`), and the turn still closes with a closure batch.
+#[test]
+fn no_business_batch_is_accepted_after_a_cancel_returns() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tokio = tokio::runtime::Runtime::new().expect("tokio");
+    let service = service_in(dir.path());
+    let runtime = tokio
+        .block_on(service.create(CreateOptions::with_id(id("race"))))
+        .expect("create");
+    let r = runtime.session_ref().clone();
+    let mut late = Vec::new();
+    for round in 0..300 {
+        let exec = std::sync::Arc::new(runtime.bind_execution("agent").expect("bind"));
+        let appender = {
+            let exec = exec.clone();
+            std::thread::spawn(move || {
+                let mut last = 0;
+                for n in 0.. {
+                    match exec.append(Batch::new(
+                        format!("op-{round}-{n}"),
+                        vec![title(&format!("title {round}-{n}"))],
+                    )) {
+                        Ok(c) => last = c.last_seq(),
+                        Err(Error::StaleExecution) => break,
+                        Err(e) => panic!("round {round}: {e}"),
+                    }
+                }
+                last
+            })
+        };
+        std::thread::sleep(Duration::from_micros(200));
+        service.cancel_session(&r).expect("cancel");
+        let at_cancel = runtime.session().sequences().0;
+        let last = appender.join().expect("appender");
+        if last > at_cancel {
+            late.push((round, at_cancel, last));
+        }
+        let exec = std::sync::Arc::try_unwrap(exec).expect("one owner");
+        exec.append(Batch::new(
+            format!("end-{round}"),
+            vec![turn_end("interrupted")],
+        ))
+        .expect("a closure batch after the cancel");
+        exec.finish();
+    }
+    assert!(
+        late.is_empty(),
+        "business batches accepted after cancel_session returned (round, sequence at the \
+         cancel, last accepted): {late:?}"
+    );
+    drop(runtime);
+    tokio.block_on(service.shutdown()).expect("shutdown");
+}

@@ -198,33 +198,44 @@ impl Runtime {
     }
 
     /// Delivers a cancel to the bound execution. Returns whether there was one running.
+    /// When it returns, the execution's business batches are refused: one it was
+    /// appending meanwhile is either accepted already or refused.
     pub fn cancel(&self) -> bool {
-        let mut s = self.state();
-        let Some((_, token)) = s.execution.as_ref() else {
-            return false;
-        };
-        if s.phase != RuntimePhase::Running {
-            return false;
+        {
+            let mut s = self.state();
+            let Some((_, token)) = s.execution.as_ref() else {
+                return false;
+            };
+            if s.phase != RuntimePhase::Running {
+                return false;
+            }
+            token.cancel();
+            s.phase = RuntimePhase::Cancelling;
+            s.revision += 1;
         }
-        token.cancel();
-        s.phase = RuntimePhase::Cancelling;
-        s.revision += 1;
+        // Waits out an append that passed its gate before the token was cancelled (taken
+        // after the runtime's state lock is let go: the gate runs under the session's).
+        self.inner.session.barrier();
         true
     }
 
     /// Revokes the execution's authority: the runtime stays `recovery_required` until the
     /// host calls [`Runtime::resolve_recovery`]. No-op on a closed runtime.
     pub fn require_recovery(&self, activity: &str) {
-        let mut s = self.state();
-        if s.phase == RuntimePhase::Closed {
-            return;
+        {
+            let mut s = self.state();
+            if s.phase == RuntimePhase::Closed {
+                return;
+            }
+            if let Some((_, token)) = s.execution.take() {
+                token.cancel();
+            }
+            s.phase = RuntimePhase::RecoveryRequired;
+            s.activity = Some(activity.to_owned());
+            s.revision += 1;
         }
-        if let Some((_, token)) = s.execution.take() {
-            token.cancel();
-        }
-        s.phase = RuntimePhase::RecoveryRequired;
-        s.activity = Some(activity.to_owned());
-        s.revision += 1;
+        // As in `cancel`: no business batch of the revoked execution is accepted after.
+        self.inner.session.barrier();
     }
 
     /// The host's explicit decision to leave `recovery_required` for `idle`.
@@ -260,7 +271,9 @@ impl Execution {
     }
 
     /// Appends through this execution's authority: once it is cancelled or replaced, only
-    /// batches made of closure kinds ([`CLOSURE_KINDS`]) are accepted.
+    /// batches made of closure kinds ([`CLOSURE_KINDS`]) are accepted. A business batch
+    /// racing a cancel is accepted before [`Runtime::cancel`] (or
+    /// [`Service::cancel_session`](crate::Service::cancel_session)) returns, or refused.
     ///
     /// # Errors
     /// [`Error::StaleExecution`] for a late business result; as [`Session::append`].
@@ -276,10 +289,22 @@ impl Execution {
             .events
             .iter()
             .all(|e| CLOSURE_KINDS.contains(&e.kind.trim()));
-        if !current && !closure {
+        if closure {
+            return self.runtime.session().append(batch);
+        }
+        if !current {
             return Err(Error::StaleExecution);
         }
-        self.runtime.session().append(batch)
+        // Checked again as the batch is sequenced: a cancel (or revoked authority) that
+        // returned before then refuses it (`Runtime::cancel` waits for the check).
+        let token = &self.token;
+        self.runtime.session().append_gated(batch, &|| {
+            if token.is_cancelled() {
+                Err(Error::StaleExecution)
+            } else {
+                Ok(())
+            }
+        })
     }
 
     /// Ends the execution: the runtime returns to `idle` (unless recovery is required).
