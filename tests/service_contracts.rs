@@ -847,3 +847,67 @@ fn no_business_batch_is_accepted_after_a_cancel_returns() {
     drop(runtime);
     tokio.block_on(service.shutdown()).expect("shutdown");
 }
+
+/// Executions bound by one task while another closes the session (3 s, multi-threaded):
+/// a close either finds the execution running (`RuntimeBusy`) or makes the bind fail
+/// (`Closed`); an execution that was bound is never closed under it (its appends never
+/// answer `Closed`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_close_never_closes_a_runtime_under_a_running_execution() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = service_in(dir.path());
+    let rt = service
+        .create(CreateOptions::with_id(id("exec-close")))
+        .await
+        .expect("create");
+    let r = rt.session_ref().clone();
+    drop(rt);
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    let executor = {
+        let (service, r) = (service.clone(), r.clone());
+        tokio::spawn(async move {
+            let mut bound = 0;
+            let mut n = 0;
+            while std::time::Instant::now() < deadline {
+                n += 1;
+                // The runtime as a host task holds it (a clone of the registered one).
+                let Some(runtime) = service.runtime(&r) else {
+                    tokio::task::yield_now().await;
+                    continue;
+                };
+                let exec = match runtime.bind_execution("agent") {
+                    Ok(exec) => exec,
+                    Err(Error::Closed) => continue,
+                    Err(e) => panic!("bind: {e}"),
+                };
+                bound += 1;
+                let op = format!("op-{n}");
+                let appended = exec.append(Batch::new(op.clone(), vec![title(&op)]));
+                assert!(
+                    appended.is_ok(),
+                    "round {n}: the runtime was closed under a running execution: {appended:?}"
+                );
+                exec.finish();
+            }
+            bound
+        })
+    };
+    let mut closes = 0;
+    while std::time::Instant::now() < deadline {
+        match service.close(&r).await {
+            Ok(()) => closes += 1,
+            Err(Error::RuntimeBusy) => {}
+            Err(e) => panic!("close: {e}"),
+        }
+        service
+            .open(&r)
+            .await
+            .expect("open")
+            .release()
+            .await
+            .expect("release");
+    }
+    let bound = within("executor", executor).await.expect("executor");
+    assert!(bound > 0 && closes > 0, "bound {bound}, closes {closes}");
+    service.shutdown().await.expect("shutdown");
+}

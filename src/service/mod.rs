@@ -394,7 +394,9 @@ impl Service {
                     if reg.bindings.get(&id).copied().unwrap_or(0) > 0 {
                         return Err(Error::RuntimeBound);
                     }
-                    if rt.phase().is_busy() {
+                    // Checked and marked closing at once: an execution bound after this
+                    // check would be closed under it.
+                    if !rt.begin_close() {
                         return Err(Error::RuntimeBusy);
                     }
                     let rt = rt.clone();
@@ -427,6 +429,7 @@ impl Service {
                     reg.closed.insert(id);
                 } else {
                     // Still open: published again, as it was.
+                    runtime.abort_close();
                     reg.active.insert(id, runtime);
                 }
             }

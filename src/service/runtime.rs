@@ -23,7 +23,8 @@ pub enum RuntimePhase {
     Cancelling,
     /// The execution lost its authority; the host must decide how to continue.
     RecoveryRequired,
-    /// The runtime was closed.
+    /// The runtime was closed (or is closing: [`Service::close`](crate::Service::close)
+    /// has begun and no execution binds any more).
     Closed,
 }
 
@@ -254,6 +255,30 @@ impl Runtime {
 
     pub(crate) fn revision(&self) -> u64 {
         self.state().revision
+    }
+
+    /// Starts a close: unless an execution runs or recovery is required (then it returns
+    /// false and changes nothing), the runtime is `closed` from now on, so no execution
+    /// binds while the close drains. [`Runtime::abort_close`] undoes it.
+    pub(crate) fn begin_close(&self) -> bool {
+        let mut s = self.state();
+        if s.phase.is_busy() {
+            return false;
+        }
+        if s.phase != RuntimePhase::Closed {
+            s.phase = RuntimePhase::Closed;
+            s.revision += 1;
+        }
+        true
+    }
+
+    /// A close that failed: the runtime is `idle` again and takes executions.
+    pub(crate) fn abort_close(&self) {
+        let mut s = self.state();
+        if s.phase == RuntimePhase::Closed {
+            s.phase = RuntimePhase::Idle;
+            s.revision += 1;
+        }
     }
 
     pub(crate) fn mark_closed(&self) {
