@@ -361,7 +361,9 @@ impl Session {
         }
     }
 
-    /// Runs `f` on the accepted projection without cloning it.
+    /// Runs `f` on the accepted projection without cloning it. `f` runs under the
+    /// session's state lock: it must not append to, flush, snapshot or close this session,
+    /// nor cancel a [`Runtime`](crate::Runtime) of it (each waits for that lock).
     pub fn with_projection<R>(&self, f: impl FnOnce(&Projection) -> R) -> R {
         f(&lock(&self.shared.state).projection)
     }
