@@ -911,3 +911,32 @@ async fn a_close_never_closes_a_runtime_under_a_running_execution() {
     assert!(bound > 0 && closes > 0, "bound {bound}, closes {closes}");
     service.shutdown().await.expect("shutdown");
 }
+
+/// `publish` is idempotent while the prepared runtime is published: once that runtime
+/// was closed through the service it is not published any more, and `publish` says
+/// `Closed` rather than handing back the closed, unregistered runtime as published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_after_the_published_runtime_closed_answers_closed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = service_in(dir.path());
+    let prepared = service
+        .prepare_create(CreateOptions::with_id(id("prepared")))
+        .await
+        .expect("prepare");
+    let first = service.publish(&prepared).expect("publish");
+    let again = service.publish(&prepared).expect("publish again");
+    assert_eq!(first, again, "the same instance");
+    let r = first.session_ref().clone();
+    drop((first, again));
+    service.close(&r).await.expect("close");
+    let after = service.publish(&prepared);
+    assert!(
+        matches!(after, Err(Error::Closed)),
+        "publish after close: {after:?} (registered: {:?})",
+        service.runtime(&r)
+    );
+    // The session opens again as usual.
+    let binding = service.open(&r).await.expect("open");
+    binding.release().await.expect("release");
+    service.shutdown().await.expect("shutdown");
+}

@@ -200,17 +200,22 @@ impl Service {
         })
     }
 
-    /// Publishes the exact prepared instance (idempotent).
+    /// Publishes the exact prepared instance (idempotent while it stays published).
     ///
     /// # Errors
     /// [`Error::SessionExists`] when another runtime is active for the session;
-    /// [`Error::Closed`] for a discarded one.
+    /// [`Error::Closed`] for a discarded one, or a published one closed since.
     pub fn publish(&self, prepared: &PreparedRuntime) -> Result<Runtime> {
         let mut state = prepared.state.lock().unwrap_or_else(|e| e.into_inner());
         if state.discarded.is_some() {
             return Err(Error::Closed);
         }
         if state.published {
+            // Closed through the service since: no longer published (its session refuses
+            // appends); handing it back as published would hide that.
+            if prepared.runtime.phase() == RuntimePhase::Closed {
+                return Err(Error::Closed);
+            }
             return Ok(prepared.runtime.clone());
         }
         let id = prepared.runtime.session_ref().session_id.clone();
