@@ -940,3 +940,52 @@ async fn publish_after_the_published_runtime_closed_answers_closed() {
     binding.release().await.expect("release");
     service.shutdown().await.expect("shutdown");
 }
+
+/// An open of a session that another task of the service is creating (200 rounds, the
+/// open retried while the session is not found): it gets the created runtime, never
+/// `WriterOwned` naming this very process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_open_racing_a_create_gets_the_created_runtime() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = service_in(dir.path());
+    for i in 0..200 {
+        let sid = id(&format!("s{i}"));
+        let r = service.session_ref(sid.clone());
+        let create = {
+            let service = service.clone();
+            tokio::spawn(async move { service.create(CreateOptions::with_id(sid)).await })
+        };
+        let open = {
+            let service = service.clone();
+            tokio::spawn(async move {
+                loop {
+                    match service.open(&r).await {
+                        Err(e) if e.is_not_found() => tokio::task::yield_now().await,
+                        other => return other,
+                    }
+                }
+            })
+        };
+        let created = within("create", create)
+            .await
+            .expect("join")
+            .expect("create");
+        let binding = within("open", open)
+            .await
+            .expect("join")
+            .unwrap_or_else(|e| panic!("round {i}: open racing the create: {e:?}"));
+        assert_eq!(
+            binding.runtime(),
+            &created,
+            "round {i}: the created runtime"
+        );
+        binding.release().await.expect("release");
+    }
+    // A create of an id this service has open answers that it exists.
+    let taken = service
+        .create(CreateOptions::with_id(id("s0")))
+        .await
+        .expect_err("exists");
+    assert!(taken.is_already_exists(), "{taken:?}");
+    service.shutdown().await.expect("shutdown");
+}

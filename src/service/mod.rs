@@ -253,19 +253,28 @@ impl Service {
         result
     }
 
-    /// Creates and publishes a session.
+    /// Creates and publishes a session. Its id is reserved like an open's while it is
+    /// created: an open of it in this service meanwhile waits and gets its runtime (or
+    /// finds no session, when it came first), never [`Error::WriterOwned`] for this
+    /// process's own create.
     ///
     /// # Errors
     /// As [`Service::prepare_create`] and [`Service::publish`].
-    pub async fn create(&self, options: CreateOptions) -> Result<Runtime> {
-        let prepared = self.prepare_create(options).await?;
-        match self.publish(&prepared) {
-            Ok(runtime) => Ok(runtime),
-            Err(e) => {
-                let _ = self.discard(&prepared).await;
-                Err(e)
+    pub async fn create(&self, mut options: CreateOptions) -> Result<Runtime> {
+        let id = options
+            .session_id
+            .get_or_insert_with(SessionId::random)
+            .clone();
+        let service = self.clone();
+        to_completion(async move {
+            if service.reserve(&id).await.is_some() {
+                return Err(Error::SessionExists(id.to_string()));
             }
-        }
+            let root = service.inner.root.clone();
+            let created = blocking(move || root.create(options)).await;
+            service.install(&service.session_ref(id), created)
+        })
+        .await
     }
 
     /// Opens (or reuses) the session's runtime and binds a client to it. Concurrent calls
