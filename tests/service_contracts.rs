@@ -989,3 +989,44 @@ async fn an_open_racing_a_create_gets_the_created_runtime() {
     assert!(taken.is_already_exists(), "{taken:?}");
     service.shutdown().await.expect("shutdown");
 }
+
+/// `Service::rename` racing a `Service::close` of the same session (200 rounds): the
+/// rename lands, through the runtime or on the closed session, never `Closed` (the runtime
+/// closed under it) nor `WriterOwned` naming this process (the close still holding the
+/// writer); the last title is the one listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rename_racing_a_close_lands() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = service_in(dir.path());
+    let rt = service
+        .create(CreateOptions::with_id(id("renamed")))
+        .await
+        .expect("create");
+    let r = rt.session_ref().clone();
+    drop(rt);
+    for i in 0..200 {
+        if service.runtime(&r).is_none() {
+            let binding = service.open(&r).await.expect("open");
+            binding.release().await.expect("release");
+        }
+        let close = {
+            let (service, r) = (service.clone(), r.clone());
+            tokio::spawn(async move { service.close(&r).await })
+        };
+        let rename = {
+            let (service, r) = (service.clone(), r.clone());
+            tokio::spawn(async move { service.rename(&r, &format!("title {i}")).await })
+        };
+        within("close", close).await.expect("join").expect("close");
+        within("rename", rename)
+            .await
+            .expect("join")
+            .unwrap_or_else(|e| panic!("round {i}: rename racing a close: {e:?}"));
+    }
+    if service.runtime(&r).is_some() {
+        service.close(&r).await.expect("close");
+    }
+    let page = service.query().list(None, 10).await.expect("list");
+    assert_eq!(page.sessions[0].title, "title 199");
+    service.shutdown().await.expect("shutdown");
+}

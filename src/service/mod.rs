@@ -660,25 +660,42 @@ impl Service {
 
     /// Renames a session: appends a `session/title` event as its writer. Through the
     /// attached runtime when there is one (the title is in its projection at once, and
-    /// durable when this returns); otherwise as [`Root::rename`].
+    /// durable when this returns); otherwise as [`Root::rename`], with the session id
+    /// reserved as an open reserves it (an open or close of it in this service meanwhile
+    /// waits; a rename racing a close waits for the close and renames the closed session).
     ///
     /// # Errors
     /// [`Error::InvalidInput`] for a blank title; [`Error::SessionNotFound`];
     /// [`Error::WriterOwned`] when another process writes it; as [`Session::append`].
     pub async fn rename(&self, r: &SessionRef, title: &str) -> Result<()> {
         self.check_ref(r)?;
-        let title = title.to_owned();
-        if let Some(rt) = self.runtime(r) {
-            let session = rt.session().clone();
-            return blocking(move || {
-                session.rename(&title)?;
-                session.flush().map(drop)
-            })
-            .await;
-        }
-        let root = self.inner.root.clone();
-        let id = r.session_id.clone();
-        blocking(move || root.rename(&id, &title)).await
+        let (service, r, title) = (self.clone(), r.clone(), title.to_owned());
+        to_completion(async move {
+            loop {
+                if let Some(rt) = service.reserve(&r.session_id).await {
+                    let (session, title) = (rt.session().clone(), title.clone());
+                    let renamed = blocking(move || {
+                        session.rename(&title)?;
+                        session.flush().map(drop)
+                    })
+                    .await;
+                    // Closed by a close that unpublished it meanwhile: rename it cold,
+                    // once that close is over.
+                    if matches!(renamed, Err(Error::Closed))
+                        && service.runtime(&r).as_ref() != Some(&rt)
+                    {
+                        continue;
+                    }
+                    return renamed;
+                }
+                let (root, id) = (service.inner.root.clone(), r.session_id.clone());
+                let title = title.clone();
+                let renamed = blocking(move || root.rename(&id, &title)).await;
+                service.release_reservation(&r.session_id);
+                return renamed;
+            }
+        })
+        .await
     }
 
     /// Continues a legacy transcript (one message JSON per line) as a new session with a
