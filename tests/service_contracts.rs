@@ -1030,3 +1030,67 @@ async fn a_rename_racing_a_close_lands() {
     assert_eq!(page.sessions[0].title, "title 199");
     service.shutdown().await.expect("shutdown");
 }
+
+/// A fork and an export of a session racing its `Service::close` (100 rounds, a turn
+/// accepted and not yet durable each time: write-behind of an hour): the fork after that
+/// turn succeeds and the export holds it, as when no close runs (the close used to hide
+/// the runtime, so neither flushed it: "completed turn not found in parent", an export
+/// without the turn).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fork_or_export_racing_a_close_sees_what_was_accepted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = Service::new(HOST, manual_root(dir.path())).expect("service");
+    let rt = service
+        .create(CreateOptions::with_id(id("parent")))
+        .await
+        .expect("create");
+    let r = rt.session_ref().clone();
+    drop(rt);
+    let mut wrong = Vec::new();
+    for i in 0..100 {
+        let binding = service.open(&r).await.expect("open");
+        let accepted = binding
+            .runtime()
+            .session()
+            .append(turn(&format!("op-{i}"), &format!("t{i}"), &format!("m{i}")))
+            .expect("turn")
+            .last_seq();
+        binding.release().await.expect("release");
+        let close = {
+            let (service, r) = (service.clone(), r.clone());
+            tokio::spawn(async move { service.close(&r).await })
+        };
+        let fork = {
+            let (service, r) = (service.clone(), r.clone());
+            tokio::spawn(async move {
+                service
+                    .fork(&r, &format!("t{i}"), Some(id(&format!("child-{i}"))))
+                    .await
+            })
+        };
+        let export_to = dir.path().join(format!("export-{i}.db"));
+        let export = {
+            let (service, r) = (service.clone(), r.clone());
+            tokio::spawn(async move { service.export(&r, &export_to).await })
+        };
+        within("close", close).await.expect("join").expect("close");
+        match within("fork", fork).await.expect("join") {
+            Ok(child) => {
+                let cr = child.session_ref().clone();
+                drop(child);
+                service.close(&cr).await.expect("close child");
+            }
+            Err(e) => wrong.push(format!("round {i}: fork: {e}")),
+        }
+        match within("export", export).await.expect("join") {
+            Ok(report) if report.events == accepted => {}
+            Ok(report) => wrong.push(format!(
+                "round {i}: export holds {} events of {accepted}",
+                report.events
+            )),
+            Err(e) => wrong.push(format!("round {i}: export: {e}")),
+        }
+    }
+    assert!(wrong.is_empty(), "{} failures: {:#?}", wrong.len(), wrong);
+    service.shutdown().await.expect("shutdown");
+}

@@ -529,6 +529,34 @@ impl Service {
         })
     }
 
+    /// Makes durable what this service accepted for `id` before the call: flushes its
+    /// published runtime, after waiting for an open or close of it under way (a close
+    /// unpublishes the runtime while it drains: not waited for, a fork or export read
+    /// the file without the accepted tail).
+    async fn flush_attached(&self, id: &SessionId) -> Result<()> {
+        /// What the registry says to do next (decided under its lock, done after it).
+        enum Next<'a> {
+            Flush(Session),
+            Wait(tokio::sync::futures::Notified<'a>),
+        }
+        loop {
+            let next = {
+                let reg = self.registry();
+                match reg.active.get(id) {
+                    Some(rt) => Next::Flush(rt.session().clone()),
+                    None if !reg.preparing.contains(id) => return Ok(()),
+                    None => Next::Wait(self.inner.registry_changed.notified()),
+                }
+            };
+            match next {
+                Next::Wait(notified) => notified.await,
+                Next::Flush(session) => {
+                    return blocking(move || session.flush()).await.map(drop);
+                }
+            }
+        }
+    }
+
     async fn fork_at(
         &self,
         r: &SessionRef,
@@ -536,10 +564,7 @@ impl Service {
         child: Option<SessionId>,
     ) -> Result<Runtime> {
         self.check_ref(r)?;
-        if let Some(rt) = self.runtime(r) {
-            let session = rt.session().clone();
-            blocking(move || session.flush()).await?;
-        }
+        self.flush_attached(&r.session_id).await?;
         let child = child.unwrap_or_else(SessionId::random);
         // Reserved like an open, so that an open of the child in this service waits for
         // the fork's runtime instead of racing it for the writer lock.
@@ -595,7 +620,8 @@ impl Service {
             .await
     }
 
-    /// Exports a session (flushing an attached runtime first) to one self-contained file.
+    /// Exports a session (flushing an attached runtime first, or waiting for a close of it
+    /// under way) to one self-contained file.
     ///
     /// # Errors
     /// As [`Root::export`].
@@ -605,10 +631,7 @@ impl Service {
         destination: impl AsRef<Path>,
     ) -> Result<ExportReport> {
         self.check_ref(r)?;
-        if let Some(rt) = self.runtime(r) {
-            let session = rt.session().clone();
-            blocking(move || session.flush()).await?;
-        }
+        self.flush_attached(&r.session_id).await?;
         let root = self.inner.root.clone();
         let id = r.session_id.clone();
         let dest: PathBuf = destination.as_ref().to_path_buf();
