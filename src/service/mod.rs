@@ -737,16 +737,23 @@ impl Service {
     ) -> Result<(Runtime, MigrationRecord)> {
         let source = source.as_ref().to_path_buf();
         let head = head.to_owned();
-        let migration = blocking(move || legacy::Migration::read(&source, &head)).await?;
+        let migration = Arc::new(blocking(move || legacy::Migration::read(&source, &head)).await?);
         let r = self.session_ref(migration.target_id().clone());
         let root = self.inner.root.clone();
         let service = self.clone();
         to_completion(async move {
             // Already open in this service: reuse that runtime.
-            if let Some(rt) = service.reserve(&r.session_id).await {
-                let session = rt.session().clone();
-                let record = blocking(move || migration.complete(&root, &session)).await?;
-                return Ok((rt, record));
+            while let Some(rt) = service.reserve(&r.session_id).await {
+                let (session, root, m) = (rt.session().clone(), root.clone(), migration.clone());
+                let completed = blocking(move || m.complete(&root, &session)).await;
+                // Closed by a close that unpublished it meanwhile: continue the closed
+                // session once that close is over.
+                if matches!(completed, Err(Error::Closed))
+                    && service.runtime(&r).as_ref() != Some(&rt)
+                {
+                    continue;
+                }
+                return Ok((rt, completed?));
             }
             // Published with its writer lock held and opened under it: no other process
             // can take the migrated session in between (`Root::create_filled`).
