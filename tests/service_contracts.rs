@@ -26,19 +26,39 @@ fn service_in(dir: &std::path::Path) -> Service {
     Service::new(HOST, Root::open(dir.join("sessions")).expect("root")).expect("service")
 }
 
+/// A service over a new root in `dir` and the ref of the session `name` it created (its
+/// runtime published, no binding held).
+async fn service_with_session(dir: &std::path::Path, name: &str) -> (Service, SessionRef) {
+    let service = service_in(dir);
+    let rt = service
+        .create(CreateOptions::with_id(id(name)))
+        .await
+        .expect("create");
+    let r = rt.session_ref().clone();
+    (service, r)
+}
+
+/// Publishes the session's runtime (opened and released) when the service has none, then
+/// closes it on a task of its own: the close each `…_racing_a_close_…` test races.
+async fn start_closing(
+    service: &Service,
+    r: &SessionRef,
+) -> tokio::task::JoinHandle<session_store::Result<()>> {
+    if service.runtime(r).is_none() {
+        let binding = service.open(r).await.expect("open");
+        binding.release().await.expect("release");
+    }
+    let (service, r) = (service.clone(), r.clone());
+    tokio::spawn(async move { service.close(&r).await })
+}
+
 /// Many tasks open, append through and release bindings of one session while others
 /// close it, on a multi-threaded runtime: every binding an open returns is a runtime that
 /// accepts appends, and once every binding is released the session closes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn opens_and_closes_from_many_tasks_never_bind_a_closed_runtime() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let service = service_in(dir.path());
-    let rt = service
-        .create(CreateOptions::with_id(id("busy")))
-        .await
-        .expect("create");
-    let r = rt.session_ref().clone();
-    drop(rt);
+    let (service, r) = service_with_session(dir.path(), "busy").await;
     let deadline = std::time::Instant::now() + Duration::from_secs(3);
     let mut tasks = Vec::new();
     let closed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -451,37 +471,43 @@ async fn the_projection_reads_the_same_live_cold_and_reopened() {
     }
 }
 
+/// Every classifier of [`Error`], by name.
+const CLASSIFIERS: [(&str, fn(&Error) -> bool); 9] = [
+    ("retryable", Error::is_retryable),
+    ("not_found", Error::is_not_found),
+    ("already_exists", Error::is_already_exists),
+    ("writer_owned", Error::is_writer_owned),
+    ("corrupt", Error::is_corrupt),
+    ("unsupported", Error::is_unsupported),
+    ("caller_error", Error::is_caller_error),
+    ("needs_reopen", Error::needs_reopen),
+    ("internal", Error::is_internal),
+];
+
 /// What each classifier says about an error, in one line.
 fn classes(e: &Error) -> String {
-    let mut c = Vec::new();
-    if e.is_retryable() {
-        c.push("retryable");
-    }
-    if e.is_not_found() {
-        c.push("not_found");
-    }
-    if e.is_already_exists() {
-        c.push("already_exists");
-    }
-    if e.is_writer_owned() {
-        c.push("writer_owned");
-    }
-    if e.is_corrupt() {
-        c.push("corrupt");
-    }
-    if e.is_unsupported() {
-        c.push("unsupported");
-    }
-    if e.is_caller_error() {
-        c.push("caller_error");
-    }
-    if e.needs_reopen() {
-        c.push("needs_reopen");
-    }
-    if e.is_internal() {
-        c.push("internal");
-    }
-    c.join(",")
+    let names: Vec<&str> = CLASSIFIERS
+        .iter()
+        .filter(|(_, says)| says(e))
+        .map(|(name, _)| *name)
+        .collect();
+    names.join(",")
+}
+
+/// Records in `$wrong` when `$call` succeeds or fails with other classifiers than `$want`.
+macro_rules! expect_classes {
+    ($wrong:ident, $what:expr, $call:expr, $want:expr) => {
+        match $call {
+            Ok(_) => $wrong.push(format!("{}: succeeded, expected [{}]", $what, $want)),
+            Err(e) if classes(&e) != $want => $wrong.push(format!(
+                "{}: {e:?} is [{}], expected [{}]",
+                $what,
+                classes(&e),
+                $want
+            )),
+            Err(_) => {}
+        }
+    };
 }
 
 /// The errors the service and its queries return, each with the classifiers its doc
@@ -496,170 +522,133 @@ async fn service_errors_carry_their_documented_classifiers() {
         .expect("create");
     let r = rt.session_ref().clone();
     rt.session().append(turn("op-1", "t1", "m1")).expect("t1");
-    let other_host = SessionRef::new("elsewhere", "one").expect("ref");
+    let other = SessionRef::new("elsewhere", "one").expect("ref");
     let missing = SessionRef::new(HOST, "missing").expect("ref");
+    let (q, nowhere) = (service.query(), dir.path().join("nope"));
     let mut wrong = Vec::new();
-    let mut check = |what: &str, got: Result<String, Error>, want: &str| match got {
-        Ok(v) => wrong.push(format!("{what}: succeeded ({v}), expected [{want}]")),
-        Err(e) => {
-            let c = classes(&e);
-            if c != want {
-                wrong.push(format!("{what}: {e:?} is [{c}], expected [{want}]"));
-            }
-        }
-    };
-    let q = service.query();
-    check(
+    expect_classes!(
+        wrong,
         "open other host",
-        service.open(&other_host).await.map(|_| "bound".into()),
-        "caller_error",
+        service.open(&other).await,
+        "caller_error"
     );
-    check(
+    expect_classes!(
+        wrong,
         "open missing",
-        service.open(&missing).await.map(|_| "bound".into()),
-        "not_found",
+        service.open(&missing).await,
+        "not_found"
     );
-    check(
+    expect_classes!(
+        wrong,
         "snapshot missing",
-        q.snapshot(&missing).await.map(|_| "snap".into()),
-        "not_found",
+        q.snapshot(&missing).await,
+        "not_found"
     );
-    check(
+    expect_classes!(
+        wrong,
         "history missing",
-        q.history(&missing).await.map(|_| "hist".into()),
-        "not_found",
+        q.history(&missing).await,
+        "not_found"
     );
-    check(
-        "history_page missing",
-        q.history_page(&missing, None, 10)
-            .await
-            .map(|_| "page".into()),
-        "not_found",
-    );
-    check(
+    let page = q.history_page(&missing, None, 10).await;
+    expect_classes!(wrong, "history_page missing", page, "not_found");
+    expect_classes!(
+        wrong,
         "observe missing",
-        q.observe(&missing, 0, 10).await.map(|_| "obs".into()),
-        "not_found",
+        q.observe(&missing, 0, 10).await,
+        "not_found"
     );
-    check(
-        "history_page bad cursor",
-        q.history_page(&r, Some("h1.x"), 10)
-            .await
-            .map(|_| "page".into()),
-        "caller_error",
-    );
-    check(
-        "history_page newer cursor",
-        q.history_page(&r, Some("h1.999999.2"), 10)
-            .await
-            .map(|_| "page".into()),
-        "caller_error",
-    );
-    check(
-        "history_page_ending_at 0",
-        q.history_page_ending_at(&r, 0, 10)
-            .await
-            .map(|_| "page".into()),
-        "caller_error",
-    );
-    check(
+    let page = q.history_page(&r, Some("h1.x"), 10).await;
+    expect_classes!(wrong, "history_page bad cursor", page, "caller_error");
+    let page = q.history_page(&r, Some("h1.999999.2"), 10).await;
+    expect_classes!(wrong, "history_page newer cursor", page, "caller_error");
+    let page = q.history_page_ending_at(&r, 0, 10).await;
+    expect_classes!(wrong, "history_page_ending_at 0", page, "caller_error");
+    expect_classes!(
+        wrong,
         "list limit 101",
-        q.list(None, 101).await.map(|_| "page".into()),
-        "caller_error",
+        q.list(None, 101).await,
+        "caller_error"
     );
-    check(
-        "fork unknown turn",
-        service
-            .fork(&r, "no-such-turn", Some(id("child-x")))
-            .await
-            .map(|_| "forked".into()),
-        "caller_error",
-    );
-    check(
-        "fork onto an existing id",
-        service
-            .fork(&r, "t1", Some(id("one")))
-            .await
-            .map(|_| "forked".into()),
-        "already_exists",
-    );
-    check(
+    let forked = service.fork(&r, "no-such-turn", Some(id("child-x"))).await;
+    expect_classes!(wrong, "fork unknown turn", forked, "caller_error");
+    let forked = service.fork(&r, "t1", Some(id("one"))).await;
+    expect_classes!(wrong, "fork onto an existing id", forked, "already_exists");
+    expect_classes!(
+        wrong,
         "rename blank",
-        service.rename(&r, "  ").await.map(|_| "renamed".into()),
-        "caller_error",
+        service.rename(&r, "  ").await,
+        "caller_error"
     );
-    check(
+    expect_classes!(
+        wrong,
         "rename missing",
-        service
-            .rename(&missing, "t")
-            .await
-            .map(|_| "renamed".into()),
-        "not_found",
+        service.rename(&missing, "t").await,
+        "not_found"
     );
-    check(
+    let continued = service.continue_legacy(&nowhere, "").await;
+    expect_classes!(
+        wrong,
         "continue_legacy missing file",
-        service
-            .continue_legacy(dir.path().join("nope.jsonl"), "")
-            .await
-            .map(|_| "continued".into()),
-        "not_found",
+        continued,
+        "not_found"
     );
-    check(
+    expect_classes!(
+        wrong,
         "import missing file",
-        service
-            .import(dir.path().join("nope.db"))
-            .await
-            .map(|_| "imported".into()),
-        "not_found",
+        service.import(&nowhere).await,
+        "not_found"
     );
     let export = dir.path().join("one.db");
     service.export(&r, &export).await.expect("export");
-    check(
+    let exported = service.export(&r, &export).await;
+    expect_classes!(
+        wrong,
         "export onto an existing file",
-        service.export(&r, &export).await.map(|_| "exported".into()),
-        "already_exists",
+        exported,
+        "already_exists"
     );
-    check(
+    let imported = service.import(&export).await;
+    expect_classes!(
+        wrong,
         "import under an existing id",
-        service.import(&export).await.map(|_| "imported".into()),
-        "already_exists",
+        imported,
+        "already_exists"
     );
-    check(
+    expect_classes!(
+        wrong,
         "flush other host",
-        service.flush(&other_host).await.map(|s| s.to_string()),
-        "caller_error",
+        service.flush(&other).await,
+        "caller_error"
     );
     // A second service in this process over the same root: the writer is owned.
     let second = service_in(dir.path());
-    check(
-        "open owned by another service",
-        second.open(&r).await.map(|_| "bound".into()),
-        "writer_owned",
+    expect_classes!(
+        wrong,
+        "open owned elsewhere",
+        second.open(&r).await,
+        "writer_owned"
     );
-    check(
-        "delete owned by another service (cancelled wait)",
-        {
-            let cancel = session_store::CancelToken::new();
-            cancel.cancel();
-            second.delete(&r, &cancel).await.map(|_| "deleted".into())
-        },
-        "",
+    let cancel = session_store::CancelToken::new();
+    cancel.cancel();
+    let deleted = second.delete(&r, &cancel).await;
+    expect_classes!(
+        wrong,
+        "delete owned elsewhere (cancelled wait)",
+        deleted,
+        ""
     );
     // Closed runtime: appends and executions need a reopen.
     drop(rt);
     let rt = service.runtime(&r).expect("runtime");
     service.close(&r).await.expect("close");
-    check(
-        "append after close",
-        rt.session()
-            .append_events("late", vec![title("late")])
-            .map(|c| c.commit_id.clone()),
-        "needs_reopen",
-    );
-    check(
+    let late = rt.session().append_events("late", vec![title("late")]);
+    expect_classes!(wrong, "append after close", late, "needs_reopen");
+    expect_classes!(
+        wrong,
         "bind after close",
-        rt.bind_execution("x").map(|_| "bound".into()),
-        "needs_reopen",
+        rt.bind_execution("x"),
+        "needs_reopen"
     );
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
@@ -854,13 +843,7 @@ fn no_business_batch_is_accepted_after_a_cancel_returns() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_close_never_closes_a_runtime_under_a_running_execution() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let service = service_in(dir.path());
-    let rt = service
-        .create(CreateOptions::with_id(id("exec-close")))
-        .await
-        .expect("create");
-    let r = rt.session_ref().clone();
-    drop(rt);
+    let (service, r) = service_with_session(dir.path(), "exec-close").await;
     let deadline = std::time::Instant::now() + Duration::from_secs(3);
     let executor = {
         let (service, r) = (service.clone(), r.clone());
@@ -996,22 +979,9 @@ async fn an_open_racing_a_create_gets_the_created_runtime() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_rename_racing_a_close_lands() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let service = service_in(dir.path());
-    let rt = service
-        .create(CreateOptions::with_id(id("renamed")))
-        .await
-        .expect("create");
-    let r = rt.session_ref().clone();
-    drop(rt);
+    let (service, r) = service_with_session(dir.path(), "renamed").await;
     for i in 0..200 {
-        if service.runtime(&r).is_none() {
-            let binding = service.open(&r).await.expect("open");
-            binding.release().await.expect("release");
-        }
-        let close = {
-            let (service, r) = (service.clone(), r.clone());
-            tokio::spawn(async move { service.close(&r).await })
-        };
+        let close = start_closing(&service, &r).await;
         let rename = {
             let (service, r) = (service.clone(), r.clone());
             tokio::spawn(async move { service.rename(&r, &format!("title {i}")).await })
@@ -1055,10 +1025,7 @@ async fn a_fork_or_export_racing_a_close_sees_what_was_accepted() {
             .expect("turn")
             .last_seq();
         binding.release().await.expect("release");
-        let close = {
-            let (service, r) = (service.clone(), r.clone());
-            tokio::spawn(async move { service.close(&r).await })
-        };
+        let close = start_closing(&service, &r).await;
         let fork = {
             let (service, r) = (service.clone(), r.clone());
             tokio::spawn(async move {
@@ -1114,14 +1081,7 @@ async fn a_legacy_continuation_racing_a_close_continues() {
     let r = rt.session_ref().clone();
     drop(rt);
     for i in 0..200 {
-        if service.runtime(&r).is_none() {
-            let binding = service.open(&r).await.expect("open");
-            binding.release().await.expect("release");
-        }
-        let close = {
-            let (service, r) = (service.clone(), r.clone());
-            tokio::spawn(async move { service.close(&r).await })
-        };
+        let close = start_closing(&service, &r).await;
         let continued = {
             let (service, source) = (service.clone(), source.clone());
             tokio::spawn(async move { service.continue_legacy(&source, "").await })
