@@ -471,8 +471,11 @@ async fn the_projection_reads_the_same_live_cold_and_reopened() {
     }
 }
 
+/// A classifier of [`Error`] and its name.
+type Classifier = (&'static str, fn(&Error) -> bool);
+
 /// Every classifier of [`Error`], by name.
-const CLASSIFIERS: [(&str, fn(&Error) -> bool); 9] = [
+const CLASSIFIERS: [Classifier; 9] = [
     ("retryable", Error::is_retryable),
     ("not_found", Error::is_not_found),
     ("already_exists", Error::is_already_exists),
