@@ -187,7 +187,7 @@ impl Migration {
     /// [`Error::SessionExists`] when the target comes from another source;
     /// [`Error::WriterOwned`] when another writer holds an existing target; I/O and
     /// SQLite errors.
-    pub(crate) fn run(self, root: &Root) -> Result<(Session, MigrationRecord)> {
+    pub(crate) fn run(&self, root: &Root) -> Result<(Session, MigrationRecord)> {
         let provenance = json!({
             "source_path": self.path_text,
             "source_size": self.source_size,
@@ -233,7 +233,7 @@ impl Migration {
     ///
     /// # Errors
     /// [`Error::SessionExists`] when the target comes from another source; append errors.
-    pub(crate) fn complete(self, root: &Root, session: &Session) -> Result<MigrationRecord> {
+    pub(crate) fn complete(&self, root: &Root, session: &Session) -> Result<MigrationRecord> {
         self.check_source(root)?;
         self.append_all(session)?;
         Ok(self.record(true))
@@ -274,14 +274,14 @@ impl Migration {
         Ok(())
     }
 
-    fn record(self, reused: bool) -> MigrationRecord {
+    fn record(&self, reused: bool) -> MigrationRecord {
         MigrationRecord {
             message_count: self.messages.len(),
-            target_id: self.target_id,
-            source_path: self.path_text,
+            target_id: self.target_id.clone(),
+            source_path: self.path_text.clone(),
             source_size: self.source_size,
-            source_sha256: self.digest,
-            legacy_head_id: self.head,
+            source_sha256: self.digest.clone(),
+            legacy_head_id: self.head.clone(),
             reused,
             torn_last_line: self.torn,
         }

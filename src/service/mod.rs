@@ -200,17 +200,22 @@ impl Service {
         })
     }
 
-    /// Publishes the exact prepared instance (idempotent).
+    /// Publishes the exact prepared instance (idempotent while it stays published).
     ///
     /// # Errors
     /// [`Error::SessionExists`] when another runtime is active for the session;
-    /// [`Error::Closed`] for a discarded one.
+    /// [`Error::Closed`] for a discarded one, or a published one closed since.
     pub fn publish(&self, prepared: &PreparedRuntime) -> Result<Runtime> {
         let mut state = prepared.state.lock().unwrap_or_else(|e| e.into_inner());
         if state.discarded.is_some() {
             return Err(Error::Closed);
         }
         if state.published {
+            // Closed through the service since: no longer published (its session refuses
+            // appends); handing it back as published would hide that.
+            if prepared.runtime.phase() == RuntimePhase::Closed {
+                return Err(Error::Closed);
+            }
             return Ok(prepared.runtime.clone());
         }
         let id = prepared.runtime.session_ref().session_id.clone();
@@ -248,19 +253,28 @@ impl Service {
         result
     }
 
-    /// Creates and publishes a session.
+    /// Creates and publishes a session. Its id is reserved like an open's while it is
+    /// created: an open of it in this service meanwhile waits and gets its runtime (or
+    /// finds no session, when it came first), never [`Error::WriterOwned`] for this
+    /// process's own create.
     ///
     /// # Errors
     /// As [`Service::prepare_create`] and [`Service::publish`].
-    pub async fn create(&self, options: CreateOptions) -> Result<Runtime> {
-        let prepared = self.prepare_create(options).await?;
-        match self.publish(&prepared) {
-            Ok(runtime) => Ok(runtime),
-            Err(e) => {
-                let _ = self.discard(&prepared).await;
-                Err(e)
+    pub async fn create(&self, mut options: CreateOptions) -> Result<Runtime> {
+        let id = options
+            .session_id
+            .get_or_insert_with(SessionId::random)
+            .clone();
+        let service = self.clone();
+        to_completion(async move {
+            if service.reserve(&id).await.is_some() {
+                return Err(Error::SessionExists(id.to_string()));
             }
-        }
+            let root = service.inner.root.clone();
+            let created = blocking(move || root.create(options)).await;
+            service.install(&service.session_ref(id), created)
+        })
+        .await
     }
 
     /// Opens (or reuses) the session's runtime and binds a client to it. Concurrent calls
@@ -270,17 +284,24 @@ impl Service {
     /// # Errors
     /// [`Error::SessionNotFound`]; [`Error::WriterOwned`] when another process writes it.
     pub async fn open(&self, r: &SessionRef) -> Result<ClientBinding> {
-        let runtime = self.open_runtime(r).await?;
-        *self
-            .registry()
-            .bindings
-            .entry(r.session_id.clone())
-            .or_default() += 1;
-        Ok(ClientBinding {
-            service: self.clone(),
-            runtime,
-            released: std::sync::atomic::AtomicBool::new(false),
-        })
+        loop {
+            let runtime = self.open_runtime(r).await?;
+            // Counted only while it is still the published runtime, under the registry
+            // lock a close takes too: a close that unpublished it after `open_runtime`
+            // returned (and found no binding to refuse it) is closing it, so open again,
+            // which waits for that close. Counted anyway, the binding was of a closed
+            // runtime (appends `Closed`) and its count stayed behind for the next one.
+            let mut reg = self.registry();
+            if reg.active.get(&r.session_id) != Some(&runtime) {
+                continue;
+            }
+            *reg.bindings.entry(r.session_id.clone()).or_default() += 1;
+            return Ok(ClientBinding {
+                service: self.clone(),
+                runtime,
+                released: std::sync::atomic::AtomicBool::new(false),
+            });
+        }
     }
 
     pub(crate) async fn open_runtime(&self, r: &SessionRef) -> Result<Runtime> {
@@ -387,7 +408,9 @@ impl Service {
                     if reg.bindings.get(&id).copied().unwrap_or(0) > 0 {
                         return Err(Error::RuntimeBound);
                     }
-                    if rt.phase().is_busy() {
+                    // Checked and marked closing at once: an execution bound after this
+                    // check would be closed under it.
+                    if !rt.begin_close() {
                         return Err(Error::RuntimeBusy);
                     }
                     let rt = rt.clone();
@@ -420,6 +443,7 @@ impl Service {
                     reg.closed.insert(id);
                 } else {
                     // Still open: published again, as it was.
+                    runtime.abort_close();
                     reg.active.insert(id, runtime);
                 }
             }
@@ -505,6 +529,34 @@ impl Service {
         })
     }
 
+    /// Makes durable what this service accepted for `id` before the call: flushes its
+    /// published runtime, after waiting for an open or close of it under way (a close
+    /// unpublishes the runtime while it drains: not waited for, a fork or export read
+    /// the file without the accepted tail).
+    async fn flush_attached(&self, id: &SessionId) -> Result<()> {
+        /// What the registry says to do next (decided under its lock, done after it).
+        enum Next<'a> {
+            Flush(Session),
+            Wait(tokio::sync::futures::Notified<'a>),
+        }
+        loop {
+            let next = {
+                let reg = self.registry();
+                match reg.active.get(id) {
+                    Some(rt) => Next::Flush(rt.session().clone()),
+                    None if !reg.preparing.contains(id) => return Ok(()),
+                    None => Next::Wait(self.inner.registry_changed.notified()),
+                }
+            };
+            match next {
+                Next::Wait(notified) => notified.await,
+                Next::Flush(session) => {
+                    return blocking(move || session.flush()).await.map(drop);
+                }
+            }
+        }
+    }
+
     async fn fork_at(
         &self,
         r: &SessionRef,
@@ -512,10 +564,7 @@ impl Service {
         child: Option<SessionId>,
     ) -> Result<Runtime> {
         self.check_ref(r)?;
-        if let Some(rt) = self.runtime(r) {
-            let session = rt.session().clone();
-            blocking(move || session.flush()).await?;
-        }
+        self.flush_attached(&r.session_id).await?;
         let child = child.unwrap_or_else(SessionId::random);
         // Reserved like an open, so that an open of the child in this service waits for
         // the fork's runtime instead of racing it for the writer lock.
@@ -571,7 +620,8 @@ impl Service {
             .await
     }
 
-    /// Exports a session (flushing an attached runtime first) to one self-contained file.
+    /// Exports a session (flushing an attached runtime first, or waiting for a close of it
+    /// under way) to one self-contained file.
     ///
     /// # Errors
     /// As [`Root::export`].
@@ -581,10 +631,7 @@ impl Service {
         destination: impl AsRef<Path>,
     ) -> Result<ExportReport> {
         self.check_ref(r)?;
-        if let Some(rt) = self.runtime(r) {
-            let session = rt.session().clone();
-            blocking(move || session.flush()).await?;
-        }
+        self.flush_attached(&r.session_id).await?;
         let root = self.inner.root.clone();
         let id = r.session_id.clone();
         let dest: PathBuf = destination.as_ref().to_path_buf();
@@ -636,25 +683,42 @@ impl Service {
 
     /// Renames a session: appends a `session/title` event as its writer. Through the
     /// attached runtime when there is one (the title is in its projection at once, and
-    /// durable when this returns); otherwise as [`Root::rename`].
+    /// durable when this returns); otherwise as [`Root::rename`], with the session id
+    /// reserved as an open reserves it (an open or close of it in this service meanwhile
+    /// waits; a rename racing a close waits for the close and renames the closed session).
     ///
     /// # Errors
     /// [`Error::InvalidInput`] for a blank title; [`Error::SessionNotFound`];
     /// [`Error::WriterOwned`] when another process writes it; as [`Session::append`].
     pub async fn rename(&self, r: &SessionRef, title: &str) -> Result<()> {
         self.check_ref(r)?;
-        let title = title.to_owned();
-        if let Some(rt) = self.runtime(r) {
-            let session = rt.session().clone();
-            return blocking(move || {
-                session.rename(&title)?;
-                session.flush().map(drop)
-            })
-            .await;
-        }
-        let root = self.inner.root.clone();
-        let id = r.session_id.clone();
-        blocking(move || root.rename(&id, &title)).await
+        let (service, r, title) = (self.clone(), r.clone(), title.to_owned());
+        to_completion(async move {
+            loop {
+                if let Some(rt) = service.reserve(&r.session_id).await {
+                    let (session, title) = (rt.session().clone(), title.clone());
+                    let renamed = blocking(move || {
+                        session.rename(&title)?;
+                        session.flush().map(drop)
+                    })
+                    .await;
+                    // Closed by a close that unpublished it meanwhile: rename it cold,
+                    // once that close is over.
+                    if matches!(renamed, Err(Error::Closed))
+                        && service.runtime(&r).as_ref() != Some(&rt)
+                    {
+                        continue;
+                    }
+                    return renamed;
+                }
+                let (root, id) = (service.inner.root.clone(), r.session_id.clone());
+                let title = title.clone();
+                let renamed = blocking(move || root.rename(&id, &title)).await;
+                service.release_reservation(&r.session_id);
+                return renamed;
+            }
+        })
+        .await
     }
 
     /// Continues a legacy transcript (one message JSON per line) as a new session with a
@@ -673,16 +737,23 @@ impl Service {
     ) -> Result<(Runtime, MigrationRecord)> {
         let source = source.as_ref().to_path_buf();
         let head = head.to_owned();
-        let migration = blocking(move || legacy::Migration::read(&source, &head)).await?;
+        let migration = Arc::new(blocking(move || legacy::Migration::read(&source, &head)).await?);
         let r = self.session_ref(migration.target_id().clone());
         let root = self.inner.root.clone();
         let service = self.clone();
         to_completion(async move {
             // Already open in this service: reuse that runtime.
-            if let Some(rt) = service.reserve(&r.session_id).await {
-                let session = rt.session().clone();
-                let record = blocking(move || migration.complete(&root, &session)).await?;
-                return Ok((rt, record));
+            while let Some(rt) = service.reserve(&r.session_id).await {
+                let (session, root, m) = (rt.session().clone(), root.clone(), migration.clone());
+                let completed = blocking(move || m.complete(&root, &session)).await;
+                // Closed by a close that unpublished it meanwhile: continue the closed
+                // session once that close is over.
+                if matches!(completed, Err(Error::Closed))
+                    && service.runtime(&r).as_ref() != Some(&rt)
+                {
+                    continue;
+                }
+                return Ok((rt, completed?));
             }
             // Published with its writer lock held and opened under it: no other process
             // can take the migrated session in between (`Root::create_filled`).

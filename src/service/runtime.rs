@@ -23,7 +23,8 @@ pub enum RuntimePhase {
     Cancelling,
     /// The execution lost its authority; the host must decide how to continue.
     RecoveryRequired,
-    /// The runtime was closed.
+    /// The runtime was closed (or is closing: [`Service::close`](crate::Service::close)
+    /// has begun and no execution binds any more).
     Closed,
 }
 
@@ -198,33 +199,44 @@ impl Runtime {
     }
 
     /// Delivers a cancel to the bound execution. Returns whether there was one running.
+    /// When it returns, the execution's business batches are refused: one it was
+    /// appending meanwhile is either accepted already or refused.
     pub fn cancel(&self) -> bool {
-        let mut s = self.state();
-        let Some((_, token)) = s.execution.as_ref() else {
-            return false;
-        };
-        if s.phase != RuntimePhase::Running {
-            return false;
+        {
+            let mut s = self.state();
+            let Some((_, token)) = s.execution.as_ref() else {
+                return false;
+            };
+            if s.phase != RuntimePhase::Running {
+                return false;
+            }
+            token.cancel();
+            s.phase = RuntimePhase::Cancelling;
+            s.revision += 1;
         }
-        token.cancel();
-        s.phase = RuntimePhase::Cancelling;
-        s.revision += 1;
+        // Waits out an append that passed its gate before the token was cancelled (taken
+        // after the runtime's state lock is let go: the gate runs under the session's).
+        self.inner.session.barrier();
         true
     }
 
     /// Revokes the execution's authority: the runtime stays `recovery_required` until the
     /// host calls [`Runtime::resolve_recovery`]. No-op on a closed runtime.
     pub fn require_recovery(&self, activity: &str) {
-        let mut s = self.state();
-        if s.phase == RuntimePhase::Closed {
-            return;
+        {
+            let mut s = self.state();
+            if s.phase == RuntimePhase::Closed {
+                return;
+            }
+            if let Some((_, token)) = s.execution.take() {
+                token.cancel();
+            }
+            s.phase = RuntimePhase::RecoveryRequired;
+            s.activity = Some(activity.to_owned());
+            s.revision += 1;
         }
-        if let Some((_, token)) = s.execution.take() {
-            token.cancel();
-        }
-        s.phase = RuntimePhase::RecoveryRequired;
-        s.activity = Some(activity.to_owned());
-        s.revision += 1;
+        // As in `cancel`: no business batch of the revoked execution is accepted after.
+        self.inner.session.barrier();
     }
 
     /// The host's explicit decision to leave `recovery_required` for `idle`.
@@ -245,6 +257,30 @@ impl Runtime {
         self.state().revision
     }
 
+    /// Starts a close: unless an execution runs or recovery is required (then it returns
+    /// false and changes nothing), the runtime is `closed` from now on, so no execution
+    /// binds while the close drains. [`Runtime::abort_close`] undoes it.
+    pub(crate) fn begin_close(&self) -> bool {
+        let mut s = self.state();
+        if s.phase.is_busy() {
+            return false;
+        }
+        if s.phase != RuntimePhase::Closed {
+            s.phase = RuntimePhase::Closed;
+            s.revision += 1;
+        }
+        true
+    }
+
+    /// A close that failed: the runtime is `idle` again and takes executions.
+    pub(crate) fn abort_close(&self) {
+        let mut s = self.state();
+        if s.phase == RuntimePhase::Closed {
+            s.phase = RuntimePhase::Idle;
+            s.revision += 1;
+        }
+    }
+
     pub(crate) fn mark_closed(&self) {
         let mut s = self.state();
         s.phase = RuntimePhase::Closed;
@@ -260,7 +296,9 @@ impl Execution {
     }
 
     /// Appends through this execution's authority: once it is cancelled or replaced, only
-    /// batches made of closure kinds ([`CLOSURE_KINDS`]) are accepted.
+    /// batches made of closure kinds ([`CLOSURE_KINDS`]) are accepted. A business batch
+    /// racing a cancel is accepted before [`Runtime::cancel`] (or
+    /// [`Service::cancel_session`](crate::Service::cancel_session)) returns, or refused.
     ///
     /// # Errors
     /// [`Error::StaleExecution`] for a late business result; as [`Session::append`].
@@ -276,14 +314,32 @@ impl Execution {
             .events
             .iter()
             .all(|e| CLOSURE_KINDS.contains(&e.kind.trim()));
-        if !current && !closure {
+        if closure {
+            return self.runtime.session().append(batch);
+        }
+        if !current {
             return Err(Error::StaleExecution);
         }
-        self.runtime.session().append(batch)
+        // Checked again as the batch is sequenced: a cancel (or revoked authority) that
+        // returned before then refuses it (`Runtime::cancel` waits for the check).
+        let token = &self.token;
+        self.runtime.session().append_gated(batch, &|| {
+            if token.is_cancelled() {
+                Err(Error::StaleExecution)
+            } else {
+                Ok(())
+            }
+        })
     }
 
     /// Ends the execution: the runtime returns to `idle` (unless recovery is required).
+    /// Dropping the execution ends it the same way.
     pub fn finish(self) {
+        drop(self);
+    }
+
+    /// Ends the execution if it is still the runtime's current one.
+    fn end(&self) {
         let mut s = self.runtime.state();
         if s.execution
             .as_ref()
@@ -296,5 +352,14 @@ impl Execution {
             }
             s.revision += 1;
         }
+    }
+}
+
+impl Drop for Execution {
+    /// An execution dropped without [`Execution::finish`] (its task panicked or returned
+    /// early) ends as `finish` ends it: otherwise the runtime stayed `running` for good,
+    /// refusing every later execution and every close with [`Error::RuntimeBusy`].
+    fn drop(&mut self) {
+        self.end();
     }
 }

@@ -297,7 +297,28 @@ impl Session {
     /// queue is full and the last drain failed.
     pub fn append(&self, batch: Batch) -> Result<Arc<Commit>> {
         let prepared = prepare_batch(batch)?;
-        self.shared.accept(prepared)
+        self.shared.accept(prepared, None)
+    }
+
+    /// As [`Session::append`], but `gate` is asked under the state lock right before the
+    /// batch is sequenced, and its error refuses the batch with nothing changed (a retry
+    /// of a commit already accepted is answered without asking it). A caller that makes
+    /// `gate` fail and then passes [`Session::barrier`] knows that no batch is accepted
+    /// through that gate afterwards.
+    pub(crate) fn append_gated(
+        &self,
+        batch: Batch,
+        gate: &dyn Fn() -> Result<()>,
+    ) -> Result<Arc<Commit>> {
+        let prepared = prepare_batch(batch)?;
+        self.shared.accept(prepared, Some(gate))
+    }
+
+    /// Returns once no batch is being sequenced: every [`Session::append_gated`] that
+    /// passed its gate before this call has been accepted (or refused) by then. Must not
+    /// be called inside [`Session::with_projection`].
+    pub(crate) fn barrier(&self) {
+        drop(lock(&self.shared.state));
     }
 
     /// Shorthand for a batch without a turn id.
@@ -340,7 +361,9 @@ impl Session {
         }
     }
 
-    /// Runs `f` on the accepted projection without cloning it.
+    /// Runs `f` on the accepted projection without cloning it. `f` runs under the
+    /// session's state lock: it must not append to, flush, snapshot or close this session,
+    /// nor cancel a [`Runtime`](crate::Runtime) of it (each waits for that lock).
     pub fn with_projection<R>(&self, f: impl FnOnce(&Projection) -> R) -> R {
         f(&lock(&self.shared.state).projection)
     }
@@ -533,7 +556,11 @@ impl Shared {
     /// Accepts `batch` unless its operation id was used: the tail and the operation ids
     /// in memory answer most appends; otherwise the file is asked, without holding the
     /// state lock, and the answer is checked again under it.
-    fn accept(self: &Arc<Self>, batch: PreparedBatch) -> Result<Arc<Commit>> {
+    fn accept(
+        self: &Arc<Self>,
+        batch: PreparedBatch,
+        gate: Option<&dyn Fn() -> Result<()>>,
+    ) -> Result<Arc<Commit>> {
         // Set when the file did not have the id, to the eviction count it was asked at:
         // an id accepted since is in memory unless it has left the recent window.
         let mut absent_at: Option<u64> = None;
@@ -555,6 +582,9 @@ impl Shared {
                 Known::Unknown => Some(false),
             };
             let Some(recent) = recent else {
+                if let Some(gate) = gate {
+                    gate()?;
+                }
                 return self.accept_new(s, batch);
             };
             let evictions = s.ops.evictions();
