@@ -16,13 +16,15 @@ use crate::store::reader::SessionReader;
 use crate::store::schema::SESSION_FILE;
 
 /// How many times a read is run when the layout under it changed each time.
-const ATTEMPTS: usize = 3;
+const ATTEMPTS: usize = 5;
 
-/// Which file is at `path` now (device and inode), `None` when there is none.
-fn identity(path: &Path) -> Option<(u64, u64)> {
+/// Which file is at `path` now (device, inode and, where the file system keeps it, the
+/// time it was made: a file imported right after a delete may get the freed inode number),
+/// `None` when there is none.
+fn identity(path: &Path) -> Option<(u64, u64, Option<std::time::SystemTime>)> {
     std::fs::symlink_metadata(path)
         .ok()
-        .map(|m| (m.dev(), m.ino()))
+        .map(|m| (m.dev(), m.ino(), m.created().ok()))
 }
 
 impl Root {
@@ -30,7 +32,7 @@ impl Root {
     /// meanwhile, the answer is [`Error::SessionNotFound`]; when the file was replaced (an
     /// import under the same id) or the session's lineage changed (an ancestor's delete
     /// moved its range into the session's own file), the read runs again on the new
-    /// layout, up to 3 times. Any other failure is returned as it is.
+    /// layout, up to 5 times. Any other failure is returned as it is.
     pub(crate) fn read_settled<T>(
         &self,
         id: &SessionId,
@@ -62,9 +64,17 @@ impl Root {
                     Err(Error::SessionNotFound(_)) => {
                         return Err(Error::SessionNotFound(id.to_string()));
                     }
-                    Err(_) => return Err(failure),
+                    // The second open failing too: a file that went or changed meanwhile
+                    // is the race again, anything else is the read's own failure.
+                    Err(_) => match identity(&file) {
+                        None => return Err(Error::SessionNotFound(id.to_string())),
+                        Some(again) if again != file_now => continue,
+                        Some(_) => return Err(failure),
+                    },
                 };
-                if lineage_before.is_none_or(|before| before == lineage_now) {
+                // An open that failed (an ancestor it names went away as it opened) and
+                // now succeeds saw a lineage that has changed since.
+                if lineage_before.is_some_and(|before| before == lineage_now) {
                     return Err(failure);
                 }
             }
