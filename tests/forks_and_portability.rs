@@ -692,3 +692,60 @@ fn stat_and_stats_racing_a_delete_answer_or_say_not_found() {
 fn stat_and_stats_racing_deletes_in_a_fork_chain_answer_or_say_not_found() {
     reads_racing_deletes_answer_or_say_not_found(true);
 }
+
+/// Replaces the file of session `name` (closed) with bytes that are not a database.
+fn damage(root: &Root, name: &str) {
+    let dir = root.session_dir(&id(name));
+    for leftover in ["session.sqlite-wal", "session.sqlite-shm"] {
+        let _ = std::fs::remove_file(dir.join(leftover));
+    }
+    std::fs::write(dir.join("session.sqlite"), vec![0x5a; 8192]).unwrap();
+}
+
+/// A session whose file is not a readable session any more is deleted too, unless another
+/// session inherits from it (named in the refusal, both kept); one of a newer version is kept.
+#[test]
+fn an_unreadable_session_is_deleted_unless_another_inherits_from_it() {
+    let (_dir, root) = temp_root();
+    let never = CancelToken::new();
+    for name in ["lone", "parent", "newer"] {
+        let s = create(&root, name);
+        s.append(turn("o1", "t1", "m1")).unwrap();
+        s.close().unwrap();
+    }
+    root.fork(&id("parent"), after("t1"), Some(id("child")))
+        .unwrap();
+
+    damage(&root, "lone");
+    root.delete(&id("lone"), &never).unwrap();
+    assert!(!root.session_dir(&id("lone")).exists());
+    assert!(!root.list_ids().unwrap().contains(&id("lone")));
+
+    damage(&root, "parent");
+    let err = root.delete(&id("parent"), &never).unwrap_err();
+    assert!(err.is_corrupt(), "{err}");
+    assert!(err.to_string().contains("child inherit from it"), "{err}");
+    assert!(
+        root.session_dir(&id("parent"))
+            .join("session.sqlite")
+            .is_file()
+    );
+    assert_eq!(
+        std::fs::read(root.session_dir(&id("parent")).join("session.sqlite")).unwrap(),
+        vec![0x5a; 8192]
+    );
+    assert!(root.list_ids().unwrap().contains(&id("child")));
+
+    sql(
+        &root.session_dir(&id("newer")).join("session.sqlite"),
+        "PRAGMA user_version = 999;",
+    );
+    let err = root.delete(&id("newer"), &never).unwrap_err();
+    assert!(err.is_unsupported(), "{err}");
+    assert!(root.list_ids().unwrap().contains(&id("newer")));
+
+    // Once nothing inherits from it, the damaged parent goes too.
+    root.delete(&id("child"), &never).unwrap();
+    root.delete(&id("parent"), &never).unwrap();
+    assert_eq!(root.list_ids().unwrap(), vec![id("newer")]);
+}

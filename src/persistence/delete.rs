@@ -10,7 +10,7 @@ use crate::model::ids::random_hex;
 use crate::persistence::{Root, TRASH_DIR, confine, rename_no_replace_at, sync_dir};
 use crate::store::lineage;
 use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock, WriterLock};
-use crate::store::read;
+use crate::store::read::{self, DependentFork, LineageEntry};
 use crate::store::schema::{self, Durability, LOCK_FILE, SESSION_FILE};
 
 impl Root {
@@ -21,8 +21,14 @@ impl Root {
     /// into `.trash/` and removed. A crash at any point leaves every session readable.
     ///
     /// # Errors
+    /// A session whose file is damaged or not a session file at all is deleted as well,
+    /// unless a session under the root inherits from it.
+    ///
+    /// # Errors
     /// [`Error::Cancelled`] when the wait is cancelled (nothing is deleted);
-    /// [`Error::SessionNotFound`]; I/O and SQLite errors before the session is renamed
+    /// [`Error::SessionNotFound`]; [`Error::Corrupt`] for a damaged file that other
+    /// sessions inherit from (naming them) and [`Error::UnsupportedVersion`] for a file of
+    /// a newer version (both kept); I/O and SQLite errors before the session is renamed
     /// away (then it stays intact; clean-up after the rename never fails the call).
     pub fn delete(&self, id: &SessionId, cancel: &CancelToken) -> Result<()> {
         self.delete_unless(id, cancel, |_| None).map(drop)
@@ -48,14 +54,20 @@ impl Root {
         if let Some(why) = keep(&dir) {
             return Ok(Some(why));
         }
-        let conn = schema::open_writer(&file, Durability::PowerLoss)?;
-        let ancestors = read::read_lineage(&conn)?;
         // The exclusive dependents lock keeps new forks out until the rename.
-        let dependents = read::read_dependents(&conn)?;
+        let (ancestors, dependents) = match lineage_and_dependents(&file) {
+            Ok(both) => both,
+            // A file that is not a readable session says nothing of its forks: it goes
+            // only when no session under the root inherits from it.
+            Err(damage) if damage.is_corrupt() => {
+                self.refuse_if_inherited(id, damage)?;
+                (Vec::new(), Vec::new())
+            }
+            Err(e) => return Err(e),
+        };
         for d in &dependents {
             self.materialize(id, &d.child_id)?;
         }
-        conn.close().map_err(|(_, e)| Error::from(e))?;
         // A `.trash` that is a symlink is refused, never followed.
         let trash = confine::ensure_dir_at(self.dir_fd(), TRASH_DIR, &self.path().join(TRASH_DIR))?;
         // The id is not part of the name: the longest valid id must still fit.
@@ -86,6 +98,35 @@ impl Root {
         Ok(None)
     }
 
+    /// Refuses the delete of `id`, whose file cannot be read (`damage`), when a session
+    /// under the root names it in its lineage: what that session inherits would be lost.
+    /// Sessions whose own files cannot be read are not asked.
+    fn refuse_if_inherited(&self, id: &SessionId, damage: Error) -> Result<()> {
+        let inheritors: Vec<String> = self
+            .list_ids()?
+            .into_iter()
+            .filter(|other| other != id)
+            .filter(|other| {
+                let file = self.session_dir(other).join(SESSION_FILE);
+                schema::open_reader(&file)
+                    .and_then(|conn| read::read_lineage(&conn))
+                    .is_ok_and(|lineage| lineage.iter().any(|e| &e.ancestor_id == id))
+            })
+            .map(|other| other.to_string())
+            .collect();
+        if inheritors.is_empty() {
+            return Ok(());
+        }
+        Err(Error::corrupt_from(
+            format!(
+                "session {id} cannot be read and {} inherit from it: it is kept, since \
+                 deleting it would lose what they inherit",
+                inheritors.join(", ")
+            ),
+            damage,
+        ))
+    }
+
     /// Copies every range `child` inherits from `ancestor` into `child`'s own file and drops
     /// those lineage rows, in one transaction. A child that no longer exists is skipped,
     /// also one deleted while it is being materialised (its delete renames it away at any
@@ -106,4 +147,13 @@ impl Root {
             other => other,
         }
     }
+}
+
+/// The lineage and the dependents of the session file at `file`, read by its writer.
+fn lineage_and_dependents(file: &Path) -> Result<(Vec<LineageEntry>, Vec<DependentFork>)> {
+    let conn = schema::open_writer(file, Durability::PowerLoss)?;
+    let lineage = read::read_lineage(&conn)?;
+    let dependents = read::read_dependents(&conn)?;
+    conn.close().map_err(|(_, e)| Error::from(e))?;
+    Ok((lineage, dependents))
 }
