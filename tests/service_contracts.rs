@@ -29,13 +29,23 @@ fn service_in(dir: &std::path::Path) -> Service {
 /// A service over a new root in `dir` and the ref of the session `name` it created (its
 /// runtime published, no binding held).
 async fn service_with_session(dir: &std::path::Path, name: &str) -> (Service, SessionRef) {
-    let service = service_in(dir);
+    with_session(service_in(dir), name).await
+}
+
+/// `service` and the ref of the session `name` it created (its runtime published, no
+/// binding held).
+async fn with_session(service: Service, name: &str) -> (Service, SessionRef) {
     let rt = service
         .create(CreateOptions::with_id(id(name)))
         .await
         .expect("create");
     let r = rt.session_ref().clone();
     (service, r)
+}
+
+/// As [`service_with_session`], over a [`manual_root`] (timed drains never fire).
+async fn manual_service_with_session(dir: &std::path::Path, name: &str) -> (Service, SessionRef) {
+    with_session(Service::new(HOST, manual_root(dir)).expect("service"), name).await
 }
 
 /// Publishes the session's runtime (opened and released) when the service has none, then
@@ -1011,13 +1021,7 @@ async fn a_rename_racing_a_close_lands() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_fork_or_export_racing_a_close_sees_what_was_accepted() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let service = Service::new(HOST, manual_root(dir.path())).expect("service");
-    let rt = service
-        .create(CreateOptions::with_id(id("parent")))
-        .await
-        .expect("create");
-    let r = rt.session_ref().clone();
-    drop(rt);
+    let (service, r) = manual_service_with_session(dir.path(), "parent").await;
     let mut wrong = Vec::new();
     for i in 0..100 {
         let binding = service.open(&r).await.expect("open");
@@ -1101,5 +1105,48 @@ async fn a_legacy_continuation_racing_a_close_continues() {
     }
     let history = service.query().history(&r).await.expect("history");
     assert_eq!(history.len(), 1, "the message once");
+    service.shutdown().await.expect("shutdown");
+}
+
+/// A `Service::close` whose final drain fails (another connection holds the file's write
+/// lock: `SQLITE_BUSY`) leaves the runtime published, accepting nothing. The next
+/// `Service::open` retries that close, which writes the kept turn, and binds a fresh
+/// runtime that accepts appends (it used to bind the failed one: every append `Closed`,
+/// and every reopen the same runtime).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_after_a_failed_close_binds_a_runtime_that_appends() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (service, r) = manual_service_with_session(dir.path(), "stuck").await;
+    let binding = service.open(&r).await.expect("open");
+    binding
+        .runtime()
+        .session()
+        .append(turn("op-kept", "t-kept", "m-kept"))
+        .expect("accepted in memory");
+    binding.release().await.expect("release");
+
+    let file = dir.path().join("sessions/stuck/session.sqlite");
+    let other = rusqlite::Connection::open(&file).expect("sqlite");
+    other.execute_batch("BEGIN IMMEDIATE").expect("write lock");
+    let e = within("close", service.close(&r))
+        .await
+        .expect_err("the drain meets the lock");
+    assert!(e.is_retryable(), "{e:?}");
+    other.execute_batch("ROLLBACK").expect("let go");
+
+    let binding = within("open", service.open(&r)).await.expect("open");
+    let session = binding.runtime().session().clone();
+    session
+        .append(turn("op-new", "t-new", "m-new"))
+        .unwrap_or_else(|e| panic!("an append after the reopen: {e:?}"));
+    session.flush().expect("flush");
+    let ids: Vec<String> = session
+        .transcript()
+        .expect("transcript")
+        .iter()
+        .map(|m| m.id().to_owned())
+        .collect();
+    assert_eq!(ids, ["m-kept", "m-new"]);
+    binding.release().await.expect("release");
     service.shutdown().await.expect("shutdown");
 }

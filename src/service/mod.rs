@@ -279,10 +279,13 @@ impl Service {
 
     /// Opens (or reuses) the session's runtime and binds a client to it. Concurrent calls
     /// get the same instance. A reopened session whose last turn is open is closed by one
-    /// recovery batch before it is published.
+    /// recovery batch before it is published. A published runtime whose close failed
+    /// (it accepts nothing more) is closed again first, writing the tail it kept, and the
+    /// session opened anew.
     ///
     /// # Errors
-    /// [`Error::SessionNotFound`]; [`Error::WriterOwned`] when another process writes it.
+    /// [`Error::SessionNotFound`]; [`Error::WriterOwned`] when another process writes it;
+    /// the error of the retried close when it fails again (e.g. [`Error::DiskFull`]).
     pub async fn open(&self, r: &SessionRef) -> Result<ClientBinding> {
         loop {
             let runtime = self.open_runtime(r).await?;
@@ -305,6 +308,27 @@ impl Service {
     }
 
     pub(crate) async fn open_runtime(&self, r: &SessionRef) -> Result<Runtime> {
+        loop {
+            let runtime = self.published_or_opened(r).await?;
+            if !runtime.session().close_began() {
+                return Ok(runtime);
+            }
+            // Still published, a close of it failed (its drain, e.g. on a full disk): it
+            // accepts nothing more and would answer every append `Closed`. Retry that
+            // close (it writes the tail it kept) and open the session again; its error,
+            // if it fails again. Unpublished, a close took it meanwhile: open again.
+            let published = || self.registry().active.get(&r.session_id) == Some(&runtime);
+            if published() {
+                match self.close(r).await {
+                    Err(Error::RuntimeBound | Error::RuntimeBusy) if !published() => {}
+                    other => other?,
+                }
+            }
+        }
+    }
+
+    /// The published runtime of `r`, else the runtime of the session opened now.
+    async fn published_or_opened(&self, r: &SessionRef) -> Result<Runtime> {
         self.check_ref(r)?;
         let (service, r) = (self.clone(), r.clone());
         to_completion(async move {

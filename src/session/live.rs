@@ -447,6 +447,12 @@ impl Session {
         self.shared.close()?.ok_or(Error::Closed)
     }
 
+    /// Whether a close of this session began (it accepts nothing more), also one that
+    /// failed and keeps the lock and tail for a retry.
+    pub(crate) fn close_began(&self) -> bool {
+        lock(&self.shared.state).closed
+    }
+
     /// Whether two handles are the same session instance.
     pub fn same_instance(&self, other: &Session) -> bool {
         Arc::ptr_eq(&self.shared, &other.shared)
