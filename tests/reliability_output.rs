@@ -116,10 +116,14 @@ fn describe(out: &Output) -> String {
     )
 }
 
-/// Control characters other than the line breaks of the output itself.
+/// Control characters other than the line breaks of the output itself, and bidirectional
+/// embeddings, overrides and isolates (they reorder the rest of a terminal's line).
 fn control_chars(text: &str) -> Vec<char> {
     text.chars()
-        .filter(|c| c.is_control() && *c != '\n')
+        .filter(|c| {
+            (c.is_control() && *c != '\n')
+                || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+        })
         .collect()
 }
 
@@ -807,7 +811,7 @@ fn human_output_escapes_session_strings_and_errors_clip_huge_values() {
     let export = env.path("s.sqlite");
     env.ok(&["export", "s", export.to_str().expect("path")]);
     env.ok(&["import", export.to_str().expect("path"), "--id", "t"]);
-    let batch = r#"{"operation_id":"o","turn_id":"turn\u001b[1m","events":[{"kind":"turn/start"},{"kind":"session/title","payload":{"title":"\u001b[31mred"}},{"kind":"k\u001b[2J","optional":true},{"kind":"message/complete","payload":{"message":{"id":"m","role":"us\u001ber","content":"\u001b[5mblink"}}},{"kind":"turn/end","payload":{"status":"completed"}}]}"#;
+    let batch = r#"{"operation_id":"o","turn_id":"turn\u001b[1m","events":[{"kind":"turn/start"},{"kind":"session/title","payload":{"title":"\u001b[31mred\u202eevil"}},{"kind":"k\u001b[2J","optional":true},{"kind":"message/complete","payload":{"message":{"id":"m","role":"us\u001ber","content":"\u001b[5mblink"}}},{"kind":"turn/end","payload":{"status":"completed"}}]}"#;
     let out = env.run_with(&["append", "t"], &format!("{batch}\n"));
     assert_eq!(code(&out), 0, "{}", describe(&out));
     assert_eq!(unprintable_human_output(&env, "t"), None);

@@ -333,11 +333,17 @@ pub fn one_line(error: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// `text` safe to print on a terminal: every control character (escape sequences, line
-/// breaks, C1 controls) written as a Rust escape (`\u{1b}`, `\n`), everything else as is.
-/// For human output of strings that come from a session or a caller; JSON output stays
-/// exact JSON instead.
+/// breaks, C1 controls) and bidirectional embedding, override or isolate (U+202A-U+202E,
+/// U+2066-U+2069: they reorder the rest of the line as the terminal shows it) written as a
+/// Rust escape (`\u{1b}`, `\n`, `\u{202e}`), everything else as is. For human output of
+/// strings that come from a session or a caller; JSON output stays exact JSON instead.
 pub fn printable(text: &str) -> Cow<'_, str> {
-    escape_controls(text, char::is_control)
+    escape_controls(text, |c| c.is_control() || is_bidi_control(c))
+}
+
+/// Whether `c` opens or closes a bidirectional embedding, override or isolate.
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 /// As [`printable`], keeping line breaks and tabs (`\n`, `\r`, `\t`): for text shown as a
@@ -404,11 +410,15 @@ mod tests {
     }
 
     #[test]
-    fn escapes_control_characters_only() {
+    fn escapes_control_and_bidi_characters_only() {
         assert_eq!(printable("plain é"), "plain é");
         assert_eq!(
             printable("a\u{1b}[31mb\nc\u{9b}"),
             "a\\u{1b}[31mb\\nc\\u{9b}"
+        );
+        assert_eq!(
+            printable("x\u{202e}y\u{2066}z\u{200f}"),
+            "x\\u{202e}y\\u{2066}z\u{200f}"
         );
     }
 
