@@ -1128,14 +1128,15 @@ fn cli_search_marks_snippets_on_a_terminal_only_and_follows_the_exit_codes() {
     assert_eq!(page["hits"][0]["title"], long.as_str());
     // The next page's hint names what it needs again: the cursor alone continued an
     // unfiltered search of whatever query it was given.
-    let out = run(&[
+    let first = [
         "search",
         "timeouts OR needle",
         "--limit",
         "1",
         "--since",
         "1d",
-    ]);
+    ];
+    let out = run(&first);
     let text = String::from_utf8_lossy(&out.stdout);
     let last = text.lines().last().unwrap_or_default();
     assert!(
@@ -1143,6 +1144,36 @@ fn cli_search_marks_snippets_on_a_terminal_only_and_follows_the_exit_codes() {
             && last.ends_with(" (with the same query and --since)"),
         "{last}"
     );
+    // That cursor continues the same search a second later (a relative --since moved),
+    // and is refused for another query or another filter (exit 6, nothing printed).
+    let cursor = last
+        .strip_prefix("next page: --cursor ")
+        .and_then(|rest| rest.split(' ').next())
+        .expect("cursor");
+    std::thread::sleep(Duration::from_millis(1100));
+    let out = run(&[&first[..], &["--cursor", cursor]].concat());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for other in [
+        ["search", "needle", "--cursor", cursor].as_slice(),
+        &[
+            "search",
+            "timeouts OR needle",
+            "--role",
+            "user",
+            "--cursor",
+            cursor,
+        ],
+    ] {
+        let out = run(other);
+        assert_eq!(out.status.code(), Some(6), "{other:?}");
+        assert!(out.stdout.is_empty(), "{other:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("continues another search"), "{other:?}: {err}");
+    }
 }
 
 #[test]

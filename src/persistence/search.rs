@@ -105,19 +105,40 @@ pub(crate) struct Found {
     pub shared_with: Vec<SessionId>,
 }
 
-/// `s1.<tier>.<rank bits>.<row>`: the keyset of the last hit of a page.
-fn cursor_of(hit: &IndexHit) -> String {
-    format!("s1.{}.{:x}.{}", hit.tier, hit.rank.to_bits(), hit.row)
+/// Which search a cursor continues: the query and the session, cwd and role filters,
+/// hashed (XXH3-64). The limit is left out, so a page size may change between pages, and
+/// so is `since_ms`, which a relative `--since 1d` moves on every page.
+fn search_key(query: &str, options: &SearchOptions) -> u64 {
+    let key = serde_json::json!([
+        query,
+        options.session.as_ref().map(SessionId::as_str),
+        options.cwd,
+        options.role,
+    ]);
+    xxhash_rust::xxh3::xxh3_64(key.to_string().as_bytes())
 }
 
-fn parse_cursor(cursor: &str) -> Result<(i64, f64, i64)> {
+/// `s2.<tier>.<rank bits>.<row>.<search key>`: the keyset of the last hit of a page, and
+/// the search it belongs to.
+fn cursor_of(hit: &IndexHit, search: u64) -> String {
+    format!(
+        "s2.{}.{:x}.{}.{search:016x}",
+        hit.tier,
+        hit.rank.to_bits(),
+        hit.row
+    )
+}
+
+/// The keyset of `cursor`, made by a page of the search `search` (its ranks mean nothing
+/// for another query or other filters).
+fn parse_cursor(cursor: &str, search: u64) -> Result<(i64, f64, i64)> {
     let bad = || {
         Error::invalid(format!(
             "invalid search cursor {}",
             crate::error::quoted(cursor)
         ))
     };
-    let mut parts = cursor.strip_prefix("s1.").ok_or_else(bad)?.split('.');
+    let mut parts = cursor.strip_prefix("s2.").ok_or_else(bad)?.split('.');
     let tier = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
     let rank = parts
         .next()
@@ -126,8 +147,20 @@ fn parse_cursor(cursor: &str) -> Result<(i64, f64, i64)> {
         .filter(|r| r.is_finite())
         .ok_or_else(bad)?;
     let row = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
+    let made_by = parts
+        .next()
+        .filter(|p| p.len() == 16)
+        .and_then(|p| u64::from_str_radix(p, 16).ok())
+        .ok_or_else(bad)?;
     if parts.next().is_some() {
         return Err(bad());
+    }
+    if made_by != search {
+        return Err(Error::invalid(format!(
+            "search cursor {} continues another search: give the query and filters of the \
+             page it came from",
+            crate::error::quoted(cursor)
+        )));
     }
     Ok((tier, rank, row))
 }
@@ -312,7 +345,12 @@ impl Root {
                 "search limit must be 1..={MAX_SEARCH_LIMIT}"
             )));
         }
-        let after = options.cursor.as_deref().map(parse_cursor).transpose()?;
+        let search = search_key(query, options);
+        let after = options
+            .cursor
+            .as_deref()
+            .map(|c| parse_cursor(c, search))
+            .transpose()?;
         if let Some(id) = &options.session {
             // A mistyped id is "not found", as for every other call naming a session,
             // not a search that found nothing.
@@ -330,7 +368,9 @@ impl Root {
         let mut hits = index.search(&parsed.fts(), parsed.exact_phrase().as_deref(), &filter)?;
         let more = hits.len() > limit;
         hits.truncate(limit);
-        let next = more.then(|| hits.last().map(cursor_of)).flatten();
+        let next = more
+            .then(|| hits.last().map(|h| cursor_of(h, search)))
+            .flatten();
         let marks = parsed.marks();
         // Each hit's message, read back from the file that holds it: one connection per
         // session of the page.
@@ -428,19 +468,34 @@ mod tests {
             rank: -1.25e-6,
             tier: 1,
         };
+        let search = search_key("harbour", &SearchOptions::default());
         assert_eq!(
-            parse_cursor(&cursor_of(&hit)).expect("parses"),
+            parse_cursor(&cursor_of(&hit, search), search).expect("parses"),
             (1, -1.25e-6, 42)
         );
         for junk in [
             "",
-            "s1.",
-            "s1.1.zz.3",
+            "s2.",
+            "s2.1.zz.3.0000000000000001",
             "h1.1.2",
-            "s1.1.0.1.9",
-            "s1.1.7ff8000000000000.1",
+            "s1.1.0.1",
+            "s2.1.0.1",
+            "s2.1.0.1.1",
+            "s2.1.0.1.0000000000000001.9",
+            "s2.1.7ff8000000000000.1.0000000000000001",
         ] {
-            assert!(parse_cursor(junk).is_err(), "{junk}");
+            assert!(parse_cursor(junk, 1).is_err(), "{junk}");
         }
+        // Another query, or the same one with another filter, is refused.
+        let cursor = cursor_of(&hit, search);
+        for other in [
+            search_key("harbor", &SearchOptions::default()),
+            search_key("harbour", &SearchOptions::default().with_role("user")),
+        ] {
+            let e = parse_cursor(&cursor, other).expect_err("another search");
+            assert!(e.to_string().contains("continues another search"), "{e}");
+        }
+        let smaller = SearchOptions::default().with_limit(3).with_since(1);
+        assert_eq!(search_key("harbour", &smaller), search);
     }
 }
