@@ -1,6 +1,8 @@
 //! The `session-store` command line, driven as a user would: the built binary, real
 //! folders, real child processes (a second writer, SIGKILL mid-append).
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
@@ -1117,4 +1119,56 @@ fn an_export_that_cannot_write_names_its_destination() {
         "{err}"
     );
     assert!(!std::path::Path::new("/proc/session-store-export.sqlite").exists());
+}
+
+/// `--cwd` relative to where the command runs (`.`, `proj/../api`) is recorded by `create`
+/// and `import` and filtered by `list` and `search` as the absolute folder it names (`.`
+/// used to be stored as `.`, which names nothing once read elsewhere).
+#[test]
+fn a_relative_cwd_is_taken_as_the_absolute_folder_it_names() {
+    let env = Env::new();
+    let here = std::fs::canonicalize(env.dir.path()).expect("canonical");
+    let here = here.to_str().expect("utf-8");
+    env.ok(&["create", "a", "--cwd", "."]);
+    env.ok(&["create", "b", "--cwd", "proj/../api"]);
+    let export = env.path("a.export");
+    env.ok(&["export", "a", export.to_str().expect("path")]);
+    env.ok(&[
+        "import",
+        export.to_str().expect("path"),
+        "--id",
+        "c",
+        "--cwd",
+        "./sub/",
+    ]);
+    let cwd_of = |id: &str| {
+        let list = env.json(&["list"]);
+        let entry = list["sessions"]
+            .as_array()
+            .expect("sessions")
+            .iter()
+            .find(|s| s["session_ref"]["session_id"] == id)
+            .cloned()
+            .expect("listed");
+        entry["cwd"].as_str().expect("cwd").to_owned()
+    };
+    assert_eq!(cwd_of("a"), here);
+    assert_eq!(cwd_of("b"), format!("{here}/api"));
+    assert_eq!(cwd_of("c"), format!("{here}/sub"));
+    let ids = |args: &[&str]| common::listed_ids(&env.json(args));
+
+    assert_eq!(ids(&["list", "--cwd", "."]), ["a"]);
+    assert_eq!(ids(&["list", "--cwd", here]), ["a"]);
+    assert_eq!(ids(&["list", "--cwd", "sub/../api"]), ["b"]);
+    let batch = r#"{"operation_id":"o1","turn_id":"t1","events":[{"kind":"turn/start"},{"kind":"message/complete","payload":{"message":{"id":"m1","role":"user","content":"harbour"}}},{"kind":"turn/end","payload":{"status":"completed"}}]}"#;
+    let out = env.run_with(&["append", "b"], &format!("{batch}\n"));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let hits = |cwd: &str| {
+        env.json(&["search", "harbour", "--cwd", cwd])["hits"]
+            .as_array()
+            .expect("hits")
+            .len()
+    };
+    assert_eq!(hits("api"), 1);
+    assert_eq!(hits("."), 0);
 }

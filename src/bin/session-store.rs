@@ -82,8 +82,9 @@ enum Command {
     Create {
         /// The id (random 32-hex when omitted).
         id: Option<String>,
-        /// Working directory to record in the header.
-        #[arg(long, value_name = "DIR")]
+        /// Working directory to record in the header (a relative one is made absolute
+        /// against the current directory).
+        #[arg(long, value_name = "DIR", value_parser = cli::absolute_dir)]
         cwd: Option<String>,
     },
     /// Append JSON Lines batches (stdin by default), one batch per line:
@@ -112,8 +113,9 @@ enum Command {
         /// Start after this cursor (a previous page's next_cursor).
         #[arg(long, value_name = "C")]
         cursor: Option<String>,
-        /// Only sessions whose header names exactly this working directory.
-        #[arg(long, value_name = "DIR")]
+        /// Only sessions whose header names exactly this working directory (a relative
+        /// one is made absolute against the current directory).
+        #[arg(long, value_name = "DIR", value_parser = cli::absolute_dir)]
         cwd: Option<String>,
         /// Only sessions updated since: a duration back from now (7d, 12h) or a UTC date
         /// (2026-12-01, 2026-12-01T08:30:00Z).
@@ -171,8 +173,9 @@ enum Command {
         /// Only this session (with the messages it inherits).
         #[arg(long, value_name = "ID")]
         session: Option<String>,
-        /// Only sessions created with this working directory.
-        #[arg(long, value_name = "DIR")]
+        /// Only sessions created with this working directory (a relative one is made
+        /// absolute against the current directory).
+        #[arg(long, value_name = "DIR", value_parser = cli::absolute_dir)]
         cwd: Option<String>,
         /// Only messages since: a duration back from now (7d, 12h) or a UTC date
         /// (2026-12-01, 2026-12-01T08:30:00Z).
@@ -235,8 +238,9 @@ enum Command {
         /// Publish under this id instead of the file's.
         #[arg(long = "id", value_name = "NEW")]
         new_id: Option<String>,
-        /// Working directory to record.
-        #[arg(long, value_name = "DIR")]
+        /// Working directory to record (a relative one is made absolute against the
+        /// current directory).
+        #[arg(long, value_name = "DIR", value_parser = cli::absolute_dir)]
         cwd: Option<String>,
     },
     /// Delete a session (its forks keep their inherited events).
