@@ -156,7 +156,8 @@ pub enum Error {
     /// The last write failed cleanly; the accepted tail is kept and the next `flush`
     /// retries. The source is that write's error (e.g. [`Error::DiskFull`]).
     PersistenceFailed(Box<Error>),
-    /// The disk (or its quota) is full. The source is SQLite's `SQLITE_FULL` error.
+    /// The disk (or its quota) is full. The source is SQLite's `SQLITE_FULL` error (or, for
+    /// a reader that could not grow the file's `-shm`, `SQLITE_IOERR_SHMSIZE`).
     DiskFull(std::sync::Arc<rusqlite::Error>),
     /// The wait was cancelled by the caller.
     Cancelled,
@@ -483,6 +484,13 @@ impl From<rusqlite::Error> for Error {
                     Error::corrupt_from("SQLite reports", e)
                 }
                 ErrorCode::DiskFull => Error::DiskFull(std::sync::Arc::new(e)),
+                // The `-shm` file could not be grown: on a full disk (or quota) a reader
+                // that must make it fails here, before any page is read.
+                ErrorCode::SystemIoFailure
+                    if f.extended_code == rusqlite::ffi::SQLITE_IOERR_SHMSIZE =>
+                {
+                    Error::DiskFull(std::sync::Arc::new(e))
+                }
                 // A schema that lacks what this build's statements name: a damaged or
                 // foreign file (our own statements are fixed and tested).
                 ErrorCode::Unknown

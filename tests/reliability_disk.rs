@@ -367,6 +367,9 @@ fn verify_on_a_full_disk_does_not_call_a_sound_session_unsound() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(!stderr.contains("is not sound"), "{stderr}");
     assert!(stderr.contains("could not verify"), "{stderr}");
+    // SQLite's `SQLITE_IOERR_SHMSIZE` is the full disk (`Error::DiskFull`), not "disk I/O
+    // error".
+    assert!(stderr.contains("disk full"), "{stderr}");
     std::fs::remove_file(&filler).unwrap();
     let out = verify();
     assert!(
