@@ -3,6 +3,7 @@
 //! Each loader validates its inputs (session ids, digests, origins, limits) before any
 //! file is touched.
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -14,7 +15,7 @@ use session_store::{
 
 use super::App;
 use super::problem::Problem;
-use crate::cli::sessions::file_bytes;
+use crate::cli::sessions::{file_bytes, session_file_identity};
 
 /// Sessions or messages per page unless `limit` says otherwise.
 pub const PAGE: usize = 50;
@@ -170,6 +171,43 @@ pub async fn blocking<T: Send + 'static>(
             status: axum::http::StatusCode::INTERNAL_SERVER_ERROR,
             message: format!("a storage task did not finish: {e}"),
         }),
+    }
+}
+
+/// Reads of one session [`of_session`] makes at most while each fails on what looks like
+/// the same file.
+const READ_ATTEMPTS: usize = 5;
+
+/// Runs `read`, a read of session `id`. A failure of the server's own (status 500) while
+/// the session's file went away or was replaced (the session was deleted, or deleted and
+/// imported again, while it was read), or when there was none as the read began, is 404
+/// "not found (deleted while it was read)", never SQLite's text for the files that went
+/// away ("disk I/O error"). A failure on what looks like the same file is read again (at
+/// most [`READ_ATTEMPTS`] reads): where the file system keeps no creation time, a file
+/// deleted and made again can look like the old one.
+pub async fn of_session<T, F, Fut>(app: &App, id: &SessionId, read: F) -> Result<T, Problem>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T, Problem>>,
+{
+    let mut attempt = 1;
+    loop {
+        let before = session_file_identity(&app.root, id);
+        match read().await {
+            Err(problem) if problem.status.is_server_error() => {
+                let now = session_file_identity(&app.root, id);
+                if before.is_none() || now.is_none() || now != before {
+                    return Err(Problem::not_found(format!(
+                        "session {id} not found (deleted while it was read)"
+                    )));
+                }
+                if attempt == READ_ATTEMPTS {
+                    return Err(problem);
+                }
+                attempt += 1;
+            }
+            other => return other,
+        }
     }
 }
 
@@ -341,15 +379,17 @@ pub struct SessionDetail {
 
 /// The header and state of session `id`.
 pub async fn session(app: &App, id: SessionId) -> Result<SessionDetail, Problem> {
-    let root = app.root.clone();
-    blocking(move || {
-        let info = root.stat(&id)?;
-        let entry = root.catalog_entry(&id)?;
-        Ok(SessionDetail {
-            info,
-            entry,
-            writer: current_writer(&root, &id),
-            file_bytes: file_bytes(&root, &id),
+    of_session(app, &id, || {
+        let (root, id) = (app.root.clone(), id.clone());
+        blocking(move || {
+            let info = root.stat(&id)?;
+            let entry = root.catalog_entry(&id)?;
+            Ok(SessionDetail {
+                info,
+                entry,
+                writer: current_writer(&root, &id),
+                file_bytes: file_bytes(&root, &id),
+            })
         })
     })
     .await
@@ -368,6 +408,11 @@ pub struct Transcript {
 /// The newest page of `id`'s transcript, the older page `cursor` names, or the page that
 /// holds position `at`.
 pub async fn history(app: &App, id: SessionId, params: &Params) -> Result<Transcript, Problem> {
+    of_session(app, &id, || history_once(app, id.clone(), params)).await
+}
+
+/// One read of [`history`].
+async fn history_once(app: &App, id: SessionId, params: &Params) -> Result<Transcript, Problem> {
     let session = SessionRef {
         host_id: app.host.clone(),
         session_id: id.clone(),
@@ -409,13 +454,21 @@ pub async fn root_stats(app: &App) -> Result<CatalogTotals, Problem> {
 
 /// Storage statistics of `id`: bytes by kind, blobs and compression, tables.
 pub async fn stats(app: &App, id: SessionId) -> Result<SessionStats, Problem> {
-    let root = app.root.clone();
-    blocking(move || root.stats(&id)).await
+    of_session(app, &id, || {
+        let (root, id) = (app.root.clone(), id.clone());
+        blocking(move || root.stats(&id))
+    })
+    .await
 }
 
 /// The bytes of content `digest` of session `id` (or its ancestors); 404 when the
 /// session holds no such content.
 pub async fn content(app: &App, id: SessionId, digest: String) -> Result<Vec<u8>, Problem> {
+    of_session(app, &id, || content_once(app, id.clone(), digest.clone())).await
+}
+
+/// One read of [`content`].
+async fn content_once(app: &App, id: SessionId, digest: String) -> Result<Vec<u8>, Problem> {
     let session = SessionRef {
         host_id: app.host.clone(),
         session_id: id,

@@ -9,7 +9,7 @@ use serde::Serialize;
 use session_store::{CatalogEntry, Origin, Root, SessionId};
 
 use super::App;
-use super::data::{blocking, current_writer};
+use super::data::{blocking, current_writer, of_session};
 use super::problem::Problem;
 
 /// Sessions a fork tree shows at most.
@@ -76,8 +76,11 @@ pub struct ForkTree {
 
 /// The fork tree of `id`.
 pub async fn tree(app: &App, id: SessionId) -> Result<ForkTree, Problem> {
-    let root = app.root.clone();
-    blocking(move || build_tree(&root, id)).await
+    of_session(app, &id, || {
+        let (root, id) = (app.root.clone(), id.clone());
+        blocking(move || build_tree(&root, id))
+    })
+    .await
 }
 
 /// A direct fork of a session: its id, catalog entry and last inherited sequence.
