@@ -1317,3 +1317,39 @@ fn reads_racing_a_delete_and_a_reimport_answer_200_or_404() {
     let gone = server.get("/api/sessions/big/history");
     assert_eq!(gone.status, 200, "{}", gone.body);
 }
+
+#[test]
+fn a_fork_tree_with_many_siblings_keeps_to_its_size_limit() {
+    // The tree of one of 210 forks of a session drew all of them as siblings (211 nodes,
+    // `truncated` false) although a tree shows at most 200 sessions; it now stops at 200
+    // and says it is truncated, every edge joining two drawn sessions.
+    let (_dir, root_dir) = root_with_a_long_session(100);
+    let root = Root::open(&root_dir).unwrap();
+    for i in 0..210 {
+        root.fork(
+            &SessionId::new("big").unwrap(),
+            session_store::ForkPoint::AfterTurn("t0".into()),
+            Some(SessionId::new(format!("fork-{i:03}")).unwrap()),
+        )
+        .unwrap();
+    }
+    let server = Server::start(&root_dir, &[]);
+    let tree = server.ok("/api/sessions/fork-007/tree").json();
+    let nodes: Vec<&str> = tree["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["session_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(nodes.len(), 200, "{nodes:?}");
+    assert_eq!(tree["truncated"], true);
+    assert!(nodes.contains(&"big") && nodes.contains(&"fork-007"));
+    for edge in tree["edges"].as_array().unwrap() {
+        for end in ["parent", "child"] {
+            assert!(nodes.contains(&edge[end].as_str().unwrap()), "{edge}");
+        }
+    }
+    let page = server.ok("/sessions/fork-007/tree").body;
+    assert!(page.contains("Only the first sessions are drawn."));
+    assert_eq!(page.matches("<g class=\"node").count(), 200);
+}
