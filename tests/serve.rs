@@ -1353,3 +1353,50 @@ fn a_fork_tree_with_many_siblings_keeps_to_its_size_limit() {
     assert!(page.contains("Only the first sessions are drawn."));
     assert_eq!(page.matches("<g class=\"node").count(), 200);
 }
+
+#[test]
+fn json_prints_the_served_address_as_one_json_line() {
+    // `--json` promises one JSON document per command; `serve --json` printed its plain
+    // URL. Its first line is now `{"url", "address", "token"}` (the token with
+    // `--allow-remote`, else null).
+    use std::io::{BufRead, BufReader};
+    let (_dir, root) = demo_root();
+    for (addr, remote) in [("127.0.0.1:0", false), ("0.0.0.0:0", true)] {
+        let mut command = std::process::Command::new(serve_support::BIN);
+        command
+            .arg("--root")
+            .arg(&root)
+            .args(["--json", "serve", "--addr", addr]);
+        if remote {
+            command.arg("--allow-remote");
+        }
+        let mut child = command
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        let printed: Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("serve --json printed {line:?}: {e}"));
+        let url = printed["url"].as_str().unwrap();
+        let address = printed["address"].as_str().unwrap();
+        assert_eq!(
+            url.trim_start_matches("http://").split('/').next(),
+            Some(address)
+        );
+        assert!(address.parse::<std::net::SocketAddr>().is_ok(), "{printed}");
+        match printed["token"].as_str() {
+            Some(token) if remote => {
+                assert_eq!(token.len(), 32, "{printed}");
+                assert!(url.ends_with(&format!("/?token={token}")), "{printed}");
+            }
+            None if !remote => assert_eq!(url, format!("http://{address}/")),
+            _ => panic!("token with --allow-remote {remote}: {printed}"),
+        }
+    }
+}
