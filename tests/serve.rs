@@ -1400,3 +1400,60 @@ fn json_prints_the_served_address_as_one_json_line() {
         }
     }
 }
+
+/// The status line and body of `request`, sent as raw bytes to `server`.
+fn raw_request(server: &Server, request: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut stream =
+        std::net::TcpStream::connect(server.base.trim_start_matches("http://")).unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    (
+        head.lines().next().unwrap_or("").to_owned(),
+        body.to_owned(),
+    )
+}
+
+#[test]
+fn the_host_check_reads_the_host_the_request_is_for() {
+    // The loopback-only Host check read the first Host header and ignored the request
+    // target's authority: a second `Host: evil.example`, `Host: 127.0.0.1:80@evil.example`
+    // and `GET http://evil.example/…` with `Host: 127.0.0.1` were answered 200. Two Host
+    // headers or one that is no host[:port] are now 400 (RFC 9112 §3.2), and an
+    // absolute-form target is checked by its own host.
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    let ask = |target: &str, hosts: &[&str]| {
+        let mut request = format!("GET {target} HTTP/1.1\r\n");
+        for host in hosts {
+            request.push_str(&format!("Host: {host}\r\n"));
+        }
+        request.push_str("Connection: close\r\n\r\n");
+        raw_request(&server, &request)
+    };
+    for (target, hosts, status) in [
+        ("/api/stats", &["127.0.0.1", "evil.example"][..], "400"),
+        ("/api/stats", &["127.0.0.1", "127.0.0.1"][..], "400"),
+        ("/api/stats", &["127.0.0.1:80@evil.example"][..], "400"),
+        ("/api/stats", &["localhost:evil.example"][..], "400"),
+        ("http://evil.example/api/stats", &["127.0.0.1"][..], "421"),
+        ("http://localhost/api/stats", &["evil.example"][..], "200"),
+        ("/api/stats", &["[::1]:8080"][..], "200"),
+        ("/api/stats", &["LOCALHOST"][..], "200"),
+    ] {
+        let (line, body) = ask(target, hosts);
+        assert!(
+            line.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{target} {hosts:?}: {line} {body}"
+        );
+        if status != "200" {
+            assert!(body.contains("\"error\""), "{target} {hosts:?}: {body}");
+        }
+    }
+}
