@@ -1457,3 +1457,69 @@ fn the_host_check_reads_the_host_the_request_is_for() {
         }
     }
 }
+
+#[test]
+fn newer_links_walk_a_transcript_from_a_permalink_to_its_end() {
+    // A page opened by a permalink (`?at=N`) or reached by "Older messages" had no link to
+    // the messages after it (a permalink page not even to the newest ones): from a search
+    // hit on message 10 of a long session, only 5 messages after it could be read. Such a
+    // page now links the newer page that starts right after it, and the newest page.
+    let (_dir, root) = root_with_a_long_session(300);
+    let server = Server::start(&root, &[]);
+    let newer = |page: &str| -> Option<String> {
+        let before = page.split("\">← Newer messages").next()?;
+        (before.len() < page.len()).then(|| {
+            before
+                .rsplit("href=\"")
+                .next()
+                .unwrap()
+                .replace("&amp;", "&")
+        })
+    };
+    let shown = |page: &str| -> Vec<u64> {
+        page.split("<article class=\"message role-user\" id=\"m")
+            .skip(1)
+            .map(|rest| rest.split('"').next().unwrap().parse().unwrap())
+            .collect()
+    };
+    // Forward from message 10 in pages of 20: every message once, in order, to the end
+    // (the last link, past the end, opens the newest page: 281-300).
+    let mut path = "/sessions/big?at=10&limit=20".to_owned();
+    let mut seen = Vec::new();
+    let mut pages = 0;
+    loop {
+        let page = server.ok(&path).body;
+        let positions = shown(&page);
+        assert_eq!(
+            positions.first().copied(),
+            seen.last().map(|p: &u64| (p + 1).min(281)).or(Some(1)),
+            "{path}"
+        );
+        seen.truncate(positions[0] as usize - 1);
+        seen.extend(positions);
+        pages += 1;
+        assert!(pages < 40, "the newer links never end");
+        match newer(&page) {
+            Some(next) => {
+                assert!(page.contains("« Newest messages"), "{path}");
+                assert!(next.contains("limit=20"), "{next}");
+                path = next;
+            }
+            None => break,
+        }
+    }
+    assert_eq!(seen, (1..=300).collect::<Vec<u64>>());
+    // The newest page has none; a page reached by "Older messages" has one.
+    let newest = server.ok("/sessions/big?limit=20").body;
+    assert_eq!(newer(&newest), None);
+    assert!(!newest.contains("Newest messages"));
+    let older = newest
+        .split("\">Older messages")
+        .next()
+        .and_then(|b| b.rsplit("href=\"").next())
+        .unwrap()
+        .replace("&amp;", "&");
+    let older_page = server.ok(&older).body;
+    let after = server.ok(&newer(&older_page).expect("a newer link")).body;
+    assert_eq!(shown(&after), (281..=300).collect::<Vec<u64>>());
+}

@@ -403,6 +403,11 @@ pub struct Transcript {
     pub page: HistoryPage,
     /// The ended turns that overlap the page, in order.
     pub turns: Vec<TurnBoundary>,
+    /// When newer messages follow this page (one asked for by cursor or `at`), the `at`
+    /// of the page that starts right after it (the link to newer messages); not in the
+    /// JSON, whose clients page by `at` themselves.
+    #[serde(skip)]
+    pub newer_at: Option<u64>,
 }
 
 /// The newest page of `id`'s transcript, the older page `cursor` names, or the page that
@@ -418,16 +423,35 @@ async fn history_once(app: &App, id: SessionId, params: &Params) -> Result<Trans
         session_id: id.clone(),
     };
     let limit = params.limit()?;
-    let page = match (params.cursor(), params.at()?) {
+    let page_len = u64::try_from(limit).unwrap_or(u64::MAX);
+    // A page by `at` ends a few newer messages after it, as many as it has room for.
+    let context = AT_CONTEXT.min(page_len.saturating_sub(1));
+    let at = params.at()?;
+    let page = match (params.cursor(), at) {
         (None, Some(at)) => {
-            // A few newer messages after it, as many as the page has room for besides it.
-            let context =
-                AT_CONTEXT.min(u64::try_from(limit).unwrap_or(u64::MAX).saturating_sub(1));
             app.query
                 .history_page_ending_at(&session, at.saturating_add(context), limit)
                 .await?
         }
         (cursor, _) => app.query.history_page(&session, cursor, limit).await?,
+    };
+    // A page by cursor or `at` may have newer messages after it: the newer page starts
+    // right after its last message.
+    let not_the_newest = params.cursor().is_some() || at.is_some();
+    let newer_at = match page.messages.last().filter(|_| not_the_newest) {
+        Some(last) => {
+            let newest = app.query.history_page(&session, None, 1).await?;
+            newest
+                .messages
+                .first()
+                .filter(|n| n.position > last.position)
+                .map(|_| {
+                    last.position
+                        .saturating_add(page_len)
+                        .saturating_sub(context)
+                })
+        }
+        None => None,
     };
     let span = page
         .messages
@@ -441,7 +465,11 @@ async fn history_once(app: &App, id: SessionId, params: &Params) -> Result<Trans
             blocking(move || root.open_reader(&id)?.turns_overlapping(first, last)).await?
         }
     };
-    Ok(Transcript { page, turns })
+    Ok(Transcript {
+        page,
+        turns,
+        newer_at,
+    })
 }
 
 /// Totals over the whole root, from the catalog alone (one aggregate query, no session
