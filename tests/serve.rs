@@ -1523,3 +1523,53 @@ fn newer_links_walk_a_transcript_from_a_permalink_to_its_end() {
     let after = server.ok(&newer(&older_page).expect("a newer link")).body;
     assert_eq!(shown(&after), (281..=300).collect::<Vec<u64>>());
 }
+
+/// The opening tags of the `<svg>` elements of `page`.
+fn svg_tags(page: &str) -> Vec<&str> {
+    page.split("<svg ")
+        .skip(1)
+        .map(|rest| rest.split('>').next().unwrap())
+        .collect()
+}
+
+#[test]
+fn charts_and_the_fork_tree_are_readable_without_seeing_them() {
+    // Every chart was `role="img" aria-label="Bar chart"`: an image's parts are hidden from
+    // assistive technology, so its labels and values were not read at all; and the fork
+    // tree, also an image, hid the links to its sessions. A chart's name now carries its
+    // rows and values, and the tree is a group whose links are read.
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    let totals = server.ok("/api/stats").json();
+    let page = server.ok("/stats").body;
+    let charts = svg_tags(&page);
+    assert_eq!(charts.len(), 3, "{page}");
+    let counts = charts[1];
+    for (label, field) in [("sessions", "sessions"), ("events", "events")] {
+        let said = format!("{label}: {}", totals[field]);
+        assert!(counts.contains(&said), "{said:?} not in {counts}");
+    }
+    let stats = server.ok("/sessions/demo-flaky-test/stats").body;
+    let kinds = svg_tags(&stats)[0];
+    assert!(
+        kinds.contains("message/complete: ") && kinds.contains("(inline "),
+        "{kinds}"
+    );
+    for page in [&page, &stats] {
+        for tag in svg_tags(page) {
+            assert!(!tag.contains("aria-label=\"Bar chart\""), "{tag}");
+        }
+    }
+    let tree = server.ok("/sessions/flaky-fork/tree").body;
+    let tags = svg_tags(&tree);
+    assert_eq!(tags.len(), 1);
+    assert!(
+        tree.contains("<a href=\"/sessions/flaky-fork-2\""),
+        "{tree}"
+    );
+    assert!(
+        !tags[0].contains("role=\"img\""),
+        "the tree's links are hidden: {}",
+        tags[0]
+    );
+}
