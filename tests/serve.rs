@@ -1573,3 +1573,36 @@ fn charts_and_the_fork_tree_are_readable_without_seeing_them() {
         tags[0]
     );
 }
+
+#[test]
+fn every_navigation_landmark_has_a_name_of_its_own() {
+    // A session's pages had two `<nav>` landmarks (the site's and the session's) without
+    // names, which a screen reader's list of landmarks shows as two "navigation" alike.
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    for path in [
+        "/",
+        "/stats",
+        "/?q=test",
+        "/sessions/demo-flaky-test",
+        "/sessions/demo-flaky-test/tree",
+        "/sessions/demo-flaky-test/stats",
+    ] {
+        let page = server.ok(path).body;
+        let names: Vec<&str> = page
+            .split("<nav")
+            .skip(1)
+            .map(|rest| {
+                let tag = rest.split('>').next().unwrap();
+                tag.split("aria-label=\"")
+                    .nth(1)
+                    .and_then(|n| n.split('"').next())
+                    .unwrap_or_else(|| panic!("{path}: a <nav{tag}> without a name"))
+            })
+            .collect();
+        let mut distinct = names.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), names.len(), "{path}: {names:?}");
+    }
+}

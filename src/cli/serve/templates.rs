@@ -46,7 +46,7 @@ pub fn layout(title: &str, body: Markup) -> Html<String> {
                 body {
                     header.top {
                         a.brand href="/" { "session-store" }
-                        nav { a href="/" { "Sessions" } " " a href="/stats" { "Storage" } }
+                        nav aria-label="Site" { a href="/" { "Sessions" } " " a href="/stats" { "Storage" } }
                     }
                     main { (body) }
                 }
@@ -245,7 +245,7 @@ pub fn search_refused(message: &str, params: &Params) -> Html<String> {
 /// The navigation of a session's pages.
 pub fn session_nav(id: &SessionId) -> Markup {
     html! {
-        nav.session-nav {
+        nav.session-nav aria-label="Session" {
             a href=(links::session(id)) { "Transcript" }
             a href=(links::tree(id)) { "Fork tree" }
             a href=(links::stats(id)) { "Storage" }
