@@ -16,7 +16,7 @@ mod serve_support;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use serve_support::{DEMO, Server, cli_ok, demo_root};
+use serve_support::{DEMO, Server, cli_ok, demo_root, pages};
 
 /// The browser, if installed.
 fn chromium() -> Option<PathBuf> {
@@ -234,14 +234,7 @@ fn long_words_from_a_session_never_make_a_page_wider_than_the_window() {
     cli_ok(&root, &["create", "wide", "--cwd", &cwd]);
     append(&root, dir.path(), &batch, &["wide"]);
     let server = Server::start(&root, &[]);
-    for path in [
-        "/",
-        "/?q=needle",
-        "/sessions/wide",
-        "/sessions/wide/tree",
-        "/sessions/wide/stats",
-        "/stats",
-    ] {
+    for path in &pages("wide", "needle") {
         let wider = laid_out(&bin, dir.path(), &server, path, MEASURE, "data-wider");
         assert_eq!(wider, "none", "{path} is wider than the window");
     }
@@ -343,14 +336,7 @@ fn every_page_s_text_has_the_contrast_wcag_aa_asks_for() {
     };
     let (dir, root) = demo_root();
     let server = Server::start(&root, &[]);
-    for path in [
-        "/",
-        "/?q=test",
-        "/sessions/demo-flaky-test",
-        "/sessions/flaky-fork/tree",
-        "/sessions/demo-flaky-test/stats",
-        "/stats",
-    ] {
+    for path in &pages("demo-flaky-test", "test") {
         let low = laid_out(
             &bin,
             dir.path(),

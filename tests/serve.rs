@@ -1580,14 +1580,7 @@ fn every_navigation_landmark_has_a_name_of_its_own() {
     // names, which a screen reader's list of landmarks shows as two "navigation" alike.
     let (_dir, root) = demo_root();
     let server = Server::start(&root, &[]);
-    for path in [
-        "/",
-        "/stats",
-        "/?q=test",
-        "/sessions/demo-flaky-test",
-        "/sessions/demo-flaky-test/tree",
-        "/sessions/demo-flaky-test/stats",
-    ] {
+    for path in &serve_support::pages("demo-flaky-test", "test") {
         let page = server.ok(path).body;
         let names: Vec<&str> = page
             .split("<nav")
