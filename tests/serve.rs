@@ -1599,3 +1599,49 @@ fn every_navigation_landmark_has_a_name_of_its_own() {
         assert_eq!(distinct.len(), names.len(), "{path}: {names:?}");
     }
 }
+
+#[test]
+fn a_deleted_parent_is_named_not_linked() {
+    // A fork whose parent was deleted linked "fork of PARENT" to the parent's page, which
+    // answered 404. The page now names it "(deleted)" without a link; every link of the
+    // page opens, and an existing parent is still linked.
+    let (_dir, root) = demo_root();
+    serve_support::cli_ok(
+        &root,
+        &[
+            "fork",
+            "demo-release-notes",
+            "--after-turn",
+            "turn-1",
+            "--id",
+            "notes-fork",
+        ],
+    );
+    serve_support::cli_ok(&root, &["delete", "demo-release-notes"]);
+    let server = Server::start(&root, &[]);
+    let page = server.ok("/sessions/notes-fork").body;
+    assert!(
+        page.contains("fork of <code>demo-release-notes</code> (deleted)"),
+        "{page}"
+    );
+    for link in page.split("href=\"").skip(1) {
+        let link = link.split('"').next().unwrap().replace("&amp;", "&");
+        if link.starts_with("/sessions/") {
+            let path = link.split('#').next().unwrap();
+            assert_eq!(server.get(path).status, 200, "{link}");
+        }
+    }
+    assert_eq!(
+        server.ok("/api/sessions/notes-fork").json()["parent_exists"],
+        false
+    );
+    let fork = server.ok("/sessions/flaky-fork").body;
+    assert!(
+        fork.contains("fork of <a href=\"/sessions/demo-flaky-test\">"),
+        "{fork}"
+    );
+    assert_eq!(
+        server.ok("/api/sessions/flaky-fork").json()["parent_exists"],
+        true
+    );
+}

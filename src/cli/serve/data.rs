@@ -375,6 +375,9 @@ pub struct SessionDetail {
     pub writer: Option<WriterOwner>,
     /// Bytes of its own file and WAL.
     pub file_bytes: u64,
+    /// Whether the session its header names as parent still exists (a deleted parent is
+    /// named, not linked); `false` when it has none.
+    pub parent_exists: bool,
 }
 
 /// The header and state of session `id`.
@@ -384,9 +387,15 @@ pub async fn session(app: &App, id: SessionId) -> Result<SessionDetail, Problem>
         blocking(move || {
             let info = root.stat(&id)?;
             let entry = root.catalog_entry(&id)?;
+            let parent_exists = info
+                .header
+                .parent_id
+                .as_ref()
+                .is_some_and(|parent| session_file_identity(&root, parent).is_some());
             Ok(SessionDetail {
                 info,
                 entry,
+                parent_exists,
                 writer: current_writer(&root, &id),
                 file_bytes: file_bytes(&root, &id),
             })

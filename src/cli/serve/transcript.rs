@@ -191,7 +191,11 @@ pub fn session_page(d: &SessionDetail, t: &Transcript, params: &Params) -> Html<
                 @if let Some(cwd) = &h.cwd { dt { "Working directory" } dd { code { (cwd) } } }
                 dt { "Origin" } dd {
                     (h.origin.as_str())
-                    @if let Some(parent) = &h.parent_id { " of " a href=(links::session(parent)) { code { (parent.as_str()) } } }
+                    @if let Some(parent) = &h.parent_id {
+                        " of "
+                        @if d.parent_exists { a href=(links::session(parent)) { code { (parent.as_str()) } } }
+                        @else { code { (parent.as_str()) } " (deleted)" }
+                    }
                 }
                 dt { "Created (UTC)" } dd { (utc(h.created_at_ms)) }
                 dt { "Durable sequence" } dd { (d.info.durable_sequence) " (" (d.info.inherited_events) " inherited)" }
