@@ -73,12 +73,13 @@ fn requested_host(request: &Request) -> Result<Option<String>, Problem> {
         .filter(|h| !h.contains('@'))
         .and_then(|h| h.parse::<axum::http::uri::Authority>().ok())
         .filter(|a| {
-            // What follows the host is nothing or `:` and a port number.
+            // What follows the host is nothing or `:` and a port number (or no port,
+            // which RFC 3986 allows).
             let rest = a.as_str().get(a.host().len()..).unwrap_or("");
             rest.is_empty()
                 || rest
                     .strip_prefix(':')
-                    .is_some_and(|p| p.parse::<u16>().is_ok())
+                    .is_some_and(|p| p.is_empty() || p.parse::<u16>().is_ok())
         })
         .map(|a| Some(a.host().to_owned()))
         .ok_or_else(|| Problem::bad_request("the Host header is no host[:port]"))
@@ -235,6 +236,8 @@ mod tests {
         assert!(host("127.0.0.1:8080"));
         assert!(host("localhost:1"));
         assert!(host("[::1]:80"));
+        assert!(host("[::1]"));
+        assert!(host("localhost:"));
         assert!(!host("evil.example:8080"));
         assert!(!host("10.0.0.1"));
         assert!(!host("127.0.0.1.evil.example"));
