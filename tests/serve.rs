@@ -1645,3 +1645,31 @@ fn a_deleted_parent_is_named_not_linked() {
         true
     );
 }
+
+#[test]
+fn a_search_filtered_by_a_missing_session_keeps_its_search_box() {
+    // A search whose `session` filter names no session answered a bare 404 page: the query
+    // and the search box were gone. It is 404 with the reason above the search box holding
+    // the query, as a malformed query is (400).
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    let reply = server.get("/?q=parser&session=no-such-session");
+    assert_eq!(reply.status, 404);
+    assert!(
+        reply.body.contains("name=\"q\"") && reply.body.contains("value=\"parser\""),
+        "{}",
+        reply.body
+    );
+    assert!(
+        reply
+            .body
+            .contains("<p class=\"error\">session no-such-session not found</p>"),
+        "{}",
+        reply.body
+    );
+    assert!(
+        reply
+            .body
+            .contains("name=\"session\" value=\"no-such-session\"")
+    );
+}
