@@ -1673,3 +1673,33 @@ fn a_search_filtered_by_a_missing_session_keeps_its_search_box() {
             .contains("name=\"session\" value=\"no-such-session\"")
     );
 }
+
+#[test]
+fn a_search_says_which_url_filters_narrow_its_hits() {
+    // `role`, `since` and `session` given in the URL (a link, a bookmark) narrowed the hits
+    // and rode along as hidden fields with every new query, never shown: the page looked
+    // like a search of everything. The page now says them and links the same search
+    // without them.
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    let page = server
+        .ok("/?q=test&role=user&session=demo-flaky-test&since=3650d")
+        .body;
+    assert!(
+        page.contains(
+            "Only hits with role <code>user</code>, since <code>3650d</code>, session \
+             <code>demo-flaky-test</code>."
+        ),
+        "{page}"
+    );
+    let without = page
+        .split("\">Search without these filters")
+        .next()
+        .and_then(|b| b.rsplit("href=\"").next())
+        .unwrap()
+        .replace("&amp;", "&");
+    assert_eq!(without, "/?q=test");
+    let all = server.ok(&without).body;
+    assert!(!all.contains("Only hits with"));
+    assert!(all.matches("<li class=\"hit\">").count() > page.matches("<li class=\"hit\">").count());
+}

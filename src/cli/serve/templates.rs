@@ -186,6 +186,40 @@ pub fn snippet(s: &Snippet) -> Markup {
     }
 }
 
+/// The search filters given in the URL that have no field of their own (role, since,
+/// session), said in words with a link to the same search without them; nothing when none
+/// is given.
+fn url_filters(params: &Params) -> Markup {
+    let given: Vec<(&str, &str)> = [
+        ("role", params.role()),
+        ("since", params.since_text()),
+        ("session", params.session_text()),
+    ]
+    .into_iter()
+    .filter_map(|(name, value)| value.map(|v| (name, v)))
+    .collect();
+    let without = links::with_query(
+        "/",
+        &[
+            ("q", params.query()),
+            ("cwd", params.cwd()),
+            ("limit", params.limit_text()),
+        ],
+    );
+    html! {
+        @if !given.is_empty() {
+            p.meta.url-filters {
+                "Only hits with "
+                @for (i, (name, value)) in given.iter().enumerate() {
+                    @if i > 0 { ", " }
+                    (name) " " code { (value) }
+                }
+                ". " a href=(without) { "Search without these filters" }
+            }
+        }
+    }
+}
+
 /// The search results page.
 pub fn search_page(page: &SearchPage, params: &Params) -> Html<String> {
     let next = page.next_cursor.as_deref().map(|cursor| {
@@ -207,6 +241,7 @@ pub fn search_page(page: &SearchPage, params: &Params) -> Html<String> {
         html! {
             h1 { "Search" }
             (filters(params))
+            (url_filters(params))
             @if page.hits.is_empty() {
                 p.empty { "No hits." }
             }
@@ -237,6 +272,7 @@ pub fn search_refused(message: &str, params: &Params) -> Html<String> {
         html! {
             h1 { "Search" }
             (filters(params))
+            (url_filters(params))
             p.error { (message) }
         },
     )
