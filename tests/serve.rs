@@ -1703,3 +1703,38 @@ fn a_search_says_which_url_filters_narrow_its_hits() {
     assert!(!all.contains("Only hits with"));
     assert!(all.matches("<li class=\"hit\">").count() > page.matches("<li class=\"hit\">").count());
 }
+
+#[test]
+fn a_search_page_is_titled_with_its_query() {
+    // Every search page was titled "Search · session-store", so tabs and history entries
+    // of different searches could not be told apart (WCAG 2.4.2). The title holds the
+    // query now, clipped to 100 characters, escaped.
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    let page = server.ok("/?q=parser").body;
+    assert!(
+        page.contains("<title>Search: parser · session-store</title>"),
+        "{page}"
+    );
+    let refused = server.get("/?q=%22parser");
+    assert_eq!(refused.status, 400);
+    assert!(
+        refused
+            .body
+            .contains("<title>Search: &quot;parser · session-store</title>"),
+        "{}",
+        refused.body
+    );
+    let long = format!("/?q={}", "word%20".repeat(60));
+    let title = server.ok(&long).body;
+    let title = title
+        .split("<title>")
+        .nth(1)
+        .and_then(|t| t.split("</title>").next())
+        .unwrap();
+    assert!(
+        title.starts_with("Search: word word") && title.contains('…'),
+        "{title}"
+    );
+    assert!(title.chars().count() < 140, "{title}");
+}

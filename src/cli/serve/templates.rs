@@ -220,6 +220,15 @@ fn url_filters(params: &Params) -> Markup {
     }
 }
 
+/// The title of a search page: the query, so that pages of different searches (tabs,
+/// history, bookmarks) are told apart.
+fn search_title(params: &Params) -> String {
+    format!(
+        "Search: {}",
+        clip(params.query().unwrap_or(""), TITLE_CHARS)
+    )
+}
+
 /// The search results page.
 pub fn search_page(page: &SearchPage, params: &Params) -> Html<String> {
     let next = page.next_cursor.as_deref().map(|cursor| {
@@ -237,7 +246,7 @@ pub fn search_page(page: &SearchPage, params: &Params) -> Html<String> {
         )
     });
     layout(
-        "Search",
+        &search_title(params),
         html! {
             h1 { "Search" }
             (filters(params))
@@ -268,7 +277,7 @@ pub fn search_page(page: &SearchPage, params: &Params) -> Html<String> {
 /// The search page of a query that was refused, with the reason.
 pub fn search_refused(message: &str, params: &Params) -> Html<String> {
     layout(
-        "Search",
+        &search_title(params),
         html! {
             h1 { "Search" }
             (filters(params))
