@@ -24,6 +24,18 @@ fn positions(page: &Value) -> Vec<u64> {
         .collect()
 }
 
+/// The href of the first link of `page` whose text starts with `label`, `&amp;` decoded.
+fn link_to(page: &str, label: &str) -> Option<String> {
+    let before = page.split(&format!("\">{label}")).next()?;
+    (before.len() < page.len()).then(|| {
+        before
+            .rsplit("href=\"")
+            .next()
+            .unwrap_or("")
+            .replace("&amp;", "&")
+    })
+}
+
 #[test]
 fn pages_and_api_over_the_demo_root() {
     let (_dir, root) = demo_root();
@@ -701,18 +713,8 @@ fn every_search_hit_links_to_a_page_that_opens() {
 fn next_page_links_keep_the_page_size_asked_for() {
     let (_dir, root) = demo_root();
     let server = Server::start(&root, &[]);
-    // The href of the link whose text starts with `label`, `&amp;` decoded.
     let link = |page: &str, label: &str| -> String {
-        let before = page
-            .split(&format!("\">{label}"))
-            .next()
-            .filter(|b| b.len() < page.len())
-            .unwrap_or_else(|| panic!("no {label:?} link: {page}"));
-        before
-            .rsplit("href=\"")
-            .next()
-            .expect("href")
-            .replace("&amp;", "&")
+        link_to(page, label).unwrap_or_else(|| panic!("no {label:?} link: {page}"))
     };
     // Sessions: 8 in pages of 3.
     let next = link(&server.ok("/?limit=3").body, "Next page");
@@ -1466,16 +1468,7 @@ fn newer_links_walk_a_transcript_from_a_permalink_to_its_end() {
     // page now links the newer page that starts right after it, and the newest page.
     let (_dir, root) = root_with_a_long_session(300);
     let server = Server::start(&root, &[]);
-    let newer = |page: &str| -> Option<String> {
-        let before = page.split("\">← Newer messages").next()?;
-        (before.len() < page.len()).then(|| {
-            before
-                .rsplit("href=\"")
-                .next()
-                .unwrap()
-                .replace("&amp;", "&")
-        })
-    };
+    let newer = |page: &str| link_to(page, "← Newer messages");
     let shown = |page: &str| -> Vec<u64> {
         page.split("<article class=\"message role-user\" id=\"m")
             .skip(1)
@@ -1513,12 +1506,7 @@ fn newer_links_walk_a_transcript_from_a_permalink_to_its_end() {
     let newest = server.ok("/sessions/big?limit=20").body;
     assert_eq!(newer(&newest), None);
     assert!(!newest.contains("Newest messages"));
-    let older = newest
-        .split("\">Older messages")
-        .next()
-        .and_then(|b| b.rsplit("href=\"").next())
-        .unwrap()
-        .replace("&amp;", "&");
+    let older = link_to(&newest, "Older messages").expect("an older link");
     let older_page = server.ok(&older).body;
     let after = server.ok(&newer(&older_page).expect("a newer link")).body;
     assert_eq!(shown(&after), (281..=300).collect::<Vec<u64>>());
@@ -1692,12 +1680,7 @@ fn a_search_says_which_url_filters_narrow_its_hits() {
         ),
         "{page}"
     );
-    let without = page
-        .split("\">Search without these filters")
-        .next()
-        .and_then(|b| b.rsplit("href=\"").next())
-        .unwrap()
-        .replace("&amp;", "&");
+    let without = link_to(&page, "Search without these filters").expect("a link");
     assert_eq!(without, "/?q=test");
     let all = server.ok(&without).body;
     assert!(!all.contains("Only hits with"));
