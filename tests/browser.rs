@@ -16,7 +16,7 @@ mod serve_support;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use serve_support::{DEMO, Server, cli_ok, demo_root};
+use serve_support::{DEMO, Server, cli_ok, demo_root, pages};
 
 /// The browser, if installed.
 fn chromium() -> Option<PathBuf> {
@@ -234,14 +234,7 @@ fn long_words_from_a_session_never_make_a_page_wider_than_the_window() {
     cli_ok(&root, &["create", "wide", "--cwd", &cwd]);
     append(&root, dir.path(), &batch, &["wide"]);
     let server = Server::start(&root, &[]);
-    for path in [
-        "/",
-        "/?q=needle",
-        "/sessions/wide",
-        "/sessions/wide/tree",
-        "/sessions/wide/stats",
-        "/stats",
-    ] {
+    for path in &pages("wide", "needle") {
         let wider = laid_out(&bin, dir.path(), &server, path, MEASURE, "data-wider");
         assert_eq!(wider, "none", "{path} is wider than the window");
     }
@@ -313,5 +306,45 @@ fn a_bidi_override_in_a_session_never_reorders_the_pages_own_text() {
     for path in ["/?q=budget", "/sessions/bidi"] {
         let reordered = laid_out(&bin, dir.path(), &server, path, REORDERED, "data-reordered");
         assert_eq!(reordered, "none", "{path}");
+    }
+}
+
+/// Marks the `<body>` with the text that has less contrast with the background behind it
+/// than WCAG AA asks of normal text, 4.5:1 (`data-low-contrast="TAG.class 'text' ratio …"`,
+/// or `none`): every element with text of its own, its color against the first opaque
+/// background of it or its ancestors (white at the top).
+const CONTRAST: &str = "<script>const rgb=s=>{const m=s.match(/[\\d.]+/g).map(Number);\
+    return{c:m.slice(0,3),a:m.length>3?m[3]:1};};\
+    const lum=c=>{const v=c.map(x=>{x/=255;return x<=0.03928?x/12.92:Math.pow((x+0.055)/1.055,2.4);});\
+    return 0.2126*v[0]+0.7152*v[1]+0.0722*v[2];};const low=[];\
+    for(const e of document.querySelectorAll('body *')){\
+    const own=[...e.childNodes].some(n=>n.nodeType===3&&n.textContent.trim());if(!own)continue;\
+    const st=getComputedStyle(e);if(st.display==='none'||e.closest('svg'))continue;\
+    let b=e,bg=null;while(b){const c=rgb(getComputedStyle(b).backgroundColor);if(c.a>0){bg=c.c;break;}b=b.parentElement;}\
+    bg=bg||[255,255,255];const a=lum(rgb(st.color).c),z=lum(bg);\
+    const r=(Math.max(a,z)+0.05)/(Math.min(a,z)+0.05);\
+    if(r<4.5)low.push(e.tagName+'.'+e.className+' '+JSON.stringify(e.textContent.trim().slice(0,20))+' '+r.toFixed(2));}\
+    document.body.setAttribute('data-low-contrast',low.join(' | ')||'none');</script>";
+
+#[test]
+fn every_page_s_text_has_the_contrast_wcag_aa_asks_for() {
+    // The muted grey of a message's id, permalink and time (12 px) had 4.34:1 against a
+    // user message's background and 4.43:1 against an assistant's, under the 4.5:1 WCAG AA
+    // asks of normal text.
+    let Some(bin) = chromium_or_skip() else {
+        return;
+    };
+    let (dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    for path in &pages("demo-flaky-test", "test") {
+        let low = laid_out(
+            &bin,
+            dir.path(),
+            &server,
+            path,
+            CONTRAST,
+            "data-low-contrast",
+        );
+        assert_eq!(low, "none", "{path}: text under 4.5:1");
     }
 }

@@ -24,6 +24,18 @@ fn positions(page: &Value) -> Vec<u64> {
         .collect()
 }
 
+/// The href of the first link of `page` whose text starts with `label`, `&amp;` decoded.
+fn link_to(page: &str, label: &str) -> Option<String> {
+    let before = page.split(&format!("\">{label}")).next()?;
+    (before.len() < page.len()).then(|| {
+        before
+            .rsplit("href=\"")
+            .next()
+            .unwrap_or("")
+            .replace("&amp;", "&")
+    })
+}
+
 #[test]
 fn pages_and_api_over_the_demo_root() {
     let (_dir, root) = demo_root();
@@ -701,18 +713,8 @@ fn every_search_hit_links_to_a_page_that_opens() {
 fn next_page_links_keep_the_page_size_asked_for() {
     let (_dir, root) = demo_root();
     let server = Server::start(&root, &[]);
-    // The href of the link whose text starts with `label`, `&amp;` decoded.
     let link = |page: &str, label: &str| -> String {
-        let before = page
-            .split(&format!("\">{label}"))
-            .next()
-            .filter(|b| b.len() < page.len())
-            .unwrap_or_else(|| panic!("no {label:?} link: {page}"));
-        before
-            .rsplit("href=\"")
-            .next()
-            .expect("href")
-            .replace("&amp;", "&")
+        link_to(page, label).unwrap_or_else(|| panic!("no {label:?} link: {page}"))
     };
     // Sessions: 8 in pages of 3.
     let next = link(&server.ok("/?limit=3").body, "Next page");
@@ -1264,4 +1266,458 @@ fn a_half_sent_request_does_not_keep_its_connection_forever() {
         let _ = s.read_to_end(&mut rest);
     }
     server.ok("/api/stats");
+}
+
+#[test]
+fn reads_racing_a_delete_and_a_reimport_answer_200_or_404() {
+    // A session page or API read racing `delete` (and an `import` of the same id) answered
+    // 500 with SQLite's "disk I/O error" for the files that went away under it (7 of about
+    // 4,000 reads over 30 rounds). It is now 200 or 404, "deleted while it was read".
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (dir, root) = root_with_a_long_session(2_000);
+    let export = dir.path().join("big.export");
+    serve_support::cli_ok(&root, &["export", "big", export.to_str().unwrap()]);
+    let server = Server::start(&root, &[]);
+    let paths = [
+        "/sessions/big",
+        "/sessions/big?at=500",
+        "/sessions/big/tree",
+        "/api/sessions/big",
+        "/api/sessions/big/history",
+        "/api/sessions/big/history?limit=100",
+        "/api/sessions/big/stats",
+    ];
+    let done = AtomicBool::new(false);
+    let odd: Vec<String> = std::thread::scope(|scope| {
+        let readers: Vec<_> = paths
+            .iter()
+            .map(|path| {
+                let (server, done) = (&server, &done);
+                scope.spawn(move || {
+                    let mut odd = Vec::new();
+                    while !done.load(Ordering::Relaxed) {
+                        let reply = server.get(path);
+                        if reply.status != 200 && reply.status != 404 {
+                            odd.push(format!("{path}: {} {}", reply.status, reply.body));
+                        }
+                    }
+                    odd
+                })
+            })
+            .collect();
+        for _ in 0..40 {
+            serve_support::cli_ok(&root, &["delete", "big"]);
+            serve_support::cli_ok(&root, &["import", export.to_str().unwrap(), "--id", "big"]);
+        }
+        done.store(true, Ordering::Relaxed);
+        readers
+            .into_iter()
+            .flat_map(|r| r.join().unwrap())
+            .collect()
+    });
+    assert!(odd.is_empty(), "reads racing a delete: {odd:#?}");
+    let gone = server.get("/api/sessions/big/history");
+    assert_eq!(gone.status, 200, "{}", gone.body);
+}
+
+#[test]
+fn a_fork_tree_with_many_siblings_keeps_to_its_size_limit() {
+    // The tree of one of 210 forks of a session drew all of them as siblings (211 nodes,
+    // `truncated` false) although a tree shows at most 200 sessions; it now stops at 200
+    // and says it is truncated, every edge joining two drawn sessions.
+    let (_dir, root_dir) = root_with_a_long_session(100);
+    let root = Root::open(&root_dir).unwrap();
+    for i in 0..210 {
+        root.fork(
+            &SessionId::new("big").unwrap(),
+            session_store::ForkPoint::AfterTurn("t0".into()),
+            Some(SessionId::new(format!("fork-{i:03}")).unwrap()),
+        )
+        .unwrap();
+    }
+    let server = Server::start(&root_dir, &[]);
+    let tree = server.ok("/api/sessions/fork-007/tree").json();
+    let nodes: Vec<&str> = tree["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["session_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(nodes.len(), 200, "{nodes:?}");
+    assert_eq!(tree["truncated"], true);
+    assert!(nodes.contains(&"big") && nodes.contains(&"fork-007"));
+    for edge in tree["edges"].as_array().unwrap() {
+        for end in ["parent", "child"] {
+            assert!(nodes.contains(&edge[end].as_str().unwrap()), "{edge}");
+        }
+    }
+    let page = server.ok("/sessions/fork-007/tree").body;
+    assert!(page.contains("Only the first sessions are drawn."));
+    assert_eq!(page.matches("<g class=\"node").count(), 200);
+}
+
+#[test]
+fn json_prints_the_served_address_as_one_json_line() {
+    // `--json` promises one JSON document per command; `serve --json` printed its plain
+    // URL. Its first line is now `{"url", "address", "token"}` (the token with
+    // `--allow-remote`, else null).
+    use std::io::{BufRead, BufReader};
+    let (_dir, root) = demo_root();
+    for (addr, remote) in [("127.0.0.1:0", false), ("0.0.0.0:0", true)] {
+        let mut command = std::process::Command::new(serve_support::BIN);
+        command
+            .arg("--root")
+            .arg(&root)
+            .args(["--json", "serve", "--addr", addr]);
+        if remote {
+            command.arg("--allow-remote");
+        }
+        let mut child = command
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        let printed: Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("serve --json printed {line:?}: {e}"));
+        let url = printed["url"].as_str().unwrap();
+        let address = printed["address"].as_str().unwrap();
+        assert_eq!(
+            url.trim_start_matches("http://").split('/').next(),
+            Some(address)
+        );
+        assert!(address.parse::<std::net::SocketAddr>().is_ok(), "{printed}");
+        match printed["token"].as_str() {
+            Some(token) if remote => {
+                assert_eq!(token.len(), 32, "{printed}");
+                assert!(url.ends_with(&format!("/?token={token}")), "{printed}");
+            }
+            None if !remote => assert_eq!(url, format!("http://{address}/")),
+            _ => panic!("token with --allow-remote {remote}: {printed}"),
+        }
+    }
+}
+
+/// The status line and body of `request`, sent as raw bytes to `server`.
+fn raw_request(server: &Server, request: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut stream =
+        std::net::TcpStream::connect(server.base.trim_start_matches("http://")).unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    (
+        head.lines().next().unwrap_or("").to_owned(),
+        body.to_owned(),
+    )
+}
+
+#[test]
+fn the_host_check_reads_the_host_the_request_is_for() {
+    // The loopback-only Host check read the first Host header and ignored the request
+    // target's authority: a second `Host: evil.example`, `Host: 127.0.0.1:80@evil.example`
+    // and `GET http://evil.example/…` with `Host: 127.0.0.1` were answered 200. Two Host
+    // headers or one that is no host[:port] are now 400 (RFC 9112 §3.2), and an
+    // absolute-form target is checked by its own host.
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    let ask = |target: &str, hosts: &[&str]| {
+        let mut request = format!("GET {target} HTTP/1.1\r\n");
+        for host in hosts {
+            request.push_str(&format!("Host: {host}\r\n"));
+        }
+        request.push_str("Connection: close\r\n\r\n");
+        raw_request(&server, &request)
+    };
+    for (target, hosts, status) in [
+        ("/api/stats", &["127.0.0.1", "evil.example"][..], "400"),
+        ("/api/stats", &["127.0.0.1", "127.0.0.1"][..], "400"),
+        ("/api/stats", &["127.0.0.1:80@evil.example"][..], "400"),
+        ("/api/stats", &["localhost:evil.example"][..], "400"),
+        ("http://evil.example/api/stats", &["127.0.0.1"][..], "421"),
+        ("http://localhost/api/stats", &["evil.example"][..], "200"),
+        ("/api/stats", &["[::1]:8080"][..], "200"),
+        ("/api/stats", &["LOCALHOST"][..], "200"),
+    ] {
+        let (line, body) = ask(target, hosts);
+        assert!(
+            line.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{target} {hosts:?}: {line} {body}"
+        );
+        if status != "200" {
+            assert!(body.contains("\"error\""), "{target} {hosts:?}: {body}");
+        }
+    }
+}
+
+#[test]
+fn newer_links_walk_a_transcript_from_a_permalink_to_its_end() {
+    // A page opened by a permalink (`?at=N`) or reached by "Older messages" had no link to
+    // the messages after it (a permalink page not even to the newest ones): from a search
+    // hit on message 10 of a long session, only 5 messages after it could be read. Such a
+    // page now links the newer page that starts right after it, and the newest page.
+    let (_dir, root) = root_with_a_long_session(300);
+    let server = Server::start(&root, &[]);
+    let newer = |page: &str| link_to(page, "← Newer messages");
+    let shown = |page: &str| -> Vec<u64> {
+        page.split("<article class=\"message role-user\" id=\"m")
+            .skip(1)
+            .map(|rest| rest.split('"').next().unwrap().parse().unwrap())
+            .collect()
+    };
+    // Forward from message 10 in pages of 20: every message once, in order, to the end
+    // (the last link, past the end, opens the newest page: 281-300).
+    let mut path = "/sessions/big?at=10&limit=20".to_owned();
+    let mut seen = Vec::new();
+    let mut pages = 0;
+    loop {
+        let page = server.ok(&path).body;
+        let positions = shown(&page);
+        assert_eq!(
+            positions.first().copied(),
+            seen.last().map(|p: &u64| (p + 1).min(281)).or(Some(1)),
+            "{path}"
+        );
+        seen.truncate(positions[0] as usize - 1);
+        seen.extend(positions);
+        pages += 1;
+        assert!(pages < 40, "the newer links never end");
+        match newer(&page) {
+            Some(next) => {
+                assert!(page.contains("« Newest messages"), "{path}");
+                assert!(next.contains("limit=20"), "{next}");
+                path = next;
+            }
+            None => break,
+        }
+    }
+    assert_eq!(seen, (1..=300).collect::<Vec<u64>>());
+    // The newest page has none; a page reached by "Older messages" has one.
+    let newest = server.ok("/sessions/big?limit=20").body;
+    assert_eq!(newer(&newest), None);
+    assert!(!newest.contains("Newest messages"));
+    let older = link_to(&newest, "Older messages").expect("an older link");
+    let older_page = server.ok(&older).body;
+    let after = server.ok(&newer(&older_page).expect("a newer link")).body;
+    assert_eq!(shown(&after), (281..=300).collect::<Vec<u64>>());
+}
+
+/// The opening tags of the `<svg>` elements of `page`.
+fn svg_tags(page: &str) -> Vec<&str> {
+    page.split("<svg ")
+        .skip(1)
+        .map(|rest| rest.split('>').next().unwrap())
+        .collect()
+}
+
+#[test]
+fn charts_and_the_fork_tree_are_readable_without_seeing_them() {
+    // Every chart was `role="img" aria-label="Bar chart"`: an image's parts are hidden from
+    // assistive technology, so its labels and values were not read at all; and the fork
+    // tree, also an image, hid the links to its sessions. A chart's name now carries its
+    // rows and values, and the tree is a group whose links are read.
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    let totals = server.ok("/api/stats").json();
+    let page = server.ok("/stats").body;
+    let charts = svg_tags(&page);
+    assert_eq!(charts.len(), 3, "{page}");
+    let counts = charts[1];
+    for (label, field) in [("sessions", "sessions"), ("events", "events")] {
+        let said = format!("{label}: {}", totals[field]);
+        assert!(counts.contains(&said), "{said:?} not in {counts}");
+    }
+    let stats = server.ok("/sessions/demo-flaky-test/stats").body;
+    let kinds = svg_tags(&stats)[0];
+    assert!(
+        kinds.contains("message/complete: ") && kinds.contains("(inline "),
+        "{kinds}"
+    );
+    for page in [&page, &stats] {
+        for tag in svg_tags(page) {
+            assert!(!tag.contains("aria-label=\"Bar chart\""), "{tag}");
+        }
+    }
+    let tree = server.ok("/sessions/flaky-fork/tree").body;
+    let tags = svg_tags(&tree);
+    assert_eq!(tags.len(), 1);
+    assert!(
+        tree.contains("<a href=\"/sessions/flaky-fork-2\""),
+        "{tree}"
+    );
+    assert!(
+        !tags[0].contains("role=\"img\""),
+        "the tree's links are hidden: {}",
+        tags[0]
+    );
+}
+
+#[test]
+fn every_navigation_landmark_has_a_name_of_its_own() {
+    // A session's pages had two `<nav>` landmarks (the site's and the session's) without
+    // names, which a screen reader's list of landmarks shows as two "navigation" alike.
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    for path in &serve_support::pages("demo-flaky-test", "test") {
+        let page = server.ok(path).body;
+        let names: Vec<&str> = page
+            .split("<nav")
+            .skip(1)
+            .map(|rest| {
+                let tag = rest.split('>').next().unwrap();
+                tag.split("aria-label=\"")
+                    .nth(1)
+                    .and_then(|n| n.split('"').next())
+                    .unwrap_or_else(|| panic!("{path}: a <nav{tag}> without a name"))
+            })
+            .collect();
+        let mut distinct = names.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), names.len(), "{path}: {names:?}");
+    }
+}
+
+#[test]
+fn a_deleted_parent_is_named_not_linked() {
+    // A fork whose parent was deleted linked "fork of PARENT" to the parent's page, which
+    // answered 404. The page now names it "(deleted)" without a link; every link of the
+    // page opens, and an existing parent is still linked.
+    let (_dir, root) = demo_root();
+    serve_support::cli_ok(
+        &root,
+        &[
+            "fork",
+            "demo-release-notes",
+            "--after-turn",
+            "turn-1",
+            "--id",
+            "notes-fork",
+        ],
+    );
+    serve_support::cli_ok(&root, &["delete", "demo-release-notes"]);
+    let server = Server::start(&root, &[]);
+    let page = server.ok("/sessions/notes-fork").body;
+    assert!(
+        page.contains("fork of <code>demo-release-notes</code> (deleted)"),
+        "{page}"
+    );
+    for link in page.split("href=\"").skip(1) {
+        let link = link.split('"').next().unwrap().replace("&amp;", "&");
+        if link.starts_with("/sessions/") {
+            let path = link.split('#').next().unwrap();
+            assert_eq!(server.get(path).status, 200, "{link}");
+        }
+    }
+    assert_eq!(
+        server.ok("/api/sessions/notes-fork").json()["parent_exists"],
+        false
+    );
+    let fork = server.ok("/sessions/flaky-fork").body;
+    assert!(
+        fork.contains("fork of <a href=\"/sessions/demo-flaky-test\">"),
+        "{fork}"
+    );
+    assert_eq!(
+        server.ok("/api/sessions/flaky-fork").json()["parent_exists"],
+        true
+    );
+}
+
+#[test]
+fn a_search_filtered_by_a_missing_session_keeps_its_search_box() {
+    // A search whose `session` filter names no session answered a bare 404 page: the query
+    // and the search box were gone. It is 404 with the reason above the search box holding
+    // the query, as a malformed query is (400).
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    let reply = server.get("/?q=parser&session=no-such-session");
+    assert_eq!(reply.status, 404);
+    assert!(
+        reply.body.contains("name=\"q\"") && reply.body.contains("value=\"parser\""),
+        "{}",
+        reply.body
+    );
+    assert!(
+        reply
+            .body
+            .contains("<p class=\"error\">session no-such-session not found</p>"),
+        "{}",
+        reply.body
+    );
+    assert!(
+        reply
+            .body
+            .contains("name=\"session\" value=\"no-such-session\"")
+    );
+}
+
+#[test]
+fn a_search_says_which_url_filters_narrow_its_hits() {
+    // `role`, `since` and `session` given in the URL (a link, a bookmark) narrowed the hits
+    // and rode along as hidden fields with every new query, never shown: the page looked
+    // like a search of everything. The page now says them and links the same search
+    // without them.
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    let page = server
+        .ok("/?q=test&role=user&session=demo-flaky-test&since=3650d")
+        .body;
+    assert!(
+        page.contains(
+            "Only hits with role <code>user</code>, since <code>3650d</code>, session \
+             <code>demo-flaky-test</code>."
+        ),
+        "{page}"
+    );
+    let without = link_to(&page, "Search without these filters").expect("a link");
+    assert_eq!(without, "/?q=test");
+    let all = server.ok(&without).body;
+    assert!(!all.contains("Only hits with"));
+    assert!(all.matches("<li class=\"hit\">").count() > page.matches("<li class=\"hit\">").count());
+}
+
+#[test]
+fn a_search_page_is_titled_with_its_query() {
+    // Every search page was titled "Search · session-store", so tabs and history entries
+    // of different searches could not be told apart (WCAG 2.4.2). The title holds the
+    // query now, clipped to 100 characters, escaped.
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    let page = server.ok("/?q=parser").body;
+    assert!(
+        page.contains("<title>Search: parser · session-store</title>"),
+        "{page}"
+    );
+    let refused = server.get("/?q=%22parser");
+    assert_eq!(refused.status, 400);
+    assert!(
+        refused
+            .body
+            .contains("<title>Search: &quot;parser · session-store</title>"),
+        "{}",
+        refused.body
+    );
+    let long = format!("/?q={}", "word%20".repeat(60));
+    let title = server.ok(&long).body;
+    let title = title
+        .split("<title>")
+        .nth(1)
+        .and_then(|t| t.split("</title>").next())
+        .unwrap();
+    assert!(
+        title.starts_with("Search: word word") && title.contains('…'),
+        "{title}"
+    );
+    assert!(title.chars().count() < 140, "{title}");
 }

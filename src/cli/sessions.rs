@@ -205,11 +205,20 @@ pub fn file_bytes(root: &session_store::Root, id: &SessionId) -> u64 {
 /// Which file is at `path` now (device, inode and, where the file system keeps it, the
 /// time it was created: a file made after another was deleted may get its inode number),
 /// `None` when there is none.
-fn file_identity(path: &Path) -> Option<(u64, u64, Option<std::time::SystemTime>)> {
+fn file_identity(path: &Path) -> Option<FileIdentity> {
     use std::os::unix::fs::MetadataExt;
     std::fs::symlink_metadata(path)
         .ok()
         .map(|m| (m.dev(), m.ino(), m.created().ok()))
+}
+
+/// A file's device, inode and creation time (where the file system keeps one).
+pub type FileIdentity = (u64, u64, Option<std::time::SystemTime>);
+
+/// Which file holds session `id` now ([`file_identity`] of its session file), `None` when
+/// there is none: a read that fails while this changes, or finds none, met a delete.
+pub fn session_file_identity(root: &Root, id: &SessionId) -> Option<FileIdentity> {
+    file_identity(&root.session_dir(id).join(SESSION_FILE))
 }
 
 /// Reads of one session `read_of` makes at most when each fails on a file it cannot tell

@@ -83,6 +83,20 @@ pub fn demo_root() -> (tempfile::TempDir, std::path::PathBuf) {
     (dir, root)
 }
 
+/// The six pages every check of a session's rendering goes through: the sessions page,
+/// the hits of `query`, session `id`'s transcript, fork tree and storage, and the root's
+/// storage.
+pub fn pages(id: &str, query: &str) -> [String; 6] {
+    [
+        "/".to_owned(),
+        format!("/?q={query}"),
+        format!("/sessions/{id}"),
+        format!("/sessions/{id}/tree"),
+        format!("/sessions/{id}/stats"),
+        "/stats".to_owned(),
+    ]
+}
+
 /// A running `session-store serve`.
 pub struct Server {
     child: Child,

@@ -3,6 +3,7 @@
 //! Each loader validates its inputs (session ids, digests, origins, limits) before any
 //! file is touched.
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -14,7 +15,7 @@ use session_store::{
 
 use super::App;
 use super::problem::Problem;
-use crate::cli::sessions::file_bytes;
+use crate::cli::sessions::{file_bytes, session_file_identity};
 
 /// Sessions or messages per page unless `limit` says otherwise.
 pub const PAGE: usize = 50;
@@ -170,6 +171,43 @@ pub async fn blocking<T: Send + 'static>(
             status: axum::http::StatusCode::INTERNAL_SERVER_ERROR,
             message: format!("a storage task did not finish: {e}"),
         }),
+    }
+}
+
+/// Reads of one session [`of_session`] makes at most while each fails on what looks like
+/// the same file.
+const READ_ATTEMPTS: usize = 5;
+
+/// Runs `read`, a read of session `id`. A failure of the server's own (status 500) while
+/// the session's file went away or was replaced (the session was deleted, or deleted and
+/// imported again, while it was read), or when there was none as the read began, is 404
+/// "not found (deleted while it was read)", never SQLite's text for the files that went
+/// away ("disk I/O error"). A failure on what looks like the same file is read again (at
+/// most [`READ_ATTEMPTS`] reads): where the file system keeps no creation time, a file
+/// deleted and made again can look like the old one.
+pub async fn of_session<T, F, Fut>(app: &App, id: &SessionId, read: F) -> Result<T, Problem>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T, Problem>>,
+{
+    let mut attempt = 1;
+    loop {
+        let before = session_file_identity(&app.root, id);
+        match read().await {
+            Err(problem) if problem.status.is_server_error() => {
+                let now = session_file_identity(&app.root, id);
+                if before.is_none() || now.is_none() || now != before {
+                    return Err(Problem::not_found(format!(
+                        "session {id} not found (deleted while it was read)"
+                    )));
+                }
+                if attempt == READ_ATTEMPTS {
+                    return Err(problem);
+                }
+                attempt += 1;
+            }
+            other => return other,
+        }
     }
 }
 
@@ -337,19 +375,30 @@ pub struct SessionDetail {
     pub writer: Option<WriterOwner>,
     /// Bytes of its own file and WAL.
     pub file_bytes: u64,
+    /// Whether the session its header names as parent still exists (a deleted parent is
+    /// named, not linked); `false` when it has none.
+    pub parent_exists: bool,
 }
 
 /// The header and state of session `id`.
 pub async fn session(app: &App, id: SessionId) -> Result<SessionDetail, Problem> {
-    let root = app.root.clone();
-    blocking(move || {
-        let info = root.stat(&id)?;
-        let entry = root.catalog_entry(&id)?;
-        Ok(SessionDetail {
-            info,
-            entry,
-            writer: current_writer(&root, &id),
-            file_bytes: file_bytes(&root, &id),
+    of_session(app, &id, || {
+        let (root, id) = (app.root.clone(), id.clone());
+        blocking(move || {
+            let info = root.stat(&id)?;
+            let entry = root.catalog_entry(&id)?;
+            let parent_exists = info
+                .header
+                .parent_id
+                .as_ref()
+                .is_some_and(|parent| session_file_identity(&root, parent).is_some());
+            Ok(SessionDetail {
+                info,
+                entry,
+                parent_exists,
+                writer: current_writer(&root, &id),
+                file_bytes: file_bytes(&root, &id),
+            })
         })
     })
     .await
@@ -363,26 +412,55 @@ pub struct Transcript {
     pub page: HistoryPage,
     /// The ended turns that overlap the page, in order.
     pub turns: Vec<TurnBoundary>,
+    /// When newer messages follow this page (one asked for by cursor or `at`), the `at`
+    /// of the page that starts right after it (the link to newer messages); not in the
+    /// JSON, whose clients page by `at` themselves.
+    #[serde(skip)]
+    pub newer_at: Option<u64>,
 }
 
 /// The newest page of `id`'s transcript, the older page `cursor` names, or the page that
 /// holds position `at`.
 pub async fn history(app: &App, id: SessionId, params: &Params) -> Result<Transcript, Problem> {
+    of_session(app, &id, || history_once(app, id.clone(), params)).await
+}
+
+/// One read of [`history`].
+async fn history_once(app: &App, id: SessionId, params: &Params) -> Result<Transcript, Problem> {
     let session = SessionRef {
         host_id: app.host.clone(),
         session_id: id.clone(),
     };
     let limit = params.limit()?;
-    let page = match (params.cursor(), params.at()?) {
+    let page_len = u64::try_from(limit).unwrap_or(u64::MAX);
+    // A page by `at` ends a few newer messages after it, as many as it has room for.
+    let context = AT_CONTEXT.min(page_len.saturating_sub(1));
+    let at = params.at()?;
+    let page = match (params.cursor(), at) {
         (None, Some(at)) => {
-            // A few newer messages after it, as many as the page has room for besides it.
-            let context =
-                AT_CONTEXT.min(u64::try_from(limit).unwrap_or(u64::MAX).saturating_sub(1));
             app.query
                 .history_page_ending_at(&session, at.saturating_add(context), limit)
                 .await?
         }
         (cursor, _) => app.query.history_page(&session, cursor, limit).await?,
+    };
+    // A page by cursor or `at` may have newer messages after it: the newer page starts
+    // right after its last message.
+    let not_the_newest = params.cursor().is_some() || at.is_some();
+    let newer_at = match page.messages.last().filter(|_| not_the_newest) {
+        Some(last) => {
+            let newest = app.query.history_page(&session, None, 1).await?;
+            newest
+                .messages
+                .first()
+                .filter(|n| n.position > last.position)
+                .map(|_| {
+                    last.position
+                        .saturating_add(page_len)
+                        .saturating_sub(context)
+                })
+        }
+        None => None,
     };
     let span = page
         .messages
@@ -396,7 +474,11 @@ pub async fn history(app: &App, id: SessionId, params: &Params) -> Result<Transc
             blocking(move || root.open_reader(&id)?.turns_overlapping(first, last)).await?
         }
     };
-    Ok(Transcript { page, turns })
+    Ok(Transcript {
+        page,
+        turns,
+        newer_at,
+    })
 }
 
 /// Totals over the whole root, from the catalog alone (one aggregate query, no session
@@ -409,13 +491,21 @@ pub async fn root_stats(app: &App) -> Result<CatalogTotals, Problem> {
 
 /// Storage statistics of `id`: bytes by kind, blobs and compression, tables.
 pub async fn stats(app: &App, id: SessionId) -> Result<SessionStats, Problem> {
-    let root = app.root.clone();
-    blocking(move || root.stats(&id)).await
+    of_session(app, &id, || {
+        let (root, id) = (app.root.clone(), id.clone());
+        blocking(move || root.stats(&id))
+    })
+    .await
 }
 
 /// The bytes of content `digest` of session `id` (or its ancestors); 404 when the
 /// session holds no such content.
 pub async fn content(app: &App, id: SessionId, digest: String) -> Result<Vec<u8>, Problem> {
+    of_session(app, &id, || content_once(app, id.clone(), digest.clone())).await
+}
+
+/// One read of [`content`].
+async fn content_once(app: &App, id: SessionId, digest: String) -> Result<Vec<u8>, Problem> {
     let session = SessionRef {
         host_id: app.host.clone(),
         session_id: id,

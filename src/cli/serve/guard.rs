@@ -10,7 +10,7 @@
 use std::time::Instant;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -53,15 +53,45 @@ fn presented(request: &Request) -> impl Iterator<Item = &str> {
     query.chain(bearer).chain(cookies)
 }
 
-/// Whether the Host header names a loopback host (`localhost`, `127.x.y.z`, `[::1]`).
-fn loopback_host(headers: &HeaderMap) -> bool {
-    let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
-        return false;
+/// The host a request is for, as RFC 9112 §3.2 says: the authority of an absolute-form
+/// target (`GET http://host/…`, whose Host header a server must ignore), else its one Host
+/// header (`None` when it has none). Two or more Host headers, or one that is no
+/// `host[:port]` (a user part `a@b`, a port that is no number), are refused with 400.
+fn requested_host(request: &Request) -> Result<Option<String>, Problem> {
+    if let Some(authority) = request.uri().authority() {
+        return Ok(Some(authority.host().to_owned()));
+    }
+    let mut hosts = request.headers().get_all(header::HOST).iter();
+    let (Some(host), None) = (hosts.next(), hosts.next()) else {
+        return match request.headers().contains_key(header::HOST) {
+            true => Err(Problem::bad_request("more than one Host header")),
+            false => Ok(None),
+        };
     };
-    let name = match host.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or(""),
-        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
-    };
+    host.to_str()
+        .ok()
+        .filter(|h| !h.contains('@'))
+        .and_then(|h| h.parse::<axum::http::uri::Authority>().ok())
+        .filter(|a| {
+            // What follows the host is nothing or `:` and a port number (or no port,
+            // which RFC 3986 allows).
+            let rest = a.as_str().get(a.host().len()..).unwrap_or("");
+            rest.is_empty()
+                || rest
+                    .strip_prefix(':')
+                    .is_some_and(|p| p.is_empty() || p.parse::<u16>().is_ok())
+        })
+        .map(|a| Some(a.host().to_owned()))
+        .ok_or_else(|| Problem::bad_request("the Host header is no host[:port]"))
+}
+
+/// Whether `host` (a host without its port) names a loopback host (`localhost`,
+/// `127.x.y.z`, `[::1]`).
+fn loopback_host(host: &str) -> bool {
+    let name = host
+        .strip_prefix('[')
+        .and_then(|v6| v6.strip_suffix(']'))
+        .unwrap_or(host);
     name.eq_ignore_ascii_case("localhost")
         || name
             .parse::<std::net::IpAddr>()
@@ -118,7 +148,10 @@ pub async fn check(State(app): State<App>, request: Request, next: Next) -> Resp
     let started = Instant::now();
     let path = request.uri().path().to_owned();
     let mut set_cookie = false;
-    let mut response = if app.token.is_none() && !loopback_host(request.headers()) {
+    let host = requested_host(&request);
+    let mut response = if let Err(problem) = host {
+        refuse(&path, problem)
+    } else if app.token.is_none() && !host.ok().flatten().is_some_and(|h| loopback_host(&h)) {
         refuse(
             &path,
             Problem {
@@ -190,15 +223,25 @@ mod tests {
     #[test]
     fn knows_loopback_hosts() {
         let host = |h: &str| {
-            let mut headers = HeaderMap::new();
-            headers.insert(header::HOST, HeaderValue::from_str(h).unwrap());
-            loopback_host(&headers)
+            let request = Request::builder()
+                .uri("/")
+                .header(header::HOST, h)
+                .body(axum::body::Body::empty())
+                .unwrap();
+            requested_host(&request)
+                .ok()
+                .flatten()
+                .is_some_and(|h| loopback_host(&h))
         };
         assert!(host("127.0.0.1:8080"));
         assert!(host("localhost:1"));
         assert!(host("[::1]:80"));
+        assert!(host("[::1]"));
+        assert!(host("localhost:"));
         assert!(!host("evil.example:8080"));
         assert!(!host("10.0.0.1"));
         assert!(!host("127.0.0.1.evil.example"));
+        assert!(!host("127.0.0.1:80@evil.example"));
+        assert!(!host("localhost:evil.example"));
     }
 }

@@ -32,7 +32,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use session_store::{Root, SessionQuery};
 
-use super::{CliResult, Context, EXIT_OTHER, Failure};
+use super::{CliResult, Context, EXIT_OTHER, Failure, print_json};
 
 /// Where `serve` listens unless `--addr` says otherwise.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:8765";
@@ -137,7 +137,8 @@ fn open_browser(url: &str) {
 }
 
 /// `serve [--addr IP:PORT] [--open] [--allow-remote]`: prints the URL (with the token, if
-/// any) as the first line on stdout, then serves until killed.
+/// any) as the first line on stdout (with `--json`, a JSON line: `url`, `address`,
+/// `token`), then serves until stopped.
 pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
     let addr = options.addr;
     if !addr.ip().is_loopback() && !options.allow_remote {
@@ -173,7 +174,13 @@ pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
             Some(token) => format!("http://{bound}/?token={token}"),
             None => format!("http://{bound}/"),
         };
-        {
+        if cx.json {
+            print_json(&serde_json::json!({
+                "url": url,
+                "address": bound.to_string(),
+                "token": token.as_deref(),
+            }))?;
+        } else {
             let mut out = std::io::stdout().lock();
             writeln!(out, "{url}")?;
             out.flush()?;

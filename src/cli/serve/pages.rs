@@ -18,8 +18,9 @@ pub async fn sessions(
     if params.query().is_some() {
         return Ok(match data::search(&app, &params).await {
             Ok(page) => templates::search_page(&page, &params).into_response(),
-            // A malformed query: the reason, above the search box holding it.
-            Err(p) if p.status == StatusCode::BAD_REQUEST => {
+            // A malformed query, or a `session` filter naming no session: the reason, above
+            // the search box holding it.
+            Err(p) if p.status == StatusCode::BAD_REQUEST || p.status == StatusCode::NOT_FOUND => {
                 (p.status, templates::search_refused(&p.message, &params)).into_response()
             }
             Err(p) => return Err(p.into()),

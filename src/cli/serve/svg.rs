@@ -89,7 +89,7 @@ pub fn fork_tree(tree: &ForkTree) -> Markup {
     );
     html! {
         svg.tree xmlns="http://www.w3.org/2000/svg" width=(w) height=(h)
-            viewBox=(format!("0 0 {w} {h}")) role="img" aria-label="Fork tree" {
+            viewBox=(format!("0 0 {w} {h}")) role="group" aria-label="Fork tree" {
             @for e in &tree.edges {
                 @if let (Some((px, py)), Some((cx, cy))) = (at(&e.parent), at(&e.child)) {
                     @let (x1, y1, x2, y2) = (px + NODE_W, py + NODE_H / 2.0, cx, cy + NODE_H / 2.0);
@@ -141,9 +141,26 @@ fn stacked(rows: &[(&str, Vec<u64>)], legend: &[&str], show: fn(u64) -> String) 
     let legend_h = if legend.is_empty() { 0.0 } else { BAR_ROW };
     let w = LABEL_W + BAR_W + VALUE_W;
     let h = legend_h + rows.len() as f64 * BAR_ROW + 4.0;
+    // An image's parts are hidden from assistive technology: its name says what it shows.
+    let described: Vec<String> = rows
+        .iter()
+        .map(|(label, segments)| {
+            let total = show(segments.iter().sum());
+            let parts: Vec<String> = legend
+                .iter()
+                .zip(segments)
+                .map(|(name, v)| format!("{name} {}", show(*v)))
+                .collect();
+            match parts.is_empty() {
+                true => format!("{label}: {total}"),
+                false => format!("{label}: {total} ({})", parts.join(", ")),
+            }
+        })
+        .collect();
     html! {
         svg.bars xmlns="http://www.w3.org/2000/svg" width=(w) height=(h)
-            viewBox=(format!("0 0 {w} {h}")) role="img" aria-label="Bar chart" {
+            viewBox=(format!("0 0 {w} {h}")) role="img"
+            aria-label=(format!("Bar chart: {}", described.join("; "))) {
             @for (i, name) in legend.iter().enumerate() {
                 @let x = LABEL_W + i as f64 * 140.0;
                 rect class=(format!("seg{i}")) x=(x) y="4" width="14" height="14" {}

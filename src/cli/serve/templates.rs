@@ -46,7 +46,7 @@ pub fn layout(title: &str, body: Markup) -> Html<String> {
                 body {
                     header.top {
                         a.brand href="/" { "session-store" }
-                        nav { a href="/" { "Sessions" } " " a href="/stats" { "Storage" } }
+                        nav aria-label="Site" { a href="/" { "Sessions" } " " a href="/stats" { "Storage" } }
                     }
                     main { (body) }
                 }
@@ -186,6 +186,49 @@ pub fn snippet(s: &Snippet) -> Markup {
     }
 }
 
+/// The search filters given in the URL that have no field of their own (role, since,
+/// session), said in words with a link to the same search without them; nothing when none
+/// is given.
+fn url_filters(params: &Params) -> Markup {
+    let given: Vec<(&str, &str)> = [
+        ("role", params.role()),
+        ("since", params.since_text()),
+        ("session", params.session_text()),
+    ]
+    .into_iter()
+    .filter_map(|(name, value)| value.map(|v| (name, v)))
+    .collect();
+    let without = links::with_query(
+        "/",
+        &[
+            ("q", params.query()),
+            ("cwd", params.cwd()),
+            ("limit", params.limit_text()),
+        ],
+    );
+    html! {
+        @if !given.is_empty() {
+            p.meta.url-filters {
+                "Only hits with "
+                @for (i, (name, value)) in given.iter().enumerate() {
+                    @if i > 0 { ", " }
+                    (name) " " code { (value) }
+                }
+                ". " a href=(without) { "Search without these filters" }
+            }
+        }
+    }
+}
+
+/// The title of a search page: the query, so that pages of different searches (tabs,
+/// history, bookmarks) are told apart.
+fn search_title(params: &Params) -> String {
+    format!(
+        "Search: {}",
+        clip(params.query().unwrap_or(""), TITLE_CHARS)
+    )
+}
+
 /// The search results page.
 pub fn search_page(page: &SearchPage, params: &Params) -> Html<String> {
     let next = page.next_cursor.as_deref().map(|cursor| {
@@ -203,10 +246,11 @@ pub fn search_page(page: &SearchPage, params: &Params) -> Html<String> {
         )
     });
     layout(
-        "Search",
+        &search_title(params),
         html! {
             h1 { "Search" }
             (filters(params))
+            (url_filters(params))
             @if page.hits.is_empty() {
                 p.empty { "No hits." }
             }
@@ -233,10 +277,11 @@ pub fn search_page(page: &SearchPage, params: &Params) -> Html<String> {
 /// The search page of a query that was refused, with the reason.
 pub fn search_refused(message: &str, params: &Params) -> Html<String> {
     layout(
-        "Search",
+        &search_title(params),
         html! {
             h1 { "Search" }
             (filters(params))
+            (url_filters(params))
             p.error { (message) }
         },
     )
@@ -245,7 +290,7 @@ pub fn search_refused(message: &str, params: &Params) -> Html<String> {
 /// The navigation of a session's pages.
 pub fn session_nav(id: &SessionId) -> Markup {
     html! {
-        nav.session-nav {
+        nav.session-nav aria-label="Session" {
             a href=(links::session(id)) { "Transcript" }
             a href=(links::tree(id)) { "Fork tree" }
             a href=(links::stats(id)) { "Storage" }

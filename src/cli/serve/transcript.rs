@@ -149,7 +149,6 @@ fn sections(t: &Transcript) -> Vec<(Option<&TurnBoundary>, Vec<&PersistentMessag
 
 /// The session page.
 pub fn session_page(d: &SessionDetail, t: &Transcript, params: &Params) -> Html<String> {
-    let cursor = params.cursor();
     let h = &d.info.header;
     let id = &h.session_id;
     let title = if d.entry.title.is_empty() {
@@ -163,9 +162,19 @@ pub fn session_page(d: &SessionDetail, t: &Transcript, params: &Params) -> Html<
             &[("limit", params.limit_text()), ("cursor", Some(c))],
         )
     });
+    let newer = t.newer_at.map(|at| {
+        let at = at.to_string();
+        links::with_query(
+            &links::session(id),
+            &[("limit", params.limit_text()), ("at", Some(&at))],
+        )
+    });
     let pager = html! {
         p.pager {
-            @if cursor.is_some() { a href=(links::with_query(&links::session(id), &[("limit", params.limit_text())])) { "← Newest messages" } " " }
+            @if let Some(newer) = &newer {
+                a href=(links::with_query(&links::session(id), &[("limit", params.limit_text())])) { "« Newest messages" } " "
+                a href=(newer) { "← Newer messages" } " "
+            }
             @if let Some(older) = &older { a href=(older) { "Older messages →" } }
         }
     };
@@ -182,7 +191,11 @@ pub fn session_page(d: &SessionDetail, t: &Transcript, params: &Params) -> Html<
                 @if let Some(cwd) = &h.cwd { dt { "Working directory" } dd { code { (cwd) } } }
                 dt { "Origin" } dd {
                     (h.origin.as_str())
-                    @if let Some(parent) = &h.parent_id { " of " a href=(links::session(parent)) { code { (parent.as_str()) } } }
+                    @if let Some(parent) = &h.parent_id {
+                        " of "
+                        @if d.parent_exists { a href=(links::session(parent)) { code { (parent.as_str()) } } }
+                        @else { code { (parent.as_str()) } " (deleted)" }
+                    }
                 }
                 dt { "Created (UTC)" } dd { (utc(h.created_at_ms)) }
                 dt { "Durable sequence" } dd { (d.info.durable_sequence) " (" (d.info.inherited_events) " inherited)" }

@@ -9,7 +9,7 @@ use serde::Serialize;
 use session_store::{CatalogEntry, Origin, Root, SessionId};
 
 use super::App;
-use super::data::{blocking, current_writer};
+use super::data::{blocking, current_writer, of_session};
 use super::problem::Problem;
 
 /// Sessions a fork tree shows at most.
@@ -76,8 +76,11 @@ pub struct ForkTree {
 
 /// The fork tree of `id`.
 pub async fn tree(app: &App, id: SessionId) -> Result<ForkTree, Problem> {
-    let root = app.root.clone();
-    blocking(move || build_tree(&root, id)).await
+    of_session(app, &id, || {
+        let (root, id) = (app.root.clone(), id.clone());
+        blocking(move || build_tree(&root, id))
+    })
+    .await
 }
 
 /// A direct fork of a session: its id, catalog entry and last inherited sequence.
@@ -164,13 +167,19 @@ fn build_tree(root: &Root, focus: SessionId) -> session_store::Result<ForkTree> 
         relation,
         generation,
     };
-    // Each ancestor's edge to the next one; the parent's other forks are siblings.
+    // Each ancestor's edge to the next one; the parent's other forks are siblings, as many
+    // as the size limit leaves room for besides the ancestors and the focus.
+    let room = MAX_TREE_NODES.saturating_sub(chain.len());
     let mut siblings = Vec::new();
     for generation in 0..focus_generation {
         let (parent, _) = &chain[generation];
         let next = &chain[generation + 1].0;
         for ((child, entry, through), label) in children(root, parent)? {
             let is_next = child == *next;
+            if !is_next && generation + 1 == focus_generation && siblings.len() >= room {
+                tree.truncated = true;
+                continue;
+            }
             if is_next || generation + 1 == focus_generation {
                 tree.edges.push(TreeEdge {
                     parent: parent.clone(),
