@@ -14,7 +14,10 @@
 //!   no search returns, reclaimed by the next rebuild.
 //! - `search_rows`: what a hit needs to be found again and filtered (session key, transcript
 //!   position — 0 for the title —, event sequence, time, role: a small integer for the
-//!   usual roles, else the text), one row per live FTS row.
+//!   usual roles, else the text), one row per live FTS row. A message that a later row at
+//!   its position or a transcript reset superseded keeps its row, with `until_seq` (the
+//!   sequence that superseded it): forks cut before that still show it, and are found
+//!   through it (a search skips such a row unless a fork's inherited range holds it).
 //!   The message id is not copied: a hit reads its message back for the snippet anyway.
 //! - `search_sessions`: one row per indexed session (cwd, title, and `indexed_seq`, the
 //!   last sequence of its own file the index holds: catching up reads only what follows).
@@ -87,9 +90,11 @@ CREATE TABLE search_rows (
     position   INTEGER NOT NULL,
     seq        INTEGER NOT NULL,
     time_ms    INTEGER NOT NULL,
-    role
+    role,
+    until_seq  INTEGER
 );
-CREATE UNIQUE INDEX search_rows_at ON search_rows (session, position);
+CREATE UNIQUE INDEX search_rows_at ON search_rows (session, position) WHERE until_seq IS NULL;
+CREATE INDEX search_rows_by_position ON search_rows (session, position, seq);
 CREATE VIRTUAL TABLE search_text USING fts5(
     text, content = '', detail = full, columnsize = 0,
     tokenize = 'unicode61 remove_diacritics 2'
@@ -106,7 +111,8 @@ pub(crate) fn open_index(path: &Path) -> Result<Connection> {
             schema: SEARCH_SCHEMA,
             probe:
                 "SELECT s.session_id, s.cwd, s.title, s.indexed_seq, s.reset_seq, r.position, r.seq,
-                           r.time_ms, r.role, l.ancestor_id, l.after_seq, l.through_seq
+                           r.time_ms, r.role, r.until_seq, l.ancestor_id, l.after_seq,
+                           l.through_seq
                     FROM search_sessions s, search_rows r, search_lineage l, search_text t
                     LIMIT 0",
             what: "a search index",
@@ -317,8 +323,8 @@ impl SearchIndex {
     }
 
     /// The messages of hits held by the session file `file`, at `wanted` `(position,
-    /// event seq)` pairs, each `None` when no longer current; on a kept connection to
-    /// that same file when there is one.
+    /// event seq)` pairs, each `None` when gone or (with `current`) no longer current in
+    /// that file; on a kept connection to that same file when there is one.
     ///
     /// # Errors
     /// As [`HitFiles::messages_at`]: [`Error::SessionNotFound`] when the file is gone.
@@ -326,8 +332,9 @@ impl SearchIndex {
         &self,
         file: &Path,
         wanted: &[(u64, u64)],
+        current: bool,
     ) -> Result<Vec<Option<Arc<Message>>>> {
-        self.files.messages_at(file, wanted)
+        self.files.messages_at(file, wanted, current)
     }
 
     /// Closes the kept connection to `file` (its session was deleted).
@@ -587,7 +594,7 @@ impl SearchIndex {
                        WHERE ?6 IS NULL OR (tier, score, id) > (?6, ?7, ?8)
                        ORDER BY tier, score, id
                        LIMIT ?9) AS m
-                 LEFT JOIN search_rows r ON r.id = m.id
+                 LEFT JOIN search_rows r ON r.id = m.id AND {LIVE_ROW}
                  LEFT JOIN search_sessions s ON s.id = r.session
                  ORDER BY m.tier, m.score, m.id"
             );
@@ -603,15 +610,16 @@ impl SearchIndex {
                 SELECT r.id, s.session_id, s.title, r.position, r.seq, r.role, r.time_ms,
                        m.score, m.tier
                 FROM ({matches}) AS m
-                JOIN search_rows r ON r.id = m.id
+                JOIN search_rows r ON r.id = m.id AND {LIVE_ROW}
                 JOIN search_sessions s ON s.id = r.session
                 WHERE (?2 IS NULL OR r.role = ?2)
                   AND (?3 IS NULL OR r.time_ms >= ?3)
                   AND (?4 IS NULL OR s.cwd = ?4)
-                  AND (?5 IS NULL OR s.session_id = ?5 OR EXISTS (
+                  AND (?5 IS NULL OR (s.session_id = ?5 AND r.until_seq IS NULL) OR EXISTS (
                         SELECT 1 FROM search_lineage l JOIN search_sessions f ON f.id = l.session
                         WHERE f.session_id = ?5 AND l.ancestor_id = s.session_id
                           AND r.seq > l.after_seq AND r.seq <= l.through_seq
+                          AND (r.until_seq IS NULL OR r.until_seq > l.through_seq)
                           AND {VISIBLE_IN_FORK})))
              WHERE ?6 IS NULL OR (tier, score, id) > (?6, ?7, ?8)
              ORDER BY tier, score, id
@@ -623,32 +631,44 @@ impl SearchIndex {
             .collect())
     }
 
-    /// The sessions that inherit event `seq` of `ancestor`'s file and still show it at
-    /// transcript `position` ([`VISIBLE_IN_FORK`]): forks sharing a hit.
+    /// The sessions that inherit `hit` (event `seq` of `ancestor`'s file, at transcript
+    /// `position`, its index row `row`) and still show it ([`VISIBLE_IN_FORK`]; cut
+    /// before whatever superseded it in `ancestor`): forks sharing a hit.
     ///
     /// # Errors
     /// SQLite errors.
-    pub(crate) fn shared_with(
-        &self,
-        ancestor: &SessionId,
-        seq: u64,
-        position: u64,
-    ) -> Result<Vec<SessionId>> {
+    pub(crate) fn shared_with(&self, hit: &IndexHit) -> Result<Vec<SessionId>> {
         let conn = lock(&self.read);
         let mut stmt = conn.prepare_cached(&format!(
             "SELECT f.session_id
-             FROM (SELECT ?2 AS seq, ?3 AS position) r, search_lineage l
+             FROM (SELECT ?2 AS seq, ?3 AS position,
+                          (SELECT until_seq FROM search_rows WHERE id = ?4) AS until_seq) r,
+                  search_lineage l
              JOIN search_sessions f ON f.id = l.session
              WHERE l.ancestor_id = ?1 AND l.after_seq < r.seq AND l.through_seq >= r.seq
+               AND (r.until_seq IS NULL OR r.until_seq > l.through_seq)
                AND {VISIBLE_IN_FORK}
              ORDER BY f.session_id"
         ))?;
         let ids = stmt
-            .query_map(params![ancestor.as_str(), seq, position], |r| {
-                r.get::<_, String>(0)
-            })?
+            .query_map(
+                params![hit.session_id.as_str(), hit.seq, hit.position, hit.row],
+                |r| r.get::<_, String>(0),
+            )?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         ids.into_iter().map(SessionId::new).collect()
+    }
+
+    /// The title the index holds for session `id`, if it knows the session.
+    ///
+    /// # Errors
+    /// SQLite errors.
+    pub(crate) fn session_title(&self, id: &SessionId) -> Result<Option<String>> {
+        let conn = lock(&self.read);
+        Ok(conn
+            .prepare_cached("SELECT title FROM search_sessions WHERE session_id = ?1")?
+            .query_row(params![id.as_str()], |r| r.get::<_, String>(0))
+            .optional()?)
     }
 
     /// The sessions whose indexed lineage names `ancestor` (forks and rewinds that
@@ -714,7 +734,8 @@ fn reanchor(conn: &Connection, fts: &str, after: (i64, f64, i64)) -> Result<(i64
 /// Before, a fork that replaced or compacted what it inherited was still said to hold it
 /// (`shared_with`, a search of that fork alone).
 const VISIBLE_IN_FORK: &str = "
-    NOT EXISTS (SELECT 1 FROM search_rows o WHERE o.session = f.id AND o.position = r.position)
+    NOT EXISTS (SELECT 1 FROM search_rows o
+                WHERE o.session = f.id AND o.position = r.position AND o.until_seq IS NULL)
     AND (r.position = 0 OR f.reset_seq IS NULL)
     AND NOT EXISTS (
         SELECT 1 FROM search_lineage l2 JOIN search_sessions a2 ON a2.session_id = l2.ancestor_id
@@ -724,6 +745,13 @@ const VISIBLE_IN_FORK: &str = "
                          AND o2.seq > l2.after_seq AND o2.seq <= l2.through_seq)
                OR (r.position > 0 AND a2.reset_seq > r.seq
                    AND a2.reset_seq > l2.after_seq AND a2.reset_seq <= l2.through_seq)))";
+
+/// SQL: whether the index row `r` (joined with its session `s`) can be a hit: current in its
+/// session, or superseded there (`until_seq`) after the cut of a fork that inherits it.
+const LIVE_ROW: &str = "(r.until_seq IS NULL OR EXISTS (
+    SELECT 1 FROM search_lineage l
+    WHERE l.ancestor_id = (SELECT session_id FROM search_sessions WHERE id = r.session)
+      AND l.after_seq < r.seq AND l.through_seq >= r.seq AND l.through_seq < r.until_seq))";
 
 /// Runs a search statement of [`SearchIndex::search`] (parameters: `?1` the FTS5
 /// expression, `?2`-`?5` the filters, `?6`-`?8` the keyset, `?9` the limit, `?10` the
@@ -923,8 +951,18 @@ fn put(
     role: Option<&str>,
     text: &str,
 ) -> Result<()> {
-    tx.prepare_cached("DELETE FROM search_rows WHERE session = ?1 AND position = ?2")?
-        .execute(params![key, position])?;
+    if position > 0 {
+        // Kept for the forks cut before it (see `search_rows.until_seq`).
+        tx.prepare_cached(
+            "UPDATE search_rows SET until_seq = ?3
+             WHERE session = ?1 AND position = ?2 AND until_seq IS NULL AND seq < ?3",
+        )?
+        .execute(params![key, position, seq])?;
+    }
+    tx.prepare_cached(
+        "DELETE FROM search_rows WHERE session = ?1 AND position = ?2 AND until_seq IS NULL",
+    )?
+    .execute(params![key, position])?;
     if text.trim().is_empty() {
         return Ok(());
     }
@@ -993,8 +1031,12 @@ fn apply(tx: &Transaction<'_>, key: i64, changes: &[Change<'_>]) -> Result<()> {
     for change in changes {
         match change {
             Change::Reset { seq } => {
-                tx.prepare_cached("DELETE FROM search_rows WHERE session = ?1 AND position > 0")?
-                    .execute([key])?;
+                // Kept for the forks cut before it (see `search_rows.until_seq`).
+                tx.prepare_cached(
+                    "UPDATE search_rows SET until_seq = ?2
+                     WHERE session = ?1 AND position > 0 AND until_seq IS NULL",
+                )?
+                .execute(params![key, seq])?;
                 tx.prepare_cached("UPDATE search_sessions SET reset_seq = ?2 WHERE id = ?1")?
                     .execute(params![key, seq])?;
             }
