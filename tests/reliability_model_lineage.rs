@@ -34,8 +34,8 @@ use reliability_support::{env_count, seed};
 use serde_json::{Value, json};
 use session_store::format::{DEFAULT_INLINE_THRESHOLD, INLINE_PAYLOAD_LIMIT};
 use session_store::{
-    Batch, CancelToken, Error, Event, ForkPoint, GcOptions, ImportOptions, Origin, Root,
-    SearchOptions, Service, Session, SessionReader,
+    Batch, CancelToken, ClientBinding, Error, Event, ForkPoint, GcOptions, ImportOptions,
+    ListFilter, Origin, Root, SearchOptions, Service, Session, SessionReader, SessionRef,
 };
 
 const HOST: &str = "lineage";
@@ -199,6 +199,8 @@ struct Sess {
     accepted: Log,
     durable: Log,
     writer: Option<Session>,
+    /// The service's binding when the writer is a runtime of the service.
+    binding: Option<ClientBinding>,
     parent: Option<String>,
     origin: Origin,
     /// The header's inherited count (the cut of a fork or rewind).
@@ -213,6 +215,7 @@ impl Sess {
             accepted: log.clone(),
             durable: log,
             writer: None,
+            binding: None,
             parent: None,
             origin: Origin::New,
             inherited: 0,
@@ -261,6 +264,8 @@ struct World {
     exports: std::path::PathBuf,
     /// Every message version written: (id, n).
     versions: Vec<(String, u64)>,
+    /// Every title set.
+    titles: Vec<String>,
     /// Forks, deletes with dependents, gc deletions, imports, searches with a shared hit.
     figures: [usize; 5],
 }
@@ -318,14 +323,28 @@ impl World {
         usize::from(s) % self.sessions.len()
     }
 
+    /// Session `i`'s writer, opened when it has none: every other time as a runtime of the
+    /// service, else by the root.
     fn writer(&mut self, i: usize) -> Session {
+        self.counter += 1;
+        let served = self.counter.is_multiple_of(2);
         let sess = &mut self.sessions[i];
         if sess.writer.is_none() {
-            sess.writer = Some(
-                self.root
-                    .open_writer(&session_id(&sess.id))
-                    .unwrap_or_else(|e| panic!("reopen {}: {e}", sess.id)),
-            );
+            if served {
+                let r = SessionRef::new(HOST, sess.id.as_str()).expect("ref");
+                let binding = self
+                    .rt
+                    .block_on(self.service.open(&r))
+                    .unwrap_or_else(|e| panic!("open {} in the service: {e}", sess.id));
+                sess.writer = Some(binding.runtime().session().clone());
+                sess.binding = Some(binding);
+            } else {
+                sess.writer = Some(
+                    self.root
+                        .open_writer(&session_id(&sess.id))
+                        .unwrap_or_else(|e| panic!("reopen {}: {e}", sess.id)),
+                );
+            }
         }
         sess.writer.clone().expect("writer")
     }
@@ -340,8 +359,14 @@ impl World {
 
     fn close(&mut self, i: usize) {
         let sess = &mut self.sessions[i];
-        if let Some(w) = sess.writer.take() {
-            w.close().expect("close");
+        match (sess.writer.take(), sess.binding.take()) {
+            (Some(_), Some(binding)) => {
+                let r = SessionRef::new(HOST, sess.id.as_str()).expect("ref");
+                self.rt.block_on(binding.release()).expect("release");
+                self.rt.block_on(self.service.close(&r)).expect("close");
+            }
+            (Some(w), None) => w.close().expect("close"),
+            _ => {}
         }
         sess.durable = sess.accepted.clone();
     }
@@ -612,6 +637,7 @@ impl World {
                     );
                 } else {
                     renamed.unwrap_or_else(|e| panic!("rename {name}: {e}"));
+                    self.titles.push(title.clone());
                     let log = &mut self.sessions[i].accepted;
                     let mut snap = log.now().clone();
                     snap.title = title;
@@ -650,6 +676,10 @@ impl World {
                     }
                     let (m, n) = self.versions[usize::from(*pick) % self.versions.len()].clone();
                     self.search(&m, n);
+                    if !self.titles.is_empty() {
+                        let title = self.titles[usize::from(*pick) % self.titles.len()].clone();
+                        self.search_title(&title);
+                    }
                 }
             }
         }
@@ -717,10 +747,8 @@ impl World {
         }
     }
 
-    /// Searches the phrase of version `n` of message `m`: the sessions showing it are found
-    /// each once, as the hit's session or in its `shared_with`.
+    /// Searches the phrase of version `n` of message `m`.
     fn search(&mut self, m: &str, n: u64) {
-        let phrase = format!("\"text {n} of {m}\"");
         let want: BTreeSet<String> = self
             .sessions
             .iter()
@@ -734,10 +762,28 @@ impl World {
             })
             .map(|s| s.id.clone())
             .collect();
+        self.search_phrase(&format!("\"text {n} of {m}\""), m, &want);
+    }
+
+    /// Searches `title`: the sessions whose title it is.
+    fn search_title(&mut self, title: &str) {
+        let want: BTreeSet<String> = self
+            .sessions
+            .iter()
+            .filter(|s| s.durable.now().title == title)
+            .map(|s| s.id.clone())
+            .collect();
+        self.search_phrase(&format!("\"{title}\""), "", &want);
+    }
+
+    /// Searches `phrase` (in message `m`, "" for a title): the sessions of `want` are
+    /// found each once, as the hit's session or in its `shared_with`; a search of one
+    /// session alone finds it once when that session is in `want`, else not.
+    fn search_phrase(&mut self, phrase: &str, m: &str, want: &BTreeSet<String>) {
         let query = self.service.query();
         let page = self
             .rt
-            .block_on(query.search(&phrase, SearchOptions::default().with_limit(100)))
+            .block_on(query.search(phrase, SearchOptions::default().with_limit(100)))
             .unwrap_or_else(|e| panic!("search {phrase}: {e}"));
         assert!(page.next_cursor.is_none());
         let mut found: Vec<String> = Vec::new();
@@ -755,7 +801,20 @@ impl World {
             found.len(),
             "{phrase}: a session found twice: {page:?}"
         );
-        assert_eq!(set, want, "{phrase}: the sessions showing it: {page:?}");
+        assert_eq!(&set, want, "{phrase}: the sessions showing it: {page:?}");
+        for sess in &self.sessions {
+            let options = SearchOptions::default().with_session(session_id(&sess.id));
+            let alone = self
+                .rt
+                .block_on(query.search(phrase, options))
+                .unwrap_or_else(|e| panic!("search {phrase} in {}: {e}", sess.id));
+            assert_eq!(
+                alone.hits.len(),
+                usize::from(want.contains(&sess.id)),
+                "{phrase}: a search of {} alone: {alone:?}",
+                sess.id
+            );
+        }
     }
 
     fn check(&self) -> Result<(), TestCaseError> {
@@ -774,6 +833,32 @@ impl World {
             .into_iter()
             .map(|e| (e.session_id.to_string(), e))
             .collect();
+        for origin in [
+            Origin::New,
+            Origin::Fork,
+            Origin::Rewind,
+            Origin::CanonicalImport,
+        ] {
+            let filter = ListFilter::default().with_origin(origin);
+            let page = self
+                .root
+                .list_filtered(&filter, None, 10_000)
+                .expect("list");
+            let mut got: Vec<String> = page
+                .entries
+                .iter()
+                .map(|e| e.session_id.to_string())
+                .collect();
+            got.sort();
+            let mut want: Vec<String> = self
+                .sessions
+                .iter()
+                .filter(|s| s.origin == origin)
+                .map(|s| s.id.clone())
+                .collect();
+            want.sort();
+            prop_assert_eq!(&got, &want, "sessions listed of origin {:?}", origin);
+        }
         let totals = self.root.catalog_totals().expect("totals");
         prop_assert_eq!(
             totals.sessions,
@@ -961,6 +1046,7 @@ fn run(ops: &[Op]) -> Result<[usize; 5], TestCaseError> {
         counter: 0,
         exports,
         versions: Vec::new(),
+        titles: Vec::new(),
         figures: [0; 5],
     };
     for op in ops {
