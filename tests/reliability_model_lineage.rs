@@ -1190,3 +1190,72 @@ fn a_message_replaced_after_a_fork_is_still_found_in_the_fork() {
     let upserted = found("\"beta of q\"", SearchOptions::default());
     assert_eq!(upserted, vec![("q".to_owned(), 1, "m1".to_owned(), vec![])]);
 }
+
+/// A fork cut between two transcript resets of its parent (a rewind before a turn that
+/// followed the first) shows nothing the first reset dropped: a search neither lists it in
+/// a hit's `shared_with` nor finds the dropped message in a search of it alone. The index
+/// kept only each session's last reset, after the cut, and said the fork showed it.
+#[test]
+fn a_fork_cut_between_two_resets_of_its_parent_does_not_show_what_the_first_dropped() {
+    let (_dir, root) = manual_root();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio");
+    let service = Service::new(HOST, root.clone()).expect("service");
+    let turn = |s: &Session, t: &str, m: &str, text: &str| {
+        s.append(
+            Batch::new(
+                format!("op-{t}"),
+                vec![
+                    Event::new("turn/start"),
+                    common::message(m, "user", text),
+                    turn_end("completed"),
+                ],
+            )
+            .in_turn(t),
+        )
+        .expect("turn");
+    };
+    let g = create(&root, "g");
+    turn(&g, "t1", "m1", "alpha words");
+    g.close().unwrap();
+    root.fork(&id("g"), ForkPoint::AfterTurn("t1".into()), Some(id("p")))
+        .unwrap();
+    let p = root.open_writer(&id("p")).unwrap();
+    p.append_events(
+        "r1",
+        vec![event("history/replace", json!({"messages": []}))],
+    )
+    .unwrap();
+    turn(&p, "t2", "m2", "beta words");
+    p.flush().unwrap();
+    root.fork(&id("p"), ForkPoint::BeforeTurn("t2".into()), Some(id("f")))
+        .unwrap();
+    p.append_events(
+        "r2",
+        vec![event("history/replace", json!({"messages": []}))],
+    )
+    .unwrap();
+    p.close().unwrap();
+    let f = root.open_reader(&id("f")).unwrap();
+    assert!(
+        f.transcript(f.durable_sequence().unwrap())
+            .unwrap()
+            .is_empty()
+    );
+    let page = rt
+        .block_on(service.query().search("alpha", SearchOptions::default()))
+        .unwrap();
+    assert_eq!(page.hits.len(), 1, "{page:?}");
+    assert_eq!(page.hits[0].session_ref.session_id.as_str(), "g");
+    assert!(page.hits[0].shared_with.is_empty(), "{page:?}");
+    let alone = rt
+        .block_on(
+            service
+                .query()
+                .search("alpha", SearchOptions::default().with_session(id("f"))),
+        )
+        .unwrap();
+    assert!(alone.hits.is_empty(), "{alone:?}");
+}

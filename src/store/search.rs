@@ -23,6 +23,10 @@
 //!   last sequence of its own file the index holds: catching up reads only what follows).
 //! - `search_lineage`: the ranges each fork inherits, to list the forks that share a hit
 //!   found in an ancestor's file and to search one session with its inherited part.
+//! - `search_resets`: the sequence of every transcript reset of each session's own file
+//!   (a fork shows an inherited message unless a reset within what it inherits, or of its
+//!   own, came after it; one reset per session, its last, was kept before, so a fork cut
+//!   between two resets of its parent was said to show what the first one dropped).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -73,9 +77,13 @@ CREATE TABLE search_sessions (
     session_id  TEXT NOT NULL UNIQUE,
     cwd         TEXT,
     title       TEXT NOT NULL,
-    indexed_seq INTEGER NOT NULL,
-    reset_seq   INTEGER
+    indexed_seq INTEGER NOT NULL
 );
+CREATE TABLE search_resets (
+    session INTEGER NOT NULL,
+    seq     INTEGER NOT NULL,
+    PRIMARY KEY (session, seq)
+) WITHOUT ROWID;
 CREATE TABLE search_lineage (
     ancestor_id TEXT NOT NULL,
     session     INTEGER NOT NULL,
@@ -109,11 +117,11 @@ pub(crate) fn open_index(path: &Path) -> Result<Connection> {
         &schema::DerivedFile {
             application_id: SEARCH_APPLICATION_ID,
             schema: SEARCH_SCHEMA,
-            probe:
-                "SELECT s.session_id, s.cwd, s.title, s.indexed_seq, s.reset_seq, r.position, r.seq,
+            probe: "SELECT s.session_id, s.cwd, s.title, s.indexed_seq, x.seq, r.position, r.seq,
                            r.time_ms, r.role, r.until_seq, l.ancestor_id, l.after_seq,
                            l.through_seq
-                    FROM search_sessions s, search_rows r, search_lineage l, search_text t
+                    FROM search_sessions s, search_rows r, search_lineage l, search_text t,
+                         search_resets x
                     LIMIT 0",
             what: "a search index",
             // A rebuild gives the pages it frees back to the disk.
@@ -490,6 +498,7 @@ impl SearchIndex {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         tx.execute_batch(
             "DELETE FROM search_rows; DELETE FROM search_lineage; DELETE FROM search_sessions;
+             DELETE FROM search_resets;
              INSERT INTO search_text (search_text) VALUES ('delete-all');",
         )?;
         let mut count = 0;
@@ -730,21 +739,26 @@ fn reanchor(conn: &Connection, fts: &str, after: (i64, f64, i64)) -> Result<(i64
 /// SQL: whether the row `r` (its `seq` and `position`) of an ancestor's file, inherited by
 /// fork `f` (a `search_sessions` row), is still in `f`'s transcript: no later row at that
 /// position in `f` or in an ancestor range of `f`'s lineage, and (for a message, not the
-/// title) no reset of `f`'s own transcript or of an ancestor's within `f`'s range of it.
-/// Before, a fork that replaced or compacted what it inherited was still said to hold it
+/// title) no later reset of `f`'s own transcript, nor of an ancestor's within `f`'s range
+/// of it (every reset, `search_resets`: with only each session's last one, a fork cut
+/// between two resets of its parent was said to show what the first dropped). Before, a
+/// fork that replaced or compacted what it inherited was still said to hold it
 /// (`shared_with`, a search of that fork alone).
 const VISIBLE_IN_FORK: &str = "
     NOT EXISTS (SELECT 1 FROM search_rows o
                 WHERE o.session = f.id AND o.position = r.position AND o.until_seq IS NULL)
-    AND (r.position = 0 OR f.reset_seq IS NULL)
+    AND (r.position = 0
+         OR NOT EXISTS (SELECT 1 FROM search_resets x WHERE x.session = f.id AND x.seq > r.seq))
     AND NOT EXISTS (
         SELECT 1 FROM search_lineage l2 JOIN search_sessions a2 ON a2.session_id = l2.ancestor_id
         WHERE l2.session = f.id
           AND (EXISTS (SELECT 1 FROM search_rows o2
                        WHERE o2.session = a2.id AND o2.position = r.position AND o2.seq > r.seq
                          AND o2.seq > l2.after_seq AND o2.seq <= l2.through_seq)
-               OR (r.position > 0 AND a2.reset_seq > r.seq
-                   AND a2.reset_seq > l2.after_seq AND a2.reset_seq <= l2.through_seq)))";
+               OR (r.position > 0 AND EXISTS (
+                       SELECT 1 FROM search_resets x2
+                       WHERE x2.session = a2.id AND x2.seq > r.seq
+                         AND x2.seq > l2.after_seq AND x2.seq <= l2.through_seq))))";
 
 /// SQL: whether the index row `r` (joined with its session `s`) can be a hit: current in its
 /// session, or superseded there (`until_seq`) after the cut of a fork that inherits it.
@@ -860,6 +874,8 @@ fn forget_in(tx: &Transaction<'_>, id: &SessionId) -> Result<()> {
         tx.prepare_cached("DELETE FROM search_rows WHERE session = ?1")?
             .execute([key])?;
         tx.prepare_cached("DELETE FROM search_lineage WHERE session = ?1")?
+            .execute([key])?;
+        tx.prepare_cached("DELETE FROM search_resets WHERE session = ?1")?
             .execute([key])?;
         tx.prepare_cached("DELETE FROM search_sessions WHERE id = ?1")?
             .execute([key])?;
@@ -1037,8 +1053,10 @@ fn apply(tx: &Transaction<'_>, key: i64, changes: &[Change<'_>]) -> Result<()> {
                      WHERE session = ?1 AND position > 0 AND until_seq IS NULL",
                 )?
                 .execute(params![key, seq])?;
-                tx.prepare_cached("UPDATE search_sessions SET reset_seq = ?2 WHERE id = ?1")?
-                    .execute(params![key, seq])?;
+                tx.prepare_cached(
+                    "INSERT OR IGNORE INTO search_resets (session, seq) VALUES (?1, ?2)",
+                )?
+                .execute(params![key, seq])?;
             }
             Change::Put {
                 position,
