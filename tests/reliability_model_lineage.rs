@@ -1259,3 +1259,85 @@ fn a_fork_cut_between_two_resets_of_its_parent_does_not_show_what_the_first_drop
         .unwrap();
     assert!(alone.hits.is_empty(), "{alone:?}");
 }
+
+/// A fork of a fork that upserted an inherited message, after the grandparent's delete
+/// copied the grandparent's range into both files: a search of the old text finds nothing
+/// (no session shows it), one of the new text finds it in the fork and its fork. The
+/// grandchild's own copy of the old version was found under it, and hid the new version
+/// from its `shared_with`.
+#[test]
+fn a_version_an_inherited_range_supersedes_after_a_delete_is_not_found() {
+    let (_dir, root) = manual_root();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio");
+    let service = Service::new(HOST, root.clone()).expect("service");
+    let turn = |s: &Session, t: &str, m: &str, text: &str| {
+        s.append(
+            Batch::new(
+                format!("op-{t}"),
+                vec![
+                    Event::new("turn/start"),
+                    common::message(m, "user", text),
+                    turn_end("completed"),
+                ],
+            )
+            .in_turn(t),
+        )
+        .expect("turn");
+    };
+    let s = create(&root, "s");
+    turn(&s, "t1", "m1", "alpha words");
+    s.close().unwrap();
+    let _ = rt
+        .block_on(service.query().search("alpha", SearchOptions::default()))
+        .unwrap();
+    root.fork(&id("s"), ForkPoint::AfterTurn("t1".into()), Some(id("f1")))
+        .unwrap();
+    let f1 = root.open_writer(&id("f1")).unwrap();
+    f1.append_events(
+        "u",
+        vec![event(
+            "message/upsert",
+            json!({"message": {"id": "m1", "role": "user", "content": "beta words"}}),
+        )],
+    )
+    .unwrap();
+    turn(&f1, "t2", "m2", "gamma words");
+    f1.close().unwrap();
+    root.fork(&id("f1"), ForkPoint::AfterTurn("t2".into()), Some(id("f2")))
+        .unwrap();
+    root.delete(&id("s"), &CancelToken::new()).unwrap();
+    let f2 = root.open_reader(&id("f2")).unwrap();
+    let shown: Vec<String> = f2
+        .transcript(f2.durable_sequence().unwrap())
+        .unwrap()
+        .iter()
+        .map(|m| message_text_of(m))
+        .collect();
+    assert_eq!(shown, ["beta words", "gamma words"]);
+    let found = |q: &str, options: SearchOptions| -> Vec<(String, Vec<String>)> {
+        let page = rt.block_on(service.query().search(q, options)).unwrap();
+        page.hits
+            .iter()
+            .map(|h| {
+                let shared = h.shared_with.iter().map(|r| r.session_id.to_string());
+                (h.session_ref.session_id.to_string(), shared.collect())
+            })
+            .collect()
+    };
+    assert_eq!(found("alpha", SearchOptions::default()), vec![]);
+    let f2_alone = SearchOptions::default().with_session(id("f2"));
+    assert_eq!(found("alpha", f2_alone.clone()), vec![]);
+    let beta = vec![("f1".to_owned(), vec!["f2".to_owned()])];
+    assert_eq!(found("beta", SearchOptions::default()), beta);
+    assert_eq!(found("beta", f2_alone).len(), 1);
+}
+
+fn message_text_of(m: &session_store::Message) -> String {
+    store_value(m)["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}

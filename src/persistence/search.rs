@@ -378,7 +378,7 @@ impl Root {
         let mut stale: HashMap<&SessionId, Vec<(u64, u64)>> = HashMap::new();
         let mut inherited = HashMap::new();
         for hit in hits.iter().filter(|h| h.position > 0) {
-            if messages.contains_key(&(&hit.session_id, hit.position, hit.seq))
+            if (hit.own && messages.contains_key(&(&hit.session_id, hit.position, hit.seq)))
                 || gone.contains(&hit.session_id)
             {
                 continue;
@@ -400,6 +400,9 @@ impl Root {
         let mut out = Vec::with_capacity(hits.len());
         for hit in &hits {
             let key = (&hit.session_id, hit.position, hit.seq);
+            // In its own session's transcript: current in that file, and not superseded by
+            // a range the session inherits after it (`IndexHit::own`).
+            let current = hit.own && messages.contains_key(&key);
             let (message_id, text) = if hit.position == 0 {
                 if !self
                     .session_dir(&hit.session_id)
@@ -420,18 +423,18 @@ impl Root {
             };
             let mut hit = hit.clone();
             let mut shared_with = match inherited.remove(&hit.row) {
-                Some(shown) if !messages.contains_key(&key) => shown,
+                Some(shown) if !current => shown,
                 _ => index.shared_with(&hit)?,
             };
-            if !messages.contains_key(&key) && hit.position > 0 {
+            if !current && hit.position > 0 {
                 // Under a fork that shows it (the one searched, if any), as its session
                 // no longer does; a search of that session alone does not find it.
                 let at = match &options.session {
-                    Some(only) => match shared_with.iter().position(|f| f == only) {
-                        Some(at) => at,
-                        None => continue,
-                    },
-                    None => 0,
+                    Some(only) => shared_with.iter().position(|f| f == only),
+                    None => (!shared_with.is_empty()).then_some(0),
+                };
+                let Some(at) = at else {
+                    continue;
                 };
                 hit.session_id = shared_with.remove(at);
                 hit.title = index.session_title(&hit.session_id)?.unwrap_or_default();
@@ -477,6 +480,7 @@ mod tests {
             time_ms: 0,
             rank: -1.25e-6,
             tier: 1,
+            own: true,
         };
         assert_eq!(
             parse_cursor(&cursor_of(&hit)).expect("parses"),

@@ -171,6 +171,9 @@ pub(crate) struct IndexHit {
     pub rank: f64,
     /// 0 when the row matched the query's words as one exact phrase, else 1.
     pub tier: i64,
+    /// Whether the message is in its own session's transcript (else only forks cut before
+    /// what superseded it show it).
+    pub own: bool,
 }
 
 /// What a search looks for, besides the query.
@@ -576,6 +579,7 @@ impl SearchIndex {
         // `columnsize=0` it takes each row's length as -1, so when the rows average
         // exactly 3 words its length factor is 0 and an absent term scores 0/0. Such a
         // row ranks 0, after the rows holding every term (bm25 is negative).
+        let live = live_row();
         let matches = format!(
             "SELECT rowid AS id, coalesce(bm25(search_text), 0) AS score, {tier} AS tier
              FROM search_text WHERE search_text MATCH ?1"
@@ -598,12 +602,12 @@ impl SearchIndex {
             let candidates = filter.limit.saturating_mul(CANDIDATES);
             let sql = format!(
                 "SELECT m.id, s.session_id, s.title, r.position, r.seq, r.role, r.time_ms,
-                        m.score, m.tier
+                        m.score, m.tier, r.until_seq IS NULL AND {OWN_CURRENT} AS own
                  FROM (SELECT * FROM ({matches})
                        WHERE ?6 IS NULL OR (tier, score, id) > (?6, ?7, ?8)
                        ORDER BY tier, score, id
                        LIMIT ?9) AS m
-                 LEFT JOIN search_rows r ON r.id = m.id AND {LIVE_ROW}
+                 LEFT JOIN search_rows r ON r.id = m.id AND {live}
                  LEFT JOIN search_sessions s ON s.id = r.session
                  ORDER BY m.tier, m.score, m.id"
             );
@@ -617,14 +621,14 @@ impl SearchIndex {
         let sql = format!(
             "SELECT * FROM (
                 SELECT r.id, s.session_id, s.title, r.position, r.seq, r.role, r.time_ms,
-                       m.score, m.tier
+                       m.score, m.tier, r.until_seq IS NULL AND {OWN_CURRENT} AS own
                 FROM ({matches}) AS m
-                JOIN search_rows r ON r.id = m.id AND {LIVE_ROW}
+                JOIN search_rows r ON r.id = m.id AND {live}
                 JOIN search_sessions s ON s.id = r.session
                 WHERE (?2 IS NULL OR r.role = ?2)
                   AND (?3 IS NULL OR r.time_ms >= ?3)
                   AND (?4 IS NULL OR s.cwd = ?4)
-                  AND (?5 IS NULL OR (s.session_id = ?5 AND r.until_seq IS NULL) OR EXISTS (
+                  AND (?5 IS NULL OR (s.session_id = ?5 AND r.until_seq IS NULL AND {OWN_CURRENT}) OR EXISTS (
                         SELECT 1 FROM search_lineage l JOIN search_sessions f ON f.id = l.session
                         WHERE f.session_id = ?5 AND l.ancestor_id = s.session_id
                           AND r.seq > l.after_seq AND r.seq <= l.through_seq
@@ -738,7 +742,9 @@ fn reanchor(conn: &Connection, fts: &str, after: (i64, f64, i64)) -> Result<(i64
 
 /// SQL: whether the row `r` (its `seq` and `position`) of an ancestor's file, inherited by
 /// fork `f` (a `search_sessions` row), is still in `f`'s transcript: no later row at that
-/// position in `f` or in an ancestor range of `f`'s lineage, and (for a message, not the
+/// position in `f` (a row of `f`'s own file from before it, of a range a delete
+/// materialised there, does not hide it) or in an ancestor range of `f`'s lineage, and
+/// (for a message, not the
 /// title) no later reset of `f`'s own transcript, nor of an ancestor's within `f`'s range
 /// of it (every reset, `search_resets`: with only each session's last one, a fork cut
 /// between two resets of its parent was said to show what the first dropped). Before, a
@@ -746,7 +752,8 @@ fn reanchor(conn: &Connection, fts: &str, after: (i64, f64, i64)) -> Result<(i64
 /// (`shared_with`, a search of that fork alone).
 const VISIBLE_IN_FORK: &str = "
     NOT EXISTS (SELECT 1 FROM search_rows o
-                WHERE o.session = f.id AND o.position = r.position AND o.until_seq IS NULL)
+                WHERE o.session = f.id AND o.position = r.position AND o.until_seq IS NULL
+                  AND o.seq > r.seq)
     AND (r.position = 0
          OR NOT EXISTS (SELECT 1 FROM search_resets x WHERE x.session = f.id AND x.seq > r.seq))
     AND NOT EXISTS (
@@ -762,10 +769,33 @@ const VISIBLE_IN_FORK: &str = "
 
 /// SQL: whether the index row `r` (joined with its session `s`) can be a hit: current in its
 /// session, or superseded there (`until_seq`) after the cut of a fork that inherits it.
-const LIVE_ROW: &str = "(r.until_seq IS NULL OR EXISTS (
+/// A row that is its session's current one (`own`, [`OWN_CURRENT`]), or that a fork's
+/// inherited range holds, cut before whatever superseded it there.
+fn live_row() -> String {
+    format!(
+        "((r.until_seq IS NULL AND {OWN_CURRENT}) OR EXISTS (
     SELECT 1 FROM search_lineage l
     WHERE l.ancestor_id = (SELECT session_id FROM search_sessions WHERE id = r.session)
-      AND l.after_seq < r.seq AND l.through_seq >= r.seq AND l.through_seq < r.until_seq))";
+      AND l.after_seq < r.seq AND l.through_seq >= r.seq
+      AND (r.until_seq IS NULL OR l.through_seq < r.until_seq)))"
+    )
+}
+
+/// SQL: whether the message row `r`, current in its session's own file, is in that
+/// session's transcript (a title row always is: see [`carry_titles`]): no range the session inherits after it (its own file holds an earlier
+/// range once a delete materialised it) holds a later row at its position, or for a
+/// message a later reset. Before, such a row was found under the session, which shows
+/// the later version instead, and hid that version from the session's `shared_with`.
+const OWN_CURRENT: &str = "(r.position = 0 OR NOT EXISTS (
+    SELECT 1 FROM search_lineage l3 JOIN search_sessions a3 ON a3.session_id = l3.ancestor_id
+    WHERE l3.session = r.session AND l3.through_seq > r.seq
+      AND (EXISTS (SELECT 1 FROM search_rows o3
+                   WHERE o3.session = a3.id AND o3.position = r.position AND o3.seq > r.seq
+                     AND o3.seq > l3.after_seq AND o3.seq <= l3.through_seq)
+           OR (r.position > 0 AND EXISTS (
+                   SELECT 1 FROM search_resets x3
+                   WHERE x3.session = a3.id AND x3.seq > r.seq
+                     AND x3.seq > l3.after_seq AND x3.seq <= l3.through_seq)))))";
 
 /// Runs a search statement of [`SearchIndex::search`] (parameters: `?1` the FTS5
 /// expression, `?2`-`?5` the filters, `?6`-`?8` the keyset, `?9` the limit, `?10` the
@@ -808,13 +838,14 @@ fn query_hits(
                     r.get::<_, Option<i64>>(6)?,
                     r.get::<_, f64>(7)?,
                     r.get::<_, i64>(8)?,
+                    r.get::<_, Option<bool>>(9)?,
                 ))
             },
         )
         .map_err(query_error)?;
     let mut out = Vec::new();
     for row in rows {
-        let (row, sid, title, position, seq, role, time_ms, rank, tier) =
+        let (row, sid, title, position, seq, role, time_ms, rank, tier, own) =
             row.map_err(query_error)?;
         out.push(match (sid, title, position, seq, time_ms) {
             (Some(sid), Some(title), Some(position), Some(seq), Some(time_ms)) => Some(IndexHit {
@@ -827,6 +858,7 @@ fn query_hits(
                 time_ms,
                 rank,
                 tier,
+                own: own.unwrap_or(false),
             }),
             _ => None,
         });
