@@ -1,23 +1,25 @@
-//! A model-based random test of the write side and of lineage operations: random sequences of
-//! turns (some messages over the inline threshold, some over 64 KiB: content blobs),
-//! upserts, `history/replace`, flushes and reopens, forks and rewinds of any session (forks of
-//! forks cut at any of their turns, inherited or their own; some opened at once with
-//! `fork_writer`), deletes of any session (forks and forks of forks get its ranges
-//! materialised while their writers hold unflushed commits and readers stay open on them; a
-//! delete of a session with a live writer first waits and is cancelled, changing nothing),
-//! `gc` (dry run or not, with or without `keep_forked`), export then import under a new id and
-//! under the same id after a delete (and refused while it exists), `Root::rename` (refused
-//! while a writer holds the session) and full-text searches (every writer closed first). A
-//! model keeps, per session, its state after each commit (transcript, workset, title, ended
-//! turns, the long strings stored as blobs), its header (parent, origin, inherited count) and
-//! its lineage rows; after every step every session is compared with it: `stat` (durable
-//! sequence, lineage ranges, `inherited_events`, header), the cold transcript and turn index,
-//! `stats` (events, distinct blobs), `verify`, the catalog (`list` holds exactly the model's
-//! sessions, each entry's title, turns, sequence, parent and origin, `catalog_entry`,
-//! `catalog_totals`), the live writer's transcript and sequences, and the readers held open
-//! across steps (their snapshot read again). A search of a message version's phrase finds
-//! exactly the sessions whose transcript shows it: each once, as the session whose file holds
-//! it or in a hit's `shared_with`. `PROPTEST_CASES` sets the number of sequences (default 10).
+//! A model-based random test of the write side and of lineage operations: random sequences of turns
+//! (some messages over the inline threshold, some over 64 KiB: content blobs), upserts,
+//! `history/replace`, flushes and reopens (every other writer a runtime of a `Service`), forks and
+//! rewinds of any session (forks of forks cut at any of their turns, inherited or their own; some
+//! opened at once with `fork_writer`), deletes of any session (forks and forks of forks get its
+//! ranges materialised while their writers hold unflushed commits and readers stay open on them; a
+//! delete of a session with a live writer first waits and is cancelled, changing nothing), `gc`
+//! (dry run or not, with or without `keep_forked`), export then import under a new id and under the
+//! same id after a delete (and refused while it exists), `Root::rename` (refused while a writer
+//! holds the session) and full-text searches of message versions and titles (every writer closed
+//! first). A model keeps, per session, its state after each commit (transcript, workset, title,
+//! ended turns, the long strings stored as blobs), its header (parent, origin, inherited count) and
+//! its lineage rows; after every step every session is compared with it: `stat` (durable sequence,
+//! lineage ranges, `inherited_events`, header), the cold transcript and turn index, `stats`
+//! (events, distinct blobs), `verify`, the catalog (`list` holds exactly the model's sessions, each
+//! entry's title, turns, sequence, parent and origin, `list_filtered` by origin, `catalog_entry`,
+//! `catalog_totals`), the live writer's transcript and sequences, and the readers held open across
+//! steps (their snapshot read again). A search of a message version's phrase finds exactly the
+//! sessions whose transcript shows it: each once, as the session whose file holds it or in a hit's
+//! `shared_with`, and a search of one session alone finds it exactly when that session shows it.
+//! `PROPTEST_CASES` sets the number of sequences (default 10), `RELIABILITY_SEED` the seed of their
+//! choices (printed, so a failure replays).
 
 mod common;
 mod reliability_support;
@@ -129,14 +131,14 @@ fn arb_op() -> impl Strategy<Value = Op> {
     prop_oneof![
         2 => Just(Op::Create),
         6 => (s, 1..4u8, any::<u16>()).prop_map(|(s, n, sizes)| Op::Turn { s, n, sizes }),
-        2 => (s, any::<u16>(), any::<bool>())
+        3 => (s, any::<u16>(), any::<bool>())
             .prop_map(|(s, pick, long)| Op::Upsert { s, pick, long }),
         1 => (s, any::<u16>(), 0..3u8).prop_map(|(s, keep, add)| Op::Replace { s, keep, add }),
         2 => s.prop_map(|s| Op::Flush { s }),
         2 => (s, any::<bool>()).prop_map(|(s, reopen)| Op::Reopen { s, reopen }),
         5 => (s, any::<u16>(), any::<bool>(), any::<bool>())
             .prop_map(|(s, turn, after, open)| Op::Fork { s, turn, after, open }),
-        3 => (s, any::<bool>(), any::<bool>())
+        4 => (s, any::<bool>(), any::<bool>())
             .prop_map(|(s, cancel, reopen)| Op::Delete { s, cancel, reopen }),
         1 => (any::<bool>(), any::<bool>())
             .prop_map(|(dry_run, keep_forked)| Op::Gc { dry_run, keep_forked }),
