@@ -1343,3 +1343,69 @@ fn message_text_of(m: &session_store::Message) -> String {
         .unwrap_or_default()
         .to_owned()
 }
+
+/// After a delete copied a renamed grandparent's range into a fork of a renamed fork, a
+/// search of the grandparent's title finds nothing (the fork of the fork shows its parent's
+/// title, as `list` says); it was found under that fork.
+#[test]
+fn a_title_an_inherited_range_supersedes_after_a_delete_is_not_found() {
+    let (_dir, root) = manual_root();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio");
+    let service = Service::new(HOST, root.clone()).expect("service");
+    let turn = |s: &Session, t: &str, m: &str, text: &str| {
+        s.append(
+            Batch::new(
+                format!("op-{t}"),
+                vec![
+                    Event::new("turn/start"),
+                    common::message(m, "user", text),
+                    turn_end("completed"),
+                ],
+            )
+            .in_turn(t),
+        )
+        .expect("turn");
+    };
+    let s = create(&root, "s");
+    turn(&s, "t1", "m1", "alpha words");
+    s.close().unwrap();
+    root.rename(&id("s"), "first title").unwrap();
+    let s = root.open_writer(&id("s")).unwrap();
+    turn(&s, "t0", "m0", "zero words");
+    s.close().unwrap();
+    let _ = rt
+        .block_on(service.query().search("alpha", SearchOptions::default()))
+        .unwrap();
+    root.fork(&id("s"), ForkPoint::AfterTurn("t0".into()), Some(id("f1")))
+        .unwrap();
+    root.rename(&id("f1"), "second title").unwrap();
+    let f1 = root.open_writer(&id("f1")).unwrap();
+    turn(&f1, "t2", "m2", "gamma words");
+    f1.close().unwrap();
+    root.fork(&id("f1"), ForkPoint::AfterTurn("t2".into()), Some(id("f2")))
+        .unwrap();
+    root.delete(&id("s"), &CancelToken::new()).unwrap();
+    assert_eq!(root.catalog_entry(&id("f2")).unwrap().title, "second title");
+    let found = |q: &str| -> Vec<(String, u64, Vec<String>)> {
+        let page = rt
+            .block_on(service.query().search(q, SearchOptions::default()))
+            .unwrap();
+        page.hits
+            .iter()
+            .map(|h| {
+                let shared = h.shared_with.iter().map(|r| r.session_id.to_string());
+                (
+                    h.session_ref.session_id.to_string(),
+                    h.position,
+                    shared.collect(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(found("\"first title\""), vec![]);
+    let second = vec![("f1".to_owned(), 0, vec!["f2".to_owned()])];
+    assert_eq!(found("\"second title\""), second);
+}

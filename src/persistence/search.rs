@@ -404,6 +404,11 @@ impl Root {
             // a range the session inherits after it (`IndexHit::own`).
             let current = hit.own && messages.contains_key(&key);
             let (message_id, text) = if hit.position == 0 {
+                if !hit.own {
+                    // A title the session's own file holds from a range a delete copied
+                    // there, that a range it inherits after it retitled: not its title.
+                    continue;
+                }
                 if !self
                     .session_dir(&hit.session_id)
                     .join(SESSION_FILE)

@@ -781,12 +781,13 @@ fn live_row() -> String {
     )
 }
 
-/// SQL: whether the message row `r`, current in its session's own file, is in that
-/// session's transcript (a title row always is: see [`carry_titles`]): no range the session inherits after it (its own file holds an earlier
+/// SQL: whether the row `r`, current in its session's own file, is in that session's
+/// transcript, or is its title (a title carried to it, sequence 0, always is: see
+/// [`carry_titles`]): no range the session inherits after it (its own file holds an earlier
 /// range once a delete materialised it) holds a later row at its position, or for a
 /// message a later reset. Before, such a row was found under the session, which shows
 /// the later version instead, and hid that version from the session's `shared_with`.
-const OWN_CURRENT: &str = "(r.position = 0 OR NOT EXISTS (
+const OWN_CURRENT: &str = "(r.seq = 0 OR NOT EXISTS (
     SELECT 1 FROM search_lineage l3 JOIN search_sessions a3 ON a3.session_id = l3.ancestor_id
     WHERE l3.session = r.session AND l3.through_seq > r.seq
       AND (EXISTS (SELECT 1 FROM search_rows o3
