@@ -1055,11 +1055,26 @@ fn run(ops: &[Op]) -> Result<[usize; 5], TestCaseError> {
         world.apply(op);
         world.check()?;
     }
-    // Everything closed: the files alone answer the same, and every phrase is found where
-    // the model shows it.
-    world.apply(&Op::Search {
-        picks: (0..8).collect(),
-    });
+    // Everything closed: the files alone answer the same, and each phrase of a message
+    // with several versions (the newest 40) and each title is found where the model shows
+    // it.
+    world.apply(&Op::Search { picks: vec![] });
+    let mut versions: BTreeMap<String, usize> = BTreeMap::new();
+    for (m, _) in &world.versions {
+        *versions.entry(m.clone()).or_default() += 1;
+    }
+    let several: Vec<(String, u64)> = world
+        .versions
+        .iter()
+        .filter(|(m, _)| versions[m] > 1)
+        .cloned()
+        .collect();
+    for (m, n) in several.iter().rev().take(40) {
+        world.search(m, *n);
+    }
+    for title in world.titles.clone() {
+        world.search_title(&title);
+    }
     world.check()?;
     Ok(world.figures)
 }
