@@ -19,6 +19,7 @@ use common::*;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use reliability_support::env_count;
+use reliability_support::model::{Fold, long_text, message, message_id, store_value};
 use serde_json::{Value, json};
 use session_store::format::SESSION_FILE;
 use session_store::{
@@ -141,66 +142,6 @@ fn arb_op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// What a session holds at one sequence.
-#[derive(Clone, Debug, Default, PartialEq)]
-struct Fold {
-    /// The UI transcript, oldest first (each message as JSON).
-    messages: Vec<Value>,
-    /// The ids of the model workset, in order.
-    workset: Vec<String>,
-    events: u64,
-    commits: u64,
-}
-
-impl Fold {
-    fn ids(&self) -> Vec<String> {
-        self.messages.iter().map(message_id).collect()
-    }
-
-    /// A `message/upsert`: `m` at its id's position, else at the end; in the workset in
-    /// place of its id (the last with it), else at the end.
-    fn upsert(&mut self, m: Value) {
-        let id = message_id(&m);
-        match self.messages.iter().position(|x| message_id(x) == id) {
-            Some(i) => self.messages[i] = m,
-            None => self.messages.push(m),
-        }
-        if !self.workset.contains(&id) {
-            self.workset.push(id);
-        }
-    }
-
-    /// A `message/complete`: refused (false) for an id the transcript holds, else `m` at
-    /// the end of the transcript and of the workset.
-    fn complete(&mut self, m: Value) -> bool {
-        let id = message_id(&m);
-        if self.messages.iter().any(|x| message_id(x) == id) {
-            return false;
-        }
-        self.messages.push(m);
-        self.workset.push(id);
-        true
-    }
-
-    /// A `history/replace` (`history`) or `model/context-replace` by `messages`.
-    fn replace(&mut self, messages: &[Value], history: bool) {
-        self.workset = messages.iter().map(message_id).collect();
-        if history {
-            self.messages = messages.to_vec();
-        }
-    }
-
-    /// The transcript's messages `keep` selects (bit i, modulo 16).
-    fn kept(&self, keep: u16) -> Vec<Value> {
-        self.messages
-            .iter()
-            .enumerate()
-            .filter(|(k, _)| keep & (1 << (k % 16)) != 0)
-            .map(|(_, m)| m.clone())
-            .collect()
-    }
-}
-
 /// An ended turn: the session before its first event and after its last.
 #[derive(Clone, Debug)]
 struct Turn {
@@ -260,37 +201,6 @@ impl Sess {
             forked: false,
         }
     }
-}
-
-fn message_id(m: &Value) -> String {
-    m["id"].as_str().expect("model message id").to_owned()
-}
-
-fn message(id: &str, n: u64) -> Value {
-    let role = if n.is_multiple_of(2) {
-        "user"
-    } else {
-        "assistant"
-    };
-    json!({"id": id, "role": role, "content": format!("text {n} of {id}")})
-}
-
-/// `length` characters of text that does not compress to nothing.
-fn long_text(seed: &str, length: usize) -> String {
-    let mut out = String::with_capacity(length + 16);
-    let mut n = seed.len() as u64;
-    while out.len() < length {
-        n = n
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        out.push_str(&format!("{:x} ", n >> 40));
-    }
-    out.truncate(length);
-    out
-}
-
-fn store_value(m: &Message) -> Value {
-    serde_json::from_str(m.json()).expect("stored message is JSON")
 }
 
 /// The state of one sequence: the sessions, the store's handles and counters for fresh names.

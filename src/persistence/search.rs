@@ -29,8 +29,13 @@ pub const MAX_SEARCH_LIMIT: usize = 100;
 /// on the CPU, so more threads than cores still overlap.
 const READ_THREADS: usize = 10;
 
-/// Messages read back, keyed by session and position, and the sessions found gone.
-type ReadBack<'a> = (Vec<((&'a SessionId, u64), Arc<Message>)>, Vec<SessionId>);
+/// Messages read back, keyed by session, position and event sequence (an older version at
+/// a position, kept for the forks that still show it, is not the current one), and the
+/// sessions found gone.
+type ReadBack<'a> = (
+    Vec<((&'a SessionId, u64, u64), Arc<Message>)>,
+    Vec<SessionId>,
+);
 
 /// What [`crate::SessionQuery::search`] looks for besides the query. Built with
 /// [`SearchOptions::default`] and the `with_*` methods.
@@ -277,22 +282,23 @@ impl Root {
     }
 
     /// The messages of `wanted` hits, `(position, seq)` by session, each read back from
-    /// the file that holds it (see [`SearchIndex::hit_messages`]), and the sessions whose
-    /// folder is gone.
+    /// the file that holds it (see [`SearchIndex::hit_messages`]; only those still current
+    /// there with `current`), and the sessions whose folder is gone.
     fn read_back<'a>(
         &self,
         index: &SearchIndex,
         wanted: &[(&'a SessionId, Vec<(u64, u64)>)],
+        current: bool,
     ) -> Result<ReadBack<'a>> {
         let mut messages = Vec::new();
         let mut gone = Vec::new();
         for (id, at) in wanted {
             let file = self.session_dir(id).join(SESSION_FILE);
-            match index.hit_messages(&file, at) {
+            match index.hit_messages(&file, at, current) {
                 Ok(found) => {
-                    for ((position, _), m) in at.iter().zip(found) {
+                    for ((position, seq), m) in at.iter().zip(found) {
                         if let Some(m) = m {
-                            messages.push(((*id, *position), m));
+                            messages.push(((*id, *position, *seq), m));
                         }
                     }
                 }
@@ -389,7 +395,7 @@ impl Root {
         let read: Vec<Result<ReadBack<'_>>> = std::thread::scope(|scope| {
             let workers: Vec<_> = wanted
                 .chunks(chunk)
-                .map(|part| scope.spawn(|| self.read_back(&index, part)))
+                .map(|part| scope.spawn(|| self.read_back(&index, part, true)))
                 .collect();
             workers
                 .into_iter()
@@ -399,16 +405,50 @@ impl Root {
                 })
                 .collect()
         });
-        let mut messages: HashMap<(&SessionId, u64), Arc<Message>> = HashMap::new();
+        let mut messages: HashMap<(&SessionId, u64, u64), Arc<Message>> = HashMap::new();
         let mut gone: Vec<SessionId> = Vec::new();
         for part in read {
             let (found, vanished) = part?;
             messages.extend(found);
             gone.extend(vanished);
         }
+        // A message its session replaced or upserted since (no longer current in its
+        // file) that forks cut before still show: read back as it was, and found under
+        // such a fork. It used to be dropped, so no search found the forks' message.
+        let mut stale: HashMap<&SessionId, Vec<(u64, u64)>> = HashMap::new();
+        let mut inherited = HashMap::new();
+        for hit in hits.iter().filter(|h| h.position > 0) {
+            if (hit.own && messages.contains_key(&(&hit.session_id, hit.position, hit.seq)))
+                || gone.contains(&hit.session_id)
+            {
+                continue;
+            }
+            let shown = index.shared_with(hit)?;
+            if shown.is_empty() {
+                continue;
+            }
+            stale
+                .entry(&hit.session_id)
+                .or_default()
+                .push((hit.position, hit.seq));
+            inherited.insert(hit.row, shown);
+        }
+        let stale: Vec<(&SessionId, Vec<(u64, u64)>)> = stale.into_iter().collect();
+        let (stale, vanished) = self.read_back(&index, &stale, false)?;
+        let stale: HashMap<(&SessionId, u64, u64), Arc<Message>> = stale.into_iter().collect();
+        gone.extend(vanished);
         let mut out = Vec::with_capacity(hits.len());
         for hit in &hits {
+            let key = (&hit.session_id, hit.position, hit.seq);
+            // In its own session's transcript: current in that file, and not superseded by
+            // a range the session inherits after it (`IndexHit::own`).
+            let current = hit.own && messages.contains_key(&key);
             let (message_id, text) = if hit.position == 0 {
+                if !hit.own {
+                    // A title the session's own file holds from a range a delete copied
+                    // there, that a range it inherits after it retitled: not its title.
+                    continue;
+                }
                 if !self
                     .session_dir(&hit.session_id)
                     .join(SESSION_FILE)
@@ -419,18 +459,36 @@ impl Root {
                 }
                 (String::new(), hit.title.clone())
             } else {
-                match messages.get(&(&hit.session_id, hit.position)) {
+                match messages.get(&key).or_else(|| stale.get(&key)) {
                     Some(m) => (m.id().to_owned(), message_text(m)),
                     // Its session is gone, or the index is behind the file (caught up
                     // on the next drain, open or rebuild): not a current hit.
                     None => continue,
                 }
             };
+            let mut hit = hit.clone();
+            let mut shared_with = match inherited.remove(&hit.row) {
+                Some(shown) if !current => shown,
+                _ => index.shared_with(&hit)?,
+            };
+            if !current && hit.position > 0 {
+                // Under a fork that shows it (the one searched, if any), as its session
+                // no longer does; a search of that session alone does not find it.
+                let at = match &options.session {
+                    Some(only) => shared_with.iter().position(|f| f == only),
+                    None => (!shared_with.is_empty()).then_some(0),
+                };
+                let Some(at) = at else {
+                    continue;
+                };
+                hit.session_id = shared_with.remove(at);
+                hit.title = index.session_title(&hit.session_id)?.unwrap_or_default();
+            }
             out.push(Found {
-                shared_with: index.shared_with(&hit.session_id, hit.seq, hit.position)?,
+                shared_with,
                 snippet: snippet(&text, &marks),
                 message_id,
-                hit: hit.clone(),
+                hit,
             });
         }
         // A session deleted behind the index's back (an older build, by hand), or by a
@@ -467,6 +525,7 @@ mod tests {
             time_ms: 0,
             rank: -1.25e-6,
             tier: 1,
+            own: true,
         };
         let search = search_key("harbour", &SearchOptions::default());
         assert_eq!(

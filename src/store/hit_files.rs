@@ -175,16 +175,17 @@ impl Entry {
         }
     }
 
-    /// The messages at `wanted`, in one read transaction that first checks the file's
-    /// format when its schema changed since the last check.
-    fn read(&mut self, wanted: &[(u64, u64)]) -> Result<Vec<Option<Arc<Message>>>> {
+    /// The messages at `wanted` (only current ones with `current`), in one read
+    /// transaction that first checks the file's format when its schema changed since the
+    /// last check.
+    fn read(&mut self, wanted: &[(u64, u64)], current: bool) -> Result<Vec<Option<Arc<Message>>>> {
         let tx = Transaction::new_unchecked(&self.conn, TransactionBehavior::Deferred)?;
         let cookie = schema_cookie(&tx)?;
         if cookie != self.checked_cookie {
             schema::check_format(&tx)?;
             self.checked_cookie = cookie;
         }
-        let found = own_messages_at(&tx, wanted)?;
+        let found = own_messages_at(&tx, wanted, current)?;
         tx.finish()?;
         Ok(found)
     }
@@ -238,7 +239,9 @@ impl HitFiles {
 
     /// The messages that events put at transcript positions of the session file `file`'s
     /// own history, for `wanted` `(position, event seq)` pairs, in order: each `None` when
-    /// that row is gone or no longer current (see [`own_messages_at`]). Uses the kept
+    /// that row is gone or (with `current`) no longer current (see [`own_messages_at`]):
+    /// without `current`, also a message that forks cut before its session replaced it
+    /// still show. Uses the kept
     /// connection to that same file, else opens one (and keeps it).
     ///
     /// # Errors
@@ -249,6 +252,7 @@ impl HitFiles {
         &self,
         file: &Path,
         wanted: &[(u64, u64)],
+        current: bool,
     ) -> Result<Vec<Option<Arc<Message>>>> {
         let stamp = match Stamp::of(file) {
             Ok(stamp) => stamp,
@@ -270,7 +274,7 @@ impl HitFiles {
                 (Entry::open(file, stamp, unlocked)?, true)
             }
         };
-        let mut found = entry.read(wanted);
+        let mut found = entry.read(wanted, current);
         if let Some(before) = entry.unlocked
             && Stamp::of(file).ok() != Some(before)
         {
@@ -280,7 +284,7 @@ impl HitFiles {
             close_later(Some(entry));
             entry = Entry::open(file, Stamp::of(file)?, false)?;
             fresh = true;
-            found = entry.read(wanted);
+            found = entry.read(wanted, current);
         }
         let found = found?;
         // A file replaced while it was being opened: the connection may be on either, so
@@ -381,7 +385,7 @@ mod tests {
     }
 
     fn text_at(files: &HitFiles, file: &Path, at: (u64, u64)) -> Result<Option<String>> {
-        Ok(files.messages_at(file, &[at])?[0]
+        Ok(files.messages_at(file, &[at], true)?[0]
             .as_ref()
             .map(|m| m.id().to_owned()))
     }

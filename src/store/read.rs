@@ -705,21 +705,24 @@ pub(crate) fn events_of_kind(
 }
 
 /// The payload item of the history row that event `seq` wrote at `position` in this
-/// file, when that row is still the current one there: `Some(None)` for a message event,
-/// `Some(Some(i))` for item `i` of a replacement; `None` when there is no such row or a
-/// newer row or a transcript reset of this file came after it.
+/// file, when that row is still the current one there (or, unless `current`, whatever
+/// came after it: forks cut before may still show it): `Some(None)` for a message event,
+/// `Some(Some(i))` for item `i` of a replacement; `None` when there is no such row or
+/// (with `current`) a newer row or a transcript reset of this file came after it.
 pub(crate) fn current_history_item(
     conn: &Connection,
     position: u64,
     seq: u64,
+    current: bool,
 ) -> Result<Option<Option<u64>>> {
     let item: Option<Option<u64>> = conn
         .prepare_cached(
             "SELECT item FROM history h WHERE position = ?1 AND event_seq = ?2
-               AND NOT EXISTS (SELECT 1 FROM history n WHERE n.position = ?1 AND n.event_seq > ?2)
-               AND NOT EXISTS (SELECT 1 FROM history_resets WHERE seq > ?2)",
+               AND (NOT ?3 OR (
+                   NOT EXISTS (SELECT 1 FROM history n WHERE n.position = ?1 AND n.event_seq > ?2)
+                   AND NOT EXISTS (SELECT 1 FROM history_resets WHERE seq > ?2)))",
         )?
-        .query_row(params![position, seq], |r| r.get(0))
+        .query_row(params![position, seq, current], |r| r.get(0))
         .optional()?;
     Ok(item)
 }

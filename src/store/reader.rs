@@ -302,7 +302,7 @@ fn parse_messages(seq: u64, text: &str, many: bool) -> Result<Vec<Arc<Message>>>
 
 /// The messages that events put at transcript positions of a session file's own history,
 /// for `wanted` `(position, event seq)` pairs, in order: each `None` when that row is gone
-/// or no longer current (a newer version or a reset came after it). Read on `conn`, a
+/// or (with `current`) no longer current (a newer version or a reset came after it). Read on `conn`, a
 /// connection to that file alone (no lineage): for search hits, which name the file that
 /// holds them. Content parts are spliced back as every read does.
 ///
@@ -311,10 +311,11 @@ fn parse_messages(seq: u64, text: &str, many: bool) -> Result<Vec<Arc<Message>>>
 pub(crate) fn own_messages_at(
     conn: &Connection,
     wanted: &[(u64, u64)],
+    current: bool,
 ) -> Result<Vec<Option<Arc<Message>>>> {
     let mut out = Vec::with_capacity(wanted.len());
     for (position, seq) in wanted {
-        let Some(item) = read::current_history_item(conn, *position, *seq)? else {
+        let Some(item) = read::current_history_item(conn, *position, *seq, current)? else {
             out.push(None);
             continue;
         };

@@ -14,12 +14,19 @@
 //!   no search returns, reclaimed by the next rebuild.
 //! - `search_rows`: what a hit needs to be found again and filtered (session key, transcript
 //!   position — 0 for the title —, event sequence, time, role: a small integer for the
-//!   usual roles, else the text), one row per live FTS row.
+//!   usual roles, else the text), one row per live FTS row. A message that a later row at
+//!   its position or a transcript reset superseded keeps its row, with `until_seq` (the
+//!   sequence that superseded it): forks cut before that still show it, and are found
+//!   through it (a search skips such a row unless a fork's inherited range holds it).
 //!   The message id is not copied: a hit reads its message back for the snippet anyway.
 //! - `search_sessions`: one row per indexed session (cwd, title, and `indexed_seq`, the
 //!   last sequence of its own file the index holds: catching up reads only what follows).
 //! - `search_lineage`: the ranges each fork inherits, to list the forks that share a hit
 //!   found in an ancestor's file and to search one session with its inherited part.
+//! - `search_resets`: the sequence of every transcript reset of each session's own file
+//!   (a fork shows an inherited message unless a reset within what it inherits, or of its
+//!   own, came after it; one reset per session, its last, was kept before, so a fork cut
+//!   between two resets of its parent was said to show what the first one dropped).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -70,9 +77,13 @@ CREATE TABLE search_sessions (
     session_id  TEXT NOT NULL UNIQUE,
     cwd         TEXT,
     title       TEXT NOT NULL,
-    indexed_seq INTEGER NOT NULL,
-    reset_seq   INTEGER
+    indexed_seq INTEGER NOT NULL
 );
+CREATE TABLE search_resets (
+    session INTEGER NOT NULL,
+    seq     INTEGER NOT NULL,
+    PRIMARY KEY (session, seq)
+) WITHOUT ROWID;
 CREATE TABLE search_lineage (
     ancestor_id TEXT NOT NULL,
     session     INTEGER NOT NULL,
@@ -87,9 +98,11 @@ CREATE TABLE search_rows (
     position   INTEGER NOT NULL,
     seq        INTEGER NOT NULL,
     time_ms    INTEGER NOT NULL,
-    role
+    role,
+    until_seq  INTEGER
 );
-CREATE UNIQUE INDEX search_rows_at ON search_rows (session, position);
+CREATE UNIQUE INDEX search_rows_at ON search_rows (session, position) WHERE until_seq IS NULL;
+CREATE INDEX search_rows_by_position ON search_rows (session, position, seq);
 CREATE VIRTUAL TABLE search_text USING fts5(
     text, content = '', detail = full, columnsize = 0,
     tokenize = 'unicode61 remove_diacritics 2'
@@ -104,10 +117,11 @@ pub(crate) fn open_index(path: &Path) -> Result<Connection> {
         &schema::DerivedFile {
             application_id: SEARCH_APPLICATION_ID,
             schema: SEARCH_SCHEMA,
-            probe:
-                "SELECT s.session_id, s.cwd, s.title, s.indexed_seq, s.reset_seq, r.position, r.seq,
-                           r.time_ms, r.role, l.ancestor_id, l.after_seq, l.through_seq
-                    FROM search_sessions s, search_rows r, search_lineage l, search_text t
+            probe: "SELECT s.session_id, s.cwd, s.title, s.indexed_seq, x.seq, r.position, r.seq,
+                           r.time_ms, r.role, r.until_seq, l.ancestor_id, l.after_seq,
+                           l.through_seq
+                    FROM search_sessions s, search_rows r, search_lineage l, search_text t,
+                         search_resets x
                     LIMIT 0",
             what: "a search index",
             // A rebuild gives the pages it frees back to the disk.
@@ -157,6 +171,9 @@ pub(crate) struct IndexHit {
     pub rank: f64,
     /// 0 when the row matched the query's words as one exact phrase, else 1.
     pub tier: i64,
+    /// Whether the message is in its own session's transcript (else only forks cut before
+    /// what superseded it show it).
+    pub own: bool,
 }
 
 /// What a search looks for, besides the query.
@@ -317,8 +334,8 @@ impl SearchIndex {
     }
 
     /// The messages of hits held by the session file `file`, at `wanted` `(position,
-    /// event seq)` pairs, each `None` when no longer current; on a kept connection to
-    /// that same file when there is one.
+    /// event seq)` pairs, each `None` when gone or (with `current`) no longer current in
+    /// that file; on a kept connection to that same file when there is one.
     ///
     /// # Errors
     /// As [`HitFiles::messages_at`]: [`Error::SessionNotFound`] when the file is gone.
@@ -326,8 +343,9 @@ impl SearchIndex {
         &self,
         file: &Path,
         wanted: &[(u64, u64)],
+        current: bool,
     ) -> Result<Vec<Option<Arc<Message>>>> {
-        self.files.messages_at(file, wanted)
+        self.files.messages_at(file, wanted, current)
     }
 
     /// Closes the kept connection to `file` (its session was deleted).
@@ -483,6 +501,7 @@ impl SearchIndex {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         tx.execute_batch(
             "DELETE FROM search_rows; DELETE FROM search_lineage; DELETE FROM search_sessions;
+             DELETE FROM search_resets;
              INSERT INTO search_text (search_text) VALUES ('delete-all');",
         )?;
         let mut count = 0;
@@ -560,6 +579,7 @@ impl SearchIndex {
         // `columnsize=0` it takes each row's length as -1, so when the rows average
         // exactly 3 words its length factor is 0 and an absent term scores 0/0. Such a
         // row ranks 0, after the rows holding every term (bm25 is negative).
+        let live = live_row();
         let matches = format!(
             "SELECT rowid AS id, coalesce(bm25(search_text), 0) AS score, {tier} AS tier
              FROM search_text WHERE search_text MATCH ?1"
@@ -582,12 +602,12 @@ impl SearchIndex {
             let candidates = filter.limit.saturating_mul(CANDIDATES);
             let sql = format!(
                 "SELECT m.id, s.session_id, s.title, r.position, r.seq, r.role, r.time_ms,
-                        m.score, m.tier
+                        m.score, m.tier, r.until_seq IS NULL AND {OWN_CURRENT} AS own
                  FROM (SELECT * FROM ({matches})
                        WHERE ?6 IS NULL OR (tier, score, id) > (?6, ?7, ?8)
                        ORDER BY tier, score, id
                        LIMIT ?9) AS m
-                 LEFT JOIN search_rows r ON r.id = m.id
+                 LEFT JOIN search_rows r ON r.id = m.id AND {live}
                  LEFT JOIN search_sessions s ON s.id = r.session
                  ORDER BY m.tier, m.score, m.id"
             );
@@ -601,17 +621,18 @@ impl SearchIndex {
         let sql = format!(
             "SELECT * FROM (
                 SELECT r.id, s.session_id, s.title, r.position, r.seq, r.role, r.time_ms,
-                       m.score, m.tier
+                       m.score, m.tier, r.until_seq IS NULL AND {OWN_CURRENT} AS own
                 FROM ({matches}) AS m
-                JOIN search_rows r ON r.id = m.id
+                JOIN search_rows r ON r.id = m.id AND {live}
                 JOIN search_sessions s ON s.id = r.session
                 WHERE (?2 IS NULL OR r.role = ?2)
                   AND (?3 IS NULL OR r.time_ms >= ?3)
                   AND (?4 IS NULL OR s.cwd = ?4)
-                  AND (?5 IS NULL OR s.session_id = ?5 OR EXISTS (
+                  AND (?5 IS NULL OR (s.session_id = ?5 AND r.until_seq IS NULL AND {OWN_CURRENT}) OR EXISTS (
                         SELECT 1 FROM search_lineage l JOIN search_sessions f ON f.id = l.session
                         WHERE f.session_id = ?5 AND l.ancestor_id = s.session_id
                           AND r.seq > l.after_seq AND r.seq <= l.through_seq
+                          AND (r.until_seq IS NULL OR r.until_seq > l.through_seq)
                           AND {VISIBLE_IN_FORK})))
              WHERE ?6 IS NULL OR (tier, score, id) > (?6, ?7, ?8)
              ORDER BY tier, score, id
@@ -623,32 +644,44 @@ impl SearchIndex {
             .collect())
     }
 
-    /// The sessions that inherit event `seq` of `ancestor`'s file and still show it at
-    /// transcript `position` ([`VISIBLE_IN_FORK`]): forks sharing a hit.
+    /// The sessions that inherit `hit` (event `seq` of `ancestor`'s file, at transcript
+    /// `position`, its index row `row`) and still show it ([`VISIBLE_IN_FORK`]; cut
+    /// before whatever superseded it in `ancestor`): forks sharing a hit.
     ///
     /// # Errors
     /// SQLite errors.
-    pub(crate) fn shared_with(
-        &self,
-        ancestor: &SessionId,
-        seq: u64,
-        position: u64,
-    ) -> Result<Vec<SessionId>> {
+    pub(crate) fn shared_with(&self, hit: &IndexHit) -> Result<Vec<SessionId>> {
         let conn = lock(&self.read);
         let mut stmt = conn.prepare_cached(&format!(
             "SELECT f.session_id
-             FROM (SELECT ?2 AS seq, ?3 AS position) r, search_lineage l
+             FROM (SELECT ?2 AS seq, ?3 AS position,
+                          (SELECT until_seq FROM search_rows WHERE id = ?4) AS until_seq) r,
+                  search_lineage l
              JOIN search_sessions f ON f.id = l.session
              WHERE l.ancestor_id = ?1 AND l.after_seq < r.seq AND l.through_seq >= r.seq
+               AND (r.until_seq IS NULL OR r.until_seq > l.through_seq)
                AND {VISIBLE_IN_FORK}
              ORDER BY f.session_id"
         ))?;
         let ids = stmt
-            .query_map(params![ancestor.as_str(), seq, position], |r| {
-                r.get::<_, String>(0)
-            })?
+            .query_map(
+                params![hit.session_id.as_str(), hit.seq, hit.position, hit.row],
+                |r| r.get::<_, String>(0),
+            )?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         ids.into_iter().map(SessionId::new).collect()
+    }
+
+    /// The title the index holds for session `id`, if it knows the session.
+    ///
+    /// # Errors
+    /// SQLite errors.
+    pub(crate) fn session_title(&self, id: &SessionId) -> Result<Option<String>> {
+        let conn = lock(&self.read);
+        Ok(conn
+            .prepare_cached("SELECT title FROM search_sessions WHERE session_id = ?1")?
+            .query_row(params![id.as_str()], |r| r.get::<_, String>(0))
+            .optional()?)
     }
 
     /// The sessions whose indexed lineage names `ancestor` (forks and rewinds that
@@ -709,21 +742,61 @@ fn reanchor(conn: &Connection, fts: &str, after: (i64, f64, i64)) -> Result<(i64
 
 /// SQL: whether the row `r` (its `seq` and `position`) of an ancestor's file, inherited by
 /// fork `f` (a `search_sessions` row), is still in `f`'s transcript: no later row at that
-/// position in `f` or in an ancestor range of `f`'s lineage, and (for a message, not the
-/// title) no reset of `f`'s own transcript or of an ancestor's within `f`'s range of it.
-/// Before, a fork that replaced or compacted what it inherited was still said to hold it
+/// position in `f` (a row of `f`'s own file from before it, of a range a delete
+/// materialised there, does not hide it) or in an ancestor range of `f`'s lineage, and
+/// (for a message, not the
+/// title) no later reset of `f`'s own transcript, nor of an ancestor's within `f`'s range
+/// of it (every reset, `search_resets`: with only each session's last one, a fork cut
+/// between two resets of its parent was said to show what the first dropped). Before, a
+/// fork that replaced or compacted what it inherited was still said to hold it
 /// (`shared_with`, a search of that fork alone).
 const VISIBLE_IN_FORK: &str = "
-    NOT EXISTS (SELECT 1 FROM search_rows o WHERE o.session = f.id AND o.position = r.position)
-    AND (r.position = 0 OR f.reset_seq IS NULL)
+    NOT EXISTS (SELECT 1 FROM search_rows o
+                WHERE o.session = f.id AND o.position = r.position AND o.until_seq IS NULL
+                  AND o.seq > r.seq)
+    AND (r.position = 0
+         OR NOT EXISTS (SELECT 1 FROM search_resets x WHERE x.session = f.id AND x.seq > r.seq))
     AND NOT EXISTS (
         SELECT 1 FROM search_lineage l2 JOIN search_sessions a2 ON a2.session_id = l2.ancestor_id
         WHERE l2.session = f.id
           AND (EXISTS (SELECT 1 FROM search_rows o2
                        WHERE o2.session = a2.id AND o2.position = r.position AND o2.seq > r.seq
                          AND o2.seq > l2.after_seq AND o2.seq <= l2.through_seq)
-               OR (r.position > 0 AND a2.reset_seq > r.seq
-                   AND a2.reset_seq > l2.after_seq AND a2.reset_seq <= l2.through_seq)))";
+               OR (r.position > 0 AND EXISTS (
+                       SELECT 1 FROM search_resets x2
+                       WHERE x2.session = a2.id AND x2.seq > r.seq
+                         AND x2.seq > l2.after_seq AND x2.seq <= l2.through_seq))))";
+
+/// SQL: whether the index row `r` (joined with its session `s`) can be a hit: current in its
+/// session, or superseded there (`until_seq`) after the cut of a fork that inherits it.
+/// A row that is its session's current one (`own`, [`OWN_CURRENT`]), or that a fork's
+/// inherited range holds, cut before whatever superseded it there.
+fn live_row() -> String {
+    format!(
+        "((r.until_seq IS NULL AND {OWN_CURRENT}) OR EXISTS (
+    SELECT 1 FROM search_lineage l
+    WHERE l.ancestor_id = (SELECT session_id FROM search_sessions WHERE id = r.session)
+      AND l.after_seq < r.seq AND l.through_seq >= r.seq
+      AND (r.until_seq IS NULL OR l.through_seq < r.until_seq)))"
+    )
+}
+
+/// SQL: whether the row `r`, current in its session's own file, is in that session's
+/// transcript, or is its title (a title carried to it, sequence 0, always is: see
+/// [`carry_titles`]): no range the session inherits after it (its own file holds an earlier
+/// range once a delete materialised it) holds a later row at its position, or for a
+/// message a later reset. Before, such a row was found under the session, which shows
+/// the later version instead, and hid that version from the session's `shared_with`.
+const OWN_CURRENT: &str = "(r.seq = 0 OR NOT EXISTS (
+    SELECT 1 FROM search_lineage l3 JOIN search_sessions a3 ON a3.session_id = l3.ancestor_id
+    WHERE l3.session = r.session AND l3.through_seq > r.seq
+      AND (EXISTS (SELECT 1 FROM search_rows o3
+                   WHERE o3.session = a3.id AND o3.position = r.position AND o3.seq > r.seq
+                     AND o3.seq > l3.after_seq AND o3.seq <= l3.through_seq)
+           OR (r.position > 0 AND EXISTS (
+                   SELECT 1 FROM search_resets x3
+                   WHERE x3.session = a3.id AND x3.seq > r.seq
+                     AND x3.seq > l3.after_seq AND x3.seq <= l3.through_seq)))))";
 
 /// Runs a search statement of [`SearchIndex::search`] (parameters: `?1` the FTS5
 /// expression, `?2`-`?5` the filters, `?6`-`?8` the keyset, `?9` the limit, `?10` the
@@ -766,13 +839,14 @@ fn query_hits(
                     r.get::<_, Option<i64>>(6)?,
                     r.get::<_, f64>(7)?,
                     r.get::<_, i64>(8)?,
+                    r.get::<_, Option<bool>>(9)?,
                 ))
             },
         )
         .map_err(query_error)?;
     let mut out = Vec::new();
     for row in rows {
-        let (row, sid, title, position, seq, role, time_ms, rank, tier) =
+        let (row, sid, title, position, seq, role, time_ms, rank, tier, own) =
             row.map_err(query_error)?;
         out.push(match (sid, title, position, seq, time_ms) {
             (Some(sid), Some(title), Some(position), Some(seq), Some(time_ms)) => Some(IndexHit {
@@ -785,6 +859,7 @@ fn query_hits(
                 time_ms,
                 rank,
                 tier,
+                own: own.unwrap_or(false),
             }),
             _ => None,
         });
@@ -832,6 +907,8 @@ fn forget_in(tx: &Transaction<'_>, id: &SessionId) -> Result<()> {
         tx.prepare_cached("DELETE FROM search_rows WHERE session = ?1")?
             .execute([key])?;
         tx.prepare_cached("DELETE FROM search_lineage WHERE session = ?1")?
+            .execute([key])?;
+        tx.prepare_cached("DELETE FROM search_resets WHERE session = ?1")?
             .execute([key])?;
         tx.prepare_cached("DELETE FROM search_sessions WHERE id = ?1")?
             .execute([key])?;
@@ -923,8 +1000,18 @@ fn put(
     role: Option<&str>,
     text: &str,
 ) -> Result<()> {
-    tx.prepare_cached("DELETE FROM search_rows WHERE session = ?1 AND position = ?2")?
-        .execute(params![key, position])?;
+    if position > 0 {
+        // Kept for the forks cut before it (see `search_rows.until_seq`).
+        tx.prepare_cached(
+            "UPDATE search_rows SET until_seq = ?3
+             WHERE session = ?1 AND position = ?2 AND until_seq IS NULL AND seq < ?3",
+        )?
+        .execute(params![key, position, seq])?;
+    }
+    tx.prepare_cached(
+        "DELETE FROM search_rows WHERE session = ?1 AND position = ?2 AND until_seq IS NULL",
+    )?
+    .execute(params![key, position])?;
     if text.trim().is_empty() {
         return Ok(());
     }
@@ -993,10 +1080,16 @@ fn apply(tx: &Transaction<'_>, key: i64, changes: &[Change<'_>]) -> Result<()> {
     for change in changes {
         match change {
             Change::Reset { seq } => {
-                tx.prepare_cached("DELETE FROM search_rows WHERE session = ?1 AND position > 0")?
-                    .execute([key])?;
-                tx.prepare_cached("UPDATE search_sessions SET reset_seq = ?2 WHERE id = ?1")?
-                    .execute(params![key, seq])?;
+                // Kept for the forks cut before it (see `search_rows.until_seq`).
+                tx.prepare_cached(
+                    "UPDATE search_rows SET until_seq = ?2
+                     WHERE session = ?1 AND position > 0 AND until_seq IS NULL",
+                )?
+                .execute(params![key, seq])?;
+                tx.prepare_cached(
+                    "INSERT OR IGNORE INTO search_resets (session, seq) VALUES (?1, ?2)",
+                )?
+                .execute(params![key, seq])?;
             }
             Change::Put {
                 position,
