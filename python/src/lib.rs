@@ -25,121 +25,121 @@ use session_store::{
 };
 
 create_exception!(
-    _native,
+    session_store,
     SessionStoreError,
     PyException,
     "Base class of every error raised by session_store."
 );
 create_exception!(
-    _native,
+    session_store,
     InvalidInput,
     SessionStoreError,
     "The caller passed something malformed: an id, a batch, a cursor, an option, JSON."
 );
 create_exception!(
-    _native,
+    session_store,
     InvalidPayload,
     InvalidInput,
     "An event payload does not match its kind's schema."
 );
 create_exception!(
-    _native,
+    session_store,
     OperationConflict,
     InvalidInput,
     "The operation id was used before with different content."
 );
 create_exception!(
-    _native,
+    session_store,
     NotFound,
     SessionStoreError,
     "No session with this id exists under the root."
 );
 create_exception!(
-    _native,
+    session_store,
     AlreadyExists,
     SessionStoreError,
     "A session (or export destination) with this name already exists."
 );
 create_exception!(
-    _native,
+    session_store,
     WriterOwned,
     SessionStoreError,
     "Another writer owns the session; `owner` is a dict (owner_id, host, pid, generation, since_ms)."
 );
 create_exception!(
-    _native,
+    session_store,
     UnsupportedVersion,
     SessionStoreError,
     "A file, schema or required event kind newer than this build understands."
 );
 create_exception!(
-    _native,
+    session_store,
     Corrupt,
     SessionStoreError,
     "A file that is damaged or not a session file."
 );
 create_exception!(
-    _native,
+    session_store,
     InternalError,
     SessionStoreError,
     "An invariant broke inside the library (a bug, not the caller's doing)."
 );
 create_exception!(
-    _native,
+    session_store,
     Closed,
     SessionStoreError,
     "The session was closed; it accepts nothing more."
 );
 create_exception!(
-    _native,
+    session_store,
     StaleGeneration,
     SessionStoreError,
     "Another writer took the lease: this handle is fenced off."
 );
 create_exception!(
-    _native,
+    session_store,
     Poisoned,
     SessionStoreError,
     "An earlier failure left a commit's outcome unknown; reopen the session."
 );
 create_exception!(
-    _native,
+    session_store,
     PersistenceFailed,
     SessionStoreError,
     "The last write failed; the accepted tail is kept and the next flush retries."
 );
 create_exception!(
-    _native,
+    session_store,
     DiskFull,
     PersistenceFailed,
     "The disk (or its quota) is full."
 );
 create_exception!(
-    _native,
+    session_store,
     Cancelled,
     SessionStoreError,
     "The wait was cancelled (e.g. `delete` gave up waiting for the writer)."
 );
 create_exception!(
-    _native,
+    session_store,
     ForkBoundaryNotAtomic,
     SessionStoreError,
     "The fork or rewind cut does not fall on a commit boundary."
 );
 create_exception!(
-    _native,
+    session_store,
     ForkActiveAuthority,
     SessionStoreError,
     "The fork or rewind prefix leaves an open turn or a pending interaction."
 );
 create_exception!(
-    _native,
+    session_store,
     RuntimeStateError,
     SessionStoreError,
     "The service runtime is busy, bound, not running, stale or needs recovery."
 );
 create_exception!(
-    _native,
+    session_store,
     StorageError,
     SessionStoreError,
     "An operating-system I/O error or any other SQLite error."

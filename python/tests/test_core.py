@@ -4,8 +4,11 @@ verify, async variants, the exception hierarchy and hostile input."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
+import multiprocessing
 import os
+import pickle
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -168,6 +171,38 @@ def test_error_hierarchy_and_writer_owned_carries_the_owner(root):
     writer.close()
     assert writer.flush() == 0 and writer.sequences() == (0, 0) and writer.transcript() == []
     root.open("a").close()  # free again
+
+
+def _open_in_worker(path: str, session_id: str) -> None:
+    """Run in a process pool: raises what `Root.open` raises there."""
+    session_store.Root(path).open(session_id)
+
+
+def test_errors_pickle_and_cross_a_process_pool(root):
+    # Exceptions are named where the package exports them, so pickle (multiprocessing,
+    # concurrent.futures) can find their class: `_native` was no importable module.
+    for name in session_store.__all__:
+        cls = getattr(session_store, name)
+        if isinstance(cls, type) and issubclass(cls, SessionStoreError):
+            assert cls.__module__ == "session_store", cls
+            again = pickle.loads(pickle.dumps(cls(f"{name} happened")))
+            assert type(again) is cls and str(again) == f"{name} happened"
+    writer = root.create("p")
+    with pytest.raises(WriterOwned) as owned:
+        root.open("p")
+    again = pickle.loads(pickle.dumps(owned.value))
+    assert type(again) is WriterOwned and again.owner == owned.value.owner
+    assert str(again) == str(owned.value)
+    # A worker process's error comes back as the same class, with its message and owner.
+    with concurrent.futures.ProcessPoolExecutor(
+        1, mp_context=multiprocessing.get_context("spawn")
+    ) as pool:
+        with pytest.raises(WriterOwned) as remote:
+            pool.submit(_open_in_worker, root.path, "p").result(timeout=60)
+        assert remote.value.owner["pid"] == os.getpid()
+        with pytest.raises(NotFound, match="nope"):
+            pool.submit(_open_in_worker, root.path, "nope").result(timeout=60)
+    writer.close()
 
 
 def test_hostile_input_is_refused_and_changes_nothing(root, tmp_path):
