@@ -11,7 +11,7 @@ mod pyjson;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use pyo3::create_exception;
@@ -154,21 +154,7 @@ fn to_py(py: Python<'_>, e: Error) -> PyErr {
         Error::OperationConflict { .. } => OperationConflict::new_err(msg),
         Error::SessionNotFound(_) => NotFound::new_err(msg),
         Error::SessionExists(_) => AlreadyExists::new_err(msg),
-        Error::WriterOwned { owner } => {
-            let err = WriterOwned::new_err(msg);
-            let dict = PyDict::new(py);
-            let filled = dict
-                .set_item("owner_id", owner.owner_id)
-                .and_then(|()| dict.set_item("host", owner.host))
-                .and_then(|()| dict.set_item("pid", owner.pid))
-                .and_then(|()| dict.set_item("generation", owner.generation))
-                .and_then(|()| dict.set_item("since_ms", owner.since_ms))
-                .and_then(|()| err.value(py).setattr("owner", dict));
-            match filled {
-                Ok(()) => err,
-                Err(other) => other,
-            }
-        }
+        Error::WriterOwned { owner } => writer_owned(py, msg, &owner),
         Error::UnsupportedVersion { .. } => UnsupportedVersion::new_err(msg),
         Error::Corrupt { .. } => Corrupt::new_err(msg),
         Error::Internal { .. } => InternalError::new_err(msg),
@@ -189,6 +175,23 @@ fn to_py(py: Python<'_>, e: Error) -> PyErr {
             StorageError::new_err(msg)
         }
         _ => SessionStoreError::new_err(msg),
+    }
+}
+
+/// A `WriterOwned` exception with message `msg` and `owner` as a dict.
+fn writer_owned(py: Python<'_>, msg: String, owner: &session_store::WriterOwner) -> PyErr {
+    let err = WriterOwned::new_err(msg);
+    let dict = PyDict::new(py);
+    let filled = dict
+        .set_item("owner_id", &owner.owner_id)
+        .and_then(|()| dict.set_item("host", &owner.host))
+        .and_then(|()| dict.set_item("pid", owner.pid))
+        .and_then(|()| dict.set_item("generation", owner.generation))
+        .and_then(|()| dict.set_item("since_ms", owner.since_ms))
+        .and_then(|()| err.value(py).setattr("owner", dict));
+    match filled {
+        Ok(()) => err,
+        Err(other) => other,
     }
 }
 
@@ -239,34 +242,93 @@ fn session_id(id: &str) -> session_store::Result<SessionId> {
 }
 
 /// The one tokio runtime of the process that runs [`SessionQuery`] futures (their storage work
-/// runs on its blocking pool).
+/// runs on its blocking pool). A child made by `os.fork()` inherits the parent's runtime
+/// without its threads (a query waited forever for a worker that is not there): the child
+/// builds its own, and the inherited one is left alone (dropping it would wait for those
+/// threads too).
 fn tokio_runtime() -> session_store::Result<&'static tokio::runtime::Runtime> {
-    static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
-    RUNTIME
-        .get_or_init(|| {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .thread_name("session-store-py")
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())
-        })
-        .as_ref()
+    static RUNTIME: Mutex<Option<(u32, &'static tokio::runtime::Runtime)>> = Mutex::new(None);
+    let pid = std::process::id();
+    let mut slot = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((owner, runtime)) = *slot
+        && owner == pid
+    {
+        return Ok(runtime);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("session-store-py")
+        .enable_all()
+        .build()
         .map_err(|e| Error::Io {
             context: "starting the query runtime".into(),
-            source: std::sync::Arc::new(std::io::Error::other(e.clone())),
-        })
+            source: std::sync::Arc::new(e),
+        })?;
+    let runtime: &'static tokio::runtime::Runtime = Box::leak(Box::new(runtime));
+    *slot = Some((pid, runtime));
+    Ok(runtime)
 }
 
-/// A root folder of sessions (`session_store.Root` wraps it).
+/// A value of the process that made it. A child made by `os.fork()` holds copies of its
+/// parent's objects, whose SQLite connections, writer lock and pending batches are the
+/// parent's ("never carry a connection across fork()"): there the value is not handed out
+/// and never dropped (a session dropped in a child wrote the parent's pending batches a
+/// second time, poisoning the parent's writer).
+struct Owned<T> {
+    value: Option<T>,
+    pid: u32,
+}
+
+impl<T> Owned<T> {
+    fn new(value: T) -> Owned<T> {
+        Owned {
+            value: Some(value),
+            pid: std::process::id(),
+        }
+    }
+
+    /// The value, or None in a child made by `os.fork()`.
+    fn get(&self) -> Option<&T> {
+        if self.pid == std::process::id() {
+            self.value.as_ref()
+        } else {
+            None
+        }
+    }
+}
+
+impl<T> Drop for Owned<T> {
+    fn drop(&mut self) {
+        if self.pid != std::process::id() {
+            std::mem::forget(self.value.take());
+        }
+    }
+}
+
+/// A root folder of sessions (`session_store.Root` wraps it). A child made by `os.fork()`
+/// opens the folder again at its first call (see [`Owned`]).
 #[pyclass(frozen, module = "session_store._native")]
 struct Root {
-    service: Service,
+    path: PathBuf,
+    options: StoreOptions,
+    service: Mutex<Owned<Service>>,
 }
 
 impl Root {
-    fn query(&self) -> SessionQuery {
-        self.service.query()
+    /// This process's service of the root.
+    fn service(&self) -> session_store::Result<Service> {
+        let mut service = self.service.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(service) = service.get() {
+            return Ok(service.clone());
+        }
+        let root = session_store::Root::with_options(&self.path, self.options.clone())?;
+        let fresh = Service::new("local", root)?;
+        *service = Owned::new(fresh.clone());
+        Ok(fresh)
+    }
+
+    fn query(&self) -> session_store::Result<SessionQuery> {
+        Ok(self.service()?.query())
     }
 
     /// Runs a query future on the shared runtime.
@@ -306,9 +368,11 @@ impl Root {
             options = options.with_write_behind(Duration::from_millis(ms));
         }
         detached(py, move || {
-            let root = session_store::Root::with_options(path, options)?;
+            let root = session_store::Root::with_options(path, options.clone())?;
             Ok(Root {
-                service: Service::new("local", root)?,
+                path: root.path().to_path_buf(),
+                options,
+                service: Mutex::new(Owned::new(Service::new("local", root)?)),
             })
         })
     }
@@ -316,7 +380,7 @@ impl Root {
     /// The root folder.
     #[getter]
     fn path(&self) -> PathBuf {
-        self.service.root().path().to_path_buf()
+        self.path.clone()
     }
 
     /// Creates a session (a random id when `session_id` is None) and opens it for writing.
@@ -336,9 +400,7 @@ impl Root {
             if let Some(cwd) = cwd {
                 options = options.with_cwd(cwd);
             }
-            Ok(Session {
-                inner: self.service.root().create(options)?,
-            })
+            Ok(Session::new(self.service()?.root().create(options)?))
         })
     }
 
@@ -346,17 +408,15 @@ impl Root {
     fn open_writer(&self, py: Python<'_>, session_id: &str) -> NativeResult<Session> {
         detached(py, || {
             let id = self::session_id(session_id)?;
-            Ok(Session {
-                inner: self.service.root().open_writer(&id)?,
-            })
+            Ok(Session::new(self.service()?.root().open_writer(&id)?))
         })
     }
 
     /// A reader of one session's durable state, kept open across calls.
-    fn reader(&self, py: Python<'_>, session_id: &str) -> NativeResult<Reader> {
+    fn reader(slf: &Bound<'_, Self>, session_id: &str) -> NativeResult<Reader> {
         Ok(Reader {
-            root: self.service.root().clone(),
-            id: self::session_id(session_id).map_err(|e| to_py(py, e))?,
+            root: slf.clone().unbind(),
+            id: self::session_id(session_id).map_err(|e| to_py(slf.py(), e))?,
             open: Mutex::new(None),
         })
     }
@@ -365,7 +425,7 @@ impl Root {
     #[pyo3(signature = (cursor=None, limit=50))]
     fn list(&self, py: Python<'_>, cursor: Option<String>, limit: usize) -> NativeResult<String> {
         detached(py, || {
-            let page = self.run(self.query().list(cursor.as_deref(), limit))?;
+            let page = self.run(self.query()?.list(cursor.as_deref(), limit))?;
             json(&page)
         })
     }
@@ -402,7 +462,7 @@ impl Root {
             if let Some(role) = role {
                 options = options.with_role(role);
             }
-            let mut page = self.run(self.query().search(query, options))?;
+            let mut page = self.run(self.query()?.search(query, options))?;
             for hit in &mut page.hits {
                 hit.snippet = char_indexed(std::mem::take(&mut hit.snippet));
             }
@@ -420,8 +480,8 @@ impl Root {
         limit: usize,
     ) -> NativeResult<String> {
         detached(py, || {
-            let r = self.service.session_ref(self::session_id(session_id)?);
-            let page = self.run(self.query().history_page(&r, cursor.as_deref(), limit))?;
+            let r = self.service()?.session_ref(self::session_id(session_id)?);
+            let page = self.run(self.query()?.history_page(&r, cursor.as_deref(), limit))?;
             json(&page)
         })
     }
@@ -429,8 +489,8 @@ impl Root {
     /// The whole durable transcript (a JSON array of messages).
     fn transcript(&self, py: Python<'_>, session_id: &str) -> NativeResult<String> {
         detached(py, || {
-            let r = self.service.session_ref(self::session_id(session_id)?);
-            let messages = self.run(self.query().history(&r))?;
+            let r = self.service()?.session_ref(self::session_id(session_id)?);
+            let messages = self.run(self.query()?.history(&r))?;
             json(&messages)
         })
     }
@@ -445,8 +505,8 @@ impl Root {
         limit: usize,
     ) -> NativeResult<String> {
         detached(py, || {
-            let r = self.service.session_ref(self::session_id(session_id)?);
-            let observed = self.run(self.query().observe(&r, after, limit))?;
+            let r = self.service()?.session_ref(self::session_id(session_id)?);
+            let observed = self.run(self.query()?.observe(&r, after, limit))?;
             json(&observed.events)
         })
     }
@@ -459,9 +519,9 @@ impl Root {
         digest: String,
     ) -> NativeResult<Bound<'py, PyBytes>> {
         let bytes = detached(py, || {
-            let r = self.service.session_ref(self::session_id(session_id)?);
+            let r = self.service()?.session_ref(self::session_id(session_id)?);
             let content = session_store::ContentRef::new(digest, 0, "");
-            self.run(self.query().read_content(&r, &content))
+            self.run(self.query()?.read_content(&r, &content))
         })?;
         Ok(PyBytes::new(py, &bytes))
     }
@@ -470,7 +530,7 @@ impl Root {
     fn turns(&self, py: Python<'_>, session_id: &str) -> NativeResult<String> {
         detached(py, || {
             let reader = self
-                .service
+                .service()?
                 .root()
                 .open_reader(&self::session_id(session_id)?)?;
             json(&reader.turns()?)
@@ -481,7 +541,7 @@ impl Root {
     fn writer_owner(&self, py: Python<'_>, session_id: &str) -> NativeResult<Option<String>> {
         detached(py, || {
             let owner = self
-                .service
+                .service()?
                 .root()
                 .writer_owner(&self::session_id(session_id)?)?;
             owner.as_ref().map(json).transpose()
@@ -512,7 +572,7 @@ impl Root {
             };
             let child = child.map(SessionId::new).transpose()?;
             let id = self
-                .service
+                .service()?
                 .root()
                 .fork(&self::session_id(parent)?, point, child)?;
             Ok(id.to_string())
@@ -523,7 +583,7 @@ impl Root {
     fn export(&self, py: Python<'_>, session_id: &str, path: PathBuf) -> NativeResult<String> {
         detached(py, || {
             let report = self
-                .service
+                .service()?
                 .root()
                 .export(&self::session_id(session_id)?, path)?;
             json(&report)
@@ -547,7 +607,7 @@ impl Root {
             if let Some(cwd) = cwd {
                 options = options.with_cwd(cwd);
             }
-            Ok(self.service.root().import(path, options)?.to_string())
+            Ok(self.service()?.root().import(path, options)?.to_string())
         })
     }
 
@@ -555,7 +615,7 @@ impl Root {
     fn verify(&self, py: Python<'_>, session_id: &str) -> NativeResult<String> {
         detached(py, || {
             let dir = self
-                .service
+                .service()?
                 .root()
                 .session_dir(&self::session_id(session_id)?);
             verified_json(session_store::verify_file(dir)?)
@@ -567,7 +627,7 @@ impl Root {
     fn rename(&self, py: Python<'_>, session_id: &str, title: &str) -> NativeResult<()> {
         detached(py, || {
             let id = self::session_id(session_id)?;
-            self.service.root().rename(&id, title)
+            self.service()?.root().rename(&id, title)
         })
     }
 
@@ -581,7 +641,9 @@ impl Root {
             let id = self::session_id(session_id)?;
             // A deadline, not a timer thread: a thread per delete outlived the call by
             // `wait` seconds, so a host deleting often kept hundreds of them.
-            self.service.root().delete(&id, &CancelToken::after(wait))
+            self.service()?
+                .root()
+                .delete(&id, &CancelToken::after(wait))
         })
     }
 }
@@ -619,9 +681,10 @@ fn file_id(file: &Path) -> session_store::Result<FileId> {
 /// retried once on a fresh open.
 #[pyclass(frozen, module = "session_store._native")]
 struct Reader {
-    root: session_store::Root,
+    root: Py<Root>,
     id: SessionId,
-    open: Mutex<Option<(SessionReader, FileId)>>,
+    /// The open reader (one inherited through `os.fork()` is opened again: see [`Owned`]).
+    open: Mutex<Option<(Owned<SessionReader>, FileId)>>,
 }
 
 impl Reader {
@@ -630,14 +693,15 @@ impl Reader {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         if !fresh
             && let Some((reader, id)) = open.as_ref()
+            && let Some(reader) = reader.get()
             && file_id(reader.file()).is_ok_and(|now| now == *id)
         {
             return Ok(reader.clone());
         }
         *open = None;
-        let reader = self.root.open_reader(&self.id)?;
+        let reader = self.root.get().service()?.root().open_reader(&self.id)?;
         let id = file_id(reader.file())?;
-        *open = Some((reader.clone(), id));
+        *open = Some((Owned::new(reader.clone()), id));
         Ok(reader)
     }
 
@@ -799,10 +863,44 @@ impl Reader {
 /// this many.
 const PART: usize = 2000;
 
-/// A session opened for writing (`session_store.Session` wraps it).
+/// A session opened for writing (`session_store.Session` wraps it). In a child made by
+/// `os.fork()` it is the parent's writer: every call but `close` (which lets the copy go)
+/// raises `WriterOwned` naming the parent (see [`Owned`]).
 #[pyclass(frozen, module = "session_store._native")]
 struct Session {
-    inner: session_store::Session,
+    inner: Owned<session_store::Session>,
+    id: SessionId,
+    owner: session_store::WriterOwner,
+}
+
+impl Session {
+    fn new(inner: session_store::Session) -> Session {
+        Session {
+            id: inner.id().clone(),
+            owner: inner.owner().clone(),
+            inner: Owned::new(inner),
+        }
+    }
+
+    /// The session, or `WriterOwned` in a child made by `os.fork()`.
+    fn inner(&self, py: Python<'_>) -> NativeResult<&session_store::Session> {
+        self.inner.get().ok_or_else(|| {
+            let err = Error::WriterOwned {
+                owner: self.owner.clone(),
+            };
+            writer_owned(
+                py,
+                format!(
+                    "{err}: this process ({}) was made by os.fork() and has a copy of its \
+                     parent's handle of session {}; open the session in this process once \
+                     the parent closed it",
+                    std::process::id(),
+                    self.id
+                ),
+                &self.owner,
+            )
+        })
+    }
 }
 
 /// What `append` reports of a commit.
@@ -820,16 +918,17 @@ impl Session {
     /// The session id.
     #[getter]
     fn id(&self) -> String {
-        self.inner.id().to_string()
+        self.id.to_string()
     }
 
     /// Appends one batch given as JSON text `{"operation_id", "turn_id"?, "events": [...]}`;
     /// returns the commit (JSON). Accepted in memory; durable after `flush`.
     fn append(&self, py: Python<'_>, batch_json: &str) -> NativeResult<String> {
+        let inner = self.inner(py)?;
         detached(py, || {
             let batch: Batch = serde_json::from_str(batch_json)
                 .map_err(|e| invalid_from("batch is not valid", e))?;
-            let commit = self.inner.append(batch)?;
+            let commit = inner.append(batch)?;
             json(&CommitSummary {
                 commit_id: &commit.commit_id,
                 operation_id: &commit.operation_id,
@@ -842,22 +941,28 @@ impl Session {
 
     /// Writes every accepted batch (fsynced); returns the durable sequence.
     fn flush(&self, py: Python<'_>) -> NativeResult<u64> {
-        detached(py, || self.inner.flush())
+        let inner = self.inner(py)?;
+        detached(py, || inner.flush())
     }
 
     /// `(accepted, durable)` sequences.
-    fn sequences(&self) -> (u64, u64) {
-        self.inner.sequences()
+    fn sequences(&self, py: Python<'_>) -> NativeResult<(u64, u64)> {
+        Ok(self.inner(py)?.sequences())
     }
 
     /// The accepted transcript, including batches not yet durable (a JSON array).
     fn transcript(&self, py: Python<'_>) -> NativeResult<String> {
-        detached(py, || json(&self.inner.transcript()?))
+        let inner = self.inner(py)?;
+        detached(py, || json(&inner.transcript()?))
     }
 
-    /// Flushes and releases the writer lock; later calls raise `Closed`.
+    /// Flushes and releases the writer lock; later calls raise `Closed`. In a child made by
+    /// `os.fork()` it does nothing: the parent's writer stays as it is.
     fn close(&self, py: Python<'_>) -> NativeResult<()> {
-        detached(py, || self.inner.close())
+        match self.inner.get() {
+            Some(inner) => detached(py, || inner.close()),
+            None => Ok(()),
+        }
     }
 }
 

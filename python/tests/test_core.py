@@ -9,6 +9,8 @@ import json
 import multiprocessing
 import os
 import pickle
+import subprocess
+import sys
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -567,3 +569,98 @@ def test_rename_sets_the_title_that_list_and_search_show(root):
         with pytest.raises(error):
             root.rename(*args)
     assert root.events("chat")["next"] == durable
+
+
+_FORK_SCRIPT = r"""
+import json, os, signal, sys, time
+import session_store
+from session_store import WriterOwned
+
+def turn(t, text):
+    return [
+        {"kind": "turn/start"},
+        {"kind": "message/complete",
+         "payload": {"message": {"id": f"m-{t}", "role": "user", "content": text}}},
+        {"kind": "turn/end", "payload": {"status": "completed"}},
+    ]
+
+path, report = sys.argv[1], sys.argv[2]
+root = session_store.Root(path, write_behind_ms=60_000)
+parent = root.create("p")
+parent.append(turn("t1", "hello one"), operation_id="o1", turn_id="t1")
+parent.flush()
+# Every pool of the process in use before the fork: queries, a kept reader, a search.
+reader = root.reader("p")
+assert len(reader.messages()) == 1
+assert root.search("hello")["hits"] and root.history("p")["messages"] and root.list()["sessions"]
+# Accepted, not written: the parent's write-behind waits a minute.
+parent.append(turn("t2", "hello two"), operation_id="o2", turn_id="t2")
+pid = os.fork()
+if pid == 0:
+    signal.alarm(60)
+    out = {}
+    out["list"] = [s["session_ref"]["session_id"] for s in root.list()["sessions"]]
+    out["history"] = len(root.history("p")["messages"])
+    out["messages"] = len(reader.messages())
+    out["hits"] = len(root.search("hello")["hits"])
+    for call in ("append", "flush", "sequences", "transcript"):
+        try:
+            if call == "append":
+                parent.append(turn("t3", "child"), operation_id="o3", turn_id="t3")
+            else:
+                getattr(parent, call)()
+        except WriterOwned as e:
+            out[call] = [e.owner["pid"], "os.fork()" in str(e)]
+    parent.close()  # lets go of the copy only
+    try:
+        root.open("p")
+    except WriterOwned as e:
+        out["open"] = e.owner["pid"]
+    quick = session_store.Root(path, write_behind_ms=10)
+    child = quick.create("c")
+    child.append(turn("c1", "from the child"), operation_id="c1", turn_id="c1")
+    deadline = time.monotonic() + 20
+    while not root.history("c")["messages"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    out["written_behind"] = len(root.history("c")["messages"])
+    child.close()
+    with open(report, "w") as f:
+        json.dump(out, f)
+    sys.exit(0)  # a normal exit: the inherited copies are finalized in this process
+_, status = os.waitpid(pid, 0)
+out = {"status": status, "pid": os.getpid(), "owner": root.writer_owner("p")["pid"] == os.getpid()}
+out["flush"] = parent.flush()
+parent.append(turn("t3", "hello three"), operation_id="o3", turn_id="t3")
+parent.close()
+out["verify"] = session_store.verify(os.path.join(path, "p"))["commits"]
+out["transcript"] = [m["id"] for m in root.transcript("p")]
+print(json.dumps(out))
+"""
+
+
+def test_a_forked_child_works_and_leaves_the_parents_writer_alone(tmp_path):
+    # A child made by os.fork() (multiprocessing's default on Linux) after the parent used
+    # the package: its first query waited forever for the parent's worker threads, and its
+    # copy of the parent's session, finalized at its exit, wrote the parent's pending batch
+    # into the file, so the parent's own flush then failed and poisoned its writer.
+    report = tmp_path / "child.json"
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_SCRIPT, str(tmp_path / "root"), str(report)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    parent = json.loads(done.stdout)
+    child = json.loads(report.read_text())
+    assert parent["status"] == 0
+    assert child["list"] == ["p"] and child["history"] == 1 and child["messages"] == 1
+    assert child["hits"] == 1
+    parent_pid = parent["pid"]
+    assert child["open"] == parent_pid
+    for call in ("append", "flush", "sequences", "transcript"):
+        assert child[call] == [parent_pid, True], call
+    assert child["written_behind"] == 1
+    assert parent["owner"] is True and parent["flush"] == 6
+    assert parent["verify"] == 3
+    assert parent["transcript"] == ["m-t1", "m-t2", "m-t3"]
