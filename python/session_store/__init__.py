@@ -93,6 +93,9 @@ __all__ = [
     "averify",
 ]
 
+#: The package's version, as the wheel's metadata gives it.
+__version__: str = _native.__version__
+
 _T = TypeVar("_T")
 
 PathLike = str | os.PathLike[str]

@@ -5,6 +5,9 @@ Use the Pythonic wrappers in :mod:`session_store`; this layer passes JSON as tex
 
 from typing import Any
 
+__version__: str
+"""The package's version (the wheel's)."""
+
 class SessionStoreError(Exception):
     """Base class of every error raised by session_store."""
 

@@ -664,3 +664,11 @@ def test_a_forked_child_works_and_leaves_the_parents_writer_alone(tmp_path):
     assert parent["owner"] is True and parent["flush"] == 6
     assert parent["verify"] == 3
     assert parent["transcript"] == ["m-t1", "m-t2", "m-t3"]
+
+
+def test_the_version_is_the_installed_distributions():
+    from importlib import metadata
+
+    assert session_store.__version__ == metadata.version("session-store")
+    assert session_store._native.__version__ == session_store.__version__
+    assert all(part.isdigit() for part in session_store.__version__.split("."))
