@@ -726,6 +726,16 @@ impl Reader {
         self.id.to_string()
     }
 
+    /// `(device, inode, created_at_ms)` of the session's file: a session deleted and made
+    /// again under the same id is another file, made at another time.
+    fn identity(&self, py: Python<'_>) -> NativeResult<(u64, u64, i64)> {
+        detached(py, || {
+            let reader = self.current(false)?;
+            let (dev, ino) = file_id(reader.file())?;
+            Ok((dev, ino, reader.header().created_at_ms))
+        })
+    }
+
     /// The last durable sequence.
     fn durable_sequence(&self, py: Python<'_>) -> NativeResult<u64> {
         detached(py, || self.read(SessionReader::durable_sequence))

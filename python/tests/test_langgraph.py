@@ -297,3 +297,46 @@ def test_a_large_value_in_many_checkpoints_is_stored_once(root) -> None:
         assert saver.get_tuple(config("doc")).checkpoint["channel_values"]["doc"] == doc
     # Ten new versions of one 120 kB value: stored once (the rest is placeholders).
     assert grown < 3 * len(doc), grown
+
+
+def test_a_thread_deleted_and_made_again_by_another_saver_is_read_anew(root) -> None:
+    # A saver that had read a thread kept folding the log from where it stopped: after
+    # another saver (or process) deleted the thread and made it again, it served the old
+    # thread's checkpoint, and its next put stored a suffix of a list version that only the
+    # old thread held (unreadable: "missing from the log").
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    def put(saver, parent: dict, items: list[str]) -> dict:
+        version = saver.get_next_version(None, None)
+        c = empty_checkpoint()
+        c["channel_values"] = {"items": items}
+        c["channel_versions"] = {"items": version}
+        return saver.put(parent, c, {"step": len(items)}, {"items": version})
+
+    reader, other = SessionStoreSaver(root), SessionStoreSaver(root)
+    with other:
+        last = config("again")
+        for n in range(1, 4):
+            last = put(other, last, [f"old {i}" for i in range(n)])
+    assert reader.get_tuple(config("again")).checkpoint["channel_values"]["items"] == [
+        "old 0",
+        "old 1",
+        "old 2",
+    ]
+    with other:
+        other.delete_thread("again")
+        fresh = put(other, config("again"), ["old 0", "old 1", "old 2"])
+    got = reader.get_tuple(config("again"))
+    assert got.config == fresh
+    assert got.checkpoint["channel_values"]["items"] == ["old 0", "old 1", "old 2"]
+    assert len(list(reader.list(config("again")))) == 1
+    with reader:
+        grown = put(reader, fresh, ["old 0", "old 1", "old 2", "new 3"])
+    with SessionStoreSaver(root) as third:
+        assert third.get_tuple(grown).checkpoint["channel_values"]["items"] == [
+            "old 0",
+            "old 1",
+            "old 2",
+            "new 3",
+        ]
+        assert [t.config for t in third.list(config("again"))] == [grown, fresh]
