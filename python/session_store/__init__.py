@@ -33,6 +33,7 @@ Reads through :class:`Root` (``history``, ``transcript``, ``events``, ``turns``)
 from __future__ import annotations
 
 import asyncio
+import builtins
 import functools
 import json
 import os
@@ -335,6 +336,9 @@ class SessionReader:
 class Root:
     """A root folder of sessions (created when missing): one SQLite file per session.
 
+    (Its annotations say ``builtins.list``: in the class's scope, where type checkers read
+    them, ``list`` is :meth:`list`.)
+
     ``durability`` is ``"full"`` (``synchronous=FULL``, survives power loss; the default)
     or ``"normal"`` (survives a process crash); ``write_behind_ms`` is how long an accepted
     batch waits before it is written (default 200 ms; :meth:`Session.flush` writes at once).
@@ -442,7 +446,7 @@ class Root:
         )
 
     @_native_args
-    def transcript(self, session_id: str) -> list[dict[str, Any]]:
+    def transcript(self, session_id: str) -> builtins.list[dict[str, Any]]:
         """The whole durable transcript, oldest first."""
         return json.loads(self._native.transcript(session_id))
 
@@ -452,7 +456,7 @@ class Root:
         return json.loads(self._native.events(session_id, after, limit))
 
     @_native_args
-    def turns(self, session_id: str) -> list[dict[str, Any]]:
+    def turns(self, session_id: str) -> builtins.list[dict[str, Any]]:
         """The completed turns of the durable log, in order."""
         return json.loads(self._native.turns(session_id))
 
@@ -564,7 +568,7 @@ class Root:
             role=role,
         )
 
-    async def atranscript(self, session_id: str) -> list[dict[str, Any]]:
+    async def atranscript(self, session_id: str) -> builtins.list[dict[str, Any]]:
         """:meth:`transcript` in a worker thread."""
         return await _to_thread(self.transcript, session_id)
 

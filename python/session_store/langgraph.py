@@ -46,6 +46,7 @@ root folder (:mod:`session_store.agents`), another process gets :class:`WriterOw
 from __future__ import annotations
 
 import base64
+import builtins
 import random
 import re
 import threading
@@ -364,7 +365,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
 
     # Writing.
 
-    def _commit(self, thread_id: str, events: list[tuple[str, Any]]) -> None:
+    def _commit(self, thread_id: str, events: builtins.list[tuple[str, Any]]) -> None:
         """One durable turn holding these optional ``(kind, payload)`` events (the writer
         opened at first use)."""
         with self._lock:
@@ -535,7 +536,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                 child=session_id_of(str(target_thread_id)),
             )
 
-    def _hide(self, thread_id: str, doomed: list[list[str]]) -> None:
+    def _hide(self, thread_id: str, doomed: builtins.list[builtins.list[str]]) -> None:
         if doomed:
             self._commit(thread_id, [(_DELETE, {"checkpoints": doomed})])
 

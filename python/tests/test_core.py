@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 import json
 import multiprocessing
 import os
@@ -672,3 +673,27 @@ def test_the_version_is_the_installed_distributions():
     assert session_store.__version__ == metadata.version("session-store")
     assert session_store._native.__version__ == session_store.__version__
     assert all(part.isdigit() for part in session_store.__version__.split("."))
+
+
+def test_annotations_resolve_in_their_class_scope():
+    # Type checkers read a method's annotations in its class's scope, where Root.list (a
+    # method) hides the builtin: `-> list[dict]` made `for m in root.transcript(i)` "not
+    # iterable" for mypy in the caller's code.
+    import typing
+
+    from session_store.langgraph import SessionStoreSaver
+
+    classes = (session_store.Root, session_store.Session, session_store.SessionReader)
+    for cls in (*classes, SessionStoreSaver):
+        module = vars(sys.modules[cls.__module__])
+        for name, member in vars(cls).items():
+            fn = member.fget if isinstance(member, property) else member
+            if name.startswith("__") or not callable(fn) or not hasattr(fn, "__annotations__"):
+                continue
+            if isinstance(member, property) and name == "_native":
+                continue  # a property named as the module its annotation names: not a method
+            hints = typing.get_type_hints(fn, globalns=module, localns=dict(vars(cls)))
+            assert all(not inspect.isfunction(h) for h in hints.values()), (cls, name)
+    assert typing.get_type_hints(
+        session_store.Root.transcript, localns=dict(vars(session_store.Root))
+    )["return"] == list[dict[str, typing.Any]]
