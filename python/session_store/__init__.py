@@ -99,7 +99,7 @@ __version__: str = _native.__version__
 
 _T = TypeVar("_T")
 
-PathLike = str | os.PathLike[str]
+PathLike = str | bytes | os.PathLike[str] | os.PathLike[bytes]
 
 
 def encode_json(value: Any) -> str:
@@ -153,10 +153,12 @@ def _native_args(fn: Callable[..., _T]) -> Callable[..., _T]:
     return wrapper
 
 
-def _fspath(path: PathLike) -> str | bytes:
-    """``os.fspath(path)``; a NUL in it (no file can be named so) raises :class:`InvalidInput`."""
-    text = os.fspath(path)
-    if ("\0" if isinstance(text, str) else b"\0") in text:
+def _fspath(path: PathLike) -> str:
+    """``path`` as a str (bytes decoded as the file system does, ``os.fsdecode``: a name
+    that is not UTF-8 keeps its bytes); a NUL in it (no file can be named so) raises
+    :class:`InvalidInput`."""
+    text = os.fsdecode(path)
+    if "\0" in text:
         raise InvalidInput(f"invalid input: path {text!r} contains a NUL character")
     return text
 

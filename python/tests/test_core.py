@@ -697,3 +697,24 @@ def test_annotations_resolve_in_their_class_scope():
     assert typing.get_type_hints(
         session_store.Root.transcript, localns=dict(vars(session_store.Root))
     )["return"] == list[dict[str, typing.Any]]
+
+
+def test_paths_may_be_bytes_and_not_utf8(tmp_path):
+    # PathLike names bytes paths too (os.fsencode, os.listdir(b".")); they raised a bare
+    # TypeError ("'bytes' object is not an instance of 'str'") from the native layer.
+    raw = os.fsencode(tmp_path) + b"/root \xff"
+    root = session_store.Root(raw)
+    assert root.path == os.fsdecode(raw) and os.path.isdir(raw)
+    with root.create("b") as s:
+        s.append(turn("t", msg(1)), operation_id="o", turn_id="t")
+    out = os.fsencode(tmp_path) + b"/export \xfe.sqlite"
+    assert root.export("b", out)["commits"] == 1 and os.path.isfile(out)
+    assert session_store.verify(out)["session_id"] == "b"
+    assert asyncio.run(session_store.averify(out))["session_id"] == "b"
+    assert root.import_file(out, session_id="b2") == "b2"
+    again = session_store.Root(os.fsdecode(raw))
+    assert again.transcript("b2") == root.transcript("b") == [msg(1)]
+    with pytest.raises(InvalidInput, match="NUL"):
+        session_store.Root(b"x\0y")
+    with pytest.raises(TypeError):
+        session_store.Root(5)
