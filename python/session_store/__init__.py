@@ -94,6 +94,10 @@ __all__ = [
     "averify",
 ]
 
+# A child made by os.fork() closes its copies of the parent's writer lock files at once (a
+# copy kept the parent's lock held for as long as the child lived).
+os.register_at_fork(after_in_child=_native.close_inherited_locks)
+
 #: The package's version, as the wheel's metadata gives it.
 __version__: str = _native.__version__
 

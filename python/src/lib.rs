@@ -983,6 +983,15 @@ fn verify(py: Python<'_>, path: PathBuf) -> NativeResult<String> {
     detached(py, || verified_json(session_store::verify_file(path)?))
 }
 
+/// Closes, in a child made by `os.fork()`, its copies of the writer lock files the parent
+/// held (the parent keeps its locks, released when it lets them go; before, a forked worker
+/// kept them held for its whole life). `session_store` registers it with
+/// `os.register_at_fork(after_in_child=...)`; elsewhere it does nothing.
+#[pyfunction]
+fn close_inherited_locks() {
+    session_store::close_inherited_locks();
+}
+
 /// What `verify` reports: `{"session_id", "commits", "events"}`.
 fn verified_json(verified: session_store::Verified) -> session_store::Result<String> {
     json(&serde_json::json!({
@@ -1001,6 +1010,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Session>()?;
     m.add_class::<Reader>()?;
     m.add_function(wrap_pyfunction!(verify, m)?)?;
+    m.add_function(wrap_pyfunction!(close_inherited_locks, m)?)?;
     m.add("SessionStoreError", py.get_type::<SessionStoreError>())?;
     m.add("InvalidInput", py.get_type::<InvalidInput>())?;
     m.add("InvalidPayload", py.get_type::<InvalidPayload>())?;

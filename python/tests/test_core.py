@@ -718,3 +718,53 @@ def test_paths_may_be_bytes_and_not_utf8(tmp_path):
         session_store.Root(b"x\0y")
     with pytest.raises(TypeError):
         session_store.Root(5)
+
+
+_FORK_LOCK_SCRIPT = r"""
+import json, os, signal, sys
+import session_store
+from session_store import WriterOwned
+
+root = session_store.Root(sys.argv[1])
+parent = root.create("p")
+to_child, from_parent = os.pipe()
+to_parent, from_child = os.pipe()
+pid = os.fork()
+if pid == 0:
+    signal.alarm(60)
+    os.read(to_child, 1)  # the parent closed "p", reopened and closed it again
+    try:
+        root.open("p").close()
+        opened = True
+    except WriterOwned:
+        opened = False
+    os.write(from_child, json.dumps({"child_opened": opened}).encode())
+    os.read(to_child, 1)
+    os._exit(0)  # no finalizer runs: what the child inherited is only closed by the kernel
+parent.close()
+out = {}
+try:
+    root.open("p").close()  # the child still lives, holding copies of the parent's files
+    out["parent_reopened"] = True
+except WriterOwned as e:
+    out["parent_reopened"] = str(e)
+os.write(from_parent, b"x")
+out.update(json.loads(os.read(to_parent, 1000)))
+os.write(from_parent, b"x")
+os.waitpid(pid, 0)
+print(json.dumps(out))
+"""
+
+
+def test_a_forked_child_does_not_keep_the_parents_writer_lock(tmp_path):
+    # flock belongs to the open file description, which fork() shares: the child's copy of
+    # the lock file's descriptor kept the parent's lock held after the parent closed the
+    # session, for as long as the child lived (a multiprocessing worker: for good).
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_LOCK_SCRIPT, str(tmp_path / "root")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"parent_reopened": True, "child_opened": True}
