@@ -660,9 +660,10 @@ fn entry_dict<'py>(
     Ok(dict)
 }
 
-/// A file's identity (device, inode): a session file replaced under the same path (the
-/// session deleted and made again) is another file.
-type FileId = (u64, u64);
+/// A file's identity (device, inode and, where the file system keeps it, the time it was
+/// created): a session file replaced under the same path (the session deleted and made
+/// again) is another file, also when it got the freed inode's number (ext4 reuses them).
+type FileId = (u64, u64, Option<std::time::SystemTime>);
 
 fn file_id(file: &Path) -> session_store::Result<FileId> {
     let m = std::fs::metadata(file).map_err(|e| match e.kind() {
@@ -672,8 +673,11 @@ fn file_id(file: &Path) -> session_store::Result<FileId> {
             source: std::sync::Arc::new(e),
         },
     })?;
-    Ok((m.dev(), m.ino()))
+    Ok((m.dev(), m.ino(), m.created().ok()))
 }
+
+/// Fresh opens a [`Reader`] read runs on when the session's file is replaced under each.
+const READ_ATTEMPTS: usize = 3;
 
 /// Lock-free reads of one session's durable state (`session_store.SessionReader` uses it):
 /// its read connections stay open between calls. Each call checks, with one `stat`, that
@@ -705,15 +709,45 @@ impl Reader {
         Ok(reader)
     }
 
-    /// Runs `f` on the reader, once more on a fresh one when it fails (a session missing
-    /// now is [`Error::SessionNotFound`]).
+    /// Runs `f` on the reader; when it fails, on a fresh one. When the fresh open or read
+    /// fails too, a session whose file is gone now is [`Error::SessionNotFound`], and one
+    /// whose file was replaced meanwhile (deleted and made again) is read again, up to
+    /// [`READ_ATTEMPTS`] fresh opens (then it was deleted while it was read: not found). A
+    /// read racing deletes answered SQLite's "disk I/O error" before.
     fn read<T>(
         &self,
         f: impl Fn(&SessionReader) -> session_store::Result<T>,
     ) -> session_store::Result<T> {
-        match f(&self.current(false)?) {
-            Ok(v) => Ok(v),
-            Err(_) => f(&self.current(true)?),
+        if let Ok(v) = self.current(false).and_then(|r| f(&r)) {
+            return Ok(v);
+        }
+        let file = self
+            .root
+            .get()
+            .service()?
+            .root()
+            .session_dir(&self.id)
+            .join(session_store::format::SESSION_FILE);
+        let mut attempt = 1;
+        loop {
+            let before = file_id(&file).ok();
+            let failure = match self.current(true).and_then(|r| f(&r)) {
+                Ok(v) => return Ok(v),
+                Err(e @ Error::SessionNotFound(_)) => return Err(e),
+                Err(e) => e,
+            };
+            match file_id(&file) {
+                Err(Error::SessionNotFound(_)) => {
+                    return Err(Error::SessionNotFound(self.id.to_string()));
+                }
+                Ok(now) if before != Some(now) => {
+                    if attempt == READ_ATTEMPTS {
+                        return Err(Error::SessionNotFound(self.id.to_string()));
+                    }
+                    attempt += 1;
+                }
+                _ => return Err(failure),
+            }
         }
     }
 }
@@ -731,7 +765,7 @@ impl Reader {
     fn identity(&self, py: Python<'_>) -> NativeResult<(u64, u64, i64)> {
         detached(py, || {
             let reader = self.current(false)?;
-            let (dev, ino) = file_id(reader.file())?;
+            let (dev, ino, _) = file_id(reader.file())?;
             Ok((dev, ino, reader.header().created_at_ms))
         })
     }
@@ -809,16 +843,24 @@ impl Reader {
         item_id_key: Option<&str>,
     ) -> NativeResult<Bound<'py, PyList>> {
         let limit = limit.unwrap_or(usize::MAX);
-        let (reader, snapshot, len) = detached(py, || {
+        // Up to PART messages are read in the same `read` (its retries cover them).
+        let (reader, opened, snapshot, len, texts) = detached(py, || {
             self.read(|r| {
+                let opened = file_id(r.file())?;
                 let snapshot = r.durable_sequence()?;
-                Ok((r.clone(), snapshot, r.transcript_len(snapshot)?))
+                let len = r.transcript_len(snapshot)?;
+                let wanted = usize::try_from(len).unwrap_or(usize::MAX).min(limit);
+                let texts = if wanted <= PART {
+                    Some(r.transcript_texts(snapshot, wanted)?)
+                } else {
+                    None
+                };
+                Ok((r.clone(), opened, snapshot, len, texts))
             })
         })?;
         let wanted = usize::try_from(len).unwrap_or(usize::MAX).min(limit);
         let keys = pyjson::Keys::new(py);
-        if wanted <= PART {
-            let texts = detached(py, || reader.transcript_texts(snapshot, wanted))?;
+        if let Some(texts) = texts {
             let items = texts
                 .iter()
                 .map(|t| pyjson::message(&keys, t, item_id_key))
@@ -856,7 +898,17 @@ impl Reader {
                 let Ok(part) = got else {
                     return Ok(());
                 };
-                let texts = part.map_err(|e| to_py(py, e))?;
+                // A part that fails on a file deleted (or made again) since it was opened:
+                // the session is gone, not SQLite's error for the files that went away.
+                let texts = part.map_err(|e| {
+                    let gone = file_id(reader.file()).map_or(true, |now| now != opened);
+                    let e = if gone {
+                        Error::SessionNotFound(self.id.to_string())
+                    } else {
+                        e
+                    };
+                    to_py(py, e)
+                })?;
                 parts.push(
                     texts
                         .iter()

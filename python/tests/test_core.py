@@ -768,3 +768,43 @@ def test_a_forked_child_does_not_keep_the_parents_writer_lock(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"parent_reopened": True, "child_opened": True}
+
+
+def test_a_kept_reader_racing_deletes_and_remakes_answers_or_says_not_found(root):
+    # A read that failed on a file deleted (or deleted and made again) under it was retried
+    # once on a fresh open, which could race the next delete too: the caller got SQLite's
+    # "disk I/O error" as a StorageError instead of NotFound or the new session's messages.
+    with root.create("r") as s:
+        s.append(turn("t", msg(1)), operation_id="o", turn_id="t")
+    reader = root.reader("r")
+    failures: list[BaseException] = []
+    answers = {"read": 0, "not_found": 0}
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                # The session made again is empty until its writer's close.
+                assert reader.messages(5) in ([], [msg(1)])
+                answers["read"] += 1
+            except NotFound:
+                answers["not_found"] += 1
+            except BaseException as e:  # noqa: BLE001 - every other failure is the defect
+                failures.append(e)
+                return
+
+    threads = [threading.Thread(target=read) for _ in range(3)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 6
+    rounds = 0
+    while time.monotonic() < deadline and not failures:
+        root.delete("r")
+        with root.create("r") as s:
+            s.append(turn("t", msg(1)), operation_id="o", turn_id="t")
+        rounds += 1
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not failures, f"after {rounds} rounds: {failures[0]!r}"
+    assert answers["read"] > 0
