@@ -331,6 +331,41 @@ impl Root {
         Ok(self.service()?.query())
     }
 
+    /// Runs `read`, a read of session `session_id`. When it fails and the session's file is
+    /// not the one it was when the read began (deleted, or deleted and made again,
+    /// meanwhile), or there was none, the failure is [`Error::SessionNotFound`] (deleted
+    /// while it was read, as the CLI says), not SQLite's error for the files that went away
+    /// ("disk I/O error") or a false "corrupt" of a read that met two files. A failure on
+    /// a file that looks unchanged is read once more (a file made in the freed inode within
+    /// the same clock tick looks the same), and its second failure is the answer.
+    fn settled<T>(
+        &self,
+        session_id: &str,
+        read: impl Fn(&SessionId) -> session_store::Result<T>,
+    ) -> session_store::Result<T> {
+        let id = self::session_id(session_id)?;
+        let file = self
+            .service()?
+            .root()
+            .session_dir(&id)
+            .join(session_store::format::SESSION_FILE);
+        let mut attempt = 1;
+        loop {
+            let before = file_id(&file).ok();
+            let failure = match read(&id) {
+                Err(e) if !matches!(e, Error::SessionNotFound(_)) => e,
+                other => return other,
+            };
+            if before.is_none() || file_id(&file).ok() != before {
+                return Err(Error::SessionNotFound(id.to_string()));
+            }
+            if attempt == 2 {
+                return Err(failure);
+            }
+            attempt += 1;
+        }
+    }
+
     /// Runs a query future on the shared runtime.
     fn run<T>(
         &self,
@@ -480,18 +515,22 @@ impl Root {
         limit: usize,
     ) -> NativeResult<String> {
         detached(py, || {
-            let r = self.service()?.session_ref(self::session_id(session_id)?);
-            let page = self.run(self.query()?.history_page(&r, cursor.as_deref(), limit))?;
-            json(&page)
+            self.settled(session_id, |id| {
+                let r = self.service()?.session_ref(id.clone());
+                let page = self.run(self.query()?.history_page(&r, cursor.as_deref(), limit))?;
+                json(&page)
+            })
         })
     }
 
     /// The whole durable transcript (a JSON array of messages).
     fn transcript(&self, py: Python<'_>, session_id: &str) -> NativeResult<String> {
         detached(py, || {
-            let r = self.service()?.session_ref(self::session_id(session_id)?);
-            let messages = self.run(self.query()?.history(&r))?;
-            json(&messages)
+            self.settled(session_id, |id| {
+                let r = self.service()?.session_ref(id.clone());
+                let messages = self.run(self.query()?.history(&r))?;
+                json(&messages)
+            })
         })
     }
 
@@ -505,9 +544,11 @@ impl Root {
         limit: usize,
     ) -> NativeResult<String> {
         detached(py, || {
-            let r = self.service()?.session_ref(self::session_id(session_id)?);
-            let observed = self.run(self.query()?.observe(&r, after, limit))?;
-            json(&observed.events)
+            self.settled(session_id, |id| {
+                let r = self.service()?.session_ref(id.clone());
+                let observed = self.run(self.query()?.observe(&r, after, limit))?;
+                json(&observed.events)
+            })
         })
     }
 
@@ -519,9 +560,11 @@ impl Root {
         digest: String,
     ) -> NativeResult<Bound<'py, PyBytes>> {
         let bytes = detached(py, || {
-            let r = self.service()?.session_ref(self::session_id(session_id)?);
-            let content = session_store::ContentRef::new(digest, 0, "");
-            self.run(self.query()?.read_content(&r, &content))
+            self.settled(session_id, |id| {
+                let r = self.service()?.session_ref(id.clone());
+                let content = session_store::ContentRef::new(digest.clone(), 0, "");
+                self.run(self.query()?.read_content(&r, &content))
+            })
         })?;
         Ok(PyBytes::new(py, &bytes))
     }
@@ -529,11 +572,10 @@ impl Root {
     /// The completed turns of the durable log (JSON array of turn boundaries).
     fn turns(&self, py: Python<'_>, session_id: &str) -> NativeResult<String> {
         detached(py, || {
-            let reader = self
-                .service()?
-                .root()
-                .open_reader(&self::session_id(session_id)?)?;
-            json(&reader.turns()?)
+            self.settled(session_id, |id| {
+                let reader = self.service()?.root().open_reader(id)?;
+                json(&reader.turns()?)
+            })
         })
     }
 
@@ -614,11 +656,10 @@ impl Root {
     /// Verifies one session of this root (see the module's `verify`).
     fn verify(&self, py: Python<'_>, session_id: &str) -> NativeResult<String> {
         detached(py, || {
-            let dir = self
-                .service()?
-                .root()
-                .session_dir(&self::session_id(session_id)?);
-            verified_json(session_store::verify_file(dir)?)
+            self.settled(session_id, |id| {
+                let dir = self.service()?.root().session_dir(id);
+                verified_json(session_store::verify_file(dir)?)
+            })
         })
     }
 

@@ -808,3 +808,44 @@ def test_a_kept_reader_racing_deletes_and_remakes_answers_or_says_not_found(root
         t.join()
     assert not failures, f"after {rounds} rounds: {failures[0]!r}"
     assert answers["read"] > 0
+
+
+def test_root_reads_racing_deletes_and_remakes_answer_or_say_not_found(root):
+    # As the CLI's reads do: a read whose session is deleted (or deleted and made again)
+    # under it is NotFound, not SQLite's "disk I/O error" for the files that went away.
+    def make() -> None:
+        with root.create("r") as s:
+            s.append(turn("t", msg(1)), operation_id="o", turn_id="t")
+
+    make()
+    reads = {
+        "history": lambda: root.history("r"),
+        "transcript": lambda: root.transcript("r"),
+        "events": lambda: root.events("r"),
+        "turns": lambda: root.turns("r"),
+        "verify": lambda: root.verify("r"),
+    }
+    failures: dict[str, BaseException] = {}
+    stop = threading.Event()
+
+    def read(name: str) -> None:
+        while not stop.is_set() and name not in failures:
+            try:
+                reads[name]()
+            except NotFound:
+                pass
+            except BaseException as e:  # noqa: BLE001 - every other failure is the defect
+                failures[name] = e
+
+    threads = [threading.Thread(target=read, args=(name,)) for name in reads]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline and not failures:
+        root.delete("r")
+        make()
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not failures, failures
+    assert root.transcript("r") == [msg(1)]
