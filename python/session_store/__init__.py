@@ -528,7 +528,9 @@ class Root:
 
     @_native_args
     def verify(self, session_id: str) -> dict[str, Any]:
-        """:func:`verify` of this session (its id is checked: no path outside the root)."""
+        """:func:`verify` of this session, after the checks every other call makes of its
+        folder: a real folder of the root (a symlink is refused) holding the session's own
+        file (another session's file, copied or renamed there by hand, is :class:`Corrupt`)."""
         return json.loads(self._native.verify(session_id))
 
     # Async variants.

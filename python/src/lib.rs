@@ -653,12 +653,13 @@ impl Root {
         })
     }
 
-    /// Verifies one session of this root (see the module's `verify`).
+    /// Verifies one session of this root (see the module's `verify`) after the checks every
+    /// other call makes of its folder: a real folder of the root (not a symlink) holding the
+    /// session's own file (`Root::verify`).
     fn verify(&self, py: Python<'_>, session_id: &str) -> NativeResult<String> {
         detached(py, || {
             self.settled(session_id, |id| {
-                let dir = self.service()?.root().session_dir(id);
-                verified_json(session_store::verify_file(dir)?)
+                verified_json(self.service()?.root().verify(id)?)
             })
         })
     }

@@ -849,3 +849,28 @@ def test_root_reads_racing_deletes_and_remakes_answer_or_say_not_found(root):
         t.join()
     assert not failures, failures
     assert root.transcript("r") == [msg(1)]
+
+
+def test_root_verify_refuses_what_every_other_call_refuses(root, tmp_path):
+    # Root.verify checked the folder's file as a plain path: another session's file copied
+    # under a new id verified as sound (naming the other session), and a symlinked folder,
+    # also one to a folder outside the root, was followed; the CLI's `verify ID` and every
+    # other call refuse both.
+    import shutil
+
+    with root.create("a") as s:
+        s.append(turn("t", msg(1)), operation_id="o", turn_id="t")
+    assert root.verify("a")["session_id"] == "a"
+    shutil.copytree(os.path.join(root.path, "a"), os.path.join(root.path, "b"))
+    with pytest.raises(Corrupt, match="holds the file of session a"):
+        root.verify("b")
+    with pytest.raises(Corrupt):
+        root.history("b")
+    outside = tmp_path / "outside"
+    shutil.copytree(os.path.join(root.path, "a"), outside / "c")
+    os.symlink(outside / "c", os.path.join(root.path, "c"))
+    with pytest.raises(InvalidInput, match="symlink"):
+        root.history("c")
+    with pytest.raises(InvalidInput, match="symlink"):
+        root.verify("c")
+    assert session_store.verify(outside / "c")["session_id"] == "a"  # a file given by path
