@@ -681,14 +681,24 @@ impl Root {
         })?;
         detached(py, || {
             let id = self::session_id(session_id)?;
+            let service = self.service()?;
+            // The deadline is checked before each try of the lock: with a wait of 0 (or
+            // shorter than the delete takes to start) even a free session was never deleted.
+            // A lock found free gets the CLI's grace (it may be taken in between); a held
+            // one gets `wait`.
+            let patience = match service.root().writer_owner(&id)? {
+                None => wait.max(DELETE_GRACE),
+                Some(_) => wait,
+            };
             // A deadline, not a timer thread: a thread per delete outlived the call by
             // `wait` seconds, so a host deleting often kept hundreds of them.
-            self.service()?
-                .root()
-                .delete(&id, &CancelToken::after(wait))
+            service.root().delete(&id, &CancelToken::after(patience))
         })
     }
 }
+
+/// How long `Root.delete` waits for a writer lock it found free (as the CLI's `delete`).
+const DELETE_GRACE: Duration = Duration::from_millis(500);
 
 /// `{"position", "message_id", "event_seq"}` of a transcript entry.
 fn entry_dict<'py>(

@@ -397,6 +397,19 @@ def test_delete_waits_for_the_writer_then_gives_up(root):
         root.delete("held", wait=0.2)
     writer.close()
     root.delete("held", wait=0.2)
+    # A free session is deleted whatever the wait, 0 included (Cancelled before: the
+    # deadline was checked before the lock was first tried).
+    for wait in (0, 0.0, 1e-9):
+        root.create("free").close()
+        root.delete("free", wait=wait)
+        with pytest.raises(NotFound):
+            root.history("free")
+    writer = root.create("held")
+    started = time.monotonic()
+    with pytest.raises(session_store.Cancelled):
+        root.delete("held", wait=0)
+    assert time.monotonic() - started < 0.4
+    writer.close()
 
 
 
