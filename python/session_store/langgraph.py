@@ -40,16 +40,19 @@ was deleted, or deleted and made again, by another saver or process).
 
 The saver holds the writer lock of every thread it changed until :meth:`close` (or the end
 of a ``with`` block); in one process it shares writers with the other adapters of the same
-root folder (:mod:`session_store.agents`), another process gets :class:`WriterOwned`.
+root folder (:mod:`session_store.agents`), another process gets :class:`WriterOwned`. A saver
+copied into a child by ``os.fork()`` starts there with no writer and reads the logs again.
 """
 
 from __future__ import annotations
 
 import base64
 import builtins
+import os
 import random
 import re
 import threading
+import weakref
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -157,6 +160,22 @@ class _Thread:
                 self.writes.pop((ns, cid), None)
 
 
+#: Every saver of this process, for _forget_inherited_state.
+_SAVERS: weakref.WeakSet[SessionStoreSaver] = weakref.WeakSet()
+
+
+def _forget_inherited_state() -> None:
+    """In a child made by ``os.fork()``: every saver starts afresh. The writers it held are
+    its parent's (they raise :class:`WriterOwned` here, so the child could never write those
+    threads, also once the parent let them go), and its lock may have been held by a parent
+    thread at the fork; what it knew of the logs is read again."""
+    for saver in list(_SAVERS):
+        saver._reset()
+
+
+os.register_at_fork(after_in_child=_forget_inherited_state)
+
+
 class SessionStoreSaver(BaseCheckpointSaver[str]):
     """A LangGraph checkpointer whose threads are sessions of ``root`` (a
     :class:`session_store.Root` or a folder, created when missing)."""
@@ -164,6 +183,11 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
     def __init__(self, root: Root | PathLike, *, serde: SerializerProtocol | None = None) -> None:
         super().__init__(serde=serde)
         self.root = root if isinstance(root, Root) else Root(root)
+        self._reset()
+        _SAVERS.add(self)
+
+    def _reset(self) -> None:
+        """No writer, nothing known of any thread (also in a child made by ``os.fork()``)."""
         self._lock = threading.RLock()
         self._threads: dict[str, _Thread] = {}
         self._writers: dict[str, _SharedWriter] = {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import subprocess
 import sys
@@ -340,3 +341,60 @@ def test_a_thread_deleted_and_made_again_by_another_saver_is_read_anew(root) -> 
             "new 3",
         ]
         assert [t.config for t in third.list(config("again"))] == [grown, fresh]
+
+
+FORKED_SAVER = r"""
+import json, os, signal, sys
+from langgraph.checkpoint.base import empty_checkpoint
+from session_store import WriterOwned
+from session_store.langgraph import SessionStoreSaver
+
+def put(saver, parent, items):
+    version = saver.get_next_version(None, None)
+    c = empty_checkpoint()
+    c["channel_values"] = {"items": items}
+    c["channel_versions"] = {"items": version}
+    return saver.put(parent, c, {}, {"items": version})
+
+saver = SessionStoreSaver(sys.argv[1])
+config = {"configurable": {"thread_id": "forked"}}
+put(saver, config, ["parent"])
+go_on, told = os.pipe()
+tried, tell = os.pipe()
+pid = os.fork()
+if pid == 0:
+    signal.alarm(60)
+    out = {}
+    def attempt(items):
+        try:
+            put(saver, config, items)
+            return "ok"
+        except WriterOwned:
+            return "WriterOwned"
+    out["early"] = attempt(["refused"])
+    os.write(tell, b"x")
+    os.read(go_on, 1)  # the parent has closed its saver
+    out["late"] = attempt(["parent", "child"])
+    out["items"] = saver.get_tuple(config).checkpoint["channel_values"]["items"]
+    saver.close()
+    print(json.dumps(out), flush=True)
+    os._exit(0)
+os.read(tried, 1)
+saver.close()
+os.write(told, b"x")
+_, status = os.waitpid(pid, 0)
+sys.exit(status)
+"""
+
+
+def test_a_forked_child_saver_writes_once_the_parent_let_the_thread_go(tmp_path) -> None:
+    # A saver copied into a child by os.fork() kept the parent's writers: it raised
+    # WriterOwned for every thread the parent had written, for the child's whole life, also
+    # once the parent had closed its saver.
+    out = subprocess.run(
+        [sys.executable, "-c", FORKED_SAVER, str(tmp_path / "root")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    child = json.loads(out.stdout)
+    assert child == {"early": "WriterOwned", "late": "ok", "items": ["parent", "child"]}
