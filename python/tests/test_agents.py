@@ -389,6 +389,7 @@ path = sys.argv[1]
 parent = SessionStoreSession("forked", path)
 asyncio.run(parent.add_items([{"role": "user", "content": "parent"}]))
 go_on, told = os.pipe()
+tried, tell = os.pipe()
 pid = os.fork()
 if pid == 0:
     signal.alarm(60)
@@ -403,6 +404,7 @@ if pid == 0:
     early = SessionStoreSession("forked", path)
     out["inherited"] = add(inherited, "refused")
     out["early"] = add(early, "refused too")
+    os.write(tell, b"x")
     os.read(go_on, 1)  # the parent has closed its adapter
     out["late"] = add(early, "child")
     out["new"] = add(SessionStoreSession("forked", path), "child again")
@@ -412,7 +414,7 @@ if pid == 0:
     early.close()
     print(json.dumps(out), flush=True)
     os._exit(0)
-asyncio.run(asyncio.sleep(0.5))
+os.read(tried, 1)  # the child has tried while this process held the session
 parent.close()
 os.write(told, b"x")
 _, status = os.waitpid(pid, 0)
