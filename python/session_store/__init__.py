@@ -523,8 +523,8 @@ class Root:
     @_native_args
     def delete(self, session_id: str, *, wait: float = 10.0) -> None:
         """Deletes a session; forks of it keep their history. Waits at most ``wait`` seconds
-        for its writer, then raises :class:`Cancelled` (nothing deleted); a session no
-        writer holds is deleted whatever ``wait`` is, 0 included."""
+        for its writer, then raises :class:`Cancelled` naming the holder (nothing deleted); a
+        session no writer holds is deleted whatever ``wait`` is, 0 included."""
         self._native.delete(session_id, wait)
 
     @_native_args

@@ -679,7 +679,7 @@ impl Root {
         let wait = Duration::try_from_secs_f64(wait).map_err(|e| {
             InvalidInput::new_err(format!("invalid input: wait of {wait} seconds: {e}"))
         })?;
-        detached(py, || {
+        let deleted = detached(py, || {
             let id = self::session_id(session_id)?;
             let service = self.service()?;
             // The deadline is checked before each try of the lock: with a wait of 0 (or
@@ -692,8 +692,27 @@ impl Root {
             };
             // A deadline, not a timer thread: a thread per delete outlived the call by
             // `wait` seconds, so a host deleting often kept hundreds of them.
-            service.root().delete(&id, &CancelToken::after(patience))
-        })
+            match service.root().delete(&id, &CancelToken::after(patience)) {
+                Err(Error::Cancelled) => Ok(Some((
+                    service.root().writer_owner(&id).ok().flatten(),
+                    patience,
+                ))),
+                other => other.map(|()| None),
+            }
+        })?;
+        // The caller cancelled nothing: say what the delete waited for ("operation
+        // cancelled" before).
+        match deleted {
+            None => Ok(()),
+            Some((owner, patience)) => Err(Cancelled::new_err(format!(
+                "gave up deleting {session_id} after {} s: {}",
+                patience.as_secs_f64(),
+                match owner {
+                    Some(owner) => format!("its writer, {owner}, still holds it"),
+                    None => "a fork or delete of it is in progress".to_owned(),
+                }
+            ))),
+        }
     }
 }
 
