@@ -33,6 +33,7 @@ Reads through :class:`Root` (``history``, ``transcript``, ``events``, ``turns``)
 from __future__ import annotations
 
 import asyncio
+import builtins
 import functools
 import json
 import os
@@ -93,9 +94,16 @@ __all__ = [
     "averify",
 ]
 
+# A child made by os.fork() closes its copies of the parent's writer lock files at once (a
+# copy kept the parent's lock held for as long as the child lived).
+os.register_at_fork(after_in_child=_native.close_inherited_locks)
+
+#: The package's version, as the wheel's metadata gives it.
+__version__: str = _native.__version__
+
 _T = TypeVar("_T")
 
-PathLike = str | os.PathLike[str]
+PathLike = str | bytes | os.PathLike[str] | os.PathLike[bytes]
 
 
 def encode_json(value: Any) -> str:
@@ -149,10 +157,12 @@ def _native_args(fn: Callable[..., _T]) -> Callable[..., _T]:
     return wrapper
 
 
-def _fspath(path: PathLike) -> str | bytes:
-    """``os.fspath(path)``; a NUL in it (no file can be named so) raises :class:`InvalidInput`."""
-    text = os.fspath(path)
-    if ("\0" if isinstance(text, str) else b"\0") in text:
+def _fspath(path: PathLike) -> str:
+    """``path`` as a str (bytes decoded as the file system does, ``os.fsdecode``: a name
+    that is not UTF-8 keeps its bytes); a NUL in it (no file can be named so) raises
+    :class:`InvalidInput`."""
+    text = os.fsdecode(path)
+    if "\0" in text:
         raise InvalidInput(f"invalid input: path {text!r} contains a NUL character")
     return text
 
@@ -332,6 +342,9 @@ class SessionReader:
 class Root:
     """A root folder of sessions (created when missing): one SQLite file per session.
 
+    (Its annotations say ``builtins.list``: in the class's scope, where type checkers read
+    them, ``list`` is :meth:`list`.)
+
     ``durability`` is ``"full"`` (``synchronous=FULL``, survives power loss; the default)
     or ``"normal"`` (survives a process crash); ``write_behind_ms`` is how long an accepted
     batch waits before it is written (default 200 ms; :meth:`Session.flush` writes at once).
@@ -439,7 +452,7 @@ class Root:
         )
 
     @_native_args
-    def transcript(self, session_id: str) -> list[dict[str, Any]]:
+    def transcript(self, session_id: str) -> builtins.list[dict[str, Any]]:
         """The whole durable transcript, oldest first."""
         return json.loads(self._native.transcript(session_id))
 
@@ -449,7 +462,7 @@ class Root:
         return json.loads(self._native.events(session_id, after, limit))
 
     @_native_args
-    def turns(self, session_id: str) -> list[dict[str, Any]]:
+    def turns(self, session_id: str) -> builtins.list[dict[str, Any]]:
         """The completed turns of the durable log, in order."""
         return json.loads(self._native.turns(session_id))
 
@@ -510,12 +523,15 @@ class Root:
     @_native_args
     def delete(self, session_id: str, *, wait: float = 10.0) -> None:
         """Deletes a session; forks of it keep their history. Waits at most ``wait`` seconds
-        for its writer, then raises :class:`Cancelled` (nothing deleted)."""
+        for its writer, then raises :class:`Cancelled` naming the holder (nothing deleted); a
+        session no writer holds is deleted whatever ``wait`` is, 0 included."""
         self._native.delete(session_id, wait)
 
     @_native_args
     def verify(self, session_id: str) -> dict[str, Any]:
-        """:func:`verify` of this session (its id is checked: no path outside the root)."""
+        """:func:`verify` of this session, after the checks every other call makes of its
+        folder: a real folder of the root (a symlink is refused) holding the session's own
+        file (another session's file, copied or renamed there by hand, is :class:`Corrupt`)."""
         return json.loads(self._native.verify(session_id))
 
     # Async variants.
@@ -561,7 +577,7 @@ class Root:
             role=role,
         )
 
-    async def atranscript(self, session_id: str) -> list[dict[str, Any]]:
+    async def atranscript(self, session_id: str) -> builtins.list[dict[str, Any]]:
         """:meth:`transcript` in a worker thread."""
         return await _to_thread(self.transcript, session_id)
 

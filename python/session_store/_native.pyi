@@ -5,6 +5,9 @@ Use the Pythonic wrappers in :mod:`session_store`; this layer passes JSON as tex
 
 from typing import Any
 
+__version__: str
+"""The package's version (the wheel's)."""
+
 class SessionStoreError(Exception):
     """Base class of every error raised by session_store."""
 
@@ -84,6 +87,7 @@ class Reader:
 
     @property
     def id(self) -> str: ...
+    def identity(self) -> tuple[int, int, int]: ...
     def durable_sequence(self) -> int: ...
     def messages(
         self, limit: int | None = None, item_id_key: str | None = None
@@ -138,3 +142,4 @@ class Root:
     def delete(self, session_id: str, wait: float = 10.0) -> None: ...
 
 def verify(path: str) -> str: ...
+def close_inherited_locks() -> None: ...

@@ -27,7 +27,9 @@ The writer lock is taken at the first change and held until :meth:`SessionStoreS
 second *process* changing the same session gets :class:`session_store.WriterOwned`, whose
 ``owner`` names the holder. In one process, every ``SessionStoreSession`` of the same root
 folder and session id shares one writer (as when a server makes a new one per request); the
-lock is released when the last of them is closed. Reads take no lock.
+lock is released when the last of them is closed. Reads take no lock. A child made by
+``os.fork()`` starts with no shared writer: its adapters write once the parent has let the
+session go (the parent's adapters it inherited raise :class:`session_store.WriterOwned`).
 """
 
 from __future__ import annotations
@@ -83,6 +85,21 @@ _HOLDER: int | None = None
 _DEFERRED: collections.deque[_SharedWriter] = collections.deque()
 
 
+def _forget_inherited_writers() -> None:
+    """In a child made by ``os.fork()``: a registry of its own. The inherited one holds the
+    parent's writers (each raises :class:`WriterOwned` here), so the child's adapters could
+    never write those sessions, also once the parent let them go; and its lock may have been
+    held by a parent thread at the fork. Adapters inherited keep their share of the old one."""
+    global _WRITERS_LOCK, _WRITERS, _HOLDER, _DEFERRED
+    _WRITERS_LOCK = threading.Lock()
+    _WRITERS = {}
+    _HOLDER = None
+    _DEFERRED = collections.deque()
+
+
+os.register_at_fork(after_in_child=_forget_inherited_writers)
+
+
 def _lock_registry() -> None:
     global _HOLDER
     _WRITERS_LOCK.acquire()
@@ -121,7 +138,8 @@ def _release_locked(shared: _SharedWriter) -> None:
     shared.users -= 1
     if shared.users > 0:
         return
-    del _WRITERS[shared.key]
+    if _WRITERS.get(shared.key) is shared:  # not a share inherited through os.fork()
+        del _WRITERS[shared.key]
     with shared.lock:
         session, shared.session = shared.session, None
         if session is not None:

@@ -35,19 +35,24 @@ optional events:
 ``delete_thread`` deletes the session; ``copy_thread`` forks it after its last turn (the
 target shares the source's file prefix, nothing is copied); ``prune(strategy="delete")``
 deletes the sessions. Reads go through the durable log, folded into a per-thread index
-that later reads extend with the new commits only.
+that later reads extend with the new commits only (and build again when the thread's session
+was deleted, or deleted and made again, by another saver or process).
 
 The saver holds the writer lock of every thread it changed until :meth:`close` (or the end
 of a ``with`` block); in one process it shares writers with the other adapters of the same
-root folder (:mod:`session_store.agents`), another process gets :class:`WriterOwned`.
+root folder (:mod:`session_store.agents`), another process gets :class:`WriterOwned`. A saver
+copied into a child by ``os.fork()`` starts there with no writer and reads the logs again.
 """
 
 from __future__ import annotations
 
 import base64
+import builtins
+import os
 import random
 import re
 import threading
+import weakref
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -65,7 +70,7 @@ from langgraph.checkpoint.base import (
     writes_sort_key,
 )
 
-from . import NotFound, PathLike, Root, SessionStoreError, _to_thread, encode_json
+from . import NotFound, PathLike, Root, SessionStoreError, _native, _to_thread, encode_json
 from .agents import _acquire_writer, _release_writer, _SharedWriter
 
 __all__ = ["SessionStoreSaver", "session_id_of", "thread_id_of"]
@@ -155,6 +160,22 @@ class _Thread:
                 self.writes.pop((ns, cid), None)
 
 
+#: Every saver of this process, for _forget_inherited_state.
+_SAVERS: weakref.WeakSet[SessionStoreSaver] = weakref.WeakSet()
+
+
+def _forget_inherited_state() -> None:
+    """In a child made by ``os.fork()``: every saver starts afresh. The writers it held are
+    its parent's (they raise :class:`WriterOwned` here, so the child could never write those
+    threads, also once the parent let them go), and its lock may have been held by a parent
+    thread at the fork; what it knew of the logs is read again."""
+    for saver in list(_SAVERS):
+        saver._reset()
+
+
+os.register_at_fork(after_in_child=_forget_inherited_state)
+
+
 class SessionStoreSaver(BaseCheckpointSaver[str]):
     """A LangGraph checkpointer whose threads are sessions of ``root`` (a
     :class:`session_store.Root` or a folder, created when missing)."""
@@ -162,6 +183,11 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
     def __init__(self, root: Root | PathLike, *, serde: SerializerProtocol | None = None) -> None:
         super().__init__(serde=serde)
         self.root = root if isinstance(root, Root) else Root(root)
+        self._reset()
+        _SAVERS.add(self)
+
+    def _reset(self) -> None:
+        """No writer, nothing known of any thread (also in a child made by ``os.fork()``)."""
         self._lock = threading.RLock()
         self._threads: dict[str, _Thread] = {}
         self._writers: dict[str, _SharedWriter] = {}
@@ -170,13 +196,41 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         # are shared with what that read returns: LangGraph replaces messages, it does not
         # change them in place).
         self._lists: dict[tuple[str, str, str], tuple[Any, list[Any]]] = {}
+        # thread -> a reader of its session and the identity of the session file that the
+        # caches above describe (see _current).
+        self._readers: dict[str, _native.Reader] = {}
+        self._identities: dict[str, tuple[int, int, int] | None] = {}
 
     # Reading.
+
+    def _forget(self, thread_id: str) -> None:
+        """Drops what this saver knows of the thread's log (its index and list bases)."""
+        self._threads.pop(thread_id, None)
+        for key in [k for k in self._lists if k[0] == thread_id]:
+            del self._lists[key]
+
+    def _current(self, thread_id: str) -> None:
+        """Forgets what this saver knows of the thread when its session is not the one it
+        was learned from: deleted, or deleted and made again (by another saver or process)."""
+        reader = self._readers.get(thread_id)
+        if reader is None:
+            reader = self._readers[thread_id] = self.root._native.reader(session_id_of(thread_id))
+        try:
+            identity: tuple[int, int, int] | None = reader.identity()
+        except NotFound:
+            identity = None
+        known = self._identities.get(thread_id)
+        # No session: nothing to know. A session made since none was seen holds only what
+        # this saver wrote to it (its first put creates it), so that is kept.
+        if identity is None or (known is not None and known != identity):
+            self._forget(thread_id)
+        self._identities[thread_id] = identity
 
     def _thread(self, thread_id: str) -> _Thread | None:
         """The thread's index brought up to its durable log; None when there is no session."""
         sid = session_id_of(thread_id)
         with self._lock:
+            self._current(thread_id)
             model = self._threads.get(thread_id)
             if model is None:
                 model = _Thread()
@@ -335,7 +389,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
 
     # Writing.
 
-    def _commit(self, thread_id: str, events: list[tuple[str, Any]]) -> None:
+    def _commit(self, thread_id: str, events: builtins.list[tuple[str, Any]]) -> None:
         """One durable turn holding these optional ``(kind, payload)`` events (the writer
         opened at first use)."""
         with self._lock:
@@ -409,6 +463,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         names: list[list[Any]] = []
         events: list[tuple[str, Any]] = []
         with self._lock:
+            self._current(thread_id)  # no list base from an earlier session of the thread
             for channel, version in new_versions.items():
                 if channel in values:
                     base, value = self._stored_value(
@@ -470,9 +525,9 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         shared = self._writers.pop(thread_id, None)
         if shared is not None:
             _release_writer(shared)
-        self._threads.pop(thread_id, None)
-        for key in [k for k in self._lists if k[0] == thread_id]:
-            del self._lists[key]
+        self._forget(thread_id)
+        self._readers.pop(thread_id, None)
+        self._identities.pop(thread_id, None)
 
     def delete_thread(self, thread_id: str) -> None:
         """Deletes the thread's session (its forks keep their history)."""
@@ -505,7 +560,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                 child=session_id_of(str(target_thread_id)),
             )
 
-    def _hide(self, thread_id: str, doomed: list[list[str]]) -> None:
+    def _hide(self, thread_id: str, doomed: builtins.list[builtins.list[str]]) -> None:
         if doomed:
             self._commit(thread_id, [(_DELETE, {"checkpoints": doomed})])
 
@@ -550,9 +605,12 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                 self._hide(thread_id, doomed)
 
     def close(self) -> None:
-        """Releases the writer locks this saver holds (everything is already durable)."""
+        """Releases the writer locks this saver holds (everything is already durable) and
+        the readers it keeps."""
         with self._lock:
             for thread_id in list(self._writers):
+                self._release(thread_id)
+            for thread_id in list(self._readers):
                 self._release(thread_id)
 
     def __enter__(self) -> SessionStoreSaver:

@@ -11,7 +11,7 @@ mod pyjson;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use pyo3::create_exception;
@@ -25,121 +25,121 @@ use session_store::{
 };
 
 create_exception!(
-    _native,
+    session_store,
     SessionStoreError,
     PyException,
     "Base class of every error raised by session_store."
 );
 create_exception!(
-    _native,
+    session_store,
     InvalidInput,
     SessionStoreError,
     "The caller passed something malformed: an id, a batch, a cursor, an option, JSON."
 );
 create_exception!(
-    _native,
+    session_store,
     InvalidPayload,
     InvalidInput,
     "An event payload does not match its kind's schema."
 );
 create_exception!(
-    _native,
+    session_store,
     OperationConflict,
     InvalidInput,
     "The operation id was used before with different content."
 );
 create_exception!(
-    _native,
+    session_store,
     NotFound,
     SessionStoreError,
     "No session with this id exists under the root."
 );
 create_exception!(
-    _native,
+    session_store,
     AlreadyExists,
     SessionStoreError,
     "A session (or export destination) with this name already exists."
 );
 create_exception!(
-    _native,
+    session_store,
     WriterOwned,
     SessionStoreError,
     "Another writer owns the session; `owner` is a dict (owner_id, host, pid, generation, since_ms)."
 );
 create_exception!(
-    _native,
+    session_store,
     UnsupportedVersion,
     SessionStoreError,
     "A file, schema or required event kind newer than this build understands."
 );
 create_exception!(
-    _native,
+    session_store,
     Corrupt,
     SessionStoreError,
     "A file that is damaged or not a session file."
 );
 create_exception!(
-    _native,
+    session_store,
     InternalError,
     SessionStoreError,
     "An invariant broke inside the library (a bug, not the caller's doing)."
 );
 create_exception!(
-    _native,
+    session_store,
     Closed,
     SessionStoreError,
     "The session was closed; it accepts nothing more."
 );
 create_exception!(
-    _native,
+    session_store,
     StaleGeneration,
     SessionStoreError,
     "Another writer took the lease: this handle is fenced off."
 );
 create_exception!(
-    _native,
+    session_store,
     Poisoned,
     SessionStoreError,
     "An earlier failure left a commit's outcome unknown; reopen the session."
 );
 create_exception!(
-    _native,
+    session_store,
     PersistenceFailed,
     SessionStoreError,
     "The last write failed; the accepted tail is kept and the next flush retries."
 );
 create_exception!(
-    _native,
+    session_store,
     DiskFull,
     PersistenceFailed,
     "The disk (or its quota) is full."
 );
 create_exception!(
-    _native,
+    session_store,
     Cancelled,
     SessionStoreError,
     "The wait was cancelled (e.g. `delete` gave up waiting for the writer)."
 );
 create_exception!(
-    _native,
+    session_store,
     ForkBoundaryNotAtomic,
     SessionStoreError,
     "The fork or rewind cut does not fall on a commit boundary."
 );
 create_exception!(
-    _native,
+    session_store,
     ForkActiveAuthority,
     SessionStoreError,
     "The fork or rewind prefix leaves an open turn or a pending interaction."
 );
 create_exception!(
-    _native,
+    session_store,
     RuntimeStateError,
     SessionStoreError,
     "The service runtime is busy, bound, not running, stale or needs recovery."
 );
 create_exception!(
-    _native,
+    session_store,
     StorageError,
     SessionStoreError,
     "An operating-system I/O error or any other SQLite error."
@@ -154,21 +154,7 @@ fn to_py(py: Python<'_>, e: Error) -> PyErr {
         Error::OperationConflict { .. } => OperationConflict::new_err(msg),
         Error::SessionNotFound(_) => NotFound::new_err(msg),
         Error::SessionExists(_) => AlreadyExists::new_err(msg),
-        Error::WriterOwned { owner } => {
-            let err = WriterOwned::new_err(msg);
-            let dict = PyDict::new(py);
-            let filled = dict
-                .set_item("owner_id", owner.owner_id)
-                .and_then(|()| dict.set_item("host", owner.host))
-                .and_then(|()| dict.set_item("pid", owner.pid))
-                .and_then(|()| dict.set_item("generation", owner.generation))
-                .and_then(|()| dict.set_item("since_ms", owner.since_ms))
-                .and_then(|()| err.value(py).setattr("owner", dict));
-            match filled {
-                Ok(()) => err,
-                Err(other) => other,
-            }
-        }
+        Error::WriterOwned { owner } => writer_owned(py, msg, &owner),
         Error::UnsupportedVersion { .. } => UnsupportedVersion::new_err(msg),
         Error::Corrupt { .. } => Corrupt::new_err(msg),
         Error::Internal { .. } => InternalError::new_err(msg),
@@ -189,6 +175,23 @@ fn to_py(py: Python<'_>, e: Error) -> PyErr {
             StorageError::new_err(msg)
         }
         _ => SessionStoreError::new_err(msg),
+    }
+}
+
+/// A `WriterOwned` exception with message `msg` and `owner` as a dict.
+fn writer_owned(py: Python<'_>, msg: String, owner: &session_store::WriterOwner) -> PyErr {
+    let err = WriterOwned::new_err(msg);
+    let dict = PyDict::new(py);
+    let filled = dict
+        .set_item("owner_id", &owner.owner_id)
+        .and_then(|()| dict.set_item("host", &owner.host))
+        .and_then(|()| dict.set_item("pid", owner.pid))
+        .and_then(|()| dict.set_item("generation", owner.generation))
+        .and_then(|()| dict.set_item("since_ms", owner.since_ms))
+        .and_then(|()| err.value(py).setattr("owner", dict));
+    match filled {
+        Ok(()) => err,
+        Err(other) => other,
     }
 }
 
@@ -239,34 +242,128 @@ fn session_id(id: &str) -> session_store::Result<SessionId> {
 }
 
 /// The one tokio runtime of the process that runs [`SessionQuery`] futures (their storage work
-/// runs on its blocking pool).
+/// runs on its blocking pool). A child made by `os.fork()` inherits the parent's runtime
+/// without its threads (a query waited forever for a worker that is not there): the child
+/// builds its own, and the inherited one is left alone (dropping it would wait for those
+/// threads too).
 fn tokio_runtime() -> session_store::Result<&'static tokio::runtime::Runtime> {
-    static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
-    RUNTIME
-        .get_or_init(|| {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .thread_name("session-store-py")
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())
-        })
-        .as_ref()
+    static RUNTIME: Mutex<Option<(u32, &'static tokio::runtime::Runtime)>> = Mutex::new(None);
+    let pid = std::process::id();
+    let mut slot = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((owner, runtime)) = *slot
+        && owner == pid
+    {
+        return Ok(runtime);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("session-store-py")
+        .enable_all()
+        .build()
         .map_err(|e| Error::Io {
             context: "starting the query runtime".into(),
-            source: std::sync::Arc::new(std::io::Error::other(e.clone())),
-        })
+            source: std::sync::Arc::new(e),
+        })?;
+    let runtime: &'static tokio::runtime::Runtime = Box::leak(Box::new(runtime));
+    *slot = Some((pid, runtime));
+    Ok(runtime)
 }
 
-/// A root folder of sessions (`session_store.Root` wraps it).
+/// A value of the process that made it. A child made by `os.fork()` holds copies of its
+/// parent's objects, whose SQLite connections, writer lock and pending batches are the
+/// parent's ("never carry a connection across fork()"): there the value is not handed out
+/// and never dropped (a session dropped in a child wrote the parent's pending batches a
+/// second time, poisoning the parent's writer).
+struct Owned<T> {
+    value: Option<T>,
+    pid: u32,
+}
+
+impl<T> Owned<T> {
+    fn new(value: T) -> Owned<T> {
+        Owned {
+            value: Some(value),
+            pid: std::process::id(),
+        }
+    }
+
+    /// The value, or None in a child made by `os.fork()`.
+    fn get(&self) -> Option<&T> {
+        if self.pid == std::process::id() {
+            self.value.as_ref()
+        } else {
+            None
+        }
+    }
+}
+
+impl<T> Drop for Owned<T> {
+    fn drop(&mut self) {
+        if self.pid != std::process::id() {
+            std::mem::forget(self.value.take());
+        }
+    }
+}
+
+/// A root folder of sessions (`session_store.Root` wraps it). A child made by `os.fork()`
+/// opens the folder again at its first call (see [`Owned`]).
 #[pyclass(frozen, module = "session_store._native")]
 struct Root {
-    service: Service,
+    path: PathBuf,
+    options: StoreOptions,
+    service: Mutex<Owned<Service>>,
 }
 
 impl Root {
-    fn query(&self) -> SessionQuery {
-        self.service.query()
+    /// This process's service of the root.
+    fn service(&self) -> session_store::Result<Service> {
+        let mut service = self.service.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(service) = service.get() {
+            return Ok(service.clone());
+        }
+        let root = session_store::Root::with_options(&self.path, self.options.clone())?;
+        let fresh = Service::new("local", root)?;
+        *service = Owned::new(fresh.clone());
+        Ok(fresh)
+    }
+
+    fn query(&self) -> session_store::Result<SessionQuery> {
+        Ok(self.service()?.query())
+    }
+
+    /// Runs `read`, a read of session `session_id`. When it fails and the session's file is
+    /// not the one it was when the read began (deleted, or deleted and made again,
+    /// meanwhile), or there was none, the failure is [`Error::SessionNotFound`] (deleted
+    /// while it was read, as the CLI says), not SQLite's error for the files that went away
+    /// ("disk I/O error") or a false "corrupt" of a read that met two files. A failure on
+    /// a file that looks unchanged is read once more (a file made in the freed inode within
+    /// the same clock tick looks the same), and its second failure is the answer.
+    fn settled<T>(
+        &self,
+        session_id: &str,
+        read: impl Fn(&SessionId) -> session_store::Result<T>,
+    ) -> session_store::Result<T> {
+        let id = self::session_id(session_id)?;
+        let file = self
+            .service()?
+            .root()
+            .session_dir(&id)
+            .join(session_store::format::SESSION_FILE);
+        let mut attempt = 1;
+        loop {
+            let before = file_id(&file).ok();
+            let failure = match read(&id) {
+                Err(e) if !matches!(e, Error::SessionNotFound(_)) => e,
+                other => return other,
+            };
+            if before.is_none() || file_id(&file).ok() != before {
+                return Err(Error::SessionNotFound(id.to_string()));
+            }
+            if attempt == 2 {
+                return Err(failure);
+            }
+            attempt += 1;
+        }
     }
 
     /// Runs a query future on the shared runtime.
@@ -306,9 +403,11 @@ impl Root {
             options = options.with_write_behind(Duration::from_millis(ms));
         }
         detached(py, move || {
-            let root = session_store::Root::with_options(path, options)?;
+            let root = session_store::Root::with_options(path, options.clone())?;
             Ok(Root {
-                service: Service::new("local", root)?,
+                path: root.path().to_path_buf(),
+                options,
+                service: Mutex::new(Owned::new(Service::new("local", root)?)),
             })
         })
     }
@@ -316,7 +415,7 @@ impl Root {
     /// The root folder.
     #[getter]
     fn path(&self) -> PathBuf {
-        self.service.root().path().to_path_buf()
+        self.path.clone()
     }
 
     /// Creates a session (a random id when `session_id` is None) and opens it for writing.
@@ -336,9 +435,7 @@ impl Root {
             if let Some(cwd) = cwd {
                 options = options.with_cwd(cwd);
             }
-            Ok(Session {
-                inner: self.service.root().create(options)?,
-            })
+            Ok(Session::new(self.service()?.root().create(options)?))
         })
     }
 
@@ -346,17 +443,15 @@ impl Root {
     fn open_writer(&self, py: Python<'_>, session_id: &str) -> NativeResult<Session> {
         detached(py, || {
             let id = self::session_id(session_id)?;
-            Ok(Session {
-                inner: self.service.root().open_writer(&id)?,
-            })
+            Ok(Session::new(self.service()?.root().open_writer(&id)?))
         })
     }
 
     /// A reader of one session's durable state, kept open across calls.
-    fn reader(&self, py: Python<'_>, session_id: &str) -> NativeResult<Reader> {
+    fn reader(slf: &Bound<'_, Self>, session_id: &str) -> NativeResult<Reader> {
         Ok(Reader {
-            root: self.service.root().clone(),
-            id: self::session_id(session_id).map_err(|e| to_py(py, e))?,
+            root: slf.clone().unbind(),
+            id: self::session_id(session_id).map_err(|e| to_py(slf.py(), e))?,
             open: Mutex::new(None),
         })
     }
@@ -365,7 +460,7 @@ impl Root {
     #[pyo3(signature = (cursor=None, limit=50))]
     fn list(&self, py: Python<'_>, cursor: Option<String>, limit: usize) -> NativeResult<String> {
         detached(py, || {
-            let page = self.run(self.query().list(cursor.as_deref(), limit))?;
+            let page = self.run(self.query()?.list(cursor.as_deref(), limit))?;
             json(&page)
         })
     }
@@ -402,7 +497,7 @@ impl Root {
             if let Some(role) = role {
                 options = options.with_role(role);
             }
-            let mut page = self.run(self.query().search(query, options))?;
+            let mut page = self.run(self.query()?.search(query, options))?;
             for hit in &mut page.hits {
                 hit.snippet = char_indexed(std::mem::take(&mut hit.snippet));
             }
@@ -420,18 +515,22 @@ impl Root {
         limit: usize,
     ) -> NativeResult<String> {
         detached(py, || {
-            let r = self.service.session_ref(self::session_id(session_id)?);
-            let page = self.run(self.query().history_page(&r, cursor.as_deref(), limit))?;
-            json(&page)
+            self.settled(session_id, |id| {
+                let r = self.service()?.session_ref(id.clone());
+                let page = self.run(self.query()?.history_page(&r, cursor.as_deref(), limit))?;
+                json(&page)
+            })
         })
     }
 
     /// The whole durable transcript (a JSON array of messages).
     fn transcript(&self, py: Python<'_>, session_id: &str) -> NativeResult<String> {
         detached(py, || {
-            let r = self.service.session_ref(self::session_id(session_id)?);
-            let messages = self.run(self.query().history(&r))?;
-            json(&messages)
+            self.settled(session_id, |id| {
+                let r = self.service()?.session_ref(id.clone());
+                let messages = self.run(self.query()?.history(&r))?;
+                json(&messages)
+            })
         })
     }
 
@@ -445,9 +544,11 @@ impl Root {
         limit: usize,
     ) -> NativeResult<String> {
         detached(py, || {
-            let r = self.service.session_ref(self::session_id(session_id)?);
-            let observed = self.run(self.query().observe(&r, after, limit))?;
-            json(&observed.events)
+            self.settled(session_id, |id| {
+                let r = self.service()?.session_ref(id.clone());
+                let observed = self.run(self.query()?.observe(&r, after, limit))?;
+                json(&observed.events)
+            })
         })
     }
 
@@ -459,9 +560,11 @@ impl Root {
         digest: String,
     ) -> NativeResult<Bound<'py, PyBytes>> {
         let bytes = detached(py, || {
-            let r = self.service.session_ref(self::session_id(session_id)?);
-            let content = session_store::ContentRef::new(digest, 0, "");
-            self.run(self.query().read_content(&r, &content))
+            self.settled(session_id, |id| {
+                let r = self.service()?.session_ref(id.clone());
+                let content = session_store::ContentRef::new(digest.clone(), 0, "");
+                self.run(self.query()?.read_content(&r, &content))
+            })
         })?;
         Ok(PyBytes::new(py, &bytes))
     }
@@ -469,11 +572,10 @@ impl Root {
     /// The completed turns of the durable log (JSON array of turn boundaries).
     fn turns(&self, py: Python<'_>, session_id: &str) -> NativeResult<String> {
         detached(py, || {
-            let reader = self
-                .service
-                .root()
-                .open_reader(&self::session_id(session_id)?)?;
-            json(&reader.turns()?)
+            self.settled(session_id, |id| {
+                let reader = self.service()?.root().open_reader(id)?;
+                json(&reader.turns()?)
+            })
         })
     }
 
@@ -481,7 +583,7 @@ impl Root {
     fn writer_owner(&self, py: Python<'_>, session_id: &str) -> NativeResult<Option<String>> {
         detached(py, || {
             let owner = self
-                .service
+                .service()?
                 .root()
                 .writer_owner(&self::session_id(session_id)?)?;
             owner.as_ref().map(json).transpose()
@@ -512,7 +614,7 @@ impl Root {
             };
             let child = child.map(SessionId::new).transpose()?;
             let id = self
-                .service
+                .service()?
                 .root()
                 .fork(&self::session_id(parent)?, point, child)?;
             Ok(id.to_string())
@@ -523,7 +625,7 @@ impl Root {
     fn export(&self, py: Python<'_>, session_id: &str, path: PathBuf) -> NativeResult<String> {
         detached(py, || {
             let report = self
-                .service
+                .service()?
                 .root()
                 .export(&self::session_id(session_id)?, path)?;
             json(&report)
@@ -547,18 +649,18 @@ impl Root {
             if let Some(cwd) = cwd {
                 options = options.with_cwd(cwd);
             }
-            Ok(self.service.root().import(path, options)?.to_string())
+            Ok(self.service()?.root().import(path, options)?.to_string())
         })
     }
 
-    /// Verifies one session of this root (see the module's `verify`).
+    /// Verifies one session of this root (see the module's `verify`) after the checks every
+    /// other call makes of its folder: a real folder of the root (not a symlink) holding the
+    /// session's own file (`Root::verify`).
     fn verify(&self, py: Python<'_>, session_id: &str) -> NativeResult<String> {
         detached(py, || {
-            let dir = self
-                .service
-                .root()
-                .session_dir(&self::session_id(session_id)?);
-            verified_json(session_store::verify_file(dir)?)
+            self.settled(session_id, |id| {
+                verified_json(self.service()?.root().verify(id)?)
+            })
         })
     }
 
@@ -567,7 +669,7 @@ impl Root {
     fn rename(&self, py: Python<'_>, session_id: &str, title: &str) -> NativeResult<()> {
         detached(py, || {
             let id = self::session_id(session_id)?;
-            self.service.root().rename(&id, title)
+            self.service()?.root().rename(&id, title)
         })
     }
 
@@ -577,14 +679,45 @@ impl Root {
         let wait = Duration::try_from_secs_f64(wait).map_err(|e| {
             InvalidInput::new_err(format!("invalid input: wait of {wait} seconds: {e}"))
         })?;
-        detached(py, || {
+        let deleted = detached(py, || {
             let id = self::session_id(session_id)?;
+            let service = self.service()?;
+            // The deadline is checked before each try of the lock: with a wait of 0 (or
+            // shorter than the delete takes to start) even a free session was never deleted.
+            // A lock found free gets the CLI's grace (it may be taken in between); a held
+            // one gets `wait`.
+            let patience = match service.root().writer_owner(&id)? {
+                None => wait.max(DELETE_GRACE),
+                Some(_) => wait,
+            };
             // A deadline, not a timer thread: a thread per delete outlived the call by
             // `wait` seconds, so a host deleting often kept hundreds of them.
-            self.service.root().delete(&id, &CancelToken::after(wait))
-        })
+            match service.root().delete(&id, &CancelToken::after(patience)) {
+                Err(Error::Cancelled) => Ok(Some((
+                    service.root().writer_owner(&id).ok().flatten(),
+                    patience,
+                ))),
+                other => other.map(|()| None),
+            }
+        })?;
+        // The caller cancelled nothing: say what the delete waited for ("operation
+        // cancelled" before).
+        match deleted {
+            None => Ok(()),
+            Some((owner, patience)) => Err(Cancelled::new_err(format!(
+                "gave up deleting {session_id} after {} s: {}",
+                patience.as_secs_f64(),
+                match owner {
+                    Some(owner) => format!("its writer, {owner}, still holds it"),
+                    None => "a fork or delete of it is in progress".to_owned(),
+                }
+            ))),
+        }
     }
 }
+
+/// How long `Root.delete` waits for a writer lock it found free (as the CLI's `delete`).
+const DELETE_GRACE: Duration = Duration::from_millis(500);
 
 /// `{"position", "message_id", "event_seq"}` of a transcript entry.
 fn entry_dict<'py>(
@@ -598,9 +731,10 @@ fn entry_dict<'py>(
     Ok(dict)
 }
 
-/// A file's identity (device, inode): a session file replaced under the same path (the
-/// session deleted and made again) is another file.
-type FileId = (u64, u64);
+/// A file's identity (device, inode and, where the file system keeps it, the time it was
+/// created): a session file replaced under the same path (the session deleted and made
+/// again) is another file, also when it got the freed inode's number (ext4 reuses them).
+type FileId = (u64, u64, Option<std::time::SystemTime>);
 
 fn file_id(file: &Path) -> session_store::Result<FileId> {
     let m = std::fs::metadata(file).map_err(|e| match e.kind() {
@@ -610,8 +744,11 @@ fn file_id(file: &Path) -> session_store::Result<FileId> {
             source: std::sync::Arc::new(e),
         },
     })?;
-    Ok((m.dev(), m.ino()))
+    Ok((m.dev(), m.ino(), m.created().ok()))
 }
+
+/// Fresh opens a [`Reader`] read runs on when the session's file is replaced under each.
+const READ_ATTEMPTS: usize = 3;
 
 /// Lock-free reads of one session's durable state (`session_store.SessionReader` uses it):
 /// its read connections stay open between calls. Each call checks, with one `stat`, that
@@ -619,9 +756,10 @@ fn file_id(file: &Path) -> session_store::Result<FileId> {
 /// retried once on a fresh open.
 #[pyclass(frozen, module = "session_store._native")]
 struct Reader {
-    root: session_store::Root,
+    root: Py<Root>,
     id: SessionId,
-    open: Mutex<Option<(SessionReader, FileId)>>,
+    /// The open reader (one inherited through `os.fork()` is opened again: see [`Owned`]).
+    open: Mutex<Option<(Owned<SessionReader>, FileId)>>,
 }
 
 impl Reader {
@@ -630,26 +768,57 @@ impl Reader {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         if !fresh
             && let Some((reader, id)) = open.as_ref()
+            && let Some(reader) = reader.get()
             && file_id(reader.file()).is_ok_and(|now| now == *id)
         {
             return Ok(reader.clone());
         }
         *open = None;
-        let reader = self.root.open_reader(&self.id)?;
+        let reader = self.root.get().service()?.root().open_reader(&self.id)?;
         let id = file_id(reader.file())?;
-        *open = Some((reader.clone(), id));
+        *open = Some((Owned::new(reader.clone()), id));
         Ok(reader)
     }
 
-    /// Runs `f` on the reader, once more on a fresh one when it fails (a session missing
-    /// now is [`Error::SessionNotFound`]).
+    /// Runs `f` on the reader; when it fails, on a fresh one. When the fresh open or read
+    /// fails too, a session whose file is gone now is [`Error::SessionNotFound`], and one
+    /// whose file was replaced meanwhile (deleted and made again) is read again, up to
+    /// [`READ_ATTEMPTS`] fresh opens (then it was deleted while it was read: not found). A
+    /// read racing deletes answered SQLite's "disk I/O error" before.
     fn read<T>(
         &self,
         f: impl Fn(&SessionReader) -> session_store::Result<T>,
     ) -> session_store::Result<T> {
-        match f(&self.current(false)?) {
-            Ok(v) => Ok(v),
-            Err(_) => f(&self.current(true)?),
+        if let Ok(v) = self.current(false).and_then(|r| f(&r)) {
+            return Ok(v);
+        }
+        let file = self
+            .root
+            .get()
+            .service()?
+            .root()
+            .session_dir(&self.id)
+            .join(session_store::format::SESSION_FILE);
+        let mut attempt = 1;
+        loop {
+            let before = file_id(&file).ok();
+            let failure = match self.current(true).and_then(|r| f(&r)) {
+                Ok(v) => return Ok(v),
+                Err(e @ Error::SessionNotFound(_)) => return Err(e),
+                Err(e) => e,
+            };
+            match file_id(&file) {
+                Err(Error::SessionNotFound(_)) => {
+                    return Err(Error::SessionNotFound(self.id.to_string()));
+                }
+                Ok(now) if before != Some(now) => {
+                    if attempt == READ_ATTEMPTS {
+                        return Err(Error::SessionNotFound(self.id.to_string()));
+                    }
+                    attempt += 1;
+                }
+                _ => return Err(failure),
+            }
         }
     }
 }
@@ -660,6 +829,16 @@ impl Reader {
     #[getter]
     fn id(&self) -> String {
         self.id.to_string()
+    }
+
+    /// `(device, inode, created_at_ms)` of the session's file: a session deleted and made
+    /// again under the same id is another file, made at another time.
+    fn identity(&self, py: Python<'_>) -> NativeResult<(u64, u64, i64)> {
+        detached(py, || {
+            let reader = self.current(false)?;
+            let (dev, ino, _) = file_id(reader.file())?;
+            Ok((dev, ino, reader.header().created_at_ms))
+        })
     }
 
     /// The last durable sequence.
@@ -735,16 +914,24 @@ impl Reader {
         item_id_key: Option<&str>,
     ) -> NativeResult<Bound<'py, PyList>> {
         let limit = limit.unwrap_or(usize::MAX);
-        let (reader, snapshot, len) = detached(py, || {
+        // Up to PART messages are read in the same `read` (its retries cover them).
+        let (reader, opened, snapshot, len, texts) = detached(py, || {
             self.read(|r| {
+                let opened = file_id(r.file())?;
                 let snapshot = r.durable_sequence()?;
-                Ok((r.clone(), snapshot, r.transcript_len(snapshot)?))
+                let len = r.transcript_len(snapshot)?;
+                let wanted = usize::try_from(len).unwrap_or(usize::MAX).min(limit);
+                let texts = if wanted <= PART {
+                    Some(r.transcript_texts(snapshot, wanted)?)
+                } else {
+                    None
+                };
+                Ok((r.clone(), opened, snapshot, len, texts))
             })
         })?;
         let wanted = usize::try_from(len).unwrap_or(usize::MAX).min(limit);
         let keys = pyjson::Keys::new(py);
-        if wanted <= PART {
-            let texts = detached(py, || reader.transcript_texts(snapshot, wanted))?;
+        if let Some(texts) = texts {
             let items = texts
                 .iter()
                 .map(|t| pyjson::message(&keys, t, item_id_key))
@@ -782,7 +969,17 @@ impl Reader {
                 let Ok(part) = got else {
                     return Ok(());
                 };
-                let texts = part.map_err(|e| to_py(py, e))?;
+                // A part that fails on a file deleted (or made again) since it was opened:
+                // the session is gone, not SQLite's error for the files that went away.
+                let texts = part.map_err(|e| {
+                    let gone = file_id(reader.file()).map_or(true, |now| now != opened);
+                    let e = if gone {
+                        Error::SessionNotFound(self.id.to_string())
+                    } else {
+                        e
+                    };
+                    to_py(py, e)
+                })?;
                 parts.push(
                     texts
                         .iter()
@@ -799,10 +996,44 @@ impl Reader {
 /// this many.
 const PART: usize = 2000;
 
-/// A session opened for writing (`session_store.Session` wraps it).
+/// A session opened for writing (`session_store.Session` wraps it). In a child made by
+/// `os.fork()` it is the parent's writer: every call but `close` (which lets the copy go)
+/// raises `WriterOwned` naming the parent (see [`Owned`]).
 #[pyclass(frozen, module = "session_store._native")]
 struct Session {
-    inner: session_store::Session,
+    inner: Owned<session_store::Session>,
+    id: SessionId,
+    owner: session_store::WriterOwner,
+}
+
+impl Session {
+    fn new(inner: session_store::Session) -> Session {
+        Session {
+            id: inner.id().clone(),
+            owner: inner.owner().clone(),
+            inner: Owned::new(inner),
+        }
+    }
+
+    /// The session, or `WriterOwned` in a child made by `os.fork()`.
+    fn inner(&self, py: Python<'_>) -> NativeResult<&session_store::Session> {
+        self.inner.get().ok_or_else(|| {
+            let err = Error::WriterOwned {
+                owner: self.owner.clone(),
+            };
+            writer_owned(
+                py,
+                format!(
+                    "{err}: this process ({}) was made by os.fork() and has a copy of its \
+                     parent's handle of session {}; open the session in this process once \
+                     the parent closed it",
+                    std::process::id(),
+                    self.id
+                ),
+                &self.owner,
+            )
+        })
+    }
 }
 
 /// What `append` reports of a commit.
@@ -820,16 +1051,17 @@ impl Session {
     /// The session id.
     #[getter]
     fn id(&self) -> String {
-        self.inner.id().to_string()
+        self.id.to_string()
     }
 
     /// Appends one batch given as JSON text `{"operation_id", "turn_id"?, "events": [...]}`;
     /// returns the commit (JSON). Accepted in memory; durable after `flush`.
     fn append(&self, py: Python<'_>, batch_json: &str) -> NativeResult<String> {
+        let inner = self.inner(py)?;
         detached(py, || {
             let batch: Batch = serde_json::from_str(batch_json)
                 .map_err(|e| invalid_from("batch is not valid", e))?;
-            let commit = self.inner.append(batch)?;
+            let commit = inner.append(batch)?;
             json(&CommitSummary {
                 commit_id: &commit.commit_id,
                 operation_id: &commit.operation_id,
@@ -842,22 +1074,28 @@ impl Session {
 
     /// Writes every accepted batch (fsynced); returns the durable sequence.
     fn flush(&self, py: Python<'_>) -> NativeResult<u64> {
-        detached(py, || self.inner.flush())
+        let inner = self.inner(py)?;
+        detached(py, || inner.flush())
     }
 
     /// `(accepted, durable)` sequences.
-    fn sequences(&self) -> (u64, u64) {
-        self.inner.sequences()
+    fn sequences(&self, py: Python<'_>) -> NativeResult<(u64, u64)> {
+        Ok(self.inner(py)?.sequences())
     }
 
     /// The accepted transcript, including batches not yet durable (a JSON array).
     fn transcript(&self, py: Python<'_>) -> NativeResult<String> {
-        detached(py, || json(&self.inner.transcript()?))
+        let inner = self.inner(py)?;
+        detached(py, || json(&inner.transcript()?))
     }
 
-    /// Flushes and releases the writer lock; later calls raise `Closed`.
+    /// Flushes and releases the writer lock; later calls raise `Closed`. In a child made by
+    /// `os.fork()` it does nothing: the parent's writer stays as it is.
     fn close(&self, py: Python<'_>) -> NativeResult<()> {
-        detached(py, || self.inner.close())
+        match self.inner.get() {
+            Some(inner) => detached(py, || inner.close()),
+            None => Ok(()),
+        }
     }
 }
 
@@ -866,6 +1104,15 @@ impl Session {
 #[pyfunction]
 fn verify(py: Python<'_>, path: PathBuf) -> NativeResult<String> {
     detached(py, || verified_json(session_store::verify_file(path)?))
+}
+
+/// Closes, in a child made by `os.fork()`, its copies of the writer lock files the parent
+/// held (the parent keeps its locks, released when it lets them go; before, a forked worker
+/// kept them held for its whole life). `session_store` registers it with
+/// `os.register_at_fork(after_in_child=...)`; elsewhere it does nothing.
+#[pyfunction]
+fn close_inherited_locks() {
+    session_store::close_inherited_locks();
 }
 
 /// What `verify` reports: `{"session_id", "commits", "events"}`.
@@ -881,10 +1128,12 @@ fn verified_json(verified: session_store::Verified) -> session_store::Result<Str
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<Root>()?;
     m.add_class::<Session>()?;
     m.add_class::<Reader>()?;
     m.add_function(wrap_pyfunction!(verify, m)?)?;
+    m.add_function(wrap_pyfunction!(close_inherited_locks, m)?)?;
     m.add("SessionStoreError", py.get_type::<SessionStoreError>())?;
     m.add("InvalidInput", py.get_type::<InvalidInput>())?;
     m.add("InvalidPayload", py.get_type::<InvalidPayload>())?;

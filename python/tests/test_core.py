@@ -4,8 +4,14 @@ verify, async variants, the exception hierarchy and hostile input."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import inspect
 import json
+import multiprocessing
 import os
+import pickle
+import subprocess
+import sys
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -168,6 +174,38 @@ def test_error_hierarchy_and_writer_owned_carries_the_owner(root):
     writer.close()
     assert writer.flush() == 0 and writer.sequences() == (0, 0) and writer.transcript() == []
     root.open("a").close()  # free again
+
+
+def _open_in_worker(path: str, session_id: str) -> None:
+    """Run in a process pool: raises what `Root.open` raises there."""
+    session_store.Root(path).open(session_id)
+
+
+def test_errors_pickle_and_cross_a_process_pool(root):
+    # Exceptions are named where the package exports them, so pickle (multiprocessing,
+    # concurrent.futures) can find their class: `_native` was no importable module.
+    for name in session_store.__all__:
+        cls = getattr(session_store, name)
+        if isinstance(cls, type) and issubclass(cls, SessionStoreError):
+            assert cls.__module__ == "session_store", cls
+            again = pickle.loads(pickle.dumps(cls(f"{name} happened")))
+            assert type(again) is cls and str(again) == f"{name} happened"
+    writer = root.create("p")
+    with pytest.raises(WriterOwned) as owned:
+        root.open("p")
+    again = pickle.loads(pickle.dumps(owned.value))
+    assert type(again) is WriterOwned and again.owner == owned.value.owner
+    assert str(again) == str(owned.value)
+    # A worker process's error comes back as the same class, with its message and owner.
+    with concurrent.futures.ProcessPoolExecutor(
+        1, mp_context=multiprocessing.get_context("spawn")
+    ) as pool:
+        with pytest.raises(WriterOwned) as remote:
+            pool.submit(_open_in_worker, root.path, "p").result(timeout=60)
+        assert remote.value.owner["pid"] == os.getpid()
+        with pytest.raises(NotFound, match="nope"):
+            pool.submit(_open_in_worker, root.path, "nope").result(timeout=60)
+    writer.close()
 
 
 def test_hostile_input_is_refused_and_changes_nothing(root, tmp_path):
@@ -355,10 +393,27 @@ def test_writers_in_threads(root):
 
 def test_delete_waits_for_the_writer_then_gives_up(root):
     writer = root.create("held")
-    with pytest.raises(session_store.Cancelled):
+    # It says what it waited for (the caller cancelled nothing: "operation cancelled" before).
+    with pytest.raises(
+        session_store.Cancelled,
+        match=rf"gave up deleting held after 0\.2 s: its writer, pid {os.getpid()} on host ",
+    ):
         root.delete("held", wait=0.2)
     writer.close()
     root.delete("held", wait=0.2)
+    # A free session is deleted whatever the wait, 0 included (Cancelled before: the
+    # deadline was checked before the lock was first tried).
+    for wait in (0, 0.0, 1e-9):
+        root.create("free").close()
+        root.delete("free", wait=wait)
+        with pytest.raises(NotFound):
+            root.history("free")
+    writer = root.create("held")
+    started = time.monotonic()
+    with pytest.raises(session_store.Cancelled):
+        root.delete("held", wait=0)
+    assert time.monotonic() - started < 0.4
+    writer.close()
 
 
 
@@ -532,3 +587,307 @@ def test_rename_sets_the_title_that_list_and_search_show(root):
         with pytest.raises(error):
             root.rename(*args)
     assert root.events("chat")["next"] == durable
+
+
+_FORK_SCRIPT = r"""
+import json, os, signal, sys, time
+import session_store
+from session_store import WriterOwned
+
+def turn(t, text):
+    return [
+        {"kind": "turn/start"},
+        {"kind": "message/complete",
+         "payload": {"message": {"id": f"m-{t}", "role": "user", "content": text}}},
+        {"kind": "turn/end", "payload": {"status": "completed"}},
+    ]
+
+path, report = sys.argv[1], sys.argv[2]
+root = session_store.Root(path, write_behind_ms=60_000)
+parent = root.create("p")
+parent.append(turn("t1", "hello one"), operation_id="o1", turn_id="t1")
+parent.flush()
+# Every pool of the process in use before the fork: queries, a kept reader, a search.
+reader = root.reader("p")
+assert len(reader.messages()) == 1
+assert root.search("hello")["hits"] and root.history("p")["messages"] and root.list()["sessions"]
+# Accepted, not written: the parent's write-behind waits a minute.
+parent.append(turn("t2", "hello two"), operation_id="o2", turn_id="t2")
+pid = os.fork()
+if pid == 0:
+    signal.alarm(60)
+    out = {}
+    out["list"] = [s["session_ref"]["session_id"] for s in root.list()["sessions"]]
+    out["history"] = len(root.history("p")["messages"])
+    out["messages"] = len(reader.messages())
+    out["hits"] = len(root.search("hello")["hits"])
+    for call in ("append", "flush", "sequences", "transcript"):
+        try:
+            if call == "append":
+                parent.append(turn("t3", "child"), operation_id="o3", turn_id="t3")
+            else:
+                getattr(parent, call)()
+        except WriterOwned as e:
+            out[call] = [e.owner["pid"], "os.fork()" in str(e)]
+    parent.close()  # lets go of the copy only
+    try:
+        root.open("p")
+    except WriterOwned as e:
+        out["open"] = e.owner["pid"]
+    quick = session_store.Root(path, write_behind_ms=10)
+    child = quick.create("c")
+    child.append(turn("c1", "from the child"), operation_id="c1", turn_id="c1")
+    deadline = time.monotonic() + 20
+    while not root.history("c")["messages"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    out["written_behind"] = len(root.history("c")["messages"])
+    child.close()
+    with open(report, "w") as f:
+        json.dump(out, f)
+    sys.exit(0)  # a normal exit: the inherited copies are finalized in this process
+_, status = os.waitpid(pid, 0)
+out = {"status": status, "pid": os.getpid(), "owner": root.writer_owner("p")["pid"] == os.getpid()}
+out["flush"] = parent.flush()
+parent.append(turn("t3", "hello three"), operation_id="o3", turn_id="t3")
+parent.close()
+out["verify"] = session_store.verify(os.path.join(path, "p"))["commits"]
+out["transcript"] = [m["id"] for m in root.transcript("p")]
+print(json.dumps(out))
+"""
+
+
+def test_a_forked_child_works_and_leaves_the_parents_writer_alone(tmp_path):
+    # A child made by os.fork() (multiprocessing's default on Linux) after the parent used
+    # the package: its first query waited forever for the parent's worker threads, and its
+    # copy of the parent's session, finalized at its exit, wrote the parent's pending batch
+    # into the file, so the parent's own flush then failed and poisoned its writer.
+    report = tmp_path / "child.json"
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_SCRIPT, str(tmp_path / "root"), str(report)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    parent = json.loads(done.stdout)
+    child = json.loads(report.read_text())
+    assert parent["status"] == 0
+    assert child["list"] == ["p"] and child["history"] == 1 and child["messages"] == 1
+    assert child["hits"] == 1
+    parent_pid = parent["pid"]
+    assert child["open"] == parent_pid
+    for call in ("append", "flush", "sequences", "transcript"):
+        assert child[call] == [parent_pid, True], call
+    assert child["written_behind"] == 1
+    assert parent["owner"] is True and parent["flush"] == 6
+    assert parent["verify"] == 3
+    assert parent["transcript"] == ["m-t1", "m-t2", "m-t3"]
+
+
+def test_the_version_is_the_installed_distributions():
+    from importlib import metadata
+
+    assert session_store.__version__ == metadata.version("session-store")
+    assert session_store._native.__version__ == session_store.__version__
+    assert all(part.isdigit() for part in session_store.__version__.split("."))
+
+
+def test_annotations_resolve_in_their_class_scope():
+    # Type checkers read a method's annotations in its class's scope, where Root.list (a
+    # method) hides the builtin: `-> list[dict]` made `for m in root.transcript(i)` "not
+    # iterable" for mypy in the caller's code.
+    import typing
+
+    from session_store.langgraph import SessionStoreSaver
+
+    classes = (session_store.Root, session_store.Session, session_store.SessionReader)
+    for cls in (*classes, SessionStoreSaver):
+        module = vars(sys.modules[cls.__module__])
+        for name, member in vars(cls).items():
+            fn = member.fget if isinstance(member, property) else member
+            if name.startswith("__") or not callable(fn) or not hasattr(fn, "__annotations__"):
+                continue
+            if isinstance(member, property) and name == "_native":
+                continue  # a property named as the module its annotation names: not a method
+            hints = typing.get_type_hints(fn, globalns=module, localns=dict(vars(cls)))
+            assert all(not inspect.isfunction(h) for h in hints.values()), (cls, name)
+    assert typing.get_type_hints(
+        session_store.Root.transcript, localns=dict(vars(session_store.Root))
+    )["return"] == list[dict[str, typing.Any]]
+
+
+def test_paths_may_be_bytes_and_not_utf8(tmp_path):
+    # PathLike names bytes paths too (os.fsencode, os.listdir(b".")); they raised a bare
+    # TypeError ("'bytes' object is not an instance of 'str'") from the native layer.
+    raw = os.fsencode(tmp_path) + b"/root \xff"
+    root = session_store.Root(raw)
+    assert root.path == os.fsdecode(raw) and os.path.isdir(raw)
+    with root.create("b") as s:
+        s.append(turn("t", msg(1)), operation_id="o", turn_id="t")
+    out = os.fsencode(tmp_path) + b"/export \xfe.sqlite"
+    assert root.export("b", out)["commits"] == 1 and os.path.isfile(out)
+    assert session_store.verify(out)["session_id"] == "b"
+    assert asyncio.run(session_store.averify(out))["session_id"] == "b"
+    assert root.import_file(out, session_id="b2") == "b2"
+    again = session_store.Root(os.fsdecode(raw))
+    assert again.transcript("b2") == root.transcript("b") == [msg(1)]
+    with pytest.raises(InvalidInput, match="NUL"):
+        session_store.Root(b"x\0y")
+    with pytest.raises(TypeError):
+        session_store.Root(5)
+
+
+_FORK_LOCK_SCRIPT = r"""
+import json, os, signal, sys
+import session_store
+from session_store import WriterOwned
+
+root = session_store.Root(sys.argv[1])
+parent = root.create("p")
+to_child, from_parent = os.pipe()
+to_parent, from_child = os.pipe()
+pid = os.fork()
+if pid == 0:
+    signal.alarm(60)
+    os.read(to_child, 1)  # the parent closed "p", reopened and closed it again
+    try:
+        root.open("p").close()
+        opened = True
+    except WriterOwned:
+        opened = False
+    os.write(from_child, json.dumps({"child_opened": opened}).encode())
+    os.read(to_child, 1)
+    os._exit(0)  # no finalizer runs: what the child inherited is only closed by the kernel
+parent.close()
+out = {}
+try:
+    root.open("p").close()  # the child still lives, holding copies of the parent's files
+    out["parent_reopened"] = True
+except WriterOwned as e:
+    out["parent_reopened"] = str(e)
+os.write(from_parent, b"x")
+out.update(json.loads(os.read(to_parent, 1000)))
+os.write(from_parent, b"x")
+os.waitpid(pid, 0)
+print(json.dumps(out))
+"""
+
+
+def test_a_forked_child_does_not_keep_the_parents_writer_lock(tmp_path):
+    # flock belongs to the open file description, which fork() shares: the child's copy of
+    # the lock file's descriptor kept the parent's lock held after the parent closed the
+    # session, for as long as the child lived (a multiprocessing worker: for good).
+    done = subprocess.run(
+        [sys.executable, "-c", _FORK_LOCK_SCRIPT, str(tmp_path / "root")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"parent_reopened": True, "child_opened": True}
+
+
+def test_a_kept_reader_racing_deletes_and_remakes_answers_or_says_not_found(root):
+    # A read that failed on a file deleted (or deleted and made again) under it was retried
+    # once on a fresh open, which could race the next delete too: the caller got SQLite's
+    # "disk I/O error" as a StorageError instead of NotFound or the new session's messages.
+    with root.create("r") as s:
+        s.append(turn("t", msg(1)), operation_id="o", turn_id="t")
+    reader = root.reader("r")
+    failures: list[BaseException] = []
+    answers = {"read": 0, "not_found": 0}
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                # The session made again is empty until its writer's close.
+                assert reader.messages(5) in ([], [msg(1)])
+                answers["read"] += 1
+            except NotFound:
+                answers["not_found"] += 1
+            except BaseException as e:  # noqa: BLE001 - every other failure is the defect
+                failures.append(e)
+                return
+
+    threads = [threading.Thread(target=read) for _ in range(3)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 6
+    rounds = 0
+    while time.monotonic() < deadline and not failures:
+        root.delete("r")
+        with root.create("r") as s:
+            s.append(turn("t", msg(1)), operation_id="o", turn_id="t")
+        rounds += 1
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not failures, f"after {rounds} rounds: {failures[0]!r}"
+    assert answers["read"] > 0
+
+
+def test_root_reads_racing_deletes_and_remakes_answer_or_say_not_found(root):
+    # As the CLI's reads do: a read whose session is deleted (or deleted and made again)
+    # under it is NotFound, not SQLite's "disk I/O error" for the files that went away.
+    def make() -> None:
+        with root.create("r") as s:
+            s.append(turn("t", msg(1)), operation_id="o", turn_id="t")
+
+    make()
+    reads = {
+        "history": lambda: root.history("r"),
+        "transcript": lambda: root.transcript("r"),
+        "events": lambda: root.events("r"),
+        "turns": lambda: root.turns("r"),
+        "verify": lambda: root.verify("r"),
+    }
+    failures: dict[str, BaseException] = {}
+    stop = threading.Event()
+
+    def read(name: str) -> None:
+        while not stop.is_set() and name not in failures:
+            try:
+                reads[name]()
+            except NotFound:
+                pass
+            except BaseException as e:  # noqa: BLE001 - every other failure is the defect
+                failures[name] = e
+
+    threads = [threading.Thread(target=read, args=(name,)) for name in reads]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline and not failures:
+        root.delete("r")
+        make()
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not failures, failures
+    assert root.transcript("r") == [msg(1)]
+
+
+def test_root_verify_refuses_what_every_other_call_refuses(root, tmp_path):
+    # Root.verify checked the folder's file as a plain path: another session's file copied
+    # under a new id verified as sound (naming the other session), and a symlinked folder,
+    # also one to a folder outside the root, was followed; the CLI's `verify ID` and every
+    # other call refuse both.
+    import shutil
+
+    with root.create("a") as s:
+        s.append(turn("t", msg(1)), operation_id="o", turn_id="t")
+    assert root.verify("a")["session_id"] == "a"
+    shutil.copytree(os.path.join(root.path, "a"), os.path.join(root.path, "b"))
+    with pytest.raises(Corrupt, match="holds the file of session a"):
+        root.verify("b")
+    with pytest.raises(Corrupt):
+        root.history("b")
+    outside = tmp_path / "outside"
+    shutil.copytree(os.path.join(root.path, "a"), outside / "c")
+    os.symlink(outside / "c", os.path.join(root.path, "c"))
+    with pytest.raises(InvalidInput, match="symlink"):
+        root.history("c")
+    with pytest.raises(InvalidInput, match="symlink"):
+        root.verify("c")
+    assert session_store.verify(outside / "c")["session_id"] == "a"  # a file given by path

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import subprocess
 import sys
@@ -297,3 +298,103 @@ def test_a_large_value_in_many_checkpoints_is_stored_once(root) -> None:
         assert saver.get_tuple(config("doc")).checkpoint["channel_values"]["doc"] == doc
     # Ten new versions of one 120 kB value: stored once (the rest is placeholders).
     assert grown < 3 * len(doc), grown
+
+
+def test_a_thread_deleted_and_made_again_by_another_saver_is_read_anew(root) -> None:
+    # A saver that had read a thread kept folding the log from where it stopped: after
+    # another saver (or process) deleted the thread and made it again, it served the old
+    # thread's checkpoint, and its next put stored a suffix of a list version that only the
+    # old thread held (unreadable: "missing from the log").
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    def put(saver, parent: dict, items: list[str]) -> dict:
+        version = saver.get_next_version(None, None)
+        c = empty_checkpoint()
+        c["channel_values"] = {"items": items}
+        c["channel_versions"] = {"items": version}
+        return saver.put(parent, c, {"step": len(items)}, {"items": version})
+
+    reader, other = SessionStoreSaver(root), SessionStoreSaver(root)
+    with other:
+        last = config("again")
+        for n in range(1, 4):
+            last = put(other, last, [f"old {i}" for i in range(n)])
+    assert reader.get_tuple(config("again")).checkpoint["channel_values"]["items"] == [
+        "old 0",
+        "old 1",
+        "old 2",
+    ]
+    with other:
+        other.delete_thread("again")
+        fresh = put(other, config("again"), ["old 0", "old 1", "old 2"])
+    got = reader.get_tuple(config("again"))
+    assert got.config == fresh
+    assert got.checkpoint["channel_values"]["items"] == ["old 0", "old 1", "old 2"]
+    assert len(list(reader.list(config("again")))) == 1
+    with reader:
+        grown = put(reader, fresh, ["old 0", "old 1", "old 2", "new 3"])
+    with SessionStoreSaver(root) as third:
+        assert third.get_tuple(grown).checkpoint["channel_values"]["items"] == [
+            "old 0",
+            "old 1",
+            "old 2",
+            "new 3",
+        ]
+        assert [t.config for t in third.list(config("again"))] == [grown, fresh]
+
+
+FORKED_SAVER = r"""
+import json, os, signal, sys
+from langgraph.checkpoint.base import empty_checkpoint
+from session_store import WriterOwned
+from session_store.langgraph import SessionStoreSaver
+
+def put(saver, parent, items):
+    version = saver.get_next_version(None, None)
+    c = empty_checkpoint()
+    c["channel_values"] = {"items": items}
+    c["channel_versions"] = {"items": version}
+    return saver.put(parent, c, {}, {"items": version})
+
+saver = SessionStoreSaver(sys.argv[1])
+config = {"configurable": {"thread_id": "forked"}}
+put(saver, config, ["parent"])
+go_on, told = os.pipe()
+tried, tell = os.pipe()
+pid = os.fork()
+if pid == 0:
+    signal.alarm(60)
+    out = {}
+    def attempt(items):
+        try:
+            put(saver, config, items)
+            return "ok"
+        except WriterOwned:
+            return "WriterOwned"
+    out["early"] = attempt(["refused"])
+    os.write(tell, b"x")
+    os.read(go_on, 1)  # the parent has closed its saver
+    out["late"] = attempt(["parent", "child"])
+    out["items"] = saver.get_tuple(config).checkpoint["channel_values"]["items"]
+    saver.close()
+    print(json.dumps(out), flush=True)
+    os._exit(0)
+os.read(tried, 1)
+saver.close()
+os.write(told, b"x")
+_, status = os.waitpid(pid, 0)
+sys.exit(status)
+"""
+
+
+def test_a_forked_child_saver_writes_once_the_parent_let_the_thread_go(tmp_path) -> None:
+    # A saver copied into a child by os.fork() kept the parent's writers: it raised
+    # WriterOwned for every thread the parent had written, for the child's whole life, also
+    # once the parent had closed its saver.
+    out = subprocess.run(
+        [sys.executable, "-c", FORKED_SAVER, str(tmp_path / "root")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    child = json.loads(out.stdout)
+    assert child == {"early": "WriterOwned", "late": "ok", "items": ["parent", "child"]}

@@ -3,7 +3,7 @@
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
-use std::sync::{Arc, Condvar, LazyLock, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Instant;
 
 /// What the writer threads run: a session's timed drain. The pool knows sessions only
@@ -51,7 +51,20 @@ struct Pool {
     wake: Condvar,
 }
 
-static POOL: LazyLock<Arc<Pool>> = LazyLock::new(|| {
+/// The pool and the id of the process that started its threads. A child made by `fork()`
+/// inherits it without its threads (its timed drains never ran): the child starts its own,
+/// the inherited one left alone.
+static POOL: Mutex<Option<(u32, Arc<Pool>)>> = Mutex::new(None);
+
+/// This process's pool, its threads started at first use (see [`POOL`]).
+fn pool() -> Arc<Pool> {
+    let pid = std::process::id();
+    let mut slot = POOL.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((owner, pool)) = slot.as_ref()
+        && *owner == pid
+    {
+        return Arc::clone(pool);
+    }
     let pool = Arc::new(Pool {
         queue: Mutex::new(Queue::default()),
         wake: Condvar::new(),
@@ -63,8 +76,10 @@ static POOL: LazyLock<Arc<Pool>> = LazyLock::new(|| {
             .name(format!("session-store-writer-{i}"))
             .spawn(move || p.run());
     }
+    // The parent's pool holds jobs of sessions this process must not drain: keep it as is.
+    std::mem::forget(slot.replace((pid, Arc::clone(&pool))));
     pool
-});
+}
 
 impl Pool {
     fn run(&self) {
@@ -95,7 +110,7 @@ impl Pool {
 
 /// Asks a writer thread to drain `session` at `at`.
 pub(crate) fn schedule(session: Weak<dyn Drain>, at: Instant) {
-    let pool = &*POOL;
+    let pool = pool();
     let mut q = pool.queue.lock().unwrap_or_else(|e| e.into_inner());
     let order = q.next_order;
     q.next_order += 1;

@@ -36,7 +36,7 @@ use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Sender, channel};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, Transaction, TransactionBehavior};
@@ -193,25 +193,29 @@ impl Entry {
 
 /// Closes `entries` off the caller's path, on a thread that only closes connections
 /// (started on first use; inline when it cannot be): closing one frees its parsed schema,
-/// as much work as a search's read of it.
+/// as much work as a search's read of it. The thread is the process's: a child made by
+/// `fork()` (which inherits the sender without the thread) starts its own.
 fn close_later(entries: impl IntoIterator<Item = Entry>) {
-    static CLOSER: OnceLock<Option<Mutex<Sender<Entry>>>> = OnceLock::new();
-    let closer = CLOSER.get_or_init(|| {
-        let (send, receive) = channel::<Entry>();
-        std::thread::Builder::new()
-            .name("search-close".to_owned())
-            .spawn(move || receive.into_iter().for_each(drop))
-            .ok()
-            .map(|_| Mutex::new(send))
-    });
+    type Closer = Option<(u32, Option<Sender<Entry>>)>;
+    static CLOSER: Mutex<Closer> = Mutex::new(None);
+    let pid = std::process::id();
+    let send = {
+        let mut closer = CLOSER.lock().unwrap_or_else(|e| e.into_inner());
+        if closer.as_ref().is_none_or(|(owner, _)| *owner != pid) {
+            let (send, receive) = channel::<Entry>();
+            let started = std::thread::Builder::new()
+                .name("search-close".to_owned())
+                .spawn(move || receive.into_iter().for_each(drop))
+                .ok()
+                .map(|_| send);
+            // An inherited sender's entries are the parent's connections: never closed here.
+            std::mem::forget(closer.replace((pid, started)));
+        }
+        closer.as_ref().and_then(|(_, send)| send.clone())
+    };
     for entry in entries {
-        let unsent = match closer {
-            Some(send) => send
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .send(entry)
-                .err()
-                .map(|e| e.0),
+        let unsent = match &send {
+            Some(send) => send.send(entry).err().map(|e| e.0),
             None => Some(entry),
         };
         drop(unsent);

@@ -7,6 +7,7 @@
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::Path;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use crate::cancel::CancelToken;
@@ -19,7 +20,59 @@ const POLL: Duration = Duration::from_millis(10);
 /// A held writer lock; dropping it releases the lock.
 #[derive(Debug)]
 pub(crate) struct WriterLock {
-    file: File,
+    /// The locked file; `None` once [`close_inherited_locks`] closed it in a child made by
+    /// `fork()`.
+    file: Arc<Mutex<Option<File>>>,
+}
+
+/// A lock file this process holds, for [`close_inherited_locks`].
+struct Held {
+    pid: u32,
+    file: Weak<Mutex<Option<File>>>,
+}
+
+/// Every writer lock (and staging guard) file held in this process, with the id of the
+/// process that took it. `flock` belongs to the open file description, which a child made by
+/// `fork()` shares: while the child's copy of the descriptor is open, the lock outlives the
+/// parent's release (a session stayed locked for as long as a forked worker lived).
+static HELD: Mutex<Vec<Held>> = Mutex::new(Vec::new());
+
+/// `file` (just locked) as a [`WriterLock`], recorded in [`HELD`].
+fn held(file: File) -> WriterLock {
+    let file = Arc::new(Mutex::new(Some(file)));
+    let mut all = HELD.lock().unwrap_or_else(|e| e.into_inner());
+    all.retain(|h| h.file.strong_count() > 0);
+    all.push(Held {
+        pid: std::process::id(),
+        file: Arc::downgrade(&file),
+    });
+    WriterLock { file }
+}
+
+/// Closes this process's copies of the lock files another process (the parent it was forked
+/// from) held at the `fork()`, without touching them otherwise: the parent keeps its locks,
+/// and they are released when the parent lets them go. Call it in the child right after a
+/// `fork()` (the Python package does, through `os.register_at_fork`); the locks this process
+/// took itself are left alone, so calling it elsewhere does nothing.
+pub fn close_inherited_locks() {
+    let pid = std::process::id();
+    // A lock held by a parent thread at the fork is never released in the child: skip it.
+    let mut all = match HELD.try_lock() {
+        Ok(all) => all,
+        Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => return,
+    };
+    all.retain(|h| {
+        if h.pid == pid {
+            return h.file.strong_count() > 0;
+        }
+        if let Some(file) = h.file.upgrade()
+            && let Ok(mut file) = file.try_lock()
+        {
+            drop(file.take());
+        }
+        false
+    });
 }
 
 /// Opens (creating) a lock file without following a symlink: a symlink there is
@@ -53,7 +106,7 @@ impl WriterLock {
     pub(crate) fn try_acquire(path: &Path) -> Result<Option<WriterLock>> {
         let file = open_lock_file(path)?;
         match file.try_lock() {
-            Ok(()) => Ok(Some(WriterLock { file })),
+            Ok(()) => Ok(Some(held(file))),
             Err(TryLockError::WouldBlock) => Ok(None),
             Err(TryLockError::Error(e)) => Err(Error::io(format!("lock {}", path.display()), e)),
         }
@@ -64,7 +117,11 @@ impl WriterLock {
     /// next opener of `path` creates a new file and locks that one.
     pub(crate) fn is_at(&self, path: &Path) -> bool {
         use std::os::unix::fs::MetadataExt;
-        match (self.file.metadata(), std::fs::symlink_metadata(path)) {
+        let file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(file) = file.as_ref() else {
+            return false;
+        };
+        match (file.metadata(), std::fs::symlink_metadata(path)) {
             (Ok(held), Ok(named)) => held.dev() == named.dev() && held.ino() == named.ino(),
             _ => false,
         }
@@ -91,7 +148,13 @@ impl WriterLock {
             f.seek(SeekFrom::Start(0))?;
             f.write_all(&text)
         };
-        write(&mut self.file).map_err(|e| Error::io("record writer owner", e))
+        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(file) = file.as_mut() else {
+            return Err(Error::invalid(
+                "the writer lock was inherited through fork() and closed in this process",
+            ));
+        };
+        write(file).map_err(|e| Error::io("record writer owner", e))
     }
 }
 
@@ -99,7 +162,9 @@ impl Drop for WriterLock {
     /// Clears the owner record before the lock is released, so a record found in an
     /// unlocked file can only come from a holder that died.
     fn drop(&mut self) {
-        let _ = self.file.set_len(0);
+        if let Some(file) = self.file.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            let _ = file.set_len(0);
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! files of its ancestors. Never touches the writer lock or the lease.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, LazyLock, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use r2d2::{Pool, PooledConnection};
@@ -19,15 +19,31 @@ use crate::model::{Commit, ContentRef, Message, Projection, SessionId, TurnBound
 use crate::store::read::{self, DependentFork, HistoryRow, LineageEntry};
 use crate::store::schema::{self, Access, SESSION_FILE};
 
-/// One thread, shared by every read pool of the process, for r2d2's housekeeping.
-static POOL_THREADS: LazyLock<Arc<ScheduledThreadPool>> = LazyLock::new(|| {
-    Arc::new(
+/// One thread, shared by every read pool of the process, for r2d2's housekeeping: with the
+/// id of the process that started it. A child made by `fork()` inherits it without its
+/// thread (a new pool then waited its whole timeout for connections that thread never
+/// made): the child starts its own, the inherited one left alone.
+static POOL_THREADS: Mutex<Option<(u32, Arc<ScheduledThreadPool>)>> = Mutex::new(None);
+
+/// The housekeeping thread of this process's read pools (see [`POOL_THREADS`]).
+fn pool_threads() -> Arc<ScheduledThreadPool> {
+    let pid = std::process::id();
+    let mut slot = POOL_THREADS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((owner, threads)) = slot.as_ref()
+        && *owner == pid
+    {
+        return Arc::clone(threads);
+    }
+    let threads = Arc::new(
         ScheduledThreadPool::builder()
             .num_threads(1)
             .thread_name_pattern("session-store-read-pool-{}")
             .build(),
-    )
-});
+    );
+    // The parent's pool: dropping it would signal a thread this process does not have.
+    std::mem::forget(slot.replace((pid, Arc::clone(&threads))));
+    threads
+}
 
 /// Read connections per session file at most.
 const MAX_READERS: u32 = 4;
@@ -129,7 +145,7 @@ fn read_pool(file: &Path, access: Access) -> Result<ReadPool> {
         .idle_timeout(Some(Duration::from_secs(30)))
         .test_on_check_out(false)
         .connection_timeout(Duration::from_secs(5))
-        .thread_pool(Arc::clone(&POOL_THREADS))
+        .thread_pool(pool_threads())
         .build_unchecked(manager);
     Ok(ReadPool {
         pool,
