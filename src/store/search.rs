@@ -101,8 +101,7 @@ CREATE TABLE search_rows (
     role,
     until_seq  INTEGER
 );
-CREATE UNIQUE INDEX search_rows_at ON search_rows (session, position) WHERE until_seq IS NULL;
-CREATE INDEX search_rows_by_position ON search_rows (session, position, seq);
+CREATE INDEX search_rows_at ON search_rows (session, position, seq);
 CREATE VIRTUAL TABLE search_text USING fts5(
     text, content = '', detail = full, columnsize = 0,
     tokenize = 'unicode61 remove_diacritics 2'
