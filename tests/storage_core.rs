@@ -257,7 +257,7 @@ fn invalid_ids_are_refused_before_touching_disk() {
 /// characters and blanks are `InvalidInput`; an empty `cwd` is refused at create and import
 /// with nothing created.
 #[test]
-fn bad_host_ids_and_an_empty_cwd_are_refused() {
+fn bad_host_ids_and_an_empty_or_nul_cwd_are_refused() {
     let (dir, root) = temp_root();
     for bad in [
         "",
@@ -284,12 +284,14 @@ fn bad_host_ids_and_an_empty_cwd_are_refused() {
         );
     }
     assert!(session_store::Service::new("laptop-1.example", root.clone()).is_ok());
-    let empty_cwd = CreateOptions::with_id(SessionId::new("c").unwrap()).with_cwd("");
-    assert!(matches!(
-        root.create(empty_cwd),
-        Err(Error::InvalidInput { .. })
-    ));
-    assert!(!root.session_dir(&SessionId::new("c").unwrap()).exists());
+    for bad in ["", "/w/a\0b"] {
+        let bad_cwd = CreateOptions::with_id(SessionId::new("c").unwrap()).with_cwd(bad);
+        assert!(
+            matches!(root.create(bad_cwd), Err(Error::InvalidInput { .. })),
+            "{bad:?}"
+        );
+        assert!(!root.session_dir(&SessionId::new("c").unwrap()).exists());
+    }
     let s = root
         .create(CreateOptions::with_id(SessionId::new("src").unwrap()).with_cwd("/w"))
         .unwrap();
@@ -297,16 +299,18 @@ fn bad_host_ids_and_an_empty_cwd_are_refused() {
     let export = dir.path().join("src.export");
     root.export(&SessionId::new("src").unwrap(), &export)
         .unwrap();
-    let refused = root.import(
-        &export,
-        session_store::ImportOptions::default()
-            .with_session_id(SessionId::new("imp").unwrap())
-            .with_cwd(""),
-    );
-    assert!(
-        matches!(refused, Err(Error::InvalidInput { .. })),
-        "{refused:?}"
-    );
+    for bad in ["", "\0"] {
+        let refused = root.import(
+            &export,
+            session_store::ImportOptions::default()
+                .with_session_id(SessionId::new("imp").unwrap())
+                .with_cwd(bad),
+        );
+        assert!(
+            matches!(refused, Err(Error::InvalidInput { .. })),
+            "{refused:?}"
+        );
+    }
     assert!(!root.session_dir(&SessionId::new("imp").unwrap()).exists());
 }
 

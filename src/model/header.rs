@@ -74,15 +74,21 @@ pub struct Header {
 
 impl Header {
     /// Checks a working directory given for a new or imported session: not empty (leave
-    /// it out instead). Headers already written are read as they are.
+    /// it out instead) and without a NUL byte (no path holds one). Headers already written
+    /// are read as they are.
     ///
     /// # Errors
-    /// [`Error::InvalidInput`] for an empty `cwd`.
+    /// [`Error::InvalidInput`] for an empty `cwd` or one holding a NUL.
     pub(crate) fn check_cwd(cwd: &str) -> Result<()> {
         if cwd.is_empty() {
             return Err(Error::invalid(
                 "cwd is empty: give a working directory or leave it out",
             ));
+        }
+        if let Some(at) = cwd.find('\0') {
+            return Err(Error::invalid(format!(
+                "cwd holds a NUL byte (at byte {at}), which no path can hold"
+            )));
         }
         Ok(())
     }
