@@ -1721,3 +1721,34 @@ fn a_search_page_is_titled_with_its_query() {
     );
     assert!(title.chars().count() < 140, "{title}");
 }
+
+#[test]
+fn a_bidi_override_in_a_title_is_isolated_in_the_page_title() {
+    // CSS isolates session text inside the page, but not in `<title>`: a right-to-left
+    // override left open in a session's title turned the tab's " · session-store" around.
+    let (_dir, root) = demo_root();
+    let library = Root::open(&root).expect("root");
+    let session = library
+        .create(CreateOptions::with_id(SessionId::new("bidi").expect("id")))
+        .expect("create");
+    session
+        .append(Batch::new("t", vec![common::title("Budget plan \u{202e}")]))
+        .expect("title");
+    session.close().expect("close");
+    drop(library);
+    let server = Server::start(&root, &[]);
+    let page = server.ok("/sessions/bidi").body;
+    let title = page
+        .split("<title>")
+        .nth(1)
+        .and_then(|t| t.split("</title>").next())
+        .expect("title");
+    assert!(
+        title.starts_with('\u{2068}') && title.ends_with("\u{2069} · session-store"),
+        "{title:?}"
+    );
+    assert!(title.contains("Budget plan \u{202e}"), "{title:?}");
+    // A title without one is left as it is.
+    let plain = server.ok("/?q=parser").body;
+    assert!(plain.contains("<title>Search: parser · session-store</title>"));
+}

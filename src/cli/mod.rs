@@ -342,7 +342,7 @@ pub fn printable(text: &str) -> Cow<'_, str> {
 }
 
 /// Whether `c` opens or closes a bidirectional embedding, override or isolate.
-fn is_bidi_control(c: char) -> bool {
+pub fn is_bidi_control(c: char) -> bool {
     matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 

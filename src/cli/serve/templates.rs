@@ -32,8 +32,16 @@ pub fn clip(text: &str, max: usize) -> String {
 
 /// A page: the frame, the navigation and `body`. Control characters from a session
 /// (terminal escapes, NUL, C1 controls) are shown as the CLI shows them (`\u{1b}`), never
-/// sent raw; line breaks and tabs stay.
+/// sent raw; line breaks and tabs stay. A `title` holding a bidirectional control (a
+/// right-to-left override left open in a session's title) is isolated (U+2068 … U+2069)
+/// in the `<title>`, which CSS does not reach, so the tab's " · session-store" keeps its
+/// order.
 pub fn layout(title: &str, body: Markup) -> Html<String> {
+    let title: Cow<'_, str> = if title.chars().any(crate::cli::is_bidi_control) {
+        Cow::Owned(format!("\u{2068}{title}\u{2069}"))
+    } else {
+        Cow::Borrowed(title)
+    };
     let page = html! {
             (DOCTYPE)
             html lang="en" {
