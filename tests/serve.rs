@@ -1752,3 +1752,26 @@ fn a_bidi_override_in_a_title_is_isolated_in_the_page_title() {
     let plain = server.ok("/?q=parser").body;
     assert!(plain.contains("<title>Search: parser · session-store</title>"));
 }
+
+#[test]
+fn the_stylesheet_is_revalidated_by_its_entity_tag() {
+    // It was cached for an hour at the same URL: after an upgrade a browser kept the old
+    // stylesheet for up to an hour. It is revalidated now, answered 304 while unchanged.
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    let css = server.ok("/assets/style.css");
+    assert_eq!(css.header("cache-control"), Some("no-cache"));
+    let tag = css.header("etag").expect("etag").to_owned();
+    assert!(tag.starts_with('"') && tag.ends_with('"'), "{tag}");
+    let again = server.get_with("/assets/style.css", &[("if-none-match", &tag)]);
+    assert_eq!(again.status, 304);
+    assert!(again.body.is_empty());
+    assert_eq!(again.header("etag"), Some(tag.as_str()));
+    assert_eq!(again.header("x-content-type-options"), Some("nosniff"));
+    let weak = format!("W/{tag}");
+    let again = server.get_with("/assets/style.css", &[("if-none-match", &weak)]);
+    assert_eq!(again.status, 304);
+    let other = server.get_with("/assets/style.css", &[("if-none-match", "\"0\"")]);
+    assert_eq!(other.status, 200);
+    assert_eq!(other.body, css.body);
+}
