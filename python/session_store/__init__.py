@@ -293,12 +293,17 @@ class SessionReader:
     calls (a session deleted and made again under the same id is noticed and reopened).
     """
 
-    __slots__ = ("_native_reader", "_root", "id")
+    __slots__ = ("_id", "_native_reader", "_root")
 
     def __init__(self, root: Root, session_id: str) -> None:
         self._root = root
-        self.id = session_id
+        self._id = session_id
         self._native_reader: _native.Reader | None = None
+
+    @property
+    def id(self) -> str:
+        """The session's id (read-only: the reader's kept connections are to this session)."""
+        return self._id
 
     @property
     def _native(self) -> _native.Reader:

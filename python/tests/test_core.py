@@ -468,6 +468,12 @@ def test_reader_messages_are_what_json_loads_gives(root):
         )
     assert reader.messages() == [odd, msg(9)]
     assert repr(reader.messages(2)[0]) == repr(odd)
+    # Its id is read-only: assigned, it fell out of step with the session its kept
+    # connections read.
+    assert reader.id == "odd"
+    with pytest.raises(AttributeError):
+        reader.id = "other"  # type: ignore[misc]
+    assert reader.id == "odd" and reader.messages() == [odd, msg(9)]
 
 
 def test_a_kept_reader_follows_a_session_made_again(root):
