@@ -92,15 +92,20 @@ def session_id_of(thread_id: str) -> str:
 
 
 def thread_id_of(session_id: str) -> str | None:
-    """The thread id a session holds, or None for a session that is not a thread's."""
+    """The thread id a session holds, or None for a session that is not a thread's: only
+    an id :func:`session_id_of` makes is one (``lg-ABC`` or ``lgx-61``, made by hand, would
+    name threads whose sessions are ``lgx-414243`` and ``lg-a``)."""
+    thread: str | None = None
     if session_id.startswith("lg-"):
-        return session_id[3:]
-    if session_id.startswith("lgx-"):
+        thread = session_id[3:]
+    elif session_id.startswith("lgx-"):
         try:
-            return bytes.fromhex(session_id[4:]).decode()
+            thread = bytes.fromhex(session_id[4:]).decode()
         except ValueError:
             return None
-    return None
+    if thread is None or session_id_of(thread) != session_id:
+        return None
+    return thread
 
 
 def _encode(typed: tuple[str, bytes]) -> dict[str, str]:

@@ -237,11 +237,22 @@ def test_thread_ids_map_to_session_ids_and_back(root, saver) -> None:
         root.create(sid).close()  # an id the store accepts
         assert thread_id_of(sid) == thread
     assert thread_id_of("not-a-thread") is None
+    # Ids the saver never makes name no thread: "lg-ABC" would be thread "ABC", whose
+    # session is "lgx-414243"; "lgx-61" thread "a", whose session is "lg-a".
+    for made_by_hand in ["lg-ABC", "lgx-61", "lgx-6", "lgx-ff", "lg-a b"]:
+        assert thread_id_of(made_by_hand) is None, made_by_hand
     g = graph(saver)
     g.invoke({"messages": [HumanMessage(content="odd")]}, config("Odd/Thread: 1"))
     assert contents(g.get_state(config("Odd/Thread: 1")))[0] == "odd"
     threads = {t.config["configurable"]["thread_id"] for t in saver.list(None)}
     assert threads == {"Odd/Thread: 1"}
+    # A session "lg-ABC" made by hand beside thread "ABC" (session "lgx-414243"): listing
+    # every thread gave ABC's checkpoints twice.
+    root.create("lg-ABC").close()
+    g.invoke({"messages": [HumanMessage(content="one")]}, config("ABC"))
+    listed = [t.config["configurable"]["thread_id"] for t in saver.list(None)]
+    assert listed.count("ABC") == len(list(saver.list(config("ABC")))) > 0
+    assert set(listed) == {"Odd/Thread: 1", "ABC"}
 
 
 def test_the_async_graph_api_works_with_the_saver(saver) -> None:
