@@ -582,6 +582,27 @@ fn migrate_legacy_rebuild_catalog_and_demo() {
     let demo = env.json(&["demo"]);
     let sessions = demo["sessions"].as_array().expect("sessions");
     assert!(sessions.len() >= 3);
+    // The model calls it reports are the usage the sessions hold.
+    let listed = env.json(&["list"]);
+    let total = |field: &str| -> u64 {
+        listed["sessions"]
+            .as_array()
+            .expect("sessions")
+            .iter()
+            .filter(|s| sessions.contains(&s["session_ref"]["session_id"]))
+            .map(|s| s["usage"]["total"][field].as_u64().expect("count"))
+            .sum()
+    };
+    assert!(demo["usage"]["calls"].as_u64() > Some(sessions.len() as u64));
+    assert_eq!(Some(total("events")), demo["usage"]["calls"].as_u64());
+    assert_eq!(
+        Some(total("input_tokens")),
+        demo["usage"]["input_tokens"].as_u64()
+    );
+    assert_eq!(
+        Some(total("output_tokens")),
+        demo["usage"]["output_tokens"].as_u64()
+    );
     let first = sessions[0].as_str().expect("id");
     assert!(env.json(&["verify", first])["turns"].as_u64() > Some(0));
     // Without --root, demo alone writes to ./session-store-demo.

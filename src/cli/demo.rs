@@ -280,6 +280,8 @@ struct Summary {
     blob_bytes: u64,
     /// Bytes on disk of the written session folders.
     bytes_on_disk: u64,
+    /// The model calls recorded, over every session.
+    usage: Usage,
     /// Wall-clock time of the run, milliseconds.
     elapsed_ms: u128,
     /// A `sqlite3` command that prints the first session's transcript.
@@ -316,6 +318,7 @@ pub fn run(root: &Path, json: bool) -> CliResult<()> {
         summary.turns += written.turns;
         summary.blobs += written.blobs.len();
         summary.blob_bytes += written.blobs.values().sum::<u64>();
+        summary.usage.add(written.usage);
         dirs.push(session.dir().to_path_buf());
         first_file.get_or_insert_with(|| session.reader().file().to_path_buf());
         // Dropping the last handle also closes its read connections, so sizes are final.
@@ -363,6 +366,66 @@ struct Written {
     turns: u64,
     /// Blob digest → raw bytes.
     blobs: BTreeMap<String, u64>,
+    /// The model calls recorded (`usage` events).
+    usage: Usage,
+}
+
+/// The model calls a script records: one `usage` event per assistant message, with token
+/// counts of about a token per 4 characters of the conversation so far (the part before the
+/// last call read from the provider's cache) and a cost at $3 / $15 per million input /
+/// output tokens ($0.30 per million read from the cache).
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+struct Usage {
+    /// Model calls.
+    calls: u64,
+    /// Input tokens, those read from the cache included.
+    input_tokens: u64,
+    /// Output tokens.
+    output_tokens: u64,
+    /// Input tokens read from the cache.
+    cache_read_tokens: u64,
+    /// The cost, in billionths of a dollar (printed as a decimal string, as the event holds it).
+    cost_nanos: u64,
+}
+
+impl Usage {
+    /// Records a call that read `context` characters (`cached` of them as the last call
+    /// left them) and wrote `written`; returns its `usage` event.
+    fn call(
+        &mut self,
+        context: usize,
+        cached: usize,
+        written: usize,
+    ) -> session_store::Result<Event> {
+        let input = (context / 4) as u64 + 1;
+        let cache_read = (cached / 4) as u64;
+        let output = (written / 4) as u64 + 1;
+        let cost = (input - cache_read) * 3_000 + cache_read * 300 + output * 15_000;
+        self.calls += 1;
+        self.input_tokens += input;
+        self.output_tokens += output;
+        self.cache_read_tokens += cache_read;
+        self.cost_nanos += cost;
+        event(
+            "usage",
+            json!({"model": MODEL, "input_tokens": input, "output_tokens": output,
+                   "cache_read_tokens": cache_read, "cost": dollars(cost)}),
+        )
+    }
+
+    /// Adds another script's calls.
+    fn add(&mut self, other: Usage) {
+        self.calls += other.calls;
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.cache_read_tokens += other.cache_read_tokens;
+        self.cost_nanos += other.cost_nanos;
+    }
+}
+
+/// Billionths of a dollar as a decimal string (`123456` → `"0.000123456"`).
+fn dollars(nanos: u64) -> String {
+    format!("{}.{:09}", nanos / 1_000_000_000, nanos % 1_000_000_000)
 }
 
 /// An event with a JSON payload.
@@ -381,8 +444,12 @@ fn write_script(session: &Session, script: &Script) -> CliResult<Written> {
         "config",
         vec![event("session/config", json!({ "modelRef": MODEL }))?],
     ))?;
+    let mut usage = Usage::default();
+    // Characters of the conversation so far, and as the last model call left it.
+    let (mut context, mut cached) = (0, 0);
     for (t, turn) in script.turns.iter().enumerate() {
         let turn_id = format!("turn-{}", t + 1);
+        context += turn.user.len();
         let op = |step: &str| format!("{turn_id}/{step}");
         session.append(
             Batch::new(
@@ -415,6 +482,9 @@ fn write_script(session: &Session, script: &Script) -> CliResult<Written> {
                 "id": op("plan"), "role": "assistant",
                 "content": turn.plan, "tool_calls": tool_calls,
             }))?];
+            plan.push(usage.call(context, cached, turn.plan.len())?);
+            context += turn.plan.len();
+            cached = context;
             for (id, tool, args) in &calls {
                 plan.push(event(
                     "tool/call",
@@ -425,6 +495,7 @@ fn write_script(session: &Session, script: &Script) -> CliResult<Written> {
             session.append(Batch::new(op("plan"), plan).in_turn(&turn_id))?;
             for (id, tool, _) in &calls {
                 let output = tool.output.render();
+                context += output.len();
                 session.append(
                     Batch::new(
                         op(id),
@@ -442,9 +513,12 @@ fn write_script(session: &Session, script: &Script) -> CliResult<Written> {
                 )?;
             }
         }
-        let mut end = vec![message(
-            json!({"id": op("answer"), "role": "assistant", "content": turn.answer}),
-        )?];
+        let mut end = vec![
+            message(json!({"id": op("answer"), "role": "assistant", "content": turn.answer}))?,
+            usage.call(context, cached, turn.answer.len())?,
+        ];
+        context += turn.answer.len();
+        cached = context;
         if t == 0 {
             end.push(event("session/title", json!({ "title": script.title }))?);
         }
@@ -467,6 +541,7 @@ fn write_script(session: &Session, script: &Script) -> CliResult<Written> {
         events,
         turns,
         blobs,
+        usage,
     })
 }
 
@@ -501,6 +576,19 @@ fn print_summary(summary: &Summary, json: bool) -> CliResult<()> {
         summary.blobs,
         human_bytes(summary.blob_bytes),
         human_bytes(summary.bytes_on_disk)
+    );
+    let usage = &summary.usage;
+    outln!(
+        "  {} model calls: {} input tokens ({} from the cache), {} output, ${}",
+        usage.calls,
+        usage.input_tokens,
+        usage.cache_read_tokens,
+        usage.output_tokens,
+        {
+            let cost = dollars(usage.cost_nanos);
+            let cost = cost.trim_end_matches('0');
+            cost.strip_suffix('.').unwrap_or(cost).to_owned()
+        }
     );
     outln!("  sessions: {}", summary.sessions.join(", "));
     if let Some(first) = summary.sessions.first() {
