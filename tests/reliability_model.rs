@@ -19,12 +19,13 @@ use common::*;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use reliability_support::env_count;
+use reliability_support::harness::{Accepted, Handle, Served, deref_to_handle};
 use reliability_support::model::{Fold, long_text, message, message_id, store_value};
 use serde_json::{Value, json};
 use session_store::format::SESSION_FILE;
 use session_store::{
-    Batch, CancelToken, ClientBinding, ContentRef, Error, Event, ForkPoint, HistoryPage,
-    ImportOptions, Message, Root, Service, Session, SessionQuery, SessionRef, verify_file,
+    CancelToken, ContentRef, Error, Event, ForkPoint, HistoryPage, ImportOptions, Message, Root,
+    SessionQuery, SessionRef, verify_file,
 };
 
 const HOST: &str = "model";
@@ -175,16 +176,9 @@ impl State {
     }
 }
 
+/// A session: its id, states and writer (the shared harness's), and whether it was forked.
 struct Sess {
-    id: String,
-    /// What the writer accepted (equal to `durable` without a writer).
-    accepted: State,
-    /// What is on disk.
-    durable: State,
-    writer: Option<Session>,
-    /// The service's binding when the writer is a runtime of the service (its queries
-    /// then answer from the accepted state).
-    binding: Option<ClientBinding>,
+    h: Handle<State>,
     /// Whether some fork or rewind read this session's file (it has dependents).
     forked: bool,
 }
@@ -193,21 +187,24 @@ impl Sess {
     /// A session made on disk (a fork, a rewind, an import) holding `state`, not open.
     fn cold(id: String, state: State) -> Sess {
         Sess {
-            id,
-            accepted: state.clone(),
-            durable: state,
-            writer: None,
-            binding: None,
+            h: Handle::cold(id, state),
             forked: false,
         }
     }
 }
 
+impl Accepted for State {
+    fn events(&self) -> u64 {
+        self.fold.events
+    }
+}
+
+deref_to_handle!(Sess, State);
+
 /// The state of one sequence: the sessions, the store's handles and counters for fresh names.
 struct World {
     root: Root,
-    service: Service,
-    rt: tokio::runtime::Runtime,
+    served: Served,
     sessions: Vec<Sess>,
     /// Every message id used so far, in any session.
     used: Vec<String>,
@@ -231,72 +228,19 @@ impl World {
         if self.sessions.is_empty() {
             let name = self.fresh("s");
             let session = create(&self.root, &name);
-            self.sessions.push(Sess {
-                id: name,
-                accepted: State::default(),
-                durable: State::default(),
-                writer: Some(session),
-                binding: None,
-                forked: false,
-            });
+            let mut sess = Sess::cold(name, State::default());
+            sess.writer = Some(session);
+            self.sessions.push(sess);
         }
         usize::from(s) % self.sessions.len()
-    }
-
-    /// Session `i`'s writer, opened when it has none: every other time as a runtime of
-    /// the service, else by the root.
-    fn writer(&mut self, i: usize) -> Session {
-        self.counter += 1;
-        let served = self.counter.is_multiple_of(2);
-        let sess = &mut self.sessions[i];
-        if sess.writer.is_none() {
-            if served {
-                let r = SessionRef::new(HOST, sess.id.as_str()).expect("ref");
-                let binding = self.rt.block_on(self.service.open(&r)).expect("open");
-                sess.writer = Some(binding.runtime().session().clone());
-                sess.binding = Some(binding);
-            } else {
-                sess.writer = Some(self.root.open_writer(&id(&sess.id)).expect("reopen"));
-            }
-        }
-        sess.writer.clone().expect("writer")
-    }
-
-    fn flush(&mut self, i: usize) {
-        let sess = &mut self.sessions[i];
-        if let Some(w) = &sess.writer {
-            assert_eq!(w.flush().expect("flush"), sess.accepted.fold.events);
-        }
-        sess.durable = sess.accepted.clone();
-    }
-
-    fn close(&mut self, i: usize) {
-        let sess = &mut self.sessions[i];
-        match (sess.writer.take(), sess.binding.take()) {
-            (Some(_), Some(binding)) => {
-                let r = SessionRef::new(HOST, sess.id.as_str()).expect("ref");
-                self.rt.block_on(binding.release()).expect("release");
-                self.rt.block_on(self.service.close(&r)).expect("close");
-            }
-            (Some(w), None) => w.close().expect("close"),
-            _ => {}
-        }
-        sess.durable = sess.accepted.clone();
     }
 
     /// Appends `events` as one commit of session `i` (a turn when `turn` is given) and
     /// folds `f` into the model.
     fn append(&mut self, i: usize, events: Vec<Event>, turn: Option<String>, f: Fold) {
-        let w = self.writer(i);
-        let op = self.fresh("op");
-        let n = events.len() as u64;
-        let mut batch = Batch::new(op, events);
-        if let Some(t) = &turn {
-            batch = batch.in_turn(t.clone());
-        }
-        let commit = w.append(batch).expect("append");
+        let (_, n) =
+            self.sessions[i].append(&self.served, &mut self.counter, events, turn.as_deref());
         let state = &mut self.sessions[i].accepted;
-        assert_eq!(commit.first_seq, state.fold.events + 1);
         let before = state.fold.clone();
         state.fold = f;
         state.fold.events = before.events + n;
@@ -381,7 +325,7 @@ impl World {
                     return;
                 }
                 let target = ids[usize::from(pick) % ids.len()].clone();
-                let w = self.writer(i);
+                let w = self.sessions[i].writer(&self.served, &mut self.counter);
                 let before = w.snapshot().event_sequence;
                 let op = self.fresh("op");
                 self.counter += 1;
@@ -453,7 +397,7 @@ impl World {
                     self.append(i, events, None, fold);
                     return;
                 }
-                let w = self.writer(i);
+                let w = self.sessions[i].writer(&self.served, &mut self.counter);
                 let before = w.snapshot().event_sequence;
                 let op = self.fresh("op");
                 let result = w.append_events(&op, events);
@@ -465,18 +409,18 @@ impl World {
             }
             Op::Flush { s } => {
                 let i = self.pick(s);
-                self.flush(i);
+                self.sessions[i].flush();
             }
             Op::Reopen { s } => {
                 let i = self.pick(s);
-                self.close(i);
+                self.sessions[i].close(&self.served);
             }
             Op::Fork { s, turn } | Op::Rewind { s, turn } => {
                 let i = self.pick(s);
                 if self.sessions[i].accepted.turns.is_empty() {
                     return;
                 }
-                self.flush(i);
+                self.sessions[i].flush();
                 let parent = &self.sessions[i];
                 let k = usize::from(turn) % parent.durable.turns.len();
                 let t = &parent.durable.turns[k];
@@ -506,7 +450,7 @@ impl World {
                 let Some(&i) = parents.get(usize::from(s) % parents.len().max(1)) else {
                     return;
                 };
-                self.close(i);
+                self.sessions[i].close(&self.served);
                 let sess = self.sessions.remove(i);
                 self.root
                     .delete(&id(&sess.id), &CancelToken::new())
@@ -515,7 +459,7 @@ impl World {
             }
             Op::ExportImport { s } => {
                 let i = self.pick(s);
-                self.flush(i);
+                self.sessions[i].flush();
                 let name = format!("{}.sqlite", self.fresh("x"));
                 let file = self.exports.join(name);
                 let from = id(&self.sessions[i].id);
@@ -537,9 +481,9 @@ impl World {
     /// Compares every session's answers with the model (`page`: the history page size,
     /// `pick`: which older snapshot is read), then takes one more page of the walk.
     fn check(&mut self, page: usize, pick: u16) -> Result<(), TestCaseError> {
-        let query = self.service.query();
+        let query = self.served.service.query();
         for sess in &self.sessions {
-            check_session(&self.root, &query, &self.rt, sess, page, pick)?;
+            check_session(&self.root, &query, &self.served.rt, sess, page, pick)?;
         }
         self.walk_on(pick)
     }
@@ -567,15 +511,17 @@ impl World {
             }
         };
         let r = SessionRef::new(HOST, walk.session.as_str()).expect("ref");
-        let query = self.service.query();
+        let query = self.served.service.query();
         let p = self
+            .served
             .rt
             .block_on(query.history_page(&r, walk.cursor.as_deref(), walk.page))
             .expect("history page");
         let mut walk = walk;
         let below = walk.walked.first().map(|(position, _)| *position);
         let read = |c: &ContentRef| {
-            self.rt
+            self.served
+                .rt
                 .block_on(query.read_content(&r, c))
                 .expect("content")
         };
@@ -897,17 +843,12 @@ fn check_session(
 /// Runs one sequence; returns the forks, deletes and imports it made.
 fn run(ops: &[(Op, u8, u16)]) -> Result<[usize; 5], TestCaseError> {
     let (dir, root) = manual_root();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio");
-    let service = Service::new(HOST, root.clone()).expect("service");
+    let served = Served::new(HOST, &root);
     let exports = dir.path().join("exports");
     std::fs::create_dir(&exports).expect("exports dir");
     let mut world = World {
         root,
-        service,
-        rt,
+        served,
         sessions: Vec::new(),
         used: Vec::new(),
         counter: 0,
@@ -921,7 +862,7 @@ fn run(ops: &[(Op, u8, u16)]) -> Result<[usize; 5], TestCaseError> {
     }
     // Everything closed: the files alone answer the same.
     for i in 0..world.sessions.len() {
-        world.close(i);
+        world.sessions[i].close(&world.served);
     }
     world.check(7, 0)?;
     for sess in &world.sessions {
