@@ -12,20 +12,19 @@
 mod common;
 mod reliability_support;
 
-use std::cell::Cell;
 use std::sync::Arc;
 
 use common::*;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::{Config, TestCaseError};
 use reliability_support::env_count;
-use reliability_support::harness::{Accepted, Handle, Served, deref_to_handle};
+use reliability_support::harness::{Accepted, Handle, Served, deref_to_handle, run_sequences};
 use reliability_support::model::{Fold, long_text, message, message_id, store_value};
 use serde_json::{Value, json};
 use session_store::format::SESSION_FILE;
 use session_store::{
-    CancelToken, ContentRef, Error, Event, ForkPoint, HistoryPage, ImportOptions, Message, Root,
-    SessionQuery, SessionRef, verify_file,
+    CancelToken, ContentRef, Error, Event, ForkPoint, HistoryPage, Message, Root, SessionQuery,
+    SessionRef, verify_file,
 };
 
 const HOST: &str = "model";
@@ -465,11 +464,7 @@ impl World {
                 let from = id(&self.sessions[i].id);
                 self.root.export(&from, &file).expect("export");
                 let name = self.fresh("i");
-                let imported = self
-                    .root
-                    .import(&file, ImportOptions::default().with_session_id(id(&name)))
-                    .expect("import");
-                assert_eq!(imported.as_str(), name);
+                self.served.import_as(&file, &name);
                 self.figures[2] += 1;
                 let state = self.sessions[i].durable.clone();
                 self.sessions.push(Sess::cold(name, state));
@@ -843,17 +838,15 @@ fn check_session(
 /// Runs one sequence; returns the forks, deletes and imports it made.
 fn run(ops: &[(Op, u8, u16)]) -> Result<[usize; 5], TestCaseError> {
     let (dir, root) = manual_root();
-    let served = Served::new(HOST, &root);
-    let exports = dir.path().join("exports");
-    std::fs::create_dir(&exports).expect("exports dir");
+    let (served, exports) = Served::with_exports(HOST, &root, dir.path());
     let mut world = World {
+        used: Vec::new(),
+        walk: None,
         root,
         served,
         sessions: Vec::new(),
-        used: Vec::new(),
         counter: 0,
         exports,
-        walk: None,
         figures: [0; 5],
     };
     for (op, page, pick) in ops {
@@ -876,30 +869,14 @@ fn run(ops: &[(Op, u8, u16)]) -> Result<[usize; 5], TestCaseError> {
 
 #[test]
 fn proptest_reads_agree_with_a_model_of_the_transcript() {
-    let steps = Cell::new(0usize);
-    let figures = Cell::new([0usize; 5]);
-    let mut runner = TestRunner::new(config());
-    runner
-        .run(
-            &prop::collection::vec((arb_op(), 1..5u8, any::<u16>()), 1..40),
-            |ops| {
-                steps.set(steps.get() + ops.len());
-                let made = run(&ops)?;
-                let mut sum = figures.get();
-                for (total, n) in sum.iter_mut().zip(made) {
-                    *total += n;
-                }
-                figures.set(sum);
-                Ok(())
-            },
-        )
-        .unwrap();
-    let [forks, deletes, imports, checkpoints, walks] = figures.get();
+    let sequences = prop::collection::vec((arb_op(), 1..5u8, any::<u16>()), 1..40);
+    let (steps, figures) = run_sequences(config(), sequences, run);
+    let [forks, deletes, imports, checkpoints, walks] = figures;
     eprintln!(
         "{} steps checked against the model: {forks} forks and rewinds, {deletes} parents \
          deleted, {imports} imports, {checkpoints} sessions ending with a checkpoint, {walks} \
          walks by cursor over several steps",
-        steps.get()
+        steps
     );
     assert!(
         forks > 0 && deletes > 0 && imports > 0 && checkpoints > 0,

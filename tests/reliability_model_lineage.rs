@@ -24,14 +24,13 @@
 mod common;
 mod reliability_support;
 
-use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use common::*;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngSeed, TestCaseError, TestRunner};
-use reliability_support::harness::{Accepted, Handle, Served, deref_to_handle};
+use proptest::test_runner::{Config, RngSeed, TestCaseError};
+use reliability_support::harness::{Accepted, Handle, Served, deref_to_handle, run_sequences};
 use reliability_support::model::{Fold, long_text, message, message_id, store_value};
 use reliability_support::{env_count, seed};
 use serde_json::{Value, json};
@@ -551,11 +550,7 @@ impl World {
                     from
                 } else {
                     let name = self.fresh("i");
-                    let made = self
-                        .root
-                        .import(&file, ImportOptions::default().with_session_id(id(&name)))
-                        .expect("import");
-                    assert_eq!(made.as_str(), name);
+                    self.served.import_as(&file, &name);
                     name
                 };
                 copy.id = target;
@@ -978,18 +973,16 @@ fn check_session(
 
 fn run(ops: &[Op]) -> Result<[usize; 5], TestCaseError> {
     let (dir, root) = manual_root();
-    let served = Served::new(HOST, &root);
-    let exports = dir.path().join("exports");
-    std::fs::create_dir(&exports).expect("exports dir");
+    let (served, exports) = Served::with_exports(HOST, &root, dir.path());
     let mut world = World {
+        held: Vec::new(),
+        versions: Vec::new(),
+        titles: Vec::new(),
         root,
         served,
         sessions: Vec::new(),
-        held: Vec::new(),
         counter: 0,
         exports,
-        versions: Vec::new(),
-        titles: Vec::new(),
         figures: [0; 5],
     };
     for op in ops {
@@ -1022,27 +1015,13 @@ fn run(ops: &[Op]) -> Result<[usize; 5], TestCaseError> {
 
 #[test]
 fn proptest_lineage_operations_agree_with_a_model() {
-    let steps = Cell::new(0usize);
-    let figures = Cell::new([0usize; 5]);
-    let mut runner = TestRunner::new(config());
-    runner
-        .run(&prop::collection::vec(arb_op(), 1..45), |ops| {
-            steps.set(steps.get() + ops.len());
-            let made = run(&ops)?;
-            let mut sum = figures.get();
-            for (total, n) in sum.iter_mut().zip(made) {
-                *total += n;
-            }
-            figures.set(sum);
-            Ok(())
-        })
-        .unwrap();
-    let [forks, deletes, gc, imports, shared] = figures.get();
+    let (steps, figures) = run_sequences(config(), prop::collection::vec(arb_op(), 1..45), run);
+    let [forks, deletes, gc, imports, shared] = figures;
     eprintln!(
         "{} steps checked against the model: {forks} forks and rewinds, {deletes} deletes of \
          forked sessions, {gc} sessions deleted by gc, {imports} imports, {shared} search hits \
          shared with forks",
-        steps.get()
+        steps
     );
     assert!(
         forks > 0 && deletes > 0 && imports > 0,

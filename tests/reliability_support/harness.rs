@@ -1,10 +1,41 @@
 //! The harness the model-based tests (`reliability_model.rs`, `reliability_model_lineage.rs`)
 //! share: a session's writer slot (a writer opened by the root, or as a runtime of a `Service`
 //! with its binding), flushes and closes that record the accepted state as durable, one commit
-//! appended, and the runtime the service's futures run on.
+//! appended, the runtime the service's futures run on, and the run of the random sequences.
 
-use session_store::{Batch, ClientBinding, Event, Root, Service, Session, SessionRef};
+use std::path::{Path, PathBuf};
+
+use proptest::strategy::Strategy;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use session_store::{
+    Batch, ClientBinding, Event, ImportOptions, Root, Service, Session, SessionId, SessionRef,
+};
 use tokio::runtime::Runtime;
+
+/// Runs `run` on the sequences of operations `sequences` makes (as `config` says); returns how
+/// many steps they had and the sum of the five figures each run counted.
+pub fn run_sequences<O: std::fmt::Debug>(
+    config: Config,
+    sequences: impl Strategy<Value = Vec<O>>,
+    run: impl Fn(&[O]) -> Result<[usize; 5], TestCaseError>,
+) -> (usize, [usize; 5]) {
+    let steps = std::cell::Cell::new(0usize);
+    let figures = std::cell::Cell::new([0usize; 5]);
+    let mut runner = TestRunner::new(config);
+    runner
+        .run(&sequences, |ops| {
+            steps.set(steps.get() + ops.len());
+            let made = run(&ops)?;
+            let mut sum = figures.get();
+            for (total, n) in sum.iter_mut().zip(made) {
+                *total += n;
+            }
+            figures.set(sum);
+            Ok(())
+        })
+        .unwrap();
+    (steps.get(), figures.get())
+}
 
 /// A current-thread runtime for the service's futures.
 pub fn runtime() -> Runtime {
@@ -33,6 +64,22 @@ impl Served {
             service,
             host,
         }
+    }
+
+    /// A service of `host` over `root` (as `new`), and a new folder `exports` in `dir` for
+    /// the files a test exports.
+    pub fn with_exports(host: &'static str, root: &Root, dir: &Path) -> (Served, PathBuf) {
+        let exports = dir.join("exports");
+        std::fs::create_dir(&exports).expect("exports dir");
+        (Served::new(host, root), exports)
+    }
+
+    /// Imports the exported session `file` under the new id `name`.
+    pub fn import_as(&self, file: &Path, name: &str) {
+        let sid = SessionId::new(name).expect("session id");
+        let options = ImportOptions::default().with_session_id(sid);
+        let made = self.root.import(file, options).expect("import");
+        assert_eq!(made.as_str(), name);
     }
 }
 
@@ -101,7 +148,7 @@ impl<S: Accepted> Handle<S> {
                 self.writer = Some(binding.runtime().session().clone());
                 self.binding = Some(binding);
             } else {
-                let sid = session_store::SessionId::new(self.id.as_str()).expect("session id");
+                let sid = SessionId::new(self.id.as_str()).expect("session id");
                 self.writer = Some(
                     served
                         .root
