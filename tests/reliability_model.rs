@@ -18,7 +18,9 @@ use common::*;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError};
 use reliability_support::env_count;
-use reliability_support::harness::{Accepted, Handle, Served, deref_to_handle, run_sequences};
+use reliability_support::harness::{
+    Accepted, Handle, Served, deref_to_handle, run_sequences, turn_ids, workset_ids,
+};
 use reliability_support::model::{Fold, long_text, message, message_id, store_value};
 use serde_json::{Value, json};
 use session_store::format::SESSION_FILE;
@@ -648,23 +650,14 @@ fn check_session(
         }
     }
     prop_assert_eq!(seq, want.events, "{}: replayed events", who);
-    let turns: Vec<String> = reader
-        .turns()
-        .expect("turns")
-        .into_iter()
-        .map(|t| t.turn_id)
-        .collect();
+    let turns = turn_ids(&reader);
     let want_turns: Vec<String> = sess.durable.turns.iter().map(|t| t.id.clone()).collect();
     prop_assert_eq!(&turns, &want_turns, "{}: turns", who);
     let projection = reader.projection().expect("projection");
     prop_assert_eq!(projection.committed_sequence, want.events);
     prop_assert_eq!(projection.transcript_len, want.messages.len() as u64);
     prop_assert_eq!(projection.ended_turns, want_turns.len() as u64);
-    let workset: Vec<String> = projection
-        .model_messages
-        .iter()
-        .map(|m| m.id().to_owned())
-        .collect();
+    let workset = workset_ids(&projection);
     prop_assert_eq!(&workset, &want.workset, "{}: cold workset", who);
 
     // An older snapshot (or none: sequence 0), whole and as its newest `page` texts.
@@ -811,12 +804,7 @@ fn check_session(
             "{}: live durable",
             who
         );
-        let workset: Vec<String> = snapshot
-            .projection
-            .model_messages
-            .iter()
-            .map(|m| m.id().to_owned())
-            .collect();
+        let workset = workset_ids(&snapshot.projection);
         prop_assert_eq!(&workset, &live.workset, "{}: live workset", who);
         let accepted = w.accepted_commits(0, usize::MAX).expect("accepted commits");
         prop_assert_eq!(

@@ -30,7 +30,9 @@ use std::time::Duration;
 use common::*;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestCaseError};
-use reliability_support::harness::{Accepted, Handle, Served, deref_to_handle, run_sequences};
+use reliability_support::harness::{
+    Accepted, Handle, Served, deref_to_handle, run_sequences, turn_ids, workset_ids,
+};
 use reliability_support::model::{Fold, long_text, message, message_id, store_value};
 use reliability_support::{env_count, seed};
 use serde_json::{Value, json};
@@ -882,21 +884,12 @@ fn check_session(
         .map(|m| store_value(m))
         .collect();
     prop_assert_eq!(&transcript, &want.fold.messages, "{}: transcript", who);
-    let turns: Vec<String> = reader
-        .turns()
-        .expect("turns")
-        .into_iter()
-        .map(|t| t.turn_id)
-        .collect();
+    let turns = turn_ids(&reader);
     let want_turns: Vec<String> = want.turns.iter().map(|t| t.0.clone()).collect();
     prop_assert_eq!(&turns, &want_turns, "{}: turns", who);
     let projection = reader.projection().expect("projection");
     prop_assert_eq!(&projection.title, &want.title, "{}: title", who);
-    let workset: Vec<String> = projection
-        .model_messages
-        .iter()
-        .map(|m| m.id().to_owned())
-        .collect();
+    let workset = workset_ids(&projection);
     prop_assert_eq!(&workset, &want.fold.workset, "{}: workset", who);
 
     let stats = root.stats(&sid).expect("stats");

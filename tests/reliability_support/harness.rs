@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use proptest::strategy::Strategy;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use session_store::{
-    Batch, ClientBinding, Event, ImportOptions, Root, Service, Session, SessionId, SessionRef,
+    Batch, ClientBinding, Event, ImportOptions, Projection, Root, Service, Session, SessionId,
+    SessionReader, SessionRef,
 };
 use tokio::runtime::Runtime;
 
@@ -215,4 +216,16 @@ fn commit(w: &Session, op: String, events: Vec<Event>, turn: Option<&str>, befor
     let commit = w.append(batch).expect("append");
     assert_eq!(commit.first_seq, before + 1);
     n
+}
+
+/// The ids of the turns `reader` finds ended, oldest first.
+pub fn turn_ids(reader: &SessionReader) -> Vec<String> {
+    let turns = reader.turns().expect("turns");
+    turns.into_iter().map(|t| t.turn_id).collect()
+}
+
+/// The ids of the messages of `projection`'s model workset, in order.
+pub fn workset_ids(projection: &Projection) -> Vec<String> {
+    let messages = projection.model_messages.iter();
+    messages.map(|m| m.id().to_owned()).collect()
 }
