@@ -204,13 +204,11 @@ deref_to_handle!(Sess, State);
 
 /// The state of one sequence: the sessions, the store's handles and counters for fresh names.
 struct World {
-    root: Root,
     served: Served,
     sessions: Vec<Sess>,
     /// Every message id used so far, in any session.
     used: Vec<String>,
     counter: u64,
-    exports: std::path::PathBuf,
     /// A history walk by cursor spread over the steps (one page a step).
     walk: Option<Walk>,
     /// Forks and rewinds made, parents deleted, imports made, checkpoints at the end, walks
@@ -228,7 +226,7 @@ impl World {
     fn pick(&mut self, s: u8) -> usize {
         if self.sessions.is_empty() {
             let name = self.fresh("s");
-            let session = create(&self.root, &name);
+            let session = create(&self.served.root, &name);
             let mut sess = Sess::cold(name, State::default());
             sess.writer = Some(session);
             self.sessions.push(sess);
@@ -436,6 +434,7 @@ impl World {
                 let parent_id = id(&parent.id);
                 let name = self.fresh("f");
                 let child = self
+                    .served
                     .root
                     .fork(&parent_id, point.clone(), Some(id(&name)))
                     .unwrap_or_else(|e| panic!("{point:?} of {parent_id}: {e}"));
@@ -453,7 +452,8 @@ impl World {
                 };
                 self.sessions[i].close(&self.served);
                 let sess = self.sessions.remove(i);
-                self.root
+                self.served
+                    .root
                     .delete(&id(&sess.id), &CancelToken::new())
                     .expect("delete");
                 self.figures[1] += 1;
@@ -462,9 +462,9 @@ impl World {
                 let i = self.pick(s);
                 self.sessions[i].flush();
                 let name = format!("{}.sqlite", self.fresh("x"));
-                let file = self.exports.join(name);
+                let file = self.served.exports.join(name);
                 let from = id(&self.sessions[i].id);
-                self.root.export(&from, &file).expect("export");
+                self.served.root.export(&from, &file).expect("export");
                 let name = self.fresh("i");
                 self.served.import_as(&file, &name);
                 self.figures[2] += 1;
@@ -480,7 +480,7 @@ impl World {
     fn check(&mut self, page: usize, pick: u16) -> Result<(), TestCaseError> {
         let query = self.served.service.query();
         for sess in &self.sessions {
-            check_session(&self.root, &query, &self.served.rt, sess, page, pick)?;
+            check_session(&self.served.root, &query, &self.served.rt, sess, page, pick)?;
         }
         self.walk_on(pick)
     }
@@ -826,15 +826,13 @@ fn check_session(
 /// Runs one sequence; returns the forks, deletes and imports it made.
 fn run(ops: &[(Op, u8, u16)]) -> Result<[usize; 5], TestCaseError> {
     let (dir, root) = manual_root();
-    let (served, exports) = Served::with_exports(HOST, &root, dir.path());
+    let served = Served::with_exports(HOST, &root, dir.path());
     let mut world = World {
         used: Vec::new(),
         walk: None,
-        root,
         served,
         sessions: Vec::new(),
         counter: 0,
-        exports,
         figures: [0; 5],
     };
     for (op, page, pick) in ops {
@@ -847,7 +845,11 @@ fn run(ops: &[(Op, u8, u16)]) -> Result<[usize; 5], TestCaseError> {
     }
     world.check(7, 0)?;
     for sess in &world.sessions {
-        let file = world.root.session_dir(&id(&sess.id)).join(SESSION_FILE);
+        let file = world
+            .served
+            .root
+            .session_dir(&id(&sess.id))
+            .join(SESSION_FILE);
         if sqlite3(&file, "SELECT count(*) FROM checkpoint") == "1" {
             world.figures[3] += 1;
         }

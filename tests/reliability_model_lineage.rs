@@ -259,12 +259,10 @@ struct Held {
 }
 
 struct World {
-    root: Root,
     served: Served,
     sessions: Vec<Sess>,
     held: Vec<Held>,
     counter: u64,
-    exports: std::path::PathBuf,
     /// Every message version written: (id, n).
     versions: Vec<(String, u64)>,
     /// Every title set.
@@ -312,7 +310,7 @@ impl World {
 
     fn create(&mut self) -> usize {
         let name = self.fresh("s");
-        let session = create(&self.root, &name);
+        let session = create(&self.served.root, &name);
         let mut sess = Sess::cold(name, Log::default());
         sess.writer = Some(session);
         self.sessions.push(sess);
@@ -386,7 +384,7 @@ impl World {
         let name = self.sessions[i].id.clone();
         if cancel && self.sessions[i].writer.is_some() {
             // The writer keeps its lock: the delete waits, is cancelled, changes nothing.
-            let refused = self.root.delete(
+            let refused = self.served.root.delete(
                 &session_id(&name),
                 &CancelToken::after(Duration::from_millis(30)),
             );
@@ -396,7 +394,8 @@ impl World {
             );
         }
         self.sessions[i].close(&self.served);
-        self.root
+        self.served
+            .root
             .delete(&session_id(&name), &CancelToken::new())
             .unwrap_or_else(|e| panic!("delete {name}: {e}"));
         let dependents = self.forget(i);
@@ -498,12 +497,14 @@ impl World {
                 child.id = name.clone();
                 if open {
                     let w = self
+                        .served
                         .root
                         .fork_writer(&parent_id, point.clone(), Some(id(&name)))
                         .unwrap_or_else(|e| panic!("{point:?} of {parent_id}: {e}"));
                     child.writer = Some(w);
                 } else {
                     let made = self
+                        .served
                         .root
                         .fork(&parent_id, point.clone(), Some(id(&name)))
                         .unwrap_or_else(|e| panic!("{point:?} of {parent_id}: {e}"));
@@ -527,9 +528,13 @@ impl World {
                 let i = self.pick(s);
                 self.sessions[i].flush();
                 let name = format!("{}.sqlite", self.fresh("x"));
-                let file = self.exports.join(name);
+                let file = self.served.exports.join(name);
                 let from = self.sessions[i].id.clone();
-                let report = self.root.export(&session_id(&from), &file).expect("export");
+                let report = self
+                    .served
+                    .root
+                    .export(&session_id(&from), &file)
+                    .expect("export");
                 let durable = self.sessions[i].durable.clone();
                 assert_eq!(report.events, durable.now().fold.events);
                 assert_eq!(report.commits, durable.now().fold.commits);
@@ -538,13 +543,14 @@ impl World {
                 copy.inherited = self.sessions[i].inherited;
                 copy.origin = Origin::CanonicalImport;
                 let target = if same {
-                    let taken = self.root.import(&file, ImportOptions::default());
+                    let taken = self.served.root.import(&file, ImportOptions::default());
                     assert!(
                         matches!(taken, Err(Error::SessionExists(_))),
                         "an import over an existing session: {taken:?}"
                     );
                     self.delete(i, false, false);
                     let made = self
+                        .served
                         .root
                         .import(&file, ImportOptions::default())
                         .expect("import under the same id");
@@ -567,7 +573,7 @@ impl World {
                 } else {
                     self.fresh("title ")
                 };
-                let renamed = self.root.rename(&session_id(&name), &title);
+                let renamed = self.served.root.rename(&session_id(&name), &title);
                 if blank {
                     assert!(
                         matches!(renamed, Err(Error::InvalidInput { .. })),
@@ -598,6 +604,7 @@ impl World {
                 let i = self.pick(s);
                 let sess = &self.sessions[i];
                 let reader = self
+                    .served
                     .root
                     .open_reader(&session_id(&sess.id))
                     .expect("reader");
@@ -632,7 +639,7 @@ impl World {
         let options = GcOptions::older_than(Duration::ZERO)
             .with_dry_run(dry_run)
             .with_keep_forked(keep_forked);
-        let report = self.root.gc(&options).expect("gc");
+        let report = self.served.root.gc(&options).expect("gc");
         assert!(report.failed.is_empty(), "gc failed: {:?}", report.failed);
         let reported: BTreeSet<String> = report
             .deleted
@@ -763,7 +770,7 @@ impl World {
     }
 
     fn check(&self) -> Result<(), TestCaseError> {
-        let listing = self.root.list(None, 10_000).expect("list");
+        let listing = self.served.root.list(None, 10_000).expect("list");
         prop_assert!(listing.skipped.is_empty(), "skipped: {:?}", listing.skipped);
         let listed: Vec<String> = listing
             .entries
@@ -786,6 +793,7 @@ impl World {
         ] {
             let filter = ListFilter::default().with_origin(origin);
             let page = self
+                .served
                 .root
                 .list_filtered(&filter, None, 10_000)
                 .expect("list");
@@ -804,7 +812,7 @@ impl World {
             want.sort();
             prop_assert_eq!(&got, &want, "sessions listed of origin {:?}", origin);
         }
-        let totals = self.root.catalog_totals().expect("totals");
+        let totals = self.served.root.catalog_totals().expect("totals");
         prop_assert_eq!(
             totals.sessions,
             ids.len() as u64,
@@ -817,7 +825,7 @@ impl World {
             .sum();
         prop_assert_eq!(totals.events, events, "catalog totals: events");
         for sess in &self.sessions {
-            check_session(&self.root, sess, &entries[&sess.id])?;
+            check_session(&self.served.root, sess, &entries[&sess.id])?;
         }
         for held in &self.held {
             let read = held.reader.transcript(held.snap.fold.events);
@@ -966,16 +974,14 @@ fn check_session(
 
 fn run(ops: &[Op]) -> Result<[usize; 5], TestCaseError> {
     let (dir, root) = manual_root();
-    let (served, exports) = Served::with_exports(HOST, &root, dir.path());
+    let served = Served::with_exports(HOST, &root, dir.path());
     let mut world = World {
         held: Vec::new(),
         versions: Vec::new(),
         titles: Vec::new(),
-        root,
         served,
         sessions: Vec::new(),
         counter: 0,
-        exports,
         figures: [0; 5],
     };
     for op in ops {

@@ -46,13 +46,15 @@ pub fn runtime() -> Runtime {
         .expect("tokio")
 }
 
-/// The store of a model test: its root, a service of `host` over it and the runtime the
-/// service's futures run on.
+/// The store of a model test: its root, a service of `host` over it, the runtime the
+/// service's futures run on, and a folder for exported files.
 pub struct Served {
     pub root: Root,
     pub rt: Runtime,
     pub service: Service,
     pub host: &'static str,
+    /// `exports` in the test's folder (`with_exports`); empty (no exports) from `new`.
+    pub exports: PathBuf,
 }
 
 impl Served {
@@ -64,15 +66,19 @@ impl Served {
             rt: runtime(),
             service,
             host,
+            exports: PathBuf::new(),
         }
     }
 
-    /// A service of `host` over `root` (as `new`), and a new folder `exports` in `dir` for
+    /// A service of `host` over `root` (as `new`), with a new folder `exports` in `dir` for
     /// the files a test exports.
-    pub fn with_exports(host: &'static str, root: &Root, dir: &Path) -> (Served, PathBuf) {
+    pub fn with_exports(host: &'static str, root: &Root, dir: &Path) -> Served {
         let exports = dir.join("exports");
         std::fs::create_dir(&exports).expect("exports dir");
-        (Served::new(host, root), exports)
+        Served {
+            exports,
+            ..Served::new(host, root)
+        }
     }
 
     /// Imports the exported session `file` under the new id `name`.
