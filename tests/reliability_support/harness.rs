@@ -92,6 +92,7 @@ impl Served {
 
 /// Lets a model's session type (`$sess`, holding a `Handle<$state>` in field `h`) be used as
 /// its handle: `sess.id`, `sess.writer`, `sess.flush()`.
+#[allow(unused_macros)]
 macro_rules! deref_to_handle {
     ($sess:ty, $state:ty) => {
         impl std::ops::Deref for $sess {
@@ -108,6 +109,7 @@ macro_rules! deref_to_handle {
         }
     };
 }
+#[allow(unused_imports)]
 pub(crate) use deref_to_handle;
 
 /// A model's state of a session, as far as the harness needs it.
