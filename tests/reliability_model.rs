@@ -12,19 +12,21 @@
 mod common;
 mod reliability_support;
 
-use std::cell::Cell;
 use std::sync::Arc;
 
 use common::*;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use proptest::test_runner::{Config, TestCaseError};
 use reliability_support::env_count;
+use reliability_support::harness::{
+    Accepted, Handle, Served, deref_to_handle, run_sequences, turn_ids, workset_ids,
+};
 use reliability_support::model::{Fold, long_text, message, message_id, store_value};
 use serde_json::{Value, json};
 use session_store::format::SESSION_FILE;
 use session_store::{
-    Batch, CancelToken, ClientBinding, ContentRef, Error, Event, ForkPoint, HistoryPage,
-    ImportOptions, Message, Root, Service, Session, SessionQuery, SessionRef, verify_file,
+    CancelToken, ContentRef, Error, Event, ForkPoint, HistoryPage, Message, Root, SessionQuery,
+    SessionRef, verify_file,
 };
 
 const HOST: &str = "model";
@@ -175,16 +177,9 @@ impl State {
     }
 }
 
+/// A session: its id, states and writer (the shared harness's), and whether it was forked.
 struct Sess {
-    id: String,
-    /// What the writer accepted (equal to `durable` without a writer).
-    accepted: State,
-    /// What is on disk.
-    durable: State,
-    writer: Option<Session>,
-    /// The service's binding when the writer is a runtime of the service (its queries
-    /// then answer from the accepted state).
-    binding: Option<ClientBinding>,
+    h: Handle<State>,
     /// Whether some fork or rewind read this session's file (it has dependents).
     forked: bool,
 }
@@ -193,26 +188,27 @@ impl Sess {
     /// A session made on disk (a fork, a rewind, an import) holding `state`, not open.
     fn cold(id: String, state: State) -> Sess {
         Sess {
-            id,
-            accepted: state.clone(),
-            durable: state,
-            writer: None,
-            binding: None,
+            h: Handle::cold(id, state),
             forked: false,
         }
     }
 }
 
+impl Accepted for State {
+    fn events(&self) -> u64 {
+        self.fold.events
+    }
+}
+
+deref_to_handle!(Sess, State);
+
 /// The state of one sequence: the sessions, the store's handles and counters for fresh names.
 struct World {
-    root: Root,
-    service: Service,
-    rt: tokio::runtime::Runtime,
+    served: Served,
     sessions: Vec<Sess>,
     /// Every message id used so far, in any session.
     used: Vec<String>,
     counter: u64,
-    exports: std::path::PathBuf,
     /// A history walk by cursor spread over the steps (one page a step).
     walk: Option<Walk>,
     /// Forks and rewinds made, parents deleted, imports made, checkpoints at the end, walks
@@ -230,73 +226,20 @@ impl World {
     fn pick(&mut self, s: u8) -> usize {
         if self.sessions.is_empty() {
             let name = self.fresh("s");
-            let session = create(&self.root, &name);
-            self.sessions.push(Sess {
-                id: name,
-                accepted: State::default(),
-                durable: State::default(),
-                writer: Some(session),
-                binding: None,
-                forked: false,
-            });
+            let session = create(&self.served.root, &name);
+            let mut sess = Sess::cold(name, State::default());
+            sess.writer = Some(session);
+            self.sessions.push(sess);
         }
         usize::from(s) % self.sessions.len()
-    }
-
-    /// Session `i`'s writer, opened when it has none: every other time as a runtime of
-    /// the service, else by the root.
-    fn writer(&mut self, i: usize) -> Session {
-        self.counter += 1;
-        let served = self.counter.is_multiple_of(2);
-        let sess = &mut self.sessions[i];
-        if sess.writer.is_none() {
-            if served {
-                let r = SessionRef::new(HOST, sess.id.as_str()).expect("ref");
-                let binding = self.rt.block_on(self.service.open(&r)).expect("open");
-                sess.writer = Some(binding.runtime().session().clone());
-                sess.binding = Some(binding);
-            } else {
-                sess.writer = Some(self.root.open_writer(&id(&sess.id)).expect("reopen"));
-            }
-        }
-        sess.writer.clone().expect("writer")
-    }
-
-    fn flush(&mut self, i: usize) {
-        let sess = &mut self.sessions[i];
-        if let Some(w) = &sess.writer {
-            assert_eq!(w.flush().expect("flush"), sess.accepted.fold.events);
-        }
-        sess.durable = sess.accepted.clone();
-    }
-
-    fn close(&mut self, i: usize) {
-        let sess = &mut self.sessions[i];
-        match (sess.writer.take(), sess.binding.take()) {
-            (Some(_), Some(binding)) => {
-                let r = SessionRef::new(HOST, sess.id.as_str()).expect("ref");
-                self.rt.block_on(binding.release()).expect("release");
-                self.rt.block_on(self.service.close(&r)).expect("close");
-            }
-            (Some(w), None) => w.close().expect("close"),
-            _ => {}
-        }
-        sess.durable = sess.accepted.clone();
     }
 
     /// Appends `events` as one commit of session `i` (a turn when `turn` is given) and
     /// folds `f` into the model.
     fn append(&mut self, i: usize, events: Vec<Event>, turn: Option<String>, f: Fold) {
-        let w = self.writer(i);
-        let op = self.fresh("op");
-        let n = events.len() as u64;
-        let mut batch = Batch::new(op, events);
-        if let Some(t) = &turn {
-            batch = batch.in_turn(t.clone());
-        }
-        let commit = w.append(batch).expect("append");
+        let (_, n) =
+            self.sessions[i].append(&self.served, &mut self.counter, events, turn.as_deref());
         let state = &mut self.sessions[i].accepted;
-        assert_eq!(commit.first_seq, state.fold.events + 1);
         let before = state.fold.clone();
         state.fold = f;
         state.fold.events = before.events + n;
@@ -381,7 +324,7 @@ impl World {
                     return;
                 }
                 let target = ids[usize::from(pick) % ids.len()].clone();
-                let w = self.writer(i);
+                let w = self.sessions[i].writer(&self.served, &mut self.counter);
                 let before = w.snapshot().event_sequence;
                 let op = self.fresh("op");
                 self.counter += 1;
@@ -453,7 +396,7 @@ impl World {
                     self.append(i, events, None, fold);
                     return;
                 }
-                let w = self.writer(i);
+                let w = self.sessions[i].writer(&self.served, &mut self.counter);
                 let before = w.snapshot().event_sequence;
                 let op = self.fresh("op");
                 let result = w.append_events(&op, events);
@@ -465,18 +408,18 @@ impl World {
             }
             Op::Flush { s } => {
                 let i = self.pick(s);
-                self.flush(i);
+                self.sessions[i].flush();
             }
             Op::Reopen { s } => {
                 let i = self.pick(s);
-                self.close(i);
+                self.sessions[i].close(&self.served);
             }
             Op::Fork { s, turn } | Op::Rewind { s, turn } => {
                 let i = self.pick(s);
                 if self.sessions[i].accepted.turns.is_empty() {
                     return;
                 }
-                self.flush(i);
+                self.sessions[i].flush();
                 let parent = &self.sessions[i];
                 let k = usize::from(turn) % parent.durable.turns.len();
                 let t = &parent.durable.turns[k];
@@ -491,6 +434,7 @@ impl World {
                 let parent_id = id(&parent.id);
                 let name = self.fresh("f");
                 let child = self
+                    .served
                     .root
                     .fork(&parent_id, point.clone(), Some(id(&name)))
                     .unwrap_or_else(|e| panic!("{point:?} of {parent_id}: {e}"));
@@ -506,26 +450,23 @@ impl World {
                 let Some(&i) = parents.get(usize::from(s) % parents.len().max(1)) else {
                     return;
                 };
-                self.close(i);
+                self.sessions[i].close(&self.served);
                 let sess = self.sessions.remove(i);
-                self.root
+                self.served
+                    .root
                     .delete(&id(&sess.id), &CancelToken::new())
                     .expect("delete");
                 self.figures[1] += 1;
             }
             Op::ExportImport { s } => {
                 let i = self.pick(s);
-                self.flush(i);
+                self.sessions[i].flush();
                 let name = format!("{}.sqlite", self.fresh("x"));
-                let file = self.exports.join(name);
+                let file = self.served.exports.join(name);
                 let from = id(&self.sessions[i].id);
-                self.root.export(&from, &file).expect("export");
+                self.served.root.export(&from, &file).expect("export");
                 let name = self.fresh("i");
-                let imported = self
-                    .root
-                    .import(&file, ImportOptions::default().with_session_id(id(&name)))
-                    .expect("import");
-                assert_eq!(imported.as_str(), name);
+                self.served.import_as(&file, &name);
                 self.figures[2] += 1;
                 let state = self.sessions[i].durable.clone();
                 self.sessions.push(Sess::cold(name, state));
@@ -537,9 +478,9 @@ impl World {
     /// Compares every session's answers with the model (`page`: the history page size,
     /// `pick`: which older snapshot is read), then takes one more page of the walk.
     fn check(&mut self, page: usize, pick: u16) -> Result<(), TestCaseError> {
-        let query = self.service.query();
+        let query = self.served.service.query();
         for sess in &self.sessions {
-            check_session(&self.root, &query, &self.rt, sess, page, pick)?;
+            check_session(&self.served.root, &query, &self.served.rt, sess, page, pick)?;
         }
         self.walk_on(pick)
     }
@@ -567,15 +508,17 @@ impl World {
             }
         };
         let r = SessionRef::new(HOST, walk.session.as_str()).expect("ref");
-        let query = self.service.query();
+        let query = self.served.service.query();
         let p = self
+            .served
             .rt
             .block_on(query.history_page(&r, walk.cursor.as_deref(), walk.page))
             .expect("history page");
         let mut walk = walk;
         let below = walk.walked.first().map(|(position, _)| *position);
         let read = |c: &ContentRef| {
-            self.rt
+            self.served
+                .rt
                 .block_on(query.read_content(&r, c))
                 .expect("content")
         };
@@ -707,23 +650,14 @@ fn check_session(
         }
     }
     prop_assert_eq!(seq, want.events, "{}: replayed events", who);
-    let turns: Vec<String> = reader
-        .turns()
-        .expect("turns")
-        .into_iter()
-        .map(|t| t.turn_id)
-        .collect();
+    let turns = turn_ids(&reader);
     let want_turns: Vec<String> = sess.durable.turns.iter().map(|t| t.id.clone()).collect();
     prop_assert_eq!(&turns, &want_turns, "{}: turns", who);
     let projection = reader.projection().expect("projection");
     prop_assert_eq!(projection.committed_sequence, want.events);
     prop_assert_eq!(projection.transcript_len, want.messages.len() as u64);
     prop_assert_eq!(projection.ended_turns, want_turns.len() as u64);
-    let workset: Vec<String> = projection
-        .model_messages
-        .iter()
-        .map(|m| m.id().to_owned())
-        .collect();
+    let workset = workset_ids(&projection);
     prop_assert_eq!(&workset, &want.workset, "{}: cold workset", who);
 
     // An older snapshot (or none: sequence 0), whole and as its newest `page` texts.
@@ -870,12 +804,7 @@ fn check_session(
             "{}: live durable",
             who
         );
-        let workset: Vec<String> = snapshot
-            .projection
-            .model_messages
-            .iter()
-            .map(|m| m.id().to_owned())
-            .collect();
+        let workset = workset_ids(&snapshot.projection);
         prop_assert_eq!(&workset, &live.workset, "{}: live workset", who);
         let accepted = w.accepted_commits(0, usize::MAX).expect("accepted commits");
         prop_assert_eq!(
@@ -897,22 +826,13 @@ fn check_session(
 /// Runs one sequence; returns the forks, deletes and imports it made.
 fn run(ops: &[(Op, u8, u16)]) -> Result<[usize; 5], TestCaseError> {
     let (dir, root) = manual_root();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio");
-    let service = Service::new(HOST, root.clone()).expect("service");
-    let exports = dir.path().join("exports");
-    std::fs::create_dir(&exports).expect("exports dir");
+    let served = Served::with_exports(HOST, &root, dir.path());
     let mut world = World {
-        root,
-        service,
-        rt,
-        sessions: Vec::new(),
         used: Vec::new(),
-        counter: 0,
-        exports,
         walk: None,
+        served,
+        sessions: Vec::new(),
+        counter: 0,
         figures: [0; 5],
     };
     for (op, page, pick) in ops {
@@ -921,11 +841,15 @@ fn run(ops: &[(Op, u8, u16)]) -> Result<[usize; 5], TestCaseError> {
     }
     // Everything closed: the files alone answer the same.
     for i in 0..world.sessions.len() {
-        world.close(i);
+        world.sessions[i].close(&world.served);
     }
     world.check(7, 0)?;
     for sess in &world.sessions {
-        let file = world.root.session_dir(&id(&sess.id)).join(SESSION_FILE);
+        let file = world
+            .served
+            .root
+            .session_dir(&id(&sess.id))
+            .join(SESSION_FILE);
         if sqlite3(&file, "SELECT count(*) FROM checkpoint") == "1" {
             world.figures[3] += 1;
         }
@@ -935,30 +859,14 @@ fn run(ops: &[(Op, u8, u16)]) -> Result<[usize; 5], TestCaseError> {
 
 #[test]
 fn proptest_reads_agree_with_a_model_of_the_transcript() {
-    let steps = Cell::new(0usize);
-    let figures = Cell::new([0usize; 5]);
-    let mut runner = TestRunner::new(config());
-    runner
-        .run(
-            &prop::collection::vec((arb_op(), 1..5u8, any::<u16>()), 1..40),
-            |ops| {
-                steps.set(steps.get() + ops.len());
-                let made = run(&ops)?;
-                let mut sum = figures.get();
-                for (total, n) in sum.iter_mut().zip(made) {
-                    *total += n;
-                }
-                figures.set(sum);
-                Ok(())
-            },
-        )
-        .unwrap();
-    let [forks, deletes, imports, checkpoints, walks] = figures.get();
+    let sequences = prop::collection::vec((arb_op(), 1..5u8, any::<u16>()), 1..40);
+    let (steps, figures) = run_sequences(config(), sequences, run);
+    let [forks, deletes, imports, checkpoints, walks] = figures;
     eprintln!(
         "{} steps checked against the model: {forks} forks and rewinds, {deletes} parents \
          deleted, {imports} imports, {checkpoints} sessions ending with a checkpoint, {walks} \
          walks by cursor over several steps",
-        steps.get()
+        steps
     );
     assert!(
         forks > 0 && deletes > 0 && imports > 0 && checkpoints > 0,

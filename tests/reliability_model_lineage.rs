@@ -24,20 +24,22 @@
 mod common;
 mod reliability_support;
 
-use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use common::*;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngSeed, TestCaseError, TestRunner};
+use proptest::test_runner::{Config, RngSeed, TestCaseError};
+use reliability_support::harness::{
+    Accepted, Handle, Served, deref_to_handle, run_sequences, turn_ids, workset_ids,
+};
 use reliability_support::model::{Fold, long_text, message, message_id, store_value};
 use reliability_support::{env_count, seed};
 use serde_json::{Value, json};
 use session_store::format::{DEFAULT_INLINE_THRESHOLD, INLINE_PAYLOAD_LIMIT};
 use session_store::{
-    Batch, CancelToken, ClientBinding, Error, Event, ForkPoint, GcOptions, ImportOptions,
-    ListFilter, Origin, Root, SearchOptions, Service, Session, SessionReader, SessionRef,
+    Batch, CancelToken, Error, Event, ForkPoint, GcOptions, ImportOptions, ListFilter, Origin,
+    Root, SearchOptions, Session, SessionReader,
 };
 
 const HOST: &str = "lineage";
@@ -196,13 +198,9 @@ impl Log {
 /// A lineage row: ancestor, `(after, through]`.
 type Range = (String, u64, u64);
 
+/// A session: its id, logs and writer (the shared harness's), its header and lineage rows.
 struct Sess {
-    id: String,
-    accepted: Log,
-    durable: Log,
-    writer: Option<Session>,
-    /// The service's binding when the writer is a runtime of the service.
-    binding: Option<ClientBinding>,
+    h: Handle<Log>,
     parent: Option<String>,
     origin: Origin,
     /// The header's inherited count (the cut of a fork or rewind).
@@ -213,11 +211,7 @@ struct Sess {
 impl Sess {
     fn cold(id: String, log: Log) -> Sess {
         Sess {
-            id,
-            accepted: log.clone(),
-            durable: log,
-            writer: None,
-            binding: None,
+            h: Handle::cold(id, log),
             parent: None,
             origin: Origin::New,
             inherited: 0,
@@ -249,6 +243,14 @@ impl Sess {
     }
 }
 
+impl Accepted for Log {
+    fn events(&self) -> u64 {
+        self.now().fold.events
+    }
+}
+
+deref_to_handle!(Sess, Log);
+
 /// A reader opened at some step, with what it saw then.
 struct Held {
     id: String,
@@ -257,13 +259,10 @@ struct Held {
 }
 
 struct World {
-    root: Root,
-    service: Service,
-    rt: tokio::runtime::Runtime,
+    served: Served,
     sessions: Vec<Sess>,
     held: Vec<Held>,
     counter: u64,
-    exports: std::path::PathBuf,
     /// Every message version written: (id, n).
     versions: Vec<(String, u64)>,
     /// Every title set.
@@ -311,7 +310,7 @@ impl World {
 
     fn create(&mut self) -> usize {
         let name = self.fresh("s");
-        let session = create(&self.root, &name);
+        let session = create(&self.served.root, &name);
         let mut sess = Sess::cold(name, Log::default());
         sess.writer = Some(session);
         self.sessions.push(sess);
@@ -325,70 +324,14 @@ impl World {
         usize::from(s) % self.sessions.len()
     }
 
-    /// Session `i`'s writer, opened when it has none: every other time as a runtime of the
-    /// service, else by the root.
-    fn writer(&mut self, i: usize) -> Session {
-        self.counter += 1;
-        let served = self.counter.is_multiple_of(2);
-        let sess = &mut self.sessions[i];
-        if sess.writer.is_none() {
-            if served {
-                let r = SessionRef::new(HOST, sess.id.as_str()).expect("ref");
-                let binding = self
-                    .rt
-                    .block_on(self.service.open(&r))
-                    .unwrap_or_else(|e| panic!("open {} in the service: {e}", sess.id));
-                sess.writer = Some(binding.runtime().session().clone());
-                sess.binding = Some(binding);
-            } else {
-                sess.writer = Some(
-                    self.root
-                        .open_writer(&session_id(&sess.id))
-                        .unwrap_or_else(|e| panic!("reopen {}: {e}", sess.id)),
-                );
-            }
-        }
-        sess.writer.clone().expect("writer")
-    }
-
-    fn flush(&mut self, i: usize) {
-        let sess = &mut self.sessions[i];
-        if let Some(w) = &sess.writer {
-            assert_eq!(w.flush().expect("flush"), sess.accepted.now().fold.events);
-        }
-        sess.durable = sess.accepted.clone();
-    }
-
-    fn close(&mut self, i: usize) {
-        let sess = &mut self.sessions[i];
-        match (sess.writer.take(), sess.binding.take()) {
-            (Some(_), Some(binding)) => {
-                let r = SessionRef::new(HOST, sess.id.as_str()).expect("ref");
-                self.rt.block_on(binding.release()).expect("release");
-                self.rt.block_on(self.service.close(&r)).expect("close");
-            }
-            (Some(w), None) => w.close().expect("close"),
-            _ => {}
-        }
-        sess.durable = sess.accepted.clone();
-    }
-
     /// Appends `events` as one commit of session `i` and records `snap` as its state after.
     fn append(&mut self, i: usize, events: Vec<Event>, turn: Option<String>, mut snap: Snap) {
         for e in &events {
             blob_keys(e, &mut snap.blobs);
         }
-        let w = self.writer(i);
-        let op = self.fresh("op");
-        let n = events.len() as u64;
-        let mut batch = Batch::new(op, events);
-        if let Some(t) = &turn {
-            batch = batch.in_turn(t.clone());
-        }
-        let commit = w.append(batch).expect("append");
+        let (before, n) =
+            self.sessions[i].append(&self.served, &mut self.counter, events, turn.as_deref());
         let log = &mut self.sessions[i].accepted;
-        let before = log.now().fold.events;
-        assert_eq!(commit.first_seq, before + 1);
         snap.fold.events = before + n;
         snap.fold.commits = log.now().fold.commits + 1;
         if let Some(t) = turn {
@@ -441,7 +384,7 @@ impl World {
         let name = self.sessions[i].id.clone();
         if cancel && self.sessions[i].writer.is_some() {
             // The writer keeps its lock: the delete waits, is cancelled, changes nothing.
-            let refused = self.root.delete(
+            let refused = self.served.root.delete(
                 &session_id(&name),
                 &CancelToken::after(Duration::from_millis(30)),
             );
@@ -450,8 +393,9 @@ impl World {
                 "a delete under a live writer: {refused:?}"
             );
         }
-        self.close(i);
-        self.root
+        self.sessions[i].close(&self.served);
+        self.served
+            .root
             .delete(&session_id(&name), &CancelToken::new())
             .unwrap_or_else(|e| panic!("delete {name}: {e}"));
         let dependents = self.forget(i);
@@ -462,8 +406,8 @@ impl World {
             for d in dependents {
                 let k = self.index(&d).expect("a dependent");
                 if self.sessions[k].writer.is_some() {
-                    self.close(k);
-                    self.writer(k);
+                    self.sessions[k].close(&self.served);
+                    self.sessions[k].writer(&self.served, &mut self.counter);
                 }
             }
         }
@@ -515,13 +459,13 @@ impl World {
             }
             Op::Flush { s } => {
                 let i = self.pick(s);
-                self.flush(i);
+                self.sessions[i].flush();
             }
             Op::Reopen { s, reopen } => {
                 let i = self.pick(s);
-                self.close(i);
+                self.sessions[i].close(&self.served);
                 if reopen {
-                    self.writer(i);
+                    self.sessions[i].writer(&self.served, &mut self.counter);
                 }
             }
             Op::Fork {
@@ -531,7 +475,7 @@ impl World {
                 open,
             } => {
                 let i = self.pick(s);
-                self.flush(i);
+                self.sessions[i].flush();
                 let parent = &self.sessions[i];
                 let turns = &parent.durable.now().turns;
                 if turns.is_empty() {
@@ -553,12 +497,14 @@ impl World {
                 child.id = name.clone();
                 if open {
                     let w = self
+                        .served
                         .root
                         .fork_writer(&parent_id, point.clone(), Some(id(&name)))
                         .unwrap_or_else(|e| panic!("{point:?} of {parent_id}: {e}"));
                     child.writer = Some(w);
                 } else {
                     let made = self
+                        .served
                         .root
                         .fork(&parent_id, point.clone(), Some(id(&name)))
                         .unwrap_or_else(|e| panic!("{point:?} of {parent_id}: {e}"));
@@ -580,11 +526,15 @@ impl World {
             } => self.gc(dry_run, keep_forked),
             Op::ExportImport { s, same } => {
                 let i = self.pick(s);
-                self.flush(i);
+                self.sessions[i].flush();
                 let name = format!("{}.sqlite", self.fresh("x"));
-                let file = self.exports.join(name);
+                let file = self.served.exports.join(name);
                 let from = self.sessions[i].id.clone();
-                let report = self.root.export(&session_id(&from), &file).expect("export");
+                let report = self
+                    .served
+                    .root
+                    .export(&session_id(&from), &file)
+                    .expect("export");
                 let durable = self.sessions[i].durable.clone();
                 assert_eq!(report.events, durable.now().fold.events);
                 assert_eq!(report.commits, durable.now().fold.commits);
@@ -593,13 +543,14 @@ impl World {
                 copy.inherited = self.sessions[i].inherited;
                 copy.origin = Origin::CanonicalImport;
                 let target = if same {
-                    let taken = self.root.import(&file, ImportOptions::default());
+                    let taken = self.served.root.import(&file, ImportOptions::default());
                     assert!(
                         matches!(taken, Err(Error::SessionExists(_))),
                         "an import over an existing session: {taken:?}"
                     );
                     self.delete(i, false, false);
                     let made = self
+                        .served
                         .root
                         .import(&file, ImportOptions::default())
                         .expect("import under the same id");
@@ -607,11 +558,7 @@ impl World {
                     from
                 } else {
                     let name = self.fresh("i");
-                    let made = self
-                        .root
-                        .import(&file, ImportOptions::default().with_session_id(id(&name)))
-                        .expect("import");
-                    assert_eq!(made.as_str(), name);
+                    self.served.import_as(&file, &name);
                     name
                 };
                 copy.id = target;
@@ -626,7 +573,7 @@ impl World {
                 } else {
                     self.fresh("title ")
                 };
-                let renamed = self.root.rename(&session_id(&name), &title);
+                let renamed = self.served.root.rename(&session_id(&name), &title);
                 if blank {
                     assert!(
                         matches!(renamed, Err(Error::InvalidInput { .. })),
@@ -657,6 +604,7 @@ impl World {
                 let i = self.pick(s);
                 let sess = &self.sessions[i];
                 let reader = self
+                    .served
                     .root
                     .open_reader(&session_id(&sess.id))
                     .expect("reader");
@@ -670,7 +618,7 @@ impl World {
                 // Drained commits are indexed a little later on a writer thread; a closed
                 // session is wholly in the index.
                 for i in 0..self.sessions.len() {
-                    self.close(i);
+                    self.sessions[i].close(&self.served);
                 }
                 for pick in picks {
                     if self.versions.is_empty() {
@@ -691,7 +639,7 @@ impl World {
         let options = GcOptions::older_than(Duration::ZERO)
             .with_dry_run(dry_run)
             .with_keep_forked(keep_forked);
-        let report = self.root.gc(&options).expect("gc");
+        let report = self.served.root.gc(&options).expect("gc");
         assert!(report.failed.is_empty(), "gc failed: {:?}", report.failed);
         let reported: BTreeSet<String> = report
             .deleted
@@ -782,8 +730,9 @@ impl World {
     /// found each once, as the hit's session or in its `shared_with`; a search of one
     /// session alone finds it once when that session is in `want`, else not.
     fn search_phrase(&mut self, phrase: &str, m: &str, want: &BTreeSet<String>) {
-        let query = self.service.query();
+        let query = self.served.service.query();
         let page = self
+            .served
             .rt
             .block_on(query.search(phrase, SearchOptions::default().with_limit(100)))
             .unwrap_or_else(|e| panic!("search {phrase}: {e}"));
@@ -807,6 +756,7 @@ impl World {
         for sess in &self.sessions {
             let options = SearchOptions::default().with_session(session_id(&sess.id));
             let alone = self
+                .served
                 .rt
                 .block_on(query.search(phrase, options))
                 .unwrap_or_else(|e| panic!("search {phrase} in {}: {e}", sess.id));
@@ -820,7 +770,7 @@ impl World {
     }
 
     fn check(&self) -> Result<(), TestCaseError> {
-        let listing = self.root.list(None, 10_000).expect("list");
+        let listing = self.served.root.list(None, 10_000).expect("list");
         prop_assert!(listing.skipped.is_empty(), "skipped: {:?}", listing.skipped);
         let listed: Vec<String> = listing
             .entries
@@ -843,6 +793,7 @@ impl World {
         ] {
             let filter = ListFilter::default().with_origin(origin);
             let page = self
+                .served
                 .root
                 .list_filtered(&filter, None, 10_000)
                 .expect("list");
@@ -861,7 +812,7 @@ impl World {
             want.sort();
             prop_assert_eq!(&got, &want, "sessions listed of origin {:?}", origin);
         }
-        let totals = self.root.catalog_totals().expect("totals");
+        let totals = self.served.root.catalog_totals().expect("totals");
         prop_assert_eq!(
             totals.sessions,
             ids.len() as u64,
@@ -874,7 +825,7 @@ impl World {
             .sum();
         prop_assert_eq!(totals.events, events, "catalog totals: events");
         for sess in &self.sessions {
-            check_session(&self.root, sess, &entries[&sess.id])?;
+            check_session(&self.served.root, sess, &entries[&sess.id])?;
         }
         for held in &self.held {
             let read = held.reader.transcript(held.snap.fold.events);
@@ -941,21 +892,12 @@ fn check_session(
         .map(|m| store_value(m))
         .collect();
     prop_assert_eq!(&transcript, &want.fold.messages, "{}: transcript", who);
-    let turns: Vec<String> = reader
-        .turns()
-        .expect("turns")
-        .into_iter()
-        .map(|t| t.turn_id)
-        .collect();
+    let turns = turn_ids(&reader);
     let want_turns: Vec<String> = want.turns.iter().map(|t| t.0.clone()).collect();
     prop_assert_eq!(&turns, &want_turns, "{}: turns", who);
     let projection = reader.projection().expect("projection");
     prop_assert_eq!(&projection.title, &want.title, "{}: title", who);
-    let workset: Vec<String> = projection
-        .model_messages
-        .iter()
-        .map(|m| m.id().to_owned())
-        .collect();
+    let workset = workset_ids(&projection);
     prop_assert_eq!(&workset, &want.fold.workset, "{}: workset", who);
 
     let stats = root.stats(&sid).expect("stats");
@@ -1032,23 +974,14 @@ fn check_session(
 
 fn run(ops: &[Op]) -> Result<[usize; 5], TestCaseError> {
     let (dir, root) = manual_root();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio");
-    let service = Service::new(HOST, root.clone()).expect("service");
-    let exports = dir.path().join("exports");
-    std::fs::create_dir(&exports).expect("exports dir");
+    let served = Served::with_exports(HOST, &root, dir.path());
     let mut world = World {
-        root,
-        service,
-        rt,
-        sessions: Vec::new(),
         held: Vec::new(),
-        counter: 0,
-        exports,
         versions: Vec::new(),
         titles: Vec::new(),
+        served,
+        sessions: Vec::new(),
+        counter: 0,
         figures: [0; 5],
     };
     for op in ops {
@@ -1081,27 +1014,13 @@ fn run(ops: &[Op]) -> Result<[usize; 5], TestCaseError> {
 
 #[test]
 fn proptest_lineage_operations_agree_with_a_model() {
-    let steps = Cell::new(0usize);
-    let figures = Cell::new([0usize; 5]);
-    let mut runner = TestRunner::new(config());
-    runner
-        .run(&prop::collection::vec(arb_op(), 1..45), |ops| {
-            steps.set(steps.get() + ops.len());
-            let made = run(&ops)?;
-            let mut sum = figures.get();
-            for (total, n) in sum.iter_mut().zip(made) {
-                *total += n;
-            }
-            figures.set(sum);
-            Ok(())
-        })
-        .unwrap();
-    let [forks, deletes, gc, imports, shared] = figures.get();
+    let (steps, figures) = run_sequences(config(), prop::collection::vec(arb_op(), 1..45), run);
+    let [forks, deletes, gc, imports, shared] = figures;
     eprintln!(
         "{} steps checked against the model: {forks} forks and rewinds, {deletes} deletes of \
          forked sessions, {gc} sessions deleted by gc, {imports} imports, {shared} search hits \
          shared with forks",
-        steps.get()
+        steps
     );
     assert!(
         forks > 0 && deletes > 0 && imports > 0,
@@ -1118,11 +1037,7 @@ fn proptest_lineage_operations_agree_with_a_model() {
 #[test]
 fn a_message_replaced_after_a_fork_is_still_found_in_the_fork() {
     let (_dir, root) = manual_root();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio");
-    let service = Service::new(HOST, root.clone()).expect("service");
+    let Served { rt, service, .. } = Served::new(HOST, &root);
     let query = service.query();
     let found = |q: &str, options: SearchOptions| -> Vec<(String, u64, String, Vec<String>)> {
         let page = rt.block_on(query.search(q, options)).expect("search");
@@ -1215,25 +1130,7 @@ fn a_message_replaced_after_a_fork_is_still_found_in_the_fork() {
 #[test]
 fn a_fork_cut_between_two_resets_of_its_parent_does_not_show_what_the_first_dropped() {
     let (_dir, root) = manual_root();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio");
-    let service = Service::new(HOST, root.clone()).expect("service");
-    let turn = |s: &Session, t: &str, m: &str, text: &str| {
-        s.append(
-            Batch::new(
-                format!("op-{t}"),
-                vec![
-                    Event::new("turn/start"),
-                    common::message(m, "user", text),
-                    turn_end("completed"),
-                ],
-            )
-            .in_turn(t),
-        )
-        .expect("turn");
-    };
+    let Served { rt, service, .. } = Served::new(HOST, &root);
     let g = create(&root, "g");
     turn(&g, "t1", "m1", "alpha words");
     g.close().unwrap();
@@ -1285,25 +1182,7 @@ fn a_fork_cut_between_two_resets_of_its_parent_does_not_show_what_the_first_drop
 #[test]
 fn a_version_an_inherited_range_supersedes_after_a_delete_is_not_found() {
     let (_dir, root) = manual_root();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio");
-    let service = Service::new(HOST, root.clone()).expect("service");
-    let turn = |s: &Session, t: &str, m: &str, text: &str| {
-        s.append(
-            Batch::new(
-                format!("op-{t}"),
-                vec![
-                    Event::new("turn/start"),
-                    common::message(m, "user", text),
-                    turn_end("completed"),
-                ],
-            )
-            .in_turn(t),
-        )
-        .expect("turn");
-    };
+    let Served { rt, service, .. } = Served::new(HOST, &root);
     let s = create(&root, "s");
     turn(&s, "t1", "m1", "alpha words");
     s.close().unwrap();
@@ -1352,6 +1231,22 @@ fn a_version_an_inherited_range_supersedes_after_a_delete_is_not_found() {
     assert_eq!(found("beta", f2_alone).len(), 1);
 }
 
+/// Appends turn `t` of one user message `m` saying `text` to `s`.
+fn turn(s: &Session, t: &str, m: &str, text: &str) {
+    s.append(
+        Batch::new(
+            format!("op-{t}"),
+            vec![
+                Event::new("turn/start"),
+                common::message(m, "user", text),
+                turn_end("completed"),
+            ],
+        )
+        .in_turn(t),
+    )
+    .expect("turn");
+}
+
 fn message_text_of(m: &session_store::Message) -> String {
     store_value(m)["content"]
         .as_str()
@@ -1365,25 +1260,7 @@ fn message_text_of(m: &session_store::Message) -> String {
 #[test]
 fn a_title_an_inherited_range_supersedes_after_a_delete_is_not_found() {
     let (_dir, root) = manual_root();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio");
-    let service = Service::new(HOST, root.clone()).expect("service");
-    let turn = |s: &Session, t: &str, m: &str, text: &str| {
-        s.append(
-            Batch::new(
-                format!("op-{t}"),
-                vec![
-                    Event::new("turn/start"),
-                    common::message(m, "user", text),
-                    turn_end("completed"),
-                ],
-            )
-            .in_turn(t),
-        )
-        .expect("turn");
-    };
+    let Served { rt, service, .. } = Served::new(HOST, &root);
     let s = create(&root, "s");
     turn(&s, "t1", "m1", "alpha words");
     s.close().unwrap();

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 import session_store
@@ -23,3 +26,42 @@ def turn(turn_id: str, *messages: dict) -> list[dict]:
 
 def msg(i: int, role: str = "user", content: str | None = None) -> dict:
     return {"id": f"m{i}", "role": role, "content": content or f"message {i}"}
+
+
+def run_script(script: str, *args, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Runs the Python source ``script`` in a new interpreter with ``args`` (as strings) as
+    its ``sys.argv[1:]``; asserts it exited with 0 (its stderr as the message)."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+# The end of a script (for ``run_script``) testing what a child made by ``os.fork()`` can
+# do with what its parent holds: the script defines ``before(out)`` (the child's tries while
+# the parent still holds it), ``release()`` (the parent lets it go) and ``after(out)`` (the
+# child's tries then); the child prints ``out`` as JSON and the script exits with the
+# child's status.
+FORK_HANDSHAKE = r"""
+go_on, told = os.pipe()
+tried, tell = os.pipe()
+pid = os.fork()
+if pid == 0:
+    signal.alarm(60)
+    out = {}
+    before(out)
+    os.write(tell, b"x")
+    os.read(go_on, 1)  # the parent has let it go
+    after(out)
+    print(json.dumps(out), flush=True)
+    os._exit(0)
+os.read(tried, 1)  # the child has tried while this process held it
+release()
+os.write(told, b"x")
+_, status = os.waitpid(pid, 0)
+sys.exit(status)
+"""

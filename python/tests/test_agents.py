@@ -20,6 +20,8 @@ from agents.testing import ScriptedModel, assistant_message, function_call
 import session_store
 from session_store.agents import SessionStoreSession
 
+from conftest import FORK_HANDSHAKE, run_script
+
 set_tracing_disabled(True)  # offline: no trace export
 
 
@@ -388,49 +390,39 @@ from session_store.agents import SessionStoreSession
 path = sys.argv[1]
 parent = SessionStoreSession("forked", path)
 asyncio.run(parent.add_items([{"role": "user", "content": "parent"}]))
-go_on, told = os.pipe()
-tried, tell = os.pipe()
-pid = os.fork()
-if pid == 0:
-    signal.alarm(60)
-    out = {}
-    def add(adapter, text):
-        try:
-            asyncio.run(adapter.add_items([{"role": "user", "content": text}]))
-            return "ok"
-        except Exception as e:
-            return type(e).__name__
+
+def add(adapter, text):
+    try:
+        asyncio.run(adapter.add_items([{"role": "user", "content": text}]))
+        return "ok"
+    except Exception as e:
+        return type(e).__name__
+
+def before(out):  # in the child
+    global inherited, early
     inherited = parent  # the parent's adapter, copied by fork
     early = SessionStoreSession("forked", path)
     out["inherited"] = add(inherited, "refused")
     out["early"] = add(early, "refused too")
-    os.write(tell, b"x")
-    os.read(go_on, 1)  # the parent has closed its adapter
+
+def release():  # in the parent
+    parent.close()
+
+def after(out):  # in the child, once the parent has closed its adapter
     out["late"] = add(early, "child")
     out["new"] = add(SessionStoreSession("forked", path), "child again")
     inherited.close()  # lets the parent's copy go; the child's writer stays usable
     out["after"] = add(early, "child last")
     out["items"] = [i["content"] for i in asyncio.run(early.get_items())]
     early.close()
-    print(json.dumps(out), flush=True)
-    os._exit(0)
-os.read(tried, 1)  # the child has tried while this process held the session
-parent.close()
-os.write(told, b"x")
-_, status = os.waitpid(pid, 0)
-sys.exit(status)
-"""
+""" + FORK_HANDSHAKE
 
 
 def test_a_forked_child_writes_once_the_parent_let_the_session_go(tmp_path):
     # A child made by os.fork() inherited the registry of shared writers, holding the
     # parent's writer: every adapter of that session in the child raised WriterOwned for
     # the child's whole life, also after the parent had closed it (Root.open worked).
-    out = subprocess.run(
-        [sys.executable, "-c", FORKED_CHILD, str(tmp_path / "root")],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
+    out = run_script(FORKED_CHILD, tmp_path / "root")
     child = json.loads(out.stdout)
     assert child["inherited"] == "WriterOwned" and child["early"] == "WriterOwned"
     assert child["late"] == "ok" and child["new"] == "ok" and child["after"] == "ok"

@@ -10,7 +10,6 @@ import json
 import multiprocessing
 import os
 import pickle
-import subprocess
 import sys
 import threading
 import time
@@ -32,7 +31,7 @@ from session_store import (
     WriterOwned,
 )
 
-from conftest import msg, turn
+from conftest import msg, run_script, turn
 
 
 def fill(root, sid: str, turns: int, per_turn: int = 1) -> session_store.Session:
@@ -668,13 +667,7 @@ def test_a_forked_child_works_and_leaves_the_parents_writer_alone(tmp_path):
     # copy of the parent's session, finalized at its exit, wrote the parent's pending batch
     # into the file, so the parent's own flush then failed and poisoned its writer.
     report = tmp_path / "child.json"
-    done = subprocess.run(
-        [sys.executable, "-c", _FORK_SCRIPT, str(tmp_path / "root"), str(report)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
+    done = run_script(_FORK_SCRIPT, tmp_path / "root", report)
     parent = json.loads(done.stdout)
     child = json.loads(report.read_text())
     assert parent["status"] == 0
@@ -783,13 +776,7 @@ def test_a_forked_child_does_not_keep_the_parents_writer_lock(tmp_path):
     # flock belongs to the open file description, which fork() shares: the child's copy of
     # the lock file's descriptor kept the parent's lock held after the parent closed the
     # session, for as long as the child lived (a multiprocessing worker: for good).
-    done = subprocess.run(
-        [sys.executable, "-c", _FORK_LOCK_SCRIPT, str(tmp_path / "root")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
+    done = run_script(_FORK_LOCK_SCRIPT, tmp_path / "root")
     assert json.loads(done.stdout) == {"parent_reopened": True, "child_opened": True}
 
 

@@ -19,6 +19,8 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 import session_store
 from session_store.langgraph import SessionStoreSaver, session_id_of, thread_id_of
 
+from conftest import FORK_HANDSHAKE, run_script
+
 
 def echo(state: MessagesState) -> dict:
     """The model: answers the last message with its text reversed."""
@@ -370,42 +372,31 @@ def put(saver, parent, items):
 saver = SessionStoreSaver(sys.argv[1])
 config = {"configurable": {"thread_id": "forked"}}
 put(saver, config, ["parent"])
-go_on, told = os.pipe()
-tried, tell = os.pipe()
-pid = os.fork()
-if pid == 0:
-    signal.alarm(60)
-    out = {}
-    def attempt(items):
-        try:
-            put(saver, config, items)
-            return "ok"
-        except WriterOwned:
-            return "WriterOwned"
+
+def attempt(items):
+    try:
+        put(saver, config, items)
+        return "ok"
+    except WriterOwned:
+        return "WriterOwned"
+
+def before(out):  # in the child
     out["early"] = attempt(["refused"])
-    os.write(tell, b"x")
-    os.read(go_on, 1)  # the parent has closed its saver
+
+def release():  # in the parent
+    saver.close()
+
+def after(out):  # in the child, once the parent has closed its saver
     out["late"] = attempt(["parent", "child"])
     out["items"] = saver.get_tuple(config).checkpoint["channel_values"]["items"]
     saver.close()
-    print(json.dumps(out), flush=True)
-    os._exit(0)
-os.read(tried, 1)
-saver.close()
-os.write(told, b"x")
-_, status = os.waitpid(pid, 0)
-sys.exit(status)
-"""
+""" + FORK_HANDSHAKE
 
 
 def test_a_forked_child_saver_writes_once_the_parent_let_the_thread_go(tmp_path) -> None:
     # A saver copied into a child by os.fork() kept the parent's writers: it raised
     # WriterOwned for every thread the parent had written, for the child's whole life, also
     # once the parent had closed its saver.
-    out = subprocess.run(
-        [sys.executable, "-c", FORKED_SAVER, str(tmp_path / "root")],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
+    out = run_script(FORKED_SAVER, tmp_path / "root")
     child = json.loads(out.stdout)
     assert child == {"early": "WriterOwned", "late": "ok", "items": ["parent", "child"]}

@@ -1,8 +1,9 @@
 //! Helpers shared by the reliability suite (`tests/reliability_*.rs`): counts from the
 //! environment, content digests, history fingerprints, child-process output collection, and
-//! (`model`) the model of a transcript the model-based tests share.
+//! (`model`, `harness`) the model of a transcript and the harness the model-based tests share.
 #![allow(dead_code)]
 
+pub mod harness;
 pub mod model;
 
 use std::io::{BufRead, BufReader};
