@@ -37,21 +37,9 @@ fn bin() -> Command {
 
 /// Runs the binary on `root` with `args` and `input` on stdin.
 fn run(root: &Path, args: &[&str], input: Option<&str>) -> Output {
-    let mut child = bin()
-        .arg("--root")
-        .arg(root)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let mut stdin = child.stdin.take().expect("stdin");
-    if let Some(text) = input {
-        let _ = stdin.write_all(text.as_bytes());
-    }
-    drop(stdin);
-    child.wait_with_output().expect("wait")
+    common::spawn_cli(root, args, input.unwrap_or(""))
+        .wait_with_output()
+        .expect("wait")
 }
 
 fn ok(root: &Path, args: &[&str], input: Option<&str>) -> String {

@@ -9,15 +9,14 @@
 //! the file handling of `export`, `import` and `verify` (destinations that are devices or
 //! folders, missing folders, symlinked and FIFO inputs, nothing left beside a user's file).
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-
-const BIN: &str = env!("CARGO_BIN_EXE_session-store");
 
 /// How long any one command may take (a command that blocks on a FIFO or waits for a
 /// lock it can never get fails the test instead of hanging it).
@@ -98,19 +97,7 @@ impl World {
 }
 
 fn run_cli(root: &Path, args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(BIN)
-        .arg("--root")
-        .arg(root)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let mut input = child.stdin.take().expect("stdin");
-    // A command that refuses early may not read its input.
-    let _ = input.write_all(stdin.as_bytes());
-    drop(input);
+    let mut child = common::spawn_cli(root, args, stdin);
     let started = Instant::now();
     while child.try_wait().expect("wait").is_none() {
         if started.elapsed() > COMMAND_LIMIT {

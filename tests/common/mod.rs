@@ -266,3 +266,23 @@ pub fn retries_conflict_and_append(
     s.close().expect("close");
     new.first_seq
 }
+
+/// Spawns the `session-store` binary with `--root root` and `args`, its output piped and
+/// `input` written to its stdin (which is then closed; a command that refuses early may
+/// not read it).
+pub fn spawn_cli(root: &std::path::Path, args: &[&str], input: &str) -> Child {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_session-store"))
+        .arg("--root")
+        .arg(root)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn session-store");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let _ = stdin.write_all(input.as_bytes());
+    drop(stdin);
+    child
+}
