@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
+mod fork;
+
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -1115,6 +1117,20 @@ fn close_inherited_locks() {
     session_store::close_inherited_locks();
 }
 
+/// Takes SQLite's process-wide mutexes before `os.fork()`, so that no other thread holds
+/// one as the child is made (`os.register_at_fork(before=...)`, see `fork.rs`).
+#[pyfunction]
+fn before_fork() {
+    fork::hold_sqlite();
+}
+
+/// Lets go of what [`before_fork`] took, in the parent and in the child
+/// (`after_in_parent=`, `after_in_child=`).
+#[pyfunction]
+fn after_fork() {
+    fork::release_sqlite();
+}
+
 /// What `verify` reports: `{"session_id", "commits", "events"}`.
 fn verified_json(verified: session_store::Verified) -> session_store::Result<String> {
     json(&serde_json::json!({
@@ -1134,6 +1150,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Reader>()?;
     m.add_function(wrap_pyfunction!(verify, m)?)?;
     m.add_function(wrap_pyfunction!(close_inherited_locks, m)?)?;
+    m.add_function(wrap_pyfunction!(before_fork, m)?)?;
+    m.add_function(wrap_pyfunction!(after_fork, m)?)?;
     m.add("SessionStoreError", py.get_type::<SessionStoreError>())?;
     m.add("InvalidInput", py.get_type::<InvalidInput>())?;
     m.add("InvalidPayload", py.get_type::<InvalidPayload>())?;
