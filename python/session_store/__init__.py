@@ -536,7 +536,9 @@ class Root:
     def delete(self, session_id: str, *, wait: float = 10.0) -> None:
         """Deletes a session; forks of it keep their history. Waits at most ``wait`` seconds
         for its writer, then raises :class:`Cancelled` naming the holder (nothing deleted); a
-        session no writer holds is deleted whatever ``wait`` is, 0 included."""
+        session no writer holds is deleted whatever ``wait`` is, 0 included. A signal's
+        exception (Ctrl-C's :class:`KeyboardInterrupt`) ends the wait at once, nothing
+        deleted."""
         self._native.delete(session_id, wait)
 
     @_native_args

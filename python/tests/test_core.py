@@ -433,6 +433,33 @@ def test_deletes_leave_no_thread_behind(root):
     assert _threads() <= before + 2, (before, _threads())
     assert root.list()["sessions"] == []
 
+_DELETE_INTERRUPTED = r"""
+import os, signal, sys, threading, time
+import session_store
+
+root = session_store.Root(sys.argv[1])
+writer = root.create("held")  # this process's writer: the delete waits for it
+threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+started = time.monotonic()
+try:
+    root.delete("held", wait=30)
+except KeyboardInterrupt:
+    print(f"interrupted after {time.monotonic() - started:.1f} s")
+writer.close()
+print("kept:", [s["session_ref"]["session_id"] for s in root.list()["sessions"]])
+"""
+
+
+def test_ctrl_c_ends_a_delete_waiting_for_the_writer(tmp_path):
+    # With the GIL released for the whole wait, Python ran no signal handler: Ctrl-C did
+    # nothing for the delete's `wait` (10 s by default), then came after its Cancelled.
+    done = run_script(_DELETE_INTERRUPTED, tmp_path / "root", timeout=60)
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("interrupted after "), done.stdout
+    assert float(lines[0].split()[2]) < 5, done.stdout
+    assert lines[1] == "kept: ['held']"
+
+
 def test_reader_messages_are_what_json_loads_gives(root):
     # Values where a JSON reader other than Python's could differ: big and negative
     # integers, -0.0, floats at the edges, escapes, non-ASCII, nesting, a 64 KiB+ message.
