@@ -39,7 +39,7 @@ import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from . import _native
 from ._native import (
@@ -109,6 +109,7 @@ os.register_at_fork(after_in_child=_native.close_inherited_locks)
 __version__: str = _native.__version__
 
 _T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 PathLike = str | bytes | os.PathLike[str] | os.PathLike[bytes]
 
@@ -145,15 +146,17 @@ def _epoch_ms(when: datetime | None) -> int | None:
     return (when - _EPOCH) // timedelta(milliseconds=1)
 
 
-def _native_args(fn: Callable[..., _T]) -> Callable[..., _T]:
+def _native_args(fn: Callable[_P, _T]) -> Callable[_P, _T]:
     """``fn`` raising :class:`InvalidInput` where PyO3 refuses to convert an argument, so
     nothing was done: :class:`UnicodeEncodeError` for a str argument (an id, a cursor, a
     path, a batch) holding a lone surrogate (``json.loads('"\\ud800"')`` gives one; it has
     no UTF-8 form), :class:`OverflowError` for an int out of the native type's range (a
-    negative ``limit`` or ``after``, one beyond 64 bits), as a limit over the maximum is."""
+    negative ``limit`` or ``after``, one beyond 64 bits), as a limit over the maximum is.
+    Typed with ``fn``'s own parameters, so type checkers check the calls of the wrapped
+    methods (``Callable[..., _T]`` accepted any arguments)."""
 
     @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> _T:
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _T:
         try:
             return fn(*args, **kwargs)
         except UnicodeEncodeError as e:

@@ -10,6 +10,7 @@ import json
 import multiprocessing
 import os
 import pickle
+import subprocess
 import sys
 import threading
 import time
@@ -740,6 +741,50 @@ def test_annotations_resolve_in_their_class_scope():
     assert typing.get_type_hints(
         session_store.Root.transcript, localns=dict(vars(session_store.Root))
     )["return"] == list[dict[str, typing.Any]]
+
+
+_TYPED_CALLS = """
+from datetime import datetime, timezone
+import session_store
+
+root = session_store.Root("r", durability="normal", write_behind_ms=10)
+with root.create("a", cwd="/w") as s:
+    s.append([{"kind": "turn/start"}], operation_id="o", turn_id="t")
+    s.flush()
+page: dict[str, object] = root.history("a", cursor=None, limit=5)
+hits = root.search("hi", limit=3, since=datetime.now(timezone.utc), role="user")
+for m in root.transcript("a"):
+    m.get("id")
+root.fork("a", after_turn="t", child="b")
+root.delete("b", wait=1.0)
+session_store.verify("r/a")
+root.history(123)  # error: str expected
+root.create(session_id=5)  # error: str | None expected
+root.delete("a", wait="1")  # error: float expected
+root.fork("a", after="t")  # error: no such keyword
+session_store.verify(7)  # error: a path expected
+"""
+
+
+def test_type_checkers_check_the_arguments_of_every_call(tmp_path):
+    # `_native_args` was typed `Callable[..., T] -> Callable[..., T]`: every method it wraps
+    # (create, open, history, search, fork, delete, verify, ...) took any arguments for
+    # mypy and pyright, so `root.history(123)` passed `mypy --strict`.
+    script = tmp_path / "calls.py"
+    script.write_text(_TYPED_CALLS)
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", os.devnull, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    flagged = {
+        int(line.split(":")[1]) for line in done.stdout.splitlines() if ": error:" in line
+    }
+    expected = {
+        i for i, line in enumerate(_TYPED_CALLS.splitlines(), 1) if "# error:" in line
+    }
+    assert flagged == expected, done.stdout + done.stderr
 
 
 def test_paths_may_be_bytes_and_not_utf8(tmp_path):
