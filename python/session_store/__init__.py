@@ -177,6 +177,22 @@ def _fspath(path: PathLike) -> str:
     return text
 
 
+def _missing_sdk(
+    error: ModuleNotFoundError, modules: tuple[str, ...], what: str, extra: str, sdk: str
+) -> ModuleNotFoundError | None:
+    """When ``error`` is a module of ``modules`` (an adapter's SDK) not found: the error to
+    raise instead, naming ``what`` needs it and the package extra installing it (a bare
+    ``No module named 'langchain_core'`` named neither). None for another missing module."""
+    if error.name is None or error.name.split(".")[0] not in modules:
+        return None
+    return ModuleNotFoundError(
+        f"{what} needs {sdk}, which is not installed ({error}): "
+        f"pip install 'session-store[{extra}]'",
+        name=error.name,
+        path=error.path,
+    )
+
+
 async def _to_thread(fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
     return await asyncio.to_thread(functools.partial(fn, *args, **kwargs))
 

@@ -787,6 +787,48 @@ def test_type_checkers_check_the_arguments_of_every_call(tmp_path):
     assert flagged == expected, done.stdout + done.stderr
 
 
+_WITHOUT_SDKS = r"""
+import asyncio, sys
+
+class NotInstalled:  # finds none of the adapters' SDKs, as when they are not installed
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("agents", "langchain_core", "langgraph"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, NotInstalled())
+import session_store
+from session_store.agents import SessionStoreSession
+
+adapter = SessionStoreSession("s", session_store.Root(sys.argv[1]))
+asyncio.run(adapter.add_items([{"role": "user", "content": "hi"}]))
+print(asyncio.run(adapter.get_items()))
+for attempt in (
+    lambda: __import__("session_store.langgraph"),
+    lambda: SessionStoreSession("s", adapter.root, session_settings={"limit": 1}),
+):
+    try:
+        attempt()
+    except ModuleNotFoundError as e:
+        print(type(e).__name__, e.name, str(e))
+"""
+
+
+def test_the_package_works_without_the_adapters_sdks_and_says_which_extra_they_need(tmp_path):
+    # The core and the openai-agents adapter need neither SDK; an adapter that needs its SDK
+    # said "No module named 'langchain_core'", naming neither the adapter nor the extra.
+    lines = run_script(_WITHOUT_SDKS, tmp_path / "root").stdout.splitlines()
+    assert lines[0] == "[{'role': 'user', 'content': 'hi'}]"
+    assert lines[1].startswith(
+        "ModuleNotFoundError langchain_core session_store.langgraph needs langgraph-checkpoint"
+    ), lines
+    assert lines[1].endswith("pip install 'session-store[langgraph]'"), lines
+    assert lines[2].startswith(
+        "ModuleNotFoundError agents SessionStoreSession(session_settings=...) needs openai-agents"
+    ), lines
+    assert lines[2].endswith("pip install 'session-store[agents]'"), lines
+
+
 def test_paths_may_be_bytes_and_not_utf8(tmp_path):
     # PathLike names bytes paths too (os.fsencode, os.listdir(b".")); they raised a bare
     # TypeError ("'bytes' object is not an instance of 'str'") from the native layer.
