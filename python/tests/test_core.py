@@ -719,6 +719,35 @@ def test_the_version_is_the_installed_distributions():
     assert all(part.isdigit() for part in session_store.__version__.split("."))
 
 
+def test_the_wheel_metadata_says_what_pypi_and_installers_read():
+    # The wheel claimed no Python version (only "Programming Language :: Rust" and
+    # CPython), not that it ships type information (py.typed: "Typing :: Typed"), nor that
+    # it runs on Linux only (it reads /proc).
+    import re
+    from importlib import metadata
+    from pathlib import Path
+
+    meta = metadata.metadata("session-store")
+    classifiers = set(meta.get_all("Classifier") or [])
+    assert meta["Requires-Python"] == ">=3.10"
+    versions = {c.rsplit(" ", 1)[1] for c in classifiers if re.fullmatch(r".*:: 3\.\d+", c)}
+    assert {"3.10", "3.11", "3.12", "3.13"} <= versions, classifiers
+    assert f"{sys.version_info.major}.{sys.version_info.minor}" in versions
+    assert {
+        "Programming Language :: Python :: 3 :: Only",
+        "Programming Language :: Python :: Implementation :: CPython",
+        "Operating System :: POSIX :: Linux",
+        "Typing :: Typed",
+    } <= classifiers, classifiers
+    assert {"agents", "langgraph"} <= set(meta.get_all("Provides-Extra") or [])
+    assert meta["Description-Content-Type"].startswith("text/markdown")
+    assert "pip install './python[langgraph]'" in (meta.get_payload() or meta["Description"])
+    # The version is the crate's (pyproject.toml repeats it by hand).
+    crate = (Path(__file__).parents[2] / "Cargo.toml").read_text()
+    assert re.search(r'(?m)^version = "([^"]+)"', crate)[1] == meta["Version"]
+    assert any(str(f).endswith("session_store/py.typed") for f in metadata.files("session-store"))
+
+
 def test_annotations_resolve_in_their_class_scope():
     # Type checkers read a method's annotations in its class's scope, where Root.list (a
     # method) hides the builtin: `-> list[dict]` made `for m in root.transcript(i)` "not
