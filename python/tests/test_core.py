@@ -748,6 +748,32 @@ def test_the_wheel_metadata_says_what_pypi_and_installers_read():
     assert any(str(f).endswith("session_store/py.typed") for f in metadata.files("session-store"))
 
 
+def test_a_wheel_built_from_the_sdist_gets_the_python_readme(tmp_path):
+    # The sdist holds the root crate's files at its top, its README.md too, where the
+    # pyproject's `readme = "README.md"` is read from when pip builds a wheel from the
+    # sdist: that wheel's PyPI page was the crate's 650-line README, not this package's.
+    import re
+    import tarfile
+    from pathlib import Path
+
+    python_dir = Path(__file__).parents[1]
+    subprocess.run(
+        [Path(sys.executable).parent / "maturin", "sdist", "--out", tmp_path],
+        cwd=python_dir,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (sdist,) = tmp_path.glob("*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        top = tar.getnames()[0].split("/")[0]
+        pyproject = tar.extractfile(f"{top}/pyproject.toml").read().decode()
+        path = re.search(r'(?m)^readme = "([^"]+)"', pyproject)[1]
+        readme = tar.extractfile(f"{top}/{path}").read().decode()
+    assert readme == (python_dir / path).read_text()
+    assert readme.startswith("# session-store for Python")
+
+
 def test_annotations_resolve_in_their_class_scope():
     # Type checkers read a method's annotations in its class's scope, where Root.list (a
     # method) hides the builtin: `-> list[dict]` made `for m in root.transcript(i)` "not
