@@ -177,6 +177,15 @@ def _fspath(path: PathLike) -> str:
     return text
 
 
+def _no_such_file(path: PathLike, error: NotFound) -> NotFound:
+    """``error``, raised by a native call given ``path`` (a file or folder), or when there
+    is nothing at ``path`` one that says so of the path: the native message called it a
+    session (``session /x not found``)."""
+    if os.path.lexists(path):
+        return error  # a session it names (an ancestor, say) is what is missing
+    return NotFound(f"{os.fsdecode(path)}: no such file or folder")
+
+
 def _missing_sdk(
     error: ModuleNotFoundError, modules: tuple[str, ...], what: str, extra: str, sdk: str
 ) -> ModuleNotFoundError | None:
@@ -539,8 +548,12 @@ class Root:
         self, path: PathLike, *, session_id: str | None = None, cwd: str | None = None
     ) -> str:
         """Validates an exported file and publishes it (under ``session_id`` if given);
-        returns the id. A damaged file raises :class:`Corrupt` and publishes nothing."""
-        return self._native.import_file(_fspath(path), session_id, cwd)
+        returns the id. A damaged file raises :class:`Corrupt` and publishes nothing; a path
+        with nothing there :class:`NotFound` naming it."""
+        try:
+            return self._native.import_file(_fspath(path), session_id, cwd)
+        except NotFound as e:
+            raise _no_such_file(path, e) from None
 
     @_native_args
     def rename(self, session_id: str, title: str) -> None:
@@ -655,7 +668,10 @@ def verify(path: PathLike) -> dict[str, Any]:
     """Checks a session file, folder or export (integrity check, sequences, hashes, blob
     digests, a full replay): ``{"session_id", "commits", "events"}`` when sound, else
     raises :class:`Corrupt` (or :class:`NotFound`, :class:`UnsupportedVersion`)."""
-    return json.loads(_native.verify(_fspath(path)))
+    try:
+        return json.loads(_native.verify(_fspath(path)))
+    except NotFound as e:
+        raise _no_such_file(path, e) from None
 
 
 async def averify(path: PathLike) -> dict[str, Any]:

@@ -135,6 +135,20 @@ def test_export_import_verify_delete(root, tmp_path):
         root.delete("src")
 
 
+def test_a_missing_file_is_named_as_a_file_not_a_session(root, tmp_path):
+    # verify() and import_file() of a path with nothing there said "session /x not found".
+    missing = tmp_path / "gone.export"
+    for call in (
+        lambda: session_store.verify(missing),
+        lambda: asyncio.run(session_store.averify(os.fsencode(missing))),
+        lambda: root.import_file(str(missing)),
+    ):
+        with pytest.raises(NotFound) as e:
+            call()
+        assert str(e.value) == f"{missing}: no such file or folder"
+    assert root.list()["sessions"] == []
+
+
 def test_damaged_export_is_corrupt_and_imports_nothing(root, tmp_path):
     fill(root, "src", 3).close()
     out = tmp_path / "src.export"
