@@ -37,6 +37,7 @@ import builtins
 import functools
 import json
 import os
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, ParamSpec, TypeVar
@@ -574,6 +575,11 @@ class Root:
         self._native.delete(session_id, wait)
 
     @_native_args
+    def _delete(self, session_id: str, wait: float, stop: threading.Event) -> None:
+        """:meth:`delete` whose wait for the writer also ends once ``stop`` is set."""
+        self._native.delete(session_id, wait, stop)
+
+    @_native_args
     def verify(self, session_id: str) -> dict[str, Any]:
         """:func:`verify` of this session, after the checks every other call makes of its
         folder: a real folder of the root (a symlink is refused) holding the session's own
@@ -652,8 +658,13 @@ class Root:
         await _to_thread(self.rename, session_id, title)
 
     async def adelete(self, session_id: str, *, wait: float = 10.0) -> None:
-        """:meth:`delete` in a worker thread."""
-        await _to_thread(self.delete, session_id, wait=wait)
+        """:meth:`delete` in a worker thread. Cancelling the task (a timeout, Ctrl-C in
+        :func:`asyncio.run`) also ends the delete's wait for the writer, nothing deleted."""
+        stop = threading.Event()
+        try:
+            await _to_thread(self._delete, session_id, wait, stop)
+        finally:
+            stop.set()
 
     async def averify(self, session_id: str) -> dict[str, Any]:
         """:meth:`verify` in a worker thread."""

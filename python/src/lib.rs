@@ -678,9 +678,16 @@ impl Root {
     /// Deletes a session, waiting at most `wait` seconds for its writer (`Cancelled` then).
     /// A signal's exception (Ctrl-C's `KeyboardInterrupt`) ends the wait at once: the
     /// delete is cancelled (nothing deleted unless it was already under way) and the
-    /// exception raised.
-    #[pyo3(signature = (session_id, wait=10.0))]
-    fn delete(&self, py: Python<'_>, session_id: &str, wait: f64) -> NativeResult<()> {
+    /// exception raised. So does `stop` (a `threading.Event`) once it is set, raising
+    /// `Cancelled` (`adelete` sets it when its task is cancelled).
+    #[pyo3(signature = (session_id, wait=10.0, stop=None))]
+    fn delete(
+        &self,
+        py: Python<'_>,
+        session_id: &str,
+        wait: f64,
+        stop: Option<&Bound<'_, PyAny>>,
+    ) -> NativeResult<()> {
         let wait = Duration::try_from_secs_f64(wait).map_err(|e| {
             InvalidInput::new_err(format!("invalid input: wait of {wait} seconds: {e}"))
         })?;
@@ -697,12 +704,14 @@ impl Root {
         // A deadline, not a timer thread: a thread per delete outlived the call by `wait`
         // seconds, so a host deleting often kept hundreds of them.
         let token = CancelToken::after(patience);
-        let deleted = interruptible(py, &token, || match service.root().delete(&id, &token) {
-            Err(Error::Cancelled) => Ok(Some((
-                service.root().writer_owner(&id).ok().flatten(),
-                patience,
-            ))),
-            other => other.map(|()| None),
+        let deleted = interruptible(py, &token, stop, || {
+            match service.root().delete(&id, &token) {
+                Err(Error::Cancelled) => Ok(Some((
+                    service.root().writer_owner(&id).ok().flatten(),
+                    patience,
+                ))),
+                other => other.map(|()| None),
+            }
         })?;
         // The caller cancelled nothing: say what the delete waited for ("operation
         // cancelled" before).
@@ -724,10 +733,13 @@ impl Root {
 /// this thread looks for a signal's exception every [`SIGNAL_POLL`] (Python runs signal
 /// handlers only in the main thread, between bytecodes: with the GIL released in one long
 /// native wait, Ctrl-C did nothing until the wait ended). On one, `token` is cancelled, `f`
-/// is waited for and the exception is returned instead of `f`'s result.
+/// is waited for and the exception is returned instead of `f`'s result. `stop`, when given,
+/// is an object with `is_set()` (a `threading.Event`) looked at as often: once it is set,
+/// `token` is cancelled and `f`'s result (its `Cancelled`, as a rule) returned.
 fn interruptible<T: Send>(
     py: Python<'_>,
     token: &CancelToken,
+    stop: Option<&Bound<'_, PyAny>>,
     f: impl FnOnce() -> session_store::Result<T> + Send,
 ) -> NativeResult<T> {
     use std::sync::mpsc::{RecvTimeoutError, sync_channel};
@@ -754,6 +766,11 @@ fn interruptible<T: Send>(
                 token.cancel();
                 let _ = py.detach(move || outcome.recv());
                 return Err(signal);
+            }
+            if let Some(stop) = stop
+                && stop.call_method0("is_set")?.is_truthy()?
+            {
+                token.cancel();
             }
         }
     })

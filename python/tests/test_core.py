@@ -475,6 +475,43 @@ def test_ctrl_c_ends_a_delete_waiting_for_the_writer(tmp_path):
     assert lines[1] == "kept: ['held']"
 
 
+_ADELETE_CANCELLED = r"""
+import asyncio, os, signal, sys, threading, time
+import session_store
+
+root = session_store.Root(sys.argv[1])
+writer = root.create("held")
+
+async def timed_out():
+    try:
+        await asyncio.wait_for(root.adelete("held", wait=30), 0.3)
+    except TimeoutError:
+        pass
+    writer.close()  # a delete still waiting would take the lock now and delete it
+    await asyncio.sleep(1)
+    print("after a timeout:", [s["session_ref"]["session_id"] for s in root.list()["sessions"]])
+
+asyncio.run(timed_out())
+writer = root.open("held")
+threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+started = time.monotonic()
+try:
+    asyncio.run(root.adelete("held", wait=30))
+except KeyboardInterrupt:
+    print(f"interrupted after {time.monotonic() - started:.1f} s")
+"""
+
+
+def test_cancelling_adelete_ends_its_wait_for_the_writer(tmp_path):
+    # The worker thread's delete went on waiting for `wait` seconds: Ctrl-C in asyncio.run
+    # took that long (its executor's shutdown joined the worker), and a delete whose task
+    # timed out still deleted the session once its writer let go.
+    lines = run_script(_ADELETE_CANCELLED, tmp_path / "root", timeout=90).stdout.splitlines()
+    assert lines[0] == "after a timeout: ['held']"
+    assert lines[1].startswith("interrupted after "), lines
+    assert float(lines[1].split()[2]) < 5, lines
+
+
 def test_reader_messages_are_what_json_loads_gives(root):
     # Values where a JSON reader other than Python's could differ: big and negative
     # integers, -0.0, floats at the edges, escapes, non-ASCII, nesting, a 64 KiB+ message.
