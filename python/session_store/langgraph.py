@@ -647,6 +647,9 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
     async def __aexit__(self, *exc: object) -> None:
         await _to_thread(self.close)
 
+    def __repr__(self) -> str:
+        return f"<SessionStoreSaver in {self.root.path!r}>"
+
     # Async variants: the same calls in a worker thread.
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
