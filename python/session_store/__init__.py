@@ -454,8 +454,9 @@ class Root:
         self, session_id: str, cursor: str | None = None, limit: int = 100
     ) -> dict[str, Any]:
         """One page of the durable transcript, newest page first and ascending inside it:
-        ``{"messages": [{"message_id", "position", "role", "inline", "content_ref"}],
-        "has_more", "next_cursor", "snapshot_sequence"}`` (limit <= 500). A message over
+        ``{"messages": [{"message_id", "position", "event_sequence", "role", "inline",
+        "content_ref"}], "has_more", "next_cursor", "snapshot_sequence"}`` (limit <= 500;
+        ``event_sequence`` is the sequence of the event that wrote the message). A message over
         64 KiB has ``inline`` None and a ``content_ref``: read it with :meth:`read_content`.
         """
         return json.loads(self._native.history(session_id, cursor, limit))
