@@ -3,8 +3,8 @@
 //!
 //! A virtual environment under `target/python-venv` is created on first use with
 //! `python3 -m venv` and gets maturin, pytest, openai-agents, LangGraph, its SQLite
-//! checkpointer and its checkpointer conformance suite (`langgraph-checkpoint-conformance`)
-//! from PyPI; the package is built and installed with `pip install ./python` (maturin as the
+//! checkpointer, its checkpointer conformance suite (`langgraph-checkpoint-conformance`) and
+//! mypy from PyPI; the package is built and installed with `pip install ./python` (maturin as the
 //! PEP 517 backend, no build isolation, the wheel's Rust build in this target folder), and
 //! re-installed only when a source it is built from changed (`python/`, `src/`, `Cargo.toml`,
 //! `Cargo.lock`: a SHA-256 of them is kept in the venv). A current venv needs no network.
@@ -28,6 +28,7 @@ const REQUIREMENTS: &[&str] = &[
     "langgraph-checkpoint>=4",
     "langgraph-checkpoint-sqlite>=3",
     "langgraph-checkpoint-conformance>=0.0.2",
+    "mypy>=1.10",
 ];
 
 /// What the line of `python/tests/test_langgraph_conformance.py` reporting the LangGraph

@@ -37,9 +37,10 @@ import builtins
 import functools
 import json
 import os
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from . import _native
 from ._native import (
@@ -109,6 +110,7 @@ os.register_at_fork(after_in_child=_native.close_inherited_locks)
 __version__: str = _native.__version__
 
 _T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 PathLike = str | bytes | os.PathLike[str] | os.PathLike[bytes]
 
@@ -145,15 +147,17 @@ def _epoch_ms(when: datetime | None) -> int | None:
     return (when - _EPOCH) // timedelta(milliseconds=1)
 
 
-def _native_args(fn: Callable[..., _T]) -> Callable[..., _T]:
+def _native_args(fn: Callable[_P, _T]) -> Callable[_P, _T]:
     """``fn`` raising :class:`InvalidInput` where PyO3 refuses to convert an argument, so
     nothing was done: :class:`UnicodeEncodeError` for a str argument (an id, a cursor, a
     path, a batch) holding a lone surrogate (``json.loads('"\\ud800"')`` gives one; it has
     no UTF-8 form), :class:`OverflowError` for an int out of the native type's range (a
-    negative ``limit`` or ``after``, one beyond 64 bits), as a limit over the maximum is."""
+    negative ``limit`` or ``after``, one beyond 64 bits), as a limit over the maximum is.
+    Typed with ``fn``'s own parameters, so type checkers check the calls of the wrapped
+    methods (``Callable[..., _T]`` accepted any arguments)."""
 
     @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> _T:
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _T:
         try:
             return fn(*args, **kwargs)
         except UnicodeEncodeError as e:
@@ -172,6 +176,31 @@ def _fspath(path: PathLike) -> str:
     if "\0" in text:
         raise InvalidInput(f"invalid input: path {text!r} contains a NUL character")
     return text
+
+
+def _no_such_file(path: PathLike, error: NotFound) -> NotFound:
+    """``error``, raised by a native call given ``path`` (a file or folder), or when there
+    is nothing at ``path`` one that says so of the path: the native message called it a
+    session (``session /x not found``)."""
+    if os.path.lexists(path):
+        return error  # a session it names (an ancestor, say) is what is missing
+    return NotFound(f"{os.fsdecode(path)}: no such file or folder")
+
+
+def _missing_sdk(
+    error: ModuleNotFoundError, modules: tuple[str, ...], what: str, extra: str, sdk: str
+) -> ModuleNotFoundError | None:
+    """When ``error`` is a module of ``modules`` (an adapter's SDK) not found: the error to
+    raise instead, naming ``what`` needs it and the package extra installing it (a bare
+    ``No module named 'langchain_core'`` named neither). None for another missing module."""
+    if error.name is None or error.name.split(".")[0] not in modules:
+        return None
+    return ModuleNotFoundError(
+        f"{what} needs {sdk}, which is not installed ({error}): "
+        f"pip install 'session-store[{extra}]'",
+        name=error.name,
+        path=error.path,
+    )
 
 
 async def _to_thread(fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
@@ -425,8 +454,9 @@ class Root:
         self, session_id: str, cursor: str | None = None, limit: int = 100
     ) -> dict[str, Any]:
         """One page of the durable transcript, newest page first and ascending inside it:
-        ``{"messages": [{"message_id", "position", "role", "inline", "content_ref"}],
-        "has_more", "next_cursor", "snapshot_sequence"}`` (limit <= 500). A message over
+        ``{"messages": [{"message_id", "position", "event_sequence", "role", "inline",
+        "content_ref"}], "has_more", "next_cursor", "snapshot_sequence"}`` (limit <= 500;
+        ``event_sequence`` is the sequence of the event that wrote the message). A message over
         64 KiB has ``inline`` None and a ``content_ref``: read it with :meth:`read_content`.
         """
         return json.loads(self._native.history(session_id, cursor, limit))
@@ -520,8 +550,12 @@ class Root:
         self, path: PathLike, *, session_id: str | None = None, cwd: str | None = None
     ) -> str:
         """Validates an exported file and publishes it (under ``session_id`` if given);
-        returns the id. A damaged file raises :class:`Corrupt` and publishes nothing."""
-        return self._native.import_file(_fspath(path), session_id, cwd)
+        returns the id. A damaged file raises :class:`Corrupt` and publishes nothing; a path
+        with nothing there :class:`NotFound` naming it."""
+        try:
+            return self._native.import_file(_fspath(path), session_id, cwd)
+        except NotFound as e:
+            raise _no_such_file(path, e) from None
 
     @_native_args
     def rename(self, session_id: str, title: str) -> None:
@@ -536,8 +570,15 @@ class Root:
     def delete(self, session_id: str, *, wait: float = 10.0) -> None:
         """Deletes a session; forks of it keep their history. Waits at most ``wait`` seconds
         for its writer, then raises :class:`Cancelled` naming the holder (nothing deleted); a
-        session no writer holds is deleted whatever ``wait`` is, 0 included."""
+        session no writer holds is deleted whatever ``wait`` is, 0 included. A signal's
+        exception (Ctrl-C's :class:`KeyboardInterrupt`) ends the wait at once, nothing
+        deleted."""
         self._native.delete(session_id, wait)
+
+    @_native_args
+    def _delete(self, session_id: str, wait: float, stop: threading.Event) -> None:
+        """:meth:`delete` whose wait for the writer also ends once ``stop`` is set."""
+        self._native.delete(session_id, wait, stop)
 
     @_native_args
     def verify(self, session_id: str) -> dict[str, Any]:
@@ -618,8 +659,13 @@ class Root:
         await _to_thread(self.rename, session_id, title)
 
     async def adelete(self, session_id: str, *, wait: float = 10.0) -> None:
-        """:meth:`delete` in a worker thread."""
-        await _to_thread(self.delete, session_id, wait=wait)
+        """:meth:`delete` in a worker thread. Cancelling the task (a timeout, Ctrl-C in
+        :func:`asyncio.run`) also ends the delete's wait for the writer, nothing deleted."""
+        stop = threading.Event()
+        try:
+            await _to_thread(self._delete, session_id, wait, stop)
+        finally:
+            stop.set()
 
     async def averify(self, session_id: str) -> dict[str, Any]:
         """:meth:`verify` in a worker thread."""
@@ -634,7 +680,10 @@ def verify(path: PathLike) -> dict[str, Any]:
     """Checks a session file, folder or export (integrity check, sequences, hashes, blob
     digests, a full replay): ``{"session_id", "commits", "events"}`` when sound, else
     raises :class:`Corrupt` (or :class:`NotFound`, :class:`UnsupportedVersion`)."""
-    return json.loads(_native.verify(_fspath(path)))
+    try:
+        return json.loads(_native.verify(_fspath(path)))
+    except NotFound as e:
+        raise _no_such_file(path, e) from None
 
 
 async def averify(path: PathLike) -> dict[str, Any]:

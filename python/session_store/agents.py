@@ -50,6 +50,7 @@ from . import (
     Root,
     Session,
     SessionStoreError,
+    _missing_sdk,
     _to_thread,
     encode_json,
 )
@@ -195,8 +196,16 @@ class SessionStoreSession:
         self.session_id = session_id
         self.root = root if isinstance(root, Root) else Root(root)
         if session_settings is not None:
-            from agents.memory.session_settings import coerce_session_settings
-
+            try:
+                from agents.memory.session_settings import coerce_session_settings
+            except ModuleNotFoundError as e:
+                missing = _missing_sdk(
+                    e, ("agents",), "SessionStoreSession(session_settings=...)", "agents",
+                    "openai-agents",
+                )
+                if missing is None:
+                    raise
+                raise missing from e
             self.session_settings = coerce_session_settings(session_settings)
         self._reader = self.root.reader(session_id)  # its connections stay open
         self._shared = _acquire_writer(self.root, session_id)

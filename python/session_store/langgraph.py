@@ -56,21 +56,38 @@ import weakref
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
-from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import (
-    WRITES_IDX_MAP,
-    BaseCheckpointSaver,
-    ChannelVersions,
-    Checkpoint,
-    CheckpointMetadata,
-    CheckpointTuple,
-    SerializerProtocol,
-    get_checkpoint_id,
-    get_checkpoint_metadata,
-    writes_sort_key,
+from . import (
+    NotFound,
+    PathLike,
+    Root,
+    SessionStoreError,
+    _missing_sdk,
+    _native,
+    _to_thread,
+    encode_json,
 )
 
-from . import NotFound, PathLike, Root, SessionStoreError, _native, _to_thread, encode_json
+try:
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.checkpoint.base import (
+        WRITES_IDX_MAP,
+        BaseCheckpointSaver,
+        ChannelVersions,
+        Checkpoint,
+        CheckpointMetadata,
+        CheckpointTuple,
+        SerializerProtocol,
+        get_checkpoint_id,
+        get_checkpoint_metadata,
+        writes_sort_key,
+    )
+except ModuleNotFoundError as e:
+    missing = _missing_sdk(
+        e, ("langchain_core", "langgraph"), __name__, "langgraph", "langgraph-checkpoint"
+    )
+    if missing is None:
+        raise
+    raise missing from e
 from .agents import _acquire_writer, _release_writer, _SharedWriter
 
 __all__ = ["SessionStoreSaver", "session_id_of", "thread_id_of"]
@@ -629,6 +646,9 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
 
     async def __aexit__(self, *exc: object) -> None:
         await _to_thread(self.close)
+
+    def __repr__(self) -> str:
+        return f"<SessionStoreSaver in {self.root.path!r}>"
 
     # Async variants: the same calls in a worker thread.
 

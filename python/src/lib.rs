@@ -676,25 +676,36 @@ impl Root {
     }
 
     /// Deletes a session, waiting at most `wait` seconds for its writer (`Cancelled` then).
-    #[pyo3(signature = (session_id, wait=10.0))]
-    fn delete(&self, py: Python<'_>, session_id: &str, wait: f64) -> NativeResult<()> {
+    /// A signal's exception (Ctrl-C's `KeyboardInterrupt`) ends the wait at once: the
+    /// delete is cancelled (nothing deleted unless it was already under way) and the
+    /// exception raised. So does `stop` (a `threading.Event`) once it is set, raising
+    /// `Cancelled` (`adelete` sets it when its task is cancelled).
+    #[pyo3(signature = (session_id, wait=10.0, stop=None))]
+    fn delete(
+        &self,
+        py: Python<'_>,
+        session_id: &str,
+        wait: f64,
+        stop: Option<&Bound<'_, PyAny>>,
+    ) -> NativeResult<()> {
         let wait = Duration::try_from_secs_f64(wait).map_err(|e| {
             InvalidInput::new_err(format!("invalid input: wait of {wait} seconds: {e}"))
         })?;
-        let deleted = detached(py, || {
-            let id = self::session_id(session_id)?;
-            let service = self.service()?;
-            // The deadline is checked before each try of the lock: with a wait of 0 (or
-            // shorter than the delete takes to start) even a free session was never deleted.
-            // A lock found free gets the CLI's grace (it may be taken in between); a held
-            // one gets `wait`.
-            let patience = match service.root().writer_owner(&id)? {
-                None => wait.max(DELETE_GRACE),
-                Some(_) => wait,
-            };
-            // A deadline, not a timer thread: a thread per delete outlived the call by
-            // `wait` seconds, so a host deleting often kept hundreds of them.
-            match service.root().delete(&id, &CancelToken::after(patience)) {
+        let id = self::session_id(session_id).map_err(|e| to_py(py, e))?;
+        let service = detached(py, || self.service())?;
+        // The deadline is checked before each try of the lock: with a wait of 0 (or
+        // shorter than the delete takes to start) even a free session was never deleted.
+        // A lock found free gets the CLI's grace (it may be taken in between); a held one
+        // gets `wait`.
+        let patience = match detached(py, || service.root().writer_owner(&id))? {
+            None => wait.max(DELETE_GRACE),
+            Some(_) => wait,
+        };
+        // A deadline, not a timer thread: a thread per delete outlived the call by `wait`
+        // seconds, so a host deleting often kept hundreds of them.
+        let token = CancelToken::after(patience);
+        let deleted = interruptible(py, &token, stop, || {
+            match service.root().delete(&id, &token) {
                 Err(Error::Cancelled) => Ok(Some((
                     service.root().writer_owner(&id).ok().flatten(),
                     patience,
@@ -717,6 +728,56 @@ impl Root {
         }
     }
 }
+
+/// Runs `f`, a call that waits on `token`, on a scoped thread with the GIL released, while
+/// this thread looks for a signal's exception every [`SIGNAL_POLL`] (Python runs signal
+/// handlers only in the main thread, between bytecodes: with the GIL released in one long
+/// native wait, Ctrl-C did nothing until the wait ended). On one, `token` is cancelled, `f`
+/// is waited for and the exception is returned instead of `f`'s result. `stop`, when given,
+/// is an object with `is_set()` (a `threading.Event`) looked at as often: once it is set,
+/// `token` is cancelled and `f`'s result (its `Cancelled`, as a rule) returned.
+fn interruptible<T: Send>(
+    py: Python<'_>,
+    token: &CancelToken,
+    stop: Option<&Bound<'_, PyAny>>,
+    f: impl FnOnce() -> session_store::Result<T> + Send,
+) -> NativeResult<T> {
+    use std::sync::mpsc::{RecvTimeoutError, sync_channel};
+    std::thread::scope(|scope| {
+        let (done, mut outcome) = sync_channel(1);
+        scope.spawn(move || done.send(f()));
+        loop {
+            // The receiver goes into the GIL-free closure and back (a reference to it is
+            // not `Send`).
+            let (back, got) = py.detach(move || {
+                let got = outcome.recv_timeout(SIGNAL_POLL);
+                (outcome, got)
+            });
+            outcome = back;
+            match got {
+                Ok(result) => return result.map_err(|e| to_py(py, e)),
+                Err(RecvTimeoutError::Timeout) => {}
+                // `f` panicked: the scope raises its panic as it ends.
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(InternalError::new_err("the call's thread panicked"));
+                }
+            }
+            if let Err(signal) = py.check_signals() {
+                token.cancel();
+                let _ = py.detach(move || outcome.recv());
+                return Err(signal);
+            }
+            if let Some(stop) = stop
+                && stop.call_method0("is_set")?.is_truthy()?
+            {
+                token.cancel();
+            }
+        }
+    })
+}
+
+/// How often [`interruptible`] looks for a signal.
+const SIGNAL_POLL: Duration = Duration::from_millis(50);
 
 /// How long `Root.delete` waits for a writer lock it found free (as the CLI's `delete`).
 const DELETE_GRACE: Duration = Duration::from_millis(500);

@@ -10,6 +10,7 @@ import json
 import multiprocessing
 import os
 import pickle
+import subprocess
 import sys
 import threading
 import time
@@ -132,6 +133,20 @@ def test_export_import_verify_delete(root, tmp_path):
         root.history("src")
     with pytest.raises(NotFound):
         root.delete("src")
+
+
+def test_a_missing_file_is_named_as_a_file_not_a_session(root, tmp_path):
+    # verify() and import_file() of a path with nothing there said "session /x not found".
+    missing = tmp_path / "gone.export"
+    for call in (
+        lambda: session_store.verify(missing),
+        lambda: asyncio.run(session_store.averify(os.fsencode(missing))),
+        lambda: root.import_file(str(missing)),
+    ):
+        with pytest.raises(NotFound) as e:
+            call()
+        assert str(e.value) == f"{missing}: no such file or folder"
+    assert root.list()["sessions"] == []
 
 
 def test_damaged_export_is_corrupt_and_imports_nothing(root, tmp_path):
@@ -433,6 +448,70 @@ def test_deletes_leave_no_thread_behind(root):
     assert _threads() <= before + 2, (before, _threads())
     assert root.list()["sessions"] == []
 
+_DELETE_INTERRUPTED = r"""
+import os, signal, sys, threading, time
+import session_store
+
+root = session_store.Root(sys.argv[1])
+writer = root.create("held")  # this process's writer: the delete waits for it
+threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+started = time.monotonic()
+try:
+    root.delete("held", wait=30)
+except KeyboardInterrupt:
+    print(f"interrupted after {time.monotonic() - started:.1f} s")
+writer.close()
+print("kept:", [s["session_ref"]["session_id"] for s in root.list()["sessions"]])
+"""
+
+
+def test_ctrl_c_ends_a_delete_waiting_for_the_writer(tmp_path):
+    # With the GIL released for the whole wait, Python ran no signal handler: Ctrl-C did
+    # nothing for the delete's `wait` (10 s by default), then came after its Cancelled.
+    done = run_script(_DELETE_INTERRUPTED, tmp_path / "root", timeout=60)
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("interrupted after "), done.stdout
+    assert float(lines[0].split()[2]) < 5, done.stdout
+    assert lines[1] == "kept: ['held']"
+
+
+_ADELETE_CANCELLED = r"""
+import asyncio, os, signal, sys, threading, time
+import session_store
+
+root = session_store.Root(sys.argv[1])
+writer = root.create("held")
+
+async def timed_out():
+    try:
+        await asyncio.wait_for(root.adelete("held", wait=30), 0.3)
+    except TimeoutError:
+        pass
+    writer.close()  # a delete still waiting would take the lock now and delete it
+    await asyncio.sleep(1)
+    print("after a timeout:", [s["session_ref"]["session_id"] for s in root.list()["sessions"]])
+
+asyncio.run(timed_out())
+writer = root.open("held")
+threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+started = time.monotonic()
+try:
+    asyncio.run(root.adelete("held", wait=30))
+except KeyboardInterrupt:
+    print(f"interrupted after {time.monotonic() - started:.1f} s")
+"""
+
+
+def test_cancelling_adelete_ends_its_wait_for_the_writer(tmp_path):
+    # The worker thread's delete went on waiting for `wait` seconds: Ctrl-C in asyncio.run
+    # took that long (its executor's shutdown joined the worker), and a delete whose task
+    # timed out still deleted the session once its writer let go.
+    lines = run_script(_ADELETE_CANCELLED, tmp_path / "root", timeout=90).stdout.splitlines()
+    assert lines[0] == "after a timeout: ['held']"
+    assert lines[1].startswith("interrupted after "), lines
+    assert float(lines[1].split()[2]) < 5, lines
+
+
 def test_reader_messages_are_what_json_loads_gives(root):
     # Values where a JSON reader other than Python's could differ: big and negative
     # integers, -0.0, floats at the edges, escapes, non-ASCII, nesting, a 64 KiB+ message.
@@ -691,6 +770,61 @@ def test_the_version_is_the_installed_distributions():
     assert all(part.isdigit() for part in session_store.__version__.split("."))
 
 
+def test_the_wheel_metadata_says_what_pypi_and_installers_read():
+    # The wheel claimed no Python version (only "Programming Language :: Rust" and
+    # CPython), not that it ships type information (py.typed: "Typing :: Typed"), nor that
+    # it runs on Linux only (it reads /proc).
+    import re
+    from importlib import metadata
+    from pathlib import Path
+
+    meta = metadata.metadata("session-store")
+    classifiers = set(meta.get_all("Classifier") or [])
+    assert meta["Requires-Python"] == ">=3.10"
+    versions = {c.rsplit(" ", 1)[1] for c in classifiers if re.fullmatch(r".*:: 3\.\d+", c)}
+    assert {"3.10", "3.11", "3.12", "3.13"} <= versions, classifiers
+    assert f"{sys.version_info.major}.{sys.version_info.minor}" in versions
+    assert {
+        "Programming Language :: Python :: 3 :: Only",
+        "Programming Language :: Python :: Implementation :: CPython",
+        "Operating System :: POSIX :: Linux",
+        "Typing :: Typed",
+    } <= classifiers, classifiers
+    assert {"agents", "langgraph"} <= set(meta.get_all("Provides-Extra") or [])
+    assert meta["Description-Content-Type"].startswith("text/markdown")
+    assert "pip install './python[langgraph]'" in (meta.get_payload() or meta["Description"])
+    # The version is the crate's (pyproject.toml repeats it by hand).
+    crate = (Path(__file__).parents[2] / "Cargo.toml").read_text()
+    assert re.search(r'(?m)^version = "([^"]+)"', crate)[1] == meta["Version"]
+    assert any(str(f).endswith("session_store/py.typed") for f in metadata.files("session-store"))
+
+
+def test_a_wheel_built_from_the_sdist_gets_the_python_readme(tmp_path):
+    # The sdist holds the root crate's files at its top, its README.md too, where the
+    # pyproject's `readme = "README.md"` is read from when pip builds a wheel from the
+    # sdist: that wheel's PyPI page was the crate's 650-line README, not this package's.
+    import re
+    import tarfile
+    from pathlib import Path
+
+    python_dir = Path(__file__).parents[1]
+    subprocess.run(
+        [Path(sys.executable).parent / "maturin", "sdist", "--out", tmp_path],
+        cwd=python_dir,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (sdist,) = tmp_path.glob("*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        top = tar.getnames()[0].split("/")[0]
+        pyproject = tar.extractfile(f"{top}/pyproject.toml").read().decode()
+        path = re.search(r'(?m)^readme = "([^"]+)"', pyproject)[1]
+        readme = tar.extractfile(f"{top}/{path}").read().decode()
+    assert readme == (python_dir / path).read_text()
+    assert readme.startswith("# session-store for Python")
+
+
 def test_annotations_resolve_in_their_class_scope():
     # Type checkers read a method's annotations in its class's scope, where Root.list (a
     # method) hides the builtin: `-> list[dict]` made `for m in root.transcript(i)` "not
@@ -713,6 +847,92 @@ def test_annotations_resolve_in_their_class_scope():
     assert typing.get_type_hints(
         session_store.Root.transcript, localns=dict(vars(session_store.Root))
     )["return"] == list[dict[str, typing.Any]]
+
+
+_TYPED_CALLS = """
+from datetime import datetime, timezone
+import session_store
+
+root = session_store.Root("r", durability="normal", write_behind_ms=10)
+with root.create("a", cwd="/w") as s:
+    s.append([{"kind": "turn/start"}], operation_id="o", turn_id="t")
+    s.flush()
+page: dict[str, object] = root.history("a", cursor=None, limit=5)
+hits = root.search("hi", limit=3, since=datetime.now(timezone.utc), role="user")
+for m in root.transcript("a"):
+    m.get("id")
+root.fork("a", after_turn="t", child="b")
+root.delete("b", wait=1.0)
+session_store.verify("r/a")
+root.history(123)  # error: str expected
+root.create(session_id=5)  # error: str | None expected
+root.delete("a", wait="1")  # error: float expected
+root.fork("a", after="t")  # error: no such keyword
+session_store.verify(7)  # error: a path expected
+"""
+
+
+def test_type_checkers_check_the_arguments_of_every_call(tmp_path):
+    # `_native_args` was typed `Callable[..., T] -> Callable[..., T]`: every method it wraps
+    # (create, open, history, search, fork, delete, verify, ...) took any arguments for
+    # mypy and pyright, so `root.history(123)` passed `mypy --strict`.
+    script = tmp_path / "calls.py"
+    script.write_text(_TYPED_CALLS)
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--cache-dir", os.devnull, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    flagged = {
+        int(line.split(":")[1]) for line in done.stdout.splitlines() if ": error:" in line
+    }
+    expected = {
+        i for i, line in enumerate(_TYPED_CALLS.splitlines(), 1) if "# error:" in line
+    }
+    assert flagged == expected, done.stdout + done.stderr
+
+
+_WITHOUT_SDKS = r"""
+import asyncio, sys
+
+class NotInstalled:  # finds none of the adapters' SDKs, as when they are not installed
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("agents", "langchain_core", "langgraph"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, NotInstalled())
+import session_store
+from session_store.agents import SessionStoreSession
+
+adapter = SessionStoreSession("s", session_store.Root(sys.argv[1]))
+asyncio.run(adapter.add_items([{"role": "user", "content": "hi"}]))
+print(asyncio.run(adapter.get_items()))
+for attempt in (
+    lambda: __import__("session_store.langgraph"),
+    lambda: SessionStoreSession("s", adapter.root, session_settings={"limit": 1}),
+):
+    try:
+        attempt()
+    except ModuleNotFoundError as e:
+        print(type(e).__name__, e.name, str(e))
+"""
+
+
+def test_the_package_works_without_the_adapters_sdks_and_says_which_extra_they_need(tmp_path):
+    # The core and the openai-agents adapter need neither SDK; an adapter that needs its SDK
+    # said "No module named 'langchain_core'", naming neither the adapter nor the extra.
+    lines = run_script(_WITHOUT_SDKS, tmp_path / "root").stdout.splitlines()
+    assert lines[0] == "[{'role': 'user', 'content': 'hi'}]"
+    assert lines[1].startswith(
+        "ModuleNotFoundError langchain_core session_store.langgraph needs langgraph-checkpoint"
+    ), lines
+    assert lines[1].endswith("pip install 'session-store[langgraph]'"), lines
+    assert lines[2].startswith(
+        "ModuleNotFoundError agents SessionStoreSession(session_settings=...) needs openai-agents"
+    ), lines
+    assert lines[2].endswith("pip install 'session-store[agents]'"), lines
 
 
 def test_paths_may_be_bytes_and_not_utf8(tmp_path):

@@ -17,6 +17,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 
 import session_store
+from session_store.agents import SessionStoreSession
 from session_store.langgraph import SessionStoreSaver, session_id_of, thread_id_of
 
 from conftest import FORK_HANDSHAKE, run_script
@@ -56,6 +57,17 @@ def config(thread: str, **extra) -> dict:
 def saver(root):
     with SessionStoreSaver(root) as saver:
         yield saver
+
+
+def test_the_adapters_reprs_name_their_root(root, saver) -> None:
+    # The saver's was object.__repr__'s "<...SessionStoreSaver object at 0x7f...>", while
+    # every other object of the package names what it is of.
+    assert repr(saver) == f"<SessionStoreSaver in {root.path!r}>"
+    assert repr(SessionStoreSession("s", root)) == f"<SessionStoreSession 's' in {root.path!r}>"
+    assert repr(root) == f"<session_store.Root {root.path!r}>"
+    with root.create("w") as session:
+        assert repr(session) == "<session_store.Session 'w'>"
+    assert repr(root.reader("w")) == "<session_store.SessionReader 'w'>"
 
 
 def test_a_conversation_is_stored_and_read_back_after_a_restart(root, saver) -> None:
