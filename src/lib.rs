@@ -16,11 +16,16 @@
 //! its fold) and [`format`](mod@format) the on-disk constants (file names, identity pragmas, size
 //! limits). Records the library returns are `#[non_exhaustive]`: they may gain fields in a
 //! minor release, so build inputs with their constructors (`Batch::new`, `Event::new`,
-//! `CreateOptions::with_id`, ...) rather than struct literals.
+//! `CreateOptions::with_id`, ...) rather than struct literals. So are the enums that may
+//! gain variants ([`Error`], [`RuntimePhase`], [`PersistenceStatus`], [`ForkPoint`],
+//! [`ListSort`], [`Origin`], [`Durability`], [`CheckpointPolicy`]): a `match` on one needs
+//! a `_` arm.
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+#[cfg(doctest)]
+mod api_contract;
 #[cfg(feature = "cli")]
 pub mod baseline;
 mod cancel;

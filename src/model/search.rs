@@ -421,6 +421,7 @@ fn strings(value: &Value, out: &mut String) {
 
 /// A short extract of a hit's text with the words that matched.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct Snippet {
     /// The extract on one line (white space collapsed); `…` where text was cut.
     pub text: String,

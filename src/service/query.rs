@@ -110,6 +110,7 @@ pub struct SessionPage {
 
 /// One hit of [`SessionQuery::search`].
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct SearchHit {
     /// The session whose file holds the message: a fork's own messages are found under
     /// the fork, inherited ones under the session that wrote them.
@@ -135,6 +136,7 @@ pub struct SearchHit {
 
 /// A page of [`SessionQuery::search`].
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct SearchPage {
     /// Hits, best first.
     pub hits: Vec<SearchHit>,
