@@ -21,6 +21,7 @@
 //! [`ListSort`], [`Origin`], [`Durability`], [`CheckpointPolicy`]): a `match` on one needs
 //! a `_` arm.
 #![deny(missing_docs)]
+#![deny(unreachable_pub)]
 #![deny(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 

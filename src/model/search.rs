@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::model::Message;
 
 /// Longest query accepted, in bytes.
-pub const MAX_QUERY_BYTES: usize = 1024;
+pub(crate) const MAX_QUERY_BYTES: usize = 1024;
 /// Most terms a query may have.
 const MAX_TERMS: usize = 64;
 /// Deepest nesting of parentheses.
