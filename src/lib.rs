@@ -3,9 +3,9 @@
 //! ## Cargo features
 //!
 //! - `cli` (default): the `session-store` command-line binary and its dependencies
-//!   (`clap`, `indicatif`, and for `serve` `axum`, `maud` and tokio's networking and
-//!   signals), and the module `baseline`: the raw-SQLite baselines its
-//!   benchmarks measure the library against. A host that embeds the library turns it off:
+//!   (`clap`, `indicatif`, and for `serve` `axum`, `maud`, `hyper`'s HTTP/1 server and
+//!   tokio's networking and signals), and the module `baseline`: the raw-SQLite baselines
+//!   its benchmarks measure the library against (the `append` bench needs it). A host that embeds the library turns it off:
 //!   `session-store = { version = "0.1", default-features = false }`.
 //!
 //! ## Where things are
