@@ -3,9 +3,9 @@
 //! ## Cargo features
 //!
 //! - `cli` (default): the `session-store` command-line binary and its dependencies
-//!   (`clap`, `indicatif`, and for `serve` `axum`, `maud` and tokio's networking and
-//!   signals), and the module `baseline`: the raw-SQLite baselines its
-//!   benchmarks measure the library against. A host that embeds the library turns it off:
+//!   (`clap`, `indicatif`, and for `serve` `axum`, `maud`, `hyper`'s HTTP/1 server and
+//!   tokio's networking and signals), and the module `baseline`: the raw-SQLite baselines
+//!   its benchmarks measure the library against (the `append` bench needs it). A host that embeds the library turns it off:
 //!   `session-store = { version = "0.1", default-features = false }`.
 //!
 //! ## Where things are
@@ -16,11 +16,17 @@
 //! its fold) and [`format`](mod@format) the on-disk constants (file names, identity pragmas, size
 //! limits). Records the library returns are `#[non_exhaustive]`: they may gain fields in a
 //! minor release, so build inputs with their constructors (`Batch::new`, `Event::new`,
-//! `CreateOptions::with_id`, ...) rather than struct literals.
+//! `CreateOptions::with_id`, ...) rather than struct literals. So are the enums that may
+//! gain variants ([`Error`], [`RuntimePhase`], [`PersistenceStatus`], [`ForkPoint`],
+//! [`ListSort`], [`Origin`], [`Durability`], [`CheckpointPolicy`]): a `match` on one needs
+//! a `_` arm.
 #![deny(missing_docs)]
+#![deny(unreachable_pub)]
 #![deny(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+#[cfg(doctest)]
+mod api_contract;
 #[cfg(feature = "cli")]
 pub mod baseline;
 mod cancel;

@@ -83,3 +83,64 @@ fn docs_build_without_warnings() {
         .args(["doc", "--release", "--no-deps", "--offline"])
         .env("RUSTDOCFLAGS", "-D warnings"));
 }
+
+/// Every integration test and benchmark that runs the `session-store` binary or measures
+/// against `session_store::baseline` (both only with the `cli` feature) declares
+/// `required-features = ["cli"]` in `Cargo.toml`, or keeps those parts behind
+/// `#[cfg(feature = "cli")]`: `cargo test --no-default-features` then builds every target
+/// it runs and no test fails for want of the binary.
+#[test]
+fn targets_that_need_the_cli_feature_require_it() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).expect("read Cargo.toml");
+    // The `[[test]]` and `[[bench]]` tables that require `cli`, as "tests/NAME.rs" paths.
+    let mut requiring = Vec::new();
+    for table in manifest.split("\n[").skip(1) {
+        let folder = match table.lines().next() {
+            Some("[test]]") => "tests",
+            Some("[bench]]") => "benches",
+            _ => continue,
+        };
+        let name = table
+            .lines()
+            .find_map(|l| l.strip_prefix("name = \""))
+            .and_then(|l| l.strip_suffix('"'))
+            .expect("a target table names its target");
+        if table
+            .lines()
+            .any(|l| l.starts_with("required-features") && l.contains("\"cli\""))
+        {
+            requiring.push(format!("{folder}/{name}.rs"));
+        }
+    }
+    let mut missing = Vec::new();
+    for folder in ["tests", "benches"] {
+        for entry in std::fs::read_dir(dir.join(folder)).expect("read the folder") {
+            let path = entry.expect("folder entry").path();
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("read a target");
+            let needs_cli = [
+                "CARGO_BIN_EXE",
+                "spawn_cli(",
+                "serve_support",
+                "session_store::baseline",
+            ]
+            .iter()
+            .any(|used| text.contains(used));
+            let file = format!("{folder}/{}", path.file_name().unwrap().to_string_lossy());
+            if needs_cli
+                && !text.contains("#[cfg(feature = \"cli\")]")
+                && !requiring.contains(&file)
+            {
+                missing.push(file);
+            }
+        }
+    }
+    missing.sort();
+    assert!(
+        missing.is_empty(),
+        "need the `cli` feature but do not require it: {missing:?}"
+    );
+}

@@ -331,7 +331,9 @@ fn soak_full_disk() {
 /// A sound session read on a full disk: SQLite cannot set up the file's `-shm` (ENOSPC,
 /// `SQLITE_IOERR_SHMSIZE`), so `verify ID` cannot read it. It said "… is not sound" (as
 /// for a damaged file) although nothing is wrong with the file; it now says it could not
-/// verify it (exit 1, not 6), and once space is freed it verifies.
+/// verify it (exit 1, not 6), and once space is freed it verifies. Runs the binary: only
+/// with the `cli` feature.
+#[cfg(feature = "cli")]
 #[test]
 fn verify_on_a_full_disk_does_not_call_a_sound_session_unsound() {
     let Some((_base, mount, filler)) = small_disk("2m", 0) else {

@@ -225,17 +225,15 @@ fn json<T: Serialize>(value: &T) -> session_store::Result<String> {
 /// `snippet` with its matches as indices of characters (Python's `str` indices) instead
 /// of bytes. The library's ranges fall on character boundaries; one that would not is
 /// dropped rather than misplaced.
-fn char_indexed(snippet: Snippet) -> Snippet {
+fn char_indexed(mut snippet: Snippet) -> Snippet {
     let chars_before = |byte: usize| snippet.text.get(..byte).map(|s| s.chars().count());
     let matches = snippet
         .matches
         .iter()
         .filter_map(|m| Some(chars_before(m.start)?..chars_before(m.end)?))
         .collect();
-    Snippet {
-        matches,
-        text: snippet.text,
-    }
+    snippet.matches = matches;
+    snippet
 }
 
 /// A session id from a Python string (validated by the library).

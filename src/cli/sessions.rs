@@ -561,9 +561,10 @@ pub fn events(cx: &Context, id: &str, after: u64, limit: usize, inline: bool) ->
 pub fn fork(cx: &Context, id: &str, point: ForkPoint, new_id: Option<&str>) -> CliResult<()> {
     let parent = session_id(id)?;
     let root = cx.open_root()?;
-    let origin = match point {
-        ForkPoint::AfterTurn(_) => "fork",
-        ForkPoint::BeforeTurn(_) => "rewind",
+    let origin = if matches!(point, ForkPoint::BeforeTurn(_)) {
+        "rewind"
+    } else {
+        "fork"
     };
     let child = root.fork(&parent, point, new_id.map(session_id).transpose()?)?;
     if cx.json {

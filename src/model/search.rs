@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::model::Message;
 
 /// Longest query accepted, in bytes.
-pub const MAX_QUERY_BYTES: usize = 1024;
+pub(crate) const MAX_QUERY_BYTES: usize = 1024;
 /// Most terms a query may have.
 const MAX_TERMS: usize = 64;
 /// Deepest nesting of parentheses.
@@ -421,6 +421,7 @@ fn strings(value: &Value, out: &mut String) {
 
 /// A short extract of a hit's text with the words that matched.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct Snippet {
     /// The extract on one line (white space collapsed); `…` where text was cut.
     pub text: String,

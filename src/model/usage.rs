@@ -122,6 +122,7 @@ pub(crate) struct UsageRecord {
 
 /// Token and cost totals of some `usage` events.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct UsageTotals {
     /// How many `usage` events were summed.
     pub events: u64,
@@ -158,6 +159,7 @@ impl UsageTotals {
 /// A session's usage: the totals of every `usage` event its projection folds (for a fork
 /// or rewind, the inherited ones included), overall and per model.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Usage {
     /// Over every model.
     pub total: UsageTotals,

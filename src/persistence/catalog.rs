@@ -133,6 +133,7 @@ const TOTALS_SQL: &str = "SELECT count(*),
 /// The order of a listing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum ListSort {
     /// By session id, ascending.
     #[default]

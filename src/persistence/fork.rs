@@ -16,6 +16,7 @@ use crate::store::write;
 
 /// Where a fork or rewind cuts its parent.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ForkPoint {
     /// Keep everything up to the end of the commit that closed this turn.
     AfterTurn(String),

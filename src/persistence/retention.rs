@@ -59,6 +59,7 @@ impl GcOptions {
 
 /// A session [`Root::gc`] deleted (or, in a dry run, would delete).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct GcDeleted {
     /// The session.
     pub session_id: SessionId,
@@ -70,6 +71,7 @@ pub struct GcDeleted {
 
 /// A session old enough that [`Root::gc`] kept, and why.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct GcKept {
     /// The session.
     pub session_id: SessionId,
@@ -80,6 +82,7 @@ pub struct GcKept {
 
 /// What [`Root::gc`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct GcReport {
     /// Whether this was a dry run (nothing deleted).
     pub dry_run: bool,

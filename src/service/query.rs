@@ -110,6 +110,7 @@ pub struct SessionPage {
 
 /// One hit of [`SessionQuery::search`].
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct SearchHit {
     /// The session whose file holds the message: a fork's own messages are found under
     /// the fork, inherited ones under the session that wrote them.
@@ -135,6 +136,7 @@ pub struct SearchHit {
 
 /// A page of [`SessionQuery::search`].
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct SearchPage {
     /// Hits, best first.
     pub hits: Vec<SearchHit>,
@@ -342,8 +344,9 @@ impl SessionQuery {
     ///
     /// # Errors
     /// [`Error::InvalidInput`] with the reason for a malformed query (an unclosed quote
-    /// or parenthesis, an operator without its terms, a NUL, over 1,024 bytes), a bad
-    /// cursor or a limit over 100; I/O and SQLite errors of the index.
+    /// or parenthesis, an operator without its terms, a NUL, over 1,024 bytes or 64 terms,
+    /// parentheses nested over 16 deep), a bad cursor or a limit over 100; I/O and SQLite
+    /// errors of the index.
     pub async fn search(&self, query: &str, options: SearchOptions) -> Result<SearchPage> {
         let service = self.service.clone();
         let query = query.to_owned();

@@ -14,6 +14,7 @@ use crate::session::live::{Session, SessionSnapshot};
 /// What a runtime is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum RuntimePhase {
     /// Nothing is running.
     Idle,

@@ -1,0 +1,105 @@
+//! The public API as a host crate sees it, checked when rustdoc runs the doctests (this
+//! module is compiled for nothing else): records the library returns and enums that may
+//! grow are `#[non_exhaustive]`, so a host cannot build one with a struct expression or
+//! match one without a `_` arm, and a minor release may add fields and variants (the crate
+//! docs promise it). Each `compile_fail` block below compiles without the attribute.
+//!
+//! The handles a host keeps (in an axum state, across tokio tasks) and the error are
+//! `Send + Sync + 'static` and `Debug`:
+//!
+//! ```
+//! fn host<T: Send + Sync + std::fmt::Debug + 'static>() {}
+//! use session_store::*;
+//! host::<Root>();
+//! host::<Session>();
+//! host::<SessionReader>();
+//! host::<Service>();
+//! host::<Runtime>();
+//! host::<SessionQuery>();
+//! host::<Execution>();
+//! host::<ClientBinding>();
+//! host::<PreparedRuntime>();
+//! host::<CancelToken>();
+//! host::<Error>();
+//! let _: Box<dyn std::error::Error + Send + Sync> = Box::new(Error::Cancelled);
+//! ```
+//!
+//! ```compile_fail,E0639
+//! fn copy(x: session_store::Usage) -> session_store::Usage {
+//!     session_store::Usage { ..x }
+//! }
+//! ```
+//!
+//! ```compile_fail,E0639
+//! fn copy(x: session_store::UsageTotals) -> session_store::UsageTotals {
+//!     session_store::UsageTotals { ..x }
+//! }
+//! ```
+//!
+//! ```compile_fail,E0639
+//! fn copy(x: session_store::Snippet) -> session_store::Snippet {
+//!     session_store::Snippet { ..x }
+//! }
+//! ```
+//!
+//! ```compile_fail,E0639
+//! fn copy(x: session_store::SearchHit) -> session_store::SearchHit {
+//!     session_store::SearchHit { ..x }
+//! }
+//! ```
+//!
+//! ```compile_fail,E0639
+//! fn copy(x: session_store::SearchPage) -> session_store::SearchPage {
+//!     session_store::SearchPage { ..x }
+//! }
+//! ```
+//!
+//! ```compile_fail,E0639
+//! fn copy(x: session_store::GcDeleted) -> session_store::GcDeleted {
+//!     session_store::GcDeleted { ..x }
+//! }
+//! ```
+//!
+//! ```compile_fail,E0639
+//! fn copy(x: session_store::GcKept) -> session_store::GcKept {
+//!     session_store::GcKept { ..x }
+//! }
+//! ```
+//!
+//! ```compile_fail,E0639
+//! fn copy(x: session_store::GcReport) -> session_store::GcReport {
+//!     session_store::GcReport { ..x }
+//! }
+//! ```
+//!
+//! ```compile_fail,E0004
+//! fn name(x: session_store::RuntimePhase) -> u8 {
+//!     match x {
+//!         session_store::RuntimePhase::Idle | session_store::RuntimePhase::Running | session_store::RuntimePhase::Cancelling | session_store::RuntimePhase::RecoveryRequired | session_store::RuntimePhase::Closed => 0,
+//!     }
+//! }
+//! ```
+//!
+//! ```compile_fail,E0004
+//! fn name(x: session_store::PersistenceStatus) -> u8 {
+//!     match x {
+//!         session_store::PersistenceStatus::Ready | session_store::PersistenceStatus::Pending | session_store::PersistenceStatus::Failed | session_store::PersistenceStatus::Uncertain => 0,
+//!     }
+//! }
+//! ```
+//!
+//! ```compile_fail,E0004
+//! fn name(x: session_store::ListSort) -> u8 {
+//!     match x {
+//!         session_store::ListSort::Id | session_store::ListSort::Updated | session_store::ListSort::Created => 0,
+//!     }
+//! }
+//! ```
+//!
+//! ```compile_fail,E0004
+//! fn name(x: session_store::ForkPoint) -> u8 {
+//!     match x {
+//!         session_store::ForkPoint::AfterTurn(_) | session_store::ForkPoint::BeforeTurn(_) => 0,
+//!     }
+//! }
+//! ```
