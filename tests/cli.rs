@@ -1193,3 +1193,59 @@ fn a_relative_cwd_is_taken_as_the_absolute_folder_it_names() {
     assert_eq!(hits("api"), 1);
     assert_eq!(hits("."), 0);
 }
+
+/// Ctrl-C (SIGINT) or SIGTERM during `export` stops it with 130 / 143 and removes its
+/// temporary file: it used to die at once, leaving `.sse-….tmp` and its `-wal` (tens of
+/// MB) beside the destination for good. The session still exports afterwards.
+#[test]
+fn export_stopped_by_a_signal_leaves_nothing_beside_its_destination() {
+    let env = Env::new();
+    let root = session_store::Root::open(env.root()).expect("root");
+    let s = common::create(&root, "big");
+    for n in 0..2_000 {
+        let events = (0..64)
+            .map(|i| common::message(&format!("m{n}-{i}"), "user", &"x".repeat(200)))
+            .collect();
+        s.append(session_store::Batch::new(format!("op{n}"), events))
+            .expect("append");
+    }
+    s.close().expect("close");
+    drop(root);
+    let out_dir = env.path("exports");
+    std::fs::create_dir(&out_dir).expect("mkdir");
+    let dest = out_dir.join("big.export");
+    let dest_arg = dest.to_str().expect("utf-8");
+    for (signal, status) in [("INT", 130), ("TERM", 143)] {
+        let child = env
+            .command(&["export", "big", dest_arg])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn export");
+        // Signalled once its temporary file is there: the copy is under way.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::fs::read_dir(&out_dir).expect("ls").next().is_none() {
+            assert!(Instant::now() < deadline, "export made no file");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let sent = Command::new("kill")
+            .args([&format!("-{signal}"), &child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -{signal}");
+        let out = child.wait_with_output().expect("wait");
+        assert_eq!(out.status.code(), Some(status), "SIG{signal}: {out:?}");
+        assert!(
+            stderr(&out).contains(&format!("interrupted by SIG{signal}")),
+            "{}",
+            stderr(&out)
+        );
+        let left: Vec<_> = std::fs::read_dir(&out_dir)
+            .expect("ls")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert!(left.is_empty(), "SIG{signal} left {left:?}");
+    }
+    env.ok(&["export", "big", dest_arg]);
+    env.ok(&["verify", dest_arg]);
+}

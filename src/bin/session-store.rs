@@ -224,7 +224,8 @@ enum Command {
         #[arg(long = "id", value_name = "NEW")]
         new_id: Option<String>,
     },
-    /// Write a session as one self-contained SQLite file.
+    /// Write a session as one self-contained SQLite file. Ctrl-C (SIGINT) or SIGTERM
+    /// stops it leaving no file (exit 130 or 143).
     Export {
         /// The session.
         id: String,

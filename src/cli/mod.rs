@@ -23,6 +23,7 @@ pub mod append;
 pub mod bench;
 pub mod corpus;
 pub mod demo;
+pub mod interrupt;
 pub mod lean;
 pub mod replicate;
 pub mod search;

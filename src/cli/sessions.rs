@@ -14,6 +14,7 @@ use session_store::{
     TableBytes, TurnBoundary, Usage, UsageTotals, WriterOwner, utc,
 };
 
+use super::interrupt::Interrupt;
 use super::{
     CliError, CliResult, Context, EXIT_EXISTS, EXIT_NOT_FOUND, EXIT_OTHER, Failure, block_on,
     exit_code, human_bytes, is_broken_pipe, print_json, printable, session_id, spinner,
@@ -605,12 +606,16 @@ fn not_a_bare_folder(path: &Path) -> CliResult<()> {
 pub fn export(cx: &Context, id: &str, file: &Path) -> CliResult<()> {
     let id = session_id(id)?;
     let root = cx.open_root()?;
+    let interrupt = Interrupt::watch()?;
     let bar = spinner(&format!("exporting {id}"));
-    let report = root.export(&id, file);
+    let report = root.export_cancellable(&id, file, interrupt.token());
     bar.finish_and_clear();
     // The library names a taken destination as it names a taken session id.
     let report = report.map_err(|e| -> CliError {
-        if e.is_already_exists() {
+        if matches!(e, Error::Cancelled) {
+            let what = format!("nothing was written to {}", file.display());
+            interrupt.failure(e.into(), &what)
+        } else if e.is_already_exists() {
             Failure::with_code(
                 EXIT_EXISTS,
                 format!(
