@@ -1249,3 +1249,26 @@ fn export_stopped_by_a_signal_leaves_nothing_beside_its_destination() {
     env.ok(&["export", "big", dest_arg]);
     env.ok(&["verify", dest_arg]);
 }
+
+/// `-` is stdin for `append --file` (it was opened as a file named `-`: "No such file",
+/// exit 1), and `export ID -` is refused (exit 2) instead of writing a file named `-` in
+/// the current folder for a user who meant stdout.
+#[test]
+fn a_dash_is_stdin_for_append_and_no_export_file() {
+    let env = Env::new();
+    env.ok(&["create", "s"]);
+    let batch =
+        r#"{"operation_id":"o1","events":[{"kind":"session/title","payload":{"title":"t"}}]}"#;
+    let out = env.run_with(&["--json", "append", "s", "--file", "-"], batch);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let line: Value = serde_json::from_str(stdout(&out).trim()).expect("json");
+    assert_eq!(line["operation_id"], "o1");
+    let out = env.run(&["export", "s", "-"]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("not to stdout"), "{}", stderr(&out));
+    assert!(stdout(&out).is_empty());
+    assert!(!env.path("-").exists(), "a file named - was written");
+    // A file named `-` is still reachable by its path.
+    env.ok(&["export", "s", "./-"]);
+    env.ok(&["verify", "./-"]);
+}

@@ -94,7 +94,7 @@ enum Command {
     Append {
         /// The session.
         id: String,
-        /// Read batches from this file instead of stdin.
+        /// Read batches from this file instead of stdin (`-`: stdin).
         #[arg(long, value_name = "F")]
         file: Option<PathBuf>,
         /// When batches become durable.
@@ -229,7 +229,8 @@ enum Command {
     Export {
         /// The session.
         id: String,
-        /// The file to write (must not exist).
+        /// The file to write (must not exist; not `-`: the file is SQLite's, written in
+        /// place, so it cannot go to stdout).
         file: PathBuf,
     },
     /// Validate an exported file and publish it as a new session.

@@ -16,6 +16,9 @@ use session_store::{Batch, Commit, CreateOptions, Error, Root, Session, SessionI
 
 use super::{CliError, CliResult, Context, Failure, human_bytes, session_id};
 
+/// The `--file` that names stdin, as for most Unix tools.
+const STDIN: &str = "-";
+
 /// What is printed for a durable batch.
 #[derive(Debug, Serialize)]
 struct Durable<'a> {
@@ -55,7 +58,7 @@ pub fn run(
     sync_each: bool,
     create: bool,
 ) -> CliResult<()> {
-    let input: Box<dyn BufRead> = match file {
+    let input: Box<dyn BufRead> = match file.filter(|path| *path != Path::new(STDIN)) {
         Some(path) => {
             super::not_a_folder(path)?;
             Box::new(BufReader::new(File::open(path).map_err(|e| {

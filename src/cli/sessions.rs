@@ -604,6 +604,13 @@ fn not_a_bare_folder(path: &Path) -> CliResult<()> {
 
 /// `export ID FILE`.
 pub fn export(cx: &Context, id: &str, file: &Path) -> CliResult<()> {
+    if file == Path::new("-") {
+        // Not a file named `-` in the current folder, which a user of `-` as stdout
+        // (`export ID - | gzip`) would not look for.
+        return Err(Failure::usage(
+            "export writes a SQLite file, not to stdout: give its path (./- for a file named -)",
+        ));
+    }
     let id = session_id(id)?;
     let root = cx.open_root()?;
     let interrupt = Interrupt::watch()?;
