@@ -1272,3 +1272,42 @@ fn a_dash_is_stdin_for_append_and_no_export_file() {
     env.ok(&["export", "s", "./-"]);
     env.ok(&["verify", "./-"]);
 }
+
+/// A `--root` that is a file is refused by every command as "not a folder" (status 6),
+/// the file unchanged: it was "no root at …" (status 3) for most commands, and "File
+/// exists (os error 17)" (status 1) for `create`, `import`, `append --create`, `demo`
+/// and `bench`.
+#[test]
+fn a_root_that_is_a_file_is_refused_as_not_a_folder() {
+    let env = Env::new();
+    std::fs::write(env.root(), b"mine").expect("write");
+    std::fs::write(env.path("x.sqlite"), b"x").expect("write");
+    let commands: &[&[&str]] = &[
+        &["list"],
+        &["search", "x"],
+        &["show", "s"],
+        &["history", "s"],
+        &["events", "s"],
+        &["stats", "s"],
+        &["rename", "s", "t"],
+        &["fork", "s", "--after-turn", "t"],
+        &["export", "s", "out.sqlite"],
+        &["delete", "s"],
+        &["gc", "--older-than", "1d"],
+        &["rebuild-catalog"],
+        &["append", "s"],
+        &["append", "s", "--create"],
+        &["create", "s"],
+        &["import", "x.sqlite"],
+        &["migrate-legacy", "x.sqlite"],
+        &["serve", "--addr", "127.0.0.1:0"],
+        &["demo"],
+        &["bench", "--events", "64"],
+    ];
+    for args in commands {
+        let err = env.fails(args, 6);
+        assert!(err.contains("is not a folder"), "{args:?}: {err}");
+        assert_eq!(std::fs::read(env.root()).expect("read"), b"mine");
+    }
+    assert!(!env.path("out.sqlite").exists());
+}

@@ -464,6 +464,9 @@ fn run(args: Args) -> CliResult<()> {
         host: args.host,
         json: args.json,
     };
+    if matches!(args.command, Command::Demo | Command::Bench { .. }) {
+        cx.root_not_a_file()?;
+    }
     let missing = cli::missing_folders(&cx.root);
     let result = dispatch(&cx, args.command);
     if result.is_err() {
