@@ -1223,17 +1223,9 @@ fn export_stopped_by_a_signal_leaves_nothing_beside_its_destination() {
             .spawn()
             .expect("spawn export");
         // Signalled once its temporary file is there: the copy is under way.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::fs::read_dir(&out_dir).expect("ls").next().is_none() {
-            assert!(Instant::now() < deadline, "export made no file");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let sent = Command::new("kill")
-            .args([&format!("-{signal}"), &child.id().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(sent.success(), "kill -{signal}");
-        let out = child.wait_with_output().expect("wait");
+        let out = signal_when(child, signal, || {
+            std::fs::read_dir(&out_dir).expect("ls").next().is_some()
+        });
         assert_eq!(out.status.code(), Some(status), "SIG{signal}: {out:?}");
         assert!(
             stderr(&out).contains(&format!("interrupted by SIG{signal}")),
@@ -1310,4 +1302,55 @@ fn a_root_that_is_a_file_is_refused_as_not_a_folder() {
         assert_eq!(std::fs::read(env.root()).expect("read"), b"mine");
     }
     assert!(!env.path("out.sqlite").exists());
+}
+
+/// Sends `kill -SIGNAL` to `child` once `ready` holds (within 30 s) and returns its
+/// output.
+fn signal_when(child: Child, signal: &str, ready: impl Fn() -> bool) -> Output {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ready() {
+        assert!(Instant::now() < deadline, "never ready for SIG{signal}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let sent = Command::new("kill")
+        .args([&format!("-{signal}"), &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(sent.success(), "kill -{signal}");
+    child.wait_with_output().expect("wait")
+}
+
+/// `bench` stopped by Ctrl-C (SIGINT) or SIGTERM removes its scratch folder and the root
+/// it made (exit 130 / 143), as a finished run does: the `.bench-append-PID` folder
+/// (tens of MB) and the root stayed for good before.
+#[test]
+fn bench_stopped_by_a_signal_leaves_no_scratch_folder_or_root() {
+    let env = Env::new();
+    let deep = env.path("a/b/root");
+    let scratch_in = |root: &std::path::Path| {
+        std::fs::read_dir(root).is_ok_and(|mut d| {
+            d.any(|e| {
+                e.expect("entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with(".bench-append-")
+            })
+        })
+    };
+    for (root, signal, status) in [(&deep, "INT", 130), (&env.root(), "TERM", 143)] {
+        if root == &env.root() {
+            env.ok(&["create", "s"]);
+        }
+        let child = env
+            .command_at(root, &["bench", "--events", "4000000"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn bench");
+        let out = signal_when(child, signal, || scratch_in(root));
+        assert_eq!(out.status.code(), Some(status), "SIG{signal}: {out:?}");
+        assert!(!scratch_in(root), "SIG{signal} left the scratch folder");
+    }
+    assert!(!env.path("a").exists(), "SIGINT left the root bench made");
+    assert_eq!(common::listed_ids(&env.json(&["list"])), ["s"]);
 }
