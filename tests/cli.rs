@@ -1354,3 +1354,56 @@ fn bench_stopped_by_a_signal_leaves_no_scratch_folder_or_root() {
     assert!(!env.path("a").exists(), "SIGINT left the root bench made");
     assert_eq!(common::listed_ids(&env.json(&["list"])), ["s"]);
 }
+
+/// Every subcommand answers `--help` and `--version` (status 0, on stdout) and refuses an
+/// unknown flag (status 2), making no root: `list --version` was "unexpected argument"
+/// (status 2) for every subcommand.
+#[test]
+fn every_subcommand_answers_help_and_version() {
+    let env = Env::new();
+    let commands = [
+        "create",
+        "append",
+        "list",
+        "rename",
+        "show",
+        "history",
+        "search",
+        "events",
+        "fork",
+        "rewind",
+        "export",
+        "import",
+        "delete",
+        "gc",
+        "verify",
+        "migrate-legacy",
+        "stats",
+        "rebuild-catalog",
+        "replicate",
+        "restore",
+        "serve",
+        "demo",
+        "bench",
+    ];
+    let help = env.ok(&["--help"]);
+    for name in commands {
+        assert!(
+            help.contains(&format!("\n  {name} ")),
+            "{name} not in --help"
+        );
+        let usage = env.ok(&[name, "--help"]);
+        assert!(
+            usage.contains(&format!("Usage: session-store {name}")),
+            "{name}: {usage}"
+        );
+        let version = env.ok(&[name, "--version"]);
+        assert!(
+            version.trim_end().ends_with(env!("CARGO_PKG_VERSION")),
+            "{name}: {version}"
+        );
+        let err = env.fails(&[name, "--no-such-flag"], 2);
+        assert!(err.contains("unexpected argument"), "{name}: {err}");
+    }
+    assert!(!env.root().exists(), "a --help or --version made the root");
+}

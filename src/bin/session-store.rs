@@ -36,7 +36,7 @@ const DATA_DIR_NAME: &str = "session-store";
 /// Exit status: 0 ok, 1 other error, 2 usage, 3 not found, 4 already exists, 5 owned by
 /// another writer, 6 invalid or corrupt input.
 #[derive(Debug, Parser)]
-#[command(name = "session-store", version, about)]
+#[command(name = "session-store", version, about, propagate_version = true)]
 struct Args {
     /// Root folder of sessions [default: $SESSION_STORE_ROOT, else the platform data dir,
     /// e.g. ~/.local/share/session-store; for `demo`: ./session-store-demo]
