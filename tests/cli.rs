@@ -1407,3 +1407,38 @@ fn every_subcommand_answers_help_and_version() {
     }
     assert!(!env.root().exists(), "a --help or --version made the root");
 }
+
+/// `append` reading a terminal (`append ID` typed at a prompt) says so on stderr, with how
+/// to end the input: it waited silently before. Input from a pipe prints no such line.
+/// The terminal is util-linux `script`'s pseudo-terminal, fed from a pipe.
+#[test]
+fn append_from_a_terminal_says_it_reads_batches() {
+    let env = Env::new();
+    env.ok(&["create", "s"]);
+    let batch = "{\"operation_id\":\"o1\",\"events\":[{\"kind\":\"diagnostic\"}]}\n";
+    let line = format!(
+        "{BIN} --root {} append s",
+        env.root().to_str().expect("utf-8")
+    );
+    let Ok(mut child) = Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    else {
+        eprintln!("skipped: no `script` (util-linux) to give append a terminal");
+        return;
+    };
+    let mut input = child.stdin.take().expect("stdin");
+    input.write_all(batch.as_bytes()).expect("write");
+    drop(input);
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(code(&out), 0, "{out:?}");
+    let shown = stdout(&out);
+    assert!(shown.contains("Ctrl-D ends the input"), "{shown}");
+    assert!(shown.contains("appended 1 batches"), "{shown}");
+    let piped = env.run_with(&["append", "s"], batch);
+    assert_eq!(code(&piped), 0, "{}", stderr(&piped));
+    assert_eq!(stderr(&piped), "");
+}

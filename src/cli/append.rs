@@ -8,7 +8,7 @@
 //! only once it is durable, so whatever was printed survives a crash of this process.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::path::Path;
 
 use serde::Serialize;
@@ -65,7 +65,18 @@ pub fn run(
                 Failure::context(format!("open {}", path.display()), &e)
             })?))
         }
-        None => Box::new(std::io::stdin().lock()),
+        None => {
+            let stdin = std::io::stdin();
+            if stdin.is_terminal() {
+                // Typed at a prompt, `append ID` would otherwise wait silently.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "session-store: reading batches from the terminal, one JSON object per \
+                     line; Ctrl-D ends the input"
+                );
+            }
+            Box::new(stdin.lock())
+        }
     };
     let id = session_id(id)?;
     let root = if create {
