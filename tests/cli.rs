@@ -1442,3 +1442,34 @@ fn append_from_a_terminal_says_it_reads_batches() {
     assert_eq!(code(&piped), 0, "{}", stderr(&piped));
     assert_eq!(stderr(&piped), "");
 }
+
+/// `verify FILE` takes a path that is not UTF-8, as `export` and `import` do: it was
+/// refused by the argument parser ("invalid UTF-8", exit 2), so such an export could be
+/// written and imported but not verified.
+#[test]
+fn verify_takes_a_path_that_is_not_utf8() {
+    use std::os::unix::ffi::OsStrExt;
+    let env = Env::new();
+    env.ok(&["create", "s"]);
+    let file = env
+        .dir
+        .path()
+        .join(std::ffi::OsStr::from_bytes(b"s-\xff.export"));
+    let run = |args: &[&str]| {
+        env.command(args)
+            .arg(&file)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run")
+    };
+    let out = run(&["export", "s"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = run(&["--json", "verify"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let report: Value = serde_json::from_str(&stdout(&out)).expect("json");
+    assert_eq!(report["session_id"], "s");
+    std::fs::remove_file(&file).expect("rm");
+    let out = run(&["verify"]);
+    assert_eq!(code(&out), 3, "{}", stderr(&out));
+    assert!(stderr(&out).contains(r"\xFF"), "{}", stderr(&out));
+}

@@ -270,8 +270,9 @@ enum Command {
     /// Check a session or file: integrity_check, sequences, hashes, blob digests, full
     /// replay. Exit 0 only when sound.
     Verify {
-        /// A session id, or the path of a session file, folder or export.
-        target: String,
+        /// A session id, or the path of a session file, folder or export (any bytes: a
+        /// path need not be UTF-8).
+        target: PathBuf,
     },
     /// Continue a legacy transcript (one message JSON per line) as a new session.
     MigrateLegacy {

@@ -785,14 +785,14 @@ pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
 
 /// The session folder or file `verify` checks, with the session id when `target` names a
 /// session of the root (checked as the root opens it), else a path.
-fn verify_target(cx: &Context, target: &str) -> CliResult<(PathBuf, Option<SessionId>)> {
-    if let Ok(id) = SessionId::new(target) {
+fn verify_target(cx: &Context, target: &Path) -> CliResult<(PathBuf, Option<SessionId>)> {
+    if let Some(Ok(id)) = target.to_str().map(SessionId::new) {
         let dir = cx.root.join(id.as_str());
         if dir.join(SESSION_FILE).is_file() {
             return Ok((dir, Some(id)));
         }
     }
-    let path = PathBuf::from(target);
+    let path = target.to_path_buf();
     if path.exists() {
         not_a_bare_folder(&path)?;
         return Ok((path, None));
@@ -807,7 +807,7 @@ fn verify_target(cx: &Context, target: &str) -> CliResult<(PathBuf, Option<Sessi
 }
 
 /// `verify (ID | FILE)`.
-pub fn verify(cx: &Context, target: &str) -> CliResult<()> {
+pub fn verify(cx: &Context, target: &Path) -> CliResult<()> {
     let (path, id) = verify_target(cx, target)?;
     let bar = spinner(&format!("verifying {}", path.display()));
     let replayed = match &id {
