@@ -10,6 +10,7 @@
 //! one line on stderr. Exit status: 0 ok, 1 other error, 2 usage, 3 not found, 4 already
 //! exists, 5 owned by another writer, 6 invalid or corrupt input.
 
+#[macro_use]
 #[path = "../cli/mod.rs"]
 mod cli;
 
@@ -657,7 +658,7 @@ fn main() -> ExitCode {
         // The reader left on purpose (`| head`): no error line for it.
         Err(e) if cli::is_broken_pipe(&*e) => ExitCode::from(cli::EXIT_OTHER),
         Err(e) => {
-            eprintln!("session-store: error: {}", cli::one_line(&*e));
+            errln!("session-store: error: {}", cli::one_line(&*e));
             ExitCode::from(cli::exit_code(&*e))
         }
     }

@@ -69,8 +69,7 @@ pub fn run(
             let stdin = std::io::stdin();
             if stdin.is_terminal() {
                 // Typed at a prompt, `append ID` would otherwise wait silently.
-                let _ = writeln!(
-                    std::io::stderr(),
+                errln!(
                     "session-store: reading batches from the terminal, one JSON object per \
                      line; Ctrl-D ends the input"
                 );

@@ -19,6 +19,16 @@ macro_rules! out {
     }};
 }
 
+/// `eprintln!` that never panics: when the reader of stderr went away (`2>&1 | grep -q`)
+/// the line is lost and the command keeps its own exit status (`eprintln!` panicked,
+/// status 101).
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 pub mod append;
 pub mod bench;
 pub mod corpus;

@@ -82,7 +82,7 @@ pub fn list(cx: &Context, limit: usize, cursor: Option<&str>, filter: ListFilter
     let page = block_on(service.query().list_with(cursor, limit, filter))??;
     report_skipped(&page.skipped);
     if let Some(e) = &page.catalog_error {
-        eprintln!(
+        errln!(
             "session-store: warning: catalog not used ({}); listed from the session files",
             super::one_line(e.as_ref())
         );
@@ -148,7 +148,7 @@ pub fn list(cx: &Context, limit: usize, cursor: Option<&str>, filter: ListFilter
 /// Names each session that could not be read, with why, on stderr.
 fn report_skipped(skipped: &[SkippedSession]) {
     for s in skipped {
-        eprintln!(
+        errln!(
             "session-store: skipped session {}: {}",
             s.session_id,
             super::one_line(s.error.as_ref())
@@ -760,7 +760,7 @@ pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
             "could not delete"
         };
         for f in &report.failed {
-            eprintln!(
+            errln!(
                 "session-store: {failed} {}: {}",
                 f.session_id,
                 printable(&f.reason)
