@@ -646,10 +646,11 @@ fn exit_codes_for_usage_other_errors_and_bad_ids() {
     assert!(err.contains("cwd"), "{err}");
     env.fails(&["show", "c"], 3);
     env.fails(&["show", "h"], 3);
-    // A root that cannot be a folder: no root to read (3), none can be made (1).
+    // A root that cannot be a folder: refused as "not a folder" (6) whether the command
+    // reads the root or would make it (`a_root_that_is_a_file_is_refused_as_not_a_folder`).
     let file = env.path("a-file");
     std::fs::write(&file, b"").expect("write");
-    for (command, status) in [("list", 3), ("create", 1)] {
+    for (command, status) in [("list", 6), ("create", 6)] {
         let out = Command::new(BIN)
             .arg("--root")
             .arg(&file)
