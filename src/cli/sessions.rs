@@ -949,7 +949,15 @@ pub fn rebuild_catalog(cx: &Context) -> CliResult<()> {
     let bar = spinner("rebuilding the catalog");
     let rebuilt = root.rebuild_catalog();
     bar.finish_and_clear();
-    let report = rebuilt?;
+    let report = rebuilt.map_err(|e| -> CliError {
+        if super::library_code(&e) == EXIT_OTHER {
+            // SQLite's "attempt to write a readonly database" named neither the root nor
+            // what was being done.
+            Failure::context(format!("rebuild the catalog of {}", cx.root.display()), &e)
+        } else {
+            e.into()
+        }
+    })?;
     report_skipped(&report.skipped);
     if cx.json {
         print_json(&report)
