@@ -646,10 +646,11 @@ fn exit_codes_for_usage_other_errors_and_bad_ids() {
     assert!(err.contains("cwd"), "{err}");
     env.fails(&["show", "c"], 3);
     env.fails(&["show", "h"], 3);
-    // A root that cannot be a folder: no root to read (3), none can be made (1).
+    // A root that cannot be a folder: refused as "not a folder" (6) whether the command
+    // reads the root or would make it (`a_root_that_is_a_file_is_refused_as_not_a_folder`).
     let file = env.path("a-file");
     std::fs::write(&file, b"").expect("write");
-    for (command, status) in [("list", 3), ("create", 1)] {
+    for (command, status) in [("list", 6), ("create", 6)] {
         let out = Command::new(BIN)
             .arg("--root")
             .arg(&file)
@@ -1192,4 +1193,284 @@ fn a_relative_cwd_is_taken_as_the_absolute_folder_it_names() {
     };
     assert_eq!(hits("api"), 1);
     assert_eq!(hits("."), 0);
+}
+
+/// Ctrl-C (SIGINT) or SIGTERM during `export` stops it with 130 / 143 and removes its
+/// temporary file: it used to die at once, leaving `.sse-….tmp` and its `-wal` (tens of
+/// MB) beside the destination for good. The session still exports afterwards.
+#[test]
+fn export_stopped_by_a_signal_leaves_nothing_beside_its_destination() {
+    let env = Env::new();
+    let root = session_store::Root::open(env.root()).expect("root");
+    let s = common::create(&root, "big");
+    for n in 0..2_000 {
+        let events = (0..64)
+            .map(|i| common::message(&format!("m{n}-{i}"), "user", &"x".repeat(200)))
+            .collect();
+        s.append(session_store::Batch::new(format!("op{n}"), events))
+            .expect("append");
+    }
+    s.close().expect("close");
+    drop(root);
+    let out_dir = env.path("exports");
+    std::fs::create_dir(&out_dir).expect("mkdir");
+    let dest = out_dir.join("big.export");
+    let dest_arg = dest.to_str().expect("utf-8");
+    for (signal, status) in [("INT", 130), ("TERM", 143)] {
+        let child = env
+            .command(&["export", "big", dest_arg])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn export");
+        // Signalled once its temporary file is there: the copy is under way.
+        let out = signal_when(child, signal, || {
+            std::fs::read_dir(&out_dir).expect("ls").next().is_some()
+        });
+        assert_eq!(out.status.code(), Some(status), "SIG{signal}: {out:?}");
+        assert!(
+            stderr(&out).contains(&format!("interrupted by SIG{signal}")),
+            "{}",
+            stderr(&out)
+        );
+        let left: Vec<_> = std::fs::read_dir(&out_dir)
+            .expect("ls")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert!(left.is_empty(), "SIG{signal} left {left:?}");
+    }
+    env.ok(&["export", "big", dest_arg]);
+    env.ok(&["verify", dest_arg]);
+}
+
+/// `-` is stdin for `append --file` (it was opened as a file named `-`: "No such file",
+/// exit 1), and `export ID -` is refused (exit 2) instead of writing a file named `-` in
+/// the current folder for a user who meant stdout.
+#[test]
+fn a_dash_is_stdin_for_append_and_no_export_file() {
+    let env = Env::new();
+    env.ok(&["create", "s"]);
+    let batch =
+        r#"{"operation_id":"o1","events":[{"kind":"session/title","payload":{"title":"t"}}]}"#;
+    let out = env.run_with(&["--json", "append", "s", "--file", "-"], batch);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let line: Value = serde_json::from_str(stdout(&out).trim()).expect("json");
+    assert_eq!(line["operation_id"], "o1");
+    let out = env.run(&["export", "s", "-"]);
+    assert_eq!(code(&out), 2, "{}", stderr(&out));
+    assert!(stderr(&out).contains("not to stdout"), "{}", stderr(&out));
+    assert!(stdout(&out).is_empty());
+    assert!(!env.path("-").exists(), "a file named - was written");
+    // A file named `-` is still reachable by its path.
+    env.ok(&["export", "s", "./-"]);
+    env.ok(&["verify", "./-"]);
+}
+
+/// A `--root` that is a file is refused by every command as "not a folder" (status 6),
+/// the file unchanged: it was "no root at …" (status 3) for most commands, and "File
+/// exists (os error 17)" (status 1) for `create`, `import`, `append --create`, `demo`
+/// and `bench`.
+#[test]
+fn a_root_that_is_a_file_is_refused_as_not_a_folder() {
+    let env = Env::new();
+    std::fs::write(env.root(), b"mine").expect("write");
+    std::fs::write(env.path("x.sqlite"), b"x").expect("write");
+    let commands: &[&[&str]] = &[
+        &["list"],
+        &["search", "x"],
+        &["show", "s"],
+        &["history", "s"],
+        &["events", "s"],
+        &["stats", "s"],
+        &["rename", "s", "t"],
+        &["fork", "s", "--after-turn", "t"],
+        &["export", "s", "out.sqlite"],
+        &["delete", "s"],
+        &["gc", "--older-than", "1d"],
+        &["rebuild-catalog"],
+        &["append", "s"],
+        &["append", "s", "--create"],
+        &["create", "s"],
+        &["import", "x.sqlite"],
+        &["migrate-legacy", "x.sqlite"],
+        &["serve", "--addr", "127.0.0.1:0"],
+        &["demo"],
+        &["bench", "--events", "64"],
+    ];
+    for args in commands {
+        let err = env.fails(args, 6);
+        assert!(err.contains("is not a folder"), "{args:?}: {err}");
+        assert_eq!(std::fs::read(env.root()).expect("read"), b"mine");
+    }
+    assert!(!env.path("out.sqlite").exists());
+}
+
+/// Sends `kill -SIGNAL` to `child` once `ready` holds (within 30 s) and returns its
+/// output.
+fn signal_when(child: Child, signal: &str, ready: impl Fn() -> bool) -> Output {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ready() {
+        assert!(Instant::now() < deadline, "never ready for SIG{signal}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let sent = Command::new("kill")
+        .args([&format!("-{signal}"), &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(sent.success(), "kill -{signal}");
+    child.wait_with_output().expect("wait")
+}
+
+/// `bench` stopped by Ctrl-C (SIGINT) or SIGTERM removes its scratch folder and the root
+/// it made (exit 130 / 143), as a finished run does: the `.bench-append-PID` folder
+/// (tens of MB) and the root stayed for good before.
+#[test]
+fn bench_stopped_by_a_signal_leaves_no_scratch_folder_or_root() {
+    let env = Env::new();
+    let deep = env.path("a/b/root");
+    let scratch_in = |root: &std::path::Path| {
+        std::fs::read_dir(root).is_ok_and(|mut d| {
+            d.any(|e| {
+                e.expect("entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with(".bench-append-")
+            })
+        })
+    };
+    for (root, signal, status) in [(&deep, "INT", 130), (&env.root(), "TERM", 143)] {
+        if root == &env.root() {
+            env.ok(&["create", "s"]);
+        }
+        let child = env
+            .command_at(root, &["bench", "--events", "4000000"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn bench");
+        let out = signal_when(child, signal, || scratch_in(root));
+        assert_eq!(out.status.code(), Some(status), "SIG{signal}: {out:?}");
+        assert!(!scratch_in(root), "SIG{signal} left the scratch folder");
+    }
+    assert!(!env.path("a").exists(), "SIGINT left the root bench made");
+    assert_eq!(common::listed_ids(&env.json(&["list"])), ["s"]);
+}
+
+/// Every subcommand answers `--help` and `--version` (status 0, on stdout) and refuses an
+/// unknown flag (status 2), making no root: `list --version` was "unexpected argument"
+/// (status 2) for every subcommand.
+#[test]
+fn every_subcommand_answers_help_and_version() {
+    let env = Env::new();
+    let commands = [
+        "create",
+        "append",
+        "list",
+        "rename",
+        "show",
+        "history",
+        "search",
+        "events",
+        "fork",
+        "rewind",
+        "export",
+        "import",
+        "delete",
+        "gc",
+        "verify",
+        "migrate-legacy",
+        "stats",
+        "rebuild-catalog",
+        "replicate",
+        "restore",
+        "serve",
+        "demo",
+        "bench",
+    ];
+    let help = env.ok(&["--help"]);
+    for name in commands {
+        assert!(
+            help.contains(&format!("\n  {name} ")),
+            "{name} not in --help"
+        );
+        let usage = env.ok(&[name, "--help"]);
+        assert!(
+            usage.contains(&format!("Usage: session-store {name}")),
+            "{name}: {usage}"
+        );
+        let version = env.ok(&[name, "--version"]);
+        assert!(
+            version.trim_end().ends_with(env!("CARGO_PKG_VERSION")),
+            "{name}: {version}"
+        );
+        let err = env.fails(&[name, "--no-such-flag"], 2);
+        assert!(err.contains("unexpected argument"), "{name}: {err}");
+    }
+    assert!(!env.root().exists(), "a --help or --version made the root");
+}
+
+/// `append` reading a terminal (`append ID` typed at a prompt) says so on stderr, with how
+/// to end the input: it waited silently before. Input from a pipe prints no such line.
+/// The terminal is util-linux `script`'s pseudo-terminal, fed from a pipe.
+#[test]
+fn append_from_a_terminal_says_it_reads_batches() {
+    let env = Env::new();
+    env.ok(&["create", "s"]);
+    let batch = "{\"operation_id\":\"o1\",\"events\":[{\"kind\":\"diagnostic\"}]}\n";
+    let line = format!(
+        "{BIN} --root {} append s",
+        env.root().to_str().expect("utf-8")
+    );
+    let Ok(mut child) = Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    else {
+        eprintln!("skipped: no `script` (util-linux) to give append a terminal");
+        return;
+    };
+    let mut input = child.stdin.take().expect("stdin");
+    input.write_all(batch.as_bytes()).expect("write");
+    drop(input);
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(code(&out), 0, "{out:?}");
+    let shown = stdout(&out);
+    assert!(shown.contains("Ctrl-D ends the input"), "{shown}");
+    assert!(shown.contains("appended 1 batches"), "{shown}");
+    let piped = env.run_with(&["append", "s"], batch);
+    assert_eq!(code(&piped), 0, "{}", stderr(&piped));
+    assert_eq!(stderr(&piped), "");
+}
+
+/// `verify FILE` takes a path that is not UTF-8, as `export` and `import` do: it was
+/// refused by the argument parser ("invalid UTF-8", exit 2), so such an export could be
+/// written and imported but not verified.
+#[test]
+fn verify_takes_a_path_that_is_not_utf8() {
+    use std::os::unix::ffi::OsStrExt;
+    let env = Env::new();
+    env.ok(&["create", "s"]);
+    let file = env
+        .dir
+        .path()
+        .join(std::ffi::OsStr::from_bytes(b"s-\xff.export"));
+    let run = |args: &[&str]| {
+        env.command(args)
+            .arg(&file)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run")
+    };
+    let out = run(&["export", "s"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let out = run(&["--json", "verify"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let report: Value = serde_json::from_str(&stdout(&out)).expect("json");
+    assert_eq!(report["session_id"], "s");
+    std::fs::remove_file(&file).expect("rm");
+    let out = run(&["verify"]);
+    assert_eq!(code(&out), 3, "{}", stderr(&out));
+    assert!(stderr(&out).contains(r"\xFF"), "{}", stderr(&out));
 }

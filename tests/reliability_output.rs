@@ -798,6 +798,31 @@ fn a_closed_stdout_ends_the_command_quietly_without_a_panic() {
     }
 }
 
+/// `session-store show nope 2>&1 | grep -q …`: the reader of stderr is gone when the
+/// error line is written. The command keeps its exit status (3, and 6 for a bad id, 2 for
+/// a usage error); it panicked in `eprintln!` before, status 101.
+#[test]
+fn a_closed_stderr_keeps_the_exit_status() {
+    let env = Env::new();
+    assert_eq!(code(&env.run_with(&["create", "s"], "")), 0);
+    for (args, status) in [
+        (&["show", "nope"][..], 3),
+        (&["show", "../bad"][..], 6),
+        (&["list", "--limit", "0"][..], 2),
+        (&["verify", "nope"][..], 3),
+    ] {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
+        let out = cli(&env.path("root"), args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(writer)
+            .output()
+            .expect("run");
+        assert_eq!(code(&out), status, "{args:?}: {}", describe(&out));
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Terminal safety of human output; clipped errors.
 // ---------------------------------------------------------------------------------------

@@ -610,6 +610,13 @@ fn read_only_root_serves_reads() {
     // The restriction is real: nobody cannot create a session.
     let refused = run(&["create", "z"]);
     assert!(!refused.status.success(), "nobody could write the root");
+    // Nor rebuild the catalog; the error says what failed where (it was SQLite's
+    // "attempt to write a readonly database" alone).
+    let rebuild = run(&["rebuild-catalog"]);
+    let (_, stderr) = texts(&rebuild);
+    assert_eq!(rebuild.status.code(), Some(1), "{stderr}");
+    let named = format!("rebuild the catalog of {}: ", env.root.display());
+    assert!(stderr.contains(&named), "{stderr}");
     let export = out_dir.join("a.sqlite");
     let export = export.to_str().expect("utf-8");
     for args in [

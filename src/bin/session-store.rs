@@ -10,6 +10,7 @@
 //! one line on stderr. Exit status: 0 ok, 1 other error, 2 usage, 3 not found, 4 already
 //! exists, 5 owned by another writer, 6 invalid or corrupt input.
 
+#[macro_use]
 #[path = "../cli/mod.rs"]
 mod cli;
 
@@ -36,7 +37,7 @@ const DATA_DIR_NAME: &str = "session-store";
 /// Exit status: 0 ok, 1 other error, 2 usage, 3 not found, 4 already exists, 5 owned by
 /// another writer, 6 invalid or corrupt input.
 #[derive(Debug, Parser)]
-#[command(name = "session-store", version, about)]
+#[command(name = "session-store", version, about, propagate_version = true)]
 struct Args {
     /// Root folder of sessions [default: $SESSION_STORE_ROOT, else the platform data dir,
     /// e.g. ~/.local/share/session-store; for `demo`: ./session-store-demo]
@@ -94,7 +95,7 @@ enum Command {
     Append {
         /// The session.
         id: String,
-        /// Read batches from this file instead of stdin.
+        /// Read batches from this file instead of stdin (`-`: stdin).
         #[arg(long, value_name = "F")]
         file: Option<PathBuf>,
         /// When batches become durable.
@@ -224,11 +225,13 @@ enum Command {
         #[arg(long = "id", value_name = "NEW")]
         new_id: Option<String>,
     },
-    /// Write a session as one self-contained SQLite file.
+    /// Write a session as one self-contained SQLite file. Ctrl-C (SIGINT) or SIGTERM
+    /// stops it leaving no file (exit 130 or 143).
     Export {
         /// The session.
         id: String,
-        /// The file to write (must not exist).
+        /// The file to write (must not exist; not `-`: the file is SQLite's, written in
+        /// place, so it cannot go to stdout).
         file: PathBuf,
     },
     /// Validate an exported file and publish it as a new session.
@@ -268,8 +271,9 @@ enum Command {
     /// Check a session or file: integrity_check, sequences, hashes, blob digests, full
     /// replay. Exit 0 only when sound.
     Verify {
-        /// A session id, or the path of a session file, folder or export.
-        target: String,
+        /// A session id, or the path of a session file, folder or export (any bytes: a
+        /// path need not be UTF-8).
+        target: PathBuf,
     },
     /// Continue a legacy transcript (one message JSON per line) as a new session.
     MigrateLegacy {
@@ -462,6 +466,9 @@ fn run(args: Args) -> CliResult<()> {
         host: args.host,
         json: args.json,
     };
+    if matches!(args.command, Command::Demo | Command::Bench { .. }) {
+        cx.root_not_a_file()?;
+    }
     let missing = cli::missing_folders(&cx.root);
     let result = dispatch(&cx, args.command);
     if result.is_err() {
@@ -651,7 +658,7 @@ fn main() -> ExitCode {
         // The reader left on purpose (`| head`): no error line for it.
         Err(e) if cli::is_broken_pipe(&*e) => ExitCode::from(cli::EXIT_OTHER),
         Err(e) => {
-            eprintln!("session-store: error: {}", cli::one_line(&*e));
+            errln!("session-store: error: {}", cli::one_line(&*e));
             ExitCode::from(cli::exit_code(&*e))
         }
     }

@@ -8,13 +8,16 @@
 //! only once it is durable, so whatever was printed survives a crash of this process.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::path::Path;
 
 use serde::Serialize;
 use session_store::{Batch, Commit, CreateOptions, Error, Root, Session, SessionId};
 
 use super::{CliError, CliResult, Context, Failure, human_bytes, session_id};
+
+/// The `--file` that names stdin, as for most Unix tools.
+const STDIN: &str = "-";
 
 /// What is printed for a durable batch.
 #[derive(Debug, Serialize)]
@@ -55,14 +58,24 @@ pub fn run(
     sync_each: bool,
     create: bool,
 ) -> CliResult<()> {
-    let input: Box<dyn BufRead> = match file {
+    let input: Box<dyn BufRead> = match file.filter(|path| *path != Path::new(STDIN)) {
         Some(path) => {
             super::not_a_folder(path)?;
             Box::new(BufReader::new(File::open(path).map_err(|e| {
                 Failure::context(format!("open {}", path.display()), &e)
             })?))
         }
-        None => Box::new(std::io::stdin().lock()),
+        None => {
+            let stdin = std::io::stdin();
+            if stdin.is_terminal() {
+                // Typed at a prompt, `append ID` would otherwise wait silently.
+                errln!(
+                    "session-store: reading batches from the terminal, one JSON object per \
+                     line; Ctrl-D ends the input"
+                );
+            }
+            Box::new(stdin.lock())
+        }
     };
     let id = session_id(id)?;
     let root = if create {

@@ -122,15 +122,33 @@ pub(super) fn work_dir(
             // A missing root is made for the scratch folder and removed with it: `bench`
             // makes no sessions, so it leaves no root behind (README, Command line).
             let made = super::missing_folders(&cx.root);
-            let scratch = Scratch(None, made);
-            std::fs::create_dir_all(&cx.root)?;
             let dir = cx
                 .root
                 .join(format!(".bench-{suite}-{}", std::process::id()));
+            // Ctrl-C or SIGTERM ends a run early: what drop does then happens on the
+            // signal's thread (the folder used to stay, tens of MB, with the root made).
+            let (folder, made_too) = (dir.clone(), made.clone());
+            super::interrupt::Interrupt::exit_after(move || remove_scratch(&folder, &made_too))?;
+            let scratch = Scratch(None, made);
+            std::fs::create_dir_all(&cx.root)?;
             std::fs::create_dir_all(&dir)?;
             Ok((dir.clone(), Scratch(Some(dir), scratch.forget_made())))
         }
     }
+}
+
+/// Removes the scratch folder `dir` (tried again while the run's threads still add files
+/// to it), then the `made` folders while they are empty.
+fn remove_scratch(dir: &Path, made: &[PathBuf]) {
+    for _ in 0..10 {
+        match std::fs::remove_dir_all(dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            _ => break,
+        }
+    }
+    super::remove_empty_folders(made);
 }
 
 impl Scratch {
@@ -142,10 +160,10 @@ impl Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        if let Some(dir) = self.0.take() {
-            let _ = std::fs::remove_dir_all(dir);
+        match self.0.take() {
+            Some(dir) => remove_scratch(&dir, &self.1),
+            None => super::remove_empty_folders(&self.1),
         }
-        super::remove_empty_folders(&self.1);
     }
 }
 

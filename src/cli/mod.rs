@@ -19,10 +19,21 @@ macro_rules! out {
     }};
 }
 
+/// `eprintln!` that never panics: when the reader of stderr went away (`2>&1 | grep -q`)
+/// the line is lost and the command keeps its own exit status (`eprintln!` panicked,
+/// status 101).
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 pub mod append;
 pub mod bench;
 pub mod corpus;
 pub mod demo;
+pub mod interrupt;
 pub mod lean;
 pub mod replicate;
 pub mod search;
@@ -197,6 +208,7 @@ impl Context {
     /// leaves no empty root behind.
     pub fn open_root(&self) -> CliResult<session_store::Root> {
         if !self.root.is_dir() {
+            self.root_not_a_file()?;
             return Err(Failure::with_code(
                 EXIT_NOT_FOUND,
                 format!("no root at {}", self.root.display()),
@@ -207,7 +219,22 @@ impl Context {
 
     /// Opens the root, creating it if needed (commands that create sessions).
     pub fn create_root(&self) -> CliResult<session_store::Root> {
+        self.root_not_a_file()?;
         Ok(session_store::Root::open(&self.root)?)
+    }
+
+    /// Status 6 when the root's path is there but is no folder (a file, a device): it was
+    /// "no root at DIR" for some commands and "File exists (os error 17)", status 1, for
+    /// those that make the root (`demo` and `bench`, which make theirs themselves, call
+    /// this first too).
+    pub fn root_not_a_file(&self) -> CliResult<()> {
+        match std::fs::metadata(&self.root) {
+            Ok(m) if !m.is_dir() => Err(Failure::invalid(format!(
+                "root {} is not a folder; give a folder's path with --root",
+                self.root.display()
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// A service over the root (which must exist) for this host.

@@ -301,7 +301,7 @@ pub fn replicate(
     }
     let bin = find_litestream(litestream)?;
     let version = check_version(&bin)?;
-    eprintln!(
+    errln!(
         "session-store: replicating {} to {} with litestream {version} (config {}); \
          Ctrl-C or SIGTERM stops it after a final sync",
         root_dir.display(),

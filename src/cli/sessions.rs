@@ -14,6 +14,7 @@ use session_store::{
     TableBytes, TurnBoundary, Usage, UsageTotals, WriterOwner, utc,
 };
 
+use super::interrupt::Interrupt;
 use super::{
     CliError, CliResult, Context, EXIT_EXISTS, EXIT_NOT_FOUND, EXIT_OTHER, Failure, block_on,
     exit_code, human_bytes, is_broken_pipe, print_json, printable, session_id, spinner,
@@ -81,7 +82,7 @@ pub fn list(cx: &Context, limit: usize, cursor: Option<&str>, filter: ListFilter
     let page = block_on(service.query().list_with(cursor, limit, filter))??;
     report_skipped(&page.skipped);
     if let Some(e) = &page.catalog_error {
-        eprintln!(
+        errln!(
             "session-store: warning: catalog not used ({}); listed from the session files",
             super::one_line(e.as_ref())
         );
@@ -147,7 +148,7 @@ pub fn list(cx: &Context, limit: usize, cursor: Option<&str>, filter: ListFilter
 /// Names each session that could not be read, with why, on stderr.
 fn report_skipped(skipped: &[SkippedSession]) {
     for s in skipped {
-        eprintln!(
+        errln!(
             "session-store: skipped session {}: {}",
             s.session_id,
             super::one_line(s.error.as_ref())
@@ -604,14 +605,25 @@ fn not_a_bare_folder(path: &Path) -> CliResult<()> {
 
 /// `export ID FILE`.
 pub fn export(cx: &Context, id: &str, file: &Path) -> CliResult<()> {
+    if file == Path::new("-") {
+        // Not a file named `-` in the current folder, which a user of `-` as stdout
+        // (`export ID - | gzip`) would not look for.
+        return Err(Failure::usage(
+            "export writes a SQLite file, not to stdout: give its path (./- for a file named -)",
+        ));
+    }
     let id = session_id(id)?;
     let root = cx.open_root()?;
+    let interrupt = Interrupt::watch()?;
     let bar = spinner(&format!("exporting {id}"));
-    let report = root.export(&id, file);
+    let report = root.export_cancellable(&id, file, interrupt.token());
     bar.finish_and_clear();
     // The library names a taken destination as it names a taken session id.
     let report = report.map_err(|e| -> CliError {
-        if e.is_already_exists() {
+        if matches!(e, Error::Cancelled) {
+            let what = format!("nothing was written to {}", file.display());
+            interrupt.failure(e.into(), &what)
+        } else if e.is_already_exists() {
             Failure::with_code(
                 EXIT_EXISTS,
                 format!(
@@ -749,7 +761,7 @@ pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
             "could not delete"
         };
         for f in &report.failed {
-            eprintln!(
+            errln!(
                 "session-store: {failed} {}: {}",
                 f.session_id,
                 printable(&f.reason)
@@ -774,14 +786,14 @@ pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
 
 /// The session folder or file `verify` checks, with the session id when `target` names a
 /// session of the root (checked as the root opens it), else a path.
-fn verify_target(cx: &Context, target: &str) -> CliResult<(PathBuf, Option<SessionId>)> {
-    if let Ok(id) = SessionId::new(target) {
+fn verify_target(cx: &Context, target: &Path) -> CliResult<(PathBuf, Option<SessionId>)> {
+    if let Some(Ok(id)) = target.to_str().map(SessionId::new) {
         let dir = cx.root.join(id.as_str());
         if dir.join(SESSION_FILE).is_file() {
             return Ok((dir, Some(id)));
         }
     }
-    let path = PathBuf::from(target);
+    let path = target.to_path_buf();
     if path.exists() {
         not_a_bare_folder(&path)?;
         return Ok((path, None));
@@ -796,7 +808,7 @@ fn verify_target(cx: &Context, target: &str) -> CliResult<(PathBuf, Option<Sessi
 }
 
 /// `verify (ID | FILE)`.
-pub fn verify(cx: &Context, target: &str) -> CliResult<()> {
+pub fn verify(cx: &Context, target: &Path) -> CliResult<()> {
     let (path, id) = verify_target(cx, target)?;
     let bar = spinner(&format!("verifying {}", path.display()));
     let replayed = match &id {
@@ -938,7 +950,15 @@ pub fn rebuild_catalog(cx: &Context) -> CliResult<()> {
     let bar = spinner("rebuilding the catalog");
     let rebuilt = root.rebuild_catalog();
     bar.finish_and_clear();
-    let report = rebuilt?;
+    let report = rebuilt.map_err(|e| -> CliError {
+        if super::library_code(&e) == EXIT_OTHER {
+            // SQLite's "attempt to write a readonly database" named neither the root nor
+            // what was being done.
+            Failure::context(format!("rebuild the catalog of {}", cx.root.display()), &e)
+        } else {
+            e.into()
+        }
+    })?;
     report_skipped(&report.skipped);
     if cx.json {
         print_json(&report)

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use rusqlite::{Connection, Transaction};
 use serde::Serialize;
 
+use crate::cancel::CancelToken;
 use crate::error::{Error, Result};
 use crate::model::header::{Header, Origin};
 use crate::model::ids::random_u64;
@@ -71,15 +72,17 @@ impl ImportOptions {
 }
 
 /// Copies the validated log of `reader` up to `through` into a fresh file's connection,
-/// string values longer than `inline_threshold` as content parts.
+/// string values longer than `inline_threshold` as content parts; [`Error::Cancelled`]
+/// (nothing committed) as soon as `cancel` fires.
 fn copy_log(
     reader: &SessionReader,
     through: u64,
     conn: &mut Connection,
     inline_threshold: usize,
+    cancel: &CancelToken,
 ) -> Result<(u64, u64)> {
     write::in_transaction(conn, |tx| {
-        copy_commits(reader, through, tx, inline_threshold)
+        copy_commits(reader, through, tx, inline_threshold, cancel)
     })
 }
 
@@ -89,12 +92,16 @@ fn copy_commits(
     through: u64,
     tx: &Transaction<'_>,
     inline_threshold: usize,
+    cancel: &CancelToken,
 ) -> Result<(u64, u64)> {
     let mut validator = LogValidator::new();
     let mut pending = Vec::with_capacity(COPY_BATCH);
     let mut pending_bytes = 0usize;
     let mut commits = 0u64;
     reader.visit(through, |c| {
+        if cancel.is_cancelled() {
+            return Err(Error::Cancelled);
+        }
         let effects = validator.check(&c)?;
         commits += 1;
         pending_bytes += c.events.iter().map(Event::payload_len).sum::<usize>();
@@ -183,6 +190,22 @@ impl Root {
     /// own folders or the root itself); [`Error::Io`] of kind `NotFound` when its folder is
     /// missing; read, validation and I/O errors (no file is left at the destination).
     pub fn export(&self, id: &SessionId, destination: impl AsRef<Path>) -> Result<ExportReport> {
+        self.export_cancellable(id, destination, &CancelToken::new())
+    }
+
+    /// [`Root::export`] that stops when `cancel` fires (a command line's Ctrl-C): the
+    /// copy checks it before each commit and before the file is checked and renamed into
+    /// place, and a cancelled export removes its temporary file, as a failed one does.
+    ///
+    /// # Errors
+    /// [`Error::Cancelled`] when `cancel` fired before the file was in place (nothing is
+    /// left at the destination or beside it); otherwise as [`Root::export`].
+    pub fn export_cancellable(
+        &self,
+        id: &SessionId,
+        destination: impl AsRef<Path>,
+        cancel: &CancelToken,
+    ) -> Result<ExportReport> {
         let (folder, dest) = export_destination(destination.as_ref())?;
         // The root is the store's: a file in a session folder goes with that session's
         // delete, and one at the top takes an id's name (its session then "already exists"
@@ -202,11 +225,22 @@ impl Root {
         let written = (|| {
             let mut conn = schema::create_file(&temp)?;
             write::init_file(&mut conn, reader.header())?;
-            let (commits, events) =
-                copy_log(&reader, through, &mut conn, self.options().inline_threshold)?;
+            let (commits, events) = copy_log(
+                &reader,
+                through,
+                &mut conn,
+                self.options().inline_threshold,
+                cancel,
+            )?;
             schema::use_rollback_journal(&conn)?;
             schema::finish_staged(conn, &temp)?;
+            if cancel.is_cancelled() {
+                return Err(Error::Cancelled);
+            }
             check_integrity(&temp, Access::Shared)?;
+            if cancel.is_cancelled() {
+                return Err(Error::Cancelled);
+            }
             let bytes = std::fs::symlink_metadata(&temp).map_or(0, |m| m.len());
             rename_no_replace(&temp, &dest, &dest.display().to_string())?;
             sync_dir(&folder)?;
@@ -266,7 +300,15 @@ impl Root {
         let through = reader.durable_sequence()?;
         let (staged, _lock) = self.stage(&target, "import", |conn| {
             write::init_file(conn, &header)?;
-            copy_log(&reader, through, conn, self.options().inline_threshold).map(drop)
+            let never = CancelToken::new();
+            copy_log(
+                &reader,
+                through,
+                conn,
+                self.options().inline_threshold,
+                &never,
+            )
+            .map(drop)
         })?;
         self.publish(staged, &target)?;
         Ok(target)

@@ -132,7 +132,7 @@ fn open_browser(url: &str) {
         .stderr(std::process::Stdio::null())
         .spawn()
     {
-        eprintln!("session-store: warning: cannot start {opener}: {e}; open {url} yourself");
+        errln!("session-store: warning: cannot start {opener}: {e}; open {url} yourself");
     }
 }
 
@@ -185,7 +185,7 @@ pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
             writeln!(out, "{url}")?;
             out.flush()?;
         }
-        eprintln!(
+        errln!(
             "session-store: serving {} read-only at {url} (Ctrl-C stops)",
             cx.root.display()
         );
@@ -193,7 +193,7 @@ pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
             open_browser(&url);
         }
         listen::serve(listener, router(app), shutdown_requested()).await;
-        eprintln!("session-store: stopped");
+        errln!("session-store: stopped");
         Ok(())
     })
 }

@@ -1,0 +1,130 @@
+//! Ctrl-C (SIGINT) and SIGTERM for the commands that leave something behind when a signal
+//! ends them at once: `export` (a temporary file beside its destination) watches a token
+//! the first signal cancels, removes what it wrote and fails with status 128 + the
+//! signal's number (130, 143), as a shell reports a process the signal ended; `bench`
+//! (its scratch folder in the root) removes it on the signal's thread and exits with that
+//! status. A second signal ends the process at once. Every other command keeps the
+//! signals' default action (the root is crash-safe).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use session_store::CancelToken;
+use tokio::signal::unix::{SignalKind, signal};
+
+use super::{CliError, CliResult, Failure};
+
+/// SIGINT's number.
+const SIGINT: i32 = 2;
+/// SIGTERM's number.
+const SIGTERM: i32 = 15;
+
+/// The signals a command listens for, from [`Interrupt::watch`] to the end of the process.
+pub struct Interrupt {
+    /// Cancelled by the first signal.
+    token: CancelToken,
+    /// The first signal's number, 0 before one came.
+    signal: Arc<AtomicI32>,
+}
+
+impl Interrupt {
+    /// Starts listening for SIGINT and SIGTERM on a thread of its own. From then on the
+    /// signals no longer end the process by themselves: the command watches
+    /// [`Interrupt::token`].
+    ///
+    /// # Errors
+    /// The signals cannot be listened for, or the thread cannot be started.
+    pub fn watch() -> CliResult<Interrupt> {
+        let token = CancelToken::new();
+        let first = Arc::new(AtomicI32::new(0));
+        let (cancel, seen) = (token.clone(), Arc::clone(&first));
+        listen(move |number| {
+            seen.store(number, Ordering::SeqCst);
+            cancel.cancel();
+        })?;
+        Ok(Interrupt {
+            token,
+            signal: first,
+        })
+    }
+
+    /// Starts listening for SIGINT and SIGTERM on a thread of its own, for a command whose
+    /// work can simply stop (`bench`): the first signal runs `clean_up` on that thread
+    /// and ends the process with 128 + its number.
+    ///
+    /// # Errors
+    /// The signals cannot be listened for, or the thread cannot be started.
+    pub fn exit_after(clean_up: impl FnOnce() + Send + 'static) -> CliResult<()> {
+        let mut clean_up = Some(clean_up);
+        listen(move |number| {
+            if let Some(clean_up) = clean_up.take() {
+                clean_up();
+            }
+            std::process::exit(status(number).into());
+        })
+    }
+
+    /// The token the first signal cancels.
+    pub fn token(&self) -> &CancelToken {
+        &self.token
+    }
+
+    /// `error` as the command's failure: when a signal stopped the command, a failure with
+    /// status 128 + its number saying `what` (`"nothing was written"`), else `error`.
+    pub fn failure(&self, error: CliError, what: &str) -> CliError {
+        match self.signal.load(Ordering::SeqCst) {
+            0 => error,
+            number => Failure::with_code(
+                status(number),
+                format!(
+                    "interrupted by {}; {what}",
+                    if number == SIGINT {
+                        "SIGINT"
+                    } else {
+                        "SIGTERM"
+                    }
+                ),
+            ),
+        }
+    }
+}
+
+/// The exit status of a process a signal stopped: 128 + its number.
+fn status(signal: i32) -> u8 {
+    u8::try_from(128 + signal).unwrap_or(super::EXIT_OTHER)
+}
+
+/// Listens for SIGINT and SIGTERM on a thread of its own (registered before this returns,
+/// so a signal right after it is caught): the first one calls `first` with its number, a
+/// second one ends the process at once with 128 + its number (the user insists).
+fn listen(mut first: impl FnMut(i32) + Send + 'static) -> CliResult<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()?;
+    let (mut interrupt, mut terminate) = {
+        let _context = runtime.enter();
+        (
+            signal(SignalKind::interrupt())?,
+            signal(SignalKind::terminate())?,
+        )
+    };
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let mut seen = false;
+                loop {
+                    let number = tokio::select! {
+                        Some(()) = interrupt.recv() => SIGINT,
+                        Some(()) = terminate.recv() => SIGTERM,
+                        else => return,
+                    };
+                    if std::mem::replace(&mut seen, true) {
+                        std::process::exit(status(number).into());
+                    }
+                    first(number);
+                }
+            });
+        })?;
+    Ok(())
+}
