@@ -461,6 +461,31 @@ impl Error {
         }
     }
 
+    /// True when the process, not the file it was reading, ran out of something: the
+    /// disk or its quota ([`Error::DiskFull`], `ENOSPC`, `EDQUOT`), file descriptors
+    /// (`EMFILE`, `ENFILE`), memory (`ENOMEM`, SQLite's `SQLITE_NOMEM`), or a read
+    /// connection in time ([`Error::ReadConnection`]). A session that fails so is not
+    /// unreadable: a listing or an index fill must not pass over it as if it were.
+    pub(crate) fn is_exhaustion(&self) -> bool {
+        use rustix::io::Errno;
+        match self {
+            Error::DiskFull(_) | Error::ReadConnection(_) => true,
+            Error::Io { source, .. } => source.raw_os_error().is_some_and(|code| {
+                [
+                    Errno::NOSPC,
+                    Errno::DQUOT,
+                    Errno::MFILE,
+                    Errno::NFILE,
+                    Errno::NOMEM,
+                ]
+                .iter()
+                .any(|e| e.raw_os_error() == code)
+            }),
+            Error::Sqlite(e) => e.sqlite_error_code() == Some(rusqlite::ErrorCode::OutOfMemory),
+            _ => false,
+        }
+    }
+
     /// True when retrying the same write later can succeed without reopening
     /// (the transaction rolled back cleanly: full disk, busy database).
     pub(crate) fn is_retryable_write(&self) -> bool {
@@ -484,6 +509,12 @@ impl From<rusqlite::Error> for Error {
                     Error::corrupt_from("SQLite reports", e)
                 }
                 ErrorCode::DiskFull => Error::DiskFull(std::sync::Arc::new(e)),
+                // SQLite could not open a file (the database, its `-wal` or `-shm`) because
+                // the process or the system has no descriptor left: the process's limit,
+                // not the file's fault (a list skipped every session as unreadable).
+                ErrorCode::CannotOpen if let Some(os) = descriptors_exhausted() => {
+                    Error::io(e.to_string(), os)
+                }
                 // The `-shm` file could not be grown: on a full disk (or quota) a reader
                 // that must make it fails here, before any page is read.
                 ErrorCode::SystemIoFailure
@@ -509,6 +540,21 @@ impl From<rusqlite::Error> for Error {
             | rusqlite::Error::Utf8Error(..) => Error::corrupt_from("undecodable row", e),
             _ => Error::Sqlite(std::sync::Arc::new(e)),
         }
+    }
+}
+
+/// The error of opening a file now, when it is that this process (`EMFILE`) or the
+/// system (`ENFILE`) has no file descriptor left; `None` when one can be opened.
+pub(crate) fn descriptors_exhausted() -> Option<std::io::Error> {
+    use rustix::io::Errno;
+    match std::fs::File::open("/") {
+        Err(e)
+            if e.raw_os_error() == Some(Errno::MFILE.raw_os_error())
+                || e.raw_os_error() == Some(Errno::NFILE.raw_os_error()) =>
+        {
+            Some(e)
+        }
+        _ => None,
     }
 }
 

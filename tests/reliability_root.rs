@@ -807,3 +807,85 @@ fn list_on_a_full_disk() {
         eprintln!("list_on_a_full_disk: skipped (cannot mount a tmpfs)");
     }
 }
+
+/// Out of file descriptors (`ulimit -n`, set for the child by `sh`), `list`, `search` (its
+/// index filled anew) and `rebuild-catalog` over 40 sessions answer in full or fail naming
+/// "Too many open files". `list` skipped every session it could not open as unreadable and
+/// said "no sessions in ROOT" (exit 0); the search's fill marked its index filled without
+/// them, so every later search, with descriptors back, said "no matches".
+#[test]
+fn out_of_descriptors_is_an_error_not_an_empty_root() {
+    let env = Env::new();
+    const SESSIONS: usize = 40;
+    for i in 0..SESSIONS {
+        env.session(&format!("s{i:02}"), 1);
+    }
+    let limited = |n: usize, args: &[&str]| -> Output {
+        Command::new("sh")
+            .args(["-c", "ulimit -n \"$1\" && shift && exec \"$@\"", "sh"])
+            .arg(n.to_string())
+            .arg(BIN)
+            .arg("--root")
+            .arg(&env.root)
+            .args(args)
+            .output()
+            .expect("run sh")
+    };
+    let hits = |out: &Output| -> usize {
+        let page: Value = serde_json::from_slice(&out.stdout).expect("search json");
+        page["hits"].as_array().expect("hits").len()
+    };
+    let search = ["--json", "search", "hello", "--limit", "100"];
+    let drop_index = || {
+        for f in ["search.sqlite", "search.sqlite-wal", "search.sqlite-shm"] {
+            let _ = std::fs::remove_file(env.root.join(".catalog").join(f));
+        }
+    };
+    let mut failed = 0;
+    for n in (12..=40).step_by(2) {
+        let out = limited(n, &["--json", "list", "--limit", "100"]);
+        let (stdout, stderr) = texts(&out);
+        if out.status.success() {
+            let page: Value = serde_json::from_str(&stdout).expect("list json");
+            assert_eq!(
+                page["sessions"].as_array().expect("sessions").len(),
+                SESSIONS,
+                "ulimit -n {n}: {stderr}"
+            );
+            assert_eq!(page["skipped"], Value::Array(vec![]), "ulimit -n {n}");
+        } else {
+            failed += 1;
+            assert_eq!(out.status.code(), Some(1), "ulimit -n {n}: {stderr}");
+            assert!(
+                stderr.contains("Too many open files"),
+                "ulimit -n {n}: {stderr}"
+            );
+        }
+        drop_index();
+        let out = limited(n, &search);
+        if out.status.success() {
+            assert_eq!(hits(&out), SESSIONS, "ulimit -n {n}");
+        } else {
+            let stderr = texts(&out).1;
+            assert!(
+                stderr.contains("Too many open files"),
+                "ulimit -n {n}: {stderr}"
+            );
+        }
+        // With descriptors back, the index the limited search left answers in full.
+        assert_eq!(hits(&env.run(&search)), SESSIONS, "after ulimit -n {n}");
+        let out = limited(n, &["--json", "rebuild-catalog"]);
+        if out.status.success() {
+            let report: Value = serde_json::from_slice(&out.stdout).expect("rebuild json");
+            assert_eq!(report["sessions"], SESSIONS, "ulimit -n {n}");
+        } else {
+            let stderr = texts(&out).1;
+            assert!(
+                stderr.contains("Too many open files"),
+                "ulimit -n {n}: {stderr}"
+            );
+        }
+        assert_eq!(env.listed().0.len(), SESSIONS, "after ulimit -n {n}");
+    }
+    assert!(failed > 0, "no limit was low enough to make list fail");
+}

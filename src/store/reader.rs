@@ -83,6 +83,11 @@ impl ReadPool {
             Err(_) if !self.file.is_file() => {
                 Err(Error::SessionNotFound(self.file.display().to_string()))
             }
+            // No descriptor left for a connection: waiting the pool's 5 s for each file
+            // would not give one back (a listing of hundreds of sessions stalled).
+            Err(_) if let Some(os) = crate::error::descriptors_exhausted() => {
+                Err(Error::io(format!("open {}", self.file.display()), os))
+            }
             Err(_) => Ok(self.pool.get()?),
         }
     }

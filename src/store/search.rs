@@ -489,7 +489,8 @@ impl SearchIndex {
     /// passed to `skipped` and left out.
     ///
     /// # Errors
-    /// SQLite errors of the index.
+    /// SQLite errors of the index; a session's error that is the process's
+    /// ([`Error::is_exhaustion`]), with the index left as it was.
     pub(crate) fn rebuild(
         &self,
         readers: impl Iterator<Item = Result<SessionReader>>,
@@ -518,6 +519,11 @@ impl SearchIndex {
             });
             match indexed {
                 Ok(()) => count += 1,
+                // Out of descriptors, memory or disk: the session is not unreadable, and
+                // an index marked filled without it (every session, when descriptors ran
+                // out) answered "no matches" for good. Nothing is kept; the next search
+                // fills it again.
+                Err(e) if e.is_exhaustion() => return Err(e),
                 Err(e) => skipped(e),
             }
         }
