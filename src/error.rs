@@ -463,24 +463,27 @@ impl Error {
 
     /// True when the process, not the file it was reading, ran out of something: the
     /// disk or its quota ([`Error::DiskFull`], `ENOSPC`, `EDQUOT`), file descriptors
-    /// (`EMFILE`, `ENFILE`), memory (`ENOMEM`, SQLite's `SQLITE_NOMEM`), or a read
-    /// connection in time ([`Error::ReadConnection`]). A session that fails so is not
-    /// unreadable: a listing or an index fill must not pass over it as if it were.
+    /// (`EMFILE`, `ENFILE`), threads (`EAGAIN`, [`no_thread`]), memory (`ENOMEM`,
+    /// SQLite's `SQLITE_NOMEM`), or a read connection in time
+    /// ([`Error::ReadConnection`]). A session that fails so is not unreadable: a listing
+    /// or an index fill must not pass over it as if it were.
     pub(crate) fn is_exhaustion(&self) -> bool {
         use rustix::io::Errno;
+        const OUT_OF: [Errno; 5] = [
+            Errno::NOSPC,
+            Errno::DQUOT,
+            Errno::MFILE,
+            Errno::NFILE,
+            Errno::NOMEM,
+        ];
         match self {
             Error::DiskFull(_) | Error::ReadConnection(_) => true,
-            Error::Io { source, .. } => source.raw_os_error().is_some_and(|code| {
-                [
-                    Errno::NOSPC,
-                    Errno::DQUOT,
-                    Errno::MFILE,
-                    Errno::NFILE,
-                    Errno::NOMEM,
-                ]
-                .iter()
-                .any(|e| e.raw_os_error() == code)
-            }),
+            Error::Io { source, .. } => {
+                source.kind() == std::io::ErrorKind::WouldBlock
+                    || source
+                        .raw_os_error()
+                        .is_some_and(|code| OUT_OF.iter().any(|e| e.raw_os_error() == code))
+            }
             Error::Sqlite(e) => e.sqlite_error_code() == Some(rusqlite::ErrorCode::OutOfMemory),
             _ => false,
         }
@@ -556,6 +559,15 @@ pub(crate) fn descriptors_exhausted() -> Option<std::io::Error> {
         }
         _ => None,
     }
+}
+
+/// The error of a thread that could not be started where the code that failed panics
+/// instead of returning the OS's error (tokio's `spawn_blocking`, `ScheduledThreadPool`).
+pub(crate) fn no_thread() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::WouldBlock,
+        "no thread could be started (the process or its user is out of threads or memory)",
+    )
 }
 
 impl From<rusqlite_migration::Error> for Error {

@@ -889,3 +889,78 @@ fn out_of_descriptors_is_an_error_not_an_empty_root() {
     }
     assert!(failed > 0, "no limit was low enough to make list fail");
 }
+
+/// Out of threads (`prlimit --nproc` 1 to 4, as a user id of its own through `setpriv`,
+/// since root is not held to the limit), `list` and `search` answer in full or fail with
+/// exit 1 naming the thread that could not be started. The read pools' thread
+/// (`ScheduledThreadPool`), the search's read-back threads (`std::thread::scope`) and
+/// tokio's blocking thread panicked ("internal error: … panicked", or exit 101), and
+/// `list` and the search's index fill skipped every session ("no sessions", no hits).
+#[test]
+fn out_of_threads_is_an_error_not_a_panic() {
+    let tools = ["setpriv", "prlimit"];
+    if let Some(missing) = tools.iter().find(|t| {
+        !["/usr/bin", "/bin", "/usr/sbin", "/sbin"]
+            .iter()
+            .any(|d| Path::new(d).join(t).is_file())
+    }) {
+        eprintln!("out_of_threads_is_an_error_not_a_panic: skipped ({missing} not found)");
+        return;
+    }
+    // A user of its own: no other process counts against its limit.
+    let user = ["--reuid=64321", "--regid=64321", "--clear-groups"];
+    if !Command::new("setpriv")
+        .args(user)
+        .arg("true")
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        eprintln!("out_of_threads_is_an_error_not_a_panic: skipped (setpriv cannot switch user)");
+        return;
+    }
+    let env = Env::new();
+    const SESSIONS: usize = 12;
+    for i in 0..SESSIONS {
+        env.session(&format!("s{i:02}"), 1);
+    }
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(env.work(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+    }
+    let limited = |n: usize, args: &[&str]| -> Output {
+        Command::new("setpriv")
+            .args(user)
+            .arg("prlimit")
+            .arg(format!("--nproc={n}"))
+            .arg(BIN)
+            .arg("--root")
+            .arg(&env.root)
+            .args(args)
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .expect("run setpriv")
+    };
+    let count = |out: &Output, key: &str| -> usize {
+        let page: Value = serde_json::from_slice(&out.stdout).expect("json");
+        page[key].as_array().expect(key).len()
+    };
+    for n in 1..=4 {
+        for (args, key) in [
+            (&["--json", "list", "--limit", "100"][..], "sessions"),
+            (&["--json", "search", "hello", "--limit", "100"], "hits"),
+        ] {
+            let out = limited(n, args);
+            let stderr = texts(&out).1;
+            assert!(
+                !stderr.contains("internal error"),
+                "--nproc={n} {args:?}: {stderr}"
+            );
+            match out.status.code() {
+                Some(0) => assert_eq!(count(&out, key), SESSIONS, "--nproc={n} {args:?}"),
+                Some(1) => assert!(stderr.contains("thread"), "--nproc={n} {args:?}: {stderr}"),
+                other => panic!("--nproc={n} {args:?}: exit {other:?}: {stderr}"),
+            }
+        }
+    }
+}
