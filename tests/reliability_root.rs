@@ -158,6 +158,18 @@ fn one_bad_session_does_not_take_the_root_down() {
         .expect("foreign file");
     env.sql("y", "PRAGMA user_version = 99");
 
+    // A root whose only session cannot be read is not a root with no sessions.
+    let alone = Env::new();
+    alone.session("z", 1);
+    alone.sql("z", "PRAGMA user_version = 99");
+    let (stdout, stderr) = alone.ok(&["list"]);
+    assert!(stderr.contains("skipped session z"), "{stderr}");
+    assert!(stdout.starts_with("no readable sessions in "), "{stdout}");
+    assert!(
+        stdout.contains("(1 skipped: they cannot be read"),
+        "{stdout}"
+    );
+
     let (stdout, stderr) = env.ok(&["list"]);
     assert!(stdout.contains("a ") && stdout.contains("c "), "{stdout}");
     assert!(stderr.contains("skipped session x"), "{stderr}");
