@@ -461,6 +461,34 @@ impl Error {
         }
     }
 
+    /// True when the process, not the file it was reading, ran out of something: the
+    /// disk or its quota ([`Error::DiskFull`], `ENOSPC`, `EDQUOT`), file descriptors
+    /// (`EMFILE`, `ENFILE`), threads (`EAGAIN`, [`no_thread`]), memory (`ENOMEM`,
+    /// SQLite's `SQLITE_NOMEM`), or a read connection in time
+    /// ([`Error::ReadConnection`]). A session that fails so is not unreadable: a listing
+    /// or an index fill must not pass over it as if it were.
+    pub(crate) fn is_exhaustion(&self) -> bool {
+        use rustix::io::Errno;
+        const OUT_OF: [Errno; 5] = [
+            Errno::NOSPC,
+            Errno::DQUOT,
+            Errno::MFILE,
+            Errno::NFILE,
+            Errno::NOMEM,
+        ];
+        match self {
+            Error::DiskFull(_) | Error::ReadConnection(_) => true,
+            Error::Io { source, .. } => {
+                source.kind() == std::io::ErrorKind::WouldBlock
+                    || source
+                        .raw_os_error()
+                        .is_some_and(|code| OUT_OF.iter().any(|e| e.raw_os_error() == code))
+            }
+            Error::Sqlite(e) => e.sqlite_error_code() == Some(rusqlite::ErrorCode::OutOfMemory),
+            _ => false,
+        }
+    }
+
     /// True when retrying the same write later can succeed without reopening
     /// (the transaction rolled back cleanly: full disk, busy database).
     pub(crate) fn is_retryable_write(&self) -> bool {
@@ -484,6 +512,12 @@ impl From<rusqlite::Error> for Error {
                     Error::corrupt_from("SQLite reports", e)
                 }
                 ErrorCode::DiskFull => Error::DiskFull(std::sync::Arc::new(e)),
+                // SQLite could not open a file (the database, its `-wal` or `-shm`) because
+                // the process or the system has no descriptor left: the process's limit,
+                // not the file's fault (a list skipped every session as unreadable).
+                ErrorCode::CannotOpen if let Some(os) = descriptors_exhausted() => {
+                    Error::io(e.to_string(), os)
+                }
                 // The `-shm` file could not be grown: on a full disk (or quota) a reader
                 // that must make it fails here, before any page is read.
                 ErrorCode::SystemIoFailure
@@ -510,6 +544,30 @@ impl From<rusqlite::Error> for Error {
             _ => Error::Sqlite(std::sync::Arc::new(e)),
         }
     }
+}
+
+/// The error of opening a file now, when it is that this process (`EMFILE`) or the
+/// system (`ENFILE`) has no file descriptor left; `None` when one can be opened.
+pub(crate) fn descriptors_exhausted() -> Option<std::io::Error> {
+    use rustix::io::Errno;
+    match std::fs::File::open("/") {
+        Err(e)
+            if e.raw_os_error() == Some(Errno::MFILE.raw_os_error())
+                || e.raw_os_error() == Some(Errno::NFILE.raw_os_error()) =>
+        {
+            Some(e)
+        }
+        _ => None,
+    }
+}
+
+/// The error of a thread that could not be started where the code that failed panics
+/// instead of returning the OS's error (tokio's `spawn_blocking`, `ScheduledThreadPool`).
+pub(crate) fn no_thread() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::WouldBlock,
+        "no thread could be started (the process or its user is out of threads or memory)",
+    )
 }
 
 impl From<rusqlite_migration::Error> for Error {

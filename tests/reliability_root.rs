@@ -158,6 +158,18 @@ fn one_bad_session_does_not_take_the_root_down() {
         .expect("foreign file");
     env.sql("y", "PRAGMA user_version = 99");
 
+    // A root whose only session cannot be read is not a root with no sessions.
+    let alone = Env::new();
+    alone.session("z", 1);
+    alone.sql("z", "PRAGMA user_version = 99");
+    let (stdout, stderr) = alone.ok(&["list"]);
+    assert!(stderr.contains("skipped session z"), "{stderr}");
+    assert!(stdout.starts_with("no readable sessions in "), "{stdout}");
+    assert!(
+        stdout.contains("(1 skipped: they cannot be read"),
+        "{stdout}"
+    );
+
     let (stdout, stderr) = env.ok(&["list"]);
     assert!(stdout.contains("a ") && stdout.contains("c "), "{stdout}");
     assert!(stderr.contains("skipped session x"), "{stderr}");
@@ -812,5 +824,166 @@ fn list_on_a_full_disk() {
     });
     if !ran {
         eprintln!("list_on_a_full_disk: skipped (cannot mount a tmpfs)");
+    }
+}
+
+/// Out of file descriptors (`ulimit -n`, set for the child by `sh`), `list`, `search` (its
+/// index filled anew) and `rebuild-catalog` over 40 sessions answer in full or fail naming
+/// "Too many open files". `list` skipped every session it could not open as unreadable and
+/// said "no sessions in ROOT" (exit 0); the search's fill marked its index filled without
+/// them, so every later search, with descriptors back, said "no matches".
+#[test]
+fn out_of_descriptors_is_an_error_not_an_empty_root() {
+    let env = Env::new();
+    const SESSIONS: usize = 40;
+    for i in 0..SESSIONS {
+        env.session(&format!("s{i:02}"), 1);
+    }
+    let limited = |n: usize, args: &[&str]| -> Output {
+        Command::new("sh")
+            .args(["-c", "ulimit -n \"$1\" && shift && exec \"$@\"", "sh"])
+            .arg(n.to_string())
+            .arg(BIN)
+            .arg("--root")
+            .arg(&env.root)
+            .args(args)
+            .output()
+            .expect("run sh")
+    };
+    let hits = |out: &Output| -> usize {
+        let page: Value = serde_json::from_slice(&out.stdout).expect("search json");
+        page["hits"].as_array().expect("hits").len()
+    };
+    let search = ["--json", "search", "hello", "--limit", "100"];
+    let drop_index = || {
+        for f in ["search.sqlite", "search.sqlite-wal", "search.sqlite-shm"] {
+            let _ = std::fs::remove_file(env.root.join(".catalog").join(f));
+        }
+    };
+    let mut failed = 0;
+    for n in (12..=40).step_by(2) {
+        let out = limited(n, &["--json", "list", "--limit", "100"]);
+        let (stdout, stderr) = texts(&out);
+        if out.status.success() {
+            let page: Value = serde_json::from_str(&stdout).expect("list json");
+            assert_eq!(
+                page["sessions"].as_array().expect("sessions").len(),
+                SESSIONS,
+                "ulimit -n {n}: {stderr}"
+            );
+            assert_eq!(page["skipped"], Value::Array(vec![]), "ulimit -n {n}");
+        } else {
+            failed += 1;
+            assert_eq!(out.status.code(), Some(1), "ulimit -n {n}: {stderr}");
+            assert!(
+                stderr.contains("Too many open files"),
+                "ulimit -n {n}: {stderr}"
+            );
+        }
+        drop_index();
+        let out = limited(n, &search);
+        if out.status.success() {
+            assert_eq!(hits(&out), SESSIONS, "ulimit -n {n}");
+        } else {
+            // The search reads hits back on several threads: one may free a descriptor
+            // between another's failed open and the check that names the limit, so
+            // SQLite's own words may stand.
+            let stderr = texts(&out).1;
+            assert!(
+                stderr.contains("Too many open files")
+                    || stderr.contains("unable to open database file"),
+                "ulimit -n {n}: {stderr}"
+            );
+        }
+        // With descriptors back, the index the limited search left answers in full.
+        assert_eq!(hits(&env.run(&search)), SESSIONS, "after ulimit -n {n}");
+        let out = limited(n, &["--json", "rebuild-catalog"]);
+        if out.status.success() {
+            let report: Value = serde_json::from_slice(&out.stdout).expect("rebuild json");
+            assert_eq!(report["sessions"], SESSIONS, "ulimit -n {n}");
+        } else {
+            let stderr = texts(&out).1;
+            assert!(
+                stderr.contains("Too many open files"),
+                "ulimit -n {n}: {stderr}"
+            );
+        }
+        assert_eq!(env.listed().0.len(), SESSIONS, "after ulimit -n {n}");
+    }
+    assert!(failed > 0, "no limit was low enough to make list fail");
+}
+
+/// Out of threads (`prlimit --nproc` 1 to 4, as a user id of its own through `setpriv`,
+/// since root is not held to the limit), `list` and `search` answer in full or fail with
+/// exit 1 naming the thread that could not be started. The read pools' thread
+/// (`ScheduledThreadPool`), the search's read-back threads (`std::thread::scope`) and
+/// tokio's blocking thread panicked ("internal error: … panicked", or exit 101), and
+/// `list` and the search's index fill skipped every session ("no sessions", no hits).
+#[test]
+fn out_of_threads_is_an_error_not_a_panic() {
+    let tools = ["setpriv", "prlimit"];
+    if let Some(missing) = tools.iter().find(|t| {
+        !["/usr/bin", "/bin", "/usr/sbin", "/sbin"]
+            .iter()
+            .any(|d| Path::new(d).join(t).is_file())
+    }) {
+        eprintln!("out_of_threads_is_an_error_not_a_panic: skipped ({missing} not found)");
+        return;
+    }
+    // A user of its own: no other process counts against its limit.
+    let user = ["--reuid=64321", "--regid=64321", "--clear-groups"];
+    if !Command::new("setpriv")
+        .args(user)
+        .arg("true")
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        eprintln!("out_of_threads_is_an_error_not_a_panic: skipped (setpriv cannot switch user)");
+        return;
+    }
+    let env = Env::new();
+    const SESSIONS: usize = 12;
+    for i in 0..SESSIONS {
+        env.session(&format!("s{i:02}"), 1);
+    }
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(env.work(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+    }
+    let limited = |n: usize, args: &[&str]| -> Output {
+        Command::new("setpriv")
+            .args(user)
+            .arg("prlimit")
+            .arg(format!("--nproc={n}"))
+            .arg(BIN)
+            .arg("--root")
+            .arg(&env.root)
+            .args(args)
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .expect("run setpriv")
+    };
+    let count = |out: &Output, key: &str| -> usize {
+        let page: Value = serde_json::from_slice(&out.stdout).expect("json");
+        page[key].as_array().expect(key).len()
+    };
+    for n in 1..=4 {
+        for (args, key) in [
+            (&["--json", "list", "--limit", "100"][..], "sessions"),
+            (&["--json", "search", "hello", "--limit", "100"], "hits"),
+        ] {
+            let out = limited(n, args);
+            let stderr = texts(&out).1;
+            assert!(
+                !stderr.contains("internal error"),
+                "--nproc={n} {args:?}: {stderr}"
+            );
+            match out.status.code() {
+                Some(0) => assert_eq!(count(&out, key), SESSIONS, "--nproc={n} {args:?}"),
+                Some(1) => assert!(stderr.contains("thread"), "--nproc={n} {args:?}: {stderr}"),
+                other => panic!("--nproc={n} {args:?}: exit {other:?}: {stderr}"),
+            }
+        }
     }
 }

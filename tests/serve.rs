@@ -1779,3 +1779,81 @@ fn the_stylesheet_is_revalidated_by_its_entity_tag() {
     assert_eq!(other.status, 200);
     assert_eq!(other.body, css.body);
 }
+
+/// A server limited to 64 file descriptors (`prlimit --nofile=64`) over 80 closed
+/// sessions: searches whose hits are in every session kept a connection to each of 64
+/// session files, all the descriptors it had, so later searches and pages failed with "Too
+/// many open files" or were never answered (a connection that cannot be accepted). The
+/// kept connections are now at most one per 16 descriptors, and closed when a file cannot
+/// be opened: every search and page answers.
+#[test]
+fn kept_search_connections_leave_the_server_descriptors() {
+    if !["/usr/bin", "/bin"]
+        .iter()
+        .any(|d| std::path::Path::new(d).join("prlimit").is_file())
+    {
+        eprintln!("kept_search_connections_leave_the_server_descriptors: skipped (no prlimit)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = Root::open(dir.path()).unwrap();
+    const SESSIONS: usize = 80;
+    for i in 0..SESSIONS {
+        let s = root
+            .create(CreateOptions::with_id(
+                SessionId::new(format!("s{i:02}")).unwrap(),
+            ))
+            .unwrap();
+        let message =
+            json!({"message": {"id": "m1", "role": "user", "content": format!("alpha {i}")}});
+        s.append(Batch::new(
+            "op",
+            vec![
+                Event::new("message/complete")
+                    .with_payload(&message)
+                    .unwrap(),
+            ],
+        ))
+        .unwrap();
+        s.close().unwrap();
+    }
+    drop(root);
+    // Left alone long enough to be read without locks (one descriptor a connection).
+    std::thread::sleep(Duration::from_millis(1500));
+    let server = Server::spawn(Server::command(
+        &["prlimit", "--nofile=64"],
+        dir.path(),
+        "127.0.0.1:0",
+        &[],
+    ));
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(20)))
+        .build()
+        .into();
+    let get = |path: &str| -> (u16, String) {
+        match agent.get(format!("{}{path}", server.base)).call() {
+            Ok(mut r) => (
+                r.status().as_u16(),
+                r.body_mut().read_to_string().unwrap_or_default(),
+            ),
+            Err(e) => (0, format!("no answer: {e}")),
+        }
+    };
+    for round in 0..3 {
+        let (status, body) = get("/api/search?q=alpha&limit=100");
+        assert_eq!(status, 200, "search {round}: {body}");
+        let hits: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(hits["hits"].as_array().unwrap().len(), SESSIONS);
+    }
+    for i in (0..SESSIONS).step_by(7) {
+        for path in [
+            format!("/sessions/s{i:02}"),
+            format!("/api/sessions/s{i:02}/history"),
+            "/api/sessions?limit=100".to_owned(),
+        ] {
+            let (status, body) = get(&path);
+            assert_eq!(status, 200, "{path} after the searches: {body}");
+        }
+    }
+}

@@ -97,9 +97,16 @@ pub fn list(cx: &Context, limit: usize, cursor: Option<&str>, filter: ListFilter
             (true, false) => "no sessions match the filters",
             (true, true) => "no more sessions match the filters after the cursor",
             (false, true) => "no more sessions after the cursor",
-            (false, false) => "no sessions",
+            (false, false) if page.skipped.is_empty() => "no sessions",
+            (false, false) => "no readable sessions",
         };
-        outln!("{what} in {}", cx.root.display());
+        // Sessions that could not be read are not "no sessions" (a root whose every
+        // session was skipped said so).
+        let skipped = match page.skipped.len() {
+            0 => String::new(),
+            n => format!(" ({n} skipped: they cannot be read, named above)"),
+        };
+        outln!("{what} in {}{skipped}", cx.root.display());
         return Ok(());
     }
     let width = page

@@ -651,7 +651,7 @@ impl Catalog {
         if let Some(entry) = cached {
             return Ok(entry);
         }
-        match compute(root, &stamper, id) {
+        match compute(root, &stamper, id)? {
             Computed::Entry(entry) => {
                 // The catalog is derived: a failed update only costs a recomputation.
                 let _ = row(&stamper, &entry).and_then(|r| self.put_row(root, &entry, &r));
@@ -762,7 +762,7 @@ impl Catalog {
             if stamper.stamp(&id) == stamp {
                 continue;
             }
-            match compute(root, stamper, &id) {
+            match compute(root, stamper, &id)? {
                 Computed::Entry(entry) => self.put_row(root, &entry, &row(stamper, &entry)?)?,
                 Computed::Gone => self.forget(root, &id)?,
                 Computed::Unreadable(s) => {
@@ -872,7 +872,7 @@ impl Catalog {
                     .flatten();
                 let entry = match cached {
                     Some(entry) => entry,
-                    None => match compute(root, stamper, &id) {
+                    None => match compute(root, stamper, &id)? {
                         Computed::Entry(entry) => {
                             self.put_row(root, &entry, &row(stamper, &entry)?)?;
                             *entry
@@ -904,7 +904,7 @@ impl Catalog {
         let mut rows = Vec::with_capacity(ids.len());
         let mut skipped = Vec::new();
         for id in &ids {
-            match compute(root, &stamper, id) {
+            match compute(root, &stamper, id)? {
                 Computed::Entry(entry) => rows.push((id, row(&stamper, &entry)?)),
                 // Deleted since it was listed: nothing to index.
                 Computed::Gone => {}
@@ -955,7 +955,7 @@ fn direct_page(
         if out.entries.len() >= limit {
             break;
         }
-        match compute(root, stamper, &id) {
+        match compute(root, stamper, &id)? {
             Computed::Entry(entry) => out.entries.push(*entry),
             Computed::Gone => {}
             Computed::Unreadable(skipped) => out.skipped.push(skipped),
@@ -970,7 +970,7 @@ fn direct_totals(root: &Root) -> Result<CatalogTotals> {
     let stamper = Stamper::open(root.path())?;
     let mut totals = CatalogTotals::default();
     for id in root.list_ids()? {
-        let Computed::Entry(entry) = compute(root, &stamper, &id) else {
+        let Computed::Entry(entry) = compute(root, &stamper, &id)? else {
             continue;
         };
         let (file_bytes, wal_bytes) = stamper.bytes(&id);
@@ -1000,7 +1000,7 @@ fn direct_filtered_page(
     let mut out = Listing::default();
     let mut entries = Vec::new();
     for sid in root.list_ids()? {
-        match compute(root, stamper, &sid) {
+        match compute(root, stamper, &sid)? {
             Computed::Entry(entry) => entries.push(*entry),
             Computed::Gone => {}
             Computed::Unreadable(skipped) => out.skipped.push(skipped),
@@ -1034,8 +1034,11 @@ enum Computed {
 }
 
 /// A session's entry, computed from its file. An error is the session's own when its
-/// file is still there afterwards; otherwise it was deleted while being read.
-fn compute(root: &Root, stamper: &Stamper, id: &SessionId) -> Computed {
+/// file is still there afterwards; otherwise it was deleted while being read. An error
+/// of the process's own (no descriptor, memory or disk left: [`Error::is_exhaustion`]) is
+/// returned: the session is not unreadable, and a listing that skipped it (every session,
+/// when descriptors ran out) answered "no sessions".
+fn compute(root: &Root, stamper: &Stamper, id: &SessionId) -> Result<Computed> {
     let read = || -> Result<CatalogEntry> {
         let reader = root.open_reader(id)?;
         Ok(CatalogEntry::new(
@@ -1045,15 +1048,16 @@ fn compute(root: &Root, stamper: &Stamper, id: &SessionId) -> Computed {
             &root.session_dir(id),
         ))
     };
-    match read() {
+    Ok(match read() {
         Ok(entry) => Computed::Entry(Box::new(entry)),
         Err(_) if stamper.stamp(id).starts_with(MISSING) => Computed::Gone,
         Err(Error::SessionNotFound(_)) => Computed::Gone,
+        Err(e) if e.is_exhaustion() => return Err(e),
         Err(e) => Computed::Unreadable(SkippedSession {
             session_id: id.clone(),
             error: Arc::new(e),
         }),
-    }
+    })
 }
 
 /// The stamp and the stored text of a session's entry.

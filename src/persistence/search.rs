@@ -392,16 +392,25 @@ impl Root {
         // and read without locks) is most of a hit's cost when none is kept for it.
         let wanted: Vec<(&SessionId, Vec<(u64, u64)>)> = wanted.into_iter().collect();
         let chunk = wanted.len().div_ceil(READ_THREADS).max(1);
+        // A part whose thread cannot be started (the process out of threads or memory) is
+        // read on this thread: `scope.spawn` panicked then.
         let read: Vec<Result<ReadBack<'_>>> = std::thread::scope(|scope| {
+            let index = &index;
             let workers: Vec<_> = wanted
                 .chunks(chunk)
-                .map(|part| scope.spawn(|| self.read_back(&index, part, true)))
+                .map(|part| {
+                    std::thread::Builder::new()
+                        .spawn_scoped(scope, move || self.read_back(index, part, true))
+                        .map_err(|_| part)
+                })
                 .collect();
             workers
                 .into_iter()
-                .map(|w| {
-                    w.join()
-                        .unwrap_or_else(|_| Err(Error::corrupt("a search read thread panicked")))
+                .map(|w| match w {
+                    Ok(w) => w
+                        .join()
+                        .unwrap_or_else(|_| Err(Error::corrupt("a search read thread panicked"))),
+                    Err(part) => self.read_back(index, part, true),
                 })
                 .collect()
         });

@@ -29,10 +29,33 @@ pub use query::{
 pub use runtime::{CancelReceipt, Execution, Runtime, RuntimePhase, RuntimeSnapshot};
 
 /// Runs blocking storage work off the async workers.
+///
+/// # Errors
+/// `f`'s; [`Error::Io`] when tokio has no blocking thread and cannot start one (the
+/// process out of threads or memory): `spawn_blocking` panics then, and the task it
+/// queued is marked so that it never runs later.
 pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T> {
-    tokio::task::spawn_blocking(f)
+    let abandoned = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = Arc::clone(&abandoned);
+    let task = move || {
+        if seen.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::Cancelled);
+        }
+        f()
+    };
+    let spawned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        tokio::task::spawn_blocking(task)
+    }));
+    let Ok(handle) = spawned else {
+        abandoned.store(true, std::sync::atomic::Ordering::SeqCst);
+        return Err(Error::io(
+            "start a thread for storage work",
+            crate::error::no_thread(),
+        ));
+    };
+    handle
         .await
         .map_err(|e| Error::internal_from("blocking storage task did not finish", e))?
 }

@@ -35,6 +35,7 @@
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -191,10 +192,19 @@ impl Entry {
     }
 }
 
+/// Connections waiting for the closing thread at most; more are closed by the caller.
+/// Searches reading many sessions on several threads evict faster than one thread closes,
+/// and the queue held up to 70 files' descriptors (a server limited to 64 failed).
+const MAX_QUEUED_CLOSES: usize = 16;
+
+/// Connections sent to the closing thread and not closed yet.
+static QUEUED_CLOSES: AtomicUsize = AtomicUsize::new(0);
+
 /// Closes `entries` off the caller's path, on a thread that only closes connections
-/// (started on first use; inline when it cannot be): closing one frees its parsed schema,
-/// as much work as a search's read of it. The thread is the process's: a child made by
-/// `fork()` (which inherits the sender without the thread) starts its own.
+/// (started on first use; inline when it cannot be, or when [`MAX_QUEUED_CLOSES`] wait
+/// already): closing one frees its parsed schema, as much work as a search's read of it.
+/// The thread is the process's: a child made by `fork()` (which inherits the sender
+/// without the thread) starts its own.
 fn close_later(entries: impl IntoIterator<Item = Entry>) {
     type Closer = Option<(u32, Option<Sender<Entry>>)>;
     static CLOSER: Mutex<Closer> = Mutex::new(None);
@@ -205,7 +215,12 @@ fn close_later(entries: impl IntoIterator<Item = Entry>) {
             let (send, receive) = channel::<Entry>();
             let started = std::thread::Builder::new()
                 .name("search-close".to_owned())
-                .spawn(move || receive.into_iter().for_each(drop))
+                .spawn(move || {
+                    for entry in receive {
+                        drop(entry);
+                        QUEUED_CLOSES.fetch_sub(1, Ordering::SeqCst);
+                    }
+                })
                 .ok()
                 .map(|_| send);
             // An inherited sender's entries are the parent's connections: never closed here.
@@ -215,10 +230,19 @@ fn close_later(entries: impl IntoIterator<Item = Entry>) {
     };
     for entry in entries {
         let unsent = match &send {
-            Some(send) => send.send(entry).err().map(|e| e.0),
-            None => Some(entry),
+            Some(send) if QUEUED_CLOSES.fetch_add(1, Ordering::SeqCst) < MAX_QUEUED_CLOSES => {
+                send.send(entry).err().map(|e| e.0)
+            }
+            Some(_) => Some(entry),
+            None => {
+                QUEUED_CLOSES.fetch_add(1, Ordering::SeqCst);
+                Some(entry)
+            }
         };
-        drop(unsent);
+        if unsent.is_some() {
+            drop(unsent);
+            QUEUED_CLOSES.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }
 
@@ -275,7 +299,7 @@ impl HitFiles {
             other => {
                 close_later(other);
                 let unlocked = stamp.quiet(self.quiet, SystemTime::now());
-                (Entry::open(file, stamp, unlocked)?, true)
+                (self.open_entry(file, stamp, unlocked)?, true)
             }
         };
         let mut found = entry.read(wanted, current);
@@ -286,7 +310,7 @@ impl HitFiles {
             // locks where the folder allows them (a file replaced meanwhile is caught
             // below).
             close_later(Some(entry));
-            entry = Entry::open(file, Stamp::of(file)?, false)?;
+            entry = self.open_entry(file, Stamp::of(file)?, false)?;
             fresh = true;
             found = entry.read(wanted, current);
         }
@@ -298,6 +322,23 @@ impl HitFiles {
         }
         self.keep(file, entry);
         Ok(found)
+    }
+
+    /// [`Entry::open`]; when the process has no file descriptor left, every kept
+    /// connection is closed (at once, on this thread) and the open tried once more: the
+    /// connections kept for later searches must not hold what the process needs now.
+    fn open_entry(&self, file: &Path, stamp: Stamp, unlocked: bool) -> Result<Entry> {
+        match Entry::open(file, stamp, unlocked) {
+            Err(e) if e.is_exhaustion() => {
+                let kept = std::mem::take(&mut self.kept().entries);
+                if kept.is_empty() {
+                    return Err(e);
+                }
+                drop(kept);
+                Entry::open(file, stamp, unlocked)
+            }
+            opened => opened,
+        }
     }
 
     fn keep(&self, file: &Path, mut entry: Entry) {

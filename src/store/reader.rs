@@ -26,23 +26,37 @@ use crate::store::schema::{self, Access, SESSION_FILE};
 static POOL_THREADS: Mutex<Option<(u32, Arc<ScheduledThreadPool>)>> = Mutex::new(None);
 
 /// The housekeeping thread of this process's read pools (see [`POOL_THREADS`]).
-fn pool_threads() -> Arc<ScheduledThreadPool> {
+///
+/// # Errors
+/// [`Error::Io`] when the thread cannot be started (the process or user is out of
+/// threads or memory): `ScheduledThreadPool` panics then, so a thread is tried first.
+fn pool_threads() -> Result<Arc<ScheduledThreadPool>> {
     let pid = std::process::id();
     let mut slot = POOL_THREADS.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((owner, threads)) = slot.as_ref()
         && *owner == pid
     {
-        return Arc::clone(threads);
+        return Ok(Arc::clone(threads));
     }
-    let threads = Arc::new(
+    let cannot = |e| Error::io("start the read pools' thread", e);
+    std::thread::Builder::new()
+        .name("session-store-probe".to_owned())
+        .spawn(|| {})
+        .map_err(cannot)?
+        .join()
+        .map_err(|_| Error::internal("the read pools' probe thread panicked"))?;
+    // Between the probe and this start another thread may have taken the last one.
+    let built = std::panic::catch_unwind(|| {
         ScheduledThreadPool::builder()
             .num_threads(1)
             .thread_name_pattern("session-store-read-pool-{}")
-            .build(),
-    );
+            .build()
+    })
+    .map_err(|_| cannot(crate::error::no_thread()))?;
+    let threads = Arc::new(built);
     // The parent's pool: dropping it would signal a thread this process does not have.
     std::mem::forget(slot.replace((pid, Arc::clone(&threads))));
-    threads
+    Ok(threads)
 }
 
 /// Read connections per session file at most.
@@ -82,6 +96,11 @@ impl ReadPool {
             Ok(conn) => Ok(conn),
             Err(_) if !self.file.is_file() => {
                 Err(Error::SessionNotFound(self.file.display().to_string()))
+            }
+            // No descriptor left for a connection: waiting the pool's 5 s for each file
+            // would not give one back (a listing of hundreds of sessions stalled).
+            Err(_) if let Some(os) = crate::error::descriptors_exhausted() => {
+                Err(Error::io(format!("open {}", self.file.display()), os))
             }
             Err(_) => Ok(self.pool.get()?),
         }
@@ -145,7 +164,7 @@ fn read_pool(file: &Path, access: Access) -> Result<ReadPool> {
         .idle_timeout(Some(Duration::from_secs(30)))
         .test_on_check_out(false)
         .connection_timeout(Duration::from_secs(5))
-        .thread_pool(pool_threads())
+        .thread_pool(pool_threads()?)
         .build_unchecked(manager);
     Ok(ReadPool {
         pool,

@@ -68,8 +68,20 @@ const BUSY: Duration = Duration::from_millis(250);
 /// An unfiltered search ranks this many FTS rows per hit wanted before it joins them
 /// (dead rows among them are skipped; when too many are dead, every match is joined).
 const CANDIDATES: usize = 4;
-/// Connections to session files kept open for reading hits back.
+/// Connections to session files kept open for reading hits back, at most.
 const KEPT_FILES: usize = 64;
+
+/// Connections to session files kept open for reading hits back: [`KEPT_FILES`], or one
+/// per 16 of the process's file descriptors when that is fewer (each holds up to three:
+/// the file, its `-wal` and `-shm`). Under `ulimit -n 40` the 64 kept files held every
+/// descriptor a server had, and each of its later pages failed with "Too many open files".
+fn kept_files() -> usize {
+    use rustix::process::{Resource, getrlimit};
+    getrlimit(Resource::Nofile)
+        .current
+        .and_then(|limit| usize::try_from(limit / 16).ok())
+        .map_or(KEPT_FILES, |n| n.clamp(1, KEPT_FILES))
+}
 
 const SEARCH_SCHEMA: &str = "
 CREATE TABLE search_sessions (
@@ -302,7 +314,7 @@ impl SearchIndex {
             private_dir: None,
             write: Mutex::new(open_index(path)?),
             read: Mutex::new(open_index(path)?),
-            files: HitFiles::new(KEPT_FILES),
+            files: HitFiles::new(kept_files()),
         })
     }
 
@@ -489,7 +501,8 @@ impl SearchIndex {
     /// passed to `skipped` and left out.
     ///
     /// # Errors
-    /// SQLite errors of the index.
+    /// SQLite errors of the index; a session's error that is the process's
+    /// ([`Error::is_exhaustion`]), with the index left as it was.
     pub(crate) fn rebuild(
         &self,
         readers: impl Iterator<Item = Result<SessionReader>>,
@@ -518,6 +531,11 @@ impl SearchIndex {
             });
             match indexed {
                 Ok(()) => count += 1,
+                // Out of descriptors, memory or disk: the session is not unreadable, and
+                // an index marked filled without it (every session, when descriptors ran
+                // out) answered "no matches" for good. Nothing is kept; the next search
+                // fills it again.
+                Err(e) if e.is_exhaustion() => return Err(e),
                 Err(e) => skipped(e),
             }
         }
