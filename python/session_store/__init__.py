@@ -24,7 +24,13 @@ Events are dicts ``{"kind", "payload"?, "optional"?, "id"?}``; payloads are JSON
 encoded once with :func:`json.dumps` and stored as that exact text. Every call that touches
 SQLite releases the GIL, so threads run in parallel; the ``a``-prefixed methods (``aappend``,
 ``ahistory``, ``afork``, …) are the same calls run in :func:`asyncio.to_thread` for asyncio
-hosts. Errors are :class:`SessionStoreError` subclasses mirroring the Rust ``Error``.
+hosts. Errors are :class:`SessionStoreError` subclasses mirroring the Rust ``Error``; those
+whose meaning is a builtin error's also subclass it, so ``except ValueError`` and the like
+catch them: :class:`InvalidInput` (and its :class:`InvalidPayload`, :class:`OperationConflict`)
+is a :class:`ValueError`, :class:`NotFound` a :class:`LookupError` (not :class:`KeyError`,
+whose ``str()`` quotes the message), :class:`AlreadyExists` a :class:`FileExistsError`
+(an :class:`OSError` with ``errno`` None; ``str()`` and ``args`` are the message). The
+others subclass no builtin error: :class:`Cancelled` is the caller's cancel, not a timeout.
 
 Reads through :class:`Root` (``history``, ``transcript``, ``events``, ``turns``) see the
 *durable* state: call :meth:`Session.flush` first to read what a writer appended.

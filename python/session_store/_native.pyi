@@ -12,20 +12,21 @@ __version__: str
 class SessionStoreError(Exception):
     """Base class of every error raised by session_store."""
 
-class InvalidInput(SessionStoreError):
-    """The caller passed something malformed: an id, a batch, a cursor, an option, JSON."""
+class InvalidInput(SessionStoreError, ValueError):
+    """The caller passed something malformed: an id, a batch, a cursor, an option, JSON.
+    Also a ValueError."""
 
 class InvalidPayload(InvalidInput):
-    """An event payload does not match its kind's schema."""
+    """An event payload does not match its kind's schema. Also a ValueError."""
 
 class OperationConflict(InvalidInput):
-    """The operation id was used before with different content."""
+    """The operation id was used before with different content. Also a ValueError."""
 
-class NotFound(SessionStoreError):
-    """No session with this id exists under the root."""
+class NotFound(SessionStoreError, LookupError):
+    """No session with this id exists under the root. Also a LookupError."""
 
-class AlreadyExists(SessionStoreError):
-    """A session (or export destination) with this name already exists."""
+class AlreadyExists(SessionStoreError, FileExistsError):
+    """A session (or export destination) with this name already exists. Also a FileExistsError."""
 
 class WriterOwned(SessionStoreError):
     """Another writer owns the session."""

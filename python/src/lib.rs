@@ -16,10 +16,12 @@ use std::time::Duration;
 
 mod fork;
 
+use pyo3::PyTypeInfo;
 use pyo3::create_exception;
-use pyo3::exceptions::PyException;
+use pyo3::exceptions::{PyException, PyFileExistsError, PyLookupError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple, PyType};
 use serde::Serialize;
 use session_store::{
     Batch, CancelToken, CreateOptions, Durability, Error, ForkPoint, ImportOptions, SearchOptions,
@@ -31,36 +33,6 @@ create_exception!(
     SessionStoreError,
     PyException,
     "Base class of every error raised by session_store."
-);
-create_exception!(
-    session_store,
-    InvalidInput,
-    SessionStoreError,
-    "The caller passed something malformed: an id, a batch, a cursor, an option, JSON."
-);
-create_exception!(
-    session_store,
-    InvalidPayload,
-    InvalidInput,
-    "An event payload does not match its kind's schema."
-);
-create_exception!(
-    session_store,
-    OperationConflict,
-    InvalidInput,
-    "The operation id was used before with different content."
-);
-create_exception!(
-    session_store,
-    NotFound,
-    SessionStoreError,
-    "No session with this id exists under the root."
-);
-create_exception!(
-    session_store,
-    AlreadyExists,
-    SessionStoreError,
-    "A session (or export destination) with this name already exists."
 );
 create_exception!(
     session_store,
@@ -147,15 +119,98 @@ create_exception!(
     "An operating-system I/O error or any other SQLite error."
 );
 
+/// The class `name` of `session_store`, documented by `doc`, subclassing `bases` (a
+/// `SessionStoreError` class and, for a class whose meaning is a builtin error's, that
+/// builtin, so that `except ValueError` catches `InvalidInput`): made once, by `type(...)`
+/// (PyO3's `create_exception!` takes one base), and kept in `cell`.
+fn mixed_class<'py>(
+    py: Python<'py>,
+    cell: &'static PyOnceLock<Py<PyType>>,
+    name: &str,
+    doc: &str,
+    bases: Vec<Bound<'py, PyType>>,
+) -> PyResult<Bound<'py, PyType>> {
+    let class = cell.get_or_try_init(py, || {
+        let namespace = PyDict::new(py);
+        namespace.set_item("__module__", "session_store")?;
+        namespace.set_item("__doc__", doc)?;
+        let made = py
+            .get_type::<PyType>()
+            .call1((name, PyTuple::new(py, bases)?, namespace))?;
+        PyResult::Ok(made.cast_into::<PyType>()?.unbind())
+    })?;
+    Ok(class.bind(py).clone())
+}
+
+/// Declares `$class(py)`, the `session_store.$name` exception class subclassing the classes
+/// the functions `$base` give (see [`mixed_class`]).
+macro_rules! mixed_exception {
+    ($class:ident, $name:literal, [$($base:expr),+], $doc:literal) => {
+        #[doc = concat!("The class `session_store.", $name, "`: ", $doc)]
+        fn $class(py: Python<'_>) -> PyResult<Bound<'_, PyType>> {
+            static CELL: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+            mixed_class(py, &CELL, $name, $doc, vec![$($base(py)?),+])
+        }
+    };
+}
+
+/// The class of `T` (`SessionStoreError`, a builtin error), as [`mixed_exception!`] wants it.
+fn class_of<T: PyTypeInfo>(py: Python<'_>) -> PyResult<Bound<'_, PyType>> {
+    Ok(py.get_type::<T>())
+}
+
+mixed_exception!(
+    invalid_input_class,
+    "InvalidInput",
+    [class_of::<SessionStoreError>, class_of::<PyValueError>],
+    "The caller passed something malformed: an id, a batch, a cursor, an option, JSON. Also a ValueError."
+);
+mixed_exception!(
+    invalid_payload_class,
+    "InvalidPayload",
+    [invalid_input_class],
+    "An event payload does not match its kind's schema. Also a ValueError."
+);
+mixed_exception!(
+    operation_conflict_class,
+    "OperationConflict",
+    [invalid_input_class],
+    "The operation id was used before with different content. Also a ValueError."
+);
+mixed_exception!(
+    not_found_class,
+    "NotFound",
+    [class_of::<SessionStoreError>, class_of::<PyLookupError>],
+    "No session with this id exists under the root. Also a LookupError."
+);
+mixed_exception!(
+    already_exists_class,
+    "AlreadyExists",
+    [class_of::<SessionStoreError>, class_of::<PyFileExistsError>],
+    "A session (or export destination) with this name already exists. Also a FileExistsError."
+);
+
+/// An instance of the class `class` makes, with message `msg` (or the error making it).
+fn new_err(
+    py: Python<'_>,
+    class: fn(Python<'_>) -> PyResult<Bound<'_, PyType>>,
+    msg: String,
+) -> PyErr {
+    match class(py) {
+        Ok(class) => PyErr::from_type(class, msg),
+        Err(other) => other,
+    }
+}
+
 /// The exception of `e`'s variant, with its message (and `owner` for `WriterOwned`).
 fn to_py(py: Python<'_>, e: Error) -> PyErr {
     let msg = e.to_string();
     match e {
-        Error::InvalidInput { .. } => InvalidInput::new_err(msg),
-        Error::InvalidPayload { .. } => InvalidPayload::new_err(msg),
-        Error::OperationConflict { .. } => OperationConflict::new_err(msg),
-        Error::SessionNotFound(_) => NotFound::new_err(msg),
-        Error::SessionExists(_) => AlreadyExists::new_err(msg),
+        Error::InvalidInput { .. } => new_err(py, invalid_input_class, msg),
+        Error::InvalidPayload { .. } => new_err(py, invalid_payload_class, msg),
+        Error::OperationConflict { .. } => new_err(py, operation_conflict_class, msg),
+        Error::SessionNotFound(_) => new_err(py, not_found_class, msg),
+        Error::SessionExists(_) => new_err(py, already_exists_class, msg),
         Error::WriterOwned { owner } => writer_owned(py, msg, &owner),
         Error::UnsupportedVersion { .. } => UnsupportedVersion::new_err(msg),
         Error::Corrupt { .. } => Corrupt::new_err(msg),
@@ -393,10 +448,14 @@ impl Root {
             None | Some("full") => {}
             Some("normal") => options = options.with_durability(Durability::ProcessCrash),
             Some(other) => {
-                return Err(InvalidInput::new_err(format!(
-                    "invalid input: durability must be \"full\" or \"normal\", not {}",
-                    session_store::quoted(other)
-                )));
+                return Err(new_err(
+                    py,
+                    invalid_input_class,
+                    format!(
+                        "invalid input: durability must be \"full\" or \"normal\", not {}",
+                        session_store::quoted(other)
+                    ),
+                ));
             }
         }
         if let Some(ms) = write_behind_ms {
@@ -687,7 +746,11 @@ impl Root {
         stop: Option<&Bound<'_, PyAny>>,
     ) -> NativeResult<()> {
         let wait = Duration::try_from_secs_f64(wait).map_err(|e| {
-            InvalidInput::new_err(format!("invalid input: wait of {wait} seconds: {e}"))
+            new_err(
+                py,
+                invalid_input_class,
+                format!("invalid input: wait of {wait} seconds: {e}"),
+            )
         })?;
         let id = self::session_id(session_id).map_err(|e| to_py(py, e))?;
         let service = detached(py, || self.service())?;
@@ -1212,11 +1275,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(before_fork, m)?)?;
     m.add_function(wrap_pyfunction!(after_fork, m)?)?;
     m.add("SessionStoreError", py.get_type::<SessionStoreError>())?;
-    m.add("InvalidInput", py.get_type::<InvalidInput>())?;
-    m.add("InvalidPayload", py.get_type::<InvalidPayload>())?;
-    m.add("OperationConflict", py.get_type::<OperationConflict>())?;
-    m.add("NotFound", py.get_type::<NotFound>())?;
-    m.add("AlreadyExists", py.get_type::<AlreadyExists>())?;
+    m.add("InvalidInput", invalid_input_class(py)?)?;
+    m.add("InvalidPayload", invalid_payload_class(py)?)?;
+    m.add("OperationConflict", operation_conflict_class(py)?)?;
+    m.add("NotFound", not_found_class(py)?)?;
+    m.add("AlreadyExists", already_exists_class(py)?)?;
     m.add("WriterOwned", py.get_type::<WriterOwned>())?;
     m.add("UnsupportedVersion", py.get_type::<UnsupportedVersion>())?;
     m.add("Corrupt", py.get_type::<Corrupt>())?;

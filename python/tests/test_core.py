@@ -222,6 +222,53 @@ def test_errors_pickle_and_cross_a_process_pool(root):
     writer.close()
 
 
+# Each error class whose meaning is a builtin error's also subclasses that builtin.
+_BUILTIN_BASES = {
+    "InvalidInput": ValueError,
+    "InvalidPayload": ValueError,
+    "OperationConflict": ValueError,
+    "NotFound": LookupError,
+    "AlreadyExists": FileExistsError,
+}
+
+
+def test_errors_are_also_the_builtin_error_of_their_meaning(root, tmp_path):
+    # Every error was a `SessionStoreError` and an `Exception` only: `except ValueError`
+    # did not catch `InvalidInput`, `except LookupError` not `NotFound`, `except
+    # FileExistsError` not `AlreadyExists`.
+    with pytest.raises(ValueError) as bad:
+        root.create("bad id/with a slash")
+    assert type(bad.value) is InvalidInput
+    with pytest.raises(LookupError) as missing:
+        root.open("nope")
+    assert type(missing.value) is NotFound
+    root.create("taken").close()
+    with pytest.raises(FileExistsError) as taken:
+        root.create("taken")
+    assert type(taken.value) is AlreadyExists
+    # Message, args and repr as before; the OSError base adds no errno text.
+    assert str(taken.value) == "session taken already exists"
+    assert taken.value.args == ("session taken already exists",)
+    assert repr(taken.value) == "AlreadyExists('session taken already exists')"
+    with pytest.raises(ValueError):  # raised by the Python layer too
+        root.create("x\ud800")
+    for name in session_store.__all__:
+        cls = getattr(session_store, name)
+        if not (isinstance(cls, type) and issubclass(cls, SessionStoreError)):
+            continue
+        builtin = _BUILTIN_BASES.get(name)
+        for other in (ValueError, LookupError, OSError, TimeoutError):
+            assert issubclass(cls, other) == (
+                builtin is not None and issubclass(builtin, other)
+            ), (cls, other)
+        assert cls.__module__ == "session_store" and cls.__qualname__ == name, cls
+        assert cls.__doc__ and cls.__doc__ == getattr(session_store._native, name).__doc__
+        again = pickle.loads(pickle.dumps(cls(f"{name} happened")))
+        assert type(again) is cls and again.args == (f"{name} happened",)
+    assert issubclass(InvalidPayload, InvalidInput)
+    assert issubclass(OperationConflict, InvalidInput)
+
+
 def test_hostile_input_is_refused_and_changes_nothing(root, tmp_path):
     with root.create("h") as s:
         s.append(turn("t0", msg(0)), operation_id="ok", turn_id="t0")
@@ -862,6 +909,9 @@ hits = root.search("hi", limit=3, since=datetime.now(timezone.utc), role="user")
 for m in root.transcript("a"):
     m.get("id")
 root.fork("a", after_turn="t", child="b")
+invalid: ValueError = session_store.InvalidInput("x")  # the builtin bases, as raised
+missing: LookupError = session_store.NotFound("x")
+taken: FileExistsError = session_store.AlreadyExists("x")
 root.delete("b", wait=1.0)
 session_store.verify("r/a")
 root.history(123)  # error: str expected
