@@ -1014,7 +1014,13 @@ fn run(ops: &[Op]) -> Result<[usize; 5], TestCaseError> {
 
 #[test]
 fn proptest_lineage_operations_agree_with_a_model() {
-    let (steps, figures) = run_sequences(config(), prop::collection::vec(arb_op(), 1..45), run);
+    let covered = |f: &[usize; 5]| f[0] > 0 && f[1] > 0 && f[3] > 0;
+    let (steps, figures) = run_sequences(
+        config(),
+        prop::collection::vec(arb_op(), 1..45),
+        run,
+        covered,
+    );
     let [forks, deletes, gc, imports, shared] = figures;
     eprintln!(
         "{} steps checked against the model: {forks} forks and rewinds, {deletes} deletes of \
@@ -1022,10 +1028,7 @@ fn proptest_lineage_operations_agree_with_a_model() {
          shared with forks",
         steps
     );
-    assert!(
-        forks > 0 && deletes > 0 && imports > 0,
-        "every kind of step was exercised"
-    );
+    assert!(covered(&figures), "every kind of step was exercised");
 }
 
 /// A message a session replaced (`history/replace`) or upserted after a fork was cut is still
