@@ -628,7 +628,9 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
 
     def close(self) -> None:
         """Releases the writer locks this saver holds (everything is already durable) and
-        the readers it keeps."""
+        the readers it keeps. The saver stays usable: a later call takes what it needs
+        again, so one saver can serve several ``with`` blocks (unlike the agents adapter,
+        whose changes after ``close()`` raise :class:`session_store.Closed`)."""
         with self._lock:
             for thread_id in list(self._writers):
                 self._release(thread_id)
