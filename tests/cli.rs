@@ -685,6 +685,7 @@ fn a_missing_root_is_not_found_and_only_creating_commands_make_it() {
         &["gc", "--older-than", "1d", "--dry-run"],
         &["rebuild-catalog"],
         &["append", "s"],
+        &["verify", "s"],
     ];
     for args in refused {
         let err = env.fails(args, 3);
@@ -1267,9 +1268,10 @@ fn a_dash_is_stdin_for_append_and_no_export_file() {
 }
 
 /// A `--root` that is a file is refused by every command as "not a folder" (status 6),
-/// the file unchanged: it was "no root at …" (status 3) for most commands, and "File
+/// the file unchanged: it was "no root at …" (status 3) for most commands, "File
 /// exists (os error 17)" (status 1) for `create`, `import`, `append --create`, `demo`
-/// and `bench`.
+/// and `bench`, and "\"s\" is neither a session in ROOT nor a file" (status 3) for
+/// `verify ID`. (`verify FILE` needs no root, and `restore` first looks for Litestream.)
 #[test]
 fn a_root_that_is_a_file_is_refused_as_not_a_folder() {
     let env = Env::new();
@@ -1284,10 +1286,13 @@ fn a_root_that_is_a_file_is_refused_as_not_a_folder() {
         &["stats", "s"],
         &["rename", "s", "t"],
         &["fork", "s", "--after-turn", "t"],
+        &["rewind", "s", "--before-turn", "t"],
         &["export", "s", "out.sqlite"],
         &["delete", "s"],
         &["gc", "--older-than", "1d"],
         &["rebuild-catalog"],
+        &["verify", "s"],
+        &["replicate", "--replica", "file:///nowhere"],
         &["append", "s"],
         &["append", "s", "--create"],
         &["create", "s"],

@@ -805,12 +805,18 @@ fn verify_target(cx: &Context, target: &Path) -> CliResult<(PathBuf, Option<Sess
         not_a_bare_folder(&path)?;
         return Ok((path, None));
     }
+    // Neither a file nor a session of the root: a root that is no folder, or none at all,
+    // is what is wrong (a root that is a file said "neither a session in ROOT nor a
+    // file", status 3, where every other command says "not a folder", status 6).
+    cx.root_not_a_file()?;
+    let root = cx.root.display();
     Err(Failure::with_code(
         EXIT_NOT_FOUND,
-        format!(
-            "{target:?} is neither a session in {} nor a file",
-            cx.root.display()
-        ),
+        if cx.root.is_dir() {
+            format!("{target:?} is neither a session in {root} nor a file")
+        } else {
+            format!("no root at {root}, and {target:?} is not a file")
+        },
     ))
 }
 
