@@ -721,13 +721,47 @@ fn a_missing_root_is_not_found_and_only_creating_commands_make_it() {
     let deep = env.path("a/b/root");
     std::fs::write(env.path("bad.jsonl"), b"not a transcript\n").expect("write");
     let run_deep = |args: &[&str], stdin: &str| env.run_at(&deep, args, stdin);
-    for (args, stdin) in [
-        (&["import", "x.sqlite"][..], ""),
-        (&["migrate-legacy", "bad.jsonl"][..], ""),
-        (&["append", "s", "--create"][..], "not a batch\n"),
+    // Refusals that come after a build began in the root's `.staging` (which stayed
+    // behind, and with it the root and its parents): an export whose payload was edited
+    // (refused while it is copied), a first batch the fold refuses, a restore from a
+    // replica that is not there (Litestream faked: it is not reached).
+    let source = Env::new();
+    source.ok(&["create", "src"]);
+    let out = source.run_with(
+        &["append", "src"],
+        "{\"operation_id\":\"t\",\"events\":[{\"kind\":\"session/title\",\"payload\":{\"title\":\"t\"}}]}\n",
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let edited = env.path("edited.sqlite");
+    source.ok(&["export", "src", edited.to_str().expect("path")]);
+    common::sqlite3(
+        &edited,
+        "UPDATE events SET payload = '{\"title\":\"u\"}' WHERE seq = 1",
+    );
+    let fake = env.path("litestream");
+    std::fs::write(&fake, "#!/bin/sh\necho v0.5.17\n").expect("write");
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let nowhere = format!("file://{}", env.path("no-replica").display());
+    let fake = fake.to_str().expect("path");
+    for (args, stdin, status) in [
+        (&["import", "x.sqlite"][..], "", 6),
+        (&["migrate-legacy", "bad.jsonl"][..], "", 6),
+        (&["append", "s", "--create"][..], "not a batch\n", 6),
+        (&["import", "edited.sqlite"][..], "", 6),
+        (
+            &["append", "s", "--create"][..],
+            "{\"operation_id\":\"o\",\"events\":[{\"kind\":\"turn/end\"}]}\n",
+            6,
+        ),
+        (
+            &["restore", "--from", &nowhere, "--all", "--litestream", fake][..],
+            "",
+            3,
+        ),
     ] {
         let out = run_deep(args, stdin);
-        assert_eq!(code(&out), 6, "{args:?}: {}", stderr(&out));
+        assert_eq!(code(&out), status, "{args:?}: {}", stderr(&out));
         assert!(!env.path("a").exists(), "{args:?} left the root's parents");
     }
     // Folders that were there stay, with what they hold.

@@ -476,7 +476,7 @@ fn run(args: Args) -> CliResult<()> {
         // is validated inside the root) leaves no empty root behind, nor the folders above
         // it that making the root created. `remove_dir` removes only an empty folder, so
         // nothing anyone wrote there meanwhile goes.
-        cli::remove_empty_folders(&missing);
+        cli::remove_unused_root(&cx.root, &missing);
     }
     result
 }

@@ -258,6 +258,18 @@ pub fn missing_folders(root: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// Removes the root `root` that a failed command made ([`missing_folders`] of it, taken
+/// before the command ran, are `made`) while it holds nothing: first its `.staging`
+/// when empty (a build refused after it began there, an import whose copy fails
+/// validation, a restore, leaves that folder, and the root and its parents stayed with
+/// it), then [`remove_empty_folders`]. A root that was there already is left as it is.
+pub fn remove_unused_root(root: &Path, made: &[PathBuf]) {
+    if made.first().is_some_and(|first| first == root) {
+        let _ = std::fs::remove_dir(root.join(session_store::format::STAGING_DIR));
+    }
+    remove_empty_folders(made);
+}
+
 /// Removes `folders` (as [`missing_folders`] lists them, deepest first) while they are
 /// empty, stopping at the first that is not: what a command made and left unused goes,
 /// nothing anyone wrote there meanwhile does.
