@@ -724,7 +724,7 @@ fn an_unreadable_session_is_deleted_unless_another_inherits_from_it() {
     damage(&root, "parent");
     let err = root.delete(&id("parent"), &never).unwrap_err();
     assert!(err.is_corrupt(), "{err}");
-    assert!(err.to_string().contains("child inherit from it"), "{err}");
+    assert!(err.to_string().contains("child inherits from it"), "{err}");
     assert!(
         root.session_dir(&id("parent"))
             .join("session.sqlite")

@@ -117,9 +117,14 @@ impl Root {
         if inheritors.is_empty() {
             return Ok(());
         }
+        let inherit = if inheritors.len() == 1 {
+            "inherits"
+        } else {
+            "inherit"
+        };
         Err(Error::corrupt_from(
             format!(
-                "session {id} cannot be read and {} inherit from it: it is kept, since \
+                "session {id} cannot be read and {} {inherit} from it: it is kept, since \
                  deleting it would lose what they inherit",
                 inheritors.join(", ")
             ),
