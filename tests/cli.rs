@@ -1280,7 +1280,8 @@ fn export_stopped_by_a_signal_leaves_nothing_beside_its_destination() {
 
 /// `-` is stdin for `append --file` (it was opened as a file named `-`: "No such file",
 /// exit 1), and `export ID -` is refused (exit 2) instead of writing a file named `-` in
-/// the current folder for a user who meant stdout.
+/// the current folder for a user who meant stdout; `import`, `verify` and
+/// `migrate-legacy`, which need a file by its path, refuse `-` as stdin (exit 2).
 #[test]
 fn a_dash_is_stdin_for_append_and_no_export_file() {
     let env = Env::new();
@@ -1299,6 +1300,27 @@ fn a_dash_is_stdin_for_append_and_no_export_file() {
     // A file named `-` is still reachable by its path.
     env.ok(&["export", "s", "./-"]);
     env.ok(&["verify", "./-"]);
+    // The commands that read a file by its path refuse `-` as stdin the same way (they
+    // said "- not found", exit 3, or read a file named `-` when one was there).
+    for (args, what) in [
+        (&["import", "-"][..], "import reads"),
+        (&["verify", "-"][..], "verify reads"),
+        (&["migrate-legacy", "-"][..], "migrate-legacy reads"),
+    ] {
+        let out = env.run_with(args, "");
+        assert_eq!(code(&out), 2, "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(what), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("not stdin"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+    env.ok(&["import", "./-", "--id", "s2"]);
+    assert_eq!(
+        env.json(&["list"])["sessions"].as_array().map(Vec::len),
+        Some(2)
+    );
 }
 
 /// A `--root` that is a file is refused by every command as "not a folder" (status 6),

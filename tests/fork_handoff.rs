@@ -233,7 +233,12 @@ async fn an_open_fork_or_migration_whose_caller_gives_up_still_ends() {
     binding.release().await.expect("release");
     again.release().await.expect("release");
 
-    // A fork given up on: the child is opened by the next open, in this service.
+    // A fork given up on: the child is opened by the next open, in this service. The
+    // parent is closed first, so that the fork reserves the child at its first poll: with
+    // the parent open, the fork first flushes it on a blocking thread, and a caller giving
+    // up while that flush runs (a loaded machine) stops the fork before it began, leaving
+    // no child to open.
+    service.close(&r).await.expect("close parent");
     let child = service.session_ref(id("child"));
     give_up_on("fork", service.fork(&r, "turn-1", Some(id("child")))).await;
     let opened = within(

@@ -610,15 +610,22 @@ fn not_a_bare_folder(path: &Path) -> CliResult<()> {
     Ok(())
 }
 
+/// Fails with status 2 when `path` is `-`, which a user means as stdin or stdout, for a
+/// command that needs a file by its path (`does` says what it does with it): not a file
+/// named `-` in the current folder, which such a user would not look for (or would be
+/// told is "not found").
+fn not_a_dash(path: &Path, does: &str) -> CliResult<()> {
+    if path == Path::new("-") {
+        return Err(Failure::usage(format!(
+            "{does}: give its path (./- for a file named -)"
+        )));
+    }
+    Ok(())
+}
+
 /// `export ID FILE`.
 pub fn export(cx: &Context, id: &str, file: &Path) -> CliResult<()> {
-    if file == Path::new("-") {
-        // Not a file named `-` in the current folder, which a user of `-` as stdout
-        // (`export ID - | gzip`) would not look for.
-        return Err(Failure::usage(
-            "export writes a SQLite file, not to stdout: give its path (./- for a file named -)",
-        ));
-    }
+    not_a_dash(file, "export writes a SQLite file, not to stdout")?;
     let id = session_id(id)?;
     let root = cx.open_root()?;
     let interrupt = Interrupt::watch()?;
@@ -669,6 +676,7 @@ pub fn import(
     new_id: Option<&str>,
     cwd: Option<String>,
 ) -> CliResult<()> {
+    not_a_dash(file, "import reads a SQLite file in place, not stdin")?;
     must_exist(file)?;
     not_a_bare_folder(file)?;
     let mut options = ImportOptions::default();
@@ -800,6 +808,10 @@ fn verify_target(cx: &Context, target: &Path) -> CliResult<(PathBuf, Option<Sess
             return Ok((dir, Some(id)));
         }
     }
+    not_a_dash(
+        target,
+        "verify reads a session or a SQLite file in place, not stdin",
+    )?;
     let path = target.to_path_buf();
     if path.exists() {
         not_a_bare_folder(&path)?;
@@ -870,6 +882,10 @@ pub fn verify(cx: &Context, target: &Path) -> CliResult<()> {
 
 /// `migrate-legacy FILE [--head ID]`.
 pub fn migrate_legacy(cx: &Context, file: &Path, head: &str) -> CliResult<()> {
+    not_a_dash(
+        file,
+        "migrate-legacy reads a file by its path (the new session's id is derived from it), not stdin",
+    )?;
     must_exist(file)?;
     super::not_a_folder(file)?;
     let service = cx.service_on(cx.create_root()?)?;
