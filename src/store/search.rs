@@ -702,6 +702,31 @@ impl SearchIndex {
         ids.into_iter().map(SessionId::new).collect()
     }
 
+    /// The sessions of `sessions` that an indexed session inherits from (a fork's or a
+    /// rewind's lineage names them): the hits of any other have no session to be shared
+    /// with ([`SearchIndex::shared_with`] is empty), so a page asks that only of these
+    /// (one query for the page instead of one per hit).
+    ///
+    /// # Errors
+    /// SQLite errors.
+    pub(crate) fn ancestors_among(
+        &self,
+        sessions: &[&SessionId],
+    ) -> Result<std::collections::HashSet<SessionId>> {
+        let ids =
+            serde_json::Value::from(sessions.iter().map(|id| id.as_str()).collect::<Vec<&str>>())
+                .to_string();
+        let conn = lock(&self.read);
+        let mut stmt = conn.prepare_cached(
+            "SELECT DISTINCT ancestor_id FROM search_lineage
+             WHERE ancestor_id IN (SELECT value FROM json_each(?1))",
+        )?;
+        let found = stmt
+            .query_map(params![ids], |r| r.get::<_, String>(0))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        found.into_iter().map(SessionId::new).collect()
+    }
+
     /// The title the index holds for session `id`, if it knows the session.
     ///
     /// # Errors
