@@ -421,6 +421,18 @@ impl Root {
             messages.extend(found);
             gone.extend(vanished);
         }
+        // Only a session some fork or rewind inherits from can share a hit with another.
+        let mut sessions: Vec<&SessionId> = hits.iter().map(|h| &h.session_id).collect();
+        sessions.sort();
+        sessions.dedup();
+        let ancestors = index.ancestors_among(&sessions)?;
+        let sharing = |hit: &IndexHit| -> Result<Vec<SessionId>> {
+            if ancestors.contains(&hit.session_id) {
+                index.shared_with(hit)
+            } else {
+                Ok(Vec::new())
+            }
+        };
         // A message its session replaced or upserted since (no longer current in its
         // file) that forks cut before still show: read back as it was, and found under
         // such a fork. It used to be dropped, so no search found the forks' message.
@@ -432,7 +444,7 @@ impl Root {
             {
                 continue;
             }
-            let shown = index.shared_with(hit)?;
+            let shown = sharing(hit)?;
             if shown.is_empty() {
                 continue;
             }
@@ -478,7 +490,7 @@ impl Root {
             let mut hit = hit.clone();
             let mut shared_with = match inherited.remove(&hit.row) {
                 Some(shown) if !current => shown,
-                _ => index.shared_with(&hit)?,
+                _ => sharing(&hit)?,
             };
             if !current && hit.position > 0 {
                 // Under a fork that shows it (the one searched, if any), as its session

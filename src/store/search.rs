@@ -32,6 +32,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
+use rusqlite::config::DbConfig;
 use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 
@@ -140,6 +141,18 @@ pub(crate) fn open_index(path: &Path) -> Result<Connection> {
         },
     )?;
     conn.busy_timeout(BUSY)?;
+    Ok(conn)
+}
+
+/// The connection searches run on: [`open_index`], with SQLite's query planner stability
+/// guarantee on (`SQLITE_DBCONFIG_ENABLE_QPSG`). Without it, a statement whose `LIMIT` is a
+/// bound parameter (a page's, `?9`) is marked to be compiled again whenever that
+/// parameter is bound, so every search prepared its page statement anew (the search
+/// text's plan does not depend on bound values, so nothing is lost): about 0.15-0.2 ms
+/// of a search on either benchmark root (`cargo bench --bench search`, session 21).
+fn open_search_reader(path: &Path) -> Result<Connection> {
+    let conn = open_index(path)?;
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
     Ok(conn)
 }
 
@@ -313,7 +326,7 @@ impl SearchIndex {
             path: path.to_path_buf(),
             private_dir: None,
             write: Mutex::new(open_index(path)?),
-            read: Mutex::new(open_index(path)?),
+            read: Mutex::new(open_search_reader(path)?),
             files: HitFiles::new(kept_files()),
         })
     }
@@ -687,6 +700,31 @@ impl SearchIndex {
             )?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         ids.into_iter().map(SessionId::new).collect()
+    }
+
+    /// The sessions of `sessions` that an indexed session inherits from (a fork's or a
+    /// rewind's lineage names them): the hits of any other have no session to be shared
+    /// with ([`SearchIndex::shared_with`] is empty), so a page asks that only of these
+    /// (one query for the page instead of one per hit).
+    ///
+    /// # Errors
+    /// SQLite errors.
+    pub(crate) fn ancestors_among(
+        &self,
+        sessions: &[&SessionId],
+    ) -> Result<std::collections::HashSet<SessionId>> {
+        let ids =
+            serde_json::Value::from(sessions.iter().map(|id| id.as_str()).collect::<Vec<&str>>())
+                .to_string();
+        let conn = lock(&self.read);
+        let mut stmt = conn.prepare_cached(
+            "SELECT DISTINCT ancestor_id FROM search_lineage
+             WHERE ancestor_id IN (SELECT value FROM json_each(?1))",
+        )?;
+        let found = stmt
+            .query_map(params![ids], |r| r.get::<_, String>(0))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        found.into_iter().map(SessionId::new).collect()
     }
 
     /// The title the index holds for session `id`, if it knows the session.
@@ -1151,6 +1189,30 @@ mod tests {
         assert!(!dead.exists());
         assert!(alive.exists());
         assert!(other.exists());
+    }
+
+    #[test]
+    fn a_page_statement_is_not_compiled_again_at_each_search() {
+        let index = SearchIndex::open_private().expect("private index");
+        let conn = lock(&index.read);
+        // As the page statements: a bound LIMIT, run again with other values.
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT rowid FROM search_text WHERE search_text MATCH ?1 ORDER BY rowid LIMIT ?2",
+            )
+            .expect("prepare");
+        for (query, limit) in [("\"a\"", 11), ("\"b\"", 44), ("\"c\"", 11)] {
+            let rows = stmt
+                .query_map(params![query, limit], |r| r.get::<_, i64>(0))
+                .expect("query")
+                .count();
+            assert_eq!(rows, 0);
+        }
+        assert_eq!(
+            stmt.get_status(rusqlite::StatementStatus::RePrepare),
+            0,
+            "compiled again when its LIMIT was bound"
+        );
     }
 
     #[test]
