@@ -32,7 +32,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use rusqlite::config::DbConfig;
 use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 
@@ -141,18 +140,6 @@ pub(crate) fn open_index(path: &Path) -> Result<Connection> {
         },
     )?;
     conn.busy_timeout(BUSY)?;
-    Ok(conn)
-}
-
-/// The connection searches run on: [`open_index`], with SQLite's query planner stability
-/// guarantee on (`SQLITE_DBCONFIG_ENABLE_QPSG`). Without it, a statement whose `LIMIT` is a
-/// bound parameter (a page's, `?9`) is marked to be compiled again whenever that
-/// parameter is bound, so every search prepared its page statement anew (the search
-/// text's plan does not depend on bound values, so nothing is lost): about 0.15-0.2 ms
-/// of a search on either benchmark root (`cargo bench --bench search`, session 21).
-fn open_search_reader(path: &Path) -> Result<Connection> {
-    let conn = open_index(path)?;
-    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
     Ok(conn)
 }
 
@@ -326,7 +313,7 @@ impl SearchIndex {
             path: path.to_path_buf(),
             private_dir: None,
             write: Mutex::new(open_index(path)?),
-            read: Mutex::new(open_search_reader(path)?),
+            read: Mutex::new(open_index(path)?),
             files: HitFiles::new(kept_files()),
         })
     }
