@@ -10,6 +10,7 @@ import json
 import multiprocessing
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import threading
@@ -721,7 +722,7 @@ def test_rename_sets_the_title_that_list_and_search_show(root):
 
 
 _FORK_SCRIPT = r"""
-import json, os, signal, sys, time
+import faulthandler, json, os, signal, sys, time
 import session_store
 from session_store import WriterOwned
 
@@ -746,6 +747,9 @@ assert root.search("hello")["hits"] and root.history("p")["messages"] and root.l
 parent.append(turn("t2", "hello two"), operation_id="o2", turn_id="t2")
 pid = os.fork()
 if pid == 0:
+    # A crash or a hang prints where on stderr (the test shows it), not just no report.
+    faulthandler.enable()
+    faulthandler.dump_traceback_later(50)
     signal.alarm(60)
     out = {}
     out["list"] = [s["session_ref"]["session_id"] for s in root.list()["sessions"]]
@@ -787,16 +791,31 @@ print(json.dumps(out))
 """
 
 
+def _wait_status(status: int) -> str:
+    """What ``os.waitpid``'s ``status`` says: the exit status, or the signal that killed."""
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:
+        return f"was killed by signal {-code} ({signal.Signals(-code).name})"
+    return f"exited with status {code}"
+
+
 def test_a_forked_child_works_and_leaves_the_parents_writer_alone(tmp_path):
     # A child made by os.fork() (multiprocessing's default on Linux) after the parent used
     # the package: its first query waited forever for the parent's worker threads, and its
     # copy of the parent's session, finalized at its exit, wrote the parent's pending batch
     # into the file, so the parent's own flush then failed and poisoned its writer.
+    # Known and not fixed yet (session 21): about 1 run in 80 the child's first read after
+    # starting a thread of its own dies of a segmentation fault in parking_lot (r2d2's
+    # wait queues still link a parent thread that was waiting there at the fork); the
+    # assertion below then says so, with the child's stderr.
     report = tmp_path / "child.json"
     done = run_script(_FORK_SCRIPT, tmp_path / "root", report)
     parent = json.loads(done.stdout)
+    assert parent["status"] == 0 and report.exists(), (
+        f"the child {_wait_status(parent['status'])}"
+        f"{' and wrote no report' if not report.exists() else ''}; stderr:\n{done.stderr}"
+    )
     child = json.loads(report.read_text())
-    assert parent["status"] == 0
     assert child["list"] == ["p"] and child["history"] == 1 and child["messages"] == 1
     assert child["hits"] == 1
     parent_pid = parent["pid"]
@@ -1121,12 +1140,15 @@ def test_root_reads_racing_deletes_and_remakes_answer_or_say_not_found(root):
     for t in threads:
         t.start()
     deadline = time.monotonic() + 6
-    while time.monotonic() < deadline and not failures:
-        root.delete("r")
-        make()
-    stop.set()
-    for t in threads:
-        t.join()
+    try:
+        while time.monotonic() < deadline and not failures:
+            root.delete("r")
+            make()
+    finally:
+        # Also when the loop raised: a reader left running kept pytest from exiting.
+        stop.set()
+        for t in threads:
+            t.join()
     assert not failures, failures
     assert root.transcript("r") == [msg(1)]
 
