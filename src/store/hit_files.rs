@@ -230,20 +230,27 @@ fn close_later(entries: impl IntoIterator<Item = Entry>) {
     };
     for entry in entries {
         let unsent = match &send {
-            Some(send) if QUEUED_CLOSES.fetch_add(1, Ordering::SeqCst) < MAX_QUEUED_CLOSES => {
-                send.send(entry).err().map(|e| e.0)
-            }
-            Some(_) => Some(entry),
-            None => {
-                QUEUED_CLOSES.fetch_add(1, Ordering::SeqCst);
-                Some(entry)
-            }
+            Some(send) if take_queue_slot() => match send.send(entry) {
+                Ok(()) => continue,
+                Err(e) => {
+                    QUEUED_CLOSES.fetch_sub(1, Ordering::SeqCst);
+                    e.0
+                }
+            },
+            _ => entry,
         };
-        if unsent.is_some() {
-            drop(unsent);
-            QUEUED_CLOSES.fetch_sub(1, Ordering::SeqCst);
-        }
+        drop(unsent);
     }
+}
+
+/// Takes one of the [`MAX_QUEUED_CLOSES`] places in the closing thread's queue, if one is
+/// free (the thread gives it back once it closed the connection).
+fn take_queue_slot() -> bool {
+    QUEUED_CLOSES
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+            (n < MAX_QUEUED_CLOSES).then_some(n + 1)
+        })
+        .is_ok()
 }
 
 impl HitFiles {
