@@ -175,8 +175,8 @@ pub enum Error {
     StaleExecution,
     /// The runtime needs a recovery decision before new work.
     RecoveryRequired,
-    /// No read connection to a session file could be had in time: every pooled connection
-    /// stayed busy, or a new one could not be opened. The source is the pool's error.
+    /// No read connection to a session file could be had in time: the pool's every
+    /// connection stayed in use for its whole timeout (5 s). The source says so.
     ReadConnection(std::sync::Arc<dyn std::error::Error + Send + Sync>),
     /// An invariant inside the library broke (a bug, or a worker task that panicked), not
     /// anything the caller did. The source, when there is one, is what failed.
@@ -562,7 +562,7 @@ pub(crate) fn descriptors_exhausted() -> Option<std::io::Error> {
 }
 
 /// The error of a thread that could not be started where the code that failed panics
-/// instead of returning the OS's error (tokio's `spawn_blocking`, `ScheduledThreadPool`).
+/// instead of returning the OS's error (tokio's `spawn_blocking`).
 pub(crate) fn no_thread() -> std::io::Error {
     std::io::Error::new(
         std::io::ErrorKind::WouldBlock,
@@ -579,13 +579,5 @@ impl From<rusqlite_migration::Error> for Error {
                 source: Some(std::sync::Arc::new(other)),
             },
         }
-    }
-}
-
-/// A connection the read pool could not hand out (r2d2's error: its timeout, or why a
-/// connection could not be opened) is [`Error::ReadConnection`], the pool's error its source.
-impl From<r2d2::Error> for Error {
-    fn from(e: r2d2::Error) -> Self {
-        Error::ReadConnection(std::sync::Arc::new(e))
     }
 }

@@ -1,7 +1,7 @@
 //! The public classifiers of `session_store::Error` (issue 13), one test each: every error
 //! is produced through the public API on real session files (except `Internal`, a library
-//! bug no call can cause, and the read pool's `ReadConnection`, built from a real r2d2
-//! error), and each test checks the classifier, the ones that must not answer, and the
+//! bug no call can cause; the read pool's `ReadConnection`, a pool's timeout, is tested in
+//! `src/store/read_pool.rs`), and each test checks the classifier, the ones that must not answer, and the
 //! `source()` chain where the error has a cause.
 
 mod common;
@@ -455,39 +455,6 @@ fn closed_fenced_and_poisoned_sessions_need_a_reopen() {
         .expect("reopens")
         .close()
         .expect("close");
-}
-
-/// The read pool's failure (here a real r2d2 error from a pool that cannot connect) is
-/// `ReadConnection`: retryable, the pool's error its source.
-#[test]
-fn a_read_pool_failure_is_a_retryable_read_connection_error() {
-    #[derive(Debug)]
-    struct Refusing;
-    impl r2d2::ManageConnection for Refusing {
-        type Connection = ();
-        type Error = std::io::Error;
-        fn connect(&self) -> Result<(), std::io::Error> {
-            Err(std::io::Error::other("no connection today"))
-        }
-        fn is_valid(&self, _: &mut ()) -> Result<(), std::io::Error> {
-            Ok(())
-        }
-        fn has_broken(&self, _: &mut ()) -> bool {
-            false
-        }
-    }
-    let pool_error = r2d2::Pool::builder()
-        .connection_timeout(Duration::from_millis(50))
-        .build(Refusing)
-        .expect_err("the pool cannot connect");
-    let e = Error::from(pool_error);
-    assert!(matches!(e, Error::ReadConnection(_)), "{e:?}");
-    assert_eq!(classes(&e), ["retryable"]);
-    let pool = e
-        .source()
-        .and_then(|c| c.downcast_ref::<r2d2::Error>())
-        .expect("the pool's error is the source");
-    assert!(pool.to_string().contains("no connection today"), "{pool}");
 }
 
 /// `Internal` is a library bug (no call can cause it on purpose): it classifies as

@@ -916,7 +916,7 @@ fn out_of_descriptors_is_an_error_not_an_empty_root() {
 /// Out of threads (`prlimit --nproc` 1 to 4, as a user id of its own through `setpriv`,
 /// since root is not held to the limit), `list` and `search` answer in full or fail with
 /// exit 1 naming the thread that could not be started. The read pools' thread
-/// (`ScheduledThreadPool`), the search's read-back threads (`std::thread::scope`) and
+/// (`ScheduledThreadPool`, gone with r2d2 since), the search's read-back threads (`std::thread::scope`) and
 /// tokio's blocking thread panicked ("internal error: … panicked", or exit 101), and
 /// `list` and the search's index fill skipped every session ("no sessions", no hits).
 #[test]

@@ -804,10 +804,9 @@ def test_a_forked_child_works_and_leaves_the_parents_writer_alone(tmp_path):
     # the package: its first query waited forever for the parent's worker threads, and its
     # copy of the parent's session, finalized at its exit, wrote the parent's pending batch
     # into the file, so the parent's own flush then failed and poisoned its writer.
-    # Known and not fixed yet (session 21): about 1 run in 80 the child's first read after
-    # starting a thread of its own dies of a segmentation fault in parking_lot (r2d2's
-    # wait queues still link a parent thread that was waiting there at the fork); the
-    # assertion below then says so, with the child's stderr.
+    # A child that crashed: about 1 run in 40 its first read after starting a thread of its
+    # own died of a segmentation fault in parking_lot (r2d2's wait queues), which held the
+    # memory of a parent thread that was waiting there at the fork.
     report = tmp_path / "child.json"
     done = run_script(_FORK_SCRIPT, tmp_path / "root", report)
     parent = json.loads(done.stdout)

@@ -10,6 +10,7 @@ pub(crate) mod hit_files;
 pub(crate) mod lineage;
 pub(crate) mod lock;
 pub(crate) mod read;
+pub(crate) mod read_pool;
 pub(crate) mod reader;
 pub(crate) mod schema;
 pub(crate) mod search;

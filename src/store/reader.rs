@@ -2,13 +2,9 @@
 //! files of its ancestors. Never touches the writer lock or the lease.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::sync::{Arc, RwLock};
 
-use r2d2::{Pool, PooledConnection};
-use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::Connection;
-use scheduled_thread_pool::ScheduledThreadPool;
 
 use crate::error::{Error, Result, WriterOwner};
 use crate::model::event::INLINE_PAYLOAD_LIMIT;
@@ -17,100 +13,13 @@ use crate::model::header::Header;
 use crate::model::projection::ModelRef;
 use crate::model::{Commit, ContentRef, Message, Projection, SessionId, TurnBoundary};
 use crate::store::read::{self, DependentFork, HistoryRow, LineageEntry};
+use crate::store::read_pool::{PooledConnection, ReadPool};
 use crate::store::schema::{self, Access, SESSION_FILE};
-
-/// One thread, shared by every read pool of the process, for r2d2's housekeeping: with the
-/// id of the process that started it. A child made by `fork()` inherits it without its
-/// thread (a new pool then waited its whole timeout for connections that thread never
-/// made): the child starts its own, the inherited one left alone.
-static POOL_THREADS: Mutex<Option<(u32, Arc<ScheduledThreadPool>)>> = Mutex::new(None);
-
-/// The housekeeping thread of this process's read pools (see [`POOL_THREADS`]).
-///
-/// # Errors
-/// [`Error::Io`] when the thread cannot be started (the process or user is out of
-/// threads or memory): `ScheduledThreadPool` panics then, so a thread is tried first.
-fn pool_threads() -> Result<Arc<ScheduledThreadPool>> {
-    let pid = std::process::id();
-    let mut slot = POOL_THREADS.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((owner, threads)) = slot.as_ref()
-        && *owner == pid
-    {
-        return Ok(Arc::clone(threads));
-    }
-    let cannot = |e| Error::io("start the read pools' thread", e);
-    std::thread::Builder::new()
-        .name("session-store-probe".to_owned())
-        .spawn(|| {})
-        .map_err(cannot)?
-        .join()
-        .map_err(|_| Error::internal("the read pools' probe thread panicked"))?;
-    // Between the probe and this start another thread may have taken the last one.
-    let built = std::panic::catch_unwind(|| {
-        ScheduledThreadPool::builder()
-            .num_threads(1)
-            .thread_name_pattern("session-store-read-pool-{}")
-            .build()
-    })
-    .map_err(|_| cannot(crate::error::no_thread()))?;
-    let threads = Arc::new(built);
-    // The parent's pool: dropping it would signal a thread this process does not have.
-    std::mem::forget(slot.replace((pid, Arc::clone(&threads))));
-    Ok(threads)
-}
-
-/// Read connections per session file at most.
-const MAX_READERS: u32 = 4;
-
-/// How long a connection is first waited for before checking that the file still exists.
-const FIRST_TRY: Duration = Duration::from_millis(250);
-
-/// A session file's pool of read-only connections.
-#[derive(Clone, Debug)]
-struct ReadPool {
-    pool: Pool<SqliteConnectionManager>,
-    file: Arc<Path>,
-    access: Access,
-}
-
-impl ReadPool {
-    /// An idle connection, else a new one. r2d2 retries a failing connect until its
-    /// timeout (5 s): a file that vanished meanwhile (a delete renamed it away) would stall
-    /// every read of it that long, so after a short first try a missing file is
-    /// [`Error::SessionNotFound`] at once.
-    fn get(&self) -> Result<PooledConnection<SqliteConnectionManager>> {
-        if !self.access.still_valid(&self.file) {
-            return Err(Error::Sqlite(Arc::new(rusqlite::Error::SqliteFailure(
-                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
-                Some(format!(
-                    "{} was read as immutable (its folder refuses new files) and a writer \
-                     has started on it since: open the session again",
-                    self.file.display()
-                )),
-            ))));
-        }
-        if let Some(conn) = self.pool.try_get() {
-            return Ok(conn);
-        }
-        match self.pool.get_timeout(FIRST_TRY) {
-            Ok(conn) => Ok(conn),
-            Err(_) if !self.file.is_file() => {
-                Err(Error::SessionNotFound(self.file.display().to_string()))
-            }
-            // No descriptor left for a connection: waiting the pool's 5 s for each file
-            // would not give one back (a listing of hundreds of sessions stalled).
-            Err(_) if let Some(os) = crate::error::descriptors_exhausted() => {
-                Err(Error::io(format!("open {}", self.file.display()), os))
-            }
-            Err(_) => Ok(self.pool.get()?),
-        }
-    }
-}
 
 /// A pooled read connection inside one read transaction (`BEGIN`, ended when dropped):
 /// the statements run through it share one snapshot and take the WAL read lock once,
 /// instead of once per statement.
-struct ReadTxn(PooledConnection<SqliteConnectionManager>);
+struct ReadTxn(PooledConnection);
 
 impl ReadTxn {
     /// A connection of `pool` with a deferred read transaction begun.
@@ -150,28 +59,6 @@ fn history_item<T>(items: &[T], i: u64, event_seq: u64) -> Result<&T> {
 
 /// A file in a read transaction and the range of sequences `(after, through]` read from it.
 type FileRange = (ReadTxn, (u64, u64));
-
-fn read_pool(file: &Path, access: Access) -> Result<ReadPool> {
-    if !file.is_file() {
-        return Err(Error::SessionNotFound(file.display().to_string()));
-    }
-    let manager = SqliteConnectionManager::file(access.name(file))
-        .with_flags(schema::reader_flags())
-        .with_init(schema::init_reader);
-    let pool = Pool::builder()
-        .max_size(MAX_READERS)
-        .min_idle(Some(0))
-        .idle_timeout(Some(Duration::from_secs(30)))
-        .test_on_check_out(false)
-        .connection_timeout(Duration::from_secs(5))
-        .thread_pool(pool_threads()?)
-        .build_unchecked(manager);
-    Ok(ReadPool {
-        pool,
-        file: Arc::from(file),
-        access,
-    })
-}
 
 /// One range of sequences, `(after, through]`, and the file that holds it.
 #[derive(Clone, Debug)]
@@ -428,7 +315,7 @@ fn build_layout(
                 source,
             }),
             checked => checked
-                .and_then(|()| read_pool(&ancestor, Access::for_root_file(&ancestor)))
+                .and_then(|()| ReadPool::new(&ancestor, Access::for_root_file(&ancestor)))
                 .map_err(|e| {
                     Error::corrupt_from(
                         format!(
@@ -486,7 +373,7 @@ impl SessionReader {
     /// Opens a session file with `access`, resolving ancestors as
     /// `<root>/<ancestor>/session.sqlite`.
     pub(crate) fn open_file(file: &Path, root: &Path, access: Access) -> Result<SessionReader> {
-        let own = read_pool(file, access)?;
+        let own = ReadPool::new(file, access)?;
         let conn = own.get()?;
         schema::check_format(&conn)?;
         let header = read::read_header(&conn)?;
@@ -535,7 +422,7 @@ impl SessionReader {
         self.layout().lineage
     }
 
-    fn own(&self) -> Result<PooledConnection<SqliteConnectionManager>> {
+    fn own(&self) -> Result<PooledConnection> {
         self.own.get()
     }
 
