@@ -62,6 +62,7 @@ pub use service::{
 };
 pub use session::live::{PersistenceStatus, Session, SessionSnapshot};
 pub use session::pool::WRITER_THREADS;
+pub use store::folder_swap::{hold_for_fork, release_after_fork};
 pub use store::lock::close_inherited_locks;
 pub use store::read::{DependentFork, LineageEntry};
 pub use store::reader::{MessageText, SessionReader, TranscriptEntry};

@@ -1239,10 +1239,13 @@ fn close_inherited_locks() {
     session_store::close_inherited_locks();
 }
 
-/// Takes SQLite's process-wide mutexes before `os.fork()`, so that no other thread holds
-/// one as the child is made (`os.register_at_fork(before=...)`, see `fork.rs`).
+/// Takes the store's lock between reader opens and folder renames, then SQLite's
+/// process-wide mutexes, before `os.fork()`, so that no other thread holds one as the
+/// child is made (`os.register_at_fork(before=...)`, see `fork.rs`). The store's lock
+/// first: a thread holding it may be inside SQLite.
 #[pyfunction]
 fn before_fork() {
+    session_store::hold_for_fork();
     fork::hold_sqlite();
 }
 
@@ -1251,6 +1254,7 @@ fn before_fork() {
 #[pyfunction]
 fn after_fork() {
     fork::release_sqlite();
+    session_store::release_after_fork();
 }
 
 /// What `verify` reports: `{"session_id", "commits", "events"}`.

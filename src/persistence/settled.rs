@@ -6,26 +6,15 @@
 //! read from an ancestor finds no file. Those are neither the caller's fault nor
 //! corruption: [`Root::read_settled`] tells them apart.
 
-use std::os::unix::fs::MetadataExt;
-use std::path::Path;
-
 use crate::error::{Error, Result};
 use crate::model::SessionId;
 use crate::persistence::Root;
+use crate::store::folder_swap::file_identity as identity;
 use crate::store::reader::SessionReader;
 use crate::store::schema::SESSION_FILE;
 
 /// How many times a read is run when the layout under it changed each time.
 const ATTEMPTS: usize = 5;
-
-/// Which file is at `path` now (device, inode and, where the file system keeps it, the
-/// time it was made: a file imported right after a delete may get the freed inode number),
-/// `None` when there is none.
-fn identity(path: &Path) -> Option<(u64, u64, Option<std::time::SystemTime>)> {
-    std::fs::symlink_metadata(path)
-        .ok()
-        .map(|m| (m.dev(), m.ino(), m.created().ok()))
-}
 
 impl Root {
     /// Runs `read` on a fresh reader of `id`. When it fails and the session's file is gone

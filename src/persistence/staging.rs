@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::model::ids::random_hex;
 use crate::persistence::confine;
 use crate::persistence::{rename_no_replace_at, sync_dir};
+use crate::store::folder_swap;
 use crate::store::lock::WriterLock;
 
 pub(crate) use crate::format::STAGING_DIR;
@@ -102,13 +103,15 @@ impl Staged {
         root_path: &Path,
         id: &str,
     ) -> Result<()> {
-        rename_no_replace_at(
-            &self.staging,
-            Path::new(&self.name),
-            root,
-            Path::new(id),
-            id,
-        )?;
+        folder_swap::publishing(|| {
+            rename_no_replace_at(
+                &self.staging,
+                Path::new(&self.name),
+                root,
+                Path::new(id),
+                id,
+            )
+        })?;
         self.published = true;
         sync_dir(root_path)
     }
@@ -132,7 +135,9 @@ impl Staged {
         id: &str,
     ) -> Result<()> {
         let relative = Path::new(&self.name).join(child);
-        rename_no_replace_at(&self.staging, &relative, root, Path::new(id), id)?;
+        folder_swap::publishing(|| {
+            rename_no_replace_at(&self.staging, &relative, root, Path::new(id), id)
+        })?;
         sync_dir(root_path)
     }
 }

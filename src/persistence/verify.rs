@@ -260,7 +260,10 @@ fn validate_each(
     let mut commits = 0u64;
     let mut index = HistoryIndex::default();
     let mut turns = Vec::new();
-    reader.visit(u64::MAX, |c| {
+    // Read as of one durable sequence: a writer may be appending (a read of the log to its
+    // end, then of the sequence, told a sound session's sequence from a later commit).
+    let durable = reader.durable_sequence()?;
+    reader.visit(durable, |c| {
         let effects = validator.check(&c)?;
         index.add(&effects.history);
         turns.extend(effects.turns.iter().cloned());
@@ -270,7 +273,6 @@ fn validate_each(
     })?;
     // A fork whose ancestor holds less than its lineage range (an ancestor restored from an
     // older copy, an edited range) reads a shorter log than the sequence it reports.
-    let durable = reader.durable_sequence()?;
     if validator.last_seq() != durable {
         return Err(Error::corrupt(format!(
             "the log ends at sequence {} but the session reports {durable} as durable: an \
@@ -282,7 +284,15 @@ fn validate_each(
     if let Some(stored) = reader.history_index(validator.last_seq())? {
         index.compare(stored)?;
     }
-    compare_turns(&turns, &reader.turns()?)?;
+    // Turns that end after `durable` and no later than the log's end once they were read
+    // were committed since; one that ends beyond it is not in the log at all.
+    let stored = reader.turns()?;
+    let now = reader.durable_sequence()?;
+    let stored: Vec<TurnBoundary> = stored
+        .into_iter()
+        .filter(|t| t.end_sequence <= durable || t.end_sequence > now)
+        .collect();
+    compare_turns(&turns, &stored)?;
     let verified = Verified {
         header: reader.header().clone(),
         commits,
@@ -322,11 +332,14 @@ impl crate::persistence::Root {
     /// folder of the root (not a symlink) holding the session's own file, not another
     /// session's copied or renamed by hand (which every other command refuses).
     ///
+    /// A session deleted while it is checked is [`Error::SessionNotFound`], and one deleted
+    /// and made again (or imported anew) is checked again, as the other reads of a root do:
+    /// a check that met both files once called a sound session corrupt.
+    ///
     /// # Errors
     /// As [`Root::open_reader`](crate::Root::open_reader) and [`verify_file`].
     pub fn verify(&self, id: &crate::SessionId) -> Result<Verified> {
-        self.open_reader(id)?;
-        verify_file(self.session_dir(id))
+        self.read_settled(id, |_| verify_file(self.session_dir(id)))
     }
 }
 

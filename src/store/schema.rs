@@ -10,6 +10,7 @@ use rusqlite::{Connection, OpenFlags};
 use rusqlite_migration::{M, Migrations};
 
 use crate::error::{Error, Result};
+use crate::store::folder_swap;
 
 pub(crate) use crate::format::{APPLICATION_ID, CODEC, SCHEMA_VERSION, SESSION_FILE, WAL_FILE};
 
@@ -447,9 +448,20 @@ pub(crate) fn open_unchecked_reader(path: &Path, access: Access) -> Result<Conne
     if !path.is_file() {
         return Err(Error::SessionNotFound(path.display().to_string()));
     }
-    let mut conn = Connection::open_with_flags(access.name(path), reader_flags())?;
-    init_reader(&mut conn)?;
-    Ok(conn)
+    let open = || -> Result<Connection> {
+        let mut conn = Connection::open_with_flags(access.name(path), reader_flags())?;
+        init_reader(&mut conn)?;
+        Ok(conn)
+    };
+    match access {
+        // No `-wal` or `-shm` is ever opened.
+        Access::Immutable => open(),
+        // The first read opens the `-wal` and `-shm` beside the path (`store::folder_swap`).
+        Access::Shared => folder_swap::open_shared(path, open, |conn| {
+            conn.pragma_query_value(None, "schema_version", |_| Ok(()))?;
+            Ok(())
+        }),
+    }
 }
 
 /// True when a `-wal` or `-journal` is beside `file`: SQLite's files that hold part of
