@@ -1417,7 +1417,8 @@ fn bench_stopped_by_a_signal_leaves_no_scratch_folder_or_root() {
     assert_eq!(common::listed_ids(&env.json(&["list"])), ["s"]);
 }
 
-/// Every subcommand answers `--help` and `--version` (status 0, on stdout) and refuses an
+/// Every subcommand answers `--help` and `--version` (status 0, on stdout; the version line
+/// names the program) and refuses an
 /// unknown flag (status 2), making no root: `list --version` was "unexpected argument"
 /// (status 2) for every subcommand.
 #[test]
@@ -1459,10 +1460,13 @@ fn every_subcommand_answers_help_and_version() {
             usage.contains(&format!("Usage: session-store {name}")),
             "{name}: {usage}"
         );
+        // The program's name, as `session-store --version` says it ("session-store-list
+        // 0.1.0" before).
         let version = env.ok(&[name, "--version"]);
-        assert!(
-            version.trim_end().ends_with(env!("CARGO_PKG_VERSION")),
-            "{name}: {version}"
+        assert_eq!(
+            version,
+            concat!("session-store ", env!("CARGO_PKG_VERSION"), "\n"),
+            "{name}"
         );
         let err = env.fails(&[name, "--no-such-flag"], 2);
         assert!(err.contains("unexpected argument"), "{name}: {err}");

@@ -1,4 +1,4 @@
-//! Reliability promise 6 (hostile input), the fuzzing side: every file of the committed seed
+//! Reliability promise 6b (hostile input, the fuzzing side): every file of the committed seed
 //! corpus (`fuzz/corpus/import/`, `fuzz/corpus/append_jsonl/`) replayed through the very
 //! functions the `cargo fuzz` targets call (`fuzz/src/lib.rs`, included below), under
 //! `catch_unwind`: no input may panic. Files named `ok-*` must import, `bad-*` must be

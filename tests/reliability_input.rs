@@ -1,4 +1,4 @@
-//! Reliability promise 6: hostile input. Property tests over session ids and batches, JSON
+//! Reliability promise 6a: hostile input. Property tests over session ids and batches, JSON
 //! that is not JSON or nested 100,000 deep, and a 100 MB payload: every input is stored
 //! correctly or refused with a clear error; nothing panics, overflows the stack or changes
 //! state on a refusal. `PROPTEST_CASES` sets the cases per property (default 64).

@@ -19,7 +19,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::builder::RangedU64ValueParser;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use cli::{CliResult, Context, Failure};
 
@@ -651,8 +651,11 @@ fn dispatch(cx: &Context, command: Command) -> CliResult<()> {
 }
 
 fn main() -> ExitCode {
-    // clap prints usage errors itself and exits with status 2.
-    let args = Args::parse();
+    // clap prints usage errors itself and exits with status 2. A subcommand's `--version`
+    // names the program, as `session-store --version` does ("session-store-append" was
+    // clap's default name for it).
+    let command = Args::command().mut_subcommands(|sub| sub.display_name("session-store"));
+    let args = Args::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit());
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         // The reader left on purpose (`| head`): no error line for it.
