@@ -91,8 +91,9 @@ pub(crate) fn open_shared(
     Err(Error::SessionNotFound(path.display().to_string()))
 }
 
-/// Takes the lock [`open_shared`] and [`publishing`] share, for a `fork()` this thread is
-/// about to make; [`release_after_fork`] lets it go, in the parent and in the child. Call
+/// Takes the process-wide lock between opening a shared read connection (up to its first
+/// read) and renaming a session folder into a root, for a `fork()` this thread is about
+/// to make; [`release_after_fork`] lets it go, in the parent and in the child. Call
 /// them around `fork()` in a process with other threads using the library (the Python
 /// package does, through `os.register_at_fork`): a thread of the parent inside an open at
 /// the fork would leave the child's copy of the lock held for good, and the child's next
