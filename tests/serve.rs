@@ -819,6 +819,30 @@ fn refusals_axum_makes_use_the_servers_error_body() {
 }
 
 #[test]
+fn a_query_value_that_is_not_utf8_is_refused_not_read_as_a_replacement_character() {
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    // Each was answered 200: the extractor decoded `%FF` as U+FFFD and searched or filtered
+    // on that, so the reader saw "no hits" for a query that was never theirs.
+    for path in [
+        "/api/search?q=deploy%FF",
+        "/?q=deploy%FF",
+        "/api/sessions?cwd=%FF",
+        "/?cwd=%E2%82",
+        "/api/search?q=deploy&role=user%C0",
+        "/sessions/demo-flaky-test?limit=5&x=%FF",
+    ] {
+        let reply = server.get(path);
+        own_error(path, &reply, 400);
+        assert!(reply.body.contains("not UTF-8"), "{path}: {}", reply.body);
+    }
+    // Valid percent-encoded UTF-8 and a lone `%` still pass.
+    server.ok("/api/sessions?cwd=100%");
+    server.ok("/api/search?q=caf%C3%A9");
+    server.ok("/api/sessions?cwd=100%25");
+}
+
+#[test]
 fn a_blob_link_from_a_page_answers_errors_as_pages_and_the_api_as_json() {
     let (_dir, root) = demo_root();
     let server = Server::start(&root, &[]);

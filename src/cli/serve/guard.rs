@@ -98,6 +98,32 @@ fn loopback_host(host: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
+/// Whether the percent-decoded `query` (a request's raw query string) is UTF-8: axum's
+/// query extractor decodes invalid sequences as U+FFFD, so `?q=abc%FF` would search for
+/// `abc\u{FFFD}` and `?cwd=%FF` filter on it instead of being refused.
+fn query_is_utf8(query: &str) -> bool {
+    let raw = query.as_bytes();
+    let mut bytes = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        let hex = raw
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (raw[i], hex) {
+            (b'%', Some(byte)) => {
+                bytes.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                bytes.push(byte);
+                i += 1;
+            }
+        }
+    }
+    std::str::from_utf8(&bytes).is_ok()
+}
+
 /// The refusal of a request, as JSON under `/api/`, else as a page.
 fn refuse(path: &str, problem: Problem) -> Response {
     if path.starts_with("/api/") {
@@ -169,6 +195,11 @@ pub async fn check(State(app): State<App>, request: Request, next: Next) -> Resp
                 message: "a token is required: open the URL the server printed at start".into(),
             },
         )
+    } else if !request.uri().query().is_none_or(query_is_utf8) {
+        refuse(
+            &path,
+            Problem::bad_request("the query string is not UTF-8 once percent-decoded"),
+        )
     } else {
         set_cookie = app.token.is_some()
             && request
@@ -218,6 +249,16 @@ mod tests {
         assert!(same(b"abc", b"abc"));
         assert!(!same(b"abc", b"abd"));
         assert!(!same(b"abc", b"ab"));
+    }
+
+    #[test]
+    fn checks_the_decoded_query_is_utf8() {
+        assert!(query_is_utf8("q=caf%C3%A9&limit=5"));
+        assert!(query_is_utf8("q=100%&x=%4"));
+        assert!(query_is_utf8("q=%e2%82%ac"));
+        assert!(!query_is_utf8("q=abc%FF"));
+        assert!(!query_is_utf8("cwd=%E2%82"));
+        assert!(!query_is_utf8("a=1&b=%C0%AF"));
     }
 
     #[test]
