@@ -15,7 +15,8 @@ How items are stored: each ``add_items`` call is one atomic, fsynced commit form
 (``turn/start``, one ``message/complete`` per item, ``turn/end``). An item is stored as the
 message's JSON object itself, so the store's transcript, previews and the ``sqlite3`` views
 show it: the message ``id`` is a stable id the store assigns (``i<sequence>``, unique in the
-session forever) and the item's own ``id``, when it has one, is kept under ``sse_item_id``.
+session forever) and the item's own ``id``, when it has one, is kept under ``sse_item_id``
+(so an item holding that key itself is refused with :class:`session_store.InvalidInput`).
 ``pop_item`` and ``clear_session`` are turns holding one ``history/replace`` event (the items
 that remain), so the transcript changes and every earlier item stays readable in the log
 (:meth:`SessionStoreSession.events`). ``pop_item`` rewrites the remaining items' JSON (the
@@ -162,6 +163,12 @@ def _release_writer(shared: _SharedWriter) -> None:
 def _to_message(item: Mapping[str, Any], message_id: str) -> dict[str, Any]:
     if not isinstance(item, Mapping):
         raise TypeError(f"a session item must be a dict, not {type(item).__name__}")
+    if ITEM_ID_KEY in item:
+        # Stored as is, it would come back as the item's "id" (and replace one it has).
+        raise InvalidInput(
+            f"invalid input: a session item may not hold the key {ITEM_ID_KEY!r}: it keeps "
+            "the item's own id in the store"
+        )
     # Key order is kept: the item's own id takes the place of its "id" key.
     message = {ITEM_ID_KEY if key == "id" else key: value for key, value in item.items()}
     message["id"] = message_id

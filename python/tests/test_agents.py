@@ -287,6 +287,23 @@ def test_hostile_items(root):
     run(main())
 
 
+def test_an_item_holding_the_reserved_id_key_is_refused_not_changed(root):
+    async def main():
+        s = SessionStoreSession("k", root)
+        await s.add_items([user("kept")])
+        # Stored, the first came back as {"id": "mine", ...} and the second lost its "id".
+        for item in (
+            {"role": "user", "content": "c", "sse_item_id": "mine"},
+            {"id": "dup", "role": "user", "content": "d", "sse_item_id": "mine2"},
+        ):
+            with pytest.raises(session_store.InvalidInput, match="sse_item_id"):
+                await s.add_items([user("ok"), item])
+        assert await s.get_items() == [user("kept")]
+        s.close()
+
+    run(main())
+
+
 @function_tool
 def get_weather(city: str) -> str:
     """The weather in a city."""
