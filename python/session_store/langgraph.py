@@ -57,6 +57,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from . import (
+    InvalidInput,
     NotFound,
     PathLike,
     Root,
@@ -92,7 +93,9 @@ from .agents import _acquire_writer, _release_writer, _SharedWriter
 
 __all__ = ["SessionStoreSaver", "session_id_of", "thread_id_of"]
 
-_SAFE = re.compile(r"[a-z0-9_-]{1,200}")
+#: The longest session id, in UTF-8 bytes (the store's limit).
+_MAX_SESSION_ID = 255
+_SAFE = re.compile(r"[a-z0-9_-]{1,%d}" % (_MAX_SESSION_ID - len("lg-")))
 _CHECKPOINT = "langgraph/checkpoint"
 _VALUE = "langgraph/value"
 _WRITES = "langgraph/writes"
@@ -101,11 +104,27 @@ _MISSING = object()
 
 
 def session_id_of(thread_id: str) -> str:
-    """The session id holding LangGraph thread ``thread_id``."""
+    """The session id holding LangGraph thread ``thread_id``: ``lg-<thread_id>`` for an id
+    of ``[a-z0-9_-]`` (at most 252 characters), else ``lgx-<hex of its UTF-8>`` (at most
+    125 bytes). A longer thread id, or one that is not UTF-8 (a lone surrogate), raises
+    :class:`session_store.InvalidInput` naming the thread id."""
     thread_id = str(thread_id)
     if _SAFE.fullmatch(thread_id):
         return f"lg-{thread_id}"
-    return f"lgx-{thread_id.encode().hex()}"
+    try:
+        utf8 = thread_id.encode()
+    except UnicodeEncodeError as e:
+        raise InvalidInput(f"invalid input: thread id {thread_id!r} is not UTF-8: {e}") from None
+    session_id = f"lgx-{utf8.hex()}"
+    if len(session_id) > _MAX_SESSION_ID:
+        longest = (_MAX_SESSION_ID - len("lgx-")) // 2
+        shown = repr(thread_id) if len(thread_id) <= 40 else f"{thread_id[:40]!r}…"
+        raise InvalidInput(
+            f"invalid input: thread id {shown} ({len(utf8)} bytes) is too long: "
+            f"a thread id is at most {longest} bytes of UTF-8, or "
+            f"{_MAX_SESSION_ID - len('lg-')} characters of [a-z0-9_-]"
+        )
+    return session_id
 
 
 def thread_id_of(session_id: str) -> str | None:

@@ -245,6 +245,27 @@ def test_prune_and_delete_for_runs_hide_checkpoints(saver) -> None:
     assert len(list(saver.list(config("p")))) == 1  # other runs untouched
 
 
+def test_long_thread_ids_map_while_they_fit_else_are_refused_naming_the_thread(
+    root, saver
+) -> None:
+    # A safe id of 201..=252 characters fits as "lg-<id>" (it was hex-encoded to 400+
+    # bytes and refused as an "invalid session id" the caller never gave).
+    for thread in ["a" * 201, "b" * 252, "é" * 62, "x/" * 62]:
+        sid = session_id_of(thread)
+        root.create(sid).close()
+        assert thread_id_of(sid) == thread
+    g = graph(saver)
+    g.invoke({"messages": [HumanMessage(content="long")]}, config("c" * 240))
+    assert contents(g.get_state(config("c" * 240)))[0] == "long"
+    # Longer ones, and one that is not UTF-8: InvalidInput naming the thread id and the
+    # limit, nothing written.
+    for thread in ["a" * 253, "é" * 63, "x/" * 63, "\ud800"]:
+        with pytest.raises(session_store.InvalidInput, match="thread id") as refused:
+            g.invoke({"messages": [HumanMessage(content="no")]}, config(thread))
+        assert "session id" not in str(refused.value)
+    assert {t.config["configurable"]["thread_id"] for t in saver.list(None)} == {"c" * 240}
+
+
 def test_thread_ids_map_to_session_ids_and_back(root, saver) -> None:
     for thread in ["chat", "a-b_c", "UPPER", "with space", "ünïcode", "../x", "con", "nul"]:
         sid = session_id_of(thread)
