@@ -321,6 +321,10 @@ def test_hostile_input_is_refused_and_changes_nothing(root, tmp_path):
         root.history("h", cursor="\ud800")
     with pytest.raises(InvalidInput):
         root.create("cwd-surrogate", cwd="\ud800")
+    # An empty root path too (was StorageError "resolve root : No such file or directory").
+    for empty in ["", b""]:
+        with pytest.raises(InvalidInput, match="root path is empty"):
+            session_store.Root(empty)
     # A NUL in a path is malformed input, not a storage failure (was StorageError).
     nul = str(tmp_path / "a\x00b")
     with pytest.raises(InvalidInput):

@@ -34,7 +34,14 @@ fn not_confined(shown: &Path) -> Error {
 
 /// Opens the root folder `path` (resolved, following the user's symlinks) and returns
 /// its resolved path and descriptor. The folder is created when missing.
+/// An empty path is [`Error::InvalidInput`] (it was an I/O error, "resolve root : No such
+/// file or directory").
 pub(crate) fn open_root(path: &Path) -> Result<(std::path::PathBuf, OwnedFd)> {
+    if path.as_os_str().is_empty() {
+        return Err(Error::invalid(
+            "the root path is empty: give a folder (\".\" for the current one)",
+        ));
+    }
     std::fs::create_dir_all(path)
         .map_err(|e| Error::io(format!("create root {}", path.display()), e))?;
     let resolved = std::fs::canonicalize(path)

@@ -405,7 +405,8 @@ impl Root {
     /// Opens (creating if needed) a root with default options.
     ///
     /// # Errors
-    /// [`Error::Io`] when the folder cannot be created.
+    /// [`Error::Io`] when the folder cannot be created; [`Error::InvalidInput`] for an
+    /// empty path.
     pub fn open(path: impl AsRef<Path>) -> Result<Root> {
         Self::with_options(path, StoreOptions::default())
     }
@@ -413,8 +414,8 @@ impl Root {
     /// Opens (creating if needed) a root with these options.
     ///
     /// # Errors
-    /// [`Error::Io`] when the folder cannot be created; [`Error::InvalidInput`] for a zero budget
-    /// or an inline threshold out of range.
+    /// [`Error::Io`] when the folder cannot be created; [`Error::InvalidInput`] for an empty
+    /// path, a zero budget or an inline threshold out of range.
     pub fn with_options(path: impl AsRef<Path>, options: StoreOptions) -> Result<Root> {
         if options.queue_budget == 0 {
             return Err(Error::invalid("queue budget must be positive"));
