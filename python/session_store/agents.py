@@ -148,6 +148,24 @@ def _release_locked(shared: _SharedWriter) -> None:
             session.close()
 
 
+def _close_shared_session(root: Root, session_id: str) -> None:
+    """Closes the writer of ``session_id`` that the adapters of this process share, if one
+    is open, keeping their shares: the next change through any of them opens (or creates)
+    the session again. Before a delete, which waited for that writer otherwise."""
+    key = (os.path.realpath(root.path), session_id)
+    _lock_registry()
+    try:
+        shared = _WRITERS.get(key)
+    finally:
+        _unlock_registry()
+    if shared is None:
+        return
+    with shared.lock:
+        session, shared.session = shared.session, None
+        if session is not None:
+            session.close()
+
+
 def _release_writer(shared: _SharedWriter) -> None:
     """Releases one adapter's share: on close(), or by its finalizer (see _HOLDER)."""
     if _HOLDER == threading.get_ident():

@@ -89,7 +89,7 @@ except ModuleNotFoundError as e:
     if missing is None:
         raise
     raise missing from e
-from .agents import _acquire_writer, _release_writer, _SharedWriter
+from .agents import _acquire_writer, _close_shared_session, _release_writer, _SharedWriter
 
 __all__ = ["SessionStoreSaver", "session_id_of", "thread_id_of"]
 
@@ -571,10 +571,16 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         self._identities.pop(thread_id, None)
 
     def delete_thread(self, thread_id: str) -> None:
-        """Deletes the thread's session (its forks keep their history)."""
+        """Deletes the thread's session (its forks keep their history). The writer the
+        savers of this process share for it is closed first (another saver's next ``put``
+        makes the thread anew); a writer in another process is waited for as
+        :meth:`session_store.Root.delete` does."""
         thread_id = str(thread_id)
         with self._lock:
             self._release(thread_id)
+            # Another saver of this process holding the thread's writer: the delete waited
+            # for it (10 s) and raised Cancelled naming this very process.
+            _close_shared_session(self.root, session_id_of(thread_id))
             try:
                 self.root.delete(session_id_of(thread_id))
             except NotFound:

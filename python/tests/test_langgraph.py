@@ -266,6 +266,25 @@ def test_long_thread_ids_map_while_they_fit_else_are_refused_naming_the_thread(
     assert {t.config["configurable"]["thread_id"] for t in saver.list(None)} == {"c" * 240}
 
 
+def test_delete_thread_while_another_saver_of_the_process_holds_its_writer(root) -> None:
+    # Two savers of one root in one process (two graphs, a saver per request) share a
+    # thread's writer: deleting through the other one waited 10 s for it and raised
+    # Cancelled naming this process.
+    a, b = SessionStoreSaver(root), SessionStoreSaver(root)
+    g = graph(a)
+    g.invoke({"messages": [HumanMessage(content="x")]}, config("shared"))
+    assert root.writer_owner(session_id_of("shared")) is not None
+    b.delete_thread("shared")
+    for saver in (a, b):
+        assert saver.get_tuple(config("shared")) is None
+    # The first saver writes the thread anew.
+    g.invoke({"messages": [HumanMessage(content="y")]}, config("shared"))
+    again = contents(graph(b).get_state(config("shared")))
+    assert again[0] == "y" and "x" not in again, again
+    a.close()
+    b.close()
+
+
 def test_thread_ids_map_to_session_ids_and_back(root, saver) -> None:
     for thread in ["chat", "a-b_c", "UPPER", "with space", "ünïcode", "../x", "con", "nul"]:
         sid = session_id_of(thread)
