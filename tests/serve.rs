@@ -819,6 +819,64 @@ fn refusals_axum_makes_use_the_servers_error_body() {
 }
 
 #[test]
+fn openai_agents_items_show_their_tool_calls_outputs_and_other_fields() {
+    // Items as `session_store.agents.SessionStoreSession` stores a Runner's conversation:
+    // Responses-API items, the call and its output without a `role`. The page showed the two
+    // as empty "(no role)" articles and the reasoning item as nothing at all.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("root");
+    let root = Root::open(&path).expect("root");
+    let session = root
+        .create(CreateOptions::with_id(
+            SessionId::new("agents").expect("id"),
+        ))
+        .expect("create");
+    let message = |m: Value| {
+        Event::new("message/complete")
+            .with_payload(&json!({ "message": m }))
+            .expect("payload")
+    };
+    session
+        .append(
+            Batch::new(
+                "op-1",
+                vec![
+                    Event::new("turn/start"),
+                    message(json!({"role": "user", "content": "weather in Paris?", "id": "i2"})),
+                    message(
+                        json!({"type": "function_call", "call_id": "call-7", "name": "get_weather",
+                        "arguments": "{\"city\":\"<Paris>\"}", "sse_item_id": "fc1", "id": "i3"}),
+                    ),
+                    message(json!({"type": "function_call_output", "call_id": "call-7",
+                        "output": "sunny <b>22</b>", "id": "i4"})),
+                    message(
+                        json!({"type": "reasoning", "summary": [{"type": "summary_text",
+                        "text": "thought about <it>"}], "id": "i5"}),
+                    ),
+                    Event::new("turn/end")
+                        .with_payload(&json!({"status": "completed"}))
+                        .expect("payload"),
+                ],
+            )
+            .in_turn("t1"),
+        )
+        .expect("append");
+    session.close().expect("close");
+    let server = Server::start(&path, &[]);
+    let page = server.ok("/sessions/agents").body;
+    for shown in [
+        "<details class=\"tool-call\"><summary>tool call <code>get_weather</code> · <code>call-7</code>",
+        "{&quot;city&quot;:&quot;&lt;Paris&gt;&quot;}",
+        "<details class=\"tool-output\"><summary>tool output · <code>call-7</code>",
+        "sunny &lt;b&gt;22&lt;/b&gt;",
+        "<summary>reasoning (JSON)</summary>",
+        "thought about &lt;it&gt;",
+    ] {
+        assert!(page.contains(shown), "{shown} not in {page}");
+    }
+}
+
+#[test]
 fn a_query_value_that_is_not_utf8_is_refused_not_read_as_a_replacement_character() {
     let (_dir, root) = demo_root();
     let server = Server::start(&root, &[]);

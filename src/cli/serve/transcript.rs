@@ -44,9 +44,24 @@ struct ToolCall {
     arguments: String,
 }
 
+/// The `type` of a Responses-API item (`function_call`, `function_call_output`, …), as
+/// openai-agents stores them: no `role`, the call or its output in fields of their own.
+fn item_type(fields: &Map<String, Value>) -> Option<&str> {
+    fields.get("type").and_then(Value::as_str)
+}
+
 /// The tool calls of a message (`tool_calls[]` in the OpenAI shape: `id`,
-/// `function.name`, `function.arguments`; or `name` and `arguments` / `input`).
+/// `function.name`, `function.arguments`; or `name` and `arguments` / `input`), or the
+/// message itself when it is a `function_call` item (`call_id`, `name`, `arguments`).
 fn tool_calls(fields: &Map<String, Value>) -> Vec<ToolCall> {
+    let text = |v: Option<&Value>| v.map(json_text).unwrap_or_default();
+    if item_type(fields) == Some("function_call") {
+        return vec![ToolCall {
+            id: text(fields.get("call_id")),
+            name: text(fields.get("name")),
+            arguments: text(fields.get("arguments")),
+        }];
+    }
     let Some(Value::Array(calls)) = fields.get("tool_calls") else {
         return Vec::new();
     };
@@ -54,7 +69,6 @@ fn tool_calls(fields: &Map<String, Value>) -> Vec<ToolCall> {
         .iter()
         .map(|call| {
             let function = call.get("function").unwrap_or(call);
-            let text = |v: Option<&Value>| v.map(json_text).unwrap_or_default();
             ToolCall {
                 id: text(call.get("id")),
                 name: text(function.get("name")),
@@ -64,18 +78,30 @@ fn tool_calls(fields: &Map<String, Value>) -> Vec<ToolCall> {
         .collect()
 }
 
-/// The body of an inline message.
+/// The body of an inline message: its text, or its content as JSON, and its tool calls; a
+/// tool's output (role `tool`, or a `function_call_output` item) collapsed; a message with
+/// none of these (a `reasoning` item, say) as its JSON, collapsed, so no field is hidden.
 fn body(message: &Message) -> Markup {
     let fields = message.fields();
-    let text = message.text();
-    let is_tool = message.role() == Some("tool");
+    let output_item = item_type(&fields) == Some("function_call_output");
+    let text = match output_item {
+        true => fields.get("output").map(json_text),
+        false => message.text(),
+    };
+    let is_tool = message.role() == Some("tool") || output_item;
+    let call_id = fields
+        .get("tool_call_id")
+        .or_else(|| fields.get("call_id"))
+        .and_then(Value::as_str);
+    let content = fields.get("content").filter(|c| !c.is_null());
+    let calls = tool_calls(&fields);
     html! {
         @if let Some(text) = &text {
             @if is_tool {
                 details.tool-output {
                     summary {
                         "tool output"
-                        @if let Some(Value::String(call)) = fields.get("tool_call_id") { " · " code { (call) } }
+                        @if let Some(call) = call_id { " · " code { (call) } }
                         " · " (human_bytes(text.len() as u64))
                     }
                     pre { (text) }
@@ -88,13 +114,18 @@ fn body(message: &Message) -> Markup {
             } @else {
                 div.text { (text) }
             }
-        } @else if let Some(content) = fields.get("content").filter(|c| !c.is_null()) {
+        } @else if let Some(content) = content {
             details.json {
                 summary { "content (JSON)" }
                 pre { (json_text(content)) }
             }
+        } @else if calls.is_empty() {
+            details.json {
+                summary { (item_type(&fields).unwrap_or("message")) " (JSON)" }
+                pre { (message.json()) }
+            }
         }
-        @for call in tool_calls(&fields) {
+        @for call in &calls {
             details.tool-call {
                 summary { "tool call " code { (call.name) } @if !call.id.is_empty() { " · " code { (call.id) } } }
                 pre { (call.arguments) }
