@@ -128,9 +128,25 @@ def encode_json(value: Any) -> str:
     a key that is not a string, …), before anything is written.
     """
     try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError, RecursionError) as e:
         raise InvalidInput(f"invalid input: value is not JSON-able: {e}") from None
+    # json.dumps writes an int, float, bool or None key as a string ({1: 2} came back as
+    # {"1": 2}; {1: "a", "1": "b"} as one key "1"). Walked after dumps: no cycle is left.
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    raise InvalidInput(
+                        f"invalid input: value is not JSON-able: the key {key!r} is "
+                        f"{type(key).__name__}, not str (JSON keys are strings)"
+                    )
+                stack.append(child)
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return text
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)

@@ -265,6 +265,9 @@ def test_hostile_items(root):
             await s.add_items(["not a dict"])
         with pytest.raises(session_store.InvalidInput):
             await s.add_items([{"role": "user", "content": {1, 2}}])
+        # A key that is not str was stored as a string (it came back changed).
+        with pytest.raises(session_store.InvalidInput, match="not str"):
+            await s.add_items([{"role": "user", "content": "x", "meta": {7: "seven"}}])
         # A tool output with a lone surrogate, as json.loads gives it from a "\ud800" escape.
         with pytest.raises(session_store.InvalidInput):
             await s.add_items([user("ok"), json.loads('{"role": "user", "content": "\\ud800"}')])

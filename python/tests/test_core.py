@@ -280,6 +280,13 @@ def test_hostile_input_is_refused_and_changes_nothing(root, tmp_path):
             lambda: s.append_json("[]"),
             lambda: s.append([{"kind": "session/title", "payload": {"x": {1, 2}}}], operation_id="set"),
             lambda: s.append([{"kind": "session/title", "payload": float("nan")}], operation_id="nan"),
+            # Keys that are not str: json.dumps wrote them as strings ({1: 2} came back as
+            # {"1": 2}, {1: "a", "1": "b"} as one key), appended.
+            lambda: s.append([{"kind": "message/complete", "payload": {"message": {
+                "id": "k", "role": "user", "content": "x", "meta": [{1: "one"}]}}}],
+                operation_id="int-key"),
+            lambda: s.append([{"kind": "message/complete", "payload": {"message": {
+                "id": "k", "role": "user", "content": "x", None: 1}}}], operation_id="none-key"),
             lambda: s.append("turn/start", operation_id="str"),
             lambda: s.append([1, 2], operation_id="ints"),
             lambda: s.append([{"kind": "turn/start"}], operation_id=""),
