@@ -881,7 +881,7 @@ fn a_query_value_that_is_not_utf8_is_refused_not_read_as_a_replacement_character
     let (_dir, root) = demo_root();
     let server = Server::start(&root, &[]);
     // Each was answered 200: the extractor decoded `%FF` as U+FFFD and searched or filtered
-    // on that, so the reader saw "no hits" for a query that was never theirs.
+    // on that (`deploy%FF` gave the hits of `deploy`, `cwd=%FF` an empty list).
     for path in [
         "/api/search?q=deploy%FF",
         "/?q=deploy%FF",
