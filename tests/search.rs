@@ -1481,3 +1481,54 @@ fn a_fork_that_replaced_an_inherited_message_is_not_said_to_hold_it() {
     assert_eq!(forks("manatee"), ["keeper"]);
     assert_eq!(in_child("manatee") + in_child("dugong"), 0);
 }
+
+/// What openai-agents stores (Responses-API items: a `function_call` with its name and
+/// arguments, its `function_call_output`, a `reasoning` summary; none has a `content`) is
+/// found by what it did: a search for the tool's name or a word of its output found
+/// nothing before. An index filled by an earlier build (`user_version` 1, without those
+/// rows) is filled again by the next search.
+#[test]
+fn responses_items_are_found_by_their_tool_calls_outputs_and_reasoning() {
+    let (_dir, root) = temp_root();
+    let item = |v: serde_json::Value| {
+        session_store::Event::new("message/complete")
+            .with_payload(&serde_json::json!({ "message": v }))
+            .expect("event")
+    };
+    create(&root, "agent").close().expect("close");
+    append(
+        &root,
+        "agent",
+        "run-1",
+        vec![
+            item(
+                serde_json::json!({"id": "i1", "type": "function_call", "call_id": "c1",
+                "name": "get_weather", "arguments": "{\"city\":\"Lisbon\"}"}),
+            ),
+            item(
+                serde_json::json!({"id": "i2", "type": "function_call_output", "call_id": "c1",
+                "output": "sunny and mild"}),
+            ),
+            item(serde_json::json!({"id": "i3", "type": "reasoning",
+                "summary": [{"type": "summary_text", "text": "compare forecasts"}]})),
+        ],
+    );
+    let found = |root: &Root| -> Vec<Vec<String>> {
+        ["get_weather", "lisbon", "mild", "forecasts"]
+            .iter()
+            .map(|q| ids_of(root, q))
+            .collect()
+    };
+    let expected = [["i1"], ["i1"], ["i2"], ["i3"]].map(|ids| ids.map(str::to_owned).to_vec());
+    assert_eq!(found(&root), expected);
+    // The index as an earlier build left it: filled (user_version 1), none of those rows.
+    let index = root.path().join(".catalog").join("search.sqlite");
+    drop(root);
+    sqlite3(
+        &index,
+        "INSERT INTO search_text (search_text) VALUES ('delete-all');
+         DELETE FROM search_rows; PRAGMA user_version = 1;",
+    );
+    let root = Root::open(index.parent().and_then(|p| p.parent()).expect("root")).expect("root");
+    assert_eq!(found(&root), expected, "the old index was not filled again");
+}

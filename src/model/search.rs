@@ -392,14 +392,32 @@ fn words(text: &str) -> impl Iterator<Item = (Range<usize>, String)> + '_ {
 
 /// Text to search of a message: the string values of its `content` (or `raw_content`)
 /// and of its `tool_calls`, at any depth, except ids, types and encoded data; one per line.
+/// A Responses-API item (what openai-agents stores: no `content` for a tool call or its
+/// output) adds the fields that hold what was done ([`item_fields`]).
 pub(crate) fn message_text(message: &Message) -> String {
     let fields = message.fields();
     let mut out = String::new();
     let content = fields.get("content").or_else(|| fields.get("raw_content"));
-    for value in [content, fields.get("tool_calls")].into_iter().flatten() {
+    let item = item_fields(fields.get("type").and_then(Value::as_str));
+    let values = [content, fields.get("tool_calls")]
+        .into_iter()
+        .chain(item.iter().map(|k| fields.get(*k)));
+    for value in values.flatten() {
         strings(value, &mut out);
     }
     out
+}
+
+/// The fields of a Responses-API item of type `item_type` that hold its text: a
+/// `function_call`'s name and arguments, a `function_call_output`'s output, a `reasoning`
+/// item's summary; none for any other type (a chat message has none).
+fn item_fields(item_type: Option<&str>) -> &'static [&'static str] {
+    match item_type {
+        Some("function_call") => &["name", "arguments"],
+        Some("function_call_output") => &["output"],
+        Some("reasoning") => &["summary"],
+        _ => &[],
+    }
 }
 
 fn strings(value: &Value, out: &mut String) {
@@ -593,6 +611,29 @@ mod tests {
         );
         assert!(s.text.starts_with('…'), "{}", s.text);
         assert_eq!(s.marked("<", ">").matches("<needle>").count(), 1);
+    }
+
+    #[test]
+    fn message_text_takes_what_responses_items_did() {
+        let text = |v: serde_json::Value| message_text(&Message::from_value(&v).expect("message"));
+        let call = text(serde_json::json!({"id": "i1", "type": "function_call",
+            "call_id": "c1", "name": "get_weather", "arguments": "{\"city\":\"Lisbon\"}"}));
+        assert!(
+            call.contains("get_weather") && call.contains("Lisbon") && !call.contains("c1"),
+            "{call}"
+        );
+        let output = text(
+            serde_json::json!({"id": "i2", "type": "function_call_output",
+            "call_id": "c1", "output": "sunny, 21 degrees"}),
+        );
+        assert_eq!(output, "sunny, 21 degrees");
+        let reasoning = text(serde_json::json!({"id": "i3", "type": "reasoning",
+            "summary": [{"type": "summary_text", "text": "compare the forecasts"}]}));
+        assert_eq!(reasoning, "compare the forecasts");
+        // A chat message's own `name` (its author) is not its text.
+        let chat =
+            text(serde_json::json!({"id": "m", "role": "user", "name": "ann", "content": "hi"}));
+        assert_eq!(chat, "hi");
     }
 
     #[test]

@@ -57,8 +57,10 @@ pub(crate) const SEARCH_FILES: [&str; 4] = [
 ];
 /// `PRAGMA user_version` of an index that a fill ([`SearchIndex::rebuild`]) completed: set
 /// in the fill's own transaction, so an index whose first fill was interrupted (a search
-/// killed while it filled a new index) is 0 and is filled again by the next search.
-const FILLED: i64 = 1;
+/// killed while it filled a new index) is 0 and is filled again by the next search. An
+/// index an earlier build filled (1: before a Responses-API item's tool call, output and
+/// reasoning summary were text to search) is filled again the same way.
+const FILLED: i64 = 2;
 
 /// `PRAGMA application_id` of a search index ("SeSF").
 const SEARCH_APPLICATION_ID: i32 = 0x5365_5346;
