@@ -279,7 +279,10 @@ pub fn show(cx: &Context, id: &str) -> CliResult<()> {
 fn show_of(root: &Root, id: &SessionId) -> CliResult<Show> {
     let info = root.stat(id)?;
     let reader = root.open_reader(id)?;
-    let projection = reader.projection()?;
+    // Every part at the durable sequence `stat` read: a writer may commit meanwhile.
+    let projection = reader.projection_at(info.durable_sequence)?;
+    let mut turns = reader.turns()?;
+    turns.retain(|t| t.boundary_sequence <= info.durable_sequence);
     let file_bytes = file_bytes(root, id);
     let own_events = info.durable_sequence.saturating_sub(info.inherited_events);
     let show = Show {
@@ -294,7 +297,7 @@ fn show_of(root: &Root, id: &SessionId) -> CliResult<Show> {
         turn_status: projection.turn_status.clone(),
         open_turn: projection.turn_id.clone(),
         messages: projection.transcript_len,
-        turns: reader.turns()?,
+        turns,
         tables: root.table_bytes(id)?,
         file_bytes,
         usage: projection.usage.clone(),
@@ -523,10 +526,11 @@ pub fn events(cx: &Context, id: &str, after: u64, limit: usize, inline: bool) ->
         let reader = root.open_reader(&id)?;
         Ok((reader.durable_sequence()?, reader.commits(after, limit)?))
     })?;
+    // Commits made after `durable` was read are left for the next page.
     let lines: Vec<EventLine<'_>> = commits
         .iter()
         .flat_map(|c| c.events.iter().map(move |e| (c, e)))
-        .filter(|(_, e)| e.seq > after)
+        .filter(|(_, e)| e.seq > after && e.seq <= durable)
         .take(limit)
         .map(|(c, e)| EventLine::new(c, e, inline))
         .collect();
