@@ -246,15 +246,24 @@ fn read_of<T>(root: &Root, id: &SessionId, read: impl Fn() -> CliResult<T>) -> C
     loop {
         let before = file_identity(&file);
         match read() {
-            Err(e) if exit_code(e.as_ref()) != EXIT_NOT_FOUND && !is_broken_pipe(e.as_ref()) => {
+            Err(e) if !is_broken_pipe(e.as_ref()) => {
+                let not_found = exit_code(e.as_ref()) == EXIT_NOT_FOUND;
                 let now = file_identity(&file);
-                if before.is_none() || now.is_none() || now != before {
+                if before.is_some() && (now.is_none() || now != before) {
                     return Err(Failure::with_code(
                         EXIT_NOT_FOUND,
                         format!("session {id} not found (deleted while it was read)"),
                     ));
                 }
-                if attempt == READ_ATTEMPTS {
+                if before.is_none() {
+                    // A "not found" of one of the files the read met names a path in the
+                    // root: the session is what was not there.
+                    return Err(Failure::with_code(
+                        EXIT_NOT_FOUND,
+                        format!("session {id} not found"),
+                    ));
+                }
+                if not_found || attempt == READ_ATTEMPTS {
                     return Err(e);
                 }
                 attempt += 1;
