@@ -763,14 +763,26 @@ impl Root {
     /// generation and rebuilds the projection from the file.
     ///
     /// # Errors
-    /// [`Error::SessionNotFound`]; [`Error::WriterOwned`] naming the holder when another
-    /// writer, in this process or another, has it.
+    /// [`Error::SessionNotFound`], also for a session deleted while it is opened;
+    /// [`Error::WriterOwned`] naming the holder when another writer, in this process or
+    /// another, has it.
     pub fn open_writer(&self, id: &SessionId) -> Result<Session> {
         let dir = self.existing_dir(id)?;
-        // Before the lock and the lease: a refused folder is left as it is.
-        check_folder_owner(id, &SessionReader::open(&dir)?)?;
-        let lock = self.take_writer_lock(&dir)?;
-        self.start_writer(&dir, lock)
+        let open = || {
+            // Before the lock and the lease: a refused folder is left as it is.
+            check_folder_owner(id, &SessionReader::open(&dir)?)?;
+            let lock = self.take_writer_lock(&dir)?;
+            self.start_writer(&dir, lock)
+        };
+        open().map_err(|e| {
+            // Deleted while it was opened: not the path of a file gone, nor SQLite's
+            // "unable to open database file".
+            if std::fs::symlink_metadata(dir.join(SESSION_FILE)).is_err() {
+                Error::SessionNotFound(id.to_string())
+            } else {
+                e
+            }
+        })
     }
 
     /// Takes the writer lock of the session folder `dir`, retrying a lock held only for a
