@@ -803,3 +803,42 @@ fn a_fork_racing_the_delete_of_its_parent_is_made_whole_or_not_found() {
         "a fork racing its parent's delete: {wrong:#?}"
     );
 }
+
+#[test]
+fn an_export_racing_a_delete_is_whole_or_not_found_naming_the_session() {
+    let (dir, root) = temp_root();
+    let s = create(&root, "src");
+    for n in 0..40 {
+        s.append(turn(&format!("op{n}"), &format!("t{n}"), &format!("m{n}")))
+            .unwrap();
+    }
+    s.close().unwrap();
+    let export = dir.path().join("src.export");
+    root.export(&id("src"), &export).unwrap();
+    let again = ImportOptions::default().with_session_id(id("p"));
+    let (mut made, mut gone, mut wrong) = (0, 0, Vec::new());
+    for round in 0..60u64 {
+        root.import(&export, again.clone()).unwrap();
+        let out = dir.path().join(format!("p{round}.export"));
+        // The delete and the export at once, the export a little later each round.
+        let (exported, deleted) = std::thread::scope(|scope| {
+            let export = scope.spawn(|| {
+                std::thread::sleep(Duration::from_micros(50 * (round % 20)));
+                root.export(&id("p"), &out)
+            });
+            let delete = scope.spawn(|| root.delete(&id("p"), &CancelToken::new()));
+            (export.join().unwrap(), delete.join().unwrap())
+        });
+        deleted.unwrap();
+        match exported {
+            Ok(_) => {
+                made += 1;
+                session_store::verify_file(&out).unwrap();
+            }
+            Err(Error::SessionNotFound(what)) if what == "p" => gone += 1,
+            Err(e) => wrong.push(format!("round {round}: {e}")),
+        }
+    }
+    println!("{made} exports made, {gone} not found");
+    assert!(wrong.is_empty(), "an export racing a delete: {wrong:#?}");
+}

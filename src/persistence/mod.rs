@@ -854,10 +854,20 @@ impl Root {
     /// Opens a session read-only: no lock, no lease; sees only the durable prefix.
     ///
     /// # Errors
-    /// [`Error::SessionNotFound`]; [`Error::Corrupt`] or [`Error::UnsupportedVersion`] for a
-    /// file this build cannot read.
+    /// [`Error::SessionNotFound`], also for a session deleted while it is opened;
+    /// [`Error::Corrupt`] or [`Error::UnsupportedVersion`] for a file this build cannot
+    /// read.
     pub fn open_reader(&self, id: &SessionId) -> Result<SessionReader> {
-        let reader = SessionReader::open(&self.existing_dir(id)?)?;
+        let dir = self.existing_dir(id)?;
+        let reader = SessionReader::open(&dir).map_err(|e| match e {
+            // Deleted since `existing_dir`: the session is what is not found.
+            Error::SessionNotFound(_)
+                if std::fs::symlink_metadata(dir.join(SESSION_FILE)).is_err() =>
+            {
+                Error::SessionNotFound(id.to_string())
+            }
+            e => e,
+        })?;
         check_folder_owner(id, &reader)?;
         Ok(reader)
     }
