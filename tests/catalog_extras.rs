@@ -833,14 +833,7 @@ fn gc_deletes_only_old_sessions_without_a_writer() {
 #[test]
 fn a_rename_racing_a_delete_lands_or_is_not_found_naming_the_session() {
     let (dir, root) = temp_root();
-    let s = create(&root, "src");
-    for n in 0..20 {
-        s.append(turn(&format!("op{n}"), &format!("t{n}"), &format!("m{n}")))
-            .unwrap();
-    }
-    s.close().unwrap();
-    let export = dir.path().join("src.export");
-    root.export(&id("src"), &export).unwrap();
+    let export = common::exported_turns(&root, dir.path(), 20);
     let again = session_store::ImportOptions::default().with_session_id(id("p"));
     let (mut renamed, mut gone, mut wrong) = (0, 0, Vec::new());
     for round in 0..60u64 {

@@ -753,14 +753,7 @@ fn an_unreadable_session_is_deleted_unless_another_inherits_from_it() {
 #[test]
 fn a_fork_racing_the_delete_of_its_parent_is_made_whole_or_not_found() {
     let (dir, root) = temp_root();
-    let s = create(&root, "src");
-    for n in 0..40 {
-        s.append(turn(&format!("op{n}"), &format!("t{n}"), &format!("m{n}")))
-            .unwrap();
-    }
-    s.close().unwrap();
-    let export = dir.path().join("src.export");
-    root.export(&id("src"), &export).unwrap();
+    let export = exported_turns(&root, dir.path(), 40);
     let again = ImportOptions::default().with_session_id(id("p"));
     let (mut made, mut gone, mut wrong) = (0, 0, Vec::new());
     for round in 0..60 {
@@ -807,14 +800,7 @@ fn a_fork_racing_the_delete_of_its_parent_is_made_whole_or_not_found() {
 #[test]
 fn an_export_racing_a_delete_is_whole_or_not_found_naming_the_session() {
     let (dir, root) = temp_root();
-    let s = create(&root, "src");
-    for n in 0..40 {
-        s.append(turn(&format!("op{n}"), &format!("t{n}"), &format!("m{n}")))
-            .unwrap();
-    }
-    s.close().unwrap();
-    let export = dir.path().join("src.export");
-    root.export(&id("src"), &export).unwrap();
+    let export = exported_turns(&root, dir.path(), 40);
     let again = ImportOptions::default().with_session_id(id("p"));
     let (mut made, mut gone, mut wrong) = (0, 0, Vec::new());
     for round in 0..60u64 {

@@ -573,24 +573,11 @@ async fn a_cold_snapshot_and_catalog_entry_of_a_session_being_appended_to_are_of
     // Another process's writer (another Root on the same folder) appends and flushes
     // three-event turns while this service reads the session cold.
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writer = {
-        let (path, done) = (dir.path().join("sessions"), std::sync::Arc::clone(&done));
-        std::thread::spawn(move || {
-            let s = Root::open(path).unwrap().open_writer(&id("busy")).unwrap();
-            let mut n = 0;
-            while !done.load(std::sync::atomic::Ordering::SeqCst) {
-                n += 1;
-                s.append(common::turn(
-                    &format!("op{n}"),
-                    &format!("t{n}"),
-                    &format!("m{n}"),
-                ))
-                .unwrap();
-                s.flush().unwrap();
-            }
-            s.close().unwrap();
-        })
-    };
+    let writer = common::spawn_turn_writer(
+        dir.path().join("sessions"),
+        id("busy"),
+        std::sync::Arc::clone(&done),
+    );
     let r = SessionRef::new("local", "busy").unwrap();
     let mut wrong = Vec::new();
     let until = std::time::Instant::now() + std::time::Duration::from_secs(4);

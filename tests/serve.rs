@@ -1871,24 +1871,7 @@ fn a_session_page_of_a_session_being_appended_to_is_of_one_durable_sequence() {
     let server = Server::start(&root_dir, &[]);
     // A writer appends and flushes three-event turns while the page is read.
     let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let writer = {
-        let (done, id) = (std::sync::Arc::clone(&done), id.clone());
-        std::thread::spawn(move || {
-            let s = root.open_writer(&id).expect("writer");
-            let mut n = 0;
-            while !done.load(std::sync::atomic::Ordering::SeqCst) {
-                n += 1;
-                s.append(common::turn(
-                    &format!("op{n}"),
-                    &format!("t{n}"),
-                    &format!("m{n}"),
-                ))
-                .expect("append");
-                s.flush().expect("flush");
-            }
-            s.close().expect("close");
-        })
-    };
+    let writer = common::spawn_turn_writer(root_dir.clone(), id, std::sync::Arc::clone(&done));
     let mut wrong = Vec::new();
     let until = std::time::Instant::now() + Duration::from_secs(4);
     while std::time::Instant::now() < until && wrong.len() < 5 {
