@@ -829,3 +829,39 @@ fn gc_deletes_only_old_sessions_without_a_writer() {
     fails(&root, &["gc", "--older-than", "-1d"], 2);
     fails(&root, &["gc"], 2);
 }
+
+#[test]
+fn a_rename_racing_a_delete_lands_or_is_not_found_naming_the_session() {
+    let (dir, root) = temp_root();
+    let export = common::exported_turns(&root, dir.path(), 20);
+    let again = session_store::ImportOptions::default().with_session_id(id("p"));
+    let (mut renamed, mut gone, mut wrong) = (0, 0, Vec::new());
+    for round in 0..60u64 {
+        root.import(&export, again.clone()).unwrap();
+        // The delete and the rename at once, the rename a little later each round.
+        let (rename, deleted) = std::thread::scope(|scope| {
+            let rename = scope.spawn(|| {
+                std::thread::sleep(Duration::from_micros(50 * (round % 20)));
+                root.rename(&id("p"), "new title")
+            });
+            let delete = scope.spawn(|| {
+                loop {
+                    // A delete meeting the rename's writer waits for it.
+                    match root.delete(&id("p"), &session_store::CancelToken::new()) {
+                        Err(session_store::Error::WriterOwned { .. }) => {}
+                        other => break other,
+                    }
+                }
+            });
+            (rename.join().unwrap(), delete.join().unwrap())
+        });
+        deleted.unwrap();
+        match rename {
+            Ok(()) => renamed += 1,
+            Err(session_store::Error::SessionNotFound(what)) if what == "p" => gone += 1,
+            Err(e) => wrong.push(format!("round {round}: {e}")),
+        }
+    }
+    println!("{renamed} renamed, {gone} not found");
+    assert!(wrong.is_empty(), "a rename racing a delete: {wrong:#?}");
+}

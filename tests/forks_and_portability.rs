@@ -749,3 +749,82 @@ fn an_unreadable_session_is_deleted_unless_another_inherits_from_it() {
     root.delete(&id("parent"), &never).unwrap();
     assert_eq!(root.list_ids().unwrap(), vec![id("newer")]);
 }
+
+#[test]
+fn a_fork_racing_the_delete_of_its_parent_is_made_whole_or_not_found() {
+    let (dir, root) = temp_root();
+    let export = exported_turns(&root, dir.path(), 40);
+    let again = ImportOptions::default().with_session_id(id("p"));
+    let (mut made, mut gone, mut wrong) = (0, 0, Vec::new());
+    for round in 0..60 {
+        root.import(&export, again.clone()).unwrap();
+        let child = id(&format!("c{round}"));
+        // The delete and the fork at once, the fork a little later each round.
+        let (forked, deleted) = std::thread::scope(|scope| {
+            let fork = scope.spawn(|| {
+                std::thread::sleep(Duration::from_micros(50 * (round % 20)));
+                root.fork(
+                    &id("p"),
+                    ForkPoint::AfterTurn("t30".into()),
+                    Some(child.clone()),
+                )
+            });
+            let delete = scope.spawn(|| root.delete(&id("p"), &CancelToken::new()));
+            (fork.join().unwrap(), delete.join().unwrap())
+        });
+        deleted.unwrap();
+        match forked {
+            Ok(_) => {
+                made += 1;
+                let reader = root.open_reader(&child).unwrap();
+                assert_eq!(
+                    reader
+                        .transcript(reader.durable_sequence().unwrap())
+                        .unwrap()
+                        .len(),
+                    31
+                );
+                root.verify(&child).unwrap();
+            }
+            Err(Error::SessionNotFound(what)) if what == "p" => gone += 1,
+            Err(e) => wrong.push(format!("round {round}: {e}")),
+        }
+    }
+    println!("{made} forks made, {gone} not found");
+    assert!(
+        wrong.is_empty(),
+        "a fork racing its parent's delete: {wrong:#?}"
+    );
+}
+
+#[test]
+fn an_export_racing_a_delete_is_whole_or_not_found_naming_the_session() {
+    let (dir, root) = temp_root();
+    let export = exported_turns(&root, dir.path(), 40);
+    let again = ImportOptions::default().with_session_id(id("p"));
+    let (mut made, mut gone, mut wrong) = (0, 0, Vec::new());
+    for round in 0..60u64 {
+        root.import(&export, again.clone()).unwrap();
+        let out = dir.path().join(format!("p{round}.export"));
+        // The delete and the export at once, the export a little later each round.
+        let (exported, deleted) = std::thread::scope(|scope| {
+            let export = scope.spawn(|| {
+                std::thread::sleep(Duration::from_micros(50 * (round % 20)));
+                root.export(&id("p"), &out)
+            });
+            let delete = scope.spawn(|| root.delete(&id("p"), &CancelToken::new()));
+            (export.join().unwrap(), delete.join().unwrap())
+        });
+        deleted.unwrap();
+        match exported {
+            Ok(_) => {
+                made += 1;
+                session_store::verify_file(&out).unwrap();
+            }
+            Err(Error::SessionNotFound(what)) if what == "p" => gone += 1,
+            Err(e) => wrong.push(format!("round {round}: {e}")),
+        }
+    }
+    println!("{made} exports made, {gone} not found");
+    assert!(wrong.is_empty(), "an export racing a delete: {wrong:#?}");
+}

@@ -560,3 +560,56 @@ async fn a_content_ref_the_session_does_not_hold_is_named_quoted_and_clipped() {
         assert!(text.len() < 300 && !text.contains('\u{1b}'), "{text}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_snapshot_and_catalog_entry_of_a_session_being_appended_to_are_of_one_sequence() {
+    let (dir, service) = service();
+    service
+        .root()
+        .create(CreateOptions::with_id(id("busy")))
+        .unwrap()
+        .close()
+        .unwrap();
+    // Another process's writer (another Root on the same folder) appends and flushes
+    // three-event turns while this service reads the session cold.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = common::spawn_turn_writer(
+        dir.path().join("sessions"),
+        id("busy"),
+        std::sync::Arc::clone(&done),
+    );
+    let r = SessionRef::new("local", "busy").unwrap();
+    let mut wrong = Vec::new();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(4);
+    while std::time::Instant::now() < until && wrong.len() < 5 {
+        let snap = service.query().snapshot(&r).await.unwrap();
+        let p = &snap.projection;
+        if (
+            p.ended_turns * 3,
+            p.transcript_len * 3,
+            p.committed_sequence,
+        ) != (
+            snap.durable_sequence,
+            snap.durable_sequence,
+            snap.durable_sequence,
+        ) {
+            wrong.push(format!(
+                "snapshot: durable {}, {} turns, {} messages, committed {}",
+                snap.durable_sequence, p.ended_turns, p.transcript_len, p.committed_sequence
+            ));
+        }
+        let entry = service.root().catalog_entry(&id("busy")).unwrap();
+        if entry.turns * 3 != entry.durable_sequence {
+            wrong.push(format!(
+                "catalog entry: durable {}, {} turns",
+                entry.durable_sequence, entry.turns
+            ));
+        }
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    writer.join().unwrap();
+    assert!(
+        wrong.is_empty(),
+        "cold reads of a session being appended to: {wrong:#?}"
+    );
+}

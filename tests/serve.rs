@@ -1939,3 +1939,32 @@ fn kept_search_connections_leave_the_server_descriptors() {
         }
     }
 }
+
+#[test]
+fn a_session_page_of_a_session_being_appended_to_is_of_one_durable_sequence() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root_dir = dir.path().join("root");
+    let root = Root::open(&root_dir).expect("root");
+    let id = SessionId::new("busy").expect("id");
+    root.create(CreateOptions::with_id(id.clone()))
+        .expect("create")
+        .close()
+        .expect("close");
+    let server = Server::start(&root_dir, &[]);
+    // A writer appends and flushes three-event turns while the page is read.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = common::spawn_turn_writer(root_dir.clone(), id, std::sync::Arc::clone(&done));
+    let mut wrong = Vec::new();
+    let until = std::time::Instant::now() + Duration::from_secs(4);
+    while std::time::Instant::now() < until && wrong.len() < 5 {
+        let page = server.ok("/api/sessions/busy").json();
+        let durable = page["info"]["durable_sequence"].as_u64().expect("durable");
+        let turns = page["entry"]["turns"].as_u64().expect("turns");
+        if turns * 3 != durable {
+            wrong.push(format!("durable sequence {durable} with {turns} turns"));
+        }
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    writer.join().expect("writer");
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}

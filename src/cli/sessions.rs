@@ -246,15 +246,24 @@ fn read_of<T>(root: &Root, id: &SessionId, read: impl Fn() -> CliResult<T>) -> C
     loop {
         let before = file_identity(&file);
         match read() {
-            Err(e) if exit_code(e.as_ref()) != EXIT_NOT_FOUND && !is_broken_pipe(e.as_ref()) => {
+            Err(e) if !is_broken_pipe(e.as_ref()) => {
+                let not_found = exit_code(e.as_ref()) == EXIT_NOT_FOUND;
                 let now = file_identity(&file);
-                if before.is_none() || now.is_none() || now != before {
+                if before.is_some() && (now.is_none() || now != before) {
                     return Err(Failure::with_code(
                         EXIT_NOT_FOUND,
                         format!("session {id} not found (deleted while it was read)"),
                     ));
                 }
-                if attempt == READ_ATTEMPTS {
+                if before.is_none() {
+                    // A "not found" of one of the files the read met names a path in the
+                    // root: the session is what was not there.
+                    return Err(Failure::with_code(
+                        EXIT_NOT_FOUND,
+                        format!("session {id} not found"),
+                    ));
+                }
+                if not_found || attempt == READ_ATTEMPTS {
                     return Err(e);
                 }
                 attempt += 1;
@@ -279,7 +288,10 @@ pub fn show(cx: &Context, id: &str) -> CliResult<()> {
 fn show_of(root: &Root, id: &SessionId) -> CliResult<Show> {
     let info = root.stat(id)?;
     let reader = root.open_reader(id)?;
-    let projection = reader.projection()?;
+    // Every part at the durable sequence `stat` read: a writer may commit meanwhile.
+    let projection = reader.projection_at(info.durable_sequence)?;
+    let mut turns = reader.turns()?;
+    turns.retain(|t| t.boundary_sequence <= info.durable_sequence);
     let file_bytes = file_bytes(root, id);
     let own_events = info.durable_sequence.saturating_sub(info.inherited_events);
     let show = Show {
@@ -294,7 +306,7 @@ fn show_of(root: &Root, id: &SessionId) -> CliResult<Show> {
         turn_status: projection.turn_status.clone(),
         open_turn: projection.turn_id.clone(),
         messages: projection.transcript_len,
-        turns: reader.turns()?,
+        turns,
         tables: root.table_bytes(id)?,
         file_bytes,
         usage: projection.usage.clone(),
@@ -523,10 +535,11 @@ pub fn events(cx: &Context, id: &str, after: u64, limit: usize, inline: bool) ->
         let reader = root.open_reader(&id)?;
         Ok((reader.durable_sequence()?, reader.commits(after, limit)?))
     })?;
+    // Commits made after `durable` was read are left for the next page.
     let lines: Vec<EventLine<'_>> = commits
         .iter()
         .flat_map(|c| c.events.iter().map(move |e| (c, e)))
-        .filter(|(_, e)| e.seq > after)
+        .filter(|(_, e)| e.seq > after && e.seq <= durable)
         .take(limit)
         .map(|(c, e)| EventLine::new(c, e, inline))
         .collect();

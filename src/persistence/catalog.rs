@@ -1041,10 +1041,12 @@ enum Computed {
 fn compute(root: &Root, stamper: &Stamper, id: &SessionId) -> Result<Computed> {
     let read = || -> Result<CatalogEntry> {
         let reader = root.open_reader(id)?;
+        // The projection at the sequence read first: a writer may commit meanwhile.
+        let durable = reader.durable_sequence()?;
         Ok(CatalogEntry::new(
             &reader,
-            &reader.projection()?,
-            reader.durable_sequence()?,
+            &reader.projection_at(durable)?,
+            durable,
             &root.session_dir(id),
         ))
     };

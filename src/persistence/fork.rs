@@ -12,6 +12,9 @@ use crate::session::live::Session;
 use crate::store::lineage::{record_dependent, write_lineage};
 use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock, WriterLock};
 use crate::store::schema::{CODEC, SESSION_FILE};
+
+/// How many times a fork is made when an ancestor's delete changed its lineage each time.
+const FORK_ATTEMPTS: usize = 5;
 use crate::store::write;
 
 /// Where a fork or rewind cuts its parent.
@@ -35,7 +38,9 @@ impl Root {
     /// # Errors
     /// [`Error::InvalidInput`] for an unknown turn; [`Error::ForkBoundaryNotAtomic`] when the
     /// cut is not a commit boundary; [`Error::ForkActiveAuthority`] when the prefix leaves a
-    /// turn open or an interaction pending; [`Error::SessionExists`] for a taken child id.
+    /// turn open or an interaction pending; [`Error::SessionExists`] for a taken child id;
+    /// [`Error::SessionNotFound`] for a parent that is not there, also one deleted while
+    /// the fork is made (then nothing is published).
     pub fn fork(
         &self,
         parent: &SessionId,
@@ -64,11 +69,38 @@ impl Root {
     }
 
     /// Builds and publishes the child of a fork or rewind; returns its id and the writer
-    /// lock it was staged with, still held.
+    /// lock it was staged with, still held. A session the prefix was to be read from that
+    /// a delete removed meanwhile: the parent deleted is [`Error::SessionNotFound`]; an
+    /// ancestor deleted moved its range into a later file, so the fork is made again on
+    /// the new lineage (at most [`FORK_ATTEMPTS`] times).
     fn fork_locked(
         &self,
         parent: &SessionId,
         point: ForkPoint,
+        child: Option<SessionId>,
+    ) -> Result<(SessionId, WriterLock)> {
+        let mut attempt = 1;
+        loop {
+            match self.fork_locked_once(parent, &point, child.clone()) {
+                // SQLite's "disk I/O error" or "unable to open" of a file deleted under the
+                // read, too.
+                Err(_)
+                    if std::fs::symlink_metadata(self.session_dir(parent).join(SESSION_FILE))
+                        .is_err() =>
+                {
+                    return Err(Error::SessionNotFound(parent.to_string()));
+                }
+                Err(Error::SessionNotFound(_)) if attempt < FORK_ATTEMPTS => attempt += 1,
+                other => return other,
+            }
+        }
+    }
+
+    /// One attempt of [`Root::fork_locked`].
+    fn fork_locked_once(
+        &self,
+        parent: &SessionId,
+        point: &ForkPoint,
         child: Option<SessionId>,
     ) -> Result<(SessionId, WriterLock)> {
         let reader = self.open_reader(parent)?;
@@ -118,7 +150,12 @@ impl Root {
         let mut _guards = Vec::with_capacity(lineage.len());
         for entry in &lineage {
             let dir = self.existing_dir(&entry.ancestor_id)?;
-            _guards.push(DependentsLock::shared(&dir.join(DEPENDENTS_LOCK_FILE))?);
+            let guard = DependentsLock::shared(&dir.join(DEPENDENTS_LOCK_FILE));
+            // A delete that took the lock first has moved the folder away meanwhile.
+            if std::fs::symlink_metadata(dir.join(SESSION_FILE)).is_err() {
+                return Err(Error::SessionNotFound(entry.ancestor_id.to_string()));
+            }
+            _guards.push(guard?);
             record_dependent(&dir.join(SESSION_FILE), child.as_str(), entry.through_seq)?;
         }
         let header = Header {

@@ -764,14 +764,26 @@ impl Root {
     /// generation and rebuilds the projection from the file.
     ///
     /// # Errors
-    /// [`Error::SessionNotFound`]; [`Error::WriterOwned`] naming the holder when another
-    /// writer, in this process or another, has it.
+    /// [`Error::SessionNotFound`], also for a session deleted while it is opened;
+    /// [`Error::WriterOwned`] naming the holder when another writer, in this process or
+    /// another, has it.
     pub fn open_writer(&self, id: &SessionId) -> Result<Session> {
         let dir = self.existing_dir(id)?;
-        // Before the lock and the lease: a refused folder is left as it is.
-        check_folder_owner(id, &SessionReader::open(&dir)?)?;
-        let lock = self.take_writer_lock(&dir)?;
-        self.start_writer(&dir, lock)
+        let open = || {
+            // Before the lock and the lease: a refused folder is left as it is.
+            check_folder_owner(id, &SessionReader::open(&dir)?)?;
+            let lock = self.take_writer_lock(&dir)?;
+            self.start_writer(&dir, lock)
+        };
+        open().map_err(|e| {
+            // Deleted while it was opened: not the path of a file gone, nor SQLite's
+            // "unable to open database file".
+            if std::fs::symlink_metadata(dir.join(SESSION_FILE)).is_err() {
+                Error::SessionNotFound(id.to_string())
+            } else {
+                e
+            }
+        })
     }
 
     /// Takes the writer lock of the session folder `dir`, retrying a lock held only for a
@@ -843,10 +855,20 @@ impl Root {
     /// Opens a session read-only: no lock, no lease; sees only the durable prefix.
     ///
     /// # Errors
-    /// [`Error::SessionNotFound`]; [`Error::Corrupt`] or [`Error::UnsupportedVersion`] for a
-    /// file this build cannot read.
+    /// [`Error::SessionNotFound`], also for a session deleted while it is opened;
+    /// [`Error::Corrupt`] or [`Error::UnsupportedVersion`] for a file this build cannot
+    /// read.
     pub fn open_reader(&self, id: &SessionId) -> Result<SessionReader> {
-        let reader = SessionReader::open(&self.existing_dir(id)?)?;
+        let dir = self.existing_dir(id)?;
+        let reader = SessionReader::open(&dir).map_err(|e| match e {
+            // Deleted since `existing_dir`: the session is what is not found.
+            Error::SessionNotFound(_)
+                if std::fs::symlink_metadata(dir.join(SESSION_FILE)).is_err() =>
+            {
+                Error::SessionNotFound(id.to_string())
+            }
+            e => e,
+        })?;
         check_folder_owner(id, &reader)?;
         Ok(reader)
     }

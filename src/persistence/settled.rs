@@ -37,7 +37,16 @@ impl Root {
                 read(&reader)
             }) {
                 Ok(value) => return Ok(value),
-                Err(e @ Error::SessionNotFound(_)) => return Err(e),
+                // One of the files the read met (named by its path) was gone: the session
+                // is what is not found when its own file went or changed meanwhile.
+                Err(Error::SessionNotFound(what)) => {
+                    let gone = file_before.is_none() || identity(&file) != file_before;
+                    return Err(Error::SessionNotFound(if gone {
+                        id.to_string()
+                    } else {
+                        what
+                    }));
+                }
                 Err(e) => e,
             };
             let Some(file_now) = identity(&file) else {

@@ -75,6 +75,8 @@ impl Root {
 
     /// [`Root::stats`] on an open reader of `id`.
     fn stats_of(&self, id: &SessionId, reader: &SessionReader) -> Result<SessionStats> {
+        // Every count at this durable sequence: a writer may commit meanwhile.
+        let durable = reader.durable_sequence()?;
         let mut sources: Vec<Source> = reader
             .lineage()
             .into_iter()
@@ -88,7 +90,7 @@ impl Root {
         sources.push(Source {
             file: reader.file().to_path_buf(),
             after: 0,
-            through: i64::MAX as u64,
+            through: durable.min(i64::MAX as u64),
         });
         let mut kinds: BTreeMap<String, KindStats> = BTreeMap::new();
         let mut blobs: BTreeMap<String, BlobSize> = BTreeMap::new();
@@ -126,7 +128,7 @@ impl Root {
             .fold((0, 0), |(r, s), b| (r + b.raw, s + b.stored));
         Ok(SessionStats {
             session_id: id.clone(),
-            durable_sequence: reader.durable_sequence()?,
+            durable_sequence: durable,
             events: kinds.iter().map(|k| k.count).sum(),
             kinds,
             blobs: BlobStats {
@@ -142,7 +144,7 @@ impl Root {
             },
             tables: table_bytes(reader.file())?,
             file_bytes: file_bytes(reader.file()),
-            usage: reader.projection()?.usage,
+            usage: reader.projection_at(durable)?.usage,
         })
     }
 

@@ -408,8 +408,9 @@ impl SessionQuery {
         let id = r.session_id.clone();
         blocking(move || {
             let reader = query.cold_reader(&id)?;
-            let projection = reader.projection()?;
+            // The projection at the sequence read first: a writer may commit meanwhile.
             let durable = reader.durable_sequence()?;
+            let projection = reader.projection_at(durable)?;
             Ok(SessionSnapshot {
                 event_sequence: durable,
                 durable_sequence: durable,

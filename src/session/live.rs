@@ -213,7 +213,7 @@ impl Session {
     /// Builds the live session over an opened, leased file.
     pub(crate) fn start(dir: &Path, writer: FileWriter, config: WriteBehind) -> Result<Session> {
         let reader = SessionReader::open(dir)?;
-        let (checkpoint_seq, projection) = reader.projection_and_checkpoint()?;
+        let (checkpoint_seq, projection) = reader.projection_and_checkpoint(u64::MAX)?;
         let durable_seq = reader.durable_sequence()?;
         let (ops, keys_after) = restored_operation_ids(&reader, checkpoint_seq);
         let state = State {

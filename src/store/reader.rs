@@ -610,17 +610,17 @@ impl SessionReader {
             }
         }
     }
-    /// The newest usable projection checkpoint: this file's, or an ancestor's taken within
-    /// the range this session inherits (its prefix is the same), with its workset read
-    /// from the events it names.
-    fn best_checkpoint(&self) -> Option<(u64, Projection)> {
+    /// The newest usable projection checkpoint at or before sequence `through`: this
+    /// file's, or an ancestor's taken within the range this session inherits (its prefix
+    /// is the same), with its workset read from the events it names.
+    fn best_checkpoint(&self, through: u64) -> Option<(u64, Projection)> {
         let mut best: Option<(u64, Projection, Vec<ModelRef>)> = None;
         for segment in self.layout().segments.iter().rev() {
             let found = segment
                 .pool
                 .get()
                 .ok()
-                .and_then(|conn| read::read_checkpoint(&conn, segment.through));
+                .and_then(|conn| read::read_checkpoint(&conn, segment.through.min(through)));
             if let Some((seq, p, refs)) = found
                 && best.as_ref().is_none_or(|(b, _, _)| seq > *b)
             {
@@ -670,21 +670,32 @@ impl SessionReader {
     /// # Errors
     /// As [`SessionReader::commits`], or a fold error for an invalid stored payload.
     pub fn projection(&self) -> Result<Projection> {
-        Ok(self.projection_and_checkpoint()?.1)
+        Ok(self.projection_and_checkpoint(u64::MAX)?.1)
     }
 
-    /// The projection and the sequence of the checkpoint it started from (0 for none).
-    pub(crate) fn projection_and_checkpoint(&self) -> Result<(u64, Projection)> {
-        if let Some((start, mut p)) = self.best_checkpoint()
+    /// The projection of the durable prefix through sequence `snapshot` (a durable
+    /// sequence read before): what a read pairing it with other reads at that sequence
+    /// (turns, counts) needs, as commits made meanwhile are left out.
+    ///
+    /// # Errors
+    /// As [`SessionReader::projection`].
+    pub fn projection_at(&self, snapshot: u64) -> Result<Projection> {
+        Ok(self.projection_and_checkpoint(snapshot)?.1)
+    }
+
+    /// The projection through sequence `through` and the sequence of the checkpoint it
+    /// started from (0 for none).
+    pub(crate) fn projection_and_checkpoint(&self, through: u64) -> Result<(u64, Projection)> {
+        if let Some((start, mut p)) = self.best_checkpoint(through)
             && self
-                .visit_range(start, u64::MAX, |c| p.apply_commit(&c))
+                .visit_range(start, through, |c| p.apply_commit(&c))
                 .is_ok()
         {
             return Ok((start, p));
         }
         // No checkpoint, or one the log does not continue: the log is the truth.
         let mut p = Projection::default();
-        self.visit_range(0, u64::MAX, |c| p.apply_commit(&c))?;
+        self.visit_range(0, through, |c| p.apply_commit(&c))?;
         Ok((0, p))
     }
 

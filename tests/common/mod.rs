@@ -286,3 +286,41 @@ pub fn spawn_cli(root: &std::path::Path, args: &[&str], input: &str) -> Child {
     drop(stdin);
     child
 }
+
+/// Session `src` holding `turns` completed turns ([`turn`]: `t0`, `t1`, …), closed and
+/// exported to `dir/src.export`: the file a race test imports again round after round.
+pub fn exported_turns(root: &Root, dir: &std::path::Path, turns: usize) -> std::path::PathBuf {
+    let s = create(root, "src");
+    for n in 0..turns {
+        s.append(turn(&format!("op{n}"), &format!("t{n}"), &format!("m{n}")))
+            .expect("append");
+    }
+    s.close().expect("close");
+    let export = dir.join("src.export");
+    root.export(&id("src"), &export).expect("export");
+    export
+}
+
+/// A thread that opens session `session` of the root at `path` for writing (through a
+/// `Root` of its own, as another process would) and appends and flushes three-event
+/// turns ([`turn`]) until `done` is set, then closes it.
+pub fn spawn_turn_writer(
+    path: std::path::PathBuf,
+    session: SessionId,
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let s = Root::open(path)
+            .expect("root")
+            .open_writer(&session)
+            .expect("writer");
+        let mut n = 0;
+        while !done.load(std::sync::atomic::Ordering::SeqCst) {
+            n += 1;
+            s.append(turn(&format!("op{n}"), &format!("t{n}"), &format!("m{n}")))
+                .expect("append");
+            s.flush().expect("flush");
+        }
+        s.close().expect("close");
+    })
+}

@@ -385,8 +385,11 @@ pub async fn session(app: &App, id: SessionId) -> Result<SessionDetail, Problem>
     of_session(app, &id, || {
         let (root, id) = (app.root.clone(), id.clone());
         blocking(move || {
-            let info = root.stat(&id)?;
+            let mut info = root.stat(&id)?;
             let entry = root.catalog_entry(&id)?;
+            // The page's durable sequence is the one its title, turns and usage are of: a
+            // writer may have committed between the two reads.
+            info.durable_sequence = entry.durable_sequence;
             let parent_exists = info
                 .header
                 .parent_id
