@@ -12,10 +12,10 @@ use crate::session::live::Session;
 use crate::store::lineage::{record_dependent, write_lineage};
 use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock, WriterLock};
 use crate::store::schema::{CODEC, SESSION_FILE};
+use crate::store::write;
 
 /// How many times a fork is made when an ancestor's delete changed its lineage each time.
 const FORK_ATTEMPTS: usize = 5;
-use crate::store::write;
 
 /// Where a fork or rewind cuts its parent.
 #[derive(Clone, Debug, PartialEq, Eq)]
