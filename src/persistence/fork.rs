@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::model::SessionId;
 use crate::model::header::{Header, Origin};
 use crate::model::ids::now_ms;
-use crate::persistence::Root;
+use crate::persistence::{Root, session_file_gone};
 use crate::session::live::Session;
 use crate::store::lineage::{record_dependent, write_lineage};
 use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock, WriterLock};
@@ -84,10 +84,7 @@ impl Root {
             match self.fork_locked_once(parent, &point, child.clone()) {
                 // SQLite's "disk I/O error" or "unable to open" of a file deleted under the
                 // read, too.
-                Err(_)
-                    if std::fs::symlink_metadata(self.session_dir(parent).join(SESSION_FILE))
-                        .is_err() =>
-                {
+                Err(_) if session_file_gone(&self.session_dir(parent)) => {
                     return Err(Error::SessionNotFound(parent.to_string()));
                 }
                 Err(Error::SessionNotFound(_)) if attempt < FORK_ATTEMPTS => attempt += 1,
@@ -152,7 +149,7 @@ impl Root {
             let dir = self.existing_dir(&entry.ancestor_id)?;
             let guard = DependentsLock::shared(&dir.join(DEPENDENTS_LOCK_FILE));
             // A delete that took the lock first has moved the folder away meanwhile.
-            if std::fs::symlink_metadata(dir.join(SESSION_FILE)).is_err() {
+            if session_file_gone(&dir) {
                 return Err(Error::SessionNotFound(entry.ancestor_id.to_string()));
             }
             _guards.push(guard?);

@@ -279,6 +279,13 @@ fn check_folder_owner(id: &SessionId, reader: &SessionReader) -> Result<()> {
     Ok(())
 }
 
+/// Whether the session folder `dir` holds no session file now (its session was deleted,
+/// or is not there): a failure met while opening or reading it is then the session's
+/// [`Error::SessionNotFound`], not the error of a file that went away under it.
+pub(crate) fn session_file_gone(dir: &Path) -> bool {
+    std::fs::symlink_metadata(dir.join(SESSION_FILE)).is_err()
+}
+
 /// fsyncs a directory so that renames inside it are durable.
 pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
@@ -778,7 +785,7 @@ impl Root {
         open().map_err(|e| {
             // Deleted while it was opened: not the path of a file gone, nor SQLite's
             // "unable to open database file".
-            if std::fs::symlink_metadata(dir.join(SESSION_FILE)).is_err() {
+            if session_file_gone(&dir) {
                 Error::SessionNotFound(id.to_string())
             } else {
                 e
@@ -862,9 +869,7 @@ impl Root {
         let dir = self.existing_dir(id)?;
         let reader = SessionReader::open(&dir).map_err(|e| match e {
             // Deleted since `existing_dir`: the session is what is not found.
-            Error::SessionNotFound(_)
-                if std::fs::symlink_metadata(dir.join(SESSION_FILE)).is_err() =>
-            {
+            Error::SessionNotFound(_) if session_file_gone(&dir) => {
                 Error::SessionNotFound(id.to_string())
             }
             e => e,

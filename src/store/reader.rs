@@ -670,7 +670,7 @@ impl SessionReader {
     /// # Errors
     /// As [`SessionReader::commits`], or a fold error for an invalid stored payload.
     pub fn projection(&self) -> Result<Projection> {
-        Ok(self.projection_and_checkpoint(u64::MAX)?.1)
+        self.projection_at(u64::MAX)
     }
 
     /// The projection of the durable prefix through sequence `snapshot` (a durable
