@@ -152,6 +152,18 @@ def encode_json(value: Any) -> str:
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    """A JSON object the native module returned, as a dict."""
+    value: dict[str, Any] = json.loads(text)
+    return value
+
+
+def _json_list(text: str) -> list[dict[str, Any]]:
+    """A JSON array of objects the native module returned, as a list."""
+    value: list[dict[str, Any]] = json.loads(text)
+    return value
+
+
 def _epoch_ms(when: datetime | None) -> int | None:
     """``when`` as whole milliseconds since the Unix epoch; a naive datetime (no timezone:
     local time or UTC?) or another type raises :class:`InvalidInput`."""
@@ -294,7 +306,7 @@ class Session:
         """
         if not isinstance(batch, str):
             raise TypeError(f"batch must be str, not {type(batch).__name__}")
-        return json.loads(self._native.append(batch))
+        return _json_object(self._native.append(batch))
 
     def flush(self) -> int:
         """Writes every accepted batch in one fsynced transaction; returns the durable sequence."""
@@ -302,7 +314,7 @@ class Session:
 
     def transcript(self) -> list[dict[str, Any]]:
         """The accepted transcript (messages), including batches not yet durable."""
-        return json.loads(self._native.transcript())
+        return _json_list(self._native.transcript())
 
     def close(self) -> None:
         """Flushes and releases the writer lock. Later appends raise :class:`Closed`; closing
@@ -459,7 +471,7 @@ class Root:
     def list(self, cursor: str | None = None, limit: int = 50) -> dict[str, Any]:
         """One page of sessions in id order: ``{"sessions", "next_cursor", "skipped",
         "catalog_error"}``; pass ``next_cursor`` back for the next page (limit <= 100)."""
-        return json.loads(self._native.list(cursor, limit))
+        return _json_object(self._native.list(cursor, limit))
 
     def iter_sessions(self, page_size: int = 100) -> Iterator[dict[str, Any]]:
         """Every session summary of the root, page by page."""
@@ -481,7 +493,7 @@ class Root:
         ``event_sequence`` is the sequence of the event that wrote the message). A message over
         64 KiB has ``inline`` None and a ``content_ref``: read it with :meth:`read_content`.
         """
-        return json.loads(self._native.history(session_id, cursor, limit))
+        return _json_object(self._native.history(session_id, cursor, limit))
 
     @_native_args
     def search(
@@ -511,24 +523,24 @@ class Root:
         ``title`` for titles). A malformed query raises :class:`InvalidInput` with the
         reason.
         """
-        return json.loads(
+        return _json_object(
             self._native.search(query, cursor, limit, session, cwd, _epoch_ms(since), role)
         )
 
     @_native_args
     def transcript(self, session_id: str) -> builtins.list[dict[str, Any]]:
         """The whole durable transcript, oldest first."""
-        return json.loads(self._native.transcript(session_id))
+        return _json_list(self._native.transcript(session_id))
 
     @_native_args
     def events(self, session_id: str, after: int = 0, limit: int = 1000) -> dict[str, Any]:
         """Durable commits after sequence ``after``: ``{"commits", "next", "truncated"}``."""
-        return json.loads(self._native.events(session_id, after, limit))
+        return _json_object(self._native.events(session_id, after, limit))
 
     @_native_args
     def turns(self, session_id: str) -> builtins.list[dict[str, Any]]:
         """The completed turns of the durable log, in order."""
-        return json.loads(self._native.turns(session_id))
+        return _json_list(self._native.turns(session_id))
 
     @_native_args
     def read_content(self, session_id: str, digest: str) -> bytes:
@@ -539,7 +551,7 @@ class Root:
     def writer_owner(self, session_id: str) -> dict[str, Any] | None:
         """Who holds the session's writer lock, or None."""
         owner = self._native.writer_owner(session_id)
-        return None if owner is None else json.loads(owner)
+        return None if owner is None else _json_object(owner)
 
     # Whole-session operations.
 
@@ -563,9 +575,10 @@ class Root:
         except AlreadyExists:
             # The native message names the taken path as it names a taken session id.
             raise AlreadyExists(
-                f"export destination {os.fspath(path)} already exists; give the path of a new file"
+                f"export destination {os.fsdecode(path)} already exists; "
+                "give the path of a new file"
             ) from None
-        return json.loads(report)
+        return _json_object(report)
 
     @_native_args
     def import_file(
@@ -607,7 +620,7 @@ class Root:
         """:func:`verify` of this session, after the checks every other call makes of its
         folder: a real folder of the root (a symlink is refused) holding the session's own
         file (another session's file, copied or renamed there by hand, is :class:`Corrupt`)."""
-        return json.loads(self._native.verify(session_id))
+        return _json_object(self._native.verify(session_id))
 
     # Async variants.
 
@@ -703,7 +716,7 @@ def verify(path: PathLike) -> dict[str, Any]:
     digests, a full replay): ``{"session_id", "commits", "events"}`` when sound, else
     raises :class:`Corrupt` (or :class:`NotFound`, :class:`UnsupportedVersion`)."""
     try:
-        return json.loads(_native.verify(_fspath(path)))
+        return _json_object(_native.verify(_fspath(path)))
     except NotFound as e:
         raise _no_such_file(path, e) from None
 

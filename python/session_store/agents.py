@@ -231,6 +231,10 @@ class SessionStoreSession:
                 if missing is None:
                     raise
                 raise missing from e
+            # The SDK takes a SessionSettings or a dict: any other mapping (this signature
+            # accepts one) is copied into a dict first.
+            if isinstance(session_settings, Mapping) and not isinstance(session_settings, dict):
+                session_settings = dict(session_settings)
             self.session_settings = coerce_session_settings(session_settings)
         self._reader = self.root.reader(session_id)  # its connections stay open
         self._shared = _acquire_writer(self.root, session_id)
@@ -344,6 +348,7 @@ class SessionStoreSession:
             except NotFound:
                 snapshot = None
             entry = self._entry(snapshot, after_item)
+            assert snapshot is not None  # without a session, _entry found no item
             turn = self._turn_of(entry["message_id"])
             child = self.root.fork(
                 self.session_id, after_turn=turn["turn_id"], child=new_session_id
@@ -451,7 +456,9 @@ class SessionStoreSession:
             if found is None:
                 raise NotFound(f"item {after_item!r} is not in the session")
             return found
-        count = 0 if snapshot is None else reader.transcript_len(snapshot)
+        if snapshot is None:
+            raise IndexError(f"item index {after_item} out of range (0 items)")
+        count = reader.transcript_len(snapshot)
         index = after_item + count if after_item < 0 else after_item
         if not 0 <= index < count:
             raise IndexError(f"item index {after_item} out of range ({count} items)")
@@ -465,9 +472,9 @@ class SessionStoreSession:
         if not (message_id.startswith("i") and message_id[1:].isdigit()):
             raise InvalidInput(f"invalid input: {message_id!r} is not an item id of this adapter")
         seq = int(message_id[1:])
-        turn = self._reader._native.turn_holding(seq)
-        if turn is not None:
-            turn = json.loads(turn)
+        holding = self._reader._native.turn_holding(seq)
+        if holding is not None:
+            turn: dict[str, Any] = json.loads(holding)
             if turn["start_sequence"] < seq < turn["end_sequence"]:
                 return turn
         raise SessionStoreError(f"no completed turn holds item {message_id!r}")

@@ -77,11 +77,11 @@ try:
         Checkpoint,
         CheckpointMetadata,
         CheckpointTuple,
-        SerializerProtocol,
         get_checkpoint_id,
         get_checkpoint_metadata,
         writes_sort_key,
     )
+    from langgraph.checkpoint.serde.base import SerializerProtocol
 except ModuleNotFoundError as e:
     missing = _missing_sdk(
         e, ("langchain_core", "langgraph"), __name__, "langgraph", "langgraph-checkpoint"
@@ -316,6 +316,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
             at = record["base"]
             record = model.blobs.get((ns, channel, at))
         if base is None:
+            assert record is not None  # the loop stops at a whole value or a cached one
             value = self.serde.loads_typed(_decode(record))
             if not suffixes and not isinstance(value, list):
                 return value
@@ -620,7 +621,9 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         with self._lock:
             for session in list(self.root.iter_sessions()):
                 thread_id = thread_id_of(session["session_ref"]["session_id"])
-                model = None if thread_id is None else self._thread(thread_id)
+                if thread_id is None:
+                    continue
+                model = self._thread(thread_id)
                 if model is None:
                     continue
                 doomed = [

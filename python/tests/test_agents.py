@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -57,6 +58,13 @@ def test_get_items_limits(root):
         limited = SessionStoreSession("lim", root, session_settings=SessionSettings(limit=2))
         assert await limited.get_items() == items[-2:]
         assert await limited.get_items(limit=5) == items[-5:]
+        # Any mapping, as the signature says: the SDK's coercion took a dict only and
+        # raised TypeError ("session must be a SessionSettings instance or a dict").
+        proxied = SessionStoreSession(
+            "lim", root, session_settings=types.MappingProxyType({"limit": 3})
+        )
+        assert proxied.session_settings == SessionSettings(limit=3)
+        assert await proxied.get_items() == items[-3:]
         s.close()
 
     run(main())
