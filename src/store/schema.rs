@@ -157,10 +157,10 @@ pub(crate) fn not_regular(path: &Path, m: &std::fs::Metadata) -> Error {
     Error::invalid(format!("{} is {what}; refused", path.display()))
 }
 
-/// Settings of writing connections: busy timeout, defensive mode, no trusted schema,
-/// [`stable_plans`]. (`cell_size_check` is for files from outside; it is on for every
-/// reader.)
-fn harden(conn: &Connection) -> Result<()> {
+/// Settings of every connection the store opens: busy timeout, defensive mode, no trusted
+/// schema, [`stable_plans`], no memory map. Writing connections get these alone
+/// (`cell_size_check` is for files from outside; [`init_reader`] adds it for every reader).
+fn harden(conn: &Connection) -> rusqlite::Result<()> {
     conn.busy_timeout(BUSY_TIMEOUT)?;
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true)?;
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_TRUSTED_SCHEMA, false)?;
@@ -419,15 +419,11 @@ impl Access {
     }
 }
 
-/// Per-connection setup of a read-only connection.
+/// Per-connection setup of a read-only connection: [`harden`]'s settings and
+/// `cell_size_check`.
 pub(crate) fn init_reader(conn: &mut Connection) -> rusqlite::Result<()> {
-    conn.busy_timeout(BUSY_TIMEOUT)?;
-    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_DEFENSIVE, true)?;
-    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_TRUSTED_SCHEMA, false)?;
-    stable_plans(conn)?;
-    conn.pragma_update(None, "cell_size_check", true)?;
-    conn.pragma_update(None, "mmap_size", 0)?;
-    Ok(())
+    harden(conn)?;
+    conn.pragma_update(None, "cell_size_check", true)
 }
 
 /// Opens a standalone read-only connection to a file of a root.
