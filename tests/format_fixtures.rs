@@ -10,6 +10,9 @@
 //! - `tests/fixtures/schema2/`: schema 2 (migrations 0001 and 0002).
 //! - `tests/fixtures/schema3/`: schema 3 (up to 0003: compact commit rows, checkpoints
 //!   holding the transcript index `message_ids`), written at 68b7ad8.
+//! - `tests/fixtures/schema4/`: schema 4 (up to 0004: the operation filter in
+//!   checkpoints; kinds as text, message payloads inside `{"message":…}`), written at
+//!   c34e928 with the schema-3 set's sessions.
 //!
 //! Both hold a root (`root/`) with a session whose tool outputs are blobs over 64 KiB and
 //! appear both in `tool/result` and in the tool message (`blobs`), a fork chain with titles
@@ -91,6 +94,18 @@ const SCHEMA2: FixtureSet = FixtureSet {
 const SCHEMA3: FixtureSet = FixtureSet {
     dir: "schema3",
     schema: 3,
+    sessions: &[
+        "blobs", "chain-a", "chain-b", "chain-c", "rewound", LONG, LONG_FORK,
+    ],
+    write: write_schema3_sessions,
+};
+
+/// Written by schema 4 (the operation filter in checkpoints): the schema-3 sessions, with
+/// kinds as text and message payloads wrapped in `{"message":…}`, as every file before
+/// schema 5 holds them.
+const SCHEMA4: FixtureSet = FixtureSet {
+    dir: "schema4",
+    schema: 4,
     sessions: &[
         "blobs", "chain-a", "chain-b", "chain-c", "rewound", LONG, LONG_FORK,
     ],
@@ -494,6 +509,13 @@ fn write_schema3_fixtures() {
     write_fixtures(&SCHEMA3);
 }
 
+/// Writes `tests/fixtures/schema4/` afresh, with schema-4 code only (c34e928).
+#[test]
+#[ignore = "regenerates committed fixtures; run by hand with schema-4 code only"]
+fn write_schema4_fixtures() {
+    write_fixtures(&SCHEMA4);
+}
+
 /// Copies the set's root into a temp dir: the temp dir and the copied root.
 fn copied(set: &FixtureSet) -> (tempfile::TempDir, PathBuf) {
     let work = tempfile::tempdir().expect("tempdir");
@@ -767,6 +789,12 @@ fn schema2_fixtures_read_append_fork_delete_and_import() {
 #[test]
 fn schema3_fixtures_read_append_fork_delete_and_import() {
     check_fixture_set(&SCHEMA3);
+}
+
+/// [`check_fixture_set`] on the files schema 4 wrote.
+#[test]
+fn schema4_fixtures_read_append_fork_delete_and_import() {
+    check_fixture_set(&SCHEMA4);
 }
 
 /// What a reader of `name` sees, without the count of inherited events (an export or an
