@@ -517,7 +517,7 @@ fn fork_rewind_export_import_delete_and_verify() {
     std::fs::copy(&export, &tampered).expect("copy");
     let out = Command::new("/usr/bin/sqlite3")
         .arg(&tampered)
-        .arg(r#"UPDATE events SET payload = '{"title":"forged"}' WHERE kind = 'session/title' AND seq = 4"#)
+        .arg(r#"UPDATE events SET payload = '{"title":"forged"}' WHERE kind = (SELECT code FROM event_kinds WHERE kind = 'session/title') AND seq = 4"#)
         .output()
         .expect("sqlite3");
     assert_eq!(code(&out), 0, "{}", stderr(&out));

@@ -282,7 +282,7 @@ fn the_sqlite3_shell_shows_where_a_body_lives() {
     let out = Command::new(shell)
         .arg(file_of(&root, "shell"))
         .arg(
-            "SELECT json_extract(payload, '$.output') FROM events WHERE kind = 'tool/result';
+            "SELECT json_extract(payload, '$.output') FROM events WHERE kind = (SELECT code FROM event_kinds WHERE kind = 'tool/result');
              SELECT body FROM event_log WHERE kind IN ('tool/result', 'turn/end') ORDER BY seq;
              SELECT role || ' ' || content_in FROM transcript ORDER BY seq;",
         )
@@ -315,17 +315,17 @@ fn hostile_parts_read_as_corrupt_and_fail_verify() {
         ("missing", "DELETE FROM blobs", "missing"),
         (
             "offset",
-            "UPDATE events SET payload_parts = '[3]' WHERE kind = 'tool/result'",
+            "UPDATE events SET payload_parts = '[3]' WHERE kind = (SELECT code FROM event_kinds WHERE kind = 'tool/result')",
             "content",
         ),
         (
             "order",
-            "UPDATE events SET payload_parts = '[9999999]' WHERE kind = 'tool/result'",
+            "UPDATE events SET payload_parts = '[9999999]' WHERE kind = (SELECT code FROM event_kinds WHERE kind = 'tool/result')",
             "content",
         ),
         (
             "unparsed",
-            "UPDATE events SET payload_parts = 'seven' WHERE kind = 'tool/result'",
+            "UPDATE events SET payload_parts = 'seven' WHERE kind = (SELECT code FROM event_kinds WHERE kind = 'tool/result')",
             "content part",
         ),
         (
@@ -335,7 +335,7 @@ fn hostile_parts_read_as_corrupt_and_fail_verify() {
         ),
         (
             "no-payload",
-            "UPDATE events SET payload = NULL WHERE kind = 'tool/result'",
+            "UPDATE events SET payload = NULL WHERE kind = (SELECT code FROM event_kinds WHERE kind = 'tool/result')",
             "content part",
         ),
     ];

@@ -218,7 +218,9 @@ fn a_corrupt_row_has_its_decoding_error_as_source() {
         let file = session_file(&s);
         s.close().expect("close");
         let sql = match name {
-            "not-json" => "UPDATE events SET payload = '{not json' WHERE kind = 'session/title'",
+            "not-json" => {
+                "UPDATE events SET payload = '{not json' WHERE kind = (SELECT code FROM event_kinds WHERE kind = 'session/title')"
+            }
             _ => "UPDATE commits SET writer_generation = 'one'",
         };
         let conn = rusqlite::Connection::open(&file).expect("sqlite");

@@ -995,3 +995,166 @@ fn schema3_long_session_keeps_its_checkpoint_and_operations_through_the_upgrade(
     verify_file(&fork_file).expect("verify fork");
     export_and_import(&root, LONG_FORK, work.path(), "long-fork-v4");
 }
+
+/// Schema 5 (migration 0005): known kinds are one-byte codes and message payloads of the
+/// exact form `{"message":{…}}` are stored bare, without rewriting older rows. A schema-4
+/// file upgraded by its writer holds both forms; both read back byte for byte as written,
+/// `verify` passes, the shell's views show kinds by name and whole payloads, a child forked
+/// from it reads them, and its export holds the new form only.
+#[test]
+fn schema5_codes_kinds_and_stores_messages_bare_beside_older_rows() {
+    let (work, root_dir) = copied(&SCHEMA4);
+    let file = session_file(&root_dir, "chain-a");
+    let forms = |file: &Path| {
+        sqlite3(
+            file,
+            "SELECT group_concat(DISTINCT typeof(kind)) FROM events",
+        )
+    };
+    assert_eq!(forms(&file), "text", "schema 4 stores kinds as text");
+    let root = Root::open(&root_dir).expect("root");
+    let before = root
+        .open_reader(&id("chain-a"))
+        .expect("reader")
+        .all_commits()
+        .expect("replay");
+    let payloads = |commits: &[Commit]| -> Vec<(u64, String, Option<String>)> {
+        commits
+            .iter()
+            .flat_map(|c| &c.events)
+            .map(|e| (e.seq, e.kind.clone(), e.payload_str().map(str::to_owned)))
+            .collect()
+    };
+
+    // New rows: a chat turn, and a message payload of another form (white space inside
+    // the wrapper), which keeps its text kind and its bytes.
+    let spaced = r#"{"message": {"id":"spaced","role":"user","content":"as written"}}"#;
+    let s = root.open_writer(&id("chain-a")).expect("writer");
+    s.append(turn("v5-op", "v5-turn", "v5-message"))
+        .expect("append");
+    s.append(Batch::new(
+        "v5-spaced",
+        vec![
+            Event::new("message/complete")
+                .with_payload_json(spaced)
+                .expect("payload"),
+        ],
+    ))
+    .expect("append spaced");
+    s.close().expect("close");
+    assert_eq!(
+        sqlite3(&file, "PRAGMA user_version"),
+        SCHEMA_VERSION.to_string()
+    );
+    assert_eq!(
+        forms(&file),
+        "text,blob",
+        "old rows keep their text, new ones are coded"
+    );
+    assert_eq!(
+        sqlite3(
+            &file,
+            "SELECT json_extract(payload, '$.id') FROM events
+             WHERE kind = (SELECT code FROM event_kinds WHERE kind = 'message/complete')"
+        ),
+        "v5-message",
+        "the new message is stored bare"
+    );
+    assert_eq!(
+        sqlite3(
+            &file,
+            "SELECT payload FROM events WHERE kind = 'message/complete' AND payload LIKE '%spaced%'"
+        ),
+        spaced,
+        "another form keeps its text kind and bytes"
+    );
+
+    // Read back: the old commits as before, the new ones as appended.
+    let after = root
+        .open_reader(&id("chain-a"))
+        .expect("reader")
+        .all_commits()
+        .expect("replay");
+    assert_eq!(payloads(&after[..before.len()]), payloads(&before));
+    let new: Vec<&Event> = after[before.len()..]
+        .iter()
+        .flat_map(|c| &c.events)
+        .collect();
+    let appended = turn("v5-op", "v5-turn", "v5-message");
+    for (read, written) in new.iter().zip(&appended.events) {
+        assert_eq!(read.kind, written.kind);
+        assert_eq!(read.payload_str(), written.payload_str());
+    }
+    assert_eq!(new.last().expect("spaced").payload_str(), Some(spaced));
+    verify_file(&file).expect("verify the mixed file");
+    let history = root
+        .open_reader(&id("chain-a"))
+        .expect("reader")
+        .transcript_texts(u64::MAX, usize::MAX)
+        .expect("history");
+    let ids: Vec<String> = history
+        .iter()
+        .map(|t| {
+            let message: Value = serde_json::from_str(t.message().expect("message")).expect("json");
+            message["id"].as_str().expect("id").to_owned()
+        })
+        .collect();
+    assert!(
+        ids.ends_with(&["v5-message".to_owned(), "spaced".to_owned()]),
+        "{ids:?}"
+    );
+
+    // The shell's views: kinds by name, whole payloads, messages of both forms.
+    assert_eq!(
+        sqlite3(
+            &file,
+            "SELECT count(*), sum(payload_summary LIKE '{\"message\":%'
+                                  OR payload_summary LIKE '<blob %')
+             FROM event_log WHERE kind = 'message/complete'"
+        ),
+        format!("{0}|{0}", sqlite3(&file, "SELECT count(*) FROM transcript")),
+    );
+    assert_eq!(
+        sqlite3(
+            &file,
+            "SELECT group_concat(message_id, ' ') FROM (SELECT message_id FROM transcript ORDER BY seq DESC LIMIT 2)"
+        ),
+        "spaced v5-message"
+    );
+
+    // A child forked after the new turn reads both forms; an export holds codes only.
+    root.fork(
+        &id("chain-a"),
+        ForkPoint::AfterTurn("v5-turn".into()),
+        Some(id("v5-child")),
+    )
+    .expect("fork");
+    let child = root
+        .open_reader(&id("v5-child"))
+        .expect("child")
+        .all_commits()
+        .expect("child replay");
+    assert_eq!(payloads(&child), payloads(&after[..child.len()]));
+    let export = work.path().join("v5-export.sqlite");
+    root.export(&id("chain-a"), &export).expect("export");
+    assert_eq!(
+        sqlite3(
+            &export,
+            "SELECT count(*) FROM events WHERE typeof(kind) = 'text'"
+        ),
+        "2",
+        "text kinds: the message of another form, and the tool message stored whole as a blob"
+    );
+    let imported = root
+        .import(
+            &export,
+            ImportOptions::default().with_session_id(id("v5-import")),
+        )
+        .expect("import");
+    let copy = root
+        .open_reader(&imported)
+        .expect("import reader")
+        .all_commits()
+        .expect("import replay");
+    assert_eq!(payloads(&copy), payloads(&after));
+}

@@ -422,7 +422,16 @@ fn sqlite3_shell_reads_events_with_json_extract() {
     let file = root.session_dir(&id("shell")).join("session.sqlite");
     let out = std::process::Command::new("/usr/bin/sqlite3")
         .arg(&file)
-        .arg("SELECT json_extract(payload, '$.message.id') FROM events WHERE kind = 'message/complete'; SELECT count(*) FROM event_log; SELECT role FROM transcript;")
+        // Schema 5: a known kind is a code (its name in `event_kinds`), a message stored
+        // bare; `event_log` shows names and whole payloads.
+        .arg(
+            "SELECT json_extract(payload, '$.id') FROM events
+               WHERE kind = (SELECT code FROM event_kinds WHERE kind = 'message/complete');
+             SELECT count(*) FROM event_log; SELECT role FROM transcript;
+             SELECT group_concat(kind, ' ') FROM event_log;
+             SELECT json_extract(payload_summary, '$.message.id') FROM event_log
+               WHERE kind = 'message/complete';",
+        )
         .output()
         .expect("/usr/bin/sqlite3 must be installed (.ci/run installs it)");
     assert!(
@@ -430,7 +439,10 @@ fn sqlite3_shell_reads_events_with_json_extract() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello-id\n3\nuser\n");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "hello-id\n3\nuser\nturn/start message/complete turn/end\nhello-id\n"
+    );
 }
 
 /// Child role: opens a session for writing, reports its pid, then appends and flushes

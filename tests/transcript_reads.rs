@@ -252,7 +252,7 @@ fn damaged_rows_are_corrupt_not_panics() {
     let conn = rusqlite::Connection::open(&file).unwrap();
     // A payload edited to lack its message, and a history row naming no event.
     conn.execute(
-        "UPDATE events SET payload = '{\"nope\":1}' WHERE seq = 1",
+        "UPDATE events SET kind = 'message/complete', payload = '{\"nope\":1}' WHERE seq = 1",
         [],
     )
     .unwrap();

@@ -6,6 +6,7 @@ pub(crate) mod blob;
 pub(crate) mod checkpoint;
 pub(crate) mod chunked;
 pub(crate) mod content;
+pub(crate) mod event_row;
 pub(crate) mod folder_swap;
 pub(crate) mod hit_files;
 pub(crate) mod lineage;

@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use rusqlite::types::{Type, ValueRef};
+use rusqlite::types::{ToSqlOutput, Type, Value, ValueRef};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -15,6 +15,7 @@ use crate::model::ids::derived_turn_id;
 use crate::model::projection::{HistoryChange, ModelRef};
 use crate::model::transcript_index::{ENTRY, IndexLoader};
 use crate::model::{Commit, ContentRef, Event, Projection, SessionId, TurnBoundary};
+use crate::store::event_row::{self, StoredKind};
 use crate::store::schema::{self, Access, CODEC};
 use crate::store::{blob, content};
 
@@ -392,7 +393,8 @@ pub(crate) fn read_history_texts(
     let sql = |parts: &str| {
         format!(
             "SELECT h.position, h.event_seq, h.item,
-                    CASE WHEN h.item IS NULL THEN e.payload END, {parts}
+                    CASE WHEN h.item IS NULL THEN e.payload END, {parts},
+                    CASE WHEN h.item IS NULL THEN e.kind END
              FROM history h LEFT JOIN events e ON e.seq = h.event_seq
              WHERE h.position < ?1 AND h.event_seq > ?2 AND h.event_seq <= ?3
                AND h.event_seq >= ?4
@@ -420,11 +422,19 @@ pub(crate) fn read_history_texts(
             continue; // an older entry of the same position
         }
         let event_seq = r.get(1)?;
+        let payload = stored_text(conn, event_seq, r.get(3)?, r.get(4)?, &mut cache)?;
+        let payload = match (payload, r.get_ref(5)?) {
+            (Some(text), kind) if kind != ValueRef::Null => Some(event_row::whole_payload(
+                text,
+                event_row::decode_kind(event_seq, kind)?.bare,
+            )),
+            (payload, _) => payload,
+        };
         out.push(HistoryText {
             position,
             event_seq,
             item: r.get(2)?,
-            payload: stored_text(conn, event_seq, r.get(3)?, r.get(4)?, &mut cache)?,
+            payload,
         });
     }
     Ok(out)
@@ -558,16 +568,30 @@ pub(crate) fn read_event_payload(
     conn: &Connection,
     seq: u64,
 ) -> Result<(Option<String>, Option<String>)> {
-    let (text, reference, parts): (Option<String>, Option<String>, Option<String>) = conn
+    type Row = (
+        Result<StoredKind>,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+    );
+    let (kind, text, reference, parts): Row = conn
         .prepare_cached(&format!(
             "SELECT {EVENT_COLUMNS} FROM events WHERE seq = ?1"
         ))?
-        .query_row([seq], |r| Ok((r.get(4)?, r.get(5)?, parts_column(r)?)))
+        .query_row([seq], |r| {
+            Ok((
+                event_row::decode_kind(seq, r.get_ref(2)?),
+                r.get(4)?,
+                r.get(5)?,
+                parts_column(r)?,
+            ))
+        })
         .optional()?
         .ok_or_else(|| Error::corrupt(format!("history names event {seq}, which is missing")))?;
+    let bare = kind?.bare;
     let mut cache = PartCache::default();
     let text = stored_text(conn, seq, text, parts, &mut cache)?;
-    Ok((text, reference))
+    Ok((text.map(|t| event_row::whole_payload(t, bare)), reference))
 }
 
 /// The columns an events row is read with: the six of every schema version by name, then
@@ -694,13 +718,18 @@ pub(crate) fn events_of_kind(
     after: u64,
     through: u64,
 ) -> Result<Vec<u64>> {
+    // Rows of both forms: the kind's text (rows before schema 5, and forms a code does
+    // not take) and its code.
+    let code = event_row::code_for_query(kind).unwrap_or(ToSqlOutput::Owned(Value::Null));
     Ok(conn
         .prepare_cached(
-            "SELECT seq FROM events WHERE kind = ?1 AND seq > ?2 AND seq <= ?3 ORDER BY seq",
+            "SELECT seq FROM events WHERE kind IN (?1, ?4) AND seq > ?2 AND seq <= ?3
+             ORDER BY seq",
         )?
-        .query_map(params![kind, after, through.min(i64::MAX as u64)], |r| {
-            r.get(0)
-        })?
+        .query_map(
+            params![kind, after, through.min(i64::MAX as u64), code],
+            |r| r.get(0),
+        )?
         .collect::<rusqlite::Result<Vec<u64>>>()?)
 }
 
@@ -981,7 +1010,9 @@ fn attach_events(
         if seq < commit.first_seq || seq > *last {
             continue; // an event of a commit outside the page
         }
-        let payload_text = stored_text(conn, seq, r.get(4)?, parts_column.get(r)?, &mut parts)?;
+        let kind = event_row::decode_kind(seq, r.get_ref(2)?)?;
+        let payload_text = stored_text(conn, seq, r.get(4)?, parts_column.get(r)?, &mut parts)?
+            .map(|text| event_row::whole_payload(text, kind.bare));
         let payload_ref: Option<String> = r.get(5)?;
         let (payload, content_ref) = match (payload_text, payload_ref) {
             (Some(text), None) => (Some(stored_json(format!("event {seq}"), text)?), None),
@@ -1026,7 +1057,7 @@ fn attach_events(
         commit.events.push(Event {
             id,
             seq,
-            kind: r.get(2)?,
+            kind: kind.kind.into_owned(),
             optional: r.get(3)?,
             payload,
             content_ref,

@@ -21,11 +21,12 @@ pub(crate) const LOCK_FILE: &str = "writer.lock";
 pub(crate) const LITESTREAM_DIR: &str = ".session.sqlite-litestream";
 
 /// Schema migrations, one numbered SQL file each; `user_version` is their count.
-const MIGRATION_SQL: [&str; 4] = [
+const MIGRATION_SQL: [&str; 5] = [
     include_str!("../../migrations/0001_initial.sql"),
     include_str!("../../migrations/0002_checkpoint.sql"),
     include_str!("../../migrations/0003_lean.sql"),
     include_str!("../../migrations/0004_operation_filter.sql"),
+    include_str!("../../migrations/0005_kind_codes.sql"),
 ];
 
 // `user_version` is the number of migrations: one more migration is one more version.
@@ -42,6 +43,7 @@ fn migrations() -> Migrations<'static> {
                 .map_err(rusqlite_migration::HookError::from)
         }),
         M::up(MIGRATION_SQL[3]),
+        M::up(MIGRATION_SQL[4]),
     ])
 }
 

@@ -7,7 +7,7 @@ use rusqlite::Connection;
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::store::{read, schema};
+use crate::store::{event_row, read, schema};
 
 /// Events of one kind in a session (inherited events included).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -50,21 +50,27 @@ pub(crate) fn kind_totals(conn: &Connection, after: u64, through: u64) -> Result
     let mut stmt = conn.prepare(&format!(
         "SELECT e.kind, count(*),
                 coalesce(sum(length(CAST(e.payload AS BLOB))), 0),
-                count(e.payload_ref), coalesce(sum(b.bytes), 0), {parts}
+                count(e.payload_ref), coalesce(sum(b.bytes), 0), {parts}, min(e.seq)
          FROM events e LEFT JOIN blobs b ON b.digest = e.payload_ref
          WHERE e.seq > ?1 AND e.seq <= ?2 GROUP BY e.kind"
     ))?;
-    let rows = stmt.query_map((after, through), |r| {
-        Ok(KindStats {
-            kind: r.get(0)?,
+    // A kind stored both as text and as a code (a file upgraded to schema 5) has a row of
+    // each; the caller adds rows of the same kind up.
+    let mut rows = stmt.query((after, through))?;
+    let mut out = Vec::new();
+    while let Some(r) = rows.next()? {
+        out.push(KindStats {
+            kind: event_row::decode_kind(r.get(6)?, r.get_ref(0)?)?
+                .kind
+                .into_owned(),
             count: r.get(1)?,
             inline_bytes: r.get(2)?,
             blob_events: r.get(3)?,
             blob_bytes: r.get(4)?,
             content_parts: r.get(5)?,
-        })
-    })?;
-    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        });
+    }
+    Ok(out)
 }
 
 /// One stored blob's sizes.

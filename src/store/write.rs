@@ -17,7 +17,7 @@ use crate::model::ids::derived_turn_id;
 use crate::model::projection::HistoryChange;
 use crate::model::{Commit, TurnBoundary};
 use crate::store::chunked::{ChunkSql, ChunkedInsert, opt_text, owned_text, value};
-use crate::store::{blob, content};
+use crate::store::{blob, content, event_row};
 
 /// An accepted commit on its way to disk, with the turns it closes.
 #[derive(Debug)]
@@ -176,7 +176,13 @@ pub(crate) fn insert_commits(
         ])?;
         for (i, e) in c.events.iter().enumerate() {
             let own_id = (!is_derived_event_id(&e.id, &c.commit_id, i)).then_some(e.id.as_str());
-            let (inline, reference, parts) = match e.payload_str() {
+            let (kind, payload) = match e.payload_str() {
+                Some(text) if text.len() > INLINE_PAYLOAD_LIMIT => {
+                    (event_row::encode_kind_of_whole(&e.kind), Some(text))
+                }
+                payload => event_row::encode(&e.kind, payload),
+            };
+            let (inline, reference, parts) = match payload {
                 Some(text) if text.len() > INLINE_PAYLOAD_LIMIT => {
                     let digest = sha256_hex(text.as_bytes());
                     blobs.put(&digest, text.as_bytes())?;
@@ -204,7 +210,7 @@ pub(crate) fn insert_commits(
                 [
                     value(&e.seq)?,
                     opt_text(own_id),
-                    value(e.kind.as_str())?,
+                    kind,
                     value(&e.optional)?,
                     inline,
                     owned_text(reference),

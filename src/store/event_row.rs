@@ -1,0 +1,362 @@
+//! How an event's kind and payload sit in an `events` row (schema version 5).
+//!
+//! A kind the projection knows is stored as a one-byte BLOB code (`x'00'` for
+//! `message/complete`, …; the file's `event_kinds` table lists them for the `sqlite3`
+//! shell), any other kind as its text. A BLOB never equals a TEXT, so a code cannot be
+//! taken for a caller's kind named `"0"`, and the column's TEXT affinity leaves a BLOB as
+//! it is (an integer would have been stored as text).
+//!
+//! The payload of a coded `message/complete` or `message/upsert` is stored *bare*: the
+//! value of `{"message":…}` without those 12 bytes around it, when the payload is exactly
+//! that text (`{"message":` + one JSON object + `}`, no other key, no white space around the
+//! object). Reading puts them back, so the payload read is byte for byte the one written. A
+//! message payload of any other form, or stored as a whole blob (its digest is the
+//! payload's, [`crate::ContentRef`]), keeps its text kind and its payload as written.
+//!
+//! Rows written before schema 5 hold text kinds and whole payloads: they read as before,
+//! so a file upgraded to schema 5 mixes both forms and nothing is rewritten.
+
+use std::borrow::Cow;
+
+use rusqlite::types::{ToSqlOutput, ValueRef};
+
+use crate::error::{Error, Result};
+use crate::model::kind;
+
+/// The coded kinds: code `i` is `CODED_KINDS[i]`. A code never changes meaning (files on
+/// disk hold them); a new kind gets the next code, with a new `event_kinds` row in a new
+/// migration.
+const CODED_KINDS: [&str; 24] = [
+    kind::MESSAGE_COMPLETE,
+    kind::TOOL_RESULT,
+    kind::TURN_START,
+    kind::TURN_END,
+    kind::TOOL_START,
+    kind::TOOL_CALL,
+    kind::MESSAGE_UPSERT,
+    kind::STEP_START,
+    kind::STEP_END,
+    kind::SESSION_TITLE,
+    kind::USAGE,
+    kind::ASSISTANT_ATTEMPT,
+    kind::HISTORY_REPLACE,
+    kind::MODEL_CONTEXT_REPLACE,
+    kind::COMPACTION,
+    kind::LEGACY_IMPORT,
+    kind::SESSION_CONFIG,
+    kind::TODO_WRITE,
+    kind::INTERACTION_CREATED,
+    kind::INTERACTION_RESOLVED,
+    kind::RUNTIME_RECOVERY,
+    kind::PLAN_STATE,
+    kind::GOAL_STATE,
+    kind::DIAGNOSTIC,
+];
+
+/// The codes as one-byte slices to bind (`CODE_BYTES[i..=i]` is code `i`).
+const CODE_BYTES: [u8; CODED_KINDS.len()] = {
+    let mut bytes = [0u8; CODED_KINDS.len()];
+    let mut i = 0;
+    while i < bytes.len() {
+        bytes[i] = i as u8;
+        i += 1;
+    }
+    bytes
+};
+
+/// What a bare payload lacks: the text before and after the message object.
+const BARE_HEAD: &str = r#"{"message":"#;
+const BARE_TAIL: &str = "}";
+
+/// The code of `kind`, if it has one.
+fn code_of(kind: &str) -> Option<usize> {
+    CODED_KINDS.iter().position(|k| *k == kind)
+}
+
+/// Whether payloads of the coded kind `code` are stored bare.
+fn is_bare(code: usize) -> bool {
+    matches!(CODED_KINDS.get(code), Some(&k) if k == kind::MESSAGE_COMPLETE || k == kind::MESSAGE_UPSERT)
+}
+
+/// The `kind` value to bind for a kind stored as `code` (a one-byte BLOB).
+fn code_value(code: usize) -> ToSqlOutput<'static> {
+    ToSqlOutput::Borrowed(ValueRef::Blob(&CODE_BYTES[code..=code]))
+}
+
+/// The `kind` value that selects rows of `kind` written as a code (`None`: the kind has no
+/// code, only text rows hold it).
+pub(crate) fn code_for_query(kind: &str) -> Option<ToSqlOutput<'static>> {
+    code_of(kind).map(code_value)
+}
+
+/// The row form of an event stored inline: the `kind` value and the payload text to store
+/// (bare for a message payload of the exact form, see the module doc).
+pub(crate) fn encode<'a>(
+    kind: &'a str,
+    payload: Option<&'a str>,
+) -> (ToSqlOutput<'a>, Option<&'a str>) {
+    let Some(code) = code_of(kind) else {
+        return (
+            ToSqlOutput::Borrowed(ValueRef::Text(kind.as_bytes())),
+            payload,
+        );
+    };
+    if !is_bare(code) {
+        return (code_value(code), payload);
+    }
+    match payload.and_then(bare_message) {
+        Some(bare) => (code_value(code), Some(bare)),
+        None => (
+            ToSqlOutput::Borrowed(ValueRef::Text(kind.as_bytes())),
+            payload,
+        ),
+    }
+}
+
+/// The `kind` value of an event whose payload is stored whole, as a blob: its code, but
+/// for a message kind its text (its code would say the blob holds a bare message).
+pub(crate) fn encode_kind_of_whole(kind: &str) -> ToSqlOutput<'_> {
+    match code_of(kind) {
+        Some(code) if !is_bare(code) => code_value(code),
+        _ => ToSqlOutput::Borrowed(ValueRef::Text(kind.as_bytes())),
+    }
+}
+
+/// The message object of `payload` when `payload` is exactly `{"message":` + an object +
+/// `}`: the object's text. The object ends at the brace that closes the one it opens
+/// (strings and their escapes skipped); anything after it but the final `}` (another key,
+/// white space) keeps the payload whole.
+fn bare_message(payload: &str) -> Option<&str> {
+    let inner = payload.strip_prefix(BARE_HEAD)?.strip_suffix(BARE_TAIL)?;
+    let bytes = inner.as_bytes();
+    if bytes.first() != Some(&b'{') {
+        return None;
+    }
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for (i, &b) in bytes.iter().enumerate() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return (i + 1 == bytes.len()).then_some(inner);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// A row's kind as read: its text, and whether its payload is stored bare.
+pub(crate) struct StoredKind {
+    /// The event kind.
+    pub kind: Cow<'static, str>,
+    /// Whether the stored payload is the message object alone ([`whole_payload`] restores
+    /// it).
+    pub bare: bool,
+}
+
+/// Reads the `kind` column of the row of event `seq`.
+///
+/// # Errors
+/// [`Error::Corrupt`] naming the event for a code this build does not know or a value
+/// that is neither a code nor text.
+pub(crate) fn decode_kind(seq: u64, value: ValueRef<'_>) -> Result<StoredKind> {
+    match value {
+        ValueRef::Text(text) => std::str::from_utf8(text)
+            .map(|k| StoredKind {
+                kind: Cow::Owned(k.to_owned()),
+                bare: false,
+            })
+            .map_err(|e| Error::corrupt_from(format!("event {seq}: kind is not UTF-8"), e)),
+        ValueRef::Blob(&[code]) if usize::from(code) < CODED_KINDS.len() => {
+            let code = usize::from(code);
+            Ok(StoredKind {
+                kind: Cow::Borrowed(CODED_KINDS[code]),
+                bare: is_bare(code),
+            })
+        }
+        ValueRef::Blob(code) => Err(Error::corrupt(format!(
+            "event {seq}: unknown kind code x'{}'",
+            hex::encode(code)
+        ))),
+        other => Err(Error::corrupt(format!(
+            "event {seq}: kind is {}, neither text nor a kind code",
+            other.data_type()
+        ))),
+    }
+}
+
+/// The payload as written from its stored text: a bare message put back inside
+/// `{"message":…}`.
+pub(crate) fn whole_payload(stored: String, bare: bool) -> String {
+    if !bare {
+        return stored;
+    }
+    let mut whole = String::with_capacity(BARE_HEAD.len() + stored.len() + BARE_TAIL.len());
+    whole.push_str(BARE_HEAD);
+    whole.push_str(&stored);
+    whole.push_str(BARE_TAIL);
+    whole
+}
+
+/// The `event_kinds` rows migration 0005 writes, as `(code, kind, bare)`: checked against
+/// [`CODED_KINDS`] by the tests, so the file's table tells the shell what this build reads.
+#[cfg(test)]
+fn event_kinds_rows() -> Vec<(Vec<u8>, String, bool)> {
+    (0..CODED_KINDS.len())
+        .map(|code| {
+            (
+                vec![code as u8],
+                CODED_KINDS[code].to_owned(),
+                is_bare(code),
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(kind: &str, payload: &str) -> (Option<Vec<u8>>, String) {
+        let (value, text) = encode(kind, Some(payload));
+        let code = match value {
+            ToSqlOutput::Borrowed(ValueRef::Blob(b)) => Some(b.to_vec()),
+            ToSqlOutput::Borrowed(ValueRef::Text(t)) => {
+                assert_eq!(t, kind.as_bytes());
+                None
+            }
+            other => panic!("unexpected kind value {other:?}"),
+        };
+        (code, text.expect("payload").to_owned())
+    }
+
+    fn read_back(seq: u64, code: &Option<Vec<u8>>, kind: &str, text: String) -> (String, String) {
+        let value = match code {
+            Some(b) => ValueRef::Blob(b),
+            None => ValueRef::Text(kind.as_bytes()),
+        };
+        let k = decode_kind(seq, value).expect("decode");
+        (k.kind.into_owned(), whole_payload(text, k.bare))
+    }
+
+    #[test]
+    fn a_message_payload_of_the_exact_form_is_stored_bare_and_read_back_whole() {
+        let payload = r#"{"message":{"id":"m1","role":"user","content":"a } \" { ] [ \\"}}"#;
+        for kind in [kind::MESSAGE_COMPLETE, kind::MESSAGE_UPSERT] {
+            let (code, text) = stored(kind, payload);
+            assert!(code.is_some(), "{kind} is coded");
+            assert_eq!(
+                text,
+                r#"{"id":"m1","role":"user","content":"a } \" { ] [ \\"}"#
+            );
+            assert_eq!(
+                read_back(7, &code, kind, text),
+                (kind.to_owned(), payload.to_owned())
+            );
+        }
+    }
+
+    #[test]
+    fn other_message_payload_forms_keep_their_text_kind_and_whole_payload() {
+        for payload in [
+            r#"{"message":{"id":"m1"},"extra":1}"#,
+            r#"{"message": {"id":"m1"}}"#,
+            r#"{"message":{"id":"m1"} }"#,
+            r#"{"message":{"id":"m1"}}}"#,
+            r#"{"message":[1,2]}"#,
+            r#"{"message":"text"}"#,
+            r#"{"message":{"id":"}"}"#,
+            r#"{"other":{"id":"m1"}}"#,
+            r#"{"message":{"a":{"b":1}},"c":{}}"#,
+            "",
+        ] {
+            let (code, text) = stored(kind::MESSAGE_COMPLETE, payload);
+            assert_eq!(code, None, "{payload}");
+            assert_eq!(text, payload);
+            assert_eq!(
+                read_back(1, &code, kind::MESSAGE_COMPLETE, text),
+                (kind::MESSAGE_COMPLETE.to_owned(), payload.to_owned())
+            );
+        }
+    }
+
+    #[test]
+    fn known_kinds_are_coded_and_others_kept_as_text() {
+        for (i, k) in CODED_KINDS.iter().enumerate() {
+            if is_bare(i) {
+                continue;
+            }
+            let (code, text) = stored(k, r#"{"x":1}"#);
+            assert_eq!(code, Some(vec![i as u8]));
+            assert_eq!(
+                read_back(3, &code, k, text),
+                ((*k).to_owned(), r#"{"x":1}"#.to_owned())
+            );
+        }
+        for custom in ["0", "x/custom", "\u{1}", "message/complete "] {
+            let (code, text) = stored(custom, "{}");
+            assert_eq!(code, None, "{custom:?}");
+            assert_eq!(
+                read_back(3, &code, custom, text),
+                (custom.to_owned(), "{}".to_owned())
+            );
+        }
+        assert_eq!(
+            CODED_KINDS.len(),
+            crate::model::kind::PROJECTION_KINDS.len()
+        );
+        for k in crate::model::kind::PROJECTION_KINDS {
+            assert!(code_of(k).is_some(), "{k} has a code");
+        }
+    }
+
+    #[test]
+    fn a_payload_stored_whole_keeps_a_code_but_for_message_kinds() {
+        let text = |v: ToSqlOutput<'_>| matches!(v, ToSqlOutput::Borrowed(ValueRef::Text(_)));
+        assert!(!text(encode_kind_of_whole(kind::TOOL_RESULT)));
+        assert!(text(encode_kind_of_whole(kind::MESSAGE_COMPLETE)));
+        assert!(text(encode_kind_of_whole(kind::MESSAGE_UPSERT)));
+        assert!(text(encode_kind_of_whole("host/attachment")));
+    }
+
+    #[test]
+    fn unknown_codes_and_other_values_are_corrupt_naming_the_event() {
+        for value in [
+            ValueRef::Blob(&[24]),
+            ValueRef::Blob(&[255]),
+            ValueRef::Blob(&[0, 0]),
+            ValueRef::Blob(&[]),
+            ValueRef::Integer(0),
+            ValueRef::Real(1.5),
+            ValueRef::Null,
+            ValueRef::Text(&[0xff]),
+        ] {
+            let e = decode_kind(42, value).err().expect("refused");
+            assert!(e.is_corrupt(), "{value:?}: {e}");
+            assert!(e.to_string().contains("event 42"), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_migration_lists_the_codes_this_build_reads() {
+        let sql = include_str!("../../migrations/0005_kind_codes.sql");
+        for (code, kind, bare) in event_kinds_rows() {
+            let row = format!("(x'{}', '{kind}', {})", hex::encode(&code), u8::from(bare));
+            assert!(sql.contains(&row), "0005 lacks {row}");
+        }
+        assert_eq!(sql.matches("(x'").count(), CODED_KINDS.len());
+    }
+}
