@@ -9,14 +9,10 @@
 -- the message object alone, without the {"message":…} around it (readers put it back:
 -- the payload read is the one written, byte for byte). A message payload of another form
 -- or stored as a whole blob keeps its text kind and its payload as written.
--- For people: event_log shows every kind as text and the whole payload's start, and
+-- For people: event_kinds lists the codes (a view, so that it takes no page of its own
+-- in every file), event_log shows every kind as text and the whole payload's start, and
 -- transcript finds messages in both forms.
-CREATE TABLE event_kinds (
-    code  BLOB    PRIMARY KEY,
-    kind  TEXT    NOT NULL UNIQUE,
-    bare  INTEGER NOT NULL
-);
-INSERT INTO event_kinds (code, kind, bare) VALUES
+CREATE VIEW event_kinds (code, kind, bare) AS VALUES
     (x'00', 'message/complete', 1),
     (x'01', 'tool/result', 0),
     (x'02', 'turn/start', 0),

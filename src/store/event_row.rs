@@ -1,7 +1,7 @@
 //! How an event's kind and payload sit in an `events` row (schema version 5).
 //!
 //! A kind the projection knows is stored as a one-byte BLOB code (`x'00'` for
-//! `message/complete`, …; the file's `event_kinds` table lists them for the `sqlite3`
+//! `message/complete`, …; the file's `event_kinds` view lists them for the `sqlite3`
 //! shell), any other kind as its text. A BLOB never equals a TEXT, so a code cannot be
 //! taken for a caller's kind named `"0"`, and the column's TEXT affinity leaves a BLOB as
 //! it is (an integer would have been stored as text).
@@ -24,8 +24,8 @@ use crate::error::{Error, Result};
 use crate::model::kind;
 
 /// The coded kinds: code `i` is `CODED_KINDS[i]`. A code never changes meaning (files on
-/// disk hold them); a new kind gets the next code, with a new `event_kinds` row in a new
-/// migration.
+/// disk hold them); a new kind gets the next code, and a new migration gives the
+/// `event_kinds` view its row.
 const CODED_KINDS: [&str; 24] = [
     kind::MESSAGE_COMPLETE,
     kind::TOOL_RESULT,
