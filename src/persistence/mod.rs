@@ -69,7 +69,9 @@ pub(crate) const TRASH_DIR: &str = ".trash";
 pub struct StoreOptions {
     /// What a durable commit survives (default: power loss).
     pub durability: Durability,
-    /// How long an accepted commit may wait before a timed drain (default 200 ms).
+    /// How long an accepted commit may wait before a timed drain (default 200 ms). A
+    /// delay too long to add to the clock (`Duration::MAX`) means no timed drain: commits
+    /// are written by `flush`, `close`, the queue budget or the drop of the last handle.
     pub write_behind: Duration,
     /// Byte budget of a session's write queue; `append` waits beyond it (default 4 MiB:
     /// the tail costs about twice its budget in memory, and a drain of 2 MiB already
@@ -158,7 +160,8 @@ impl StoreOptions {
         self
     }
 
-    /// These options with the write-behind delay `delay`.
+    /// These options with the write-behind delay `delay` (`Duration::MAX`: no timed
+    /// drain, see [`StoreOptions::write_behind`]).
     pub fn with_write_behind(mut self, delay: Duration) -> Self {
         self.write_behind = delay;
         self
