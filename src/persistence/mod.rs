@@ -416,7 +416,7 @@ impl Root {
     ///
     /// # Errors
     /// [`Error::Io`] when the folder cannot be created; [`Error::InvalidInput`] for an
-    /// empty path.
+    /// empty path or one that is there but is not a folder (a file).
     pub fn open(path: impl AsRef<Path>) -> Result<Root> {
         Self::with_options(path, StoreOptions::default())
     }
@@ -425,7 +425,7 @@ impl Root {
     ///
     /// # Errors
     /// [`Error::Io`] when the folder cannot be created; [`Error::InvalidInput`] for an empty
-    /// path, a zero budget or an inline threshold out of range.
+    /// path or one that is not a folder, a zero budget or an inline threshold out of range.
     pub fn with_options(path: impl AsRef<Path>, options: StoreOptions) -> Result<Root> {
         if options.queue_budget == 0 {
             return Err(Error::invalid("queue budget must be positive"));
