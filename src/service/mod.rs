@@ -112,6 +112,7 @@ pub struct Service {
 /// A client's hold on a runtime; the runtime cannot be closed while bindings remain. The
 /// hold ends with [`ClientBinding::release`] or when the binding is dropped.
 #[derive(Debug)]
+#[must_use = "a binding dropped at once lets go of the runtime: it can be closed under the client"]
 pub struct ClientBinding {
     service: Service,
     runtime: Runtime,
