@@ -308,8 +308,11 @@ impl Service {
     /// session opened anew.
     ///
     /// # Errors
-    /// [`Error::SessionNotFound`]; [`Error::WriterOwned`] when another process writes it;
-    /// the error of the retried close when it fails again (e.g. [`Error::DiskFull`]).
+    /// [`Error::SessionNotFound`]; [`Error::WriterOwned`] when another writer holds it:
+    /// another process, or a handle of this one outside this service's registry (a
+    /// [`Root::open_writer`] session, a [`Service::prepare_create`] not yet published,
+    /// another `Service` over the same root); the error of the retried close when it
+    /// fails again (e.g. [`Error::DiskFull`]).
     pub async fn open(&self, r: &SessionRef) -> Result<ClientBinding> {
         loop {
             let runtime = self.open_runtime(r).await?;
