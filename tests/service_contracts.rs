@@ -936,6 +936,54 @@ async fn publish_after_the_published_runtime_closed_answers_closed() {
     service.shutdown().await.expect("shutdown");
 }
 
+/// A prepared runtime is published or discarded only by the service that prepared it (or
+/// a clone), as upstream's `Publish` requires: another service (another host, another
+/// root) published it before, registering a session of the first root under its own
+/// registry (`runtime(b/x)` answered the runtime of `a/x`, whose close then kept the first
+/// service from ever publishing it). Its `discard` is a no-op (upstream: "foreign ⇒ no-op").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepared_runtime_is_published_only_by_its_own_service() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = service_in(dir.path());
+    let b = Service::new(
+        "other-host",
+        Root::open(dir.path().join("other")).expect("root"),
+    )
+    .expect("service");
+    let prepared = a
+        .prepare_create(CreateOptions::with_id(id("x")))
+        .await
+        .expect("prepare");
+    prepared
+        .runtime()
+        .session()
+        .append(Batch::new("t", vec![title("from a")]))
+        .expect("append before publish");
+    let foreign = b
+        .publish(&prepared)
+        .expect_err("another service's prepared runtime");
+    assert!(foreign.is_caller_error(), "{foreign:?}");
+    assert!(foreign.to_string().contains("another service"), "{foreign}");
+    assert!(b.runtime(&b.session_ref(id("x"))).is_none());
+    b.discard(&prepared)
+        .await
+        .expect("a foreign discard is a no-op");
+    // Still the first service's, usable and publishable there (a clone of it too).
+    let published = a
+        .clone()
+        .publish(&prepared)
+        .expect("publish by its own service");
+    assert_eq!(published.session_ref(), &a.session_ref(id("x")));
+    assert_eq!(
+        a.runtime(&a.session_ref(id("x"))).expect("registered"),
+        published
+    );
+    assert_eq!(published.session().snapshot().projection.title, "from a");
+    drop(published);
+    a.shutdown().await.expect("shutdown");
+    b.shutdown().await.expect("shutdown");
+}
+
 /// An open of a session that another task of the service is creating (200 rounds, the
 /// open retried while the session is not found): it gets the created runtime, never
 /// `WriterOwned` naming this very process.

@@ -119,9 +119,12 @@ pub struct ClientBinding {
     released: std::sync::atomic::AtomicBool,
 }
 
-/// A created runtime that is usable but invisible until [`Service::publish`].
+/// A created runtime that is usable but invisible until [`Service::publish`] of the
+/// service that prepared it.
 #[derive(Debug)]
 pub struct PreparedRuntime {
+    /// The service that prepared it: only that one (or a clone) publishes or discards it.
+    service: std::sync::Weak<ServiceInner>,
     runtime: Runtime,
     stamp: String,
     state: Mutex<PreparedState>,
@@ -218,6 +221,7 @@ impl Service {
         let session = blocking(move || root.create(options)).await?;
         let r = self.session_ref(session.id().clone());
         Ok(PreparedRuntime {
+            service: Arc::downgrade(&self.inner),
             runtime: Runtime::new(r, session),
             stamp: random_hex(),
             state: Mutex::new(PreparedState::default()),
@@ -227,9 +231,17 @@ impl Service {
     /// Publishes the exact prepared instance (idempotent while it stays published).
     ///
     /// # Errors
-    /// [`Error::SessionExists`] when another runtime is active for the session;
-    /// [`Error::Closed`] for a discarded one, or a published one closed since.
+    /// [`Error::InvalidInput`] for one another service prepared (its session is in that
+    /// service's root, under its host id); [`Error::SessionExists`] when another runtime
+    /// is active for the session; [`Error::Closed`] for a discarded one, or a published
+    /// one closed since.
     pub fn publish(&self, prepared: &PreparedRuntime) -> Result<Runtime> {
+        if !self.prepared_here(prepared) {
+            return Err(Error::invalid(format!(
+                "prepared runtime {} belongs to another service; publish it there",
+                prepared.runtime.session_ref()
+            )));
+        }
         let mut state = prepared.state.lock().unwrap_or_else(|e| e.into_inner());
         if state.discarded.is_some() {
             return Err(Error::Closed);
@@ -256,11 +268,15 @@ impl Service {
     }
 
     /// Closes an unpublished prepared runtime and releases its writer. Repeated calls
-    /// return the first result.
+    /// return the first result. One another service prepared is left alone (as upstream:
+    /// a foreign one is a no-op).
     ///
     /// # Errors
     /// [`Error::InvalidInput`] for a published runtime; the close error.
     pub async fn discard(&self, prepared: &PreparedRuntime) -> Result<()> {
+        if !self.prepared_here(prepared) {
+            return Ok(());
+        }
         {
             let state = prepared.state.lock().unwrap_or_else(|e| e.into_inner());
             if state.published {
@@ -275,6 +291,11 @@ impl Service {
         let mut state = prepared.state.lock().unwrap_or_else(|e| e.into_inner());
         state.discarded = Some(result.clone());
         result
+    }
+
+    /// Whether this service (or a clone of it) prepared `prepared`.
+    fn prepared_here(&self, prepared: &PreparedRuntime) -> bool {
+        std::ptr::eq(prepared.service.as_ptr(), Arc::as_ptr(&self.inner))
     }
 
     /// Creates and publishes a session. Its id is reserved like an open's while it is
