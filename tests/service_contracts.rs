@@ -730,6 +730,60 @@ async fn an_execution_dropped_without_finish_ends_it() {
         .expect("the session closes");
 }
 
+/// A query during a `Service::close` never goes back on what the service accepted: the
+/// close unpublishes the runtime while it drains, and `history`, `snapshot` and `observe`
+/// then read the file cold, without the accepted tail (300 accepted messages, never
+/// flushed: the history answered 0 messages, the snapshot and `observe` sequence 0, while
+/// the close ran). They now wait for the close. 20 rounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn queries_during_a_close_keep_every_accepted_commit() {
+    const ACCEPTED: usize = 300;
+    for round in 0..20 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let service = Service::new(HOST, manual_root(dir.path())).expect("service");
+        let rt = service
+            .create(CreateOptions::with_id(id("closing")))
+            .await
+            .expect("create");
+        let r = rt.session_ref().clone();
+        for i in 0..ACCEPTED {
+            let text = "x".repeat(2_000);
+            rt.session()
+                .append(Batch::new(
+                    format!("op-{i}"),
+                    vec![message(&format!("m{i}"), "user", &text)],
+                ))
+                .expect("append");
+        }
+        drop(rt);
+        let closer = {
+            let (service, r) = (service.clone(), r.clone());
+            tokio::spawn(async move { service.close(&r).await })
+        };
+        let q = service.query();
+        for _ in 0..50 {
+            let history = within("history", q.history(&r)).await.expect("history");
+            assert_eq!(history.len(), ACCEPTED, "round {round}: history");
+            let snapshot = within("snapshot", q.snapshot(&r)).await.expect("snapshot");
+            assert_eq!(
+                snapshot.event_sequence, ACCEPTED as u64,
+                "round {round}: snapshot"
+            );
+            let observed = within("observe", q.observe(&r, 0, 1000))
+                .await
+                .expect("observe");
+            assert_eq!(
+                observed.events.next, ACCEPTED as u64,
+                "round {round}: observe"
+            );
+            if closer.is_finished() {
+                break;
+            }
+        }
+        within("close", closer).await.expect("task").expect("close");
+    }
+}
+
 /// Queries (history, history pages, snapshots, observe, list) running while the session
 /// is closed and opened again, over and over: each answers (live or cold), never an error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -601,31 +601,37 @@ impl Service {
         })
     }
 
-    /// Makes durable what this service accepted for `id` before the call: flushes its
-    /// published runtime, after waiting for an open or close of it under way (a close
-    /// unpublishes the runtime while it drains: not waited for, a fork or export read
-    /// the file without the accepted tail).
-    async fn flush_attached(&self, id: &SessionId) -> Result<()> {
-        /// What the registry says to do next (decided under its lock, done after it).
-        enum Next<'a> {
-            Flush(Session),
-            Wait(tokio::sync::futures::Notified<'a>),
-        }
+    /// The published runtime of `id` once no open or close of it is under way here (waited
+    /// for), or `None` when it has none: then everything this service accepted for it is
+    /// in the file. A close unpublishes the runtime while it drains: a read that did not
+    /// wait read the file without the accepted tail (a history of 300 accepted messages
+    /// answered empty while the close ran; a fork or export missed that tail).
+    pub(crate) async fn settled_runtime(&self, id: &SessionId) -> Option<Runtime> {
         loop {
-            let next = {
+            let notified = {
                 let reg = self.registry();
-                match reg.active.get(id) {
-                    Some(rt) => Next::Flush(rt.session().clone()),
-                    None if !reg.preparing.contains(id) => return Ok(()),
-                    None => Next::Wait(self.inner.registry_changed.notified()),
+                if let Some(rt) = reg.active.get(id) {
+                    return Some(rt.clone());
                 }
+                if !reg.preparing.contains(id) {
+                    return None;
+                }
+                self.inner.registry_changed.notified()
             };
-            match next {
-                Next::Wait(notified) => notified.await,
-                Next::Flush(session) => {
-                    return blocking(move || session.flush()).await.map(drop);
-                }
+            notified.await;
+        }
+    }
+
+    /// Makes durable what this service accepted for `id` before the call: flushes its
+    /// published runtime, after waiting for an open or close of it under way
+    /// ([`Service::settled_runtime`]).
+    async fn flush_attached(&self, id: &SessionId) -> Result<()> {
+        match self.settled_runtime(id).await {
+            Some(rt) => {
+                let session = rt.session().clone();
+                blocking(move || session.flush()).await.map(drop)
             }
+            None => Ok(()),
         }
     }
 

@@ -375,7 +375,9 @@ impl SessionQuery {
         .await
     }
 
-    /// The UI transcript (accepted for a live session, durable for a cold one).
+    /// The UI transcript (accepted for a live session, durable for a cold one). A close or
+    /// open of the session under way in this service is waited for, so what it accepted
+    /// is never left out.
     ///
     /// # Errors
     /// [`Error::SessionNotFound`]; read errors.
@@ -383,7 +385,7 @@ impl SessionQuery {
         self.check(r)?;
         let query = self.clone();
         let id = r.session_id.clone();
-        let live = self.service.runtime(r);
+        let live = self.service.settled_runtime(&r.session_id).await;
         blocking(move || match live {
             Some(rt) => rt.session().transcript(),
             None => {
@@ -395,13 +397,14 @@ impl SessionQuery {
     }
 
     /// The session's snapshot: live (accepted) when attached, else folded from the
-    /// durable prefix (status `ready`).
+    /// durable prefix (status `ready`); a close or open under way is waited for, as in
+    /// [`SessionQuery::history`].
     ///
     /// # Errors
     /// [`Error::SessionNotFound`] (also after delete); read errors.
     pub async fn snapshot(&self, r: &SessionRef) -> Result<SessionSnapshot> {
         self.check(r)?;
-        if let Some(rt) = self.service.runtime(r) {
+        if let Some(rt) = self.service.settled_runtime(&r.session_id).await {
             return Ok(rt.session().snapshot());
         }
         let query = self.clone();
@@ -518,7 +521,8 @@ impl SessionQuery {
     }
 
     /// Commits after `cursor`: accepted ones with the runtime's state when a runtime is
-    /// attached, durable ones otherwise.
+    /// attached, durable ones otherwise; a close or open under way is waited for, as in
+    /// [`SessionQuery::history`].
     ///
     /// # Errors
     /// [`Error::SessionNotFound`]; read errors.
@@ -530,7 +534,7 @@ impl SessionQuery {
     ) -> Result<ObserveResult> {
         self.check(r)?;
         let limit = limit.clamp(1, MAX_OBSERVE_LIMIT);
-        let live = self.service.runtime(r);
+        let live = self.service.settled_runtime(&r.session_id).await;
         let query = self.clone();
         let id = r.session_id.clone();
         blocking(move || {
