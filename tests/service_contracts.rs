@@ -734,7 +734,8 @@ async fn an_execution_dropped_without_finish_ends_it() {
 /// close unpublishes the runtime while it drains, and `history`, `snapshot` and `observe`
 /// then read the file cold, without the accepted tail (300 accepted messages, never
 /// flushed: the history answered 0 messages, the snapshot and `observe` sequence 0, while
-/// the close ran). They now wait for the close. 20 rounds.
+/// the close ran). They now wait for the close; `list` summarises the runtime being
+/// closed (its catalog entry said sequence 0). 20 rounds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn queries_during_a_close_keep_every_accepted_commit() {
     const ACCEPTED: usize = 300;
@@ -762,6 +763,12 @@ async fn queries_during_a_close_keep_every_accepted_commit() {
         };
         let q = service.query();
         for _ in 0..50 {
+            // First: `history` below waits for the close.
+            let page = within("list", q.list(None, 10)).await.expect("list");
+            assert_eq!(
+                page.sessions[0].event_sequence, ACCEPTED as u64,
+                "round {round}: list"
+            );
             let history = within("history", q.history(&r)).await.expect("history");
             assert_eq!(history.len(), ACCEPTED, "round {round}: history");
             let snapshot = within("snapshot", q.snapshot(&r)).await.expect("snapshot");

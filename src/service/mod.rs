@@ -79,6 +79,9 @@ struct Registry {
     /// Sessions closed here and no longer active (for idempotent close).
     closed: HashSet<SessionId>,
     preparing: HashSet<SessionId>,
+    /// Runtimes a close unpublished and is draining: still read by `list`, whose summary
+    /// of the session would otherwise go back to the file's durable prefix meanwhile.
+    closing: HashMap<SessionId, Runtime>,
     bindings: HashMap<SessionId, usize>,
 }
 
@@ -210,6 +213,19 @@ impl Service {
             return None;
         }
         self.registry().active.get(&r.session_id).cloned()
+    }
+
+    /// The published runtime of a session, else the one a close is draining (its accepted
+    /// state is still whole in memory); none for a ref of another host.
+    pub(crate) fn runtime_or_closing(&self, r: &SessionRef) -> Option<Runtime> {
+        if r.host_id != self.inner.host_id {
+            return None;
+        }
+        let reg = self.registry();
+        reg.active
+            .get(&r.session_id)
+            .or_else(|| reg.closing.get(&r.session_id))
+            .cloned()
     }
 
     /// Creates a session whose runtime is usable but not visible until published.
@@ -488,6 +504,7 @@ impl Service {
                     let rt = rt.clone();
                     reg.active.remove(&id);
                     reg.preparing.insert(id.clone());
+                    reg.closing.insert(id.clone(), rt.clone());
                     break rt;
                 }
                 if !reg.preparing.contains(&id) {
@@ -511,6 +528,7 @@ impl Service {
             {
                 let mut reg = service.registry();
                 reg.preparing.remove(&id);
+                reg.closing.remove(&id);
                 if result.is_ok() {
                     reg.closed.insert(id);
                 } else {

@@ -58,7 +58,7 @@ pub struct SessionSummary {
     /// inherited prefix).
     #[serde(default)]
     pub usage: Usage,
-    /// Whether a runtime of this service has it open.
+    /// Whether a runtime of this service has it open (also while a close of it drains).
     pub live: bool,
 }
 
@@ -259,7 +259,8 @@ impl SessionQuery {
     }
 
     /// Sessions with ids after `cursor`, in id order, at most `limit` (0 = 50, max 100).
-    /// Live sessions report their accepted state; cold ones come from the catalog.
+    /// Live sessions report their accepted state (also one a close of this service is
+    /// draining); cold ones come from the catalog.
     ///
     /// # Errors
     /// [`Error::InvalidInput`] for a limit over 100; I/O errors reading the root.
@@ -311,7 +312,8 @@ impl SessionQuery {
             let sessions: Vec<SessionSummary> = entries
                 .into_iter()
                 .map(|entry| {
-                    match service.runtime(&service.session_ref(entry.session_id.clone())) {
+                    let r = service.session_ref(entry.session_id.clone());
+                    match service.runtime_or_closing(&r) {
                         Some(rt) => live_summary(&rt, entry),
                         None => {
                             let durable = entry.durable_sequence;
