@@ -103,3 +103,24 @@
 //!     }
 //! }
 //! ```
+//!
+//! A [`ClientBinding`](crate::ClientBinding) or an [`Execution`](crate::Execution) dropped
+//! as soon as it is made lets go at once (the runtime can be closed under the client; the
+//! execution has ended), so both are `#[must_use]`: an open or bind whose result is not
+//! kept warns (an error here). Each block compiles without the `deny`.
+//!
+//! ```compile_fail
+//! #![deny(unused_must_use)]
+//! async fn open(s: &session_store::Service, r: &session_store::SessionRef) -> session_store::Result<()> {
+//!     s.open(r).await?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! ```compile_fail
+//! #![deny(unused_must_use)]
+//! fn bind(runtime: &session_store::Runtime) -> session_store::Result<()> {
+//!     runtime.bind_execution("model")?;
+//!     Ok(())
+//! }
+//! ```

@@ -300,12 +300,30 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// True when the same call may succeed later without reopening anything: nothing was
     /// lost and nothing needs a decision, only time or space. Covers [`Error::DiskFull`],
-    /// [`Error::PersistenceFailed`] (the accepted tail is kept; `flush` retries it),
-    /// SQLite's `SQLITE_BUSY` / `SQLITE_LOCKED` ([`Error::Sqlite`]) and
-    /// [`Error::ReadConnection`].
+    /// an [`Error::Io`] of a full disk or quota (`ENOSPC`, `EDQUOT`: what a writer open,
+    /// a staging folder or an export's file met outside SQLite), [`Error::PersistenceFailed`]
+    /// (the accepted tail is kept; `flush` retries it), SQLite's `SQLITE_BUSY` /
+    /// `SQLITE_LOCKED` ([`Error::Sqlite`]) and [`Error::ReadConnection`].
     pub fn is_retryable(&self) -> bool {
         self.is_retryable_write()
+            || self.is_disk_full_io()
             || matches!(self, Error::PersistenceFailed(_) | Error::ReadConnection(_))
+    }
+
+    /// True for an [`Error::Io`] whose OS error is a full disk or quota.
+    fn is_disk_full_io(&self) -> bool {
+        use rustix::io::Errno;
+        self.is_io_errno(&[Errno::NOSPC, Errno::DQUOT])
+    }
+
+    /// True for an [`Error::Io`] whose OS error is one of `errnos`.
+    fn is_io_errno(&self, errnos: &[rustix::io::Errno]) -> bool {
+        match self {
+            Error::Io { source, .. } => source
+                .raw_os_error()
+                .is_some_and(|code| errnos.iter().any(|e| e.raw_os_error() == code)),
+            _ => false,
+        }
     }
 
     /// True when what was asked for does not exist: [`Error::SessionNotFound`], or an
@@ -469,20 +487,12 @@ impl Error {
     /// or an index fill must not pass over it as if it were.
     pub(crate) fn is_exhaustion(&self) -> bool {
         use rustix::io::Errno;
-        const OUT_OF: [Errno; 5] = [
-            Errno::NOSPC,
-            Errno::DQUOT,
-            Errno::MFILE,
-            Errno::NFILE,
-            Errno::NOMEM,
-        ];
         match self {
             Error::DiskFull(_) | Error::ReadConnection(_) => true,
             Error::Io { source, .. } => {
                 source.kind() == std::io::ErrorKind::WouldBlock
-                    || source
-                        .raw_os_error()
-                        .is_some_and(|code| OUT_OF.iter().any(|e| e.raw_os_error() == code))
+                    || self.is_disk_full_io()
+                    || self.is_io_errno(&[Errno::MFILE, Errno::NFILE, Errno::NOMEM])
             }
             Error::Sqlite(e) => e.sqlite_error_code() == Some(rusqlite::ErrorCode::OutOfMemory),
             _ => false,

@@ -279,7 +279,18 @@ fn what_the_caller_passed_is_a_caller_error_and_changes_nothing() {
     let s = durable_session(&root, "input");
     let before = s.snapshot().event_sequence;
 
+    // A root path that is a file: "create root X: File exists", an I/O error, before.
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"kept").expect("file");
+    let not_a_folder = Root::open(&file).expect_err("a file as the root");
+    assert!(
+        not_a_folder.to_string().contains("is not a folder")
+            && not_a_folder.to_string().contains("a-file"),
+        "{not_a_folder}"
+    );
+    assert_eq!(std::fs::read(&file).expect("file"), b"kept");
     let mut refused = vec![
+        not_a_folder,
         SessionId::new("../escape").expect_err("bad id"),
         Root::with_options(
             dir.path().join("other"),
@@ -312,19 +323,19 @@ fn what_the_caller_passed_is_a_caller_error_and_changes_nothing() {
         .expect_err("unknown turn"),
     );
     assert!(
-        matches!(refused[0], Error::InvalidInput { .. }),
+        matches!(refused[1], Error::InvalidInput { .. }),
         "{:?}",
-        refused[0]
+        refused[1]
     );
     assert!(
-        matches!(refused[3], Error::OperationConflict { .. }),
-        "{:?}",
-        refused[3]
-    );
-    assert!(
-        matches!(refused[4], Error::InvalidPayload { .. }),
+        matches!(refused[4], Error::OperationConflict { .. }),
         "{:?}",
         refused[4]
+    );
+    assert!(
+        matches!(refused[5], Error::InvalidPayload { .. }),
+        "{:?}",
+        refused[5]
     );
     for e in &refused {
         assert_eq!(classes(e), ["caller_error"], "{e:?}");

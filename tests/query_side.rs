@@ -480,7 +480,8 @@ async fn the_catalog_indexes_its_sorted_orders() {
 }
 
 /// A caller's `after` beyond any sequence SQLite can hold (the Python `events(after=2**63)`,
-/// `observe` with `u64::MAX`) is an empty page, not an SQLite conversion error.
+/// `observe` with `u64::MAX`) is an empty page, and such a sequence no commit boundary
+/// (`SessionReader::is_commit_boundary`), not an SQLite conversion error.
 #[tokio::test]
 async fn commits_after_a_sequence_beyond_sqlite_integers_are_an_empty_page() {
     let (_dir, service) = service();
@@ -496,9 +497,13 @@ async fn commits_after_a_sequence_beyond_sqlite_integers_are_an_empty_page() {
         let page = service.query().observe(&r, after, 10).await.unwrap();
         assert!(page.events.commits.is_empty(), "{after}");
         assert!(!page.events.truncated, "{after}");
+        // No commit ends there ("sqlite: out of range integral type conversion
+        // attempted" before, for the two past `i64::MAX`).
+        assert!(!reader.is_commit_boundary(after).unwrap(), "{after}");
     }
     // The edge below still reads the log.
     assert_eq!(reader.commits(0, 10).unwrap().len(), 1);
+    assert!(reader.is_commit_boundary(1).unwrap());
 }
 
 /// A history cursor is exactly `h1.<snapshot>.<position>`: anything after it (as a search

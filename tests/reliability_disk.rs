@@ -380,3 +380,55 @@ fn verify_on_a_full_disk_does_not_call_a_sound_session_unsound() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A writer open on a full disk fails writing its owner record (`ENOSPC`, an
+/// [`Error::Io`]): only space is missing, as for SQLite's `SQLITE_FULL` (`DiskFull`), so
+/// it is `is_retryable` (it was not: a host retrying on the classifier gave up), and the
+/// same open succeeds once space is freed. `Root::rename` and `Service::open` alike.
+#[test]
+fn a_writer_open_on_a_full_disk_is_retryable_and_succeeds_after_space_is_freed() {
+    let Some((_base, mount, filler)) = small_disk("2m", 0) else {
+        return;
+    };
+    let root = Root::open(mount.dir.join("sessions")).unwrap();
+    let s = create(&root, "full");
+    s.append(Batch::new("m1", vec![message("m1", "user", "hello")]))
+        .unwrap();
+    s.close().unwrap();
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&filler).unwrap();
+        let chunk = vec![0x5a; 64 * 1024];
+        while f.write_all(&chunk).is_ok() {}
+        while f.write_all(&[0x5a]).is_ok() {}
+    }
+    let opened = root.open_writer(&id("full")).map(drop).unwrap_err();
+    let renamed = root.rename(&id("full"), "new title").unwrap_err();
+    let service = session_store::Service::new("disk", root.clone()).unwrap();
+    let r = service.session_ref(id("full"));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let bound = rt.block_on(service.open(&r)).map(drop).unwrap_err();
+    for e in [&opened, &renamed, &bound] {
+        assert!(
+            matches!(e, Error::DiskFull(_) | Error::Io { .. }),
+            "ENOSPC as DiskFull or Io: {e:?}"
+        );
+        assert!(e.is_retryable(), "{e:?}");
+        assert!(
+            !e.is_caller_error() && !e.is_corrupt() && !e.needs_reopen(),
+            "{e:?}"
+        );
+    }
+    std::fs::remove_file(&filler).unwrap();
+    root.rename(&id("full"), "new title").unwrap();
+    let binding = rt.block_on(service.open(&r)).unwrap();
+    assert_eq!(
+        binding.runtime().session().snapshot().projection.title,
+        "new title"
+    );
+    drop(binding);
+    rt.block_on(service.shutdown()).unwrap();
+}

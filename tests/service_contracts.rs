@@ -730,6 +730,67 @@ async fn an_execution_dropped_without_finish_ends_it() {
         .expect("the session closes");
 }
 
+/// A query during a `Service::close` never goes back on what the service accepted: the
+/// close unpublishes the runtime while it drains, and `history`, `snapshot` and `observe`
+/// then read the file cold, without the accepted tail (300 accepted messages, never
+/// flushed: the history answered 0 messages, the snapshot and `observe` sequence 0, while
+/// the close ran). They now wait for the close; `list` summarises the runtime being
+/// closed (its catalog entry said sequence 0). 20 rounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn queries_during_a_close_keep_every_accepted_commit() {
+    const ACCEPTED: usize = 300;
+    for round in 0..20 {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let service = Service::new(HOST, manual_root(dir.path())).expect("service");
+        let rt = service
+            .create(CreateOptions::with_id(id("closing")))
+            .await
+            .expect("create");
+        let r = rt.session_ref().clone();
+        for i in 0..ACCEPTED {
+            let text = "x".repeat(2_000);
+            rt.session()
+                .append(Batch::new(
+                    format!("op-{i}"),
+                    vec![message(&format!("m{i}"), "user", &text)],
+                ))
+                .expect("append");
+        }
+        drop(rt);
+        let closer = {
+            let (service, r) = (service.clone(), r.clone());
+            tokio::spawn(async move { service.close(&r).await })
+        };
+        let q = service.query();
+        for _ in 0..50 {
+            // First: `history` below waits for the close.
+            let page = within("list", q.list(None, 10)).await.expect("list");
+            assert_eq!(
+                page.sessions[0].event_sequence, ACCEPTED as u64,
+                "round {round}: list"
+            );
+            let history = within("history", q.history(&r)).await.expect("history");
+            assert_eq!(history.len(), ACCEPTED, "round {round}: history");
+            let snapshot = within("snapshot", q.snapshot(&r)).await.expect("snapshot");
+            assert_eq!(
+                snapshot.event_sequence, ACCEPTED as u64,
+                "round {round}: snapshot"
+            );
+            let observed = within("observe", q.observe(&r, 0, 1000))
+                .await
+                .expect("observe");
+            assert_eq!(
+                observed.events.next, ACCEPTED as u64,
+                "round {round}: observe"
+            );
+            if closer.is_finished() {
+                break;
+            }
+        }
+        within("close", closer).await.expect("task").expect("close");
+    }
+}
+
 /// Queries (history, history pages, snapshots, observe, list) running while the session
 /// is closed and opened again, over and over: each answers (live or cold), never an error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -934,6 +995,54 @@ async fn publish_after_the_published_runtime_closed_answers_closed() {
     let binding = service.open(&r).await.expect("open");
     binding.release().await.expect("release");
     service.shutdown().await.expect("shutdown");
+}
+
+/// A prepared runtime is published or discarded only by the service that prepared it (or
+/// a clone), as upstream's `Publish` requires: another service (another host, another
+/// root) published it before, registering a session of the first root under its own
+/// registry (`runtime(b/x)` answered the runtime of `a/x`, whose close then kept the first
+/// service from ever publishing it). Its `discard` is a no-op (upstream: "foreign ⇒ no-op").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepared_runtime_is_published_only_by_its_own_service() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = service_in(dir.path());
+    let b = Service::new(
+        "other-host",
+        Root::open(dir.path().join("other")).expect("root"),
+    )
+    .expect("service");
+    let prepared = a
+        .prepare_create(CreateOptions::with_id(id("x")))
+        .await
+        .expect("prepare");
+    prepared
+        .runtime()
+        .session()
+        .append(Batch::new("t", vec![title("from a")]))
+        .expect("append before publish");
+    let foreign = b
+        .publish(&prepared)
+        .expect_err("another service's prepared runtime");
+    assert!(foreign.is_caller_error(), "{foreign:?}");
+    assert!(foreign.to_string().contains("another service"), "{foreign}");
+    assert!(b.runtime(&b.session_ref(id("x"))).is_none());
+    b.discard(&prepared)
+        .await
+        .expect("a foreign discard is a no-op");
+    // Still the first service's, usable and publishable there (a clone of it too).
+    let published = a
+        .clone()
+        .publish(&prepared)
+        .expect("publish by its own service");
+    assert_eq!(published.session_ref(), &a.session_ref(id("x")));
+    assert_eq!(
+        a.runtime(&a.session_ref(id("x"))).expect("registered"),
+        published
+    );
+    assert_eq!(published.session().snapshot().projection.title, "from a");
+    drop(published);
+    a.shutdown().await.expect("shutdown");
+    b.shutdown().await.expect("shutdown");
 }
 
 /// An open of a session that another task of the service is creating (200 rounds, the

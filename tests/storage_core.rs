@@ -170,6 +170,27 @@ fn timed_drain_makes_commits_durable_without_flush() {
     s.close().unwrap();
 }
 
+/// A write-behind delay too long to add to the clock (`Duration::MAX`, "never on a timer")
+/// is no timed drain: the append is accepted and answered (it panicked, "overflow when
+/// adding duration to instant", after the commit was accepted), and the commit is written
+/// by `flush`.
+#[test]
+fn an_endless_write_behind_delay_means_no_timed_drain() {
+    let dir = tempfile::tempdir().unwrap();
+    let options =
+        session_store::StoreOptions::default().with_write_behind(std::time::Duration::MAX);
+    let root = Root::with_options(dir.path().join("sessions"), options).unwrap();
+    let s = create(&root, "endless");
+    let commit = s.append(turn("a", "t1", "m1")).unwrap();
+    assert_eq!(commit.last_seq(), 3);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(s.sequences(), (3, 0), "no timed drain");
+    assert_eq!(s.flush().unwrap(), 3);
+    s.close().unwrap();
+    let reader = root.open_reader(&id("endless")).unwrap();
+    assert_eq!(reader.durable_sequence().unwrap(), 3);
+}
+
 #[test]
 fn large_payload_is_stored_once_as_a_blob() {
     let (_dir, root) = temp_root();

@@ -24,7 +24,9 @@ pub struct Event {
     /// Sequence number, assigned at acceptance (ignored on input).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub seq: u64,
-    /// Event kind, e.g. `message/complete`.
+    /// Event kind, e.g. `message/complete`: one of
+    /// [`PROJECTION_KINDS`](crate::PROJECTION_KINDS) (whose docs give each kind's payload),
+    /// or any kind when `optional`.
     pub kind: String,
     /// Optional events may be of any kind; the projection skips them.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

@@ -51,6 +51,84 @@ pub(crate) const USAGE: &str = "usage";
 pub(crate) const DIAGNOSTIC: &str = "diagnostic";
 
 /// Event kinds the projection understands; any other kind must be `optional`.
+///
+/// Each kind's payload is a JSON object whose keys are checked strictly: a key not listed
+/// here, a missing required key or a value of the wrong type refuses the whole batch
+/// ([`Error::InvalidPayload`](crate::Error::InvalidPayload), nothing changed). Keys ending
+/// in `?` are optional; keys the library only stores (it does not read them) take any
+/// JSON value. An `optional` event of any kind is stored without being checked.
+///
+/// | kind | payload | checked |
+/// |---|---|---|
+/// | `message/complete` | `{message}` | `message` an object with a non-empty `id` not already in the transcript; its other keys (`role`, `content`, tool calls, …) are kept verbatim |
+/// | `message/upsert` | `{message}` | as `message/complete`; replaces the message with that id, else appends it |
+/// | `assistant/attempt` | `{id, action, messageId?, attempt?, max?, reason?}` | `action` is `begin`, `discard` or `commit` |
+/// | `history/replace`, `model/context-replace`, `compaction` | `{messages, reason?, trigger?, sourceSequences?}` | `messages` an array of messages; `sourceSequences` an array of sequences |
+/// | `legacy/import` | `{messages, source?, goal?, modelRef?, modelIdentity?}` | `messages` an array of messages |
+/// | `session/title` | `{title}` | not blank |
+/// | `session/config` | `{modelRef, modelIdentity?}` | `modelRef` not blank |
+/// | `turn/start` | none (ignored) | no turn open; the turn id is the batch's ([`Batch::in_turn`](crate::Batch::in_turn), else derived from the operation id) |
+/// | `turn/end` | `{status}` | one of [`TERMINAL_TURN_STATUSES`] |
+/// | `step/start`, `step/end` | `{id, status?}` | `id` not empty |
+/// | `tool/call` | `{id, name, args?, …}` | `id` and `name` not empty; the other keys the upstream format names (`runState`, `diagnostic`, `resolvedName`, `capabilityId`, `readOnly`, `truncated`, `durationMs`, `startedAt`, `endedAt`, `partial`, `argChars`, `refreshed`, `parentId`, `attemptId`, `subagentRef`, `subagentStatus`, `subagentErrorCode`, `subagentRetryable`, `diff`, `added`, `removed`, `profile`, `execution`, `presentedFiles`, `workspaceMutation`, `workspacePaths`, `workspaceAllPaths`) are optional |
+/// | `tool/start` | `{id, name}` only | `id` and `name` not empty; the tool is active until its `tool/result` |
+/// | `tool/result` | the `tool/call` keys and `error?, output?, state?, todos?, todoWritten?` | `id` and `name` not empty |
+/// | `todo/write` | `{todos: [{content, status}]}` | each `content` non-blank, trimmed and unique; `status` `pending`, `in_progress` or `completed` ([`Todo`](crate::Todo)) |
+/// | `interaction/created` | `{id, state?, toolCallId?, kind?, sessionId?, headId?, turnId?, runtimeEpoch?}` | `id` not empty; `state` empty or `pending`; pending until resolved |
+/// | `interaction/resolved` | `{id, state}` | `state` `answered`, `rejected`, `cancelled` or `unavailable` |
+/// | `runtime/recovery` | a [`RecoveryStatus`](crate::RecoveryStatus) (snake_case keys) | its keys only |
+/// | `plan/state`, `goal/state` | any JSON object | an object |
+/// | `usage` | `{model, input_tokens, output_tokens, cache_read_tokens?, cache_write_tokens?, cost?}` | `model` non-blank, at most 256 bytes; counts non-negative integers; `cost` an exact decimal string ([`Cost`](crate::Cost), e.g. `"0.0042"`) |
+/// | `diagnostic` | any JSON, or none | — |
+///
+/// One batch with every kind, as the table gives them:
+///
+/// ```
+/// use serde_json::json;
+/// use session_store::{Batch, CreateOptions, Event, Root, SessionId, PROJECTION_KINDS};
+/// # fn main() -> session_store::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// let root = Root::open(dir.path())?;
+/// let session = root.create(CreateOptions::with_id(SessionId::new("kinds")?))?;
+/// let m = |id: &str| json!({"id": id, "role": "user", "content": "hi"});
+/// let e = |kind: &str, payload: serde_json::Value| Event::new(kind).with_payload(&payload);
+/// let events = vec![
+///     e("session/title", json!({"title": "All kinds"}))?,
+///     e("session/config", json!({"modelRef": "provider/model"}))?,
+///     Event::new("turn/start"),
+///     e("message/complete", json!({"message": m("u1")}))?,
+///     e("message/upsert", json!({"message": m("u1")}))?,
+///     e("assistant/attempt", json!({"id": "a1", "action": "begin"}))?,
+///     e("step/start", json!({"id": "s1"}))?,
+///     e("tool/call", json!({"id": "c1", "name": "bash", "args": {"cmd": "ls"}}))?,
+///     e("tool/start", json!({"id": "c1", "name": "bash"}))?,
+///     e("tool/result", json!({"id": "c1", "name": "bash", "output": "a.txt"}))?,
+///     e("step/end", json!({"id": "s1", "status": "done"}))?,
+///     e("todo/write", json!({"todos": [{"content": "test", "status": "pending"}]}))?,
+///     e("interaction/created", json!({"id": "i1", "toolCallId": "c1"}))?,
+///     e("interaction/resolved", json!({"id": "i1", "state": "answered"}))?,
+///     e("runtime/recovery", json!({"state": "recovery_required", "phase": "tool"}))?,
+///     e("plan/state", json!({"steps": 2}))?,
+///     e("goal/state", json!({"goal": "ship"}))?,
+///     e("usage", json!({"model": "m", "input_tokens": 10, "output_tokens": 2, "cost": "0.0042"}))?,
+///     e("diagnostic", json!({"note": "anything"}))?,
+///     e("history/replace", json!({"messages": [m("u2")], "reason": "edit"}))?,
+///     e("model/context-replace", json!({"messages": [m("u2")]}))?,
+///     e("compaction", json!({"messages": [m("u2")], "trigger": "size"}))?,
+///     e("legacy/import", json!({"messages": [m("u3")], "modelRef": "provider/model"}))?,
+///     e("turn/end", json!({"status": "completed"}))?,
+/// ];
+/// let mut kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+/// kinds.sort_unstable();
+/// let mut all = PROJECTION_KINDS.to_vec();
+/// all.sort_unstable();
+/// assert_eq!(kinds, all);
+/// session.append(Batch::new("every-kind", events).in_turn("t1"))?;
+/// // A key the table does not list refuses the batch.
+/// let extra = e("tool/start", json!({"id": "c2", "name": "bash", "args": {}}))?;
+/// assert!(session.append(Batch::new("extra", vec![extra])).unwrap_err().is_caller_error());
+/// # session.close() }
+/// ```
 pub const PROJECTION_KINDS: [&str; 24] = [
     MESSAGE_COMPLETE,
     MESSAGE_UPSERT,

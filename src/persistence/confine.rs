@@ -35,15 +35,26 @@ fn not_confined(shown: &Path) -> Error {
 /// Opens the root folder `path` (resolved, following the user's symlinks) and returns
 /// its resolved path and descriptor. The folder is created when missing.
 /// An empty path is [`Error::InvalidInput`] (it was an I/O error, "resolve root : No such
-/// file or directory").
+/// file or directory"), and so is a path that is there but no folder (it was
+/// "create root X: File exists").
 pub(crate) fn open_root(path: &Path) -> Result<(std::path::PathBuf, OwnedFd)> {
     if path.as_os_str().is_empty() {
         return Err(Error::invalid(
             "the root path is empty: give a folder (\".\" for the current one)",
         ));
     }
-    std::fs::create_dir_all(path)
-        .map_err(|e| Error::io(format!("create root {}", path.display()), e))?;
+    std::fs::create_dir_all(path).map_err(|e| {
+        // The path is there as something else (a file, a device): the caller's path is
+        // wrong, and "create root X: File exists" did not say how.
+        if e.kind() == std::io::ErrorKind::AlreadyExists {
+            Error::invalid(format!(
+                "root {} is not a folder; give a folder's path",
+                path.display()
+            ))
+        } else {
+            Error::io(format!("create root {}", path.display()), e)
+        }
+    })?;
     let resolved = std::fs::canonicalize(path)
         .map_err(|e| Error::io(format!("resolve root {}", path.display()), e))?;
     let fd = rustix::fs::open(

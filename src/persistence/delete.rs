@@ -19,8 +19,6 @@ impl Root {
     /// inherited range (events, turns and the blobs they reference) copied into their own
     /// file, one transaction each with their lineage rewritten; then the folder is renamed
     /// into `.trash/` and removed. A crash at any point leaves every session readable.
-    ///
-    /// # Errors
     /// A session whose file is damaged or not a session file at all is deleted as well,
     /// unless a session under the root inherits from it.
     ///

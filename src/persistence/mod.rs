@@ -69,7 +69,9 @@ pub(crate) const TRASH_DIR: &str = ".trash";
 pub struct StoreOptions {
     /// What a durable commit survives (default: power loss).
     pub durability: Durability,
-    /// How long an accepted commit may wait before a timed drain (default 200 ms).
+    /// How long an accepted commit may wait before a timed drain (default 200 ms). A
+    /// delay too long to add to the clock (`Duration::MAX`) means no timed drain: commits
+    /// are written by `flush`, `close`, the queue budget or the drop of the last handle.
     pub write_behind: Duration,
     /// Byte budget of a session's write queue; `append` waits beyond it (default 4 MiB:
     /// the tail costs about twice its budget in memory, and a drain of 2 MiB already
@@ -158,7 +160,8 @@ impl StoreOptions {
         self
     }
 
-    /// These options with the write-behind delay `delay`.
+    /// These options with the write-behind delay `delay` (`Duration::MAX`: no timed
+    /// drain, see [`StoreOptions::write_behind`]).
     pub fn with_write_behind(mut self, delay: Duration) -> Self {
         self.write_behind = delay;
         self
@@ -413,7 +416,7 @@ impl Root {
     ///
     /// # Errors
     /// [`Error::Io`] when the folder cannot be created; [`Error::InvalidInput`] for an
-    /// empty path.
+    /// empty path or one that is there but is not a folder (a file).
     pub fn open(path: impl AsRef<Path>) -> Result<Root> {
         Self::with_options(path, StoreOptions::default())
     }
@@ -422,7 +425,7 @@ impl Root {
     ///
     /// # Errors
     /// [`Error::Io`] when the folder cannot be created; [`Error::InvalidInput`] for an empty
-    /// path, a zero budget or an inline threshold out of range.
+    /// path or one that is not a folder, a zero budget or an inline threshold out of range.
     pub fn with_options(path: impl AsRef<Path>, options: StoreOptions) -> Result<Root> {
         if options.queue_budget == 0 {
             return Err(Error::invalid("queue budget must be positive"));

@@ -79,6 +79,9 @@ struct Registry {
     /// Sessions closed here and no longer active (for idempotent close).
     closed: HashSet<SessionId>,
     preparing: HashSet<SessionId>,
+    /// Runtimes a close unpublished and is draining: still read by `list`, whose summary
+    /// of the session would otherwise go back to the file's durable prefix meanwhile.
+    closing: HashMap<SessionId, Runtime>,
     bindings: HashMap<SessionId, usize>,
 }
 
@@ -112,15 +115,19 @@ pub struct Service {
 /// A client's hold on a runtime; the runtime cannot be closed while bindings remain. The
 /// hold ends with [`ClientBinding::release`] or when the binding is dropped.
 #[derive(Debug)]
+#[must_use = "a binding dropped at once lets go of the runtime: it can be closed under the client"]
 pub struct ClientBinding {
     service: Service,
     runtime: Runtime,
     released: std::sync::atomic::AtomicBool,
 }
 
-/// A created runtime that is usable but invisible until [`Service::publish`].
+/// A created runtime that is usable but invisible until [`Service::publish`] of the
+/// service that prepared it.
 #[derive(Debug)]
 pub struct PreparedRuntime {
+    /// The service that prepared it: only that one (or a clone) publishes or discards it.
+    service: std::sync::Weak<ServiceInner>,
     runtime: Runtime,
     stamp: String,
     state: Mutex<PreparedState>,
@@ -208,6 +215,19 @@ impl Service {
         self.registry().active.get(&r.session_id).cloned()
     }
 
+    /// The published runtime of a session, else the one a close is draining (its accepted
+    /// state is still whole in memory); none for a ref of another host.
+    pub(crate) fn runtime_or_closing(&self, r: &SessionRef) -> Option<Runtime> {
+        if r.host_id != self.inner.host_id {
+            return None;
+        }
+        let reg = self.registry();
+        reg.active
+            .get(&r.session_id)
+            .or_else(|| reg.closing.get(&r.session_id))
+            .cloned()
+    }
+
     /// Creates a session whose runtime is usable but not visible until published.
     ///
     /// # Errors
@@ -217,6 +237,7 @@ impl Service {
         let session = blocking(move || root.create(options)).await?;
         let r = self.session_ref(session.id().clone());
         Ok(PreparedRuntime {
+            service: Arc::downgrade(&self.inner),
             runtime: Runtime::new(r, session),
             stamp: random_hex(),
             state: Mutex::new(PreparedState::default()),
@@ -226,9 +247,17 @@ impl Service {
     /// Publishes the exact prepared instance (idempotent while it stays published).
     ///
     /// # Errors
-    /// [`Error::SessionExists`] when another runtime is active for the session;
-    /// [`Error::Closed`] for a discarded one, or a published one closed since.
+    /// [`Error::InvalidInput`] for one another service prepared (its session is in that
+    /// service's root, under its host id); [`Error::SessionExists`] when another runtime
+    /// is active for the session; [`Error::Closed`] for a discarded one, or a published
+    /// one closed since.
     pub fn publish(&self, prepared: &PreparedRuntime) -> Result<Runtime> {
+        if !self.prepared_here(prepared) {
+            return Err(Error::invalid(format!(
+                "prepared runtime {} belongs to another service; publish it there",
+                prepared.runtime.session_ref()
+            )));
+        }
         let mut state = prepared.state.lock().unwrap_or_else(|e| e.into_inner());
         if state.discarded.is_some() {
             return Err(Error::Closed);
@@ -255,11 +284,15 @@ impl Service {
     }
 
     /// Closes an unpublished prepared runtime and releases its writer. Repeated calls
-    /// return the first result.
+    /// return the first result. One another service prepared is left alone (as upstream:
+    /// a foreign one is a no-op).
     ///
     /// # Errors
     /// [`Error::InvalidInput`] for a published runtime; the close error.
     pub async fn discard(&self, prepared: &PreparedRuntime) -> Result<()> {
+        if !self.prepared_here(prepared) {
+            return Ok(());
+        }
         {
             let state = prepared.state.lock().unwrap_or_else(|e| e.into_inner());
             if state.published {
@@ -274,6 +307,11 @@ impl Service {
         let mut state = prepared.state.lock().unwrap_or_else(|e| e.into_inner());
         state.discarded = Some(result.clone());
         result
+    }
+
+    /// Whether this service (or a clone of it) prepared `prepared`.
+    fn prepared_here(&self, prepared: &PreparedRuntime) -> bool {
+        std::ptr::eq(prepared.service.as_ptr(), Arc::as_ptr(&self.inner))
     }
 
     /// Creates and publishes a session. Its id is reserved like an open's while it is
@@ -307,8 +345,11 @@ impl Service {
     /// session opened anew.
     ///
     /// # Errors
-    /// [`Error::SessionNotFound`]; [`Error::WriterOwned`] when another process writes it;
-    /// the error of the retried close when it fails again (e.g. [`Error::DiskFull`]).
+    /// [`Error::SessionNotFound`]; [`Error::WriterOwned`] when another writer holds it:
+    /// another process, or a handle of this one outside this service's registry (a
+    /// [`Root::open_writer`] session, a [`Service::prepare_create`] not yet published,
+    /// another `Service` over the same root); the error of the retried close when it
+    /// fails again (e.g. [`Error::DiskFull`]).
     pub async fn open(&self, r: &SessionRef) -> Result<ClientBinding> {
         loop {
             let runtime = self.open_runtime(r).await?;
@@ -463,6 +504,7 @@ impl Service {
                     let rt = rt.clone();
                     reg.active.remove(&id);
                     reg.preparing.insert(id.clone());
+                    reg.closing.insert(id.clone(), rt.clone());
                     break rt;
                 }
                 if !reg.preparing.contains(&id) {
@@ -486,6 +528,7 @@ impl Service {
             {
                 let mut reg = service.registry();
                 reg.preparing.remove(&id);
+                reg.closing.remove(&id);
                 if result.is_ok() {
                     reg.closed.insert(id);
                 } else {
@@ -576,31 +619,37 @@ impl Service {
         })
     }
 
-    /// Makes durable what this service accepted for `id` before the call: flushes its
-    /// published runtime, after waiting for an open or close of it under way (a close
-    /// unpublishes the runtime while it drains: not waited for, a fork or export read
-    /// the file without the accepted tail).
-    async fn flush_attached(&self, id: &SessionId) -> Result<()> {
-        /// What the registry says to do next (decided under its lock, done after it).
-        enum Next<'a> {
-            Flush(Session),
-            Wait(tokio::sync::futures::Notified<'a>),
-        }
+    /// The published runtime of `id` once no open or close of it is under way here (waited
+    /// for), or `None` when it has none: then everything this service accepted for it is
+    /// in the file. A close unpublishes the runtime while it drains: a read that did not
+    /// wait read the file without the accepted tail (a history of 300 accepted messages
+    /// answered empty while the close ran; a fork or export missed that tail).
+    pub(crate) async fn settled_runtime(&self, id: &SessionId) -> Option<Runtime> {
         loop {
-            let next = {
+            let notified = {
                 let reg = self.registry();
-                match reg.active.get(id) {
-                    Some(rt) => Next::Flush(rt.session().clone()),
-                    None if !reg.preparing.contains(id) => return Ok(()),
-                    None => Next::Wait(self.inner.registry_changed.notified()),
+                if let Some(rt) = reg.active.get(id) {
+                    return Some(rt.clone());
                 }
+                if !reg.preparing.contains(id) {
+                    return None;
+                }
+                self.inner.registry_changed.notified()
             };
-            match next {
-                Next::Wait(notified) => notified.await,
-                Next::Flush(session) => {
-                    return blocking(move || session.flush()).await.map(drop);
-                }
+            notified.await;
+        }
+    }
+
+    /// Makes durable what this service accepted for `id` before the call: flushes its
+    /// published runtime, after waiting for an open or close of it under way
+    /// ([`Service::settled_runtime`]).
+    async fn flush_attached(&self, id: &SessionId) -> Result<()> {
+        match self.settled_runtime(id).await {
+            Some(rt) => {
+                let session = rt.session().clone();
+                blocking(move || session.flush()).await.map(drop)
             }
+            None => Ok(()),
         }
     }
 

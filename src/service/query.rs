@@ -58,7 +58,7 @@ pub struct SessionSummary {
     /// inherited prefix).
     #[serde(default)]
     pub usage: Usage,
-    /// Whether a runtime of this service has it open.
+    /// Whether a runtime of this service has it open (also while a close of it drains).
     pub live: bool,
 }
 
@@ -259,7 +259,8 @@ impl SessionQuery {
     }
 
     /// Sessions with ids after `cursor`, in id order, at most `limit` (0 = 50, max 100).
-    /// Live sessions report their accepted state; cold ones come from the catalog.
+    /// Live sessions report their accepted state (also one a close of this service is
+    /// draining); cold ones come from the catalog.
     ///
     /// # Errors
     /// [`Error::InvalidInput`] for a limit over 100; I/O errors reading the root.
@@ -311,7 +312,8 @@ impl SessionQuery {
             let sessions: Vec<SessionSummary> = entries
                 .into_iter()
                 .map(|entry| {
-                    match service.runtime(&service.session_ref(entry.session_id.clone())) {
+                    let r = service.session_ref(entry.session_id.clone());
+                    match service.runtime_or_closing(&r) {
                         Some(rt) => live_summary(&rt, entry),
                         None => {
                             let durable = entry.durable_sequence;
@@ -375,7 +377,9 @@ impl SessionQuery {
         .await
     }
 
-    /// The UI transcript (accepted for a live session, durable for a cold one).
+    /// The UI transcript (accepted for a live session, durable for a cold one). A close or
+    /// open of the session under way in this service is waited for, so what it accepted
+    /// is never left out.
     ///
     /// # Errors
     /// [`Error::SessionNotFound`]; read errors.
@@ -383,7 +387,7 @@ impl SessionQuery {
         self.check(r)?;
         let query = self.clone();
         let id = r.session_id.clone();
-        let live = self.service.runtime(r);
+        let live = self.service.settled_runtime(&r.session_id).await;
         blocking(move || match live {
             Some(rt) => rt.session().transcript(),
             None => {
@@ -395,13 +399,14 @@ impl SessionQuery {
     }
 
     /// The session's snapshot: live (accepted) when attached, else folded from the
-    /// durable prefix (status `ready`).
+    /// durable prefix (status `ready`); a close or open under way is waited for, as in
+    /// [`SessionQuery::history`].
     ///
     /// # Errors
     /// [`Error::SessionNotFound`] (also after delete); read errors.
     pub async fn snapshot(&self, r: &SessionRef) -> Result<SessionSnapshot> {
         self.check(r)?;
-        if let Some(rt) = self.service.runtime(r) {
+        if let Some(rt) = self.service.settled_runtime(&r.session_id).await {
             return Ok(rt.session().snapshot());
         }
         let query = self.clone();
@@ -518,7 +523,8 @@ impl SessionQuery {
     }
 
     /// Commits after `cursor`: accepted ones with the runtime's state when a runtime is
-    /// attached, durable ones otherwise.
+    /// attached, durable ones otherwise; a close or open under way is waited for, as in
+    /// [`SessionQuery::history`].
     ///
     /// # Errors
     /// [`Error::SessionNotFound`]; read errors.
@@ -530,7 +536,7 @@ impl SessionQuery {
     ) -> Result<ObserveResult> {
         self.check(r)?;
         let limit = limit.clamp(1, MAX_OBSERVE_LIMIT);
-        let live = self.service.runtime(r);
+        let live = self.service.settled_runtime(&r.session_id).await;
         let query = self.clone();
         let id = r.session_id.clone();
         blocking(move || {

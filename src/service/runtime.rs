@@ -95,8 +95,10 @@ impl std::fmt::Debug for Runtime {
     }
 }
 
-/// Proof of a bound execution: its cancellation token and its commit authority.
+/// Proof of a bound execution: its cancellation token and its commit authority. Dropped,
+/// it ends as [`Execution::finish`] ends it.
 #[derive(Debug)]
+#[must_use = "an execution dropped at once has ended: the runtime is idle again"]
 pub struct Execution {
     runtime: Runtime,
     generation: u64,

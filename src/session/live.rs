@@ -689,14 +689,18 @@ impl Shared {
         }));
         if !s.draining && !s.paused {
             // Past half the budget the drain starts at once, so that it writes while the
-            // appender goes on filling the other half.
+            // appender goes on filling the other half. A delay too long to add to the
+            // clock is no timer at all: the commit waits for a flush, the budget or close
+            // (`now + delay` panicked in the append, after the commit was accepted).
             let now = Instant::now();
             let due = if s.queued_bytes > self.config.budget / 2 {
-                now
+                Some(now)
             } else {
-                now + self.config.delay
+                now.checked_add(self.config.delay)
             };
-            self.arm(&mut s, due);
+            if let Some(due) = due {
+                self.arm(&mut s, due);
+            }
         }
         Ok(commit)
     }

@@ -758,6 +758,10 @@ pub(crate) fn current_history_item(
 
 /// Whether one of this file's commits ends at `seq`.
 pub(crate) fn commit_ends_at(conn: &Connection, seq: u64) -> Result<bool> {
+    // No stored sequence is past SQLite's integers (binding one failed the read).
+    let Ok(seq) = i64::try_from(seq) else {
+        return Ok(false);
+    };
     Ok(conn
         .prepare_cached(
             "SELECT 1 FROM (SELECT last_seq FROM commits WHERE first_seq <= ?1
