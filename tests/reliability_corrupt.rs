@@ -658,6 +658,40 @@ fn a_fork_whose_parent_holds_less_than_its_range_fails_verify() {
     let e = session_store::verify_file(&child).unwrap_err();
     assert!(e.is_corrupt(), "{e:?}");
     assert!(e.to_string().contains("lineage range"), "{e}");
+
+    // A reader paging the fork as `SessionReader::commits` says (ask again after the last
+    // sequence until the durable sequence) got the parent's shorter log and then empty
+    // pages for ever (`events --json`: `"events":[]` with `next_after` the same `after`).
+    let reader = root.open_reader(&id("child")).unwrap();
+    let durable = reader.durable_sequence().unwrap();
+    let mut after = 0;
+    let refused = loop {
+        match reader.commits(after, 1000) {
+            Err(e) => break e,
+            Ok(page) => {
+                let last = page.last().map(|c| c.last_seq());
+                assert!(
+                    last.is_some_and(|l| l > after) && after < durable,
+                    "a page after {after} of durable {durable} ends at {last:?}"
+                );
+                after = last.unwrap_or(after);
+            }
+        }
+    };
+    assert!(refused.is_corrupt(), "{refused:?}");
+    assert!(refused.to_string().contains("lineage range"), "{refused}");
+    // A lineage row naming the session itself is the same: it holds none of that range.
+    let conn = rusqlite::Connection::open(child.join("session.sqlite")).unwrap();
+    conn.execute("UPDATE lineage SET ancestor_id = 'child'", [])
+        .unwrap();
+    drop(conn);
+    let e = root
+        .open_reader(&id("child"))
+        .unwrap()
+        .commits(0, 1000)
+        .unwrap_err();
+    assert!(e.is_corrupt(), "{e:?}");
+    assert!(e.to_string().contains("from child"), "{e}");
 }
 
 /// Copies a session folder's files (`session.sqlite` and its `-wal`) from `from` to `to`.
