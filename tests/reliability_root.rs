@@ -234,6 +234,35 @@ fn one_bad_session_does_not_take_the_root_down() {
     );
 }
 
+/// A session folder whose `session.sqlite` is a symlink (to a sound session's file) or a
+/// folder: `show` refuses it by id, so `list` and `rebuild-catalog` report it as skipped
+/// (as promise 9 says) instead of passing over it as if it were not there ("no sessions").
+#[test]
+fn a_session_file_that_is_a_symlink_or_a_folder_is_reported_by_list() {
+    let env = Env::new();
+    env.session("a", 1);
+    std::fs::create_dir(env.root.join("link")).expect("mkdir");
+    std::os::unix::fs::symlink(env.file("a"), env.file("link")).expect("symlink");
+    std::fs::create_dir_all(env.file("folder")).expect("mkdir");
+    for id in ["link", "folder"] {
+        env.fails(&["show", id], 6);
+    }
+    assert_eq!(
+        env.listed(),
+        (vec!["a".into()], vec!["folder".into(), "link".into()])
+    );
+    let (_, stderr) = env.ok(&["rebuild-catalog"]);
+    assert!(stderr.contains("skipped session link"), "{stderr}");
+    assert!(stderr.contains("skipped session folder"), "{stderr}");
+    // Alone in a root, they are not "no sessions".
+    let alone = Env::new();
+    std::fs::create_dir_all(alone.root.join("link")).expect("mkdir");
+    std::os::unix::fs::symlink(env.file("a"), alone.file("link")).expect("symlink");
+    let (stdout, stderr) = alone.ok(&["list"]);
+    assert!(stdout.starts_with("no readable sessions in "), "{stdout}");
+    assert!(stderr.contains("is a symlink"), "{stderr}");
+}
+
 /// Session ids named like the catalog's files (also from an import's header) never break
 /// `list`; a root whose catalog is at its old place (`<root>/catalog.sqlite`) is served.
 #[test]

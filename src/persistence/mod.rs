@@ -909,8 +909,10 @@ impl Root {
         }
     }
 
-    /// Ids of every session under the root, sorted. Staging, trash and other dot-entries
-    /// are never listed.
+    /// Ids of every session under the root, sorted: folders holding a `session.sqlite`,
+    /// also one that is not a regular file (a symlink, a folder), which every open then
+    /// refuses, so `list` reports it as skipped instead of passing over it. Staging, trash
+    /// and other dot-entries are never listed.
     ///
     /// # Errors
     /// [`Error::Io`] when the root cannot be read.
@@ -927,8 +929,7 @@ impl Root {
                 continue;
             }
             if let Ok(id) = SessionId::new(name)
-                && std::fs::symlink_metadata(entry.path().join(SESSION_FILE))
-                    .is_ok_and(|m| m.is_file())
+                && std::fs::symlink_metadata(entry.path().join(SESSION_FILE)).is_ok()
             {
                 ids.push(id);
             }
