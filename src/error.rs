@@ -301,11 +301,24 @@ impl Error {
     /// True when the same call may succeed later without reopening anything: nothing was
     /// lost and nothing needs a decision, only time or space. Covers [`Error::DiskFull`],
     /// [`Error::PersistenceFailed`] (the accepted tail is kept; `flush` retries it),
-    /// SQLite's `SQLITE_BUSY` / `SQLITE_LOCKED` ([`Error::Sqlite`]) and
-    /// [`Error::ReadConnection`].
+    /// SQLite's `SQLITE_BUSY` / `SQLITE_LOCKED` ([`Error::Sqlite`]),
+    /// [`Error::ReadConnection`], and an [`Error::Io`] of a full disk or quota (`ENOSPC`,
+    /// `EDQUOT`: e.g. an open for writing that could not record its owner).
     pub fn is_retryable(&self) -> bool {
         self.is_retryable_write()
             || matches!(self, Error::PersistenceFailed(_) | Error::ReadConnection(_))
+            || self.is_io_out_of_space()
+    }
+
+    /// True for an [`Error::Io`] of a full disk or quota (`ENOSPC`, `EDQUOT`).
+    fn is_io_out_of_space(&self) -> bool {
+        use rustix::io::Errno;
+        match self {
+            Error::Io { source, .. } => source.raw_os_error().is_some_and(|code| {
+                code == Errno::NOSPC.raw_os_error() || code == Errno::DQUOT.raw_os_error()
+            }),
+            _ => false,
+        }
     }
 
     /// True when what was asked for does not exist: [`Error::SessionNotFound`], or an

@@ -466,3 +466,37 @@ fn append_on_a_full_disk_reports_every_durable_batch() {
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 150);
 }
+
+/// An open for writing on a full disk (it records its owner in `writer.lock` before SQLite
+/// writes anything) fails with an error a host can tell is retryable, as `DiskFull` is
+/// (it was an `Io` error "record writer owner: No space left on device" that no
+/// classifier claimed), and succeeds once space is freed.
+#[test]
+fn an_open_for_writing_on_a_full_disk_is_retryable() {
+    let Some((_base, mount, filler)) = small_disk("2m", 0) else {
+        return;
+    };
+    let root = Root::open(mount.dir.join("sessions")).unwrap();
+    let s = create(&root, "s");
+    s.append(Batch::new("m1", vec![message("m1", "user", "hello")]))
+        .unwrap();
+    s.close().unwrap();
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&filler).unwrap();
+        let chunk = vec![0x5a; 64 * 1024];
+        while f.write_all(&chunk).is_ok() {}
+        while f.write_all(&[0x5a]).is_ok() {}
+    }
+    let e = root.open_writer(&id("s")).map(|_| ()).unwrap_err();
+    assert!(e.is_retryable(), "{e:?}");
+    assert!(
+        e.to_string().contains("No space left") || matches!(e, Error::DiskFull(_)),
+        "{e}"
+    );
+    std::fs::remove_file(&filler).unwrap();
+    let s = root.open_writer(&id("s")).unwrap();
+    s.append(Batch::new("m2", vec![message("m2", "user", "again")]))
+        .unwrap();
+    s.close().unwrap();
+}
