@@ -690,6 +690,76 @@ fn read_only_root_serves_reads() {
     env.ok(&["import", export, "--id", "a2"]);
 }
 
+/// A session file (`a`) and a session folder (`b`) the user may not read (mode 000, the
+/// rest of the root theirs to read): every command naming them says "Permission denied"
+/// (exit 1), where it said "unable to open database file" (SQLite's text alone) or, for
+/// the folder, "session b not found" (exit 3) and `verify` "neither a session nor a
+/// file"; `list` reports both as skipped (the folder was passed over as if deleted) and
+/// lists the session it can read.
+#[test]
+fn unreadable_session_files_and_folders_say_permission_denied() {
+    let Some(prefix) = as_nobody() else {
+        eprintln!("unreadable_session_files…: skipped (neither setpriv nor runuser found)");
+        return;
+    };
+    let (tool, rest) = prefix.split_first().expect("prefix");
+    if !Command::new(tool)
+        .args(rest)
+        .arg("true")
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        eprintln!("unreadable_session_files…: skipped ({tool} cannot switch to nobody here)");
+        return;
+    }
+    let env = Env::new();
+    for id in ["a", "b", "c"] {
+        env.session(id, 1);
+    }
+    env.ok(&["list"]);
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(env.work(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        common::chmod_tree(&env.root, false);
+        let none = std::fs::Permissions::from_mode(0o000);
+        std::fs::set_permissions(env.file("a"), none.clone()).expect("chmod");
+        std::fs::set_permissions(env.root.join("b"), none).expect("chmod");
+    }
+    let run = |args: &[&str]| -> Output {
+        Command::new(tool)
+            .args(rest)
+            .arg(BIN)
+            .arg("--root")
+            .arg(&env.root)
+            .args(args)
+            .output()
+            .expect("spawn")
+    };
+    for id in ["a", "b"] {
+        for command in ["show", "history", "events", "stats", "verify"] {
+            let out = run(&[command, id]);
+            let (_, stderr) = texts(&out);
+            assert_eq!(out.status.code(), Some(1), "{command} {id}: {stderr}");
+            assert!(
+                stderr.contains("Permission denied"),
+                "{command} {id}: {stderr}"
+            );
+        }
+    }
+    let out = run(&["list"]);
+    let (stdout, stderr) = texts(&out);
+    assert!(out.status.success(), "{stderr}");
+    for id in ["a", "b"] {
+        assert!(
+            stderr.contains(&format!("skipped session {id}: ")),
+            "{stderr}"
+        );
+    }
+    assert!(stdout.contains("c "), "{stdout}");
+    common::chmod_tree(&env.root, true);
+}
+
 /// Objects planted in a session file (trigger, view, index, table) are refused by verify,
 /// open for writing (the trigger never runs), list (skipped, named) and import; a history
 /// index that differs from the log fails verify. A replicator's tables are allowed.
