@@ -598,6 +598,39 @@ fn as_nobody() -> Option<Vec<&'static str>> {
     }
 }
 
+/// [`as_nobody`]'s prefix, checked to switch user here; `None` (with `test`'s skip message
+/// printed) when it cannot.
+fn nobody_or_skip(test: &str) -> Option<Vec<&'static str>> {
+    let Some(prefix) = as_nobody() else {
+        eprintln!("{test}: skipped (neither setpriv nor runuser found)");
+        return None;
+    };
+    let switched = Command::new(prefix[0])
+        .args(&prefix[1..])
+        .arg("true")
+        .status();
+    if !switched.is_ok_and(|s| s.success()) {
+        eprintln!(
+            "{test}: skipped ({} cannot switch to nobody here)",
+            prefix[0]
+        );
+        return None;
+    }
+    Some(prefix)
+}
+
+/// Runs the binary on `root` with `args` as `nobody` (`prefix` from [`nobody_or_skip`]).
+fn run_as(prefix: &[&str], root: &Path, args: &[&str]) -> Output {
+    Command::new(prefix[0])
+        .args(&prefix[1..])
+        .arg(BIN)
+        .arg("--root")
+        .arg(root)
+        .args(args)
+        .output()
+        .expect("spawn")
+}
+
 /// A user who can only read a root runs every read-only command: list (from the session
 /// files, the catalog being unwritable), show, history, events, stats, verify, export;
 /// also on files with no `-wal` beside them, as a writer that closes last leaves them
@@ -605,16 +638,9 @@ fn as_nobody() -> Option<Vec<&'static str>> {
 /// as immutable).
 #[test]
 fn read_only_root_serves_reads() {
-    let Some(prefix) = as_nobody() else {
-        eprintln!("read_only_root_serves_reads: skipped (neither setpriv nor runuser found)");
+    let Some(prefix) = nobody_or_skip("read_only_root_serves_reads") else {
         return;
     };
-    let (tool, rest) = prefix.split_first().expect("prefix");
-    let switched = Command::new(tool).args(rest).arg("true").status();
-    if !switched.is_ok_and(|s| s.success()) {
-        eprintln!("read_only_root_serves_reads: skipped ({tool} cannot switch to nobody here)");
-        return;
-    }
     let env = Env::new();
     env.session("a", 2);
     env.session("b", 1);
@@ -638,16 +664,7 @@ fn read_only_root_serves_reads() {
         std::fs::set_permissions(&out_dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
     }
     common::chmod_tree(&env.root, false);
-    let run = |args: &[&str]| -> Output {
-        Command::new(tool)
-            .args(rest)
-            .arg(BIN)
-            .arg("--root")
-            .arg(&env.root)
-            .args(args)
-            .output()
-            .expect("spawn")
-    };
+    let run = |args: &[&str]| run_as(&prefix, &env.root, args);
     // The restriction is real: nobody cannot create a session.
     let refused = run(&["create", "z"]);
     assert!(!refused.status.success(), "nobody could write the root");
@@ -698,20 +715,10 @@ fn read_only_root_serves_reads() {
 /// lists the session it can read.
 #[test]
 fn unreadable_session_files_and_folders_say_permission_denied() {
-    let Some(prefix) = as_nobody() else {
-        eprintln!("unreadable_session_files…: skipped (neither setpriv nor runuser found)");
+    let Some(prefix) = nobody_or_skip("unreadable_session_files_and_folders_say_permission_denied")
+    else {
         return;
     };
-    let (tool, rest) = prefix.split_first().expect("prefix");
-    if !Command::new(tool)
-        .args(rest)
-        .arg("true")
-        .status()
-        .is_ok_and(|s| s.success())
-    {
-        eprintln!("unreadable_session_files…: skipped ({tool} cannot switch to nobody here)");
-        return;
-    }
     let env = Env::new();
     for id in ["a", "b", "c"] {
         env.session(id, 1);
@@ -726,16 +733,7 @@ fn unreadable_session_files_and_folders_say_permission_denied() {
         std::fs::set_permissions(env.file("a"), none.clone()).expect("chmod");
         std::fs::set_permissions(env.root.join("b"), none).expect("chmod");
     }
-    let run = |args: &[&str]| -> Output {
-        Command::new(tool)
-            .args(rest)
-            .arg(BIN)
-            .arg("--root")
-            .arg(&env.root)
-            .args(args)
-            .output()
-            .expect("spawn")
-    };
+    let run = |args: &[&str]| run_as(&prefix, &env.root, args);
     for id in ["a", "b"] {
         for command in ["show", "history", "events", "stats", "verify"] {
             let out = run(&[command, id]);
