@@ -694,6 +694,49 @@ fn a_fork_whose_parent_holds_less_than_its_range_fails_verify() {
     assert!(e.to_string().contains("from child"), "{e}");
 }
 
+/// A lease or dependents row that does not decode (a negative pid, a negative sequence)
+/// makes `Root::stat` and `SessionReader::dependents` (what `show` reads) fail as
+/// `Corrupt`, so `verify` refuses the file too: it called it sound while `show` refused it.
+#[test]
+fn lease_and_dependents_rows_that_do_not_decode_fail_verify() {
+    let edits = [
+        ("lease", "UPDATE lease SET pid = -1"),
+        (
+            "dependents",
+            "INSERT INTO dependents (child_id, through_seq) VALUES ('x', -4)",
+        ),
+    ];
+    for (name, sql) in edits {
+        let (_dir, root) = temp_root();
+        let s = create(&root, name);
+        s.append(turn("op-1", "turn-1", "m1")).unwrap();
+        s.close().unwrap();
+        let dir = root.session_dir(&id(name));
+        let conn = rusqlite::Connection::open(dir.join("session.sqlite")).unwrap();
+        conn.execute_batch(sql).unwrap();
+        drop(conn);
+        let shown = match name {
+            "lease" => root.stat(&id(name)).map(|_| ()),
+            _ => root
+                .open_reader(&id(name))
+                .and_then(|r| r.dependents().map(|_| ())),
+        };
+        assert!(
+            shown.as_ref().is_err_and(|e| e.is_corrupt()),
+            "{name}: {shown:?}"
+        );
+        for verified in [
+            root.verify(&id(name)).map(|_| ()),
+            session_store::verify_file(&dir).map(|_| ()),
+        ] {
+            assert!(
+                verified.as_ref().is_err_and(|e| e.is_corrupt()),
+                "{name}: {verified:?}"
+            );
+        }
+    }
+}
+
 /// Copies a session folder's files (`session.sqlite` and its `-wal`) from `from` to `to`.
 fn copy_session_files(from: &std::path::Path, to: &std::path::Path) {
     std::fs::create_dir_all(to).unwrap();
