@@ -306,27 +306,34 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Damaged content parts are `Corrupt` for a reader and for `verify`, which names the
+/// damage as the reader does (it said "content part <64 bytes of the payload> is
+/// malformed or its blob is missing", or with nothing between "part" and "is").
 #[test]
 fn hostile_parts_read_as_corrupt_and_fail_verify() {
     let dir = tempfile::tempdir().expect("tempdir");
     let root = root_with(dir.path(), DEFAULT_INLINE_THRESHOLD);
     let output = tool_output(4, 8_000);
     let edits = [
-        ("missing", "DELETE FROM blobs", "missing"),
+        (
+            "missing",
+            "DELETE FROM blobs",
+            "event 5 references missing content blob",
+        ),
         (
             "offset",
             "UPDATE events SET payload_parts = '[3]' WHERE kind = (SELECT code FROM event_kinds WHERE kind = 'tool/result')",
-            "content",
+            "event 5: no content placeholder at offset 3",
         ),
         (
             "order",
             "UPDATE events SET payload_parts = '[9999999]' WHERE kind = (SELECT code FROM event_kinds WHERE kind = 'tool/result')",
-            "content",
+            "event 5: content part offset 9999999 is out of order or out of bounds",
         ),
         (
             "unparsed",
             "UPDATE events SET payload_parts = 'seven' WHERE kind = (SELECT code FROM event_kinds WHERE kind = 'tool/result')",
-            "content part",
+            "event 5: payload_parts is not a list of offsets",
         ),
         (
             "tampered",

@@ -828,3 +828,34 @@ fn an_export_racing_a_delete_is_whole_or_not_found_naming_the_session() {
     println!("{made} exports made, {gone} not found");
     assert!(wrong.is_empty(), "an export racing a delete: {wrong:#?}");
 }
+
+/// A delete copies the range a fork inherits into the fork first. When the parent holds
+/// less of that range than the fork inherits (a commit row edited so the range reads
+/// short), the delete is refused as `Corrupt` naming both, the parent kept and the fork
+/// unchanged: it copied what it found, dropped the fork's lineage row and deleted the
+/// parent, leaving the fork without the rest of its history.
+#[test]
+fn a_delete_whose_parent_holds_less_than_the_forks_range_is_refused() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "p");
+    s.append(turn("op-1", "t1", "m1")).unwrap();
+    s.append(turn("op-2", "t2", "m2")).unwrap();
+    s.close().unwrap();
+    root.fork(&id("p"), after("t1"), Some(id("f"))).unwrap();
+    let parent = root.session_dir(&id("p")).join("session.sqlite");
+    let conn = rusqlite::Connection::open(&parent).unwrap();
+    conn.execute("UPDATE commits SET last_seq = 6 WHERE first_seq = 1", [])
+        .unwrap();
+    drop(conn);
+    let fork = root.session_dir(&id("f")).join("session.sqlite");
+    let before = std::fs::read(&fork).unwrap();
+    let e = root.delete(&id("p"), &CancelToken::new()).unwrap_err();
+    assert!(e.is_corrupt(), "{e:?}");
+    assert!(
+        e.to_string().contains("p is kept, as f inherits from it"),
+        "{e}"
+    );
+    assert!(parent.is_file());
+    assert_eq!(std::fs::read(&fork).unwrap(), before);
+    assert_eq!(root.stat(&id("f")).unwrap().lineage.len(), 1);
+}

@@ -682,6 +682,83 @@ fn a_fork_whose_parent_holds_less_than_its_range_fails_verify() {
     let e = session_store::verify_file(&child).unwrap_err();
     assert!(e.is_corrupt(), "{e:?}");
     assert!(e.to_string().contains("lineage range"), "{e}");
+
+    // A reader paging the fork as `SessionReader::commits` says (ask again after the last
+    // sequence until the durable sequence) got the parent's shorter log and then empty
+    // pages for ever (`events --json`: `"events":[]` with `next_after` the same `after`).
+    let reader = root.open_reader(&id("child")).unwrap();
+    let durable = reader.durable_sequence().unwrap();
+    let mut after = 0;
+    let refused = loop {
+        match reader.commits(after, 1000) {
+            Err(e) => break e,
+            Ok(page) => {
+                let last = page.last().map(|c| c.last_seq());
+                assert!(
+                    last.is_some_and(|l| l > after) && after < durable,
+                    "a page after {after} of durable {durable} ends at {last:?}"
+                );
+                after = last.unwrap_or(after);
+            }
+        }
+    };
+    assert!(refused.is_corrupt(), "{refused:?}");
+    assert!(refused.to_string().contains("lineage range"), "{refused}");
+    // A lineage row naming the session itself is the same: it holds none of that range.
+    let conn = rusqlite::Connection::open(child.join("session.sqlite")).unwrap();
+    conn.execute("UPDATE lineage SET ancestor_id = 'child'", [])
+        .unwrap();
+    drop(conn);
+    let e = root
+        .open_reader(&id("child"))
+        .unwrap()
+        .commits(0, 1000)
+        .unwrap_err();
+    assert!(e.is_corrupt(), "{e:?}");
+    assert!(e.to_string().contains("from child"), "{e}");
+}
+
+/// A lease or dependents row that does not decode (a negative pid, a negative sequence)
+/// makes `Root::stat` and `SessionReader::dependents` (what `show` reads) fail as
+/// `Corrupt`, so `verify` refuses the file too: it called it sound while `show` refused it.
+#[test]
+fn lease_and_dependents_rows_that_do_not_decode_fail_verify() {
+    let edits = [
+        ("lease", "UPDATE lease SET pid = -1"),
+        (
+            "dependents",
+            "INSERT INTO dependents (child_id, through_seq) VALUES ('x', -4)",
+        ),
+    ];
+    for (name, sql) in edits {
+        let (_dir, root) = temp_root();
+        let s = create(&root, name);
+        s.append(turn("op-1", "turn-1", "m1")).unwrap();
+        s.close().unwrap();
+        let dir = root.session_dir(&id(name));
+        let conn = rusqlite::Connection::open(dir.join("session.sqlite")).unwrap();
+        conn.execute_batch(sql).unwrap();
+        drop(conn);
+        let shown = match name {
+            "lease" => root.stat(&id(name)).map(|_| ()),
+            _ => root
+                .open_reader(&id(name))
+                .and_then(|r| r.dependents().map(|_| ())),
+        };
+        assert!(
+            shown.as_ref().is_err_and(|e| e.is_corrupt()),
+            "{name}: {shown:?}"
+        );
+        for verified in [
+            root.verify(&id(name)).map(|_| ()),
+            session_store::verify_file(&dir).map(|_| ()),
+        ] {
+            assert!(
+                verified.as_ref().is_err_and(|e| e.is_corrupt()),
+                "{name}: {verified:?}"
+            );
+        }
+    }
 }
 
 /// Copies a session folder's files (`session.sqlite` and its `-wal`) from `from` to `to`.

@@ -381,6 +381,92 @@ fn verify_on_a_full_disk_does_not_call_a_sound_session_unsound() {
     );
 }
 
+/// `append --json` prints a line for every batch once it is durable. When the final flush
+/// meets a full disk, the batches durable all the same (here the first, which `--create`
+/// published with the session) have their lines too, and the error names the durable
+/// sequence (nothing was printed, and the error said only "disk full", although the
+/// first batch was stored). Once space is freed the same input appends (the first batch
+/// a retry). Runs the binary: only with the `cli` feature.
+#[cfg(feature = "cli")]
+#[test]
+fn append_on_a_full_disk_reports_every_durable_batch() {
+    let Some((_base, mount, filler)) = small_disk("2m", 768 * 1024) else {
+        return;
+    };
+    let dir = mount.dir.join("sessions");
+    let mut rng = fastrand::Rng::with_seed(7);
+    let input: String = (0..150)
+        .map(|i| {
+            let batch = serde_json::json!({
+                "operation_id": format!("op-{i}"),
+                "events": [{"kind": "message/complete", "payload": {"message": {
+                    "id": format!("m{i}"), "role": "tool",
+                    "content": (0..8000)
+                        .map(|_| char::from(b"0123456789abcdefghijklmnopqrstuvwxyz"[rng.usize(..36)]))
+                        .collect::<String>(),
+                }}}],
+            });
+            format!("{batch}\n")
+        })
+        .collect();
+    // The input lives off the small disk.
+    let off = tempfile::tempdir().unwrap();
+    let lines = off.path().join("input.jsonl");
+    std::fs::write(&lines, input).unwrap();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_session-store"))
+            .arg("--root")
+            .arg(&dir)
+            .args(args)
+            .env_remove("SESSION_STORE_ROOT")
+            .output()
+            .unwrap()
+    };
+    let append = || {
+        run(&[
+            "--json",
+            "append",
+            "s",
+            "--create",
+            "--file",
+            lines.to_str().unwrap(),
+        ])
+    };
+    let out = append();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("disk full"), "{stderr}");
+    // A reader needs room for the `-shm` too.
+    std::fs::remove_file(&filler).unwrap();
+    let show = run(&["--json", "show", "s"]);
+    let show: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap_or_else(|e| {
+        panic!(
+            "show --json: {e}: {}",
+            String::from_utf8_lossy(&show.stderr)
+        )
+    });
+    let durable = show["durable_sequence"].as_u64().expect("durable_sequence");
+    assert!(durable >= 1, "{show}");
+    assert!(
+        stderr.contains(&format!("durable through sequence {durable}")),
+        "{stderr}"
+    );
+    let printed: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(printed.len() as u64, durable, "{printed:?}");
+    assert_eq!(printed.last().expect("a line")["last_seq"], durable);
+
+    let out = append();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 150);
+}
+
 /// A writer open on a full disk fails writing its owner record (`ENOSPC`, an
 /// [`Error::Io`]): only space is missing, as for SQLite's `SQLITE_FULL` (`DiskFull`), so
 /// it is `is_retryable` (it was not: a host retrying on the classifier gave up), and the

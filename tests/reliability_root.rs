@@ -234,6 +234,35 @@ fn one_bad_session_does_not_take_the_root_down() {
     );
 }
 
+/// A session folder whose `session.sqlite` is a symlink (to a sound session's file) or a
+/// folder: `show` refuses it by id, so `list` and `rebuild-catalog` report it as skipped
+/// (as promise 9 says) instead of passing over it as if it were not there ("no sessions").
+#[test]
+fn a_session_file_that_is_a_symlink_or_a_folder_is_reported_by_list() {
+    let env = Env::new();
+    env.session("a", 1);
+    std::fs::create_dir(env.root.join("link")).expect("mkdir");
+    std::os::unix::fs::symlink(env.file("a"), env.file("link")).expect("symlink");
+    std::fs::create_dir_all(env.file("folder")).expect("mkdir");
+    for id in ["link", "folder"] {
+        env.fails(&["show", id], 6);
+    }
+    assert_eq!(
+        env.listed(),
+        (vec!["a".into()], vec!["folder".into(), "link".into()])
+    );
+    let (_, stderr) = env.ok(&["rebuild-catalog"]);
+    assert!(stderr.contains("skipped session link"), "{stderr}");
+    assert!(stderr.contains("skipped session folder"), "{stderr}");
+    // Alone in a root, they are not "no sessions".
+    let alone = Env::new();
+    std::fs::create_dir_all(alone.root.join("link")).expect("mkdir");
+    std::os::unix::fs::symlink(env.file("a"), alone.file("link")).expect("symlink");
+    let (stdout, stderr) = alone.ok(&["list"]);
+    assert!(stdout.starts_with("no readable sessions in "), "{stdout}");
+    assert!(stderr.contains("is a symlink"), "{stderr}");
+}
+
 /// Session ids named like the catalog's files (also from an import's header) never break
 /// `list`; a root whose catalog is at its old place (`<root>/catalog.sqlite`) is served.
 #[test]
@@ -569,6 +598,39 @@ fn as_nobody() -> Option<Vec<&'static str>> {
     }
 }
 
+/// [`as_nobody`]'s prefix, checked to switch user here; `None` (with `test`'s skip message
+/// printed) when it cannot.
+fn nobody_or_skip(test: &str) -> Option<Vec<&'static str>> {
+    let Some(prefix) = as_nobody() else {
+        eprintln!("{test}: skipped (neither setpriv nor runuser found)");
+        return None;
+    };
+    let switched = Command::new(prefix[0])
+        .args(&prefix[1..])
+        .arg("true")
+        .status();
+    if !switched.is_ok_and(|s| s.success()) {
+        eprintln!(
+            "{test}: skipped ({} cannot switch to nobody here)",
+            prefix[0]
+        );
+        return None;
+    }
+    Some(prefix)
+}
+
+/// Runs the binary on `root` with `args` as `nobody` (`prefix` from [`nobody_or_skip`]).
+fn run_as(prefix: &[&str], root: &Path, args: &[&str]) -> Output {
+    Command::new(prefix[0])
+        .args(&prefix[1..])
+        .arg(BIN)
+        .arg("--root")
+        .arg(root)
+        .args(args)
+        .output()
+        .expect("spawn")
+}
+
 /// A user who can only read a root runs every read-only command: list (from the session
 /// files, the catalog being unwritable), show, history, events, stats, verify, export;
 /// also on files with no `-wal` beside them, as a writer that closes last leaves them
@@ -576,16 +638,9 @@ fn as_nobody() -> Option<Vec<&'static str>> {
 /// as immutable).
 #[test]
 fn read_only_root_serves_reads() {
-    let Some(prefix) = as_nobody() else {
-        eprintln!("read_only_root_serves_reads: skipped (neither setpriv nor runuser found)");
+    let Some(prefix) = nobody_or_skip("read_only_root_serves_reads") else {
         return;
     };
-    let (tool, rest) = prefix.split_first().expect("prefix");
-    let switched = Command::new(tool).args(rest).arg("true").status();
-    if !switched.is_ok_and(|s| s.success()) {
-        eprintln!("read_only_root_serves_reads: skipped ({tool} cannot switch to nobody here)");
-        return;
-    }
     let env = Env::new();
     env.session("a", 2);
     env.session("b", 1);
@@ -609,16 +664,7 @@ fn read_only_root_serves_reads() {
         std::fs::set_permissions(&out_dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
     }
     common::chmod_tree(&env.root, false);
-    let run = |args: &[&str]| -> Output {
-        Command::new(tool)
-            .args(rest)
-            .arg(BIN)
-            .arg("--root")
-            .arg(&env.root)
-            .args(args)
-            .output()
-            .expect("spawn")
-    };
+    let run = |args: &[&str]| run_as(&prefix, &env.root, args);
     // The restriction is real: nobody cannot create a session.
     let refused = run(&["create", "z"]);
     assert!(!refused.status.success(), "nobody could write the root");
@@ -659,6 +705,57 @@ fn read_only_root_serves_reads() {
     assert_eq!(show["writer"], Value::Null);
     common::chmod_tree(&env.root, true);
     env.ok(&["import", export, "--id", "a2"]);
+}
+
+/// A session file (`a`) and a session folder (`b`) the user may not read (mode 000, the
+/// rest of the root theirs to read): every command naming them says "Permission denied"
+/// (exit 1), where it said "unable to open database file" (SQLite's text alone) or, for
+/// the folder, "session b not found" (exit 3) and `verify` "neither a session nor a
+/// file"; `list` reports both as skipped (the folder was passed over as if deleted) and
+/// lists the session it can read.
+#[test]
+fn unreadable_session_files_and_folders_say_permission_denied() {
+    let Some(prefix) = nobody_or_skip("unreadable_session_files_and_folders_say_permission_denied")
+    else {
+        return;
+    };
+    let env = Env::new();
+    for id in ["a", "b", "c"] {
+        env.session(id, 1);
+    }
+    env.ok(&["list"]);
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(env.work(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        common::chmod_tree(&env.root, false);
+        let none = std::fs::Permissions::from_mode(0o000);
+        std::fs::set_permissions(env.file("a"), none.clone()).expect("chmod");
+        std::fs::set_permissions(env.root.join("b"), none).expect("chmod");
+    }
+    let run = |args: &[&str]| run_as(&prefix, &env.root, args);
+    for id in ["a", "b"] {
+        for command in ["show", "history", "events", "stats", "verify"] {
+            let out = run(&[command, id]);
+            let (_, stderr) = texts(&out);
+            assert_eq!(out.status.code(), Some(1), "{command} {id}: {stderr}");
+            assert!(
+                stderr.contains("Permission denied"),
+                "{command} {id}: {stderr}"
+            );
+        }
+    }
+    let out = run(&["list"]);
+    let (stdout, stderr) = texts(&out);
+    assert!(out.status.success(), "{stderr}");
+    for id in ["a", "b"] {
+        assert!(
+            stderr.contains(&format!("skipped session {id}: ")),
+            "{stderr}"
+        );
+    }
+    assert!(stdout.contains("c "), "{stdout}");
+    common::chmod_tree(&env.root, true);
 }
 
 /// Objects planted in a session file (trigger, view, index, table) are refused by verify,

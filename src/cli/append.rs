@@ -246,7 +246,7 @@ fn feed(
 ) -> CliResult<()> {
     let mut failure = None;
     if sync_each && !pending.is_empty() {
-        report(cx, session.flush()?, pending)?;
+        flush_and_report(cx, session, pending)?;
     }
     for (n, line) in lines {
         let line = match read_line(n, line) {
@@ -280,13 +280,38 @@ fn feed(
             }
         }
         if sync_each {
-            report(cx, session.flush()?, pending)?;
+            flush_and_report(cx, session, pending)?;
         }
     }
     if !pending.is_empty() {
-        report(cx, session.flush()?, pending)?;
+        flush_and_report(cx, session, pending)?;
     }
     failure.map_or(Ok(()), Err)
+}
+
+/// Flushes `session` and reports the batches in `pending`. When the flush fails (a full
+/// disk), the batches that are durable all the same (the one a create published, those a
+/// write-behind drain wrote) are reported before the error, which names the durable
+/// sequence: with `--json` every durable batch has its line.
+fn flush_and_report(cx: &Context, session: &Session, pending: &mut Vec<Accepted>) -> CliResult<()> {
+    match session.flush() {
+        Ok(durable) => report(cx, durable, pending),
+        Err(e) => {
+            let (_, durable) = session.sequences();
+            let kept = pending.iter().take_while(|a| a.last_seq <= durable).count();
+            let not_durable = pending.len() - kept;
+            pending.truncate(kept);
+            report(cx, durable, pending)?;
+            Err(Failure::context(
+                format!(
+                    "flush {}: durable through sequence {durable}, {not_durable} batches \
+                     accepted after it are not",
+                    session.id()
+                ),
+                &e,
+            ))
+        }
+    }
 }
 
 /// Prints (with `--json`) the batches in `pending`, all durable at `durable_sequence`.

@@ -257,11 +257,13 @@ fn read_of<T>(root: &Root, id: &SessionId, read: impl Fn() -> CliResult<T>) -> C
                 }
                 if before.is_none() {
                     // A "not found" of one of the files the read met names a path in the
-                    // root: the session is what was not there.
-                    return Err(Failure::with_code(
-                        EXIT_NOT_FOUND,
-                        format!("session {id} not found"),
-                    ));
+                    // root: the session is what was not there. (Another failure, a folder
+                    // this process may not look into, says why itself.)
+                    return Err(if not_found {
+                        Failure::with_code(EXIT_NOT_FOUND, format!("session {id} not found"))
+                    } else {
+                        e
+                    });
                 }
                 if not_found || attempt == READ_ATTEMPTS {
                     return Err(e);
@@ -817,7 +819,14 @@ pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
 fn verify_target(cx: &Context, target: &Path) -> CliResult<(PathBuf, Option<SessionId>)> {
     if let Some(Ok(id)) = target.to_str().map(SessionId::new) {
         let dir = cx.root.join(id.as_str());
-        if dir.join(SESSION_FILE).is_file() {
+        // Also a session file that is no regular file or in a folder this process may not
+        // look into: the root's open says what is wrong with it (as `show` does), where
+        // this said "neither a session in ROOT nor a file".
+        let held = std::fs::symlink_metadata(dir.join(SESSION_FILE)).map_or_else(
+            |e| e.kind() == std::io::ErrorKind::PermissionDenied,
+            |_| true,
+        );
+        if held {
             return Ok((dir, Some(id)));
         }
     }

@@ -392,9 +392,19 @@ pub(crate) fn modified_ms(dir: &Path) -> i64 {
 /// The stamp of a file that does not exist.
 const MISSING: &str = "-";
 
-/// One file's part of a stamp: `<size>@<mtime ns>`, or [`MISSING`].
-fn file_stamp(size_and_mtime: Option<(u64, u128)>) -> String {
-    size_and_mtime.map_or_else(|| MISSING.to_owned(), |(len, ns)| format!("{len}@{ns}"))
+/// The stamp of a file that cannot be looked at (in a folder this process may not search):
+/// never a cached row's, and not [`MISSING`], so the session is read (and reported when
+/// that fails), not taken for deleted.
+const UNREADABLE: &str = "?";
+
+/// One file's part of a stamp: `<size>@<mtime ns>`, [`MISSING`] or [`UNREADABLE`].
+fn file_stamp(size_and_mtime: rustix::io::Result<(u64, u128)>) -> String {
+    use rustix::io::Errno;
+    match size_and_mtime {
+        Ok((len, ns)) => format!("{len}@{ns}"),
+        Err(Errno::NOENT | Errno::NOTDIR) => MISSING.to_owned(),
+        Err(_) => UNREADABLE.to_owned(),
+    }
 }
 
 /// Stamps of the sessions of one root: size and mtime (ns) of `session.sqlite` and its
@@ -413,16 +423,18 @@ impl Stamper {
         Ok(Stamper { root })
     }
 
-    /// Size and mtime (ns) of the file `name` of session `id`; `None` when it is missing.
-    fn size_and_mtime(&self, id: &SessionId, name: &str) -> Option<(u64, u128)> {
+    /// Size and mtime (ns) of the file `name` of session `id`; `stat`'s error (`ENOENT`
+    /// when it is missing; a time or size out of range is `EOVERFLOW`).
+    fn size_and_mtime(&self, id: &SessionId, name: &str) -> rustix::io::Result<(u64, u128)> {
+        use rustix::io::Errno;
         let st = rustix::fs::statat(
             &self.root,
             format!("{id}/{name}"),
             rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-        )
-        .ok()?;
-        let ns = u128::try_from(st.st_mtime).ok()? * 1_000_000_000 + u128::from(st.st_mtime_nsec);
-        Some((u64::try_from(st.st_size).ok()?, ns))
+        )?;
+        let seconds = u128::try_from(st.st_mtime).map_err(|_| Errno::OVERFLOW)?;
+        let ns = seconds * 1_000_000_000 + u128::from(st.st_mtime_nsec);
+        Ok((u64::try_from(st.st_size).map_err(|_| Errno::OVERFLOW)?, ns))
     }
 
     /// `<size>@<mtime ns>/<size>@<mtime ns>` of the session's file and WAL.

@@ -147,6 +147,11 @@ impl Root {
             self.options().inline_threshold,
         ) {
             Err(_) if !child_file.is_file() => Ok(()),
+            // Its range cannot be copied whole: the ancestor is kept, named with the child.
+            Err(Error::Corrupt { what, source }) => Err(Error::Corrupt {
+                what: format!("{ancestor} is kept, as {child} inherits from it: {what}"),
+                source,
+            }),
             other => other,
         }
     }

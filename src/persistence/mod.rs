@@ -284,9 +284,15 @@ fn check_folder_owner(id: &SessionId, reader: &SessionReader) -> Result<()> {
 
 /// Whether the session folder `dir` holds no session file now (its session was deleted,
 /// or is not there): a failure met while opening or reading it is then the session's
-/// [`Error::SessionNotFound`], not the error of a file that went away under it.
+/// [`Error::SessionNotFound`], not the error of a file that went away under it. A folder
+/// this process may not look into is not "gone": the failure says why (permission denied).
 pub(crate) fn session_file_gone(dir: &Path) -> bool {
-    std::fs::symlink_metadata(dir.join(SESSION_FILE)).is_err()
+    std::fs::symlink_metadata(dir.join(SESSION_FILE)).is_err_and(|e| {
+        matches!(
+            e.kind(),
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+        )
+    })
 }
 
 /// fsyncs a directory so that renames inside it are durable.
@@ -912,8 +918,10 @@ impl Root {
         }
     }
 
-    /// Ids of every session under the root, sorted. Staging, trash and other dot-entries
-    /// are never listed.
+    /// Ids of every session under the root, sorted: folders holding a `session.sqlite`,
+    /// also one that is not a regular file (a symlink, a folder) and a folder this process
+    /// may not look into, which every open then refuses, so `list` reports it as skipped
+    /// instead of passing over it. Staging, trash and other dot-entries are never listed.
     ///
     /// # Errors
     /// [`Error::Io`] when the root cannot be read.
@@ -930,8 +938,10 @@ impl Root {
                 continue;
             }
             if let Ok(id) = SessionId::new(name)
-                && std::fs::symlink_metadata(entry.path().join(SESSION_FILE))
-                    .is_ok_and(|m| m.is_file())
+                && std::fs::symlink_metadata(entry.path().join(SESSION_FILE)).map_or_else(
+                    |e| e.kind() == std::io::ErrorKind::PermissionDenied,
+                    |_| true,
+                )
             {
                 ids.push(id);
             }

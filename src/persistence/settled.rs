@@ -8,7 +8,7 @@
 
 use crate::error::{Error, Result};
 use crate::model::SessionId;
-use crate::persistence::Root;
+use crate::persistence::{Root, session_file_gone};
 use crate::store::folder_swap::file_identity as identity;
 use crate::store::reader::SessionReader;
 use crate::store::schema::SESSION_FILE;
@@ -27,7 +27,8 @@ impl Root {
         id: &SessionId,
         read: impl Fn(&SessionReader) -> Result<T>,
     ) -> Result<T> {
-        let file = self.session_dir(id).join(SESSION_FILE);
+        let dir = self.session_dir(id);
+        let file = dir.join(SESSION_FILE);
         let mut attempt = 1;
         loop {
             let file_before = identity(&file);
@@ -50,7 +51,12 @@ impl Root {
                 Err(e) => e,
             };
             let Some(file_now) = identity(&file) else {
-                return Err(Error::SessionNotFound(id.to_string()));
+                // Gone, or in a folder this process may not look into (the failure says so).
+                return Err(if session_file_gone(&dir) {
+                    Error::SessionNotFound(id.to_string())
+                } else {
+                    failure
+                });
             };
             if attempt == ATTEMPTS {
                 return Err(failure);

@@ -281,6 +281,10 @@ fn validate_each(
         )));
     }
     reader.check_ancestry()?;
+    // The rows `show` reads besides the log: one that does not decode fails `show` as
+    // corrupt, so the file is not sound either.
+    reader.lease()?;
+    reader.dependents()?;
     if let Some(stored) = reader.history_index(validator.last_seq())? {
         index.compare(stored)?;
     }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use rusqlite::{Connection, TransactionBehavior, params};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::model::event::inherited_operation_id;
 use crate::store::read::{self, LineageEntry};
 use crate::store::schema::{self, Durability};
@@ -75,7 +75,13 @@ pub(crate) fn materialize(
             let page =
                 read::read_commits(&source, after, range.through_seq, COPY_PAGE, &mut budget)?;
             let Some(last) = page.last() else {
-                break;
+                // The ancestor holds less than the range (damaged, or an older copy):
+                // copying what there is and dropping the lineage row would lose the rest.
+                return Err(Error::corrupt(format!(
+                    "{ancestor} holds sequences only through {after} of the {}..={} inherited",
+                    range.after_seq + 1,
+                    range.through_seq
+                )));
             };
             after = last.last_seq();
             let batch: Vec<_> = page

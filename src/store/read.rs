@@ -1176,18 +1176,18 @@ fn check_operation_keys(conn: &Connection) -> Result<()> {
 }
 
 /// The first event whose `payload_parts` is not a JSON array of integers, or names a
-/// placeholder whose blob is missing, is corrupt. (Offsets and placeholders are checked
-/// byte by byte when the payload is read.)
+/// placeholder whose blob is missing, is corrupt, named as a read of it names it (the
+/// offset that is out of bounds or holds no placeholder, or the missing blob).
 fn check_part_blobs(conn: &Connection) -> Result<()> {
     // The placeholder at byte offset `o` is `"sse-blob:` and 64 hex digits: its digest is
     // bytes `o + 10 ..` of the payload, `substr(…, o + 11, 64)` (substr counts from 1).
-    let bad: Option<(u64, Option<String>)> = conn
+    let bad: Option<(u64, Option<String>, String)> = conn
         .query_row(
             "WITH parts AS (
                  SELECT seq, payload, payload_parts,
                         CASE WHEN json_valid(payload_parts) THEN json_type(payload_parts) END AS form
                  FROM events WHERE payload_parts IS NOT NULL)
-             SELECT p.seq, CAST(substr(CAST(p.payload AS BLOB), j.value + 11, 64) AS TEXT)
+             SELECT p.seq, p.payload, p.payload_parts
              FROM parts p,
                   json_each(CASE WHEN p.form = 'array' THEN p.payload_parts ELSE '[\"\"]' END) j
              WHERE p.form IS NOT 'array' OR j.type IS NOT 'integer'
@@ -1195,14 +1195,27 @@ fn check_part_blobs(conn: &Connection) -> Result<()> {
                                CAST(substr(CAST(p.payload AS BLOB), j.value + 11, 64) AS TEXT))
              LIMIT 1",
             [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )
         .optional()?;
-    match bad {
-        None => Ok(()),
-        Some((seq, digest)) => Err(Error::corrupt(format!(
-            "event {seq}: content part {} is malformed or its blob is missing",
-            digest.unwrap_or_default()
-        ))),
+    let Some((seq, payload, parts)) = bad else {
+        return Ok(());
+    };
+    let payload = payload.unwrap_or_default();
+    for offset in content::parse_offsets(seq, &parts, &payload)? {
+        let digest = content::placeholder_at(seq, &payload, offset)?;
+        let stored: Option<i64> = conn
+            .query_row("SELECT 1 FROM blobs WHERE digest = ?1", [digest], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        if stored.is_none() {
+            return Err(Error::corrupt(format!(
+                "event {seq} references missing content blob {digest}"
+            )));
+        }
     }
+    Err(Error::corrupt(format!(
+        "event {seq}: payload_parts names a content part that is malformed or missing"
+    )))
 }

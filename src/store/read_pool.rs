@@ -86,9 +86,7 @@ impl ReadPool {
     /// # Errors
     /// [`Error::SessionNotFound`] when no file is at `file`.
     pub(crate) fn new(file: &Path, access: Access) -> Result<ReadPool> {
-        if !file.is_file() {
-            return Err(Error::SessionNotFound(file.display().to_string()));
-        }
+        schema::require_file(file)?;
         Ok(ReadPool::with_timeout(file, access, CONNECTION_TIMEOUT))
     }
 
@@ -174,8 +172,8 @@ impl ReadPool {
                 self.state().open -= 1;
                 self.shared.returned.notify_one();
                 // Gone since the pool was made (a delete renamed it away): said so at once.
-                if !file.is_file() {
-                    return Err(Error::SessionNotFound(file.display().to_string()));
+                if let Err(gone @ Error::SessionNotFound(_)) = schema::require_file(file) {
+                    return Err(gone);
                 }
                 Err(e)
             }

@@ -551,13 +551,34 @@ impl SessionReader {
             }
             let conn = segment.pool.get()?;
             let from = after.max(segment.after);
+            let wanted = limit - out.len();
             let page = read::read_commits(
                 &conn,
                 from,
                 segment.through.min(through),
-                limit - out.len(),
+                wanted,
                 &mut budget,
             )?;
+            // An inherited range ends at a commit boundary of its ancestor: a whole page
+            // that stops short of it means the ancestor holds less than the range (a copy
+            // older than the fork, a lineage row naming this session itself). Handing out
+            // the short page would report a durable sequence no page ever reaches.
+            let reached = page.last().map_or(from, Commit::last_seq);
+            if segment.inherited
+                && segment.through <= through
+                && page.len() < wanted
+                && budget > 0
+                && reached < segment.through
+            {
+                return Err(Error::corrupt(format!(
+                    "session {} inherits sequences {}..={} from {}, whose log ends at {reached}: \
+                     an ancestor holds less than its lineage range",
+                    self.header.session_id,
+                    segment.after + 1,
+                    segment.through,
+                    segment.source
+                )));
+            }
             out.extend(page.into_iter().map(|mut c| {
                 if segment.inherited {
                     c.operation_id = inherited_operation_id(segment.source.as_str(), &c);

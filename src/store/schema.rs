@@ -103,7 +103,7 @@ pub(crate) fn check_file(file: &Path) -> Result<()> {
     match std::fs::symlink_metadata(file) {
         Ok(m) if m.is_file() => {}
         Ok(m) => return Err(not_regular(file, &m)),
-        Err(_) => return Err(Error::SessionNotFound(file.display().to_string())),
+        Err(e) => return Err(missing_or_unreadable(file, e)),
     }
     for suffix in SIDECARS {
         let side = sidecar(file, suffix);
@@ -114,6 +114,52 @@ pub(crate) fn check_file(file: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// [`Error::SessionNotFound`] for a session file that is missing (`ENOENT`, `ENOTDIR`);
+/// else the system's reason it cannot be looked at (a folder the process may not read:
+/// permission denied), as [`Error::Io`], not "not found".
+pub(crate) fn missing_or_unreadable(file: &Path, e: std::io::Error) -> Error {
+    use std::io::ErrorKind;
+    if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) {
+        Error::SessionNotFound(file.display().to_string())
+    } else {
+        Error::io(format!("open {}", file.display()), e)
+    }
+}
+
+/// Checks that `file` is a file this process may open (`std::fs::metadata`: a symlink is
+/// followed, as [`Path::is_file`] does).
+///
+/// # Errors
+/// As [`missing_or_unreadable`]; [`Error::SessionNotFound`] for anything but a file.
+pub(crate) fn require_file(file: &Path) -> Result<()> {
+    match std::fs::metadata(file) {
+        Ok(m) if m.is_file() => Ok(()),
+        Ok(_) => Err(Error::SessionNotFound(file.display().to_string())),
+        Err(e) => Err(missing_or_unreadable(file, e)),
+    }
+}
+
+/// SQLite's bare "unable to open database file" for `file` replaced by the system's
+/// reason (`EACCES` for a file the process may not read, or with `write` not write), probed
+/// with `access(2)`: no descriptor is opened, so no POSIX lock of another connection of
+/// this process on the file is dropped. Any other error is returned as it is.
+fn explain_cant_open(file: &Path, write: bool, e: Error) -> Error {
+    use rustix::fs::{Access as Mode, AtFlags, CWD, accessat};
+    let cant_open = matches!(&e, Error::Sqlite(cause)
+        if cause.sqlite_error_code() == Some(rusqlite::ErrorCode::CannotOpen));
+    let mode = if write {
+        Mode::READ_OK | Mode::WRITE_OK
+    } else {
+        Mode::READ_OK
+    };
+    match accessat(CWD, file, mode, AtFlags::EACCESS) {
+        Err(errno) if cant_open && errno != rustix::io::Errno::NOENT => {
+            Error::io(format!("open {}", file.display()), errno.into())
+        }
+        _ => e,
+    }
 }
 
 /// `O_NOFOLLOW` for `OpenOptionsExt::custom_flags` (a C `int` flag).
@@ -265,7 +311,8 @@ pub(crate) fn open_writer(path: &Path, durability: Durability) -> Result<Connect
         OpenFlags::SQLITE_OPEN_READ_WRITE
             | OpenFlags::SQLITE_OPEN_NOFOLLOW
             | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )?;
+    )
+    .map_err(|e| explain_cant_open(path, true, e.into()))?;
     harden(&conn)?;
     check_format(&conn)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
@@ -443,9 +490,7 @@ pub(crate) fn open_reader_with(path: &Path, access: Access) -> Result<Connection
 /// As [`open_reader_with`], the format not checked yet: the caller runs [`check_format`]
 /// before its first read (e.g. inside the read transaction it opens anyway).
 pub(crate) fn open_unchecked_reader(path: &Path, access: Access) -> Result<Connection> {
-    if !path.is_file() {
-        return Err(Error::SessionNotFound(path.display().to_string()));
-    }
+    require_file(path)?;
     let open = || -> Result<Connection> {
         let mut conn = Connection::open_with_flags(access.name(path), reader_flags())?;
         init_reader(&mut conn)?;
@@ -460,6 +505,7 @@ pub(crate) fn open_unchecked_reader(path: &Path, access: Access) -> Result<Conne
             Ok(())
         }),
     }
+    .map_err(|e| explain_cant_open(path, false, e))
 }
 
 /// True when a `-wal` or `-journal` is beside `file`: SQLite's files that hold part of
