@@ -205,6 +205,9 @@ fn new_err(
 /// The exception of `e`'s variant, with its message (and `owner` for `WriterOwned`).
 fn to_py(py: Python<'_>, e: Error) -> PyErr {
     let msg = e.to_string();
+    // An OS error of a full disk or quota met outside SQLite (a writer open recording its
+    // owner): the library calls it retryable, as SQLite's own full disk.
+    let io_disk_full = matches!(e, Error::Io { .. }) && e.is_retryable();
     match e {
         Error::InvalidInput { .. } => new_err(py, invalid_input_class, msg),
         Error::InvalidPayload { .. } => new_err(py, invalid_payload_class, msg),
@@ -220,6 +223,7 @@ fn to_py(py: Python<'_>, e: Error) -> PyErr {
         Error::Poisoned(_) => Poisoned::new_err(msg),
         Error::PersistenceFailed(_) => PersistenceFailed::new_err(msg),
         Error::DiskFull(_) => DiskFull::new_err(msg),
+        Error::Io { .. } if io_disk_full => DiskFull::new_err(msg),
         Error::Cancelled => Cancelled::new_err(msg),
         Error::ForkBoundaryNotAtomic(_) => ForkBoundaryNotAtomic::new_err(msg),
         Error::ForkActiveAuthority(_) => ForkActiveAuthority::new_err(msg),

@@ -71,6 +71,39 @@ def test_append_flush_history_and_idempotent_retry(root):
     assert len(commits) == 1 and [e["kind"] for e in commits[0]["events"]][1] == "message/complete"
 
 
+def test_a_writer_open_on_a_full_disk_raises_disk_full(tmp_path):
+    # The open records its owner before SQLite writes anything; on a full disk that is an
+    # OS error (ENOSPC) the library calls retryable, as SQLite's own full disk: it came
+    # here as StorageError, not DiskFull. A tmpfs of 2 MiB, mounted as root.
+    if os.geteuid() != 0:
+        pytest.skip("a full disk needs root to mount a tmpfs")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.decode(errors='replace')}")
+    try:
+        root = session_store.Root(disk / "sessions")
+        with root.create("full") as s:
+            s.append(turn("t1", msg(1)), operation_id="op-1", turn_id="t1")
+        filler = disk / "filler"
+        with open(filler, "wb", buffering=0) as f:  # unbuffered: no write left for close
+            for chunk in (b"\x5a" * 65536, b"\x5a"):
+                try:
+                    while True:
+                        f.write(chunk)
+                except OSError:
+                    pass
+        with pytest.raises(session_store.DiskFull):
+            root.open("full")
+        filler.unlink()
+        root.open("full").close()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
 def test_history_pages_walk_every_message_once(root):
     fill(root, "long", 25, per_turn=10).close()
     seen, cursor = [], None
