@@ -287,12 +287,7 @@ fn check_folder_owner(id: &SessionId, reader: &SessionReader) -> Result<()> {
 /// [`Error::SessionNotFound`], not the error of a file that went away under it. A folder
 /// this process may not look into is not "gone": the failure says why (permission denied).
 pub(crate) fn session_file_gone(dir: &Path) -> bool {
-    std::fs::symlink_metadata(dir.join(SESSION_FILE)).is_err_and(|e| {
-        matches!(
-            e.kind(),
-            std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
-        )
-    })
+    std::fs::symlink_metadata(dir.join(SESSION_FILE)).is_err_and(|e| schema::is_missing(&e))
 }
 
 /// fsyncs a directory so that renames inside it are durable.

@@ -21,6 +21,7 @@ use std::borrow::Cow;
 use rusqlite::types::{ToSqlOutput, ValueRef};
 
 use crate::error::{Error, Result};
+use crate::model::event::INLINE_PAYLOAD_LIMIT;
 use crate::model::kind;
 
 /// The coded kinds: code `i` is `CODED_KINDS[i]`. A code never changes meaning (files on
@@ -89,36 +90,31 @@ pub(crate) fn code_for_query(kind: &str) -> Option<ToSqlOutput<'static>> {
     code_of(kind).map(code_value)
 }
 
-/// The row form of an event stored inline: the `kind` value and the payload text to store
-/// (bare for a message payload of the exact form, see the module doc).
+/// The `kind` value of a kind stored as its text.
+fn text_value(kind: &str) -> ToSqlOutput<'_> {
+    ToSqlOutput::Borrowed(ValueRef::Text(kind.as_bytes()))
+}
+
+/// The row form of an event: the `kind` value and the payload text to store (bare for a
+/// message payload of the exact form, see the module doc). A payload over
+/// [`INLINE_PAYLOAD_LIMIT`], which the caller stores whole as a blob, is returned as it
+/// is, with the text of a message kind (its code would say the blob holds a bare message).
 pub(crate) fn encode<'a>(
     kind: &'a str,
     payload: Option<&'a str>,
 ) -> (ToSqlOutput<'a>, Option<&'a str>) {
     let Some(code) = code_of(kind) else {
-        return (
-            ToSqlOutput::Borrowed(ValueRef::Text(kind.as_bytes())),
-            payload,
-        );
+        return (text_value(kind), payload);
     };
     if !is_bare(code) {
         return (code_value(code), payload);
     }
-    match payload.and_then(bare_message) {
+    match payload
+        .filter(|p| p.len() <= INLINE_PAYLOAD_LIMIT)
+        .and_then(bare_message)
+    {
         Some(bare) => (code_value(code), Some(bare)),
-        None => (
-            ToSqlOutput::Borrowed(ValueRef::Text(kind.as_bytes())),
-            payload,
-        ),
-    }
-}
-
-/// The `kind` value of an event whose payload is stored whole, as a blob: its code, but
-/// for a message kind its text (its code would say the blob holds a bare message).
-pub(crate) fn encode_kind_of_whole(kind: &str) -> ToSqlOutput<'_> {
-    match code_of(kind) {
-        Some(code) if !is_bare(code) => code_value(code),
-        _ => ToSqlOutput::Borrowed(ValueRef::Text(kind.as_bytes())),
+        None => (text_value(kind), payload),
     }
 }
 
@@ -325,11 +321,19 @@ mod tests {
 
     #[test]
     fn a_payload_stored_whole_keeps_a_code_but_for_message_kinds() {
-        let text = |v: ToSqlOutput<'_>| matches!(v, ToSqlOutput::Borrowed(ValueRef::Text(_)));
-        assert!(!text(encode_kind_of_whole(kind::TOOL_RESULT)));
-        assert!(text(encode_kind_of_whole(kind::MESSAGE_COMPLETE)));
-        assert!(text(encode_kind_of_whole(kind::MESSAGE_UPSERT)));
-        assert!(text(encode_kind_of_whole("host/attachment")));
+        let whole = format!(
+            r#"{{"message":{{"content":"{}"}}}}"#,
+            "x".repeat(INLINE_PAYLOAD_LIMIT)
+        );
+        let text = |k: &str| {
+            let (v, payload) = encode(k, Some(&whole));
+            assert_eq!(payload, Some(whole.as_str()), "{k}: stored whole");
+            matches!(v, ToSqlOutput::Borrowed(ValueRef::Text(_)))
+        };
+        assert!(!text(kind::TOOL_RESULT));
+        assert!(text(kind::MESSAGE_COMPLETE));
+        assert!(text(kind::MESSAGE_UPSERT));
+        assert!(text("host/attachment"));
     }
 
     #[test]

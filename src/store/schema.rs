@@ -116,12 +116,18 @@ pub(crate) fn check_file(file: &Path) -> Result<()> {
     Ok(())
 }
 
-/// [`Error::SessionNotFound`] for a session file that is missing (`ENOENT`, `ENOTDIR`);
-/// else the system's reason it cannot be looked at (a folder the process may not read:
+/// Whether `e`, met looking at a path, says nothing is there (`ENOENT`, `ENOTDIR`), not
+/// that the path cannot be looked at (a folder the process may not read).
+pub(crate) fn is_missing(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind;
+    matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory)
+}
+
+/// [`Error::SessionNotFound`] for a session file that is missing ([`is_missing`]); else
+/// the system's reason it cannot be looked at (a folder the process may not read:
 /// permission denied), as [`Error::Io`], not "not found".
 pub(crate) fn missing_or_unreadable(file: &Path, e: std::io::Error) -> Error {
-    use std::io::ErrorKind;
-    if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) {
+    if is_missing(&e) {
         Error::SessionNotFound(file.display().to_string())
     } else {
         Error::io(format!("open {}", file.display()), e)

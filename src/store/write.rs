@@ -176,12 +176,7 @@ pub(crate) fn insert_commits(
         ])?;
         for (i, e) in c.events.iter().enumerate() {
             let own_id = (!is_derived_event_id(&e.id, &c.commit_id, i)).then_some(e.id.as_str());
-            let (kind, payload) = match e.payload_str() {
-                Some(text) if text.len() > INLINE_PAYLOAD_LIMIT => {
-                    (event_row::encode_kind_of_whole(&e.kind), Some(text))
-                }
-                payload => event_row::encode(&e.kind, payload),
-            };
+            let (kind, payload) = event_row::encode(&e.kind, e.payload_str());
             let (inline, reference, parts) = match payload {
                 Some(text) if text.len() > INLINE_PAYLOAD_LIMIT => {
                     let digest = sha256_hex(text.as_bytes());
