@@ -506,6 +506,48 @@ async fn commits_after_a_sequence_beyond_sqlite_integers_are_an_empty_page() {
     assert!(reader.is_commit_boundary(1).unwrap());
 }
 
+/// `observe` with a limit of 0 gives the default page (100 commits), as `list` and
+/// `history` do with 0 (it gave one commit); a limit over 1000 is refused, as `list`'s
+/// over 100 (it was cut to 1000 silently).
+#[tokio::test]
+async fn observe_limit_zero_is_the_default_page_and_over_the_maximum_refused() {
+    let (_dir, service) = service();
+    let root = service.root().clone();
+    let s = root.create(CreateOptions::with_id(id("o"))).unwrap();
+    for i in 0..150 {
+        let m = format!("m{i}");
+        s.append(Batch::new(m.clone(), vec![message(&m, "user", "hi")]))
+            .unwrap();
+    }
+    s.close().unwrap();
+    let r = service.session_ref(id("o"));
+    let page = service.query().observe(&r, 0, 0).await.unwrap();
+    assert_eq!(page.events.commits.len(), 100);
+    assert!(page.events.truncated);
+    assert_eq!(page.events.next, 100);
+    let rest = service
+        .query()
+        .observe(&r, page.events.next, 0)
+        .await
+        .unwrap();
+    assert_eq!(rest.events.commits.len(), 50);
+    assert!(!rest.events.truncated);
+    assert_eq!(
+        service
+            .query()
+            .observe(&r, 0, 1000)
+            .await
+            .unwrap()
+            .events
+            .commits
+            .len(),
+        150
+    );
+    let err = service.query().observe(&r, 0, 1001).await.unwrap_err();
+    assert!(matches!(err, Error::InvalidInput { .. }), "{err:?}");
+    assert!(err.to_string().contains("1..=1000"), "{err}");
+}
+
 /// A history cursor is exactly `h1.<snapshot>.<position>`: anything after it (as a search
 /// cursor's parser already refuses) is a malformed cursor, not the same page.
 #[tokio::test]

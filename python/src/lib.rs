@@ -597,7 +597,8 @@ impl Root {
         })
     }
 
-    /// Durable commits after sequence `after`, at most `limit` (JSON of an `EventPage`).
+    /// Durable commits after sequence `after`, at most `limit` (0 = 100, max 1000; JSON of
+    /// an `EventPage`).
     #[pyo3(signature = (session_id, after=0, limit=1000))]
     fn events(
         &self,

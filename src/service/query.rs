@@ -25,6 +25,8 @@ const DEFAULT_HISTORY_LIMIT: usize = 100;
 pub const MAX_HISTORY_LIMIT: usize = 500;
 /// Largest page of `observe`.
 const MAX_OBSERVE_LIMIT: usize = 1000;
+/// The commits of an `observe` page whose limit is 0 (upstream's `Read` default).
+const DEFAULT_OBSERVE_LIMIT: usize = 100;
 
 /// One row of `list`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -522,12 +524,14 @@ impl SessionQuery {
         .await
     }
 
-    /// Commits after `cursor`: accepted ones with the runtime's state when a runtime is
+    /// Commits after `cursor`, at most `limit` (0 = 100, max 1000, as the other pages: 0
+    /// is the default page): accepted ones with the runtime's state when a runtime is
     /// attached, durable ones otherwise; a close or open under way is waited for, as in
     /// [`SessionQuery::history`].
     ///
     /// # Errors
-    /// [`Error::SessionNotFound`]; read errors.
+    /// [`Error::InvalidInput`] for a limit over 1000; [`Error::SessionNotFound`]; read
+    /// errors.
     pub async fn observe(
         &self,
         r: &SessionRef,
@@ -535,7 +539,16 @@ impl SessionQuery {
         limit: usize,
     ) -> Result<ObserveResult> {
         self.check(r)?;
-        let limit = limit.clamp(1, MAX_OBSERVE_LIMIT);
+        let limit = if limit == 0 {
+            DEFAULT_OBSERVE_LIMIT
+        } else {
+            limit
+        };
+        if limit > MAX_OBSERVE_LIMIT {
+            return Err(Error::invalid(format!(
+                "observe limit must be 1..={MAX_OBSERVE_LIMIT} commits (0 for {DEFAULT_OBSERVE_LIMIT})"
+            )));
+        }
         let live = self.service.settled_runtime(&r.session_id).await;
         let query = self.clone();
         let id = r.session_id.clone();
