@@ -10,10 +10,15 @@ pub(crate) use crate::format::INLINE_PAYLOAD_LIMIT;
 
 /// One event of a session's log.
 ///
+/// Two events are equal when every field is, the payloads compared as their exact JSON
+/// text (the bytes stored and hashed; `{"a":1}` and `{ "a": 1 }` differ).
+///
 /// ```
 /// use session_store::Event;
 /// let e = Event::new("session/title").with_payload(&serde_json::json!({"title": "Hi"})).unwrap();
 /// assert_eq!(e.payload_str(), Some(r#"{"title":"Hi"}"#));
+/// assert_eq!(e, Event::new("session/title").with_payload_json(r#"{"title":"Hi"}"#).unwrap());
+/// assert_ne!(e, Event::new("session/title").with_payload_json(r#"{"title": "Hi"}"#).unwrap());
 /// ```
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[non_exhaustive]
@@ -38,6 +43,19 @@ pub struct Event {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content_ref: Option<ContentRef>,
 }
+
+impl PartialEq for Event {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+            && self.seq == other.seq
+            && self.kind == other.kind
+            && self.optional == other.optional
+            && self.payload_str() == other.payload_str()
+            && self.content_ref == other.content_ref
+    }
+}
+
+impl Eq for Event {}
 
 fn is_zero(v: &u64) -> bool {
     *v == 0
@@ -108,7 +126,7 @@ pub(crate) fn raw_json(text: String) -> Result<Box<RawValue>> {
 ///
 /// Deserialized only from an object `{"operation_id", "turn_id"?, "events": [...]}` (keys in
 /// any order): a JSON array is refused, not read as the fields in order.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct Batch {
     /// Idempotency key: a retry with the same id and content returns the original commit.
@@ -175,8 +193,25 @@ impl<'de> Deserialize<'de> for Batch {
     }
 }
 
-/// An accepted batch with its sequence range and identity.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+/// An accepted batch with its sequence range and identity. Equal commits have equal
+/// fields (events as [`Event`] compares them): a commit read back from the file equals the
+/// one its append returned.
+///
+/// ```
+/// use session_store::{Batch, CreateOptions, Event, Root, SessionId};
+/// # fn main() -> session_store::Result<()> {
+/// # let dir = tempfile::tempdir().unwrap();
+/// let root = Root::open(dir.path())?;
+/// let id = SessionId::new("chat")?;
+/// let session = root.create(CreateOptions::with_id(id.clone()))?;
+/// let title = Event::new("session/title").with_payload(&serde_json::json!({"title": "Hi"}))?;
+/// let commit = session.append(Batch::new("op-1", vec![title]))?;
+/// session.close()?;
+/// let stored = root.open_reader(&id)?.commits(0, 10)?;
+/// assert_eq!(stored, vec![(*commit).clone()]);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct Commit {
     /// Id of this commit: 32 lowercase hex characters, derived from the commit's other

@@ -22,6 +22,15 @@ use serde_json::{Map, Value};
 /// assert_eq!(m.role(), Some("user"));
 /// assert_eq!(m.text().as_deref(), Some("hi"));
 /// ```
+///
+/// Two messages are equal when their JSON texts are (byte for byte, as stored):
+///
+/// ```
+/// use session_store::Message;
+/// let a: Message = serde_json::from_str(r#"{"id":"m1","content":"hi"}"#).unwrap();
+/// assert_eq!(a, serde_json::from_str::<Message>(r#"{"id":"m1","content":"hi"}"#).unwrap());
+/// assert_ne!(a, serde_json::from_str::<Message>(r#"{"content":"hi","id":"m1"}"#).unwrap());
+/// ```
 #[derive(Clone, Debug)]
 pub struct Message {
     /// `None` without an `id` (read as "").
@@ -283,6 +292,8 @@ impl PartialEq for Message {
         self.json.get() == other.json.get()
     }
 }
+
+impl Eq for Message {}
 
 impl Serialize for Message {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
