@@ -111,8 +111,11 @@ pub enum Error {
     },
     /// No session with this id exists under the root.
     SessionNotFound(String),
-    /// A session (or export destination) with this name already exists.
+    /// A session with this id already exists.
     SessionExists(String),
+    /// The file an export was to write already exists (a file or a symlink): the path as
+    /// given.
+    DestinationExists(std::path::PathBuf),
     /// Another writer (in this process or another) owns the session.
     WriterOwned {
         /// The current owner, as it recorded itself.
@@ -207,6 +210,11 @@ impl fmt::Display for Error {
             Error::InvalidPayload { kind, reason } => write!(f, "invalid {kind} payload: {reason}"),
             Error::SessionNotFound(id) => write!(f, "session {id} not found"),
             Error::SessionExists(id) => write!(f, "session {id} already exists"),
+            Error::DestinationExists(path) => write!(
+                f,
+                "export destination {} already exists; give the path of a new file",
+                path.display()
+            ),
             Error::WriterOwned { owner } => write!(f, "session writer is owned by {owner}"),
             Error::OperationConflict { operation_id } => write!(
                 f,
@@ -336,10 +344,10 @@ impl Error {
         }
     }
 
-    /// True when the name to create is taken: [`Error::SessionExists`] (a session id, an
-    /// export destination, a published runtime).
+    /// True when the name to create is taken: [`Error::SessionExists`] (a session id, a
+    /// published runtime) or [`Error::DestinationExists`] (an export's file).
     pub fn is_already_exists(&self) -> bool {
-        matches!(self, Error::SessionExists(_))
+        matches!(self, Error::SessionExists(_) | Error::DestinationExists(_))
     }
 
     /// The writer that owns the session, for [`Error::WriterOwned`] (another writer, in

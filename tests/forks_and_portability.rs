@@ -165,8 +165,17 @@ fn export_and_delete_are_atomic_and_the_export_is_self_contained() {
         !Path::new(&format!("{}-wal", exported.display())).exists(),
         "export is one file"
     );
+    // The taken destination is named as the export's file, not as a session ("session
+    // /tmp/…/exported-session.sqlite already exists" before).
     let err = root.export(&id("managed"), &exported).unwrap_err();
-    assert!(matches!(err, Error::SessionExists(_)), "{err}");
+    assert!(err.is_already_exists(), "{err}");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "export destination {} already exists; give the path of a new file",
+            exported.display()
+        )
+    );
     s.close().unwrap();
 
     root.delete(&id("managed"), &CancelToken::new()).unwrap();

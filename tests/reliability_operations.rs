@@ -28,8 +28,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use session_store::format::INLINE_PAYLOAD_LIMIT;
 use session_store::{
-    Batch, CatalogEntry, Commit, CreateOptions, Error, Event, ForkPoint, ImportOptions,
-    MigrationRecord, Origin, Root, Service, Session, SessionId, StoreOptions, replay_file,
+    Batch, CatalogEntry, Commit, CreateOptions, Event, ForkPoint, ImportOptions, MigrationRecord,
+    Origin, Root, Service, Session, SessionId, StoreOptions, replay_file,
 };
 use sha2::{Digest, Sha256};
 
@@ -939,7 +939,8 @@ fn retry(
     match (&result, present) {
         (Ok(Made::Legacy(record)), _) => assert_eq!(record.reused, present, "{ctx}"),
         (Ok(_), false) | (Ok(Made::Catalog(_)), true) => {}
-        (Err(Error::SessionExists(_)), true) => {}
+        // A session id taken, or an export's destination file there.
+        (Err(e), true) if e.is_already_exists() => {}
         (other, _) => panic!("{ctx} (result present before: {present}): {other:?}"),
     }
     figures.retries += 1;

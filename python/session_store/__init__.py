@@ -571,15 +571,7 @@ class Root:
     def export(self, session_id: str, path: PathLike) -> dict[str, Any]:
         """Writes the session to one self-contained file: ``{"commits", "events", "bytes"}``.
         Raises :class:`AlreadyExists` when ``path`` exists (nothing is written)."""
-        try:
-            report = self._native.export(session_id, _fspath(path))
-        except AlreadyExists:
-            # The native message names the taken path as it names a taken session id.
-            raise AlreadyExists(
-                f"export destination {os.fsdecode(path)} already exists; "
-                "give the path of a new file"
-            ) from None
-        return _json_object(report)
+        return _json_object(self._native.export(session_id, _fspath(path)))
 
     @_native_args
     def import_file(

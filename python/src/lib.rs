@@ -213,7 +213,9 @@ fn to_py(py: Python<'_>, e: Error) -> PyErr {
         Error::InvalidPayload { .. } => new_err(py, invalid_payload_class, msg),
         Error::OperationConflict { .. } => new_err(py, operation_conflict_class, msg),
         Error::SessionNotFound(_) => new_err(py, not_found_class, msg),
-        Error::SessionExists(_) => new_err(py, already_exists_class, msg),
+        Error::SessionExists(_) | Error::DestinationExists(_) => {
+            new_err(py, already_exists_class, msg)
+        }
         Error::WriterOwned { owner } => writer_owned(py, msg, &owner),
         Error::UnsupportedVersion { .. } => UnsupportedVersion::new_err(msg),
         Error::Corrupt { .. } => Corrupt::new_err(msg),

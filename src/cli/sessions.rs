@@ -16,8 +16,8 @@ use session_store::{
 
 use super::interrupt::Interrupt;
 use super::{
-    CliError, CliResult, Context, EXIT_EXISTS, EXIT_NOT_FOUND, EXIT_OTHER, Failure, block_on,
-    exit_code, human_bytes, is_broken_pipe, print_json, printable, session_id, spinner,
+    CliError, CliResult, Context, EXIT_NOT_FOUND, EXIT_OTHER, Failure, block_on, exit_code,
+    human_bytes, is_broken_pipe, print_json, printable, session_id, spinner,
 };
 
 /// Characters of a payload or message shown on one line of human output.
@@ -647,19 +647,10 @@ pub fn export(cx: &Context, id: &str, file: &Path) -> CliResult<()> {
     let bar = spinner(&format!("exporting {id}"));
     let report = root.export_cancellable(&id, file, interrupt.token());
     bar.finish_and_clear();
-    // The library names a taken destination as it names a taken session id.
     let report = report.map_err(|e| -> CliError {
         if matches!(e, Error::Cancelled) {
             let what = format!("nothing was written to {}", file.display());
             interrupt.failure(e.into(), &what)
-        } else if e.is_already_exists() {
-            Failure::with_code(
-                EXIT_EXISTS,
-                format!(
-                    "export destination {} already exists; give the path of a new file",
-                    file.display()
-                ),
-            )
         } else if super::library_code(&e) == EXIT_OTHER {
             // A failed write (a full disk, a folder that takes no files) named only the
             // temporary file SQLite was given, or nothing at all.

@@ -133,7 +133,7 @@ fn copy_commits(
 fn export_destination(dest: &Path) -> Result<(PathBuf, PathBuf)> {
     match std::fs::symlink_metadata(dest) {
         Ok(m) if m.is_file() || m.is_symlink() => {
-            return Err(Error::SessionExists(dest.display().to_string()));
+            return Err(Error::DestinationExists(dest.to_owned()));
         }
         Ok(m) => {
             return Err(Error::invalid(format!(
@@ -184,7 +184,7 @@ impl Root {
     /// the destination itself and the temporary file are never followed.
     ///
     /// # Errors
-    /// [`Error::SessionExists`] when the destination exists (a file or a symlink);
+    /// [`Error::DestinationExists`] when the destination exists (a file or a symlink);
     /// [`Error::InvalidInput`] when it is a folder, a device or another non-regular file,
     /// its folder is not a folder, or it is inside the root (a session folder, the store's
     /// own folders or the root itself); [`Error::Io`] of kind `NotFound` when its folder is
