@@ -365,6 +365,25 @@ fn append_reports_and_keeps_the_batches_before_a_bad_line() {
                 .to_string(),
             "conflicts",
         ),
+        // Keys a batch or an event does not have are refused, naming the key: they were
+        // ignored, so a misspelt turn id or `optional` was dropped and the batch appended.
+        (
+            json!({"operation_id": "x", "turn_idd": "t", "events": [message("m9", "user", "a")]})
+                .to_string(),
+            "unknown field `turn_idd`",
+        ),
+        (
+            json!({"operation_id": "x", "evnts": [], "events": [message("m9", "user", "a")]})
+                .to_string(),
+            "unknown field `evnts`",
+        ),
+        (
+            json!({"operation_id": "x", "events": [
+                {"kind": "session/title", "payload": {"title": "t"}, "optinal": true}
+            ]})
+            .to_string(),
+            "unknown field `optinal`",
+        ),
     ] {
         let out = env.run_with(
             &["append", "s", "--json"],

@@ -345,6 +345,13 @@ def test_hostile_input_is_refused_and_changes_nothing(root, tmp_path):
             s.append([{"kind": "turn/start"}, {"kind": "turn/start"}], operation_id="nest")
         with pytest.raises(TypeError):
             s.append_json(b"{}")
+        # A key a batch or event does not have (a typo) is refused naming it: it was
+        # ignored, so the field it meant was dropped and the batch appended.
+        with pytest.raises(InvalidInput, match="unknown field `optinal`"):
+            s.append([{"kind": "session/title", "payload": {"title": "t"}, "optinal": True}],
+                     operation_id="typo")
+        with pytest.raises(InvalidInput, match="unknown field `turn_idd`"):
+            s.append_json('{"operation_id": "typo", "turn_idd": "t", "events": [{"kind": "turn/start"}]}')
         assert s.sequences() == (3, 3)
     assert len(root.events("h")["commits"]) == 1
     # After any sequence there is (SQLite's integers end at 2**63 - 1): an empty page.

@@ -21,6 +21,7 @@ pub(crate) use crate::format::INLINE_PAYLOAD_LIMIT;
 /// assert_ne!(e, Event::new("session/title").with_payload_json(r#"{"title": "Hi"}"#).unwrap());
 /// ```
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct Event {
     /// Event id; empty on input means "derive one" (deterministic, see `docs/ARCHITECTURE.md`).
@@ -125,7 +126,9 @@ pub(crate) fn raw_json(text: String) -> Result<Box<RawValue>> {
 /// One atomic append: an operation id (the idempotency key), an optional turn id and events.
 ///
 /// Deserialized only from an object `{"operation_id", "turn_id"?, "events": [...]}` (keys in
-/// any order): a JSON array is refused, not read as the fields in order.
+/// any order): a JSON array is refused, not read as the fields in order, and so is a key
+/// the batch or one of its events does not have (a typo such as `turn_idd` or `optinal`
+/// would otherwise drop the field it meant, silently).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct Batch {
@@ -159,6 +162,7 @@ impl Batch {
 /// [`Batch`]'s fields as serde's derive reads them (from a map or, the reason this is not
 /// `Batch`'s own impl, from a sequence).
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct BatchFields {
     operation_id: String,
     #[serde(default)]
