@@ -821,6 +821,68 @@ fn wait_for_writer(env: &Env, id: &str) -> Value {
     }
 }
 
+/// `append` of a file without a batch (empty, blank lines, a lone byte order mark), given
+/// by `--file` or redirected to stdin, opens nothing: the session file, its lease
+/// generation and its mtime stay as they were (the writer open moved them before), and
+/// the summary says nothing was appended. A missing session is still "not found" (exit
+/// 3), and `--create` still makes it empty.
+#[test]
+fn append_of_a_file_without_a_batch_changes_nothing() {
+    let env = Env::new();
+    env.ok(&["create", "s"]);
+    let file = env.root().join("s/session.sqlite");
+    // The file's bytes, its mtime and the lease generation `show` reads.
+    let state = || {
+        let modified = std::fs::metadata(&file).and_then(|m| m.modified());
+        (
+            std::fs::read(&file).expect("read"),
+            modified.expect("mtime"),
+            env.json(&["show", "s"])["lease"]["generation"].clone(),
+        )
+    };
+    let before = state();
+    std::thread::sleep(Duration::from_millis(50));
+    for (name, text) in [
+        ("empty", ""),
+        ("blank", "\n  \n\r\n"),
+        ("bom", "\u{feff}\n"),
+    ] {
+        let input = env.path(name);
+        std::fs::write(&input, text).expect("write");
+        let by_flag = env.run(&["append", "s", "--file", input.to_str().expect("utf-8")]);
+        let redirected = env
+            .command(&["append", "s"])
+            .stdin(std::fs::File::open(&input).expect("open"))
+            .output()
+            .expect("run");
+        for out in [by_flag, redirected] {
+            assert_eq!(code(&out), 0, "{name}: {}", stderr(&out));
+            assert!(
+                stdout(&out).starts_with("appended 0 batches (0 events, 0 B of payload) to s;"),
+                "{name}: {}",
+                stdout(&out)
+            );
+        }
+        let after = state();
+        assert!(after.0 == before.0, "{name}: the session file changed");
+        assert_eq!((&after.1, &after.2), (&before.1, &before.2), "{name}");
+    }
+    let empty = env.path("empty");
+    let missing = env
+        .command(&["append", "nope"])
+        .stdin(std::fs::File::open(&empty).expect("open"))
+        .output()
+        .expect("run");
+    assert_eq!(code(&missing), 3, "{}", stderr(&missing));
+    let created = env
+        .command(&["append", "new", "--create"])
+        .stdin(std::fs::File::open(&empty).expect("open"))
+        .output()
+        .expect("run");
+    assert_eq!(code(&created), 0, "{}", stderr(&created));
+    assert_eq!(env.json(&["show", "new"])["durable_sequence"], 0);
+}
+
 #[test]
 fn a_second_appender_exits_5_naming_the_first_ones_pid() {
     let env = Env::new();

@@ -9,6 +9,7 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, IsTerminal, Write};
+use std::os::fd::AsFd;
 use std::path::Path;
 
 use serde::Serialize;
@@ -46,7 +47,11 @@ struct Totals {
     retries: u64,
 }
 
-/// Runs `append`.
+/// Runs `append`. Input that is a regular file (`--file F`, or stdin redirected from one)
+/// is read up to its first batch before the session is opened: when it holds none, nothing
+/// is opened and nothing on disk changes (a writer open moves the lease generation). From a
+/// pipe or a terminal the writer is taken at once, so a run waiting for its input holds
+/// the session.
 ///
 /// # Errors
 /// Status 3 for a missing session (without `create`), 5 when another writer owns it, 6 for
@@ -58,25 +63,31 @@ pub fn run(
     sync_each: bool,
     create: bool,
 ) -> CliResult<()> {
-    let input: Box<dyn BufRead> = match file.filter(|path| *path != Path::new(STDIN)) {
-        Some(path) => {
-            super::not_a_folder(path)?;
-            Box::new(BufReader::new(File::open(path).map_err(|e| {
-                Failure::context(format!("open {}", path.display()), &e)
-            })?))
-        }
-        None => {
-            let stdin = std::io::stdin();
-            if stdin.is_terminal() {
-                // Typed at a prompt, `append ID` would otherwise wait silently.
-                errln!(
-                    "session-store: reading batches from the terminal, one JSON object per \
-                     line; Ctrl-D ends the input"
-                );
+    let (input, regular): (Box<dyn BufRead>, bool) =
+        match file.filter(|path| *path != Path::new(STDIN)) {
+            Some(path) => {
+                super::not_a_folder(path)?;
+                let file = File::open(path)
+                    .map_err(|e| Failure::context(format!("open {}", path.display()), &e))?;
+                let regular = is_regular(&file);
+                (Box::new(BufReader::new(file)), regular)
             }
-            Box::new(stdin.lock())
-        }
-    };
+            None => {
+                let stdin = std::io::stdin();
+                if stdin.is_terminal() {
+                    // Typed at a prompt, `append ID` would otherwise wait silently.
+                    errln!(
+                        "session-store: reading batches from the terminal, one JSON object per \
+                     line; Ctrl-D ends the input"
+                    );
+                }
+                let regular = stdin
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .is_ok_and(|fd| is_regular(&File::from(fd)));
+                (Box::new(stdin.lock()), regular)
+            }
+        };
     let id = session_id(id)?;
     let root = if create {
         cx.create_root()?
@@ -84,6 +95,9 @@ pub fn run(
         cx.open_root()?
     };
     let mut lines: Lines = Box::new(input.lines().enumerate());
+    if regular && !has_a_batch_line(&mut lines) {
+        return nothing_to_append(cx, &root, &id, create);
+    }
     let mut pending: Vec<Accepted> = Vec::new();
     let mut totals = Totals::default();
     let session = match root.open_writer(&id) {
@@ -102,20 +116,73 @@ pub fn run(
     // counted as a run that ended well is (with `--json` their lines are already out).
     let kept = totals.batches + totals.retries > 0;
     if !cx.json && (result.is_ok() || kept) {
-        let (_, durable) = session.sequences();
-        let retries = match totals.retries {
-            0 => String::new(),
-            n => format!(" ({n} retries of batches already stored)"),
-        };
-        outln!(
-            "appended {} batches ({} events, {} of payload) to {}{retries}; durable sequence {durable}",
-            totals.batches,
-            totals.events,
-            human_bytes(totals.bytes),
-            session.id()
-        );
+        summary(&totals, session.id(), session.sequences().1)?;
     }
     result
+}
+
+/// Prints the human summary of a run.
+fn summary(totals: &Totals, id: &SessionId, durable: u64) -> CliResult<()> {
+    let retries = match totals.retries {
+        0 => String::new(),
+        n => format!(" ({n} retries of batches already stored)"),
+    };
+    outln!(
+        "appended {} batches ({} events, {} of payload) to {id}{retries}; durable sequence {durable}",
+        totals.batches,
+        totals.events,
+        human_bytes(totals.bytes),
+    );
+    Ok(())
+}
+
+/// Whether `file` is a regular file (read to its end without waiting for a writer).
+fn is_regular(file: &File) -> bool {
+    file.metadata().is_ok_and(|m| m.is_file())
+}
+
+/// Reads `lines` up to the first one that is not blank (a byte order mark before the
+/// first line counts as blank, as [`read_line`] drops it) and puts that one back, as read;
+/// false when there is none. A line that cannot be read is put back too (it is the
+/// input's failure, reported where the lines are fed).
+fn has_a_batch_line(lines: &mut Lines) -> bool {
+    for (n, line) in lines.by_ref() {
+        if let Ok(text) = &line {
+            let text = if n == 0 {
+                text.strip_prefix('\u{feff}').unwrap_or(text)
+            } else {
+                text
+            };
+            if text.trim().is_empty() {
+                continue;
+            }
+        }
+        let rest = std::mem::replace(lines, Box::new(std::iter::empty()));
+        *lines = Box::new(std::iter::once((n, line)).chain(rest));
+        return true;
+    }
+    false
+}
+
+/// `append` of input without a batch, read to its end before anything was opened: the
+/// session is only read (its durable sequence for the summary), or with `create` made
+/// empty when it is missing.
+fn nothing_to_append(cx: &Context, root: &Root, id: &SessionId, create: bool) -> CliResult<()> {
+    let durable = match root.open_reader(id) {
+        Err(Error::SessionNotFound(_)) if create => {
+            match root.create(CreateOptions::with_id(id.clone())) {
+                Ok(session) => session.close()?,
+                Err(Error::SessionExists(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+            root.open_reader(id)?.durable_sequence()?
+        }
+        other => other?.durable_sequence()?,
+    };
+    if !cx.json {
+        summary(&Totals::default(), id, durable)?;
+    }
+    Ok(())
 }
 
 /// The numbered lines of the input.
