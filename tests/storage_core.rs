@@ -125,6 +125,62 @@ fn rejected_batch_changes_nothing_and_uses_no_sequence() {
     assert_eq!(replayed.commits.len(), 2);
 }
 
+/// A `history/replace` or `legacy/import` repeating a message id is refused naming it, as
+/// a `message/complete` of an id the transcript holds is: it made two transcript positions
+/// of one id, and a later `message/upsert` of it changed only one of them.
+#[test]
+fn a_replacement_repeating_a_message_id_is_refused() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "replace");
+    s.append(Batch::new("ok", vec![message("m0", "user", "hi")]))
+        .unwrap();
+    let m = |content: &str| json!({"id": "m1", "role": "user", "content": content});
+    for kind in ["history/replace", "legacy/import"] {
+        let batch = Batch::new(
+            kind,
+            vec![event(
+                kind,
+                json!({"messages": [m("one"), {"id": "m2"}, m("two")]}),
+            )],
+        );
+        let err = s.append(batch).unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidPayload { kind: k, .. } if k == kind)
+                && err.is_caller_error(),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string()
+                .contains(r#"duplicate message id "m1" (messages[0] and messages[2])"#),
+            "{err}"
+        );
+    }
+    assert_eq!(s.snapshot().event_sequence, 1, "nothing appended");
+    // Distinct ids still replace the transcript, and an upsert then hits the one position.
+    s.append(Batch::new(
+        "replace",
+        vec![event(
+            "history/replace",
+            json!({"messages": [m("one"), {"id": "m2"}]}),
+        )],
+    ))
+    .unwrap();
+    s.append(Batch::new(
+        "upsert",
+        vec![event("message/upsert", json!({"message": m("three")}))],
+    ))
+    .unwrap();
+    s.flush().unwrap();
+    let reader = root.open_reader(&id("replace")).unwrap();
+    let transcript = reader
+        .transcript(reader.durable_sequence().unwrap())
+        .unwrap();
+    let ids: Vec<&str> = transcript.iter().map(|m| m.id()).collect();
+    assert_eq!(ids, ["m1", "m2"]);
+    assert_eq!(transcript[0].text().as_deref(), Some("three"));
+    s.close().unwrap();
+}
+
 #[test]
 fn cold_readers_see_only_durable_commits() {
     let (_dir, root) = manual_root();

@@ -326,6 +326,37 @@ fn parse(event: &Event) -> Result<Parsed> {
     })
 }
 
+/// Refuses a `history/replace` or `legacy/import` whose messages repeat an id, as a
+/// `message/complete` of an id the transcript holds is refused: the transcript would hold
+/// two positions of one id, and a later `message/upsert` of it would change only one.
+/// A stored one still folds.
+///
+/// # Errors
+/// [`Error::InvalidPayload`] of the event's kind naming the id and both messages.
+fn check_replacements(prepared: &PreparedFold) -> Result<()> {
+    for p in &prepared.events {
+        let (kind, messages) = match p {
+            Parsed::HistoryReplace(ms) => (kind::HISTORY_REPLACE, ms),
+            Parsed::LegacyImport(LegacyImport { messages, .. }) => (kind::LEGACY_IMPORT, messages),
+            _ => continue,
+        };
+        let mut seen: HashMap<&str, usize> =
+            HashMap::with_capacity_and_hasher(messages.len(), Default::default());
+        for (i, m) in messages.iter().enumerate() {
+            if let Some(first) = seen.insert(m.id(), i) {
+                return Err(bad(
+                    kind,
+                    format!(
+                        "duplicate message id {:?} (messages[{first}] and messages[{i}])",
+                        m.id()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Refuses a blank `session/title` (as `rename` does: a blank title would hide the
 /// session's preview in listings). A stored one still folds.
 ///
@@ -402,10 +433,11 @@ impl Projection {
     /// without them, so files written before a rule keep opening, replaying and verifying.
     ///
     /// # Errors
-    /// As [`Projection::check_turn_nesting`] and [`check_titles`].
+    /// As [`Projection::check_turn_nesting`], [`check_titles`] and [`check_replacements`].
     pub(crate) fn check_append(&self, prepared: &PreparedFold) -> Result<()> {
         self.check_turn_nesting(prepared)?;
-        check_titles(prepared)
+        check_titles(prepared)?;
+        check_replacements(prepared)
     }
 
     /// Refuses a batch that starts a turn while one is open (before it or earlier in the
