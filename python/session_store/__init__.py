@@ -688,12 +688,23 @@ class Root:
 
     async def adelete(self, session_id: str, *, wait: float = 10.0) -> None:
         """:meth:`delete` in a worker thread. Cancelling the task (a timeout, Ctrl-C in
-        :func:`asyncio.run`) also ends the delete's wait for the writer, nothing deleted."""
+        :func:`asyncio.run`) also ends the delete's wait for the writer, nothing deleted
+        unless the delete already held the session (its writer had let go): the task ends
+        once the worker's delete has (within about 60 ms), so when the cancellation is
+        over, the delete is too."""
         stop = threading.Event()
+        work = asyncio.ensure_future(_to_thread(self._delete, session_id, wait, stop))
         try:
-            await _to_thread(self._delete, session_id, wait, stop)
-        finally:
+            await asyncio.shield(work)
+        except asyncio.CancelledError:
+            # The native delete looks at `stop` every 50 ms: until it has, it may still
+            # take the lock (a writer closed right after the cancellation) and delete.
             stop.set()
+            try:
+                await asyncio.shield(work)
+            except BaseException:  # its Cancelled, or a second cancellation of this task
+                pass
+            raise
 
     async def averify(self, session_id: str) -> dict[str, Any]:
         """:meth:`verify` in a worker thread."""
