@@ -46,7 +46,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, NoReturn, ParamSpec, TypeVar
 
 from . import _native
 from ._native import (
@@ -241,6 +241,21 @@ async def _to_thread(fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
     return await asyncio.to_thread(functools.partial(fn, *args, **kwargs))
 
 
+def _refuse_pickle(self: object, protocol: object = None) -> NoReturn:
+    """``__reduce_ex__`` of the handles (:class:`Root`, :class:`Session`,
+    :class:`SessionReader` and the adapters): they hold the store's open files, locks and
+    threads, which a pickle (another process) or a copy cannot share, so ``pickle``,
+    ``copy.copy`` and ``copy.deepcopy`` raise :class:`TypeError` naming the class (as for a
+    file or a lock). What they return (events, commits, messages) are plain dicts and lists,
+    which pickle."""
+    cls = type(self)
+    raise TypeError(
+        f"cannot pickle or copy a {cls.__module__}.{cls.__qualname__}: it holds open files "
+        "and locks of the session store; pass the root's path (and the session id) instead "
+        "and open it again"
+    )
+
+
 def _check_events(events: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     if isinstance(events, (str, bytes)) or not isinstance(events, Sequence):
         raise InvalidInput("invalid input: events must be a list of dicts")
@@ -260,6 +275,7 @@ class Session:
     """
 
     __slots__ = ("_native", "_root")
+    __reduce_ex__ = _refuse_pickle
 
     def __init__(self, native: _native.Session, root: Root) -> None:
         self._native = native
@@ -364,6 +380,7 @@ class SessionReader:
     """
 
     __slots__ = ("_id", "_native_reader", "_root")
+    __reduce_ex__ = _refuse_pickle
 
     def __init__(self, root: Root, session_id: str) -> None:
         self._root = root
@@ -426,6 +443,7 @@ class Root:
     """
 
     __slots__ = ("_native",)
+    __reduce_ex__ = _refuse_pickle
 
     @_native_args
     def __init__(

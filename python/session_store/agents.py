@@ -52,6 +52,7 @@ from . import (
     Session,
     SessionStoreError,
     _missing_sdk,
+    _refuse_pickle,
     _to_thread,
     encode_json,
 )
@@ -211,6 +212,7 @@ class SessionStoreSession:
     """
 
     session_settings: SessionSettings | None = None
+    __reduce_ex__ = _refuse_pickle
 
     def __init__(
         self,

@@ -64,6 +64,7 @@ from . import (
     SessionStoreError,
     _missing_sdk,
     _native,
+    _refuse_pickle,
     _to_thread,
     encode_json,
 )
@@ -220,6 +221,8 @@ os.register_at_fork(after_in_child=_forget_inherited_state)
 class SessionStoreSaver(BaseCheckpointSaver[str]):
     """A LangGraph checkpointer whose threads are sessions of ``root`` (a
     :class:`session_store.Root` or a folder, created when missing)."""
+
+    __reduce_ex__ = _refuse_pickle
 
     def __init__(self, root: Root | PathLike, *, serde: SerializerProtocol | None = None) -> None:
         super().__init__(serde=serde)

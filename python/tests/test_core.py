@@ -233,6 +233,31 @@ def _open_in_worker(path: str, session_id: str) -> None:
     session_store.Root(path).open(session_id)
 
 
+def test_handles_refuse_pickle_and_copy_naming_their_class_and_values_pickle(root):
+    # A Root, Session or SessionReader (and the adapters) holds open files and locks:
+    # pickle and deepcopy raised "cannot pickle 'session_store._native.Root' object",
+    # naming a private type (a Root for a reader or an adapter), and copy.copy made a
+    # second handle of the same writer. Now a TypeError naming the public class.
+    import copy
+
+    from session_store.agents import SessionStoreSession
+    from session_store.langgraph import SessionStoreSaver
+
+    s = root.create("p")
+    s.append(turn("t1", msg(1)), operation_id="op-1", turn_id="t1")
+    s.flush()
+    handles = [root, s, root.reader("p"), SessionStoreSession("a", root), SessionStoreSaver(root)]
+    for handle in handles:
+        name = f"{type(handle).__module__}.{type(handle).__qualname__}"
+        for attempt in (pickle.dumps, copy.copy, copy.deepcopy):
+            with pytest.raises(TypeError, match=f"cannot pickle or copy a {name}: it holds"):
+                attempt(handle)
+    # What they return pickles.
+    values = [root.events("p"), root.transcript("p"), root.history("p"), root.list()]
+    assert pickle.loads(pickle.dumps(values)) == values
+    s.close()
+
+
 def test_errors_pickle_and_cross_a_process_pool(root):
     # Exceptions are named where the package exports them, so pickle (multiprocessing,
     # concurrent.futures) can find their class: `_native` was no importable module.
