@@ -485,7 +485,11 @@ pub(crate) fn snippet(text: &str, marks: &[(String, bool)]) -> Snippet {
         })
         .collect();
     let first = spans.iter().position(|(_, hit)| *hit).unwrap_or(0);
-    let start = first.saturating_sub(SNIPPET_LEAD);
+    // Up to `SNIPPET_LEAD` words before the first match, more when the text ends sooner:
+    // a text of at most `SNIPPET_WORDS` words is shown whole.
+    let start = first
+        .saturating_sub(SNIPPET_LEAD)
+        .min(spans.len().saturating_sub(SNIPPET_WORDS));
     let end = (start + SNIPPET_WORDS).min(spans.len());
     let mut out = Snippet::default();
     let Some(chosen) = spans.get(start..end).filter(|s| !s.is_empty()) else {
@@ -611,6 +615,23 @@ mod tests {
         );
         assert!(s.text.starts_with('…'), "{}", s.text);
         assert_eq!(s.marked("<", ">").matches("<needle>").count(), 1);
+    }
+
+    #[test]
+    fn a_text_that_fits_in_a_snippet_is_not_cut() {
+        // 13 words, the match last: the whole text fits in the snippet's 24 words, so none
+        // is cut away before the match (the words before it were dropped with an `…`).
+        let text = "one two three four five six seven eight nine ten eleven twelve needle";
+        let s = snippet(text, &SearchQuery::parse("needle").expect("parses").marks());
+        assert_eq!(s.marked("[", "]"), text.replace("needle", "[needle]"));
+        // A long text ending in the match shows its last 24 words, not only 7.
+        let long: String = (0..100).map(|i| format!("w{i} ")).collect::<String>() + "needle";
+        let s = snippet(
+            &long,
+            &SearchQuery::parse("needle").expect("parses").marks(),
+        );
+        assert!(s.text.starts_with("…w77 "), "{}", s.text);
+        assert!(s.marked("[", "]").ends_with("w99 [needle]"), "{}", s.text);
     }
 
     #[test]
