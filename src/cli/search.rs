@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 use session_store::{SearchOptions, SearchPage};
 
 use super::sessions::preview;
-use super::{CliResult, Context, block_on, print_json, printable, session_id};
+use super::{CliResult, Context, bidi_escaped, block_on, print_json, printable, session_id};
 
 /// Characters of a session's title shown on a hit's line (as `list` shows it).
 const TITLE_CHARS: usize = 60;
@@ -114,8 +114,9 @@ fn print_page(page: &SearchPage, filters: &[&str], terminal: bool) -> CliResult<
                 .collect();
             outln!("  also in: {}", forks.join(", "));
         }
-        // Snippet text has no control characters: only the marks are escapes.
-        outln!("  {}", hit.snippet.marked(open, close));
+        // Snippet text has no control characters: only the marks are escapes. Its
+        // bidirectional controls (never inside a matched word) are escaped as elsewhere.
+        outln!("  {}", bidi_escaped(&hit.snippet.marked(open, close)));
     }
     if let Some(next) = &page.next_cursor {
         let same = if filters.is_empty() {
