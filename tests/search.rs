@@ -1307,6 +1307,48 @@ fn a_cursor_keeps_its_place_when_other_sessions_change_the_ranks() {
 }
 
 #[test]
+fn a_cursor_from_before_a_rebuild_is_refused_not_followed_into_repeated_hits() {
+    let (_dir, root) = temp_root();
+    // 12 hits of one weight (ties, ordered by their index rows).
+    let s = create(&root, "tied");
+    let events = (0..12)
+        .map(|i| message(&format!("t{i}"), "user", "lima filler"))
+        .collect();
+    s.append(Batch::new("t", events)).expect("append");
+    s.close().expect("close");
+    let service = Service::new("local", root.clone()).expect("service");
+    let rt = rt();
+    let first = rt
+        .block_on(
+            service
+                .query()
+                .search("lima", SearchOptions::default().with_limit(4)),
+        )
+        .expect("first page");
+    let cursor = first.next_cursor.expect("a next page");
+    // The rebuild gives every index row a new number: the cursor's row is gone. Its next
+    // page started over among the ties (the first page's hits again, in silence).
+    root.rebuild_catalog().expect("rebuild");
+    let next = rt.block_on(service.query().search(
+        "lima",
+        SearchOptions::default().with_limit(4).with_cursor(cursor),
+    ));
+    match next {
+        Err(Error::InvalidInput { what, .. }) => assert!(what.contains("rebuilt"), "{what}"),
+        Ok(page) => {
+            let again: Vec<&String> = page
+                .hits
+                .iter()
+                .map(|h| &h.message_id)
+                .filter(|m| first.hits.iter().any(|f| &f.message_id == *m))
+                .collect();
+            panic!("the next page after a rebuild repeats {again:?}");
+        }
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[test]
 fn a_forks_inherited_title_is_found_after_its_parent_is_renamed() {
     let (_dir, root) = temp_root();
     parent_and_fork(
