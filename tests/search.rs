@@ -1307,6 +1307,49 @@ fn a_cursor_keeps_its_place_when_other_sessions_change_the_ranks() {
 }
 
 #[test]
+fn a_damaged_session_file_is_skipped_and_named_not_a_failed_search() {
+    let (_dir, root) = temp_root();
+    for name in ["good", "hurt"] {
+        let s = create(&root, name);
+        s.append(Batch::new(
+            "m",
+            vec![message(&format!("{name}-m"), "user", "mango season")],
+        ))
+        .expect("append");
+        s.close().expect("close");
+    }
+    assert_eq!(
+        search_all(&root, "mango", SearchOptions::default()).len(),
+        2
+    );
+    // One session file damaged after it was indexed: every search with a hit in it failed
+    // ("corrupt session store: … file is not a database", naming no session).
+    std::fs::write(root.path().join("hurt/session.sqlite"), vec![0x5a; 8192]).expect("damage");
+    let service = Service::new("local", root.clone()).expect("service");
+    let page = rt()
+        .block_on(service.query().search("mango", SearchOptions::default()))
+        .expect("the other session's hits");
+    assert_eq!(at(&page.hits), [("good".into(), 1)]);
+    assert_eq!(page.skipped.len(), 1);
+    assert_eq!(page.skipped[0].session_id.as_str(), "hurt");
+    // The CLI: the hit, exit 0, the damaged session named on stderr and in the JSON.
+    let out = bin()
+        .arg("--root")
+        .arg(root.path())
+        .args(["search", "mango"])
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("good #1"));
+    assert!(stderr.contains("skipped session hurt"), "{stderr}");
+    let page: serde_json::Value =
+        serde_json::from_slice(&cli_ok(root.path(), &["--json", "search", "mango"])).expect("json");
+    assert_eq!(page["hits"].as_array().map(Vec::len), Some(1));
+    assert_eq!(page["skipped"][0]["session_id"], "hurt");
+}
+
+#[test]
 fn a_cursor_from_before_a_rebuild_is_refused_not_followed_into_repeated_hits() {
     let (_dir, root) = temp_root();
     // 12 hits of one weight (ties, ordered by their index rows).

@@ -4,7 +4,7 @@ use std::io::IsTerminal;
 
 use session_store::{SearchOptions, SearchPage};
 
-use super::sessions::preview;
+use super::sessions::{preview, report_skipped};
 use super::{CliResult, Context, bidi_escaped, block_on, print_json, printable, session_id};
 
 /// Characters of a session's title shown on a hit's line (as `list` shows it).
@@ -65,6 +65,7 @@ pub fn search(cx: &Context, query: &str, args: SearchArgs) -> CliResult<()> {
     .collect();
     let service = cx.service()?;
     let page = block_on(service.query().search(query, options))??;
+    report_skipped(&page.skipped);
     if cx.json {
         return print_json(&page);
     }
