@@ -210,15 +210,8 @@ impl Parser {
         let token = self.peek().cloned();
         self.at += 1;
         match token {
-            Some(Token::Term { text, prefix }) => {
-                if !text.chars().any(is_word_char) {
-                    return Err(bad(format!(
-                        "{} has no letter or digit to search for",
-                        crate::error::quoted(&text)
-                    )));
-                }
-                Ok(Node::Term { text, prefix })
-            }
+            // One without a letter or digit is left out afterwards ([`prune`]).
+            Some(Token::Term { text, prefix }) => Ok(Node::Term { text, prefix }),
             Some(Token::Open) => {
                 self.depth += 1;
                 if self.depth > MAX_DEPTH {
@@ -284,10 +277,17 @@ impl SearchQuery {
         };
         let root = parser.or()?;
         match parser.peek() {
-            None => Ok(SearchQuery { root }),
-            Some(Token::Close) => Err(bad("a `)` closes nothing")),
-            Some(_) => Err(bad("an operator is missing a term")),
+            None => {}
+            Some(Token::Close) => return Err(bad("a `)` closes nothing")),
+            Some(_) => return Err(bad("an operator is missing a term")),
         }
+        let root = prune(root).ok_or_else(|| {
+            bad(format!(
+                "{} has no letter or digit to search for",
+                crate::error::quoted(query.trim())
+            ))
+        })?;
+        Ok(SearchQuery { root })
     }
 
     /// The query as an FTS5 expression: every term a quoted string.
@@ -321,6 +321,33 @@ impl SearchQuery {
         let mut out = Vec::new();
         collect_marks(&self.root, &mut out);
         out
+    }
+}
+
+/// `node` without its terms that hold no letter or digit (`&`, `+`, `🎉`): searched as
+/// text (as everything but the syntax is), such a term holds no word, so `a & b` is
+/// `a b`, `a OR +` is `a` and `a NOT +` is `a` (before, the query was refused). `None`
+/// when nothing is left.
+fn prune(node: Node) -> Option<Node> {
+    let several = |parts: Vec<Node>, make: fn(Vec<Node>) -> Node| {
+        let mut parts: Vec<Node> = parts.into_iter().filter_map(prune).collect();
+        match parts.len() {
+            0 | 1 => parts.pop(),
+            _ => Some(make(parts)),
+        }
+    };
+    match node {
+        Node::Term { ref text, .. } if !text.chars().any(is_word_char) => None,
+        Node::Term { .. } => Some(node),
+        Node::And(parts) => several(parts, Node::And),
+        Node::Or(parts) => several(parts, Node::Or),
+        Node::Not(left, right) => {
+            let left = prune(*left)?;
+            Some(match prune(*right) {
+                Some(right) => Node::Not(Box::new(left), Box::new(right)),
+                None => left,
+            })
+        }
     }
 }
 
@@ -583,6 +610,30 @@ mod tests {
         assert!(SearchQuery::parse(&long).is_err());
         let deep = format!("{}a{}", "(".repeat(40), ")".repeat(40));
         assert!(SearchQuery::parse(&deep).is_err());
+    }
+
+    #[test]
+    fn a_term_without_letters_is_left_out_as_text_that_holds_no_word() {
+        // `deploy & staging` was refused ("& has no letter or digit"): the README says
+        // anything but the syntax is searched as text, and as text `&` holds no word.
+        for (q, same_as) in [
+            ("deploy & staging", "deploy staging"),
+            ("timeout - deadlock", "timeout deadlock"),
+            ("a OR +", "a"),
+            ("a NOT (+ OR -)", "a"),
+            ("(+) a", "a"),
+            ("🎉 party", "party"),
+        ] {
+            let parsed = SearchQuery::parse(q).unwrap_or_else(|e| panic!("{q:?}: {e}"));
+            let expected = SearchQuery::parse(same_as).expect("parses");
+            assert_eq!(parsed.fts(), expected.fts(), "{q:?}");
+            assert_eq!(parsed.exact_phrase(), expected.exact_phrase(), "{q:?}");
+        }
+        // A query of nothing else is still refused.
+        for q in ["+", "& -", "🎉", "(+) OR -"] {
+            let e = SearchQuery::parse(q).expect_err(q).to_string();
+            assert!(e.contains("no letter or digit"), "{q:?}: {e}");
+        }
     }
 
     #[test]
