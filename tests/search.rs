@@ -13,7 +13,8 @@ use std::time::Duration;
 use common::*;
 use serde_json::json;
 use session_store::{
-    Batch, CancelToken, CreateOptions, Error, ForkPoint, Root, SearchHit, SearchOptions, Service,
+    Batch, CancelToken, CreateOptions, Error, ForkPoint, Root, SearchHit, SearchOptions,
+    SearchPage, Service,
 };
 
 fn rt() -> tokio::runtime::Runtime {
@@ -39,6 +40,19 @@ fn search_all(root: &Root, query: &str, options: SearchOptions) -> Vec<SearchHit
             None => return out,
         }
     }
+}
+
+/// A service on `root` and the first page of `query`, `limit` hits a page.
+fn first_page(root: &Root, query: &str, limit: usize) -> (Service, SearchPage) {
+    let service = Service::new("local", root.clone()).expect("service");
+    let page = rt()
+        .block_on(
+            service
+                .query()
+                .search(query, SearchOptions::default().with_limit(limit)),
+        )
+        .expect("first page");
+    (service, page)
 }
 
 fn search_err(root: &Root, query: &str) -> Option<Error> {
@@ -1273,15 +1287,8 @@ fn a_cursor_keeps_its_place_when_other_sessions_change_the_ranks() {
         .collect();
     s.append(Batch::new("k", events)).expect("append");
     s.close().expect("close");
-    let service = Service::new("local", root.clone()).expect("service");
+    let (service, first) = first_page(&root, "kilo", 5);
     let rt = rt();
-    let first = rt
-        .block_on(
-            service
-                .query()
-                .search("kilo", SearchOptions::default().with_limit(5)),
-        )
-        .expect("first page");
     let mut seen: Vec<String> = first.hits.iter().map(|h| h.message_id.clone()).collect();
     // Another session's messages change every row's bm25 (the word got rarer): the rest
     // of the hits still follow the cursor, each once.
@@ -1359,20 +1366,12 @@ fn a_cursor_from_before_a_rebuild_is_refused_not_followed_into_repeated_hits() {
         .collect();
     s.append(Batch::new("t", events)).expect("append");
     s.close().expect("close");
-    let service = Service::new("local", root.clone()).expect("service");
-    let rt = rt();
-    let first = rt
-        .block_on(
-            service
-                .query()
-                .search("lima", SearchOptions::default().with_limit(4)),
-        )
-        .expect("first page");
+    let (service, first) = first_page(&root, "lima", 4);
     let cursor = first.next_cursor.expect("a next page");
     // The rebuild gives every index row a new number: the cursor's row is gone. Its next
     // page started over among the ties (the first page's hits again, in silence).
     root.rebuild_catalog().expect("rebuild");
-    let next = rt.block_on(service.query().search(
+    let next = rt().block_on(service.query().search(
         "lima",
         SearchOptions::default().with_limit(4).with_cursor(cursor),
     ));
