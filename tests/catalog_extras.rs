@@ -276,6 +276,34 @@ fn expected_totals(u: &Usage, n: u64) {
 }
 
 #[test]
+fn root_totals_of_counts_past_u64_saturate_instead_of_wrapping() {
+    // Two sessions each at a count's largest value: their sum does not fit in 64 bits.
+    // `catalog_totals` (serve's `/api/stats`) wrapped it in silence: input tokens
+    // 2^64 - 2 and output tokens 0 for two sessions of 2^64 - 1 and 2^63 each.
+    let (_dir, root) = temp_root();
+    for name in ["a", "b"] {
+        let s = create(&root, name);
+        s.append(Batch::new(
+            "u",
+            vec![event(
+                "usage",
+                json!({"model": "m", "input_tokens": u64::MAX, "output_tokens": 1u64 << 63,
+                       "cache_read_tokens": 5}),
+            )],
+        ))
+        .expect("append");
+        s.close().expect("close");
+    }
+    root.list(None, 10).expect("list");
+    let totals = root.catalog_totals().expect("totals");
+    assert_eq!(totals.sessions, 2);
+    assert_eq!(totals.usage_events, 2);
+    assert_eq!(totals.input_tokens, u64::MAX);
+    assert_eq!(totals.output_tokens, u64::MAX);
+    assert_eq!(totals.cache_read_tokens, 10);
+}
+
+#[test]
 fn usage_totals_are_exact_across_many_batches_and_a_fork() {
     let (dir, root) = temp_root();
     let s = create(&root, "parent");

@@ -1310,6 +1310,11 @@ fn a_relative_cwd_is_taken_as_the_absolute_folder_it_names() {
     };
     assert_eq!(hits("api"), 1);
     assert_eq!(hits("."), 0);
+    // An absolute folder as a shell completes it (a trailing `/`, `//`, `/./`) names the
+    // same folder: it matched nothing, since no working directory is spelled so.
+    let api = format!("{here}//./api/");
+    assert_eq!(ids(&["list", "--cwd", &api]), ["b"]);
+    assert_eq!(hits(&api), 1);
 }
 
 /// Ctrl-C (SIGINT) or SIGTERM during `export` stops it with 130 / 143 and removes its

@@ -828,6 +828,26 @@ fn a_closed_stderr_keeps_the_exit_status() {
 // ---------------------------------------------------------------------------------------
 
 #[test]
+fn search_snippets_escape_bidirectional_controls() {
+    // A search hit's snippet printed U+202E and U+2066 as they were (every other human
+    // output escapes them), reordering the rest of the terminal's line.
+    let env = Env::new();
+    let batch = r#"{"operation_id":"o","events":[{"kind":"session/title","payload":{"title":"plan \u202eevil"}},{"kind":"message/complete","payload":{"message":{"id":"m","role":"user","content":"invoice \u202etxt.exe\u2066 done \u001b[31m red"}}}]}"#;
+    let out = env.run_with(&["append", "s", "--create"], &format!("{batch}\n"));
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    for query in ["invoice", "plan", "txt"] {
+        let out = env.ok(&["search", query]);
+        assert_eq!(control_chars(&out), Vec::<char>::new(), "{query}: {out}");
+        assert!(out.contains(r"\u{202e}"), "{query}: {out}");
+    }
+    // JSON stays exact.
+    let page: serde_json::Value =
+        serde_json::from_str(&env.ok(&["--json", "search", "invoice"])).expect("json");
+    let text = page["hits"][0]["snippet"]["text"].as_str().expect("text");
+    assert!(text.contains("\u{202e}txt.exe\u{2066}"), "{text}");
+}
+
+#[test]
 fn human_output_escapes_session_strings_and_errors_clip_huge_values() {
     let env = Env::new();
     let cwd = "/tmp/\u{1b}]0;pwned\u{7}\u{1b}[2J";

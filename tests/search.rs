@@ -13,7 +13,8 @@ use std::time::Duration;
 use common::*;
 use serde_json::json;
 use session_store::{
-    Batch, CancelToken, CreateOptions, Error, ForkPoint, Root, SearchHit, SearchOptions, Service,
+    Batch, CancelToken, CreateOptions, Error, ForkPoint, Root, SearchHit, SearchOptions,
+    SearchPage, Service,
 };
 
 fn rt() -> tokio::runtime::Runtime {
@@ -39,6 +40,19 @@ fn search_all(root: &Root, query: &str, options: SearchOptions) -> Vec<SearchHit
             None => return out,
         }
     }
+}
+
+/// A service on `root` and the first page of `query`, `limit` hits a page.
+fn first_page(root: &Root, query: &str, limit: usize) -> (Service, SearchPage) {
+    let service = Service::new("local", root.clone()).expect("service");
+    let page = rt()
+        .block_on(
+            service
+                .query()
+                .search(query, SearchOptions::default().with_limit(limit)),
+        )
+        .expect("first page");
+    (service, page)
 }
 
 fn search_err(root: &Root, query: &str) -> Option<Error> {
@@ -1273,15 +1287,8 @@ fn a_cursor_keeps_its_place_when_other_sessions_change_the_ranks() {
         .collect();
     s.append(Batch::new("k", events)).expect("append");
     s.close().expect("close");
-    let service = Service::new("local", root.clone()).expect("service");
+    let (service, first) = first_page(&root, "kilo", 5);
     let rt = rt();
-    let first = rt
-        .block_on(
-            service
-                .query()
-                .search("kilo", SearchOptions::default().with_limit(5)),
-        )
-        .expect("first page");
     let mut seen: Vec<String> = first.hits.iter().map(|h| h.message_id.clone()).collect();
     // Another session's messages change every row's bm25 (the word got rarer): the rest
     // of the hits still follow the cursor, each once.
@@ -1304,6 +1311,83 @@ fn a_cursor_keeps_its_place_when_other_sessions_change_the_ranks() {
     }
     let distinct: BTreeSet<&String> = seen.iter().collect();
     assert_eq!((seen.len(), distinct.len()), (20, 20), "{seen:?}");
+}
+
+#[test]
+fn a_damaged_session_file_is_skipped_and_named_not_a_failed_search() {
+    let (_dir, root) = temp_root();
+    for name in ["good", "hurt"] {
+        let s = create(&root, name);
+        s.append(Batch::new(
+            "m",
+            vec![message(&format!("{name}-m"), "user", "mango season")],
+        ))
+        .expect("append");
+        s.close().expect("close");
+    }
+    assert_eq!(
+        search_all(&root, "mango", SearchOptions::default()).len(),
+        2
+    );
+    // One session file damaged after it was indexed: every search with a hit in it failed
+    // ("corrupt session store: … file is not a database", naming no session).
+    std::fs::write(root.path().join("hurt/session.sqlite"), vec![0x5a; 8192]).expect("damage");
+    let service = Service::new("local", root.clone()).expect("service");
+    let page = rt()
+        .block_on(service.query().search("mango", SearchOptions::default()))
+        .expect("the other session's hits");
+    assert_eq!(at(&page.hits), [("good".into(), 1)]);
+    assert_eq!(page.skipped.len(), 1);
+    assert_eq!(page.skipped[0].session_id.as_str(), "hurt");
+    // The CLI: the hit, exit 0, the damaged session named on stderr and in the JSON.
+    let out = bin()
+        .arg("--root")
+        .arg(root.path())
+        .args(["search", "mango"])
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("good #1"));
+    assert!(stderr.contains("skipped session hurt"), "{stderr}");
+    let page: serde_json::Value =
+        serde_json::from_slice(&cli_ok(root.path(), &["--json", "search", "mango"])).expect("json");
+    assert_eq!(page["hits"].as_array().map(Vec::len), Some(1));
+    assert_eq!(page["skipped"][0]["session_id"], "hurt");
+}
+
+#[test]
+fn a_cursor_from_before_a_rebuild_is_refused_not_followed_into_repeated_hits() {
+    let (_dir, root) = temp_root();
+    // 12 hits of one weight (ties, ordered by their index rows).
+    let s = create(&root, "tied");
+    let events = (0..12)
+        .map(|i| message(&format!("t{i}"), "user", "lima filler"))
+        .collect();
+    s.append(Batch::new("t", events)).expect("append");
+    s.close().expect("close");
+    let (service, first) = first_page(&root, "lima", 4);
+    let cursor = first.next_cursor.expect("a next page");
+    // The rebuild gives every index row a new number: the cursor's row is gone. Its next
+    // page started over among the ties (the first page's hits again, in silence).
+    root.rebuild_catalog().expect("rebuild");
+    let next = rt().block_on(service.query().search(
+        "lima",
+        SearchOptions::default().with_limit(4).with_cursor(cursor),
+    ));
+    match next {
+        Err(Error::InvalidInput { what, .. }) => assert!(what.contains("rebuilt"), "{what}"),
+        Ok(page) => {
+            let again: Vec<&String> = page
+                .hits
+                .iter()
+                .map(|h| &h.message_id)
+                .filter(|m| first.hits.iter().any(|f| &f.message_id == *m))
+                .collect();
+            panic!("the next page after a rebuild repeats {again:?}");
+        }
+        Err(e) => panic!("{e}"),
+    }
 }
 
 #[test]

@@ -528,8 +528,9 @@ class Root:
         """Full-text search over every session of the root (durable messages and titles),
         best first: ``{"hits": [{"session_ref", "title", "position", "message_id", "role",
         "snippet": {"text", "matches": [{"start", "end"}]}, "rank", "time_ms",
-        "shared_with"}], "next_cursor"}``. ``snippet["text"][m["start"]:m["end"]]`` is a
-        matching word. Pass ``next_cursor`` back as ``cursor`` (with the same query and
+        "shared_with"}], "next_cursor", "skipped"}``. ``snippet["text"][m["start"]:m["end"]]``
+        is a matching word; ``skipped`` names the sessions whose file cannot be read
+        (``{"session_id", "error"}``), their message hits left out. Pass ``next_cursor`` back as ``cursor`` (with the same query and
         filters) for the next page; ``limit`` is at most 100 (0 gives 10, as in
         :meth:`list` 0 gives the default).
 

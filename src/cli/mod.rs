@@ -385,6 +385,13 @@ pub fn is_bidi_control(c: char) -> bool {
     matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
+/// `text` with its bidirectional controls escaped and nothing else: for text that holds no
+/// control characters but the terminal escapes this program put in it (a search snippet
+/// with its matches marked).
+pub fn bidi_escaped(text: &str) -> Cow<'_, str> {
+    escape_controls(text, is_bidi_control)
+}
+
 /// As [`printable`], keeping line breaks and tabs (`\n`, `\r`, `\t`): for text shown as a
 /// block where they are layout, such as the web pages (`serve`).
 pub fn printable_block(text: &str) -> Cow<'_, str> {
@@ -407,17 +414,24 @@ fn escape_controls(text: &str, escaped: impl Fn(char) -> bool) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-/// A `--cwd DIR` argument as the working directory it names: an absolute one as given, a
-/// relative one (`.`, `../api`) joined to the current directory with its `.` and `..`
-/// parts resolved by name (symlinks are not followed; the folder need not exist). An
-/// empty one stays empty, for the library to refuse.
+/// A `--cwd DIR` argument as the working directory it names: an absolute one without its
+/// `.` parts and repeated or trailing `/` (`/srv//api/` is `/srv/api`, as a working
+/// directory is spelled; its `..` parts are kept), a relative one (`.`, `../api`) joined
+/// to the current directory with its `.` and `..` parts resolved by name (symlinks are
+/// not followed; the folder need not exist). An empty one stays empty, for the library to
+/// refuse.
 ///
 /// # Errors
 /// The current directory cannot be read or is not UTF-8.
 pub fn absolute_dir(text: &str) -> Result<String, String> {
     let path = Path::new(text);
-    if text.is_empty() || path.is_absolute() {
-        return Ok(text.to_owned());
+    if text.is_empty() {
+        return Ok(String::new());
+    }
+    if path.is_absolute() {
+        // The path is the UTF-8 `text`, so its parts are too.
+        let spelled: std::path::PathBuf = path.components().collect();
+        return Ok(spelled.to_string_lossy().into_owned());
     }
     let here = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
     let mut out = std::path::PathBuf::new();
@@ -484,6 +498,18 @@ mod tests {
         );
         let deep = "../".repeat(here.split('/').count() + 3);
         assert_eq!(absolute_dir(&deep).as_deref(), Ok("/"));
+    }
+
+    #[test]
+    fn an_absolute_cwd_is_spelled_as_a_relative_one_is() {
+        // `./api/` named `<here>/api`, but `/srv/api/` (a shell's completion) stayed
+        // `/srv/api/`, which no session's working directory (`/srv/api`) equals: `list
+        // --cwd /srv/api/` and `search --cwd` found nothing.
+        assert_eq!(absolute_dir("/srv/api/").as_deref(), Ok("/srv/api"));
+        assert_eq!(absolute_dir("/srv//api/./x").as_deref(), Ok("/srv/api/x"));
+        assert_eq!(absolute_dir("/").as_deref(), Ok("/"));
+        // `..` is kept: by name it is not the folder a symlink on the way leads to.
+        assert_eq!(absolute_dir("/srv/a/../b/").as_deref(), Ok("/srv/a/../b"));
     }
 
     #[test]

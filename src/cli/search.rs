@@ -4,8 +4,8 @@ use std::io::IsTerminal;
 
 use session_store::{SearchOptions, SearchPage};
 
-use super::sessions::preview;
-use super::{CliResult, Context, block_on, print_json, printable, session_id};
+use super::sessions::{preview, report_skipped};
+use super::{CliResult, Context, bidi_escaped, block_on, print_json, printable, session_id};
 
 /// Characters of a session's title shown on a hit's line (as `list` shows it).
 const TITLE_CHARS: usize = 60;
@@ -65,6 +65,7 @@ pub fn search(cx: &Context, query: &str, args: SearchArgs) -> CliResult<()> {
     .collect();
     let service = cx.service()?;
     let page = block_on(service.query().search(query, options))??;
+    report_skipped(&page.skipped);
     if cx.json {
         return print_json(&page);
     }
@@ -114,8 +115,9 @@ fn print_page(page: &SearchPage, filters: &[&str], terminal: bool) -> CliResult<
                 .collect();
             outln!("  also in: {}", forks.join(", "));
         }
-        // Snippet text has no control characters: only the marks are escapes.
-        outln!("  {}", hit.snippet.marked(open, close));
+        // Snippet text has no control characters: only the marks are escapes. Its
+        // bidirectional controls (never inside a matched word) are escaped as elsewhere.
+        outln!("  {}", bidi_escaped(&hit.snippet.marked(open, close)));
     }
     if let Some(next) = &page.next_cursor {
         let same = if filters.is_empty() {

@@ -153,7 +153,7 @@ pub fn list(cx: &Context, limit: usize, cursor: Option<&str>, filter: ListFilter
 }
 
 /// Names each session that could not be read, with why, on stderr.
-fn report_skipped(skipped: &[SkippedSession]) {
+pub(super) fn report_skipped(skipped: &[SkippedSession]) {
     for s in skipped {
         errln!(
             "session-store: skipped session {}: {}",

@@ -210,15 +210,8 @@ impl Parser {
         let token = self.peek().cloned();
         self.at += 1;
         match token {
-            Some(Token::Term { text, prefix }) => {
-                if !text.chars().any(is_word_char) {
-                    return Err(bad(format!(
-                        "{} has no letter or digit to search for",
-                        crate::error::quoted(&text)
-                    )));
-                }
-                Ok(Node::Term { text, prefix })
-            }
+            // One without a letter or digit is left out afterwards ([`prune`]).
+            Some(Token::Term { text, prefix }) => Ok(Node::Term { text, prefix }),
             Some(Token::Open) => {
                 self.depth += 1;
                 if self.depth > MAX_DEPTH {
@@ -284,10 +277,17 @@ impl SearchQuery {
         };
         let root = parser.or()?;
         match parser.peek() {
-            None => Ok(SearchQuery { root }),
-            Some(Token::Close) => Err(bad("a `)` closes nothing")),
-            Some(_) => Err(bad("an operator is missing a term")),
+            None => {}
+            Some(Token::Close) => return Err(bad("a `)` closes nothing")),
+            Some(_) => return Err(bad("an operator is missing a term")),
         }
+        let root = prune(root).ok_or_else(|| {
+            bad(format!(
+                "{} has no letter or digit to search for",
+                crate::error::quoted(query.trim())
+            ))
+        })?;
+        Ok(SearchQuery { root })
     }
 
     /// The query as an FTS5 expression: every term a quoted string.
@@ -321,6 +321,33 @@ impl SearchQuery {
         let mut out = Vec::new();
         collect_marks(&self.root, &mut out);
         out
+    }
+}
+
+/// `node` without its terms that hold no letter or digit (`&`, `+`, `🎉`): searched as
+/// text (as everything but the syntax is), such a term holds no word, so `a & b` is
+/// `a b`, `a OR +` is `a` and `a NOT +` is `a` (before, the query was refused). `None`
+/// when nothing is left.
+fn prune(node: Node) -> Option<Node> {
+    let several = |parts: Vec<Node>, make: fn(Vec<Node>) -> Node| {
+        let mut parts: Vec<Node> = parts.into_iter().filter_map(prune).collect();
+        match parts.len() {
+            0 | 1 => parts.pop(),
+            _ => Some(make(parts)),
+        }
+    };
+    match node {
+        Node::Term { ref text, .. } if !text.chars().any(is_word_char) => None,
+        Node::Term { .. } => Some(node),
+        Node::And(parts) => several(parts, Node::And),
+        Node::Or(parts) => several(parts, Node::Or),
+        Node::Not(left, right) => {
+            let left = prune(*left)?;
+            Some(match prune(*right) {
+                Some(right) => Node::Not(Box::new(left), Box::new(right)),
+                None => left,
+            })
+        }
     }
 }
 
@@ -485,7 +512,11 @@ pub(crate) fn snippet(text: &str, marks: &[(String, bool)]) -> Snippet {
         })
         .collect();
     let first = spans.iter().position(|(_, hit)| *hit).unwrap_or(0);
-    let start = first.saturating_sub(SNIPPET_LEAD);
+    // Up to `SNIPPET_LEAD` words before the first match, more when the text ends sooner:
+    // a text of at most `SNIPPET_WORDS` words is shown whole.
+    let start = first
+        .saturating_sub(SNIPPET_LEAD)
+        .min(spans.len().saturating_sub(SNIPPET_WORDS));
     let end = (start + SNIPPET_WORDS).min(spans.len());
     let mut out = Snippet::default();
     let Some(chosen) = spans.get(start..end).filter(|s| !s.is_empty()) else {
@@ -582,6 +613,30 @@ mod tests {
     }
 
     #[test]
+    fn a_term_without_letters_is_left_out_as_text_that_holds_no_word() {
+        // `deploy & staging` was refused ("& has no letter or digit"): the README says
+        // anything but the syntax is searched as text, and as text `&` holds no word.
+        for (q, same_as) in [
+            ("deploy & staging", "deploy staging"),
+            ("timeout - deadlock", "timeout deadlock"),
+            ("a OR +", "a"),
+            ("a NOT (+ OR -)", "a"),
+            ("(+) a", "a"),
+            ("🎉 party", "party"),
+        ] {
+            let parsed = SearchQuery::parse(q).unwrap_or_else(|e| panic!("{q:?}: {e}"));
+            let expected = SearchQuery::parse(same_as).expect("parses");
+            assert_eq!(parsed.fts(), expected.fts(), "{q:?}");
+            assert_eq!(parsed.exact_phrase(), expected.exact_phrase(), "{q:?}");
+        }
+        // A query of nothing else is still refused.
+        for q in ["+", "& -", "🎉", "(+) OR -"] {
+            let e = SearchQuery::parse(q).expect_err(q).to_string();
+            assert!(e.contains("no letter or digit"), "{q:?}: {e}");
+        }
+    }
+
+    #[test]
     fn exact_phrase_only_for_plain_words() {
         let p = |q: &str| SearchQuery::parse(q).expect("parses").exact_phrase();
         assert_eq!(
@@ -611,6 +666,23 @@ mod tests {
         );
         assert!(s.text.starts_with('…'), "{}", s.text);
         assert_eq!(s.marked("<", ">").matches("<needle>").count(), 1);
+    }
+
+    #[test]
+    fn a_text_that_fits_in_a_snippet_is_not_cut() {
+        // 13 words, the match last: the whole text fits in the snippet's 24 words, so none
+        // is cut away before the match (the words before it were dropped with an `…`).
+        let text = "one two three four five six seven eight nine ten eleven twelve needle";
+        let s = snippet(text, &SearchQuery::parse("needle").expect("parses").marks());
+        assert_eq!(s.marked("[", "]"), text.replace("needle", "[needle]"));
+        // A long text ending in the match shows its last 24 words, not only 7.
+        let long: String = (0..100).map(|i| format!("w{i} ")).collect::<String>() + "needle";
+        let s = snippet(
+            &long,
+            &SearchQuery::parse("needle").expect("parses").marks(),
+        );
+        assert!(s.text.starts_with("…w77 "), "{}", s.text);
+        assert!(s.marked("[", "]").ends_with("w99 [needle]"), "{}", s.text);
     }
 
     #[test]

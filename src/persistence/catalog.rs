@@ -90,7 +90,8 @@ pub struct Listing {
 /// Totals over the catalog as last refreshed ([`Root::catalog_totals`]): one aggregate
 /// query over its rows, no session file opened. Sizes are those of the entries' stamps
 /// (the last refresh); a fork's events, turns and usage include its inherited prefix, as
-/// its [`CatalogEntry`] does.
+/// its [`CatalogEntry`] does. A sum past 2^64 - 1 (each session's counts fit in 64 bits,
+/// their sum may not) is 2^64 - 1.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct CatalogTotals {
@@ -987,16 +988,19 @@ fn direct_totals(root: &Root) -> Result<CatalogTotals> {
         };
         let (file_bytes, wal_bytes) = stamper.bytes(&id);
         let usage = &entry.usage.total;
-        totals.sessions += 1;
-        totals.file_bytes += file_bytes;
-        totals.wal_bytes += wal_bytes;
-        totals.events += entry.durable_sequence;
-        totals.turns += entry.turns;
-        totals.usage_events += usage.events;
-        totals.input_tokens += usage.input_tokens;
-        totals.output_tokens += usage.output_tokens;
-        totals.cache_read_tokens += usage.cache_read_tokens;
-        totals.cache_write_tokens += usage.cache_write_tokens;
+        // Each count of a session fits in 64 bits, their sum may not (a `usage` count may
+        // be 2^64 - 1): it saturates, where it wrapped.
+        let add = |sum: &mut u64, n: u64| *sum = sum.saturating_add(n);
+        add(&mut totals.sessions, 1);
+        add(&mut totals.file_bytes, file_bytes);
+        add(&mut totals.wal_bytes, wal_bytes);
+        add(&mut totals.events, entry.durable_sequence);
+        add(&mut totals.turns, entry.turns);
+        add(&mut totals.usage_events, usage.events);
+        add(&mut totals.input_tokens, usage.input_tokens);
+        add(&mut totals.output_tokens, usage.output_tokens);
+        add(&mut totals.cache_read_tokens, usage.cache_read_tokens);
+        add(&mut totals.cache_write_tokens, usage.cache_write_tokens);
     }
     Ok(totals)
 }

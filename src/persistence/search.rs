@@ -13,7 +13,7 @@ use crate::model::Message;
 use crate::model::search::{SearchQuery, message_text, snippet};
 use crate::model::{SessionId, Snippet};
 use crate::persistence::Root;
-use crate::persistence::catalog::{CATALOG_DIR, catalog_dir, unlink_files_at};
+use crate::persistence::catalog::{CATALOG_DIR, SkippedSession, catalog_dir, unlink_files_at};
 use crate::store::reader::SessionReader;
 use crate::store::schema::{self, SESSION_FILE};
 use crate::store::search::{IndexFilter, IndexHit, SEARCH_FILE, SEARCH_FILES, SearchIndex};
@@ -30,12 +30,22 @@ pub const MAX_SEARCH_LIMIT: usize = 100;
 const READ_THREADS: usize = 10;
 
 /// Messages read back, keyed by session, position and event sequence (an older version at
-/// a position, kept for the forks that still show it, is not the current one), and the
-/// sessions found gone.
+/// a position, kept for the forks that still show it, is not the current one), the
+/// sessions found gone, and those whose file cannot be read (damaged, foreign or of a
+/// newer schema).
 type ReadBack<'a> = (
     Vec<((&'a SessionId, u64, u64), Arc<Message>)>,
     Vec<SessionId>,
+    Vec<SkippedSession>,
 );
+
+/// A page of [`Root::search`]: its hits, the next page's cursor, and the sessions whose
+/// hits were left out because their file cannot be read.
+pub(crate) struct Searched {
+    pub found: Vec<Found>,
+    pub next: Option<String>,
+    pub skipped: Vec<SkippedSession>,
+}
 
 /// What [`crate::SessionQuery::search`] looks for besides the query. Built with
 /// [`SearchOptions::default`] and the `with_*` methods.
@@ -283,7 +293,8 @@ impl Root {
 
     /// The messages of `wanted` hits, `(position, seq)` by session, each read back from
     /// the file that holds it (see [`SearchIndex::hit_messages`]; only those still current
-    /// there with `current`), and the sessions whose folder is gone.
+    /// there with `current`), the sessions whose folder is gone and those whose file
+    /// cannot be read (their hits are left out, as `list` passes over them).
     fn read_back<'a>(
         &self,
         index: &SearchIndex,
@@ -292,6 +303,7 @@ impl Root {
     ) -> Result<ReadBack<'a>> {
         let mut messages = Vec::new();
         let mut gone = Vec::new();
+        let mut skipped = Vec::new();
         for (id, at) in wanted {
             let file = self.session_dir(id).join(SESSION_FILE);
             match index.hit_messages(&file, at, current) {
@@ -305,10 +317,16 @@ impl Root {
                 Err(Error::SessionNotFound(_)) => gone.push((*id).clone()),
                 // Deleted while being read.
                 Err(_) if !file.is_file() => gone.push((*id).clone()),
+                // A damaged, foreign or newer file: one session's fault, not the search's
+                // (every search with a hit in it failed, naming no session).
+                Err(e) if e.is_corrupt() || e.is_unsupported() => skipped.push(SkippedSession {
+                    session_id: (*id).clone(),
+                    error: Arc::new(e),
+                }),
                 Err(e) => return Err(e),
             }
         }
-        Ok((messages, gone))
+        Ok((messages, gone, skipped))
     }
 
     /// One page of full-text search hits for `query` (syntax: `model::search`), best
@@ -317,29 +335,20 @@ impl Root {
     /// # Errors
     /// [`Error::InvalidInput`] for a malformed query, a bad cursor or a limit over 100;
     /// [`Error::SessionNotFound`] when `options.session` names no session; I/O and SQLite
-    /// errors of the index.
-    pub(crate) fn search(
-        &self,
-        query: &str,
-        options: &SearchOptions,
-    ) -> Result<(Vec<Found>, Option<String>)> {
+    /// errors of the index. A hit's session whose file cannot be read is in
+    /// [`Searched::skipped`], its hits left out.
+    pub(crate) fn search(&self, query: &str, options: &SearchOptions) -> Result<Searched> {
         match self.search_once(query, options)? {
             // Sessions that inherited from a session found gone were indexed again: the
             // page is asked again, with their messages in it.
-            (_, _, true) => self
-                .search_once(query, options)
-                .map(|(found, next, _)| (found, next)),
-            (found, next, false) => Ok((found, next)),
+            (_, true) => self.search_once(query, options).map(|(page, _)| page),
+            (page, false) => Ok(page),
         }
     }
 
     /// One try of [`Root::search`]; also says whether it indexed again sessions that
     /// inherited from a session it found gone (their hits may be missing from this page).
-    fn search_once(
-        &self,
-        query: &str,
-        options: &SearchOptions,
-    ) -> Result<(Vec<Found>, Option<String>, bool)> {
+    fn search_once(&self, query: &str, options: &SearchOptions) -> Result<(Searched, bool)> {
         let parsed = SearchQuery::parse(query)?;
         let limit = if options.limit == 0 {
             DEFAULT_SEARCH_LIMIT
@@ -416,11 +425,14 @@ impl Root {
         });
         let mut messages: HashMap<(&SessionId, u64, u64), Arc<Message>> = HashMap::new();
         let mut gone: Vec<SessionId> = Vec::new();
+        let mut skipped: Vec<SkippedSession> = Vec::new();
         for part in read {
-            let (found, vanished) = part?;
+            let (found, vanished, unreadable) = part?;
             messages.extend(found);
             gone.extend(vanished);
+            skipped.extend(unreadable);
         }
+        let unreadable = |id: &SessionId| skipped.iter().any(|s| s.session_id == *id);
         // Only a session some fork or rewind inherits from can share a hit with another.
         let mut sessions: Vec<&SessionId> = hits.iter().map(|h| &h.session_id).collect();
         sessions.sort();
@@ -441,6 +453,7 @@ impl Root {
         for hit in hits.iter().filter(|h| h.position > 0) {
             if (hit.own && messages.contains_key(&(&hit.session_id, hit.position, hit.seq)))
                 || gone.contains(&hit.session_id)
+                || unreadable(&hit.session_id)
             {
                 continue;
             }
@@ -455,9 +468,10 @@ impl Root {
             inherited.insert(hit.row, shown);
         }
         let stale: Vec<(&SessionId, Vec<(u64, u64)>)> = stale.into_iter().collect();
-        let (stale, vanished) = self.read_back(&index, &stale, false)?;
+        let (stale, vanished, unreadable_stale) = self.read_back(&index, &stale, false)?;
         let stale: HashMap<(&SessionId, u64, u64), Arc<Message>> = stale.into_iter().collect();
         gone.extend(vanished);
+        skipped.extend(unreadable_stale);
         let mut out = Vec::with_capacity(hits.len());
         for hit in &hits {
             let key = (&hit.session_id, hit.position, hit.seq);
@@ -526,7 +540,12 @@ impl Root {
             reindexed |= !inheritors.is_empty();
             self.unindex_deleted(&id, &inheritors);
         }
-        Ok((out, next, reindexed))
+        let page = Searched {
+            found: out,
+            next,
+            skipped,
+        };
+        Ok((page, reindexed))
     }
 }
 

@@ -144,6 +144,10 @@ pub struct SearchPage {
     pub hits: Vec<SearchHit>,
     /// Pass as [`SearchOptions::with_cursor`] for the next page; `None` on the last page.
     pub next_cursor: Option<String>,
+    /// Sessions of this page's hits whose file cannot be read (damaged, foreign or of a
+    /// newer schema), with why: their message hits are left out, the others returned.
+    #[serde(skip_deserializing)]
+    pub skipped: Vec<SkippedSession>,
 }
 
 fn optional_error_text<S: serde::Serializer>(
@@ -355,8 +359,9 @@ impl SessionQuery {
         let service = self.service.clone();
         let query = query.to_owned();
         blocking(move || {
-            let (found, next_cursor) = service.root().search(&query, &options)?;
-            let hits = found
+            let page = service.root().search(&query, &options)?;
+            let hits = page
+                .found
                 .into_iter()
                 .map(|f| SearchHit {
                     session_ref: service.session_ref(f.hit.session_id),
@@ -374,7 +379,11 @@ impl SessionQuery {
                         .collect(),
                 })
                 .collect();
-            Ok(SearchPage { hits, next_cursor })
+            Ok(SearchPage {
+                hits,
+                next_cursor: page.next,
+                skipped: page.skipped,
+            })
         })
         .await
     }

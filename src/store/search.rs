@@ -769,10 +769,16 @@ impl SearchIndex {
 /// every score: compared with the score the row had when its page was served, the rows
 /// after it could all fall before it (the next page empty) or before ones come back. The
 /// FTS row outlives its message (contentless rows are never deleted, only a rebuild
-/// drops them), so the cursor's row is ranked again; only after a rebuild does the
-/// cursor keep the score it carries. The tier depends on the row and the query alone.
+/// drops them), so the cursor's row is ranked again. The tier depends on the row and the
+/// query alone.
+///
+/// # Errors
+/// [`Error::InvalidInput`] when the row is not in the index: it was rebuilt since the
+/// cursor's page (every row has a new number), or the cursor was made up. Following it
+/// with the score it carries started the page over among rows of equal score (whose new
+/// numbers all come after the old one), repeating earlier pages' hits in silence.
 fn reanchor(conn: &Connection, fts: &str, after: (i64, f64, i64)) -> Result<(i64, f64, i64)> {
-    let (tier, score, row) = after;
+    let (tier, _, row) = after;
     let now = conn
         .prepare_cached(
             "SELECT coalesce(bm25(search_text), 0) FROM search_text
@@ -780,8 +786,14 @@ fn reanchor(conn: &Connection, fts: &str, after: (i64, f64, i64)) -> Result<(i64
         )?
         .query_row(params![fts, row], |r| r.get::<_, f64>(0))
         .optional()
-        .map_err(query_error)?;
-    Ok((tier, now.unwrap_or(score), row))
+        .map_err(query_error)?
+        .ok_or_else(|| {
+            Error::invalid(
+                "the search index was rebuilt since this search cursor's page: search again \
+                 from the first page",
+            )
+        })?;
+    Ok((tier, now, row))
 }
 
 /// SQL: whether the row `r` (its `seq` and `position`) of an ancestor's file, inherited by
