@@ -859,3 +859,62 @@ fn a_delete_whose_parent_holds_less_than_the_forks_range_is_refused() {
     assert_eq!(std::fs::read(&fork).unwrap(), before);
     assert_eq!(root.stat(&id("f")).unwrap().lineage.len(), 1);
 }
+
+/// A fork of a parent whose range it would inherit is damaged (a commit row that does not
+/// match its row hash, an event row missing, an event of the cut commit edited, the same in
+/// an ancestor of a fork) is refused as `Corrupt` naming the parent, leaving no child, no
+/// staged folder and no `dependents` row behind (it made a child of the damage before).
+#[test]
+fn a_fork_of_a_damaged_range_is_refused_leaving_nothing() {
+    let damages = [
+        "UPDATE commits SET created_at = created_at + 1 WHERE first_seq = 1",
+        "DELETE FROM events WHERE seq = 2",
+        "UPDATE events SET payload = replace(payload, 'm2', 'mX') WHERE seq = 5",
+    ];
+    for (n, damage) in damages.iter().enumerate() {
+        for chain in [false, true] {
+            let (_dir, root) = temp_root();
+            let s = create(&root, "p");
+            for t in 1..=3 {
+                s.append(turn(&format!("op-{t}"), &format!("t{t}"), &format!("m{t}")))
+                    .unwrap();
+            }
+            s.close().unwrap();
+            // Forked from `f`, a fork of `p` inheriting all of it, in the second round.
+            let forked = if chain {
+                root.fork(&id("p"), after("t3"), Some(id("f"))).unwrap()
+            } else {
+                id("p")
+            };
+            let dependents = |name: &str| {
+                root.open_reader(&id(name))
+                    .unwrap()
+                    .dependents()
+                    .unwrap()
+                    .len()
+            };
+            let before = dependents("p");
+            let changed =
+                rusqlite::Connection::open(root.session_dir(&id("p")).join("session.sqlite"))
+                    .unwrap()
+                    .execute(damage, [])
+                    .unwrap();
+            assert_eq!(changed, 1, "{damage}");
+            let e = root
+                .fork(&forked, after("t2"), Some(id("child")))
+                .unwrap_err();
+            assert!(e.is_corrupt(), "damage {n} chain {chain}: {e:?}");
+            let text = e.to_string();
+            assert!(
+                text.contains(&format!("session {forked} cannot be forked at sequence 6")),
+                "{text}"
+            );
+            assert!(!root.session_dir(&id("child")).exists(), "{text}");
+            assert!(staging_is_empty(&root), "{text}");
+            assert_eq!(dependents("p"), before, "{text}");
+            if chain {
+                assert_eq!(dependents("f"), 0, "{text}");
+            }
+        }
+    }
+}

@@ -1133,6 +1133,55 @@ impl SessionReader {
         read::commit_ends_at(&*segment.pool.get()?, seq)
     }
 
+    /// Checks the range `(0, cut]` a fork cut at `cut` inherits, as far as it can without
+    /// reading every payload: in each file that holds part of it, the commit rows (row
+    /// hashes, no gap, ending at the part's end) and one event row per sequence
+    /// ([`read::check_range`]); and the commit that ends at `cut` whole, its events
+    /// against its operation hash. An event edited elsewhere in the range is left to
+    /// `verify` and to the reads of the log, the child's as the parent's.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] naming this session, the range and the file that holds it;
+    /// SQLite errors.
+    pub(crate) fn check_prefix(&self, cut: u64) -> Result<()> {
+        let me = &self.header.session_id;
+        // A lineage that changed meanwhile (an ancestor deleted after its range was copied
+        // here) is read again.
+        self.with_layout(|layout| {
+            for s in layout.segments.iter().filter(|s| s.after < cut) {
+                let through = s.through.min(cut);
+                let checked = if s.inherited && !s.file.is_file() {
+                    Err(Error::corrupt("the file is missing"))
+                } else {
+                    read::check_range(&*s.pool.get()?, s.after, through)
+                };
+                checked.map_err(|e| {
+                    e.corrupt_in(|| {
+                        format!(
+                            "session {me} cannot be forked at sequence {cut}: sequences \
+                             {}..={through} held by {}",
+                            s.after + 1,
+                            s.source
+                        )
+                    })
+                })?;
+            }
+            Ok(())
+        })?;
+        if cut == 0 {
+            return Ok(());
+        }
+        let checked = self
+            .commits_through(cut - 1, cut, 1)
+            .and_then(|last| match last.first() {
+                Some(c) if c.last_seq() == cut => check_commit(c.first_seq, c).map(drop),
+                _ => Err(Error::corrupt(format!("no commit ends at {cut}"))),
+            });
+        checked.map_err(|e| {
+            e.corrupt_in(|| format!("session {me} cannot be forked at sequence {cut}"))
+        })
+    }
+
     /// The lineage a fork cut at `cut` inherits: every range of `(0, cut]`, clipped,
     /// naming the file that holds it (this session's own ranges name this session).
     pub(crate) fn prefix_lineage(&self, cut: u64) -> Vec<LineageEntry> {
