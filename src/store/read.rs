@@ -440,6 +440,29 @@ pub(crate) fn read_history_texts(
     Ok(out)
 }
 
+/// The first history row of this file at a position above `position` that names an event
+/// past the file's last commit (`after`, the start of its own range, when it has none):
+/// `(position, event_seq)`. One statement, so a writer's commit cannot fall between the
+/// two reads. A scan of the positions above `position` only.
+pub(crate) fn history_row_beyond_log(
+    conn: &Connection,
+    position: u64,
+    after: u64,
+) -> Result<Option<(u64, u64)>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT position, event_seq FROM history
+             WHERE position > ?1 AND event_seq > coalesce(
+                 (SELECT last_seq FROM commits ORDER BY first_seq DESC LIMIT 1), ?2)
+             ORDER BY position LIMIT 1",
+        )?
+        .query_row(
+            params![position.min(i64::MAX as u64), after.min(i64::MAX as u64)],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?)
+}
+
 /// The current entry at `position` for events in `(after, through]` at or after `epoch`.
 pub(crate) fn read_history_at(
     conn: &Connection,
@@ -562,12 +585,13 @@ pub(crate) fn read_history_index(
     Ok(Some((rows, resets)))
 }
 
-/// The payload of event `seq`: inline JSON text (its content parts spliced back), or the
-/// digest of its blob.
-pub(crate) fn read_event_payload(
-    conn: &Connection,
-    seq: u64,
-) -> Result<(Option<String>, Option<String>)> {
+/// What [`read_event_payload`] reads: the event's kind, its inline JSON text (content parts
+/// spliced back) or the digest of its blob.
+pub(crate) type EventPayload = (String, Option<String>, Option<String>);
+
+/// The kind and payload of event `seq`: inline JSON text (its content parts spliced back),
+/// or the digest of its blob.
+pub(crate) fn read_event_payload(conn: &Connection, seq: u64) -> Result<EventPayload> {
     type Row = (
         Result<StoredKind>,
         Option<String>,
@@ -588,10 +612,14 @@ pub(crate) fn read_event_payload(
         })
         .optional()?
         .ok_or_else(|| Error::corrupt(format!("history names event {seq}, which is missing")))?;
-    let bare = kind?.bare;
+    let kind = kind?;
     let mut cache = PartCache::default();
     let text = stored_text(conn, seq, text, parts, &mut cache)?;
-    Ok((text.map(|t| event_row::whole_payload(t, bare)), reference))
+    Ok((
+        kind.kind.into_owned(),
+        text.map(|t| event_row::whole_payload(t, kind.bare)),
+        reference,
+    ))
 }
 
 /// The columns an events row is read with: the six of every schema version by name, then
@@ -683,7 +711,19 @@ pub(crate) fn has_content_parts(conn: &Connection) -> Result<bool> {
 
 /// The payload text of event `seq`, read from its blob when it is stored as one.
 pub(crate) fn read_payload_text(conn: &Connection, seq: u64) -> Result<String> {
-    match read_event_payload(conn, seq)? {
+    let (_, text, reference) = read_event_payload(conn, seq)?;
+    payload_text(conn, seq, text, reference)
+}
+
+/// The JSON text of the payload of event `seq` read by [`read_event_payload`]: `text`, or
+/// the blob `reference` names.
+pub(crate) fn payload_text(
+    conn: &Connection,
+    seq: u64,
+    text: Option<String>,
+    reference: Option<String>,
+) -> Result<String> {
+    match (text, reference) {
         (Some(text), None) => Ok(text),
         (_, Some(digest)) => {
             let raw = read_blob(conn, &digest)?
