@@ -918,3 +918,35 @@ fn a_fork_of_a_damaged_range_is_refused_leaving_nothing() {
         }
     }
 }
+
+/// `verify` of a parent whose `dependents` row says a fork inherits beyond the end of its
+/// log is `Corrupt` naming the fork (it was sound before, and a delete would then copy a
+/// range the parent does not hold).
+#[test]
+fn verify_refuses_a_dependents_row_beyond_the_log() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "p");
+    s.append(turn("op-1", "t1", "m1")).unwrap();
+    s.append(turn("op-2", "t2", "m2")).unwrap();
+    s.close().unwrap();
+    root.fork(&id("p"), after("t1"), Some(id("f"))).unwrap();
+    root.verify(&id("p")).unwrap();
+    let changed = rusqlite::Connection::open(root.session_dir(&id("p")).join("session.sqlite"))
+        .unwrap()
+        .execute(
+            "UPDATE dependents SET through_seq = 7 WHERE child_id = 'f'",
+            [],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    let e = root.verify(&id("p")).unwrap_err();
+    assert!(e.is_corrupt(), "{e:?}");
+    assert!(
+        e.to_string().contains(
+            "f is recorded as inheriting sequences through 7, beyond the end of the log at 6"
+        ),
+        "{e}"
+    );
+    let e = session_store::verify_file(root.session_dir(&id("p"))).unwrap_err();
+    assert!(e.is_corrupt(), "{e:?}");
+}
