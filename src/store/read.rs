@@ -1177,6 +1177,16 @@ pub(crate) fn read_blob(conn: &Connection, digest: &str) -> Result<Option<Vec<u8
         .optional()?;
     row.map(|(bytes, encoding, data)| blob::decode(digest, bytes, &encoding, data))
         .transpose()
+        .map_err(|e| e.corrupt_in(|| file_session(conn)))
+}
+
+/// The session whose file `conn` reads, for an error: "session ID" from its header, or
+/// "file PATH" when the header cannot be read.
+fn file_session(conn: &Connection) -> String {
+    match read_header(conn) {
+        Ok(header) => format!("session {}", header.session_id),
+        Err(_) => format!("file {}", conn.path().unwrap_or("(in memory)")),
+    }
 }
 
 /// `PRAGMA integrity_check` and `foreign_key_check` on an untrusted file, and (schema
