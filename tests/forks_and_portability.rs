@@ -829,6 +829,15 @@ fn an_export_racing_a_delete_is_whole_or_not_found_naming_the_session() {
     assert!(wrong.is_empty(), "an export racing a delete: {wrong:#?}");
 }
 
+/// Session `p` of two turns and `f`, its fork after the first.
+fn parent_and_fork(root: &Root) {
+    let s = create(root, "p");
+    s.append(turn("op-1", "t1", "m1")).unwrap();
+    s.append(turn("op-2", "t2", "m2")).unwrap();
+    s.close().unwrap();
+    root.fork(&id("p"), after("t1"), Some(id("f"))).unwrap();
+}
+
 /// A delete copies the range a fork inherits into the fork first. When the parent holds
 /// less of that range than the fork inherits (a commit row edited so the range reads
 /// short), the delete is refused as `Corrupt` naming both, the parent kept and the fork
@@ -837,11 +846,7 @@ fn an_export_racing_a_delete_is_whole_or_not_found_naming_the_session() {
 #[test]
 fn a_delete_whose_parent_holds_less_than_the_forks_range_is_refused() {
     let (_dir, root) = temp_root();
-    let s = create(&root, "p");
-    s.append(turn("op-1", "t1", "m1")).unwrap();
-    s.append(turn("op-2", "t2", "m2")).unwrap();
-    s.close().unwrap();
-    root.fork(&id("p"), after("t1"), Some(id("f"))).unwrap();
+    parent_and_fork(&root);
     let parent = root.session_dir(&id("p")).join("session.sqlite");
     let conn = rusqlite::Connection::open(&parent).unwrap();
     conn.execute("UPDATE commits SET last_seq = 6 WHERE first_seq = 1", [])
@@ -925,11 +930,7 @@ fn a_fork_of_a_damaged_range_is_refused_leaving_nothing() {
 #[test]
 fn verify_refuses_a_dependents_row_beyond_the_log() {
     let (_dir, root) = temp_root();
-    let s = create(&root, "p");
-    s.append(turn("op-1", "t1", "m1")).unwrap();
-    s.append(turn("op-2", "t2", "m2")).unwrap();
-    s.close().unwrap();
-    root.fork(&id("p"), after("t1"), Some(id("f"))).unwrap();
+    parent_and_fork(&root);
     root.verify(&id("p")).unwrap();
     let changed = rusqlite::Connection::open(root.session_dir(&id("p")).join("session.sqlite"))
         .unwrap()
