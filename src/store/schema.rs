@@ -365,23 +365,19 @@ pub(crate) fn open_derived(path: &Path, file: &DerivedFile<'_>) -> Result<Connec
 }
 
 /// What keeps the derived file at `path` from being written, with the system's reason: the
-/// file itself (opened for writing, nothing created), or its folder, which must take it when
-/// it is missing and its `-wal` and `-shm` (a read-only file system, no permission).
-/// `None` when both are writable.
+/// file itself, or its folder, which must take it when it is missing and its `-wal` and
+/// `-shm` (a read-only file system, no permission). `None` when both are writable. Asked
+/// with `access(2)`, never by opening the file: closing a descriptor of a database file
+/// would drop the POSIX locks this process's SQLite connections hold on it.
 fn unwritable(path: &Path) -> Option<(&Path, std::io::Error)> {
     use rustix::fs::{Access as Mode, access};
-    match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-    {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Some((path, e)),
+    let denied = |p| access(p, Mode::WRITE_OK).err().map(std::io::Error::from);
+    match denied(path) {
+        Some(e) if e.kind() != std::io::ErrorKind::NotFound => return Some((path, e)),
         _ => {}
     }
     let folder = path.parent()?;
-    access(folder, Mode::WRITE_OK)
-        .err()
-        .map(|errno| (folder, std::io::Error::from(errno)))
+    denied(folder).map(|e| (folder, e))
 }
 
 /// [`open_derived`] before its error is explained.
