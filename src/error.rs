@@ -458,6 +458,18 @@ impl Error {
         }
     }
 
+    /// This error with `context()` put before what an [`Error::Corrupt`] says (where the
+    /// damage is: the session, the position); any other error unchanged.
+    pub(crate) fn corrupt_in(self, context: impl FnOnce() -> String) -> Self {
+        match self {
+            Error::Corrupt { what, source } => Error::Corrupt {
+                what: format!("{}: {what}", context()),
+                source,
+            },
+            other => other,
+        }
+    }
+
     /// An [`Error::UnsupportedVersion`] without a lower-level cause: `what` is newer than
     /// this build.
     pub(crate) fn unsupported(what: impl Into<String>) -> Self {

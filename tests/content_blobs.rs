@@ -664,3 +664,52 @@ const WORDS_400: [&str; 9] = [
     "about",
     "lifetimes",
 ];
+
+/// A blob row whose declared `bytes` is not what its zstd data holds (fewer, more, about a
+/// gigabyte, or past the largest blob) is `Corrupt` naming the session and the digest with
+/// both sizes (zstd's "Destination buffer is too small: … bytes needed" before, or a digest
+/// mismatch after a buffer of the declared size was made), by a read and by `verify`.
+#[test]
+fn a_blob_declaring_another_size_is_corrupt_naming_the_session_and_digest() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = root_with(dir.path(), DEFAULT_INLINE_THRESHOLD);
+    write_turns(&root, "sized", &[tool_output(6, 20_000)]);
+    let file = file_of(&root, "sized");
+    let conn = Connection::open(&file).expect("open");
+    let (digest, holds): (String, u64) = conn
+        .query_row(
+            "SELECT digest, bytes FROM blobs WHERE encoding = 'zstd' LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .expect("a zstd blob");
+    for declared in [100, holds + 1, 800_000_000, 8_000_000_000] {
+        conn.execute(
+            "UPDATE blobs SET bytes = ?1 WHERE digest = ?2",
+            rusqlite::params![declared, digest],
+        )
+        .expect("edit");
+        let says = if declared > 900_000_000 {
+            format!("session sized: blob {digest} claims {declared} bytes, more than")
+        } else {
+            format!(
+                "session sized: blob {digest} decompresses to {holds} bytes, not the {declared} \
+                 its row declares"
+            )
+        };
+        let read = root
+            .open_reader(&id("sized"))
+            .expect("reader")
+            .all_commits()
+            .unwrap_err();
+        let verified = root.verify(&id("sized")).unwrap_err();
+        for e in [read, verified] {
+            assert!(e.is_corrupt(), "{declared}: {e:?}");
+            assert!(e.to_string().contains(&says), "{declared}: {e}");
+            assert!(
+                !e.to_string().contains("Destination buffer"),
+                "{declared}: {e}"
+            );
+        }
+    }
+}

@@ -838,6 +838,15 @@ fn an_export_racing_a_delete_is_whole_or_not_found_naming_the_session() {
     assert!(wrong.is_empty(), "an export racing a delete: {wrong:#?}");
 }
 
+/// Session `p` of two turns and `f`, its fork after the first.
+fn parent_and_fork(root: &Root) {
+    let s = create(root, "p");
+    s.append(turn("op-1", "t1", "m1")).unwrap();
+    s.append(turn("op-2", "t2", "m2")).unwrap();
+    s.close().unwrap();
+    root.fork(&id("p"), after("t1"), Some(id("f"))).unwrap();
+}
+
 /// A delete copies the range a fork inherits into the fork first. When the parent holds
 /// less of that range than the fork inherits (a commit row edited so the range reads
 /// short), the delete is refused as `Corrupt` naming both, the parent kept and the fork
@@ -846,11 +855,7 @@ fn an_export_racing_a_delete_is_whole_or_not_found_naming_the_session() {
 #[test]
 fn a_delete_whose_parent_holds_less_than_the_forks_range_is_refused() {
     let (_dir, root) = temp_root();
-    let s = create(&root, "p");
-    s.append(turn("op-1", "t1", "m1")).unwrap();
-    s.append(turn("op-2", "t2", "m2")).unwrap();
-    s.close().unwrap();
-    root.fork(&id("p"), after("t1"), Some(id("f"))).unwrap();
+    parent_and_fork(&root);
     let parent = root.session_dir(&id("p")).join("session.sqlite");
     let conn = rusqlite::Connection::open(&parent).unwrap();
     conn.execute("UPDATE commits SET last_seq = 6 WHERE first_seq = 1", [])
@@ -867,4 +872,91 @@ fn a_delete_whose_parent_holds_less_than_the_forks_range_is_refused() {
     assert!(parent.is_file());
     assert_eq!(std::fs::read(&fork).unwrap(), before);
     assert_eq!(root.stat(&id("f")).unwrap().lineage.len(), 1);
+}
+
+/// A fork of a parent whose range it would inherit is damaged (a commit row that does not
+/// match its row hash, an event row missing, an event of the cut commit edited, the same in
+/// an ancestor of a fork) is refused as `Corrupt` naming the parent, leaving no child, no
+/// staged folder and no `dependents` row behind (it made a child of the damage before).
+#[test]
+fn a_fork_of_a_damaged_range_is_refused_leaving_nothing() {
+    let damages = [
+        "UPDATE commits SET created_at = created_at + 1 WHERE first_seq = 1",
+        "DELETE FROM events WHERE seq = 2",
+        "UPDATE events SET payload = replace(payload, 'm2', 'mX') WHERE seq = 5",
+    ];
+    for (n, damage) in damages.iter().enumerate() {
+        for chain in [false, true] {
+            let (_dir, root) = temp_root();
+            let s = create(&root, "p");
+            for t in 1..=3 {
+                s.append(turn(&format!("op-{t}"), &format!("t{t}"), &format!("m{t}")))
+                    .unwrap();
+            }
+            s.close().unwrap();
+            // Forked from `f`, a fork of `p` inheriting all of it, in the second round.
+            let forked = if chain {
+                root.fork(&id("p"), after("t3"), Some(id("f"))).unwrap()
+            } else {
+                id("p")
+            };
+            let dependents = |name: &str| {
+                root.open_reader(&id(name))
+                    .unwrap()
+                    .dependents()
+                    .unwrap()
+                    .len()
+            };
+            let before = dependents("p");
+            let changed =
+                rusqlite::Connection::open(root.session_dir(&id("p")).join("session.sqlite"))
+                    .unwrap()
+                    .execute(damage, [])
+                    .unwrap();
+            assert_eq!(changed, 1, "{damage}");
+            let e = root
+                .fork(&forked, after("t2"), Some(id("child")))
+                .unwrap_err();
+            assert!(e.is_corrupt(), "damage {n} chain {chain}: {e:?}");
+            let text = e.to_string();
+            assert!(
+                text.contains(&format!("session {forked} cannot be forked at sequence 6")),
+                "{text}"
+            );
+            assert!(!root.session_dir(&id("child")).exists(), "{text}");
+            assert!(staging_is_empty(&root), "{text}");
+            assert_eq!(dependents("p"), before, "{text}");
+            if chain {
+                assert_eq!(dependents("f"), 0, "{text}");
+            }
+        }
+    }
+}
+
+/// `verify` of a parent whose `dependents` row says a fork inherits beyond the end of its
+/// log is `Corrupt` naming the fork (it was sound before, and a delete would then copy a
+/// range the parent does not hold).
+#[test]
+fn verify_refuses_a_dependents_row_beyond_the_log() {
+    let (_dir, root) = temp_root();
+    parent_and_fork(&root);
+    root.verify(&id("p")).unwrap();
+    let changed = rusqlite::Connection::open(root.session_dir(&id("p")).join("session.sqlite"))
+        .unwrap()
+        .execute(
+            "UPDATE dependents SET through_seq = 7 WHERE child_id = 'f'",
+            [],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    let e = root.verify(&id("p")).unwrap_err();
+    assert!(e.is_corrupt(), "{e:?}");
+    assert!(
+        e.to_string().contains(
+            "f is recorded as inheriting sequences through 7, beyond the end of the log at 6"
+        ),
+        "{e}"
+    );
+    let e = session_store::verify_file(root.session_dir(&id("p"))).unwrap_err();
+    assert!(e.is_corrupt(), "{e:?}");
 }

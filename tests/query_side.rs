@@ -660,3 +660,69 @@ async fn a_cold_snapshot_and_catalog_entry_of_a_session_being_appended_to_are_of
         "cold reads of a session being appended to: {wrong:#?}"
     );
 }
+
+/// A history page whose index rows were edited (one naming an event that holds no message
+/// or another message, one past the end of the log, one repeated, a position missing) is
+/// `Corrupt` naming the session and the position: the page answered wrong or short without
+/// a word before (only `verify` noticed).
+#[tokio::test]
+async fn a_history_page_over_an_edited_index_is_corrupt_naming_the_position() {
+    let damages = [
+        (
+            "UPDATE history SET event_seq = 1 WHERE position = 2",
+            2,
+            "puts no message there",
+        ),
+        (
+            "UPDATE history SET event_seq = 99 WHERE position = 3",
+            3,
+            "past the end of the log",
+        ),
+        ("DELETE FROM history WHERE position = 2", 2, "is missing"),
+        (
+            "INSERT INTO history SELECT 4, event_seq, item, 'x', role, bytes FROM history \
+             WHERE position = 3",
+            4,
+            "names message \"x\" of event 5",
+        ),
+        (
+            "INSERT INTO history SELECT 4, event_seq, item, message_id, role, bytes \
+             FROM history WHERE position = 3",
+            3,
+            "names event 5 again",
+        ),
+    ];
+    for (damage, position, says) in damages {
+        let (_dir, service) = service();
+        let s = service
+            .root()
+            .create(CreateOptions::with_id(id("h")))
+            .unwrap();
+        s.append(common::turn("t1", "turn-1", "a")).unwrap();
+        s.append(Batch::new("b", vec![message("b", "assistant", "b")]))
+            .unwrap();
+        s.append(Batch::new("c", vec![message("c", "user", "c")]))
+            .unwrap();
+        s.close().unwrap();
+        let r = SessionRef::new("local", "h").unwrap();
+        assert_eq!(page_ids(&service, &r).await.len(), 3);
+        let file = service.root().session_dir(&id("h")).join("session.sqlite");
+        let changed = rusqlite::Connection::open(file)
+            .unwrap()
+            .execute(damage, [])
+            .unwrap();
+        assert_eq!(changed, 1, "{damage}");
+        let e = service
+            .query()
+            .history_page(&r, None, 100)
+            .await
+            .unwrap_err();
+        assert!(e.is_corrupt(), "{damage}: {e:?}");
+        let text = e.to_string();
+        assert!(
+            text.contains(&format!("session h, history position {position}: "))
+                && text.contains(says),
+            "{damage}: {text}"
+        );
+    }
+}

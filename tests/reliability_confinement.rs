@@ -772,3 +772,40 @@ fn a_scratch_folder_is_guarded_while_held_and_removed_when_dropped() {
         Err(session_store::Error::InvalidInput { .. })
     ));
 }
+
+/// A regular file named `.catalog` in a root is the user's: it is never replaced, `list`
+/// warns (each time: it is the only sign that every listing now reads each session file)
+/// and `rebuild-catalog` refuses (exit 6), both saying what the name is for and to move or
+/// remove the file (they said "is not a directory of the root (a symlink or another file);
+/// refused" before); once it is moved the catalog is made again.
+#[test]
+fn a_file_named_catalog_is_kept_and_named_with_what_to_do() {
+    let w = World::new();
+    w.session("s");
+    std::fs::remove_dir_all(w.root.join(".catalog")).expect("remove .catalog");
+    std::fs::write(w.root.join(".catalog"), "notes").expect("write");
+    let says = format!(
+        "{}/.catalog is not a folder: session-store keeps this root's catalog and search index",
+        w.root.display()
+    );
+    let list = w.run(&["list"], "");
+    assert_eq!(code(&list), 0, "{}", stderr(&list));
+    assert!(String::from_utf8_lossy(&list.stdout).contains('s'));
+    assert!(stderr(&list).contains(&says), "{}", stderr(&list));
+    assert!(
+        stderr(&list).contains("move or remove the file"),
+        "{}",
+        stderr(&list)
+    );
+    let rebuild = w.run(&["rebuild-catalog"], "");
+    assert_eq!(code(&rebuild), 6, "{}", stderr(&rebuild));
+    assert!(stderr(&rebuild).contains(&says), "{}", stderr(&rebuild));
+    assert_eq!(
+        std::fs::read_to_string(w.root.join(".catalog")).expect("read"),
+        "notes"
+    );
+    std::fs::rename(w.root.join(".catalog"), w.outside.join("notes")).expect("move");
+    let list = w.run(&["list"], "");
+    assert_eq!(stderr(&list), "");
+    assert!(w.root.join(".catalog").is_dir());
+}

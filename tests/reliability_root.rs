@@ -668,13 +668,28 @@ fn read_only_root_serves_reads() {
     // The restriction is real: nobody cannot create a session.
     let refused = run(&["create", "z"]);
     assert!(!refused.status.success(), "nobody could write the root");
-    // Nor rebuild the catalog; the error says what failed where (it was SQLite's
-    // "attempt to write a readonly database" alone).
+    // Nor rebuild the catalog; the error says what failed where and why: the file it could
+    // not write and the system's reason (it was SQLite's "attempt to write a readonly
+    // database" alone, and "unable to open database file" without the file).
     let rebuild = run(&["rebuild-catalog"]);
     let (_, stderr) = texts(&rebuild);
     assert_eq!(rebuild.status.code(), Some(1), "{stderr}");
-    let named = format!("rebuild the catalog of {}: ", env.root.display());
+    let named = format!(
+        "rebuild the catalog of {0}: write {0}/.catalog/catalog.sqlite: Permission denied",
+        env.root.display()
+    );
     assert!(stderr.contains(&named), "{stderr}");
+    let catalog = env.root.join(".catalog").join("catalog.sqlite");
+    let kept = std::fs::read(&catalog).expect("catalog");
+    std::fs::remove_file(&catalog).expect("rm catalog");
+    let rebuild = run(&["rebuild-catalog"]);
+    let (_, stderr) = texts(&rebuild);
+    let named = format!(
+        "rebuild the catalog of {0}: write {0}/.catalog: Permission denied",
+        env.root.display()
+    );
+    assert!(stderr.contains(&named), "{stderr}");
+    std::fs::write(&catalog, kept).expect("restore catalog");
     let export = out_dir.join("a.sqlite");
     let export = export.to_str().expect("utf-8");
     for args in [

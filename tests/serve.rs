@@ -1968,3 +1968,60 @@ fn a_session_page_of_a_session_being_appended_to_is_of_one_durable_sequence() {
     writer.join().expect("writer");
     assert!(wrong.is_empty(), "{wrong:#?}");
 }
+
+/// A damaged session (an event row deleted) answers its pages with 500 "Session damaged" and
+/// its API routes with JSON `"damaged": true`, naming the session and how to check it (an
+/// "Internal Server Error" with the library's text alone, not naming the session, before);
+/// the other sessions are served as before.
+#[test]
+fn a_damaged_session_answers_session_damaged_naming_it() {
+    let (_dir, root) = demo_root();
+    let changed = rusqlite::Connection::open(root.join("demo-cli-flag").join("session.sqlite"))
+        .expect("open")
+        .execute("DELETE FROM events WHERE seq = 5", [])
+        .expect("delete");
+    assert_eq!(changed, 1);
+    let server = Server::start(&root, &[]);
+    let named = "session demo-cli-flag is damaged and cannot be shown (corrupt session store: ";
+    for path in [
+        "/sessions/demo-cli-flag",
+        "/sessions/demo-cli-flag/tree",
+        "/sessions/demo-cli-flag/stats",
+    ] {
+        let reply = server.get(path);
+        assert_eq!(reply.status, 500, "{path}: {}", reply.body);
+        assert!(
+            reply.body.contains("<h1>500 Session damaged</h1>"),
+            "{path}: {}",
+            reply.body
+        );
+        assert!(reply.body.contains(named), "{path}: {}", reply.body);
+    }
+    for path in [
+        "/api/sessions/demo-cli-flag",
+        "/api/sessions/demo-cli-flag/stats",
+    ] {
+        let reply = server.get(path);
+        assert_eq!(reply.status, 500, "{path}: {}", reply.body);
+        let body = reply.json();
+        assert_eq!(body["damaged"], true, "{path}: {body}");
+        assert!(
+            body["error"].as_str().expect("error").contains(named),
+            "{path}: {body}"
+        );
+        assert!(
+            body["error"]
+                .as_str()
+                .expect("error")
+                .contains("`session-store verify demo-cli-flag`"),
+            "{path}: {body}"
+        );
+    }
+    assert!(
+        server
+            .ok("/sessions/demo-log-triage")
+            .body
+            .contains("Triage the 502s")
+    );
+    assert_eq!(server.get("/sessions/nope").status, 404);
+}

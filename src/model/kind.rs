@@ -9,6 +9,16 @@ pub(crate) const MESSAGE_UPSERT: &str = "message/upsert";
 pub(crate) const ASSISTANT_ATTEMPT: &str = "assistant/attempt";
 /// `history/replace`: the transcript and the model workset are replaced.
 pub(crate) const HISTORY_REPLACE: &str = "history/replace";
+/// Whether an event of `kind` puts messages into the transcript, and so may be named by a
+/// history index row: a message event (`item` false), or one replacing the whole
+/// transcript by its `messages` array (`item` true, the row naming one of them).
+pub(crate) fn puts_history(kind: &str, item: bool) -> bool {
+    if item {
+        kind == HISTORY_REPLACE || kind == LEGACY_IMPORT
+    } else {
+        kind == MESSAGE_COMPLETE || kind == MESSAGE_UPSERT
+    }
+}
 /// `model/context-replace`: the model workset is replaced.
 pub(crate) const MODEL_CONTEXT_REPLACE: &str = "model/context-replace";
 /// `compaction`: the model workset is replaced by a compacted one.

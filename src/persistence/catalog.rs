@@ -482,7 +482,8 @@ fn open_catalog(path: &Path) -> Result<Connection> {
 
 /// Opens the catalog's folder of `root` (the catalog's and the search index's), creating
 /// it when missing; a symlink in its place is removed, never followed. When the folder is
-/// new, a catalog left at the root by older builds is removed.
+/// new, a catalog left at the root by older builds is removed. Another file in its place
+/// is the user's: [`Error::InvalidInput`] saying to move or remove it.
 pub(crate) fn catalog_dir(root: &Root) -> Result<rustix::fd::OwnedFd> {
     let shown = root.path().join(CATALOG_DIR);
     let fresh = !confine::is_dir_at(root.dir_fd(), c".catalog");
@@ -490,7 +491,20 @@ pub(crate) fn catalog_dir(root: &Root) -> Result<rustix::fd::OwnedFd> {
         // Derived data: the link itself goes, never what it points to.
         unlink_files_at(root.dir_fd(), &[CATALOG_DIR], &shown)?;
     }
-    let dir = confine::ensure_dir_at(root.dir_fd(), CATALOG_DIR, &shown)?;
+    let dir = match confine::ensure_dir_at(root.dir_fd(), CATALOG_DIR, &shown) {
+        // Not a folder, and no symlink (removed above): a file of the user's, never
+        // replaced. What it is in the way of, and what to do.
+        Err(Error::InvalidInput { .. }) => {
+            return Err(Error::invalid(format!(
+                "{} is not a folder: session-store keeps this root's catalog and search \
+                 index (derived data, made again from the session files) in a folder of that \
+                 name; move or remove the file (until then `list` reads every session file \
+                 and warns)",
+                shown.display()
+            )));
+        }
+        other => other?,
+    };
     if fresh {
         unlink_files_at(root.dir_fd(), &CATALOG_FILES, root.path())?;
     }

@@ -148,10 +148,9 @@ impl Root {
         ) {
             Err(_) if !child_file.is_file() => Ok(()),
             // Its range cannot be copied whole: the ancestor is kept, named with the child.
-            Err(Error::Corrupt { what, source }) => Err(Error::Corrupt {
-                what: format!("{ancestor} is kept, as {child} inherits from it: {what}"),
-                source,
-            }),
+            Err(e @ Error::Corrupt { .. }) => {
+                Err(e.corrupt_in(|| format!("{ancestor} is kept, as {child} inherits from it")))
+            }
             other => other,
         }
     }

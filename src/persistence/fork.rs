@@ -40,7 +40,10 @@ impl Root {
     /// cut is not a commit boundary; [`Error::ForkActiveAuthority`] when the prefix leaves a
     /// turn open or an interaction pending; [`Error::SessionExists`] for a taken child id;
     /// [`Error::SessionNotFound`] for a parent that is not there, also one deleted while
-    /// the fork is made (then nothing is published).
+    /// the fork is made (then nothing is published); [`Error::Corrupt`] naming the parent
+    /// when the range the child would inherit does not check out (a commit row that does
+    /// not match its row hash, a gap or an extra event row, a cut commit whose events do
+    /// not match its operation hash): nothing is written.
     pub fn fork(
         &self,
         parent: &SessionId,
@@ -137,6 +140,8 @@ impl Root {
                 cut
             }
         };
+        // The range the child inherits must check out before anything is written.
+        reader.check_prefix(cut)?;
         let child = child.unwrap_or_else(SessionId::random);
         if self.session_dir(&child).exists() {
             return Err(Error::SessionExists(child.to_string()));

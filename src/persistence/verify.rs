@@ -284,14 +284,22 @@ fn validate_each(
     // The rows `show` reads besides the log: one that does not decode fails `show` as
     // corrupt, so the file is not sound either.
     reader.lease()?;
-    reader.dependents()?;
+    let dependents = reader.dependents()?;
     if let Some(stored) = reader.history_index(validator.last_seq())? {
         index.compare(stored)?;
     }
     // Turns that end after `durable` and no later than the log's end once they were read
-    // were committed since; one that ends beyond it is not in the log at all.
+    // were committed since; one that ends beyond it is not in the log at all. So are forks
+    // recorded since (a fork of the log as it is now).
     let stored = reader.turns()?;
     let now = reader.durable_sequence()?;
+    if let Some(beyond) = dependents.iter().find(|d| d.through_seq > now) {
+        return Err(Error::corrupt(format!(
+            "dependents: {} is recorded as inheriting sequences through {}, beyond the end of \
+             the log at {now}",
+            beyond.child_id, beyond.through_seq
+        )));
+    }
     let stored: Vec<TurnBoundary> = stored
         .into_iter()
         .filter(|t| t.end_sequence <= durable || t.end_sequence > now)

@@ -21,18 +21,36 @@ pub(crate) fn encode(raw: &[u8]) -> (&'static str, Vec<u8>) {
 /// Decodes a stored blob and checks its size and digest.
 ///
 /// # Errors
-/// [`Error::Corrupt`] when the encoding is unknown, the data does not decompress within
-/// `bytes`, or the digest does not match.
+/// [`Error::Corrupt`] when the encoding is unknown, the data holds another size than
+/// `bytes` or does not decompress within it, or the digest does not match.
 pub(crate) fn decode(digest: &str, bytes: u64, encoding: &str, data: Vec<u8>) -> Result<Vec<u8>> {
     if bytes > MAX_BLOB_BYTES {
         return Err(Error::corrupt(format!(
-            "blob {digest} claims {bytes} bytes"
+            "blob {digest} claims {bytes} bytes, more than the {MAX_BLOB_BYTES} a blob may hold"
         )));
     }
     let raw = match encoding {
         "identity" => data,
-        "zstd" => zstd::bulk::decompress(&data, bytes as usize)
-            .map_err(|e| Error::corrupt_from(format!("blob {digest} does not decompress"), e))?,
+        "zstd" => {
+            // The frame's header says how much it holds: a row declaring another size is
+            // refused before a buffer of the declared size is made (zstd said "Destination
+            // buffer is too small" before, or the digest did not match).
+            if let Ok(Some(holds)) = zstd::zstd_safe::get_frame_content_size(&data)
+                && holds != bytes
+            {
+                return Err(Error::corrupt(format!(
+                    "blob {digest} decompresses to {holds} bytes, not the {bytes} its row declares"
+                )));
+            }
+            zstd::bulk::decompress(&data, bytes as usize).map_err(|e| {
+                Error::corrupt_from(
+                    format!(
+                        "blob {digest} does not decompress into the {bytes} bytes its row declares"
+                    ),
+                    e,
+                )
+            })?
+        }
         other => {
             return Err(Error::corrupt(format!(
                 "blob {digest} has encoding {}",
@@ -66,6 +84,21 @@ mod tests {
         let mut bad = raw.clone();
         bad[7] ^= 1;
         assert!(decode(&digest, raw.len() as u64, "identity", bad).is_err());
+        // A row declaring fewer or more bytes than the frame holds: refused naming both
+        // sizes, not with zstd's "Destination buffer is too small".
+        let (_, data) = encode(&raw);
+        for declared in [1_000, raw.len() as u64 + 1, 800_000_000] {
+            let e = decode(&digest, declared, "zstd", data.clone()).unwrap_err();
+            assert!(e.is_corrupt(), "{e:?}");
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "corrupt session store: blob {digest} decompresses to {} bytes, not the \
+                     {declared} its row declares",
+                    raw.len()
+                )
+            );
+        }
         let random: Vec<u8> = (0..100_000).map(|_| fastrand::u8(..)).collect();
         assert_eq!(encode(&random).0, "identity");
     }

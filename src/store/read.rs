@@ -440,6 +440,29 @@ pub(crate) fn read_history_texts(
     Ok(out)
 }
 
+/// The first history row of this file at a position above `position` that names an event
+/// past the file's last commit (`after`, the start of its own range, when it has none):
+/// `(position, event_seq)`. One statement, so a writer's commit cannot fall between the
+/// two reads. A scan of the positions above `position` only.
+pub(crate) fn history_row_beyond_log(
+    conn: &Connection,
+    position: u64,
+    after: u64,
+) -> Result<Option<(u64, u64)>> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT position, event_seq FROM history
+             WHERE position > ?1 AND event_seq > coalesce(
+                 (SELECT last_seq FROM commits ORDER BY first_seq DESC LIMIT 1), ?2)
+             ORDER BY position LIMIT 1",
+        )?
+        .query_row(
+            params![position.min(i64::MAX as u64), after.min(i64::MAX as u64)],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?)
+}
+
 /// The current entry at `position` for events in `(after, through]` at or after `epoch`.
 pub(crate) fn read_history_at(
     conn: &Connection,
@@ -562,12 +585,13 @@ pub(crate) fn read_history_index(
     Ok(Some((rows, resets)))
 }
 
-/// The payload of event `seq`: inline JSON text (its content parts spliced back), or the
-/// digest of its blob.
-pub(crate) fn read_event_payload(
-    conn: &Connection,
-    seq: u64,
-) -> Result<(Option<String>, Option<String>)> {
+/// What [`read_event_payload`] reads: the event's kind, its inline JSON text (content parts
+/// spliced back) or the digest of its blob.
+pub(crate) type EventPayload = (String, Option<String>, Option<String>);
+
+/// The kind and payload of event `seq`: inline JSON text (its content parts spliced back),
+/// or the digest of its blob.
+pub(crate) fn read_event_payload(conn: &Connection, seq: u64) -> Result<EventPayload> {
     type Row = (
         Result<StoredKind>,
         Option<String>,
@@ -588,10 +612,14 @@ pub(crate) fn read_event_payload(
         })
         .optional()?
         .ok_or_else(|| Error::corrupt(format!("history names event {seq}, which is missing")))?;
-    let bare = kind?.bare;
+    let kind = kind?;
     let mut cache = PartCache::default();
     let text = stored_text(conn, seq, text, parts, &mut cache)?;
-    Ok((text.map(|t| event_row::whole_payload(t, bare)), reference))
+    Ok((
+        kind.kind.into_owned(),
+        text.map(|t| event_row::whole_payload(t, kind.bare)),
+        reference,
+    ))
 }
 
 /// The columns an events row is read with: the six of every schema version by name, then
@@ -662,13 +690,8 @@ fn stored_text(
         if let Some(raw) = cache.get(digest) {
             return Ok(Some(Arc::clone(raw)));
         }
-        let Some(raw) = read_blob(conn, digest).map_err(|e| match e {
-            Error::Corrupt { what, source } => Error::Corrupt {
-                what: format!("event {seq}: {what}"),
-                source,
-            },
-            other => other,
-        })?
+        let Some(raw) =
+            read_blob(conn, digest).map_err(|e| e.corrupt_in(|| format!("event {seq}")))?
         else {
             return Ok(None);
         };
@@ -688,7 +711,19 @@ pub(crate) fn has_content_parts(conn: &Connection) -> Result<bool> {
 
 /// The payload text of event `seq`, read from its blob when it is stored as one.
 pub(crate) fn read_payload_text(conn: &Connection, seq: u64) -> Result<String> {
-    match read_event_payload(conn, seq)? {
+    let (_, text, reference) = read_event_payload(conn, seq)?;
+    payload_text(conn, seq, text, reference)
+}
+
+/// The JSON text of the payload of event `seq` read by [`read_event_payload`]: `text`, or
+/// the blob `reference` names.
+pub(crate) fn payload_text(
+    conn: &Connection,
+    seq: u64,
+    text: Option<String>,
+    reference: Option<String>,
+) -> Result<String> {
+    match (text, reference) {
         (Some(text), None) => Ok(text),
         (_, Some(digest)) => {
             let raw = read_blob(conn, &digest)?
@@ -891,6 +926,48 @@ fn commit_row(r: &Row<'_>) -> rusqlite::Result<(Commit, u64)> {
 }
 
 const COMMIT_COLUMNS: &str = "first_seq, last_seq, commit_id, operation_id, operation_hash, turn_id, writer_generation, created_at, row_hash";
+
+/// Checks this file's range `(after, through]` without reading a payload: its commit rows
+/// decode (their row hashes match) and follow one another from `after + 1` to exactly
+/// `through`, and it holds one event row per sequence of the range (none missing, none
+/// extra). O(commits) rows and a count of the range's event rows.
+pub(crate) fn check_range(conn: &Connection, after: u64, through: u64) -> Result<()> {
+    let (from, to) = (after.min(i64::MAX as u64), through.min(i64::MAX as u64));
+    let mut select = conn.prepare_cached(&format!(
+        "SELECT {COMMIT_COLUMNS} FROM commits WHERE first_seq > ?1 AND first_seq <= ?2
+         ORDER BY first_seq"
+    ))?;
+    let mut rows = select.query(params![from, to])?;
+    let mut next = after + 1;
+    while let Some(r) = rows.next()? {
+        let (commit, last) = commit_row(r)?;
+        if commit.first_seq != next {
+            return Err(Error::corrupt(format!(
+                "sequence gap: expected a commit at {next}, found one at {}",
+                commit.first_seq
+            )));
+        }
+        next = last.saturating_add(1);
+    }
+    if next != through.saturating_add(1) {
+        return Err(Error::corrupt(format!(
+            "the commits of sequences {}..={through} end at {}",
+            after + 1,
+            next - 1
+        )));
+    }
+    let events: u64 = conn
+        .prepare_cached("SELECT count(*) FROM events WHERE seq > ?1 AND seq <= ?2")?
+        .query_row(params![from, to], |r| r.get(0))?;
+    if events != through - after {
+        return Err(Error::corrupt(format!(
+            "{events} event rows for the {} sequences {}..={through}",
+            through - after,
+            after + 1
+        )));
+    }
+    Ok(())
+}
 
 /// The first sequence and operation key (`model::event::operation_key`) of at most
 /// `limit` commits of this file (schema 3) after `after_seq`, in order: one page of a
@@ -1100,6 +1177,16 @@ pub(crate) fn read_blob(conn: &Connection, digest: &str) -> Result<Option<Vec<u8
         .optional()?;
     row.map(|(bytes, encoding, data)| blob::decode(digest, bytes, &encoding, data))
         .transpose()
+        .map_err(|e| e.corrupt_in(|| file_session(conn)))
+}
+
+/// The session whose file `conn` reads, for an error: "session ID" from its header, or
+/// "file PATH" when the header cannot be read.
+fn file_session(conn: &Connection) -> String {
+    match read_header(conn) {
+        Ok(header) => format!("session {}", header.session_id),
+        Err(_) => format!("file {}", conn.path().unwrap_or("(in memory)")),
+    }
 }
 
 /// `PRAGMA integrity_check` and `foreign_key_check` on an untrusted file, and (schema

@@ -10,6 +10,7 @@ use crate::error::{Error, Result, WriterOwner};
 use crate::model::event::INLINE_PAYLOAD_LIMIT;
 use crate::model::event::{inherited_operation_id, rehash_commit};
 use crate::model::header::Header;
+use crate::model::kind;
 use crate::model::projection::ModelRef;
 use crate::model::{Commit, ContentRef, Message, Projection, SessionId, TurnBoundary};
 use crate::store::read::{self, DependentFork, HistoryRow, LineageEntry};
@@ -1133,6 +1134,55 @@ impl SessionReader {
         read::commit_ends_at(&*segment.pool.get()?, seq)
     }
 
+    /// Checks the range `(0, cut]` a fork cut at `cut` inherits, as far as it can without
+    /// reading every payload: in each file that holds part of it, the commit rows (row
+    /// hashes, no gap, ending at the part's end) and one event row per sequence
+    /// ([`read::check_range`]); and the commit that ends at `cut` whole, its events
+    /// against its operation hash. An event edited elsewhere in the range is left to
+    /// `verify` and to the reads of the log, the child's as the parent's.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] naming this session, the range and the file that holds it;
+    /// SQLite errors.
+    pub(crate) fn check_prefix(&self, cut: u64) -> Result<()> {
+        let me = &self.header.session_id;
+        // A lineage that changed meanwhile (an ancestor deleted after its range was copied
+        // here) is read again.
+        self.with_layout(|layout| {
+            for s in layout.segments.iter().filter(|s| s.after < cut) {
+                let through = s.through.min(cut);
+                let checked = if s.inherited && !s.file.is_file() {
+                    Err(Error::corrupt("the file is missing"))
+                } else {
+                    read::check_range(&*s.pool.get()?, s.after, through)
+                };
+                checked.map_err(|e| {
+                    e.corrupt_in(|| {
+                        format!(
+                            "session {me} cannot be forked at sequence {cut}: sequences \
+                             {}..={through} held by {}",
+                            s.after + 1,
+                            s.source
+                        )
+                    })
+                })?;
+            }
+            Ok(())
+        })?;
+        if cut == 0 {
+            return Ok(());
+        }
+        let checked = self
+            .commits_through(cut - 1, cut, 1)
+            .and_then(|last| match last.first() {
+                Some(c) if c.last_seq() == cut => check_commit(c.first_seq, c).map(drop),
+                _ => Err(Error::corrupt(format!("no commit ends at {cut}"))),
+            });
+        checked.map_err(|e| {
+            e.corrupt_in(|| format!("session {me} cannot be forked at sequence {cut}"))
+        })
+    }
+
     /// The lineage a fork cut at `cut` inherits: every range of `(0, cut]`, clipped,
     /// naming the file that holds it (this session's own ranges name this session).
     pub(crate) fn prefix_lineage(&self, cut: u64) -> Vec<LineageEntry> {
@@ -1190,14 +1240,66 @@ impl SessionReader {
                 }
             }
         }
-        let mut out = Vec::with_capacity(limit);
+        let mut out: Vec<(HistoryRow, HistoryBody)> = Vec::with_capacity(limit);
         // The positions of one `history/replace` are adjacent: its payload is read once.
         let mut replaced: Option<(u64, Vec<Arc<Message>>)> = None;
+        let mut named = std::collections::HashSet::new();
         for (row, seg) in newest.into_values().rev().take(limit) {
-            let body = self.history_body(&row, seg, &mut replaced)?;
+            let position = row.position;
+            // Positions run from 1 to the transcript's length without a hole.
+            if let Some((newer, _)) = out.last()
+                && newer.position != position + 1
+            {
+                return Err(self.history_damage(newer.position - 1, "is missing".to_owned()));
+            }
+            if !named.insert((row.event_seq, row.item)) {
+                return Err(
+                    self.history_damage(position, format!("names event {} again", row.event_seq))
+                );
+            }
+            let body = self
+                .history_body(&row, seg, &mut replaced)
+                .map_err(|e| e.corrupt_in(|| self.history_place(position)))?;
             out.push((row, body));
         }
+        match out.last() {
+            Some((oldest, _)) if out.len() < limit && oldest.position > 1 => {
+                return Err(self.history_damage(oldest.position - 1, "is missing".to_owned()));
+            }
+            _ => {}
+        }
+        // The newest page: a row of this file's above it that names an event past the log
+        // (its message would be missing from every page, without a word).
+        if before == u64::MAX {
+            let top = out.first().map_or(0, |(row, _)| row.position);
+            let own_after = layout.segments.last().map_or(0, |s| s.after);
+            if let Some((position, seq)) =
+                read::history_row_beyond_log(&*self.own()?, top, own_after)?
+            {
+                return Err(self.history_damage(
+                    position,
+                    format!("names event {seq}, past the end of the log"),
+                ));
+            }
+        }
         Ok(out)
+    }
+
+    /// Where a damaged history row is: this session and the transcript position.
+    fn history_place(&self, position: u64) -> String {
+        format!(
+            "session {}, history position {position}",
+            self.header.session_id
+        )
+    }
+
+    /// [`Error::Corrupt`]: the history row at `position` `what` (it is missing, it names
+    /// an event that holds no message).
+    fn history_damage(&self, position: u64, what: String) -> Error {
+        Error::corrupt(format!(
+            "{}: the index row {what}",
+            self.history_place(position)
+        ))
     }
 
     /// The whole history index through `through`: every row and reset, each read from the
@@ -1231,11 +1333,21 @@ impl SessionReader {
         if let (Some(i), Some((seq, messages))) = (row.item, replaced.as_ref())
             && *seq == row.event_seq
         {
-            return Self::replaced_item(messages, i, row.event_seq);
+            return Self::replaced_item(messages, row, i);
         }
         let conn = seg.pool.get()?;
+        let seq = row.event_seq;
+        let (kind, text, reference) = read::read_event_payload(&conn, seq)?;
+        // An edited row may name any event: only one that puts messages in the transcript
+        // holds its message.
+        if !kind::puts_history(&kind, row.item.is_some()) {
+            return Err(Error::corrupt(format!(
+                "the index row names event {seq}, a {}, which puts no message there",
+                crate::error::quoted(&kind)
+            )));
+        }
         if row.bytes > INLINE_PAYLOAD_LIMIT as u64
-            && let (_, Some(digest)) = read::read_event_payload(&conn, row.event_seq)?
+            && let Some(digest) = reference
         {
             let bytes: u64 = conn
                 .prepare_cached("SELECT bytes FROM blobs WHERE digest = ?1")?
@@ -1246,17 +1358,25 @@ impl SessionReader {
                 media_type: read::JSON_MEDIA_TYPE.to_owned(),
             }));
         }
-        let text = read::read_payload_text(&conn, row.event_seq)?;
-        let messages = parse_messages(row.event_seq, &text, row.item.is_some())?;
-        let (_, kept) = replaced.insert((row.event_seq, messages));
-        Self::replaced_item(kept, row.item.unwrap_or(0), row.event_seq)
+        let text = read::payload_text(&conn, seq, text, reference)?;
+        let messages = parse_messages(seq, &text, row.item.is_some())?;
+        let (_, kept) = replaced.insert((seq, messages));
+        Self::replaced_item(kept, row, row.item.unwrap_or(0))
     }
 
-    /// Item `i` of the messages event `event_seq` holds (0 for a message event).
-    fn replaced_item(messages: &[Arc<Message>], i: u64, event_seq: u64) -> Result<HistoryBody> {
-        Ok(HistoryBody::Inline(Arc::clone(history_item(
-            messages, i, event_seq,
-        )?)))
+    /// Item `i` of the messages the event of `row` holds (0 for a message event), which
+    /// must be the message the row names.
+    fn replaced_item(messages: &[Arc<Message>], row: &HistoryRow, i: u64) -> Result<HistoryBody> {
+        let message = history_item(messages, i, row.event_seq)?;
+        if message.id() != row.message_id {
+            return Err(Error::corrupt(format!(
+                "the index row names message {} of event {}, which holds message {}",
+                crate::error::quoted(&row.message_id),
+                row.event_seq,
+                crate::error::quoted(message.id())
+            )));
+        }
+        Ok(HistoryBody::Inline(Arc::clone(message)))
     }
 
     /// What this session's own file adds to the search index after sequence `after`:
@@ -1282,7 +1402,7 @@ impl SessionReader {
                 }
             };
             let HistoryBody::Inline(message) =
-                Self::replaced_item(messages, row.item.unwrap_or(0), row.event_seq)?
+                Self::replaced_item(messages, &row, row.item.unwrap_or(0))?
             else {
                 continue;
             };

@@ -356,6 +356,32 @@ pub(crate) struct DerivedFile<'a> {
 /// application's database, random bytes, a missing table or column) is
 /// [`Error::Corrupt`]: the owner replaces it, the file being derived.
 pub(crate) fn open_derived(path: &Path, file: &DerivedFile<'_>) -> Result<Connection> {
+    open_derived_file(path, file).map_err(|e| match (&e, unwritable(path)) {
+        // SQLite says "unable to open database file" or "attempt to write a readonly
+        // database": the system says what and why.
+        (Error::Sqlite(_), Some((what, os))) => Error::io(format!("write {}", what.display()), os),
+        _ => e,
+    })
+}
+
+/// What keeps the derived file at `path` from being written, with the system's reason: the
+/// file itself, or its folder, which must take it when it is missing and its `-wal` and
+/// `-shm` (a read-only file system, no permission). `None` when both are writable. Asked
+/// with `access(2)`, never by opening the file: closing a descriptor of a database file
+/// would drop the POSIX locks this process's SQLite connections hold on it.
+fn unwritable(path: &Path) -> Option<(&Path, std::io::Error)> {
+    use rustix::fs::{Access as Mode, access};
+    let denied = |p| access(p, Mode::WRITE_OK).err().map(std::io::Error::from);
+    match denied(path) {
+        Some(e) if e.kind() != std::io::ErrorKind::NotFound => return Some((path, e)),
+        _ => {}
+    }
+    let folder = path.parent()?;
+    denied(folder).map(|e| (folder, e))
+}
+
+/// [`open_derived`] before its error is explained.
+fn open_derived_file(path: &Path, file: &DerivedFile<'_>) -> Result<Connection> {
     let mut conn = Connection::open_with_flags(path, create_flags())?;
     conn.busy_timeout(Duration::from_secs(5))?;
     stable_plans(&conn)?;

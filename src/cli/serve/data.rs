@@ -167,10 +167,10 @@ pub async fn blocking<T: Send + 'static>(
 ) -> Result<T, Problem> {
     match tokio::task::spawn_blocking(f).await {
         Ok(result) => Ok(result?),
-        Err(e) => Err(Problem {
-            status: axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-            message: format!("a storage task did not finish: {e}"),
-        }),
+        Err(e) => Err(Problem::new(
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            format!("a storage task did not finish: {e}"),
+        )),
     }
 }
 
@@ -202,7 +202,7 @@ where
                     )));
                 }
                 if attempt == READ_ATTEMPTS {
-                    return Err(problem);
+                    return Err(problem.of_damaged_session(id));
                 }
                 attempt += 1;
             }

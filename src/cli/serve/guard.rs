@@ -162,7 +162,7 @@ async fn own_errors(path: &str, response: Response) -> Response {
             .to_lowercase(),
         false => said,
     };
-    let own = refuse(path, Problem { status, message });
+    let own = refuse(path, Problem::new(status, message));
     let (own_parts, body) = own.into_parts();
     parts.headers.remove(header::CONTENT_LENGTH);
     parts.headers.extend(own_parts.headers);
@@ -180,20 +180,20 @@ pub async fn check(State(app): State<App>, request: Request, next: Next) -> Resp
     } else if app.token.is_none() && !host.ok().flatten().is_some_and(|h| loopback_host(&h)) {
         refuse(
             &path,
-            Problem {
-                status: StatusCode::MISDIRECTED_REQUEST,
-                message: "this server answers only to localhost, 127.0.0.1 or [::1]".into(),
-            },
+            Problem::new(
+                StatusCode::MISDIRECTED_REQUEST,
+                "this server answers only to localhost, 127.0.0.1 or [::1]",
+            ),
         )
     } else if let Some(token) = &app.token
         && !presented(&request).any(|t| same(t.as_bytes(), token.as_bytes()))
     {
         refuse(
             &path,
-            Problem {
-                status: StatusCode::UNAUTHORIZED,
-                message: "a token is required: open the URL the server printed at start".into(),
-            },
+            Problem::new(
+                StatusCode::UNAUTHORIZED,
+                "a token is required: open the URL the server printed at start",
+            ),
         )
     } else if !request.uri().query().is_none_or(query_is_utf8) {
         refuse(

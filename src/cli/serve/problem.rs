@@ -3,7 +3,7 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use session_store::Error;
+use session_store::{Error, SessionId};
 
 use super::templates;
 
@@ -14,27 +14,34 @@ pub struct Problem {
     pub status: StatusCode,
     /// What went wrong, in one line.
     pub message: String,
+    /// True when what failed is a stored file found damaged ([`Error::is_corrupt`]): the
+    /// page says "Session damaged" and the JSON `"damaged": true`.
+    pub damaged: bool,
 }
 
 impl Problem {
+    /// A problem answered with `status`.
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Problem {
+        Problem {
+            status,
+            message: message.into(),
+            damaged: false,
+        }
+    }
+
     /// A request that cannot be served as asked (status 400).
     pub fn bad_request(message: impl Into<String>) -> Problem {
-        Problem {
-            status: StatusCode::BAD_REQUEST,
-            message: message.into(),
-        }
+        Problem::new(StatusCode::BAD_REQUEST, message)
     }
 
     /// Nothing at this address (status 404).
     pub fn not_found(message: impl Into<String>) -> Problem {
-        Problem {
-            status: StatusCode::NOT_FOUND,
-            message: message.into(),
-        }
+        Problem::new(StatusCode::NOT_FOUND, message)
     }
 
     /// A library error, by its classifiers: not found 404, the caller's mistake 400,
-    /// anything else 500.
+    /// anything else 500 (a damaged file too: the server cannot serve what it holds, and
+    /// no other request would fare better).
     pub fn library(error: &Error) -> Problem {
         let status = if error.is_not_found() {
             StatusCode::NOT_FOUND
@@ -44,8 +51,33 @@ impl Problem {
             StatusCode::INTERNAL_SERVER_ERROR
         };
         Problem {
-            status,
-            message: crate::cli::one_line(error),
+            damaged: error.is_corrupt(),
+            ..Problem::new(status, crate::cli::one_line(error))
+        }
+    }
+
+    /// This problem, when it is a damage found reading session `id`, saying so: the
+    /// session's name, that it is damaged, what the library found and how to check it.
+    pub fn of_damaged_session(self, id: &SessionId) -> Problem {
+        if !self.damaged {
+            return self;
+        }
+        Problem {
+            message: format!(
+                "session {id} is damaged and cannot be shown ({}); `session-store verify {id}` \
+                 checks it",
+                self.message
+            ),
+            ..self
+        }
+    }
+
+    /// The title of the answer: the status's reason, or "Session damaged".
+    pub fn title(&self) -> &'static str {
+        if self.damaged {
+            "Session damaged"
+        } else {
+            self.status.canonical_reason().unwrap_or("Error")
         }
     }
 }
@@ -74,12 +106,13 @@ impl From<Error> for PageError {
 
 impl IntoResponse for PageError {
     fn into_response(self) -> Response {
-        let page = templates::error_page(self.0.status, &self.0.message);
+        let page = templates::error_page(&self.0);
         (self.0.status, page).into_response()
     }
 }
 
-/// A [`Problem`] answered as JSON: `{"error": "…", "status": 404}`.
+/// A [`Problem`] answered as JSON: `{"error": "…", "status": 404}`, with `"damaged": true`
+/// for a damaged session.
 #[derive(Debug)]
 pub struct ApiError(pub Problem);
 
@@ -97,10 +130,13 @@ impl From<Error> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({
+        let mut body = serde_json::json!({
             "error": self.0.message,
             "status": self.0.status.as_u16(),
         });
+        if self.0.damaged {
+            body["damaged"] = true.into();
+        }
         (self.0.status, axum::Json(body)).into_response()
     }
 }

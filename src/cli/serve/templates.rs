@@ -5,12 +5,12 @@
 
 use std::borrow::Cow;
 
-use axum::http::StatusCode;
 use axum::response::Html;
 use maud::{DOCTYPE, Markup, html};
 use session_store::{CatalogTotals, SearchPage, SessionId, SessionStats, Snippet};
 
 use super::data::{Params, SessionList};
+use super::problem::Problem;
 use super::tree::ForkTree;
 use super::{links, svg};
 use crate::cli::human_bytes;
@@ -68,12 +68,12 @@ pub fn layout(title: &str, body: Markup) -> Html<String> {
 }
 
 /// The small page of an error answer.
-pub fn error_page(status: StatusCode, message: &str) -> Html<String> {
+pub fn error_page(problem: &Problem) -> Html<String> {
     layout(
-        status.canonical_reason().unwrap_or("Error"),
+        problem.title(),
         html! {
-            h1 { (status.as_u16()) " " (status.canonical_reason().unwrap_or("Error")) }
-            p.error { (message) }
+            h1 { (problem.status.as_u16()) " " (problem.title()) }
+            p.error { (problem.message) }
             p { a href="/" { "Back to the sessions" } }
         },
     )
