@@ -874,15 +874,15 @@ fn a_delete_whose_parent_holds_less_than_the_forks_range_is_refused() {
     assert_eq!(root.stat(&id("f")).unwrap().lineage.len(), 1);
 }
 
-/// A fork of a parent whose range it would inherit is damaged (a commit row that does not
-/// match its row hash, an event row missing, an event of the cut commit edited, the same in
-/// an ancestor of a fork) is refused as `Corrupt` naming the parent, leaving no child, no
+/// A fork of a parent whose cut commit is damaged (its commit row does not match its row
+/// hash, one of its event rows is missing, one of its events is edited, the same in an
+/// ancestor of a fork) is refused as `Corrupt` naming the parent, leaving no child, no
 /// staged folder and no `dependents` row behind (it made a child of the damage before).
 #[test]
 fn a_fork_of_a_damaged_range_is_refused_leaving_nothing() {
     let damages = [
-        "UPDATE commits SET created_at = created_at + 1 WHERE first_seq = 1",
-        "DELETE FROM events WHERE seq = 2",
+        "UPDATE commits SET created_at = created_at + 1 WHERE first_seq = 4",
+        "DELETE FROM events WHERE seq = 4",
         "UPDATE events SET payload = replace(payload, 'm2', 'mX') WHERE seq = 5",
     ];
     for (n, damage) in damages.iter().enumerate() {

@@ -927,48 +927,6 @@ fn commit_row(r: &Row<'_>) -> rusqlite::Result<(Commit, u64)> {
 
 const COMMIT_COLUMNS: &str = "first_seq, last_seq, commit_id, operation_id, operation_hash, turn_id, writer_generation, created_at, row_hash";
 
-/// Checks this file's range `(after, through]` without reading a payload: its commit rows
-/// decode (their row hashes match) and follow one another from `after + 1` to exactly
-/// `through`, and it holds one event row per sequence of the range (none missing, none
-/// extra). O(commits) rows and a count of the range's event rows.
-pub(crate) fn check_range(conn: &Connection, after: u64, through: u64) -> Result<()> {
-    let (from, to) = (after.min(i64::MAX as u64), through.min(i64::MAX as u64));
-    let mut select = conn.prepare_cached(&format!(
-        "SELECT {COMMIT_COLUMNS} FROM commits WHERE first_seq > ?1 AND first_seq <= ?2
-         ORDER BY first_seq"
-    ))?;
-    let mut rows = select.query(params![from, to])?;
-    let mut next = after + 1;
-    while let Some(r) = rows.next()? {
-        let (commit, last) = commit_row(r)?;
-        if commit.first_seq != next {
-            return Err(Error::corrupt(format!(
-                "sequence gap: expected a commit at {next}, found one at {}",
-                commit.first_seq
-            )));
-        }
-        next = last.saturating_add(1);
-    }
-    if next != through.saturating_add(1) {
-        return Err(Error::corrupt(format!(
-            "the commits of sequences {}..={through} end at {}",
-            after + 1,
-            next - 1
-        )));
-    }
-    let events: u64 = conn
-        .prepare_cached("SELECT count(*) FROM events WHERE seq > ?1 AND seq <= ?2")?
-        .query_row(params![from, to], |r| r.get(0))?;
-    if events != through - after {
-        return Err(Error::corrupt(format!(
-            "{events} event rows for the {} sequences {}..={through}",
-            through - after,
-            after + 1
-        )));
-    }
-    Ok(())
-}
-
 /// The first sequence and operation key (`model::event::operation_key`) of at most
 /// `limit` commits of this file (schema 3) after `after_seq`, in order: one page of a
 /// keyset walk, so that no read transaction lasts the whole table.

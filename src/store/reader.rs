@@ -1134,40 +1134,35 @@ impl SessionReader {
         read::commit_ends_at(&*segment.pool.get()?, seq)
     }
 
-    /// Checks the range `(0, cut]` a fork cut at `cut` inherits, as far as it can without
-    /// reading every payload: in each file that holds part of it, the commit rows (row
-    /// hashes, no gap, ending at the part's end) and one event row per sequence
-    /// ([`read::check_range`]); and the commit that ends at `cut` whole, its events
-    /// against its operation hash. An event edited elsewhere in the range is left to
-    /// `verify` and to the reads of the log, the child's as the parent's.
+    /// Checks what a fork cut at `cut` needs of this session, in time that does not grow
+    /// with its length: every file holding part of `(0, cut]` is there, and the commit
+    /// that ends at `cut` reads whole (its row hash) and its events match its operation
+    /// hash. Damage elsewhere in the range is left to `verify` and to the reads of the
+    /// log, the child's as the parent's: checking every commit row and event row of the
+    /// prefix made a fork of 200,000 events take 80-90 ms instead of 10.
     ///
     /// # Errors
-    /// [`Error::Corrupt`] naming this session, the range and the file that holds it;
-    /// SQLite errors.
+    /// [`Error::Corrupt`] naming this session (and the file, for a missing one); SQLite
+    /// errors.
     pub(crate) fn check_prefix(&self, cut: u64) -> Result<()> {
         let me = &self.header.session_id;
         // A lineage that changed meanwhile (an ancestor deleted after its range was copied
         // here) is read again.
         self.with_layout(|layout| {
-            for s in layout.segments.iter().filter(|s| s.after < cut) {
-                let through = s.through.min(cut);
-                let checked = if s.inherited && !s.file.is_file() {
-                    Err(Error::corrupt("the file is missing"))
-                } else {
-                    read::check_range(&*s.pool.get()?, s.after, through)
-                };
-                checked.map_err(|e| {
-                    e.corrupt_in(|| {
-                        format!(
-                            "session {me} cannot be forked at sequence {cut}: sequences \
-                             {}..={through} held by {}",
-                            s.after + 1,
-                            s.source
-                        )
-                    })
-                })?;
+            match layout
+                .segments
+                .iter()
+                .find(|s| s.after < cut && s.inherited && !s.file.is_file())
+            {
+                Some(s) => Err(Error::corrupt(format!(
+                    "session {me} cannot be forked at sequence {cut}: sequences {}..={} \
+                     held by {}: the file is missing",
+                    s.after + 1,
+                    s.through.min(cut),
+                    s.source
+                ))),
+                None => Ok(()),
             }
-            Ok(())
         })?;
         if cut == 0 {
             return Ok(());
