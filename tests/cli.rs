@@ -280,8 +280,8 @@ fn append_history_events_stats_and_the_sqlite3_shell() {
     let extra = json!({"operation_id": "extra", "events": [message("m-extra", "user", "more")]});
     let summary = stdout(&env.run_with(&["append", "other"], &format!("{first}\n{extra}\n")));
     assert!(
-        summary.starts_with("appended 1 batches (1 events, ")
-            && summary.contains("1 retries of batches already stored")
+        summary.starts_with("appended 1 batch (1 event, ")
+            && summary.contains("(1 retry of a batch already stored)")
             && summary.contains("durable sequence 6"),
         "{summary}"
     );
@@ -408,8 +408,8 @@ fn append_reports_and_keeps_the_batches_before_a_bad_line() {
     assert!(stderr(&out).contains("line 3"), "{}", stderr(&out));
     let summary = stdout(&out);
     assert!(
-        summary.starts_with("appended 1 batches (1 events, ")
-            && summary.contains("1 retries of batches already stored")
+        summary.starts_with("appended 1 batch (1 event, ")
+            && summary.contains("(1 retry of a batch already stored)")
             && summary.contains("durable sequence 2"),
         "{summary}"
     );
@@ -1590,7 +1590,7 @@ fn append_from_a_terminal_says_it_reads_batches() {
     assert_eq!(code(&out), 0, "{out:?}");
     let shown = stdout(&out);
     assert!(shown.contains("Ctrl-D ends the input"), "{shown}");
-    assert!(shown.contains("appended 1 batches"), "{shown}");
+    assert!(shown.contains("appended 1 batch ("), "{shown}");
     let piped = env.run_with(&["append", "s"], batch);
     assert_eq!(code(&piped), 0, "{}", stderr(&piped));
     assert_eq!(stderr(&piped), "");

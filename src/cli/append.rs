@@ -125,15 +125,21 @@ pub fn run(
 fn summary(totals: &Totals, id: &SessionId, durable: u64) -> CliResult<()> {
     let retries = match totals.retries {
         0 => String::new(),
+        1 => " (1 retry of a batch already stored)".to_owned(),
         n => format!(" ({n} retries of batches already stored)"),
     };
     outln!(
-        "appended {} batches ({} events, {} of payload) to {id}{retries}; durable sequence {durable}",
-        totals.batches,
-        totals.events,
+        "appended {} ({}, {} of payload) to {id}{retries}; durable sequence {durable}",
+        count(totals.batches, "batch", "batches"),
+        count(totals.events, "event", "events"),
         human_bytes(totals.bytes),
     );
     Ok(())
+}
+
+/// `n` and the noun that goes with it: "1 batch", "2 batches", "0 batches".
+fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 /// Whether `file` is a regular file (read to its end without waiting for a writer).
