@@ -41,9 +41,9 @@ impl Root {
     /// turn open or an interaction pending; [`Error::SessionExists`] for a taken child id;
     /// [`Error::SessionNotFound`] for a parent that is not there, also one deleted while
     /// the fork is made (then nothing is published); [`Error::Corrupt`] naming the parent
-    /// when the range the child would inherit does not check out (a commit row that does
-    /// not match its row hash, a gap or an extra event row, a cut commit whose events do
-    /// not match its operation hash): nothing is written.
+    /// when a file holding part of the range the child would inherit is missing, or the
+    /// commit it cuts at does not check out (its row hash, its events against its
+    /// operation hash): nothing is written.
     pub fn fork(
         &self,
         parent: &SessionId,
@@ -140,7 +140,8 @@ impl Root {
                 cut
             }
         };
-        // The range the child inherits must check out before anything is written.
+        // What the child inherits must be there, and its cut sound, before anything is
+        // written.
         reader.check_prefix(cut)?;
         let child = child.unwrap_or_else(SessionId::random);
         if self.session_dir(&child).exists() {

@@ -587,7 +587,11 @@ pub(crate) fn read_history_index(
 
 /// What [`read_event_payload`] reads: the event's kind, its inline JSON text (content parts
 /// spliced back) or the digest of its blob.
-pub(crate) type EventPayload = (String, Option<String>, Option<String>);
+pub(crate) type EventPayload = (
+    std::borrow::Cow<'static, str>,
+    Option<String>,
+    Option<String>,
+);
 
 /// The kind and payload of event `seq`: inline JSON text (its content parts spliced back),
 /// or the digest of its blob.
@@ -616,7 +620,7 @@ pub(crate) fn read_event_payload(conn: &Connection, seq: u64) -> Result<EventPay
     let mut cache = PartCache::default();
     let text = stored_text(conn, seq, text, parts, &mut cache)?;
     Ok((
-        kind.kind.into_owned(),
+        kind.kind,
         text.map(|t| event_row::whole_payload(t, kind.bare)),
         reference,
     ))
