@@ -1729,3 +1729,29 @@ fn show_stats_and_events_of_a_session_being_appended_to_agree_with_themselves() 
         "reads of a session being appended to: {wrong:#?}"
     );
 }
+
+/// Human summaries count one thing in the singular: a session of one commit of one event
+/// is "1 commit, 1 event" to `export`, `verify`, `stats` and `rebuild-catalog` (they said
+/// "1 commits, 1 events", "1 sessions").
+#[test]
+fn summaries_of_one_say_it_in_the_singular() {
+    let env = Env::new();
+    env.ok(&["create", "one"]);
+    let batch = json!({"operation_id": "o1", "events": [message("m1", "user", "hi")]});
+    let out = env.run_with(&["append", "one"], &format!("{batch}\n"));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+
+    let export = env.path("one.sqlite");
+    let export_arg = export.to_str().expect("utf-8");
+    let exported = env.ok(&["export", "one", export_arg]);
+    assert!(exported.contains(": 1 commit, 1 event, "), "{exported}");
+    let verified = env.ok(&["verify", "one"]);
+    assert!(
+        verified.contains(": 1 commit, 1 event, 0 turns, 1 message;"),
+        "{verified}"
+    );
+    let stats = env.ok(&["stats", "one"]);
+    assert!(stats.starts_with("one: 1 event (durable sequence 1)"), "{stats}");
+    let rebuilt = env.ok(&["rebuild-catalog"]);
+    assert!(rebuilt.trim_end().ends_with(": 1 session"), "{rebuilt}");
+}

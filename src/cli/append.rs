@@ -15,7 +15,7 @@ use std::path::Path;
 use serde::Serialize;
 use session_store::{Batch, Commit, CreateOptions, Error, Root, Session, SessionId};
 
-use super::{CliError, CliResult, Context, Failure, human_bytes, session_id};
+use super::{CliError, CliResult, Context, Failure, count, human_bytes, session_id};
 
 /// The `--file` that names stdin, as for most Unix tools.
 const STDIN: &str = "-";
@@ -135,11 +135,6 @@ fn summary(totals: &Totals, id: &SessionId, durable: u64) -> CliResult<()> {
         human_bytes(totals.bytes),
     );
     Ok(())
-}
-
-/// `n` and the noun that goes with it: "1 batch", "2 batches", "0 batches".
-fn count(n: u64, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 /// Whether `file` is a regular file (read to its end without waiting for a writer).

@@ -460,6 +460,11 @@ pub fn shell_quote(path: &Path) -> String {
     }
 }
 
+/// `n` and the noun that goes with it: "1 batch", "2 batches", "0 batches".
+pub fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// A byte count for people: `512 B`, `1.5 KiB`, `3.2 MiB`.
 pub fn human_bytes(bytes: u64) -> String {
     const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];

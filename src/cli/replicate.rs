@@ -17,7 +17,8 @@ use session_store::format::{CATALOG_DIR, CATALOG_FILE, SESSION_FILE};
 use session_store::{Root, Scratch, SessionId, catalog_session_ids};
 
 use super::{
-    CliError, CliResult, Context, EXIT_EXISTS, EXIT_INVALID, EXIT_NOT_FOUND, Failure, print_json,
+    CliError, CliResult, Context, EXIT_EXISTS, EXIT_INVALID, EXIT_NOT_FOUND, Failure, count,
+    print_json,
 };
 
 /// The config `replicate --run` writes in the root when `--config-out` is not given (a
@@ -682,10 +683,10 @@ fn restore_into(
                 format!(", inherits from {}", names.join(", "))
             };
             outln!(
-                "restored {}: {} commits, {} events{inherits}; verified",
+                "restored {}: {}, {}{inherits}; verified",
                 r.session_id,
-                r.commits,
-                r.events
+                count(r.commits, "commit", "commits"),
+                count(r.events, "event", "events")
             );
         }
         for s in &skipped {
@@ -703,11 +704,11 @@ fn restore_into(
                 );
             }
             outln!(
-                "restored {} sessions from {} into {}; catalog rebuilt: {} sessions",
-                restored.len(),
+                "restored {} from {} into {}; catalog rebuilt: {}",
+                count(restored.len() as u64, "session", "sessions"),
                 replica.url(),
                 root.path().display(),
-                report.sessions
+                count(report.sessions as u64, "session", "sessions")
             );
         }
     }
@@ -716,9 +717,13 @@ fn restore_into(
         return Err(fail(
             EXIT_INVALID,
             format!(
-                "{} of {} sessions not restored (see above)",
+                "{} of {} not restored (see above)",
                 failed.len(),
-                failed.len() + restored.len()
+                count(
+                    (failed.len() + restored.len()) as u64,
+                    "session",
+                    "sessions"
+                )
             ),
         ));
     }

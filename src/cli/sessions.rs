@@ -16,7 +16,7 @@ use session_store::{
 
 use super::interrupt::Interrupt;
 use super::{
-    CliError, CliResult, Context, EXIT_NOT_FOUND, EXIT_OTHER, Failure, block_on, exit_code,
+    CliError, CliResult, Context, EXIT_NOT_FOUND, EXIT_OTHER, Failure, block_on, count, exit_code,
     human_bytes, is_broken_pipe, print_json, printable, session_id, spinner,
 };
 
@@ -334,8 +334,8 @@ fn print_show(s: &Show) -> CliResult<()> {
     }
     if let Some(parent) = &h.parent_id {
         outln!(
-            "parent     {parent} ({} events inherited at the cut)",
-            h.inherited_events
+            "parent     {parent} ({} inherited at the cut)",
+            count(h.inherited_events, "event", "events")
         );
     }
     for e in &s.lineage {
@@ -666,10 +666,10 @@ pub fn export(cx: &Context, id: &str, file: &Path) -> CliResult<()> {
         }));
     }
     outln!(
-        "exported {id} to {}: {} commits, {} events, {}",
+        "exported {id} to {}: {}, {}, {}",
         printable(&file.display().to_string()),
-        report.commits,
-        report.events,
+        count(report.commits, "commit", "commits"),
+        count(report.events, "event", "events"),
         human_bytes(report.bytes)
     );
     Ok(())
@@ -881,14 +881,14 @@ pub fn verify(cx: &Context, target: &Path) -> CliResult<()> {
         }));
     }
     outln!(
-        "ok: {} ({}): {} commits, {} events, {} turns, {} messages; integrity, sequences, \
-         hashes, blob digests and replay are sound",
+        "ok: {} ({}): {}, {}, {}, {}; integrity, sequences, hashes, blob digests and replay \
+         are sound",
         replay.header.session_id,
         printable(&path.display().to_string()),
-        replay.commits,
-        replay.events,
-        p.ended_turns,
-        p.transcript_len
+        count(replay.commits, "commit", "commits"),
+        count(replay.events, "event", "events"),
+        count(p.ended_turns, "turn", "turns"),
+        count(p.transcript_len, "message", "messages")
     );
     Ok(())
 }
@@ -934,9 +934,9 @@ pub fn stats(cx: &Context, id: &str) -> CliResult<()> {
         return print_json(&stats);
     }
     outln!(
-        "{}: {} events (durable sequence {}), {} on disk",
+        "{}: {} (durable sequence {}), {} on disk",
         stats.session_id,
-        stats.events,
+        count(stats.events, "event", "events"),
         stats.durable_sequence,
         human_bytes(stats.file_bytes)
     );
@@ -1006,9 +1006,9 @@ pub fn rebuild_catalog(cx: &Context) -> CliResult<()> {
         print_json(&report)
     } else {
         outln!(
-            "rebuilt the catalog of {}: {} sessions{}",
+            "rebuilt the catalog of {}: {}{}",
             cx.root.display(),
-            report.sessions,
+            count(report.sessions as u64, "session", "sessions"),
             match report.skipped.len() {
                 0 => String::new(),
                 n => format!(", {n} skipped (unreadable, named above)"),
