@@ -539,8 +539,8 @@ class Root:
         those it inherits), ``cwd`` (sessions created with that working directory),
         ``since`` (messages committed at or after it: a timezone-aware
         :class:`datetime.datetime`), ``role`` (``user``, ``assistant``, ``tool``, …;
-        ``title`` for titles). A malformed query raises :class:`InvalidInput` with the
-        reason.
+        ``title`` for titles; compared ignoring ASCII case). A malformed query or a blank
+        ``role`` raises :class:`InvalidInput` with the reason.
         """
         return _json_object(
             self._native.search(query, cursor, limit, session, cwd, _epoch_ms(since), role)

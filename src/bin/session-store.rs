@@ -182,7 +182,8 @@ enum Command {
         /// (2026-12-01, 2026-12-01T08:30:00Z).
         #[arg(long, value_name = "WHEN", value_parser = cli::when::parse_since)]
         since: Option<i64>,
-        /// Only messages with this role (user, assistant, tool, …; title for titles).
+        /// Only messages with this role (user, assistant, tool, …; title for titles),
+        /// ignoring case.
         #[arg(long)]
         role: Option<String>,
     },
