@@ -750,7 +750,14 @@ pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
     let bar = spinner("collecting old sessions");
     let collected = root.gc(options);
     bar.finish_and_clear();
-    let report = collected?;
+    let report = collected.map_err(|e| -> CliError {
+        if super::library_code(&e) == EXIT_OTHER {
+            // A root that cannot be written: what was being done, then where and why.
+            Failure::context(format!("collect old sessions of {}", cx.root.display()), &e)
+        } else {
+            e.into()
+        }
+    })?;
     if cx.json {
         print_json(&report)?;
     } else {
