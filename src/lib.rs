@@ -48,10 +48,10 @@ pub use model::{
 pub use model::{Cost, MAX_COST_SCALE, Usage, UsageTotals};
 pub use persistence::{BlobStats, KindStats, SessionStats, TableBytes};
 pub use persistence::{
-    CatalogEntry, CatalogTotals, CheckpointPolicy, CreateOptions, ExportReport, ForkPoint,
-    ImportOptions, ListFilter, ListSort, Listing, MAX_SEARCH_LIMIT, RebuildReport, ReplayReport,
-    Root, Scratch, SearchOptions, SessionInfo, SkippedSession, StoreOptions, Verified,
-    catalog_session_ids, replay_file, verify_file,
+    CatalogEntry, CatalogTotals, CheckpointPolicy, CreateOptions, ExportReport, FileIdentity,
+    ForkPoint, ImportOptions, ListFilter, ListSort, Listing, MAX_SEARCH_LIMIT, RebuildReport,
+    ReplayReport, Root, Scratch, SearchOptions, SessionInfo, SkippedSession, StoreOptions,
+    Verified, catalog_session_ids, replay_file, verify_file,
 };
 pub use persistence::{GcDeleted, GcKept, GcOptions, GcReport};
 pub use service::{
