@@ -40,7 +40,7 @@ mod store;
 
 pub use cancel::CancelToken;
 pub use error::{Error, Result, WriterOwner, quoted, utc};
-pub use model::header::{Header, Origin};
+pub use model::header::{Header, Origin, absolute_cwd};
 pub use model::{
     Batch, CLOSURE_KINDS, Commit, ContentRef, Event, Message, PROJECTION_KINDS, Projection,
     RecoveryStatus, SessionId, SessionRef, Snippet, TERMINAL_TURN_STATUSES, Todo, TurnBoundary,
@@ -48,10 +48,10 @@ pub use model::{
 pub use model::{Cost, MAX_COST_SCALE, Usage, UsageTotals};
 pub use persistence::{BlobStats, KindStats, SessionStats, TableBytes};
 pub use persistence::{
-    CatalogEntry, CatalogTotals, CheckpointPolicy, CreateOptions, ExportReport, ForkPoint,
-    ImportOptions, ListFilter, ListSort, Listing, MAX_SEARCH_LIMIT, RebuildReport, ReplayReport,
-    Root, Scratch, SearchOptions, SessionInfo, SkippedSession, StoreOptions, Verified,
-    catalog_session_ids, replay_file, verify_file,
+    CatalogEntry, CatalogTotals, CheckpointPolicy, CreateOptions, ExportReport, FileIdentity,
+    ForkPoint, ImportOptions, ListFilter, ListSort, Listing, MAX_SEARCH_LIMIT, RebuildReport,
+    ReplayReport, Root, Scratch, SearchOptions, SessionInfo, SkippedSession, StoreOptions,
+    Verified, catalog_session_ids, replay_file, verify_file,
 };
 pub use persistence::{GcDeleted, GcKept, GcOptions, GcReport};
 pub use service::{

@@ -293,6 +293,28 @@ fn catalog_session_ids_reads_a_catalog_and_refuses_other_files() {
     assert_eq!(after.len(), listed.len());
 }
 
+/// `Root::session_file_identity`, which the CLI's reads (`show`, `history`, the server's
+/// pages) use to tell a session deleted while read from damage (the CLI had a copy of the
+/// library's private `file_identity`): the same file answers the same, another session's
+/// file or a missing one not.
+#[test]
+fn session_file_identity_tells_files_apart() {
+    let (_dir, root) = temp_root();
+    for name in ["a", "b"] {
+        let s = create(&root, name);
+        s.append(turn(name, "turn-1", &format!("m-{name}")))
+            .expect("append");
+        s.close().expect("close");
+    }
+    let a = root.session_file_identity(&id("a")).expect("a's file");
+    assert_eq!(root.session_file_identity(&id("a")), Some(a));
+    assert_ne!(root.session_file_identity(&id("b")), Some(a));
+    assert_eq!(root.session_file_identity(&id("missing")), None);
+    root.delete(&id("a"), &session_store::CancelToken::new())
+        .expect("delete");
+    assert_eq!(root.session_file_identity(&id("a")), None);
+}
+
 #[test]
 fn set_aside_moves_a_session_out_of_the_namespace() {
     let (_dir, root) = temp_root();

@@ -722,6 +722,53 @@ fn read_only_root_serves_reads() {
     env.ok(&["import", export, "--id", "a2"]);
 }
 
+/// `gc` on a root the user may only read (as `nobody`): one error naming the root and the
+/// system's reason (exit 1; it printed one "Permission denied" per session, naming each
+/// session's `writer.lock`, then "N session(s) could not be deleted"), every session kept;
+/// a dry run still reports what it would delete.
+#[test]
+fn gc_on_a_read_only_root_fails_once_naming_the_root() {
+    let Some(prefix) = nobody_or_skip("gc_on_a_read_only_root_fails_once_naming_the_root") else {
+        return;
+    };
+    let env = Env::new();
+    for id in ["a", "b", "c"] {
+        env.session(id, 1);
+    }
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(env.work(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+    }
+    common::chmod_tree(&env.root, false);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let run = |args: &[&str]| run_as(&prefix, &env.root, args);
+    let dry = run(&["gc", "--older-than", "0s", "--dry-run"]);
+    let (stdout, stderr) = texts(&dry);
+    assert!(dry.status.success(), "{stderr}");
+    assert_eq!(stdout.matches("would delete").count(), 3, "{stdout}");
+    for args in [
+        &["gc", "--older-than", "0s"][..],
+        &["--json", "gc", "--older-than", "0s"],
+    ] {
+        let out = run(args);
+        let (stdout, stderr) = texts(&out);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert_eq!(
+            stderr.trim_end(),
+            format!(
+                "session-store: error: collect old sessions of {0}: write {0}: Permission \
+                 denied (os error 13)",
+                env.root.display()
+            ),
+            "{args:?}"
+        );
+        assert!(stdout.is_empty(), "{args:?}: {stdout}");
+    }
+    common::chmod_tree(&env.root, true);
+    assert_eq!(env.listed().0, ["a", "b", "c"]);
+}
+
 /// A session file (`a`) and a session folder (`b`) the user may not read (mode 000, the
 /// rest of the root theirs to read): every command naming them says "Permission denied"
 /// (exit 1), where it said "unable to open database file" (SQLite's text alone) or, for

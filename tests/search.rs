@@ -919,6 +919,80 @@ fn pages_and_filters() {
     );
 }
 
+/// A role filter is compared ignoring ASCII case (`User` found nothing, as a role no
+/// message could have) and a blank one is refused (it found nothing without a word).
+#[test]
+fn the_role_filter_ignores_case_and_refuses_a_blank_role() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "roles");
+    s.append(Batch::new(
+        "r",
+        vec![
+            title("walrus notes"),
+            message("u", "user", "walrus one"),
+            message("a", "assistant", "walrus two"),
+            message("d", "Developer", "walrus three"),
+        ],
+    ))
+    .expect("append");
+    s.close().expect("close");
+    let ids = |role: &str| -> Vec<String> {
+        let mut ids: Vec<String> = search_all(
+            &root,
+            "walrus",
+            SearchOptions::default().with_role(role).with_limit(1),
+        )
+        .into_iter()
+        .map(|h| h.message_id)
+        .collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(ids("user"), ["u"]);
+    assert_eq!(ids("User"), ["u"]);
+    assert_eq!(ids("ASSISTANT"), ["a"]);
+    assert_eq!(ids("developer"), ["d"]);
+    assert_eq!(ids("DEVELOPER"), ["d"]);
+    assert_eq!(ids("Title"), [""]);
+    assert!(ids("nobody").is_empty());
+    for blank in ["", "  "] {
+        let service = Service::new("local", root.clone()).expect("service");
+        let err = rt()
+            .block_on(
+                service
+                    .query()
+                    .search("walrus", SearchOptions::default().with_role(blank)),
+            )
+            .expect_err("a blank role");
+        assert!(matches!(err, Error::InvalidInput { .. }), "{err}");
+        assert!(err.to_string().contains("is blank"), "{err}");
+    }
+    let out = bin()
+        .arg("--root")
+        .arg(root.path())
+        .args(["search", "walrus", "--role", "USER"])
+        .output()
+        .expect("run");
+    assert!(out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("roles #1 user"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = bin()
+        .arg("--root")
+        .arg(root.path())
+        .args(["search", "walrus", "--role", ""])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(6));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("search role \"\" is blank"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// The child of [`a_sigkilled_writer_leaves_a_repairable_index`]: appends one message per
 /// batch and flushes each, printing `durable <seq>`, until killed.
 #[test]

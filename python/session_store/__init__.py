@@ -463,12 +463,15 @@ class Root:
     # Writers and readers.
 
     @_native_args
-    def create(self, session_id: str | None = None, *, cwd: str | None = None) -> Session:
-        """Creates a session (a random id when None) and opens it for writing.
+    def create(self, session_id: str | None = None, *, cwd: PathLike | None = None) -> Session:
+        """Creates a session (a random id when None) and opens it for writing; ``cwd`` is
+        recorded as the absolute folder it names (as :meth:`list` takes it).
 
         Raises :class:`AlreadyExists` for a taken id, :class:`InvalidInput` for a bad one.
         """
-        return Session(self._native.create(session_id, cwd), self)
+        return Session(
+            self._native.create(session_id, None if cwd is None else _fspath(cwd)), self
+        )
 
     @_native_args
     def open(self, session_id: str) -> Session:
@@ -486,16 +489,64 @@ class Root:
     # Queries (durable state).
 
     @_native_args
-    def list(self, cursor: str | None = None, limit: int = 50) -> dict[str, Any]:
-        """One page of sessions in id order: ``{"sessions", "next_cursor", "skipped",
-        "catalog_error"}``; pass ``next_cursor`` back for the next page (limit <= 100)."""
-        return _json_object(self._native.list(cursor, limit))
+    def list(
+        self,
+        cursor: str | None = None,
+        limit: int = 50,
+        *,
+        cwd: PathLike | None = None,
+        since: datetime | None = None,
+        title: str | None = None,
+        origin: str | None = None,
+        sort: str = "id",
+        cached_only: bool = False,
+    ) -> dict[str, Any]:
+        """One page of sessions: ``{"sessions", "next_cursor", "skipped",
+        "catalog_error"}``; pass ``next_cursor`` back (with the same filters and ``sort``)
+        for the next page (limit <= 100; 0 gives 50).
 
-    def iter_sessions(self, page_size: int = 100) -> Iterator[dict[str, Any]]:
-        """Every session summary of the root, page by page."""
+        Filters combine (the CLI's ``list`` flags, the library's ``ListFilter``): ``cwd``
+        (sessions created with that working directory; a relative one, ``.`` or
+        ``../api``, is the absolute folder it names from the current directory, and an
+        absolute one loses its ``.`` parts and repeated or trailing ``/``, as the CLI's
+        ``--cwd``), ``since`` (updated at or after it: a timezone-aware
+        :class:`datetime.datetime`), ``title`` (the title contains it, ASCII letters
+        compared without case), ``origin`` (``"new"``, ``"fork"``, ``"rewind"``,
+        ``"canonical-import"`` or ``"legacy-import"``). ``sort`` is ``"id"`` (ascending),
+        ``"updated"`` or ``"created"`` (newest first); ``cached_only`` serves a filtered
+        or sorted page from the catalog as last refreshed (cheaper on a big root; a
+        session changed since may be out of place). An unknown ``origin`` or ``sort``, or
+        a cursor of another order, raises :class:`InvalidInput`."""
+        return _json_object(
+            self._native.list(
+                cursor,
+                limit,
+                None if cwd is None else _fspath(cwd),
+                _epoch_ms(since),
+                title,
+                origin,
+                sort,
+                cached_only,
+            )
+        )
+
+    def iter_sessions(
+        self,
+        page_size: int = 100,
+        *,
+        cwd: PathLike | None = None,
+        since: datetime | None = None,
+        title: str | None = None,
+        origin: str | None = None,
+        sort: str = "id",
+    ) -> Iterator[dict[str, Any]]:
+        """Every session summary of the root passing the filters (those of :meth:`list`),
+        page by page."""
         cursor: str | None = None
         while True:
-            page = self.list(cursor, page_size)
+            page = self.list(
+                cursor, page_size, cwd=cwd, since=since, title=title, origin=origin, sort=sort
+            )
             yield from page["sessions"]
             cursor = page["next_cursor"]
             if cursor is None:
@@ -521,7 +572,7 @@ class Root:
         limit: int = 10,
         cursor: str | None = None,
         session: str | None = None,
-        cwd: str | None = None,
+        cwd: PathLike | None = None,
         since: datetime | None = None,
         role: str | None = None,
     ) -> dict[str, Any]:
@@ -536,14 +587,23 @@ class Root:
 
         The query syntax is the CLI's: words (all must match), ``"a phrase"``, ``prefix*``,
         ``OR``, ``NOT``, parentheses. Filters combine: ``session`` (its own messages and
-        those it inherits), ``cwd`` (sessions created with that working directory),
+        those it inherits), ``cwd`` (sessions created with that working directory, made
+        absolute as :meth:`list` makes it),
         ``since`` (messages committed at or after it: a timezone-aware
         :class:`datetime.datetime`), ``role`` (``user``, ``assistant``, ``tool``, …;
-        ``title`` for titles). A malformed query raises :class:`InvalidInput` with the
-        reason.
+        ``title`` for titles; compared ignoring ASCII case). A malformed query or a blank
+        ``role`` raises :class:`InvalidInput` with the reason.
         """
         return _json_object(
-            self._native.search(query, cursor, limit, session, cwd, _epoch_ms(since), role)
+            self._native.search(
+                query,
+                cursor,
+                limit,
+                session,
+                None if cwd is None else _fspath(cwd),
+                _epoch_ms(since),
+                role,
+            )
         )
 
     @_native_args
@@ -594,13 +654,16 @@ class Root:
 
     @_native_args
     def import_file(
-        self, path: PathLike, *, session_id: str | None = None, cwd: str | None = None
+        self, path: PathLike, *, session_id: str | None = None, cwd: PathLike | None = None
     ) -> str:
-        """Validates an exported file and publishes it (under ``session_id`` if given);
-        returns the id. A damaged file raises :class:`Corrupt` and publishes nothing; a path
-        with nothing there :class:`NotFound` naming it."""
+        """Validates an exported file and publishes it (under ``session_id`` if given, with
+        ``cwd`` made absolute as :meth:`create` makes it); returns the id. A damaged file
+        raises :class:`Corrupt` and publishes nothing; a path with nothing there
+        :class:`NotFound` naming it."""
         try:
-            return self._native.import_file(_fspath(path), session_id, cwd)
+            return self._native.import_file(
+                _fspath(path), session_id, None if cwd is None else _fspath(cwd)
+            )
         except NotFound as e:
             raise _no_such_file(path, e) from None
 
@@ -636,7 +699,9 @@ class Root:
 
     # Async variants.
 
-    async def acreate(self, session_id: str | None = None, *, cwd: str | None = None) -> Session:
+    async def acreate(
+        self, session_id: str | None = None, *, cwd: PathLike | None = None
+    ) -> Session:
         """:meth:`create` in a worker thread."""
         return await _to_thread(self.create, session_id, cwd=cwd)
 
@@ -644,9 +709,30 @@ class Root:
         """:meth:`open` in a worker thread."""
         return await _to_thread(self.open, session_id)
 
-    async def alist(self, cursor: str | None = None, limit: int = 50) -> dict[str, Any]:
+    async def alist(
+        self,
+        cursor: str | None = None,
+        limit: int = 50,
+        *,
+        cwd: PathLike | None = None,
+        since: datetime | None = None,
+        title: str | None = None,
+        origin: str | None = None,
+        sort: str = "id",
+        cached_only: bool = False,
+    ) -> dict[str, Any]:
         """:meth:`list` in a worker thread."""
-        return await _to_thread(self.list, cursor, limit)
+        return await _to_thread(
+            self.list,
+            cursor,
+            limit,
+            cwd=cwd,
+            since=since,
+            title=title,
+            origin=origin,
+            sort=sort,
+            cached_only=cached_only,
+        )
 
     async def ahistory(
         self, session_id: str, cursor: str | None = None, limit: int = 100
@@ -661,7 +747,7 @@ class Root:
         limit: int = 10,
         cursor: str | None = None,
         session: str | None = None,
-        cwd: str | None = None,
+        cwd: PathLike | None = None,
         since: datetime | None = None,
         role: str | None = None,
     ) -> dict[str, Any]:
@@ -696,7 +782,7 @@ class Root:
         return await _to_thread(self.export, session_id, path)
 
     async def aimport_file(
-        self, path: PathLike, *, session_id: str | None = None, cwd: str | None = None
+        self, path: PathLike, *, session_id: str | None = None, cwd: PathLike | None = None
     ) -> str:
         """:meth:`import_file` in a worker thread."""
         return await _to_thread(self.import_file, path, session_id=session_id, cwd=cwd)

@@ -24,8 +24,9 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple, PyType};
 use serde::Serialize;
 use session_store::{
-    Batch, CancelToken, CreateOptions, Durability, Error, ForkPoint, ImportOptions, SearchOptions,
-    Service, SessionId, SessionQuery, SessionReader, Snippet, StoreOptions,
+    Batch, CancelToken, CreateOptions, Durability, Error, ForkPoint, ImportOptions, ListFilter,
+    ListSort, Origin, SearchOptions, Service, SessionId, SessionQuery, SessionReader, Snippet,
+    StoreOptions, absolute_cwd,
 };
 
 create_exception!(
@@ -278,6 +279,33 @@ fn invalid_from(what: &str, source: serde_json::Error) -> Error {
     }
 }
 
+/// A `list` sort order by name.
+fn list_sort(name: &str) -> session_store::Result<ListSort> {
+    match name {
+        "id" => Ok(ListSort::Id),
+        "updated" => Ok(ListSort::Updated),
+        "created" => Ok(ListSort::Created),
+        other => Err(Error::InvalidInput {
+            what: format!(
+                "sort must be \"id\", \"updated\" or \"created\", not {}",
+                session_store::quoted(other)
+            ),
+            source: None,
+        }),
+    }
+}
+
+/// A `list` origin filter by its stored name.
+fn list_origin(name: &str) -> session_store::Result<Origin> {
+    Origin::parse(name).ok_or_else(|| Error::InvalidInput {
+        what: format!(
+            "origin must be one of new, fork, rewind, canonical-import, legacy-import, not {}",
+            session_store::quoted(name)
+        ),
+        source: None,
+    })
+}
+
 /// `value` as JSON text.
 fn json<T: Serialize>(value: &T) -> session_store::Result<String> {
     serde_json::to_string(value).map_err(|e| invalid_from("value cannot be encoded as JSON", e))
@@ -498,7 +526,7 @@ impl Root {
             };
             let mut options = CreateOptions::with_id(id);
             if let Some(cwd) = cwd {
-                options = options.with_cwd(cwd);
+                options = options.with_cwd(absolute_cwd(&cwd)?);
             }
             Ok(Session::new(self.service()?.root().create(options)?))
         })
@@ -521,11 +549,42 @@ impl Root {
         })
     }
 
-    /// One page of sessions after `cursor` (JSON of a `SessionPage`).
-    #[pyo3(signature = (cursor=None, limit=50))]
-    fn list(&self, py: Python<'_>, cursor: Option<String>, limit: usize) -> NativeResult<String> {
+    /// One page of sessions after `cursor` (JSON of a `SessionPage`) that pass every filter
+    /// given, in `sort` order (`id`, `updated` or `created`): `SessionQuery::list_with` with
+    /// a `ListFilter` (`cwd` made absolute as `absolute_cwd` does, as for `search`).
+    #[pyo3(signature = (cursor=None, limit=50, cwd=None, since_ms=None, title=None,
+                        origin=None, sort="id", cached_only=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn list(
+        &self,
+        py: Python<'_>,
+        cursor: Option<String>,
+        limit: usize,
+        cwd: Option<String>,
+        since_ms: Option<i64>,
+        title: Option<String>,
+        origin: Option<String>,
+        sort: &str,
+        cached_only: bool,
+    ) -> NativeResult<String> {
         detached(py, || {
-            let page = self.run(self.query()?.list(cursor.as_deref(), limit))?;
+            let mut filter = ListFilter::default().with_sort(list_sort(sort)?);
+            if let Some(cwd) = cwd {
+                filter = filter.with_cwd(absolute_cwd(&cwd)?);
+            }
+            if let Some(ms) = since_ms {
+                filter = filter.with_since_ms(ms);
+            }
+            if let Some(title) = title {
+                filter = filter.with_title(title);
+            }
+            if let Some(origin) = origin {
+                filter = filter.with_origin(list_origin(&origin)?);
+            }
+            if cached_only {
+                filter = filter.cached_only();
+            }
+            let page = self.run(self.query()?.list_with(cursor.as_deref(), limit, filter))?;
             json(&page)
         })
     }
@@ -554,7 +613,7 @@ impl Root {
                 options = options.with_session(self::session_id(&session)?);
             }
             if let Some(cwd) = cwd {
-                options = options.with_cwd(cwd);
+                options = options.with_cwd(absolute_cwd(&cwd)?);
             }
             if let Some(ms) = since_ms {
                 options = options.with_since(ms);
@@ -713,7 +772,7 @@ impl Root {
                 options = options.with_session_id(SessionId::new(id)?);
             }
             if let Some(cwd) = cwd {
-                options = options.with_cwd(cwd);
+                options = options.with_cwd(absolute_cwd(&cwd)?);
             }
             Ok(self.service()?.root().import(path, options)?.to_string())
         })

@@ -131,6 +131,87 @@ def test_list_pages_and_iteration(root):
     ]
 
 
+def test_list_filters_and_sorts_as_the_library_and_the_cli_do(root, tmp_path, monkeypatch):
+    # Root.list took only cursor and limit: no cwd, since, title, origin or sort.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "proj").mkdir()
+    root.create("a", cwd="/srv/api").close()
+    root.rename("a", "Deploy the API")
+    time.sleep(0.01)
+    root.create("b", cwd="proj/").close()
+    root.rename("b", "notes")
+    time.sleep(0.01)
+    root.create("c", cwd="x/../proj").close()
+
+    def ids(**filters):
+        return [s["session_ref"]["session_id"] for s in root.list(**filters)["sessions"]]
+
+    here = str(tmp_path / "proj")
+    assert root.list()["sessions"][1]["cwd"] == here
+    assert ids(cwd="/srv/api/") == ["a"]
+    assert ids(cwd="/srv//api/.") == ["a"]
+    assert ids(cwd="proj") == ["b", "c"]
+    assert ids(cwd="./proj/../proj/") == ["b", "c"]
+    assert ids(cwd=tmp_path / "proj") == ["b", "c"]
+    assert ids(title="DEPLOY") == ["a"]
+    assert ids(origin="new") == ["a", "b", "c"]
+    assert ids(origin="fork") == []
+    assert ids(sort="created") == ["c", "b", "a"]
+    assert ids(sort="updated", cwd="proj") == ["c", "b"]
+    assert ids(since=datetime.now(timezone.utc) + timedelta(hours=1)) == []
+    assert ids(since=datetime.now(timezone.utc) - timedelta(hours=1)) == ["a", "b", "c"]
+    assert ids(sort="created", cached_only=True) == ["c", "b", "a"]
+    # Pages of one in a sort follow the cursor to the whole listing.
+    seen, cursor = [], None
+    while True:
+        page = root.list(cursor, 1, sort="created")
+        seen += [s["session_ref"]["session_id"] for s in page["sessions"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == ["c", "b", "a"]
+    assert [s["session_ref"]["session_id"] for s in root.iter_sessions(1, cwd="proj")] == [
+        "b",
+        "c",
+    ]
+    assert [
+        s["session_ref"]["session_id"] for s in asyncio.run(root.alist(title="notes"))["sessions"]
+    ] == ["b"]
+    with pytest.raises(InvalidInput, match="origin must be one of"):
+        root.list(origin="forked")
+    with pytest.raises(InvalidInput, match="sort must be"):
+        root.list(sort="newest")
+    with pytest.raises(InvalidInput):
+        root.list(since=datetime(2026, 1, 1))
+    cursor = root.list(None, 1, sort="created")["next_cursor"]
+    with pytest.raises(InvalidInput, match="for this sort"):
+        root.list(cursor, 1, sort="updated")
+
+
+def test_search_cwd_is_made_absolute_as_the_cli_does(root, tmp_path, monkeypatch):
+    # search(cwd=) was compared as given: "proj/", "./proj" or "/srv/api/" found nothing.
+    monkeypatch.chdir(tmp_path)
+    with root.create("a", cwd="/srv/api") as s:
+        s.append(turn("t1", msg(1, "user", "walrus here")), operation_id="o", turn_id="t1")
+    with root.create("b", cwd="proj") as s:
+        s.append(turn("t1", msg(2, "user", "walrus there")), operation_id="o", turn_id="t1")
+
+    def found(cwd):
+        return [h["message_id"] for h in root.search("walrus", cwd=cwd)["hits"]]
+
+    for cwd in ["/srv/api/", "/srv//api", "/srv/./api/"]:
+        assert found(cwd) == ["m1"], cwd
+    for cwd in ["proj", "proj/", "./proj", "x/../proj", str(tmp_path / "proj"), tmp_path / "proj"]:
+        assert found(cwd) == ["m2"], cwd
+    # The role is compared ignoring case, a blank one refused.
+    assert [h["message_id"] for h in root.search("walrus", role="USER")["hits"]] in (
+        ["m1", "m2"],
+        ["m2", "m1"],
+    )
+    with pytest.raises(InvalidInput, match="blank"):
+        root.search("walrus", role=" ")
+
+
 def test_fork_and_rewind_copy_nothing_and_keep_the_parent(root):
     fill(root, "parent", 4).close()
     child = root.fork("parent", after_turn="t1", child="child")

@@ -85,7 +85,7 @@ enum Command {
         id: Option<String>,
         /// Working directory to record in the header (a relative one is made absolute
         /// against the current directory).
-        #[arg(long, value_name = "DIR", value_parser = cli::absolute_dir)]
+        #[arg(long, value_name = "DIR", value_parser = session_store::absolute_cwd)]
         cwd: Option<String>,
     },
     /// Append JSON Lines batches (stdin by default), one batch per line:
@@ -116,7 +116,7 @@ enum Command {
         cursor: Option<String>,
         /// Only sessions whose header names exactly this working directory (a relative
         /// one is made absolute against the current directory).
-        #[arg(long, value_name = "DIR", value_parser = cli::absolute_dir)]
+        #[arg(long, value_name = "DIR", value_parser = session_store::absolute_cwd)]
         cwd: Option<String>,
         /// Only sessions updated since: a duration back from now (7d, 12h) or a UTC date
         /// (2026-12-01, 2026-12-01T08:30:00Z).
@@ -176,13 +176,14 @@ enum Command {
         session: Option<String>,
         /// Only sessions created with this working directory (a relative one is made
         /// absolute against the current directory).
-        #[arg(long, value_name = "DIR", value_parser = cli::absolute_dir)]
+        #[arg(long, value_name = "DIR", value_parser = session_store::absolute_cwd)]
         cwd: Option<String>,
         /// Only messages since: a duration back from now (7d, 12h) or a UTC date
         /// (2026-12-01, 2026-12-01T08:30:00Z).
         #[arg(long, value_name = "WHEN", value_parser = cli::when::parse_since)]
         since: Option<i64>,
-        /// Only messages with this role (user, assistant, tool, …; title for titles).
+        /// Only messages with this role (user, assistant, tool, …; title for titles),
+        /// ignoring case.
         #[arg(long)]
         role: Option<String>,
     },
@@ -243,7 +244,7 @@ enum Command {
         new_id: Option<String>,
         /// Working directory to record (a relative one is made absolute against the
         /// current directory).
-        #[arg(long, value_name = "DIR", value_parser = cli::absolute_dir)]
+        #[arg(long, value_name = "DIR", value_parser = session_store::absolute_cwd)]
         cwd: Option<String>,
     },
     /// Delete a session (its forks keep their inherited events).

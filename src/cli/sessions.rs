@@ -210,25 +210,6 @@ pub fn file_bytes(root: &session_store::Root, id: &SessionId) -> u64 {
         .sum()
 }
 
-/// Which file is at `path` now (device, inode and, where the file system keeps it, the
-/// time it was created: a file made after another was deleted may get its inode number),
-/// `None` when there is none.
-fn file_identity(path: &Path) -> Option<FileIdentity> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::symlink_metadata(path)
-        .ok()
-        .map(|m| (m.dev(), m.ino(), m.created().ok()))
-}
-
-/// A file's device, inode and creation time (where the file system keeps one).
-pub type FileIdentity = (u64, u64, Option<std::time::SystemTime>);
-
-/// Which file holds session `id` now ([`file_identity`] of its session file), `None` when
-/// there is none: a read that fails while this changes, or finds none, met a delete.
-pub fn session_file_identity(root: &Root, id: &SessionId) -> Option<FileIdentity> {
-    file_identity(&root.session_dir(id).join(SESSION_FILE))
-}
-
 /// Reads of one session `read_of` makes at most when each fails on a file it cannot tell
 /// from the one it started with.
 const READ_ATTEMPTS: usize = 5;
@@ -241,14 +222,13 @@ const READ_ATTEMPTS: usize = 5;
 /// like the same file is read again (at most [`READ_ATTEMPTS`] reads): where the file
 /// system keeps no creation time, a file deleted and made again can look like the old one.
 fn read_of<T>(root: &Root, id: &SessionId, read: impl Fn() -> CliResult<T>) -> CliResult<T> {
-    let file = root.session_dir(id).join(SESSION_FILE);
     let mut attempt = 1;
     loop {
-        let before = file_identity(&file);
+        let before = root.session_file_identity(id);
         match read() {
             Err(e) if !is_broken_pipe(e.as_ref()) => {
                 let not_found = exit_code(e.as_ref()) == EXIT_NOT_FOUND;
-                let now = file_identity(&file);
+                let now = root.session_file_identity(id);
                 if before.is_some() && (now.is_none() || now != before) {
                     return Err(Failure::with_code(
                         EXIT_NOT_FOUND,
@@ -750,7 +730,14 @@ pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
     let bar = spinner("collecting old sessions");
     let collected = root.gc(options);
     bar.finish_and_clear();
-    let report = collected?;
+    let report = collected.map_err(|e| -> CliError {
+        if super::library_code(&e) == EXIT_OTHER {
+            // A root that cannot be written: what was being done, then where and why.
+            Failure::context(format!("collect old sessions of {}", cx.root.display()), &e)
+        } else {
+            e.into()
+        }
+    })?;
     if cx.json {
         print_json(&report)?;
     } else {

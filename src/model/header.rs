@@ -93,3 +93,75 @@ impl Header {
         Ok(())
     }
 }
+
+/// A working directory as given by a user (`--cwd DIR`, Python's `cwd=`) as the absolute
+/// folder it names, as sessions record it and as `list` and `search` filter it: an
+/// absolute one without its `.` parts and repeated or trailing `/` (`/srv//api/` is
+/// `/srv/api`, as a working directory is spelled; its `..` parts are kept), a relative one
+/// (`.`, `../api`) joined to the current directory with its `.` and `..` parts resolved by
+/// name (symlinks are not followed; the folder need not exist). An empty one stays empty,
+/// for the call it is given to to refuse.
+///
+/// # Errors
+/// [`Error::Io`] when the current directory cannot be read; [`Error::InvalidInput`] when
+/// it is not UTF-8.
+pub fn absolute_cwd(text: &str) -> Result<String> {
+    use std::path::{Component, Path, PathBuf};
+    let path = Path::new(text);
+    if text.is_empty() {
+        return Ok(String::new());
+    }
+    if path.is_absolute() {
+        // The path is the UTF-8 `text`, so its parts are too.
+        let spelled: PathBuf = path.components().collect();
+        return Ok(spelled.to_string_lossy().into_owned());
+    }
+    let here = std::env::current_dir().map_err(|e| Error::io("current directory", e))?;
+    let mut out = PathBuf::new();
+    for part in here.join(path).components() {
+        match part {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out.into_os_string()
+        .into_string()
+        .map_err(|_| Error::invalid("the current directory is not UTF-8"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn a_relative_cwd_is_made_absolute_by_name() {
+        let here = std::env::current_dir().expect("cwd");
+        let here = here.to_str().expect("utf-8");
+        let abs = |t: &str| absolute_cwd(t).expect("dir");
+        assert_eq!(abs("/srv/a/../b"), "/srv/a/../b");
+        assert_eq!(abs(""), "");
+        assert_eq!(abs("."), here);
+        assert_eq!(abs("./x/./y/"), format!("{here}/x/y"));
+        let parent = Path::new(here).parent().expect("parent").join("z");
+        assert_eq!(abs("../z"), parent.to_str().expect("utf-8"));
+        let deep = "../".repeat(here.split('/').count() + 3);
+        assert_eq!(abs(&deep), "/");
+    }
+
+    #[test]
+    fn an_absolute_cwd_is_spelled_as_a_relative_one_is() {
+        // `./api/` named `<here>/api`, but `/srv/api/` (a shell's completion) stayed
+        // `/srv/api/`, which no session's working directory (`/srv/api`) equals: `list
+        // --cwd /srv/api/` and `search --cwd` found nothing.
+        let abs = |t: &str| absolute_cwd(t).expect("dir");
+        assert_eq!(abs("/srv/api/"), "/srv/api");
+        assert_eq!(abs("/srv//api/./x"), "/srv/api/x");
+        assert_eq!(abs("/"), "/");
+        // `..` is kept: by name it is not the folder a symlink on the way leads to.
+        assert_eq!(abs("/srv/a/../b/"), "/srv/a/../b");
+    }
+}

@@ -205,6 +205,12 @@ pub struct SessionInfo {
     pub last_writer: WriterOwner,
 }
 
+/// Which file is at a path ([`Root::session_file_identity`]): its device, inode and,
+/// where the file system keeps one, creation time (a file made after another was deleted
+/// may get its inode number). Compare two with `==`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileIdentity((u64, u64, Option<std::time::SystemTime>));
+
 /// A folder of sessions, one sub-folder each.
 ///
 /// ```
@@ -550,6 +556,14 @@ impl Root {
     /// The folder of a session (whether or not it exists).
     pub fn session_dir(&self, id: &SessionId) -> PathBuf {
         self.inner.path.join(id.as_str())
+    }
+
+    /// Which file holds session `id` now, `None` when there is none (or it cannot be
+    /// looked at). Two answers differ when the session was deleted, or deleted and made
+    /// again, in between: a read that fails while this changes met a delete, not damage.
+    pub fn session_file_identity(&self, id: &SessionId) -> Option<FileIdentity> {
+        crate::store::folder_swap::file_identity(&self.session_dir(id).join(SESSION_FILE))
+            .map(FileIdentity)
     }
 
     /// A session folder that exists and is a real directory (not a symlink), holding a

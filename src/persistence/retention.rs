@@ -16,6 +16,7 @@ use crate::model::ids::now_ms;
 use crate::persistence::Root;
 use crate::persistence::catalog::modified_ms;
 use crate::store::reader::SessionReader;
+use crate::store::schema::write_denied;
 
 /// How long a deletion waits for a session's locks before it is kept as busy.
 const LOCK_WAIT: Duration = Duration::from_millis(200);
@@ -138,7 +139,10 @@ impl Root {
     /// is kept, never deleted under it. A dry run only reports.
     ///
     /// # Errors
-    /// [`Error::Io`] when the root cannot be read; a session's own failure is reported in
+    /// [`Error::Io`] when the root cannot be read, or (not in a dry run, when a session is
+    /// to be deleted) when the root folder cannot be written, naming it and the system's
+    /// reason (a read-only file system, no permission), before anything is deleted: every
+    /// deletion would fail alike. A session's own failure is reported in
     /// [`GcReport::failed`] and the others go on.
     pub fn gc(&self, options: &GcOptions) -> Result<GcReport> {
         let older_ms = i64::try_from(options.older_than.as_millis()).unwrap_or(i64::MAX);
@@ -159,6 +163,7 @@ impl Root {
             })
             .filter(|(_, updated_at_ms)| *updated_at_ms <= cutoff_ms)
             .collect();
+        let mut root_writable = false;
         for (id, updated_at_ms) in old {
             let dir = self.session_dir(&id);
             let keep = |why: String| GcKept {
@@ -186,6 +191,14 @@ impl Root {
             if options.dry_run {
                 report.deleted.push(deleted);
                 continue;
+            }
+            if !root_writable {
+                // A deletion moves the session's folder out of the root: in a root that
+                // cannot be written each one failed, one "Permission denied" per session.
+                if let Some(e) = write_denied(self.path()) {
+                    return Err(Error::io(format!("write {}", self.path().display()), e));
+                }
+                root_writable = true;
             }
             let recheck = |dir: &Path| -> Option<String> {
                 match reason_to_keep(self, &id, dir, cutoff_ms, options.keep_forked, false) {

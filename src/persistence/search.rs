@@ -62,7 +62,8 @@ pub struct SearchOptions {
     pub cwd: Option<String>,
     /// Only messages committed at or after this time (ms since the Unix epoch).
     pub since_ms: Option<i64>,
-    /// Only messages with this role (`user`, `assistant`, `tool`, …; `title` for titles).
+    /// Only messages with this role (`user`, `assistant`, `tool`, …; `title` for titles),
+    /// compared ignoring ASCII case; a blank one is refused.
     pub role: Option<String>,
 }
 
@@ -102,7 +103,8 @@ impl SearchOptions {
         self
     }
 
-    /// Only messages with this role.
+    /// Only messages with this role (compared ignoring ASCII case; a blank one is refused
+    /// by the search as [`Error::InvalidInput`]).
     #[must_use]
     pub fn with_role(mut self, role: impl Into<String>) -> Self {
         self.role = Some(role.into());
@@ -131,6 +133,26 @@ fn search_key(query: &str, options: &SearchOptions) -> u64 {
         options.role,
     ]);
     xxhash_rust::xxh3::xxh3_64(key.to_string().as_bytes())
+}
+
+/// `options` with its role in ASCII lower case (a role is matched ignoring ASCII case, as
+/// the query's words and `list --title` are: `User` finds `user`; it found nothing).
+///
+/// # Errors
+/// [`Error::InvalidInput`] for a blank role, which no message can have been found by.
+fn with_role_folded(options: &SearchOptions) -> Result<SearchOptions> {
+    let mut folded = options.clone();
+    if let Some(role) = &mut folded.role {
+        if role.trim().is_empty() {
+            return Err(Error::invalid(format!(
+                "search role {} is blank: give a message role (user, assistant, tool, \
+                 system, …) or title",
+                crate::error::quoted(role)
+            )));
+        }
+        role.make_ascii_lowercase();
+    }
+    Ok(folded)
 }
 
 /// `s2.<tier>.<rank bits>.<row>.<search key>`: the keyset of the last hit of a page, and
@@ -333,11 +355,13 @@ impl Root {
     /// first, and the cursor of the next page. Creates and fills the index on first use.
     ///
     /// # Errors
-    /// [`Error::InvalidInput`] for a malformed query, a bad cursor or a limit over 100;
+    /// [`Error::InvalidInput`] for a malformed query, a bad cursor, a blank role or a
+    /// limit over 100;
     /// [`Error::SessionNotFound`] when `options.session` names no session; I/O and SQLite
     /// errors of the index. A hit's session whose file cannot be read is in
     /// [`Searched::skipped`], its hits left out.
     pub(crate) fn search(&self, query: &str, options: &SearchOptions) -> Result<Searched> {
+        let options = &with_role_folded(options)?;
         match self.search_once(query, options)? {
             // Sessions that inherited from a session found gone were indexed again: the
             // page is asked again, with their messages in it.

@@ -353,8 +353,8 @@ impl SessionQuery {
     /// # Errors
     /// [`Error::InvalidInput`] with the reason for a malformed query (an unclosed quote
     /// or parenthesis, an operator without its terms, a NUL, over 1,024 bytes or 64 terms,
-    /// parentheses nested over 16 deep), a bad cursor or a limit over 100; I/O and SQLite
-    /// errors of the index.
+    /// parentheses nested over 16 deep), a bad cursor, a blank role or a limit over 100; I/O
+    /// and SQLite errors of the index.
     pub async fn search(&self, query: &str, options: SearchOptions) -> Result<SearchPage> {
         let service = self.service.clone();
         let query = query.to_owned();

@@ -370,14 +370,20 @@ pub(crate) fn open_derived(path: &Path, file: &DerivedFile<'_>) -> Result<Connec
 /// with `access(2)`, never by opening the file: closing a descriptor of a database file
 /// would drop the POSIX locks this process's SQLite connections hold on it.
 fn unwritable(path: &Path) -> Option<(&Path, std::io::Error)> {
-    use rustix::fs::{Access as Mode, access};
-    let denied = |p| access(p, Mode::WRITE_OK).err().map(std::io::Error::from);
-    match denied(path) {
+    match write_denied(path) {
         Some(e) if e.kind() != std::io::ErrorKind::NotFound => return Some((path, e)),
         _ => {}
     }
     let folder = path.parent()?;
-    denied(folder).map(|e| (folder, e))
+    write_denied(folder).map(|e| (folder, e))
+}
+
+/// Why this process may not write `path` (for a folder: create, rename or remove what it
+/// holds), with the system's reason (a read-only file system, no permission, not found);
+/// `None` when it may.
+pub(crate) fn write_denied(path: &Path) -> Option<std::io::Error> {
+    use rustix::fs::{Access as Mode, access};
+    access(path, Mode::WRITE_OK).err().map(std::io::Error::from)
 }
 
 /// [`open_derived`] before its error is explained.

@@ -198,7 +198,8 @@ pub(crate) struct IndexFilter<'a> {
     pub cwd: Option<&'a str>,
     /// Only messages committed at or after this time (ms).
     pub since_ms: Option<i64>,
-    /// Only messages with this role (`title` for titles).
+    /// Only messages with this role (`title` for titles), in ASCII lower case: a role
+    /// stored in any case matches.
     pub role: Option<&'a str>,
     /// Keyset: only hits after this `(tier, rank, row)`.
     pub after: Option<(i64, f64, i64)>,
@@ -243,6 +244,18 @@ fn role_value(role: Option<&str>) -> Value {
             .position(|known| *known == r)
             .map_or_else(|| Value::Text(r.to_owned()), |i| Value::Integer(i as i64)),
     }
+}
+
+/// SQL: the stored index of the role `?2` (a known role, given in lower case), NULL for
+/// another. A role filter matches a stored index through it and a stored text ignoring
+/// ASCII case.
+fn known_role() -> String {
+    let arms: String = ROLES
+        .iter()
+        .enumerate()
+        .map(|(i, r)| format!(" WHEN '{r}' THEN {i}"))
+        .collect();
+    format!("(CASE ?2{arms} END)")
 }
 
 /// A role read back from `search_rows.role`.
@@ -637,6 +650,7 @@ impl SearchIndex {
                 return Ok(live.into_iter().take(filter.limit).collect());
             }
         }
+        let known = known_role();
         let sql = format!(
             "SELECT * FROM (
                 SELECT r.id, s.session_id, s.title, r.position, r.seq, r.role, r.time_ms,
@@ -644,7 +658,9 @@ impl SearchIndex {
                 FROM ({matches}) AS m
                 JOIN search_rows r ON r.id = m.id AND {live}
                 JOIN search_sessions s ON s.id = r.session
-                WHERE (?2 IS NULL OR r.role = ?2)
+                WHERE (?2 IS NULL OR CASE typeof(r.role)
+                                          WHEN 'integer' THEN r.role = {known}
+                                          ELSE lower(r.role) = ?2 END)
                   AND (?3 IS NULL OR r.time_ms >= ?3)
                   AND (?4 IS NULL OR s.cwd = ?4)
                   AND (?5 IS NULL OR (s.session_id = ?5 AND r.until_seq IS NULL AND {OWN_CURRENT}) OR EXISTS (
@@ -874,7 +890,7 @@ fn query_hits(
         .query_map(
             params![
                 fts,
-                role_value(filter.role),
+                filter.role,
                 filter.since_ms,
                 filter.cwd,
                 filter.session.map(SessionId::as_str),

@@ -15,7 +15,7 @@ use session_store::{
 
 use super::App;
 use super::problem::Problem;
-use crate::cli::sessions::{file_bytes, session_file_identity};
+use crate::cli::sessions::file_bytes;
 
 /// Sessions or messages per page unless `limit` says otherwise.
 pub const PAGE: usize = 50;
@@ -192,10 +192,10 @@ where
 {
     let mut attempt = 1;
     loop {
-        let before = session_file_identity(&app.root, id);
+        let before = app.root.session_file_identity(id);
         match read().await {
             Err(problem) if problem.status.is_server_error() => {
-                let now = session_file_identity(&app.root, id);
+                let now = app.root.session_file_identity(id);
                 if before.is_none() || now.is_none() || now != before {
                     return Err(Problem::not_found(format!(
                         "session {id} not found (deleted while it was read)"
@@ -394,7 +394,7 @@ pub async fn session(app: &App, id: SessionId) -> Result<SessionDetail, Problem>
                 .header
                 .parent_id
                 .as_ref()
-                .is_some_and(|parent| session_file_identity(&root, parent).is_some());
+                .is_some_and(|parent| root.session_file_identity(parent).is_some());
             Ok(SessionDetail {
                 info,
                 entry,
