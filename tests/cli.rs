@@ -805,6 +805,37 @@ fn a_missing_root_is_not_found_and_only_creating_commands_make_it() {
     assert_eq!(env.json(&["show", "s"])["durable_sequence"], 1);
 }
 
+#[test]
+fn replicate_run_without_a_litestream_writes_no_config() {
+    let env = Env::new();
+    env.ok(&["create", "s"]);
+    let missing = env.path("no-litestream");
+    let missing = missing.to_str().expect("path");
+    let replica = format!("file://{}", env.path("replica").display());
+    let run = [
+        "replicate",
+        "--replica",
+        &replica,
+        "--run",
+        "--litestream",
+        missing,
+    ];
+    let err = env.fails(&run, 3);
+    assert!(err.contains("no-litestream"), "{err}");
+    // The default config in the root was written before Litestream was looked for.
+    assert!(
+        !env.root().join(".litestream.yml").exists(),
+        "a failed --run left its config in the root"
+    );
+    // A --config-out file is left as it was (it was truncated and rewritten).
+    let mine = env.path("mine.yml");
+    std::fs::write(&mine, "# mine\n").expect("write");
+    let mut with_out = run.to_vec();
+    with_out.extend(["--config-out", mine.to_str().expect("path")]);
+    env.fails(&with_out, 3);
+    assert_eq!(std::fs::read_to_string(&mine).expect("read"), "# mine\n");
+}
+
 /// Waits until `show ID` reports a writer holding the lock; returns it.
 fn wait_for_writer(env: &Env, id: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(20);

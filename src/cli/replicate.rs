@@ -269,6 +269,15 @@ pub fn replicate(
         )));
     }
     let text = config_text(&root_dir, &replica);
+    // Litestream first: without a usable one, `--run` writes no config (it left
+    // `<root>/.litestream.yml`, or overwrote `--config-out FILE`, and then failed).
+    let litestream = if run {
+        let bin = find_litestream(litestream)?;
+        let version = check_version(&bin)?;
+        Some((bin, version))
+    } else {
+        None
+    };
     let file = match config_out {
         Some(f) => Some(f.to_path_buf()),
         None if run => Some(root_dir.join(DEFAULT_CONFIG)),
@@ -285,7 +294,7 @@ pub fn replicate(
     };
     write_config(&file, &text, config_out.is_none())
         .map_err(|e| Failure::context(format!("write {}", file.display()), &e))?;
-    if !run {
+    let Some((bin, version)) = litestream else {
         if cx.json {
             return print_json(&json!({
                 "root": root_dir.to_string_lossy(), "replica": replica.url(), "config_file": file.to_string_lossy(),
@@ -299,9 +308,7 @@ pub fn replicate(
             super::shell_quote(&file)
         );
         return Ok(());
-    }
-    let bin = find_litestream(litestream)?;
-    let version = check_version(&bin)?;
+    };
     errln!(
         "session-store: replicating {} to {} with litestream {version} (config {}); \
          Ctrl-C or SIGTERM stops it after a final sync",
