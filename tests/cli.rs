@@ -914,6 +914,63 @@ fn append_of_a_file_without_a_batch_changes_nothing() {
     assert_eq!(env.json(&["show", "new"])["durable_sequence"], 0);
 }
 
+/// `append` of a file whose first batch line is bad input (not a batch, not UTF-8) is
+/// refused with status 6 before the session is opened: its file, lease generation and
+/// mtime stay as they were (the writer was taken first), and while another process
+/// writes the session the answer is still 6 naming the line (it was 5, "owned by").
+#[test]
+fn append_of_a_file_whose_first_line_is_bad_opens_nothing() {
+    let env = Env::new();
+    env.ok(&["create", "s"]);
+    let file = env.root().join("s/session.sqlite");
+    let state = || {
+        let modified = std::fs::metadata(&file).and_then(|m| m.modified());
+        (
+            std::fs::read(&file).expect("read"),
+            modified.expect("mtime"),
+            env.json(&["show", "s"])["lease"]["generation"].clone(),
+        )
+    };
+    let before = state();
+    std::thread::sleep(Duration::from_millis(50));
+    let bad: [(&str, &[u8]); 2] = [
+        (
+            "not-a-batch",
+            b"\n{\"operation_id\": \"o\", \"evnts\": []}\n",
+        ),
+        ("not-utf8", b"\xff\xfe{}\n"),
+    ];
+    for (name, bytes) in bad {
+        let input = env.path(name);
+        std::fs::write(&input, bytes).expect("write");
+        let err = env.fails(
+            &["append", "s", "--file", input.to_str().expect("utf-8")],
+            6,
+        );
+        assert!(err.contains("line "), "{name}: {err}");
+        let after = state();
+        assert!(after.0 == before.0, "{name}: the session file changed");
+        assert_eq!((&after.1, &after.2), (&before.1, &before.2), "{name}");
+    }
+    // While another process holds the session, the bad line is still what is reported.
+    let mut holder: Child = env
+        .command(&["append", "s"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    wait_for_writer(&env, "s");
+    let input = env.path("not-a-batch");
+    let err = env.fails(
+        &["append", "s", "--file", input.to_str().expect("utf-8")],
+        6,
+    );
+    assert!(err.contains("line 2: not a batch"), "{err}");
+    drop(holder.stdin.take());
+    assert!(holder.wait().expect("wait").success());
+}
+
 #[test]
 fn a_second_appender_exits_5_naming_the_first_ones_pid() {
     let env = Env::new();

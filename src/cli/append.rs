@@ -49,7 +49,8 @@ struct Totals {
 
 /// Runs `append`. Input that is a regular file (`--file F`, or stdin redirected from one)
 /// is read up to its first batch before the session is opened: when it holds none, nothing
-/// is opened and nothing on disk changes (a writer open moves the lease generation). From a
+/// is opened and nothing on disk changes (a writer open moves the lease generation), and
+/// when its first line is not a batch it is refused (status 6) with nothing opened. From a
 /// pipe or a terminal the writer is taken at once, so a run waiting for its input holds
 /// the session.
 ///
@@ -95,7 +96,7 @@ pub fn run(
         cx.open_root()?
     };
     let mut lines: Lines = Box::new(input.lines().enumerate());
-    if regular && !has_a_batch_line(&mut lines) {
+    if regular && !has_a_batch_line(&mut lines)? {
         return nothing_to_append(cx, &root, &id, create);
     }
     let mut pending: Vec<Accepted> = Vec::new();
@@ -143,26 +144,23 @@ fn is_regular(file: &File) -> bool {
 }
 
 /// Reads `lines` up to the first one that is not blank (a byte order mark before the
-/// first line counts as blank, as [`read_line`] drops it) and puts that one back, as read;
-/// false when there is none. A line that cannot be read is put back too (it is the
-/// input's failure, reported where the lines are fed).
-fn has_a_batch_line(lines: &mut Lines) -> bool {
+/// first line counts as blank, as [`read_line`] drops it) and puts that one back; false
+/// when there is none. That line is checked here, before anything is opened: one that
+/// cannot be read, is not UTF-8 or is not a batch fails as it would where the lines are
+/// fed (a file starting with one took the session's writer first, moving its lease
+/// generation and mtime, and was refused with status 5 while another process wrote it).
+fn has_a_batch_line(lines: &mut Lines) -> CliResult<bool> {
     for (n, line) in lines.by_ref() {
-        if let Ok(text) = &line {
-            let text = if n == 0 {
-                text.strip_prefix('\u{feff}').unwrap_or(text)
-            } else {
-                text
-            };
-            if text.trim().is_empty() {
-                continue;
-            }
+        let text = read_line(n, line)?;
+        if text.trim().is_empty() {
+            continue;
         }
+        parse_batch(n, &text)?;
         let rest = std::mem::replace(lines, Box::new(std::iter::empty()));
-        *lines = Box::new(std::iter::once((n, line)).chain(rest));
-        return true;
+        *lines = Box::new(std::iter::once((n, Ok(text))).chain(rest));
+        return Ok(true);
     }
-    false
+    Ok(false)
 }
 
 /// `append` of input without a batch, read to its end before anything was opened: the
