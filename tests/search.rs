@@ -1690,3 +1690,32 @@ fn responses_items_are_found_by_their_tool_calls_outputs_and_reasoning() {
     let root = Root::open(index.parent().and_then(|p| p.parent()).expect("root")).expect("root");
     assert_eq!(found(&root), expected, "the old index was not filled again");
 }
+
+/// A message one of whose fields holds a value a `serde_json::Value` cannot (`1e999` in
+/// its metadata, kept as given like any payload) is found by its text: the whole message
+/// was passed over (its fields read as none), though `history` showed the text.
+#[test]
+fn a_message_with_a_number_past_f64_in_one_field_is_found_by_its_text() {
+    let (_dir, root) = temp_root();
+    let text = |id: &str, content: &str, meta: &str| {
+        session_store::Event::new("message/complete")
+            .with_payload_json(&format!(
+                r#"{{"message":{{"id":"{id}","role":"user","content":"{content}","meta":{{"x":{meta}}}}}}}"#
+            ))
+            .expect("event")
+    };
+    create(&root, "odd").close().expect("close");
+    append(
+        &root,
+        "odd",
+        "op",
+        vec![
+            text("big", "findme alpha", "1e999"),
+            text("small", "findme beta", "1"),
+        ],
+    );
+    let mut found = ids_of(&root, "findme");
+    found.sort();
+    assert_eq!(found, ["big", "small"]);
+    assert_eq!(ids_of(&root, "alpha"), ["big"]);
+}

@@ -183,9 +183,17 @@ impl Message {
         self.json.get()
     }
 
-    /// All fields, parsed (empty when a value does not fit a [`Value`], e.g. `1e999`).
+    /// All fields, parsed; a field whose value does not fit a [`Value`] (a number such as
+    /// `1e999`, nesting past serde_json's depth limit, a lone surrogate escape) is left out,
+    /// not the whole message (a message with one such value, in metadata say, had no
+    /// fields: search did not find its text, the browser showed it as JSON).
     pub fn fields(&self) -> Map<String, Value> {
-        serde_json::from_str(self.json.get()).unwrap_or_default()
+        serde_json::from_str(self.json.get()).unwrap_or_else(|_| {
+            self.entries()
+                .into_iter()
+                .filter_map(|(key, value)| Some((key, serde_json::from_str(value.get()).ok()?)))
+                .collect()
+        })
     }
 
     /// The top-level fields in order, each value as its exact JSON text (no number or
