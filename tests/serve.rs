@@ -1169,6 +1169,37 @@ fn open_without_a_browser_warns_and_serves() {
     server.ok("/api/sessions");
 }
 
+/// `--open` with an opener that starts but finds no browser (`xdg-open` exits 3 when it
+/// has no method): a warning naming the URL, and the server serves on. It said nothing.
+#[test]
+fn open_with_an_opener_that_fails_warns_and_serves() {
+    let (dir, root) = demo_root();
+    let opener = dir.path().join("xdg-open");
+    std::fs::write(&opener, "#!/bin/sh\nexit 3\n").expect("write");
+    std::fs::set_permissions(&opener, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    let log = dir.path().join("stderr.txt");
+    let mut command = Server::command(&[], &root, "127.0.0.1:0", &["--open"]);
+    command
+        .env("PATH", dir.path())
+        .stderr(std::fs::File::create(&log).expect("log"));
+    let server = Server::spawn(command);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let stderr = loop {
+        let text = std::fs::read_to_string(&log).expect("stderr");
+        if text.contains("warning") || std::time::Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        stderr.contains("warning: xdg-open could not open a browser")
+            && stderr.contains(&server.printed),
+        "{stderr}"
+    );
+    server.ok("/api/sessions");
+}
+
 #[test]
 fn the_first_sessions_page_names_a_session_that_cannot_be_read() {
     let (_dir, root) = demo_root();

@@ -119,21 +119,35 @@ async fn fallback(uri: Uri) -> Response {
 }
 
 /// Starts the system's browser on `url` (`xdg-open`, `open` on macOS); a failure is a
-/// warning.
+/// warning: one that cannot start, and one that ends unsuccessfully (`xdg-open` with no
+/// browser to run exits 3, which went unsaid). A thread waits for it, so it is reaped.
 fn open_browser(url: &str) {
     let opener = if cfg!(target_os = "macos") {
         "open"
     } else {
         "xdg-open"
     };
-    if let Err(e) = std::process::Command::new(opener)
+    let started = std::process::Command::new(opener)
         .arg(url)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
-        .spawn()
-    {
-        errln!("session-store: warning: cannot start {opener}: {e}; open {url} yourself");
-    }
+        .spawn();
+    let mut child = match started {
+        Ok(child) => child,
+        Err(e) => {
+            errln!("session-store: warning: cannot start {opener}: {e}; open {url} yourself");
+            return;
+        }
+    };
+    let url = url.to_owned();
+    std::thread::spawn(move || match child.wait() {
+        Ok(status) if !status.success() => errln!(
+            "session-store: warning: {opener} could not open a browser ({status}); open {url} \
+             yourself"
+        ),
+        Ok(_) => {}
+        Err(e) => errln!("session-store: warning: {opener}: {e}; open {url} yourself"),
+    });
 }
 
 /// `serve [--addr IP:PORT] [--open] [--allow-remote]`: prints the URL (with the token, if
