@@ -846,6 +846,49 @@ fn replicate_run_without_a_litestream_writes_no_config() {
     assert_eq!(std::fs::read_to_string(&mine).expect("read"), "# mine\n");
 }
 
+/// A folder without a session file under the root takes an id no command can list, show
+/// or delete: every command that would make that session says what is in the way (exit
+/// 4), where `create` said "already exists" and `append --create` "not found" (exit 3).
+#[test]
+fn a_folder_without_a_session_file_is_named_as_in_the_way() {
+    let env = Env::new();
+    env.ok(&["create", "s"]);
+    std::fs::create_dir(env.root().join("orphan")).expect("mkdir");
+    env.fails(&["show", "orphan"], 3);
+    let batch = "{\"operation_id\":\"o\",\"events\":[{\"kind\":\"session/title\",\"payload\":{\"title\":\"t\"}}]}\n";
+    std::fs::write(env.path("one.jsonl"), batch).expect("write");
+    for (args, stdin) in [
+        (&["create", "orphan"][..], ""),
+        (&["append", "orphan", "--create"][..], batch),
+        (&["append", "orphan", "--create"][..], ""),
+        (
+            &["append", "orphan", "--create", "--file", "one.jsonl"][..],
+            "",
+        ),
+    ] {
+        let out = env.run_with(args, stdin);
+        assert_eq!(code(&out), 4, "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("orphan is in the way: a folder without a session file"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+    assert_eq!(
+        std::fs::read_dir(env.root().join("orphan"))
+            .expect("read")
+            .count(),
+        0,
+        "the folder in the way was changed"
+    );
+    // A session that exists is still "already exists".
+    let err = env.fails(&["create", "s"], 4);
+    assert!(err.contains("session s already exists"), "{err}");
+    // Once the folder is gone, the id can be made.
+    std::fs::remove_dir(env.root().join("orphan")).expect("rmdir");
+    env.ok(&["create", "orphan"]);
+}
+
 /// Waits until `show ID` reports a writer holding the lock; returns it.
 fn wait_for_writer(env: &Env, id: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(20);
