@@ -905,6 +905,18 @@ fn wait_for_writer(env: &Env, id: &str) -> Value {
     }
 }
 
+/// Session `id`'s file bytes, its mtime and the lease generation `show` reads: what a
+/// command that opens nothing leaves as it was.
+fn session_state(env: &Env, id: &str) -> (Vec<u8>, std::time::SystemTime, Value) {
+    let file = env.root().join(id).join("session.sqlite");
+    let modified = std::fs::metadata(&file).and_then(|m| m.modified());
+    (
+        std::fs::read(&file).expect("read"),
+        modified.expect("mtime"),
+        env.json(&["show", id])["lease"]["generation"].clone(),
+    )
+}
+
 /// `append` of a file without a batch (empty, blank lines, a lone byte order mark), given
 /// by `--file` or redirected to stdin, opens nothing: the session file, its lease
 /// generation and its mtime stay as they were (the writer open moved them before), and
@@ -914,16 +926,7 @@ fn wait_for_writer(env: &Env, id: &str) -> Value {
 fn append_of_a_file_without_a_batch_changes_nothing() {
     let env = Env::new();
     env.ok(&["create", "s"]);
-    let file = env.root().join("s/session.sqlite");
-    // The file's bytes, its mtime and the lease generation `show` reads.
-    let state = || {
-        let modified = std::fs::metadata(&file).and_then(|m| m.modified());
-        (
-            std::fs::read(&file).expect("read"),
-            modified.expect("mtime"),
-            env.json(&["show", "s"])["lease"]["generation"].clone(),
-        )
-    };
+    let state = || session_state(&env, "s");
     let before = state();
     std::thread::sleep(Duration::from_millis(50));
     for (name, text) in [
@@ -975,15 +978,7 @@ fn append_of_a_file_without_a_batch_changes_nothing() {
 fn append_of_a_file_whose_first_line_is_bad_opens_nothing() {
     let env = Env::new();
     env.ok(&["create", "s"]);
-    let file = env.root().join("s/session.sqlite");
-    let state = || {
-        let modified = std::fs::metadata(&file).and_then(|m| m.modified());
-        (
-            std::fs::read(&file).expect("read"),
-            modified.expect("mtime"),
-            env.json(&["show", "s"])["lease"]["generation"].clone(),
-        )
-    };
+    let state = || session_state(&env, "s");
     let before = state();
     std::thread::sleep(Duration::from_millis(50));
     let bad: [(&str, &[u8]); 2] = [
@@ -1892,7 +1887,10 @@ fn summaries_of_one_say_it_in_the_singular() {
         "{verified}"
     );
     let stats = env.ok(&["stats", "one"]);
-    assert!(stats.starts_with("one: 1 event (durable sequence 1)"), "{stats}");
+    assert!(
+        stats.starts_with("one: 1 event (durable sequence 1)"),
+        "{stats}"
+    );
     let rebuilt = env.ok(&["rebuild-catalog"]);
     assert!(rebuilt.trim_end().ends_with(": 1 session"), "{rebuilt}");
 }

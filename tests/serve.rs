@@ -1141,26 +1141,32 @@ fn a_signal_stops_the_server_gracefully() {
     );
 }
 
+/// `serve --open` with only `dir` on the PATH; the server and its stderr once that holds
+/// a warning (or after 10 s without one).
+fn serve_opening(dir: &std::path::Path, root: &std::path::Path) -> (Server, String) {
+    let log = dir.join("stderr.txt");
+    let mut command = Server::command(&[], root, "127.0.0.1:0", &["--open"]);
+    command
+        .env("PATH", dir)
+        .stderr(std::fs::File::create(&log).expect("log"));
+    let server = Server::spawn(command);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(&log).expect("stderr");
+        if text.contains("warning") || std::time::Instant::now() > deadline {
+            return (server, text);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// `--open` without a browser to start (no `xdg-open` on the PATH): a warning, and the
 /// server serves on.
 #[test]
 fn open_without_a_browser_warns_and_serves() {
     let (dir, root) = demo_root();
-    let log = dir.path().join("stderr.txt");
-    let mut command = Server::command(&[], &root, "127.0.0.1:0", &["--open"]);
-    command
-        .env("PATH", dir.path())
-        .stderr(std::fs::File::create(&log).expect("log"));
-    let server = Server::spawn(command);
+    let (server, stderr) = serve_opening(dir.path(), &root);
     assert!(server.ok("/").body.contains("Fix the flaky parser test"));
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let stderr = loop {
-        let text = std::fs::read_to_string(&log).expect("stderr");
-        if text.contains("warning") || std::time::Instant::now() > deadline {
-            break text;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
     assert!(
         stderr.contains("warning: cannot start") && stderr.contains(&server.printed),
         "{stderr}"
@@ -1178,20 +1184,7 @@ fn open_with_an_opener_that_fails_warns_and_serves() {
     std::fs::write(&opener, "#!/bin/sh\nexit 3\n").expect("write");
     std::fs::set_permissions(&opener, std::os::unix::fs::PermissionsExt::from_mode(0o755))
         .expect("chmod");
-    let log = dir.path().join("stderr.txt");
-    let mut command = Server::command(&[], &root, "127.0.0.1:0", &["--open"]);
-    command
-        .env("PATH", dir.path())
-        .stderr(std::fs::File::create(&log).expect("log"));
-    let server = Server::spawn(command);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let stderr = loop {
-        let text = std::fs::read_to_string(&log).expect("stderr");
-        if text.contains("warning") || std::time::Instant::now() > deadline {
-            break text;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let (server, stderr) = serve_opening(dir.path(), &root);
     assert!(
         stderr.contains("warning: xdg-open could not open a browser")
             && stderr.contains(&server.printed),
