@@ -1894,3 +1894,29 @@ fn summaries_of_one_say_it_in_the_singular() {
     let rebuilt = env.ok(&["rebuild-catalog"]);
     assert!(rebuilt.trim_end().ends_with(": 1 session"), "{rebuilt}");
 }
+
+/// `show` of one message, one model call and tables of one page, and `migrate-legacy` of
+/// one message, say so in the singular (they said "1 messages", "1 calls", "(1 pages)",
+/// "migrated 1 messages").
+#[test]
+fn show_and_migrate_legacy_of_one_say_it_in_the_singular() {
+    let env = Env::new();
+    env.ok(&["create", "one"]);
+    let usage =
+        json!({"kind": "usage", "payload": {"model": "m", "input_tokens": 1, "output_tokens": 2}});
+    let batch = json!({"operation_id": "o1", "events": [message("m1", "user", "hi"), usage]});
+    let out = env.run_with(&["append", "one"], &format!("{batch}\n"));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let shown = env.ok(&["show", "one"]);
+    assert!(shown.contains(" 0 ended, 1 message, "), "{shown}");
+    assert!(shown.contains("1 call, 1 in, 2 out"), "{shown}");
+    assert!(shown.contains("(1 page)"), "{shown}");
+
+    let legacy = env.path("one.jsonl");
+    std::fs::write(&legacy, "{\"role\":\"user\",\"content\":\"old\"}\n").expect("write");
+    let migrated = env.ok(&["migrate-legacy", legacy.to_str().expect("utf-8")]);
+    assert!(
+        migrated.starts_with("migrated 1 message from "),
+        "{migrated}"
+    );
+}

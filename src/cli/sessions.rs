@@ -363,9 +363,9 @@ fn print_show(s: &Show) -> CliResult<()> {
         );
     }
     outln!(
-        "turns      {} ended, {} messages, status {}{}",
+        "turns      {} ended, {}, status {}{}",
         s.turns.len(),
-        s.messages,
+        count(s.messages, "message", "messages"),
         if s.turn_status.is_empty() {
             "none".into()
         } else {
@@ -397,10 +397,10 @@ fn print_show(s: &Show) -> CliResult<()> {
     outln!("file       {} on disk", human_bytes(s.file_bytes));
     for t in &s.tables {
         outln!(
-            "  {:<14} {:>10}  ({} pages)",
+            "  {:<14} {:>10}  ({})",
             t.table,
             human_bytes(t.bytes),
-            t.pages
+            count(t.pages, "page", "pages")
         );
     }
     Ok(())
@@ -409,8 +409,8 @@ fn print_show(s: &Show) -> CliResult<()> {
 /// One line of usage totals for people.
 fn usage_line(t: &UsageTotals) -> String {
     format!(
-        "{} calls, {} in, {} out, {} cache read, {} cache write{}",
-        t.events,
+        "{}, {} in, {} out, {} cache read, {} cache write{}",
+        count(t.events, "call", "calls"),
         t.input_tokens,
         t.output_tokens,
         t.cache_read_tokens,
@@ -898,9 +898,9 @@ pub fn migrate_legacy(cx: &Context, file: &Path, head: &str) -> CliResult<()> {
         return print_json(&record);
     }
     outln!(
-        "{} {} messages from {} into session {}{}",
+        "{} {} from {} into session {}{}",
         if record.reused { "reused:" } else { "migrated" },
-        record.message_count,
+        count(record.message_count as u64, "message", "messages"),
         printable(&record.source_path),
         record.target_id,
         if record.torn_last_line {
