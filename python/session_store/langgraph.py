@@ -478,10 +478,17 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
             base, items = previous
             n = len(items)
             if base != version and 0 < n <= len(value) and all(
-                a is b or a == b for a, b in zip(items, value)
+                a is b or self._same(a, b) for a, b in zip(items, value)
             ):
                 return base, _encode(self.serde.dumps_typed(value[n:]))
         return None, _encode(self.serde.dumps_typed(value))
+
+    def _same(self, a: Any, b: Any) -> bool:
+        """Whether ``a`` and ``b`` (two distinct objects) read back as the same value: equal
+        and serialized alike. ``==`` alone takes ``1``, ``True`` and ``1.0`` (also inside a
+        dict or a message) for one value, and a list grown from such a head was stored as a
+        suffix of the old one, read back with the old items."""
+        return bool(a == b) and self.serde.dumps_typed(a) == self.serde.dumps_typed(b)
 
     def _remember(self, thread_id: str, ns: str, channel: str, version: Any, value: Any) -> None:
         """Records a stored channel version: a list is the base of the next one grown from it.

@@ -202,6 +202,41 @@ def test_a_refused_put_leaves_no_base_outside_the_log(root, saver) -> None:
         assert fresh.get_tuple(third).checkpoint["channel_values"]["messages"] == ["a", "b", "c"]
 
 
+def test_a_list_grown_from_equal_but_different_items_reads_back_exactly(root, saver) -> None:
+    # A list whose head compares equal (==) to the version the saver last wrote but is not
+    # the same values (1 == True == 1.0, {"n": 1} == {"n": 1.0}) is no suffix of it: stored
+    # as one, a fresh saver read the old head back ([1, {"n": 1}, 2] for [True, {"n": 1.0},
+    # 2]), the writing saver its cached list.
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    def checkpoint(items: list, version: str) -> dict:
+        c = empty_checkpoint()
+        c["channel_values"] = {"items": items}
+        c["channel_versions"] = {"items": version}
+        return c
+
+    first = saver.put(config("types"), checkpoint([1, {"n": 1}], "1"), {}, {"items": "1"})
+    grown = [True, {"n": 1.0}, 2]
+    second = saver.put(first, checkpoint(grown, "2"), {}, {"items": "2"})
+    read = saver.get_tuple(second).checkpoint["channel_values"]["items"]
+    assert repr(read) == repr(grown)
+    with SessionStoreSaver(root) as fresh:
+        read = fresh.get_tuple(second).checkpoint["channel_values"]["items"]
+    assert repr(read) == repr(grown)
+    # A list that did only grow (its head the same values) is still stored as its suffix.
+    third = saver.put(second, checkpoint([*grown, 3], "3"), {}, {"items": "3"})
+    with SessionStoreSaver(root) as fresh:
+        assert repr(fresh.get_tuple(third).checkpoint["channel_values"]["items"]) == repr(
+            [*grown, 3]
+        )
+    commits = root.events(session_id_of("types"))["commits"]
+    names = [
+        e["payload"]["values"] for c in commits for e in c["events"]
+        if e["kind"] == "langgraph/checkpoint"
+    ]
+    assert [n[0][2] for n in names] == [None, None, "2"]
+
+
 def test_copy_thread_is_a_fork_of_the_session(root, saver) -> None:
     g = graph(saver)
     g.invoke({"messages": [HumanMessage(content="source")]}, config("src"))
