@@ -39,9 +39,9 @@ that later reads extend with the new commits only (and build again when the thre
 was deleted, or deleted and made again, by another saver or process).
 
 The saver holds the writer lock of every thread it changed until :meth:`close` (or the end
-of a ``with`` block); in one process it shares writers with the other adapters of the same
-root folder (:mod:`session_store.agents`), another process gets :class:`WriterOwned`. A saver
-copied into a child by ``os.fork()`` starts there with no writer and reads the logs again.
+of a ``with`` block, or its garbage collection); in one process it shares writers with the
+other adapters of the same root folder (:mod:`session_store.agents`), another process gets
+:class:`WriterOwned`. A saver copied into a child by ``os.fork()`` starts there with no writer and reads the logs again.
 """
 
 from __future__ import annotations
@@ -202,6 +202,12 @@ class _Thread:
                 self.writes.pop((ns, cid), None)
 
 
+def _release_writers(writers: dict[str, _SharedWriter]) -> None:
+    """Lets go of a saver's shares of its threads' writers (once it is collected)."""
+    while writers:
+        _release_writer(writers.popitem()[1])
+
+
 #: Every saver of this process, for _forget_inherited_state.
 _SAVERS: weakref.WeakSet[SessionStoreSaver] = weakref.WeakSet()
 
@@ -234,7 +240,14 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         """No writer, nothing known of any thread (also in a child made by ``os.fork()``)."""
         self._lock = threading.RLock()
         self._threads: dict[str, _Thread] = {}
+        # The writers' shares are let go by close(), or when the saver is collected (as an
+        # agents adapter's: a saver dropped unclosed held its threads' writer locks for the
+        # process's life). Shares inherited through os.fork() are the parent's: not let go.
+        old = getattr(self, "_release_writers", None)
+        if old is not None:
+            old.detach()
         self._writers: dict[str, _SharedWriter] = {}
+        self._release_writers = weakref.finalize(self, _release_writers, self._writers)
         # (thread, ns, channel) -> (version, the list value last stored or read): the base
         # of a list channel that only grows, and the start of the next read of it (its items
         # are shared with what that read returns: LangGraph replaces messages, it does not

@@ -320,6 +320,42 @@ def test_delete_thread_while_another_saver_of_the_process_holds_its_writer(root)
     b.close()
 
 
+def test_a_saver_dropped_without_close_releases_its_writer_locks(root) -> None:
+    # As an agents adapter does when it is collected: a saver made per request and never
+    # closed held the writer lock of every thread it wrote for the rest of the process's
+    # life (another process got WriterOwned naming this one for good).
+    import gc
+
+    saver = SessionStoreSaver(root)
+    graph(saver).invoke({"messages": [HumanMessage(content="hi")]}, config("dropped"))
+    other = SessionStoreSaver(root)  # shares the writer while it lives
+    graph(other).invoke({"messages": [HumanMessage(content="again")]}, config("dropped"))
+    assert root.writer_owner(session_id_of("dropped"))["pid"] == os.getpid()
+    del saver
+    gc.collect()
+    assert root.writer_owner(session_id_of("dropped"))["pid"] == os.getpid()
+    del other
+    gc.collect()
+    assert root.writer_owner(session_id_of("dropped")) is None
+    root.open(session_id_of("dropped")).close()
+    # A saver closed and then dropped releases nothing twice; one still used after a close
+    # takes the writer again and lets it go when dropped.
+    saver = SessionStoreSaver(root)
+    g = graph(saver)
+    g.invoke({"messages": [HumanMessage(content="one")]}, config("dropped"))
+    saver.close()
+    g.invoke({"messages": [HumanMessage(content="two")]}, config("dropped"))
+    assert root.writer_owner(session_id_of("dropped"))["pid"] == os.getpid()
+    del saver, g
+    gc.collect()
+    assert root.writer_owner(session_id_of("dropped")) is None
+    with SessionStoreSaver(root) as fresh:
+        assert contents(graph(fresh).get_state(config("dropped")))[-3:-1] == [
+            "two",
+            "echo owt",
+        ]
+
+
 def test_thread_ids_map_to_session_ids_and_back(root, saver) -> None:
     for thread in ["chat", "a-b_c", "UPPER", "with space", "ünïcode", "../x", "con", "nul"]:
         sid = session_id_of(thread)
