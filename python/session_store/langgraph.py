@@ -38,16 +38,19 @@ deletes the sessions. Reads go through the durable log, folded into a per-thread
 that later reads extend with the new commits only (and build again when the thread's session
 was deleted, or deleted and made again, by another saver or process).
 
-The saver holds the writer lock of every thread it changed until :meth:`close` (or the end
-of a ``with`` block, or its garbage collection); in one process it shares writers with the
-other adapters of the same root folder (:mod:`session_store.agents`), another process gets
-:class:`WriterOwned`. A saver copied into a child by ``os.fork()`` starts there with no writer and reads the logs again.
+The saver holds the writer lock of the threads it changed until :meth:`close` (or the end
+of a ``with`` block, or its garbage collection), of the last :data:`MAX_OPEN_THREADS` it
+used at most (the least recently used one's is let go beyond them); in one process it
+shares writers with the other adapters of the same root folder
+(:mod:`session_store.agents`), another process gets :class:`WriterOwned`. A saver copied
+into a child by ``os.fork()`` starts there with no writer and reads the logs again.
 """
 
 from __future__ import annotations
 
 import base64
 import builtins
+import collections
 import os
 import random
 import re
@@ -92,7 +95,7 @@ except ModuleNotFoundError as e:
     raise missing from e
 from .agents import _acquire_writer, _close_shared_session, _release_writer, _SharedWriter
 
-__all__ = ["SessionStoreSaver", "session_id_of", "thread_id_of"]
+__all__ = ["MAX_OPEN_THREADS", "SessionStoreSaver", "session_id_of", "thread_id_of"]
 
 #: The longest session id, in UTF-8 bytes (the store's limit).
 _MAX_SESSION_ID = 255
@@ -202,6 +205,12 @@ class _Thread:
                 self.writes.pop((ns, cid), None)
 
 
+#: How many threads' writers, and readers, a saver keeps open at most: each holds file
+#: descriptors (about six for a writer, four for a reader); the least recently used thread's
+#: are closed beyond it and opened again when that thread is used next.
+MAX_OPEN_THREADS = 32
+
+
 def _release_writers(writers: dict[str, _SharedWriter]) -> None:
     """Lets go of a saver's shares of its threads' writers (once it is collected)."""
     while writers:
@@ -246,7 +255,8 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         old = getattr(self, "_release_writers", None)
         if old is not None:
             old.detach()
-        self._writers: dict[str, _SharedWriter] = {}
+        # Both least recently used first, at most MAX_OPEN_THREADS each (see _commit).
+        self._writers: collections.OrderedDict[str, _SharedWriter] = collections.OrderedDict()
         self._release_writers = weakref.finalize(self, _release_writers, self._writers)
         # (thread, ns, channel) -> (version, the list value last stored or read): the base
         # of a list channel that only grows, and the start of the next read of it (its items
@@ -255,7 +265,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         self._lists: dict[tuple[str, str, str], tuple[Any, list[Any]]] = {}
         # thread -> a reader of its session and the identity of the session file that the
         # caches above describe (see _current).
-        self._readers: dict[str, _native.Reader] = {}
+        self._readers: collections.OrderedDict[str, _native.Reader] = collections.OrderedDict()
         self._identities: dict[str, tuple[int, int, int] | None] = {}
 
     # Reading.
@@ -272,6 +282,12 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         reader = self._readers.get(thread_id)
         if reader is None:
             reader = self._readers[thread_id] = self.root._native.reader(session_id_of(thread_id))
+            # Its read connections stay open: only the last MAX_OPEN_THREADS are kept (the
+            # identity learned stays, a reader made again compares with it).
+            while len(self._readers) > MAX_OPEN_THREADS:
+                self._readers.popitem(last=False)
+        else:
+            self._readers.move_to_end(thread_id)
         try:
             identity: tuple[int, int, int] | None = reader.identity()
         except NotFound:
@@ -450,31 +466,42 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
     def _commit(self, thread_id: str, events: builtins.list[tuple[str, Any]]) -> None:
         """One durable turn holding these optional ``(kind, payload)`` events (the writer
         opened at first use)."""
+        # The append under the saver's lock: a writer share let go here (below) is never
+        # one another thread of this saver is appending through.
         with self._lock:
             shared = self._writers.get(thread_id)
             if shared is None:
                 shared = self._writers[thread_id] = _acquire_writer(
                     self.root, session_id_of(thread_id)
                 )
-        with shared.lock:
-            if shared.session is None:
-                sid = session_id_of(thread_id)
-                try:
-                    shared.session = self.root.open(sid)
-                except NotFound:
-                    shared.session = self.root.create(sid)
-            writer = shared.session
-            first = writer.sequences()[0] + 1
-            batch = {
-                "operation_id": f"langgraph-{first}",
-                "turn_id": f"t{first}",
-                "events": [
-                    {"kind": "turn/start"},
-                    *({"kind": k, "optional": True, "payload": p} for k, p in events),
-                    {"kind": "turn/end", "payload": {"status": "completed"}},
-                ],
-            }
-            writer.append_json(encode_json(batch))
+                # Every open writer holds about six file descriptors: a saver that kept the
+                # writer of every thread it wrote ran out of them ("Too many open files"
+                # after 168 threads under the usual limit of 1024). The least recently
+                # written thread's share is let go (its writer closed, flushed, unless
+                # another adapter of the process shares it); its next put opens it again.
+                while len(self._writers) > MAX_OPEN_THREADS:
+                    _release_writer(self._writers.popitem(last=False)[1])
+            else:
+                self._writers.move_to_end(thread_id)
+            with shared.lock:
+                if shared.session is None:
+                    sid = session_id_of(thread_id)
+                    try:
+                        shared.session = self.root.open(sid)
+                    except NotFound:
+                        shared.session = self.root.create(sid)
+                writer = shared.session
+                first = writer.sequences()[0] + 1
+                batch = {
+                    "operation_id": f"langgraph-{first}",
+                    "turn_id": f"t{first}",
+                    "events": [
+                        {"kind": "turn/start"},
+                        *({"kind": k, "optional": True, "payload": p} for k, p in events),
+                        {"kind": "turn/end", "payload": {"status": "completed"}},
+                    ],
+                }
+                writer.append_json(encode_json(batch))
         # Outside the locks: a commit appended meanwhile by another thread (LangGraph saves
         # from background threads) goes into the same fsynced transaction, and this call
         # returns once its own commit is durable (group commit).

@@ -356,6 +356,42 @@ def test_a_saver_dropped_without_close_releases_its_writer_locks(root) -> None:
         ]
 
 
+def test_a_saver_of_many_threads_keeps_few_files_open(tmp_path) -> None:
+    # A saver kept the writer (about six file descriptors) and the reader (about four) of
+    # every thread it wrote or read: under a limit of 512 descriptors its put failed with
+    # "Too many open files" after about 80 threads.
+    script = r"""
+import os, resource, sys
+import session_store
+from langgraph.checkpoint.base import empty_checkpoint
+from session_store.langgraph import MAX_OPEN_THREADS, SessionStoreSaver, session_id_of
+
+resource.setrlimit(resource.RLIMIT_NOFILE, (512, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+root = session_store.Root(sys.argv[1])
+saver = SessionStoreSaver(root)
+threads = [f"t{i}" for i in range(300)]
+configs = {}
+for step in range(2):
+    for t in threads:
+        c = empty_checkpoint()
+        c["channel_values"] = {"x": [t, step]}
+        c["channel_versions"] = {"x": str(step + 1)}
+        configs[t] = saver.put(configs.get(t, {"configurable": {"thread_id": t}}), c, {}, {"x": str(step + 1)})
+open_fds = len(os.listdir("/proc/self/fd"))
+assert open_fds < 20 * MAX_OPEN_THREADS, open_fds
+held = [t for t in threads if root.writer_owner(session_id_of(t)) is not None]
+assert held == threads[-MAX_OPEN_THREADS:], held
+reader = SessionStoreSaver(root)
+for t in threads:
+    got = reader.get_tuple(configs[t])
+    assert got.checkpoint["channel_values"]["x"] == [t, 1], (t, got)
+assert len(os.listdir("/proc/self/fd")) < 20 * MAX_OPEN_THREADS
+saver.close()
+assert all(root.writer_owner(session_id_of(t)) is None for t in threads)
+"""
+    run_script(script, tmp_path / "root")
+
+
 def test_thread_ids_map_to_session_ids_and_back(root, saver) -> None:
     for thread in ["chat", "a-b_c", "UPPER", "with space", "ünïcode", "../x", "con", "nul"]:
         sid = session_id_of(thread)
