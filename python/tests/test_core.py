@@ -228,6 +228,44 @@ def test_error_hierarchy_and_writer_owned_carries_the_owner(root):
     root.open("a").close()  # free again
 
 
+def test_errors_of_a_session_name_it(root):
+    # "session writer is owned by pid 7 ..." and "session runtime is closed" named no
+    # session, nor did a damaged file's "corrupt session store: ...": a host of many
+    # sessions (an agents Runner, a LangGraph server) could not tell which one failed.
+    from session_store.agents import SessionStoreSession
+
+    writer = root.create("chat 1")
+    with pytest.raises(WriterOwned) as owned:
+        root.open("chat 1")
+    assert str(owned.value).startswith('session "chat 1": session writer is owned by pid ')
+    assert owned.value.owner["pid"] == os.getpid()
+    with pytest.raises(WriterOwned, match='^session "chat 1": '):
+        root.rename("chat 1", "title")
+    with pytest.raises(WriterOwned, match='^session "chat 1": '):
+        asyncio.run(SessionStoreSession("chat 1", root).add_items([{"role": "user"}]))
+    writer.close()
+    with pytest.raises(Closed) as closed:
+        writer.append(turn("t", msg(1)), operation_id="late")
+    assert str(closed.value) == 'session "chat 1": session runtime is closed'
+    fill(root, "damaged", 2).close()
+    with open(os.path.join(root.path, "damaged", "session.sqlite"), "r+b") as f:
+        f.write(b"not a database" * 100)
+    for read in (
+        lambda: root.history("damaged"),
+        lambda: root.transcript("damaged"),
+        lambda: root.events("damaged"),
+        lambda: root.turns("damaged"),
+        lambda: root.verify("damaged"),
+        lambda: root.reader("damaged").messages(),
+    ):
+        with pytest.raises(Corrupt, match='^session "damaged": corrupt session store: '):
+            read()
+    # A message naming its session already is left as it was.
+    with pytest.raises(NotFound) as missing:
+        root.history("nope")
+    assert str(missing.value) == "session nope not found"
+
+
 def _open_in_worker(path: str, session_id: str) -> None:
     """Run in a process pool: raises what `Root.open` raises there."""
     session_store.Root(path).open(session_id)
