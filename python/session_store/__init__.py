@@ -212,13 +212,20 @@ def _fspath(path: PathLike) -> str:
     return text
 
 
-def _no_such_file(path: PathLike, error: NotFound) -> NotFound:
-    """``error``, raised by a native call given ``path`` (a file or folder), or when there
-    is nothing at ``path`` one that says so of the path: the native message called it a
-    session (``session /x not found``)."""
-    if os.path.lexists(path):
-        return error  # a session it names (an ancestor, say) is what is missing
-    return NotFound(f"{os.fsdecode(path)}: no such file or folder")
+def _about_file(path: PathLike, error: SessionStoreError) -> SessionStoreError:
+    """``error``, raised by a native call given ``path`` (a file or folder to verify or
+    import), saying what it is of: a :class:`NotFound` with nothing at ``path`` says so of
+    the path (the native message called it a session, ``session /x not found``); a
+    :class:`Corrupt` or :class:`UnsupportedVersion` names the path first (``corrupt session
+    store: SQLite reports: file is not a database`` named no file)."""
+    text = os.fsdecode(path)
+    if isinstance(error, NotFound):
+        if os.path.lexists(path):
+            return error  # a session it names (an ancestor, say) is what is missing
+        return NotFound(f"{text}: no such file or folder")
+    if isinstance(error, (Corrupt, UnsupportedVersion)) and text not in str(error):
+        return type(error)(f"{text}: {error}")
+    return error
 
 
 def _missing_sdk(
@@ -597,12 +604,12 @@ class Root:
         self, path: PathLike, *, session_id: str | None = None, cwd: str | None = None
     ) -> str:
         """Validates an exported file and publishes it (under ``session_id`` if given);
-        returns the id. A damaged file raises :class:`Corrupt` and publishes nothing; a path
-        with nothing there :class:`NotFound` naming it."""
+        returns the id. A damaged file raises :class:`Corrupt` naming it and publishes
+        nothing; a path with nothing there :class:`NotFound` naming it."""
         try:
             return self._native.import_file(_fspath(path), session_id, cwd)
-        except NotFound as e:
-            raise _no_such_file(path, e) from None
+        except (NotFound, Corrupt, UnsupportedVersion) as e:
+            raise _about_file(path, e) from None
 
     @_native_args
     def rename(self, session_id: str, title: str) -> None:
@@ -737,11 +744,12 @@ class Root:
 def verify(path: PathLike) -> dict[str, Any]:
     """Checks a session file, folder or export (integrity check, sequences, hashes, blob
     digests, a full replay): ``{"session_id", "commits", "events"}`` when sound, else
-    raises :class:`Corrupt` (or :class:`NotFound`, :class:`UnsupportedVersion`)."""
+    raises :class:`Corrupt` (or :class:`NotFound`, :class:`UnsupportedVersion`) naming the
+    path."""
     try:
         return _json_object(_native.verify(_fspath(path)))
-    except NotFound as e:
-        raise _no_such_file(path, e) from None
+    except (NotFound, Corrupt, UnsupportedVersion) as e:
+        raise _about_file(path, e) from None
 
 
 async def averify(path: PathLike) -> dict[str, Any]:

@@ -187,6 +187,24 @@ def test_a_missing_file_is_named_as_a_file_not_a_session(root, tmp_path):
     assert root.list()["sessions"] == []
 
 
+def test_a_file_that_is_no_session_is_named_by_verify_and_import(root, tmp_path):
+    # verify() and import_file() of a file that is not a session said only "corrupt session
+    # store: SQLite reports: file is not a database": a host checking many files could not
+    # tell which.
+    garbage = tmp_path / "notes.export"
+    garbage.write_bytes(b"not a database at all" * 100)
+    for call in (
+        lambda: session_store.verify(garbage),
+        lambda: asyncio.run(session_store.averify(os.fsencode(garbage))),
+        lambda: root.import_file(garbage),
+        lambda: root.import_file(str(garbage), session_id="x"),
+    ):
+        with pytest.raises(Corrupt) as e:
+            call()
+        assert str(e.value).startswith(f"{garbage}: corrupt session store: "), str(e.value)
+    assert root.list()["sessions"] == []
+
+
 def test_damaged_export_is_corrupt_and_imports_nothing(root, tmp_path):
     fill(root, "src", 3).close()
     out = tmp_path / "src.export"
