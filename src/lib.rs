@@ -51,7 +51,7 @@ pub use persistence::{
     CatalogEntry, CatalogTotals, CheckpointPolicy, CreateOptions, ExportReport, ForkPoint,
     ImportOptions, ListFilter, ListSort, Listing, MAX_SEARCH_LIMIT, RebuildReport, ReplayReport,
     Root, Scratch, SearchOptions, SessionInfo, SkippedSession, StoreOptions, Verified,
-    catalog_session_ids, replay_file, verify_file,
+    absolute_dir, catalog_session_ids, replay_file, verify_file,
 };
 pub use persistence::{GcDeleted, GcKept, GcOptions, GcReport};
 pub use service::{

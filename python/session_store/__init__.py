@@ -212,6 +212,20 @@ def _fspath(path: PathLike) -> str:
     return text
 
 
+def _cwd(cwd: str | os.PathLike[str] | None) -> str | None:
+    """A ``cwd`` argument (a str or a path object) as the folder it names, spelled as the
+    CLI's ``--cwd`` records and filters it: a relative one made absolute, ``.`` parts and
+    repeated or trailing ``/`` dropped (``/srv/api/`` was stored as given, so the CLI's
+    ``list --cwd /srv/api`` and a ``search(cwd="/srv/api")`` never found it; a
+    :class:`pathlib.Path` raised :class:`TypeError`)."""
+    if cwd is None:
+        return None
+    text = os.fspath(cwd)
+    if not isinstance(text, str):
+        raise TypeError(f"cwd must be a str or a path object, not {type(cwd).__name__}")
+    return _native.absolute_dir(text)
+
+
 def _about_file(path: PathLike, error: SessionStoreError) -> SessionStoreError:
     """``error``, raised by a native call given ``path`` (a file or folder to verify or
     import), saying what it is of: a :class:`NotFound` with nothing at ``path`` says so of
@@ -470,12 +484,18 @@ class Root:
     # Writers and readers.
 
     @_native_args
-    def create(self, session_id: str | None = None, *, cwd: str | None = None) -> Session:
+    def create(
+        self, session_id: str | None = None, *, cwd: str | os.PathLike[str] | None = None
+    ) -> Session:
         """Creates a session (a random id when None) and opens it for writing.
 
-        Raises :class:`AlreadyExists` for a taken id, :class:`InvalidInput` for a bad one.
+        ``cwd`` is the working directory the host associates with it (a str or a path
+        object), recorded as the folder it names as the CLI's ``--cwd`` is: a relative one
+        made absolute, ``.`` parts and repeated or trailing ``/`` dropped; :meth:`search`'s
+        ``cwd`` filter is spelled the same way. Raises :class:`AlreadyExists` for a taken
+        id, :class:`InvalidInput` for a bad one.
         """
-        return Session(self._native.create(session_id, cwd), self)
+        return Session(self._native.create(session_id, _cwd(cwd)), self)
 
     @_native_args
     def open(self, session_id: str) -> Session:
@@ -528,7 +548,7 @@ class Root:
         limit: int = 10,
         cursor: str | None = None,
         session: str | None = None,
-        cwd: str | None = None,
+        cwd: str | os.PathLike[str] | None = None,
         since: datetime | None = None,
         role: str | None = None,
     ) -> dict[str, Any]:
@@ -550,7 +570,9 @@ class Root:
         reason.
         """
         return _json_object(
-            self._native.search(query, cursor, limit, session, cwd, _epoch_ms(since), role)
+            self._native.search(
+                query, cursor, limit, session, _cwd(cwd), _epoch_ms(since), role
+            )
         )
 
     @_native_args
@@ -601,13 +623,17 @@ class Root:
 
     @_native_args
     def import_file(
-        self, path: PathLike, *, session_id: str | None = None, cwd: str | None = None
+        self,
+        path: PathLike,
+        *,
+        session_id: str | None = None,
+        cwd: str | os.PathLike[str] | None = None,
     ) -> str:
         """Validates an exported file and publishes it (under ``session_id`` if given);
         returns the id. A damaged file raises :class:`Corrupt` naming it and publishes
         nothing; a path with nothing there :class:`NotFound` naming it."""
         try:
-            return self._native.import_file(_fspath(path), session_id, cwd)
+            return self._native.import_file(_fspath(path), session_id, _cwd(cwd))
         except (NotFound, Corrupt, UnsupportedVersion) as e:
             raise _about_file(path, e) from None
 
@@ -643,7 +669,9 @@ class Root:
 
     # Async variants.
 
-    async def acreate(self, session_id: str | None = None, *, cwd: str | None = None) -> Session:
+    async def acreate(
+        self, session_id: str | None = None, *, cwd: str | os.PathLike[str] | None = None
+    ) -> Session:
         """:meth:`create` in a worker thread."""
         return await _to_thread(self.create, session_id, cwd=cwd)
 
@@ -668,7 +696,7 @@ class Root:
         limit: int = 10,
         cursor: str | None = None,
         session: str | None = None,
-        cwd: str | None = None,
+        cwd: str | os.PathLike[str] | None = None,
         since: datetime | None = None,
         role: str | None = None,
     ) -> dict[str, Any]:
@@ -703,7 +731,11 @@ class Root:
         return await _to_thread(self.export, session_id, path)
 
     async def aimport_file(
-        self, path: PathLike, *, session_id: str | None = None, cwd: str | None = None
+        self,
+        path: PathLike,
+        *,
+        session_id: str | None = None,
+        cwd: str | os.PathLike[str] | None = None,
     ) -> str:
         """:meth:`import_file` in a worker thread."""
         return await _to_thread(self.import_file, path, session_id=session_id, cwd=cwd)

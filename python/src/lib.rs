@@ -1285,6 +1285,14 @@ fn verify(py: Python<'_>, path: PathBuf) -> NativeResult<String> {
     detached(py, || verified_json(session_store::verify_file(path)?))
 }
 
+/// `text`, a working directory given for a session (`cwd`), as the folder it names, spelled
+/// as the CLI's `--cwd` records and filters it (`session_store::absolute_dir`): a relative
+/// one made absolute, `.` parts and repeated or trailing `/` dropped.
+#[pyfunction]
+fn absolute_dir(py: Python<'_>, text: &str) -> NativeResult<String> {
+    detached(py, || session_store::absolute_dir(text))
+}
+
 /// Closes, in a child made by `os.fork()`, its copies of the writer lock files the parent
 /// held (the parent keeps its locks, released when it lets them go; before, a forked worker
 /// kept them held for its whole life). `session_store` registers it with
@@ -1330,6 +1338,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Session>()?;
     m.add_class::<Reader>()?;
     m.add_function(wrap_pyfunction!(verify, m)?)?;
+    m.add_function(wrap_pyfunction!(absolute_dir, m)?)?;
     m.add_function(wrap_pyfunction!(close_inherited_locks, m)?)?;
     m.add_function(wrap_pyfunction!(before_fork, m)?)?;
     m.add_function(wrap_pyfunction!(after_fork, m)?)?;

@@ -205,6 +205,48 @@ def test_a_file_that_is_no_session_is_named_by_verify_and_import(root, tmp_path)
     assert root.list()["sessions"] == []
 
 
+def test_a_cwd_is_recorded_and_filtered_as_the_cli_spells_it(root, tmp_path, monkeypatch):
+    # Stored as given, "/srv/api/" was never found by a filter of "/srv/api" (the CLI's
+    # `list --cwd` and `search --cwd` spell both that way) nor a relative "." by any; a
+    # pathlib.Path raised TypeError.
+    import pathlib
+
+    monkeypatch.chdir(tmp_path)
+    here = os.getcwd()
+    for sid, cwd in [
+        ("slash", "/srv/api/"),
+        ("dots", "/srv//api/./"),
+        ("path", pathlib.Path("/srv/api")),
+        ("dot", "."),
+        ("rel", "proj/../api/"),
+    ]:
+        with root.create(sid, cwd=cwd) as s:
+            s.append(turn("t", msg(1, content=f"needle {sid}")), operation_id="o", turn_id="t")
+    cwds = {s["session_ref"]["session_id"]: s["cwd"] for s in root.iter_sessions()}
+    assert cwds == {
+        "slash": "/srv/api",
+        "dots": "/srv/api",
+        "path": "/srv/api",
+        "dot": here,
+        "rel": os.path.join(here, "api"),
+    }
+
+    def found(cwd) -> set[str]:
+        return {h["session_ref"]["session_id"] for h in root.search("needle", cwd=cwd)["hits"]}
+
+    assert found("/srv/api/") == found(pathlib.Path("/srv/api")) == {"slash", "dots", "path"}
+    assert found(".") == found(here) == {"dot"}
+    assert found("api") == {"rel"}
+    export = tmp_path / "slash.export"
+    root.export("slash", export)
+    root.import_file(export, session_id="imported", cwd=pathlib.Path("imports/"))
+    assert root.list()["sessions"][2]["cwd"] == os.path.join(here, "imports")
+    with pytest.raises(TypeError, match="cwd must be a str or a path object"):
+        root.create("bytes", cwd=b"/srv")  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="cwd is empty"):
+        root.create("empty", cwd="")
+
+
 def test_damaged_export_is_corrupt_and_imports_nothing(root, tmp_path):
     fill(root, "src", 3).close()
     out = tmp_path / "src.export"

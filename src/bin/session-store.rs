@@ -85,7 +85,7 @@ enum Command {
         id: Option<String>,
         /// Working directory to record in the header (a relative one is made absolute
         /// against the current directory).
-        #[arg(long, value_name = "DIR", value_parser = cli::absolute_dir)]
+        #[arg(long, value_name = "DIR", value_parser = session_store::absolute_dir)]
         cwd: Option<String>,
     },
     /// Append JSON Lines batches (stdin by default), one batch per line:
@@ -116,7 +116,7 @@ enum Command {
         cursor: Option<String>,
         /// Only sessions whose header names exactly this working directory (a relative
         /// one is made absolute against the current directory).
-        #[arg(long, value_name = "DIR", value_parser = cli::absolute_dir)]
+        #[arg(long, value_name = "DIR", value_parser = session_store::absolute_dir)]
         cwd: Option<String>,
         /// Only sessions updated since: a duration back from now (7d, 12h) or a UTC date
         /// (2026-12-01, 2026-12-01T08:30:00Z).
@@ -176,7 +176,7 @@ enum Command {
         session: Option<String>,
         /// Only sessions created with this working directory (a relative one is made
         /// absolute against the current directory).
-        #[arg(long, value_name = "DIR", value_parser = cli::absolute_dir)]
+        #[arg(long, value_name = "DIR", value_parser = session_store::absolute_dir)]
         cwd: Option<String>,
         /// Only messages since: a duration back from now (7d, 12h) or a UTC date
         /// (2026-12-01, 2026-12-01T08:30:00Z).
@@ -243,7 +243,7 @@ enum Command {
         new_id: Option<String>,
         /// Working directory to record (a relative one is made absolute against the
         /// current directory).
-        #[arg(long, value_name = "DIR", value_parser = cli::absolute_dir)]
+        #[arg(long, value_name = "DIR", value_parser = session_store::absolute_dir)]
         cwd: Option<String>,
     },
     /// Delete a session (its forks keep their inherited events).

@@ -414,41 +414,6 @@ fn escape_controls(text: &str, escaped: impl Fn(char) -> bool) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-/// A `--cwd DIR` argument as the working directory it names: an absolute one without its
-/// `.` parts and repeated or trailing `/` (`/srv//api/` is `/srv/api`, as a working
-/// directory is spelled; its `..` parts are kept), a relative one (`.`, `../api`) joined
-/// to the current directory with its `.` and `..` parts resolved by name (symlinks are
-/// not followed; the folder need not exist). An empty one stays empty, for the library to
-/// refuse.
-///
-/// # Errors
-/// The current directory cannot be read or is not UTF-8.
-pub fn absolute_dir(text: &str) -> Result<String, String> {
-    let path = Path::new(text);
-    if text.is_empty() {
-        return Ok(String::new());
-    }
-    if path.is_absolute() {
-        // The path is the UTF-8 `text`, so its parts are too.
-        let spelled: std::path::PathBuf = path.components().collect();
-        return Ok(spelled.to_string_lossy().into_owned());
-    }
-    let here = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
-    let mut out = std::path::PathBuf::new();
-    for part in here.join(path).components() {
-        match part {
-            std::path::Component::CurDir => {}
-            std::path::Component::ParentDir => {
-                out.pop();
-            }
-            other => out.push(other),
-        }
-    }
-    out.into_os_string()
-        .into_string()
-        .map_err(|_| "the current directory is not UTF-8".to_owned())
-}
-
 /// `path` quoted for a POSIX shell, unquoted when it is plainly safe.
 pub fn shell_quote(path: &Path) -> String {
     let text = path.to_string_lossy();
@@ -479,38 +444,6 @@ pub fn human_bytes(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_relative_cwd_is_made_absolute_by_name() {
-        let here = std::env::current_dir().expect("cwd");
-        let here = here.to_str().expect("utf-8");
-        assert_eq!(absolute_dir("/srv/a/../b").as_deref(), Ok("/srv/a/../b"));
-        assert_eq!(absolute_dir("").as_deref(), Ok(""));
-        assert_eq!(absolute_dir(".").as_deref(), Ok(here));
-        assert_eq!(
-            absolute_dir("./x/./y/").expect("dir"),
-            format!("{here}/x/y")
-        );
-        let parent = Path::new(here).parent().expect("parent").join("z");
-        assert_eq!(
-            absolute_dir("../z").expect("dir"),
-            parent.to_str().expect("utf-8")
-        );
-        let deep = "../".repeat(here.split('/').count() + 3);
-        assert_eq!(absolute_dir(&deep).as_deref(), Ok("/"));
-    }
-
-    #[test]
-    fn an_absolute_cwd_is_spelled_as_a_relative_one_is() {
-        // `./api/` named `<here>/api`, but `/srv/api/` (a shell's completion) stayed
-        // `/srv/api/`, which no session's working directory (`/srv/api`) equals: `list
-        // --cwd /srv/api/` and `search --cwd` found nothing.
-        assert_eq!(absolute_dir("/srv/api/").as_deref(), Ok("/srv/api"));
-        assert_eq!(absolute_dir("/srv//api/./x").as_deref(), Ok("/srv/api/x"));
-        assert_eq!(absolute_dir("/").as_deref(), Ok("/"));
-        // `..` is kept: by name it is not the folder a symlink on the way leads to.
-        assert_eq!(absolute_dir("/srv/a/../b/").as_deref(), Ok("/srv/a/../b"));
-    }
 
     #[test]
     fn quotes_only_when_needed() {

@@ -119,6 +119,47 @@ pub struct CreateOptions {
     pub provenance: Option<Value>,
 }
 
+/// A working directory given for a session (`CreateOptions::with_cwd`, a `cwd` filter) as
+/// the folder it names, spelled one way, so that one given as `/srv/api/` or `.` is found
+/// by a filter given as `/srv/api`: an absolute one without its `.` parts and repeated or
+/// trailing `/` (`/srv//api/` is `/srv/api`, as a working directory is spelled; its `..`
+/// parts are kept), a relative one (`.`, `../api`) joined to the current directory with
+/// its `.` and `..` parts resolved by name (symlinks are not followed; the folder need not
+/// exist). An empty one stays empty, for the create or import to refuse. The CLI's `--cwd`
+/// and the Python package's `cwd` arguments go through it.
+///
+/// # Errors
+/// [`Error::Io`] when the current directory cannot be read, [`Error::InvalidInput`] when
+/// it is not UTF-8 (for a relative `text` only).
+pub fn absolute_dir(text: &str) -> Result<String> {
+    let path = Path::new(text);
+    if text.is_empty() {
+        return Ok(String::new());
+    }
+    if path.is_absolute() {
+        // The path is the UTF-8 `text`, so its parts are too.
+        let spelled: PathBuf = path.components().collect();
+        return Ok(spelled.to_string_lossy().into_owned());
+    }
+    let here = std::env::current_dir().map_err(|e| Error::Io {
+        context: "reading the current directory".into(),
+        source: Arc::new(e),
+    })?;
+    let mut out = PathBuf::new();
+    for part in here.join(path).components() {
+        match part {
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out.into_os_string()
+        .into_string()
+        .map_err(|_| Error::invalid("the current directory is not UTF-8"))
+}
+
 impl CreateOptions {
     /// Options for a session with this id.
     pub fn with_id(id: SessionId) -> Self {
@@ -943,5 +984,51 @@ impl Root {
         }
         ids.sort();
         Ok(ids)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_relative_cwd_is_made_absolute_by_name() {
+        let here = std::env::current_dir().expect("cwd");
+        let here = here.to_str().expect("utf-8");
+        assert_eq!(
+            absolute_dir("/srv/a/../b").ok().as_deref(),
+            Some("/srv/a/../b")
+        );
+        assert_eq!(absolute_dir("").ok().as_deref(), Some(""));
+        assert_eq!(absolute_dir(".").ok().as_deref(), Some(here));
+        assert_eq!(
+            absolute_dir("./x/./y/").expect("dir"),
+            format!("{here}/x/y")
+        );
+        let parent = Path::new(here).parent().expect("parent").join("z");
+        assert_eq!(
+            absolute_dir("../z").expect("dir"),
+            parent.to_str().expect("utf-8")
+        );
+        let deep = "../".repeat(here.split('/').count() + 3);
+        assert_eq!(absolute_dir(&deep).ok().as_deref(), Some("/"));
+    }
+
+    #[test]
+    fn an_absolute_cwd_is_spelled_as_a_relative_one_is() {
+        // `./api/` named `<here>/api`, but `/srv/api/` (a shell's completion) stayed
+        // `/srv/api/`, which no session's working directory (`/srv/api`) equals: `list
+        // --cwd /srv/api/` and `search --cwd` found nothing.
+        assert_eq!(absolute_dir("/srv/api/").ok().as_deref(), Some("/srv/api"));
+        assert_eq!(
+            absolute_dir("/srv//api/./x").ok().as_deref(),
+            Some("/srv/api/x")
+        );
+        assert_eq!(absolute_dir("/").ok().as_deref(), Some("/"));
+        // `..` is kept: by name it is not the folder a symlink on the way leads to.
+        assert_eq!(
+            absolute_dir("/srv/a/../b/").ok().as_deref(),
+            Some("/srv/a/../b")
+        );
     }
 }
