@@ -43,6 +43,7 @@ import builtins
 import functools
 import json
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
@@ -650,15 +651,27 @@ class Root:
     def delete(self, session_id: str, *, wait: float = 10.0) -> None:
         """Deletes a session; forks of it keep their history. Waits at most ``wait`` seconds
         for its writer, then raises :class:`Cancelled` naming the holder (nothing deleted); a
-        session no writer holds is deleted whatever ``wait`` is, 0 included. A signal's
-        exception (Ctrl-C's :class:`KeyboardInterrupt`) ends the wait at once, nothing
-        deleted."""
+        session no writer holds is deleted whatever ``wait`` is, 0 included. The writer the
+        adapters of this process share (:mod:`session_store.agents`,
+        :mod:`session_store.langgraph`) is closed first, not waited for: their next change
+        makes the session anew. A signal's exception (Ctrl-C's :class:`KeyboardInterrupt`)
+        ends the wait at once, nothing deleted."""
+        self._close_adapters_writer(session_id)
         self._native.delete(session_id, wait)
 
     @_native_args
     def _delete(self, session_id: str, wait: float, stop: threading.Event) -> None:
         """:meth:`delete` whose wait for the writer also ends once ``stop`` is set."""
+        self._close_adapters_writer(session_id)
         self._native.delete(session_id, wait, stop)
+
+    def _close_adapters_writer(self, session_id: str) -> None:
+        """Closes the writer of ``session_id`` that the adapters of this process share, if
+        one is open (they open it again at their next change): a delete waited out its
+        ``wait`` for it and raised :class:`Cancelled` naming this very process."""
+        agents = sys.modules.get(f"{__name__}.agents")
+        if agents is not None:  # no adapter was ever made without it
+            agents._close_shared_session(self, session_id)
 
     @_native_args
     def verify(self, session_id: str) -> dict[str, Any]:

@@ -93,7 +93,7 @@ except ModuleNotFoundError as e:
     if missing is None:
         raise
     raise missing from e
-from .agents import _acquire_writer, _close_shared_session, _release_writer, _SharedWriter
+from .agents import _acquire_writer, _release_writer, _SharedWriter
 
 __all__ = ["MAX_OPEN_THREADS", "SessionStoreSaver", "session_id_of", "thread_id_of"]
 
@@ -629,9 +629,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         thread_id = str(thread_id)
         with self._lock:
             self._release(thread_id)
-            # Another saver of this process holding the thread's writer: the delete waited
-            # for it (10 s) and raised Cancelled naming this very process.
-            _close_shared_session(self.root, session_id_of(thread_id))
+            # Root.delete closes the writer another saver of this process shares for it.
             try:
                 self.root.delete(session_id_of(thread_id))
             except NotFound:
