@@ -644,7 +644,9 @@ class Root:
         when this returns; :meth:`list` and :meth:`search` show it at once). A blank title
         raises :class:`InvalidInput`; a session another writer has (a :class:`Session` of
         this process included: append the event there instead) raises
-        :class:`WriterOwned`."""
+        :class:`WriterOwned`. The writer the adapters of this process share is closed first,
+        as :meth:`delete` does (an adapter has no :class:`Session` to append through)."""
+        self._close_adapters_writer(session_id)
         self._native.rename(session_id, title)
 
     @_native_args
@@ -668,7 +670,8 @@ class Root:
     def _close_adapters_writer(self, session_id: str) -> None:
         """Closes the writer of ``session_id`` that the adapters of this process share, if
         one is open (they open it again at their next change): a delete waited out its
-        ``wait`` for it and raised :class:`Cancelled` naming this very process."""
+        ``wait`` for it and raised :class:`Cancelled` naming this very process, a rename
+        raised :class:`WriterOwned` naming it."""
         agents = sys.modules.get(f"{__name__}.agents")
         if agents is not None:  # no adapter was ever made without it
             agents._close_shared_session(self, session_id)

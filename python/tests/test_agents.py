@@ -409,6 +409,23 @@ def test_root_delete_of_a_session_an_adapter_of_the_process_writes(root):
     run(main())
 
 
+def test_root_rename_of_a_session_an_adapter_of_the_process_writes(root):
+    # The adapters' shared writer kept the session held: Root.rename raised WriterOwned
+    # naming this very process, and an adapter has no Session to append the title through.
+    async def main():
+        s = SessionStoreSession("user-42", root)
+        await s.add_items([user("a")])
+        root.rename("user-42", "Trip to Rome")
+        await root.arename("user-42", "Trip to Rome and Naples")
+        await s.add_items([user("b")])
+        assert await s.get_items() == [user("a"), user("b")]
+        [summary] = root.list()["sessions"]
+        assert summary["title"] == "Trip to Rome and Naples"
+        s.close()
+
+    run(main())
+
+
 def test_a_collected_adapter_never_deadlocks_the_registry(tmp_path):
     """An adapter collected while its thread holds the writers' registry lock (a collection
     can run at any allocation) defers its release instead of waiting on that lock forever
