@@ -278,13 +278,17 @@ def _refuse_pickle(self: object, protocol: object = None) -> NoReturn:
     )
 
 
-def _check_events(events: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def _check_events(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``events`` as a list of dicts: any mapping is taken, as the signature of
+    :meth:`Session.append` says (:func:`json.dumps` encodes only dicts: a
+    ``MappingProxyType`` was refused as "not JSON-able")."""
     if isinstance(events, (str, bytes)) or not isinstance(events, Sequence):
         raise InvalidInput("invalid input: events must be a list of dicts")
-    out = list(events)
-    for i, event in enumerate(out):
+    out = []
+    for i, event in enumerate(events):
         if not isinstance(event, Mapping):
             raise InvalidInput(f"invalid input: event {i} is {type(event).__name__}, not a dict")
+        out.append(dict(event))
     return out
 
 

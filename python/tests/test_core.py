@@ -430,6 +430,37 @@ def test_errors_are_also_the_builtin_error_of_their_meaning(root, tmp_path):
     assert issubclass(OperationConflict, InvalidInput)
 
 
+def test_events_may_be_any_mapping_as_the_signature_says(root):
+    # append takes Sequence[Mapping[str, Any]] and checks each event is a Mapping, but a
+    # Mapping that is not a dict (a MappingProxyType, a custom one) was refused by the
+    # encoder: "value is not JSON-able: Object of type mappingproxy is not JSON serializable".
+    import types
+    from collections.abc import Mapping
+
+    class Event(Mapping):
+        def __init__(self, **items):
+            self.items_ = items
+
+        def __getitem__(self, key):
+            return self.items_[key]
+
+        def __iter__(self):
+            return iter(self.items_)
+
+        def __len__(self):
+            return len(self.items_)
+
+    events = [
+        types.MappingProxyType({"kind": "turn/start"}),
+        Event(kind="message/complete", payload={"message": msg(1)}),
+        Event(kind="turn/end", payload={"status": "completed"}),
+    ]
+    with root.create("m") as s:
+        s.append(events, operation_id="o", turn_id="t")
+        assert s.append(tuple(events), operation_id="o", turn_id="t")["first_seq"] == 1
+    assert [m["id"] for m in root.transcript("m")] == ["m1"]
+
+
 def test_hostile_input_is_refused_and_changes_nothing(root, tmp_path):
     with root.create("h") as s:
         s.append(turn("t0", msg(0)), operation_id="ok", turn_id="t0")
