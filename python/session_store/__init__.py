@@ -541,7 +541,11 @@ class Root:
         ``{"messages": [{"message_id", "position", "event_sequence", "role", "inline",
         "content_ref"}], "has_more", "next_cursor", "snapshot_sequence"}`` (limit <= 500;
         ``event_sequence`` is the sequence of the event that wrote the message). A message over
-        64 KiB has ``inline`` None and a ``content_ref``: read it with :meth:`read_content`.
+        64 KiB has ``inline`` None and a ``content_ref`` naming the payload of the event that
+        recorded it: :meth:`read_content` gives that payload's JSON, ``{"message": {...}}``
+        for a ``message/complete``, ``{"messages": [...]}`` for a ``history/replace`` (find
+        the message by its id); :meth:`transcript` and :meth:`SessionReader.messages` give
+        the messages themselves.
         """
         return _json_object(self._native.history(session_id, cursor, limit))
 
@@ -598,7 +602,8 @@ class Root:
 
     @_native_args
     def read_content(self, session_id: str, digest: str) -> bytes:
-        """The bytes behind a ``content_ref`` digest of this session or its ancestors."""
+        """The bytes behind a ``content_ref`` digest of this session or its ancestors (for
+        a message of :meth:`history`, the JSON of the event payload holding it)."""
         return self._native.read_content(session_id, digest)
 
     @_native_args
