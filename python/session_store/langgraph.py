@@ -708,9 +708,9 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         again, so one saver can serve several ``with`` blocks (unlike the agents adapter,
         whose changes after ``close()`` raise :class:`session_store.Closed`)."""
         with self._lock:
-            for thread_id in list(self._writers):
-                self._release(thread_id)
-            for thread_id in list(self._readers):
+            # Also the threads whose reader was dropped (MAX_OPEN_THREADS): their index and
+            # list bases are let go too.
+            for thread_id in {*self._writers, *self._readers, *self._threads, *self._identities}:
                 self._release(thread_id)
 
     def __enter__(self) -> SessionStoreSaver:
