@@ -147,6 +147,24 @@ def test_fork_and_rewind_copy_nothing_and_keep_the_parent(root):
         root.fork("parent", after_turn="no-such-turn")
 
 
+def test_a_fork_after_a_turn_not_yet_flushed_says_the_log_is_durable(tmp_path):
+    # The turn was appended a moment ago: "completed turn "t2" not found in a" sent the
+    # caller looking for a typo; the fork reads the durable prefix only.
+    root = session_store.Root(tmp_path / "root", write_behind_ms=3_600_000)
+    with root.create("a") as s:
+        s.append(turn("t1", msg(1)), operation_id="o1", turn_id="t1")
+        s.flush()
+        s.append(turn("t2", msg(2)), operation_id="o2", turn_id="t2")
+        with pytest.raises(InvalidInput) as e:
+            root.fork("a", after_turn="t2")
+        assert str(e.value) == (
+            'invalid input: completed turn "t2" not found in the durable log of a (a turn its '
+            "writer accepted is there once flushed)"
+        )
+        s.flush()
+        assert [m["id"] for m in root.transcript(root.fork("a", after_turn="t2"))] == ["m1", "m2"]
+
+
 def test_export_import_verify_delete(root, tmp_path):
     fill(root, "src", 3).close()
     out = tmp_path / "src.export"
