@@ -43,6 +43,7 @@ import builtins
 import functools
 import json
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
@@ -212,13 +213,20 @@ def _fspath(path: PathLike) -> str:
     return text
 
 
-def _no_such_file(path: PathLike, error: NotFound) -> NotFound:
-    """``error``, raised by a native call given ``path`` (a file or folder), or when there
-    is nothing at ``path`` one that says so of the path: the native message called it a
-    session (``session /x not found``)."""
-    if os.path.lexists(path):
-        return error  # a session it names (an ancestor, say) is what is missing
-    return NotFound(f"{os.fsdecode(path)}: no such file or folder")
+def _about_file(path: PathLike, error: SessionStoreError) -> SessionStoreError:
+    """``error``, raised by a native call given ``path`` (a file or folder to verify or
+    import), saying what it is of: a :class:`NotFound` with nothing at ``path`` says so of
+    the path (the native message called it a session, ``session /x not found``); a
+    :class:`Corrupt` or :class:`UnsupportedVersion` names the path first (``corrupt session
+    store: SQLite reports: file is not a database`` named no file)."""
+    text = os.fsdecode(path)
+    if isinstance(error, NotFound):
+        if os.path.lexists(path):
+            return error  # a session it names (an ancestor, say) is what is missing
+        return NotFound(f"{text}: no such file or folder")
+    if isinstance(error, (Corrupt, UnsupportedVersion)) and text not in str(error):
+        return type(error)(f"{text}: {error}")
+    return error
 
 
 def _missing_sdk(
@@ -256,13 +264,17 @@ def _refuse_pickle(self: object, protocol: object = None) -> NoReturn:
     )
 
 
-def _check_events(events: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def _check_events(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``events`` as a list of dicts: any mapping is taken, as the signature of
+    :meth:`Session.append` says (:func:`json.dumps` encodes only dicts: a
+    ``MappingProxyType`` was refused as "not JSON-able")."""
     if isinstance(events, (str, bytes)) or not isinstance(events, Sequence):
         raise InvalidInput("invalid input: events must be a list of dicts")
-    out = list(events)
-    for i, event in enumerate(out):
+    out = []
+    for i, event in enumerate(events):
         if not isinstance(event, Mapping):
             raise InvalidInput(f"invalid input: event {i} is {type(event).__name__}, not a dict")
+        out.append(dict(event))
     return out
 
 
@@ -464,10 +476,13 @@ class Root:
 
     @_native_args
     def create(self, session_id: str | None = None, *, cwd: PathLike | None = None) -> Session:
-        """Creates a session (a random id when None) and opens it for writing; ``cwd`` is
-        recorded as the absolute folder it names (as :meth:`list` takes it).
+        """Creates a session (a random id when None) and opens it for writing.
 
-        Raises :class:`AlreadyExists` for a taken id, :class:`InvalidInput` for a bad one.
+        ``cwd`` is the working directory the host associates with it (a str or a path
+        object), recorded as the folder it names as the CLI's ``--cwd`` is: a relative one
+        made absolute, ``.`` parts and repeated or trailing ``/`` dropped; :meth:`search`'s
+        ``cwd`` filter is spelled the same way. Raises :class:`AlreadyExists` for a taken
+        id, :class:`InvalidInput` for a bad one.
         """
         return Session(
             self._native.create(session_id, None if cwd is None else _fspath(cwd)), self
@@ -560,7 +575,11 @@ class Root:
         ``{"messages": [{"message_id", "position", "event_sequence", "role", "inline",
         "content_ref"}], "has_more", "next_cursor", "snapshot_sequence"}`` (limit <= 500;
         ``event_sequence`` is the sequence of the event that wrote the message). A message over
-        64 KiB has ``inline`` None and a ``content_ref``: read it with :meth:`read_content`.
+        64 KiB has ``inline`` None and a ``content_ref`` naming the payload of the event that
+        recorded it: :meth:`read_content` gives that payload's JSON, ``{"message": {...}}``
+        for a ``message/complete``, ``{"messages": [...]}`` for a ``history/replace`` (find
+        the message by its id); :meth:`transcript` and :meth:`SessionReader.messages` give
+        the messages themselves.
         """
         return _json_object(self._native.history(session_id, cursor, limit))
 
@@ -624,7 +643,8 @@ class Root:
 
     @_native_args
     def read_content(self, session_id: str, digest: str) -> bytes:
-        """The bytes behind a ``content_ref`` digest of this session or its ancestors."""
+        """The bytes behind a ``content_ref`` digest of this session or its ancestors (for
+        a message of :meth:`history`, the JSON of the event payload holding it)."""
         return self._native.read_content(session_id, digest)
 
     @_native_args
@@ -658,14 +678,14 @@ class Root:
     ) -> str:
         """Validates an exported file and publishes it (under ``session_id`` if given, with
         ``cwd`` made absolute as :meth:`create` makes it); returns the id. A damaged file
-        raises :class:`Corrupt` and publishes nothing; a path with nothing there
+        raises :class:`Corrupt` naming it and publishes nothing; a path with nothing there
         :class:`NotFound` naming it."""
         try:
             return self._native.import_file(
                 _fspath(path), session_id, None if cwd is None else _fspath(cwd)
             )
-        except NotFound as e:
-            raise _no_such_file(path, e) from None
+        except (NotFound, Corrupt, UnsupportedVersion) as e:
+            raise _about_file(path, e) from None
 
     @_native_args
     def rename(self, session_id: str, title: str) -> None:
@@ -673,22 +693,37 @@ class Root:
         when this returns; :meth:`list` and :meth:`search` show it at once). A blank title
         raises :class:`InvalidInput`; a session another writer has (a :class:`Session` of
         this process included: append the event there instead) raises
-        :class:`WriterOwned`."""
+        :class:`WriterOwned`. The writer the adapters of this process share is closed first,
+        as :meth:`delete` does (an adapter has no :class:`Session` to append through)."""
+        self._close_adapters_writer(session_id)
         self._native.rename(session_id, title)
 
     @_native_args
     def delete(self, session_id: str, *, wait: float = 10.0) -> None:
         """Deletes a session; forks of it keep their history. Waits at most ``wait`` seconds
         for its writer, then raises :class:`Cancelled` naming the holder (nothing deleted); a
-        session no writer holds is deleted whatever ``wait`` is, 0 included. A signal's
-        exception (Ctrl-C's :class:`KeyboardInterrupt`) ends the wait at once, nothing
-        deleted."""
+        session no writer holds is deleted whatever ``wait`` is, 0 included. The writer the
+        adapters of this process share (:mod:`session_store.agents`,
+        :mod:`session_store.langgraph`) is closed first, not waited for: their next change
+        makes the session anew. A signal's exception (Ctrl-C's :class:`KeyboardInterrupt`)
+        ends the wait at once, nothing deleted."""
+        self._close_adapters_writer(session_id)
         self._native.delete(session_id, wait)
 
     @_native_args
     def _delete(self, session_id: str, wait: float, stop: threading.Event) -> None:
         """:meth:`delete` whose wait for the writer also ends once ``stop`` is set."""
+        self._close_adapters_writer(session_id)
         self._native.delete(session_id, wait, stop)
+
+    def _close_adapters_writer(self, session_id: str) -> None:
+        """Closes the writer of ``session_id`` that the adapters of this process share, if
+        one is open (they open it again at their next change): a delete waited out its
+        ``wait`` for it and raised :class:`Cancelled` naming this very process, a rename
+        raised :class:`WriterOwned` naming it."""
+        agents = sys.modules.get(f"{__name__}.agents")
+        if agents is not None:  # no adapter was ever made without it
+            agents._close_shared_session(self, session_id)
 
     @_native_args
     def verify(self, session_id: str) -> dict[str, Any]:
@@ -823,11 +858,12 @@ class Root:
 def verify(path: PathLike) -> dict[str, Any]:
     """Checks a session file, folder or export (integrity check, sequences, hashes, blob
     digests, a full replay): ``{"session_id", "commits", "events"}`` when sound, else
-    raises :class:`Corrupt` (or :class:`NotFound`, :class:`UnsupportedVersion`)."""
+    raises :class:`Corrupt` (or :class:`NotFound`, :class:`UnsupportedVersion`) naming the
+    path."""
     try:
         return _json_object(_native.verify(_fspath(path)))
-    except NotFound as e:
-        raise _no_such_file(path, e) from None
+    except (NotFound, Corrupt, UnsupportedVersion) as e:
+        raise _about_file(path, e) from None
 
 
 async def averify(path: PathLike) -> dict[str, Any]:

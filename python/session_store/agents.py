@@ -152,7 +152,8 @@ def _release_locked(shared: _SharedWriter) -> None:
 def _close_shared_session(root: Root, session_id: str) -> None:
     """Closes the writer of ``session_id`` that the adapters of this process share, if one
     is open, keeping their shares: the next change through any of them opens (or creates)
-    the session again. Before a delete, which waited for that writer otherwise."""
+    the session again. Before a delete (:meth:`session_store.Root.delete`), which waited for
+    that writer otherwise."""
     key = (os.path.realpath(root.path), session_id)
     _lock_registry()
     try:

@@ -38,16 +38,19 @@ deletes the sessions. Reads go through the durable log, folded into a per-thread
 that later reads extend with the new commits only (and build again when the thread's session
 was deleted, or deleted and made again, by another saver or process).
 
-The saver holds the writer lock of every thread it changed until :meth:`close` (or the end
-of a ``with`` block); in one process it shares writers with the other adapters of the same
-root folder (:mod:`session_store.agents`), another process gets :class:`WriterOwned`. A saver
-copied into a child by ``os.fork()`` starts there with no writer and reads the logs again.
+The saver holds the writer lock of the threads it changed until :meth:`close` (or the end
+of a ``with`` block, or its garbage collection), of the last :data:`MAX_OPEN_THREADS` it
+used at most (the least recently used one's is let go beyond them); in one process it
+shares writers with the other adapters of the same root folder
+(:mod:`session_store.agents`), another process gets :class:`WriterOwned`. A saver copied
+into a child by ``os.fork()`` starts there with no writer and reads the logs again.
 """
 
 from __future__ import annotations
 
 import base64
 import builtins
+import collections
 import os
 import random
 import re
@@ -90,9 +93,9 @@ except ModuleNotFoundError as e:
     if missing is None:
         raise
     raise missing from e
-from .agents import _acquire_writer, _close_shared_session, _release_writer, _SharedWriter
+from .agents import _acquire_writer, _release_writer, _SharedWriter
 
-__all__ = ["SessionStoreSaver", "session_id_of", "thread_id_of"]
+__all__ = ["MAX_OPEN_THREADS", "SessionStoreSaver", "session_id_of", "thread_id_of"]
 
 #: The longest session id, in UTF-8 bytes (the store's limit).
 _MAX_SESSION_ID = 255
@@ -202,6 +205,18 @@ class _Thread:
                 self.writes.pop((ns, cid), None)
 
 
+#: How many threads' writers, and readers, a saver keeps open at most: each holds file
+#: descriptors (about six for a writer, four for a reader); the least recently used thread's
+#: are closed beyond it and opened again when that thread is used next.
+MAX_OPEN_THREADS = 32
+
+
+def _release_writers(writers: dict[str, _SharedWriter]) -> None:
+    """Lets go of a saver's shares of its threads' writers (once it is collected)."""
+    while writers:
+        _release_writer(writers.popitem()[1])
+
+
 #: Every saver of this process, for _forget_inherited_state.
 _SAVERS: weakref.WeakSet[SessionStoreSaver] = weakref.WeakSet()
 
@@ -234,7 +249,15 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         """No writer, nothing known of any thread (also in a child made by ``os.fork()``)."""
         self._lock = threading.RLock()
         self._threads: dict[str, _Thread] = {}
-        self._writers: dict[str, _SharedWriter] = {}
+        # The writers' shares are let go by close(), or when the saver is collected (as an
+        # agents adapter's: a saver dropped unclosed held its threads' writer locks for the
+        # process's life). Shares inherited through os.fork() are the parent's: not let go.
+        old = getattr(self, "_release_writers", None)
+        if old is not None:
+            old.detach()
+        # Both least recently used first, at most MAX_OPEN_THREADS each (see _commit).
+        self._writers: collections.OrderedDict[str, _SharedWriter] = collections.OrderedDict()
+        self._release_writers = weakref.finalize(self, _release_writers, self._writers)
         # (thread, ns, channel) -> (version, the list value last stored or read): the base
         # of a list channel that only grows, and the start of the next read of it (its items
         # are shared with what that read returns: LangGraph replaces messages, it does not
@@ -242,7 +265,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         self._lists: dict[tuple[str, str, str], tuple[Any, list[Any]]] = {}
         # thread -> a reader of its session and the identity of the session file that the
         # caches above describe (see _current).
-        self._readers: dict[str, _native.Reader] = {}
+        self._readers: collections.OrderedDict[str, _native.Reader] = collections.OrderedDict()
         self._identities: dict[str, tuple[int, int, int] | None] = {}
 
     # Reading.
@@ -259,6 +282,12 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         reader = self._readers.get(thread_id)
         if reader is None:
             reader = self._readers[thread_id] = self.root._native.reader(session_id_of(thread_id))
+            # Its read connections stay open: only the last MAX_OPEN_THREADS are kept (the
+            # identity learned stays, a reader made again compares with it).
+            while len(self._readers) > MAX_OPEN_THREADS:
+                self._readers.popitem(last=False)
+        else:
+            self._readers.move_to_end(thread_id)
         try:
             identity: tuple[int, int, int] | None = reader.identity()
         except NotFound:
@@ -437,31 +466,42 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
     def _commit(self, thread_id: str, events: builtins.list[tuple[str, Any]]) -> None:
         """One durable turn holding these optional ``(kind, payload)`` events (the writer
         opened at first use)."""
+        # The append under the saver's lock: a writer share let go here (below) is never
+        # one another thread of this saver is appending through.
         with self._lock:
             shared = self._writers.get(thread_id)
             if shared is None:
                 shared = self._writers[thread_id] = _acquire_writer(
                     self.root, session_id_of(thread_id)
                 )
-        with shared.lock:
-            if shared.session is None:
-                sid = session_id_of(thread_id)
-                try:
-                    shared.session = self.root.open(sid)
-                except NotFound:
-                    shared.session = self.root.create(sid)
-            writer = shared.session
-            first = writer.sequences()[0] + 1
-            batch = {
-                "operation_id": f"langgraph-{first}",
-                "turn_id": f"t{first}",
-                "events": [
-                    {"kind": "turn/start"},
-                    *({"kind": k, "optional": True, "payload": p} for k, p in events),
-                    {"kind": "turn/end", "payload": {"status": "completed"}},
-                ],
-            }
-            writer.append_json(encode_json(batch))
+                # Every open writer holds about six file descriptors: a saver that kept the
+                # writer of every thread it wrote ran out of them ("Too many open files"
+                # after 168 threads under the usual limit of 1024). The least recently
+                # written thread's share is let go (its writer closed, flushed, unless
+                # another adapter of the process shares it); its next put opens it again.
+                while len(self._writers) > MAX_OPEN_THREADS:
+                    _release_writer(self._writers.popitem(last=False)[1])
+            else:
+                self._writers.move_to_end(thread_id)
+            with shared.lock:
+                if shared.session is None:
+                    sid = session_id_of(thread_id)
+                    try:
+                        shared.session = self.root.open(sid)
+                    except NotFound:
+                        shared.session = self.root.create(sid)
+                writer = shared.session
+                first = writer.sequences()[0] + 1
+                batch = {
+                    "operation_id": f"langgraph-{first}",
+                    "turn_id": f"t{first}",
+                    "events": [
+                        {"kind": "turn/start"},
+                        *({"kind": k, "optional": True, "payload": p} for k, p in events),
+                        {"kind": "turn/end", "payload": {"status": "completed"}},
+                    ],
+                }
+                writer.append_json(encode_json(batch))
         # Outside the locks: a commit appended meanwhile by another thread (LangGraph saves
         # from background threads) goes into the same fsynced transaction, and this call
         # returns once its own commit is durable (group commit).
@@ -478,10 +518,17 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
             base, items = previous
             n = len(items)
             if base != version and 0 < n <= len(value) and all(
-                a is b or a == b for a, b in zip(items, value)
+                a is b or self._same(a, b) for a, b in zip(items, value)
             ):
                 return base, _encode(self.serde.dumps_typed(value[n:]))
         return None, _encode(self.serde.dumps_typed(value))
+
+    def _same(self, a: Any, b: Any) -> bool:
+        """Whether ``a`` and ``b`` (two distinct objects) read back as the same value: equal
+        and serialized alike. ``==`` alone takes ``1``, ``True`` and ``1.0`` (also inside a
+        dict or a message) for one value, and a list grown from such a head was stored as a
+        suffix of the old one, read back with the old items."""
+        return bool(a == b) and self.serde.dumps_typed(a) == self.serde.dumps_typed(b)
 
     def _remember(self, thread_id: str, ns: str, channel: str, version: Any, value: Any) -> None:
         """Records a stored channel version: a list is the base of the next one grown from it.
@@ -582,9 +629,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         thread_id = str(thread_id)
         with self._lock:
             self._release(thread_id)
-            # Another saver of this process holding the thread's writer: the delete waited
-            # for it (10 s) and raised Cancelled naming this very process.
-            _close_shared_session(self.root, session_id_of(thread_id))
+            # Root.delete closes the writer another saver of this process shares for it.
             try:
                 self.root.delete(session_id_of(thread_id))
             except NotFound:
@@ -663,9 +708,9 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         again, so one saver can serve several ``with`` blocks (unlike the agents adapter,
         whose changes after ``close()`` raise :class:`session_store.Closed`)."""
         with self._lock:
-            for thread_id in list(self._writers):
-                self._release(thread_id)
-            for thread_id in list(self._readers):
+            # Also the threads whose reader was dropped (MAX_OPEN_THREADS): their index and
+            # list bases are let go too.
+            for thread_id in {*self._writers, *self._readers, *self._threads, *self._identities}:
                 self._release(thread_id)
 
     def __enter__(self) -> SessionStoreSaver:

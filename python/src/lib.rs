@@ -206,6 +206,39 @@ fn new_err(
 /// The exception of `e`'s variant, with its message (and `owner` for `WriterOwned`).
 fn to_py(py: Python<'_>, e: Error) -> PyErr {
     let msg = e.to_string();
+    to_py_with(py, e, msg)
+}
+
+/// [`to_py`] of an error of a call on session `session`: the errors whose message does not
+/// say which session they are of (a writer owned by another, a closed or fenced writer, a
+/// failed write, a damaged file) name it first, `session ID: …`; "session writer is owned
+/// by pid 7 …" or "session runtime is closed" named none, and a host of many sessions (an
+/// agents `Runner`, a LangGraph server) could not tell which.
+fn to_py_of(py: Python<'_>, session: &str, e: Error) -> PyErr {
+    let msg = e.to_string();
+    let unnamed = matches!(
+        e,
+        Error::WriterOwned { .. }
+            | Error::Closed
+            | Error::StaleGeneration { .. }
+            | Error::Poisoned(_)
+            | Error::PersistenceFailed(_)
+            | Error::DiskFull(_)
+            | Error::Corrupt { .. }
+            | Error::Io { .. }
+            | Error::Sqlite(_)
+            | Error::ReadConnection(_)
+    ) && !msg.contains(&format!("session {session}"));
+    let msg = if unnamed {
+        format!("session {}: {msg}", session_store::quoted(session))
+    } else {
+        msg
+    };
+    to_py_with(py, e, msg)
+}
+
+/// The exception of `e`'s variant with the message `msg`.
+fn to_py_with(py: Python<'_>, e: Error, msg: String) -> PyErr {
     // An OS error of a full disk or quota met outside SQLite (a writer open recording its
     // owner): the library calls it retryable, as SQLite's own full disk.
     let io_disk_full = matches!(e, Error::Io { .. }) && e.is_retryable();
@@ -268,6 +301,15 @@ fn detached<T: Send>(
     f: impl FnOnce() -> session_store::Result<T> + Send,
 ) -> NativeResult<T> {
     py.detach(f).map_err(|e| to_py(py, e))
+}
+
+/// [`detached`] for a call on session `session` (its error as [`to_py_of`] gives it).
+fn detached_of<T: Send>(
+    py: Python<'_>,
+    session: &str,
+    f: impl FnOnce() -> session_store::Result<T> + Send,
+) -> NativeResult<T> {
+    py.detach(f).map_err(|e| to_py_of(py, session, e))
 }
 
 /// An [`Error::InvalidInput`] whose cause (its typed source) is the JSON error `source`:
@@ -534,7 +576,7 @@ impl Root {
 
     /// Opens an existing session as its one writer (`WriterOwned` when another has it).
     fn open_writer(&self, py: Python<'_>, session_id: &str) -> NativeResult<Session> {
-        detached(py, || {
+        detached_of(py, session_id, || {
             let id = self::session_id(session_id)?;
             Ok(Session::new(self.service()?.root().open_writer(&id)?))
         })
@@ -638,7 +680,7 @@ impl Root {
         cursor: Option<String>,
         limit: usize,
     ) -> NativeResult<String> {
-        detached(py, || {
+        detached_of(py, session_id, || {
             self.settled(session_id, |id| {
                 let r = self.service()?.session_ref(id.clone());
                 let page = self.run(self.query()?.history_page(&r, cursor.as_deref(), limit))?;
@@ -649,7 +691,7 @@ impl Root {
 
     /// The whole durable transcript (a JSON array of messages).
     fn transcript(&self, py: Python<'_>, session_id: &str) -> NativeResult<String> {
-        detached(py, || {
+        detached_of(py, session_id, || {
             self.settled(session_id, |id| {
                 let r = self.service()?.session_ref(id.clone());
                 let messages = self.run(self.query()?.history(&r))?;
@@ -668,7 +710,7 @@ impl Root {
         after: u64,
         limit: usize,
     ) -> NativeResult<String> {
-        detached(py, || {
+        detached_of(py, session_id, || {
             self.settled(session_id, |id| {
                 let r = self.service()?.session_ref(id.clone());
                 let observed = self.run(self.query()?.observe(&r, after, limit))?;
@@ -684,7 +726,7 @@ impl Root {
         session_id: &str,
         digest: String,
     ) -> NativeResult<Bound<'py, PyBytes>> {
-        let bytes = detached(py, || {
+        let bytes = detached_of(py, session_id, || {
             self.settled(session_id, |id| {
                 let r = self.service()?.session_ref(id.clone());
                 let content = session_store::ContentRef::new(digest.clone(), 0, "");
@@ -696,7 +738,7 @@ impl Root {
 
     /// The completed turns of the durable log (JSON array of turn boundaries).
     fn turns(&self, py: Python<'_>, session_id: &str) -> NativeResult<String> {
-        detached(py, || {
+        detached_of(py, session_id, || {
             self.settled(session_id, |id| {
                 let reader = self.service()?.root().open_reader(id)?;
                 json(&reader.turns()?)
@@ -706,7 +748,7 @@ impl Root {
 
     /// Who holds the session's writer lock (JSON object), or None.
     fn writer_owner(&self, py: Python<'_>, session_id: &str) -> NativeResult<Option<String>> {
-        detached(py, || {
+        detached_of(py, session_id, || {
             let owner = self
                 .service()?
                 .root()
@@ -726,7 +768,7 @@ impl Root {
         before_turn: Option<String>,
         child: Option<String>,
     ) -> NativeResult<String> {
-        detached(py, || {
+        detached_of(py, parent, || {
             let point = match (after_turn, before_turn) {
                 (Some(t), None) => ForkPoint::AfterTurn(t),
                 (None, Some(t)) => ForkPoint::BeforeTurn(t),
@@ -748,7 +790,7 @@ impl Root {
 
     /// Exports a session to one self-contained file (JSON of an `ExportReport`).
     fn export(&self, py: Python<'_>, session_id: &str, path: PathBuf) -> NativeResult<String> {
-        detached(py, || {
+        detached_of(py, session_id, || {
             let report = self
                 .service()?
                 .root()
@@ -782,7 +824,7 @@ impl Root {
     /// other call makes of its folder: a real folder of the root (not a symlink) holding the
     /// session's own file (`Root::verify`).
     fn verify(&self, py: Python<'_>, session_id: &str) -> NativeResult<String> {
-        detached(py, || {
+        detached_of(py, session_id, || {
             self.settled(session_id, |id| {
                 verified_json(self.service()?.root().verify(id)?)
             })
@@ -792,7 +834,7 @@ impl Root {
     /// Sets a session's title as its writer (a `session/title` event; `WriterOwned` while
     /// another writer, in this process or another, has it).
     fn rename(&self, py: Python<'_>, session_id: &str, title: &str) -> NativeResult<()> {
-        detached(py, || {
+        detached_of(py, session_id, || {
             let id = self::session_id(session_id)?;
             self.service()?.root().rename(&id, title)
         })
@@ -1024,7 +1066,7 @@ impl Reader {
     /// `(device, inode, created_at_ms)` of the session's file: a session deleted and made
     /// again under the same id is another file, made at another time.
     fn identity(&self, py: Python<'_>) -> NativeResult<(u64, u64, i64)> {
-        detached(py, || {
+        detached_of(py, self.id.as_str(), || {
             let reader = self.current(false)?;
             let (dev, ino, _) = file_id(reader.file())?;
             Ok((dev, ino, reader.header().created_at_ms))
@@ -1033,12 +1075,16 @@ impl Reader {
 
     /// The last durable sequence.
     fn durable_sequence(&self, py: Python<'_>) -> NativeResult<u64> {
-        detached(py, || self.read(SessionReader::durable_sequence))
+        detached_of(py, self.id.as_str(), || {
+            self.read(SessionReader::durable_sequence)
+        })
     }
 
     /// The number of messages in the transcript as of durable sequence `snapshot`.
     fn transcript_len(&self, py: Python<'_>, snapshot: u64) -> NativeResult<u64> {
-        detached(py, || self.read(|r| r.transcript_len(snapshot)))
+        detached_of(py, self.id.as_str(), || {
+            self.read(|r| r.transcript_len(snapshot))
+        })
     }
 
     /// The message at 1-based `position` as of `snapshot`:
@@ -1049,7 +1095,9 @@ impl Reader {
         snapshot: u64,
         position: u64,
     ) -> NativeResult<Option<Bound<'py, PyDict>>> {
-        let entry = detached(py, || self.read(|r| r.transcript_entry(snapshot, position)))?;
+        let entry = detached_of(py, self.id.as_str(), || {
+            self.read(|r| r.transcript_entry(snapshot, position))
+        })?;
         entry.map(|e| entry_dict(py, &e)).transpose()
     }
 
@@ -1060,7 +1108,7 @@ impl Reader {
         snapshot: u64,
         message_id: &str,
     ) -> NativeResult<Option<Bound<'py, PyDict>>> {
-        let entry = detached(py, || {
+        let entry = detached_of(py, self.id.as_str(), || {
             self.read(|r| r.transcript_find(snapshot, message_id))
         })?;
         entry.map(|e| entry_dict(py, &e)).transpose()
@@ -1075,14 +1123,14 @@ impl Reader {
         later: u64,
         len: u64,
     ) -> NativeResult<bool> {
-        detached(py, || {
+        detached_of(py, self.id.as_str(), || {
             self.read(|r| r.transcript_prefix_kept(earlier, later, len))
         })
     }
 
     /// The ended turn holding sequence `seq` (JSON of a turn boundary), or None.
     fn turn_holding(&self, py: Python<'_>, seq: u64) -> NativeResult<Option<String>> {
-        detached(py, || {
+        detached_of(py, self.id.as_str(), || {
             self.read(|r| r.turn_holding(seq))?
                 .as_ref()
                 .map(json)
@@ -1105,7 +1153,7 @@ impl Reader {
     ) -> NativeResult<Bound<'py, PyList>> {
         let limit = limit.unwrap_or(usize::MAX);
         // Up to PART messages are read in the same `read` (its retries cover them).
-        let (reader, opened, snapshot, len, texts) = detached(py, || {
+        let (reader, opened, snapshot, len, texts) = detached_of(py, self.id.as_str(), || {
             self.read(|r| {
                 let opened = file_id(r.file())?;
                 let snapshot = r.durable_sequence()?;
@@ -1168,7 +1216,7 @@ impl Reader {
                     } else {
                         e
                     };
-                    to_py(py, e)
+                    to_py_of(py, self.id.as_str(), e)
                 })?;
                 parts.push(
                     texts
@@ -1248,7 +1296,7 @@ impl Session {
     /// returns the commit (JSON). Accepted in memory; durable after `flush`.
     fn append(&self, py: Python<'_>, batch_json: &str) -> NativeResult<String> {
         let inner = self.inner(py)?;
-        detached(py, || {
+        detached_of(py, self.id.as_str(), || {
             let batch: Batch = serde_json::from_str(batch_json)
                 .map_err(|e| invalid_from("batch is not valid", e))?;
             let commit = inner.append(batch)?;
@@ -1265,7 +1313,7 @@ impl Session {
     /// Writes every accepted batch (fsynced); returns the durable sequence.
     fn flush(&self, py: Python<'_>) -> NativeResult<u64> {
         let inner = self.inner(py)?;
-        detached(py, || inner.flush())
+        detached_of(py, self.id.as_str(), || inner.flush())
     }
 
     /// `(accepted, durable)` sequences.
@@ -1276,14 +1324,14 @@ impl Session {
     /// The accepted transcript, including batches not yet durable (a JSON array).
     fn transcript(&self, py: Python<'_>) -> NativeResult<String> {
         let inner = self.inner(py)?;
-        detached(py, || json(&inner.transcript()?))
+        detached_of(py, self.id.as_str(), || json(&inner.transcript()?))
     }
 
     /// Flushes and releases the writer lock; later calls raise `Closed`. In a child made by
     /// `os.fork()` it does nothing: the parent's writer stays as it is.
     fn close(&self, py: Python<'_>) -> NativeResult<()> {
         match self.inner.get() {
-            Some(inner) => detached(py, || inner.close()),
+            Some(inner) => detached_of(py, self.id.as_str(), || inner.close()),
             None => Ok(()),
         }
     }

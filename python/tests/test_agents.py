@@ -383,6 +383,49 @@ def test_reads_follow_the_session_when_it_is_made_again(root):
     run(main())
 
 
+def test_root_delete_of_a_session_an_adapter_of_the_process_writes(root):
+    # The adapters' shared writer kept the session held: Root.delete waited out its `wait`
+    # (10 s by default) and raised Cancelled naming this very process, the session kept.
+    async def main():
+        s = SessionStoreSession("user-42", root)
+        other = SessionStoreSession("user-42", root.path)
+        await s.add_items([user("a")])
+        root.delete("user-42", wait=0)
+        assert [x["session_ref"]["session_id"] for x in root.iter_sessions()] == []
+        assert await other.get_items() == []
+        await other.add_items([user("b")])  # the adapters write the session anew
+        assert await s.get_items() == [user("b")]
+        await root.adelete("user-42", wait=0)
+        assert await s.get_items() == []
+        await s.add_items([user("c")])
+        assert await other.get_items() == [user("c")]
+        s.close()
+        other.close()
+        # A plain Session of the process is another writer: still waited for.
+        with root.open("user-42"):
+            with pytest.raises(session_store.Cancelled, match="still holds it"):
+                root.delete("user-42", wait=0)
+
+    run(main())
+
+
+def test_root_rename_of_a_session_an_adapter_of_the_process_writes(root):
+    # The adapters' shared writer kept the session held: Root.rename raised WriterOwned
+    # naming this very process, and an adapter has no Session to append the title through.
+    async def main():
+        s = SessionStoreSession("user-42", root)
+        await s.add_items([user("a")])
+        root.rename("user-42", "Trip to Rome")
+        await root.arename("user-42", "Trip to Rome and Naples")
+        await s.add_items([user("b")])
+        assert await s.get_items() == [user("a"), user("b")]
+        [summary] = root.list()["sessions"]
+        assert summary["title"] == "Trip to Rome and Naples"
+        s.close()
+
+    run(main())
+
+
 def test_a_collected_adapter_never_deadlocks_the_registry(tmp_path):
     """An adapter collected while its thread holds the writers' registry lock (a collection
     can run at any allocation) defers its release instead of waiting on that lock forever

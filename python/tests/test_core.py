@@ -228,6 +228,24 @@ def test_fork_and_rewind_copy_nothing_and_keep_the_parent(root):
         root.fork("parent", after_turn="no-such-turn")
 
 
+def test_a_fork_after_a_turn_not_yet_flushed_says_the_log_is_durable(tmp_path):
+    # The turn was appended a moment ago: "completed turn "t2" not found in a" sent the
+    # caller looking for a typo; the fork reads the durable prefix only.
+    root = session_store.Root(tmp_path / "root", write_behind_ms=3_600_000)
+    with root.create("a") as s:
+        s.append(turn("t1", msg(1)), operation_id="o1", turn_id="t1")
+        s.flush()
+        s.append(turn("t2", msg(2)), operation_id="o2", turn_id="t2")
+        with pytest.raises(InvalidInput) as e:
+            root.fork("a", after_turn="t2")
+        assert str(e.value) == (
+            'invalid input: completed turn "t2" not found in the durable log of a (a turn its '
+            "writer accepted is there once flushed)"
+        )
+        s.flush()
+        assert [m["id"] for m in root.transcript(root.fork("a", after_turn="t2"))] == ["m1", "m2"]
+
+
 def test_export_import_verify_delete(root, tmp_path):
     fill(root, "src", 3).close()
     out = tmp_path / "src.export"
@@ -266,6 +284,67 @@ def test_a_missing_file_is_named_as_a_file_not_a_session(root, tmp_path):
             call()
         assert str(e.value) == f"{missing}: no such file or folder"
     assert root.list()["sessions"] == []
+
+
+def test_a_file_that_is_no_session_is_named_by_verify_and_import(root, tmp_path):
+    # verify() and import_file() of a file that is not a session said only "corrupt session
+    # store: SQLite reports: file is not a database": a host checking many files could not
+    # tell which.
+    garbage = tmp_path / "notes.export"
+    garbage.write_bytes(b"not a database at all" * 100)
+    for call in (
+        lambda: session_store.verify(garbage),
+        lambda: asyncio.run(session_store.averify(os.fsencode(garbage))),
+        lambda: root.import_file(garbage),
+        lambda: root.import_file(str(garbage), session_id="x"),
+    ):
+        with pytest.raises(Corrupt) as e:
+            call()
+        assert str(e.value).startswith(f"{garbage}: corrupt session store: "), str(e.value)
+    assert root.list()["sessions"] == []
+
+
+def test_a_cwd_is_recorded_and_filtered_as_the_cli_spells_it(root, tmp_path, monkeypatch):
+    # Stored as given, "/srv/api/" was never found by a filter of "/srv/api" (the CLI's
+    # `list --cwd` and `search --cwd` spell both that way) nor a relative "." by any; a
+    # pathlib.Path raised TypeError.
+    import pathlib
+
+    monkeypatch.chdir(tmp_path)
+    here = os.getcwd()
+    for sid, cwd in [
+        ("slash", "/srv/api/"),
+        ("dots", "/srv//api/./"),
+        ("path", pathlib.Path("/srv/api")),
+        ("dot", "."),
+        ("rel", "proj/../api/"),
+    ]:
+        with root.create(sid, cwd=cwd) as s:
+            s.append(turn("t", msg(1, content=f"needle {sid}")), operation_id="o", turn_id="t")
+    cwds = {s["session_ref"]["session_id"]: s["cwd"] for s in root.iter_sessions()}
+    assert cwds == {
+        "slash": "/srv/api",
+        "dots": "/srv/api",
+        "path": "/srv/api",
+        "dot": here,
+        "rel": os.path.join(here, "api"),
+    }
+
+    def found(cwd) -> set[str]:
+        return {h["session_ref"]["session_id"] for h in root.search("needle", cwd=cwd)["hits"]}
+
+    assert found("/srv/api/") == found(pathlib.Path("/srv/api")) == {"slash", "dots", "path"}
+    assert found(".") == found(here) == {"dot"}
+    assert found("api") == {"rel"}
+    export = tmp_path / "slash.export"
+    root.export("slash", export)
+    root.import_file(export, session_id="imported", cwd=pathlib.Path("imports/"))
+    assert root.list()["sessions"][2]["cwd"] == os.path.join(here, "imports")
+    # Bytes are a path as for every path argument (decoded as the file system does).
+    root.create("bytes", cwd=b"/srv/").close()
+    assert root.list(cwd="/srv")["sessions"][0]["session_ref"]["session_id"] == "bytes"
+    with pytest.raises(InvalidInput, match="cwd is empty"):
+        root.create("empty", cwd="")
 
 
 def test_damaged_export_is_corrupt_and_imports_nothing(root, tmp_path):
@@ -307,6 +386,44 @@ def test_error_hierarchy_and_writer_owned_carries_the_owner(root):
     writer.close()
     assert writer.flush() == 0 and writer.sequences() == (0, 0) and writer.transcript() == []
     root.open("a").close()  # free again
+
+
+def test_errors_of_a_session_name_it(root):
+    # "session writer is owned by pid 7 ..." and "session runtime is closed" named no
+    # session, nor did a damaged file's "corrupt session store: ...": a host of many
+    # sessions (an agents Runner, a LangGraph server) could not tell which one failed.
+    from session_store.agents import SessionStoreSession
+
+    writer = root.create("chat 1")
+    with pytest.raises(WriterOwned) as owned:
+        root.open("chat 1")
+    assert str(owned.value).startswith('session "chat 1": session writer is owned by pid ')
+    assert owned.value.owner["pid"] == os.getpid()
+    with pytest.raises(WriterOwned, match='^session "chat 1": '):
+        root.rename("chat 1", "title")
+    with pytest.raises(WriterOwned, match='^session "chat 1": '):
+        asyncio.run(SessionStoreSession("chat 1", root).add_items([{"role": "user"}]))
+    writer.close()
+    with pytest.raises(Closed) as closed:
+        writer.append(turn("t", msg(1)), operation_id="late")
+    assert str(closed.value) == 'session "chat 1": session runtime is closed'
+    fill(root, "damaged", 2).close()
+    with open(os.path.join(root.path, "damaged", "session.sqlite"), "r+b") as f:
+        f.write(b"not a database" * 100)
+    for read in (
+        lambda: root.history("damaged"),
+        lambda: root.transcript("damaged"),
+        lambda: root.events("damaged"),
+        lambda: root.turns("damaged"),
+        lambda: root.verify("damaged"),
+        lambda: root.reader("damaged").messages(),
+    ):
+        with pytest.raises(Corrupt, match='^session "damaged": corrupt session store: '):
+            read()
+    # A message naming its session already is left as it was.
+    with pytest.raises(NotFound) as missing:
+        root.history("nope")
+    assert str(missing.value) == "session nope not found"
 
 
 def _open_in_worker(path: str, session_id: str) -> None:
@@ -411,6 +528,37 @@ def test_errors_are_also_the_builtin_error_of_their_meaning(root, tmp_path):
         assert type(again) is cls and again.args == (f"{name} happened",)
     assert issubclass(InvalidPayload, InvalidInput)
     assert issubclass(OperationConflict, InvalidInput)
+
+
+def test_events_may_be_any_mapping_as_the_signature_says(root):
+    # append takes Sequence[Mapping[str, Any]] and checks each event is a Mapping, but a
+    # Mapping that is not a dict (a MappingProxyType, a custom one) was refused by the
+    # encoder: "value is not JSON-able: Object of type mappingproxy is not JSON serializable".
+    import types
+    from collections.abc import Mapping
+
+    class Event(Mapping):
+        def __init__(self, **items):
+            self.items_ = items
+
+        def __getitem__(self, key):
+            return self.items_[key]
+
+        def __iter__(self):
+            return iter(self.items_)
+
+        def __len__(self):
+            return len(self.items_)
+
+    events = [
+        types.MappingProxyType({"kind": "turn/start"}),
+        Event(kind="message/complete", payload={"message": msg(1)}),
+        Event(kind="turn/end", payload={"status": "completed"}),
+    ]
+    with root.create("m") as s:
+        s.append(events, operation_id="o", turn_id="t")
+        assert s.append(tuple(events), operation_id="o", turn_id="t")["first_seq"] == 1
+    assert [m["id"] for m in root.transcript("m")] == ["m1"]
 
 
 def test_hostile_input_is_refused_and_changes_nothing(root, tmp_path):

@@ -202,6 +202,41 @@ def test_a_refused_put_leaves_no_base_outside_the_log(root, saver) -> None:
         assert fresh.get_tuple(third).checkpoint["channel_values"]["messages"] == ["a", "b", "c"]
 
 
+def test_a_list_grown_from_equal_but_different_items_reads_back_exactly(root, saver) -> None:
+    # A list whose head compares equal (==) to the version the saver last wrote but is not
+    # the same values (1 == True == 1.0, {"n": 1} == {"n": 1.0}) is no suffix of it: stored
+    # as one, a fresh saver read the old head back ([1, {"n": 1}, 2] for [True, {"n": 1.0},
+    # 2]), the writing saver its cached list.
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    def checkpoint(items: list, version: str) -> dict:
+        c = empty_checkpoint()
+        c["channel_values"] = {"items": items}
+        c["channel_versions"] = {"items": version}
+        return c
+
+    first = saver.put(config("types"), checkpoint([1, {"n": 1}], "1"), {}, {"items": "1"})
+    grown = [True, {"n": 1.0}, 2]
+    second = saver.put(first, checkpoint(grown, "2"), {}, {"items": "2"})
+    read = saver.get_tuple(second).checkpoint["channel_values"]["items"]
+    assert repr(read) == repr(grown)
+    with SessionStoreSaver(root) as fresh:
+        read = fresh.get_tuple(second).checkpoint["channel_values"]["items"]
+    assert repr(read) == repr(grown)
+    # A list that did only grow (its head the same values) is still stored as its suffix.
+    third = saver.put(second, checkpoint([*grown, 3], "3"), {}, {"items": "3"})
+    with SessionStoreSaver(root) as fresh:
+        assert repr(fresh.get_tuple(third).checkpoint["channel_values"]["items"]) == repr(
+            [*grown, 3]
+        )
+    commits = root.events(session_id_of("types"))["commits"]
+    names = [
+        e["payload"]["values"] for c in commits for e in c["events"]
+        if e["kind"] == "langgraph/checkpoint"
+    ]
+    assert [n[0][2] for n in names] == [None, None, "2"]
+
+
 def test_copy_thread_is_a_fork_of_the_session(root, saver) -> None:
     g = graph(saver)
     g.invoke({"messages": [HumanMessage(content="source")]}, config("src"))
@@ -283,6 +318,82 @@ def test_delete_thread_while_another_saver_of_the_process_holds_its_writer(root)
     assert again[0] == "y" and "x" not in again, again
     a.close()
     b.close()
+
+
+def test_a_saver_dropped_without_close_releases_its_writer_locks(root) -> None:
+    # As an agents adapter does when it is collected: a saver made per request and never
+    # closed held the writer lock of every thread it wrote for the rest of the process's
+    # life (another process got WriterOwned naming this one for good).
+    import gc
+
+    saver = SessionStoreSaver(root)
+    graph(saver).invoke({"messages": [HumanMessage(content="hi")]}, config("dropped"))
+    other = SessionStoreSaver(root)  # shares the writer while it lives
+    graph(other).invoke({"messages": [HumanMessage(content="again")]}, config("dropped"))
+    assert root.writer_owner(session_id_of("dropped"))["pid"] == os.getpid()
+    del saver
+    gc.collect()
+    assert root.writer_owner(session_id_of("dropped"))["pid"] == os.getpid()
+    del other
+    gc.collect()
+    assert root.writer_owner(session_id_of("dropped")) is None
+    root.open(session_id_of("dropped")).close()
+    # A saver closed and then dropped releases nothing twice; one still used after a close
+    # takes the writer again and lets it go when dropped.
+    saver = SessionStoreSaver(root)
+    g = graph(saver)
+    g.invoke({"messages": [HumanMessage(content="one")]}, config("dropped"))
+    saver.close()
+    g.invoke({"messages": [HumanMessage(content="two")]}, config("dropped"))
+    assert root.writer_owner(session_id_of("dropped"))["pid"] == os.getpid()
+    del saver, g
+    gc.collect()
+    assert root.writer_owner(session_id_of("dropped")) is None
+    with SessionStoreSaver(root) as fresh:
+        assert contents(graph(fresh).get_state(config("dropped")))[-3:-1] == [
+            "two",
+            "echo owt",
+        ]
+
+
+def test_a_saver_of_many_threads_keeps_few_files_open(tmp_path) -> None:
+    # A saver kept the writer (about six file descriptors) and the reader (about four) of
+    # every thread it wrote or read: under a limit of 512 descriptors its put failed with
+    # "Too many open files" after about 80 threads.
+    script = r"""
+import os, resource, sys
+import session_store
+from langgraph.checkpoint.base import empty_checkpoint
+from session_store.langgraph import MAX_OPEN_THREADS, SessionStoreSaver, session_id_of
+
+resource.setrlimit(resource.RLIMIT_NOFILE, (512, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+root = session_store.Root(sys.argv[1])
+saver = SessionStoreSaver(root)
+threads = [f"t{i}" for i in range(300)]
+configs = {}
+for step in range(2):
+    for t in threads:
+        c = empty_checkpoint()
+        c["channel_values"] = {"x": [t, step]}
+        c["channel_versions"] = {"x": str(step + 1)}
+        configs[t] = saver.put(configs.get(t, {"configurable": {"thread_id": t}}), c, {}, {"x": str(step + 1)})
+open_fds = len(os.listdir("/proc/self/fd"))
+assert open_fds < 20 * MAX_OPEN_THREADS, open_fds
+held = [t for t in threads if root.writer_owner(session_id_of(t)) is not None]
+assert held == threads[-MAX_OPEN_THREADS:], held
+reader = SessionStoreSaver(root)
+for t in threads:
+    got = reader.get_tuple(configs[t])
+    assert got.checkpoint["channel_values"]["x"] == [t, 1], (t, got)
+assert len(os.listdir("/proc/self/fd")) < 20 * MAX_OPEN_THREADS
+# close() lets go of what the saver knows of every thread, those whose reader it dropped
+# included (their indexes and list bases stayed in memory).
+reader.close()
+assert not reader._threads and not reader._lists and not reader._identities
+saver.close()
+assert all(root.writer_owner(session_id_of(t)) is None for t in threads)
+"""
+    run_script(script, tmp_path / "root")
 
 
 def test_thread_ids_map_to_session_ids_and_back(root, saver) -> None:

@@ -108,9 +108,13 @@ impl Root {
             ForkPoint::AfterTurn(t) => (t, Origin::Fork),
             ForkPoint::BeforeTurn(t) => (t, Origin::Rewind),
         };
+        // Only the durable prefix is read: a turn a live writer accepted and has not
+        // flushed yet is not there ("not found in PARENT" alone sent the caller looking for
+        // a typo in a turn id its writer had just appended).
         let turn = reader.turn(turn_id)?.ok_or_else(|| {
             Error::invalid(format!(
-                "completed turn {} not found in {parent}",
+                "completed turn {} not found in the durable log of {parent} (a turn its \
+                 writer accepted is there once flushed)",
                 crate::error::quoted(turn_id)
             ))
         })?;
