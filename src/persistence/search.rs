@@ -139,8 +139,14 @@ fn search_key(query: &str, options: &SearchOptions) -> u64 {
 /// the query's words and `list --title` are: `User` finds `user`; it found nothing).
 ///
 /// # Errors
-/// [`Error::InvalidInput`] for a blank role, which no message can have been found by.
+/// [`Error::InvalidInput`] for a blank role, which no message can have been found by, and
+/// for a cwd no session can have (empty, or holding a NUL).
 fn with_role_folded(options: &SearchOptions) -> Result<SearchOptions> {
+    if let Some(cwd) = &options.cwd {
+        // No session has an empty working directory (`create` refuses one): an empty
+        // `--cwd "$DIR"` of an unset variable found nothing, without a word.
+        crate::model::header::Header::check_cwd(cwd)?;
+    }
     let mut folded = options.clone();
     if let Some(role) = &mut folded.role {
         if role.trim().is_empty() {
@@ -359,8 +365,8 @@ impl Root {
     /// first, and the cursor of the next page. Creates and fills the index on first use.
     ///
     /// # Errors
-    /// [`Error::InvalidInput`] for a malformed query, a bad cursor, a blank role or a
-    /// limit over 100;
+    /// [`Error::InvalidInput`] for a malformed query, a bad cursor, a blank role, an
+    /// empty cwd or a limit over 100;
     /// [`Error::SessionNotFound`] when `options.session` names no session; I/O and SQLite
     /// errors of the index. A hit's session whose file cannot be read is in
     /// [`Searched::skipped`], its hits left out.
