@@ -1026,6 +1026,18 @@ fn the_role_filter_ignores_case_and_refuses_a_blank_role() {
     assert_eq!(ids("DEVELOPER"), ["d"]);
     assert_eq!(ids("Title"), [""]);
     assert!(ids("nobody").is_empty());
+    // The human output names the filters that left nothing (it said "no matches" alone).
+    let out = bin()
+        .arg("--root")
+        .arg(root.path())
+        .args(["search", "walrus", "--role", "nobody", "--cwd", "/nowhere"])
+        .output()
+        .expect("run");
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "no matches with --cwd, --role\n"
+    );
     for blank in ["", "  "] {
         let service = Service::new("local", root.clone()).expect("service");
         let err = rt()
