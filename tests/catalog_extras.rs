@@ -175,6 +175,30 @@ fn temp_cli_root() -> (tempfile::TempDir, std::path::PathBuf) {
     (dir, root)
 }
 
+/// An empty `--cwd` (`--cwd "$DIR"` of an unset variable) is refused by `list` and
+/// `search` as `create` refuses it (exit 6, "cwd is empty"): no session can have one, and
+/// they answered "no sessions match the filters" and "no matches" (exit 0). The library's
+/// `Root::list_filtered` and `SearchOptions::with_cwd` alike.
+#[test]
+fn an_empty_cwd_filter_is_refused_as_create_refuses_it() {
+    let (_dir, root) = temp_cli_root();
+    chat(&root, "a", 1, "/srv/api");
+    for args in [
+        &["create", "b", "--cwd", ""][..],
+        &["list", "--cwd", ""],
+        &["search", "question", "--cwd", ""],
+    ] {
+        let err = fails(&root, args, 6);
+        assert!(err.contains("cwd is empty"), "{args:?}: {err}");
+    }
+    assert_eq!(listed(&root, &["--cwd", "/srv/api"]), ["a"]);
+    let lib = Root::open(&root).expect("root");
+    let e = lib
+        .list_filtered(&ListFilter::default().with_cwd(""), None, 10)
+        .expect_err("empty cwd");
+    assert!(matches!(e, Error::InvalidInput { .. }), "{e}");
+}
+
 #[test]
 fn rename_appends_a_title_that_list_shows_at_once() {
     let (_dir, root) = temp_cli_root();

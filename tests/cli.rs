@@ -665,16 +665,8 @@ fn exit_codes_for_usage_other_errors_and_bad_ids() {
     assert!(err.contains("cwd"), "{err}");
     env.fails(&["show", "c"], 3);
     env.fails(&["show", "h"], 3);
-    // As a filter it is a usage error (2) too: no session has one, so `list` and `search`
-    // answered "no sessions match" / "no matches" (a script's unset variable, say).
-    env.ok(&["create", "s"]);
-    for args in [
-        &["list", "--cwd", ""][..],
-        &["search", "x", "--cwd", ""][..],
-    ] {
-        let err = env.fails(args, 2);
-        assert!(err.contains("cwd is empty"), "{args:?}: {err}");
-    }
+    // As a `list` or `search` filter too (catalog_extras.rs,
+    // `an_empty_cwd_filter_is_refused_as_create_refuses_it`).
     // A root that cannot be a folder: refused as "not a folder" (6) whether the command
     // reads the root or would make it (`a_root_that_is_a_file_is_refused_as_not_a_folder`).
     let file = env.path("a-file");

@@ -919,6 +919,77 @@ fn pages_and_filters() {
     );
 }
 
+/// A search cursor carries the last hit's tier and row and the search's key, not its
+/// score: the next page ranks that row again on the index as it is then, so the score
+/// (`s2.<tier>.<score bits>.<row>.<key>`) was never used. A cursor of that older form is
+/// still followed, to the same page.
+#[test]
+fn a_search_cursor_carries_no_score_and_an_older_one_is_still_followed() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "pages");
+    for i in 0..9 {
+        s.append(Batch::new(
+            format!("p{i}"),
+            vec![message(
+                &format!("p{i}"),
+                "user",
+                &format!("walrus number {i}"),
+            )],
+        ))
+        .expect("append");
+    }
+    s.close().expect("close");
+    let service = Service::new("local", root.clone()).expect("service");
+    let page = |cursor: Option<&str>| {
+        let mut options = SearchOptions::default().with_limit(4);
+        if let Some(c) = cursor {
+            options = options.with_cursor(c);
+        }
+        rt().block_on(service.query().search("walrus", options))
+    };
+    let first = page(None).expect("first page");
+    let cursor = first.next_cursor.expect("a next page");
+    let parts: Vec<&str> = cursor.split('.').collect();
+    assert_eq!(parts.len(), 4, "{cursor}");
+    assert_eq!(parts[0], "s3", "{cursor}");
+    let ids =
+        |p: &SearchPage| -> Vec<String> { p.hits.iter().map(|h| h.message_id.clone()).collect() };
+    let second = page(Some(&cursor)).expect("second page");
+    assert_eq!(second.hits.len(), 4);
+    // The older form, whatever score it carries, continues the same way.
+    for score in [0.0f64, -7.5, 1e300] {
+        let older = format!(
+            "s2.{}.{:x}.{}.{}",
+            parts[1],
+            score.to_bits(),
+            parts[2],
+            parts[3]
+        );
+        assert_eq!(
+            ids(&page(Some(&older)).expect("older cursor")),
+            ids(&second)
+        );
+    }
+    for bad in [
+        format!("s2.{}.{}.{}", parts[1], parts[2], parts[3]),
+        format!(
+            "s2.{}.{:x}.{}.{}",
+            parts[1],
+            f64::NAN.to_bits(),
+            parts[2],
+            parts[3]
+        ),
+        format!("s3.{}.{}.{}.0", parts[1], parts[2], parts[3]),
+        format!("s4.{}.{}.{}", parts[1], parts[2], parts[3]),
+    ] {
+        let e = page(Some(&bad)).expect_err("refused");
+        assert!(
+            e.to_string().contains("invalid search cursor"),
+            "{bad}: {e}"
+        );
+    }
+}
+
 /// A role filter is compared ignoring ASCII case (`User` found nothing, as a role no
 /// message could have) and a blank one is refused (it found nothing without a word).
 #[test]
@@ -955,6 +1026,18 @@ fn the_role_filter_ignores_case_and_refuses_a_blank_role() {
     assert_eq!(ids("DEVELOPER"), ["d"]);
     assert_eq!(ids("Title"), [""]);
     assert!(ids("nobody").is_empty());
+    // The human output names the filters that left nothing (it said "no matches" alone).
+    let out = bin()
+        .arg("--root")
+        .arg(root.path())
+        .args(["search", "walrus", "--role", "nobody", "--cwd", "/nowhere"])
+        .output()
+        .expect("run");
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "no matches with --cwd, --role\n"
+    );
     for blank in ["", "  "] {
         let service = Service::new("local", root.clone()).expect("service");
         let err = rt()

@@ -116,7 +116,7 @@ enum Command {
         cursor: Option<String>,
         /// Only sessions whose header names exactly this working directory (a relative
         /// one is made absolute against the current directory).
-        #[arg(long, value_name = "DIR", value_parser = cli::filter_dir)]
+        #[arg(long, value_name = "DIR", value_parser = session_store::absolute_cwd)]
         cwd: Option<String>,
         /// Only sessions updated since: a duration back from now (7d, 12h) or a UTC date
         /// (2026-12-01, 2026-12-01T08:30:00Z).
@@ -176,7 +176,7 @@ enum Command {
         session: Option<String>,
         /// Only sessions created with this working directory (a relative one is made
         /// absolute against the current directory).
-        #[arg(long, value_name = "DIR", value_parser = cli::filter_dir)]
+        #[arg(long, value_name = "DIR", value_parser = session_store::absolute_cwd)]
         cwd: Option<String>,
         /// Only messages since: a duration back from now (7d, 12h) or a UTC date
         /// (2026-12-01, 2026-12-01T08:30:00Z).

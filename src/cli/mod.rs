@@ -438,20 +438,6 @@ fn escape_controls(text: &str, escaped: impl Fn(char) -> bool) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
-/// A `--cwd` filter (`list`, `search`): [`session_store::absolute_cwd`], but an empty one
-/// is refused. No session records an empty working directory (`create` and `import`
-/// refuse one), so the filter matched nothing and a script's unset variable read as "no
-/// sessions".
-///
-/// # Errors
-/// `text` is empty, or [`session_store::absolute_cwd`] fails.
-pub fn filter_dir(text: &str) -> Result<String, String> {
-    if text.is_empty() {
-        return Err("cwd is empty: give a working directory or leave the filter out".to_owned());
-    }
-    session_store::absolute_cwd(text).map_err(|e| e.to_string())
-}
-
 /// `path` quoted for a POSIX shell, unquoted when it is plainly safe.
 pub fn shell_quote(path: &Path) -> String {
     let text = path.to_string_lossy();

@@ -85,7 +85,13 @@ struct Given {
 /// needs again (alone it continued an unfiltered search).
 fn print_page(page: &SearchPage, filters: &[&str], terminal: bool) -> CliResult<()> {
     if page.hits.is_empty() {
-        outln!("no matches");
+        // As `list` says "no sessions match the filters": a filter that emptied the page
+        // is named (a mistyped `--role` or `--cwd` read as a search that found nothing).
+        if filters.is_empty() {
+            outln!("no matches");
+        } else {
+            outln!("no matches with {}", filters.join(", "));
+        }
         return Ok(());
     }
     let (open, close) = if terminal {

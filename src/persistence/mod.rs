@@ -741,13 +741,19 @@ impl Root {
     /// sessions are reported on the first page.
     ///
     /// # Errors
-    /// [`Error::InvalidInput`] for a cursor of another order; as [`Root::list`].
+    /// [`Error::InvalidInput`] for a cursor of another order, and for a `cwd` filter that
+    /// no session can have been created with (empty, or holding a NUL: `create` and
+    /// `import` refuse those); as [`Root::list`].
     pub fn list_filtered(
         &self,
         filter: &ListFilter,
         after: Option<&str>,
         limit: usize,
     ) -> Result<Listing> {
+        // An empty `--cwd "$DIR"` of an unset variable listed "no sessions match".
+        if let Some(cwd) = &filter.cwd {
+            crate::model::header::Header::check_cwd(cwd)?;
+        }
         self.inner.catalog.filtered_page(self, filter, after, limit)
     }
 

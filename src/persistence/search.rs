@@ -139,8 +139,14 @@ fn search_key(query: &str, options: &SearchOptions) -> u64 {
 /// the query's words and `list --title` are: `User` finds `user`; it found nothing).
 ///
 /// # Errors
-/// [`Error::InvalidInput`] for a blank role, which no message can have been found by.
+/// [`Error::InvalidInput`] for a blank role, which no message can have been found by, and
+/// for a cwd no session can have (empty, or holding a NUL).
 fn with_role_folded(options: &SearchOptions) -> Result<SearchOptions> {
+    if let Some(cwd) = &options.cwd {
+        // No session has an empty working directory (`create` refuses one): an empty
+        // `--cwd "$DIR"` of an unset variable found nothing, without a word.
+        crate::model::header::Header::check_cwd(cwd)?;
+    }
     let mut folded = options.clone();
     if let Some(role) = &mut folded.role {
         if role.trim().is_empty() {
@@ -155,34 +161,38 @@ fn with_role_folded(options: &SearchOptions) -> Result<SearchOptions> {
     Ok(folded)
 }
 
-/// `s2.<tier>.<rank bits>.<row>.<search key>`: the keyset of the last hit of a page, and
-/// the search it belongs to.
+/// `s3.<tier>.<row>.<search key>`: the keyset of the last hit of a page (its score is
+/// not kept: the row is ranked again on the index as it is then, `store::search`'s
+/// `reanchor`), and the search it belongs to.
 fn cursor_of(hit: &IndexHit, search: u64) -> String {
-    format!(
-        "s2.{}.{:x}.{}.{search:016x}",
-        hit.tier,
-        hit.rank.to_bits(),
-        hit.row
-    )
+    format!("s3.{}.{}.{search:016x}", hit.tier, hit.row)
 }
 
-/// The keyset of `cursor`, made by a page of the search `search` (its ranks mean nothing
-/// for another query or other filters).
-fn parse_cursor(cursor: &str, search: u64) -> Result<(i64, f64, i64)> {
+/// The keyset `(tier, row)` of `cursor`, made by a page of the search `search` (its rows
+/// mean nothing for another query or other filters). A cursor of an earlier build
+/// (`s2.<tier>.<rank bits>.<row>.<search key>`, with the score the next page never used)
+/// is followed alike, its score checked as before and left out.
+fn parse_cursor(cursor: &str, search: u64) -> Result<(i64, i64)> {
     let bad = || {
         Error::invalid(format!(
             "invalid search cursor {}",
             crate::error::quoted(cursor)
         ))
     };
-    let mut parts = cursor.strip_prefix("s2.").ok_or_else(bad)?.split('.');
+    let (mut parts, scored) = match (cursor.strip_prefix("s3."), cursor.strip_prefix("s2.")) {
+        (Some(rest), _) => (rest.split('.'), false),
+        (None, Some(rest)) => (rest.split('.'), true),
+        (None, None) => return Err(bad()),
+    };
     let tier = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
-    let rank = parts
-        .next()
-        .and_then(|p| u64::from_str_radix(p, 16).ok())
-        .map(f64::from_bits)
-        .filter(|r| r.is_finite())
-        .ok_or_else(bad)?;
+    if scored {
+        parts
+            .next()
+            .and_then(|p| u64::from_str_radix(p, 16).ok())
+            .map(f64::from_bits)
+            .filter(|r| r.is_finite())
+            .ok_or_else(bad)?;
+    }
     let row = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
     let made_by = parts
         .next()
@@ -199,7 +209,7 @@ fn parse_cursor(cursor: &str, search: u64) -> Result<(i64, f64, i64)> {
             crate::error::quoted(cursor)
         )));
     }
-    Ok((tier, rank, row))
+    Ok((tier, row))
 }
 
 impl Root {
@@ -355,8 +365,8 @@ impl Root {
     /// first, and the cursor of the next page. Creates and fills the index on first use.
     ///
     /// # Errors
-    /// [`Error::InvalidInput`] for a malformed query, a bad cursor, a blank role or a
-    /// limit over 100;
+    /// [`Error::InvalidInput`] for a malformed query, a bad cursor, a blank role, an
+    /// empty cwd or a limit over 100;
     /// [`Error::SessionNotFound`] when `options.session` names no session; I/O and SQLite
     /// errors of the index. A hit's session whose file cannot be read is in
     /// [`Searched::skipped`], its hits left out.
@@ -594,11 +604,24 @@ mod tests {
         let search = search_key("harbour", &SearchOptions::default());
         assert_eq!(
             parse_cursor(&cursor_of(&hit, search), search).expect("parses"),
-            (1, -1.25e-6, 42)
+            (1, 42)
+        );
+        // An earlier build's cursor, with the score its page had.
+        assert_eq!(
+            parse_cursor(
+                &format!("s2.1.{:x}.42.{search:016x}", (-1.25e-6f64).to_bits()),
+                search
+            )
+            .expect("parses"),
+            (1, 42)
         );
         for junk in [
             "",
             "s2.",
+            "s3.",
+            "s3.1.zz.0000000000000001",
+            "s3.1.1",
+            "s3.1.1.0000000000000001.9",
             "s2.1.zz.3.0000000000000001",
             "h1.1.2",
             "s1.1.0.1",

@@ -201,8 +201,9 @@ pub(crate) struct IndexFilter<'a> {
     /// Only messages with this role (`title` for titles), in ASCII lower case: a role
     /// stored in any case matches.
     pub role: Option<&'a str>,
-    /// Keyset: only hits after this `(tier, rank, row)`.
-    pub after: Option<(i64, f64, i64)>,
+    /// Keyset: only hits after this `(tier, row)` (the row ranked again as the index is
+    /// now: see [`reanchor`]).
+    pub after: Option<(i64, i64)>,
     /// At most this many hits.
     pub limit: usize,
 }
@@ -619,12 +620,9 @@ impl SearchIndex {
         let conn = lock(&self.read);
         // One read transaction: the cursor's row is ranked on the same index as the page.
         let read = conn.unchecked_transaction()?;
-        let filter = &IndexFilter {
-            after: match filter.after {
-                Some(after) => Some(reanchor(&read, fts, after)?),
-                None => None,
-            },
-            ..filter.clone()
+        let after = match filter.after {
+            Some(after) => Some(reanchor(&read, fts, after)?),
+            None => None,
         };
         let unfiltered = filter.session.is_none()
             && filter.cwd.is_none()
@@ -643,7 +641,7 @@ impl SearchIndex {
                  LEFT JOIN search_sessions s ON s.id = r.session
                  ORDER BY m.tier, m.score, m.id"
             );
-            let rows = query_hits(&conn, &sql, fts, phrase, filter, candidates)?;
+            let rows = query_hits(&conn, &sql, fts, phrase, filter, after, candidates)?;
             let found = rows.len();
             let live: Vec<IndexHit> = rows.into_iter().flatten().collect();
             if live.len() >= filter.limit || found < candidates {
@@ -673,10 +671,12 @@ impl SearchIndex {
              ORDER BY tier, score, id
              LIMIT ?9"
         );
-        Ok(query_hits(&conn, &sql, fts, phrase, filter, filter.limit)?
-            .into_iter()
-            .flatten()
-            .collect())
+        Ok(
+            query_hits(&conn, &sql, fts, phrase, filter, after, filter.limit)?
+                .into_iter()
+                .flatten()
+                .collect(),
+        )
     }
 
     /// The sessions that inherit `hit` (event `seq` of `ancestor`'s file, at transcript
@@ -780,8 +780,8 @@ impl SearchIndex {
     }
 }
 
-/// The keyset position `(tier, bm25, row)` of a cursor's row in the index as it is now.
-/// bm25 weighs each term by its rarity in the whole index, so any session's change moves
+/// The keyset position `(tier, bm25, row)` of a cursor's row in the index as it is now
+/// (a cursor carries no score: `s3.<tier>.<row>.<search>`). bm25 weighs each term by its rarity in the whole index, so any session's change moves
 /// every score: compared with the score the row had when its page was served, the rows
 /// after it could all fall before it (the next page empty) or before ones come back. The
 /// FTS row outlives its message (contentless rows are never deleted, only a rebuild
@@ -791,10 +791,11 @@ impl SearchIndex {
 /// # Errors
 /// [`Error::InvalidInput`] when the row is not in the index: it was rebuilt since the
 /// cursor's page (every row has a new number), or the cursor was made up. Following it
-/// with the score it carries started the page over among rows of equal score (whose new
-/// numbers all come after the old one), repeating earlier pages' hits in silence.
-fn reanchor(conn: &Connection, fts: &str, after: (i64, f64, i64)) -> Result<(i64, f64, i64)> {
-    let (tier, _, row) = after;
+/// with the score its page had (cursors carried it before) started the page over among
+/// rows of equal score (whose new numbers all come after the old one), repeating earlier
+/// pages' hits in silence.
+fn reanchor(conn: &Connection, fts: &str, after: (i64, i64)) -> Result<(i64, f64, i64)> {
+    let (tier, row) = after;
     let now = conn
         .prepare_cached(
             "SELECT coalesce(bm25(search_text), 0) FROM search_text
@@ -872,17 +873,19 @@ const OWN_CURRENT: &str = "(r.seq = 0 OR NOT EXISTS (
 
 /// Runs a search statement of [`SearchIndex::search`] (parameters: `?1` the FTS5
 /// expression, `?2`-`?5` the filters, `?6`-`?8` the keyset, `?9` the limit, `?10` the
-/// phrase): its rows in order, `None` for a candidate with no live row.
+/// phrase; `after` the keyset, [`reanchor`]ed): its rows in order, `None` for a candidate
+/// with no live row.
 fn query_hits(
     conn: &Connection,
     sql: &str,
     fts: &str,
     phrase: Option<&str>,
     filter: &IndexFilter<'_>,
+    after: Option<(i64, f64, i64)>,
     limit: usize,
 ) -> Result<Vec<Option<IndexHit>>> {
     let mut stmt = conn.prepare_cached(sql)?;
-    let (after_tier, after_rank, after_row) = match filter.after {
+    let (after_tier, after_rank, after_row) = match after {
         Some((t, r, id)) => (Some(t), Some(r), Some(id)),
         None => (None, None, None),
     };
