@@ -384,6 +384,22 @@ fn append_reports_and_keeps_the_batches_before_a_bad_line() {
             .to_string(),
             "unknown field `optinal`",
         ),
+        // An event's output-only fields were dropped: a `content_ref` without a payload
+        // stored the event with no payload at all.
+        (
+            json!({"operation_id": "x", "events": [
+                {"kind": "session/title", "payload": {"title": "t"}, "seq": 7}
+            ]})
+            .to_string(),
+            "events[0].seq is not input",
+        ),
+        (
+            json!({"operation_id": "x", "events": [{"kind": "tool/log", "optional": true,
+                "content_ref": {"digest": "ab", "bytes": 2, "media_type": "application/json"}}
+            ]})
+            .to_string(),
+            "events[0].content_ref is not input",
+        ),
     ] {
         let out = env.run_with(
             &["append", "s", "--json"],

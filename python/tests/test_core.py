@@ -606,6 +606,15 @@ def test_hostile_input_is_refused_and_changes_nothing(root, tmp_path):
                      operation_id="typo")
         with pytest.raises(InvalidInput, match="unknown field `turn_idd`"):
             s.append_json('{"operation_id": "typo", "turn_idd": "t", "events": [{"kind": "turn/start"}]}')
+        # An event's output-only fields are refused naming them: they were dropped, and an
+        # event given by its content_ref alone was stored with no payload.
+        with pytest.raises(InvalidInput, match=r"events\[0\]\.seq is not input"):
+            s.append([{"kind": "session/title", "payload": {"title": "t"}, "seq": 9}],
+                     operation_id="out")
+        ref = {"digest": "ab", "bytes": 2, "media_type": "application/json"}
+        with pytest.raises(InvalidInput, match=r"events\[0\]\.content_ref is not input"):
+            s.append([{"kind": "tool/log", "optional": True, "content_ref": ref}],
+                     operation_id="out")
         assert s.sequences() == (3, 3)
     assert len(root.events("h")["commits"]) == 1
     # After any sequence there is (SQLite's integers end at 2**63 - 1): an empty page.
