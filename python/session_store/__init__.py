@@ -690,8 +690,8 @@ class Root:
     @_native_args
     def rename(self, session_id: str, title: str) -> None:
         """Sets the session's title (a ``session/title`` event written as its writer, durable
-        when this returns; :meth:`list` and :meth:`search` show it at once). A blank title
-        raises :class:`InvalidInput`; a session another writer has (a :class:`Session` of
+        when this returns; :meth:`list` and :meth:`search` show it at once). A blank title,
+        one holding NUL or one over 1,024 bytes (UTF-8) raises :class:`InvalidInput`; a session another writer has (a :class:`Session` of
         this process included: append the event there instead) raises
         :class:`WriterOwned`. The writer the adapters of this process share is closed first,
         as :meth:`delete` does (an adapter has no :class:`Session` to append through)."""

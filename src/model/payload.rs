@@ -167,19 +167,36 @@ pub(crate) struct TitlePayload {
     pub(crate) title: String,
 }
 
-/// Whether `title` is blank (empty or whitespace): refused by [`title_event`] and, on
-/// append, in a `session/title` event.
-pub(crate) fn is_blank_title(title: &str) -> bool {
-    title.trim().is_empty()
+/// Longest title, in UTF-8 bytes, that [`title_event`] and an appended `session/title`
+/// accept (a title is shown in one line of a listing and kept in the catalog).
+pub(crate) const MAX_TITLE_BYTES: usize = 1024;
+
+/// Why `title` is refused, if it is: blank (empty or whitespace), holding a NUL character
+/// (SQLite's text functions and C tools such as `sqlite3` end a string there), or longer
+/// than [`MAX_TITLE_BYTES`]. Refused by [`title_event`] and, on append, in a
+/// `session/title` event; a stored one still folds.
+pub(crate) fn title_problem(title: &str) -> Option<String> {
+    if title.trim().is_empty() {
+        Some("a title must not be blank".to_owned())
+    } else if title.contains('\0') {
+        Some("a title must not contain a NUL character (\\0)".to_owned())
+    } else if title.len() > MAX_TITLE_BYTES {
+        Some(format!(
+            "a title must be at most {MAX_TITLE_BYTES} bytes (UTF-8), this one is {}",
+            title.len()
+        ))
+    } else {
+        None
+    }
 }
 
 /// The `session/title` event that renames a session to `title`.
 ///
 /// # Errors
-/// [`Error::InvalidInput`] for a blank title.
+/// [`Error::InvalidInput`] for a title [`title_problem`] refuses.
 pub(crate) fn title_event(title: &str) -> Result<Event> {
-    if is_blank_title(title) {
-        return Err(Error::invalid("a title must not be blank"));
+    if let Some(problem) = title_problem(title) {
+        return Err(Error::invalid(problem));
     }
     Event::new(crate::model::kind::SESSION_TITLE).with_payload(&TitlePayload {
         title: title.to_owned(),
