@@ -722,6 +722,44 @@ def test_async_variants(root, tmp_path):
     assert "as" in listed and "imp" not in listed
 
 
+def test_a_cancelled_async_call_is_never_half_done(tmp_path):
+    """As the docs say: an ``aappend`` cancelled before a worker thread started it never
+    runs (the docs said the call ran all the same); and ``export`` and ``fork`` read the
+    durable prefix, not what a Session of this process accepted and has not written."""
+    root = session_store.Root(tmp_path / "root", write_behind_ms=3_600_000)
+    s = root.create("cx")
+    release = threading.Event()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=1))
+        # The one worker is busy: the append waits in the executor's queue.
+        busy = loop.run_in_executor(None, release.wait, 10)
+        queued = asyncio.ensure_future(s.aappend(turn("t1", msg(1)), operation_id="o1",
+                                                 turn_id="t1"))
+        await asyncio.sleep(0.05)
+        queued.cancel()
+        # The executor's future is cancelled by a callback of the loop: let it run first.
+        await asyncio.sleep(0.05)
+        release.set()
+        await busy
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        await asyncio.sleep(0.05)
+
+    asyncio.run(main())
+    assert s.sequences() == (0, 0)
+    s.append(turn("t1", msg(1)), operation_id="o1", turn_id="t1")
+    assert s.sequences() == (3, 0)
+    assert root.export("cx", tmp_path / "before.export")["events"] == 0
+    with pytest.raises(InvalidInput, match="once flushed"):
+        root.fork("cx", after_turn="t1")
+    s.flush()
+    assert root.export("cx", tmp_path / "after.export")["events"] == 3
+    assert root.fork("cx", after_turn="t1")
+    s.close()
+
+
 def test_a_blocking_call_releases_the_gil(root):
     """While one thread waits inside the store (a delete waiting 1.5 s for a held writer
     lock), another thread keeps running Python code: the wait does not hold the GIL."""
