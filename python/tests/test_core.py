@@ -611,6 +611,15 @@ def test_hostile_input_is_refused_and_changes_nothing(root, tmp_path):
         with pytest.raises(InvalidInput, match=r"events\[0\]\.seq is not input"):
             s.append([{"kind": "session/title", "payload": {"title": "t"}, "seq": 9}],
                      operation_id="out")
+        # A lone surrogate escape in JSON text was serde_json's "unexpected end of hex
+        # escape": said as such, naming the key.
+        with pytest.raises(InvalidInput, match='the value of "id" holds a lone UTF-16 '
+                           "surrogate escape"):
+            s.append_json(r'{"operation_id": "sur", "events": [{"kind": "tool/log", '
+                          r'"optional": true, "id": "\ud800"}]}')
+        with pytest.raises(InvalidPayload, match='the value of "title" holds a lone UTF-16'):
+            s.append_json(r'{"operation_id": "sur", "events": [{"kind": "session/title", '
+                          r'"payload": {"title": "x\udcff"}}]}')
         ref = {"digest": "ab", "bytes": 2, "media_type": "application/json"}
         with pytest.raises(InvalidInput, match=r"events\[0\]\.content_ref is not input"):
             s.append([{"kind": "tool/log", "optional": True, "content_ref": ref}],
