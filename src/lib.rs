@@ -41,6 +41,7 @@ mod store;
 pub use cancel::CancelToken;
 pub use error::{Error, Result, WriterOwner, quoted, utc};
 pub use model::header::{Header, Origin, absolute_cwd};
+pub use model::payload::json_error_reason;
 pub use model::{
     Batch, CLOSURE_KINDS, Commit, ContentRef, Event, Message, PROJECTION_KINDS, Projection,
     RecoveryStatus, SessionId, SessionRef, Snippet, TERMINAL_TURN_STATUSES, Todo, TurnBoundary,

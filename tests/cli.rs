@@ -384,6 +384,39 @@ fn append_reports_and_keeps_the_batches_before_a_bad_line() {
             .to_string(),
             "unknown field `optinal`",
         ),
+        // An event's output-only fields were dropped: a `content_ref` without a payload
+        // stored the event with no payload at all.
+        (
+            json!({"operation_id": "x", "events": [
+                {"kind": "session/title", "payload": {"title": "t"}, "seq": 7}
+            ]})
+            .to_string(),
+            "events[0].seq is not input",
+        ),
+        (
+            json!({"operation_id": "x", "events": [{"kind": "tool/log", "optional": true,
+                "content_ref": {"digest": "ab", "bytes": 2, "media_type": "application/json"}}
+            ]})
+            .to_string(),
+            "events[0].content_ref is not input",
+        ),
+        // A lone surrogate escape was "unexpected end of hex escape": now said as such,
+        // naming the key whose value holds it.
+        (
+            r#"{"operation_id":"x","events":[{"id":"\ud800","kind":"tool/log","optional":true}]}"#
+                .to_owned(),
+            r#"the value of "id" holds a lone UTF-16 surrogate escape"#,
+        ),
+        (
+            r#"{"operation_id":"x","events":[{"kind":"session/title","payload":{"title":"a\udc00"}}]}"#
+                .to_owned(),
+            r#"the value of "title" holds a lone UTF-16 surrogate escape (\ud800-\udfff not in a high-low pair), which is not valid Unicode (column 17 of the payload)"#,
+        ),
+        (
+            r#"{"operation_id":"x","events":[{"kind":"message/complete","payload":{"message":{"id":"m","role":"\ud800\u0041","content":"x"}}}]}"#
+                .to_owned(),
+            "a string holds a lone UTF-16 surrogate escape",
+        ),
     ] {
         let out = env.run_with(
             &["append", "s", "--json"],

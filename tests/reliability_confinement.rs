@@ -565,6 +565,21 @@ fn export_destinations_that_are_not_new_files_are_clear_errors() {
     let out = w.run(&["export", "s", missing.to_str().expect("utf8")], "");
     assert_eq!(code(&out), 3, "{}", stderr(&out));
     assert!(!w.base.join("missing").exists());
+    // A file where the folder should be, or above it: not a directory (6), naming it, as
+    // the docs say (it was exit 1, "stat F/x: Not a directory"); the file untouched.
+    let canary = w.canary();
+    for (dest, named) in [
+        (canary.join("x.sqlite"), "canary is not a directory"),
+        (
+            canary.join("sub").join("x.sqlite"),
+            "canary/sub is not a directory",
+        ),
+    ] {
+        let out = w.run(&["export", "s", dest.to_str().expect("utf8")], "");
+        assert_eq!(code(&out), 6, "{}", stderr(&out));
+        assert!(stderr(&out).contains(named), "{}", stderr(&out));
+    }
+    assert_eq!(std::fs::read(&canary).expect("canary"), b"canary bytes\n");
     // An existing file: exists (4), untouched.
     let out = w.run(&["export", "s", w.canary().to_str().expect("utf8")], "");
     assert_eq!(code(&out), 4, "{}", stderr(&out));

@@ -24,7 +24,12 @@ Events are dicts ``{"kind", "payload"?, "optional"?, "id"?}``; payloads are JSON
 encoded once with :func:`json.dumps` and stored as that exact text. Every call that touches
 SQLite releases the GIL, so threads run in parallel; the ``a``-prefixed methods (``aappend``,
 ``ahistory``, ``afork``, …) are the same calls run in :func:`asyncio.to_thread` for asyncio
-hosts. Errors are :class:`SessionStoreError` subclasses mirroring the Rust ``Error``; those
+hosts. Cancelling such a task (or an :func:`asyncio.wait_for` timeout) before a worker
+thread has started its call means the call never runs; once started, it runs to its end as
+it would have and only the waiting stops (``adelete`` excepted, see it). Either way a call
+is never half done: a cancelled ``aappend`` appended its whole batch or nothing (append it
+again under the same ``operation_id`` to find out: the original commit comes back, or it is
+appended now). Errors are :class:`SessionStoreError` subclasses mirroring the Rust ``Error``; those
 whose meaning is a builtin error's also subclass it, so ``except ValueError`` and the like
 catch them: :class:`InvalidInput` (and its :class:`InvalidPayload`, :class:`OperationConflict`)
 is a :class:`ValueError`, :class:`NotFound` a :class:`LookupError` (not :class:`KeyError`,
@@ -658,18 +663,25 @@ class Root:
     @_native_args
     def fork(self, session_id: str, *, after_turn: str, child: str | None = None) -> str:
         """A new session inheriting ``session_id`` up to the end of turn ``after_turn``
-        (durable prefix; copies nothing); returns its id."""
+        (durable prefix; copies nothing); returns its id. A :class:`Session` of this process
+        writing ``session_id`` is not flushed by it: call its :meth:`Session.flush` first, or
+        a turn it accepted and has not yet written is not in the durable prefix (the fork
+        raises :class:`InvalidInput` saying a flush puts it there)."""
         return self._native.fork(session_id, after_turn, None, child)
 
     @_native_args
     def rewind(self, session_id: str, *, before_turn: str, child: str | None = None) -> str:
-        """A new session holding ``session_id`` up to just before turn ``before_turn``."""
+        """A new session holding ``session_id`` up to just before turn ``before_turn``
+        (durable prefix, as :meth:`fork`: flush a :class:`Session` of this process first)."""
         return self._native.fork(session_id, None, before_turn, child)
 
     @_native_args
     def export(self, session_id: str, path: PathLike) -> dict[str, Any]:
-        """Writes the session to one self-contained file: ``{"commits", "events", "bytes"}``.
-        Raises :class:`AlreadyExists` when ``path`` exists (nothing is written)."""
+        """Writes the session's durable prefix to one self-contained file: ``{"commits",
+        "events", "bytes"}``. A :class:`Session` of this process writing ``session_id`` is
+        not flushed by it: call its :meth:`Session.flush` first, or the batches it accepted
+        and has not yet written are not in the file. Raises :class:`AlreadyExists` when
+        ``path`` exists (nothing is written)."""
         return _json_object(self._native.export(session_id, _fspath(path)))
 
     @_native_args
@@ -690,8 +702,8 @@ class Root:
     @_native_args
     def rename(self, session_id: str, title: str) -> None:
         """Sets the session's title (a ``session/title`` event written as its writer, durable
-        when this returns; :meth:`list` and :meth:`search` show it at once). A blank title
-        raises :class:`InvalidInput`; a session another writer has (a :class:`Session` of
+        when this returns; :meth:`list` and :meth:`search` show it at once). A blank title,
+        one holding NUL or one over 1,024 bytes (UTF-8) raises :class:`InvalidInput`; a session another writer has (a :class:`Session` of
         this process included: append the event there instead) raises
         :class:`WriterOwned`. The writer the adapters of this process share is closed first,
         as :meth:`delete` does (an adapter has no :class:`Session` to append through)."""

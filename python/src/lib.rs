@@ -1297,8 +1297,17 @@ impl Session {
     fn append(&self, py: Python<'_>, batch_json: &str) -> NativeResult<String> {
         let inner = self.inner(py)?;
         detached_of(py, self.id.as_str(), || {
-            let batch: Batch = serde_json::from_str(batch_json)
-                .map_err(|e| invalid_from("batch is not valid", e))?;
+            let batch: Batch =
+                serde_json::from_str(batch_json).map_err(|e| Error::InvalidInput {
+                    // The reason said plainly (a lone surrogate escape named as such).
+                    what: format!(
+                        "batch is not valid: {} at line {} column {}",
+                        session_store::json_error_reason(&e, batch_json),
+                        e.line(),
+                        e.column()
+                    ),
+                    source: None,
+                })?;
             let commit = inner.append(batch)?;
             json(&CommitSummary {
                 commit_id: &commit.commit_id,

@@ -606,6 +606,24 @@ def test_hostile_input_is_refused_and_changes_nothing(root, tmp_path):
                      operation_id="typo")
         with pytest.raises(InvalidInput, match="unknown field `turn_idd`"):
             s.append_json('{"operation_id": "typo", "turn_idd": "t", "events": [{"kind": "turn/start"}]}')
+        # An event's output-only fields are refused naming them: they were dropped, and an
+        # event given by its content_ref alone was stored with no payload.
+        with pytest.raises(InvalidInput, match=r"events\[0\]\.seq is not input"):
+            s.append([{"kind": "session/title", "payload": {"title": "t"}, "seq": 9}],
+                     operation_id="out")
+        # A lone surrogate escape in JSON text was serde_json's "unexpected end of hex
+        # escape": said as such, naming the key.
+        with pytest.raises(InvalidInput, match='the value of "id" holds a lone UTF-16 '
+                           "surrogate escape"):
+            s.append_json(r'{"operation_id": "sur", "events": [{"kind": "tool/log", '
+                          r'"optional": true, "id": "\ud800"}]}')
+        with pytest.raises(InvalidPayload, match='the value of "title" holds a lone UTF-16'):
+            s.append_json(r'{"operation_id": "sur", "events": [{"kind": "session/title", '
+                          r'"payload": {"title": "x\udcff"}}]}')
+        ref = {"digest": "ab", "bytes": 2, "media_type": "application/json"}
+        with pytest.raises(InvalidInput, match=r"events\[0\]\.content_ref is not input"):
+            s.append([{"kind": "tool/log", "optional": True, "content_ref": ref}],
+                     operation_id="out")
         assert s.sequences() == (3, 3)
     assert len(root.events("h")["commits"]) == 1
     # After any sequence there is (SQLite's integers end at 2**63 - 1): an empty page.
@@ -711,6 +729,44 @@ def test_async_variants(root, tmp_path):
 
     listed = asyncio.run(main())
     assert "as" in listed and "imp" not in listed
+
+
+def test_a_cancelled_async_call_is_never_half_done(tmp_path):
+    """As the docs say: an ``aappend`` cancelled before a worker thread started it never
+    runs (the docs said the call ran all the same); and ``export`` and ``fork`` read the
+    durable prefix, not what a Session of this process accepted and has not written."""
+    root = session_store.Root(tmp_path / "root", write_behind_ms=3_600_000)
+    s = root.create("cx")
+    release = threading.Event()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=1))
+        # The one worker is busy: the append waits in the executor's queue.
+        busy = loop.run_in_executor(None, release.wait, 10)
+        queued = asyncio.ensure_future(s.aappend(turn("t1", msg(1)), operation_id="o1",
+                                                 turn_id="t1"))
+        await asyncio.sleep(0.05)
+        queued.cancel()
+        # The executor's future is cancelled by a callback of the loop: let it run first.
+        await asyncio.sleep(0.05)
+        release.set()
+        await busy
+        with pytest.raises(asyncio.CancelledError):
+            await queued
+        await asyncio.sleep(0.05)
+
+    asyncio.run(main())
+    assert s.sequences() == (0, 0)
+    s.append(turn("t1", msg(1)), operation_id="o1", turn_id="t1")
+    assert s.sequences() == (3, 0)
+    assert root.export("cx", tmp_path / "before.export")["events"] == 0
+    with pytest.raises(InvalidInput, match="once flushed"):
+        root.fork("cx", after_turn="t1")
+    s.flush()
+    assert root.export("cx", tmp_path / "after.export")["events"] == 3
+    assert root.fork("cx", after_turn="t1")
+    s.close()
 
 
 def test_a_blocking_call_releases_the_gil(root):

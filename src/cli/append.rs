@@ -261,11 +261,10 @@ fn parse_batch(n: usize, line: &str) -> CliResult<Batch> {
     serde_json::from_str(line).map_err(|e| {
         // serde_json places the error "at line 1 column C" of the one line it was given;
         // the input's line is `n + 1`, so only the column is kept.
-        let text = e.to_string();
-        let suffix = format!(" at line {} column {}", e.line(), e.column());
-        let reason = match text.strip_suffix(&suffix) {
-            Some(reason) if e.line() > 0 => format!("{reason} (column {})", e.column()),
-            _ => text,
+        let reason = session_store::json_error_reason(&e, line);
+        let reason = match e.line() {
+            0 => reason,
+            _ => format!("{reason} (column {})", e.column()),
         };
         Failure::invalid(format!("line {}: not a batch: {reason}", n + 1))
     })

@@ -27,7 +27,8 @@ pub struct Event {
     /// Event id; empty on input means "derive one" (deterministic, see `docs/ARCHITECTURE.md`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub id: String,
-    /// Sequence number, assigned at acceptance (ignored on input).
+    /// Sequence number, assigned at acceptance: [`Session::append`](crate::Session::append)
+    /// ignores it, and a [`Batch`] deserialized with an event whose `seq` is not 0 is refused.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub seq: u64,
     /// Event kind, e.g. `message/complete`: one of
@@ -40,7 +41,9 @@ pub struct Event {
     /// The payload as JSON text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload: Option<Box<RawValue>>,
-    /// Set on events read back from storage whose payload lives in a blob.
+    /// Set on events read back from storage whose payload lives in a blob:
+    /// [`Session::append`](crate::Session::append) ignores it, and a [`Batch`] deserialized
+    /// with an event that has one is refused (the content is input as `payload`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content_ref: Option<ContentRef>,
 }
@@ -128,7 +131,8 @@ pub(crate) fn raw_json(text: String) -> Result<Box<RawValue>> {
 /// Deserialized only from an object `{"operation_id", "turn_id"?, "events": [...]}` (keys in
 /// any order): a JSON array is refused, not read as the fields in order, and so is a key
 /// the batch or one of its events does not have (a typo such as `turn_idd` or `optinal`
-/// would otherwise drop the field it meant, silently).
+/// would otherwise drop the field it meant, silently), and an event's output-only field
+/// (a `seq` other than 0, a `content_ref`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct Batch {
@@ -185,6 +189,9 @@ impl<'de> Deserialize<'de> for Batch {
             fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Batch, A::Error> {
                 let fields =
                     BatchFields::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                if let Some(refusal) = output_only_field(&fields.events) {
+                    return Err(serde::de::Error::custom(refusal));
+                }
                 Ok(Batch {
                     operation_id: fields.operation_id,
                     turn_id: fields.turn_id,
@@ -195,6 +202,28 @@ impl<'de> Deserialize<'de> for Batch {
 
         deserializer.deserialize_map(ObjectOnly)
     }
+}
+
+/// Why a deserialized batch's events are not input, if they are not: an event that came
+/// with a `seq` or a `content_ref`, fields the store sets on events it returns. Dropping
+/// them would lose what the caller meant (a `content_ref` without a `payload` would be
+/// stored with no payload at all), so the batch is refused, naming the event and field.
+fn output_only_field(events: &[Event]) -> Option<String> {
+    events.iter().enumerate().find_map(|(i, e)| {
+        if e.seq != 0 {
+            Some(format!(
+                "events[{i}].seq is not input: sequences are assigned when a batch is accepted; \
+                 remove the field"
+            ))
+        } else if e.content_ref.is_some() {
+            Some(format!(
+                "events[{i}].content_ref is not input: it names content the store already \
+                 holds; give the content itself as \"payload\""
+            ))
+        } else {
+            None
+        }
+    })
 }
 
 /// An accepted batch with its sequence range and identity. Equal commits have equal

@@ -167,19 +167,36 @@ pub(crate) struct TitlePayload {
     pub(crate) title: String,
 }
 
-/// Whether `title` is blank (empty or whitespace): refused by [`title_event`] and, on
-/// append, in a `session/title` event.
-pub(crate) fn is_blank_title(title: &str) -> bool {
-    title.trim().is_empty()
+/// Longest title, in UTF-8 bytes, that [`title_event`] and an appended `session/title`
+/// accept (a title is shown in one line of a listing and kept in the catalog).
+pub(crate) const MAX_TITLE_BYTES: usize = 1024;
+
+/// Why `title` is refused, if it is: blank (empty or whitespace), holding a NUL character
+/// (SQLite's text functions and C tools such as `sqlite3` end a string there), or longer
+/// than [`MAX_TITLE_BYTES`]. Refused by [`title_event`] and, on append, in a
+/// `session/title` event; a stored one still folds.
+pub(crate) fn title_problem(title: &str) -> Option<String> {
+    if title.trim().is_empty() {
+        Some("a title must not be blank".to_owned())
+    } else if title.contains('\0') {
+        Some("a title must not contain a NUL character (\\0)".to_owned())
+    } else if title.len() > MAX_TITLE_BYTES {
+        Some(format!(
+            "a title must be at most {MAX_TITLE_BYTES} bytes (UTF-8), this one is {}",
+            title.len()
+        ))
+    } else {
+        None
+    }
 }
 
 /// The `session/title` event that renames a session to `title`.
 ///
 /// # Errors
-/// [`Error::InvalidInput`] for a blank title.
+/// [`Error::InvalidInput`] for a title [`title_problem`] refuses.
 pub(crate) fn title_event(title: &str) -> Result<Event> {
-    if is_blank_title(title) {
-        return Err(Error::invalid("a title must not be blank"));
+    if let Some(problem) = title_problem(title) {
+        return Err(Error::invalid(problem));
     }
     Event::new(crate::model::kind::SESSION_TITLE).with_payload(&TitlePayload {
         title: title.to_owned(),
@@ -395,28 +412,98 @@ pub(crate) fn decode<T: DeserializeOwned>(event: &Event) -> Result<T> {
     let text = event
         .payload_str()
         .ok_or_else(|| bad(&event.kind, "payload is required"))?;
-    serde_json::from_str(text).map_err(|e| bad(&event.kind, payload_json_error(&e)))
+    serde_json::from_str(text).map_err(|e| bad(&event.kind, payload_json_error(&e, text)))
 }
 
 /// The reason a payload's text does not fit its schema, with the position serde_json gives
 /// said to be in the payload: its bare "at line 1 column 60" read as a line of the
 /// caller's own input (`append` names the input line before it).
-fn payload_json_error(e: &serde_json::Error) -> String {
-    let text = e.to_string();
-    if e.line() == 0 {
-        return text;
-    }
-    let suffix = format!(" at line {} column {}", e.line(), e.column());
-    let message = text.strip_suffix(&suffix).unwrap_or(&text);
-    if e.line() == 1 {
-        format!("{message} (column {} of the payload)", e.column())
-    } else {
-        format!(
-            "{message} (line {} column {} of the payload)",
-            e.line(),
+fn payload_json_error(e: &serde_json::Error, text: &str) -> String {
+    let message = json_error_reason(e, text);
+    match e.line() {
+        0 => message,
+        1 => format!("{message} (column {} of the payload)", e.column()),
+        line => format!(
+            "{message} (line {line} column {} of the payload)",
             e.column()
-        )
+        ),
     }
+}
+
+/// What serde_json found wrong in the JSON `text` it was parsing (error `e`), without its
+/// "at line L column C" (the caller says where, in its own terms). A lone UTF-16
+/// surrogate escape (`"\ud800"`: serde_json says "unexpected end of hex escape" or "lone
+/// leading surrogate in hex escape", its only uses of either) is said as such, naming
+/// the key whose value holds it.
+///
+/// ```
+/// let text = r#"{"title": "\ud800"}"#;
+/// let e = serde_json::from_str::<serde_json::Value>(text).unwrap_err();
+/// assert_eq!(
+///     session_store::json_error_reason(&e, text),
+///     r#"the value of "title" holds a lone UTF-16 surrogate escape (\ud800-\udfff not in a high-low pair), which is not valid Unicode"#
+/// );
+/// ```
+pub fn json_error_reason(e: &serde_json::Error, text: &str) -> String {
+    let full = e.to_string();
+    let suffix = format!(" at line {} column {}", e.line(), e.column());
+    let message = full.strip_suffix(&suffix).unwrap_or(&full);
+    if message != "unexpected end of hex escape"
+        && message != "lone leading surrogate in hex escape"
+    {
+        return message.to_owned();
+    }
+    let place = match key_of_string_at(text, e.line(), e.column()) {
+        Some(key) => format!("the value of {}", crate::quoted(&key)),
+        None => "a string".to_owned(),
+    };
+    format!(
+        "{place} holds a lone UTF-16 surrogate escape (\\ud800-\\udfff not in a high-low \
+         pair), which is not valid Unicode"
+    )
+}
+
+/// The key of the object member whose string value is open at 1-based `line` and
+/// `column` (bytes) of `text`, when that string is a member's value; `None` otherwise.
+/// Read backwards from there: the string's opening quote (one no odd run of backslashes
+/// escapes), which must hold a surrogate escape, a `:`, then the key's quoted text.
+fn key_of_string_at(text: &str, line: usize, column: usize) -> Option<String> {
+    let start = text
+        .split_inclusive('\n')
+        .take(line.checked_sub(1)?)
+        .map(str::len)
+        .sum::<usize>();
+    // serde_json's column is the byte it stopped at (past the escape): not looked at.
+    let end = (start + column.checked_sub(1)?).min(text.len());
+    let bytes = text.as_bytes();
+    let unescaped_quote = |at: usize| {
+        bytes[at] == b'"'
+            && bytes[..at]
+                .iter()
+                .rev()
+                .take_while(|b| **b == b'\\')
+                .count()
+                % 2
+                == 0
+    };
+    let open = (0..end).rev().find(|&i| unescaped_quote(i))?;
+    // The string found holds a surrogate escape, or the position was not in `text` (one
+    // serde_json gives of a nested text a type parses on its own).
+    let held = text[open..end].to_ascii_lowercase();
+    let surrogate = held
+        .match_indices("\\ud")
+        .any(|(i, _)| matches!(held.as_bytes().get(i + 3), Some(b'8'..=b'9' | b'a'..=b'f')));
+    if !surrogate {
+        return None;
+    }
+    let before = text[..open].trim_end();
+    let before = before.strip_suffix(':')?.trim_end();
+    let key_end = before.len().checked_sub(1)?;
+    if !unescaped_quote(key_end) {
+        return None;
+    }
+    let key_open = (0..key_end).rev().find(|&i| unescaped_quote(i))?;
+    serde_json::from_str(&text[key_open..=key_end]).ok()
 }
 
 /// Refuses a blank id.

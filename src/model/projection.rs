@@ -20,7 +20,7 @@ use crate::model::payload::{
     AttemptPayload, ConfigPayload, InteractionCreatedPayload, InteractionResolvedPayload,
     LegacyImport, MessagePayload, MessagesPayload, RecoveryStatus, StepPayload, TitlePayload, Todo,
     TodoPayload, ToolCallPayload, ToolResultPayload, ToolStartPayload, TurnEndPayload,
-    UsagePayload, bad, decode, is_blank_title, json_object, one_of, required_id,
+    UsagePayload, bad, decode, json_object, one_of, required_id, title_problem,
 };
 use crate::model::transcript_index::{MessageKey, TranscriptIndex, message_key};
 use crate::model::usage::{Usage, UsageRecord};
@@ -357,17 +357,18 @@ fn check_replacements(prepared: &PreparedFold) -> Result<()> {
     Ok(())
 }
 
-/// Refuses a blank `session/title` (as `rename` does: a blank title would hide the
-/// session's preview in listings). A stored one still folds.
+/// Refuses a `session/title` that `rename` refuses ([`title_problem`]: blank, which would
+/// hide the session's preview in listings, holding NUL, or too long). A stored one still
+/// folds.
 ///
 /// # Errors
 /// [`Error::InvalidPayload`] for `session/title`.
 fn check_titles(prepared: &PreparedFold) -> Result<()> {
     for p in &prepared.events {
         if let Parsed::Title(title) = p
-            && is_blank_title(title)
+            && let Some(problem) = title_problem(title)
         {
-            return Err(bad(kind::SESSION_TITLE, "a title must not be blank"));
+            return Err(bad(kind::SESSION_TITLE, problem));
         }
     }
     Ok(())
@@ -881,11 +882,14 @@ mod tests {
         assert!(fold(vec![Event::new("future/kind").optional()], None).is_ok());
     }
 
-    /// A blank title is refused on append only: a stored log holding one (written before
-    /// the rule) still folds, so such files open, replay and verify.
+    /// A blank title, one holding NUL or one over `MAX_TITLE_BYTES` is refused on append
+    /// only (the last two were accepted, a megabyte of title included): a stored log
+    /// holding one (written before the rule) still folds, so such files open, replay and
+    /// verify.
     #[test]
-    fn a_blank_title_is_refused_on_append_and_folded_when_stored() {
-        for blank in ["", "  ", "\n\t"] {
+    fn a_bad_title_is_refused_on_append_and_folded_when_stored() {
+        let long = "t".repeat(crate::model::payload::MAX_TITLE_BYTES + 1);
+        for blank in ["", "  ", "\n\t", "a\0b", long.as_str()] {
             let events = vec![ev("session/title", json!({ "title": blank }))];
             let p = Projection::default();
             let prepared = p.prepare(&events).unwrap();
@@ -897,10 +901,13 @@ mod tests {
             assert_eq!(fold(events, None).unwrap().title, blank);
         }
         let p = Projection::default();
-        let named = p
-            .prepare(&[ev("session/title", json!({"title": " a "}))])
-            .unwrap();
-        assert!(p.check_append(&named).is_ok());
+        let most = "é".repeat(crate::model::payload::MAX_TITLE_BYTES / 2);
+        for good in [" a ", "a\tb", most.as_str()] {
+            let named = p
+                .prepare(&[ev("session/title", json!({ "title": good }))])
+                .unwrap();
+            assert!(p.check_append(&named).is_ok(), "{good:?}");
+        }
     }
 
     #[test]

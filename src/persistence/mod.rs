@@ -717,7 +717,8 @@ impl Root {
     /// `list` shows it at once.
     ///
     /// # Errors
-    /// [`Error::InvalidInput`] for a blank title (nothing changes);
+    /// [`Error::InvalidInput`] for a blank title, one holding NUL or one over 1,024 bytes
+    /// (nothing changes);
     /// [`Error::SessionNotFound`]; [`Error::WriterOwned`] when another writer has it; as
     /// [`Session::append`] and [`Session::close`].
     pub fn rename(&self, id: &SessionId, title: &str) -> Result<()> {

@@ -146,7 +146,9 @@ fn export_destination(dest: &Path) -> Result<(PathBuf, PathBuf)> {
                 }
             )));
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        // Nothing there: no such entry, or a part of the path above it is a file (its
+        // folder is then refused below, naming it).
+        Err(e) if crate::store::schema::is_missing(&e) => {}
         Err(e) => return Err(Error::io(format!("stat {}", dest.display()), e)),
     }
     let name = dest.file_name().ok_or_else(|| {
@@ -159,8 +161,16 @@ fn export_destination(dest: &Path) -> Result<(PathBuf, PathBuf)> {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let folder = std::fs::canonicalize(folder)
-        .map_err(|e| Error::io(format!("export folder {}", folder.display()), e))?;
+    let folder = std::fs::canonicalize(folder).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotADirectory {
+            Error::invalid(format!(
+                "export folder {} is not a directory (a part of its path is a file)",
+                folder.display()
+            ))
+        } else {
+            Error::io(format!("export folder {}", folder.display()), e)
+        }
+    })?;
     if !folder.is_dir() {
         return Err(Error::invalid(format!(
             "export folder {} is not a directory",

@@ -784,7 +784,8 @@ impl Service {
     /// waits; a rename racing a close waits for the close and renames the closed session).
     ///
     /// # Errors
-    /// [`Error::InvalidInput`] for a blank title; [`Error::SessionNotFound`];
+    /// [`Error::InvalidInput`] for a blank title, one holding NUL or one over 1,024 bytes;
+    /// [`Error::SessionNotFound`];
     /// [`Error::WriterOwned`] when another process writes it; as [`Session::append`].
     pub async fn rename(&self, r: &SessionRef, title: &str) -> Result<()> {
         self.check_ref(r)?;

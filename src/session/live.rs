@@ -334,7 +334,8 @@ impl Session {
     /// fresh operation id). The title shows in the projection at once.
     ///
     /// # Errors
-    /// [`Error::InvalidInput`] for a blank title; as [`Session::append`].
+    /// [`Error::InvalidInput`] for a blank title, one holding NUL or one over 1,024 bytes;
+    /// as [`Session::append`].
     pub fn rename(&self, title: &str) -> Result<Arc<Commit>> {
         let event = crate::model::payload::title_event(title)?;
         self.append_events(&format!("title-{}", random_hex()), vec![event])
