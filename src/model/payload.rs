@@ -489,14 +489,15 @@ fn key_of_string_at(text: &str, line: usize, column: usize) -> Option<String> {
     let open = (0..end).rev().find(|&i| unescaped_quote(i))?;
     // The string found holds a surrogate escape, or the position was not in `text` (one
     // serde_json gives of a nested text a type parses on its own).
-    let held = text[open..end].to_ascii_lowercase();
+    // A position of another text may fall inside a character of this one.
+    let held = text.get(open..end)?.to_ascii_lowercase();
     let surrogate = held
         .match_indices("\\ud")
         .any(|(i, _)| matches!(held.as_bytes().get(i + 3), Some(b'8'..=b'9' | b'a'..=b'f')));
     if !surrogate {
         return None;
     }
-    let before = text[..open].trim_end();
+    let before = text.get(..open)?.trim_end();
     let before = before.strip_suffix(':')?.trim_end();
     let key_end = before.len().checked_sub(1)?;
     if !unescaped_quote(key_end) {
@@ -549,6 +550,19 @@ mod tests {
 
     use super::*;
     use crate::model::kind::{INTERACTION_UNAVAILABLE, TOOL_RESULT_UNKNOWN, TURN_INTERRUPTED};
+
+    /// A position serde_json gave of another text (a message parsed on its own) can fall
+    /// inside a character of this one: the key is not named, nothing panics (slicing there
+    /// panicked).
+    #[test]
+    fn a_position_inside_a_character_names_no_key() {
+        let text = r#"{"k": "é\ud800"}"#;
+        for column in 1..=text.len() + 2 {
+            let _ = key_of_string_at(text, 1, column);
+        }
+        assert_eq!(key_of_string_at(text, 1, 10), None);
+        assert_eq!(key_of_string_at(text, 1, 16).as_deref(), Some("k"));
+    }
 
     /// The payloads the library writes serialize to the bytes the `json!` objects of
     /// earlier builds gave, so files written before and after compare equal.
