@@ -221,7 +221,7 @@ fn long_words_from_a_session_never_make_a_page_wider_than_the_window() {
     let batch = serde_json::json!({
         "operation_id": "wide",
         "events": [
-            {"kind": "session/title", "payload": {"title": format!("needle {word}")}},
+            {"kind": "session/title", "payload": {"title": format!("needle {}", &word[..1_000])}},
             {"kind": "message/complete", "payload": {"message": {
                 "id": "i".repeat(2_000), "role": "user", "content": format!("needle {word} tail")}}},
             {"kind": "message/complete", "payload": {"message": {
