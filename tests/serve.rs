@@ -337,6 +337,11 @@ fn ids_digests_and_routes_are_validated() {
 const HOSTILE: &str = "\u{1b}[2J\u{7}\u{9b}31m\u{0}<script>document.title='pwned'</script><img src=x onerror=alert(1)> \
                        <a href=\"javascript:alert(2)\">click</a> [x](javascript:alert(3)) \"q' &amp;";
 
+/// [`HOSTILE`] as a title: without its NUL, which a title may not hold.
+fn hostile_title() -> String {
+    HOSTILE.replace('\0', "")
+}
+
 /// A session full of hostile strings: title, cwd, role, message ids, tool call names and
 /// arguments, tool output, and a fork with a hostile turn id.
 fn hostile_root() -> (tempfile::TempDir, std::path::PathBuf) {
@@ -363,7 +368,7 @@ fn hostile_root() -> (tempfile::TempDir, std::path::PathBuf) {
                             "function": {"name": "<img src=x onerror=alert(6)>", "arguments": HOSTILE}}]}})),
                     event("message/complete", json!({"message": {"id": "tool1", "role": "tool",
                         "tool_call_id": "c<1>", "content": HOSTILE.repeat(40)}})),
-                    event("session/title", json!({"title": HOSTILE})),
+                    event("session/title", json!({"title": hostile_title()})),
                     event("turn/end", json!({"status": "completed"})),
                 ],
             )
@@ -423,7 +428,13 @@ fn hostile_content_is_escaped_everywhere() {
             .chars()
             .find(|c| c.is_control() && !matches!(c, '\n' | '\r' | '\t'));
         assert_eq!(raw, None, "{path}: a raw control character in {page:?}");
-        if path == "/" || path == "/sessions/hostile" {
+        if path == "/" {
+            assert!(
+                page.contains("\\u{1b}[2J\\u{7}\\u{9b}31m&lt;script&gt;"),
+                "{path}: {page}"
+            );
+        }
+        if path == "/sessions/hostile" {
             assert!(
                 page.contains("\\u{1b}[2J\\u{7}\\u{9b}31m\\u{0}&lt;script&gt;"),
                 "{path}: {page}"
@@ -448,7 +459,7 @@ fn hostile_content_is_escaped_everywhere() {
         api.header("content-type")
             .is_some_and(|t| t.starts_with("application/json"))
     );
-    assert_eq!(api.json()["entry"]["title"], HOSTILE);
+    assert_eq!(api.json()["entry"]["title"], hostile_title().as_str());
 }
 
 #[test]
