@@ -116,6 +116,17 @@ impl Failure {
     }
 }
 
+/// `error` as the CLI reports it: one not otherwise classified (exit 1: a failed write, a
+/// root that takes no files) prefixed with `what` was being done, which its own text may
+/// not say; a classified one as it is.
+pub fn in_context(error: Error, what: impl fmt::Display) -> CliError {
+    if library_code(&error) == EXIT_OTHER {
+        Failure::context(what, &error)
+    } else {
+        error.into()
+    }
+}
+
 /// The exit status of a library error, through its classifiers (the table is in
 /// `docs/ARCHITECTURE.md`, "Public API: errors").
 pub fn library_code(error: &Error) -> u8 {

@@ -17,7 +17,7 @@ use session_store::{
 use super::interrupt::Interrupt;
 use super::{
     CliError, CliResult, Context, EXIT_NOT_FOUND, EXIT_OTHER, Failure, block_on, count, exit_code,
-    human_bytes, is_broken_pipe, print_json, printable, session_id, spinner,
+    human_bytes, in_context, is_broken_pipe, print_json, printable, session_id, spinner,
 };
 
 /// Characters of a payload or message shown on one line of human output.
@@ -631,12 +631,10 @@ pub fn export(cx: &Context, id: &str, file: &Path) -> CliResult<()> {
         if matches!(e, Error::Cancelled) {
             let what = format!("nothing was written to {}", file.display());
             interrupt.failure(e.into(), &what)
-        } else if super::library_code(&e) == EXIT_OTHER {
+        } else {
             // A failed write (a full disk, a folder that takes no files) named only the
             // temporary file SQLite was given, or nothing at all.
-            Failure::context(format!("export {id} to {}", file.display()), &e)
-        } else {
-            e.into()
+            in_context(e, format!("export {id} to {}", file.display()))
         }
     })?;
     if cx.json {
@@ -730,14 +728,9 @@ pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
     let bar = spinner("collecting old sessions");
     let collected = root.gc(options);
     bar.finish_and_clear();
-    let report = collected.map_err(|e| -> CliError {
-        if super::library_code(&e) == EXIT_OTHER {
-            // A root that cannot be written: what was being done, then where and why.
-            Failure::context(format!("collect old sessions of {}", cx.root.display()), &e)
-        } else {
-            e.into()
-        }
-    })?;
+    // A root that cannot be written: what was being done, then where and why.
+    let report = collected
+        .map_err(|e| in_context(e, format!("collect old sessions of {}", cx.root.display())))?;
     if cx.json {
         print_json(&report)?;
     } else {
@@ -979,15 +972,10 @@ pub fn rebuild_catalog(cx: &Context) -> CliResult<()> {
     let bar = spinner("rebuilding the catalog");
     let rebuilt = root.rebuild_catalog();
     bar.finish_and_clear();
-    let report = rebuilt.map_err(|e| -> CliError {
-        if super::library_code(&e) == EXIT_OTHER {
-            // SQLite's "attempt to write a readonly database" named neither the root nor
-            // what was being done.
-            Failure::context(format!("rebuild the catalog of {}", cx.root.display()), &e)
-        } else {
-            e.into()
-        }
-    })?;
+    // SQLite's "attempt to write a readonly database" named neither the root nor what was
+    // being done.
+    let report = rebuilt
+        .map_err(|e| in_context(e, format!("rebuild the catalog of {}", cx.root.display())))?;
     report_skipped(&report.skipped);
     if cx.json {
         print_json(&report)
