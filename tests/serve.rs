@@ -578,11 +578,23 @@ fn remote_addresses_need_allow_remote_and_then_a_token() {
 fn a_loopback_server_answers_only_to_loopback_host_names() {
     let (_dir, root) = demo_root();
     let server = Server::start(&root, &[]);
-    for host in ["example.test", "example.test:80", "127.0.0.1.example.test"] {
+    for host in [
+        "example.test",
+        "example.test:80",
+        "127.0.0.1.example.test",
+        "localhost.example.test",
+        "evillocalhost",
+    ] {
         let reply = server.get_with("/api/sessions", &[("host", host)]);
         assert_eq!(reply.status, 421, "{host}");
     }
-    for host in ["localhost", "127.0.0.1:1234", "[::1]:80"] {
+    for host in [
+        "localhost",
+        "127.0.0.1:1234",
+        "[::1]:80",
+        "localhost.:1234",
+        "app.localhost",
+    ] {
         assert_eq!(
             server.get_with("/api/sessions", &[("host", host)]).status,
             200,

@@ -85,14 +85,21 @@ fn requested_host(request: &Request) -> Result<Option<String>, Problem> {
         .ok_or_else(|| Problem::bad_request("the Host header is no host[:port]"))
 }
 
-/// Whether `host` (a host without its port) names a loopback host (`localhost`,
-/// `127.x.y.z`, `[::1]`).
+/// Whether `host` (a host without its port) names a loopback host: `localhost` or a name
+/// under it (RFC 6761 §6.3 reserves `*.localhost` for loopback; browsers resolve it there
+/// without asking DNS, so no rebinding can point it elsewhere), each also in its absolute
+/// form with a trailing dot, `127.x.y.z` or `[::1]`.
 fn loopback_host(host: &str) -> bool {
     let name = host
         .strip_prefix('[')
         .and_then(|v6| v6.strip_suffix(']'))
         .unwrap_or(host);
-    name.eq_ignore_ascii_case("localhost")
+    let mut labels = name.strip_suffix('.').unwrap_or(name).rsplit('.');
+    let under_localhost = labels
+        .next()
+        .is_some_and(|last| last.eq_ignore_ascii_case("localhost"))
+        && labels.all(|label| !label.is_empty());
+    under_localhost
         || name
             .parse::<std::net::IpAddr>()
             .is_ok_and(|ip| ip.is_loopback())
@@ -279,6 +286,14 @@ mod tests {
         assert!(host("[::1]:80"));
         assert!(host("[::1]"));
         assert!(host("localhost:"));
+        assert!(host("localhost.:8080"));
+        assert!(host("app.LOCALHOST:8080"));
+        assert!(host("a.b.localhost."));
+        assert!(!host("notlocalhost:8080"));
+        assert!(!host(".localhost"));
+        assert!(!host("localhost.evil.example"));
+        assert!(!host("localhost..:1"));
+        assert!(!host("a..localhost"));
         assert!(!host("evil.example:8080"));
         assert!(!host("10.0.0.1"));
         assert!(!host("127.0.0.1.evil.example"));
