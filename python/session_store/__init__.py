@@ -365,6 +365,10 @@ class Session:
         """:meth:`append` in a worker thread."""
         return await _to_thread(self.append, events, operation_id=operation_id, turn_id=turn_id)
 
+    async def aappend_json(self, batch: str) -> dict[str, Any]:
+        """:meth:`append_json` in a worker thread."""
+        return await _to_thread(self.append_json, batch)
+
     async def aflush(self) -> int:
         """:meth:`flush` in a worker thread."""
         return await _to_thread(self.flush)
@@ -443,6 +447,22 @@ class SessionReader:
     def turns(self) -> list[dict[str, Any]]:
         """:meth:`Root.turns` of this session."""
         return self._root.turns(self.id)
+
+    async def ahistory(self, cursor: str | None = None, limit: int = 100) -> dict[str, Any]:
+        """:meth:`history` in a worker thread."""
+        return await _to_thread(self.history, cursor, limit)
+
+    async def atranscript(self) -> list[dict[str, Any]]:
+        """:meth:`transcript` in a worker thread."""
+        return await _to_thread(self.transcript)
+
+    async def aevents(self, after: int = 0, limit: int = 1000) -> dict[str, Any]:
+        """:meth:`events` in a worker thread."""
+        return await _to_thread(self.events, after, limit)
+
+    async def aturns(self) -> list[dict[str, Any]]:
+        """:meth:`turns` in a worker thread."""
+        return await _to_thread(self.turns)
 
     def __repr__(self) -> str:
         return f"<session_store.SessionReader {self.id!r}>"
@@ -813,6 +833,24 @@ class Root:
     async def atranscript(self, session_id: str) -> builtins.list[dict[str, Any]]:
         """:meth:`transcript` in a worker thread."""
         return await _to_thread(self.transcript, session_id)
+
+    async def aevents(
+        self, session_id: str, after: int = 0, limit: int = 1000
+    ) -> dict[str, Any]:
+        """:meth:`events` in a worker thread."""
+        return await _to_thread(self.events, session_id, after, limit)
+
+    async def aturns(self, session_id: str) -> builtins.list[dict[str, Any]]:
+        """:meth:`turns` in a worker thread."""
+        return await _to_thread(self.turns, session_id)
+
+    async def aread_content(self, session_id: str, digest: str) -> bytes:
+        """:meth:`read_content` in a worker thread."""
+        return await _to_thread(self.read_content, session_id, digest)
+
+    async def awriter_owner(self, session_id: str) -> dict[str, Any] | None:
+        """:meth:`writer_owner` in a worker thread."""
+        return await _to_thread(self.writer_owner, session_id)
 
     async def afork(self, session_id: str, *, after_turn: str, child: str | None = None) -> str:
         """:meth:`fork` in a worker thread."""

@@ -393,6 +393,14 @@ class SessionStoreSession:
         """The session's durable log (every item ever added, pops and clears included)."""
         return self.root.events(self.store_id, after=after, limit=limit)
 
+    async def ahistory(self) -> list[dict[str, Any]]:
+        """:meth:`history` in a worker thread."""
+        return await _to_thread(self.history)
+
+    async def aevents(self, after: int = 0, limit: int = 1000) -> dict[str, Any]:
+        """:meth:`events` in a worker thread."""
+        return await _to_thread(self.events, after, limit)
+
     def fork(
         self, after_item: int | str, new_session_id: str | None = None
     ) -> SessionStoreSession:

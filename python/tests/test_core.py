@@ -731,6 +731,51 @@ def test_async_variants(root, tmp_path):
     assert "as" in listed and "imp" not in listed
 
 
+def test_every_blocking_read_has_an_async_variant(root):
+    # events, turns, read_content and writer_owner had none (nor SessionReader's history,
+    # transcript, events and turns, nor the agents adapter's history and events), while
+    # history, transcript, list, search and the others had theirs.
+    from session_store.agents import SessionStoreSession
+
+    no_io = {"reader", "iter_sessions", "path", "id", "root", "sequences", "transcript"}
+    for cls, skip in [
+        (session_store.Root, {"reader", "iter_sessions", "path"}),
+        (session_store.SessionReader, {"id"}),
+        (session_store.Session, no_io),  # sequences and transcript are in memory
+        (SessionStoreSession, {"get_items_sync", "add_items_sync", "pop_item_sync",
+                               "clear_session_sync", "get_items", "add_items", "pop_item",
+                               "clear_session"}),
+    ]:
+        names = {n for n in vars(cls) if not n.startswith("_") and callable(getattr(cls, n))}
+        for name in names - skip:
+            if name.startswith("a") and name[1:] in names:
+                continue
+            assert f"a{name}" in names, f"{cls.__name__}.{name} has no a{name}"
+
+    async def main():
+        with root.create("r") as s:
+            s.append(turn("t1", msg(1, content="x" * 100_000)), operation_id="o1", turn_id="t1")
+            s.flush()
+            assert await root.awriter_owner("r") == root.writer_owner("r") is not None
+        assert await root.awriter_owner("r") is None
+        assert await root.aevents("r", after=1, limit=2) == root.events("r", after=1, limit=2)
+        assert await root.aturns("r") == root.turns("r")
+        digest = root.history("r")["messages"][0]["content_ref"]["digest"]
+        assert await root.aread_content("r", digest) == root.read_content("r", digest)
+        reader = root.reader("r")
+        assert await reader.ahistory(limit=1) == reader.history(limit=1)
+        assert await reader.atranscript() == reader.transcript()
+        assert await reader.aevents(1) == reader.events(1)
+        assert await reader.aturns() == reader.turns()
+        adapter = SessionStoreSession("ag", root)
+        await adapter.add_items([{"role": "user", "content": "hi"}])
+        assert await adapter.ahistory() == adapter.history()
+        assert await adapter.aevents() == adapter.events()
+        await adapter.aclose()
+
+    asyncio.run(main())
+
+
 def test_a_cancelled_async_call_is_never_half_done(tmp_path):
     """As the docs say: an ``aappend`` cancelled before a worker thread started it never
     runs (the docs said the call ran all the same); and ``export`` and ``fork`` read the
