@@ -538,7 +538,7 @@ class Root:
         since: datetime | None = None,
         title: str | None = None,
         origin: str | None = None,
-        sort: str = "id",
+        sort: str | None = None,
         cached_only: bool = False,
     ) -> dict[str, Any]:
         """One page of sessions: ``{"sessions", "next_cursor", "skipped",
@@ -553,7 +553,7 @@ class Root:
         :class:`datetime.datetime`), ``title`` (the title contains it, ASCII letters
         compared without case), ``origin`` (``"new"``, ``"fork"``, ``"rewind"``,
         ``"canonical-import"`` or ``"legacy-import"``). ``sort`` is ``"id"`` (ascending),
-        ``"updated"`` or ``"created"`` (newest first); ``cached_only`` serves a filtered
+        ``"updated"`` or ``"created"`` (newest first; None is ``"id"``); ``cached_only`` serves a filtered
         or sorted page from the catalog as last refreshed (cheaper on a big root; a
         session changed since may be out of place). An unknown ``origin`` or ``sort``, or
         a cursor of another order, raises :class:`InvalidInput`."""
@@ -565,7 +565,7 @@ class Root:
                 _epoch_ms(since),
                 title,
                 origin,
-                sort,
+                "id" if sort is None else sort,
                 cached_only,
             )
         )
@@ -578,7 +578,7 @@ class Root:
         since: datetime | None = None,
         title: str | None = None,
         origin: str | None = None,
-        sort: str = "id",
+        sort: str | None = None,
     ) -> Iterator[dict[str, Any]]:
         """Every session summary of the root passing the filters (those of :meth:`list`),
         page by page."""
@@ -785,7 +785,7 @@ class Root:
         since: datetime | None = None,
         title: str | None = None,
         origin: str | None = None,
-        sort: str = "id",
+        sort: str | None = None,
         cached_only: bool = False,
     ) -> dict[str, Any]:
         """:meth:`list` in a worker thread."""

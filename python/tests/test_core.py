@@ -158,6 +158,10 @@ def test_list_filters_and_sorts_as_the_library_and_the_cli_do(root, tmp_path, mo
     assert ids(origin="fork") == []
     assert ids(sort="created") == ["c", "b", "a"]
     assert ids(sort="updated", cwd="proj") == ["c", "b"]
+    # None is the default order, as for the other optional parameters (it was a TypeError).
+    assert ids(sort=None) == ids() == ["a", "b", "c"]
+    assert [s["session_ref"]["session_id"] for s in root.iter_sessions(sort=None)] == ids()
+    assert asyncio.run(root.alist(sort=None)) == root.list()
     assert ids(since=datetime.now(timezone.utc) + timedelta(hours=1)) == []
     assert ids(since=datetime.now(timezone.utc) - timedelta(hours=1)) == ["a", "b", "c"]
     assert ids(sort="created", cached_only=True) == ["c", "b", "a"]
