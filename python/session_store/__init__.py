@@ -634,7 +634,8 @@ class Root:
         those it inherits), ``cwd`` (sessions created with that working directory, made
         absolute as :meth:`list` makes it),
         ``since`` (messages committed at or after it: a timezone-aware
-        :class:`datetime.datetime`), ``role`` (``user``, ``assistant``, ``tool``, …;
+        :class:`datetime.datetime`; commit times are whole milliseconds, so a message
+        committed in the millisecond holding ``since`` is found), ``role`` (``user``, ``assistant``, ``tool``, …;
         ``title`` for titles; compared ignoring ASCII case). A malformed query or a blank
         ``role`` raises :class:`InvalidInput` with the reason.
         """

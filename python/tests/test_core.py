@@ -1096,6 +1096,14 @@ def test_search_finds_words_with_filters_and_pages(root):
     assert root.search("harbour", since=later)["hits"] == []
     earlier = datetime.now(timezone.utc) - timedelta(hours=1)
     assert len(root.search("harbour", since=earlier)["hits"]) == 3
+    # A commit time is kept in whole milliseconds, cut down (a commit at T.9 ms is T): a
+    # `since` inside that millisecond may be before the commit, so it finds the hit (since
+    # is cut down as well; rounded up, it lost it), and the next millisecond does not.
+    at = datetime.fromtimestamp(m1["time_ms"] / 1000, timezone.utc)
+    within = at + timedelta(microseconds=999)
+    assert "m1" in {h["message_id"] for h in root.search("harbour", since=within)["hits"]}
+    after = at + timedelta(milliseconds=1)
+    assert "m1" not in {h["message_id"] for h in root.search("harbour", since=after)["hits"]}
 
     # One hit a page, every hit once.
     seen, cursor = [], None
