@@ -487,7 +487,9 @@ class SessionStoreSession:
     def _open_writer(self) -> Session:
         """The shared writer (held ``self._lock``), opened or created at first use."""
         if not self._release.alive:
-            raise Closed("session runtime is closed")
+            # Named as the core Session's Closed names its session.
+            name = json.dumps(self.store_id, ensure_ascii=False)
+            raise Closed(f"session {name}: session runtime is closed")
         shared = self._shared
         if shared.session is None:
             try:

@@ -411,6 +411,11 @@ def test_errors_of_a_session_name_it(root):
     with pytest.raises(Closed) as closed:
         writer.append(turn("t", msg(1)), operation_id="late")
     assert str(closed.value) == 'session "chat 1": session runtime is closed'
+    adapter = SessionStoreSession("chat 1", root)
+    adapter.close()
+    with pytest.raises(Closed) as closed:
+        adapter.add_items_sync([{"role": "user"}])
+    assert str(closed.value) == 'session "chat 1": session runtime is closed'
     fill(root, "damaged", 2).close()
     with open(os.path.join(root.path, "damaged", "session.sqlite"), "r+b") as f:
         f.write(b"not a database" * 100)
