@@ -419,6 +419,11 @@ class SessionReader:
             self._native_reader = self._root._native.reader(self.id)
         return self._native_reader
 
+    def _drop_connections(self) -> None:
+        """Closes the kept read connections (their file descriptors); the next read opens
+        them again."""
+        self._native_reader = None
+
     @_native_args
     def messages(self, limit: int | None = None) -> list[dict[str, Any]]:
         """The newest ``limit`` messages of the durable transcript (all when None), oldest

@@ -452,9 +452,11 @@ class SessionStoreSession:
 
     def close(self) -> None:
         """Ends this adapter's use of the session; the writer lock is released when no other
-        adapter of the same session in this process still uses it. Everything is already
-        durable. Later changes through this adapter raise :class:`session_store.Closed`."""
+        adapter of the same session in this process still uses it, and its read connections
+        are closed. Everything is already durable. Later changes through this adapter raise
+        :class:`session_store.Closed`; reads still answer (opening connections again)."""
         self._release()
+        self._reader._drop_connections()
 
     async def aclose(self) -> None:
         """:meth:`close` in a worker thread."""
