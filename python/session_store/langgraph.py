@@ -63,6 +63,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from . import (
+    AlreadyExists,
     InvalidInput,
     NotFound,
     PathLike,
@@ -666,11 +667,18 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                 return
             if not turns:
                 return
-            self.root.fork(
-                session_id_of(source),
-                after_turn=turns[-1]["turn_id"],
-                child=session_id_of(str(target_thread_id)),
-            )
+            target = str(target_thread_id)
+            try:
+                self.root.fork(
+                    session_id_of(source),
+                    after_turn=turns[-1]["turn_id"],
+                    child=session_id_of(target),
+                )
+            except AlreadyExists:
+                # The store's message named the session only ("session lg-b already exists").
+                raise AlreadyExists(
+                    f"thread {target!r} already exists (session {session_id_of(target)})"
+                ) from None
 
     def _hide(self, thread_id: str, doomed: builtins.list[builtins.list[str]]) -> None:
         if doomed:

@@ -247,6 +247,9 @@ def test_copy_thread_is_a_fork_of_the_session(root, saver) -> None:
     )
     assert summary["origin"] == "fork"
     assert summary["parent_id"] == session_id_of("src")
+    # A target that exists is named as the thread it is (the message named only "lg-dst").
+    with pytest.raises(session_store.AlreadyExists, match="^thread 'dst' already exists"):
+        saver.copy_thread("src", "dst")
 
     # The copy continues on its own; the source is unchanged.
     g.invoke({"messages": [HumanMessage(content="only in dst")]}, config("dst"))
