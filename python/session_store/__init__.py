@@ -50,7 +50,7 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
@@ -806,6 +806,28 @@ class Root:
             sort=sort,
             cached_only=cached_only,
         )
+
+    async def aiter_sessions(
+        self,
+        page_size: int = 100,
+        *,
+        cwd: PathLike | None = None,
+        since: datetime | None = None,
+        title: str | None = None,
+        origin: str | None = None,
+        sort: str | None = None,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """:meth:`iter_sessions` for ``async for``: each page read in a worker thread."""
+        cursor: str | None = None
+        while True:
+            page = await self.alist(
+                cursor, page_size, cwd=cwd, since=since, title=title, origin=origin, sort=sort
+            )
+            for session in page["sessions"]:
+                yield session
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return
 
     async def ahistory(
         self, session_id: str, cursor: str | None = None, limit: int = 100

@@ -748,7 +748,7 @@ def test_every_blocking_read_has_an_async_variant(root):
 
     no_io = {"reader", "iter_sessions", "path", "id", "root", "sequences", "transcript"}
     for cls, skip in [
-        (session_store.Root, {"reader", "iter_sessions", "path"}),
+        (session_store.Root, {"reader", "path"}),
         (session_store.SessionReader, {"id"}),
         (session_store.Session, no_io),  # sequences and transcript are in memory
         (SessionStoreSession, {"get_items_sync", "add_items_sync", "pop_item_sync",
@@ -769,6 +769,7 @@ def test_every_blocking_read_has_an_async_variant(root):
         assert await root.awriter_owner("r") is None
         assert await root.aevents("r", after=1, limit=2) == root.events("r", after=1, limit=2)
         assert await root.aturns("r") == root.turns("r")
+        assert [s async for s in root.aiter_sessions(1, sort=None)] == list(root.iter_sessions())
         digest = root.history("r")["messages"][0]["content_ref"]["digest"]
         assert await root.aread_content("r", digest) == root.read_content("r", digest)
         reader = root.reader("r")
