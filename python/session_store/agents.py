@@ -53,6 +53,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import (
+    AlreadyExists,
     Closed,
     InvalidInput,
     NotFound,
@@ -426,11 +427,15 @@ class SessionStoreSession:
             entry = self._entry(snapshot, after_item)
             assert snapshot is not None  # without a session, _entry found no item
             turn = self._turn_of(entry["message_id"])
-            child = self.root.fork(
-                self.store_id,
-                after_turn=turn["turn_id"],
-                child=child_id,
-            )
+            try:
+                child = self.root.fork(self.store_id, after_turn=turn["turn_id"], child=child_id)
+            except AlreadyExists:
+                if child_id == new_session_id:
+                    raise
+                # The store's message named only the mapped id the caller never gave.
+                raise AlreadyExists(
+                    f"session {new_session_id!r} already exists (stored as {child_id})"
+                ) from None
             position = entry["position"]
             # The child holds the items up to the end of that turn: the kept ones exactly
             # unless the turn added more after the item or a later change touched them.

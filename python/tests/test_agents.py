@@ -550,6 +550,9 @@ def test_fork_to_any_str_id(root):
     assert branch.session_id == "user:1/branch"
     assert branch.get_items_sync() == [user("a")]
     assert SessionStoreSession("user:1/branch", root).get_items_sync() == [user("a")]
+    # Forked again onto it: named as given ("session agx-7573… already exists" before).
+    with pytest.raises(session_store.AlreadyExists, match="^session 'user:1/branch' already"):
+        s.fork(after_item=0, new_session_id="user:1/branch")
     s.close()
     branch.close()
 
