@@ -557,9 +557,9 @@ class Root:
         ``--cwd``), ``since`` (updated at or after it: a timezone-aware
         :class:`datetime.datetime`), ``title`` (the title contains it, ASCII letters
         compared without case), ``origin`` (``"new"``, ``"fork"``, ``"rewind"``,
-        ``"canonical-import"`` or ``"legacy-import"``). ``sort`` is ``"id"`` (ascending),
-        ``"updated"`` or ``"created"`` (newest first; None is ``"id"``); ``cached_only`` serves a filtered
-        or sorted page from the catalog as last refreshed (cheaper on a big root; a
+        ``"canonical-import"`` or ``"legacy-import"``). ``sort`` is ``"id"`` (ascending;
+        None too), ``"updated"`` or ``"created"`` (newest first); ``cached_only`` serves a
+        filtered or sorted page from the catalog as last refreshed (cheaper on a big root; a
         session changed since may be out of place). An unknown ``origin`` or ``sort``, or
         a cursor of another order, raises :class:`InvalidInput`."""
         return _json_object(
@@ -640,8 +640,8 @@ class Root:
         absolute as :meth:`list` makes it),
         ``since`` (messages committed at or after it: a timezone-aware
         :class:`datetime.datetime`; commit times are whole milliseconds, so a message
-        committed in the millisecond holding ``since`` is found), ``role`` (``user``, ``assistant``, ``tool``, …;
-        ``title`` for titles; compared ignoring ASCII case). A malformed query or a blank
+        committed in the millisecond holding ``since`` is found), ``role`` (``user``,
+        ``assistant``, ``tool``, …; ``title`` for titles; compared ignoring ASCII case). A malformed query or a blank
         ``role`` raises :class:`InvalidInput` with the reason.
         """
         return _json_object(

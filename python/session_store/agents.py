@@ -128,6 +128,7 @@ def store_id_of(session_id: str) -> str:
         return f"agx-{utf8.hex()}"
     return f"agh-{hashlib.sha256(utf8).hexdigest()}"
 
+
 class _SharedWriter:
     """The one writer of a session in this process, shared by its adapters."""
 
