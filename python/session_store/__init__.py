@@ -50,7 +50,7 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, NoReturn, ParamSpec, TypeVar
 
@@ -365,6 +365,10 @@ class Session:
         """:meth:`append` in a worker thread."""
         return await _to_thread(self.append, events, operation_id=operation_id, turn_id=turn_id)
 
+    async def aappend_json(self, batch: str) -> dict[str, Any]:
+        """:meth:`append_json` in a worker thread."""
+        return await _to_thread(self.append_json, batch)
+
     async def aflush(self) -> int:
         """:meth:`flush` in a worker thread."""
         return await _to_thread(self.flush)
@@ -415,6 +419,11 @@ class SessionReader:
             self._native_reader = self._root._native.reader(self.id)
         return self._native_reader
 
+    def _drop_connections(self) -> None:
+        """Closes the kept read connections (their file descriptors); the next read opens
+        them again."""
+        self._native_reader = None
+
     @_native_args
     def messages(self, limit: int | None = None) -> list[dict[str, Any]]:
         """The newest ``limit`` messages of the durable transcript (all when None), oldest
@@ -443,6 +452,22 @@ class SessionReader:
     def turns(self) -> list[dict[str, Any]]:
         """:meth:`Root.turns` of this session."""
         return self._root.turns(self.id)
+
+    async def ahistory(self, cursor: str | None = None, limit: int = 100) -> dict[str, Any]:
+        """:meth:`history` in a worker thread."""
+        return await _to_thread(self.history, cursor, limit)
+
+    async def atranscript(self) -> list[dict[str, Any]]:
+        """:meth:`transcript` in a worker thread."""
+        return await _to_thread(self.transcript)
+
+    async def aevents(self, after: int = 0, limit: int = 1000) -> dict[str, Any]:
+        """:meth:`events` in a worker thread."""
+        return await _to_thread(self.events, after, limit)
+
+    async def aturns(self) -> list[dict[str, Any]]:
+        """:meth:`turns` in a worker thread."""
+        return await _to_thread(self.turns)
 
     def __repr__(self) -> str:
         return f"<session_store.SessionReader {self.id!r}>"
@@ -518,7 +543,7 @@ class Root:
         since: datetime | None = None,
         title: str | None = None,
         origin: str | None = None,
-        sort: str = "id",
+        sort: str | None = None,
         cached_only: bool = False,
     ) -> dict[str, Any]:
         """One page of sessions: ``{"sessions", "next_cursor", "skipped",
@@ -532,9 +557,9 @@ class Root:
         ``--cwd``), ``since`` (updated at or after it: a timezone-aware
         :class:`datetime.datetime`), ``title`` (the title contains it, ASCII letters
         compared without case), ``origin`` (``"new"``, ``"fork"``, ``"rewind"``,
-        ``"canonical-import"`` or ``"legacy-import"``). ``sort`` is ``"id"`` (ascending),
-        ``"updated"`` or ``"created"`` (newest first); ``cached_only`` serves a filtered
-        or sorted page from the catalog as last refreshed (cheaper on a big root; a
+        ``"canonical-import"`` or ``"legacy-import"``). ``sort`` is ``"id"`` (ascending;
+        None too), ``"updated"`` or ``"created"`` (newest first); ``cached_only`` serves a
+        filtered or sorted page from the catalog as last refreshed (cheaper on a big root; a
         session changed since may be out of place). An unknown ``origin`` or ``sort``, or
         a cursor of another order, raises :class:`InvalidInput`."""
         return _json_object(
@@ -545,7 +570,7 @@ class Root:
                 _epoch_ms(since),
                 title,
                 origin,
-                sort,
+                "id" if sort is None else sort,
                 cached_only,
             )
         )
@@ -558,7 +583,7 @@ class Root:
         since: datetime | None = None,
         title: str | None = None,
         origin: str | None = None,
-        sort: str = "id",
+        sort: str | None = None,
     ) -> Iterator[dict[str, Any]]:
         """Every session summary of the root passing the filters (those of :meth:`list`),
         page by page."""
@@ -614,8 +639,9 @@ class Root:
         those it inherits), ``cwd`` (sessions created with that working directory, made
         absolute as :meth:`list` makes it),
         ``since`` (messages committed at or after it: a timezone-aware
-        :class:`datetime.datetime`), ``role`` (``user``, ``assistant``, ``tool``, …;
-        ``title`` for titles; compared ignoring ASCII case). A malformed query or a blank
+        :class:`datetime.datetime`; commit times are whole milliseconds, so a message
+        committed in the millisecond holding ``since`` is found), ``role`` (``user``,
+        ``assistant``, ``tool``, …; ``title`` for titles; compared ignoring ASCII case). A malformed query or a blank
         ``role`` raises :class:`InvalidInput` with the reason.
         """
         return _json_object(
@@ -765,7 +791,7 @@ class Root:
         since: datetime | None = None,
         title: str | None = None,
         origin: str | None = None,
-        sort: str = "id",
+        sort: str | None = None,
         cached_only: bool = False,
     ) -> dict[str, Any]:
         """:meth:`list` in a worker thread."""
@@ -780,6 +806,28 @@ class Root:
             sort=sort,
             cached_only=cached_only,
         )
+
+    async def aiter_sessions(
+        self,
+        page_size: int = 100,
+        *,
+        cwd: PathLike | None = None,
+        since: datetime | None = None,
+        title: str | None = None,
+        origin: str | None = None,
+        sort: str | None = None,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """:meth:`iter_sessions` for ``async for``: each page read in a worker thread."""
+        cursor: str | None = None
+        while True:
+            page = await self.alist(
+                cursor, page_size, cwd=cwd, since=since, title=title, origin=origin, sort=sort
+            )
+            for session in page["sessions"]:
+                yield session
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return
 
     async def ahistory(
         self, session_id: str, cursor: str | None = None, limit: int = 100
@@ -813,6 +861,24 @@ class Root:
     async def atranscript(self, session_id: str) -> builtins.list[dict[str, Any]]:
         """:meth:`transcript` in a worker thread."""
         return await _to_thread(self.transcript, session_id)
+
+    async def aevents(
+        self, session_id: str, after: int = 0, limit: int = 1000
+    ) -> dict[str, Any]:
+        """:meth:`events` in a worker thread."""
+        return await _to_thread(self.events, session_id, after, limit)
+
+    async def aturns(self, session_id: str) -> builtins.list[dict[str, Any]]:
+        """:meth:`turns` in a worker thread."""
+        return await _to_thread(self.turns, session_id)
+
+    async def aread_content(self, session_id: str, digest: str) -> bytes:
+        """:meth:`read_content` in a worker thread."""
+        return await _to_thread(self.read_content, session_id, digest)
+
+    async def awriter_owner(self, session_id: str) -> dict[str, Any] | None:
+        """:meth:`writer_owner` in a worker thread."""
+        return await _to_thread(self.writer_owner, session_id)
 
     async def afork(self, session_id: str, *, after_turn: str, child: str | None = None) -> str:
         """:meth:`fork` in a worker thread."""

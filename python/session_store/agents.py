@@ -23,6 +23,13 @@ that remain), so the transcript changes and every earlier item stays readable in
 cost grows with the session, as a ``history/replace`` does); ``clear_session`` writes nothing
 but the empty replacement.
 
+Session ids: any ``str`` names a conversation, as for ``SQLiteSession``. One the store
+accepts as a session id (``user-42``, ``alice@example.com``) is the session's id itself;
+another (``user:42``, ``a/b``, ``""``, one over 255 bytes, …) is stored under
+:func:`store_id_of` it: ``agx-<hex of its UTF-8>``, or ``agh-<SHA-256 of its UTF-8 in hex>``
+for one over 125 bytes. An id the store accepts that has one of these forms itself is mapped
+too (see :func:`store_id_of`), so two ids never share a session.
+
 The writer lock is taken at the first change and held until :meth:`SessionStoreSession.close`
 (or the end of an ``async with`` / ``with`` block, or the object's garbage collection): a
 second *process* changing the same session gets :class:`session_store.WriterOwned`, whose
@@ -36,14 +43,17 @@ session go (the parent's adapters it inherited raise :class:`session_store.Write
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import os
+import re
 import threading
 import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import (
+    AlreadyExists,
     Closed,
     InvalidInput,
     NotFound,
@@ -52,6 +62,7 @@ from . import (
     Session,
     SessionStoreError,
     _missing_sdk,
+    _native,
     _refuse_pickle,
     _to_thread,
     encode_json,
@@ -61,10 +72,62 @@ if TYPE_CHECKING:
     from agents.items import TResponseInputItem
     from agents.memory.session_settings import SessionSettings
 
-__all__ = ["ITEM_ID_KEY", "SessionStoreSession"]
+__all__ = ["ITEM_ID_KEY", "SessionStoreSession", "store_id_of"]
 
 #: The key under which an item's own ``id`` is kept (the message ``id`` is the store's).
 ITEM_ID_KEY = "sse_item_id"
+
+# The store ids store_id_of gives an id the store refuses: its UTF-8 in hex (up to 125
+# bytes, so at most 254 characters), else its SHA-256.
+_HEXED = re.compile(r"agx-((?:[0-9a-f]{2})*)")
+_HASHED = re.compile(r"agh-[0-9a-f]{64}")
+_LONGEST_HEXED = 125
+
+
+def _kept(session_id: str) -> bool:
+    """Whether ``session_id`` is its own store id: the store accepts it, and it is not what
+    :func:`store_id_of` gives another id."""
+    try:
+        _native.check_session_id(session_id)
+    except InvalidInput:
+        return False
+    if _HASHED.fullmatch(session_id):
+        return False  # whose it is cannot be told: an id of this form is always mapped
+    hexed = _HEXED.fullmatch(session_id)
+    if hexed is None:
+        return True
+    try:
+        inner = bytes.fromhex(hexed[1]).decode()
+    except UnicodeDecodeError:
+        return True  # no str's UTF-8
+    # The store id of `inner` when that one is mapped (its UTF-8 fits: this id is <= 255).
+    return _kept(inner)
+
+
+def store_id_of(session_id: str) -> str:
+    """The id of the store session holding the conversation ``session_id`` (any str, as
+    ``SQLiteSession`` takes): ``session_id`` itself when the store accepts it as a session
+    id, else ``agx-<hex of its UTF-8>`` (``user:42`` is ``agx-757365723a3432``), or
+    ``agh-<hex of the SHA-256 of its UTF-8>`` when that is over 125 bytes. Two ids never
+    get the same store id: an id the store accepts that is of one of these two forms is
+    mapped as well (``agh-`` and 64 hex digits, or ``agx-`` and the hex of an id the store
+    refuses or of one mapped so); ``agx-6869``, the hex of ``hi``, stays itself. A
+    ``session_id`` that is not a str raises :class:`TypeError`; one that has no UTF-8 form
+    (a lone surrogate) :class:`session_store.InvalidInput`."""
+    if not isinstance(session_id, str):
+        raise TypeError(f"session_id must be str, not {type(session_id).__name__}")
+    try:
+        utf8 = session_id.encode()
+    except UnicodeEncodeError as e:
+        raise InvalidInput(
+            f"invalid input: session id {session_id!r} is not UTF-8: {e}"
+        ) from None
+    if _kept(session_id):
+        return session_id
+    if len(utf8) <= _LONGEST_HEXED:
+        return f"agx-{utf8.hex()}"
+    return f"agh-{hashlib.sha256(utf8).hexdigest()}"
+
 
 class _SharedWriter:
     """The one writer of a session in this process, shared by its adapters."""
@@ -222,6 +285,8 @@ class SessionStoreSession:
         session_settings: SessionSettings | Mapping[str, Any] | None = None,
     ) -> None:
         self.session_id = session_id
+        #: The id of the store session holding it (:func:`store_id_of`).
+        self.store_id = store_id_of(session_id)
         self.root = root if isinstance(root, Root) else Root(root)
         if session_settings is not None:
             try:
@@ -239,8 +304,8 @@ class SessionStoreSession:
             if isinstance(session_settings, Mapping) and not isinstance(session_settings, dict):
                 session_settings = dict(session_settings)
             self.session_settings = coerce_session_settings(session_settings)
-        self._reader = self.root.reader(session_id)  # its connections stay open
-        self._shared = _acquire_writer(self.root, session_id)
+        self._reader = self.root.reader(self.store_id)  # its connections stay open
+        self._shared = _acquire_writer(self.root, self.store_id)
         self._lock = self._shared.lock
         # Releases this adapter's share once: on close() or when it is garbage-collected.
         self._release = weakref.finalize(self, _release_writer, self._shared)
@@ -328,7 +393,15 @@ class SessionStoreSession:
 
     def events(self, after: int = 0, limit: int = 1000) -> dict[str, Any]:
         """The session's durable log (every item ever added, pops and clears included)."""
-        return self.root.events(self.session_id, after=after, limit=limit)
+        return self.root.events(self.store_id, after=after, limit=limit)
+
+    async def ahistory(self) -> list[dict[str, Any]]:
+        """:meth:`history` in a worker thread."""
+        return await _to_thread(self.history)
+
+    async def aevents(self, after: int = 0, limit: int = 1000) -> dict[str, Any]:
+        """:meth:`events` in a worker thread."""
+        return await _to_thread(self.events, after, limit)
 
     def fork(
         self, after_item: int | str, new_session_id: str | None = None
@@ -338,9 +411,11 @@ class SessionStoreSession:
         :meth:`history`). The new session shares this one's log up to that item's
         ``add_items`` turn without copying it; when that turn added more items (or later
         ones were popped), one ``history/replace`` trims the new session to the kept items.
+        ``new_session_id`` is any str, as the constructor's (a random id when None).
         """
         if isinstance(after_item, bool) or not isinstance(after_item, (int, str)):
             raise TypeError("after_item must be an item index (int) or an item id (str)")
+        child_id = None if new_session_id is None else store_id_of(new_session_id)
         with self._lock:
             if self._shared.session is not None:
                 self._shared.session.flush()
@@ -353,15 +428,23 @@ class SessionStoreSession:
             entry = self._entry(snapshot, after_item)
             assert snapshot is not None  # without a session, _entry found no item
             turn = self._turn_of(entry["message_id"])
-            child = self.root.fork(
-                self.session_id, after_turn=turn["turn_id"], child=new_session_id
-            )
+            try:
+                child = self.root.fork(self.store_id, after_turn=turn["turn_id"], child=child_id)
+            except AlreadyExists:
+                if child_id == new_session_id:
+                    raise
+                # The store's message named only the mapped id the caller never gave.
+                raise AlreadyExists(
+                    f"session {new_session_id!r} already exists (stored as {child_id})"
+                ) from None
             position = entry["position"]
             # The child holds the items up to the end of that turn: the kept ones exactly
             # unless the turn added more after the item or a later change touched them.
             shared = reader.transcript_prefix_kept(turn["boundary_sequence"], snapshot, position)
             kept = [] if shared else self._messages(None)[:position]
-        branch = SessionStoreSession(child, self.root, self.session_settings)
+        branch = SessionStoreSession(
+            child if new_session_id is None else new_session_id, self.root, self.session_settings
+        )
         if not shared and branch._messages(None) != kept:
             with branch._lock:
                 branch._replace(branch._open_writer(), kept)
@@ -375,9 +458,11 @@ class SessionStoreSession:
 
     def close(self) -> None:
         """Ends this adapter's use of the session; the writer lock is released when no other
-        adapter of the same session in this process still uses it. Everything is already
-        durable. Later changes through this adapter raise :class:`session_store.Closed`."""
+        adapter of the same session in this process still uses it, and its read connections
+        are closed. Everything is already durable. Later changes through this adapter raise
+        :class:`session_store.Closed`; reads still answer (opening connections again)."""
         self._release()
+        self._reader._drop_connections()
 
     async def aclose(self) -> None:
         """:meth:`close` in a worker thread."""
@@ -402,7 +487,7 @@ class SessionStoreSession:
 
     def _exists(self) -> bool:
         try:
-            self.root.turns(self.session_id)
+            self.root.turns(self.store_id)
         except NotFound:
             return False
         return True
@@ -410,13 +495,15 @@ class SessionStoreSession:
     def _open_writer(self) -> Session:
         """The shared writer (held ``self._lock``), opened or created at first use."""
         if not self._release.alive:
-            raise Closed("session runtime is closed")
+            # Named as the core Session's Closed names its session.
+            name = json.dumps(self.store_id, ensure_ascii=False)
+            raise Closed(f"session {name}: session runtime is closed")
         shared = self._shared
         if shared.session is None:
             try:
-                shared.session = self.root.open(self.session_id)
+                shared.session = self.root.open(self.store_id)
             except NotFound:
-                shared.session = self.root.create(self.session_id)
+                shared.session = self.root.create(self.store_id)
         return shared.session
 
     def _turn(self, writer: Session, first: int, events: list[dict[str, Any]]) -> None:

@@ -36,7 +36,10 @@ optional events:
 target shares the source's file prefix, nothing is copied); ``prune(strategy="delete")``
 deletes the sessions. Reads go through the durable log, folded into a per-thread index
 that later reads extend with the new commits only (and build again when the thread's session
-was deleted, or deleted and made again, by another saver or process).
+was deleted, or deleted and made again, by another saver or process); the index is kept
+for the threads whose reader or writer the saver keeps open (the last
+:data:`MAX_OPEN_THREADS` read and the last written), so its memory does not grow with the
+number of threads it has used.
 
 The saver holds the writer lock of the threads it changed until :meth:`close` (or the end
 of a ``with`` block, or its garbage collection), of the last :data:`MAX_OPEN_THREADS` it
@@ -60,6 +63,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from . import (
+    AlreadyExists,
     InvalidInput,
     NotFound,
     PathLike,
@@ -207,7 +211,8 @@ class _Thread:
 
 #: How many threads' writers, and readers, a saver keeps open at most: each holds file
 #: descriptors (about six for a writer, four for a reader); the least recently used thread's
-#: are closed beyond it and opened again when that thread is used next.
+#: are closed beyond it and opened again when that thread is used next. What the saver knows
+#: of a thread's log (its folded index) is dropped with the last of the two.
 MAX_OPEN_THREADS = 32
 
 
@@ -276,16 +281,24 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         for key in [k for k in self._lists if k[0] == thread_id]:
             del self._lists[key]
 
+    def _drop_unused(self, thread_id: str) -> None:
+        """Forgets what this saver knows of a thread whose reader or writer it just let go,
+        when it has neither left: the index, list bases and identity are kept for the
+        threads it has open only (a saver that had read thousands of threads kept each one's
+        folded log in memory). The next use reads the log again."""
+        if thread_id not in self._readers and thread_id not in self._writers:
+            self._forget(thread_id)
+            self._identities.pop(thread_id, None)
+
     def _current(self, thread_id: str) -> None:
         """Forgets what this saver knows of the thread when its session is not the one it
         was learned from: deleted, or deleted and made again (by another saver or process)."""
         reader = self._readers.get(thread_id)
         if reader is None:
             reader = self._readers[thread_id] = self.root._native.reader(session_id_of(thread_id))
-            # Its read connections stay open: only the last MAX_OPEN_THREADS are kept (the
-            # identity learned stays, a reader made again compares with it).
+            # Its read connections stay open: only the last MAX_OPEN_THREADS are kept.
             while len(self._readers) > MAX_OPEN_THREADS:
-                self._readers.popitem(last=False)
+                self._drop_unused(self._readers.popitem(last=False)[0])
         else:
             self._readers.move_to_end(thread_id)
         try:
@@ -480,7 +493,9 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                 # written thread's share is let go (its writer closed, flushed, unless
                 # another adapter of the process shares it); its next put opens it again.
                 while len(self._writers) > MAX_OPEN_THREADS:
-                    _release_writer(self._writers.popitem(last=False)[1])
+                    evicted, share = self._writers.popitem(last=False)
+                    _release_writer(share)
+                    self._drop_unused(evicted)
             else:
                 self._writers.move_to_end(thread_id)
             with shared.lock:
@@ -536,6 +551,8 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         serializer refuses, another writer) never leaves a base that is not in the log."""
         key = (thread_id, ns, channel)
         if isinstance(value, list):
+            if thread_id not in self._readers and thread_id not in self._writers:
+                return  # let go meanwhile (_drop_unused): nothing is kept of it
             self._lists[key] = (version, list(value))
         else:
             self._lists.pop(key, None)
@@ -650,11 +667,18 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                 return
             if not turns:
                 return
-            self.root.fork(
-                session_id_of(source),
-                after_turn=turns[-1]["turn_id"],
-                child=session_id_of(str(target_thread_id)),
-            )
+            target = str(target_thread_id)
+            try:
+                self.root.fork(
+                    session_id_of(source),
+                    after_turn=turns[-1]["turn_id"],
+                    child=session_id_of(target),
+                )
+            except AlreadyExists:
+                # The store's message named the session only ("session lg-b already exists").
+                raise AlreadyExists(
+                    f"thread {target!r} already exists (session {session_id_of(target)})"
+                ) from None
 
     def _hide(self, thread_id: str, doomed: builtins.list[builtins.list[str]]) -> None:
         if doomed:

@@ -1353,6 +1353,16 @@ fn verify(py: Python<'_>, path: PathBuf) -> NativeResult<String> {
     detached(py, || verified_json(session_store::verify_file(path)?))
 }
 
+/// Raises `InvalidInput` saying why when `session_id` is not a valid session id (the
+/// library's rules), else returns None: the agents adapter maps an id the store refuses to
+/// one it takes (`session_store.agents.store_id_of`).
+#[pyfunction]
+fn check_session_id(py: Python<'_>, session_id: &str) -> NativeResult<()> {
+    self::session_id(session_id)
+        .map(drop)
+        .map_err(|e| to_py(py, e))
+}
+
 /// Closes, in a child made by `os.fork()`, its copies of the writer lock files the parent
 /// held (the parent keeps its locks, released when it lets them go; before, a forked worker
 /// kept them held for its whole life). `session_store` registers it with
@@ -1398,6 +1408,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Session>()?;
     m.add_class::<Reader>()?;
     m.add_function(wrap_pyfunction!(verify, m)?)?;
+    m.add_function(wrap_pyfunction!(check_session_id, m)?)?;
     m.add_function(wrap_pyfunction!(close_inherited_locks, m)?)?;
     m.add_function(wrap_pyfunction!(before_fork, m)?)?;
     m.add_function(wrap_pyfunction!(after_fork, m)?)?;

@@ -279,8 +279,11 @@ def test_hostile_items(root):
         # A tool output with a lone surrogate, as json.loads gives it from a "\ud800" escape.
         with pytest.raises(session_store.InvalidInput):
             await s.add_items([user("ok"), json.loads('{"role": "user", "content": "\\ud800"}')])
-        with pytest.raises(session_store.InvalidInput):
-            SessionStoreSession("../x", root).get_items_sync()
+        # An id with no UTF-8 form (SQLiteSession's sqlite3 cannot bind it either).
+        with pytest.raises(session_store.InvalidInput, match="not UTF-8"):
+            SessionStoreSession("\ud800", root)
+        with pytest.raises(TypeError, match="session_id must be str"):
+            SessionStoreSession(42, root)  # type: ignore[arg-type]
         assert await s.get_items() == []
         # No items, in a list or any other iterable, write nothing.
         await s.add_items([])
@@ -498,3 +501,75 @@ def test_a_forked_child_writes_once_the_parent_let_the_session_go(tmp_path):
     assert child["inherited"] == "WriterOwned" and child["early"] == "WriterOwned"
     assert child["late"] == "ok" and child["new"] == "ok" and child["after"] == "ok"
     assert child["items"] == ["parent", "child", "child again", "child last"]
+
+
+def test_any_str_is_a_session_id(root):
+    """SQLiteSession takes any str as a session id; the store's own ids (no ':', '/', …, at
+    most 255 bytes) stay the session's id, the others are mapped without collisions."""
+    from session_store.agents import store_id_of
+
+    weird = [
+        "user:42", "alice@example.com", "a/b", "../x", "", " pad ", "CON", "q?", "é:ü",
+        "x" * 300, "ü" * 200, "line\nbreak",
+    ]
+
+    async def main():
+        for n, sid in enumerate(weird):
+            s = SessionStoreSession(sid, root)
+            assert s.session_id == sid
+            await s.add_items([user(f"hello {n}")])
+            s.close()
+        for n, sid in enumerate(weird):
+            s = SessionStoreSession(sid, root)
+            assert await s.get_items() == [user(f"hello {n}")], sid
+            assert s.events()["commits"]
+            s.close()
+
+    run(main())
+    # The store's ids map to themselves (sessions stored before are still found) ...
+    for sid in ["alice@example.com", "user-42", "agx-6869", "agx-zz", "agh-1", "agx-ff"]:
+        assert store_id_of(sid) == sid
+    assert store_id_of("user:42") == "agx-757365723a3432"
+    assert store_id_of("") == "agx-"  # the empty id: its (empty) hex
+    assert store_id_of("x" * 300).startswith("agh-") and len(store_id_of("x" * 300)) == 68
+    # ... and an id of the mapped forms that another id maps to is mapped itself.
+    for sid in ["agx-757365723a3432", "agx-", "agh-" + "0" * 64]:
+        assert store_id_of(sid) != sid
+        assert store_id_of(store_id_of(sid)) != store_id_of(sid)
+    ids = weird + [store_id_of(w) for w in weird] + ["agx-757365723a3432", "agh-" + "0" * 64]
+    assert len({store_id_of(i) for i in ids}) == len(set(ids))
+    stored = {x["session_ref"]["session_id"] for x in root.iter_sessions()}
+    assert stored == {store_id_of(w) for w in weird}
+    assert "alice@example.com" in stored
+
+
+def test_fork_to_any_str_id(root):
+    s = SessionStoreSession("user:1", root)
+    s.add_items_sync([user("a"), user("b")])
+    branch = s.fork(after_item=0, new_session_id="user:1/branch")
+    assert branch.session_id == "user:1/branch"
+    assert branch.get_items_sync() == [user("a")]
+    assert SessionStoreSession("user:1/branch", root).get_items_sync() == [user("a")]
+    # Forked again onto it: named as given ("session agx-7573… already exists" before).
+    with pytest.raises(session_store.AlreadyExists, match="^session 'user:1/branch' already"):
+        s.fork(after_item=0, new_session_id="user:1/branch")
+    s.close()
+    branch.close()
+
+
+def test_close_lets_go_of_the_read_connections(root):
+    # A closed adapter kept its reader's connections (about five file descriptors) for as
+    # long as it lived: 50 closed adapters kept in a list held 250 descriptors.
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before = open_fds()
+    kept = []
+    for i in range(50):
+        adapter = SessionStoreSession(f"s{i}", root)
+        adapter.add_items_sync([user("x")])
+        assert adapter.get_items_sync() == [user("x")]
+        adapter.close()
+        kept.append(adapter)
+    assert open_fds() < before + 25
+    assert kept[0].get_items_sync() == [user("x")]  # reads still answer

@@ -158,6 +158,10 @@ def test_list_filters_and_sorts_as_the_library_and_the_cli_do(root, tmp_path, mo
     assert ids(origin="fork") == []
     assert ids(sort="created") == ["c", "b", "a"]
     assert ids(sort="updated", cwd="proj") == ["c", "b"]
+    # None is the default order, as for the other optional parameters (it was a TypeError).
+    assert ids(sort=None) == ids() == ["a", "b", "c"]
+    assert [s["session_ref"]["session_id"] for s in root.iter_sessions(sort=None)] == ids()
+    assert asyncio.run(root.alist(sort=None)) == root.list()
     assert ids(since=datetime.now(timezone.utc) + timedelta(hours=1)) == []
     assert ids(since=datetime.now(timezone.utc) - timedelta(hours=1)) == ["a", "b", "c"]
     assert ids(sort="created", cached_only=True) == ["c", "b", "a"]
@@ -406,6 +410,11 @@ def test_errors_of_a_session_name_it(root):
     writer.close()
     with pytest.raises(Closed) as closed:
         writer.append(turn("t", msg(1)), operation_id="late")
+    assert str(closed.value) == 'session "chat 1": session runtime is closed'
+    adapter = SessionStoreSession("chat 1", root)
+    adapter.close()
+    with pytest.raises(Closed) as closed:
+        adapter.add_items_sync([{"role": "user"}])
     assert str(closed.value) == 'session "chat 1": session runtime is closed'
     fill(root, "damaged", 2).close()
     with open(os.path.join(root.path, "damaged", "session.sqlite"), "r+b") as f:
@@ -731,6 +740,52 @@ def test_async_variants(root, tmp_path):
     assert "as" in listed and "imp" not in listed
 
 
+def test_every_blocking_read_has_an_async_variant(root):
+    # events, turns, read_content and writer_owner had none (nor SessionReader's history,
+    # transcript, events and turns, nor the agents adapter's history and events), while
+    # history, transcript, list, search and the others had theirs.
+    from session_store.agents import SessionStoreSession
+
+    no_io = {"reader", "iter_sessions", "path", "id", "root", "sequences", "transcript"}
+    for cls, skip in [
+        (session_store.Root, {"reader", "path"}),
+        (session_store.SessionReader, {"id"}),
+        (session_store.Session, no_io),  # sequences and transcript are in memory
+        (SessionStoreSession, {"get_items_sync", "add_items_sync", "pop_item_sync",
+                               "clear_session_sync", "get_items", "add_items", "pop_item",
+                               "clear_session"}),
+    ]:
+        names = {n for n in vars(cls) if not n.startswith("_") and callable(getattr(cls, n))}
+        for name in names - skip:
+            if name.startswith("a") and name[1:] in names:
+                continue
+            assert f"a{name}" in names, f"{cls.__name__}.{name} has no a{name}"
+
+    async def main():
+        with root.create("r") as s:
+            s.append(turn("t1", msg(1, content="x" * 100_000)), operation_id="o1", turn_id="t1")
+            s.flush()
+            assert await root.awriter_owner("r") == root.writer_owner("r") is not None
+        assert await root.awriter_owner("r") is None
+        assert await root.aevents("r", after=1, limit=2) == root.events("r", after=1, limit=2)
+        assert await root.aturns("r") == root.turns("r")
+        assert [s async for s in root.aiter_sessions(1, sort=None)] == list(root.iter_sessions())
+        digest = root.history("r")["messages"][0]["content_ref"]["digest"]
+        assert await root.aread_content("r", digest) == root.read_content("r", digest)
+        reader = root.reader("r")
+        assert await reader.ahistory(limit=1) == reader.history(limit=1)
+        assert await reader.atranscript() == reader.transcript()
+        assert await reader.aevents(1) == reader.events(1)
+        assert await reader.aturns() == reader.turns()
+        adapter = SessionStoreSession("ag", root)
+        await adapter.add_items([{"role": "user", "content": "hi"}])
+        assert await adapter.ahistory() == adapter.history()
+        assert await adapter.aevents() == adapter.events()
+        await adapter.aclose()
+
+    asyncio.run(main())
+
+
 def test_a_cancelled_async_call_is_never_half_done(tmp_path):
     """As the docs say: an ``aappend`` cancelled before a worker thread started it never
     runs (the docs said the call ran all the same); and ``export`` and ``fork`` read the
@@ -1047,6 +1102,14 @@ def test_search_finds_words_with_filters_and_pages(root):
     assert root.search("harbour", since=later)["hits"] == []
     earlier = datetime.now(timezone.utc) - timedelta(hours=1)
     assert len(root.search("harbour", since=earlier)["hits"]) == 3
+    # A commit time is kept in whole milliseconds, cut down (a commit at T.9 ms is T): a
+    # `since` inside that millisecond may be before the commit, so it finds the hit (since
+    # is cut down as well; rounded up, it lost it), and the next millisecond does not.
+    at = datetime.fromtimestamp(m1["time_ms"] / 1000, timezone.utc)
+    within = at + timedelta(microseconds=999)
+    assert "m1" in {h["message_id"] for h in root.search("harbour", since=within)["hits"]}
+    after = at + timedelta(milliseconds=1)
+    assert "m1" not in {h["message_id"] for h in root.search("harbour", since=after)["hits"]}
 
     # One hit a page, every hit once.
     seen, cursor = [], None

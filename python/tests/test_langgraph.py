@@ -247,6 +247,9 @@ def test_copy_thread_is_a_fork_of_the_session(root, saver) -> None:
     )
     assert summary["origin"] == "fork"
     assert summary["parent_id"] == session_id_of("src")
+    # A target that exists is named as the thread it is (the message named only "lg-dst").
+    with pytest.raises(session_store.AlreadyExists, match="^thread 'dst' already exists"):
+        saver.copy_thread("src", "dst")
 
     # The copy continues on its own; the source is unchanged.
     g.invoke({"messages": [HumanMessage(content="only in dst")]}, config("dst"))
@@ -563,3 +566,33 @@ def test_a_forked_child_saver_writes_once_the_parent_let_the_thread_go(tmp_path)
     out = run_script(FORKED_SAVER, tmp_path / "root")
     child = json.loads(out.stdout)
     assert child == {"early": "WriterOwned", "late": "ok", "items": ["parent", "child"]}
+
+
+def test_a_saver_of_many_threads_keeps_a_bounded_index(root) -> None:
+    # What a saver knew of a thread's log (folded index, list bases, file identity) stayed
+    # in memory for every thread it ever read or wrote, the file descriptors only bounded.
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from session_store.langgraph import MAX_OPEN_THREADS
+
+    def known(saver: SessionStoreSaver) -> set[str]:
+        return {*saver._threads, *(k[0] for k in saver._lists), *saver._identities}
+
+    threads = [f"t{i}" for i in range(3 * MAX_OPEN_THREADS)]
+    configs = {}
+    with SessionStoreSaver(root) as writer:
+        for t in threads:
+            c = empty_checkpoint()
+            c["channel_values"] = {"x": [t]}
+            c["channel_versions"] = {"x": "1"}
+            configs[t] = writer.put(config(t), c, {}, {"x": "1"})
+            assert len(known(writer)) <= 2 * MAX_OPEN_THREADS
+        assert set(threads[-MAX_OPEN_THREADS:]) <= known(writer)
+    with SessionStoreSaver(root) as reader:
+        for t in threads:
+            assert reader.get_tuple(configs[t]).checkpoint["channel_values"]["x"] == [t]
+            assert len(known(reader)) <= MAX_OPEN_THREADS
+        assert len(list(reader.list(None))) == len(threads)
+        assert len(known(reader)) <= MAX_OPEN_THREADS
+        # A thread read again after its index was dropped reads the same.
+        assert reader.get_tuple(configs[threads[0]]).checkpoint["channel_values"]["x"] == ["t0"]
