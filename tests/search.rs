@@ -1802,3 +1802,86 @@ fn a_message_with_a_number_past_f64_in_one_field_is_found_by_its_text() {
     assert_eq!(found, ["big", "small"]);
     assert_eq!(ids_of(&root, "alpha"), ["big"]);
 }
+
+/// Emoji are words of their own: `unicode61` took `✅` and `👍` for separators (no search
+/// found them) and `🤔` or a skin tone for letters stuck to the word beside them (`hmm` did
+/// not find `🤔hmm`). A rebuild indexes them the same, and an index an earlier build filled
+/// (`user_version` 2, emoji not in it) is filled again by the next search.
+#[test]
+fn emoji_are_found_as_words_of_their_own() {
+    let (_dir, root) = temp_root();
+    create(&root, "emo").close().expect("close");
+    append(
+        &root,
+        "emo",
+        "e",
+        vec![
+            message("e1", "user", "tests done✅ shipped"),
+            message("e2", "user", "great job 👍🏽 thanks"),
+            message("e3", "user", "family 👨\u{200d}👩\u{200d}👧 photo"),
+            message("e4", "user", "thumbs 👍 plain"),
+            message("e5", "user", "❤\u{fe0f} love it"),
+            message("e6", "user", "🤔hmm thinking"),
+        ],
+    );
+    let found = |root: &Root| -> Vec<(String, Vec<String>)> {
+        [
+            "✅",
+            "done",
+            "done✅",
+            "👍",
+            "👍🏽",
+            "👍🏿",
+            "👨\u{200d}👩\u{200d}👧",
+            "👩",
+            "❤\u{fe0f}",
+            "❤",
+            "hmm",
+            "🤔",
+            "\"job 👍🏽\"",
+            "👍 NOT 🏽",
+        ]
+        .iter()
+        .map(|q| {
+            let mut ids = ids_of(root, q);
+            ids.sort();
+            (q.to_string(), ids)
+        })
+        .collect()
+    };
+    let expected: Vec<(String, Vec<String>)> = [
+        ("✅", &["e1"][..]),
+        ("done", &["e1"]),
+        ("done✅", &["e1"]),
+        ("👍", &["e2", "e4"]),
+        ("👍🏽", &["e2"]),
+        ("👍🏿", &[]),
+        ("👨\u{200d}👩\u{200d}👧", &["e3"]),
+        ("👩", &["e3"]),
+        ("❤\u{fe0f}", &["e5"]),
+        ("❤", &["e5"]),
+        ("hmm", &["e6"]),
+        ("🤔", &["e6"]),
+        ("\"job 👍🏽\"", &["e2"]),
+        ("👍 NOT 🏽", &["e4"]),
+    ]
+    .iter()
+    .map(|(q, ids)| (q.to_string(), ids.iter().map(|s| s.to_string()).collect()))
+    .collect();
+    assert_eq!(found(&root), expected);
+    // The snippet is the message's own text, the emoji marked.
+    let hits = search_all(&root, "✅", SearchOptions::default());
+    assert_eq!(hits[0].snippet.marked("[", "]"), "tests done[✅] shipped");
+    root.rebuild_catalog().expect("rebuild");
+    assert_eq!(found(&root), expected, "after rebuild-catalog");
+    // The index as the build before left it: filled (user_version 2), no emoji in it.
+    let index = root.path().join(".catalog").join("search.sqlite");
+    drop(root);
+    sqlite3(
+        &index,
+        "INSERT INTO search_text (search_text) VALUES ('delete-all');
+         DELETE FROM search_rows; PRAGMA user_version = 2;",
+    );
+    let root = Root::open(index.parent().and_then(|p| p.parent()).expect("root")).expect("root");
+    assert_eq!(found(&root), expected, "the old index was not filled again");
+}
