@@ -1885,3 +1885,24 @@ fn emoji_are_found_as_words_of_their_own() {
     let root = Root::open(index.parent().and_then(|p| p.parent()).expect("root")).expect("root");
     assert_eq!(found(&root), expected, "the old index was not filled again");
 }
+
+/// A message whose text holds a lone UTF-16 surrogate escape (`\ud800`, kept as given by
+/// `append`) is found by its other words, the escape read as U+FFFD: serde_json refused
+/// to decode the text, so the message had none and no search found it.
+#[test]
+fn a_message_with_a_lone_surrogate_escape_is_found_by_its_other_words() {
+    let (_dir, root) = temp_root();
+    create(&root, "lone").close().expect("close");
+    let event = session_store::Event::new("message/complete")
+        .with_payload_json(
+            r#"{"message":{"id":"s1","role":"user","content":"alpha \ud800 surrogate beta"}}"#,
+        )
+        .expect("event");
+    append(&root, "lone", "op", vec![event]);
+    let hits = search_all(&root, "surrogate", SearchOptions::default());
+    assert_eq!(at(&hits), [("lone".to_owned(), 1)]);
+    assert_eq!(
+        hits[0].snippet.marked("[", "]"),
+        "alpha \u{fffd} [surrogate] beta"
+    );
+}
