@@ -282,7 +282,7 @@ impl Parser {
         let token = self.peek().cloned();
         self.at += 1;
         match token {
-            // One without a letter or digit is left out afterwards ([`prune`]).
+            // One without a letter, digit or emoji is left out afterwards ([`prune`]).
             Some(Token::Term { text, prefix }) => Ok(Node::Term { text, prefix }),
             Some(Token::Open) => {
                 self.depth += 1;
@@ -355,7 +355,7 @@ impl SearchQuery {
         }
         let root = prune(root).ok_or_else(|| {
             bad(format!(
-                "{} has no letter or digit to search for",
+                "{} has no letter, digit or emoji to search for",
                 crate::error::quoted(query.trim())
             ))
         })?;
@@ -682,7 +682,7 @@ mod tests {
             ("*", "must follow"),
             ("a\0b", "NUL"),
             ("()", "empty parentheses"),
-            ("\"...\"", "no letter"),
+            ("\"...\"", "no letter, digit or emoji"),
         ] {
             let e = SearchQuery::parse(q).expect_err(q).to_string();
             assert!(e.contains(why), "{q:?}: {e}");
@@ -712,7 +712,7 @@ mod tests {
         // A query of nothing else is still refused.
         for q in ["+", "& -", "(+) OR -"] {
             let e = SearchQuery::parse(q).expect_err(q).to_string();
-            assert!(e.contains("no letter or digit"), "{q:?}: {e}");
+            assert!(e.contains("no letter, digit or emoji"), "{q:?}: {e}");
         }
     }
 
