@@ -409,7 +409,14 @@ fn prune(node: Node) -> Option<Node> {
         }
     };
     match node {
-        Node::Term { ref text, .. } if !text.chars().any(is_word_char) => None,
+        // Combining marks alone (`\u{301}`, a variation selector) are no word either: the
+        // tokenizer drops them, and such a term, an empty phrase, matched nothing, so
+        // `log \u{301}` found nothing.
+        Node::Term { ref text, .. }
+            if !text.chars().any(|c| c.is_alphanumeric() || is_emoji(c)) =>
+        {
+            None
+        }
         Node::Term { .. } => Some(node),
         Node::And(parts) => several(parts, Node::And),
         Node::Or(parts) => several(parts, Node::Or),
@@ -703,6 +710,8 @@ mod tests {
             ("a OR +", "a"),
             ("a NOT (+ OR -)", "a"),
             ("(+) a", "a"),
+            ("log \u{301}", "log"),
+            ("log NOT \u{fe0f}", "log"),
         ] {
             let parsed = SearchQuery::parse(q).unwrap_or_else(|e| panic!("{q:?}: {e}"));
             let expected = SearchQuery::parse(same_as).expect("parses");
@@ -710,7 +719,7 @@ mod tests {
             assert_eq!(parsed.exact_phrase(), expected.exact_phrase(), "{q:?}");
         }
         // A query of nothing else is still refused.
-        for q in ["+", "& -", "(+) OR -"] {
+        for q in ["+", "& -", "(+) OR -", "\u{301}", "\u{fe0f} \u{200d}"] {
             let e = SearchQuery::parse(q).expect_err(q).to_string();
             assert!(e.contains("no letter, digit or emoji"), "{q:?}: {e}");
         }
