@@ -1906,3 +1906,30 @@ fn a_message_with_a_lone_surrogate_escape_is_found_by_its_other_words() {
         "alpha \u{fffd} [surrogate] beta"
     );
 }
+
+/// `SearchOptions::with_since` keeps a message committed exactly at that millisecond (the
+/// hit's own `time_ms`, the commit's time as stored) and drops it a millisecond later, as
+/// "at or after" says; the CLI's `--since` of the second a hit shows keeps it too.
+#[test]
+fn since_keeps_a_message_committed_exactly_then() {
+    let (_dir, root) = temp_root();
+    append_new(&root, "when", "boundary marmot");
+    let hits = search_all(&root, "marmot", SearchOptions::default());
+    assert_eq!(hits.len(), 1);
+    let at_ms = hits[0].time_ms;
+    let since = |ms: i64| search_all(&root, "marmot", SearchOptions::default().with_since(ms));
+    assert_eq!(since(at_ms).len(), 1, "at the same millisecond");
+    assert_eq!(since(at_ms - 1).len(), 1);
+    assert!(since(at_ms + 1).is_empty(), "a millisecond later");
+    let shown = session_store::utc(at_ms);
+    let out = cli_ok(
+        root.path(),
+        &["--json", "search", "marmot", "--since", &shown],
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
+    assert_eq!(
+        v["hits"].as_array().map(Vec::len),
+        Some(1),
+        "--since {shown}"
+    );
+}
