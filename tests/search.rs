@@ -1763,15 +1763,23 @@ fn responses_items_are_found_by_their_tool_calls_outputs_and_reasoning() {
     let expected = [["i1"], ["i1"], ["i2"], ["i3"]].map(|ids| ids.map(str::to_owned).to_vec());
     assert_eq!(found(&root), expected);
     // The index as an earlier build left it: filled (user_version 1), none of those rows.
+    let root = index_an_earlier_build_filled(root, 1);
+    assert_eq!(found(&root), expected, "the old index was not filled again");
+}
+
+/// `root` reopened with its search index as an earlier build marked filled (`user_version`
+/// `version`) and emptied: what that build did not index is not in it.
+fn index_an_earlier_build_filled(root: Root, version: u32) -> Root {
     let index = root.path().join(".catalog").join("search.sqlite");
     drop(root);
     sqlite3(
         &index,
-        "INSERT INTO search_text (search_text) VALUES ('delete-all');
-         DELETE FROM search_rows; PRAGMA user_version = 1;",
+        &format!(
+            "INSERT INTO search_text (search_text) VALUES ('delete-all');
+             DELETE FROM search_rows; PRAGMA user_version = {version};"
+        ),
     );
-    let root = Root::open(index.parent().and_then(|p| p.parent()).expect("root")).expect("root");
-    assert_eq!(found(&root), expected, "the old index was not filled again");
+    Root::open(index.parent().and_then(|p| p.parent()).expect("root")).expect("root")
 }
 
 /// A message one of whose fields holds a value a `serde_json::Value` cannot (`1e999` in
@@ -1875,14 +1883,7 @@ fn emoji_are_found_as_words_of_their_own() {
     root.rebuild_catalog().expect("rebuild");
     assert_eq!(found(&root), expected, "after rebuild-catalog");
     // The index as the build before left it: filled (user_version 2), no emoji in it.
-    let index = root.path().join(".catalog").join("search.sqlite");
-    drop(root);
-    sqlite3(
-        &index,
-        "INSERT INTO search_text (search_text) VALUES ('delete-all');
-         DELETE FROM search_rows; PRAGMA user_version = 2;",
-    );
-    let root = Root::open(index.parent().and_then(|p| p.parent()).expect("root")).expect("root");
+    let root = index_an_earlier_build_filled(root, 2);
     assert_eq!(found(&root), expected, "the old index was not filled again");
 }
 
