@@ -498,6 +498,9 @@ fn hostile_usage_payloads_are_refused_and_change_nothing() {
         with("cost", json!(" 1")),
         with("cost", json!("0.0000000000000000001")),
         with("cost", json!("9".repeat(40))),
+        // More than one call may cost: it left no room for later costs of 18 decimals.
+        with("cost", json!("1000000000000000")),
+        with("cost", json!("1000000000000000000000")),
         with("model", json!("")),
         with("model", json!(" ")),
         with("model", json!(7)),
@@ -548,6 +551,88 @@ fn hostile_usage_payloads_are_refused_and_change_nothing() {
     let out = append(&dir, "u", &format!("{line}\n"));
     assert_eq!(code(&out), 6, "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("usage"), "{}", text(&out.stderr));
+}
+
+/// One hostile cost cannot keep a session from recording costs: a cost of 10^21 was
+/// accepted, and from then on every `usage` event with a cost of 18 decimals was refused
+/// ("the usage totals would overflow", naming neither the event nor the total) for good.
+/// Now a cost of 10^15 or more is refused, naming the event; an overflow names the event,
+/// the total and its value.
+#[test]
+fn one_hostile_cost_cannot_keep_a_session_from_recording_costs() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "c");
+    let err = s
+        .append(Batch::new(
+            "huge",
+            vec![
+                usage("m", 1, 1, "0.5"),
+                usage("big", 1, 1, "1000000000000000000000"),
+            ],
+        ))
+        .expect_err("a cost of 10^21 is refused");
+    let said = err.to_string();
+    assert!(
+        said.contains(
+            r#"events[1] (model "big"): cost 1000000000000000000000 is over what one call may cost"#
+        ),
+        "{said}"
+    );
+    s.with_projection(|p| assert!(p.usage.is_empty()));
+    // Costs of 18 decimals still add up after the largest cost one call may have.
+    s.append(Batch::new(
+        "max",
+        vec![usage("m", 1, 1, "999999999999999.999999999999999999")],
+    ))
+    .expect("the largest cost");
+    s.append(Batch::new(
+        "fine",
+        vec![usage("m", 1, 1, "0.000000000000000001")],
+    ))
+    .expect("a fine cost after it");
+    assert_eq!(
+        s.with_projection(|p| p.usage.total.cost.map(|c| c.to_string())),
+        Some("1000000000000000.000000000000000000".to_owned())
+    );
+    // An overflow names the event, the total and where it stands.
+    s.append(Batch::new(
+        "many",
+        vec![event(
+            "usage",
+            json!({"model": "m", "input_tokens": u64::MAX - 4, "output_tokens": 0}),
+        )],
+    ))
+    .expect("a large count");
+    let err = s
+        .append(Batch::new(
+            "over",
+            vec![usage("m", 1, 1, "1"), usage("n", 5, 1, "1")],
+        ))
+        .expect_err("the input tokens overflow");
+    assert!(
+        err.to_string().contains(&format!(
+            r#"events[1] (model "n"): the total input_tokens ({}) plus 5 would pass {}"#,
+            u64::MAX - 1,
+            u64::MAX
+        )),
+        "{err}"
+    );
+    s.close().expect("close");
+    // The binary says the same (exit 6), nothing appended.
+    let dir = root.path().to_path_buf();
+    let line = json!({"operation_id": "cli", "events": [usage_json("big", "5000000000000000")]});
+    let out = append(&dir, "c", &format!("{line}\n"));
+    assert_eq!(code(&out), 6, "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains(r#"events[0] (model "big"): cost 5000000000000000 is over"#),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// A `usage` event as an `append` line has it.
+fn usage_json(model: &str, cost: &str) -> Value {
+    json!({"kind": "usage", "payload": {"model": model, "input_tokens": 1, "output_tokens": 1, "cost": cost}})
 }
 
 #[test]

@@ -1763,15 +1763,23 @@ fn responses_items_are_found_by_their_tool_calls_outputs_and_reasoning() {
     let expected = [["i1"], ["i1"], ["i2"], ["i3"]].map(|ids| ids.map(str::to_owned).to_vec());
     assert_eq!(found(&root), expected);
     // The index as an earlier build left it: filled (user_version 1), none of those rows.
+    let root = index_an_earlier_build_filled(root, 1);
+    assert_eq!(found(&root), expected, "the old index was not filled again");
+}
+
+/// `root` reopened with its search index as an earlier build marked filled (`user_version`
+/// `version`) and emptied: what that build did not index is not in it.
+fn index_an_earlier_build_filled(root: Root, version: u32) -> Root {
     let index = root.path().join(".catalog").join("search.sqlite");
     drop(root);
     sqlite3(
         &index,
-        "INSERT INTO search_text (search_text) VALUES ('delete-all');
-         DELETE FROM search_rows; PRAGMA user_version = 1;",
+        &format!(
+            "INSERT INTO search_text (search_text) VALUES ('delete-all');
+             DELETE FROM search_rows; PRAGMA user_version = {version};"
+        ),
     );
-    let root = Root::open(index.parent().and_then(|p| p.parent()).expect("root")).expect("root");
-    assert_eq!(found(&root), expected, "the old index was not filled again");
+    Root::open(index.parent().and_then(|p| p.parent()).expect("root")).expect("root")
 }
 
 /// A message one of whose fields holds a value a `serde_json::Value` cannot (`1e999` in
@@ -1801,4 +1809,128 @@ fn a_message_with_a_number_past_f64_in_one_field_is_found_by_its_text() {
     found.sort();
     assert_eq!(found, ["big", "small"]);
     assert_eq!(ids_of(&root, "alpha"), ["big"]);
+}
+
+/// Emoji are words of their own: `unicode61` took `✅` and `👍` for separators (no search
+/// found them) and `🤔` or a skin tone for letters stuck to the word beside them (`hmm` did
+/// not find `🤔hmm`). A rebuild indexes them the same, and an index an earlier build filled
+/// (`user_version` 2, emoji not in it) is filled again by the next search.
+#[test]
+fn emoji_are_found_as_words_of_their_own() {
+    let (_dir, root) = temp_root();
+    create(&root, "emo").close().expect("close");
+    append(
+        &root,
+        "emo",
+        "e",
+        vec![
+            message("e1", "user", "tests done✅ shipped"),
+            message("e2", "user", "great job 👍🏽 thanks"),
+            message("e3", "user", "family 👨\u{200d}👩\u{200d}👧 photo"),
+            message("e4", "user", "thumbs 👍 plain"),
+            message("e5", "user", "❤\u{fe0f} love it"),
+            message("e6", "user", "🤔hmm thinking"),
+        ],
+    );
+    let found = |root: &Root| -> Vec<(String, Vec<String>)> {
+        [
+            "✅",
+            "done",
+            "done✅",
+            "👍",
+            "👍🏽",
+            "👍🏿",
+            "👨\u{200d}👩\u{200d}👧",
+            "👩",
+            "❤\u{fe0f}",
+            "❤",
+            "hmm",
+            "🤔",
+            "\"job 👍🏽\"",
+            "👍 NOT 🏽",
+        ]
+        .iter()
+        .map(|q| {
+            let mut ids = ids_of(root, q);
+            ids.sort();
+            (q.to_string(), ids)
+        })
+        .collect()
+    };
+    let expected: Vec<(String, Vec<String>)> = [
+        ("✅", &["e1"][..]),
+        ("done", &["e1"]),
+        ("done✅", &["e1"]),
+        ("👍", &["e2", "e4"]),
+        ("👍🏽", &["e2"]),
+        ("👍🏿", &[]),
+        ("👨\u{200d}👩\u{200d}👧", &["e3"]),
+        ("👩", &["e3"]),
+        ("❤\u{fe0f}", &["e5"]),
+        ("❤", &["e5"]),
+        ("hmm", &["e6"]),
+        ("🤔", &["e6"]),
+        ("\"job 👍🏽\"", &["e2"]),
+        ("👍 NOT 🏽", &["e4"]),
+    ]
+    .iter()
+    .map(|(q, ids)| (q.to_string(), ids.iter().map(|s| s.to_string()).collect()))
+    .collect();
+    assert_eq!(found(&root), expected);
+    // The snippet is the message's own text, the emoji marked.
+    let hits = search_all(&root, "✅", SearchOptions::default());
+    assert_eq!(hits[0].snippet.marked("[", "]"), "tests done[✅] shipped");
+    root.rebuild_catalog().expect("rebuild");
+    assert_eq!(found(&root), expected, "after rebuild-catalog");
+    // The index as the build before left it: filled (user_version 2), no emoji in it.
+    let root = index_an_earlier_build_filled(root, 2);
+    assert_eq!(found(&root), expected, "the old index was not filled again");
+}
+
+/// A message whose text holds a lone UTF-16 surrogate escape (`\ud800`, kept as given by
+/// `append`) is found by its other words, the escape read as U+FFFD: serde_json refused
+/// to decode the text, so the message had none and no search found it.
+#[test]
+fn a_message_with_a_lone_surrogate_escape_is_found_by_its_other_words() {
+    let (_dir, root) = temp_root();
+    create(&root, "lone").close().expect("close");
+    let event = session_store::Event::new("message/complete")
+        .with_payload_json(
+            r#"{"message":{"id":"s1","role":"user","content":"alpha \ud800 surrogate beta"}}"#,
+        )
+        .expect("event");
+    append(&root, "lone", "op", vec![event]);
+    let hits = search_all(&root, "surrogate", SearchOptions::default());
+    assert_eq!(at(&hits), [("lone".to_owned(), 1)]);
+    assert_eq!(
+        hits[0].snippet.marked("[", "]"),
+        "alpha \u{fffd} [surrogate] beta"
+    );
+}
+
+/// `SearchOptions::with_since` keeps a message committed exactly at that millisecond (the
+/// hit's own `time_ms`, the commit's time as stored) and drops it a millisecond later, as
+/// "at or after" says; the CLI's `--since` of the second a hit shows keeps it too.
+#[test]
+fn since_keeps_a_message_committed_exactly_then() {
+    let (_dir, root) = temp_root();
+    append_new(&root, "when", "boundary marmot");
+    let hits = search_all(&root, "marmot", SearchOptions::default());
+    assert_eq!(hits.len(), 1);
+    let at_ms = hits[0].time_ms;
+    let since = |ms: i64| search_all(&root, "marmot", SearchOptions::default().with_since(ms));
+    assert_eq!(since(at_ms).len(), 1, "at the same millisecond");
+    assert_eq!(since(at_ms - 1).len(), 1);
+    assert!(since(at_ms + 1).is_empty(), "a millisecond later");
+    let shown = session_store::utc(at_ms);
+    let out = cli_ok(
+        root.path(),
+        &["--json", "search", "marmot", "--since", &shown],
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
+    assert_eq!(
+        v["hits"].as_array().map(Vec::len),
+        Some(1),
+        "--since {shown}"
+    );
 }

@@ -183,15 +183,16 @@ impl Message {
         self.json.get()
     }
 
-    /// All fields, parsed; a field whose value does not fit a [`Value`] (a number such as
-    /// `1e999`, nesting past serde_json's depth limit, a lone surrogate escape) is left out,
-    /// not the whole message (a message with one such value, in metadata say, had no
-    /// fields: search did not find its text, the browser showed it as JSON).
+    /// All fields, parsed; a lone surrogate escape (`\ud800`) in a string is read as
+    /// U+FFFD ([`parse_lossy`]), and a field whose value does not fit a [`Value`] even so (a
+    /// number such as `1e999`, nesting past serde_json's depth limit) is left out, not the
+    /// whole message (a message with one such value, in metadata say, had no fields:
+    /// search did not find its text, the browser showed it as JSON).
     pub fn fields(&self) -> Map<String, Value> {
         serde_json::from_str(self.json.get()).unwrap_or_else(|_| {
             self.entries()
                 .into_iter()
-                .filter_map(|(key, value)| Some((key, serde_json::from_str(value.get()).ok()?)))
+                .filter_map(|(key, value)| Some((key, parse_lossy(value.get())?)))
                 .collect()
         })
     }
@@ -221,14 +222,15 @@ impl Message {
         Self::from_raw(RawValue::from_string(text)?)
     }
 
-    /// The `content` field if it is a string, else `raw_content`.
+    /// The `content` field if it is a string, else `raw_content` (a lone surrogate escape
+    /// in it read as U+FFFD, [`parse_lossy`]).
     pub fn text(&self) -> Option<String> {
         let entries = self.entries();
         ["content", "raw_content"].iter().find_map(|k| {
             entries
                 .iter()
                 .find(|(key, _)| key == k)
-                .and_then(|(_, v)| serde_json::from_str::<String>(v.get()).ok())
+                .and_then(|(_, v)| parse_lossy::<String>(v.get()))
         })
     }
 
@@ -319,6 +321,58 @@ impl<'de> Deserialize<'de> for Message {
     }
 }
 
+/// `json` parsed as a `T`, a lone UTF-16 surrogate escape (`\ud800`-`\udfff` not in a
+/// high-low pair, which `append` keeps as given but serde_json refuses to decode) read as
+/// U+FFFD: a message whose text held one had no text (search found none of its words,
+/// `history` showed its JSON). `None` when it does not parse even so.
+fn parse_lossy<T: serde::de::DeserializeOwned>(json: &str) -> Option<T> {
+    serde_json::from_str(json)
+        .ok()
+        .or_else(|| serde_json::from_str(&without_lone_surrogates(json)?).ok())
+}
+
+/// `json` with each lone surrogate escape replaced by `\ufffd`; `None` when it has none.
+/// Every backslash of JSON text starts an escape inside a string, so the text is read
+/// escape by escape, a `\\` never taken for the start of one.
+fn without_lone_surrogates(json: &str) -> Option<String> {
+    let bytes = json.as_bytes();
+    let unit = |at: usize| {
+        json.get(at..at + 4)
+            .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
+            .and_then(|h| u16::from_str_radix(h, 16).ok())
+    };
+    let mut out = String::new();
+    let mut copied = 0;
+    let mut at = 0;
+    while at < bytes.len() {
+        if bytes[at] != b'\\' {
+            at += 1;
+            continue;
+        }
+        if bytes.get(at + 1) != Some(&b'u') {
+            at += 2;
+            continue;
+        }
+        match unit(at + 2) {
+            Some(0xD800..=0xDBFF)
+                if bytes.get(at + 6..at + 8) == Some(&b"\\u"[..])
+                    && unit(at + 8).is_some_and(|low| (0xDC00..=0xDFFF).contains(&low)) =>
+            {
+                at += 12;
+            }
+            Some(0xD800..=0xDFFF) => {
+                // The escape is ASCII, so `at` and `copied` are character boundaries.
+                out.push_str(&json[copied..at]);
+                out.push_str("\\ufffd");
+                at += 6;
+                copied = at;
+            }
+            _ => at += 2,
+        }
+    }
+    (copied > 0).then(|| out + &json[copied..])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -371,6 +425,24 @@ mod tests {
                 "{bad}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn a_lone_surrogate_escape_is_read_as_a_replacement_character() {
+        let m: Message = serde_json::from_str(
+            r#"{"id":"m","role":"user","content":"alpha \ud800 beta \udc00\ud83d\ude00 \\ud800 \ud83d","n":1e999}"#,
+        )
+        .unwrap();
+        let want = "alpha \u{fffd} beta \u{fffd}\u{1f600} \\ud800 \u{fffd}";
+        assert_eq!(m.text().as_deref(), Some(want));
+        assert_eq!(m.fields().get("content"), Some(&Value::from(want)));
+        assert_eq!(m.fields().get("role"), Some(&Value::from("user")));
+        // The stored text is unchanged.
+        assert!(m.json().contains(r"\ud800 beta"));
+        assert_eq!(
+            without_lone_surrogates(r#"{"a":"\ud83d\ude00 \\ud800"}"#),
+            None
+        );
     }
 
     #[test]

@@ -23,7 +23,7 @@ use crate::model::payload::{
     UsagePayload, bad, decode, json_object, one_of, required_id, title_problem,
 };
 use crate::model::transcript_index::{MessageKey, TranscriptIndex, message_key};
-use crate::model::usage::{Usage, UsageRecord};
+use crate::model::usage::{MAX_CALL_COST_WHOLE_DIGITS, Usage, UsageRecord};
 
 /// A completed turn: where it started and ended.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -357,6 +357,36 @@ fn check_replacements(prepared: &PreparedFold) -> Result<()> {
     Ok(())
 }
 
+/// How an error names the `usage` event `events[i]` of a batch: its index and model.
+fn usage_event(i: usize, r: &UsageRecord) -> String {
+    format!("events[{i}] (model {}):", crate::error::quoted(&r.model))
+}
+
+/// Refuses a `usage` event whose cost is more than one call may cost
+/// ([`MAX_CALL_COST_WHOLE_DIGITS`] digits before the point): one such cost left the exact
+/// totals no room for later costs of 18 decimals, every one refused for good. A stored one
+/// still folds.
+///
+/// # Errors
+/// [`Error::InvalidPayload`] for `usage`, naming the event and its cost.
+fn check_costs(prepared: &PreparedFold) -> Result<()> {
+    for (i, p) in prepared.events.iter().enumerate() {
+        if let Parsed::Usage(r) = p
+            && let Some(cost) = r.cost.filter(|c| c.is_over_one_call())
+        {
+            return Err(bad(
+                kind::USAGE,
+                format!(
+                    "{} cost {cost} is over what one call may cost (at most \
+                     {MAX_CALL_COST_WHOLE_DIGITS} digits before the point)",
+                    usage_event(i, r)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Refuses a `session/title` that `rename` refuses ([`title_problem`]: blank, which would
 /// hide the session's preview in listings, holding NUL, or too long). A stored one still
 /// folds.
@@ -395,12 +425,12 @@ impl Projection {
         let mut added: HashSet<&str> =
             HashSet::with_capacity_and_hasher(events.len(), Default::default());
         let mut usage: Option<Usage> = None;
-        for p in &parsed {
+        for (i, p) in parsed.iter().enumerate() {
             match p {
                 Parsed::Usage(r) => usage
                     .get_or_insert_with(|| self.usage.clone())
                     .add(r)
-                    .ok_or_else(|| bad(kind::USAGE, "the usage totals would overflow"))?,
+                    .map_err(|why| bad(kind::USAGE, format!("{} {why}", usage_event(i, r))))?,
                 Parsed::MessageComplete(m) => {
                     let known = match &reset {
                         Some(ids) => ids.contains(m.id()),
@@ -438,6 +468,7 @@ impl Projection {
     pub(crate) fn check_append(&self, prepared: &PreparedFold) -> Result<()> {
         self.check_turn_nesting(prepared)?;
         check_titles(prepared)?;
+        check_costs(prepared)?;
         check_replacements(prepared)
     }
 

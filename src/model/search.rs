@@ -7,6 +7,7 @@
 //! (implicit between terms) and parentheses. Matching ignores case and diacritics; words
 //! are runs of letters and digits.
 
+use std::borrow::Cow;
 use std::ops::Range;
 
 use serde_json::Value;
@@ -72,9 +73,80 @@ fn bad(reason: impl std::fmt::Display) -> Error {
 }
 
 /// Whether `c` is part of a word (as SQLite's `unicode61` tokenizer sees it, closely: a
-/// combining mark belongs to the word it accents).
+/// combining mark belongs to the word it accents), or an emoji ([`is_emoji`]: a word of
+/// its own).
 fn is_word_char(c: char) -> bool {
-    c.is_alphanumeric() || is_combining_mark(c)
+    c.is_alphanumeric() || is_combining_mark(c) || is_emoji(c)
+}
+
+/// Whether `c` is an emoji or a pictograph of the emoji blocks (U+1F000-U+1FFFD: emoticons,
+/// pictographs, transport, flags' regional indicators, skin tone modifiers, and those
+/// Unicode adds there later; Miscellaneous Symbols and Dingbats U+2600-U+27BF; U+2B00-U+2BFF;
+/// and the emoji among other symbols: `©`, `®`, `‼`, `⁉`, `™`, `⌚`, `⏰`, `▶`, `⤴`, `〰`, …),
+/// not a letter or digit. Each is indexed and searched as a word of its own
+/// ([`index_text`]): `unicode61` takes most of them for separators (`✅` and `👍` held no
+/// word, so no search found them), and some for letters (those Unicode 6.1 had not
+/// assigned, such as `🤔` or a skin tone, which stuck to the word beside them).
+fn is_emoji(c: char) -> bool {
+    matches!(
+        u32::from(c),
+        0x1F000..=0x1FFFD
+            | 0x2600..=0x27BF
+            | 0x2B00..=0x2BFF
+            | 0xA9
+            | 0xAE
+            | 0x203C
+            | 0x2049
+            | 0x2122
+            | 0x2194..=0x2199
+            | 0x21A9..=0x21AA
+            | 0x231A..=0x231B
+            | 0x2328
+            | 0x23CF
+            | 0x23E9..=0x23F3
+            | 0x23F8..=0x23FA
+            | 0x25AA..=0x25AB
+            | 0x25B6
+            | 0x25C0
+            | 0x25FB..=0x25FE
+            | 0x2934..=0x2935
+            | 0x3030
+            | 0x303D
+            | 0x3297
+            | 0x3299
+    ) && !c.is_alphanumeric()
+}
+
+/// The text as the index holds it and as a query's terms look for it: each emoji
+/// ([`is_emoji`]) a token of its own, a private-use character (which `unicode61` takes for
+/// a letter) standing for it between spaces: U+F0000 plus the code point for one of the
+/// Basic Multilingual Plane, U+100000 plus its offset in the plane for one of plane 1. So
+/// `done✅` holds the words `done` and `✅`, `👍🏽` the words `👍` and `🏽` (a search for
+/// `👍` finds every skin tone, `👍🏽` that one as a phrase), and a ZWJ sequence its emoji in
+/// order. Variation selectors and the zero-width joiner are separators already. Only the
+/// index holds this form: snippets are cut from the message's own text.
+pub(crate) fn index_text(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(is_emoji) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if !is_emoji(c) {
+            out.push(c);
+            continue;
+        }
+        let code = u32::from(c);
+        let stand_in = if code < 0x1_0000 {
+            0xF_0000 + code
+        } else {
+            0x10_0000 + (code - 0x1_0000)
+        };
+        out.push(' ');
+        // Always a private-use character (planes 15 and 16), so always a `char`.
+        out.push(char::from_u32(stand_in).unwrap_or(char::REPLACEMENT_CHARACTER));
+        out.push(' ');
+    }
+    Cow::Owned(out)
 }
 
 /// A word as the index compares it (`unicode61 remove_diacritics 2`, closely): lowercase,
@@ -210,7 +282,7 @@ impl Parser {
         let token = self.peek().cloned();
         self.at += 1;
         match token {
-            // One without a letter or digit is left out afterwards ([`prune`]).
+            // One without a letter, digit or emoji is left out afterwards ([`prune`]).
             Some(Token::Term { text, prefix }) => Ok(Node::Term { text, prefix }),
             Some(Token::Open) => {
                 self.depth += 1;
@@ -283,7 +355,7 @@ impl SearchQuery {
         }
         let root = prune(root).ok_or_else(|| {
             bad(format!(
-                "{} has no letter or digit to search for",
+                "{} has no letter, digit or emoji to search for",
                 crate::error::quoted(query.trim())
             ))
         })?;
@@ -324,7 +396,7 @@ impl SearchQuery {
     }
 }
 
-/// `node` without its terms that hold no letter or digit (`&`, `+`, `🎉`): searched as
+/// `node` without its terms that hold no letter, digit or emoji (`&`, `+`): searched as
 /// text (as everything but the syntax is), such a term holds no word, so `a & b` is
 /// `a b`, `a OR +` is `a` and `a NOT +` is `a` (before, the query was refused). `None`
 /// when nothing is left.
@@ -337,7 +409,14 @@ fn prune(node: Node) -> Option<Node> {
         }
     };
     match node {
-        Node::Term { ref text, .. } if !text.chars().any(is_word_char) => None,
+        // Combining marks alone (`\u{301}`, a variation selector) are no word either: the
+        // tokenizer drops them, and such a term, an empty phrase, matched nothing, so
+        // `log \u{301}` found nothing.
+        Node::Term { ref text, .. }
+            if !text.chars().any(|c| c.is_alphanumeric() || is_emoji(c)) =>
+        {
+            None
+        }
         Node::Term { .. } => Some(node),
         Node::And(parts) => several(parts, Node::And),
         Node::Or(parts) => several(parts, Node::Or),
@@ -351,8 +430,9 @@ fn prune(node: Node) -> Option<Node> {
     }
 }
 
+/// `text` as an FTS5 string: its emoji as the index holds them ([`index_text`]), `"` doubled.
 fn quote(text: &str) -> String {
-    format!("\"{}\"", text.replace('"', "\"\""))
+    format!("\"{}\"", index_text(text).replace('"', "\"\""))
 }
 
 fn emit(node: &Node, out: &mut String) {
@@ -400,14 +480,22 @@ fn collect_marks(node: &Node, out: &mut Vec<(String, bool)>) {
     }
 }
 
-/// The words of `text`, folded ([`fold`]), with their byte ranges.
+/// The words of `text`, folded ([`fold`]), with their byte ranges: as the index has them,
+/// an emoji is a word of its own (with the marks that follow it, such as a variation
+/// selector), as [`index_text`] makes it.
 fn words(text: &str) -> impl Iterator<Item = (Range<usize>, String)> + '_ {
     let mut chars = text.char_indices().peekable();
     std::iter::from_fn(move || {
-        let (start, _) = chars.by_ref().find(|(_, c)| is_word_char(*c))?;
+        let (start, first) = chars.by_ref().find(|(_, c)| is_word_char(*c))?;
+        let emoji = is_emoji(first);
         let mut end = text.len();
         while let Some((at, c)) = chars.peek() {
-            if !is_word_char(*c) {
+            let goes_on = if emoji {
+                is_combining_mark(*c)
+            } else {
+                is_word_char(*c) && !is_emoji(*c)
+            };
+            if !goes_on {
                 end = *at;
                 break;
             }
@@ -601,7 +689,7 @@ mod tests {
             ("*", "must follow"),
             ("a\0b", "NUL"),
             ("()", "empty parentheses"),
-            ("\"...\"", "no letter"),
+            ("\"...\"", "no letter, digit or emoji"),
         ] {
             let e = SearchQuery::parse(q).expect_err(q).to_string();
             assert!(e.contains(why), "{q:?}: {e}");
@@ -622,7 +710,8 @@ mod tests {
             ("a OR +", "a"),
             ("a NOT (+ OR -)", "a"),
             ("(+) a", "a"),
-            ("🎉 party", "party"),
+            ("log \u{301}", "log"),
+            ("log NOT \u{fe0f}", "log"),
         ] {
             let parsed = SearchQuery::parse(q).unwrap_or_else(|e| panic!("{q:?}: {e}"));
             let expected = SearchQuery::parse(same_as).expect("parses");
@@ -630,10 +719,34 @@ mod tests {
             assert_eq!(parsed.exact_phrase(), expected.exact_phrase(), "{q:?}");
         }
         // A query of nothing else is still refused.
-        for q in ["+", "& -", "🎉", "(+) OR -"] {
+        for q in ["+", "& -", "(+) OR -", "\u{301}", "\u{fe0f} \u{200d}"] {
             let e = SearchQuery::parse(q).expect_err(q).to_string();
-            assert!(e.contains("no letter or digit"), "{q:?}: {e}");
+            assert!(e.contains("no letter, digit or emoji"), "{q:?}: {e}");
         }
+    }
+
+    #[test]
+    fn emoji_are_words_of_their_own_in_queries_the_index_and_snippets() {
+        // Each emoji a private-use stand-in between spaces, as the index holds it.
+        assert_eq!(index_text("plain words"), "plain words");
+        assert_eq!(index_text("done✅"), "done \u{F2705} ");
+        assert_eq!(index_text("👍🏽"), " \u{10F44D}  \u{10F3FD} ");
+        assert_eq!(fts("🎉"), "\" \u{10F389} \"");
+        assert_eq!(fts("🎉 party"), "(\" \u{10F389} \" AND \"party\")");
+        assert_eq!(fts("✅*"), "\" \u{F2705} \"*");
+        let q = SearchQuery::parse("great 👍").expect("parses");
+        assert_eq!(q.exact_phrase().as_deref(), Some("\"great  \u{10F44D} \""));
+        // A snippet marks the emoji, not the word it is stuck to; a variation selector
+        // stays with its emoji.
+        let marked = |q: &str, text: &str| {
+            snippet(text, &SearchQuery::parse(q).expect("parses").marks()).marked("[", "]")
+        };
+        assert_eq!(marked("✅", "done✅ ok"), "done[✅] ok");
+        assert_eq!(marked("done", "done✅ ok"), "[done]✅ ok");
+        assert_eq!(marked("👍🏽", "a 👍🏽 b 👍"), "a [👍][🏽] b [👍]");
+        assert_eq!(marked("❤", "I ❤\u{fe0f} it"), "I [❤\u{fe0f}] it");
+        // Symbols that are no emoji still hold no word.
+        assert_eq!(fts("a & → b"), fts("a b"));
     }
 
     #[test]

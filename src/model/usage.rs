@@ -14,6 +14,13 @@ pub const MAX_COST_SCALE: u32 = 18;
 /// Longest cost text accepted (digits and the point).
 const MAX_COST_CHARS: usize = 64;
 
+/// Most digits before the point of the cost of one appended `usage` event (under a million
+/// billion). Totals are exact at the largest scale seen, in 38 digits: one cost of 10^21
+/// left no room for any later cost of 18 decimals (every such event was refused, the
+/// totals would overflow), so one hostile event kept a session from recording costs for
+/// good. With this bound, 340,000 events of the largest cost still sum exactly.
+pub(crate) const MAX_CALL_COST_WHOLE_DIGITS: u32 = 15;
+
 /// An exact non-negative decimal amount, e.g. a cost in dollars: `mantissa / 10^scale`.
 /// Written and read as a decimal string (`"0.0123"`): digits, optionally a point and at
 /// most [`MAX_COST_SCALE`] more digits; no sign, exponent or spaces.
@@ -58,6 +65,14 @@ impl Cost {
                 .ok_or_else(|| format!("cost {text:?} is too large"))?;
         }
         Ok(Cost { mantissa, scale })
+    }
+
+    /// Whether this is more than one appended `usage` event may cost (10^15 or more,
+    /// [`MAX_CALL_COST_WHOLE_DIGITS`]).
+    pub(crate) fn is_over_one_call(self) -> bool {
+        10u128
+            .checked_pow(MAX_CALL_COST_WHOLE_DIGITS + self.scale)
+            .is_none_or(|limit| self.mantissa >= limit)
     }
 
     /// `self + other` at the larger of the two scales; `None` on overflow.
@@ -140,16 +155,40 @@ pub struct UsageTotals {
 }
 
 impl UsageTotals {
-    /// These totals plus one record; `None` when a sum would overflow.
-    fn plus(&self, r: &UsageRecord) -> Option<UsageTotals> {
-        Some(UsageTotals {
-            events: self.events.checked_add(1)?,
-            input_tokens: self.input_tokens.checked_add(r.input_tokens)?,
-            output_tokens: self.output_tokens.checked_add(r.output_tokens)?,
-            cache_read_tokens: self.cache_read_tokens.checked_add(r.cache_read_tokens)?,
-            cache_write_tokens: self.cache_write_tokens.checked_add(r.cache_write_tokens)?,
+    /// These totals plus one record.
+    ///
+    /// # Errors
+    /// Which sum would overflow, with the total so far and what was added.
+    fn plus(&self, r: &UsageRecord) -> Result<UsageTotals, String> {
+        let count = |name: &str, total: u64, added: u64| {
+            total.checked_add(added).ok_or_else(|| {
+                format!(
+                    "the total {name} ({total}) plus {added} would pass {}",
+                    u64::MAX
+                )
+            })
+        };
+        Ok(UsageTotals {
+            events: count("events", self.events, 1)?,
+            input_tokens: count("input_tokens", self.input_tokens, r.input_tokens)?,
+            output_tokens: count("output_tokens", self.output_tokens, r.output_tokens)?,
+            cache_read_tokens: count(
+                "cache_read_tokens",
+                self.cache_read_tokens,
+                r.cache_read_tokens,
+            )?,
+            cache_write_tokens: count(
+                "cache_write_tokens",
+                self.cache_write_tokens,
+                r.cache_write_tokens,
+            )?,
             cost: match (self.cost, r.cost) {
-                (Some(a), Some(b)) => Some(a.checked_add(b)?),
+                (Some(a), Some(b)) => Some(a.checked_add(b).ok_or_else(|| {
+                    format!(
+                        "the total cost ({a}) plus {b} has more digits than an exact sum \
+                         holds (38, at the larger of their scales)"
+                    )
+                })?),
                 (a, b) => a.or(b),
             },
         })
@@ -173,8 +212,11 @@ impl Usage {
         self.total.events == 0
     }
 
-    /// Adds one record; `None` (and no change) when a sum would overflow.
-    pub(crate) fn add(&mut self, r: &UsageRecord) -> Option<()> {
+    /// Adds one record; no change when a sum would overflow.
+    ///
+    /// # Errors
+    /// Which sum would overflow (the overall one first, which is never below a model's).
+    pub(crate) fn add(&mut self, r: &UsageRecord) -> Result<(), String> {
         let total = self.total.plus(r)?;
         let model = self
             .by_model
@@ -182,7 +224,7 @@ impl Usage {
             .map_or_else(|| UsageTotals::default().plus(r), |t| t.plus(r))?;
         self.total = total;
         self.by_model.insert(r.model.clone(), model);
-        Some(())
+        Ok(())
     }
 }
 
@@ -248,9 +290,50 @@ mod tests {
             input_tokens: u64::MAX,
             ..UsageRecord::default()
         };
-        assert_eq!(u.add(&big), Some(()));
+        assert_eq!(u.add(&big), Ok(()));
         let before = u.clone();
-        assert_eq!(u.add(&big), None);
+        assert_eq!(
+            u.add(&big),
+            Err(format!(
+                "the total input_tokens ({0}) plus {0} would pass {0}",
+                u64::MAX
+            ))
+        );
         assert_eq!(u, before);
+        let mut u = Usage::default();
+        let costly = |c: &str| UsageRecord {
+            model: "m".to_owned(),
+            cost: Some(cost(c)),
+            ..UsageRecord::default()
+        };
+        assert_eq!(u.add(&costly("1000000000000000000000")), Ok(()));
+        let e = u.add(&costly("0.000000000000000001")).unwrap_err();
+        assert!(
+            e.starts_with(
+                "the total cost (1000000000000000000000) plus 0.000000000000000001 has more digits"
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn one_call_costs_at_most_fifteen_digits_before_the_point() {
+        for (c, over) in [
+            ("999999999999999.999999999999999999", false),
+            ("999999999999999", false),
+            ("0.000000000000000001", false),
+            ("1000000000000000", true),
+            ("1000000000000000.0", true),
+            ("340282366920938463463374607431768211455", true),
+        ] {
+            assert_eq!(cost(c).is_over_one_call(), over, "{c}");
+        }
+        // 340,000 events of the largest one-call cost still sum exactly.
+        let max = cost("999999999999999.999999999999999999");
+        let total = Cost {
+            mantissa: max.mantissa * 340_000,
+            scale: 18,
+        };
+        assert!(total.checked_add(max).is_some());
     }
 }

@@ -39,7 +39,7 @@ use crate::error::{Error, Result};
 use crate::model::Message;
 use crate::model::SessionId;
 use crate::model::projection::HistoryChange;
-use crate::model::search::message_text;
+use crate::model::search::{index_text, message_text};
 use crate::store::hit_files::HitFiles;
 use crate::store::read::LineageEntry;
 use crate::store::reader::{OwnChanges, SessionReader};
@@ -59,8 +59,10 @@ pub(crate) const SEARCH_FILES: [&str; 4] = [
 /// in the fill's own transaction, so an index whose first fill was interrupted (a search
 /// killed while it filled a new index) is 0 and is filled again by the next search. An
 /// index an earlier build filled (1: before a Responses-API item's tool call, output and
-/// reasoning summary were text to search) is filled again the same way.
-const FILLED: i64 = 2;
+/// reasoning summary were text to search; 2: before emoji were words, `model::search::
+/// index_text`, and before a text with a lone surrogate escape was indexed) is filled again
+/// the same way.
+const FILLED: i64 = 3;
 
 /// `PRAGMA application_id` of a search index ("SeSF").
 const SEARCH_APPLICATION_ID: i32 = 0x5365_5346;
@@ -1096,7 +1098,7 @@ fn put(
     )?
     .execute(params![key, position, seq, time_ms, role_value(role)])?;
     tx.prepare_cached("INSERT INTO search_text (rowid, text) VALUES (?1, ?2)")?
-        .execute(params![tx.last_insert_rowid(), text])?;
+        .execute(params![tx.last_insert_rowid(), index_text(text)])?;
     Ok(())
 }
 
