@@ -12,7 +12,7 @@ use crate::model::{Batch, CLOSURE_KINDS, Commit, SessionRef};
 use crate::session::live::{Session, SessionSnapshot};
 
 /// What a runtime is doing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum RuntimePhase {

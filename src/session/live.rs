@@ -101,7 +101,7 @@ pub(crate) struct WriteBehind {
 }
 
 /// Where the accepted tail stands with respect to the disk.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum PersistenceStatus {
