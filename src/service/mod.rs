@@ -727,7 +727,9 @@ impl Service {
         .await
     }
 
-    /// Forks after a completed turn and publishes the child's runtime.
+    /// Forks after a completed turn and publishes the child's runtime. An attached
+    /// runtime of the parent is flushed first (or a close of it under way waited for), so
+    /// a turn it accepted is there to cut at.
     ///
     /// # Errors
     /// As [`Root::fork`]; [`Error::Closed`] after [`Service::shutdown`].
@@ -741,7 +743,9 @@ impl Service {
             .await
     }
 
-    /// Rewinds to before a turn into a new session and publishes its runtime.
+    /// Rewinds to before a turn into a new session and publishes its runtime. An attached
+    /// runtime of the parent is flushed first (or a close of it under way waited for), so
+    /// a turn it accepted is there to cut at.
     ///
     /// # Errors
     /// As [`Root::fork`]; [`Error::Closed`] after [`Service::shutdown`].
