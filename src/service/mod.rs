@@ -622,7 +622,8 @@ impl Service {
     /// Cancels the attached runtime's execution and returns its state.
     ///
     /// # Errors
-    /// [`Error::SessionNotRunning`] without an attached runtime.
+    /// [`Error::InvalidInput`] for a ref of another host; [`Error::SessionNotRunning`]
+    /// without an attached runtime.
     pub fn cancel(&self, r: &SessionRef) -> Result<RuntimeSnapshot> {
         self.check_ref(r)?;
         let rt = self.runtime(r).ok_or(Error::SessionNotRunning)?;
