@@ -24,6 +24,23 @@
 //! let _: Box<dyn std::error::Error + Send + Sync> = Box::new(Error::Cancelled);
 //! ```
 //!
+//! The states a host shows or sends on (a UI, another process) read back from their JSON
+//! and key sets and maps; a session id is looked up by its text:
+//!
+//! ```
+//! use session_store::{PersistenceStatus, RuntimePhase, SessionId};
+//! let phase: RuntimePhase = serde_json::from_str(r#""recovery_required""#).unwrap();
+//! assert_eq!(phase, RuntimePhase::RecoveryRequired);
+//! assert_eq!(serde_json::to_string(&phase).unwrap(), r#""recovery_required""#);
+//! let seen = std::collections::HashSet::from([phase, RuntimePhase::Idle]);
+//! assert!(seen.contains(&RuntimePhase::Idle));
+//! let statuses = std::collections::HashSet::from([PersistenceStatus::Pending]);
+//! assert!(statuses.contains(&PersistenceStatus::Pending));
+//! let titles = std::collections::HashMap::from([(SessionId::try_from("chat")?, "Hi")]);
+//! assert_eq!(titles.get("chat"), Some(&"Hi"));
+//! # Ok::<(), session_store::Error>(())
+//! ```
+//!
 //! ```compile_fail,E0639
 //! fn copy(x: session_store::Usage) -> session_store::Usage {
 //!     session_store::Usage { ..x }

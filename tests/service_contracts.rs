@@ -1259,3 +1259,67 @@ async fn an_open_after_a_failed_close_binds_a_runtime_that_appends() {
     binding.release().await.expect("release");
     service.shutdown().await.expect("shutdown");
 }
+
+/// `shutdown` stops the service, as its doc says: `create`, `prepare_create`, `open`, `fork`
+/// and `rename` then answer `Closed` and create nothing (a `create` after it used to make
+/// and publish a session that held its writer lock until the service was dropped), and a
+/// `create` racing it (50 rounds) ends before it returns: no writer lock is held after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn shutdown_stops_the_service_and_leaves_no_writer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (service, r) = service_with_session(dir.path(), "kept").await;
+    let rt = service.runtime(&r).expect("published");
+    rt.session()
+        .append(turn("op-1", "t1", "m1"))
+        .expect("append");
+    service.close(&r).await.expect("close");
+    within("shutdown", service.shutdown())
+        .await
+        .expect("shutdown");
+    let clone = service.clone();
+    let created = clone.create(CreateOptions::with_id(id("late"))).await;
+    assert!(matches!(created, Err(Error::Closed)), "{created:?}");
+    let prepared = service
+        .prepare_create(CreateOptions::with_id(id("late")))
+        .await;
+    assert!(matches!(prepared, Err(Error::Closed)), "{prepared:?}");
+    let opened = service.open(&r).await;
+    assert!(matches!(opened, Err(Error::Closed)), "{opened:?}");
+    let forked = service.fork(&r, "t1", None).await;
+    assert!(matches!(forked, Err(Error::Closed)), "{forked:?}");
+    let renamed = service.rename(&r, "new title").await;
+    assert!(matches!(renamed, Err(Error::Closed)), "{renamed:?}");
+    let root = service.root().clone();
+    assert_eq!(root.list_ids().expect("ids"), vec![id("kept")]);
+    // Queries still answer.
+    let history = service.query().history(&r).await.expect("history");
+    assert_eq!(history.len(), 1);
+
+    for round in 0..50 {
+        let service = service_in(&dir.path().join(format!("race-{round}")));
+        let opener = {
+            let service = service.clone();
+            tokio::spawn(async move {
+                service
+                    .create(CreateOptions::with_id(id("raced")))
+                    .await
+                    .map(drop)
+            })
+        };
+        tokio::task::yield_now().await;
+        within("racing shutdown", service.shutdown())
+            .await
+            .expect("shutdown");
+        let _ = opener.await.expect("opener task");
+        assert!(service.runtime(&service.session_ref(id("raced"))).is_none());
+        if service
+            .root()
+            .list_ids()
+            .expect("ids")
+            .contains(&id("raced"))
+        {
+            let writer = service.root().open_writer(&id("raced"));
+            assert!(writer.is_ok(), "round {round}: {:?}", writer.err());
+        }
+    }
+}

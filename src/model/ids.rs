@@ -90,6 +90,13 @@ impl TryFrom<String> for SessionId {
     }
 }
 
+impl TryFrom<&str> for SessionId {
+    type Error = Error;
+    fn try_from(value: &str) -> Result<Self> {
+        SessionId::new(value)
+    }
+}
+
 impl From<SessionId> for String {
     fn from(id: SessionId) -> String {
         id.0
@@ -111,6 +118,14 @@ impl fmt::Display for SessionId {
 
 impl AsRef<str> for SessionId {
     fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A map or set keyed by `SessionId` is looked up by a `&str` (equal ids hash as their
+/// text does).
+impl std::borrow::Borrow<str> for SessionId {
+    fn borrow(&self) -> &str {
         &self.0
     }
 }
@@ -231,6 +246,17 @@ pub(crate) fn now_ms() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_id_converts_from_str_and_keys_maps_looked_up_by_str() {
+        let id = SessionId::try_from("chat-1").unwrap();
+        assert_eq!(id, SessionId::new("chat-1").unwrap());
+        assert!(SessionId::try_from("../x").is_err());
+        let titles = std::collections::HashMap::from([(id, "Hello")]);
+        assert_eq!(titles.get("chat-1"), Some(&"Hello"));
+        let ids = std::collections::BTreeSet::from([SessionId::random()]);
+        assert!(!ids.contains("chat-1"));
+    }
 
     #[test]
     fn random_ids_are_hex_and_differ() {

@@ -31,7 +31,18 @@ use serde_json::{Map, Value};
 /// assert_eq!(a, serde_json::from_str::<Message>(r#"{"id":"m1","content":"hi"}"#).unwrap());
 /// assert_ne!(a, serde_json::from_str::<Message>(r#"{"content":"hi","id":"m1"}"#).unwrap());
 /// ```
-#[derive(Clone, Debug)]
+///
+/// Its `Debug` shows the id and role as text, and the JSON:
+///
+/// ```
+/// use session_store::Message;
+/// let m: Message = serde_json::from_str(r#"{"id":"m1","role":"user","content":"hi"}"#).unwrap();
+/// assert_eq!(
+///     format!("{m:?}"),
+///     r#"Message { id: "m1", role: Some("user"), json: "{\"id\":\"m1\",\"role\":\"user\",\"content\":\"hi\"}" }"#
+/// );
+/// ```
+#[derive(Clone)]
 pub struct Message {
     /// `None` without an `id` (read as "").
     id: Option<Field>,
@@ -43,7 +54,7 @@ pub struct Message {
 
 /// A string field of a message: where its text sits in the message's JSON when the JSON
 /// spells it without escapes (most ids and roles: no allocation of its own), else a copy.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 enum Field {
     /// Bytes `start..end` of the message's JSON text.
     At { start: usize, end: usize },
@@ -297,6 +308,18 @@ impl<'de> Deserialize<'de> for Entries {
     }
 }
 
+/// The id and role as text (the derived form showed where they sit in the JSON, byte
+/// offsets that mean nothing to a reader), then the JSON.
+impl std::fmt::Debug for Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Message")
+            .field("id", &self.id())
+            .field("role", &self.role())
+            .field("json", &self.json())
+            .finish()
+    }
+}
+
 impl PartialEq for Message {
     fn eq(&self, other: &Self) -> bool {
         self.json.get() == other.json.get()
@@ -376,6 +399,19 @@ fn without_lone_surrogates(json: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_shows_the_id_and_role_not_their_offsets() {
+        // An id with an escape is a copy (`Field::Own`), the role a slice of the JSON.
+        let m: Message =
+            serde_json::from_str(r#"{"id":"a\u0062","role":"user","content":"x"}"#).unwrap();
+        let shown = format!("{m:?}");
+        assert!(
+            shown.starts_with(r#"Message { id: "ab", role: Some("user"), json: "#),
+            "{shown}"
+        );
+        assert!(!shown.contains("start"), "{shown}");
+    }
 
     #[test]
     fn keeps_json_verbatim_and_filters_for_the_model() {

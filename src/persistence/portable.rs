@@ -275,13 +275,17 @@ impl Root {
     /// hashes, blob digests and a full projection replay — all before anything becomes
     /// visible. The copy is built under `.staging/` and renamed into place. The file is the
     /// user's: a symlink to it is followed (resolved once), and nothing is created beside
-    /// it (see [`replay_file`](crate::replay_file)).
+    /// it (see [`replay_file`](crate::replay_file)). `file` may also be a session's folder:
+    /// its `session.sqlite` is imported (a self-contained one: a root session, or one whose
+    /// inherited range was materialised).
     ///
     /// # Errors
-    /// [`Error::SessionExists`] when the target id is taken; [`Error::Corrupt`] or
-    /// [`Error::UnsupportedVersion`] for a bad file; [`Error::InvalidInput`] for a file that
-    /// is not self-contained, or a path that is not a regular file (a FIFO is refused before
-    /// it is opened). Nothing is left on disk on failure.
+    /// [`Error::SessionExists`] when the target id is taken; [`Error::SessionNotFound`]
+    /// naming the path when nothing is there (also a folder without a `session.sqlite`);
+    /// [`Error::Corrupt`] or [`Error::UnsupportedVersion`] for a bad file;
+    /// [`Error::InvalidInput`] for a file that is not self-contained, or a path that is
+    /// neither a folder nor a regular file (a FIFO is refused before it is opened). Nothing
+    /// is left on disk on failure.
     pub fn import(&self, file: impl AsRef<Path>, options: ImportOptions) -> Result<SessionId> {
         let target = resolve_target(file.as_ref())?;
         check_integrity(&target.file, target.access)?;

@@ -83,6 +83,8 @@ struct Registry {
     /// of the session would otherwise go back to the file's durable prefix meanwhile.
     closing: HashMap<SessionId, Runtime>,
     bindings: HashMap<SessionId, usize>,
+    /// Set by [`Service::shutdown`]: no id is reserved and no runtime published any more.
+    stopped: bool,
 }
 
 pub(crate) struct ServiceInner {
@@ -231,8 +233,10 @@ impl Service {
     /// Creates a session whose runtime is usable but not visible until published.
     ///
     /// # Errors
-    /// [`Error::SessionExists`]; storage errors.
+    /// [`Error::SessionExists`]; [`Error::Closed`] after [`Service::shutdown`] (nothing
+    /// created); storage errors.
     pub async fn prepare_create(&self, options: CreateOptions) -> Result<PreparedRuntime> {
+        self.check_running()?;
         let root = self.inner.root.clone();
         let session = blocking(move || root.create(options)).await?;
         let r = self.session_ref(session.id().clone());
@@ -249,8 +253,8 @@ impl Service {
     /// # Errors
     /// [`Error::InvalidInput`] for one another service prepared (its session is in that
     /// service's root, under its host id); [`Error::SessionExists`] when another runtime
-    /// is active for the session; [`Error::Closed`] for a discarded one, or a published
-    /// one closed since.
+    /// is active for the session; [`Error::Closed`] for a discarded one, a published
+    /// one closed since, or one not yet published when the service was shut down.
     pub fn publish(&self, prepared: &PreparedRuntime) -> Result<Runtime> {
         if !self.prepared_here(prepared) {
             return Err(Error::invalid(format!(
@@ -272,6 +276,9 @@ impl Service {
         }
         let id = prepared.runtime.session_ref().session_id.clone();
         let mut reg = self.registry();
+        if reg.stopped {
+            return Err(Error::Closed);
+        }
         if reg.active.contains_key(&id) {
             return Err(Error::SessionExists(id.to_string()));
         }
@@ -328,7 +335,7 @@ impl Service {
             .clone();
         let service = self.clone();
         to_completion(async move {
-            if service.reserve(&id).await.is_some() {
+            if service.reserve(&id).await?.is_some() {
                 return Err(Error::SessionExists(id.to_string()));
             }
             let root = service.inner.root.clone();
@@ -349,7 +356,7 @@ impl Service {
     /// another process, or a handle of this one outside this service's registry (a
     /// [`Root::open_writer`] session, a [`Service::prepare_create`] not yet published,
     /// another `Service` over the same root); the error of the retried close when it
-    /// fails again (e.g. [`Error::DiskFull`]).
+    /// fails again (e.g. [`Error::DiskFull`]); [`Error::Closed`] after [`Service::shutdown`].
     pub async fn open(&self, r: &SessionRef) -> Result<ClientBinding> {
         loop {
             let runtime = self.open_runtime(r).await?;
@@ -396,7 +403,7 @@ impl Service {
         self.check_ref(r)?;
         let (service, r) = (self.clone(), r.clone());
         to_completion(async move {
-            if let Some(rt) = service.reserve(&r.session_id).await {
+            if let Some(rt) = service.reserve(&r.session_id).await? {
                 return Ok(rt);
             }
             let root = service.inner.root.clone();
@@ -415,16 +422,22 @@ impl Service {
     /// Returns the runtime of `id` when it is published; otherwise reserves `id` in
     /// `preparing` (waiting while another open holds the reservation) and returns `None`:
     /// the caller opens the session and ends with [`Service::install`].
-    async fn reserve(&self, id: &SessionId) -> Option<Runtime> {
+    ///
+    /// # Errors
+    /// [`Error::Closed`] once the service is shut down.
+    async fn reserve(&self, id: &SessionId) -> Result<Option<Runtime>> {
         loop {
             let notified = {
                 let mut reg = self.registry();
+                if reg.stopped {
+                    return Err(Error::Closed);
+                }
                 if let Some(rt) = reg.active.get(id) {
-                    return Some(rt.clone());
+                    return Ok(Some(rt.clone()));
                 }
                 if !reg.preparing.contains(id) {
                     reg.preparing.insert(id.clone());
-                    return None;
+                    return Ok(None);
                 }
                 self.inner.registry_changed.notified()
             };
@@ -563,12 +576,35 @@ impl Service {
         first.map_or(Ok(()), Err)
     }
 
-    /// Stops the service: closes every runtime (use before removing the root).
+    /// Stops the service: from now on it opens, creates and publishes nothing (`create`,
+    /// `prepare_create`, `publish`, `open`, `fork`, `rewind`, `rename` and
+    /// `continue_legacy` of it and its clones return [`Error::Closed`]); an open or close
+    /// under way is waited for, then every runtime is closed (use before removing the
+    /// root). Queries, `export` and `import` still answer.
     ///
     /// # Errors
     /// As [`Service::close_all`].
     pub async fn shutdown(&self) -> Result<()> {
+        loop {
+            let notified = {
+                let mut reg = self.registry();
+                reg.stopped = true;
+                if reg.preparing.is_empty() {
+                    break;
+                }
+                self.inner.registry_changed.notified()
+            };
+            notified.await;
+        }
         self.close_all().await
+    }
+
+    /// [`Error::Closed`] once the service is shut down.
+    fn check_running(&self) -> Result<()> {
+        if self.registry().stopped {
+            return Err(Error::Closed);
+        }
+        Ok(())
     }
 
     /// Flushes an attached runtime.
@@ -586,7 +622,8 @@ impl Service {
     /// Cancels the attached runtime's execution and returns its state.
     ///
     /// # Errors
-    /// [`Error::SessionNotRunning`] without an attached runtime.
+    /// [`Error::InvalidInput`] for a ref of another host; [`Error::SessionNotRunning`]
+    /// without an attached runtime.
     pub fn cancel(&self, r: &SessionRef) -> Result<RuntimeSnapshot> {
         self.check_ref(r)?;
         let rt = self.runtime(r).ok_or(Error::SessionNotRunning)?;
@@ -666,6 +703,9 @@ impl Service {
         // the fork's runtime instead of racing it for the writer lock.
         {
             let mut reg = self.registry();
+            if reg.stopped {
+                return Err(Error::Closed);
+            }
             if reg.active.contains_key(&child) || !reg.preparing.insert(child.clone()) {
                 return Err(Error::SessionExists(child.to_string()));
             }
@@ -688,10 +728,12 @@ impl Service {
         .await
     }
 
-    /// Forks after a completed turn and publishes the child's runtime.
+    /// Forks after a completed turn and publishes the child's runtime. An attached
+    /// runtime of the parent is flushed first (or a close of it under way waited for), so
+    /// a turn it accepted is there to cut at.
     ///
     /// # Errors
-    /// As [`Root::fork`].
+    /// As [`Root::fork`]; [`Error::Closed`] after [`Service::shutdown`].
     pub async fn fork(
         &self,
         r: &SessionRef,
@@ -702,10 +744,12 @@ impl Service {
             .await
     }
 
-    /// Rewinds to before a turn into a new session and publishes its runtime.
+    /// Rewinds to before a turn into a new session and publishes its runtime. An attached
+    /// runtime of the parent is flushed first (or a close of it under way waited for), so
+    /// a turn it accepted is there to cut at.
     ///
     /// # Errors
-    /// As [`Root::fork`].
+    /// As [`Root::fork`]; [`Error::Closed`] after [`Service::shutdown`].
     pub async fn rewind(
         &self,
         r: &SessionRef,
@@ -786,13 +830,14 @@ impl Service {
     /// # Errors
     /// [`Error::InvalidInput`] for a blank title, one holding NUL or one over 1,024 bytes;
     /// [`Error::SessionNotFound`];
-    /// [`Error::WriterOwned`] when another process writes it; as [`Session::append`].
+    /// [`Error::WriterOwned`] when another process writes it; as [`Session::append`];
+    /// [`Error::Closed`] after [`Service::shutdown`].
     pub async fn rename(&self, r: &SessionRef, title: &str) -> Result<()> {
         self.check_ref(r)?;
         let (service, r, title) = (self.clone(), r.clone(), title.to_owned());
         to_completion(async move {
             loop {
-                if let Some(rt) = service.reserve(&r.session_id).await {
+                if let Some(rt) = service.reserve(&r.session_id).await? {
                     let (session, title) = (rt.session().clone(), title.clone());
                     let renamed = blocking(move || {
                         session.rename(&title)?;
@@ -826,7 +871,7 @@ impl Service {
     /// # Errors
     /// [`Error::Io`] for an unreadable source; [`Error::InvalidInput`] for a line that is
     /// not a message or not UTF-8 (other than a torn last line), or a `head` that no
-    /// message has.
+    /// message has; [`Error::Closed`] after [`Service::shutdown`].
     pub async fn continue_legacy(
         &self,
         source: impl AsRef<Path>,
@@ -840,7 +885,7 @@ impl Service {
         let service = self.clone();
         to_completion(async move {
             // Already open in this service: reuse that runtime.
-            while let Some(rt) = service.reserve(&r.session_id).await {
+            while let Some(rt) = service.reserve(&r.session_id).await? {
                 let (session, root, m) = (rt.session().clone(), root.clone(), migration.clone());
                 let completed = blocking(move || m.complete(&root, &session)).await;
                 // Closed by a close that unpublished it meanwhile: continue the closed

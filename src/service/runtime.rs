@@ -12,7 +12,7 @@ use crate::model::{Batch, CLOSURE_KINDS, Commit, SessionRef};
 use crate::session::live::{Session, SessionSnapshot};
 
 /// What a runtime is doing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum RuntimePhase {
@@ -302,6 +302,8 @@ impl Execution {
     /// batches made of closure kinds ([`CLOSURE_KINDS`]) are accepted. A business batch
     /// racing a cancel is accepted before [`Runtime::cancel`] (or
     /// [`Service::cancel_session`](crate::Service::cancel_session)) returns, or refused.
+    /// Synchronous, as [`Session::append`]: accepted in memory, it may wait for (and make)
+    /// a write when the session's write queue is over its budget.
     ///
     /// # Errors
     /// [`Error::StaleExecution`] for a late business result; as [`Session::append`].

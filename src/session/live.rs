@@ -101,7 +101,7 @@ pub(crate) struct WriteBehind {
 }
 
 /// Where the accepted tail stands with respect to the disk.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum PersistenceStatus {
@@ -288,7 +288,9 @@ impl Session {
     ///
     /// Returns the commit. A retry with the same operation id and content returns the
     /// original commit, also after a restart. Waits while the write queue is over its
-    /// byte budget.
+    /// byte budget ([`StoreOptions::queue_budget`](crate::StoreOptions::queue_budget)),
+    /// and may write the queue itself meanwhile: a blocking call then (a transaction and
+    /// its fsync on the calling thread), which a tokio task makes on its worker.
     ///
     /// # Errors
     /// [`Error::InvalidInput`], [`Error::InvalidPayload`] or [`Error::UnsupportedVersion`]
