@@ -113,6 +113,18 @@ pub enum Error {
     SessionNotFound(String),
     /// A session with this id already exists.
     SessionExists(String),
+    /// The id's name in the root is taken by something that is no session (a folder
+    /// without a session file, a file, a symlink): nothing can list, open or delete it, so
+    /// no session of that id can be made until it is moved or removed.
+    /// [`Error::is_already_exists`] is true, as for [`Error::SessionExists`].
+    InTheWay {
+        /// The id that was to be made.
+        id: String,
+        /// What is in the way: its path in the root.
+        path: std::path::PathBuf,
+        /// What it is ("a folder without a session file (session.sqlite)", "a file").
+        what: String,
+    },
     /// The file an export was to write already exists (a file or a symlink): the path as
     /// given.
     DestinationExists(std::path::PathBuf),
@@ -210,6 +222,12 @@ impl fmt::Display for Error {
             Error::InvalidPayload { kind, reason } => write!(f, "invalid {kind} payload: {reason}"),
             Error::SessionNotFound(id) => write!(f, "session {id} not found"),
             Error::SessionExists(id) => write!(f, "session {id} already exists"),
+            Error::InTheWay { id, path, what } => write!(
+                f,
+                "{} is in the way: {what}, so session {id} cannot be made there; move or \
+                 remove it",
+                path.display()
+            ),
             Error::DestinationExists(path) => write!(
                 f,
                 "export destination {} already exists; give the path of a new file",
@@ -345,9 +363,13 @@ impl Error {
     }
 
     /// True when the name to create is taken: [`Error::SessionExists`] (a session id, a
-    /// published runtime) or [`Error::DestinationExists`] (an export's file).
+    /// published runtime), [`Error::InTheWay`] (a session id taken by something that is no
+    /// session) or [`Error::DestinationExists`] (an export's file).
     pub fn is_already_exists(&self) -> bool {
-        matches!(self, Error::SessionExists(_) | Error::DestinationExists(_))
+        matches!(
+            self,
+            Error::SessionExists(_) | Error::InTheWay { .. } | Error::DestinationExists(_)
+        )
     }
 
     /// The writer that owns the session, for [`Error::WriterOwned`] (another writer, in

@@ -247,7 +247,7 @@ fn to_py_with(py: Python<'_>, e: Error, msg: String) -> PyErr {
         Error::InvalidPayload { .. } => new_err(py, invalid_payload_class, msg),
         Error::OperationConflict { .. } => new_err(py, operation_conflict_class, msg),
         Error::SessionNotFound(_) => new_err(py, not_found_class, msg),
-        Error::SessionExists(_) | Error::DestinationExists(_) => {
+        Error::SessionExists(_) | Error::InTheWay { .. } | Error::DestinationExists(_) => {
             new_err(py, already_exists_class, msg)
         }
         Error::WriterOwned { owner } => writer_owned(py, msg, &owner),

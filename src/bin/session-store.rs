@@ -471,7 +471,7 @@ fn run(args: Args) -> CliResult<()> {
         cx.root_not_a_file()?;
     }
     let missing = cli::missing_folders(&cx.root);
-    let result = dispatch(&cx, args.command).map_err(|e| cli::in_the_way(&cx.root, e));
+    let result = dispatch(&cx, args.command);
     if result.is_err() {
         // A command that made the root and then failed (an import whose file is refused
         // is validated inside the root) leaves no empty root behind, nor the folders above

@@ -38,7 +38,8 @@ impl Root {
     /// # Errors
     /// [`Error::InvalidInput`] for an unknown turn; [`Error::ForkBoundaryNotAtomic`] when the
     /// cut is not a commit boundary; [`Error::ForkActiveAuthority`] when the prefix leaves a
-    /// turn open or an interaction pending; [`Error::SessionExists`] for a taken child id;
+    /// turn open or an interaction pending; [`Error::SessionExists`] for a taken child id
+    /// ([`Error::InTheWay`] when no session takes it);
     /// [`Error::SessionNotFound`] for a parent that is not there, also one deleted while
     /// the fork is made (then nothing is published); [`Error::Corrupt`] naming the parent
     /// when a file holding part of the range the child would inherit is missing, or the
@@ -149,7 +150,7 @@ impl Root {
         reader.check_prefix(cut)?;
         let child = child.unwrap_or_else(SessionId::random);
         if self.session_dir(&child).exists() {
-            return Err(Error::SessionExists(child.to_string()));
+            return Err(self.taken(&child));
         }
         let lineage = reader.prefix_lineage(cut);
         // Shared locks keep every supplying session from being deleted until the child is
