@@ -180,16 +180,17 @@ pub enum Error {
     ForkBoundaryNotAtomic(String),
     /// The fork or rewind prefix leaves an open turn or a pending interaction.
     ForkActiveAuthority(String),
-    /// The runtime is running, cancelling or needs recovery.
-    RuntimeBusy,
-    /// Client bindings are still attached to the runtime.
-    RuntimeBound,
-    /// No runtime is attached for this session.
-    SessionNotRunning,
-    /// The execution no longer owns commit authority (it was cancelled or replaced).
-    StaleExecution,
-    /// The runtime needs a recovery decision before new work.
-    RecoveryRequired,
+    /// The runtime is running, cancelling or needs recovery: the session id.
+    RuntimeBusy(String),
+    /// Client bindings are still attached to the runtime: the session id.
+    RuntimeBound(String),
+    /// No runtime is attached for this session: the session id.
+    SessionNotRunning(String),
+    /// The execution no longer owns commit authority (it was cancelled or replaced): the
+    /// session id.
+    StaleExecution(String),
+    /// The runtime needs a recovery decision before new work: the session id.
+    RecoveryRequired(String),
     /// No read connection to a session file could be had in time: the pool's every
     /// connection stayed in use for its whole timeout (5 s). The source says so.
     ReadConnection(std::sync::Arc<dyn std::error::Error + Send + Sync>),
@@ -267,11 +268,24 @@ impl fmt::Display for Error {
             Error::ForkActiveAuthority(what) => {
                 write!(f, "fork boundary retains active runtime authority: {what}")
             }
-            Error::RuntimeBusy => f.write_str("session runtime is busy"),
-            Error::RuntimeBound => f.write_str("session runtime still has client bindings"),
-            Error::SessionNotRunning => f.write_str("session is not running"),
-            Error::StaleExecution => f.write_str("execution no longer owns commit authority"),
-            Error::RecoveryRequired => f.write_str("session runtime requires recovery"),
+            Error::RuntimeBusy(id) => write!(
+                f,
+                "session {id}: runtime is busy (an execution runs or is being cancelled)"
+            ),
+            Error::RuntimeBound(id) => {
+                write!(f, "session {id}: runtime still has client bindings")
+            }
+            Error::SessionNotRunning(id) => {
+                write!(f, "session {id} is not running (no runtime attached)")
+            }
+            Error::StaleExecution(id) => write!(
+                f,
+                "session {id}: execution no longer owns commit authority (cancelled or \
+                 replaced)"
+            ),
+            Error::RecoveryRequired(id) => {
+                write!(f, "session {id}: runtime requires recovery")
+            }
             Error::ReadConnection(cause) => {
                 write!(f, "no read connection to the session file: {cause}")
             }
