@@ -885,6 +885,29 @@ fn gc_ids(report: &Value, key: &str) -> Vec<String> {
         .collect()
 }
 
+/// `gc --older-than 0s` (or `0d`) is refused as a usage error (exit 2), nothing deleted: it
+/// deleted every session without a writer, however new, for an accidental 0.
+#[test]
+fn gc_refuses_an_age_of_zero() {
+    let (_dir, root) = temp_cli_root();
+    chat(&root, "keep", 1, "/w");
+    age(&root, "keep", 3 * 86_400);
+    for zero in ["0s", "0d"] {
+        for dry in [&[][..], &["--dry-run"][..]] {
+            let mut args = vec!["gc", "--older-than", zero];
+            args.extend(dry);
+            let err = fails(&root, &args, 2);
+            assert!(
+                err.contains("would delete every session without a writer"),
+                "{err}"
+            );
+        }
+    }
+    assert_eq!(listed(&root, &[]), ["keep"]);
+    let real = json_of(&root, &["gc", "--older-than", "1s"]);
+    assert_eq!(gc_ids(&real, "deleted"), ["keep"]);
+}
+
 #[test]
 fn gc_reports_a_parent_its_deleted_fork_changed() {
     let (_dir, root) = temp_cli_root();

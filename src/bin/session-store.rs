@@ -259,8 +259,8 @@ enum Command {
     /// kept and reported); forks get their inherited history first, as `delete` does.
     /// Prints what it deletes, or with --dry-run what it would.
     Gc {
-        /// Age of the last change: 90s, 45m, 12h, 7d, 2w.
-        #[arg(long, value_name = "DURATION", value_parser = cli::when::parse_duration)]
+        /// Age of the last change: 90s, 45m, 12h, 7d, 2w (not 0: at least 1s).
+        #[arg(long, value_name = "DURATION", value_parser = cli::when::parse_age)]
         older_than: Duration,
         /// Print what would be deleted; delete nothing.
         #[arg(long)]
