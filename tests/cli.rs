@@ -1066,9 +1066,23 @@ fn a_second_appender_exits_5_naming_the_first_ones_pid() {
         "{err}"
     );
     assert_eq!(err.lines().count(), 1);
+    // A refused delete names the session (the writer's message names none) and its wait.
     let err = env.fails(&["delete", "shared"], 5);
     assert!(err.contains(&format!("pid {}", first.id())), "{err}");
-    env.fails(&["delete", "shared", "--wait", "0.2"], 5);
+    assert!(
+        err.starts_with(
+            "session-store: error: cannot delete shared: session writer is owned by pid"
+        ),
+        "{err}"
+    );
+    let err = env.fails(&["delete", "shared", "--wait", "0.2"], 5);
+    assert!(
+        err.starts_with(
+            "session-store: error: cannot delete shared after waiting 0.2 s: session writer is \
+             owned by pid"
+        ),
+        "{err}"
+    );
 
     // The first one keeps working; a delete that waits long enough outlives it.
     let mut input = first.stdin.take().expect("stdin");
