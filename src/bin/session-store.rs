@@ -111,7 +111,8 @@ enum Command {
         #[arg(long, default_value_t = 50,
               value_parser = RangedU64ValueParser::<usize>::new().range(1..=session_store::MAX_LIST_LIMIT as u64))]
         limit: usize,
-        /// Start after this cursor (a previous page's next_cursor).
+        /// Start after this cursor (a previous page's next_cursor, given with the same
+        /// --sort, --cwd, --title and --origin; another listing's is refused).
         #[arg(long, value_name = "C")]
         cursor: Option<String>,
         /// Only sessions whose header names exactly this working directory (a relative
@@ -219,7 +220,7 @@ enum Command {
     Rewind {
         /// The parent session.
         id: String,
-        /// The turn to drop (and everything after it).
+        /// The turn to drop (and everything after it), also the turn still open.
         #[arg(long, value_name = "T")]
         before_turn: String,
         /// The new session's id (random when omitted).
