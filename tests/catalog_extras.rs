@@ -197,6 +197,13 @@ fn an_empty_cwd_filter_is_refused_as_create_refuses_it() {
         .list_filtered(&ListFilter::default().with_cwd(""), None, 10)
         .expect_err("empty cwd");
     assert!(matches!(e, Error::InvalidInput { .. }), "{e}");
+    // An empty title filter matched every session, as if it filtered.
+    let err = fails(&root, &["list", "--title", ""], 6);
+    assert!(err.contains("title filter is empty"), "{err}");
+    let e = lib
+        .list_filtered(&ListFilter::default().with_title(""), None, 10)
+        .expect_err("empty title");
+    assert!(matches!(e, Error::InvalidInput { .. }), "{e}");
 }
 
 #[test]

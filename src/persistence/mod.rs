@@ -768,9 +768,10 @@ impl Root {
     /// sessions are reported on the first page.
     ///
     /// # Errors
-    /// [`Error::InvalidInput`] for a cursor of another order, and for a `cwd` filter that
-    /// no session can have been created with (empty, or holding a NUL: `create` and
-    /// `import` refuse those); as [`Root::list`].
+    /// [`Error::InvalidInput`] for a cursor another listing made (another order, other
+    /// filters) or none made, for a `cwd` filter that no session can have been created
+    /// with (empty, or holding a NUL: `create` and `import` refuse those) and for an empty
+    /// `title` filter (every title contains it); as [`Root::list`].
     pub fn list_filtered(
         &self,
         filter: &ListFilter,
@@ -780,6 +781,14 @@ impl Root {
         // An empty `--cwd "$DIR"` of an unset variable listed "no sessions match".
         if let Some(cwd) = &filter.cwd {
             crate::model::header::Header::check_cwd(cwd)?;
+        }
+        // An empty `--title "$TEXT"` of an unset variable listed every session as if
+        // filtered.
+        if filter.title.as_deref() == Some("") {
+            return Err(Error::invalid(
+                "title filter is empty: every title contains it; give the text to look for, \
+                 or no title filter",
+            ));
         }
         self.inner.catalog.filtered_page(self, filter, after, limit)
     }
