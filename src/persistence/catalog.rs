@@ -260,7 +260,7 @@ impl ListFilter {
 
     /// The cursor that continues a page ending with `e`:
     /// `l2:<order>:<listing>:<time>:<id>`, the order `i`, `u` or `c` (id, updated, created),
-    /// the listing its filters hashed ([`ListFilter::listing_key`]) and the time `e` is
+    /// the listing its order and filters hashed (XXH3-64) and the time `e` is
     /// sorted by (0 in id order). A session id holds no `:`, so no id reads as a cursor.
     pub fn cursor_after(&self, e: &CatalogEntry) -> String {
         format!(
