@@ -120,7 +120,7 @@ async fn main() -> AnyResult<()> {
     )
     .in_turn("turn-2");
     match execution.append(late) {
-        Err(Error::StaleExecution) => println!("late tool result refused (stale execution)"),
+        Err(Error::StaleExecution(_)) => println!("late tool result refused (stale execution)"),
         other => return Err(format!("expected a stale execution, got {other:?}").into()),
     }
     // ...but it may still close its turn (closure kinds, see `CLOSURE_KINDS`).

@@ -113,6 +113,18 @@ pub enum Error {
     SessionNotFound(String),
     /// A session with this id already exists.
     SessionExists(String),
+    /// The id's name in the root is taken by something that is no session (a folder
+    /// without a session file, a file, a symlink): nothing can list, open or delete it, so
+    /// no session of that id can be made until it is moved or removed.
+    /// [`Error::is_already_exists`] is true, as for [`Error::SessionExists`].
+    InTheWay {
+        /// The id that was to be made.
+        id: String,
+        /// What is in the way: its path in the root.
+        path: std::path::PathBuf,
+        /// What it is ("a folder without a session file (session.sqlite)", "a file").
+        what: String,
+    },
     /// The file an export was to write already exists (a file or a symlink): the path as
     /// given.
     DestinationExists(std::path::PathBuf),
@@ -168,16 +180,17 @@ pub enum Error {
     ForkBoundaryNotAtomic(String),
     /// The fork or rewind prefix leaves an open turn or a pending interaction.
     ForkActiveAuthority(String),
-    /// The runtime is running, cancelling or needs recovery.
-    RuntimeBusy,
-    /// Client bindings are still attached to the runtime.
-    RuntimeBound,
-    /// No runtime is attached for this session.
-    SessionNotRunning,
-    /// The execution no longer owns commit authority (it was cancelled or replaced).
-    StaleExecution,
-    /// The runtime needs a recovery decision before new work.
-    RecoveryRequired,
+    /// The runtime is running, cancelling or needs recovery: the session id.
+    RuntimeBusy(String),
+    /// Client bindings are still attached to the runtime: the session id.
+    RuntimeBound(String),
+    /// No runtime is attached for this session: the session id.
+    SessionNotRunning(String),
+    /// The execution no longer owns commit authority (it was cancelled or replaced): the
+    /// session id.
+    StaleExecution(String),
+    /// The runtime needs a recovery decision before new work: the session id.
+    RecoveryRequired(String),
     /// No read connection to a session file could be had in time: the pool's every
     /// connection stayed in use for its whole timeout (5 s). The source says so.
     ReadConnection(std::sync::Arc<dyn std::error::Error + Send + Sync>),
@@ -210,6 +223,12 @@ impl fmt::Display for Error {
             Error::InvalidPayload { kind, reason } => write!(f, "invalid {kind} payload: {reason}"),
             Error::SessionNotFound(id) => write!(f, "session {id} not found"),
             Error::SessionExists(id) => write!(f, "session {id} already exists"),
+            Error::InTheWay { id, path, what } => write!(
+                f,
+                "{} is in the way: {what}, so session {id} cannot be made there; move or \
+                 remove it",
+                path.display()
+            ),
             Error::DestinationExists(path) => write!(
                 f,
                 "export destination {} already exists; give the path of a new file",
@@ -249,11 +268,24 @@ impl fmt::Display for Error {
             Error::ForkActiveAuthority(what) => {
                 write!(f, "fork boundary retains active runtime authority: {what}")
             }
-            Error::RuntimeBusy => f.write_str("session runtime is busy"),
-            Error::RuntimeBound => f.write_str("session runtime still has client bindings"),
-            Error::SessionNotRunning => f.write_str("session is not running"),
-            Error::StaleExecution => f.write_str("execution no longer owns commit authority"),
-            Error::RecoveryRequired => f.write_str("session runtime requires recovery"),
+            Error::RuntimeBusy(id) => write!(
+                f,
+                "session {id}: runtime is busy (an execution runs or is being cancelled)"
+            ),
+            Error::RuntimeBound(id) => {
+                write!(f, "session {id}: runtime still has client bindings")
+            }
+            Error::SessionNotRunning(id) => {
+                write!(f, "session {id} is not running (no runtime attached)")
+            }
+            Error::StaleExecution(id) => write!(
+                f,
+                "session {id}: execution no longer owns commit authority (cancelled or \
+                 replaced)"
+            ),
+            Error::RecoveryRequired(id) => {
+                write!(f, "session {id}: runtime requires recovery")
+            }
             Error::ReadConnection(cause) => {
                 write!(f, "no read connection to the session file: {cause}")
             }
@@ -345,9 +377,13 @@ impl Error {
     }
 
     /// True when the name to create is taken: [`Error::SessionExists`] (a session id, a
-    /// published runtime) or [`Error::DestinationExists`] (an export's file).
+    /// published runtime), [`Error::InTheWay`] (a session id taken by something that is no
+    /// session) or [`Error::DestinationExists`] (an export's file).
     pub fn is_already_exists(&self) -> bool {
-        matches!(self, Error::SessionExists(_) | Error::DestinationExists(_))
+        matches!(
+            self,
+            Error::SessionExists(_) | Error::InTheWay { .. } | Error::DestinationExists(_)
+        )
     }
 
     /// The writer that owns the session, for [`Error::WriterOwned`] (another writer, in

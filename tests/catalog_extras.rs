@@ -197,6 +197,13 @@ fn an_empty_cwd_filter_is_refused_as_create_refuses_it() {
         .list_filtered(&ListFilter::default().with_cwd(""), None, 10)
         .expect_err("empty cwd");
     assert!(matches!(e, Error::InvalidInput { .. }), "{e}");
+    // An empty title filter matched every session, as if it filtered.
+    let err = fails(&root, &["list", "--title", ""], 6);
+    assert!(err.contains("title filter is empty"), "{err}");
+    let e = lib
+        .list_filtered(&ListFilter::default().with_title(""), None, 10)
+        .expect_err("empty title");
+    assert!(matches!(e, Error::InvalidInput { .. }), "{e}");
 }
 
 #[test]
@@ -693,7 +700,13 @@ fn list_filters_and_sorts_are_keyset_pages_on_the_catalog() {
         empty.starts_with("no more sessions after the cursor in "),
         "{empty}"
     );
-    let empty = ok(&root, &["list", "--cwd", "/nowhere", "--cursor", "a"]);
+    // (A listing's cursor does not name `--since`, which a relative time moves.)
+    let first = json_of(&root, &["list", "--since", "2000-01-01", "--limit", "1"]);
+    let cursor = first["next_cursor"].as_str().expect("cursor");
+    let empty = ok(
+        &root,
+        &["list", "--since", "2101-01-01", "--cursor", cursor],
+    );
     assert!(
         empty.starts_with("no more sessions match the filters after the cursor in "),
         "{empty}"
@@ -820,6 +833,106 @@ fn list_filters_and_sorts_are_keyset_pages_on_the_catalog() {
 /// `list --sort updated` and out of reach of `gc` (the test's sessions were created now,
 /// so only `gc`, which goes by the files alone, sees their age). An empty WAL holds no
 /// change.
+/// A `list` cursor continues only the listing that made it (its order and filters): a
+/// sorted listing's cursor given to the plain one (read as an id), a plain one's given
+/// with a filter, one of other filters (all restarted or skipped silently), and hand-made
+/// ones (a negative time, a history cursor read as an id, a time with a `+`) are refused,
+/// exit 6, naming the cursor. An earlier build's cursors still continue an unfiltered
+/// listing of their order.
+#[test]
+fn a_list_cursor_continues_only_the_listing_that_made_it() {
+    let (_dir, root) = temp_cli_root();
+    for (name, cwd) in [("a", "/p"), ("b", "/q"), ("c", "/p"), ("d", "/p")] {
+        ok(&root, &["create", name, "--cwd", cwd]);
+    }
+    let cursor = |args: &[&str]| -> String {
+        let mut all = vec!["list", "--limit", "1"];
+        all.extend(args);
+        json_of(&root, &all)["next_cursor"]
+            .as_str()
+            .expect("cursor")
+            .to_owned()
+    };
+    let plain = cursor(&[]);
+    let updated = cursor(&["--sort", "updated"]);
+    let in_p = cursor(&["--cwd", "/p"]);
+    let refused = |args: &[&str], why: &str| {
+        let mut all = vec!["list"];
+        all.extend(args);
+        let err = fails(&root, &all, 6);
+        assert!(
+            err.contains("invalid list cursor") && err.contains(why),
+            "{args:?}: {err}"
+        );
+    };
+    refused(&["--cursor", &updated], "not for this sort");
+    refused(
+        &["--sort", "created", "--cursor", &updated],
+        "not for this sort",
+    );
+    refused(&["--cwd", "/p", "--cursor", &plain], "other filters");
+    refused(&["--cursor", &in_p], "other filters");
+    refused(&["--cwd", "/q", "--cursor", &in_p], "other filters");
+    refused(
+        &["--cwd", "/p", "--title", "x", "--cursor", &in_p],
+        "other filters",
+    );
+    for hand_made in [
+        "u.-5.x",
+        "h1.600.+198",
+        "s3.1.2.0000000000000001",
+        "u.+5.a",
+        "u.05.a",
+    ] {
+        let sort = if hand_made.starts_with("u.") {
+            "updated"
+        } else {
+            "id"
+        };
+        refused(
+            &["--sort", sort, "--cursor", hand_made],
+            "not a cursor a listing made",
+        );
+    }
+    refused(&["--cursor", "l2:i:0000000000000000:0:a"], "other filters");
+    refused(&["--cursor", "l2:i:zz:0:a"], "not a cursor a listing made");
+    refused(
+        &["--cursor", "l2:x:0000000000000000:0:a"],
+        "not a cursor a listing made",
+    );
+    // An earlier build's forms name no filters: a filtered listing refuses them.
+    refused(&["--cwd", "/p", "--cursor", "a"], "earlier build");
+    // Each cursor continues its own listing; the earlier forms an unfiltered one.
+    let ids = |args: &[&str]| -> Vec<String> {
+        let mut all = vec!["list"];
+        all.extend(args);
+        json_of(&root, &all)["sessions"]
+            .as_array()
+            .expect("sessions")
+            .iter()
+            .map(|s| {
+                s["session_ref"]["session_id"]
+                    .as_str()
+                    .expect("id")
+                    .to_owned()
+            })
+            .collect()
+    };
+    assert_eq!(ids(&["--cursor", &plain]), ["b", "c", "d"]);
+    assert_eq!(ids(&["--cwd", "/p", "--cursor", &in_p]), ["c", "d"]);
+    assert_eq!(ids(&["--cursor", "b"]), ["c", "d"]);
+    let d = json_of(&root, &["list", "--sort", "updated", "--limit", "1"]);
+    let old = format!("u.{}.d", d["sessions"][0]["updated_at_ms"]);
+    assert_eq!(
+        ids(&["--sort", "updated", "--cursor", &old]),
+        ["c", "b", "a"]
+    );
+    assert_eq!(
+        ids(&["--sort", "updated", "--cursor", &updated]),
+        ["c", "b", "a"]
+    );
+}
+
 #[test]
 fn reading_a_session_does_not_make_it_updated() {
     let (_dir, root) = temp_cli_root();
@@ -862,6 +975,29 @@ fn gc_ids(report: &Value, key: &str) -> Vec<String> {
         .iter()
         .map(|d| d["session_id"].as_str().expect("id").to_owned())
         .collect()
+}
+
+/// `gc --older-than 0s` (or `0d`) is refused as a usage error (exit 2), nothing deleted: it
+/// deleted every session without a writer, however new, for an accidental 0.
+#[test]
+fn gc_refuses_an_age_of_zero() {
+    let (_dir, root) = temp_cli_root();
+    chat(&root, "keep", 1, "/w");
+    age(&root, "keep", 3 * 86_400);
+    for zero in ["0s", "0d"] {
+        for dry in [&[][..], &["--dry-run"][..]] {
+            let mut args = vec!["gc", "--older-than", zero];
+            args.extend(dry);
+            let err = fails(&root, &args, 2);
+            assert!(
+                err.contains("would delete every session without a writer"),
+                "{err}"
+            );
+        }
+    }
+    assert_eq!(listed(&root, &[]), ["keep"]);
+    let real = json_of(&root, &["gc", "--older-than", "1s"]);
+    assert_eq!(gc_ids(&real, "deleted"), ["keep"]);
 }
 
 #[test]

@@ -1066,9 +1066,23 @@ fn a_second_appender_exits_5_naming_the_first_ones_pid() {
         "{err}"
     );
     assert_eq!(err.lines().count(), 1);
+    // A refused delete names the session (the writer's message names none) and its wait.
     let err = env.fails(&["delete", "shared"], 5);
     assert!(err.contains(&format!("pid {}", first.id())), "{err}");
-    env.fails(&["delete", "shared", "--wait", "0.2"], 5);
+    assert!(
+        err.starts_with(
+            "session-store: error: cannot delete shared: session writer is owned by pid"
+        ),
+        "{err}"
+    );
+    let err = env.fails(&["delete", "shared", "--wait", "0.2"], 5);
+    assert!(
+        err.starts_with(
+            "session-store: error: cannot delete shared after waiting 0.2 s: session writer is \
+             owned by pid"
+        ),
+        "{err}"
+    );
 
     // The first one keeps working; a delete that waits long enough outlives it.
     let mut input = first.stdin.take().expect("stdin");
@@ -1944,4 +1958,41 @@ fn show_and_migrate_legacy_of_one_say_it_in_the_singular() {
         migrated.starts_with("migrated 1 message from "),
         "{migrated}"
     );
+}
+
+/// `show` of a fork whose parent was deleted says so: the parent line named the parent as
+/// if it were there (its `show` says "not found") and nothing told where the inherited
+/// events went (into the fork's own file). `--json` has `parent_in_root`.
+#[test]
+fn show_of_a_fork_whose_parent_was_deleted_says_so() {
+    let env = Env::new();
+    chat(&env, "p", 2);
+    env.ok(&["fork", "p", "--after-turn", "turn-1", "--id", "c"]);
+    env.ok(&["fork", "c", "--after-turn", "turn-1", "--id", "g"]);
+    let before = env.ok(&["show", "c"]);
+    assert!(
+        before.contains("parent     p (5 events inherited at the cut)\n"),
+        "{before}"
+    );
+    assert_eq!(env.json(&["show", "c"])["parent_in_root"], true);
+    assert_eq!(env.json(&["show", "p"])["parent_in_root"], Value::Null);
+    env.ok(&["delete", "p"]);
+    let after = env.ok(&["show", "c"]);
+    assert!(
+        after.contains(
+            "parent     p (5 events inherited at the cut; p is no longer in this root, they \
+             are held in this session's file)\n"
+        ),
+        "{after}"
+    );
+    assert!(
+        after.contains("sequences  durable 5, own 5, inherited 0\n"),
+        "{after}"
+    );
+    let json = env.json(&["show", "c"]);
+    assert_eq!(json["parent_in_root"], false);
+    assert_eq!(json["header"]["parent_id"], "p");
+    // The grandchild's parent is still there.
+    assert_eq!(env.json(&["show", "g"])["parent_in_root"], true);
+    env.fails(&["show", "p"], 3);
 }

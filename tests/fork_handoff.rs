@@ -277,7 +277,7 @@ async fn an_open_racing_a_close_gets_a_live_registered_runtime() {
         // The close may win (the open then opens the session again) or find the binding
         // (RuntimeBound); either way the open's runtime is the registered, writable one.
         assert!(
-            matches!(closed, Ok(()) | Err(Error::RuntimeBound)),
+            matches!(closed, Ok(()) | Err(Error::RuntimeBound(_))),
             "round {i}: {closed:?}"
         );
         let binding = opened.unwrap_or_else(|e| panic!("round {i}: open: {e}"));
@@ -312,11 +312,14 @@ async fn a_dropped_binding_no_longer_holds_its_runtime_open() {
     drop(parent);
     let binding = service.open(&r).await.expect("open");
     let kept = service.open(&r).await.expect("open again");
-    assert!(matches!(service.close(&r).await, Err(Error::RuntimeBound)));
+    assert!(matches!(
+        service.close(&r).await,
+        Err(Error::RuntimeBound(_))
+    ));
     // Dropped without `release` (an early return, a panic unwinding a task): it lets go.
     drop(binding);
     assert!(
-        matches!(service.close(&r).await, Err(Error::RuntimeBound)),
+        matches!(service.close(&r).await, Err(Error::RuntimeBound(_))),
         "one still bound"
     );
     kept.release().await.expect("release");
@@ -351,7 +354,7 @@ async fn releasing_a_binding_of_a_detached_runtime_leaves_the_new_ones_count() {
     assert_ne!(new.runtime(), old.runtime());
     old.release().await.expect("release the old binding");
     assert!(
-        matches!(service.close(&r).await, Err(Error::RuntimeBound)),
+        matches!(service.close(&r).await, Err(Error::RuntimeBound(_))),
         "the new runtime is still bound"
     );
     new.release().await.expect("release");

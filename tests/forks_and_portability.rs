@@ -146,6 +146,56 @@ fn fork_refuses_unknown_turns_and_unsafe_cuts() {
     s.close().unwrap();
 }
 
+/// The open turn of a session (started, not ended, durable): a rewind before it makes the
+/// session as it was before the turn began, and a fork after it says the turn is still
+/// open. Both said "completed turn … not found" (`InvalidInput`) of a turn the caller
+/// could see running, since no turn row records an open turn.
+#[test]
+fn a_rewind_before_the_open_turn_cuts_at_its_start() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "p");
+    s.append(turn("a", "turn-a", "m-a")).unwrap();
+    s.append(
+        Batch::new(
+            "b",
+            vec![Event::new("turn/start"), message("m-b", "user", "b")],
+        )
+        .in_turn("turn-b"),
+    )
+    .unwrap();
+    s.flush().unwrap();
+
+    let child = root
+        .fork(&id("p"), before("turn-b"), Some(id("back")))
+        .unwrap();
+    let reader = root.open_reader(&child).unwrap();
+    assert_eq!(
+        reader.durable_sequence().unwrap(),
+        root.open_reader(&id("p"))
+            .unwrap()
+            .turn("turn-a")
+            .unwrap()
+            .unwrap()
+            .boundary_sequence
+    );
+    let projection = reader.projection().unwrap();
+    assert_eq!(projection.turn_id, None);
+    assert_eq!(model_ids(&root, "back"), ["m-a"]);
+    let err = root.fork(&id("p"), after("turn-b"), None).unwrap_err();
+    assert!(matches!(err, Error::ForkActiveAuthority(_)), "{err}");
+    assert!(
+        err.to_string().contains("\"turn-b\" of p is still open"),
+        "{err}"
+    );
+    // A turn id that is not there at all is still not found.
+    let err = root.fork(&id("p"), before("turn-z"), None).unwrap_err();
+    assert!(matches!(err, Error::InvalidInput { .. }), "{err}");
+    assert!(err.to_string().contains("not found"), "{err}");
+    assert_eq!(root.list_ids().unwrap(), vec![id("back"), id("p")]);
+    assert!(staging_is_empty(&root));
+    s.close().unwrap();
+}
+
 /// Seed `TestServiceExportAndDeleteAreSessionDirectoryAtomic`, at the storage level.
 #[test]
 fn export_and_delete_are_atomic_and_the_export_is_self_contained() {

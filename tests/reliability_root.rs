@@ -741,15 +741,16 @@ fn gc_on_a_read_only_root_fails_once_naming_the_root() {
             .expect("chmod");
     }
     common::chmod_tree(&env.root, false);
-    std::thread::sleep(std::time::Duration::from_millis(20));
+    // `gc` refuses an age of 0s: the sessions are made older than 1s.
+    std::thread::sleep(std::time::Duration::from_millis(1_100));
     let run = |args: &[&str]| run_as(&prefix, &env.root, args);
-    let dry = run(&["gc", "--older-than", "0s", "--dry-run"]);
+    let dry = run(&["gc", "--older-than", "1s", "--dry-run"]);
     let (stdout, stderr) = texts(&dry);
     assert!(dry.status.success(), "{stderr}");
     assert_eq!(stdout.matches("would delete").count(), 3, "{stdout}");
     for args in [
-        &["gc", "--older-than", "0s"][..],
-        &["--json", "gc", "--older-than", "0s"],
+        &["gc", "--older-than", "1s"][..],
+        &["--json", "gc", "--older-than", "1s"],
     ] {
         let out = run(args);
         let (stdout, stderr) = texts(&out);

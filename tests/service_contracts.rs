@@ -102,7 +102,7 @@ async fn opens_and_closes_from_many_tasks_never_bind_a_closed_runtime() {
                     Ok(()) => {
                         closed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
-                    Err(Error::RuntimeBound) => {}
+                    Err(Error::RuntimeBound(_)) => {}
                     Err(e) => panic!("close: {e}"),
                 }
                 n += 1;
@@ -879,7 +879,7 @@ fn no_business_batch_is_accepted_after_a_cancel_returns() {
                         vec![title(&format!("title {round}-{n}"))],
                     )) {
                         Ok(c) => last = c.last_seq(),
-                        Err(Error::StaleExecution) => break,
+                        Err(Error::StaleExecution(_)) => break,
                         Err(e) => panic!("round {round}: {e}"),
                     }
                 }
@@ -952,7 +952,7 @@ async fn a_close_never_closes_a_runtime_under_a_running_execution() {
     while std::time::Instant::now() < deadline {
         match service.close(&r).await {
             Ok(()) => closes += 1,
-            Err(Error::RuntimeBusy) => {}
+            Err(Error::RuntimeBusy(_)) => {}
             Err(e) => panic!("close: {e}"),
         }
         service
@@ -1322,4 +1322,52 @@ async fn shutdown_stops_the_service_and_leaves_no_writer() {
             assert!(writer.is_ok(), "round {round}: {:?}", writer.err());
         }
     }
+}
+
+/// The runtime errors name their session (a host serving many sessions logs them without
+/// the call's context): `RuntimeBusy`, `RuntimeBound`, `SessionNotRunning` and
+/// `StaleExecution` said "session runtime is busy", "… still has client bindings",
+/// "session is not running" and "execution no longer owns commit authority" of none.
+#[tokio::test]
+async fn runtime_errors_name_their_session() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (service, r) = service_with_session(dir.path(), "chat-7").await;
+    let named = |e: &Error, variant: &str| {
+        let text = e.to_string();
+        assert!(text.starts_with("session chat-7"), "{variant}: {text}");
+        assert!(format!("{e:?}").starts_with(variant), "{e:?}");
+    };
+    let rt = service.runtime(&r).expect("runtime");
+    let exec = rt.bind_execution("model").expect("bind");
+    named(
+        &rt.bind_execution("tool").unwrap_err(),
+        "RuntimeBusy(\"chat-7\")",
+    );
+    named(
+        &service.close(&r).await.unwrap_err(),
+        "RuntimeBusy(\"chat-7\")",
+    );
+    service.cancel(&r).expect("cancel");
+    named(
+        &exec.append(turn("late", "t1", "m1")).unwrap_err(),
+        "StaleExecution(\"chat-7\")",
+    );
+    exec.finish();
+    let binding = service.open(&r).await.expect("open");
+    named(
+        &service.close(&r).await.unwrap_err(),
+        "RuntimeBound(\"chat-7\")",
+    );
+    binding.release().await.expect("release");
+    service.close(&r).await.expect("close");
+    let never = SessionRef::new(HOST, "chat-7-never").expect("ref");
+    let err = service.flush(&never).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "session chat-7-never is not running (no runtime attached)"
+    );
+    assert!(
+        matches!(err, Error::SessionNotRunning(ref id) if id == "chat-7-never"),
+        "{err:?}"
+    );
 }

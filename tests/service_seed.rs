@@ -223,7 +223,7 @@ async fn service_close_preserves_busy_runtime() {
     let exec = rt.bind_execution("tool").unwrap();
     assert!(matches!(
         service.close(rt.session_ref()).await,
-        Err(Error::RuntimeBusy)
+        Err(Error::RuntimeBusy(_))
     ));
     assert_eq!(
         service.runtime(rt.session_ref()),
@@ -468,7 +468,7 @@ async fn cancelled_execution_cannot_commit_late_business_result() {
     assert!(exec.cancel_token().is_cancelled());
     // A late business result through the cancelled execution is refused, and uses no sequence.
     let late = Batch::new("late", vec![message("late", "assistant", "too late")]);
-    assert!(matches!(exec.append(late), Err(Error::StaleExecution)));
+    assert!(matches!(exec.append(late), Err(Error::StaleExecution(_))));
     assert_eq!(rt.session().sequences().0, 0);
     // The terminal truth that closes the turn always goes through.
     let terminal = Batch::new("turn-end", vec![turn_end("interrupted")]).in_turn("turn-1");
@@ -485,7 +485,7 @@ async fn recovery_owner_can_commit_only_terminal_recovery_facts() {
     rt.require_recovery("tool");
     assert!(matches!(
         service.close(rt.session_ref()).await,
-        Err(Error::RuntimeBusy)
+        Err(Error::RuntimeBusy(_))
     ));
     let late = Batch::new(
         "late-tool",
@@ -495,7 +495,7 @@ async fn recovery_owner_can_commit_only_terminal_recovery_facts() {
                 .unwrap(),
         ],
     );
-    assert!(matches!(exec.append(late), Err(Error::StaleExecution)));
+    assert!(matches!(exec.append(late), Err(Error::StaleExecution(_))));
     let terminal = Batch::new(
         "recovery-terminal",
         vec![
@@ -515,7 +515,7 @@ async fn recovery_owner_can_commit_only_terminal_recovery_facts() {
     assert_eq!(p.turn_status, "recovery_required");
     assert!(matches!(
         rt.bind_execution("model"),
-        Err(Error::RecoveryRequired)
+        Err(Error::RecoveryRequired(_))
     ));
     rt.resolve_recovery();
     service.close(rt.session_ref()).await.unwrap();
@@ -539,7 +539,7 @@ async fn close_all_preserves_binding_and_releases_idle_lease() {
     let binding = service.open(rt.session_ref()).await.unwrap();
     assert!(matches!(
         service.close_all().await,
-        Err(Error::RuntimeBound)
+        Err(Error::RuntimeBound(_))
     ));
     assert!(
         service.runtime(rt.session_ref()).is_some(),

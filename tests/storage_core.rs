@@ -684,3 +684,71 @@ fn a_checkpoint_is_rewritten_only_when_it_saves_more_than_it_holds() {
     let reader = root.open_reader(&name).unwrap();
     assert_eq!(reader.projection().unwrap().transcript_len, 5_600);
 }
+
+/// An id whose name in the root is taken by something that is no session (a folder
+/// without a session file, a file) is refused by every call that would make that session
+/// as `InTheWay`, naming what is there (an "already exists" classifier, the message its
+/// own): `Root::create` said "session orphan already exists", and only the CLI said
+/// what was in the way. Nothing there is changed.
+#[test]
+fn a_name_taken_by_no_session_is_named_as_in_the_way() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "parent");
+    s.append(turn("a", "turn-a", "m-a")).unwrap();
+    s.close().unwrap();
+    let export = root.path().parent().unwrap().join("parent.export");
+    root.export(&id("parent"), &export).unwrap();
+    std::fs::create_dir(root.path().join("orphan")).unwrap();
+    std::fs::write(root.path().join("plain"), b"mine").unwrap();
+    for (name, what) in [
+        ("orphan", "a folder without a session file (session.sqlite)"),
+        ("plain", "a file, not a session folder"),
+    ] {
+        let path = root.path().join(name);
+        let attempts = [
+            root.create(CreateOptions::with_id(id(name))).map(|_| ()),
+            root.fork(
+                &id("parent"),
+                session_store::ForkPoint::AfterTurn("turn-a".into()),
+                Some(id(name)),
+            )
+            .map(|_| ()),
+            root.import(
+                &export,
+                session_store::ImportOptions::default().with_session_id(id(name)),
+            )
+            .map(|_| ()),
+        ];
+        for attempt in attempts {
+            let err = attempt.unwrap_err();
+            assert!(
+                matches!(&err, Error::InTheWay { id: i, path: p, .. } if i == name && *p == path),
+                "{err:?}"
+            );
+            assert!(err.is_already_exists(), "{err:?}");
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "{} is in the way: {what}, so session {name} cannot be made there; move \
+                     or remove it",
+                    path.display()
+                )
+            );
+        }
+    }
+    assert_eq!(
+        std::fs::read_dir(root.path().join("orphan"))
+            .unwrap()
+            .count(),
+        0
+    );
+    assert_eq!(std::fs::read(root.path().join("plain")).unwrap(), b"mine");
+    // A session that exists is still "already exists".
+    let err = root
+        .create(CreateOptions::with_id(id("parent")))
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::SessionExists(ref i) if i == "parent"),
+        "{err:?}"
+    );
+}

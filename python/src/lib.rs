@@ -247,7 +247,7 @@ fn to_py_with(py: Python<'_>, e: Error, msg: String) -> PyErr {
         Error::InvalidPayload { .. } => new_err(py, invalid_payload_class, msg),
         Error::OperationConflict { .. } => new_err(py, operation_conflict_class, msg),
         Error::SessionNotFound(_) => new_err(py, not_found_class, msg),
-        Error::SessionExists(_) | Error::DestinationExists(_) => {
+        Error::SessionExists(_) | Error::InTheWay { .. } | Error::DestinationExists(_) => {
             new_err(py, already_exists_class, msg)
         }
         Error::WriterOwned { owner } => writer_owned(py, msg, &owner),
@@ -263,11 +263,11 @@ fn to_py_with(py: Python<'_>, e: Error, msg: String) -> PyErr {
         Error::Cancelled => Cancelled::new_err(msg),
         Error::ForkBoundaryNotAtomic(_) => ForkBoundaryNotAtomic::new_err(msg),
         Error::ForkActiveAuthority(_) => ForkActiveAuthority::new_err(msg),
-        Error::RuntimeBusy
-        | Error::RuntimeBound
-        | Error::SessionNotRunning
-        | Error::StaleExecution
-        | Error::RecoveryRequired => RuntimeStateError::new_err(msg),
+        Error::RuntimeBusy(_)
+        | Error::RuntimeBound(_)
+        | Error::SessionNotRunning(_)
+        | Error::StaleExecution(_)
+        | Error::RecoveryRequired(_) => RuntimeStateError::new_err(msg),
         Error::Io { .. } | Error::Sqlite(_) | Error::ReadConnection(_) => {
             StorageError::new_err(msg)
         }

@@ -111,7 +111,8 @@ enum Command {
         #[arg(long, default_value_t = 50,
               value_parser = RangedU64ValueParser::<usize>::new().range(1..=session_store::MAX_LIST_LIMIT as u64))]
         limit: usize,
-        /// Start after this cursor (a previous page's next_cursor).
+        /// Start after this cursor (a previous page's next_cursor, given with the same
+        /// --sort, --cwd, --title and --origin; another listing's is refused).
         #[arg(long, value_name = "C")]
         cursor: Option<String>,
         /// Only sessions whose header names exactly this working directory (a relative
@@ -219,7 +220,7 @@ enum Command {
     Rewind {
         /// The parent session.
         id: String,
-        /// The turn to drop (and everything after it).
+        /// The turn to drop (and everything after it), also the turn still open.
         #[arg(long, value_name = "T")]
         before_turn: String,
         /// The new session's id (random when omitted).
@@ -259,8 +260,8 @@ enum Command {
     /// kept and reported); forks get their inherited history first, as `delete` does.
     /// Prints what it deletes, or with --dry-run what it would.
     Gc {
-        /// Age of the last change: 90s, 45m, 12h, 7d, 2w.
-        #[arg(long, value_name = "DURATION", value_parser = cli::when::parse_duration)]
+        /// Age of the last change: 90s, 45m, 12h, 7d, 2w (not 0: at least 1s).
+        #[arg(long, value_name = "DURATION", value_parser = cli::when::parse_age)]
         older_than: Duration,
         /// Print what would be deleted; delete nothing.
         #[arg(long)]
@@ -471,7 +472,7 @@ fn run(args: Args) -> CliResult<()> {
         cx.root_not_a_file()?;
     }
     let missing = cli::missing_folders(&cx.root);
-    let result = dispatch(&cx, args.command).map_err(|e| cli::in_the_way(&cx.root, e));
+    let result = dispatch(&cx, args.command);
     if result.is_err() {
         // A command that made the root and then failed (an import whose file is refused
         // is validated inside the root) leaves no empty root behind, nor the folders above

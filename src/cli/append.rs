@@ -174,9 +174,7 @@ fn nothing_to_append(cx: &Context, root: &Root, id: &SessionId, create: bool) ->
                 Err(Error::SessionExists(_)) => {}
                 Err(e) => return Err(e.into()),
             }
-            root.open_reader(id)
-                .map_err(|e| taken(e, id))?
-                .durable_sequence()?
+            root.open_reader(id)?.durable_sequence()?
         }
         other => other?.durable_sequence()?,
     };
@@ -184,16 +182,6 @@ fn nothing_to_append(cx: &Context, root: &Root, id: &SessionId, create: bool) ->
         summary(&Totals::default(), id, durable)?;
     }
     Ok(())
-}
-
-/// `e`, from opening `id` right after a create found the id taken: "not found" then means
-/// it is taken by something that is no session (a folder without a session file), and is
-/// answered as "already exists" (which the binary turns into what is in the way).
-fn taken(e: Error, id: &SessionId) -> Error {
-    match e {
-        Error::SessionNotFound(_) => Error::SessionExists(id.to_string()),
-        other => other,
-    }
 }
 
 /// The numbered lines of the input.
@@ -221,7 +209,7 @@ fn create_with_first(
     }
     let Some((n, line)) = first else {
         return match root.create(CreateOptions::with_id(id.clone())) {
-            Err(Error::SessionExists(_)) => Ok(root.open_writer(id).map_err(|e| taken(e, id))?),
+            Err(Error::SessionExists(_)) => Ok(root.open_writer(id)?),
             other => Ok(other?),
         };
     };
@@ -235,7 +223,7 @@ fn create_with_first(
         Err(Error::SessionExists(_)) => {
             let rest = std::mem::replace(lines, Box::new(std::iter::empty()));
             *lines = Box::new(std::iter::once((n, Ok(line))).chain(rest));
-            Ok(root.open_writer(id).map_err(|e| taken(e, id))?)
+            Ok(root.open_writer(id)?)
         }
         Err(e) => Err(line_failure(n, &operation_id, &e)),
     }

@@ -143,30 +143,6 @@ pub fn library_code(error: &Error) -> u8 {
     }
 }
 
-/// `error`, said plainly when it is [`Error::SessionExists`] for an id whose folder in
-/// `root` holds no session file (an empty folder, say): nothing can list, show or delete
-/// that "session", so "already exists" (or, from `append --create`, "not found") left the
-/// user no way on. The status stays 4.
-pub fn in_the_way(root: &Path, error: CliError) -> CliError {
-    let Some(Error::SessionExists(id)) = error.downcast_ref::<Error>() else {
-        return error;
-    };
-    let dir = root.join(id);
-    let file = dir.join(session_store::format::SESSION_FILE);
-    if !dir.is_dir() || std::fs::symlink_metadata(&file).is_ok() {
-        return error;
-    }
-    Failure::with_code(
-        EXIT_EXISTS,
-        format!(
-            "{} is in the way: a folder without a session file ({}), so session {id} cannot be \
-             made there; move or remove it",
-            dir.display(),
-            session_store::format::SESSION_FILE
-        ),
-    )
-}
-
 /// The exit status of any error a subcommand returns.
 pub fn exit_code(error: &(dyn std::error::Error + 'static)) -> u8 {
     if let Some(f) = error.downcast_ref::<Failure>() {

@@ -185,6 +185,10 @@ struct Show {
     inherited_events: u64,
     own_events: u64,
     lineage: Vec<LineageEntry>,
+    /// Whether the parent (`header.parent_id`) is a session of this root now; `None`
+    /// without a parent. A deleted parent's inherited events were copied into this
+    /// session's own file (an imported one holds them too).
+    parent_in_root: Option<bool>,
     /// The last writer that took the lease (the lease row).
     lease: WriterOwner,
     /// The writer holding the lock now, if any.
@@ -282,6 +286,11 @@ fn show_of(root: &Root, id: &SessionId) -> CliResult<Show> {
         inherited_events: info.inherited_events,
         own_events,
         lineage: info.lineage,
+        parent_in_root: info
+            .header
+            .parent_id
+            .as_ref()
+            .map(|parent| !matches!(root.open_reader(parent), Err(e) if e.is_not_found())),
         lease: info.last_writer,
         writer: root.writer_owner(id)?,
         dependents: reader.dependents()?,
@@ -313,8 +322,15 @@ fn print_show(s: &Show) -> CliResult<()> {
         outln!("cwd        {}", printable(cwd));
     }
     if let Some(parent) = &h.parent_id {
+        // A parent deleted since (or never in this root: an import) is named as such: its
+        // `show` says "not found", and the events inherited are this session's own now.
+        let gone = if s.parent_in_root == Some(false) {
+            format!("; {parent} is no longer in this root, they are held in this session's file")
+        } else {
+            String::new()
+        };
         outln!(
-            "parent     {parent} ({} inherited at the cut)",
+            "parent     {parent} ({} inherited at the cut{gone})",
             count(h.inherited_events, "event", "events")
         );
     }
@@ -686,10 +702,20 @@ const DELETE_GRACE: Duration = Duration::from_millis(500);
 pub fn delete(cx: &Context, id: &str, wait: Duration) -> CliResult<()> {
     let id = session_id(id)?;
     let root = cx.open_root()?;
+    // The library's "session writer is owned by …" names no session: the delete says which
+    // one it could not delete, and how long it waited.
+    let owned = |owner| {
+        let what = if wait.is_zero() {
+            format!("cannot delete {id}")
+        } else {
+            format!("cannot delete {id} after waiting {} s", wait.as_secs_f64())
+        };
+        Failure::context(what, &Error::WriterOwned { owner })
+    };
     if wait.is_zero()
         && let Some(owner) = root.writer_owner(&id)?
     {
-        return Err(Error::WriterOwned { owner }.into());
+        return Err(owned(owner));
     }
     let patience = wait.max(DELETE_GRACE);
     let cancel = CancelToken::after(patience);
@@ -700,7 +726,7 @@ pub fn delete(cx: &Context, id: &str, wait: Duration) -> CliResult<()> {
         Ok(()) => {}
         Err(Error::Cancelled) => {
             return Err(match root.writer_owner(&id)? {
-                Some(owner) => Error::WriterOwned { owner }.into(),
+                Some(owner) => owned(owner),
                 None => Failure::with_code(
                     EXIT_OTHER,
                     format!(

@@ -41,6 +41,21 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     duration(text).map_err(|e| e.message(text))
 }
 
+/// A `gc --older-than` age: a [`parse_duration`] that is not zero. A zero age (`0s`, `0d`)
+/// would delete every session without a writer, however new, and a delete cannot be
+/// undone: it is refused as a guard against an accidental 0 (a computed `${DAYS}d`); `1s`
+/// says it on purpose.
+pub fn parse_age(text: &str) -> Result<Duration, String> {
+    let age = parse_duration(text)?;
+    if age.is_zero() {
+        return Err(format!(
+            "{text:?} would delete every session without a writer, however new; give an age \
+             of at least 1s"
+        ));
+    }
+    Ok(age)
+}
+
 fn duration(text: &str) -> Result<Duration, NotADuration> {
     let split = text
         .find(|c: char| !c.is_ascii_digit())
@@ -188,6 +203,16 @@ mod tests {
             let e = parse_duration(long).expect_err(long);
             assert!(e.contains("longer than 100 years"), "{e}");
         }
+        // A zero age is refused by `gc` (it deleted every session without a writer).
+        for zero in ["0s", "0d", "000w"] {
+            assert_eq!(parse_duration(zero), Ok(Duration::ZERO), "{zero}");
+            let e = parse_age(zero).expect_err(zero);
+            assert!(
+                e.contains("would delete every session without a writer"),
+                "{e}"
+            );
+        }
+        assert_eq!(parse_age("1s"), Ok(Duration::from_secs(1)));
         let e = parse_duration("7y").expect_err("7y");
         assert!(e.contains("not a duration"), "{e}");
     }

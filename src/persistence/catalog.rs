@@ -165,6 +165,28 @@ pub struct ListFilter {
     pub cached_only: bool,
 }
 
+/// The version prefix of the list cursors this build makes (see
+/// [`ListFilter::cursor_after`]).
+const CURSOR_PREFIX: &str = "l2:";
+
+/// The first parts of the other cursors this crate makes and made (an earlier build's
+/// sorted list cursor, a history cursor, a search cursor): an earlier build's bare-id
+/// cursor of this form is refused, as no listing made it.
+const OTHER_CURSOR_TAGS: [&str; 5] = ["u", "c", "h1", "s2", "s3"];
+
+/// The parts `(order, time, id)` of an earlier build's sorted cursor, `u.<time>.<id>` or
+/// `c.<time>.<id>`; `None` for anything else (in id order an earlier cursor was the bare
+/// id).
+fn old_sorted_cursor(cursor: &str) -> Option<(&str, &str, &str)> {
+    let mut parts = cursor.splitn(3, '.');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(tag @ ("u" | "c")), Some(key), Some(id)) if key.parse::<i64>().is_ok() => {
+            Some((tag, key, id))
+        }
+        _ => None,
+    }
+}
+
 impl ListFilter {
     /// Only sessions whose header names exactly `cwd`.
     pub fn with_cwd(mut self, cwd: impl Into<String>) -> Self {
@@ -236,38 +258,135 @@ impl ListFilter {
         }
     }
 
-    /// The cursor that continues a page ending with `e`: its id in id order, else
-    /// `u.<updated ms>.<id>` or `c.<created ms>.<id>`.
+    /// The cursor that continues a page ending with `e`:
+    /// `l2:<order>:<listing>:<time>:<id>`, the order `i`, `u` or `c` (id, updated, created),
+    /// the listing its order and filters hashed (XXH3-64) and the time `e` is
+    /// sorted by (0 in id order). A session id holds no `:`, so no id reads as a cursor.
     pub fn cursor_after(&self, e: &CatalogEntry) -> String {
-        match (self.sort, self.key(e)) {
-            (ListSort::Updated, Some(k)) => format!("u.{k}.{}", e.session_id),
-            (ListSort::Created, Some(k)) => format!("c.{k}.{}", e.session_id),
-            _ => e.session_id.to_string(),
+        format!(
+            "{CURSOR_PREFIX}{}:{:016x}:{}:{}",
+            self.sort_tag(),
+            self.listing_key(),
+            self.key(e).unwrap_or(0),
+            e.session_id
+        )
+    }
+
+    /// The order's letter in a cursor.
+    fn sort_tag(&self) -> &'static str {
+        match self.sort {
+            ListSort::Id => "i",
+            ListSort::Updated => "u",
+            ListSort::Created => "c",
         }
     }
 
+    /// Which listing a cursor continues: the order and the cwd, title (as matched, ASCII
+    /// lower case) and origin filters, hashed (XXH3-64). `since_ms` is left out, as a
+    /// search cursor leaves it out: a relative `--since 1d` moves on every page.
+    fn listing_key(&self) -> u64 {
+        let key = serde_json::json!([
+            self.sort_tag(),
+            self.cwd,
+            self.title.as_ref().map(|t| t.to_ascii_lowercase()),
+            self.origin.map(Origin::as_str),
+        ]);
+        xxhash_rust::xxh3::xxh3_64(key.to_string().as_bytes())
+    }
+
+    /// Whether any filter is given (the order aside).
+    fn is_filtered(&self) -> bool {
+        self.cwd.is_some()
+            || self.since_ms.is_some()
+            || self.title.is_some()
+            || self.origin.is_some()
+    }
+
     /// The position a cursor names: `(time, id)` in time order (`time` is `i64::MAX`
-    /// without a cursor), `(0, id)` in id order.
+    /// without a cursor), `(0, id)` in id order. A cursor of this build must have been
+    /// made by a listing of this order and these filters (`since_ms` aside). An earlier
+    /// build's forms, which name no filters, are followed by a listing without filters
+    /// only: a bare session id in id order, `u.<time>.<id>` / `c.<time>.<id>` in that
+    /// order.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for anything else: a cursor of another order or other
+    /// filters, one no listing makes (a time that is not a number as a listing writes it,
+    /// an id that is no session id).
     fn position(&self, cursor: Option<&str>) -> Result<(i64, String)> {
         let Some(cursor) = cursor else {
             return Ok((i64::MAX, String::new()));
         };
-        let prefix = match self.sort {
-            ListSort::Id => return Ok((0, cursor.to_owned())),
-            ListSort::Updated => "u",
-            ListSort::Created => "c",
-        };
-        let mut parts = cursor.splitn(3, '.');
-        match (
-            parts.next(),
-            parts.next().map(str::parse::<i64>),
-            parts.next(),
-        ) {
-            (Some(p), Some(Ok(k)), Some(id)) if p == prefix => Ok((k, id.to_owned())),
-            _ => Err(Error::invalid(format!(
-                "invalid list cursor {} for this sort",
+        let bad = |why: &str| {
+            Error::invalid(format!(
+                "invalid list cursor {}: {why}",
                 crate::error::quoted(cursor)
-            ))),
+            ))
+        };
+        let (tag, made_by, key, id) = match cursor.strip_prefix(CURSOR_PREFIX) {
+            Some(rest) => {
+                let mut parts = rest.splitn(4, ':');
+                let (Some(tag), Some(made_by), Some(key), Some(id)) =
+                    (parts.next(), parts.next(), parts.next(), parts.next())
+                else {
+                    return Err(bad("not a cursor a listing made"));
+                };
+                let made_by = Some(made_by)
+                    .filter(|m| m.len() == 16)
+                    .and_then(|m| u64::from_str_radix(m, 16).ok())
+                    .ok_or_else(|| bad("not a cursor a listing made"))?;
+                (tag, Some(made_by), key, id)
+            }
+            None => match old_sorted_cursor(cursor) {
+                Some((tag, key, id)) => (tag, None, key, id),
+                // The form of another cursor of this crate (a history's `h1.…`, a
+                // search's `s3.…`), not an id a listing ended with.
+                None if cursor
+                    .split_once('.')
+                    .is_some_and(|(tag, _)| OTHER_CURSOR_TAGS.contains(&tag)) =>
+                {
+                    return Err(bad("not a cursor a listing made"));
+                }
+                None => ("i", None, "0", cursor),
+            },
+        };
+        let order = match tag {
+            "i" => ListSort::Id,
+            "u" => ListSort::Updated,
+            "c" => ListSort::Created,
+            _ => return Err(bad("not a cursor a listing made")),
+        };
+        let key = key
+            .parse::<i64>()
+            .ok()
+            .filter(|k| k.to_string() == key && (made_by.is_some() || *k >= 0))
+            .ok_or_else(|| bad("not a cursor a listing made"))?;
+        if SessionId::new(id).is_err() || (order == ListSort::Id && key != 0) {
+            return Err(bad("not a cursor a listing made"));
+        }
+        if order != self.sort {
+            let name = |s: ListSort| match s {
+                ListSort::Id => "id",
+                ListSort::Updated => "updated",
+                ListSort::Created => "created",
+            };
+            return Err(bad(&format!(
+                "not for this sort: it continues a listing sorted by {}, not by {}; give the \
+                 sort and filters of the page it came from",
+                name(order),
+                name(self.sort)
+            )));
+        }
+        match made_by {
+            Some(made_by) if made_by != self.listing_key() => Err(bad(
+                "it continues a listing with other filters; give the filters of the page it \
+                 came from",
+            )),
+            None if self.is_filtered() => Err(bad(
+                "a cursor of an earlier build names no filters, so it cannot continue a \
+                 filtered listing; start again without a cursor",
+            )),
+            _ => Ok((if order == ListSort::Id { 0 } else { key }, id.to_owned())),
         }
     }
 
@@ -714,10 +833,10 @@ impl Catalog {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Listing> {
-        if filter.is_plain() {
-            return self.page(root, after, limit);
-        }
         let position = filter.position(after)?;
+        if filter.is_plain() {
+            return self.page(root, after.map(|_| position.1.as_str()), limit);
+        }
         let stamper = Stamper::open(root.path())?;
         let refreshed = if filter.cached_only {
             Ok(Vec::new())

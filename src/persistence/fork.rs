@@ -4,13 +4,14 @@
 use serde_json::json;
 
 use crate::error::{Error, Result};
-use crate::model::SessionId;
 use crate::model::header::{Header, Origin};
 use crate::model::ids::now_ms;
+use crate::model::{SessionId, TurnBoundary};
 use crate::persistence::{Root, session_file_gone};
 use crate::session::live::Session;
 use crate::store::lineage::{record_dependent, write_lineage};
 use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock, WriterLock};
+use crate::store::reader::SessionReader;
 use crate::store::schema::{CODEC, SESSION_FILE};
 use crate::store::write;
 
@@ -27,6 +28,46 @@ pub enum ForkPoint {
     BeforeTurn(String),
 }
 
+/// The turn `turn_id` of `parent` when it is the open turn of its durable log (started,
+/// not ended): its start, for a rewind before it (the prefix before an open turn is
+/// whole). No turn row records an open turn, so a rewind before it said "completed turn
+/// not found" of a turn the caller could see running.
+///
+/// # Errors
+/// [`Error::ForkActiveAuthority`] for a fork after the open turn (it has no end to cut
+/// after); [`Error::InvalidInput`] when no turn of that id is in the durable log.
+fn open_turn(
+    reader: &SessionReader,
+    parent: &SessionId,
+    turn_id: &str,
+    point: &ForkPoint,
+) -> Result<TurnBoundary> {
+    let projection = reader.projection()?;
+    let open = projection.current_turn_start != 0 && projection.turn_id.as_deref() == Some(turn_id);
+    match point {
+        ForkPoint::BeforeTurn(_) if open => Ok(TurnBoundary {
+            turn_id: turn_id.to_owned(),
+            start_sequence: projection.current_turn_start,
+            end_sequence: 0,
+            boundary_sequence: 0,
+            status: projection.turn_status,
+            fork_safe: false,
+            rewind_safe: projection.current_turn_rewind_safe,
+        }),
+        ForkPoint::AfterTurn(_) if open => Err(Error::ForkActiveAuthority(format!(
+            "turn {} of {parent} is still open (started at seq {}, not ended): a fork after \
+             a turn needs its turn/end; rewind before it, or fork after an ended turn",
+            crate::error::quoted(turn_id),
+            projection.current_turn_start
+        ))),
+        _ => Err(Error::invalid(format!(
+            "completed turn {} not found in the durable log of {parent} (a turn its writer \
+             accepted is there once flushed)",
+            crate::error::quoted(turn_id)
+        ))),
+    }
+}
+
 impl Root {
     /// Creates a child session that inherits the parent's durable prefix up to `point`,
     /// without copying events or blobs. Returns the child's id (the child is not opened).
@@ -38,7 +79,8 @@ impl Root {
     /// # Errors
     /// [`Error::InvalidInput`] for an unknown turn; [`Error::ForkBoundaryNotAtomic`] when the
     /// cut is not a commit boundary; [`Error::ForkActiveAuthority`] when the prefix leaves a
-    /// turn open or an interaction pending; [`Error::SessionExists`] for a taken child id;
+    /// turn open or an interaction pending; [`Error::SessionExists`] for a taken child id
+    /// ([`Error::InTheWay`] when no session takes it);
     /// [`Error::SessionNotFound`] for a parent that is not there, also one deleted while
     /// the fork is made (then nothing is published); [`Error::Corrupt`] naming the parent
     /// when a file holding part of the range the child would inherit is missing, or the
@@ -111,13 +153,10 @@ impl Root {
         // Only the durable prefix is read: a turn a live writer accepted and has not
         // flushed yet is not there ("not found in PARENT" alone sent the caller looking for
         // a typo in a turn id its writer had just appended).
-        let turn = reader.turn(turn_id)?.ok_or_else(|| {
-            Error::invalid(format!(
-                "completed turn {} not found in the durable log of {parent} (a turn its \
-                 writer accepted is there once flushed)",
-                crate::error::quoted(turn_id)
-            ))
-        })?;
+        let turn = match reader.turn(turn_id)? {
+            Some(turn) => turn,
+            None => open_turn(&reader, parent, turn_id, point)?,
+        };
         let cut = match point {
             ForkPoint::AfterTurn(_) => {
                 if !turn.fork_safe {
@@ -149,7 +188,7 @@ impl Root {
         reader.check_prefix(cut)?;
         let child = child.unwrap_or_else(SessionId::random);
         if self.session_dir(&child).exists() {
-            return Err(Error::SessionExists(child.to_string()));
+            return Err(self.taken(&child));
         }
         let lineage = reader.prefix_lineage(cut);
         // Shared locks keep every supplying session from being deleted until the child is

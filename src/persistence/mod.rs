@@ -582,8 +582,9 @@ impl Root {
     /// built under `.staging/` and renamed into place with its writer lock already held.
     ///
     /// # Errors
-    /// [`Error::SessionExists`] when the id is taken; [`Error::InvalidInput`] for an empty
-    /// `cwd`; I/O and SQLite errors.
+    /// [`Error::SessionExists`] when the id is taken; [`Error::InTheWay`] when its name in
+    /// the root is taken by something that is no session (a folder without a session
+    /// file); [`Error::InvalidInput`] for an empty `cwd`; I/O and SQLite errors.
     pub fn create(&self, options: CreateOptions) -> Result<Session> {
         let header = new_header(options)?;
         let id = header.session_id.clone();
@@ -641,6 +642,26 @@ impl Root {
         self.start_writer(&self.session_dir(&id), lock)
     }
 
+    /// The error of making session `id` where its name in the root is taken:
+    /// [`Error::InTheWay`] when what is there is no session (a folder without a session
+    /// file, a file, a symlink), else [`Error::SessionExists`].
+    pub(crate) fn taken(&self, id: &SessionId) -> Error {
+        let path = self.session_dir(id);
+        let what = match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.is_symlink() => "a symlink".to_owned(),
+            Ok(m) if !m.is_dir() => "a file, not a session folder".to_owned(),
+            Ok(_) if session_file_gone(&path) => {
+                format!("a folder without a session file ({SESSION_FILE})")
+            }
+            _ => return Error::SessionExists(id.to_string()),
+        };
+        Error::InTheWay {
+            id: id.to_string(),
+            path,
+            what,
+        }
+    }
+
     /// Builds a new session file in a fresh staging folder and takes its writer lock.
     /// `fill` runs on the new file's connection; the folder is removed on any failure
     /// (when the returned [`Staged`] is dropped unpublished).
@@ -651,7 +672,7 @@ impl Root {
         fill: impl FnOnce(&mut rusqlite::Connection) -> Result<()>,
     ) -> Result<(Staged, WriterLock)> {
         if self.session_dir(id).exists() {
-            return Err(Error::SessionExists(id.to_string()));
+            return Err(self.taken(id));
         }
         let staged = Staged::new(self.dir_fd(), &self.inner.path, purpose)?;
         let file = staged.dir().join(SESSION_FILE);
@@ -667,7 +688,12 @@ impl Root {
     /// Renames a staged session folder into place (removing it if that fails) and
     /// records it in the catalog.
     pub(crate) fn publish(&self, staged: Staged, id: &SessionId) -> Result<()> {
-        staged.publish(self.dir_fd(), &self.inner.path, id.as_str())?;
+        staged
+            .publish(self.dir_fd(), &self.inner.path, id.as_str())
+            .map_err(|e| match e {
+                Error::SessionExists(_) => self.taken(id),
+                e => e,
+            })?;
         // The catalog is derived: a session it misses is indexed on the next open.
         drop(self.inner.catalog.touch(self, id));
         self.index_session(id);
@@ -742,9 +768,10 @@ impl Root {
     /// sessions are reported on the first page.
     ///
     /// # Errors
-    /// [`Error::InvalidInput`] for a cursor of another order, and for a `cwd` filter that
-    /// no session can have been created with (empty, or holding a NUL: `create` and
-    /// `import` refuse those); as [`Root::list`].
+    /// [`Error::InvalidInput`] for a cursor another listing made (another order, other
+    /// filters) or none made, for a `cwd` filter that no session can have been created
+    /// with (empty, or holding a NUL: `create` and `import` refuse those) and for an empty
+    /// `title` filter (every title contains it); as [`Root::list`].
     pub fn list_filtered(
         &self,
         filter: &ListFilter,
@@ -754,6 +781,14 @@ impl Root {
         // An empty `--cwd "$DIR"` of an unset variable listed "no sessions match".
         if let Some(cwd) = &filter.cwd {
             crate::model::header::Header::check_cwd(cwd)?;
+        }
+        // An empty `--title "$TEXT"` of an unset variable listed every session as if
+        // filtered.
+        if filter.title.as_deref() == Some("") {
+            return Err(Error::invalid(
+                "title filter is empty: every title contains it; give the text to look for, \
+                 or no title filter",
+            ));
         }
         self.inner.catalog.filtered_page(self, filter, after, limit)
     }

@@ -391,7 +391,7 @@ impl Service {
             let published = || self.registry().active.get(&r.session_id) == Some(&runtime);
             if published() {
                 match self.close(r).await {
-                    Err(Error::RuntimeBound | Error::RuntimeBusy) if !published() => {}
+                    Err(Error::RuntimeBound(_) | Error::RuntimeBusy(_)) if !published() => {}
                     other => other?,
                 }
             }
@@ -507,12 +507,12 @@ impl Service {
                 let mut reg = self.registry();
                 if let Some(rt) = reg.active.get(&id) {
                     if reg.bindings.get(&id).copied().unwrap_or(0) > 0 {
-                        return Err(Error::RuntimeBound);
+                        return Err(Error::RuntimeBound(id.to_string()));
                     }
                     // Checked and marked closing at once: an execution bound after this
                     // check would be closed under it.
                     if !rt.begin_close() {
-                        return Err(Error::RuntimeBusy);
+                        return Err(Error::RuntimeBusy(id.to_string()));
                     }
                     let rt = rt.clone();
                     reg.active.remove(&id);
@@ -524,7 +524,7 @@ impl Service {
                     return if reg.closed.contains(&id) {
                         Ok(())
                     } else {
-                        Err(Error::SessionNotRunning)
+                        Err(Error::SessionNotRunning(id.to_string()))
                     };
                 }
                 self.inner.registry_changed.notified()
@@ -614,7 +614,9 @@ impl Service {
     /// the drain's error.
     pub async fn flush(&self, r: &SessionRef) -> Result<u64> {
         self.check_ref(r)?;
-        let rt = self.runtime(r).ok_or(Error::SessionNotRunning)?;
+        let rt = self
+            .runtime(r)
+            .ok_or_else(|| Error::SessionNotRunning(r.session_id.to_string()))?;
         let session = rt.session().clone();
         blocking(move || session.flush()).await
     }
@@ -626,7 +628,9 @@ impl Service {
     /// without an attached runtime.
     pub fn cancel(&self, r: &SessionRef) -> Result<RuntimeSnapshot> {
         self.check_ref(r)?;
-        let rt = self.runtime(r).ok_or(Error::SessionNotRunning)?;
+        let rt = self
+            .runtime(r)
+            .ok_or_else(|| Error::SessionNotRunning(r.session_id.to_string()))?;
         rt.cancel();
         Ok(rt.snapshot())
     }

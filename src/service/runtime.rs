@@ -174,6 +174,11 @@ impl Runtime {
         }
     }
 
+    /// The session id, as the runtime's errors name it.
+    fn id(&self) -> String {
+        self.inner.session_ref.session_id.to_string()
+    }
+
     /// Binds an execution (`activity` names it); only from `idle`.
     ///
     /// # Errors
@@ -183,9 +188,9 @@ impl Runtime {
         let mut s = self.state();
         match s.phase {
             RuntimePhase::Idle => {}
-            RuntimePhase::RecoveryRequired => return Err(Error::RecoveryRequired),
+            RuntimePhase::RecoveryRequired => return Err(Error::RecoveryRequired(self.id())),
             RuntimePhase::Closed => return Err(Error::Closed),
-            _ => return Err(Error::RuntimeBusy),
+            _ => return Err(Error::RuntimeBusy(self.id())),
         }
         let generation = s.next_generation;
         s.next_generation += 1;
@@ -323,14 +328,14 @@ impl Execution {
             return self.runtime.session().append(batch);
         }
         if !current {
-            return Err(Error::StaleExecution);
+            return Err(Error::StaleExecution(self.runtime.id()));
         }
         // Checked again as the batch is sequenced: a cancel (or revoked authority) that
         // returned before then refuses it (`Runtime::cancel` waits for the check).
         let token = &self.token;
         self.runtime.session().append_gated(batch, &|| {
             if token.is_cancelled() {
-                Err(Error::StaleExecution)
+                Err(Error::StaleExecution(self.runtime.id()))
             } else {
                 Ok(())
             }
