@@ -330,10 +330,12 @@ fn race_deletes_and_remakes() {
             })
         })
         .collect();
-    let deadline = Instant::now() + race_time();
+    // At least the race time and at least 20 rounds: on a loaded machine 8 s made as few
+    // as 10 rounds (it asserted more than 10).
+    let started = Instant::now();
     let mut rounds = 0;
     let failed = loop {
-        if Instant::now() >= deadline {
+        if started.elapsed() >= race_time() && rounds >= 20 {
             break None;
         }
         if let Err(e) = root
@@ -351,7 +353,6 @@ fn race_deletes_and_remakes() {
         .collect();
     assert_eq!(failed, None, "round {rounds}");
     assert!(corrupt.is_empty(), "{corrupt:?}");
-    assert!(rounds > 10, "{rounds} rounds");
     root.verify(&name).unwrap();
 }
 
