@@ -195,7 +195,7 @@ impl Message {
     }
 
     /// All fields, parsed; a lone surrogate escape (`\ud800`) in a string is read as
-    /// U+FFFD ([`parse_lossy`]), and a field whose value does not fit a [`Value`] even so (a
+    /// U+FFFD, and a field whose value does not fit a [`Value`] even so (a
     /// number such as `1e999`, nesting past serde_json's depth limit) is left out, not the
     /// whole message (a message with one such value, in metadata say, had no fields:
     /// search did not find its text, the browser showed it as JSON).
@@ -234,7 +234,7 @@ impl Message {
     }
 
     /// The `content` field if it is a string, else `raw_content` (a lone surrogate escape
-    /// in it read as U+FFFD, [`parse_lossy`]).
+    /// in it read as U+FFFD).
     pub fn text(&self) -> Option<String> {
         let entries = self.entries();
         ["content", "raw_content"].iter().find_map(|k| {
