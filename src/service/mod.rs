@@ -217,17 +217,17 @@ impl Service {
         self.registry().active.get(&r.session_id).cloned()
     }
 
-    /// The published runtime of a session, else the one a close is draining (its accepted
-    /// state is still whole in memory); none for a ref of another host.
-    pub(crate) fn runtime_or_closing(&self, r: &SessionRef) -> Option<Runtime> {
-        if r.host_id != self.inner.host_id {
-            return None;
-        }
+    /// Every session's published runtime, else the one a close is draining (its accepted
+    /// state is still whole in memory), as of now. A listing takes them before it reads
+    /// the catalog: a close records its session's entry before it lets go of the runtime,
+    /// so a session found in neither here has its final entry in the catalog already
+    /// (looked up after the catalog read, a close ending in between left the entry read
+    /// before it, of a session that had not drained yet: `event_sequence` 0 of 300).
+    pub(crate) fn live_runtimes(&self) -> HashMap<SessionId, Runtime> {
         let reg = self.registry();
-        reg.active
-            .get(&r.session_id)
-            .or_else(|| reg.closing.get(&r.session_id))
-            .cloned()
+        let mut live = reg.closing.clone();
+        live.extend(reg.active.iter().map(|(id, rt)| (id.clone(), rt.clone())));
+        live
     }
 
     /// Creates a session whose runtime is usable but not visible until published.

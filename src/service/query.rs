@@ -297,6 +297,7 @@ impl SessionQuery {
         let service = self.service.clone();
         let cursor = cursor.map(str::to_owned);
         blocking(move || {
+            let live = service.live_runtimes();
             let listing = service
                 .root()
                 .list_filtered(&filter, cursor.as_deref(), limit + 1)?;
@@ -318,9 +319,8 @@ impl SessionQuery {
             let sessions: Vec<SessionSummary> = entries
                 .into_iter()
                 .map(|entry| {
-                    let r = service.session_ref(entry.session_id.clone());
-                    match service.runtime_or_closing(&r) {
-                        Some(rt) => live_summary(&rt, entry),
+                    match live.get(&entry.session_id) {
+                        Some(rt) => live_summary(rt, entry),
                         None => {
                             let durable = entry.durable_sequence;
                             SessionSummary::from_entry(service.host_id(), entry, durable, false)
