@@ -883,3 +883,47 @@ fn soak_huge_random_payload() {
 fn soak_payload_over_the_blob_limit() {
     run_huge_payload((1 << 30) + 1024, false, 8192);
 }
+
+/// A `cwd` longer than any path (`PATH_MAX`, 4,096 bytes) is refused as a title over
+/// 1,024 bytes is, naming the limit, and creates nothing; a 10 MB one was recorded in the
+/// header (and every catalog entry and listing after). One of exactly 4,096 bytes is kept.
+#[test]
+fn a_cwd_longer_than_path_max_is_refused() {
+    let (_dir, root) = temp_root();
+    for len in [4_097, 10 << 20] {
+        let cwd = format!("/{}", "d".repeat(len - 1));
+        let options = CreateOptions::with_id(id("long")).with_cwd(cwd);
+        match root.create(options) {
+            Err(Error::InvalidInput { what, .. }) => {
+                assert!(what.contains("4096"), "{what}")
+            }
+            other => panic!("a {len}-byte cwd: {other:?}"),
+        }
+        assert!(
+            root.list_ids().unwrap().is_empty(),
+            "a refused create left a session"
+        );
+    }
+    let most = format!("/{}", "d".repeat(4_095));
+    root.create(CreateOptions::with_id(id("long")).with_cwd(most.clone()))
+        .unwrap()
+        .close()
+        .unwrap();
+    let reader = root.open_reader(&id("long")).unwrap();
+    assert_eq!(reader.header().cwd.as_deref(), Some(most.as_str()));
+}
+
+/// A session named as its own parent is refused (no session can derive from itself; the
+/// header recorded the loop, and lineage walks met it), and creates nothing.
+#[test]
+fn a_session_cannot_be_its_own_parent() {
+    let (_dir, root) = temp_root();
+    let options = CreateOptions::with_id(id("self")).with_parent(id("self"));
+    match root.create(options) {
+        Err(Error::InvalidInput { what, .. }) => {
+            assert!(what.contains("own parent"), "{what}")
+        }
+        other => panic!("a session its own parent: {other:?}"),
+    }
+    assert!(root.list_ids().unwrap().is_empty());
+}

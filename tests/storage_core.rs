@@ -752,3 +752,79 @@ fn a_name_taken_by_no_session_is_named_as_in_the_way() {
         "{err:?}"
     );
 }
+
+/// Two events of one batch with the same caller-supplied id are refused naming the id,
+/// nothing written: they were both stored, and an event id no longer named one event.
+/// Events without an id (derived ones) never clash.
+#[test]
+fn a_batch_repeating_an_event_id_is_refused() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "dup-ids");
+    let twice = Batch::new(
+        "twice",
+        vec![
+            title("a").with_id("e-1"),
+            Event::new("future/kind").optional(),
+            title("b").with_id("e-1"),
+        ],
+    );
+    match s.append(twice) {
+        Err(Error::InvalidInput { what, .. }) => {
+            assert!(
+                what.contains("\"e-1\"") && what.contains("events[0]"),
+                "{what}"
+            )
+        }
+        other => panic!("a repeated event id: {other:?}"),
+    }
+    assert_eq!(
+        s.snapshot().event_sequence,
+        0,
+        "the refused batch took sequences"
+    );
+    let derived = Batch::new(
+        "derived",
+        vec![title("a"), title("b").with_id("e-1"), title("c")],
+    );
+    assert_eq!(s.append(derived).unwrap().events.len(), 3);
+    assert_eq!(s.flush().unwrap(), 3);
+}
+
+/// While turn "a" is open, a batch naming turn "b" without starting it is refused naming
+/// both turns, nothing written: its events went into "a" and turn "b" never existed (a
+/// fork after it was "not found"). Naming the open turn, naming none, or starting the
+/// named turn after ending the open one is accepted.
+#[test]
+fn a_batch_naming_a_turn_other_than_the_open_one_is_refused() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "turns");
+    s.append(Batch::new("start-a", vec![Event::new("turn/start")]).in_turn("a"))
+        .unwrap();
+    for events in [
+        vec![message("m1", "user", "hi")],
+        vec![turn_end("completed")],
+    ] {
+        match s.append(Batch::new("in-b", events).in_turn("b")) {
+            Err(Error::InvalidInput { what, .. }) => {
+                assert!(what.contains("\"b\"") && what.contains("\"a\""), "{what}")
+            }
+            other => panic!("a batch of another turn: {other:?}"),
+        }
+    }
+    let snap = s.snapshot();
+    assert_eq!(snap.event_sequence, 1, "a refused batch took sequences");
+    assert_eq!(snap.projection.turn_id.as_deref(), Some("a"));
+    s.append(Batch::new("in-a", vec![message("m1", "user", "hi")]).in_turn("a"))
+        .unwrap();
+    s.append(Batch::new("unnamed", vec![message("m2", "user", "ho")]))
+        .unwrap();
+    s.append(
+        Batch::new(
+            "a-then-b",
+            vec![turn_end("completed"), Event::new("turn/start")],
+        )
+        .in_turn("b"),
+    )
+    .unwrap();
+    assert_eq!(s.snapshot().projection.turn_id.as_deref(), Some("b"));
+}

@@ -72,18 +72,30 @@ pub struct Header {
     pub inherited_events: u64,
 }
 
+/// The longest working directory a session may record, in bytes: `PATH_MAX`, the longest
+/// path the operating system takes.
+pub(crate) const MAX_CWD_BYTES: usize = 4096;
+
 impl Header {
     /// Checks a working directory given for a new or imported session: not empty (leave
-    /// it out instead) and without a NUL byte (no path holds one). Headers already written
-    /// are read as they are.
+    /// it out instead), at most [`MAX_CWD_BYTES`] long (no longer path can be a working
+    /// directory) and without a NUL byte (no path holds one). Headers already written are
+    /// read as they are.
     ///
     /// # Errors
-    /// [`Error::InvalidInput`] for an empty `cwd` or one holding a NUL.
+    /// [`Error::InvalidInput`] for an empty `cwd`, one over [`MAX_CWD_BYTES`] or one
+    /// holding a NUL.
     pub(crate) fn check_cwd(cwd: &str) -> Result<()> {
         if cwd.is_empty() {
             return Err(Error::invalid(
                 "cwd is empty: give a working directory or leave it out",
             ));
+        }
+        if cwd.len() > MAX_CWD_BYTES {
+            return Err(Error::invalid(format!(
+                "a cwd must be at most {MAX_CWD_BYTES} bytes (PATH_MAX), this one is {}",
+                cwd.len()
+            )));
         }
         if let Some(at) = cwd.find('\0') {
             return Err(Error::invalid(format!(

@@ -463,10 +463,18 @@ impl Projection {
     /// The rules checked on append only, after [`Projection::prepare`]: a stored log folds
     /// without them, so files written before a rule keep opening, replaying and verifying.
     ///
+    /// `turn_id` is the batch's turn id (as given, or derived for a `turn/start`).
+    ///
     /// # Errors
-    /// As [`Projection::check_turn_nesting`], [`check_titles`] and [`check_replacements`].
-    pub(crate) fn check_append(&self, prepared: &PreparedFold) -> Result<()> {
+    /// As [`Projection::check_turn_nesting`], [`Projection::check_named_turn`],
+    /// [`check_titles`] and [`check_replacements`].
+    pub(crate) fn check_append(
+        &self,
+        prepared: &PreparedFold,
+        turn_id: Option<&str>,
+    ) -> Result<()> {
         self.check_turn_nesting(prepared)?;
+        self.check_named_turn(prepared, turn_id)?;
         check_titles(prepared)?;
         check_costs(prepared)?;
         check_replacements(prepared)
@@ -503,6 +511,36 @@ impl Projection {
             }
         }
         Ok(())
+    }
+
+    /// Refuses a batch that names a turn other than the open one without starting it: its
+    /// events would go into the open turn, and the turn it names would never exist (a fork
+    /// after it is not found). A batch that names no turn, or starts the one it names, or
+    /// comes while no turn is open (a turn's terminal facts after restart recovery closed
+    /// it), is not checked. A stored log folds as upstream does (commit turn ids after the
+    /// `turn/start` are not cross-checked).
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] naming both turns.
+    fn check_named_turn(&self, prepared: &PreparedFold, turn_id: Option<&str>) -> Result<()> {
+        let (Some(named), Some(open)) = (turn_id, &self.turn_id) else {
+            return Ok(());
+        };
+        let starts = prepared
+            .events
+            .iter()
+            .any(|p| matches!(p, Parsed::TurnStart));
+        if named == open.as_str() || starts {
+            return Ok(());
+        }
+        Err(Error::invalid(format!(
+            "the batch names turn {} but turn {} (started at sequence {}) is open: append \
+             it in the open turn, or end that turn and start {} with a turn/start",
+            crate::error::quoted(named),
+            crate::error::quoted(open),
+            self.current_turn_start,
+            crate::error::quoted(named),
+        )))
     }
 
     /// Applies a prepared batch whose events carry sequences `first_seq..` and whose
@@ -924,7 +962,7 @@ mod tests {
             let events = vec![ev("session/title", json!({ "title": blank }))];
             let p = Projection::default();
             let prepared = p.prepare(&events).unwrap();
-            let err = p.check_append(&prepared).unwrap_err();
+            let err = p.check_append(&prepared, None).unwrap_err();
             assert!(
                 matches!(err, Error::InvalidPayload { .. }),
                 "{blank:?}: {err}"
@@ -937,7 +975,7 @@ mod tests {
             let named = p
                 .prepare(&[ev("session/title", json!({ "title": good }))])
                 .unwrap();
-            assert!(p.check_append(&named).is_ok(), "{good:?}");
+            assert!(p.check_append(&named, None).is_ok(), "{good:?}");
         }
     }
 

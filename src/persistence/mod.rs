@@ -254,10 +254,18 @@ fn host_name() -> String {
 /// The header of a new session (a random id unless one is given).
 ///
 /// # Errors
-/// [`Error::InvalidInput`] for a working directory [`Header::check_cwd`] refuses.
+/// [`Error::InvalidInput`] for a working directory [`Header::check_cwd`] refuses, or a
+/// session named as its own parent.
 fn new_header(options: CreateOptions) -> Result<Header> {
     if let Some(cwd) = &options.cwd {
         Header::check_cwd(cwd)?;
+    }
+    if let (Some(id), Some(parent)) = (&options.session_id, &options.parent_session_id)
+        && id == parent
+    {
+        return Err(Error::invalid(format!(
+            "session {id} cannot be its own parent: give another session, or no parent"
+        )));
     }
     Ok(Header {
         session_id: options.session_id.unwrap_or_else(SessionId::random),
@@ -584,7 +592,8 @@ impl Root {
     /// # Errors
     /// [`Error::SessionExists`] when the id is taken; [`Error::InTheWay`] when its name in
     /// the root is taken by something that is no session (a folder without a session
-    /// file); [`Error::InvalidInput`] for an empty `cwd`; I/O and SQLite errors.
+    /// file); [`Error::InvalidInput`] for an empty `cwd`, one over 4,096 bytes or one
+    /// holding a NUL, or a session given itself as parent; I/O and SQLite errors.
     pub fn create(&self, options: CreateOptions) -> Result<Session> {
         let header = new_header(options)?;
         let id = header.session_id.clone();

@@ -506,6 +506,30 @@ struct PreparedBatch {
     charge: usize,
 }
 
+/// Refuses a batch in which two events carry the same caller-supplied id: an event id
+/// names one event (forks, replacements and readers find events by it). Empty ids are
+/// derived later, each unique. Ids repeated across batches are not looked up (that would
+/// search the log on every append).
+///
+/// # Errors
+/// [`Error::InvalidInput`] naming the id and both events.
+fn check_unique_ids(events: &[Event]) -> Result<()> {
+    let mut seen = HashMap::with_capacity(events.len());
+    for (i, e) in events.iter().enumerate() {
+        if e.id.is_empty() {
+            continue;
+        }
+        if let Some(first) = seen.insert(e.id.as_str(), i) {
+            return Err(Error::invalid(format!(
+                "events[{i}] repeats the id {} of events[{first}]: an event id must be \
+                 unique in its batch",
+                crate::error::quoted(&e.id)
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn prepare_batch(batch: Batch) -> Result<PreparedBatch> {
     let operation_id = batch.operation_id.trim().to_owned();
     if operation_id.is_empty() || batch.events.is_empty() {
@@ -534,6 +558,7 @@ fn prepare_batch(batch: Batch) -> Result<PreparedBatch> {
             )));
         }
     }
+    check_unique_ids(&events)?;
     let turn_id = match batch.turn_id.filter(|t| !t.trim().is_empty()) {
         Some(t) => Some(t),
         None if events.iter().any(|e| e.kind == "turn/start") => {
@@ -652,7 +677,7 @@ impl Shared {
         batch: PreparedBatch,
     ) -> Result<Arc<Commit>> {
         let fold = s.projection.prepare(&batch.events)?;
-        s.projection.check_append(&fold)?;
+        s.projection.check_append(&fold, batch.turn_id.as_deref())?;
         let first_seq = s.next_seq;
         let mut events = batch.events;
         for (i, e) in events.iter_mut().enumerate() {
