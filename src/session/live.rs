@@ -514,7 +514,8 @@ struct PreparedBatch {
 /// # Errors
 /// [`Error::InvalidInput`] naming the id and both events.
 fn check_unique_ids(events: &[Event]) -> Result<()> {
-    let mut seen = HashMap::with_capacity(events.len());
+    // Allocated at the first id: most batches carry none.
+    let mut seen = HashMap::new();
     for (i, e) in events.iter().enumerate() {
         if e.id.is_empty() {
             continue;
@@ -558,7 +559,6 @@ fn prepare_batch(batch: Batch) -> Result<PreparedBatch> {
             )));
         }
     }
-    check_unique_ids(&events)?;
     let turn_id = match batch.turn_id.filter(|t| !t.trim().is_empty()) {
         Some(t) => Some(t),
         None if events.iter().any(|e| e.kind == "turn/start") => {
@@ -676,6 +676,9 @@ impl Shared {
         mut s: MutexGuard<'_, State>,
         batch: PreparedBatch,
     ) -> Result<Arc<Commit>> {
+        // Checked once the operation id is known to be new: a retry of a batch stored
+        // before a rule existed still answers its commit.
+        check_unique_ids(&batch.events)?;
         let fold = s.projection.prepare(&batch.events)?;
         s.projection.check_append(&fold, batch.turn_id.as_deref())?;
         let first_seq = s.next_seq;
