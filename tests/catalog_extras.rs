@@ -903,21 +903,7 @@ fn a_list_cursor_continues_only_the_listing_that_made_it() {
     // An earlier build's forms name no filters: a filtered listing refuses them.
     refused(&["--cwd", "/p", "--cursor", "a"], "earlier build");
     // Each cursor continues its own listing; the earlier forms an unfiltered one.
-    let ids = |args: &[&str]| -> Vec<String> {
-        let mut all = vec!["list"];
-        all.extend(args);
-        json_of(&root, &all)["sessions"]
-            .as_array()
-            .expect("sessions")
-            .iter()
-            .map(|s| {
-                s["session_ref"]["session_id"]
-                    .as_str()
-                    .expect("id")
-                    .to_owned()
-            })
-            .collect()
-    };
+    let ids = |args: &[&str]| listed(&root, args);
     assert_eq!(ids(&["--cursor", &plain]), ["b", "c", "d"]);
     assert_eq!(ids(&["--cwd", "/p", "--cursor", &in_p]), ["c", "d"]);
     assert_eq!(ids(&["--cursor", "b"]), ["c", "d"]);

@@ -318,13 +318,11 @@ impl SessionQuery {
                 .flatten();
             let sessions: Vec<SessionSummary> = entries
                 .into_iter()
-                .map(|entry| {
-                    match live.get(&entry.session_id) {
-                        Some(rt) => live_summary(rt, entry),
-                        None => {
-                            let durable = entry.durable_sequence;
-                            SessionSummary::from_entry(service.host_id(), entry, durable, false)
-                        }
+                .map(|entry| match live.get(&entry.session_id) {
+                    Some(rt) => live_summary(rt, entry),
+                    None => {
+                        let durable = entry.durable_sequence;
+                        SessionSummary::from_entry(service.host_id(), entry, durable, false)
                     }
                 })
                 .collect();
