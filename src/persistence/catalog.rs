@@ -150,7 +150,9 @@ pub enum ListSort {
 #[non_exhaustive]
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ListFilter {
-    /// Only sessions whose header names exactly this working directory.
+    /// Only sessions whose header names exactly this working directory (compared byte for
+    /// byte: spell it with [`absolute_cwd`](crate::absolute_cwd), as the sessions' own
+    /// should be, see [`CreateOptions::cwd`](crate::CreateOptions::cwd)).
     pub cwd: Option<String>,
     /// Only sessions updated at or after this time (ms since the Unix epoch).
     pub since_ms: Option<i64>,

@@ -109,7 +109,10 @@ impl Default for StoreOptions {
 pub struct CreateOptions {
     /// The id; a random 32-hex id when `None`.
     pub session_id: Option<SessionId>,
-    /// Working directory recorded in the header.
+    /// Working directory recorded in the header, exactly as given (at most 4,096 bytes).
+    /// Listings and searches compare it byte for byte: spell it with
+    /// [`absolute_cwd`](crate::absolute_cwd), as the CLI's `--cwd` and Python's `cwd=` do,
+    /// so that `/srv/api/`, `/srv//api` and `.` in `/srv/api` are one folder.
     pub cwd: Option<String>,
     /// The session this one derives from.
     pub parent_session_id: Option<SessionId>,
