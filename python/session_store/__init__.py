@@ -584,13 +584,21 @@ class Root:
         title: str | None = None,
         origin: str | None = None,
         sort: str | None = None,
+        cached_only: bool = False,
     ) -> Iterator[dict[str, Any]]:
-        """Every session summary of the root passing the filters (those of :meth:`list`),
-        page by page."""
+        """Every session summary of the root passing the filters (those of :meth:`list`,
+        ``cached_only`` included), page by page."""
         cursor: str | None = None
         while True:
             page = self.list(
-                cursor, page_size, cwd=cwd, since=since, title=title, origin=origin, sort=sort
+                cursor,
+                page_size,
+                cwd=cwd,
+                since=since,
+                title=title,
+                origin=origin,
+                sort=sort,
+                cached_only=cached_only,
             )
             yield from page["sessions"]
             cursor = page["next_cursor"]
@@ -816,12 +824,20 @@ class Root:
         title: str | None = None,
         origin: str | None = None,
         sort: str | None = None,
+        cached_only: bool = False,
     ) -> AsyncIterator[dict[str, Any]]:
         """:meth:`iter_sessions` for ``async for``: each page read in a worker thread."""
         cursor: str | None = None
         while True:
             page = await self.alist(
-                cursor, page_size, cwd=cwd, since=since, title=title, origin=origin, sort=sort
+                cursor,
+                page_size,
+                cwd=cwd,
+                since=since,
+                title=title,
+                origin=origin,
+                sort=sort,
+                cached_only=cached_only,
             )
             for session in page["sessions"]:
                 yield session

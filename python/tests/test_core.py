@@ -165,6 +165,14 @@ def test_list_filters_and_sorts_as_the_library_and_the_cli_do(root, tmp_path, mo
     assert ids(since=datetime.now(timezone.utc) + timedelta(hours=1)) == []
     assert ids(since=datetime.now(timezone.utc) - timedelta(hours=1)) == ["a", "b", "c"]
     assert ids(sort="created", cached_only=True) == ["c", "b", "a"]
+    # The iterators take cached_only as list does (a TypeError before).
+    cached = root.iter_sessions(1, sort="created", cached_only=True)
+    assert [s["session_ref"]["session_id"] for s in cached] == ["c", "b", "a"]
+
+    async def cached_ids():
+        return [s["session_ref"]["session_id"] async for s in root.aiter_sessions(cached_only=True)]
+
+    assert asyncio.run(cached_ids()) == ["a", "b", "c"]
     # Pages of one in a sort follow the cursor to the whole listing.
     seen, cursor = [], None
     while True:
