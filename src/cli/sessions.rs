@@ -290,7 +290,7 @@ fn show_of(root: &Root, id: &SessionId) -> CliResult<Show> {
             .header
             .parent_id
             .as_ref()
-            .map(|parent| !matches!(root.open_reader(parent), Err(e) if e.is_not_found())),
+            .map(|parent| root.session_file_identity(parent).is_some()),
         lease: info.last_writer,
         writer: root.writer_owner(id)?,
         dependents: reader.dependents()?,

@@ -161,22 +161,20 @@ fn export_destination(dest: &Path) -> Result<(PathBuf, PathBuf)> {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let folder = std::fs::canonicalize(folder).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotADirectory {
-            Error::invalid(format!(
-                "export folder {} is not a directory (a part of its path is a file)",
-                folder.display()
-            ))
-        } else {
-            Error::io(format!("export folder {}", folder.display()), e)
+    let not_a_folder = |path: &Path, why: &str| {
+        Error::invalid(format!(
+            "export folder {} is not a directory{why}",
+            path.display()
+        ))
+    };
+    let folder = match std::fs::canonicalize(folder) {
+        Ok(resolved) if resolved.is_dir() => resolved,
+        Ok(resolved) => return Err(not_a_folder(&resolved, "")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => {
+            return Err(not_a_folder(folder, " (a part of its path is a file)"));
         }
-    })?;
-    if !folder.is_dir() {
-        return Err(Error::invalid(format!(
-            "export folder {} is not a directory",
-            folder.display()
-        )));
-    }
+        Err(e) => return Err(Error::io(format!("export folder {}", folder.display()), e)),
+    };
     let dest = folder.join(name);
     Ok((folder, dest))
 }
