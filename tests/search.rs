@@ -1239,7 +1239,8 @@ fn cli_search_marks_snippets_on_a_terminal_only_and_follows_the_exit_codes() {
         "timeouts"
     );
     assert_eq!(page["next_cursor"], json!(null));
-    // `--since` takes what `list --since` takes: a duration back from now or a UTC date.
+    // `--since` takes what `list --since` takes: a duration back from now or a date, also
+    // RFC 3339's with a fraction and an offset (refused before, exit 2).
     let hits_since = |since: &str| {
         let out = run(&["--json", "search", "timeout*", "--since", since]);
         assert!(
@@ -1254,6 +1255,8 @@ fn cli_search_marks_snippets_on_a_terminal_only_and_follows_the_exit_codes() {
     assert!(hits_since("12h") > 0);
     assert!(hits_since("2020-01-01T00:00:00Z") > 0);
     assert_eq!(hits_since("2100-01-01"), 0);
+    assert!(hits_since("2020-01-01T01:00:00.250+01:00") > 0);
+    assert_eq!(hits_since("2100-01-01T08:00:00.5-05:00"), 0);
     // Exit codes: a malformed query is invalid input (6), a limit over 100 and a bad date
     // usage errors (2, as every number out of its range), an unknown session in --session
     // is not found (3), as for every command naming a session.

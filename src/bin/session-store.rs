@@ -119,8 +119,9 @@ enum Command {
         /// one is made absolute against the current directory).
         #[arg(long, value_name = "DIR", value_parser = session_store::absolute_cwd)]
         cwd: Option<String>,
-        /// Only sessions updated since: a duration back from now (7d, 12h) or a UTC date
-        /// (2026-12-01, 2026-12-01T08:30:00Z).
+        /// Only sessions updated since: a duration back from now (7d, 12h) or a date, UTC
+        /// unless an offset is given (2026-12-01, 2026-12-01T08:30:00Z,
+        /// 2026-12-01T09:30:00.250+01:00).
         #[arg(long, value_name = "WHEN", value_parser = cli::when::parse_since)]
         since: Option<i64>,
         /// Only sessions whose title contains this text (ASCII case ignored).
@@ -179,8 +180,8 @@ enum Command {
         /// absolute against the current directory).
         #[arg(long, value_name = "DIR", value_parser = session_store::absolute_cwd)]
         cwd: Option<String>,
-        /// Only messages since: a duration back from now (7d, 12h) or a UTC date
-        /// (2026-12-01, 2026-12-01T08:30:00Z).
+        /// Only messages since: a duration back from now (7d, 12h) or a date, UTC unless an
+        /// offset is given (2026-12-01, 2026-12-01T08:30:00Z, 2026-12-01T09:30:00.250+01:00).
         #[arg(long, value_name = "WHEN", value_parser = cli::when::parse_since)]
         since: Option<i64>,
         /// Only messages with this role (user, assistant, tool, …; title for titles),

@@ -1,6 +1,6 @@
 //! Times on the command line: durations (`90s`, `45m`, `12h`, `7d`, `2w`) for
-//! `gc --older-than` and `list --since`, and UTC dates (`2026-12-01`,
-//! `2026-12-01T08:30:00Z`) for `list --since`.
+//! `gc --older-than` and `list --since`, and dates (`2026-12-01`, `2026-12-01T08:30:00Z`,
+//! RFC 3339's `2026-12-01T09:30:00.250+01:00`) for `list --since` and `search --since`.
 
 use std::time::Duration;
 
@@ -78,7 +78,8 @@ fn duration(text: &str) -> Result<Duration, NotADuration> {
 }
 
 /// A point in time for `--since`, as ms since the Unix epoch: a duration back from now
-/// (`7d`), a UTC date (`2026-12-01`) or date and time (`2026-12-01T08:30[:00][Z]`).
+/// (`7d`), a UTC date (`2026-12-01`) or date and time (`2026-12-01T08:30[:00][Z]`), also
+/// with a fraction of a second and an offset (`2026-12-01T09:30:00.250+01:00`).
 pub fn parse_since(text: &str) -> Result<i64, String> {
     match duration(text) {
         Ok(ago) => {
@@ -93,18 +94,19 @@ pub fn parse_since(text: &str) -> Result<i64, String> {
     }
     parse_utc(text).ok_or_else(|| {
         format!(
-            "{text:?} is neither a duration (7d) nor a UTC date (2026-12-01 or \
-             2026-12-01T08:30:00Z)"
+            "{text:?} is neither a duration (7d) nor a date (2026-12-01, \
+             2026-12-01T08:30:00Z or 2026-12-01T09:30:00.250+01:00)"
         )
     })
 }
 
-/// `YYYY-MM-DD[THH:MM[:SS]][Z]` (UTC) as ms since the Unix epoch.
+/// `YYYY-MM-DD[THH:MM[:SS[.fraction]]][Z|±HH:MM]` as ms since the Unix epoch: UTC unless
+/// an offset says otherwise (RFC 3339's form, as other tools print times; a fraction is
+/// cut to the millisecond).
 fn parse_utc(text: &str) -> Option<i64> {
-    let text = text.strip_suffix('Z').unwrap_or(text);
     let (date, time) = match text.split_once(['T', ' ']) {
         Some((d, t)) => (d, Some(t)),
-        None => (text, None),
+        None => (text.strip_suffix('Z').unwrap_or(text), None),
     };
     let number = |s: &str, len: usize| -> Option<i64> {
         (s.len() == len && s.bytes().all(|b| b.is_ascii_digit()))
@@ -123,8 +125,21 @@ fn parse_utc(text: &str) -> Option<i64> {
     {
         return None;
     }
-    let mut seconds = 0;
+    let mut ms = 0;
     if let Some(time) = time {
+        let (time, offset_ms) = split_offset(time)?;
+        // A fraction follows whole seconds (`08:30:00.5`, not `08:30.5`); milliseconds are
+        // its first three digits, padded.
+        let (time, fraction) = match time.split_once('.') {
+            Some((t, f))
+                if t.len() == 8 && !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit()) =>
+            {
+                let digits: String = f.chars().chain("00".chars()).take(3).collect();
+                (t, digits.parse::<i64>().ok()?)
+            }
+            Some(_) => return None,
+            None => (time, 0),
+        };
         let mut t = time.split(':');
         let hour = number(t.next()?, 2)?;
         let minute = number(t.next()?, 2)?;
@@ -132,9 +147,33 @@ fn parse_utc(text: &str) -> Option<i64> {
         if t.next().is_some() || hour > 23 || minute > 59 || second > 59 {
             return None;
         }
-        seconds = hour * 3600 + minute * 60 + second;
+        ms = (hour * 3600 + minute * 60 + second) * 1000 + fraction - offset_ms;
     }
-    Some((days_from_civil(year, month, day) * 86_400 + seconds) * 1000)
+    Some(days_from_civil(year, month, day) * 86_400_000 + ms)
+}
+
+/// A time of day's zone: `Z`, `+HH:MM` or `-HH:MM` at its end (none: UTC), split off as
+/// the offset in ms east of UTC; `None` for a malformed or out-of-range offset.
+fn split_offset(time: &str) -> Option<(&str, i64)> {
+    if let Some(time) = time.strip_suffix('Z') {
+        return Some((time, 0));
+    }
+    let Some(at) = time.rfind(['+', '-']) else {
+        return Some((time, 0));
+    };
+    let (time, zone) = time.split_at(at);
+    let sign = if zone.starts_with('-') { -1 } else { 1 };
+    let (hours, minutes) = zone.get(1..)?.split_once(':')?;
+    let two = |s: &str| {
+        (s.len() == 2 && s.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| s.parse::<i64>().ok())
+            .flatten()
+    };
+    let (hours, minutes) = (two(hours)?, two(minutes)?);
+    if hours > 23 || minutes > 59 {
+        return None;
+    }
+    Some((time, sign * (hours * 3600 + minutes * 60) * 1000))
 }
 
 /// Days in `month` of `year` (Gregorian).
@@ -182,6 +221,25 @@ mod tests {
         assert_eq!(parse_utc("2000-03-01T00:00:01Z"), Some(951_868_801_000));
         assert_eq!(parse_utc("2024-02-29"), Some(1_709_164_800_000));
         assert_eq!(parse_utc("2024-02-29 12:30:05Z"), Some(1_709_209_805_000));
+        // RFC 3339, as other tools print times: a fraction (cut to the ms) and an offset.
+        assert_eq!(parse_utc("2024-02-29T12:30:05.5Z"), Some(1_709_209_805_500));
+        assert_eq!(
+            parse_utc("2024-02-29T12:30:05.123456789Z"),
+            Some(1_709_209_805_123)
+        );
+        assert_eq!(
+            parse_utc("2024-02-29T13:30:05+01:00"),
+            Some(1_709_209_805_000)
+        );
+        assert_eq!(
+            parse_utc("2024-02-29T07:00:05.250-05:30"),
+            Some(1_709_209_805_250)
+        );
+        assert_eq!(
+            parse_utc("2024-02-29T12:30:05-00:00"),
+            Some(1_709_209_805_000)
+        );
+        assert_eq!(parse_utc("1970-01-01T00:30+01:00"), Some(-1_800_000));
         for bad in [
             "2023-02-29",
             "2024-04-31",
@@ -189,6 +247,15 @@ mod tests {
             "2024-1-01",
             "+2024-01-01",
             "2024-01-01T24:00",
+            "2024-01-01T08:30.5Z",
+            "2024-01-01T08:30:00.Z",
+            "2024-01-01T08:30:00.5x",
+            "2024-01-01T08:30:00+1:00",
+            "2024-01-01T08:30:00+24:00",
+            "2024-01-01T08:30:00+01:60",
+            "2024-01-01T08:30:00+0100",
+            "2024-01-01T08:30:00+01:00Z",
+            "2024-01-01+01:00",
             "",
             "x",
         ] {
