@@ -130,6 +130,8 @@ pub enum Error {
     DestinationExists(std::path::PathBuf),
     /// Another writer (in this process or another) owns the session.
     WriterOwned {
+        /// The session.
+        session: String,
         /// The current owner, as it recorded itself.
         owner: WriterOwner,
     },
@@ -234,7 +236,9 @@ impl fmt::Display for Error {
                 "export destination {} already exists; give the path of a new file",
                 path.display()
             ),
-            Error::WriterOwned { owner } => write!(f, "session writer is owned by {owner}"),
+            Error::WriterOwned { session, owner } => {
+                write!(f, "session {session} is owned by another writer: {owner}")
+            }
             Error::OperationConflict { operation_id } => write!(
                 f,
                 "operation id {} conflicts with an earlier batch",
@@ -390,7 +394,7 @@ impl Error {
     /// this process or another, holds the session's writer lock); `None` otherwise.
     pub fn writer_owner(&self) -> Option<&WriterOwner> {
         match self {
-            Error::WriterOwned { owner } => Some(owner),
+            Error::WriterOwned { owner, .. } => Some(owner),
             _ => None,
         }
     }

@@ -1066,20 +1066,21 @@ fn a_second_appender_exits_5_naming_the_first_ones_pid() {
         "{err}"
     );
     assert_eq!(err.lines().count(), 1);
-    // A refused delete names the session (the writer's message names none) and its wait.
+    // A refused delete says it could not delete the session, and its wait.
     let err = env.fails(&["delete", "shared"], 5);
     assert!(err.contains(&format!("pid {}", first.id())), "{err}");
     assert!(
         err.starts_with(
-            "session-store: error: cannot delete shared: session writer is owned by pid"
+            "session-store: error: cannot delete shared: session shared is owned by another \
+             writer: pid"
         ),
         "{err}"
     );
     let err = env.fails(&["delete", "shared", "--wait", "0.2"], 5);
     assert!(
         err.starts_with(
-            "session-store: error: cannot delete shared after waiting 0.2 s: session writer is \
-             owned by pid"
+            "session-store: error: cannot delete shared after waiting 0.2 s: session shared is \
+             owned by another writer: pid"
         ),
         "{err}"
     );

@@ -115,6 +115,14 @@ fn a_second_writer_is_writer_owned_and_told_the_owner() {
     assert_eq!(owner, s.owner());
     assert_eq!(owner.pid, std::process::id());
     assert!(e.to_string().contains(&format!("pid {}", owner.pid)), "{e}");
+    // It names the session: "session writer is owned by pid …" named none, and a host of
+    // many sessions could not tell which one was taken.
+    assert!(
+        e.to_string()
+            .starts_with("session owned is owned by another writer: pid "),
+        "{e}"
+    );
+    assert!(matches!(&e, Error::WriterOwned { session, .. } if session == "owned"));
     // When the lease was taken reads as a UTC time, not as a count of milliseconds
     // ("since 1796336102082 ms" read like a duration of 57 years).
     let taken = format!("since {} UTC)", session_store::utc(owner.since_ms));

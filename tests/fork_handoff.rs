@@ -78,7 +78,7 @@ async fn no_other_opener_takes_a_forked_child_before_its_writer() {
     // Each child stays owned by its fork's writer.
     for child in &children {
         match root.open_writer(child.session().id()) {
-            Err(Error::WriterOwned { owner }) => {
+            Err(Error::WriterOwned { owner, .. }) => {
                 assert_eq!(owner.owner_id, child.session().owner().owner_id)
             }
             other => panic!("expected WriterOwned, got {other:?}"),
@@ -103,7 +103,7 @@ fn root_fork_writer_returns_the_child_opened_under_its_staged_lock() {
     assert_eq!(child.inherited_events(), 3);
     assert_eq!(child.owner().generation, 1, "the first lease of the child");
     match root.open_writer(&id("c")) {
-        Err(Error::WriterOwned { owner }) => assert_eq!(owner.owner_id, child.owner().owner_id),
+        Err(Error::WriterOwned { owner, .. }) => assert_eq!(owner.owner_id, child.owner().owner_id),
         other => panic!("expected WriterOwned, got {other:?}"),
     }
     child
@@ -179,7 +179,7 @@ async fn no_other_opener_takes_a_migrated_legacy_session_before_its_writer() {
     for (source, runtime) in sources.iter().zip(&runtimes) {
         let id = runtime.session().id();
         match root.open_writer(id) {
-            Err(Error::WriterOwned { owner }) => {
+            Err(Error::WriterOwned { owner, .. }) => {
                 assert_eq!(owner.owner_id, runtime.session().owner().owner_id)
             }
             other => panic!("expected WriterOwned, got {other:?}"),

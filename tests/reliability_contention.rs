@@ -51,7 +51,7 @@ fn contender_role() {
                         println!("won {round} {}", s.owner().generation);
                         held = Some(s);
                     }
-                    Err(Error::WriterOwned { owner }) => {
+                    Err(Error::WriterOwned { owner, .. }) => {
                         println!("lost {round} {} {}", owner.pid, owner.generation);
                     }
                     Err(e) => println!("error {round} {e}"),

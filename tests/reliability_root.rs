@@ -514,7 +514,7 @@ fn concurrent_append_create() {
                     appended.push(format!("op-{n}"));
                 }
                 Some(5) => {
-                    assert!(stderr.contains("owned by pid"), "{stderr}");
+                    assert!(stderr.contains("owned by another writer: pid"), "{stderr}");
                     refused += 1;
                 }
                 other => panic!("round {round}: append {n} exited {other:?}: {stderr}"),
@@ -561,7 +561,7 @@ fn concurrent_append_create() {
                     let record: Value = serde_json::from_str(&stdout).expect("json");
                     target = Some(record["target_id"].as_str().expect("id").to_owned());
                 }
-                Some(5) => assert!(stderr.contains("owned by pid"), "{stderr}"),
+                Some(5) => assert!(stderr.contains("owned by another writer: pid"), "{stderr}"),
                 other => panic!("round {round}: migrate-legacy exited {other:?}: {stderr}"),
             }
         }

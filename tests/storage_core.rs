@@ -424,7 +424,7 @@ fn a_second_writer_in_this_process_is_refused() {
     let (_dir, root) = temp_root();
     let s = create(&root, "single");
     match root.open_writer(&id("single")) {
-        Err(Error::WriterOwned { owner }) => {
+        Err(Error::WriterOwned { owner, .. }) => {
             assert_eq!(owner.pid, std::process::id());
             assert_eq!(owner.generation, s.owner().generation);
         }
@@ -563,7 +563,7 @@ fn a_writer_in_another_process_is_refused_then_replaced_after_sigkill() {
         .unwrap();
 
     match root.open_writer(&id("shared")) {
-        Err(Error::WriterOwned { owner }) => assert_eq!(owner.pid.to_string(), pid),
+        Err(Error::WriterOwned { owner, .. }) => assert_eq!(owner.pid.to_string(), pid),
         other => panic!("expected WriterOwned, got {other:?}"),
     }
     child.kill().unwrap();

@@ -210,10 +210,11 @@ fn to_py(py: Python<'_>, e: Error) -> PyErr {
 }
 
 /// [`to_py`] of an error of a call on session `session`: the errors whose message does not
-/// say which session they are of (a writer owned by another, a closed or fenced writer, a
-/// failed write, a damaged file) name it first, `session ID: …`; "session writer is owned
-/// by pid 7 …" or "session runtime is closed" named none, and a host of many sessions (an
-/// agents `Runner`, a LangGraph server) could not tell which.
+/// say which session they are of (a closed or fenced writer, a failed write, a damaged
+/// file) name it first, `session ID: …`; "session runtime is closed" named none, and a
+/// host of many sessions (an agents `Runner`, a LangGraph server) could not tell which. A
+/// writer owned by another is named by the library, by the id of the store (which an
+/// adapter may have mapped): it is named so by the caller's name too.
 fn to_py_of(py: Python<'_>, session: &str, e: Error) -> PyErr {
     let msg = e.to_string();
     let unnamed = matches!(
@@ -250,7 +251,7 @@ fn to_py_with(py: Python<'_>, e: Error, msg: String) -> PyErr {
         Error::SessionExists(_) | Error::InTheWay { .. } | Error::DestinationExists(_) => {
             new_err(py, already_exists_class, msg)
         }
-        Error::WriterOwned { owner } => writer_owned(py, msg, &owner),
+        Error::WriterOwned { owner, .. } => writer_owned(py, msg, &owner),
         Error::UnsupportedVersion { .. } => UnsupportedVersion::new_err(msg),
         Error::Corrupt { .. } => Corrupt::new_err(msg),
         Error::Internal { .. } => InternalError::new_err(msg),
@@ -1257,6 +1258,7 @@ impl Session {
     fn inner(&self, py: Python<'_>) -> NativeResult<&session_store::Session> {
         self.inner.get().ok_or_else(|| {
             let err = Error::WriterOwned {
+                session: self.id.to_string(),
                 owner: self.owner.clone(),
             };
             writer_owned(

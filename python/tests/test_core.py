@@ -409,11 +409,11 @@ def test_errors_of_a_session_name_it(root):
     writer = root.create("chat 1")
     with pytest.raises(WriterOwned) as owned:
         root.open("chat 1")
-    assert str(owned.value).startswith('session "chat 1": session writer is owned by pid ')
+    assert str(owned.value).startswith("session chat 1 is owned by another writer: pid ")
     assert owned.value.owner["pid"] == os.getpid()
-    with pytest.raises(WriterOwned, match='^session "chat 1": '):
+    with pytest.raises(WriterOwned, match="^session chat 1 is owned by another writer: "):
         root.rename("chat 1", "title")
-    with pytest.raises(WriterOwned, match='^session "chat 1": '):
+    with pytest.raises(WriterOwned, match="^session chat 1 is owned by another writer: "):
         asyncio.run(SessionStoreSession("chat 1", root).add_items([{"role": "user"}]))
     writer.close()
     with pytest.raises(Closed) as closed:

@@ -702,15 +702,20 @@ const DELETE_GRACE: Duration = Duration::from_millis(500);
 pub fn delete(cx: &Context, id: &str, wait: Duration) -> CliResult<()> {
     let id = session_id(id)?;
     let root = cx.open_root()?;
-    // The library's "session writer is owned by …" names no session: the delete says which
-    // one it could not delete, and how long it waited.
+    // The delete says that it could not delete the session, and how long it waited.
     let owned = |owner| {
         let what = if wait.is_zero() {
             format!("cannot delete {id}")
         } else {
             format!("cannot delete {id} after waiting {} s", wait.as_secs_f64())
         };
-        Failure::context(what, &Error::WriterOwned { owner })
+        Failure::context(
+            what,
+            &Error::WriterOwned {
+                session: id.to_string(),
+                owner,
+            },
+        )
     };
     if wait.is_zero()
         && let Some(owner) = root.writer_owner(&id)?

@@ -540,7 +540,7 @@ impl Root {
         let folder_path = self.inner.path.join(folder);
         let dir = self.existing_dir(id)?;
         let folder_fd = confine::ensure_dir_at(self.dir_fd(), folder, &folder_path)?;
-        let lock = self.take_writer_lock(&dir)?;
+        let lock = self.take_writer_lock(id, &dir)?;
         // A fresh folder per move: the id is not part of its name, so the longest id fits.
         let holder = random_hex();
         let aside = folder_path.join(&holder);
@@ -851,7 +851,7 @@ impl Root {
         let open = || {
             // Before the lock and the lease: a refused folder is left as it is.
             check_folder_owner(id, &SessionReader::open(&dir)?)?;
-            let lock = self.take_writer_lock(&dir)?;
+            let lock = self.take_writer_lock(id, &dir)?;
             self.start_writer(&dir, lock)
         };
         open().map_err(|e| {
@@ -865,13 +865,13 @@ impl Root {
         })
     }
 
-    /// Takes the writer lock of the session folder `dir`, retrying a lock held only for a
+    /// Takes the writer lock of session `id`'s folder `dir`, retrying a lock held only for a
     /// moment (a probe, or a child process between `fork` and `exec` that shares the
     /// descriptor).
     ///
     /// # Errors
     /// [`Error::WriterOwned`] naming the holder when a writer keeps it.
-    fn take_writer_lock(&self, dir: &Path) -> Result<WriterLock> {
+    fn take_writer_lock(&self, id: &SessionId, dir: &Path) -> Result<WriterLock> {
         let lock_path = dir.join(LOCK_FILE);
         for attempt in 1..=LOCK_ATTEMPTS {
             if let Some(lock) = WriterLock::try_acquire(&lock_path)? {
@@ -882,6 +882,7 @@ impl Root {
             }
         }
         Err(Error::WriterOwned {
+            session: id.to_string(),
             owner: self.current_owner(dir)?,
         })
     }
