@@ -22,13 +22,24 @@ pub(crate) fn message_key(id: &str) -> MessageKey {
 pub(crate) const ENTRY: usize = 16 + 4;
 
 /// Message key → 0-based transcript position.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub(crate) struct TranscriptIndex {
     /// Restored from a checkpoint: keys ascending, positions beside them.
     keys: Vec<MessageKey>,
     positions: Vec<u32>,
     /// Added since.
     added: HashMap<MessageKey, u32>,
+}
+
+/// Its size, not its entries: hashes and positions say nothing to a reader of a
+/// `Projection`'s `Debug`, and a long transcript's would run to megabytes.
+impl std::fmt::Debug for TranscriptIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TranscriptIndex")
+            .field("restored", &self.keys.len())
+            .field("added", &self.added.len())
+            .finish()
+    }
 }
 
 impl TranscriptIndex {
@@ -161,6 +172,22 @@ mod tests {
         assert_eq!(again.get(message_key("d")), Some(3));
         back.clear();
         assert_eq!(back.get(message_key("a")), None);
+    }
+
+    /// A `Projection`'s `Debug` printed every entry of its transcript index (a hash and a
+    /// position per message, megabytes for a long session); the index shows its size.
+    #[test]
+    fn debug_shows_the_size_not_the_entries() {
+        let mut index = TranscriptIndex::default();
+        for i in 0..1000u32 {
+            index.insert(message_key(&format!("m{i}")), i);
+        }
+        let mut index = TranscriptIndex::from_bytes(&index.to_bytes(), 1000).expect("restore");
+        index.insert(message_key("new"), 1000);
+        assert_eq!(
+            format!("{index:?}"),
+            "TranscriptIndex { restored: 1000, added: 1 }"
+        );
     }
 
     #[test]
