@@ -1105,6 +1105,44 @@ fn a_second_appender_exits_5_naming_the_first_ones_pid() {
     env.fails(&["show", "shared"], 3);
 }
 
+/// Two `delete`s of one session at once (20 rounds): one deletes it, the other exits 0 or
+/// 3 with "session ID not found" (it said "session ROOT/ID/session.sqlite not found" in
+/// most rounds: asking for the writer met the file the first one had just moved away).
+#[test]
+fn two_deletes_of_one_session_at_once_name_the_session_not_its_file() {
+    let env = Env::new();
+    for round in 0..20 {
+        let id = format!("twice-{round}");
+        env.ok(&["create", &id]);
+        let spawn = || {
+            env.command(&["delete", &id])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn")
+        };
+        let both = [spawn(), spawn()];
+        let outs: Vec<Output> = both
+            .into_iter()
+            .map(|c| c.wait_with_output().expect("wait"))
+            .collect();
+        assert!(
+            outs.iter().any(|o| code(o) == 0),
+            "round {round}: none deleted"
+        );
+        for out in &outs {
+            if code(out) != 0 {
+                assert_eq!(
+                    (code(out), stderr(out)),
+                    (3, format!("session-store: error: session {id} not found\n")),
+                    "round {round}"
+                );
+            }
+        }
+        env.fails(&["show", &id], 3);
+    }
+}
+
 /// `append --sync each --json` on a 10,000-batch file, SIGKILLed mid-way, ten times: every
 /// batch it printed is in the session afterwards, at the printed sequences.
 #[test]

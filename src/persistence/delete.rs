@@ -7,7 +7,7 @@ use crate::cancel::CancelToken;
 use crate::error::{Error, Result};
 use crate::model::SessionId;
 use crate::model::ids::random_hex;
-use crate::persistence::{Root, TRASH_DIR, confine, rename_no_replace_at, sync_dir};
+use crate::persistence::{Root, TRASH_DIR, confine, gone_or, rename_no_replace_at, sync_dir};
 use crate::store::lineage;
 use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock, WriterLock};
 use crate::store::read::{self, DependentFork, LineageEntry};
@@ -42,8 +42,12 @@ impl Root {
         keep: impl FnOnce(&Path) -> Option<String>,
     ) -> Result<Option<String>> {
         let dir = self.existing_dir(id)?;
-        let lock = WriterLock::acquire(&dir.join(LOCK_FILE), cancel)?;
-        let forks = DependentsLock::exclusive(&dir.join(DEPENDENTS_LOCK_FILE), cancel)?;
+        // A concurrent delete of the same session may rename it away while this one waits:
+        // its lock files are gone then, and so is the session.
+        let gone = |e| gone_or(id, &dir, e);
+        let lock = WriterLock::acquire(&dir.join(LOCK_FILE), cancel).map_err(gone)?;
+        let forks =
+            DependentsLock::exclusive(&dir.join(DEPENDENTS_LOCK_FILE), cancel).map_err(gone)?;
         let file = dir.join(SESSION_FILE);
         // A concurrent delete of the same session may have renamed it away meanwhile.
         if !file.is_file() {
