@@ -45,7 +45,10 @@ impl Root {
         // A concurrent delete of the same session may rename it away while this one waits:
         // its lock files are gone then, and so is the session.
         let gone = |e| gone_or(id, &dir, e);
-        let lock = WriterLock::acquire(&dir.join(LOCK_FILE), cancel).map_err(gone)?;
+        let mut lock = WriterLock::acquire(&dir.join(LOCK_FILE), cancel).map_err(gone)?;
+        // A writer refused meanwhile names this process, not the session's last writer
+        // (best effort: the record is only what the refusal says).
+        let _ = lock.record_owner(&self.provisional_owner());
         let forks =
             DependentsLock::exclusive(&dir.join(DEPENDENTS_LOCK_FILE), cancel).map_err(gone)?;
         let file = dir.join(SESSION_FILE);

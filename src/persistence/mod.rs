@@ -896,21 +896,26 @@ impl Root {
         }
     }
 
-    /// Opens the session file in `dir` for writing under `lock` (held by the caller) and
-    /// starts the live session on it.
-    fn start_writer(&self, dir: &Path, lock: WriterLock) -> Result<Session> {
-        let options = &self.inner.options;
-        let owner = WriterOwner {
+    /// This process as a writer lock's holder before it has a lease (generation 0): what
+    /// a refused opener names.
+    pub(crate) fn provisional_owner(&self) -> WriterOwner {
+        WriterOwner {
             owner_id: random_hex(),
             host: self.inner.host.clone(),
             pid: std::process::id(),
             generation: 0,
             since_ms: now_ms(),
-        };
+        }
+    }
+
+    /// Opens the session file in `dir` for writing under `lock` (held by the caller) and
+    /// starts the live session on it.
+    fn start_writer(&self, dir: &Path, lock: WriterLock) -> Result<Session> {
+        let options = &self.inner.options;
         let writer = FileWriter::open(
             dir,
             lock,
-            owner,
+            self.provisional_owner(),
             options.durability,
             options.checkpoint,
             options.inline_threshold,
