@@ -582,3 +582,60 @@ fn a_writer_open_on_a_full_disk_is_retryable_and_succeeds_after_space_is_freed()
     drop(binding);
     rt.block_on(service.shutdown()).unwrap();
 }
+
+/// `import` on a full disk says what it was doing ("import FILE: disk full: …"; it said
+/// only "disk full: database or disk is full"), leaves nothing in the root, and imports
+/// once space is freed. Runs the binary: only with the `cli` feature.
+#[cfg(feature = "cli")]
+#[test]
+fn import_on_a_full_disk_names_the_file_and_leaves_nothing() {
+    let Some((_base, mount, filler)) = small_disk("2m", 0) else {
+        return;
+    };
+    let dir = mount.dir.join("sessions");
+    let off = tempfile::tempdir().unwrap();
+    let source = Root::open(off.path().join("source")).unwrap();
+    let s = create(&source, "big");
+    let mut rng = fastrand::Rng::with_seed(11);
+    for i in 0..40 {
+        s.append(Batch::new(
+            format!("op-{i}"),
+            vec![noisy_message(&mut rng, &format!("m{i}"), 30_000)],
+        ))
+        .unwrap();
+    }
+    s.close().unwrap();
+    let export = off.path().join("big.sqlite");
+    source.export(&id("big"), &export).unwrap();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_session-store"))
+            .arg("--root")
+            .arg(&dir)
+            .args(args)
+            .env_remove("SESSION_STORE_ROOT")
+            .output()
+            .unwrap()
+    };
+    let file = export.to_str().unwrap();
+    run(&["create", "other"]);
+    settle(&mount);
+    fill(&filler);
+    let out = run(&["import", file, "--id", "copy"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with(&format!("session-store: error: import {file}: disk full")),
+        "{stderr}"
+    );
+    assert!(!dir.join("copy").exists());
+    free(&mount, &filler);
+    let staged: Vec<_> = std::fs::read_dir(dir.join(".staging")).unwrap().collect();
+    assert!(staged.is_empty(), "{staged:?}");
+    let out = run(&["import", file, "--id", "copy"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(run(&["verify", "copy"]).status.success());
+}

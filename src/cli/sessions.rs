@@ -686,7 +686,7 @@ pub fn import(
     let bar = spinner(&format!("importing {}", file.display()));
     let imported = root.import(file, options);
     bar.finish_and_clear();
-    let id = imported?;
+    let id = imported.map_err(|e| in_context(e, format!("import {}", file.display())))?;
     if cx.json {
         print_json(&json!({"session_id": id, "file": file.to_string_lossy()}))
     } else {
