@@ -639,3 +639,47 @@ fn import_on_a_full_disk_names_the_file_and_leaves_nothing() {
     );
     assert!(run(&["verify", "copy"]).status.success());
 }
+
+/// `append --sync each` meeting a full disk names the one batch its flush could not make
+/// durable in the singular ("1 batch accepted after it is not"; it said "1 batches … are
+/// not"). Runs the binary: only with the `cli` feature.
+#[cfg(feature = "cli")]
+#[test]
+fn append_sync_each_on_a_full_disk_counts_one_batch_in_the_singular() {
+    let Some((_base, mount, _filler)) = small_disk("2m", 0) else {
+        return;
+    };
+    let dir = mount.dir.join("sessions");
+    let mut rng = fastrand::Rng::with_seed(5);
+    let input: String = (0..150)
+        .map(|i| {
+            let batch = serde_json::json!({
+                "operation_id": format!("op-{i}"),
+                "events": [{"kind": "message/complete", "payload": {"message": {
+                    "id": format!("m{i}"), "role": "tool",
+                    "content": (0..30_000)
+                        .map(|_| char::from(b"0123456789abcdefghijklmnopqrstuvwxyz"[rng.usize(..36)]))
+                        .collect::<String>(),
+                }}}],
+            });
+            format!("{batch}\n")
+        })
+        .collect();
+    let off = tempfile::tempdir().unwrap();
+    let lines = off.path().join("input.jsonl");
+    std::fs::write(&lines, input).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_session-store"))
+        .arg("--root")
+        .arg(&dir)
+        .args(["append", "s", "--create", "--sync", "each", "--file"])
+        .arg(&lines)
+        .env_remove("SESSION_STORE_ROOT")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(", 1 batch accepted after it is not: disk full"),
+        "{stderr}"
+    );
+}
