@@ -683,3 +683,64 @@ fn append_sync_each_on_a_full_disk_counts_one_batch_in_the_singular() {
         "{stderr}"
     );
 }
+
+/// `delete` of a forked parent on a full disk (its fork's copy of the inherited history
+/// cannot be written) says which session it could not delete ("delete parent: disk full:
+/// …"; it said only "disk full: disk I/O error"); the parent and its fork stay whole, and
+/// the delete succeeds once space is freed. Runs the binary: only with the `cli` feature.
+#[cfg(feature = "cli")]
+#[test]
+fn delete_on_a_full_disk_names_the_session() {
+    let Some((_base, mount, filler)) = small_disk("2m", 0) else {
+        return;
+    };
+    let dir = mount.dir.join("sessions");
+    let root = Root::open(&dir).unwrap();
+    let s = create(&root, "parent");
+    let mut rng = fastrand::Rng::with_seed(13);
+    for i in 0..8 {
+        s.append(Batch::new(
+            format!("op-{i}"),
+            vec![noisy_message(&mut rng, &format!("m{i}"), 30_000)],
+        ))
+        .unwrap();
+    }
+    s.append(turn("t1", "t1", "q1")).unwrap();
+    s.close().unwrap();
+    drop(root);
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_session-store"))
+            .arg("--root")
+            .arg(&dir)
+            .args(args)
+            .env_remove("SESSION_STORE_ROOT")
+            .output()
+            .unwrap()
+    };
+    let out = run(&["fork", "parent", "--after-turn", "t1", "--id", "child"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    settle(&mount);
+    fill(&filler);
+    let out = run(&["delete", "parent"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("session-store: error: delete parent: disk full"),
+        "{stderr}"
+    );
+    free(&mount, &filler);
+    for id in ["parent", "child"] {
+        let out = run(&["verify", id]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(run(&["delete", "parent"]).status.success());
+    assert!(run(&["verify", "child"]).status.success());
+}

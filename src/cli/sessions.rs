@@ -736,7 +736,7 @@ pub fn delete(cx: &Context, id: &str, wait: Duration) -> CliResult<()> {
                 ),
             });
         }
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(in_context(e, format!("delete {id}"))),
     }
     if cx.json {
         print_json(&json!({ "deleted": id }))
