@@ -65,6 +65,39 @@ fn noisy_message(rng: &mut fastrand::Rng, id: &str, len: usize) -> Event {
     message(id, "tool", &content)
 }
 
+/// `count` JSON Lines batches of one tool message each, of `len` bytes that zstd cannot
+/// shrink much (so the disk fills), from the seed `seed`.
+#[cfg(feature = "cli")]
+fn noisy_lines(seed: u64, count: usize, len: usize) -> String {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    (0..count)
+        .map(|i| {
+            let batch = serde_json::json!({
+                "operation_id": format!("op-{i}"),
+                "events": [{"kind": "message/complete", "payload": {"message": {
+                    "id": format!("m{i}"), "role": "tool",
+                    "content": (0..len)
+                        .map(|_| char::from(b"0123456789abcdefghijklmnopqrstuvwxyz"[rng.usize(..36)]))
+                        .collect::<String>(),
+                }}}],
+            });
+            format!("{batch}\n")
+        })
+        .collect()
+}
+
+/// Runs the binary on the root `dir` with `args` (no root from the environment).
+#[cfg(feature = "cli")]
+fn cli(dir: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_session-store"))
+        .arg("--root")
+        .arg(dir)
+        .args(args)
+        .env_remove("SESSION_STORE_ROOT")
+        .output()
+        .unwrap()
+}
+
 fn run_full_disk(size: &str, filler_bytes: usize) {
     let Some((_base, mount, filler)) = small_disk(size, filler_bytes) else {
         return;
@@ -463,34 +496,12 @@ fn append_on_a_full_disk_reports_every_durable_batch() {
         return;
     };
     let dir = mount.dir.join("sessions");
-    let mut rng = fastrand::Rng::with_seed(7);
-    let input: String = (0..150)
-        .map(|i| {
-            let batch = serde_json::json!({
-                "operation_id": format!("op-{i}"),
-                "events": [{"kind": "message/complete", "payload": {"message": {
-                    "id": format!("m{i}"), "role": "tool",
-                    "content": (0..8000)
-                        .map(|_| char::from(b"0123456789abcdefghijklmnopqrstuvwxyz"[rng.usize(..36)]))
-                        .collect::<String>(),
-                }}}],
-            });
-            format!("{batch}\n")
-        })
-        .collect();
+    let input = noisy_lines(7, 150, 8000);
     // The input lives off the small disk.
     let off = tempfile::tempdir().unwrap();
     let lines = off.path().join("input.jsonl");
     std::fs::write(&lines, input).unwrap();
-    let run = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_session-store"))
-            .arg("--root")
-            .arg(&dir)
-            .args(args)
-            .env_remove("SESSION_STORE_ROOT")
-            .output()
-            .unwrap()
-    };
+    let run = |args: &[&str]| cli(&dir, args);
     let append = || {
         run(&[
             "--json",
@@ -607,15 +618,7 @@ fn import_on_a_full_disk_names_the_file_and_leaves_nothing() {
     s.close().unwrap();
     let export = off.path().join("big.sqlite");
     source.export(&id("big"), &export).unwrap();
-    let run = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_session-store"))
-            .arg("--root")
-            .arg(&dir)
-            .args(args)
-            .env_remove("SESSION_STORE_ROOT")
-            .output()
-            .unwrap()
-    };
+    let run = |args: &[&str]| cli(&dir, args);
     let file = export.to_str().unwrap();
     run(&["create", "other"]);
     settle(&mount);
@@ -650,32 +653,14 @@ fn append_sync_each_on_a_full_disk_counts_one_batch_in_the_singular() {
         return;
     };
     let dir = mount.dir.join("sessions");
-    let mut rng = fastrand::Rng::with_seed(5);
-    let input: String = (0..150)
-        .map(|i| {
-            let batch = serde_json::json!({
-                "operation_id": format!("op-{i}"),
-                "events": [{"kind": "message/complete", "payload": {"message": {
-                    "id": format!("m{i}"), "role": "tool",
-                    "content": (0..30_000)
-                        .map(|_| char::from(b"0123456789abcdefghijklmnopqrstuvwxyz"[rng.usize(..36)]))
-                        .collect::<String>(),
-                }}}],
-            });
-            format!("{batch}\n")
-        })
-        .collect();
     let off = tempfile::tempdir().unwrap();
     let lines = off.path().join("input.jsonl");
-    std::fs::write(&lines, input).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_session-store"))
-        .arg("--root")
-        .arg(&dir)
-        .args(["append", "s", "--create", "--sync", "each", "--file"])
-        .arg(&lines)
-        .env_remove("SESSION_STORE_ROOT")
-        .output()
-        .unwrap();
+    std::fs::write(&lines, noisy_lines(5, 150, 30_000)).unwrap();
+    let lines = lines.to_str().unwrap();
+    let out = cli(
+        &dir,
+        &["append", "s", "--create", "--sync", "each", "--file", lines],
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
@@ -708,15 +693,7 @@ fn delete_on_a_full_disk_names_the_session() {
     s.append(turn("t1", "t1", "q1")).unwrap();
     s.close().unwrap();
     drop(root);
-    let run = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_session-store"))
-            .arg("--root")
-            .arg(&dir)
-            .args(args)
-            .env_remove("SESSION_STORE_ROOT")
-            .output()
-            .unwrap()
-    };
+    let run = |args: &[&str]| cli(&dir, args);
     let out = run(&["fork", "parent", "--after-turn", "t1", "--id", "child"]);
     assert!(
         out.status.success(),
