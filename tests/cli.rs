@@ -531,6 +531,23 @@ fn fork_rewind_export_import_delete_and_verify() {
             .map(Vec::len),
         Some(2)
     );
+    // A row a fork SIGKILLed before its publication left names no session: `show` does
+    // not list it as a dependent (it did, as if that session inherited from this one).
+    rusqlite::Connection::open(env.root().join("parent").join("session.sqlite"))
+        .and_then(|c| {
+            c.execute(
+                "INSERT INTO dependents (child_id, through_seq) VALUES ('ghost', 5)",
+                [],
+            )
+        })
+        .expect("plant");
+    assert_eq!(
+        env.json(&["show", "parent"])["dependents"]
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
+    assert!(!env.ok(&["show", "parent"]).contains("ghost"));
 
     let export = env.path("parent.sqlite");
     let export_arg = export.to_str().expect("utf-8");

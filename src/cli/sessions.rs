@@ -293,7 +293,12 @@ fn show_of(root: &Root, id: &SessionId) -> CliResult<Show> {
             .map(|parent| root.session_file_identity(parent).is_some()),
         lease: info.last_writer,
         writer: root.writer_owner(id)?,
-        dependents: reader.dependents()?,
+        // A fork SIGKILLed before its publication left a row naming no session: no fork.
+        dependents: reader
+            .dependents()?
+            .into_iter()
+            .filter(|d| root.session_file_identity(&d.child_id).is_some())
+            .collect(),
         turn_status: projection.turn_status.clone(),
         open_turn: projection.turn_id.clone(),
         messages: projection.transcript_len,
