@@ -1008,6 +1008,33 @@ fn gc_reports_a_parent_its_deleted_fork_changed() {
     assert!(ok(&root, &["verify", "parent"]).starts_with("ok"));
 }
 
+/// A fork SIGKILLed between recording itself in its parent's `dependents` and its
+/// publication leaves a row naming no session (5 of 60 random kills did); the same row
+/// naming a session made later under that id, which inherits nothing. Neither is a
+/// fork: `gc --keep-forked` deletes the parent (it kept it for good, "2 fork(s) inherit
+/// from it") and the report lists no forks keeping its history.
+#[test]
+fn gc_keep_forked_ignores_dependents_rows_of_forks_that_never_were() {
+    let (_dir, root) = temp_cli_root();
+    chat(&root, "parent", 2, "/w");
+    chat(&root, "unrelated", 1, "/w");
+    let file = root.join("parent").join("session.sqlite");
+    let conn = rusqlite::Connection::open(&file).expect("open");
+    conn.execute_batch(
+        "INSERT INTO dependents (child_id, through_seq) VALUES ('ghost', 4), ('unrelated', 4)",
+    )
+    .expect("plant");
+    drop(conn);
+    age(&root, "parent", 3 * 86_400);
+    let dry = json_of(&root, &["gc", "--older-than", "2d", "--dry-run"]);
+    assert_eq!(gc_ids(&dry, "deleted"), ["parent"], "{dry}");
+    assert_eq!(dry["deleted"][0]["forks"], json!([]), "{dry}");
+    let real = json_of(&root, &["gc", "--older-than", "2d", "--keep-forked"]);
+    assert_eq!(gc_ids(&real, "deleted"), ["parent"], "{real}");
+    assert_eq!(listed(&root, &[]), ["unrelated"]);
+    assert!(ok(&root, &["verify", "unrelated"]).starts_with("ok"));
+}
+
 #[test]
 fn gc_deletes_only_old_sessions_without_a_writer() {
     let (_dir, root) = temp_cli_root();

@@ -531,6 +531,23 @@ fn fork_rewind_export_import_delete_and_verify() {
             .map(Vec::len),
         Some(2)
     );
+    // A row a fork SIGKILLed before its publication left names no session: `show` does
+    // not list it as a dependent (it did, as if that session inherited from this one).
+    rusqlite::Connection::open(env.root().join("parent").join("session.sqlite"))
+        .and_then(|c| {
+            c.execute(
+                "INSERT INTO dependents (child_id, through_seq) VALUES ('ghost', 5)",
+                [],
+            )
+        })
+        .expect("plant");
+    assert_eq!(
+        env.json(&["show", "parent"])["dependents"]
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
+    assert!(!env.ok(&["show", "parent"]).contains("ghost"));
 
     let export = env.path("parent.sqlite");
     let export_arg = export.to_str().expect("utf-8");
@@ -1104,6 +1121,84 @@ fn a_second_appender_exits_5_naming_the_first_ones_pid() {
     let out = deleter.wait_with_output().expect("wait");
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     env.fails(&["show", "shared"], 3);
+}
+
+/// An `append` refused while a `delete` holds the session's writer lock (waiting here for
+/// a fork, played by a shared lock on `dependents.lock`) names the deleting process: it
+/// named the session's last writer, an appender long dead, as the owner.
+#[test]
+fn an_append_refused_during_a_delete_names_the_deleting_process() {
+    let env = Env::new();
+    env.ok(&["create", "held"]);
+    let old = env.run_with(&["append", "held"], &turn_lines(1));
+    assert_eq!(code(&old), 0, "{}", stderr(&old));
+    let fork = std::fs::File::open(env.root().join("held").join("dependents.lock"))
+        .or_else(|_| std::fs::File::create(env.root().join("held").join("dependents.lock")))
+        .expect("dependents.lock");
+    fork.lock_shared().expect("shared lock");
+    let deleter = env
+        .command(&["delete", "held", "--wait", "30"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    // The delete takes the writer lock, then waits for the dependents lock.
+    let lock = env.root().join("held").join("writer.lock");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::fs::File::open(&lock)
+        .expect("writer.lock")
+        .try_lock()
+        .is_ok()
+    {
+        assert!(Instant::now() < deadline, "the delete never took the lock");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = env.run_with(&["append", "held"], &turn_lines(1));
+    assert_eq!(code(&out), 5, "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains(&format!("pid {} ", deleter.id())), "{err}");
+    drop(fork);
+    let out = deleter.wait_with_output().expect("wait");
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    env.fails(&["show", "held"], 3);
+}
+
+/// Two `delete`s of one session at once (20 rounds): one deletes it, the other exits 0 or
+/// 3 with "session ID not found" (it said "session ROOT/ID/session.sqlite not found" in
+/// most rounds: asking for the writer met the file the first one had just moved away).
+#[test]
+fn two_deletes_of_one_session_at_once_name_the_session_not_its_file() {
+    let env = Env::new();
+    for round in 0..20 {
+        let id = format!("twice-{round}");
+        env.ok(&["create", &id]);
+        let spawn = || {
+            env.command(&["delete", &id])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn")
+        };
+        let both = [spawn(), spawn()];
+        let outs: Vec<Output> = both
+            .into_iter()
+            .map(|c| c.wait_with_output().expect("wait"))
+            .collect();
+        assert!(
+            outs.iter().any(|o| code(o) == 0),
+            "round {round}: none deleted"
+        );
+        for out in &outs {
+            if code(out) != 0 {
+                assert_eq!(
+                    (code(out), stderr(out)),
+                    (3, format!("session-store: error: session {id} not found\n")),
+                    "round {round}"
+                );
+            }
+        }
+        env.fails(&["show", &id], 3);
+    }
 }
 
 /// `append --sync each --json` on a 10,000-batch file, SIGKILLed mid-way, ten times: every

@@ -65,6 +65,39 @@ fn noisy_message(rng: &mut fastrand::Rng, id: &str, len: usize) -> Event {
     message(id, "tool", &content)
 }
 
+/// `count` JSON Lines batches of one tool message each, of `len` bytes that zstd cannot
+/// shrink much (so the disk fills), from the seed `seed`.
+#[cfg(feature = "cli")]
+fn noisy_lines(seed: u64, count: usize, len: usize) -> String {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    (0..count)
+        .map(|i| {
+            let batch = serde_json::json!({
+                "operation_id": format!("op-{i}"),
+                "events": [{"kind": "message/complete", "payload": {"message": {
+                    "id": format!("m{i}"), "role": "tool",
+                    "content": (0..len)
+                        .map(|_| char::from(b"0123456789abcdefghijklmnopqrstuvwxyz"[rng.usize(..36)]))
+                        .collect::<String>(),
+                }}}],
+            });
+            format!("{batch}\n")
+        })
+        .collect()
+}
+
+/// Runs the binary on the root `dir` with `args` (no root from the environment).
+#[cfg(feature = "cli")]
+fn cli(dir: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_session-store"))
+        .arg("--root")
+        .arg(dir)
+        .args(args)
+        .env_remove("SESSION_STORE_ROOT")
+        .output()
+        .unwrap()
+}
+
 fn run_full_disk(size: &str, filler_bytes: usize) {
     let Some((_base, mount, filler)) = small_disk(size, filler_bytes) else {
         return;
@@ -463,34 +496,12 @@ fn append_on_a_full_disk_reports_every_durable_batch() {
         return;
     };
     let dir = mount.dir.join("sessions");
-    let mut rng = fastrand::Rng::with_seed(7);
-    let input: String = (0..150)
-        .map(|i| {
-            let batch = serde_json::json!({
-                "operation_id": format!("op-{i}"),
-                "events": [{"kind": "message/complete", "payload": {"message": {
-                    "id": format!("m{i}"), "role": "tool",
-                    "content": (0..8000)
-                        .map(|_| char::from(b"0123456789abcdefghijklmnopqrstuvwxyz"[rng.usize(..36)]))
-                        .collect::<String>(),
-                }}}],
-            });
-            format!("{batch}\n")
-        })
-        .collect();
+    let input = noisy_lines(7, 150, 8000);
     // The input lives off the small disk.
     let off = tempfile::tempdir().unwrap();
     let lines = off.path().join("input.jsonl");
     std::fs::write(&lines, input).unwrap();
-    let run = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_session-store"))
-            .arg("--root")
-            .arg(&dir)
-            .args(args)
-            .env_remove("SESSION_STORE_ROOT")
-            .output()
-            .unwrap()
-    };
+    let run = |args: &[&str]| cli(&dir, args);
     let append = || {
         run(&[
             "--json",
@@ -581,4 +592,132 @@ fn a_writer_open_on_a_full_disk_is_retryable_and_succeeds_after_space_is_freed()
     );
     drop(binding);
     rt.block_on(service.shutdown()).unwrap();
+}
+
+/// `import` on a full disk says what it was doing ("import FILE: disk full: …"; it said
+/// only "disk full: database or disk is full"), leaves nothing in the root, and imports
+/// once space is freed. Runs the binary: only with the `cli` feature.
+#[cfg(feature = "cli")]
+#[test]
+fn import_on_a_full_disk_names_the_file_and_leaves_nothing() {
+    let Some((_base, mount, filler)) = small_disk("2m", 0) else {
+        return;
+    };
+    let dir = mount.dir.join("sessions");
+    let off = tempfile::tempdir().unwrap();
+    let source = Root::open(off.path().join("source")).unwrap();
+    let s = create(&source, "big");
+    let mut rng = fastrand::Rng::with_seed(11);
+    for i in 0..40 {
+        s.append(Batch::new(
+            format!("op-{i}"),
+            vec![noisy_message(&mut rng, &format!("m{i}"), 30_000)],
+        ))
+        .unwrap();
+    }
+    s.close().unwrap();
+    let export = off.path().join("big.sqlite");
+    source.export(&id("big"), &export).unwrap();
+    let run = |args: &[&str]| cli(&dir, args);
+    let file = export.to_str().unwrap();
+    run(&["create", "other"]);
+    settle(&mount);
+    fill(&filler);
+    let out = run(&["import", file, "--id", "copy"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with(&format!("session-store: error: import {file}: disk full")),
+        "{stderr}"
+    );
+    assert!(!dir.join("copy").exists());
+    free(&mount, &filler);
+    let staged: Vec<_> = std::fs::read_dir(dir.join(".staging")).unwrap().collect();
+    assert!(staged.is_empty(), "{staged:?}");
+    let out = run(&["import", file, "--id", "copy"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(run(&["verify", "copy"]).status.success());
+}
+
+/// `append --sync each` meeting a full disk names the one batch its flush could not make
+/// durable in the singular ("1 batch accepted after it is not"; it said "1 batches … are
+/// not"). Runs the binary: only with the `cli` feature.
+#[cfg(feature = "cli")]
+#[test]
+fn append_sync_each_on_a_full_disk_counts_one_batch_in_the_singular() {
+    let Some((_base, mount, _filler)) = small_disk("2m", 0) else {
+        return;
+    };
+    let dir = mount.dir.join("sessions");
+    let off = tempfile::tempdir().unwrap();
+    let lines = off.path().join("input.jsonl");
+    std::fs::write(&lines, noisy_lines(5, 150, 30_000)).unwrap();
+    let lines = lines.to_str().unwrap();
+    let out = cli(
+        &dir,
+        &["append", "s", "--create", "--sync", "each", "--file", lines],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(", 1 batch accepted after it is not: disk full"),
+        "{stderr}"
+    );
+}
+
+/// `delete` of a forked parent on a full disk (its fork's copy of the inherited history
+/// cannot be written) says which session it could not delete ("delete parent: disk full:
+/// …"; it said only "disk full: disk I/O error"); the parent and its fork stay whole, and
+/// the delete succeeds once space is freed. Runs the binary: only with the `cli` feature.
+#[cfg(feature = "cli")]
+#[test]
+fn delete_on_a_full_disk_names_the_session() {
+    let Some((_base, mount, filler)) = small_disk("2m", 0) else {
+        return;
+    };
+    let dir = mount.dir.join("sessions");
+    let root = Root::open(&dir).unwrap();
+    let s = create(&root, "parent");
+    let mut rng = fastrand::Rng::with_seed(13);
+    for i in 0..8 {
+        s.append(Batch::new(
+            format!("op-{i}"),
+            vec![noisy_message(&mut rng, &format!("m{i}"), 30_000)],
+        ))
+        .unwrap();
+    }
+    s.append(turn("t1", "t1", "q1")).unwrap();
+    s.close().unwrap();
+    drop(root);
+    let run = |args: &[&str]| cli(&dir, args);
+    let out = run(&["fork", "parent", "--after-turn", "t1", "--id", "child"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    settle(&mount);
+    fill(&filler);
+    let out = run(&["delete", "parent"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("session-store: error: delete parent: disk full"),
+        "{stderr}"
+    );
+    free(&mount, &filler);
+    for id in ["parent", "child"] {
+        let out = run(&["verify", id]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(run(&["delete", "parent"]).status.success());
+    assert!(run(&["verify", "child"]).status.success());
 }

@@ -631,6 +631,57 @@ fn run_as(prefix: &[&str], root: &Path, args: &[&str]) -> Output {
         .expect("spawn")
 }
 
+/// A session file the user may not write (mode 0444, in folders they may write): `append`,
+/// `rename` and a `fork` of it (which records the fork in it) refuse it naming the file
+/// and the system's reason, exit 1, the file unchanged (SQLite opened it read-only and the
+/// first write said "sqlite: attempt to write a readonly database", naming nothing).
+/// Reads still work.
+#[test]
+fn a_session_file_the_user_may_not_write_is_named_by_every_writer() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(prefix) = nobody_or_skip("a_session_file_the_user_may_not_write") else {
+        return;
+    };
+    let env = Env::new();
+    env.session("a", 2);
+    fn open_up(path: &Path) {
+        let dir = path.is_dir();
+        let mode = if dir { 0o777 } else { 0o666 };
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        if dir {
+            for entry in std::fs::read_dir(path).expect("read dir") {
+                open_up(&entry.expect("entry").path());
+            }
+        }
+    }
+    std::fs::set_permissions(env.work(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    open_up(&env.root);
+    let file = env.file("a");
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o444)).expect("chmod");
+    let before = std::fs::read(&file).expect("read");
+    let batch = env.work().join("batch.jsonl");
+    std::fs::write(&batch, turn_line(3)).expect("write");
+    let batch = batch.to_str().expect("utf-8");
+    let named = format!("open {} for writing: Permission denied", file.display());
+    for args in [
+        &["append", "a", "--file", batch][..],
+        &["rename", "a", "new title"],
+        &["fork", "a", "--after-turn", "t1", "--id", "f"],
+    ] {
+        let out = run_as(&prefix, &env.root, args);
+        let (_, stderr) = texts(&out);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(&named), "{args:?}: {stderr}");
+    }
+    assert_eq!(std::fs::read(&file).expect("read"), before);
+    assert!(!env.root.join("f").exists());
+    assert!(
+        run_as(&prefix, &env.root, &["verify", "a"])
+            .status
+            .success()
+    );
+}
+
 /// A user who can only read a root runs every read-only command: list (from the session
 /// files, the catalog being unwritable), show, history, events, stats, verify, export;
 /// also on files with no `-wal` beside them, as a writer that closes last leaves them

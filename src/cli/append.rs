@@ -367,11 +367,13 @@ fn flush_and_report(cx: &Context, session: &Session, pending: &mut Vec<Accepted>
             let not_durable = pending.len() - kept;
             pending.truncate(kept);
             report(cx, durable, pending)?;
+            let are = if not_durable == 1 { "is" } else { "are" };
             Err(Failure::context(
                 format!(
-                    "flush {}: durable through sequence {durable}, {not_durable} batches \
-                     accepted after it are not",
-                    session.id()
+                    "flush {}: durable through sequence {durable}, {} accepted after it \
+                     {are} not",
+                    session.id(),
+                    count(not_durable as u64, "batch", "batches")
                 ),
                 &e,
             ))

@@ -293,7 +293,12 @@ fn show_of(root: &Root, id: &SessionId) -> CliResult<Show> {
             .map(|parent| root.session_file_identity(parent).is_some()),
         lease: info.last_writer,
         writer: root.writer_owner(id)?,
-        dependents: reader.dependents()?,
+        // A fork SIGKILLed before its publication left a row naming no session: no fork.
+        dependents: reader
+            .dependents()?
+            .into_iter()
+            .filter(|d| root.session_file_identity(&d.child_id).is_some())
+            .collect(),
         turn_status: projection.turn_status.clone(),
         open_turn: projection.turn_id.clone(),
         messages: projection.transcript_len,
@@ -686,7 +691,7 @@ pub fn import(
     let bar = spinner(&format!("importing {}", file.display()));
     let imported = root.import(file, options);
     bar.finish_and_clear();
-    let id = imported?;
+    let id = imported.map_err(|e| in_context(e, format!("import {}", file.display())))?;
     if cx.json {
         print_json(&json!({"session_id": id, "file": file.to_string_lossy()}))
     } else {
@@ -741,7 +746,7 @@ pub fn delete(cx: &Context, id: &str, wait: Duration) -> CliResult<()> {
                 ),
             });
         }
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(in_context(e, format!("delete {id}"))),
     }
     if cx.json {
         print_json(&json!({ "deleted": id }))

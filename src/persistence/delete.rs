@@ -7,7 +7,9 @@ use crate::cancel::CancelToken;
 use crate::error::{Error, Result};
 use crate::model::SessionId;
 use crate::model::ids::random_hex;
-use crate::persistence::{Root, TRASH_DIR, confine, rename_no_replace_at, sync_dir};
+use crate::persistence::{
+    Root, TRASH_DIR, confine, gone_or, rename_no_replace_at, session_file_gone, sync_dir,
+};
 use crate::store::lineage;
 use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock, WriterLock};
 use crate::store::read::{self, DependentFork, LineageEntry};
@@ -42,8 +44,15 @@ impl Root {
         keep: impl FnOnce(&Path) -> Option<String>,
     ) -> Result<Option<String>> {
         let dir = self.existing_dir(id)?;
-        let lock = WriterLock::acquire(&dir.join(LOCK_FILE), cancel)?;
-        let forks = DependentsLock::exclusive(&dir.join(DEPENDENTS_LOCK_FILE), cancel)?;
+        // A concurrent delete of the same session may rename it away while this one waits:
+        // its lock files are gone then, and so is the session.
+        let gone = |e| gone_or(id, &dir, e);
+        let mut lock = WriterLock::acquire(&dir.join(LOCK_FILE), cancel).map_err(gone)?;
+        // A writer refused meanwhile names this process, not the session's last writer
+        // (best effort: the record is only what the refusal says).
+        let _ = lock.record_owner(&self.provisional_owner());
+        let forks =
+            DependentsLock::exclusive(&dir.join(DEPENDENTS_LOCK_FILE), cancel).map_err(gone)?;
         let file = dir.join(SESSION_FILE);
         // A concurrent delete of the same session may have renamed it away meanwhile.
         if !file.is_file() {
@@ -104,12 +113,7 @@ impl Root {
             .list_ids()?
             .into_iter()
             .filter(|other| other != id)
-            .filter(|other| {
-                let file = self.session_dir(other).join(SESSION_FILE);
-                schema::open_reader(&file)
-                    .and_then(|conn| read::read_lineage(&conn))
-                    .is_ok_and(|lineage| lineage.iter().any(|e| &e.ancestor_id == id))
-            })
+            .filter(|other| self.inherits_from(other, id).is_ok_and(|named| named))
             .map(|other| other.to_string())
             .collect();
         if inheritors.is_empty() {
@@ -128,6 +132,23 @@ impl Root {
             ),
             damage,
         ))
+    }
+
+    /// Whether session `other` names `ancestor` in its own lineage rows (read without
+    /// opening the ancestors): it reads part of its log from `ancestor`'s file. A session
+    /// not in the root names nothing.
+    ///
+    /// # Errors
+    /// `other`'s file cannot be read.
+    pub(crate) fn inherits_from(&self, other: &SessionId, ancestor: &SessionId) -> Result<bool> {
+        let dir = self.session_dir(other);
+        if session_file_gone(&dir) {
+            return Ok(false);
+        }
+        let conn = schema::open_reader(&dir.join(SESSION_FILE))?;
+        Ok(read::read_lineage(&conn)?
+            .iter()
+            .any(|e| &e.ancestor_id == ancestor))
     }
 
     /// Copies every range `child` inherits from `ancestor` into `child`'s own file and drops

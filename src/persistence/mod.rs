@@ -307,6 +307,17 @@ pub(crate) fn session_file_gone(dir: &Path) -> bool {
     std::fs::symlink_metadata(dir.join(SESSION_FILE)).is_err_and(|e| schema::is_missing(&e))
 }
 
+/// `e`, met opening or reading session `id` in `dir`, unless the session was deleted
+/// meanwhile: then it is [`Error::SessionNotFound`] naming the session, not the path of
+/// a file gone nor SQLite's "unable to open database file".
+fn gone_or(id: &SessionId, dir: &Path, e: Error) -> Error {
+    if session_file_gone(dir) {
+        Error::SessionNotFound(id.to_string())
+    } else {
+        e
+    }
+}
+
 /// fsyncs a directory so that renames inside it are durable.
 pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
@@ -854,15 +865,7 @@ impl Root {
             let lock = self.take_writer_lock(id, &dir)?;
             self.start_writer(&dir, lock)
         };
-        open().map_err(|e| {
-            // Deleted while it was opened: not the path of a file gone, nor SQLite's
-            // "unable to open database file".
-            if session_file_gone(&dir) {
-                Error::SessionNotFound(id.to_string())
-            } else {
-                e
-            }
-        })
+        open().map_err(|e| gone_or(id, &dir, e))
     }
 
     /// Takes the writer lock of session `id`'s folder `dir`, retrying a lock held only for a
@@ -894,21 +897,26 @@ impl Root {
         }
     }
 
-    /// Opens the session file in `dir` for writing under `lock` (held by the caller) and
-    /// starts the live session on it.
-    fn start_writer(&self, dir: &Path, lock: WriterLock) -> Result<Session> {
-        let options = &self.inner.options;
-        let owner = WriterOwner {
+    /// This process as a writer lock's holder before it has a lease (generation 0): what
+    /// a refused opener names.
+    pub(crate) fn provisional_owner(&self) -> WriterOwner {
+        WriterOwner {
             owner_id: random_hex(),
             host: self.inner.host.clone(),
             pid: std::process::id(),
             generation: 0,
             since_ms: now_ms(),
-        };
+        }
+    }
+
+    /// Opens the session file in `dir` for writing under `lock` (held by the caller) and
+    /// starts the live session on it.
+    fn start_writer(&self, dir: &Path, lock: WriterLock) -> Result<Session> {
+        let options = &self.inner.options;
         let writer = FileWriter::open(
             dir,
             lock,
-            owner,
+            self.provisional_owner(),
             options.durability,
             options.checkpoint,
             options.inline_threshold,
@@ -972,14 +980,18 @@ impl Root {
     /// The current writer of a session, if one holds its lock now.
     ///
     /// # Errors
-    /// As [`Root::open_reader`].
+    /// As [`Root::open_reader`]; a session deleted while it is asked (by a delete holding
+    /// its lock) is [`Error::SessionNotFound`].
     pub fn writer_owner(&self, id: &SessionId) -> Result<Option<WriterOwner>> {
         let dir = self.existing_dir(id)?;
-        if lock::is_held(&dir.join(LOCK_FILE))? {
-            self.current_owner(&dir).map(Some)
-        } else {
-            Ok(None)
-        }
+        let owner = || {
+            if lock::is_held(&dir.join(LOCK_FILE))? {
+                self.current_owner(&dir).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        owner().map_err(|e| gone_or(id, &dir, e))
     }
 
     /// Ids of every session under the root, sorted: folders holding a `session.sqlite`,

@@ -119,10 +119,14 @@ fn reason_to_keep(
             owner.pid, owner.host
         )));
     }
+    // A fork killed between recording itself here and its publication left a row naming
+    // no session: it keeps nothing (one that cannot be read is counted, to keep on the
+    // safe side).
     let forks: Vec<SessionId> = SessionReader::open(dir)?
         .dependents()?
         .into_iter()
         .map(|d| d.child_id)
+        .filter(|child| root.inherits_from(child, id).unwrap_or(true))
         .collect();
     if keep_forked && !forks.is_empty() {
         return Ok(Err(format!("{} fork(s) inherit from it", forks.len())));

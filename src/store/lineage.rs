@@ -62,7 +62,7 @@ pub(crate) fn materialize(
     inline_threshold: usize,
 ) -> Result<()> {
     let source = schema::open_reader(source_file)?;
-    let mut conn = schema::open_writer(child_file, Durability::PowerLoss)?;
+    let mut conn = schema::open_writable(child_file, Durability::PowerLoss)?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let ranges: Vec<_> = read::read_lineage(&tx)?
         .into_iter()

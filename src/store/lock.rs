@@ -197,13 +197,21 @@ const RECORD_WAIT: Duration = Duration::from_secs(2);
 /// The owner recorded in a held lock file. A holder writes a provisional record
 /// (generation 0) right after taking the lock and the final one once its lease is
 /// committed; an empty or dead-process record is not written yet. Waits briefly for the
-/// final record, then settles for the provisional one.
+/// final record, then settles for the provisional one; `None` at once when the file is
+/// gone (a delete moved its folder away).
 pub(crate) fn recorded_owner(path: &Path) -> Option<WriterOwner> {
     let deadline = std::time::Instant::now() + RECORD_WAIT;
     let mut provisional = None;
     while std::time::Instant::now() < deadline {
         let mut text = String::new();
         let read = open_no_follow(path).and_then(|mut f| f.read_to_string(&mut text));
+        // The folder was moved away (its session deleted): no record will come.
+        if read
+            .as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+        {
+            return None;
+        }
         if let (Ok(_), Ok(owner)) = (read, serde_json::from_str::<WriterOwner>(&text))
             && process_alive(owner.pid)
         {

@@ -305,7 +305,7 @@ pub(crate) fn use_rollback_journal(conn: &Connection) -> Result<()> {
 /// A writing connection for a short side update (a dependents row): it never
 /// checkpoints on close, so it costs one commit and nothing more.
 pub(crate) fn open_side_writer(path: &Path) -> Result<Connection> {
-    let conn = open_writer(path, Durability::PowerLoss)?;
+    let conn = open_writable(path, Durability::PowerLoss)?;
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
     Ok(conn)
 }
@@ -324,6 +324,26 @@ pub(crate) fn open_writer(path: &Path, durability: Durability) -> Result<Connect
     conn.pragma_update(None, "journal_mode", "WAL")?;
     migrations().to_latest(&mut conn)?;
     conn.pragma_update(None, "synchronous", durability.synchronous())?;
+    Ok(conn)
+}
+
+/// [`open_writer`] for a connection that will write: a file this process may not write
+/// (SQLite then opens it read-only, and the first write failed with "attempt to write a
+/// readonly database", naming nothing) is [`Error::Io`] naming it and the system's
+/// reason, before anything is written.
+pub(crate) fn open_writable(path: &Path, durability: Durability) -> Result<Connection> {
+    use rustix::fs::{Access, AtFlags, CWD, accessat};
+    let conn = open_writer(path, durability)?;
+    if conn.is_readonly(rusqlite::MAIN_DB)? {
+        let reason = match accessat(CWD, path, Access::WRITE_OK, AtFlags::EACCESS) {
+            Err(errno) => errno.into(),
+            Ok(()) => std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        };
+        return Err(Error::io(
+            format!("open {} for writing", path.display()),
+            reason,
+        ));
+    }
     Ok(conn)
 }
 

@@ -53,7 +53,7 @@ impl FileWriter {
     ) -> Result<FileWriter> {
         // Provisional record first, so a refused opener can name us at once.
         lock.record_owner(&owner)?;
-        let mut conn = schema::open_writer(&dir.join(SESSION_FILE), durability)?;
+        let mut conn = schema::open_writable(&dir.join(SESSION_FILE), durability)?;
         owner.generation = write::take_lease(&mut conn, &owner)?;
         lock.record_owner(&owner)?;
         Ok(FileWriter {
