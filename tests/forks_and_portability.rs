@@ -924,6 +924,39 @@ fn a_delete_whose_parent_holds_less_than_the_forks_range_is_refused() {
     assert_eq!(root.stat(&id("f")).unwrap().lineage.len(), 1);
 }
 
+/// A delete of a parent whose range a fork inherits holds an edited event (its commit's
+/// operation hash no longer matches) or an event row moved out of its commit is refused
+/// as `Corrupt` naming both, the parent kept and the fork's file unchanged: it copied the
+/// damaged commits into the fork under new operation ids and deleted the parent, so the
+/// fork went on failing to read and the original rows were gone.
+#[test]
+fn a_delete_whose_parent_range_is_damaged_is_refused() {
+    for damage in [
+        "UPDATE events SET payload = replace(payload, 'm1', 'mX') WHERE seq = 2",
+        "UPDATE events SET seq = 100 WHERE seq = 2",
+    ] {
+        let (_dir, root) = temp_root();
+        parent_and_fork(&root);
+        let parent = root.session_dir(&id("p")).join("session.sqlite");
+        let changed = rusqlite::Connection::open(&parent)
+            .unwrap()
+            .execute(damage, [])
+            .unwrap();
+        assert_eq!(changed, 1, "{damage}");
+        let fork = root.session_dir(&id("f")).join("session.sqlite");
+        let before = std::fs::read(&fork).unwrap();
+        let e = root.delete(&id("p"), &CancelToken::new()).unwrap_err();
+        assert!(e.is_corrupt(), "{damage}: {e:?}");
+        assert!(
+            e.to_string().contains("p is kept, as f inherits from it"),
+            "{damage}: {e}"
+        );
+        assert!(parent.is_file(), "{damage}");
+        assert_eq!(std::fs::read(&fork).unwrap(), before, "{damage}");
+        assert_eq!(root.stat(&id("f")).unwrap().lineage.len(), 1, "{damage}");
+    }
+}
+
 /// A fork of a parent whose cut commit is damaged (its commit row does not match its row
 /// hash, one of its event rows is missing, one of its events is edited, the same in an
 /// ancestor of a fork) is refused as `Corrupt` naming the parent, leaving no child, no

@@ -349,7 +349,7 @@ fn gap(expected: u64, found: u64) -> Error {
 
 /// Checks that `c` starts at `expected` and that its events match its operation hash;
 /// returns its last sequence.
-fn check_commit(expected: u64, c: &Commit) -> Result<u64> {
+pub(crate) fn check_commit(expected: u64, c: &Commit) -> Result<u64> {
     if c.first_seq != expected {
         return Err(gap(expected, c.first_seq));
     }
