@@ -431,6 +431,63 @@ fn import_refuses_damaged_files_and_leaves_nothing_behind() {
     );
 }
 
+/// An export with a hot journal beside it (a write to it that did not finish: the file and
+/// its `-journal` copied while a transaction was open) is refused by `import` and
+/// `verify_file` as invalid input naming the file and the journal and saying how to roll
+/// it back; the file and its journal unchanged, nothing published or staged. Both failed
+/// with SQLite's bare "attempt to write a readonly database" (exit 1) before.
+#[test]
+fn an_export_with_a_hot_journal_is_refused_naming_it() {
+    let work = tempfile::tempdir().unwrap();
+    let bundle = export_of_three(work.path(), |i| format!("{i}"));
+    let conn = rusqlite::Connection::open(&bundle).unwrap();
+    conn.execute_batch(
+        "PRAGMA journal_mode = DELETE; PRAGMA cache_size = 1; BEGIN IMMEDIATE; \
+         UPDATE header SET cwd = '/elsewhere'; DELETE FROM history;",
+    )
+    .unwrap();
+    // Enough pages that the one-page cache spills: the journal then has its header.
+    for seq in 0..200 {
+        conn.execute(
+            "INSERT INTO history_resets (seq) VALUES (?1)",
+            [1_000 + seq],
+        )
+        .unwrap();
+    }
+    let journal = work.path().join("bundle.sqlite-journal");
+    assert!(journal.is_file());
+    let hot = work.path().join("hot.sqlite");
+    std::fs::copy(&bundle, &hot).unwrap();
+    std::fs::copy(&journal, work.path().join("hot.sqlite-journal")).unwrap();
+    drop(conn);
+    let before = (
+        std::fs::read(&hot).unwrap(),
+        std::fs::read(work.path().join("hot.sqlite-journal")).unwrap(),
+    );
+    let target = Root::open(work.path().join("target")).unwrap();
+    let errors = [
+        target.import(&hot, ImportOptions::default()).unwrap_err(),
+        session_store::verify_file(&hot).unwrap_err(),
+    ];
+    for e in errors {
+        assert!(matches!(e, Error::InvalidInput { .. }), "{e:?}");
+        let text = e.to_string();
+        assert!(
+            text.contains(&format!("{} has a hot journal", hot.display()))
+                && text.contains("hot.sqlite-journal")
+                && text.contains("roll it back"),
+            "{text}"
+        );
+    }
+    let after = (
+        std::fs::read(&hot).unwrap(),
+        std::fs::read(work.path().join("hot.sqlite-journal")).unwrap(),
+    );
+    assert!(before == after, "the file or its journal changed");
+    assert!(target.list_ids().unwrap().is_empty());
+    assert!(staging_is_empty(&target));
+}
+
 /// Events that no commit row covers (its commit rows deleted, or a row added past the last
 /// commit) are part of no log: import used to publish what the commits named (an empty
 /// session when none was left) and `verify_file` called such a file sound.

@@ -322,7 +322,9 @@ fn validate_each(
 ///
 /// # Errors
 /// [`Error::Corrupt`] naming the first problem; [`Error::SessionNotFound`] for a missing file;
-/// [`Error::InvalidInput`] for a path that is neither a folder nor a regular file.
+/// [`Error::InvalidInput`] for a path that is neither a folder nor a regular file, and for
+/// a file with a hot journal beside it (a write that did not finish, which a read cannot
+/// roll back; the message says how to).
 pub fn replay_file(path: impl AsRef<Path>) -> Result<ReplayReport> {
     let (mut commits, mut transcript) = (Vec::new(), Vec::new());
     let (verified, turns) = validate_each(path.as_ref(), |c, effects| {

@@ -543,7 +543,27 @@ pub(crate) fn open_unchecked_reader(path: &Path, access: Access) -> Result<Conne
             Ok(())
         }),
     }
-    .map_err(|e| explain_cant_open(path, false, e))
+    .map_err(|e| explain_hot_journal(path, explain_cant_open(path, false, e)))
+}
+
+/// SQLite's "attempt to write a readonly database" for a read of `file` that finds a hot
+/// journal beside it (`SQLITE_READONLY_ROLLBACK`: a write that did not finish, which only a
+/// connection that may write can roll back) replaced by an [`Error::InvalidInput`] saying
+/// so, naming the file and how to roll it back. Any other error is returned as it is.
+fn explain_hot_journal(file: &Path, e: Error) -> Error {
+    let hot = matches!(&e, Error::Sqlite(cause) if matches!(&**cause,
+        rusqlite::Error::SqliteFailure(f, _)
+            if f.extended_code == rusqlite::ffi::SQLITE_READONLY_ROLLBACK));
+    if !hot {
+        return e;
+    }
+    Error::invalid(format!(
+        "{} has a hot journal beside it ({}: a write to it did not finish), which a \
+             read-only open cannot roll back; open the file once for writing (e.g. \
+             `sqlite3 FILE 'PRAGMA user_version'`) to roll it back, then try again",
+        file.display(),
+        sidecar(file, "-journal").display()
+    ))
 }
 
 /// True when a `-wal` or `-journal` is beside `file`: SQLite's files that hold part of
