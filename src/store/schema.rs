@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rusqlite::config::DbConfig;
-use rusqlite::{Connection, OpenFlags};
+use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use rusqlite_migration::{M, Migrations};
 
 use crate::error::{Error, Result};
@@ -412,6 +412,23 @@ fn open_derived_file(path: &Path, file: &DerivedFile<'_>) -> Result<Connection> 
     }
     tx.prepare(file.probe)
         .map_err(|e| Error::corrupt_from(path.display().to_string(), e))?;
+    // A derived file has no trigger or view of ours: a planted trigger would run on our
+    // writes (one deleting every row it inserts made `list` say "no sessions"), a view
+    // could shadow what we read.
+    let planted: Option<(String, String)> = tx
+        .query_row(
+            "SELECT type, name FROM sqlite_schema WHERE type IN ('trigger', 'view') LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    if let Some((kind, name)) = planted {
+        return Err(Error::corrupt(format!(
+            "{} holds a {kind} {} that session-store did not make",
+            path.display(),
+            crate::error::quoted(&name)
+        )));
+    }
     tx.commit()?;
     Ok(conn)
 }
