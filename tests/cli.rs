@@ -595,15 +595,45 @@ fn fork_rewind_export_import_delete_and_verify() {
     assert_eq!(code(&out), 6, "{}", stderr(&out));
     assert_eq!(parse(&stdout(&out))["ok"], false);
     assert!(stderr(&out).contains("hash"), "{}", stderr(&out));
-    env.fails(&["import", tampered_arg, "--id", "forged"], 6);
+    // An import refused for what the file holds names the file (it said only "corrupt
+    // session store: commit at 4: …" or "…: file is not a database").
+    let refused = env.fails(&["import", tampered_arg, "--id", "forged"], 6);
+    assert!(
+        refused.starts_with(&format!(
+            "session-store: error: cannot import {tampered_arg}: corrupt session store: "
+        )) && refused.contains("hash"),
+        "{refused}"
+    );
     let garbage = env.path("garbage.sqlite");
     std::fs::write(&garbage, b"not a database at all").expect("write");
-    let refused = env.fails(&["verify", garbage.to_str().expect("utf-8")], 6);
+    let garbage_arg = garbage.to_str().expect("utf-8");
+    let refused = env.fails(&["verify", garbage_arg], 6);
     // SQLite's error is the typed source: its text is printed once, not restated.
     assert_eq!(
         refused.matches("file is not a database").count(),
         1,
         "{refused}"
+    );
+    let refused = env.fails(&["import", garbage_arg], 6);
+    assert!(
+        refused.starts_with(&format!(
+            "session-store: error: cannot import {garbage_arg}: "
+        )) && refused.matches("file is not a database").count() == 1,
+        "{refused}"
+    );
+    let newer = env.path("newer.sqlite");
+    std::fs::copy(&export, &newer).expect("copy");
+    rusqlite::Connection::open(&newer)
+        .and_then(|c| c.execute_batch("PRAGMA user_version = 9"))
+        .expect("user_version");
+    let newer_arg = newer.to_str().expect("utf-8");
+    let refused = env.fails(&["import", newer_arg, "--id", "newer"], 6);
+    assert_eq!(
+        refused.trim_end(),
+        format!(
+            "session-store: error: cannot import {newer_arg}: not supported by this build: \
+             schema version 9 is newer than 5"
+        ),
     );
 
     // Deleting the parent keeps its forks whole.

@@ -431,6 +431,63 @@ fn import_refuses_damaged_files_and_leaves_nothing_behind() {
     );
 }
 
+/// An export with a hot journal beside it (a write to it that did not finish: the file and
+/// its `-journal` copied while a transaction was open) is refused by `import` and
+/// `verify_file` as invalid input naming the file and the journal and saying how to roll
+/// it back; the file and its journal unchanged, nothing published or staged. Both failed
+/// with SQLite's bare "attempt to write a readonly database" (exit 1) before.
+#[test]
+fn an_export_with_a_hot_journal_is_refused_naming_it() {
+    let work = tempfile::tempdir().unwrap();
+    let bundle = export_of_three(work.path(), |i| format!("{i}"));
+    let conn = rusqlite::Connection::open(&bundle).unwrap();
+    conn.execute_batch(
+        "PRAGMA journal_mode = DELETE; PRAGMA cache_size = 1; BEGIN IMMEDIATE; \
+         UPDATE header SET cwd = '/elsewhere'; DELETE FROM history;",
+    )
+    .unwrap();
+    // Enough pages that the one-page cache spills: the journal then has its header.
+    for seq in 0..200 {
+        conn.execute(
+            "INSERT INTO history_resets (seq) VALUES (?1)",
+            [1_000 + seq],
+        )
+        .unwrap();
+    }
+    let journal = work.path().join("bundle.sqlite-journal");
+    assert!(journal.is_file());
+    let hot = work.path().join("hot.sqlite");
+    std::fs::copy(&bundle, &hot).unwrap();
+    std::fs::copy(&journal, work.path().join("hot.sqlite-journal")).unwrap();
+    drop(conn);
+    let before = (
+        std::fs::read(&hot).unwrap(),
+        std::fs::read(work.path().join("hot.sqlite-journal")).unwrap(),
+    );
+    let target = Root::open(work.path().join("target")).unwrap();
+    let errors = [
+        target.import(&hot, ImportOptions::default()).unwrap_err(),
+        session_store::verify_file(&hot).unwrap_err(),
+    ];
+    for e in errors {
+        assert!(matches!(e, Error::InvalidInput { .. }), "{e:?}");
+        let text = e.to_string();
+        assert!(
+            text.contains(&format!("{} has a hot journal", hot.display()))
+                && text.contains("hot.sqlite-journal")
+                && text.contains("roll it back"),
+            "{text}"
+        );
+    }
+    let after = (
+        std::fs::read(&hot).unwrap(),
+        std::fs::read(work.path().join("hot.sqlite-journal")).unwrap(),
+    );
+    assert!(before == after, "the file or its journal changed");
+    assert!(target.list_ids().unwrap().is_empty());
+    assert!(staging_is_empty(&target));
+}
+
 /// Events that no commit row covers (its commit rows deleted, or a row added past the last
 /// commit) are part of no log: import used to publish what the commits named (an empty
 /// session when none was left) and `verify_file` called such a file sound.
@@ -922,6 +979,39 @@ fn a_delete_whose_parent_holds_less_than_the_forks_range_is_refused() {
     assert!(parent.is_file());
     assert_eq!(std::fs::read(&fork).unwrap(), before);
     assert_eq!(root.stat(&id("f")).unwrap().lineage.len(), 1);
+}
+
+/// A delete of a parent whose range a fork inherits holds an edited event (its commit's
+/// operation hash no longer matches) or an event row moved out of its commit is refused
+/// as `Corrupt` naming both, the parent kept and the fork's file unchanged: it copied the
+/// damaged commits into the fork under new operation ids and deleted the parent, so the
+/// fork went on failing to read and the original rows were gone.
+#[test]
+fn a_delete_whose_parent_range_is_damaged_is_refused() {
+    for damage in [
+        "UPDATE events SET payload = replace(payload, 'm1', 'mX') WHERE seq = 2",
+        "UPDATE events SET seq = 100 WHERE seq = 2",
+    ] {
+        let (_dir, root) = temp_root();
+        parent_and_fork(&root);
+        let parent = root.session_dir(&id("p")).join("session.sqlite");
+        let changed = rusqlite::Connection::open(&parent)
+            .unwrap()
+            .execute(damage, [])
+            .unwrap();
+        assert_eq!(changed, 1, "{damage}");
+        let fork = root.session_dir(&id("f")).join("session.sqlite");
+        let before = std::fs::read(&fork).unwrap();
+        let e = root.delete(&id("p"), &CancelToken::new()).unwrap_err();
+        assert!(e.is_corrupt(), "{damage}: {e:?}");
+        assert!(
+            e.to_string().contains("p is kept, as f inherits from it"),
+            "{damage}: {e}"
+        );
+        assert!(parent.is_file(), "{damage}");
+        assert_eq!(std::fs::read(&fork).unwrap(), before, "{damage}");
+        assert_eq!(root.stat(&id("f")).unwrap().lineage.len(), 1, "{damage}");
+    }
 }
 
 /// A fork of a parent whose cut commit is damaged (its commit row does not match its row

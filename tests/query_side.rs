@@ -726,3 +726,44 @@ async fn a_history_page_over_an_edited_index_is_corrupt_naming_the_position() {
         );
     }
 }
+
+/// A history page holding a message over 64 KiB (stored whole as a blob) whose event row
+/// names a blob the file does not hold is `Corrupt` naming the session, the position and
+/// the digest: it failed with SQLite's "Query returned no rows" (exit 1 in the CLI).
+#[tokio::test]
+async fn a_history_page_over_a_missing_blob_is_corrupt_naming_it() {
+    let (_dir, service) = service();
+    let s = service
+        .root()
+        .create(CreateOptions::with_id(id("h")))
+        .unwrap();
+    let big = "x".repeat(100_000);
+    s.append(Batch::new("a", vec![message("a", "user", &big)]))
+        .unwrap();
+    s.close().unwrap();
+    let r = SessionRef::new("local", "h").unwrap();
+    assert_eq!(page_ids(&service, &r).await.len(), 1);
+    let file = service.root().session_dir(&id("h")).join("session.sqlite");
+    let missing = "0".repeat(64);
+    let conn = rusqlite::Connection::open(file).unwrap();
+    conn.execute_batch("PRAGMA foreign_keys = OFF").unwrap();
+    let changed = conn
+        .execute(
+            "UPDATE events SET payload_ref = ?1 WHERE payload_ref IS NOT NULL",
+            [&missing],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    let e = service
+        .query()
+        .history_page(&r, None, 100)
+        .await
+        .unwrap_err();
+    assert!(e.is_corrupt(), "{e:?}");
+    let text = e.to_string();
+    assert!(
+        text.contains("session h, history position 1: ")
+            && text.contains(&format!("references missing blob {missing}")),
+        "{text}"
+    );
+}

@@ -605,6 +605,59 @@ fn a_checkpoint_that_contradicts_the_log_is_not_believed() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// A checkpoint edited with its digest made again (the digest is unkeyed XXH3: it notices
+/// damage, not a deliberate edit) is believed by readers, which then show its forged title:
+/// `verify` compares it with the full fold and refuses the file as `Corrupt` naming the
+/// checkpoint. It was called sound.
+#[test]
+fn verify_refuses_a_checkpoint_edited_with_its_digest_made_again() {
+    let (_dir, root) = temp_root();
+    checkpointed(&root);
+    let file = root.session_dir(&id("sample")).join("session.sqlite");
+    let conn = rusqlite::Connection::open(&file).unwrap();
+    let (through, text, ids): (i64, String, Vec<u8>) = conn
+        .query_row(
+            "SELECT through_seq, json_set(projection, '$.state.title', 'forged'), message_ids \
+             FROM checkpoint",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap();
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(through.to_string().as_bytes());
+    h.update(&[0]);
+    h.update(text.as_bytes());
+    h.update(&[0]);
+    h.update(&ids);
+    let digest = format!("{:032x}", h.digest128());
+    conn.execute(
+        "UPDATE checkpoint SET projection = ?1, digest = ?2",
+        rusqlite::params![text, digest],
+    )
+    .unwrap();
+    drop(conn);
+    // The edit is what readers now start from.
+    let shown = root
+        .open_reader(&id("sample"))
+        .unwrap()
+        .projection()
+        .unwrap();
+    assert_eq!(shown.title, "forged");
+    let refusals = [
+        root.verify(&id("sample")).map(|_| ()).unwrap_err(),
+        session_store::verify_file(&file).map(|_| ()).unwrap_err(),
+    ];
+    for e in refusals {
+        assert!(e.is_corrupt(), "{e:?}");
+        assert!(
+            e.to_string().contains(&format!(
+                "the projection checkpoint at sequence {through} does not give the fold"
+            )),
+            "{e}"
+        );
+    }
+}
+
 /// A session folder copied by hand under another name holds a file whose header names the
 /// original: it is refused as `Corrupt` by readers, writers and forks, and nothing is
 /// written to it (a fork of it recorded the original as its ancestor and read the

@@ -317,8 +317,8 @@ fn catalog_files_are_out_of_the_id_namespace() {
     assert!(!old.root.join("catalog.sqlite").exists());
 }
 
-/// A catalog of random bytes or another application's SQLite file is replaced, by `list`
-/// and by `rebuild-catalog`.
+/// A catalog of random bytes, another application's SQLite file or one of ours holding a
+/// trigger we did not make is replaced, by `list` and by `rebuild-catalog`.
 #[test]
 fn damaged_catalog_is_replaced() {
     let env = Env::new();
@@ -355,6 +355,25 @@ fn damaged_catalog_is_replaced() {
         foreign("PRAGMA application_id = 7; CREATE TABLE t (x)");
         env.ok(&[command]);
         assert_eq!(env.listed(), want, "another app's id, {what}");
+
+        // A trigger planted in a catalog of ours, deleting every row written: `list` said
+        // "no sessions" after a rebuild, and went on saying so.
+        clear();
+        env.ok(&["list"]);
+        rusqlite::Connection::open(&catalog)
+            .and_then(|c| {
+                c.execute_batch(
+                    "CREATE TRIGGER hide AFTER INSERT ON sessions BEGIN DELETE FROM sessions; END",
+                )
+            })
+            .expect("planted trigger");
+        env.ok(&[command]);
+        assert_eq!(env.listed(), want, "a planted trigger, {what}");
+        assert_eq!(
+            env.listed(),
+            want,
+            "a planted trigger, {what}, listed again"
+        );
     }
     assert_eq!(env.json(&["rebuild-catalog"])["sessions"], 3);
 }

@@ -2072,3 +2072,55 @@ fn a_damaged_session_answers_session_damaged_naming_it() {
     );
     assert_eq!(server.get("/sessions/nope").status, 404);
 }
+
+/// A session file of a newer schema version answers its pages with 500 "Session of a newer
+/// version" and its API routes with an error naming the session and that a newer build
+/// reads it ("Internal Server Error" and "not supported by this build: schema version 9 is
+/// newer than 5" alone, naming no session, before); another session still served.
+#[test]
+fn a_session_of_a_newer_version_answers_naming_it() {
+    let (_dir, root) = demo_root();
+    rusqlite::Connection::open(root.join("demo-cli-flag").join("session.sqlite"))
+        .expect("open")
+        .execute_batch("PRAGMA user_version = 9")
+        .expect("user_version");
+    let server = Server::start(&root, &[]);
+    let named = "session demo-cli-flag cannot be shown by this build (not supported by this \
+                 build: schema version 9 is newer than 5); a newer session-store reads it";
+    for path in [
+        "/sessions/demo-cli-flag",
+        "/sessions/demo-cli-flag/tree",
+        "/sessions/demo-cli-flag/stats",
+    ] {
+        let reply = server.get(path);
+        assert_eq!(reply.status, 500, "{path}: {}", reply.body);
+        assert!(
+            reply
+                .body
+                .contains("<h1>500 Session of a newer version</h1>"),
+            "{path}: {}",
+            reply.body
+        );
+        assert!(reply.body.contains(named), "{path}: {}", reply.body);
+    }
+    for path in [
+        "/api/sessions/demo-cli-flag",
+        "/api/sessions/demo-cli-flag/history",
+        "/api/sessions/demo-cli-flag/stats",
+    ] {
+        let reply = server.get(path);
+        assert_eq!(reply.status, 500, "{path}: {}", reply.body);
+        let body = reply.json();
+        assert_eq!(
+            body["error"].as_str().expect("error"),
+            named,
+            "{path}: {body}"
+        );
+    }
+    assert!(
+        server
+            .ok("/sessions/demo-log-triage")
+            .body
+            .contains("Triage the 502s")
+    );
+}

@@ -691,7 +691,15 @@ pub fn import(
     let bar = spinner(&format!("importing {}", file.display()));
     let imported = root.import(file, options);
     bar.finish_and_clear();
-    let id = imported.map_err(|e| in_context(e, format!("import {}", file.display())))?;
+    // The library's account of a bad file ("corrupt session store: event 5: …") names no
+    // file; the user may be importing many.
+    let id = imported.map_err(|e| -> CliError {
+        if e.is_corrupt() || e.is_unsupported() {
+            Failure::context(format!("cannot import {}", file.display()), &e)
+        } else {
+            in_context(e, format!("import {}", file.display()))
+        }
+    })?;
     if cx.json {
         print_json(&json!({"session_id": id, "file": file.to_string_lossy()}))
     } else {

@@ -281,9 +281,10 @@ impl Root {
     /// [`Error::SessionExists`] when the target id is taken; [`Error::SessionNotFound`]
     /// naming the path when nothing is there (also a folder without a `session.sqlite`);
     /// [`Error::Corrupt`] or [`Error::UnsupportedVersion`] for a bad file;
-    /// [`Error::InvalidInput`] for a file that is not self-contained, or a path that is
-    /// neither a folder nor a regular file (a FIFO is refused before it is opened). Nothing
-    /// is left on disk on failure.
+    /// [`Error::InvalidInput`] for a file that is not self-contained, one with a hot journal
+    /// beside it (see [`replay_file`](crate::replay_file)), or a path that is neither a
+    /// folder nor a regular file (a FIFO is refused before it is opened). Nothing is left
+    /// on disk on failure.
     pub fn import(&self, file: impl AsRef<Path>, options: ImportOptions) -> Result<SessionId> {
         let target = resolve_target(file.as_ref())?;
         check_integrity(&target.file, target.access)?;

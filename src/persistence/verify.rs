@@ -179,6 +179,15 @@ fn compare_turns(folded: &[TurnBoundary], stored: &[TurnBoundary]) -> Result<()>
     Ok(())
 }
 
+/// Whether two projections hold the same state (compared as their JSON, what a checkpoint
+/// stores).
+fn same_projection(a: &Projection, b: &Projection) -> Result<bool> {
+    let json = |p: &Projection| {
+        serde_json::to_value(p).map_err(|e| Error::internal_from("projection as JSON", e))
+    };
+    Ok(json(a)? == json(b)?)
+}
+
 /// A session file given by path, resolved.
 pub(crate) struct Target {
     /// The session file (no symlink in its path).
@@ -305,6 +314,16 @@ fn validate_each(
         .filter(|t| t.end_sequence <= durable || t.end_sequence > now)
         .collect();
     compare_turns(&turns, &stored)?;
+    // What readers and writers start from: a checkpoint whose projection is not the fold
+    // of the log through its sequence (edited with its digest made again: the digest is
+    // unkeyed) shows a forged state, which the full fold alone never looked at.
+    let (from, checkpointed) = reader.projection_and_checkpoint(durable)?;
+    if from > 0 && !same_projection(&checkpointed, &validator.projection)? {
+        return Err(Error::corrupt(format!(
+            "the projection checkpoint at sequence {from} does not give the fold of the log \
+             (its state differs from a full replay)"
+        )));
+    }
     let verified = Verified {
         header: reader.header().clone(),
         commits,
@@ -322,7 +341,9 @@ fn validate_each(
 ///
 /// # Errors
 /// [`Error::Corrupt`] naming the first problem; [`Error::SessionNotFound`] for a missing file;
-/// [`Error::InvalidInput`] for a path that is neither a folder nor a regular file.
+/// [`Error::InvalidInput`] for a path that is neither a folder nor a regular file, and for
+/// a file with a hot journal beside it (a write that did not finish, which a read cannot
+/// roll back; the message says how to).
 pub fn replay_file(path: impl AsRef<Path>) -> Result<ReplayReport> {
     let (mut commits, mut transcript) = (Vec::new(), Vec::new());
     let (verified, turns) = validate_each(path.as_ref(), |c, effects| {

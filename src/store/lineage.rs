@@ -9,6 +9,7 @@ use rusqlite::{Connection, TransactionBehavior, params};
 use crate::error::{Error, Result};
 use crate::model::event::inherited_operation_id;
 use crate::store::read::{self, LineageEntry};
+use crate::store::reader::check_commit;
 use crate::store::schema::{self, Durability};
 use crate::store::write::{self, Accepted};
 
@@ -83,6 +84,13 @@ pub(crate) fn materialize(
                     range.through_seq
                 )));
             };
+            // Each commit is checked as a reader checks it (no gap, its events match its
+            // operation hash): a damaged one copied with a new operation id would leave the
+            // child as damaged as the ancestor, which the delete then removes.
+            let mut next = after + 1;
+            for commit in &page {
+                next = check_commit(next, commit)? + 1;
+            }
             after = last.last_seq();
             let batch: Vec<_> = page
                 .into_iter()

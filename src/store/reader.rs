@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension};
 
 use crate::error::{Error, Result, WriterOwner};
 use crate::model::event::INLINE_PAYLOAD_LIMIT;
@@ -349,7 +349,7 @@ fn gap(expected: u64, found: u64) -> Error {
 
 /// Checks that `c` starts at `expected` and that its events match its operation hash;
 /// returns its last sequence.
-fn check_commit(expected: u64, c: &Commit) -> Result<u64> {
+pub(crate) fn check_commit(expected: u64, c: &Commit) -> Result<u64> {
     if c.first_seq != expected {
         return Err(gap(expected, c.first_seq));
     }
@@ -1344,9 +1344,15 @@ impl SessionReader {
         if row.bytes > INLINE_PAYLOAD_LIMIT as u64
             && let Some(digest) = reference
         {
+            // A reference to a blob the file does not hold is damage, not an SQL error
+            // ("Query returned no rows" before).
             let bytes: u64 = conn
                 .prepare_cached("SELECT bytes FROM blobs WHERE digest = ?1")?
-                .query_row([&digest], |r| r.get(0))?;
+                .query_row([&digest], |r| r.get(0))
+                .optional()?
+                .ok_or_else(|| {
+                    Error::corrupt(format!("event {seq} references missing blob {digest}"))
+                })?;
             return Ok(HistoryBody::Content(ContentRef {
                 digest,
                 bytes,

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rusqlite::config::DbConfig;
-use rusqlite::{Connection, OpenFlags};
+use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use rusqlite_migration::{M, Migrations};
 
 use crate::error::{Error, Result};
@@ -432,6 +432,23 @@ fn open_derived_file(path: &Path, file: &DerivedFile<'_>) -> Result<Connection> 
     }
     tx.prepare(file.probe)
         .map_err(|e| Error::corrupt_from(path.display().to_string(), e))?;
+    // A derived file has no trigger or view of ours: a planted trigger would run on our
+    // writes (one deleting every row it inserts made `list` say "no sessions"), a view
+    // could shadow what we read.
+    let planted: Option<(String, String)> = tx
+        .query_row(
+            "SELECT type, name FROM sqlite_schema WHERE type IN ('trigger', 'view') LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?;
+    if let Some((kind, name)) = planted {
+        return Err(Error::corrupt(format!(
+            "{} holds a {kind} {} that session-store did not make",
+            path.display(),
+            crate::error::quoted(&name)
+        )));
+    }
     tx.commit()?;
     Ok(conn)
 }
@@ -563,7 +580,27 @@ pub(crate) fn open_unchecked_reader(path: &Path, access: Access) -> Result<Conne
             Ok(())
         }),
     }
-    .map_err(|e| explain_cant_open(path, false, e))
+    .map_err(|e| explain_hot_journal(path, explain_cant_open(path, false, e)))
+}
+
+/// SQLite's "attempt to write a readonly database" for a read of `file` that finds a hot
+/// journal beside it (`SQLITE_READONLY_ROLLBACK`: a write that did not finish, which only a
+/// connection that may write can roll back) replaced by an [`Error::InvalidInput`] saying
+/// so, naming the file and how to roll it back. Any other error is returned as it is.
+fn explain_hot_journal(file: &Path, e: Error) -> Error {
+    let hot = matches!(&e, Error::Sqlite(cause) if matches!(&**cause,
+        rusqlite::Error::SqliteFailure(f, _)
+            if f.extended_code == rusqlite::ffi::SQLITE_READONLY_ROLLBACK));
+    if !hot {
+        return e;
+    }
+    Error::invalid(format!(
+        "{} has a hot journal beside it ({}: a write to it did not finish), which a \
+             read-only open cannot roll back; open the file once for writing (e.g. \
+             `sqlite3 FILE 'PRAGMA user_version'`) to roll it back, then try again",
+        file.display(),
+        sidecar(file, "-journal").display()
+    ))
 }
 
 /// True when a `-wal` or `-journal` is beside `file`: SQLite's files that hold part of

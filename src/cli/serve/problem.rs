@@ -17,6 +17,9 @@ pub struct Problem {
     /// True when what failed is a stored file found damaged ([`Error::is_corrupt`]): the
     /// page says "Session damaged" and the JSON `"damaged": true`.
     pub damaged: bool,
+    /// True when what failed is a stored file of a newer format than this build reads
+    /// ([`Error::is_unsupported`]): the page says "Session of a newer version".
+    pub newer: bool,
 }
 
 impl Problem {
@@ -26,6 +29,7 @@ impl Problem {
             status,
             message: message.into(),
             damaged: false,
+            newer: false,
         }
     }
 
@@ -52,30 +56,41 @@ impl Problem {
         };
         Problem {
             damaged: error.is_corrupt(),
+            newer: error.is_unsupported(),
             ..Problem::new(status, crate::cli::one_line(error))
         }
     }
 
     /// This problem, when it is a damage found reading session `id`, saying so: the
-    /// session's name, that it is damaged, what the library found and how to check it.
+    /// session's name, that it is damaged, what the library found and how to check it; when
+    /// it is a file of a newer format, the session's name and that a newer build reads it
+    /// (it was "Internal Server Error" naming no session).
     pub fn of_damaged_session(self, id: &SessionId) -> Problem {
-        if !self.damaged {
-            return self;
-        }
-        Problem {
-            message: format!(
+        let message = if self.damaged {
+            format!(
                 "session {id} is damaged and cannot be shown ({}); `session-store verify {id}` \
                  checks it",
                 self.message
-            ),
-            ..self
-        }
+            )
+        } else if self.newer {
+            format!(
+                "session {id} cannot be shown by this build ({}); a newer session-store \
+                 reads it",
+                self.message
+            )
+        } else {
+            return self;
+        };
+        Problem { message, ..self }
     }
 
-    /// The title of the answer: the status's reason, or "Session damaged".
+    /// The title of the answer: the status's reason, "Session damaged" or "Session of a
+    /// newer version".
     pub fn title(&self) -> &'static str {
         if self.damaged {
             "Session damaged"
+        } else if self.newer {
+            "Session of a newer version"
         } else {
             self.status.canonical_reason().unwrap_or("Error")
         }
