@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use common::{event, id, message, read_until, spawn_role, title, turn, turn_end};
 use serde_json::json;
-use session_store::{Batch, CreateOptions, Error, Event, Root, RuntimePhase, Service, SessionRef};
+use session_store::{
+    Batch, CancelToken, CreateOptions, Error, Event, Root, RuntimePhase, Service, SessionRef,
+};
 
 const HOST: &str = "contracts";
 
@@ -1120,6 +1122,108 @@ async fn a_rename_racing_a_close_lands() {
     let page = service.query().list(None, 10).await.expect("list");
     assert_eq!(page.sessions[0].title, "title 199");
     service.shutdown().await.expect("shutdown");
+}
+
+/// `Service::delete` racing a `Service::open` of the same closed session (50 rounds, both
+/// in one `tokio::join!`): the delete either comes first (the open finds no session) or is
+/// refused `RuntimeBound` by the open's binding, as its doc says. It used to wait for the
+/// writer lock of the runtime this very service had just opened, until its cancel token
+/// fired (here after 5 s: `Cancelled`; forever with a token never cancelled).
+async fn delete_racing_open(service: Service) {
+    for i in 0..50 {
+        let (service, r) = with_session(service.clone(), &format!("d{i}")).await;
+        service.close(&r).await.expect("close");
+        let cancel = CancelToken::new();
+        let timer = {
+            let cancel = cancel.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                cancel.cancel();
+            })
+        };
+        let (opened, deleted) = within("open and delete", async {
+            tokio::join!(service.open(&r), service.delete(&r, &cancel))
+        })
+        .await;
+        timer.abort();
+        match (&opened, &deleted) {
+            (Err(Error::SessionNotFound(_)), Ok(())) => {
+                assert!(
+                    service.root().stat(&r.session_id).is_err(),
+                    "round {i}: kept"
+                );
+            }
+            (Ok(_), Err(Error::RuntimeBound(_))) => {}
+            other => panic!("round {i}: open and delete: {other:?}"),
+        }
+    }
+    service.shutdown().await.expect("shutdown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_delete_racing_an_open_never_waits_for_its_own_services_writer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    delete_racing_open(service_in(dir.path())).await;
+}
+
+/// The same on a current-thread runtime with one blocking thread: a delete that closed the
+/// runtime an open had just installed, before the open's binding counted, let the open
+/// reopen the session, closed that runtime again, and so on for good.
+#[test]
+fn a_delete_racing_an_open_ends_on_a_current_thread_runtime() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .max_blocking_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(delete_racing_open(service_in(dir.path())));
+}
+
+/// While `Service::delete` waits for the writer another handle holds (a
+/// `Root::open_writer` session outside the registry), `history` and `snapshot` of the
+/// session answer at once, an open of it waits for the delete and finds no session once
+/// the other writer lets go, and `shutdown` does not wait for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queries_answer_while_a_delete_waits_for_the_writer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (service, r) = service_with_session(dir.path(), "held").await;
+    let rt = service.runtime(&r).expect("runtime");
+    rt.session()
+        .append(turn("op-1", "t1", "m1"))
+        .expect("append");
+    drop(rt);
+    service.close(&r).await.expect("close");
+    let other = service.root().open_writer(&r.session_id).expect("writer");
+    let cancel = CancelToken::new();
+    let delete = {
+        let (service, r, cancel) = (service.clone(), r.clone(), cancel.clone());
+        tokio::spawn(async move { service.delete(&r, &cancel).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let history = within("history during the delete", service.query().history(&r)).await;
+    assert_eq!(history.expect("history").len(), 1);
+    let snapshot = within("snapshot during the delete", service.query().snapshot(&r)).await;
+    assert_eq!(snapshot.expect("snapshot").durable_sequence, 3);
+    let open = {
+        let (service, r) = (service.clone(), r.clone());
+        tokio::spawn(async move { service.open(&r).await.map(drop) })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!open.is_finished(), "the open did not wait for the delete");
+    other.close().expect("close the other writer");
+    within("delete", delete)
+        .await
+        .expect("join")
+        .expect("delete");
+    let opened = within("open", open).await.expect("join");
+    assert!(
+        matches!(opened, Err(Error::SessionNotFound(_))),
+        "{opened:?}"
+    );
+    within("shutdown", service.shutdown())
+        .await
+        .expect("shutdown");
 }
 
 /// A fork and an export of a session racing its `Service::close` (100 rounds, a turn

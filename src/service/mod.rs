@@ -79,6 +79,10 @@ struct Registry {
     /// Sessions closed here and no longer active (for idempotent close).
     closed: HashSet<SessionId>,
     preparing: HashSet<SessionId>,
+    /// Sessions a [`Service::delete`] is deleting (after closing their runtime): an open
+    /// waits for it as for `preparing`; a query does not (nothing accepted is left in
+    /// memory), nor does `shutdown` (the delete may wait for another process's writer).
+    deleting: HashSet<SessionId>,
     /// Runtimes a close unpublished and is draining: still read by `list`, whose summary
     /// of the session would otherwise go back to the file's durable prefix meanwhile.
     closing: HashMap<SessionId, Runtime>,
@@ -435,7 +439,7 @@ impl Service {
                 if let Some(rt) = reg.active.get(id) {
                     return Ok(Some(rt.clone()));
                 }
-                if !reg.preparing.contains(id) {
+                if !reg.preparing.contains(id) && !reg.deleting.contains(id) {
                     reg.preparing.insert(id.clone());
                     return Ok(None);
                 }
@@ -497,6 +501,14 @@ impl Service {
     /// it runs (the runtime stays registered in both cases); [`Error::SessionNotRunning`]
     /// for a session never opened here.
     pub async fn close(&self, r: &SessionRef) -> Result<()> {
+        self.close_keeping(r, false).await.map(drop)
+    }
+
+    /// [`Service::close`]; with `keep_reserved`, a close that closed the runtime leaves the
+    /// session id reserved in `preparing` for the caller, which then holds the reservation
+    /// and must end it (so that no open gets in before the caller's next step). Returns
+    /// whether it did.
+    async fn close_keeping(&self, r: &SessionRef, keep_reserved: bool) -> Result<bool> {
         self.check_ref(r)?;
         let id = r.session_id.clone();
         // Unpublished and reserved while it closes: an open meanwhile waits for the close
@@ -522,7 +534,7 @@ impl Service {
                 }
                 if !reg.preparing.contains(&id) {
                     return if reg.closed.contains(&id) {
-                        Ok(())
+                        Ok(false)
                     } else {
                         Err(Error::SessionNotRunning(id.to_string()))
                     };
@@ -540,8 +552,10 @@ impl Service {
             }
             {
                 let mut reg = service.registry();
-                reg.preparing.remove(&id);
                 reg.closing.remove(&id);
+                if result.is_err() || !keep_reserved {
+                    reg.preparing.remove(&id);
+                }
                 if result.is_ok() {
                     reg.closed.insert(id);
                 } else {
@@ -551,7 +565,7 @@ impl Service {
                 }
             }
             service.inner.registry_changed.notify_waiters();
-            result
+            result.map(|()| keep_reserved)
         })
         .await
     }
@@ -807,22 +821,55 @@ impl Service {
     }
 
     /// Deletes a session: closes its attached runtime first (refusing a busy or bound
-    /// one), then deletes it (waiting for another process's writer
-    /// until `cancel`).
+    /// one), then deletes it (waiting for another process's writer until `cancel`). The
+    /// session id is reserved as an open reserves it while the delete runs: an open or
+    /// close of it in this service meanwhile is waited for (an open racing it either came
+    /// first, and its runtime is closed or its binding refuses the delete, or finds no
+    /// session); queries of it still answer. Runs to the end when the caller stops
+    /// waiting; `cancel` stops the wait.
     ///
     /// # Errors
     /// As [`Service::close`] and [`Root::delete`].
     pub async fn delete(&self, r: &SessionRef, cancel: &CancelToken) -> Result<()> {
         self.check_ref(r)?;
-        if self.runtime(r).is_some() {
-            self.close(r).await?;
-        }
-        let root = self.inner.root.clone();
-        let id = r.session_id.clone();
-        let cancel = cancel.clone();
-        blocking(move || root.delete(&id, &cancel)).await?;
-        self.registry().closed.remove(&r.session_id);
-        Ok(())
+        let (service, r, cancel) = (self.clone(), r.clone(), cancel.clone());
+        to_completion(async move {
+            let reserved = loop {
+                match service.reserve(&r.session_id).await {
+                    Ok(None) => break true,
+                    // Shut down: nothing opens here any more, only a runtime left bound or
+                    // busy by `shutdown` may still be registered.
+                    Err(Error::Closed) if service.runtime(&r).is_none() => break false,
+                    // Closed keeping the id reserved: an open racing the delete waits for
+                    // it instead of opening the session again (which the delete would
+                    // close again, round after round, before the open's binding counted).
+                    Ok(Some(_)) | Err(Error::Closed) => {
+                        if service.close_keeping(&r, true).await? {
+                            break true;
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
+            if reserved {
+                let mut reg = service.registry();
+                reg.preparing.remove(&r.session_id);
+                reg.deleting.insert(r.session_id.clone());
+            }
+            service.inner.registry_changed.notify_waiters();
+            let (root, id) = (service.inner.root.clone(), r.session_id.clone());
+            let deleted = blocking(move || root.delete(&id, &cancel)).await;
+            {
+                let mut reg = service.registry();
+                if deleted.is_ok() {
+                    reg.closed.remove(&r.session_id);
+                }
+                reg.deleting.remove(&r.session_id);
+            }
+            service.inner.registry_changed.notify_waiters();
+            deleted
+        })
+        .await
     }
 
     /// Renames a session: appends a `session/title` event as its writer. Through the
