@@ -2016,6 +2016,25 @@ fn a_session_page_of_a_session_being_appended_to_is_of_one_durable_sequence() {
     assert!(wrong.is_empty(), "{wrong:#?}");
 }
 
+/// Session `id`'s page, tree and stats answer 500 with the heading `heading` and a text
+/// holding `named`.
+fn pages_answer_500(server: &Server, id: &str, heading: &str, named: &str) {
+    for path in [
+        format!("/sessions/{id}"),
+        format!("/sessions/{id}/tree"),
+        format!("/sessions/{id}/stats"),
+    ] {
+        let reply = server.get(&path);
+        assert_eq!(reply.status, 500, "{path}: {}", reply.body);
+        assert!(
+            reply.body.contains(&format!("<h1>500 {heading}</h1>")),
+            "{path}: {}",
+            reply.body
+        );
+        assert!(reply.body.contains(named), "{path}: {}", reply.body);
+    }
+}
+
 /// A damaged session (an event row deleted) answers its pages with 500 "Session damaged" and
 /// its API routes with JSON `"damaged": true`, naming the session and how to check it (an
 /// "Internal Server Error" with the library's text alone, not naming the session, before);
@@ -2030,20 +2049,7 @@ fn a_damaged_session_answers_session_damaged_naming_it() {
     assert_eq!(changed, 1);
     let server = Server::start(&root, &[]);
     let named = "session demo-cli-flag is damaged and cannot be shown (corrupt session store: ";
-    for path in [
-        "/sessions/demo-cli-flag",
-        "/sessions/demo-cli-flag/tree",
-        "/sessions/demo-cli-flag/stats",
-    ] {
-        let reply = server.get(path);
-        assert_eq!(reply.status, 500, "{path}: {}", reply.body);
-        assert!(
-            reply.body.contains("<h1>500 Session damaged</h1>"),
-            "{path}: {}",
-            reply.body
-        );
-        assert!(reply.body.contains(named), "{path}: {}", reply.body);
-    }
+    pages_answer_500(&server, "demo-cli-flag", "Session damaged", named);
     for path in [
         "/api/sessions/demo-cli-flag",
         "/api/sessions/demo-cli-flag/stats",
@@ -2087,22 +2093,12 @@ fn a_session_of_a_newer_version_answers_naming_it() {
     let server = Server::start(&root, &[]);
     let named = "session demo-cli-flag cannot be shown by this build (not supported by this \
                  build: schema version 9 is newer than 5); a newer session-store reads it";
-    for path in [
-        "/sessions/demo-cli-flag",
-        "/sessions/demo-cli-flag/tree",
-        "/sessions/demo-cli-flag/stats",
-    ] {
-        let reply = server.get(path);
-        assert_eq!(reply.status, 500, "{path}: {}", reply.body);
-        assert!(
-            reply
-                .body
-                .contains("<h1>500 Session of a newer version</h1>"),
-            "{path}: {}",
-            reply.body
-        );
-        assert!(reply.body.contains(named), "{path}: {}", reply.body);
-    }
+    pages_answer_500(
+        &server,
+        "demo-cli-flag",
+        "Session of a newer version",
+        named,
+    );
     for path in [
         "/api/sessions/demo-cli-flag",
         "/api/sessions/demo-cli-flag/history",
