@@ -995,9 +995,10 @@ impl Root {
     }
 
     /// Ids of every session under the root, sorted: folders holding a `session.sqlite`,
-    /// also one that is not a regular file (a symlink, a folder) and a folder this process
-    /// may not look into, which every open then refuses, so `list` reports it as skipped
-    /// instead of passing over it. Staging, trash and other dot-entries are never listed.
+    /// also one that is not a regular file (a symlink, a folder), a folder this process
+    /// may not look into and a symlink named like a session (never followed), which every
+    /// open then refuses, so `list` reports it as skipped instead of passing over it.
+    /// Staging, trash and other dot-entries are never listed.
     ///
     /// # Errors
     /// [`Error::Io`] when the root cannot be read.
@@ -1010,14 +1011,18 @@ impl Root {
             let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
                 continue;
             };
-            if name.starts_with('.') || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            if name.starts_with('.') || !(kind.is_dir() || kind.is_symlink()) {
                 continue;
             }
             if let Ok(id) = SessionId::new(name)
-                && std::fs::symlink_metadata(entry.path().join(SESSION_FILE)).map_or_else(
-                    |e| e.kind() == std::io::ErrorKind::PermissionDenied,
-                    |_| true,
-                )
+                && (kind.is_symlink()
+                    || std::fs::symlink_metadata(entry.path().join(SESSION_FILE)).map_or_else(
+                        |e| e.kind() == std::io::ErrorKind::PermissionDenied,
+                        |_| true,
+                    ))
             {
                 ids.push(id);
             }
