@@ -440,6 +440,45 @@ fn session_folders_and_files_that_are_symlinks_are_refused() {
 }
 
 #[test]
+fn session_folders_whose_names_are_not_utf8_are_named_not_passed_over() {
+    use std::os::unix::ffi::OsStrExt;
+    let w = World::new();
+    w.session("s");
+    // A copy of a session under a name no command can give: it was left out in silence.
+    let odd = w.root.join(std::ffi::OsStr::from_bytes(b"caf\xe9"));
+    std::fs::create_dir(&odd).expect("mkdir");
+    std::fs::copy(w.root.join("s/session.sqlite"), odd.join("session.sqlite")).expect("copy");
+    for args in [&["list"][..], &["rebuild-catalog"], &["list", "--cwd", "/"]] {
+        let out = w.run(args, "");
+        assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains("skipped session caf\u{fffd}") && err.contains("name is not UTF-8"),
+            "{args:?}: {err}"
+        );
+    }
+    let listed: serde_json::Value =
+        serde_json::from_str(&w.ok(&["list", "--json"], "")).expect("list json");
+    assert!(
+        listed["skipped"].to_string().contains("name is not UTF-8"),
+        "{listed}"
+    );
+    assert_eq!(
+        listed["sessions"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+    std::thread::sleep(Duration::from_millis(1100));
+    let out = w.run(&["gc", "--older-than", "1s"], "");
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        said.contains("kept caf\u{fffd}") && said.contains("not UTF-8"),
+        "gc: {said}"
+    );
+    assert!(odd.join("session.sqlite").is_file(), "gc removed it");
+}
+
+#[test]
 fn catalog_files_that_are_symlinks_are_replaced_not_followed() {
     for name in [
         "catalog.sqlite",
