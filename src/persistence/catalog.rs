@@ -1213,12 +1213,36 @@ fn compute(root: &Root, stamper: &Stamper, id: &SessionId) -> Result<Computed> {
         Ok(entry) => Computed::Entry(Box::new(entry)),
         Err(_) if stamper.stamp(id).starts_with(MISSING) => Computed::Gone,
         Err(Error::SessionNotFound(_)) => Computed::Gone,
-        Err(e) if e.is_exhaustion() => return Err(e),
+        Err(e) if e.is_exhaustion() => return Err(naming_session(e, &root.session_dir(id))),
         Err(e) => Computed::Unreadable(SkippedSession {
             session_id: id.clone(),
             error: Arc::new(e),
         }),
     })
+}
+
+/// `error`, an [`Error::is_exhaustion`] met reading the session in `dir`, naming it (a
+/// full disk said only "disk full: disk I/O error"), its kind kept.
+fn naming_session(error: Error, dir: &std::path::Path) -> Error {
+    let file = dir.join(crate::store::schema::SESSION_FILE);
+    match error {
+        Error::DiskFull(cause) => {
+            let named = match &*cause {
+                // Its own message is SQLite's error, which follows as its cause.
+                rusqlite::Error::SqliteFailure(code, _) => rusqlite::Error::SqliteFailure(
+                    *code,
+                    Some(format!("reading {}", file.display())),
+                ),
+                _ => return Error::DiskFull(cause),
+            };
+            Error::DiskFull(Arc::new(named))
+        }
+        Error::Io { context, source } => Error::Io {
+            context: format!("{context} (reading {})", file.display()),
+            source,
+        },
+        other => other,
+    }
 }
 
 /// The stamp and the stored text of a session's entry.
