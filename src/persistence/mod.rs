@@ -999,7 +999,7 @@ impl Root {
     /// may not look into and a symlink named like a session (never followed), which every
     /// open then refuses, so `list` reports it as skipped instead of passing over it.
     /// Staging, trash and other dot-entries are never listed, nor names that are not
-    /// UTF-8 ([`Root::undecodable_sessions`]).
+    /// UTF-8 (`list` reports those as skipped).
     ///
     /// # Errors
     /// [`Error::Io`] when the root cannot be read.
