@@ -261,6 +261,46 @@ fn a_corrupt_row_has_its_decoding_error_as_source() {
     }
 }
 
+/// A header, lease, lineage or dependents value that does not decode is corrupt in plain
+/// words: the table, the column and the value. It said rusqlite's "undecodable row:
+/// Conversion error from type Text at index: 0, invalid input: invalid session id …" and
+/// "Invalid column type Text at index: 2, name: pid".
+#[test]
+fn an_undecodable_header_or_lease_value_is_named_in_plain_words() {
+    let (_dir, root) = temp_root();
+    for (name, sql, said) in [
+        (
+            "bad-header",
+            "UPDATE header SET session_id = '../x'",
+            "corrupt session store: header.session_id \"../x\" is not a valid session id",
+        ),
+        (
+            "bad-lease",
+            "UPDATE lease SET pid = 'abc'",
+            "corrupt session store: lease.pid holds text, not the type of that column",
+        ),
+        (
+            "bad-lineage",
+            "INSERT INTO lineage (ancestor_id, after_seq, through_seq) VALUES ('a/b', 0, 1)",
+            "corrupt session store: lineage.ancestor_id \"a/b\" is not a valid session id",
+        ),
+    ] {
+        let s = durable_session(&root, name);
+        let file = session_file(&s);
+        s.close().expect("close");
+        let conn = rusqlite::Connection::open(&file).expect("sqlite");
+        assert!(conn.execute(sql, []).expect(sql) > 0, "{sql}");
+        drop(conn);
+        let e = root
+            .open_reader(&id(name))
+            .and_then(|r| r.lease())
+            .map(drop)
+            .expect_err(name);
+        assert_eq!(classes(&e), ["corrupt"], "{name}: {e:?}");
+        assert_eq!(e.to_string(), said, "{name}");
+    }
+}
+
 /// The schema migrations' refusal of a database newer than they know is
 /// `UnsupportedVersion` with their `rusqlite_migration::Error` as the typed source.
 #[test]

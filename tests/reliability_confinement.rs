@@ -346,13 +346,33 @@ fn session_folders_and_files_that_are_symlinks_are_refused() {
         &["fork", "f", "--after-turn", "turn-1", "--id", "ff"],
     ] {
         let out = w.run(args, &one_more("y"));
-        assert_refused(&out, &format!("{args:?}"), "not a directory of the root");
+        assert_refused(
+            &out,
+            &format!("{args:?}"),
+            "is a symlink; sessions are folders of the root",
+        );
     }
+    // Listed as skipped, naming why (it was passed over in silence), never as a session.
     let listed = w.ok(&["list", "--json"], "");
+    let listed: serde_json::Value = serde_json::from_str(&listed).expect("list json");
     assert!(
-        !listed.contains("\"f\""),
+        !listed["sessions"].to_string().contains("\"f\""),
         "a linked folder is not listed: {listed}"
     );
+    let skipped = listed["skipped"].to_string();
+    assert!(
+        skipped.contains("\"f\"")
+            && skipped.contains("a symlink; sessions are folders of the root"),
+        "a linked folder is reported as skipped: {listed}"
+    );
+    for args in [&["list"][..], &["rebuild-catalog"]] {
+        let out = w.run(args, "");
+        let err = stderr(&out);
+        assert!(
+            err.contains("skipped session f") && err.contains("a symlink"),
+            "{args:?}: {err}"
+        );
+    }
     assert_eq!(
         w.outside_state(),
         before,
@@ -403,6 +423,59 @@ fn session_folders_and_files_that_are_symlinks_are_refused() {
         assert_eq!(w2.outside_state(), before, "{name}: the outside changed");
         assert!(!w2.base.join("t.out").exists());
     }
+
+    // gc never deletes through a linked folder, and names it.
+    std::thread::sleep(Duration::from_millis(1100));
+    let out = w.run(&["gc", "--older-than", "1s"], "");
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    assert!(
+        said.contains("f") && said.contains("a symlink"),
+        "gc: {said}"
+    );
+    assert!(
+        std::fs::symlink_metadata(w.root.join("f")).is_ok_and(|m| m.is_symlink()),
+        "gc removed the symlink"
+    );
+    assert_eq!(w.outside_state(), before, "gc changed the linked folder");
+}
+
+#[test]
+fn session_folders_whose_names_are_not_utf8_are_named_not_passed_over() {
+    use std::os::unix::ffi::OsStrExt;
+    let w = World::new();
+    w.session("s");
+    // A copy of a session under a name no command can give: it was left out in silence.
+    let odd = w.root.join(std::ffi::OsStr::from_bytes(b"caf\xe9"));
+    std::fs::create_dir(&odd).expect("mkdir");
+    std::fs::copy(w.root.join("s/session.sqlite"), odd.join("session.sqlite")).expect("copy");
+    for args in [&["list"][..], &["rebuild-catalog"], &["list", "--cwd", "/"]] {
+        let out = w.run(args, "");
+        assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains("skipped session caf\u{fffd}") && err.contains("name is not UTF-8"),
+            "{args:?}: {err}"
+        );
+    }
+    let listed: serde_json::Value =
+        serde_json::from_str(&w.ok(&["list", "--json"], "")).expect("list json");
+    assert!(
+        listed["skipped"].to_string().contains("name is not UTF-8"),
+        "{listed}"
+    );
+    assert_eq!(
+        listed["sessions"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+    std::thread::sleep(Duration::from_millis(1100));
+    let out = w.run(&["gc", "--older-than", "1s"], "");
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        said.contains("kept caf\u{fffd}") && said.contains("not UTF-8"),
+        "gc: {said}"
+    );
+    assert!(odd.join("session.sqlite").is_file(), "gc removed it");
 }
 
 #[test]
@@ -699,7 +772,11 @@ fn an_ancestor_folder_that_is_a_symlink_is_refused_before_anything_is_written() 
     ] {
         let started = Instant::now();
         let out = w.run(args, "");
-        assert_refused(&out, &format!("{args:?}"), "not a directory of the root");
+        assert_refused(
+            &out,
+            &format!("{args:?}"),
+            "sessions are folders of the root",
+        );
         assert!(
             started.elapsed() < Duration::from_secs(4),
             "{args:?} stalled {:?}",

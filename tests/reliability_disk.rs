@@ -429,6 +429,27 @@ fn soak_full_disk() {
     run_full_disk("64m", 16 << 20);
 }
 
+/// A session `sound` in `ROOT = mount/sessions`, closed, its `-shm` removed as after the
+/// last connection went (a reader must make one): the root and the bytes the removed
+/// `-shm` still holds while the session returned, still open, keeps its pages.
+fn sound_session_without_shm(mount: &Tmpfs) -> (PathBuf, u64, session_store::Session) {
+    let dir = mount.dir.join("sessions");
+    let root = Root::open(&dir).unwrap();
+    let s = create(&root, "sound");
+    s.append(Batch::new("m1", vec![message("m1", "user", "hello")]))
+        .unwrap();
+    s.close().unwrap();
+    drop(root);
+    settle(mount);
+    let shm = dir.join("sound").join("session.sqlite-shm");
+    let kept = std::fs::metadata(&shm).map_or(0, |m| {
+        use std::os::unix::fs::MetadataExt;
+        m.blocks() * 512
+    });
+    let _ = std::fs::remove_file(&shm);
+    (dir, kept, s)
+}
+
 /// A sound session read on a full disk: SQLite cannot set up the file's `-shm` (ENOSPC,
 /// `SQLITE_IOERR_SHMSIZE`), so `verify ID` cannot read it. It said "… is not sound" (as
 /// for a damaged file) although nothing is wrong with the file; it now says it could not
@@ -440,22 +461,7 @@ fn verify_on_a_full_disk_does_not_call_a_sound_session_unsound() {
     let Some((_base, mount, filler)) = small_disk("2m", 0) else {
         return;
     };
-    let dir = mount.dir.join("sessions");
-    let root = Root::open(&dir).unwrap();
-    let s = create(&root, "sound");
-    s.append(Batch::new("m1", vec![message("m1", "user", "hello")]))
-        .unwrap();
-    s.close().unwrap();
-    drop(root);
-    settle(&mount);
-    // As after the last connection went: no `-shm` (a reader must make one). The session,
-    // still open here, keeps its pages.
-    let shm = dir.join("sound").join("session.sqlite-shm");
-    let kept = std::fs::metadata(&shm).map_or(0, |m| {
-        use std::os::unix::fs::MetadataExt;
-        m.blocks() * 512
-    });
-    let _ = std::fs::remove_file(&shm);
+    let (dir, kept, _open) = sound_session_without_shm(&mount);
     fill(&filler);
     let verify = || {
         Command::new(env!("CARGO_BIN_EXE_session-store"))
@@ -476,6 +482,39 @@ fn verify_on_a_full_disk_does_not_call_a_sound_session_unsound() {
     std::fs::remove_file(&filler).unwrap();
     settle_keeping(&mount, kept);
     let out = verify();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `list` on a full disk where a session's `-shm` cannot be made fails (the session is
+/// not unreadable, and a listing without it would be wrong) with the full disk's exit
+/// code, naming the session file it was reading: it said only "disk full: disk I/O
+/// error". Runs the binary: only with the `cli` feature.
+#[cfg(feature = "cli")]
+#[test]
+fn list_on_a_full_disk_names_the_session_it_was_reading() {
+    let Some((_base, mount, filler)) = small_disk("2m", 0) else {
+        return;
+    };
+    let (dir, kept, _open) = sound_session_without_shm(&mount);
+    // No catalog either: the listing is computed from the session files.
+    let _ = std::fs::remove_dir_all(dir.join(".catalog"));
+    fill(&filler);
+    let out = cli(&dir, &["list"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("disk full"), "{stderr}");
+    let file = dir.join("sound").join("session.sqlite");
+    assert!(
+        stderr.contains(&file.display().to_string()),
+        "names the session: {stderr}"
+    );
+    std::fs::remove_file(&filler).unwrap();
+    settle_keeping(&mount, kept);
+    let out = cli(&dir, &["list"]);
     assert!(
         out.status.success(),
         "{}",

@@ -56,7 +56,8 @@ const CATALOG_ORDER_INDEXES: &str = "
         ON sessions (json_extract(entry, '$.created_at_ms')) WHERE entry <> '';";
 
 /// A session that `list` or `rebuild_catalog` could not read, and why; the other sessions
-/// are listed without it.
+/// are listed without it. A folder whose name is not UTF-8 is one, under its name with the
+/// undecodable bytes as U+FFFD.
 #[derive(Clone, Debug, Serialize)]
 #[non_exhaustive]
 pub struct SkippedSession {
@@ -860,6 +861,8 @@ impl Catalog {
         };
         if after.is_some() {
             listing.skipped.clear();
+        } else {
+            listing.skipped.extend(root.undecodable_sessions("")?);
         }
         Ok(listing)
     }
@@ -973,14 +976,18 @@ impl Catalog {
     /// the page is computed from the session files and the catalog's error reported.
     pub(crate) fn page(&self, root: &Root, after: Option<&str>, limit: usize) -> Result<Listing> {
         let stamper = Stamper::open(root.path())?;
-        match self.cached_page(root, &stamper, after, limit) {
-            Ok(listing) => Ok(listing),
+        let mut listing = match self.cached_page(root, &stamper, after, limit) {
+            Ok(listing) => listing,
             Err(e) => {
                 let mut listing = direct_page(root, &stamper, after, limit)?;
                 listing.catalog_error = Some(Arc::new(e));
-                Ok(listing)
+                listing
             }
-        }
+        };
+        listing
+            .skipped
+            .extend(root.undecodable_sessions(after.unwrap_or(""))?);
+        Ok(listing)
     }
 
     fn cached_page(
@@ -1059,6 +1066,7 @@ impl Catalog {
                 Computed::Unreadable(s) => skipped.push(s),
             }
         }
+        skipped.extend(root.undecodable_sessions("")?);
         self.with_conn(root, |c| {
             let tx = c.unchecked_transaction()?;
             tx.execute("DELETE FROM sessions", [])?;
@@ -1205,12 +1213,36 @@ fn compute(root: &Root, stamper: &Stamper, id: &SessionId) -> Result<Computed> {
         Ok(entry) => Computed::Entry(Box::new(entry)),
         Err(_) if stamper.stamp(id).starts_with(MISSING) => Computed::Gone,
         Err(Error::SessionNotFound(_)) => Computed::Gone,
-        Err(e) if e.is_exhaustion() => return Err(e),
+        Err(e) if e.is_exhaustion() => return Err(naming_session(e, &root.session_dir(id))),
         Err(e) => Computed::Unreadable(SkippedSession {
             session_id: id.clone(),
             error: Arc::new(e),
         }),
     })
+}
+
+/// `error`, an [`Error::is_exhaustion`] met reading the session in `dir`, naming it (a
+/// full disk said only "disk full: disk I/O error"), its kind kept.
+fn naming_session(error: Error, dir: &std::path::Path) -> Error {
+    let file = dir.join(crate::store::schema::SESSION_FILE);
+    match error {
+        Error::DiskFull(cause) => {
+            let named = match &*cause {
+                // Its own message is SQLite's error, which follows as its cause.
+                rusqlite::Error::SqliteFailure(code, _) => rusqlite::Error::SqliteFailure(
+                    *code,
+                    Some(format!("reading {}", file.display())),
+                ),
+                _ => return Error::DiskFull(cause),
+            };
+            Error::DiskFull(Arc::new(named))
+        }
+        Error::Io { context, source } => Error::Io {
+            context: format!("{context} (reading {})", file.display()),
+            source,
+        },
+        other => other,
+    }
 }
 
 /// The stamp and the stored text of a session's entry.

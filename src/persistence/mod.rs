@@ -995,34 +995,78 @@ impl Root {
     }
 
     /// Ids of every session under the root, sorted: folders holding a `session.sqlite`,
-    /// also one that is not a regular file (a symlink, a folder) and a folder this process
-    /// may not look into, which every open then refuses, so `list` reports it as skipped
-    /// instead of passing over it. Staging, trash and other dot-entries are never listed.
+    /// also one that is not a regular file (a symlink, a folder), a folder this process
+    /// may not look into and a symlink named like a session (never followed), which every
+    /// open then refuses, so `list` reports it as skipped instead of passing over it.
+    /// Staging, trash and other dot-entries are never listed, nor names that are not
+    /// UTF-8 (`list` reports those as skipped).
     ///
     /// # Errors
     /// [`Error::Io`] when the root cannot be read.
     pub fn list_ids(&self) -> Result<Vec<SessionId>> {
-        let entries = std::fs::read_dir(&self.inner.path)
-            .map_err(|e| Error::io(format!("read {}", self.inner.path.display()), e))?;
-        let mut ids = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|e| Error::io("read root entry", e))?;
-            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
-                continue;
-            };
-            if name.starts_with('.') || !entry.file_type().is_ok_and(|t| t.is_dir()) {
-                continue;
-            }
-            if let Ok(id) = SessionId::new(name)
-                && std::fs::symlink_metadata(entry.path().join(SESSION_FILE)).map_or_else(
-                    |e| e.kind() == std::io::ErrorKind::PermissionDenied,
-                    |_| true,
-                )
-            {
-                ids.push(id);
-            }
-        }
+        let mut ids: Vec<SessionId> = self
+            .session_names()?
+            .into_iter()
+            .filter_map(|name| SessionId::new(name.into_string().ok()?).ok())
+            .collect();
         ids.sort();
         Ok(ids)
+    }
+
+    /// The session folders (and symlinks) of the root whose names are not UTF-8, so no
+    /// command can name them: each as skipped, "name is not UTF-8", under its name with
+    /// the undecodable bytes as U+FFFD (no id of a session), sorted, those after `after`
+    /// only.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the root cannot be read.
+    pub(crate) fn undecodable_sessions(&self, after: &str) -> Result<Vec<SkippedSession>> {
+        let mut out: Vec<SkippedSession> = self
+            .session_names()?
+            .into_iter()
+            .filter(|name| name.to_str().is_none())
+            .filter_map(|name| {
+                let id = SessionId::new(name.to_string_lossy()).ok()?;
+                let error = Error::invalid(format!(
+                    "{} is not a session: name is not UTF-8",
+                    self.inner.path.join(&name).display()
+                ));
+                (id.as_str() > after).then(|| SkippedSession {
+                    session_id: id,
+                    error: Arc::new(error),
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a.session_id.cmp(&b.session_id));
+        Ok(out)
+    }
+
+    /// Names of the root's entries that are sessions or claim to be: folders holding a
+    /// `session.sqlite` (or that this process may not look into) and symlinks, not
+    /// followed; dot-entries left out.
+    fn session_names(&self) -> Result<Vec<std::ffi::OsString>> {
+        let entries = std::fs::read_dir(&self.inner.path)
+            .map_err(|e| Error::io(format!("read {}", self.inner.path.display()), e))?;
+        let mut names = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io("read root entry", e))?;
+            let name = entry.file_name();
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            if name.as_encoded_bytes().starts_with(b".") {
+                continue;
+            }
+            let session = kind.is_symlink()
+                || (kind.is_dir()
+                    && std::fs::symlink_metadata(entry.path().join(SESSION_FILE)).map_or_else(
+                        |e| e.kind() == std::io::ErrorKind::PermissionDenied,
+                        |_| true,
+                    ));
+            if session {
+                names.push(name);
+            }
+        }
+        Ok(names)
     }
 }

@@ -147,7 +147,8 @@ impl Root {
     /// to be deleted) when the root folder cannot be written, naming it and the system's
     /// reason (a read-only file system, no permission), before anything is deleted: every
     /// deletion would fail alike. A session's own failure is reported in
-    /// [`GcReport::failed`] and the others go on.
+    /// [`GcReport::failed`] and the others go on; a folder whose name is not UTF-8 is in
+    /// [`GcReport::kept`].
     pub fn gc(&self, options: &GcOptions) -> Result<GcReport> {
         let older_ms = i64::try_from(options.older_than.as_millis()).unwrap_or(i64::MAX);
         let cutoff_ms = now_ms().saturating_sub(older_ms);
@@ -221,6 +222,13 @@ impl Root {
                 Err(e) => report.failed.push(keep(e.to_string())),
             }
         }
+        // No command can name them: kept, and said so.
+        report
+            .kept
+            .extend(self.undecodable_sessions("")?.into_iter().map(|s| GcKept {
+                session_id: s.session_id,
+                reason: s.error.to_string(),
+            }));
         Ok(report)
     }
 }

@@ -49,18 +49,49 @@ pub struct DependentFork {
     pub through_seq: u64,
 }
 
+/// A stored session id (always a query's first column).
 fn session_id(value: String) -> rusqlite::Result<SessionId> {
-    SessionId::new(value).map_err(|e| {
-        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
-    })
+    let why = format!("{} is not a valid session id", crate::error::quoted(&value));
+    SessionId::new(value).map_err(|_| undecodable(0, Type::Text, why))
+}
+
+/// What reading a row of `table` (its query's `columns`, in order) failed with: a value
+/// that cannot be decoded in plain words, [`Error::Corrupt`] naming the column and what it
+/// holds (`header.session_id "../x" is not a valid session id`, `lease.pid holds text,
+/// not the type of that column`), not rusqlite's wording; any other error as it is.
+fn undecodable_in(table: &str, columns: &str, e: rusqlite::Error) -> Error {
+    let column = |i: usize| {
+        columns
+            .split(',')
+            .nth(i)
+            .map_or_else(|| format!("column {i}"), |c| c.trim().to_owned())
+    };
+    let what = match &e {
+        rusqlite::Error::FromSqlConversionFailure(i, _, why) => {
+            format!("{table}.{} {why}", column(*i))
+        }
+        rusqlite::Error::InvalidColumnType(_, name, kind) => format!(
+            "{table}.{name} holds {}, not the type of that column",
+            kind.to_string().to_lowercase()
+        ),
+        rusqlite::Error::IntegralValueOutOfRange(i, v) => {
+            format!("{table}.{} holds {v}, out of its range", column(*i))
+        }
+        rusqlite::Error::Utf8Error(i, _) => {
+            format!("{table}.{} holds text that is not UTF-8", column(*i))
+        }
+        _ => return e.into(),
+    };
+    Error::corrupt(what)
 }
 
 /// The header row.
 pub(crate) fn read_header(conn: &Connection) -> Result<Header> {
+    const COLUMNS: &str =
+        "session_id, codec, created_at, cwd, parent_id, origin, provenance, inherited_events";
     let row = conn
         .query_row(
-            "SELECT session_id, codec, created_at, cwd, parent_id, origin, provenance, inherited_events
-             FROM header WHERE singleton = 1",
+            &format!("SELECT {COLUMNS} FROM header WHERE singleton = 1"),
             [],
             |r| {
                 Ok((
@@ -75,7 +106,8 @@ pub(crate) fn read_header(conn: &Connection) -> Result<Header> {
                 ))
             },
         )
-        .optional()?
+        .optional()
+        .map_err(|e| undecodable_in("header", COLUMNS, e))?
         .ok_or_else(|| Error::corrupt("header row is missing"))?;
     let (session_id, codec, created_at_ms, cwd, parent, origin, provenance, inherited_events) = row;
     if codec != CODEC {
@@ -118,7 +150,8 @@ pub(crate) fn read_lineage(conn: &Connection) -> Result<Vec<LineageEntry>> {
             through_seq: r.get(2)?,
         })
     })?;
-    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+    rows.collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(|e| undecodable_in("lineage", "ancestor_id, after_seq, through_seq", e))
 }
 
 /// The lineage rows of the session file `file`, read without opening its ancestors (a
@@ -144,7 +177,8 @@ pub(crate) fn read_dependents(conn: &Connection) -> Result<Vec<DependentFork>> {
             through_seq: r.get(1)?,
         })
     })?;
-    Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+    rows.collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(|e| undecodable_in("dependents", "child_id, through_seq", e))
 }
 
 const TURN_COLUMNS: &str =
@@ -819,8 +853,9 @@ pub(crate) fn last_own_seq(conn: &Connection) -> Result<Option<u64>> {
 
 /// The lease row as an owner record.
 pub(crate) fn read_lease(conn: &Connection) -> Result<WriterOwner> {
+    const COLUMNS: &str = "owner_id, host_id, pid, generation, acquired_at";
     conn.query_row(
-        "SELECT owner_id, host_id, pid, generation, acquired_at FROM lease WHERE singleton = 1",
+        &format!("SELECT {COLUMNS} FROM lease WHERE singleton = 1"),
         [],
         |r| {
             Ok(WriterOwner {
@@ -832,7 +867,8 @@ pub(crate) fn read_lease(conn: &Connection) -> Result<WriterOwner> {
             })
         },
     )
-    .optional()?
+    .optional()
+    .map_err(|e| undecodable_in("lease", COLUMNS, e))?
     .ok_or_else(|| Error::corrupt("lease row is missing"))
 }
 

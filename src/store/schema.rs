@@ -191,6 +191,10 @@ pub(crate) fn open_no_follow(path: &Path) -> std::io::Result<std::fs::File> {
 pub(crate) fn check_session_dir(dir: &Path) -> Result<()> {
     match std::fs::symlink_metadata(dir) {
         Ok(m) if m.is_dir() => check_file(&dir.join(SESSION_FILE)),
+        Ok(m) if m.is_symlink() => Err(Error::invalid(format!(
+            "{} is a symlink; sessions are folders of the root; refused",
+            dir.display()
+        ))),
         Ok(_) => Err(Error::invalid(format!(
             "{} is not a directory of the root (a symlink or another file); refused",
             dir.display()
