@@ -862,7 +862,7 @@ impl Catalog {
         if after.is_some() {
             listing.skipped.clear();
         } else {
-            listing.skipped.extend(root.undecodable_sessions("")?);
+            listing.skipped.extend(root.undecodable_sessions()?);
         }
         Ok(listing)
     }
@@ -984,9 +984,11 @@ impl Catalog {
                 listing
             }
         };
-        listing
-            .skipped
-            .extend(root.undecodable_sessions(after.unwrap_or(""))?);
+        // On the first page, as the filtered listing reports them: a later page stays
+        // a page of the catalog, without a read of the whole root folder.
+        if after.is_none() {
+            listing.skipped.extend(root.undecodable_sessions()?);
+        }
         Ok(listing)
     }
 
@@ -1066,7 +1068,7 @@ impl Catalog {
                 Computed::Unreadable(s) => skipped.push(s),
             }
         }
-        skipped.extend(root.undecodable_sessions("")?);
+        skipped.extend(root.undecodable_sessions()?);
         self.with_conn(root, |c| {
             let tx = c.unchecked_transaction()?;
             tx.execute("DELETE FROM sessions", [])?;

@@ -1005,7 +1005,7 @@ impl Root {
     /// [`Error::Io`] when the root cannot be read.
     pub fn list_ids(&self) -> Result<Vec<SessionId>> {
         let mut ids: Vec<SessionId> = self
-            .session_names()?
+            .session_names(|name| name.to_str().is_some())?
             .into_iter()
             .filter_map(|name| SessionId::new(name.into_string().ok()?).ok())
             .collect();
@@ -1015,23 +1015,22 @@ impl Root {
 
     /// The session folders (and symlinks) of the root whose names are not UTF-8, so no
     /// command can name them: each as skipped, "name is not UTF-8", under its name with
-    /// the undecodable bytes as U+FFFD (no id of a session), sorted, those after `after`
-    /// only.
+    /// the undecodable bytes as U+FFFD (no id of a session), sorted. One read of the root
+    /// folder; only such names are looked into.
     ///
     /// # Errors
     /// [`Error::Io`] when the root cannot be read.
-    pub(crate) fn undecodable_sessions(&self, after: &str) -> Result<Vec<SkippedSession>> {
+    pub(crate) fn undecodable_sessions(&self) -> Result<Vec<SkippedSession>> {
         let mut out: Vec<SkippedSession> = self
-            .session_names()?
+            .session_names(|name| name.to_str().is_none())?
             .into_iter()
-            .filter(|name| name.to_str().is_none())
             .filter_map(|name| {
                 let id = SessionId::new(name.to_string_lossy()).ok()?;
                 let error = Error::invalid(format!(
                     "{} is not a session: name is not UTF-8",
                     self.inner.path.join(&name).display()
                 ));
-                (id.as_str() > after).then(|| SkippedSession {
+                Some(SkippedSession {
                     session_id: id,
                     error: Arc::new(error),
                 })
@@ -1041,10 +1040,13 @@ impl Root {
         Ok(out)
     }
 
-    /// Names of the root's entries that are sessions or claim to be: folders holding a
-    /// `session.sqlite` (or that this process may not look into) and symlinks, not
-    /// followed; dot-entries left out.
-    fn session_names(&self) -> Result<Vec<std::ffi::OsString>> {
+    /// Names of the root's entries that are sessions or claim to be, among those `wanted`
+    /// (asked before anything is looked into): folders holding a `session.sqlite` (or that
+    /// this process may not look into) and symlinks, not followed; dot-entries left out.
+    fn session_names(
+        &self,
+        wanted: impl Fn(&std::ffi::OsStr) -> bool,
+    ) -> Result<Vec<std::ffi::OsString>> {
         let entries = std::fs::read_dir(&self.inner.path)
             .map_err(|e| Error::io(format!("read {}", self.inner.path.display()), e))?;
         let mut names = Vec::new();
@@ -1054,7 +1056,7 @@ impl Root {
             let Ok(kind) = entry.file_type() else {
                 continue;
             };
-            if name.as_encoded_bytes().starts_with(b".") {
+            if name.as_encoded_bytes().starts_with(b".") || !wanted(&name) {
                 continue;
             }
             let session = kind.is_symlink()

@@ -225,7 +225,7 @@ impl Root {
         // No command can name them: kept, and said so.
         report
             .kept
-            .extend(self.undecodable_sessions("")?.into_iter().map(|s| GcKept {
+            .extend(self.undecodable_sessions()?.into_iter().map(|s| GcKept {
                 session_id: s.session_id,
                 reason: s.error.to_string(),
             }));
