@@ -1475,3 +1475,39 @@ async fn runtime_errors_name_their_session() {
         "{err:?}"
     );
 }
+
+/// `shutdown` (and `close_all`) return the first error only, naming one session: a host
+/// learns every runtime left open from `open_sessions`. With one session bound and another
+/// running an execution, shutdown answered `RuntimeBound` and nothing said the busy one was
+/// left open too (its writer lock held, still accepting appends).
+#[tokio::test]
+async fn shutdown_leaves_bound_and_busy_runtimes_listed_in_open_sessions() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (service, bound) = service_with_session(dir.path(), "sd0").await;
+    let (service, busy) = with_session(service, "sd1").await;
+    let (service, idle) = with_session(service, "sd2").await;
+    assert_eq!(
+        service.open_sessions(),
+        vec![bound.clone(), busy.clone(), idle.clone()]
+    );
+    let binding = service.open(&bound).await.expect("open");
+    let exec = service
+        .runtime(&busy)
+        .expect("runtime")
+        .bind_execution("model")
+        .expect("bind");
+    let err = within("shutdown", service.shutdown()).await.unwrap_err();
+    assert!(
+        matches!(err, Error::RuntimeBound(_) | Error::RuntimeBusy(_)),
+        "{err:?}"
+    );
+    assert_eq!(service.open_sessions(), vec![bound.clone(), busy.clone()]);
+    // Once let go, the runtimes left close after the shutdown.
+    binding.release().await.expect("release");
+    exec.finish();
+    within("close_all", service.close_all())
+        .await
+        .expect("close_all");
+    assert_eq!(service.open_sessions(), Vec::<SessionRef>::new());
+    assert!(service.root().open_writer(&id("sd1")).is_ok());
+}

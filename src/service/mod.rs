@@ -570,10 +570,23 @@ impl Service {
         .await
     }
 
-    /// Closes every runtime; bound or busy ones stay registered and are reported.
+    /// The sessions whose runtime is open in this service, as of now, sorted by id: each
+    /// published runtime and each one a close is draining. After [`Service::close_all`] or
+    /// [`Service::shutdown`] returns an error, these are the runtimes it left open (still
+    /// accepting appends and holding their writer locks); release their bindings or end
+    /// their executions and close them again.
+    pub fn open_sessions(&self) -> Vec<SessionRef> {
+        let mut ids: Vec<SessionId> = self.live_runtimes().into_keys().collect();
+        ids.sort();
+        ids.into_iter().map(|id| self.session_ref(id)).collect()
+    }
+
+    /// Closes every runtime; a bound or busy one stays open and registered (as
+    /// [`Service::close`] leaves it): [`Service::open_sessions`] lists those left.
     ///
     /// # Errors
-    /// The first error met (after trying every runtime).
+    /// The first error met, after trying every runtime; it names one session only, so
+    /// call [`Service::open_sessions`] for every runtime left open.
     pub async fn close_all(&self) -> Result<()> {
         let refs: Vec<SessionRef> = self
             .registry()
@@ -594,10 +607,12 @@ impl Service {
     /// `prepare_create`, `publish`, `open`, `fork`, `rewind`, `rename` and
     /// `continue_legacy` of it and its clones return [`Error::Closed`]); an open or close
     /// under way is waited for, then every runtime is closed (use before removing the
-    /// root). Queries, `export` and `import` still answer.
+    /// root). Queries, `export` and `import` still answer. A bound or busy runtime stays
+    /// open ([`Service::open_sessions`] lists those left); `close` and `close_all` still
+    /// close them once their bindings are released and their executions have ended.
     ///
     /// # Errors
-    /// As [`Service::close_all`].
+    /// As [`Service::close_all`]: the first error met, naming one session only.
     pub async fn shutdown(&self) -> Result<()> {
         loop {
             let notified = {
