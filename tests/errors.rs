@@ -464,13 +464,15 @@ fn closed_fenced_and_poisoned_sessions_need_a_reopen() {
         .expect("append");
     again.close().expect("close");
 
-    // A clean close, then an append: Closed.
+    // A clean close, then an append: Closed, saying so of the session (it said "session
+    // runtime is closed" of a plain writer, which has no runtime).
     let t = create(&root, "closed");
     t.close().expect("close");
     let e = t
         .append(Batch::new("op", vec![title("late")]))
         .expect_err("closed");
     assert!(matches!(e, Error::Closed), "{e:?}");
+    assert_eq!(e.to_string(), "session is closed");
     assert_eq!(classes(&e), ["needs_reopen"]);
     root.open_writer(&id("closed"))
         .expect("reopens")

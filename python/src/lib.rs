@@ -211,7 +211,7 @@ fn to_py(py: Python<'_>, e: Error) -> PyErr {
 
 /// [`to_py`] of an error of a call on session `session`: the errors whose message does not
 /// say which session they are of (a closed or fenced writer, a failed write, a damaged
-/// file) name it first, `session ID: …`; "session runtime is closed" named none, and a
+/// file) name it first, `session ID: …`; "session is closed" names none, and a
 /// host of many sessions (an agents `Runner`, a LangGraph server) could not tell which. A
 /// writer owned by another is named by the library, by the id of the store (which an
 /// adapter may have mapped): it is named so by the caller's name too.
@@ -255,7 +255,7 @@ fn to_py_with(py: Python<'_>, e: Error, msg: String) -> PyErr {
         Error::UnsupportedVersion { .. } => UnsupportedVersion::new_err(msg),
         Error::Corrupt { .. } => Corrupt::new_err(msg),
         Error::Internal { .. } => InternalError::new_err(msg),
-        Error::Closed => Closed::new_err(msg),
+        Error::Closed | Error::ServiceShutDown => Closed::new_err(msg),
         Error::StaleGeneration { .. } => StaleGeneration::new_err(msg),
         Error::Poisoned(_) => Poisoned::new_err(msg),
         Error::PersistenceFailed(_) => PersistenceFailed::new_err(msg),
