@@ -243,11 +243,14 @@ fn to_py_with(py: Python<'_>, e: Error, msg: String) -> PyErr {
     // An OS error of a full disk or quota met outside SQLite (a writer open recording its
     // owner): the library calls it retryable, as SQLite's own full disk.
     let io_disk_full = matches!(e, Error::Io { .. }) && e.is_retryable();
+    let not_found = e.is_not_found();
     match e {
         Error::InvalidInput { .. } => new_err(py, invalid_input_class, msg),
         Error::InvalidPayload { .. } => new_err(py, invalid_payload_class, msg),
         Error::OperationConflict { .. } => new_err(py, operation_conflict_class, msg),
         Error::SessionNotFound(_) => new_err(py, not_found_class, msg),
+        // Nothing at a path the caller named (a file to import or verify).
+        Error::Io { .. } if not_found => new_err(py, not_found_class, msg),
         Error::SessionExists(_) | Error::InTheWay { .. } | Error::DestinationExists(_) => {
             new_err(py, already_exists_class, msg)
         }
