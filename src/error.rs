@@ -158,8 +158,12 @@ pub enum Error {
         /// a blob that does not decompress.
         source: Option<std::sync::Arc<dyn std::error::Error + Send + Sync>>,
     },
-    /// The session was closed; it accepts nothing more.
+    /// The session (a writer, a runtime, a prepared runtime) was closed; it accepts
+    /// nothing more.
     Closed,
+    /// The [`Service`](crate::Service) was shut down: it opens, creates and publishes
+    /// nothing more (a new service over the root does).
+    ServiceShutDown,
     /// Another writer took the lease: this handle is fenced off.
     StaleGeneration {
         /// The generation this handle holds.
@@ -252,7 +256,10 @@ impl fmt::Display for Error {
                 write!(f, "corrupt session store: {what}")?;
                 with_cause(f, source)
             }
-            Error::Closed => f.write_str("session runtime is closed"),
+            Error::Closed => f.write_str("session is closed"),
+            Error::ServiceShutDown => f.write_str(
+                "the service is shut down: it opens, creates and publishes nothing more",
+            ),
             Error::StaleGeneration { ours, current } => write!(
                 f,
                 "stale writer generation {ours}: the lease is now at {current}"

@@ -90,6 +90,37 @@ fn a_missing_session_or_folder_is_not_found() {
     assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
 }
 
+/// `import`, `verify_file` and `replay_file` of a path with nothing there name the path
+/// as a file, not a session (they said "session /x/gone.export not found"): the OS error
+/// "No such file or directory" is the typed source, `is_not_found` (CLI exit 3), and
+/// nothing is imported.
+#[test]
+fn a_missing_file_to_import_or_verify_is_named_as_a_path() {
+    let (dir, root) = temp_root();
+    let missing = dir.path().join("gone.export");
+    for e in [
+        root.import(&missing, session_store::ImportOptions::default())
+            .expect_err("nothing to import"),
+        session_store::verify_file(&missing).expect_err("nothing to verify"),
+        session_store::replay_file(&missing).expect_err("nothing to replay"),
+    ] {
+        assert_eq!(classes(&e), ["not_found"], "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{}: No such file or directory (os error 2)",
+                missing.display()
+            )
+        );
+        let io = e
+            .source()
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .expect("the io::Error is the source");
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+    }
+    assert!(root.list_ids().expect("ids").is_empty());
+}
+
 #[test]
 fn a_taken_name_is_already_exists() {
     let (_dir, root) = temp_root();
@@ -504,13 +535,15 @@ fn closed_fenced_and_poisoned_sessions_need_a_reopen() {
         .expect("append");
     again.close().expect("close");
 
-    // A clean close, then an append: Closed.
+    // A clean close, then an append: Closed, saying so of the session (it said "session
+    // runtime is closed" of a plain writer, which has no runtime).
     let t = create(&root, "closed");
     t.close().expect("close");
     let e = t
         .append(Batch::new("op", vec![title("late")]))
         .expect_err("closed");
     assert!(matches!(e, Error::Closed), "{e:?}");
+    assert_eq!(e.to_string(), "session is closed");
     assert_eq!(classes(&e), ["needs_reopen"]);
     root.open_writer(&id("closed"))
         .expect("reopens")

@@ -1365,7 +1365,8 @@ async fn an_open_after_a_failed_close_binds_a_runtime_that_appends() {
 }
 
 /// `shutdown` stops the service, as its doc says: `create`, `prepare_create`, `open`, `fork`
-/// and `rename` then answer `Closed` and create nothing (a `create` after it used to make
+/// and `rename` then answer `ServiceShutDown` (they answered `Closed`, "session runtime is
+/// closed", naming nothing) and create nothing (a `create` after it used to make
 /// and publish a session that held its writer lock until the service was dropped), and a
 /// `create` racing it (50 rounds) ends before it returns: no writer lock is held after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1382,17 +1383,24 @@ async fn shutdown_stops_the_service_and_leaves_no_writer() {
         .expect("shutdown");
     let clone = service.clone();
     let created = clone.create(CreateOptions::with_id(id("late"))).await;
-    assert!(matches!(created, Err(Error::Closed)), "{created:?}");
+    let stopped = |what: &str, e: Option<Error>| {
+        let e = e.unwrap_or_else(|| panic!("{what} succeeded after shutdown"));
+        assert!(matches!(e, Error::ServiceShutDown), "{what}: {e:?}");
+        assert_eq!(
+            e.to_string(),
+            "the service is shut down: it opens, creates and publishes nothing more",
+            "{what}"
+        );
+        assert_eq!(classes(&e), "", "{what}");
+    };
+    stopped("create", created.err());
     let prepared = service
         .prepare_create(CreateOptions::with_id(id("late")))
         .await;
-    assert!(matches!(prepared, Err(Error::Closed)), "{prepared:?}");
-    let opened = service.open(&r).await;
-    assert!(matches!(opened, Err(Error::Closed)), "{opened:?}");
-    let forked = service.fork(&r, "t1", None).await;
-    assert!(matches!(forked, Err(Error::Closed)), "{forked:?}");
-    let renamed = service.rename(&r, "new title").await;
-    assert!(matches!(renamed, Err(Error::Closed)), "{renamed:?}");
+    stopped("prepare_create", prepared.err());
+    stopped("open", service.open(&r).await.err());
+    stopped("fork", service.fork(&r, "t1", None).await.err());
+    stopped("rename", service.rename(&r, "new title").await.err());
     let root = service.root().clone();
     assert_eq!(root.list_ids().expect("ids"), vec![id("kept")]);
     // Queries still answer.
@@ -1474,4 +1482,40 @@ async fn runtime_errors_name_their_session() {
         matches!(err, Error::SessionNotRunning(ref id) if id == "chat-7-never"),
         "{err:?}"
     );
+}
+
+/// `shutdown` (and `close_all`) return the first error only, naming one session: a host
+/// learns every runtime left open from `open_sessions`. With one session bound and another
+/// running an execution, shutdown answered `RuntimeBound` and nothing said the busy one was
+/// left open too (its writer lock held, still accepting appends).
+#[tokio::test]
+async fn shutdown_leaves_bound_and_busy_runtimes_listed_in_open_sessions() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (service, bound) = service_with_session(dir.path(), "sd0").await;
+    let (service, busy) = with_session(service, "sd1").await;
+    let (service, idle) = with_session(service, "sd2").await;
+    assert_eq!(
+        service.open_sessions(),
+        vec![bound.clone(), busy.clone(), idle.clone()]
+    );
+    let binding = service.open(&bound).await.expect("open");
+    let exec = service
+        .runtime(&busy)
+        .expect("runtime")
+        .bind_execution("model")
+        .expect("bind");
+    let err = within("shutdown", service.shutdown()).await.unwrap_err();
+    assert!(
+        matches!(err, Error::RuntimeBound(_) | Error::RuntimeBusy(_)),
+        "{err:?}"
+    );
+    assert_eq!(service.open_sessions(), vec![bound.clone(), busy.clone()]);
+    // Once let go, the runtimes left close after the shutdown.
+    binding.release().await.expect("release");
+    exec.finish();
+    within("close_all", service.close_all())
+        .await
+        .expect("close_all");
+    assert_eq!(service.open_sessions(), Vec::<SessionRef>::new());
+    assert!(service.root().open_writer(&id("sd1")).is_ok());
 }

@@ -221,7 +221,8 @@ def _fspath(path: PathLike) -> str:
 def _about_file(path: PathLike, error: SessionStoreError) -> SessionStoreError:
     """``error``, raised by a native call given ``path`` (a file or folder to verify or
     import), saying what it is of: a :class:`NotFound` with nothing at ``path`` says so of
-    the path (the native message called it a session, ``session /x not found``); a
+    the path, in words of its own (the native message is the OS's, ``/x: No such file or
+    directory (os error 2)``; it called the path a session, ``session /x not found``); a
     :class:`Corrupt` or :class:`UnsupportedVersion` names the path first (``corrupt session
     store: SQLite reports: file is not a database`` named no file)."""
     text = os.fsdecode(path)

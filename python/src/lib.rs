@@ -211,7 +211,7 @@ fn to_py(py: Python<'_>, e: Error) -> PyErr {
 
 /// [`to_py`] of an error of a call on session `session`: the errors whose message does not
 /// say which session they are of (a closed or fenced writer, a failed write, a damaged
-/// file) name it first, `session ID: …`; "session runtime is closed" named none, and a
+/// file) name it first, `session ID: …`; "session is closed" names none, and a
 /// host of many sessions (an agents `Runner`, a LangGraph server) could not tell which. A
 /// writer owned by another is named by the library, by the id of the store (which an
 /// adapter may have mapped): it is named so by the caller's name too.
@@ -243,11 +243,14 @@ fn to_py_with(py: Python<'_>, e: Error, msg: String) -> PyErr {
     // An OS error of a full disk or quota met outside SQLite (a writer open recording its
     // owner): the library calls it retryable, as SQLite's own full disk.
     let io_disk_full = matches!(e, Error::Io { .. }) && e.is_retryable();
+    let not_found = e.is_not_found();
     match e {
         Error::InvalidInput { .. } => new_err(py, invalid_input_class, msg),
         Error::InvalidPayload { .. } => new_err(py, invalid_payload_class, msg),
         Error::OperationConflict { .. } => new_err(py, operation_conflict_class, msg),
         Error::SessionNotFound(_) => new_err(py, not_found_class, msg),
+        // Nothing at a path the caller named (a file to import or verify).
+        Error::Io { .. } if not_found => new_err(py, not_found_class, msg),
         Error::SessionExists(_) | Error::InTheWay { .. } | Error::DestinationExists(_) => {
             new_err(py, already_exists_class, msg)
         }
@@ -255,7 +258,7 @@ fn to_py_with(py: Python<'_>, e: Error, msg: String) -> PyErr {
         Error::UnsupportedVersion { .. } => UnsupportedVersion::new_err(msg),
         Error::Corrupt { .. } => Corrupt::new_err(msg),
         Error::Internal { .. } => InternalError::new_err(msg),
-        Error::Closed => Closed::new_err(msg),
+        Error::Closed | Error::ServiceShutDown => Closed::new_err(msg),
         Error::StaleGeneration { .. } => StaleGeneration::new_err(msg),
         Error::Poisoned(_) => Poisoned::new_err(msg),
         Error::PersistenceFailed(_) => PersistenceFailed::new_err(msg),

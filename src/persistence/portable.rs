@@ -278,8 +278,9 @@ impl Root {
     /// inherited range was materialised).
     ///
     /// # Errors
-    /// [`Error::SessionExists`] when the target id is taken; [`Error::SessionNotFound`]
-    /// naming the path when nothing is there (also a folder without a `session.sqlite`);
+    /// [`Error::SessionExists`] when the target id is taken; [`Error::Io`] of kind
+    /// `NotFound` naming the path when nothing is there, [`Error::SessionNotFound`] for a
+    /// folder without a `session.sqlite` (both [`Error::is_not_found`]);
     /// [`Error::Corrupt`] or [`Error::UnsupportedVersion`] for a bad file;
     /// [`Error::InvalidInput`] for a file that is not self-contained, one with a hot journal
     /// beside it (see [`replay_file`](crate::replay_file)), or a path that is neither a

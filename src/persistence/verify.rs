@@ -205,13 +205,14 @@ pub(crate) struct Target {
 /// ever created beside a user's file.
 ///
 /// # Errors
-/// [`Error::SessionNotFound`] for a missing path; [`Error::InvalidInput`] for anything but
-/// a folder or a regular file (a FIFO is refused before it is opened, so nothing blocks),
-/// or a session file with a symlink beside it.
+/// [`Error::Io`] of kind `NotFound` for a path with nothing there ("PATH: No such file or
+/// directory": a path, not a session; [`Error::is_not_found`]); [`Error::InvalidInput`]
+/// for anything but a folder or a regular file (a FIFO is refused before it is opened, so
+/// nothing blocks), or a session file with a symlink beside it.
 pub(crate) fn resolve_target(path: &Path) -> Result<Target> {
     let resolved = std::fs::canonicalize(path).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
-            Error::SessionNotFound(path.display().to_string())
+            Error::io(path.display().to_string(), e)
         } else {
             Error::io(format!("resolve {}", path.display()), e)
         }
@@ -340,9 +341,9 @@ fn validate_each(
 /// Keeps every commit in memory; [`verify_file`] makes the same checks in bounded memory.
 ///
 /// # Errors
-/// [`Error::Corrupt`] naming the first problem; [`Error::SessionNotFound`] for a missing file;
-/// [`Error::InvalidInput`] for a path that is neither a folder nor a regular file, and for
-/// a file with a hot journal beside it (a write that did not finish, which a read cannot
+/// [`Error::Corrupt`] naming the first problem; [`Error::Io`] of kind `NotFound` naming a
+/// missing path ([`Error::is_not_found`]); [`Error::InvalidInput`] for a path that is
+/// neither a folder nor a regular file, and for a file with a hot journal beside it (a write that did not finish, which a read cannot
 /// roll back; the message says how to).
 pub fn replay_file(path: impl AsRef<Path>) -> Result<ReplayReport> {
     let (mut commits, mut transcript) = (Vec::new(), Vec::new());

@@ -237,7 +237,7 @@ impl Service {
     /// Creates a session whose runtime is usable but not visible until published.
     ///
     /// # Errors
-    /// [`Error::SessionExists`]; [`Error::Closed`] after [`Service::shutdown`] (nothing
+    /// [`Error::SessionExists`]; [`Error::ServiceShutDown`] after [`Service::shutdown`] (nothing
     /// created); storage errors.
     pub async fn prepare_create(&self, options: CreateOptions) -> Result<PreparedRuntime> {
         self.check_running()?;
@@ -257,8 +257,9 @@ impl Service {
     /// # Errors
     /// [`Error::InvalidInput`] for one another service prepared (its session is in that
     /// service's root, under its host id); [`Error::SessionExists`] when another runtime
-    /// is active for the session; [`Error::Closed`] for a discarded one, a published
-    /// one closed since, or one not yet published when the service was shut down.
+    /// is active for the session; [`Error::Closed`] for a discarded one or a published
+    /// one closed since; [`Error::ServiceShutDown`] for one not yet published when the
+    /// service was shut down.
     pub fn publish(&self, prepared: &PreparedRuntime) -> Result<Runtime> {
         if !self.prepared_here(prepared) {
             return Err(Error::invalid(format!(
@@ -281,7 +282,7 @@ impl Service {
         let id = prepared.runtime.session_ref().session_id.clone();
         let mut reg = self.registry();
         if reg.stopped {
-            return Err(Error::Closed);
+            return Err(Error::ServiceShutDown);
         }
         if reg.active.contains_key(&id) {
             return Err(Error::SessionExists(id.to_string()));
@@ -360,7 +361,7 @@ impl Service {
     /// another process, or a handle of this one outside this service's registry (a
     /// [`Root::open_writer`] session, a [`Service::prepare_create`] not yet published,
     /// another `Service` over the same root); the error of the retried close when it
-    /// fails again (e.g. [`Error::DiskFull`]); [`Error::Closed`] after [`Service::shutdown`].
+    /// fails again (e.g. [`Error::DiskFull`]); [`Error::ServiceShutDown`] after [`Service::shutdown`].
     pub async fn open(&self, r: &SessionRef) -> Result<ClientBinding> {
         loop {
             let runtime = self.open_runtime(r).await?;
@@ -428,13 +429,13 @@ impl Service {
     /// the caller opens the session and ends with [`Service::install`].
     ///
     /// # Errors
-    /// [`Error::Closed`] once the service is shut down.
+    /// [`Error::ServiceShutDown`] once the service is shut down.
     async fn reserve(&self, id: &SessionId) -> Result<Option<Runtime>> {
         loop {
             let notified = {
                 let mut reg = self.registry();
                 if reg.stopped {
-                    return Err(Error::Closed);
+                    return Err(Error::ServiceShutDown);
                 }
                 if let Some(rt) = reg.active.get(id) {
                     return Ok(Some(rt.clone()));
@@ -570,10 +571,23 @@ impl Service {
         .await
     }
 
-    /// Closes every runtime; bound or busy ones stay registered and are reported.
+    /// The sessions whose runtime is open in this service, as of now, sorted by id: each
+    /// published runtime and each one a close is draining. After [`Service::close_all`] or
+    /// [`Service::shutdown`] returns an error, these are the runtimes it left open (still
+    /// accepting appends and holding their writer locks); release their bindings or end
+    /// their executions and close them again.
+    pub fn open_sessions(&self) -> Vec<SessionRef> {
+        let mut ids: Vec<SessionId> = self.live_runtimes().into_keys().collect();
+        ids.sort();
+        ids.into_iter().map(|id| self.session_ref(id)).collect()
+    }
+
+    /// Closes every runtime; a bound or busy one stays open and registered (as
+    /// [`Service::close`] leaves it): [`Service::open_sessions`] lists those left.
     ///
     /// # Errors
-    /// The first error met (after trying every runtime).
+    /// The first error met, after trying every runtime; it names one session only, so
+    /// call [`Service::open_sessions`] for every runtime left open.
     pub async fn close_all(&self) -> Result<()> {
         let refs: Vec<SessionRef> = self
             .registry()
@@ -592,12 +606,14 @@ impl Service {
 
     /// Stops the service: from now on it opens, creates and publishes nothing (`create`,
     /// `prepare_create`, `publish`, `open`, `fork`, `rewind`, `rename` and
-    /// `continue_legacy` of it and its clones return [`Error::Closed`]); an open or close
+    /// `continue_legacy` of it and its clones return [`Error::ServiceShutDown`]); an open or close
     /// under way is waited for, then every runtime is closed (use before removing the
-    /// root). Queries, `export` and `import` still answer.
+    /// root). Queries, `export` and `import` still answer. A bound or busy runtime stays
+    /// open ([`Service::open_sessions`] lists those left); `close` and `close_all` still
+    /// close them once their bindings are released and their executions have ended.
     ///
     /// # Errors
-    /// As [`Service::close_all`].
+    /// As [`Service::close_all`]: the first error met, naming one session only.
     pub async fn shutdown(&self) -> Result<()> {
         loop {
             let notified = {
@@ -613,10 +629,10 @@ impl Service {
         self.close_all().await
     }
 
-    /// [`Error::Closed`] once the service is shut down.
+    /// [`Error::ServiceShutDown`] once the service is shut down.
     fn check_running(&self) -> Result<()> {
         if self.registry().stopped {
-            return Err(Error::Closed);
+            return Err(Error::ServiceShutDown);
         }
         Ok(())
     }
@@ -722,7 +738,7 @@ impl Service {
         {
             let mut reg = self.registry();
             if reg.stopped {
-                return Err(Error::Closed);
+                return Err(Error::ServiceShutDown);
             }
             if reg.active.contains_key(&child) || !reg.preparing.insert(child.clone()) {
                 return Err(Error::SessionExists(child.to_string()));
@@ -751,7 +767,7 @@ impl Service {
     /// a turn it accepted is there to cut at.
     ///
     /// # Errors
-    /// As [`Root::fork`]; [`Error::Closed`] after [`Service::shutdown`].
+    /// As [`Root::fork`]; [`Error::ServiceShutDown`] after [`Service::shutdown`].
     pub async fn fork(
         &self,
         r: &SessionRef,
@@ -767,7 +783,7 @@ impl Service {
     /// a turn it accepted is there to cut at.
     ///
     /// # Errors
-    /// As [`Root::fork`]; [`Error::Closed`] after [`Service::shutdown`].
+    /// As [`Root::fork`]; [`Error::ServiceShutDown`] after [`Service::shutdown`].
     pub async fn rewind(
         &self,
         r: &SessionRef,
@@ -839,11 +855,11 @@ impl Service {
                     Ok(None) => break true,
                     // Shut down: nothing opens here any more, only a runtime left bound or
                     // busy by `shutdown` may still be registered.
-                    Err(Error::Closed) if service.runtime(&r).is_none() => break false,
+                    Err(Error::ServiceShutDown) if service.runtime(&r).is_none() => break false,
                     // Closed keeping the id reserved: an open racing the delete waits for
                     // it instead of opening the session again (which the delete would
                     // close again, round after round, before the open's binding counted).
-                    Ok(Some(_)) | Err(Error::Closed) => {
+                    Ok(Some(_)) | Err(Error::ServiceShutDown) => {
                         if service.close_keeping(&r, true).await? {
                             break true;
                         }
@@ -882,7 +898,7 @@ impl Service {
     /// [`Error::InvalidInput`] for a blank title, one holding NUL or one over 1,024 bytes;
     /// [`Error::SessionNotFound`];
     /// [`Error::WriterOwned`] when another process writes it; as [`Session::append`];
-    /// [`Error::Closed`] after [`Service::shutdown`].
+    /// [`Error::ServiceShutDown`] after [`Service::shutdown`].
     pub async fn rename(&self, r: &SessionRef, title: &str) -> Result<()> {
         self.check_ref(r)?;
         let (service, r, title) = (self.clone(), r.clone(), title.to_owned());
@@ -922,7 +938,7 @@ impl Service {
     /// # Errors
     /// [`Error::Io`] for an unreadable source; [`Error::InvalidInput`] for a line that is
     /// not a message or not UTF-8 (other than a torn last line), or a `head` that no
-    /// message has; [`Error::Closed`] after [`Service::shutdown`].
+    /// message has; [`Error::ServiceShutDown`] after [`Service::shutdown`].
     pub async fn continue_legacy(
         &self,
         source: impl AsRef<Path>,
