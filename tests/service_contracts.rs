@@ -999,6 +999,37 @@ async fn publish_after_the_published_runtime_closed_answers_closed() {
     service.shutdown().await.expect("shutdown");
 }
 
+/// `publish` of a prepared runtime published and then detached registers it again: the
+/// runtime it returns is the registered one (it was handed back as published while the
+/// registry knew nothing of it: `runtime(ref)` answered `None` and an open of the session
+/// `WriterOwned`, naming this process).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_after_a_detach_registers_the_runtime_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = service_in(dir.path());
+    let prepared = service
+        .prepare_create(CreateOptions::with_id(id("detached")))
+        .await
+        .expect("prepare");
+    let first = service.publish(&prepared).expect("publish");
+    let r = first.session_ref().clone();
+    assert!(service.detach(&first));
+    assert_eq!(service.runtime(&r), None);
+    let again = service.publish(&prepared).expect("publish after detach");
+    assert_eq!(again, first, "the same instance");
+    assert_eq!(service.runtime(&r).as_ref(), Some(&again), "registered");
+    let binding = within("open", service.open(&r)).await.expect("open");
+    assert_eq!(binding.runtime(), &again);
+    binding.release().await.expect("release");
+    // Detached and closed by its own session: `Closed`, nothing registered.
+    assert!(service.detach(&again));
+    again.session().close().expect("close the detached session");
+    let closed = service.publish(&prepared);
+    assert!(matches!(closed, Err(Error::Closed)), "{closed:?}");
+    assert_eq!(service.runtime(&r), None);
+    service.shutdown().await.expect("shutdown");
+}
+
 /// A prepared runtime is published or discarded only by the service that prepared it (or
 /// a clone), as upstream's `Publish` requires: another service (another host, another
 /// root) published it before, registering a session of the first root under its own

@@ -252,14 +252,17 @@ impl Service {
         })
     }
 
-    /// Publishes the exact prepared instance (idempotent while it stays published).
+    /// Publishes the exact prepared instance (idempotent while it stays published). One
+    /// [`Service::detach`]ed since it was published is registered again (it still holds
+    /// its writer): the runtime returned is always the one registered.
     ///
     /// # Errors
     /// [`Error::InvalidInput`] for one another service prepared (its session is in that
     /// service's root, under its host id); [`Error::SessionExists`] when another runtime
     /// is active for the session; [`Error::Closed`] for a discarded one or a published
-    /// one closed since; [`Error::ServiceShutDown`] for one not yet published when the
-    /// service was shut down.
+    /// one closed since (through the service, or its session's own close after a
+    /// detach); [`Error::ServiceShutDown`] for one not registered when the service was
+    /// shut down.
     pub fn publish(&self, prepared: &PreparedRuntime) -> Result<Runtime> {
         if !self.prepared_here(prepared) {
             return Err(Error::invalid(format!(
@@ -271,16 +274,23 @@ impl Service {
         if state.discarded.is_some() {
             return Err(Error::Closed);
         }
-        if state.published {
-            // Closed through the service since: no longer published (its session refuses
-            // appends); handing it back as published would hide that.
-            if prepared.runtime.phase() == RuntimePhase::Closed {
-                return Err(Error::Closed);
-            }
-            return Ok(prepared.runtime.clone());
+        // Closed since it was published (through the service, or by its session's own
+        // close after a detach): its session refuses appends; handing it back as
+        // published would hide that.
+        if state.published
+            && (prepared.runtime.phase() == RuntimePhase::Closed
+                || prepared.runtime.session().close_began())
+        {
+            return Err(Error::Closed);
         }
         let id = prepared.runtime.session_ref().session_id.clone();
         let mut reg = self.registry();
+        // Still registered: the idempotent case. Published once and detached since, it is
+        // registered again below (it used to be handed back as published while the
+        // registry knew nothing of it: `runtime(ref)` answered `None`, opens `WriterOwned`).
+        if reg.active.get(&id) == Some(&prepared.runtime) {
+            return Ok(prepared.runtime.clone());
+        }
         if reg.stopped {
             return Err(Error::ServiceShutDown);
         }
