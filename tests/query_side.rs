@@ -480,7 +480,8 @@ async fn the_catalog_indexes_its_sorted_orders() {
 }
 
 /// A caller's `after` beyond any sequence SQLite can hold (the Python `events(after=2**63)`,
-/// `observe` with `u64::MAX`) is an empty page, and such a sequence no commit boundary
+/// `observe` with `u64::MAX`) is an empty page of `commits`, a cursor `observe` refuses as
+/// past the session's end, and such a sequence no commit boundary
 /// (`SessionReader::is_commit_boundary`), not an SQLite conversion error.
 #[tokio::test]
 async fn commits_after_a_sequence_beyond_sqlite_integers_are_an_empty_page() {
@@ -494,9 +495,11 @@ async fn commits_after_a_sequence_beyond_sqlite_integers_are_an_empty_page() {
     let r = service.session_ref(id("e"));
     for after in [i64::MAX as u64, i64::MAX as u64 + 1, u64::MAX] {
         assert!(reader.commits(after, 10).unwrap().is_empty(), "{after}");
-        let page = service.query().observe(&r, after, 10).await.unwrap();
-        assert!(page.events.commits.is_empty(), "{after}");
-        assert!(!page.events.truncated, "{after}");
+        let past = service.query().observe(&r, after, 10).await;
+        assert!(
+            matches!(past, Err(Error::InvalidInput { ref what, .. }) if what.contains("past the last sequence 1")),
+            "{after}: {past:?}"
+        );
         // No commit ends there ("sqlite: out of range integral type conversion
         // attempted" before, for the two past `i64::MAX`).
         assert!(!reader.is_commit_boundary(after).unwrap(), "{after}");
@@ -504,6 +507,43 @@ async fn commits_after_a_sequence_beyond_sqlite_integers_are_an_empty_page() {
     // The edge below still reads the log.
     assert_eq!(reader.commits(0, 10).unwrap().len(), 1);
     assert!(reader.is_commit_boundary(1).unwrap());
+}
+
+/// `observe` with a cursor past the session's last sequence is refused, as a history
+/// cursor newer than the session is: it answered an empty page whose `next` was that
+/// cursor, and an observer going on from it skipped the session's next commits (here the
+/// commit a detached runtime accepted and never made durable: its sequence is taken again
+/// by the next writer's first commit). The last sequence itself is an empty page.
+#[tokio::test]
+async fn observe_refuses_a_cursor_past_the_last_sequence() {
+    let (_dir, service) = service();
+    let rt = service
+        .create(CreateOptions::with_id(id("past")))
+        .await
+        .unwrap();
+    let r = rt.session_ref().clone();
+    rt.session()
+        .append(Batch::new("a", vec![message("m1", "user", "hi")]))
+        .unwrap();
+    let live = service.query().observe(&r, 0, 10).await.unwrap();
+    assert_eq!(live.events.next, 1);
+    let end = service.query().observe(&r, 1, 10).await.unwrap();
+    assert!(end.events.commits.is_empty());
+    assert_eq!(end.events.next, 1);
+    assert!(!end.events.truncated);
+    let past = service.query().observe(&r, 2, 10).await;
+    assert!(
+        matches!(past, Err(Error::InvalidInput { ref what, .. })
+            if what == "observe cursor 2 is past the last sequence 1 of session past"),
+        "{past:?}"
+    );
+    // Detached before its commit was durable (upstream's seed): cold, the session ends at 0.
+    assert!(service.detach(&rt));
+    let cold = service.query().observe(&r, 0, 10).await.unwrap();
+    assert!(cold.events.commits.is_empty() && cold.events.next == 0);
+    let cold = service.query().observe(&r, 1, 10).await;
+    assert!(matches!(cold, Err(Error::InvalidInput { .. })), "{cold:?}");
+    rt.session().close().unwrap();
 }
 
 /// `observe` with a limit of 0 gives the default page (100 commits), as `list` and

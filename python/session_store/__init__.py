@@ -673,7 +673,8 @@ class Root:
     @_native_args
     def events(self, session_id: str, after: int = 0, limit: int = 1000) -> dict[str, Any]:
         """Durable commits after sequence ``after``, at most ``limit`` (0 for 100, at most
-        1000, else :class:`InvalidInput`): ``{"commits", "next", "truncated"}``."""
+        1000, else :class:`InvalidInput`): ``{"commits", "next", "truncated"}``. An
+        ``after`` past the session's last sequence is :class:`InvalidInput`."""
         return _json_object(self._native.events(session_id, after, limit))
 
     @_native_args

@@ -534,11 +534,15 @@ impl SessionQuery {
     /// Commits after `cursor`, at most `limit` (0 = 100, max 1000, as the other pages: 0
     /// is the default page): accepted ones with the runtime's state when a runtime is
     /// attached, durable ones otherwise; a close or open under way is waited for, as in
-    /// [`SessionQuery::history`].
+    /// [`SessionQuery::history`]. `cursor` is a sequence of the session: the last one
+    /// there is to observe (the accepted one live, the durable one cold) answers an empty
+    /// page whose `next` is that sequence.
     ///
     /// # Errors
-    /// [`Error::InvalidInput`] for a limit over 1000; [`Error::SessionNotFound`]; read
-    /// errors.
+    /// [`Error::InvalidInput`] for a limit over 1000, or a cursor past the session's last
+    /// sequence (as a history cursor newer than the session: one of another session, or
+    /// of commits accepted live and lost before they were durable, whose sequences the
+    /// session's next commits take again); [`Error::SessionNotFound`]; read errors.
     pub async fn observe(
         &self,
         r: &SessionRef,
@@ -579,6 +583,13 @@ impl SessionQuery {
                     (None, end, commits)
                 }
             };
+            // Answered with an empty page, it came back as `next`: an observer went on
+            // after a sequence the session has not reached and skipped its next commits.
+            if cursor > end {
+                return Err(Error::invalid(format!(
+                    "observe cursor {cursor} is past the last sequence {end} of session {id}"
+                )));
+            }
             let mut truncated = commits.len() > limit;
             commits.truncate(limit);
             let next = commits.last().map_or(cursor, |c| c.last_seq());
