@@ -1180,6 +1180,93 @@ fn a_sigkilled_writer_leaves_a_repairable_index() {
     assert!(written > 6, "the writer wrote {written} messages");
 }
 
+/// The message ids of the hits of `query` found by `session-store --json search` (a new
+/// process), one page of 100.
+fn cli_hit_ids(root: &std::path::Path, query: &str) -> BTreeSet<String> {
+    let out = cli_ok(root, &["--json", "search", query, "--limit", "100"]);
+    let page: serde_json::Value = serde_json::from_slice(&out).expect("json");
+    page["hits"]
+        .as_array()
+        .expect("hits")
+        .iter()
+        .map(|h| h["message_id"].as_str().expect("message id").to_owned())
+        .collect()
+}
+
+#[test]
+fn a_sigkilled_writers_last_commits_are_found_by_the_next_process_that_searches() {
+    let (_dir, root) = temp_root();
+    create(&root, "killed").close().expect("close");
+    // The index exists before the writer starts, so the writer keeps it current.
+    assert!(search_all(&root, "tally", SearchOptions::default()).is_empty());
+    let index = root.path().join(".catalog/search.sqlite");
+    let mut written = 0u64;
+    let mut behind = 0;
+    for round in 0..4 {
+        let mut child = spawn_role(
+            "search_writer_role",
+            &[
+                ("SS_ROOT", root.path().to_str().expect("utf-8")),
+                ("SS_ID", "killed"),
+                ("SS_START", &written.to_string()),
+            ],
+        );
+        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+        read_until(&mut out, "ready");
+        for _ in 0..8 {
+            read_until(&mut out, "durable ");
+        }
+        // Right after a drain: its commits wait out the index delay and are never indexed.
+        child.kill().expect("kill");
+        child.wait().expect("wait");
+        let info = root.stat(&id("killed")).expect("stat");
+        let indexed: u64 = sqlite3(
+            &index,
+            "SELECT indexed_seq FROM search_sessions WHERE session_id = 'killed'",
+        )
+        .trim()
+        .parse()
+        .expect("indexed_seq");
+        behind += usize::from(indexed < info.durable_sequence);
+        let transcript = {
+            let reader = root.open_reader(&id("killed")).expect("reader");
+            reader
+                .transcript(info.durable_sequence)
+                .expect("transcript")
+        };
+        written = transcript.len() as u64;
+        let expected: BTreeSet<String> = transcript.iter().map(|m| m.id().to_owned()).collect();
+        let last = format!("w{}", written - 1);
+        if round % 2 == 1 {
+            // This process searched before the kill: a search narrowed to the session
+            // meets it and catches it up.
+            let hits = search_all(
+                &root,
+                &format!("item{}", written - 1),
+                SearchOptions::default().with_session(id("killed")),
+            );
+            let ids: Vec<&str> = hits.iter().map(|h| h.message_id.as_str()).collect();
+            assert_eq!(ids, [last.as_str()], "round {round}: in this process");
+        }
+        // A new process searches: no writer opened, no rebuild.
+        assert_eq!(
+            cli_hit_ids(root.path(), &format!("item{}", written - 1)),
+            BTreeSet::from([last.clone()]),
+            "round {round}: the last durable message (seq {}, indexed {indexed})",
+            info.durable_sequence
+        );
+        if written <= 100 {
+            assert_eq!(cli_hit_ids(root.path(), "tally"), expected, "round {round}");
+        }
+        let after = root.stat(&id("killed")).expect("stat");
+        assert_eq!(
+            after.last_writer.generation, info.last_writer.generation,
+            "round {round}: the search opened no writer"
+        );
+    }
+    assert!(behind > 0, "no kill left the index behind the file");
+}
+
 #[test]
 fn cli_search_marks_snippets_on_a_terminal_only_and_follows_the_exit_codes() {
     let (_dir, root) = temp_root();

@@ -14,9 +14,12 @@ use crate::model::search::{SearchQuery, message_text, snippet};
 use crate::model::{SessionId, Snippet};
 use crate::persistence::Root;
 use crate::persistence::catalog::{CATALOG_DIR, SkippedSession, catalog_dir, unlink_files_at};
+use crate::store::lock;
 use crate::store::reader::SessionReader;
-use crate::store::schema::{self, SESSION_FILE};
-use crate::store::search::{IndexFilter, IndexHit, SEARCH_FILE, SEARCH_FILES, SearchIndex};
+use crate::store::schema::{self, LOCK_FILE, SESSION_FILE};
+use crate::store::search::{
+    IndexFilter, IndexHit, LockStamp, SEARCH_FILE, SEARCH_FILES, SearchIndex,
+};
 
 /// Default page of a search (each hit reads its message back for the snippet).
 const DEFAULT_SEARCH_LIMIT: usize = 10;
@@ -234,12 +237,91 @@ impl Root {
     /// read), a private one is built for this process ([`SearchIndex::open_private`]).
     /// An index whose fill never completed (the search that created it was killed while
     /// it filled it) is filled now: it used to stay empty but for what writers added.
+    /// At the first search of this process, sessions whose writer died since its last
+    /// index write are caught up ([`Root::catch_up_dead_writers`]).
     fn open_search_index(&self) -> Result<Arc<SearchIndex>> {
         let index = self.opened_search_index()?;
+        let first = index.first_search();
         if !index.is_filled()? {
             self.fill(&index)?;
+        } else if first {
+            self.catch_up_dead_writers(&index);
         }
         Ok(index)
+    }
+
+    /// Catches up every session of the root whose writer died
+    /// ([`Root::catch_up_if_writer_died`]): a writer SIGKILLed within the index delay
+    /// after a drain left commits in its file that no search found until the session's
+    /// next writer open or a rebuild. One read of the root folder and one `fstatat` of
+    /// each session's `writer.lock`; only a session whose lock file holds a record no
+    /// live writer holds is read. Best effort.
+    fn catch_up_dead_writers(&self, index: &SearchIndex) {
+        let (Ok(folder), Ok(entries)) = (open_folder(self.path()), std::fs::read_dir(self.path()))
+        else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(name) = name.to_str().filter(|name| !name.starts_with('.')) else {
+                continue;
+            };
+            if let Some(stamp) = lock_record_stamp(&folder, name)
+                && let Ok(id) = SessionId::new(name)
+            {
+                self.catch_up_if_writer_died(index, &id, stamp);
+            }
+        }
+    }
+
+    /// Catches session `id` up in the index when its last writer died: its `writer.lock`
+    /// holds a record (a writer clears it when it lets the lock go), nobody holds the
+    /// lock, and no search (of this process or an earlier one) caught the session up
+    /// since that record was written (`search_dead_writers`). A live writer indexes its own drains. `stamp` is the stamp of that record
+    /// ([`lock_record_stamp`]). Returns whether the index took anything new. Best effort.
+    fn catch_up_if_writer_died(
+        &self,
+        index: &SearchIndex,
+        id: &SessionId,
+        stamp: LockStamp,
+    ) -> bool {
+        if index.dead_writer_caught_up(id, stamp)
+            || lock::is_held(&self.session_dir(id).join(LOCK_FILE)).unwrap_or(true)
+        {
+            return false;
+        }
+        let Ok(reader) = self.open_reader(id) else {
+            return false;
+        };
+        match index.catch_up(&reader) {
+            Ok(wrote) => {
+                index.caught_up_dead_writer(id, stamp);
+                wrote
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Catches up the sessions a search meets (those of its hits, and the one it is
+    /// narrowed to) whose writer died since this process's first search
+    /// ([`Root::catch_up_if_writer_died`]); whether the index took anything new. One
+    /// `fstatat` per session.
+    fn catch_up_met_dead_writers<'a>(
+        &self,
+        index: &SearchIndex,
+        met: impl Iterator<Item = &'a SessionId>,
+    ) -> bool {
+        let Ok(folder) = open_folder(self.path()) else {
+            return false;
+        };
+        let mut met: Vec<&SessionId> = met.collect();
+        met.sort();
+        met.dedup();
+        met.into_iter().fold(false, |wrote, id| {
+            lock_record_stamp(&folder, id.as_str())
+                .is_some_and(|stamp| self.catch_up_if_writer_died(index, id, stamp))
+                | wrote
+        })
     }
 
     /// The search index, opened (created, replaced or private as
@@ -415,6 +497,15 @@ impl Root {
             limit: limit + 1,
         };
         let mut hits = index.search(&parsed.fts(), parsed.exact_phrase().as_deref(), &filter)?;
+        let met = hits
+            .iter()
+            .map(|h| &h.session_id)
+            .chain(options.session.as_ref());
+        if self.catch_up_met_dead_writers(&index, met) {
+            // A session met was behind its file (its writer died after a drain): the
+            // page is asked again with what the index took.
+            hits = index.search(&parsed.fts(), parsed.exact_phrase().as_deref(), &filter)?;
+        }
         let more = hits.len() > limit;
         hits.truncate(limit);
         let next = more
@@ -581,6 +672,34 @@ impl Root {
         };
         Ok((page, reindexed))
     }
+}
+
+/// The root folder `path`, open for `fstatat` relative to it.
+fn open_folder(path: &std::path::Path) -> Result<rustix::fd::OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    rustix::fs::open(path, flags, Mode::empty())
+        .map_err(|e| Error::io(format!("open {}", path.display()), e.into()))
+}
+
+/// The stamp of the `writer.lock` of the session folder `name` (in the root folder
+/// `folder`) when it holds a record, `None` when it is empty or missing (no writer, or one
+/// that let the lock go).
+fn lock_record_stamp(folder: &rustix::fd::OwnedFd, name: &str) -> Option<LockStamp> {
+    let st = rustix::fs::statat(
+        folder,
+        format!("{name}/{LOCK_FILE}"),
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .ok()?;
+    let size = u64::try_from(st.st_size).ok().filter(|&size| size > 0)?;
+    Some((
+        st.st_dev,
+        st.st_ino,
+        size,
+        st.st_mtime,
+        i64::try_from(st.st_mtime_nsec).ok()?,
+    ))
 }
 
 #[cfg(test)]

@@ -27,8 +27,12 @@
 //!   (a fork shows an inherited message unless a reset within what it inherits, or of its
 //!   own, came after it; one reset per session, its last, was kept before, so a fork cut
 //!   between two resets of its parent was said to show what the first one dropped).
+//! - `search_dead_writers`: for each session caught up after its writer died (killed
+//!   between a drain and its index write), the stamp of the record that writer left in
+//!   `writer.lock`, so the session is read for that writer once (`persistence::search`).
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
@@ -143,8 +147,22 @@ pub(crate) fn open_index(path: &Path) -> Result<Connection> {
             incremental_vacuum: true,
         },
     )?;
+    // Not in `SEARCH_SCHEMA`'s probe: an index made before it gets it here, not refilled.
+    conn.execute_batch(DEAD_WRITERS_SCHEMA)?;
     conn.busy_timeout(BUSY)?;
     Ok(conn)
+}
+
+/// `search_dead_writers`: for each session caught up after its writer died, the stamp of
+/// the record that writer left in `writer.lock` ([`LockStamp`], as text).
+const DEAD_WRITERS_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS search_dead_writers (
+    session_id TEXT PRIMARY KEY,
+    stamp      TEXT NOT NULL
+) WITHOUT ROWID;";
+
+/// A [`LockStamp`] as `search_dead_writers` keeps it.
+fn stamp_text((dev, ino, size, secs, nanos): LockStamp) -> String {
+    format!("{dev}:{ino}:{size}:{secs}.{nanos:09}")
 }
 
 /// A root's search index: a connection for index writes and one for searches (so a
@@ -159,7 +177,15 @@ pub(crate) struct SearchIndex {
     write: Mutex<Connection>,
     read: Mutex<Connection>,
     files: HitFiles,
+    /// Whether a search of this process has used the index yet
+    /// ([`SearchIndex::first_search`]).
+    searched: AtomicBool,
 }
+
+/// Device, inode, size and modification time (s, ns) of a session's `writer.lock` holding
+/// a record: a writer rewrites it when it takes the lock, so another writer's record has
+/// another stamp.
+pub(crate) type LockStamp = (u64, u64, u64, i64, i64);
 
 /// A root's search index once opened; shared by the root with its live sessions, which
 /// index each drain once it is set.
@@ -333,7 +359,39 @@ impl SearchIndex {
             write: Mutex::new(open_index(path)?),
             read: Mutex::new(open_index(path)?),
             files: HitFiles::new(kept_files()),
+            searched: AtomicBool::new(false),
         })
+    }
+
+    /// `true` the first time it is asked in this process (the first search of this
+    /// index), then `false`.
+    pub(crate) fn first_search(&self) -> bool {
+        !self.searched.swap(true, Ordering::AcqRel)
+    }
+
+    /// Whether session `id` was caught up since its dead writer left the record whose
+    /// stamp is `stamp` ([`SearchIndex::caught_up_dead_writer`]): that writer's commits
+    /// are in the index. `false` when this cannot be read.
+    pub(crate) fn dead_writer_caught_up(&self, id: &SessionId, stamp: LockStamp) -> bool {
+        let conn = lock(&self.read);
+        conn.prepare_cached("SELECT stamp FROM search_dead_writers WHERE session_id = ?1")
+            .and_then(|mut stmt| {
+                stmt.query_row(params![id.as_str()], |r| r.get::<_, String>(0))
+                    .optional()
+            })
+            .is_ok_and(|known| known.as_deref() == Some(stamp_text(stamp).as_str()))
+    }
+
+    /// Notes that session `id`, whose dead writer's record has `stamp`, was caught up, so
+    /// that no later search (of this process or another) reads the session for it again
+    /// until another writer records itself there. Best effort.
+    pub(crate) fn caught_up_dead_writer(&self, id: &SessionId, stamp: LockStamp) {
+        let conn = lock(&self.write);
+        let _ = conn
+            .prepare_cached(
+                "INSERT OR REPLACE INTO search_dead_writers (session_id, stamp) VALUES (?1, ?2)",
+            )
+            .and_then(|mut stmt| stmt.execute(params![id.as_str(), stamp_text(stamp)]));
     }
 
     /// A new, empty index of this process alone, in a folder of its own (mode 0700) under
@@ -403,7 +461,7 @@ impl SearchIndex {
         let Some((key, indexed)) = session_state(&tx, id)? else {
             drop(tx);
             drop(conn);
-            return self.catch_up(reader);
+            return self.catch_up(reader).map(drop);
         };
         if indexed >= last.commit.last_seq() {
             return Ok(());
@@ -411,7 +469,7 @@ impl SearchIndex {
         if first.commit.first_seq > indexed + 1 {
             drop(tx);
             drop(conn);
-            return self.catch_up(reader);
+            return self.catch_up(reader).map(drop);
         }
         let mut changes = Vec::new();
         for accepted in batch.iter().filter(|a| a.commit.first_seq > indexed) {
@@ -456,10 +514,11 @@ impl SearchIndex {
     /// does not know it (or when its lineage changed: an ancestor was deleted and its
     /// range copied into this file), then indexes what its own file holds after the last
     /// indexed sequence. Idempotent; a write that raced with it is caught up next time.
+    /// Returns whether it wrote anything to the index.
     ///
     /// # Errors
     /// Read errors of the session; SQLite errors of the index.
-    pub(crate) fn catch_up(&self, reader: &SessionReader) -> Result<()> {
+    pub(crate) fn catch_up(&self, reader: &SessionReader) -> Result<bool> {
         let id = &reader.header().session_id;
         let lineage = reader.lineage();
         let known = {
@@ -474,7 +533,7 @@ impl SearchIndex {
         let after = known.map_or(0, |(_, indexed)| indexed);
         let own = reader.own_changes(after)?;
         if known.is_some() && own.through <= after {
-            return Ok(());
+            return Ok(false);
         }
         let title = match known {
             None if own.titles.is_empty() => reader.inherited_title()?,
@@ -487,7 +546,7 @@ impl SearchIndex {
                 // Another writer of the index moved on meanwhile: leave it to the next
                 // catch-up rather than apply rows twice.
                 if session_state(&tx, id)? != Some((key, indexed)) {
-                    return Ok(());
+                    return Ok(false);
                 }
                 key
             }
@@ -497,7 +556,7 @@ impl SearchIndex {
         carry_titles(&tx, TitleScope::Session(key))?;
         set_indexed(&tx, key, own.through.max(reader.inherited_events()))?;
         tx.commit()?;
-        Ok(())
+        Ok(true)
     }
 
     /// Drops a session from the index (its FTS rows stay, dead, until a rebuild).
@@ -508,6 +567,8 @@ impl SearchIndex {
         let mut conn = lock(&self.write);
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         forget_in(&tx, id)?;
+        tx.prepare_cached("DELETE FROM search_dead_writers WHERE session_id = ?1")?
+            .execute([id.as_str()])?;
         tx.commit()?;
         Ok(())
     }
@@ -531,7 +592,7 @@ impl SearchIndex {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         tx.execute_batch(
             "DELETE FROM search_rows; DELETE FROM search_lineage; DELETE FROM search_sessions;
-             DELETE FROM search_resets;
+             DELETE FROM search_resets; DELETE FROM search_dead_writers;
              INSERT INTO search_text (search_text) VALUES ('delete-all');",
         )?;
         let mut count = 0;
