@@ -145,7 +145,8 @@ pub fn config_text(root: &Path, replica: &Replica) -> String {
          # (`session-store restore --all` reads it to find the sessions of the replica).\n\
          # Writers of this root must use CheckpointPolicy::LeaveToReplicator.\n\
          # Run it from an empty working folder (Litestream 0.5.17 may rescan its working\n\
-         # folder): cd EMPTY-DIR && litestream replicate -config <this file>\n\
+         # folder), without expanding $NAME in it (a path may hold a `$`):\n\
+         #   cd EMPTY-DIR && litestream replicate -no-expand-env -config <this file>\n\
          # (or `session-store replicate --run`, which does that).\n\
          # Restore: session-store restore --from {replica_url} --all --root DIR\n\
          dbs:\n  \
@@ -302,7 +303,8 @@ pub fn replicate(
         }
         outln!(
             "wrote the Litestream config for {} to {}; start it with `session-store replicate \
-             --run --config-out {2}`, or from an empty folder: litestream replicate -config {2}",
+             --run --config-out {2}`, or from an empty folder: litestream replicate -no-expand-env \
+             -config {2}",
             root_dir.display(),
             file.display(),
             super::shell_quote(&file)
@@ -320,10 +322,13 @@ pub fn replicate(
     // (relative paths it then refuses): give it an empty one.
     let cwd = root.confined_dir(LITESTREAM_CWD)?;
     let file = std::path::absolute(&file)?;
-    // Litestream takes over this process, so it receives the signals itself.
+    // Litestream takes over this process, so it receives the signals itself. It expands
+    // `$NAME` in its config unless told not to: a root or replica path holding a `$` named
+    // another folder (or none: "failed to scan directory").
     use std::os::unix::process::CommandExt;
     let error = Command::new(&bin)
         .arg("replicate")
+        .arg("-no-expand-env")
         .arg("-config")
         .arg(&file)
         .current_dir(&cwd)
