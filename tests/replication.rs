@@ -599,3 +599,76 @@ fn replicate_run_keeps_a_dollar_in_the_root_and_replica_paths() {
     let root = Root::open(&restored).unwrap();
     assert!(contents(&root, "alpha") == expected, "alpha differs");
 }
+
+/// A file replica whose path holds a character Litestream escapes in a file URL (a space,
+/// `#`, `%`, `?`, `"`, a non-ASCII letter) is refused by `replicate` and `restore` (exit 2,
+/// naming it), writing no config and making no root: Litestream wrote `rep 1` to the folder
+/// `rep%201` and `rep#1`'s sessions to `rep/ID/session.sqlite#1`, so `restore --all --from
+/// 'rep 1'` said "No such file or directory". A path of the characters it keeps still works.
+#[test]
+fn a_file_replica_path_litestream_would_rename_is_refused() {
+    let work = tempfile::tempdir().unwrap();
+    let root = work.path().join("root");
+    create(&Root::open(&root).unwrap(), "alpha")
+        .close()
+        .unwrap();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_session-store"))
+            .args(args)
+            .env("LITESTREAM_BIN", "/bin/true")
+            .output()
+            .unwrap()
+    };
+    let config = work.path().join("litestream.yml");
+    let root_arg = root.to_str().unwrap();
+    let config_arg = config.to_str().unwrap();
+    for name in ["rep 1", "rep#1", "rep%201", "rep?x", "rep\"1", "répliques"] {
+        let path = work.path().join(name).display().to_string();
+        for replica in [path.clone(), format!("file://{path}")] {
+            let out = run(&[
+                "--root",
+                root_arg,
+                "replicate",
+                "--replica",
+                &replica,
+                "--config-out",
+                config_arg,
+            ]);
+            assert_eq!(out.status.code(), Some(2), "{replica}: {}", text(&out));
+            assert!(
+                String::from_utf8_lossy(&out.stderr)
+                    .contains("which Litestream does not keep in a file replica's path"),
+                "{replica}: {}",
+                text(&out)
+            );
+            assert!(!config.exists(), "{replica}: a config was written");
+            let restored = work.path().join("restored");
+            let out = run(&[
+                "--root",
+                restored.to_str().unwrap(),
+                "restore",
+                "--from",
+                &replica,
+                "--all",
+            ]);
+            assert_eq!(out.status.code(), Some(2), "{replica}: {}", text(&out));
+            assert!(!restored.exists(), "{replica}: a root was made");
+        }
+    }
+    let kept = work.path().join("rep(1)+a@b,c=d~e");
+    let out = run(&[
+        "--root",
+        root_arg,
+        "replicate",
+        "--replica",
+        kept.to_str().unwrap(),
+        "--config-out",
+        config_arg,
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let yaml = std::fs::read_to_string(&config).unwrap();
+    assert!(
+        yaml.contains(&format!("url: \"file://{}\"", kept.display())),
+        "{yaml}"
+    );
+}

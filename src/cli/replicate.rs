@@ -59,7 +59,9 @@ impl Replica {
         let Some((scheme, rest)) = text.split_once("://") else {
             let path = std::path::absolute(text)
                 .map_err(|e| Failure::usage(format!("replica path {text:?}: {e}")))?;
-            return Self::parse(&format!("file://{}", path.display()));
+            let path = path.display().to_string();
+            check_file_path(text, &path)?;
+            return Self::parse(&format!("file://{path}"));
         };
         let (location, query) = match rest.find('?') {
             Some(at) => (&rest[..at], &rest[at..]),
@@ -68,7 +70,9 @@ impl Replica {
         let location = location.trim_end_matches('/');
         let scheme = match scheme.to_ascii_lowercase().as_str() {
             "file" => {
-                if !location.starts_with('/') || !query.is_empty() {
+                // A `?` is one of the characters refused: a file replica has no query.
+                check_file_path(text, rest)?;
+                if !location.starts_with('/') {
                     return Err(Failure::usage(format!(
                         "file replica {text:?} must be file:///ABSOLUTE/PATH"
                     )));
@@ -110,6 +114,25 @@ impl Replica {
     /// The folder of a file replica.
     fn dir(&self) -> Option<PathBuf> {
         (self.scheme == "file").then(|| PathBuf::from(&self.base["file://".len()..]))
+    }
+}
+
+/// Refuses a file replica's `path` (of the replica `text`) holding a character Go's URL
+/// parser, and so Litestream, does not keep as it is in a file URL: a space, `"`, `\`, `%`
+/// or a non-ASCII letter is escaped (`rep 1` became the folder `rep%201`) and `#` or `?`
+/// ends the path, so Litestream wrote the replica to a folder `restore` did not read.
+fn check_file_path(text: &str, path: &str) -> CliResult<()> {
+    const KEPT: &str = "/-._~!$&'()*+,;=:@[]";
+    match path
+        .chars()
+        .find(|c| !c.is_ascii_alphanumeric() && !KEPT.contains(*c))
+    {
+        None => Ok(()),
+        Some(c) => Err(Failure::usage(format!(
+            "file replica {text:?} holds {c:?}, which Litestream does not keep in a file \
+             replica's path (it would write to a folder of another name): use a folder whose \
+             path has only ASCII letters, digits and {KEPT}"
+        ))),
     }
 }
 
