@@ -650,6 +650,19 @@ fn run_as(prefix: &[&str], root: &Path, args: &[&str]) -> Output {
         .expect("spawn")
 }
 
+/// Lets everyone read and write `path` and, for a folder, everything in it.
+fn open_up(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = path.is_dir();
+    let mode = if dir { 0o777 } else { 0o666 };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    if dir {
+        for entry in std::fs::read_dir(path).expect("read dir") {
+            open_up(&entry.expect("entry").path());
+        }
+    }
+}
+
 /// A session file the user may not write (mode 0444, in folders they may write): `append`,
 /// `rename` and a `fork` of it (which records the fork in it) refuse it naming the file
 /// and the system's reason, exit 1, the file unchanged (SQLite opened it read-only and the
@@ -663,16 +676,6 @@ fn a_session_file_the_user_may_not_write_is_named_by_every_writer() {
     };
     let env = Env::new();
     env.session("a", 2);
-    fn open_up(path: &Path) {
-        let dir = path.is_dir();
-        let mode = if dir { 0o777 } else { 0o666 };
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
-        if dir {
-            for entry in std::fs::read_dir(path).expect("read dir") {
-                open_up(&entry.expect("entry").path());
-            }
-        }
-    }
     std::fs::set_permissions(env.work(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     open_up(&env.root);
     let file = env.file("a");
@@ -699,6 +702,53 @@ fn a_session_file_the_user_may_not_write_is_named_by_every_writer() {
             .status
             .success()
     );
+}
+
+/// A session file of an older schema (the committed schema-2 and schema-4 fixtures) the user
+/// may not write: `append`, `rename` and a `fork` of it, which would upgrade it, refuse it
+/// naming the file and the system's reason, exit 1, as for a current file (the upgrade's
+/// first write said "sqlite: attempt to write a readonly database", naming nothing); the
+/// file keeps its bytes and version, and reads still work.
+#[test]
+fn an_older_session_file_the_user_may_not_write_is_named_by_every_writer() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(prefix) = nobody_or_skip("an_older_session_file_the_user_may_not_write") else {
+        return;
+    };
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    for (set, version) in [("schema2", 2), ("schema4", 4)] {
+        let env = Env::new();
+        std::fs::set_permissions(env.work(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        common::copy_tree(&fixtures.join(set).join("root"), &env.root);
+        open_up(&env.root);
+        let batch = env.work().join("batch.jsonl");
+        std::fs::write(&batch, turn_line(9)).expect("write");
+        let batch = batch.to_str().expect("utf-8");
+        let file = env.file("chain-a");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o444)).expect("chmod");
+        let before = std::fs::read(&file).expect("read");
+        let named = format!("open {} for writing: Permission denied", file.display());
+        for args in [
+            &["append", "chain-a", "--file", batch][..],
+            &["rename", "chain-a", "new title"],
+            &["fork", "chain-a", "--after-turn", "a1", "--id", "f"],
+        ] {
+            let out = run_as(&prefix, &env.root, args);
+            let (_, stderr) = texts(&out);
+            assert_eq!(out.status.code(), Some(1), "{set} {args:?}: {stderr}");
+            assert!(stderr.contains(&named), "{set} {args:?}: {stderr}");
+        }
+        assert_eq!(std::fs::read(&file).expect("read"), before, "{set}");
+        assert!(!env.root.join("f").exists(), "{set}");
+        let out = run_as(&prefix, &env.root, &["verify", "chain-a"]);
+        assert!(out.status.success(), "{set}: {}", texts(&out).1);
+        let conn = rusqlite::Connection::open(&file).expect("open");
+        let stored: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .expect("version");
+        assert_eq!(stored, version, "{set}");
+    }
 }
 
 /// A user who can only read a root runs every read-only command: list (from the session

@@ -49,13 +49,21 @@ impl Replicator {
     fn start(bin: &Path, config: &Path, work: &Path) -> Replicator {
         let cwd = work.join("litestream-cwd");
         std::fs::create_dir_all(&cwd).unwrap();
-        let log = work.join("litestream.log");
-        let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(bin)
+        let mut command = Command::new(bin);
+        command
             .arg("replicate")
             .arg("-config")
             .arg(config)
-            .current_dir(&cwd)
+            .current_dir(&cwd);
+        Replicator::spawn(command, work)
+    }
+
+    /// Starts `command` (Litestream, or `session-store replicate --run`, which becomes it),
+    /// its stderr in `work/litestream.log`.
+    fn spawn(mut command: Command, work: &Path) -> Replicator {
+        let log = work.join("litestream.log");
+        let out = std::fs::File::create(&log).unwrap();
+        let child = command
             .stdout(Stdio::null())
             .stderr(out)
             .spawn()
@@ -536,5 +544,131 @@ fn replicated_root_still_behaves() {
         "replicated root behaved; close with the default policy {close_took:.1?}; \
          stop {stop:.1?}; whole test {:.1?}",
         started.elapsed()
+    );
+}
+
+/// `replicate --run` of a root and to a replica whose paths hold a `$`: Litestream expanded
+/// `$NAME` in the config it was given (`root$HOME` named another folder; it exited with
+/// "failed to scan directory" and replicated nothing); now it replicates them as written,
+/// and `restore --all` brings the session back.
+#[test]
+fn replicate_run_keeps_a_dollar_in_the_root_and_replica_paths() {
+    let Some(bin) = litestream() else { return };
+    let work = tempfile::tempdir().unwrap();
+    let root_dir = work.path().join("root$HOME");
+    let replica = work.path().join("replica$USER");
+    let root = replicated_root(&root_dir);
+    let s = create(&root, "alpha");
+    s.append(turn_with_blob("a1", "turn-1", "m-a1", 70))
+        .unwrap();
+    s.close().unwrap();
+    let expected = contents(&root, "alpha");
+    drop(root);
+
+    let mut command = Command::new(env!("CARGO_BIN_EXE_session-store"));
+    command
+        .env("LITESTREAM_BIN", &bin)
+        .arg("--root")
+        .arg(&root_dir)
+        .arg("replicate")
+        .arg("--replica")
+        .arg(&replica)
+        .arg("--run");
+    let mut litestream = Replicator::spawn(command, work.path());
+    wait_for("the replica of alpha", Duration::from_secs(20), || {
+        let exited = litestream.child.try_wait().unwrap();
+        assert!(exited.is_none(), "{exited:?}: {}", litestream.log_text());
+        replicated(&replica, "alpha")
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    litestream.stop();
+
+    let restored = work.path().join("restored");
+    let out = cli(
+        &bin,
+        &[
+            "--root",
+            restored.to_str().unwrap(),
+            "restore",
+            "--from",
+            replica.to_str().unwrap(),
+            "--all",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let root = Root::open(&restored).unwrap();
+    assert!(contents(&root, "alpha") == expected, "alpha differs");
+}
+
+/// A file replica whose path holds a character Litestream escapes in a file URL (a space,
+/// `#`, `%`, `?`, `"`, a non-ASCII letter) is refused by `replicate` and `restore` (exit 2,
+/// naming it), writing no config and making no root: Litestream wrote `rep 1` to the folder
+/// `rep%201` and `rep#1`'s sessions to `rep/ID/session.sqlite#1`, so `restore --all --from
+/// 'rep 1'` said "No such file or directory". A path of the characters it keeps still works.
+#[test]
+fn a_file_replica_path_litestream_would_rename_is_refused() {
+    let work = tempfile::tempdir().unwrap();
+    let root = work.path().join("root");
+    create(&Root::open(&root).unwrap(), "alpha")
+        .close()
+        .unwrap();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_session-store"))
+            .args(args)
+            .env("LITESTREAM_BIN", "/bin/true")
+            .output()
+            .unwrap()
+    };
+    let config = work.path().join("litestream.yml");
+    let root_arg = root.to_str().unwrap();
+    let config_arg = config.to_str().unwrap();
+    for name in ["rep 1", "rep#1", "rep%201", "rep?x", "rep\"1", "répliques"] {
+        let path = work.path().join(name).display().to_string();
+        for replica in [path.clone(), format!("file://{path}")] {
+            let out = run(&[
+                "--root",
+                root_arg,
+                "replicate",
+                "--replica",
+                &replica,
+                "--config-out",
+                config_arg,
+            ]);
+            assert_eq!(out.status.code(), Some(2), "{replica}: {}", text(&out));
+            assert!(
+                String::from_utf8_lossy(&out.stderr)
+                    .contains("which Litestream does not keep in a file replica's path"),
+                "{replica}: {}",
+                text(&out)
+            );
+            assert!(!config.exists(), "{replica}: a config was written");
+            let restored = work.path().join("restored");
+            let out = run(&[
+                "--root",
+                restored.to_str().unwrap(),
+                "restore",
+                "--from",
+                &replica,
+                "--all",
+            ]);
+            assert_eq!(out.status.code(), Some(2), "{replica}: {}", text(&out));
+            assert!(!restored.exists(), "{replica}: a root was made");
+        }
+    }
+    let kept = work.path().join("rep(1)+a@b,c=d~e");
+    let out = run(&[
+        "--root",
+        root_arg,
+        "replicate",
+        "--replica",
+        kept.to_str().unwrap(),
+        "--config-out",
+        config_arg,
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let yaml = std::fs::read_to_string(&config).unwrap();
+    assert!(
+        yaml.contains(&format!("url: \"file://{}\"", kept.display())),
+        "{yaml}"
     );
 }

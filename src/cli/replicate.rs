@@ -59,7 +59,9 @@ impl Replica {
         let Some((scheme, rest)) = text.split_once("://") else {
             let path = std::path::absolute(text)
                 .map_err(|e| Failure::usage(format!("replica path {text:?}: {e}")))?;
-            return Self::parse(&format!("file://{}", path.display()));
+            let path = path.display().to_string();
+            check_file_path(text, &path)?;
+            return Self::parse(&format!("file://{path}"));
         };
         let (location, query) = match rest.find('?') {
             Some(at) => (&rest[..at], &rest[at..]),
@@ -68,7 +70,9 @@ impl Replica {
         let location = location.trim_end_matches('/');
         let scheme = match scheme.to_ascii_lowercase().as_str() {
             "file" => {
-                if !location.starts_with('/') || !query.is_empty() {
+                // A `?` is one of the characters refused: a file replica has no query.
+                check_file_path(text, rest)?;
+                if !location.starts_with('/') {
                     return Err(Failure::usage(format!(
                         "file replica {text:?} must be file:///ABSOLUTE/PATH"
                     )));
@@ -113,6 +117,25 @@ impl Replica {
     }
 }
 
+/// Refuses a file replica's `path` (of the replica `text`) holding a character Go's URL
+/// parser, and so Litestream, does not keep as it is in a file URL: a space, `"`, `\`, `%`
+/// or a non-ASCII letter is escaped (`rep 1` became the folder `rep%201`) and `#` or `?`
+/// ends the path, so Litestream wrote the replica to a folder `restore` did not read.
+fn check_file_path(text: &str, path: &str) -> CliResult<()> {
+    const KEPT: &str = "/-._~!$&'()*+,;=:@[]";
+    match path
+        .chars()
+        .find(|c| !c.is_ascii_alphanumeric() && !KEPT.contains(*c))
+    {
+        None => Ok(()),
+        Some(c) => Err(Failure::usage(format!(
+            "file replica {text:?} holds {c:?}, which Litestream does not keep in a file \
+             replica's path (it would write to a folder of another name): use a folder whose \
+             path has only ASCII letters, digits and {KEPT}"
+        ))),
+    }
+}
+
 /// `s` as a double-quoted YAML scalar.
 fn yaml_string(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
@@ -145,7 +168,8 @@ pub fn config_text(root: &Path, replica: &Replica) -> String {
          # (`session-store restore --all` reads it to find the sessions of the replica).\n\
          # Writers of this root must use CheckpointPolicy::LeaveToReplicator.\n\
          # Run it from an empty working folder (Litestream 0.5.17 may rescan its working\n\
-         # folder): cd EMPTY-DIR && litestream replicate -config <this file>\n\
+         # folder), without expanding $NAME in it (a path may hold a `$`):\n\
+         #   cd EMPTY-DIR && litestream replicate -no-expand-env -config <this file>\n\
          # (or `session-store replicate --run`, which does that).\n\
          # Restore: session-store restore --from {replica_url} --all --root DIR\n\
          dbs:\n  \
@@ -302,7 +326,8 @@ pub fn replicate(
         }
         outln!(
             "wrote the Litestream config for {} to {}; start it with `session-store replicate \
-             --run --config-out {2}`, or from an empty folder: litestream replicate -config {2}",
+             --run --config-out {2}`, or from an empty folder: litestream replicate -no-expand-env \
+             -config {2}",
             root_dir.display(),
             file.display(),
             super::shell_quote(&file)
@@ -320,10 +345,13 @@ pub fn replicate(
     // (relative paths it then refuses): give it an empty one.
     let cwd = root.confined_dir(LITESTREAM_CWD)?;
     let file = std::path::absolute(&file)?;
-    // Litestream takes over this process, so it receives the signals itself.
+    // Litestream takes over this process, so it receives the signals itself. It expands
+    // `$NAME` in its config unless told not to: a root or replica path holding a `$` named
+    // another folder (or none: "failed to scan directory").
     use std::os::unix::process::CommandExt;
     let error = Command::new(&bin)
         .arg("replicate")
+        .arg("-no-expand-env")
         .arg("-config")
         .arg(&file)
         .current_dir(&cwd)

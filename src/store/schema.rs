@@ -324,7 +324,12 @@ pub(crate) fn open_writer(path: &Path, durability: Durability) -> Result<Connect
     )
     .map_err(|e| explain_cant_open(path, true, e.into()))?;
     harden(&conn)?;
-    check_format(&conn)?;
+    // An older file is upgraded here: one this process may not write is named as such
+    // (SQLite opened it read-only, and the migration's first write said "attempt to write
+    // a readonly database", naming nothing).
+    if check_format(&conn)? < SCHEMA_VERSION && conn.is_readonly(rusqlite::MAIN_DB)? {
+        return Err(not_writable(path));
+    }
     conn.pragma_update(None, "journal_mode", "WAL")?;
     migrations().to_latest(&mut conn)?;
     conn.pragma_update(None, "synchronous", durability.synchronous())?;
@@ -336,19 +341,22 @@ pub(crate) fn open_writer(path: &Path, durability: Durability) -> Result<Connect
 /// readonly database", naming nothing) is [`Error::Io`] naming it and the system's
 /// reason, before anything is written.
 pub(crate) fn open_writable(path: &Path, durability: Durability) -> Result<Connection> {
-    use rustix::fs::{Access, AtFlags, CWD, accessat};
     let conn = open_writer(path, durability)?;
     if conn.is_readonly(rusqlite::MAIN_DB)? {
-        let reason = match accessat(CWD, path, Access::WRITE_OK, AtFlags::EACCESS) {
-            Err(errno) => errno.into(),
-            Ok(()) => std::io::Error::from(std::io::ErrorKind::PermissionDenied),
-        };
-        return Err(Error::io(
-            format!("open {} for writing", path.display()),
-            reason,
-        ));
+        return Err(not_writable(path));
     }
     Ok(conn)
+}
+
+/// [`Error::Io`] naming the session file at `path`, which SQLite opened read-only, and the
+/// system's reason.
+fn not_writable(path: &Path) -> Error {
+    use rustix::fs::{Access, AtFlags, CWD, accessat};
+    let reason = match accessat(CWD, path, Access::WRITE_OK, AtFlags::EACCESS) {
+        Err(errno) => errno.into(),
+        Ok(()) => std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+    };
+    Error::io(format!("open {} for writing", path.display()), reason)
 }
 
 /// Flags of a connection that may create its file (never through a symlink).
@@ -615,8 +623,9 @@ fn live_beside(file: &Path) -> bool {
         .any(|s| std::fs::symlink_metadata(sidecar(file, s)).is_ok())
 }
 
-/// Refuses files that are not session files or are newer than this build.
-pub(crate) fn check_format(conn: &Connection) -> Result<()> {
+/// Refuses files that are not session files or are newer than this build; returns the
+/// file's schema version.
+pub(crate) fn check_format(conn: &Connection) -> Result<i64> {
     let app: i32 = conn
         .pragma_query_value(None, "application_id", |r| r.get(0))
         .map_err(Error::from)?;
@@ -636,7 +645,8 @@ pub(crate) fn check_format(conn: &Connection) -> Result<()> {
             "schema version {version} is not initialised"
         )));
     }
-    check_schema(conn, version)
+    check_schema(conn, version)?;
+    Ok(version)
 }
 
 /// One schema object: type, name, table, SQL text.
