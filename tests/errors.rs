@@ -91,32 +91,44 @@ fn a_missing_session_or_folder_is_not_found() {
 }
 
 /// `import`, `verify_file` and `replay_file` of a path with nothing there name the path
-/// as a file, not a session (they said "session /x/gone.export not found"): the OS error
-/// "No such file or directory" is the typed source, `is_not_found` (CLI exit 3), and
-/// nothing is imported.
+/// as a file, not a session (they said "session /x/gone.export not found"), and of a
+/// folder without a session file name the folder as such (they said "session
+/// DIR/session.sqlite not found", which only the CLI reworded): the OS error "No such
+/// file or directory" is the typed source, `is_not_found` (CLI exit 3), and nothing is
+/// imported.
 #[test]
 fn a_missing_file_to_import_or_verify_is_named_as_a_path() {
     let (dir, root) = temp_root();
     let missing = dir.path().join("gone.export");
-    for e in [
-        root.import(&missing, session_store::ImportOptions::default())
-            .expect_err("nothing to import"),
-        session_store::verify_file(&missing).expect_err("nothing to verify"),
-        session_store::replay_file(&missing).expect_err("nothing to replay"),
-    ] {
-        assert_eq!(classes(&e), ["not_found"], "{e:?}");
-        assert_eq!(
-            e.to_string(),
+    let folder = dir.path().join("plain-folder");
+    std::fs::create_dir(&folder).expect("mkdir");
+    for (path, said) in [
+        (&missing, format!("{}", missing.display())),
+        (
+            &folder,
             format!(
-                "{}: No such file or directory (os error 2)",
-                missing.display()
-            )
-        );
-        let io = e
-            .source()
-            .and_then(|s| s.downcast_ref::<std::io::Error>())
-            .expect("the io::Error is the source");
-        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+                "{} is a folder without a session file (session.sqlite)",
+                folder.display()
+            ),
+        ),
+    ] {
+        for e in [
+            root.import(path, session_store::ImportOptions::default())
+                .expect_err("nothing to import"),
+            session_store::verify_file(path).expect_err("nothing to verify"),
+            session_store::replay_file(path).expect_err("nothing to replay"),
+        ] {
+            assert_eq!(classes(&e), ["not_found"], "{e:?}");
+            assert_eq!(
+                e.to_string(),
+                format!("{said}: No such file or directory (os error 2)")
+            );
+            let io = e
+                .source()
+                .and_then(|s| s.downcast_ref::<std::io::Error>())
+                .expect("the io::Error is the source");
+            assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+        }
     }
     assert!(root.list_ids().expect("ids").is_empty());
 }
