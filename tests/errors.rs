@@ -91,32 +91,44 @@ fn a_missing_session_or_folder_is_not_found() {
 }
 
 /// `import`, `verify_file` and `replay_file` of a path with nothing there name the path
-/// as a file, not a session (they said "session /x/gone.export not found"): the OS error
-/// "No such file or directory" is the typed source, `is_not_found` (CLI exit 3), and
-/// nothing is imported.
+/// as a file, not a session (they said "session /x/gone.export not found"), and of a
+/// folder without a session file name the folder as such (they said "session
+/// DIR/session.sqlite not found", which only the CLI reworded): the OS error "No such
+/// file or directory" is the typed source, `is_not_found` (CLI exit 3), and nothing is
+/// imported.
 #[test]
 fn a_missing_file_to_import_or_verify_is_named_as_a_path() {
     let (dir, root) = temp_root();
     let missing = dir.path().join("gone.export");
-    for e in [
-        root.import(&missing, session_store::ImportOptions::default())
-            .expect_err("nothing to import"),
-        session_store::verify_file(&missing).expect_err("nothing to verify"),
-        session_store::replay_file(&missing).expect_err("nothing to replay"),
-    ] {
-        assert_eq!(classes(&e), ["not_found"], "{e:?}");
-        assert_eq!(
-            e.to_string(),
+    let folder = dir.path().join("plain-folder");
+    std::fs::create_dir(&folder).expect("mkdir");
+    for (path, said) in [
+        (&missing, format!("{}", missing.display())),
+        (
+            &folder,
             format!(
-                "{}: No such file or directory (os error 2)",
-                missing.display()
-            )
-        );
-        let io = e
-            .source()
-            .and_then(|s| s.downcast_ref::<std::io::Error>())
-            .expect("the io::Error is the source");
-        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+                "{} is a folder without a session file (session.sqlite)",
+                folder.display()
+            ),
+        ),
+    ] {
+        for e in [
+            root.import(path, session_store::ImportOptions::default())
+                .expect_err("nothing to import"),
+            session_store::verify_file(path).expect_err("nothing to verify"),
+            session_store::replay_file(path).expect_err("nothing to replay"),
+        ] {
+            assert_eq!(classes(&e), ["not_found"], "{e:?}");
+            assert_eq!(
+                e.to_string(),
+                format!("{said}: No such file or directory (os error 2)")
+            );
+            let io = e
+                .source()
+                .and_then(|s| s.downcast_ref::<std::io::Error>())
+                .expect("the io::Error is the source");
+            assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+        }
     }
     assert!(root.list_ids().expect("ids").is_empty());
 }
@@ -244,58 +256,42 @@ fn a_damaged_file_is_corrupt_and_a_newer_one_unsupported() {
     assert!(!root.session_dir(&id("imported")).exists());
 }
 
-/// A stored payload that is not JSON, and a row whose column does not decode, are corrupt
-/// with the lower-level error as the typed source (`serde_json::Error`, `rusqlite::Error`),
-/// the message ending with it once.
+/// A stored payload that is not JSON is corrupt with the `serde_json::Error` as the typed
+/// source, the message ending with it once.
 #[test]
 fn a_corrupt_row_has_its_decoding_error_as_source() {
     let (_dir, root) = temp_root();
-    for name in ["not-json", "not-a-number"] {
-        let s = create(&root, name);
-        s.append(Batch::new("t", vec![title("before the damage")]))
-            .expect("append");
-        let file = session_file(&s);
-        s.close().expect("close");
-        let sql = match name {
-            "not-json" => {
-                "UPDATE events SET payload = '{not json' WHERE kind = (SELECT code FROM event_kinds WHERE kind = 'session/title')"
-            }
-            _ => "UPDATE commits SET writer_generation = 'one'",
-        };
-        let conn = rusqlite::Connection::open(&file).expect("sqlite");
-        assert!(conn.execute(sql, []).expect(sql) > 0, "{sql}");
-        drop(conn);
+    let s = create(&root, "not-json");
+    s.append(Batch::new("t", vec![title("before the damage")]))
+        .expect("append");
+    let file = session_file(&s);
+    s.close().expect("close");
+    let sql = "UPDATE events SET payload = '{not json' WHERE kind = (SELECT code FROM event_kinds WHERE kind = 'session/title')";
+    let conn = rusqlite::Connection::open(&file).expect("sqlite");
+    assert!(conn.execute(sql, []).expect(sql) > 0, "{sql}");
+    drop(conn);
 
-        let e = root
-            .open_reader(&id(name))
-            .and_then(|r| r.all_commits())
-            .expect_err(name);
-        assert_eq!(classes(&e), ["corrupt"], "{name}: {e:?}");
-        let cause = e
-            .source()
-            .unwrap_or_else(|| panic!("{name}: no source: {e:?}"));
-        if name == "not-json" {
-            assert!(cause.is::<serde_json::Error>(), "{name}: {e:?}");
-            assert!(e.to_string().contains("payload is not JSON"), "{e}");
-        } else {
-            assert!(
-                matches!(
-                    cause.downcast_ref::<rusqlite::Error>(),
-                    Some(rusqlite::Error::InvalidColumnType(..))
-                ),
-                "{name}: {e:?}"
-            );
-        }
-        let text = cause.to_string();
-        assert_eq!(e.to_string().matches(&text).count(), 1, "{e}");
-        assert!(e.to_string().ends_with(&text), "{e}");
-    }
+    let e = root
+        .open_reader(&id("not-json"))
+        .and_then(|r| r.all_commits())
+        .expect_err("not json");
+    assert_eq!(classes(&e), ["corrupt"], "{e:?}");
+    let cause = e.source().unwrap_or_else(|| panic!("no source: {e:?}"));
+    assert!(cause.is::<serde_json::Error>(), "{e:?}");
+    assert!(e.to_string().contains("payload is not JSON"), "{e}");
+    let text = cause.to_string();
+    assert_eq!(e.to_string().matches(&text).count(), 1, "{e}");
+    assert!(e.to_string().ends_with(&text), "{e}");
 }
 
-/// A header, lease, lineage or dependents value that does not decode is corrupt in plain
-/// words: the table, the column and the value. It said rusqlite's "undecodable row:
+/// A header, lease, lineage, dependents, commits or events value that does not decode is
+/// corrupt in plain words: the session (the file, when its header is what does not
+/// decode), the table, the column and the value. It said rusqlite's "undecodable row:
 /// Conversion error from type Text at index: 0, invalid input: invalid session id …" and
-/// "Invalid column type Text at index: 2, name: pid".
+/// "Invalid column type Text at index: 2, name: pid", naming no session; the commits and
+/// events rows said so until session 28 ("undecodable row: Invalid column type Text at
+/// index: 6, name: writer_generation", "… Conversion error from type Blob at index: 8,
+/// commit row at 1 does not match its row hash").
 #[test]
 fn an_undecodable_header_or_lease_value_is_named_in_plain_words() {
     let (_dir, root) = temp_root();
@@ -303,17 +299,34 @@ fn an_undecodable_header_or_lease_value_is_named_in_plain_words() {
         (
             "bad-header",
             "UPDATE header SET session_id = '../x'",
-            "corrupt session store: header.session_id \"../x\" is not a valid session id",
+            "header.session_id \"../x\" is not a valid session id",
         ),
         (
             "bad-lease",
             "UPDATE lease SET pid = 'abc'",
-            "corrupt session store: lease.pid holds text, not the type of that column",
+            "session bad-lease: lease.pid holds text, not the type of that column",
         ),
         (
             "bad-lineage",
             "INSERT INTO lineage (ancestor_id, after_seq, through_seq) VALUES ('a/b', 0, 1)",
-            "corrupt session store: lineage.ancestor_id \"a/b\" is not a valid session id",
+            "session bad-lineage: lineage.ancestor_id \"a/b\" is not a valid session id",
+        ),
+        (
+            "bad-commit",
+            "UPDATE commits SET writer_generation = 'one'",
+            "session bad-commit: commits.writer_generation holds text, not the type of that \
+             column",
+        ),
+        (
+            "changed-commit",
+            "UPDATE commits SET created_at = created_at + 1",
+            "session changed-commit: commits.row_hash does not match the commit at 1 (the row \
+             was changed)",
+        ),
+        (
+            "bad-event",
+            "UPDATE events SET optional = 'no'",
+            "session bad-event: events.optional holds text, not the type of that column",
         ),
     ] {
         let s = durable_session(&root, name);
@@ -324,10 +337,14 @@ fn an_undecodable_header_or_lease_value_is_named_in_plain_words() {
         drop(conn);
         let e = root
             .open_reader(&id(name))
-            .and_then(|r| r.lease())
+            .and_then(|r| r.lease().and_then(|_| r.all_commits()))
             .map(drop)
             .expect_err(name);
         assert_eq!(classes(&e), ["corrupt"], "{name}: {e:?}");
+        let said = match name {
+            "bad-header" => format!("corrupt session store: file {}: {said}", file.display()),
+            _ => format!("corrupt session store: {said}"),
+        };
         assert_eq!(e.to_string(), said, "{name}");
     }
 }

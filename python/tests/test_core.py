@@ -295,6 +295,18 @@ def test_a_missing_file_is_named_as_a_file_not_a_session(root, tmp_path):
         with pytest.raises(NotFound) as e:
             call()
         assert str(e.value) == f"{missing}: no such file or folder"
+    # A folder without a session file: it said "session DIR/session.sqlite not found".
+    folder = tmp_path / "plain-folder"
+    folder.mkdir()
+    for call in (
+        lambda: session_store.verify(folder),
+        lambda: root.import_file(str(folder)),
+    ):
+        with pytest.raises(NotFound) as e:
+            call()
+        assert str(e.value).startswith(
+            f"{folder} is a folder without a session file (session.sqlite): "
+        )
     assert root.list()["sessions"] == []
 
 

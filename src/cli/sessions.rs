@@ -610,22 +610,6 @@ fn must_exist(path: &Path) -> CliResult<()> {
     Ok(())
 }
 
-/// Fails with status 3 when `path` is a folder without a session file: `import` and
-/// `verify` take a session's folder for its file, and said "session DIR/session.sqlite
-/// not found" (verify: "DIR is not sound") for any other folder.
-fn not_a_bare_folder(path: &Path) -> CliResult<()> {
-    if path.is_dir() && std::fs::symlink_metadata(path.join(SESSION_FILE)).is_err() {
-        return Err(Failure::with_code(
-            EXIT_NOT_FOUND,
-            format!(
-                "{} is a folder without a session file ({SESSION_FILE})",
-                path.display()
-            ),
-        ));
-    }
-    Ok(())
-}
-
 /// Fails with status 2 when `path` is `-`, which a user means as stdin or stdout, for a
 /// command that needs a file by its path (`does` says what it does with it): not a file
 /// named `-` in the current folder, which such a user would not look for (or would be
@@ -683,7 +667,6 @@ pub fn import(
 ) -> CliResult<()> {
     not_a_dash(file, "import reads a SQLite file in place, not stdin")?;
     must_exist(file)?;
-    not_a_bare_folder(file)?;
     let mut options = ImportOptions::default();
     options.session_id = new_id.map(session_id).transpose()?;
     options.cwd = cwd;
@@ -851,7 +834,6 @@ fn verify_target(cx: &Context, target: &Path) -> CliResult<(PathBuf, Option<Sess
     )?;
     let path = target.to_path_buf();
     if path.exists() {
-        not_a_bare_folder(&path)?;
         return Ok((path, None));
     }
     // Neither a file nor a session of the root: a root that is no folder, or none at all,
@@ -888,6 +870,11 @@ pub fn verify(cx: &Context, target: &Path) -> CliResult<()> {
             }
             // Only a damaged (or too new) file is "not sound": an error that kept the
             // file from being read (a full disk, a permission, I/O) says nothing of it.
+            // What is not there (a session, a folder's session file) is named by the
+            // library's own message.
+            if e.is_not_found() {
+                return Err(e.into());
+            }
             let what = if e.is_corrupt() || e.is_unsupported() {
                 format!("{} is not sound", path.display())
             } else {

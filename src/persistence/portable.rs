@@ -279,8 +279,9 @@ impl Root {
     ///
     /// # Errors
     /// [`Error::SessionExists`] when the target id is taken; [`Error::Io`] of kind
-    /// `NotFound` naming the path when nothing is there, [`Error::SessionNotFound`] for a
-    /// folder without a `session.sqlite` (both [`Error::is_not_found`]);
+    /// `NotFound` naming the path when nothing is there, or a folder without a
+    /// `session.sqlite` ("DIR is a folder without a session file (session.sqlite): …"),
+    /// [`Error::is_not_found`];
     /// [`Error::Corrupt`] or [`Error::UnsupportedVersion`] for a bad file;
     /// [`Error::InvalidInput`] for a file that is not self-contained, one with a hot journal
     /// beside it (see [`replay_file`](crate::replay_file)), or a path that is neither a

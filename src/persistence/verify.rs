@@ -206,7 +206,9 @@ pub(crate) struct Target {
 ///
 /// # Errors
 /// [`Error::Io`] of kind `NotFound` for a path with nothing there ("PATH: No such file or
-/// directory": a path, not a session; [`Error::is_not_found`]); [`Error::InvalidInput`]
+/// directory": a path, not a session; [`Error::is_not_found`]) and for a folder without a
+/// session file ("DIR is a folder without a session file (session.sqlite): …");
+/// [`Error::InvalidInput`]
 /// for anything but a folder or a regular file (a FIFO is refused before it is opened, so
 /// nothing blocks), or a session file with a symlink beside it.
 pub(crate) fn resolve_target(path: &Path) -> Result<Target> {
@@ -221,6 +223,18 @@ pub(crate) fn resolve_target(path: &Path) -> Result<Target> {
         .map_err(|e| Error::io(format!("stat {}", resolved.display()), e))?;
     if meta.is_dir() {
         let file = resolved.join(SESSION_FILE);
+        // Named as the folder given (it said "session DIR/session.sqlite not found").
+        if let Err(e) = std::fs::symlink_metadata(&file)
+            && schema::is_missing(&e)
+        {
+            return Err(Error::io(
+                format!(
+                    "{} is a folder without a session file ({SESSION_FILE})",
+                    path.display()
+                ),
+                e,
+            ));
+        }
         schema::check_file(&file)?;
         let root = resolved.parent().unwrap_or(&resolved).to_path_buf();
         let access = Access::for_root_file(&file);

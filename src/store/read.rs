@@ -55,16 +55,24 @@ fn session_id(value: String) -> rusqlite::Result<SessionId> {
     SessionId::new(value).map_err(|_| undecodable(0, Type::Text, why))
 }
 
-/// What reading a row of `table` (its query's `columns`, in order) failed with: a value
-/// that cannot be decoded in plain words, [`Error::Corrupt`] naming the column and what it
-/// holds (`header.session_id "../x" is not a valid session id`, `lease.pid holds text,
-/// not the type of that column`), not rusqlite's wording; any other error as it is.
-fn undecodable_in(table: &str, columns: &str, e: rusqlite::Error) -> Error {
+/// What reading a row of `table` (its query's `columns`, in order) in the file `conn`
+/// reads failed with: a value that cannot be decoded in plain words, [`Error::Corrupt`]
+/// naming the session (see [`file_session`]), the column and what it holds (`session s:
+/// lease.pid holds text, not the type of that column`, `session s: commits.row_hash does
+/// not match the commit at 5`), not rusqlite's wording; any other error as it is.
+fn undecodable_in(conn: &Connection, table: &str, columns: &str, e: rusqlite::Error) -> Error {
+    undecodable_value(table, columns, e).corrupt_in(|| file_session(conn))
+}
+
+/// [`undecodable_in`] without the session: its table, column and value.
+fn undecodable_value(table: &str, columns: &str, e: rusqlite::Error) -> Error {
     let column = |i: usize| {
         columns
             .split(',')
             .nth(i)
-            .map_or_else(|| format!("column {i}"), |c| c.trim().to_owned())
+            .map(str::trim)
+            .filter(|c| *c != "*")
+            .map_or_else(|| format!("column {i}"), str::to_owned)
     };
     let what = match &e {
         rusqlite::Error::FromSqlConversionFailure(i, _, why) => {
@@ -107,7 +115,7 @@ pub(crate) fn read_header(conn: &Connection) -> Result<Header> {
             },
         )
         .optional()
-        .map_err(|e| undecodable_in("header", COLUMNS, e))?
+        .map_err(|e| undecodable_value("header", COLUMNS, e).corrupt_in(|| file_name(conn)))?
         .ok_or_else(|| Error::corrupt("header row is missing"))?;
     let (session_id, codec, created_at_ms, cwd, parent, origin, provenance, inherited_events) = row;
     if codec != CODEC {
@@ -151,7 +159,7 @@ pub(crate) fn read_lineage(conn: &Connection) -> Result<Vec<LineageEntry>> {
         })
     })?;
     rows.collect::<rusqlite::Result<Vec<_>>>()
-        .map_err(|e| undecodable_in("lineage", "ancestor_id, after_seq, through_seq", e))
+        .map_err(|e| undecodable_in(conn, "lineage", "ancestor_id, after_seq, through_seq", e))
 }
 
 /// The lineage rows of the session file `file`, read without opening its ancestors (a
@@ -178,7 +186,7 @@ pub(crate) fn read_dependents(conn: &Connection) -> Result<Vec<DependentFork>> {
         })
     })?;
     rows.collect::<rusqlite::Result<Vec<_>>>()
-        .map_err(|e| undecodable_in("dependents", "child_id, through_seq", e))
+        .map_err(|e| undecodable_in(conn, "dependents", "child_id, through_seq", e))
 }
 
 const TURN_COLUMNS: &str =
@@ -648,7 +656,8 @@ pub(crate) fn read_event_payload(conn: &Connection, seq: u64) -> Result<EventPay
                 parts_column(r)?,
             ))
         })
-        .optional()?
+        .optional()
+        .map_err(|e| undecodable_in(conn, "events", EVENT_COLUMNS, e))?
         .ok_or_else(|| Error::corrupt(format!("history names event {seq}, which is missing")))?;
     let kind = kind?;
     let mut cache = PartCache::default();
@@ -868,7 +877,7 @@ pub(crate) fn read_lease(conn: &Connection) -> Result<WriterOwner> {
         },
     )
     .optional()
-    .map_err(|e| undecodable_in("lease", COLUMNS, e))?
+    .map_err(|e| undecodable_in(conn, "lease", COLUMNS, e))?
     .ok_or_else(|| Error::corrupt("lease row is missing"))
 }
 
@@ -882,7 +891,7 @@ fn hex_column(r: &Row<'_>, i: usize, lengths: &[usize]) -> rusqlite::Result<Opti
             i,
             Type::Blob,
             format!(
-                "a {}-byte digest or id, expected {lengths:?} bytes",
+                "holds a {}-byte value, not a digest or id of {lengths:?} bytes",
                 b.len()
             ),
         )),
@@ -908,7 +917,7 @@ fn commit_row(r: &Row<'_>) -> rusqlite::Result<(Commit, u64)> {
         undecodable(
             4,
             Type::Null,
-            format!("commit {first_seq}: no operation hash"),
+            format!("is empty in the commit at {first_seq}"),
         )
     })?;
     let turn_id = r.get::<_, Option<String>>(5)?.map(|t| {
@@ -940,7 +949,7 @@ fn commit_row(r: &Row<'_>) -> rusqlite::Result<(Commit, u64)> {
             return Err(undecodable(
                 2,
                 Type::Null,
-                format!("commit row at {first_seq} has neither a commit id nor a row digest"),
+                format!("is empty in the commit at {first_seq}, as is its row_hash"),
             ));
         }
         // Schema 1: no row hash.
@@ -959,7 +968,7 @@ fn commit_row(r: &Row<'_>) -> rusqlite::Result<(Commit, u64)> {
         return Err(undecodable(
             8,
             Type::Blob,
-            format!("commit row at {first_seq} does not match its row hash"),
+            format!("does not match the commit at {first_seq} (the row was changed)"),
         ));
     }
     Ok((commit, last))
@@ -1005,7 +1014,8 @@ pub(crate) fn lookup_operation(conn: &Connection, operation_id: &str) -> Result<
             params![operation_key(operation_id), operation_id],
             commit_row,
         )?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(|e| undecodable_in(conn, "commits", COMMIT_COLUMNS, e))?;
     if found.len() > 1 {
         return Err(Error::corrupt(format!(
             "operation id {} is recorded by two commits",
@@ -1048,7 +1058,8 @@ pub(crate) fn read_commits(
             ],
             commit_row,
         )?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(|e| undecodable_in(conn, "commits", COMMIT_COLUMNS, e))?;
     attach_events(conn, &mut commits, budget)?;
     Ok(commits.into_iter().map(|(c, _)| c).collect())
 }
@@ -1074,8 +1085,9 @@ fn attach_events(
     let mut blobs: rustc_hash::FxHashMap<String, (Box<RawValue>, u64)> = Default::default();
     let mut parts = PartCache::default();
     let mut parts_column = PartsColumn::default();
+    let bad = |e| undecodable_in(conn, "events", EVENT_COLUMNS, e);
     while let Some(r) = rows.next()? {
-        let seq: u64 = r.get(0)?;
+        let seq: u64 = r.get(0).map_err(bad)?;
         while index < commits.len() && commits[index].1 < seq {
             index += 1;
         }
@@ -1089,10 +1101,11 @@ fn attach_events(
         if seq < commit.first_seq || seq > *last {
             continue; // an event of a commit outside the page
         }
-        let kind = event_row::decode_kind(seq, r.get_ref(2)?)?;
-        let payload_text = stored_text(conn, seq, r.get(4)?, parts_column.get(r)?, &mut parts)?
+        let kind = event_row::decode_kind(seq, r.get_ref(2).map_err(bad)?)?;
+        let (text, parts_text) = (r.get(4).map_err(bad)?, parts_column.get(r).map_err(bad)?);
+        let payload_text = stored_text(conn, seq, text, parts_text, &mut parts)?
             .map(|text| event_row::whole_payload(text, kind.bare));
-        let payload_ref: Option<String> = r.get(5)?;
+        let payload_ref: Option<String> = r.get(5).map_err(bad)?;
         let (payload, content_ref) = match (payload_text, payload_ref) {
             (Some(text), None) => (Some(stored_json(format!("event {seq}"), text)?), None),
             (None, Some(digest)) => {
@@ -1129,7 +1142,7 @@ fn attach_events(
         };
         let taken = payload.as_deref().map_or(0, |p| p.get().len() as u64);
         *budget = budget.saturating_sub(taken);
-        let id = match r.get::<_, Option<String>>(1)? {
+        let id = match r.get::<_, Option<String>>(1).map_err(bad)? {
             Some(id) => id,
             None => derived_event_id(&commit.commit_id, (seq - commit.first_seq) as usize),
         };
@@ -1137,7 +1150,7 @@ fn attach_events(
             id,
             seq,
             kind: kind.kind.into_owned(),
-            optional: r.get(3)?,
+            optional: r.get(3).map_err(bad)?,
             payload,
             content_ref,
         });
@@ -1183,8 +1196,13 @@ pub(crate) fn read_blob(conn: &Connection, digest: &str) -> Result<Option<Vec<u8
 fn file_session(conn: &Connection) -> String {
     match read_header(conn) {
         Ok(header) => format!("session {}", header.session_id),
-        Err(_) => format!("file {}", conn.path().unwrap_or("(in memory)")),
+        Err(_) => file_name(conn),
     }
+}
+
+/// "file PATH" of the file `conn` reads, for an error.
+fn file_name(conn: &Connection) -> String {
+    format!("file {}", conn.path().unwrap_or("(in memory)"))
 }
 
 /// `PRAGMA integrity_check` and `foreign_key_check` on an untrusted file, and (schema
