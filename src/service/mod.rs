@@ -73,11 +73,62 @@ async fn to_completion<T: Send + 'static>(
         .map_err(|e| Error::internal_from("service task did not finish", e))?
 }
 
+/// How many of the sessions closed last a [`Service::close`] of them again answers `Ok`.
+const CLOSED_KEPT: usize = 4096;
+
+/// The sessions closed here last (at most [`CLOSED_KEPT`]), so that closing one again
+/// answers `Ok`: a record of every session ever closed grew without bound in a server
+/// opening millions of them.
+struct ClosedSessions {
+    /// How many closes are kept ([`CLOSED_KEPT`]; fewer in tests).
+    kept: usize,
+    /// Each session's latest close, numbered.
+    stamps: HashMap<SessionId, u64>,
+    /// The closes in order, oldest first; an entry whose stamp is no longer its
+    /// session's (reopened, or closed again since) is skipped when it leaves.
+    order: std::collections::VecDeque<(SessionId, u64)>,
+    next: u64,
+}
+
+impl Default for ClosedSessions {
+    fn default() -> Self {
+        ClosedSessions {
+            kept: CLOSED_KEPT,
+            stamps: HashMap::new(),
+            order: std::collections::VecDeque::new(),
+            next: 0,
+        }
+    }
+}
+
+impl ClosedSessions {
+    fn contains(&self, id: &SessionId) -> bool {
+        self.stamps.contains_key(id)
+    }
+
+    fn insert(&mut self, id: SessionId) {
+        self.next += 1;
+        self.stamps.insert(id.clone(), self.next);
+        self.order.push_back((id, self.next));
+        while self.order.len() > self.kept {
+            if let Some((old, stamp)) = self.order.pop_front()
+                && self.stamps.get(&old) == Some(&stamp)
+            {
+                self.stamps.remove(&old);
+            }
+        }
+    }
+
+    fn remove(&mut self, id: &SessionId) {
+        self.stamps.remove(id);
+    }
+}
+
 #[derive(Default)]
 struct Registry {
     active: HashMap<SessionId, Runtime>,
-    /// Sessions closed here and no longer active (for idempotent close).
-    closed: HashSet<SessionId>,
+    /// Sessions closed here lately and no longer active (for idempotent close).
+    closed: ClosedSessions,
     preparing: HashSet<SessionId>,
     /// Sessions a [`Service::delete`] is deleting (after closing their runtime): an open
     /// waits for it as for `preparing`; a query does not (nothing accepted is left in
@@ -503,14 +554,17 @@ impl Service {
         }
     }
 
-    /// Closes the session's runtime: drains, releases the writer, unregisters. Idempotent.
+    /// Closes the session's runtime: drains, releases the writer, unregisters. Idempotent:
+    /// a close of a session among the last 4,096 closed here (and not opened again)
+    /// answers `Ok`; of one closed earlier, [`Error::SessionNotRunning`] as of one never
+    /// opened here (the registry keeps nothing more of the sessions it closed).
     /// While it closes, the runtime is no longer published: an open of the session waits
     /// for the close and opens it again; another close waits and returns `Ok`.
     ///
     /// # Errors
     /// [`Error::RuntimeBound`] while client bindings remain; [`Error::RuntimeBusy`] while
     /// it runs (the runtime stays registered in both cases); [`Error::SessionNotRunning`]
-    /// for a session never opened here.
+    /// for a session never opened here (or closed before the last 4,096 closes).
     pub async fn close(&self, r: &SessionRef) -> Result<()> {
         self.close_keeping(r, false).await.map(drop)
     }
@@ -539,6 +593,9 @@ impl Service {
                     }
                     let rt = rt.clone();
                     reg.active.remove(&id);
+                    // No binding is counted (checked above): a zero left behind for each
+                    // session ever closed grew the registry without bound.
+                    reg.bindings.remove(&id);
                     reg.preparing.insert(id.clone());
                     reg.closing.insert(id.clone(), rt.clone());
                     break rt;
@@ -1058,5 +1115,63 @@ impl PreparedRuntime {
     /// Random stamp of this preparation.
     pub fn stamp(&self) -> &str {
         &self.stamp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The registry keeps nothing of the sessions it closed beyond the last
+    /// [`CLOSED_KEPT`] (8 here; it kept every closed id, and a binding count of 0 for each,
+    /// for the life of the service); a session among those closes again with `Ok`, an
+    /// older one answers `SessionNotRunning`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_registry_forgets_sessions_closed_long_ago() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let service = Service::new("local", Root::open(dir.path()).expect("root")).expect("svc");
+        let kept = 8;
+        service.registry().closed.kept = kept;
+        let r = |n: usize| service.session_ref(SessionId::new(format!("s{n}")).expect("id"));
+        let total = kept + 5;
+        for n in 0..total {
+            let rt = service
+                .create(CreateOptions::with_id(r(n).session_id))
+                .await
+                .expect("create");
+            drop(rt);
+            let binding = service.open(&r(n)).await.expect("open");
+            binding.release().await.expect("release");
+            service.close(&r(n)).await.expect("close");
+        }
+        {
+            let reg = service.registry();
+            assert_eq!(reg.closed.stamps.len(), kept);
+            assert_eq!(reg.closed.order.len(), kept);
+            assert!(reg.bindings.is_empty(), "{} counts", reg.bindings.len());
+            assert!(reg.active.is_empty() && reg.preparing.is_empty());
+        }
+        service
+            .close(&r(total - 1))
+            .await
+            .expect("closed lately: Ok");
+        let again = service.close(&r(0)).await;
+        assert!(
+            matches!(again, Err(Error::SessionNotRunning(_))),
+            "{again:?}"
+        );
+        // Reopened and closed again: its newer close is kept, the older one's slot ends.
+        for _ in 0..2 * kept {
+            let binding = service.open(&r(total - 1)).await.expect("reopen");
+            binding.release().await.expect("release");
+            service.close(&r(total - 1)).await.expect("close");
+        }
+        service
+            .close(&r(total - 1))
+            .await
+            .expect("closed lately: Ok");
+        let reg = service.registry();
+        assert_eq!(reg.closed.stamps.len(), 1);
+        assert_eq!(reg.closed.order.len(), kept);
     }
 }
