@@ -1491,6 +1491,49 @@ fn an_index_write_that_cannot_wait_is_caught_up_later() {
 }
 
 #[test]
+fn a_search_while_another_process_holds_the_index_write_lock_answers_from_the_index() {
+    use std::io::Write;
+    let (_dir, root) = temp_root();
+    append_new(&root, "one", "a pelican on the pier");
+    append_new(&root, "two", "another pelican on the beach");
+    let page = |root: &std::path::Path| -> serde_json::Value {
+        serde_json::from_slice(&cli_ok(
+            root,
+            &["--json", "search", "pelican", "--limit", "1"],
+        ))
+        .expect("json")
+    };
+    // The index exists; its cursor names a row of it.
+    let before = page(root.path());
+    assert!(before["next_cursor"].is_string(), "{before}");
+    // Another process writes the index for longer than SQLite's busy timeout (a rebuild
+    // of a large root holds it for minutes).
+    let mut shell = Command::new("/usr/bin/sqlite3")
+        .arg(root.path().join(".catalog/search.sqlite"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("sqlite3");
+    let mut stdin = shell.stdin.take().expect("stdin");
+    writeln!(stdin, "BEGIN IMMEDIATE; SELECT 'locked';").expect("write");
+    let mut out = BufReader::new(shell.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).expect("read");
+    assert_eq!(line.trim(), "locked");
+    let started = std::time::Instant::now();
+    let during = page(root.path());
+    let took = started.elapsed();
+    writeln!(stdin, "ROLLBACK;").expect("write");
+    drop(stdin);
+    shell.wait().expect("wait");
+    // Read from the root's index at once: the same page and cursor. It waited out the
+    // 5 s busy timeout to open the index, then filled a private one from every session,
+    // whose cursor named a row of that private index.
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    assert_eq!(during, before);
+}
+
+#[test]
 fn imported_sessions_are_found_under_their_new_id() {
     let (dir, root) = temp_root();
     assert!(search_all(&root, "anything", SearchOptions::default()).is_empty());

@@ -423,16 +423,35 @@ fn open_derived_file(path: &Path, file: &DerivedFile<'_>) -> Result<Connection> 
     let mut conn = Connection::open_with_flags(path, create_flags())?;
     conn.busy_timeout(Duration::from_secs(5))?;
     stable_plans(&conn)?;
-    if file.incremental_vacuum {
-        // Takes effect only in a new, empty file (before its first table).
+    // Takes effect only in a new, empty file (before its first table). Set only when the
+    // file does not have it: setting it writes, so on a file another process was writing
+    // (a rebuild of the search index holds it for the whole rebuild) the open waited out
+    // the busy timeout and failed, and a search built a private index of the whole root.
+    const INCREMENTAL: i64 = 2;
+    if file.incremental_vacuum
+        && conn.pragma_query_value(None, "auto_vacuum", |r| r.get::<_, i64>(0))? != INCREMENTAL
+    {
         conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
     }
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
-    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-    let app: i32 = tx.pragma_query_value(None, "application_id", |r| r.get(0))?;
-    let objects: i64 = tx.query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))?;
-    if app == 0 && objects == 0 {
+    // A file that is already ours is checked in a read transaction: a write lock would
+    // wait for another process's long write (a rebuild of the search index holds it for
+    // the whole rebuild), and after the busy timeout a search built a private index of
+    // the whole root. Only a new file takes the write lock, to create its schema.
+    let new = |tx: &rusqlite::Transaction<'_>| -> Result<(i32, bool)> {
+        let app: i32 = tx.pragma_query_value(None, "application_id", |r| r.get(0))?;
+        let objects: i64 = tx.query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))?;
+        Ok((app, app == 0 && objects == 0))
+    };
+    let mut tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Deferred)?;
+    let (mut app, mut empty) = new(&tx)?;
+    if empty {
+        drop(tx);
+        tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        (app, empty) = new(&tx)?;
+    }
+    if empty {
         tx.pragma_update(None, "application_id", file.application_id)?;
         tx.execute_batch(file.schema)?;
     } else if app != file.application_id {

@@ -147,9 +147,11 @@ pub(crate) fn open_index(path: &Path) -> Result<Connection> {
             incremental_vacuum: true,
         },
     )?;
-    // Not in `SEARCH_SCHEMA`'s probe: an index made before it gets it here, not refilled.
-    conn.execute_batch(DEAD_WRITERS_SCHEMA)?;
     conn.busy_timeout(BUSY)?;
+    // Not in `SEARCH_SCHEMA`'s probe: an index made before it gets it here, not refilled.
+    // Best effort: without it (another process's long write holds the index), dead
+    // writers' sessions are caught up again rather than remembered.
+    let _ = conn.execute_batch(DEAD_WRITERS_SCHEMA);
     Ok(conn)
 }
 
