@@ -226,6 +226,20 @@ fn export_and_delete_are_atomic_and_the_export_is_self_contained() {
             exported.display()
         )
     );
+    // A destination ending with '/' names a folder: refused, nothing written (the file was
+    // written at the path without it).
+    let slashed = dir.path().join("new-export.sqlite/");
+    let err = root.export(&id("managed"), &slashed).unwrap_err();
+    assert!(err.is_caller_error(), "{err}");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "invalid input: export destination {} ends with '/', which names a folder; give \
+             the path of a new file",
+            slashed.display()
+        )
+    );
+    assert!(!dir.path().join("new-export.sqlite").exists());
     s.close().unwrap();
 
     root.delete(&id("managed"), &CancelToken::new()).unwrap();

@@ -241,6 +241,20 @@ fn contents(root: &Root, name: &str) -> (Value, BTreeMap<String, Vec<u8>>) {
     (serde_json::to_value(&replayed.commits).unwrap(), blobs)
 }
 
+/// Every file under `dir`, at any depth.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
 fn table_names(file: &Path) -> Vec<String> {
     let conn = rusqlite::Connection::open(file).unwrap();
     let mut stmt = conn
@@ -449,6 +463,54 @@ fn replicate_then_restore_all_sessions() {
         text(&out)
     );
     assert!(Root::open(&fourth).unwrap().list_ids().unwrap().is_empty());
+
+    // A session whose replica Litestream cannot restore (its LTX files cut short): `--all`
+    // names Litestream's error for it, not as "an ancestor of a restored session" (it is
+    // none), and `--id` fails with status 1, not 3: the replica has it.
+    for entry in walk(&replica.join("late")) {
+        if entry.extension().is_some_and(|e| e == "ltx") {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&entry)
+                .unwrap()
+                .set_len(100)
+                .unwrap();
+        }
+    }
+    let fifth = work.path().join("fifth-host");
+    let fifth_arg = fifth.to_str().unwrap();
+    let out = cli(
+        &bin,
+        &[
+            "--root", fifth_arg, "--json", "restore", "--from", &from, "--all",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(6), "{}", text(&out));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let late = report["failed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["session_id"] == "late")
+        .unwrap_or_else(|| panic!("late not reported: {report}"));
+    let reason = late["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with(&format!("litestream restore {from}/late/session.sqlite: ")),
+        "{reason}"
+    );
+    let out = cli(
+        &bin,
+        &[
+            "--root", fifth_arg, "restore", "--from", &from, "--id", "late",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("session late: litestream restore "),
+        "{}",
+        text(&out)
+    );
+    assert!(!fifth.join("late").exists());
 
     println!(
         "replicated 5 sessions and stopped litestream in {replicated_at:.1?} (stop {stop:.1?}); \

@@ -557,7 +557,9 @@ fn restore_into(
 
     // Restore every wanted session, and the ancestors their lineage names, into the batch.
     let mut staged: BTreeMap<SessionId, Staged> = BTreeMap::new();
-    let mut missing: BTreeMap<SessionId, String> = BTreeMap::new();
+    // What could not be restored into the batch: the exit status its error maps to (not
+    // found when the replica lacks it) and why.
+    let mut missing: BTreeMap<SessionId, (u8, String)> = BTreeMap::new();
     let mut queue: Vec<SessionId> = wanted.iter().rev().cloned().collect();
     while let Some(id) = queue.pop() {
         if staged.contains_key(&id) || missing.contains_key(&id) {
@@ -590,19 +592,25 @@ fn restore_into(
             }
             Err(e) => {
                 let text = e.to_string();
-                let reason = if text.contains("no matching backup") {
-                    format!("not in the replica {}", replica.url())
+                let missed = if text.contains("no matching backup") {
+                    (
+                        EXIT_NOT_FOUND,
+                        format!("not in the replica {}", replica.url()),
+                    )
                 } else {
-                    format!("litestream restore {url}: {text}")
+                    (
+                        super::exit_code(&*e),
+                        format!("litestream restore {url}: {text}"),
+                    )
                 };
-                missing.insert(id, reason);
+                missing.insert(id, missed);
             }
         }
     }
     if let Some(id) = requested_id
-        && let Some(reason) = missing.get(id)
+        && let Some((code, reason)) = missing.get(id)
     {
-        return Err(fail(EXIT_NOT_FOUND, format!("session {id}: {reason}")));
+        return Err(fail(*code, format!("session {id}: {reason}")));
     }
 
     // Publish, ancestors first, every session whose ancestors are all available.
@@ -640,7 +648,7 @@ fn restore_into(
             .iter()
             .filter(|a| !present(a))
             .map(|a| match missing.get(a) {
-                Some(reason) => format!("{a} ({reason})"),
+                Some((_, reason)) => format!("{a} ({reason})"),
                 None => format!("{a} (not restored)"),
             })
             .collect();
@@ -686,13 +694,18 @@ fn restore_into(
             }
         }
     }
-    for (id, reason) in missing {
-        if requested_id != Some(&id) {
-            failed.push(NotRestored {
-                session_id: id.to_string(),
-                reason: format!("an ancestor of a restored session, {reason}"),
-            });
-        }
+    for (id, (_, reason)) in missing {
+        // A session `--all` asked for whose replica Litestream could not restore is no
+        // ancestor (it was reported as one).
+        let reason = if wanted.contains(&id) {
+            reason
+        } else {
+            format!("an ancestor of a restored session, {reason}")
+        };
+        failed.push(NotRestored {
+            session_id: id.to_string(),
+            reason,
+        });
     }
     for (id, reason) in orphans {
         failed.push(NotRestored {

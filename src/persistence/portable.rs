@@ -151,6 +151,15 @@ fn export_destination(dest: &Path) -> Result<(PathBuf, PathBuf)> {
         Err(e) if crate::store::schema::is_missing(&e) => {}
         Err(e) => return Err(Error::io(format!("stat {}", dest.display()), e)),
     }
+    // A trailing `/` names a folder (`cp FILE new/` refuses it too): the file was written
+    // without it, at `new`.
+    if dest.as_os_str().as_encoded_bytes().ends_with(b"/") {
+        return Err(Error::invalid(format!(
+            "export destination {} ends with '/', which names a folder; give the path of a \
+             new file",
+            dest.display()
+        )));
+    }
     let name = dest.file_name().ok_or_else(|| {
         Error::invalid(format!(
             "export destination {} has no file name",
@@ -194,7 +203,7 @@ impl Root {
     /// # Errors
     /// [`Error::DestinationExists`] when the destination exists (a file or a symlink);
     /// [`Error::InvalidInput`] when it is a folder, a device or another non-regular file,
-    /// its folder is not a folder, or it is inside the root (a session folder, the store's
+    /// its path ends with `/` (which names a folder), its folder is not a folder, or it is inside the root (a session folder, the store's
     /// own folders or the root itself); [`Error::Io`] of kind `NotFound` when its folder is
     /// missing; read, validation and I/O errors (no file is left at the destination).
     pub fn export(&self, id: &SessionId, destination: impl AsRef<Path>) -> Result<ExportReport> {
