@@ -497,7 +497,7 @@ class SessionStoreSession:
         if not self._release.alive:
             # Named as the core Session's Closed names its session.
             name = json.dumps(self.store_id, ensure_ascii=False)
-            raise Closed(f"session {name}: session is closed")
+            raise Closed(f"session {name} is closed")
         shared = self._shared
         if shared.session is None:
             try:

@@ -211,16 +211,20 @@ fn to_py(py: Python<'_>, e: Error) -> PyErr {
 
 /// [`to_py`] of an error of a call on session `session`: the errors whose message does not
 /// say which session they are of (a closed or fenced writer, a failed write, a damaged
-/// file) name it first, `session ID: …`; "session is closed" names none, and a
-/// host of many sessions (an agents `Runner`, a LangGraph server) could not tell which. A
-/// writer owned by another is named by the library, by the id of the store (which an
-/// adapter may have mapped): it is named so by the caller's name too.
+/// file) name it first, `session ID: …`, and a closed one says `session ID is closed`
+/// (the library's "session is closed" names none, and a host of many sessions, an agents
+/// `Runner`, a LangGraph server, could not tell which; `session ID: session is closed`
+/// said "session" twice). A writer owned by another is named by the library, by the id of
+/// the store (which an adapter may have mapped): it is named so by the caller's name too.
 fn to_py_of(py: Python<'_>, session: &str, e: Error) -> PyErr {
+    if let Error::Closed = e {
+        let msg = format!("session {} is closed", session_store::quoted(session));
+        return to_py_with(py, e, msg);
+    }
     let msg = e.to_string();
     let unnamed = matches!(
         e,
         Error::WriterOwned { .. }
-            | Error::Closed
             | Error::StaleGeneration { .. }
             | Error::Poisoned(_)
             | Error::PersistenceFailed(_)

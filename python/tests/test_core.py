@@ -414,7 +414,8 @@ def test_error_hierarchy_and_writer_owned_carries_the_owner(root):
 
 def test_errors_of_a_session_name_it(root):
     # "session writer is owned by pid 7 ..." and "session is closed" (it said "session
-    # runtime is closed") name no session, nor did a damaged file's "corrupt session
+    # runtime is closed") name no session ('session "chat 1": session is closed', the word
+    # twice, until session 28), nor did a damaged file's "corrupt session
     # store: ...": a host of many sessions (an agents Runner, a LangGraph server) could not
     # tell which one failed.
     from session_store.agents import SessionStoreSession
@@ -431,12 +432,12 @@ def test_errors_of_a_session_name_it(root):
     writer.close()
     with pytest.raises(Closed) as closed:
         writer.append(turn("t", msg(1)), operation_id="late")
-    assert str(closed.value) == 'session "chat 1": session is closed'
+    assert str(closed.value) == 'session "chat 1" is closed'
     adapter = SessionStoreSession("chat 1", root)
     adapter.close()
     with pytest.raises(Closed) as closed:
         adapter.add_items_sync([{"role": "user"}])
-    assert str(closed.value) == 'session "chat 1": session is closed'
+    assert str(closed.value) == 'session "chat 1" is closed'
     fill(root, "damaged", 2).close()
     with open(os.path.join(root.path, "damaged", "session.sqlite"), "r+b") as f:
         f.write(b"not a database" * 100)
@@ -698,6 +699,9 @@ def test_hostile_input_is_refused_and_changes_nothing(root, tmp_path):
         root.history("h", cursor="h1.garbage")
     with pytest.raises(InvalidInput):
         root.list(limit=10_000)
+    # Refused as list's is (it was cut to 500 silently).
+    with pytest.raises(InvalidInput, match=r"history limit must be 1\.\.=500"):
+        root.history("h", limit=501)
     # Out of the native integer's range is out of range too (not OverflowError).
     for call in (
         lambda: root.list(limit=-1),
