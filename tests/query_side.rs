@@ -548,6 +548,47 @@ async fn observe_limit_zero_is_the_default_page_and_over_the_maximum_refused() {
     assert!(err.to_string().contains("1..=1000"), "{err}");
 }
 
+/// `history_page` (and `history_page_ending_at`) with a limit over
+/// [`session_store::MAX_HISTORY_LIMIT`] (500) is refused naming the maximum, as `list`'s
+/// and `observe`'s are: it was cut to 500 silently. 500 itself, and 0 (the default 100),
+/// still answer.
+#[tokio::test]
+async fn history_limit_over_the_maximum_is_refused() {
+    let (_dir, service) = service();
+    let root = service.root().clone();
+    let s = root.create(CreateOptions::with_id(id("h"))).unwrap();
+    for i in 0..600 {
+        let m = format!("m{i}");
+        s.append(Batch::new(m.clone(), vec![message(&m, "user", "hi")]))
+            .unwrap();
+    }
+    s.close().unwrap();
+    let r = service.session_ref(id("h"));
+    let q = service.query();
+    let max = session_store::MAX_HISTORY_LIMIT;
+    assert_eq!(max, 500);
+    for refused in [
+        q.history_page(&r, None, max + 1).await,
+        q.history_page(&r, None, usize::MAX).await,
+        q.history_page_ending_at(&r, 600, max + 1).await,
+    ] {
+        let err = refused.unwrap_err();
+        assert!(matches!(err, Error::InvalidInput { .. }), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            "invalid input: history limit must be 1..=500 messages (0 for 100)"
+        );
+    }
+    assert_eq!(
+        q.history_page(&r, None, max).await.unwrap().messages.len(),
+        500
+    );
+    assert_eq!(
+        q.history_page(&r, None, 0).await.unwrap().messages.len(),
+        100
+    );
+}
+
 /// A history cursor is exactly `h1.<snapshot>.<position>`: anything after it (as a search
 /// cursor's parser already refuses) is a malformed cursor, not the same page.
 #[tokio::test]

@@ -612,7 +612,8 @@ class Root:
     ) -> dict[str, Any]:
         """One page of the durable transcript, newest page first and ascending inside it:
         ``{"messages": [{"message_id", "position", "event_sequence", "role", "inline",
-        "content_ref"}], "has_more", "next_cursor", "snapshot_sequence"}`` (limit <= 500;
+        "content_ref"}], "has_more", "next_cursor", "snapshot_sequence"}`` (limit <= 500, a
+        larger one raises :class:`InvalidInput`;
         ``event_sequence`` is the sequence of the event that wrote the message). A message over
         64 KiB has ``inline`` None and a ``content_ref`` naming the payload of the event that
         recorded it: :meth:`read_content` gives that payload's JSON, ``{"message": {...}}``

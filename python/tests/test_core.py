@@ -698,6 +698,9 @@ def test_hostile_input_is_refused_and_changes_nothing(root, tmp_path):
         root.history("h", cursor="h1.garbage")
     with pytest.raises(InvalidInput):
         root.list(limit=10_000)
+    # Refused as list's is (it was cut to 500 silently).
+    with pytest.raises(InvalidInput, match=r"history limit must be 1\.\.=500"):
+        root.history("h", limit=501)
     # Out of the native integer's range is out of range too (not OverflowError).
     for call in (
         lambda: root.list(limit=-1),

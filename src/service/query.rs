@@ -21,7 +21,8 @@ use crate::store::reader::{HistoryBody, SessionReader};
 pub const MAX_LIST_LIMIT: usize = 100;
 /// Default page of `history_page` (a `limit` of 0 gives it).
 const DEFAULT_HISTORY_LIMIT: usize = 100;
-/// Largest page `history_page` returns (a larger `limit` is clamped to it).
+/// Largest page `history_page` returns (a larger `limit` is [`Error::InvalidInput`], as
+/// `list`'s and `observe`'s are).
 pub const MAX_HISTORY_LIMIT: usize = 500;
 /// Largest page of `observe`.
 const MAX_OBSERVE_LIMIT: usize = 1000;
@@ -442,8 +443,11 @@ impl SessionQuery {
     /// index written with the events: the work is proportional to the page, not the
     /// session.
     ///
+    /// `limit` is the page's number of messages, 1 to [`MAX_HISTORY_LIMIT`] (0 for 100).
+    ///
     /// # Errors
-    /// [`Error::InvalidInput`] for a bad cursor; [`Error::SessionNotFound`]; read errors.
+    /// [`Error::InvalidInput`] for a bad cursor or a limit over [`MAX_HISTORY_LIMIT`];
+    /// [`Error::SessionNotFound`]; read errors.
     pub async fn history_page(
         &self,
         r: &SessionRef,
@@ -486,8 +490,15 @@ impl SessionQuery {
         let limit = if limit == 0 {
             DEFAULT_HISTORY_LIMIT
         } else {
-            limit.min(MAX_HISTORY_LIMIT)
+            limit
         };
+        if limit > MAX_HISTORY_LIMIT {
+            // It was cut to 500 silently, while `list` and `observe` refuse theirs.
+            return Err(Error::invalid(format!(
+                "history limit must be 1..={MAX_HISTORY_LIMIT} messages (0 for \
+                 {DEFAULT_HISTORY_LIMIT})"
+            )));
+        }
         let query = self.clone();
         let id = r.session_id.clone();
         blocking(move || {
