@@ -103,7 +103,9 @@ pub struct SessionPage {
     /// Pass as `cursor` for the next page; `None` on the last page.
     pub next_cursor: Option<String>,
     /// Sessions of this page's id range that could not be read (e.g. a foreign or
-    /// newer-schema file), with why; the others are listed.
+    /// newer-schema file), with why; the others are listed. A first page also reports,
+    /// last, the entries of the root named like sessions that are none of its (a symlink,
+    /// a folder whose name is not UTF-8 or no valid id).
     pub skipped: Vec<SkippedSession>,
     /// Why the catalog was bypassed for this page (computed from the session files), e.g.
     /// a read-only root or a full disk.
@@ -299,21 +301,26 @@ impl SessionQuery {
         let cursor = cursor.map(str::to_owned);
         blocking(move || {
             let live = service.live_runtimes();
-            let listing = service
-                .root()
-                .list_filtered(&filter, cursor.as_deref(), limit + 1)?;
-            let mut entries = listing.entries;
+            let mut listing =
+                service
+                    .root()
+                    .list_filtered(&filter, cursor.as_deref(), limit + 1)?;
+            let catalog_error = listing.catalog_error.clone();
+            let mut entries = std::mem::take(&mut listing.entries);
             let more = entries.len() > limit;
             entries.truncate(limit);
             // In id order a session skipped after this page's last one is reported with the
-            // next page (in time order they all come with the first page).
-            let mut skipped = listing.skipped;
+            // next page (in time order they all come with the first page). What is no
+            // session of the root comes with the first page whatever its name: no later
+            // page reports it.
+            let (mut skipped, not_sessions) = listing.split_skipped();
             if more
                 && filter.sort == ListSort::Id
                 && let Some(last) = entries.last()
             {
                 skipped.retain(|s| s.session_id < last.session_id);
             }
+            skipped.extend(not_sessions);
             let next_cursor = more
                 .then(|| entries.last().map(|e| filter.cursor_after(e)))
                 .flatten();
@@ -331,7 +338,7 @@ impl SessionQuery {
                 sessions,
                 next_cursor,
                 skipped,
-                catalog_error: listing.catalog_error,
+                catalog_error,
             })
         })
         .await
