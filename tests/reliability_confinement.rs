@@ -901,3 +901,136 @@ fn a_file_named_catalog_is_kept_and_named_with_what_to_do() {
     assert_eq!(stderr(&list), "");
     assert!(w.root.join(".catalog").is_dir());
 }
+
+/// What is named like a session and is none of the root's, a symlink to a folder (a
+/// session folder of the root, one outside it) and a session folder whose name is UTF-8 but no valid id
+/// (`has:colon`, ` lead`), is reported once, on `list`'s first page whatever its page
+/// size (`has:colon` was passed over in silence, a symlink reported only on the page its
+/// name falls in, or never when that page was cut short), by `rebuild-catalog`, and by
+/// `gc` as kept (a symlink was a failure, exit 1). A later page reports none of them.
+/// Each entry is named by its path, under its name made an id (`has\u{fffd}colon`). A
+/// dangling symlink is no more a session than a file is: not reported.
+#[test]
+fn entries_named_like_sessions_that_are_none_are_skipped_once_and_kept_by_gc() {
+    let w = World::new();
+    for id in ["a", "b", "c"] {
+        w.session(id);
+    }
+    std::os::unix::fs::symlink(w.root.join("a"), w.root.join("linked")).expect("symlink");
+    std::fs::create_dir(w.base.join("elsewhere")).expect("mkdir");
+    std::os::unix::fs::symlink(w.base.join("elsewhere"), w.root.join("away")).expect("symlink");
+    std::os::unix::fs::symlink(w.base.join("nowhere"), w.root.join("dangling")).expect("symlink");
+    for name in ["has:colon", " lead"] {
+        std::fs::create_dir(w.root.join(name)).expect("mkdir");
+        std::fs::copy(
+            w.root.join("a/session.sqlite"),
+            w.root.join(name).join("session.sqlite"),
+        )
+        .expect("copy");
+    }
+    // In id order: U+FFFD after every ASCII character.
+    let expected = [
+        (
+            "away",
+            "away is a symlink; sessions are folders of the root",
+        ),
+        (
+            "has\u{fffd}colon",
+            "has:colon is not a session: invalid session id \"has:colon\": contains ':'",
+        ),
+        (
+            "linked",
+            "linked is a symlink; sessions are folders of the root",
+        ),
+        (
+            "\u{fffd}lead",
+            "lead is not a session: invalid session id \" lead\"",
+        ),
+    ];
+    let first: serde_json::Value =
+        serde_json::from_str(&w.ok(&["list", "--json", "--limit", "1"], "")).expect("json");
+    let skipped = first["skipped"].as_array().expect("skipped");
+    assert_eq!(skipped.len(), expected.len(), "{first}");
+    for (s, (id, why)) in skipped.iter().zip(expected) {
+        assert_eq!(s["session_id"], id, "{first}");
+        assert!(s["error"].as_str().is_some_and(|e| e.contains(why)), "{s}");
+    }
+    let mut cursor = first["next_cursor"].as_str().map(str::to_owned);
+    while let Some(c) = cursor {
+        let page: serde_json::Value =
+            serde_json::from_str(&w.ok(&["list", "--json", "--limit", "1", "--cursor", &c], ""))
+                .expect("json");
+        assert_eq!(page["skipped"], serde_json::json!([]), "{page}");
+        cursor = page["next_cursor"].as_str().map(str::to_owned);
+    }
+    for args in [
+        &["list"][..],
+        &["list", "--title", "x"],
+        &["rebuild-catalog"],
+    ] {
+        let out = w.run(args, "");
+        assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        for (id, _) in expected {
+            assert_eq!(
+                err.matches(&format!("skipped session {id}: ")).count(),
+                1,
+                "{args:?}: {err}"
+            );
+        }
+    }
+    std::thread::sleep(Duration::from_millis(1100));
+    let out = w.run(&["--json", "gc", "--older-than", "1s", "--dry-run"], "");
+    assert_eq!(code(&out), 0, "gc: {}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("gc json");
+    assert_eq!(report["failed"], serde_json::json!([]), "{report}");
+    let kept: Vec<&str> = report["kept"]
+        .as_array()
+        .expect("kept")
+        .iter()
+        .filter_map(|k| k["session_id"].as_str())
+        .collect();
+    assert_eq!(kept, expected.map(|(id, _)| id), "{report}");
+}
+
+/// `list`, a filtered `list` and `gc` read the root folder once (`strace` counts the
+/// opens of the folder for reading its entries, as `std::fs::read_dir` opens it): they
+/// read it twice, once for the session ids and once for the names that are not UTF-8.
+/// Skipped without `strace`.
+#[test]
+fn list_and_gc_read_the_root_folder_once() {
+    let w = World::new();
+    w.session("a");
+    let probe = Command::new("strace").arg("-V").output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        eprintln!("skipped: no strace");
+        return;
+    }
+    let trace = w.base.join("trace.txt");
+    let root = w.root.to_str().expect("utf-8");
+    for args in [
+        &["list"][..],
+        &["list", "--title", "x"],
+        &["gc", "--older-than", "1h", "--dry-run"],
+    ] {
+        let out = Command::new("strace")
+            .args(["-f", "-e", "trace=openat", "-o"])
+            .arg(&trace)
+            .arg(env!("CARGO_BIN_EXE_session-store"))
+            .args(["--root", root])
+            .args(args)
+            .output()
+            .expect("strace");
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        let text = std::fs::read_to_string(&trace).expect("trace");
+        let reads = text
+            .lines()
+            .filter(|l| {
+                l.contains(&format!(
+                    "\"{root}\", O_RDONLY|O_NONBLOCK|O_CLOEXEC|O_DIRECTORY"
+                ))
+            })
+            .count();
+        assert_eq!(reads, 1, "{args:?}: {text}");
+    }
+}

@@ -68,9 +68,7 @@ fn validate(id: &str) -> Result<()> {
     if id.starts_with('.') || id.ends_with('.') {
         return bad("starts or ends with '.'");
     }
-    if let Some(c) = id.chars().find(|c| {
-        matches!(c, '/' | '\\' | '<' | '>' | ':' | '"' | '|' | '?' | '*') || c.is_control()
-    }) {
+    if let Some(c) = id.chars().find(|c| forbidden(*c)) {
         return bad(&format!("contains {c:?}"));
     }
     let stem = id.split('.').next().unwrap_or(id);
@@ -81,6 +79,45 @@ fn validate(id: &str) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Whether an id may not hold `c` anywhere: a separator, `< > : " | ? *`, a control
+/// character.
+fn forbidden(c: char) -> bool {
+    matches!(c, '/' | '\\' | '<' | '>' | ':' | '"' | '|' | '?' | '*') || c.is_control()
+}
+
+impl SessionId {
+    /// `name` (of an entry of a root that claims to be a session, its bytes that are not
+    /// UTF-8 already U+FFFD) as an id a report of it can carry: `name` itself when it is a
+    /// valid id; else each character an id may not hold, and a `.` or white space at
+    /// either end, as U+FFFD, cut to 240 bytes, with a U+FFFD added after a device name.
+    pub(crate) fn shown(name: &str) -> SessionId {
+        if validate(name).is_ok() {
+            return SessionId(name.to_owned());
+        }
+        let mut end = name.len().min(240);
+        while !name.is_char_boundary(end) {
+            end -= 1;
+        }
+        let cut = &name[..end];
+        let last = cut.chars().count().saturating_sub(1);
+        let mut shown: String = cut
+            .chars()
+            .enumerate()
+            .map(|(i, c)| {
+                let edge = (i == 0 || i == last) && (c == '.' || c.is_whitespace());
+                if edge || forbidden(c) { '\u{fffd}' } else { c }
+            })
+            .collect();
+        if validate(&shown).is_err() {
+            shown.push('\u{fffd}'); // a device name: `con` is `con\u{fffd}`
+        }
+        match validate(&shown) {
+            Ok(()) => SessionId(shown),
+            Err(_) => SessionId("\u{fffd}".to_owned()),
+        }
+    }
 }
 
 impl TryFrom<String> for SessionId {

@@ -81,11 +81,33 @@ fn error_text<S: serde::Serializer>(
 pub struct Listing {
     /// Sound sessions in id order.
     pub entries: Vec<CatalogEntry>,
-    /// Sessions passed over on the way because they could not be read.
+    /// Sessions passed over on the way because they could not be read; on a first page
+    /// also, last, the entries of the root named like sessions that are none of its (a
+    /// symlink, a folder whose name is not UTF-8 or no valid id: see [`Root::list_ids`]).
     pub skipped: Vec<SkippedSession>,
     /// Why the catalog was bypassed (the page was computed from the session files), e.g. a
     /// read-only root or a full disk; `None` when the catalog served the page.
     pub catalog_error: Option<Arc<Error>>,
+    /// How many of the last of `skipped` are such entries of the root, not of the page's
+    /// range of ids.
+    pub(crate) not_sessions: usize,
+}
+
+impl Listing {
+    /// Reports `skipped`, entries of the root that are no sessions, after the others.
+    fn add_not_sessions(&mut self, skipped: Vec<SkippedSession>) {
+        self.not_sessions = skipped.len();
+        self.skipped.extend(skipped);
+    }
+
+    /// The skipped sessions of the page's range of ids, and the entries of the root that
+    /// are no sessions.
+    pub(crate) fn split_skipped(self) -> (Vec<SkippedSession>, Vec<SkippedSession>) {
+        let mut of_range = self.skipped;
+        let at = of_range.len().saturating_sub(self.not_sessions);
+        let not_sessions = of_range.split_off(at);
+        (of_range, not_sessions)
+    }
 }
 
 /// Totals over the catalog as last refreshed ([`Root::catalog_totals`]): one aggregate
@@ -722,6 +744,18 @@ impl Catalog {
 
     /// Runs `f` on the catalog connection, opening (and, for a new catalog, filling) it first.
     fn with_conn<T>(&self, root: &Root, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        self.with_conn_knowing(root, None, f)
+    }
+
+    /// [`Catalog::with_conn`], given the root's session ids when the caller has just read
+    /// them (a first page's [`Root::scan`]), so that the first open does not read the root
+    /// folder again.
+    fn with_conn_knowing<T>(
+        &self,
+        root: &Root,
+        ids: Option<&[SessionId]>,
+        f: impl FnOnce(&Connection) -> Result<T>,
+    ) -> Result<T> {
         let mut guard = self.conn.lock().unwrap_or_else(|e| e.into_inner());
         if guard.is_none() {
             let conn = self.open(root)?;
@@ -730,7 +764,15 @@ impl Catalog {
             let mut add = conn.prepare(
                 "INSERT OR IGNORE INTO sessions (session_id, stamp, entry) VALUES (?1, '', '')",
             )?;
-            for id in root.list_ids()? {
+            let read;
+            let ids = match ids {
+                Some(ids) => ids,
+                None => {
+                    read = root.list_ids()?;
+                    &read
+                }
+            };
+            for id in ids {
                 add.execute([id.as_str()])?;
             }
             drop(add);
@@ -841,10 +883,14 @@ impl Catalog {
             return self.page(root, after.map(|_| position.1.as_str()), limit);
         }
         let stamper = Stamper::open(root.path())?;
+        // The first page reports what is no session of the root; one read of the folder.
+        let scan = after.is_none().then(|| root.scan()).transpose()?;
+        let ids = scan.as_ref().map(|s| s.ids.as_slice());
         let refreshed = if filter.cached_only {
             Ok(Vec::new())
         } else {
-            self.refresh(root, &stamper)
+            self.with_conn_knowing(root, ids, |_| Ok(()))
+                .and_then(|()| self.refresh(root, &stamper))
         };
         let cached = refreshed.and_then(|skipped| {
             let mut listing = self.query_page(root, &stamper, filter, &position, limit)?;
@@ -854,15 +900,15 @@ impl Catalog {
         let mut listing = match cached {
             Ok(listing) => listing,
             Err(e) => {
-                let mut listing = direct_filtered_page(root, &stamper, filter, &position, limit)?;
+                let mut listing =
+                    direct_filtered_page(root, &stamper, ids, filter, &position, limit)?;
                 listing.catalog_error = Some(Arc::new(e));
                 listing
             }
         };
-        if after.is_some() {
-            listing.skipped.clear();
-        } else {
-            listing.skipped.extend(root.undecodable_sessions()?);
+        match scan {
+            Some(scan) => listing.add_not_sessions(scan.skipped),
+            None => listing.skipped.clear(),
         }
         Ok(listing)
     }
@@ -976,18 +1022,24 @@ impl Catalog {
     /// the page is computed from the session files and the catalog's error reported.
     pub(crate) fn page(&self, root: &Root, after: Option<&str>, limit: usize) -> Result<Listing> {
         let stamper = Stamper::open(root.path())?;
-        let mut listing = match self.cached_page(root, &stamper, after, limit) {
+        // What is no session of the root is reported on the first page, as the filtered
+        // listing does, from the one read of the root folder that also gives its ids: a
+        // later page stays a page of the catalog, without a read of the whole folder.
+        let scan = after.is_none().then(|| root.scan()).transpose()?;
+        let ids = scan.as_ref().map(|s| s.ids.as_slice());
+        let cached = self
+            .with_conn_knowing(root, ids, |_| Ok(()))
+            .and_then(|()| self.cached_page(root, &stamper, after, limit));
+        let mut listing = match cached {
             Ok(listing) => listing,
             Err(e) => {
-                let mut listing = direct_page(root, &stamper, after, limit)?;
+                let mut listing = direct_page(root, &stamper, ids, after, limit)?;
                 listing.catalog_error = Some(Arc::new(e));
                 listing
             }
         };
-        // On the first page, as the filtered listing reports them: a later page stays
-        // a page of the catalog, without a read of the whole root folder.
-        if after.is_none() {
-            listing.skipped.extend(root.undecodable_sessions()?);
+        if let Some(scan) = scan {
+            listing.add_not_sessions(scan.skipped);
         }
         Ok(listing)
     }
@@ -1056,11 +1108,11 @@ impl Catalog {
     /// Sessions that cannot be read are reported and keep a stale row, so `list` reports
     /// them too.
     pub(crate) fn rebuild(&self, root: &Root) -> Result<RebuildReport> {
-        let ids = root.list_ids()?;
+        let scan = root.scan()?;
         let stamper = Stamper::open(root.path())?;
-        let mut rows = Vec::with_capacity(ids.len());
+        let mut rows = Vec::with_capacity(scan.ids.len());
         let mut skipped = Vec::new();
-        for id in &ids {
+        for id in &scan.ids {
             match compute(root, &stamper, id)? {
                 Computed::Entry(entry) => rows.push((id, row(&stamper, &entry)?)),
                 // Deleted since it was listed: nothing to index.
@@ -1068,7 +1120,7 @@ impl Catalog {
                 Computed::Unreadable(s) => skipped.push(s),
             }
         }
-        skipped.extend(root.undecodable_sessions()?);
+        skipped.extend(scan.skipped);
         self.with_conn(root, |c| {
             let tx = c.unchecked_transaction()?;
             tx.execute("DELETE FROM sessions", [])?;
@@ -1096,17 +1148,26 @@ impl Catalog {
     }
 }
 
-/// A page computed from the session files alone (no catalog read or write).
+/// The root's session ids: `ids` when the caller read them already, else read now.
+fn ids_of(root: &Root, ids: Option<&[SessionId]>) -> Result<Vec<SessionId>> {
+    match ids {
+        Some(ids) => Ok(ids.to_vec()),
+        None => root.list_ids(),
+    }
+}
+
+/// A page computed from the session files alone (no catalog read or write); `ids` the
+/// root's session ids when the caller read them already.
 fn direct_page(
     root: &Root,
     stamper: &Stamper,
+    ids: Option<&[SessionId]>,
     after: Option<&str>,
     limit: usize,
 ) -> Result<Listing> {
     let mut out = Listing::default();
     let after = after.unwrap_or("");
-    for id in root
-        .list_ids()?
+    for id in ids_of(root, ids)?
         .into_iter()
         .filter(|id| id.as_str() > after)
     {
@@ -1154,13 +1215,14 @@ fn direct_totals(root: &Root) -> Result<CatalogTotals> {
 fn direct_filtered_page(
     root: &Root,
     stamper: &Stamper,
+    ids: Option<&[SessionId]>,
     filter: &ListFilter,
     (key, id): &(i64, String),
     limit: usize,
 ) -> Result<Listing> {
     let mut out = Listing::default();
     let mut entries = Vec::new();
-    for sid in root.list_ids()? {
+    for sid in ids_of(root, ids)? {
         match compute(root, stamper, &sid)? {
             Computed::Entry(entry) => entries.push(*entry),
             Computed::Gone => {}
@@ -1214,6 +1276,11 @@ fn compute(root: &Root, stamper: &Stamper, id: &SessionId) -> Result<Computed> {
     Ok(match read() {
         Ok(entry) => Computed::Entry(Box::new(entry)),
         Err(_) if stamper.stamp(id).starts_with(MISSING) => Computed::Gone,
+        // A symlink named like a session (a row an older build indexed): no session of
+        // the root, which `Root::scan` reports once, on a listing's first page.
+        Err(_) if std::fs::symlink_metadata(root.session_dir(id)).is_ok_and(|m| m.is_symlink()) => {
+            Computed::Gone
+        }
         Err(Error::SessionNotFound(_)) => Computed::Gone,
         Err(e) if e.is_exhaustion() => return Err(naming_session(e, &root.session_dir(id))),
         Err(e) => Computed::Unreadable(SkippedSession {

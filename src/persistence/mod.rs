@@ -233,6 +233,15 @@ pub struct Root {
     inner: Arc<RootInner>,
 }
 
+/// What one read of a root folder found ([`Root::scan`]).
+#[derive(Debug, Default)]
+pub(crate) struct RootScan {
+    /// The ids of its sessions, sorted.
+    pub(crate) ids: Vec<SessionId>,
+    /// The entries named like sessions that are none of this root's, sorted.
+    pub(crate) skipped: Vec<SkippedSession>,
+}
+
 #[derive(Debug)]
 struct RootInner {
     /// The root folder, resolved once when opened (no symlink in it).
@@ -995,80 +1004,73 @@ impl Root {
     }
 
     /// Ids of every session under the root, sorted: folders holding a `session.sqlite`,
-    /// also one that is not a regular file (a symlink, a folder), a folder this process
-    /// may not look into and a symlink named like a session (never followed), which every
-    /// open then refuses, so `list` reports it as skipped instead of passing over it.
-    /// Staging, trash and other dot-entries are never listed, nor names that are not
-    /// UTF-8 (`list` reports those as skipped).
+    /// also one that is not a regular file (a symlink, a folder) and a folder this process
+    /// may not look into, which every open then refuses, so `list` reports it as skipped
+    /// instead of passing over it. Staging, trash and other dot-entries are never listed,
+    /// nor what is no session of this root though named like one: a symlink to a folder
+    /// (never followed), a folder whose name is not UTF-8 or not a valid session id (`list` and
+    /// `rebuild-catalog` report those as skipped, `gc` as kept).
     ///
     /// # Errors
     /// [`Error::Io`] when the root cannot be read.
     pub fn list_ids(&self) -> Result<Vec<SessionId>> {
-        let mut ids: Vec<SessionId> = self
-            .session_names(|name| name.to_str().is_some())?
-            .into_iter()
-            .filter_map(|name| SessionId::new(name.into_string().ok()?).ok())
-            .collect();
-        ids.sort();
-        Ok(ids)
+        Ok(self.scan()?.ids)
     }
 
-    /// The session folders (and symlinks) of the root whose names are not UTF-8, so no
-    /// command can name them: each as skipped, "name is not UTF-8", under its name with
-    /// the undecodable bytes as U+FFFD (no id of a session), sorted. One read of the root
-    /// folder; only such names are looked into.
+    /// One read of the root folder: the ids of its sessions (as [`Root::list_ids`]) and,
+    /// each as skipped with why, the entries named like sessions that are none of this
+    /// root's, which no command can open: a symlink to a folder ("a symlink; sessions are
+    /// folders of the root"; one to a file or dangling is left out, as a file is), a
+    /// session folder whose name is not UTF-8 or is not a valid session id
+    /// (under its name made an id, [`SessionId::shown`]: the bytes that are not UTF-8 and
+    /// the characters an id may not hold as U+FFFD). Both sorted; dot-entries left out.
     ///
     /// # Errors
     /// [`Error::Io`] when the root cannot be read.
-    pub(crate) fn undecodable_sessions(&self) -> Result<Vec<SkippedSession>> {
-        let mut out: Vec<SkippedSession> = self
-            .session_names(|name| name.to_str().is_none())?
-            .into_iter()
-            .filter_map(|name| {
-                let id = SessionId::new(name.to_string_lossy()).ok()?;
-                let error = Error::invalid(format!(
-                    "{} is not a session: name is not UTF-8",
-                    self.inner.path.join(&name).display()
-                ));
-                Some(SkippedSession {
-                    session_id: id,
-                    error: Arc::new(error),
-                })
-            })
-            .collect();
-        out.sort_by(|a, b| a.session_id.cmp(&b.session_id));
-        Ok(out)
-    }
-
-    /// Names of the root's entries that are sessions or claim to be, among those `wanted`
-    /// (asked before anything is looked into): folders holding a `session.sqlite` (or that
-    /// this process may not look into) and symlinks, not followed; dot-entries left out.
-    fn session_names(
-        &self,
-        wanted: impl Fn(&std::ffi::OsStr) -> bool,
-    ) -> Result<Vec<std::ffi::OsString>> {
+    pub(crate) fn scan(&self) -> Result<RootScan> {
         let entries = std::fs::read_dir(&self.inner.path)
             .map_err(|e| Error::io(format!("read {}", self.inner.path.display()), e))?;
-        let mut names = Vec::new();
+        let mut scan = RootScan::default();
         for entry in entries {
             let entry = entry.map_err(|e| Error::io("read root entry", e))?;
             let name = entry.file_name();
             let Ok(kind) = entry.file_type() else {
                 continue;
             };
-            if name.as_encoded_bytes().starts_with(b".") || !wanted(&name) {
+            if name.as_encoded_bytes().starts_with(b".") {
                 continue;
             }
-            let session = kind.is_symlink()
-                || (kind.is_dir()
-                    && std::fs::symlink_metadata(entry.path().join(SESSION_FILE)).map_or_else(
-                        |e| e.kind() == std::io::ErrorKind::PermissionDenied,
-                        |_| true,
-                    ));
-            if session {
-                names.push(name);
-            }
+            let path = entry.path();
+            // A symlink to a folder: what a linked session looks like (one to a file, or
+            // dangling, is no more a session than a file is). Its target is looked at by
+            // `stat`, never opened.
+            let why = if kind.is_symlink() && path.is_dir() {
+                "a symlink; sessions are folders of the root".to_owned()
+            } else if kind.is_dir()
+                && std::fs::symlink_metadata(path.join(SESSION_FILE)).map_or_else(
+                    |e| e.kind() == std::io::ErrorKind::PermissionDenied,
+                    |_| true,
+                )
+            {
+                match name.to_str().map(SessionId::new) {
+                    Some(Ok(id)) => {
+                        scan.ids.push(id);
+                        continue;
+                    }
+                    Some(Err(Error::InvalidInput { what, .. })) => format!("not a session: {what}"),
+                    Some(Err(e)) => format!("not a session: {e}"),
+                    None => "not a session: name is not UTF-8".to_owned(),
+                }
+            } else {
+                continue;
+            };
+            scan.skipped.push(SkippedSession {
+                session_id: SessionId::shown(&name.to_string_lossy()),
+                error: Arc::new(Error::invalid(format!("{} is {why}", path.display()))),
+            });
         }
-        Ok(names)
+        scan.ids.sort();
+        scan.skipped.sort_by(|a, b| a.session_id.cmp(&b.session_id));
+        Ok(scan)
     }
 }

@@ -147,8 +147,9 @@ impl Root {
     /// to be deleted) when the root folder cannot be written, naming it and the system's
     /// reason (a read-only file system, no permission), before anything is deleted: every
     /// deletion would fail alike. A session's own failure is reported in
-    /// [`GcReport::failed`] and the others go on; a folder whose name is not UTF-8 is in
-    /// [`GcReport::kept`].
+    /// [`GcReport::failed`] and the others go on; what is named like a session and is none
+    /// of the root's (a symlink, a folder whose name is not UTF-8 or not a valid session
+    /// id, see [`Root::list_ids`]) is in [`GcReport::kept`], saying so.
     pub fn gc(&self, options: &GcOptions) -> Result<GcReport> {
         let older_ms = i64::try_from(options.older_than.as_millis()).unwrap_or(i64::MAX);
         let cutoff_ms = now_ms().saturating_sub(older_ms);
@@ -159,8 +160,9 @@ impl Root {
         // The ages as the run starts: deleting one session changes the files of those it
         // shares history with (its forks, its ancestors' `dependents`), and such a session,
         // old when the run began, is then reported as updated meanwhile, not passed over.
-        let old: Vec<(SessionId, i64)> = self
-            .list_ids()?
+        let scan = self.scan()?;
+        let old: Vec<(SessionId, i64)> = scan
+            .ids
             .into_iter()
             .map(|id| {
                 let updated_at_ms = modified_ms(&self.session_dir(&id));
@@ -222,13 +224,12 @@ impl Root {
                 Err(e) => report.failed.push(keep(e.to_string())),
             }
         }
-        // No command can name them: kept, and said so.
-        report
-            .kept
-            .extend(self.undecodable_sessions()?.into_iter().map(|s| GcKept {
-                session_id: s.session_id,
-                reason: s.error.to_string(),
-            }));
+        // No sessions of the root (symlinks, names no command can give): kept, and said so,
+        // never as failures.
+        report.kept.extend(scan.skipped.into_iter().map(|s| GcKept {
+            session_id: s.session_id,
+            reason: s.error.to_string(),
+        }));
         Ok(report)
     }
 }
