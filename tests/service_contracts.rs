@@ -1550,3 +1550,91 @@ async fn shutdown_leaves_bound_and_busy_runtimes_listed_in_open_sessions() {
     assert_eq!(service.open_sessions(), Vec::<SessionRef>::new());
     assert!(service.root().open_writer(&id("sd1")).is_ok());
 }
+
+/// Waits (20 s at most) until the root holds exactly the sessions `known` and the
+/// service has no runtime open but theirs: what callers that stopped waiting left behind
+/// is removed in the background. Work abandoned by its caller is given 3 s first to reach
+/// the point where it published (a session still being copied is not listed yet).
+async fn settles_to(service: &Service, known: &[SessionRef]) {
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut ids: Vec<String> = known.iter().map(|r| r.session_id.to_string()).collect();
+    ids.sort();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut listed: Vec<String> = service
+            .root()
+            .list_ids()
+            .expect("list ids")
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        listed.sort();
+        let open: Vec<String> = service
+            .open_sessions()
+            .iter()
+            .map(|r| r.session_id.to_string())
+            .filter(|id| !ids.contains(id))
+            .collect();
+        if listed == ids && open.is_empty() {
+            return;
+        }
+        let unknown: Vec<&String> = listed.iter().filter(|id| !ids.contains(id)).collect();
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} sessions no caller learnt of, {} of them open, e.g. {:?}",
+            unknown.len(),
+            open.len(),
+            unknown.first()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A `create` without an id, a `prepare_create` and a `fork` without a child id whose
+/// callers stop waiting (a timeout of 0 to 3 ms, an aborted task; 60 rounds) leave no
+/// session behind: each session in the root is one a caller got (they ran on and
+/// published sessions under ids their callers never learnt, holding their writers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_create_whose_caller_stops_waiting_leaves_no_session() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (service, parent) = service_with_session(dir.path(), "parent").await;
+    let rt = service.runtime(&parent).expect("runtime");
+    rt.session().append(turn("op", "t1", "m1")).expect("turn");
+    let mut known = vec![parent.clone()];
+    for round in 0..60u64 {
+        let wait = Duration::from_micros(round % 4 * 1000);
+        let created = tokio::time::timeout(wait, service.create(CreateOptions::default())).await;
+        if let Ok(rt) = created {
+            known.push(rt.expect("create").session_ref().clone());
+        }
+        let prepared =
+            tokio::time::timeout(wait, service.prepare_create(CreateOptions::default())).await;
+        if let Ok(prepared) = prepared {
+            let prepared = prepared.expect("prepare");
+            known.push(
+                service
+                    .publish(&prepared)
+                    .expect("publish")
+                    .session_ref()
+                    .clone(),
+            );
+        }
+        let forked = tokio::time::timeout(wait, service.fork(&parent, "t1", None)).await;
+        if let Ok(child) = forked {
+            known.push(child.expect("fork").session_ref().clone());
+        }
+        let task = {
+            let service = service.clone();
+            tokio::spawn(async move { service.create(CreateOptions::default()).await })
+        };
+        tokio::time::sleep(wait).await;
+        task.abort();
+        if let Ok(Ok(rt)) = task.await {
+            known.push(rt.session_ref().clone());
+        }
+    }
+    settles_to(&service, &known).await;
+    within("shutdown", service.shutdown())
+        .await
+        .expect("shutdown");
+}

@@ -3,6 +3,7 @@
 //! export, import, delete and legacy migration. Async on tokio; every SQLite call runs
 //! on a blocking thread.
 
+mod caller;
 mod legacy;
 mod query;
 mod recovery;
@@ -19,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::model::ids::random_hex;
 use crate::model::{SessionId, SessionRef};
 use crate::persistence::{CreateOptions, ExportReport, ForkPoint, ImportOptions, Root};
+use crate::service::caller::{Caller, Watch, abandoned_wait};
 use crate::session::live::Session;
 
 pub use legacy::MigrationRecord;
@@ -285,22 +287,43 @@ impl Service {
         live
     }
 
-    /// Creates a session whose runtime is usable but not visible until published.
+    /// Creates a session whose runtime is usable but not visible until published. A
+    /// caller that stops waiting (its future dropped, its task aborted) before this
+    /// returns leaves no session behind, as with [`Service::create`].
     ///
     /// # Errors
     /// [`Error::SessionExists`]; [`Error::ServiceShutDown`] after [`Service::shutdown`] (nothing
     /// created); storage errors.
     pub async fn prepare_create(&self, options: CreateOptions) -> Result<PreparedRuntime> {
         self.check_running()?;
-        let root = self.inner.root.clone();
-        let session = blocking(move || root.create(options)).await?;
-        let r = self.session_ref(session.id().clone());
-        Ok(PreparedRuntime {
-            service: Arc::downgrade(&self.inner),
-            runtime: Runtime::new(r, session),
-            stamp: random_hex(),
-            state: Mutex::new(PreparedState::default()),
+        let caller = Caller::new(self);
+        let (service, watch) = (self.clone(), caller.watch());
+        let prepared = to_completion(async move {
+            let (root, gone) = (service.inner.root.clone(), watch.gone().clone());
+            let session = blocking(move || {
+                if gone.is_cancelled() {
+                    return Err(Error::Cancelled);
+                }
+                root.create(options)
+            })
+            .await?;
+            let r = service.session_ref(session.id().clone());
+            if let Some(mut handoff) = watch.hold() {
+                handoff.made(&r);
+                return Ok(PreparedRuntime {
+                    service: Arc::downgrade(&service.inner),
+                    runtime: Runtime::new(r, session),
+                    stamp: random_hex(),
+                    state: Mutex::new(PreparedState::default()),
+                });
+            }
+            if close_session(session).await.is_ok() {
+                let _ = service.delete(&r, &abandoned_wait()).await;
+            }
+            Err(Error::Cancelled)
         })
+        .await;
+        caller.take(prepared)
     }
 
     /// Publishes the exact prepared instance (idempotent while it stays published). One
@@ -392,6 +415,13 @@ impl Service {
     /// finds no session, when it came first), never [`Error::WriterOwned`] for this
     /// process's own create.
     ///
+    /// A caller that stops waiting (its future dropped by a timeout or a `select!`, its
+    /// task aborted) before this returns leaves no session behind, with or without an
+    /// id: the create stops before it makes the session, or the session it made is
+    /// deleted again (unless someone bound it or runs an execution on it meanwhile, or
+    /// another process took its writer within 10 s: then it stays). The same holds for
+    /// [`Service::prepare_create`], [`Service::fork`] and [`Service::rewind`].
+    ///
     /// # Errors
     /// As [`Service::prepare_create`] and [`Service::publish`].
     pub async fn create(&self, mut options: CreateOptions) -> Result<Runtime> {
@@ -399,16 +429,26 @@ impl Service {
             .session_id
             .get_or_insert_with(SessionId::random)
             .clone();
-        let service = self.clone();
-        to_completion(async move {
+        let caller = Caller::new(self);
+        let (service, watch) = (self.clone(), caller.watch());
+        let created = to_completion(async move {
             if service.reserve(&id).await?.is_some() {
                 return Err(Error::SessionExists(id.to_string()));
             }
-            let root = service.inner.root.clone();
-            let created = blocking(move || root.create(options)).await;
-            service.install(&service.session_ref(id), created)
+            let (root, gone) = (service.inner.root.clone(), watch.gone().clone());
+            let created = blocking(move || {
+                if gone.is_cancelled() {
+                    return Err(Error::Cancelled);
+                }
+                root.create(options)
+            })
+            .await;
+            service
+                .install_for(&service.session_ref(id), created, &watch)
+                .await
         })
-        .await
+        .await;
+        caller.take(created)
     }
 
     /// Opens (or reuses) the session's runtime and binds a client to it. Concurrent calls
@@ -531,6 +571,35 @@ impl Service {
         }
         self.inner.registry_changed.notify_waiters();
         Ok(rt)
+    }
+
+    /// [`Service::install`] of a session made for a caller that may be gone ([`Watch`]):
+    /// published only while the caller waits; made for a caller gone, it is closed and
+    /// deleted, its id reserved until then, and the call answers [`Error::Cancelled`]
+    /// (to nobody).
+    async fn install_for(
+        &self,
+        r: &SessionRef,
+        opened: Result<Session>,
+        watch: &Watch,
+    ) -> Result<Runtime> {
+        let session = match opened {
+            Ok(session) => session,
+            Err(e) => {
+                self.release_reservation(&r.session_id);
+                return Err(e);
+            }
+        };
+        if let Some(mut handoff) = watch.hold() {
+            let rt = self.install(r, Ok(session))?;
+            handoff.made(r);
+            return Ok(rt);
+        }
+        match close_session(session).await {
+            Ok(()) => drop(self.delete_reserved(r, &abandoned_wait(), true).await),
+            Err(_) => self.release_reservation(&r.session_id),
+        }
+        Err(Error::Cancelled)
     }
 
     /// Ends a failed open of a session reserved in `preparing`: drops the reservation and
@@ -813,20 +882,27 @@ impl Service {
         }
         let root = self.inner.root.clone();
         let parent = r.session_id.clone();
-        let service = self.clone();
-        to_completion(async move {
-            let fork_id = child.clone();
+        let caller = Caller::new(self);
+        let (service, watch) = (self.clone(), caller.watch());
+        let forked = to_completion(async move {
+            let (fork_id, gone) = (child.clone(), watch.gone().clone());
             // The child is published with its writer lock held and opened under it: no
             // other process can take it in between (`Root::fork_writer`).
             let opened = blocking(move || {
+                if gone.is_cancelled() {
+                    return Err(Error::Cancelled);
+                }
                 let session = root.fork_writer(&parent, point, Some(fork_id))?;
                 recovery::close_interrupted_turn(&session)?;
                 Ok(session)
             })
             .await;
-            service.install(&service.session_ref(child), opened)
+            service
+                .install_for(&service.session_ref(child), opened, &watch)
+                .await
         })
-        .await
+        .await;
+        caller.take(forked)
     }
 
     /// Forks after a completed turn and publishes the child's runtime. An attached
@@ -934,25 +1010,41 @@ impl Service {
                     Err(e) => return Err(e),
                 }
             };
-            if reserved {
-                let mut reg = service.registry();
-                reg.preparing.remove(&r.session_id);
-                reg.deleting.insert(r.session_id.clone());
-            }
-            service.inner.registry_changed.notify_waiters();
-            let (root, id) = (service.inner.root.clone(), r.session_id.clone());
-            let deleted = blocking(move || root.delete(&id, &cancel)).await;
-            {
-                let mut reg = service.registry();
-                if deleted.is_ok() {
-                    reg.closed.remove(&r.session_id);
-                }
-                reg.deleting.remove(&r.session_id);
-            }
-            service.inner.registry_changed.notify_waiters();
-            deleted
+            service.delete_reserved(&r, &cancel, reserved).await
         })
         .await
+    }
+
+    /// The delete of [`Service::delete`] once no runtime of `r` is published: with
+    /// `reserved`, the caller holds the id's reservation in `preparing`, which moves to
+    /// `deleting` until the delete ends.
+    async fn delete_reserved(
+        &self,
+        r: &SessionRef,
+        cancel: &CancelToken,
+        reserved: bool,
+    ) -> Result<()> {
+        if reserved {
+            let mut reg = self.registry();
+            reg.preparing.remove(&r.session_id);
+            reg.deleting.insert(r.session_id.clone());
+        }
+        self.inner.registry_changed.notify_waiters();
+        let (root, id, cancel) = (
+            self.inner.root.clone(),
+            r.session_id.clone(),
+            cancel.clone(),
+        );
+        let deleted = blocking(move || root.delete(&id, &cancel)).await;
+        {
+            let mut reg = self.registry();
+            if deleted.is_ok() {
+                reg.closed.remove(&r.session_id);
+            }
+            reg.deleting.remove(&r.session_id);
+        }
+        self.inner.registry_changed.notify_waiters();
+        deleted
     }
 
     /// Renames a session: appends a `session/title` event as its writer. Through the
