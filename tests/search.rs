@@ -2020,6 +2020,77 @@ fn emoji_are_found_as_words_of_their_own() {
     assert_eq!(found(&root), expected, "the old index was not filled again");
 }
 
+/// A word inside a run of Han, kana or Hangul (written without spaces) is found: each
+/// such letter is a word of the index, a query the phrase of its letters. `unicode61` took
+/// the whole run for one word, so `東京` did not find `東京タワーに行きました`, nor `서울`
+/// `서울에서`. An index an earlier build filled (`user_version` 3) is filled again.
+#[test]
+fn a_word_inside_a_run_of_han_kana_or_hangul_is_found() {
+    let (_dir, root) = temp_root();
+    create(&root, "cjk").close().expect("close");
+    append(
+        &root,
+        "cjk",
+        "c",
+        vec![
+            message("c1", "user", "昨日東京タワーに行きました"),
+            message("c2", "user", "내일 서울에서 만나요"),
+            message("c3", "user", "京都の東にある"),
+            message("c4", "user", "我们在北京见面 ok"),
+        ],
+    );
+    let found = |root: &Root| -> Vec<(String, Vec<String>)> {
+        [
+            "東京",
+            "タワー",
+            "行きました",
+            "서울",
+            "만나",
+            "北京",
+            "東京*",
+            "京",
+            "東 京",
+            "ok",
+            "東京 OR 北京",
+        ]
+        .iter()
+        .map(|q| {
+            let mut ids: Vec<String> = search_all(root, q, SearchOptions::default())
+                .into_iter()
+                .map(|h| h.message_id)
+                .collect();
+            ids.sort();
+            (q.to_string(), ids)
+        })
+        .collect()
+    };
+    let expected: Vec<(String, Vec<String>)> = [
+        ("東京", &["c1"][..]),
+        ("タワー", &["c1"]),
+        ("行きました", &["c1"]),
+        ("서울", &["c2"]),
+        ("만나", &["c2"]),
+        ("北京", &["c4"]),
+        ("東京*", &["c1"]),
+        ("京", &["c1", "c3", "c4"]),
+        ("東 京", &["c1", "c3"]),
+        ("ok", &["c4"]),
+        ("東京 OR 北京", &["c1", "c4"]),
+    ]
+    .iter()
+    .map(|(q, ids)| (q.to_string(), ids.iter().map(|s| s.to_string()).collect()))
+    .collect();
+    assert_eq!(found(&root), expected);
+    let hits = search_all(&root, "タワー", SearchOptions::default());
+    assert_eq!(
+        hits[0].snippet.marked("[", "]"),
+        "昨日東京[タ][ワ][ー]に行きました"
+    );
+    // The index as the build before left it: filled (user_version 3), each run one word.
+    let root = index_an_earlier_build_filled(root, 3);
+    assert_eq!(found(&root), expected, "the old index was not filled again");
+}
+
 /// A message whose text holds a lone UTF-16 surrogate escape (`\ud800`, kept as given by
 /// `append`) is found by its other words, the escape read as U+FFFD: serde_json refused
 /// to decode the text, so the message had none and no search found it.

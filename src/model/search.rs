@@ -75,6 +75,29 @@ fn bad(reason: impl std::fmt::Display) -> Error {
 /// Whether `c` is part of a word (as SQLite's `unicode61` tokenizer sees it, closely: a
 /// combining mark belongs to the word it accents), or an emoji ([`is_emoji`]: a word of
 /// its own).
+/// Whether `c` is a letter of a script written without spaces between its words (Han
+/// ideographs, hiragana, katakana) or of Hangul (whose words take their particles without
+/// a space: `서울에서`). Each is indexed and searched as a word of its own ([`index_text`]),
+/// so a query is the phrase of its characters: `東京` finds `東京タワーに行きました` and
+/// `서울` finds `서울에서`. `unicode61` took a whole run of them for one word, which a
+/// search found only whole (`東京` found nothing there, nor `タワー`).
+fn is_unspaced(c: char) -> bool {
+    matches!(
+        u32::from(c),
+        0x1100..=0x11FF
+            | 0x3040..=0x30FF
+            | 0x3130..=0x318F
+            | 0x31F0..=0x31FF
+            | 0x3400..=0x4DBF
+            | 0x4E00..=0x9FFF
+            | 0xA960..=0xA97F
+            | 0xAC00..=0xD7FF
+            | 0xF900..=0xFAFF
+            | 0xFF66..=0xFFDC
+            | 0x20000..=0x323AF
+    ) && c.is_alphanumeric()
+}
+
 fn is_word_char(c: char) -> bool {
     c.is_alphanumeric() || is_combining_mark(c) || is_emoji(c)
 }
@@ -117,7 +140,8 @@ fn is_emoji(c: char) -> bool {
     ) && !c.is_alphanumeric()
 }
 
-/// The text as the index holds it and as a query's terms look for it: each emoji
+/// The text as the index holds it and as a query's terms look for it: each Han, kana and
+/// Hangul letter ([`is_unspaced`]) a token of its own between spaces, and each emoji
 /// ([`is_emoji`]) a token of its own, a private-use character (which `unicode61` takes for
 /// a letter) standing for it between spaces: U+F0000 plus the code point for one of the
 /// Basic Multilingual Plane, U+100000 plus its offset in the plane for one of plane 1. So
@@ -126,11 +150,18 @@ fn is_emoji(c: char) -> bool {
 /// order. Variation selectors and the zero-width joiner are separators already. Only the
 /// index holds this form: snippets are cut from the message's own text.
 pub(crate) fn index_text(text: &str) -> Cow<'_, str> {
-    if !text.chars().any(is_emoji) {
+    if !text.chars().any(|c| is_emoji(c) || is_unspaced(c)) {
         return Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len() + 16);
     for c in text.chars() {
+        if is_unspaced(c) {
+            // A word of its own ([`is_unspaced`]).
+            out.push(' ');
+            out.push(c);
+            out.push(' ');
+            continue;
+        }
         if !is_emoji(c) {
             out.push(c);
             continue;
@@ -481,19 +512,20 @@ fn collect_marks(node: &Node, out: &mut Vec<(String, bool)>) {
 }
 
 /// The words of `text`, folded ([`fold`]), with their byte ranges: as the index has them,
-/// an emoji is a word of its own (with the marks that follow it, such as a variation
-/// selector), as [`index_text`] makes it.
+/// an emoji or a letter of a script without spaces ([`is_unspaced`]) is a word of its own
+/// (with the marks that follow it, such as a variation selector), as [`index_text`] makes
+/// it.
 fn words(text: &str) -> impl Iterator<Item = (Range<usize>, String)> + '_ {
     let mut chars = text.char_indices().peekable();
     std::iter::from_fn(move || {
         let (start, first) = chars.by_ref().find(|(_, c)| is_word_char(*c))?;
-        let emoji = is_emoji(first);
+        let alone = is_emoji(first) || is_unspaced(first);
         let mut end = text.len();
         while let Some((at, c)) = chars.peek() {
-            let goes_on = if emoji {
+            let goes_on = if alone {
                 is_combining_mark(*c)
             } else {
-                is_word_char(*c) && !is_emoji(*c)
+                is_word_char(*c) && !is_emoji(*c) && !is_unspaced(*c)
             };
             if !goes_on {
                 end = *at;

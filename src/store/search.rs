@@ -64,9 +64,9 @@ pub(crate) const SEARCH_FILES: [&str; 4] = [
 /// killed while it filled a new index) is 0 and is filled again by the next search. An
 /// index an earlier build filled (1: before a Responses-API item's tool call, output and
 /// reasoning summary were text to search; 2: before emoji were words, `model::search::
-/// index_text`, and before a text with a lone surrogate escape was indexed) is filled again
-/// the same way.
-const FILLED: i64 = 3;
+/// index_text`, and before a text with a lone surrogate escape was indexed; 3: before each
+/// Han, kana and Hangul letter was a word of its own) is filled again the same way.
+const FILLED: i64 = 4;
 
 /// `PRAGMA application_id` of a search index ("SeSF").
 const SEARCH_APPLICATION_ID: i32 = 0x5365_5346;
