@@ -227,7 +227,17 @@ fn a_damaged_file_is_corrupt_and_a_newer_one_unsupported() {
     assert_eq!(classes(&e), ["unsupported"], "{e}");
     // The store's own version check refused it before any lower-level code ran.
     assert!(e.source().is_none(), "{e:?}");
-    assert!(e.to_string().contains("is newer than"), "{e}");
+    // It names the file and says what reads it (it said "schema version N is newer than
+    // M" alone).
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "not supported by this build: file {} has schema version {}, newer than {version} \
+             (the newest this build reads): a newer session-store reads it",
+            file.display(),
+            version + 1
+        )
+    );
 
     // A header naming another storage codec (a file of another format or a later one
     // under the same schema version) is unsupported too, not read as this codec; an

@@ -2081,8 +2081,9 @@ fn a_damaged_session_answers_session_damaged_naming_it() {
 
 /// A session file of a newer schema version answers its pages with 500 "Session of a newer
 /// version" and its API routes with an error naming the session and that a newer build
-/// reads it ("Internal Server Error" and "not supported by this build: schema version 9 is
-/// newer than 5" alone, naming no session, before); another session still served.
+/// reads it, and the file ("Internal Server Error" and "not supported by this build: schema
+/// version 9 is newer than 5" alone, naming no session, before); another session still
+/// served.
 #[test]
 fn a_session_of_a_newer_version_answers_naming_it() {
     let (_dir, root) = demo_root();
@@ -2091,8 +2092,13 @@ fn a_session_of_a_newer_version_answers_naming_it() {
         .execute_batch("PRAGMA user_version = 9")
         .expect("user_version");
     let server = Server::start(&root, &[]);
-    let named = "session demo-cli-flag cannot be shown by this build (not supported by this \
-                 build: schema version 9 is newer than 5); a newer session-store reads it";
+    let named = format!(
+        "session demo-cli-flag cannot be shown by this build (not supported by this build: \
+         file {} has schema version 9, newer than 5 (the newest this build reads): a newer \
+         session-store reads it)",
+        root.join("demo-cli-flag").join("session.sqlite").display()
+    );
+    let named = named.as_str();
     pages_answer_500(
         &server,
         "demo-cli-flag",

@@ -655,8 +655,12 @@ pub(crate) fn check_format(conn: &Connection) -> Result<i64> {
     }
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
     if version > SCHEMA_VERSION {
+        // Named, and what to do about it: the CLI's `show ID` said only "schema version 9
+        // is newer than 5", naming no file.
         return Err(Error::unsupported(format!(
-            "schema version {version} is newer than {SCHEMA_VERSION}"
+            "file {} has schema version {version}, newer than {SCHEMA_VERSION} (the newest \
+             this build reads): a newer session-store reads it",
+            conn.path().unwrap_or("(in memory)")
         )));
     }
     if version < 1 {

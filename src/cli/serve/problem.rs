@@ -73,9 +73,9 @@ impl Problem {
                 self.message
             )
         } else if self.newer {
+            // The library's message says that a newer session-store reads it.
             format!(
-                "session {id} cannot be shown by this build ({}); a newer session-store \
-                 reads it",
+                "session {id} cannot be shown by this build ({})",
                 self.message
             )
         } else {
