@@ -72,9 +72,6 @@ fn bad(reason: impl std::fmt::Display) -> Error {
     Error::invalid(format!("invalid search query: {reason}"))
 }
 
-/// Whether `c` is part of a word (as SQLite's `unicode61` tokenizer sees it, closely: a
-/// combining mark belongs to the word it accents), or an emoji ([`is_emoji`]: a word of
-/// its own).
 /// Whether `c` is a letter of a script written without spaces between its words (Han
 /// ideographs, hiragana, katakana) or of Hangul (whose words take their particles without
 /// a space: `서울에서`). Each is indexed and searched as a word of its own ([`index_text`]),
@@ -98,6 +95,9 @@ fn is_unspaced(c: char) -> bool {
     ) && c.is_alphanumeric()
 }
 
+/// Whether `c` is part of a word (as SQLite's `unicode61` tokenizer sees it, closely: a
+/// combining mark belongs to the word it accents), or an emoji ([`is_emoji`]: a word of
+/// its own).
 fn is_word_char(c: char) -> bool {
     c.is_alphanumeric() || is_combining_mark(c) || is_emoji(c)
 }
