@@ -1,5 +1,5 @@
 //! A caller that may stop waiting. A call that makes a session (`create`, `prepare_create`,
-//! `fork`, `rewind`) runs on a task of its own, so that a caller that stops
+//! `fork`, `rewind`, `import`) runs on a task of its own, so that a caller that stops
 //! waiting (its future dropped by a timeout or a `select!`, its task aborted) does not
 //! stop it half-way; without more, the session was then made and published under an id
 //! the caller never learnt. [`Caller`] lives in the caller's future and [`Watch`] in the
