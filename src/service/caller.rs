@@ -37,6 +37,9 @@ struct Shared {
 pub(crate) struct Caller {
     shared: Arc<Shared>,
     service: Service,
+    /// Whether the call runs on to the end without its caller: a session whose id the
+    /// caller gave it stays (the caller can name it, and a later open gets it).
+    named: bool,
 }
 
 /// The task's end.
@@ -46,8 +49,11 @@ pub(crate) struct Watch {
 }
 
 impl Caller {
-    pub(crate) fn new(service: &Service) -> Caller {
+    /// A caller; with `named` (it gave the id of the session the call makes), the call
+    /// runs on to the end without it.
+    pub(crate) fn new(service: &Service, named: bool) -> Caller {
         Caller {
+            named,
             shared: Arc::new(Shared {
                 gone: CancelToken::new(),
                 handoff: Mutex::new(Handoff::default()),
@@ -77,7 +83,7 @@ impl Drop for Caller {
     fn drop(&mut self) {
         let made = {
             let mut handoff = self.shared.lock();
-            if handoff.taken {
+            if handoff.taken || self.named {
                 return;
             }
             self.shared.gone.cancel();

@@ -296,7 +296,7 @@ impl Service {
     /// created); storage errors.
     pub async fn prepare_create(&self, options: CreateOptions) -> Result<PreparedRuntime> {
         self.check_running()?;
-        let caller = Caller::new(self);
+        let caller = Caller::new(self, options.session_id.is_some());
         let (service, watch) = (self.clone(), caller.watch());
         let prepared = to_completion(async move {
             let (root, gone) = (service.inner.root.clone(), watch.gone().clone());
@@ -415,9 +415,10 @@ impl Service {
     /// finds no session, when it came first), never [`Error::WriterOwned`] for this
     /// process's own create.
     ///
-    /// A caller that stops waiting (its future dropped by a timeout or a `select!`, its
-    /// task aborted) before this returns leaves no session behind, with or without an
-    /// id: the create stops before it makes the session, or the session it made is
+    /// A caller that gave no id and stops waiting (its future dropped by a timeout or a
+    /// `select!`, its task aborted) before this returns leaves no session behind (with an
+    /// id, the create runs on to the end and a later open gets the session): the create
+    /// stops before it makes the session, or the session it made is
     /// deleted again (unless someone bound it or runs an execution on it meanwhile, or
     /// another process took its writer within 10 s: then it stays). The same holds for
     /// [`Service::prepare_create`], [`Service::fork`], [`Service::rewind`] and
@@ -426,11 +427,11 @@ impl Service {
     /// # Errors
     /// As [`Service::prepare_create`] and [`Service::publish`].
     pub async fn create(&self, mut options: CreateOptions) -> Result<Runtime> {
+        let caller = Caller::new(self, options.session_id.is_some());
         let id = options
             .session_id
             .get_or_insert_with(SessionId::random)
             .clone();
-        let caller = Caller::new(self);
         let (service, watch) = (self.clone(), caller.watch());
         let created = to_completion(async move {
             if service.reserve(&id).await?.is_some() {
@@ -869,6 +870,7 @@ impl Service {
     ) -> Result<Runtime> {
         self.check_ref(r)?;
         self.flush_attached(&r.session_id).await?;
+        let caller = Caller::new(self, child.is_some());
         let child = child.unwrap_or_else(SessionId::random);
         // Reserved like an open, so that an open of the child in this service waits for
         // the fork's runtime instead of racing it for the writer lock.
@@ -883,7 +885,6 @@ impl Service {
         }
         let root = self.inner.root.clone();
         let parent = r.session_id.clone();
-        let caller = Caller::new(self);
         let (service, watch) = (self.clone(), caller.watch());
         let forked = to_completion(async move {
             let (fork_id, gone) = (child.clone(), watch.gone().clone());
@@ -957,7 +958,7 @@ impl Service {
         let dest: PathBuf = destination.as_ref().to_path_buf();
         // Dropped, the caller is gone: the copy stops at its next commit and removes its
         // temporary file (`Root::export_cancellable`).
-        let caller = Caller::new(self);
+        let caller = Caller::new(self, false);
         let gone = caller.watch().gone().clone();
         let exported = blocking(move || root.export_cancellable(&id, dest, &gone)).await;
         caller.take(exported)
@@ -985,7 +986,7 @@ impl Service {
         options: ImportOptions,
     ) -> Result<SessionRef> {
         let (root, file) = (self.inner.root.clone(), file.as_ref().to_path_buf());
-        let caller = Caller::new(self);
+        let caller = Caller::new(self, false);
         let (service, watch) = (self.clone(), caller.watch());
         let imported = to_completion(async move {
             let gone = watch.gone().clone();
