@@ -1638,3 +1638,70 @@ async fn a_create_whose_caller_stops_waiting_leaves_no_session() {
         .await
         .expect("shutdown");
 }
+
+/// An `export` whose caller stops waiting (a timeout of 1 to 5 ms) stops at its next
+/// commit: no file appears at the destination, nothing is left beside it (the copy ran on
+/// to the end and wrote the file nobody waited for). An `import` whose caller stops
+/// waiting leaves no session behind (it published one nobody learnt of).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_export_or_import_whose_caller_stops_waiting_leaves_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = service_in(dir.path());
+    let s = service
+        .root()
+        .create(CreateOptions::with_id(id("big")))
+        .expect("create");
+    for i in 0..3000 {
+        let m = format!("m{i}");
+        s.append(Batch::new(
+            m.clone(),
+            vec![message(&m, "user", &"x".repeat(200))],
+        ))
+        .expect("append");
+    }
+    s.close().expect("close");
+    let r = service.session_ref(id("big"));
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).expect("out");
+    let mut stopped = 0;
+    for round in 0..5u64 {
+        let dest = out.join(format!("export-{round}.db"));
+        let wait = Duration::from_millis(1 + round);
+        if tokio::time::timeout(wait, service.export(&r, &dest))
+            .await
+            .is_err()
+        {
+            stopped += 1;
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            assert!(
+                !dest.exists(),
+                "round {round}: the export ran on to the end"
+            );
+        }
+    }
+    assert!(stopped > 0, "every export ended within its timeout");
+    let left: Vec<_> = std::fs::read_dir(&out)
+        .expect("read out")
+        .map(|e| e.expect("entry").file_name())
+        .filter(|n| !n.to_string_lossy().starts_with("export-"))
+        .collect();
+    assert!(left.is_empty(), "left beside the exports: {left:?}");
+    // A whole export to import from.
+    let file = out.join("whole.db");
+    service.export(&r, &file).await.expect("export");
+    let mut known = vec![r.clone()];
+    for round in 0..6u64 {
+        let options = session_store::ImportOptions::default()
+            .with_session_id(id(&format!("imported-{round}")));
+        let wait = Duration::from_millis(round * 2);
+        let imported = tokio::time::timeout(wait, service.import_with_header(&file, options)).await;
+        if let Ok(imported) = imported {
+            known.push(imported.expect("import"));
+        }
+    }
+    assert!(known.len() < 7, "every import ended within its timeout");
+    settles_to(&service, &known).await;
+    within("shutdown", service.shutdown())
+        .await
+        .expect("shutdown");
+}

@@ -1,5 +1,5 @@
 //! A caller that may stop waiting. A call that makes a session (`create`, `prepare_create`,
-//! `fork`, `rewind`) runs on a task of its own, so that a caller that stops
+//! `fork`, `rewind`, `import`) runs on a task of its own, so that a caller that stops
 //! waiting (its future dropped by a timeout or a `select!`, its task aborted) does not
 //! stop it half-way; without more, the session was then made and published under an id
 //! the caller never learnt. [`Caller`] lives in the caller's future and [`Watch`] in the
@@ -37,6 +37,9 @@ struct Shared {
 pub(crate) struct Caller {
     shared: Arc<Shared>,
     service: Service,
+    /// Whether the call runs on to the end without its caller: a session whose id the
+    /// caller gave it stays (the caller can name it, and a later open gets it).
+    named: bool,
 }
 
 /// The task's end.
@@ -46,8 +49,11 @@ pub(crate) struct Watch {
 }
 
 impl Caller {
-    pub(crate) fn new(service: &Service) -> Caller {
+    /// A caller; with `named` (it gave the id of the session the call makes), the call
+    /// runs on to the end without it.
+    pub(crate) fn new(service: &Service, named: bool) -> Caller {
         Caller {
+            named,
             shared: Arc::new(Shared {
                 gone: CancelToken::new(),
                 handoff: Mutex::new(Handoff::default()),
@@ -77,7 +83,7 @@ impl Drop for Caller {
     fn drop(&mut self) {
         let made = {
             let mut handoff = self.shared.lock();
-            if handoff.taken {
+            if handoff.taken || self.named {
                 return;
             }
             self.shared.gone.cancel();

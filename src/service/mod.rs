@@ -296,7 +296,7 @@ impl Service {
     /// created); storage errors.
     pub async fn prepare_create(&self, options: CreateOptions) -> Result<PreparedRuntime> {
         self.check_running()?;
-        let caller = Caller::new(self);
+        let caller = Caller::new(self, options.session_id.is_some());
         let (service, watch) = (self.clone(), caller.watch());
         let prepared = to_completion(async move {
             let (root, gone) = (service.inner.root.clone(), watch.gone().clone());
@@ -415,21 +415,23 @@ impl Service {
     /// finds no session, when it came first), never [`Error::WriterOwned`] for this
     /// process's own create.
     ///
-    /// A caller that stops waiting (its future dropped by a timeout or a `select!`, its
-    /// task aborted) before this returns leaves no session behind, with or without an
-    /// id: the create stops before it makes the session, or the session it made is
+    /// A caller that gave no id and stops waiting (its future dropped by a timeout or a
+    /// `select!`, its task aborted) before this returns leaves no session behind (with an
+    /// id, the create runs on to the end and a later open gets the session): the create
+    /// stops before it makes the session, or the session it made is
     /// deleted again (unless someone bound it or runs an execution on it meanwhile, or
     /// another process took its writer within 10 s: then it stays). The same holds for
-    /// [`Service::prepare_create`], [`Service::fork`] and [`Service::rewind`].
+    /// [`Service::prepare_create`], [`Service::fork`], [`Service::rewind`] and
+    /// [`Service::import`].
     ///
     /// # Errors
     /// As [`Service::prepare_create`] and [`Service::publish`].
     pub async fn create(&self, mut options: CreateOptions) -> Result<Runtime> {
+        let caller = Caller::new(self, options.session_id.is_some());
         let id = options
             .session_id
             .get_or_insert_with(SessionId::random)
             .clone();
-        let caller = Caller::new(self);
         let (service, watch) = (self.clone(), caller.watch());
         let created = to_completion(async move {
             if service.reserve(&id).await?.is_some() {
@@ -868,6 +870,7 @@ impl Service {
     ) -> Result<Runtime> {
         self.check_ref(r)?;
         self.flush_attached(&r.session_id).await?;
+        let caller = Caller::new(self, child.is_some());
         let child = child.unwrap_or_else(SessionId::random);
         // Reserved like an open, so that an open of the child in this service waits for
         // the fork's runtime instead of racing it for the writer lock.
@@ -882,7 +885,6 @@ impl Service {
         }
         let root = self.inner.root.clone();
         let parent = r.session_id.clone();
-        let caller = Caller::new(self);
         let (service, watch) = (self.clone(), caller.watch());
         let forked = to_completion(async move {
             let (fork_id, gone) = (child.clone(), watch.gone().clone());
@@ -938,7 +940,9 @@ impl Service {
     }
 
     /// Exports a session (flushing an attached runtime first, or waiting for a close of it
-    /// under way) to one self-contained file.
+    /// under way) to one self-contained file. A caller that stops waiting (its future
+    /// dropped, its task aborted) stops the copy at its next commit, and nothing is left
+    /// at the destination or beside it; a file already renamed into place stays.
     ///
     /// # Errors
     /// As [`Root::export`].
@@ -952,7 +956,12 @@ impl Service {
         let root = self.inner.root.clone();
         let id = r.session_id.clone();
         let dest: PathBuf = destination.as_ref().to_path_buf();
-        blocking(move || root.export(&id, dest)).await
+        // Dropped, the caller is gone: the copy stops at its next commit and removes its
+        // temporary file (`Root::export_cancellable`).
+        let caller = Caller::new(self, false);
+        let gone = caller.watch().gone().clone();
+        let exported = blocking(move || root.export_cancellable(&id, dest, &gone)).await;
+        caller.take(exported)
     }
 
     /// Imports an exported file under its own id.
@@ -964,7 +973,10 @@ impl Service {
             .await
     }
 
-    /// Imports an exported file with an id remap, cwd and origin.
+    /// Imports an exported file with an id remap, cwd and origin. A caller that stops
+    /// waiting (its future dropped, its task aborted) leaves no session behind: the
+    /// import does not start, or the session it published is deleted again once its copy
+    /// ends (the copy itself is not interrupted), as for [`Service::create`].
     ///
     /// # Errors
     /// As [`Root::import`].
@@ -973,10 +985,28 @@ impl Service {
         file: impl AsRef<Path>,
         options: ImportOptions,
     ) -> Result<SessionRef> {
-        let root = self.inner.root.clone();
-        let file = file.as_ref().to_path_buf();
-        let id = blocking(move || root.import(file, options)).await?;
-        Ok(self.session_ref(id))
+        let (root, file) = (self.inner.root.clone(), file.as_ref().to_path_buf());
+        let caller = Caller::new(self, false);
+        let (service, watch) = (self.clone(), caller.watch());
+        let imported = to_completion(async move {
+            let gone = watch.gone().clone();
+            let id = blocking(move || {
+                if gone.is_cancelled() {
+                    return Err(Error::Cancelled);
+                }
+                root.import(file, options)
+            })
+            .await?;
+            let r = service.session_ref(id);
+            if let Some(mut handoff) = watch.hold() {
+                handoff.made(&r);
+                return Ok(r);
+            }
+            let _ = service.delete(&r, &abandoned_wait()).await;
+            Err(Error::Cancelled)
+        })
+        .await;
+        caller.take(imported)
     }
 
     /// Deletes a session: closes its attached runtime first (refusing a busy or bound
