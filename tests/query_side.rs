@@ -546,6 +546,17 @@ async fn observe_refuses_a_cursor_past_the_last_sequence() {
     rt.session().close().unwrap();
 }
 
+/// Session `name` holding `n` user messages `m0`, `m1`, …, one batch each, closed.
+fn user_messages(root: &session_store::Root, name: &str, n: usize) {
+    let s = root.create(CreateOptions::with_id(id(name))).unwrap();
+    for i in 0..n {
+        let m = format!("m{i}");
+        s.append(Batch::new(m.clone(), vec![message(&m, "user", "hi")]))
+            .unwrap();
+    }
+    s.close().unwrap();
+}
+
 /// `observe` with a limit of 0 gives the default page (100 commits), as `list` and
 /// `history` do with 0 (it gave one commit); a limit over 1000 is refused, as `list`'s
 /// over 100 (it was cut to 1000 silently).
@@ -553,13 +564,7 @@ async fn observe_refuses_a_cursor_past_the_last_sequence() {
 async fn observe_limit_zero_is_the_default_page_and_over_the_maximum_refused() {
     let (_dir, service) = service();
     let root = service.root().clone();
-    let s = root.create(CreateOptions::with_id(id("o"))).unwrap();
-    for i in 0..150 {
-        let m = format!("m{i}");
-        s.append(Batch::new(m.clone(), vec![message(&m, "user", "hi")]))
-            .unwrap();
-    }
-    s.close().unwrap();
+    user_messages(&root, "o", 150);
     let r = service.session_ref(id("o"));
     let page = service.query().observe(&r, 0, 0).await.unwrap();
     assert_eq!(page.events.commits.len(), 100);
@@ -596,13 +601,7 @@ async fn observe_limit_zero_is_the_default_page_and_over_the_maximum_refused() {
 async fn history_limit_over_the_maximum_is_refused() {
     let (_dir, service) = service();
     let root = service.root().clone();
-    let s = root.create(CreateOptions::with_id(id("h"))).unwrap();
-    for i in 0..600 {
-        let m = format!("m{i}");
-        s.append(Batch::new(m.clone(), vec![message(&m, "user", "hi")]))
-            .unwrap();
-    }
-    s.close().unwrap();
+    user_messages(&root, "h", 600);
     let r = service.session_ref(id("h"));
     let q = service.query();
     let max = session_store::MAX_HISTORY_LIMIT;
@@ -635,13 +634,7 @@ async fn history_limit_over_the_maximum_is_refused() {
 async fn history_cursors_with_trailing_parts_are_refused() {
     let (_dir, service) = service();
     let root = service.root().clone();
-    let s = root.create(CreateOptions::with_id(id("h"))).unwrap();
-    for i in 0..5 {
-        let m = format!("m{i}");
-        s.append(Batch::new(m.clone(), vec![message(&m, "user", "hi")]))
-            .unwrap();
-    }
-    s.close().unwrap();
+    user_messages(&root, "h", 5);
     let r = service.session_ref(id("h"));
     let q = service.query();
     let first = q.history_page(&r, None, 2).await.unwrap();

@@ -491,8 +491,9 @@ fn verify_on_a_full_disk_does_not_call_a_sound_session_unsound() {
 
 /// `list` on a full disk where a session's `-shm` cannot be made fails (the session is
 /// not unreadable, and a listing without it would be wrong) with the full disk's exit
-/// code, naming the session file it was reading: it said only "disk full: disk I/O
-/// error". Runs the binary: only with the `cli` feature.
+/// code, naming the session file it was reading and that there is no space: it said only
+/// "disk full: disk I/O error", then "disk full: reading FILE: Error code 4874: disk I/O
+/// error" (SQLite's bare code). Runs the binary: only with the `cli` feature.
 #[cfg(feature = "cli")]
 #[test]
 fn list_on_a_full_disk_names_the_session_it_was_reading() {
@@ -509,9 +510,13 @@ fn list_on_a_full_disk_names_the_session_it_was_reading() {
     assert!(stderr.contains("disk full"), "{stderr}");
     let file = dir.join("sound").join("session.sqlite");
     assert!(
-        stderr.contains(&file.display().to_string()),
+        stderr.contains(&format!(
+            "disk full: could not read {}: no space left for its shared-memory file (-shm)",
+            file.display()
+        )),
         "names the session: {stderr}"
     );
+    assert!(!stderr.contains("Error code"), "{stderr}");
     std::fs::remove_file(&filler).unwrap();
     settle_keeping(&mount, kept);
     let out = cli(&dir, &["list"]);

@@ -365,14 +365,22 @@ pub fn block_on<F: std::future::Future>(future: F) -> CliResult<F::Output> {
 /// An error and its sources as one line (`outer: cause: root cause`), without repeats: a
 /// cause already in the line is left out, and so is one that only restates the cause
 /// before it behind a prefix (SQLite's `Error code 26: file is not a database` under
-/// `file is not a database`).
+/// `file is not a database`), and SQLite's bare code under an SQLite error that has a
+/// message of its own (`Error code 4874: disk I/O error` under "could not read FILE: no
+/// space left …", which a full disk's `list` printed).
 pub fn one_line(error: &(dyn std::error::Error + 'static)) -> String {
     let mut line = error.to_string();
     let mut previous = line.clone();
     let mut source = error.source();
+    let mut messaged = false;
     while let Some(cause) = source {
         let text = cause.to_string();
-        if !line.contains(&text) && !text.ends_with(&previous) {
+        let bare_code = messaged && cause.is::<rusqlite::ffi::Error>();
+        messaged = matches!(
+            cause.downcast_ref::<rusqlite::Error>(),
+            Some(rusqlite::Error::SqliteFailure(_, Some(_)))
+        );
+        if !bare_code && !line.contains(&text) && !text.ends_with(&previous) {
             line.push_str(": ");
             line.push_str(&text);
         }
@@ -518,6 +526,17 @@ mod tests {
         assert_eq!(
             one_line(&*corrupt),
             "corrupt session store: SQLite reports: file is not a database"
+        );
+        // SQLite's bare code under an SQLite error with a message of its own: left out (a
+        // full disk's `list` ended "…: Error code 4874: disk I/O error").
+        let named =
+            session_store::Error::DiskFull(std::sync::Arc::new(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR_SHMSIZE),
+                Some("could not read /r/s/session.sqlite: no space left".to_owned()),
+            )));
+        assert_eq!(
+            one_line(&named),
+            "disk full: could not read /r/s/session.sqlite: no space left"
         );
         // A cause that says more is kept, and so is its own cause.
         let io = chain(&["export failed", "open /x/y", "permission denied"]);

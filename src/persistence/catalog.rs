@@ -1291,17 +1291,25 @@ fn compute(root: &Root, stamper: &Stamper, id: &SessionId) -> Result<Computed> {
 }
 
 /// `error`, an [`Error::is_exhaustion`] met reading the session in `dir`, naming it (a
-/// full disk said only "disk full: disk I/O error"), its kind kept.
+/// full disk said only "disk full: disk I/O error"), its kind kept: "disk full: could not
+/// read DIR/session.sqlite: no space left for its shared-memory file (-shm)".
 fn naming_session(error: Error, dir: &std::path::Path) -> Error {
     let file = dir.join(crate::store::schema::SESSION_FILE);
     match error {
         Error::DiskFull(cause) => {
             let named = match &*cause {
-                // Its own message is SQLite's error, which follows as its cause.
-                rusqlite::Error::SqliteFailure(code, _) => rusqlite::Error::SqliteFailure(
-                    *code,
-                    Some(format!("reading {}", file.display())),
-                ),
+                // SQLite's own text for a `-shm` it could not grow is "disk I/O error".
+                rusqlite::Error::SqliteFailure(code, message) => {
+                    let why = if code.extended_code == rusqlite::ffi::SQLITE_IOERR_SHMSIZE {
+                        "no space left for its shared-memory file (-shm)"
+                    } else {
+                        message.as_deref().unwrap_or("database or disk is full")
+                    };
+                    rusqlite::Error::SqliteFailure(
+                        *code,
+                        Some(format!("could not read {}: {why}", file.display())),
+                    )
+                }
                 _ => return Error::DiskFull(cause),
             };
             Error::DiskFull(Arc::new(named))
