@@ -335,6 +335,42 @@ fn import_validates_and_publishes_atomically() {
     w.close().unwrap();
 }
 
+/// A fork's export imported under its parent's id is refused, nothing published: it was
+/// published naming itself as its own parent (`show`: "parent a", in the root). Under
+/// another id, or under its own, it imports and names its parent.
+#[test]
+fn a_forks_export_is_not_imported_under_its_parents_id() {
+    let work = tempfile::tempdir().unwrap();
+    let source = Root::open(work.path().join("source")).unwrap();
+    let a = create(&source, "a");
+    a.append(turn("t1", "turn-1", "m1")).unwrap();
+    a.close().unwrap();
+    source
+        .fork(&id("a"), after("turn-1"), Some(id("b")))
+        .unwrap();
+    let bundle = work.path().join("b.sqlite");
+    source.export(&id("b"), &bundle).unwrap();
+
+    let target = Root::open(work.path().join("target")).unwrap();
+    let err = target
+        .import(&bundle, ImportOptions::default().with_session_id(id("a")))
+        .unwrap_err();
+    assert!(err.is_caller_error(), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        "invalid input: the export was forked from a: imported as a it would be its own \
+         parent; give it another id"
+    );
+    assert!(target.list_ids().unwrap().is_empty());
+    assert!(staging_is_empty(&target));
+    for name in ["b", "c"] {
+        let options = ImportOptions::default().with_session_id(id(name));
+        let imported = target.import(&bundle, options).unwrap();
+        let header = target.stat(&imported).unwrap().header;
+        assert_eq!(header.parent_id, Some(id("a")), "{name}");
+    }
+}
+
 /// Exports session `src` of a root under `work`, three one-message commits (`op0`..`op2`,
 /// tool messages holding `content(i)`), to `work/bundle.sqlite`.
 fn export_of_three(work: &Path, content: impl Fn(usize) -> String) -> std::path::PathBuf {

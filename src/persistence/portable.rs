@@ -292,7 +292,8 @@ impl Root {
     /// `session.sqlite` ("DIR is a folder without a session file (session.sqlite): …"),
     /// [`Error::is_not_found`];
     /// [`Error::Corrupt`] or [`Error::UnsupportedVersion`] for a bad file;
-    /// [`Error::InvalidInput`] for a file that is not self-contained, one with a hot journal
+    /// [`Error::InvalidInput`] for a file that is not self-contained, the export of a fork
+    /// given its parent's id (it would be its own parent), one with a hot journal
     /// beside it (see [`replay_file`](crate::replay_file)), or a path that is neither a
     /// folder nor a regular file (a FIFO is refused before it is opened). Nothing is left
     /// on disk on failure.
@@ -320,6 +321,15 @@ impl Root {
             header.cwd = Some(cwd);
         }
         header.origin = options.origin.unwrap_or(Origin::CanonicalImport);
+        // A fork's export imported under its parent's id named itself as its own parent
+        // (`show`: "parent X", in the root).
+        if header.parent_id.as_ref() == Some(&header.session_id) {
+            return Err(Error::invalid(format!(
+                "the export was forked from {0}: imported as {0} it would be its own parent; \
+                 give it another id",
+                header.session_id
+            )));
+        }
         let target = header.session_id.clone();
         let through = reader.durable_sequence()?;
         let (staged, _lock) = self.stage(&target, "import", |conn| {
