@@ -372,15 +372,9 @@ pub fn one_line(error: &(dyn std::error::Error + 'static)) -> String {
     let mut line = error.to_string();
     let mut previous = line.clone();
     let mut source = error.source();
-    let mut messaged = false;
     while let Some(cause) = source {
         let text = cause.to_string();
-        let bare_code = messaged && cause.is::<rusqlite::ffi::Error>();
-        messaged = matches!(
-            cause.downcast_ref::<rusqlite::Error>(),
-            Some(rusqlite::Error::SqliteFailure(_, Some(_)))
-        );
-        if !bare_code && !line.contains(&text) && !text.ends_with(&previous) {
+        if !is_bare_sqlite_code(&text) && !line.contains(&text) && !text.ends_with(&previous) {
             line.push_str(": ");
             line.push_str(&text);
         }
@@ -388,6 +382,16 @@ pub fn one_line(error: &(dyn std::error::Error + 'static)) -> String {
         source = cause.source();
     }
     printable(&line).into_owned()
+}
+
+/// Whether `text` is SQLite's bare result code as the library's SQLite errors give it as
+/// their last cause (`Error code 4874: disk I/O error`): under an SQLite error with a
+/// message of its own it only restates the code, and under one without a message the
+/// line holds it already. (The command line reads no SQLite type, so it goes by the text.)
+fn is_bare_sqlite_code(text: &str) -> bool {
+    text.strip_prefix("Error code ")
+        .and_then(|rest| rest.split_once(": "))
+        .is_some_and(|(code, _)| !code.is_empty() && code.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// `text` safe to print on a terminal: every control character (escape sequences, line
@@ -529,15 +533,18 @@ mod tests {
         );
         // SQLite's bare code under an SQLite error with a message of its own: left out (a
         // full disk's `list` ended "…: Error code 4874: disk I/O error").
-        let named =
-            session_store::Error::DiskFull(std::sync::Arc::new(rusqlite::Error::SqliteFailure(
-                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR_SHMSIZE),
-                Some("could not read /r/s/session.sqlite: no space left".to_owned()),
-            )));
+        let named = chain(&[
+            "disk full: could not read /r/s/session.sqlite: no space left",
+            "could not read /r/s/session.sqlite: no space left",
+            "Error code 4874: disk I/O error",
+        ]);
         assert_eq!(
-            one_line(&named),
+            one_line(&*named),
             "disk full: could not read /r/s/session.sqlite: no space left"
         );
+        // Text that only starts like it is kept.
+        let not_code = chain(&["outer", "Error code x: y"]);
+        assert_eq!(one_line(&*not_code), "outer: Error code x: y");
         // A cause that says more is kept, and so is its own cause.
         let io = chain(&["export failed", "open /x/y", "permission denied"]);
         assert_eq!(
