@@ -1667,6 +1667,60 @@ fn export_stopped_by_a_signal_leaves_nothing_beside_its_destination() {
     env.ok(&["verify", dest_arg]);
 }
 
+/// Ctrl-C (SIGINT) or SIGTERM during `import` stops it with 130 / 143, publishes nothing
+/// and removes its staging copy at once: it used to die at once, leaving a whole copy of
+/// the file in `.staging/` until the next command opened the root. The file still imports
+/// afterwards.
+#[test]
+fn import_stopped_by_a_signal_leaves_no_staging_copy() {
+    let env = Env::new();
+    let root = session_store::Root::open(env.root()).expect("root");
+    let s = common::create(&root, "big");
+    for n in 0..2_000 {
+        let events = (0..64)
+            .map(|i| common::message(&format!("m{n}-{i}"), "user", &"x".repeat(200)))
+            .collect();
+        s.append(session_store::Batch::new(format!("op{n}"), events))
+            .expect("append");
+    }
+    s.close().expect("close");
+    drop(root);
+    let export = env.path("big.export");
+    let export_arg = export.to_str().expect("utf-8");
+    env.ok(&["export", "big", export_arg]);
+    let staging = env.root().join(".staging");
+    let staged = || {
+        std::fs::read_dir(&staging).map_or(0, |d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.path().is_dir())
+                .count()
+        })
+    };
+    for (signal, status) in [("INT", 130), ("TERM", 143)] {
+        let child = env
+            .command(&["import", export_arg, "--id", "copy"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn import");
+        // Signalled once its staging folder is there: the copy is under way.
+        let out = signal_when(child, signal, || staged() > 0);
+        assert_eq!(out.status.code(), Some(status), "SIG{signal}: {out:?}");
+        assert!(
+            stderr(&out).contains(&format!("interrupted by SIG{signal}")),
+            "{}",
+            stderr(&out)
+        );
+        assert_eq!(staged(), 0, "SIG{signal} left a staging copy");
+        assert!(
+            !env.root().join("copy").exists(),
+            "SIG{signal} published it"
+        );
+    }
+    env.ok(&["import", export_arg, "--id", "copy"]);
+    env.ok(&["verify", "copy"]);
+}
+
 /// `-` is stdin for `append --file` (it was opened as a file named `-`: "No such file",
 /// exit 1), and `export ID -` is refused (exit 2) instead of writing a file named `-` in
 /// the current folder for a user who meant stdout; `import`, `verify` and

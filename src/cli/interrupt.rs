@@ -1,6 +1,7 @@
 //! Ctrl-C (SIGINT) and SIGTERM for the commands that leave something behind when a signal
-//! ends them at once: `export` (a temporary file beside its destination) watches a token
-//! the first signal cancels, removes what it wrote and fails with status 128 + the
+//! ends them at once: `export` (a temporary file beside its destination) and `import` (a
+//! staging copy in the root, removed at once rather than by the next command) watch a token
+//! the first signal cancels, remove what they wrote and fail with status 128 + the
 //! signal's number (130, 143), as a shell reports a process the signal ended; `bench`
 //! (its scratch folder in the root) removes it on the signal's thread and exits with that
 //! status. A second signal ends the process at once. Every other command keeps the

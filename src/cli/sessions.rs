@@ -671,13 +671,16 @@ pub fn import(
     options.session_id = new_id.map(session_id).transpose()?;
     options.cwd = cwd;
     let root = cx.create_root()?;
+    let interrupt = Interrupt::watch()?;
     let bar = spinner(&format!("importing {}", file.display()));
-    let imported = root.import(file, options);
+    let imported = root.import_cancellable(file, options, interrupt.token());
     bar.finish_and_clear();
     // The library's account of a bad file ("corrupt session store: event 5: …") names no
     // file; the user may be importing many.
     let id = imported.map_err(|e| -> CliError {
-        if e.is_corrupt() || e.is_unsupported() {
+        if matches!(e, Error::Cancelled) {
+            interrupt.failure(e.into(), "nothing was imported")
+        } else if e.is_corrupt() || e.is_unsupported() {
             Failure::context(format!("cannot import {}", file.display()), &e)
         } else {
             in_context(e, format!("import {}", file.display()))

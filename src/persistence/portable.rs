@@ -298,6 +298,26 @@ impl Root {
     /// folder nor a regular file (a FIFO is refused before it is opened). Nothing is left
     /// on disk on failure.
     pub fn import(&self, file: impl AsRef<Path>, options: ImportOptions) -> Result<SessionId> {
+        self.import_cancellable(file, options, &CancelToken::new())
+    }
+
+    /// [`Root::import`] that stops when `cancel` fires (a command line's Ctrl-C, a service
+    /// caller gone): it is checked before anything is read, before each commit of the copy
+    /// and before the session is published, and a cancelled import removes its staging
+    /// folder, as a failed one does.
+    ///
+    /// # Errors
+    /// [`Error::Cancelled`] when `cancel` fired before the session was published (nothing
+    /// is left in the root); otherwise as [`Root::import`].
+    pub fn import_cancellable(
+        &self,
+        file: impl AsRef<Path>,
+        options: ImportOptions,
+        cancel: &CancelToken,
+    ) -> Result<SessionId> {
+        if cancel.is_cancelled() {
+            return Err(Error::Cancelled);
+        }
         let target = resolve_target(file.as_ref())?;
         check_integrity(&target.file, target.access)?;
         // Before a reader opens what the rows name (folders beside the user's file).
@@ -334,16 +354,18 @@ impl Root {
         let through = reader.durable_sequence()?;
         let (staged, _lock) = self.stage(&target, "import", |conn| {
             write::init_file(conn, &header)?;
-            let never = CancelToken::new();
             copy_log(
                 &reader,
                 through,
                 conn,
                 self.options().inline_threshold,
-                &never,
+                cancel,
             )
             .map(drop)
         })?;
+        if cancel.is_cancelled() {
+            return Err(Error::Cancelled);
+        }
         self.publish(staged, &target)?;
         Ok(target)
     }

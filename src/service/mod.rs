@@ -975,8 +975,8 @@ impl Service {
 
     /// Imports an exported file with an id remap, cwd and origin. A caller that stops
     /// waiting (its future dropped, its task aborted) leaves no session behind: the
-    /// import does not start, or the session it published is deleted again once its copy
-    /// ends (the copy itself is not interrupted), as for [`Service::create`].
+    /// import does not start or stops at its next commit ([`Root::import_cancellable`]),
+    /// or the session it published meanwhile is deleted again, as for [`Service::create`].
     ///
     /// # Errors
     /// As [`Root::import`].
@@ -990,13 +990,7 @@ impl Service {
         let (service, watch) = (self.clone(), caller.watch());
         let imported = to_completion(async move {
             let gone = watch.gone().clone();
-            let id = blocking(move || {
-                if gone.is_cancelled() {
-                    return Err(Error::Cancelled);
-                }
-                root.import(file, options)
-            })
-            .await?;
+            let id = blocking(move || root.import_cancellable(file, options, &gone)).await?;
             let r = service.session_ref(id);
             if let Some(mut handoff) = watch.hold() {
                 handoff.made(&r);
