@@ -1619,12 +1619,9 @@ fn a_relative_cwd_is_taken_as_the_absolute_folder_it_names() {
     assert_eq!(hits(&api), 1);
 }
 
-/// Ctrl-C (SIGINT) or SIGTERM during `export` stops it with 130 / 143 and removes its
-/// temporary file: it used to die at once, leaving `.sse-….tmp` and its `-wal` (tens of
-/// MB) beside the destination for good. The session still exports afterwards.
-#[test]
-fn export_stopped_by_a_signal_leaves_nothing_beside_its_destination() {
-    let env = Env::new();
+/// Session `big` in `env`'s root: 2,000 commits of 64 messages of 200 bytes (about 40 MB),
+/// large enough that an export or import of it is still running when a signal comes.
+fn big_session(env: &Env) {
     let root = session_store::Root::open(env.root()).expect("root");
     let s = common::create(&root, "big");
     for n in 0..2_000 {
@@ -1635,7 +1632,15 @@ fn export_stopped_by_a_signal_leaves_nothing_beside_its_destination() {
             .expect("append");
     }
     s.close().expect("close");
-    drop(root);
+}
+
+/// Ctrl-C (SIGINT) or SIGTERM during `export` stops it with 130 / 143 and removes its
+/// temporary file: it used to die at once, leaving `.sse-….tmp` and its `-wal` (tens of
+/// MB) beside the destination for good. The session still exports afterwards.
+#[test]
+fn export_stopped_by_a_signal_leaves_nothing_beside_its_destination() {
+    let env = Env::new();
+    big_session(&env);
     let out_dir = env.path("exports");
     std::fs::create_dir(&out_dir).expect("mkdir");
     let dest = out_dir.join("big.export");
@@ -1674,17 +1679,7 @@ fn export_stopped_by_a_signal_leaves_nothing_beside_its_destination() {
 #[test]
 fn import_stopped_by_a_signal_leaves_no_staging_copy() {
     let env = Env::new();
-    let root = session_store::Root::open(env.root()).expect("root");
-    let s = common::create(&root, "big");
-    for n in 0..2_000 {
-        let events = (0..64)
-            .map(|i| common::message(&format!("m{n}-{i}"), "user", &"x".repeat(200)))
-            .collect();
-        s.append(session_store::Batch::new(format!("op{n}"), events))
-            .expect("append");
-    }
-    s.close().expect("close");
-    drop(root);
+    big_session(&env);
     let export = env.path("big.export");
     let export_arg = export.to_str().expect("utf-8");
     env.ok(&["export", "big", export_arg]);
