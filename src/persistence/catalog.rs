@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::model::header::Origin;
 use crate::model::{Projection, SessionId, Usage};
-use crate::persistence::{Root, confine};
+use crate::persistence::{Root, RootScan, confine};
 use crate::store::reader::SessionReader;
 use crate::store::schema::{self, SESSION_FILE, WAL_FILE};
 
@@ -747,13 +747,12 @@ impl Catalog {
         self.with_conn_knowing(root, None, f)
     }
 
-    /// [`Catalog::with_conn`], given the root's session ids when the caller has just read
-    /// them (a first page's [`Root::scan`]), so that the first open does not read the root
-    /// folder again.
+    /// [`Catalog::with_conn`], given the read of the root folder the caller has just made
+    /// (a first page's [`Root::scan`]), so that the first open does not read it again.
     fn with_conn_knowing<T>(
         &self,
         root: &Root,
-        ids: Option<&[SessionId]>,
+        scan: Option<&RootScan>,
         f: impl FnOnce(&Connection) -> Result<T>,
     ) -> Result<T> {
         let mut guard = self.conn.lock().unwrap_or_else(|e| e.into_inner());
@@ -764,15 +763,7 @@ impl Catalog {
             let mut add = conn.prepare(
                 "INSERT OR IGNORE INTO sessions (session_id, stamp, entry) VALUES (?1, '', '')",
             )?;
-            let read;
-            let ids = match ids {
-                Some(ids) => ids,
-                None => {
-                    read = root.list_ids()?;
-                    &read
-                }
-            };
-            for id in ids {
+            for id in ids_of(root, scan)? {
                 add.execute([id.as_str()])?;
             }
             drop(add);
@@ -885,11 +876,10 @@ impl Catalog {
         let stamper = Stamper::open(root.path())?;
         // The first page reports what is no session of the root; one read of the folder.
         let scan = after.is_none().then(|| root.scan()).transpose()?;
-        let ids = scan.as_ref().map(|s| s.ids.as_slice());
         let refreshed = if filter.cached_only {
             Ok(Vec::new())
         } else {
-            self.with_conn_knowing(root, ids, |_| Ok(()))
+            self.with_conn_knowing(root, scan.as_ref(), |_| Ok(()))
                 .and_then(|()| self.refresh(root, &stamper))
         };
         let cached = refreshed.and_then(|skipped| {
@@ -901,7 +891,7 @@ impl Catalog {
             Ok(listing) => listing,
             Err(e) => {
                 let mut listing =
-                    direct_filtered_page(root, &stamper, ids, filter, &position, limit)?;
+                    direct_filtered_page(root, &stamper, scan.as_ref(), filter, &position, limit)?;
                 listing.catalog_error = Some(Arc::new(e));
                 listing
             }
@@ -1026,14 +1016,13 @@ impl Catalog {
         // listing does, from the one read of the root folder that also gives its ids: a
         // later page stays a page of the catalog, without a read of the whole folder.
         let scan = after.is_none().then(|| root.scan()).transpose()?;
-        let ids = scan.as_ref().map(|s| s.ids.as_slice());
         let cached = self
-            .with_conn_knowing(root, ids, |_| Ok(()))
+            .with_conn_knowing(root, scan.as_ref(), |_| Ok(()))
             .and_then(|()| self.cached_page(root, &stamper, after, limit));
         let mut listing = match cached {
             Ok(listing) => listing,
             Err(e) => {
-                let mut listing = direct_page(root, &stamper, ids, after, limit)?;
+                let mut listing = direct_page(root, &stamper, scan.as_ref(), after, limit)?;
                 listing.catalog_error = Some(Arc::new(e));
                 listing
             }
@@ -1109,10 +1098,11 @@ impl Catalog {
     /// them too.
     pub(crate) fn rebuild(&self, root: &Root) -> Result<RebuildReport> {
         let scan = root.scan()?;
+        let ids = scan.ids(root);
         let stamper = Stamper::open(root.path())?;
-        let mut rows = Vec::with_capacity(scan.ids.len());
+        let mut rows = Vec::with_capacity(ids.len());
         let mut skipped = Vec::new();
-        for id in &scan.ids {
+        for id in &ids {
             match compute(root, &stamper, id)? {
                 Computed::Entry(entry) => rows.push((id, row(&stamper, &entry)?)),
                 // Deleted since it was listed: nothing to index.
@@ -1148,26 +1138,27 @@ impl Catalog {
     }
 }
 
-/// The root's session ids: `ids` when the caller read them already, else read now.
-fn ids_of(root: &Root, ids: Option<&[SessionId]>) -> Result<Vec<SessionId>> {
-    match ids {
-        Some(ids) => Ok(ids.to_vec()),
+/// The root's session ids: from `scan` when the caller read the root folder already, else
+/// from a read now.
+fn ids_of(root: &Root, scan: Option<&RootScan>) -> Result<Vec<SessionId>> {
+    match scan {
+        Some(scan) => Ok(scan.ids(root)),
         None => root.list_ids(),
     }
 }
 
-/// A page computed from the session files alone (no catalog read or write); `ids` the
-/// root's session ids when the caller read them already.
+/// A page computed from the session files alone (no catalog read or write); `scan` the
+/// read of the root folder when the caller made it already.
 fn direct_page(
     root: &Root,
     stamper: &Stamper,
-    ids: Option<&[SessionId]>,
+    scan: Option<&RootScan>,
     after: Option<&str>,
     limit: usize,
 ) -> Result<Listing> {
     let mut out = Listing::default();
     let after = after.unwrap_or("");
-    for id in ids_of(root, ids)?
+    for id in ids_of(root, scan)?
         .into_iter()
         .filter(|id| id.as_str() > after)
     {
@@ -1215,14 +1206,14 @@ fn direct_totals(root: &Root) -> Result<CatalogTotals> {
 fn direct_filtered_page(
     root: &Root,
     stamper: &Stamper,
-    ids: Option<&[SessionId]>,
+    scan: Option<&RootScan>,
     filter: &ListFilter,
     (key, id): &(i64, String),
     limit: usize,
 ) -> Result<Listing> {
     let mut out = Listing::default();
     let mut entries = Vec::new();
-    for sid in ids_of(root, ids)? {
+    for sid in ids_of(root, scan)? {
         match compute(root, stamper, &sid)? {
             Computed::Entry(entry) => entries.push(*entry),
             Computed::Gone => {}

@@ -236,10 +236,34 @@ pub struct Root {
 /// What one read of a root folder found ([`Root::scan`]).
 #[derive(Debug, Default)]
 pub(crate) struct RootScan {
-    /// The ids of its sessions, sorted.
-    pub(crate) ids: Vec<SessionId>,
+    /// The folders named as session ids, sorted, not yet looked into
+    /// ([`RootScan::ids`] keeps those holding a session file).
+    folders: Vec<SessionId>,
     /// The entries named like sessions that are none of this root's, sorted.
     pub(crate) skipped: Vec<SkippedSession>,
+}
+
+impl RootScan {
+    /// The ids of the root's sessions, sorted: the folders named as ids that hold a
+    /// `session.sqlite` (of any type) or that this process may not look into. One `stat`
+    /// per folder, so a listing's first page, which needs only [`RootScan::skipped`],
+    /// does not pay it.
+    pub(crate) fn ids(&self, root: &Root) -> Vec<SessionId> {
+        self.folders
+            .iter()
+            .filter(|id| holds_session_file(&root.session_dir(id)))
+            .cloned()
+            .collect()
+    }
+}
+
+/// Whether the folder `dir` holds a `session.sqlite` (of any type: opening it says what is
+/// wrong with it) or cannot be looked into.
+fn holds_session_file(dir: &Path) -> bool {
+    std::fs::symlink_metadata(dir.join(SESSION_FILE)).map_or_else(
+        |e| e.kind() == std::io::ErrorKind::PermissionDenied,
+        |_| true,
+    )
 }
 
 #[derive(Debug)]
@@ -1014,11 +1038,11 @@ impl Root {
     /// # Errors
     /// [`Error::Io`] when the root cannot be read.
     pub fn list_ids(&self) -> Result<Vec<SessionId>> {
-        Ok(self.scan()?.ids)
+        Ok(self.scan()?.ids(self))
     }
 
-    /// One read of the root folder: the ids of its sessions (as [`Root::list_ids`]) and,
-    /// each as skipped with why, the entries named like sessions that are none of this
+    /// One read of the root folder: its folders named as session ids (their sessions:
+    /// [`RootScan::ids`], as [`Root::list_ids`]) and, each as skipped with why, the entries named like sessions that are none of this
     /// root's, which no command can open: a symlink to a folder ("a symlink; sessions are
     /// folders of the root"; one to a file or dangling is left out, as a file is), a
     /// session folder whose name is not UTF-8 or is not a valid session id
@@ -1046,21 +1070,21 @@ impl Root {
             // `stat`, never opened.
             let why = if kind.is_symlink() && path.is_dir() {
                 "a symlink; sessions are folders of the root".to_owned()
-            } else if kind.is_dir()
-                && std::fs::symlink_metadata(path.join(SESSION_FILE)).map_or_else(
-                    |e| e.kind() == std::io::ErrorKind::PermissionDenied,
-                    |_| true,
-                )
-            {
-                match name.to_str().map(SessionId::new) {
+            } else if kind.is_dir() {
+                let why = match name.to_str().map(SessionId::new) {
                     Some(Ok(id)) => {
-                        scan.ids.push(id);
+                        // Looked into only when its id is needed (`RootScan::ids`).
+                        scan.folders.push(id);
                         continue;
                     }
                     Some(Err(Error::InvalidInput { what, .. })) => format!("not a session: {what}"),
                     Some(Err(e)) => format!("not a session: {e}"),
                     None => "not a session: name is not UTF-8".to_owned(),
+                };
+                if !holds_session_file(&path) {
+                    continue;
                 }
+                why
             } else {
                 continue;
             };
@@ -1069,7 +1093,7 @@ impl Root {
                 error: Arc::new(Error::invalid(format!("{} is {why}", path.display()))),
             });
         }
-        scan.ids.sort();
+        scan.folders.sort();
         scan.skipped.sort_by(|a, b| a.session_id.cmp(&b.session_id));
         Ok(scan)
     }

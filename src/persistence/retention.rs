@@ -162,7 +162,7 @@ impl Root {
         // old when the run began, is then reported as updated meanwhile, not passed over.
         let scan = self.scan()?;
         let old: Vec<(SessionId, i64)> = scan
-            .ids
+            .ids(self)
             .into_iter()
             .map(|id| {
                 let updated_at_ms = modified_ms(&self.session_dir(&id));
