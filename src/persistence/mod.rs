@@ -238,7 +238,7 @@ pub struct Root {
 pub(crate) struct RootScan {
     /// The folders named as session ids, sorted, not yet looked into
     /// ([`RootScan::ids`] keeps those holding a session file).
-    folders: Vec<SessionId>,
+    pub(crate) folders: Vec<SessionId>,
     /// The entries named like sessions that are none of this root's, sorted.
     pub(crate) skipped: Vec<SkippedSession>,
 }

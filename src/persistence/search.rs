@@ -257,19 +257,12 @@ impl Root {
     /// each session's `writer.lock`; only a session whose lock file holds a record no
     /// live writer holds is read. Best effort.
     fn catch_up_dead_writers(&self, index: &SearchIndex) {
-        let (Ok(folder), Ok(entries)) = (open_folder(self.path()), std::fs::read_dir(self.path()))
-        else {
+        let Ok(scan) = self.scan() else {
             return;
         };
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let Some(name) = name.to_str().filter(|name| !name.starts_with('.')) else {
-                continue;
-            };
-            if let Some(stamp) = lock_record_stamp(&folder, name)
-                && let Ok(id) = SessionId::new(name)
-            {
-                self.catch_up_if_writer_died(index, &id, stamp);
+        for id in &scan.folders {
+            if let Some(stamp) = lock_record_stamp(self.dir_fd(), id) {
+                self.catch_up_if_writer_died(index, id, stamp);
             }
         }
     }
@@ -311,14 +304,11 @@ impl Root {
         index: &SearchIndex,
         met: impl Iterator<Item = &'a SessionId>,
     ) -> bool {
-        let Ok(folder) = open_folder(self.path()) else {
-            return false;
-        };
         let mut met: Vec<&SessionId> = met.collect();
         met.sort();
         met.dedup();
         met.into_iter().fold(false, |wrote, id| {
-            lock_record_stamp(&folder, id.as_str())
+            lock_record_stamp(self.dir_fd(), id)
                 .is_some_and(|stamp| self.catch_up_if_writer_died(index, id, stamp))
                 | wrote
         })
@@ -674,21 +664,13 @@ impl Root {
     }
 }
 
-/// The root folder `path`, open for `fstatat` relative to it.
-fn open_folder(path: &std::path::Path) -> Result<rustix::fd::OwnedFd> {
-    use rustix::fs::{Mode, OFlags};
-    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
-    rustix::fs::open(path, flags, Mode::empty())
-        .map_err(|e| Error::io(format!("open {}", path.display()), e.into()))
-}
-
-/// The stamp of the `writer.lock` of the session folder `name` (in the root folder
-/// `folder`) when it holds a record, `None` when it is empty or missing (no writer, or one
-/// that let the lock go).
-fn lock_record_stamp(folder: &rustix::fd::OwnedFd, name: &str) -> Option<LockStamp> {
+/// The stamp of the `writer.lock` of session `id` (in the root folder `folder`) when it
+/// holds a record, `None` when it is empty or missing (no writer, or one that let the lock
+/// go).
+fn lock_record_stamp(folder: rustix::fd::BorrowedFd<'_>, id: &SessionId) -> Option<LockStamp> {
     let st = rustix::fs::statat(
         folder,
-        format!("{name}/{LOCK_FILE}"),
+        format!("{id}/{LOCK_FILE}"),
         rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
     )
     .ok()?;
