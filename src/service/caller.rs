@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::cancel::CancelToken;
+use crate::error::{Error, Result};
 use crate::model::SessionRef;
 use crate::service::Service;
 
@@ -110,6 +111,21 @@ impl Watch {
     /// at its safe points.
     pub(crate) fn gone(&self) -> &CancelToken {
         &self.shared.gone
+    }
+
+    /// `f`, or [`Error::Cancelled`] without running it when the caller is gone by the
+    /// time it would start (on a blocking thread, after a wait for one).
+    pub(crate) fn unless_gone<T, F: FnOnce() -> Result<T>>(
+        &self,
+        f: F,
+    ) -> impl FnOnce() -> Result<T> + use<T, F> {
+        let gone = self.shared.gone.clone();
+        move || {
+            if gone.is_cancelled() {
+                return Err(Error::Cancelled);
+            }
+            f()
+        }
     }
 
     /// The hand-over, held while the task publishes what it made: the caller cannot go

@@ -299,14 +299,8 @@ impl Service {
         let caller = Caller::new(self, options.session_id.is_some());
         let (service, watch) = (self.clone(), caller.watch());
         let prepared = to_completion(async move {
-            let (root, gone) = (service.inner.root.clone(), watch.gone().clone());
-            let session = blocking(move || {
-                if gone.is_cancelled() {
-                    return Err(Error::Cancelled);
-                }
-                root.create(options)
-            })
-            .await?;
+            let root = service.inner.root.clone();
+            let session = blocking(watch.unless_gone(move || root.create(options))).await?;
             let r = service.session_ref(session.id().clone());
             if let Some(mut handoff) = watch.hold() {
                 handoff.made(&r);
@@ -437,14 +431,8 @@ impl Service {
             if service.reserve(&id).await?.is_some() {
                 return Err(Error::SessionExists(id.to_string()));
             }
-            let (root, gone) = (service.inner.root.clone(), watch.gone().clone());
-            let created = blocking(move || {
-                if gone.is_cancelled() {
-                    return Err(Error::Cancelled);
-                }
-                root.create(options)
-            })
-            .await;
+            let root = service.inner.root.clone();
+            let created = blocking(watch.unless_gone(move || root.create(options))).await;
             service
                 .install_for(&service.session_ref(id), created, &watch)
                 .await
@@ -887,17 +875,14 @@ impl Service {
         let parent = r.session_id.clone();
         let (service, watch) = (self.clone(), caller.watch());
         let forked = to_completion(async move {
-            let (fork_id, gone) = (child.clone(), watch.gone().clone());
+            let fork_id = child.clone();
             // The child is published with its writer lock held and opened under it: no
             // other process can take it in between (`Root::fork_writer`).
-            let opened = blocking(move || {
-                if gone.is_cancelled() {
-                    return Err(Error::Cancelled);
-                }
+            let opened = blocking(watch.unless_gone(move || {
                 let session = root.fork_writer(&parent, point, Some(fork_id))?;
                 recovery::close_interrupted_turn(&session)?;
                 Ok(session)
-            })
+            }))
             .await;
             service
                 .install_for(&service.session_ref(child), opened, &watch)
