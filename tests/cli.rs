@@ -1716,6 +1716,88 @@ fn import_stopped_by_a_signal_leaves_no_staging_copy() {
     env.ok(&["verify", "copy"]);
 }
 
+/// A write past the process's file size limit (`prlimit --fsize`, `ulimit -f`) is an
+/// error the command reports in one line naming the limit, with status 1, and cleans up
+/// after: SIGXFSZ ended `export` at once, leaving its `.sse-….tmp` and `-wal` beside the
+/// destination, `import` its staging copy in the root, and `events` with no word. Skipped
+/// without `prlimit`.
+#[test]
+fn a_file_size_limit_fails_writes_cleanly_instead_of_killing_the_command() {
+    let has_prlimit = std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|d| d.join("prlimit").is_file()));
+    if !has_prlimit {
+        eprintln!("a_file_size_limit_fails_writes_cleanly…: skipped (no prlimit)");
+        return;
+    }
+    let env = Env::new();
+    let root = session_store::Root::open(env.root()).expect("root");
+    let s = common::create(&root, "s");
+    for n in 0..200 {
+        let events = (0..64)
+            .map(|i| common::message(&format!("m{n}-{i}"), "user", &"x".repeat(200)))
+            .collect();
+        s.append(session_store::Batch::new(format!("op{n}"), events))
+            .expect("append");
+    }
+    s.close().expect("close");
+    drop(root);
+    let export = env.path("s.export");
+    env.ok(&["export", "s", export.to_str().expect("utf-8")]);
+    let limit = 1_000_000;
+    let limited = |args: &[&str], stdout: Stdio| {
+        let out = Command::new("prlimit")
+            .arg(format!("--fsize={limit}"))
+            .arg(BIN)
+            .arg("--root")
+            .arg(env.root())
+            .args(args)
+            .env_remove("SESSION_STORE_ROOT")
+            .current_dir(env.path("."))
+            .stdout(stdout)
+            .stderr(Stdio::piped())
+            .output()
+            .expect("run under prlimit");
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {out:?}");
+        let err = stderr(&out);
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("may write no file over {limit} bytes")),
+            "{args:?}: {err}"
+        );
+        err
+    };
+    let out_dir = env.path("out");
+    std::fs::create_dir(&out_dir).expect("mkdir");
+    let dest = out_dir.join("s.export");
+    let err = limited(
+        &["export", "s", dest.to_str().expect("utf-8")],
+        Stdio::null(),
+    );
+    assert!(err.contains("export s to"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(&out_dir)
+        .expect("ls")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert!(left.is_empty(), "export left {left:?}");
+    limited(
+        &["import", export.to_str().expect("utf-8"), "--id", "copy"],
+        Stdio::null(),
+    );
+    assert!(!env.root().join("copy").exists(), "import published it");
+    let staged = std::fs::read_dir(env.root().join(".staging"))
+        .map_or(0, |d| d.filter_map(Result::ok).count());
+    assert_eq!(staged, 0, "import left a staging copy");
+    let listing = std::fs::File::create(env.path("events.json")).expect("create");
+    let err = limited(
+        &["--json", "events", "s", "--limit", "20000"],
+        listing.into(),
+    );
+    assert!(err.contains("File too large"), "{err}");
+    // Without the limit, all of it works.
+    env.ok(&["export", "s", dest.to_str().expect("utf-8")]);
+    env.ok(&["import", export.to_str().expect("utf-8"), "--id", "copy"]);
+}
+
 /// `-` is stdin for `append --file` (it was opened as a file named `-`: "No such file",
 /// exit 1), and `export ID -` is refused (exit 2) instead of writing a file named `-` in
 /// the current folder for a user who meant stdout; `import`, `verify` and

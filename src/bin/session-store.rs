@@ -460,6 +460,8 @@ fn data_dir_root() -> CliResult<PathBuf> {
 }
 
 fn run(args: Args) -> CliResult<()> {
+    // A write past `ulimit -f` fails (and the command cleans up) instead of killing it.
+    cli::interrupt::survive_file_size_limit()?;
     let fallback: fn() -> CliResult<PathBuf> = match args.command {
         Command::Demo => || Ok(PathBuf::from(DEMO_ROOT)),
         _ => data_dir_root,
@@ -664,8 +666,13 @@ fn main() -> ExitCode {
         // The reader left on purpose (`| head`): no error line for it.
         Err(e) if cli::is_broken_pipe(&*e) => ExitCode::from(cli::EXIT_OTHER),
         Err(e) => {
-            errln!("session-store: error: {}", cli::one_line(&*e));
-            ExitCode::from(cli::exit_code(&*e))
+            let code = cli::exit_code(&*e);
+            let mut line = cli::one_line(&*e);
+            if code == cli::EXIT_OTHER {
+                line = cli::interrupt::name_file_size_limit(line);
+            }
+            errln!("session-store: error: {line}");
+            ExitCode::from(code)
         }
     }
 }

@@ -6,6 +6,12 @@
 //! (its scratch folder in the root) removes it on the signal's thread and exits with that
 //! status. A second signal ends the process at once. Every other command keeps the
 //! signals' default action (the root is crash-safe).
+//!
+//! SIGXFSZ (a write past the process's file size limit, `ulimit -f`) is caught by every
+//! command from its start ([`survive_file_size_limit`]): its default action ended the
+//! process at once, leaving an export's or import's temporary file behind; caught, the
+//! write fails with `EFBIG` and the command fails as for any write error, removing what
+//! it wrote.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -87,6 +93,42 @@ impl Interrupt {
                 ),
             ),
         }
+    }
+}
+
+/// Catches SIGXFSZ for the rest of the process, so that a write past the file size limit
+/// (`ulimit -f`, `prlimit --fsize`) fails with `EFBIG` instead of ending the process.
+/// Caught rather than ignored: a program the command starts gets the default action back.
+///
+/// # Errors
+/// The signal's handler cannot be installed.
+pub fn survive_file_size_limit() -> CliResult<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()?;
+    let _context = runtime.enter();
+    // The handler stays installed once registered; the listener is not needed.
+    drop(signal(SignalKind::from_raw(
+        rustix::process::Signal::XFSZ.as_raw(),
+    ))?);
+    Ok(())
+}
+
+/// `line`, a failed command's error, naming the process's file size limit when one is set
+/// and the error is a write that may have met it (SQLite's "disk I/O error" or "disk full",
+/// the OS's "File too large"): the error alone does not say why a small file could not
+/// grow.
+pub fn name_file_size_limit(line: String) -> String {
+    let Some(limit) = rustix::process::getrlimit(rustix::process::Resource::Fsize).current else {
+        return line;
+    };
+    if ["disk I/O error", "disk full", "File too large"]
+        .iter()
+        .any(|sign| line.contains(sign))
+    {
+        format!("{line} (this process may write no file over {limit} bytes: see `ulimit -f`)")
+    } else {
+        line
     }
 }
 
