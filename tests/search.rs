@@ -2052,6 +2052,104 @@ fn a_word_inside_a_run_of_han_kana_or_hangul_is_found() {
     assert_finds(&root, expected, "the old index was not filled again");
 }
 
+/// Full-width letters and digits, ligatures and `ß` are found by their plain letters and
+/// the other way round: the text and a query's terms are taken in their compatibility
+/// form (NFKC) with `ß` and `ẞ` as `ss`. `unicode61` folds case only, so `ｆｏｏ` did not
+/// find `foo` nor `foo` `ｆｏｏ`, `strasse` did not find `Straße`, nor `file` `ﬁle`. The
+/// snippet marks the word as the message has it. An index the tokenizer before filled
+/// (`user_version` 4, its rows holding the text as it was) is filled again by the next
+/// search.
+#[test]
+fn full_width_letters_ligatures_and_sharp_s_are_found_by_their_plain_letters() {
+    let (_dir, root) = temp_root();
+    create(&root, "fold").close().expect("close");
+    let texts = [
+        ("f1", "ｆｏｏ full width"),
+        ("f2", "plain foo here"),
+        ("f3", "Straße und Fluß"),
+        ("f4", "STRASSE upper"),
+        ("f5", "the ﬁle was ﬂagged"),
+        ("f6", "ＡＢＣ１２３ code"),
+        ("f7", "GROẞE Dinge"),
+    ];
+    append(
+        &root,
+        "fold",
+        "f",
+        texts
+            .iter()
+            .map(|(id, text)| message(id, "user", text))
+            .collect(),
+    );
+    let expected: &[(&str, &[&str])] = &[
+        ("foo", &["f1", "f2"]),
+        ("ｆｏｏ", &["f1", "f2"]),
+        ("ＦＯＯ", &["f1", "f2"]),
+        ("\"ｆｏｏ full\"", &["f1"]),
+        ("strasse", &["f3", "f4"]),
+        ("straße", &["f3", "f4"]),
+        ("STRAẞE", &["f3", "f4"]),
+        ("stras*", &["f3", "f4"]),
+        ("fluss", &["f3"]),
+        ("file", &["f5"]),
+        ("ﬁle", &["f5"]),
+        ("flagged", &["f5"]),
+        ("abc123", &["f6"]),
+        ("ａｂｃ*", &["f6"]),
+        ("grosse", &["f7"]),
+        ("größe", &["f7"]),
+        ("foo NOT ｗｉｄｔｈ", &["f2"]),
+    ];
+    assert_finds(&root, expected, "first search");
+    let marked = |query: &str| -> Vec<String> {
+        let mut out: Vec<String> = search_all(&root, query, SearchOptions::default())
+            .iter()
+            .map(|h| h.snippet.marked("[", "]"))
+            .collect();
+        out.sort();
+        out
+    };
+    assert_eq!(marked("foo"), ["[ｆｏｏ] full width", "plain [foo] here"]);
+    assert_eq!(marked("strasse"), ["[STRASSE] upper", "[Straße] und Fluß"]);
+    assert_eq!(marked("fluss"), ["Straße und [Fluß]"]);
+    assert_eq!(marked("ﬂagged"), ["the ﬁle was [ﬂagged]"]);
+    assert_eq!(marked("ＡＢＣ１２３"), ["[ＡＢＣ１２３] code"]);
+    root.rebuild_catalog().expect("rebuild");
+    assert_finds(&root, expected, "after rebuild-catalog");
+    // The index as the tokenizer before left it, filled (user_version 4): each message's
+    // text as it is, full-width letters, ligatures and `ß` in it.
+    let index = root.path().join(".catalog").join("search.sqlite");
+    drop(root);
+    let rows: String = texts
+        .iter()
+        .enumerate()
+        .map(|(at, (_, text))| {
+            format!(
+                "INSERT INTO search_text (rowid, text) SELECT id, '{text}' FROM search_rows
+                 WHERE position = {} AND until_seq IS NULL;",
+                at + 1
+            )
+        })
+        .collect();
+    sqlite3(
+        &index,
+        &format!(
+            "INSERT INTO search_text (search_text) VALUES ('delete-all'); {rows}
+             PRAGMA user_version = 4;"
+        ),
+    );
+    // As the old tokenizer has them, `foo` is only in f2's row, `strasse` only in f4's.
+    assert_eq!(
+        sqlite3(
+            &index,
+            "SELECT count(*) FROM search_text WHERE search_text MATCH 'foo OR strasse'"
+        ),
+        "2"
+    );
+    let root = Root::open(index.parent().and_then(|p| p.parent()).expect("root")).expect("root");
+    assert_finds(&root, expected, "the old index was not filled again");
+}
+
 /// A message whose text holds a lone UTF-16 surrogate escape (`\ud800`, kept as given by
 /// `append`) is found by its other words, the escape read as U+FFFD: serde_json refused
 /// to decode the text, so the message had none and no search found it.

@@ -4,8 +4,9 @@
 //! with the matched words marked.
 //!
 //! Syntax: words (all must match), `"a phrase"`, `prefix*`, `a OR b`, `a NOT b`, `AND`
-//! (implicit between terms) and parentheses. Matching ignores case and diacritics; words
-//! are runs of letters and digits.
+//! (implicit between terms) and parentheses. Matching ignores case, diacritics and
+//! compatibility forms (`ｆｏｏ` is `foo`, `ﬁ` is `fi`, `ß` is `ss`); words are runs of
+//! letters and digits.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -13,6 +14,7 @@ use std::ops::Range;
 use serde_json::Value;
 use unicode_normalization::UnicodeNormalization;
 use unicode_normalization::char::is_combining_mark;
+use unicode_normalization::{IsNormalized, is_nfkc_quick};
 
 use crate::error::{Error, Result};
 use crate::model::Message;
@@ -140,54 +142,91 @@ fn is_emoji(c: char) -> bool {
     ) && !c.is_alphanumeric()
 }
 
-/// The text as the index holds it and as a query's terms look for it: each Han, kana and
-/// Hangul letter ([`is_unspaced`]) a token of its own between spaces, and each emoji
-/// ([`is_emoji`]) a token of its own, a private-use character (which `unicode61` takes for
-/// a letter) standing for it between spaces: U+F0000 plus the code point for one of the
-/// Basic Multilingual Plane, U+100000 plus its offset in the plane for one of plane 1. So
-/// `done✅` holds the words `done` and `✅`, `👍🏽` the words `👍` and `🏽` (a search for
-/// `👍` finds every skin tone, `👍🏽` that one as a phrase), and a ZWJ sequence its emoji in
-/// order. Variation selectors and the zero-width joiner are separators already. Only the
-/// index holds this form: snippets are cut from the message's own text.
+/// The text as the index holds it and as a query's terms look for it: in its compatibility
+/// form ([`push_folded`]: NFKC, so full-width `ｆｏｏ` is `foo` and `ﬁ` is `fi`; `ß` and `ẞ`
+/// as `ss`), each Han, kana and Hangul letter ([`is_unspaced`]) a token of its own between
+/// spaces, and each emoji ([`is_emoji`]) a token of its own, a private-use character (which
+/// `unicode61` takes for a letter) standing for it between spaces: U+F0000 plus the code
+/// point for one of the Basic Multilingual Plane, U+100000 plus its offset in the plane for
+/// one of plane 1. So `done✅` holds the words `done` and `✅`, `👍🏽` the words `👍` and
+/// `🏽` (a search for `👍` finds every skin tone, `👍🏽` that one as a phrase), and a ZWJ
+/// sequence its emoji in order. Variation selectors and the zero-width joiner are
+/// separators already. An emoji is never put in its compatibility form (`™` stays `™`, not
+/// `TM`). ASCII text, and any text with nothing of these, is returned as it is, without a
+/// copy. Only the index holds this form: snippets are cut from the message's own text.
 pub(crate) fn index_text(text: &str) -> Cow<'_, str> {
-    if !text.chars().any(|c| is_emoji(c) || is_unspaced(c)) {
+    if text.is_ascii() || is_indexed_as_it_is(text) {
         return Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len() + 16);
-    for c in text.chars() {
-        if is_unspaced(c) {
-            // A word of its own ([`is_unspaced`]).
+    let mut rest = text;
+    while !rest.is_empty() {
+        let cut = rest.find(is_emoji).unwrap_or(rest.len());
+        rest[..cut].nfkc().for_each(|c| push_folded(c, &mut out));
+        let mut tail = rest[cut..].chars();
+        if let Some(emoji) = tail.next() {
+            let code = u32::from(emoji);
+            let stand_in = if code < 0x1_0000 {
+                0xF_0000 + code
+            } else {
+                0x10_0000 + (code - 0x1_0000)
+            };
             out.push(' ');
-            out.push(c);
+            // Always a private-use character (planes 15 and 16), so always a `char`.
+            out.push(char::from_u32(stand_in).unwrap_or(char::REPLACEMENT_CHARACTER));
             out.push(' ');
-            continue;
         }
-        if !is_emoji(c) {
-            out.push(c);
-            continue;
-        }
-        let code = u32::from(c);
-        let stand_in = if code < 0x1_0000 {
-            0xF_0000 + code
-        } else {
-            0x10_0000 + (code - 0x1_0000)
-        };
-        out.push(' ');
-        // Always a private-use character (planes 15 and 16), so always a `char`.
-        out.push(char::from_u32(stand_in).unwrap_or(char::REPLACEMENT_CHARACTER));
-        out.push(' ');
+        rest = tail.as_str();
     }
     Cow::Owned(out)
 }
 
-/// A word as the index compares it (`unicode61 remove_diacritics 2`, closely): lowercase,
-/// decomposed, its combining marks dropped. So `résumé`, `RESUME` and `resume` (and `e`
-/// followed by U+0301) are one word, and a snippet marks what the search matched.
+/// Whether [`index_text`] leaves `text` as it is: no emoji, no letter of a script without
+/// spaces, no `ß`/`ẞ`, and already in NFKC (its quick check; a "maybe" is taken for no).
+fn is_indexed_as_it_is(text: &str) -> bool {
+    !text
+        .chars()
+        .any(|c| is_emoji(c) || is_unspaced(c) || matches!(c, 'ß' | 'ẞ'))
+        && is_nfkc_quick(text.chars()) == IsNormalized::Yes
+}
+
+/// Appends `c`, a character of text in NFKC, as the index holds it: `ß` and `ẞ` as `ss`
+/// (full case folding, which `unicode61`'s simple folding lacks: `strasse` finds `Straße`),
+/// a Han, kana or Hangul letter between spaces ([`is_unspaced`]), any other as it is.
+fn push_folded(c: char, out: &mut String) {
+    match c {
+        'ß' | 'ẞ' => out.push_str("ss"),
+        c if is_unspaced(c) => {
+            out.push(' ');
+            out.push(c);
+            out.push(' ');
+        }
+        c => out.push(c),
+    }
+}
+
+/// A word as the index compares it (`unicode61 remove_diacritics 2` on [`index_text`]'s
+/// form, closely): in its compatibility form (NFKC: `ｆｏｏ` is `foo`, `ﬁ` is `fi`),
+/// lowercase, decomposed, its combining marks dropped, `ß` as `ss`. So `résumé`, `RESUME`
+/// and `resume` (and `e` followed by U+0301) are one word, `Straße` and `strasse` another,
+/// and a snippet marks what the search matched.
 fn fold(word: &str) -> String {
-    word.to_lowercase()
+    if word.is_ascii() {
+        return word.to_ascii_lowercase();
+    }
+    let compatible: String = word.nfkc().collect();
+    let mut out = String::with_capacity(compatible.len());
+    for c in compatible
+        .to_lowercase()
         .nfd()
         .filter(|c| !is_combining_mark(*c))
-        .collect()
+    {
+        match c {
+            'ß' => out.push_str("ss"),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 fn lex(query: &str) -> Result<Vec<Token>> {
@@ -779,6 +818,27 @@ mod tests {
         assert_eq!(marked("❤", "I ❤\u{fe0f} it"), "I [❤\u{fe0f}] it");
         // Symbols that are no emoji still hold no word.
         assert_eq!(fts("a & → b"), fts("a b"));
+    }
+
+    #[test]
+    fn text_is_indexed_in_its_compatibility_form_and_ascii_as_it_is() {
+        assert!(matches!(
+            index_text("Plain ASCII, as it is."),
+            Cow::Borrowed(_)
+        ));
+        assert!(matches!(index_text("café déjà vu"), Cow::Borrowed(_)));
+        assert_eq!(
+            index_text("ｆｏｏ ＢＡＲ１ ﬁle Straße GROẞE"),
+            "foo BAR1 file Strasse GROssE"
+        );
+        // An emoji stands in for itself (`™` is not `TM`); halfwidth kana is composed.
+        assert_eq!(index_text("x™ ﬁ"), "x \u{F2122}  fi");
+        assert_eq!(index_text("ｶﾞ"), " ガ ");
+        assert_eq!(fold("ＦＯＯ"), "foo");
+        assert_eq!(fold("Straße"), "strasse");
+        assert_eq!(fold("GROẞE"), "grosse");
+        assert_eq!(fold("ﬂagged"), "flagged");
+        assert_eq!(fold("Résumé"), "resume");
     }
 
     #[test]

@@ -65,8 +65,10 @@ pub(crate) const SEARCH_FILES: [&str; 4] = [
 /// index an earlier build filled (1: before a Responses-API item's tool call, output and
 /// reasoning summary were text to search; 2: before emoji were words, `model::search::
 /// index_text`, and before a text with a lone surrogate escape was indexed; 3: before each
-/// Han, kana and Hangul letter was a word of its own) is filled again the same way.
-const FILLED: i64 = 4;
+/// Han, kana and Hangul letter was a word of its own; 4: before text was indexed in its
+/// compatibility form, full-width letters and ligatures as their letters and `ß` as `ss`)
+/// is filled again the same way.
+const FILLED: i64 = 5;
 
 /// `PRAGMA application_id` of a search index ("SeSF").
 const SEARCH_APPLICATION_ID: i32 = 0x5365_5346;
