@@ -751,6 +751,46 @@ fn an_older_session_file_the_user_may_not_write_is_named_by_every_writer() {
     }
 }
 
+/// A session file of an older schema (the committed schema-2 and schema-4 fixtures) the
+/// user may not write, in a folder they may write, is deleted without being upgraded: a
+/// fork of it (`chain-c`) and then the fork's ancestor (`chain-a`, whose forks `chain-b`
+/// and `rewound` get its range first) go, as nobody, exit 0, and the forks keep their whole
+/// history and verify. The delete opened the file as its writer, which upgrades it first:
+/// "open FILE for writing: Permission denied", exit 1, nothing deleted.
+#[test]
+fn an_older_session_file_the_user_may_not_write_is_deleted() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(prefix) = nobody_or_skip("an_older_session_file_the_user_may_not_write_is_deleted")
+    else {
+        return;
+    };
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    for set in ["schema2", "schema4"] {
+        let env = Env::new();
+        std::fs::set_permissions(env.work(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        common::copy_tree(&fixtures.join(set).join("root"), &env.root);
+        open_up(&env.root);
+        let histories: Vec<Value> = ["chain-b", "rewound"]
+            .iter()
+            .map(|id| env.json(&["history", id]))
+            .collect();
+        for id in ["chain-a", "chain-c"] {
+            std::fs::set_permissions(env.file(id), std::fs::Permissions::from_mode(0o444))
+                .expect("chmod");
+        }
+        for id in ["chain-c", "chain-a"] {
+            let out = run_as(&prefix, &env.root, &["delete", id]);
+            assert!(out.status.success(), "{set} delete {id}: {}", texts(&out).1);
+            assert!(!env.root.join(id).exists(), "{set}: {id} is still there");
+        }
+        for (id, before) in ["chain-b", "rewound"].iter().zip(&histories) {
+            assert_eq!(&env.json(&["history", id]), before, "{set} {id}");
+            env.ok(&["verify", id]);
+        }
+    }
+}
+
 /// A user who can only read a root runs every read-only command: list (from the session
 /// files, the catalog being unwritable), show, history, events, stats, verify, export;
 /// also on files with no `-wal` beside them, as a writer that closes last leaves them

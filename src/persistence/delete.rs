@@ -13,7 +13,7 @@ use crate::persistence::{
 use crate::store::lineage;
 use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock, WriterLock};
 use crate::store::read::{self, DependentFork, LineageEntry};
-use crate::store::schema::{self, Durability, LOCK_FILE, SESSION_FILE};
+use crate::store::schema::{self, LOCK_FILE, SESSION_FILE};
 
 impl Root {
     /// Deletes a session. Waits (until `cancel`) for its writer lock, so an owned session is
@@ -177,9 +177,12 @@ impl Root {
     }
 }
 
-/// The lineage and the dependents of the session file at `file`, read by its writer.
+/// The lineage and the dependents of the session file at `file` (the caller holds its
+/// writer lock), read as the file is: an older file is not upgraded first, so one this
+/// process may not write (mode 0444 in a folder it may write) is deleted too (its writer
+/// open refused it, "open FILE for writing: Permission denied").
 fn lineage_and_dependents(file: &Path) -> Result<(Vec<LineageEntry>, Vec<DependentFork>)> {
-    let conn = schema::open_writer(file, Durability::PowerLoss)?;
+    let conn = schema::open_reader(file)?;
     let lineage = read::read_lineage(&conn)?;
     let dependents = read::read_dependents(&conn)?;
     conn.close().map_err(|(_, e)| Error::from(e))?;
