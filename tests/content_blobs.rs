@@ -665,6 +665,84 @@ const WORDS_400: [&str; 9] = [
     "lifetimes",
 ];
 
+/// A crafted blob that would make a reader decompress far more than its few kilobytes is
+/// refused before it is decompressed, naming the session and the digest, by a read and by
+/// `verify`: a zstd frame that does not declare its size (this store writes none; one of
+/// 25 KB holding 800 MB of zeros under a row declaring them was decompressed whole before
+/// its digest failed) and a content part declaring more than the 64 KiB a part can hold
+/// (a part is a string of a payload stored inline).
+#[test]
+fn crafted_blobs_are_refused_before_they_are_decompressed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = root_with(dir.path(), DEFAULT_INLINE_THRESHOLD);
+    // One output over 64 KiB (its payloads stored whole), one a part.
+    write_turns(
+        &root,
+        "crafted",
+        &[tool_output(7, 100_000), tool_output(8, 20_000)],
+    );
+    let file = file_of(&root, "crafted");
+    let conn = Connection::open(&file).expect("open");
+    let digest_of = |sql: &str| -> String { conn.query_row(sql, [], |r| r.get(0)).expect(sql) };
+    let whole = digest_of("SELECT payload_ref FROM events WHERE payload_ref IS NOT NULL LIMIT 1");
+    let part = digest_of(
+        "SELECT digest FROM blobs WHERE digest NOT IN \
+         (SELECT payload_ref FROM events WHERE payload_ref IS NOT NULL) LIMIT 1",
+    );
+    let zeros = 50_000_000u64;
+    let unsized_frame =
+        zstd::stream::encode_all(std::io::Read::take(std::io::repeat(0), zeros), 1).expect("zstd");
+    let sized_frame = zstd::bulk::compress(&vec![0u8; 1_000_000], 1).expect("zstd");
+    let cases = [
+        (
+            &whole,
+            unsized_frame,
+            zeros,
+            "is no zstd frame that declares its size",
+        ),
+        (
+            &part,
+            sized_frame,
+            1_000_000,
+            "claims 1000000 bytes, more than the 65536 a content part may hold",
+        ),
+    ];
+    for (digest, data, bytes, reason) in cases {
+        let kept: (i64, Vec<u8>) = conn
+            .query_row(
+                "SELECT bytes, data FROM blobs WHERE digest = ?1",
+                [digest],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .expect("blob");
+        conn.execute(
+            "UPDATE blobs SET bytes = ?1, data = ?2 WHERE digest = ?3",
+            rusqlite::params![bytes as i64, data, digest],
+        )
+        .expect("edit");
+        let read = root
+            .open_reader(&id("crafted"))
+            .expect("reader")
+            .all_commits()
+            .unwrap_err();
+        let verified = root.verify(&id("crafted")).unwrap_err();
+        for e in [read, verified] {
+            assert!(e.is_corrupt(), "{e:?}");
+            assert!(
+                e.to_string()
+                    .contains(&format!("session crafted: blob {digest} {reason}")),
+                "{e}"
+            );
+        }
+        conn.execute(
+            "UPDATE blobs SET bytes = ?1, data = ?2 WHERE digest = ?3",
+            rusqlite::params![kept.0, kept.1, digest],
+        )
+        .expect("restore");
+    }
+    root.verify(&id("crafted")).expect("sound again");
+}
+
 /// A blob row whose declared `bytes` is not what its zstd data holds (fewer, more, about a
 /// gigabyte, or past the largest blob) is `Corrupt` naming the session and the digest with
 /// both sizes (zstd's "Destination buffer is too small: … bytes needed" before, or a digest
@@ -689,8 +767,12 @@ fn a_blob_declaring_another_size_is_corrupt_naming_the_session_and_digest() {
             rusqlite::params![declared, digest],
         )
         .expect("edit");
-        let says = if declared > 900_000_000 {
-            format!("session sized: blob {digest} claims {declared} bytes, more than")
+        // A content part holds at most 64 KiB (a longer payload is stored whole).
+        let says = if declared > 65_536 {
+            format!(
+                "session sized: blob {digest} claims {declared} bytes, more than the 65536 a \
+                 content part may hold"
+            )
         } else {
             format!(
                 "session sized: blob {digest} decompresses to {holds} bytes, not the {declared} \

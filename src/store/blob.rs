@@ -1,7 +1,7 @@
 //! Blob encoding: zstd when it pays, verified on every read.
 
 use crate::error::{Error, Result};
-use crate::model::event::sha256_hex;
+use crate::model::event::{INLINE_PAYLOAD_LIMIT, sha256_hex};
 
 /// zstd level for blobs: level 1 saves most of what higher levels do on JSON, fast.
 const ZSTD_LEVEL: i32 = 1;
@@ -9,6 +9,27 @@ const ZSTD_LEVEL: i32 = 1;
 /// Largest payload this build stores or decompresses: below SQLite's default 1,000,000,000
 /// byte value limit even when it does not compress (and a bound on zstd bombs).
 pub(crate) const MAX_BLOB_BYTES: u64 = 900_000_000;
+
+/// What a blob row is read as, which bounds what it may hold: a reader decompresses no
+/// more than that, whatever the row says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Holds {
+    /// A whole payload, or a blob asked for by digest: up to [`MAX_BLOB_BYTES`].
+    Any,
+    /// A content part: a string value of a payload stored inline, which is at most
+    /// [`INLINE_PAYLOAD_LIMIT`] long (a longer payload is stored whole).
+    Part,
+}
+
+impl Holds {
+    /// The most such a blob holds, and what it is called in an error.
+    fn limit(self) -> (u64, &'static str) {
+        match self {
+            Holds::Any => (MAX_BLOB_BYTES, "a blob"),
+            Holds::Part => (INLINE_PAYLOAD_LIMIT as u64, "a content part"),
+        }
+    }
+}
 
 /// Compresses raw bytes when that saves at least an eighth: `(encoding, data)`.
 pub(crate) fn encode(raw: &[u8]) -> (&'static str, Vec<u8>) {
@@ -18,29 +39,47 @@ pub(crate) fn encode(raw: &[u8]) -> (&'static str, Vec<u8>) {
     }
 }
 
-/// Decodes a stored blob and checks its size and digest.
+/// Decodes a stored blob read as `holds` and checks its size and digest.
 ///
 /// # Errors
-/// [`Error::Corrupt`] when the encoding is unknown, the data holds another size than
-/// `bytes` or does not decompress within it, or the digest does not match.
-pub(crate) fn decode(digest: &str, bytes: u64, encoding: &str, data: Vec<u8>) -> Result<Vec<u8>> {
-    if bytes > MAX_BLOB_BYTES {
+/// [`Error::Corrupt`] when the row declares more bytes than such a blob holds, the
+/// encoding is unknown, a zstd frame does not declare its size or declares another one
+/// than `bytes`, the data does not decompress within it, or the digest does not match.
+pub(crate) fn decode(
+    digest: &str,
+    bytes: u64,
+    encoding: &str,
+    data: Vec<u8>,
+    holds: Holds,
+) -> Result<Vec<u8>> {
+    let (limit, what) = holds.limit();
+    if bytes > limit {
         return Err(Error::corrupt(format!(
-            "blob {digest} claims {bytes} bytes, more than the {MAX_BLOB_BYTES} a blob may hold"
+            "blob {digest} claims {bytes} bytes, more than the {limit} {what} may hold"
         )));
     }
     let raw = match encoding {
         "identity" => data,
         "zstd" => {
-            // The frame's header says how much it holds: a row declaring another size is
-            // refused before a buffer of the declared size is made (zstd said "Destination
-            // buffer is too small" before, or the digest did not match).
-            if let Ok(Some(holds)) = zstd::zstd_safe::get_frame_content_size(&data)
-                && holds != bytes
-            {
-                return Err(Error::corrupt(format!(
-                    "blob {digest} decompresses to {holds} bytes, not the {bytes} its row declares"
-                )));
+            // The frame's header says how much it holds (`encode` always writes it): a row
+            // declaring another size, or a frame that does not say, is refused before a
+            // buffer of the declared size is made and filled (zstd said "Destination
+            // buffer is too small" before, or the digest did not match after up to
+            // 900 MB were decompressed from a few kilobytes).
+            match zstd::zstd_safe::get_frame_content_size(&data) {
+                Ok(Some(size)) if size == bytes => {}
+                Ok(Some(size)) => {
+                    return Err(Error::corrupt(format!(
+                        "blob {digest} decompresses to {size} bytes, not the {bytes} its row \
+                         declares"
+                    )));
+                }
+                Ok(None) | Err(_) => {
+                    return Err(Error::corrupt(format!(
+                        "blob {digest} is no zstd frame that declares its size (this store \
+                         writes only such frames)"
+                    )));
+                }
             }
             zstd::bulk::decompress(&data, bytes as usize).map_err(|e| {
                 Error::corrupt_from(
@@ -78,17 +117,17 @@ mod tests {
         assert_eq!(encoding, "zstd");
         assert!(data.len() < raw.len() / 10);
         assert_eq!(
-            decode(&digest, raw.len() as u64, encoding, data).unwrap(),
+            decode(&digest, raw.len() as u64, encoding, data, Holds::Any).unwrap(),
             raw
         );
         let mut bad = raw.clone();
         bad[7] ^= 1;
-        assert!(decode(&digest, raw.len() as u64, "identity", bad).is_err());
+        assert!(decode(&digest, raw.len() as u64, "identity", bad, Holds::Any).is_err());
         // A row declaring fewer or more bytes than the frame holds: refused naming both
         // sizes, not with zstd's "Destination buffer is too small".
         let (_, data) = encode(&raw);
         for declared in [1_000, raw.len() as u64 + 1, 800_000_000] {
-            let e = decode(&digest, declared, "zstd", data.clone()).unwrap_err();
+            let e = decode(&digest, declared, "zstd", data.clone(), Holds::Any).unwrap_err();
             assert!(e.is_corrupt(), "{e:?}");
             assert_eq!(
                 e.to_string(),

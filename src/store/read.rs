@@ -737,8 +737,8 @@ fn stored_text(
         if let Some(raw) = cache.get(digest) {
             return Ok(Some(Arc::clone(raw)));
         }
-        let Some(raw) =
-            read_blob(conn, digest).map_err(|e| e.corrupt_in(|| format!("event {seq}")))?
+        let Some(raw) = read_blob(conn, digest, blob::Holds::Part)
+            .map_err(|e| e.corrupt_in(|| format!("event {seq}")))?
         else {
             return Ok(None);
         };
@@ -773,7 +773,7 @@ pub(crate) fn payload_text(
     match (text, reference) {
         (Some(text), None) => Ok(text),
         (_, Some(digest)) => {
-            let raw = read_blob(conn, &digest)?
+            let raw = read_blob(conn, &digest, blob::Holds::Any)?
                 .ok_or_else(|| Error::corrupt(format!("missing blob {digest}")))?;
             String::from_utf8(raw)
                 .map_err(|e| Error::corrupt_from(format!("blob {digest} is not UTF-8"), e))
@@ -1082,7 +1082,10 @@ fn attach_events(
     ))?;
     let mut rows = stmt.query(params![from, to])?;
     let mut index = 0usize;
-    let mut blobs: rustc_hash::FxHashMap<String, (Box<RawValue>, u64)> = Default::default();
+    // Where the page holds each whole-payload blob it read: (commit, event, bytes). A later
+    // event naming it copies that event's payload; the blob is not decoded again. (A cache
+    // of its own held a second copy of every blob: 600 MB of a 300 MB one.)
+    let mut blobs: rustc_hash::FxHashMap<String, (usize, usize, u64)> = Default::default();
     let mut parts = PartCache::default();
     let mut parts_column = PartsColumn::default();
     let bad = |e| undecodable_in(conn, "events", EVENT_COLUMNS, e);
@@ -1095,10 +1098,11 @@ fn attach_events(
             commits.truncate(index);
             break;
         }
-        let Some((commit, last)) = commits.get_mut(index) else {
+        let Some((first_seq, last)) = commits.get(index).map(|(c, last)| (c.first_seq, *last))
+        else {
             break;
         };
-        if seq < commit.first_seq || seq > *last {
+        if seq < first_seq || seq > last {
             continue; // an event of a commit outside the page
         }
         let kind = event_row::decode_kind(seq, r.get_ref(2).map_err(bad)?)?;
@@ -1109,10 +1113,14 @@ fn attach_events(
         let (payload, content_ref) = match (payload_text, payload_ref) {
             (Some(text), None) => (Some(stored_json(format!("event {seq}"), text)?), None),
             (None, Some(digest)) => {
-                let (payload, bytes) = match blobs.get(&digest) {
-                    Some((payload, bytes)) => (payload.clone(), *bytes),
+                let earlier = blobs.get(&digest).and_then(|&(c, e, bytes)| {
+                    let payload = commits.get(c)?.0.events.get(e)?.payload.clone()?;
+                    Some((payload, bytes))
+                });
+                let (payload, bytes) = match earlier {
+                    Some(found) => found,
                     None => {
-                        let raw = read_blob(conn, &digest)?.ok_or_else(|| {
+                        let raw = read_blob(conn, &digest, blob::Holds::Any)?.ok_or_else(|| {
                             Error::corrupt(format!("event {seq} references missing blob {digest}"))
                         })?;
                         let bytes = raw.len() as u64;
@@ -1120,7 +1128,8 @@ fn attach_events(
                             Error::corrupt_from(format!("blob {digest} is not UTF-8"), e)
                         })?;
                         let payload = stored_json(format!("blob {digest}"), text)?;
-                        blobs.insert(digest.clone(), (payload.clone(), bytes));
+                        let at = commits.get(index).map_or(0, |c| c.0.events.len());
+                        blobs.insert(digest.clone(), (index, at, bytes));
                         (payload, bytes)
                     }
                 };
@@ -1142,6 +1151,9 @@ fn attach_events(
         };
         let taken = payload.as_deref().map_or(0, |p| p.get().len() as u64);
         *budget = budget.saturating_sub(taken);
+        let Some((commit, _)) = commits.get_mut(index) else {
+            break;
+        };
         let id = match r.get::<_, Option<String>>(1).map_err(bad)? {
             Some(id) => id,
             None => derived_event_id(&commit.commit_id, (seq - commit.first_seq) as usize),
@@ -1175,7 +1187,11 @@ fn attach_events(
 }
 
 /// The raw bytes of a blob, verified against its digest.
-pub(crate) fn read_blob(conn: &Connection, digest: &str) -> Result<Option<Vec<u8>>> {
+pub(crate) fn read_blob(
+    conn: &Connection,
+    digest: &str,
+    holds: blob::Holds,
+) -> Result<Option<Vec<u8>>> {
     let row = conn
         .prepare_cached("SELECT bytes, encoding, data FROM blobs WHERE digest = ?1")?
         .query_row([digest], |r| {
@@ -1186,7 +1202,7 @@ pub(crate) fn read_blob(conn: &Connection, digest: &str) -> Result<Option<Vec<u8
             ))
         })
         .optional()?;
-    row.map(|(bytes, encoding, data)| blob::decode(digest, bytes, &encoding, data))
+    row.map(|(bytes, encoding, data)| blob::decode(digest, bytes, &encoding, data, holds))
         .transpose()
         .map_err(|e| e.corrupt_in(|| file_session(conn)))
 }

@@ -13,6 +13,7 @@ use crate::model::header::Header;
 use crate::model::kind;
 use crate::model::projection::ModelRef;
 use crate::model::{Commit, ContentRef, Message, Projection, SessionId, TurnBoundary};
+use crate::store::blob::Holds;
 use crate::store::read::{self, DependentFork, HistoryRow, LineageEntry};
 use crate::store::read_pool::{PooledConnection, ReadPool};
 use crate::store::schema::{self, Access, SESSION_FILE};
@@ -708,17 +709,23 @@ impl SessionReader {
     /// The projection through sequence `through` and the sequence of the checkpoint it
     /// started from (0 for none).
     pub(crate) fn projection_and_checkpoint(&self, through: u64) -> Result<(u64, Projection)> {
-        if let Some((start, mut p)) = self.best_checkpoint(through)
-            && self
-                .visit_range(start, through, |c| p.apply_commit(&c))
-                .is_ok()
-        {
-            return Ok((start, p));
+        if let Some(found) = self.checkpointed_projection(through) {
+            return Ok(found);
         }
         // No checkpoint, or one the log does not continue: the log is the truth.
         let mut p = Projection::default();
         self.visit_range(0, through, |c| p.apply_commit(&c))?;
         Ok((0, p))
+    }
+
+    /// The projection through sequence `through` folded from the newest usable checkpoint
+    /// and that checkpoint's sequence; `None` without one, or when the log does not
+    /// continue it (a gap, a hash mismatch, a fold error).
+    pub(crate) fn checkpointed_projection(&self, through: u64) -> Option<(u64, Projection)> {
+        let (start, mut p) = self.best_checkpoint(through)?;
+        self.visit_range(start, through, |c| p.apply_commit(&c))
+            .ok()?;
+        Some((start, p))
     }
 
     /// Every ended turn of the durable prefix, in order, from the turn index of each file.
@@ -1088,7 +1095,7 @@ impl SessionReader {
     /// [`Error::Corrupt`] when the stored bytes do not match the digest.
     pub fn blob(&self, digest: &str) -> Result<Option<Vec<u8>>> {
         for segment in self.layout().segments.iter().rev() {
-            if let Some(bytes) = read::read_blob(&*segment.pool.get()?, digest)? {
+            if let Some(bytes) = read::read_blob(&*segment.pool.get()?, digest, Holds::Any)? {
                 return Ok(Some(bytes));
             }
         }
