@@ -605,6 +605,39 @@ fn a_checkpoint_that_contradicts_the_log_is_not_believed() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// A checkpoint whose digest does not check out is ignored by every open (derived data:
+/// the session folds its log), so `verify` calls the session sound, but says so in a note
+/// naming the checkpoint's sequence (it was ignored in silence); a sound checkpoint gives
+/// no note, and `replay_file` carries the same notes.
+#[test]
+fn verify_notes_a_checkpoint_that_does_not_check_out() {
+    let (_dir, root) = temp_root();
+    checkpointed(&root);
+    let file = root.session_dir(&id("sample")).join("session.sqlite");
+    assert!(root.verify(&id("sample")).unwrap().notes.is_empty());
+    let conn = rusqlite::Connection::open(&file).unwrap();
+    let through: i64 = conn
+        .query_row("SELECT through_seq FROM checkpoint", [], |r| r.get(0))
+        .unwrap();
+    conn.execute("UPDATE checkpoint SET digest = 'not the digest'", [])
+        .unwrap();
+    drop(conn);
+    let notes = [
+        root.verify(&id("sample")).unwrap().notes,
+        session_store::verify_file(&file).unwrap().notes,
+        replay_file(&file).unwrap().notes,
+    ];
+    for notes in notes {
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].contains(&format!(
+                "the projection checkpoint at sequence {through} does not check out"
+            )),
+            "{notes:?}"
+        );
+    }
+}
+
 /// A checkpoint edited with its digest made again (the digest is unkeyed XXH3: it notices
 /// damage, not a deliberate edit) is believed by readers, which then show its forged title:
 /// `verify` compares it with the full fold and refuses the file as `Corrupt` naming the

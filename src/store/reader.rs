@@ -728,6 +728,15 @@ impl SessionReader {
         Some((start, p))
     }
 
+    /// The sequence of this session's own checkpoint at or before `through` when one is
+    /// stored but does not check out, so that every open ignores it (derived data: `verify`
+    /// reports it as a note).
+    pub(crate) fn ignored_checkpoint(&self, through: u64) -> Option<u64> {
+        let layout = self.layout();
+        let own = layout.segments.iter().rev().find(|s| !s.inherited)?;
+        read::unusable_checkpoint(&*own.pool.get().ok()?, through)
+    }
+
     /// Every ended turn of the durable prefix, in order, from the turn index of each file.
     ///
     /// # Errors
