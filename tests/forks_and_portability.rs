@@ -1064,6 +1064,19 @@ fn a_delete_whose_parent_range_is_damaged_is_refused() {
     }
 }
 
+/// Session `p` of three turns `t1`-`t3` (3 events each, one commit per turn) in a fresh
+/// root.
+fn three_turns() -> (tempfile::TempDir, Root) {
+    let (dir, root) = temp_root();
+    let s = create(&root, "p");
+    for t in 1..=3 {
+        s.append(turn(&format!("op-{t}"), &format!("t{t}"), &format!("m{t}")))
+            .unwrap();
+    }
+    s.close().unwrap();
+    (dir, root)
+}
+
 /// A fork of a parent whose cut commit is damaged (its commit row does not match its row
 /// hash, one of its event rows is missing, one of its events is edited, the same in an
 /// ancestor of a fork) is refused as `Corrupt` naming the parent, leaving no child, no
@@ -1077,13 +1090,7 @@ fn a_fork_of_a_damaged_range_is_refused_leaving_nothing() {
     ];
     for (n, damage) in damages.iter().enumerate() {
         for chain in [false, true] {
-            let (_dir, root) = temp_root();
-            let s = create(&root, "p");
-            for t in 1..=3 {
-                s.append(turn(&format!("op-{t}"), &format!("t{t}"), &format!("m{t}")))
-                    .unwrap();
-            }
-            s.close().unwrap();
+            let (_dir, root) = three_turns();
             // Forked from `f`, a fork of `p` inheriting all of it, in the second round.
             let forked = if chain {
                 root.fork(&id("p"), after("t3"), Some(id("f"))).unwrap()
@@ -1146,13 +1153,7 @@ fn a_fork_after_a_turn_whose_index_row_the_log_contradicts_is_refused() {
         ),
     ];
     for (damage, says) in damages {
-        let (_dir, root) = temp_root();
-        let s = create(&root, "p");
-        for t in 1..=3 {
-            s.append(turn(&format!("op-{t}"), &format!("t{t}"), &format!("m{t}")))
-                .unwrap();
-        }
-        s.close().unwrap();
+        let (_dir, root) = three_turns();
         let file = root.session_dir(&id("p")).join("session.sqlite");
         sqlite3(&file, damage);
         let e = root
@@ -1169,13 +1170,7 @@ fn a_fork_after_a_turn_whose_index_row_the_log_contradicts_is_refused() {
         let reader = root.open_reader(&id("p")).unwrap();
         assert!(reader.dependents().unwrap().is_empty(), "{damage}");
     }
-    let (_dir, root) = temp_root();
-    let s = create(&root, "p");
-    for t in 1..=3 {
-        s.append(turn(&format!("op-{t}"), &format!("t{t}"), &format!("m{t}")))
-            .unwrap();
-    }
-    s.close().unwrap();
+    let (_dir, root) = three_turns();
     let file = root.session_dir(&id("p")).join("session.sqlite");
     sqlite3(
         &file,
