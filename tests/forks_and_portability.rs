@@ -1064,6 +1064,19 @@ fn a_delete_whose_parent_range_is_damaged_is_refused() {
     }
 }
 
+/// Session `p` of three turns `t1`-`t3` (3 events each, one commit per turn) in a fresh
+/// root.
+fn three_turns() -> (tempfile::TempDir, Root) {
+    let (dir, root) = temp_root();
+    let s = create(&root, "p");
+    for t in 1..=3 {
+        s.append(turn(&format!("op-{t}"), &format!("t{t}"), &format!("m{t}")))
+            .unwrap();
+    }
+    s.close().unwrap();
+    (dir, root)
+}
+
 /// A fork of a parent whose cut commit is damaged (its commit row does not match its row
 /// hash, one of its event rows is missing, one of its events is edited, the same in an
 /// ancestor of a fork) is refused as `Corrupt` naming the parent, leaving no child, no
@@ -1077,13 +1090,7 @@ fn a_fork_of_a_damaged_range_is_refused_leaving_nothing() {
     ];
     for (n, damage) in damages.iter().enumerate() {
         for chain in [false, true] {
-            let (_dir, root) = temp_root();
-            let s = create(&root, "p");
-            for t in 1..=3 {
-                s.append(turn(&format!("op-{t}"), &format!("t{t}"), &format!("m{t}")))
-                    .unwrap();
-            }
-            s.close().unwrap();
+            let (_dir, root) = three_turns();
             // Forked from `f`, a fork of `p` inheriting all of it, in the second round.
             let forked = if chain {
                 root.fork(&id("p"), after("t3"), Some(id("f"))).unwrap()
@@ -1120,6 +1127,60 @@ fn a_fork_of_a_damaged_range_is_refused_leaving_nothing() {
                 assert_eq!(dependents("f"), 0, "{text}");
             }
         }
+    }
+}
+
+/// A fork after a turn whose turn index row (which chooses the cut) was edited behind the
+/// store's back, so that the commit it names holds no `turn/end` at the row's end or one
+/// of another status, is refused as `Corrupt` naming the parent and the turn, leaving no
+/// child, staged folder or `dependents` row (it made a child cut where the row said, in
+/// the middle of the turn, which then failed `verify`). Damage earlier in the parent's
+/// history, away from the cut, is not looked for (that would read the whole prefix,
+/// ARCHITECTURE §6): the fork is made, and its `verify` fails naming the damaged commit
+/// as the parent's does.
+#[test]
+fn a_fork_after_a_turn_whose_index_row_the_log_contradicts_is_refused() {
+    let damages = [
+        (
+            "UPDATE turns SET end_seq = 5 WHERE turn_id = 't2'",
+            "turn index: turn \"t2\" is stored as ending at 5 with status \"completed\", which \
+             the log does not hold (its commit 4..=6 has no turn/end at 5)",
+        ),
+        (
+            "UPDATE turns SET status = 'failed' WHERE turn_id = 't2'",
+            "turn index: turn \"t2\" is stored as ending at 6 with status \"failed\", which the \
+             log does not hold (its commit 4..=6 has a turn/end of status \"completed\")",
+        ),
+    ];
+    for (damage, says) in damages {
+        let (_dir, root) = three_turns();
+        let file = root.session_dir(&id("p")).join("session.sqlite");
+        sqlite3(&file, damage);
+        let e = root
+            .fork(&id("p"), after("t2"), Some(id("child")))
+            .unwrap_err();
+        assert!(e.is_corrupt(), "{damage}: {e:?}");
+        assert!(
+            e.to_string()
+                .contains(&format!("session p cannot be forked at sequence 6: {says}")),
+            "{e}"
+        );
+        assert!(!root.session_dir(&id("child")).exists(), "{damage}");
+        assert!(staging_is_empty(&root), "{damage}");
+        let reader = root.open_reader(&id("p")).unwrap();
+        assert!(reader.dependents().unwrap().is_empty(), "{damage}");
+    }
+    let (_dir, root) = three_turns();
+    let file = root.session_dir(&id("p")).join("session.sqlite");
+    sqlite3(
+        &file,
+        "UPDATE events SET payload = replace(payload, 'm1', 'mX') WHERE seq = 2",
+    );
+    root.fork(&id("p"), after("t2"), Some(id("child"))).unwrap();
+    for name in ["p", "child"] {
+        let e = root.verify(&id(name)).map(|_| ()).unwrap_err();
+        assert!(e.is_corrupt(), "{name}: {e:?}");
+        assert!(e.to_string().contains("commit at 1"), "{name}: {e}");
     }
 }
 

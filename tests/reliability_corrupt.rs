@@ -605,6 +605,92 @@ fn a_checkpoint_that_contradicts_the_log_is_not_believed() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// The turn and history indexes are derived: `export` rebuilds them from the fold of the
+/// log (`copy_log`) and never copies a damaged one. A session whose turn index row was
+/// edited or removed, or whose history index row was edited or removed, behind the store's
+/// back fails `verify`, and exports to a file that `verify` calls sound, that `import`
+/// takes, and whose indexes are those of the undamaged session.
+#[test]
+fn export_of_a_session_with_damaged_indexes_writes_sound_indexes() {
+    let (dir, root) = temp_root();
+    checkpointed(&root);
+    let reader = root.open_reader(&id("sample")).unwrap();
+    let (turns, transcript) = (
+        reader.turns().unwrap(),
+        reader.transcript(u64::MAX).unwrap(),
+    );
+    drop(reader);
+    assert_eq!(turns.len(), 350);
+    let file = root.session_dir(&id("sample")).join("session.sqlite");
+    let original = std::fs::read(&file).unwrap();
+    let cases = [
+        (
+            "turn status edited",
+            "UPDATE turns SET status = 'failed' WHERE turn_id = 'turn-2'",
+        ),
+        ("turn removed", "DELETE FROM turns WHERE turn_id = 'turn-4'"),
+        (
+            "history message edited",
+            "UPDATE history SET message_id = 'forged' WHERE position = 3",
+        ),
+        (
+            "history row removed",
+            "DELETE FROM history WHERE position = 2",
+        ),
+    ];
+    for (n, (case, sql)) in cases.into_iter().enumerate() {
+        std::fs::write(&file, &original).unwrap();
+        sqlite3(&file, sql);
+        let e = root.verify(&id("sample")).map(|_| ()).unwrap_err();
+        assert!(e.is_corrupt(), "{case}: {e:?}");
+        let export = dir.path().join(format!("export-{n}.sqlite"));
+        root.export(&id("sample"), &export).unwrap();
+        session_store::verify_file(&export).unwrap_or_else(|e| panic!("{case}: {e}"));
+        let copy = id(&format!("copy-{n}"));
+        root.import(
+            &export,
+            session_store::ImportOptions::default().with_session_id(copy.clone()),
+        )
+        .unwrap_or_else(|e| panic!("{case}: {e}"));
+        let reader = root.open_reader(&copy).unwrap();
+        assert_eq!(reader.turns().unwrap(), turns, "{case}");
+        assert_eq!(reader.transcript(u64::MAX).unwrap(), transcript, "{case}");
+    }
+}
+
+/// A checkpoint whose digest does not check out is ignored by every open (derived data:
+/// the session folds its log), so `verify` calls the session sound, but says so in a note
+/// naming the checkpoint's sequence (it was ignored in silence); a sound checkpoint gives
+/// no note, and `replay_file` carries the same notes.
+#[test]
+fn verify_notes_a_checkpoint_that_does_not_check_out() {
+    let (_dir, root) = temp_root();
+    checkpointed(&root);
+    let file = root.session_dir(&id("sample")).join("session.sqlite");
+    assert!(root.verify(&id("sample")).unwrap().notes.is_empty());
+    let conn = rusqlite::Connection::open(&file).unwrap();
+    let through: i64 = conn
+        .query_row("SELECT through_seq FROM checkpoint", [], |r| r.get(0))
+        .unwrap();
+    conn.execute("UPDATE checkpoint SET digest = 'not the digest'", [])
+        .unwrap();
+    drop(conn);
+    let notes = [
+        root.verify(&id("sample")).unwrap().notes,
+        session_store::verify_file(&file).unwrap().notes,
+        replay_file(&file).unwrap().notes,
+    ];
+    for notes in notes {
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].contains(&format!(
+                "the projection checkpoint at sequence {through} does not check out"
+            )),
+            "{notes:?}"
+        );
+    }
+}
+
 /// A checkpoint edited with its digest made again (the digest is unkeyed XXH3: it notices
 /// damage, not a deliberate edit) is believed by readers, which then show its forged title:
 /// `verify` compares it with the full fold and refuses the file as `Corrupt` naming the

@@ -891,7 +891,7 @@ pub fn verify(cx: &Context, target: &Path) -> CliResult<()> {
         return print_json(&json!({
             "ok": true, "path": path.to_string_lossy(), "session_id": replay.header.session_id,
             "commits": replay.commits, "events": replay.events,
-            "turns": p.ended_turns, "messages": p.transcript_len,
+            "turns": p.ended_turns, "messages": p.transcript_len, "notes": replay.notes,
         }));
     }
     outln!(
@@ -904,6 +904,9 @@ pub fn verify(cx: &Context, target: &Path) -> CliResult<()> {
         count(p.ended_turns, "turn", "turns"),
         count(p.transcript_len, "message", "messages")
     );
+    for note in &replay.notes {
+        outln!("note: {note}");
+    }
     Ok(())
 }
 

@@ -185,7 +185,8 @@ impl Root {
         };
         // What the child inherits must be there, and its cut sound, before anything is
         // written.
-        reader.check_prefix(cut)?;
+        let ended = matches!(point, ForkPoint::AfterTurn(_)).then_some(&turn);
+        reader.check_prefix(cut, ended)?;
         let child = child.unwrap_or_else(SessionId::random);
         if self.session_dir(&child).exists() {
             return Err(self.taken(&child));

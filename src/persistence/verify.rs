@@ -26,6 +26,9 @@ pub struct ReplayReport {
     pub transcript: Vec<Arc<Message>>,
     /// The fold of all commits.
     pub projection: Projection,
+    /// What is damaged but ignored by every reader, so the log is still sound (a
+    /// projection checkpoint that does not check out): one sentence each.
+    pub notes: Vec<String>,
 }
 
 /// Folds commits one by one, in order, checking kinds and payloads; the reader that
@@ -268,6 +271,9 @@ pub struct Verified {
     pub events: u64,
     /// The fold of all commits.
     pub projection: Projection,
+    /// What is damaged but ignored by every reader, so the log is still sound (a
+    /// projection checkpoint that does not check out): one sentence each.
+    pub notes: Vec<String>,
 }
 
 /// Checks a session file (or folder) as [`replay_file`] does and hands each validated commit
@@ -342,11 +348,25 @@ fn validate_each(
              (its state differs from a full replay)"
         )));
     }
+    // One that does not check out is ignored by every open (derived data), so the log is
+    // sound; said, since something changed the file (it was ignored in silence).
+    let notes = reader
+        .ignored_checkpoint(durable)
+        .map(|seq| {
+            format!(
+                "the projection checkpoint at sequence {seq} does not check out (digest, form \
+                 or sequence) and is ignored: opening the session folds the log instead, until \
+                 a new checkpoint replaces it"
+            )
+        })
+        .into_iter()
+        .collect();
     let verified = Verified {
         header: reader.header().clone(),
         commits,
         events: validator.last_seq(),
         projection: validator.into_projection(),
+        notes,
     };
     Ok((verified, turns))
 }
@@ -374,6 +394,7 @@ pub fn replay_file(path: impl AsRef<Path>) -> Result<ReplayReport> {
         turns,
         transcript,
         projection: verified.projection,
+        notes: verified.notes,
     })
 }
 

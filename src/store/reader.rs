@@ -348,6 +348,33 @@ fn gap(expected: u64, found: u64) -> Error {
     ))
 }
 
+/// Refuses a turn index row (`turn`) that the commit holding its end (`c`, read whole)
+/// contradicts: no `turn/end` at its `end_sequence`, or one with another status.
+fn check_turn_end(c: &Commit, turn: &TurnBoundary) -> Result<()> {
+    let status = c
+        .events
+        .iter()
+        .find(|e| e.seq == turn.end_sequence && e.kind == kind::TURN_END)
+        .and_then(|e| e.payload_str())
+        .and_then(|p| serde_json::from_str::<crate::model::payload::TurnEndPayload>(p).ok())
+        .map(|p| p.status);
+    if status.as_deref() == Some(turn.status.as_str()) {
+        return Ok(());
+    }
+    Err(Error::corrupt(format!(
+        "turn index: turn {} is stored as ending at {} with status {}, which the log does \
+         not hold (its commit {}..={} has {})",
+        crate::error::quoted(&turn.turn_id),
+        turn.end_sequence,
+        crate::error::quoted(&turn.status),
+        c.first_seq,
+        c.last_seq(),
+        status.map_or_else(
+            || format!("no turn/end at {}", turn.end_sequence),
+            |s| format!("a turn/end of status {}", crate::error::quoted(&s))
+        )
+    )))
+}
 /// Checks that `c` starts at `expected` and that its events match its operation hash;
 /// returns its last sequence.
 pub(crate) fn check_commit(expected: u64, c: &Commit) -> Result<u64> {
@@ -726,6 +753,15 @@ impl SessionReader {
         self.visit_range(start, through, |c| p.apply_commit(&c))
             .ok()?;
         Some((start, p))
+    }
+
+    /// The sequence of this session's own checkpoint at or before `through` when one is
+    /// stored but does not check out, so that every open ignores it (derived data: `verify`
+    /// reports it as a note).
+    pub(crate) fn ignored_checkpoint(&self, through: u64) -> Option<u64> {
+        let layout = self.layout();
+        let own = layout.segments.iter().rev().find(|s| !s.inherited)?;
+        read::unusable_checkpoint(&*own.pool.get().ok()?, through)
     }
 
     /// Every ended turn of the durable prefix, in order, from the turn index of each file.
@@ -1144,14 +1180,16 @@ impl SessionReader {
     /// Checks what a fork cut at `cut` needs of this session, in time that does not grow
     /// with its length: every file holding part of `(0, cut]` is there, and the commit
     /// that ends at `cut` reads whole (its row hash) and its events match its operation
-    /// hash. Damage elsewhere in the range is left to `verify` and to the reads of the
-    /// log, the child's as the parent's: checking every commit row and event row of the
-    /// prefix made a fork of 200,000 events take 80-90 ms instead of 10.
+    /// hash; for a fork after turn `ended` (its turn index row, which chose the cut), that
+    /// commit holds the turn's `turn/end` at its `end_sequence` with its status. Damage
+    /// elsewhere in the range is left to `verify` and to the reads of the log, the child's
+    /// as the parent's: checking every commit row and event row of the prefix made a fork
+    /// of 200,000 events take 80-90 ms instead of 10.
     ///
     /// # Errors
     /// [`Error::Corrupt`] naming this session (and the file, for a missing one); SQLite
     /// errors.
-    pub(crate) fn check_prefix(&self, cut: u64) -> Result<()> {
+    pub(crate) fn check_prefix(&self, cut: u64, ended: Option<&TurnBoundary>) -> Result<()> {
         let me = &self.header.session_id;
         // A lineage that changed meanwhile (an ancestor deleted after its range was copied
         // here) is read again.
@@ -1177,7 +1215,10 @@ impl SessionReader {
         let checked = self
             .commits_through(cut - 1, cut, 1)
             .and_then(|last| match last.first() {
-                Some(c) if c.last_seq() == cut => check_commit(c.first_seq, c).map(drop),
+                Some(c) if c.last_seq() == cut => {
+                    check_commit(c.first_seq, c)?;
+                    ended.map_or(Ok(()), |turn| check_turn_end(c, turn))
+                }
                 _ => Err(Error::corrupt(format!("no commit ends at {cut}"))),
             });
         checked.map_err(|e| {
