@@ -91,7 +91,8 @@ enum Command {
     /// Append JSON Lines batches (stdin by default), one batch per line:
     /// {"operation_id", "turn_id"?, "events": [{"kind", "payload"?, "optional"?, "id"?}]}.
     /// With --json, prints one line per batch once it is durable:
-    /// {"operation_id","first_seq","last_seq","durable_sequence"}.
+    /// {"operation_id","first_seq","last_seq","durable_sequence"} (with --sync end, once a
+    /// write-behind drain made it durable, seen at the next batch, the rest at the end).
     Append {
         /// The session.
         id: String,
