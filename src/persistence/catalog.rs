@@ -777,6 +777,16 @@ impl Catalog {
         }
     }
 
+    /// Opens the catalog (indexing every folder of `scan`, the caller's read of the root
+    /// folder, when it is this process's first open), so that the calls that follow do
+    /// not read the root folder again.
+    ///
+    /// # Errors
+    /// When the catalog cannot be opened or written (a read-only root).
+    pub(crate) fn open_knowing(&self, root: &Root, scan: &RootScan) -> Result<()> {
+        self.with_conn_knowing(root, Some(scan), |_| Ok(()))
+    }
+
     /// Records that a session exists (its entry is computed when first listed).
     pub(crate) fn touch(&self, root: &Root, id: &SessionId) -> Result<()> {
         self.with_conn(root, |c| {

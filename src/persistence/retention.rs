@@ -178,15 +178,24 @@ impl Root {
             ..GcReport::default()
         };
         // The ages as the run starts, from the catalog (an entry is read again only when its
-        // session's files changed). A session that cannot be read has no commit time: its
-        // files' is taken, and the checks below report it.
+        // session's files changed; without a catalog, a read-only root, from the files). A
+        // session that cannot be read has no commit time: its files' is taken, and the
+        // checks below report it.
         let scan = self.scan()?;
+        let cataloged = self.catalog().open_knowing(self, &scan).is_ok();
+        let updated = |id: &SessionId| -> Result<i64> {
+            if cataloged {
+                return Ok(self.catalog_entry(id)?.updated_at_ms);
+            }
+            let reader = self.open_reader(id)?;
+            reader.updated_at_ms(reader.durable_sequence()?)
+        };
         let old: Vec<(SessionId, i64)> = scan
             .ids(self)
             .into_iter()
             .filter_map(|id| {
-                let updated_at_ms = match self.catalog_entry(&id) {
-                    Ok(entry) => entry.updated_at_ms,
+                let updated_at_ms = match updated(&id) {
+                    Ok(ms) => ms,
                     Err(Error::SessionNotFound(_)) => return None,
                     Err(_) => modified_ms(&self.session_dir(&id)),
                 };
