@@ -73,9 +73,48 @@ fn listed(root: &Path, extra: &[&str]) -> Vec<String> {
 }
 
 /// Sets the times of a session's files `secs` seconds back, as if it had not been touched
-/// since.
+/// since (what `gc` takes as the age of a file it cannot read; a session's updated time is
+/// its last commit's).
 fn age(root: &Path, session: &str, secs: u64) {
     touch(root, session, SystemTime::now() - Duration::from_secs(secs));
+}
+
+/// Now as a UTC date-time `list --since` takes (`2026-12-05T18:50:00.250Z`).
+fn utc_now() -> String {
+    let ms = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("after the epoch")
+        .as_millis();
+    let (days, ms_of_day) = ((ms / 86_400_000) as i64, ms % 86_400_000);
+    // Days since the epoch to a civil date (H. Hinnant's `civil_from_days`).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (h, m, s, milli) = (
+        ms_of_day / 3_600_000,
+        ms_of_day / 60_000 % 60,
+        ms_of_day / 1_000 % 60,
+        ms_of_day % 1_000,
+    );
+    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}.{milli:03}Z")
+}
+
+/// The `updated_at_ms` that `list --json` gives session `id`.
+fn listed_updated(root: &Path, id: &str) -> i64 {
+    let page = json_of(root, &["list", "--limit", "100"]);
+    page["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .find(|s| s["session_ref"]["session_id"] == id)
+        .and_then(|s| s["updated_at_ms"].as_i64())
+        .unwrap_or_else(|| panic!("{id} not listed: {page}"))
 }
 
 /// Sets the times of a session's files to `when`.
@@ -645,23 +684,26 @@ fn usage_json(model: &str, cost: &str) -> Value {
 #[test]
 fn list_filters_and_sorts_are_keyset_pages_on_the_catalog() {
     let (_dir, root) = temp_cli_root();
-    // Five sessions: cwd, title, origin and last change chosen per session.
-    chat(&root, "a", 1, "/proj");
-    chat(&root, "b", 2, "/proj");
+    // Five sessions: cwd, title, origin and last commit chosen per session. Updated order
+    // (a session's last commit, or a fork's creation; newest first): d, b, e, a, c, with
+    // `after_c` and `after_a` between them.
+    let pause = || std::thread::sleep(Duration::from_millis(30));
     chat(&root, "c", 1, "/other");
-    chat(&root, "d", 1, "/proj");
-    ok(&root, &["rename", "a", "Refactor the PARSER"]);
     ok(&root, &["rename", "c", "parser notes"]);
-    ok(&root, &["rename", "d", "Lunch"]);
+    pause();
+    let after_c = utc_now();
+    pause();
+    chat(&root, "a", 1, "/proj");
+    ok(&root, &["rename", "a", "Refactor the PARSER"]);
+    pause();
+    let after_a = utc_now();
+    pause();
+    chat(&root, "b", 2, "/proj");
     ok(&root, &["fork", "b", "--after-turn", "t1", "--id", "e"]);
-    // Updated order (newest first): d, b, e, a, c. A session's update time is never
-    // before its creation, so the times are set ahead: c on 2099-12-01, the others on
-    // 2100-01-02..05 (2100-01-01T00:00:00Z is 4102444800 s after the epoch).
-    let day = |n: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(4_102_444_800 + n * 86_400);
-    for (session, days) in [("d", 4), ("b", 3), ("e", 2), ("a", 1)] {
-        touch(&root, session, day(days));
-    }
-    touch(&root, "c", day(0) - Duration::from_secs(31 * 86_400));
+    pause();
+    ok(&root, &["rename", "b", "Standup"]);
+    chat(&root, "d", 1, "/proj");
+    ok(&root, &["rename", "d", "Lunch"]);
     assert_eq!(listed(&root, &[]), ["a", "b", "c", "d", "e"]);
     assert_eq!(
         listed(&root, &["--sort", "updated"]),
@@ -675,13 +717,10 @@ fn list_filters_and_sorts_are_keyset_pages_on_the_catalog() {
     );
     assert_eq!(listed(&root, &["--origin", "fork"]), ["e"]);
     assert_eq!(
-        listed(&root, &["--since", "2100-01-01", "--sort", "updated"]),
+        listed(&root, &["--since", &after_c, "--sort", "updated"]),
         ["d", "b", "e", "a"]
     );
-    assert_eq!(
-        listed(&root, &["--since", "2100-01-03T00:00:00Z"]),
-        ["b", "d", "e"]
-    );
+    assert_eq!(listed(&root, &["--since", &after_a]), ["b", "d", "e"]);
     assert_eq!(listed(&root, &["--since", "1d"]), ["a", "b", "c", "d", "e"]);
     assert_eq!(
         listed(&root, &["--since", "2000-01-01"]),
@@ -929,8 +968,7 @@ fn reading_a_session_does_not_make_it_updated() {
     );
     let wal = root.join("child").join("session.sqlite-wal");
     let _ = std::fs::remove_file(&wal);
-    age(&root, "parent", 3 * 86_400);
-    age(&root, "child", 3 * 86_400);
+    std::thread::sleep(Duration::from_millis(1_200));
     for args in [
         &["show", "child"][..],
         &["history", "child"],
@@ -939,8 +977,8 @@ fn reading_a_session_does_not_make_it_updated() {
         ok(&root, args);
     }
     assert!(wal.exists(), "the reads made SQLite's -wal");
-    let dry = json_of(&root, &["gc", "--older-than", "2d", "--dry-run"]);
-    let again = json_of(&root, &["gc", "--older-than", "2d", "--dry-run"]);
+    let dry = json_of(&root, &["gc", "--older-than", "1s", "--dry-run"]);
+    let again = json_of(&root, &["gc", "--older-than", "1s", "--dry-run"]);
     assert_eq!(dry, again, "a dry run changes nothing the next one sees");
     assert_eq!(
         dry["deleted"].as_array().expect("deleted").len(),
@@ -982,30 +1020,64 @@ fn gc_refuses_an_age_of_zero() {
         }
     }
     assert_eq!(listed(&root, &[]), ["keep"]);
+    std::thread::sleep(Duration::from_millis(1_100));
     let real = json_of(&root, &["gc", "--older-than", "1s"]);
     assert_eq!(gc_ids(&real, "deleted"), ["keep"]);
 }
 
+/// A session's updated time is its last commit's (its creation before any): forking,
+/// exporting, verifying and reading it leave it where it was, in `list` and its
+/// `--sort updated`, and `gc` deletes an old parent and its old fork in one run. A fork
+/// moved its parent's updated time (its `dependents` row changed the parent's file, whose
+/// last change it was), and `gc` deleted the fork and kept the parent as "updated
+/// meanwhile" (deleting the fork changed the parent's file again). A catalog an earlier
+/// build filled (`user_version` 0) has its entries computed again.
 #[test]
-fn gc_reports_a_parent_its_deleted_fork_changed() {
-    let (_dir, root) = temp_cli_root();
+fn forks_and_reads_do_not_make_a_session_updated_and_gc_takes_both() {
+    let (dir, root) = temp_cli_root();
     chat(&root, "parent", 1, "/w");
+    let before = listed_updated(&root, "parent");
+    std::thread::sleep(Duration::from_millis(30));
     ok(
         &root,
         &["fork", "parent", "--after-turn", "t1", "--id", "child"],
     );
-    for session in ["parent", "child"] {
-        age(&root, session, 3 * 86_400);
+    let export = dir.path().join("parent.sqlite");
+    ok(
+        &root,
+        &["export", "parent", export.to_str().expect("utf-8")],
+    );
+    for args in [
+        &["verify", "parent"][..],
+        &["show", "parent"],
+        &["history", "parent"],
+    ] {
+        ok(&root, args);
     }
-    let dry = json_of(&root, &["gc", "--older-than", "2d", "--dry-run"]);
-    assert_eq!(gc_ids(&dry, "deleted"), ["child", "parent"]);
-    let real = json_of(&root, &["gc", "--older-than", "2d"]);
-    assert_eq!(gc_ids(&real, "deleted"), ["child"]);
-    assert_eq!(gc_ids(&real, "kept"), ["parent"], "{real}");
-    let reason = real["kept"][0]["reason"].as_str().expect("reason");
-    assert!(reason.contains("updated"), "{reason}");
-    assert_eq!(listed(&root, &[]), ["parent"]);
-    assert!(ok(&root, &["verify", "parent"]).starts_with("ok"));
+    assert_eq!(listed_updated(&root, "parent"), before);
+    let child = listed_updated(&root, "child");
+    assert!(
+        child > before,
+        "the fork's own time is its creation: {child} <= {before}"
+    );
+    assert_eq!(listed(&root, &["--sort", "updated"]), ["child", "parent"]);
+    // An entry an earlier build stored (its meaning of updated) is not trusted.
+    let catalog =
+        rusqlite::Connection::open(root.join(".catalog").join("catalog.sqlite")).expect("catalog");
+    catalog
+        .execute_batch(
+            "UPDATE sessions SET entry = json_set(entry, '$.updated_at_ms', 1) \
+             WHERE session_id = 'parent'; PRAGMA user_version = 0;",
+        )
+        .expect("older catalog");
+    drop(catalog);
+    assert_eq!(listed_updated(&root, "parent"), before);
+    std::thread::sleep(Duration::from_millis(1_100));
+    let real = json_of(&root, &["gc", "--older-than", "1s"]);
+    assert_eq!(gc_ids(&real, "deleted"), ["child", "parent"], "{real}");
+    assert!(gc_ids(&real, "kept").is_empty(), "{real}");
+    assert_eq!(real["deleted"][1]["updated_at_ms"], before, "{real}");
+    assert!(listed(&root, &[]).is_empty());
 }
 
 /// A fork SIGKILLed between recording itself in its parent's `dependents` and its
@@ -1017,6 +1089,7 @@ fn gc_reports_a_parent_its_deleted_fork_changed() {
 fn gc_keep_forked_ignores_dependents_rows_of_forks_that_never_were() {
     let (_dir, root) = temp_cli_root();
     chat(&root, "parent", 2, "/w");
+    std::thread::sleep(Duration::from_millis(2_200));
     chat(&root, "unrelated", 1, "/w");
     let file = root.join("parent").join("session.sqlite");
     let conn = rusqlite::Connection::open(&file).expect("open");
@@ -1025,11 +1098,10 @@ fn gc_keep_forked_ignores_dependents_rows_of_forks_that_never_were() {
     )
     .expect("plant");
     drop(conn);
-    age(&root, "parent", 3 * 86_400);
-    let dry = json_of(&root, &["gc", "--older-than", "2d", "--dry-run"]);
+    let dry = json_of(&root, &["gc", "--older-than", "2s", "--dry-run"]);
     assert_eq!(gc_ids(&dry, "deleted"), ["parent"], "{dry}");
     assert_eq!(dry["deleted"][0]["forks"], json!([]), "{dry}");
-    let real = json_of(&root, &["gc", "--older-than", "2d", "--keep-forked"]);
+    let real = json_of(&root, &["gc", "--older-than", "2s", "--keep-forked"]);
     assert_eq!(gc_ids(&real, "deleted"), ["parent"], "{real}");
     assert_eq!(listed(&root, &[]), ["unrelated"]);
     assert!(ok(&root, &["verify", "unrelated"]).starts_with("ok"));
@@ -1038,22 +1110,23 @@ fn gc_keep_forked_ignores_dependents_rows_of_forks_that_never_were() {
 #[test]
 fn gc_deletes_only_old_sessions_without_a_writer() {
     let (_dir, root) = temp_cli_root();
+    // Old: last committed OLD ago; fresh: committed (or forked) after that.
+    const OLD: Duration = Duration::from_secs(4);
     chat(&root, "old", 1, "/w");
     chat(&root, "busy", 1, "/w");
-    chat(&root, "fresh", 1, "/w");
     chat(&root, "parent", 2, "/w");
+    std::thread::sleep(OLD + Duration::from_millis(300));
+    chat(&root, "fresh", 1, "/w");
     ok(
         &root,
         &["fork", "parent", "--after-turn", "t2", "--id", "child"],
     );
+    let fresh_since = Instant::now();
     let child_before = json_of(&root, &["history", "child"]);
     let writer = live_writer(&root, "busy");
-    for session in ["old", "busy", "parent"] {
-        age(&root, session, 3 * 86_400);
-    }
 
     // A dry run deletes nothing and says what it would do.
-    let dry = json_of(&root, &["gc", "--older-than", "2d", "--dry-run"]);
+    let dry = json_of(&root, &["gc", "--older-than", "4s", "--dry-run"]);
     assert_eq!(dry["dry_run"], true);
     assert_eq!(gc_ids(&dry, "deleted"), ["old", "parent"]);
     assert_eq!(dry["deleted"][1]["forks"], json!(["child"]));
@@ -1064,7 +1137,7 @@ fn gc_deletes_only_old_sessions_without_a_writer() {
             .expect("reason")
             .contains(&format!("pid {}", writer.id()))
     );
-    let human = ok(&root, &["gc", "--older-than", "2d", "--dry-run"]);
+    let human = ok(&root, &["gc", "--older-than", "4s", "--dry-run"]);
     assert!(human.contains("would delete old"), "{human}");
     assert!(human.contains("kept busy"), "{human}");
     assert_eq!(
@@ -1073,13 +1146,13 @@ fn gc_deletes_only_old_sessions_without_a_writer() {
     );
 
     // --keep-forked keeps the parent; the live writer's session is kept and reported.
-    let kept = json_of(&root, &["gc", "--older-than", "2d", "--keep-forked"]);
+    let kept = json_of(&root, &["gc", "--older-than", "4s", "--keep-forked"]);
     assert_eq!(gc_ids(&kept, "deleted"), ["old"]);
     assert_eq!(gc_ids(&kept, "kept"), ["busy", "parent"]);
     assert_eq!(listed(&root, &[]), ["busy", "child", "fresh", "parent"]);
 
     // Without it the parent goes; its fork keeps the history it inherited.
-    let out = ok(&root, &["gc", "--older-than", "2d"]);
+    let out = ok(&root, &["gc", "--older-than", "4s"]);
     assert!(out.contains("deleted parent"), "{out}");
     assert!(out.contains("kept busy"), "{out}");
     assert_eq!(listed(&root, &[]), ["busy", "child", "fresh"]);
@@ -1088,20 +1161,22 @@ fn gc_deletes_only_old_sessions_without_a_writer() {
     stop(writer);
 
     // Once its writer is gone the old session is collected; the fresh ones never.
-    age(&root, "busy", 3 * 86_400);
     assert_eq!(
-        gc_ids(&json_of(&root, &["gc", "--older-than", "2d"]), "deleted"),
+        gc_ids(&json_of(&root, &["gc", "--older-than", "4s"]), "deleted"),
         ["busy"]
     );
-    assert!(ok(&root, &["gc", "--older-than", "2d"]).contains("nothing to collect"));
+    assert!(ok(&root, &["gc", "--older-than", "4s"]).contains("nothing to collect"));
     assert_eq!(listed(&root, &[]), ["child", "fresh"]);
 
     // The library: a dry run reports, deletes nothing.
+    assert!(
+        fresh_since.elapsed() < OLD,
+        "the runs took longer than the age that tells old from fresh"
+    );
     let lib = Root::open(&root).expect("root");
-    age(&root, "fresh", 3 * 86_400);
-    age(&root, "child", 3 * 86_400);
+    std::thread::sleep(OLD.saturating_sub(fresh_since.elapsed()) + Duration::from_millis(300));
     let report = lib
-        .gc(&GcOptions::older_than(Duration::from_secs(86_400)).with_dry_run(true))
+        .gc(&GcOptions::older_than(OLD).with_dry_run(true))
         .expect("gc");
     assert_eq!(report.deleted.len(), 2);
     assert_eq!(lib.list_ids().expect("ids").len(), 2);

@@ -2254,3 +2254,70 @@ fn show_of_a_fork_whose_parent_was_deleted_says_so() {
     assert_eq!(env.json(&["show", "g"])["parent_in_root"], true);
     env.fails(&["show", "p"], 3);
 }
+
+/// `append --json --sync end` fed through a pipe that stays open prints a batch's line once
+/// a write-behind drain made it durable, seen at the next append: the lines of the first
+/// batches arrive while the input is still open, each with a durable sequence at or past
+/// its last sequence, and the rest once it closes (every line came only at the end of the
+/// input, though a drain had made the batches durable long before).
+#[test]
+fn append_sync_end_prints_each_batch_once_a_drain_made_it_durable() {
+    let env = Env::new();
+    env.ok(&["create", "piped"]);
+    let mut child = env
+        .command(&["--json", "append", "piped", "--sync", "end"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let stdout = child.stdout.take().expect("stdout");
+    let (lines, printed) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut feed = move |n: usize| {
+        let batch = json!({"operation_id": format!("op-{n}"),
+            "events": [message(&format!("m{n}"), "user", &format!("message {n}"))]});
+        stdin
+            .write_all(format!("{batch}\n").as_bytes())
+            .expect("write");
+        stdin.flush().expect("flush");
+    };
+    feed(1);
+    feed(2);
+    // The write-behind delay (200 ms) passes: both are drained, printed at the next append.
+    std::thread::sleep(Duration::from_millis(700));
+    feed(3);
+    let mut early = Vec::new();
+    while early.len() < 2 {
+        match printed.recv_timeout(Duration::from_secs(10)) {
+            Ok(line) => early.push(serde_json::from_str::<Value>(&line).expect("json")),
+            Err(_) => panic!("no line while the input is open; printed {early:?}"),
+        }
+    }
+    for (n, line) in early.iter().enumerate() {
+        assert_eq!(line["operation_id"], format!("op-{}", n + 1), "{line}");
+        assert!(
+            line["durable_sequence"].as_u64() >= line["last_seq"].as_u64(),
+            "{line}"
+        );
+    }
+    drop(feed);
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "{status:?}");
+    reader.join().expect("reader");
+    let rest: Vec<Value> = printed
+        .try_iter()
+        .map(|l| serde_json::from_str(&l).expect("json"))
+        .collect();
+    assert_eq!(rest.len(), 1, "{rest:?}");
+    assert_eq!(rest[0]["operation_id"], "op-3");
+    assert_eq!(rest[0]["durable_sequence"], 3);
+}

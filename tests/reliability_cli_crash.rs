@@ -316,7 +316,9 @@ fn commands(tpl: &Template, out: &Path) -> Vec<Cmd> {
         ),
         cmd(
             "gc",
-            s(&["gc", "--older-than", "1d"]),
+            // The template's sessions last committed seconds before this runs (a
+            // session's age is its last commit's, not its files').
+            s(&["gc", "--older-than", "1s"]),
             false,
             (None, None, None, None),
         ),

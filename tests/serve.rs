@@ -2126,3 +2126,87 @@ fn a_session_of_a_newer_version_answers_naming_it() {
             .contains("Triage the 502s")
     );
 }
+
+/// A batch of one user message `m{n}`, "tally item{n} entry", as `append` reads it.
+fn tally_line(n: u64) -> String {
+    format!(
+        "{}\n",
+        json!({"operation_id": format!("op-{n}"), "events": [{"kind": "message/complete",
+            "payload": {"message": {"id": format!("m{n}"), "role": "user",
+                "content": format!("tally item{n} entry")}}}]})
+    )
+}
+
+/// A writer SIGKILLed right after a drain, before its index write (the index delay), after
+/// the server's first search: a search of the running server finds its last message within
+/// seconds (its refresh catches dead writers up, `Root::catch_up_dead_writers`). Only the
+/// server's first search did, and a later one found such a message only when it met the
+/// session otherwise (a hit of it, `session=`): never, for a word only that message holds.
+#[test]
+fn a_running_server_finds_what_a_writer_killed_after_its_first_search_left() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("root");
+    let out = serve_support::cli(&root, &["append", "killed", "--create", "--file", "-"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let server = Server::start(&root, &[]);
+    let index = root.join(".catalog/search.sqlite");
+    // The server's first search: the index is made, filled and scanned for dead writers.
+    assert_eq!(server.ok("/api/search?q=tally").json()["hits"], json!([]));
+    let mut n = 0;
+    let behind = (0..10).find_map(|_| {
+        let mut writer = Command::new(serve_support::BIN)
+            .arg("--root")
+            .arg(&root)
+            .args(["--json", "append", "killed", "--sync", "each"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn writer");
+        let mut stdin = writer.stdin.take().expect("stdin");
+        let mut printed = BufReader::new(writer.stdout.take().expect("stdout"));
+        let mut durable = 0;
+        for _ in 0..3 {
+            n += 1;
+            stdin.write_all(tally_line(n).as_bytes()).expect("write");
+            stdin.flush().expect("flush");
+            let mut line = String::new();
+            printed.read_line(&mut line).expect("read");
+            let line: Value = serde_json::from_str(&line).expect("a durable batch");
+            durable = line["durable_sequence"].as_u64().expect("durable");
+        }
+        // Right after a drain: its commits wait out the index delay.
+        writer.kill().expect("kill");
+        writer.wait().expect("wait");
+        let indexed: u64 = common::sqlite3(
+            &index,
+            "SELECT indexed_seq FROM search_sessions WHERE session_id = 'killed'",
+        )
+        .parse()
+        .unwrap_or(0);
+        (indexed < durable).then_some(n)
+    });
+    let Some(last) = behind else {
+        panic!("no kill left the index behind the file");
+    };
+    let query = format!("/api/search?q=item{last}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let hits = server.ok(&query).json()["hits"].clone();
+        if hits.as_array().is_some_and(|h| !h.is_empty()) {
+            assert_eq!(hits[0]["message_id"], format!("m{last}"), "{hits}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server never found m{last}, which a killed writer made durable"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}

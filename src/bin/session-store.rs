@@ -91,7 +91,8 @@ enum Command {
     /// Append JSON Lines batches (stdin by default), one batch per line:
     /// {"operation_id", "turn_id"?, "events": [{"kind", "payload"?, "optional"?, "id"?}]}.
     /// With --json, prints one line per batch once it is durable:
-    /// {"operation_id","first_seq","last_seq","durable_sequence"}.
+    /// {"operation_id","first_seq","last_seq","durable_sequence"} (with --sync end, once a
+    /// write-behind drain made it durable, seen at the next batch, the rest at the end).
     Append {
         /// The session.
         id: String,
@@ -119,7 +120,7 @@ enum Command {
         /// one is made absolute against the current directory).
         #[arg(long, value_name = "DIR", value_parser = session_store::absolute_cwd)]
         cwd: Option<String>,
-        /// Only sessions updated since: a duration back from now (7d, 12h) or a date, UTC
+        /// Only sessions updated (last committed to) since: a duration back from now (7d, 12h) or a date, UTC
         /// unless an offset is given (2026-12-01, 2026-12-01T08:30:00Z,
         /// 2026-12-01T09:30:00.250+01:00).
         #[arg(long, value_name = "WHEN", value_parser = cli::when::parse_since)]
@@ -257,8 +258,8 @@ enum Command {
         #[arg(long, value_name = "SECONDS", default_value = "0", value_parser = cli::parse_wait)]
         wait: Duration,
     },
-    /// Delete the sessions not updated for DURATION and without a writer (a live writer:
-    /// kept and reported); forks get their inherited history first, as `delete` does.
+    /// Delete the sessions not updated (no commit of their own; a fork of one does not
+    /// count) for DURATION and without a writer (a live writer: kept and reported); forks get their inherited history first, as `delete` does.
     /// Prints what it deletes, or with --dry-run what it would.
     Gc {
         /// Age of the last change: 90s, 45m, 12h, 7d, 2w (not 0: at least 1s).

@@ -3,9 +3,12 @@
 //! One batch per line (`session_store::Batch`): `{"operation_id", "turn_id"?, "events":
 //! [{"kind", "payload"?, "optional"?, "id"?}]}`; blank lines are skipped. With `--sync
 //! each` every batch is flushed (fsynced) before the next line is read; with `--sync end`
-//! batches are group-committed and flushed once at the end. With `--json` a line
-//! `{"operation_id","first_seq","last_seq","durable_sequence"}` is printed for each batch
-//! only once it is durable, so whatever was printed survives a crash of this process.
+//! batches are group-committed (the write-behind drains) and flushed once at the end. With
+//! `--json` a line `{"operation_id","first_seq","last_seq","durable_sequence"}` is printed
+//! for each batch only once it is durable, so whatever was printed survives a crash of this
+//! process: with `--sync end`, as soon as an append sees that a drain made it durable (the
+//! session's durable sequence, read after each append; no flush of its own), the rest after
+//! the final flush.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, IsTerminal, Write};
@@ -300,7 +303,8 @@ fn accepted(
 }
 
 /// Appends every line of `lines` after what `pending` holds; reports durable batches as
-/// it goes (`sync_each`) or after the final flush.
+/// it goes: flushing each (`sync_each`), or those a write-behind drain made durable, seen
+/// after each append, and the rest after the final flush.
 fn feed(
     cx: &Context,
     session: &Session,
@@ -346,6 +350,8 @@ fn feed(
         }
         if sync_each {
             flush_and_report(cx, session, pending)?;
+        } else {
+            report_durable(cx, session.sequences().1, pending)?;
         }
     }
     if !pending.is_empty() {
@@ -363,10 +369,8 @@ fn flush_and_report(cx: &Context, session: &Session, pending: &mut Vec<Accepted>
         Ok(durable) => report(cx, durable, pending),
         Err(e) => {
             let (_, durable) = session.sequences();
-            let kept = pending.iter().take_while(|a| a.last_seq <= durable).count();
-            let not_durable = pending.len() - kept;
-            pending.truncate(kept);
-            report(cx, durable, pending)?;
+            report_durable(cx, durable, pending)?;
+            let not_durable = pending.len();
             let are = if not_durable == 1 { "is" } else { "are" };
             Err(Failure::context(
                 format!(
@@ -379,6 +383,26 @@ fn flush_and_report(cx: &Context, session: &Session, pending: &mut Vec<Accepted>
             ))
         }
     }
+}
+
+/// Reports the batches at the front of `pending` that are durable at `durable_sequence`
+/// (their last sequence at or below it); the others stay in `pending`.
+fn report_durable(
+    cx: &Context,
+    durable_sequence: u64,
+    pending: &mut Vec<Accepted>,
+) -> CliResult<()> {
+    let durable = pending
+        .iter()
+        .take_while(|a| a.last_seq <= durable_sequence)
+        .count();
+    if durable == 0 {
+        return Ok(());
+    }
+    let mut rest = pending.split_off(durable);
+    report(cx, durable_sequence, pending)?;
+    std::mem::swap(pending, &mut rest);
+    Ok(())
 }
 
 /// Prints (with `--json`) the batches in `pending`, all durable at `durable_sequence`.

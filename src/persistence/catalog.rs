@@ -15,7 +15,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::UNIX_EPOCH;
 
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
@@ -36,6 +35,11 @@ const CATALOG_FILES: [&str; 4] = [
     "catalog.sqlite-shm",
     "catalog.sqlite-journal",
 ];
+/// `PRAGMA user_version` of a catalog whose entries mean what this build's do. In a
+/// catalog of an earlier build (0: `updated_at_ms` was the last change of the session's
+/// files, which a fork of it or a `dependents` row moved) every entry is made stale on
+/// open, so each is computed again from its file when next listed.
+const CATALOG_VERSION: i64 = 1;
 /// `PRAGMA application_id` of a catalog file ("SeSC").
 const CATALOG_APPLICATION_ID: i32 = 0x5365_5343;
 /// The catalog's one table.
@@ -480,7 +484,9 @@ pub struct CatalogEntry {
     pub durable_sequence: u64,
     /// Creation time (ms since the Unix epoch).
     pub created_at_ms: i64,
-    /// Last change of the session's files (ms since the Unix epoch).
+    /// Time of the session's last durable commit of its own, or its creation time before
+    /// any (ms since the Unix epoch): forking, reading, verifying or exporting it does not
+    /// move it.
     pub updated_at_ms: i64,
     /// Working directory from the header.
     pub cwd: Option<String>,
@@ -494,12 +500,13 @@ pub struct CatalogEntry {
 }
 
 impl CatalogEntry {
-    /// The entry of a session whose projection is `projection` at `durable_sequence`.
+    /// The entry of a session whose projection is `projection` at `durable_sequence`,
+    /// last updated at `updated_at_ms` ([`SessionReader::updated_at_ms`]).
     pub(crate) fn new(
         reader: &SessionReader,
         projection: &Projection,
         durable_sequence: u64,
-        dir: &Path,
+        updated_at_ms: i64,
     ) -> Self {
         let h = reader.header();
         CatalogEntry {
@@ -510,28 +517,13 @@ impl CatalogEntry {
             preview: projection.preview.clone(),
             durable_sequence,
             created_at_ms: h.created_at_ms,
-            updated_at_ms: modified_ms(dir).max(h.created_at_ms),
+            updated_at_ms,
             cwd: h.cwd.clone(),
             parent_id: h.parent_id.clone(),
             origin: h.origin,
             usage: projection.usage.clone(),
         }
     }
-}
-
-/// Last change of a session's files (ms since the Unix epoch; 0 when unknown).
-pub(crate) fn modified_ms(dir: &Path) -> i64 {
-    [SESSION_FILE, WAL_FILE]
-        .iter()
-        .filter_map(|f| Some((*f, std::fs::symlink_metadata(dir.join(f)).ok()?)))
-        // An empty WAL holds no change: SQLite creates one for any reader of a file that
-        // had none, and a checkpoint that empties it writes the file itself first.
-        .filter(|(f, m)| *f == SESSION_FILE || m.len() > 0)
-        .filter_map(|(_, m)| m.modified().ok())
-        .filter_map(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .max()
-        .unwrap_or(0)
 }
 
 /// The stamp of a file that does not exist.
@@ -621,6 +613,14 @@ fn open_catalog(path: &Path) -> Result<Connection> {
     // Also in a catalog made by an older build. Best effort: without them (a read-only
     // root) a sorted page sorts the rows instead of walking an index.
     let _ = conn.execute_batch(CATALOG_ORDER_INDEXES);
+    let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    if version < CATALOG_VERSION {
+        // An empty stamp matches no file: every entry is computed again when next listed.
+        conn.execute_batch(&format!(
+            "BEGIN IMMEDIATE; UPDATE sessions SET stamp = ''; \
+             PRAGMA user_version = {CATALOG_VERSION}; COMMIT;"
+        ))?;
+    }
     Ok(conn)
 }
 
@@ -775,6 +775,16 @@ impl Catalog {
                 "catalog connection missing after opening it",
             )),
         }
+    }
+
+    /// Opens the catalog (indexing every folder of `scan`, the caller's read of the root
+    /// folder, when it is this process's first open), so that the calls that follow do
+    /// not read the root folder again.
+    ///
+    /// # Errors
+    /// When the catalog cannot be opened or written (a read-only root).
+    pub(crate) fn open_knowing(&self, root: &Root, scan: &RootScan) -> Result<()> {
+        self.with_conn_knowing(root, Some(scan), |_| Ok(()))
     }
 
     /// Records that a session exists (its entry is computed when first listed).
@@ -1261,7 +1271,7 @@ fn compute(root: &Root, stamper: &Stamper, id: &SessionId) -> Result<Computed> {
             &reader,
             &reader.projection_at(durable)?,
             durable,
-            &root.session_dir(id),
+            reader.updated_at_ms(durable)?,
         ))
     };
     Ok(match read() {

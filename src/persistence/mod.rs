@@ -789,8 +789,9 @@ impl Root {
             // is not the file's. The entry is recomputed from the file when next listed.
             return Ok(());
         }
+        let updated_at_ms = session.updated_at_ms()?;
         let entry = session
-            .with_projection(|p| CatalogEntry::new(session.reader(), p, durable, session.dir()));
+            .with_projection(|p| CatalogEntry::new(session.reader(), p, durable, updated_at_ms));
         self.inner.catalog.put(self, &entry)
     }
 

@@ -1,11 +1,11 @@
-//! Retention that never surprises: [`Root::gc`] deletes the sessions not updated for a
-//! given time and without a writer, each through [`Root::delete`] (forks get their
+//! Retention that never surprises: [`Root::gc`] deletes the sessions not updated (no
+//! commit of their own) for a given time and without a writer, each through [`Root::delete`] (forks get their
 //! inherited history materialised first; crash-safe), and reports every session it
 //! deletes, would delete (a dry run) or keeps, with why. Nothing is deleted unless the
 //! caller asks for it.
 
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 use serde::Serialize;
 
@@ -14,9 +14,8 @@ use crate::error::{Error, Result};
 use crate::model::SessionId;
 use crate::model::ids::now_ms;
 use crate::persistence::Root;
-use crate::persistence::catalog::modified_ms;
 use crate::store::reader::SessionReader;
-use crate::store::schema::write_denied;
+use crate::store::schema::{SESSION_FILE, WAL_FILE, write_denied};
 
 /// How long a deletion waits for a session's locks before it is kept as busy.
 const LOCK_WAIT: Duration = Duration::from_millis(200);
@@ -26,7 +25,8 @@ const LOCK_WAIT: Duration = Duration::from_millis(200);
 #[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GcOptions {
-    /// Only sessions whose files have not changed for at least this long.
+    /// Only sessions whose last commit of their own (their creation, before any) is at
+    /// least this old ([`CatalogEntry::updated_at_ms`](crate::CatalogEntry::updated_at_ms)).
     pub older_than: Duration,
     /// Report what would be deleted; delete nothing.
     pub dry_run: bool,
@@ -64,7 +64,9 @@ impl GcOptions {
 pub struct GcDeleted {
     /// The session.
     pub session_id: SessionId,
-    /// Last change of its files (ms since the Unix epoch).
+    /// When it was last updated (ms since the Unix epoch): its last commit of its own, or
+    /// its creation before any; for a file that cannot be read, the last change of its
+    /// files.
     pub updated_at_ms: i64,
     /// Its forks, which get the history they inherit from it copied in first.
     pub forks: Vec<SessionId>,
@@ -95,6 +97,22 @@ pub struct GcReport {
     pub failed: Vec<GcKept>,
 }
 
+/// When the session in `dir` was last updated, for a session whose file cannot be read
+/// (no commit time to read): the last change of its files (ms since the Unix epoch; 0
+/// when unknown). An empty WAL holds no change: SQLite creates one for any reader of a
+/// file that had none.
+fn modified_ms(dir: &Path) -> i64 {
+    [SESSION_FILE, WAL_FILE]
+        .iter()
+        .filter_map(|f| Some((*f, std::fs::symlink_metadata(dir.join(f)).ok()?)))
+        .filter(|(f, m)| *f == SESSION_FILE || m.len() > 0)
+        .filter_map(|(_, m)| m.modified().ok())
+        .filter_map(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .max()
+        .unwrap_or(0)
+}
+
 /// Why an old session is kept (`Err(why)`), else its forks (`Ok`). Made before any lock
 /// is taken (`writer`: also whether a writer holds it), and again under its locks before
 /// a real deletion (where no writer can).
@@ -106,11 +124,12 @@ fn reason_to_keep(
     keep_forked: bool,
     writer: bool,
 ) -> Result<std::result::Result<Vec<SessionId>, String>> {
-    if modified_ms(dir) > cutoff_ms {
+    let reader = SessionReader::open(dir)?;
+    // Its last commit: a fork of it, or this run deleting a session it shares history
+    // with (which changes its file, not its commits), does not make it newer.
+    if reader.updated_at_ms(reader.durable_sequence()?)? > cutoff_ms {
         return Ok(Err(
-            "updated meanwhile (by a writer, or by this run deleting a session it shares \
-             history with)"
-                .to_owned(),
+            "updated meanwhile (a writer committed to it since the run began)".to_owned(),
         ));
     }
     if writer && let Some(owner) = root.writer_owner(id)? {
@@ -122,7 +141,7 @@ fn reason_to_keep(
     // A fork killed between recording itself here and its publication left a row naming
     // no session: it keeps nothing (one that cannot be read is counted, to keep on the
     // safe side).
-    let forks: Vec<SessionId> = SessionReader::open(dir)?
+    let forks: Vec<SessionId> = reader
         .dependents()?
         .into_iter()
         .map(|d| d.child_id)
@@ -135,8 +154,9 @@ fn reason_to_keep(
 }
 
 impl Root {
-    /// Deletes the sessions whose files have not changed for `options.older_than` and
-    /// that no writer holds, each as [`Root::delete`] does (forks first get the history
+    /// Deletes the sessions not updated (no commit of their own, see
+    /// [`CatalogEntry::updated_at_ms`](crate::CatalogEntry::updated_at_ms)) for
+    /// `options.older_than` and that no writer holds, each as [`Root::delete`] does (forks first get the history
     /// they inherit copied in; a crash at any point leaves every session readable). Every
     /// check (age, writer, forks with `keep_forked`) is made again under the session's
     /// writer and dependents locks, so a session that a writer or a fork takes meanwhile
@@ -157,16 +177,29 @@ impl Root {
             dry_run: options.dry_run,
             ..GcReport::default()
         };
-        // The ages as the run starts: deleting one session changes the files of those it
-        // shares history with (its forks, its ancestors' `dependents`), and such a session,
-        // old when the run began, is then reported as updated meanwhile, not passed over.
+        // The ages as the run starts, from the catalog (an entry is read again only when its
+        // session's files changed; without a catalog, a read-only root, from the files). A
+        // session that cannot be read has no commit time: its files' is taken, and the
+        // checks below report it.
         let scan = self.scan()?;
+        let cataloged = self.catalog().open_knowing(self, &scan).is_ok();
+        let updated = |id: &SessionId| -> Result<i64> {
+            if cataloged {
+                return Ok(self.catalog_entry(id)?.updated_at_ms);
+            }
+            let reader = self.open_reader(id)?;
+            reader.updated_at_ms(reader.durable_sequence()?)
+        };
         let old: Vec<(SessionId, i64)> = scan
             .ids(self)
             .into_iter()
-            .map(|id| {
-                let updated_at_ms = modified_ms(&self.session_dir(&id));
-                (id, updated_at_ms)
+            .filter_map(|id| {
+                let updated_at_ms = match updated(&id) {
+                    Ok(ms) => ms,
+                    Err(Error::SessionNotFound(_)) => return None,
+                    Err(_) => modified_ms(&self.session_dir(&id)),
+                };
+                Some((id, updated_at_ms))
             })
             .filter(|(_, updated_at_ms)| *updated_at_ms <= cutoff_ms)
             .collect();

@@ -238,33 +238,54 @@ impl Root {
     /// An index whose fill never completed (the search that created it was killed while
     /// it filled it) is filled now: it used to stay empty but for what writers added.
     /// At the first search of this process, sessions whose writer died since its last
-    /// index write are caught up ([`Root::catch_up_dead_writers`]).
+    /// index write are caught up ([`Root::catch_up_dead_writers_in`]).
     fn open_search_index(&self) -> Result<Arc<SearchIndex>> {
         let index = self.opened_search_index()?;
         let first = index.first_search();
         if !index.is_filled()? {
             self.fill(&index)?;
         } else if first {
-            self.catch_up_dead_writers(&index);
+            self.catch_up_dead_writers_in(&index);
         }
         Ok(index)
     }
 
-    /// Catches up every session of the root whose writer died
-    /// ([`Root::catch_up_if_writer_died`]): a writer SIGKILLed within the index delay
-    /// after a drain left commits in its file that no search found until the session's
-    /// next writer open or a rebuild. One read of the root folder and one `fstatat` of
+    /// Catches the search index up with every session whose writer died since its last
+    /// index write: a writer killed outright (SIGKILL, a crash) within the index delay
+    /// after a drain leaves commits in its file that a search finds only once it meets the
+    /// session otherwise (a hit of it, a search narrowed to it), its next writer open or
+    /// `rebuild-catalog`. The first search of a process does this itself; a long-running
+    /// process calls it from time to time (`serve` does on each refresh of its catalog,
+    /// at most every 2 s), so its searches find what such a writer left. Returns how many
+    /// sessions the index took something new from.
+    ///
+    /// Before this root's first search it does nothing (that search will): no index is
+    /// opened, created or filled here. One read of the root folder and one `fstatat` of
     /// each session's `writer.lock`; only a session whose lock file holds a record no
-    /// live writer holds is read. Best effort.
-    fn catch_up_dead_writers(&self, index: &SearchIndex) {
-        let Ok(scan) = self.scan() else {
-            return;
-        };
-        for id in &scan.folders {
-            if let Some(stamp) = lock_record_stamp(self.dir_fd(), id) {
-                self.catch_up_if_writer_died(index, id, stamp);
+    /// live writer holds, not caught up since that record was written, is read. Best
+    /// effort: a session that cannot be read is left to a later call.
+    pub fn catch_up_dead_writers(&self) -> usize {
+        match self.index_slot().get() {
+            Some(index) if index.is_filled().unwrap_or(false) => {
+                self.catch_up_dead_writers_in(index)
             }
+            _ => 0,
         }
+    }
+
+    /// [`Root::catch_up_dead_writers`] into `index`: every session of the root whose writer
+    /// died ([`Root::catch_up_if_writer_died`]); how many the index took something new from.
+    fn catch_up_dead_writers_in(&self, index: &SearchIndex) -> usize {
+        let Ok(scan) = self.scan() else {
+            return 0;
+        };
+        scan.folders
+            .iter()
+            .filter(|id| {
+                lock_record_stamp(self.dir_fd(), id)
+                    .is_some_and(|stamp| self.catch_up_if_writer_died(index, id, stamp))
+            })
+            .count()
     }
 
     /// Catches session `id` up in the index when its last writer died: its `writer.lock`

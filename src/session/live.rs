@@ -141,6 +141,9 @@ struct State {
     projection: Projection,
     next_seq: u64,
     durable_seq: u64,
+    /// The time of the last commit a drain of this writer made durable (`None` before
+    /// the first one).
+    drained_at_ms: Option<i64>,
     tail: VecDeque<Arc<Accepted>>,
     tail_ops: HashMap<String, Arc<Commit>>,
     /// Operation ids known in memory beyond the tail (bounded; see `session::ops`).
@@ -226,6 +229,7 @@ impl Session {
             projection,
             next_seq: durable_seq + 1,
             durable_seq,
+            drained_at_ms: None,
             tail: VecDeque::new(),
             tail_ops: HashMap::new(),
             ops,
@@ -388,6 +392,23 @@ impl Session {
             apply_history(&mut transcript, &accepted.history);
         }
         Ok(transcript)
+    }
+
+    /// When the durable session was last updated
+    /// ([`SessionReader::updated_at_ms`]): the time of the last commit a drain of this
+    /// writer wrote, known without a read; before its first drain, read from the file.
+    ///
+    /// # Errors
+    /// Read errors of the file (before the first drain).
+    pub(crate) fn updated_at_ms(&self) -> Result<i64> {
+        let (drained, durable) = {
+            let s = lock(&self.shared.state);
+            (s.drained_at_ms, s.durable_seq)
+        };
+        match drained {
+            Some(ms) => Ok(ms.max(self.shared.reader.header().created_at_ms)),
+            None => self.shared.reader.updated_at_ms(durable),
+        }
     }
 
     /// Last accepted and last durable sequence.
@@ -781,7 +802,10 @@ impl Shared {
                     );
                     s.queued_bytes -= accepted.charge;
                 }
-                s.durable_seq = batch.last().map_or(s.durable_seq, |a| a.commit.last_seq());
+                if let Some(last) = batch.last() {
+                    s.durable_seq = last.commit.last_seq();
+                    s.drained_at_ms = Some(last.commit.created_at_ms);
+                }
                 s.paused = false;
                 s.error = None;
                 // Commits accepted during the write are drained right after (drain chain).

@@ -471,6 +471,19 @@ impl SessionReader {
             .max(inherited))
     }
 
+    /// When the session was last updated, as of its durable sequence `durable`: the time
+    /// of the commit holding `durable` in its own file (its last own commit), or its
+    /// creation time when that is later (a fork or rewind that committed nothing of its
+    /// own, whose file holds at most its ancestors' commits copied in by a delete). Forks,
+    /// reads, verifies and exports change no commit, so they do not move it (ms since the
+    /// Unix epoch).
+    ///
+    /// # Errors
+    /// SQLite errors mapped to [`Error`].
+    pub(crate) fn updated_at_ms(&self, durable: u64) -> Result<i64> {
+        Ok(read::commit_time(&*self.own()?, durable)?.max(self.header().created_at_ms))
+    }
+
     /// The lease row: the last (or current) writer.
     ///
     /// # Errors

@@ -266,24 +266,33 @@ fn refresh_plan(app: &App) -> Refresh {
     }
 }
 
-/// Keeps the catalog fresh for a page that reads it as it is: the server's first such page
-/// refreshes it and waits (returning the sessions that could not be read, which only a
-/// refresh finds), later ones start a background refresh at most every
-/// [`REFRESH_EVERY`]: a change shows within seconds.
+/// Keeps the catalog and the search index fresh for a page that reads them as they are: the
+/// server's first such page refreshes them and waits (returning the sessions that could not
+/// be read, which only a refresh finds), later ones start a background refresh at most
+/// every [`REFRESH_EVERY`]: a change shows within seconds. A refresh also catches the
+/// search index up with sessions whose writer died since its last index write
+/// ([`Root::catch_up_dead_writers`]; only a process's first search did, so a writer killed
+/// later was found only by a search that met its session otherwise).
 async fn refresh_catalog(app: &App) -> Result<Vec<SkippedSession>, Problem> {
     // A refreshing page of one; its result is the catalog it leaves behind.
     let newest_first = ListFilter::default().with_sort(ListSort::Updated);
     Ok(match refresh_plan(app) {
         Refresh::Now => {
             let page = app.query.list_with(None, 1, newest_first).await?;
+            let root = app.root.clone();
+            blocking(move || Ok(root.catch_up_dead_writers())).await?;
             *app.catalog_refreshed
                 .lock()
                 .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
             page.skipped
         }
         Refresh::Behind => {
-            let query = app.query.clone();
-            tokio::spawn(async move { query.list_with(None, 1, newest_first).await });
+            let (query, root) = (app.query.clone(), app.root.clone());
+            tokio::spawn(async move {
+                let listed = query.list_with(None, 1, newest_first).await;
+                let _ = blocking(move || Ok(root.catch_up_dead_writers())).await;
+                listed
+            });
             Vec::new()
         }
         Refresh::Recent => Vec::new(),
@@ -361,6 +370,8 @@ pub async fn search(app: &App, params: &Params) -> Result<SearchPage, Problem> {
     if let Some(session) = params.session_text() {
         options = options.with_session(session_id(session)?);
     }
+    // A search-only client keeps the index caught up too (a writer killed since).
+    refresh_catalog(app).await?;
     Ok(app.query.search(q, options).await?)
 }
 
