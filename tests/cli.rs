@@ -2321,3 +2321,46 @@ fn append_sync_end_prints_each_batch_once_a_drain_made_it_durable() {
     assert_eq!(rest[0]["operation_id"], "op-3");
     assert_eq!(rest[0]["durable_sequence"], 3);
 }
+
+/// A session made under a deleted parent's id is not the fork's parent: `show` of the
+/// fork said its parent was in the root (and `serve` linked and drew the new session as
+/// its ancestor), though the fork holds none of its events. So is a fork imported where a
+/// session of its parent's id is another one. A fork imported where its parent is (the
+/// same commit at the fork point) still names it as there.
+#[test]
+fn show_of_a_fork_does_not_take_another_session_under_its_parents_id_for_its_parent() {
+    let env = Env::new();
+    chat(&env, "p", 2);
+    env.ok(&["fork", "p", "--after-turn", "turn-1", "--id", "c"]);
+    env.ok(&["rewind", "p", "--before-turn", "turn-1", "--id", "r0"]);
+    let export = env.dir.path().join("c.sqlite");
+    let export = export.to_str().expect("utf-8 path");
+    env.ok(&["export", "c", export]);
+    env.ok(&["import", export, "--id", "c-copy"]);
+    assert_eq!(env.json(&["show", "c"])["parent_in_root"], true);
+    assert_eq!(env.json(&["show", "c-copy"])["parent_in_root"], true);
+    assert_eq!(env.json(&["show", "r0"])["parent_in_root"], true);
+    env.ok(&["delete", "p"]);
+    // Another session under the parent's id: other commits, as many events and more.
+    let other = json!({"operation_id": "other", "turn_id": "t", "events": [
+        {"kind": "turn/start"},
+        message("x-u", "user", "another session"),
+        message("x-a", "assistant", "under the same id"),
+        {"kind": "session/title", "payload": {"title": "Other"}},
+        {"kind": "turn/end", "payload": {"status": "completed"}},
+    ]});
+    let out = env.run_with(&["append", "p", "--create"], &format!("{other}\n{other}\n"));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    for fork in ["c", "c-copy"] {
+        let json = env.json(&["show", fork]);
+        assert_eq!(json["parent_in_root"], false, "{fork}");
+        assert_eq!(json["header"]["parent_id"], "p");
+        let shown = env.ok(&["show", fork]);
+        assert!(
+            shown.contains("; p is no longer in this root, they are held in this session's file)"),
+            "{shown}"
+        );
+    }
+    // A rewind before the first turn inherits nothing to tell its parent by.
+    assert_eq!(env.json(&["show", "r0"])["parent_in_root"], true);
+}

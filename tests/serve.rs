@@ -1765,6 +1765,29 @@ fn a_deleted_parent_is_named_not_linked() {
         server.ok("/api/sessions/flaky-fork").json()["parent_exists"],
         true
     );
+    // Another session made under the deleted parent's id is not the fork's parent: it
+    // was linked as the parent and drawn as the fork's ancestor.
+    let other =
+        r#"{"operation_id":"o","events":[{"kind":"session/title","payload":{"title":"Other"}}]}"#;
+    let input = root.with_file_name("other.jsonl");
+    std::fs::write(&input, format!("{other}\n")).expect("write");
+    let input = input.to_str().expect("utf-8 path");
+    serve_support::cli_ok(
+        &root,
+        &["append", "demo-release-notes", "--create", "--file", input],
+    );
+    assert_eq!(
+        server.ok("/api/sessions/notes-fork").json()["parent_exists"],
+        false
+    );
+    let tree = server.ok("/api/sessions/notes-fork/tree").json();
+    let nodes: Vec<&str> = tree["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter_map(|n| n["session_id"].as_str())
+        .collect();
+    assert_eq!(nodes, ["notes-fork"], "{tree}");
 }
 
 #[test]

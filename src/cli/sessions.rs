@@ -286,11 +286,10 @@ fn show_of(root: &Root, id: &SessionId) -> CliResult<Show> {
         inherited_events: info.inherited_events,
         own_events,
         lineage: info.lineage,
-        parent_in_root: info
-            .header
-            .parent_id
-            .as_ref()
-            .map(|parent| root.session_file_identity(parent).is_some()),
+        parent_in_root: match info.header.parent_id {
+            Some(_) => Some(root.parent_in_root(&reader)?),
+            None => None,
+        },
         lease: info.last_writer,
         writer: root.writer_owner(id)?,
         // A fork SIGKILLed before its publication left a row naming no session: no fork.
@@ -327,8 +326,9 @@ fn print_show(s: &Show) -> CliResult<()> {
         outln!("cwd        {}", printable(cwd));
     }
     if let Some(parent) = &h.parent_id {
-        // A parent deleted since (or never in this root: an import) is named as such: its
-        // `show` says "not found", and the events inherited are this session's own now.
+        // A parent deleted since (or never in this root: an import; or another session
+        // made under its id since) is named as such, and the events inherited are this
+        // session's own now.
         let gone = if s.parent_in_root == Some(false) {
             format!("; {parent} is no longer in this root, they are held in this session's file")
         } else {

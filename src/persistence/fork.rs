@@ -95,6 +95,43 @@ impl Root {
         self.fork_locked(parent, point, child).map(|(id, _lock)| id)
     }
 
+    /// Whether the parent that `child`'s header names is in this root as that parent: a
+    /// session of that id whose commit at the fork point is the one `child` inherited (the
+    /// same commit id). A parent deleted since, one never in this root (an imported fork)
+    /// or another session made under its id since is not; `show` and the browser named
+    /// such a session as the parent, and drew it as the fork's ancestor. A fork point of
+    /// sequence 0 (a rewind before the first turn) inherits nothing to compare: a session
+    /// of the parent's id counts. A parent that cannot be read is not compared either.
+    /// `false` for a session without a parent.
+    ///
+    /// # Errors
+    /// Read errors of `child` at its fork point.
+    pub fn parent_in_root(&self, child: &SessionReader) -> Result<bool> {
+        let Some(parent) = child.header().parent_id.as_ref() else {
+            return Ok(false);
+        };
+        let cut = child.inherited_events();
+        let parent = match self.open_reader(parent) {
+            Ok(reader) => reader,
+            Err(e) if e.is_not_found() => return Ok(false),
+            Err(_) => return Ok(self.session_file_identity(parent).is_some()),
+        };
+        if cut == 0 {
+            return Ok(true);
+        }
+        // The commit holding the last inherited event: the one that ends at the cut.
+        let at_cut = |reader: &SessionReader| {
+            reader
+                .commits(cut - 1, 1)
+                .map(|commits| commits.into_iter().next().map(|c| c.commit_id))
+        };
+        let inherited = at_cut(child)?;
+        Ok(match at_cut(&parent) {
+            Ok(theirs) => theirs.is_some() && theirs == inherited,
+            Err(_) => true,
+        })
+    }
+
     /// As [`Root::fork`], and opens the child for writing with the writer lock it was
     /// staged with, as [`Root::create`] does: the child is published already locked, so
     /// no other opener (in this process or another) can take it between its publication

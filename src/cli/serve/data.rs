@@ -386,8 +386,9 @@ pub struct SessionDetail {
     pub writer: Option<WriterOwner>,
     /// Bytes of its own file and WAL.
     pub file_bytes: u64,
-    /// Whether the session its header names as parent still exists (a deleted parent is
-    /// named, not linked); `false` when it has none.
+    /// Whether the session its header names as parent is in the root as that parent
+    /// (`Root::parent_in_root`: a deleted parent, or another session made under its id
+    /// since, is named, not linked); `false` when it has none.
     pub parent_exists: bool,
 }
 
@@ -401,11 +402,7 @@ pub async fn session(app: &App, id: SessionId) -> Result<SessionDetail, Problem>
             // The page's durable sequence is the one its title, turns and usage are of: a
             // writer may have committed between the two reads.
             info.durable_sequence = entry.durable_sequence;
-            let parent_exists = info
-                .header
-                .parent_id
-                .as_ref()
-                .is_some_and(|parent| root.session_file_identity(parent).is_some());
+            let parent_exists = root.parent_in_root(&root.open_reader(&id)?)?;
             Ok(SessionDetail {
                 info,
                 entry,

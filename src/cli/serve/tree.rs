@@ -1,7 +1,7 @@
-//! The fork tree of a session: its ancestors (header `parent_id`, as far as they still
-//! exist), its parent's other forks and its own forks, each edge labelled with the fork
-//! point, read through the public API (`Root::catalog_entry`, `SessionReader::dependents`,
-//! `lineage` and `turns_overlapping`).
+//! The fork tree of a session: its ancestors (header `parent_id`, as far as they are
+//! still in the root as those parents: `Root::parent_in_root`), its parent's other forks
+//! and its own forks, each edge labelled with the fork point, read through the public API
+//! (`Root::catalog_entry`, `SessionReader::dependents`, `lineage` and `turns_overlapping`).
 
 use std::collections::BTreeMap;
 
@@ -136,14 +136,24 @@ fn children(root: &Root, parent: &SessionId) -> session_store::Result<Vec<(Child
 }
 
 fn build_tree(root: &Root, focus: SessionId) -> session_store::Result<ForkTree> {
-    // The ancestors, newest first, as far as they still exist.
+    // The ancestors, newest first, as far as they are in the root as those parents: a
+    // session made under a deleted parent's id is no ancestor.
     let mut chain = vec![(focus.clone(), root.catalog_entry(&focus)?)];
     while chain.len() <= MAX_ANCESTORS {
-        let Some(parent) = chain.last().and_then(|(_, e)| e.parent_id.clone()) else {
+        let Some((child, parent)) = chain
+            .last()
+            .and_then(|(id, e)| Some((id.clone(), e.parent_id.clone()?)))
+        else {
             break;
         };
         if chain.iter().any(|(id, _)| *id == parent) {
             break;
+        }
+        match root.open_reader(&child) {
+            Ok(reader) if root.parent_in_root(&reader)? => {}
+            Ok(_) => break,
+            Err(e) if e.is_not_found() => break,
+            Err(e) => return Err(e),
         }
         match root.catalog_entry(&parent) {
             Ok(entry) => chain.push((parent, entry)),
