@@ -266,7 +266,10 @@ fn the_extension_has_no_process_wide_wait_queue() {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let out = run(Command::new(cargo)
         .current_dir(repo().join("python"))
-        .args(["tree", "--offline", "--locked", "-e", "normal"])
+        // Not `--offline`: on a machine whose Cargo cache has not fetched the extension's
+        // dependencies yet (a fresh one, before the venv's build), it answered "no matching
+        // package named `pyo3` found" instead of the tree. `--locked` keeps the lock file's.
+        .args(["tree", "--locked", "-e", "normal"])
         .args(["--invert", "parking_lot_core"]));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
