@@ -2238,7 +2238,7 @@ fn show_of_a_fork_whose_parent_was_deleted_says_so() {
     let after = env.ok(&["show", "c"]);
     assert!(
         after.contains(
-            "parent     p (5 events inherited at the cut; p is no longer in this root, they \
+            "parent     p (5 events inherited at the cut; p is not in this root, they \
              are held in this session's file)\n"
         ),
         "{after}"
@@ -2357,7 +2357,7 @@ fn show_of_a_fork_does_not_take_another_session_under_its_parents_id_for_its_par
         assert_eq!(json["header"]["parent_id"], "p");
         let shown = env.ok(&["show", fork]);
         assert!(
-            shown.contains("; p is no longer in this root, they are held in this session's file)"),
+            shown.contains("; p is not in this root, they are held in this session's file)"),
             "{shown}"
         );
     }

@@ -330,7 +330,7 @@ fn print_show(s: &Show) -> CliResult<()> {
         // made under its id since) is named as such, and the events inherited are this
         // session's own now.
         let gone = if s.parent_in_root == Some(false) {
-            format!("; {parent} is no longer in this root, they are held in this session's file")
+            format!("; {parent} is not in this root, they are held in this session's file")
         } else {
             String::new()
         };
