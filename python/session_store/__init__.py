@@ -954,9 +954,10 @@ class Root:
 @_native_args
 def verify(path: PathLike) -> dict[str, Any]:
     """Checks a session file, folder or export (integrity check, sequences, hashes, blob
-    digests, a full replay): ``{"session_id", "commits", "events"}`` when sound, else
-    raises :class:`Corrupt` (or :class:`NotFound`, :class:`UnsupportedVersion`) naming the
-    path."""
+    digests, a full replay): ``{"session_id", "commits", "events", "notes"}`` when sound
+    (``notes``: what is damaged but ignored by every reader, such as a projection checkpoint
+    that does not check out, one sentence each), else raises :class:`Corrupt` (or
+    :class:`NotFound`, :class:`UnsupportedVersion`) naming the path."""
     try:
         return _json_object(_native.verify(_fspath(path)))
     except (NotFound, Corrupt, UnsupportedVersion) as e:

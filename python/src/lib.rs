@@ -1356,7 +1356,7 @@ impl Session {
 }
 
 /// Verifies a session file, folder or export (integrity, hashes, blobs, full replay);
-/// returns JSON `{"session_id", "commits", "events"}` or raises `Corrupt`.
+/// returns JSON `{"session_id", "commits", "events", "notes"}` or raises `Corrupt`.
 #[pyfunction]
 fn verify(py: Python<'_>, path: PathBuf) -> NativeResult<String> {
     detached(py, || verified_json(session_store::verify_file(path)?))
@@ -1399,12 +1399,13 @@ fn after_fork() {
     session_store::release_after_fork();
 }
 
-/// What `verify` reports: `{"session_id", "commits", "events"}`.
+/// What `verify` reports: `{"session_id", "commits", "events", "notes"}`.
 fn verified_json(verified: session_store::Verified) -> session_store::Result<String> {
     json(&serde_json::json!({
         "session_id": verified.header.session_id,
         "commits": verified.commits,
         "events": verified.events,
+        "notes": verified.notes,
     }))
 }
 

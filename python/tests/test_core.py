@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -271,7 +272,7 @@ def test_export_import_verify_delete(root, tmp_path):
     with pytest.raises(AlreadyExists) as exists:
         root.export("src", os.fsencode(out))
     assert str(exists.value).startswith(f"export destination {out} already exists")
-    assert root.verify("src") == {"session_id": "src", "commits": 3, "events": 9}
+    assert root.verify("src") == {"session_id": "src", "commits": 3, "events": 9, "notes": []}
     other = session_store.Root(tmp_path / "other")
     assert other.import_file(out, session_id="copy") == "copy"
     assert other.transcript("copy") == root.transcript("src")
@@ -282,6 +283,24 @@ def test_export_import_verify_delete(root, tmp_path):
         root.history("src")
     with pytest.raises(NotFound):
         root.delete("src")
+
+
+def test_verify_notes_a_checkpoint_that_does_not_check_out(root, tmp_path):
+    # verify() returned only session_id, commits and events: the note the library gives
+    # for a damaged projection checkpoint (every reader ignores it) did not reach Python.
+    fill(root, "cp", 400).close()
+    file = tmp_path / "root" / "cp" / "session.sqlite"
+    assert root.verify("cp")["notes"] == []
+    with sqlite3.connect(file) as db:
+        (through,) = db.execute("SELECT through_seq FROM checkpoint").fetchone()
+        db.execute("UPDATE checkpoint SET digest = 'not the digest'")
+    db.close()
+    for report in (root.verify("cp"), session_store.verify(file)):
+        assert report["events"] == 1200
+        assert len(report["notes"]) == 1, report
+        assert f"the projection checkpoint at sequence {through} does not check out" in (
+            report["notes"][0]
+        )
 
 
 def test_a_missing_file_is_named_as_a_file_not_a_session(root, tmp_path):
