@@ -1246,3 +1246,27 @@ fn a_rename_racing_a_delete_lands_or_is_not_found_naming_the_session() {
     println!("{renamed} renamed, {gone} not found");
     assert!(wrong.is_empty(), "a rename racing a delete: {wrong:#?}");
 }
+
+/// An import keeps its commits' times, so an old export imported a moment ago was as old
+/// as its last commit and `gc` deleted it at once (found right after the updated time
+/// became the last commit's). A session must also have come into the root at least the
+/// age ago (its file's birth time): the original is deleted, the import kept and not
+/// reported.
+#[test]
+fn gc_does_not_delete_an_old_export_imported_a_moment_ago() {
+    let (dir, root) = temp_cli_root();
+    chat(&root, "old", 1, "/w");
+    let export = dir.path().join("old.sqlite");
+    ok(&root, &["export", "old", export.to_str().expect("utf-8")]);
+    std::thread::sleep(Duration::from_millis(2_200));
+    ok(
+        &root,
+        &["import", export.to_str().expect("utf-8"), "--id", "fresh"],
+    );
+    let dry = json_of(&root, &["gc", "--older-than", "2s", "--dry-run"]);
+    assert_eq!(gc_ids(&dry, "deleted"), ["old"], "{dry}");
+    let real = json_of(&root, &["gc", "--older-than", "2s"]);
+    assert_eq!(gc_ids(&real, "deleted"), ["old"], "{real}");
+    assert!(gc_ids(&real, "kept").is_empty(), "{real}");
+    assert_eq!(listed(&root, &[]), ["fresh"]);
+}

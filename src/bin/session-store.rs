@@ -259,7 +259,7 @@ enum Command {
         wait: Duration,
     },
     /// Delete the sessions not updated (no commit of their own; a fork of one does not
-    /// count) for DURATION and without a writer (a live writer: kept and reported); forks get their inherited history first, as `delete` does.
+    /// count) nor imported or restored into the root for DURATION and without a writer (a live writer: kept and reported); forks get their inherited history first, as `delete` does.
     /// Prints what it deletes, or with --dry-run what it would.
     Gc {
         /// Age of the last change: 90s, 45m, 12h, 7d, 2w (not 0: at least 1s).

@@ -26,7 +26,10 @@ const LOCK_WAIT: Duration = Duration::from_millis(200);
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GcOptions {
     /// Only sessions whose last commit of their own (their creation, before any) is at
-    /// least this old ([`CatalogEntry::updated_at_ms`](crate::CatalogEntry::updated_at_ms)).
+    /// least this old ([`CatalogEntry::updated_at_ms`](crate::CatalogEntry::updated_at_ms))
+    /// and that came into this root at least this long ago (an import or a restore keeps
+    /// its commits' times: the birth time of its file counts too, where the file system
+    /// keeps one).
     pub older_than: Duration,
     /// Report what would be deleted; delete nothing.
     pub dry_run: bool,
@@ -113,6 +116,22 @@ fn modified_ms(dir: &Path) -> i64 {
         .unwrap_or(0)
 }
 
+/// When the session in `dir` came into this root: the birth time of its file (ms since the
+/// Unix epoch; `None` where the file system does not keep one). An import or a restore
+/// keeps its commits' times, so by those alone an old export imported a moment ago was
+/// old, and `gc` deleted it at once; its file is as new as the import. A session's own
+/// file is born before its first commit, a fork's at the fork (its creation time), and a
+/// delete copying an ancestor's range into it writes the file in place: none of them is
+/// made younger by it.
+fn arrived_ms(dir: &Path) -> Option<i64> {
+    let born = std::fs::symlink_metadata(dir.join(SESSION_FILE))
+        .ok()?
+        .created()
+        .ok()?;
+    let since = born.duration_since(UNIX_EPOCH).ok()?;
+    Some(i64::try_from(since.as_millis()).unwrap_or(i64::MAX))
+}
+
 /// Why an old session is kept (`Err(why)`), else its forks (`Ok`). Made before any lock
 /// is taken (`writer`: also whether a writer holds it), and again under its locks before
 /// a real deletion (where no writer can).
@@ -130,6 +149,12 @@ fn reason_to_keep(
     if reader.updated_at_ms(reader.durable_sequence()?)? > cutoff_ms {
         return Ok(Err(
             "updated meanwhile (a writer committed to it since the run began)".to_owned(),
+        ));
+    }
+    if arrived_ms(dir).is_some_and(|ms| ms > cutoff_ms) {
+        return Ok(Err(
+            "made again meanwhile (imported or restored under its id since the run began)"
+                .to_owned(),
         ));
     }
     if writer && let Some(owner) = root.writer_owner(id)? {
@@ -155,8 +180,8 @@ fn reason_to_keep(
 
 impl Root {
     /// Deletes the sessions not updated (no commit of their own, see
-    /// [`CatalogEntry::updated_at_ms`](crate::CatalogEntry::updated_at_ms)) for
-    /// `options.older_than` and that no writer holds, each as [`Root::delete`] does (forks first get the history
+    /// [`CatalogEntry::updated_at_ms`](crate::CatalogEntry::updated_at_ms)) nor imported
+    /// or restored into the root for `options.older_than` and that no writer holds, each as [`Root::delete`] does (forks first get the history
     /// they inherit copied in; a crash at any point leaves every session readable). Every
     /// check (age, writer, forks with `keep_forked`) is made again under the session's
     /// writer and dependents locks, so a session that a writer or a fork takes meanwhile
@@ -194,14 +219,20 @@ impl Root {
             .ids(self)
             .into_iter()
             .filter_map(|id| {
-                let updated_at_ms = match updated(&id) {
-                    Ok(ms) => ms,
+                let dir = self.session_dir(&id);
+                let (updated_at_ms, age_ms) = match updated(&id) {
+                    // A session imported or restored within the age is young, whatever
+                    // its commits' times ([`arrived_ms`]).
+                    Ok(ms) => (ms, ms.max(arrived_ms(&dir).unwrap_or(i64::MIN))),
                     Err(Error::SessionNotFound(_)) => return None,
-                    Err(_) => modified_ms(&self.session_dir(&id)),
+                    // Its files' last change: never before they came into the root.
+                    Err(_) => {
+                        let ms = modified_ms(&dir);
+                        (ms, ms)
+                    }
                 };
-                Some((id, updated_at_ms))
+                (age_ms <= cutoff_ms).then_some((id, updated_at_ms))
             })
-            .filter(|(_, updated_at_ms)| *updated_at_ms <= cutoff_ms)
             .collect();
         let mut root_writable = false;
         for (id, updated_at_ms) in old {
