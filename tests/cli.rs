@@ -1622,9 +1622,14 @@ fn a_relative_cwd_is_taken_as_the_absolute_folder_it_names() {
 /// Session `big` in `env`'s root: 2,000 commits of 64 messages of 200 bytes (about 40 MB),
 /// large enough that an export or import of it is still running when a signal comes.
 fn big_session(env: &Env) {
+    session_of_commits(env, "big", 2_000);
+}
+
+/// Session `id` in `env`'s root, of `commits` commits of 64 messages of 200 bytes each.
+fn session_of_commits(env: &Env, id: &str, commits: usize) {
     let root = session_store::Root::open(env.root()).expect("root");
-    let s = common::create(&root, "big");
-    for n in 0..2_000 {
+    let s = common::create(&root, id);
+    for n in 0..commits {
         let events = (0..64)
             .map(|i| common::message(&format!("m{n}-{i}"), "user", &"x".repeat(200)))
             .collect();
@@ -1730,17 +1735,7 @@ fn a_file_size_limit_fails_writes_cleanly_instead_of_killing_the_command() {
         return;
     }
     let env = Env::new();
-    let root = session_store::Root::open(env.root()).expect("root");
-    let s = common::create(&root, "s");
-    for n in 0..200 {
-        let events = (0..64)
-            .map(|i| common::message(&format!("m{n}-{i}"), "user", &"x".repeat(200)))
-            .collect();
-        s.append(session_store::Batch::new(format!("op{n}"), events))
-            .expect("append");
-    }
-    s.close().expect("close");
-    drop(root);
+    session_of_commits(&env, "s", 200);
     let export = env.path("s.export");
     env.ok(&["export", "s", export.to_str().expect("utf-8")]);
     let limit = 1_000_000;
