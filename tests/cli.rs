@@ -2251,10 +2251,12 @@ fn show_of_a_fork_whose_parent_was_deleted_says_so() {
 }
 
 /// `append --json --sync end` fed through a pipe that stays open prints a batch's line once
-/// a write-behind drain made it durable, seen at the next append: the lines of the first
-/// batches arrive while the input is still open, each with a durable sequence at or past
-/// its last sequence, and the rest once it closes (every line came only at the end of the
-/// input, though a drain had made the batches durable long before).
+/// a write-behind drain made it durable: the lines of the first batches arrive while the
+/// input is still open and idle (no next line sent), each with a durable sequence at or
+/// past its last sequence, and the rest once it closes. Every line came only at the end
+/// of the input, though a drain had made the batches durable long before; then only at
+/// the next line, so a host waiting for a batch's line before sending the next waited for
+/// good.
 #[test]
 fn append_sync_end_prints_each_batch_once_a_drain_made_it_durable() {
     let env = Env::new();
@@ -2287,9 +2289,8 @@ fn append_sync_end_prints_each_batch_once_a_drain_made_it_durable() {
     };
     feed(1);
     feed(2);
-    // The write-behind delay (200 ms) passes: both are drained, printed at the next append.
-    std::thread::sleep(Duration::from_millis(700));
-    feed(3);
+    // The write-behind delay (200 ms) passes: both are drained and printed, no next line
+    // needed.
     let mut early = Vec::new();
     while early.len() < 2 {
         match printed.recv_timeout(Duration::from_secs(10)) {
@@ -2304,6 +2305,7 @@ fn append_sync_end_prints_each_batch_once_a_drain_made_it_durable() {
             "{line}"
         );
     }
+    feed(3);
     drop(feed);
     let status = child.wait().expect("wait");
     assert!(status.success(), "{status:?}");

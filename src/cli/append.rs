@@ -7,13 +7,16 @@
 //! `--json` a line `{"operation_id","first_seq","last_seq","durable_sequence"}` is printed
 //! for each batch only once it is durable, so whatever was printed survives a crash of this
 //! process: with `--sync end`, as soon as an append sees that a drain made it durable (the
-//! session's durable sequence, read after each append; no flush of its own), the rest after
-//! the final flush.
+//! session's durable sequence, read after each append and, while input that may sit idle
+//! waits for its next line, every 50 ms; no flush of its own), the rest after the final
+//! flush.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::os::fd::AsFd;
 use std::path::Path;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, sync_channel};
+use std::time::Duration;
 
 use serde::Serialize;
 use session_store::{Batch, Commit, CreateOptions, Error, Root, Session, SessionId};
@@ -67,7 +70,7 @@ pub fn run(
     sync_each: bool,
     create: bool,
 ) -> CliResult<()> {
-    let (input, regular): (Box<dyn BufRead>, bool) =
+    let (input, regular): (Box<dyn BufRead + Send>, bool) =
         match file.filter(|path| *path != Path::new(STDIN)) {
             Some(path) => {
                 super::not_a_folder(path)?;
@@ -89,7 +92,7 @@ pub fn run(
                     .as_fd()
                     .try_clone_to_owned()
                     .is_ok_and(|fd| is_regular(&File::from(fd)));
-                (Box::new(stdin.lock()), regular)
+                (Box::new(BufReader::new(stdin)), regular)
             }
         };
     let id = session_id(id)?;
@@ -109,6 +112,14 @@ pub fn run(
             create_with_first(&root, &id, &mut lines, &mut pending, &mut totals)?
         }
         other => other?,
+    };
+    // Input that may sit idle (a pipe, a terminal) is read on a thread of its own, so that
+    // with `--json --sync end` a batch a write-behind drain made durable is reported while
+    // no next line comes (a host waiting for it before it sends more waited for good).
+    let lines = if regular || sync_each || !cx.json {
+        Feed::Blocking(lines)
+    } else {
+        Feed::Watched(read_ahead(lines))
     };
     let result = feed(cx, &session, lines, sync_each, &mut pending, &mut totals);
     // Whatever was accepted is made durable (and reported) even when a line failed.
@@ -188,7 +199,7 @@ fn nothing_to_append(cx: &Context, root: &Root, id: &SessionId, create: bool) ->
 }
 
 /// The numbered lines of the input.
-type Lines = Box<dyn Iterator<Item = (usize, std::io::Result<String>)>>;
+type Lines = Box<dyn Iterator<Item = (usize, std::io::Result<String>)> + Send>;
 
 /// Creates the session with the input's first batch in it (`Root::create_with_batch`), so
 /// a first line that is not a valid batch creates nothing (status 6); empty input creates
@@ -302,13 +313,72 @@ fn accepted(
     });
 }
 
+/// How often a run waiting for its next line looks whether a write-behind drain made
+/// batches durable ([`Feed::Watched`]).
+const DURABLE_CHECK: Duration = Duration::from_millis(50);
+
+/// Lines read ahead on their own thread ([`read_ahead`]): at most this many wait.
+const READ_AHEAD_LINES: usize = 64;
+
+/// The input lines as [`feed`] takes them.
+enum Feed {
+    /// Read as they are needed (a regular file, or nothing to report while idle).
+    Blocking(Lines),
+    /// Read on a thread of their own, so that the wait for the next one can be cut short
+    /// to report batches made durable meanwhile.
+    Watched(Receiver<(usize, std::io::Result<String>)>),
+}
+
+/// Reads `lines` on a thread of its own into a bounded channel (ends with the input, or
+/// when the receiver is gone: a run that stopped at a failed line).
+fn read_ahead(lines: Lines) -> Receiver<(usize, std::io::Result<String>)> {
+    let (send, receive) = sync_channel(READ_AHEAD_LINES);
+    std::thread::spawn(move || {
+        for line in lines {
+            if send.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    receive
+}
+
+impl Feed {
+    /// The next line; while a [`Feed::Watched`] one waits and `pending` holds batches, the
+    /// batches a drain made durable meanwhile are reported every [`DURABLE_CHECK`].
+    fn next_line(
+        &mut self,
+        cx: &Context,
+        session: &Session,
+        pending: &mut Vec<Accepted>,
+    ) -> CliResult<Option<(usize, std::io::Result<String>)>> {
+        let receive = match self {
+            Feed::Blocking(lines) => return Ok(lines.next()),
+            Feed::Watched(receive) => receive,
+        };
+        loop {
+            if pending.is_empty() {
+                return Ok(receive.recv().ok());
+            }
+            match receive.recv_timeout(DURABLE_CHECK) {
+                Ok(line) => return Ok(Some(line)),
+                Err(RecvTimeoutError::Disconnected) => return Ok(None),
+                Err(RecvTimeoutError::Timeout) => {
+                    report_durable(cx, session.sequences().1, pending)?;
+                }
+            }
+        }
+    }
+}
+
 /// Appends every line of `lines` after what `pending` holds; reports durable batches as
 /// it goes: flushing each (`sync_each`), or those a write-behind drain made durable, seen
-/// after each append, and the rest after the final flush.
+/// after each append and, for [`Feed::Watched`] input, while it waits for a line; the
+/// rest after the final flush.
 fn feed(
     cx: &Context,
     session: &Session,
-    lines: Lines,
+    mut lines: Feed,
     sync_each: bool,
     pending: &mut Vec<Accepted>,
     totals: &mut Totals,
@@ -317,7 +387,7 @@ fn feed(
     if sync_each && !pending.is_empty() {
         flush_and_report(cx, session, pending)?;
     }
-    for (n, line) in lines {
+    while let Some((n, line)) = lines.next_line(cx, session, pending)? {
         let line = match read_line(n, line) {
             Ok(line) => line,
             Err(f) => {
