@@ -274,10 +274,13 @@ pub(crate) fn derived_turn_id(operation_id: &str) -> String {
 
 /// Milliseconds since the Unix epoch.
 pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
+    unix_ms(std::time::SystemTime::now()).unwrap_or(0)
+}
+
+/// `time` in milliseconds since the Unix epoch; `None` before it.
+pub(crate) fn unix_ms(time: std::time::SystemTime) -> Option<i64> {
+    let since = time.duration_since(std::time::UNIX_EPOCH).ok()?;
+    Some(i64::try_from(since.as_millis()).unwrap_or(i64::MAX))
 }
 
 #[cfg(test)]

@@ -545,19 +545,19 @@ fn file_stamp(size_and_mtime: rustix::io::Result<(u64, u128)>) -> String {
 }
 
 /// Stamps of the sessions of one root: size and mtime (ns) of `session.sqlite` and its
-/// `-wal`, each read with `fstatat` relative to the root folder (a symlink is not followed) (no walk of the root's own
-/// path per file, which is what `list` pays per entry).
-struct Stamper {
-    root: rustix::fd::OwnedFd,
+/// `-wal`, each read with `fstatat` relative to the root's own descriptor
+/// ([`Root::dir_fd`]; a symlink is not followed): no walk of the root's path per file,
+/// and no open of the root folder per call (`gc` looked up every old session's entry, one
+/// open each).
+struct Stamper<'a> {
+    root: rustix::fd::BorrowedFd<'a>,
 }
 
-impl Stamper {
-    fn open(root: &Path) -> Result<Stamper> {
-        use rustix::fs::{Mode, OFlags};
-        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
-        let root = rustix::fs::open(root, flags, Mode::empty())
-            .map_err(|e| Error::io(format!("open {}", root.display()), e.into()))?;
-        Ok(Stamper { root })
+impl<'a> Stamper<'a> {
+    fn of(root: &'a Root) -> Stamper<'a> {
+        Stamper {
+            root: root.dir_fd(),
+        }
     }
 
     /// Size and mtime (ns) of the file `name` of session `id`; `stat`'s error (`ENOENT`
@@ -565,7 +565,7 @@ impl Stamper {
     fn size_and_mtime(&self, id: &SessionId, name: &str) -> rustix::io::Result<(u64, u128)> {
         use rustix::io::Errno;
         let st = rustix::fs::statat(
-            &self.root,
+            self.root,
             format!("{id}/{name}"),
             rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
         )?;
@@ -800,7 +800,7 @@ impl Catalog {
 
     /// Stores an entry computed by the caller (e.g. from a live projection after close).
     pub(crate) fn put(&self, root: &Root, entry: &CatalogEntry) -> Result<()> {
-        self.put_row(root, entry, &row(&Stamper::open(root.path())?, entry)?)
+        self.put_row(root, entry, &row(&Stamper::of(root), entry)?)
     }
 
     fn put_row(
@@ -821,7 +821,7 @@ impl Catalog {
     /// One session's entry: the cached row when its stamp is current, else computed from
     /// the file and stored. A catalog that cannot be used is bypassed (computed).
     pub(crate) fn entry(&self, root: &Root, id: &SessionId) -> Result<CatalogEntry> {
-        let stamper = Stamper::open(root.path())?;
+        let stamper = Stamper::of(root);
         let current = stamper.stamp(id);
         if current.starts_with(MISSING) {
             return Err(Error::SessionNotFound(id.to_string()));
@@ -883,7 +883,7 @@ impl Catalog {
         if filter.is_plain() {
             return self.page(root, after.map(|_| position.1.as_str()), limit);
         }
-        let stamper = Stamper::open(root.path())?;
+        let stamper = Stamper::of(root);
         // The first page reports what is no session of the root; one read of the folder.
         let scan = after.is_none().then(|| root.scan()).transpose()?;
         let refreshed = if filter.cached_only {
@@ -945,7 +945,7 @@ impl Catalog {
 
     /// Brings every stale entry up to date (vanished sessions dropped); returns the
     /// sessions that cannot be read.
-    fn refresh(&self, root: &Root, stamper: &Stamper) -> Result<Vec<SkippedSession>> {
+    fn refresh(&self, root: &Root, stamper: &Stamper<'_>) -> Result<Vec<SkippedSession>> {
         let rows: Vec<(String, String)> = self.with_conn(root, |c| {
             let mut stmt = c.prepare_cached("SELECT session_id, stamp FROM sessions")?;
             let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
@@ -983,7 +983,7 @@ impl Catalog {
     fn query_page(
         &self,
         root: &Root,
-        stamper: &Stamper,
+        stamper: &Stamper<'_>,
         filter: &ListFilter,
         (key, id): &(i64, String),
         limit: usize,
@@ -1021,7 +1021,7 @@ impl Catalog {
     /// the catalog cannot be used (it cannot be written: a read-only root, a full disk),
     /// the page is computed from the session files and the catalog's error reported.
     pub(crate) fn page(&self, root: &Root, after: Option<&str>, limit: usize) -> Result<Listing> {
-        let stamper = Stamper::open(root.path())?;
+        let stamper = Stamper::of(root);
         // What is no session of the root is reported on the first page, as the filtered
         // listing does, from the one read of the root folder that also gives its ids: a
         // later page stays a page of the catalog, without a read of the whole folder.
@@ -1046,7 +1046,7 @@ impl Catalog {
     fn cached_page(
         &self,
         root: &Root,
-        stamper: &Stamper,
+        stamper: &Stamper<'_>,
         after: Option<&str>,
         limit: usize,
     ) -> Result<Listing> {
@@ -1109,7 +1109,7 @@ impl Catalog {
     pub(crate) fn rebuild(&self, root: &Root) -> Result<RebuildReport> {
         let scan = root.scan()?;
         let ids = scan.ids(root);
-        let stamper = Stamper::open(root.path())?;
+        let stamper = Stamper::of(root);
         let mut rows = Vec::with_capacity(ids.len());
         let mut skipped = Vec::new();
         for id in &ids {
@@ -1161,7 +1161,7 @@ fn ids_of(root: &Root, scan: Option<&RootScan>) -> Result<Vec<SessionId>> {
 /// read of the root folder when the caller made it already.
 fn direct_page(
     root: &Root,
-    stamper: &Stamper,
+    stamper: &Stamper<'_>,
     scan: Option<&RootScan>,
     after: Option<&str>,
     limit: usize,
@@ -1187,7 +1187,7 @@ fn direct_page(
 /// [`CatalogTotals`] computed from the session files alone (sessions that cannot be read
 /// are left out, as from the catalog).
 fn direct_totals(root: &Root) -> Result<CatalogTotals> {
-    let stamper = Stamper::open(root.path())?;
+    let stamper = Stamper::of(root);
     let mut totals = CatalogTotals::default();
     for id in root.list_ids()? {
         let Computed::Entry(entry) = compute(root, &stamper, &id)? else {
@@ -1215,7 +1215,7 @@ fn direct_totals(root: &Root) -> Result<CatalogTotals> {
 /// A filtered or sorted page computed from the session files alone.
 fn direct_filtered_page(
     root: &Root,
-    stamper: &Stamper,
+    stamper: &Stamper<'_>,
     scan: Option<&RootScan>,
     filter: &ListFilter,
     (key, id): &(i64, String),
@@ -1262,7 +1262,7 @@ enum Computed {
 /// of the process's own (no descriptor, memory or disk left: [`Error::is_exhaustion`]) is
 /// returned: the session is not unreadable, and a listing that skipped it (every session,
 /// when descriptors ran out) answered "no sessions".
-fn compute(root: &Root, stamper: &Stamper, id: &SessionId) -> Result<Computed> {
+fn compute(root: &Root, stamper: &Stamper<'_>, id: &SessionId) -> Result<Computed> {
     let read = || -> Result<CatalogEntry> {
         let reader = root.open_reader(id)?;
         // The projection at the sequence read first: a writer may commit meanwhile.
@@ -1324,7 +1324,7 @@ fn naming_session(error: Error, dir: &std::path::Path) -> Error {
 }
 
 /// The stamp and the stored text of a session's entry.
-fn row(stamper: &Stamper, entry: &CatalogEntry) -> Result<(String, String)> {
+fn row(stamper: &Stamper<'_>, entry: &CatalogEntry) -> Result<(String, String)> {
     let stamp = stamper.stamp(&entry.session_id);
     let text = serde_json::to_string(entry)
         .map_err(|e| Error::internal_from("catalog entry to JSON", e))?;

@@ -5,14 +5,14 @@
 //! caller asks for it.
 
 use std::path::Path;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde::Serialize;
 
 use crate::cancel::CancelToken;
 use crate::error::{Error, Result};
 use crate::model::SessionId;
-use crate::model::ids::now_ms;
+use crate::model::ids::{now_ms, unix_ms};
 use crate::persistence::Root;
 use crate::store::reader::SessionReader;
 use crate::store::schema::{SESSION_FILE, WAL_FILE, write_denied};
@@ -109,9 +109,7 @@ fn modified_ms(dir: &Path) -> i64 {
         .iter()
         .filter_map(|f| Some((*f, std::fs::symlink_metadata(dir.join(f)).ok()?)))
         .filter(|(f, m)| *f == SESSION_FILE || m.len() > 0)
-        .filter_map(|(_, m)| m.modified().ok())
-        .filter_map(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .filter_map(|(_, m)| unix_ms(m.modified().ok()?))
         .max()
         .unwrap_or(0)
 }
@@ -124,12 +122,12 @@ fn modified_ms(dir: &Path) -> i64 {
 /// delete copying an ancestor's range into it writes the file in place: none of them is
 /// made younger by it.
 fn arrived_ms(dir: &Path) -> Option<i64> {
-    let born = std::fs::symlink_metadata(dir.join(SESSION_FILE))
-        .ok()?
-        .created()
-        .ok()?;
-    let since = born.duration_since(UNIX_EPOCH).ok()?;
-    Some(i64::try_from(since.as_millis()).unwrap_or(i64::MAX))
+    unix_ms(
+        std::fs::symlink_metadata(dir.join(SESSION_FILE))
+            .ok()?
+            .created()
+            .ok()?,
+    )
 }
 
 /// Why an old session is kept (`Err(why)`), else its forks (`Ok`). Made before any lock

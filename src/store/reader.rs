@@ -375,6 +375,7 @@ fn check_turn_end(c: &Commit, turn: &TurnBoundary) -> Result<()> {
         )
     )))
 }
+
 /// Checks that `c` starts at `expected` and that its events match its operation hash;
 /// returns its last sequence.
 pub(crate) fn check_commit(expected: u64, c: &Commit) -> Result<u64> {
