@@ -121,26 +121,22 @@ pub(crate) fn encode<'a>(
 /// The message object of `payload` when `payload` is exactly `{"message":` + an object +
 /// `}`: the object's text. The object ends at the brace that closes the one it opens
 /// (strings and their escapes skipped); anything after it but the final `}` (another key,
-/// white space) keeps the payload whole.
+/// white space) keeps the payload whole. Strings, most of a message's bytes, are skipped
+/// with `memchr` to their next quote or backslash rather than byte by byte.
 fn bare_message(payload: &str) -> Option<&str> {
     let inner = payload.strip_prefix(BARE_HEAD)?.strip_suffix(BARE_TAIL)?;
     let bytes = inner.as_bytes();
     if bytes.first() != Some(&b'{') {
         return None;
     }
-    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
-    for (i, &b) in bytes.iter().enumerate() {
-        if in_string {
-            match b {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
+    let mut depth = 0usize;
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
         match b {
-            b'"' => in_string = true,
+            b'"' => {
+                i = string_end(bytes, i + 1)?;
+                continue;
+            }
             b'{' | b'[' => depth += 1,
             b'}' | b']' => {
                 depth = depth.checked_sub(1)?;
@@ -150,8 +146,22 @@ fn bare_message(payload: &str) -> Option<&str> {
             }
             _ => {}
         }
+        i += 1;
     }
     None
+}
+
+/// The index just past the quote that closes the string whose text starts at `from`
+/// (escapes skipped); `None` when the text ends first.
+fn string_end(bytes: &[u8], mut from: usize) -> Option<usize> {
+    loop {
+        let at = from + memchr::memchr2(b'"', b'\\', bytes.get(from..)?)?;
+        if bytes.get(at) == Some(&b'"') {
+            return Some(at + 1);
+        }
+        // A backslash: the byte after it is escaped, whatever it is.
+        from = at + 2;
+    }
 }
 
 /// A row's kind as read: its text, and whether its payload is stored bare.
@@ -286,6 +296,42 @@ mod tests {
                 read_back(1, &code, kind::MESSAGE_COMPLETE, text),
                 (kind::MESSAGE_COMPLETE.to_owned(), payload.to_owned())
             );
+        }
+    }
+
+    /// JSON values whose strings are full of what the scan must skip.
+    fn arb_json() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        use serde_json::Value;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<i64>().prop_map(Value::from),
+            "[\"\\\\{}\\[\\]a\u{e9}\u{1}]{0,12}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                prop::collection::btree_map("[a-z\"\\\\}]{1,4}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_message_object_is_stored_bare_and_nothing_after_it_is(
+            message in proptest::collection::btree_map("[a-z\"]{1,4}", arb_json(), 0..5),
+            extra in arb_json(),
+        ) {
+            let message = serde_json::Value::Object(message.into_iter().collect()).to_string();
+            let payload = format!(r#"{{"message":{message}}}"#);
+            let (code, text) = stored(kind::MESSAGE_COMPLETE, &payload);
+            proptest::prop_assert!(code.is_some());
+            proptest::prop_assert_eq!(&text, &message);
+            let payload = format!(r#"{{"message":{message},"x":{extra}}}"#);
+            let (code, text) = stored(kind::MESSAGE_COMPLETE, &payload);
+            proptest::prop_assert!(code.is_none());
+            proptest::prop_assert_eq!(text, payload);
         }
     }
 
