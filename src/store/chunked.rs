@@ -4,7 +4,7 @@
 //! The drain inserts every event and history row this way.
 
 use rusqlite::types::{ToSqlOutput, Value, ValueRef};
-use rusqlite::{ToSql, Transaction, params_from_iter};
+use rusqlite::{Connection, ToSql, params_from_iter};
 
 use crate::error::Result;
 
@@ -51,7 +51,7 @@ impl<'a> ChunkedInsert<'a> {
     /// Adds one row (exactly `width` values); a full chunk is inserted at once.
     pub(crate) fn push<const N: usize>(
         &mut self,
-        tx: &Transaction<'_>,
+        tx: &Connection,
         row: [ToSqlOutput<'a>; N],
     ) -> Result<()> {
         debug_assert_eq!(N, self.sql.width);
@@ -65,7 +65,7 @@ impl<'a> ChunkedInsert<'a> {
 
     /// Inserts the rows still waiting, one statement each (fewer than a chunk; a
     /// statement per remainder size would crowd the statement cache).
-    pub(crate) fn finish(mut self, tx: &Transaction<'_>) -> Result<()> {
+    pub(crate) fn finish(mut self, tx: &Connection) -> Result<()> {
         if self.values.is_empty() {
             return Ok(());
         }
