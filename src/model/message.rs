@@ -12,6 +12,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use crate::model::json_scan;
+
 /// A conversation message. Only its `id` is interpreted by the fold; every other field is
 /// kept verbatim (role, content, tool calls, provider-specific fields).
 ///
@@ -142,9 +144,31 @@ struct Probe<'a> {
     tool_run_state: Option<IgnoredAny>,
 }
 
-impl Message {
-    fn from_raw(json: Box<RawValue>) -> serde_json::Result<Message> {
-        let text = json.get();
+/// What a message's [`Probe`] tells.
+struct Probed {
+    id: Option<Field>,
+    role: Option<Field>,
+    /// Whether the provider view differs from the message.
+    filtered: bool,
+}
+
+/// The keys [`Probed::quick`] reads before [`PROVIDER_STRIPPED`]'s: their slots are
+/// their places in this list, the stripped keys' follow.
+const PROBED_FIRST: [&str; 4] = ["id", "role", "local_only", "provider_content"];
+
+/// The slot of a probed key ([`PROBED_FIRST`], then [`PROVIDER_STRIPPED`]); `None` for a key
+/// the probe skips.
+fn probed_slot(key: &[u8]) -> Option<usize> {
+    PROBED_FIRST
+        .iter()
+        .chain(&PROVIDER_STRIPPED)
+        .position(|k| k.as_bytes() == key)
+}
+
+impl Probed {
+    /// Reads the probed keys of a message's JSON text with serde_json (the authority: it
+    /// refuses what [`Probe`] refuses).
+    fn read(text: &str) -> serde_json::Result<Probed> {
         let p: Probe<'_> = serde_json::from_str(text)?;
         let filtered = p.local_only == Some(true)
             || p.provider_content.is_some()
@@ -154,8 +178,102 @@ impl Message {
             || p.decision_receipts.is_some()
             || p.tool_execution.is_some()
             || p.tool_run_state.is_some();
-        let id = p.id.map(|v| Field::of(v, text));
-        let role = p.role.map(|v| Field::of(v, text));
+        Ok(Probed {
+            id: p.id.map(|v| Field::of(v, text)),
+            role: p.role.map(|v| Field::of(v, text)),
+            filtered,
+        })
+    }
+
+    /// What [`Probed::read`] answers, for a message's valid JSON text in the common form
+    /// (an object whose `id` and `role` are strings without escapes or `null`, each probed
+    /// key once, keys without escapes): found by skipping values with
+    /// [`json_scan`] instead of a second serde pass over the whole message. `None` for any
+    /// other text, which `read` then reads (and refuses where it must).
+    fn quick(text: &str) -> Option<Probed> {
+        let b = text.as_bytes();
+        if b.first() != Some(&b'{') {
+            return None;
+        }
+        let mut out = Probed {
+            id: None,
+            role: None,
+            filtered: false,
+        };
+        let mut seen = 0u16;
+        let mut at = json_scan::skip_space(b, 1);
+        if b.get(at) == Some(&b'}') {
+            return (json_scan::skip_space(b, at + 1) == b.len()).then_some(out);
+        }
+        loop {
+            if b.get(at) != Some(&b'"') {
+                return None;
+            }
+            let key_end = json_scan::string_end(b, at + 1)?;
+            let key = b.get(at + 1..key_end - 1)?;
+            if key.contains(&b'\\') {
+                // An escaped key may spell a probed one.
+                return None;
+            }
+            at = json_scan::skip_space(b, key_end);
+            if b.get(at) != Some(&b':') {
+                return None;
+            }
+            let start = json_scan::skip_space(b, at + 1);
+            let end = json_scan::value_end(b, start)?;
+            let value = b.get(start..end)?;
+            let slot = probed_slot(key);
+            if let Some(slot) = slot {
+                if seen & (1 << slot) != 0 {
+                    // serde refuses a repeated field.
+                    return None;
+                }
+                seen |= 1 << slot;
+                match slot {
+                    0 | 1 => {
+                        let field = match value {
+                            b"null" => None,
+                            [b'"', inner @ .., b'"'] if !inner.contains(&b'\\') => {
+                                Some(Field::At {
+                                    start: start + 1,
+                                    end: end - 1,
+                                })
+                            }
+                            _ => return None,
+                        };
+                        if slot == 0 {
+                            out.id = field;
+                        } else {
+                            out.role = field;
+                        }
+                    }
+                    2 => match value {
+                        b"true" => out.filtered = true,
+                        b"false" | b"null" => {}
+                        _ => return None,
+                    },
+                    _ => out.filtered |= value != b"null",
+                }
+            }
+            at = json_scan::skip_space(b, end);
+            match b.get(at) {
+                Some(b',') => at = json_scan::skip_space(b, at + 1),
+                Some(b'}') => {
+                    return (json_scan::skip_space(b, at + 1) == b.len()).then_some(out);
+                }
+                _ => return None,
+            }
+        }
+    }
+}
+
+impl Message {
+    fn from_raw(json: Box<RawValue>) -> serde_json::Result<Message> {
+        let text = json.get();
+        let Probed { id, role, filtered } = match Probed::quick(text) {
+            Some(probed) => probed,
+            None => Probed::read(text)?,
+        };
         Ok(Message {
             id,
             role,
@@ -399,6 +517,98 @@ fn without_lone_surrogates(json: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// A probe's answer as text, to compare the two readers.
+    fn answer(p: &Probed, text: &str) -> (Option<String>, Option<String>, bool) {
+        let field = |f: &Option<Field>| f.as_ref().map(|f| f.get(text).to_owned());
+        (field(&p.id), field(&p.role), p.filtered)
+    }
+
+    /// Values as JSON text: scalars, strings full of what the scan skips, nested values.
+    fn arb_value() -> impl Strategy<Value = String> {
+        let leaf = prop_oneof![
+            Just("null".to_owned()),
+            Just("true".to_owned()),
+            Just("false".to_owned()),
+            any::<i32>().prop_map(|n| n.to_string()),
+            Just("-1.5e3".to_owned()),
+            "[a-z\"\\\\{}\\[\\],: \u{e9}]{0,8}".prop_map(|s| Value::from(s).to_string()),
+            Just(r#""\u0041\n""#.to_owned()),
+        ];
+        leaf.prop_recursive(2, 12, 3, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..3)
+                    .prop_map(|v| format!("[{}]", v.join(","))),
+                prop::collection::vec(("[a-z\"]{1,3}", inner), 0..3).prop_map(|v| {
+                    let entries: Vec<String> = v
+                        .into_iter()
+                        .map(|(k, v)| format!("{}:{v}", Value::from(k)))
+                        .collect();
+                    format!("{{{}}}", entries.join(","))
+                }),
+            ]
+        })
+    }
+
+    /// Keys: the probed ones (most), others, and escaped spellings of probed ones.
+    fn arb_key() -> impl Strategy<Value = String> {
+        prop_oneof![
+            4 => prop::sample::select([PROBED_FIRST.as_slice(), &PROVIDER_STRIPPED].concat())
+                .prop_map(|k| format!("\"{k}\"")),
+            2 => "[a-z_]{1,8}".prop_map(|k| format!("\"{k}\"")),
+            1 => Just(r#""i\u0064""#.to_owned()),
+            1 => Just(r#""ro\u006ce""#.to_owned()),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        #[test]
+        fn the_quick_probe_answers_as_serde_json_or_not_at_all(
+            entries in prop::collection::vec((arb_key(), arb_value()), 0..6),
+            space in prop::sample::select(vec!["", " ", "\n  "]),
+        ) {
+            let body: Vec<String> = entries
+                .iter()
+                .map(|(k, v)| format!("{space}{k}{space}:{space}{v}{space}"))
+                .collect();
+            let text = format!("{{{}}}", body.join(","));
+            // The same text as a message's RawValue holds it (valid JSON).
+            prop_assert!(serde_json::from_str::<&RawValue>(&text).is_ok(), "{}", text);
+            let read = Probed::read(&text);
+            if let Some(quick) = Probed::quick(&text) {
+                let read = read.map_err(|e| TestCaseError::fail(format!("{text}: serde refused: {e}")))?;
+                prop_assert_eq!(answer(&quick, &text), answer(&read, &text), "{}", text);
+            }
+        }
+    }
+
+    #[test]
+    fn common_messages_take_the_quick_probe() {
+        for text in [
+            r#"{"id":"m1","role":"user","content":"a \" } { [ \\"}"#,
+            r#"{"role":"assistant","content":[{"type":"text","text":"}"}],"id":"m2"}"#,
+            r#"{ "id" : "m3" , "local_only" : true }"#,
+            r#"{"local_only":false,"tool_run_state":null,"role":null}"#,
+            r#"{"id":null,"raw_content":{"x":1},"n":-1.5e3}"#,
+            "{}",
+        ] {
+            let quick = Probed::quick(text).expect(text);
+            let read = Probed::read(text).expect(text);
+            assert_eq!(answer(&quick, text), answer(&read, text), "{text}");
+        }
+        for text in [
+            r#"{"id":"m\u0031"}"#,
+            r#"{"i\u0064":"m1"}"#,
+            r#"{"id":"m1","id":"m2"}"#,
+            r#"{"id":1}"#,
+            r#"{"local_only":1}"#,
+            "[]",
+        ] {
+            assert!(Probed::quick(text).is_none(), "{text}");
+        }
+    }
 
     #[test]
     fn debug_shows_the_id_and_role_not_their_offsets() {

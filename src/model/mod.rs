@@ -4,6 +4,7 @@
 pub(crate) mod event;
 pub(crate) mod header;
 pub(crate) mod ids;
+pub(crate) mod json_scan;
 pub(crate) mod kind;
 pub(crate) mod message;
 pub(crate) mod payload;

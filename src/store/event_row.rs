@@ -22,7 +22,7 @@ use rusqlite::types::{ToSqlOutput, ValueRef};
 
 use crate::error::{Error, Result};
 use crate::model::event::INLINE_PAYLOAD_LIMIT;
-use crate::model::kind;
+use crate::model::{json_scan, kind};
 
 /// The coded kinds: code `i` is `CODED_KINDS[i]`. A code never changes meaning (files on
 /// disk hold them); a new kind gets the next code, and a new migration gives the
@@ -120,48 +120,13 @@ pub(crate) fn encode<'a>(
 
 /// The message object of `payload` when `payload` is exactly `{"message":` + an object +
 /// `}`: the object's text. The object ends at the brace that closes the one it opens
-/// (strings and their escapes skipped); anything after it but the final `}` (another key,
-/// white space) keeps the payload whole. Strings, most of a message's bytes, are skipped
-/// with `memchr` to their next quote or backslash rather than byte by byte.
+/// ([`json_scan::value_end`]: strings and their escapes skipped); anything after it but
+/// the final `}` (another key, white space) keeps the payload whole.
 fn bare_message(payload: &str) -> Option<&str> {
     let inner = payload.strip_prefix(BARE_HEAD)?.strip_suffix(BARE_TAIL)?;
     let bytes = inner.as_bytes();
-    if bytes.first() != Some(&b'{') {
-        return None;
-    }
-    let mut depth = 0usize;
-    let mut i = 0;
-    while let Some(&b) = bytes.get(i) {
-        match b {
-            b'"' => {
-                i = string_end(bytes, i + 1)?;
-                continue;
-            }
-            b'{' | b'[' => depth += 1,
-            b'}' | b']' => {
-                depth = depth.checked_sub(1)?;
-                if depth == 0 {
-                    return (i + 1 == bytes.len()).then_some(inner);
-                }
-            }
-            _ => {}
-        }
-        i += 1;
-    }
-    None
-}
-
-/// The index just past the quote that closes the string whose text starts at `from`
-/// (escapes skipped); `None` when the text ends first.
-fn string_end(bytes: &[u8], mut from: usize) -> Option<usize> {
-    loop {
-        let at = from + memchr::memchr2(b'"', b'\\', bytes.get(from..)?)?;
-        if bytes.get(at) == Some(&b'"') {
-            return Some(at + 1);
-        }
-        // A backslash: the byte after it is escaped, whatever it is.
-        from = at + 2;
-    }
+    (bytes.first() == Some(&b'{') && json_scan::value_end(bytes, 0)? == bytes.len())
+        .then_some(inner)
 }
 
 /// A row's kind as read: its text, and whether its payload is stored bare.

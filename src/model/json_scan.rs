@@ -1,0 +1,91 @@
+//! Where values end in JSON text that is known to be valid (a `RawValue`'s, which
+//! serde_json checked): strings are skipped with `memchr` to their next quote or
+//! backslash, not byte by byte. A function answers `None` for text it does not follow;
+//! its caller then reads the text with serde_json, which stays the authority.
+
+/// The index just past the quote that closes the string whose text starts at `from`
+/// (escapes skipped); `None` when the text ends first.
+pub(crate) fn string_end(bytes: &[u8], mut from: usize) -> Option<usize> {
+    loop {
+        let at = from + memchr::memchr2(b'"', b'\\', bytes.get(from..)?)?;
+        if bytes.get(at) == Some(&b'"') {
+            return Some(at + 1);
+        }
+        // A backslash: the byte after it is escaped, whatever it is.
+        from = at + 2;
+    }
+}
+
+/// The index just past the value that starts at `at`: a string, an object or an array
+/// (to the bracket that closes the one it opens), or a scalar (to the next `,`, `}`, `]`
+/// or white space).
+pub(crate) fn value_end(bytes: &[u8], at: usize) -> Option<usize> {
+    match bytes.get(at)? {
+        b'"' => string_end(bytes, at + 1),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            let mut i = at;
+            while let Some(&b) = bytes.get(i) {
+                match b {
+                    b'"' => {
+                        i = string_end(bytes, i + 1)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth = depth.checked_sub(1)?;
+                        if depth == 0 {
+                            return Some(i + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                i += 1;
+            }
+            None
+        }
+        _ => {
+            let rest = bytes.get(at..)?;
+            let len = rest
+                .iter()
+                .position(|b| matches!(b, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r'))
+                .unwrap_or(rest.len());
+            (len > 0).then_some(at + len)
+        }
+    }
+}
+
+/// The index of the first byte at or after `at` that is not JSON white space.
+pub(crate) fn skip_space(bytes: &[u8], at: usize) -> usize {
+    let rest = bytes.get(at..).unwrap_or_default();
+    at + rest
+        .iter()
+        .position(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+        .unwrap_or(rest.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_end_where_serde_json_reads_them_to() {
+        for (text, end) in [
+            (r#""a\"b" ,"#, 6),
+            (r#""a\\" ,"#, 5),
+            (r#"{"a":"}","b":[1,{"c":"]"}]} x"#, 27),
+            ("[] ,", 2),
+            ("12.5e3,", 6),
+            ("true}", 4),
+            ("null ", 4),
+        ] {
+            assert_eq!(value_end(text.as_bytes(), 0), Some(end), "{text}");
+        }
+        for text in [r#""open"#, r#""ends in \"#, "{\"a\":[1,2}", "[[]", "", ","] {
+            assert_eq!(value_end(text.as_bytes(), 0), None, "{text}");
+        }
+        assert_eq!(skip_space(b" \t\r\n x", 0), 5);
+        assert_eq!(skip_space(b"  ", 0), 2);
+        assert_eq!(skip_space(b"", 3), 3);
+    }
+}
