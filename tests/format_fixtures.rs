@@ -13,6 +13,9 @@
 //! - `tests/fixtures/schema4/`: schema 4 (up to 0004: the operation filter in
 //!   checkpoints; kinds as text, message payloads inside `{"message":…}`), written at
 //!   c34e928 with the schema-3 set's sessions.
+//! - `tests/fixtures/schema5/`: schema 5 (up to 0005: kinds as codes, message payloads
+//!   bare; the last with an index on the operation key), written at 70a40cf with the
+//!   schema-3 set's sessions.
 //!
 //! Both hold a root (`root/`) with a session whose tool outputs are blobs over 64 KiB and
 //! appear both in `tool/result` and in the tool message (`blobs`), a fork chain with titles
@@ -90,13 +93,17 @@ const SCHEMA2: FixtureSet = FixtureSet {
     write: write_common_sessions,
 };
 
+/// The sessions of the sets from schema 3 on: schema 2's, and a session long enough for a
+/// checkpoint with its fork.
+const SCHEMA3_SESSIONS: &[&str] = &[
+    "blobs", "chain-a", "chain-b", "chain-c", "rewound", LONG, LONG_FORK,
+];
+
 /// Written by schema 3: the same, and a session long enough for a checkpoint with its fork.
 const SCHEMA3: FixtureSet = FixtureSet {
     dir: "schema3",
     schema: 3,
-    sessions: &[
-        "blobs", "chain-a", "chain-b", "chain-c", "rewound", LONG, LONG_FORK,
-    ],
+    sessions: SCHEMA3_SESSIONS,
     write: write_schema3_sessions,
 };
 
@@ -106,9 +113,16 @@ const SCHEMA3: FixtureSet = FixtureSet {
 const SCHEMA4: FixtureSet = FixtureSet {
     dir: "schema4",
     schema: 4,
-    sessions: &[
-        "blobs", "chain-a", "chain-b", "chain-c", "rewound", LONG, LONG_FORK,
-    ],
+    sessions: SCHEMA3_SESSIONS,
+    write: write_schema3_sessions,
+};
+
+/// Written by schema 5 (kinds as codes, message payloads bare), the last with an index on
+/// the operation key: the schema-3 sessions.
+const SCHEMA5: FixtureSet = FixtureSet {
+    dir: "schema5",
+    schema: 5,
+    sessions: SCHEMA3_SESSIONS,
     write: write_schema3_sessions,
 };
 
@@ -516,6 +530,21 @@ fn write_schema4_fixtures() {
     write_fixtures(&SCHEMA4);
 }
 
+/// Writes `tests/fixtures/schema5/` afresh, with schema-5 code only (70a40cf).
+#[test]
+#[ignore = "regenerates committed fixtures; run by hand with schema-5 code only"]
+fn write_schema5_fixtures() {
+    write_fixtures(&SCHEMA5);
+}
+
+/// Every durable commit of session `name`, as a reader replays it.
+fn all_commits(root: &Root, name: &str) -> Vec<Commit> {
+    root.open_reader(&id(name))
+        .expect("reader")
+        .all_commits()
+        .expect("replay")
+}
+
 /// Copies the set's root into a temp dir: the temp dir and the copied root.
 fn copied(set: &FixtureSet) -> (tempfile::TempDir, PathBuf) {
     let work = tempfile::tempdir().expect("tempdir");
@@ -797,6 +826,12 @@ fn schema4_fixtures_read_append_fork_delete_and_import() {
     check_fixture_set(&SCHEMA4);
 }
 
+/// [`check_fixture_set`] on the files schema 5 wrote.
+#[test]
+fn schema5_fixtures_read_append_fork_delete_and_import() {
+    check_fixture_set(&SCHEMA5);
+}
+
 /// What a reader of `name` sees, without the count of inherited events (an export or an
 /// import has none).
 fn observed_own(root: &Root, name: &str) -> Value {
@@ -888,11 +923,7 @@ fn schema3_long_session_keeps_its_checkpoint_and_operations_through_the_upgrade(
     );
     let digest = sqlite3(&file, "SELECT digest FROM checkpoint");
     let root = Root::open(&root_dir).expect("root");
-    let originals = root
-        .open_reader(&id(LONG))
-        .expect("reader")
-        .all_commits()
-        .expect("replay");
+    let originals = all_commits(&root, LONG);
     let fork_originals = root
         .open_reader(&id(LONG_FORK))
         .expect("fork reader")
@@ -1157,4 +1188,52 @@ fn schema5_codes_kinds_and_stores_messages_bare_beside_older_rows() {
         .all_commits()
         .expect("import replay");
     assert_eq!(payloads(&copy), payloads(&after));
+}
+
+/// Schema 6 (migration 0006): the index on the operation key is dropped and the keys go to
+/// sorted chunks. The schema-5 `long` session (1,046 commits) upgraded by its writer has no
+/// index and answers retries of its old operations (from its commits: no chunk yet); the
+/// first drain puts every commit's key in one chunk; after a reopen the retries are answered
+/// from it, and the sessions of the set still read, fork and export as recorded.
+#[test]
+fn schema6_moves_the_operation_keys_of_an_upgraded_file_into_a_chunk() {
+    let (_work, root_dir) = copied(&SCHEMA5);
+    let file = session_file(&root_dir, LONG);
+    let index = |f: &Path| {
+        sqlite3(
+            f,
+            "SELECT count(*) FROM sqlite_schema WHERE name = 'commits_by_operation'",
+        )
+    };
+    let chunks = |f: &Path| {
+        sqlite3(
+            f,
+            "SELECT count(*), max(through_seq), sum(length(keys)) / 16 FROM operation_key_chunks",
+        )
+    };
+    assert_eq!(index(&file), "1", "schema 5 indexes the key");
+    let root = Root::open(&root_dir).expect("root");
+    let originals = all_commits(&root, LONG);
+    let durable = SCHEMA5.expected(LONG)["durable_sequence"]
+        .as_u64()
+        .expect("seq");
+    let last = originals.len() - 1;
+    let picks = [0, 1, last / 2, last];
+    let new_seq = retries_conflict_and_append(&root, LONG, &originals, &picks, durable, "upgraded");
+    assert_eq!(
+        sqlite3(&file, "PRAGMA user_version"),
+        SCHEMA_VERSION.to_string()
+    );
+    assert_eq!(index(&file), "0");
+    assert_eq!(
+        chunks(&file),
+        format!("1|{new_seq}|{}", originals.len() + 1),
+        "every commit, the new one too, in one chunk"
+    );
+    retries_conflict_and_append(&root, LONG, &originals, &picks, new_seq, "chunked");
+    assert_eq!(
+        chunks(&file),
+        format!("1|{new_seq}|{}", originals.len() + 1)
+    );
+    verify_file(root.session_dir(&id(LONG))).expect("verify");
 }

@@ -200,3 +200,70 @@ fn loading_the_operation_ids_never_writes_a_commit_early() {
         s.close().unwrap();
     }
 }
+
+/// Schema 6 keeps the operation keys in sorted chunks of at least 1,024 commits (no index
+/// leaf written per commit): a retry after a restart is found in a chunk or in the commits
+/// after the last one; a damaged chunk is skipped and its commits are searched instead.
+#[test]
+fn operation_keys_are_kept_in_chunks_and_a_damaged_chunk_is_searched_around() {
+    const COMMITS: usize = 1_500;
+    let (_dir, root) = temp_root();
+    let s = create(&root, "chunks");
+    let mut originals = Vec::new();
+    for i in 0..COMMITS {
+        originals.push(
+            s.append(titled(&format!("op-{i}"), &format!("t{i}")))
+                .unwrap(),
+        );
+        if i % 100 == 99 {
+            s.flush().unwrap();
+        }
+    }
+    s.close().unwrap();
+    let file = root
+        .session_dir(&id("chunks"))
+        .join(session_store::format::SESSION_FILE);
+    assert_eq!(
+        sqlite3(
+            &file,
+            "SELECT name FROM sqlite_schema WHERE name = 'commits_by_operation'"
+        ),
+        "",
+        "no index on the operation key"
+    );
+    // One chunk: the drain that brought the count to 1,024 or more (every 100 commits).
+    assert_eq!(
+        sqlite3(
+            &file,
+            "SELECT count(*), through_seq, length(keys) / 16 FROM operation_key_chunks"
+        ),
+        "1|1100|1100"
+    );
+
+    let retry_all = |s: &Session| {
+        // In the chunk (0, 1,099) and after it (1,100, 1,499).
+        for i in [0, 5, 1_099, 1_100, COMMITS - 1] {
+            let retried = s
+                .append(titled(&format!("op-{i}"), &format!("t{i}")))
+                .unwrap();
+            assert_eq!(retried.commit_id, originals[i].commit_id, "op-{i}");
+            assert_conflict(s, &format!("op-{i}"), "changed");
+        }
+        assert_eq!(s.sequences().0, COMMITS as u64, "no retry made a commit");
+    };
+    let s = root.open_writer(&id("chunks")).unwrap();
+    retry_all(&s);
+    s.close().unwrap();
+
+    // A chunk cut short (or of another type) is skipped: the same answers.
+    for damage in [
+        "UPDATE operation_key_chunks SET keys = substr(keys, 1, 100)",
+        "UPDATE operation_key_chunks SET keys = 'text'",
+        "DELETE FROM operation_key_chunks",
+    ] {
+        sqlite3(&file, damage);
+        let s = root.open_writer(&id("chunks")).unwrap();
+        retry_all(&s);
+        s.close().unwrap();
+    }
+}

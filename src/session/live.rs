@@ -18,6 +18,7 @@ use crate::session::pool::{self, Drain};
 use crate::store::blob::MAX_BLOB_BYTES;
 use crate::store::checkpoint;
 use crate::store::lock::WriterLock;
+use crate::store::operation_keys::ChunkCache;
 use crate::store::reader::SessionReader;
 use crate::store::search::IndexSlot;
 use crate::store::write::Accepted;
@@ -174,6 +175,9 @@ pub(crate) struct Shared {
     /// the filter ([`Shared::load_operation_ids`]): the checkpoint's sequence when its
     /// filter was restored, else 0.
     keys_after: u64,
+    /// The operation-key chunks the cold lookups of this writer have read (none are
+    /// rewritten while it holds the file).
+    chunk_cache: Mutex<ChunkCache>,
     /// Drained commits waiting for the search index (written by a writer thread, off the
     /// flushing caller's path).
     unindexed: Mutex<Unindexed>,
@@ -252,6 +256,7 @@ impl Session {
             changed: Condvar::new(),
             writer: Mutex::new(Some(writer)),
             keys_after,
+            chunk_cache: Mutex::new(ChunkCache::default()),
             unindexed: Mutex::new(Unindexed::default()),
         });
         // The operation ids the checkpoint's filter did not give are loaded on a writer
@@ -645,7 +650,12 @@ impl Shared {
             };
             let evictions = s.ops.evictions();
             drop(s);
-            match self.reader.lookup_operation(&batch.operation_id)? {
+            let found = {
+                let mut chunks = self.chunk_cache.lock().unwrap_or_else(|e| e.into_inner());
+                self.reader
+                    .lookup_operation(&batch.operation_id, &mut chunks)?
+            };
+            match found {
                 Some(original) => return same_operation(Arc::new(original), batch),
                 None if recent => {
                     return Err(Error::corrupt(format!(

@@ -11,6 +11,7 @@ pub(crate) mod folder_swap;
 pub(crate) mod hit_files;
 pub(crate) mod lineage;
 pub(crate) mod lock;
+pub(crate) mod operation_keys;
 pub(crate) mod read;
 pub(crate) mod read_pool;
 pub(crate) mod reader;

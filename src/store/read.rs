@@ -16,6 +16,7 @@ use crate::model::projection::{HistoryChange, ModelRef};
 use crate::model::transcript_index::{ENTRY, IndexLoader};
 use crate::model::{Commit, ContentRef, Event, Projection, SessionId, TurnBoundary};
 use crate::store::event_row::{self, StoredKind};
+use crate::store::operation_keys::ChunkCache;
 use crate::store::schema::{self, Access, CODEC};
 use crate::store::{blob, content};
 
@@ -1009,28 +1010,33 @@ pub(crate) fn operation_keys_after(
     Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
 }
 
-/// The commit with this operation id, with its events. Schema 3 finds it by its operation
-/// key and confirms the text; older files by the text (their unique index).
-pub(crate) fn lookup_operation(conn: &Connection, operation_id: &str) -> Result<Option<Commit>> {
-    let sql = if schema_version(conn)? >= 3 {
-        format!(
-            "SELECT {COMMIT_COLUMNS} FROM commits WHERE operation_key = ?1 AND operation_id = ?2
-             ORDER BY first_seq LIMIT 2"
-        )
+/// The commit with this operation id, with its events. Schema 6 finds the first sequences
+/// of its operation key in the key chunks and the commits after them ([`ChunkCache`]),
+/// then reads each such commit by sequence and confirms the text; schemas 3 to 5 by the
+/// key's index; older files by the text (their unique index).
+pub(crate) fn lookup_operation(
+    conn: &Connection,
+    operation_id: &str,
+    chunks: &mut ChunkCache,
+) -> Result<Option<Commit>> {
+    let version = schema_version(conn)?;
+    let mut found = if version >= 6 {
+        let key = operation_key(operation_id);
+        let mut by_seq = conn.prepare_cached(&format!(
+            "SELECT {COMMIT_COLUMNS} FROM commits WHERE first_seq = ?1 AND operation_id = ?2"
+        ))?;
+        let mut found = Vec::new();
+        for seq in chunks.candidates(conn, key)? {
+            let row = by_seq
+                .query_row(params![seq, operation_id], commit_row)
+                .optional()
+                .map_err(|e| undecodable_in(conn, "commits", COMMIT_COLUMNS, e))?;
+            found.extend(row);
+        }
+        found
     } else {
-        format!(
-            "SELECT {COMMIT_COLUMNS} FROM commits WHERE ?1 IS NOT NULL AND operation_id = ?2
-             ORDER BY first_seq LIMIT 2"
-        )
+        operation_rows_indexed(conn, operation_id, version)?
     };
-    let mut found = conn
-        .prepare_cached(&sql)?
-        .query_map(
-            params![operation_key(operation_id), operation_id],
-            commit_row,
-        )?
-        .collect::<rusqlite::Result<Vec<_>>>()
-        .map_err(|e| undecodable_in(conn, "commits", COMMIT_COLUMNS, e))?;
     if found.len() > 1 {
         return Err(Error::corrupt(format!(
             "operation id {} is recorded by two commits",
@@ -1045,6 +1051,32 @@ pub(crate) fn lookup_operation(conn: &Connection, operation_id: &str) -> Result<
     let mut unbounded = u64::MAX;
     attach_events(conn, &mut commits, &mut unbounded)?;
     Ok(commits.pop().map(|(c, _)| c))
+}
+
+/// The commit rows of an operation id in a file of schema `version` before 6 (its index).
+fn operation_rows_indexed(
+    conn: &Connection,
+    operation_id: &str,
+    version: i64,
+) -> Result<Vec<(Commit, u64)>> {
+    let sql = if version >= 3 {
+        format!(
+            "SELECT {COMMIT_COLUMNS} FROM commits WHERE operation_key = ?1 AND operation_id = ?2
+             ORDER BY first_seq LIMIT 2"
+        )
+    } else {
+        format!(
+            "SELECT {COMMIT_COLUMNS} FROM commits WHERE ?1 IS NOT NULL AND operation_id = ?2
+             ORDER BY first_seq LIMIT 2"
+        )
+    };
+    conn.prepare_cached(&sql)?
+        .query_map(
+            params![operation_key(operation_id), operation_id],
+            commit_row,
+        )?
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(|e| undecodable_in(conn, "commits", COMMIT_COLUMNS, e))
 }
 
 /// Whole commits with `last_seq` in `(after, through]`, at most `limit`, with events.

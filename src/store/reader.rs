@@ -14,6 +14,7 @@ use crate::model::kind;
 use crate::model::projection::ModelRef;
 use crate::model::{Commit, ContentRef, Message, Projection, SessionId, TurnBoundary};
 use crate::store::blob::Holds;
+use crate::store::operation_keys::ChunkCache;
 use crate::store::read::{self, DependentFork, HistoryRow, LineageEntry};
 use crate::store::read_pool::{PooledConnection, ReadPool};
 use crate::store::schema::{self, Access, SESSION_FILE};
@@ -1518,8 +1519,13 @@ impl SessionReader {
         read::read_operation_filter(&*self.own().ok()?, through_seq, max_bytes)
     }
 
-    /// The commit that recorded `operation_id` in this session's own file.
-    pub(crate) fn lookup_operation(&self, operation_id: &str) -> Result<Option<Commit>> {
-        read::lookup_operation(&*self.own()?, operation_id)
+    /// The commit that recorded `operation_id` in this session's own file; `chunks` keeps
+    /// the operation-key chunks read (schema 6) for the next lookup of the same file.
+    pub(crate) fn lookup_operation(
+        &self,
+        operation_id: &str,
+        chunks: &mut ChunkCache,
+    ) -> Result<Option<Commit>> {
+        read::lookup_operation(&*self.own()?, operation_id, chunks)
     }
 }

@@ -17,6 +17,7 @@ use crate::model::ids::derived_turn_id;
 use crate::model::projection::HistoryChange;
 use crate::model::{Commit, TurnBoundary};
 use crate::store::chunked::{ChunkSql, ChunkedInsert, opt_text, owned_text, value};
+use crate::store::operation_keys::ChunkMark;
 use crate::store::{blob, content, event_row};
 
 /// An accepted commit on its way to disk, with the turns it closes.
@@ -101,12 +102,15 @@ pub(crate) fn take_lease(conn: &mut Connection, owner: &WriterOwner) -> Result<u
 /// The drain: writes accepted commits in one `BEGIN IMMEDIATE` transaction, after
 /// checking that the lease is still at `generation` (fencing); string values longer than
 /// `inline_threshold` bytes become content parts.
+/// `chunks` is where the file's operation-key chunks end; the mark to keep after the
+/// drain is returned (a chunk is written once enough commits are after it).
 pub(crate) fn write_commits(
     conn: &mut Connection,
     generation: u64,
     batch: &[Arc<Accepted>],
     inline_threshold: usize,
-) -> Result<()> {
+    chunks: ChunkMark,
+) -> Result<ChunkMark> {
     let tx = DrainTransaction::begin(conn)?;
     let current: u64 = tx
         .conn
@@ -119,7 +123,12 @@ pub(crate) fn write_commits(
         });
     }
     insert_commits(tx.conn, batch, inline_threshold)?;
-    tx.commit()
+    let chunks = match batch.last() {
+        Some(last) => chunks.after_drain(tx.conn, batch.len(), last.commit.last_seq())?,
+        None => chunks,
+    };
+    tx.commit()?;
+    Ok(chunks)
 }
 
 /// The drain's `BEGIN IMMEDIATE` transaction, begun and committed by cached statements

@@ -9,6 +9,7 @@ use rusqlite::Connection;
 
 use crate::error::{Result, WriterOwner};
 use crate::store::lock::WriterLock;
+use crate::store::operation_keys::ChunkMark;
 use crate::store::schema::{self, Durability, SESSION_FILE};
 use crate::store::write::{self, Accepted};
 
@@ -36,6 +37,8 @@ pub(crate) struct FileWriter {
     policy: CheckpointPolicy,
     /// String values longer than this become content parts (see `store::content`).
     inline_threshold: usize,
+    /// Where the file's operation-key chunks end (`store::operation_keys`).
+    chunks: ChunkMark,
 }
 
 impl FileWriter {
@@ -56,6 +59,7 @@ impl FileWriter {
         let mut conn = schema::open_writable(&dir.join(SESSION_FILE), durability)?;
         owner.generation = write::take_lease(&mut conn, &owner)?;
         lock.record_owner(&owner)?;
+        let chunks = ChunkMark::read(&conn)?;
         Ok(FileWriter {
             conn,
             lock,
@@ -63,6 +67,7 @@ impl FileWriter {
             dir: dir.to_path_buf(),
             policy,
             inline_threshold,
+            chunks,
         })
     }
 
@@ -73,12 +78,14 @@ impl FileWriter {
 
     /// The drain: writes `batch` in one transaction, fenced by this writer's generation.
     pub(crate) fn drain(&mut self, batch: &[Arc<Accepted>]) -> Result<()> {
-        write::write_commits(
+        self.chunks = write::write_commits(
             &mut self.conn,
             self.owner.generation,
             batch,
             self.inline_threshold,
-        )
+            self.chunks,
+        )?;
+        Ok(())
     }
 
     /// Replaces the projection checkpoint (its text and transcript index, and the live
