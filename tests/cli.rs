@@ -632,8 +632,9 @@ fn fork_rewind_export_import_delete_and_verify() {
         refused.trim_end(),
         format!(
             "session-store: error: cannot import {newer_arg}: not supported by this build: \
-             file {newer_arg} has schema version 9, newer than 5 (the newest this build \
-             reads): a newer session-store reads it"
+             file {newer_arg} has schema version 9, newer than {} (the newest this build \
+             reads): a newer session-store reads it",
+            session_store::format::SCHEMA_VERSION
         ),
     );
 

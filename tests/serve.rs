@@ -2105,7 +2105,7 @@ fn a_damaged_session_answers_session_damaged_naming_it() {
 /// A session file of a newer schema version answers its pages with 500 "Session of a newer
 /// version" and its API routes with an error naming the session and that a newer build
 /// reads it, and the file ("Internal Server Error" and "not supported by this build: schema
-/// version 9 is newer than 5" alone, naming no session, before); another session still
+/// version 9 is newer than 5" alone (when 5 was the newest), naming no session, before); another session still
 /// served.
 #[test]
 fn a_session_of_a_newer_version_answers_naming_it() {
@@ -2117,9 +2117,10 @@ fn a_session_of_a_newer_version_answers_naming_it() {
     let server = Server::start(&root, &[]);
     let named = format!(
         "session demo-cli-flag cannot be shown by this build (not supported by this build: \
-         file {} has schema version 9, newer than 5 (the newest this build reads): a newer \
+         file {} has schema version 9, newer than {} (the newest this build reads): a newer \
          session-store reads it)",
-        root.join("demo-cli-flag").join("session.sqlite").display()
+        root.join("demo-cli-flag").join("session.sqlite").display(),
+        session_store::format::SCHEMA_VERSION
     );
     let named = named.as_str();
     pages_answer_500(
