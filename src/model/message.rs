@@ -1,8 +1,9 @@
 //! Conversation messages: opaque JSON with a stable `id`, and the model filter.
 //!
 //! A message keeps its JSON text as given; only `id`, `role` and the few keys the model
-//! filter looks at are parsed (one borrowing pass, no tree). Appends parse every message,
-//! so this is on the hot path.
+//! filter looks at are read (no tree): by a scan of the already validated text in the
+//! common form ([`Probed::quick`]), else by one borrowing serde pass. Appends read every
+//! message, so this is on the hot path.
 
 use std::borrow::Cow;
 use std::sync::Arc;
