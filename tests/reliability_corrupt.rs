@@ -349,7 +349,26 @@ fn decoding_cases(file: &[u8]) -> Cases {
                 "UPDATE commits SET writer_generation = 'one' WHERE first_seq = 2",
             ),
         ),
+        // The last commit's end of another type: compared as stored it fell outside every
+        // page's range, and readers handed out the log without its last commit (a random
+        // flip made the record's serial type a 42-byte BLOB).
+        (
+            "the last commit's last sequence as a blob",
+            with_sql(file, &last_commit_end("x'00b6'")),
+        ),
+        (
+            "the last commit's last sequence as text",
+            with_sql(file, &last_commit_end("'end'")),
+        ),
     ]
+}
+
+/// SQL setting the last commit's `last_seq` to `value`.
+fn last_commit_end(value: &str) -> String {
+    format!(
+        "UPDATE commits SET last_seq = {value} \
+         WHERE first_seq = (SELECT max(first_seq) FROM commits)"
+    )
 }
 
 /// Damage that leaves a well-formed SQLite file with a consistent b-tree: only the

@@ -1082,7 +1082,9 @@ fn operation_rows_indexed(
 /// Whole commits with `last_seq` in `(after, through]`, at most `limit`, with events.
 /// `budget` is the payload bytes the page may still take: the page is cut at the first
 /// commit boundary once it is spent (a first commit is always read whole), and what the
-/// page took is subtracted.
+/// page took is subtracted. A row in the range whose `last_seq` is not an integer (a
+/// damaged record) is read, and so refused as undecodable: compared as stored, such a
+/// value fails `last_seq <= ?2`, which dropped the log's last commit without an error.
 pub(crate) fn read_commits(
     conn: &Connection,
     after: u64,
@@ -1093,7 +1095,8 @@ pub(crate) fn read_commits(
     let mut stmt = conn.prepare_cached(&format!(
         "SELECT {COMMIT_COLUMNS} FROM commits
          WHERE first_seq >= coalesce((SELECT max(first_seq) FROM commits WHERE first_seq <= ?1 + 1), 0)
-           AND first_seq <= ?2 AND last_seq > ?1 AND last_seq <= ?2
+           AND first_seq <= ?2
+           AND (typeof(last_seq) <> 'integer' OR (last_seq > ?1 AND last_seq <= ?2))
          ORDER BY first_seq LIMIT ?3"
     ))?;
     let mut commits = stmt
