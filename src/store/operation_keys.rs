@@ -5,7 +5,7 @@
 //! does not read as one is skipped, its commits then searched as those after the last
 //! chunk are.
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, params};
 
 use crate::error::Result;
 
@@ -120,26 +120,23 @@ impl ChunkCache {
     /// Reads the chunks after `through`, in order, up to the first that does not read as a
     /// chunk (its commits are then searched in `commits`).
     fn read_new(&mut self, conn: &Connection) -> Result<()> {
-        let mut next = conn.prepare_cached(
+        let mut stmt = conn.prepare_cached(
             "SELECT through_seq, keys FROM operation_key_chunks WHERE through_seq > ?1
-             ORDER BY through_seq LIMIT 1",
+             ORDER BY through_seq",
         )?;
-        loop {
-            let row = next
-                .query_row([self.through], |r| {
-                    Ok((r.get::<_, u64>(0)?, r.get::<_, Vec<u8>>(1)?))
-                })
-                .optional();
+        let mut rows = stmt.query([self.through])?;
+        while let Some(row) = rows.next()? {
             // A value of another type is a damaged chunk: stop before it.
-            let Ok(Some((through, keys))) = row else {
+            let (Ok(through), Ok(keys)) = (row.get::<_, u64>(0), row.get_ref(1)?.as_blob()) else {
                 return Ok(());
             };
-            let Some(entries) = decode(&keys, self.through, through) else {
+            let Some(entries) = decode(keys, self.through, through) else {
                 return Ok(());
             };
             self.chunks.push(entries);
             self.through = through;
         }
+        Ok(())
     }
 }
 

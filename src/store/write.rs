@@ -102,6 +102,7 @@ pub(crate) fn take_lease(conn: &mut Connection, owner: &WriterOwner) -> Result<u
 /// The drain: writes accepted commits in one `BEGIN IMMEDIATE` transaction, after
 /// checking that the lease is still at `generation` (fencing); string values longer than
 /// `inline_threshold` bytes become content parts.
+///
 /// `chunks` is where the file's operation-key chunks end; the mark to keep after the
 /// drain is returned (a chunk is written once enough commits are after it).
 pub(crate) fn write_commits(
