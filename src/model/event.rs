@@ -5,6 +5,7 @@ use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
+use crate::model::ids::lower_hex;
 
 pub(crate) use crate::format::INLINE_PAYLOAD_LIMIT;
 
@@ -346,7 +347,7 @@ pub(crate) fn operation_hash(
     // strings and raw values into a hasher cannot fail.
     let mut hasher = HashWriter(Sha256::new());
     let _ = serde_json::to_writer(&mut hasher, &hashed);
-    hex::encode(hasher.0.finalize())
+    lower_hex(&hasher.0.finalize())
 }
 
 /// An `io::Write` that feeds a SHA-256.
@@ -439,29 +440,45 @@ pub(crate) fn commit_row_hash(c: &Commit, last_seq: u64) -> String {
 /// it in `commits.row_hash`: the stored commit id (`None` when it is derived), operation id
 /// and hash, sequences, turn, generation and time. Unkeyed: it detects damage, not forgery.
 pub(crate) fn commit_row_digest(c: &Commit, last_seq: u64, stored_id: Option<&str>) -> [u8; 16] {
-    // A tag keeps "no stored id" and "no turn" apart from any stored value.
-    let tagged = |v: Option<&str>| v.map_or_else(|| "-".to_owned(), |v| format!("={v}"));
-    let text = format!(
+    use std::io::Write as _;
+    let mut hasher = HashWriter(Sha256::new());
+    // Streamed into the hash (the text is never built): the same bytes as the `format!`
+    // this was, which every stored row hash was made from. Writing to a hasher cannot fail.
+    let _ = write!(
+        hasher,
         "commit-v3\0{}\0{}\0{}\0{}\0{}\0{}\0{}\0{}",
-        tagged(stored_id),
+        Tagged(stored_id),
         c.operation_id,
         c.operation_hash,
         c.first_seq,
         last_seq,
-        tagged(c.turn_id.as_deref()),
+        Tagged(c.turn_id.as_deref()),
         c.writer_generation,
         c.created_at_ms
     );
     let mut digest = [0u8; 16];
-    digest.copy_from_slice(&Sha256::digest(text.as_bytes())[..16]);
+    digest.copy_from_slice(&hasher.0.finalize()[..16]);
     digest
+}
+
+/// An optional value of a commit row digest, tagged so that "none" (`-`) stays apart from
+/// any stored value (`=value`).
+struct Tagged<'a>(Option<&'a str>);
+
+impl std::fmt::Display for Tagged<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(v) => write!(f, "={v}"),
+            None => f.write_str("-"),
+        }
+    }
 }
 
 /// The id a commit gets from its other fields: the hex of its row digest with no stored
 /// id, so a schema-3 file stores neither (the row hash is the id). Unique in a session:
 /// the first sequence is part of it.
 pub(crate) fn derived_commit_id(c: &Commit) -> String {
-    hex::encode(commit_row_digest(c, c.last_seq(), None))
+    lower_hex(&commit_row_digest(c, c.last_seq(), None))
 }
 
 /// Gives a freshly sequenced commit its derived id ([`derived_commit_id`]) and every event
@@ -486,7 +503,7 @@ pub(crate) fn operation_key(operation_id: &str) -> i64 {
 
 /// SHA-256 of bytes, lowercase hex.
 pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
+    lower_hex(&Sha256::digest(bytes))
 }
 
 #[cfg(test)]

@@ -262,7 +262,17 @@ pub(crate) fn derived_id(parts: &[&str]) -> String {
         }
         h.update(p.as_bytes());
     }
-    hex::encode(&h.finalize()[..16])
+    lower_hex(&h.finalize()[..16])
+}
+
+/// `bytes` as lowercase hex. `hex::encode` builds its `String` a `char` at a time, which
+/// showed in profiles of the append path (ids and digests are hexed on every commit).
+pub(crate) fn lower_hex(bytes: &[u8]) -> String {
+    let mut out = vec![0u8; bytes.len() * 2];
+    // `out` is exactly twice as long as `bytes`, the one way `encode_to_slice` fails, and
+    // hex digits are ASCII: neither result can be an error.
+    let _ = hex::encode_to_slice(bytes, &mut out);
+    String::from_utf8(out).unwrap_or_default()
 }
 
 /// The turn id of a batch that opens a turn without naming one. Unlike upstream
@@ -286,6 +296,14 @@ pub(crate) fn unix_ms(time: std::time::SystemTime) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lower_hex_is_the_hex_crates_text() {
+        for bytes in [&[][..], &[0x00], &[0x0f, 0xf0, 0xab], &[0xff; 32]] {
+            assert_eq!(lower_hex(bytes), hex::encode(bytes));
+        }
+        assert_eq!(lower_hex(&[0xde, 0xad, 0x01]), "dead01");
+    }
 
     #[test]
     fn an_id_converts_from_str_and_keys_maps_looked_up_by_str() {

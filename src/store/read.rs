@@ -11,7 +11,7 @@ use serde_json::value::RawValue;
 use crate::error::{Error, Result, WriterOwner};
 use crate::model::event::{commit_row_digest, commit_row_hash, derived_event_id, operation_key};
 use crate::model::header::{Header, Origin};
-use crate::model::ids::derived_turn_id;
+use crate::model::ids::{derived_turn_id, lower_hex};
 use crate::model::projection::{HistoryChange, ModelRef};
 use crate::model::transcript_index::{ENTRY, IndexLoader};
 use crate::model::{Commit, ContentRef, Event, Projection, SessionId, TurnBoundary};
@@ -902,7 +902,7 @@ pub(crate) fn read_lease(conn: &Connection) -> Result<WriterOwner> {
 fn hex_column(r: &Row<'_>, i: usize, lengths: &[usize]) -> rusqlite::Result<Option<String>> {
     match r.get_ref(i)? {
         ValueRef::Null => Ok(None),
-        ValueRef::Blob(b) if lengths.contains(&b.len()) => Ok(Some(hex::encode(b))),
+        ValueRef::Blob(b) if lengths.contains(&b.len()) => Ok(Some(lower_hex(b))),
         ValueRef::Blob(b) => Err(undecodable(
             i,
             Type::Blob,
@@ -958,7 +958,7 @@ fn commit_row(r: &Row<'_>) -> rusqlite::Result<(Commit, u64)> {
         // Schema 3: the 16-byte digest of the row; with no stored id, the id itself.
         (stored, ValueRef::Blob(digest)) if digest.len() == 16 => {
             let intact = commit_row_digest(&commit, last, stored.as_deref())[..] == *digest;
-            commit.commit_id = stored.unwrap_or_else(|| hex::encode(digest));
+            commit.commit_id = stored.unwrap_or_else(|| lower_hex(digest));
             intact
         }
         (None, _) => {

@@ -4,9 +4,7 @@ use std::borrow::Cow;
 use std::sync::{Arc, LazyLock};
 
 use rusqlite::types::{ToSqlOutput, Value};
-use rusqlite::{
-    CachedStatement, Connection, OptionalExtension, Transaction, TransactionBehavior, params,
-};
+use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 
 use crate::error::{Error, Result, WriterOwner};
 use crate::model::event::{
@@ -197,13 +195,7 @@ pub(crate) fn insert_commits(
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
     )?;
     let mut events = ChunkedInsert::new(&EVENT_ROWS);
-    let mut history = HistoryWriter::new(tx)?;
-    let mut blobs = BlobWriter {
-        exists: tx.prepare_cached("SELECT 1 FROM blobs WHERE digest = ?1")?,
-        insert: tx.prepare_cached(
-            "INSERT INTO blobs (digest, bytes, encoding, data) VALUES (?1, ?2, ?3, ?4)",
-        )?,
-    };
+    let mut history = HistoryWriter::new();
     for accepted in batch {
         let c = &accepted.commit;
         let row = CompactCommit::of(c);
@@ -225,13 +217,13 @@ pub(crate) fn insert_commits(
             let (inline, reference, parts) = match payload {
                 Some(text) if text.len() > INLINE_PAYLOAD_LIMIT => {
                     let digest = sha256_hex(text.as_bytes());
-                    blobs.put(&digest, text.as_bytes())?;
+                    put_blob(tx, &digest, text.as_bytes())?;
                     (None, Some(digest), None)
                 }
                 Some(text) => match content::externalise(text, inline_threshold) {
                     Some(ext) => {
                         for (digest, raw) in &ext.parts {
-                            blobs.put(digest, raw.as_bytes())?;
+                            put_blob(tx, digest, raw.as_bytes())?;
                         }
                         let offsets = serde_json::to_string(&ext.offsets)
                             .map_err(|e| Error::internal_from("content offsets to JSON", e))?;
@@ -265,34 +257,35 @@ pub(crate) fn insert_commits(
     history.finish(tx)
 }
 
-/// The statements that store a blob once per digest.
-struct BlobWriter<'tx> {
-    exists: CachedStatement<'tx>,
-    insert: CachedStatement<'tx>,
-}
-
-impl BlobWriter<'_> {
-    /// Stores `raw` under `digest` (its SHA-256) unless the file already holds it.
-    fn put(&mut self, digest: &str, raw: &[u8]) -> Result<()> {
-        if !self.exists.exists([digest])? {
-            let (encoding, data) = blob::encode(raw);
-            self.insert
-                .execute(params![digest, raw.len() as u64, encoding, data])?;
-        }
-        Ok(())
+/// Stores `raw` under `digest` (its SHA-256) unless the file already holds it. Its
+/// statements are looked up in the cache only when a drain has a blob to store (a lookup
+/// hashes the statement's text: most drains have none).
+fn put_blob(tx: &Connection, digest: &str, raw: &[u8]) -> Result<()> {
+    if !tx
+        .prepare_cached("SELECT 1 FROM blobs WHERE digest = ?1")?
+        .exists([digest])?
+    {
+        let (encoding, data) = blob::encode(raw);
+        tx.prepare_cached(
+            "INSERT INTO blobs (digest, bytes, encoding, data) VALUES (?1, ?2, ?3, ?4)",
+        )?
+        .execute(params![digest, raw.len() as u64, encoding, data])?;
     }
+    Ok(())
 }
 
 /// The stored form of a hex text: a BLOB of its bytes when it is lowercase hex of even
 /// length (digests, our ids), else the text itself (an id of another form).
 fn stored_hex(text: &str) -> Value {
-    // Lowercase only, so the bytes read back as the very same text; `decode` refuses an
-    // odd length.
+    // Lowercase only, so the bytes read back as the very same text; an odd length does
+    // not fill `bytes` exactly, which `decode_to_slice` refuses.
     let lowercase =
         !text.is_empty() && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-    match hex::decode(text) {
-        Ok(bytes) if lowercase => Value::Blob(bytes),
-        _ => Value::Text(text.to_owned()),
+    let mut bytes = vec![0u8; text.len() / 2];
+    if lowercase && hex::decode_to_slice(text, &mut bytes).is_ok() {
+        Value::Blob(bytes)
+    } else {
+        Value::Text(text.to_owned())
     }
 }
 
@@ -309,7 +302,7 @@ struct CompactCommit {
 impl CompactCommit {
     fn of(c: &Commit) -> CompactCommit {
         let derived = commit_row_digest(c, c.last_seq(), None);
-        let (commit_id, row_hash) = if hex::encode(derived) == c.commit_id {
+        let (commit_id, row_hash) = if is_hex_of(&c.commit_id, &derived) {
             (None, derived)
         } else {
             let own = commit_row_digest(c, c.last_seq(), Some(&c.commit_id));
@@ -325,6 +318,12 @@ impl CompactCommit {
             row_hash: row_hash.to_vec(),
         }
     }
+}
+
+/// Whether `text` is `bytes` in lowercase hex (no `String` made to compare).
+fn is_hex_of(text: &str, bytes: &[u8; 16]) -> bool {
+    let mut hex = [0u8; 32];
+    hex::encode_to_slice(bytes, &mut hex).is_ok() && text.as_bytes() == hex
 }
 
 /// The stored form of a turn id: `''` when it is the one derived from the operation id
@@ -389,17 +388,15 @@ pub(crate) fn store_checkpoint(
 
 /// Transcript changes on their way into the history index: resets at once, rows in
 /// chunks ([`ChunkedInsert`]).
-struct HistoryWriter<'a, 'tx> {
+struct HistoryWriter<'a> {
     rows: ChunkedInsert<'a>,
-    reset: CachedStatement<'tx>,
 }
 
-impl<'a, 'tx> HistoryWriter<'a, 'tx> {
-    fn new(tx: &'tx Connection) -> Result<HistoryWriter<'a, 'tx>> {
-        Ok(HistoryWriter {
+impl<'a> HistoryWriter<'a> {
+    fn new() -> HistoryWriter<'a> {
+        HistoryWriter {
             rows: ChunkedInsert::new(&HISTORY_ROWS),
-            reset: tx.prepare_cached("INSERT OR IGNORE INTO history_resets (seq) VALUES (?1)")?,
-        })
+        }
     }
 
     /// Adds `changes` (in order: a row replaced later in the same drain is replaced in it).
@@ -407,7 +404,8 @@ impl<'a, 'tx> HistoryWriter<'a, 'tx> {
         for change in changes {
             match change {
                 HistoryChange::Reset { seq } => {
-                    self.reset.execute([seq])?;
+                    tx.prepare_cached("INSERT OR IGNORE INTO history_resets (seq) VALUES (?1)")?
+                        .execute([seq])?;
                 }
                 HistoryChange::Put {
                     seq,
@@ -472,6 +470,9 @@ pub(crate) fn copy_history(
 
 /// Inserts ended turns into the turn index.
 pub(crate) fn insert_turns(tx: &Connection, turns: &[TurnBoundary]) -> Result<()> {
+    if turns.is_empty() {
+        return Ok(()); // no statement looked up for nothing
+    }
     let mut insert_turn = tx.prepare_cached(
         "INSERT OR REPLACE INTO turns (start_seq, turn_id, end_seq, boundary_seq, status, fork_safe, rewind_safe)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
@@ -488,4 +489,32 @@ pub(crate) fn insert_turns(tx: &Connection, turns: &[TurnBoundary]) -> Result<()
         ])?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_text_is_stored_as_bytes_only_when_it_reads_back_the_same() {
+        assert_eq!(stored_hex("00ab"), Value::Blob(vec![0x00, 0xab]));
+        // Upper case, an odd length, other characters and nothing stay text.
+        for text in ["00AB", "abc", "a", "0g", "op-1", ""] {
+            assert_eq!(stored_hex(text), Value::Text(text.to_owned()), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn a_commit_id_is_recognised_as_the_hex_of_its_digest_exactly() {
+        let digest = [0xabu8; 16];
+        assert!(is_hex_of(&"ab".repeat(16), &digest));
+        for other in [
+            "AB".repeat(16),
+            "ab".repeat(15),
+            "ab".repeat(17),
+            String::new(),
+        ] {
+            assert!(!is_hex_of(&other, &digest), "{other:?}");
+        }
+    }
 }
