@@ -772,6 +772,103 @@ fn a_delete_killed_at_random_points_never_breaks_a_fork() {
     eprintln!("{trials} kills, {completed} deletes finished before the kill");
 }
 
+/// How many reads [`reads_of`] makes, each on its own reader.
+const READS: usize = 11;
+
+/// Everything a fork's reader reads, as text: turns, one turn and its lookups, commit
+/// boundaries, the transcript (whole, as texts, its length), a blob, the commits and the
+/// projection; read `i` on reader `r(i)`, so that no read re-reads the lineage for another.
+fn reads_of<'r>(
+    r: impl Fn(usize) -> &'r session_store::SessionReader,
+    digest: &str,
+) -> Vec<String> {
+    let snapshot = r(0).durable_sequence().unwrap();
+    let reads: [(&str, session_store::Result<String>); READS] = [
+        ("turns", r(0).turns().map(|t| format!("{t:?}"))),
+        (
+            "turns_overlapping",
+            r(1).turns_overlapping(1, 6).map(|t| format!("{t:?}")),
+        ),
+        ("turn", r(2).turn("turn-001").map(|t| format!("{t:?}"))),
+        (
+            "turn_holding",
+            r(3).turn_holding(2).map(|t| format!("{t:?}")),
+        ),
+        (
+            "is_commit_boundary",
+            r(4).is_commit_boundary(3).map(|b| b.to_string()),
+        ),
+        (
+            "transcript",
+            r(5).transcript(snapshot).map(|t| {
+                t.iter()
+                    .map(|m| m.id().to_owned())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            }),
+        ),
+        (
+            "transcript_texts",
+            r(6).transcript_texts(snapshot, 10)
+                .map(|t| t.len().to_string()),
+        ),
+        (
+            "transcript_len",
+            r(7).transcript_len(snapshot).map(|n| n.to_string()),
+        ),
+        (
+            "blob",
+            r(8).blob(digest)
+                .map(|b| format!("{:?}", b.map(|b| b.len()))),
+        ),
+        ("commits", r(9).commits(0, 100).map(|c| c.len().to_string())),
+        (
+            "projection",
+            r(10)
+                .projection()
+                .map(|p| p.model_messages.len().to_string()),
+        ),
+    ];
+    reads
+        .into_iter()
+        .map(|(what, read)| format!("{what}: {read:?}"))
+        .collect()
+}
+
+/// Readers of a fork opened before its parent is deleted (the delete copies the parent's
+/// range into the fork) read everything afterwards as a new reader does. Only the commit
+/// reads and the transcript's paged reads re-read the lineage before: turns, turn lookups,
+/// commit boundaries, the whole transcript and blobs went to the parent's removed file,
+/// "session …/a/session.sqlite not found" (the fork is whole).
+#[test]
+fn a_reader_opened_before_its_parents_delete_reads_the_copied_range() {
+    let (_dir, root) = temp_root();
+    let a = create(&root, "a");
+    for i in 0..4 {
+        blob_turn(&a, &format!("{i:03}"));
+    }
+    a.close().unwrap();
+    root.fork(&id("a"), after("turn-002"), Some(id("b")))
+        .unwrap();
+    let digest = sqlite3(
+        &root.session_dir(&id("a")).join("session.sqlite"),
+        "SELECT payload_ref FROM events WHERE payload_ref IS NOT NULL ORDER BY seq LIMIT 1",
+    )
+    .trim()
+    .to_owned();
+    let early: Vec<_> = (0..READS)
+        .map(|_| root.open_reader(&id("b")).unwrap())
+        .collect();
+    let fresh = root.open_reader(&id("b")).unwrap();
+    let before = reads_of(|_| &fresh, &digest);
+    assert!(before.iter().all(|r| r.contains(": Ok(")), "{before:#?}");
+    root.delete(&id("a"), &CancelToken::new()).unwrap();
+    assert!(!root.session_dir(&id("a")).exists());
+    assert_eq!(reads_of(|i| &early[i], &digest), before);
+    let after = root.open_reader(&id("b")).unwrap();
+    assert_eq!(reads_of(|_| &after, &digest), before);
+}
+
 /// `Root::stat` and `Root::stats` of a session that another thread keeps deleting and
 /// importing again (alone, or as the leaf of a chain whose ancestors it deletes, which
 /// materialises their ranges into the leaf): each call either answers or says the session

@@ -196,9 +196,7 @@ impl EventMessages {
     fn read(&mut self, seq: u64, many: bool) -> Result<Vec<Arc<Message>>> {
         let i = self
             .layout
-            .segments
-            .iter()
-            .position(|s| s.after < seq && seq <= s.through)
+            .holding(seq)
             .ok_or_else(|| Error::corrupt(format!("event {seq} is in no file")))?;
         let conn = match &mut self.conns[i] {
             Some(conn) => conn,
@@ -265,6 +263,15 @@ struct Layout {
     lineage: Vec<LineageEntry>,
     /// Ranges in sequence order covering `(0, u64::MAX]`.
     segments: Vec<Segment>,
+}
+
+impl Layout {
+    /// The index of the segment whose range holds sequence `seq` (none for 0).
+    fn holding(&self, seq: u64) -> Option<usize> {
+        self.segments
+            .iter()
+            .position(|s| s.after < seq && seq <= s.through)
+    }
 }
 
 /// A read-only view of a session's durable prefix (its own file plus its ancestors').
@@ -784,15 +791,17 @@ impl SessionReader {
     /// # Errors
     /// SQLite errors mapped to [`Error`].
     pub fn turns(&self) -> Result<Vec<TurnBoundary>> {
-        let mut out = Vec::new();
-        for segment in &self.layout().segments {
-            out.extend(read::read_turns_ending_in(
-                &*segment.pool.get()?,
-                segment.after,
-                segment.through.min(i64::MAX as u64),
-            )?);
-        }
-        Ok(out)
+        self.with_layout(|layout| {
+            let mut out = Vec::new();
+            for segment in &layout.segments {
+                out.extend(read::read_turns_ending_in(
+                    &*segment.pool.get()?,
+                    segment.after,
+                    segment.through.min(i64::MAX as u64),
+                )?);
+            }
+            Ok(out)
+        })
     }
 
     /// The ended turns of the durable prefix that overlap the sequences `first..=last`, in
@@ -803,16 +812,18 @@ impl SessionReader {
     /// SQLite errors mapped to [`Error`].
     pub fn turns_overlapping(&self, first: u64, last: u64) -> Result<Vec<TurnBoundary>> {
         let clip = |seq: u64| seq.min(i64::MAX as u64);
-        let mut out = Vec::new();
-        for segment in &self.layout().segments {
-            out.extend(read::read_turns_overlapping(
-                &*segment.pool.get()?,
-                (segment.after, clip(segment.through)),
-                clip(first),
-                clip(last),
-            )?);
-        }
-        Ok(out)
+        self.with_layout(|layout| {
+            let mut out = Vec::new();
+            for segment in &layout.segments {
+                out.extend(read::read_turns_overlapping(
+                    &*segment.pool.get()?,
+                    (segment.after, clip(segment.through)),
+                    clip(first),
+                    clip(last),
+                )?);
+            }
+            Ok(out)
+        })
     }
 
     /// The whole UI transcript as of durable sequence `snapshot`, oldest first, read from
@@ -822,12 +833,17 @@ impl SessionReader {
     /// # Errors
     /// Read errors; [`Error::Corrupt`] for an index entry its event does not back.
     pub fn transcript(&self, snapshot: u64) -> Result<Vec<Arc<Message>>> {
+        self.with_layout(|layout| self.transcript_in(layout, snapshot))
+    }
+
+    /// [`SessionReader::transcript`] on `layout`.
+    fn transcript_in(&self, layout: &Layout, snapshot: u64) -> Result<Vec<Arc<Message>>> {
         const PAGE: usize = 1000;
         let mut out = Vec::new();
         let mut before = u64::MAX;
-        let mut bodies = EventMessages::new(self.layout());
+        let mut bodies = EventMessages::new(layout.clone());
         loop {
-            let rows = self.history_rows(snapshot, before, PAGE)?;
+            let rows = self.history_rows_in(layout, snapshot, before, PAGE)?;
             let Some((last, _)) = rows.last() else { break };
             let oldest = last.position;
             for (row, body) in rows {
@@ -1123,11 +1139,7 @@ impl SessionReader {
     /// Read errors.
     pub fn turn_holding(&self, seq: u64) -> Result<Option<TurnBoundary>> {
         self.with_layout(|layout| {
-            let Some(seg) = layout
-                .segments
-                .iter()
-                .find(|s| s.after < seq && seq <= s.through)
-            else {
+            let Some(seg) = layout.holding(seq).map(|i| &layout.segments[i]) else {
                 return Ok(None);
             };
             Ok(
@@ -1145,12 +1157,14 @@ impl SessionReader {
     /// # Errors
     /// [`Error::Corrupt`] when the stored bytes do not match the digest.
     pub fn blob(&self, digest: &str) -> Result<Option<Vec<u8>>> {
-        for segment in self.layout().segments.iter().rev() {
-            if let Some(bytes) = read::read_blob(&*segment.pool.get()?, digest, Holds::Any)? {
-                return Ok(Some(bytes));
+        self.with_layout(|layout| {
+            for segment in layout.segments.iter().rev() {
+                if let Some(bytes) = read::read_blob(&*segment.pool.get()?, digest, Holds::Any)? {
+                    return Ok(Some(bytes));
+                }
             }
-        }
-        Ok(None)
+            Ok(None)
+        })
     }
 
     /// The ended turn `turn_id`, looked up in the turn index of every file.
@@ -1158,19 +1172,21 @@ impl SessionReader {
     /// # Errors
     /// SQLite errors mapped to [`Error`].
     pub fn turn(&self, turn_id: &str) -> Result<Option<TurnBoundary>> {
-        let mut found: Option<TurnBoundary> = None;
-        for segment in &self.layout().segments {
-            if let Some(t) = read::read_turn(&*segment.pool.get()?, turn_id)?
-                && t.end_sequence > segment.after
-                && t.end_sequence <= segment.through
-                && found
-                    .as_ref()
-                    .is_none_or(|f| t.start_sequence < f.start_sequence)
-            {
-                found = Some(t);
+        self.with_layout(|layout| {
+            let mut found: Option<TurnBoundary> = None;
+            for segment in &layout.segments {
+                if let Some(t) = read::read_turn(&*segment.pool.get()?, turn_id)?
+                    && t.end_sequence > segment.after
+                    && t.end_sequence <= segment.through
+                    && found
+                        .as_ref()
+                        .is_none_or(|f| t.start_sequence < f.start_sequence)
+                {
+                    found = Some(t);
+                }
             }
-        }
-        Ok(found)
+            Ok(found)
+        })
     }
 
     /// Whether some commit ends exactly at `seq` (0 always counts).
@@ -1181,15 +1197,12 @@ impl SessionReader {
         if seq == 0 {
             return Ok(true);
         }
-        let layout = self.layout();
-        let Some(segment) = layout
-            .segments
-            .iter()
-            .find(|s| s.after < seq && seq <= s.through)
-        else {
-            return Ok(false);
-        };
-        read::commit_ends_at(&*segment.pool.get()?, seq)
+        self.with_layout(|layout| {
+            let Some(segment) = layout.holding(seq).map(|i| &layout.segments[i]) else {
+                return Ok(false);
+            };
+            read::commit_ends_at(&*segment.pool.get()?, seq)
+        })
     }
 
     /// Checks what a fork cut at `cut` needs of this session, in time that does not grow
@@ -1270,7 +1283,17 @@ impl SessionReader {
         before: u64,
         limit: usize,
     ) -> Result<Vec<(HistoryRow, HistoryBody)>> {
-        let layout = self.layout();
+        self.with_layout(|layout| self.history_rows_in(layout, snapshot, before, limit))
+    }
+
+    /// [`SessionReader::history_rows`] on `layout`.
+    fn history_rows_in(
+        &self,
+        layout: &Layout,
+        snapshot: u64,
+        before: u64,
+        limit: usize,
+    ) -> Result<Vec<(HistoryRow, HistoryBody)>> {
         let segments: Vec<&Segment> = layout
             .segments
             .iter()
@@ -1487,18 +1510,20 @@ impl SessionReader {
     /// The title this session inherits: the newest `session/title` of the ranges it
     /// inherits ("" when none sets one).
     pub(crate) fn inherited_title(&self) -> Result<String> {
-        for seg in self.layout().segments.iter().rev().filter(|s| s.inherited) {
-            let conn = seg.pool.get()?;
-            if let Some(seq) =
-                read::events_of_kind(&conn, "session/title", seg.after, seg.through)?.last()
-            {
-                let text = read::read_payload_text(&conn, *seq)?;
-                return serde_json::from_str::<TitleOf>(&text)
-                    .map(|t| t.title)
-                    .map_err(|e| Error::corrupt_from(format!("event {seq}"), e));
+        self.with_layout(|layout| {
+            for seg in layout.segments.iter().rev().filter(|s| s.inherited) {
+                let conn = seg.pool.get()?;
+                if let Some(seq) =
+                    read::events_of_kind(&conn, "session/title", seg.after, seg.through)?.last()
+                {
+                    let text = read::read_payload_text(&conn, *seq)?;
+                    return serde_json::from_str::<TitleOf>(&text)
+                        .map(|t| t.title)
+                        .map_err(|e| Error::corrupt_from(format!("event {seq}"), e));
+                }
             }
-        }
-        Ok(String::new())
+            Ok(String::new())
+        })
     }
 
     /// One page of the operation keys of this session's own file (the commits
