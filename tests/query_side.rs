@@ -738,35 +738,42 @@ async fn a_cold_snapshot_and_catalog_entry_of_a_session_being_appended_to_are_of
 /// A history page whose index rows were edited (one naming an event that holds no message
 /// or another message, one past the end of the log, one repeated, a position missing) is
 /// `Corrupt` naming the session and the position: the page answered wrong or short without
-/// a word before (only `verify` noticed).
+/// a word before (only `verify` noticed). So is the transcript read unparsed
+/// (`SessionReader::transcript_texts`, the Python package's read), which answered short,
+/// repeated or wrong until session 31; it reads no message id, so the row naming message
+/// "x" is refused there as the second naming its event.
 #[tokio::test]
 async fn a_history_page_over_an_edited_index_is_corrupt_naming_the_position() {
     let damages = [
         (
             "UPDATE history SET event_seq = 1 WHERE position = 2",
-            2,
-            "puts no message there",
+            (2, "puts no message there"),
+            (2, "puts no message there"),
         ),
         (
             "UPDATE history SET event_seq = 99 WHERE position = 3",
-            3,
-            "past the end of the log",
+            (3, "past the end of the log"),
+            (3, "past the end of the log"),
         ),
-        ("DELETE FROM history WHERE position = 2", 2, "is missing"),
+        (
+            "DELETE FROM history WHERE position = 2",
+            (2, "is missing"),
+            (2, "is missing"),
+        ),
         (
             "INSERT INTO history SELECT 4, event_seq, item, 'x', role, bytes FROM history \
              WHERE position = 3",
-            4,
-            "names message \"x\" of event 5",
+            (4, "names message \"x\" of event 5"),
+            (3, "names event 5 again"),
         ),
         (
             "INSERT INTO history SELECT 4, event_seq, item, message_id, role, bytes \
              FROM history WHERE position = 3",
-            3,
-            "names event 5 again",
+            (3, "names event 5 again"),
+            (3, "names event 5 again"),
         ),
     ];
-    for (damage, position, says) in damages {
+    for (damage, (position, says), unparsed) in damages {
         let (_dir, service) = service();
         let s = service
             .root()
@@ -798,6 +805,19 @@ async fn a_history_page_over_an_edited_index_is_corrupt_naming_the_position() {
                 && text.contains(says),
             "{damage}: {text}"
         );
+        let reader = service.root().open_reader(&id("h")).unwrap();
+        let snapshot = reader.durable_sequence().unwrap();
+        let (position, says) = unparsed;
+        for limit in [100, usize::MAX] {
+            let e = reader.transcript_texts(snapshot, limit).unwrap_err();
+            let text = e.to_string();
+            assert!(
+                e.is_corrupt()
+                    && text.contains(&format!("session h, history position {position}: "))
+                    && text.contains(says),
+                "transcript_texts, {damage}: {text}"
+            );
+        }
     }
 }
 

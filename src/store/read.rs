@@ -432,6 +432,9 @@ pub(crate) struct HistoryText {
     /// spliced back. `None` for a replacement's item (its `messages` payload is shared by
     /// many entries: read it once, by sequence) and for a payload stored as a blob.
     pub payload: Option<String>,
+    /// The kind of the event an entry without `item` names (`None` for a replacement's
+    /// item, and when the file holds no such event).
+    pub kind: Option<std::borrow::Cow<'static, str>>,
 }
 
 /// The entries [`read_history_rows`] reads and the payloads of the message events they
@@ -481,11 +484,12 @@ pub(crate) fn read_history_texts(
         }
         let event_seq = r.get(1)?;
         let payload = stored_text(conn, event_seq, r.get(3)?, r.get(4)?, &mut cache)?;
-        let payload = match (payload, r.get_ref(5)?) {
-            (Some(text), kind) if kind != ValueRef::Null => Some(event_row::whole_payload(
-                text,
-                event_row::decode_kind(event_seq, kind)?.bare,
-            )),
+        let kind = match r.get_ref(5)? {
+            ValueRef::Null => None,
+            kind => Some(event_row::decode_kind(event_seq, kind)?),
+        };
+        let payload = match (payload, &kind) {
+            (Some(text), Some(kind)) => Some(event_row::whole_payload(text, kind.bare)),
             (payload, _) => payload,
         };
         out.push(HistoryText {
@@ -493,6 +497,7 @@ pub(crate) fn read_history_texts(
             event_seq,
             item: r.get(2)?,
             payload,
+            kind: kind.map(|k| k.kind),
         });
     }
     Ok(out)

@@ -60,6 +60,58 @@ fn history_item<T>(items: &[T], i: u64, event_seq: u64) -> Result<&T> {
         .ok_or_else(|| Error::corrupt(format!("history item {i} of event {event_seq} is missing")))
 }
 
+/// What a history row naming event `seq` of kind `kind`, which puts no message in the
+/// transcript, is said to do.
+fn puts_no_message(seq: u64, kind: &str) -> String {
+    format!(
+        "names event {seq}, a {}, which puts no message there",
+        crate::error::quoted(kind)
+    )
+}
+
+/// The order checks of a page of transcript entries read newest position first (§4.2 of
+/// the architecture, step 5): positions run down without a hole, a page shorter than its
+/// limit ends at position 1, and no two entries name the same event and item.
+#[derive(Default)]
+struct PageOrder {
+    /// The position of the entry before (newer).
+    newer: Option<u64>,
+    named: std::collections::HashSet<(u64, Option<u64>)>,
+}
+
+impl PageOrder {
+    /// Checks the next entry: at `position`, naming item `item` of event `event_seq`.
+    fn next(
+        &mut self,
+        reader: &SessionReader,
+        position: u64,
+        event_seq: u64,
+        item: Option<u64>,
+    ) -> Result<()> {
+        // Positions run from 1 to the transcript's length without a hole.
+        if let Some(newer) = self.newer
+            && newer != position + 1
+        {
+            return Err(reader.history_damage(newer - 1, "is missing".to_owned()));
+        }
+        if !self.named.insert((event_seq, item)) {
+            return Err(reader.history_damage(position, format!("names event {event_seq} again")));
+        }
+        self.newer = Some(position);
+        Ok(())
+    }
+
+    /// After the page's `count` entries (at most `limit`): a short page ends at position 1.
+    fn finish(&self, reader: &SessionReader, count: usize, limit: usize) -> Result<()> {
+        match self.newer {
+            Some(oldest) if count < limit && oldest > 1 => {
+                Err(reader.history_damage(oldest - 1, "is missing".to_owned()))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 /// A file in a read transaction and the range of sequences `(after, through]` read from it.
 type FileRange = (ReadTxn, (u64, u64));
 
@@ -941,6 +993,22 @@ impl SessionReader {
         });
         entries.dedup_by_key(|(t, _)| t.position);
         entries.truncate(limit);
+        // The checks of a history page (§4.2, step 5) that need no message parsed.
+        let mut order = PageOrder::default();
+        for (entry, _) in &entries {
+            order.next(self, entry.position, entry.event_seq, entry.item)?;
+            if let Some(kind) = entry.kind.as_deref()
+                && !kind::puts_history(kind, entry.item.is_some())
+            {
+                return Err(
+                    self.history_damage(entry.position, puts_no_message(entry.event_seq, kind))
+                );
+            }
+        }
+        order.finish(self, entries.len(), limit)?;
+        if before == u64::MAX {
+            self.check_top(layout, entries.first().map_or(0, |(t, _)| t.position))?;
+        }
         let mut out = Vec::with_capacity(entries.len());
         // The positions of one `history/replace` are adjacent: its payload is read once.
         let mut replaced: Option<(u64, Vec<Box<serde_json::value::RawValue>>)> = None;
@@ -1324,46 +1392,34 @@ impl SessionReader {
         let mut out: Vec<(HistoryRow, HistoryBody)> = Vec::with_capacity(limit);
         // The positions of one `history/replace` are adjacent: its payload is read once.
         let mut replaced: Option<(u64, Vec<Arc<Message>>)> = None;
-        let mut named = std::collections::HashSet::new();
+        let mut order = PageOrder::default();
         for (row, seg) in newest.into_values().rev().take(limit) {
             let position = row.position;
-            // Positions run from 1 to the transcript's length without a hole.
-            if let Some((newer, _)) = out.last()
-                && newer.position != position + 1
-            {
-                return Err(self.history_damage(newer.position - 1, "is missing".to_owned()));
-            }
-            if !named.insert((row.event_seq, row.item)) {
-                return Err(
-                    self.history_damage(position, format!("names event {} again", row.event_seq))
-                );
-            }
+            order.next(self, position, row.event_seq, row.item)?;
             let body = self
                 .history_body(&row, seg, &mut replaced)
                 .map_err(|e| e.corrupt_in(|| self.history_place(position)))?;
             out.push((row, body));
         }
-        match out.last() {
-            Some((oldest, _)) if out.len() < limit && oldest.position > 1 => {
-                return Err(self.history_damage(oldest.position - 1, "is missing".to_owned()));
-            }
-            _ => {}
-        }
-        // The newest page: a row of this file's above it that names an event past the log
-        // (its message would be missing from every page, without a word).
+        order.finish(self, out.len(), limit)?;
         if before == u64::MAX {
-            let top = out.first().map_or(0, |(row, _)| row.position);
-            let own_after = layout.segments.last().map_or(0, |s| s.after);
-            if let Some((position, seq)) =
-                read::history_row_beyond_log(&*self.own()?, top, own_after)?
-            {
-                return Err(self.history_damage(
-                    position,
-                    format!("names event {seq}, past the end of the log"),
-                ));
-            }
+            self.check_top(layout, out.first().map_or(0, |(row, _)| row.position))?;
         }
         Ok(out)
+    }
+
+    /// The newest page's last check: no row of this session's own file above its top
+    /// position names an event past the file's last commit (that message would be missing
+    /// from every page, without a word).
+    fn check_top(&self, layout: &Layout, top: u64) -> Result<()> {
+        let own_after = layout.segments.last().map_or(0, |s| s.after);
+        match read::history_row_beyond_log(&*self.own()?, top, own_after)? {
+            Some((position, seq)) => Err(self.history_damage(
+                position,
+                format!("names event {seq}, past the end of the log"),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// Where a damaged history row is: this session and the transcript position.
@@ -1423,8 +1479,8 @@ impl SessionReader {
         // holds its message.
         if !kind::puts_history(&kind, row.item.is_some()) {
             return Err(Error::corrupt(format!(
-                "the index row names event {seq}, a {}, which puts no message there",
-                crate::error::quoted(&kind)
+                "the index row {}",
+                puts_no_message(seq, &kind)
             )));
         }
         if row.bytes > INLINE_PAYLOAD_LIMIT as u64
