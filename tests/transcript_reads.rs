@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{create, id, message, temp_root, turn_end};
+use common::{create, id, message, sqlite3, temp_root, turn_end};
 use serde_json::json;
 use session_store::{Batch, Error, Event, ForkPoint, MessageText, SessionReader};
 
@@ -264,9 +264,18 @@ fn damaged_rows_are_corrupt_not_panics() {
     .unwrap();
     drop(conn);
     let reader = root.open_reader(&id("bad")).unwrap();
-    // The ghost row is the newest position: the read names the missing event.
+    // The ghost row is the newest position: the read names the missing event. A read of
+    // the newest messages as of an earlier sequence also finds the ghost above them, past
+    // the end of the log, as a history page does (since session 31).
     let err = reader.transcript_texts(u64::MAX, usize::MAX).unwrap_err();
     assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+    let err = reader.transcript_texts(2, usize::MAX).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("history position 3: the index row names event 99, past the end of the log"),
+        "{err}"
+    );
+    sqlite3(&file, "DELETE FROM history WHERE event_seq = 99");
     let texts = reader.transcript_texts(2, usize::MAX).unwrap();
     assert_eq!(texts.len(), 2);
     let err = texts[0].message().unwrap_err();
