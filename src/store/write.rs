@@ -281,12 +281,13 @@ fn stored_hex(text: &str) -> Value {
     // not fill `bytes` exactly, which `decode_to_slice` refuses.
     let lowercase =
         !text.is_empty() && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-    let mut bytes = vec![0u8; text.len() / 2];
-    if lowercase && hex::decode_to_slice(text, &mut bytes).is_ok() {
-        Value::Blob(bytes)
-    } else {
-        Value::Text(text.to_owned())
+    if lowercase {
+        let mut bytes = vec![0u8; text.len() / 2];
+        if hex::decode_to_slice(text, &mut bytes).is_ok() {
+            return Value::Blob(bytes);
+        }
     }
+    Value::Text(text.to_owned())
 }
 
 /// The columns of a commit row that schema version 3 stores compactly.
