@@ -18,6 +18,22 @@ fn titled(op: &str, text: &str) -> Batch {
     Batch::new(op, vec![title(text)])
 }
 
+/// `count` commits appended as `titled("op-<i>", "t<i>")`, flushed every 100; the commits
+/// `append` returned.
+fn titled_commits(s: &Session, count: usize) -> Vec<Arc<session_store::Commit>> {
+    (0..count)
+        .map(|i| {
+            let commit = s
+                .append(titled(&format!("op-{i}"), &format!("t{i}")))
+                .unwrap();
+            if i % 100 == 99 {
+                s.flush().unwrap();
+            }
+            commit
+        })
+        .collect()
+}
+
 fn assert_conflict(s: &Session, op: &str, text: &str) {
     let before = s.sequences();
     let err = s.append(titled(op, text)).unwrap_err();
@@ -29,16 +45,7 @@ fn assert_conflict(s: &Session, op: &str, text: &str) {
 fn retries_older_than_the_recent_window_return_the_original_commit_or_conflict() {
     let (_dir, root) = temp_root();
     let s = create(&root, "window");
-    let mut originals = Vec::new();
-    for i in 0..PAST_WINDOW {
-        originals.push(
-            s.append(titled(&format!("op-{i}"), &format!("t{i}")))
-                .unwrap(),
-        );
-        if i % 100 == 99 {
-            s.flush().unwrap();
-        }
-    }
+    let originals = titled_commits(&s, PAST_WINDOW);
     assert_eq!(s.flush().unwrap(), PAST_WINDOW as u64);
 
     // In the same session: the oldest ids have left the window, the newest have not.
@@ -209,16 +216,7 @@ fn operation_keys_are_kept_in_chunks_and_a_damaged_chunk_is_searched_around() {
     const COMMITS: usize = 1_500;
     let (_dir, root) = temp_root();
     let s = create(&root, "chunks");
-    let mut originals = Vec::new();
-    for i in 0..COMMITS {
-        originals.push(
-            s.append(titled(&format!("op-{i}"), &format!("t{i}")))
-                .unwrap(),
-        );
-        if i % 100 == 99 {
-            s.flush().unwrap();
-        }
-    }
+    let originals = titled_commits(&s, COMMITS);
     s.close().unwrap();
     let file = root
         .session_dir(&id("chunks"))

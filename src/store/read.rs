@@ -1015,33 +1015,27 @@ pub(crate) fn operation_keys_after(
     Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
 }
 
-/// The commit with this operation id, with its events. Schema 6 finds the first sequences
-/// of its operation key in the key chunks and the commits after them ([`ChunkCache`]),
-/// then reads each such commit by sequence and confirms the text; schemas 3 to 5 by the
-/// key's index; older files by the text (their unique index).
+/// The commit with this operation id, with its events: the first sequences of its
+/// operation key come from the key chunks and the commits after them ([`ChunkCache`]),
+/// and each such commit is read by sequence and its text compared. The file is of the
+/// current schema: the only caller is a live writer's cold lookup in its own file, which
+/// the writer's open upgraded.
 pub(crate) fn lookup_operation(
     conn: &Connection,
     operation_id: &str,
     chunks: &mut ChunkCache,
 ) -> Result<Option<Commit>> {
-    let version = schema_version(conn)?;
-    let mut found = if version >= 6 {
-        let key = operation_key(operation_id);
-        let mut by_seq = conn.prepare_cached(&format!(
-            "SELECT {COMMIT_COLUMNS} FROM commits WHERE first_seq = ?1 AND operation_id = ?2"
-        ))?;
-        let mut found = Vec::new();
-        for seq in chunks.candidates(conn, key)? {
-            let row = by_seq
-                .query_row(params![seq, operation_id], commit_row)
-                .optional()
-                .map_err(|e| undecodable_in(conn, "commits", COMMIT_COLUMNS, e))?;
-            found.extend(row);
-        }
-        found
-    } else {
-        operation_rows_indexed(conn, operation_id, version)?
-    };
+    let mut by_seq = conn.prepare_cached(&format!(
+        "SELECT {COMMIT_COLUMNS} FROM commits WHERE first_seq = ?1 AND operation_id = ?2"
+    ))?;
+    let mut found = Vec::new();
+    for seq in chunks.candidates(conn, operation_key(operation_id))? {
+        let row = by_seq
+            .query_row(params![seq, operation_id], commit_row)
+            .optional()
+            .map_err(|e| undecodable_in(conn, "commits", COMMIT_COLUMNS, e))?;
+        found.extend(row);
+    }
     if found.len() > 1 {
         return Err(Error::corrupt(format!(
             "operation id {} is recorded by two commits",
@@ -1056,32 +1050,6 @@ pub(crate) fn lookup_operation(
     let mut unbounded = u64::MAX;
     attach_events(conn, &mut commits, &mut unbounded)?;
     Ok(commits.pop().map(|(c, _)| c))
-}
-
-/// The commit rows of an operation id in a file of schema `version` before 6 (its index).
-fn operation_rows_indexed(
-    conn: &Connection,
-    operation_id: &str,
-    version: i64,
-) -> Result<Vec<(Commit, u64)>> {
-    let sql = if version >= 3 {
-        format!(
-            "SELECT {COMMIT_COLUMNS} FROM commits WHERE operation_key = ?1 AND operation_id = ?2
-             ORDER BY first_seq LIMIT 2"
-        )
-    } else {
-        format!(
-            "SELECT {COMMIT_COLUMNS} FROM commits WHERE ?1 IS NOT NULL AND operation_id = ?2
-             ORDER BY first_seq LIMIT 2"
-        )
-    };
-    conn.prepare_cached(&sql)?
-        .query_map(
-            params![operation_key(operation_id), operation_id],
-            commit_row,
-        )?
-        .collect::<rusqlite::Result<Vec<_>>>()
-        .map_err(|e| undecodable_in(conn, "commits", COMMIT_COLUMNS, e))
 }
 
 /// Whole commits with `last_seq` in `(after, through]`, at most `limit`, with events.
