@@ -1234,6 +1234,55 @@ fn a_version_an_inherited_range_supersedes_after_a_delete_is_not_found() {
     assert_eq!(found("beta", f2_alone).len(), 1);
 }
 
+/// A fork cut before a transcript reset its parent had already written when the fork was
+/// made (the fork point an earlier turn): the fork shows the messages the reset dropped, and
+/// a search finds them under the fork, alone or across the root, and the parent's later
+/// message under the parent only. Documented as missed until session 32; the superseded
+/// rows the index keeps (`until_seq`) had made it hold already.
+#[test]
+fn a_fork_cut_before_an_earlier_reset_of_its_parent_finds_what_the_reset_dropped() {
+    let (_dir, root) = manual_root();
+    let Served { rt, service, .. } = Served::new(HOST, &root);
+    let p = create(&root, "p");
+    turn(&p, "t1", "m1", "alpha words");
+    turn(&p, "t2", "m2", "beta words");
+    p.append_events(
+        "r1",
+        vec![event("history/replace", json!({"messages": []}))],
+    )
+    .unwrap();
+    turn(&p, "t3", "m3", "gamma words");
+    p.flush().unwrap();
+    root.fork(&id("p"), ForkPoint::AfterTurn("t1".into()), Some(id("f")))
+        .unwrap();
+    p.close().unwrap();
+    let f = root.open_reader(&id("f")).unwrap();
+    let shown: Vec<String> = f
+        .transcript(f.durable_sequence().unwrap())
+        .unwrap()
+        .iter()
+        .map(|m| message_text_of(m))
+        .collect();
+    assert_eq!(shown, ["alpha words"]);
+    let found = |q: &str, options: SearchOptions| -> Vec<(String, u64)> {
+        let page = rt.block_on(service.query().search(q, options)).unwrap();
+        let hits = page.hits.iter();
+        hits.map(|h| (h.session_ref.session_id.to_string(), h.position))
+            .collect()
+    };
+    let f_alone = SearchOptions::default().with_session(id("f"));
+    let under_f = vec![("f".to_owned(), 1)];
+    assert_eq!(found("alpha", SearchOptions::default()), under_f);
+    assert_eq!(found("alpha", f_alone.clone()), under_f);
+    assert_eq!(found("beta", SearchOptions::default()), vec![]);
+    assert_eq!(found("beta", f_alone.clone()), vec![]);
+    assert_eq!(
+        found("gamma", SearchOptions::default()),
+        vec![("p".to_owned(), 1)]
+    );
+    assert_eq!(found("gamma", f_alone), vec![]);
+}
+
 /// Appends turn `t` of one user message `m` saying `text` to `s`.
 fn turn(s: &Session, t: &str, m: &str, text: &str) {
     s.append(
