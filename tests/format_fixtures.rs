@@ -16,6 +16,9 @@
 //! - `tests/fixtures/schema5/`: schema 5 (up to 0005: kinds as codes, message payloads
 //!   bare; the last with an index on the operation key), written at 70a40cf with the
 //!   schema-3 set's sessions.
+//! - `tests/fixtures/schema6/`: schema 6 (up to 0006: operation keys in sorted chunks; the
+//!   last without a check on each event row), written at d6d4e79 with the schema-3 set's
+//!   sessions.
 //!
 //! Both hold a root (`root/`) with a session whose tool outputs are blobs over 64 KiB and
 //! appear both in `tool/result` and in the tool message (`blobs`), a fork chain with titles
@@ -122,6 +125,15 @@ const SCHEMA4: FixtureSet = FixtureSet {
 const SCHEMA5: FixtureSet = FixtureSet {
     dir: "schema5",
     schema: 5,
+    sessions: SCHEMA3_SESSIONS,
+    write: write_schema3_sessions,
+};
+
+/// Written by schema 6 (the operation keys in sorted chunks, no index on them), the last
+/// without a check on each event row: the schema-3 sessions.
+const SCHEMA6: FixtureSet = FixtureSet {
+    dir: "schema6",
+    schema: 6,
     sessions: SCHEMA3_SESSIONS,
     write: write_schema3_sessions,
 };
@@ -537,6 +549,13 @@ fn write_schema5_fixtures() {
     write_fixtures(&SCHEMA5);
 }
 
+/// Writes `tests/fixtures/schema6/` afresh, with schema-6 code only (d6d4e79).
+#[test]
+#[ignore = "regenerates committed fixtures; run by hand with schema-6 code only"]
+fn write_schema6_fixtures() {
+    write_fixtures(&SCHEMA6);
+}
+
 /// Every durable commit of session `name`, as a reader replays it.
 fn all_commits(root: &Root, name: &str) -> Vec<Commit> {
     root.open_reader(&id(name))
@@ -830,6 +849,12 @@ fn schema4_fixtures_read_append_fork_delete_and_import() {
 #[test]
 fn schema5_fixtures_read_append_fork_delete_and_import() {
     check_fixture_set(&SCHEMA5);
+}
+
+/// [`check_fixture_set`] on the files schema 6 wrote.
+#[test]
+fn schema6_fixtures_read_append_fork_delete_and_import() {
+    check_fixture_set(&SCHEMA6);
 }
 
 /// What a reader of `name` sees, without the count of inherited events (an export or an
