@@ -581,19 +581,34 @@ fn fork_rewind_export_import_delete_and_verify() {
     assert!(env.ok(&["verify", "copy"]).starts_with("ok: copy"));
     env.fails(&["verify", "nothing"], 3);
 
-    // A payload changed behind the library's back: the operation hash no longer matches.
+    // A payload changed behind the library's back: the row no longer matches its check;
+    // with the check cleared too (as in a row written before schema 7), the operation
+    // hash no longer matches.
     let tampered = env.path("tampered.sqlite");
     std::fs::copy(&export, &tampered).expect("copy");
-    let out = Command::new("/usr/bin/sqlite3")
-        .arg(&tampered)
-        .arg(r#"UPDATE events SET payload = '{"title":"forged"}' WHERE kind = (SELECT code FROM event_kinds WHERE kind = 'session/title') AND seq = 4"#)
-        .output()
-        .expect("sqlite3");
-    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let tamper = |sql: &str| {
+        let out = Command::new("/usr/bin/sqlite3")
+            .arg(&tampered)
+            .arg(sql)
+            .output()
+            .expect("sqlite3");
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+    };
+    tamper(
+        r#"UPDATE events SET payload = '{"title":"forged"}' WHERE kind = (SELECT code FROM event_kinds WHERE kind = 'session/title') AND seq = 4"#,
+    );
     let tampered_arg = tampered.to_str().expect("utf-8");
     let out = env.run(&["verify", tampered_arg, "--json"]);
     assert_eq!(code(&out), 6, "{}", stderr(&out));
     assert_eq!(parse(&stdout(&out))["ok"], false);
+    assert!(
+        stderr(&out).contains("event 4: the row does not match its check"),
+        "{}",
+        stderr(&out)
+    );
+    tamper("UPDATE events SET payload_check = NULL WHERE seq = 4");
+    let out = env.run(&["verify", tampered_arg, "--json"]);
+    assert_eq!(code(&out), 6, "{}", stderr(&out));
     assert!(stderr(&out).contains("hash"), "{}", stderr(&out));
     // An import refused for what the file holds names the file (it said only "corrupt
     // session store: commit at 4: …" or "…: file is not a database").

@@ -1262,3 +1262,57 @@ fn schema6_moves_the_operation_keys_of_an_upgraded_file_into_a_chunk() {
     );
     verify_file(root.session_dir(&id(LONG))).expect("verify");
 }
+
+/// Schema 7 on an upgraded schema-6 file: the rows written before keep no check (NULL: the
+/// migration rewrites nothing) and read and verify as before; the rows a writer appends
+/// after the upgrade carry one, and a read of the transcript refuses such a row once its
+/// payload is changed in place, naming the event.
+#[test]
+fn schema7_checks_the_rows_it_writes_beside_unchecked_older_ones() {
+    let (_work, root_dir) = copied(&SCHEMA6);
+    let file = session_file(&root_dir, "chain-a");
+    let count = |which: &str| {
+        sqlite3(
+            &file,
+            &format!("SELECT count(*) FROM events WHERE payload_check IS {which}"),
+        )
+    };
+    let before: u64 = sqlite3(&file, "SELECT count(*) FROM events")
+        .parse()
+        .expect("count");
+    let root = Root::open(&root_dir).expect("root");
+    let writer = root.open_writer(&id("chain-a")).expect("writer");
+    writer
+        .append(chat_turn("after-upgrade", "t-upgraded"))
+        .expect("append");
+    writer.close().expect("close");
+    assert_eq!(
+        sqlite3(&file, "PRAGMA user_version"),
+        SCHEMA_VERSION.to_string()
+    );
+    assert_eq!(count("NULL"), before.to_string(), "older rows: unchecked");
+    assert_eq!(count("NOT NULL"), "4", "the appended turn's rows: checked");
+    let reader = root.open_reader(&id("chain-a")).expect("reader");
+    let durable = reader.durable_sequence().expect("durable");
+    let texts = |r: &session_store::SessionReader| -> session_store::Result<Vec<String>> {
+        let messages = r.transcript(durable)?;
+        Ok(messages.iter().map(|m| m.json().to_owned()).collect())
+    };
+    let read = texts(&reader).expect("transcript");
+    assert!(read.last().is_some_and(|m| m.contains("answer t-upgraded")));
+    verify_file(root.session_dir(&id("chain-a"))).expect("verify");
+    sqlite3(
+        &file,
+        "UPDATE events SET payload = replace(payload, 'answer t-up', 'answer t_up')
+         WHERE payload LIKE '%answer t-upgraded%'",
+    );
+    let err = texts(&reader).expect_err("a checked row changed in place");
+    assert!(err.is_corrupt(), "{err:?}");
+    assert!(
+        err.to_string().contains(&format!(
+            "event {}: the row does not match its check",
+            durable - 1
+        )),
+        "{err}"
+    );
+}

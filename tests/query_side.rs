@@ -838,14 +838,19 @@ async fn a_history_page_over_a_missing_blob_is_corrupt_naming_it() {
     let r = SessionRef::new("local", "h").unwrap();
     assert_eq!(page_ids(&service, &r).await.len(), 1);
     let file = service.root().session_dir(&id("h")).join("session.sqlite");
-    let missing = "0".repeat(64);
+    // The blob row deleted, the event row intact (a changed `payload_ref` is refused
+    // before, by the row's check).
     let conn = rusqlite::Connection::open(file).unwrap();
     conn.execute_batch("PRAGMA foreign_keys = OFF").unwrap();
-    let changed = conn
-        .execute(
-            "UPDATE events SET payload_ref = ?1 WHERE payload_ref IS NOT NULL",
-            [&missing],
+    let missing: String = conn
+        .query_row(
+            "SELECT payload_ref FROM events WHERE payload_ref IS NOT NULL",
+            [],
+            |r| r.get(0),
         )
+        .unwrap();
+    let changed = conn
+        .execute("DELETE FROM blobs WHERE digest = ?1", [&missing])
         .unwrap();
     assert_eq!(changed, 1);
     let e = service

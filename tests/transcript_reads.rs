@@ -250,9 +250,13 @@ fn damaged_rows_are_corrupt_not_panics() {
     s.close().unwrap();
     let file = root.session_dir(&id("bad")).join("session.sqlite");
     let conn = rusqlite::Connection::open(&file).unwrap();
-    // A payload edited to lack its message, and a history row naming no event.
+    // A payload edited to lack its message (its row check cleared, as a row written
+    // before schema 7 has none: a checked row is refused whole, see below), and a history
+    // row naming no event.
     conn.execute(
-        "UPDATE events SET kind = 'message/complete', payload = '{\"nope\":1}' WHERE seq = 1",
+        "UPDATE events SET kind = 'message/complete', payload = '{\"nope\":1}',
+                           payload_check = NULL
+         WHERE seq = 1",
         [],
     )
     .unwrap();
@@ -284,4 +288,75 @@ fn damaged_rows_are_corrupt_not_panics() {
         texts[1].message().unwrap(),
         r#"{"content":"two","id":"b","role":"user"}"#
     );
+}
+
+/// A message payload damaged in place (one character changed, the JSON still valid, the
+/// row's `payload_check` as written) is refused by every read by sequence: the transcript,
+/// its texts, a commit read and `verify`, each naming the event. A row without a check
+/// (written before schema 7) is read as it is on the transcript path, which is what the
+/// check is for; the commit read and `verify` still refuse it (the operation hash). A
+/// check of another type is `Corrupt`, not a panic.
+#[test]
+fn a_payload_damaged_in_place_is_refused_by_reads_by_sequence() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "flip");
+    let part = "y".repeat(5_000); // over the inline threshold: a content part
+    s.append(Batch::new(
+        "b1",
+        vec![
+            message("a", "user", "alpha words"),
+            message("b", "assistant", &part),
+        ],
+    ))
+    .unwrap();
+    s.close().unwrap();
+    let file = root.session_dir(&id("flip")).join("session.sqlite");
+    assert_eq!(
+        sqlite3(
+            &file,
+            "SELECT count(*) FROM events WHERE payload_check IS NOT NULL"
+        ),
+        "2",
+        "every row of this build is checked"
+    );
+    let reader = root.open_reader(&id("flip")).unwrap();
+    let intact = reader.transcript(2).unwrap();
+    assert_eq!(intact.len(), 2);
+    for (seq, from, to) in [(1, "alpha", "alphb"), (2, "sse-blob:", "sse-blob;")] {
+        sqlite3(
+            &file,
+            &format!(
+                "UPDATE events SET payload = replace(payload, '{from}', '{to}') WHERE seq = {seq}"
+            ),
+        );
+        let named = format!("event {seq}: the row does not match its check");
+        let refused = |err: Error| {
+            assert!(err.is_corrupt(), "{err:?}");
+            assert!(err.to_string().contains(&named), "{err}");
+        };
+        refused(reader.transcript(2).unwrap_err());
+        refused(reader.transcript_texts(2, usize::MAX).unwrap_err());
+        refused(reader.commits(0, 10).unwrap_err());
+        refused(session_store::verify_file(&file).unwrap_err());
+        sqlite3(
+            &file,
+            &format!(
+                "UPDATE events SET payload = replace(payload, '{to}', '{from}') WHERE seq = {seq}"
+            ),
+        );
+        assert_eq!(reader.transcript(2).unwrap().len(), 2, "restored");
+    }
+    // The same damage in a row without a check: the transcript path reads it as it is.
+    sqlite3(
+        &file,
+        "UPDATE events SET payload = replace(payload, 'alpha', 'alphb'), payload_check = NULL
+         WHERE seq = 1",
+    );
+    let read = reader.transcript(2).unwrap();
+    assert!(read[0].json().contains("alphb words"), "{}", read[0].json());
+    assert!(reader.commits(0, 10).unwrap_err().is_corrupt());
+    assert!(session_store::verify_file(&file).unwrap_err().is_corrupt());
+    sqlite3(&file, "UPDATE events SET payload_check = 'x' WHERE seq = 2");
+    assert!(reader.transcript(2).unwrap_err().is_corrupt());
+    assert!(reader.transcript_texts(2, 1).unwrap_err().is_corrupt());
 }

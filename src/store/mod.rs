@@ -15,6 +15,7 @@ pub(crate) mod operation_keys;
 pub(crate) mod read;
 pub(crate) mod read_pool;
 pub(crate) mod reader;
+pub(crate) mod row_check;
 pub(crate) mod schema;
 pub(crate) mod search;
 pub(crate) mod stats;

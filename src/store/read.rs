@@ -17,6 +17,7 @@ use crate::model::transcript_index::{ENTRY, IndexLoader};
 use crate::model::{Commit, ContentRef, Event, Projection, SessionId, TurnBoundary};
 use crate::store::event_row::{self, StoredKind};
 use crate::store::operation_keys::ChunkCache;
+use crate::store::row_check::{self, EventColumns, Stored};
 use crate::store::schema::{self, Access, CODEC};
 use crate::store::{blob, content};
 
@@ -449,24 +450,31 @@ pub(crate) fn read_history_texts(
 ) -> Result<Vec<HistoryText>> {
     // The index in its key order (position, then event, both descending) joined to the
     // events: no grouping, no sort; the first row of a position is its current entry and
-    // the read stops after `limit` positions. `payload_parts` exists from schema version 3
-    // on: a file older than that (until a writer upgrades it) is read without it.
-    let sql = |parts: &str| {
+    // the read stops after `limit` positions. The event's columns are read for an entry of
+    // a whole message (`item` NULL) only. `payload_parts` exists from schema version 3 on
+    // and `payload_check` from version 7: a file older than that (until a writer upgrades
+    // it) is read without them.
+    let sql = |parts: &str, check: &str| {
         format!(
             "SELECT h.position, h.event_seq, h.item,
-                    CASE WHEN h.item IS NULL THEN e.payload END, {parts},
-                    CASE WHEN h.item IS NULL THEN e.kind END
+                    CASE WHEN h.item IS NULL THEN e.payload END,
+                    CASE WHEN h.item IS NULL THEN {parts} END,
+                    CASE WHEN h.item IS NULL THEN e.kind END,
+                    CASE WHEN h.item IS NULL THEN e.payload_ref END,
+                    CASE WHEN h.item IS NULL THEN {check} END
              FROM history h LEFT JOIN events e ON e.seq = h.event_seq
              WHERE h.position < ?1 AND h.event_seq > ?2 AND h.event_seq <= ?3
                AND h.event_seq >= ?4
              ORDER BY h.position DESC, h.event_seq DESC"
         )
     };
-    let mut stmt =
-        match conn.prepare_cached(&sql("CASE WHEN h.item IS NULL THEN e.payload_parts END")) {
+    let mut stmt = match conn.prepare_cached(&sql("e.payload_parts", "e.payload_check")) {
+        Ok(stmt) => stmt,
+        Err(_) => match conn.prepare_cached(&sql("e.payload_parts", "NULL")) {
             Ok(stmt) => stmt,
-            Err(_) => conn.prepare_cached(&sql("NULL"))?,
-        };
+            Err(_) => conn.prepare_cached(&sql("NULL", "NULL"))?,
+        },
+    };
     let mut rows = stmt.query(params![
         before.min(i64::MAX as u64),
         after,
@@ -483,7 +491,18 @@ pub(crate) fn read_history_texts(
             continue; // an older entry of the same position
         }
         let event_seq = r.get(1)?;
-        let payload = stored_text(conn, event_seq, r.get(3)?, r.get(4)?, &mut cache)?;
+        let (text, parts): (Option<String>, Option<String>) = (r.get(3)?, r.get(4)?);
+        let check: Option<i64> = r.get(7)?;
+        if check.is_some() {
+            let columns = EventColumns {
+                kind: Stored::of(r.get_ref(5)?),
+                payload: Stored::text(text.as_deref()),
+                reference: Stored::of(r.get_ref(6)?),
+                parts: Stored::text(parts.as_deref()),
+            };
+            row_check::verify(event_seq, check, columns)?;
+        }
+        let payload = stored_text(conn, event_seq, text, parts, &mut cache)?;
         let kind = match r.get_ref(5)? {
             ValueRef::Null => None,
             kind => Some(event_row::decode_kind(event_seq, kind)?),
@@ -670,11 +689,13 @@ pub(crate) fn read_event_payload(conn: &Connection, seq: u64) -> Result<EventPay
             "SELECT {EVENT_COLUMNS} FROM events WHERE seq = ?1"
         ))?
         .query_row([seq], |r| {
+            let parts: Option<String> = AddedColumn::parts().get(r)?;
+            let checked = check_event_row(seq, r, parts.as_deref(), &mut AddedColumn::check())?;
             Ok((
-                event_row::decode_kind(seq, r.get_ref(2)?),
+                checked.and_then(|()| event_row::decode_kind(seq, r.get_ref(2)?)),
                 r.get(4)?,
                 r.get(5)?,
-                parts_column(r)?,
+                parts,
             ))
         })
         .optional()
@@ -692,31 +713,70 @@ pub(crate) fn read_event_payload(conn: &Connection, seq: u64) -> Result<EventPay
 
 /// The columns an events row is read with: the six of every schema version by name, then
 /// all of them, so that `payload_parts` (schema version 3) is found by name when the
-/// file has it (see [`parts_column`]), whatever version the file had when prepared.
+/// file has it (see [`AddedColumn`]), whatever version the file had when prepared.
 const EVENT_COLUMNS: &str = "seq, event_id, kind, optional, payload, payload_ref, *";
 
-/// The `payload_parts` column of an events row read with [`EVENT_COLUMNS`]: `None` in a
-/// file older than content parts (schema version 2), which has no such column.
-fn parts_column(r: &Row<'_>) -> rusqlite::Result<Option<String>> {
-    PartsColumn::default().get(r)
-}
-
-/// Where `payload_parts` is among the columns of one run of a statement: looked up by name
-/// on its first row (a statement is re-prepared, e.g. after a writer upgraded the file,
-/// only when a run starts, so the columns stay put for the rest of the run).
-#[derive(Default)]
-struct PartsColumn {
+/// Where a column that later schema versions added (`payload_parts` from version 3,
+/// `payload_check` from version 7) is among the columns of one run of a statement read
+/// with [`EVENT_COLUMNS`]: looked up by name on its first row (a statement is re-prepared,
+/// e.g. after a writer upgraded the file, only when a run starts, so the columns stay put
+/// for the rest of the run).
+struct AddedColumn {
+    name: &'static str,
     at: Option<Option<usize>>,
 }
 
-impl PartsColumn {
+impl AddedColumn {
+    /// `payload_parts`.
+    const fn parts() -> AddedColumn {
+        AddedColumn {
+            name: "payload_parts",
+            at: None,
+        }
+    }
+
+    /// `payload_check`.
+    const fn check() -> AddedColumn {
+        AddedColumn {
+            name: "payload_check",
+            at: None,
+        }
+    }
+
     /// The column's value in `r` (`None` when the file has no such column).
-    fn get(&mut self, r: &Row<'_>) -> rusqlite::Result<Option<String>> {
+    fn get<T: rusqlite::types::FromSql>(&mut self, r: &Row<'_>) -> rusqlite::Result<Option<T>> {
+        let name = self.name;
         let at = *self
             .at
-            .get_or_insert_with(|| r.as_ref().column_index("payload_parts").ok());
+            .get_or_insert_with(|| r.as_ref().column_index(name).ok());
         at.map_or(Ok(None), |i| r.get(i))
     }
+}
+
+/// The check-covered columns of an events row read with [`EVENT_COLUMNS`] (`kind` at 2,
+/// `payload` at 4, `payload_ref` at 5), `parts` its `payload_parts`: verified against its
+/// `payload_check` ([`row_check`]).
+///
+/// # Errors
+/// [`Error::Corrupt`] naming the event when the row does not match its check;
+/// `rusqlite`'s error when a column does not decode.
+fn check_event_row(
+    seq: u64,
+    r: &Row<'_>,
+    parts: Option<&str>,
+    check: &mut AddedColumn,
+) -> rusqlite::Result<Result<()>> {
+    let stored = check.get::<i64>(r)?;
+    if stored.is_none() {
+        return Ok(Ok(()));
+    }
+    let columns = EventColumns {
+        kind: Stored::of(r.get_ref(2)?),
+        payload: Stored::of(r.get_ref(4)?),
+        reference: Stored::of(r.get_ref(5)?),
+        parts: Stored::text(parts),
+    };
+    Ok(row_check::verify(seq, stored, columns))
 }
 
 /// Content part bytes already read, by digest.
@@ -1110,7 +1170,7 @@ fn attach_events(
     // of its own held a second copy of every blob: 600 MB of a 300 MB one.)
     let mut blobs: rustc_hash::FxHashMap<String, (usize, usize, u64)> = Default::default();
     let mut parts = PartCache::default();
-    let mut parts_column = PartsColumn::default();
+    let (mut parts_column, mut check_column) = (AddedColumn::parts(), AddedColumn::check());
     let bad = |e| undecodable_in(conn, "events", EVENT_COLUMNS, e);
     while let Some(r) = rows.next()? {
         let seq: u64 = r.get(0).map_err(bad)?;
@@ -1128,8 +1188,10 @@ fn attach_events(
         if seq < first_seq || seq > last {
             continue; // an event of a commit outside the page
         }
+        let parts_text: Option<String> = parts_column.get(r).map_err(bad)?;
+        check_event_row(seq, r, parts_text.as_deref(), &mut check_column).map_err(bad)??;
         let kind = event_row::decode_kind(seq, r.get_ref(2).map_err(bad)?)?;
-        let (text, parts_text) = (r.get(4).map_err(bad)?, parts_column.get(r).map_err(bad)?);
+        let text = r.get(4).map_err(bad)?;
         let payload_text = stored_text(conn, seq, text, parts_text, &mut parts)?
             .map(|text| event_row::whole_payload(text, kind.bare));
         let payload_ref: Option<String> = r.get(5).map_err(bad)?;

@@ -16,6 +16,7 @@ use crate::model::projection::HistoryChange;
 use crate::model::{Commit, TurnBoundary};
 use crate::store::chunked::{ChunkSql, ChunkedInsert, opt_text, owned_text, value};
 use crate::store::operation_keys::ChunkMark;
+use crate::store::row_check::{self, EventColumns, Stored};
 use crate::store::{blob, content, event_row};
 
 /// An accepted commit on its way to disk, with the turns it closes.
@@ -168,9 +169,10 @@ impl Drop for DrainTransaction<'_> {
 /// The drain's multi-row inserts of event rows and of history rows.
 static EVENT_ROWS: LazyLock<ChunkSql> = LazyLock::new(|| {
     ChunkSql::new(
-        "INSERT INTO events (seq, event_id, kind, optional, payload, payload_ref, payload_parts)
+        "INSERT INTO events (seq, event_id, kind, optional, payload, payload_ref, payload_parts,
+                             payload_check)
          VALUES ",
-        7,
+        8,
     )
 });
 static HISTORY_ROWS: LazyLock<ChunkSql> = LazyLock::new(|| {
@@ -233,6 +235,15 @@ pub(crate) fn insert_commits(
                 },
                 None => (None, None, None),
             };
+            let check = row_check::row_check(
+                e.seq,
+                EventColumns {
+                    kind: Stored::bound(&kind),
+                    payload: Stored::text(inline.as_deref()),
+                    reference: Stored::text(reference.as_deref()),
+                    parts: Stored::text(parts.as_deref()),
+                },
+            );
             let inline = match inline {
                 Some(Cow::Borrowed(text)) => value(text)?,
                 owned => owned_text(owned.map(Cow::into_owned)),
@@ -247,6 +258,7 @@ pub(crate) fn insert_commits(
                     inline,
                     owned_text(reference),
                     owned_text(parts),
+                    ToSqlOutput::Owned(Value::Integer(check)),
                 ],
             )?;
         }
