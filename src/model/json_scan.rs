@@ -3,6 +3,22 @@
 //! backslash, not byte by byte. A function answers `None` for text it does not follow;
 //! its caller then reads the text with serde_json, which stays the authority.
 
+/// The text before the message object in a message payload of the common form
+/// `{"message":{…}}`, and after it.
+pub(crate) const BARE_HEAD: &str = r#"{"message":"#;
+pub(crate) const BARE_TAIL: &str = "}";
+
+/// The message object of `payload` (valid JSON text) when `payload` is exactly
+/// `{"message":` + an object + `}`: the object's text, itself valid JSON since the whole
+/// was. The object ends at the brace that closes the one it opens ([`value_end`]: strings
+/// and their escapes skipped); anything after it but the final `}` (another key, white
+/// space) answers `None`.
+pub(crate) fn bare_message(payload: &str) -> Option<&str> {
+    let inner = payload.strip_prefix(BARE_HEAD)?.strip_suffix(BARE_TAIL)?;
+    let bytes = inner.as_bytes();
+    (bytes.first() == Some(&b'{') && value_end(bytes, 0)? == bytes.len()).then_some(inner)
+}
+
 /// The index just past the quote that closes the string whose text starts at `from`
 /// (escapes skipped); `None` when the text ends first.
 pub(crate) fn string_end(bytes: &[u8], mut from: usize) -> Option<usize> {

@@ -52,7 +52,9 @@ pub struct Message {
     role: Option<Field>,
     /// Whether the provider view differs from the message (local-only or stripped keys).
     filtered: bool,
-    json: Box<RawValue>,
+    /// A JSON object's text, valid JSON: every constructor either has serde_json check it
+    /// or takes it from text serde_json checked ([`Message::from_checked_object`]).
+    json: Box<str>,
 }
 
 /// A string field of a message: where its text sits in the message's JSON when the JSON
@@ -270,10 +272,25 @@ impl Probed {
 
 impl Message {
     fn from_raw(json: Box<RawValue>) -> serde_json::Result<Message> {
-        let text = json.get();
-        let Probed { id, role, filtered } = match Probed::quick(text) {
+        Self::probed(json.into())
+    }
+
+    /// A message from `json`, the text of a JSON object that serde_json has already
+    /// checked as part of a larger value (a message payload's `message`, found by
+    /// [`json_scan::bare_message`]): not parsed again, only probed. The caller guarantees
+    /// the text is one valid JSON object; anything else breaks what `json()` promises.
+    ///
+    /// # Errors
+    /// When its `id` / `role` is not a string.
+    pub(crate) fn from_checked_object(json: &str) -> serde_json::Result<Message> {
+        Self::probed(json.into())
+    }
+
+    /// A message from valid JSON object text, its id, role and filter keys probed.
+    fn probed(json: Box<str>) -> serde_json::Result<Message> {
+        let Probed { id, role, filtered } = match Probed::quick(&json) {
             Some(probed) => probed,
-            None => Probed::read(text)?,
+            None => Probed::read(&json)?,
         };
         Ok(Message {
             id,
@@ -300,17 +317,17 @@ impl Message {
 
     /// The stable message id ("" only inside bulk replacements).
     pub fn id(&self) -> &str {
-        self.id.as_ref().map_or("", |f| f.get(self.json.get()))
+        self.id.as_ref().map_or("", |f| f.get(&self.json))
     }
 
     /// The `role` field, if it is a string.
     pub fn role(&self) -> Option<&str> {
-        self.role.as_ref().map(|f| f.get(self.json.get()))
+        self.role.as_ref().map(|f| f.get(&self.json))
     }
 
     /// The message as JSON text, verbatim.
     pub fn json(&self) -> &str {
-        self.json.get()
+        &self.json
     }
 
     /// All fields, parsed; a lone surrogate escape (`\ud800`) in a string is read as
@@ -319,7 +336,7 @@ impl Message {
     /// whole message (a message with one such value, in metadata say, had no fields:
     /// search did not find its text, the browser showed it as JSON).
     pub fn fields(&self) -> Map<String, Value> {
-        serde_json::from_str(self.json.get()).unwrap_or_else(|_| {
+        serde_json::from_str(&self.json).unwrap_or_else(|_| {
             self.entries()
                 .into_iter()
                 .filter_map(|(key, value)| Some((key, parse_lossy(value.get())?)))
@@ -330,7 +347,7 @@ impl Message {
     /// The top-level fields in order, each value as its exact JSON text (no number or
     /// depth a `Value` tree would refuse is lost).
     fn entries(&self) -> Vec<(String, Box<RawValue>)> {
-        serde_json::from_str::<Entries>(self.json.get())
+        serde_json::from_str::<Entries>(&self.json)
             .map(|e| e.0)
             .unwrap_or_default()
     }
@@ -441,15 +458,19 @@ impl std::fmt::Debug for Message {
 
 impl PartialEq for Message {
     fn eq(&self, other: &Self) -> bool {
-        self.json.get() == other.json.get()
+        self.json == other.json
     }
 }
 
 impl Eq for Message {}
 
+/// The JSON text as it is (serde_json's `RawValue`: the text is checked again here, which
+/// only writers of a message's JSON pay, not every append).
 impl Serialize for Message {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.json.serialize(serializer)
+        serde_json::from_str::<&RawValue>(&self.json)
+            .map_err(serde::ser::Error::custom)?
+            .serialize(serializer)
     }
 }
 
@@ -581,6 +602,41 @@ mod tests {
             if let Some(quick) = Probed::quick(&text) {
                 let read = read.map_err(|e| TestCaseError::fail(format!("{text}: serde refused: {e}")))?;
                 prop_assert_eq!(answer(&quick, &text), answer(&read, &text), "{}", text);
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+        /// A message payload of the form `{"message":{…}}` read without a second parse
+        /// (`MessagePayload::of`) gives the message serde_json gives, or the same refusal.
+        #[test]
+        fn a_message_payload_read_from_its_checked_text_is_the_one_serde_reads(
+            entries in prop::collection::vec((arb_key(), arb_value()), 0..6),
+            space in prop::sample::select(vec!["", " "]),
+        ) {
+            use crate::model::event::Event;
+            use crate::model::payload::{MessagePayload, decode};
+            let body: Vec<String> = entries
+                .iter()
+                .map(|(k, v)| format!("{space}{k}{space}:{space}{v}{space}"))
+                .collect();
+            let payload = format!(r#"{{"message":{{{}}}}}"#, body.join(","));
+            let event = Event::new("message/complete")
+                .with_payload_json(&payload)
+                .map_err(|e| TestCaseError::fail(format!("{payload}: {e}")))?;
+            // Every such payload takes the path without a second parse.
+            prop_assert!(crate::model::json_scan::bare_message(&payload).is_some(), "{}", payload);
+            let of = MessagePayload::of(&event).map(|p| p.message);
+            let serde = decode::<MessagePayload>(&event).map(|p| p.message);
+            match (of, serde) {
+                (Ok(a), Ok(b)) => {
+                    prop_assert_eq!(a.json(), b.json());
+                    prop_assert_eq!((a.id(), a.role()), (b.id(), b.role()));
+                    prop_assert_eq!(a.filtered, b.filtered, "{}", payload);
+                }
+                (Err(a), Err(b)) => prop_assert_eq!(a.to_string(), b.to_string()),
+                (a, b) => prop_assert!(false, "{}: {:?} against {:?}", payload, a, b),
             }
         }
     }

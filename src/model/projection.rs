@@ -231,7 +231,7 @@ fn parse(event: &Event) -> Result<Parsed> {
     }
     Ok(match kind {
         kind::MESSAGE_COMPLETE | kind::MESSAGE_UPSERT => {
-            let p: MessagePayload = decode(event)?;
+            let p = MessagePayload::of(event)?;
             required_id(kind, p.message.id())?;
             if kind == kind::MESSAGE_COMPLETE {
                 Parsed::MessageComplete(p.message)

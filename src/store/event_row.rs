@@ -22,7 +22,8 @@ use rusqlite::types::{ToSqlOutput, ValueRef};
 
 use crate::error::{Error, Result};
 use crate::model::event::INLINE_PAYLOAD_LIMIT;
-use crate::model::{json_scan, kind};
+use crate::model::json_scan::{BARE_HEAD, BARE_TAIL, bare_message};
+use crate::model::kind;
 
 /// The coded kinds: code `i` is `CODED_KINDS[i]`. A code never changes meaning (files on
 /// disk hold them); a new kind gets the next code, and a new migration gives the
@@ -64,10 +65,6 @@ const CODE_BYTES: [u8; CODED_KINDS.len()] = {
     }
     bytes
 };
-
-/// What a bare payload lacks: the text before and after the message object.
-const BARE_HEAD: &str = r#"{"message":"#;
-const BARE_TAIL: &str = "}";
 
 /// The code of `kind`, if it has one.
 fn code_of(kind: &str) -> Option<usize> {
@@ -116,17 +113,6 @@ pub(crate) fn encode<'a>(
         Some(bare) => (code_value(code), Some(bare)),
         None => (text_value(kind), payload),
     }
-}
-
-/// The message object of `payload` when `payload` is exactly `{"message":` + an object +
-/// `}`: the object's text. The object ends at the brace that closes the one it opens
-/// ([`json_scan::value_end`]: strings and their escapes skipped); anything after it but
-/// the final `}` (another key, white space) keeps the payload whole.
-fn bare_message(payload: &str) -> Option<&str> {
-    let inner = payload.strip_prefix(BARE_HEAD)?.strip_suffix(BARE_TAIL)?;
-    let bytes = inner.as_bytes();
-    (bytes.first() == Some(&b'{') && json_scan::value_end(bytes, 0)? == bytes.len())
-        .then_some(inner)
 }
 
 /// A row's kind as read: its text, and whether its payload is stored bare.
