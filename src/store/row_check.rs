@@ -6,7 +6,8 @@
 //! The check is the low 32 bits of a chain of XXH3-64 hashes: starting from the sequence,
 //! each of the stored `kind`, `payload`, `payload_ref` and `payload_parts` in turn is
 //! hashed (one-shot, its length part of the hash) with the hash so far, plus its type tag
-//! (0 NULL, 1 text, 2 BLOB), as the seed. It is stored as a signed 32-bit INTEGER (4
+//! (0 NULL, 1 text, 2 BLOB, 3 a number, which no checked column holds as written), as the
+//! seed. It is stored as a signed 32-bit INTEGER (4
 //! bytes in the record). NULL: a row written before schema 7, not checked. Like the other
 //! hashes here it is unkeyed: it notices damage, not a deliberate edit.
 
@@ -23,16 +24,18 @@ pub(crate) enum Stored<'a> {
     Text(&'a [u8]),
     /// A BLOB.
     Blob(&'a [u8]),
+    /// An INTEGER or a REAL, which no checked column holds as written.
+    Other,
 }
 
 impl<'a> Stored<'a> {
-    /// A column as SQLite returned it (any other type hashes as its own tag, so that it
-    /// never matches a check written for text or a BLOB).
+    /// A column as SQLite returned it.
     pub(crate) fn of(value: ValueRef<'a>) -> Stored<'a> {
         match value {
+            ValueRef::Null => Stored::Null,
             ValueRef::Text(t) => Stored::Text(t),
             ValueRef::Blob(b) => Stored::Blob(b),
-            _ => Stored::Null,
+            ValueRef::Integer(_) | ValueRef::Real(_) => Stored::Other,
         }
     }
 
@@ -42,7 +45,8 @@ impl<'a> Stored<'a> {
             ToSqlOutput::Borrowed(v) => Stored::of(*v),
             ToSqlOutput::Owned(Value::Text(t)) => Stored::Text(t.as_bytes()),
             ToSqlOutput::Owned(Value::Blob(b)) => Stored::Blob(b),
-            _ => Stored::Null,
+            ToSqlOutput::Owned(Value::Null) => Stored::Null,
+            _ => Stored::Other,
         }
     }
 
@@ -78,6 +82,7 @@ pub(crate) fn row_check(seq: u64, columns: EventColumns<'_>) -> i64 {
             Stored::Null => (0, &[]),
             Stored::Text(t) => (1, t),
             Stored::Blob(b) => (2, b),
+            Stored::Other => (3, &[]),
         };
         hash = xxhash_rust::xxh3::xxh3_64_with_seed(bytes, hash.rotate_left(2) ^ tag);
     }
@@ -147,6 +152,11 @@ mod tests {
         );
         let empty = row(&[0], Some(""));
         assert_ne!(row_check(7, empty), row_check(7, row(&[0], None)), "NULL");
+        let number = EventColumns {
+            payload: Stored::of(ValueRef::Integer(0)),
+            ..base
+        };
+        assert_ne!(row_check(7, row(&[0], None)), row_check(7, number), "a number");
         let referenced = EventColumns {
             reference: Stored::text(Some("ab")),
             ..base
