@@ -156,7 +156,11 @@ mod tests {
             payload: Stored::of(ValueRef::Integer(0)),
             ..base
         };
-        assert_ne!(row_check(7, row(&[0], None)), row_check(7, number), "a number");
+        assert_ne!(
+            row_check(7, row(&[0], None)),
+            row_check(7, number),
+            "a number"
+        );
         let referenced = EventColumns {
             reference: Stored::text(Some("ab")),
             ..base
