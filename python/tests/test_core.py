@@ -409,6 +409,29 @@ def test_damaged_export_is_corrupt_and_imports_nothing(root, tmp_path):
         session_store.verify(garbage)
 
 
+def test_a_message_changed_in_place_is_corrupt_naming_the_event(root, tmp_path):
+    # One character of a stored message changed behind the store's back, the JSON still
+    # valid: every read of the transcript refuses it (the row's check, schema 7) instead of
+    # showing the changed text.
+    fill(root, "flip", 2).close()
+    file = tmp_path / "root" / "flip" / "session.sqlite"
+    with sqlite3.connect(file) as conn:
+        seq, payload = conn.execute(
+            "SELECT seq, payload FROM events WHERE payload LIKE '%message 2%'"
+        ).fetchone()
+        conn.execute(
+            "UPDATE events SET payload = ? WHERE seq = ?",
+            (payload.replace("message 2", "message X"), seq),
+        )
+    conn.close()
+    with pytest.raises(Corrupt, match=f"event {seq}: the row does not match its check"):
+        root.transcript("flip")
+    with pytest.raises(Corrupt, match=f"event {seq}"):
+        root.history("flip")
+    with pytest.raises(Corrupt):
+        session_store.verify(file)
+
+
 def test_error_hierarchy_and_writer_owned_carries_the_owner(root):
     for cls in (InvalidInput, NotFound, AlreadyExists, WriterOwned, Corrupt, Closed):
         assert issubclass(cls, SessionStoreError)
