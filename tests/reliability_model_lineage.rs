@@ -1140,20 +1140,12 @@ fn a_fork_cut_between_two_resets_of_its_parent_does_not_show_what_the_first_drop
     root.fork(&id("g"), ForkPoint::AfterTurn("t1".into()), Some(id("p")))
         .unwrap();
     let p = root.open_writer(&id("p")).unwrap();
-    p.append_events(
-        "r1",
-        vec![event("history/replace", json!({"messages": []}))],
-    )
-    .unwrap();
+    reset_transcript(&p, "r1");
     turn(&p, "t2", "m2", "beta words");
     p.flush().unwrap();
     root.fork(&id("p"), ForkPoint::BeforeTurn("t2".into()), Some(id("f")))
         .unwrap();
-    p.append_events(
-        "r2",
-        vec![event("history/replace", json!({"messages": []}))],
-    )
-    .unwrap();
+    reset_transcript(&p, "r2");
     p.close().unwrap();
     let f = root.open_reader(&id("f")).unwrap();
     assert!(
@@ -1246,11 +1238,7 @@ fn a_fork_cut_before_an_earlier_reset_of_its_parent_finds_what_the_reset_dropped
     let p = create(&root, "p");
     turn(&p, "t1", "m1", "alpha words");
     turn(&p, "t2", "m2", "beta words");
-    p.append_events(
-        "r1",
-        vec![event("history/replace", json!({"messages": []}))],
-    )
-    .unwrap();
+    reset_transcript(&p, "r1");
     turn(&p, "t3", "m3", "gamma words");
     p.flush().unwrap();
     root.fork(&id("p"), ForkPoint::AfterTurn("t1".into()), Some(id("f")))
@@ -1281,6 +1269,13 @@ fn a_fork_cut_before_an_earlier_reset_of_its_parent_finds_what_the_reset_dropped
         vec![("p".to_owned(), 1)]
     );
     assert_eq!(found("gamma", f_alone), vec![]);
+}
+
+/// Appends a `history/replace` with no messages (the transcript reset) to `s` as
+/// operation `op`.
+fn reset_transcript(s: &Session, op: &str) {
+    s.append_events(op, vec![event("history/replace", json!({"messages": []}))])
+        .expect("reset");
 }
 
 /// Appends turn `t` of one user message `m` saying `text` to `s`.

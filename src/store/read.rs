@@ -492,16 +492,12 @@ pub(crate) fn read_history_texts(
         }
         let event_seq = r.get(1)?;
         let (text, parts): (Option<String>, Option<String>) = (r.get(3)?, r.get(4)?);
-        let check: Option<i64> = r.get(7)?;
-        if check.is_some() {
-            let columns = EventColumns {
-                kind: Stored::of(r.get_ref(5)?),
-                payload: Stored::text(text.as_deref()),
-                reference: Stored::of(r.get_ref(6)?),
-                parts: Stored::text(parts.as_deref()),
-            };
-            row_check::verify(event_seq, check, columns)?;
-        }
+        let checked_at = CheckedAt {
+            kind: 5,
+            payload: 3,
+            reference: 6,
+        };
+        verify_row(event_seq, r, &checked_at, parts.as_deref(), r.get(7)?)??;
         let payload = stored_text(conn, event_seq, text, parts, &mut cache)?;
         let kind = match r.get_ref(5)? {
             ValueRef::Null => None,
@@ -753,30 +749,55 @@ impl AddedColumn {
     }
 }
 
-/// The check-covered columns of an events row read with [`EVENT_COLUMNS`] (`kind` at 2,
-/// `payload` at 4, `payload_ref` at 5), `parts` its `payload_parts`: verified against its
-/// `payload_check` ([`row_check`]).
+/// Where a statement's row holds the columns of an event row that its check covers
+/// (`payload_parts` is read by the caller: its place varies with the file's schema).
+struct CheckedAt {
+    kind: usize,
+    payload: usize,
+    reference: usize,
+}
+
+/// The check-covered columns of an events row read with [`EVENT_COLUMNS`].
+const EVENT_CHECKED_AT: CheckedAt = CheckedAt {
+    kind: 2,
+    payload: 4,
+    reference: 5,
+};
+
+/// The event row of `seq` in `r` (its columns `at`, `parts` its `payload_parts`)
+/// verified against its stored check `stored` ([`row_check`]; `None`: not checked).
 ///
 /// # Errors
 /// [`Error::Corrupt`] naming the event when the row does not match its check;
-/// `rusqlite`'s error when a column does not decode.
+/// `rusqlite`'s error when a column cannot be read.
+fn verify_row(
+    seq: u64,
+    r: &Row<'_>,
+    at: &CheckedAt,
+    parts: Option<&str>,
+    stored: Option<i64>,
+) -> rusqlite::Result<Result<()>> {
+    if stored.is_none() {
+        return Ok(Ok(()));
+    }
+    let columns = EventColumns {
+        kind: Stored::of(r.get_ref(at.kind)?),
+        payload: Stored::of(r.get_ref(at.payload)?),
+        reference: Stored::of(r.get_ref(at.reference)?),
+        parts: Stored::text(parts),
+    };
+    Ok(row_check::verify(seq, stored, columns))
+}
+
+/// [`verify_row`] on an events row read with [`EVENT_COLUMNS`], its check found by
+/// `check`.
 fn check_event_row(
     seq: u64,
     r: &Row<'_>,
     parts: Option<&str>,
     check: &mut AddedColumn,
 ) -> rusqlite::Result<Result<()>> {
-    let stored = check.get::<i64>(r)?;
-    if stored.is_none() {
-        return Ok(Ok(()));
-    }
-    let columns = EventColumns {
-        kind: Stored::of(r.get_ref(2)?),
-        payload: Stored::of(r.get_ref(4)?),
-        reference: Stored::of(r.get_ref(5)?),
-        parts: Stored::text(parts),
-    };
-    Ok(row_check::verify(seq, stored, columns))
+    verify_row(seq, r, &EVENT_CHECKED_AT, parts, check.get(r)?)
 }
 
 /// Content part bytes already read, by digest.
