@@ -19,6 +19,9 @@
 //! - `tests/fixtures/schema6/`: schema 6 (up to 0006: operation keys in sorted chunks; the
 //!   last without a check on each event row), written at d6d4e79 with the schema-3 set's
 //!   sessions.
+//! - `tests/fixtures/schema7/`: schema 7 (up to 0007: a check on each event row; the last
+//!   with the transcript index before the operation filter in the checkpoint), written at
+//!   84648fb with the schema-3 set's sessions.
 //!
 //! Both hold a root (`root/`) with a session whose tool outputs are blobs over 64 KiB and
 //! appear both in `tool/result` and in the tool message (`blobs`), a fork chain with titles
@@ -134,6 +137,15 @@ const SCHEMA5: FixtureSet = FixtureSet {
 const SCHEMA6: FixtureSet = FixtureSet {
     dir: "schema6",
     schema: 6,
+    sessions: SCHEMA3_SESSIONS,
+    write: write_schema3_sessions,
+};
+
+/// Written by schema 7 (a check on each event row), the last with the checkpoint's
+/// transcript index before its operation filter: the schema-3 sessions.
+const SCHEMA7: FixtureSet = FixtureSet {
+    dir: "schema7",
+    schema: 7,
     sessions: SCHEMA3_SESSIONS,
     write: write_schema3_sessions,
 };
@@ -556,6 +568,27 @@ fn write_schema6_fixtures() {
     write_fixtures(&SCHEMA6);
 }
 
+/// Writes `tests/fixtures/schema7/` afresh, with schema-7 code only (84648fb).
+#[test]
+#[ignore = "regenerates committed fixtures; run by hand with schema-7 code only"]
+fn write_schema7_fixtures() {
+    write_fixtures(&SCHEMA7);
+}
+
+/// Appends [`EVENTS_FOR_A_CHECKPOINT`] one-event commits to session `name` and closes its
+/// writer (whose close then writes a checkpoint); the commits.
+fn commits_for_a_checkpoint(root: &Root, name: &str) -> Vec<Commit> {
+    let s = root.open_writer(&id(name)).expect("reopen");
+    let added = (0..EVENTS_FOR_A_CHECKPOINT)
+        .map(|n| {
+            let commit = s.append_events(&format!("after-{n}"), vec![title(&format!("a{n}"))]);
+            Commit::clone(&commit.expect("append"))
+        })
+        .collect();
+    s.close().expect("close");
+    added
+}
+
 /// Every durable commit of session `name`, as a reader replays it.
 fn all_commits(root: &Root, name: &str) -> Vec<Commit> {
     root.open_reader(&id(name))
@@ -857,6 +890,12 @@ fn schema6_fixtures_read_append_fork_delete_and_import() {
     check_fixture_set(&SCHEMA6);
 }
 
+/// [`check_fixture_set`] on the files schema 7 wrote.
+#[test]
+fn schema7_fixtures_read_append_fork_delete_and_import() {
+    check_fixture_set(&SCHEMA7);
+}
+
 /// What a reader of `name` sees, without the count of inherited events (an export or an
 /// import has none).
 fn observed_own(root: &Root, name: &str) -> Value {
@@ -984,14 +1023,7 @@ fn schema3_long_session_keeps_its_checkpoint_and_operations_through_the_upgrade(
     assert_eq!(commits[originals.len()]["operation_id"], "new-upgraded");
 
     // Enough new commits for a checkpoint: the close stores the filter with it.
-    let s = root.open_writer(&id(LONG)).expect("reopen");
-    let added: Vec<Commit> = (0..EVENTS_FOR_A_CHECKPOINT)
-        .map(|n| {
-            let commit = s.append_events(&format!("after-{n}"), vec![title(&format!("a{n}"))]);
-            Commit::clone(&commit.expect("append"))
-        })
-        .collect();
-    s.close().expect("close");
+    let added = commits_for_a_checkpoint(&root, LONG);
     let now = new_seq + EVENTS_FOR_A_CHECKPOINT as u64;
     let row = checkpoint_row(&file);
     let (head, filter_bytes) = row.rsplit_once('|').expect("row");
@@ -1315,4 +1347,69 @@ fn schema7_checks_the_rows_it_writes_beside_unchecked_older_ones() {
         )),
         "{err}"
     );
+}
+
+/// Schema 8 (migration 0008) on an upgraded schema-7 file: the checkpoint's columns come in
+/// the order an opener reads them, the transcript index last, and its row is copied as it
+/// was. The writer's open starts from it: retries of old operations return the originals
+/// (its operation filter restored), and its close writes no new checkpoint (one folding the
+/// whole log would count every event as new, more than the 1,000 after which a close writes
+/// one). `verify` passes with no note of an ignored checkpoint, and the checkpoint a close
+/// writes later is stored in the new order and used by the next open.
+#[test]
+fn schema8_puts_the_transcript_index_last_and_keeps_the_checkpoint() {
+    let (_work, root_dir) = copied(&SCHEMA7);
+    let file = session_file(&root_dir, LONG);
+    let columns = |f: &Path| {
+        sqlite3(
+            f,
+            "SELECT group_concat(name) FROM pragma_table_info('checkpoint')",
+        )
+    };
+    let row = |f: &Path| {
+        sqlite3(
+            f,
+            "SELECT through_seq, digest, hex(projection), hex(operation_filter),
+                    hex(message_ids)
+             FROM checkpoint",
+        )
+    };
+    assert_eq!(
+        columns(&file),
+        "singleton,through_seq,projection,digest,message_ids,operation_filter"
+    );
+    let before = row(&file);
+    let root = Root::open(&root_dir).expect("root");
+    let originals = all_commits(&root, LONG);
+    let durable = SCHEMA7.expected(LONG)["durable_sequence"]
+        .as_u64()
+        .expect("seq");
+    let last = originals.len() - 1;
+    let picks = [0, 1, last / 2, last];
+    let new_seq = retries_conflict_and_append(&root, LONG, &originals, &picks, durable, "upgraded");
+    assert_eq!(
+        sqlite3(&file, "PRAGMA user_version"),
+        SCHEMA_VERSION.to_string()
+    );
+    assert_eq!(
+        columns(&file),
+        "singleton,through_seq,digest,projection,operation_filter,message_ids"
+    );
+    assert_eq!(row(&file), before, "copied as it was; no new checkpoint");
+    let verified = verify_file(&file).expect("verify");
+    assert!(verified.notes.is_empty(), "{:?}", verified.notes);
+
+    // Enough new commits for a checkpoint: the close writes one in the new order, and the
+    // next open starts from it (its close writes none).
+    let added = commits_for_a_checkpoint(&root, LONG);
+    let now = new_seq + EVENTS_FOR_A_CHECKPOINT as u64;
+    let written = row(&file);
+    assert!(written.starts_with(&format!("{now}|")), "{written}");
+    let mut all = originals;
+    all.extend(added);
+    let picks = [0, last, last + 1, all.len() - 1];
+    retries_conflict_and_append(&root, LONG, &all, &picks, now, "after a new checkpoint");
+    assert_eq!(row(&file), written, "no new checkpoint for one commit");
+    let verified = verify_file(&file).expect("verify");
+    assert!(verified.notes.is_empty(), "{:?}", verified.notes);
 }

@@ -21,7 +21,7 @@ pub(crate) const LOCK_FILE: &str = "writer.lock";
 pub(crate) const LITESTREAM_DIR: &str = ".session.sqlite-litestream";
 
 /// Schema migrations, one numbered SQL file each; `user_version` is their count.
-const MIGRATION_SQL: [&str; 7] = [
+const MIGRATION_SQL: [&str; 8] = [
     include_str!("../../migrations/0001_initial.sql"),
     include_str!("../../migrations/0002_checkpoint.sql"),
     include_str!("../../migrations/0003_lean.sql"),
@@ -29,6 +29,7 @@ const MIGRATION_SQL: [&str; 7] = [
     include_str!("../../migrations/0005_kind_codes.sql"),
     include_str!("../../migrations/0006_operation_key_chunks.sql"),
     include_str!("../../migrations/0007_row_check.sql"),
+    include_str!("../../migrations/0008_checkpoint_order.sql"),
 ];
 
 // `user_version` is the number of migrations: one more migration is one more version.
@@ -48,6 +49,7 @@ fn migrations() -> Migrations<'static> {
         M::up(MIGRATION_SQL[4]),
         M::up(MIGRATION_SQL[5]),
         M::up(MIGRATION_SQL[6]),
+        M::up(MIGRATION_SQL[7]),
     ])
 }
 
