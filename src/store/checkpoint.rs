@@ -5,16 +5,21 @@
 //! `checkpoint.projection` is JSON text:
 //!
 //! ```text
-//! {"format": 4, "state": {…the projection, workset empty…},
-//!  "model": [[seq, item, provider_view], …]}
+//! {"format": 5, "state": {…the projection, workset empty…},
+//!  "model": [delta | [delta, item, provider_view], …]}
 //! ```
 //!
 //! where each `model` entry is one workset message: the event at `seq`, its `message`
 //! (`item` = -1) or item `item` of its `messages` array, taken as its provider view when
-//! `provider_view` is 1. `checkpoint.message_ids` is the transcript index
-//! (`model::transcript_index`): per message id, ascending by key, its 16-byte XXH3-128
-//! key and its 4-byte position (little-endian). So a checkpoint costs 20 bytes per
-//! transcript message plus a few bytes per workset message, whatever the messages' size.
+//! `provider_view` is 1. `seq` is given as `delta`, its difference from the entry before
+//! (from 0 for the first; negative when an upsert put a later event in the middle of the
+//! workset), and an entry that is a message event's provider view, as nearly all are, is that
+//! number alone: a workset of chat messages costs two or three bytes a message (format 4,
+//! still read, wrote every entry as `[seq, item, provider_view]`: 12 to 16 bytes).
+//! `checkpoint.message_ids` is the transcript index (`model::transcript_index`): per
+//! message id, ascending by key, its 16-byte XXH3-128 key and its 4-byte position
+//! (little-endian). So a checkpoint costs 20 bytes per transcript message plus a few bytes
+//! per workset message, whatever the messages' size.
 //!
 //! Anything else (an older form, an index that does not fit) decodes as `None`: the
 //! opener then folds the log, which is always the truth. The digest ([`digest`]) is
@@ -28,10 +33,21 @@ use crate::model::Projection;
 use crate::model::projection::ModelRef;
 
 /// The `format` this build writes and reads.
-const FORMAT: u32 = 4;
+const FORMAT: u32 = 5;
 
-/// A workset reference as stored: sequence, item (-1 for none), provider view (0 / 1).
-type RefRow = (u64, i64, u8);
+/// The form before [`FORMAT`], still read: every reference whole, its sequence absolute.
+const FORMAT_ABSOLUTE_REFS: u32 = 4;
+
+/// A workset reference as stored.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+enum RefRow {
+    /// The provider view of a message event's `message`, the sequence as a delta.
+    Message(i64),
+    /// Sequence (a delta in [`FORMAT`], absolute in [`FORMAT_ABSOLUTE_REFS`]), item (-1
+    /// for none) and provider view (0 / 1).
+    Whole(i64, i64, u8),
+}
 
 /// What `checkpoint.digest` stores: XXH3-128 (hex) of `through_seq` in decimal, a NUL,
 /// the checkpoint text, a NUL and the transcript index. (The operation filter carries a
@@ -119,17 +135,7 @@ struct In {
 /// The checkpoint of `projection`: its text and its transcript index. The workset is
 /// moved out while the state is written and put back before returning.
 pub(crate) fn encode(projection: &mut Projection) -> Result<(String, Vec<u8>)> {
-    let model: Vec<RefRow> = projection
-        .model_refs()
-        .iter()
-        .map(|r| {
-            (
-                r.seq,
-                r.item.map_or(-1, i64::from),
-                u8::from(r.provider_view),
-            )
-        })
-        .collect();
+    let model = ref_rows(projection.model_refs())?;
     let workset = std::mem::take(&mut projection.model_messages);
     let text = serde_json::to_string(&Out {
         format: FORMAT,
@@ -146,15 +152,63 @@ pub(crate) fn encode(projection: &mut Projection) -> Result<(String, Vec<u8>)> {
 /// ([`Projection::restore_transcript_ids`]); `None` for any other form.
 pub(crate) fn decode_state(text: &str) -> Option<(Projection, Vec<ModelRef>)> {
     let parts: In = serde_json::from_str(text).ok()?;
-    if parts.format != FORMAT || !parts.state.model_messages.is_empty() {
+    if !parts.state.model_messages.is_empty() {
         return None;
     }
-    let refs = parts
-        .model
-        .into_iter()
-        .map(|(seq, item, provider_view)| {
+    let refs = model_refs(parts.format, &parts.model)?;
+    if refs
+        .iter()
+        .any(|r| r.seq == 0 || r.seq > parts.state.committed_sequence)
+    {
+        return None;
+    }
+    Some((parts.state, refs))
+}
+
+/// The stored form of `refs` ([`FORMAT`]).
+fn ref_rows(refs: &[ModelRef]) -> Result<Vec<RefRow>> {
+    let mut before = 0i64;
+    refs.iter()
+        .map(|r| {
+            let seq = i64::try_from(r.seq)
+                .map_err(|_| Error::internal(format!("workset sequence {} past i64", r.seq)))?;
+            let delta = seq - before;
+            before = seq;
+            Ok(match (r.item, r.provider_view) {
+                (None, true) => RefRow::Message(delta),
+                (item, provider_view) => {
+                    RefRow::Whole(delta, item.map_or(-1, i64::from), u8::from(provider_view))
+                }
+            })
+        })
+        .collect()
+}
+
+/// The references of `rows` stored in `format`; `None` for another format, a sequence
+/// below 1 or past `i64`, an item below -1 or past `u32`, or a provider view other than 0
+/// and 1.
+fn model_refs(format: u32, rows: &[RefRow]) -> Option<Vec<ModelRef>> {
+    let relative = match format {
+        FORMAT => true,
+        FORMAT_ABSOLUTE_REFS => false,
+        _ => return None,
+    };
+    let mut before = 0i64;
+    rows.iter()
+        .map(|&row| {
+            let (seq, item, provider_view) = match row {
+                RefRow::Message(seq) if relative => (seq, -1, 1),
+                RefRow::Message(_) => return None,
+                RefRow::Whole(seq, item, provider_view) => (seq, item, provider_view),
+            };
+            let seq = if relative {
+                before.checked_add(seq)?
+            } else {
+                seq
+            };
+            before = seq;
             Some(ModelRef {
-                seq,
+                seq: u64::try_from(seq).ok().filter(|&s| s > 0)?,
                 item: match item {
                     -1 => None,
                     i => Some(u32::try_from(i).ok()?),
@@ -166,14 +220,7 @@ pub(crate) fn decode_state(text: &str) -> Option<(Projection, Vec<ModelRef>)> {
                 },
             })
         })
-        .collect::<Option<Vec<_>>>()?;
-    if refs
-        .iter()
-        .any(|r| r.seq == 0 || r.seq > parts.state.committed_sequence)
-    {
-        return None;
-    }
-    Some((parts.state, refs))
+        .collect()
 }
 
 /// [`decode_state`] with the transcript index `ids` restored.
@@ -291,15 +338,89 @@ mod tests {
     fn refuses_other_forms_and_bad_references() {
         let mut p = sample();
         let (text, ids) = encode(&mut p).expect("encode");
+        assert!(
+            text.contains(r#""model":[[5,0,0],[0,1,0],1]"#),
+            "items whole, the message event a delta alone: {text}"
+        );
         assert!(decode(&text, &ids[1..]).is_none(), "index cut");
         let mut swapped = ids[20..].to_vec();
         swapped.extend_from_slice(&ids[..20]);
         assert!(decode(&text, &swapped).is_none(), "index out of order");
-        assert!(decode(&text.replace(r#""format":4"#, r#""format":3"#), &ids).is_none());
-        assert!(decode(&text.replace("[6,-1,1]", "[6,-2,1]"), &ids).is_none());
-        assert!(decode(&text.replace("[6,-1,1]", "[6,-1,2]"), &ids).is_none());
-        assert!(decode(&text.replace("[6,-1,1]", "[99,-1,1]"), &ids).is_none());
+        let with = |model: &str| text.replace("[[5,0,0],[0,1,0],1]", model);
+        assert!(decode(&with("[[5,0,0],[0,1,0],1]"), &ids).is_some());
+        assert!(decode(&text.replace(r#""format":5"#, r#""format":3"#), &ids).is_none());
+        assert!(
+            decode(&with("[[5,-2,0],[0,1,0],1]"), &ids).is_none(),
+            "item"
+        );
+        assert!(decode(&with("[[5,0,2],[0,1,0],1]"), &ids).is_none(), "view");
+        assert!(
+            decode(&with("[[5,0,0],[0,1,0],94]"), &ids).is_none(),
+            "past"
+        );
+        assert!(
+            decode(&with("[[5,0,0],[0,1,0],-5]"), &ids).is_none(),
+            "zero"
+        );
+        assert!(
+            decode(&with("[[5,0,0],[-9,1,0],1]"), &ids).is_none(),
+            "below"
+        );
+        assert!(
+            decode(&with("[9223372036854775807,9223372036854775807]"), &ids).is_none(),
+            "overflow"
+        );
+        assert!(decode(&with(r#"["5"]"#), &ids).is_none(), "text");
         assert!(decode("{", &ids).is_none());
         assert_ne!(digest(7, &text, &ids), digest(7, &text, &ids[20..]));
+    }
+
+    /// Format 4 (every reference whole, its sequence absolute), which files written before
+    /// format 5 hold, still decodes to the same references; a bare number is not of it.
+    #[test]
+    fn reads_the_absolute_references_of_format_4() {
+        let mut p = sample();
+        let (text, ids) = encode(&mut p).expect("encode");
+        let old = text
+            .replace(r#""format":5"#, r#""format":4"#)
+            .replace("[[5,0,0],[0,1,0],1]", "[[5,0,0],[5,1,0],[6,-1,1]]");
+        let (_, refs) = decode(&old, &ids).expect("format 4");
+        assert_eq!(refs, decode(&text, &ids).expect("format 5").1);
+        let bare = old.replace("[6,-1,1]", "6");
+        assert!(decode(&bare, &ids).is_none(), "a delta in format 4");
+    }
+
+    /// A workset whose order goes back (an upsert put a later event in its middle) stores
+    /// negative deltas and comes back in its order.
+    #[test]
+    fn a_workset_out_of_sequence_order_round_trips() {
+        let refs = vec![
+            ModelRef {
+                seq: 40,
+                item: None,
+                provider_view: true,
+            },
+            ModelRef {
+                seq: 7,
+                item: Some(3),
+                provider_view: false,
+            },
+            ModelRef {
+                seq: 7,
+                item: None,
+                provider_view: false,
+            },
+            ModelRef {
+                seq: 41,
+                item: None,
+                provider_view: true,
+            },
+        ];
+        let rows = ref_rows(&refs).expect("rows");
+        assert_eq!(
+            serde_json::to_string(&rows).expect("json"),
+            "[40,[-33,3,0],[0,-1,0],34]"
+        );
+        assert_eq!(model_refs(FORMAT, &rows), Some(refs));
     }
 }
