@@ -1354,8 +1354,9 @@ fn schema7_checks_the_rows_it_writes_beside_unchecked_older_ones() {
 /// was. The writer's open starts from it: retries of old operations return the originals
 /// (its operation filter restored), and its close writes no new checkpoint (one folding the
 /// whole log would count every event as new, more than the 1,000 after which a close writes
-/// one). `verify` passes with no note of an ignored checkpoint, and the checkpoint a close
-/// writes later is stored in the new order and used by the next open.
+/// one): its checkpoint text of format 4 (workset references whole) is still read. `verify`
+/// passes with no note of an ignored checkpoint, and the checkpoint a close writes later
+/// (format 5: references as deltas) is stored in the new order and used by the next open.
 #[test]
 fn schema8_puts_the_transcript_index_last_and_keeps_the_checkpoint() {
     let (_work, root_dir) = copied(&SCHEMA7);
@@ -1378,6 +1379,13 @@ fn schema8_puts_the_transcript_index_last_and_keeps_the_checkpoint() {
         columns(&file),
         "singleton,through_seq,projection,digest,message_ids,operation_filter"
     );
+    let format = |f: &Path| {
+        sqlite3(
+            f,
+            "SELECT json_extract(projection, '$.format') FROM checkpoint",
+        )
+    };
+    assert_eq!(format(&file), "4", "workset references whole");
     let before = row(&file);
     let root = Root::open(&root_dir).expect("root");
     let originals = all_commits(&root, LONG);
@@ -1405,6 +1413,7 @@ fn schema8_puts_the_transcript_index_last_and_keeps_the_checkpoint() {
     let now = new_seq + EVENTS_FOR_A_CHECKPOINT as u64;
     let written = row(&file);
     assert!(written.starts_with(&format!("{now}|")), "{written}");
+    assert_eq!(format(&file), "5", "workset references as deltas");
     let mut all = originals;
     all.extend(added);
     let picks = [0, last, last + 1, all.len() - 1];
