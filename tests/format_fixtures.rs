@@ -589,6 +589,33 @@ fn commits_for_a_checkpoint(root: &Root, name: &str) -> Vec<Commit> {
     added
 }
 
+/// The operations whose retries [`upgrade_long`] checks: the first, the second, the middle
+/// and the last of `originals`.
+fn long_picks(originals: &[Commit]) -> [usize; 4] {
+    let last = originals.len() - 1;
+    [0, 1, last / 2, last]
+}
+
+/// Opens the copied root `root_dir` of `set` and has a writer upgrade its `long` session:
+/// retries of [`long_picks`] return the original commits, a reused id with other content
+/// is refused, and one new commit is appended ([`retries_conflict_and_append`]); the file
+/// is then at [`SCHEMA_VERSION`]. The root, the original commits and the new commit's
+/// sequence.
+fn upgrade_long(set: &FixtureSet, root_dir: &Path) -> (Root, Vec<Commit>, u64) {
+    let root = Root::open(root_dir).expect("root");
+    let originals = all_commits(&root, LONG);
+    let durable = set.expected(LONG)["durable_sequence"]
+        .as_u64()
+        .expect("seq");
+    let picks = long_picks(&originals);
+    let new_seq = retries_conflict_and_append(&root, LONG, &originals, &picks, durable, "upgraded");
+    assert_eq!(
+        sqlite3(&session_file(root_dir, LONG), "PRAGMA user_version"),
+        SCHEMA_VERSION.to_string()
+    );
+    (root, originals, new_seq)
+}
+
 /// Every durable commit of session `name`, as a reader replays it.
 fn all_commits(root: &Root, name: &str) -> Vec<Commit> {
     root.open_reader(&id(name))
@@ -1269,25 +1296,21 @@ fn schema6_moves_the_operation_keys_of_an_upgraded_file_into_a_chunk() {
         )
     };
     assert_eq!(index(&file), "1", "schema 5 indexes the key");
-    let root = Root::open(&root_dir).expect("root");
-    let originals = all_commits(&root, LONG);
-    let durable = SCHEMA5.expected(LONG)["durable_sequence"]
-        .as_u64()
-        .expect("seq");
-    let last = originals.len() - 1;
-    let picks = [0, 1, last / 2, last];
-    let new_seq = retries_conflict_and_append(&root, LONG, &originals, &picks, durable, "upgraded");
-    assert_eq!(
-        sqlite3(&file, "PRAGMA user_version"),
-        SCHEMA_VERSION.to_string()
-    );
+    let (root, originals, new_seq) = upgrade_long(&SCHEMA5, &root_dir);
     assert_eq!(index(&file), "0");
     assert_eq!(
         chunks(&file),
         format!("1|{new_seq}|{}", originals.len() + 1),
         "every commit, the new one too, in one chunk"
     );
-    retries_conflict_and_append(&root, LONG, &originals, &picks, new_seq, "chunked");
+    retries_conflict_and_append(
+        &root,
+        LONG,
+        &originals,
+        &long_picks(&originals),
+        new_seq,
+        "chunked",
+    );
     assert_eq!(
         chunks(&file),
         format!("1|{new_seq}|{}", originals.len() + 1)
@@ -1361,49 +1384,27 @@ fn schema7_checks_the_rows_it_writes_beside_unchecked_older_ones() {
 fn schema8_puts_the_transcript_index_last_and_keeps_the_checkpoint() {
     let (_work, root_dir) = copied(&SCHEMA7);
     let file = session_file(&root_dir, LONG);
-    let columns = |f: &Path| {
-        sqlite3(
-            f,
-            "SELECT group_concat(name) FROM pragma_table_info('checkpoint')",
-        )
-    };
-    let row = |f: &Path| {
-        sqlite3(
-            f,
-            "SELECT through_seq, digest, hex(projection), hex(operation_filter),
-                    hex(message_ids)
-             FROM checkpoint",
-        )
-    };
+    const COLUMNS: &str = "SELECT group_concat(name) FROM pragma_table_info('checkpoint')";
+    const ROW: &str = "SELECT through_seq, digest, hex(projection), hex(operation_filter),
+                              hex(message_ids)
+                       FROM checkpoint";
+    const FORMAT: &str = "SELECT json_extract(projection, '$.format') FROM checkpoint";
     assert_eq!(
-        columns(&file),
+        sqlite3(&file, COLUMNS),
         "singleton,through_seq,projection,digest,message_ids,operation_filter"
     );
-    let format = |f: &Path| {
-        sqlite3(
-            f,
-            "SELECT json_extract(projection, '$.format') FROM checkpoint",
-        )
-    };
-    assert_eq!(format(&file), "4", "workset references whole");
-    let before = row(&file);
-    let root = Root::open(&root_dir).expect("root");
-    let originals = all_commits(&root, LONG);
-    let durable = SCHEMA7.expected(LONG)["durable_sequence"]
-        .as_u64()
-        .expect("seq");
-    let last = originals.len() - 1;
-    let picks = [0, 1, last / 2, last];
-    let new_seq = retries_conflict_and_append(&root, LONG, &originals, &picks, durable, "upgraded");
+    assert_eq!(sqlite3(&file, FORMAT), "4", "workset references whole");
+    let before = sqlite3(&file, ROW);
+    let (root, originals, new_seq) = upgrade_long(&SCHEMA7, &root_dir);
     assert_eq!(
-        sqlite3(&file, "PRAGMA user_version"),
-        SCHEMA_VERSION.to_string()
-    );
-    assert_eq!(
-        columns(&file),
+        sqlite3(&file, COLUMNS),
         "singleton,through_seq,digest,projection,operation_filter,message_ids"
     );
-    assert_eq!(row(&file), before, "copied as it was; no new checkpoint");
+    assert_eq!(
+        sqlite3(&file, ROW),
+        before,
+        "copied as it was; no new checkpoint"
+    );
     let verified = verify_file(&file).expect("verify");
     assert!(verified.notes.is_empty(), "{:?}", verified.notes);
 
@@ -1411,14 +1412,19 @@ fn schema8_puts_the_transcript_index_last_and_keeps_the_checkpoint() {
     // next open starts from it (its close writes none).
     let added = commits_for_a_checkpoint(&root, LONG);
     let now = new_seq + EVENTS_FOR_A_CHECKPOINT as u64;
-    let written = row(&file);
+    let written = sqlite3(&file, ROW);
     assert!(written.starts_with(&format!("{now}|")), "{written}");
-    assert_eq!(format(&file), "5", "workset references as deltas");
+    assert_eq!(sqlite3(&file, FORMAT), "5", "workset references as deltas");
+    let last = originals.len() - 1;
     let mut all = originals;
     all.extend(added);
     let picks = [0, last, last + 1, all.len() - 1];
     retries_conflict_and_append(&root, LONG, &all, &picks, now, "after a new checkpoint");
-    assert_eq!(row(&file), written, "no new checkpoint for one commit");
+    assert_eq!(
+        sqlite3(&file, ROW),
+        written,
+        "no new checkpoint for one commit"
+    );
     let verified = verify_file(&file).expect("verify");
     assert!(verified.notes.is_empty(), "{:?}", verified.notes);
 }
