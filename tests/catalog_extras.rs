@@ -1270,3 +1270,65 @@ fn gc_does_not_delete_an_old_export_imported_a_moment_ago() {
     assert!(gc_ids(&real, "kept").is_empty(), "{real}");
     assert_eq!(listed(&root, &[]), ["fresh"]);
 }
+
+/// A long-lived `Root` keeps its last read of the root folder for the next first page of
+/// `list` while the folder shows no change (it read all 10,000 entries of a root again
+/// for every first page, about 4 ms): what is no session of the root, added or removed
+/// since, is reported or left out by the very next first page, plain or filtered, also
+/// right after the read before it (in the same tick of the folder's clock) and after
+/// quiet spells that let the read be kept; the sessions listed follow creates and deletes.
+#[test]
+fn a_first_page_sees_what_changed_in_the_root_folder_since_the_last() {
+    let (_dir, root) = temp_root();
+    for name in ["a", "b"] {
+        create(&root, name).close().expect("close");
+    }
+    let skipped = |listing: &session_store::Listing| -> Vec<String> {
+        listing
+            .skipped
+            .iter()
+            .map(|s| s.session_id.to_string())
+            .collect()
+    };
+    let ids = |listing: &session_store::Listing| -> Vec<String> {
+        listing
+            .entries
+            .iter()
+            .map(|e| e.session_id.to_string())
+            .collect()
+    };
+    let pages = |root: &Root| {
+        let plain = root.list(None, 10).expect("list");
+        let filtered = root
+            .list_filtered(&ListFilter::default().with_origin(Origin::New), None, 10)
+            .expect("filtered");
+        assert_eq!(skipped(&plain), skipped(&filtered));
+        assert_eq!(ids(&plain), ids(&filtered));
+        (ids(&plain), skipped(&plain))
+    };
+    let stray = root.path().join("has:colon");
+    for quiet in [Duration::ZERO, Duration::from_millis(300)] {
+        assert_eq!(pages(&root), (vec!["a".into(), "b".into()], vec![]));
+        std::thread::sleep(quiet);
+        assert_eq!(pages(&root).1, Vec::<String>::new(), "kept or read again");
+        // A folder named as no valid id, holding a session file: reported at once.
+        std::fs::create_dir(&stray).expect("mkdir");
+        std::fs::copy(
+            root.session_dir(&id("a")).join("session.sqlite"),
+            stray.join("session.sqlite"),
+        )
+        .expect("copy");
+        assert_eq!(pages(&root).1, vec!["has\u{fffd}colon".to_owned()]);
+        std::thread::sleep(quiet);
+        assert_eq!(pages(&root).1, vec!["has\u{fffd}colon".to_owned()]);
+        std::fs::remove_dir_all(&stray).expect("remove");
+        assert_eq!(pages(&root).1, Vec::<String>::new(), "gone at once");
+        // A new session and a deleted one are listed as they are.
+        create(&root, "c").close().expect("close");
+        assert_eq!(pages(&root).0, vec!["a", "b", "c"]);
+        std::thread::sleep(quiet);
+        root.delete(&id("c"), &session_store::CancelToken::new())
+            .expect("delete");
+        assert_eq!(pages(&root).0, vec!["a", "b"]);
+    }
+}

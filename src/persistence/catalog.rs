@@ -884,12 +884,13 @@ impl Catalog {
             return self.page(root, after.map(|_| position.1.as_str()), limit);
         }
         let stamper = Stamper::of(root);
-        // The first page reports what is no session of the root; one read of the folder.
-        let scan = after.is_none().then(|| root.scan()).transpose()?;
+        // The first page reports what is no session of the root; one read of the folder
+        // (the last one again while the folder has not changed: `Root::listing_scan`).
+        let scan = after.is_none().then(|| root.listing_scan()).transpose()?;
         let refreshed = if filter.cached_only {
             Ok(Vec::new())
         } else {
-            self.with_conn_knowing(root, scan.as_ref(), |_| Ok(()))
+            self.with_conn_knowing(root, scan.as_deref(), |_| Ok(()))
                 .and_then(|()| self.refresh(root, &stamper))
         };
         let cached = refreshed.and_then(|skipped| {
@@ -900,14 +901,20 @@ impl Catalog {
         let mut listing = match cached {
             Ok(listing) => listing,
             Err(e) => {
-                let mut listing =
-                    direct_filtered_page(root, &stamper, scan.as_ref(), filter, &position, limit)?;
+                let mut listing = direct_filtered_page(
+                    root,
+                    &stamper,
+                    scan.as_deref(),
+                    filter,
+                    &position,
+                    limit,
+                )?;
                 listing.catalog_error = Some(Arc::new(e));
                 listing
             }
         };
         match scan {
-            Some(scan) => listing.add_not_sessions(scan.skipped),
+            Some(scan) => listing.add_not_sessions(scan.skipped.clone()),
             None => listing.skipped.clear(),
         }
         Ok(listing)
@@ -1024,21 +1031,22 @@ impl Catalog {
         let stamper = Stamper::of(root);
         // What is no session of the root is reported on the first page, as the filtered
         // listing does, from the one read of the root folder that also gives its ids: a
-        // later page stays a page of the catalog, without a read of the whole folder.
-        let scan = after.is_none().then(|| root.scan()).transpose()?;
+        // later page stays a page of the catalog, without a read of the whole folder (nor
+        // a first page while the folder has not changed: `Root::listing_scan`).
+        let scan = after.is_none().then(|| root.listing_scan()).transpose()?;
         let cached = self
-            .with_conn_knowing(root, scan.as_ref(), |_| Ok(()))
+            .with_conn_knowing(root, scan.as_deref(), |_| Ok(()))
             .and_then(|()| self.cached_page(root, &stamper, after, limit));
         let mut listing = match cached {
             Ok(listing) => listing,
             Err(e) => {
-                let mut listing = direct_page(root, &stamper, scan.as_ref(), after, limit)?;
+                let mut listing = direct_page(root, &stamper, scan.as_deref(), after, limit)?;
                 listing.catalog_error = Some(Arc::new(e));
                 listing
             }
         };
         if let Some(scan) = scan {
-            listing.add_not_sessions(scan.skipped);
+            listing.add_not_sessions(scan.skipped.clone());
         }
         Ok(listing)
     }

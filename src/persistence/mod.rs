@@ -7,6 +7,7 @@ mod delete;
 mod fork;
 mod portable;
 mod retention;
+mod scan_cache;
 mod search;
 mod settled;
 mod staging;
@@ -277,6 +278,8 @@ struct RootInner {
     catalog: Catalog,
     /// The search index once opened (shared with the live sessions, which index drains).
     search: crate::store::search::IndexSlot,
+    /// The last read of the folder a listing's first page used ([`Root::listing_scan`]).
+    scans: scan_cache::ScanCache,
 }
 
 fn host_name() -> String {
@@ -509,6 +512,7 @@ impl Root {
             inner: Arc::new(RootInner {
                 catalog: Catalog::new(&path),
                 search: crate::store::search::IndexSlot::default(),
+                scans: scan_cache::ScanCache::default(),
                 path,
                 dir,
                 options,
@@ -1040,6 +1044,23 @@ impl Root {
     /// [`Error::Io`] when the root cannot be read.
     pub fn list_ids(&self) -> Result<Vec<SessionId>> {
         Ok(self.scan()?.ids(self))
+    }
+
+    /// [`Root::scan`] for a listing's first page, which reports the entries that are no
+    /// session of the root (and, the first time this process opens the catalog, indexes
+    /// the ids): the last such read again while the root folder shows no change since it
+    /// (its inode, modification and change times; the read is kept only when the folder had
+    /// been left alone for a moment before it, see `scan_cache`). Every session created,
+    /// published, deleted or renamed into the root changes the folder's times; what they do
+    /// not show (a session file put into a folder named as no valid id, a symlink's target
+    /// replaced) is reported once the folder changes again.
+    ///
+    /// # Errors
+    /// As [`Root::scan`].
+    pub(crate) fn listing_scan(&self) -> Result<Arc<RootScan>> {
+        self.inner
+            .scans
+            .get_or_read(&self.inner.dir, || self.scan())
     }
 
     /// One read of the root folder: its folders named as session ids (their sessions:
