@@ -1060,7 +1060,7 @@ impl Root {
     pub(crate) fn listing_scan(&self) -> Result<Arc<RootScan>> {
         self.inner
             .scans
-            .get_or_read(&self.inner.dir, || self.scan())
+            .get_or_read(&self.inner.path, || self.scan())
     }
 
     /// One read of the root folder: its folders named as session ids (their sessions:

@@ -4,10 +4,9 @@
 //! `Service`, `serve`, a Python host) listing a root of 10,000 sessions paid about 4 ms
 //! for that read on every first page (`cargo bench --bench query`, session 33).
 
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-use rustix::fd::AsFd;
 
 use super::RootScan;
 
@@ -27,9 +26,10 @@ struct FolderStamp {
 }
 
 impl FolderStamp {
-    /// The stamp of the open folder `dir`; `None` when it cannot be read.
-    fn of(dir: impl AsFd) -> Option<FolderStamp> {
-        let st = rustix::fs::fstat(dir).ok()?;
+    /// The stamp of the folder at `path` (the path the read reads, so that a folder put in
+    /// the place of the one read is a change); `None` when it cannot be looked at.
+    fn of(path: &Path) -> Option<FolderStamp> {
+        let st = rustix::fs::stat(path).ok()?;
         Some(FolderStamp {
             inode: st.st_ino,
             modified: (st.st_mtime, st.st_mtime_nsec),
@@ -53,15 +53,15 @@ impl FolderStamp {
 pub(crate) struct ScanCache(Mutex<Option<(FolderStamp, Arc<RootScan>)>>);
 
 impl ScanCache {
-    /// The kept read when the folder `dir` shows the same stamp as when it was made, else
+    /// The kept read when the folder at `path` shows the same stamp as when it was made, else
     /// a new one from `read`, kept when the folder had been quiet for [`QUIET`] before it
     /// (the stamp is taken before the read, so a change during the read is seen next time).
     pub(crate) fn get_or_read(
         &self,
-        dir: impl AsFd,
+        path: &Path,
         read: impl FnOnce() -> crate::error::Result<RootScan>,
     ) -> crate::error::Result<Arc<RootScan>> {
-        let stamp = FolderStamp::of(dir);
+        let stamp = FolderStamp::of(path);
         let now = SystemTime::now();
         let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if let (Some((at, scan)), Some(stamp)) = (kept.as_ref(), stamp)
