@@ -492,14 +492,15 @@ pub(crate) fn read_history_texts(
         }
         let event_seq = r.get(1)?;
         let (text, parts): (Option<String>, Option<String>) = (r.get(3)?, r.get(4)?);
-        let checked_at = CheckedAt {
-            kind: 5,
-            payload: 3,
-            reference: 6,
-        };
-        verify_row(event_seq, r, &checked_at, parts.as_deref(), r.get(7)?)??;
+        verify_row(
+            event_seq,
+            r,
+            &HISTORY_TEXT_CHECKED_AT,
+            parts.as_deref(),
+            r.get(7)?,
+        )??;
         let payload = stored_text(conn, event_seq, text, parts, &mut cache)?;
-        let kind = match r.get_ref(5)? {
+        let kind = match r.get_ref(HISTORY_TEXT_CHECKED_AT.kind)? {
             ValueRef::Null => None,
             kind => Some(event_row::decode_kind(event_seq, kind)?),
         };
@@ -762,6 +763,14 @@ const EVENT_CHECKED_AT: CheckedAt = CheckedAt {
     kind: 2,
     payload: 4,
     reference: 5,
+};
+
+/// The check-covered columns of a row of [`read_history_texts`]'s statement (its check at
+/// 7, its `payload_parts` at 4).
+const HISTORY_TEXT_CHECKED_AT: CheckedAt = CheckedAt {
+    kind: 5,
+    payload: 3,
+    reference: 6,
 };
 
 /// The event row of `seq` in `r` (its columns `at`, `parts` its `payload_parts`)
