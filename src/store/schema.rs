@@ -760,6 +760,25 @@ fn check_schema(conn: &Connection, version: i64) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// `.cargo/config.toml` builds the bundled SQLite without its memory statistics (a
+    /// global mutex on every allocation, which the threads reading a page of search hits
+    /// back queued on): this fails if that setting is lost.
+    #[test]
+    fn sqlite_is_built_without_its_memory_statistics() {
+        let conn = Connection::open_in_memory().expect("open");
+        let options = conn
+            .prepare("PRAGMA compile_options")
+            .expect("prepare")
+            .query_map([], |r| r.get::<_, String>(0))
+            .expect("query")
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .expect("options");
+        assert!(
+            options.iter().any(|o| o == "DEFAULT_MEMSTATUS=0"),
+            "compile options: {options:?}"
+        );
+    }
+
     #[test]
     fn an_immutable_connection_is_valid_until_a_wal_appears() {
         let dir = tempfile::tempdir().expect("tempdir");
