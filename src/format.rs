@@ -22,7 +22,7 @@ pub const CODEC: &str = "session-store/sqlite-v1";
 /// The schema version (`PRAGMA user_version`) this build writes; it reads and migrates
 /// every version from 1 up to this one, and refuses a newer file with
 /// [`Error::UnsupportedVersion`](crate::Error::UnsupportedVersion).
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// The session file inside a session folder (`<root>/<session id>/session.sqlite`).
 pub const SESSION_FILE: &str = "session.sqlite";

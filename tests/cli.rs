@@ -639,7 +639,12 @@ fn fork_rewind_export_import_delete_and_verify() {
     let newer = env.path("newer.sqlite");
     std::fs::copy(&export, &newer).expect("copy");
     rusqlite::Connection::open(&newer)
-        .and_then(|c| c.execute_batch("PRAGMA user_version = 9"))
+        .and_then(|c| {
+            c.execute_batch(&format!(
+                "PRAGMA user_version = {}",
+                session_store::format::SCHEMA_VERSION + 1
+            ))
+        })
         .expect("user_version");
     let newer_arg = newer.to_str().expect("utf-8");
     let refused = env.fails(&["import", newer_arg, "--id", "newer"], 6);
@@ -647,8 +652,9 @@ fn fork_rewind_export_import_delete_and_verify() {
         refused.trim_end(),
         format!(
             "session-store: error: cannot import {newer_arg}: not supported by this build: \
-             file {newer_arg} has schema version 9, newer than {} (the newest this build \
+             file {newer_arg} has schema version {}, newer than {} (the newest this build \
              reads): a newer session-store reads it",
+            session_store::format::SCHEMA_VERSION + 1,
             session_store::format::SCHEMA_VERSION
         ),
     );

@@ -1453,3 +1453,38 @@ fn schema8_puts_the_transcript_index_last_and_keeps_the_checkpoint() {
     let verified = verify_file(&file).expect("verify");
     assert!(verified.notes.is_empty(), "{:?}", verified.notes);
 }
+
+/// Schema 9 (migration 0009) on a schema-8 file: `event_kinds` becomes the JSON list, and
+/// Debian's `sqlite3` lists the same codes, names and `bare` flags from it as from the
+/// `VALUES` list before, and names the kinds of `event_log` the same.
+#[test]
+fn schema9_lists_the_same_event_kinds_from_one_json_list() {
+    let (_work, root_dir) = copied(&SCHEMA8);
+    let file = session_file(&root_dir, "chain-a");
+    const KINDS: &str = "SELECT group_concat(hex(code) || ' ' || kind || ' ' || bare, ', ')
+                         FROM event_kinds";
+    const LOG: &str = "SELECT group_concat(kind, ' ') FROM event_log";
+    const VIEW: &str =
+        "SELECT sql LIKE '%json_each%' FROM sqlite_schema WHERE name = 'event_kinds'";
+    assert_eq!(sqlite3(&file, "PRAGMA user_version"), "8");
+    assert_eq!(sqlite3(&file, VIEW), "0");
+    let (kinds, log) = (sqlite3(&file, KINDS), sqlite3(&file, LOG));
+    assert!(
+        kinds.starts_with("00 message/complete 1, 01 tool/result 0"),
+        "{kinds}"
+    );
+    assert!(log.contains("message/complete"), "{log}");
+
+    let root = Root::open(&root_dir).expect("root");
+    root.open_writer(&id("chain-a"))
+        .expect("a writer upgrades the file")
+        .close()
+        .expect("close");
+    assert_eq!(
+        sqlite3(&file, "PRAGMA user_version"),
+        SCHEMA_VERSION.to_string()
+    );
+    assert_eq!(sqlite3(&file, VIEW), "1");
+    assert_eq!(sqlite3(&file, KINDS), kinds);
+    assert_eq!(sqlite3(&file, LOG), log);
+}

@@ -2112,14 +2112,18 @@ fn a_session_of_a_newer_version_answers_naming_it() {
     let (_dir, root) = demo_root();
     rusqlite::Connection::open(root.join("demo-cli-flag").join("session.sqlite"))
         .expect("open")
-        .execute_batch("PRAGMA user_version = 9")
+        .execute_batch(&format!(
+            "PRAGMA user_version = {}",
+            session_store::format::SCHEMA_VERSION + 1
+        ))
         .expect("user_version");
     let server = Server::start(&root, &[]);
     let named = format!(
         "session demo-cli-flag cannot be shown by this build (not supported by this build: \
-         file {} has schema version 9, newer than {} (the newest this build reads): a newer \
+         file {} has schema version {}, newer than {} (the newest this build reads): a newer \
          session-store reads it)",
         root.join("demo-cli-flag").join("session.sqlite").display(),
+        session_store::format::SCHEMA_VERSION + 1,
         session_store::format::SCHEMA_VERSION
     );
     let named = named.as_str();

@@ -168,10 +168,11 @@ pub(crate) fn whole_payload(stored: String, bare: bool) -> String {
     whole
 }
 
-/// The `event_kinds` rows migration 0005 writes, as `(code, kind, bare)`: checked against
-/// [`CODED_KINDS`] by the tests, so the file's table tells the shell what this build reads.
+/// The `event_kinds` rows migrations 0005 and 0009 write, as `(code, kind, bare)`: checked
+/// against [`CODED_KINDS`] by the tests, so the file's view tells the shell what this build
+/// reads.
 #[cfg(test)]
-fn event_kinds_rows() -> Vec<(Vec<u8>, String, bool)> {
+pub(crate) fn event_kinds_rows() -> Vec<(Vec<u8>, String, bool)> {
     (0..CODED_KINDS.len())
         .map(|code| {
             (

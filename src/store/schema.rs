@@ -21,7 +21,7 @@ pub(crate) const LOCK_FILE: &str = "writer.lock";
 pub(crate) const LITESTREAM_DIR: &str = ".session.sqlite-litestream";
 
 /// Schema migrations, one numbered SQL file each; `user_version` is their count.
-const MIGRATION_SQL: [&str; 8] = [
+const MIGRATION_SQL: [&str; 9] = [
     include_str!("../../migrations/0001_initial.sql"),
     include_str!("../../migrations/0002_checkpoint.sql"),
     include_str!("../../migrations/0003_lean.sql"),
@@ -30,6 +30,7 @@ const MIGRATION_SQL: [&str; 8] = [
     include_str!("../../migrations/0006_operation_key_chunks.sql"),
     include_str!("../../migrations/0007_row_check.sql"),
     include_str!("../../migrations/0008_checkpoint_order.sql"),
+    include_str!("../../migrations/0009_kind_list.sql"),
 ];
 
 // `user_version` is the number of migrations: one more migration is one more version.
@@ -50,6 +51,7 @@ fn migrations() -> Migrations<'static> {
         M::up(MIGRATION_SQL[5]),
         M::up(MIGRATION_SQL[6]),
         M::up(MIGRATION_SQL[7]),
+        M::up(MIGRATION_SQL[8]),
     ])
 }
 
@@ -759,6 +761,22 @@ fn check_schema(conn: &Connection, version: i64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The `event_kinds` view of a new file (migration 0009's JSON list) has the rows of
+    /// the kinds this build codes, code by code.
+    #[test]
+    fn the_event_kinds_view_lists_the_codes_this_build_reads() {
+        let mut conn = Connection::open_in_memory().expect("open");
+        migrations().to_latest(&mut conn).expect("migrate");
+        let rows = conn
+            .prepare("SELECT code, kind, bare FROM event_kinds")
+            .expect("prepare")
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .expect("query")
+            .collect::<rusqlite::Result<Vec<(Vec<u8>, String, bool)>>>()
+            .expect("rows");
+        assert_eq!(rows, crate::store::event_row::event_kinds_rows());
+    }
 
     /// `.cargo/config.toml` builds the bundled SQLite without its memory statistics (a
     /// global mutex on every allocation, which the threads reading a page of search hits
