@@ -179,7 +179,7 @@ pub enum Error {
     PersistenceFailed(Box<Error>),
     /// The disk (or its quota) is full. The source is SQLite's `SQLITE_FULL` error (or, for
     /// a reader that could not grow the file's `-shm`, `SQLITE_IOERR_SHMSIZE`).
-    DiskFull(std::sync::Arc<rusqlite::Error>),
+    DiskFull(SqliteError),
     /// The wait was cancelled by the caller.
     Cancelled,
     /// The fork or rewind cut does not fall on a commit boundary.
@@ -216,7 +216,7 @@ pub enum Error {
         source: std::sync::Arc<std::io::Error>,
     },
     /// Any other SQLite error.
-    Sqlite(std::sync::Arc<rusqlite::Error>),
+    Sqlite(SqliteError),
 }
 
 impl fmt::Display for Error {
@@ -322,7 +322,7 @@ fn with_cause(
     }
 }
 
-/// The source is the cause itself (an [`std::io::Error`], a [`rusqlite::Error`], the
+/// The source is the cause itself (an [`std::io::Error`], the SQLite binding's error, the
 /// [`Error`] of the failed write, the pool's error, the `serde_json::Error` behind a corrupt
 /// row or a refused input), not the `Arc` that shares it, so
 /// `source().and_then(|s| s.downcast_ref::<std::io::Error>())` works.
@@ -330,7 +330,7 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Error::Poisoned(cause) | Error::PersistenceFailed(cause) => Some(&**cause),
-            Error::DiskFull(cause) | Error::Sqlite(cause) => Some(&**cause),
+            Error::DiskFull(cause) | Error::Sqlite(cause) => Some(cause.cause()),
             Error::Io { source, .. } => Some(&**source),
             Error::ReadConnection(cause) => Some(&**cause),
             Error::InvalidInput { source, .. }
@@ -561,7 +561,9 @@ impl Error {
                     || self.is_disk_full_io()
                     || self.is_io_errno(&[Errno::MFILE, Errno::NFILE, Errno::NOMEM])
             }
-            Error::Sqlite(e) => e.sqlite_error_code() == Some(rusqlite::ErrorCode::OutOfMemory),
+            Error::Sqlite(e) => {
+                e.cause().sqlite_error_code() == Some(rusqlite::ErrorCode::OutOfMemory)
+            }
             _ => false,
         }
     }
@@ -572,11 +574,52 @@ impl Error {
         match self {
             Error::DiskFull(_) => true,
             Error::Sqlite(e) => matches!(
-                e.sqlite_error_code(),
+                e.cause().sqlite_error_code(),
                 Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
             ),
             _ => false,
         }
+    }
+}
+
+/// An error SQLite reported (or met while its answer was read): its message, and SQLite's
+/// result codes when it gave them. It keeps the SQLite binding's own types out of the
+/// store's public API, so a new version of that binding is not a breaking change of this
+/// crate. [`Error::source`](std::error::Error::source) of the [`Error`] holding it is the
+/// binding's error itself, for a program that wants to look closer.
+#[derive(Debug, Clone)]
+pub struct SqliteError(std::sync::Arc<rusqlite::Error>);
+
+impl SqliteError {
+    pub(crate) fn new(cause: rusqlite::Error) -> SqliteError {
+        SqliteError(std::sync::Arc::new(cause))
+    }
+
+    /// The binding's error.
+    pub(crate) fn cause(&self) -> &rusqlite::Error {
+        &self.0
+    }
+
+    /// SQLite's primary result code (`SQLITE_FULL` is 13, `SQLITE_BUSY` 5: see
+    /// <https://sqlite.org/rescode.html>); `None` when the error did not come from SQLite
+    /// itself (a value of an unexpected type, say).
+    pub fn code(&self) -> Option<i32> {
+        self.extended_code().map(|code| code & 0xff)
+    }
+
+    /// SQLite's extended result code (`SQLITE_IOERR_SHMSIZE` is 4874); `None` as for
+    /// [`SqliteError::code`].
+    pub fn extended_code(&self) -> Option<i32> {
+        match &*self.0 {
+            rusqlite::Error::SqliteFailure(failure, _) => Some(failure.extended_code),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for SqliteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
     }
 }
 
@@ -588,7 +631,7 @@ impl From<rusqlite::Error> for Error {
                 ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase => {
                     Error::corrupt_from("SQLite reports", e)
                 }
-                ErrorCode::DiskFull => Error::DiskFull(std::sync::Arc::new(e)),
+                ErrorCode::DiskFull => Error::DiskFull(SqliteError::new(e)),
                 // SQLite could not open a file (the database, its `-wal` or `-shm`) because
                 // the process or the system has no descriptor left: the process's limit,
                 // not the file's fault (a list skipped every session as unreadable).
@@ -600,7 +643,7 @@ impl From<rusqlite::Error> for Error {
                 ErrorCode::SystemIoFailure
                     if f.extended_code == rusqlite::ffi::SQLITE_IOERR_SHMSIZE =>
                 {
-                    Error::DiskFull(std::sync::Arc::new(e))
+                    Error::DiskFull(SqliteError::new(e))
                 }
                 // A schema that lacks what this build's statements name: a damaged or
                 // foreign file (our own statements are fixed and tested).
@@ -611,14 +654,14 @@ impl From<rusqlite::Error> for Error {
                 {
                     Error::corrupt_from("the schema lacks what this build reads", e)
                 }
-                _ => Error::Sqlite(std::sync::Arc::new(e)),
+                _ => Error::Sqlite(SqliteError::new(e)),
             },
             // A stored value of the wrong type or encoding.
             rusqlite::Error::InvalidColumnType(..)
             | rusqlite::Error::FromSqlConversionFailure(..)
             | rusqlite::Error::IntegralValueOutOfRange(..)
             | rusqlite::Error::Utf8Error(..) => Error::corrupt_from("undecodable row", e),
-            _ => Error::Sqlite(std::sync::Arc::new(e)),
+            _ => Error::Sqlite(SqliteError::new(e)),
         }
     }
 }
@@ -656,5 +699,31 @@ impl From<rusqlite_migration::Error> for Error {
                 source: Some(std::sync::Arc::new(other)),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sqlite_error_gives_its_primary_and_extended_codes() {
+        let shm = SqliteError::new(rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_IOERR_SHMSIZE),
+            None,
+        ));
+        assert_eq!(shm.extended_code(), Some(4874));
+        assert_eq!(shm.code(), Some(rusqlite::ffi::SQLITE_IOERR));
+        // An error the binding met, not SQLite: no code, its own text.
+        let other = SqliteError::new(rusqlite::Error::InvalidQuery);
+        assert_eq!((other.code(), other.extended_code()), (None, None));
+        assert_eq!(other.to_string(), rusqlite::Error::InvalidQuery.to_string());
+        let error = Error::from(rusqlite::Error::InvalidQuery);
+        assert!(
+            matches!(&error, Error::Sqlite(e) if e.code().is_none()),
+            "{error:?}"
+        );
+        let source = std::error::Error::source(&error).expect("a source");
+        assert!(source.downcast_ref::<rusqlite::Error>().is_some());
     }
 }

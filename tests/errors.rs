@@ -498,7 +498,13 @@ fn a_busy_file_is_retryable_and_flush_recovers() {
     assert!(matches!(e, Error::PersistenceFailed(_)), "{e:?}");
     assert_eq!(classes(&e), ["retryable"], "{e}");
     let cause = failed_write(&e);
-    assert!(matches!(cause, Error::Sqlite(_)), "{cause:?}");
+    let Error::Sqlite(reported) = cause else {
+        panic!("{cause:?}")
+    };
+    // The store's own type says what SQLite said: SQLITE_BUSY (5), its message.
+    assert_eq!(reported.code(), Some(5), "{reported}");
+    assert_eq!(reported.extended_code(), Some(5), "{reported}");
+    assert_eq!(reported.to_string(), "database is locked");
     assert_eq!(classes(cause), ["retryable"]);
     let sqlite = cause
         .source()

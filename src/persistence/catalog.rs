@@ -1306,7 +1306,7 @@ fn naming_session(error: Error, dir: &std::path::Path) -> Error {
     let file = dir.join(crate::store::schema::SESSION_FILE);
     match error {
         Error::DiskFull(cause) => {
-            let named = match &*cause {
+            let named = match cause.cause() {
                 // SQLite's own text for a `-shm` it could not grow is "disk I/O error".
                 rusqlite::Error::SqliteFailure(code, message) => {
                     let why = if code.extended_code == rusqlite::ffi::SQLITE_IOERR_SHMSIZE {
@@ -1321,7 +1321,7 @@ fn naming_session(error: Error, dir: &std::path::Path) -> Error {
                 }
                 _ => return Error::DiskFull(cause),
             };
-            Error::DiskFull(Arc::new(named))
+            Error::DiskFull(crate::error::SqliteError::new(named))
         }
         Error::Io { context, source } => Error::Io {
             context: format!("{context} (reading {})", file.display()),

@@ -117,14 +117,16 @@ impl ReadPool {
     pub(crate) fn get(&self) -> Result<PooledConnection> {
         let file = &self.shared.file;
         if !self.shared.access.still_valid(file) {
-            return Err(Error::Sqlite(Arc::new(rusqlite::Error::SqliteFailure(
-                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
-                Some(format!(
-                    "{} was read as immutable (its folder refuses new files) and a writer \
+            return Err(Error::Sqlite(crate::error::SqliteError::new(
+                rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
+                    Some(format!(
+                        "{} was read as immutable (its folder refuses new files) and a writer \
                      has started on it since: open the session again",
-                    file.display()
-                )),
-            ))));
+                        file.display()
+                    )),
+                ),
+            )));
         }
         let deadline = Instant::now().checked_add(self.shared.timeout);
         let mut state = self.state();

@@ -162,7 +162,7 @@ pub(crate) fn require_file(file: &Path) -> Result<()> {
 fn explain_cant_open(file: &Path, write: bool, e: Error) -> Error {
     use rustix::fs::{Access as Mode, AtFlags, CWD, accessat};
     let cant_open = matches!(&e, Error::Sqlite(cause)
-        if cause.sqlite_error_code() == Some(rusqlite::ErrorCode::CannotOpen));
+        if cause.cause().sqlite_error_code() == Some(rusqlite::ErrorCode::CannotOpen));
     let mode = if write {
         Mode::READ_OK | Mode::WRITE_OK
     } else {
@@ -627,7 +627,7 @@ pub(crate) fn open_unchecked_reader(path: &Path, access: Access) -> Result<Conne
 /// connection that may write can roll back) replaced by an [`Error::InvalidInput`] saying
 /// so, naming the file and how to roll it back. Any other error is returned as it is.
 fn explain_hot_journal(file: &Path, e: Error) -> Error {
-    let hot = matches!(&e, Error::Sqlite(cause) if matches!(&**cause,
+    let hot = matches!(&e, Error::Sqlite(cause) if matches!(cause.cause(),
         rusqlite::Error::SqliteFailure(f, _)
             if f.extended_code == rusqlite::ffi::SQLITE_READONLY_ROLLBACK));
     if !hot {
