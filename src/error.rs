@@ -623,6 +623,14 @@ impl fmt::Display for SqliteError {
     }
 }
 
+/// Transparent: its message is the binding's, so its source is the binding error's own
+/// (a chain printed from it does not say the same thing twice).
+impl std::error::Error for SqliteError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
 impl From<rusqlite::Error> for Error {
     fn from(e: rusqlite::Error) -> Self {
         use rusqlite::ErrorCode;
@@ -725,5 +733,8 @@ mod tests {
         );
         let source = std::error::Error::source(&error).expect("a source");
         assert!(source.downcast_ref::<rusqlite::Error>().is_some());
+        // A standard error of its own, Send and Sync like `Error`.
+        let boxed: Box<dyn std::error::Error + Send + Sync> = Box::new(other);
+        assert!(boxed.source().is_none());
     }
 }
