@@ -515,6 +515,9 @@ struct Figures {
     bytes: u64,
     /// Temporary export files the kills left (outside the root, never at a final path).
     leftovers: usize,
+    /// Of those, left after the retry's export into the same folder (only an empty one,
+    /// met before its export could lock it, may stay: the retry removes the others).
+    leftovers_after_retry: usize,
     /// Staging folders the kills left, removed by the next `Root::open`.
     staging_removed: usize,
 }
@@ -957,6 +960,23 @@ fn retry(
             }
         }
         Want::File(file, want) => {
+            if result.is_ok() {
+                // The retry's export removed what the killed one left beside it, but for
+                // an empty temporary file with no sidecar (the kill came between its
+                // creation and its lock), left for a minute.
+                for entry in std::fs::read_dir(&env.out).unwrap() {
+                    let entry = entry.unwrap();
+                    let name = entry.file_name().to_string_lossy().into_owned();
+                    if name.starts_with(".sse-") {
+                        let bytes = entry.metadata().unwrap().len();
+                        assert!(
+                            name.ends_with(".tmp") && bytes == 0,
+                            "{ctx}: {name} ({bytes} bytes) outlived the retry's export"
+                        );
+                        figures.leftovers_after_retry += 1;
+                    }
+                }
+            }
             let path = env.out.join(file);
             figures.verify(&path, want, &ctx);
             // Importable: into a root of its own, the same history.
@@ -1019,7 +1039,8 @@ fn crash_loop(op: Op, kills: usize) -> Figures {
         "crash_during_{}: {} kills in {:.1?} (kill window {:.1?}); {} inside a step: {outcomes}; \
          {} steps finished before their kill; {} retries succeeded; {} sessions/files \
          re-verified, {} payload bytes checked; {} staging folders of the dead child removed \
-         by the next Root::open; {} temporary export files left beside their destination",
+         by the next Root::open; {} temporary export files left beside their destination, \
+         {} of them after the retry's export",
         op.name(),
         figures.kills,
         started.elapsed(),
@@ -1031,6 +1052,7 @@ fn crash_loop(op: Op, kills: usize) -> Figures {
         figures.bytes,
         figures.staging_removed,
         figures.leftovers,
+        figures.leftovers_after_retry,
     );
     assert_eq!(figures.kills, kills);
     figures

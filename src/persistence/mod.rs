@@ -4,6 +4,7 @@
 mod catalog;
 mod confine;
 mod delete;
+mod export_temp;
 mod fork;
 mod portable;
 mod retention;

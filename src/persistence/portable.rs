@@ -9,8 +9,8 @@ use serde::Serialize;
 use crate::cancel::CancelToken;
 use crate::error::{Error, Result};
 use crate::model::header::{Header, Origin};
-use crate::model::ids::random_u64;
 use crate::model::{Event, SessionId};
+use crate::persistence::export_temp::{self, ExportTemp};
 use crate::persistence::verify::{LogValidator, resolve_target};
 use crate::persistence::{Root, rename_no_replace, sync_dir};
 use crate::store::read::{check_integrity, read_file_lineage};
@@ -236,9 +236,12 @@ impl Root {
         }
         let reader = self.open_reader(id)?;
         let through = reader.durable_sequence()?;
-        // Short, so that any destination name that fits the file system fits here too
-        // (with SQLite's `-journal` suffix); created with `O_NOFOLLOW` by SQLite.
-        let temp = folder.join(format!(".sse-{:016x}.tmp", random_u64()));
+        // What an export killed here before left (its lock died with it), then a new
+        // temporary file, locked until this export ends: declared before the connections
+        // below, so that it is dropped after them (§9).
+        export_temp::remove_leftovers(&folder);
+        let guard = ExportTemp::create(&folder)?;
+        let temp = guard.path().to_path_buf();
         let written = (|| {
             let mut conn = schema::create_file(&temp)?;
             write::init_file(&mut conn, reader.header())?;
@@ -274,6 +277,7 @@ impl Root {
                 let _ = std::fs::remove_file(schema::sidecar(&temp, suffix));
             }
         }
+        drop(guard);
         written
     }
 
