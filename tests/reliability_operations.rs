@@ -515,8 +515,9 @@ struct Figures {
     bytes: u64,
     /// Temporary export files the kills left (outside the root, never at a final path).
     leftovers: usize,
-    /// Of those, left after the retry's export into the same folder (only an empty one,
-    /// met before its export could lock it, may stay: the retry removes the others).
+    /// Of those, left after the retry's export into the same folder (only an empty one
+    /// with no sidecar, of an export killed before SQLite wrote to it, may stay a minute:
+    /// the retry removes the others).
     leftovers_after_retry: usize,
     /// Staging folders the kills left, removed by the next `Root::open`.
     staging_removed: usize,
@@ -962,8 +963,8 @@ fn retry(
         Want::File(file, want) => {
             if result.is_ok() {
                 // The retry's export removed what the killed one left beside it, but for
-                // an empty temporary file with no sidecar (the kill came between its
-                // creation and its lock), left for a minute.
+                // an empty temporary file with no sidecar (the kill came before SQLite
+                // wrote to it: maybe before its lock), left for a minute.
                 for entry in std::fs::read_dir(&env.out).unwrap() {
                     let entry = entry.unwrap();
                     let name = entry.file_name().to_string_lossy().into_owned();
