@@ -45,7 +45,16 @@ impl ExportTemp {
             .create_new(true)
             .custom_flags(NO_FOLLOW)
             .open(&path)
-            .map_err(|e| Error::io(format!("create {}", path.display()), e))?;
+            .map_err(|e| {
+                // The folder was found (the export checked it): a "no such file" here is
+                // a folder that takes no new file (`/proc`), not a missing one.
+                let e = if e.kind() == std::io::ErrorKind::NotFound {
+                    std::io::Error::other(format!("{e}: the folder takes no new file"))
+                } else {
+                    e
+                };
+                Error::io(format!("create {}", path.display()), e)
+            })?;
         match file.try_lock() {
             Ok(()) => Ok(ExportTemp { path, _lock: file }),
             Err(e) => {
