@@ -12,6 +12,7 @@
 use std::fs::{File, OpenOptions, TryLockError};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use crate::error::{Error, Result};
@@ -25,6 +26,15 @@ const SUFFIX: &str = ".tmp";
 /// empty and locks it right after, and a file met between the two is not a leftover.
 const EMPTY_GRACE: Duration = Duration::from_secs(60);
 
+/// The temporary files of this process's exports under way, named before they are
+/// created. [`remove_leftovers`] never opens one: closing any descriptor of a file drops
+/// the process's POSIX locks on it, those of the export's SQLite connection included.
+static LIVE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+fn live() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    LIVE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// An export's temporary file, locked while this value lives. Dropped only after every
 /// SQLite connection to the file is closed: closing a descriptor of a file drops the
 /// process's POSIX locks on it, SQLite's included (`flock` is a lock of its own kind).
@@ -34,12 +44,27 @@ pub(crate) struct ExportTemp {
     _lock: File,
 }
 
+impl Drop for ExportTemp {
+    fn drop(&mut self) {
+        live().retain(|p| p != &self.path);
+    }
+}
+
 impl ExportTemp {
     /// Creates and locks a new temporary file in `folder` (a short name, so that any
     /// destination name that fits the file system fits it too, with SQLite's `-journal`
     /// suffix). Never follows a symlink; refuses a name that exists.
     pub(crate) fn create(folder: &Path) -> Result<ExportTemp> {
         let path = folder.join(format!("{PREFIX}{:016x}{SUFFIX}", random_u64()));
+        live().push(path.clone());
+        let created = Self::lock_new(path.clone());
+        if created.is_err() {
+            live().retain(|p| p != &path);
+        }
+        created
+    }
+
+    fn lock_new(path: PathBuf) -> Result<ExportTemp> {
         let file = OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -142,11 +167,16 @@ pub(crate) fn remove_leftovers(folder: &Path) -> usize {
     removed
 }
 
-/// Whether the temporary file at `path` is a dead export's: a regular file (never
-/// followed) that no process holds locked. An export creates its file empty and locks it
-/// right after: an empty one with no sidecar (SQLite writes only after the lock is taken)
-/// is left until it is [`EMPTY_GRACE`] old.
+/// Whether the temporary file at `path` is a dead export's: not one of this process's
+/// ([`LIVE`]), a regular file (never followed) that no process holds locked. An export
+/// creates its file empty and locks it right after: an empty one with no sidecar (SQLite
+/// writes only after the lock is taken) is left until it is [`EMPTY_GRACE`] old.
 fn is_leftover(path: &Path) -> bool {
+    // Named in `LIVE` before it is created: a file listed in the folder that is not there
+    // now is another process's.
+    if live().iter().any(|p| p == path) {
+        return false;
+    }
     let Ok(file) = open_no_follow(path) else {
         return false;
     };
@@ -169,7 +199,7 @@ fn is_leftover(path: &Path) -> bool {
         return false;
     }
     // Our own probe's lock goes with `file` when it is dropped; no connection of this
-    // process has such a file open (each export's name is new).
+    // process has such a file open (this process's own are in `LIVE`).
     file.try_lock().is_ok()
 }
 
@@ -212,6 +242,11 @@ mod tests {
         let journalled = dir.path().join(".sse-00000000000000dd.tmp");
         std::fs::write(&journalled, b"").expect("write");
         std::fs::write(schema::sidecar(&journalled, "-journal"), b"j").expect("write");
+        // Locked by another open of it (as another process's export holds its own).
+        let held = dir.path().join(".sse-00000000000000ff.tmp");
+        std::fs::write(&held, b"SQLite format 3\0").expect("write");
+        let holder = File::open(&held).expect("open");
+        holder.try_lock().expect("lock");
         // A sidecar whose temporary file is gone.
         let orphan = schema::sidecar(&dir.path().join(".sse-00000000000000ee.tmp"), "-wal");
         std::fs::write(&orphan, b"w").expect("write");
@@ -225,7 +260,8 @@ mod tests {
 
         // The dead file and its journal, the journalled one and its journal, the orphan.
         assert_eq!(remove_leftovers(dir.path()), 5);
-        assert!(live.path().exists(), "held by a live export");
+        assert!(live.path().exists(), "this process's export under way");
+        assert!(held.exists(), "held by a live export");
         assert!(!dead.exists() && !schema::sidecar(&dead, "-journal").exists());
         assert!(!journalled.exists() && !orphan.exists());
         assert!(
@@ -242,6 +278,11 @@ mod tests {
             .expect("age it");
         assert_eq!(remove_leftovers(dir.path()), 1);
         assert!(!empty.exists());
-        drop(live);
+        let live_path = live.path().to_path_buf();
+        drop((live, holder));
+        assert!(
+            !super::live().contains(&live_path),
+            "a dropped export is no longer live"
+        );
     }
 }
