@@ -12,7 +12,8 @@ use std::time::{Duration, Instant, SystemTime};
 use common::{create, event, id, temp_root, turn};
 use serde_json::{Value, json};
 use session_store::{
-    Batch, Error, ForkPoint, GcOptions, ListFilter, ListSort, Origin, Root, Service, Usage,
+    Batch, Error, ForkPoint, GcOptions, ListFilter, ListSort, Origin, Root, Service, SessionId,
+    Usage,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_session-store");
@@ -63,6 +64,11 @@ fn fails(root: &Path, args: &[&str], status: i32) -> String {
         assert_eq!(err.lines().count(), 1, "one line on stderr: {err:?}");
     }
     err
+}
+
+/// The ids as text, in their order (a library listing's entries or skipped sessions).
+fn id_texts<'a>(ids: impl IntoIterator<Item = &'a SessionId>) -> Vec<String> {
+    ids.into_iter().map(SessionId::to_string).collect()
 }
 
 /// Ids listed (one page of `list --json` with these extra arguments).
@@ -828,13 +834,8 @@ fn list_filters_and_sorts_are_keyset_pages_on_the_catalog() {
     let filter = ListFilter::default()
         .with_cwd("/proj")
         .with_sort(ListSort::Updated);
-    let ids: Vec<String> = lib
-        .list_filtered(&filter, None, 10)
-        .expect("list")
-        .entries
-        .iter()
-        .map(|e| e.session_id.to_string())
-        .collect();
+    let listing = lib.list_filtered(&filter, None, 10).expect("list");
+    let ids = id_texts(listing.entries.iter().map(|e| &e.session_id));
     assert_eq!(ids, ["d", "b", "e", "a"]);
     let rt = tokio::runtime::Runtime::new().expect("tokio");
     let page = rt
@@ -1283,20 +1284,10 @@ fn a_first_page_sees_what_changed_in_the_root_folder_since_the_last() {
     for name in ["a", "b"] {
         create(&root, name).close().expect("close");
     }
-    let skipped = |listing: &session_store::Listing| -> Vec<String> {
-        listing
-            .skipped
-            .iter()
-            .map(|s| s.session_id.to_string())
-            .collect()
-    };
-    let ids = |listing: &session_store::Listing| -> Vec<String> {
-        listing
-            .entries
-            .iter()
-            .map(|e| e.session_id.to_string())
-            .collect()
-    };
+    let skipped =
+        |listing: &session_store::Listing| id_texts(listing.skipped.iter().map(|s| &s.session_id));
+    let ids =
+        |listing: &session_store::Listing| id_texts(listing.entries.iter().map(|e| &e.session_id));
     let pages = |root: &Root| {
         let plain = root.list(None, 10).expect("list");
         let filtered = root

@@ -99,6 +99,25 @@ impl ExportTemp {
     pub(crate) fn path(&self) -> &Path {
         &self.path
     }
+
+    /// Removes the file and its SQLite sidecars (a failed or cancelled export), then lets
+    /// the lock go.
+    pub(crate) fn discard(self) {
+        remove_with_sidecars(&self.path);
+    }
+}
+
+/// Removes `file` and its SQLite sidecars (unlinks: never follows a symlink); how many
+/// of them were there to remove.
+fn remove_with_sidecars(file: &Path) -> usize {
+    std::iter::once(file.to_path_buf())
+        .chain(
+            schema::SIDECARS
+                .iter()
+                .map(|suffix| schema::sidecar(file, suffix)),
+        )
+        .filter(|path| std::fs::remove_file(path).is_ok())
+        .count()
 }
 
 /// What a name in an export's folder is to [`remove_leftovers`].
@@ -139,26 +158,18 @@ pub(crate) fn remove_leftovers(folder: &Path) -> usize {
         return 0;
     };
     let mut removed = 0;
-    let mut remove = |path: &Path| {
-        if std::fs::remove_file(path).is_ok() {
-            removed += 1;
-        }
-    };
     for entry in entries.flatten() {
         let name = entry.file_name();
         let path = entry.path();
         match name.to_str().and_then(temp_name) {
             Some(TempName::File) if is_leftover(&path) => {
-                remove(&path);
-                for suffix in schema::SIDECARS {
-                    remove(&schema::sidecar(&path, suffix));
-                }
+                removed += remove_with_sidecars(&path);
             }
             Some(TempName::Sidecar(file)) => {
                 let gone = matches!(std::fs::symlink_metadata(folder.join(file)),
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound);
-                if gone {
-                    remove(&path);
+                if gone && std::fs::remove_file(&path).is_ok() {
+                    removed += 1;
                 }
             }
             _ => {}

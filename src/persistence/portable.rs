@@ -271,13 +271,8 @@ impl Root {
             })
         })();
         if written.is_err() {
-            // `remove_file` unlinks; it never follows a symlink.
-            let _ = std::fs::remove_file(&temp);
-            for suffix in schema::SIDECARS {
-                let _ = std::fs::remove_file(schema::sidecar(&temp, suffix));
-            }
+            guard.discard();
         }
-        drop(guard);
         written
     }
 
