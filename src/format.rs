@@ -46,6 +46,12 @@ pub const STAGING_DIR: &str = ".staging";
 /// `blobs` table, whatever the inline threshold.
 pub const INLINE_PAYLOAD_LIMIT: usize = 64 * 1024;
 
+/// The largest payload an event may have (900,000,000 bytes, below SQLite's default
+/// 1,000,000,000-byte value limit even when it does not compress): an append of a longer
+/// one is refused ([`Error::InvalidInput`](crate::Error::InvalidInput)), and no reader
+/// decompresses a blob to more than this, whatever its row says (a bound on zstd bombs).
+pub const MAX_PAYLOAD_BYTES: u64 = 900_000_000;
+
 /// The smallest inline threshold a store accepts: a shorter string would not shrink.
 pub const MIN_INLINE_THRESHOLD: usize = 128;
 

@@ -1065,10 +1065,13 @@ fn append_of_a_file_without_a_batch_changes_nothing() {
     assert_eq!(env.json(&["show", "new"])["durable_sequence"], 0);
 }
 
-/// `append` of a file whose first batch line is bad input (not a batch, not UTF-8) is
-/// refused with status 6 before the session is opened: its file, lease generation and
-/// mtime stay as they were (the writer was taken first), and while another process
-/// writes the session the answer is still 6 naming the line (it was 5, "owned by").
+/// `append` of a file whose first batch line is bad input (not a batch, not UTF-8, a
+/// batch no session accepts: no events, a required event of an unknown kind, a blank
+/// title, a `turn/end` without a status) is refused with status 6 before the session is
+/// opened: its file, lease generation and mtime stay as they were (the writer was taken
+/// first; a batch refused by `Batch::validate` took it until session 35), and while
+/// another process writes the session the answer is still 6 naming the line (it was 5,
+/// "owned by").
 #[test]
 fn append_of_a_file_whose_first_line_is_bad_opens_nothing() {
     let env = Env::new();
@@ -1076,12 +1079,25 @@ fn append_of_a_file_whose_first_line_is_bad_opens_nothing() {
     let state = || session_state(&env, "s");
     let before = state();
     std::thread::sleep(Duration::from_millis(50));
-    let bad: [(&str, &[u8]); 2] = [
+    let bad: [(&str, &[u8]); 6] = [
         (
             "not-a-batch",
             b"\n{\"operation_id\": \"o\", \"evnts\": []}\n",
         ),
         ("not-utf8", b"\xff\xfe{}\n"),
+        ("no-events", b"{\"operation_id\": \"o\", \"events\": []}\n"),
+        (
+            "unknown-kind",
+            b"{\"operation_id\": \"o\", \"events\": [{\"kind\": \"bogus/kind\"}]}\n",
+        ),
+        (
+            "blank-title",
+            b"{\"operation_id\": \"o\", \"events\": [{\"kind\": \"session/title\", \"payload\": {\"title\": \" \"}}]}\n",
+        ),
+        (
+            "no-status",
+            b"{\"operation_id\": \"o\", \"events\": [{\"kind\": \"turn/end\", \"payload\": {}}]}\n",
+        ),
     ];
     for (name, bytes) in bad {
         let input = env.path(name);
@@ -1090,7 +1106,10 @@ fn append_of_a_file_whose_first_line_is_bad_opens_nothing() {
             &["append", "s", "--file", input.to_str().expect("utf-8")],
             6,
         );
-        assert!(err.contains("line "), "{name}: {err}");
+        assert!(
+            err.contains("line 1") || err.contains("line 2"),
+            "{name}: {err}"
+        );
         let after = state();
         assert!(after.0 == before.0, "{name}: the session file changed");
         assert_eq!((&after.1, &after.2), (&before.1, &before.2), "{name}");
@@ -1110,6 +1129,15 @@ fn append_of_a_file_whose_first_line_is_bad_opens_nothing() {
         6,
     );
     assert!(err.contains("line 2: not a batch"), "{err}");
+    let input = env.path("no-status");
+    let err = env.fails(
+        &["append", "s", "--file", input.to_str().expect("utf-8")],
+        6,
+    );
+    assert!(
+        err.contains("line 1 (operation \"o\")") && err.contains("status"),
+        "{err}"
+    );
     drop(holder.stdin.take());
     assert!(holder.wait().expect("wait").success());
 }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 
 use common::*;
-use session_store::{Batch, Error, Session};
+use session_store::{Batch, Error, Event, Session};
 
 /// More commits than the in-memory window of recent durable operation ids (2,048).
 const PAST_WINDOW: usize = 2_200;
@@ -264,4 +264,100 @@ fn operation_keys_are_kept_in_chunks_and_a_damaged_chunk_is_searched_around() {
         retry_all(&s);
         s.close().unwrap();
     }
+}
+
+/// `SessionReader::operation` answers whether an append became durable, without the
+/// writer: `None` while the commit is only accepted, the stored commit once it is durable
+/// (its id trimmed as an append trims it; past the recent window, from the key chunks,
+/// after a reopen), `None` for an id never used, and in a fork only for the fork's own
+/// commits (an inherited one is its parent's operation).
+#[test]
+fn a_reader_answers_whether_an_operation_is_durable() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "asked");
+    let reader = root.open_reader(&id("asked")).unwrap();
+    let pending = s.append(titled("pending", "p")).unwrap();
+    assert!(reader.operation("pending").unwrap().is_none());
+    s.flush().unwrap();
+    let durable = reader.operation(" pending ").unwrap().expect("durable");
+    assert_eq!(identity(&durable), identity(&pending));
+    let originals = titled_commits(&s, PAST_WINDOW);
+    s.close().unwrap();
+
+    let reader = root.open_reader(&id("asked")).unwrap();
+    for i in [0, PAST_WINDOW / 2, PAST_WINDOW - 1] {
+        let found = reader
+            .operation(&format!("op-{i}"))
+            .unwrap()
+            .expect("stored");
+        assert_eq!(identity(&found), identity(&originals[i]), "op-{i}");
+    }
+    assert!(reader.operation("never").unwrap().is_none());
+
+    let after = session_store::ForkPoint::AfterTurn("t".into());
+    let parent = create(&root, "parent");
+    parent.append(turn("parent-op", "t", "m")).unwrap();
+    parent.close().unwrap();
+    let child = root.fork(&id("parent"), after, Some(id("child"))).unwrap();
+    let session = root.open_writer(&child).unwrap();
+    session.append(titled("child-op", "c")).unwrap();
+    session.close().unwrap();
+    let reader = root.open_reader(&child).unwrap();
+    assert!(reader.operation("parent-op").unwrap().is_none());
+    assert!(reader.operation("child-op").unwrap().is_some());
+}
+
+/// `Batch::validate` refuses, with an append's own error, every batch an append refuses
+/// whatever its session holds, and accepts one that only a session's state refuses.
+#[test]
+fn validate_refuses_what_every_append_refuses() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "checked");
+    s.append(turn("first", "t1", "m1")).unwrap();
+    let refused = [
+        Batch::new("", vec![title("x")]),
+        Batch::new("o", vec![]),
+        Batch::new("inherit:a:b", vec![title("x")]),
+        Batch::new("o", vec![event("  ", serde_json::json!({}))]),
+        Batch::new("o", vec![Event::new("bogus/kind")]),
+        Batch::new("o", vec![title("  ")]),
+        Batch::new("o", vec![event("turn/end", serde_json::json!({}))]),
+        Batch::new(
+            "o",
+            vec![message("a", "user", "x"), message("a", "user", "y")],
+        ),
+        Batch::new(
+            "o",
+            vec![
+                Event::new("turn/start").with_id("e"),
+                title("x").with_id("e"),
+            ],
+        ),
+    ];
+    for batch in refused {
+        let checked = batch.validate().unwrap_err().to_string();
+        let appended = s.append(batch.clone()).unwrap_err().to_string();
+        assert_eq!(checked, appended, "{batch:?}");
+    }
+    // Trimmed kinds are read as an append reads them.
+    let spaced = Batch::new(
+        "o",
+        vec![event(" session/title ", serde_json::json!({"title": " "}))],
+    );
+    assert_eq!(
+        spaced.validate().unwrap_err().to_string(),
+        s.append(spaced.clone()).unwrap_err().to_string()
+    );
+    // Only the session's state refuses these: a message id it holds; a turn started while
+    // its turn is open.
+    s.append(Batch::new("open", vec![Event::new("turn/start")]).in_turn("t2"))
+        .unwrap();
+    for batch in [
+        Batch::new("o", vec![message("m1", "user", "again")]),
+        Batch::new("o", vec![Event::new("turn/start")]).in_turn("t3"),
+    ] {
+        batch.validate().unwrap();
+        s.append(batch).unwrap_err();
+    }
+    assert_eq!(s.sequences().0, 4, "no refused batch was accepted");
 }

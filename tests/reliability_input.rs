@@ -872,7 +872,7 @@ fn soak_huge_random_payload() {
     run_huge_payload(500 << 20, true, 4096);
 }
 
-/// The heaviest variant: just over the 1 GiB blob limit (`MAX_BLOB_BYTES`), repetitive so it
+/// The heaviest variant: just over the blob limit (`format::MAX_PAYLOAD_BYTES`), repetitive so it
 /// compresses to almost nothing. It must be refused at append, or stored and read back.
 ///
 /// Regression guard (a library bug, now fixed): it is accepted, written and closed,

@@ -102,7 +102,7 @@ pub fn run(
         cx.open_root()?
     };
     let mut lines: Lines = Box::new(input.lines().enumerate());
-    if regular && !has_a_batch_line(&mut lines)? {
+    if regular && !has_a_batch_line(&root, &id, &mut lines)? {
         return nothing_to_append(cx, &root, &id, create);
     }
     let mut pending: Vec<Accepted> = Vec::new();
@@ -160,21 +160,39 @@ fn is_regular(file: &File) -> bool {
 /// Reads `lines` up to the first one that is not blank (a byte order mark before the
 /// first line counts as blank, as [`read_line`] drops it) and puts that one back; false
 /// when there is none. That line is checked here, before anything is opened: one that
-/// cannot be read, is not UTF-8 or is not a batch fails as it would where the lines are
-/// fed (a file starting with one took the session's writer first, moving its lease
-/// generation and mtime, and was refused with status 5 while another process wrote it).
-fn has_a_batch_line(lines: &mut Lines) -> CliResult<bool> {
+/// cannot be read, is not UTF-8, is not a batch or is a batch no session accepts
+/// (`Batch::validate`) fails as it would where the lines are fed (a file starting with
+/// one took the session's writer first, moving its lease generation and mtime, and was
+/// refused with status 5 while another process wrote it). A batch `validate` refuses whose
+/// operation session `id` stores goes on: its append is a retry, answered with the stored
+/// commit.
+fn has_a_batch_line(root: &Root, id: &SessionId, lines: &mut Lines) -> CliResult<bool> {
     for (n, line) in lines.by_ref() {
         let text = read_line(n, line)?;
         if text.trim().is_empty() {
             continue;
         }
-        parse_batch(n, &text)?;
+        let batch = parse_batch(n, &text)?;
+        if let Err(e) = batch.validate()
+            && !stores_operation(root, id, &batch.operation_id)?
+        {
+            return Err(line_failure(n, &batch.operation_id, &e));
+        }
         let rest = std::mem::replace(lines, Box::new(std::iter::empty()));
         *lines = Box::new(std::iter::once((n, Ok(text))).chain(rest));
         return Ok(true);
     }
     Ok(false)
+}
+
+/// Whether session `id` (when there is one) stores a commit of `operation_id`, read
+/// without taking its writer.
+fn stores_operation(root: &Root, id: &SessionId, operation_id: &str) -> CliResult<bool> {
+    match root.open_reader(id) {
+        Ok(reader) => Ok(reader.operation(operation_id)?.is_some()),
+        Err(e) if e.is_not_found() => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// `append` of input without a batch, read to its end before anything was opened: the

@@ -5,6 +5,7 @@ use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
+use crate::format::MAX_PAYLOAD_BYTES;
 use crate::model::ids::lower_hex;
 
 pub(crate) use crate::format::INLINE_PAYLOAD_LIMIT;
@@ -162,6 +163,99 @@ impl Batch {
         self.turn_id = Some(turn_id.into());
         self
     }
+
+    /// Checks, without a session, what an append of this batch checks: an operation id
+    /// and events are given, the operation id is not reserved, every event has a kind, a
+    /// payload of at most [`MAX_PAYLOAD_BYTES`] that its kind accepts (a message's `id`,
+    /// a `turn/end`'s status, a title that is not blank, ...) and an id no other event of
+    /// the batch has, and no message id is completed twice.
+    ///
+    /// An append refuses every batch this refuses, with the same error, but one: a retry
+    /// of an operation the session stores answers its commit, checked against the stored
+    /// content only (a rule added since does not refuse what an older build stored). An
+    /// append may refuse a batch this accepts, for what its session holds: a message id
+    /// completed before, a turn rule, an operation id stored with other content.
+    ///
+    /// # Errors
+    /// As an append's: [`Error::InvalidInput`] or [`Error::InvalidPayload`] naming what is
+    /// wrong, [`Error::UnsupportedVersion`] for a required event of a kind this build does
+    /// not know (an optional one is stored unread).
+    pub fn validate(&self) -> Result<()> {
+        check_fields(self.operation_id.trim(), &self.events)?;
+        check_unique_ids(&self.events)?;
+        if self
+            .events
+            .iter()
+            .all(|e| e.kind.trim().len() == e.kind.len())
+        {
+            return crate::model::projection::check_alone(&self.events);
+        }
+        // An append trims each kind before it reads its payload.
+        let trimmed: Vec<Event> = self
+            .events
+            .iter()
+            .map(|e| Event {
+                kind: e.kind.trim().to_owned(),
+                ..e.clone()
+            })
+            .collect();
+        crate::model::projection::check_alone(&trimmed)
+    }
+}
+
+/// The checks of a batch's fields that come before its operation id is looked up (so a
+/// retry fails them too): an operation id (`operation_id`, trimmed) and events are
+/// given, the id is not reserved for inherited commits, every event has a kind, and no
+/// payload is over [`MAX_PAYLOAD_BYTES`].
+///
+/// # Errors
+/// [`Error::InvalidInput`] naming the first that fails.
+pub(crate) fn check_fields(operation_id: &str, events: &[Event]) -> Result<()> {
+    if operation_id.is_empty() || events.is_empty() {
+        return Err(Error::invalid("operation id and events are required"));
+    }
+    if operation_id.starts_with(INHERITED_OPERATION_PREFIX) {
+        return Err(Error::invalid(format!(
+            "operation ids starting with {INHERITED_OPERATION_PREFIX:?} are reserved for inherited commits"
+        )));
+    }
+    for (i, e) in events.iter().enumerate() {
+        if e.kind.trim().is_empty() {
+            return Err(Error::invalid(format!("events[{i}].kind is required")));
+        }
+        if e.payload_len() as u64 > MAX_PAYLOAD_BYTES {
+            return Err(Error::invalid(format!(
+                "events[{i}] payload is {} bytes, over the {MAX_PAYLOAD_BYTES}-byte limit",
+                e.payload_len()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a batch in which two events carry the same caller-supplied id: an event id
+/// names one event (forks, replacements and readers find events by it). Empty ids are
+/// derived later, each unique. Ids repeated across batches are not looked up (that would
+/// search the log on every append).
+///
+/// # Errors
+/// [`Error::InvalidInput`] naming the id and both events.
+pub(crate) fn check_unique_ids(events: &[Event]) -> Result<()> {
+    // Allocated at the first id: most batches carry none.
+    let mut seen = std::collections::HashMap::new();
+    for (i, e) in events.iter().enumerate() {
+        if e.id.is_empty() {
+            continue;
+        }
+        if let Some(first) = seen.insert(e.id.as_str(), i) {
+            return Err(Error::invalid(format!(
+                "events[{i}] repeats the id {} of events[{first}]: an event id must be \
+                 unique in its batch",
+                crate::error::quoted(&e.id)
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// [`Batch`]'s fields as serde's derive reads them (from a map or, the reason this is not

@@ -223,6 +223,24 @@ enum Parsed {
     Usage(UsageRecord),
 }
 
+/// The rules of an append that need no session state, for [`Batch::validate`]: each
+/// payload against its kind's schema, no message id completed twice in `events`, and the
+/// append-only rules that read the batch alone ([`check_titles`], [`check_costs`],
+/// [`check_replacements`]). A fresh projection holds nothing that could make a batch it
+/// refuses acceptable: every session refuses what this refuses.
+///
+/// [`Batch::validate`]: crate::Batch::validate
+///
+/// # Errors
+/// As an append's: [`Error::InvalidPayload`], [`Error::InvalidInput`] or
+/// [`Error::UnsupportedVersion`] (a required event of an unknown kind).
+pub(crate) fn check_alone(events: &[Event]) -> Result<()> {
+    let prepared = Projection::default().prepare(events)?;
+    check_titles(&prepared)?;
+    check_costs(&prepared)?;
+    check_replacements(&prepared)
+}
+
 /// Parses and validates one event's payload against its kind's schema.
 fn parse(event: &Event) -> Result<Parsed> {
     let kind = event.kind.as_str();

@@ -9,13 +9,12 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result, WriterOwner};
-use crate::model::event::{INHERITED_OPERATION_PREFIX, assign_derived_ids, operation_hash};
+use crate::model::event::{assign_derived_ids, check_fields, check_unique_ids, operation_hash};
 use crate::model::ids::{derived_turn_id, now_ms, random_hex};
 use crate::model::projection::{FoldEffects, apply_history};
 use crate::model::{Batch, Commit, Event, Message, Projection, SessionId};
 use crate::session::ops::{self, Known, OperationIds};
 use crate::session::pool::{self, Drain};
-use crate::store::blob::MAX_BLOB_BYTES;
 use crate::store::checkpoint;
 use crate::store::lock::WriterLock;
 use crate::store::operation_keys::ChunkCache;
@@ -532,58 +531,17 @@ struct PreparedBatch {
     charge: usize,
 }
 
-/// Refuses a batch in which two events carry the same caller-supplied id: an event id
-/// names one event (forks, replacements and readers find events by it). Empty ids are
-/// derived later, each unique. Ids repeated across batches are not looked up (that would
-/// search the log on every append).
-///
-/// # Errors
-/// [`Error::InvalidInput`] naming the id and both events.
-fn check_unique_ids(events: &[Event]) -> Result<()> {
-    // Allocated at the first id: most batches carry none.
-    let mut seen = HashMap::new();
-    for (i, e) in events.iter().enumerate() {
-        if e.id.is_empty() {
-            continue;
-        }
-        if let Some(first) = seen.insert(e.id.as_str(), i) {
-            return Err(Error::invalid(format!(
-                "events[{i}] repeats the id {} of events[{first}]: an event id must be \
-                 unique in its batch",
-                crate::error::quoted(&e.id)
-            )));
-        }
-    }
-    Ok(())
-}
-
 fn prepare_batch(batch: Batch) -> Result<PreparedBatch> {
     let operation_id = batch.operation_id.trim().to_owned();
-    if operation_id.is_empty() || batch.events.is_empty() {
-        return Err(Error::invalid("operation id and events are required"));
-    }
-    if operation_id.starts_with(INHERITED_OPERATION_PREFIX) {
-        return Err(Error::invalid(format!(
-            "operation ids starting with {INHERITED_OPERATION_PREFIX:?} are reserved for inherited commits"
-        )));
-    }
+    check_fields(&operation_id, &batch.events)?;
     let mut events = batch.events;
-    for (i, e) in events.iter_mut().enumerate() {
+    for e in &mut events {
         let kind = e.kind.trim();
-        if kind.is_empty() {
-            return Err(Error::invalid(format!("events[{i}].kind is required")));
-        }
         if kind.len() != e.kind.len() {
             e.kind = kind.to_owned();
         }
         e.seq = 0;
         e.content_ref = None;
-        if e.payload_len() as u64 > MAX_BLOB_BYTES {
-            return Err(Error::invalid(format!(
-                "events[{i}] payload is {} bytes, over the {MAX_BLOB_BYTES}-byte limit",
-                e.payload_len()
-            )));
-        }
     }
     let turn_id = match batch.turn_id.filter(|t| !t.trim().is_empty()) {
         Some(t) => Some(t),

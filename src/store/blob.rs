@@ -1,20 +1,17 @@
 //! Blob encoding: zstd when it pays, verified on every read.
 
 use crate::error::{Error, Result};
+use crate::format::MAX_PAYLOAD_BYTES;
 use crate::model::event::{INLINE_PAYLOAD_LIMIT, sha256_hex};
 
 /// zstd level for blobs: level 1 saves most of what higher levels do on JSON, fast.
 const ZSTD_LEVEL: i32 = 1;
 
-/// Largest payload this build stores or decompresses: below SQLite's default 1,000,000,000
-/// byte value limit even when it does not compress (and a bound on zstd bombs).
-pub(crate) const MAX_BLOB_BYTES: u64 = 900_000_000;
-
 /// What a blob row is read as, which bounds what it may hold: a reader decompresses no
 /// more than that, whatever the row says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Holds {
-    /// A whole payload, or a blob asked for by digest: up to [`MAX_BLOB_BYTES`].
+    /// A whole payload, or a blob asked for by digest: up to [`MAX_PAYLOAD_BYTES`].
     Any,
     /// A content part: a string value of a payload stored inline, which is at most
     /// [`INLINE_PAYLOAD_LIMIT`] long (a longer payload is stored whole).
@@ -25,7 +22,7 @@ impl Holds {
     /// The most such a blob holds, and what it is called in an error.
     fn limit(self) -> (u64, &'static str) {
         match self {
-            Holds::Any => (MAX_BLOB_BYTES, "a blob"),
+            Holds::Any => (MAX_PAYLOAD_BYTES, "a blob"),
             Holds::Part => (INLINE_PAYLOAD_LIMIT as u64, "a content part"),
         }
     }

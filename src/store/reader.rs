@@ -1600,6 +1600,18 @@ impl SessionReader {
         read::read_operation_filter(&*self.own().ok()?, through_seq, max_bytes)
     }
 
+    /// The durable commit that recorded `operation_id` (trimmed, as an append takes it) in
+    /// this session's own file, if there is one: what a retry of that operation would
+    /// answer. A host that lost an append's answer (its process died, a call timed out)
+    /// asks here whether the batch became durable, without taking the writer. A fork's
+    /// inherited commits are its ancestors' (their operations are looked up there).
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] for a damaged commit or key chunk, SQLite's errors.
+    pub fn operation(&self, operation_id: &str) -> Result<Option<Commit>> {
+        self.lookup_operation(operation_id.trim(), &mut ChunkCache::default())
+    }
+
     /// The commit that recorded `operation_id` in this session's own file; `chunks` keeps
     /// the operation-key chunks read (schema 6) for the next lookup of the same file.
     pub(crate) fn lookup_operation(
