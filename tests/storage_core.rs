@@ -495,15 +495,23 @@ fn sqlite3_shell_reads_events_with_json_extract() {
     let (_dir, root) = temp_root();
     let s = create(&root, "shell");
     s.append(turn("op", "turn-1", "hello-id")).unwrap();
+    // Spelled as Python's default `json.dumps` writes it: stored whole, under the text kind.
+    let spaced = Event::new("message/complete")
+        .with_payload_json(r#"{"message": {"id": "spaced-id", "role": "user", "content": "hi"}}"#)
+        .unwrap();
+    s.append(Batch::new("spaced", vec![spaced])).unwrap();
     s.close().unwrap();
     let file = root.session_dir(&id("shell")).join("session.sqlite");
     let out = std::process::Command::new("/usr/bin/sqlite3")
         .arg(&file)
         // Schema 5: a known kind is a code (its name in `event_kinds`), a message stored
-        // bare; `event_log` shows names and whole payloads.
+        // bare; `event_log` shows names and whole payloads. The first query is the
+        // README's, which reads both forms.
         .arg(
-            "SELECT json_extract(payload, '$.id') FROM events
-               WHERE kind = (SELECT code FROM event_kinds WHERE kind = 'message/complete');
+            "SELECT CASE typeof(kind) WHEN 'text' THEN json_extract(payload, '$.message.id')
+                    ELSE json_extract(payload, '$.id') END FROM events
+               WHERE kind IN ('message/complete',
+                              (SELECT code FROM event_kinds WHERE kind = 'message/complete'));
              SELECT count(*) FROM event_log; SELECT role FROM transcript;
              SELECT group_concat(kind, ' ') FROM event_log;
              SELECT json_extract(payload_summary, '$.message.id') FROM event_log
@@ -518,7 +526,8 @@ fn sqlite3_shell_reads_events_with_json_extract() {
     );
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
-        "hello-id\n3\nuser\nturn/start message/complete turn/end\nhello-id\n"
+        "hello-id\nspaced-id\n4\nuser\nuser\nturn/start message/complete turn/end message/complete\n\
+         hello-id\nspaced-id\n"
     );
 }
 
