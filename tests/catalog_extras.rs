@@ -1323,3 +1323,38 @@ fn a_first_page_sees_what_changed_in_the_root_folder_since_the_last() {
         assert_eq!(pages(&root).0, vec!["a", "b"]);
     }
 }
+
+/// A run decides as its dry run reports (outside testing, session 35): with a fork `c`
+/// ordered before its parent `p`, both old, `gc --keep-forked` deleted `c` and then `p`,
+/// which no fork held any more, after `--dry-run` had said "kept p: 1 fork(s) inherit from
+/// it". Both keep `p` now; without `--keep-forked` both delete the two, and `p`'s report
+/// names no fork (`c` is gone before it, nothing is copied into it).
+#[test]
+fn gc_does_what_its_dry_run_says_when_a_fork_sorts_before_its_parent() {
+    let (_dir, root) = temp_cli_root();
+    chat(&root, "p", 2, "/w");
+    ok(&root, &["fork", "p", "--after-turn", "t2", "--id", "c"]);
+    std::thread::sleep(Duration::from_millis(2_200));
+    for dry_run in [true, false] {
+        let mut args = vec!["gc", "--older-than", "2s", "--keep-forked"];
+        if dry_run {
+            args.push("--dry-run");
+        }
+        let report = json_of(&root, &args);
+        assert_eq!(gc_ids(&report, "deleted"), ["c"], "{report}");
+        assert_eq!(gc_ids(&report, "kept"), ["p"], "{report}");
+    }
+    assert_eq!(listed(&root, &[]), ["p"]);
+    ok(&root, &["fork", "p", "--after-turn", "t2", "--id", "c"]);
+    std::thread::sleep(Duration::from_millis(2_200));
+    for dry_run in [true, false] {
+        let mut args = vec!["gc", "--older-than", "2s"];
+        if dry_run {
+            args.push("--dry-run");
+        }
+        let report = json_of(&root, &args);
+        assert_eq!(gc_ids(&report, "deleted"), ["c", "p"], "{report}");
+        assert_eq!(report["deleted"][1]["forks"], json!([]), "{report}");
+    }
+    assert!(listed(&root, &[]).is_empty());
+}

@@ -34,7 +34,9 @@ pub struct GcOptions {
     /// Report what would be deleted; delete nothing.
     pub dry_run: bool,
     /// Keep sessions that forks inherit from (otherwise their forks get the inherited
-    /// history copied in first, as [`Root::delete`] does).
+    /// history copied in first, as [`Root::delete`] does). Decided for every session as
+    /// the run starts, as a dry run reports it: a session whose forks this same run
+    /// deletes is kept all the same (a later run, finding it without forks, deletes it).
     pub keep_forked: bool,
 }
 
@@ -71,7 +73,8 @@ pub struct GcDeleted {
     /// its creation before any; for a file that cannot be read, the last change of its
     /// files.
     pub updated_at_ms: i64,
-    /// Its forks, which get the history they inherit from it copied in first.
+    /// Its forks, which get the history they inherit from it copied in first (not those
+    /// this run deleted before it).
     pub forks: Vec<SessionId>,
 }
 
@@ -232,31 +235,41 @@ impl Root {
                 (age_ms <= cutoff_ms).then_some((id, updated_at_ms))
             })
             .collect();
-        let mut root_writable = false;
+        // Every session's reason to be kept is found before anything is deleted, so that
+        // a run decides as its dry run reports: deleting a fork first no longer frees its
+        // parent from `keep_forked` in the same run.
+        let mut doomed = Vec::new();
         for (id, updated_at_ms) in old {
-            let dir = self.session_dir(&id);
             let keep = |why: String| GcKept {
                 session_id: id.clone(),
                 reason: why,
             };
-            let forks = match reason_to_keep(self, &id, &dir, cutoff_ms, options.keep_forked, true)
-            {
-                Ok(Ok(forks)) => forks,
-                Ok(Err(why)) => {
-                    report.kept.push(keep(why));
-                    continue;
-                }
-                Err(Error::SessionNotFound(_)) => continue,
-                Err(e) => {
-                    report.failed.push(keep(e.to_string()));
-                    continue;
-                }
-            };
-            let deleted = GcDeleted {
+            let dir = self.session_dir(&id);
+            match reason_to_keep(self, &id, &dir, cutoff_ms, options.keep_forked, true) {
+                Ok(Ok(forks)) => doomed.push(GcDeleted {
+                    session_id: id,
+                    updated_at_ms,
+                    forks,
+                }),
+                Ok(Err(why)) => report.kept.push(keep(why)),
+                Err(Error::SessionNotFound(_)) => {}
+                Err(e) => report.failed.push(keep(e.to_string())),
+            }
+        }
+        let mut root_writable = false;
+        for mut deleted in doomed {
+            let id = deleted.session_id.clone();
+            let keep = |why: String| GcKept {
                 session_id: id.clone(),
-                updated_at_ms,
-                forks,
+                reason: why,
             };
+            // A fork deleted before it in this run gets nothing copied in.
+            deleted.forks.retain(|fork| {
+                !report
+                    .deleted
+                    .iter()
+                    .any(|gone: &GcDeleted| gone.session_id == *fork)
+            });
             if options.dry_run {
                 report.deleted.push(deleted);
                 continue;
