@@ -263,11 +263,13 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         # Both least recently used first, at most MAX_OPEN_THREADS each (see _commit).
         self._writers: collections.OrderedDict[str, _SharedWriter] = collections.OrderedDict()
         self._release_writers = weakref.finalize(self, _release_writers, self._writers)
-        # (thread, ns, channel) -> (version, the list value last stored or read): the base
-        # of a list channel that only grows, and the start of the next read of it (its items
-        # are shared with what that read returns: LangGraph replaces messages, it does not
-        # change them in place).
-        self._lists: dict[tuple[str, str, str], tuple[Any, list[Any]]] = {}
+        # (thread, ns, channel) -> (version, the serialized items of the list value last
+        # stored or read): the base of a list channel that only grows, and the start of the
+        # next read of it. Kept as the serializer's bytes, never as the objects a put was
+        # given or a read returned: a node or a caller that changes an item in place (an
+        # earlier message edited) changed the base too, so a list grown from it was stored
+        # as its suffix without the edit, and a read returned the caller's changes.
+        self._lists: dict[tuple[str, str, str], tuple[Any, list[tuple[str, bytes]]]] = {}
         # thread -> a reader of its session and the identity of the session file that the
         # caches above describe (see _current).
         self._readers: collections.OrderedDict[str, _native.Reader] = collections.OrderedDict()
@@ -338,9 +340,10 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
             return model
 
     def _value(self, thread_id: str, model: _Thread, ns: str, channel: str, version: Any) -> Any:
-        """The value of ``channel`` at ``version``: a list stored as appended items is its
-        base's list plus them, the chain of bases followed back to a whole value or to the
-        version this saver last read or wrote (kept decoded, see :meth:`_stored_value`)."""
+        """The value of ``channel`` at ``version``, decoded afresh: a list stored as appended
+        items is its base's list plus them, the chain of bases followed back to a whole
+        value or to the version this saver last read or wrote (its items kept serialized,
+        see :meth:`_stored_value`)."""
         key = (thread_id, ns, channel)
         cached = self._lists.get(key)
         suffixes: list[list[Any]] = []
@@ -349,7 +352,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         at = version
         while True:
             if cached is not None and cached[0] == at:
-                base = cached[1]
+                base = [self.serde.loads_typed(form) for form in cached[1]]
                 break
             if record is None:
                 raise SessionStoreError(
@@ -369,7 +372,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         value = list(base)
         for suffix in reversed(suffixes):
             value.extend(suffix)
-        self._lists[key] = (version, list(value))
+        self._lists[key] = (version, [self.serde.dumps_typed(item) for item in value])
         return value
 
     def _tuple(self, thread_id: str, model: _Thread, ns: str, cid: str) -> CheckpointTuple:
@@ -524,36 +527,43 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
 
     def _stored_value(
         self, thread_id: str, ns: str, channel: str, version: Any, value: Any
-    ) -> tuple[Any, dict[str, str]]:
-        """The stored form of a new channel version, ``(base, value)``: the version a list
-        grew from and its appended items, else ``None`` and the whole value. Changes nothing:
-        :meth:`_remember` records the version once its commit is durable."""
+    ) -> tuple[Any, dict[str, str], builtins.list[tuple[str, bytes]] | None]:
+        """The stored form of a new channel version, ``(base, value, items)``: the version a
+        list grew from and its appended items, else ``None`` and the whole value; and a
+        list's items serialized one by one (for :meth:`_remember`). A list grew when each
+        item of the base serializes as this list's item at its place does now: an item
+        changed in place since (an edited message) makes the whole list stored, and ``==``
+        alone would take ``1``, ``True`` and ``1.0`` for one value. Every item is serialized
+        once a put, as a saver storing the whole list does. Changes nothing: :meth:`_remember`
+        records the version once its commit is durable."""
+        if not isinstance(value, list):
+            return None, _encode(self.serde.dumps_typed(value)), None
+        items = [self.serde.dumps_typed(item) for item in value]
         previous = self._lists.get((thread_id, ns, channel))
-        if isinstance(value, list) and previous is not None:
-            base, items = previous
-            n = len(items)
-            if base != version and 0 < n <= len(value) and all(
-                a is b or self._same(a, b) for a, b in zip(items, value)
-            ):
-                return base, _encode(self.serde.dumps_typed(value[n:]))
-        return None, _encode(self.serde.dumps_typed(value))
+        if previous is not None:
+            base, head = previous
+            n = len(head)
+            if base != version and 0 < n <= len(items) and items[:n] == head:
+                return base, _encode(self.serde.dumps_typed(value[n:])), items
+        return None, _encode(self.serde.dumps_typed(value)), items
 
-    def _same(self, a: Any, b: Any) -> bool:
-        """Whether ``a`` and ``b`` (two distinct objects) read back as the same value: equal
-        and serialized alike. ``==`` alone takes ``1``, ``True`` and ``1.0`` (also inside a
-        dict or a message) for one value, and a list grown from such a head was stored as a
-        suffix of the old one, read back with the old items."""
-        return bool(a == b) and self.serde.dumps_typed(a) == self.serde.dumps_typed(b)
-
-    def _remember(self, thread_id: str, ns: str, channel: str, version: Any, value: Any) -> None:
-        """Records a stored channel version: a list is the base of the next one grown from it.
-        Called only after its commit is durable, so a failed ``put`` (a value or metadata the
-        serializer refuses, another writer) never leaves a base that is not in the log."""
+    def _remember(
+        self,
+        thread_id: str,
+        ns: str,
+        channel: str,
+        version: Any,
+        items: builtins.list[tuple[str, bytes]] | None,
+    ) -> None:
+        """Records a stored channel version: a list (its serialized ``items``) is the base of
+        the next one grown from it. Called only after its commit is durable, so a failed
+        ``put`` (a value or metadata the serializer refuses, another writer) never leaves a
+        base that is not in the log."""
         key = (thread_id, ns, channel)
-        if isinstance(value, list):
+        if items is not None:
             if thread_id not in self._readers and thread_id not in self._writers:
                 return  # let go meanwhile (_drop_unused): nothing is kept of it
-            self._lists[key] = (version, list(value))
+            self._lists[key] = (version, items)
         else:
             self._lists.pop(key, None)
 
@@ -571,15 +581,17 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         values: dict[str, Any] = c.pop("channel_values")  # type: ignore[misc]
         names: list[list[Any]] = []
         events: list[tuple[str, Any]] = []
+        lists: builtins.list[builtins.list[tuple[str, bytes]] | None] = []
         with self._lock:
             self._current(thread_id)  # no list base from an earlier session of the thread
             for channel, version in new_versions.items():
                 if channel in values:
-                    base, value = self._stored_value(
+                    base, value, items = self._stored_value(
                         thread_id, ns, channel, version, values[channel]
                     )
                     names.append([channel, version, base])
                     events.append((_VALUE, value))
+                    lists.append(items)
         events.append(
             (
                 _CHECKPOINT,
@@ -597,8 +609,8 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         )
         self._commit(thread_id, events)
         with self._lock:
-            for channel, _, _ in names:
-                self._remember(thread_id, ns, channel, new_versions[channel], values[channel])
+            for (channel, _, _), items in zip(names, lists):
+                self._remember(thread_id, ns, channel, new_versions[channel], items)
         return {
             "configurable": {
                 "thread_id": thread_id,

@@ -237,6 +237,51 @@ def test_a_list_grown_from_equal_but_different_items_reads_back_exactly(root, sa
     assert [n[0][2] for n in names] == [None, None, "2"]
 
 
+def test_an_item_changed_in_place_is_stored_with_the_list(root, saver) -> None:
+    # A node that edits an earlier message in place and adds one (outside testing, session
+    # 35): the saver kept the list it last stored as those same objects, saw the head
+    # "unchanged" and stored the new message alone; its own reads showed the edit, a fresh
+    # saver (another process) read the old text.
+    def bot(state: MessagesState) -> dict:
+        if state["messages"][-1].content == "fix it":
+            state["messages"][-2].content += " [corrected]"
+            return {"messages": [AIMessage(content="fixed")]}
+        return {"messages": [AIMessage(content="first answer")]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("bot", bot)
+    builder.add_edge(START, "bot")
+    builder.add_edge("bot", END)
+    g = builder.compile(checkpointer=saver)
+    g.invoke({"messages": [("user", "hi")]}, config("edited"))
+    g.invoke({"messages": [("user", "fix it")]}, config("edited"))
+    expected = ["hi", "first answer [corrected]", "fix it", "fixed"]
+    assert contents(g.get_state(config("edited"))) == expected
+    with SessionStoreSaver(root) as fresh:
+        assert contents(builder.compile(checkpointer=fresh).get_state(config("edited"))) == expected
+    # A list that only grew is still stored as its suffix after that.
+    g.invoke({"messages": [("user", "more")]}, config("edited"))
+    last = root.events(session_id_of("edited"))["commits"][-1]
+    names = [e["payload"]["values"] for e in last["events"] if e["kind"] == "langgraph/checkpoint"]
+    assert [n[2] for n in names[0] if n[0] == "messages"] != [None]
+
+
+def test_a_read_state_changed_by_its_caller_changes_nothing_read_later(root, saver) -> None:
+    # get_tuple handed out the objects the saver kept as the base of the next put: a caller
+    # that changed its copy changed what every later read of that saver answered (a fresh
+    # saver still read the log), and a put grown from them was stored without the change.
+    g = graph(saver)
+    g.invoke({"messages": [("user", "hi")]}, config("scribbled"))
+    stored = contents(g.get_state(config("scribbled")))
+    snapshot = g.get_state(config("scribbled"))
+    snapshot.values["messages"][1].content = "scribbled by the caller"
+    tuple_ = saver.get_tuple(config("scribbled"))
+    tuple_.checkpoint["channel_values"]["messages"][0].content = "also scribbled"
+    assert contents(g.get_state(config("scribbled"))) == stored
+    with SessionStoreSaver(root) as fresh:
+        assert contents(graph(fresh).get_state(config("scribbled"))) == stored
+
+
 def test_copy_thread_is_a_fork_of_the_session(root, saver) -> None:
     g = graph(saver)
     g.invoke({"messages": [HumanMessage(content="source")]}, config("src"))
