@@ -314,7 +314,18 @@ fn validate_refuses_what_every_append_refuses() {
     let (_dir, root) = temp_root();
     let s = create(&root, "checked");
     s.append(turn("first", "t1", "m1")).unwrap();
+    // A message whose payload nests `depth` deep (two levels are `{"message":{`).
+    let nested = |id: &str, depth: usize| {
+        let content = format!("{}{}", "[".repeat(depth - 2), "]".repeat(depth - 2));
+        Event::new("message/complete")
+            .with_payload_json(&format!(
+                r#"{{"message":{{"id":"{id}","role":"user","content":{content}}}}}"#
+            ))
+            .unwrap()
+    };
+    let limit = session_store::format::MAX_PAYLOAD_NESTING;
     let refused = [
+        Batch::new("o", vec![nested("deep", limit + 1)]),
         Batch::new("", vec![title("x")]),
         Batch::new("o", vec![]),
         Batch::new("inherit:a:b", vec![title("x")]),
@@ -339,6 +350,9 @@ fn validate_refuses_what_every_append_refuses() {
         let appended = s.append(batch.clone()).unwrap_err().to_string();
         assert_eq!(checked, appended, "{batch:?}");
     }
+    let at_limit = Batch::new("at-limit", vec![nested("deep", limit)]);
+    at_limit.validate().unwrap();
+    s.append(at_limit).unwrap();
     // Trimmed kinds are read as an append reads them.
     let spaced = Batch::new(
         "o",
@@ -359,5 +373,5 @@ fn validate_refuses_what_every_append_refuses() {
         batch.validate().unwrap();
         s.append(batch).unwrap_err();
     }
-    assert_eq!(s.sequences().0, 4, "no refused batch was accepted");
+    assert_eq!(s.sequences().0, 5, "no refused batch was accepted");
 }

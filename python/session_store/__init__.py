@@ -158,15 +158,24 @@ def encode_json(value: Any) -> str:
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
+def _loads(text: str) -> Any:
+    """``json.loads(text)``; a text nested deeper than it reads is a
+    :class:`SessionStoreError` (a bare ``RecursionError`` named nothing)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise SessionStoreError(_native.TOO_DEEP) from None
+
+
 def _json_object(text: str) -> dict[str, Any]:
     """A JSON object the native module returned, as a dict."""
-    value: dict[str, Any] = json.loads(text)
+    value: dict[str, Any] = _loads(text)
     return value
 
 
 def _json_list(text: str) -> list[dict[str, Any]]:
     """A JSON array of objects the native module returned, as a list."""
-    value: list[dict[str, Any]] = json.loads(text)
+    value: list[dict[str, Any]] = _loads(text)
     return value
 
 

@@ -8,6 +8,9 @@ from typing import Any
 
 __version__: str
 """The package's version (the wheel's)."""
+TOO_DEEP: str
+"""The message of the error a read raises for a stored payload nested deeper than
+``json.loads`` reads."""
 
 class SessionStoreError(Exception):
     """Base class of every error raised by session_store."""

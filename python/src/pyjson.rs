@@ -244,6 +244,23 @@ impl<'de, 'py> Visitor<'de> for Payload<'_, 'py, '_> {
     }
 }
 
+/// What a read raises (a `SessionStoreError`) for a stored payload nested deeper than
+/// `json.loads` reads, whose `RecursionError` named nothing (the package's own
+/// `json.loads` calls raise it too: `_native.TOO_DEEP`).
+pub(crate) const TOO_DEEP: &str = "a stored payload nests objects and arrays deeper than \
+    Python's json module reads (sys.getrecursionlimit()); an append refuses payloads nested \
+    more than 128 deep, this one was stored before that rule: the CLI reads it \
+    (session-store events)";
+
+/// `e`, or for a text nested deeper than `json.loads` reads (its `RecursionError`) a
+/// `SessionStoreError` saying so ([`TOO_DEEP`]).
+fn too_deep(py: Python<'_>, e: PyErr) -> PyErr {
+    if e.is_instance_of::<pyo3::exceptions::PyRecursionError>(py) {
+        return crate::SessionStoreError::new_err(TOO_DEEP);
+    }
+    e
+}
+
 /// Python's `json.loads`.
 fn json_loads(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
     static LOADS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
@@ -256,7 +273,8 @@ fn json_loads(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
 ///
 /// # Errors
 /// `ValueError` (`json.JSONDecodeError`) for text that is not JSON, `KeyError` for a
-/// payload without a `message`, `TypeError` for an item that is not an object.
+/// payload without a `message`, `TypeError` for an item that is not an object,
+/// `SessionStoreError` for one nested deeper than `json.loads` reads.
 pub(crate) fn message<'py>(
     keys: &Keys<'py>,
     text: &MessageText,
@@ -285,7 +303,9 @@ pub(crate) fn message<'py>(
     if let Ok(v) = fast {
         return Ok(v);
     }
-    let mut message = json_loads(py)?.call1((json.as_str(),))?;
+    let mut message = json_loads(py)?
+        .call1((json.as_str(),))
+        .map_err(|e| too_deep(py, e))?;
     if let MessageText::Payload(_) = text {
         message = message.get_item("message")?;
     }

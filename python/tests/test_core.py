@@ -1696,3 +1696,40 @@ def test_root_verify_refuses_what_every_other_call_refuses(root, tmp_path):
     with pytest.raises(InvalidInput, match="symlink"):
         root.verify("c")
     assert session_store.verify(outside / "c")["session_id"] == "a"  # a file given by path
+
+
+def test_a_payload_nested_too_deep_is_refused_and_one_stored_reads_as_an_error(root) -> None:
+    # A message nested 1,000 deep was stored (the store checks JSON text without
+    # recursing), then every read of the session from Python raised a bare RecursionError
+    # (outside testing, session 35). An append refuses it now; a deep payload stored
+    # before that rule reads as a SessionStoreError saying so.
+    def batch(op: str, depth: int) -> str:
+        content = "[" * (depth - 2) + "]" * (depth - 2)
+        return (
+            '{"operation_id":"%s","events":[{"kind":"message/complete","payload":'
+            '{"message":{"id":"%s","role":"user","content":%s}}}]}' % (op, op, content)
+        )
+
+    with root.create("deep") as s:
+        with pytest.raises(session_store.InvalidInput, match="nests objects and arrays"):
+            s.append_json(batch("too-deep", 1000))
+        s.append_json(batch("at-limit", 128))
+    assert [m["id"] for m in root.transcript("deep")] == ["at-limit"]
+    # What a payload too deep for json.loads meets: the interpreter's limit lowered
+    # (where it bounds json's decoder, as on CPython 3.11) below the stored depth.
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack()) + 60)
+    try:
+        try:
+            json.loads("[" * 100 + "]" * 100)
+            bounded = False
+        except RecursionError:
+            bounded = True
+        if bounded:
+            for read in (lambda: root.transcript("deep"), lambda: root.events("deep")):
+                with pytest.raises(session_store.SessionStoreError, match="deeper than"):
+                    read()
+    finally:
+        sys.setrecursionlimit(limit)
+    if not bounded:
+        pytest.skip("this interpreter's json decoder is not bounded by sys.setrecursionlimit")

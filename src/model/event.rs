@@ -5,7 +5,7 @@ use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::format::MAX_PAYLOAD_BYTES;
+use crate::format::{MAX_PAYLOAD_BYTES, MAX_PAYLOAD_NESTING};
 use crate::model::ids::lower_hex;
 
 pub(crate) use crate::format::INLINE_PAYLOAD_LIMIT;
@@ -166,9 +166,10 @@ impl Batch {
 
     /// Checks, without a session, what an append of this batch checks: an operation id
     /// and events are given, the operation id is not reserved, every event has a kind, a
-    /// payload of at most [`MAX_PAYLOAD_BYTES`] that its kind accepts (a message's `id`,
-    /// a `turn/end`'s status, a title that is not blank, ...) and an id no other event of
-    /// the batch has, and no message id is completed twice.
+    /// payload of at most [`MAX_PAYLOAD_BYTES`], nested at most [`MAX_PAYLOAD_NESTING`]
+    /// deep, that its kind accepts (a message's `id`, a `turn/end`'s status, a title that
+    /// is not blank, ...) and an id no other event of the batch has, and no message id is
+    /// completed twice.
     ///
     /// An append refuses every batch this refuses, with the same error, but one: a retry
     /// of an operation the session stores answers its commit, checked against the stored
@@ -183,6 +184,7 @@ impl Batch {
     pub fn validate(&self) -> Result<()> {
         check_fields(self.operation_id.trim(), &self.events)?;
         check_unique_ids(&self.events)?;
+        check_nesting(&self.events)?;
         if self
             .events
             .iter()
@@ -227,6 +229,26 @@ pub(crate) fn check_fields(operation_id: &str, events: &[Event]) -> Result<()> {
             return Err(Error::invalid(format!(
                 "events[{i}] payload is {} bytes, over the {MAX_PAYLOAD_BYTES}-byte limit",
                 e.payload_len()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a batch with a payload nested deeper than [`MAX_PAYLOAD_NESTING`]: the store
+/// takes it (its check of JSON text does not recurse), but a reader that parses it
+/// recursively cannot (the Python package raised `RecursionError` on every read of the
+/// session). Checked once the operation id is known to be new, as a rule added later.
+///
+/// # Errors
+/// [`Error::InvalidInput`] naming the event.
+pub(crate) fn check_nesting(events: &[Event]) -> Result<()> {
+    for (i, e) in events.iter().enumerate() {
+        if let Some(text) = e.payload_str()
+            && crate::model::json_scan::nests_deeper_than(text.as_bytes(), MAX_PAYLOAD_NESTING)
+        {
+            return Err(Error::invalid(format!(
+                "events[{i}] payload nests objects and arrays more than {MAX_PAYLOAD_NESTING} deep"
             )));
         }
     }

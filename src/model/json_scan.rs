@@ -71,6 +71,34 @@ pub(crate) fn value_end(bytes: &[u8], at: usize) -> Option<usize> {
     }
 }
 
+/// Whether objects and arrays in `bytes` (valid JSON text) nest more than `limit` deep
+/// (strings skipped, so brackets inside them do not count).
+pub(crate) fn nests_deeper_than(bytes: &[u8], limit: usize) -> bool {
+    let mut depth = 0usize;
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        match b {
+            b'"' => match string_end(bytes, i + 1) {
+                Some(end) => {
+                    i = end;
+                    continue;
+                }
+                None => return false,
+            },
+            b'{' | b'[' => {
+                depth += 1;
+                if depth > limit {
+                    return true;
+                }
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        i += 1;
+    }
+    false
+}
+
 /// The index of the first byte at or after `at` that is not JSON white space.
 pub(crate) fn skip_space(bytes: &[u8], at: usize) -> usize {
     let rest = bytes.get(at..).unwrap_or_default();
@@ -103,5 +131,18 @@ mod tests {
         assert_eq!(skip_space(b" \t\r\n x", 0), 5);
         assert_eq!(skip_space(b"  ", 0), 2);
         assert_eq!(skip_space(b"", 3), 3);
+    }
+
+    #[test]
+    fn nesting_is_counted_outside_strings() {
+        let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(!nests_deeper_than(deep(3).as_bytes(), 3));
+        assert!(nests_deeper_than(deep(4).as_bytes(), 3));
+        assert!(!nests_deeper_than(
+            br#"{"a":"[[[[[[","b":[{"c":"}}}"}]}"#,
+            3
+        ));
+        assert!(nests_deeper_than(br#"{"a":"\"[","b":[{"c":[1]}]}"#, 3));
+        assert!(!nests_deeper_than(b"[1,[2],[3]]", 2));
     }
 }

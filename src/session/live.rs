@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result, WriterOwner};
-use crate::model::event::{assign_derived_ids, check_fields, check_unique_ids, operation_hash};
+use crate::model::event::{
+    assign_derived_ids, check_fields, check_nesting, check_unique_ids, operation_hash,
+};
 use crate::model::ids::{derived_turn_id, now_ms, random_hex};
 use crate::model::projection::{FoldEffects, apply_history};
 use crate::model::{Batch, Commit, Event, Message, Projection, SessionId};
@@ -668,6 +670,7 @@ impl Shared {
         // Checked once the operation id is known to be new: a retry of a batch stored
         // before a rule existed still answers its commit.
         check_unique_ids(&batch.events)?;
+        check_nesting(&batch.events)?;
         let fold = s.projection.prepare(&batch.events)?;
         s.projection.check_append(&fold, batch.turn_id.as_deref())?;
         let first_seq = s.next_seq;
