@@ -2197,3 +2197,54 @@ fn since_keeps_a_message_committed_exactly_then() {
         "--since {shown}"
     );
 }
+
+/// The sessions of the hits of `query` as another process finds them (the CLI).
+fn cli_hits(root: &std::path::Path, query: &str) -> Vec<String> {
+    let out: serde_json::Value =
+        serde_json::from_slice(&cli_ok(root, &["--json", "search", query])).expect("json");
+    out["hits"]
+        .as_array()
+        .expect("hits")
+        .iter()
+        .map(|h| {
+            h["session_ref"]["session_id"]
+                .as_str()
+                .expect("id")
+                .to_owned()
+        })
+        .collect()
+}
+
+/// A writer that opened before another process's first search made the root's index
+/// indexed none of its later drains (outside testing, session 35: an agent running while
+/// its user searched for the first time; its messages were found by no search until a
+/// later writer open or `rebuild-catalog`). Its next drain a second or more after its
+/// last look finds the index and catches the session up from its file; a close always
+/// looks.
+#[test]
+fn a_writer_opened_before_the_first_search_indexes_what_it_writes_after() {
+    let (_dir, root) = temp_root();
+    let say = |s: &session_store::Session, op: &str, word: &str| {
+        s.append(Batch::new(op, vec![message(op, "user", word)]))
+            .expect("append");
+        s.flush().expect("flush");
+    };
+    let early = create(&root, "early");
+    let closing = create(&root, "closing");
+    say(&early, "a1", "alphaword");
+    say(&closing, "c1", "gammaword");
+    // Another process searches first: it makes the index and fills it from the files.
+    assert_eq!(cli_hits(root.path(), "alphaword"), ["early"]);
+    say(&closing, "c2", "deltaword");
+    say(&early, "a2", "betaword");
+    // Drained within a second of the writer's last look: not indexed yet.
+    std::thread::sleep(Duration::from_millis(1_100));
+    say(&early, "a3", "epsilonword");
+    // The drain after that looked, found the index and caught up from the file.
+    assert_eq!(cli_hits(root.path(), "betaword"), ["early"]);
+    assert_eq!(cli_hits(root.path(), "epsilonword"), ["early"]);
+    // One that drains no more is caught up by its close.
+    closing.close().expect("close");
+    assert_eq!(cli_hits(root.path(), "deltaword"), ["closing"]);
+    early.close().expect("close");
+}

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result, WriterOwner};
+use crate::format::CATALOG_DIR;
 use crate::model::event::{
     assign_derived_ids, check_fields, check_nesting, check_unique_ids, operation_hash,
 };
@@ -21,7 +22,7 @@ use crate::store::checkpoint;
 use crate::store::lock::WriterLock;
 use crate::store::operation_keys::ChunkCache;
 use crate::store::reader::SessionReader;
-use crate::store::search::IndexSlot;
+use crate::store::search::{self, IndexSlot, SEARCH_FILE, SearchIndex};
 use crate::store::write::Accepted;
 use crate::store::writer::FileWriter;
 
@@ -192,7 +193,17 @@ struct Unindexed {
     /// scheduled for then writes them all. Runs before it (the session's timed drains)
     /// leave them, so the drains of that time share one index write.
     due: Option<Instant>,
+    /// When this writer last looked for a search index its root did not have
+    /// ([`Shared::search_index`]).
+    probed: Option<Instant>,
+    /// Whether a drain went unindexed, there being no index then: the session is caught up
+    /// from its file once there is one.
+    missed: bool,
 }
+
+/// How often, at most, a writer whose root had no search index looks for one from a drain
+/// (a search of another process may have made it since).
+const INDEX_PROBE_EVERY: Duration = Duration::from_secs(1);
 
 /// A session opened for writing: the one writer of its file.
 ///
@@ -797,13 +808,7 @@ impl Shared {
         };
         drop(s);
         self.changed.notify_all();
-        if outcome.is_ok()
-            && self
-                .config
-                .index
-                .as_ref()
-                .is_some_and(|slot| slot.get().is_some())
-        {
+        if outcome.is_ok() && self.search_index(false).is_some() {
             // Indexed on a writer thread, so that a flush never waits for the index, and
             // a little later, so that the drains of a busy session share one index write.
             let mut queue = self.unindexed.lock().unwrap_or_else(|e| e.into_inner());
@@ -819,6 +824,47 @@ impl Shared {
             }
         }
         outcome
+    }
+
+    /// The root's search index, which this session's drains keep current: the one the
+    /// root had open; for a writer opened before the root's first search made it, the one
+    /// made since (outside testing, session 35: that writer indexed nothing, so what it
+    /// wrote was found by no search until a later writer open or a rebuild). Looked for at
+    /// most every [`INDEX_PROBE_EVERY`] from a drain, and always when `now` (a close); once
+    /// found it is the root's (its later searches and sessions share it). A session that
+    /// drained while there was none is then caught up in it from its file (the search that
+    /// made it filled it from the file as it stood then). `None` for a session not yet
+    /// published, or while there is no index (the caller's drain goes unindexed).
+    fn search_index(&self, now: bool) -> Option<Arc<SearchIndex>> {
+        let slot = self.config.index.as_ref()?;
+        let mut queue = self.unindexed.lock().unwrap_or_else(|e| e.into_inner());
+        let index = match slot.get() {
+            Some(index) => Arc::clone(index),
+            None => {
+                if !now
+                    && queue
+                        .probed
+                        .is_some_and(|at| at.elapsed() < INDEX_PROBE_EVERY)
+                {
+                    queue.missed = true;
+                    return None;
+                }
+                queue.probed = Some(Instant::now());
+                let root = self.dir.parent()?;
+                let Some(index) =
+                    search::open_made(slot, &root.join(CATALOG_DIR).join(SEARCH_FILE))
+                else {
+                    queue.missed = true;
+                    return None;
+                };
+                index
+            }
+        };
+        if std::mem::take(&mut queue.missed) {
+            drop(queue);
+            let _ = index.catch_up(&self.reader);
+        }
+        Some(index)
     }
 
     /// Writes the drained commits still waiting for the search index into it: all of
@@ -971,7 +1017,9 @@ impl Shared {
         match self.flush() {
             Ok(_) => {
                 self.write_checkpoint(CHECKPOINT_ON_CLOSE);
-                // A closed session is wholly in the search index.
+                // A closed session is wholly in the search index (also one made by a
+                // search since this writer last looked).
+                self.search_index(true);
                 self.index_drained(None);
                 Ok(self.release())
             }

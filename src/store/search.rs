@@ -195,6 +195,23 @@ pub(crate) type LockStamp = (u64, u64, u64, i64, i64);
 /// index each drain once it is set.
 pub(crate) type IndexSlot = Arc<OnceLock<Arc<SearchIndex>>>;
 
+/// The index at `path` opened into `slot`, when `slot` holds none and `path` is a regular
+/// file: for a live session whose root had no index when it opened (a search made it
+/// since). `None` when there is none, or it cannot be opened (derived data: best effort;
+/// a damaged one is a search's to replace).
+pub(crate) fn open_made(slot: &IndexSlot, path: &Path) -> Option<Arc<SearchIndex>> {
+    if let Some(index) = slot.get() {
+        return Some(Arc::clone(index));
+    }
+    if !std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file()) {
+        return None;
+    }
+    let index = Arc::new(SearchIndex::open(path).ok()?);
+    // A search of this process may have set it meanwhile: the first one set is kept.
+    let _ = slot.set(index);
+    slot.get().map(Arc::clone)
+}
+
 /// One hit as the index has it (the snippet is cut by the caller from the message).
 #[derive(Clone, Debug)]
 pub(crate) struct IndexHit {
