@@ -52,12 +52,13 @@ pub const INLINE_PAYLOAD_LIMIT: usize = 64 * 1024;
 /// decompresses a blob to more than this, whatever its row says (a bound on zstd bombs).
 pub const MAX_PAYLOAD_BYTES: u64 = 900_000_000;
 
-/// How deep objects and arrays may nest in a payload an append takes (128, serde_json's
-/// own limit for a parsed value): a deeper one is refused
-/// ([`Error::InvalidInput`](crate::Error::InvalidInput)), as every reader that parses a
-/// payload (the Python package's, serde_json's `Value`) could not read it back. A payload
-/// stored before this limit still reads where it can.
-pub const MAX_PAYLOAD_NESTING: usize = 128;
+/// How deep objects and arrays may nest in a payload an append takes (512): a deeper one
+/// is refused ([`Error::InvalidInput`](crate::Error::InvalidInput)). The store's own
+/// readers follow any depth, but Python's `json.loads` stops at its recursion limit (about
+/// 990 levels by default, fewer in a deep call stack), and a session holding one such
+/// payload could not be read from Python at all. A payload stored before this limit still
+/// reads where it can.
+pub const MAX_PAYLOAD_NESTING: usize = 512;
 
 /// The smallest inline threshold a store accepts: a shorter string would not shrink.
 pub const MIN_INLINE_THRESHOLD: usize = 128;

@@ -290,6 +290,46 @@ async fn continue_legacy_tolerates_a_torn_last_line_and_reports_it() {
         service.query().list(None, 50).await.unwrap().sessions.len(),
         1
     );
+    // A last line that is complete, only not a message, is no torn write: refused as well,
+    // with or without a newline after it (without one it was dropped as torn, exit 0:
+    // outside testing, session 35). So is a source that is not a regular file (a FIFO or
+    // `/dev/zero` was read until it ended, which it never does).
+    for (name, last) in [
+        (
+            "dup.jsonl",
+            "{\"id\":\"b\",\"role\":\"user\",\"id\":\"b2\"}",
+        ),
+        ("array.jsonl", "[]"),
+        ("number.jsonl", "{\"id\":5}"),
+    ] {
+        let file = dir.path().join(name);
+        std::fs::write(&file, format!("{{\"id\":\"a\",\"role\":\"user\"}}\n{last}")).unwrap();
+        let err = service.continue_legacy(&file, "").await.unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidInput { .. }) && err.to_string().contains("line 2"),
+            "{name}: {err}"
+        );
+    }
+    let err = service.continue_legacy("/dev/zero", "").await.unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidInput { .. })
+            && err.to_string().contains("not a regular file"),
+        "{err}"
+    );
+    let fifo = dir.path().join("fifo.jsonl");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let err = service.continue_legacy(&fifo, "").await.unwrap_err();
+    assert!(matches!(&err, Error::InvalidInput { .. }), "{err}");
+    assert_eq!(
+        service.query().list(None, 50).await.unwrap().sessions.len(),
+        1
+    );
 }
 
 /// What a page of history needs to show its turns (issue 16): each message's event

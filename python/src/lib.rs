@@ -1414,7 +1414,7 @@ fn verified_json(verified: session_store::Verified) -> session_store::Result<Str
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    m.add("TOO_DEEP", pyjson::TOO_DEEP)?;
+    m.add("TOO_DEEP", pyjson::too_deep_message())?;
     m.add_class::<Root>()?;
     m.add_class::<Session>()?;
     m.add_class::<Reader>()?;

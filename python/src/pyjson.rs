@@ -247,16 +247,20 @@ impl<'de, 'py> Visitor<'de> for Payload<'_, 'py, '_> {
 /// What a read raises (a `SessionStoreError`) for a stored payload nested deeper than
 /// `json.loads` reads, whose `RecursionError` named nothing (the package's own
 /// `json.loads` calls raise it too: `_native.TOO_DEEP`).
-pub(crate) const TOO_DEEP: &str = "a stored payload nests objects and arrays deeper than \
-    Python's json module reads (sys.getrecursionlimit()); an append refuses payloads nested \
-    more than 128 deep, this one was stored before that rule: the CLI reads it \
-    (session-store events)";
+pub(crate) fn too_deep_message() -> String {
+    format!(
+        "a stored payload nests objects and arrays deeper than Python's json module reads \
+         (sys.getrecursionlimit()); an append refuses payloads nested more than {} deep, \
+         this one was stored before that rule: the CLI reads it (session-store events)",
+        session_store::format::MAX_PAYLOAD_NESTING
+    )
+}
 
 /// `e`, or for a text nested deeper than `json.loads` reads (its `RecursionError`) a
-/// `SessionStoreError` saying so ([`TOO_DEEP`]).
+/// `SessionStoreError` saying so ([`too_deep_message`]).
 fn too_deep(py: Python<'_>, e: PyErr) -> PyErr {
     if e.is_instance_of::<pyo3::exceptions::PyRecursionError>(py) {
-        return crate::SessionStoreError::new_err(TOO_DEEP);
+        return crate::SessionStoreError::new_err(too_deep_message());
     }
     e
 }

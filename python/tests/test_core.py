@@ -1701,8 +1701,8 @@ def test_root_verify_refuses_what_every_other_call_refuses(root, tmp_path):
 def test_a_payload_nested_too_deep_is_refused_and_one_stored_reads_as_an_error(root) -> None:
     # A message nested 1,000 deep was stored (the store checks JSON text without
     # recursing), then every read of the session from Python raised a bare RecursionError
-    # (outside testing, session 35). An append refuses it now; a deep payload stored
-    # before that rule reads as a SessionStoreError saying so.
+    # (outside testing, session 35). An append refuses it now (over 512 deep); a deep
+    # payload stored before that rule reads as a SessionStoreError saying so.
     def batch(op: str, depth: int) -> str:
         content = "[" * (depth - 2) + "]" * (depth - 2)
         return (
@@ -1713,7 +1713,7 @@ def test_a_payload_nested_too_deep_is_refused_and_one_stored_reads_as_an_error(r
     with root.create("deep") as s:
         with pytest.raises(session_store.InvalidInput, match="nests objects and arrays"):
             s.append_json(batch("too-deep", 1000))
-        s.append_json(batch("at-limit", 128))
+        s.append_json(batch("at-limit", 512))
     assert [m["id"] for m in root.transcript("deep")] == ["at-limit"]
     # What a payload too deep for json.loads meets: the interpreter's limit lowered
     # (where it bounds json's decoder, as on CPython 3.11) below the stored depth.

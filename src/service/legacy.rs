@@ -58,9 +58,12 @@ fn parse_transcript(bytes: &[u8], branch: &str, digest: &str) -> Result<(Vec<Lin
     let mut torn = false;
     for (n, raw) in lines.iter().enumerate() {
         let last = n + 1 == lines.len();
+        // A torn last line is a write cut short: text that ends inside a character or a
+        // JSON value. A complete line that is not a message is refused like any other
+        // (it was dropped as torn when no newline followed it).
         let line = match std::str::from_utf8(raw) {
             Ok(line) => line,
-            Err(_) if last => {
+            Err(e) if last && e.error_len().is_none() => {
                 torn = true;
                 continue;
             }
@@ -82,7 +85,7 @@ fn parse_transcript(bytes: &[u8], branch: &str, digest: &str) -> Result<(Vec<Lin
                 messages.push((n + 1, m.with_id(&id)));
             }
             Ok(m) => messages.push((n + 1, m)),
-            Err(_) if last => torn = true,
+            Err(e) if last && e.is_eof() => torn = true,
             Err(e) => return Err(Error::invalid_from(format!("legacy line {}", n + 1), e)),
         }
     }
@@ -149,6 +152,13 @@ impl Migration {
     pub(crate) fn read(source: &Path, head: &str) -> Result<Migration> {
         let path = std::fs::canonicalize(source)
             .map_err(|e| Error::io(format!("resolve {}", source.display()), e))?;
+        // A device or a FIFO was read to its end, which `/dev/zero` and a FIFO no one
+        // writes never reach (`import` and `verify` refuse them too).
+        let meta = std::fs::metadata(&path)
+            .map_err(|e| Error::io(format!("stat {}", path.display()), e))?;
+        if !meta.is_file() {
+            return Err(crate::store::schema::not_regular(source, &meta));
+        }
         let bytes =
             std::fs::read(&path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
         let digest = sha256_hex(&bytes);
