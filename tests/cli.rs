@@ -2411,3 +2411,18 @@ fn show_of_a_fork_does_not_take_another_session_under_its_parents_id_for_its_par
     // A rewind before the first turn inherits nothing to tell its parent by.
     assert_eq!(env.json(&["show", "r0"])["parent_in_root"], true);
 }
+
+/// A line longer than any batch can be (an event's payload and 1 MiB) is refused once read
+/// that far: `append --file /dev/zero` grew until the machine ran out of memory (outside
+/// testing, session 35: 23.9 GB before the kernel killed it; under a memory limit, an
+/// abort with a backtrace). The session stays as it was, sound.
+#[test]
+fn append_refuses_a_line_longer_than_any_batch() {
+    let env = Env::new();
+    env.ok(&["create", "s"]);
+    let err = env.fails(&["append", "s", "--file", "/dev/zero"], 6);
+    assert!(err.contains("line 1 is longer than"), "{err}");
+    assert!(!err.contains("backtrace"), "{err}");
+    assert!(env.ok(&["verify", "s"]).starts_with("ok"));
+    assert_eq!(env.json(&["show", "s"])["durable_sequence"], 0);
+}

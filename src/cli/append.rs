@@ -101,7 +101,7 @@ pub fn run(
     } else {
         cx.open_root()?
     };
-    let mut lines: Lines = Box::new(input.lines().enumerate());
+    let mut lines: Lines = Box::new(BoundedLines(input).enumerate());
     if regular && !has_a_batch_line(&root, &id, &mut lines)? {
         return nothing_to_append(cx, &root, &id, create);
     }
@@ -261,13 +261,57 @@ fn create_with_first(
     }
 }
 
+/// The longest input line `append` reads (a batch as one JSON line): the largest payload
+/// an event may have and 1 MiB for the rest of its batch. A longer line was read whole
+/// before anything looked at it, so a stream without newlines (`/dev/zero`) grew until
+/// memory ran out (outside testing, session 35); it is refused once it passes this.
+const MAX_LINE_BYTES: u64 = session_store::format::MAX_PAYLOAD_BYTES + (1 << 20);
+
+/// The lines of an input as [`BufRead::lines`] gives them (without their `\n` or `\r\n`),
+/// each read at most to [`MAX_LINE_BYTES`]: a longer one is an error of kind
+/// `FileTooLarge` ([`read_line`] words it), and the lines end there.
+struct BoundedLines(Box<dyn BufRead + Send>);
+
+impl Iterator for BoundedLines {
+    type Item = std::io::Result<String>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let mut line = Vec::new();
+        match std::io::Read::take(&mut *self.0, MAX_LINE_BYTES + 1).read_until(b'\n', &mut line) {
+            Ok(0) => return None,
+            Ok(_) => {}
+            Err(e) => return Some(Err(e)),
+        }
+        if line.last() == Some(&b'\n') {
+            line.pop();
+            if line.last() == Some(&b'\r') {
+                line.pop();
+            }
+        } else if line.len() as u64 > MAX_LINE_BYTES {
+            // Nothing more is read: the rest of the line is not a batch either.
+            self.0 = Box::new(std::io::empty());
+            return Some(Err(std::io::Error::from(std::io::ErrorKind::FileTooLarge)));
+        }
+        Some(
+            String::from_utf8(line)
+                .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidData)),
+        )
+    }
+}
+
 /// Line `n` (0-based) of the input; one that is not UTF-8 is bad input (status 6), not a
-/// failed read. A byte order mark before the first line is dropped (RFC 8259 lets a
+/// failed read, and so is one longer than [`MAX_LINE_BYTES`]. A byte order mark before the first line is dropped (RFC 8259 lets a
 /// parser ignore it, and editors on Windows write one); anywhere else it stays, and is
 /// not JSON.
 fn read_line(n: usize, line: std::io::Result<String>) -> CliResult<String> {
     let line = line.map_err(|e| match e.kind() {
         std::io::ErrorKind::InvalidData => Failure::invalid(format!("line {} is not UTF-8", n + 1)),
+        std::io::ErrorKind::FileTooLarge => Failure::invalid(format!(
+            "line {} is longer than {MAX_LINE_BYTES} bytes (an event's payload may have {} \
+             bytes, and a batch is one line)",
+            n + 1,
+            session_store::format::MAX_PAYLOAD_BYTES
+        )),
         _ => Failure::context(format!("read line {}", n + 1), &e),
     })?;
     Ok(match line.strip_prefix('\u{feff}') {
