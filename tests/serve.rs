@@ -876,6 +876,11 @@ fn openai_agents_items_show_their_tool_calls_outputs_and_other_fields() {
                         json!({"type": "reasoning", "summary": [{"type": "summary_text",
                         "text": "thought about <it>"}], "id": "i5"}),
                     ),
+                    // The reply as the adapter stores it: text in `output_text` parts,
+                    // shown as its JSON alone until session 35 (outside testing).
+                    message(json!({"type": "message", "role": "assistant", "id": "i6",
+                        "content": [{"type": "output_text", "text": "It is <sunny>.",
+                        "annotations": []}, {"type": "output_text", "text": "Take a hat."}]})),
                     Event::new("turn/end")
                         .with_payload(&json!({"status": "completed"}))
                         .expect("payload"),
@@ -894,6 +899,8 @@ fn openai_agents_items_show_their_tool_calls_outputs_and_other_fields() {
         "sunny &lt;b&gt;22&lt;/b&gt;",
         "<summary>reasoning (JSON)</summary>",
         "thought about &lt;it&gt;",
+        "<div class=\"text\">It is &lt;sunny&gt;.\n\nTake a hat.</div>",
+        "<summary>content (JSON)</summary>",
     ] {
         assert!(page.contains(shown), "{shown} not in {page}");
     }

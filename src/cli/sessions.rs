@@ -471,7 +471,9 @@ pub fn history(cx: &Context, id: &str, limit: usize, cursor: Option<&str>) -> Cl
         let role = printable(m.role.as_deref().unwrap_or("?"));
         let body = match (&m.inline, &m.content_ref) {
             (_, Some(content)) => blob_label(content),
-            (Some(message), None) => message.text().unwrap_or_else(|| message.json().to_owned()),
+            (Some(message), None) => message
+                .display_text()
+                .unwrap_or_else(|| message.json().to_owned()),
             (None, None) => String::new(),
         };
         outln!(

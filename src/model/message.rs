@@ -381,6 +381,27 @@ impl Message {
         })
     }
 
+    /// The text a person reads in this message: [`Message::text`], else the `text` of each
+    /// part of a `content` array that has one (`{"type": "text" | "input_text" |
+    /// "output_text", "text": …}`: Chat Completions' and the Responses API's parts, as the
+    /// openai-agents adapter stores an assistant's reply), joined by blank lines; `None`
+    /// when there is none (an image, a `reasoning` item). For display: the session
+    /// browser and `history` showed such a reply as its JSON (outside testing, session 35).
+    /// The fold's preview keeps reading [`Message::text`] alone.
+    pub fn display_text(&self) -> Option<String> {
+        if let Some(text) = self.text() {
+            return Some(text);
+        }
+        let entries = self.entries();
+        let (_, content) = entries.iter().find(|(key, _)| key == "content")?;
+        let parts = parse_lossy::<Vec<Value>>(content.get())?;
+        let texts: Vec<&str> = parts
+            .iter()
+            .filter_map(|part| part.get("text").and_then(Value::as_str))
+            .collect();
+        (!texts.is_empty()).then(|| texts.join("\n\n"))
+    }
+
     /// The same message with another id; every other field is kept as its exact text.
     pub fn with_id(&self, id: &str) -> Message {
         let mut entries = self.entries();
@@ -538,6 +559,30 @@ fn without_lone_surrogates(json: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn display_text_reads_text_parts_and_text_first() {
+        let shown = |v: serde_json::Value| Message::from_value(&v).expect("message").display_text();
+        assert_eq!(
+            shown(serde_json::json!({"role": "user", "content": "plain"})).as_deref(),
+            Some("plain")
+        );
+        assert_eq!(
+            shown(serde_json::json!({"role": "assistant", "content": [
+                {"type": "output_text", "text": "one"}, {"type": "image_url", "url": "x"},
+                {"type": "text", "text": "two"}]}))
+            .as_deref(),
+            Some("one\n\ntwo")
+        );
+        assert_eq!(
+            shown(serde_json::json!({"role": "user", "content": [{"type": "image_url"}]})),
+            None
+        );
+        assert_eq!(
+            shown(serde_json::json!({"type": "reasoning", "summary": []})),
+            None
+        );
+    }
     use super::*;
     use proptest::prelude::*;
 

@@ -86,7 +86,7 @@ fn body(message: &Message) -> Markup {
     let output_item = item_type(&fields) == Some("function_call_output");
     let text = match output_item {
         true => fields.get("output").map(json_text),
-        false => message.text(),
+        false => message.display_text(),
     };
     let is_tool = message.role() == Some("tool") || output_item;
     let call_id = fields
@@ -94,6 +94,11 @@ fn body(message: &Message) -> Markup {
         .or_else(|| fields.get("call_id"))
         .and_then(Value::as_str);
     let content = fields.get("content").filter(|c| !c.is_null());
+    // Text read from a content array's parts: the parts themselves (an image, a
+    // citation) stay one click away.
+    let parts = (!output_item && text.is_some() && message.text().is_none())
+        .then_some(content)
+        .flatten();
     let calls = tool_calls(&fields);
     html! {
         @if let Some(text) = &text {
@@ -123,6 +128,12 @@ fn body(message: &Message) -> Markup {
             details.json {
                 summary { (item_type(&fields).unwrap_or("message")) " (JSON)" }
                 pre { (message.json()) }
+            }
+        }
+        @if let Some(content) = parts {
+            details.json {
+                summary { "content (JSON)" }
+                pre { (json_text(content)) }
             }
         }
         @for call in &calls {
