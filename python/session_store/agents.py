@@ -28,7 +28,9 @@ accepts as a session id (``user-42``, ``alice@example.com``) is the session's id
 another (``user:42``, ``a/b``, ``""``, one over 255 bytes, …) is stored under
 :func:`store_id_of` it: ``agx-<hex of its UTF-8>``, or ``agh-<SHA-256 of its UTF-8 in hex>``
 for one over 125 bytes. An id the store accepts that has one of these forms itself is mapped
-too (see :func:`store_id_of`), so two ids never share a session.
+too (see :func:`store_id_of`), so two ids never share a session; so is one starting ``lg-``
+or ``lgx-``, the forms :mod:`session_store.langgraph` gives its threads' sessions, so a
+conversation and a LangGraph thread of one root never share a session either.
 
 The writer lock is taken at the first change and held until :meth:`SessionStoreSession.close`
 (or the end of an ``async with`` / ``with`` block, or the object's garbage collection): a
@@ -82,15 +84,20 @@ ITEM_ID_KEY = "sse_item_id"
 _HEXED = re.compile(r"agx-((?:[0-9a-f]{2})*)")
 _HASHED = re.compile(r"agh-[0-9a-f]{64}")
 _LONGEST_HEXED = 125
+# The prefixes of the session ids session_store.langgraph gives its threads (lg-<id>,
+# lgx-<hex>): an agents conversation is never stored under one.
+_LANGGRAPH_PREFIXES = ("lg-", "lgx-")
 
 
 def _kept(session_id: str) -> bool:
-    """Whether ``session_id`` is its own store id: the store accepts it, and it is not what
-    :func:`store_id_of` gives another id."""
+    """Whether ``session_id`` is its own store id: the store accepts it, it is not what
+    :func:`store_id_of` gives another id, and it is not of the LangGraph adapter's forms."""
     try:
         _native.check_session_id(session_id)
     except InvalidInput:
         return False
+    if session_id.startswith(_LANGGRAPH_PREFIXES):
+        return False  # the LangGraph adapter's namespace: its threads' sessions
     if _HASHED.fullmatch(session_id):
         return False  # whose it is cannot be told: an id of this form is always mapped
     hexed = _HEXED.fullmatch(session_id)
@@ -111,9 +118,12 @@ def store_id_of(session_id: str) -> str:
     ``agh-<hex of the SHA-256 of its UTF-8>`` when that is over 125 bytes. Two ids never
     get the same store id: an id the store accepts that is of one of these two forms is
     mapped as well (``agh-`` and 64 hex digits, or ``agx-`` and the hex of an id the store
-    refuses or of one mapped so); ``agx-6869``, the hex of ``hi``, stays itself. A
-    ``session_id`` that is not a str raises :class:`TypeError`; one that has no UTF-8 form
-    (a lone surrogate) :class:`session_store.InvalidInput`."""
+    refuses or of one mapped so); ``agx-6869``, the hex of ``hi``, stays itself. An id
+    starting ``lg-`` or ``lgx-`` is mapped too (``lg-support`` is ``agx-6c672d737570706f7274``):
+    those are the :mod:`session_store.langgraph` threads' sessions (thread ``support`` is
+    ``lg-support``), so a conversation and a thread never share one. A ``session_id`` that
+    is not a str raises :class:`TypeError`; one that has no UTF-8 form (a lone surrogate)
+    :class:`session_store.InvalidInput`."""
     if not isinstance(session_id, str):
         raise TypeError(f"session_id must be str, not {type(session_id).__name__}")
     try:
