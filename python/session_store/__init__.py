@@ -483,6 +483,59 @@ class SessionReader:
         return f"<session_store.SessionReader {self.id!r}>"
 
 
+class _SessionWalk:
+    """The pages :meth:`Root.iter_sessions` (and ``aiter_sessions``) reads and the sessions
+    it yields of each. In updated order a session committed to meanwhile moves ahead of the
+    pages read (keyset paging on a moving key): those pages are followed by one pass in id
+    order (ids do not move) whose sessions not yielded yet are yielded last, newest first;
+    a session is yielded once (its id remembered) however it moves."""
+
+    def __init__(self, page_size: int, **filters: Any) -> None:
+        self._page_size = page_size
+        self._filters = filters  # Root.list's keyword arguments: sort and the filters
+        self._cursor: str | None = None
+        self._started = False
+        self._catching_up = False
+        self._seen: set[str] | None = set() if filters["sort"] == "updated" else None
+        self._late: builtins.list[dict[str, Any]] = []
+
+    def next_page(self) -> dict[str, Any] | None:
+        """The arguments of the next :meth:`Root.list` call, None once every page is read."""
+        if self._started and self._cursor is None:
+            return None
+        self._started = True
+        sort = "id" if self._catching_up else self._filters["sort"]
+        return {
+            **self._filters,
+            "cursor": self._cursor,
+            "limit": self._page_size,
+            "sort": sort,
+        }
+
+    def take(self, page: dict[str, Any]) -> builtins.list[dict[str, Any]]:
+        """The sessions of ``page`` (the answer to :meth:`next_page`'s call) to yield now."""
+        sessions: builtins.list[dict[str, Any]] = page["sessions"]
+        self._cursor = page["next_cursor"]
+        if self._seen is None:
+            return sessions
+        sessions = [s for s in sessions if s["session_ref"]["session_id"] not in self._seen]
+        self._seen.update(s["session_ref"]["session_id"] for s in sessions)
+        if self._catching_up:
+            self._late += sessions
+            sessions = []
+        if self._cursor is None:
+            if not self._catching_up:
+                self._catching_up = True
+                self._started = False  # the pass in id order, from its start
+            else:
+                self._late.sort(
+                    key=lambda s: (s["updated_at_ms"], s["session_ref"]["session_id"]),
+                    reverse=True,
+                )
+                sessions, self._late = self._late, []
+        return sessions
+
+
 class Root:
     """A root folder of sessions (created when missing): one SQLite file per session.
 
@@ -597,23 +650,25 @@ class Root:
         cached_only: bool = False,
     ) -> Iterator[dict[str, Any]]:
         """Every session summary of the root passing the filters (those of :meth:`list`,
-        ``cached_only`` included), page by page."""
-        cursor: str | None = None
-        while True:
-            page = self.list(
-                cursor,
-                page_size,
-                cwd=cwd,
-                since=since,
-                title=title,
-                origin=origin,
-                sort=sort,
-                cached_only=cached_only,
-            )
-            yield from page["sessions"]
-            cursor = page["next_cursor"]
-            if cursor is None:
-                return
+        ``cached_only`` included), page by page, each session once.
+
+        A live root: in ``sort="updated"`` a session committed to while the pages are read
+        moves ahead of the pages already read, so the pages end with one pass over the root
+        in id order, which yields, newest first, the sessions the pages did not (a
+        :meth:`list` page by page misses them). So every session there from the first page
+        to the end is yielded; one created meanwhile may be, one deleted meanwhile may have
+        been. The ``"id"`` and ``"created"`` orders do not move."""
+        walk = _SessionWalk(
+            page_size,
+            cwd=cwd,
+            since=since,
+            title=title,
+            origin=origin,
+            sort=sort,
+            cached_only=cached_only,
+        )
+        while (request := walk.next_page()) is not None:
+            yield from walk.take(self.list(**request))
 
     @_native_args
     def history(
@@ -839,23 +894,18 @@ class Root:
         cached_only: bool = False,
     ) -> AsyncIterator[dict[str, Any]]:
         """:meth:`iter_sessions` for ``async for``: each page read in a worker thread."""
-        cursor: str | None = None
-        while True:
-            page = await self.alist(
-                cursor,
-                page_size,
-                cwd=cwd,
-                since=since,
-                title=title,
-                origin=origin,
-                sort=sort,
-                cached_only=cached_only,
-            )
-            for session in page["sessions"]:
+        walk = _SessionWalk(
+            page_size,
+            cwd=cwd,
+            since=since,
+            title=title,
+            origin=origin,
+            sort=sort,
+            cached_only=cached_only,
+        )
+        while (request := walk.next_page()) is not None:
+            for session in walk.take(await self.alist(**request)):
                 yield session
-            cursor = page["next_cursor"]
-            if cursor is None:
-                return
 
     async def ahistory(
         self, session_id: str, cursor: str | None = None, limit: int = 100

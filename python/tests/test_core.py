@@ -132,6 +132,43 @@ def test_list_pages_and_iteration(root):
     ]
 
 
+def test_iteration_by_updated_time_yields_a_session_committed_to_meanwhile_once(root):
+    """Keyset pages by updated time: a session committed to after the pages passed its
+    place moved ahead of them and was never yielded ("every session" said the docstring)."""
+    for sid in ["s1", "s2", "s3", "s4"]:
+        with root.create(sid) as s:
+            s.append([{"kind": "message/complete", "payload": {"message": msg(0)}}], operation_id="o")
+        time.sleep(0.005)
+
+    def bump(sid: str, n: int) -> None:
+        with root.open(sid) as s:
+            s.append([{"kind": "message/complete", "payload": {"message": msg(n)}}], operation_id=f"o{n}")
+
+    seen = []
+    for i, e in enumerate(root.iter_sessions(page_size=1, sort="updated")):
+        seen.append(e["session_ref"]["session_id"])
+        if i == 0:
+            bump("s2", 1)  # older than the page's place: moves ahead of it
+        if i == 1:
+            bump("s4", 2)  # yielded already: not again
+    assert seen == ["s4", "s3", "s1", "s2"]
+
+    async def walk() -> list[str]:
+        out = []
+        async for e in root.aiter_sessions(1, sort="updated", cached_only=True):
+            out.append(e["session_ref"]["session_id"])
+            if len(out) == 1:
+                await asyncio.to_thread(bump, "s1", 3)
+                root.list(sort="updated")  # the catalog refreshed, as another lister does
+        return out
+
+    assert asyncio.run(walk()) == ["s4", "s2", "s3", "s1"]
+    # The other orders are one pass, as before.
+    assert [e["session_ref"]["session_id"] for e in root.iter_sessions(1, sort="created")] == [
+        "s4", "s3", "s2", "s1"
+    ]
+
+
 def test_list_filters_and_sorts_as_the_library_and_the_cli_do(root, tmp_path, monkeypatch):
     # Root.list took only cursor and limit: no cwd, since, title, origin or sort.
     monkeypatch.chdir(tmp_path)
