@@ -242,8 +242,19 @@ fn to_py_of(py: Python<'_>, session: &str, e: Error) -> PyErr {
     to_py_with(py, e, msg)
 }
 
-/// The exception of `e`'s variant with the message `msg`.
+/// The exception of `e`'s variant with the message `msg`; a failed write's names the
+/// process's file size limit when one is set, as the CLI's error line does
+/// ([`session_store::naming_file_size_limit`]: SQLite says "disk I/O error" alone).
 fn to_py_with(py: Python<'_>, e: Error, msg: String) -> PyErr {
+    let msg = match e {
+        Error::Io { .. }
+        | Error::Sqlite(_)
+        | Error::ReadConnection(_)
+        | Error::Poisoned(_)
+        | Error::PersistenceFailed(_)
+        | Error::DiskFull(_) => session_store::naming_file_size_limit(msg),
+        _ => msg,
+    };
     // An OS error of a full disk or quota met outside SQLite (a writer open recording its
     // owner): the library calls it retryable, as SQLite's own full disk.
     let io_disk_full = matches!(e, Error::Io { .. }) && e.is_retryable();

@@ -132,6 +132,40 @@ def test_list_pages_and_iteration(root):
     ]
 
 
+def test_a_write_past_the_file_size_limit_names_the_limit(root):
+    """Under `ulimit -f` a write fails with EFBIG, which SQLite reports as "disk I/O error"
+    alone: the CLI named the limit, Python's StorageError and Poisoned did not."""
+    out = run_script(
+        """
+import json, os, resource, sys
+import session_store
+resource.setrlimit(resource.RLIMIT_FSIZE, (1_000_000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+s = session_store.Root(sys.argv[1]).create("big")
+errors = []
+try:
+    for i in range(100):
+        text = os.urandom(30_000).hex()
+        s.append([{"kind": "message/complete", "payload": {"message": {"id": f"m{i}", "role": "user", "content": text}}}], operation_id=f"o{i}")
+        s.flush()
+except session_store.SessionStoreError as e:
+    errors.append([type(e).__name__, str(e)])
+try:
+    s.close()
+except session_store.SessionStoreError as e:
+    errors.append([type(e).__name__, str(e)])
+print(json.dumps(errors))
+""",
+        root.path,
+    )
+    errors = json.loads(out.stdout)
+    assert [name for name, _ in errors] == ["StorageError", "Poisoned"], errors
+    for _, text in errors:
+        assert text.startswith('session "big": ') and "disk I/O error" in text, text
+        assert text.endswith("(this process may write no file over 1000000 bytes: see `ulimit -f`)")
+    # The session stays sound, its flushed batches readable.
+    assert len(root.transcript("big")) == root.verify("big")["commits"] > 0
+
+
 def test_iteration_by_updated_time_yields_a_session_committed_to_meanwhile_once(root):
     """Keyset pages by updated time: a session committed to after the pages passed its
     place moved ahead of them and was never yielded ("every session" said the docstring)."""
