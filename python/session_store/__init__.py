@@ -36,6 +36,10 @@ is a :class:`ValueError`, :class:`NotFound` a :class:`LookupError` (not :class:`
 whose ``str()`` quotes the message), :class:`AlreadyExists` a :class:`FileExistsError`
 (an :class:`OSError` with ``errno`` None; ``str()`` and ``args`` are the message). The
 others subclass no builtin error: :class:`Cancelled` is the caller's cancel, not a timeout.
+An argument of the wrong type (``root.create(123)``, ``append(events, operation_id=5)``)
+raises :class:`TypeError`, as Python's own functions do, naming the argument; a value of
+the right type that is refused (an id the store does not take, an event of a batch with a
+wrong key or value, named as ``events[2].kind``) :class:`InvalidInput`.
 
 Reads through :class:`Root` (``history``, ``transcript``, ``events``, ``turns``) see the
 *durable* state: call :meth:`Session.flush` first to read what a writer appended.
@@ -279,17 +283,51 @@ def _refuse_pickle(self: object, protocol: object = None) -> NoReturn:
     )
 
 
+# The keys of an event given to Session.append, with the type each value must have
+# (a payload is any JSON-able value).
+_EVENT_KEYS: dict[str, type | None] = {"kind": str, "payload": None, "optional": bool, "id": str}
+# Keys of the events the store returns that are no input, with what to do instead.
+_OUTPUT_KEYS = {
+    "seq": "sequences are assigned when a batch is accepted; remove the key",
+    "content_ref": "it names content the store holds; give the content as payload",
+}
+
+
 def _check_events(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """``events`` as a list of dicts: any mapping is taken, as the signature of
     :meth:`Session.append` says (:func:`json.dumps` encodes only dicts: a
-    ``MappingProxyType`` was refused as "not JSON-able")."""
+    ``MappingProxyType`` was refused as "not JSON-able"). An event with a key it does not
+    have or a value of the wrong type raises :class:`InvalidInput` naming the event and the
+    key (the store's reader named a position in the JSON text this package wrote)."""
     if isinstance(events, (str, bytes)) or not isinstance(events, Sequence):
-        raise InvalidInput("invalid input: events must be a list of dicts")
+        raise InvalidInput(
+            f"invalid input: events must be a list of dicts, not {type(events).__name__}"
+        )
     out = []
     for i, event in enumerate(events):
         if not isinstance(event, Mapping):
-            raise InvalidInput(f"invalid input: event {i} is {type(event).__name__}, not a dict")
-        out.append(dict(event))
+            raise InvalidInput(
+                f"invalid input: events[{i}] is {type(event).__name__}, not a dict"
+            )
+        event = dict(event)
+        for key, value in event.items():
+            if key in _EVENT_KEYS:
+                want = _EVENT_KEYS[key]
+                if want is not None and not isinstance(value, want):
+                    raise InvalidInput(
+                        f"invalid input: events[{i}].{key} must be {want.__name__}, "
+                        f"not {type(value).__name__}"
+                    )
+            elif key in _OUTPUT_KEYS:
+                raise InvalidInput(f"invalid input: events[{i}].{key} is not input: {_OUTPUT_KEYS[key]}")
+            else:
+                raise InvalidInput(
+                    f"invalid input: events[{i}] has the unknown key {key!r} (an event's keys "
+                    f"are {', '.join(_EVENT_KEYS)})"
+                )
+        if "kind" not in event:
+            raise InvalidInput(f"invalid input: events[{i}] has no kind")
+        out.append(event)
     return out
 
 
@@ -335,8 +373,16 @@ class Session:
         ``operation_id`` is the idempotency key: the same batch sent again returns the
         original commit; different content under it raises :class:`OperationConflict`.
         A batch that does not validate raises (:class:`InvalidInput`,
-        :class:`InvalidPayload`, :class:`UnsupportedVersion`) and appends nothing.
+        :class:`InvalidPayload`, :class:`UnsupportedVersion`) and appends nothing: an event
+        is a dict of ``kind`` (str), ``payload`` (JSON-able), ``optional`` (bool) and
+        ``id`` (str), an error names it (``events[2].kind must be str, not int``). An
+        ``operation_id`` or ``turn_id`` that is not a str raises :class:`TypeError`, as
+        any argument of the wrong type does.
         """
+        if not isinstance(operation_id, str):
+            raise TypeError(f"operation_id must be str, not {type(operation_id).__name__}")
+        if turn_id is not None and not isinstance(turn_id, str):
+            raise TypeError(f"turn_id must be str or None, not {type(turn_id).__name__}")
         batch: dict[str, Any] = {"operation_id": operation_id, "events": _check_events(events)}
         if turn_id is not None:
             batch["turn_id"] = turn_id

@@ -705,6 +705,45 @@ def test_events_may_be_any_mapping_as_the_signature_says(root):
     assert [m["id"] for m in root.transcript("m")] == ["m1"]
 
 
+def test_append_names_the_argument_or_event_key_of_a_wrong_value(root):
+    """Session.append built JSON text and handed back its reader's message: "invalid type:
+    integer `7`, expected a string at line 1 column 131" of a text the caller never wrote,
+    InvalidInput for a wrong argument type where every other call raises TypeError."""
+    ev = [{"kind": "message/complete", "payload": {"message": msg(0)}}]
+    with root.create("w") as s:
+        for kw, text in [
+            ({"operation_id": 5}, "operation_id must be str, not int"),
+            ({"operation_id": None}, "operation_id must be str, not NoneType"),
+            ({"operation_id": "o", "turn_id": 7}, "turn_id must be str or None, not int"),
+        ]:
+            with pytest.raises(TypeError) as e:
+                s.append(ev, **kw)
+            assert str(e.value) == text
+        with pytest.raises(TypeError):
+            root.create(123)  # as any argument of the wrong type
+        second = {"kind": "tool/log", "optional": True}
+        for event, text in [
+            ({"kind": 5}, "events[1].kind must be str, not int"),
+            ({**second, "optional": "yes"}, "events[1].optional must be bool, not str"),
+            ({**second, "id": 5}, "events[1].id must be str, not int"),
+            ({**second, "paylod": {}}, "events[1] has the unknown key 'paylod' (an event's "
+                                       "keys are kind, payload, optional, id)"),
+            ({"optional": True}, "events[1] has no kind"),
+            ({**second, "seq": 3}, "events[1].seq is not input: sequences are assigned "
+                                   "when a batch is accepted; remove the key"),
+            (7, "events[1] is int, not a dict"),
+        ]:
+            with pytest.raises(InvalidInput) as e:
+                s.append(ev + [event], operation_id="bad")
+            assert str(e.value) == f"invalid input: {text}", e.value
+        with pytest.raises(InvalidInput, match="^invalid input: events must be a list of dicts, not int$"):
+            s.append(5, operation_id="bad")  # type: ignore[arg-type]
+        assert s.sequences() == (0, 0)
+        # The well-formed batch appends, with its optional keys.
+        s.append(ev + [{**second, "id": "e1", "payload": None}], operation_id="bad")
+        assert [m["id"] for m in s.transcript()] == ["m0"]
+
+
 def test_hostile_input_is_refused_and_changes_nothing(root, tmp_path):
     with root.create("h") as s:
         s.append(turn("t0", msg(0)), operation_id="ok", turn_id="t0")
@@ -745,7 +784,7 @@ def test_hostile_input_is_refused_and_changes_nothing(root, tmp_path):
             s.append_json(b"{}")
         # A key a batch or event does not have (a typo) is refused naming it: it was
         # ignored, so the field it meant was dropped and the batch appended.
-        with pytest.raises(InvalidInput, match="unknown field `optinal`"):
+        with pytest.raises(InvalidInput, match=r"events\[0\] has the unknown key 'optinal'"):
             s.append([{"kind": "session/title", "payload": {"title": "t"}, "optinal": True}],
                      operation_id="typo")
         with pytest.raises(InvalidInput, match="unknown field `turn_idd`"):
