@@ -63,6 +63,7 @@ from . import (
     Root,
     Session,
     SessionStoreError,
+    WriterOwned,
     _missing_sdk,
     _native,
     _refuse_pickle,
@@ -507,14 +508,41 @@ class SessionStoreSession:
         if not self._release.alive:
             # Named as the core Session's Closed names its session.
             name = json.dumps(self.store_id, ensure_ascii=False)
-            raise Closed(f"session {name} is closed")
+            raise self._named(Closed(f"session {name} is closed"))
         shared = self._shared
         if shared.session is None:
             try:
-                shared.session = self.root.open(self.store_id)
-            except NotFound:
-                shared.session = self.root.create(self.store_id)
+                try:
+                    shared.session = self.root.open(self.store_id)
+                except NotFound:
+                    shared.session = self.root.create(self.store_id)
+            except SessionStoreError as e:
+                raise self._named(e) from None
         return shared.session
+
+    def _named(self, error: SessionStoreError) -> SessionStoreError:
+        """``error``, of this conversation's store session, naming the conversation by the
+        id the caller gave as well when the store's id is another (a mapped id, which alone
+        did not say which conversation): ``session "user:42" (stored as
+        agx-757365723a3432) is owned by another writer: …``, of the same class (a
+        :class:`WriterOwned` keeps its ``owner``). ``error`` itself for an id kept as is."""
+        if self.store_id == self.session_id:
+            return error
+        text = str(error)
+        named = (
+            f"session {json.dumps(self.session_id, ensure_ascii=False)} "
+            f"(stored as {self.store_id})"
+        )
+        for form in (f"session {json.dumps(self.store_id)}", f"session {self.store_id}"):
+            if form in text:
+                text = text.replace(form, named, 1)
+                break
+        else:
+            text = f"{named}: {text}"
+        renamed = type(error)(text)
+        if isinstance(error, WriterOwned) and isinstance(renamed, WriterOwned):
+            renamed.owner = error.owner
+        return renamed
 
     def _turn(self, writer: Session, first: int, events: list[dict[str, Any]]) -> None:
         """One durable turn ``t<first>`` holding ``events``."""
