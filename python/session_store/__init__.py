@@ -796,7 +796,10 @@ class Root:
     @_native_args
     def read_content(self, session_id: str, digest: str) -> bytes:
         """The bytes behind a ``content_ref`` digest of this session or its ancestors (for
-        a message of :meth:`history`, the JSON of the event payload holding it)."""
+        a message of :meth:`history`, the JSON of the event payload holding it). A
+        ``digest`` that is not one (64 lowercase hex characters) raises
+        :class:`InvalidInput`; one the session and its ancestors do not hold
+        :class:`NotFound` ("no content … in session … or its ancestors")."""
         return self._native.read_content(session_id, digest)
 
     @_native_args

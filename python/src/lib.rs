@@ -738,20 +738,33 @@ impl Root {
         })
     }
 
-    /// The bytes of a content ref (`digest`) of this session or its ancestors.
+    /// The bytes of a content ref (`digest`) of this session or its ancestors. A digest
+    /// that is not one raises `InvalidInput` saying so, one the session does not hold
+    /// `NotFound`, as `serve` answers 400 and 404 (both were `InvalidInput` "does not
+    /// belong to session").
     fn read_content<'py>(
         &self,
         py: Python<'py>,
         session_id: &str,
         digest: String,
     ) -> NativeResult<Bound<'py, PyBytes>> {
+        let well_formed = session_store::ContentRef::is_digest(&digest);
         let bytes = detached_of(py, session_id, || {
             self.settled(session_id, |id| {
                 let r = self.service()?.session_ref(id.clone());
                 let content = session_store::ContentRef::new(digest.clone(), 0, "");
-                self.run(self.query()?.read_content(&r, &content))
+                match self.run(self.query()?.read_content(&r, &content)) {
+                    // The id and the digest are well formed: the library's "does not
+                    // belong" (a caller error) is no such content here.
+                    Err(Error::InvalidInput { .. }) if well_formed => Ok(None),
+                    read => read.map(Some),
+                }
             })
         })?;
+        let Some(bytes) = bytes else {
+            let msg = format!("no content {digest} in session {session_id} or its ancestors");
+            return Err(new_err(py, not_found_class, msg));
+        };
         Ok(PyBytes::new(py, &bytes))
     }
 

@@ -705,6 +705,24 @@ def test_events_may_be_any_mapping_as_the_signature_says(root):
     assert [m["id"] for m in root.transcript("m")] == ["m1"]
 
 
+def test_read_content_tells_a_malformed_digest_from_an_absent_one(root):
+    """Both raised InvalidInput "does not belong to session" (serve: 400 and 404)."""
+    with root.create("big") as s:
+        s.append([{"kind": "message/complete", "payload": {"message": msg(0, content="y" * 70_000)}}],
+                 operation_id="o")
+    digest = root.history("big")["messages"][0]["content_ref"]["digest"]
+    assert len(root.read_content("big", digest)) > 70_000
+    for malformed in ["zz", "", digest.upper(), digest + "0"]:
+        with pytest.raises(InvalidInput, match="is not a content digest: a digest is 64 lowercase hex"):
+            root.read_content("big", malformed)
+    with pytest.raises(NotFound) as e:
+        root.read_content("big", "0" * 64)
+    assert str(e.value) == f"no content {'0' * 64} in session big or its ancestors"
+    assert isinstance(e.value, LookupError)
+    with pytest.raises(NotFound, match="^session absent not found$"):
+        root.read_content("absent", digest)
+
+
 def test_append_names_the_argument_or_event_key_of_a_wrong_value(root):
     """Session.append built JSON text and handed back its reader's message: "invalid type:
     integer `7`, expected a string at line 1 column 131" of a text the caller never wrote,
