@@ -78,6 +78,27 @@ pub fn quoted(value: &str) -> String {
     }
 }
 
+/// `message`, an error's text, naming the process's file size limit (`ulimit -f`,
+/// `prlimit --fsize`) when one is set and the text is of a write that may have met it
+/// (SQLite's "disk I/O error" or "disk full", the OS's "File too large"): a write past the
+/// limit fails with `EFBIG` (once SIGXFSZ is caught or ignored), which SQLite reports as a
+/// plain "disk I/O error", not saying why a small file could not grow. Any other text, or
+/// no limit, is returned as it is. The CLI's error line and the Python package's
+/// exceptions both go through it.
+pub fn naming_file_size_limit(message: String) -> String {
+    let Some(limit) = rustix::process::getrlimit(rustix::process::Resource::Fsize).current else {
+        return message;
+    };
+    if ["disk I/O error", "disk full", "File too large"]
+        .iter()
+        .any(|sign| message.contains(sign))
+    {
+        format!("{message} (this process may write no file over {limit} bytes: see `ulimit -f`)")
+    } else {
+        message
+    }
+}
+
 /// Everything that can go wrong, as variants a caller can match, and classifiers
 /// ([`Error::is_retryable`], [`Error::is_not_found`], [`Error::writer_owner`],
 /// [`Error::is_corrupt`], [`Error::is_caller_error`], …) a host can branch on instead.

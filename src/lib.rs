@@ -39,7 +39,7 @@ mod session;
 mod store;
 
 pub use cancel::CancelToken;
-pub use error::{Error, Result, SqliteError, WriterOwner, quoted, utc};
+pub use error::{Error, Result, SqliteError, WriterOwner, naming_file_size_limit, quoted, utc};
 pub use model::header::{Header, Origin, absolute_cwd};
 pub use model::payload::json_error_reason;
 pub use model::{

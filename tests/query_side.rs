@@ -697,7 +697,7 @@ async fn history_cursors_with_trailing_parts_are_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_content_ref_the_session_does_not_hold_is_named_quoted_and_clipped() {
+async fn a_content_ref_the_session_does_not_hold_or_no_digest_is_named_quoted_and_clipped() {
     let (_dir, service) = service();
     let root = service.root().clone();
     let s = root.create(CreateOptions::with_id(id("blobs"))).unwrap();
@@ -706,9 +706,18 @@ async fn a_content_ref_the_session_does_not_hold_is_named_quoted_and_clipped() {
     s.close().unwrap();
     let r = SessionRef::new("local", id("blobs")).unwrap();
     let long = format!("\u{1b}[2J{}", "f".repeat(100_000));
+    let (absent, upper) = ("0".repeat(64), "A".repeat(64));
+    // A digest that is not one is said so; it was "does not belong to session", as for a
+    // well-formed digest the session does not hold.
     for (digest, shown) in [
-        ("", "content \"\" does not belong"),
+        (
+            "",
+            "content \"\" is not a content digest: a digest is 64 lowercase hex",
+        ),
+        ("zz", "content \"zz\" is not a content digest"),
+        (upper.as_str(), "is not a content digest"),
         (long.as_str(), "\\u{1b}[2J"),
+        (absent.as_str(), "does not belong to session blobs"),
     ] {
         let e = service
             .query()

@@ -36,6 +36,10 @@ is a :class:`ValueError`, :class:`NotFound` a :class:`LookupError` (not :class:`
 whose ``str()`` quotes the message), :class:`AlreadyExists` a :class:`FileExistsError`
 (an :class:`OSError` with ``errno`` None; ``str()`` and ``args`` are the message). The
 others subclass no builtin error: :class:`Cancelled` is the caller's cancel, not a timeout.
+An argument of the wrong type (``root.create(123)``, ``append(events, operation_id=5)``)
+raises :class:`TypeError`, as Python's own functions do, naming the argument; a value of
+the right type that is refused (an id the store does not take, an event of a batch with a
+wrong key or value, named as ``events[2].kind``) :class:`InvalidInput`.
 
 Reads through :class:`Root` (``history``, ``transcript``, ``events``, ``turns``) see the
 *durable* state: call :meth:`Session.flush` first to read what a writer appended.
@@ -279,17 +283,51 @@ def _refuse_pickle(self: object, protocol: object = None) -> NoReturn:
     )
 
 
+# The keys of an event given to Session.append, with the type each value must have
+# (a payload is any JSON-able value).
+_EVENT_KEYS: dict[str, type | None] = {"kind": str, "payload": None, "optional": bool, "id": str}
+# Keys of the events the store returns that are no input, with what to do instead.
+_OUTPUT_KEYS = {
+    "seq": "sequences are assigned when a batch is accepted; remove the key",
+    "content_ref": "it names content the store holds; give the content as payload",
+}
+
+
 def _check_events(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """``events`` as a list of dicts: any mapping is taken, as the signature of
     :meth:`Session.append` says (:func:`json.dumps` encodes only dicts: a
-    ``MappingProxyType`` was refused as "not JSON-able")."""
+    ``MappingProxyType`` was refused as "not JSON-able"). An event with a key it does not
+    have or a value of the wrong type raises :class:`InvalidInput` naming the event and the
+    key (the store's reader named a position in the JSON text this package wrote)."""
     if isinstance(events, (str, bytes)) or not isinstance(events, Sequence):
-        raise InvalidInput("invalid input: events must be a list of dicts")
+        raise InvalidInput(
+            f"invalid input: events must be a list of dicts, not {type(events).__name__}"
+        )
     out = []
     for i, event in enumerate(events):
         if not isinstance(event, Mapping):
-            raise InvalidInput(f"invalid input: event {i} is {type(event).__name__}, not a dict")
-        out.append(dict(event))
+            raise InvalidInput(
+                f"invalid input: events[{i}] is {type(event).__name__}, not a dict"
+            )
+        event = dict(event)
+        for key, value in event.items():
+            if key in _EVENT_KEYS:
+                want = _EVENT_KEYS[key]
+                if want is not None and not isinstance(value, want):
+                    raise InvalidInput(
+                        f"invalid input: events[{i}].{key} must be {want.__name__}, "
+                        f"not {type(value).__name__}"
+                    )
+            elif key in _OUTPUT_KEYS:
+                raise InvalidInput(f"invalid input: events[{i}].{key} is not input: {_OUTPUT_KEYS[key]}")
+            else:
+                raise InvalidInput(
+                    f"invalid input: events[{i}] has the unknown key {key!r} (an event's keys "
+                    f"are {', '.join(_EVENT_KEYS)})"
+                )
+        if "kind" not in event:
+            raise InvalidInput(f"invalid input: events[{i}] has no kind")
+        out.append(event)
     return out
 
 
@@ -335,8 +373,16 @@ class Session:
         ``operation_id`` is the idempotency key: the same batch sent again returns the
         original commit; different content under it raises :class:`OperationConflict`.
         A batch that does not validate raises (:class:`InvalidInput`,
-        :class:`InvalidPayload`, :class:`UnsupportedVersion`) and appends nothing.
+        :class:`InvalidPayload`, :class:`UnsupportedVersion`) and appends nothing: an event
+        is a dict of ``kind`` (str), ``payload`` (JSON-able), ``optional`` (bool) and
+        ``id`` (str), an error names it (``events[2].kind must be str, not int``). An
+        ``operation_id`` or ``turn_id`` that is not a str raises :class:`TypeError`, as
+        any argument of the wrong type does.
         """
+        if not isinstance(operation_id, str):
+            raise TypeError(f"operation_id must be str, not {type(operation_id).__name__}")
+        if turn_id is not None and not isinstance(turn_id, str):
+            raise TypeError(f"turn_id must be str or None, not {type(turn_id).__name__}")
         batch: dict[str, Any] = {"operation_id": operation_id, "events": _check_events(events)}
         if turn_id is not None:
             batch["turn_id"] = turn_id
@@ -483,6 +529,59 @@ class SessionReader:
         return f"<session_store.SessionReader {self.id!r}>"
 
 
+class _SessionWalk:
+    """The pages :meth:`Root.iter_sessions` (and ``aiter_sessions``) reads and the sessions
+    it yields of each. In updated order a session committed to meanwhile moves ahead of the
+    pages read (keyset paging on a moving key): those pages are followed by one pass in id
+    order (ids do not move) whose sessions not yielded yet are yielded last, newest first;
+    a session is yielded once (its id remembered) however it moves."""
+
+    def __init__(self, page_size: int, **filters: Any) -> None:
+        self._page_size = page_size
+        self._filters = filters  # Root.list's keyword arguments: sort and the filters
+        self._cursor: str | None = None
+        self._started = False
+        self._catching_up = False
+        self._seen: set[str] | None = set() if filters["sort"] == "updated" else None
+        self._late: builtins.list[dict[str, Any]] = []
+
+    def next_page(self) -> dict[str, Any] | None:
+        """The arguments of the next :meth:`Root.list` call, None once every page is read."""
+        if self._started and self._cursor is None:
+            return None
+        self._started = True
+        sort = "id" if self._catching_up else self._filters["sort"]
+        return {
+            **self._filters,
+            "cursor": self._cursor,
+            "limit": self._page_size,
+            "sort": sort,
+        }
+
+    def take(self, page: dict[str, Any]) -> builtins.list[dict[str, Any]]:
+        """The sessions of ``page`` (the answer to :meth:`next_page`'s call) to yield now."""
+        sessions: builtins.list[dict[str, Any]] = page["sessions"]
+        self._cursor = page["next_cursor"]
+        if self._seen is None:
+            return sessions
+        sessions = [s for s in sessions if s["session_ref"]["session_id"] not in self._seen]
+        self._seen.update(s["session_ref"]["session_id"] for s in sessions)
+        if self._catching_up:
+            self._late += sessions
+            sessions = []
+        if self._cursor is None:
+            if not self._catching_up:
+                self._catching_up = True
+                self._started = False  # the pass in id order, from its start
+            else:
+                self._late.sort(
+                    key=lambda s: (s["updated_at_ms"], s["session_ref"]["session_id"]),
+                    reverse=True,
+                )
+                sessions, self._late = self._late, []
+        return sessions
+
+
 class Root:
     """A root folder of sessions (created when missing): one SQLite file per session.
 
@@ -597,23 +696,25 @@ class Root:
         cached_only: bool = False,
     ) -> Iterator[dict[str, Any]]:
         """Every session summary of the root passing the filters (those of :meth:`list`,
-        ``cached_only`` included), page by page."""
-        cursor: str | None = None
-        while True:
-            page = self.list(
-                cursor,
-                page_size,
-                cwd=cwd,
-                since=since,
-                title=title,
-                origin=origin,
-                sort=sort,
-                cached_only=cached_only,
-            )
-            yield from page["sessions"]
-            cursor = page["next_cursor"]
-            if cursor is None:
-                return
+        ``cached_only`` included), page by page, each session once.
+
+        A live root: in ``sort="updated"`` a session committed to while the pages are read
+        moves ahead of the pages already read, so the pages end with one pass over the root
+        in id order, which yields, newest first, the sessions the pages did not (a
+        :meth:`list` page by page misses them). So every session there from the first page
+        to the end is yielded; one created meanwhile may be, one deleted meanwhile may have
+        been. The ``"id"`` and ``"created"`` orders do not move."""
+        walk = _SessionWalk(
+            page_size,
+            cwd=cwd,
+            since=since,
+            title=title,
+            origin=origin,
+            sort=sort,
+            cached_only=cached_only,
+        )
+        while (request := walk.next_page()) is not None:
+            yield from walk.take(self.list(**request))
 
     @_native_args
     def history(
@@ -695,7 +796,10 @@ class Root:
     @_native_args
     def read_content(self, session_id: str, digest: str) -> bytes:
         """The bytes behind a ``content_ref`` digest of this session or its ancestors (for
-        a message of :meth:`history`, the JSON of the event payload holding it)."""
+        a message of :meth:`history`, the JSON of the event payload holding it). A
+        ``digest`` that is not one (64 lowercase hex characters) raises
+        :class:`InvalidInput`; one the session and its ancestors do not hold
+        :class:`NotFound` ("no content … in session … or its ancestors")."""
         return self._native.read_content(session_id, digest)
 
     @_native_args
@@ -839,23 +943,18 @@ class Root:
         cached_only: bool = False,
     ) -> AsyncIterator[dict[str, Any]]:
         """:meth:`iter_sessions` for ``async for``: each page read in a worker thread."""
-        cursor: str | None = None
-        while True:
-            page = await self.alist(
-                cursor,
-                page_size,
-                cwd=cwd,
-                since=since,
-                title=title,
-                origin=origin,
-                sort=sort,
-                cached_only=cached_only,
-            )
-            for session in page["sessions"]:
+        walk = _SessionWalk(
+            page_size,
+            cwd=cwd,
+            since=since,
+            title=title,
+            origin=origin,
+            sort=sort,
+            cached_only=cached_only,
+        )
+        while (request := walk.next_page()) is not None:
+            for session in walk.take(await self.alist(**request)):
                 yield session
-            cursor = page["next_cursor"]
-            if cursor is None:
-                return
 
     async def ahistory(
         self, session_id: str, cursor: str | None = None, limit: int = 100

@@ -28,7 +28,9 @@ accepts as a session id (``user-42``, ``alice@example.com``) is the session's id
 another (``user:42``, ``a/b``, ``""``, one over 255 bytes, …) is stored under
 :func:`store_id_of` it: ``agx-<hex of its UTF-8>``, or ``agh-<SHA-256 of its UTF-8 in hex>``
 for one over 125 bytes. An id the store accepts that has one of these forms itself is mapped
-too (see :func:`store_id_of`), so two ids never share a session.
+too (see :func:`store_id_of`), so two ids never share a session; so is one starting ``lg-``
+or ``lgx-``, the forms :mod:`session_store.langgraph` gives its threads' sessions, so a
+conversation and a LangGraph thread of one root never share a session either.
 
 The writer lock is taken at the first change and held until :meth:`SessionStoreSession.close`
 (or the end of an ``async with`` / ``with`` block, or the object's garbage collection): a
@@ -61,6 +63,7 @@ from . import (
     Root,
     Session,
     SessionStoreError,
+    WriterOwned,
     _missing_sdk,
     _native,
     _refuse_pickle,
@@ -82,15 +85,20 @@ ITEM_ID_KEY = "sse_item_id"
 _HEXED = re.compile(r"agx-((?:[0-9a-f]{2})*)")
 _HASHED = re.compile(r"agh-[0-9a-f]{64}")
 _LONGEST_HEXED = 125
+# The prefixes of the session ids session_store.langgraph gives its threads (lg-<id>,
+# lgx-<hex>): an agents conversation is never stored under one.
+_LANGGRAPH_PREFIXES = ("lg-", "lgx-")
 
 
 def _kept(session_id: str) -> bool:
-    """Whether ``session_id`` is its own store id: the store accepts it, and it is not what
-    :func:`store_id_of` gives another id."""
+    """Whether ``session_id`` is its own store id: the store accepts it, it is not what
+    :func:`store_id_of` gives another id, and it is not of the LangGraph adapter's forms."""
     try:
         _native.check_session_id(session_id)
     except InvalidInput:
         return False
+    if session_id.startswith(_LANGGRAPH_PREFIXES):
+        return False  # the LangGraph adapter's namespace: its threads' sessions
     if _HASHED.fullmatch(session_id):
         return False  # whose it is cannot be told: an id of this form is always mapped
     hexed = _HEXED.fullmatch(session_id)
@@ -111,9 +119,12 @@ def store_id_of(session_id: str) -> str:
     ``agh-<hex of the SHA-256 of its UTF-8>`` when that is over 125 bytes. Two ids never
     get the same store id: an id the store accepts that is of one of these two forms is
     mapped as well (``agh-`` and 64 hex digits, or ``agx-`` and the hex of an id the store
-    refuses or of one mapped so); ``agx-6869``, the hex of ``hi``, stays itself. A
-    ``session_id`` that is not a str raises :class:`TypeError`; one that has no UTF-8 form
-    (a lone surrogate) :class:`session_store.InvalidInput`."""
+    refuses or of one mapped so); ``agx-6869``, the hex of ``hi``, stays itself. An id
+    starting ``lg-`` or ``lgx-`` is mapped too (``lg-support`` is ``agx-6c672d737570706f7274``):
+    those are the :mod:`session_store.langgraph` threads' sessions (thread ``support`` is
+    ``lg-support``), so a conversation and a thread never share one. A ``session_id`` that
+    is not a str raises :class:`TypeError`; one that has no UTF-8 form (a lone surrogate)
+    :class:`session_store.InvalidInput`."""
     if not isinstance(session_id, str):
         raise TypeError(f"session_id must be str, not {type(session_id).__name__}")
     try:
@@ -497,14 +508,41 @@ class SessionStoreSession:
         if not self._release.alive:
             # Named as the core Session's Closed names its session.
             name = json.dumps(self.store_id, ensure_ascii=False)
-            raise Closed(f"session {name} is closed")
+            raise self._named(Closed(f"session {name} is closed"))
         shared = self._shared
         if shared.session is None:
             try:
-                shared.session = self.root.open(self.store_id)
-            except NotFound:
-                shared.session = self.root.create(self.store_id)
+                try:
+                    shared.session = self.root.open(self.store_id)
+                except NotFound:
+                    shared.session = self.root.create(self.store_id)
+            except SessionStoreError as e:
+                raise self._named(e) from None
         return shared.session
+
+    def _named(self, error: SessionStoreError) -> SessionStoreError:
+        """``error``, of this conversation's store session, naming the conversation by the
+        id the caller gave as well when the store's id is another (a mapped id, which alone
+        did not say which conversation): ``session "user:42" (stored as
+        agx-757365723a3432) is owned by another writer: …``, of the same class (a
+        :class:`WriterOwned` keeps its ``owner``). ``error`` itself for an id kept as is."""
+        if self.store_id == self.session_id:
+            return error
+        text = str(error)
+        named = (
+            f"session {json.dumps(self.session_id, ensure_ascii=False)} "
+            f"(stored as {self.store_id})"
+        )
+        for form in (f"session {json.dumps(self.store_id)}", f"session {self.store_id}"):
+            if form in text:
+                text = text.replace(form, named, 1)
+                break
+        else:
+            text = f"{named}: {text}"
+        renamed = type(error)(text)
+        if isinstance(error, WriterOwned) and isinstance(renamed, WriterOwned):
+            renamed.owner = error.owner
+        return renamed
 
     def _turn(self, writer: Session, first: int, events: list[dict[str, Any]]) -> None:
         """One durable turn ``t<first>`` holding ``events``."""

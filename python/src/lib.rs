@@ -242,8 +242,19 @@ fn to_py_of(py: Python<'_>, session: &str, e: Error) -> PyErr {
     to_py_with(py, e, msg)
 }
 
-/// The exception of `e`'s variant with the message `msg`.
+/// The exception of `e`'s variant with the message `msg`; a failed write's names the
+/// process's file size limit when one is set, as the CLI's error line does
+/// ([`session_store::naming_file_size_limit`]: SQLite says "disk I/O error" alone).
 fn to_py_with(py: Python<'_>, e: Error, msg: String) -> PyErr {
+    let msg = match e {
+        Error::Io { .. }
+        | Error::Sqlite(_)
+        | Error::ReadConnection(_)
+        | Error::Poisoned(_)
+        | Error::PersistenceFailed(_)
+        | Error::DiskFull(_) => session_store::naming_file_size_limit(msg),
+        _ => msg,
+    };
     // An OS error of a full disk or quota met outside SQLite (a writer open recording its
     // owner): the library calls it retryable, as SQLite's own full disk.
     let io_disk_full = matches!(e, Error::Io { .. }) && e.is_retryable();
@@ -727,20 +738,33 @@ impl Root {
         })
     }
 
-    /// The bytes of a content ref (`digest`) of this session or its ancestors.
+    /// The bytes of a content ref (`digest`) of this session or its ancestors. A digest
+    /// that is not one raises `InvalidInput` saying so, one the session does not hold
+    /// `NotFound`, as `serve` answers 400 and 404 (both were `InvalidInput` "does not
+    /// belong to session").
     fn read_content<'py>(
         &self,
         py: Python<'py>,
         session_id: &str,
         digest: String,
     ) -> NativeResult<Bound<'py, PyBytes>> {
+        let well_formed = session_store::ContentRef::is_digest(&digest);
         let bytes = detached_of(py, session_id, || {
             self.settled(session_id, |id| {
                 let r = self.service()?.session_ref(id.clone());
                 let content = session_store::ContentRef::new(digest.clone(), 0, "");
-                self.run(self.query()?.read_content(&r, &content))
+                match self.run(self.query()?.read_content(&r, &content)) {
+                    // The id and the digest are well formed: the library's "does not
+                    // belong" (a caller error) is no such content here.
+                    Err(Error::InvalidInput { .. }) if well_formed => Ok(None),
+                    read => read.map(Some),
+                }
             })
         })?;
+        let Some(bytes) = bytes else {
+            let msg = format!("no content {digest} in session {session_id} or its ancestors");
+            return Err(new_err(py, not_found_class, msg));
+        };
         Ok(PyBytes::new(py, &bytes))
     }
 

@@ -160,7 +160,7 @@ import session_store
 from session_store.agents import SessionStoreSession
 
 async def main():
-    s = SessionStoreSession("shared", sys.argv[1])
+    s = SessionStoreSession(sys.argv[2], sys.argv[1])
     print(json.dumps({"read": await s.get_items()}), flush=True)
     try:
         await s.add_items([{"role": "user", "content": "intruder"}])
@@ -178,7 +178,7 @@ def test_a_second_writer_process_gets_writer_owned(root):
         s = SessionStoreSession("shared", root)
         await s.add_items([user("mine")])
         out = subprocess.run(
-            [sys.executable, "-c", SECOND_WRITER, root.path],
+            [sys.executable, "-c", SECOND_WRITER, root.path, "shared"],
             capture_output=True, text=True, timeout=60, cwd=root.path,
         )
         assert out.returncode == 0, out.stderr
@@ -191,13 +191,40 @@ def test_a_second_writer_process_gets_writer_owned(root):
         # Once this process closes its writer, the other one can write.
         await s.aclose()
         again = subprocess.run(
-            [sys.executable, "-c", SECOND_WRITER, root.path],
+            [sys.executable, "-c", SECOND_WRITER, root.path, "shared"],
             capture_output=True, text=True, timeout=60, cwd=root.path,
         )
         assert json.loads(again.stdout.splitlines()[1]) == {"wrote": True}, again.stderr
         assert await s.get_items() == [user("mine"), user("intruder")]
 
     run(main())
+
+
+def test_writer_owned_of_a_mapped_id_names_the_conversation_as_given(root):
+    """WriterOwned named only the store's id, "session agx-757365723a3432 is owned by
+    another writer", not the conversation the caller used (user:42)."""
+    s = SessionStoreSession("user:42", root)
+    s.add_items_sync([user("mine")])
+    out = subprocess.run(
+        [sys.executable, "-c", SECOND_WRITER, root.path, "user:42"],
+        capture_output=True, text=True, timeout=60, cwd=root.path,
+    )
+    assert out.returncode == 0, out.stderr
+    owned = json.loads(out.stdout.splitlines()[1])
+    assert owned["owned"]["pid"] == os.getpid()  # the class and its owner kept
+    assert owned["message"].startswith(
+        'session "user:42" (stored as agx-757365723a3432) is owned by another writer: '
+        f"pid {os.getpid()} "
+    ), owned["message"]
+    s.close()
+    # A closed adapter's change names it so too; an id kept as it is is named as before.
+    with pytest.raises(session_store.Closed) as e:
+        s.add_items_sync([user("late")])
+    assert str(e.value) == 'session "user:42" (stored as agx-757365723a3432) is closed'
+    kept = SessionStoreSession("user-42", root)
+    kept.close()
+    with pytest.raises(session_store.Closed, match='^session "user-42" is closed$'):
+        kept.add_items_sync([user("late")])
 
 
 def test_adapters_of_one_session_in_one_process_share_its_writer(root):

@@ -132,6 +132,77 @@ def test_list_pages_and_iteration(root):
     ]
 
 
+def test_a_write_past_the_file_size_limit_names_the_limit(root):
+    """Under `ulimit -f` a write fails with EFBIG, which SQLite reports as "disk I/O error"
+    alone: the CLI named the limit, Python's StorageError and Poisoned did not."""
+    out = run_script(
+        """
+import json, os, resource, sys
+import session_store
+resource.setrlimit(resource.RLIMIT_FSIZE, (1_000_000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+s = session_store.Root(sys.argv[1]).create("big")
+errors = []
+try:
+    for i in range(100):
+        text = os.urandom(30_000).hex()
+        s.append([{"kind": "message/complete", "payload": {"message": {"id": f"m{i}", "role": "user", "content": text}}}], operation_id=f"o{i}")
+        s.flush()
+except session_store.SessionStoreError as e:
+    errors.append([type(e).__name__, str(e)])
+try:
+    s.close()
+except session_store.SessionStoreError as e:
+    errors.append([type(e).__name__, str(e)])
+print(json.dumps(errors))
+""",
+        root.path,
+    )
+    errors = json.loads(out.stdout)
+    assert [name for name, _ in errors] == ["StorageError", "Poisoned"], errors
+    for _, text in errors:
+        assert text.startswith('session "big": ') and "disk I/O error" in text, text
+        assert text.endswith("(this process may write no file over 1000000 bytes: see `ulimit -f`)")
+    # The session stays sound, its flushed batches readable.
+    assert len(root.transcript("big")) == root.verify("big")["commits"] > 0
+
+
+def test_iteration_by_updated_time_yields_a_session_committed_to_meanwhile_once(root):
+    """Keyset pages by updated time: a session committed to after the pages passed its
+    place moved ahead of them and was never yielded ("every session" said the docstring)."""
+    for sid in ["s1", "s2", "s3", "s4"]:
+        with root.create(sid) as s:
+            s.append([{"kind": "message/complete", "payload": {"message": msg(0)}}], operation_id="o")
+        time.sleep(0.005)
+
+    def bump(sid: str, n: int) -> None:
+        with root.open(sid) as s:
+            s.append([{"kind": "message/complete", "payload": {"message": msg(n)}}], operation_id=f"o{n}")
+
+    seen = []
+    for i, e in enumerate(root.iter_sessions(page_size=1, sort="updated")):
+        seen.append(e["session_ref"]["session_id"])
+        if i == 0:
+            bump("s2", 1)  # older than the page's place: moves ahead of it
+        if i == 1:
+            bump("s4", 2)  # yielded already: not again
+    assert seen == ["s4", "s3", "s1", "s2"]
+
+    async def walk() -> list[str]:
+        out = []
+        async for e in root.aiter_sessions(1, sort="updated", cached_only=True):
+            out.append(e["session_ref"]["session_id"])
+            if len(out) == 1:
+                await asyncio.to_thread(bump, "s1", 3)
+                root.list(sort="updated")  # the catalog refreshed, as another lister does
+        return out
+
+    assert asyncio.run(walk()) == ["s4", "s2", "s3", "s1"]
+    # The other orders are one pass, as before.
+    assert [e["session_ref"]["session_id"] for e in root.iter_sessions(1, sort="created")] == [
+        "s4", "s3", "s2", "s1"
+    ]
+
+
 def test_list_filters_and_sorts_as_the_library_and_the_cli_do(root, tmp_path, monkeypatch):
     # Root.list took only cursor and limit: no cwd, since, title, origin or sort.
     monkeypatch.chdir(tmp_path)
@@ -634,6 +705,63 @@ def test_events_may_be_any_mapping_as_the_signature_says(root):
     assert [m["id"] for m in root.transcript("m")] == ["m1"]
 
 
+def test_read_content_tells_a_malformed_digest_from_an_absent_one(root):
+    """Both raised InvalidInput "does not belong to session" (serve: 400 and 404)."""
+    with root.create("big") as s:
+        s.append([{"kind": "message/complete", "payload": {"message": msg(0, content="y" * 70_000)}}],
+                 operation_id="o")
+    digest = root.history("big")["messages"][0]["content_ref"]["digest"]
+    assert len(root.read_content("big", digest)) > 70_000
+    for malformed in ["zz", "", digest.upper(), digest + "0"]:
+        with pytest.raises(InvalidInput, match="is not a content digest: a digest is 64 lowercase hex"):
+            root.read_content("big", malformed)
+    with pytest.raises(NotFound) as e:
+        root.read_content("big", "0" * 64)
+    assert str(e.value) == f"no content {'0' * 64} in session big or its ancestors"
+    assert isinstance(e.value, LookupError)
+    with pytest.raises(NotFound, match="^session absent not found$"):
+        root.read_content("absent", digest)
+
+
+def test_append_names_the_argument_or_event_key_of_a_wrong_value(root):
+    """Session.append built JSON text and handed back its reader's message: "invalid type:
+    integer `7`, expected a string at line 1 column 131" of a text the caller never wrote,
+    InvalidInput for a wrong argument type where every other call raises TypeError."""
+    ev = [{"kind": "message/complete", "payload": {"message": msg(0)}}]
+    with root.create("w") as s:
+        for kw, text in [
+            ({"operation_id": 5}, "operation_id must be str, not int"),
+            ({"operation_id": None}, "operation_id must be str, not NoneType"),
+            ({"operation_id": "o", "turn_id": 7}, "turn_id must be str or None, not int"),
+        ]:
+            with pytest.raises(TypeError) as e:
+                s.append(ev, **kw)
+            assert str(e.value) == text
+        with pytest.raises(TypeError):
+            root.create(123)  # as any argument of the wrong type
+        second = {"kind": "tool/log", "optional": True}
+        for event, text in [
+            ({"kind": 5}, "events[1].kind must be str, not int"),
+            ({**second, "optional": "yes"}, "events[1].optional must be bool, not str"),
+            ({**second, "id": 5}, "events[1].id must be str, not int"),
+            ({**second, "paylod": {}}, "events[1] has the unknown key 'paylod' (an event's "
+                                       "keys are kind, payload, optional, id)"),
+            ({"optional": True}, "events[1] has no kind"),
+            ({**second, "seq": 3}, "events[1].seq is not input: sequences are assigned "
+                                   "when a batch is accepted; remove the key"),
+            (7, "events[1] is int, not a dict"),
+        ]:
+            with pytest.raises(InvalidInput) as e:
+                s.append(ev + [event], operation_id="bad")
+            assert str(e.value) == f"invalid input: {text}", e.value
+        with pytest.raises(InvalidInput, match="^invalid input: events must be a list of dicts, not int$"):
+            s.append(5, operation_id="bad")  # type: ignore[arg-type]
+        assert s.sequences() == (0, 0)
+        # The well-formed batch appends, with its optional keys.
+        s.append(ev + [{**second, "id": "e1", "payload": None}], operation_id="bad")
+        assert [m["id"] for m in s.transcript()] == ["m0"]
+
+
 def test_hostile_input_is_refused_and_changes_nothing(root, tmp_path):
     with root.create("h") as s:
         s.append(turn("t0", msg(0)), operation_id="ok", turn_id="t0")
@@ -674,7 +802,7 @@ def test_hostile_input_is_refused_and_changes_nothing(root, tmp_path):
             s.append_json(b"{}")
         # A key a batch or event does not have (a typo) is refused naming it: it was
         # ignored, so the field it meant was dropped and the batch appended.
-        with pytest.raises(InvalidInput, match="unknown field `optinal`"):
+        with pytest.raises(InvalidInput, match=r"events\[0\] has the unknown key 'optinal'"):
             s.append([{"kind": "session/title", "payload": {"title": "t"}, "optinal": True}],
                      operation_id="typo")
         with pytest.raises(InvalidInput, match="unknown field `turn_idd`"):

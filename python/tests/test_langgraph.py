@@ -468,6 +468,33 @@ def test_thread_ids_map_to_session_ids_and_back(root, saver) -> None:
     assert set(listed) == {"Odd/Thread: 1", "ABC"}
 
 
+def test_agents_conversations_and_threads_never_share_a_session(root, saver) -> None:
+    """Thread "support" is session "lg-support"; an agents conversation of that very id was
+    stored there too (its items then in the thread's session, deleted by delete_thread)."""
+    from session_store.agents import store_id_of
+
+    conversation = SessionStoreSession("lg-support", root)
+    conversation.add_items_sync([{"role": "user", "content": "agents item"}])
+    conversation.close()
+    g = graph(saver)
+    g.invoke({"messages": [HumanMessage(content="hi")]}, config("support"))
+    assert conversation.store_id == "agx-6c672d737570706f7274" != session_id_of("support")
+    saver.delete_thread("support")
+    assert not any(t.config for t in saver.list(config("support")))
+    again = SessionStoreSession("lg-support", root)
+    assert again.get_items_sync() == [{"role": "user", "content": "agents item"}]
+    again.close()
+    # Every id of the LangGraph adapter's forms is mapped, one-to-one with the others.
+    for thread in ["support", "Odd/Thread: 1", "a", ""]:
+        sid = session_id_of(thread)
+        assert store_id_of(sid) != sid and store_id_of(sid).startswith("agx-")
+    ids = ["lg-x", "lgx-61", "lgx-", "lg-", "agx-6c672d78", "lgy-1", "lg_x"]
+    assert len({store_id_of(i) for i in ids}) == len(ids)
+    assert store_id_of("lgy-1") == "lgy-1" and store_id_of("lg_x") == "lg_x"
+    assert store_id_of("agx-6c672d78") != "agx-6c672d78"  # the hex of "lg-x"
+    assert thread_id_of(store_id_of("lg-support")) is None
+
+
 def test_the_async_graph_api_works_with_the_saver(saver) -> None:
     async def run() -> list[str]:
         g = graph(saver)

@@ -670,7 +670,7 @@ fn main() -> ExitCode {
             let code = cli::exit_code(&*e);
             let mut line = cli::one_line(&*e);
             if code == cli::EXIT_OTHER {
-                line = cli::interrupt::name_file_size_limit(line);
+                line = session_store::naming_file_size_limit(line);
             }
             errln!("session-store: error: {line}");
             ExitCode::from(code)

@@ -114,24 +114,6 @@ pub fn survive_file_size_limit() -> CliResult<()> {
     Ok(())
 }
 
-/// `line`, a failed command's error, naming the process's file size limit when one is set
-/// and the error is a write that may have met it (SQLite's "disk I/O error" or "disk full",
-/// the OS's "File too large"): the error alone does not say why a small file could not
-/// grow.
-pub fn name_file_size_limit(line: String) -> String {
-    let Some(limit) = rustix::process::getrlimit(rustix::process::Resource::Fsize).current else {
-        return line;
-    };
-    if ["disk I/O error", "disk full", "File too large"]
-        .iter()
-        .any(|sign| line.contains(sign))
-    {
-        format!("{line} (this process may write no file over {limit} bytes: see `ulimit -f`)")
-    } else {
-        line
-    }
-}
-
 /// The exit status of a process a signal stopped: 128 + its number.
 fn status(signal: i32) -> u8 {
     u8::try_from(128 + signal).unwrap_or(super::EXIT_OTHER)

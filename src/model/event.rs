@@ -416,6 +416,20 @@ impl ContentRef {
             media_type: media_type.into(),
         }
     }
+
+    /// Whether `text` has a content digest's form: 64 lowercase hex characters (a SHA-256).
+    ///
+    /// ```
+    /// use session_store::ContentRef;
+    /// assert!(ContentRef::is_digest(&"0a".repeat(32)));
+    /// assert!(!ContentRef::is_digest("zz") && !ContentRef::is_digest(&"0A".repeat(32)));
+    /// ```
+    pub fn is_digest(text: &str) -> bool {
+        text.len() == 64
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    }
 }
 
 #[derive(Serialize)]

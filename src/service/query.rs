@@ -627,9 +627,17 @@ impl SessionQuery {
     /// The bytes behind a content ref of this session (or its ancestors).
     ///
     /// # Errors
-    /// [`Error::InvalidInput`] when the ref is not one of this session's.
+    /// [`Error::InvalidInput`] when the ref's digest is not one
+    /// ([`ContentRef::is_digest`]: "… is not a content digest", nothing read), or is not
+    /// one of this session's ("… does not belong to session …").
     pub async fn read_content(&self, r: &SessionRef, content: &ContentRef) -> Result<Vec<u8>> {
         self.check(r)?;
+        if !ContentRef::is_digest(&content.digest) {
+            return Err(Error::invalid(format!(
+                "content {} is not a content digest: a digest is 64 lowercase hex characters",
+                crate::error::quoted(&content.digest)
+            )));
+        }
         let query = self.clone();
         let id = r.session_id.clone();
         let digest = content.digest.clone();

@@ -148,11 +148,7 @@ pub fn session_id(text: &str) -> Result<SessionId, Problem> {
 
 /// A content digest from a URL: 64 lowercase hex characters (else status 400).
 pub fn digest(text: &str) -> Result<String, Problem> {
-    if text.len() == 64
-        && text
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    {
+    if ContentRef::is_digest(text) {
         Ok(text.to_owned())
     } else {
         Err(Problem::bad_request(
