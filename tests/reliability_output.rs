@@ -848,6 +848,45 @@ fn search_snippets_escape_bidirectional_controls() {
 }
 
 #[test]
+fn human_output_escapes_bidirectional_controls_in_session_ids() {
+    // A session id may hold U+202E: `list`, `show`, `search`, `gc` (and the bare ids of
+    // `create` and `fork`) printed it raw, so `abc<U+202E>txt.exe` showed as `abcexe.txt`.
+    let env = Env::new();
+    let id = "abc\u{202e}txt.exe";
+    let fork = "f\u{2066}k";
+    let shown = r"abc\u{202e}txt.exe";
+    assert_eq!(env.ok(&["create", id]), format!("{shown}\n"));
+    let batch = r#"{"operation_id":"o","turn_id":"t1","events":[{"kind":"turn/start"},{"kind":"message/complete","payload":{"message":{"id":"m","role":"user","content":"findme"}}},{"kind":"turn/end","payload":{"status":"completed"}}]}"#;
+    let out = env.run_with(&["append", id], &format!("{batch}\n"));
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    assert_eq!(
+        control_chars(&String::from_utf8_lossy(&out.stdout)),
+        Vec::<char>::new()
+    );
+    assert_eq!(
+        env.ok(&["fork", id, "--after-turn", "t1", "--id", fork]),
+        "f\\u{2066}k\n"
+    );
+    std::thread::sleep(Duration::from_millis(1100));
+    let commands: [&[&str]; 6] = [
+        &["list"],
+        &["show", id],
+        &["show", fork],
+        &["search", "findme"],
+        &["stats", id],
+        &["gc", "--older-than", "1s", "--dry-run"],
+    ];
+    for args in commands {
+        let out = env.ok(args);
+        assert_eq!(control_chars(&out), Vec::<char>::new(), "{args:?}: {out}");
+        assert!(out.contains(shown), "{args:?}: {out}");
+    }
+    // JSON stays exact.
+    let list: serde_json::Value = serde_json::from_str(&env.ok(&["--json", "list"])).expect("json");
+    assert_eq!(list["sessions"][0]["session_ref"]["session_id"], id);
+}
+
+#[test]
 fn human_output_escapes_session_strings_and_errors_clip_huge_values() {
     let env = Env::new();
     let cwd = "/tmp/\u{1b}]0;pwned\u{7}\u{1b}[2J";

@@ -403,6 +403,13 @@ pub fn printable(text: &str) -> Cow<'_, str> {
     escape_controls(text, |c| c.is_control() || is_bidi_control(c))
 }
 
+/// A session id (or other stored name) for human output: [`printable`], as an id may hold
+/// bidirectional controls that would reorder the line on a terminal (`--json` gives it
+/// exact).
+pub fn shown<T: AsRef<str> + ?Sized>(id: &T) -> Cow<'_, str> {
+    printable(id.as_ref())
+}
+
 /// Whether `c` opens or closes a bidirectional embedding, override or isolate.
 pub fn is_bidi_control(c: char) -> bool {
     matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')

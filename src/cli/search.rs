@@ -1,11 +1,12 @@
 //! `search QUERY`: full-text search over every session of the root.
 
+use std::borrow::Cow;
 use std::io::IsTerminal;
 
 use session_store::{SearchOptions, SearchPage};
 
 use super::sessions::{preview, report_skipped};
-use super::{CliResult, Context, bidi_escaped, block_on, print_json, printable, session_id};
+use super::{CliResult, Context, bidi_escaped, block_on, print_json, printable, session_id, shown};
 
 /// Characters of a session's title shown on a hit's line (as `list` shows it).
 const TITLE_CHARS: usize = 60;
@@ -108,16 +109,16 @@ fn print_page(page: &SearchPage, filters: &[&str], terminal: bool) -> CliResult<
         };
         outln!(
             "{} #{} {} {}{title}",
-            hit.session_ref.session_id,
+            shown(&hit.session_ref.session_id),
             hit.position,
             printable(hit.role.as_deref().unwrap_or("-")),
             utc(hit.time_ms),
         );
         if !hit.shared_with.is_empty() {
-            let forks: Vec<&str> = hit
+            let forks: Vec<Cow<'_, str>> = hit
                 .shared_with
                 .iter()
-                .map(|r| r.session_id.as_str())
+                .map(|r| shown(&r.session_id))
                 .collect();
             outln!("  also in: {}", forks.join(", "));
         }

@@ -2,6 +2,7 @@
 //! library: create, list, rename, show, history, events, fork/rewind, export/import, delete,
 //! gc, verify, migrate-legacy, stats, rebuild-catalog.
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use session_store::{
 use super::interrupt::Interrupt;
 use super::{
     CliError, CliResult, Context, EXIT_NOT_FOUND, EXIT_OTHER, Failure, block_on, count, exit_code,
-    human_bytes, in_context, is_broken_pipe, print_json, printable, session_id, spinner,
+    human_bytes, in_context, is_broken_pipe, print_json, printable, session_id, shown, spinner,
 };
 
 /// Characters of a payload or message shown on one line of human output.
@@ -55,7 +56,7 @@ pub fn create(cx: &Context, id: Option<&str>, cwd: Option<String>) -> CliResult<
     if cx.json {
         print_json(&json!({ "session_id": session.id() }))
     } else {
-        outln!("{}", session.id());
+        outln!("{}", shown(session.id()));
         Ok(())
     }
 }
@@ -112,7 +113,7 @@ pub fn list(cx: &Context, limit: usize, cursor: Option<&str>, filter: ListFilter
     let width = page
         .sessions
         .iter()
-        .map(|s| s.session_ref.session_id.as_str().len())
+        .map(|s| shown(&s.session_ref.session_id).chars().count())
         .max()
         .unwrap_or(2)
         .max(2);
@@ -133,7 +134,7 @@ pub fn list(cx: &Context, limit: usize, cursor: Option<&str>, filter: ListFilter
         };
         outln!(
             "{:<width$}  {:>5}  {:>8}  {:<19}  {title}",
-            s.session_ref.session_id.as_str(),
+            shown(&s.session_ref.session_id),
             s.turns,
             s.durable_sequence,
             utc(s.updated_at_ms),
@@ -157,7 +158,7 @@ pub(super) fn report_skipped(skipped: &[SkippedSession]) {
     for s in skipped {
         errln!(
             "session-store: skipped session {}: {}",
-            s.session_id,
+            shown(&s.session_id),
             super::one_line(s.error.as_ref())
         );
     }
@@ -171,7 +172,7 @@ pub fn rename(cx: &Context, id: &str, title: &str) -> CliResult<()> {
     if cx.json {
         print_json(&json!({ "session_id": id, "title": title }))
     } else {
-        outln!("renamed {id}: {}", preview(title, PREVIEW_CHARS));
+        outln!("renamed {}: {}", shown(&id), preview(title, PREVIEW_CHARS));
         Ok(())
     }
 }
@@ -312,7 +313,7 @@ fn show_of(root: &Root, id: &SessionId) -> CliResult<Show> {
 
 fn print_show(s: &Show) -> CliResult<()> {
     let h = &s.header;
-    outln!("session    {}", h.session_id);
+    outln!("session    {}", shown(&h.session_id));
     if !s.title.is_empty() {
         outln!("title      {}", preview(&s.title, PREVIEW_CHARS));
     }
@@ -326,6 +327,7 @@ fn print_show(s: &Show) -> CliResult<()> {
         outln!("cwd        {}", printable(cwd));
     }
     if let Some(parent) = &h.parent_id {
+        let parent = shown(parent);
         // A parent deleted since (or never in this root: an import; or another session
         // made under its id since) is named as such, and the events inherited are this
         // session's own now.
@@ -344,7 +346,7 @@ fn print_show(s: &Show) -> CliResult<()> {
             "lineage    seq {}..={} from {}",
             e.after_seq + 1,
             e.through_seq,
-            e.ancestor_id
+            shown(&e.ancestor_id)
         );
     }
     outln!(
@@ -379,7 +381,7 @@ fn print_show(s: &Show) -> CliResult<()> {
     for d in &s.dependents {
         outln!(
             "dependent  {} (inherits through seq {})",
-            d.child_id,
+            shown(&d.child_id),
             d.through_seq
         );
     }
@@ -594,7 +596,7 @@ pub fn fork(cx: &Context, id: &str, point: ForkPoint, new_id: Option<&str>) -> C
     if cx.json {
         print_json(&json!({"session_id": child, "parent_id": parent, "origin": origin}))
     } else {
-        outln!("{child}");
+        outln!("{}", shown(&child));
         Ok(())
     }
 }
@@ -649,7 +651,8 @@ pub fn export(cx: &Context, id: &str, file: &Path) -> CliResult<()> {
         }));
     }
     outln!(
-        "exported {id} to {}: {}, {}, {}",
+        "exported {} to {}: {}, {}, {}",
+        shown(&id),
         printable(&file.display().to_string()),
         count(report.commits, "commit", "commits"),
         count(report.events, "event", "events"),
@@ -689,7 +692,7 @@ pub fn import(
     if cx.json {
         print_json(&json!({"session_id": id, "file": file.to_string_lossy()}))
     } else {
-        outln!("{id}");
+        outln!("{}", shown(&id));
         Ok(())
     }
 }
@@ -745,7 +748,7 @@ pub fn delete(cx: &Context, id: &str, wait: Duration) -> CliResult<()> {
     if cx.json {
         print_json(&json!({ "deleted": id }))
     } else {
-        outln!("deleted {id}");
+        outln!("deleted {}", shown(&id));
         Ok(())
     }
 }
@@ -770,10 +773,10 @@ pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
             "deleted"
         };
         for d in &report.deleted {
-            let forks: Vec<&str> = d.forks.iter().map(SessionId::as_str).collect();
+            let forks: Vec<Cow<'_, str>> = d.forks.iter().map(shown).collect();
             outln!(
                 "{verb} {} (updated {} UTC){}",
-                d.session_id,
+                shown(&d.session_id),
                 utc(d.updated_at_ms),
                 if forks.is_empty() {
                     String::new()
@@ -783,7 +786,7 @@ pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
             );
         }
         for k in &report.kept {
-            outln!("kept {}: {}", k.session_id, printable(&k.reason));
+            outln!("kept {}: {}", shown(&k.session_id), printable(&k.reason));
         }
         // A dry run deletes nothing, so what failed there is the check.
         let failed = if report.dry_run {
@@ -794,7 +797,7 @@ pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
         for f in &report.failed {
             errln!(
                 "session-store: {failed} {}: {}",
-                f.session_id,
+                shown(&f.session_id),
                 printable(&f.reason)
             );
         }
@@ -897,7 +900,7 @@ pub fn verify(cx: &Context, target: &Path) -> CliResult<()> {
     outln!(
         "ok: {} ({}): {}, {}, {}, {}; integrity, sequences, hashes, blob digests and replay \
          are sound",
-        replay.header.session_id,
+        shown(&replay.header.session_id),
         printable(&path.display().to_string()),
         count(replay.commits, "commit", "commits"),
         count(replay.events, "event", "events"),
@@ -932,7 +935,7 @@ pub fn migrate_legacy(cx: &Context, file: &Path, head: &str) -> CliResult<()> {
         if record.reused { "reused:" } else { "migrated" },
         count(record.message_count as u64, "message", "messages"),
         printable(&record.source_path),
-        record.target_id,
+        shown(&record.target_id),
         if record.torn_last_line {
             " (torn last line skipped)"
         } else {
@@ -952,7 +955,7 @@ pub fn stats(cx: &Context, id: &str) -> CliResult<()> {
     }
     outln!(
         "{}: {} (durable sequence {}), {} on disk",
-        stats.session_id,
+        shown(&stats.session_id),
         count(stats.events, "event", "events"),
         stats.durable_sequence,
         human_bytes(stats.file_bytes)
