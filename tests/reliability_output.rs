@@ -848,6 +848,47 @@ fn search_snippets_escape_bidirectional_controls() {
 }
 
 #[test]
+fn search_snippets_escape_control_characters_and_cut_a_long_word() {
+    // ESC and BEL were dropped from a snippet (`zeta<BEL>bell` printed `zetabell`), and a
+    // message of one 200,000-character token gave a 200 KB snippet.
+    let env = Env::new();
+    let input = json_line("o1", "alpha \u{1b}[31mbeta gamma zeta\u{7}bell")
+        + &json_line("o2", &format!("upload failed: {}", "A".repeat(200_000)));
+    let out = env.run_with(&["append", "s", "--create"], &input);
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    let out = env.ok(&["search", "gamma"]);
+    assert!(
+        out.contains(r"  alpha \u{1b}[31mbeta gamma zeta\u{7}bell"),
+        "{out}"
+    );
+    assert_eq!(control_chars(&out), Vec::<char>::new(), "{out}");
+    let out = env.ok(&["search", "upload"]);
+    assert!(
+        out.len() < 400,
+        "{} bytes: {}",
+        out.len(),
+        &out[..400.min(out.len())]
+    );
+    assert!(out.contains("  upload failed: AAAA"), "{out}");
+    // JSON: the same short snippet, the control characters as they are stored.
+    let page: serde_json::Value =
+        serde_json::from_str(&env.ok(&["--json", "search", "upload"])).expect("json");
+    let text = page["hits"][0]["snippet"]["text"].as_str().expect("text");
+    assert!(text.chars().count() < 100 && text.ends_with('…'), "{text}");
+    let page: serde_json::Value =
+        serde_json::from_str(&env.ok(&["--json", "search", "gamma"])).expect("json");
+    let text = page["hits"][0]["snippet"]["text"].as_str().expect("text");
+    assert_eq!(text, "alpha \u{1b}[31mbeta gamma zeta\u{7}bell");
+}
+
+/// One batch of one user message `content` under operation id `op`, as a line.
+fn json_line(op: &str, content: &str) -> String {
+    let batch = serde_json::json!({"operation_id": op, "events": [{"kind": "message/complete",
+        "payload": {"message": {"id": op, "role": "user", "content": content}}}]});
+    format!("{batch}\n")
+}
+
+#[test]
 fn human_output_escapes_bidirectional_controls_in_session_ids() {
     // A session id may hold U+202E: `list`, `show`, `search`, `gc` (and the bare ids of
     // `create` and `fork`) printed it raw, so `abc<U+202E>txt.exe` showed as `abcexe.txt`.

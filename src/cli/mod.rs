@@ -415,13 +415,6 @@ pub fn is_bidi_control(c: char) -> bool {
     matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
-/// `text` with its bidirectional controls escaped and nothing else: for text that holds no
-/// control characters but the terminal escapes this program put in it (a search snippet
-/// with its matches marked).
-pub fn bidi_escaped(text: &str) -> Cow<'_, str> {
-    escape_controls(text, is_bidi_control)
-}
-
 /// As [`printable`], keeping line breaks and tabs (`\n`, `\r`, `\t`): for text shown as a
 /// block where they are layout, such as the web pages (`serve`).
 pub fn printable_block(text: &str) -> Cow<'_, str> {

@@ -6,7 +6,7 @@ use std::io::IsTerminal;
 use session_store::{SearchOptions, SearchPage};
 
 use super::sessions::{preview, report_skipped};
-use super::{CliResult, Context, bidi_escaped, block_on, print_json, printable, session_id, shown};
+use super::{CliResult, Context, block_on, print_json, printable, session_id, shown};
 
 /// Characters of a session's title shown on a hit's line (as `list` shows it).
 const TITLE_CHARS: usize = 60;
@@ -122,9 +122,18 @@ fn print_page(page: &SearchPage, filters: &[&str], terminal: bool) -> CliResult<
                 .collect();
             outln!("  also in: {}", forks.join(", "));
         }
-        // Snippet text has no control characters: only the marks are escapes. Its
-        // bidirectional controls (never inside a matched word) are escaped as elsewhere.
-        outln!("  {}", bidi_escaped(&hit.snippet.marked(open, close)));
+        // Each piece escaped as `history` escapes a message (control characters and
+        // bidirectional controls), then the matches marked with the terminal's escapes.
+        let mut line = String::new();
+        for (piece, matched) in hit.snippet.pieces() {
+            let piece = printable(piece);
+            if matched {
+                line.extend([open, &piece, close]);
+            } else {
+                line.push_str(&piece);
+            }
+        }
+        outln!("  {line}");
     }
     if let Some(next) = &page.next_cursor {
         let same = if filters.is_empty() {
