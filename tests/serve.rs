@@ -487,6 +487,13 @@ fn a_live_session_shows_its_durable_prefix_and_keeps_its_writer() {
     assert!(page.contains("durable words") && page.contains("badge live"));
     assert!(server.ok("/").body.contains("badge live"));
     assert!(!server.ok("/api/sessions/live-one").json()["writer"].is_null());
+    // `live` in the JSON list says what the badge says (it said false: in the library it
+    // meant a runtime of the reading service), in the API and `list --json` alike.
+    let live = |list: &Value| list["sessions"][0]["live"].clone();
+    assert_eq!(live(&server.ok("/api/sessions").json()), json!(true));
+    let listed: Value =
+        serde_json::from_str(&serve_support::cli_ok(&path, &["--json", "list"])).expect("json");
+    assert_eq!(live(&listed), json!(true));
     // Accepted but not durable: not shown yet; the writer keeps writing meanwhile.
     session
         .append(Batch::new(
@@ -507,6 +514,7 @@ fn a_live_session_shows_its_durable_prefix_and_keeps_its_writer() {
     // Released: no badge, and the server holds no lock (a new writer opens at once).
     let page = server.ok("/sessions/live-one").body;
     assert!(!page.contains("badge live"));
+    assert_eq!(live(&server.ok("/api/sessions").json()), json!(false));
     root.open_writer(&id)
         .expect("reopen while served")
         .close()
