@@ -1240,6 +1240,34 @@ fn the_first_sessions_page_names_a_session_that_cannot_be_read() {
         common::listed_ids(&server.ok("/api/sessions").json()).len(),
         8
     );
+    // Named on every page, not only by the one whose request ran the catalog's refresh
+    // (later pages are served from the catalog as it is and said nothing of it).
+    for _ in 0..3 {
+        assert!(
+            server
+                .ok("/")
+                .body
+                .contains("Skipped <code>broken-one</code>")
+        );
+        let skipped = server.ok("/api/sessions").json()["skipped"].clone();
+        assert_eq!(skipped[0]["session_id"], "broken-one", "{skipped}");
+    }
+    drop(server);
+    // A process whose first listing is one served from the catalog as it is (Python's
+    // `Root.list(cached_only=True)`) names it too.
+    let filter = session_store::ListFilter::default()
+        .with_sort(session_store::ListSort::Updated)
+        .cached_only();
+    let listing = Root::open(&root)
+        .expect("root")
+        .list_filtered(&filter, None, 50)
+        .expect("list");
+    let skipped: Vec<&str> = listing
+        .skipped
+        .iter()
+        .map(|s| s.session_id.as_str())
+        .collect();
+    assert_eq!(skipped, ["broken-one"]);
 }
 
 /// The search API and page take the CLI's filters (`role`, `since`, `session`) instead of
