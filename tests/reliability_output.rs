@@ -798,6 +798,40 @@ fn a_closed_stdout_ends_the_command_quietly_without_a_panic() {
     }
 }
 
+/// `session-store create >&-`: with no stdout at all every command exited 0 and printed
+/// nothing (a write to a closed descriptor counts as done), so `create` made a session whose
+/// generated id was lost. The command fails, status 1, saying why, and changes nothing.
+#[test]
+fn a_command_without_stdout_fails_and_changes_nothing() {
+    let env = Env::new();
+    let closed = |args: &[&str]| {
+        Command::new("sh")
+            .arg("-c")
+            .arg(r#""$@" >&-"#)
+            .arg("sh")
+            .arg(BIN)
+            .arg("--root")
+            .arg(env.path("root"))
+            .args(args)
+            .env_remove("SESSION_STORE_ROOT")
+            .output()
+            .expect("run")
+    };
+    for args in [&["create"][..], &["create", "s"], &["list"]] {
+        let out = closed(args);
+        assert_eq!(code(&out), 1, "{args:?}: {}", describe(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("stdout is closed"),
+            "{args:?}: {}",
+            describe(&out)
+        );
+    }
+    assert!(
+        !env.path("root").exists(),
+        "a command without stdout made the root"
+    );
+}
+
 /// `session-store show nope 2>&1 | grep -q …`: the reader of stderr is gone when the
 /// error line is written. The command keeps its exit status (3, and 6 for a bad id, 2 for
 /// a usage error); it panicked in `eprintln!` before, status 101.
