@@ -1077,8 +1077,8 @@ impl Root {
     /// root's, which no command can open: a symlink to a folder ("a symlink; sessions are
     /// folders of the root"; one to a file or dangling is left out, as a file is), a
     /// session folder whose name is not UTF-8 or is not a valid session id
-    /// (under its name made an id, [`SessionId::shown`]: the bytes that are not UTF-8 and
-    /// the characters an id may not hold as U+FFFD). Both sorted; dot-entries left out.
+    /// (under its name as it is, [`SessionId::shown`]: only the bytes that are not UTF-8 as
+    /// U+FFFD). Both sorted; dot-entries left out.
     ///
     /// # Errors
     /// [`Error::Io`] when the root cannot be read.
