@@ -190,6 +190,11 @@ struct Show {
     /// without a parent. A deleted parent's inherited events were copied into this
     /// session's own file (an imported one holds them too).
     parent_in_root: Option<bool>,
+    /// Whether a session of the parent's id is in the root that is not the parent (made
+    /// under its id since, or beside an imported fork): human output says so instead of
+    /// "not in this root". Not in `--json` (`parent_in_root` says it is not the parent).
+    #[serde(skip)]
+    parent_id_taken: bool,
     /// The last writer that took the lease (the lease row).
     lease: WriterOwner,
     /// The writer holding the lock now, if any.
@@ -291,6 +296,11 @@ fn show_of(root: &Root, id: &SessionId) -> CliResult<Show> {
             Some(_) => Some(root.parent_in_root(&reader)?),
             None => None,
         },
+        parent_id_taken: info
+            .header
+            .parent_id
+            .as_ref()
+            .is_some_and(|p| root.session_file_identity(p).is_some()),
         lease: info.last_writer,
         writer: root.writer_owner(id)?,
         // A fork SIGKILLed before its publication left a row naming no session: no fork.
@@ -331,10 +341,15 @@ fn print_show(s: &Show) -> CliResult<()> {
         // A parent deleted since (or never in this root: an import; or another session
         // made under its id since) is named as such, and the events inherited are this
         // session's own now.
-        let gone = if s.parent_in_root == Some(false) {
-            format!("; {parent} is not in this root, they are held in this session's file")
-        } else {
-            String::new()
+        let gone = match s.parent_in_root {
+            Some(false) if s.parent_id_taken => format!(
+                "; the session {parent} of this root is another session, not this one's parent: \
+                 they are held in this session's file"
+            ),
+            Some(false) => {
+                format!("; {parent} is not in this root, they are held in this session's file")
+            }
+            _ => String::new(),
         };
         outln!(
             "parent     {parent} ({} inherited at the cut{gone})",
