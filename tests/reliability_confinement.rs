@@ -994,6 +994,68 @@ fn entries_named_like_sessions_that_are_none_are_skipped_once_and_kept_by_gc() {
     assert_eq!(kept, expected.map(|(id, _)| id), "{report}");
 }
 
+/// A session folder whose `session.sqlite` is a symlink (to a real session file elsewhere,
+/// or dangling), a folder or a FIFO is kept by `gc`, saying why as `list` does ("is a
+/// symlink; refused"), and the run succeeds: gc reported the first as a failure with
+/// SQLite's "unable to open database file" (exit 1 on every run, also when not dry) and
+/// passed over the others in silence.
+#[test]
+fn gc_keeps_a_session_file_every_command_refuses_saying_why() {
+    let w = World::new();
+    w.session("ok");
+    let away = w.folder("away");
+    run_cli(&away, &["create", "ext"], "");
+    let plant = |name: &str| {
+        let dir = w.root.join(name);
+        std::fs::create_dir(&dir).expect("mkdir");
+        dir.join("session.sqlite")
+    };
+    std::os::unix::fs::symlink(away.join("ext/session.sqlite"), plant("evil")).expect("symlink");
+    std::os::unix::fs::symlink(w.base.join("nowhere"), plant("lnk")).expect("symlink");
+    std::fs::create_dir(plant("dirf")).expect("mkdir");
+    let fifo = Command::new("mkfifo")
+        .arg(plant("fifo"))
+        .status()
+        .expect("mkfifo");
+    assert!(fifo.success());
+    std::thread::sleep(Duration::from_millis(1100));
+    for dry in [true, false] {
+        let mut args = vec!["--json", "gc", "--older-than", "1s"];
+        if dry {
+            args.push("--dry-run");
+        }
+        let out = w.run(&args, "");
+        assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(report["failed"], serde_json::json!([]), "{report}");
+        let kept: BTreeMap<&str, &str> = report["kept"]
+            .as_array()
+            .expect("kept")
+            .iter()
+            .map(|k| {
+                let reason = k["reason"].as_str().expect("reason");
+                (k["session_id"].as_str().expect("id"), reason)
+            })
+            .collect();
+        for (id, why) in [
+            ("evil", "is a symlink; refused"),
+            ("lnk", "is a symlink; refused"),
+            ("dirf", "is a directory; refused"),
+            ("fifo", "is not a regular file; refused"),
+        ] {
+            assert!(
+                kept.get(id).is_some_and(|r| r.contains(why)),
+                "{id}: {report}"
+            );
+            assert!(w.root.join(id).exists(), "{id} was deleted");
+        }
+    }
+    assert!(
+        away.join("ext/session.sqlite").is_file(),
+        "the target was touched"
+    );
+}
+
 /// `list`, a filtered `list` and `gc` read the root folder once (`strace` counts the
 /// opens of the folder for reading its entries, as `std::fs::read_dir` opens it): they
 /// read it twice, once for the session ids and once for the names that are not UTF-8.

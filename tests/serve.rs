@@ -1224,6 +1224,33 @@ fn open_with_an_opener_that_fails_warns_and_serves() {
     server.ok("/api/sessions");
 }
 
+/// A session folder that is a symlink (to a real session of another root) is refused as
+/// 400 "is a symlink" by every route: the fork tree's answered 404 "not found".
+#[test]
+fn every_route_refuses_a_symlinked_session_folder_alike() {
+    let (dir, root) = demo_root();
+    let elsewhere = dir.path().join("elsewhere");
+    serve_support::cli_ok(&elsewhere, &["create", "chat"]);
+    std::os::unix::fs::symlink(elsewhere.join("chat"), root.join("evil")).expect("symlink");
+    let server = Server::start(&root, &[]);
+    for path in [
+        "/api/sessions/evil",
+        "/api/sessions/evil/history",
+        "/api/sessions/evil/stats",
+        "/api/sessions/evil/tree",
+        "/sessions/evil",
+        "/sessions/evil/tree",
+    ] {
+        let reply = server.get(path);
+        assert_eq!(reply.status, 400, "{path}: {}", reply.body);
+        assert!(
+            reply.body.contains("is a symlink"),
+            "{path}: {}",
+            reply.body
+        );
+    }
+}
+
 #[test]
 fn the_first_sessions_page_names_a_session_that_cannot_be_read() {
     let (_dir, root) = demo_root();

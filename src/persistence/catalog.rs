@@ -721,6 +721,17 @@ pub(crate) fn unlink_files_at(
     Ok(())
 }
 
+/// Why session `id` has no entry: a symlink or other file where its folder or its session
+/// file must be is refused as every open refuses it ([`schema::check_session_dir`]: the
+/// fork tree of a symlinked folder answered "not found" where every other read said "is a
+/// symlink; refused"); else it is not found.
+fn not_found_or_refused(root: &Root, id: &SessionId) -> Error {
+    match schema::check_session_dir(&root.session_dir(id)) {
+        Err(e @ Error::InvalidInput { .. }) => e,
+        _ => Error::SessionNotFound(id.to_string()),
+    }
+}
+
 impl Catalog {
     pub(crate) fn new(root: &Path) -> Catalog {
         Catalog {
@@ -831,7 +842,7 @@ impl Catalog {
         let stamper = Stamper::of(root);
         let current = stamper.stamp(id);
         if current.starts_with(MISSING) {
-            return Err(Error::SessionNotFound(id.to_string()));
+            return Err(not_found_or_refused(root, id));
         }
         let cached = self
             .with_conn(root, |c| {
@@ -856,7 +867,7 @@ impl Catalog {
                 let _ = row(&stamper, &entry).and_then(|r| self.put_row(root, &entry, &r));
                 Ok(*entry)
             }
-            Computed::Gone => Err(Error::SessionNotFound(id.to_string())),
+            Computed::Gone => Err(not_found_or_refused(root, id)),
             Computed::Unreadable(_) => root.open_reader(id).and_then(|reader| {
                 reader.projection()?;
                 Err(Error::corrupt(format!("session {id} cannot be read")))
