@@ -2388,6 +2388,11 @@ fn show_of_a_fork_does_not_take_another_session_under_its_parents_id_for_its_par
     assert_eq!(env.json(&["show", "c-copy"])["parent_in_root"], true);
     assert_eq!(env.json(&["show", "r0"])["parent_in_root"], true);
     env.ok(&["delete", "p"]);
+    let shown = env.ok(&["show", "c"]);
+    assert!(
+        shown.contains("; p is not in this root, they are held in this session's file)"),
+        "{shown}"
+    );
     // Another session under the parent's id: other commits, as many events and more.
     let other = json!({"operation_id": "other", "turn_id": "t", "events": [
         {"kind": "turn/start"},
@@ -2402,9 +2407,13 @@ fn show_of_a_fork_does_not_take_another_session_under_its_parents_id_for_its_par
         let json = env.json(&["show", fork]);
         assert_eq!(json["parent_in_root"], false, "{fork}");
         assert_eq!(json["header"]["parent_id"], "p");
+        // Said as it is: "p is not in this root" was false, `list` shows a session p.
         let shown = env.ok(&["show", fork]);
         assert!(
-            shown.contains("; p is not in this root, they are held in this session's file)"),
+            shown.contains(
+                "; the session p of this root is another session, not this one's parent: \
+                 they are held in this session's file)"
+            ),
             "{shown}"
         );
     }

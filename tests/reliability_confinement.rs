@@ -908,7 +908,8 @@ fn a_file_named_catalog_is_kept_and_named_with_what_to_do() {
 /// size (`has:colon` was passed over in silence, a symlink reported only on the page its
 /// name falls in, or never when that page was cut short), by `rebuild-catalog`, and by
 /// `gc` as kept (a symlink was a failure, exit 1). A later page reports none of them.
-/// Each entry is named by its path, under its name made an id (`has\u{fffd}colon`). A
+/// Each entry is named by its path, under its name as it is (`has:colon`; it was
+/// `has\u{fffd}colon`, a name that exists nowhere). A
 /// dangling symlink is no more a session than a file is: not reported.
 #[test]
 fn entries_named_like_sessions_that_are_none_are_skipped_once_and_kept_by_gc() {
@@ -928,23 +929,23 @@ fn entries_named_like_sessions_that_are_none_are_skipped_once_and_kept_by_gc() {
         )
         .expect("copy");
     }
-    // In id order: U+FFFD after every ASCII character.
+    // In name order.
     let expected = [
+        (
+            " lead",
+            "lead is not a session: invalid session id \" lead\"",
+        ),
         (
             "away",
             "away is a symlink; sessions are folders of the root",
         ),
         (
-            "has\u{fffd}colon",
+            "has:colon",
             "has:colon is not a session: invalid session id \"has:colon\": contains ':'",
         ),
         (
             "linked",
             "linked is a symlink; sessions are folders of the root",
-        ),
-        (
-            "\u{fffd}lead",
-            "lead is not a session: invalid session id \" lead\"",
         ),
     ];
     let first: serde_json::Value =
@@ -991,6 +992,68 @@ fn entries_named_like_sessions_that_are_none_are_skipped_once_and_kept_by_gc() {
         .filter_map(|k| k["session_id"].as_str())
         .collect();
     assert_eq!(kept, expected.map(|(id, _)| id), "{report}");
+}
+
+/// A session folder whose `session.sqlite` is a symlink (to a real session file elsewhere,
+/// or dangling), a folder or a FIFO is kept by `gc`, saying why as `list` does ("is a
+/// symlink; refused"), and the run succeeds: gc reported the first as a failure with
+/// SQLite's "unable to open database file" (exit 1 on every run, also when not dry) and
+/// passed over the others in silence.
+#[test]
+fn gc_keeps_a_session_file_every_command_refuses_saying_why() {
+    let w = World::new();
+    w.session("ok");
+    let away = w.folder("away");
+    run_cli(&away, &["create", "ext"], "");
+    let plant = |name: &str| {
+        let dir = w.root.join(name);
+        std::fs::create_dir(&dir).expect("mkdir");
+        dir.join("session.sqlite")
+    };
+    std::os::unix::fs::symlink(away.join("ext/session.sqlite"), plant("evil")).expect("symlink");
+    std::os::unix::fs::symlink(w.base.join("nowhere"), plant("lnk")).expect("symlink");
+    std::fs::create_dir(plant("dirf")).expect("mkdir");
+    let fifo = Command::new("mkfifo")
+        .arg(plant("fifo"))
+        .status()
+        .expect("mkfifo");
+    assert!(fifo.success());
+    std::thread::sleep(Duration::from_millis(1100));
+    for dry in [true, false] {
+        let mut args = vec!["--json", "gc", "--older-than", "1s"];
+        if dry {
+            args.push("--dry-run");
+        }
+        let out = w.run(&args, "");
+        assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(report["failed"], serde_json::json!([]), "{report}");
+        let kept: BTreeMap<&str, &str> = report["kept"]
+            .as_array()
+            .expect("kept")
+            .iter()
+            .map(|k| {
+                let reason = k["reason"].as_str().expect("reason");
+                (k["session_id"].as_str().expect("id"), reason)
+            })
+            .collect();
+        for (id, why) in [
+            ("evil", "is a symlink; refused"),
+            ("lnk", "is a symlink; refused"),
+            ("dirf", "is a directory; refused"),
+            ("fifo", "is not a regular file; refused"),
+        ] {
+            assert!(
+                kept.get(id).is_some_and(|r| r.contains(why)),
+                "{id}: {report}"
+            );
+            assert!(w.root.join(id).exists(), "{id} was deleted");
+        }
+    }
+    assert!(
+        away.join("ext/session.sqlite").is_file(),
+        "the target was touched"
+    );
 }
 
 /// `list`, a filtered `list` and `gc` read the root folder once (`strace` counts the

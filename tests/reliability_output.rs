@@ -798,6 +798,40 @@ fn a_closed_stdout_ends_the_command_quietly_without_a_panic() {
     }
 }
 
+/// `session-store create >&-`: with no stdout at all every command exited 0 and printed
+/// nothing (a write to a closed descriptor counts as done), so `create` made a session whose
+/// generated id was lost. The command fails, status 1, saying why, and changes nothing.
+#[test]
+fn a_command_without_stdout_fails_and_changes_nothing() {
+    let env = Env::new();
+    let closed = |args: &[&str]| {
+        Command::new("sh")
+            .arg("-c")
+            .arg(r#""$@" >&-"#)
+            .arg("sh")
+            .arg(BIN)
+            .arg("--root")
+            .arg(env.path("root"))
+            .args(args)
+            .env_remove("SESSION_STORE_ROOT")
+            .output()
+            .expect("run")
+    };
+    for args in [&["create"][..], &["create", "s"], &["list"]] {
+        let out = closed(args);
+        assert_eq!(code(&out), 1, "{args:?}: {}", describe(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("stdout is closed"),
+            "{args:?}: {}",
+            describe(&out)
+        );
+    }
+    assert!(
+        !env.path("root").exists(),
+        "a command without stdout made the root"
+    );
+}
+
 /// `session-store show nope 2>&1 | grep -q …`: the reader of stderr is gone when the
 /// error line is written. The command keeps its exit status (3, and 6 for a bad id, 2 for
 /// a usage error); it panicked in `eprintln!` before, status 101.
@@ -845,6 +879,86 @@ fn search_snippets_escape_bidirectional_controls() {
         serde_json::from_str(&env.ok(&["--json", "search", "invoice"])).expect("json");
     let text = page["hits"][0]["snippet"]["text"].as_str().expect("text");
     assert!(text.contains("\u{202e}txt.exe\u{2066}"), "{text}");
+}
+
+#[test]
+fn search_snippets_escape_control_characters_and_cut_a_long_word() {
+    // ESC and BEL were dropped from a snippet (`zeta<BEL>bell` printed `zetabell`), and a
+    // message of one 200,000-character token gave a 200 KB snippet.
+    let env = Env::new();
+    let input = json_line("o1", "alpha \u{1b}[31mbeta gamma zeta\u{7}bell")
+        + &json_line("o2", &format!("upload failed: {}", "A".repeat(200_000)));
+    let out = env.run_with(&["append", "s", "--create"], &input);
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    let out = env.ok(&["search", "gamma"]);
+    assert!(
+        out.contains(r"  alpha \u{1b}[31mbeta gamma zeta\u{7}bell"),
+        "{out}"
+    );
+    assert_eq!(control_chars(&out), Vec::<char>::new(), "{out}");
+    let out = env.ok(&["search", "upload"]);
+    assert!(
+        out.len() < 400,
+        "{} bytes: {}",
+        out.len(),
+        &out[..400.min(out.len())]
+    );
+    assert!(out.contains("  upload failed: AAAA"), "{out}");
+    // JSON: the same short snippet, the control characters as they are stored.
+    let page: serde_json::Value =
+        serde_json::from_str(&env.ok(&["--json", "search", "upload"])).expect("json");
+    let text = page["hits"][0]["snippet"]["text"].as_str().expect("text");
+    assert!(text.chars().count() < 100 && text.ends_with('…'), "{text}");
+    let page: serde_json::Value =
+        serde_json::from_str(&env.ok(&["--json", "search", "gamma"])).expect("json");
+    let text = page["hits"][0]["snippet"]["text"].as_str().expect("text");
+    assert_eq!(text, "alpha \u{1b}[31mbeta gamma zeta\u{7}bell");
+}
+
+/// One batch of one user message `content` under operation id `op`, as a line.
+fn json_line(op: &str, content: &str) -> String {
+    let batch = serde_json::json!({"operation_id": op, "events": [{"kind": "message/complete",
+        "payload": {"message": {"id": op, "role": "user", "content": content}}}]});
+    format!("{batch}\n")
+}
+
+#[test]
+fn human_output_escapes_bidirectional_controls_in_session_ids() {
+    // A session id may hold U+202E: `list`, `show`, `search`, `gc` (and the bare ids of
+    // `create` and `fork`) printed it raw, so `abc<U+202E>txt.exe` showed as `abcexe.txt`.
+    let env = Env::new();
+    let id = "abc\u{202e}txt.exe";
+    let fork = "f\u{2066}k";
+    let shown = r"abc\u{202e}txt.exe";
+    assert_eq!(env.ok(&["create", id]), format!("{shown}\n"));
+    let batch = r#"{"operation_id":"o","turn_id":"t1","events":[{"kind":"turn/start"},{"kind":"message/complete","payload":{"message":{"id":"m","role":"user","content":"findme"}}},{"kind":"turn/end","payload":{"status":"completed"}}]}"#;
+    let out = env.run_with(&["append", id], &format!("{batch}\n"));
+    assert_eq!(code(&out), 0, "{}", describe(&out));
+    assert_eq!(
+        control_chars(&String::from_utf8_lossy(&out.stdout)),
+        Vec::<char>::new()
+    );
+    assert_eq!(
+        env.ok(&["fork", id, "--after-turn", "t1", "--id", fork]),
+        "f\\u{2066}k\n"
+    );
+    std::thread::sleep(Duration::from_millis(1100));
+    let commands: [&[&str]; 6] = [
+        &["list"],
+        &["show", id],
+        &["show", fork],
+        &["search", "findme"],
+        &["stats", id],
+        &["gc", "--older-than", "1s", "--dry-run"],
+    ];
+    for args in commands {
+        let out = env.ok(args);
+        assert_eq!(control_chars(&out), Vec::<char>::new(), "{args:?}: {out}");
+        assert!(out.contains(shown), "{args:?}: {out}");
+    }
+    // JSON stays exact.
+    let list: serde_json::Value = serde_json::from_str(&env.ok(&["--json", "list"])).expect("json");
+    assert_eq!(list["sessions"][0]["session_ref"]["session_id"], id);
 }
 
 #[test]

@@ -487,6 +487,13 @@ fn a_live_session_shows_its_durable_prefix_and_keeps_its_writer() {
     assert!(page.contains("durable words") && page.contains("badge live"));
     assert!(server.ok("/").body.contains("badge live"));
     assert!(!server.ok("/api/sessions/live-one").json()["writer"].is_null());
+    // `live` in the JSON list says what the badge says (it said false: in the library it
+    // meant a runtime of the reading service), in the API and `list --json` alike.
+    let live = |list: &Value| list["sessions"][0]["live"].clone();
+    assert_eq!(live(&server.ok("/api/sessions").json()), json!(true));
+    let listed: Value =
+        serde_json::from_str(&serve_support::cli_ok(&path, &["--json", "list"])).expect("json");
+    assert_eq!(live(&listed), json!(true));
     // Accepted but not durable: not shown yet; the writer keeps writing meanwhile.
     session
         .append(Batch::new(
@@ -507,6 +514,7 @@ fn a_live_session_shows_its_durable_prefix_and_keeps_its_writer() {
     // Released: no badge, and the server holds no lock (a new writer opens at once).
     let page = server.ok("/sessions/live-one").body;
     assert!(!page.contains("badge live"));
+    assert_eq!(live(&server.ok("/api/sessions").json()), json!(false));
     root.open_writer(&id)
         .expect("reopen while served")
         .close()
@@ -1223,6 +1231,33 @@ fn open_with_an_opener_that_fails_warns_and_serves() {
     server.ok("/api/sessions");
 }
 
+/// A session folder that is a symlink (to a real session of another root) is refused as
+/// 400 "is a symlink" by every route: the fork tree's answered 404 "not found".
+#[test]
+fn every_route_refuses_a_symlinked_session_folder_alike() {
+    let (dir, root) = demo_root();
+    let elsewhere = dir.path().join("elsewhere");
+    serve_support::cli_ok(&elsewhere, &["create", "chat"]);
+    std::os::unix::fs::symlink(elsewhere.join("chat"), root.join("evil")).expect("symlink");
+    let server = Server::start(&root, &[]);
+    for path in [
+        "/api/sessions/evil",
+        "/api/sessions/evil/history",
+        "/api/sessions/evil/stats",
+        "/api/sessions/evil/tree",
+        "/sessions/evil",
+        "/sessions/evil/tree",
+    ] {
+        let reply = server.get(path);
+        assert_eq!(reply.status, 400, "{path}: {}", reply.body);
+        assert!(
+            reply.body.contains("is a symlink"),
+            "{path}: {}",
+            reply.body
+        );
+    }
+}
+
 #[test]
 fn the_first_sessions_page_names_a_session_that_cannot_be_read() {
     let (_dir, root) = demo_root();
@@ -1239,6 +1274,34 @@ fn the_first_sessions_page_names_a_session_that_cannot_be_read() {
         common::listed_ids(&server.ok("/api/sessions").json()).len(),
         8
     );
+    // Named on every page, not only by the one whose request ran the catalog's refresh
+    // (later pages are served from the catalog as it is and said nothing of it).
+    for _ in 0..3 {
+        assert!(
+            server
+                .ok("/")
+                .body
+                .contains("Skipped <code>broken-one</code>")
+        );
+        let skipped = server.ok("/api/sessions").json()["skipped"].clone();
+        assert_eq!(skipped[0]["session_id"], "broken-one", "{skipped}");
+    }
+    drop(server);
+    // A process whose first listing is one served from the catalog as it is (Python's
+    // `Root.list(cached_only=True)`) names it too.
+    let filter = session_store::ListFilter::default()
+        .with_sort(session_store::ListSort::Updated)
+        .cached_only();
+    let listing = Root::open(&root)
+        .expect("root")
+        .list_filtered(&filter, None, 50)
+        .expect("list");
+    let skipped: Vec<&str> = listing
+        .skipped
+        .iter()
+        .map(|s| s.session_id.as_str())
+        .collect();
+    assert_eq!(skipped, ["broken-one"]);
 }
 
 /// The search API and page take the CLI's filters (`role`, `since`, `session`) instead of

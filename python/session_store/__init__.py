@@ -669,7 +669,8 @@ class Root:
         ``"canonical-import"`` or ``"legacy-import"``). ``sort`` is ``"id"`` (ascending;
         None too), ``"updated"`` or ``"created"`` (newest first); ``cached_only`` serves a
         filtered or sorted page from the catalog as last refreshed (cheaper on a big root; a
-        session changed since may be out of place). An unknown ``origin`` or ``sort``, or
+        session changed since may be out of place; its first page still names, in
+        ``skipped``, the sessions the last refresh found unreadable). An unknown ``origin`` or ``sort``, or
         a cursor of another order, raises :class:`InvalidInput`."""
         return _json_object(
             self._native.list(

@@ -203,6 +203,45 @@ def test_iteration_by_updated_time_yields_a_session_committed_to_meanwhile_once(
     ]
 
 
+def test_list_says_live_for_a_writer_of_another_process_and_names_a_damaged_session(root, tmp_path):
+    # `live` was False for a session another process was writing (it meant a runtime of
+    # this process's service), while serve's page badged it live.
+    root.create("idle").close()
+    broken = os.path.join(root.path, "broken")
+    os.mkdir(broken)
+    with open(os.path.join(broken, "session.sqlite"), "wb") as f:
+        f.write(b"not a session file")
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, session_store as ss\n"
+            "s = ss.Root(sys.argv[1]).create('busy')\n"
+            "print('ready', flush=True)\n"
+            "sys.stdin.readline()\n"
+            "s.close()\n",
+            root.path,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        live = {s["session_ref"]["session_id"]: s["live"] for s in root.list()["sessions"]}
+        assert live == {"busy": True, "idle": False}
+    finally:
+        holder.communicate("go\n", timeout=60)
+    assert [s["live"] for s in root.list()["sessions"]] == [False, False]
+    # A damaged session is named by a page served from the catalog as it is, also in a
+    # process whose first listing that is (it said nothing: `skipped` was always []).
+    assert [s["session_id"] for s in root.list()["skipped"]] == ["broken"]
+    fresh = session_store.Root(root.path)
+    for _ in range(2):
+        page = fresh.list(sort="updated", cached_only=True)
+        assert [s["session_id"] for s in page["skipped"]] == ["broken"]
+
+
 def test_list_filters_and_sorts_as_the_library_and_the_cli_do(root, tmp_path, monkeypatch):
     # Root.list took only cursor and limit: no cwd, since, title, origin or sort.
     monkeypatch.chdir(tmp_path)

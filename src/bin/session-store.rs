@@ -461,6 +461,8 @@ fn data_dir_root() -> CliResult<PathBuf> {
 }
 
 fn run(args: Args) -> CliResult<()> {
+    // First, before anything opens a file (which would then get descriptor 1).
+    cli::stdout_is_open()?;
     // A write past `ulimit -f` fails (and the command cleans up) instead of killing it.
     cli::interrupt::survive_file_size_limit()?;
     let fallback: fn() -> CliResult<PathBuf> = match args.command {

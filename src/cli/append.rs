@@ -144,10 +144,11 @@ fn summary(totals: &Totals, id: &SessionId, durable: u64) -> CliResult<()> {
         n => format!(" ({n} retries of batches already stored)"),
     };
     outln!(
-        "appended {} ({}, {} of payload) to {id}{retries}; durable sequence {durable}",
+        "appended {} ({}, {} of payload) to {}{retries}; durable sequence {durable}",
         count(totals.batches, "batch", "batches"),
         count(totals.events, "event", "events"),
         human_bytes(totals.bytes),
+        super::shown(id),
     );
     Ok(())
 }

@@ -46,6 +46,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -403,16 +404,16 @@ pub fn printable(text: &str) -> Cow<'_, str> {
     escape_controls(text, |c| c.is_control() || is_bidi_control(c))
 }
 
+/// A session id (or other stored name) for human output: [`printable`], as an id may hold
+/// bidirectional controls that would reorder the line on a terminal (`--json` gives it
+/// exact).
+pub fn shown<T: AsRef<str> + ?Sized>(id: &T) -> Cow<'_, str> {
+    printable(id.as_ref())
+}
+
 /// Whether `c` opens or closes a bidirectional embedding, override or isolate.
 pub fn is_bidi_control(c: char) -> bool {
     matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-}
-
-/// `text` with its bidirectional controls escaped and nothing else: for text that holds no
-/// control characters but the terminal escapes this program put in it (a search snippet
-/// with its matches marked).
-pub fn bidi_escaped(text: &str) -> Cow<'_, str> {
-    escape_controls(text, is_bidi_control)
 }
 
 /// As [`printable`], keeping line breaks and tabs (`\n`, `\r`, `\t`): for text shown as a
@@ -435,6 +436,42 @@ fn escape_controls(text: &str, escaped: impl Fn(char) -> bool) -> Cow<'_, str> {
         }
     }
     Cow::Owned(out)
+}
+
+/// Whether descriptor 1 was open when the process started. Rust's runtime puts `/dev/null`
+/// in place of a closed one before `main`, so a command run with `>&-` printed into nothing
+/// and exited 0 (`create` made a session whose generated id was lost); this is looked at
+/// before that, by [`CHECK_STDOUT`].
+static STDOUT_OPEN_AT_START: AtomicBool = AtomicBool::new(true);
+
+/// Runs [`check_stdout`] as the process starts, before Rust's runtime (an ELF constructor).
+#[cfg(target_os = "linux")]
+#[used]
+#[unsafe(link_section = ".init_array")]
+static CHECK_STDOUT: extern "C" fn() = check_stdout;
+
+/// Records whether descriptor 1 is open (see [`STDOUT_OPEN_AT_START`]).
+#[cfg(target_os = "linux")]
+extern "C" fn check_stdout() {
+    if rustix::io::fcntl_getfd(std::io::stdout()) == Err(rustix::io::Errno::BADF) {
+        STDOUT_OPEN_AT_START.store(false, Ordering::Relaxed);
+    }
+}
+
+/// Fails (status 1) when the process was started without stdout (`>&-`), before the
+/// command does anything, so nothing changes and the failure is not silent.
+///
+/// # Errors
+/// [`Failure`] with [`EXIT_OTHER`] when descriptor 1 was closed at start.
+pub fn stdout_is_open() -> CliResult<()> {
+    if STDOUT_OPEN_AT_START.load(Ordering::Relaxed) {
+        Ok(())
+    } else {
+        Err(Failure::with_code(
+            EXIT_OTHER,
+            "stdout is closed: nothing could be printed (send it to /dev/null to discard it)",
+        ))
+    }
 }
 
 /// `path` quoted for a POSIX shell, unquoted when it is plainly safe.

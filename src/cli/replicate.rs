@@ -7,6 +7,7 @@
 //! replica it cannot list (S3, SFTP) and to leave out sessions deleted on the host.
 //! Writers of a replicated root must use `CheckpointPolicy::LeaveToReplicator`.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -18,7 +19,7 @@ use session_store::{Root, Scratch, SessionId, catalog_session_ids};
 
 use super::{
     CliError, CliResult, Context, EXIT_EXISTS, EXIT_INVALID, EXIT_NOT_FOUND, Failure, count,
-    print_json,
+    print_json, printable, shown,
 };
 
 /// The config `replicate --run` writes in the root when `--config-out` is not given (a
@@ -727,27 +728,31 @@ fn restore_into(
             let inherits = if r.inherits_from.is_empty() {
                 String::new()
             } else {
-                let names: Vec<&str> = r.inherits_from.iter().map(SessionId::as_str).collect();
+                let names: Vec<Cow<'_, str>> = r.inherits_from.iter().map(shown).collect();
                 format!(", inherits from {}", names.join(", "))
             };
             outln!(
                 "restored {}: {}, {}{inherits}; verified",
-                r.session_id,
+                shown(&r.session_id),
                 count(r.commits, "commit", "commits"),
                 count(r.events, "event", "events")
             );
         }
         for s in &skipped {
-            outln!("skipped {}: {}", s.session_id, s.reason);
+            outln!("skipped {}: {}", shown(&s.session_id), printable(&s.reason));
         }
         for f in &failed {
-            outln!("NOT restored {}: {}", f.session_id, f.reason);
+            outln!(
+                "NOT restored {}: {}",
+                shown(&f.session_id),
+                printable(&f.reason)
+            );
         }
         if let Ok(report) = &catalog {
             for s in &report.skipped {
                 outln!(
                     "unreadable {} (not in the catalog): {}",
-                    s.session_id,
+                    shown(&s.session_id),
                     super::one_line(s.error.as_ref())
                 );
             }

@@ -1,11 +1,12 @@
 //! `search QUERY`: full-text search over every session of the root.
 
+use std::borrow::Cow;
 use std::io::IsTerminal;
 
 use session_store::{SearchOptions, SearchPage};
 
 use super::sessions::{preview, report_skipped};
-use super::{CliResult, Context, bidi_escaped, block_on, print_json, printable, session_id};
+use super::{CliResult, Context, block_on, print_json, printable, session_id, shown};
 
 /// Characters of a session's title shown on a hit's line (as `list` shows it).
 const TITLE_CHARS: usize = 60;
@@ -108,22 +109,31 @@ fn print_page(page: &SearchPage, filters: &[&str], terminal: bool) -> CliResult<
         };
         outln!(
             "{} #{} {} {}{title}",
-            hit.session_ref.session_id,
+            shown(&hit.session_ref.session_id),
             hit.position,
             printable(hit.role.as_deref().unwrap_or("-")),
             utc(hit.time_ms),
         );
         if !hit.shared_with.is_empty() {
-            let forks: Vec<&str> = hit
+            let forks: Vec<Cow<'_, str>> = hit
                 .shared_with
                 .iter()
-                .map(|r| r.session_id.as_str())
+                .map(|r| shown(&r.session_id))
                 .collect();
             outln!("  also in: {}", forks.join(", "));
         }
-        // Snippet text has no control characters: only the marks are escapes. Its
-        // bidirectional controls (never inside a matched word) are escaped as elsewhere.
-        outln!("  {}", bidi_escaped(&hit.snippet.marked(open, close)));
+        // Each piece escaped as `history` escapes a message (control characters and
+        // bidirectional controls), then the matches marked with the terminal's escapes.
+        let mut line = String::new();
+        for (piece, matched) in hit.snippet.pieces() {
+            let piece = printable(piece);
+            if matched {
+                line.extend([open, &piece, close]);
+            } else {
+                line.push_str(&piece);
+            }
+        }
+        outln!("  {line}");
     }
     if let Some(next) = &page.next_cursor {
         let same = if filters.is_empty() {

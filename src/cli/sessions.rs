@@ -2,6 +2,7 @@
 //! library: create, list, rename, show, history, events, fork/rewind, export/import, delete,
 //! gc, verify, migrate-legacy, stats, rebuild-catalog.
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use session_store::{
 use super::interrupt::Interrupt;
 use super::{
     CliError, CliResult, Context, EXIT_NOT_FOUND, EXIT_OTHER, Failure, block_on, count, exit_code,
-    human_bytes, in_context, is_broken_pipe, print_json, printable, session_id, spinner,
+    human_bytes, in_context, is_broken_pipe, print_json, printable, session_id, shown, spinner,
 };
 
 /// Characters of a payload or message shown on one line of human output.
@@ -55,7 +56,7 @@ pub fn create(cx: &Context, id: Option<&str>, cwd: Option<String>) -> CliResult<
     if cx.json {
         print_json(&json!({ "session_id": session.id() }))
     } else {
-        outln!("{}", session.id());
+        outln!("{}", shown(session.id()));
         Ok(())
     }
 }
@@ -112,7 +113,7 @@ pub fn list(cx: &Context, limit: usize, cursor: Option<&str>, filter: ListFilter
     let width = page
         .sessions
         .iter()
-        .map(|s| s.session_ref.session_id.as_str().len())
+        .map(|s| shown(&s.session_ref.session_id).chars().count())
         .max()
         .unwrap_or(2)
         .max(2);
@@ -133,7 +134,7 @@ pub fn list(cx: &Context, limit: usize, cursor: Option<&str>, filter: ListFilter
         };
         outln!(
             "{:<width$}  {:>5}  {:>8}  {:<19}  {title}",
-            s.session_ref.session_id.as_str(),
+            shown(&s.session_ref.session_id),
             s.turns,
             s.durable_sequence,
             utc(s.updated_at_ms),
@@ -157,7 +158,7 @@ pub(super) fn report_skipped(skipped: &[SkippedSession]) {
     for s in skipped {
         errln!(
             "session-store: skipped session {}: {}",
-            s.session_id,
+            shown(&s.session_id),
             super::one_line(s.error.as_ref())
         );
     }
@@ -171,7 +172,7 @@ pub fn rename(cx: &Context, id: &str, title: &str) -> CliResult<()> {
     if cx.json {
         print_json(&json!({ "session_id": id, "title": title }))
     } else {
-        outln!("renamed {id}: {}", preview(title, PREVIEW_CHARS));
+        outln!("renamed {}: {}", shown(&id), preview(title, PREVIEW_CHARS));
         Ok(())
     }
 }
@@ -189,6 +190,11 @@ struct Show {
     /// without a parent. A deleted parent's inherited events were copied into this
     /// session's own file (an imported one holds them too).
     parent_in_root: Option<bool>,
+    /// Whether a session of the parent's id is in the root that is not the parent (made
+    /// under its id since, or beside an imported fork): human output says so instead of
+    /// "not in this root". Not in `--json` (`parent_in_root` says it is not the parent).
+    #[serde(skip)]
+    parent_id_taken: bool,
     /// The last writer that took the lease (the lease row).
     lease: WriterOwner,
     /// The writer holding the lock now, if any.
@@ -290,6 +296,11 @@ fn show_of(root: &Root, id: &SessionId) -> CliResult<Show> {
             Some(_) => Some(root.parent_in_root(&reader)?),
             None => None,
         },
+        parent_id_taken: info
+            .header
+            .parent_id
+            .as_ref()
+            .is_some_and(|p| root.session_file_identity(p).is_some()),
         lease: info.last_writer,
         writer: root.writer_owner(id)?,
         // A fork SIGKILLed before its publication left a row naming no session: no fork.
@@ -312,7 +323,7 @@ fn show_of(root: &Root, id: &SessionId) -> CliResult<Show> {
 
 fn print_show(s: &Show) -> CliResult<()> {
     let h = &s.header;
-    outln!("session    {}", h.session_id);
+    outln!("session    {}", shown(&h.session_id));
     if !s.title.is_empty() {
         outln!("title      {}", preview(&s.title, PREVIEW_CHARS));
     }
@@ -326,13 +337,19 @@ fn print_show(s: &Show) -> CliResult<()> {
         outln!("cwd        {}", printable(cwd));
     }
     if let Some(parent) = &h.parent_id {
+        let parent = shown(parent);
         // A parent deleted since (or never in this root: an import; or another session
         // made under its id since) is named as such, and the events inherited are this
         // session's own now.
-        let gone = if s.parent_in_root == Some(false) {
-            format!("; {parent} is not in this root, they are held in this session's file")
-        } else {
-            String::new()
+        let gone = match s.parent_in_root {
+            Some(false) if s.parent_id_taken => format!(
+                "; the session {parent} of this root is another session, not this one's parent: \
+                 they are held in this session's file"
+            ),
+            Some(false) => {
+                format!("; {parent} is not in this root, they are held in this session's file")
+            }
+            _ => String::new(),
         };
         outln!(
             "parent     {parent} ({} inherited at the cut{gone})",
@@ -344,7 +361,7 @@ fn print_show(s: &Show) -> CliResult<()> {
             "lineage    seq {}..={} from {}",
             e.after_seq + 1,
             e.through_seq,
-            e.ancestor_id
+            shown(&e.ancestor_id)
         );
     }
     outln!(
@@ -379,7 +396,7 @@ fn print_show(s: &Show) -> CliResult<()> {
     for d in &s.dependents {
         outln!(
             "dependent  {} (inherits through seq {})",
-            d.child_id,
+            shown(&d.child_id),
             d.through_seq
         );
     }
@@ -596,7 +613,7 @@ pub fn fork(cx: &Context, id: &str, point: ForkPoint, new_id: Option<&str>) -> C
     if cx.json {
         print_json(&json!({"session_id": child, "parent_id": parent, "origin": origin}))
     } else {
-        outln!("{child}");
+        outln!("{}", shown(&child));
         Ok(())
     }
 }
@@ -651,7 +668,8 @@ pub fn export(cx: &Context, id: &str, file: &Path) -> CliResult<()> {
         }));
     }
     outln!(
-        "exported {id} to {}: {}, {}, {}",
+        "exported {} to {}: {}, {}, {}",
+        shown(&id),
         printable(&file.display().to_string()),
         count(report.commits, "commit", "commits"),
         count(report.events, "event", "events"),
@@ -691,7 +709,7 @@ pub fn import(
     if cx.json {
         print_json(&json!({"session_id": id, "file": file.to_string_lossy()}))
     } else {
-        outln!("{id}");
+        outln!("{}", shown(&id));
         Ok(())
     }
 }
@@ -747,7 +765,7 @@ pub fn delete(cx: &Context, id: &str, wait: Duration) -> CliResult<()> {
     if cx.json {
         print_json(&json!({ "deleted": id }))
     } else {
-        outln!("deleted {id}");
+        outln!("deleted {}", shown(&id));
         Ok(())
     }
 }
@@ -772,10 +790,10 @@ pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
             "deleted"
         };
         for d in &report.deleted {
-            let forks: Vec<&str> = d.forks.iter().map(SessionId::as_str).collect();
+            let forks: Vec<Cow<'_, str>> = d.forks.iter().map(shown).collect();
             outln!(
                 "{verb} {} (updated {} UTC){}",
-                d.session_id,
+                shown(&d.session_id),
                 utc(d.updated_at_ms),
                 if forks.is_empty() {
                     String::new()
@@ -785,7 +803,7 @@ pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
             );
         }
         for k in &report.kept {
-            outln!("kept {}: {}", k.session_id, printable(&k.reason));
+            outln!("kept {}: {}", shown(&k.session_id), printable(&k.reason));
         }
         // A dry run deletes nothing, so what failed there is the check.
         let failed = if report.dry_run {
@@ -796,7 +814,7 @@ pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
         for f in &report.failed {
             errln!(
                 "session-store: {failed} {}: {}",
-                f.session_id,
+                shown(&f.session_id),
                 printable(&f.reason)
             );
         }
@@ -899,7 +917,7 @@ pub fn verify(cx: &Context, target: &Path) -> CliResult<()> {
     outln!(
         "ok: {} ({}): {}, {}, {}, {}; integrity, sequences, hashes, blob digests and replay \
          are sound",
-        replay.header.session_id,
+        shown(&replay.header.session_id),
         printable(&path.display().to_string()),
         count(replay.commits, "commit", "commits"),
         count(replay.events, "event", "events"),
@@ -934,7 +952,7 @@ pub fn migrate_legacy(cx: &Context, file: &Path, head: &str) -> CliResult<()> {
         if record.reused { "reused:" } else { "migrated" },
         count(record.message_count as u64, "message", "messages"),
         printable(&record.source_path),
-        record.target_id,
+        shown(&record.target_id),
         if record.torn_last_line {
             " (torn last line skipped)"
         } else {
@@ -954,7 +972,7 @@ pub fn stats(cx: &Context, id: &str) -> CliResult<()> {
     }
     outln!(
         "{}: {} (durable sequence {}), {} on disk",
-        stats.session_id,
+        shown(&stats.session_id),
         count(stats.events, "event", "events"),
         stats.durable_sequence,
         human_bytes(stats.file_bytes)

@@ -89,34 +89,12 @@ fn forbidden(c: char) -> bool {
 
 impl SessionId {
     /// `name` (of an entry of a root that claims to be a session, its bytes that are not
-    /// UTF-8 already U+FFFD) as an id a report of it can carry: `name` itself when it is a
-    /// valid id; else each character an id may not hold, and a `.` or white space at
-    /// either end, as U+FFFD, cut to 240 bytes, with a U+FFFD added after a device name.
+    /// UTF-8 already U+FFFD) as the id a report of it carries: the name as it is, which
+    /// need not be a valid id (`a:b`). Only for reporting such an entry (skipped by `list`,
+    /// kept by `gc`): no session is opened by it. Its characters an id may not hold were
+    /// U+FFFD before, so `a:b` was reported as `a\u{fffd}b`, a name that exists nowhere.
     pub(crate) fn shown(name: &str) -> SessionId {
-        if validate(name).is_ok() {
-            return SessionId(name.to_owned());
-        }
-        let mut end = name.len().min(240);
-        while !name.is_char_boundary(end) {
-            end -= 1;
-        }
-        let cut = &name[..end];
-        let last = cut.chars().count().saturating_sub(1);
-        let mut shown: String = cut
-            .chars()
-            .enumerate()
-            .map(|(i, c)| {
-                let edge = (i == 0 || i == last) && (c == '.' || c.is_whitespace());
-                if edge || forbidden(c) { '\u{fffd}' } else { c }
-            })
-            .collect();
-        if validate(&shown).is_err() {
-            shown.push('\u{fffd}'); // a device name: `con` is `con\u{fffd}`
-        }
-        match validate(&shown) {
-            Ok(()) => SessionId(shown),
-            Err(_) => SessionId("\u{fffd}".to_owned()),
-        }
+        SessionId(name.to_owned())
     }
 }
 

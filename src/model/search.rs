@@ -29,6 +29,10 @@ const MAX_DEPTH: usize = 16;
 const SNIPPET_WORDS: usize = 24;
 /// Words shown before the first match.
 const SNIPPET_LEAD: usize = 6;
+/// Characters of one word of a snippet, or of the text between two words, shown at most:
+/// a longer one (a pasted base64 image, a minified line) is cut with `…` on the side away
+/// from the first match, so a snippet stays short whatever the message holds.
+const SNIPPET_PIECE_CHARS: usize = 60;
 /// Keys whose string values are not text to search (ids, types, encoded data).
 const SKIPPED_KEYS: [&str; 8] = [
     "type",
@@ -627,7 +631,8 @@ fn strings(value: &Value, out: &mut String) {
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct Snippet {
-    /// The extract on one line (white space collapsed); `…` where text was cut.
+    /// The extract on one line (white space collapsed, other control characters kept: a
+    /// front end shows them escaped); `…` where text was cut.
     pub text: String,
     /// Byte ranges of `text` that matched a query word.
     pub matches: Vec<Range<usize>>,
@@ -638,19 +643,33 @@ impl Snippet {
     /// `[` and `]`).
     pub fn marked(&self, open: &str, close: &str) -> String {
         let mut out = String::with_capacity(self.text.len() + self.matches.len() * 8);
+        for (piece, hit) in self.pieces() {
+            if hit {
+                out.push_str(open);
+                out.push_str(piece);
+                out.push_str(close);
+            } else {
+                out.push_str(piece);
+            }
+        }
+        out
+    }
+
+    /// The text in order as pieces, each with whether it is a match (for a front end that
+    /// marks or escapes each piece itself).
+    pub fn pieces(&self) -> Vec<(&str, bool)> {
+        let mut out = Vec::with_capacity(self.matches.len() * 2 + 1);
         let mut at = 0;
         for m in &self.matches {
-            let (Some(before), Some(hit)) = (self.text.get(at..m.start), self.text.get(m.clone()))
-            else {
-                continue;
-            };
-            out.push_str(before);
-            out.push_str(open);
-            out.push_str(hit);
-            out.push_str(close);
-            at = m.end;
+            if let (Some(before), Some(hit)) =
+                (self.text.get(at..m.start), self.text.get(m.clone()))
+            {
+                out.push((before, false));
+                out.push((hit, true));
+                at = m.end;
+            }
         }
-        out.push_str(self.text.get(at..).unwrap_or_default());
+        out.push((self.text.get(at..).unwrap_or_default(), false));
         out
     }
 }
@@ -685,44 +704,72 @@ pub(crate) fn snippet(text: &str, marks: &[(String, bool)]) -> Snippet {
         out.text.push('…');
     }
     // From the first chosen word to the end of the last (the whole text when they are all
-    // of it), white space collapsed.
+    // of it), white space collapsed; a long word or gap keeps the side nearer the first
+    // match.
     let from = if start == 0 { 0 } else { chosen[0].0.start };
     let mut last_end = from;
-    for (range, hit) in chosen {
-        push_gap(&mut out.text, &text[last_end..range.start]);
-        let at = out.text.len();
-        out.text.push_str(&text[range.clone()]);
+    for (at, (range, hit)) in (start..).zip(chosen) {
+        let before_match = at < first;
+        push_gap(&mut out.text, &text[last_end..range.start], at <= first);
+        let kept = push_clipped(&mut out.text, &text[range.clone()], before_match);
         if *hit {
-            out.matches.push(at..out.text.len());
+            out.matches.push(kept);
         }
         last_end = range.end;
     }
     if end < spans.len() {
-        out.text.push('…');
+        if !out.text.ends_with('…') {
+            out.text.push('…');
+        }
     } else {
-        push_gap(&mut out.text, &text[last_end..]);
+        push_gap(&mut out.text, &text[last_end..], false);
         out.text.truncate(out.text.trim_end().len());
     }
     out
 }
 
-/// Appends the text between two words, white space collapsed to one space, control
-/// characters dropped.
-fn push_gap(out: &mut String, gap: &str) {
-    let flat: String = gap
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
-        .chars()
-        .filter(|c| !c.is_control())
-        .collect();
+/// Appends the text between two words, white space collapsed to one space, other control
+/// characters kept (front ends escape them: dropped, `zeta<BEL>bell` read `zetabell`), cut as
+/// [`push_clipped`] cuts a word (`keep_end` for a gap before the first match).
+fn push_gap(out: &mut String, gap: &str, keep_end: bool) {
+    let flat = gap.split_whitespace().collect::<Vec<_>>().join(" ");
     let lead = gap.starts_with(char::is_whitespace) && !out.is_empty();
     if lead && !flat.is_empty() {
         out.push(' ');
     }
-    out.push_str(&flat);
+    push_clipped(out, &flat, keep_end);
     if gap.ends_with(char::is_whitespace) && !out.is_empty() && !out.ends_with(' ') {
         out.push(' ');
+    }
+}
+
+/// Appends `piece`, or when it is longer than [`SNIPPET_PIECE_CHARS`] its last ones after
+/// `…` (`keep_end`: it comes before the first match) or its first ones before `…`; returns
+/// the byte range of `out` that holds what was kept of it.
+fn push_clipped(out: &mut String, piece: &str, keep_end: bool) -> Range<usize> {
+    let Some((cut, _)) = piece.char_indices().nth(SNIPPET_PIECE_CHARS) else {
+        let at = out.len();
+        out.push_str(piece);
+        return at..out.len();
+    };
+    if keep_end {
+        let from = piece
+            .char_indices()
+            .rev()
+            .nth(SNIPPET_PIECE_CHARS - 1)
+            .map_or(0, |(i, _)| i);
+        if !out.ends_with('…') {
+            out.push('…');
+        }
+        let at = out.len();
+        out.push_str(&piece[from..]);
+        at..out.len()
+    } else {
+        let at = out.len();
+        out.push_str(&piece[..cut]);
+        let kept = at..out.len();
+        out.push('…');
+        kept
     }
 }
 
@@ -871,6 +918,49 @@ mod tests {
         );
         assert!(s.text.starts_with('…'), "{}", s.text);
         assert_eq!(s.marked("<", ">").matches("<needle>").count(), 1);
+    }
+
+    #[test]
+    fn a_long_word_is_cut_away_from_the_match_and_controls_are_kept() {
+        // One 200,000-character token made the snippet the whole message (200 KB).
+        let marks = SearchQuery::parse("upload").expect("parses").marks();
+        let text = format!("upload failed: {}", "A".repeat(200_000));
+        let s = snippet(&text, &marks);
+        assert_eq!(
+            s.text,
+            format!("upload failed: {}…", "A".repeat(SNIPPET_PIECE_CHARS))
+        );
+        assert_eq!(s.marked("[", "]").matches("[upload]").count(), 1);
+        // Before the match the end of a long word is kept, next to the match; a long run
+        // of other characters is cut the same way.
+        let text = format!(
+            "{} {} upload {}",
+            "b".repeat(500),
+            "-".repeat(500),
+            "c".repeat(9)
+        );
+        let s = snippet(&text, &marks);
+        let dashes = "-".repeat(SNIPPET_PIECE_CHARS);
+        let bs = "b".repeat(SNIPPET_PIECE_CHARS);
+        assert_eq!(s.text, format!("…{bs} …{dashes} upload ccccccccc"));
+        assert_eq!(
+            s.marked("[", "]"),
+            format!("…{bs} …{dashes} [upload] ccccccccc")
+        );
+        // A long matching word keeps its start (a prefix match), marked as far as shown.
+        let marks = SearchQuery::parse("abc*").expect("parses").marks();
+        let s = snippet(&format!("x abc{}", "d".repeat(300)), &marks);
+        assert_eq!(s.pieces()[1].0.chars().count(), SNIPPET_PIECE_CHARS);
+        assert!(
+            s.text.ends_with('…') && s.text.chars().count() < 70,
+            "{}",
+            s.text
+        );
+        // Control characters between words are kept (front ends escape them), not dropped
+        // to join two words into one that is not in the text.
+        let marks = SearchQuery::parse("gamma").expect("parses").marks();
+        let s = snippet("alpha \u{1b}[31mbeta gamma zeta\u{7}bell", &marks);
+        assert_eq!(s.text, "alpha \u{1b}[31mbeta gamma zeta\u{7}bell");
     }
 
     #[test]

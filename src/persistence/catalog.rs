@@ -250,7 +250,9 @@ impl ListFilter {
     /// Serve a filtered or sorted page from the catalog as last refreshed: one keyset
     /// query, without the `stat` of every session that brings stale entries up to date
     /// first. A session changed since the last refreshing page may be out of place or show
-    /// its older entry; a deleted one is still never returned. For a view that refreshes
+    /// its older entry; a deleted one is still never returned. A first page reports the
+    /// sessions the last refresh found unreadable, as a refreshing one does (until the next
+    /// refresh, also one deleted or repaired since). For a view that refreshes
     /// now and then (a refreshing page every few seconds) over a big root. The plain
     /// listing (no filter, id order) always checks the entries it returns.
     pub fn cached_only(mut self) -> Self {
@@ -594,6 +596,10 @@ impl<'a> Stamper<'a> {
 pub(crate) struct Catalog {
     dir: PathBuf,
     conn: Mutex<Option<Connection>>,
+    /// The sessions the last refresh of this catalog (in this process) found unreadable,
+    /// which a page served from the catalog as it is ([`ListFilter::cached_only`]) reports
+    /// again; `None` before the first.
+    unreadable: Mutex<Option<Vec<SkippedSession>>>,
 }
 
 /// Opens the catalog file at `path`, creating it (in one immediate transaction, so two
@@ -715,11 +721,23 @@ pub(crate) fn unlink_files_at(
     Ok(())
 }
 
+/// Why session `id` has no entry: a symlink or other file where its folder or its session
+/// file must be is refused as every open refuses it ([`schema::check_session_dir`]: the
+/// fork tree of a symlinked folder answered "not found" where every other read said "is a
+/// symlink; refused"); else it is not found.
+fn not_found_or_refused(root: &Root, id: &SessionId) -> Error {
+    match schema::check_session_dir(&root.session_dir(id)) {
+        Err(e @ Error::InvalidInput { .. }) => e,
+        _ => Error::SessionNotFound(id.to_string()),
+    }
+}
+
 impl Catalog {
     pub(crate) fn new(root: &Path) -> Catalog {
         Catalog {
             dir: root.join(CATALOG_DIR),
             conn: Mutex::new(None),
+            unreadable: Mutex::new(None),
         }
     }
 
@@ -824,7 +842,7 @@ impl Catalog {
         let stamper = Stamper::of(root);
         let current = stamper.stamp(id);
         if current.starts_with(MISSING) {
-            return Err(Error::SessionNotFound(id.to_string()));
+            return Err(not_found_or_refused(root, id));
         }
         let cached = self
             .with_conn(root, |c| {
@@ -849,7 +867,7 @@ impl Catalog {
                 let _ = row(&stamper, &entry).and_then(|r| self.put_row(root, &entry, &r));
                 Ok(*entry)
             }
-            Computed::Gone => Err(Error::SessionNotFound(id.to_string())),
+            Computed::Gone => Err(not_found_or_refused(root, id)),
             Computed::Unreadable(_) => root.open_reader(id).and_then(|reader| {
                 reader.projection()?;
                 Err(Error::corrupt(format!("session {id} cannot be read")))
@@ -888,7 +906,9 @@ impl Catalog {
         // (the last one again while the folder has not changed: `Root::listing_scan`).
         let scan = after.is_none().then(|| root.listing_scan()).transpose()?;
         let refreshed = if filter.cached_only {
-            Ok(Vec::new())
+            // Reported on every first page, not only by the page that ran the refresh
+            // that found them (a damaged session then vanished from `serve`'s list).
+            self.last_unreadable(root, &stamper)
         } else {
             self.with_conn_knowing(root, scan.as_deref(), |_| Ok(()))
                 .and_then(|()| self.refresh(root, &stamper))
@@ -983,6 +1003,30 @@ impl Catalog {
                 }
             }
         }
+        *self.unreadable.lock().unwrap_or_else(|e| e.into_inner()) = Some(skipped.clone());
+        Ok(skipped)
+    }
+
+    /// The sessions the last refresh found unreadable; before any refresh in this process,
+    /// those whose rows a refresh left empty (stamp `''`: unreadable then, or published
+    /// since) that still cannot be read, each read once to say why.
+    fn last_unreadable(&self, root: &Root, stamper: &Stamper<'_>) -> Result<Vec<SkippedSession>> {
+        let mut kept = self.unreadable.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(skipped) = kept.as_ref() {
+            return Ok(skipped.clone());
+        }
+        let empty: Vec<String> = self.with_conn(root, |c| {
+            let mut stmt = c.prepare_cached("SELECT session_id FROM sessions WHERE stamp = ''")?;
+            let rows = stmt.query_map([], |r| r.get(0))?;
+            Ok(rows.collect::<rusqlite::Result<Vec<_>>>()?)
+        })?;
+        let mut skipped = Vec::new();
+        for id in empty.into_iter().filter_map(|sid| SessionId::new(sid).ok()) {
+            if let Computed::Unreadable(s) = compute(root, stamper, &id)? {
+                skipped.push(s);
+            }
+        }
+        *kept = Some(skipped.clone());
         Ok(skipped)
     }
 

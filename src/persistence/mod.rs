@@ -1033,6 +1033,14 @@ impl Root {
         owner().map_err(|e| gone_or(id, &dir, e))
     }
 
+    /// Whether a writer holds session `id` now, of this process or another: its writer
+    /// lock probed (one open and a non-blocking lock attempt), without reading who
+    /// ([`Root::writer_owner`] does). `false` when the lock cannot be looked at (the
+    /// session was deleted meanwhile).
+    pub(crate) fn writer_held(&self, id: &SessionId) -> bool {
+        lock::is_held(&self.session_dir(id).join(LOCK_FILE)).unwrap_or(false)
+    }
+
     /// Ids of every session under the root, sorted: folders holding a `session.sqlite`,
     /// also one that is not a regular file (a symlink, a folder) and a folder this process
     /// may not look into, which every open then refuses, so `list` reports it as skipped
@@ -1069,8 +1077,8 @@ impl Root {
     /// root's, which no command can open: a symlink to a folder ("a symlink; sessions are
     /// folders of the root"; one to a file or dangling is left out, as a file is), a
     /// session folder whose name is not UTF-8 or is not a valid session id
-    /// (under its name made an id, [`SessionId::shown`]: the bytes that are not UTF-8 and
-    /// the characters an id may not hold as U+FFFD). Both sorted; dot-entries left out.
+    /// (under its name as it is, [`SessionId::shown`]: only the bytes that are not UTF-8 as
+    /// U+FFFD). Both sorted; dot-entries left out.
     ///
     /// # Errors
     /// [`Error::Io`] when the root cannot be read.

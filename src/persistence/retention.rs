@@ -15,7 +15,7 @@ use crate::model::SessionId;
 use crate::model::ids::{now_ms, unix_ms};
 use crate::persistence::Root;
 use crate::store::reader::SessionReader;
-use crate::store::schema::{SESSION_FILE, WAL_FILE, write_denied};
+use crate::store::schema::{self, SESSION_FILE, WAL_FILE, write_denied};
 
 /// How long a deletion waits for a session's locks before it is kept as busy.
 const LOCK_WAIT: Duration = Duration::from_millis(200);
@@ -216,11 +216,23 @@ impl Root {
             let reader = self.open_reader(id)?;
             reader.updated_at_ms(reader.durable_sequence()?)
         };
+        // A session file that every command refuses (a symlink, a folder, a FIFO) is kept
+        // whatever its age, saying why, as what is no session of the root is: gc failed on
+        // a symlink with SQLite's "unable to open database file" (exit 1 every run) and
+        // passed over the others in silence.
+        let mut refused = Vec::new();
         let old: Vec<(SessionId, i64)> = scan
             .ids(self)
             .into_iter()
             .filter_map(|id| {
                 let dir = self.session_dir(&id);
+                if let Err(e @ Error::InvalidInput { .. }) = schema::check_session_dir(&dir) {
+                    refused.push(GcKept {
+                        session_id: id,
+                        reason: e.to_string(),
+                    });
+                    return None;
+                }
                 let (updated_at_ms, age_ms) = match updated(&id) {
                     // A session imported or restored within the age is young, whatever
                     // its commits' times ([`arrived_ms`]).
@@ -301,6 +313,7 @@ impl Root {
         }
         // No sessions of the root (symlinks, names no command can give): kept, and said so,
         // never as failures.
+        report.kept.extend(refused);
         report.kept.extend(scan.skipped.into_iter().map(|s| GcKept {
             session_id: s.session_id,
             reason: s.error.to_string(),

@@ -61,7 +61,9 @@ pub struct SessionSummary {
     /// inherited prefix).
     #[serde(default)]
     pub usage: Usage,
-    /// Whether a runtime of this service has it open (also while a close of it drains).
+    /// Whether a writer holds it: a runtime of this service has it open (also while a
+    /// close of it drains), or a writer of any process holds its writer lock (probed as it
+    /// is listed), as the "live" badge of `serve` says.
     pub live: bool,
 }
 
@@ -330,7 +332,8 @@ impl SessionQuery {
                     Some(rt) => live_summary(rt, entry),
                     None => {
                         let durable = entry.durable_sequence;
-                        SessionSummary::from_entry(service.host_id(), entry, durable, false)
+                        let held = service.root().writer_held(&entry.session_id);
+                        SessionSummary::from_entry(service.host_id(), entry, durable, held)
                     }
                 })
                 .collect();

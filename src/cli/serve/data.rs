@@ -323,7 +323,9 @@ pub async fn sessions(app: &App, params: &Params) -> Result<SessionList, Problem
                 let id = &summary.session_ref.session_id;
                 SessionRow {
                     file_bytes: file_bytes(&root, id),
-                    writer: current_writer(&root, id),
+                    // Only a session the listing found held has a writer to name: the
+                    // badge and `live` say the same.
+                    writer: summary.live.then(|| current_writer(&root, id)).flatten(),
                     summary,
                 }
             })

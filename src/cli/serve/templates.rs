@@ -177,18 +177,8 @@ pub fn sessions_page(list: &SessionList, params: &Params) -> Html<String> {
 
 /// A snippet with its matched words in `<mark>`.
 pub fn snippet(s: &Snippet) -> Markup {
-    let mut parts: Vec<(&str, bool)> = Vec::new();
-    let mut at = 0;
-    for m in &s.matches {
-        if let (Some(before), Some(hit)) = (s.text.get(at..m.start), s.text.get(m.clone())) {
-            parts.push((before, false));
-            parts.push((hit, true));
-            at = m.end;
-        }
-    }
-    parts.push((s.text.get(at..).unwrap_or(""), false));
     html! {
-        @for (text, hit) in parts {
+        @for (text, hit) in s.pieces() {
             @if hit { mark { (text) } } @else { (text) }
         }
     }
