@@ -160,6 +160,70 @@ def _decode(value: dict[str, Any]) -> tuple[str, bytes]:
     return value["t"], base64.b64decode(value["b"])
 
 
+def _msgpack_array_header(count: int) -> bytes:
+    """The bytes msgpack starts an array of ``count`` items with."""
+    if count < 16:
+        return bytes([0x90 | count])
+    if count < 1 << 16:
+        return b"\xdc" + count.to_bytes(2, "big")
+    return b"\xdd" + count.to_bytes(4, "big")
+
+
+class _ListForm:
+    """A list channel value as the serializer wrote it: the saver's base of the next list
+    grown from it, and the bytes a read decodes afresh (never the objects a put was given or
+    a read returned: an item changed in place since, an earlier message edited, would change
+    the base too). From a serializer writing the list as one msgpack array (LangGraph's
+    default), its items' bytes after the array header (``body``): msgpack items delimit
+    themselves, so a list whose body starts with this one holds these items first,
+    serialized alike. From any other serializer, each item serialized on its own
+    (``items``)."""
+
+    __slots__ = ("count", "body", "items")
+
+    def __init__(self, count: int, body: bytes | None, items: list[tuple[str, bytes]] | None):
+        self.count = count
+        self.body = body
+        self.items = items
+
+    @classmethod
+    def of(cls, serde: SerializerProtocol, value: list[Any]) -> tuple[tuple[str, bytes], _ListForm]:
+        """``value`` serialized whole (what a saver storing it whole writes), and its form."""
+        typed = serde.dumps_typed(value)
+        kind, data = typed
+        header = _msgpack_array_header(len(value))
+        if kind == "msgpack" and data.startswith(header):
+            return typed, cls(len(value), data[len(header) :], None)
+        return typed, cls(len(value), None, [serde.dumps_typed(item) for item in value])
+
+    def suffix_after(
+        self, serde: SerializerProtocol, head: _ListForm, value: list[Any]
+    ) -> tuple[str, bytes] | None:
+        """The items of ``value`` (whose form this is) after ``head``, serialized as one
+        list, when ``value`` starts with ``head``'s items serialized alike; else ``None``.
+        ``==`` alone would take ``1``, ``True`` and ``1.0`` for one value."""
+        n = head.count
+        if not 0 < n <= self.count:
+            return None
+        if self.body is not None and head.body is not None:
+            if not self.body.startswith(head.body):
+                return None
+            return ("msgpack", _msgpack_array_header(self.count - n) + self.body[len(head.body) :])
+        if self.items is not None and head.items is not None and self.items[:n] == head.items:
+            return serde.dumps_typed(value[n:])
+        return None
+
+    def decode(self, serde: SerializerProtocol) -> list[Any]:
+        """The list decoded afresh."""
+        if self.body is not None:
+            value: list[Any] = serde.loads_typed(
+                ("msgpack", _msgpack_array_header(self.count) + self.body)
+            )
+            return value
+        assert self.items is not None
+        return [serde.loads_typed(item) for item in self.items]
+
+
 class _Thread:
     """What the durable log of one thread says, folded (raw records, decoded lazily)."""
 
@@ -263,13 +327,10 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         # Both least recently used first, at most MAX_OPEN_THREADS each (see _commit).
         self._writers: collections.OrderedDict[str, _SharedWriter] = collections.OrderedDict()
         self._release_writers = weakref.finalize(self, _release_writers, self._writers)
-        # (thread, ns, channel) -> (version, the serialized items of the list value last
-        # stored or read): the base of a list channel that only grows, and the start of the
-        # next read of it. Kept as the serializer's bytes, never as the objects a put was
-        # given or a read returned: a node or a caller that changes an item in place (an
-        # earlier message edited) changed the base too, so a list grown from it was stored
-        # as its suffix without the edit, and a read returned the caller's changes.
-        self._lists: dict[tuple[str, str, str], tuple[Any, list[tuple[str, bytes]]]] = {}
+        # (thread, ns, channel) -> (version, the form of the list value last stored or
+        # read): the base of a list channel that only grows, and the start of the next read
+        # of it (see _ListForm).
+        self._lists: dict[tuple[str, str, str], tuple[Any, _ListForm]] = {}
         # thread -> a reader of its session and the identity of the session file that the
         # caches above describe (see _current).
         self._readers: collections.OrderedDict[str, _native.Reader] = collections.OrderedDict()
@@ -342,8 +403,8 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
     def _value(self, thread_id: str, model: _Thread, ns: str, channel: str, version: Any) -> Any:
         """The value of ``channel`` at ``version``, decoded afresh: a list stored as appended
         items is its base's list plus them, the chain of bases followed back to a whole
-        value or to the version this saver last read or wrote (its items kept serialized,
-        see :meth:`_stored_value`)."""
+        value or to the version this saver last read or wrote (kept serialized, see
+        :class:`_ListForm`)."""
         key = (thread_id, ns, channel)
         cached = self._lists.get(key)
         suffixes: list[list[Any]] = []
@@ -352,7 +413,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         at = version
         while True:
             if cached is not None and cached[0] == at:
-                base = [self.serde.loads_typed(form) for form in cached[1]]
+                base = cached[1].decode(self.serde)
                 break
             if record is None:
                 raise SessionStoreError(
@@ -369,10 +430,12 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
             if not suffixes and not isinstance(value, list):
                 return value
             base = value
+        elif not suffixes:
+            return base  # the form cached is this version's
         value = list(base)
         for suffix in reversed(suffixes):
             value.extend(suffix)
-        self._lists[key] = (version, [self.serde.dumps_typed(item) for item in value])
+        self._lists[key] = (version, _ListForm.of(self.serde, value)[1])
         return value
 
     def _tuple(self, thread_id: str, model: _Thread, ns: str, cid: str) -> CheckpointTuple:
@@ -527,25 +590,23 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
 
     def _stored_value(
         self, thread_id: str, ns: str, channel: str, version: Any, value: Any
-    ) -> tuple[Any, dict[str, str], builtins.list[tuple[str, bytes]] | None]:
-        """The stored form of a new channel version, ``(base, value, items)``: the version a
+    ) -> tuple[Any, dict[str, str], _ListForm | None]:
+        """The stored form of a new channel version, ``(base, value, form)``: the version a
         list grew from and its appended items, else ``None`` and the whole value; and a
-        list's items serialized one by one (for :meth:`_remember`). A list grew when each
-        item of the base serializes as this list's item at its place does now: an item
-        changed in place since (an edited message) makes the whole list stored, and ``==``
-        alone would take ``1``, ``True`` and ``1.0`` for one value. Every item is serialized
-        once a put, as a saver storing the whole list does. Changes nothing: :meth:`_remember`
-        records the version once its commit is durable."""
+        list's form (for :meth:`_remember`). A list grew when the base's items serialize as
+        this list's first items do now: an item changed in place since (an edited message)
+        makes the whole list stored. The list is serialized once a put, as a saver storing
+        it whole does. Changes nothing: :meth:`_remember` records the version once its
+        commit is durable."""
         if not isinstance(value, list):
             return None, _encode(self.serde.dumps_typed(value)), None
-        items = [self.serde.dumps_typed(item) for item in value]
+        whole, form = _ListForm.of(self.serde, value)
         previous = self._lists.get((thread_id, ns, channel))
-        if previous is not None:
-            base, head = previous
-            n = len(head)
-            if base != version and 0 < n <= len(items) and items[:n] == head:
-                return base, _encode(self.serde.dumps_typed(value[n:])), items
-        return None, _encode(self.serde.dumps_typed(value)), items
+        if previous is not None and previous[0] != version:
+            suffix = form.suffix_after(self.serde, previous[1], value)
+            if suffix is not None:
+                return previous[0], _encode(suffix), form
+        return None, _encode(whole), form
 
     def _remember(
         self,
@@ -553,17 +614,17 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         ns: str,
         channel: str,
         version: Any,
-        items: builtins.list[tuple[str, bytes]] | None,
+        form: _ListForm | None,
     ) -> None:
-        """Records a stored channel version: a list (its serialized ``items``) is the base of
+        """Records a stored channel version: a list (its ``form``) is the base of
         the next one grown from it. Called only after its commit is durable, so a failed
         ``put`` (a value or metadata the serializer refuses, another writer) never leaves a
         base that is not in the log."""
         key = (thread_id, ns, channel)
-        if items is not None:
+        if form is not None:
             if thread_id not in self._readers and thread_id not in self._writers:
                 return  # let go meanwhile (_drop_unused): nothing is kept of it
-            self._lists[key] = (version, items)
+            self._lists[key] = (version, form)
         else:
             self._lists.pop(key, None)
 
@@ -581,17 +642,17 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         values: dict[str, Any] = c.pop("channel_values")  # type: ignore[misc]
         names: list[list[Any]] = []
         events: list[tuple[str, Any]] = []
-        lists: builtins.list[builtins.list[tuple[str, bytes]] | None] = []
+        lists: builtins.list[_ListForm | None] = []
         with self._lock:
             self._current(thread_id)  # no list base from an earlier session of the thread
             for channel, version in new_versions.items():
                 if channel in values:
-                    base, value, items = self._stored_value(
+                    base, value, form = self._stored_value(
                         thread_id, ns, channel, version, values[channel]
                     )
                     names.append([channel, version, base])
                     events.append((_VALUE, value))
-                    lists.append(items)
+                    lists.append(form)
         events.append(
             (
                 _CHECKPOINT,
@@ -609,8 +670,8 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         )
         self._commit(thread_id, events)
         with self._lock:
-            for (channel, _, _), items in zip(names, lists):
-                self._remember(thread_id, ns, channel, new_versions[channel], items)
+            for (channel, _, _), form in zip(names, lists):
+                self._remember(thread_id, ns, channel, new_versions[channel], form)
         return {
             "configurable": {
                 "thread_id": thread_id,

@@ -14,6 +14,7 @@ import sys
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.graph import END, START, MessagesState, StateGraph
 
 import session_store
@@ -56,6 +57,34 @@ def config(thread: str, **extra) -> dict:
 @pytest.fixture
 def saver(root):
     with SessionStoreSaver(root) as saver:
+        yield saver
+
+
+class SerializerOfItsOwn:
+    """A serializer that writes no msgpack (as an encrypting one): the saver tells
+    a grown list by its items serialized one by one, not by the bytes of one array."""
+
+    def __init__(self) -> None:
+        self.inner = JsonPlusSerializer()
+
+    def dumps_typed(self, obj):
+        kind, data = self.inner.dumps_typed(obj)
+        return "own+" + kind, data
+
+    def loads_typed(self, data):
+        kind, raw = data
+        return self.inner.loads_typed((kind.removeprefix("own+"), raw))
+
+
+@pytest.fixture(params=["msgpack", "own"])
+def list_serde(request):
+    """The serializer of the list tests: LangGraph's default, and one of its own."""
+    return None if request.param == "msgpack" else SerializerOfItsOwn()
+
+
+@pytest.fixture
+def list_saver(root, list_serde):
+    with SessionStoreSaver(root, serde=list_serde) as saver:
         yield saver
 
 
@@ -148,8 +177,8 @@ def test_time_travel_forks_from_an_earlier_checkpoint(saver) -> None:
     assert contents(g.get_state(after_first.config)) == ["one", "echo eno", "reviewed 2"]
 
 
-def test_grown_message_lists_are_stored_as_their_suffix(root, saver) -> None:
-    g = graph(saver)
+def test_grown_message_lists_are_stored_as_their_suffix(root, list_saver, list_serde) -> None:
+    g = graph(list_saver)
     long = "x" * 5000  # above the inline threshold: a content part
     for i in range(5):
         g.invoke({"messages": [HumanMessage(content=f"{i} {long}")]}, config("grow"))
@@ -176,7 +205,7 @@ def test_grown_message_lists_are_stored_as_their_suffix(root, saver) -> None:
     assert all(base is not None for base, _ in records[1:])
     # Each message is stored once: every record holds the one message its step added.
     for _, record in records:
-        value = saver.serde.loads_typed((record["t"], base64.b64decode(record["b"])))
+        value = list_saver.serde.loads_typed((record["t"], base64.b64decode(record["b"])))
         assert len(value) == 1
 
 
@@ -202,7 +231,9 @@ def test_a_refused_put_leaves_no_base_outside_the_log(root, saver) -> None:
         assert fresh.get_tuple(third).checkpoint["channel_values"]["messages"] == ["a", "b", "c"]
 
 
-def test_a_list_grown_from_equal_but_different_items_reads_back_exactly(root, saver) -> None:
+def test_a_list_grown_from_equal_but_different_items_reads_back_exactly(
+    root, list_saver, list_serde
+) -> None:
     # A list whose head compares equal (==) to the version the saver last wrote but is not
     # the same values (1 == True == 1.0, {"n": 1} == {"n": 1.0}) is no suffix of it: stored
     # as one, a fresh saver read the old head back ([1, {"n": 1}, 2] for [True, {"n": 1.0},
@@ -215,17 +246,17 @@ def test_a_list_grown_from_equal_but_different_items_reads_back_exactly(root, sa
         c["channel_versions"] = {"items": version}
         return c
 
-    first = saver.put(config("types"), checkpoint([1, {"n": 1}], "1"), {}, {"items": "1"})
+    first = list_saver.put(config("types"), checkpoint([1, {"n": 1}], "1"), {}, {"items": "1"})
     grown = [True, {"n": 1.0}, 2]
-    second = saver.put(first, checkpoint(grown, "2"), {}, {"items": "2"})
-    read = saver.get_tuple(second).checkpoint["channel_values"]["items"]
+    second = list_saver.put(first, checkpoint(grown, "2"), {}, {"items": "2"})
+    read = list_saver.get_tuple(second).checkpoint["channel_values"]["items"]
     assert repr(read) == repr(grown)
-    with SessionStoreSaver(root) as fresh:
+    with SessionStoreSaver(root, serde=list_serde) as fresh:
         read = fresh.get_tuple(second).checkpoint["channel_values"]["items"]
     assert repr(read) == repr(grown)
     # A list that did only grow (its head the same values) is still stored as its suffix.
-    third = saver.put(second, checkpoint([*grown, 3], "3"), {}, {"items": "3"})
-    with SessionStoreSaver(root) as fresh:
+    third = list_saver.put(second, checkpoint([*grown, 3], "3"), {}, {"items": "3"})
+    with SessionStoreSaver(root, serde=list_serde) as fresh:
         assert repr(fresh.get_tuple(third).checkpoint["channel_values"]["items"]) == repr(
             [*grown, 3]
         )
@@ -237,7 +268,7 @@ def test_a_list_grown_from_equal_but_different_items_reads_back_exactly(root, sa
     assert [n[0][2] for n in names] == [None, None, "2"]
 
 
-def test_an_item_changed_in_place_is_stored_with_the_list(root, saver) -> None:
+def test_an_item_changed_in_place_is_stored_with_the_list(root, list_saver, list_serde) -> None:
     # A node that edits an earlier message in place and adds one (outside testing, session
     # 35): the saver kept the list it last stored as those same objects, saw the head
     # "unchanged" and stored the new message alone; its own reads showed the edit, a fresh
@@ -252,12 +283,12 @@ def test_an_item_changed_in_place_is_stored_with_the_list(root, saver) -> None:
     builder.add_node("bot", bot)
     builder.add_edge(START, "bot")
     builder.add_edge("bot", END)
-    g = builder.compile(checkpointer=saver)
+    g = builder.compile(checkpointer=list_saver)
     g.invoke({"messages": [("user", "hi")]}, config("edited"))
     g.invoke({"messages": [("user", "fix it")]}, config("edited"))
     expected = ["hi", "first answer [corrected]", "fix it", "fixed"]
     assert contents(g.get_state(config("edited"))) == expected
-    with SessionStoreSaver(root) as fresh:
+    with SessionStoreSaver(root, serde=list_serde) as fresh:
         assert contents(builder.compile(checkpointer=fresh).get_state(config("edited"))) == expected
     # A list that only grew is still stored as its suffix after that.
     g.invoke({"messages": [("user", "more")]}, config("edited"))
