@@ -74,6 +74,9 @@ pub(crate) fn value_end(bytes: &[u8], at: usize) -> Option<usize> {
 /// Whether objects and arrays in `bytes` (valid JSON text) nest more than `limit` deep
 /// (strings skipped, so brackets inside them do not count).
 pub(crate) fn nests_deeper_than(bytes: &[u8], limit: usize) -> bool {
+    if bytes.len() <= limit {
+        return false; // more than `limit` deep takes more than `limit` opening brackets
+    }
     let mut depth = 0usize;
     let mut i = 0;
     while let Some(&b) = bytes.get(i) {
