@@ -11,6 +11,7 @@
 //! byte.
 
 use crate::error::{Error, Result};
+use crate::model::ContentRef;
 use crate::model::event::sha256_hex;
 
 /// What a placeholder string starts with, after its opening quote.
@@ -157,9 +158,7 @@ pub(crate) fn placeholder_at(seq: u64, stored: &str, offset: usize) -> Result<&s
     let well_formed = token[0] == b'"'
         && token[PLACEHOLDER_LEN - 1] == b'"'
         && token[1..].starts_with(PLACEHOLDER_PREFIX.as_bytes())
-        && digest
-            .iter()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b));
+        && std::str::from_utf8(digest).is_ok_and(ContentRef::is_digest);
     if !well_formed {
         return Err(bad());
     }
