@@ -32,6 +32,13 @@ optional events:
   hide checkpoints and their writes (the values stay, other checkpoints may share them; the
   log keeps everything).
 
+A session of a thread's id that holds other events (a ``message/complete``, say: made by
+:meth:`session_store.Root.create` or the CLI, not by a saver) is not a thread: ``list``
+passes it over, and ``put``, ``put_writes``, ``delete_thread``, ``copy_thread`` and
+``prune`` of that thread raise :class:`session_store.InvalidInput` and change nothing (they
+wrote LangGraph events into it, or deleted it). A thread's session holds ``langgraph/*``,
+``turn/start``, ``turn/end`` and ``session/title`` events only.
+
 ``delete_thread`` deletes the session; ``copy_thread`` forks it after its last turn (the
 target shares the source's file prefix, nothing is copied); ``prune(strategy="delete")``
 deletes the sessions. Reads go through the durable log, folded into a per-thread index
@@ -108,6 +115,8 @@ _CHECKPOINT = "langgraph/checkpoint"
 _VALUE = "langgraph/value"
 _WRITES = "langgraph/writes"
 _DELETE = "langgraph/delete"
+#: The kinds a thread's session holds besides ``langgraph/*`` (a title set by hand too).
+_THREAD_KINDS = frozenset({"turn/start", "turn/end", "session/title"})
 _MISSING = object()
 
 
@@ -227,10 +236,12 @@ class _ListForm:
 class _Thread:
     """What the durable log of one thread says, folded (raw records, decoded lazily)."""
 
-    __slots__ = ("after", "blobs", "checkpoints", "values", "writes")
+    __slots__ = ("after", "blobs", "checkpoints", "foreign", "values", "writes")
 
     def __init__(self) -> None:
         self.after = 0  # the last sequence folded in
+        # (sequence, kind) of the first event no saver writes: the session is not a thread's.
+        self.foreign: tuple[int, str] | None = None
         # ns -> checkpoint id -> (checkpoint record, metadata record, parent id)
         self.checkpoints: dict[str, dict[str, tuple[Any, Any, str | None]]] = {}
         # (ns, channel, version) -> value record
@@ -392,13 +403,30 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                 for commit in page["commits"]:
                     model.values = []
                     for event in commit["events"]:
-                        if event["kind"].startswith("langgraph/"):
-                            model.fold(event["kind"], event["payload"])
+                        kind = event["kind"]
+                        if kind.startswith("langgraph/"):
+                            model.fold(kind, event["payload"])
+                        elif kind not in _THREAD_KINDS and model.foreign is None:
+                            model.foreign = (event["seq"], kind)
                         model.after = event["seq"]
                 if not page["truncated"] or not page["commits"]:
                     break
             self._threads[thread_id] = model
             return model
+
+    def _require_thread(self, thread_id: str, refused: str) -> _Thread | None:
+        """The thread's index (None when there is no session); raises
+        :class:`session_store.InvalidInput` when its session holds events no saver writes
+        (it is not a thread's, so ``refused`` is not done to it)."""
+        model = self._thread(thread_id)
+        if model is not None and model.foreign is not None:
+            seq, kind = model.foreign
+            raise InvalidInput(
+                f"invalid input: session {session_id_of(thread_id)} is not the session of "
+                f"LangGraph thread {thread_id!r}: it holds a {kind} event (sequence {seq}), "
+                f"which no saver writes; {refused} refused, nothing changed"
+            )
+        return model
 
     def _value(self, thread_id: str, model: _Thread, ns: str, channel: str, version: Any) -> Any:
         """The value of ``channel`` at ``version``, decoded afresh: a list stored as appended
@@ -521,7 +549,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         with self._lock:
             for thread_id in threads:
                 model = self._thread(thread_id)
-                if model is None:
+                if model is None or model.foreign is not None:
                     continue
                 for ns, checkpoints in model.checkpoints.items():
                     if want_ns is not None and ns != want_ns:
@@ -550,6 +578,9 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         with self._lock:
             shared = self._writers.get(thread_id)
             if shared is None:
+                # Once per writer this saver opens: a session of another kind under the
+                # thread's id is not written to.
+                self._require_thread(thread_id, "writing to it")
                 shared = self._writers[thread_id] = _acquire_writer(
                     self.root, session_id_of(thread_id)
                 )
@@ -718,6 +749,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         :meth:`session_store.Root.delete` does."""
         thread_id = str(thread_id)
         with self._lock:
+            self._require_thread(thread_id, "deleting it")
             self._release(thread_id)
             # Root.delete closes the writer another saver of this process shares for it.
             try:
@@ -734,6 +766,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
             shared = self._writers.get(source)
             if shared is not None and shared.session is not None:
                 shared.session.flush()
+            self._require_thread(source, "copying it")
             try:
                 turns = self.root.turns(session_id_of(source))
             except NotFound:
@@ -769,7 +802,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                 if thread_id is None:
                     continue
                 model = self._thread(thread_id)
-                if model is None:
+                if model is None or model.foreign is not None:
                     continue
                 doomed = [
                     [ns, cid]
@@ -781,15 +814,17 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``"keep_latest"``: hides all but the latest checkpoint of each namespace (the
-        latest keeps its writes); ``"delete"``: deletes the threads."""
+        latest keeps its writes); ``"delete"``: deletes the threads. A session of one of
+        their ids that is not a thread's raises before any thread is changed."""
         if strategy not in ("keep_latest", "delete"):
             raise ValueError(f"unknown prune strategy {strategy!r}")
         with self._lock:
-            for thread_id in map(str, thread_ids):
+            # Every thread checked before any is changed.
+            models = {t: self._require_thread(t, "pruning it") for t in map(str, thread_ids)}
+            for thread_id, model in models.items():
                 if strategy == "delete":
                     self.delete_thread(thread_id)
                     continue
-                model = self._thread(thread_id)
                 if model is None:
                     continue
                 doomed = [

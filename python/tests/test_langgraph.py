@@ -526,6 +526,60 @@ def test_agents_conversations_and_threads_never_share_a_session(root, saver) -> 
     assert thread_id_of(store_id_of("lg-support")) is None
 
 
+def test_a_session_of_a_threads_id_made_by_hand_is_not_a_thread(root, saver) -> None:
+    """A session "lg-notes" made with Root.create and holding a chat message was listed as
+    thread "notes" (with no checkpoints), a put wrote LangGraph events into it and
+    delete_thread deleted it (outside testing, B14). It is passed over and left alone."""
+    notes = root.create("lg-notes")
+    message = {"id": "m1", "role": "user", "content": "mine"}
+    notes.append([{"kind": "message/complete", "payload": {"message": message}}],
+                 operation_id="n1")
+    notes.close()
+    before = root.events("lg-notes")
+    g = graph(saver)
+    g.invoke({"messages": [HumanMessage(content="hi")]}, config("real"))
+    saver.put_writes(
+        {"configurable": {"thread_id": "real", "checkpoint_ns": "",
+                          "checkpoint_id": saver.get_tuple(config("real")).config[
+                              "configurable"]["checkpoint_id"]}},
+        [("messages", [])],
+        "task-1",
+    )
+    assert {t.config["configurable"]["thread_id"] for t in saver.list(None)} == {"real"}
+    real_checkpoints = len(list(saver.list(config("real"))))
+    assert real_checkpoints > 1
+    assert list(saver.list(config("notes"))) == []
+    assert saver.get_tuple(config("notes")) is None
+    says = (
+        "session lg-notes is not the session of LangGraph thread 'notes': it holds a "
+        "message/complete event (sequence 1), which no saver writes"
+    )
+    refusals = {
+        "writing to it": lambda: g.invoke({"messages": [HumanMessage(content="x")]},
+                                          config("notes")),
+        "deleting it": lambda: saver.delete_thread("notes"),
+        "copying it": lambda: saver.copy_thread("notes", "copy"),
+        "pruning it": lambda: saver.prune(["real", "notes"]),
+        "pruning it ": lambda: saver.prune(["real", "notes"], strategy="delete"),
+    }
+    for refused, call in refusals.items():
+        with pytest.raises(session_store.InvalidInput) as e:
+            call()
+        assert says in str(e.value) and f"{refused.strip()} refused" in str(e.value), refused
+    saver.delete_for_runs(["any-run"])
+    assert root.events("lg-notes") == before
+    assert len(list(saver.list(config("real")))) == real_checkpoints  # prune changed none
+    assert all(s["session_ref"]["session_id"] != "lg-copy" for s in root.iter_sessions())
+    # A session made by hand holding a title only is a thread's: the saver writes to it.
+    titled = root.create(session_id_of("titled"))
+    titled.append([{"kind": "session/title", "payload": {"title": "T"}}], operation_id="t")
+    titled.close()
+    g.invoke({"messages": [HumanMessage(content="yo")]}, config("titled"))
+    assert contents(g.get_state(config("titled")))[0] == "yo"
+    saver.delete_thread("real")
+    assert saver.get_tuple(config("real")) is None
+
+
 def test_the_async_graph_api_works_with_the_saver(saver) -> None:
     async def run() -> list[str]:
         g = graph(saver)
