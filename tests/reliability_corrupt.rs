@@ -835,8 +835,19 @@ fn a_fork_whose_parent_holds_less_than_its_range_fails_verify() {
         root.stat(&id("child")).unwrap().durable_sequence
     );
 
-    // The parent restored from the copy taken before turn-2.
+    // The parent restored from the copy taken before turn-2: it does not record the fork
+    // (every read of the range says so), and once it does, it is short of the range.
     put_back(&older, &parent);
+    let e = session_store::verify_file(&child).unwrap_err();
+    assert!(e.is_corrupt(), "{e:?}");
+    assert!(e.to_string().contains("does not record it"), "{e}");
+    rusqlite::Connection::open(parent.join("session.sqlite"))
+        .unwrap()
+        .execute(
+            "INSERT INTO dependents (child_id, through_seq) VALUES ('child', 6)",
+            [],
+        )
+        .unwrap();
     let e = session_store::verify_file(&child).unwrap_err();
     assert!(e.is_corrupt(), "{e:?}");
     assert!(e.to_string().contains("lineage range"), "{e}");
@@ -974,6 +985,80 @@ fn a_fork_whose_ancestor_is_another_session_under_its_id_fails_verify() {
     );
     let e = replay_file(root.session_dir(&id("child"))).unwrap_err();
     assert!(e.is_corrupt(), "{e:?}");
+}
+
+/// A fork whose folder was copied by hand into another root, beside a different session
+/// under its parent's id (outside testing, F13): its history, events, projection, export
+/// and writer served the other session's messages as its own, and search listed it as
+/// sharing them. Every read of the inherited range is now `Corrupt` naming the ancestor, as
+/// `verify` says; what it holds of its own still reads; in its own root it reads whole.
+#[test]
+fn a_fork_copied_beside_another_session_of_its_parents_id_reads_none_of_it() {
+    let (dir, home) = temp_root();
+    let s = create(&home, "parent");
+    s.append(turn("op-1", "turn-1", "home-message")).unwrap();
+    s.close().unwrap();
+    home.fork(
+        &id("parent"),
+        session_store::ForkPoint::AfterTurn("turn-1".into()),
+        Some(id("child")),
+    )
+    .unwrap();
+    let own = home.open_writer(&id("child")).unwrap();
+    own.append(turn("op-2", "turn-2", "own-message")).unwrap();
+    own.close().unwrap();
+    let away = Root::open(dir.path().join("away")).unwrap();
+    let s = create(&away, "parent");
+    s.append(turn("op-1", "turn-1", "foreign-message")).unwrap();
+    s.close().unwrap();
+    copy_session_files(
+        &home.session_dir(&id("child")),
+        &away.session_dir(&id("child")),
+    );
+
+    let says = "session child inherits sequences 1..=3 from parent, which does not record it";
+    let refused = |what: &str, e: session_store::Error| {
+        assert!(e.is_corrupt(), "{what}: {e:?}");
+        assert!(e.to_string().contains(says), "{what}: {e}");
+    };
+    let reader = away.open_reader(&id("child")).unwrap();
+    let durable = reader.durable_sequence().unwrap();
+    assert_eq!(durable, 6);
+    refused("commits", reader.commits(0, 100).unwrap_err());
+    refused("transcript", reader.transcript(durable).unwrap_err());
+    refused("projection", reader.projection().unwrap_err());
+    refused("turns", reader.turns().unwrap_err());
+    refused(
+        "writer",
+        away.open_writer(&id("child")).map(|_| ()).unwrap_err(),
+    );
+    refused(
+        "export",
+        away.export(&id("child"), dir.path().join("out.sqlite"))
+            .map(|_| ())
+            .unwrap_err(),
+    );
+    refused("verify", away.verify(&id("child")).map(|_| ()).unwrap_err());
+    // Its own range still reads.
+    let own: Vec<u64> = reader
+        .commits(3, 100)
+        .unwrap()
+        .iter()
+        .map(|c| c.first_seq)
+        .collect();
+    assert_eq!(own, [4]);
+    assert!(!dir.path().join("out.sqlite").exists());
+
+    // In its own root, the same file reads whole.
+    let texts: Vec<String> = home
+        .open_reader(&id("child"))
+        .unwrap()
+        .transcript(durable)
+        .unwrap()
+        .iter()
+        .map(|m| m.id().to_owned())
+        .collect();
+    assert_eq!(texts, ["home-message", "own-message"]);
 }
 
 /// A parent put back from a copy taken before the fork holds the whole range, but does not

@@ -1816,6 +1816,46 @@ fn a_snippet_shows_and_marks_a_word_matched_without_its_diacritics() {
     assert_eq!(words, ["İstanbul"]);
 }
 
+/// A fork copied by hand into another root, beside a different session under its
+/// parent's id (F13): search listed it as sharing that session's messages. It is not
+/// indexed now (its reads are `Corrupt`, as `verify` says); the other session's hits stand
+/// alone and the fork's own root still lists it.
+#[test]
+fn a_fork_copied_beside_another_session_of_its_parents_id_shares_no_hits() {
+    let (dir, home) = temp_root();
+    let child = walrus_parent_and_narwhal_fork(&home);
+    let away = Root::open(dir.path().join("away")).expect("root");
+    let other = create(&away, "parent");
+    other
+        .append(
+            Batch::new(
+                "p1",
+                vec![
+                    session_store::Event::new("turn/start"),
+                    message("p-u1", "user", "foreign walrus remark"),
+                    turn_end("completed"),
+                ],
+            )
+            .in_turn("t1"),
+        )
+        .expect("append");
+    other.close().expect("close");
+    copy_tree(&home.session_dir(&child), &away.session_dir(&child));
+
+    let hits = search_all(&away, "walrus OR narwhal", SearchOptions::default());
+    assert_eq!(at(&hits), [("parent".into(), 1)]);
+    assert!(hits[0].shared_with.is_empty(), "{:?}", hits[0].shared_with);
+    // A rebuild leaves it out as well.
+    away.rebuild_catalog().expect("rebuild");
+    let hits = search_all(&away, "walrus OR narwhal", SearchOptions::default());
+    assert_eq!(at(&hits), [("parent".into(), 1)]);
+    assert!(hits[0].shared_with.is_empty());
+
+    let hits = search_all(&home, "walrus", SearchOptions::default());
+    assert_eq!(at(&hits), [("parent".into(), 1)]);
+    assert_eq!(hits[0].shared_with.len(), 1);
+}
+
 #[test]
 fn a_fork_that_replaced_an_inherited_message_is_not_said_to_hold_it() {
     let (_dir, root) = temp_root();

@@ -191,6 +191,15 @@ pub(crate) fn read_dependents(conn: &Connection) -> Result<Vec<DependentFork>> {
         .map_err(|e| undecodable_in(conn, "dependents", "child_id, through_seq", e))
 }
 
+/// How far `child` is recorded as inheriting from this file: its `dependents` row's
+/// `through_seq`, if it has one.
+pub(crate) fn dependent_through(conn: &Connection, child: &SessionId) -> Result<Option<u64>> {
+    conn.prepare_cached("SELECT through_seq FROM dependents WHERE child_id = ?1")?
+        .query_row([child.as_str()], |r| r.get(0))
+        .optional()
+        .map_err(|e| undecodable_in(conn, "dependents", "through_seq", e))
+}
+
 const TURN_COLUMNS: &str =
     "turn_id, start_seq, end_seq, boundary_seq, status, fork_safe, rewind_safe";
 

@@ -2,7 +2,7 @@
 //! files of its ancestors. Never touches the writer lock or the lease.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use rusqlite::{Connection, OptionalExtension};
 
@@ -124,8 +124,55 @@ struct Segment {
     through: u64,
     /// True for a range inherited from an ancestor.
     inherited: bool,
+    /// The session whose reader this is (the one that inherits an inherited range).
+    heir: SessionId,
+    /// Set once an inherited range's file was found to be the ancestor `heir` was cut
+    /// from ([`Segment::check_ancestry`]); shared by the layout's copies.
+    ancestry_checked: Arc<OnceLock<()>>,
     file: PathBuf,
-    pool: ReadPool,
+    connections: ReadPool,
+}
+
+impl Segment {
+    /// The read connections of the range's file. An inherited range's file is checked
+    /// first, once, to be the ancestor this session was cut from, so that a session put
+    /// under an ancestor's id (a folder copied in by hand) never supplies its events.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] from [`Segment::check_ancestry`]; the pool's errors.
+    fn pool(&self) -> Result<&ReadPool> {
+        if self.inherited && self.ancestry_checked.get().is_none() {
+            self.check_ancestry()?;
+        }
+        Ok(&self.connections)
+    }
+
+    /// Checks that the file of an inherited range records `heir` in its `dependents`
+    /// through at least the range's end (a fork writes that row before it is published).
+    /// A session made again under a deleted ancestor's id (or brought in from another
+    /// root), or an ancestor put back from a copy older than the fork, fails. (Creation
+    /// times are not compared: an imported ancestor keeps the clock of the host that made
+    /// it.)
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] naming the ancestor; the pool's and SQLite's errors.
+    fn check_ancestry(&self) -> Result<()> {
+        let recorded = read::dependent_through(&*self.connections.get()?, &self.heir)?;
+        if recorded.is_some_and(|through| through >= self.through) {
+            let _ = self.ancestry_checked.set(());
+            return Ok(());
+        }
+        Err(Error::corrupt(format!(
+            "session {} inherits sequences {}..={} from {}, which does not record it as a \
+             dependent (another session under that id, or a copy older than the fork): it \
+             is not the session this one was forked from, and deleting it would not keep \
+             this history",
+            self.heir,
+            self.after + 1,
+            self.through,
+            self.source
+        )))
+    }
 }
 
 /// A history entry's message: inline, or where to read it.
@@ -252,7 +299,7 @@ impl EventMessages {
             .ok_or_else(|| Error::corrupt(format!("event {seq} is in no file")))?;
         let conn = match &mut self.conns[i] {
             Some(conn) => conn,
-            slot => slot.insert(ReadTxn::begin(&self.layout.segments[i].pool)?),
+            slot => slot.insert(ReadTxn::begin(self.layout.segments[i].pool()?)?),
         };
         parse_messages(seq, &read::read_payload_text(conn, seq)?, many)
     }
@@ -353,8 +400,10 @@ fn build_layout(
         after,
         through,
         inherited: false,
+        heir: header.session_id.clone(),
+        ancestry_checked: Arc::default(),
         file: PathBuf::new(),
-        pool: own.clone(),
+        connections: own.clone(),
     };
     let mut segments = Vec::with_capacity(2 * lineage.len() + 1);
     let mut covered = 0;
@@ -393,8 +442,10 @@ fn build_layout(
             after: entry.after_seq,
             through: entry.through_seq,
             inherited: true,
+            heir: header.session_id.clone(),
+            ancestry_checked: Arc::default(),
             file: ancestor,
-            pool,
+            connections: pool,
         });
         covered = entry.through_seq;
     }
@@ -561,35 +612,19 @@ impl SessionReader {
         read::read_dependents(&*self.own()?)
     }
 
-    /// Checks that every ancestor is the session this one was cut from: it records this
-    /// session in its `dependents` through at least the range it supplies (a fork writes
-    /// that row before it is published). A session made again under a deleted ancestor's
-    /// id (a fork brought back from a copy afterwards), or an ancestor put back from a copy
-    /// older than the fork, fails; a delete of such an ancestor would not keep this
-    /// session's history either. (Creation times are not compared: an imported ancestor
-    /// keeps the clock of the host that made it.)
+    /// Checks that every ancestor is the session this one was cut from (what each read
+    /// of an inherited range checks once, [`Segment::check_ancestry`]), reading every
+    /// ancestor now; a delete of an ancestor that fails would not keep this session's
+    /// history either.
     ///
     /// # Errors
     /// [`Error::Corrupt`] naming the ancestor; SQLite errors.
     pub(crate) fn check_ancestry(&self) -> Result<()> {
-        let me = &self.header.session_id;
-        for segment in self.layout().segments.iter().filter(|s| s.inherited) {
-            let recorded = read::read_dependents(&*segment.pool.get()?)?
-                .into_iter()
-                .any(|d| &d.child_id == me && d.through_seq >= segment.through);
-            if !recorded {
-                return Err(Error::corrupt(format!(
-                    "session {me} inherits sequences {}..={} from {}, which does not record \
-                     it as a dependent (another session under that id, or a copy older than \
-                     the fork): it is not the session this one was forked from, and deleting \
-                     it would not keep this history",
-                    segment.after + 1,
-                    segment.through,
-                    segment.source
-                )));
-            }
-        }
-        Ok(())
+        self.layout()
+            .segments
+            .iter()
+            .filter(|s| s.inherited)
+            .try_for_each(Segment::check_ancestry)
     }
 
     /// Whole durable commits with `last_seq > after`, at most `limit`, checked as a
@@ -652,7 +687,7 @@ impl SessionReader {
                     segment.source
                 )));
             }
-            let conn = segment.pool.get()?;
+            let conn = segment.pool()?.get()?;
             let from = after.max(segment.after);
             let wanted = limit - out.len();
             let page = read::read_commits(
@@ -741,8 +776,8 @@ impl SessionReader {
         let mut best: Option<(u64, Projection, Vec<ModelRef>)> = None;
         for segment in self.layout().segments.iter().rev() {
             let found = segment
-                .pool
-                .get()
+                .pool()
+                .and_then(ReadPool::get)
                 .ok()
                 .and_then(|conn| read::read_checkpoint(&conn, segment.through.min(through)));
             if let Some((seq, p, refs)) = found
@@ -835,7 +870,7 @@ impl SessionReader {
     pub(crate) fn ignored_checkpoint(&self, through: u64) -> Option<u64> {
         let layout = self.layout();
         let own = layout.segments.iter().rev().find(|s| !s.inherited)?;
-        read::unusable_checkpoint(&*own.pool.get().ok()?, through)
+        read::unusable_checkpoint(&*own.pool().ok()?.get().ok()?, through)
     }
 
     /// Every ended turn of the durable prefix, in order, from the turn index of each file.
@@ -847,7 +882,7 @@ impl SessionReader {
             let mut out = Vec::new();
             for segment in &layout.segments {
                 out.extend(read::read_turns_ending_in(
-                    &*segment.pool.get()?,
+                    &*segment.pool()?.get()?,
                     segment.after,
                     segment.through.min(i64::MAX as u64),
                 )?);
@@ -868,7 +903,7 @@ impl SessionReader {
             let mut out = Vec::new();
             for segment in &layout.segments {
                 out.extend(read::read_turns_overlapping(
-                    &*segment.pool.get()?,
+                    &*segment.pool()?.get()?,
                     (segment.after, clip(segment.through)),
                     clip(first),
                     clip(last),
@@ -969,7 +1004,7 @@ impl SessionReader {
             .collect();
         let txns = segments
             .iter()
-            .map(|seg| ReadTxn::begin(&seg.pool))
+            .map(|seg| seg.pool().and_then(ReadTxn::begin))
             .collect::<Result<Vec<_>>>()?;
         let mut epoch = 0;
         for (seg, conn) in segments.iter().zip(&txns) {
@@ -1044,7 +1079,12 @@ impl SessionReader {
             .segments
             .iter()
             .filter(|s| s.after < snapshot)
-            .map(|s| Ok((ReadTxn::begin(&s.pool)?, (s.after, s.through.min(snapshot)))))
+            .map(|s| {
+                Ok((
+                    ReadTxn::begin(s.pool()?)?,
+                    (s.after, s.through.min(snapshot)),
+                ))
+            })
             .collect::<Result<Vec<_>>>()?;
         let mut epoch = 0;
         for (conn, (after, through)) in &files {
@@ -1191,7 +1231,7 @@ impl SessionReader {
                 .iter()
                 .filter(|s| s.after < later && s.through > earlier)
             {
-                let conn = seg.pool.get()?;
+                let conn = seg.pool()?.get()?;
                 if found(&conn, (seg.after.max(earlier), seg.through.min(later)))? {
                     return Ok(false);
                 }
@@ -1211,7 +1251,7 @@ impl SessionReader {
                 return Ok(None);
             };
             Ok(
-                read::read_turn_started_by(&*seg.pool.get()?, seq)?.filter(|t| {
+                read::read_turn_started_by(&*seg.pool()?.get()?, seq)?.filter(|t| {
                     t.start_sequence > seg.after
                         && t.end_sequence >= seq
                         && t.end_sequence <= seg.through
@@ -1227,7 +1267,8 @@ impl SessionReader {
     pub fn blob(&self, digest: &str) -> Result<Option<Vec<u8>>> {
         self.with_layout(|layout| {
             for segment in layout.segments.iter().rev() {
-                if let Some(bytes) = read::read_blob(&*segment.pool.get()?, digest, Holds::Any)? {
+                if let Some(bytes) = read::read_blob(&*segment.pool()?.get()?, digest, Holds::Any)?
+                {
                     return Ok(Some(bytes));
                 }
             }
@@ -1243,7 +1284,7 @@ impl SessionReader {
         self.with_layout(|layout| {
             let mut found: Option<TurnBoundary> = None;
             for segment in &layout.segments {
-                if let Some(t) = read::read_turn(&*segment.pool.get()?, turn_id)?
+                if let Some(t) = read::read_turn(&*segment.pool()?.get()?, turn_id)?
                     && t.end_sequence > segment.after
                     && t.end_sequence <= segment.through
                     && found
@@ -1269,7 +1310,7 @@ impl SessionReader {
             let Some(segment) = layout.holding(seq).map(|i| &layout.segments[i]) else {
                 return Ok(false);
             };
-            read::commit_ends_at(&*segment.pool.get()?, seq)
+            read::commit_ends_at(&*segment.pool()?.get()?, seq)
         })
     }
 
@@ -1369,7 +1410,7 @@ impl SessionReader {
             .collect();
         let mut epoch = 0;
         for seg in &segments {
-            let conn = seg.pool.get()?;
+            let conn = seg.pool()?.get()?;
             if let Some(e) = read::read_history_epoch(&conn, seg.after, seg.through.min(snapshot))?
             {
                 epoch = epoch.max(e);
@@ -1378,7 +1419,7 @@ impl SessionReader {
         let mut newest: std::collections::BTreeMap<u64, (HistoryRow, &Segment)> =
             Default::default();
         for seg in segments.iter().filter(|s| s.through >= epoch) {
-            let conn = seg.pool.get()?;
+            let conn = seg.pool()?.get()?;
             let bounds = (seg.after, seg.through.min(snapshot));
             for row in read::read_history_rows(&conn, bounds, epoch, before, limit)? {
                 match newest.get(&row.position) {
@@ -1447,7 +1488,7 @@ impl SessionReader {
     ) -> Result<Option<(Vec<HistoryRow>, Vec<u64>)>> {
         let (mut rows, mut resets) = (Vec::new(), Vec::new());
         for seg in self.layout().segments.iter().filter(|s| s.after < through) {
-            let conn = seg.pool.get()?;
+            let conn = seg.pool()?.get()?;
             match read::read_history_index(&conn, seg.after, seg.through.min(through))? {
                 Some((r, s)) => {
                     rows.extend(r);
@@ -1472,7 +1513,7 @@ impl SessionReader {
         {
             return Self::replaced_item(messages, row, i);
         }
-        let conn = seg.pool.get()?;
+        let conn = seg.pool()?.get()?;
         let seq = row.event_seq;
         let (kind, text, reference) = read::read_event_payload(&conn, seq)?;
         // An edited row may name any event: only one that puts messages in the transcript
@@ -1568,7 +1609,7 @@ impl SessionReader {
     pub(crate) fn inherited_title(&self) -> Result<String> {
         self.with_layout(|layout| {
             for seg in layout.segments.iter().rev().filter(|s| s.inherited) {
-                let conn = seg.pool.get()?;
+                let conn = seg.pool()?.get()?;
                 if let Some(seq) =
                     read::events_of_kind(&conn, "session/title", seg.after, seg.through)?.last()
                 {

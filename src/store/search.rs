@@ -1076,13 +1076,18 @@ fn forget_in(tx: &Transaction<'_>, id: &SessionId) -> Result<()> {
 }
 
 /// (Re)registers `reader`'s session with nothing of its own indexed yet: its previous
-/// rows are dropped, its lineage recorded; returns its key.
+/// rows are dropped, its lineage recorded; returns its key. A fork whose ancestors are not
+/// the sessions it was cut from ([`SessionReader::check_ancestry`]) is refused: their hits
+/// would be listed as its own.
 fn register(
     tx: &Transaction<'_>,
     reader: &SessionReader,
     lineage: &[LineageEntry],
     title: &str,
 ) -> Result<i64> {
+    if !lineage.is_empty() {
+        reader.check_ancestry()?;
+    }
     let header = reader.header();
     forget_in(tx, &header.session_id)?;
     tx.prepare_cached(
