@@ -1277,7 +1277,8 @@ fn gc_does_not_delete_an_old_export_imported_a_moment_ago() {
 /// for every first page, about 4 ms): what is no session of the root, added or removed
 /// since, is reported or left out by the very next first page, plain or filtered, also
 /// right after the read before it (in the same tick of the folder's clock) and after
-/// quiet spells that let the read be kept; the sessions listed follow creates and deletes.
+/// quiet spells that let the read be kept; the sessions listed follow creates and deletes,
+/// and a session folder copied in by hand.
 #[test]
 fn a_first_page_sees_what_changed_in_the_root_folder_since_the_last() {
     let (_dir, root) = temp_root();
@@ -1320,6 +1321,18 @@ fn a_first_page_sees_what_changed_in_the_root_folder_since_the_last() {
         std::thread::sleep(quiet);
         root.delete(&id("c"), &session_store::CancelToken::new())
             .expect("delete");
+        assert_eq!(pages(&root).0, vec!["a", "b"]);
+        // A session folder copied in by hand (from another root) is listed by this
+        // process's next first page (it was listed by no page of this process before:
+        // the folders were indexed at the catalog's first open only).
+        let other = Root::open(_dir.path().join(format!("other-{}", quiet.as_millis())))
+            .expect("other root");
+        create(&other, "d").close().expect("close");
+        common::copy_tree(&other.session_dir(&id("d")), &root.session_dir(&id("d")));
+        assert_eq!(pages(&root).0, vec!["a", "b", "d"]);
+        std::thread::sleep(quiet);
+        assert_eq!(pages(&root).0, vec!["a", "b", "d"]);
+        std::fs::remove_dir_all(root.session_dir(&id("d"))).expect("remove");
         assert_eq!(pages(&root).0, vec!["a", "b"]);
     }
 }

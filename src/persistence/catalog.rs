@@ -13,8 +13,9 @@
 //! unchanged; otherwise it is recomputed from the file. Every page checks that each
 //! listed folder still exists, so a stale entry never revives a deleted session.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
@@ -22,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::model::header::Origin;
 use crate::model::{Projection, SessionId, Usage};
-use crate::persistence::{Root, RootScan, confine};
+use crate::persistence::{Root, RootScan, confine, holds_session_file};
 use crate::store::reader::SessionReader;
 use crate::store::schema::{self, SESSION_FILE, WAL_FILE};
 
@@ -600,6 +601,9 @@ pub(crate) struct Catalog {
     /// which a page served from the catalog as it is ([`ListFilter::cached_only`]) reports
     /// again; `None` before the first.
     unreadable: Mutex<Option<Vec<SkippedSession>>>,
+    /// The read of the root folder whose session folders this catalog last made sure it
+    /// has a row for ([`Catalog::index_new_folders`]); dangling before the first.
+    indexed: Mutex<Weak<RootScan>>,
 }
 
 /// Opens the catalog file at `path`, creating it (in one immediate transaction, so two
@@ -738,6 +742,7 @@ impl Catalog {
             dir: root.join(CATALOG_DIR),
             conn: Mutex::new(None),
             unreadable: Mutex::new(None),
+            indexed: Mutex::new(Weak::new()),
         }
     }
 
@@ -793,6 +798,37 @@ impl Catalog {
                 "catalog connection missing after opening it",
             )),
         }
+    }
+
+    /// Gives a row to each session folder of `scan` (a first page's read of the root
+    /// folder) that the catalog has none for: a folder put into the root by other means
+    /// than this store (copied by hand, restored by a tool) while this process had its
+    /// catalog open was listed by no page of this process (the folders are indexed once,
+    /// at the catalog's first open). Runs once per read of the folder: a read kept while the
+    /// folder shows no change (`Root::listing_scan`) is not looked at again; otherwise one
+    /// read of the catalog's ids, and a `stat` per folder it does not know.
+    fn index_new_folders(&self, root: &Root, scan: &Arc<RootScan>) -> Result<()> {
+        let mut indexed = self.indexed.lock().unwrap_or_else(|e| e.into_inner());
+        if Weak::ptr_eq(&indexed, &Arc::downgrade(scan)) {
+            return Ok(());
+        }
+        self.with_conn(root, |c| {
+            let known: HashSet<String> = c
+                .prepare_cached("SELECT session_id FROM sessions")?
+                .query_map([], |r| r.get(0))?
+                .collect::<rusqlite::Result<_>>()?;
+            let mut add = c.prepare_cached(
+                "INSERT OR IGNORE INTO sessions (session_id, stamp, entry) VALUES (?1, '', '')",
+            )?;
+            for id in scan.folders.iter().filter(|id| {
+                !known.contains(id.as_str()) && holds_session_file(&root.session_dir(id))
+            }) {
+                add.execute([id.as_str()])?;
+            }
+            Ok(())
+        })?;
+        *indexed = Arc::downgrade(scan);
+        Ok(())
     }
 
     /// Opens the catalog (indexing every folder of `scan`, the caller's read of the root
@@ -911,6 +947,10 @@ impl Catalog {
             self.last_unreadable(root, &stamper)
         } else {
             self.with_conn_knowing(root, scan.as_deref(), |_| Ok(()))
+                .and_then(|()| {
+                    scan.as_ref()
+                        .map_or(Ok(()), |s| self.index_new_folders(root, s))
+                })
                 .and_then(|()| self.refresh(root, &stamper))
         };
         let cached = refreshed.and_then(|skipped| {
@@ -1080,6 +1120,10 @@ impl Catalog {
         let scan = after.is_none().then(|| root.listing_scan()).transpose()?;
         let cached = self
             .with_conn_knowing(root, scan.as_deref(), |_| Ok(()))
+            .and_then(|()| {
+                scan.as_ref()
+                    .map_or(Ok(()), |s| self.index_new_folders(root, s))
+            })
             .and_then(|()| self.cached_page(root, &stamper, after, limit));
         let mut listing = match cached {
             Ok(listing) => listing,
