@@ -948,6 +948,20 @@ fn put_back(from: &std::path::Path, to: &std::path::Path) {
     copy_session_files(from, to);
 }
 
+/// Session "parent" holding turn "turn-1" (operation "op-1", message `message`) and its
+/// fork "child" after that turn.
+fn parent_and_child(root: &Root, message: &str) {
+    let s = create(root, "parent");
+    s.append(turn("op-1", "turn-1", message)).unwrap();
+    s.close().unwrap();
+    root.fork(
+        &id("parent"),
+        session_store::ForkPoint::AfterTurn("turn-1".into()),
+        Some(id("child")),
+    )
+    .unwrap();
+}
+
 /// A fork brought back from a copy (a backup, a replica: `restore --id`) after its parent
 /// was deleted and another session was made under the parent's id, with commits of the
 /// same sizes: the fork read the newcomer's events as its own history and `verify` called
@@ -956,15 +970,7 @@ fn put_back(from: &std::path::Path, to: &std::path::Path) {
 #[test]
 fn a_fork_whose_ancestor_is_another_session_under_its_id_fails_verify() {
     let (dir, root) = temp_root();
-    let s = create(&root, "parent");
-    s.append(turn("op-1", "turn-1", "m1")).unwrap();
-    s.close().unwrap();
-    root.fork(
-        &id("parent"),
-        session_store::ForkPoint::AfterTurn("turn-1".into()),
-        Some(id("child")),
-    )
-    .unwrap();
+    parent_and_child(&root, "m1");
     let saved = dir.path().join("saved-child");
     copy_session_files(&root.session_dir(&id("child")), &saved);
     let cancel = session_store::CancelToken::new();
@@ -995,15 +1001,7 @@ fn a_fork_whose_ancestor_is_another_session_under_its_id_fails_verify() {
 #[test]
 fn a_fork_copied_beside_another_session_of_its_parents_id_reads_none_of_it() {
     let (dir, home) = temp_root();
-    let s = create(&home, "parent");
-    s.append(turn("op-1", "turn-1", "home-message")).unwrap();
-    s.close().unwrap();
-    home.fork(
-        &id("parent"),
-        session_store::ForkPoint::AfterTurn("turn-1".into()),
-        Some(id("child")),
-    )
-    .unwrap();
+    parent_and_child(&home, "home-message");
     let own = home.open_writer(&id("child")).unwrap();
     own.append(turn("op-2", "turn-2", "own-message")).unwrap();
     own.close().unwrap();
