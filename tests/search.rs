@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::io::BufReader;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::json;
@@ -2280,7 +2280,13 @@ fn a_writer_opened_before_the_first_search_indexes_what_it_writes_after() {
     // Drained within a second of the writer's last look: not indexed yet.
     std::thread::sleep(Duration::from_millis(1_100));
     say(&early, "a3", "epsilonword");
-    // The drain after that looked, found the index and caught up from the file.
+    // The drain after that looked, found the index, and its index write (a writer-pool
+    // thread's, shortly after the flush returned: the flush does not wait for it) caught
+    // up from the file.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cli_hits(root.path(), "betaword").is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert_eq!(cli_hits(root.path(), "betaword"), ["early"]);
     assert_eq!(cli_hits(root.path(), "epsilonword"), ["early"]);
     // One that drains no more is caught up by its close.

@@ -833,8 +833,9 @@ impl Shared {
     /// most every [`INDEX_PROBE_EVERY`] from a drain, and always when `now` (a close); once
     /// found it is the root's (its later searches and sessions share it). A session that
     /// drained while there was none is then caught up in it from its file (the search that
-    /// made it filled it from the file as it stood then). `None` for a session not yet
-    /// published, or while there is no index (the caller's drain goes unindexed).
+    /// made it filled it from the file as it stood then): by the drain's queued index
+    /// write, or at once for a close. `None` for a session not yet published, or while
+    /// there is no index (the caller's drain goes unindexed).
     fn search_index(&self, now: bool) -> Option<Arc<SearchIndex>> {
         let slot = self.config.index.as_ref()?;
         let mut queue = self.unindexed.lock().unwrap_or_else(|e| e.into_inner());
@@ -860,7 +861,11 @@ impl Shared {
                 index
             }
         };
-        if std::mem::take(&mut queue.missed) {
+        // A drain that finds the index after missing it leaves the catch-up to the index
+        // write it queues, on a writer-pool thread (`SearchIndex::index_drained` sees the
+        // gap and catches up from the file), so that its flush does not wait for it; a
+        // close, which may queue nothing, catches up now.
+        if std::mem::take(&mut queue.missed) && now {
             drop(queue);
             let _ = index.catch_up(&self.reader);
         }
