@@ -1816,6 +1816,74 @@ fn a_snippet_shows_and_marks_a_word_matched_without_its_diacritics() {
     assert_eq!(words, ["İstanbul"]);
 }
 
+/// A session with one damaged event (its row changed in place: `verify` fails it), indexed
+/// after the damage (a first search, a rebuild): no message of it, nor any its fork
+/// inherits, was found (outside testing, session 36). The damaged event's message is left
+/// out; the others are found, the inherited ones listing the fork.
+#[test]
+fn a_session_indexed_after_one_of_its_events_was_damaged_keeps_the_others_found() {
+    let (_dir, root) = temp_root();
+    let parent = create(&root, "parent");
+    for (t, word) in ["first", "second", "third"].iter().enumerate() {
+        parent
+            .append(
+                Batch::new(
+                    format!("op{t}"),
+                    vec![
+                        session_store::Event::new("turn/start"),
+                        message(&format!("m{t}"), "user", &format!("{word} okapi")),
+                        turn_end("completed"),
+                    ],
+                )
+                .in_turn(format!("t{t}")),
+            )
+            .expect("append");
+    }
+    parent.close().expect("close");
+    root.fork(
+        &id("parent"),
+        ForkPoint::AfterTurn("t1".into()),
+        Some(id("child")),
+    )
+    .expect("fork");
+    // The second turn's message (event 5) changed in place.
+    sqlite3(
+        &root.session_dir(&id("parent")).join("session.sqlite"),
+        "UPDATE events SET payload = replace(payload, 'second', 'sEcond') WHERE seq = 5",
+    );
+    assert!(root.verify(&id("parent")).is_err());
+    let found = |root: &Root| -> Vec<(String, String, Vec<String>)> {
+        search_all(root, "okapi", SearchOptions::default())
+            .iter()
+            .map(|h| {
+                (
+                    h.session_ref.session_id.to_string(),
+                    h.message_id.clone(),
+                    h.shared_with
+                        .iter()
+                        .map(|r| r.session_id.to_string())
+                        .collect(),
+                )
+            })
+            .collect()
+    };
+    let expected = vec![
+        (
+            "parent".to_owned(),
+            "m0".to_owned(),
+            vec!["child".to_owned()],
+        ),
+        ("parent".to_owned(), "m2".to_owned(), vec![]),
+    ];
+    let mut first = found(&root);
+    first.sort();
+    assert_eq!(first, expected, "the first search's fill");
+    root.rebuild_catalog().expect("rebuild");
+    let mut rebuilt = found(&root);
+    rebuilt.sort();
+    assert_eq!(rebuilt, expected, "after a rebuild");
+}
+
 /// A fork copied by hand into another root, beside a different session under its
 /// parent's id (F13): search listed it as sharing that session's messages. It is not
 /// indexed now (its reads are `Corrupt`, as `verify` says); the other session's hits stand

@@ -275,6 +275,15 @@ pub(crate) struct OwnChanges {
     pub titles: Vec<(u64, String, i64)>,
 }
 
+/// What one event's read for [`SessionReader::own_changes`] gave: a damaged event
+/// ([`Error::Corrupt`]) is `None`, left out; any other error is the caller's.
+fn unless_damaged<T>(read: Result<Option<T>>) -> Result<Option<T>> {
+    match read {
+        Err(e) if e.is_corrupt() => Ok(None),
+        other => other,
+    }
+}
+
 /// Reads the messages of events by sequence across a layout, keeping one connection per
 /// file it reads (a checkpoint's workset is one event read per message).
 struct EventMessages {
@@ -1565,7 +1574,10 @@ impl SessionReader {
 
     /// What this session's own file adds to the search index after sequence `after`:
     /// its history rows (each with its message, content parts spliced back, and the time
-    /// of its commit), transcript resets and titles, up to the file's last commit.
+    /// of its commit), transcript resets and titles, up to the file's last commit. A
+    /// damaged event (its row not matching its check, a message that does not parse) is
+    /// left out (`verify` names it): the session's other messages, and those its forks
+    /// inherit, stay searchable. A search built after the damage found none of them.
     pub(crate) fn own_changes(&self, after: u64) -> Result<OwnChanges> {
         let conn = self.own()?;
         let through = read::last_own_seq(&conn)?.unwrap_or(0).max(after);
@@ -1577,29 +1589,37 @@ impl SessionReader {
         };
         let mut event: Option<(u64, Vec<Arc<Message>>)> = None;
         for row in rows {
-            let messages = match &event {
-                Some((seq, messages)) if *seq == row.event_seq => messages,
-                _ => {
+            let mut read = || -> Result<Option<(Arc<Message>, i64)>> {
+                if event.as_ref().is_none_or(|(seq, _)| *seq != row.event_seq) {
                     let text = read::read_payload_text(&conn, row.event_seq)?;
-                    let messages = parse_messages(row.event_seq, &text, row.item.is_some())?;
-                    &event.insert((row.event_seq, messages)).1
+                    event = Some((
+                        row.event_seq,
+                        parse_messages(row.event_seq, &text, row.item.is_some())?,
+                    ));
                 }
+                let messages = event.as_ref().map_or(&[][..], |(_, m)| m.as_slice());
+                let HistoryBody::Inline(message) =
+                    Self::replaced_item(messages, &row, row.item.unwrap_or(0))?
+                else {
+                    return Ok(None);
+                };
+                Ok(Some((message, read::commit_time(&conn, row.event_seq)?)))
             };
-            let HistoryBody::Inline(message) =
-                Self::replaced_item(messages, &row, row.item.unwrap_or(0))?
-            else {
-                continue;
-            };
-            let time = read::commit_time(&conn, row.event_seq)?;
-            out.rows.push((row, message, time));
+            if let Some((message, time)) = unless_damaged(read())? {
+                out.rows.push((row, message, time));
+            }
         }
         for seq in read::events_of_kind(&conn, "session/title", after, through)? {
-            let text = read::read_payload_text(&conn, seq)?;
-            let title = serde_json::from_str::<TitleOf>(&text)
-                .map_err(|e| Error::corrupt_from(format!("event {seq}"), e))?
-                .title;
-            out.titles
-                .push((seq, title, read::commit_time(&conn, seq)?));
+            let read = || -> Result<Option<(String, i64)>> {
+                let text = read::read_payload_text(&conn, seq)?;
+                let title = serde_json::from_str::<TitleOf>(&text)
+                    .map_err(|e| Error::corrupt_from(format!("event {seq}"), e))?
+                    .title;
+                Ok(Some((title, read::commit_time(&conn, seq)?)))
+            };
+            if let Some((title, time)) = unless_damaged(read())? {
+                out.titles.push((seq, title, time));
+            }
         }
         Ok(out)
     }
