@@ -360,3 +360,39 @@ fn a_payload_damaged_in_place_is_refused_by_reads_by_sequence() {
     assert!(reader.transcript(2).unwrap_err().is_corrupt());
     assert!(reader.transcript_texts(2, 1).unwrap_err().is_corrupt());
 }
+
+/// One reader shared by more threads than its file has pooled connections, each reading
+/// the newest messages (what Python's `SessionReader.messages` and the agents adapter's
+/// `get_items` do): each read held one connection of the file and asked for a second, so
+/// with every connection held each thread waited out the pool's 5-second timeout, and some
+/// failed with "no read connection to the session file" (outside testing, session 36).
+#[test]
+fn threads_sharing_one_reader_read_the_newest_messages_without_waiting_for_each_other() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "shared");
+    for i in 0..50 {
+        s.append(Batch::new(
+            format!("op{i}"),
+            vec![message(&format!("m{i}"), "user", &"x".repeat(200))],
+        ))
+        .unwrap();
+    }
+    s.close().unwrap();
+    let reader = root.open_reader(&id("shared")).unwrap();
+    let snapshot = reader.durable_sequence().unwrap();
+    std::thread::scope(|scope| {
+        let readers: Vec<_> = (0..16)
+            .map(|_| {
+                scope.spawn(|| {
+                    for _ in 0..5 {
+                        let texts = reader.transcript_texts(snapshot, 50).unwrap();
+                        assert_eq!(texts.len(), 50);
+                    }
+                })
+            })
+            .collect();
+        for r in readers {
+            r.join().unwrap();
+        }
+    });
+}

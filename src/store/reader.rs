@@ -1051,7 +1051,15 @@ impl SessionReader {
         }
         order.finish(self, entries.len(), limit)?;
         if before == u64::MAX {
-            self.check_top(layout, entries.first().map_or(0, |(t, _)| t.position))?;
+            let top = entries.first().map_or(0, |(t, _)| t.position);
+            // On the own file's connection of this read when it holds one: a second one of
+            // the same pool, asked for while this read holds one, waited out the pool's
+            // timeout when as many threads as the pool has connections read at once (each
+            // holding one and waiting for another; outside testing, session 36).
+            match segments.iter().zip(&txns).find(|(s, _)| !s.inherited) {
+                Some((_, own)) => self.check_top_on(own, layout, top)?,
+                None => self.check_top(layout, top)?,
+            }
         }
         let mut out = Vec::with_capacity(entries.len());
         // The positions of one `history/replace` are adjacent: its payload is read once.
@@ -1462,8 +1470,13 @@ impl SessionReader {
     /// position names an event past the file's last commit (that message would be missing
     /// from every page, without a word).
     fn check_top(&self, layout: &Layout, top: u64) -> Result<()> {
+        self.check_top_on(&*self.own()?, layout, top)
+    }
+
+    /// [`SessionReader::check_top`] on `own`, a connection to this session's own file.
+    fn check_top_on(&self, own: &Connection, layout: &Layout, top: u64) -> Result<()> {
         let own_after = layout.segments.last().map_or(0, |s| s.after);
-        match read::history_row_beyond_log(&*self.own()?, top, own_after)? {
+        match read::history_row_beyond_log(own, top, own_after)? {
             Some((position, seq)) => Err(self.history_damage(
                 position,
                 format!("names event {seq}, past the end of the log"),
