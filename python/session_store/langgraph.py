@@ -748,14 +748,21 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         makes the thread anew); a writer in another process is waited for as
         :meth:`session_store.Root.delete` does."""
         thread_id = str(thread_id)
+        self._before_delete(thread_id)
+        # Outside the saver's lock: a wait for another process's writer (up to
+        # Root.delete's 10 s) held up every other thread's call of this saver. Root.delete
+        # closes the writer another saver of this process shares for it.
+        try:
+            self.root.delete(session_id_of(thread_id))
+        except NotFound:
+            pass
+
+    def _before_delete(self, thread_id: str) -> None:
+        """Refuses to delete a session that is not the thread's, then lets go of this
+        saver's writer and index of the thread."""
         with self._lock:
             self._require_thread(thread_id, "deleting it")
             self._release(thread_id)
-            # Root.delete closes the writer another saver of this process shares for it.
-            try:
-                self.root.delete(session_id_of(thread_id))
-            except NotFound:
-                pass
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Makes ``target_thread_id`` a fork of the source thread's session: it shares every
@@ -821,18 +828,20 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         with self._lock:
             # Every thread checked before any is changed.
             models = {t: self._require_thread(t, "pruning it") for t in map(str, thread_ids)}
-            for thread_id, model in models.items():
-                if strategy == "delete":
-                    self.delete_thread(thread_id)
-                    continue
-                if model is None:
-                    continue
-                doomed = [
-                    [ns, cid]
-                    for ns, checkpoints in model.checkpoints.items()
-                    for cid in sorted(checkpoints)[:-1]
-                ]
-                self._hide(thread_id, doomed)
+            if strategy == "keep_latest":
+                for thread_id, model in models.items():
+                    if model is None:
+                        continue
+                    doomed = [
+                        [ns, cid]
+                        for ns, checkpoints in model.checkpoints.items()
+                        for cid in sorted(checkpoints)[:-1]
+                    ]
+                    self._hide(thread_id, doomed)
+                return
+        # Deleted outside the saver's lock, as delete_thread does.
+        for thread_id in models:
+            self.delete_thread(thread_id)
 
     def close(self) -> None:
         """Releases the writer locks this saver holds (everything is already durable) and
@@ -902,8 +911,15 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         await _to_thread(self.put_writes, config, writes, task_id, task_path)
 
     async def adelete_thread(self, thread_id: str) -> None:
-        """:meth:`delete_thread` in a worker thread."""
-        await _to_thread(self.delete_thread, thread_id)
+        """:meth:`delete_thread` in a worker thread. Cancelling the task also ends the
+        delete's wait for another process's writer, nothing deleted, as
+        :meth:`session_store.Root.adelete` does."""
+        thread_id = str(thread_id)
+        await _to_thread(self._before_delete, thread_id)
+        try:
+            await self.root.adelete(session_id_of(thread_id))
+        except NotFound:
+            pass
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """:meth:`copy_thread` in a worker thread."""

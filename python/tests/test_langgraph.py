@@ -399,6 +399,57 @@ def test_delete_thread_while_another_saver_of_the_process_holds_its_writer(root)
     b.close()
 
 
+def test_a_delete_waiting_for_another_process_holds_up_no_other_thread(root, saver) -> None:
+    """delete_thread waited for another process's writer (Root.delete's 10 s) holding the
+    saver's lock: every call on any other thread of the saver waited with it; and
+    cancelling adelete_thread did not end its wait, so the thread was deleted once that
+    process let go (outside testing, session 36)."""
+    import threading
+    import time
+
+    g = graph(saver)
+    for thread in ("held", "kept", "free"):
+        g.invoke({"messages": [HumanMessage(content=thread)]}, config(thread))
+    saver.close()
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time, session_store\n"
+         "root = session_store.Root(sys.argv[1])\n"
+         "held = [root.open(sid) for sid in sys.argv[2:]]\n"
+         "print('held', flush=True)\n"
+         "time.sleep(60)\n",
+         root.path, session_id_of("held"), session_id_of("kept")],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        deleting = threading.Thread(target=saver.delete_thread, args=("held",))
+        deleting.start()
+        time.sleep(0.3)
+        # Another thread of the saver reads and writes while the delete waits.
+        assert contents(g.get_state(config("free")))[0] == "free"
+        g.invoke({"messages": [HumanMessage(content="more")]}, config("free"))
+        assert deleting.is_alive(), "the delete stopped waiting"
+
+        async def cancelled() -> None:
+            task = asyncio.ensure_future(saver.adelete_thread("kept"))
+            await asyncio.sleep(0.3)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(cancelled())
+    finally:
+        holder.kill()
+        holder.wait()
+    # Once the other process let go, the waiting delete deletes; the cancelled one does
+    # not (its native wait ended with the cancellation).
+    deleting.join()
+    time.sleep(0.5)
+    assert saver.get_tuple(config("held")) is None
+    assert contents(g.get_state(config("kept")))[0] == "kept"
+
+
 def test_a_saver_dropped_without_close_releases_its_writer_locks(root) -> None:
     # As an agents adapter does when it is collected: a saver made per request and never
     # closed held the writer lock of every thread it wrote for the rest of the process's
