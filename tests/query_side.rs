@@ -668,8 +668,8 @@ async fn history_limit_over_the_maximum_is_refused() {
     );
 }
 
-/// A history cursor is exactly `h1.<snapshot>.<position>`: anything after it (as a search
-/// cursor's parser already refuses) is a malformed cursor, not the same page.
+/// A history cursor is exactly `h2.<snapshot>.<position>.<session tag>`: anything after it
+/// (as a search cursor's parser already refuses) is a malformed cursor, not the same page.
 #[tokio::test]
 async fn history_cursors_with_trailing_parts_are_refused() {
     let (_dir, service) = service();
@@ -694,6 +694,45 @@ async fn history_cursors_with_trailing_parts_are_refused() {
             "{bad}: {err}"
         );
     }
+}
+
+/// A history cursor continues only the session that made it (outside testing, session
+/// 36: another session's cursor, or one of a session deleted and made again under the same
+/// id, paged that other transcript). An earlier build's `h1.` cursor, which names no
+/// session, is still followed.
+#[tokio::test]
+async fn a_history_cursor_continues_only_the_session_that_made_it() {
+    let (_dir, service) = service();
+    let root = service.root().clone();
+    user_messages(&root, "a", 6);
+    user_messages(&root, "b", 6);
+    let q = service.query();
+    let (a, b) = (service.session_ref(id("a")), service.session_ref(id("b")));
+    let cursor = q
+        .history_page(&b, None, 2)
+        .await
+        .unwrap()
+        .next_cursor
+        .unwrap();
+    assert!(cursor.starts_with("h2."), "{cursor}");
+    let older = q.history_page(&b, Some(&cursor), 2).await.unwrap();
+    assert_eq!(older.messages[0].message_id, "m2");
+    let refused = |e: Error| {
+        assert!(
+            matches!(e, Error::InvalidInput { .. })
+                && e.to_string().contains("history cursor of another session"),
+            "{e}"
+        );
+    };
+    refused(q.history_page(&a, Some(&cursor), 2).await.unwrap_err());
+    // Made again under the same id: another session.
+    root.delete(&id("b"), &CancelToken::new()).unwrap();
+    user_messages(&root, "b", 8);
+    refused(q.history_page(&b, Some(&cursor), 2).await.unwrap_err());
+    // An earlier build's cursor pages whichever session it is given.
+    let old = q.history_page(&a, Some("h1.6.5"), 2).await.unwrap();
+    let ids: Vec<&str> = old.messages.iter().map(|m| m.message_id.as_str()).collect();
+    assert_eq!(ids, ["m2", "m3"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

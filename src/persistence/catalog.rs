@@ -202,7 +202,7 @@ const CURSOR_PREFIX: &str = "l2:";
 /// The first parts of the other cursors this crate makes and made (an earlier build's
 /// sorted list cursor, a history cursor, a search cursor): an earlier build's bare-id
 /// cursor of this form is refused, as no listing made it.
-const OTHER_CURSOR_TAGS: [&str; 5] = ["u", "c", "h1", "s2", "s3"];
+const OTHER_CURSOR_TAGS: [&str; 6] = ["u", "c", "h1", "h2", "s2", "s3"];
 
 /// The parts `(order, time, id)` of an earlier build's sorted cursor, `u.<time>.<id>` or
 /// `c.<time>.<id>`; `None` for anything else (in id order an earlier cursor was the bare

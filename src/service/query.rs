@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::model::Snippet;
-use crate::model::header::Origin;
+use crate::model::event::sha256_hex;
+use crate::model::header::{Header, Origin};
 use crate::model::{Commit, ContentRef, Message, SessionId, SessionRef, Usage};
 use crate::persistence::{
     CatalogEntry, ListFilter, ListSort, RebuildReport, SearchOptions, SkippedSession,
@@ -226,28 +227,55 @@ pub struct SessionQuery {
     service: Service,
 }
 
-fn history_cursor(snapshot: u64, before: u64) -> String {
-    format!("h1.{snapshot}.{before}")
+/// A history page's cursor: `h2.<snapshot>.<oldest position>.<session tag>`, the tag the
+/// first 16 hex digits of SHA-256 over the session's id and creation time, so that a
+/// cursor continues only the session that made it: another session's, or one of a session
+/// deleted and made again under the same id, is refused (both were followed, paging the
+/// wrong transcript: outside testing, session 36).
+fn history_cursor(header: &Header, snapshot: u64, before: u64) -> String {
+    format!("h2.{snapshot}.{before}.{}", session_tag(header))
 }
 
-fn parse_history_cursor(cursor: &str) -> Result<(u64, u64)> {
+/// The tag of [`history_cursor`].
+fn session_tag(header: &Header) -> String {
+    let id = format!("{}\0{}", header.session_id, header.created_at_ms);
+    sha256_hex(id.as_bytes())[..16].to_owned()
+}
+
+/// A history cursor's snapshot, position and session tag: an `h2.` cursor, or an earlier
+/// build's `h1.<snapshot>.<position>`, which names no session (still followed).
+fn parse_history_cursor(cursor: &str) -> Result<(u64, u64, Option<&str>)> {
     let bad = || {
         Error::invalid(format!(
             "invalid history cursor {}",
             crate::error::quoted(cursor)
         ))
     };
-    let mut parts = cursor.strip_prefix("h1.").ok_or_else(bad)?.split('.');
+    let (rest, tagged) = match (cursor.strip_prefix("h2."), cursor.strip_prefix("h1.")) {
+        (Some(rest), _) => (rest, true),
+        (None, Some(rest)) => (rest, false),
+        (None, None) => return Err(bad()),
+    };
+    let mut parts = rest.split('.');
     let snapshot = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
     let before = parts
         .next()
         .and_then(|p| p.parse().ok())
         .filter(|b| *b > 0)
         .ok_or_else(bad)?;
+    let tag = match tagged {
+        true => Some(
+            parts
+                .next()
+                .filter(|t| t.len() == 16 && t.bytes().all(|b| b.is_ascii_hexdigit()))
+                .ok_or_else(bad)?,
+        ),
+        false => None,
+    };
     if parts.next().is_some() {
         return Err(bad());
     }
-    Ok((snapshot, before))
+    Ok((snapshot, before, tag))
 }
 
 impl SessionQuery {
@@ -465,7 +493,8 @@ impl SessionQuery {
         limit: usize,
     ) -> Result<HistoryPage> {
         let pinned = cursor.map(parse_history_cursor).transpose()?;
-        self.history_page_from(r, pinned.map(|(s, b)| (Some(s), b)), limit)
+        let tag = pinned.and_then(|(_, _, tag)| tag).map(str::to_owned);
+        self.history_page_from(r, pinned.map(|(s, b, _)| (Some(s), b)), tag, limit)
             .await
     }
 
@@ -484,16 +513,18 @@ impl SessionQuery {
         if position == 0 {
             return Err(Error::invalid("history positions start at 1"));
         }
-        self.history_page_from(r, Some((None, position.saturating_add(1))), limit)
+        self.history_page_from(r, Some((None, position.saturating_add(1))), None, limit)
             .await
     }
 
     /// A page of the messages before position `start.1` as of snapshot `start.0` (the
-    /// durable sequence when `None`); the newest page without `start`.
+    /// durable sequence when `None`); the newest page without `start`. `tag`: the session
+    /// tag of the cursor that asked for it, which must be this session's.
     async fn history_page_from(
         &self,
         r: &SessionRef,
         start: Option<(Option<u64>, u64)>,
+        tag: Option<String>,
         limit: usize,
     ) -> Result<HistoryPage> {
         self.check(r)?;
@@ -513,6 +544,14 @@ impl SessionQuery {
         let id = r.session_id.clone();
         blocking(move || {
             let reader = query.cold_reader(&id)?;
+            if tag.is_some_and(|tag| tag != session_tag(reader.header())) {
+                return Err(Error::invalid(format!(
+                    "history cursor of another session: it continues no history of {} \
+                     (a cursor continues the session that made it; a session deleted and \
+                     made again under its id is another): ask for the first page again",
+                    crate::error::quoted(id.as_str())
+                )));
+            }
             let durable = reader.durable_sequence()?;
             let (snapshot, before) = match start {
                 Some((Some(s), _)) if s > durable => {
@@ -545,7 +584,7 @@ impl SessionQuery {
             Ok(HistoryPage {
                 messages,
                 has_more,
-                next_cursor: has_more.then(|| history_cursor(snapshot, oldest)),
+                next_cursor: has_more.then(|| history_cursor(reader.header(), snapshot, oldest)),
                 snapshot_sequence: snapshot,
             })
         })
