@@ -263,24 +263,23 @@ fn refresh_plan(app: &App) -> Refresh {
 }
 
 /// Keeps the catalog and the search index fresh for a page that reads them as they are: the
-/// server's first such page refreshes them and waits (returning the sessions that could not
-/// be read, which only a refresh finds), later ones start a background refresh at most
+/// server's first such page refreshes them and waits (a page of the catalog as it is then
+/// names the sessions that refresh could not read), later ones start a background refresh at most
 /// every [`REFRESH_EVERY`]: a change shows within seconds. A refresh also catches the
 /// search index up with sessions whose writer died since its last index write
 /// ([`Root::catch_up_dead_writers`]; only a process's first search did, so a writer killed
 /// later was found only by a search that met its session otherwise).
-async fn refresh_catalog(app: &App) -> Result<Vec<SkippedSession>, Problem> {
+async fn refresh_catalog(app: &App) -> Result<(), Problem> {
     // A refreshing page of one; its result is the catalog it leaves behind.
     let newest_first = ListFilter::default().with_sort(ListSort::Updated);
-    Ok(match refresh_plan(app) {
+    match refresh_plan(app) {
         Refresh::Now => {
-            let page = app.query.list_with(None, 1, newest_first).await?;
+            app.query.list_with(None, 1, newest_first).await?;
             let root = app.root.clone();
             blocking(move || Ok(root.catch_up_dead_writers())).await?;
             *app.catalog_refreshed
                 .lock()
                 .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
-            page.skipped
         }
         Refresh::Behind => {
             let (query, root) = (app.query.clone(), app.root.clone());
@@ -289,10 +288,10 @@ async fn refresh_catalog(app: &App) -> Result<Vec<SkippedSession>, Problem> {
                 let _ = blocking(move || Ok(root.catch_up_dead_writers())).await;
                 listed
             });
-            Vec::new()
         }
-        Refresh::Recent => Vec::new(),
-    })
+        Refresh::Recent => {}
+    }
+    Ok(())
 }
 
 /// A page of sessions, most recently updated first, filtered by `cwd` and `origin`, from
@@ -308,12 +307,12 @@ pub async fn sessions(app: &App, params: &Params) -> Result<SessionList, Problem
         filter = filter.with_origin(origin);
     }
     let limit = params.limit()?;
-    let mut skipped = refresh_catalog(app).await?;
+    refresh_catalog(app).await?;
+    // A first page names the sessions the last refresh could not read (once: the
+    // refreshing page's list was added to it before, so the server's first page named
+    // each twice) and what is no session of the root.
     let page = app.query.list_with(params.cursor(), limit, filter).await?;
-    if params.cursor().is_some() {
-        skipped.clear();
-    }
-    skipped.extend(page.skipped);
+    let skipped = page.skipped;
     let root = app.root.clone();
     let summaries = page.sessions;
     let sessions = blocking(move || {
