@@ -832,6 +832,51 @@ fn a_command_without_stdout_fails_and_changes_nothing() {
     );
 }
 
+/// `session-store fork … > /dev/full`: the fork was made, then its id could not be
+/// printed; the command said only "No space left on device (os error 28)", which read as
+/// the root's disk being full (outside testing, session 36). It names stdout and, for a
+/// command that changes the root, says that the change stands; status 1 still.
+#[test]
+fn a_failed_write_of_the_output_names_stdout_and_what_stands() {
+    let env = Env::new();
+    let turn = r#"{"operation_id":"o","turn_id":"t1","events":[{"kind":"turn/start"},{"kind":"turn/end","payload":{"status":"completed"}}]}"#;
+    assert_eq!(
+        code(&env.run_with(&["append", "s", "--create"], &format!("{turn}\n"))),
+        0
+    );
+    let full = |args: &[&str]| {
+        cli(&env.path("root"), args)
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create("/dev/full").expect("/dev/full"))
+            .stderr(Stdio::piped())
+            .output()
+            .expect("run")
+    };
+    for (args, changed) in [
+        (&["fork", "s", "--after-turn", "t1", "--id", "f"][..], true),
+        (&["--json", "create", "c"][..], true),
+        (&["list"][..], false),
+        (&["--json", "events", "s"][..], false),
+    ] {
+        let out = full(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(code(&out), 1, "{args:?}: {}", describe(&out));
+        assert!(
+            stderr.contains("could not write the output to stdout: No space left on device"),
+            "{args:?}: {stderr}"
+        );
+        assert_eq!(
+            stderr.contains("the command had done its work"),
+            changed,
+            "{args:?}: {stderr}"
+        );
+    }
+    // The fork and the session were made.
+    for made in ["f", "c"] {
+        env.ok(&["show", made]);
+    }
+}
+
 /// `session-store show nope 2>&1 | grep -q …`: the reader of stderr is gone when the
 /// error line is written. The command keeps its exit status (3, and 6 for a bad id, 2 for
 /// a usage error); it panicked in `eprintln!` before, status 101.

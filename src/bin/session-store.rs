@@ -658,12 +658,36 @@ fn dispatch(cx: &Context, command: Command) -> CliResult<()> {
     }
 }
 
+impl Command {
+    /// Whether the command changes the root or writes a file (a failed write of its output
+    /// then says that the change stands).
+    fn changes_something(&self) -> bool {
+        match self {
+            Command::Create { .. }
+            | Command::Append { .. }
+            | Command::Rename { .. }
+            | Command::Fork { .. }
+            | Command::Rewind { .. }
+            | Command::Export { .. }
+            | Command::Import { .. }
+            | Command::Delete { .. }
+            | Command::MigrateLegacy { .. }
+            | Command::RebuildCatalog
+            | Command::Restore { .. }
+            | Command::Demo => true,
+            Command::Gc { dry_run, .. } => !dry_run,
+            _ => false,
+        }
+    }
+}
+
 fn main() -> ExitCode {
     // clap prints usage errors itself and exits with status 2. A subcommand's `--version`
     // names the program, as `session-store --version` does ("session-store-append" was
     // clap's default name for it).
     let command = Args::command().mut_subcommands(|sub| sub.display_name("session-store"));
     let args = Args::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit());
+    let changes = args.command.changes_something();
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         // The reader left on purpose (`| head`): no error line for it.
@@ -673,6 +697,12 @@ fn main() -> ExitCode {
             let mut line = cli::one_line(&*e);
             if code == cli::EXIT_OTHER {
                 line = session_store::naming_file_size_limit(line);
+            }
+            if changes && cli::is_output_error(&*e) {
+                line.push_str(
+                    " (the command had done its work: only its output was lost; `list` and \
+                     `show` tell what it changed)",
+                );
             }
             errln!("session-store: error: {line}");
             ExitCode::from(code)

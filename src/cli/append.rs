@@ -21,7 +21,7 @@ use std::time::Duration;
 use serde::Serialize;
 use session_store::{Batch, Commit, CreateOptions, Error, Root, Session, SessionId};
 
-use super::{CliError, CliResult, Context, Failure, count, human_bytes, session_id};
+use super::{CliError, CliResult, Context, Failure, OutputError, count, human_bytes, session_id};
 
 /// The `--file` that names stdin, as for most Unix tools.
 const STDIN: &str = "-";
@@ -549,10 +549,10 @@ fn report(cx: &Context, durable_sequence: u64, pending: &mut Vec<Accepted>) -> C
                 last_seq: a.last_seq,
                 durable_sequence,
             };
-            serde_json::to_writer(&mut out, &line)?;
-            out.write_all(b"\n")?;
+            serde_json::to_writer(&mut out, &line).map_err(OutputError::from)?;
+            out.write_all(b"\n").map_err(OutputError)?;
         }
-        out.flush()?;
+        out.flush().map_err(OutputError)?;
     }
     pending.clear();
     Ok(())

@@ -7,7 +7,7 @@
 macro_rules! outln {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        writeln!(std::io::stdout(), $($arg)*)?
+        writeln!(std::io::stdout(), $($arg)*).map_err(crate::cli::OutputError)?
     }};
 }
 
@@ -15,7 +15,7 @@ macro_rules! outln {
 macro_rules! out {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
-        write!(std::io::stdout(), $($arg)*)?
+        write!(std::io::stdout(), $($arg)*).map_err(crate::cli::OutputError)?
     }};
 }
 
@@ -162,13 +162,41 @@ pub fn exit_code(error: &(dyn std::error::Error + 'static)) -> u8 {
 /// True when `error` is a write to stdout that failed because its reader went away
 /// (`session-store events ID | head`): the command then ends quietly with status 1.
 pub fn is_broken_pipe(error: &(dyn std::error::Error + 'static)) -> bool {
-    let kind = match error.downcast_ref::<std::io::Error>() {
-        Some(e) => Some(e.kind()),
-        None => error
+    let kind = match (
+        error.downcast_ref::<OutputError>(),
+        error.downcast_ref::<std::io::Error>(),
+    ) {
+        (Some(OutputError(e)), _) | (None, Some(e)) => Some(e.kind()),
+        (None, None) => error
             .downcast_ref::<serde_json::Error>()
             .and_then(serde_json::Error::io_error_kind),
     };
     kind == Some(std::io::ErrorKind::BrokenPipe)
+}
+
+/// A write to stdout that failed (a full disk behind `> file`, `/dev/full`): named as
+/// such, where the bare system error ("No space left on device") read as the root's disk
+/// being full, after a command that had made its change (outside testing, session 36).
+#[derive(Debug)]
+pub struct OutputError(pub std::io::Error);
+
+impl fmt::Display for OutputError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "could not write the output to stdout: {}", self.0)
+    }
+}
+
+impl std::error::Error for OutputError {}
+
+impl From<serde_json::Error> for OutputError {
+    fn from(e: serde_json::Error) -> OutputError {
+        OutputError(e.into())
+    }
+}
+
+/// True when `error` is an [`OutputError`].
+pub fn is_output_error(error: &(dyn std::error::Error + 'static)) -> bool {
+    error.downcast_ref::<OutputError>().is_some()
 }
 
 /// The largest sequence a command line may name (SQLite stores sequences as `i64`).
@@ -313,9 +341,9 @@ pub fn session_id(text: &str) -> CliResult<session_store::SessionId> {
 /// Prints `value` as one line of JSON on stdout and flushes it.
 pub fn print_json<T: Serialize + ?Sized>(value: &T) -> CliResult<()> {
     let mut out = std::io::stdout().lock();
-    serde_json::to_writer(&mut out, value)?;
-    out.write_all(b"\n")?;
-    out.flush()?;
+    serde_json::to_writer(&mut out, value).map_err(OutputError::from)?;
+    out.write_all(b"\n").map_err(OutputError)?;
+    out.flush().map_err(OutputError)?;
     Ok(())
 }
 

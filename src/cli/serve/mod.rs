@@ -196,8 +196,8 @@ pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
             }))?;
         } else {
             let mut out = std::io::stdout().lock();
-            writeln!(out, "{url}")?;
-            out.flush()?;
+            writeln!(out, "{url}").map_err(super::OutputError)?;
+            out.flush().map_err(super::OutputError)?;
         }
         errln!(
             "session-store: serving {} read-only at {url} (Ctrl-C stops)",
