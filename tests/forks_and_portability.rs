@@ -1060,6 +1060,46 @@ fn a_fork_racing_the_delete_of_its_parent_is_made_whole_or_not_found() {
     );
 }
 
+/// Four exports of one session to one path at once: one writes the file, each other one
+/// is `DestinationExists` saying so of the path (they said "session PATH already exists",
+/// naming the file a session: outside testing, session 36).
+#[test]
+fn exports_racing_to_one_path_leave_one_file_and_name_the_destination() {
+    let (dir, root) = temp_root();
+    let s = create(&root, "src");
+    s.append(turn("o", "t", "m")).unwrap();
+    s.close().unwrap();
+    for round in 0..10 {
+        let dest = dir.path().join(format!("out-{round}.sqlite"));
+        let barrier = std::sync::Barrier::new(4);
+        let results: Vec<Result<session_store::ExportReport, Error>> =
+            std::thread::scope(|scope| {
+                let runs: Vec<_> = (0..4)
+                    .map(|_| {
+                        scope.spawn(|| {
+                            barrier.wait();
+                            root.export(&id("src"), &dest)
+                        })
+                    })
+                    .collect();
+                runs.into_iter().map(|r| r.join().unwrap()).collect()
+            });
+        assert_eq!(
+            results.iter().filter(|r| r.is_ok()).count(),
+            1,
+            "{results:?}"
+        );
+        for e in results.into_iter().filter_map(Result::err) {
+            assert!(
+                matches!(e, Error::DestinationExists(_))
+                    && e.to_string().starts_with("export destination"),
+                "{e}"
+            );
+        }
+        session_store::verify_file(&dest).unwrap();
+    }
+}
+
 #[test]
 fn an_export_racing_a_delete_is_whole_or_not_found_naming_the_session() {
     let (dir, root) = temp_root();

@@ -262,7 +262,12 @@ impl Root {
                 return Err(Error::Cancelled);
             }
             let bytes = std::fs::symlink_metadata(&temp).map_or(0, |m| m.len());
-            rename_no_replace(&temp, &dest, &dest.display().to_string())?;
+            // A file made there meanwhile (another export to the same path) is the
+            // destination's, not a session's.
+            rename_no_replace(&temp, &dest, &dest.display().to_string()).map_err(|e| match e {
+                Error::SessionExists(_) => Error::DestinationExists(dest.to_owned()),
+                e => e,
+            })?;
             sync_dir(&folder)?;
             Ok(ExportReport {
                 commits,
