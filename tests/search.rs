@@ -1884,6 +1884,41 @@ fn a_session_indexed_after_one_of_its_events_was_damaged_keeps_the_others_found(
     assert_eq!(rebuilt, expected, "after a rebuild");
 }
 
+/// A fork's inherited message searched for in the fork while its parent is deleted
+/// (outside testing, session 36): for a moment the delete had dropped the parent from the
+/// index and not yet re-indexed the fork, and a search found nothing. Every search of the
+/// fork during the delete finds the message.
+#[test]
+fn a_forks_inherited_message_is_found_while_its_parent_is_deleted() {
+    let (_dir, root) = temp_root();
+    let service = Service::new("local", root.clone()).expect("service");
+    let mut misses = 0;
+    for round in 0..30 {
+        let child = parent_and_fork(&root, vec![message("m", "user", "tapir sighting")]);
+        let done = std::sync::atomic::AtomicBool::new(false);
+        misses += std::thread::scope(|scope| {
+            let searcher = scope.spawn(|| {
+                let rt = rt();
+                let mut misses = 0;
+                let options = SearchOptions::default().with_session(child.clone());
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    let page = rt
+                        .block_on(service.query().search("tapir", options.clone()))
+                        .expect("search");
+                    misses += usize::from(page.hits.is_empty());
+                }
+                misses
+            });
+            root.delete(&id("parent"), &CancelToken::new())
+                .expect("delete");
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            searcher.join().expect("searcher")
+        });
+        root.delete(&child, &CancelToken::new()).expect("delete");
+        assert_eq!(misses, 0, "round {round}");
+    }
+}
+
 /// A fork copied by hand into another root, beside a different session under its
 /// parent's id (F13): search listed it as sharing that session's messages. It is not
 /// indexed now (its reads are `Corrupt`, as `verify` says); the other session's hits stand
