@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import functools
+import inspect
 import json
 import os
 import sys
@@ -217,8 +218,44 @@ def _native_args(fn: Callable[_P, _T]) -> Callable[_P, _T]:
             raise InvalidInput(f"invalid input: text is not UTF-8: {e}") from None
         except OverflowError as e:
             raise InvalidInput(f"invalid input: number out of range: {e}") from None
+        except TypeError as e:
+            wrong = _wrong_argument(fn, args, kwargs)
+            if wrong is None:
+                raise
+            raise TypeError(wrong) from e
 
     return wrapper
+
+
+#: The annotations :func:`_wrong_argument` checks, by name (``float`` takes an int too).
+_SIMPLE_TYPES: dict[str, tuple[type, ...]] = {
+    "str": (str,),
+    "int": (int,),
+    "float": (int, float),
+    "bool": (bool,),
+    "None": (type(None),),
+}
+
+
+def _wrong_argument(fn: Callable[..., Any], args: Any, kwargs: Any) -> str | None:
+    """Which argument of a call of ``fn`` is not of the type its annotation names (an
+    annotation of ``str``, ``int``, ``float``, ``bool``, ``None`` or a union of them; other
+    ones are not looked at), as a :class:`TypeError` message naming it: PyO3's said only
+    ``'int' object is not an instance of 'str'``, naming no argument. None when none is."""
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError:
+        return None
+    for name, value in bound.arguments.items():
+        annotation = fn.__annotations__.get(name)
+        if not isinstance(annotation, str):
+            continue
+        names = [part.strip() for part in annotation.split("|")]
+        if not all(n in _SIMPLE_TYPES for n in names):
+            continue
+        if not isinstance(value, tuple(t for n in names for t in _SIMPLE_TYPES[n])):
+            return f"{fn.__name__}() argument {name!r} must be {annotation}, not {type(value).__name__}"
+    return None
 
 
 def _fspath(path: PathLike) -> str:

@@ -49,6 +49,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 import threading
 import weakref
 from collections.abc import Mapping
@@ -346,10 +347,16 @@ class SessionStoreSession:
         """:meth:`get_items`, blocking."""
         if limit is None and self.session_settings is not None:
             limit = self.session_settings.limit
+        if limit is not None and not isinstance(limit, int):
+            # It raised "'<=' not supported between instances of 'str' and 'int'".
+            raise TypeError(f"get_items() limit must be int or None, not {type(limit).__name__}")
         if limit is not None and limit <= 0:
             return []
         try:
-            return self._reader._native.messages(limit, ITEM_ID_KEY)
+            # A limit beyond the native range (an OverflowError) is as many as there are.
+            return self._reader._native.messages(
+                None if limit is None else min(limit, sys.maxsize), ITEM_ID_KEY
+            )
         except NotFound:
             return []
 

@@ -55,6 +55,11 @@ def test_get_items_limits(root):
         assert await s.get_items(limit=1) == items[-1:]
         assert await s.get_items(limit=0) == []
         assert await s.get_items(limit=100) == items
+        # A limit beyond 64 bits is all of them (an OverflowError before); a str limit is
+        # a TypeError saying so (a leaked comparison's before: outside testing, session 36).
+        assert await s.get_items(limit=10**30) == items
+        with pytest.raises(TypeError, match="^get_items\\(\\) limit must be int or None, not str$"):
+            await s.get_items(limit="2")
         limited = SessionStoreSession("lim", root, session_settings=SessionSettings(limit=2))
         assert await limited.get_items() == items[-2:]
         assert await limited.get_items(limit=5) == items[-5:]

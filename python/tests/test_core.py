@@ -776,8 +776,20 @@ def test_append_names_the_argument_or_event_key_of_a_wrong_value(root):
             with pytest.raises(TypeError) as e:
                 s.append(ev, **kw)
             assert str(e.value) == text
-        with pytest.raises(TypeError):
-            root.create(123)  # as any argument of the wrong type
+        # Any argument of the wrong type, named (PyO3 said "'int' object is not an
+        # instance of 'str'", naming none; a str limit of messages() leaked a comparison's
+        # TypeError: outside testing, session 36).
+        for call, text in [
+            (lambda: root.create(123), "create() argument 'session_id' must be str | None, not int"),
+            (lambda: root.events("w", after="1"), "events() argument 'after' must be int, not str"),
+            (lambda: root.list(cached_only="y"), "list() argument 'cached_only' must be bool, not str"),
+            (lambda: root.delete("w", wait="1"), "delete() argument 'wait' must be float, not str"),
+            (lambda: root.reader("w").messages("3"),
+             "messages() argument 'limit' must be int | None, not str"),
+        ]:
+            with pytest.raises(TypeError) as e:
+                call()
+            assert str(e.value) == text
         second = {"kind": "tool/log", "optional": True}
         for event, text in [
             ({"kind": 5}, "events[1].kind must be str, not int"),
