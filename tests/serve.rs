@@ -1535,6 +1535,52 @@ fn reads_racing_a_delete_and_a_reimport_answer_200_or_404() {
     assert_eq!(gone.status, 200, "{}", gone.body);
 }
 
+/// A rewind before the first turn inherits nothing, and no file recorded it: the parent's
+/// tree left it out, and its own tree drew the parent with no edge to it (outside testing,
+/// session 36). Its parent records it now (through sequence 0), and both trees draw the
+/// edge "before t0"; the parent's delete keeps it whole.
+#[test]
+fn a_rewind_before_the_first_turn_is_in_its_parents_fork_tree() {
+    let (_dir, root_dir) = root_with_a_long_session(200);
+    let root = Root::open(&root_dir).unwrap();
+    let big = SessionId::new("big").unwrap();
+    for (point, child) in [
+        (session_store::ForkPoint::BeforeTurn("t0".into()), "r0"),
+        (session_store::ForkPoint::AfterTurn("t0".into()), "f0"),
+    ] {
+        root.fork(&big, point, Some(SessionId::new(child).unwrap()))
+            .unwrap();
+    }
+    let server = Server::start(&root_dir, &[]);
+    for focus in ["big", "r0"] {
+        let tree = server.ok(&format!("/api/sessions/{focus}/tree")).json();
+        let edges: Vec<(String, String, String)> = tree["edges"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                let text = |k: &str| e[k].as_str().unwrap().to_owned();
+                (text("parent"), text("child"), text("label"))
+            })
+            .collect();
+        for edge in [("big", "r0", "before t0"), ("big", "f0", "after t0")] {
+            let edge = (edge.0.to_owned(), edge.1.to_owned(), edge.2.to_owned());
+            assert!(edges.contains(&edge), "{focus}: {edges:?}");
+        }
+    }
+    drop(server);
+    root.delete(&big, &session_store::CancelToken::new())
+        .unwrap();
+    root.verify(&SessionId::new("r0").unwrap()).unwrap();
+    assert_eq!(
+        root.open_reader(&SessionId::new("f0").unwrap())
+            .unwrap()
+            .durable_sequence()
+            .unwrap(),
+        102
+    );
+}
+
 #[test]
 fn a_fork_tree_with_many_siblings_keeps_to_its_size_limit() {
     // The tree of one of 210 forks of a session drew all of them as siblings (211 nodes,

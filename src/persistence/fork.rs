@@ -229,18 +229,29 @@ impl Root {
             return Err(self.taken(&child));
         }
         let lineage = reader.prefix_lineage(cut);
+        // Each file the child reads a range from records it as a dependent; a child that
+        // inherits nothing (a rewind before the first turn) is recorded by its parent,
+        // through sequence 0, so that the parent's forks include it (the fork tree left it
+        // out, and drew no edge to it from its own tree: outside testing, session 36).
+        let recorded = match lineage.is_empty() {
+            true => vec![(parent.clone(), 0)],
+            false => lineage
+                .iter()
+                .map(|e| (e.ancestor_id.clone(), e.through_seq))
+                .collect(),
+        };
         // Shared locks keep every supplying session from being deleted until the child is
         // published (a delete waits, then materialises the child like any dependent).
-        let mut _guards = Vec::with_capacity(lineage.len());
-        for entry in &lineage {
-            let dir = self.existing_dir(&entry.ancestor_id)?;
+        let mut _guards = Vec::with_capacity(recorded.len());
+        for (ancestor, through) in &recorded {
+            let dir = self.existing_dir(ancestor)?;
             let guard = DependentsLock::shared(&dir.join(DEPENDENTS_LOCK_FILE));
             // A delete that took the lock first has moved the folder away meanwhile.
             if session_file_gone(&dir) {
-                return Err(Error::SessionNotFound(entry.ancestor_id.to_string()));
+                return Err(Error::SessionNotFound(ancestor.to_string()));
             }
             _guards.push(guard?);
-            record_dependent(&dir.join(SESSION_FILE), child.as_str(), entry.through_seq)?;
+            record_dependent(&dir.join(SESSION_FILE), child.as_str(), *through)?;
         }
         let header = Header {
             session_id: child.clone(),
