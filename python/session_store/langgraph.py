@@ -414,6 +414,12 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
             self._threads[thread_id] = model
             return model
 
+    def _thread_if_saved(self, thread_id: str) -> _Thread | None:
+        """The thread's index when its session is a thread's (None for no session, or for
+        one holding events no saver writes)."""
+        model = self._thread(thread_id)
+        return None if model is None or model.foreign is not None else model
+
     def _require_thread(self, thread_id: str, refused: str) -> _Thread | None:
         """The thread's index (None when there is no session); raises
         :class:`session_store.InvalidInput` when its session holds events no saver writes
@@ -548,8 +554,8 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         out: list[CheckpointTuple] = []
         with self._lock:
             for thread_id in threads:
-                model = self._thread(thread_id)
-                if model is None or model.foreign is not None:
+                model = self._thread_if_saved(thread_id)
+                if model is None:
                     continue
                 for ns, checkpoints in model.checkpoints.items():
                     if want_ns is not None and ns != want_ns:
@@ -808,8 +814,8 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                 thread_id = thread_id_of(session["session_ref"]["session_id"])
                 if thread_id is None:
                     continue
-                model = self._thread(thread_id)
-                if model is None or model.foreign is not None:
+                model = self._thread_if_saved(thread_id)
+                if model is None:
                     continue
                 doomed = [
                     [ns, cid]

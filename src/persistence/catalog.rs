@@ -831,6 +831,14 @@ impl Catalog {
         Ok(())
     }
 
+    /// Opens the catalog for a page (see [`Catalog::with_conn_knowing`]); for a first
+    /// page, `scan` is its read of the root folder, whose new session folders get a row
+    /// ([`Catalog::index_new_folders`]).
+    fn open_for_page(&self, root: &Root, scan: Option<&Arc<RootScan>>) -> Result<()> {
+        self.with_conn_knowing(root, scan.map(|s| &**s), |_| Ok(()))?;
+        scan.map_or(Ok(()), |s| self.index_new_folders(root, s))
+    }
+
     /// Opens the catalog (indexing every folder of `scan`, the caller's read of the root
     /// folder, when it is this process's first open), so that the calls that follow do
     /// not read the root folder again.
@@ -946,11 +954,7 @@ impl Catalog {
             // that found them (a damaged session then vanished from `serve`'s list).
             self.last_unreadable(root, &stamper)
         } else {
-            self.with_conn_knowing(root, scan.as_deref(), |_| Ok(()))
-                .and_then(|()| {
-                    scan.as_ref()
-                        .map_or(Ok(()), |s| self.index_new_folders(root, s))
-                })
+            self.open_for_page(root, scan.as_ref())
                 .and_then(|()| self.refresh(root, &stamper))
         };
         let cached = refreshed.and_then(|skipped| {
@@ -1119,11 +1123,7 @@ impl Catalog {
         // a first page while the folder has not changed: `Root::listing_scan`).
         let scan = after.is_none().then(|| root.listing_scan()).transpose()?;
         let cached = self
-            .with_conn_knowing(root, scan.as_deref(), |_| Ok(()))
-            .and_then(|()| {
-                scan.as_ref()
-                    .map_or(Ok(()), |s| self.index_new_folders(root, s))
-            })
+            .open_for_page(root, scan.as_ref())
             .and_then(|()| self.cached_page(root, &stamper, after, limit));
         let mut listing = match cached {
             Ok(listing) => listing,

@@ -233,12 +233,13 @@ impl Root {
         // inherits nothing (a rewind before the first turn) is recorded by its parent,
         // through sequence 0, so that the parent's forks include it (the fork tree left it
         // out, and drew no edge to it from its own tree: outside testing, session 36).
-        let recorded = match lineage.is_empty() {
-            true => vec![(parent.clone(), 0)],
-            false => lineage
+        let recorded: Vec<(SessionId, u64)> = if lineage.is_empty() {
+            vec![(parent.clone(), 0)]
+        } else {
+            lineage
                 .iter()
                 .map(|e| (e.ancestor_id.clone(), e.through_seq))
-                .collect(),
+                .collect()
         };
         // Shared locks keep every supplying session from being deleted until the child is
         // published (a delete waits, then materialises the child like any dependent).

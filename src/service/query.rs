@@ -263,14 +263,13 @@ fn parse_history_cursor(cursor: &str) -> Result<(u64, u64, Option<&str>)> {
         .and_then(|p| p.parse().ok())
         .filter(|b| *b > 0)
         .ok_or_else(bad)?;
-    let tag = match tagged {
-        true => Some(
-            parts
-                .next()
-                .filter(|t| t.len() == 16 && t.bytes().all(|b| b.is_ascii_hexdigit()))
-                .ok_or_else(bad)?,
-        ),
-        false => None,
+    let tag = if tagged {
+        let tag = parts
+            .next()
+            .filter(|t| t.len() == 16 && t.bytes().all(|b| b.is_ascii_hexdigit()));
+        Some(tag.ok_or_else(bad)?)
+    } else {
+        None
     };
     if parts.next().is_some() {
         return Err(bad());
