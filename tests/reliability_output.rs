@@ -1007,6 +1007,34 @@ fn human_output_escapes_bidirectional_controls_in_session_ids() {
 }
 
 #[test]
+fn list_escapes_invisible_ids_and_aligns_wide_ones() {
+    // An id of zero-width characters printed as nothing (a row with no id), and `list`
+    // padded its id column by characters, so a CJK id (two columns a character) pushed its
+    // row's TURNS and the rest to the right of every other row's.
+    let env = Env::new();
+    let ids = ["\u{200b}\u{200d}", "会话-一", "plain-id"];
+    for id in ids {
+        env.ok(&["create", id]);
+    }
+    let out = env.ok(&["list"]);
+    assert!(out.contains(r"\u{200b}\u{200d}"), "{out}");
+    // Every line's second column (TURNS, right-aligned in 5) ends at the same terminal
+    // column: the width before it, counted as a terminal draws it.
+    let ends: Vec<usize> = out
+        .lines()
+        .take(1 + ids.len())
+        .map(|line| {
+            let (before, _) = line.split_once("  ").expect("two columns");
+            let rest = &line[before.len()..];
+            let turns = rest.trim_start().split(' ').next().expect("turns column");
+            let wide = before.chars().filter(|c| ('\u{4e00}'..='\u{9fff}').contains(c));
+            before.chars().count() + wide.count() + rest.find(turns).expect("turns") + turns.len()
+        })
+        .collect();
+    assert!(ends.windows(2).all(|w| w[0] == w[1]), "{ends:?}\n{out}");
+}
+
+#[test]
 fn human_output_escapes_session_strings_and_errors_clip_huge_values() {
     let env = Env::new();
     let cwd = "/tmp/\u{1b}]0;pwned\u{7}\u{1b}[2J";

@@ -432,11 +432,37 @@ pub fn printable(text: &str) -> Cow<'_, str> {
     escape_controls(text, |c| c.is_control() || is_bidi_control(c))
 }
 
-/// A session id (or other stored name) for human output: [`printable`], as an id may hold
-/// bidirectional controls that would reorder the line on a terminal (`--json` gives it
-/// exact).
+/// A session id (or other stored name) for human output: [`printable`], and an invisible
+/// character written as an escape too (`a\u{200b}b`): an id may hold bidirectional
+/// controls that would reorder the line on a terminal, and an id of zero-width characters
+/// printed as nothing (`--json` gives it exact). Message text keeps them (a zero-width
+/// joiner is part of an emoji there).
 pub fn shown<T: AsRef<str> + ?Sized>(id: &T) -> Cow<'_, str> {
-    printable(id.as_ref())
+    escape_controls(id.as_ref(), |c| {
+        c.is_control() || is_bidi_control(c) || is_invisible(c)
+    })
+}
+
+/// Whether `c` is a character a terminal draws as nothing: zero-width space, joiners and
+/// non-joiner, the left-to-right, right-to-left and Arabic letter marks, the word joiner
+/// and the invisible operators, the byte-order mark, the soft hyphen.
+fn is_invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{200b}'..='\u{200f}' | '\u{2060}'..='\u{2064}' | '\u{feff}' | '\u{061c}' | '\u{00ad}'
+    )
+}
+
+/// `text` followed by spaces up to `width` columns as a terminal draws it (a CJK character
+/// takes two, a combining mark none), for a column of a table.
+pub fn padded(text: &str, width: usize) -> String {
+    let pad = width.saturating_sub(columns(text));
+    format!("{text}{}", " ".repeat(pad))
+}
+
+/// The columns `text` takes on a terminal ([`padded`]).
+pub fn columns(text: &str) -> usize {
+    unicode_width::UnicodeWidthStr::width(text)
 }
 
 /// Whether `c` opens or closes a bidirectional embedding, override or isolate.

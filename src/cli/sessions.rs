@@ -17,8 +17,9 @@ use session_store::{
 
 use super::interrupt::Interrupt;
 use super::{
-    CliError, CliResult, Context, EXIT_NOT_FOUND, EXIT_OTHER, Failure, block_on, count, exit_code,
-    human_bytes, in_context, is_broken_pipe, print_json, printable, session_id, shown, spinner,
+    CliError, CliResult, Context, EXIT_NOT_FOUND, EXIT_OTHER, Failure, block_on, columns, count,
+    exit_code, human_bytes, in_context, is_broken_pipe, padded, print_json, printable, session_id,
+    shown, spinner,
 };
 
 /// Characters of a payload or message shown on one line of human output.
@@ -113,13 +114,13 @@ pub fn list(cx: &Context, limit: usize, cursor: Option<&str>, filter: ListFilter
     let width = page
         .sessions
         .iter()
-        .map(|s| shown(&s.session_ref.session_id).chars().count())
+        .map(|s| columns(&shown(&s.session_ref.session_id)))
         .max()
         .unwrap_or(2)
         .max(2);
     outln!(
-        "{:<width$}  {:>5}  {:>8}  {:<19}  TITLE",
-        "ID",
+        "{}  {:>5}  {:>8}  {:<19}  TITLE",
+        padded("ID", width),
         "TURNS",
         "EVENTS",
         "UPDATED (UTC)"
@@ -133,8 +134,8 @@ pub fn list(cx: &Context, limit: usize, cursor: Option<&str>, filter: ListFilter
             preview(&s.title, 60)
         };
         outln!(
-            "{:<width$}  {:>5}  {:>8}  {:<19}  {title}",
-            shown(&s.session_ref.session_id),
+            "{}  {:>5}  {:>8}  {:<19}  {title}",
+            padded(&shown(&s.session_ref.session_id), width),
             s.turns,
             s.durable_sequence,
             utc(s.updated_at_ms),
@@ -980,13 +981,13 @@ pub fn stats(cx: &Context, id: &str) -> CliResult<()> {
     let width = stats
         .kinds
         .iter()
-        .map(|k| printable(&k.kind).chars().count())
+        .map(|k| columns(&printable(&k.kind)))
         .max()
         .unwrap_or(4)
         .max(4);
     outln!(
-        "  {:<width$}  {:>8}  {:>10}  {:>6}  {:>10}  {:>6}",
-        "KIND",
+        "  {}  {:>8}  {:>10}  {:>6}  {:>10}  {:>6}",
+        padded("KIND", width),
         "COUNT",
         "INLINE",
         "BLOBS",
@@ -995,8 +996,8 @@ pub fn stats(cx: &Context, id: &str) -> CliResult<()> {
     );
     for k in &stats.kinds {
         outln!(
-            "  {:<width$}  {:>8}  {:>10}  {:>6}  {:>10}  {:>6}",
-            printable(&k.kind),
+            "  {}  {:>8}  {:>10}  {:>6}  {:>10}  {:>6}",
+            padded(&printable(&k.kind), width),
             k.count,
             human_bytes(k.inline_bytes),
             k.blob_events,
