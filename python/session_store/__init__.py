@@ -1083,10 +1083,16 @@ class Root:
             # The native delete looks at `stop` every 50 ms: until it has, it may still
             # take the lock (a writer closed right after the cancellation) and delete.
             stop.set()
-            try:
-                await asyncio.shield(work)
-            except BaseException:  # its Cancelled, or a second cancellation of this task
-                pass
+            # Until the worker is done, also through further cancellations of this task
+            # (a timeout and a TaskGroup, a second Ctrl-C): the first one's wait ended at
+            # once, before the delete had, and left its Cancelled never retrieved.
+            while not work.done():
+                try:
+                    await asyncio.shield(work)
+                except BaseException:  # its Cancelled, or one more cancellation of this task
+                    pass
+            if not work.cancelled():
+                work.exception()  # retrieved: the caller asked for no result
             raise
 
     async def averify(self, session_id: str) -> dict[str, Any]:

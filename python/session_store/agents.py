@@ -167,8 +167,13 @@ def _forget_inherited_writers() -> None:
     """In a child made by ``os.fork()``: a registry of its own. The inherited one holds the
     parent's writers (each raises :class:`WriterOwned` here), so the child's adapters could
     never write those sessions, also once the parent let them go; and its lock may have been
-    held by a parent thread at the fork. Adapters inherited keep their share of the old one."""
+    held by a parent thread at the fork. Adapters inherited keep their share of the old one,
+    with a lock of its own: the inherited one may be held by a parent thread that was
+    changing the session (the child's next change waited forever instead of raising
+    WriterOwned)."""
     global _WRITERS_LOCK, _WRITERS, _HOLDER, _DEFERRED
+    for shared in _WRITERS.values():
+        shared.lock = threading.Lock()
     _WRITERS_LOCK = threading.Lock()
     _WRITERS = {}
     _HOLDER = None
@@ -318,9 +323,14 @@ class SessionStoreSession:
             self.session_settings = coerce_session_settings(session_settings)
         self._reader = self.root.reader(self.store_id)  # its connections stay open
         self._shared = _acquire_writer(self.root, self.store_id)
-        self._lock = self._shared.lock
         # Releases this adapter's share once: on close() or when it is garbage-collected.
         self._release = weakref.finalize(self, _release_writer, self._shared)
+
+    @property
+    def _lock(self) -> threading.Lock:
+        """The lock of the writer this adapter shares (made anew in a child made by
+        ``os.fork()``: see :func:`_forget_inherited_writers`)."""
+        return self._shared.lock
 
     # The SDK's protocol.
 

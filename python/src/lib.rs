@@ -12,7 +12,7 @@ mod pyjson;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 mod fork;
 
@@ -905,6 +905,7 @@ impl Root {
         // A deadline, not a timer thread: a thread per delete outlived the call by `wait`
         // seconds, so a host deleting often kept hundreds of them.
         let token = CancelToken::after(patience);
+        let started = Instant::now();
         let deleted = interruptible(py, &token, stop, || {
             match service.root().delete(&id, &token) {
                 Err(Error::Cancelled) => Ok(Some((
@@ -916,17 +917,27 @@ impl Root {
         })?;
         // The caller cancelled nothing: say what the delete waited for ("operation
         // cancelled" before).
-        match deleted {
-            None => Ok(()),
-            Some((owner, patience)) => Err(Cancelled::new_err(format!(
-                "gave up deleting {session_id} after {} s: {}",
-                patience.as_secs_f64(),
-                match owner {
-                    Some(owner) => format!("its writer, {owner}, still holds it"),
-                    None => "a fork or delete of it is in progress".to_owned(),
-                }
-            ))),
-        }
+        let Some((owner, patience)) = deleted else {
+            return Ok(());
+        };
+        let why = match owner {
+            Some(owner) => format!("its writer, {owner}, still holds it"),
+            None => "a fork or delete of it is in progress".to_owned(),
+        };
+        // Ended by `stop` (a cancelled `adelete`) before the wait was over: said so, with
+        // the time it waited ("after 10 s" when it had waited 0.2 s).
+        let waited = started.elapsed();
+        Err(Cancelled::new_err(if waited < patience {
+            format!(
+                "stopped deleting {session_id} after {:.1} s (cancelled), nothing deleted: {why}",
+                waited.as_secs_f64()
+            )
+        } else {
+            format!(
+                "gave up deleting {session_id} after {} s: {why}",
+                patience.as_secs_f64()
+            )
+        }))
     }
 }
 
@@ -1437,6 +1448,7 @@ fn verified_json(verified: session_store::Verified) -> session_store::Result<Str
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    fork::install_vfs().map_err(pyo3::exceptions::PyImportError::new_err)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("TOO_DEEP", pyjson::too_deep_message())?;
     m.add_class::<Root>()?;

@@ -535,6 +535,48 @@ def test_a_forked_child_writes_once_the_parent_let_the_session_go(tmp_path):
     assert child["items"] == ["parent", "child", "child again", "child last"]
 
 
+FORK_WHILE_ADDING = r"""
+import os, signal, sys, threading
+import session_store
+from session_store.agents import SessionStoreSession
+
+conv = SessionStoreSession("c", sys.argv[1])
+conv.add_items_sync([{"role": "user", "content": "x"}])
+stop = False
+
+def add():
+    while not stop:
+        conv.add_items_sync([{"role": "user", "content": "x"}])
+
+thread = threading.Thread(target=add)
+thread.start()
+outcomes = []
+for _ in range(20):
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(5)  # a child that hangs is ended by SIGALRM
+        try:
+            conv.add_items_sync([{"role": "user", "content": "child"}])
+            os._exit(1)
+        except session_store.WriterOwned:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    outcomes.append("hung" if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+stop = True
+thread.join()
+print(outcomes.count(0), outcomes.count("hung"))
+"""
+
+
+def test_an_inherited_adapter_raises_writer_owned_while_the_parent_adds(tmp_path):
+    # The adapters of a session share one lock; a child made by os.fork() while a parent
+    # thread held it (inside add_items_sync) inherited it held by a thread that does not
+    # exist there: the child's adapter waited forever (20 of 20 forks) instead of raising
+    # WriterOwned as the module says.
+    out = run_script(FORK_WHILE_ADDING, tmp_path / "root")
+    assert out.stdout.split() == ["20", "0"]
+
+
 def test_any_str_is_a_session_id(root):
     """SQLiteSession takes any str as a session id; the store's own ids (no ':', '/', …, at
     most 255 bytes) stay the session's id, the others are mapped without collisions."""
