@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import functools
 import inspect
 import json
@@ -574,6 +575,9 @@ class _SessionWalk:
     a session is yielded once (its id remembered) however it moves."""
 
     def __init__(self, page_size: int, **filters: Any) -> None:
+        # Named as the caller named it (the list's "limit must be 1..=100" named another).
+        if isinstance(page_size, int) and not isinstance(page_size, bool) and not 0 < page_size <= 100:
+            raise InvalidInput(f"invalid input: page_size must be 1..=100, not {page_size}")
         self._page_size = page_size
         self._filters = filters  # Root.list's keyword arguments: sort and the filters
         self._cursor: str | None = None
@@ -674,7 +678,13 @@ class Root:
         return Session(self._native.open_writer(session_id), self)
 
     def reader(self, session_id: str) -> SessionReader:
-        """A reader of one session (no lock; durable state)."""
+        """A reader of one session (no lock; durable state). A ``session_id`` that is not a
+        str raises :class:`TypeError` here (it did at the reader's first read, naming no
+        argument)."""
+        if not isinstance(session_id, str):
+            raise TypeError(
+                f"reader() argument 'session_id' must be str, not {type(session_id).__name__}"
+            )
         return SessionReader(self, session_id)
 
     # Queries (durable state).
@@ -894,9 +904,9 @@ class Root:
         one holding NUL or one over 1,024 bytes (UTF-8) raises :class:`InvalidInput`; a session another writer has (a :class:`Session` of
         this process included: append the event there instead) raises
         :class:`WriterOwned`. The writer the adapters of this process share is closed first,
-        as :meth:`delete` does (an adapter has no :class:`Session` to append through)."""
-        self._close_adapters_writer(session_id)
-        self._native.rename(session_id, title)
+        and they wait for the rename (an adapter has no :class:`Session` to append through)."""
+        with self._adapters_writer_closed(session_id):
+            self._native.rename(session_id, title)
 
     @_native_args
     def delete(self, session_id: str, *, wait: float = 10.0) -> None:
@@ -907,23 +917,38 @@ class Root:
         :mod:`session_store.langgraph`) is closed first, not waited for: their next change
         makes the session anew. A signal's exception (Ctrl-C's :class:`KeyboardInterrupt`)
         ends the wait at once, nothing deleted."""
-        self._close_adapters_writer(session_id)
-        self._native.delete(session_id, wait)
+        self._delete(session_id, wait, None)
 
     @_native_args
-    def _delete(self, session_id: str, wait: float, stop: threading.Event) -> None:
+    def _delete(self, session_id: str, wait: float, stop: threading.Event | None) -> None:
         """:meth:`delete` whose wait for the writer also ends once ``stop`` is set."""
-        self._close_adapters_writer(session_id)
+        with self._adapters_writer_closed(session_id) as shared:
+            if shared:
+                # Their writer closed and their lock held, no adapter of this process takes
+                # the session back: unless another process's writer has it, the delete is
+                # over before they go on. A writer of another process is waited for
+                # outside their lock (their other calls would wait with it).
+                try:
+                    self._native.delete(session_id, 0.0, stop)
+                    return
+                except Cancelled:
+                    pass
         self._native.delete(session_id, wait, stop)
 
-    def _close_adapters_writer(self, session_id: str) -> None:
+    def _adapters_writer_closed(self, session_id: str) -> contextlib.AbstractContextManager[bool]:
         """Closes the writer of ``session_id`` that the adapters of this process share, if
-        one is open (they open it again at their next change): a delete waited out its
-        ``wait`` for it and raised :class:`Cancelled` naming this very process, a rename
-        raised :class:`WriterOwned` naming it."""
+        one is open, and holds it closed for the block (they open it again at their next
+        change after it): a delete waited out its ``wait`` for it and raised
+        :class:`Cancelled` naming this very process, a rename raised :class:`WriterOwned`
+        naming it, also when an adapter opened it again between the close and the call.
+        The block gets whether adapters of this process share the writer."""
         agents = sys.modules.get(f"{__name__}.agents")
-        if agents is not None:  # no adapter was ever made without it
-            agents._close_shared_session(self, session_id)
+        if agents is None:  # no adapter was ever made without it
+            return contextlib.nullcontext(False)
+        closed: contextlib.AbstractContextManager[bool] = agents._shared_session_closed(
+            self, session_id
+        )
+        return closed
 
     @_native_args
     def verify(self, session_id: str) -> dict[str, Any]:

@@ -45,6 +45,7 @@ session go (the parent's adapters it inherited raise :class:`session_store.Write
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import json
 import os
@@ -52,7 +53,7 @@ import re
 import sys
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import (
@@ -229,11 +230,14 @@ def _release_locked(shared: _SharedWriter) -> None:
             session.close()
 
 
-def _close_shared_session(root: Root, session_id: str) -> None:
+@contextlib.contextmanager
+def _shared_session_closed(root: Root, session_id: str) -> Iterator[bool]:
     """Closes the writer of ``session_id`` that the adapters of this process share, if one
-    is open, keeping their shares: the next change through any of them opens (or creates)
-    the session again. Before a delete (:meth:`session_store.Root.delete`), which waited for
-    that writer otherwise."""
+    is open, keeping their shares, and holds their lock for the block: no adapter of this
+    process opens the session again meanwhile (one did, between the close and a delete or
+    rename, which then raised naming this very process). The next change through any of
+    them after the block opens (or creates) the session again. Yields whether adapters of
+    this process share the session's writer."""
     key = (os.path.realpath(root.path), session_id)
     _lock_registry()
     try:
@@ -241,11 +245,13 @@ def _close_shared_session(root: Root, session_id: str) -> None:
     finally:
         _unlock_registry()
     if shared is None:
+        yield False
         return
     with shared.lock:
         session, shared.session = shared.session, None
         if session is not None:
             session.close()
+        yield True
 
 
 def _release_writer(shared: _SharedWriter) -> None:
@@ -373,7 +379,13 @@ class SessionStoreSession:
     def add_items_sync(self, items: list[Any]) -> None:
         """:meth:`add_items`, blocking."""
         # Checked before the writer is opened: a refused item creates no session and takes
-        # no writer lock; no items (an empty list or iterable) write nothing.
+        # no writer lock; no items (an empty list or iterable) write nothing. One item given
+        # alone (a dict) is named as such ("a session item must be a dict, not str" before:
+        # its keys were taken for the items).
+        if isinstance(items, (Mapping, str, bytes)):
+            raise TypeError(
+                f"add_items() argument 'items' must be a list of items, not {type(items).__name__}"
+            )
         messages = [_to_message(item, "") for item in items]
         if not messages:
             return

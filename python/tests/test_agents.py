@@ -303,6 +303,9 @@ def test_hostile_items(root):
         s = SessionStoreSession("h", root)
         with pytest.raises(TypeError):
             await s.add_items(["not a dict"])
+        # One item given alone: its keys were taken for items ("must be a dict, not str").
+        with pytest.raises(TypeError, match=r"^add_items\(\) argument 'items' must be a list of items, not dict$"):
+            await s.add_items({"role": "user", "content": "hi"})  # type: ignore[arg-type]
         with pytest.raises(session_store.InvalidInput):
             await s.add_items([{"role": "user", "content": {1, 2}}])
         # A key that is not str was stored as a string (it came back changed).
@@ -459,6 +462,44 @@ def test_root_rename_of_a_session_an_adapter_of_the_process_writes(root):
         s.close()
 
     run(main())
+
+
+def test_root_rename_and_delete_while_adapters_of_the_process_write(root):
+    # Root.rename and Root.delete closed the adapters' shared writer, and an adapter
+    # adding items in another thread opened it again before the native call: the rename
+    # raised WriterOwned naming this very process (9-13 of 20 times), the delete waited out
+    # its `wait` and raised Cancelled naming it (outside testing, sessions 36 and 37).
+    import threading
+
+    conv = SessionStoreSession("c", root)
+    conv.add_items_sync([user("x")])
+    stop = threading.Event()
+    adapter_errors: list[BaseException] = []
+
+    def add() -> None:
+        while not stop.is_set():
+            try:
+                conv.add_items_sync([user("x")])
+            except BaseException as e:  # noqa: BLE001 - every failure is the defect
+                adapter_errors.append(e)
+                return
+
+    threads = [threading.Thread(target=add) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        for i in range(20):
+            root.rename("c", f"title {i}")
+        for _ in range(5):
+            root.delete("c", wait=2)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert adapter_errors == []
+    conv.add_items_sync([user("after")])
+    assert conv.get_items_sync()[-1] == user("after")
+    conv.close()
 
 
 def test_a_collected_adapter_never_deadlocks_the_registry(tmp_path):

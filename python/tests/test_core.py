@@ -786,6 +786,8 @@ def test_append_names_the_argument_or_event_key_of_a_wrong_value(root):
             (lambda: root.delete("w", wait="1"), "delete() argument 'wait' must be float, not str"),
             (lambda: root.reader("w").messages("3"),
              "messages() argument 'limit' must be int | None, not str"),
+            # Taken, then refused at the first read naming nothing (session 37).
+            (lambda: root.reader(5), "reader() argument 'session_id' must be str, not int"),
         ]:
             with pytest.raises(TypeError) as e:
                 call()
@@ -805,6 +807,8 @@ def test_append_names_the_argument_or_event_key_of_a_wrong_value(root):
             with pytest.raises(InvalidInput) as e:
                 s.append(ev + [event], operation_id="bad")
             assert str(e.value) == f"invalid input: {text}", e.value
+        with pytest.raises(InvalidInput, match="^invalid input: page_size must be 1..=100, not 500$"):
+            next(root.iter_sessions(page_size=500))  # "list limit" before: not its name
         with pytest.raises(InvalidInput, match="^invalid input: events must be a list of dicts, not int$"):
             s.append(5, operation_id="bad")  # type: ignore[arg-type]
         assert s.sequences() == (0, 0)
