@@ -323,6 +323,51 @@ fn lock_files_that_are_symlinks_are_refused_and_their_targets_untouched() {
     w.ok(&["show", "q"], "");
 }
 
+/// A `writer.lock` or `dependents.lock` that is a FIFO or a folder: `list`, `show`,
+/// `delete`, `gc` and `serve`'s list waited forever reading the FIFO (for the whole
+/// root), and a folder was "Is a directory", exit 1 (outside testing, session 37).
+#[test]
+fn lock_files_that_are_fifos_or_folders_are_refused_and_the_root_still_lists() {
+    let w = World::new();
+    w.session("good");
+    w.session("fifo");
+    w.session("dir");
+    w.session("dep");
+    let made = |path: PathBuf| {
+        std::fs::remove_file(&path).ok();
+        let fifo = Command::new("mkfifo").arg(&path).status().expect("mkfifo");
+        assert!(fifo.success());
+    };
+    made(w.root.join("fifo/writer.lock"));
+    std::fs::remove_file(w.root.join("dir/writer.lock")).ok();
+    std::fs::create_dir(w.root.join("dir/writer.lock")).expect("mkdir");
+    made(w.root.join("dep/dependents.lock"));
+    let listed = w.ok(&["list"], "");
+    for id in ["good", "fifo", "dir", "dep"] {
+        assert!(listed.contains(id), "{listed}");
+    }
+    for (id, what) in [("fifo", "not a regular file"), ("dir", "a directory")] {
+        for args in [
+            vec!["show", id],
+            vec!["delete", id, "--wait", "0"],
+            vec!["append", id],
+        ] {
+            assert_refused(&w.run(&args, &one_more("x")), args[0], what);
+        }
+        assert!(w.root.join(id).join("session.sqlite").is_file(), "{id} deleted");
+    }
+    assert_refused(
+        &w.run(&["fork", "dep", "--after-turn", "turn-1", "--id", "df"], ""),
+        "fork",
+        "not a regular file",
+    );
+    assert!(!w.root.join("df").exists(), "no fork published");
+    std::thread::sleep(Duration::from_millis(1100));
+    let gc = w.run(&["gc", "--older-than", "1s", "--dry-run"], "");
+    assert!(stderr(&gc).contains("not a regular file"), "{}", stderr(&gc));
+    w.ok(&["show", "good"], "");
+}
+
 #[test]
 fn session_folders_and_files_that_are_symlinks_are_refused() {
     let w = World::new();

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use crate::cancel::CancelToken;
 use crate::error::{Error, Result, WriterOwner};
-use crate::store::schema::{NO_FOLLOW, open_no_follow};
+use crate::store::schema::NO_FOLLOW;
 
 /// How often a blocking acquire polls the lock.
 const POLL: Duration = Duration::from_millis(10);
@@ -75,30 +75,69 @@ pub fn close_inherited_locks() {
     });
 }
 
-/// Opens (creating) a lock file without following a symlink: a symlink there is
-/// [`Error::InvalidInput`] and the file it points to is left untouched.
+/// Opens (creating) a lock file without following a symlink and without waiting: a
+/// symlink, a folder, a FIFO or any other file that is not a regular one there is
+/// [`Error::InvalidInput`] and left untouched (a FIFO planted as `writer.lock` made every
+/// command that looked at the session's writer, `list` of the whole root included, wait
+/// forever reading it).
 fn open_lock_file(path: &Path) -> Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
-    OpenOptions::new()
+    let file = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
-        .custom_flags(NO_FOLLOW)
+        .custom_flags(NO_FOLLOW | NON_BLOCKING)
         .open(path)
-        .map_err(|e| refused_or_io(path, e))
+        .map_err(|e| refused_or_io(path, e))?;
+    match file.metadata() {
+        Ok(m) if m.is_file() => Ok(file),
+        Ok(m) if m.is_dir() => Err(not_a_lock_file(path, "a directory")),
+        Ok(_) => Err(not_a_lock_file(path, "not a regular file")),
+        Err(e) => Err(Error::io(format!("stat {}", path.display()), e)),
+    }
 }
 
-/// `ELOOP` from an `O_NOFOLLOW` open is a symlink: a clear refusal; anything else is I/O.
-fn refused_or_io(path: &Path, e: std::io::Error) -> Error {
-    if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) {
-        Error::invalid(format!(
-            "{} is a symlink; refused (a lock file must be a regular file of the session folder)",
-            path.display()
-        ))
-    } else {
-        Error::io(format!("open {}", path.display()), e)
+/// Opens a lock file read-only (`flock` needs no write access), as [`open_lock_file`] does
+/// otherwise: never created, never through a symlink, refused unless a regular file.
+fn open_lock_file_to_read(path: &Path) -> Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(NO_FOLLOW | NON_BLOCKING)
+        .open(path)
+        .map_err(|e| refused_or_io(path, e))?;
+    match file.metadata() {
+        Ok(m) if m.is_file() => Ok(file),
+        Ok(m) if m.is_dir() => Err(not_a_lock_file(path, "a directory")),
+        Ok(_) => Err(not_a_lock_file(path, "not a regular file")),
+        Err(e) => Err(Error::io(format!("stat {}", path.display()), e)),
     }
+}
+
+/// `O_NONBLOCK`: an open of a FIFO or device does not wait for its other end.
+const NON_BLOCKING: i32 = rustix::fs::OFlags::NONBLOCK.bits().cast_signed();
+
+/// `ELOOP` from an `O_NOFOLLOW` open is a symlink and `EISDIR` a folder: clear refusals;
+/// anything else is I/O.
+fn refused_or_io(path: &Path, e: std::io::Error) -> Error {
+    match e.raw_os_error() {
+        Some(code) if code == rustix::io::Errno::LOOP.raw_os_error() => {
+            not_a_lock_file(path, "a symlink")
+        }
+        Some(code) if code == rustix::io::Errno::ISDIR.raw_os_error() => {
+            not_a_lock_file(path, "a directory")
+        }
+        _ => Error::io(format!("open {}", path.display()), e),
+    }
+}
+
+/// The refusal of a lock file that is `what` instead of a regular file.
+fn not_a_lock_file(path: &Path, what: &str) -> Error {
+    Error::invalid(format!(
+        "{} is {what}; refused (a lock file must be a regular file of the session folder)",
+        path.display()
+    ))
 }
 
 impl WriterLock {
@@ -172,10 +211,12 @@ impl Drop for WriterLock {
 /// (`flock` needs no write access), never creates or writes the file, so it works on a
 /// root the caller can only read; a missing lock file is a free lock.
 pub(crate) fn is_held(path: &Path) -> Result<bool> {
-    let file = match File::open(path) {
+    let file = match open_lock_file_to_read(path) {
         Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(Error::io(format!("open {}", path.display()), e)),
+        Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(false);
+        }
+        Err(e) => return Err(e),
     };
     match file.try_lock() {
         Ok(()) => Ok(false),
@@ -204,11 +245,14 @@ pub(crate) fn recorded_owner(path: &Path) -> Option<WriterOwner> {
     let mut provisional = None;
     while std::time::Instant::now() < deadline {
         let mut text = String::new();
-        let read = open_no_follow(path).and_then(|mut f| f.read_to_string(&mut text));
-        // The folder was moved away (its session deleted): no record will come.
-        if read
-            .as_ref()
-            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+        let read = match open_lock_file_to_read(path) {
+            Ok(mut file) => file.read_to_string(&mut text).map_err(|e| Error::io("read", e)),
+            Err(e) => Err(e),
+        };
+        // The folder was moved away (its session deleted), or the file is none a writer
+        // records itself in: no record will come.
+        if matches!(&read, Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound)
+            || matches!(&read, Err(Error::InvalidInput { .. }))
         {
             return None;
         }
