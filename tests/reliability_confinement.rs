@@ -354,7 +354,10 @@ fn lock_files_that_are_fifos_or_folders_are_refused_and_the_root_still_lists() {
         ] {
             assert_refused(&w.run(&args, &one_more("x")), args[0], what);
         }
-        assert!(w.root.join(id).join("session.sqlite").is_file(), "{id} deleted");
+        assert!(
+            w.root.join(id).join("session.sqlite").is_file(),
+            "{id} deleted"
+        );
     }
     assert_refused(
         &w.run(&["fork", "dep", "--after-turn", "turn-1", "--id", "df"], ""),
@@ -364,7 +367,11 @@ fn lock_files_that_are_fifos_or_folders_are_refused_and_the_root_still_lists() {
     assert!(!w.root.join("df").exists(), "no fork published");
     std::thread::sleep(Duration::from_millis(1100));
     let gc = w.run(&["gc", "--older-than", "1s", "--dry-run"], "");
-    assert!(stderr(&gc).contains("not a regular file"), "{}", stderr(&gc));
+    assert!(
+        stderr(&gc).contains("not a regular file"),
+        "{}",
+        stderr(&gc)
+    );
     w.ok(&["show", "good"], "");
 }
 

@@ -1027,7 +1027,9 @@ fn list_escapes_invisible_ids_and_aligns_wide_ones() {
             let (before, _) = line.split_once("  ").expect("two columns");
             let rest = &line[before.len()..];
             let turns = rest.trim_start().split(' ').next().expect("turns column");
-            let wide = before.chars().filter(|c| ('\u{4e00}'..='\u{9fff}').contains(c));
+            let wide = before
+                .chars()
+                .filter(|c| ('\u{4e00}'..='\u{9fff}').contains(c));
             before.chars().count() + wide.count() + rest.find(turns).expect("turns") + turns.len()
         })
         .collect();

@@ -871,6 +871,12 @@ impl Catalog {
         entry: &CatalogEntry,
         (stamp, text): &(String, String),
     ) -> Result<()> {
+        // Stamped after its file vanished (a delete while its entry was computed): such a
+        // row matched the stamp of a missing file for ever, so no refresh dropped it, and
+        // pages and stats counted the deleted session.
+        if stamp.starts_with(MISSING) {
+            return self.forget(root, &entry.session_id);
+        }
         self.with_conn(root, |c| {
             c.prepare_cached(
                 "INSERT OR REPLACE INTO sessions (session_id, stamp, entry) VALUES (?1, ?2, ?3)",
@@ -1027,7 +1033,10 @@ impl Catalog {
             let Ok(id) = SessionId::new(sid) else {
                 continue;
             };
-            if stamper.stamp(&id) == stamp {
+            let current = stamper.stamp(&id);
+            // A row stamped as missing (an earlier build stored some) is dropped, not
+            // taken as current.
+            if current == stamp && !current.starts_with(MISSING) {
                 continue;
             }
             match compute(root, stamper, &id)? {

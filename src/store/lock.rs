@@ -246,7 +246,9 @@ pub(crate) fn recorded_owner(path: &Path) -> Option<WriterOwner> {
     while std::time::Instant::now() < deadline {
         let mut text = String::new();
         let read = match open_lock_file_to_read(path) {
-            Ok(mut file) => file.read_to_string(&mut text).map_err(|e| Error::io("read", e)),
+            Ok(mut file) => file
+                .read_to_string(&mut text)
+                .map_err(|e| Error::io("read", e)),
             Err(e) => Err(e),
         };
         // The folder was moved away (its session deleted), or the file is none a writer
