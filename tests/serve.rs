@@ -1581,6 +1581,47 @@ fn a_rewind_before_the_first_turn_is_in_its_parents_fork_tree() {
     );
 }
 
+/// A fork cut inside what its parent itself inherits reads nothing from the parent, and
+/// only the grandparent recorded it: once the grandparent was deleted (its range copied
+/// into both), the parent's tree left the fork out and the fork's own tree drew its parent
+/// with no edge to it (outside testing W3, session 37). The parent records it (through
+/// sequence 0); the fork's delete drops that row.
+#[test]
+fn a_fork_of_an_inherited_prefix_stays_in_its_parents_tree_after_the_grandparent_goes() {
+    let (_dir, root_dir) = root_with_a_long_session(300);
+    let root = Root::open(&root_dir).unwrap();
+    let id = |s: &str| SessionId::new(s).unwrap();
+    let after = |t: &str| session_store::ForkPoint::AfterTurn(t.into());
+    root.fork(&id("big"), after("t2"), Some(id("p"))).unwrap();
+    root.fork(&id("p"), after("t0"), Some(id("kid"))).unwrap();
+    root.delete(&id("big"), &session_store::CancelToken::new())
+        .unwrap();
+    let server = Server::start(&root_dir, &[]);
+    for focus in ["p", "kid"] {
+        let tree = server.ok(&format!("/api/sessions/{focus}/tree")).json();
+        let edges: Vec<(String, String)> = tree["edges"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                let text = |k: &str| e[k].as_str().unwrap().to_owned();
+                (text("parent"), text("child"))
+            })
+            .collect();
+        assert!(
+            edges.contains(&("p".to_owned(), "kid".to_owned())),
+            "{focus}: {edges:?}"
+        );
+    }
+    drop(server);
+    root.verify(&id("p")).unwrap();
+    root.verify(&id("kid")).unwrap();
+    root.delete(&id("kid"), &session_store::CancelToken::new())
+        .unwrap();
+    let reader = root.open_reader(&id("p")).unwrap();
+    assert!(reader.dependents().unwrap().is_empty());
+}
+
 #[test]
 fn a_fork_tree_with_many_siblings_keeps_to_its_size_limit() {
     // The tree of one of 210 forks of a session drew all of them as siblings (211 nodes,

@@ -12,7 +12,7 @@ use crate::persistence::{
 };
 use crate::store::lineage;
 use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock, WriterLock};
-use crate::store::read::{self, DependentFork, LineageEntry};
+use crate::store::read::{self, DependentFork};
 use crate::store::schema::{self, LOCK_FILE, SESSION_FILE};
 
 impl Root {
@@ -98,8 +98,8 @@ impl Root {
         if let Ok(tomb) = std::ffi::CString::new(tomb) {
             let _ = confine::remove_tree_at(&trash, &tomb);
         }
-        for entry in ancestors {
-            let ancestor = self.session_dir(&entry.ancestor_id).join(SESSION_FILE);
+        for ancestor in ancestors {
+            let ancestor = self.session_dir(&ancestor).join(SESSION_FILE);
             let _ = lineage::forget_dependent(&ancestor, id.as_str());
         }
         Ok(None)
@@ -181,10 +181,17 @@ impl Root {
 /// writer lock), read as the file is: an older file is not upgraded first, so one this
 /// process may not write (mode 0444 in a folder it may write) is deleted too (its writer
 /// open refused it, "open FILE for writing: Permission denied").
-fn lineage_and_dependents(file: &Path) -> Result<(Vec<LineageEntry>, Vec<DependentFork>)> {
+fn lineage_and_dependents(file: &Path) -> Result<(Vec<SessionId>, Vec<DependentFork>)> {
     let conn = schema::open_reader(file)?;
     let lineage = read::read_lineage(&conn)?;
+    // The parent records its fork also when the fork reads nothing from it (through
+    // sequence 0): its row goes with the fork.
+    let parent = read::read_header(&conn)?.parent_id;
     let dependents = read::read_dependents(&conn)?;
     conn.close().map_err(|(_, e)| Error::from(e))?;
-    Ok((lineage, dependents))
+    let mut ancestors: Vec<SessionId> = lineage.into_iter().map(|e| e.ancestor_id).collect();
+    if let Some(parent) = parent.filter(|p| !ancestors.contains(p)) {
+        ancestors.push(parent);
+    }
+    Ok((ancestors, dependents))
 }

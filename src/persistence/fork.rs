@@ -229,18 +229,19 @@ impl Root {
             return Err(self.taken(&child));
         }
         let lineage = reader.prefix_lineage(cut);
-        // Each file the child reads a range from records it as a dependent; a child that
-        // inherits nothing (a rewind before the first turn) is recorded by its parent,
-        // through sequence 0, so that the parent's forks include it (the fork tree left it
-        // out, and drew no edge to it from its own tree: outside testing, session 36).
-        let recorded: Vec<(SessionId, u64)> = if lineage.is_empty() {
-            vec![(parent.clone(), 0)]
-        } else {
-            lineage
-                .iter()
-                .map(|e| (e.ancestor_id.clone(), e.through_seq))
-                .collect()
-        };
+        // Each file the child reads a range from records it as a dependent; a parent the
+        // child reads nothing from (a rewind before the first turn, a cut inside what the
+        // parent itself inherits) records it too, through sequence 0, so that the parent's
+        // forks include it (the fork tree left it out, and drew no edge to it from its own
+        // tree, also once the ancestor it reads from was deleted: outside testing,
+        // sessions 36 and 37).
+        let mut recorded: Vec<(SessionId, u64)> = lineage
+            .iter()
+            .map(|e| (e.ancestor_id.clone(), e.through_seq))
+            .collect();
+        if !recorded.iter().any(|(ancestor, _)| ancestor == parent) {
+            recorded.push((parent.clone(), 0));
+        }
         // Shared locks keep every supplying session from being deleted until the child is
         // published (a delete waits, then materialises the child like any dependent).
         let mut _guards = Vec::with_capacity(recorded.len());
