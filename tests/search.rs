@@ -1663,6 +1663,74 @@ fn a_damaged_session_file_is_skipped_and_named_not_a_failed_search() {
     assert_eq!(page["skipped"][0]["session_id"], "hurt");
 }
 
+/// One session's `-wal` a folder, or its `-journal` a FIFO, after it was indexed: every
+/// search failed with SQLite's "unable to open database file" naming no session, or
+/// waited forever opening the FIFO (outside testing D2, session 37). The session is
+/// skipped and named, as `list` does, the other hits returned.
+#[test]
+fn a_session_whose_side_files_are_not_regular_is_skipped_and_named() {
+    for side in ["session.sqlite-wal", "session.sqlite-journal"] {
+        let (_dir, root) = temp_root();
+        for name in ["good", "bad"] {
+            let s = create(&root, name);
+            s.append(Batch::new(
+                "m",
+                vec![message(&format!("{name}-m"), "user", "giraffe season")],
+            ))
+            .expect("append");
+            s.close().expect("close");
+        }
+        assert_eq!(
+            search_all(&root, "giraffe", SearchOptions::default()).len(),
+            2
+        );
+        let planted = root.path().join("bad").join(side);
+        let _ = std::fs::remove_file(&planted);
+        if side.ends_with("-wal") {
+            std::fs::create_dir(&planted).expect("mkdir");
+        } else {
+            let made = std::process::Command::new("mkfifo")
+                .arg(&planted)
+                .status()
+                .expect("mkfifo");
+            assert!(made.success());
+        }
+        let mut child = bin()
+            .arg("--root")
+            .arg(root.path())
+            .args(["--json", "search", "giraffe"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run");
+        let started = std::time::Instant::now();
+        while child.try_wait().expect("wait").is_none() {
+            if started.elapsed() > std::time::Duration::from_secs(20) {
+                let _ = child.kill();
+                panic!("{side}: search still running after 20 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().expect("output");
+        assert!(
+            out.status.success(),
+            "{side}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let page: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(
+            page["hits"].as_array().map(Vec::len),
+            Some(1),
+            "{side}: {page}"
+        );
+        assert_eq!(
+            page["hits"][0]["session_ref"]["session_id"], "good",
+            "{page}"
+        );
+        assert_eq!(page["skipped"][0]["session_id"], "bad", "{side}: {page}");
+    }
+}
+
 #[test]
 fn a_cursor_from_before_a_rebuild_is_refused_not_followed_into_repeated_hits() {
     let (_dir, root) = temp_root();

@@ -434,7 +434,13 @@ impl Root {
         let mut skipped = Vec::new();
         for (id, at) in wanted {
             let file = self.session_dir(id).join(SESSION_FILE);
-            match index.hit_messages(&file, at, current) {
+            // A `-wal`, `-shm` or `-journal` that is no regular file (SQLite failed the
+            // whole search on it, or waited forever opening a FIFO), or a file this
+            // process may not read (its hits were dropped without a word): the session is
+            // skipped and named, as `list` does.
+            let read =
+                schema::check_file(&file).and_then(|()| index.hit_messages(&file, at, current));
+            match read {
                 Ok(found) => {
                     for ((position, seq), m) in at.iter().zip(found) {
                         if let Some(m) = m {
@@ -445,13 +451,15 @@ impl Root {
                 Err(Error::SessionNotFound(_)) => gone.push((*id).clone()),
                 // Deleted while being read.
                 Err(_) if !file.is_file() => gone.push((*id).clone()),
-                // A damaged, foreign or newer file: one session's fault, not the search's
-                // (every search with a hit in it failed, naming no session).
-                Err(e) if e.is_corrupt() || e.is_unsupported() => skipped.push(SkippedSession {
+                // The process is out of file descriptors: not this session's fault.
+                Err(e) if e.is_exhaustion() => return Err(e),
+                // A damaged, foreign or newer file, one it may not read, one whose side
+                // files are not regular: one session's fault, not the search's (every
+                // search with a hit in it failed, naming no session).
+                Err(e) => skipped.push(SkippedSession {
                     session_id: (*id).clone(),
                     error: Arc::new(e),
                 }),
-                Err(e) => return Err(e),
             }
         }
         Ok((messages, gone, skipped))
