@@ -765,6 +765,31 @@ impl Catalog {
         }
     }
 
+    /// Opens the catalog and gives every session folder of `ids` a row it has none for
+    /// (once per process: sessions published before this catalog existed, or by a process
+    /// that died before recording them, get a stale row). On failure, the error and the
+    /// connection when it was opened.
+    fn open_indexing(
+        &self,
+        root: &Root,
+        ids: &[SessionId],
+    ) -> std::result::Result<Connection, (Error, Option<Connection>)> {
+        let conn = self.open(root).map_err(|e| (e, None))?;
+        let added = (|| {
+            let mut add = conn.prepare(
+                "INSERT OR IGNORE INTO sessions (session_id, stamp, entry) VALUES (?1, '', '')",
+            )?;
+            for id in ids {
+                add.execute([id.as_str()])?;
+            }
+            Ok::<_, Error>(())
+        })();
+        match added {
+            Ok(()) => Ok(conn),
+            Err(e) => Err((e, Some(conn))),
+        }
+    }
+
     /// Runs `f` on the catalog connection, opening (and, for a new catalog, filling) it first.
     fn with_conn<T>(&self, root: &Root, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
         self.with_conn_knowing(root, None, f)
@@ -780,24 +805,33 @@ impl Catalog {
     ) -> Result<T> {
         let mut guard = self.conn.lock().unwrap_or_else(|e| e.into_inner());
         if guard.is_none() {
-            let conn = self.open(root)?;
-            // Index every folder once per process: sessions published before this catalog
-            // existed (or by a process that died before recording them) get a stale row.
-            let mut add = conn.prepare(
-                "INSERT OR IGNORE INTO sessions (session_id, stamp, entry) VALUES (?1, '', '')",
-            )?;
-            for id in ids_of(root, scan)? {
-                add.execute([id.as_str()])?;
-            }
-            drop(add);
+            let ids = ids_of(root, scan)?;
+            let conn = match self.open_indexing(root, &ids) {
+                // Damage inside the file, met by the first statement: it is derived, so
+                // it is replaced (`rebuild-catalog` failed on it, for good).
+                Err((e, Some(conn))) if e.is_corrupt() && schema::is_damaged(&conn) => {
+                    drop(conn);
+                    unlink_files_at(&catalog_dir(root)?, &CATALOG_FILES, &self.dir)?;
+                    self.open_indexing(root, &ids).map_err(|(e, _)| e)?
+                }
+                opened => opened.map_err(|(e, _)| e)?,
+            };
             *guard = Some(conn);
         }
-        match guard.as_ref() {
-            Some(conn) => f(conn),
-            None => Err(Error::internal(
+        let Some(conn) = guard.as_ref() else {
+            return Err(Error::internal(
                 "catalog connection missing after opening it",
-            )),
+            ));
+        };
+        let out = f(conn);
+        // Damage inside the catalog (pages overwritten) shows only when a statement meets
+        // it: every use failed, `rebuild-catalog` too, for good. The file is derived: it
+        // is replaced, and the next use fills the new one (this one reports the damage).
+        if matches!(&out, Err(e) if e.is_corrupt()) && schema::is_damaged(conn) {
+            *guard = None;
+            unlink_files_at(&catalog_dir(root)?, &CATALOG_FILES, &self.dir)?;
         }
+        out
     }
 
     /// Gives a row to each session folder of `scan` (a first page's read of the root
@@ -1226,7 +1260,9 @@ impl Catalog {
             }
         }
         skipped.extend(scan.skipped);
-        self.with_conn(root, |c| {
+        // A damaged catalog is replaced by the first try (`with_conn`): the second fills
+        // the new one.
+        let write = |c: &Connection| {
             let tx = c.unchecked_transaction()?;
             tx.execute("DELETE FROM sessions", [])?;
             let mut put =
@@ -1244,7 +1280,11 @@ impl Catalog {
             drop((put, add));
             tx.commit()?;
             Ok(())
-        })?;
+        };
+        match self.with_conn(root, write) {
+            Err(e) if e.is_corrupt() => self.with_conn(root, write)?,
+            other => other?,
+        }
         Ok(RebuildReport {
             sessions: rows.len(),
             skipped,

@@ -369,6 +369,16 @@ impl Root {
         }
     }
 
+    /// Puts a new index file in place of `index`'s damaged one and fills it; how many
+    /// sessions it indexed.
+    fn replace_damaged_index(&self, index: &SearchIndex) -> Result<usize> {
+        index.replace_file(|| {
+            let shown = self.path().join(CATALOG_DIR);
+            unlink_files_at(&catalog_dir(self)?, &SEARCH_FILES, &shown)
+        })?;
+        self.fill(index)
+    }
+
     /// Indexes every session of the root into `index` (emptied first).
     fn fill(&self, index: &SearchIndex) -> Result<usize> {
         let ids = self.list_ids()?;
@@ -380,7 +390,12 @@ impl Root {
     /// sessions it indexed.
     pub(crate) fn rebuild_search(&self) -> Result<usize> {
         match self.search_index() {
-            Some(index) => self.fill(&index),
+            Some(index) => match self.fill(&index) {
+                Err(e) if e.is_corrupt() && index.is_damaged() => {
+                    self.replace_damaged_index(&index)
+                }
+                other => other,
+            },
             // Creating it fills it.
             None => Ok(self.open_search_index()?.indexed_sessions()?.len()),
         }
@@ -476,7 +491,19 @@ impl Root {
     /// [`Searched::skipped`], its hits left out.
     pub(crate) fn search(&self, query: &str, options: &SearchOptions) -> Result<Searched> {
         let options = &with_role_folded(options)?;
-        match self.search_once(query, options)? {
+        let first = match self.search_once(query, options) {
+            // Damage inside the index file (pages overwritten): every search failed, a
+            // rebuild too, for good. It is derived: replaced, filled, and asked again.
+            Err(e) if e.is_corrupt() => match self.search_index() {
+                Some(index) if index.is_damaged() => {
+                    self.replace_damaged_index(&index)?;
+                    self.search_once(query, options)?
+                }
+                _ => return Err(e),
+            },
+            other => other?,
+        };
+        match first {
             // A session was found gone (and the sessions that inherited from it indexed
             // again): the page is asked again, with their messages in it.
             (_, true) => self.search_once(query, options).map(|(page, _)| page),

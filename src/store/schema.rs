@@ -211,6 +211,15 @@ pub(crate) fn check_session_dir(dir: &Path) -> Result<()> {
     }
 }
 
+/// Whether SQLite finds the file of `conn` damaged: `PRAGMA quick_check` says anything
+/// but `ok`, or fails. Asked of a derived file (the catalog, the search index) after one
+/// of its statements reported corruption, to tell damage in that file from damage in a
+/// session file read alongside it.
+pub(crate) fn is_damaged(conn: &Connection) -> bool {
+    conn.query_row("PRAGMA quick_check(1)", [], |r| r.get::<_, String>(0))
+        .map_or(true, |verdict| verdict != "ok")
+}
+
 /// The error for a path that must be a regular file and is not.
 pub(crate) fn not_regular(path: &Path, m: &std::fs::Metadata) -> Error {
     let what = if m.is_symlink() {

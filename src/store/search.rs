@@ -384,6 +384,45 @@ impl SearchIndex {
         })
     }
 
+    /// Whether the index file is damaged ([`schema::is_damaged`]).
+    pub(crate) fn is_damaged(&self) -> bool {
+        schema::is_damaged(&lock(&self.read))
+    }
+
+    /// Puts a new, empty index file in place of a damaged one: this index's connections
+    /// are closed, its files removed (a root's by `unlink_root_files`, which confines the
+    /// removal to the root's catalog folder; a private index's here), and new connections
+    /// open (creating) the file at the same path. The caller fills it. Another process's
+    /// connections to the old file write into it until they open the index again (what
+    /// they wrote is caught up by the next writer open, a dead writer's catch-up or a
+    /// rebuild).
+    pub(crate) fn replace_file(
+        &self,
+        unlink_root_files: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let mut write = lock(&self.write);
+        let mut read = lock(&self.read);
+        *write = Connection::open_in_memory()?;
+        *read = Connection::open_in_memory()?;
+        if self.private_dir.is_some() {
+            for suffix in ["", "-wal", "-shm", "-journal"] {
+                let mut name = self.path.as_os_str().to_owned();
+                name.push(suffix);
+                match std::fs::remove_file(&name) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(Error::io(format!("remove {}", self.path.display()), e));
+                    }
+                    _ => {}
+                }
+            }
+        } else {
+            unlink_root_files()?;
+        }
+        *write = open_index(&self.path)?;
+        *read = open_index(&self.path)?;
+        Ok(())
+    }
+
     /// `true` the first time it is asked in this process (the first search of this
     /// index), then `false`.
     pub(crate) fn first_search(&self) -> bool {
