@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use crate::format::MAX_PAYLOAD_NESTING;
 use crate::model::json_scan;
 
 /// A conversation message. Only its `id` is interpreted by the fold; every other field is
@@ -336,7 +337,7 @@ impl Message {
     /// whole message (a message with one such value, in metadata say, had no fields:
     /// search did not find its text, the browser showed it as JSON).
     pub fn fields(&self) -> Map<String, Value> {
-        serde_json::from_str(&self.json).unwrap_or_else(|_| {
+        parse_deep(&self.json).unwrap_or_else(|| {
             self.entries()
                 .into_iter()
                 .filter_map(|(key, value)| Some((key, parse_lossy(value.get())?)))
@@ -510,9 +511,26 @@ impl<'de> Deserialize<'de> for Message {
 /// U+FFFD: a message whose text held one had no text (search found none of its words,
 /// `history` showed its JSON). `None` when it does not parse even so.
 fn parse_lossy<T: serde::de::DeserializeOwned>(json: &str) -> Option<T> {
-    serde_json::from_str(json)
-        .ok()
-        .or_else(|| serde_json::from_str(&without_lone_surrogates(json)?).ok())
+    parse_deep(json).or_else(|| parse_deep(&without_lone_surrogates(json)?))
+}
+
+/// `json` parsed, also past serde_json's limit of 128 levels when it nests no deeper than
+/// a payload may ([`MAX_PAYLOAD_NESTING`], checked by the store before it parses): a
+/// field nested deeper than 128 (one tool call's arguments, say) was dropped whole, and
+/// with it every tool call of the message from the browser and from search (outside
+/// testing W2, session 37).
+fn parse_deep<T: serde::de::DeserializeOwned>(json: &str) -> Option<T> {
+    if let Ok(value) = serde_json::from_str(json) {
+        return Some(value);
+    }
+    if json_scan::nests_deeper_than(json.as_bytes(), MAX_PAYLOAD_NESTING) {
+        return None;
+    }
+    let mut de = serde_json::Deserializer::from_str(json);
+    de.disable_recursion_limit();
+    let value = T::deserialize(&mut de).ok()?;
+    de.end().ok()?;
+    Some(value)
 }
 
 /// `json` with each lone surrogate escape replaced by `\ufffd`; `None` when it has none.
