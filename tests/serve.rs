@@ -1575,6 +1575,51 @@ fn a_deeply_nested_tool_call_hides_no_tool_call_from_the_page_or_search() {
     assert_eq!(found["hits"][0]["message_id"], "q1", "{found}");
 }
 
+/// Session ids holding a right-to-left override or a zero-width space were drawn as
+/// they are: `rtl\u{202e}evil` read "rtllive", exactly another session's id, in the list,
+/// the session page's heading and its Id field, and `zw\u{200b}x` read "zwx" (outside
+/// testing W4, session 37). The pages show ids as the CLI does, those characters escaped.
+#[test]
+fn ids_with_bidi_controls_or_invisible_characters_are_shown_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let root_dir = dir.path().join("root");
+    let root = Root::open(&root_dir).unwrap();
+    for id in ["rtl\u{202e}evil", "zw\u{200b}x", "rtllive"] {
+        root.create(CreateOptions::with_id(SessionId::new(id).unwrap()))
+            .unwrap()
+            .close()
+            .unwrap();
+    }
+    let server = Server::start(&root_dir, &[]);
+    let list = server.ok("/").body;
+    let page = server.ok("/sessions/rtl%E2%80%AEevil").body;
+    let tree = server.ok("/sessions/zw%E2%80%8Bx/tree").body;
+    for (what, body) in [("list", &list), ("page", &page), ("tree", &tree)] {
+        // What is drawn; a node's `data-id` keeps the exact id for scripts, never shown.
+        let drawn: String = body
+            .split("data-id=\"")
+            .enumerate()
+            .map(|(i, part)| {
+                if i == 0 {
+                    part
+                } else {
+                    part.split_once('"').map_or("", |(_, rest)| rest)
+                }
+            })
+            .collect();
+        assert!(
+            !drawn.contains('\u{202e}') && !drawn.contains('\u{200b}'),
+            "{what}: {body}"
+        );
+    }
+    assert!(
+        list.contains(r"rtl\u{202e}evil") && list.contains(r"zw\u{200b}x"),
+        "{list}"
+    );
+    assert!(page.contains(r"<h1>rtl\u{202e}evil"), "{page}");
+    assert!(tree.contains(r"zw\u{200b}x"), "{tree}");
+}
+
 /// A rewind before the first turn inherits nothing, and no file recorded it: the parent's
 /// tree left it out, and its own tree drew the parent with no edge to it (outside testing,
 /// session 36). Its parent records it now (through sequence 0), and both trees draw the

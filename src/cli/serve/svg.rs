@@ -12,7 +12,7 @@ use session_store::{KindStats, SessionId};
 use super::links;
 use super::templates::clip;
 use super::tree::{ForkTree, Relation};
-use crate::cli::human_bytes;
+use crate::cli::{human_bytes, shown};
 
 /// Fork tree geometry (px).
 const NODE_W: f64 = 230.0;
@@ -95,7 +95,7 @@ pub fn fork_tree(tree: &ForkTree) -> Markup {
                     @let (x1, y1, x2, y2) = (px + NODE_W, py + NODE_H / 2.0, cx, cy + NODE_H / 2.0);
                     @let mid = (x1 + x2) / 2.0;
                     g.edge data-parent=(e.parent.as_str()) data-child=(e.child.as_str()) {
-                        title { (e.parent.as_str()) " → " (e.child.as_str()) ": " (e.label) }
+                        title { (shown(&e.parent)) " → " (shown(&e.child)) ": " (e.label) }
                         path d=(format!("M{x1},{y1} C{mid},{y1} {mid},{y2} {x2},{y2}")) {}
                         text x=(x2 - 8.0) y=(y2 - 6.0) text-anchor="end" { (clip(&e.label, 14)) }
                     }
@@ -112,13 +112,13 @@ pub fn fork_tree(tree: &ForkTree) -> Markup {
                     a href=(links::session(&n.session_id)) {
                         g class=(format!("node {relation}{}", if n.live { " live" } else { "" }))
                             data-id=(n.session_id.as_str()) {
-                            title { (n.session_id.as_str()) " (" (n.origin.as_str()) ", " (relation) ")" }
+                            title { (shown(&n.session_id)) " (" (n.origin.as_str()) ", " (relation) ")" }
                             rect x=(x) y=(y) width=(NODE_W) height=(NODE_H) rx="6" {}
                             text.node-title x=(x + 10.0) y=(y + 21.0) {
-                                (clip(if n.title.is_empty() { n.session_id.as_str() } else { n.title.as_str() }, 30))
+                                (clip(if n.title.is_empty() { shown(&n.session_id) } else { std::borrow::Cow::Borrowed(n.title.as_str()) }.as_ref(), 30))
                             }
                             text.node-id x=(x + 10.0) y=(y + 39.0) {
-                                (clip(n.session_id.as_str(), 24)) " · " (n.origin.as_str())
+                                (clip(&shown(&n.session_id), 24)) " · " (n.origin.as_str())
                                 @if n.live { " · live" }
                             }
                         }

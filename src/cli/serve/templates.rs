@@ -13,7 +13,7 @@ use super::data::{Params, SessionList};
 use super::problem::Problem;
 use super::tree::ForkTree;
 use super::{links, svg};
-use crate::cli::human_bytes;
+use crate::cli::{human_bytes, shown};
 use session_store::utc;
 
 /// The origins a session list can be filtered by.
@@ -150,7 +150,7 @@ pub fn sessions_page(list: &SessionList, params: &Params) -> Html<String> {
                                     }
                                     @if row.writer.is_some() { " " span.badge.live { "live" } }
                                 }
-                                td { code { (id.as_str()) } }
+                                td { code { (shown(id)) } }
                                 td { (s.cwd.as_deref().unwrap_or("")) }
                                 td { (s.origin.as_str()) }
                                 td.num { (s.turns) }
@@ -168,7 +168,7 @@ pub fn sessions_page(list: &SessionList, params: &Params) -> Html<String> {
                 }
             }
             @for skipped in &list.skipped {
-                p.warning { "Skipped " code { (skipped.session_id.as_str()) } ": " (crate::cli::one_line(skipped.error.as_ref())) }
+                p.warning { "Skipped " code { (shown(&skipped.session_id)) } ": " (crate::cli::one_line(skipped.error.as_ref())) }
             }
             @if let Some(next) = next { p.pager { a href=(next) { "Next page →" } } }
         },
@@ -258,7 +258,7 @@ pub fn search_page(page: &SearchPage, params: &Params) -> Html<String> {
                     li.hit {
                         // A title (position 0) is no message: its hit opens the session.
                         a href=(if hit.position == 0 { links::session(id) } else { links::message(id, hit.position) }) {
-                            @if hit.title.is_empty() { code { (id.as_str()) } } @else { (clip(&hit.title, TITLE_CHARS)) }
+                            @if hit.title.is_empty() { code { (shown(id)) } } @else { (clip(&hit.title, TITLE_CHARS)) }
                         }
                         " " span.role { (hit.role.as_deref().unwrap_or("")) }
                         @if hit.position > 0 { " " span.meta { "#" (hit.position) } }
@@ -300,9 +300,9 @@ pub fn session_nav(id: &SessionId) -> Markup {
 /// The fork tree page.
 pub fn tree_page(tree: &ForkTree) -> Html<String> {
     layout(
-        &format!("Fork tree of {}", tree.focus),
+        &format!("Fork tree of {}", shown(&tree.focus)),
         html! {
-            h1 { "Fork tree of " code { (tree.focus.as_str()) } }
+            h1 { "Fork tree of " code { (shown(&tree.focus)) } }
             (session_nav(&tree.focus))
             p.meta {
                 (tree.nodes.len()) " sessions: ancestors, siblings and descendants; each edge is labelled with its fork point."
@@ -318,9 +318,9 @@ pub fn stats_page(stats: &SessionStats) -> Html<String> {
     let id = &stats.session_id;
     let b = &stats.blobs;
     layout(
-        &format!("Storage of {id}"),
+        &format!("Storage of {}", shown(id)),
         html! {
-            h1 { "Storage of " code { (id.as_str()) } }
+            h1 { "Storage of " code { (shown(id)) } }
             (session_nav(id))
             p.meta {
                 (stats.events) " events through sequence " (stats.durable_sequence) "; file and WAL "

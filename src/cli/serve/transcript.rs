@@ -10,7 +10,7 @@ use session_store::{Message, PersistentMessage, SessionId, TurnBoundary};
 use super::data::{Params, SessionDetail, Transcript};
 use super::links;
 use super::templates::{clip, layout, session_nav};
-use crate::cli::human_bytes;
+use crate::cli::{human_bytes, shown};
 use session_store::utc;
 
 /// Text longer than this (in bytes) is collapsed behind its first line.
@@ -193,10 +193,12 @@ fn sections(t: &Transcript) -> Vec<(Option<&TurnBoundary>, Vec<&PersistentMessag
 pub fn session_page(d: &SessionDetail, t: &Transcript, params: &Params) -> Html<String> {
     let h = &d.info.header;
     let id = &h.session_id;
+    // An id as the CLI shows it: a bidirectional control or an invisible character in
+    // it escaped (`rtl\u{202e}evil` looked exactly like the session `rtllive`).
     let title = if d.entry.title.is_empty() {
-        id.as_str()
+        shown(id)
     } else {
-        d.entry.title.as_str()
+        std::borrow::Cow::Borrowed(d.entry.title.as_str())
     };
     let older = t.page.next_cursor.as_deref().map(|c| {
         links::with_query(
@@ -221,7 +223,7 @@ pub fn session_page(d: &SessionDetail, t: &Transcript, params: &Params) -> Html<
         }
     };
     layout(
-        title,
+        &title,
         html! {
             h1 {
                 (title)
@@ -229,14 +231,14 @@ pub fn session_page(d: &SessionDetail, t: &Transcript, params: &Params) -> Html<
             }
             (session_nav(id))
             dl.header {
-                dt { "Id" } dd { code { (id.as_str()) } }
+                dt { "Id" } dd { code { (shown(id)) } }
                 @if let Some(cwd) = &h.cwd { dt { "Working directory" } dd { code { (cwd) } } }
                 dt { "Origin" } dd {
                     (h.origin.as_str())
                     @if let Some(parent) = &h.parent_id {
                         " of "
-                        @if d.parent_exists { a href=(links::session(parent)) { code { (parent.as_str()) } } }
-                        @else { code { (parent.as_str()) } " (deleted)" }
+                        @if d.parent_exists { a href=(links::session(parent)) { code { (shown(parent)) } } }
+                        @else { code { (shown(parent)) } " (deleted)" }
                     }
                 }
                 dt { "Created (UTC)" } dd { (utc(h.created_at_ms)) }
@@ -254,9 +256,9 @@ pub fn session_page(d: &SessionDetail, t: &Transcript, params: &Params) -> Html<
                 h2 { "Lineage" }
                 ol.lineage {
                     @for e in &d.info.lineage {
-                        li { a href=(links::session(&e.ancestor_id)) { code { (e.ancestor_id.as_str()) } } " sequences " (e.after_seq + 1) "–" (e.through_seq) }
+                        li { a href=(links::session(&e.ancestor_id)) { code { (shown(&e.ancestor_id)) } } " sequences " (e.after_seq + 1) "–" (e.through_seq) }
                     }
-                    li { code { (id.as_str()) } " (this session)" }
+                    li { code { (shown(id)) } " (this session)" }
                 }
             }
             h2 { "Transcript" }
