@@ -1412,3 +1412,43 @@ fn gc_does_what_its_dry_run_says_when_a_fork_sorts_before_its_parent() {
     }
     assert!(listed(&root, &[]).is_empty());
 }
+
+/// An export whose header holds what `create` refuses (an empty cwd, one holding NUL, one
+/// of 10,001 bytes) or a creation time of `i64::MAX` was imported, exit 0; the last was
+/// then on no page of `list --sort created` (outside testing D7, session 37). Refused
+/// naming the header, nothing published; `--cwd` gives such an export a cwd of its own.
+#[test]
+fn import_refuses_a_header_that_create_would_refuse() {
+    let (dir, root) = temp_cli_root();
+    chat(&root, "src", 1, "/w");
+    let clean = dir.path().join("clean.sqlite");
+    ok(&root, &["export", "src", clean.to_str().expect("utf-8")]);
+    let long = "/".repeat(10_001);
+    for (n, (column, value, said)) in [
+        ("cwd", "''", "cwd is empty"),
+        ("cwd", "'/a' || char(0)", "NUL"),
+        ("cwd", &format!("'{long}'"), "at most 4096 bytes"),
+        ("created_at", "9223372036854775807", "creation time"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let file = dir.path().join(format!("bad{n}.sqlite"));
+        std::fs::copy(&clean, &file).expect("copy");
+        let conn = rusqlite::Connection::open(&file).expect("open");
+        conn.execute_batch(&format!("UPDATE header SET {column} = {value}"))
+            .expect("edit");
+        drop(conn);
+        let id = format!("imp{n}");
+        let path = file.to_str().expect("utf-8");
+        let err = fails(&root, &["import", path, "--id", &id], 6);
+        assert!(
+            err.contains("the file's header") && err.contains(said),
+            "{err}"
+        );
+        assert!(!root.join(&id).exists(), "{id} was published");
+        if column == "cwd" {
+            ok(&root, &["import", path, "--id", &id, "--cwd", "/elsewhere"]);
+        }
+    }
+}

@@ -18,6 +18,11 @@ use crate::store::reader::SessionReader;
 use crate::store::schema::{self, Access};
 use crate::store::write::{self, Accepted};
 
+/// The last millisecond of year 9999: the latest creation time an import takes (a header
+/// of `i64::MAX` was imported, and the session was then on no page of `list --sort created`
+/// or `--sort updated`, whose keys it passed).
+const MAX_CREATED_AT_MS: i64 = 253_402_300_799_999;
+
 /// Commits inserted per statement batch while copying a log.
 const COPY_BATCH: usize = 256;
 
@@ -343,6 +348,23 @@ impl Root {
         if let Some(cwd) = options.cwd {
             Header::check_cwd(&cwd)?;
             header.cwd = Some(cwd);
+        }
+        // What `create` refuses is refused from a file too (an empty cwd, one holding NUL
+        // or longer than a path; a creation time no listing can place were imported).
+        if let Some(cwd) = &header.cwd {
+            Header::check_cwd(cwd).map_err(|e| match e {
+                Error::InvalidInput { what, .. } => Error::invalid(format!(
+                    "the file's header: {what}; import it with a cwd of its own (--cwd DIR)"
+                )),
+                other => other,
+            })?;
+        }
+        if !(0..=MAX_CREATED_AT_MS).contains(&header.created_at_ms) {
+            return Err(Error::invalid(format!(
+                "the file's header has a creation time of {} ms since 1970, not a time of \
+                 years 1970-9999",
+                header.created_at_ms
+            )));
         }
         header.origin = options.origin.unwrap_or(Origin::CanonicalImport);
         // A fork's export imported under its parent's id named itself as its own parent
