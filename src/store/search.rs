@@ -581,10 +581,16 @@ impl SearchIndex {
     pub(crate) fn catch_up(&self, reader: &SessionReader) -> Result<bool> {
         let id = &reader.header().session_id;
         let lineage = reader.lineage();
+        let durable = reader.durable_sequence()?;
         let known = {
             let conn = lock(&self.write);
             match session_state(&conn, id)? {
-                Some((key, indexed)) if stored_lineage(&conn, key)? == lineage => {
+                // Indexed past the file's end: the file lost commits since (an OS crash
+                // under `ProcessCrash`, a copy put back), so its rows are made anew (the
+                // lost messages were still found, and what was written after them not).
+                Some((key, indexed))
+                    if indexed <= durable && stored_lineage(&conn, key)? == lineage =>
+                {
                     Some((key, indexed))
                 }
                 _ => None,
