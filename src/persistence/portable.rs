@@ -291,7 +291,8 @@ impl Root {
     /// hashes, blob digests and a full projection replay — all before anything becomes
     /// visible. The copy is built under `.staging/` and renamed into place. The file is the
     /// user's: a symlink to it is followed (resolved once), and nothing is created beside
-    /// it (see [`replay_file`](crate::replay_file)). `file` may also be a session's folder:
+    /// it but SQLite's `-shm` of a `-wal` that is there without one (see
+    /// [`replay_file`](crate::replay_file)). `file` may also be a session's folder:
     /// its `session.sqlite` is imported (a self-contained one: a root session, or one whose
     /// inherited range was materialised).
     ///

@@ -205,7 +205,8 @@ pub(crate) struct Target {
 /// its symlinks are followed (resolved once here). A folder is a session folder of a root
 /// (its file is opened shared, its ancestors are its siblings); a file is opened
 /// immutable unless a `-wal` or `-journal` is beside it (see [`Access`]), so nothing is
-/// ever created beside a user's file.
+/// created beside a user's file, but SQLite's `-shm` index of a `-wal` that is there
+/// without one (reading the WAL needs it; the file and the WAL are left as they are).
 ///
 /// # Errors
 /// [`Error::Io`] of kind `NotFound` for a path with nothing there ("PATH: No such file or
