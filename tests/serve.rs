@@ -62,6 +62,23 @@ fn pages_and_api_over_the_demo_root() {
         css.header("content-type")
             .is_some_and(|t| t.starts_with("text/css"))
     );
+    // An icon of its own: a browser asked for /favicon.ico on every page and logged its
+    // 404 (outside testing W7, session 37).
+    assert!(
+        page.body
+            .contains(r#"<link rel="icon" type="image/svg+xml" href="/assets/icon.svg">"#)
+    );
+    let icon = server.ok("/assets/icon.svg");
+    assert_eq!(icon.header("content-type"), Some("image/svg+xml"));
+    assert!(icon.body.starts_with("<svg"), "{}", icon.body);
+    // A message's text sets its own direction (an Arabic message was laid out left to
+    // right, its final stop on the wrong side).
+    let transcript = server.ok(&format!("/sessions/{}", DEMO[0].0));
+    assert!(
+        transcript.body.contains(r#"<div class="text" dir="auto">"#),
+        "{}",
+        transcript.body
+    );
 
     // The API: the same sessions, most recently updated first.
     let list = server.ok("/api/sessions").json();
@@ -907,7 +924,7 @@ fn openai_agents_items_show_their_tool_calls_outputs_and_other_fields() {
         "sunny &lt;b&gt;22&lt;/b&gt;",
         "<summary>reasoning (JSON)</summary>",
         "thought about &lt;it&gt;",
-        "<div class=\"text\">It is &lt;sunny&gt;.\n\nTake a hat.</div>",
+        "<div class=\"text\" dir=\"auto\">It is &lt;sunny&gt;.\n\nTake a hat.</div>",
         "<summary>content (JSON)</summary>",
     ] {
         assert!(page.contains(shown), "{shown} not in {page}");

@@ -1,4 +1,5 @@
-//! The static assets, compiled into the binary (no CDN, no build step): the stylesheet.
+//! The static assets, compiled into the binary (no CDN, no build step): the stylesheet and
+//! the icon.
 //! The pages need no script (collapsing is `<details>`, blobs are links).
 
 use std::sync::OnceLock;
@@ -42,6 +43,23 @@ pub async fn style(headers: HeaderMap) -> Response {
         [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
         cache,
         STYLE,
+    )
+        .into_response()
+}
+
+/// The pages' icon: a small square in the stylesheet's accent colour (a browser asked for
+/// `/favicon.ico` on every page and logged its 404).
+const ICON: &str = "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 16 16\">\
+                    <rect width=\"16\" height=\"16\" rx=\"3\" fill=\"#2f5f8f\"/></svg>";
+
+/// `GET /assets/icon.svg`: the pages' icon, cached for a day (it never changes).
+pub async fn icon() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "image/svg+xml"),
+            (header::CACHE_CONTROL, "max-age=86400"),
+        ],
+        ICON,
     )
         .into_response()
 }

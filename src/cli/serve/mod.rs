@@ -93,6 +93,7 @@ fn router(app: App) -> Router {
         .route("/sessions/{id}/stats", get(pages::stats))
         .route("/sessions/{id}/content/{digest}", get(pages::content))
         .route("/assets/style.css", get(assets::style))
+        .route("/assets/icon.svg", get(assets::icon))
         .route("/api/sessions", get(api::sessions))
         .route("/api/search", get(api::search))
         .route("/api/stats", get(api::root_stats))

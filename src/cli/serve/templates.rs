@@ -50,6 +50,7 @@ pub fn layout(title: &str, body: Markup) -> Html<String> {
                     meta name="viewport" content="width=device-width, initial-scale=1";
                     title { (title) " · session-store" }
                     link rel="stylesheet" href="/assets/style.css";
+                    link rel="icon" type="image/svg+xml" href="/assets/icon.svg";
                 }
                 body {
                     header.top {

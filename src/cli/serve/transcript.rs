@@ -114,10 +114,10 @@ fn body(message: &Message) -> Markup {
             } @else if text.len() > LONG_TEXT {
                 details.long {
                     summary { (clip(text.lines().next().unwrap_or(""), SUMMARY_CHARS)) " … (" (human_bytes(text.len() as u64)) ")" }
-                    div.text { (text) }
+                    div.text dir="auto" { (text) }
                 }
             } @else {
-                div.text { (text) }
+                div.text dir="auto" { (text) }
             }
         } @else if let Some(content) = content {
             details.json {
