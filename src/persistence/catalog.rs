@@ -767,15 +767,11 @@ impl Catalog {
 
     /// Opens the catalog and gives every session folder of `ids` a row it has none for
     /// (once per process: sessions published before this catalog existed, or by a process
-    /// that died before recording them, get a stale row). On failure, the error and the
-    /// connection when it was opened.
-    fn open_indexing(
-        &self,
-        root: &Root,
-        ids: &[SessionId],
-    ) -> std::result::Result<Connection, (Error, Option<Connection>)> {
-        let conn = self.open(root).map_err(|e| (e, None))?;
-        let added = (|| {
+    /// that died before recording them, get a stale row). Damage inside the file, met by
+    /// these first statements, replaces it: it is derived (`rebuild-catalog` failed on it,
+    /// for good).
+    fn open_indexing(&self, root: &Root, ids: &[SessionId]) -> Result<Connection> {
+        let add_rows = |conn: &Connection| {
             let mut add = conn.prepare(
                 "INSERT OR IGNORE INTO sessions (session_id, stamp, entry) VALUES (?1, '', '')",
             )?;
@@ -783,10 +779,18 @@ impl Catalog {
                 add.execute([id.as_str()])?;
             }
             Ok::<_, Error>(())
-        })();
-        match added {
+        };
+        let conn = self.open(root)?;
+        match add_rows(&conn) {
             Ok(()) => Ok(conn),
-            Err(e) => Err((e, Some(conn))),
+            Err(e) if e.is_corrupt() && schema::is_damaged(&conn) => {
+                drop(conn);
+                unlink_files_at(&catalog_dir(root)?, &CATALOG_FILES, &self.dir)?;
+                let conn = self.open(root)?;
+                add_rows(&conn)?;
+                Ok(conn)
+            }
+            Err(e) => Err(e),
         }
     }
 
@@ -806,17 +810,7 @@ impl Catalog {
         let mut guard = self.conn.lock().unwrap_or_else(|e| e.into_inner());
         if guard.is_none() {
             let ids = ids_of(root, scan)?;
-            let conn = match self.open_indexing(root, &ids) {
-                // Damage inside the file, met by the first statement: it is derived, so
-                // it is replaced (`rebuild-catalog` failed on it, for good).
-                Err((e, Some(conn))) if e.is_corrupt() && schema::is_damaged(&conn) => {
-                    drop(conn);
-                    unlink_files_at(&catalog_dir(root)?, &CATALOG_FILES, &self.dir)?;
-                    self.open_indexing(root, &ids).map_err(|(e, _)| e)?
-                }
-                opened => opened.map_err(|(e, _)| e)?,
-            };
-            *guard = Some(conn);
+            *guard = Some(self.open_indexing(root, &ids)?);
         }
         let Some(conn) = guard.as_ref() else {
             return Err(Error::internal(
