@@ -81,28 +81,23 @@ pub fn close_inherited_locks() {
 /// command that looked at the session's writer, `list` of the whole root included, wait
 /// forever reading it).
 fn open_lock_file(path: &Path) -> Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .custom_flags(NO_FOLLOW | NON_BLOCKING)
-        .open(path)
-        .map_err(|e| refused_or_io(path, e))?;
-    match file.metadata() {
-        Ok(m) if m.is_file() => Ok(file),
-        Ok(m) if m.is_dir() => Err(not_a_lock_file(path, "a directory")),
-        Ok(_) => Err(not_a_lock_file(path, "not a regular file")),
-        Err(e) => Err(Error::io(format!("stat {}", path.display()), e)),
-    }
+    open_checked(
+        path,
+        OpenOptions::new().write(true).create(true).truncate(false),
+    )
 }
 
 /// Opens a lock file read-only (`flock` needs no write access), as [`open_lock_file`] does
 /// otherwise: never created, never through a symlink, refused unless a regular file.
 fn open_lock_file_to_read(path: &Path) -> Result<File> {
+    open_checked(path, &mut OpenOptions::new())
+}
+
+/// Opens `path` for reading with `options` besides, `O_NOFOLLOW` and `O_NONBLOCK`, and
+/// refuses it unless it is a regular file.
+fn open_checked(path: &Path, options: &mut OpenOptions) -> Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
-    let file = OpenOptions::new()
+    let file = options
         .read(true)
         .custom_flags(NO_FOLLOW | NON_BLOCKING)
         .open(path)
