@@ -942,6 +942,13 @@ fn a_list_cursor_continues_only_the_listing_that_made_it() {
     );
     // An earlier build's forms name no filters: a filtered listing refuses them.
     refused(&["--cwd", "/p", "--cursor", "a"], "earlier build");
+    // Any text that is an id reads as an earlier build's cursor of the id order: a sorted
+    // listing said `garbage` continued "a listing sorted by id" (outside testing W6,
+    // session 37).
+    refused(
+        &["--sort", "updated", "--cursor", "garbage"],
+        "not a cursor a listing sorted by updated made (a bare session id continues only the id order",
+    );
     // Each cursor continues its own listing; the earlier forms an unfiltered one.
     let ids = |args: &[&str]| listed(&root, args);
     assert_eq!(ids(&["--cursor", &plain]), ["b", "c", "d"]);

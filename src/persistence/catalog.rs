@@ -402,6 +402,15 @@ impl ListFilter {
                 ListSort::Updated => "updated",
                 ListSort::Created => "created",
             };
+            // Any text that is a session id reads as an earlier build's cursor (of the id
+            // order): `garbage` was said to continue "a listing sorted by id".
+            if made_by.is_none() && order == ListSort::Id && id == cursor {
+                return Err(bad(&format!(
+                    "not a cursor a listing sorted by {} made (a bare session id continues \
+                     only the id order, as an earlier build's cursor)",
+                    name(self.sort)
+                )));
+            }
             return Err(bad(&format!(
                 "not for this sort: it continues a listing sorted by {}, not by {}; give the \
                  sort and filters of the page it came from",
