@@ -79,6 +79,18 @@ fn pages_and_api_over_the_demo_root() {
         "{}",
         transcript.body
     );
+    // The session's own navigation says which of its pages is shown (outside testing W7).
+    assert!(
+        transcript
+            .body
+            .contains(r#"aria-current="page">Transcript</a>"#)
+    );
+    let tree = server.ok(&format!("/sessions/{}/tree", DEMO[0].0)).body;
+    assert!(
+        tree.contains(r#"aria-current="page">Fork tree</a>"#),
+        "{tree}"
+    );
+    assert_eq!(tree.matches("aria-current").count(), 1, "{tree}");
 
     // The API: the same sessions, most recently updated first.
     let list = server.ok("/api/sessions").json();

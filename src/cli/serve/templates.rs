@@ -287,15 +287,28 @@ pub fn search_refused(message: &str, params: &Params) -> Html<String> {
 }
 
 /// The navigation of a session's pages.
-pub fn session_nav(id: &SessionId) -> Markup {
+pub fn session_nav(id: &SessionId, current: SessionPage) -> Markup {
+    let here = |page: SessionPage| (page == current).then_some("page");
     html! {
         nav.session-nav aria-label="Session" {
-            a href=(links::session(id)) { "Transcript" }
-            a href=(links::tree(id)) { "Fork tree" }
-            a href=(links::stats(id)) { "Storage" }
+            a href=(links::session(id)) aria-current=[here(SessionPage::Transcript)] { "Transcript" }
+            a href=(links::tree(id)) aria-current=[here(SessionPage::Tree)] { "Fork tree" }
+            a href=(links::stats(id)) aria-current=[here(SessionPage::Storage)] { "Storage" }
             a href=(links::api_session(id)) { "JSON" }
         }
     }
+}
+
+/// Which of a session's pages is shown: its link in [`session_nav`] is marked
+/// `aria-current="page"` (a screen reader said nothing of where one was).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionPage {
+    /// The transcript (`/sessions/ID`).
+    Transcript,
+    /// The fork tree.
+    Tree,
+    /// The storage statistics.
+    Storage,
 }
 
 /// The fork tree page.
@@ -304,7 +317,7 @@ pub fn tree_page(tree: &ForkTree) -> Html<String> {
         &format!("Fork tree of {}", shown(&tree.focus)),
         html! {
             h1 { "Fork tree of " code { (shown(&tree.focus)) } }
-            (session_nav(&tree.focus))
+            (session_nav(&tree.focus, SessionPage::Tree))
             p.meta {
                 (tree.nodes.len()) " sessions: ancestors, siblings and descendants; each edge is labelled with its fork point."
                 @if tree.truncated { " Only the first sessions are drawn." }
@@ -322,7 +335,7 @@ pub fn stats_page(stats: &SessionStats) -> Html<String> {
         &format!("Storage of {}", shown(id)),
         html! {
             h1 { "Storage of " code { (shown(id)) } }
-            (session_nav(id))
+            (session_nav(id, SessionPage::Storage))
             p.meta {
                 (stats.events) " events through sequence " (stats.durable_sequence) "; file and WAL "
                 (human_bytes(stats.file_bytes)) "."

@@ -9,7 +9,7 @@ use session_store::{Message, PersistentMessage, SessionId, TurnBoundary};
 
 use super::data::{Params, SessionDetail, Transcript};
 use super::links;
-use super::templates::{clip, layout, session_nav};
+use super::templates::{SessionPage, clip, layout, session_nav};
 use crate::cli::{human_bytes, shown};
 use session_store::utc;
 
@@ -229,7 +229,7 @@ pub fn session_page(d: &SessionDetail, t: &Transcript, params: &Params) -> Html<
                 (title)
                 @if d.writer.is_some() { " " span.badge.live title="A writer holds this session: the durable prefix is shown" { "live" } }
             }
-            (session_nav(id))
+            (session_nav(id, SessionPage::Transcript))
             dl.header {
                 dt { "Id" } dd { code { (shown(id)) } }
                 @if let Some(cwd) = &h.cwd { dt { "Working directory" } dd { code { (cwd) } } }
