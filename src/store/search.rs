@@ -404,19 +404,19 @@ impl SearchIndex {
         let mut read = lock(&self.read);
         *write = Connection::open_in_memory()?;
         *read = Connection::open_in_memory()?;
-        if self.private_dir.is_some() {
-            for suffix in ["", "-wal", "-shm", "-journal"] {
-                let mut name = self.path.as_os_str().to_owned();
-                name.push(suffix);
-                match std::fs::remove_file(&name) {
-                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                        return Err(Error::io(format!("remove {}", self.path.display()), e));
+        match &self.private_dir {
+            Some(dir) => {
+                for name in SEARCH_FILES {
+                    let file = dir.join(name);
+                    match std::fs::remove_file(&file) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                            return Err(Error::io(format!("remove {}", file.display()), e));
+                        }
+                        _ => {}
                     }
-                    _ => {}
                 }
             }
-        } else {
-            unlink_root_files()?;
+            None => unlink_root_files()?,
         }
         *write = open_index(&self.path)?;
         *read = open_index(&self.path)?;
@@ -473,7 +473,7 @@ impl SearchIndex {
             .mode(0o700)
             .create(&dir)
             .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
-        let mut index = SearchIndex::open(&dir.join("search.sqlite")).inspect_err(|_| {
+        let mut index = SearchIndex::open(&dir.join(SEARCH_FILE)).inspect_err(|_| {
             let _ = std::fs::remove_dir_all(&dir);
         })?;
         index.private_dir = Some(dir);

@@ -10,7 +10,7 @@ use maud::{Markup, html};
 use session_store::{KindStats, SessionId};
 
 use super::links;
-use super::templates::clip;
+use super::templates::{clip, title_or_id};
 use super::tree::{ForkTree, Relation};
 use crate::cli::{human_bytes, shown};
 
@@ -115,7 +115,7 @@ pub fn fork_tree(tree: &ForkTree) -> Markup {
                             title { (shown(&n.session_id)) " (" (n.origin.as_str()) ", " (relation) ")" }
                             rect x=(x) y=(y) width=(NODE_W) height=(NODE_H) rx="6" {}
                             text.node-title x=(x + 10.0) y=(y + 21.0) {
-                                (clip(if n.title.is_empty() { shown(&n.session_id) } else { std::borrow::Cow::Borrowed(n.title.as_str()) }.as_ref(), 30))
+                                (clip(&title_or_id(&n.title, &n.session_id), 30))
                             }
                             text.node-id x=(x + 10.0) y=(y + 39.0) {
                                 (clip(&shown(&n.session_id), 24)) " · " (n.origin.as_str())

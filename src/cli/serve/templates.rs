@@ -311,6 +311,17 @@ pub enum SessionPage {
     Storage,
 }
 
+/// A session's title, or its id as the CLI shows it when it has none (a bidirectional
+/// control or an invisible character in the id escaped: `rtl\u{202e}evil` looked exactly
+/// like the session `rtllive`).
+pub fn title_or_id<'a>(title: &'a str, id: &'a SessionId) -> Cow<'a, str> {
+    if title.is_empty() {
+        shown(id)
+    } else {
+        Cow::Borrowed(title)
+    }
+}
+
 /// The fork tree page.
 pub fn tree_page(tree: &ForkTree) -> Html<String> {
     layout(

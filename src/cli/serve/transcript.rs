@@ -9,7 +9,7 @@ use session_store::{Message, PersistentMessage, SessionId, TurnBoundary};
 
 use super::data::{Params, SessionDetail, Transcript};
 use super::links;
-use super::templates::{SessionPage, clip, layout, session_nav};
+use super::templates::{SessionPage, clip, layout, session_nav, title_or_id};
 use crate::cli::{human_bytes, shown};
 use session_store::utc;
 
@@ -193,13 +193,7 @@ fn sections(t: &Transcript) -> Vec<(Option<&TurnBoundary>, Vec<&PersistentMessag
 pub fn session_page(d: &SessionDetail, t: &Transcript, params: &Params) -> Html<String> {
     let h = &d.info.header;
     let id = &h.session_id;
-    // An id as the CLI shows it: a bidirectional control or an invisible character in
-    // it escaped (`rtl\u{202e}evil` looked exactly like the session `rtllive`).
-    let title = if d.entry.title.is_empty() {
-        shown(id)
-    } else {
-        std::borrow::Cow::Borrowed(d.entry.title.as_str())
-    };
+    let title = title_or_id(&d.entry.title, id);
     let older = t.page.next_cursor.as_deref().map(|c| {
         links::with_query(
             &links::session(id),
