@@ -52,7 +52,7 @@ pub use persistence::{
     CatalogEntry, CatalogTotals, CheckpointPolicy, CreateOptions, ExportReport, FileIdentity,
     ForkPoint, ImportOptions, ListFilter, ListSort, Listing, MAX_SEARCH_LIMIT, RebuildReport,
     ReplayReport, Root, Scratch, SearchOptions, SessionInfo, SkippedSession, StoreOptions,
-    Verified, catalog_session_ids, replay_file, verify_file,
+    Verified, catalog_session_ids, hold_for_fork, release_after_fork, replay_file, verify_file,
 };
 pub use persistence::{GcDeleted, GcKept, GcOptions, GcReport};
 pub use service::{
@@ -63,7 +63,6 @@ pub use service::{
 };
 pub use session::live::{PersistenceStatus, Session, SessionSnapshot};
 pub use session::pool::WRITER_THREADS;
-pub use store::folder_swap::{hold_for_fork, release_after_fork};
 pub use store::lock::close_inherited_locks;
 pub use store::read::{DependentFork, LineageEntry};
 pub use store::reader::{MessageText, SessionReader, TranscriptEntry};

@@ -15,7 +15,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 mod fork;
+mod per_process;
 
+use per_process::PerProcess;
 use pyo3::PyTypeInfo;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyFileExistsError, PyLookupError, PyValueError};
@@ -397,12 +399,9 @@ fn session_id(id: &str) -> session_store::Result<SessionId> {
 /// builds its own, and the inherited one is left alone (dropping it would wait for those
 /// threads too).
 fn tokio_runtime() -> session_store::Result<&'static tokio::runtime::Runtime> {
-    static RUNTIME: Mutex<Option<(u32, &'static tokio::runtime::Runtime)>> = Mutex::new(None);
-    let pid = std::process::id();
-    let mut slot = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((owner, runtime)) = *slot
-        && owner == pid
-    {
+    static RUNTIME: PerProcess<Mutex<Option<&'static tokio::runtime::Runtime>>> = PerProcess::new();
+    let mut slot = RUNTIME.get().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(runtime) = *slot {
         return Ok(runtime);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -415,7 +414,7 @@ fn tokio_runtime() -> session_store::Result<&'static tokio::runtime::Runtime> {
             source: std::sync::Arc::new(e),
         })?;
     let runtime: &'static tokio::runtime::Runtime = Box::leak(Box::new(runtime));
-    *slot = Some((pid, runtime));
+    *slot = Some(runtime);
     Ok(runtime)
 }
 
@@ -456,24 +455,24 @@ impl<T> Drop for Owned<T> {
 }
 
 /// A root folder of sessions (`session_store.Root` wraps it). A child made by `os.fork()`
-/// opens the folder again at its first call (see [`Owned`]).
+/// opens the folder again at its first call (see [`PerProcess`]).
 #[pyclass(frozen, module = "session_store._native")]
 struct Root {
     path: PathBuf,
     options: StoreOptions,
-    service: Mutex<Owned<Service>>,
+    service: PerProcess<Mutex<Option<Service>>>,
 }
 
 impl Root {
     /// This process's service of the root.
     fn service(&self) -> session_store::Result<Service> {
-        let mut service = self.service.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(service) = service.get() {
+        let mut service = self.service.get().lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(service) = service.as_ref() {
             return Ok(service.clone());
         }
         let root = session_store::Root::with_options(&self.path, self.options.clone())?;
         let fresh = Service::new("local", root)?;
-        *service = Owned::new(fresh.clone());
+        *service = Some(fresh.clone());
         Ok(fresh)
     }
 
@@ -561,7 +560,7 @@ impl Root {
             Ok(Root {
                 path: root.path().to_path_buf(),
                 options,
-                service: Mutex::new(Owned::new(Service::new("local", root)?)),
+                service: PerProcess::with(Mutex::new(Some(Service::new("local", root)?))),
             })
         })
     }
@@ -606,7 +605,7 @@ impl Root {
         Ok(Reader {
             root: slf.clone().unbind(),
             id: self::session_id(session_id).map_err(|e| to_py(slf.py(), e))?,
-            open: Mutex::new(None),
+            open: PerProcess::new(),
         })
     }
 
@@ -1033,17 +1032,16 @@ const READ_ATTEMPTS: usize = 3;
 struct Reader {
     root: Py<Root>,
     id: SessionId,
-    /// The open reader (one inherited through `os.fork()` is opened again: see [`Owned`]).
-    open: Mutex<Option<(Owned<SessionReader>, FileId)>>,
+    /// The open reader (a child made by `os.fork()` opens its own: see [`PerProcess`]).
+    open: PerProcess<Mutex<Option<(SessionReader, FileId)>>>,
 }
 
 impl Reader {
     /// The open reader, (re)opened when missing, stale or `fresh` is asked.
     fn current(&self, fresh: bool) -> session_store::Result<SessionReader> {
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let mut open = self.open.get().lock().unwrap_or_else(|e| e.into_inner());
         if !fresh
             && let Some((reader, id)) = open.as_ref()
-            && let Some(reader) = reader.get()
             && file_id(reader.file()).is_ok_and(|now| now == *id)
         {
             return Ok(reader.clone());
@@ -1051,7 +1049,7 @@ impl Reader {
         *open = None;
         let reader = self.root.get().service()?.root().open_reader(&self.id)?;
         let id = file_id(reader.file())?;
-        *open = Some((Owned::new(reader.clone()), id));
+        *open = Some((reader.clone(), id));
         Ok(reader)
     }
 

@@ -1861,7 +1861,8 @@ def test_a_forked_child_reads_while_the_parents_threads_read(tmp_path):
     # of the fork handler's static ones): a fork while another thread of the parent was
     # locking the session's file gave the child that mutex locked for good, and the
     # child's first read of the session (through the inherited Root or a new one) hung,
-    # in 1-4 forks of a hundred here.
+    # in 1-4 forks of a hundred here. So did a fork while a parent thread held the Root's
+    # own lock of its service (about one in a thousand: once in 300 in a CI run).
     done = run_script(_FORK_READING_SCRIPT, tmp_path / "root")
     assert done.stdout.strip() == "0"
 

@@ -31,6 +31,11 @@ const EMPTY_GRACE: Duration = Duration::from_secs(60);
 /// the process's POSIX locks on it, those of the export's SQLite connection included.
 static LIVE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
+/// Takes the list's lock for a `fork()` (`persistence::fork_hold`).
+pub(crate) fn hold_for_fork() -> Box<dyn std::any::Any> {
+    Box::new(live())
+}
+
 fn live() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
     LIVE.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -6,6 +6,7 @@ mod confine;
 mod delete;
 mod export_temp;
 mod fork;
+mod fork_hold;
 mod portable;
 mod retention;
 mod scan_cache;
@@ -21,6 +22,7 @@ pub use catalog::{
     catalog_session_ids,
 };
 pub use fork::ForkPoint;
+pub use fork_hold::{hold_for_fork, release_after_fork};
 pub use portable::{ExportReport, ImportOptions};
 pub use retention::{GcDeleted, GcKept, GcOptions, GcReport};
 pub use search::{MAX_SEARCH_LIMIT, SearchOptions};

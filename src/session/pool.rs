@@ -56,6 +56,11 @@ struct Pool {
 /// the inherited one left alone.
 static POOL: Mutex<Option<(u32, Arc<Pool>)>> = Mutex::new(None);
 
+/// Takes the pool's lock for a `fork()` (`persistence::fork_hold`).
+pub(crate) fn hold_for_fork() -> Box<dyn std::any::Any> {
+    Box::new(POOL.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
 /// This process's pool, its threads started at first use (see [`POOL`]).
 fn pool() -> Arc<Pool> {
     let pid = std::process::id();

@@ -22,12 +22,12 @@
 //!   first read in this process.
 //!
 //! A process that calls `fork()` while other threads may be in [`open_shared`] takes the
-//! lock around it ([`hold_for_fork`], [`release_after_fork`]): a child that inherited it
-//! held by a thread it does not have would wait for it for good.
+//! lock around it ([`hold_for_fork`]): a child that inherited it held by a thread it does
+//! not have would wait for it for good.
 
-use std::cell::RefCell;
+use std::any::Any;
 use std::path::Path;
-use std::sync::{RwLock, RwLockWriteGuard};
+use std::sync::RwLock;
 
 use rusqlite::Connection;
 
@@ -35,12 +35,6 @@ use crate::error::{Error, Result};
 
 /// Held shared from a reader's open to its first read, exclusively by a rename into a root.
 static SWAP: RwLock<()> = RwLock::new(());
-
-thread_local! {
-    /// The lock as [`hold_for_fork`] took it, until [`release_after_fork`].
-    static HELD_FOR_FORK: RefCell<Option<RwLockWriteGuard<'static, ()>>> =
-        const { RefCell::new(None) };
-}
 
 /// How many times [`open_shared`] opens a file that was replaced during each open.
 const OPEN_ATTEMPTS: usize = 3;
@@ -91,26 +85,16 @@ pub(crate) fn open_shared(
     Err(Error::SessionNotFound(path.display().to_string()))
 }
 
-/// Takes the process-wide lock between opening a shared read connection (up to its first
-/// read) and renaming a session folder into a root, for a `fork()` this thread is about
-/// to make; [`release_after_fork`] lets it go, in the parent and in the child. Call
-/// them around `fork()` in a process with other threads using the library (the Python
-/// package does, through `os.register_at_fork`): a thread of the parent inside an open at
-/// the fork would leave the child's copy of the lock held for good, and the child's next
-/// create, import or fork would wait for ever. Calling it twice before a release does
-/// nothing more.
-pub fn hold_for_fork() {
-    HELD_FOR_FORK.with(|held| {
-        let mut held = held.borrow_mut();
-        if held.is_none() {
-            *held = Some(SWAP.write().unwrap_or_else(|e| e.into_inner()));
-        }
-    });
+/// Takes the lock for a `fork()` (`persistence::fork_hold`): held, no reader of this
+/// process is between its open and its first read, and no rename into a root is under way.
+pub(crate) fn hold_for_fork() -> Box<dyn Any> {
+    Box::new(SWAP.write().unwrap_or_else(|e| e.into_inner()))
 }
 
-/// Lets go of what [`hold_for_fork`] took on this thread (nothing when it took nothing).
-pub fn release_after_fork() {
-    HELD_FOR_FORK.with(|held| held.borrow_mut().take());
+/// Whether no thread holds the lock (a test's check of [`hold_for_fork`]).
+#[cfg(test)]
+pub(crate) fn is_free() -> bool {
+    SWAP.try_write().is_ok()
 }
 
 #[cfg(test)]
@@ -145,15 +129,5 @@ mod tests {
             open_shared(&file, open, |_| Ok(())),
             Err(Error::SessionNotFound(_))
         ));
-    }
-
-    #[test]
-    fn a_fork_hold_is_taken_once_and_released() {
-        hold_for_fork();
-        hold_for_fork();
-        assert!(SWAP.try_read().is_err());
-        release_after_fork();
-        drop(SWAP.read().expect("released"));
-        release_after_fork();
     }
 }

@@ -200,14 +200,22 @@ const MAX_QUEUED_CLOSES: usize = 16;
 /// Connections sent to the closing thread and not closed yet.
 static QUEUED_CLOSES: AtomicUsize = AtomicUsize::new(0);
 
+/// The closing thread's sender and the id of the process that started the thread
+/// ([`close_later`]).
+type Closer = Option<(u32, Option<Sender<Entry>>)>;
+static CLOSER: Mutex<Closer> = Mutex::new(None);
+
+/// Takes the closer's lock for a `fork()` (`persistence::fork_hold`).
+pub(crate) fn hold_for_fork() -> Box<dyn std::any::Any> {
+    Box::new(CLOSER.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
 /// Closes `entries` off the caller's path, on a thread that only closes connections
 /// (started on first use; inline when it cannot be, or when [`MAX_QUEUED_CLOSES`] wait
 /// already): closing one frees its parsed schema, as much work as a search's read of it.
 /// The thread is the process's: a child made by `fork()` (which inherits the sender
 /// without the thread) starts its own.
 fn close_later(entries: impl IntoIterator<Item = Entry>) {
-    type Closer = Option<(u32, Option<Sender<Entry>>)>;
-    static CLOSER: Mutex<Closer> = Mutex::new(None);
     let pid = std::process::id();
     let send = {
         let mut closer = CLOSER.lock().unwrap_or_else(|e| e.into_inner());

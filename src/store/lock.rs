@@ -37,6 +37,12 @@ struct Held {
 /// parent's release (a session stayed locked for as long as a forked worker lived).
 static HELD: Mutex<Vec<Held>> = Mutex::new(Vec::new());
 
+/// Takes the registry's lock for a `fork()` (`persistence::fork_hold`), so that the child's
+/// [`close_inherited_locks`] finds every lock file its parent held.
+pub(crate) fn hold_for_fork() -> Box<dyn std::any::Any> {
+    Box::new(HELD.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
 /// `file` (just locked) as a [`WriterLock`], recorded in [`HELD`].
 fn held(file: File) -> WriterLock {
     let file = Arc::new(Mutex::new(Some(file)));

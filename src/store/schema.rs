@@ -698,10 +698,17 @@ fn schema_objects(conn: &Connection) -> rusqlite::Result<Vec<SchemaObject>> {
         .collect()
 }
 
+/// The objects each schema version's migrations create ([`expected_schema`]).
+static BUILT: Mutex<BTreeMap<i64, Arc<Vec<SchemaObject>>>> = Mutex::new(BTreeMap::new());
+
+/// Takes the lock of the expected schemas for a `fork()` (`persistence::fork_hold`).
+pub(crate) fn hold_for_fork() -> Box<dyn std::any::Any> {
+    Box::new(BUILT.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
 /// The objects that `version` migrations create, from an in-memory database migrated
 /// once per process and version.
 fn expected_schema(version: i64) -> Result<Arc<Vec<SchemaObject>>> {
-    static BUILT: Mutex<BTreeMap<i64, Arc<Vec<SchemaObject>>>> = Mutex::new(BTreeMap::new());
     let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(objects) = built.get(&version) {
         return Ok(Arc::clone(objects));

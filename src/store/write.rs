@@ -183,6 +183,13 @@ static HISTORY_ROWS: LazyLock<ChunkSql> = LazyLock::new(|| {
     )
 });
 
+/// Builds the drain's statements now, for a `fork()` (`persistence::fork_hold`): a child
+/// made while another thread built one would wait for that build for ever.
+pub(crate) fn build_for_fork() {
+    LazyLock::force(&EVENT_ROWS);
+    LazyLock::force(&HISTORY_ROWS);
+}
+
 /// Inserts commits, their events, the blobs of large payloads and of long string values
 /// (once per digest, see [`content`]) and the turns they close, inside the caller's
 /// transaction. String values longer than `inline_threshold` bytes become content parts.
