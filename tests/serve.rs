@@ -91,6 +91,15 @@ fn pages_and_api_over_the_demo_root() {
         "{tree}"
     );
     assert_eq!(tree.matches("aria-current").count(), 1, "{tree}");
+    // So does the site's, on its two pages.
+    for (path, link) in [("/", "Sessions"), ("/stats", "Storage")] {
+        let page = server.ok(path).body;
+        assert!(
+            page.contains(&format!(r#"aria-current="page">{link}</a>"#)),
+            "{path}: {page}"
+        );
+        assert_eq!(page.matches("aria-current").count(), 1, "{path}: {page}");
+    }
 
     // The API: the same sessions, most recently updated first.
     let list = server.ok("/api/sessions").json();
@@ -190,14 +199,37 @@ fn pages_and_api_over_the_demo_root() {
         .find_map(|s| s.split('"').next().filter(|h| h.contains("/content/")))
         .expect("a blob link")
         .to_owned();
+    // The link is a page showing the message as the session page shows one (it showed the
+    // blob's raw JSON); its bytes are the API's.
     let content = server.ok(&blob);
-    assert!(content.body.contains("quoted_string_roundtrip"));
     assert!(
         content
             .header("content-type")
+            .is_some_and(|t| t.starts_with("text/html"))
+    );
+    for needle in [
+        "class=\"message role-tool\"",
+        "quoted_string_roundtrip",
+        &format!("href=\"/api{blob}\""),
+    ] {
+        assert!(
+            content.body.contains(needle),
+            "{needle:?} missing: {}",
+            content.body
+        );
+    }
+    assert!(
+        !content.body.contains("&quot;role&quot;"),
+        "{}",
+        content.body
+    );
+    let raw = server.ok(&format!("/api{blob}"));
+    assert!(
+        raw.header("content-type")
             .is_some_and(|t| t.starts_with("text/plain"))
     );
-    assert_eq!(server.ok(&format!("/api{blob}")).body, content.body);
+    let payload: serde_json::Value = serde_json::from_str(&raw.body).expect("the event's JSON");
+    assert_eq!(payload["message"]["role"], "tool");
 
     // The session and its history as JSON, paged.
     let detail = server.ok("/api/sessions/demo-flaky-test").json();
@@ -397,6 +429,9 @@ fn hostile_root() -> (tempfile::TempDir, std::path::PathBuf) {
                             "function": {"name": "<img src=x onerror=alert(6)>", "arguments": HOSTILE}}]}})),
                     event("message/complete", json!({"message": {"id": "tool1", "role": "tool",
                         "tool_call_id": "c<1>", "content": HOSTILE.repeat(40)}})),
+                    // Over 64 KiB: stored as a blob, shown on a page of its own.
+                    event("message/complete", json!({"message": {"id": "tool2<i>", "role": "tool\"><b>",
+                        "tool_call_id": "c<1>", "content": HOSTILE.repeat(1000)}})),
                     event("session/title", json!({"title": hostile_title()})),
                     event("turn/end", json!({"status": "completed"})),
                 ],
@@ -418,6 +453,14 @@ fn hostile_root() -> (tempfile::TempDir, std::path::PathBuf) {
 fn hostile_content_is_escaped_everywhere() {
     let (_dir, root) = hostile_root();
     let server = Server::start(&root, &[]);
+    // The tool output is stored as a blob: its page shows it too.
+    let blob = server
+        .ok("/sessions/hostile")
+        .body
+        .split("href=\"")
+        .find_map(|s| s.split('"').next().filter(|h| h.contains("/content/")))
+        .expect("a blob link")
+        .to_owned();
     for path in [
         "/",
         "/sessions/hostile",
@@ -428,6 +471,7 @@ fn hostile_content_is_escaped_everywhere() {
         "/?q=pwned",
         "/?q=%3Cscript%3E&cwd=%22%3E%3Cscript%3E",
         "/?cwd=%22%3E%3Cscript%3Ealert(7)%3C%2Fscript%3E",
+        &blob,
     ] {
         let page = server.ok(path).body;
         let lower = page.to_ascii_lowercase();
@@ -998,7 +1042,7 @@ fn a_blob_link_from_a_page_answers_errors_as_pages_and_the_api_as_json() {
             own_error(&path, &server.get(&path), status);
         }
     }
-    // The link a session page shows still loads the blob, as plain text.
+    // The link a session page shows still opens the blob's page.
     let page = server.ok("/sessions/demo-flaky-test").body;
     let link = page
         .split("href=\"")
@@ -1009,9 +1053,8 @@ fn a_blob_link_from_a_page_answers_errors_as_pages_and_the_api_as_json() {
     let blob = server.ok(&link);
     assert!(
         blob.header("content-type")
-            .is_some_and(|t| t.starts_with("text/plain"))
+            .is_some_and(|t| t.starts_with("text/html"))
     );
-    assert_eq!(server.ok(&format!("/api{link}")).body, blob.body);
 }
 
 #[test]

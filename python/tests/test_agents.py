@@ -487,16 +487,23 @@ def test_root_rename_and_delete_while_adapters_of_the_process_write(root):
     threads = [threading.Thread(target=add) for _ in range(2)]
     for t in threads:
         t.start()
+    deleted = 0
     try:
         for i in range(20):
             root.rename("c", f"title {i}")
         for _ in range(5):
-            root.delete("c", wait=2)
+            # A delete right after the last may find the session not made again yet.
+            try:
+                root.delete("c", wait=2)
+                deleted += 1
+            except session_store.NotFound:
+                pass
     finally:
         stop.set()
         for t in threads:
             t.join()
     assert adapter_errors == []
+    assert deleted >= 1
     conv.add_items_sync([user("after")])
     assert conv.get_items_sync()[-1] == user("after")
     conv.close()

@@ -68,22 +68,17 @@ pub async fn stats(
     Ok(Json(data::stats(&app, data::session_id(&id)?).await?))
 }
 
-/// The bytes of blob `digest` of session `id` (both validated first), as plain text
-/// (never rendered as a page: `nosniff` is set on every answer). Shared by this route and
-/// the HTML one, which answer failures in their own format.
-pub async fn blob(app: &App, id: &str, digest: &str) -> Result<Response, Problem> {
-    let id = data::session_id(id)?;
-    let digest = data::digest(digest)?;
-    let bytes = data::content(app, id, digest).await?;
-    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], bytes).into_response())
-}
-
-/// `GET /api/sessions/{id}/content/{digest}`: the bytes of a blob ([`blob`]).
+/// `GET /api/sessions/{id}/content/{digest}`: the bytes of blob `digest` of session `id`
+/// (both validated first), as plain text (never rendered as a page: `nosniff` is set on
+/// every answer).
 pub async fn content(
     State(app): State<App>,
     Path((id, digest)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    Ok(blob(&app, &id, &digest).await?)
+    let id = data::session_id(&id)?;
+    let digest = data::digest(&digest)?;
+    let bytes = data::content(&app, id, digest).await?;
+    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], bytes).into_response())
 }
 
 /// Any other address under `/api/`.

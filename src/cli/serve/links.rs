@@ -54,9 +54,14 @@ pub fn stats(id: &SessionId) -> String {
     format!("{}/stats", session(id))
 }
 
-/// The bytes of a blob of the session.
+/// The page of a large message of the session, stored as a blob.
 pub fn content(id: &SessionId, digest: &str) -> String {
     format!("{}/content/{}", session(id), encode(digest))
+}
+
+/// The bytes of a blob of the session.
+pub fn api_content(id: &SessionId, digest: &str) -> String {
+    format!("/api{}", content(id, digest))
 }
 
 /// The session's JSON.

@@ -8,7 +8,7 @@ use axum::response::{Html, IntoResponse, Response};
 use super::App;
 use super::data::{self, Params};
 use super::problem::{PageError, Problem};
-use super::{api, templates, transcript, tree};
+use super::{templates, transcript, tree};
 
 /// `GET /`: the sessions list, or the hits of `q`.
 pub async fn sessions(
@@ -65,13 +65,17 @@ pub async fn root_stats(State(app): State<App>) -> Result<Html<String>, PageErro
     Ok(templates::root_stats_page(&data::root_stats(&app).await?))
 }
 
-/// `GET /sessions/{id}/content/{digest}`: the bytes of a blob, followed from a session
-/// page ([`api::blob`]); failures answer with an error page, not JSON.
+/// `GET /sessions/{id}/content/{digest}`: a large message stored as a blob, followed from
+/// a session page, shown as that page shows a message (its bytes are the API's
+/// `/api/sessions/{id}/content/{digest}`).
 pub async fn content(
     State(app): State<App>,
     Path((id, digest)): Path<(String, String)>,
-) -> Result<Response, PageError> {
-    Ok(api::blob(&app, &id, &digest).await?)
+) -> Result<Html<String>, PageError> {
+    let id = data::session_id(&id)?;
+    let digest = data::digest(&digest)?;
+    let bytes = data::content(&app, id.clone(), digest.clone()).await?;
+    Ok(transcript::content_page(&id, &digest, &bytes))
 }
 
 /// Any other address.

@@ -36,7 +36,8 @@ pub fn clip(text: &str, max: usize) -> String {
 /// right-to-left override left open in a session's title) is isolated (U+2068 … U+2069)
 /// in the `<title>`, which CSS does not reach, so the tab's " · session-store" keeps its
 /// order.
-pub fn layout(title: &str, body: Markup) -> Html<String> {
+pub fn layout(title: &str, current: Option<SitePage>, body: Markup) -> Html<String> {
+    let here = |page: SitePage| (Some(page) == current).then_some("page");
     let title: Cow<'_, str> = if title.chars().any(crate::cli::is_bidi_control) {
         Cow::Owned(format!("\u{2068}{title}\u{2069}"))
     } else {
@@ -55,7 +56,11 @@ pub fn layout(title: &str, body: Markup) -> Html<String> {
                 body {
                     header.top {
                         a.brand href="/" { "session-store" }
-                        nav aria-label="Site" { a href="/" { "Sessions" } " " a href="/stats" { "Storage" } }
+                        nav aria-label="Site" {
+                            a href="/" aria-current=[here(SitePage::Sessions)] { "Sessions" }
+                            " "
+                            a href="/stats" aria-current=[here(SitePage::Storage)] { "Storage" }
+                        }
                     }
                     main { (body) }
                 }
@@ -72,6 +77,7 @@ pub fn layout(title: &str, body: Markup) -> Html<String> {
 pub fn error_page(problem: &Problem) -> Html<String> {
     layout(
         problem.title(),
+        None,
         html! {
             h1 { (problem.status.as_u16()) " " (problem.title()) }
             p.error { (problem.message) }
@@ -124,6 +130,7 @@ pub fn sessions_page(list: &SessionList, params: &Params) -> Html<String> {
     });
     layout(
         "Sessions",
+        Some(SitePage::Sessions),
         html! {
             h1 { "Sessions" }
             (filters(params))
@@ -246,6 +253,7 @@ pub fn search_page(page: &SearchPage, params: &Params) -> Html<String> {
     });
     layout(
         &search_title(params),
+        None,
         html! {
             h1 { "Search" }
             (filters(params))
@@ -277,6 +285,7 @@ pub fn search_page(page: &SearchPage, params: &Params) -> Html<String> {
 pub fn search_refused(message: &str, params: &Params) -> Html<String> {
     layout(
         &search_title(params),
+        None,
         html! {
             h1 { "Search" }
             (filters(params))
@@ -297,6 +306,16 @@ pub fn session_nav(id: &SessionId, current: SessionPage) -> Markup {
             a href=(links::api_session(id)) { "JSON" }
         }
     }
+}
+
+/// Which of the site's pages is shown, if one: its link in the top navigation is marked
+/// `aria-current="page"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SitePage {
+    /// The sessions list (`/`, without a search).
+    Sessions,
+    /// The root's storage totals (`/stats`).
+    Storage,
 }
 
 /// Which of a session's pages is shown: its link in [`session_nav`] is marked
@@ -326,6 +345,7 @@ pub fn title_or_id<'a>(title: &'a str, id: &'a SessionId) -> Cow<'a, str> {
 pub fn tree_page(tree: &ForkTree) -> Html<String> {
     layout(
         &format!("Fork tree of {}", shown(&tree.focus)),
+        None,
         html! {
             h1 { "Fork tree of " code { (shown(&tree.focus)) } }
             (session_nav(&tree.focus, SessionPage::Tree))
@@ -344,6 +364,7 @@ pub fn stats_page(stats: &SessionStats) -> Html<String> {
     let b = &stats.blobs;
     layout(
         &format!("Storage of {}", shown(id)),
+        None,
         html! {
             h1 { "Storage of " code { (shown(id)) } }
             (session_nav(id, SessionPage::Storage))
@@ -372,6 +393,7 @@ pub fn stats_page(stats: &SessionStats) -> Html<String> {
 pub fn root_stats_page(t: &CatalogTotals) -> Html<String> {
     layout(
         "Storage",
+        Some(SitePage::Storage),
         html! {
             h1 { "Storage of the root" }
             p.meta {

@@ -145,6 +145,38 @@ fn body(message: &Message) -> Markup {
     }
 }
 
+/// The page of a large message stored as a blob (a session page's "load it" link: the
+/// blob is its event's payload, `{"message": {...}}`): the message as the session page
+/// shows one, its bytes one click away. Bytes that are no such payload (content of another
+/// kind, or JSON nested past serde_json's limit) are shown as text.
+pub fn content_page(session: &SessionId, digest: &str, bytes: &[u8]) -> Html<String> {
+    let message = serde_json::from_slice::<Value>(bytes)
+        .ok()
+        .and_then(|mut payload| payload.get_mut("message").map(Value::take))
+        .filter(Value::is_object)
+        .and_then(|value| Message::from_value(&value).ok());
+    let short = digest.get(..12).unwrap_or(digest);
+    layout(
+        &format!("Content {short} of {}", shown(session)),
+        None,
+        html! {
+            (session_nav(session, SessionPage::Transcript))
+            h1 { "Large message of " code { (shown(session)) } }
+            p.meta {
+                (human_bytes(bytes.len() as u64)) ", stored as a blob " code { (short) }
+                " · " a href=(links::api_content(session, digest)) { "raw bytes" }
+            }
+            @match &message {
+                Some(message) => article class=(role_class(message.role().unwrap_or("(no role)"))) {
+                    header { span.role { (message.role().unwrap_or("(no role)")) } " " span.meta { code { (message.id()) } } }
+                    (body(message))
+                },
+                None => pre.blob-text { (String::from_utf8_lossy(bytes)) },
+            }
+        },
+    )
+}
+
 /// One message, with its permalink anchor `m<position>`.
 fn message(session: &SessionId, m: &PersistentMessage) -> Markup {
     let role = m.role.as_deref().unwrap_or("(no role)");
@@ -218,6 +250,7 @@ pub fn session_page(d: &SessionDetail, t: &Transcript, params: &Params) -> Html<
     };
     layout(
         &title,
+        None,
         html! {
             h1 {
                 (title)
