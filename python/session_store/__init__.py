@@ -35,7 +35,8 @@ catch them: :class:`InvalidInput` (and its :class:`InvalidPayload`, :class:`Oper
 is a :class:`ValueError`, :class:`NotFound` a :class:`LookupError` (not :class:`KeyError`,
 whose ``str()`` quotes the message), :class:`AlreadyExists` a :class:`FileExistsError`
 (an :class:`OSError` with ``errno`` None; ``str()`` and ``args`` are the message). The
-others subclass no builtin error: :class:`Cancelled` is the caller's cancel, not a timeout.
+others subclass no builtin error: :class:`Cancelled` is a wait that ended (the caller's
+cancel, or a ``delete`` whose ``wait`` ran out), not a :class:`TimeoutError`.
 An argument of the wrong type (``root.create(123)``, ``append(events, operation_id=5)``)
 raises :class:`TypeError`, as Python's own functions do, naming the argument; a value of
 the right type that is refused (an id the store does not take, an event of a batch with a
@@ -306,6 +307,26 @@ async def _to_thread(fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
     return await asyncio.to_thread(functools.partial(fn, *args, **kwargs))
 
 
+async def _to_thread_to_its_end(fn: Callable[..., _T], *args: Any) -> _T:
+    """``fn(*args)``, a change, in a worker thread; a cancellation of the caller waits for
+    it to end (also through further cancellations), then raises: the caller that sees
+    ``CancelledError`` sees the change done or refused, never under way (as openai-agents'
+    ``SQLiteSession`` does; the change landed seconds after the cancellation, or never when
+    the thread had not started)."""
+    work = asyncio.ensure_future(_to_thread(fn, *args))
+    cancelled: asyncio.CancelledError | None = None
+    while not work.done():
+        try:
+            await asyncio.wait({work})
+        except asyncio.CancelledError as e:
+            cancelled = cancelled or e
+    if cancelled is not None:
+        if not work.cancelled():
+            work.exception()  # retrieved: the caller was cancelled
+        raise cancelled
+    return work.result()
+
+
 def _refuse_pickle(self: object, protocol: object = None) -> NoReturn:
     """``__reduce_ex__`` of the handles (:class:`Root`, :class:`Session`,
     :class:`SessionReader` and the adapters): they hold the store's open files, locks and
@@ -338,9 +359,8 @@ def _check_events(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     have or a value of the wrong type raises :class:`InvalidInput` naming the event and the
     key (the store's reader named a position in the JSON text this package wrote)."""
     if isinstance(events, (str, bytes)) or not isinstance(events, Sequence):
-        raise InvalidInput(
-            f"invalid input: events must be a list of dicts, not {type(events).__name__}"
-        )
+        # An argument of the wrong type, as the README says of every one.
+        raise TypeError(f"events must be a list of dicts, not {type(events).__name__}")
     out = []
     for i, event in enumerate(events):
         if not isinstance(event, Mapping):
@@ -413,9 +433,9 @@ class Session:
         A batch that does not validate raises (:class:`InvalidInput`,
         :class:`InvalidPayload`, :class:`UnsupportedVersion`) and appends nothing: an event
         is a dict of ``kind`` (str), ``payload`` (JSON-able), ``optional`` (bool) and
-        ``id`` (str), an error names it (``events[2].kind must be str, not int``). An
-        ``operation_id`` or ``turn_id`` that is not a str raises :class:`TypeError`, as
-        any argument of the wrong type does.
+        ``id`` (str), an error names it (``events[2].kind must be str, not int``).
+        ``events`` that are no list (a dict, None) and an ``operation_id`` or ``turn_id``
+        that is not a str raise :class:`TypeError`, as any argument of the wrong type does.
         """
         if not isinstance(operation_id, str):
             raise TypeError(f"operation_id must be str, not {type(operation_id).__name__}")

@@ -299,6 +299,8 @@ def _release_writers(writers: dict[str, _SharedWriter]) -> None:
 
 #: Every saver of this process, for _forget_inherited_state.
 _SAVERS: weakref.WeakSet[SessionStoreSaver] = weakref.WeakSet()
+#: Every copy of a saver (``SessionStoreSaver.__copy__``), for _forget_inherited_state.
+_CLONES: weakref.WeakSet[SessionStoreSaver] = weakref.WeakSet()
 
 
 def _forget_inherited_state() -> None:
@@ -308,6 +310,8 @@ def _forget_inherited_state() -> None:
     thread at the fork; what it knew of the logs is read again."""
     for saver in list(_SAVERS):
         saver._reset()
+    for clone in list(_CLONES):
+        clone._share(clone._origin)
 
 
 os.register_at_fork(after_in_child=_forget_inherited_state)
@@ -318,12 +322,35 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
     :class:`session_store.Root` or a folder, created when missing)."""
 
     __reduce_ex__ = _refuse_pickle
+    #: The saver a copy shares its state with (``__copy__``); a saver made by ``__init__``
+    #: has none.
+    _origin: SessionStoreSaver
 
     def __init__(self, root: Root | PathLike, *, serde: SerializerProtocol | None = None) -> None:
         super().__init__(serde=serde)
         self.root = root if isinstance(root, Root) else Root(root)
         self._reset()
         _SAVERS.add(self)
+
+    def __copy__(self) -> SessionStoreSaver:
+        """A saver of the same threads with this one's writers, readers and caches, shared
+        (not copied), and its own attributes otherwise: what ``with_allowlist`` makes with
+        ``copy.copy`` (every ``compile()`` calls it under ``LANGGRAPH_STRICT_MSGPACK``) to
+        give it another ``serde``. The copy keeps this saver alive, so the writers are let
+        go when both are gone or either is closed. ``copy.deepcopy`` and ``pickle`` still
+        raise :class:`TypeError`."""
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        clone._origin = getattr(self, "_origin", self)
+        _CLONES.add(clone)
+        return clone
+
+    def _share(self, origin: SessionStoreSaver) -> None:
+        """Takes ``origin``'s state again (a copy, after ``origin._reset()`` in a child
+        made by ``os.fork()``), keeping its own ``serde``."""
+        self.__dict__.update(
+            {k: v for k, v in origin.__dict__.items() if k not in ("serde", "_origin")}
+        )
 
     def _reset(self) -> None:
         """No writer, nothing known of any thread (also in a child made by ``os.fork()``)."""

@@ -54,6 +54,9 @@ def test_get_items_limits(root):
         assert await s.get_items(limit=3) == items[-3:]
         assert await s.get_items(limit=1) == items[-1:]
         assert await s.get_items(limit=0) == []
+        # A negative limit is every item, as SQLiteSession (SQLite's LIMIT -1) reads it:
+        # it was none, so SessionSettings(limit=-1) sent the model no history.
+        assert await s.get_items(limit=-1) == items
         assert await s.get_items(limit=100) == items
         # A limit beyond 64 bits is all of them (an OverflowError before); a str limit is
         # a TypeError saying so (a leaked comparison's before: outside testing, session 36).
@@ -62,6 +65,8 @@ def test_get_items_limits(root):
             await s.get_items(limit="2")
         limited = SessionStoreSession("lim", root, session_settings=SessionSettings(limit=2))
         assert await limited.get_items() == items[-2:]
+        unlimited = SessionStoreSession("lim", root, session_settings=SessionSettings(limit=-1))
+        assert await unlimited.get_items() == items
         assert await limited.get_items(limit=5) == items[-5:]
         # Any mapping, as the signature says: the SDK's coercion took a dict only and
         # raised TypeError ("session must be a SessionSettings instance or a dict").
@@ -230,6 +235,11 @@ def test_writer_owned_of_a_mapped_id_names_the_conversation_as_given(root):
     kept.close()
     with pytest.raises(session_store.Closed, match='^session "user-42" is closed$'):
         kept.add_items_sync([user("late")])
+    # So does a change that would change nothing, as SQLiteSession's (they passed).
+    for change in (lambda: kept.add_items_sync([]), kept.pop_item_sync, kept.clear_session_sync):
+        with pytest.raises(session_store.Closed, match='^session "user-42" is closed$'):
+            change()
+    assert kept.get_items_sync() == []  # reads still answer
 
 
 def test_adapters_of_one_session_in_one_process_share_its_writer(root):
@@ -695,3 +705,45 @@ def test_close_lets_go_of_the_read_connections(root):
         kept.append(adapter)
     assert open_fds() < before + 25
     assert kept[0].get_items_sync() == [user("x")]  # reads still answer
+
+
+def test_a_cancelled_change_has_ended_when_the_caller_sees_the_cancellation(root):
+    # add_items ran in a bare worker thread: the caller saw CancelledError with the commit
+    # still under way (0 items read right after, all of them seconds later) or, when the
+    # thread had not started, never made (outside testing, session 38).
+    items = [user("x" * 2000 + str(i)) for i in range(3000)]
+
+    async def main():
+        s = SessionStoreSession("cancel", root)
+        task = asyncio.create_task(s.add_items(items))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert len(await s.get_items()) == len(items)
+        # Cancelled before its thread could start, it still ends before the caller hears.
+        task = asyncio.create_task(s.pop_item())
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert len(await s.get_items()) == len(items) - 1
+        s.close()
+
+    run(main())
+
+
+def test_an_item_refused_is_named_by_its_index_among_the_items(root):
+    # The store counted the batch's events, the adapter's turn start first: the third item
+    # was "events[3]".
+    deep: object = "leaf"
+    for _ in range(600):
+        deep = [deep]
+    s = SessionStoreSession("user:deep", root)
+    with pytest.raises(session_store.InvalidInput) as e:
+        s.add_items_sync([user("a"), user("b"), {"role": "tool", "content": deep}])
+    text = str(e.value)
+    assert text.startswith('session "user:deep" (stored as '), text
+    assert "items[2] payload nests objects and arrays more than 512 deep" in text, text
+    assert s.get_items_sync() == []
+    s.close()

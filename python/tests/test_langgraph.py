@@ -804,3 +804,39 @@ def test_a_saver_of_many_threads_keeps_a_bounded_index(root) -> None:
         assert len(known(reader)) <= MAX_OPEN_THREADS
         # A thread read again after its index was dropped reads the same.
         assert reader.get_tuple(configs[threads[0]]).checkpoint["channel_values"]["x"] == ["t0"]
+
+
+_STRICT_MSGPACK_SCRIPT = r"""
+import os, sys
+os.environ["LANGGRAPH_STRICT_MSGPACK"] = "true"
+from typing import TypedDict
+from langgraph.graph import END, START, StateGraph
+from session_store.langgraph import SessionStoreSaver
+
+class S(TypedDict):
+    n: int
+
+b = StateGraph(S)
+b.add_node("inc", lambda s: {"n": s["n"] + 1})
+b.add_edge(START, "inc")
+b.add_edge("inc", END)
+cfg = {"configurable": {"thread_id": "t"}}
+saver = SessionStoreSaver(sys.argv[1])
+assert b.compile(checkpointer=saver).invoke({"n": 1}, cfg) == {"n": 2}
+# The graph's saver is a copy sharing this one's writer: both see the thread, in order.
+assert b.compile(checkpointer=saver).invoke({"n": 5}, cfg) == {"n": 6}
+assert saver.get_tuple(cfg).checkpoint["channel_values"]["n"] == 6
+copy = saver.with_allowlist([("mymod", "MyType")])
+assert copy is not saver and copy.serde is not saver.serde
+del saver  # the copy keeps it alive: its writers stay held
+assert b.compile(checkpointer=copy).invoke({"n": 9}, cfg) == {"n": 10}
+copy.close()
+print("ok")
+"""
+
+
+def test_a_saver_compiles_under_strict_msgpack(tmp_path) -> None:
+    # LANGGRAPH_STRICT_MSGPACK makes compile() call with_allowlist, which copy.copy()s the
+    # saver: the copy was refused ("cannot pickle or copy"), so no graph compiled.
+    done = run_script(_STRICT_MSGPACK_SCRIPT, tmp_path / "root")
+    assert done.stdout.strip() == "ok"
