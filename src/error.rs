@@ -295,10 +295,13 @@ impl fmt::Display for Error {
             Error::DiskFull(cause) => write!(f, "disk full: {cause}"),
             Error::Cancelled => f.write_str("operation cancelled"),
             Error::ForkBoundaryNotAtomic(what) => {
-                write!(f, "fork boundary is not an atomic batch boundary: {what}")
+                write!(f, "the cut is not at a batch boundary: {what}")
             }
             Error::ForkActiveAuthority(what) => {
-                write!(f, "fork boundary retains active runtime authority: {what}")
+                write!(
+                    f,
+                    "the cut leaves a turn open or an interaction pending: {what}"
+                )
             }
             Error::RuntimeBusy(id) => write!(
                 f,

@@ -688,6 +688,57 @@ fn huge_ids_kinds_and_operation_ids_are_stored_or_refused_cleanly() {
     assert_eq!(history_lines(&replayed.commits), history_lines(&stored));
 }
 
+/// A turn id holding a control character could be appended, and then never named by
+/// `fork --after-turn` or `rewind --before-turn` (outside testing, session 38): it is
+/// refused and changes nothing; a blank one is none (the turn's id derived). A batch
+/// without events or without an operation id says which is missing (both were "required").
+#[test]
+fn turn_ids_with_control_characters_are_refused_and_blank_ones_derived() {
+    let (_dir, root) = manual_root();
+    let s = create(&root, "turns");
+    let turn = |op: &str, turn_id: &str| {
+        Batch::new(
+            op,
+            vec![
+                Event::new("turn/start"),
+                Event::new("turn/end")
+                    .with_payload(&json!({"status": "completed"}))
+                    .unwrap(),
+            ],
+        )
+        .in_turn(turn_id)
+    };
+    for bad in ["t\0", "t\n1", "\u{1b}[2J", "t\u{85}"] {
+        let e = s.append(turn("bad", bad)).unwrap_err();
+        assert!(matches!(e, Error::InvalidInput { .. }), "{bad:?}: {e}");
+        assert!(
+            e.to_string().contains("contains a control character"),
+            "{e}"
+        );
+        assert_eq!(s.sequences(), (0, 0), "{bad:?}");
+    }
+    let blank = s.append(turn("blank", " ")).unwrap();
+    let kept = s.append(turn("named", "t 1 ünïcode")).unwrap();
+    assert_eq!(kept.turn_id.as_deref(), Some("t 1 ünïcode"));
+    assert!(
+        blank
+            .turn_id
+            .as_deref()
+            .is_some_and(|t| !t.trim().is_empty())
+    );
+    for (batch, says) in [
+        (Batch::new("empty", vec![]), "at least one event"),
+        (
+            Batch::new("  ", vec![title("t")]),
+            "an operation id is required",
+        ),
+    ] {
+        let e = s.append(batch).unwrap_err();
+        assert!(e.to_string().contains(says), "{e}");
+    }
+    s.close().unwrap();
+}
+
 /// Child role: appends a small commit and then one optional event with a payload of
 /// `SS_BYTES` bytes (random letters when `SS_RANDOM` is set, else a repeated phrase) in the
 /// same write-behind tail, flushes, reopens and reads everything back. Prints one of

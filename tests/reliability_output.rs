@@ -817,7 +817,15 @@ fn a_command_without_stdout_fails_and_changes_nothing() {
             .output()
             .expect("run")
     };
-    for args in [&["create"][..], &["create", "s"], &["list"]] {
+    // Help and version too: clap printed them itself and exited 0 (outside testing,
+    // session 38).
+    for args in [
+        &["create"][..],
+        &["create", "s"],
+        &["list"],
+        &["--version"],
+        &["list", "--help"],
+    ] {
         let out = closed(args);
         assert_eq!(code(&out), 1, "{args:?}: {}", describe(&out));
         assert!(
@@ -857,6 +865,8 @@ fn a_failed_write_of_the_output_names_stdout_and_what_stands() {
         (&["--json", "create", "c"][..], true),
         (&["list"][..], false),
         (&["--json", "events", "s"][..], false),
+        (&["--version"][..], false),
+        (&["append", "--help"][..], false),
     ] {
         let out = full(args);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -875,6 +885,13 @@ fn a_failed_write_of_the_output_names_stdout_and_what_stands() {
     for made in ["f", "c"] {
         env.ok(&["show", made]);
     }
+    // Help and version to a pipe print all of it, status 0.
+    let version = env.ok(&["--version"]);
+    assert!(version.starts_with("session-store "), "{version}");
+    assert!(
+        env.ok(&["list", "--help"])
+            .contains("Usage: session-store list")
+    );
 }
 
 /// `session-store show nope 2>&1 | grep -q …`: the reader of stderr is gone when the

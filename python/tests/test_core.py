@@ -362,7 +362,7 @@ def test_a_fork_after_a_turn_not_yet_flushed_says_the_log_is_durable(tmp_path):
         with pytest.raises(InvalidInput) as e:
             root.fork("a", after_turn="t2")
         assert str(e.value) == (
-            'invalid input: completed turn "t2" not found in the durable log of a (a turn its '
+            'invalid input: ended turn "t2" not found in the durable log of a (a turn its '
             "writer accepted is there once flushed)"
         )
         s.flush()

@@ -14,11 +14,13 @@
 #[path = "../cli/mod.rs"]
 mod cli;
 
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::builder::RangedU64ValueParser;
+use clap::error::ErrorKind;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use cli::{CliResult, Context, Failure};
@@ -686,9 +688,39 @@ fn main() -> ExitCode {
     // names the program, as `session-store --version` does ("session-store-append" was
     // clap's default name for it).
     let command = Args::command().mut_subcommands(|sub| sub.display_name("session-store"));
-    let args = Args::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit());
+    let matches = match command.try_get_matches() {
+        Ok(matches) => matches,
+        // Not on a terminal, help and version are printed as any command's output is:
+        // clap's own printing exited 0 when stdout was closed or full (a `--version >
+        // VERSION` on a full disk left an empty file and said nothing).
+        Err(e)
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion)
+                && !std::io::stdout().is_terminal() =>
+        {
+            return finish(false, print_text(&e.render().to_string()));
+        }
+        Err(e) => e.exit(),
+    };
+    let args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let changes = args.command.changes_something();
-    match run(args) {
+    finish(changes, run(args))
+}
+
+/// Prints `text` (clap's help or version) to stdout, as a command's output: a stdout
+/// closed at start or a failed write is an error.
+fn print_text(text: &str) -> CliResult<()> {
+    cli::stdout_is_open()?;
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())
+        .and_then(|()| out.flush())
+        .map_err(cli::OutputError)?;
+    Ok(())
+}
+
+/// The exit status of a command that ran (`changes`: it changes the root) with `result`,
+/// its error printed on stderr.
+fn finish(changes: bool, result: CliResult<()>) -> ExitCode {
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         // The reader left on purpose (`| head`): no error line for it.
         Err(e) if cli::is_broken_pipe(&*e) => ExitCode::from(cli::EXIT_OTHER),

@@ -434,9 +434,11 @@ fn print_show(s: &Show) -> CliResult<()> {
     }
     print_usage("usage     ", "  ", &s.usage)?;
     outln!("file       {} on disk", human_bytes(s.file_bytes));
+    // Padded to the longest name (`operation_key_chunks` pushed its column out of line).
+    let width = s.tables.iter().map(|t| t.table.len()).max().unwrap_or(0);
     for t in &s.tables {
         outln!(
-            "  {:<14} {:>10}  ({})",
+            "  {:<width$} {:>10}  ({})",
             t.table,
             human_bytes(t.bytes),
             count(t.pages, "page", "pages")

@@ -185,6 +185,7 @@ impl Batch {
         check_fields(self.operation_id.trim(), &self.events)?;
         check_unique_ids(&self.events)?;
         check_nesting(&self.events)?;
+        check_turn_id(self.turn_id.as_deref())?;
         if self
             .events
             .iter()
@@ -213,8 +214,13 @@ impl Batch {
 /// # Errors
 /// [`Error::InvalidInput`] naming the first that fails.
 pub(crate) fn check_fields(operation_id: &str, events: &[Event]) -> Result<()> {
-    if operation_id.is_empty() || events.is_empty() {
-        return Err(Error::invalid("operation id and events are required"));
+    if operation_id.is_empty() {
+        return Err(Error::invalid("an operation id is required"));
+    }
+    if events.is_empty() {
+        return Err(Error::invalid(
+            "a batch needs at least one event (events is empty)",
+        ));
     }
     if operation_id.starts_with(INHERITED_OPERATION_PREFIX) {
         return Err(Error::invalid(format!(
@@ -233,6 +239,23 @@ pub(crate) fn check_fields(operation_id: &str, events: &[Event]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Refuses a turn id holding a control character: a turn is named again by
+/// `fork --after-turn` and `rewind --before-turn`, and one holding NUL never could be. (A
+/// blank turn id is none: derived when the batch starts a turn.) Checked once the
+/// operation id is known to be new, as a rule added later.
+///
+/// # Errors
+/// [`Error::InvalidInput`] naming the turn id.
+pub(crate) fn check_turn_id(turn_id: Option<&str>) -> Result<()> {
+    match turn_id {
+        Some(turn_id) if turn_id.chars().any(char::is_control) => Err(Error::invalid(format!(
+            "turn id {} contains a control character",
+            crate::error::quoted(turn_id)
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Refuses a batch with a payload nested deeper than [`MAX_PAYLOAD_NESTING`]: the store

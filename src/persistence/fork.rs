@@ -60,9 +60,14 @@ fn open_turn(
             crate::error::quoted(turn_id),
             projection.current_turn_start
         ))),
-        _ => Err(Error::invalid(format!(
-            "completed turn {} not found in the durable log of {parent} (a turn its writer \
+        ForkPoint::AfterTurn(_) => Err(Error::invalid(format!(
+            "ended turn {} not found in the durable log of {parent} (a turn its writer \
              accepted is there once flushed)",
+            crate::error::quoted(turn_id)
+        ))),
+        ForkPoint::BeforeTurn(_) => Err(Error::invalid(format!(
+            "turn {} not found in the durable log of {parent}, ended or open (a turn its \
+             writer accepted is there once flushed)",
             crate::error::quoted(turn_id)
         ))),
     }
@@ -198,7 +203,9 @@ impl Root {
             ForkPoint::AfterTurn(_) => {
                 if !turn.fork_safe {
                     return Err(Error::ForkActiveAuthority(format!(
-                        "after turn {turn_id:?} (seq {}) a turn is open or an interaction pending",
+                        "a fork after turn {turn_id:?} (seq {}) would leave the child a turn \
+                         open (the batch that ends it also starts the next) or an interaction \
+                         unanswered",
                         turn.boundary_sequence
                     )));
                 }
@@ -208,13 +215,15 @@ impl Root {
                 let cut = turn.start_sequence - 1;
                 if !reader.is_commit_boundary(cut)? {
                     return Err(Error::ForkBoundaryNotAtomic(format!(
-                        "turn {turn_id:?} starts inside a commit (seq {})",
+                        "a rewind before turn {turn_id:?} would cut inside the batch that \
+                         starts it (seq {})",
                         turn.start_sequence
                     )));
                 }
                 if !turn.rewind_safe {
                     return Err(Error::ForkActiveAuthority(format!(
-                        "before turn {turn_id:?} (seq {cut}) a turn is open or an interaction pending"
+                        "a rewind before turn {turn_id:?} (seq {cut}) would leave the child a \
+                         turn open or an interaction unanswered"
                     )));
                 }
                 cut
