@@ -4,13 +4,46 @@ Use the Pythonic wrappers in :mod:`session_store`; this layer passes JSON as tex
 """
 
 import threading
-from typing import Any
+from typing import Any, final
 
 __version__: str
 """The package's version (the wheel's)."""
 TOO_DEEP: str
 """The message of the error a read raises for a stored payload nested deeper than
 ``json.loads`` reads."""
+
+__all__ = [
+    "__version__",
+    "TOO_DEEP",
+    "Root",
+    "Session",
+    "Reader",
+    "verify",
+    "check_session_id",
+    "close_inherited_locks",
+    "before_fork",
+    "after_fork",
+    "SessionStoreError",
+    "InvalidInput",
+    "InvalidPayload",
+    "OperationConflict",
+    "NotFound",
+    "AlreadyExists",
+    "WriterOwned",
+    "UnsupportedVersion",
+    "Corrupt",
+    "InternalError",
+    "Closed",
+    "StaleGeneration",
+    "Poisoned",
+    "PersistenceFailed",
+    "DiskFull",
+    "Cancelled",
+    "ForkBoundaryNotAtomic",
+    "ForkActiveAuthority",
+    "RuntimeStateError",
+    "StorageError",
+]
 
 class SessionStoreError(Exception):
     """Base class of every error raised by session_store."""
@@ -76,6 +109,7 @@ class RuntimeStateError(SessionStoreError):
 class StorageError(SessionStoreError):
     """An operating-system I/O error or any other SQLite error."""
 
+@final
 class Session:
     """A session opened for writing."""
 
@@ -87,6 +121,7 @@ class Session:
     def transcript(self) -> str: ...
     def close(self) -> None: ...
 
+@final
 class Reader:
     """Reads of one session's durable state, its connections kept open across calls."""
 
@@ -103,12 +138,13 @@ class Reader:
     def transcript_prefix_kept(self, earlier: int, later: int, len: int) -> bool: ...
     def turn_holding(self, seq: int) -> str | None: ...
 
+@final
 class Root:
     """A root folder of sessions."""
 
-    def __init__(
-        self, path: str, durability: str | None = None, write_behind_ms: int | None = None
-    ) -> None: ...
+    def __new__(
+        cls, path: str, durability: str | None = None, write_behind_ms: int | None = None
+    ) -> Root: ...
     @property
     def path(self) -> str: ...
     def create(self, session_id: str | None = None, cwd: str | None = None) -> Session: ...
