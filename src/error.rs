@@ -592,6 +592,13 @@ impl Error {
         }
     }
 
+    /// True when SQLite could not open a file (`SQLITE_CANTOPEN`): the file's fault
+    /// (unreadable) or the process's (out of file descriptors).
+    pub(crate) fn is_cannot_open(&self) -> bool {
+        matches!(self, Error::Sqlite(e)
+            if e.cause().sqlite_error_code() == Some(rusqlite::ErrorCode::CannotOpen))
+    }
+
     /// True when retrying the same write later can succeed without reopening
     /// (the transaction rolled back cleanly: full disk, busy database).
     pub(crate) fn is_retryable_write(&self) -> bool {

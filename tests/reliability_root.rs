@@ -1203,7 +1203,13 @@ fn out_of_descriptors_is_an_error_not_an_empty_root() {
         drop_index();
         let out = limited(n, &search);
         if out.status.success() {
-            assert_eq!(hits(&out), SESSIONS, "ulimit -n {n}");
+            // (39 hits once, a session skipped as unreadable: session 38's CI.)
+            assert_eq!(
+                hits(&out),
+                SESSIONS,
+                "ulimit -n {n}: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
         } else {
             // The search reads hits back on several threads: one may free a descriptor
             // between another's failed open and the check that names the limit, so

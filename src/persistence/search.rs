@@ -466,8 +466,12 @@ impl Root {
                 Err(Error::SessionNotFound(_)) => gone.push((*id).clone()),
                 // Deleted while being read.
                 Err(_) if !file.is_file() => gone.push((*id).clone()),
-                // The process is out of file descriptors: not this session's fault.
+                // The process is out of file descriptors: not this session's fault (also
+                // when another reading thread freed one since SQLite's open failed).
                 Err(e) if e.is_exhaustion() => return Err(e),
+                Err(e) if e.is_cannot_open() && schema::open_failure_was_the_process(&file) => {
+                    return Err(e);
+                }
                 // A damaged, foreign or newer file, one it may not read, one whose side
                 // files are not regular: one session's fault, not the search's (every
                 // search with a hit in it failed, naming no session).

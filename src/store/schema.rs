@@ -189,6 +189,21 @@ pub(crate) fn open_no_follow(path: &Path) -> std::io::Result<std::fs::File> {
         .open(path)
 }
 
+/// Whether SQLite's failure to open `file` (a regular file: [`check_file`]) was the
+/// process's, not the file's: the file opens now, or fails for want of a file descriptor.
+/// Threads reading at once free descriptors between one's failed open and its check of
+/// the limit (`descriptors_exhausted`), and a search passed such a session over as
+/// unreadable.
+pub(crate) fn open_failure_was_the_process(file: &Path) -> bool {
+    use rustix::io::Errno;
+    match open_no_follow(file) {
+        Ok(_) => true,
+        Err(e) => [Errno::MFILE, Errno::NFILE]
+            .iter()
+            .any(|errno| e.raw_os_error() == Some(errno.raw_os_error())),
+    }
+}
+
 /// Checks, without following any symlink, that `dir` is a real folder (not a symlink)
 /// holding a session file that passes [`check_file`].
 ///
