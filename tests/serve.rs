@@ -194,11 +194,7 @@ fn pages_and_api_over_the_demo_root() {
             "{needle:?} missing from the session page"
         );
     }
-    let blob = session
-        .split("href=\"")
-        .find_map(|s| s.split('"').next().filter(|h| h.contains("/content/")))
-        .expect("a blob link")
-        .to_owned();
+    let blob = blob_link(&session);
     // The link is a page showing the message as the session page shows one (it showed the
     // blob's raw JSON); its bytes are the API's.
     let content = server.ok(&blob);
@@ -393,6 +389,14 @@ fn ids_digests_and_routes_are_validated() {
     assert!(!root.join("nope").exists());
 }
 
+/// The first link of a session page to a blob's page (`/sessions/ID/content/DIGEST`).
+fn blob_link(page: &str) -> String {
+    page.split("href=\"")
+        .find_map(|s| s.split('"').next().filter(|h| h.contains("/content/")))
+        .expect("a blob link")
+        .to_owned()
+}
+
 /// Text a hostile agent could put in a session (terminal escapes and other control
 /// characters first, so that a clipped title holds them).
 const HOSTILE: &str = "\u{1b}[2J\u{7}\u{9b}31m\u{0}<script>document.title='pwned'</script><img src=x onerror=alert(1)> \
@@ -454,13 +458,7 @@ fn hostile_content_is_escaped_everywhere() {
     let (_dir, root) = hostile_root();
     let server = Server::start(&root, &[]);
     // The tool output is stored as a blob: its page shows it too.
-    let blob = server
-        .ok("/sessions/hostile")
-        .body
-        .split("href=\"")
-        .find_map(|s| s.split('"').next().filter(|h| h.contains("/content/")))
-        .expect("a blob link")
-        .to_owned();
+    let blob = blob_link(&server.ok("/sessions/hostile").body);
     for path in [
         "/",
         "/sessions/hostile",
@@ -1044,11 +1042,7 @@ fn a_blob_link_from_a_page_answers_errors_as_pages_and_the_api_as_json() {
     }
     // The link a session page shows still opens the blob's page.
     let page = server.ok("/sessions/demo-flaky-test").body;
-    let link = page
-        .split("href=\"")
-        .find_map(|s| s.split('"').next().filter(|h| h.contains("/content/")))
-        .expect("a blob link")
-        .to_owned();
+    let link = blob_link(&page);
     assert!(link.starts_with("/sessions/"), "{link}");
     let blob = server.ok(&link);
     assert!(
@@ -1185,13 +1179,7 @@ fn a_read_only_root_is_served() {
         .expect("spawn");
     assert!(!refused.status.success(), "nobody could write the root");
     let mut server = Server::spawn(Server::command(&AS_NOBODY, &root, "127.0.0.1:0", &[]));
-    let blob = server
-        .ok("/sessions/demo-flaky-test")
-        .body
-        .split("href=\"")
-        .find_map(|s| s.split('"').next().filter(|h| h.contains("/content/")))
-        .expect("a blob link")
-        .to_owned();
+    let blob = blob_link(&server.ok("/sessions/demo-flaky-test").body);
     for path in [
         "/",
         "/?q=upstream",
