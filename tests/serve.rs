@@ -219,6 +219,8 @@ fn pages_and_api_over_the_demo_root() {
         "{}",
         content.body
     );
+    // It is none of the session's pages its navigation links.
+    assert!(!content.body.contains("aria-current"), "{}", content.body);
     let raw = server.ok(&format!("/api{blob}"));
     assert!(
         raw.header("content-type")

@@ -295,9 +295,10 @@ pub fn search_refused(message: &str, params: &Params) -> Html<String> {
     )
 }
 
-/// The navigation of a session's pages.
-pub fn session_nav(id: &SessionId, current: SessionPage) -> Markup {
-    let here = |page: SessionPage| (page == current).then_some("page");
+/// The navigation of a session's pages, `current` marked (none on a page of its own, as a
+/// blob's).
+pub fn session_nav(id: &SessionId, current: Option<SessionPage>) -> Markup {
+    let here = |page: SessionPage| (Some(page) == current).then_some("page");
     html! {
         nav.session-nav aria-label="Session" {
             a href=(links::session(id)) aria-current=[here(SessionPage::Transcript)] { "Transcript" }
@@ -348,7 +349,7 @@ pub fn tree_page(tree: &ForkTree) -> Html<String> {
         None,
         html! {
             h1 { "Fork tree of " code { (shown(&tree.focus)) } }
-            (session_nav(&tree.focus, SessionPage::Tree))
+            (session_nav(&tree.focus, Some(SessionPage::Tree)))
             p.meta {
                 (tree.nodes.len()) " sessions: ancestors, siblings and descendants; each edge is labelled with its fork point."
                 @if tree.truncated { " Only the first sessions are drawn." }
@@ -367,7 +368,7 @@ pub fn stats_page(stats: &SessionStats) -> Html<String> {
         None,
         html! {
             h1 { "Storage of " code { (shown(id)) } }
-            (session_nav(id, SessionPage::Storage))
+            (session_nav(id, Some(SessionPage::Storage)))
             p.meta {
                 (stats.events) " events through sequence " (stats.durable_sequence) "; file and WAL "
                 (human_bytes(stats.file_bytes)) "."

@@ -160,7 +160,7 @@ pub fn content_page(session: &SessionId, digest: &str, bytes: &[u8]) -> Html<Str
         &format!("Content {short} of {}", shown(session)),
         None,
         html! {
-            (session_nav(session, SessionPage::Transcript))
+            (session_nav(session, None))
             h1 { "Large message of " code { (shown(session)) } }
             p.meta {
                 (human_bytes(bytes.len() as u64)) ", stored as a blob " code { (short) }
@@ -256,7 +256,7 @@ pub fn session_page(d: &SessionDetail, t: &Transcript, params: &Params) -> Html<
                 (title)
                 @if d.writer.is_some() { " " span.badge.live title="A writer holds this session: the durable prefix is shown" { "live" } }
             }
-            (session_nav(id, SessionPage::Transcript))
+            (session_nav(id, Some(SessionPage::Transcript)))
             dl.header {
                 dt { "Id" } dd { code { (shown(id)) } }
                 @if let Some(cwd) = &h.cwd { dt { "Working directory" } dd { code { (cwd) } } }
