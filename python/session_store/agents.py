@@ -85,10 +85,10 @@ __all__ = ["ITEM_ID_KEY", "SessionStoreSession", "store_id_of"]
 #: The key under which an item's own ``id`` is kept (the message ``id`` is the store's).
 ITEM_ID_KEY = "sse_item_id"
 
-# The store ids store_id_of gives an id the store refuses: its UTF-8 in hex (up to 125
-# bytes, so at most 254 characters), else its SHA-256.
 # The index of an event in a refusal of the store's ("invalid input: events[3] ...").
 _EVENT_INDEX = re.compile(r"\bevents\[(\d+)\]")
+# The store ids store_id_of gives an id the store refuses: its UTF-8 in hex (up to 125
+# bytes, so at most 254 characters), else its SHA-256.
 _HEXED = re.compile(r"agx-((?:[0-9a-f]{2})*)")
 _HASHED = re.compile(r"agh-[0-9a-f]{64}")
 _LONGEST_HEXED = 125

@@ -167,9 +167,12 @@ pub fn content_page(session: &SessionId, digest: &str, bytes: &[u8]) -> Html<Str
                 " · " a href=(links::api_content(session, digest)) { "raw bytes" }
             }
             @match &message {
-                Some(message) => article class=(role_class(message.role().unwrap_or("(no role)"))) {
-                    header { span.role { (message.role().unwrap_or("(no role)")) } " " span.meta { code { (message.id()) } } }
-                    (body(message))
+                Some(message) => {
+                    @let role = message.role().unwrap_or("(no role)");
+                    article class=(role_class(role)) {
+                        header { span.role { (role) } " " span.meta { code { (message.id()) } } }
+                        (body(message))
+                    }
                 },
                 None => pre.blob-text { (String::from_utf8_lossy(bytes)) },
             }
