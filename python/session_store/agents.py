@@ -93,8 +93,10 @@ _HEXED = re.compile(r"agx-((?:[0-9a-f]{2})*)")
 _HASHED = re.compile(r"agh-[0-9a-f]{64}")
 _LONGEST_HEXED = 125
 # The prefixes of the session ids session_store.langgraph gives its threads (lg-<id>,
-# lgx-<hex>): an agents conversation is never stored under one.
+# lgx-<hex>), and the form of its hashed ones (lgh-<SHA-256 hex>): an agents conversation
+# is never stored under one.
 _LANGGRAPH_PREFIXES = ("lg-", "lgx-")
+_LANGGRAPH_HASHED = re.compile(r"lgh-[0-9a-f]{64}")
 
 
 def _kept(session_id: str) -> bool:
@@ -104,7 +106,7 @@ def _kept(session_id: str) -> bool:
         _native.check_session_id(session_id)
     except InvalidInput:
         return False
-    if session_id.startswith(_LANGGRAPH_PREFIXES):
+    if session_id.startswith(_LANGGRAPH_PREFIXES) or _LANGGRAPH_HASHED.fullmatch(session_id):
         return False  # the LangGraph adapter's namespace: its threads' sessions
     if _HASHED.fullmatch(session_id):
         return False  # whose it is cannot be told: an id of this form is always mapped
@@ -127,9 +129,10 @@ def store_id_of(session_id: str) -> str:
     get the same store id: an id the store accepts that is of one of these two forms is
     mapped as well (``agh-`` and 64 hex digits, or ``agx-`` and the hex of an id the store
     refuses or of one mapped so); ``agx-6869``, the hex of ``hi``, stays itself. An id
-    starting ``lg-`` or ``lgx-`` is mapped too (``lg-support`` is ``agx-6c672d737570706f7274``):
-    those are the :mod:`session_store.langgraph` threads' sessions (thread ``support`` is
-    ``lg-support``), so a conversation and a thread never share one. A ``session_id`` that
+    starting ``lg-`` or ``lgx-``, or of the form ``lgh-`` and 64 hex digits, is mapped too
+    (``lg-support`` is ``agx-6c672d737570706f7274``): those are the
+    :mod:`session_store.langgraph` threads' sessions (thread ``support`` is ``lg-support``),
+    so a conversation and a thread never share one. A ``session_id`` that
     is not a str raises :class:`TypeError`; one that has no UTF-8 form (a lone surrogate)
     :class:`session_store.InvalidInput`."""
     if not isinstance(session_id, str):

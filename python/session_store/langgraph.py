@@ -11,8 +11,8 @@
     saver.copy_thread("t1", "t1-branch")          # a fork of the session: copies nothing
 
 How it is stored: a LangGraph *thread* is one session of the root (id ``lg-<thread_id>``
-for a thread id of ``[a-z0-9_-]``, else ``lgx-<hex of its UTF-8>``); checkpoint namespaces
-live inside it. Every change is one durable (fsynced) commit forming one turn and holding
+for a thread id of ``[a-z0-9_-]``, else ``lgx-<hex of its UTF-8>``, or ``lgh-<SHA-256 hex
+of its UTF-8>`` when that is over 255 bytes); checkpoint namespaces live inside it. Every change is one durable (fsynced) commit forming one turn and holding
 optional events:
 
 - ``langgraph/value`` ``{"t", "b"}``, one per channel this checkpoint gave a new version
@@ -31,6 +31,9 @@ optional events:
 - ``langgraph/delete`` ``{"checkpoints": [[ns, id]]}``: ``prune`` and ``delete_for_runs``
   hide checkpoints and their writes (the values stay, other checkpoints may share them; the
   log keeps everything).
+- ``langgraph/thread`` ``{"id"}``: the thread id of an ``lgh-`` session, which its session
+  id does not give back, in the thread's first commit (and in the first commit a
+  ``copy_thread`` to it makes); the last one names the thread.
 
 A session of a thread's id that holds other events (a ``message/complete``, say: made by
 :meth:`session_store.Root.create` or the CLI, not by a saver) is not a thread: ``list``
@@ -61,6 +64,7 @@ from __future__ import annotations
 import base64
 import builtins
 import collections
+import hashlib
 import os
 import random
 import re
@@ -115,6 +119,9 @@ _CHECKPOINT = "langgraph/checkpoint"
 _VALUE = "langgraph/value"
 _WRITES = "langgraph/writes"
 _DELETE = "langgraph/delete"
+_THREAD = "langgraph/thread"
+#: The session id of a thread whose ``lgx-`` form is too long: the SHA-256 of its UTF-8.
+_HASHED = re.compile(r"lgh-[0-9a-f]{64}")
 #: The kinds a thread's session holds besides ``langgraph/*`` (a title set by hand too).
 _THREAD_KINDS = frozenset({"turn/start", "turn/end", "session/title"})
 _MISSING = object()
@@ -122,9 +129,9 @@ _MISSING = object()
 
 def session_id_of(thread_id: str) -> str:
     """The session id holding LangGraph thread ``thread_id``: ``lg-<thread_id>`` for an id
-    of ``[a-z0-9_-]`` (at most 252 characters), else ``lgx-<hex of its UTF-8>`` (at most
-    125 bytes). A longer thread id, or one that is not UTF-8 (a lone surrogate), raises
-    :class:`session_store.InvalidInput` naming the thread id."""
+    of ``[a-z0-9_-]`` (at most 252 characters), else ``lgx-<hex of its UTF-8>`` (up to 125
+    bytes), else ``lgh-<hex of the SHA-256 of its UTF-8>``. A thread id that is not UTF-8
+    (a lone surrogate) raises :class:`session_store.InvalidInput` naming it."""
     thread_id = str(thread_id)
     if _SAFE.fullmatch(thread_id):
         return f"lg-{thread_id}"
@@ -133,21 +140,17 @@ def session_id_of(thread_id: str) -> str:
     except UnicodeEncodeError as e:
         raise InvalidInput(f"invalid input: thread id {thread_id!r} is not UTF-8: {e}") from None
     session_id = f"lgx-{utf8.hex()}"
-    if len(session_id) > _MAX_SESSION_ID:
-        longest = (_MAX_SESSION_ID - len("lgx-")) // 2
-        shown = repr(thread_id) if len(thread_id) <= 40 else f"{thread_id[:40]!r}…"
-        raise InvalidInput(
-            f"invalid input: thread id {shown} ({len(utf8)} bytes) is too long: "
-            f"a thread id is at most {longest} bytes of UTF-8, or "
-            f"{_MAX_SESSION_ID - len('lg-')} characters of [a-z0-9_-]"
-        )
-    return session_id
+    if len(session_id) <= _MAX_SESSION_ID:
+        return session_id
+    return f"lgh-{hashlib.sha256(utf8).hexdigest()}"
 
 
 def thread_id_of(session_id: str) -> str | None:
-    """The thread id a session holds, or None for a session that is not a thread's: only
-    an id :func:`session_id_of` makes is one (``lg-ABC`` or ``lgx-61``, made by hand, would
-    name threads whose sessions are ``lgx-414243`` and ``lg-a``)."""
+    """The thread id a session's id gives back, or None for a session that is not a
+    thread's: only an id :func:`session_id_of` makes is one (``lg-ABC`` or ``lgx-61``, made
+    by hand, would name threads whose sessions are ``lgx-414243`` and ``lg-a``). None too
+    for an ``lgh-`` id (a long thread id's hash): its thread id is in its log (a
+    ``langgraph/thread`` event), where :meth:`SessionStoreSaver.list` reads it."""
     thread: str | None = None
     if session_id.startswith("lg-"):
         thread = session_id[3:]
@@ -236,10 +239,12 @@ class _ListForm:
 class _Thread:
     """What the durable log of one thread says, folded (raw records, decoded lazily)."""
 
-    __slots__ = ("after", "blobs", "checkpoints", "foreign", "values", "writes")
+    __slots__ = ("after", "blobs", "checkpoints", "foreign", "thread", "values", "writes")
 
     def __init__(self) -> None:
         self.after = 0  # the last sequence folded in
+        # The thread id the last langgraph/thread event names (lgh- sessions only).
+        self.thread: str | None = None
         # (sequence, kind) of the first event no saver writes: the session is not a thread's.
         self.foreign: tuple[int, str] | None = None
         # ns -> checkpoint id -> (checkpoint record, metadata record, parent id)
@@ -282,6 +287,9 @@ class _Thread:
             for ns, cid in payload["checkpoints"]:
                 self.checkpoints.get(ns, {}).pop(cid, None)
                 self.writes.pop((ns, cid), None)
+        elif kind == _THREAD:
+            thread = payload.get("id") if isinstance(payload, dict) else None
+            self.thread = thread if isinstance(thread, str) else None
 
 
 #: How many threads' writers, and readers, a saver keeps open at most: each holds file
@@ -421,25 +429,48 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
             model = self._threads.get(thread_id)
             if model is None:
                 model = _Thread()
-            while True:
-                try:
-                    page = self.root.events(sid, after=model.after, limit=1000)
-                except NotFound:
-                    self._threads.pop(thread_id, None)
-                    return None
-                for commit in page["commits"]:
-                    model.values = []
-                    for event in commit["events"]:
-                        kind = event["kind"]
-                        if kind.startswith("langgraph/"):
-                            model.fold(kind, event["payload"])
-                        elif kind not in _THREAD_KINDS and model.foreign is None:
-                            model.foreign = (event["seq"], kind)
-                        model.after = event["seq"]
-                if not page["truncated"] or not page["commits"]:
-                    break
+            if not self._fold_log(sid, model):
+                self._threads.pop(thread_id, None)
+                return None
             self._threads[thread_id] = model
             return model
+
+    def _fold_log(self, sid: str, model: _Thread) -> bool:
+        """Folds session ``sid``'s durable commits after ``model.after`` into ``model``;
+        False when there is no such session."""
+        while True:
+            try:
+                page = self.root.events(sid, after=model.after, limit=1000)
+            except NotFound:
+                return False
+            for commit in page["commits"]:
+                model.values = []
+                for event in commit["events"]:
+                    kind = event["kind"]
+                    if kind.startswith("langgraph/"):
+                        model.fold(kind, event["payload"])
+                    elif kind not in _THREAD_KINDS and model.foreign is None:
+                        model.foreign = (event["seq"], kind)
+                    model.after = event["seq"]
+            if not page["truncated"] or not page["commits"]:
+                return True
+
+    def _root_threads(self) -> builtins.list[str]:
+        """The thread ids of every session of the root that is a thread's: given back by
+        its id (:func:`thread_id_of`) or, for an ``lgh-`` id, named by its log's last
+        ``langgraph/thread`` event whose id hashes to it."""
+        threads = []
+        for session in list(self.root.iter_sessions()):
+            sid = session["session_ref"]["session_id"]
+            thread = thread_id_of(sid)
+            if thread is None and _HASHED.fullmatch(sid):
+                model = _Thread()
+                if self._fold_log(sid, model) and model.thread is not None:
+                    if session_id_of(model.thread) == sid:
+                        thread = model.thread
+            if thread is not None:
+                threads.append(thread)
+        return threads
 
     def _thread_if_saved(self, thread_id: str) -> _Thread | None:
         """The thread's index when its session is a thread's (None for no session, or for
@@ -571,11 +602,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
             want_ns = config["configurable"].get("checkpoint_ns")
             want_id = get_checkpoint_id(config)
         else:
-            threads = [
-                t
-                for s in self.root.iter_sessions()
-                if (t := thread_id_of(s["session_ref"]["session_id"])) is not None
-            ]
+            threads = self._root_threads()
             want_ns = want_id = None
         before_id = get_checkpoint_id(before) if before else None
         out: list[CheckpointTuple] = []
@@ -628,6 +655,18 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                     self._drop_unused(evicted)
             else:
                 self._writers.move_to_end(thread_id)
+            named: _Thread | None = None
+            if _HASHED.fullmatch(session_id_of(thread_id)):
+                # Its session id does not give the thread id back: the log names it, in the
+                # first commit of a new thread or of a copy (whose log named its source).
+                # Saves from background threads run before the first commit is durable:
+                # the index is told at once, so one commit names it (not each of those).
+                model = self._thread(thread_id)
+                if model is None or model.thread != thread_id:
+                    events = [(_THREAD, {"id": thread_id}), *events]
+                    if model is None:
+                        model = self._threads[thread_id] = _Thread()
+                    named = model
             with shared.lock:
                 if shared.session is None:
                     sid = session_id_of(thread_id)
@@ -647,6 +686,8 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                     ],
                 }
                 writer.append_json(encode_json(batch))
+            if named is not None:
+                named.thread = thread_id
         # Outside the locks: a commit appended meanwhile by another thread (LangGraph saves
         # from background threads) goes into the same fsynced transaction, and this call
         # returns once its own commit is durable (group commit).
@@ -825,6 +866,8 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                 raise AlreadyExists(
                     f"thread {target!r} already exists (session {session_id_of(target)})"
                 ) from None
+            if _HASHED.fullmatch(session_id_of(target)):
+                self._commit(target, [])  # names the copy's thread in its log
 
     def _hide(self, thread_id: str, doomed: builtins.list[builtins.list[str]]) -> None:
         if doomed:
@@ -837,10 +880,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         if not wanted:
             return
         with self._lock:
-            for session in list(self.root.iter_sessions()):
-                thread_id = thread_id_of(session["session_ref"]["session_id"])
-                if thread_id is None:
-                    continue
+            for thread_id in self._root_threads():
                 model = self._thread_if_saved(thread_id)
                 if model is None:
                     continue

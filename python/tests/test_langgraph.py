@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
 import os
 import subprocess
@@ -359,9 +360,7 @@ def test_prune_and_delete_for_runs_hide_checkpoints(saver) -> None:
     assert len(list(saver.list(config("p")))) == 1  # other runs untouched
 
 
-def test_long_thread_ids_map_while_they_fit_else_are_refused_naming_the_thread(
-    root, saver
-) -> None:
+def test_long_thread_ids_map_to_their_hash_and_are_listed_by_their_log(root, saver) -> None:
     # A safe id of 201..=252 characters fits as "lg-<id>" (it was hex-encoded to 400+
     # bytes and refused as an "invalid session id" the caller never gave).
     for thread in ["a" * 201, "b" * 252, "é" * 62, "x/" * 62]:
@@ -371,13 +370,48 @@ def test_long_thread_ids_map_while_they_fit_else_are_refused_naming_the_thread(
     g = graph(saver)
     g.invoke({"messages": [HumanMessage(content="long")]}, config("c" * 240))
     assert contents(g.get_state(config("c" * 240)))[0] == "long"
-    # Longer ones, and one that is not UTF-8: InvalidInput naming the thread id and the
-    # limit, nothing written.
-    for thread in ["a" * 253, "é" * 63, "x/" * 63, "\ud800"]:
-        with pytest.raises(session_store.InvalidInput, match="thread id") as refused:
-            g.invoke({"messages": [HumanMessage(content="no")]}, config(thread))
-        assert "session id" not in str(refused.value)
-    assert {t.config["configurable"]["thread_id"] for t in saver.list(None)} == {"c" * 240}
+    # Longer ones go to "lgh-<SHA-256>" and run (they were refused with InvalidInput):
+    # the thread id is in the log, so list(None) names them.
+    long = ["a" * 253, "é" * 63, "x/" * 63, "tenant:acme/user:" + "ü" * 2000]
+    for n, thread in enumerate(long):
+        sid = session_id_of(thread)
+        assert sid == "lgh-" + hashlib.sha256(thread.encode()).hexdigest()
+        assert thread_id_of(sid) is None  # not given back by the id alone
+        g.invoke({"messages": [HumanMessage(content=f"long {n}")]}, config(thread))
+        assert contents(g.get_state(config(thread)))[0] == f"long {n}"
+    listed = {t.config["configurable"]["thread_id"] for t in saver.list(None)}
+    assert listed == {"c" * 240, *long}
+    # Its first commit names it once; a fresh saver reads and lists it too.
+    named = [
+        e for e in root.events(session_id_of(long[3]))["commits"][0]["events"]
+        if e["kind"] == "langgraph/thread"
+    ]
+    assert [e["payload"] for e in named] == [{"id": long[3]}]
+    g.invoke({"messages": [HumanMessage(content="again")]}, config(long[3]))
+    assert sum(
+        e["kind"] == "langgraph/thread"
+        for c in root.events(session_id_of(long[3]))["commits"]
+        for e in c["events"]
+    ) == 1
+    fresh = SessionStoreSaver(root)
+    assert {t.config["configurable"]["thread_id"] for t in fresh.list(None)} == listed
+    # A copy to a long id is listed as its own thread (its log named the source).
+    copy = "copy/" + "z" * 300
+    fresh.copy_thread(long[0], copy)
+    listed = [t.config["configurable"]["thread_id"] for t in fresh.list(None)]
+    assert copy in listed and listed.count(long[0]) == listed.count(copy)
+    assert contents(graph(fresh).get_state(config(copy)))[0] == "long 0"
+    fresh.delete_thread(long[0])
+    assert fresh.get_tuple(config(long[0])) is None
+    assert contents(graph(fresh).get_state(config(copy)))[0] == "long 0"
+    # A session of the hashed form that names another thread, or none, is no thread's.
+    root.create("lgh-" + "0" * 64).close()
+    assert long[0] not in {t.config["configurable"]["thread_id"] for t in fresh.list(None)}
+    fresh.close()
+    # A thread id that is not UTF-8: InvalidInput naming the thread id, nothing written.
+    with pytest.raises(session_store.InvalidInput, match="thread id") as refused:
+        g.invoke({"messages": [HumanMessage(content="no")]}, config("\ud800"))
+    assert "session id" not in str(refused.value)
 
 
 def test_delete_thread_while_another_saver_of_the_process_holds_its_writer(root) -> None:
@@ -575,6 +609,10 @@ def test_agents_conversations_and_threads_never_share_a_session(root, saver) -> 
     assert store_id_of("lgy-1") == "lgy-1" and store_id_of("lg_x") == "lg_x"
     assert store_id_of("agx-6c672d78") != "agx-6c672d78"  # the hex of "lg-x"
     assert thread_id_of(store_id_of("lg-support")) is None
+    # A long thread's session ("lgh-" and a SHA-256) is no conversation's either.
+    hashed = session_id_of("x" * 300)
+    assert hashed.startswith("lgh-") and store_id_of(hashed).startswith("agx-")
+    assert store_id_of("lgh-" + "0" * 63) == "lgh-" + "0" * 63  # not of the form: kept
 
 
 def test_a_session_of_a_threads_id_made_by_hand_is_not_a_thread(root, saver) -> None:
