@@ -462,11 +462,39 @@ impl SearchQuery {
         Some(quote(&words.join(" ")))
     }
 
-    /// The words to mark in a snippet (folded), each with whether it is a prefix.
-    pub(crate) fn marks(&self) -> Vec<(String, bool)> {
+    /// What a snippet marks: each term's words (folded), a phrase's in order.
+    pub(crate) fn marks(&self) -> Vec<Mark> {
         let mut out = Vec::new();
         collect_marks(&self.root, &mut out);
         out
+    }
+}
+
+/// What a snippet marks for one term of a query: its words in order (one word, or a
+/// phrase: a quoted one, or a run of letters of a script without spaces, `北京`), the
+/// last a prefix when the term ends with `*`. Only a whole run of them is a match.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Mark {
+    words: Vec<String>,
+    prefix: bool,
+}
+
+impl Mark {
+    /// Whether the words of `text` from the `at`-th on are this term's.
+    fn matches_at(&self, text: &[(Range<usize>, String)], at: usize) -> bool {
+        let last = self.words.len().saturating_sub(1);
+        !self.words.is_empty()
+            && text
+                .get(at..at + self.words.len())
+                .is_some_and(|found| {
+                    found.iter().zip(&self.words).enumerate().all(|(i, ((_, w), m))| {
+                        if self.prefix && i == last {
+                            w.starts_with(m.as_str())
+                        } else {
+                            w == m
+                        }
+                    })
+                })
     }
 }
 
@@ -539,15 +567,12 @@ fn emit(node: &Node, out: &mut String) {
     }
 }
 
-fn collect_marks(node: &Node, out: &mut Vec<(String, bool)>) {
+fn collect_marks(node: &Node, out: &mut Vec<Mark>) {
     match node {
-        Node::Term { text, prefix } => {
-            let words: Vec<String> = words(text).map(|(_, w)| w).collect();
-            let last = words.len().saturating_sub(1);
-            for (i, w) in words.into_iter().enumerate() {
-                out.push((w, *prefix && i == last));
-            }
-        }
+        Node::Term { text, prefix } => out.push(Mark {
+            words: words(text).map(|(_, w)| w).collect(),
+            prefix: *prefix,
+        }),
         Node::And(parts) | Node::Or(parts) => parts.iter().for_each(|p| collect_marks(p, out)),
         // What a NOT excludes is never in a hit.
         Node::Not(left, _) => collect_marks(left, out),
@@ -674,20 +699,24 @@ impl Snippet {
     }
 }
 
-/// A snippet of `text` around its first word matching `marks` (see
-/// [`SearchQuery::marks`]), with every matching word in it marked.
-pub(crate) fn snippet(text: &str, marks: &[(String, bool)]) -> Snippet {
-    let spans: Vec<(Range<usize>, bool)> = words(text)
-        .map(|(range, word)| {
-            let hit = marks.iter().any(|(m, prefix)| {
-                if *prefix {
-                    word.starts_with(m.as_str())
-                } else {
-                    word == *m
-                }
-            });
-            (range, hit)
-        })
+/// A snippet of `text` around its first match of `marks` (see [`SearchQuery::marks`]),
+/// with the words of every match in it marked: a phrase's words only where they stand
+/// together (a snippet of `"staging server"` was cut around the first `server` of the
+/// text, and marked every `server`; one of `北京` marked the `京` of `京都`).
+pub(crate) fn snippet(text: &str, marks: &[Mark]) -> Snippet {
+    let found: Vec<(Range<usize>, String)> = words(text).collect();
+    let mut hit = vec![false; found.len()];
+    for at in 0..found.len() {
+        for mark in marks.iter().filter(|m| m.matches_at(&found, at)) {
+            if let Some(words) = hit.get_mut(at..at + mark.words.len()) {
+                words.fill(true);
+            }
+        }
+    }
+    let spans: Vec<(Range<usize>, bool)> = found
+        .into_iter()
+        .map(|(range, _)| range)
+        .zip(hit)
         .collect();
     let first = spans.iter().position(|(_, hit)| *hit).unwrap_or(0);
     // Up to `SNIPPET_LEAD` words before the first match, more when the text ends sooner:
@@ -861,7 +890,8 @@ mod tests {
         };
         assert_eq!(marked("✅", "done✅ ok"), "done[✅] ok");
         assert_eq!(marked("done", "done✅ ok"), "[done]✅ ok");
-        assert_eq!(marked("👍🏽", "a 👍🏽 b 👍"), "a [👍][🏽] b [👍]");
+        // The toned emoji is a phrase of two: a lone 👍 is no match of it (it was marked).
+        assert_eq!(marked("👍🏽", "a 👍🏽 b 👍"), "a [👍][🏽] b 👍");
         assert_eq!(marked("❤", "I ❤\u{fe0f} it"), "I [❤\u{fe0f}] it");
         // Symbols that are no emoji still hold no word.
         assert_eq!(fts("a & → b"), fts("a b"));
@@ -918,6 +948,47 @@ mod tests {
         );
         assert!(s.text.starts_with('…'), "{}", s.text);
         assert_eq!(s.marked("<", ">").matches("<needle>").count(), 1);
+    }
+
+    #[test]
+    fn a_phrase_is_marked_and_shown_where_its_words_stand_together() {
+        let marked = |text: &str, q: &str| {
+            snippet(text, &SearchQuery::parse(q).expect("parses").marks()).marked("[", "]")
+        };
+        // The snippet was cut around the first lone "server" (the match 100 words on, out
+        // of it), and every "server" was marked.
+        let long = format!(
+            "server {}restart the staging server now",
+            (0..100).map(|i| format!("w{i} ")).collect::<String>()
+        );
+        let s = marked(&long, "\"staging server\"");
+        assert!(s.ends_with("w99 restart the [staging] [server] now"), "{s}");
+        assert_eq!(s.matches('[').count(), 2, "{s}");
+        assert_eq!(
+            marked(
+                "the server is down; restart the staging server now, server team",
+                "\"staging server\""
+            ),
+            "the server is down; restart the [staging] [server] now, server team"
+        );
+        // A run of CJK letters is a phrase of them: 京都 and 東京 hold no match of 北京.
+        let cjk = format!("京都很好。{}我们去北京开会", "他".repeat(60));
+        let s = marked(&cjk, "北京");
+        assert!(s.ends_with("我们去[北][京]开会"), "{s}");
+        assert_eq!(s.matches('[').count(), 2, "{s}");
+        assert_eq!(
+            marked("去北京开会 東京タワー 京都", "北京"),
+            "去[北][京]开会 東京タワー 京都"
+        );
+        // A prefix phrase: its last word a prefix; words of several terms each marked.
+        assert_eq!(
+            marked("staging servers and staging areas", "\"staging serv\"*"),
+            "[staging] [servers] and staging areas"
+        );
+        assert_eq!(
+            marked("deploy then roll back, deploy again", "deploy \"roll back\""),
+            "[deploy] then [roll] [back], [deploy] again"
+        );
     }
 
     #[test]
