@@ -1301,6 +1301,59 @@ fn a_rename_racing_a_delete_lands_or_is_not_found_naming_the_session() {
 /// became the last commit's). A session must also have come into the root at least the
 /// age ago (its file's birth time): the original is deleted, the import kept and not
 /// reported.
+/// `gc` prints each session as it deletes it, also to a file: a run SIGKILLed midway has
+/// printed every session it deleted but at most the one being printed (outside testing,
+/// session 39: the lines came at the end of the run, so `gc > log` stopped midway had
+/// deleted 43 sessions and logged none).
+#[test]
+fn a_gc_killed_midway_has_printed_what_it_deleted() {
+    const SESSIONS: usize = 300;
+    let (dir, root) = temp_cli_root();
+    let lib = Root::open(&root).expect("root");
+    for n in 0..SESSIONS {
+        create(&lib, &format!("s{n:03}")).close().expect("close");
+    }
+    drop(lib);
+    std::thread::sleep(Duration::from_millis(1_200));
+    let log = dir.path().join("gc.log");
+    let mut gc = command(&root, &["gc", "--older-than", "1s"])
+        .stdout(std::fs::File::create(&log).expect("log"))
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("gc");
+    let since = Instant::now();
+    while std::fs::metadata(&log).expect("log").len() == 0 {
+        assert!(since.elapsed() < Duration::from_secs(60), "gc printed nothing");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    gc.kill().expect("kill");
+    gc.wait().expect("wait");
+    let printed: Vec<String> = std::fs::read_to_string(&log)
+        .expect("read log")
+        .lines()
+        .filter_map(|l| l.strip_prefix("deleted "))
+        .filter_map(|l| l.split(' ').next().map(str::to_owned))
+        .collect();
+    let on_disk: Vec<String> = (0..SESSIONS)
+        .map(|n| format!("s{n:03}"))
+        .filter(|id| root.join(id).exists())
+        .collect();
+    let gone = SESSIONS - on_disk.len();
+    assert!(
+        printed.len() < SESSIONS,
+        "the kill came after the whole run: {} lines",
+        printed.len()
+    );
+    for id in &printed {
+        assert!(!on_disk.contains(id), "{id} printed as deleted, still there");
+    }
+    assert!(
+        gone == printed.len() || gone == printed.len() + 1,
+        "{gone} deleted, {} printed",
+        printed.len()
+    );
+}
+
 #[test]
 fn gc_does_not_delete_an_old_export_imported_a_moment_ago() {
     let (dir, root) = temp_cli_root();

@@ -3,6 +3,7 @@
 //! gc, verify, migrate-legacy, stats, rebuild-catalog.
 
 use std::borrow::Cow;
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -11,13 +12,14 @@ use serde_json::json;
 use session_store::format::{SESSION_FILE, WAL_FILE};
 use session_store::{
     CancelToken, Commit, ContentRef, CreateOptions, DependentFork, Error, Event, ForkPoint,
-    GcOptions, ImportOptions, LineageEntry, ListFilter, ListSort, Root, SessionId, SkippedSession,
+    GcDeleted, GcOptions, ImportOptions, LineageEntry, ListFilter, ListSort, Root, SessionId, SkippedSession,
     TableBytes, TurnBoundary, Usage, UsageTotals, WriterOwner, utc,
 };
 
 use super::interrupt::Interrupt;
 use super::{
-    CliError, CliResult, Context, EXIT_NOT_FOUND, EXIT_OTHER, Failure, block_on, columns, count,
+    CliError, CliResult, Context, EXIT_NOT_FOUND, EXIT_OTHER, Failure, OutputError, block_on,
+    columns, count,
     exit_code, human_bytes, in_context, is_broken_pipe, padded, print_json, printable, session_id,
     shown, spinner,
 };
@@ -779,32 +781,37 @@ pub fn delete(cx: &Context, id: &str, wait: Duration) -> CliResult<()> {
 pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
     let root = cx.open_root()?;
     let bar = spinner("collecting old sessions");
-    let collected = root.gc(options);
+    let verb = if options.dry_run {
+        "would delete"
+    } else {
+        "deleted"
+    };
+    // Each deletion is printed as it is made (with --json the report comes at the end): a
+    // run stopped midway printed nothing of what it had deleted. One that cannot print
+    // stops before its next deletion.
+    let mut unprinted = None;
+    let collected = root.gc_with_progress(options, |d| {
+        if cx.json {
+            return ControlFlow::Continue(());
+        }
+        bar.suspend(|| match print_collected(verb, d) {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => {
+                unprinted = Some(e);
+                ControlFlow::Break(())
+            }
+        })
+    });
     bar.finish_and_clear();
     // A root that cannot be written: what was being done, then where and why.
     let report = collected
         .map_err(|e| in_context(e, format!("collect old sessions of {}", cx.root.display())))?;
+    if let Some(e) = unprinted {
+        return Err(e.into());
+    }
     if cx.json {
         print_json(&report)?;
     } else {
-        let verb = if report.dry_run {
-            "would delete"
-        } else {
-            "deleted"
-        };
-        for d in &report.deleted {
-            let forks: Vec<Cow<'_, str>> = d.forks.iter().map(shown).collect();
-            outln!(
-                "{verb} {} (updated {} UTC){}",
-                shown(&d.session_id),
-                utc(d.updated_at_ms),
-                if forks.is_empty() {
-                    String::new()
-                } else {
-                    format!("; forks keep their history: {}", forks.join(", "))
-                }
-            );
-        }
         for k in &report.kept {
             outln!("kept {}: {}", shown(&k.session_id), printable(&k.reason));
         }
@@ -836,6 +843,22 @@ pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
             format!("{n} session(s) could not be deleted (they are intact)"),
         )),
     }
+}
+
+/// `gc`'s line of one session it deleted (or would delete: `verb`).
+fn print_collected(verb: &str, d: &GcDeleted) -> Result<(), OutputError> {
+    let forks: Vec<Cow<'_, str>> = d.forks.iter().map(shown).collect();
+    outln!(
+        "{verb} {} (updated {} UTC){}",
+        shown(&d.session_id),
+        utc(d.updated_at_ms),
+        if forks.is_empty() {
+            String::new()
+        } else {
+            format!("; forks keep their history: {}", forks.join(", "))
+        }
+    );
+    Ok(())
 }
 
 /// The session folder or file `verify` checks, with the session id when `target` names a

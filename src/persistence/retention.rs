@@ -4,6 +4,7 @@
 //! deletes, would delete (a dry run) or keeps, with why. Nothing is deleted unless the
 //! caller asks for it.
 
+use std::ops::ControlFlow;
 use std::path::Path;
 use std::time::Duration;
 
@@ -197,6 +198,22 @@ impl Root {
     /// of the root's (a symlink, a folder whose name is not UTF-8 or not a valid session
     /// id, see [`Root::list_ids`]) is in [`GcReport::kept`], saying so.
     pub fn gc(&self, options: &GcOptions) -> Result<GcReport> {
+        self.gc_with_progress(options, |_| ControlFlow::Continue(()))
+    }
+
+    /// [`Root::gc`], calling `deleted` with each session as soon as it is deleted (in a
+    /// dry run: as soon as it is found to be one that would be), so that a caller can
+    /// record it at once: a run stopped midway (killed) has deleted exactly what was
+    /// reported by then. `ControlFlow::Break` from `deleted` (the record could not be
+    /// written) stops the run before the next deletion; what was done is in the report.
+    ///
+    /// # Errors
+    /// As [`Root::gc`].
+    pub fn gc_with_progress(
+        &self,
+        options: &GcOptions,
+        mut deleted: impl FnMut(&GcDeleted) -> ControlFlow<()>,
+    ) -> Result<GcReport> {
         let older_ms = i64::try_from(options.older_than.as_millis()).unwrap_or(i64::MAX);
         let cutoff_ms = now_ms().saturating_sub(older_ms);
         let mut report = GcReport {
@@ -269,21 +286,25 @@ impl Root {
             }
         }
         let mut root_writable = false;
-        for mut deleted in doomed {
-            let id = deleted.session_id.clone();
+        for mut doomed in doomed {
+            let id = doomed.session_id.clone();
             let keep = |why: String| GcKept {
                 session_id: id.clone(),
                 reason: why,
             };
             // A fork deleted before it in this run gets nothing copied in.
-            deleted.forks.retain(|fork| {
+            doomed.forks.retain(|fork| {
                 !report
                     .deleted
                     .iter()
                     .any(|gone: &GcDeleted| gone.session_id == *fork)
             });
             if options.dry_run {
-                report.deleted.push(deleted);
+                let go_on = deleted(&doomed);
+                report.deleted.push(doomed);
+                if go_on.is_break() {
+                    break;
+                }
                 continue;
             }
             if !root_writable {
@@ -302,7 +323,13 @@ impl Root {
                 }
             };
             match self.delete_unless(&id, &CancelToken::after(LOCK_WAIT), recheck) {
-                Ok(None) => report.deleted.push(deleted),
+                Ok(None) => {
+                    let go_on = deleted(&doomed);
+                    report.deleted.push(doomed);
+                    if go_on.is_break() {
+                        break;
+                    }
+                }
                 Ok(Some(why)) => report.kept.push(keep(why)),
                 Err(Error::Cancelled) => report
                     .kept
