@@ -1427,11 +1427,33 @@ fn search_takes_role_since_and_session_and_refuses_an_origin() {
         "{page}"
     );
 
+    // A cwd is taken as `--cwd` spells it; an empty role or cwd (a form's field left
+    // empty) is no filter.
+    let in_cwd = hits("/api/search?q=test&cwd=/home/dev/syncer&limit=100");
+    assert!(!in_cwd.is_empty() && in_cwd.len() < all.len(), "{in_cwd:?}");
+    assert_eq!(
+        hits("/api/search?q=test&cwd=/home//dev/syncer/.&limit=100"),
+        in_cwd
+    );
+    assert_eq!(hits("/api/search?q=test&role=&cwd=&limit=100"), all);
+    let listed = |path: &str| server.ok(path).json()["sessions"].clone();
+    assert_eq!(
+        listed("/api/sessions?cwd=/home/dev/syncer/"),
+        listed("/api/sessions?cwd=/home/dev/syncer")
+    );
+
+    // A blank role or cwd is refused, as the CLI refuses it (they were no filter), and so
+    // is a relative cwd (an empty page, 200).
     for (path, names) in [
         ("/api/search?q=test&since=yesterday", "since"),
         ("/api/search?q=test&session=..%2Fx", "session"),
         ("/api/search?q=test&origin=fork", "origin"),
         ("/?q=test&origin=fork", "origin"),
+        ("/api/search?q=test&role=%20%20", "role"),
+        ("/api/search?q=test&cwd=%20", "cwd"),
+        ("/api/search?q=test&cwd=home/dev/syncer", "cwd"),
+        ("/api/sessions?cwd=home/dev/syncer", "cwd"),
+        ("/?cwd=.", "cwd"),
     ] {
         let reply = server.get(path);
         assert_eq!(reply.status, 400, "{path}: {}", reply.body);

@@ -54,6 +54,12 @@ fn given(value: &Option<String>) -> Option<&str> {
     value.as_deref().filter(|v| !v.trim().is_empty())
 }
 
+/// `value` unless it is absent or empty (a form's field left empty comes as `name=`): a
+/// blank one is given, for its check to refuse as the CLI refuses it.
+fn given_as_is(value: &Option<String>) -> Option<&str> {
+    value.as_deref().filter(|v| !v.is_empty())
+}
+
 impl Params {
     /// The search query, if one is given.
     pub fn query(&self) -> Option<&str> {
@@ -65,14 +71,31 @@ impl Params {
         given(&self.cursor)
     }
 
-    /// The working-directory filter, if one is given.
+    /// The working-directory filter as given, if one is.
     pub fn cwd(&self) -> Option<&str> {
-        given(&self.cwd)
+        given_as_is(&self.cwd)
     }
 
-    /// The search's role filter, if one is given.
+    /// The working-directory filter, checked: an absolute folder, spelled as sessions
+    /// record it (`/srv//api/` is `/srv/api`, as `--cwd` takes it). A relative or blank
+    /// one is refused: the server cannot tell what it is relative to (`cwd=srv/api`
+    /// answered an empty page, and a blank one was no filter).
+    fn cwd_filter(&self) -> Result<Option<String>, Problem> {
+        let Some(cwd) = self.cwd() else {
+            return Ok(None);
+        };
+        if !std::path::Path::new(cwd).is_absolute() {
+            return Err(Problem::bad_request(format!(
+                "cwd {cwd:?} is not an absolute folder (a session records the absolute \
+                 working directory it was made in)"
+            )));
+        }
+        Ok(Some(session_store::absolute_cwd(cwd)?))
+    }
+
+    /// The search's role filter, if one is given (a blank one too: search refuses it).
     pub fn role(&self) -> Option<&str> {
-        given(&self.role)
+        given_as_is(&self.role)
     }
 
     /// The search's time filter as given, if one is (kept by the links to the next pages).
@@ -300,7 +323,7 @@ pub async fn sessions(app: &App, params: &Params) -> Result<SessionList, Problem
     let mut filter = ListFilter::default()
         .with_sort(ListSort::Updated)
         .cached_only();
-    if let Some(cwd) = params.cwd() {
+    if let Some(cwd) = params.cwd_filter()? {
         filter = filter.with_cwd(cwd);
     }
     if let Some(origin) = params.origin()? {
@@ -353,7 +376,7 @@ pub async fn search(app: &App, params: &Params) -> Result<SearchPage, Problem> {
     if let Some(cursor) = params.cursor() {
         options = options.with_cursor(cursor);
     }
-    if let Some(cwd) = params.cwd() {
+    if let Some(cwd) = params.cwd_filter()? {
         options = options.with_cwd(cwd);
     }
     if let Some(role) = params.role() {
