@@ -1005,6 +1005,42 @@ fn a_search_cursor_carries_no_score_and_an_older_one_is_still_followed() {
             "{bad}: {e}"
         );
     }
+    // An edited tier is refused (outside testing, session 39: tiers 2 and 99999999999 gave
+    // an empty last page, tier 0 the first page again), and a row the index does not
+    // hold is said to be so, not that the index was rebuilt.
+    for tier in ["0", "2", "99999999999"] {
+        let edited = format!("s3.{tier}.{}.{}", parts[2], parts[3]);
+        let e = page(Some(&edited)).expect_err("refused");
+        assert!(
+            e.to_string().contains("invalid search cursor"),
+            "{edited}: {e}"
+        );
+    }
+    for row in ["0", "-1", "99999"] {
+        let edited = format!("s3.{}.{row}.{}", parts[1], parts[3]);
+        let e = page(Some(&edited)).expect_err("refused");
+        assert!(
+            e.to_string().contains("not in the search index"),
+            "{edited}: {e}"
+        );
+    }
+    // A two-word query's exact phrase is tier 0: its cursor's tier 1 is refused.
+    let phrase = |cursor: Option<&str>| {
+        let mut options = SearchOptions::default().with_limit(4);
+        if let Some(c) = cursor {
+            options = options.with_cursor(c);
+        }
+        rt().block_on(service.query().search("walrus number", options))
+    };
+    let cursor = phrase(None)
+        .expect("first page")
+        .next_cursor
+        .expect("next");
+    assert!(cursor.starts_with("s3.0."), "{cursor}");
+    assert_eq!(phrase(Some(&cursor)).expect("second page").hits.len(), 4);
+    let edited = cursor.replacen("s3.0.", "s3.1.", 1);
+    let e = phrase(Some(&edited)).expect_err("refused");
+    assert!(e.to_string().contains("invalid search cursor"), "{e}");
 }
 
 /// A role filter is compared ignoring ASCII case (`User` found nothing, as a role no

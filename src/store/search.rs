@@ -750,7 +750,7 @@ impl SearchIndex {
         // One read transaction: the cursor's row is ranked on the same index as the page.
         let read = conn.unchecked_transaction()?;
         let after = match filter.after {
-            Some(after) => Some(reanchor(&read, fts, after)?),
+            Some(after) => Some(reanchor(&read, fts, phrase, after)?),
             None => None,
         };
         let unfiltered = filter.session.is_none()
@@ -919,26 +919,44 @@ impl SearchIndex {
 ///
 /// # Errors
 /// [`Error::InvalidInput`] when the row is not in the index: it was rebuilt since the
-/// cursor's page (every row has a new number), or the cursor was made up. Following it
-/// with the score its page had (cursors carried it before) started the page over among
-/// rows of equal score (whose new numbers all come after the old one), repeating earlier
-/// pages' hits in silence.
-fn reanchor(conn: &Connection, fts: &str, after: (i64, i64)) -> Result<(i64, f64, i64)> {
+/// cursor's page (every row has a new number), or the cursor was made up or is another
+/// root's. Following it with the score its page had (cursors carried it before) started
+/// the page over among rows of equal score (whose new numbers all come after the old
+/// one), repeating earlier pages' hits in silence. Also when the cursor's tier is not its
+/// row's (`phrase`: the exact phrase of the query's words, whose matches are tier 0, the
+/// others 1): only an edited cursor has one, which gave an empty page, or the first page
+/// again, as if the search went on.
+fn reanchor(
+    conn: &Connection,
+    fts: &str,
+    phrase: Option<&str>,
+    after: (i64, i64),
+) -> Result<(i64, f64, i64)> {
     let (tier, row) = after;
-    let now = conn
+    let (now, in_phrase) = conn
         .prepare_cached(
-            "SELECT coalesce(bm25(search_text), 0) FROM search_text
-             WHERE search_text MATCH ?1 AND rowid = ?2",
+            "SELECT coalesce(bm25(search_text), 0),
+                    ?3 IS NOT NULL AND rowid IN (SELECT rowid FROM search_text
+                                                 WHERE search_text MATCH ?3)
+             FROM search_text WHERE search_text MATCH ?1 AND rowid = ?2",
         )?
-        .query_row(params![fts, row], |r| r.get::<_, f64>(0))
+        .query_row(params![fts, row, phrase], |r| {
+            Ok((r.get::<_, f64>(0)?, r.get::<_, bool>(1)?))
+        })
         .optional()
         .map_err(query_error)?
         .ok_or_else(|| {
             Error::invalid(
-                "the search index was rebuilt since this search cursor's page: search again \
-                 from the first page",
+                "this search cursor's hit is not in the search index: it was rebuilt since \
+                 the cursor's page (or the cursor is not of this root): search again from \
+                 the first page",
             )
         })?;
+    if tier != i64::from(!in_phrase) {
+        return Err(Error::invalid(
+            "invalid search cursor: it is not one a page of this search gave",
+        ));
+    }
     Ok((tier, now, row))
 }
 
