@@ -105,9 +105,10 @@ pub fn naming_file_size_limit(message: String) -> String {
 ///
 /// Bad input (`InvalidInput`, `InvalidPayload`, `UnsupportedVersion` for an unknown
 /// required kind, `OperationConflict`) never changes anything on disk. Where a failure has a
-/// cause (an OS error, an SQLite error, the JSON parse error of a corrupt row or a refused
-/// payload, the failed write behind a poisoned session), the cause is the error's
-/// [`source`](std::error::Error::source), typed. `Error` is `Clone`:
+/// cause (an OS error, an SQLite error, the JSON parse error of a corrupt row or of a
+/// payload that is not JSON, the failed write behind a poisoned session), the cause is the
+/// error's [`source`](std::error::Error::source), typed; an [`Error::InvalidPayload`] (JSON
+/// its kind's schema refuses) says why in its `reason` and has none. `Error` is `Clone`:
 /// its OS and SQLite causes are shared.
 #[derive(Clone, Debug)]
 #[non_exhaustive]

@@ -52,6 +52,14 @@ pub const INLINE_PAYLOAD_LIMIT: usize = 64 * 1024;
 /// decompresses a blob to more than this, whatever its row says (a bound on zstd bombs).
 pub const MAX_PAYLOAD_BYTES: u64 = 900_000_000;
 
+/// The longest operation id, turn id or event id a new operation may give (1,024 bytes of
+/// UTF-8): each is stored, hashed and printed with every commit or event, and a host that
+/// passes untrusted ids on had nothing bounding them (a 1 MiB operation id was stored).
+pub const MAX_ID_BYTES: usize = 1024;
+
+/// The longest event kind a new operation may give (256 bytes of UTF-8).
+pub const MAX_KIND_BYTES: usize = 256;
+
 /// How deep objects and arrays may nest in a payload an append takes (512): a deeper one
 /// is refused ([`Error::InvalidInput`](crate::Error::InvalidInput)). The store's own
 /// readers follow any depth, but Python's `json.loads` stops at its recursion limit (about

@@ -1323,7 +1323,10 @@ fn a_gc_killed_midway_has_printed_what_it_deleted() {
         .expect("gc");
     let since = Instant::now();
     while std::fs::metadata(&log).expect("log").len() == 0 {
-        assert!(since.elapsed() < Duration::from_secs(60), "gc printed nothing");
+        assert!(
+            since.elapsed() < Duration::from_secs(60),
+            "gc printed nothing"
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
     gc.kill().expect("kill");
@@ -1345,7 +1348,10 @@ fn a_gc_killed_midway_has_printed_what_it_deleted() {
         printed.len()
     );
     for id in &printed {
-        assert!(!on_disk.contains(id), "{id} printed as deleted, still there");
+        assert!(
+            !on_disk.contains(id),
+            "{id} printed as deleted, still there"
+        );
     }
     assert!(
         gone == printed.len() || gone == printed.len() + 1,

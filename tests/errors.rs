@@ -704,3 +704,35 @@ async fn a_poisoned_close_records_nothing_unwritten_in_the_catalog() {
     assert_eq!(entry.durable_sequence, 1, "{entry:?}");
     assert_eq!(entry.event_sequence, 1, "{entry:?}");
 }
+
+/// `Root::import` and `verify_file` of a file that is no session file (garbage, an empty
+/// file, another program's SQLite database) are `Corrupt` naming the file (outside
+/// testing, session 39: "corrupt session store: SQLite reports: file is not a database"
+/// named none, so a host importing a batch of files could not tell which one), once.
+#[test]
+fn a_file_that_is_no_session_file_is_corrupt_naming_it() {
+    let (dir, root) = temp_root();
+    let garbage = dir.path().join("garbage.sqlite");
+    std::fs::write(&garbage, b"this is not a session file".repeat(400)).expect("write");
+    let empty = dir.path().join("empty.sqlite");
+    std::fs::write(&empty, b"").expect("write");
+    let plain = dir.path().join("plain.sqlite");
+    rusqlite::Connection::open(&plain)
+        .and_then(|c| c.execute_batch("CREATE TABLE t (x); INSERT INTO t VALUES (1);"))
+        .expect("plain database");
+    for file in [&garbage, &empty, &plain] {
+        let shown = std::fs::canonicalize(file)
+            .expect("canonical")
+            .display()
+            .to_string();
+        for e in [
+            root.import(file, session_store::ImportOptions::default())
+                .expect_err("import"),
+            session_store::verify_file(file).expect_err("verify"),
+        ] {
+            assert!(matches!(e, Error::Corrupt { .. }), "{e:?}");
+            assert_eq!(e.to_string().matches(&shown).count(), 1, "{e}");
+        }
+    }
+    assert!(root.list_ids().expect("list").is_empty());
+}

@@ -739,6 +739,83 @@ fn turn_ids_with_control_characters_are_refused_and_blank_ones_derived() {
     s.close().unwrap();
 }
 
+/// Operation ids, turn ids and event ids over 1,024 bytes, kinds over 256, and any of them
+/// holding a control character, are refused naming which, nothing changed (outside
+/// testing, session 39: a 1 MiB operation id, event id and kind holding NUL and ESC were
+/// stored); `Batch::validate` refuses them alike, and the largest allowed are stored.
+#[test]
+fn long_names_and_names_with_control_characters_are_refused() {
+    let (_dir, root) = manual_root();
+    let s = create(&root, "names");
+    let long_id = "i".repeat(1025);
+    let long_kind = format!("x/{}", "k".repeat(255));
+    let event = |kind: &str, id: &str| {
+        let mut e = Event::new(kind).optional();
+        e.id = id.to_owned();
+        e
+    };
+    let cases = [
+        (
+            Batch::new(long_id.clone(), vec![title("t")]),
+            "operation id",
+            "1025 bytes",
+        ),
+        (
+            Batch::new("op\0", vec![title("t")]),
+            "operation id",
+            "control character",
+        ),
+        (
+            Batch::new("op\u{1b}[2J", vec![title("t")]),
+            "operation id",
+            "control character",
+        ),
+        (
+            Batch::new("op", vec![title("t")]).in_turn(long_id.clone()),
+            "turn id",
+            "1025 bytes",
+        ),
+        (
+            Batch::new("op", vec![event("x/y", &long_id)]),
+            "events[0].id",
+            "1025 bytes",
+        ),
+        (
+            Batch::new("op", vec![event("x/y", "e\n1")]),
+            "events[0].id",
+            "control character",
+        ),
+        (
+            Batch::new("op", vec![title("t"), event(&long_kind, "")]),
+            "events[1].kind",
+            "257 bytes",
+        ),
+        (
+            Batch::new("op", vec![event("x/\u{7}", "")]),
+            "events[0].kind",
+            "control character",
+        ),
+    ];
+    for (batch, names, says) in cases {
+        let validated = batch.validate().unwrap_err();
+        let e = s.append(batch).unwrap_err();
+        assert!(matches!(e, Error::InvalidInput { .. }), "{e}");
+        for text in [e.to_string(), validated.to_string()] {
+            assert!(text.contains(names) && text.contains(says), "{text}");
+            assert!(text.len() < 300, "the whole id printed: {}", text.len());
+        }
+        assert_eq!(s.sequences(), (0, 0));
+    }
+    let longest = "i".repeat(1024);
+    let kind = format!("x/{}", "k".repeat(254));
+    let c = s
+        .append(Batch::new(longest.clone(), vec![event(&kind, &longest)]).in_turn(longest.clone()))
+        .unwrap();
+    assert_eq!(c.operation_id, longest);
+    s.flush().unwrap();
+    s.close().unwrap();
+}
+
 /// Child role: appends a small commit and then one optional event with a payload of
 /// `SS_BYTES` bytes (random letters when `SS_RANDOM` is set, else a repeated phrase) in the
 /// same write-behind tail, flushes, reopens and reads everything back. Prints one of

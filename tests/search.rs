@@ -1032,10 +1032,7 @@ fn a_search_cursor_carries_no_score_and_an_older_one_is_still_followed() {
         }
         rt().block_on(service.query().search("walrus number", options))
     };
-    let cursor = phrase(None)
-        .expect("first page")
-        .next_cursor
-        .expect("next");
+    let cursor = phrase(None).expect("first page").next_cursor.expect("next");
     assert!(cursor.starts_with("s3.0."), "{cursor}");
     assert_eq!(phrase(Some(&cursor)).expect("second page").hits.len(), 4);
     let edited = cursor.replacen("s3.0.", "s3.1.", 1);

@@ -469,8 +469,8 @@ fn hostile_content_is_escaped_everywhere() {
         "/sessions/hostile/stats",
         "/stats",
         "/?q=pwned",
-        "/?q=%3Cscript%3E&cwd=%22%3E%3Cscript%3E",
-        "/?cwd=%22%3E%3Cscript%3Ealert(7)%3C%2Fscript%3E",
+        "/?q=%3Cscript%3E&cwd=%2F%22%3E%3Cscript%3E",
+        "/?cwd=%2F%22%3E%3Cscript%3Ealert(7)%3C%2Fscript%3E",
         &blob,
     ] {
         let page = server.ok(path).body;
@@ -1006,9 +1006,9 @@ fn a_query_value_that_is_not_utf8_is_refused_not_read_as_a_replacement_character
         assert!(reply.body.contains("not UTF-8"), "{path}: {}", reply.body);
     }
     // Valid percent-encoded UTF-8 and a lone `%` still pass.
-    server.ok("/api/sessions?cwd=100%");
+    server.ok("/api/sessions?cwd=/100%");
     server.ok("/api/search?q=caf%C3%A9");
-    server.ok("/api/sessions?cwd=100%25");
+    server.ok("/api/sessions?cwd=/100%25");
 }
 
 #[test]

@@ -668,6 +668,22 @@ async fn service_errors_carry_their_documented_classifiers() {
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
+/// A runtime whose session was closed through `Runtime::session` binds no execution:
+/// `Closed` (outside testing, session 39: it bound one, `Running`, whose every append
+/// answered "session is closed").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_whose_session_was_closed_binds_no_execution() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = service_in(dir.path());
+    let rt = service
+        .create(CreateOptions::with_id(id("closed-below")))
+        .await
+        .expect("create");
+    rt.session().close().expect("close the session");
+    assert!(matches!(rt.bind_execution("agent"), Err(Error::Closed)));
+    assert_ne!(rt.phase(), RuntimePhase::Running);
+}
+
 /// An execution dropped without `finish` (its task panicked, or returned early on an
 /// error) ends as `finish` ends it: the runtime goes back to `idle`, so the next execution
 /// binds and the session closes; a cancelled one too. Dropping an execution that was

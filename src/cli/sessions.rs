@@ -12,16 +12,15 @@ use serde_json::json;
 use session_store::format::{SESSION_FILE, WAL_FILE};
 use session_store::{
     CancelToken, Commit, ContentRef, CreateOptions, DependentFork, Error, Event, ForkPoint,
-    GcDeleted, GcOptions, ImportOptions, LineageEntry, ListFilter, ListSort, Root, SessionId, SkippedSession,
-    TableBytes, TurnBoundary, Usage, UsageTotals, WriterOwner, utc,
+    GcDeleted, GcOptions, ImportOptions, LineageEntry, ListFilter, ListSort, Root, SessionId,
+    SkippedSession, TableBytes, TurnBoundary, Usage, UsageTotals, WriterOwner, utc,
 };
 
 use super::interrupt::Interrupt;
 use super::{
     CliError, CliResult, Context, EXIT_NOT_FOUND, EXIT_OTHER, Failure, OutputError, block_on,
-    columns, count,
-    exit_code, human_bytes, in_context, is_broken_pipe, padded, print_json, printable, session_id,
-    shown, spinner,
+    columns, count, exit_code, human_bytes, in_context, is_broken_pipe, padded, print_json,
+    printable, session_id, shown, spinner,
 };
 
 /// Characters of a payload or message shown on one line of human output.

@@ -5,7 +5,7 @@ use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::format::{MAX_PAYLOAD_BYTES, MAX_PAYLOAD_NESTING};
+use crate::format::{MAX_ID_BYTES, MAX_KIND_BYTES, MAX_PAYLOAD_BYTES, MAX_PAYLOAD_NESTING};
 use crate::model::ids::lower_hex;
 
 pub(crate) use crate::format::INLINE_PAYLOAD_LIMIT;
@@ -80,7 +80,10 @@ impl Event {
         }
     }
 
-    /// Sets the payload from any serializable value.
+    /// Sets the payload from any serializable value, as `serde_json` writes it: a float
+    /// that is not finite (NaN, an infinity) has no JSON form and is written as `null`, as
+    /// `serde_json::to_string` writes it (the payload holds no trace of the float), so give
+    /// such a value as something else (a string) when it matters.
     ///
     /// # Errors
     /// [`Error::InvalidInput`] when the value cannot be serialized to JSON.
@@ -185,7 +188,11 @@ impl Batch {
         check_fields(self.operation_id.trim(), &self.events)?;
         check_unique_ids(&self.events)?;
         check_nesting(&self.events)?;
-        check_turn_id(self.turn_id.as_deref())?;
+        check_names(
+            self.operation_id.trim(),
+            self.turn_id.as_deref(),
+            &self.events,
+        )?;
         if self
             .events
             .iter()
@@ -241,21 +248,50 @@ pub(crate) fn check_fields(operation_id: &str, events: &[Event]) -> Result<()> {
     Ok(())
 }
 
-/// Refuses a turn id holding a control character: a turn is named again by
-/// `fork --after-turn` and `rewind --before-turn`, and one holding NUL never could be. (A
-/// blank turn id is none: derived when the batch starts a turn.) Checked once the
-/// operation id is known to be new, as a rule added later.
+/// Refuses a name a caller gives that no command could name again or print whole: an
+/// operation id, turn id or event id over [`MAX_ID_BYTES`] or an event kind over
+/// [`MAX_KIND_BYTES`], or one holding a control character (a turn is named again by
+/// `fork --after-turn` and `rewind --before-turn`, and one holding NUL never could be; an
+/// escape sequence in an id was printed raw by every front end that shows it). Checked once
+/// the operation id is known to be new, as a rule added later: a retry of what an older
+/// build stored still answers its commit. (A blank turn id is none: derived when the batch
+/// starts a turn.)
 ///
 /// # Errors
-/// [`Error::InvalidInput`] naming the turn id.
-pub(crate) fn check_turn_id(turn_id: Option<&str>) -> Result<()> {
-    match turn_id {
-        Some(turn_id) if turn_id.chars().any(char::is_control) => Err(Error::invalid(format!(
-            "turn id {} contains a control character",
-            crate::error::quoted(turn_id)
-        ))),
-        _ => Ok(()),
+/// [`Error::InvalidInput`] naming the id or the event.
+pub(crate) fn check_names(
+    operation_id: &str,
+    turn_id: Option<&str>,
+    events: &[Event],
+) -> Result<()> {
+    check_name("operation id", operation_id, MAX_ID_BYTES)?;
+    if let Some(turn_id) = turn_id {
+        check_name("turn id", turn_id, MAX_ID_BYTES)?;
     }
+    for (i, e) in events.iter().enumerate() {
+        check_name(&format!("events[{i}].kind"), &e.kind, MAX_KIND_BYTES)?;
+        check_name(&format!("events[{i}].id"), &e.id, MAX_ID_BYTES)?;
+    }
+    Ok(())
+}
+
+/// [`check_names`] of one name: `what` says which.
+fn check_name(what: &str, name: &str, max_bytes: usize) -> Result<()> {
+    if name.len() > max_bytes {
+        let shown: String = name.chars().take(40).collect();
+        return Err(Error::invalid(format!(
+            "{what} {}… is {} bytes, over the {max_bytes}-byte limit",
+            crate::error::quoted(&shown),
+            name.len()
+        )));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(Error::invalid(format!(
+            "{what} {} contains a control character",
+            crate::error::quoted(name)
+        )));
+    }
+    Ok(())
 }
 
 /// Refuses a batch with a payload nested deeper than [`MAX_PAYLOAD_NESTING`]: the store

@@ -484,17 +484,19 @@ impl Mark {
     fn matches_at(&self, text: &[(Range<usize>, String)], at: usize) -> bool {
         let last = self.words.len().saturating_sub(1);
         !self.words.is_empty()
-            && text
-                .get(at..at + self.words.len())
-                .is_some_and(|found| {
-                    found.iter().zip(&self.words).enumerate().all(|(i, ((_, w), m))| {
+            && text.get(at..at + self.words.len()).is_some_and(|found| {
+                found
+                    .iter()
+                    .zip(&self.words)
+                    .enumerate()
+                    .all(|(i, ((_, w), m))| {
                         if self.prefix && i == last {
                             w.starts_with(m.as_str())
                         } else {
                             w == m
                         }
                     })
-                })
+            })
     }
 }
 
@@ -713,11 +715,8 @@ pub(crate) fn snippet(text: &str, marks: &[Mark]) -> Snippet {
             }
         }
     }
-    let spans: Vec<(Range<usize>, bool)> = found
-        .into_iter()
-        .map(|(range, _)| range)
-        .zip(hit)
-        .collect();
+    let spans: Vec<(Range<usize>, bool)> =
+        found.into_iter().map(|(range, _)| range).zip(hit).collect();
     let first = spans.iter().position(|(_, hit)| *hit).unwrap_or(0);
     // Up to `SNIPPET_LEAD` words before the first match, more when the text ends sooner:
     // a text of at most `SNIPPET_WORDS` words is shown whole.
@@ -986,7 +985,10 @@ mod tests {
             "[staging] [servers] and staging areas"
         );
         assert_eq!(
-            marked("deploy then roll back, deploy again", "deploy \"roll back\""),
+            marked(
+                "deploy then roll back, deploy again",
+                "deploy \"roll back\""
+            ),
             "[deploy] then [roll] [back], [deploy] again"
         );
     }

@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::model::header::{Header, Origin};
 use crate::model::{Event, SessionId};
 use crate::persistence::export_temp::{self, ExportTemp};
-use crate::persistence::verify::{LogValidator, resolve_target};
+use crate::persistence::verify::{LogValidator, Target, naming_file, resolve_target};
 use crate::persistence::{Root, rename_no_replace, sync_dir};
 use crate::store::read::{check_integrity, read_file_lineage};
 use crate::store::reader::SessionReader;
@@ -329,6 +329,17 @@ impl Root {
             return Err(Error::Cancelled);
         }
         let target = resolve_target(file.as_ref())?;
+        self.import_target(&target, options, cancel)
+            .map_err(|e| naming_file(e, &target.file))
+    }
+
+    /// [`Root::import_cancellable`] of the file `target` resolved.
+    fn import_target(
+        &self,
+        target: &Target,
+        options: ImportOptions,
+        cancel: &CancelToken,
+    ) -> Result<SessionId> {
         check_integrity(&target.file, target.access)?;
         // Before a reader opens what the rows name (folders beside the user's file).
         let lineage = read_file_lineage(&target.file)?;
@@ -377,9 +388,9 @@ impl Root {
                 header.session_id
             )));
         }
-        let target = header.session_id.clone();
+        let id = header.session_id.clone();
         let through = reader.durable_sequence()?;
-        let (staged, _lock) = self.stage(&target, "import", |conn| {
+        let (staged, _lock) = self.stage(&id, "import", |conn| {
             write::init_file(conn, &header)?;
             copy_log(
                 &reader,
@@ -393,7 +404,7 @@ impl Root {
         if cancel.is_cancelled() {
             return Err(Error::Cancelled);
         }
-        self.publish(staged, &target)?;
-        Ok(target)
+        self.publish(staged, &id)?;
+        Ok(id)
     }
 }

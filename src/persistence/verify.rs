@@ -282,9 +282,29 @@ pub struct Verified {
 /// ends (checked against the turn index).
 fn validate_each(
     path: &Path,
-    mut f: impl FnMut(Commit, FoldEffects),
+    f: impl FnMut(Commit, FoldEffects),
 ) -> Result<(Verified, Vec<TurnBoundary>)> {
     let target = resolve_target(path)?;
+    validate_target(&target, f).map_err(|e| naming_file(e, &target.file))
+}
+
+/// `error`, met reading `file`, naming it when it is [`Error::Corrupt`] and does not yet:
+/// `import` or `verify_file` of a file that is no session file said "corrupt session
+/// store: SQLite reports: file is not a database" (outside testing, session 39), and a
+/// host importing a batch of files could not tell which one.
+pub(crate) fn naming_file(error: Error, file: &Path) -> Error {
+    let shown = file.display().to_string();
+    match &error {
+        Error::Corrupt { what, .. } if what.contains(&shown) => error,
+        _ => error.corrupt_in(|| shown),
+    }
+}
+
+/// [`validate_each`] of the file `target` resolved.
+fn validate_target(
+    target: &Target,
+    mut f: impl FnMut(Commit, FoldEffects),
+) -> Result<(Verified, Vec<TurnBoundary>)> {
     check_integrity(&target.file, target.access)?;
     let reader = SessionReader::open_file(&target.file, &target.root, target.access)?;
     let mut validator = LogValidator::new();

@@ -183,7 +183,8 @@ impl Runtime {
     ///
     /// # Errors
     /// [`Error::RuntimeBusy`] when something runs; [`Error::RecoveryRequired`] while
-    /// recovery is required; [`Error::Closed`] after close.
+    /// recovery is required; [`Error::Closed`] after close (of the runtime, or of its
+    /// session through [`Runtime::session`]).
     pub fn bind_execution(&self, activity: &str) -> Result<Execution> {
         let mut s = self.state();
         match s.phase {
@@ -191,6 +192,11 @@ impl Runtime {
             RuntimePhase::RecoveryRequired => return Err(Error::RecoveryRequired(self.id())),
             RuntimePhase::Closed => return Err(Error::Closed),
             _ => return Err(Error::RuntimeBusy(self.id())),
+        }
+        // Its session closed through `session()`: no batch of the execution could be
+        // accepted (it was bound, `Running`, and each append answered `Closed`).
+        if self.inner.session.close_began() {
+            return Err(Error::Closed);
         }
         let generation = s.next_generation;
         s.next_generation += 1;

@@ -11,8 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result, WriterOwner};
 use crate::format::CATALOG_DIR;
 use crate::model::event::{
-    assign_derived_ids, check_fields, check_nesting, check_turn_id, check_unique_ids,
-    operation_hash,
+    assign_derived_ids, check_fields, check_names, check_nesting, check_unique_ids, operation_hash,
 };
 use crate::model::ids::{derived_turn_id, now_ms, random_hex};
 use crate::model::projection::{FoldEffects, apply_history};
@@ -683,7 +682,7 @@ impl Shared {
         // before a rule existed still answers its commit.
         check_unique_ids(&batch.events)?;
         check_nesting(&batch.events)?;
-        check_turn_id(batch.turn_id.as_deref())?;
+        check_names(&batch.operation_id, batch.turn_id.as_deref(), &batch.events)?;
         let fold = s.projection.prepare(&batch.events)?;
         s.projection.check_append(&fold, batch.turn_id.as_deref())?;
         let first_seq = s.next_seq;
