@@ -1064,7 +1064,7 @@ fn human_output_escapes_session_strings_and_errors_clip_huge_values() {
     env.ok(&["import", export.to_str().expect("path"), "--id", "t"]);
     // (A turn id may not hold a control character since session 38; a right-to-left
     // override it may, and it is escaped as well.)
-    let batch = r#"{"operation_id":"o","turn_id":"turn\u202e[1m","events":[{"kind":"turn/start"},{"kind":"session/title","payload":{"title":"\u001b[31mred\u202eevil"}},{"kind":"k\u001b[2J","optional":true},{"kind":"message/complete","payload":{"message":{"id":"m","role":"us\u001ber","content":"\u001b[5mblink"}}},{"kind":"turn/end","payload":{"status":"completed"}}]}"#;
+    let batch = r#"{"operation_id":"o","turn_id":"turn\u202e[1m","events":[{"kind":"turn/start"},{"kind":"session/title","payload":{"title":"\u001b[31mred\u202eevil"}},{"kind":"k\u202e[2J","optional":true},{"kind":"message/complete","payload":{"message":{"id":"m","role":"us\u001ber","content":"\u001b[5mblink"}}},{"kind":"turn/end","payload":{"status":"completed"}}]}"#;
     let out = env.run_with(&["append", "t"], &format!("{batch}\n"));
     assert_eq!(code(&out), 0, "{}", describe(&out));
     assert_eq!(unprintable_human_output(&env, "t"), None);
@@ -1088,23 +1088,24 @@ fn human_output_escapes_session_strings_and_errors_clip_huge_values() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.len() < 1000, "{} bytes of error", stderr.len());
     assert!(stderr.contains("… (5000000 bytes)"), "{stderr}");
-    // A huge, control-laden operation id in a conflict is clipped and escaped as well.
-    let op = format!("{}\u{1b}[2J", "o".repeat(100_000));
-    let line = |payload: &str| {
-        format!(
-            r#"{{"operation_id":{},"events":[{{"kind":"x","optional":true,"payload":{payload}}}]}}"#,
+    // A huge, control-laden operation id (refused since session 39; a conflict of two
+    // such batches before) is clipped and escaped as well.
+    for op in [
+        format!("{}\u{1b}[2J", "o".repeat(100_000)),
+        "op\u{1b}[2J".to_owned(),
+    ] {
+        let line = format!(
+            r#"{{"operation_id":{},"events":[{{"kind":"x","optional":true,"payload":1}}]}}"#,
             serde_json::to_string(&op).expect("op")
-        )
-    };
-    let first = env.run_with(&["append", "t"], &format!("{}\n", line("1")));
-    assert_eq!(code(&first), 0, "{}", describe(&first));
-    let conflict = env.run_with(&["append", "t"], &format!("{}\n", line("2")));
-    assert_eq!(code(&conflict), 6, "{}", describe(&conflict));
-    let stderr = String::from_utf8_lossy(&conflict.stderr);
-    assert!(
-        stderr.len() < 1000 && control_chars(&stderr).is_empty(),
-        "{stderr}"
-    );
+        );
+        let refused = env.run_with(&["append", "t"], &format!("{line}\n"));
+        assert_eq!(code(&refused), 6, "{}", describe(&refused));
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            stderr.len() < 1000 && control_chars(&stderr).is_empty(),
+            "{stderr}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -275,8 +275,10 @@ def _about_file(path: PathLike, error: SessionStoreError) -> SessionStoreError:
     import), saying what it is of: a :class:`NotFound` with nothing at ``path`` says so of
     the path, in words of its own (the native message is the OS's, ``/x: No such file or
     directory (os error 2)``; it called the path a session, ``session /x not found``); a
-    :class:`Corrupt` or :class:`UnsupportedVersion` names the path first (``corrupt session
-    store: SQLite reports: file is not a database`` named no file)."""
+    :class:`Corrupt` or :class:`UnsupportedVersion` that does not name the path names it
+    first (``corrupt session store: SQLite reports: file is not a database`` named no file;
+    the store names the file it resolved, which holds the path given unless a symlink or
+    ``..`` was resolved)."""
     text = os.fsdecode(path)
     if isinstance(error, NotFound):
         if os.path.lexists(path):

@@ -453,7 +453,7 @@ def test_a_file_that_is_no_session_is_named_by_verify_and_import(root, tmp_path)
     ):
         with pytest.raises(Corrupt) as e:
             call()
-        assert str(e.value).startswith(f"{garbage}: corrupt session store: "), str(e.value)
+        assert str(e.value).count(str(garbage)) == 1, str(e.value)
     assert root.list()["sessions"] == []
 
 

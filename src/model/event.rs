@@ -278,11 +278,9 @@ pub(crate) fn check_names(
 /// [`check_names`] of one name: `what` says which.
 fn check_name(what: &str, name: &str, max_bytes: usize) -> Result<()> {
     if name.len() > max_bytes {
-        let shown: String = name.chars().take(40).collect();
         return Err(Error::invalid(format!(
-            "{what} {}… is {} bytes, over the {max_bytes}-byte limit",
-            crate::error::quoted(&shown),
-            name.len()
+            "{what} {} is over the {max_bytes}-byte limit",
+            crate::error::quoted(name)
         )));
     }
     if name.chars().any(char::is_control) {
