@@ -998,6 +998,11 @@ fn a_search_cursor_carries_no_score_and_an_older_one_is_still_followed() {
         ),
         format!("s3.{}.{}.{}.0", parts[1], parts[2], parts[3]),
         format!("s4.{}.{}.{}", parts[1], parts[2], parts[3]),
+        // An edited tier (outside testing, session 39: tiers 2 and 99999999999 gave an
+        // empty last page, tier 0 the first page again).
+        format!("s3.0.{}.{}", parts[2], parts[3]),
+        format!("s3.2.{}.{}", parts[2], parts[3]),
+        format!("s3.99999999999.{}.{}", parts[2], parts[3]),
     ] {
         let e = page(Some(&bad)).expect_err("refused");
         assert!(
@@ -1005,17 +1010,7 @@ fn a_search_cursor_carries_no_score_and_an_older_one_is_still_followed() {
             "{bad}: {e}"
         );
     }
-    // An edited tier is refused (outside testing, session 39: tiers 2 and 99999999999 gave
-    // an empty last page, tier 0 the first page again), and a row the index does not
-    // hold is said to be so, not that the index was rebuilt.
-    for tier in ["0", "2", "99999999999"] {
-        let edited = format!("s3.{tier}.{}.{}", parts[2], parts[3]);
-        let e = page(Some(&edited)).expect_err("refused");
-        assert!(
-            e.to_string().contains("invalid search cursor"),
-            "{edited}: {e}"
-        );
-    }
+    // A row the index does not hold is said to be so, not that the index was rebuilt.
     for row in ["0", "-1", "99999"] {
         let edited = format!("s3.{}.{row}.{}", parts[1], parts[3]);
         let e = page(Some(&edited)).expect_err("refused");
