@@ -1023,6 +1023,28 @@ fn human_output_escapes_bidirectional_controls_in_session_ids() {
     assert_eq!(list["sessions"][0]["session_ref"]["session_id"], id);
 }
 
+/// Two ids alike but for their normalisation (NFC `café`, NFD `cafe` + U+0301) printed
+/// alike (outside testing, session 38): the one not in NFC shows its combining mark
+/// escaped; an NFC id keeps its marks (Devanagari `हिंदी`).
+#[test]
+fn an_id_not_in_nfc_shows_its_combining_marks_escaped() {
+    let env = Env::new();
+    for id in ["caf\u{e9}", "cafe\u{301}", "हिंदी"] {
+        let created = env.ok(&["create", id]);
+        assert_eq!(
+            created.trim() == "cafe\\u{301}",
+            id == "cafe\u{301}",
+            "{created}"
+        );
+    }
+    let out = env.ok(&["list"]);
+    assert!(
+        out.contains("caf\u{e9} ") && out.contains("cafe\\u{301}"),
+        "{out}"
+    );
+    assert!(out.contains("हिंदी"), "{out}");
+}
+
 #[test]
 fn list_escapes_invisible_ids_and_aligns_wide_ones() {
     // An id of zero-width characters printed as nothing (a row with no id), and `list`

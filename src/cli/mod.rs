@@ -438,8 +438,16 @@ pub fn printable(text: &str) -> Cow<'_, str> {
 /// printed as nothing (`--json` gives it exact). Message text keeps them (a zero-width
 /// joiner is part of an emoji there).
 pub fn shown<T: AsRef<str> + ?Sized>(id: &T) -> Cow<'_, str> {
-    escape_controls(id.as_ref(), |c| {
-        c.is_control() || is_bidi_control(c) || is_invisible(c)
+    let id = id.as_ref();
+    // An id not in NFC (`cafe` + U+0301) drew as its NFC twin (`café`), another session's
+    // id: its combining marks are escaped too (outside testing, session 38: two sessions
+    // listed alike). An NFC id keeps its marks (Devanagari vowel signs, say).
+    let decomposed = !unicode_normalization::is_nfc(id);
+    escape_controls(id, |c| {
+        c.is_control()
+            || is_bidi_control(c)
+            || is_invisible(c)
+            || (decomposed && unicode_normalization::char::is_combining_mark(c))
     })
 }
 
