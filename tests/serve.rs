@@ -1662,13 +1662,20 @@ fn a_deeply_nested_tool_call_hides_no_tool_call_from_the_page_or_search() {
 /// Session ids holding a right-to-left override or a zero-width space were drawn as
 /// they are: `rtl\u{202e}evil` read "rtllive", exactly another session's id, in the list,
 /// the session page's heading and its Id field, and `zw\u{200b}x` read "zwx" (outside
-/// testing W4, session 37). The pages show ids as the CLI does, those characters escaped.
+/// testing W4, session 37). The pages show ids as the CLI does, those characters escaped,
+/// and the combining marks of an id not in NFC.
 #[test]
 fn ids_with_bidi_controls_or_invisible_characters_are_shown_escaped() {
     let dir = tempfile::tempdir().unwrap();
     let root_dir = dir.path().join("root");
     let root = Root::open(&root_dir).unwrap();
-    for id in ["rtl\u{202e}evil", "zw\u{200b}x", "rtllive"] {
+    for id in [
+        "rtl\u{202e}evil",
+        "zw\u{200b}x",
+        "rtllive",
+        "cafe\u{301}",
+        "caf\u{e9}",
+    ] {
         root.create(CreateOptions::with_id(SessionId::new(id).unwrap()))
             .unwrap()
             .close()
@@ -1702,6 +1709,12 @@ fn ids_with_bidi_controls_or_invisible_characters_are_shown_escaped() {
     );
     assert!(page.contains(r"<h1>rtl\u{202e}evil"), "{page}");
     assert!(tree.contains(r"zw\u{200b}x"), "{tree}");
+    // An id not in NFC shows its combining mark escaped, apart from its NFC twin (session
+    // 39: both were drawn `café`).
+    assert!(
+        list.contains(r"cafe\u{301}") && list.contains("caf\u{e9}"),
+        "{list}"
+    );
 }
 
 /// A rewind before the first turn inherits nothing, and no file recorded it: the parent's
