@@ -264,32 +264,32 @@ pub(crate) fn check_names(
     turn_id: Option<&str>,
     events: &[Event],
 ) -> Result<()> {
-    check_name("operation id", operation_id, MAX_ID_BYTES)?;
+    check_name(|| "operation id".to_owned(), operation_id, MAX_ID_BYTES)?;
     if let Some(turn_id) = turn_id {
-        check_name("turn id", turn_id, MAX_ID_BYTES)?;
+        check_name(|| "turn id".to_owned(), turn_id, MAX_ID_BYTES)?;
     }
     for (i, e) in events.iter().enumerate() {
-        check_name(&format!("events[{i}].kind"), &e.kind, MAX_KIND_BYTES)?;
-        check_name(&format!("events[{i}].id"), &e.id, MAX_ID_BYTES)?;
+        check_name(|| format!("events[{i}].kind"), &e.kind, MAX_KIND_BYTES)?;
+        check_name(|| format!("events[{i}].id"), &e.id, MAX_ID_BYTES)?;
     }
     Ok(())
 }
 
-/// [`check_names`] of one name: `what` says which.
-fn check_name(what: &str, name: &str, max_bytes: usize) -> Result<()> {
-    if name.len() > max_bytes {
-        return Err(Error::invalid(format!(
-            "{what} {} is over the {max_bytes}-byte limit",
-            crate::error::quoted(name)
-        )));
-    }
-    if name.chars().any(char::is_control) {
-        return Err(Error::invalid(format!(
-            "{what} {} contains a control character",
-            crate::error::quoted(name)
-        )));
-    }
-    Ok(())
+/// [`check_names`] of one name: `what` says which (made only for a refusal: every append
+/// checks every event's names).
+fn check_name(what: impl FnOnce() -> String, name: &str, max_bytes: usize) -> Result<()> {
+    let why = if name.len() > max_bytes {
+        format!("is over the {max_bytes}-byte limit")
+    } else if name.chars().any(char::is_control) {
+        "contains a control character".to_owned()
+    } else {
+        return Ok(());
+    };
+    Err(Error::invalid(format!(
+        "{} {} {why}",
+        what(),
+        crate::error::quoted(name)
+    )))
 }
 
 /// Refuses a batch with a payload nested deeper than [`MAX_PAYLOAD_NESTING`]: the store
