@@ -706,19 +706,19 @@ impl From<rusqlite::Error> for Error {
     }
 }
 
+/// Whether `e` says that this process (`EMFILE`) or the system (`ENFILE`) has no file
+/// descriptor left.
+pub(crate) fn is_out_of_descriptors(e: &std::io::Error) -> bool {
+    use rustix::io::Errno;
+    [Errno::MFILE, Errno::NFILE]
+        .iter()
+        .any(|errno| e.raw_os_error() == Some(errno.raw_os_error()))
+}
+
 /// The error of opening a file now, when it is that this process (`EMFILE`) or the
 /// system (`ENFILE`) has no file descriptor left; `None` when one can be opened.
 pub(crate) fn descriptors_exhausted() -> Option<std::io::Error> {
-    use rustix::io::Errno;
-    match std::fs::File::open("/") {
-        Err(e)
-            if e.raw_os_error() == Some(Errno::MFILE.raw_os_error())
-                || e.raw_os_error() == Some(Errno::NFILE.raw_os_error()) =>
-        {
-            Some(e)
-        }
-        _ => None,
-    }
+    std::fs::File::open("/").err().filter(is_out_of_descriptors)
 }
 
 /// The error of a thread that could not be started where the code that failed panics

@@ -147,6 +147,9 @@ impl std::borrow::Borrow<str> for SessionId {
 
 /// A session as a host names it: the owning host and the session id. Deserialized through
 /// the same checks as [`SessionRef::new`].
+///
+/// Displayed as `host/session`. A host id may hold `/` but a session id never does, so the
+/// last `/` of the text is the one between them: `a/b/c` is host `a/b`, session `c`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "RawSessionRef")]
 pub struct SessionRef {
@@ -210,6 +213,7 @@ impl SessionRef {
     }
 }
 
+/// `host/session`: the session id holds no `/`, so the text's last `/` separates the two.
 impl fmt::Display for SessionRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.host_id, self.session_id)
@@ -316,6 +320,16 @@ mod tests {
         let id = SessionId::random();
         assert_eq!(id.as_str().len(), 32);
         assert_ne!(SessionId::random(), id);
+    }
+
+    #[test]
+    fn a_ref_with_a_slash_in_its_host_reads_back_at_its_last_slash() {
+        let shown = SessionRef::new("team/box 1", "c").unwrap().to_string();
+        assert_eq!(shown, "team/box 1/c");
+        let (host, session) = shown.rsplit_once('/').unwrap();
+        assert_eq!((host, session), ("team/box 1", "c"));
+        // The ref it could be mistaken for cannot be made: a session id holds no `/`.
+        assert!(SessionRef::new("team", "box 1/c").is_err());
     }
 
     #[test]

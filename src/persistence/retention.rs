@@ -299,30 +299,28 @@ impl Root {
                     .iter()
                     .any(|gone: &GcDeleted| gone.session_id == *fork)
             });
-            if options.dry_run {
-                let go_on = deleted(&doomed);
-                report.deleted.push(doomed);
-                if go_on.is_break() {
-                    break;
+            // A dry run deletes nothing and reports each session as a run would.
+            let outcome = if options.dry_run {
+                Ok(None)
+            } else {
+                if !root_writable {
+                    // A deletion moves the session's folder out of the root: in a root that
+                    // cannot be written each one failed, one "Permission denied" per session.
+                    if let Some(e) = write_denied(self.path()) {
+                        return Err(Error::io(format!("write {}", self.path().display()), e));
+                    }
+                    root_writable = true;
                 }
-                continue;
-            }
-            if !root_writable {
-                // A deletion moves the session's folder out of the root: in a root that
-                // cannot be written each one failed, one "Permission denied" per session.
-                if let Some(e) = write_denied(self.path()) {
-                    return Err(Error::io(format!("write {}", self.path().display()), e));
-                }
-                root_writable = true;
-            }
-            let recheck = |dir: &Path| -> Option<String> {
-                match reason_to_keep(self, &id, dir, cutoff_ms, options.keep_forked, false) {
-                    Ok(Ok(_)) => None,
-                    Ok(Err(why)) => Some(why),
-                    Err(e) => Some(e.to_string()),
-                }
+                let recheck = |dir: &Path| -> Option<String> {
+                    match reason_to_keep(self, &id, dir, cutoff_ms, options.keep_forked, false) {
+                        Ok(Ok(_)) => None,
+                        Ok(Err(why)) => Some(why),
+                        Err(e) => Some(e.to_string()),
+                    }
+                };
+                self.delete_unless(&id, &CancelToken::after(LOCK_WAIT), recheck)
             };
-            match self.delete_unless(&id, &CancelToken::after(LOCK_WAIT), recheck) {
+            match outcome {
                 Ok(None) => {
                     let go_on = deleted(&doomed);
                     report.deleted.push(doomed);

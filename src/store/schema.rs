@@ -195,12 +195,9 @@ pub(crate) fn open_no_follow(path: &Path) -> std::io::Result<std::fs::File> {
 /// the limit (`descriptors_exhausted`), and a search passed such a session over as
 /// unreadable.
 pub(crate) fn open_failure_was_the_process(file: &Path) -> bool {
-    use rustix::io::Errno;
     match open_no_follow(file) {
         Ok(_) => true,
-        Err(e) => [Errno::MFILE, Errno::NFILE]
-            .iter()
-            .any(|errno| e.raw_os_error() == Some(errno.raw_os_error())),
+        Err(e) => crate::error::is_out_of_descriptors(&e),
     }
 }
 
