@@ -10,9 +10,16 @@ use std::process::{Child, Command, Output, Stdio};
 /// The binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_session-store");
 
-/// Runs `session-store --root ROOT ARGS…` to completion.
+/// How long one command or request of a test may take before it fails the test: a hang
+/// becomes a failure naming what hung, not a CI run that never ends.
+const TEST_LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Runs `session-store --root ROOT ARGS…` to completion (killed after [`TEST_LIMIT`], exit
+/// status 124, through coreutils' `timeout`).
 pub fn cli(root: &Path, args: &[&str]) -> Output {
-    Command::new(BIN)
+    Command::new("timeout")
+        .arg(TEST_LIMIT.as_secs().to_string())
+        .arg(BIN)
         .arg("--root")
         .arg(root)
         .args(args)
@@ -240,6 +247,7 @@ impl Server {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .max_redirects(0)
+            .timeout_global(Some(TEST_LIMIT))
             .build()
             .into();
         let mut request = ureq::http::Request::builder()
