@@ -1352,3 +1352,75 @@ fn verify_refuses_a_dependents_row_beyond_the_log() {
     let e = session_store::verify_file(root.session_dir(&id("p"))).unwrap_err();
     assert!(e.is_corrupt(), "{e:?}");
 }
+
+/// A fork's parent newer than this build, or holding objects that are not the store's, is
+/// refused through the fork as it is by its own name: its events were read through the
+/// fork and `verify` of the fork called it sound (outside testing, session 40).
+#[test]
+fn a_fork_refuses_a_parent_of_a_newer_version_or_with_foreign_objects() {
+    let (_dir, root) = temp_root();
+    let parent = create(&root, "parent");
+    parent.append(turn("op-a", "turn-a", "message-a")).unwrap();
+    parent.close().unwrap();
+    let child = root
+        .fork(&id("parent"), after("turn-a"), Some(id("child")))
+        .unwrap();
+    let file = root.session_dir(&id("parent")).join("session.sqlite");
+    let child_file = root.session_dir(&child);
+    let reads = |root: &Root| -> Vec<Error> {
+        let reader = || root.open_reader(&child);
+        vec![
+            reader()
+                .and_then(|r| r.commits(0, 100))
+                .map(drop)
+                .expect_err("commits through the fork"),
+            reader()
+                .and_then(|r| r.projection())
+                .map(drop)
+                .expect_err("projection through the fork"),
+            session_store::verify_file(&child_file).expect_err("verify of the fork"),
+        ]
+    };
+
+    let conn = rusqlite::Connection::open(&file).unwrap();
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .unwrap();
+    conn.pragma_update(None, "user_version", version + 1)
+        .unwrap();
+    drop(conn);
+    for e in reads(&root) {
+        assert!(e.is_unsupported(), "{e:?}");
+        let text = e.to_string();
+        assert!(
+            text.contains("session child inherits from parent") && text.contains("newer than"),
+            "{text}"
+        );
+    }
+
+    let conn = rusqlite::Connection::open(&file).unwrap();
+    conn.pragma_update(None, "user_version", version).unwrap();
+    conn.execute_batch(
+        "CREATE TABLE evil (x); CREATE TRIGGER tr AFTER INSERT ON dependents BEGIN \
+         INSERT INTO evil VALUES (1); END;",
+    )
+    .unwrap();
+    drop(conn);
+    for e in reads(&root) {
+        assert!(e.is_corrupt(), "{e:?}");
+        let text = e.to_string();
+        assert!(
+            text.contains("session child inherits from parent, which cannot be read")
+                && text.contains("evil"),
+            "{text}"
+        );
+    }
+
+    let conn = rusqlite::Connection::open(&file).unwrap();
+    conn.execute_batch("DROP TRIGGER tr; DROP TABLE evil;")
+        .unwrap();
+    drop(conn);
+    let reader = root.open_reader(&child).unwrap();
+    assert_eq!(reader.commits(0, 100).unwrap().len(), 1);
+    session_store::verify_file(&child_file).expect("verify of the fork");
+}

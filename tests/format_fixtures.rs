@@ -948,6 +948,110 @@ fn schema8_fixtures_read_append_fork_delete_and_import() {
     check_fixture_set(&SCHEMA8);
 }
 
+/// A process holding the writer lock of session `name` under `root_dir` (`flock(1)` on its
+/// lock file, as an older build's writer holds it) until dropped.
+struct ForeignWriter(std::process::Child);
+
+impl ForeignWriter {
+    fn hold(root: &Root, root_dir: &Path, name: &str) -> ForeignWriter {
+        let lock = root_dir.join(name).join("writer.lock");
+        // `--no-fork`: flock becomes the `sleep` that holds the lock, so killing it
+        // releases it (a forked `sleep` would hold it on).
+        let child = std::process::Command::new("flock")
+            .arg("--no-fork")
+            .arg(&lock)
+            .args(["sleep", "600"])
+            .spawn()
+            .expect("run flock");
+        let holder = ForeignWriter(child);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while root.writer_owner(&id(name)).expect("owner").is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "flock never took {name}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        holder
+    }
+}
+
+impl Drop for ForeignWriter {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A fork of an older file, or the delete of its parent, never upgrades it under a writer
+/// that another process holds (an older build's, which reads no newer version): a schema-2
+/// writer's next commit failed (`NOT NULL constraint failed: commits.operation_key`, its
+/// batch lost) and a schema-6 writer went on writing rows without the row check (outside
+/// testing, session 40). The fork is made, its parent left at its version; the delete is
+/// refused naming the fork's writer, with nothing deleted; once that writer is gone it goes
+/// through and upgrades the fork.
+#[test]
+fn an_older_file_another_writer_holds_is_not_upgraded_by_a_fork_or_a_delete() {
+    let (_work, root_dir) = copied(&SCHEMA2);
+    let root = Root::open(&root_dir).expect("root");
+    let version = |name: &str| sqlite3(&session_file(&root_dir, name), "PRAGMA user_version");
+    let before: BTreeMap<&str, Value> = ["chain-a", "chain-b"]
+        .into_iter()
+        .map(|name| (name, observed_session(&root, name)))
+        .collect();
+
+    let writer = ForeignWriter::hold(&root, &root_dir, "chain-a");
+    root.fork(
+        &id("chain-a"),
+        ForkPoint::AfterTurn("a2".into()),
+        Some(id("a-fork")),
+    )
+    .expect("fork of a held older file");
+    assert_eq!(version("chain-a"), "2", "the fork upgraded its held parent");
+    assert_eq!(observed_session(&root, "chain-a"), before["chain-a"]);
+    // The fork reads its parent's transcript through turn a2.
+    let forked = observed_session(&root, "a-fork");
+    let (inherited, parents) = (
+        forked["history_message_ids"].as_array().expect("ids"),
+        before["chain-a"]["history_message_ids"]
+            .as_array()
+            .expect("ids"),
+    );
+    assert!(
+        !inherited.is_empty() && inherited.len() < parents.len(),
+        "{forked}"
+    );
+    assert_eq!(inherited[..], parents[..inherited.len()]);
+    verify_file(root.session_dir(&id("a-fork"))).expect("verify the fork");
+    drop(writer);
+
+    // chain-b, a fork of chain-a, is held: deleting chain-a would copy into it.
+    let writer = ForeignWriter::hold(&root, &root_dir, "chain-b");
+    let refused = root
+        .delete(&id("chain-a"), &CancelToken::new())
+        .expect_err("the delete upgraded a held fork");
+    assert!(refused.is_writer_owned(), "{refused}");
+    assert!(refused.to_string().contains("chain-b"), "{refused}");
+    assert_eq!(version("chain-b"), "2", "the delete upgraded a held fork");
+    assert_eq!(observed_session(&root, "chain-a"), before["chain-a"]);
+    assert_eq!(observed_session(&root, "chain-b"), before["chain-b"]);
+    drop(writer);
+
+    root.delete(&id("chain-a"), &CancelToken::new())
+        .expect("delete once the fork's writer is gone");
+    assert_eq!(version("chain-b"), SCHEMA_VERSION.to_string());
+    let mut after = observed_session(&root, "chain-b");
+    let mut was = before["chain-b"].clone();
+    for v in [&mut after, &mut was] {
+        v.as_object_mut()
+            .expect("object")
+            .remove("inherited_events");
+        v["commits"] = without_operation_ids(&v["commits"]);
+    }
+    assert_eq!(after, was, "chain-b after its parent's delete");
+    verify_file(root.session_dir(&id("chain-b"))).expect("verify chain-b");
+}
+
 /// What a reader of `name` sees, without the count of inherited events (an export or an
 /// import has none).
 fn observed_own(root: &Root, name: &str) -> Value {

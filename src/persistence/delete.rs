@@ -26,6 +26,9 @@ impl Root {
     ///
     /// # Errors
     /// [`Error::Cancelled`] when the wait is cancelled (nothing is deleted);
+    /// [`Error::WriterOwned`] naming a fork of an older schema version that a writer (an
+    /// older build's) holds: copying the inherited range in would upgrade its file under
+    /// that writer, so the session is kept (forks copied into before it keep their copy);
     /// [`Error::SessionNotFound`]; [`Error::Corrupt`] for a damaged file that other
     /// sessions inherit from (naming them) and [`Error::UnsupportedVersion`] for a file of
     /// a newer version (both kept); I/O and SQLite errors before the session is renamed
@@ -161,12 +164,27 @@ impl Root {
             return Ok(());
         }
         let source = self.session_dir(ancestor).join(SESSION_FILE);
-        match lineage::materialize(
+        // Materialising upgrades a child of an older version, which only its writer lock's
+        // holder may do: the child's writer may be an older build's, which the upgrade
+        // broke (its next commit failed) or let write rows without the new version's
+        // checks. A child that a writer holds stays as it is, and so does this session.
+        let upgrade_lock = match schema::is_older_version(&child_file).and_then(|older| {
+            older
+                .then(|| self.take_writer_lock(child, &self.session_dir(child)))
+                .transpose()
+        }) {
+            Ok(lock) => lock,
+            Err(_) if !child_file.is_file() => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let materialized = lineage::materialize(
             &source,
             ancestor.as_str(),
             &child_file,
             self.options().inline_threshold,
-        ) {
+        );
+        drop(upgrade_lock);
+        match materialized {
             Err(_) if !child_file.is_file() => Ok(()),
             // Its range cannot be copied whole: the ancestor is kept, named with the child.
             Err(e @ Error::Corrupt { .. }) => {

@@ -30,9 +30,10 @@ pub(crate) fn record_dependent(file: &Path, child: &str, through: u64) -> Result
     Ok(())
 }
 
-/// Drops `child`'s dependents row from the session file `file`.
+/// Drops `child`'s dependents row from the session file `file` (on a side connection, as
+/// [`record_dependent`]).
 pub(crate) fn forget_dependent(file: &Path, child: &str) -> Result<()> {
-    let conn = schema::open_writer(file, Durability::PowerLoss)?;
+    let conn = schema::open_side_writer(file)?;
     conn.execute("DELETE FROM dependents WHERE child_id = ?1", [child])?;
     Ok(())
 }
@@ -55,7 +56,8 @@ pub(crate) fn write_lineage(conn: &mut Connection, lineage: &[LineageEntry]) -> 
 /// is `source_file`) into `child_file` itself: commits (with inherited operation ids),
 /// their events and blobs, turns and history rows; then drops those lineage rows. One
 /// transaction: a crash leaves the child either untouched or self-sufficient for them.
-/// String values longer than `inline_threshold` become content parts of the child.
+/// String values longer than `inline_threshold` become content parts of the child. A
+/// child of an older version is upgraded first: the caller holds its writer lock then.
 pub(crate) fn materialize(
     source_file: &Path,
     ancestor: &str,

@@ -154,10 +154,18 @@ impl Segment {
     /// times are not compared: an imported ancestor keeps the clock of the host that made
     /// it.)
     ///
+    /// The file is first checked as a file opened by its own name is
+    /// ([`schema::check_format`]): a version newer than this build's, or objects that are
+    /// not ours, are refused for its forks too (they were read through them, and `verify`
+    /// of a fork called it sound).
+    ///
     /// # Errors
-    /// [`Error::Corrupt`] naming the ancestor; the pool's and SQLite's errors.
+    /// [`Error::Corrupt`] naming the ancestor; [`Error::UnsupportedVersion`] for an
+    /// ancestor newer than this build; the pool's and SQLite's errors.
     fn check_ancestry(&self) -> Result<()> {
-        let recorded = read::dependent_through(&*self.connections.get()?, &self.heir)?;
+        let conn = self.connections.get()?;
+        schema::check_format(&conn).map_err(|e| self.unreadable_ancestor(e))?;
+        let recorded = read::dependent_through(&conn, &self.heir)?;
         if recorded.is_some_and(|through| through >= self.through) {
             let _ = self.ancestry_checked.set(());
             return Ok(());
@@ -172,6 +180,19 @@ impl Segment {
             self.through,
             self.source
         )))
+    }
+
+    /// `refused`, the ancestor's file refused by [`schema::check_format`], said of the
+    /// session that inherits from it.
+    fn unreadable_ancestor(&self, refused: Error) -> Error {
+        let context = format!("session {} inherits from {}", self.heir, self.source);
+        match refused {
+            Error::UnsupportedVersion { what, source } => Error::UnsupportedVersion {
+                what: format!("{context}: {what}"),
+                source,
+            },
+            other => Error::corrupt_from(format!("{context}, which cannot be read"), other),
+        }
     }
 }
 

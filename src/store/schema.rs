@@ -335,17 +335,38 @@ pub(crate) fn use_rollback_journal(conn: &Connection) -> Result<()> {
     Ok(())
 }
 
-/// A writing connection for a short side update (a dependents row): it never
-/// checkpoints on close, so it costs one commit and nothing more.
+/// A writing connection for a short side update (a `dependents` row) of a session file
+/// at any version this build reads, which it leaves at that version: a side update holds
+/// no writer lock, and an older build's writer may be writing the file (upgraded under it,
+/// its next commit failed, or it went on writing rows without the newer version's checks).
+/// Every version has the `dependents` table as the first made it. It never checkpoints on
+/// close, so it costs one commit and nothing more.
 pub(crate) fn open_side_writer(path: &Path) -> Result<Connection> {
-    let conn = open_writable(path, Durability::PowerLoss)?;
+    let conn = open_read_write(path)?;
+    check_format(&conn)?;
+    if conn.is_readonly(rusqlite::MAIN_DB)? {
+        return Err(not_writable(path));
+    }
+    conn.pragma_update(None, "synchronous", Durability::PowerLoss.synchronous())?;
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
     Ok(conn)
 }
 
-/// Opens an existing session file for writing (the caller holds the writer lock).
-pub(crate) fn open_writer(path: &Path, durability: Durability) -> Result<Connection> {
-    let mut conn = Connection::open_with_flags(
+/// Whether the session file at `path` is of an older schema version than this build's:
+/// what its next [`open_writer`] upgrades, which only the holder of its writer lock may
+/// do.
+///
+/// # Errors
+/// The file cannot be read, or is no session file of a version this build reads.
+pub(crate) fn is_older_version(path: &Path) -> Result<bool> {
+    let conn = open_reader(path)?;
+    let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    Ok(version < SCHEMA_VERSION)
+}
+
+/// A read-write connection to an existing session file, hardened, nothing read yet.
+fn open_read_write(path: &Path) -> Result<Connection> {
+    let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE
             | OpenFlags::SQLITE_OPEN_NOFOLLOW
@@ -353,6 +374,13 @@ pub(crate) fn open_writer(path: &Path, durability: Durability) -> Result<Connect
     )
     .map_err(|e| explain_cant_open(path, true, e.into()))?;
     harden(&conn)?;
+    Ok(conn)
+}
+
+/// Opens an existing session file for writing, upgrading an older one (the caller holds
+/// the writer lock).
+pub(crate) fn open_writer(path: &Path, durability: Durability) -> Result<Connection> {
+    let mut conn = open_read_write(path)?;
     // An older file is upgraded here: one this process may not write is named as such
     // (SQLite opened it read-only, and the migration's first write said "attempt to write
     // a readonly database", naming nothing).
