@@ -251,7 +251,8 @@ impl Root {
     }
 
     /// Catches the search index up with every session whose writer died since its last
-    /// index write: a writer killed outright (SIGKILL, a crash) within the index delay
+    /// index write, and indexes every session without a writer that it holds nothing of
+    /// (one a fill or rebuild could not read then): a writer killed outright (SIGKILL, a crash) within the index delay
     /// after a drain leaves commits in its file that a search finds only once it meets the
     /// session otherwise (a hit of it, a search narrowed to it), its next writer open or
     /// `rebuild-catalog`. The first search of a process does this itself; a long-running
@@ -260,10 +261,11 @@ impl Root {
     /// sessions the index took something new from.
     ///
     /// Before this root's first search it does nothing (that search will): no index is
-    /// opened, created or filled here. One read of the root folder and one `fstatat` of
-    /// each session's `writer.lock`; only a session whose lock file holds a record no
-    /// live writer holds, not caught up since that record was written, is read. Best
-    /// effort: a session that cannot be read is left to a later call.
+    /// opened, created or filled here. One read of the root folder, one read of the
+    /// index's session list and one `fstatat` of each session's `writer.lock`; only a
+    /// session whose lock file holds a record no live writer holds, not caught up since
+    /// that record was written, or one the index does not hold, is read. Best effort: a
+    /// session that cannot be read is left to a later call.
     pub fn catch_up_dead_writers(&self) -> usize {
         match self.index_slot().get() {
             Some(index) if index.is_filled().unwrap_or(false) => {
@@ -275,17 +277,42 @@ impl Root {
 
     /// [`Root::catch_up_dead_writers`] into `index`: every session of the root whose writer
     /// died ([`Root::catch_up_if_writer_died`]); how many the index took something new from.
+    /// Sessions the index holds nothing of are caught up as well: a fill or a rebuild
+    /// that could not read one then (a file an older build had upgraded, a damaged one
+    /// since repaired) left it out, and no search found its messages, nor named it, until
+    /// its next write or rebuild (outside testing, session 40).
     fn catch_up_dead_writers_in(&self, index: &SearchIndex) -> usize {
         let Ok(scan) = self.scan() else {
             return 0;
         };
+        let Ok(indexed) = index.indexed_sessions() else {
+            return 0;
+        };
+        let indexed: std::collections::HashSet<SessionId> =
+            indexed.into_iter().map(|(id, _)| id).collect();
         scan.folders
             .iter()
             .filter(|id| {
+                if !indexed.contains(*id) {
+                    return self.catch_up_unindexed(index, id);
+                }
                 lock_record_stamp(self.dir_fd(), id)
                     .is_some_and(|stamp| self.catch_up_if_writer_died(index, id, stamp))
             })
             .count()
+    }
+
+    /// Indexes session `id`, which the index holds nothing of, unless a writer holds it
+    /// (a live writer indexes its own drains, and catches its session up at its first
+    /// drain after a search made the index). Returns whether the index took it. Best
+    /// effort: a session that cannot be read is left to a later call.
+    fn catch_up_unindexed(&self, index: &SearchIndex, id: &SessionId) -> bool {
+        if lock::is_held(&self.session_dir(id).join(LOCK_FILE)).unwrap_or(true) {
+            return false;
+        }
+        self.open_reader(id)
+            .and_then(|reader| index.catch_up(&reader))
+            .unwrap_or(false)
     }
 
     /// Catches session `id` up in the index when its last writer died: its `writer.lock`
