@@ -414,6 +414,87 @@ fn replicate_then_restore_all_sessions() {
     );
     assert!(contents(&other_root, "grandchild") == expected["grandchild"]);
 
+    // `--id` of a session that fails verify leaves the root as it was: the ancestors it
+    // brought in are set aside with it (they stayed published, and a stale one made every
+    // retry from a good replica fail the same way: outside testing, session 40).
+    copy_tree(
+        &replica.join("grandchild"),
+        &replica.join("grandchild-copy"),
+    );
+    let aside = work.path().join("aside-host");
+    let out = cli(
+        &bin,
+        &[
+            "--root",
+            aside.to_str().unwrap(),
+            "--json",
+            "restore",
+            "--from",
+            &from,
+            "--id",
+            "grandchild-copy",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(6), "{}", text(&out));
+    assert!(Root::open(&aside).unwrap().list_ids().unwrap().is_empty());
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let failed: Vec<&str> = report["failed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["session_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        failed,
+        ["grandchild-copy", "alpha", "alpha-fork"],
+        "{report}"
+    );
+    assert!(
+        report["failed"][1]["reason"].as_str().unwrap().starts_with(
+            "restored as an ancestor of grandchild-copy, which was not: set aside in "
+        ),
+        "{report}"
+    );
+    std::fs::remove_dir_all(replica.join("grandchild-copy")).unwrap();
+
+    // A name in the root taken by a folder without a session file: refused before anything
+    // is downloaded, exit 4 as `create` says (it failed at publish, exit 6).
+    let in_way = work.path().join("in-the-way-host");
+    std::fs::create_dir_all(in_way.join("beta")).unwrap();
+    let out = cli(
+        &bin,
+        &[
+            "--root",
+            in_way.to_str().unwrap(),
+            "restore",
+            "--from",
+            &from,
+            "--id",
+            "beta",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    assert!(text(&out).contains("is in the way"), "{}", text(&out));
+    assert_eq!(std::fs::read_dir(in_way.join("beta")).unwrap().count(), 0);
+
+    // An empty folder given as the replica (a wrong path): no replica, exit 3, not
+    // "restored 0 sessions", exit 0.
+    let empty = work.path().join("empty-replica");
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = cli(
+        &bin,
+        &[
+            "--root",
+            work.path().join("empty-host").to_str().unwrap(),
+            "restore",
+            "--from",
+            &format!("file://{}", empty.display()),
+            "--all",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(text(&out).contains("holds no session"), "{}", text(&out));
+
     // An ancestor missing from the replica: reported, nothing half-restored is published.
     std::fs::remove_dir_all(replica.join("alpha")).unwrap();
     let third = work.path().join("third-host");
@@ -487,6 +568,15 @@ fn replicate_then_restore_all_sessions() {
     );
     assert_eq!(out.status.code(), Some(6), "{}", text(&out));
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    // Each session is reported once: `alpha` (missing, an ancestor) was printed and
+    // counted twice.
+    let named: Vec<&str> = ["restored", "skipped", "failed"]
+        .iter()
+        .flat_map(|k| report[k].as_array().unwrap())
+        .map(|e| e["session_id"].as_str().unwrap())
+        .collect();
+    let distinct: std::collections::BTreeSet<&&str> = named.iter().collect();
+    assert_eq!(named.len(), distinct.len(), "{report}");
     let late = report["failed"]
         .as_array()
         .unwrap()
@@ -642,6 +732,24 @@ fn replicate_run_keeps_a_dollar_in_the_root_and_replica_paths() {
         assert!(exited.is_none(), "{exited:?}: {}", litestream.log_text());
         replicated(&replica, "alpha")
     });
+    // A second replicator of the root is refused while the first runs (both ran, sharing
+    // each session's Litestream folder: "sync error … rename ltx file").
+    let second = Command::new(env!("CARGO_BIN_EXE_session-store"))
+        .env("LITESTREAM_BIN", &bin)
+        .arg("--root")
+        .arg(&root_dir)
+        .arg("replicate")
+        .arg("--replica")
+        .arg(work.path().join("another-replica"))
+        .arg("--run")
+        .output()
+        .unwrap();
+    assert_eq!(second.status.code(), Some(5), "{}", text(&second));
+    assert!(
+        text(&second).contains("another `replicate --run` replicates this root"),
+        "{}",
+        text(&second)
+    );
     std::thread::sleep(Duration::from_millis(1500));
     litestream.stop();
 

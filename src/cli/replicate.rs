@@ -18,8 +18,8 @@ use session_store::format::{CATALOG_DIR, CATALOG_FILE, SESSION_FILE};
 use session_store::{Root, Scratch, SessionId, catalog_session_ids};
 
 use super::{
-    CliError, CliResult, Context, EXIT_EXISTS, EXIT_INVALID, EXIT_NOT_FOUND, Failure, count,
-    print_json, printable, shown,
+    CliError, CliResult, Context, EXIT_EXISTS, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_OWNED, Failure,
+    count, print_json, printable, shown,
 };
 
 /// The config `replicate --run` writes in the root when `--config-out` is not given (a
@@ -299,7 +299,16 @@ pub fn replicate(
     let litestream = if run {
         let bin = find_litestream(litestream)?;
         let version = check_version(&bin)?;
-        Some((bin, version))
+        // Litestream 0.5.17's directory watcher sometimes rescans its working directory
+        // (relative paths it then refuses): give it an empty one.
+        let cwd = root.confined_dir(LITESTREAM_CWD)?;
+        // One replicator a root: two share each session's `.session.sqlite-litestream`
+        // folder (Litestream logged "sync error … rename ltx file"). Taken before the
+        // config is written, so a refused second one leaves the running one's config as
+        // it is. The lock is on the working folder and its descriptor passes to
+        // Litestream across `exec`, so it lasts as long as Litestream runs.
+        let held = hold_replicator_lock(&cwd)?;
+        Some((bin, version, cwd, held))
     } else {
         None
     };
@@ -319,18 +328,25 @@ pub fn replicate(
     };
     write_config(&file, &text, config_out.is_none())
         .map_err(|e| Failure::context(format!("write {}", file.display()), &e))?;
-    let Some((bin, version)) = litestream else {
+    let Some((bin, version, cwd, held)) = litestream else {
         if cx.json {
             return print_json(&json!({
                 "root": root_dir.to_string_lossy(), "replica": replica.url(), "config_file": file.to_string_lossy(),
             }));
         }
+        // Commands that run as printed from any folder: absolute paths, and the replica
+        // (`replicate --run` asked for it again, exit 2; a relative config path was looked
+        // for from the empty folder: "config file not found").
+        let file = std::path::absolute(&file).unwrap_or(file);
         outln!(
-            "wrote the Litestream config for {} to {}; start it with `session-store replicate \
-             --run --config-out {2}`, or from an empty folder: litestream replicate -no-expand-env \
-             -config {2}",
+            "wrote the Litestream config for {} to {}; start it with `session-store --root {} \
+             replicate --replica {} --run --config-out {4}` (which writes the config again: \
+             an edit of it is not kept), or, to run it as it is, from an empty folder: \
+             litestream replicate -no-expand-env -config {4}",
             root_dir.display(),
             file.display(),
+            super::shell_quote(&root_dir),
+            super::shell_quote(Path::new(&replica.url())),
             super::shell_quote(&file)
         );
         return Ok(());
@@ -342,9 +358,6 @@ pub fn replicate(
         replica.url(),
         file.display()
     );
-    // Litestream 0.5.17's directory watcher sometimes rescans its working directory
-    // (relative paths it then refuses): give it an empty one.
-    let cwd = root.confined_dir(LITESTREAM_CWD)?;
     let file = std::path::absolute(&file)?;
     // Litestream takes over this process, so it receives the signals itself. It expands
     // `$NAME` in its config unless told not to: a root or replica path holding a `$` named
@@ -357,7 +370,41 @@ pub fn replicate(
         .arg(&file)
         .current_dir(&cwd)
         .exec();
+    drop(held);
     Err(Failure::context(format!("exec {}", bin.display()), &error))
+}
+
+/// Takes the lock of `cwd`, the replicator's working folder in the root, for this process
+/// and the Litestream it becomes (the descriptor is kept open across `exec`).
+///
+/// # Errors
+/// Exit 5 when another `replicate --run` holds it; the system's error otherwise.
+fn hold_replicator_lock(cwd: &Path) -> CliResult<std::fs::File> {
+    let folder = std::fs::File::open(cwd)
+        .map_err(|e| Failure::context(format!("open {}", cwd.display()), &e))?;
+    match folder.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            return Err(fail(
+                EXIT_OWNED,
+                format!(
+                    "another `replicate --run` replicates this root (it holds {}): stop it \
+                     first; two replicators of one root share each session's Litestream folder",
+                    cwd.display()
+                ),
+            ));
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(Failure::context(format!("lock {}", cwd.display()), &e));
+        }
+    }
+    rustix::io::fcntl_setfd(&folder, rustix::io::FdFlags::empty()).map_err(|e| {
+        Failure::context(
+            format!("keep the lock of {}", cwd.display()),
+            &std::io::Error::from(e),
+        )
+    })?;
+    Ok(folder)
 }
 
 /// What `restore` does with one session.
@@ -380,6 +427,24 @@ struct NotRestored {
 /// A session restored into the batch folder, not yet published.
 struct Staged {
     ancestors: Vec<SessionId>,
+}
+
+/// What takes session `id`'s name in the root when it is no session (a folder without a
+/// session file, a file, a symlink): restoring there fails only at publish, after the
+/// download (exit 6, "already exists"); `None` when the name is free.
+fn in_the_way(root: &Root, id: &SessionId) -> Option<String> {
+    let path = root.session_dir(id);
+    let what = match std::fs::symlink_metadata(&path) {
+        Err(_) => return None,
+        Ok(m) if m.is_symlink() => "a symlink",
+        Ok(m) if !m.is_dir() => "a file, not a session folder",
+        Ok(_) => "a folder without a session file",
+    };
+    Some(format!(
+        "{} is in the way: {what}, so session {} cannot be restored there; move or remove it",
+        path.display(),
+        shown(id)
+    ))
 }
 
 /// Ids of the sessions a file replica holds (`<dir>/<id>/session.sqlite/`), sorted.
@@ -487,6 +552,7 @@ fn restore_into(
 ) -> CliResult<()> {
     let mut skipped: Vec<NotRestored> = Vec::new();
     let mut failed: Vec<NotRestored> = Vec::new();
+    let mut warnings: Vec<String> = Vec::new();
     let wanted: BTreeSet<SessionId> = match (requested_id, all) {
         (Some(id), false) => {
             if present(id) {
@@ -499,6 +565,9 @@ fn restore_into(
                     ),
                 ));
             }
+            if let Some(why) = in_the_way(root, id) {
+                return Err(fail(EXIT_EXISTS, why));
+            }
             BTreeSet::from([id.clone()])
         }
         (None, true) => {
@@ -507,21 +576,62 @@ fn restore_into(
             let scratch = batch.path().join(CATALOG_DIR);
             std::fs::create_dir_all(&scratch)
                 .map_err(|e| Failure::context(format!("create {}", scratch.display()), &e))?;
-            let catalog = catalog_ids(bin, replica, &scratch)?;
+            // The catalog is derived data: one that cannot be restored does not stop the
+            // sessions' restore (it refused the whole root, exit 1), and one that is
+            // missing is said to be, as without it sessions deleted on the source come back.
+            let catalog = match catalog_ids(bin, replica, &scratch) {
+                Ok(Some(catalog)) => Some(catalog),
+                Ok(None) => {
+                    warnings.push(format!(
+                        "{} has no replicated catalog: every session in it is restored, \
+                         sessions deleted on the source host among them",
+                        replica.url()
+                    ));
+                    None
+                }
+                Err(e) if layout.is_some() => {
+                    warnings.push(format!(
+                        "the replicated catalog could not be restored ({}): every session \
+                         in the replica is restored, sessions deleted on the source host \
+                         among them",
+                        super::one_line(&*e)
+                    ));
+                    None
+                }
+                Err(e) => return Err(e),
+            };
+            if layout.as_ref().is_some_and(BTreeSet::is_empty) && catalog.is_none() {
+                return Err(fail(
+                    EXIT_NOT_FOUND,
+                    format!(
+                        "{} holds no session and no replicated catalog: is it the replica \
+                         of a root?",
+                        replica.url()
+                    ),
+                ));
+            }
             let found = match (layout, catalog) {
                 (Some(layout), Some(catalog)) => {
                     for id in layout.difference(&catalog) {
                         skipped.push(NotRestored {
                             session_id: id.to_string(),
                             reason: "in the replica but not in its catalog (deleted on the \
-                                     source host?); restore it with --id if you want it back"
+                                     source host?); restore it with --id if you want it back \
+                                     (into a replicated root, then restart the replicator: \
+                                     Litestream does not pick up a reused id)"
                                 .to_owned(),
                         });
                     }
+                    // A session made shortly before the source was lost is in the
+                    // catalog before Litestream has copied its file: nothing of it can be
+                    // restored, which a lost host's restore meets as a matter of course
+                    // (it failed the whole restore, exit 6).
                     for id in catalog.difference(&layout) {
-                        failed.push(NotRestored {
+                        skipped.push(NotRestored {
                             session_id: id.to_string(),
-                            reason: "listed in the replicated catalog but not in the replica"
+                            reason: "listed in the replicated catalog but not in the replica \
+                                     (made shortly before the replica's last sync, or lost \
+                                     from it): nothing of it can be restored"
                                 .to_owned(),
                         });
                     }
@@ -546,6 +656,11 @@ fn restore_into(
                     skipped.push(NotRestored {
                         session_id: id.to_string(),
                         reason: "already in the root (kept as it is)".to_owned(),
+                    });
+                } else if let Some(why) = in_the_way(root, &id) {
+                    failed.push(NotRestored {
+                        session_id: id.to_string(),
+                        reason: why,
                     });
                 } else {
                     wanted.insert(id);
@@ -695,6 +810,32 @@ fn restore_into(
             }
         }
     }
+    // `--id` restores its session or changes nothing: ancestors published for a session
+    // that then failed are set aside with it (left in the root, an out-of-date one failed
+    // every retry from a good replica the same way, not named).
+    if let Some(id) = requested_id
+        && !restored.iter().any(|r| &r.session_id == id)
+    {
+        for ancestor in std::mem::take(&mut restored) {
+            let moved = root.set_aside(&ancestor.session_id, FAILED_DIR);
+            failed.push(NotRestored {
+                session_id: ancestor.session_id.to_string(),
+                reason: match moved {
+                    Ok(aside) => format!(
+                        "restored as an ancestor of {}, which was not: set aside in {}",
+                        shown(id),
+                        aside.display()
+                    ),
+                    Err(m) => format!(
+                        "restored as an ancestor of {}, which was not; moving it out of \
+                         the root failed: {}",
+                        shown(id),
+                        super::one_line(&m)
+                    ),
+                },
+            });
+        }
+    }
     for (id, (_, reason)) in missing {
         // A session `--all` asked for whose replica Litestream could not restore is no
         // ancestor (it was reported as one).
@@ -714,11 +855,24 @@ fn restore_into(
             reason,
         });
     }
+    // One line a session: an ancestor restored for a fork is no longer "skipped" as not
+    // in the catalog, and a missing ancestor is reported once, with its first reason.
+    let mut reported = BTreeSet::new();
+    failed.retain(|f| reported.insert(f.session_id.clone()));
+    skipped.retain(|s| {
+        !reported.contains(&s.session_id)
+            && !restored
+                .iter()
+                .any(|r| r.session_id.as_str() == s.session_id)
+    });
     let catalog = root.rebuild_catalog();
+    for warning in &warnings {
+        errln!("session-store: warning: {}", printable(warning));
+    }
     if cx.json {
         print_json(&json!({
             "root": root.path().to_string_lossy(), "from": replica.url(), "restored": restored,
-            "skipped": skipped, "failed": failed,
+            "skipped": skipped, "failed": failed, "warnings": warnings,
             "catalog_sessions": catalog.as_ref().ok().map(|r| r.sessions),
             "catalog_skipped": catalog.as_ref().ok().map(|r| &r.skipped),
             "catalog_error": catalog.as_ref().err().map(|e| super::one_line(e)),
