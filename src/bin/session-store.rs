@@ -94,7 +94,8 @@ enum Command {
     /// {"operation_id", "turn_id"?, "events": [{"kind", "payload"?, "optional"?, "id"?}]}.
     /// With --json, prints one line per batch once it is durable:
     /// {"operation_id","first_seq","last_seq","durable_sequence"} (with --sync end, once a
-    /// write-behind drain made it durable, seen at the next batch, the rest at the end).
+    /// write-behind drain made it durable: within about 50 ms, also while no next line
+    /// comes; the rest at the end).
     Append {
         /// The session.
         id: String,
@@ -213,7 +214,8 @@ enum Command {
         /// The parent session.
         id: String,
         /// The turn to keep: everything up to the end of the batch that ends it (a batch
-        /// that ends it and goes on, say with the next turn, is kept whole).
+        /// that ends it and goes on, say with a title or the whole next turn, is kept
+        /// whole; one that leaves the next turn open is refused, exit 6).
         #[arg(long, value_name = "T")]
         after_turn: String,
         /// The new session's id (random when omitted).
@@ -423,7 +425,7 @@ fn parse_origin(text: &str) -> Result<session_store::Origin, String> {
 pub enum Suite {
     /// Append throughput vs raw SQLite, JSON Lines and fdatasync.
     Append,
-    /// The lean-store table: eight measures, each against its same-run baseline.
+    /// The lean-store table: nine rows, each against its same-run baseline.
     Lean,
 }
 

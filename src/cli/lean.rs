@@ -1,5 +1,6 @@
-//! `bench --suite lean`: the eight measures of the "lean store" issue, each printed with
-//! its same-run baseline, the ratio, the target and whether it is met.
+//! `bench --suite lean`: the measures of the "lean store" issue (nine rows: 6a and 6b are
+//! one measure at two sizes), each printed with its same-run baseline, the ratio (the
+//! median of the rounds' ratios where a row runs rounds), the target and whether it is met.
 //!
 //! 1. bytes on disk of a session folder after close / the messages as JSON Lines: 20,000
 //!    chat messages of ~400 B, two per turn, one batch per turn (`turn/start`, user and

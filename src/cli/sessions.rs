@@ -839,7 +839,7 @@ pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
         )),
         n => Err(Failure::with_code(
             EXIT_OTHER,
-            format!("{n} session(s) could not be deleted (they are intact)"),
+            format!("{n} session(s) could not be deleted (each left as it was)"),
         )),
     }
 }
