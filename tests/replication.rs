@@ -476,6 +476,30 @@ fn replicate_then_restore_all_sessions() {
     assert_eq!(out.status.code(), Some(4), "{}", text(&out));
     assert!(text(&out).contains("is in the way"), "{}", text(&out));
     assert_eq!(std::fs::read_dir(in_way.join("beta")).unwrap().count(), 0);
+    // So is an ancestor's name (it was downloaded, then "session alpha already exists").
+    std::fs::create_dir_all(in_way.join("alpha")).unwrap();
+    let out = cli(
+        &bin,
+        &[
+            "--root",
+            in_way.to_str().unwrap(),
+            "restore",
+            "--from",
+            &from,
+            "--id",
+            "alpha-fork",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(6), "{}", text(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("NOT restored alpha: an ancestor of a session to restore, ")
+            && stdout.contains("alpha is in the way"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(std::fs::read_dir(in_way.join("alpha")).unwrap().count(), 0);
+    assert!(Root::open(&in_way).unwrap().list_ids().unwrap().is_empty());
 
     // An empty folder given as the replica (a wrong path): no replica, exit 3, not
     // "restored 0 sessions", exit 0.

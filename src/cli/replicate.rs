@@ -681,6 +681,12 @@ fn restore_into(
         if staged.contains_key(&id) || missing.contains_key(&id) {
             continue;
         }
+        // An ancestor's name taken by what is no session: not downloaded (it failed at
+        // publish, "already exists", after the download).
+        if let Some(why) = in_the_way(root, &id) {
+            missing.insert(id, (EXIT_EXISTS, why));
+            continue;
+        }
         let url = replica.child(&format!("{id}/{SESSION_FILE}"));
         let restored = batch
             .session_file(&id)
@@ -842,7 +848,7 @@ fn restore_into(
         let reason = if wanted.contains(&id) {
             reason
         } else {
-            format!("an ancestor of a restored session, {reason}")
+            format!("an ancestor of a session to restore, {reason}")
         };
         failed.push(NotRestored {
             session_id: id.to_string(),
