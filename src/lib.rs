@@ -52,7 +52,8 @@ pub use persistence::{
     CatalogEntry, CatalogTotals, CheckpointPolicy, CreateOptions, ExportReport, FileIdentity,
     ForkPoint, ImportOptions, ListFilter, ListSort, Listing, MAX_SEARCH_LIMIT, RebuildReport,
     ReplayReport, Root, Scratch, SearchOptions, SessionInfo, SkippedSession, StoreOptions,
-    Verified, catalog_session_ids, hold_for_fork, release_after_fork, replay_file, verify_file,
+    Verified, catalog_sequences, catalog_session_ids, hold_for_fork, release_after_fork,
+    replay_file, verify_file,
 };
 pub use persistence::{GcDeleted, GcKept, GcOptions, GcReport};
 pub use service::{

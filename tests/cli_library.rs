@@ -19,7 +19,8 @@ use common::*;
 use session_store::baseline::{RawTable, raw_rate, sqlite_session_bytes};
 use session_store::format::{CATALOG_DIR, CATALOG_FILE, SESSION_FILE, WAL_FILE};
 use session_store::{
-    Durability, Error, ForkPoint, Root, catalog_session_ids, replay_file, verify_file,
+    Durability, Error, ForkPoint, Root, catalog_sequences, catalog_session_ids, replay_file,
+    verify_file,
 };
 
 /// The staging folder of a root (the library's name for it is private on purpose).
@@ -258,12 +259,25 @@ fn catalog_session_ids_reads_a_catalog_and_refuses_other_files() {
     for name in ["b", "a.catalog", "c"] {
         create(&root, name).close().expect("close");
     }
+    let b = root.open_writer(&id("b")).expect("open b");
+    b.append(turn("b-1", "t1", "m1")).expect("append");
+    b.close().expect("close");
     // Listing fills the catalog (its rows may still be in its -wal: read where it lives).
     assert_eq!(root.list(None, 10).expect("list").entries.len(), 3);
     let catalog = root.path().join(CATALOG_DIR).join(CATALOG_FILE);
     assert_eq!(
         catalog_session_ids(&catalog).expect("ids"),
         [id("a.catalog"), id("b"), id("c")]
+    );
+    // With each entry's durable sequence (what `restore --all` compares a restored copy
+    // with).
+    assert_eq!(
+        catalog_sequences(&catalog).expect("sequences"),
+        [
+            (id("a.catalog"), Some(0)),
+            (id("b"), Some(3)),
+            (id("c"), Some(0))
+        ]
     );
     let listed: Vec<_> = std::fs::read_dir(root.path().join(CATALOG_DIR))
         .expect("read")

@@ -15,7 +15,7 @@ use std::process::Command;
 use serde::Serialize;
 use serde_json::json;
 use session_store::format::{CATALOG_DIR, CATALOG_FILE, SESSION_FILE};
-use session_store::{Root, Scratch, SessionId, catalog_session_ids};
+use session_store::{Root, Scratch, SessionId, catalog_sequences};
 
 use super::{
     CliError, CliResult, Context, EXIT_EXISTS, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_OWNED, Failure,
@@ -447,6 +447,30 @@ fn in_the_way(root: &Root, id: &SessionId) -> Option<String> {
     ))
 }
 
+/// A warning for each restored session whose replica held less than the replicated
+/// catalog saw (`cataloged`: its durable sequence per session): the newest changes were
+/// not replicated before the source was lost, or the replica lost its newest files. The
+/// restored copy is sound and was "verified" in silence before.
+fn behind_catalog(
+    restored: &[Restored],
+    cataloged: &BTreeMap<SessionId, Option<u64>>,
+) -> Vec<String> {
+    restored
+        .iter()
+        .filter_map(|r| {
+            let listed = (*cataloged.get(&r.session_id)?)?;
+            (listed > r.events).then(|| {
+                format!(
+                    "{}: the replicated catalog saw it through sequence {listed}, its replica \
+                     held {}: the rest was not replicated, or is lost from the replica",
+                    shown(&r.session_id),
+                    r.events
+                )
+            })
+        })
+        .collect()
+}
+
 /// Ids of the sessions a file replica holds (`<dir>/<id>/session.sqlite/`), sorted.
 fn layout_ids(dir: &Path) -> CliResult<BTreeSet<SessionId>> {
     let entries = std::fs::read_dir(dir)
@@ -468,13 +492,13 @@ fn layout_ids(dir: &Path) -> CliResult<BTreeSet<SessionId>> {
     Ok(ids)
 }
 
-/// Ids listed in the replicated catalog, restored into `scratch`; `None` when the replica
-/// has no catalog.
+/// The sessions the replicated catalog lists, restored into `scratch`, each with the
+/// durable sequence its entry records; `None` when the replica has no catalog.
 fn catalog_ids(
     bin: &Path,
     replica: &Replica,
     scratch: &Path,
-) -> CliResult<Option<BTreeSet<SessionId>>> {
+) -> CliResult<Option<BTreeMap<SessionId, Option<u64>>>> {
     let file = scratch.join(CATALOG_FILE);
     let url = replica.child(CATALOG_FILE);
     if let Err(e) = run_litestream(
@@ -492,7 +516,7 @@ fn catalog_ids(
             Err(Failure::context(format!("restore {url}"), &*e))
         };
     }
-    Ok(Some(catalog_session_ids(&file)?.into_iter().collect()))
+    Ok(Some(catalog_sequences(&file)?.into_iter().collect()))
 }
 
 /// Writes the Litestream config. The default file is in the root, where no symlink is
@@ -553,6 +577,8 @@ fn restore_into(
     let mut skipped: Vec<NotRestored> = Vec::new();
     let mut failed: Vec<NotRestored> = Vec::new();
     let mut warnings: Vec<String> = Vec::new();
+    // The durable sequence the replicated catalog records for each session (`--all`).
+    let mut cataloged: BTreeMap<SessionId, Option<u64>> = BTreeMap::new();
     let wanted: BTreeSet<SessionId> = match (requested_id, all) {
         (Some(id), false) => {
             if present(id) {
@@ -580,7 +606,11 @@ fn restore_into(
             // sessions' restore (it refused the whole root, exit 1), and one that is
             // missing is said to be, as without it sessions deleted on the source come back.
             let catalog = match catalog_ids(bin, replica, &scratch) {
-                Ok(Some(catalog)) => Some(catalog),
+                Ok(Some(listed)) => {
+                    let ids = listed.keys().cloned().collect::<BTreeSet<_>>();
+                    cataloged = listed;
+                    Some(ids)
+                }
                 Ok(None) => {
                     warnings.push(format!(
                         "{} has no replicated catalog: every session in it is restored, \
@@ -816,6 +846,7 @@ fn restore_into(
             }
         }
     }
+    warnings.extend(behind_catalog(&restored, &cataloged));
     // `--id` restores its session or changes nothing: ancestors published for a session
     // that then failed are set aside with it (left in the root, an out-of-date one failed
     // every retry from a good replica the same way, not named).
@@ -946,6 +977,40 @@ fn restore_into(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_session_restored_short_of_the_catalog_is_named() {
+        let id = |s: &str| SessionId::new(s).unwrap();
+        let restored = |name: &str, events: u64| Restored {
+            session_id: id(name),
+            commits: 1,
+            events,
+            inherits_from: Vec::new(),
+        };
+        let cataloged = BTreeMap::from([
+            (id("short"), Some(200)),
+            (id("whole"), Some(110)),
+            (id("ahead"), Some(90)),
+            (id("unknown"), None),
+        ]);
+        let warned = behind_catalog(
+            &[
+                restored("short", 110),
+                restored("whole", 110),
+                restored("ahead", 110),
+                restored("unknown", 110),
+                restored("unlisted", 110),
+            ],
+            &cataloged,
+        );
+        assert_eq!(
+            warned,
+            [
+                "short: the replicated catalog saw it through sequence 200, its replica held \
+              110: the rest was not replicated, or is lost from the replica"
+            ]
+        );
+    }
 
     #[test]
     fn parses_replica_urls() {

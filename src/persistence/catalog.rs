@@ -684,6 +684,19 @@ pub(crate) fn catalog_dir(root: &Root) -> Result<rustix::fd::OwnedFd> {
 /// symlink or a non-regular file; [`Error::Corrupt`] for a file that is not a catalog or
 /// lists an invalid id.
 pub fn catalog_session_ids(file: &Path) -> Result<Vec<SessionId>> {
+    Ok(catalog_sequences(file)?
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect())
+}
+
+/// As [`catalog_session_ids`], each id with the durable sequence its entry records (`None`
+/// for an entry not computed yet): what `restore --all` compares a restored session with,
+/// to say that its replica held less than the replicated catalog saw.
+///
+/// # Errors
+/// As [`catalog_session_ids`].
+pub fn catalog_sequences(file: &Path) -> Result<Vec<(SessionId, Option<u64>)>> {
     schema::check_file(file)?;
     let access = schema::Access::for_user_file(file);
     let conn = Connection::open_with_flags(access.name(file), schema::reader_flags())?;
@@ -694,11 +707,17 @@ pub fn catalog_session_ids(file: &Path) -> Result<Vec<SessionId>> {
             file.display()
         )));
     }
-    let mut stmt = conn.prepare("SELECT session_id FROM sessions ORDER BY session_id")?;
-    let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+    let mut stmt = conn.prepare(
+        "SELECT session_id, CASE WHEN json_valid(entry)
+                THEN json_extract(entry, '$.durable_sequence') END
+         FROM sessions ORDER BY session_id",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, Option<i64>>(1)?))
+    })?;
     let mut ids = Vec::new();
     for row in rows {
-        let text = row?;
+        let (text, sequence) = row?;
         let id = SessionId::new(text.as_str()).map_err(|_| {
             Error::corrupt(format!(
                 "{} lists an invalid session id {}",
@@ -706,7 +725,7 @@ pub fn catalog_session_ids(file: &Path) -> Result<Vec<SessionId>> {
                 crate::error::quoted(&text)
             ))
         })?;
-        ids.push(id);
+        ids.push((id, sequence.and_then(|s| u64::try_from(s).ok())));
     }
     Ok(ids)
 }

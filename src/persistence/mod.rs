@@ -19,7 +19,7 @@ mod verify;
 pub(crate) use catalog::Catalog;
 pub use catalog::{
     CatalogEntry, CatalogTotals, ListFilter, ListSort, Listing, RebuildReport, SkippedSession,
-    catalog_session_ids,
+    catalog_sequences, catalog_session_ids,
 };
 pub use fork::ForkPoint;
 pub use fork_hold::{hold_for_fork, release_after_fork};
