@@ -252,10 +252,10 @@ impl Root {
 
     /// Catches the search index up with every session whose writer died since its last
     /// index write, and indexes every session without a writer that it holds nothing of
-    /// (one a fill or rebuild could not read then): a writer killed outright (SIGKILL, a crash) within the index delay
-    /// after a drain leaves commits in its file that a search finds only once it meets the
-    /// session otherwise (a hit of it, a search narrowed to it), its next writer open or
-    /// `rebuild-catalog`. The first search of a process does this itself; a long-running
+    /// (one a fill or rebuild could not read then): a writer killed outright (SIGKILL, a
+    /// crash) within the index delay after a drain leaves commits in its file that a search
+    /// finds only once it meets the session otherwise (a hit of it, a search narrowed to
+    /// it), its next writer open or `rebuild-catalog`. The first search of a process does this itself; a long-running
     /// process calls it from time to time (`serve` does on each refresh of its catalog,
     /// at most every 2 s), so its searches find what such a writer left. Returns how many
     /// sessions the index took something new from.
