@@ -1033,6 +1033,25 @@ fn an_older_file_another_writer_holds_is_not_upgraded_by_a_fork_or_a_delete() {
     assert!(refused.is_writer_owned(), "{refused}");
     assert!(refused.to_string().contains("chain-b"), "{refused}");
     assert_eq!(version("chain-b"), "2", "the delete upgraded a held fork");
+    // The CLI says why a session no writer holds is kept (exit 5, as for its own writer).
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_session-store"))
+        .arg("--root")
+        .arg(&root_dir)
+        .args(["delete", "chain-a"])
+        .output()
+        .expect("run session-store");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(5), "{stderr}");
+    assert!(
+        stderr.contains("delete chain-a (it copies what its fork chain-b inherits into that fork")
+            && stderr.contains("chain-a is kept)"),
+        "{stderr}"
+    );
+    assert_eq!(
+        version("chain-b"),
+        "2",
+        "the CLI's delete upgraded a held fork"
+    );
     assert_eq!(observed_session(&root, "chain-a"), before["chain-a"]);
     assert_eq!(observed_session(&root, "chain-b"), before["chain-b"]);
     drop(writer);

@@ -764,6 +764,19 @@ pub fn delete(cx: &Context, id: &str, wait: Duration) -> CliResult<()> {
                 ),
             });
         }
+        // Another session's writer: a fork of an older schema version, which the delete
+        // would upgrade under that writer as it copies the inherited events in.
+        Err(Error::WriterOwned { session, owner }) if session != id.as_str() => {
+            let context = format!(
+                "delete {id} (it copies what its fork {session} inherits into that fork, whose \
+                 file, of an older schema version, it would upgrade under its writer; {id} is \
+                 kept)"
+            );
+            return Err(Failure::context(
+                context,
+                &Error::WriterOwned { session, owner },
+            ));
+        }
         Err(e) => return Err(in_context(e, format!("delete {id}"))),
     }
     if cx.json {
