@@ -114,6 +114,27 @@ fn cli(litestream: &Path, args: &[&str]) -> Output {
         .expect("run session-store")
 }
 
+/// Runs `session-store --root ROOT restore --from FROM ARGS…` with `$LITESTREAM_BIN` set.
+fn restore(litestream: &Path, root: &Path, from: &str, args: &[&str]) -> Output {
+    restore_with(litestream, root, from, args, false)
+}
+
+/// [`restore`] with `--json`.
+fn restore_json(litestream: &Path, root: &Path, from: &str, args: &[&str]) -> Output {
+    restore_with(litestream, root, from, args, true)
+}
+
+fn restore_with(litestream: &Path, root: &Path, from: &str, args: &[&str], json: bool) -> Output {
+    let root = root.to_str().expect("utf-8 root");
+    let mut all = vec!["--root", root];
+    if json {
+        all.push("--json");
+    }
+    all.extend(["restore", "--from", from]);
+    all.extend(args);
+    cli(litestream, &all)
+}
+
 fn text(out: &Output) -> String {
     format!(
         "status {:?}\nstdout: {}\nstderr: {}",
@@ -353,18 +374,7 @@ fn replicate_then_restore_all_sessions() {
     std::fs::remove_dir_all(&root_dir).unwrap();
     let restore_started = Instant::now();
     let from = format!("file://{}", replica.display());
-    let out = cli(
-        &bin,
-        &[
-            "--root",
-            root_dir.to_str().unwrap(),
-            "--json",
-            "restore",
-            "--from",
-            &from,
-            "--all",
-        ],
-    );
+    let out = restore_json(&bin, &root_dir, &from, &["--all"]);
     let restore_took = restore_started.elapsed();
     assert!(out.status.success(), "{}", text(&out));
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -394,18 +404,7 @@ fn replicate_then_restore_all_sessions() {
 
     // --id of a fork of a fork restores the ancestors its lineage names.
     let other = work.path().join("other-host");
-    let out = cli(
-        &bin,
-        &[
-            "--root",
-            other.to_str().unwrap(),
-            "restore",
-            "--from",
-            &from,
-            "--id",
-            "grandchild",
-        ],
-    );
+    let out = restore(&bin, &other, &from, &["--id", "grandchild"]);
     assert!(out.status.success(), "{}", text(&out));
     let other_root = Root::open(&other).unwrap();
     assert_eq!(
@@ -422,19 +421,7 @@ fn replicate_then_restore_all_sessions() {
         &replica.join("grandchild-copy"),
     );
     let aside = work.path().join("aside-host");
-    let out = cli(
-        &bin,
-        &[
-            "--root",
-            aside.to_str().unwrap(),
-            "--json",
-            "restore",
-            "--from",
-            &from,
-            "--id",
-            "grandchild-copy",
-        ],
-    );
+    let out = restore_json(&bin, &aside, &from, &["--id", "grandchild-copy"]);
     assert_eq!(out.status.code(), Some(6), "{}", text(&out));
     assert!(Root::open(&aside).unwrap().list_ids().unwrap().is_empty());
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -461,35 +448,13 @@ fn replicate_then_restore_all_sessions() {
     // is downloaded, exit 4 as `create` says (it failed at publish, exit 6).
     let in_way = work.path().join("in-the-way-host");
     std::fs::create_dir_all(in_way.join("beta")).unwrap();
-    let out = cli(
-        &bin,
-        &[
-            "--root",
-            in_way.to_str().unwrap(),
-            "restore",
-            "--from",
-            &from,
-            "--id",
-            "beta",
-        ],
-    );
+    let out = restore(&bin, &in_way, &from, &["--id", "beta"]);
     assert_eq!(out.status.code(), Some(4), "{}", text(&out));
     assert!(text(&out).contains("is in the way"), "{}", text(&out));
     assert_eq!(std::fs::read_dir(in_way.join("beta")).unwrap().count(), 0);
     // So is an ancestor's name (it was downloaded, then "session alpha already exists").
     std::fs::create_dir_all(in_way.join("alpha")).unwrap();
-    let out = cli(
-        &bin,
-        &[
-            "--root",
-            in_way.to_str().unwrap(),
-            "restore",
-            "--from",
-            &from,
-            "--id",
-            "alpha-fork",
-        ],
-    );
+    let out = restore(&bin, &in_way, &from, &["--id", "alpha-fork"]);
     assert_eq!(out.status.code(), Some(6), "{}", text(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -505,16 +470,11 @@ fn replicate_then_restore_all_sessions() {
     // "restored 0 sessions", exit 0.
     let empty = work.path().join("empty-replica");
     std::fs::create_dir_all(&empty).unwrap();
-    let out = cli(
+    let out = restore(
         &bin,
-        &[
-            "--root",
-            work.path().join("empty-host").to_str().unwrap(),
-            "restore",
-            "--from",
-            &format!("file://{}", empty.display()),
-            "--all",
-        ],
+        &work.path().join("empty-host"),
+        &format!("file://{}", empty.display()),
+        &["--all"],
     );
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
     assert!(text(&out).contains("holds no session"), "{}", text(&out));
@@ -522,18 +482,7 @@ fn replicate_then_restore_all_sessions() {
     // An ancestor missing from the replica: reported, nothing half-restored is published.
     std::fs::remove_dir_all(replica.join("alpha")).unwrap();
     let third = work.path().join("third-host");
-    let out = cli(
-        &bin,
-        &[
-            "--root",
-            third.to_str().unwrap(),
-            "restore",
-            "--from",
-            &from,
-            "--id",
-            "alpha-fork",
-        ],
-    );
+    let out = restore(&bin, &third, &from, &["--id", "alpha-fork"]);
     assert_eq!(out.status.code(), Some(6), "{}", text(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -548,18 +497,7 @@ fn replicate_then_restore_all_sessions() {
     // published ("verified", exit 0) and then skipped by every listing.
     copy_tree(&replica.join("beta"), &replica.join("beta-copy"));
     let fourth = work.path().join("fourth-host");
-    let out = cli(
-        &bin,
-        &[
-            "--root",
-            fourth.to_str().unwrap(),
-            "restore",
-            "--from",
-            &from,
-            "--id",
-            "beta-copy",
-        ],
-    );
+    let out = restore(&bin, &fourth, &from, &["--id", "beta-copy"]);
     assert_eq!(out.status.code(), Some(6), "{}", text(&out));
     assert!(
         String::from_utf8_lossy(&out.stdout)
@@ -583,13 +521,7 @@ fn replicate_then_restore_all_sessions() {
         }
     }
     let fifth = work.path().join("fifth-host");
-    let fifth_arg = fifth.to_str().unwrap();
-    let out = cli(
-        &bin,
-        &[
-            "--root", fifth_arg, "--json", "restore", "--from", &from, "--all",
-        ],
-    );
+    let out = restore_json(&bin, &fifth, &from, &["--all"]);
     assert_eq!(out.status.code(), Some(6), "{}", text(&out));
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     // Each session is reported once: `alpha` (missing, an ancestor) was printed and
@@ -612,12 +544,7 @@ fn replicate_then_restore_all_sessions() {
         reason.starts_with(&format!("litestream restore {from}/late/session.sqlite: ")),
         "{reason}"
     );
-    let out = cli(
-        &bin,
-        &[
-            "--root", fifth_arg, "restore", "--from", &from, "--id", "late",
-        ],
-    );
+    let out = restore(&bin, &fifth, &from, &["--id", "late"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("session late: litestream restore "),
@@ -778,17 +705,7 @@ fn replicate_run_keeps_a_dollar_in_the_root_and_replica_paths() {
     litestream.stop();
 
     let restored = work.path().join("restored");
-    let out = cli(
-        &bin,
-        &[
-            "--root",
-            restored.to_str().unwrap(),
-            "restore",
-            "--from",
-            replica.to_str().unwrap(),
-            "--all",
-        ],
-    );
+    let out = restore(&bin, &restored, replica.to_str().unwrap(), &["--all"]);
     assert!(out.status.success(), "{}", text(&out));
     let root = Root::open(&restored).unwrap();
     assert!(contents(&root, "alpha") == expected, "alpha differs");
