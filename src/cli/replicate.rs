@@ -429,24 +429,6 @@ struct Staged {
     ancestors: Vec<SessionId>,
 }
 
-/// What takes session `id`'s name in the root when it is no session (a folder without a
-/// session file, a file, a symlink): restoring there fails only at publish, after the
-/// download (exit 6, "already exists"); `None` when the name is free.
-fn in_the_way(root: &Root, id: &SessionId) -> Option<String> {
-    let path = root.session_dir(id);
-    let what = match std::fs::symlink_metadata(&path) {
-        Err(_) => return None,
-        Ok(m) if m.is_symlink() => "a symlink",
-        Ok(m) if !m.is_dir() => "a file, not a session folder",
-        Ok(_) => "a folder without a session file",
-    };
-    Some(format!(
-        "{} is in the way: {what}, so session {} cannot be restored there; move or remove it",
-        path.display(),
-        shown(id)
-    ))
-}
-
 /// A warning for each restored session whose replica held less than the replicated
 /// catalog saw (`cataloged`: its durable sequence per session): the newest changes were
 /// not replicated before the source was lost, or the replica lost its newest files. The
@@ -591,9 +573,6 @@ fn restore_into(
                     ),
                 ));
             }
-            if let Some(why) = in_the_way(root, id) {
-                return Err(fail(EXIT_EXISTS, why));
-            }
             BTreeSet::from([id.clone()])
         }
         (None, true) => {
@@ -687,11 +666,6 @@ fn restore_into(
                         session_id: id.to_string(),
                         reason: "already in the root (kept as it is)".to_owned(),
                     });
-                } else if let Some(why) = in_the_way(root, &id) {
-                    failed.push(NotRestored {
-                        session_id: id.to_string(),
-                        reason: why,
-                    });
                 } else {
                     wanted.insert(id);
                 }
@@ -711,10 +685,10 @@ fn restore_into(
         if staged.contains_key(&id) || missing.contains_key(&id) {
             continue;
         }
-        // An ancestor's name taken by what is no session: not downloaded (it failed at
-        // publish, "already exists", after the download).
-        if let Some(why) = in_the_way(root, &id) {
-            missing.insert(id, (EXIT_EXISTS, why));
+        // A name taken by what is no session (the session's or an ancestor's): not
+        // downloaded (it failed at publish, "already exists", after the download).
+        if let Some(taken) = root.in_the_way(&id) {
+            missing.insert(id, (EXIT_EXISTS, taken.to_string()));
             continue;
         }
         let url = replica.child(&format!("{id}/{SESSION_FILE}"));

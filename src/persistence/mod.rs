@@ -705,6 +705,19 @@ impl Root {
         self.start_writer(&self.session_dir(&id), lock)
     }
 
+    /// What takes session `id`'s name in the root when that is no session (a folder
+    /// without a session file, a file, a symlink), as the [`Error::InTheWay`] that making
+    /// the session there would fail with; `None` when the name is free or a session's.
+    /// For a command that fetches a session before it publishes it (`restore`): it fails
+    /// so before the download rather than at the publish.
+    pub fn in_the_way(&self, id: &SessionId) -> Option<Error> {
+        std::fs::symlink_metadata(self.session_dir(id)).ok()?;
+        match self.taken(id) {
+            in_the_way @ Error::InTheWay { .. } => Some(in_the_way),
+            _ => None,
+        }
+    }
+
     /// The error of making session `id` where its name in the root is taken:
     /// [`Error::InTheWay`] when what is there is no session (a folder without a session
     /// file, a file, a symlink), else [`Error::SessionExists`].

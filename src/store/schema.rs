@@ -359,9 +359,8 @@ pub(crate) fn open_side_writer(path: &Path) -> Result<Connection> {
 /// # Errors
 /// The file cannot be read, or is no session file of a version this build reads.
 pub(crate) fn is_older_version(path: &Path) -> Result<bool> {
-    let conn = open_reader(path)?;
-    let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
-    Ok(version < SCHEMA_VERSION)
+    let conn = open_unchecked_reader(path, Access::for_root_file(path))?;
+    Ok(check_format(&conn)? < SCHEMA_VERSION)
 }
 
 /// A read-write connection to an existing session file, hardened, nothing read yet.
