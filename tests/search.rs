@@ -2656,3 +2656,81 @@ fn a_session_a_rebuild_could_not_read_is_indexed_by_the_next_first_search() {
         BTreeSet::from(["kept".to_owned(), "missed".to_owned()])
     );
 }
+
+/// A session the index holds nothing of and whose file cannot be read (its messages can
+/// be found by no search) is named by every search that could have found them, as `list`
+/// names it: by the fill that creates the index and by a later process's first search;
+/// a search of another session alone does not name it (outside testing, session 40: a
+/// search found nothing there and said nothing).
+#[test]
+fn a_session_neither_indexed_nor_readable_is_named_by_each_search() {
+    let (_dir, root) = temp_root();
+    for name in ["kept", "newer"] {
+        let s = create(&root, name);
+        s.append(Batch::new(
+            "m",
+            vec![message(&format!("{name}-m"), "user", "quince harvest")],
+        ))
+        .expect("append");
+        s.close().expect("close");
+    }
+    // Of a schema version newer than this build's before any search made the index.
+    let conn =
+        rusqlite::Connection::open(root.path().join("newer/session.sqlite")).expect("sqlite");
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .expect("user_version");
+    conn.pragma_update(None, "user_version", version + 1)
+        .expect("set user_version");
+    drop(conn);
+    let service = Service::new("local", root.clone()).expect("service");
+    let page_of = |root: &Root, options: SearchOptions| {
+        let service = Service::new("local", root.clone()).expect("service");
+        rt().block_on(service.query().search("quince", options))
+            .expect("search")
+    };
+    let skipped_ids = |page: &session_store::SearchPage| -> Vec<String> {
+        page.skipped
+            .iter()
+            .map(|s| s.session_id.to_string())
+            .collect()
+    };
+    // The search that fills the index, and the next one of the same process.
+    for _ in 0..2 {
+        let page = rt()
+            .block_on(service.query().search("quince", SearchOptions::default()))
+            .expect("search");
+        assert_eq!(at(&page.hits), [("kept".into(), 1)]);
+        assert_eq!(skipped_ids(&page), ["newer"]);
+        assert!(page.skipped[0].error.is_unsupported(), "{:?}", page.skipped);
+    }
+    // A later process: its first search catches up what the index holds nothing of.
+    let later = Root::open(root.path()).expect("root");
+    assert_eq!(
+        skipped_ids(&page_of(&later, SearchOptions::default())),
+        ["newer"]
+    );
+    let only = |name: &str| SearchOptions::default().with_session(id(name));
+    assert!(page_of(&later, only("kept")).skipped.is_empty());
+    assert_eq!(skipped_ids(&page_of(&later, only("newer"))), ["newer"]);
+    // The CLI names it on stderr and in the JSON.
+    let out = bin()
+        .arg("--root")
+        .arg(root.path())
+        .args(["search", "quince"])
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("skipped session newer"), "{stderr}");
+    // Readable again: indexed by the next process's first search and no longer named.
+    let conn =
+        rusqlite::Connection::open(root.path().join("newer/session.sqlite")).expect("sqlite");
+    conn.pragma_update(None, "user_version", version)
+        .expect("set user_version");
+    drop(conn);
+    let again = Root::open(root.path()).expect("root");
+    let page = page_of(&again, SearchOptions::default());
+    assert!(page.skipped.is_empty(), "{:?}", page.skipped);
+    assert_eq!(page.hits.len(), 2);
+}

@@ -281,6 +281,9 @@ struct RootInner {
     catalog: Catalog,
     /// The search index once opened (shared with the live sessions, which index drains).
     search: crate::store::search::IndexSlot,
+    /// The sessions the search index holds nothing of because their file could not be
+    /// read at its last fill or catch-up ([`Root::unsearchable`]).
+    unsearchable: std::sync::Mutex<Vec<SkippedSession>>,
     /// The last read of the folder a listing's first page used ([`Root::listing_scan`]).
     scans: scan_cache::ScanCache,
 }
@@ -515,6 +518,7 @@ impl Root {
             inner: Arc::new(RootInner {
                 catalog: Catalog::new(&path),
                 search: crate::store::search::IndexSlot::default(),
+                unsearchable: std::sync::Mutex::default(),
                 scans: scan_cache::ScanCache::default(),
                 path,
                 dir,

@@ -290,29 +290,38 @@ impl Root {
         };
         let indexed: std::collections::HashSet<SessionId> =
             indexed.into_iter().map(|(id, _)| id).collect();
-        scan.folders
+        let mut unreadable = Vec::new();
+        let count = scan
+            .folders
             .iter()
             .filter(|id| {
                 if !indexed.contains(*id) {
-                    return self.catch_up_unindexed(index, id);
+                    return match self.catch_up_unindexed(index, id) {
+                        Ok(took) => took,
+                        Err(error) => {
+                            unreadable.extend(unsearchable((*id).clone(), error));
+                            false
+                        }
+                    };
                 }
                 lock_record_stamp(self.dir_fd(), id)
                     .is_some_and(|stamp| self.catch_up_if_writer_died(index, id, stamp))
             })
-            .count()
+            .count();
+        self.set_unsearchable(unreadable);
+        count
     }
 
     /// Indexes session `id`, which the index holds nothing of, unless a writer holds it
     /// (a live writer indexes its own drains, and catches its session up at its first
-    /// drain after a search made the index). Returns whether the index took it. Best
-    /// effort: a session that cannot be read is left to a later call.
-    fn catch_up_unindexed(&self, index: &SearchIndex, id: &SessionId) -> bool {
+    /// drain after a search made the index). Returns whether the index took it, or why
+    /// the session could not be read (a later call tries again).
+    fn catch_up_unindexed(&self, index: &SearchIndex, id: &SessionId) -> Result<bool> {
         if lock::is_held(&self.session_dir(id).join(LOCK_FILE)).unwrap_or(true) {
-            return false;
+            return Ok(false);
         }
         self.open_reader(id)
             .and_then(|reader| index.catch_up(&reader))
-            .unwrap_or(false)
     }
 
     /// Catches session `id` up in the index when its last writer died: its `writer.lock`
@@ -409,7 +418,43 @@ impl Root {
     /// Indexes every session of the root into `index` (emptied first).
     fn fill(&self, index: &SearchIndex) -> Result<usize> {
         let ids = self.list_ids()?;
-        index.rebuild(ids.iter().map(|id| self.open_reader(id)), |_| {})
+        let mut unreadable = Vec::new();
+        let count = index.rebuild(
+            ids.into_iter().map(|id| {
+                let reader = self.open_reader(&id);
+                (id, reader)
+            }),
+            |session_id, error| unreadable.extend(unsearchable(session_id, error)),
+        )?;
+        self.set_unsearchable(unreadable);
+        Ok(count)
+    }
+
+    /// Records the sessions the search index holds nothing of because their file could
+    /// not be read (by a fill, or the catch-up of the sessions it holds nothing of), so
+    /// that each search names them ([`Root::unsearchable`]).
+    fn set_unsearchable(&self, sessions: Vec<SkippedSession>) {
+        *self
+            .inner
+            .unsearchable
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = sessions;
+    }
+
+    /// The sessions a search of `only` (every session when `None`) cannot answer for and
+    /// names in [`Searched::skipped`]: the index holds nothing of them, and their file
+    /// could not be read when this process last tried (a fill, or the first search's
+    /// catch-up). Such a session's messages were found by no search and named by none
+    /// (outside testing, session 40).
+    fn unsearchable(&self, only: Option<&SessionId>) -> Vec<SkippedSession> {
+        self.inner
+            .unsearchable
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .filter(|s| only.is_none_or(|id| *id == s.session_id))
+            .cloned()
+            .collect()
     }
 
     /// Rebuilds the search index from the session files (creating it when missing):
@@ -630,7 +675,7 @@ impl Root {
         });
         let mut messages: HashMap<(&SessionId, u64, u64), Arc<Message>> = HashMap::new();
         let mut gone: Vec<SessionId> = Vec::new();
-        let mut skipped: Vec<SkippedSession> = Vec::new();
+        let mut skipped = self.unsearchable(options.session.as_ref());
         for part in read {
             let (found, vanished, unreadable) = part?;
             messages.extend(found);
@@ -755,6 +800,17 @@ impl Root {
         };
         Ok((page, again))
     }
+}
+
+/// Session `id`, which the search index could not take for `error`, as a search names
+/// it ([`Root::unsearchable`]); `None` when it is no longer there (deleted meanwhile, a
+/// folder without a session file), as `list` passes over it, or when the error is the
+/// process's own ([`Error::is_exhaustion`]), not the session's.
+fn unsearchable(session_id: SessionId, error: Error) -> Option<SkippedSession> {
+    (!error.is_not_found() && !error.is_exhaustion()).then(|| SkippedSession {
+        session_id,
+        error: Arc::new(error),
+    })
 }
 
 /// The stamp of the `writer.lock` of session `id` (in the root folder `folder`) when it

@@ -640,18 +640,18 @@ impl SearchIndex {
     }
 
     /// Empties the index (dead FTS rows included), then indexes each session `readers`
-    /// yields and merges the FTS segments, all in one transaction on a connection of its own: searches meanwhile see
+    /// yields (its id and its reader) and merges the FTS segments, all in one transaction on a connection of its own: searches meanwhile see
     /// the previous index whole, and a drain's index write that cannot wait is caught up
     /// later. Returns how many sessions were indexed; a session that cannot be read is
-    /// passed to `skipped` and left out.
+    /// passed to `skipped` with its error and left out.
     ///
     /// # Errors
     /// SQLite errors of the index; a session's error that is the process's
     /// ([`Error::is_exhaustion`]), with the index left as it was.
     pub(crate) fn rebuild(
         &self,
-        readers: impl Iterator<Item = Result<SessionReader>>,
-        mut skipped: impl FnMut(Error),
+        readers: impl Iterator<Item = (SessionId, Result<SessionReader>)>,
+        mut skipped: impl FnMut(SessionId, Error),
     ) -> Result<usize> {
         let mut conn = open_index(&self.path)?;
         conn.busy_timeout(Duration::from_secs(5))?;
@@ -662,7 +662,7 @@ impl SearchIndex {
              INSERT INTO search_text (search_text) VALUES ('delete-all');",
         )?;
         let mut count = 0;
-        for reader in readers {
+        for (id, reader) in readers {
             let indexed = reader.and_then(|reader| {
                 let own = reader.own_changes(0)?;
                 let title = if own.titles.is_empty() {
@@ -681,7 +681,7 @@ impl SearchIndex {
                 // out) answered "no matches" for good. Nothing is kept; the next search
                 // fills it again.
                 Err(e) if e.is_exhaustion() => return Err(e),
-                Err(e) => skipped(e),
+                Err(e) => skipped(id, e),
             }
         }
         carry_titles(&tx, TitleScope::All)?;
