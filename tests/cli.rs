@@ -742,14 +742,19 @@ fn migrate_legacy_rebuild_catalog_and_demo() {
     );
     let first = sessions[0].as_str().expect("id");
     assert!(env.json(&["verify", first])["turns"].as_u64() > Some(0));
-    // Without --root, demo alone writes to ./session-store-demo.
+    // Without --root, demo alone writes to ./session-store-demo, also when
+    // $SESSION_STORE_ROOT names a root (a user's real one got the demo's sessions).
+    let real = env.path("real-root");
     let out = Command::new(BIN)
-        .arg("demo")
-        .env_remove("SESSION_STORE_ROOT")
+        .args(["--json", "demo"])
+        .env("SESSION_STORE_ROOT", &real)
         .current_dir(env.dir.path())
         .output()
         .expect("demo");
     assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(!real.exists(), "demo wrote into $SESSION_STORE_ROOT");
+    // One line of JSON, as every other command's --json.
+    assert_eq!(out.stdout.iter().filter(|b| **b == b'\n').count(), 1);
     assert!(
         env.path("session-store-demo")
             .join(first)

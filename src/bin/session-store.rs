@@ -5,8 +5,8 @@
 //! ```
 //!
 //! The root is `--root`, else `$SESSION_STORE_ROOT`, else the platform data dir
-//! (`$XDG_DATA_HOME/session-store`, `~/.local/share/session-store`); `demo` alone defaults
-//! to `./session-store-demo`. Human output by default, `--json` for machines; errors are
+//! (`$XDG_DATA_HOME/session-store`, `~/.local/share/session-store`); `demo` alone writes
+//! to `--root`, else `./session-store-demo`, whatever `$SESSION_STORE_ROOT` says. Human output by default, `--json` for machines; errors are
 //! one line on stderr. Exit status: 0 ok, 1 other error, 2 usage, 3 not found, 4 already
 //! exists, 5 owned by another writer, 6 invalid or corrupt input.
 
@@ -25,7 +25,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use cli::{CliResult, Context, Failure};
 
-/// Root used by `demo` when neither `--root` nor `$SESSION_STORE_ROOT` is given.
+/// Root used by `demo` without `--root` (`$SESSION_STORE_ROOT` is not read for it).
 const DEMO_ROOT: &str = "session-store-demo";
 
 /// Environment variable naming the root.
@@ -42,7 +42,8 @@ const DATA_DIR_NAME: &str = "session-store";
 #[command(name = "session-store", version, about, propagate_version = true)]
 struct Args {
     /// Root folder of sessions [default: $SESSION_STORE_ROOT, else the platform data dir,
-    /// e.g. ~/.local/share/session-store; for `demo`: ./session-store-demo]
+    /// e.g. ~/.local/share/session-store; for `demo`: ./session-store-demo, whatever
+    /// $SESSION_STORE_ROOT says]
     #[arg(long, global = true, value_name = "DIR")]
     root: Option<PathBuf>,
 
@@ -469,12 +470,16 @@ fn run(args: Args) -> CliResult<()> {
     cli::stdout_is_open()?;
     // A write past `ulimit -f` fails (and the command cleans up) instead of killing it.
     cli::interrupt::survive_file_size_limit()?;
-    let fallback: fn() -> CliResult<PathBuf> = match args.command {
-        Command::Demo => || Ok(PathBuf::from(DEMO_ROOT)),
-        _ => data_dir_root,
+    // `demo` writes into `--root` or ./session-store-demo, never into the root
+    // `$SESSION_STORE_ROOT` names: a user's real root got five demo sessions, and the
+    // README's next command (`--root session-store-demo serve`) found no root (outside
+    // testing, session 40).
+    let root = match args.command {
+        Command::Demo => args.root.unwrap_or_else(|| PathBuf::from(DEMO_ROOT)),
+        _ => resolve_root(args.root, data_dir_root)?,
     };
     let cx = Context {
-        root: resolve_root(args.root, fallback)?,
+        root,
         host: args.host,
         json: args.json,
     };

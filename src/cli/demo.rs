@@ -560,7 +560,7 @@ fn dir_bytes(dir: &Path) -> CliResult<u64> {
 /// Prints the summary as text or JSON on stdout.
 fn print_summary(summary: &Summary, json: bool) -> CliResult<()> {
     if json {
-        outln!("{}", serde_json::to_string_pretty(summary)?);
+        outln!("{}", serde_json::to_string(summary)?);
         return Ok(());
     }
     outln!(
