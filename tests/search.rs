@@ -2734,3 +2734,61 @@ fn a_session_neither_indexed_nor_readable_is_named_by_each_search() {
     assert!(page.skipped.is_empty(), "{:?}", page.skipped);
     assert_eq!(page.hits.len(), 2);
 }
+
+/// A delete that materialised a fork and was killed before it re-indexed it leaves the
+/// index holding that fork as it was (reading from the deleted session); a fork of that
+/// fork made afterwards reads the copied range from the first fork's own file, which the
+/// index held nothing of, so no search found the messages it inherits, also narrowed to
+/// it (outside testing T1, session 41: a SIGKILLed `delete`). Publishing a session now
+/// catches up its ancestors in the index too. Here the delete runs while the index file
+/// is moved aside, which leaves the index as the killed delete did.
+#[test]
+fn a_fork_of_a_fork_a_killed_delete_copied_into_finds_what_it_inherits() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("root");
+    {
+        let root = Root::open(&path).expect("root");
+        walrus_parent_and_narwhal_fork(&root);
+    }
+    let catalog = path.join(".catalog");
+    let aside = dir.path().join("index-aside");
+    std::fs::create_dir(&aside).expect("aside");
+    let files = [
+        "search.sqlite",
+        "search.sqlite-wal",
+        "search.sqlite-shm",
+        "search.sqlite-journal",
+    ];
+    let move_files = |from: &std::path::Path, to: &std::path::Path| {
+        for name in files {
+            if from.join(name).exists() {
+                std::fs::rename(from.join(name), to.join(name)).expect("move");
+            }
+        }
+    };
+    move_files(&catalog, &aside);
+    Root::open(&path)
+        .expect("root")
+        .delete(&id("parent"), &CancelToken::new())
+        .expect("delete");
+    move_files(&aside, &catalog);
+    Root::open(&path)
+        .expect("root")
+        .fork(
+            &id("child"),
+            ForkPoint::AfterTurn("t1".into()),
+            Some(id("grandchild")),
+        )
+        .expect("fork");
+    let later = Root::open(&path).expect("root");
+    let only = SearchOptions::default().with_session(id("grandchild"));
+    // Under the session whose file holds it, shared with the fork searched.
+    let hits = search_all(&later, "walrus", only);
+    assert_eq!(at(&hits), [("child".into(), 1)]);
+    let shared: Vec<String> = hits[0]
+        .shared_with
+        .iter()
+        .map(|r| r.session_id.to_string())
+        .collect();
+    assert_eq!(shared, ["grandchild"]);
+}

@@ -473,14 +473,23 @@ impl Root {
         }
     }
 
-    /// Brings a published session up to date in the search index, if the root has one.
-    /// Best effort: the index is derived, and a session it misses is caught up when next
-    /// opened for writing or by a rebuild.
+    /// Brings a published session up to date in the search index, if the root has one,
+    /// and the sessions it inherits from: one that a delete copied a range into and was
+    /// killed before it indexed it again is still held as reading that range from the
+    /// deleted session, so the messages a new fork of it inherits from its own file were
+    /// found by no search (outside testing T1, session 41); a catch-up sees that its
+    /// lineage changed and indexes it anew. Best effort: the index is derived, and a
+    /// session it misses is caught up when next opened for writing or by a rebuild.
     pub(crate) fn index_session(&self, id: &SessionId) {
         if let Some(index) = self.search_index()
             && let Ok(reader) = self.open_reader(id)
         {
             let _ = index.catch_up(&reader);
+            for entry in reader.lineage() {
+                if let Ok(ancestor) = self.open_reader(&entry.ancestor_id) {
+                    let _ = index.catch_up(&ancestor);
+                }
+            }
         }
     }
 
