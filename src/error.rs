@@ -20,6 +20,18 @@ pub struct WriterOwner {
 
 impl fmt::Display for WriterOwner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.generation == 0 {
+            // A provisional record: the lock's holder has no lease (a delete, which never
+            // takes one, or a writer still opening); "generation 0" read as a writer's.
+            return write!(
+                f,
+                "pid {} on host {} (holding the writer lock without a lease: a delete, or a \
+                 writer still opening; since {} UTC)",
+                self.pid,
+                self.host,
+                utc(self.since_ms)
+            );
+        }
         write!(
             f,
             "pid {} on host {} (generation {}, since {} UTC)",
@@ -745,6 +757,26 @@ impl From<rusqlite_migration::Error> for Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_owner_without_a_lease_is_not_shown_as_a_generation() {
+        let owner = |generation| WriterOwner {
+            owner_id: "o".into(),
+            host: "h".into(),
+            pid: 7,
+            generation,
+            since_ms: 0,
+        };
+        assert_eq!(
+            owner(3).to_string(),
+            "pid 7 on host h (generation 3, since 1970-01-01 00:00:00 UTC)"
+        );
+        assert_eq!(
+            owner(0).to_string(),
+            "pid 7 on host h (holding the writer lock without a lease: a delete, or a writer \
+             still opening; since 1970-01-01 00:00:00 UTC)"
+        );
+    }
 
     #[test]
     fn a_sqlite_error_gives_its_primary_and_extended_codes() {

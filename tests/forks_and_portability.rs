@@ -1424,3 +1424,57 @@ fn a_fork_refuses_a_parent_of_a_newer_version_or_with_foreign_objects() {
     assert_eq!(reader.commits(0, 100).unwrap().len(), 1);
     session_store::verify_file(&child_file).expect("verify of the fork");
 }
+
+/// A delete of the parent that does not finish (stopped, or copying a large session into
+/// many forks) holds the parent's `dependents.lock`: a fork or a rewind of it waited
+/// without limit and printed nothing (outside testing T2, session 41). Each is refused
+/// after a bounded wait as `WriterOwned` naming the parent, nothing published, and
+/// succeeds once the lock is let go. The holder is a real `flock(1)` process.
+#[test]
+fn a_fork_during_a_delete_that_does_not_finish_is_refused_naming_the_parent() {
+    let (_dir, root) = temp_root();
+    let parent = create(&root, "parent");
+    parent.append(turn("a", "turn-a", "message-a")).unwrap();
+    parent.append(turn("b", "turn-b", "message-b")).unwrap();
+    parent.close().unwrap();
+    let lock = root.path().join("parent").join("dependents.lock");
+    let mut holder = std::process::Command::new("flock")
+        .arg("--no-fork")
+        .arg("--exclusive")
+        .arg(&lock)
+        .args(["sleep", "600"])
+        .spawn()
+        .expect("run flock");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock)
+            .expect("open lock");
+        match file.try_lock_shared() {
+            Err(std::fs::TryLockError::WouldBlock) => break,
+            _ => assert!(std::time::Instant::now() < deadline, "flock never took it"),
+        }
+        drop(file);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for (point, name) in [(after("turn-a"), "forked"), (before("turn-b"), "rewound")] {
+        let started = std::time::Instant::now();
+        let refused = root.fork(&id("parent"), point, Some(id(name))).unwrap_err();
+        assert!(refused.is_writer_owned(), "{refused:?}");
+        assert!(refused.to_string().contains("session parent"), "{refused}");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(!root.path().join(name).exists());
+    }
+    holder.kill().expect("kill flock");
+    holder.wait().expect("wait flock");
+    root.fork(&id("parent"), after("turn-a"), Some(id("forked")))
+        .expect("fork once the delete let go");
+}

@@ -12,6 +12,11 @@ use crate::session::live::Session;
 use crate::store::lineage::{record_dependent, write_lineage};
 use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock, WriterLock};
 use crate::store::reader::SessionReader;
+
+/// How long a fork waits for a delete of a session it would read from: a delete copying
+/// a large session into its forks, or one stopped, made a fork (and a rewind) wait
+/// without limit and without a word (outside testing T2, session 41).
+const DELETE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 use crate::store::schema::{CODEC, SESSION_FILE};
 use crate::store::write;
 
@@ -87,7 +92,10 @@ impl Root {
     /// turn open or an interaction pending; [`Error::SessionExists`] for a taken child id
     /// ([`Error::InTheWay`] when no session takes it);
     /// [`Error::SessionNotFound`] for a parent that is not there, also one deleted while
-    /// the fork is made (then nothing is published); [`Error::Corrupt`] naming the parent
+    /// the fork is made (then nothing is published); [`Error::WriterOwned`] naming a
+    /// session the child would read from and the holder of its writer lock when a delete
+    /// of it has not finished within 2 s (it waited for the delete without limit, and
+    /// said nothing); [`Error::Corrupt`] naming the parent
     /// when a file holding part of the range the child would inherit is missing, or the
     /// commit it cuts at does not check out (its row hash, its events against its
     /// operation hash): nothing is written.
@@ -256,12 +264,20 @@ impl Root {
         let mut _guards = Vec::with_capacity(recorded.len());
         for (ancestor, through) in &recorded {
             let dir = self.existing_dir(ancestor)?;
-            let guard = DependentsLock::shared(&dir.join(DEPENDENTS_LOCK_FILE));
+            let guard = DependentsLock::shared_within(&dir.join(DEPENDENTS_LOCK_FILE), DELETE_WAIT);
             // A delete that took the lock first has moved the folder away meanwhile.
             if session_file_gone(&dir) {
                 return Err(Error::SessionNotFound(ancestor.to_string()));
             }
-            _guards.push(guard?);
+            let Some(guard) = guard? else {
+                // A delete still copying the session into its forks (or stopped): named
+                // as the holder of its writer lock, as a writer open names it.
+                return Err(Error::WriterOwned {
+                    session: ancestor.to_string(),
+                    owner: self.current_owner(&dir)?,
+                });
+            };
+            _guards.push(guard);
             record_dependent(&dir.join(SESSION_FILE), child.as_str(), *through)?;
         }
         let header = Header {

@@ -283,12 +283,23 @@ pub(crate) struct DependentsLock {
 }
 
 impl DependentsLock {
-    /// Takes the shared lock, waiting for a delete in progress to finish.
-    pub(crate) fn shared(path: &Path) -> Result<DependentsLock> {
+    /// Takes the shared lock, waiting up to `wait` for a delete in progress to finish:
+    /// `None` when the delete still holds it then.
+    pub(crate) fn shared_within(path: &Path, wait: Duration) -> Result<Option<DependentsLock>> {
         let file = open_lock_file(path)?;
-        file.lock_shared()
-            .map_err(|e| Error::io(format!("lock {}", path.display()), e))?;
-        Ok(DependentsLock { _file: file })
+        let deadline = std::time::Instant::now() + wait;
+        loop {
+            match file.try_lock_shared() {
+                Ok(()) => return Ok(Some(DependentsLock { _file: file })),
+                Err(TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(POLL);
+                }
+                Err(TryLockError::WouldBlock) => return Ok(None),
+                Err(TryLockError::Error(e)) => {
+                    return Err(Error::io(format!("lock {}", path.display()), e));
+                }
+            }
+        }
     }
 
     /// Takes the exclusive lock, waiting for forks in progress until `cancel` fires.
