@@ -607,8 +607,16 @@ fn words(text: &str) -> impl Iterator<Item = (Range<usize>, String)> + '_ {
     })
 }
 
+/// The most text of one message that is indexed (and searched for a snippet): its first
+/// MiB, cut after the last whole word. FTS5 holds a row's terms in memory until the row is
+/// written: a 50 MB tool output of distinct words took 24 s and 808 MB to index, at the
+/// first search of the root and at each `import`, fork `delete` or `rebuild-catalog` that
+/// indexed it again (outside testing H2, session 41); 1 MB takes about 0.15 s and 34 MB.
+pub(crate) const MAX_INDEXED_TEXT: usize = 1 << 20;
+
 /// Text to search of a message: the string values of its `content` (or `raw_content`)
-/// and of its `tool_calls`, at any depth, except ids, types and encoded data; one per line.
+/// and of its `tool_calls`, at any depth, except ids, types and encoded data; one per line;
+/// at most [`MAX_INDEXED_TEXT`] bytes.
 /// A Responses-API item (what openai-agents stores: no `content` for a tool call or its
 /// output) adds the fields that hold what was done ([`item_fields`]).
 pub(crate) fn message_text(message: &Message) -> String {
@@ -619,8 +627,9 @@ pub(crate) fn message_text(message: &Message) -> String {
     let values = [content, fields.get("tool_calls")]
         .into_iter()
         .chain(item.iter().map(|k| fields.get(*k)));
+    let mut full = false;
     for value in values.flatten() {
-        strings(value, &mut out);
+        strings(value, &mut out, &mut full);
     }
     out
 }
@@ -637,20 +646,46 @@ fn item_fields(item_type: Option<&str>) -> &'static [&'static str] {
     }
 }
 
-fn strings(value: &Value, out: &mut String) {
+fn strings(value: &Value, out: &mut String, full: &mut bool) {
+    if *full {
+        return;
+    }
     match value {
         Value::String(s) => {
+            let room = MAX_INDEXED_TEXT.saturating_sub(out.len() + 1);
+            let kept = within_limit(s, room);
+            *full = kept.len() < s.len();
             if !out.is_empty() {
                 out.push('\n');
             }
-            out.push_str(s);
+            out.push_str(kept);
         }
-        Value::Array(items) => items.iter().for_each(|v| strings(v, out)),
+        Value::Array(items) => items.iter().for_each(|v| strings(v, out, full)),
         Value::Object(map) => map
             .iter()
             .filter(|(k, _)| !SKIPPED_KEYS.contains(&k.as_str()))
-            .for_each(|(_, v)| strings(v, out)),
+            .for_each(|(_, v)| strings(v, out, full)),
         _ => {}
+    }
+}
+
+/// The longest start of `s` of at most `limit` bytes that ends after a whole word (a cut
+/// word would be indexed as another, shorter one): cut at its last white space in the
+/// last 64 bytes; a word of over 64 bytes is cut at a character boundary, a shorter one
+/// that is all the room holds is left out.
+fn within_limit(s: &str, limit: usize) -> &str {
+    if s.len() <= limit {
+        return s;
+    }
+    let mut end = limit;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    let floor = end.saturating_sub(64);
+    match s[floor..end].rfind(char::is_whitespace) {
+        Some(at) => &s[..floor + at],
+        None if floor == 0 => "",
+        None => &s[..end],
     }
 }
 
@@ -1051,6 +1086,28 @@ mod tests {
         );
         assert!(s.text.starts_with("…w77 "), "{}", s.text);
         assert!(s.marked("[", "]").ends_with("w99 [needle]"), "{}", s.text);
+    }
+
+    #[test]
+    fn message_text_is_cut_after_a_whole_word_at_its_limit() {
+        let word = "abcdefg ";
+        let long = word.repeat(MAX_INDEXED_TEXT / word.len() + 100);
+        let m = Message::from_value(&serde_json::json!({
+            "id": "m", "role": "tool", "content": [long.clone(), "after the limit"]
+        }))
+        .expect("message");
+        let text = message_text(&m);
+        assert!(text.len() <= MAX_INDEXED_TEXT, "{}", text.len());
+        assert!(text.len() > MAX_INDEXED_TEXT - 64, "{}", text.len());
+        assert!(text.ends_with("abcdefg"), "{:?}", &text[text.len() - 16..]);
+        assert!(!text.contains("after"));
+        // A word longer than the margin is cut at a character boundary, a word the
+        // room cannot hold is left out.
+        let long_word = "é".repeat(100);
+        assert_eq!(within_limit(&long_word, 81), "é".repeat(40));
+        assert_eq!(within_limit("abcdef", 3), "");
+        assert_eq!(within_limit("ab cd", 4), "ab");
+        assert_eq!(within_limit("ab", 4), "ab");
     }
 
     #[test]
