@@ -1478,3 +1478,39 @@ fn a_fork_during_a_delete_that_does_not_finish_is_refused_naming_the_parent() {
     root.fork(&id("parent"), after("turn-a"), Some(id("forked")))
         .expect("fork once the delete let go");
 }
+
+/// A fork whose lineage names itself (damage: a session cannot inherit from its own file)
+/// read as an empty session (`history` exit 0, "no messages") while other reads called it
+/// corrupt, and with a `dependents` row naming itself too, its delete refused for good,
+/// "child is kept, as child inherits from it" (outside testing H3, session 41). Every read
+/// now refuses it as corrupt, naming it, and a delete removes it.
+#[test]
+fn a_fork_naming_itself_in_its_lineage_is_corrupt_and_can_be_deleted() {
+    let (_dir, root) = temp_root();
+    let parent = create(&root, "parent");
+    parent.append(turn("a", "turn-a", "message-a")).unwrap();
+    parent.close().unwrap();
+    root.fork(&id("parent"), after("turn-a"), Some(id("child")))
+        .unwrap();
+    let file = root.path().join("child").join("session.sqlite");
+    let conn = rusqlite::Connection::open(&file).unwrap();
+    conn.execute_batch(
+        "UPDATE lineage SET ancestor_id = 'child';
+         INSERT INTO dependents (child_id, through_seq) VALUES ('child', 3);",
+    )
+    .unwrap();
+    drop(conn);
+    let refused = root.open_reader(&id("child")).unwrap_err();
+    assert!(refused.is_corrupt(), "{refused:?}");
+    assert!(
+        refused
+            .to_string()
+            .contains("session child names itself in its lineage"),
+        "{refused}"
+    );
+    assert!(root.verify(&id("child")).is_err());
+    root.delete(&id("child"), &CancelToken::new())
+        .expect("delete a session naming itself");
+    assert!(root.open_reader(&id("child")).unwrap_err().is_not_found());
+    root.verify(&id("parent")).expect("the parent is sound");
+}

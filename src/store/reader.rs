@@ -441,6 +441,16 @@ fn build_layout(
         if entry.after_seq < covered {
             return Err(Error::corrupt("lineage ranges overlap"));
         }
+        // Its own file is not where a range it inherits comes from: such a session read
+        // as an empty one (`history` exit 0, "no messages"; outside testing H3).
+        if entry.ancestor_id == header.session_id {
+            return Err(Error::corrupt(format!(
+                "session {} names itself in its lineage (sequences {}..={})",
+                header.session_id,
+                entry.after_seq + 1,
+                entry.through_seq
+            )));
+        }
         if entry.after_seq > covered {
             segments.push(own_segment(covered, entry.after_seq));
         }
