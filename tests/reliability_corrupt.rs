@@ -688,26 +688,39 @@ fn verify_notes_a_checkpoint_that_does_not_check_out() {
     let file = root.session_dir(&id("sample")).join("session.sqlite");
     assert!(root.verify(&id("sample")).unwrap().notes.is_empty());
     let conn = rusqlite::Connection::open(&file).unwrap();
-    let through: i64 = conn
-        .query_row("SELECT through_seq FROM checkpoint", [], |r| r.get(0))
+    let (through, digest): (i64, String) = conn
+        .query_row("SELECT through_seq, digest FROM checkpoint", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
         .unwrap();
     conn.execute("UPDATE checkpoint SET digest = 'not the digest'", [])
         .unwrap();
+    let noted = |through: i64| {
+        let notes = [
+            root.verify(&id("sample")).unwrap().notes,
+            session_store::verify_file(&file).unwrap().notes,
+            replay_file(&file).unwrap().notes,
+        ];
+        for notes in notes {
+            assert_eq!(notes.len(), 1, "{notes:?}");
+            assert!(
+                notes[0].contains(&format!(
+                    "the projection checkpoint at sequence {through} does not check out"
+                )),
+                "{notes:?}"
+            );
+        }
+    };
+    noted(through);
+    // Its digest whole again, but past the end of the log (it was ignored without a
+    // note: outside testing H4).
+    conn.execute(
+        "UPDATE checkpoint SET digest = ?1, through_seq = ?2",
+        rusqlite::params![digest, i64::MAX],
+    )
+    .unwrap();
+    noted(i64::MAX);
     drop(conn);
-    let notes = [
-        root.verify(&id("sample")).unwrap().notes,
-        session_store::verify_file(&file).unwrap().notes,
-        replay_file(&file).unwrap().notes,
-    ];
-    for notes in notes {
-        assert_eq!(notes.len(), 1, "{notes:?}");
-        assert!(
-            notes[0].contains(&format!(
-                "the projection checkpoint at sequence {through} does not check out"
-            )),
-            "{notes:?}"
-        );
-    }
 }
 
 /// A checkpoint edited with its digest made again (the digest is unkeyed XXH3: it notices
