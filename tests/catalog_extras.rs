@@ -1483,6 +1483,7 @@ fn gc_does_what_its_dry_run_says_when_a_fork_sorts_before_its_parent() {
 /// of 10,001 bytes) or a creation time of `i64::MAX` was imported, exit 0; the last was
 /// then on no page of `list --sort created` (outside testing D7, session 37). Refused
 /// naming the header, nothing published; `--cwd` gives such an export a cwd of its own.
+/// `verify` of such a file notes what import refuses.
 #[test]
 fn import_refuses_a_header_that_create_would_refuse() {
     let (dir, root) = temp_cli_root();
@@ -1513,6 +1514,14 @@ fn import_refuses_a_header_that_create_would_refuse() {
             "{err}"
         );
         assert!(!root.join(&id).exists(), "{id} was published");
+        // `verify` of the file calls it sound (a header is read as it is) and says that
+        // import refuses it (it said nothing: outside testing H5, session 41).
+        let verified = json_of(&root, &["verify", path]);
+        let notes = verified["notes"].to_string();
+        assert!(
+            notes.contains(said) && notes.contains("import"),
+            "{verified}"
+        );
         if column == "cwd" {
             ok(&root, &["import", path, "--id", &id, "--cwd", "/elsewhere"]);
         }

@@ -76,7 +76,27 @@ pub struct Header {
 /// path the operating system takes.
 pub(crate) const MAX_CWD_BYTES: usize = 4096;
 
+/// The last millisecond of year 9999: the latest creation time an import takes (a header
+/// of `i64::MAX` was imported, and the session was then on no page of `list --sort created`
+/// or `--sort updated`, whose keys it passed).
+const MAX_CREATED_AT_MS: i64 = 253_402_300_799_999;
+
 impl Header {
+    /// Checks a header's creation time as `import` takes it: a time of years 1970-9999.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] saying what the time is.
+    pub(crate) fn check_created_at(&self) -> Result<()> {
+        if (0..=MAX_CREATED_AT_MS).contains(&self.created_at_ms) {
+            return Ok(());
+        }
+        Err(Error::invalid(format!(
+            "the file's header has a creation time of {} ms since 1970, not a time of years \
+             1970-9999",
+            self.created_at_ms
+        )))
+    }
+
     /// Checks a working directory given for a new or imported session: not empty (leave
     /// it out instead), at most [`MAX_CWD_BYTES`] long (no longer path can be a working
     /// directory) and without a NUL byte (no path holds one). Headers already written are

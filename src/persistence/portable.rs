@@ -18,11 +18,6 @@ use crate::store::reader::SessionReader;
 use crate::store::schema::{self, Access};
 use crate::store::write::{self, Accepted};
 
-/// The last millisecond of year 9999: the latest creation time an import takes (a header
-/// of `i64::MAX` was imported, and the session was then on no page of `list --sort created`
-/// or `--sort updated`, whose keys it passed).
-const MAX_CREATED_AT_MS: i64 = 253_402_300_799_999;
-
 /// Commits inserted per statement batch while copying a log.
 const COPY_BATCH: usize = 256;
 
@@ -371,13 +366,7 @@ impl Root {
                 other => other,
             })?;
         }
-        if !(0..=MAX_CREATED_AT_MS).contains(&header.created_at_ms) {
-            return Err(Error::invalid(format!(
-                "the file's header has a creation time of {} ms since 1970, not a time of \
-                 years 1970-9999",
-                header.created_at_ms
-            )));
-        }
+        header.check_created_at()?;
         header.origin = options.origin.unwrap_or(Origin::CanonicalImport);
         // A fork's export imported under its parent's id named itself as its own parent
         // (`show`: "parent X", in the root).

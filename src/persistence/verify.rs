@@ -371,7 +371,7 @@ fn validate_target(
     }
     // One that does not check out is ignored by every open (derived data), so the log is
     // sound; said, since something changed the file (it was ignored in silence).
-    let notes = reader
+    let mut notes: Vec<String> = reader
         .ignored_checkpoint(durable)
         .map(|seq| {
             format!(
@@ -382,6 +382,19 @@ fn validate_target(
         })
         .into_iter()
         .collect();
+    // A header read as it is (an earlier build may have written it) that `import` refuses:
+    // said, as the file was called sound and its import then refused (outside testing H5).
+    let header = reader.header();
+    if let Err(Error::InvalidInput { what, .. }) = header.check_created_at() {
+        notes.push(format!("{what}: import refuses it"));
+    }
+    if let Some(Err(Error::InvalidInput { what, .. })) =
+        header.cwd.as_deref().map(Header::check_cwd)
+    {
+        notes.push(format!(
+            "the header's cwd: {what}: import takes the file only with a cwd of its own (--cwd)"
+        ));
+    }
     let verified = Verified {
         header: reader.header().clone(),
         commits,
