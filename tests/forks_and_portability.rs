@@ -1514,3 +1514,31 @@ fn a_fork_naming_itself_in_its_lineage_is_corrupt_and_can_be_deleted() {
     assert!(root.open_reader(&id("child")).unwrap_err().is_not_found());
     root.verify(&id("parent")).expect("the parent is sound");
 }
+
+/// A turn row planted past the end of the log (a damaged turn index, starting right after
+/// the last event): a fork after it was refused, but a rewind before it made a session
+/// inheriting the whole log, exit 0
+/// (outside testing H6, session 41). Both are refused as corrupt, naming the turn.
+#[test]
+fn a_turn_row_past_the_log_is_refused_by_fork_and_rewind() {
+    let (_dir, root) = temp_root();
+    let parent = create(&root, "parent");
+    parent.append(turn("a", "turn-a", "message-a")).unwrap();
+    parent.close().unwrap();
+    let file = root.path().join("parent").join("session.sqlite");
+    let conn = rusqlite::Connection::open(&file).unwrap();
+    conn.execute_batch(
+        "INSERT INTO turns (start_seq, turn_id, end_seq, boundary_seq, status, fork_safe,
+             rewind_safe)
+         SELECT (SELECT max(end_seq) FROM turns) + 1, 'ghost', 4611686018427387905,
+             4611686018427387905, status, fork_safe, rewind_safe FROM turns LIMIT 1;",
+    )
+    .unwrap_or_else(|e| panic!("plant: {e}"));
+    drop(conn);
+    for (point, name) in [(after("ghost"), "forked"), (before("ghost"), "rewound")] {
+        let refused = root.fork(&id("parent"), point, Some(id(name))).unwrap_err();
+        assert!(refused.is_corrupt(), "{refused:?}");
+        assert!(refused.to_string().contains("\"ghost\""), "{refused}");
+        assert!(!root.path().join(name).exists());
+    }
+}

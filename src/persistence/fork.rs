@@ -204,7 +204,21 @@ impl Root {
         // flushed yet is not there ("not found in PARENT" alone sent the caller looking for
         // a typo in a turn id its writer had just appended).
         let turn = match reader.turn(turn_id)? {
-            Some(turn) => turn,
+            Some(turn) => {
+                // A turn row past the log is damage (a writer records a turn with the
+                // commit that ends it): a rewind before it inherited the whole log, exit 0
+                // (outside testing H6).
+                let durable = reader.durable_sequence()?;
+                if turn.end_sequence > durable {
+                    return Err(Error::corrupt(format!(
+                        "turn {} of {parent} ends at sequence {} in its turn index, past the \
+                         end of its log ({durable}): the turn index is damaged",
+                        crate::error::quoted(turn_id),
+                        turn.end_sequence
+                    )));
+                }
+                turn
+            }
             None => open_turn(&reader, parent, turn_id, point)?,
         };
         let cut = match point {
