@@ -886,18 +886,16 @@ fn a_fork_whose_parent_holds_less_than_its_range_fails_verify() {
     };
     assert!(refused.is_corrupt(), "{refused:?}");
     assert!(refused.to_string().contains("lineage range"), "{refused}");
-    // A lineage row naming the session itself is the same: it holds none of that range.
+    // A lineage row naming the session itself holds none of that range either: refused
+    // as the reader opens (session 41: its first read refused it, but `history` read it
+    // as an empty session).
     let conn = rusqlite::Connection::open(child.join("session.sqlite")).unwrap();
     conn.execute("UPDATE lineage SET ancestor_id = 'child'", [])
         .unwrap();
     drop(conn);
-    let e = root
-        .open_reader(&id("child"))
-        .unwrap()
-        .commits(0, 1000)
-        .unwrap_err();
+    let e = root.open_reader(&id("child")).map(drop).unwrap_err();
     assert!(e.is_corrupt(), "{e:?}");
-    assert!(e.to_string().contains("from child"), "{e}");
+    assert!(e.to_string().contains("names itself in its lineage"), "{e}");
 }
 
 /// A lease or dependents row that does not decode (a negative pid, a negative sequence)
