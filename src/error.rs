@@ -16,10 +16,25 @@ pub struct WriterOwner {
     pub generation: u64,
     /// When the owner took the lease, milliseconds since the Unix epoch.
     pub since_ms: i64,
+    /// What the holder holds the lock for when it is no writer and takes no lease:
+    /// `"delete"` while a delete (also `gc`'s) copies the session into its forks and
+    /// removes it; `None` for a writer. Not written for a writer, so an earlier build
+    /// reads every record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holding_for: Option<String>,
 }
 
 impl fmt::Display for WriterOwner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(what) = &self.holding_for {
+            return write!(
+                f,
+                "pid {} on host {} (a {what} in progress, since {} UTC)",
+                self.pid,
+                self.host,
+                utc(self.since_ms)
+            );
+        }
         if self.generation == 0 {
             // A provisional record: the lock's holder has no lease (a delete, which never
             // takes one, or a writer still opening); "generation 0" read as a writer's.
@@ -766,6 +781,7 @@ mod tests {
             pid: 7,
             generation,
             since_ms: 0,
+            holding_for: None,
         };
         assert_eq!(
             owner(3).to_string(),
@@ -775,6 +791,14 @@ mod tests {
             owner(0).to_string(),
             "pid 7 on host h (holding the writer lock without a lease: a delete, or a writer \
              still opening; since 1970-01-01 00:00:00 UTC)"
+        );
+        let deleting = WriterOwner {
+            holding_for: Some("delete".into()),
+            ..owner(0)
+        };
+        assert_eq!(
+            deleting.to_string(),
+            "pid 7 on host h (a delete in progress, since 1970-01-01 00:00:00 UTC)"
         );
     }
 

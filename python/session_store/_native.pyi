@@ -68,7 +68,9 @@ class WriterOwned(SessionStoreError):
     """Another writer owns the session."""
 
     owner: dict[str, Any]
-    """``{"owner_id", "host", "pid", "generation", "since_ms"}`` of the holder."""
+    """``{"owner_id", "host", "pid", "generation", "since_ms", "holding_for"}`` of the
+    holder (``holding_for`` is ``"delete"`` while a delete holds the session, else
+    ``None``)."""
 
 class UnsupportedVersion(SessionStoreError):
     """A file, schema or required event kind newer than this build understands."""

@@ -428,10 +428,17 @@ class SessionStoreSession:
         """:meth:`pop_item`, blocking."""
         self._check_open()
         with self._lock:
+            # No item: nothing to pop, and no session made or writer lock taken for it.
+            if not self._messages(None):
+                return None
+            writer = self._open_writer()
+            # Read again once this process holds the writer: a read made before it let
+            # another process add or pop meanwhile, and the replace then dropped the item
+            # it added (its add_items had returned) or popped one item twice (outside
+            # testing P1, session 41).
             messages = self._messages(None)
             if not messages:
                 return None
-            writer = self._open_writer()
             self._replace(writer, messages[:-1])
             return _to_item(messages[-1])
 

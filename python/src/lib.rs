@@ -41,7 +41,7 @@ create_exception!(
     session_store,
     WriterOwned,
     SessionStoreError,
-    "Another writer owns the session; `owner` is a dict (owner_id, host, pid, generation, since_ms)."
+    "Another writer owns the session; `owner` is a dict (owner_id, host, pid, generation, since_ms, holding_for: \"delete\" while a delete holds it, else None)."
 );
 create_exception!(
     session_store,
@@ -306,6 +306,7 @@ fn writer_owned(py: Python<'_>, msg: String, owner: &session_store::WriterOwner)
         .and_then(|()| dict.set_item("pid", owner.pid))
         .and_then(|()| dict.set_item("generation", owner.generation))
         .and_then(|()| dict.set_item("since_ms", owner.since_ms))
+        .and_then(|()| dict.set_item("holding_for", owner.holding_for.as_deref()))
         .and_then(|()| err.value(py).setattr("owner", dict));
     match filled {
         Ok(()) => err,

@@ -92,6 +92,35 @@ def test_get_items_over_many_pages(root):
     run(main())
 
 
+def test_a_pop_reads_the_items_once_it_holds_the_writer(root, monkeypatch):
+    # Another process adds an item after the pop looked for items and before it took the
+    # writer: the pop read the items before that and its replace dropped the added item
+    # (its add_items had returned), and two pops at once both returned one item (outside
+    # testing P1, session 41). The pop now reads again under the writer.
+    s = SessionStoreSession("conv", root)
+    s.add_items_sync([user("one"), user("two")])
+    s.close()
+    other = (
+        "import sys\n"
+        "from session_store.agents import SessionStoreSession\n"
+        "s = SessionStoreSession('conv', sys.argv[1])\n"
+        "s.add_items_sync([{'role': 'user', 'content': 'from the other process'}])\n"
+        "s.close()\n"
+    )
+    opened = SessionStoreSession._open_writer
+
+    def open_after_the_other_process(self):
+        run_script(other, root.path)
+        return opened(self)
+
+    monkeypatch.setattr(SessionStoreSession, "_open_writer", open_after_the_other_process)
+    s = SessionStoreSession("conv", root)
+    assert s.pop_item_sync() == user("from the other process")
+    monkeypatch.setattr(SessionStoreSession, "_open_writer", opened)
+    assert s.get_items_sync() == [user("one"), user("two")]
+    s.close()
+
+
 def test_pop_on_empty_pop_and_clear_then_add(root):
     async def main():
         s = SessionStoreSession("p", root)

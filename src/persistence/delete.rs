@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use crate::cancel::CancelToken;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, WriterOwner};
 use crate::model::SessionId;
 use crate::model::ids::random_hex;
 use crate::persistence::{
@@ -51,9 +51,14 @@ impl Root {
         // its lock files are gone then, and so is the session.
         let gone = |e| gone_or(id, &dir, e);
         let mut lock = WriterLock::acquire(&dir.join(LOCK_FILE), cancel).map_err(gone)?;
-        // A writer refused meanwhile names this process, not the session's last writer
-        // (best effort: the record is only what the refusal says).
-        let _ = lock.record_owner(&self.provisional_owner());
+        // A writer, fork or delete refused meanwhile names this process as a delete, not
+        // the session's last writer, at once: a record that says so is final (a
+        // provisional one was waited for 2 s, then shown as "generation 0"; outside
+        // testing T2, session 41). Best effort: the record is only what a refusal says.
+        let _ = lock.record_owner(&WriterOwner {
+            holding_for: Some("delete".to_owned()),
+            ..self.provisional_owner()
+        });
         let forks =
             DependentsLock::exclusive(&dir.join(DEPENDENTS_LOCK_FILE), cancel).map_err(gone)?;
         let file = dir.join(SESSION_FILE);

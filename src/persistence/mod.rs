@@ -964,6 +964,7 @@ impl Root {
             pid: std::process::id(),
             generation: 0,
             since_ms: now_ms(),
+            holding_for: None,
         }
     }
 

@@ -262,7 +262,8 @@ pub(crate) fn recorded_owner(path: &Path) -> Option<WriterOwner> {
         if let (Ok(_), Ok(owner)) = (read, serde_json::from_str::<WriterOwner>(&text))
             && process_alive(owner.pid)
         {
-            if owner.generation > 0 {
+            // A writer's record once its lease is committed; a delete's at once.
+            if owner.generation > 0 || owner.holding_for.is_some() {
                 return Some(owner);
             }
             provisional = Some(owner);

@@ -995,6 +995,7 @@ pub(crate) fn read_lease(conn: &Connection) -> Result<WriterOwner> {
                 pid: r.get(2)?,
                 generation: r.get(3)?,
                 since_ms: r.get(4)?,
+                holding_for: None,
             })
         },
     )
