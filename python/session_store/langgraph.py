@@ -70,7 +70,7 @@ import random
 import re
 import threading
 import weakref
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 from . import (
@@ -630,9 +630,18 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
 
     # Writing.
 
-    def _commit(self, thread_id: str, events: builtins.list[tuple[str, Any]]) -> None:
-        """One durable turn holding these optional ``(kind, payload)`` events (the writer
-        opened at first use)."""
+    def _commit(
+        self,
+        thread_id: str,
+        events_of: Callable[[], builtins.list[tuple[str, Any]]],
+    ) -> None:
+        """One durable turn holding the optional ``(kind, payload)`` events that
+        ``events_of`` gives, called once the writer is held (opened at first use) and under
+        the saver's lock: what they name of the thread's log (a list's base) is read from
+        the session this commit goes into. Built before the writer was opened, a put raced
+        by another process's ``delete_thread`` named a base the thread made again by the
+        put did not hold, and no other saver could read the checkpoint (outside testing
+        P2, session 41)."""
         # The append under the saver's lock: a writer share let go here (below) is never
         # one another thread of this saver is appending through.
         with self._lock:
@@ -656,17 +665,6 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
             else:
                 self._writers.move_to_end(thread_id)
             named: _Thread | None = None
-            if _HASHED.fullmatch(session_id_of(thread_id)):
-                # Its session id does not give the thread id back: the log names it, in the
-                # first commit of a new thread or of a copy (whose log named its source).
-                # Saves from background threads run before the first commit is durable:
-                # the index is told at once, so one commit names it (not each of those).
-                model = self._thread(thread_id)
-                if model is None or model.thread != thread_id:
-                    events = [(_THREAD, {"id": thread_id}), *events]
-                    if model is None:
-                        model = self._threads[thread_id] = _Thread()
-                    named = model
             with shared.lock:
                 if shared.session is None:
                     sid = session_id_of(thread_id)
@@ -675,6 +673,19 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                     except NotFound:
                         shared.session = self.root.create(sid)
                 writer = shared.session
+                events = events_of()
+                if _HASHED.fullmatch(session_id_of(thread_id)):
+                    # Its session id does not give the thread id back: the log names it, in
+                    # the first commit of a new thread or of a copy (whose log named its
+                    # source). Saves from background threads run before the first commit
+                    # is durable: the index is told at once, so one commit names it (not
+                    # each of those).
+                    model = self._thread(thread_id)
+                    if model is None or model.thread != thread_id:
+                        events = [(_THREAD, {"id": thread_id}), *events]
+                        if model is None:
+                            model = self._threads[thread_id] = _Thread()
+                        named = model
                 first = writer.sequences()[0] + 1
                 batch = {
                     "operation_id": f"langgraph-{first}",
@@ -746,10 +757,20 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         c = checkpoint.copy()
         values: dict[str, Any] = c.pop("channel_values")  # type: ignore[misc]
         names: list[list[Any]] = []
-        events: list[tuple[str, Any]] = []
         lists: builtins.list[_ListForm | None] = []
-        with self._lock:
+        stored = {
+            "ns": ns,
+            "id": checkpoint["id"],
+            "parent": config["configurable"].get("checkpoint_id"),
+            "checkpoint": _encode(self.serde.dumps_typed(c)),
+            "metadata": _encode(self.serde.dumps_typed(get_checkpoint_metadata(config, metadata))),
+            "values": names,
+        }
+
+        def events_of() -> builtins.list[tuple[str, Any]]:
+            # Under the writer: the session is the one the commit goes into.
             self._current(thread_id)  # no list base from an earlier session of the thread
+            events: builtins.list[tuple[str, Any]] = []
             for channel, version in new_versions.items():
                 if channel in values:
                     base, value, form = self._stored_value(
@@ -758,22 +779,10 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                     names.append([channel, version, base])
                     events.append((_VALUE, value))
                     lists.append(form)
-        events.append(
-            (
-                _CHECKPOINT,
-                {
-                    "ns": ns,
-                    "id": checkpoint["id"],
-                    "parent": config["configurable"].get("checkpoint_id"),
-                    "checkpoint": _encode(self.serde.dumps_typed(c)),
-                    "metadata": _encode(
-                        self.serde.dumps_typed(get_checkpoint_metadata(config, metadata))
-                    ),
-                    "values": names,
-                },
-            )
-        )
-        self._commit(thread_id, events)
+            events.append((_CHECKPOINT, stored))
+            return events
+
+        self._commit(thread_id, events_of)
         with self._lock:
             for (channel, _, _), form in zip(names, lists):
                 self._remember(thread_id, ns, channel, new_versions[channel], form)
@@ -805,7 +814,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                 for idx, (channel, v) in enumerate(writes)
             ],
         }
-        self._commit(str(config["configurable"]["thread_id"]), [(_WRITES, payload)])
+        self._commit(str(config["configurable"]["thread_id"]), lambda: [(_WRITES, payload)])
 
     def _release(self, thread_id: str) -> None:
         """Closes this saver's use of the thread's writer and forgets what it knew."""
@@ -867,11 +876,11 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                     f"thread {target!r} already exists (session {session_id_of(target)})"
                 ) from None
             if _HASHED.fullmatch(session_id_of(target)):
-                self._commit(target, [])  # names the copy's thread in its log
+                self._commit(target, list)  # names the copy's thread in its log
 
     def _hide(self, thread_id: str, doomed: builtins.list[builtins.list[str]]) -> None:
         if doomed:
-            self._commit(thread_id, [(_DELETE, {"checkpoints": doomed})])
+            self._commit(thread_id, lambda: [(_DELETE, {"checkpoints": doomed})])
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Hides every checkpoint (and its writes) whose metadata ``run_id`` is one of

@@ -878,3 +878,49 @@ def test_a_saver_compiles_under_strict_msgpack(tmp_path) -> None:
     # saver: the copy was refused ("cannot pickle or copy"), so no graph compiled.
     done = run_script(_STRICT_MSGPACK_SCRIPT, tmp_path / "root")
     assert done.stdout.strip() == "ok"
+
+
+def test_a_put_raced_by_another_process_deleting_the_thread_stores_what_it_can_read(
+    root, monkeypatch
+):
+    # A saver that read a thread puts a checkpoint whose list grew (stored as the items
+    # added to the version it read); another process deletes the thread before the put
+    # opens the writer. The put made the thread again with a checkpoint naming a base that
+    # was not in it: no other saver could read it (outside testing P2, session 41). The
+    # stored form is now worked out under the writer: the whole list.
+    from langgraph.checkpoint.base import create_checkpoint, empty_checkpoint
+
+    cfg = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    first = SessionStoreSaver(root)
+    checkpoint = empty_checkpoint()
+    v1 = first.get_next_version(None, None)
+    checkpoint["channel_values"] = {"messages": ["m0", "m1"]}
+    checkpoint["channel_versions"] = {"messages": v1}
+    first.put(cfg, checkpoint, {"step": 0}, {"messages": v1})
+    first.close()
+
+    saver = SessionStoreSaver(root)
+    read = saver.get_tuple(cfg)
+    v2 = saver.get_next_version(v1, None)
+    grown = create_checkpoint(read.checkpoint, None, 1)
+    grown["channel_values"] = {"messages": ["m0", "m1", "m2"]}
+    grown["channel_versions"] = {"messages": v2}
+    delete = (
+        "import sys\n"
+        "from session_store.langgraph import SessionStoreSaver\n"
+        "SessionStoreSaver(sys.argv[1]).delete_thread('t')\n"
+    )
+    commit = SessionStoreSaver._commit
+
+    def deleted_first(self, thread_id, events_of):
+        run_script(delete, root.path)
+        return commit(self, thread_id, events_of)
+
+    monkeypatch.setattr(SessionStoreSaver, "_commit", deleted_first)
+    saver.put(read.config, grown, {"step": 1}, {"messages": v2})
+    monkeypatch.setattr(SessionStoreSaver, "_commit", commit)
+    for reader in (saver, SessionStoreSaver(root)):
+        assert reader.get_tuple(cfg).checkpoint["channel_values"] == {
+            "messages": ["m0", "m1", "m2"]
+        }
+    saver.close()
