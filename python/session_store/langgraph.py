@@ -79,6 +79,7 @@ from . import (
     NotFound,
     PathLike,
     Root,
+    Session,
     SessionStoreError,
     _missing_sdk,
     _native,
@@ -364,6 +365,9 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         """No writer, nothing known of any thread (also in a child made by ``os.fork()``)."""
         self._lock = threading.RLock()
         self._threads: dict[str, _Thread] = {}
+        # thread -> set once this saver's delete of it has ended: its commits wait for that
+        # (see _commit).
+        self._deleting: dict[str, threading.Event] = {}
         # The writers' shares are let go by close(), or when the saver is collected (as an
         # agents adapter's: a saver dropped unclosed held its threads' writer locks for the
         # process's life). Shares inherited through os.fork() are the parent's: not let go.
@@ -642,67 +646,85 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         by another process's ``delete_thread`` named a base the thread made again by the
         put did not hold, and no other saver could read the checkpoint (outside testing
         P2, session 41)."""
-        # The append under the saver's lock: a writer share let go here (below) is never
-        # one another thread of this saver is appending through.
-        with self._lock:
-            shared = self._writers.get(thread_id)
-            if shared is None:
-                # Once per writer this saver opens: a session of another kind under the
-                # thread's id is not written to.
-                self._require_thread(thread_id, "writing to it")
-                shared = self._writers[thread_id] = _acquire_writer(
-                    self.root, session_id_of(thread_id)
-                )
-                # Every open writer holds about six file descriptors: a saver that kept the
-                # writer of every thread it wrote ran out of them ("Too many open files"
-                # after 168 threads under the usual limit of 1024). The least recently
-                # written thread's share is let go (its writer closed, flushed, unless
-                # another adapter of the process shares it); its next put opens it again.
-                while len(self._writers) > MAX_OPEN_THREADS:
-                    evicted, share = self._writers.popitem(last=False)
-                    _release_writer(share)
-                    self._drop_unused(evicted)
-            else:
-                self._writers.move_to_end(thread_id)
-            named: _Thread | None = None
-            with shared.lock:
-                if shared.session is None:
-                    sid = session_id_of(thread_id)
-                    try:
-                        shared.session = self.root.open(sid)
-                    except NotFound:
-                        shared.session = self.root.create(sid)
-                writer = shared.session
-                events = events_of()
-                if _HASHED.fullmatch(session_id_of(thread_id)):
-                    # Its session id does not give the thread id back: the log names it, in
-                    # the first commit of a new thread or of a copy (whose log named its
-                    # source). Saves from background threads run before the first commit
-                    # is durable: the index is told at once, so one commit names it (not
-                    # each of those).
-                    model = self._thread(thread_id)
-                    if model is None or model.thread != thread_id:
-                        events = [(_THREAD, {"id": thread_id}), *events]
-                        if model is None:
-                            model = self._threads[thread_id] = _Thread()
-                        named = model
-                first = writer.sequences()[0] + 1
-                batch = {
-                    "operation_id": f"langgraph-{first}",
-                    "turn_id": f"t{first}",
-                    "events": [
-                        {"kind": "turn/start"},
-                        *({"kind": k, "optional": True, "payload": p} for k, p in events),
-                        {"kind": "turn/end", "payload": {"status": "completed"}},
-                    ],
-                }
-                writer.append_json(encode_json(batch))
-            if named is not None:
-                named.thread = thread_id
+        # A commit of a thread this saver is deleting waits for the delete to end (then
+        # makes the thread anew): it opened the writer the delete had just let go, and the
+        # delete waited out its 10 s for this very process and gave up (outside testing
+        # P3, session 41).
+        while True:
+            with self._lock:
+                gate = self._deleting.get(thread_id)
+                if gate is None:
+                    writer = self._append(thread_id, events_of)
+                    break
+            gate.wait()
         # Outside the locks: a commit appended meanwhile by another thread (LangGraph saves
         # from background threads) goes into the same fsynced transaction, and this call
         # returns once its own commit is durable (group commit).
         writer.flush()
+
+    def _append(
+        self,
+        thread_id: str,
+        events_of: Callable[[], builtins.list[tuple[str, Any]]],
+    ) -> Session:
+        """:meth:`_commit`'s append, under the saver's lock: the writer it appended to."""
+        # The append under the saver's lock: a writer share let go here (below) is never
+        # one another thread of this saver is appending through.
+        shared = self._writers.get(thread_id)
+        if shared is None:
+            # Once per writer this saver opens: a session of another kind under the
+            # thread's id is not written to.
+            self._require_thread(thread_id, "writing to it")
+            shared = self._writers[thread_id] = _acquire_writer(
+                self.root, session_id_of(thread_id)
+            )
+            # Every open writer holds about six file descriptors: a saver that kept the
+            # writer of every thread it wrote ran out of them ("Too many open files"
+            # after 168 threads under the usual limit of 1024). The least recently
+            # written thread's share is let go (its writer closed, flushed, unless
+            # another adapter of the process shares it); its next put opens it again.
+            while len(self._writers) > MAX_OPEN_THREADS:
+                evicted, share = self._writers.popitem(last=False)
+                _release_writer(share)
+                self._drop_unused(evicted)
+        else:
+            self._writers.move_to_end(thread_id)
+        named: _Thread | None = None
+        with shared.lock:
+            if shared.session is None:
+                sid = session_id_of(thread_id)
+                try:
+                    shared.session = self.root.open(sid)
+                except NotFound:
+                    shared.session = self.root.create(sid)
+            writer = shared.session
+            events = events_of()
+            if _HASHED.fullmatch(session_id_of(thread_id)):
+                # Its session id does not give the thread id back: the log names it, in
+                # the first commit of a new thread or of a copy (whose log named its
+                # source). Saves from background threads run before the first commit
+                # is durable: the index is told at once, so one commit names it (not
+                # each of those).
+                model = self._thread(thread_id)
+                if model is None or model.thread != thread_id:
+                    events = [(_THREAD, {"id": thread_id}), *events]
+                    if model is None:
+                        model = self._threads[thread_id] = _Thread()
+                    named = model
+            first = writer.sequences()[0] + 1
+            batch = {
+                "operation_id": f"langgraph-{first}",
+                "turn_id": f"t{first}",
+                "events": [
+                    {"kind": "turn/start"},
+                    *({"kind": k, "optional": True, "payload": p} for k, p in events),
+                    {"kind": "turn/end", "payload": {"status": "completed"}},
+                ],
+            }
+            writer.append_json(encode_json(batch))
+        if named is not None:
+            named.thread = thread_id
+        return writer
 
     def _stored_value(
         self, thread_id: str, ns: str, channel: str, version: Any, value: Any
@@ -828,10 +850,11 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
     def delete_thread(self, thread_id: str) -> None:
         """Deletes the thread's session (its forks keep their history). The writer the
         savers of this process share for it is closed first (another saver's next ``put``
-        makes the thread anew); a writer in another process is waited for as
-        :meth:`session_store.Root.delete` does."""
+        makes the thread anew; this saver's ``put``, ``put_writes`` and pruning of the
+        thread from other threads wait until the delete has ended); a writer in another
+        process is waited for as :meth:`session_store.Root.delete` does."""
         thread_id = str(thread_id)
-        self._before_delete(thread_id)
+        gate = self._before_delete(thread_id)
         # Outside the saver's lock: a wait for another process's writer (up to
         # Root.delete's 10 s) held up every other thread's call of this saver. Root.delete
         # closes the writer another saver of this process shares for it.
@@ -839,13 +862,29 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
             self.root.delete(session_id_of(thread_id))
         except NotFound:
             pass
+        finally:
+            self._after_delete(thread_id, gate)
 
-    def _before_delete(self, thread_id: str) -> None:
+    def _before_delete(self, thread_id: str) -> threading.Event:
         """Refuses to delete a session that is not the thread's, then lets go of this
-        saver's writer and index of the thread."""
+        saver's writer and index of the thread; this saver's commits of the thread wait
+        until :meth:`_after_delete` sets the gate returned."""
         with self._lock:
             self._require_thread(thread_id, "deleting it")
             self._release(thread_id)
+            gate = self._deleting.get(thread_id)
+            if gate is None:
+                gate = self._deleting[thread_id] = threading.Event()
+            return gate
+
+    def _after_delete(self, thread_id: str, gate: threading.Event) -> None:
+        """Ends the wait of this saver's commits of the thread (see :meth:`_before_delete`)."""
+        with self._lock:
+            if self._deleting.get(thread_id) is gate:
+                del self._deleting[thread_id]
+            # What a read made meanwhile knew of the deleted session is let go.
+            self._release(thread_id)
+        gate.set()
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Makes ``target_thread_id`` a fork of the source thread's session: it shares every
@@ -997,11 +1036,13 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         delete's wait for another process's writer, nothing deleted, as
         :meth:`session_store.Root.adelete` does."""
         thread_id = str(thread_id)
-        await _to_thread(self._before_delete, thread_id)
+        gate = await _to_thread(self._before_delete, thread_id)
         try:
             await self.root.adelete(session_id_of(thread_id))
         except NotFound:
             pass
+        finally:
+            self._after_delete(thread_id, gate)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """:meth:`copy_thread` in a worker thread."""

@@ -924,3 +924,55 @@ def test_a_put_raced_by_another_process_deleting_the_thread_stores_what_it_can_r
             "messages": ["m0", "m1", "m2"]
         }
     saver.close()
+
+
+def test_a_put_of_another_thread_of_the_process_waits_for_a_delete_of_its_thread(
+    root, monkeypatch
+):
+    # delete_thread lets go of this saver's writer, then deletes: a put from another
+    # thread of the process (LangGraph's background saves) opened the writer again in
+    # between, and the delete either deleted what that put had just stored (here) or, when
+    # the put's open came during its wait, waited out its 10 s for this very process and
+    # raised Cancelled naming it (outside testing P3, session 41). The put now waits for
+    # the delete and then makes the thread anew.
+    import threading
+    import time
+
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    cfg = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    saver = SessionStoreSaver(root)
+
+    def checkpoint(value: str):
+        made = empty_checkpoint()
+        version = saver.get_next_version(None, None)
+        made["channel_values"] = {"note": value}
+        made["channel_versions"] = {"note": version}
+        return made, {"note": version}
+
+    first, versions = checkpoint("before")
+    saver.put(cfg, first, {"step": 0}, versions)
+    later, later_versions = checkpoint("after")
+    putters = []
+    before_delete = SessionStoreSaver._before_delete
+
+    def then_a_put_from_another_thread(self, thread_id):
+        gate = before_delete(self, thread_id)
+        putter = threading.Thread(target=self.put, args=(cfg, later, {"step": 1}, later_versions))
+        putter.start()
+        putter.join(timeout=0.5)  # without the wait it has opened the writer by now
+        putters.append(putter)
+        return gate
+
+    monkeypatch.setattr(SessionStoreSaver, "_before_delete", then_a_put_from_another_thread)
+    started = time.monotonic()
+    saver.delete_thread("t")
+    assert time.monotonic() - started < 5
+    putters[0].join(timeout=30)
+    assert not putters[0].is_alive()
+    monkeypatch.setattr(SessionStoreSaver, "_before_delete", before_delete)
+    for reader in (saver, SessionStoreSaver(root)):
+        found = reader.get_tuple(cfg)
+        assert found.checkpoint["id"] == later["id"]
+        assert found.checkpoint["channel_values"] == {"note": "after"}
+    saver.close()
