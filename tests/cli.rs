@@ -2458,3 +2458,74 @@ fn append_refuses_a_line_longer_than_any_batch() {
     assert!(env.ok(&["verify", "s"]).starts_with("ok"));
     assert_eq!(env.json(&["show", "s"])["durable_sequence"], 0);
 }
+
+/// An export killed while it copies leaves its temporary file beside the destination:
+/// that file held the header from the start, so it read as a whole session of no commits,
+/// `verify` called it sound and `import` published it as an empty session, exit 0
+/// (outside testing C1, session 41). It is no session file until the export finishes:
+/// both refuse it, saying it did not finish.
+#[test]
+fn an_export_killed_midway_leaves_no_file_that_verifies_or_imports() {
+    let env = Env::new();
+    let mut rng = fastrand::Rng::with_seed(41);
+    let mut input = String::new();
+    for n in 0..64 {
+        // Incompressible: the copy writes about 16 MB to the temporary file's WAL.
+        let noise: String = (0..256 * 1024)
+            .map(|_| char::from(b'a' + rng.u8(..26)))
+            .collect();
+        input.push_str(&format!(
+            "{}\n",
+            json!({"operation_id": format!("op{n}"), "events": [
+                {"kind": "message/complete",
+                 "payload": {"message": {"id": format!("m{n}"), "role": "tool", "content": noise}}}
+            ]})
+        ));
+    }
+    let out = env.run_with(&["append", "big", "--create"], &input);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let folder = env.path("exports");
+    std::fs::create_dir(&folder).expect("folder");
+    let destination = folder.join("big.sqlite");
+    let mut export = env
+        .command(&["export", "big", destination.to_str().expect("utf-8")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("export");
+    let temp_wal = || {
+        std::fs::read_dir(&folder).ok()?.flatten().find_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            (name.starts_with(".sse-") && name.ends_with(".tmp-wal"))
+                .then(|| (e.path(), e.metadata().map_or(0, |m| m.len())))
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if temp_wal().is_some_and(|(_, len)| len > 4 << 20) {
+            break;
+        }
+        assert!(
+            export.try_wait().expect("try_wait").is_none(),
+            "the export ended before it was seen copying"
+        );
+        assert!(Instant::now() < deadline, "no copy seen");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    export.kill().expect("kill");
+    export.wait().expect("wait");
+    assert!(!destination.exists());
+    let (wal, _) = temp_wal().expect("the killed export's files are left");
+    let temp = wal.with_file_name(
+        wal.file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix("-wal"))
+            .expect("name"),
+    );
+    let temp_arg = temp.to_str().expect("utf-8");
+    let refused = env.fails(&["verify", temp_arg], 6);
+    assert!(refused.contains("did not finish"), "{refused}");
+    let refused = env.fails(&["import", temp_arg, "--id", "copy"], 6);
+    assert!(refused.contains("did not finish"), "{refused}");
+    env.fails(&["show", "copy"], 3);
+}

@@ -270,7 +270,11 @@ fn stable_plans(conn: &Connection) -> rusqlite::Result<()> {
 /// Creates a new session file at `path` (which must not exist) with the current schema.
 ///
 /// The file is being staged (invisible until renamed into place), so it is built with
-/// `synchronous=OFF`; [`finish_staged`] makes it durable with one fsync.
+/// `synchronous=OFF`; [`finish_staged`] makes it durable with one fsync. Until then it is
+/// no session file to any reader: its `application_id` is set by [`finish_staged`], last.
+/// An export killed (or still running) left a temporary file beside its destination that
+/// read as a whole session of no commits, which `verify` called sound and `import`
+/// published as an empty session, exit 0 (outside testing C1, session 41).
 pub(crate) fn create_file(path: &Path) -> Result<Connection> {
     let mut conn = Connection::open_with_flags(path, create_flags())?;
     harden(&conn)?;
@@ -281,7 +285,6 @@ pub(crate) fn create_file(path: &Path) -> Result<Connection> {
     // (or with a VACUUM). Older files keep theirs; `incremental_vacuum` is a no-op there.
     conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
-    conn.pragma_update(None, "application_id", APPLICATION_ID)?;
     migrations().to_latest(&mut conn)?;
     Ok(conn)
 }
@@ -290,6 +293,8 @@ pub(crate) fn create_file(path: &Path) -> Result<Connection> {
 /// and fsyncs the file, and its WAL when one is left: a replicator watching the root
 /// (Litestream) may hold a connection too, and then the close does not checkpoint.
 pub(crate) fn finish_staged(conn: Connection, path: &Path) -> Result<()> {
+    // What makes it a session file, once everything else is written (see `create_file`).
+    conn.pragma_update(None, "application_id", APPLICATION_ID)?;
     conn.close().map_err(|(_, e)| Error::from(e))?;
     // This process has no other connection to a staged file, so opening (and closing) a
     // descriptor on it cannot drop another connection's POSIX locks.
@@ -705,8 +710,14 @@ pub(crate) fn check_format(conn: &Connection) -> Result<i64> {
         .pragma_query_value(None, "application_id", |r| r.get(0))
         .map_err(Error::from)?;
     if app != APPLICATION_ID {
+        let unfinished = if app == 0 {
+            " or one whose making did not finish (an export or a copy stopped before its end)"
+        } else {
+            ""
+        };
         return Err(Error::corrupt(format!(
-            "not a session file (application_id {app:#x}, expected {APPLICATION_ID:#x})"
+            "not a session file{unfinished} (application_id {app:#x}, expected \
+             {APPLICATION_ID:#x})"
         )));
     }
     let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
@@ -885,7 +896,7 @@ mod tests {
         let writer = create_file(&file).expect("create");
         let sql = "SELECT seq FROM events ORDER BY seq LIMIT ?1";
         assert_eq!(recompiles_of_a_bound_limit(&writer, sql), 0, "writer");
-        drop(writer);
+        finish_staged(writer, &file).expect("finish");
         let reader = open_reader(&file).expect("reader");
         assert_eq!(recompiles_of_a_bound_limit(&reader, sql), 0, "reader");
         let derived = open_derived(
