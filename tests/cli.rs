@@ -2529,3 +2529,35 @@ fn an_export_killed_midway_leaves_no_file_that_verifies_or_imports() {
     assert!(refused.contains("did not finish"), "{refused}");
     env.fails(&["show", "copy"], 3);
 }
+
+/// Two legacy transcripts of the same content whose paths differ only in bytes that are
+/// not UTF-8 (`\xff` and `\xfe`, both read as U+FFFD): the second continued the first
+/// one's session, `reused: true` (outside testing C5, session 41). Each path is its own.
+#[test]
+fn legacy_paths_that_differ_only_in_bytes_not_utf8_are_two_sessions() {
+    use std::os::unix::ffi::OsStrExt;
+    let env = Env::new();
+    let mut ids = Vec::new();
+    for byte in [0xff_u8, 0xfe] {
+        let file = env
+            .dir
+            .path()
+            .join(std::ffi::OsStr::from_bytes(&[b'l', byte, b'.', b'j']));
+        std::fs::write(
+            &file,
+            "{\"id\":\"m1\",\"role\":\"user\",\"content\":\"hello\"}\n",
+        )
+        .expect("write");
+        let out = env
+            .command(&["--json", "migrate-legacy"])
+            .arg(&file)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run");
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        let record: Value = serde_json::from_str(&stdout(&out)).expect("json");
+        assert_eq!(record["reused"], false, "{record}");
+        ids.push(record["target_id"].as_str().expect("id").to_owned());
+    }
+    assert_ne!(ids[0], ids[1]);
+}

@@ -2598,3 +2598,62 @@ fn a_running_server_finds_what_a_writer_killed_after_its_first_search_left() {
         std::thread::sleep(Duration::from_millis(300));
     }
 }
+
+/// A client that asks for a large answer and stops reading it (`curl URL | less`) kept
+/// the server from exiting on SIGTERM for as long as it stayed connected (outside testing
+/// C2, session 41): a stop now waits at most 5 s for the answers in flight, then cuts
+/// them, exits 0 and says so.
+#[test]
+fn a_stop_does_not_wait_for_a_client_that_stopped_reading() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("root");
+    {
+        let root = Root::open(&root).expect("root");
+        let session = root
+            .create(CreateOptions::with_id(SessionId::new("big").expect("id")))
+            .expect("create");
+        let mut rng = fastrand::Rng::with_seed(7);
+        let noise: String = (0..24 << 20)
+            .map(|_| char::from(b'a' + rng.u8(..26)))
+            .collect();
+        let message = Event::new("message/complete")
+            .with_payload_json(
+                &json!({"message": {"id": "m", "role": "tool", "content": noise}}).to_string(),
+            )
+            .expect("payload");
+        session
+            .append(Batch::new("op", vec![message]))
+            .expect("append");
+        session.close().expect("close");
+    }
+    let log = dir.path().join("stderr.txt");
+    let mut command = Server::command(&[], &root, "127.0.0.1:0", &[]);
+    command.stderr(std::fs::File::create(&log).expect("log"));
+    let mut server = Server::spawn(command);
+    let link = blob_link(&server.ok("/sessions/big").body);
+    let mut client =
+        std::net::TcpStream::connect(server.base.trim_start_matches("http://")).expect("connect");
+    client
+        .write_all(format!("GET /api{link} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .expect("request");
+    let mut first = [0u8; 4096];
+    let read = client.read(&mut first).expect("the answer starts");
+    assert!(
+        first[..read].starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        &first[..read.min(64)]
+    );
+    // The client reads no more: the server's writes fill the socket's buffers.
+    let started = std::time::Instant::now();
+    let status = server.terminate();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(9),
+        "{:?}",
+        started.elapsed()
+    );
+    let stderr = std::fs::read_to_string(&log).expect("read log");
+    assert!(stderr.contains("were cut"), "{stderr}");
+    drop(client);
+}

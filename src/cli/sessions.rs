@@ -740,8 +740,11 @@ pub fn delete(cx: &Context, id: &str, wait: Duration) -> CliResult<()> {
             },
         )
     };
+    // A writer refuses a delete that does not wait at once; another delete in progress is
+    // waited for as briefly as any delete waits (its session is then not found).
     if wait.is_zero()
         && let Some(owner) = root.writer_owner(&id)?
+        && owner.holding_for.is_none()
     {
         return Err(owned(owner));
     }

@@ -163,7 +163,13 @@ impl Migration {
             std::fs::read(&path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
         let digest = sha256_hex(&bytes);
         let path_text = path.to_string_lossy().into_owned();
-        let target_hex = sha256_hex(format!("{path_text}\0{digest}\0{head}\0{CODEC}").as_bytes());
+        // The path's own bytes (its text for a UTF-8 path, so such ids are as before): two
+        // paths that differ in bytes that are not UTF-8 read as one text, and the second
+        // file of the same content continued the first one's session (outside testing
+        // C5, session 41).
+        let mut named = path.as_os_str().as_encoded_bytes().to_vec();
+        named.extend_from_slice(format!("\0{digest}\0{head}\0{CODEC}").as_bytes());
+        let target_hex = sha256_hex(&named);
         let target_id = SessionId::new(&target_hex[..24])?;
         let branch = path
             .file_stem()

@@ -19,13 +19,20 @@ use tokio::net::TcpListener;
 /// requests on a kept-alive connection, from the end of the previous answer).
 pub const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a stop waits for the answers in flight: a client that stopped reading a large
+/// answer (`curl URL | less`) kept the server from exiting on SIGINT or SIGTERM for as
+/// long as it stayed connected (outside testing C2, session 41); its connection is cut.
+pub const DRAIN_LIMIT: Duration = Duration::from_secs(5);
+
 /// How long the loop pauses after an accept error that is not the client's (such as no
 /// descriptor left), as `axum::serve` does, instead of spinning.
 const ACCEPT_PAUSE: Duration = Duration::from_secs(1);
 
 /// Serves `app` on `listener` until `shutdown` resolves, then takes no new connection and
-/// waits for the requests in flight (idle connections are closed).
-pub async fn serve(listener: TcpListener, app: Router, shutdown: impl Future<Output = ()>) {
+/// waits for the requests in flight (idle connections are closed), at most
+/// [`DRAIN_LIMIT`]: those still going then are cut when the runtime ends. Returns whether
+/// every connection ended within it.
+pub async fn serve(listener: TcpListener, app: Router, shutdown: impl Future<Output = ()>) -> bool {
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -51,7 +58,9 @@ pub async fn serve(listener: TcpListener, app: Router, shutdown: impl Future<Out
             let _ = connection.await;
         });
     }
-    graceful.shutdown().await;
+    tokio::time::timeout(DRAIN_LIMIT, graceful.shutdown())
+        .await
+        .is_ok()
 }
 
 /// Whether an accept error came from one client's connection (gone before it was taken).

@@ -207,14 +207,20 @@ pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
         if options.open {
             open_browser(&url);
         }
-        listen::serve(listener, router(app), shutdown_requested()).await;
-        errln!("session-store: stopped");
+        if listen::serve(listener, router(app), shutdown_requested()).await {
+            errln!("session-store: stopped");
+        } else {
+            errln!(
+                "session-store: stopped (the connections still answering after {} s were cut)",
+                listen::DRAIN_LIMIT.as_secs()
+            );
+        }
         Ok(())
     })
 }
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM. The server then takes no new connection,
-/// finishes the requests in flight and returns, and the root is dropped as usual (a
+/// finishes the requests in flight (for at most `listen::DRAIN_LIMIT`) and returns, and the root is dropped as usual (a
 /// private search index, built for a root this process may only read, is removed with it).
 /// A signal that cannot be listened for is never awaited.
 async fn shutdown_requested() {
