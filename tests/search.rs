@@ -68,6 +68,19 @@ fn at(hits: &[SearchHit]) -> Vec<(String, u64)> {
         .collect()
 }
 
+/// Sessions `names`, each holding one user message `text` (id `NAME-m`), closed.
+fn sessions_saying(root: &Root, names: &[&str], text: &str) {
+    for name in names {
+        let s = create(root, name);
+        s.append(Batch::new(
+            "m",
+            vec![message(&format!("{name}-m"), "user", text)],
+        ))
+        .expect("append");
+        s.close().expect("close");
+    }
+}
+
 fn sessions_of(hits: &[SearchHit]) -> BTreeSet<String> {
     hits.iter()
         .map(|h| h.session_ref.session_id.to_string())
@@ -1651,15 +1664,7 @@ fn a_cursor_keeps_its_place_when_other_sessions_change_the_ranks() {
 #[test]
 fn a_damaged_session_file_is_skipped_and_named_not_a_failed_search() {
     let (_dir, root) = temp_root();
-    for name in ["good", "hurt"] {
-        let s = create(&root, name);
-        s.append(Batch::new(
-            "m",
-            vec![message(&format!("{name}-m"), "user", "mango season")],
-        ))
-        .expect("append");
-        s.close().expect("close");
-    }
+    sessions_saying(&root, &["good", "hurt"], "mango season");
     assert_eq!(
         search_all(&root, "mango", SearchOptions::default()).len(),
         2
@@ -1699,15 +1704,7 @@ fn a_damaged_session_file_is_skipped_and_named_not_a_failed_search() {
 fn a_session_whose_side_files_are_not_regular_is_skipped_and_named() {
     for side in ["session.sqlite-wal", "session.sqlite-journal"] {
         let (_dir, root) = temp_root();
-        for name in ["good", "bad"] {
-            let s = create(&root, name);
-            s.append(Batch::new(
-                "m",
-                vec![message(&format!("{name}-m"), "user", "giraffe season")],
-            ))
-            .expect("append");
-            s.close().expect("close");
-        }
+        sessions_saying(&root, &["good", "bad"], "giraffe season");
         assert_eq!(
             search_all(&root, "giraffe", SearchOptions::default()).len(),
             2
@@ -2622,15 +2619,7 @@ fn a_writer_opened_before_the_first_search_indexes_what_it_writes_after() {
 #[test]
 fn a_session_a_rebuild_could_not_read_is_indexed_by_the_next_first_search() {
     let (_dir, root) = temp_root();
-    for name in ["kept", "missed"] {
-        let s = create(&root, name);
-        s.append(Batch::new(
-            "m",
-            vec![message(&format!("{name}-m"), "user", "quince harvest")],
-        ))
-        .expect("append");
-        s.close().expect("close");
-    }
+    sessions_saying(&root, &["kept", "missed"], "quince harvest");
     assert_eq!(
         search_all(&root, "quince", SearchOptions::default()).len(),
         2
@@ -2665,15 +2654,7 @@ fn a_session_a_rebuild_could_not_read_is_indexed_by_the_next_first_search() {
 #[test]
 fn a_session_neither_indexed_nor_readable_is_named_by_each_search() {
     let (_dir, root) = temp_root();
-    for name in ["kept", "newer"] {
-        let s = create(&root, name);
-        s.append(Batch::new(
-            "m",
-            vec![message(&format!("{name}-m"), "user", "quince harvest")],
-        ))
-        .expect("append");
-        s.close().expect("close");
-    }
+    sessions_saying(&root, &["kept", "newer"], "quince harvest");
     // Of a schema version newer than this build's before any search made the index.
     let conn =
         rusqlite::Connection::open(root.path().join("newer/session.sqlite")).expect("sqlite");
