@@ -815,7 +815,9 @@ class Root:
         since: datetime | None = None,
         role: str | None = None,
     ) -> dict[str, Any]:
-        """Full-text search over every session of the root (durable messages and titles),
+        """Full-text search over every session of the root (durable messages and titles;
+        a live writer indexes what it made durable about 50 ms after its drain, so a message
+        flushed a moment ago may not be found yet; a closed session's all are),
         best first: ``{"hits": [{"session_ref", "title", "position", "message_id", "role",
         "snippet": {"text", "matches": [{"start", "end"}]}, "rank", "time_ms",
         "shared_with"}], "next_cursor", "skipped"}``. ``snippet["text"][m["start"]:m["end"]]``
