@@ -289,6 +289,24 @@ def _about_file(path: PathLike, error: SessionStoreError) -> SessionStoreError:
     return error
 
 
+def _naming_caller_id(error: SessionStoreError, store_id: str, named: str) -> SessionStoreError:
+    """``error``, of the store session ``store_id``, naming it as ``named`` says (the id an
+    adapter's caller gave, with the store's): the first ``session STORE_ID`` of its text
+    becomes ``session NAMED``, or ``session NAMED: `` goes first; of the same class (a
+    :class:`WriterOwned` keeps its ``owner``)."""
+    text = str(error)
+    for form in (f"session {json.dumps(store_id)}", f"session {store_id}"):
+        if form in text:
+            text = text.replace(form, f"session {named}", 1)
+            break
+    else:
+        text = f"session {named}: {text}"
+    renamed = type(error)(text)
+    if isinstance(error, WriterOwned) and isinstance(renamed, WriterOwned):
+        renamed.owner = error.owner
+    return renamed
+
+
 def _missing_sdk(
     error: ModuleNotFoundError, modules: tuple[str, ...], what: str, extra: str, sdk: str
 ) -> ModuleNotFoundError | None:

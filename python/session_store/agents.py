@@ -67,8 +67,8 @@ from . import (
     Root,
     Session,
     SessionStoreError,
-    WriterOwned,
     _missing_sdk,
+    _naming_caller_id,
     _native,
     _refuse_pickle,
     _to_thread,
@@ -591,21 +591,8 @@ class SessionStoreSession:
         :class:`WriterOwned` keeps its ``owner``). ``error`` itself for an id kept as is."""
         if self.store_id == self.session_id:
             return error
-        text = str(error)
-        named = (
-            f"session {json.dumps(self.session_id, ensure_ascii=False)} "
-            f"(stored as {self.store_id})"
-        )
-        for form in (f"session {json.dumps(self.store_id)}", f"session {self.store_id}"):
-            if form in text:
-                text = text.replace(form, named, 1)
-                break
-        else:
-            text = f"{named}: {text}"
-        renamed = type(error)(text)
-        if isinstance(error, WriterOwned) and isinstance(renamed, WriterOwned):
-            renamed.owner = error.owner
-        return renamed
+        named = f"{json.dumps(self.session_id, ensure_ascii=False)} (stored as {self.store_id})"
+        return _naming_caller_id(error, self.store_id, named)
 
     def _turn(self, writer: Session, first: int, events: list[dict[str, Any]]) -> None:
         """One durable turn ``t<first>`` holding ``events``."""

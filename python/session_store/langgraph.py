@@ -65,6 +65,7 @@ import base64
 import builtins
 import collections
 import hashlib
+import json
 import os
 import random
 import re
@@ -82,6 +83,7 @@ from . import (
     Session,
     SessionStoreError,
     _missing_sdk,
+    _naming_caller_id,
     _native,
     _refuse_pickle,
     _to_thread,
@@ -324,6 +326,18 @@ def _forget_inherited_state() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_inherited_state)
+
+
+def _about_thread(error: SessionStoreError, thread_id: str) -> SessionStoreError:
+    """``error``, of the session of LangGraph thread ``thread_id``, naming the thread too:
+    ``session lgx-5431 (LangGraph thread "T1") is owned by another writer: …`` (it named
+    only the session, which the caller cannot tell for its thread; outside testing P5,
+    session 41)."""
+    if "LangGraph thread" in str(error):
+        return error  # the saver's own refusal names it already
+    sid = session_id_of(thread_id)
+    named = f"{sid} (LangGraph thread {json.dumps(thread_id, ensure_ascii=False)})"
+    return _naming_caller_id(error, sid, named)
 
 
 class SessionStoreSaver(BaseCheckpointSaver[str]):
@@ -650,17 +664,20 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         # makes the thread anew): it opened the writer the delete had just let go, and the
         # delete waited out its 10 s for this very process and gave up (outside testing
         # P3, session 41).
-        while True:
-            with self._lock:
-                gate = self._deleting.get(thread_id)
-                if gate is None:
-                    writer = self._append(thread_id, events_of)
-                    break
-            gate.wait()
-        # Outside the locks: a commit appended meanwhile by another thread (LangGraph saves
-        # from background threads) goes into the same fsynced transaction, and this call
-        # returns once its own commit is durable (group commit).
-        writer.flush()
+        try:
+            while True:
+                with self._lock:
+                    gate = self._deleting.get(thread_id)
+                    if gate is None:
+                        writer = self._append(thread_id, events_of)
+                        break
+                gate.wait()
+            # Outside the locks: a commit appended meanwhile by another thread (LangGraph
+            # saves from background threads) goes into the same fsynced transaction, and
+            # this call returns once its own commit is durable (group commit).
+            writer.flush()
+        except SessionStoreError as e:
+            raise _about_thread(e, thread_id) from None
 
     def _append(
         self,
@@ -862,6 +879,8 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
             self.root.delete(session_id_of(thread_id))
         except NotFound:
             pass
+        except SessionStoreError as e:
+            raise _about_thread(e, thread_id) from None
         finally:
             self._after_delete(thread_id, gate)
 
@@ -915,7 +934,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                     f"thread {target!r} already exists (session {session_id_of(target)})"
                 ) from None
             if _HASHED.fullmatch(session_id_of(target)):
-                self._commit(target, list)  # names the copy's thread in its log
+                self._commit(target, lambda: [])  # names the copy's thread in its log
 
     def _hide(self, thread_id: str, doomed: builtins.list[builtins.list[str]]) -> None:
         if doomed:
@@ -1041,6 +1060,8 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
             await self.root.adelete(session_id_of(thread_id))
         except NotFound:
             pass
+        except SessionStoreError as e:
+            raise _about_thread(e, thread_id) from None
         finally:
             self._after_delete(thread_id, gate)
 

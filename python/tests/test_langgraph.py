@@ -976,3 +976,24 @@ def test_a_put_of_another_thread_of_the_process_waits_for_a_delete_of_its_thread
         assert found.checkpoint["id"] == later["id"]
         assert found.checkpoint["channel_values"] == {"note": "after"}
     saver.close()
+
+
+def test_an_error_of_a_threads_session_names_the_thread(root):
+    # "session lgx-… is owned by another writer" named a session the caller could not tell
+    # for its thread (outside testing P5, session 41): the thread is named too.
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    holder = root.create(session_id_of("T1"))
+    saver = SessionStoreSaver(root)
+    checkpoint = empty_checkpoint()
+    version = saver.get_next_version(None, None)
+    checkpoint["channel_values"] = {"note": "x"}
+    checkpoint["channel_versions"] = {"note": version}
+    cfg = {"configurable": {"thread_id": "T1", "checkpoint_ns": ""}}
+    with pytest.raises(session_store.WriterOwned) as refused:
+        saver.put(cfg, checkpoint, {"step": 0}, {"note": version})
+    assert f'session {session_id_of("T1")} (LangGraph thread "T1")' in str(refused.value)
+    assert refused.value.owner["pid"] == os.getpid()
+    holder.close()
+    saver.put(cfg, checkpoint, {"step": 0}, {"note": version})
+    saver.close()
