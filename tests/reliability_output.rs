@@ -676,6 +676,31 @@ fn verify_compares_a_checkpoint_without_a_second_copy_of_the_workset() {
     );
 }
 
+/// A legacy line nested deeper than a payload may be (with its `{"message": …}`) is
+/// refused naming its line; it was named as `events[N]` of a batch of 128 messages the
+/// caller never saw (outside testing C7, session 41). One level less is migrated.
+#[test]
+fn migrate_legacy_names_the_line_of_a_message_nested_too_deep() {
+    let env = Env::new();
+    let nested = |depth: usize| format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+    let line = |id: &str, depth: usize| {
+        format!(
+            r#"{{"id":"{id}","role":"user","content":"x","extra":{}}}"#,
+            nested(depth)
+        )
+    };
+    let file = env.path("deep.jsonl");
+    std::fs::write(&file, format!("{}\n{}\n", line("a", 1), line("b", 511))).expect("write");
+    let stderr = env.fails(&["migrate-legacy", file.to_str().expect("path")], 6);
+    assert!(stderr.contains("legacy line 2 nests"), "{stderr}");
+    assert!(
+        session_dirs(&env.path("root")).is_empty(),
+        "nothing published"
+    );
+    std::fs::write(&file, format!("{}\n{}\n", line("a", 1), line("b", 510))).expect("write");
+    env.ok(&["migrate-legacy", file.to_str().expect("path")]);
+}
+
 #[test]
 fn migrate_legacy_refuses_invalid_utf8_and_honours_head() {
     let env = Env::new();

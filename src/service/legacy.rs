@@ -8,6 +8,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::error::{Error, Result};
+use crate::format::MAX_PAYLOAD_NESTING;
 use crate::model::event::sha256_hex;
 use crate::model::header::Origin;
 use crate::model::ids::derived_id;
@@ -80,6 +81,23 @@ fn parse_transcript(bytes: &[u8], branch: &str, digest: &str) -> Result<(Vec<Lin
             continue;
         }
         match serde_json::from_str::<Message>(line) {
+            // Its payload, `{"message": …}`, is one level deeper: refused here by its line
+            // (the append named `events[43]` of a batch the caller never saw; outside
+            // testing C7, session 41).
+            Ok(_)
+                if crate::model::json_scan::nests_deeper_than(
+                    line.as_bytes(),
+                    MAX_PAYLOAD_NESTING - 1,
+                ) =>
+            {
+                return Err(Error::invalid(format!(
+                    "legacy line {} nests objects and arrays more than {} deep (a payload \
+                     may nest {MAX_PAYLOAD_NESTING}, its {{\"message\": …}} one of them); \
+                     nothing was migrated",
+                    n + 1,
+                    MAX_PAYLOAD_NESTING - 1
+                )));
+            }
             Ok(m) if m.id().is_empty() => {
                 let id = derived_id(&["legacy", branch, &messages.len().to_string(), digest]);
                 messages.push((n + 1, m.with_id(&id)));
