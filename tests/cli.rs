@@ -2557,6 +2557,9 @@ fn legacy_paths_that_differ_only_in_bytes_not_utf8_are_two_sessions() {
         assert_eq!(code(&out), 0, "{}", stderr(&out));
         let record: Value = serde_json::from_str(&stdout(&out)).expect("json");
         assert_eq!(record["reused"], false, "{record}");
+        // The path it names has the byte, escaped (it was U+FFFD for either).
+        let named = record["source_path"].as_str().expect("path").to_owned();
+        assert!(named.ends_with(&format!("l\\x{byte:02X}.j")), "{named}");
         ids.push(record["target_id"].as_str().expect("id").to_owned());
     }
     assert_ne!(ids[0], ids[1]);

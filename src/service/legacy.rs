@@ -110,6 +110,20 @@ fn parse_transcript(bytes: &[u8], branch: &str, digest: &str) -> Result<(Vec<Lin
     Ok((messages, torn))
 }
 
+/// `path` as the migration record names it: its text, each byte that is not UTF-8 as
+/// `\xNN` (it was U+FFFD, which names no file and is the same for every such byte;
+/// outside testing C5, session 41).
+fn path_text(path: &Path) -> String {
+    let mut out = String::new();
+    for chunk in path.as_os_str().as_encoded_bytes().utf8_chunks() {
+        out.push_str(chunk.valid());
+        for byte in chunk.invalid() {
+            out.push_str(&format!("\\x{byte:02X}"));
+        }
+    }
+    out
+}
+
 /// The transcript up to and including the message whose id is `head` ("" keeps it all).
 ///
 /// # Errors
@@ -180,7 +194,7 @@ impl Migration {
         let bytes =
             std::fs::read(&path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
         let digest = sha256_hex(&bytes);
-        let path_text = path.to_string_lossy().into_owned();
+        let path_text = path_text(&path);
         // The path's own bytes (its text for a UTF-8 path, so such ids are as before): two
         // paths that differ in bytes that are not UTF-8 read as one text, and the second
         // file of the same content continued the first one's session (outside testing
