@@ -26,33 +26,21 @@ pub struct WriterOwner {
 
 impl fmt::Display for WriterOwner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Some(what) = &self.holding_for {
-            return write!(
-                f,
-                "pid {} on host {} (a {what} in progress, since {} UTC)",
-                self.pid,
-                self.host,
-                utc(self.since_ms)
-            );
-        }
-        if self.generation == 0 {
+        let held = match (&self.holding_for, self.generation) {
+            (Some(what), _) => format!("a {what} in progress,"),
             // A provisional record: the lock's holder has no lease (a delete, which never
             // takes one, or a writer still opening); "generation 0" read as a writer's.
-            return write!(
-                f,
-                "pid {} on host {} (holding the writer lock without a lease: a delete, or a \
-                 writer still opening; since {} UTC)",
-                self.pid,
-                self.host,
-                utc(self.since_ms)
-            );
-        }
+            (None, 0) => {
+                "holding the writer lock without a lease: a delete, or a writer still opening;"
+                    .to_owned()
+            }
+            (None, generation) => format!("generation {generation},"),
+        };
         write!(
             f,
-            "pid {} on host {} (generation {}, since {} UTC)",
+            "pid {} on host {} ({held} since {} UTC)",
             self.pid,
             self.host,
-            self.generation,
             utc(self.since_ms)
         )
     }

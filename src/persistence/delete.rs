@@ -83,7 +83,11 @@ impl Root {
         // A row naming the session itself (damage: it cannot inherit from its own file)
         // is no fork to keep; it kept the session from being deleted for good (outside
         // testing H3).
-        for d in dependents.iter().filter(|d| d.child_id != *id) {
+        let dependents: Vec<DependentFork> = dependents
+            .into_iter()
+            .filter(|d| d.child_id != *id)
+            .collect();
+        for d in &dependents {
             self.materialize(id, &d.child_id)?;
         }
         // A `.trash` that is a symlink is refused, never followed.
@@ -99,11 +103,7 @@ impl Root {
         )?;
         // Derived index; listing also drops entries whose folder is gone.
         let _ = self.catalog().forget(self, id);
-        let children: Vec<SessionId> = dependents
-            .into_iter()
-            .map(|d| d.child_id)
-            .filter(|c| c != id)
-            .collect();
+        let children: Vec<SessionId> = dependents.into_iter().map(|d| d.child_id).collect();
         self.unindex_deleted(id, &children);
         drop((lock, forks));
         // The session is gone from here on: the rest is clean-up, best effort (a leftover

@@ -12,13 +12,13 @@ use crate::session::live::Session;
 use crate::store::lineage::{record_dependent, write_lineage};
 use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock, WriterLock};
 use crate::store::reader::SessionReader;
+use crate::store::schema::{CODEC, SESSION_FILE};
+use crate::store::write;
 
 /// How long a fork waits for a delete of a session it would read from: a delete copying
 /// a large session into its forks, or one stopped, made a fork (and a rewind) wait
 /// without limit and without a word (outside testing T2, session 41).
 const DELETE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-use crate::store::schema::{CODEC, SESSION_FILE};
-use crate::store::write;
 
 /// How many times a fork is made when an ancestor's delete changed its lineage each time.
 const FORK_ATTEMPTS: usize = 5;

@@ -41,12 +41,7 @@ const VERIFY_FIRST_BYTES: u64 = 8 << 20;
 fn check_streamed(digest: &str, bytes: u64, data: &[u8]) -> Result<()> {
     use sha2::Digest;
     use std::io::Read;
-    let corrupt = |e: std::io::Error| {
-        Error::corrupt_from(
-            format!("blob {digest} does not decompress into the {bytes} bytes its row declares"),
-            e,
-        )
-    };
+    let corrupt = |e| undecompressed(digest, bytes, e);
     let mut decoder = zstd::stream::read::Decoder::with_buffer(data).map_err(corrupt)?;
     let mut hasher = sha2::Sha256::new();
     let mut piece = vec![0u8; 1 << 16];
@@ -63,11 +58,22 @@ fn check_streamed(digest: &str, bytes: u64, data: &[u8]) -> Result<()> {
         hasher.update(&piece[..n]);
     }
     if total != bytes || crate::model::ids::lower_hex(&hasher.finalize()) != digest {
-        return Err(Error::corrupt(format!(
-            "blob {digest} does not match its digest"
-        )));
+        return Err(mismatched(digest));
     }
     Ok(())
+}
+
+/// A blob whose data does not decompress into the `bytes` its row declares.
+fn undecompressed(digest: &str, bytes: u64, cause: std::io::Error) -> Error {
+    Error::corrupt_from(
+        format!("blob {digest} does not decompress into the {bytes} bytes its row declares"),
+        cause,
+    )
+}
+
+/// A blob whose content is not what its digest names.
+fn mismatched(digest: &str) -> Error {
+    Error::corrupt(format!("blob {digest} does not match its digest"))
 }
 
 /// Compresses raw bytes when that saves at least an eighth: `(encoding, data)`.
@@ -127,14 +133,8 @@ pub(crate) fn decode(
                 check_streamed(digest, bytes, &data)?;
                 hashed = true;
             }
-            zstd::bulk::decompress(&data, bytes as usize).map_err(|e| {
-                Error::corrupt_from(
-                    format!(
-                        "blob {digest} does not decompress into the {bytes} bytes its row declares"
-                    ),
-                    e,
-                )
-            })?
+            zstd::bulk::decompress(&data, bytes as usize)
+                .map_err(|e| undecompressed(digest, bytes, e))?
         }
         other => {
             return Err(Error::corrupt(format!(
@@ -144,9 +144,7 @@ pub(crate) fn decode(
         }
     };
     if raw.len() as u64 != bytes || (!hashed && sha256_hex(&raw) != digest) {
-        return Err(Error::corrupt(format!(
-            "blob {digest} does not match its digest"
-        )));
+        return Err(mismatched(digest));
     }
     Ok(raw)
 }
