@@ -1620,6 +1620,35 @@ fn a_folder_given_as_a_file_of_lines_is_invalid_input() {
     }
 }
 
+/// A file named with a trailing `/` is named as a file, not "not found" (exit 3), and
+/// `/dev/stdin` on a pipe is named as a pipe, not "resolve /dev/stdin: No such file" (exit
+/// 3): both are invalid input (6), and nothing is created (outside testing C7, session 41).
+#[test]
+fn a_file_named_as_a_folder_and_a_piped_stdin_are_named_for_what_they_are() {
+    let env = Env::new();
+    let lines = env.path("t.jsonl");
+    std::fs::write(&lines, "{\"id\":\"a\",\"role\":\"user\"}\n").expect("write");
+    let slashed = format!("{}/", lines.display());
+    for args in [&["migrate-legacy", &slashed][..], &["import", &slashed][..]] {
+        let err = env.fails(args, 6);
+        assert!(
+            err.contains("a part of it is a file, not a folder"),
+            "{args:?}: {err}"
+        );
+    }
+    let out = env.run_with(
+        &["migrate-legacy", "/dev/stdin"],
+        "{\"id\":\"a\",\"role\":\"user\"}\n",
+    );
+    assert_eq!(code(&out), 6, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("/dev/stdin is a pipe, not a regular file"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!env.root().exists(), "a root was made");
+}
+
 /// An export whose file cannot be written (here into `/proc`, which takes no files, even
 /// for root) names the session and the destination asked for (status 1): the error named
 /// only SQLite's temporary file beside it (a full disk named nothing at all).

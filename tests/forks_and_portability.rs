@@ -256,6 +256,72 @@ fn export_and_delete_are_atomic_and_the_export_is_self_contained() {
     );
 }
 
+/// A reader of an export's temporary file (a backup tool, an indexer, `verify` run on it)
+/// does not make the export fail: the export keeps every other connection out of the file
+/// until it is done, where the reader's shared lock made its switch to a rollback journal
+/// at the end fail with "database is locked" after all its work (outside testing C6,
+/// session 41). Here a reader holds a read transaction on the file for 100 ms at a time,
+/// every 20 ms, while the export runs.
+#[test]
+fn a_reader_of_the_export_temporary_file_does_not_fail_the_export() {
+    let (dir, root) = temp_root();
+    let s = create(&root, "big");
+    for turn in 0..40 {
+        let text = format!("{turn} {}", "all work and no play ".repeat(20_000));
+        s.append(Batch::new(
+            format!("m{turn}"),
+            vec![message(&format!("m{turn}"), "user", &text)],
+        ))
+        .unwrap();
+    }
+    s.close().unwrap();
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (out, done) = (out.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut tries = 0u32;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let temp = std::fs::read_dir(&out).unwrap().flatten().find(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    name.starts_with(".sse-") && name.ends_with(".tmp")
+                });
+                // A poller: a pause between reads, as a tool polling the folder makes.
+                std::thread::sleep(Duration::from_millis(20));
+                let Some(temp) = temp else {
+                    continue;
+                };
+                tries += 1;
+                let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY;
+                if let Ok(conn) = rusqlite::Connection::open_with_flags(temp.path(), flags)
+                    && conn.busy_timeout(Duration::ZERO).is_ok()
+                {
+                    let read = conn.execute_batch("BEGIN; SELECT count(*) FROM sqlite_master;");
+                    if read.is_ok() {
+                        std::thread::sleep(Duration::from_millis(100));
+                        let _ = conn.execute_batch("COMMIT");
+                    }
+                }
+            }
+            tries
+        })
+    };
+    let report = root.export(&id("big"), out.join("big.sqlite"));
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let tries = reader.join().unwrap();
+    let report = report.unwrap();
+    assert_eq!(report.commits, 40);
+    assert!(tries > 0, "the reader never saw the temporary file");
+    replay_file(out.join("big.sqlite")).unwrap();
+    let left: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("big.sqlite")]);
+}
+
 #[test]
 fn a_live_session_exports_without_stopping_its_writer() {
     let (dir, root) = temp_root();

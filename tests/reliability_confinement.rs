@@ -1093,7 +1093,7 @@ fn gc_keeps_a_session_file_every_command_refuses_saying_why() {
             ("evil", "is a symlink; refused"),
             ("lnk", "is a symlink; refused"),
             ("dirf", "is a directory; refused"),
-            ("fifo", "is not a regular file; refused"),
+            ("fifo", "is a pipe, not a regular file; refused"),
         ] {
             assert!(
                 kept.get(id).is_some_and(|r| r.contains(why)),

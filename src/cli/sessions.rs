@@ -624,13 +624,19 @@ pub fn fork(cx: &Context, id: &str, point: ForkPoint, new_id: Option<&str>) -> C
 
 /// Fails with status 3 unless `path` exists.
 fn must_exist(path: &Path) -> CliResult<()> {
-    if std::fs::symlink_metadata(path).is_err() {
-        return Err(Failure::with_code(
+    match std::fs::symlink_metadata(path) {
+        Ok(_) => Ok(()),
+        // `FILE/` for a file: a path ending in `/` names a folder, and the file is there
+        // (it said "FILE/ not found", outside testing C7, session 41).
+        Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => Err(Failure::invalid(format!(
+            "{}: a part of it is a file, not a folder (a path ending in / names a folder)",
+            path.display()
+        ))),
+        Err(_) => Err(Failure::with_code(
             EXIT_NOT_FOUND,
             format!("{} not found", path.display()),
-        ));
+        )),
     }
-    Ok(())
 }
 
 /// Fails with status 2 when `path` is `-`, which a user means as stdin or stdout, for a

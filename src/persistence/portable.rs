@@ -243,7 +243,7 @@ impl Root {
         let guard = ExportTemp::create(&folder)?;
         let temp = guard.path().to_path_buf();
         let written = (|| {
-            let mut conn = schema::create_file(&temp)?;
+            let mut conn = schema::create_private_file(&temp)?;
             write::init_file(&mut conn, reader.header())?;
             let (commits, events) = copy_log(
                 &reader,

@@ -329,10 +329,21 @@ fn validate_each(
 /// `import` or `verify_file` of a file that is no session file said "corrupt session
 /// store: SQLite reports: file is not a database" (outside testing, session 39), and a
 /// host importing a batch of files could not tell which one.
+///
+/// A file that vanished while it was read (moved or removed by another process) is named
+/// as the file it is, not as a session: `check_file`'s [`Error::SessionNotFound`] called
+/// an import's vanished file "session FILE not found" (outside testing C7, session 41).
 pub(crate) fn naming_file(error: Error, file: &Path) -> Error {
     let shown = file.display().to_string();
     match &error {
         Error::Corrupt { what, .. } if what.contains(&shown) => error,
+        Error::SessionNotFound(path) if *path == shown => Error::io(
+            format!("read {shown}"),
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "the file is gone (moved or removed while it was read)",
+            ),
+        ),
         _ => error.corrupt_in(|| shown),
     }
 }
@@ -493,4 +504,29 @@ impl crate::persistence::Root {
 /// As [`replay_file`].
 pub fn verify_file(path: impl AsRef<Path>) -> Result<Verified> {
     Ok(validate_each(path.as_ref(), |_, _| {})?.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file that vanished while `import` or `verify` read it is named as a file (exit 3
+    /// in the CLI: an I/O error of kind "not found"), not as a session.
+    #[test]
+    fn a_file_gone_while_read_is_named_as_a_file() {
+        let file = Path::new("/tmp/x/.sse-1.tmp");
+        let named = naming_file(Error::SessionNotFound(file.display().to_string()), file);
+        assert!(
+            matches!(&named, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound),
+            "{named:?}"
+        );
+        assert!(named.is_not_found(), "{named}");
+        assert_eq!(
+            named.to_string(),
+            "read /tmp/x/.sse-1.tmp: the file is gone (moved or removed while it was read)"
+        );
+        // Another session's absence (a lineage ancestor) is left as it is.
+        let other = naming_file(Error::SessionNotFound("abc".into()), file);
+        assert!(matches!(other, Error::SessionNotFound(_)), "{other:?}");
+    }
 }

@@ -182,15 +182,17 @@ impl Migration {
     /// [`Error::Io`] for an unreadable source; [`Error::InvalidInput`] for a line that is
     /// not a message or not UTF-8 (other than a torn last line), or an unknown `head`.
     pub(crate) fn read(source: &Path, head: &str) -> Result<Migration> {
-        let path = std::fs::canonicalize(source)
-            .map_err(|e| Error::io(format!("resolve {}", source.display()), e))?;
         // A device or a FIFO was read to its end, which `/dev/zero` and a FIFO no one
-        // writes never reach (`import` and `verify` refuse them too).
-        let meta = std::fs::metadata(&path)
-            .map_err(|e| Error::io(format!("stat {}", path.display()), e))?;
+        // writes never reach (`import` and `verify` refuse them too). Looked at before the
+        // path is resolved: `/dev/stdin` on a pipe resolves to no path, and was "not found"
+        // (outside testing C7, session 41).
+        let meta = std::fs::metadata(source)
+            .map_err(|e| Error::io(format!("stat {}", source.display()), e))?;
         if !meta.is_file() {
             return Err(crate::store::schema::not_regular(source, &meta));
         }
+        let path = std::fs::canonicalize(source)
+            .map_err(|e| Error::io(format!("resolve {}", source.display()), e))?;
         let bytes =
             std::fs::read(&path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
         let digest = sha256_hex(&bytes);

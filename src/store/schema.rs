@@ -234,10 +234,16 @@ pub(crate) fn is_damaged(conn: &Connection) -> bool {
 
 /// The error for a path that must be a regular file and is not.
 pub(crate) fn not_regular(path: &Path, m: &std::fs::Metadata) -> Error {
-    let what = if m.is_symlink() {
+    use std::os::unix::fs::FileTypeExt;
+    let kind = m.file_type();
+    let what = if kind.is_symlink() {
         "a symlink"
-    } else if m.is_dir() {
+    } else if kind.is_dir() {
         "a directory"
+    } else if kind.is_fifo() {
+        "a pipe, not a regular file"
+    } else if kind.is_char_device() || kind.is_block_device() {
+        "a device, not a regular file"
     } else {
         "not a regular file"
     };
@@ -276,8 +282,26 @@ fn stable_plans(conn: &Connection) -> rusqlite::Result<()> {
 /// read as a whole session of no commits, which `verify` called sound and `import`
 /// published as an empty session, exit 0 (outside testing C1, session 41).
 pub(crate) fn create_file(path: &Path) -> Result<Connection> {
+    create_file_with(path, false)
+}
+
+/// As [`create_file`], for a file no other connection may open until this one is closed
+/// (`locking_mode=EXCLUSIVE` before its first access, so no `-shm` is ever used): an
+/// export's temporary file is no session yet, and a reader of it (a backup tool, an
+/// indexer, `verify` run on it) held the shared lock that the switch to a rollback journal
+/// at the export's end needs, and the export failed with "database is locked" after all
+/// its work (outside testing C6, session 41). Such a reader gets "database is locked"
+/// instead.
+pub(crate) fn create_private_file(path: &Path) -> Result<Connection> {
+    create_file_with(path, true)
+}
+
+fn create_file_with(path: &Path, private: bool) -> Result<Connection> {
     let mut conn = Connection::open_with_flags(path, create_flags())?;
     harden(&conn)?;
+    if private {
+        conn.pragma_update(None, "locking_mode", "EXCLUSIVE")?;
+    }
     // OFF before the switch to WAL: switching a new file's journal mode is itself a
     // rollback-journal transaction, which would otherwise cost four fsyncs.
     conn.pragma_update(None, "synchronous", "OFF")?;
