@@ -1143,6 +1143,26 @@ fn the_root_storage_page_totals_the_catalog() {
     }
 }
 
+/// The first sessions page after an idle spell lists what was made during it: the page
+/// waits a moment for the refresh it starts (it served the catalog of the spell's start,
+/// and only the next page showed a session made 30 s before; outside testing D1, session
+/// 42).
+#[test]
+fn the_first_page_after_an_idle_spell_lists_the_sessions_made_during_it() {
+    let (_dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    let listed = |path: &str| server.ok(path).body.contains("made-while-idle");
+    assert!(!listed("/"));
+    serve_support::cli_ok(&root, &["create", "made-while-idle"]);
+    // Past the 2 s between refreshes.
+    std::thread::sleep(Duration::from_millis(2_300));
+    assert!(listed("/"), "the first page after the spell is stale");
+    serve_support::cli_ok(&root, &["create", "made-while-idle-too"]);
+    std::thread::sleep(Duration::from_millis(2_300));
+    let api = server.ok("/api/sessions").body;
+    assert!(api.contains("made-while-idle-too"), "{api}");
+}
+
 /// A user who can only read the root (its files chmod'ed read-only, the server run as
 /// `nobody` through `setpriv`, since root ignores file modes) is served every page,
 /// including those of sessions whose file has no `-wal` beside it (a fork or rewind
@@ -2239,17 +2259,25 @@ fn a_search_page_is_titled_with_its_query() {
 }
 
 #[test]
-fn a_bidi_override_in_a_title_is_isolated_in_the_page_title() {
-    // CSS isolates session text inside the page, but not in `<title>`: a right-to-left
-    // override left open in a session's title turned the tab's " · session-store" around.
+fn bidi_controls_in_titles_messages_and_snippets_are_shown_escaped() {
+    // A right-to-left override in a message drew `invoice_\u{202e}txt.exe` as
+    // `invoice_exe.txt`, in the transcript and in a search snippet, and one left open in a
+    // title turned the tab's " · session-store" around (outside testing D6, session 42):
+    // the pages show them as the CLI does, escaped, and send none raw.
     let (_dir, root) = demo_root();
     let library = Root::open(&root).expect("root");
     let session = library
         .create(CreateOptions::with_id(SessionId::new("bidi").expect("id")))
         .expect("create");
     session
-        .append(Batch::new("t", vec![common::title("Budget plan \u{202e}")]))
-        .expect("title");
+        .append(Batch::new(
+            "t",
+            vec![
+                common::title("Budget plan \u{202e}"),
+                common::message("m1", "user", "please open invoice_\u{202e}txt.exe now"),
+            ],
+        ))
+        .expect("append");
     session.close().expect("close");
     drop(library);
     let server = Server::start(&root, &[]);
@@ -2259,11 +2287,21 @@ fn a_bidi_override_in_a_title_is_isolated_in_the_page_title() {
         .nth(1)
         .and_then(|t| t.split("</title>").next())
         .expect("title");
-    assert!(
-        title.starts_with('\u{2068}') && title.ends_with("\u{2069} · session-store"),
-        "{title:?}"
-    );
-    assert!(title.contains("Budget plan \u{202e}"), "{title:?}");
+    assert_eq!(title, r"Budget plan \u{202e} · session-store");
+    assert!(page.contains(r"invoice_\u{202e}txt.exe"), "{page}");
+    let found = server.ok("/?q=invoice").body;
+    assert!(found.contains(r"\u{202e}"), "{found}");
+    let listed = server.ok("/").body;
+    assert!(listed.contains(r"Budget plan \u{202e}"), "{listed}");
+    for body in [&page, &found, &listed] {
+        assert!(
+            !body.chars().any(|c| matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')),
+            "a bidi control was sent raw"
+        );
+    }
+    // The JSON API keeps the text exact.
+    let api = server.ok("/api/sessions/bidi/history").body;
+    assert!(api.contains(r"invoice_\u202etxt.exe") || api.contains("invoice_\u{202e}txt.exe"), "{api}");
     // A title without one is left as it is.
     let plain = server.ok("/?q=parser").body;
     assert!(plain.contains("<title>Search: parser · session-store</title>"));

@@ -479,9 +479,14 @@ pub fn is_bidi_control(c: char) -> bool {
 }
 
 /// As [`printable`], keeping line breaks and tabs (`\n`, `\r`, `\t`): for text shown as a
-/// block where they are layout, such as the web pages (`serve`).
+/// block where they are layout, such as the web pages (`serve`). Bidirectional controls are
+/// escaped as the CLI escapes them: a right-to-left override inside a title, a message or a
+/// search snippet (`invoice_\u{202e}txt.exe`) drew as other text (`invoice_exe.txt`; outside
+/// testing D6, session 42).
 pub fn printable_block(text: &str) -> Cow<'_, str> {
-    escape_controls(text, |c| c.is_control() && !matches!(c, '\n' | '\r' | '\t'))
+    escape_controls(text, |c| {
+        (c.is_control() && !matches!(c, '\n' | '\r' | '\t')) || is_bidi_control(c)
+    })
 }
 
 /// `text` with every character `escaped` picks written as a Rust escape (`\u{1b}`).

@@ -25,6 +25,9 @@ pub const MAX_PAGE: usize = 100;
 const AT_CONTEXT: u64 = 5;
 /// How old the catalog may get before a sessions page starts a refresh.
 pub const REFRESH_EVERY: Duration = Duration::from_secs(2);
+/// How long a sessions page waits for the refresh it starts before it serves the catalog
+/// as it is.
+const REFRESH_WAIT: Duration = Duration::from_millis(250);
 
 /// The query parameters every route understands (each optional; empty means absent).
 #[derive(Debug, Default, Deserialize)]
@@ -262,7 +265,7 @@ pub struct SessionList {
 enum Refresh {
     /// The first page of this server: refresh, and wait for it.
     Now,
-    /// The last refresh is [`REFRESH_EVERY`] old: start one, serve the catalog as it is.
+    /// The last refresh is [`REFRESH_EVERY`] old: start one, wait [`REFRESH_WAIT`] at most.
     Behind,
     /// Refreshed recently: serve the catalog as it is.
     Recent,
@@ -287,8 +290,9 @@ fn refresh_plan(app: &App) -> Refresh {
 
 /// Keeps the catalog and the search index fresh for a page that reads them as they are: the
 /// server's first such page refreshes them and waits (a page of the catalog as it is then
-/// names the sessions that refresh could not read), later ones start a background refresh at most
-/// every [`REFRESH_EVERY`]: a change shows within seconds. A refresh also catches the
+/// names the sessions that refresh could not read), later ones start a refresh at most
+/// every [`REFRESH_EVERY`] and wait [`REFRESH_WAIT`] for it: a change shows on the next
+/// page after an idle spell, or within seconds on a busy server or a large root. A refresh also catches the
 /// search index up with sessions whose writer died since its last index write
 /// ([`Root::catch_up_dead_writers`]; only a process's first search did, so a writer killed
 /// later was found only by a search that met its session otherwise).
@@ -306,11 +310,16 @@ async fn refresh_catalog(app: &App) -> Result<(), Problem> {
         }
         Refresh::Behind => {
             let (query, root) = (app.query.clone(), app.root.clone());
-            tokio::spawn(async move {
+            let refresh = tokio::spawn(async move {
                 let listed = query.list_with(None, 1, newest_first).await;
                 let _ = blocking(move || Ok(root.catch_up_dead_writers())).await;
                 listed
             });
+            // Waited for a moment: served at once, the first page after an idle spell
+            // showed the catalog of the spell's start, without the sessions made since
+            // (outside testing D1, session 42). A refresh that takes longer (a large root
+            // on a busy machine) goes on in the background, as before.
+            let _ = tokio::time::timeout(REFRESH_WAIT, refresh).await;
         }
         Refresh::Recent => {}
     }

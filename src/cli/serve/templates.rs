@@ -31,18 +31,11 @@ pub fn clip(text: &str, max: usize) -> String {
 }
 
 /// A page: the frame, the navigation and `body`. Control characters from a session
-/// (terminal escapes, NUL, C1 controls) are shown as the CLI shows them (`\u{1b}`), never
-/// sent raw; line breaks and tabs stay. A `title` holding a bidirectional control (a
-/// right-to-left override left open in a session's title) is isolated (U+2068 … U+2069)
-/// in the `<title>`, which CSS does not reach, so the tab's " · session-store" keeps its
-/// order.
+/// (terminal escapes, NUL, C1 controls) and bidirectional controls (a right-to-left
+/// override in a title or a message) are shown as the CLI shows them (`\u{1b}`,
+/// `\u{202e}`), never sent raw; line breaks and tabs stay.
 pub fn layout(title: &str, current: Option<SitePage>, body: Markup) -> Html<String> {
     let here = |page: SitePage| (Some(page) == current).then_some("page");
-    let title: Cow<'_, str> = if title.chars().any(crate::cli::is_bidi_control) {
-        Cow::Owned(format!("\u{2068}{title}\u{2069}"))
-    } else {
-        Cow::Borrowed(title)
-    };
     let page = html! {
             (DOCTYPE)
             html lang="en" {
