@@ -767,11 +767,30 @@ fn a_permalink_opens_the_page_that_holds_its_message() {
             .body;
         assert!(page.contains("id=\"m50\""), "limit {limit}");
     }
-    // Past the end: the newest page; not a position: 400.
+    // Past the end: 404 naming how many there are (it was the newest page, whose `#m999`
+    // named nothing: outside testing D4, session 42); the last one is a page's end.
+    for path in ["/api/sessions/long/history?at=999", "/sessions/long?at=121"] {
+        let past = server.get(path);
+        assert_eq!(past.status, 404, "{path}");
+        assert!(
+            past.body.contains("session long has no message")
+                && past.body.contains("its history holds 120 messages"),
+            "{path}: {}",
+            past.body
+        );
+    }
     assert_eq!(
-        server.ok("/api/sessions/long/history?at=999").json()["messages"][49]["position"],
+        server.ok("/api/sessions/long/history?at=120").json()["messages"][49]["position"],
         120
     );
+    // A cursor and a position together: 400 (the position was ignored).
+    let cursor = server.ok("/api/sessions/long/history").json()["next_cursor"]
+        .as_str()
+        .expect("cursor")
+        .to_owned();
+    let both = server.get(&format!("/api/sessions/long/history?cursor={cursor}&at=5"));
+    assert_eq!(both.status, 400, "{}", both.body);
+    assert!(both.body.contains("not both"), "{}", both.body);
     for bad in ["0", "-1", "x"] {
         assert_eq!(
             server
@@ -1440,6 +1459,32 @@ fn search_takes_role_since_and_session_and_refuses_an_origin() {
         all.len()
     );
 
+    // A hit a fork inherits names the fork, linked to its message, as the CLI's "also in:"
+    // does: with `session=flaky-fork` the page showed hits of the session that wrote them
+    // and did not name the fork (outside testing D2, session 42).
+    let inherited = hits("/api/search?q=test&session=flaky-fork&limit=100");
+    let shared = inherited
+        .iter()
+        .find(|h| {
+            h["shared_with"]
+                .as_array()
+                .is_some_and(|f| f.iter().any(|r| r["session_id"] == "flaky-fork"))
+        })
+        .expect("a hit flaky-fork inherits");
+    let position = shared["position"].as_u64().expect("position");
+    let page = server.ok("/?q=test&session=flaky-fork&limit=100").body;
+    assert!(page.contains("also in: "), "{page}");
+    assert!(
+        page.contains(&format!(
+            "href=\"/sessions/flaky-fork?at={position}#m{position}\""
+        )),
+        "{page}"
+    );
+    let fork_page = server
+        .ok(&format!("/sessions/flaky-fork?at={position}"))
+        .body;
+    assert!(fork_page.contains(&format!("id=\"m{position}\"")));
+
     // The page keeps the filters in its next-page link.
     let page = server.ok("/?q=test&role=tool&since=30d&limit=1").body;
     assert!(
@@ -1989,7 +2034,9 @@ fn newer_links_walk_a_transcript_from_a_permalink_to_its_end() {
             .collect()
     };
     // Forward from message 10 in pages of 20: every message once, in order, to the end
-    // (the last link, past the end, opens the newest page: 281-300).
+    // (the last link opens the newest page, 281-300, when fewer than a page are left: it
+    // opened a page by `at` past the end, the newest page all the same; outside testing D3,
+    // session 42).
     let mut path = "/sessions/big?at=10&limit=20".to_owned();
     let mut seen = Vec::new();
     let mut pages = 0;
@@ -2008,6 +2055,9 @@ fn newer_links_walk_a_transcript_from_a_permalink_to_its_end() {
         match newer(&page) {
             Some(next) => {
                 assert!(page.contains("« Newest messages"), "{path}");
+                if seen.last() >= Some(&280) {
+                    assert_eq!(next, "/sessions/big?limit=20", "{path}");
+                }
                 assert!(next.contains("limit=20"), "{next}");
                 path = next;
             }
@@ -2295,13 +2345,18 @@ fn bidi_controls_in_titles_messages_and_snippets_are_shown_escaped() {
     assert!(listed.contains(r"Budget plan \u{202e}"), "{listed}");
     for body in [&page, &found, &listed] {
         assert!(
-            !body.chars().any(|c| matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')),
+            !body
+                .chars()
+                .any(|c| matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')),
             "a bidi control was sent raw"
         );
     }
     // The JSON API keeps the text exact.
     let api = server.ok("/api/sessions/bidi/history").body;
-    assert!(api.contains(r"invoice_\u202etxt.exe") || api.contains("invoice_\u{202e}txt.exe"), "{api}");
+    assert!(
+        api.contains(r"invoice_\u202etxt.exe") || api.contains("invoice_\u{202e}txt.exe"),
+        "{api}"
+    );
     // A title without one is left as it is.
     let plain = server.ok("/?q=parser").body;
     assert!(plain.contains("<title>Search: parser · session-store</title>"));

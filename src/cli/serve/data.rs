@@ -16,6 +16,7 @@ use session_store::{
 use super::App;
 use super::problem::Problem;
 use crate::cli::sessions::file_bytes;
+use crate::cli::{count, shown};
 
 /// Sessions or messages per page unless `limit` says otherwise.
 pub const PAGE: usize = 50;
@@ -452,11 +453,19 @@ pub struct Transcript {
     pub page: HistoryPage,
     /// The ended turns that overlap the page, in order.
     pub turns: Vec<TurnBoundary>,
-    /// When newer messages follow this page (one asked for by cursor or `at`), the `at`
-    /// of the page that starts right after it (the link to newer messages); not in the
-    /// JSON, whose clients page by `at` themselves.
+    /// When newer messages follow this page (one asked for by cursor or `at`), the page
+    /// of the link to them; not in the JSON, whose clients page by `at` themselves.
     #[serde(skip)]
-    pub newer_at: Option<u64>,
+    pub newer: Option<NewerPage>,
+}
+
+/// The page a transcript page's "newer messages" link opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NewerPage {
+    /// The page by `at` that starts right after this one's last message.
+    At(u64),
+    /// The newest page: the newer messages are fewer than a page.
+    Newest,
 }
 
 /// The newest page of `id`'s transcript, the older page `cursor` names, or the page that
@@ -477,27 +486,53 @@ async fn history_once(app: &App, id: SessionId, params: &Params) -> Result<Trans
     let context = AT_CONTEXT.min(page_len.saturating_sub(1));
     let at = params.at()?;
     let page = match (params.cursor(), at) {
-        (None, Some(at)) => {
-            app.query
-                .history_page_ending_at(&session, at.saturating_add(context), limit)
-                .await?
+        // `at` was ignored beside a cursor (outside testing D4, session 42).
+        (Some(_), Some(_)) => {
+            return Err(Problem::bad_request(
+                "give at (a position) or cursor (a page), not both",
+            ));
         }
-        (cursor, _) => app.query.history_page(&session, cursor, limit).await?,
+        (None, Some(at)) => {
+            let page = app
+                .query
+                .history_page_ending_at(&session, at.saturating_add(context), limit)
+                .await?;
+            // A position past the end was answered with the newest page, whose `#mN` named
+            // nothing (outside testing D4, session 42).
+            let held = page.messages.last().map_or(0, |m| m.position);
+            if held < at {
+                return Err(Problem::not_found(format!(
+                    "session {} has no message {at}: its history holds {}",
+                    shown(&id),
+                    count(held, "message", "messages")
+                )));
+            }
+            page
+        }
+        (cursor, None) => app.query.history_page(&session, cursor, limit).await?,
     };
     // A page by cursor or `at` may have newer messages after it: the newer page starts
-    // right after its last message.
+    // right after its last message, unless that page would reach the newest message, when
+    // the link is to the newest page (a page by `at` past the end is the newest page, which
+    // showed a few messages of the page before it again: outside testing D3, session 42).
     let not_the_newest = params.cursor().is_some() || at.is_some();
-    let newer_at = match page.messages.last().filter(|_| not_the_newest) {
+    let newer = match page.messages.last().filter(|_| not_the_newest) {
         Some(last) => {
             let newest = app.query.history_page(&session, None, 1).await?;
             newest
                 .messages
                 .first()
                 .filter(|n| n.position > last.position)
-                .map(|_| {
-                    last.position
-                        .saturating_add(page_len)
-                        .saturating_sub(context)
+                .map(|n| {
+                    if last.position.saturating_add(page_len) >= n.position {
+                        NewerPage::Newest
+                    } else {
+                        NewerPage::At(
+                            last.position
+                                .saturating_add(page_len)
+                                .saturating_sub(context),
+                        )
+                    }
                 })
         }
         None => None,
@@ -514,11 +549,7 @@ async fn history_once(app: &App, id: SessionId, params: &Params) -> Result<Trans
             blocking(move || root.open_reader(&id)?.turns_overlapping(first, last)).await?
         }
     };
-    Ok(Transcript {
-        page,
-        turns,
-        newer_at,
-    })
+    Ok(Transcript { page, turns, newer })
 }
 
 /// Totals over the whole root, from the catalog alone (one aggregate query, no session

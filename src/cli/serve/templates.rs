@@ -7,13 +7,13 @@ use std::borrow::Cow;
 
 use axum::response::Html;
 use maud::{DOCTYPE, Markup, html};
-use session_store::{CatalogTotals, SearchPage, SessionId, SessionStats, Snippet};
+use session_store::{CatalogTotals, SearchPage, SessionId, SessionRef, SessionStats, Snippet};
 
 use super::data::{Params, SessionList};
 use super::problem::Problem;
 use super::tree::ForkTree;
 use super::{links, svg};
-use crate::cli::{human_bytes, shown};
+use crate::cli::{count, human_bytes, shown};
 use session_store::utc;
 
 /// The origins a session list can be filtered by.
@@ -21,6 +21,8 @@ const ORIGINS: [&str; 5] = ["new", "fork", "rewind", "canonical-import", "legacy
 
 /// Characters of a title or preview shown in a list.
 const TITLE_CHARS: usize = 100;
+/// The forks a search hit names by name ("also in: …"); the rest are counted.
+const ALSO_IN_SHOWN: usize = 10;
 
 /// `text` cut to `max` characters, with an ellipsis when cut.
 pub fn clip(text: &str, max: usize) -> String {
@@ -265,6 +267,7 @@ pub fn search_page(page: &SearchPage, params: &Params) -> Html<String> {
                         " " span.role { (hit.role.as_deref().unwrap_or("")) }
                         @if hit.position > 0 { " " span.meta { "#" (hit.position) } }
                         " " span.meta { (utc(hit.time_ms)) }
+                        (also_in(&hit.shared_with, hit.position))
                         p.snippet { (snippet(&hit.snippet)) }
                     }
                 }
@@ -272,6 +275,29 @@ pub fn search_page(page: &SearchPage, params: &Params) -> Html<String> {
             @if let Some(next) = next { p.pager { a href=(next) { "More hits →" } } }
         },
     )
+}
+
+/// The forks that inherit a hit's message, as the CLI's "also in:" names them, each
+/// linked to the message in it (the page named none: a hit of `session=FORK` showed only
+/// the session that wrote it; outside testing D2, session 42). The first
+/// [`ALSO_IN_SHOWN`] are named, then how many more.
+fn also_in(forks: &[SessionRef], position: u64) -> Markup {
+    let more = forks.len().saturating_sub(ALSO_IN_SHOWN);
+    html! {
+        @if !forks.is_empty() {
+            p.meta.also-in {
+                "also in: "
+                @for (i, fork) in forks.iter().take(ALSO_IN_SHOWN).enumerate() {
+                    @if i > 0 { ", " }
+                    @let id = &fork.session_id;
+                    a href=(if position == 0 { links::session(id) } else { links::message(id, position) }) {
+                        code { (shown(id)) }
+                    }
+                }
+                @if more > 0 { " and " (more) " more" }
+            }
+        }
+    }
 }
 
 /// The search page of a query that was refused, with the reason.
@@ -344,7 +370,7 @@ pub fn tree_page(tree: &ForkTree) -> Html<String> {
             h1 { "Fork tree of " code { (shown(&tree.focus)) } }
             (session_nav(&tree.focus, Some(SessionPage::Tree)))
             p.meta {
-                (tree.nodes.len()) " sessions: ancestors, siblings and descendants; each edge is labelled with its fork point."
+                (count(tree.nodes.len() as u64, "session", "sessions")) ": ancestors, siblings and descendants; each edge is labelled with its fork point."
                 @if tree.truncated { " Only the first sessions are drawn." }
             }
             div.graph { (svg::fork_tree(tree)) }

@@ -7,7 +7,7 @@ use maud::{Markup, html};
 use serde_json::{Map, Value};
 use session_store::{Message, PersistentMessage, SessionId, TurnBoundary};
 
-use super::data::{Params, SessionDetail, Transcript};
+use super::data::{NewerPage, Params, SessionDetail, Transcript};
 use super::links;
 use super::templates::{SessionPage, clip, layout, session_nav, title_or_id};
 use crate::cli::{human_bytes, shown};
@@ -235,17 +235,21 @@ pub fn session_page(d: &SessionDetail, t: &Transcript, params: &Params) -> Html<
             &[("limit", params.limit_text()), ("cursor", Some(c))],
         )
     });
-    let newer = t.newer_at.map(|at| {
-        let at = at.to_string();
-        links::with_query(
+    let newest = links::with_query(&links::session(id), &[("limit", params.limit_text())]);
+    let newer = t.newer.map(|page| match page {
+        NewerPage::At(at) => links::with_query(
             &links::session(id),
-            &[("limit", params.limit_text()), ("at", Some(&at))],
-        )
+            &[
+                ("limit", params.limit_text()),
+                ("at", Some(&at.to_string())),
+            ],
+        ),
+        NewerPage::Newest => newest.clone(),
     });
     let pager = html! {
         p.pager {
             @if let Some(newer) = &newer {
-                a href=(links::with_query(&links::session(id), &[("limit", params.limit_text())])) { "« Newest messages" } " "
+                a href=(newest) { "« Newest messages" } " "
                 a href=(newer) { "← Newer messages" } " "
             }
             @if let Some(older) = &older { a href=(older) { "Older messages →" } }
