@@ -757,6 +757,52 @@ fn a_page_is_full_when_replaced_messages_rank_ahead_of_live_ones() {
     assert_eq!((hits.len(), pages), (5, 3));
 }
 
+/// Rows of the index that no session shows (messages a fork inherited, which the fork
+/// rewrote and its parent replaced since) ranked ahead of a live hit: every page is still
+/// full, and the live hit is found on the first page. The page was cut from the first
+/// `limit + 1` rows before those were dropped: the first page was empty, "no matches",
+/// with the hit on a later page (outside testing, session 42).
+#[test]
+fn a_page_is_full_when_rows_no_session_shows_rank_ahead_of_live_ones() {
+    let (_dir, root) = temp_root();
+    let upsert = |id: &str, text: &str| {
+        session_store::Event::new("message/upsert")
+            .with_payload(&json!({"message": {"id": id, "role": "user", "content": text}}))
+            .expect("payload")
+    };
+    let messages = (1..=12)
+        .map(|i| message(&format!("m{i}"), "user", &format!("cafe number {i}")))
+        .collect();
+    let child = parent_and_fork(&root, messages);
+    let fork = root.open_writer(&child).expect("open the fork");
+    fork.append(Batch::new(
+        "rewrite",
+        (1..=12)
+            .map(|i| upsert(&format!("m{i}"), &format!("rewritten {i}")))
+            .collect(),
+    ))
+    .expect("append");
+    fork.close().expect("close");
+    let parent = root.open_writer(&id("parent")).expect("open the parent");
+    let replace = session_store::Event::new("history/replace")
+        .with_payload(&json!({"messages": [
+            {"id": "z", "role": "user", "content": "just one cafe here"}]}))
+        .expect("payload");
+    parent
+        .append(Batch::new("replace", vec![replace]))
+        .expect("append");
+    parent.close().expect("close");
+    for limit in [1, 10, 11] {
+        let (hits, pages) = search_paged(&root, "cafe", limit);
+        let found: Vec<(&str, &str)> = hits
+            .iter()
+            .map(|h| (h.session_ref.session_id.as_str(), h.message_id.as_str()))
+            .collect();
+        assert_eq!(found, [("parent", "z")], "limit {limit}");
+        assert_eq!(pages, 1, "limit {limit}: the hit was not on the first page");
+    }
+}
+
 /// The message ids of the hits of `query`.
 fn ids_of(root: &Root, query: &str) -> Vec<String> {
     search_all(root, query, SearchOptions::default())

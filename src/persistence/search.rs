@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::model::Message;
-use crate::model::search::{SearchQuery, message_text, snippet};
+use crate::model::search::{Mark, SearchQuery, message_text, snippet};
 use crate::model::{SessionId, Snippet};
 use crate::persistence::Root;
 use crate::persistence::catalog::{CATALOG_DIR, SkippedSession, catalog_dir, unlink_files_at};
@@ -31,6 +31,9 @@ pub const MAX_SEARCH_LIMIT: usize = 100;
 /// for its `-shm`, which SQLite sets up unless the file is read without locks) as much as
 /// on the CPU, so more threads than cores still overlap.
 const READ_THREADS: usize = 10;
+/// The most index rows a search reads back in one round while it fills a page past rows
+/// that no session shows (it doubles from `limit + 1` up to this).
+const MAX_ROWS_A_ROUND: usize = 800;
 
 /// Messages read back, keyed by session, position and event sequence (an older version at
 /// a position, kept for the forks that still show it, is not the current one), the
@@ -622,7 +625,7 @@ impl Root {
             self.existing_dir(id)?;
         }
         let index = self.open_search_index()?;
-        let filter = IndexFilter {
+        let mut filter = IndexFilter {
             session: options.session.as_ref(),
             cwd: options.cwd.as_deref(),
             since_ms: options.since_ms,
@@ -630,22 +633,81 @@ impl Root {
             after,
             limit: limit + 1,
         };
-        let mut hits = index.search(&parsed.fts(), parsed.exact_phrase().as_deref(), &filter)?;
-        let met = hits
-            .iter()
-            .map(|h| &h.session_id)
-            .chain(options.session.as_ref());
-        if self.catch_up_met_dead_writers(&index, met) {
-            // A session met was behind its file (its writer died after a drain): the
-            // page is asked again with what the index took.
-            hits = index.search(&parsed.fts(), parsed.exact_phrase().as_deref(), &filter)?;
-        }
-        let more = hits.len() > limit;
-        hits.truncate(limit);
-        let next = more
-            .then(|| hits.last().map(|h| cursor_of(h, search)))
-            .flatten();
         let marks = parsed.marks();
+        let mut skipped = self.unsearchable(options.session.as_ref());
+        let mut gone: Vec<SessionId> = Vec::new();
+        let mut out: Vec<Found> = Vec::new();
+        // Rows of the index that no session shows (a message a fork inherited, which the
+        // fork and its session both replaced since) are dropped as they are read back: the
+        // page is filled from the rows after them, in batches twice as large each time,
+        // until it holds one hit more than `limit` (then the next page starts after its
+        // last) or the rows end. A page cut from the first `limit + 1` rows was empty or
+        // short, "no matches" with hits after it (outside testing, session 42).
+        let next = loop {
+            let mut hits =
+                index.search(&parsed.fts(), parsed.exact_phrase().as_deref(), &filter)?;
+            let met = hits
+                .iter()
+                .map(|h| &h.session_id)
+                .chain(options.session.as_ref());
+            if self.catch_up_met_dead_writers(&index, met) {
+                // A session met was behind its file (its writer died after a drain): the
+                // rows are asked again with what the index took.
+                hits = index.search(&parsed.fts(), parsed.exact_phrase().as_deref(), &filter)?;
+            }
+            let last = hits.last().filter(|_| hits.len() >= filter.limit);
+            let after_rows = last.map(|h| (h.tier, h.row));
+            out.extend(self.shown_hits(&index, &hits, options, &marks, &mut skipped, &mut gone)?);
+            if out.len() > limit {
+                out.truncate(limit);
+                break out.last().map(|f| cursor_of(&f.hit, search));
+            }
+            match after_rows {
+                Some(after) => {
+                    filter.after = Some(after);
+                    filter.limit = filter.limit.saturating_mul(2).min(MAX_ROWS_A_ROUND);
+                }
+                None => break None,
+            }
+        };
+        // A session deleted behind the index's back (an older build, by hand), or by a
+        // delete killed after its rename and before it updated the index: forgotten, and
+        // the sessions that inherited from it indexed again. The delete copied their
+        // inherited range into their own files, which the index holds only under the
+        // deleted session: forgetting it alone lost those messages from every search
+        // until a rebuild or a writer open of each fork.
+        // The page is asked again after any: the forks of a session deleted meanwhile may
+        // have been indexed again by its delete before this search looked for them (it
+        // found no inheritor then, and answered without the forks' copies of the hits:
+        // outside testing, session 36).
+        gone.sort();
+        gone.dedup();
+        let again = !gone.is_empty();
+        for id in gone {
+            let inheritors = index.inheritors(&id).unwrap_or_default();
+            self.unindex_deleted(&id, &inheritors);
+        }
+        let page = Searched {
+            found: out,
+            next,
+            skipped,
+        };
+        Ok((page, again))
+    }
+
+    /// The hits of index rows `hits` that a session shows, in their order, each with its
+    /// message read back and its snippet: a row whose message no session shows any more
+    /// is left out. Sessions found gone are added to `gone`, those whose file cannot be
+    /// read to `skipped`.
+    fn shown_hits(
+        &self,
+        index: &SearchIndex,
+        hits: &[IndexHit],
+        options: &SearchOptions,
+        marks: &[Mark],
+        skipped: &mut Vec<SkippedSession>,
+        gone: &mut Vec<SessionId>,
+    ) -> Result<Vec<Found>> {
         // Each hit's message, read back from the file that holds it: one connection per
         // session of the page.
         let mut wanted: HashMap<&SessionId, Vec<(u64, u64)>> = HashMap::new();
@@ -683,8 +745,6 @@ impl Root {
                 .collect()
         });
         let mut messages: HashMap<(&SessionId, u64, u64), Arc<Message>> = HashMap::new();
-        let mut gone: Vec<SessionId> = Vec::new();
-        let mut skipped = self.unsearchable(options.session.as_ref());
         for part in read {
             let (found, vanished, unreadable) = part?;
             messages.extend(found);
@@ -727,12 +787,12 @@ impl Root {
             inherited.insert(hit.row, shown);
         }
         let stale: Vec<(&SessionId, Vec<(u64, u64)>)> = stale.into_iter().collect();
-        let (stale, vanished, unreadable_stale) = self.read_back(&index, &stale, false)?;
+        let (stale, vanished, unreadable_stale) = self.read_back(index, &stale, false)?;
         let stale: HashMap<(&SessionId, u64, u64), Arc<Message>> = stale.into_iter().collect();
         gone.extend(vanished);
         skipped.extend(unreadable_stale);
         let mut out = Vec::with_capacity(hits.len());
-        for hit in &hits {
+        for hit in hits {
             let key = (&hit.session_id, hit.position, hit.seq);
             // In its own session's transcript: current in that file, and not superseded by
             // a range the session inherits after it (`IndexHit::own`).
@@ -780,34 +840,12 @@ impl Root {
             }
             out.push(Found {
                 shared_with,
-                snippet: snippet(&text, &marks),
+                snippet: snippet(&text, marks),
                 message_id,
                 hit,
             });
         }
-        // A session deleted behind the index's back (an older build, by hand), or by a
-        // delete killed after its rename and before it updated the index: forgotten, and
-        // the sessions that inherited from it indexed again. The delete copied their
-        // inherited range into their own files, which the index holds only under the
-        // deleted session: forgetting it alone lost those messages from every search
-        // until a rebuild or a writer open of each fork.
-        // The page is asked again after any: the forks of a session deleted meanwhile may
-        // have been indexed again by its delete before this search looked for them (it
-        // found no inheritor then, and answered without the forks' copies of the hits:
-        // outside testing, session 36).
-        gone.sort();
-        gone.dedup();
-        let again = !gone.is_empty();
-        for id in gone {
-            let inheritors = index.inheritors(&id).unwrap_or_default();
-            self.unindex_deleted(&id, &inheritors);
-        }
-        let page = Searched {
-            found: out,
-            next,
-            skipped,
-        };
-        Ok((page, again))
+        Ok(out)
     }
 }
 
