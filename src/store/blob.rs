@@ -36,6 +36,34 @@ impl Holds {
 /// decompressed twice (and hashed once, as before).
 const VERIFY_FIRST_BYTES: u64 = 8 << 20;
 
+/// Large zstd blobs this process found damaged, by their digest and the XXH3-128 of their
+/// stored frame (the last [`REFUSED_KEPT`]): a frame decompresses to the same bytes every
+/// time, so the verdict is refused again at once. A planted frame of 25 KB declaring 800 MB
+/// cost about 0.75 s of CPU at each check, several checks per command and per `serve` page
+/// (7.3 s a page; outside testing H1, session 41).
+static REFUSED: std::sync::Mutex<std::collections::VecDeque<((String, u128), Error)>> =
+    std::sync::Mutex::new(std::collections::VecDeque::new());
+/// How many refused large blobs [`REFUSED`] remembers.
+const REFUSED_KEPT: usize = 64;
+
+/// [`check_streamed`], its refusal remembered in [`REFUSED`] and given again at once.
+fn check_streamed_once(digest: &str, bytes: u64, data: &[u8]) -> Result<()> {
+    let key = (digest.to_owned(), xxhash_rust::xxh3::xxh3_128(data));
+    let refused = || REFUSED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, e)) = refused().iter().find(|(k, _)| *k == key) {
+        return Err(e.clone());
+    }
+    let checked = check_streamed(digest, bytes, data);
+    if let Err(e) = &checked {
+        let mut kept = refused();
+        if kept.len() == REFUSED_KEPT {
+            kept.pop_front();
+        }
+        kept.push_back((key, e.clone()));
+    }
+    checked
+}
+
 /// Decompresses the zstd frame `data` through SHA-256 in pieces of a fixed size and
 /// checks that it holds exactly `bytes` bytes of `digest`.
 fn check_streamed(digest: &str, bytes: u64, data: &[u8]) -> Result<()> {
@@ -130,7 +158,7 @@ pub(crate) fn decode(
                 }
             }
             if bytes > VERIFY_FIRST_BYTES {
-                check_streamed(digest, bytes, &data)?;
+                check_streamed_once(digest, bytes, &data)?;
                 hashed = true;
             }
             zstd::bulk::decompress(&data, bytes as usize)
@@ -184,5 +212,35 @@ mod tests {
         }
         let random: Vec<u8> = (0..100_000).map(|_| fastrand::u8(..)).collect();
         assert_eq!(encode(&random).0, "identity");
+    }
+
+    /// A large frame that does not hold its digest's bytes is refused again from memory,
+    /// with the same error, without decompressing it again; a sound one is decoded each
+    /// time and not remembered.
+    #[test]
+    fn a_refused_large_blob_is_remembered_and_a_sound_one_is_not() {
+        let raw = vec![0u8; (VERIFY_FIRST_BYTES + 1_000) as usize];
+        let (encoding, data) = encode(&raw);
+        assert_eq!(encoding, "zstd");
+        let key = xxhash_rust::xxh3::xxh3_128(&data);
+        let known = |digest: &str| {
+            REFUSED
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|((d, k), _)| d == digest && *k == key)
+        };
+        let wrong = sha256_hex(b"something else");
+        let first = decode(&wrong, raw.len() as u64, "zstd", data.clone(), Holds::Any).unwrap_err();
+        assert!(known(&wrong));
+        let again = decode(&wrong, raw.len() as u64, "zstd", data.clone(), Holds::Any).unwrap_err();
+        assert_eq!(again.to_string(), first.to_string());
+        assert!(again.is_corrupt(), "{again:?}");
+        let right = sha256_hex(&raw);
+        for _ in 0..2 {
+            let decoded = decode(&right, raw.len() as u64, "zstd", data.clone(), Holds::Any);
+            assert_eq!(decoded.unwrap().len(), raw.len());
+        }
+        assert!(!known(&right));
     }
 }
