@@ -1182,6 +1182,45 @@ fn the_first_page_after_an_idle_spell_lists_the_sessions_made_during_it() {
     assert!(api.contains("made-while-idle-too"), "{api}");
 }
 
+/// A root removed, or removed and made again, while served is answered 503 on every
+/// route, saying so: the listing and a session's header came from the root served, its
+/// history and search from the folder now at its path, so one session was both "not
+/// found" and served (outside testing C4, session 41).
+#[test]
+fn a_root_replaced_while_served_is_named_on_every_route() {
+    let (dir, root) = demo_root();
+    let server = Server::start(&root, &[]);
+    server.ok("/");
+    server.ok("/api/sessions/demo-flaky-test/history");
+    std::fs::rename(&root, dir.path().join("moved-away")).expect("move the root away");
+    std::fs::create_dir(&root).expect("make a new root");
+    serve_support::cli_ok(&root, &["create", "demo-flaky-test"]);
+    for path in [
+        "/",
+        "/api/sessions",
+        "/sessions/demo-flaky-test",
+        "/api/sessions/demo-flaky-test/history",
+        "/api/search?q=test",
+        "/api/stats",
+    ] {
+        let answer = server.get(path);
+        assert_eq!(answer.status, 503, "{path}: {}", answer.body);
+        assert!(
+            answer
+                .body
+                .contains("was removed or replaced while it was served"),
+            "{path}: {}",
+            answer.body
+        );
+        assert_eq!(
+            answer.body.starts_with('{'),
+            path.starts_with("/api/"),
+            "{path}: {}",
+            answer.body
+        );
+    }
+}
+
 /// A user who can only read the root (its files chmod'ed read-only, the server run as
 /// `nobody` through `setpriv`, since root ignores file modes) is served every page,
 /// including those of sessions whose file has no `-wal` beside it (a fork or rewind

@@ -202,6 +202,20 @@ pub async fn check(State(app): State<App>, request: Request, next: Next) -> Resp
                 "a token is required: open the URL the server printed at start",
             ),
         )
+    } else if super::folder_identity(app.root.path()) != app.root_identity {
+        // The listing and a session's header came from the catalog and handles of the
+        // root served, its history and search from the folder now at its path: a session
+        // "not found" was served (outside testing C4, session 41).
+        refuse(
+            &path,
+            Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "the root {} was removed or replaced while it was served; restart                      `session-store serve` to serve what is there now",
+                    app.root.path().display()
+                ),
+            ),
+        )
     } else if !request.uri().query().is_none_or(query_is_utf8) {
         refuse(
             &path,

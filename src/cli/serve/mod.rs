@@ -72,6 +72,15 @@ pub struct App {
     pub token: Option<Arc<str>>,
     /// When a sessions page last refreshed the catalog (`None`: not yet).
     pub catalog_refreshed: Arc<Mutex<Option<Instant>>>,
+    /// The root folder's device and inode when the server started ([`folder_identity`]).
+    pub root_identity: Option<(u64, u64)>,
+}
+
+/// The device and inode of `folder`, `None` when it cannot be looked at: a root removed
+/// while served, or removed and made again, is told apart from the one served.
+pub fn folder_identity(folder: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(folder).ok().map(|m| (m.dev(), m.ino()))
 }
 
 /// A random token: 16 bytes of the OS's randomness, in hex.
@@ -168,12 +177,14 @@ pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
         true => Some(Arc::<str>::from(random_token()?)),
         false => None,
     };
+    let root_identity = folder_identity(root.path());
     let app = App {
         root,
         query: service.query(),
         host: cx.host.clone(),
         token: token.clone(),
         catalog_refreshed: Arc::default(),
+        root_identity,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(WORKERS)
