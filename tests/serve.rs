@@ -2731,6 +2731,85 @@ fn a_running_server_finds_what_a_writer_killed_after_its_first_search_left() {
     }
 }
 
+/// A root whose session `big` holds one message of 24 MiB of random letters, stored as a
+/// blob: more than a loopback connection's socket buffers hold.
+fn root_with_a_large_blob() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("root");
+    let library = Root::open(&root).expect("root");
+    let session = library
+        .create(CreateOptions::with_id(SessionId::new("big").expect("id")))
+        .expect("create");
+    let mut rng = fastrand::Rng::with_seed(7);
+    let noise: String = (0..24 << 20)
+        .map(|_| char::from(b'a' + rng.u8(..26)))
+        .collect();
+    let message = Event::new("message/complete")
+        .with_payload_json(
+            &json!({"message": {"id": "m", "role": "tool", "content": noise}}).to_string(),
+        )
+        .expect("payload");
+    session
+        .append(Batch::new("op", vec![message]))
+        .expect("append");
+    session.close().expect("close");
+    (dir, root)
+}
+
+/// Clients that ask for a large blob and stop reading hold at most 4 answers: each held the
+/// whole blob without limit (twelve such clients of a 100 MB blob, 1.2 GB; outside testing
+/// C3, session 41). A fifth waits for a place, 10 s at most, then is answered 503 saying
+/// why; every other page is served meanwhile, and once the clients are gone the blob is
+/// served again.
+#[test]
+fn clients_that_stop_reading_large_answers_hold_at_most_four_of_them() {
+    use std::io::{Read, Write};
+    let (_dir, root) = root_with_a_large_blob();
+    let server = Server::start(&root, &[]);
+    let link = blob_link(&server.ok("/sessions/big").body);
+    let address = server.base.trim_start_matches("http://").to_owned();
+    let stalled: Vec<std::net::TcpStream> = ["/api", "", "/api", ""]
+        .iter()
+        .map(|prefix| {
+            let mut client = std::net::TcpStream::connect(&address).expect("connect");
+            client
+                .write_all(
+                    format!("GET {prefix}{link} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").as_bytes(),
+                )
+                .expect("request");
+            let mut first = [0u8; 16];
+            client.read_exact(&mut first).expect("the answer starts");
+            assert!(first.starts_with(b"HTTP/1.1 200"), "{first:?}");
+            client
+        })
+        .collect();
+    // The four read no more.
+    let started = std::time::Instant::now();
+    server.ok("/");
+    server.ok("/sessions/big");
+    let refused = server.get(&format!("/api{link}"));
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert!(
+        refused.body.contains("have not read them yet"),
+        "{}",
+        refused.body
+    );
+    assert!(
+        started.elapsed() >= Duration::from_secs(9),
+        "{:?}",
+        started.elapsed()
+    );
+    let page = server.get(&link);
+    assert_eq!(page.status, 503);
+    drop(stalled);
+    let served = server.ok(&format!("/api{link}"));
+    assert!(served.body.len() > 24 << 20, "{}", served.body.len());
+    assert_eq!(
+        server.request("HEAD", &format!("/api{link}"), &[]).status,
+        200
+    );
+}
+
 /// A client that asks for a large answer and stops reading it (`curl URL | less`) kept
 /// the server from exiting on SIGTERM for as long as it stayed connected (outside testing
 /// C2, session 41): a stop now waits at most 5 s for the answers in flight, then cuts
@@ -2738,27 +2817,7 @@ fn a_running_server_finds_what_a_writer_killed_after_its_first_search_left() {
 #[test]
 fn a_stop_does_not_wait_for_a_client_that_stopped_reading() {
     use std::io::{Read, Write};
-    let dir = tempfile::tempdir().expect("tempdir");
-    let root = dir.path().join("root");
-    {
-        let root = Root::open(&root).expect("root");
-        let session = root
-            .create(CreateOptions::with_id(SessionId::new("big").expect("id")))
-            .expect("create");
-        let mut rng = fastrand::Rng::with_seed(7);
-        let noise: String = (0..24 << 20)
-            .map(|_| char::from(b'a' + rng.u8(..26)))
-            .collect();
-        let message = Event::new("message/complete")
-            .with_payload_json(
-                &json!({"message": {"id": "m", "role": "tool", "content": noise}}).to_string(),
-            )
-            .expect("payload");
-        session
-            .append(Batch::new("op", vec![message]))
-            .expect("append");
-        session.close().expect("close");
-    }
+    let (dir, root) = root_with_a_large_blob();
     let log = dir.path().join("stderr.txt");
     let mut command = Server::command(&[], &root, "127.0.0.1:0", &[]);
     command.stderr(std::fs::File::create(&log).expect("log"));

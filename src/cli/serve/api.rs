@@ -9,6 +9,7 @@ use session_store::{CatalogTotals, SearchPage, SessionStats};
 
 use super::App;
 use super::data::{self, Params, SessionDetail, SessionList, Transcript};
+use super::held;
 use super::problem::{ApiError, Problem};
 use super::tree::{self, ForkTree};
 
@@ -77,8 +78,12 @@ pub async fn content(
 ) -> Result<Response, ApiError> {
     let id = data::session_id(&id)?;
     let digest = data::digest(&digest)?;
-    let bytes = data::content(&app, id, digest).await?;
-    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], bytes).into_response())
+    let (bytes, place) = data::content(&app, id, digest).await?;
+    Ok((
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        held::body(bytes, place),
+    )
+        .into_response())
 }
 
 /// Any other address under `/api/`.

@@ -17,6 +17,7 @@ use super::App;
 use super::problem::Problem;
 use crate::cli::sessions::file_bytes;
 use crate::cli::{count, shown};
+use tokio::sync::OwnedSemaphorePermit;
 
 /// Sessions or messages per page unless `limit` says otherwise.
 pub const PAGE: usize = 50;
@@ -569,10 +570,18 @@ pub async fn stats(app: &App, id: SessionId) -> Result<SessionStats, Problem> {
     .await
 }
 
-/// The bytes of content `digest` of session `id` (or its ancestors); 404 when the
-/// session holds no such content.
-pub async fn content(app: &App, id: SessionId, digest: String) -> Result<Vec<u8>, Problem> {
-    of_session(app, &id, || content_once(app, id.clone(), digest.clone())).await
+/// The bytes of content `digest` of session `id` (or its ancestors), with the place
+/// ([`super::held`]) the answer holds until it is sent; 404 when the session holds no such
+/// content, 503 when no place came free in time.
+pub async fn content(
+    app: &App,
+    id: SessionId,
+    digest: String,
+) -> Result<(Vec<u8>, OwnedSemaphorePermit), Problem> {
+    // The place first: the blob is read only when it may be held.
+    let place = super::held::take_place(&app.content_places).await?;
+    let bytes = of_session(app, &id, || content_once(app, id.clone(), digest.clone())).await?;
+    Ok((bytes, place))
 }
 
 /// One read of [`content`].

@@ -6,12 +6,14 @@
 //! tree, [`templates`],
 //! [`transcript`] and [`svg`] render it, [`pages`] and [`api`] are the HTML and JSON
 //! routes, [`guard`] checks the host and token and sets the security headers,
-//! [`assets`] serves the stylesheet, [`problem`] renders errors, [`links`] builds URLs.
+//! [`assets`] serves the stylesheet, [`problem`] renders errors, [`links`] builds URLs,
+//! [`held`] bounds and sends the answers that hold a large blob.
 
 mod api;
 mod assets;
 mod data;
 mod guard;
+mod held;
 mod links;
 mod listen;
 mod pages;
@@ -74,6 +76,8 @@ pub struct App {
     pub catalog_refreshed: Arc<Mutex<Option<Instant>>>,
     /// The root folder's device and inode when the server started ([`folder_identity`]).
     pub root_identity: Option<(u64, u64)>,
+    /// The places of content answers ([`held`]).
+    pub content_places: Arc<tokio::sync::Semaphore>,
 }
 
 /// The device and inode of `folder`, `None` when it cannot be looked at: a root removed
@@ -185,6 +189,7 @@ pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
         token: token.clone(),
         catalog_refreshed: Arc::default(),
         root_identity,
+        content_places: held::places(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(WORKERS)

@@ -2,13 +2,13 @@
 //! a template; failures answer with a small HTML error page.
 
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 
 use super::App;
 use super::data::{self, Params};
 use super::problem::{PageError, Problem};
-use super::{templates, transcript, tree};
+use super::{held, templates, transcript, tree};
 
 /// `GET /`: the sessions list, or the hits of `q`.
 pub async fn sessions(
@@ -71,11 +71,17 @@ pub async fn root_stats(State(app): State<App>) -> Result<Html<String>, PageErro
 pub async fn content(
     State(app): State<App>,
     Path((id, digest)): Path<(String, String)>,
-) -> Result<Html<String>, PageError> {
+) -> Result<Response, PageError> {
     let id = data::session_id(&id)?;
     let digest = data::digest(&digest)?;
-    let bytes = data::content(&app, id.clone(), digest.clone()).await?;
-    Ok(transcript::content_page(&id, &digest, &bytes))
+    let (bytes, place) = data::content(&app, id.clone(), digest.clone()).await?;
+    let Html(page) = transcript::content_page(&id, &digest, &bytes);
+    drop(bytes);
+    Ok((
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        held::body(page, place),
+    )
+        .into_response())
 }
 
 /// Any other address.
