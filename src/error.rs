@@ -36,14 +36,30 @@ impl fmt::Display for WriterOwner {
             }
             (None, generation) => format!("generation {generation},"),
         };
+        // A writer of this very process (a prepared runtime not published yet, a session
+        // opened twice) read as some other program's.
+        let own = if self.pid == std::process::id() && self.host == host_name() {
+            " (this process)"
+        } else {
+            ""
+        };
         write!(
             f,
-            "pid {} on host {} ({held} since {} UTC)",
+            "pid {}{own} on host {} ({held} since {} UTC)",
             self.pid,
             self.host,
             utc(self.since_ms)
         )
     }
+}
+
+/// This machine's host name, as a writer records it in its lock ([`WriterOwner::host`]).
+pub(crate) fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
 }
 
 /// Milliseconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS` (UTC), as messages and the

@@ -1046,6 +1046,55 @@ async fn publish_after_a_detach_registers_the_runtime_again() {
     service.shutdown().await.expect("shutdown");
 }
 
+/// A prepared session is in the root at once (listed, its id taken: upstream's
+/// `PrepareCreate` creates it; only its runtime is hidden), an open of it meanwhile is
+/// refused naming this process as the writer (it read as some other program's, outside
+/// testing of the library, session 42), and a discard leaves the session, which a delete
+/// removes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepared_session_is_listed_its_open_names_this_process_and_discard_leaves_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = service_in(dir.path());
+    let prepared = within(
+        "prepare",
+        service.prepare_create(CreateOptions::with_id(id("prep"))),
+    )
+    .await
+    .expect("prepare");
+    let r = prepared.runtime().session_ref().clone();
+    let listed = |service: &Service| {
+        let service = service.clone();
+        async move {
+            let page = service.query().list(None, 50).await.expect("list");
+            page.sessions
+                .iter()
+                .any(|s| s.session_ref.session_id.as_str() == "prep")
+        }
+    };
+    assert!(listed(&service).await, "the prepared session is not listed");
+    let err = within("open", service.open(&r)).await.unwrap_err();
+    assert!(err.is_writer_owned(), "{err}");
+    assert!(
+        err.to_string().contains(&format!(
+            "pid {} (this process) on host",
+            std::process::id()
+        )),
+        "{err}"
+    );
+    within("discard", service.discard(&prepared))
+        .await
+        .expect("discard");
+    assert!(listed(&service).await, "the discarded session is gone");
+    let err = within("create", service.create(CreateOptions::with_id(id("prep"))))
+        .await
+        .unwrap_err();
+    assert!(err.is_already_exists(), "{err}");
+    within("delete", service.delete(&r, &CancelToken::new()))
+        .await
+        .expect("delete");
+    assert!(!listed(&service).await);
+}
+
 /// A prepared runtime is published or discarded only by the service that prepared it (or
 /// a clone), as upstream's `Publish` requires: another service (another host, another
 /// root) published it before, registering a session of the first root under its own

@@ -1135,7 +1135,7 @@ def test_delete_waits_for_the_writer_then_gives_up(root):
     # It says what it waited for (the caller cancelled nothing: "operation cancelled" before).
     with pytest.raises(
         session_store.Cancelled,
-        match=rf"gave up deleting held after 0\.2 s: its writer, pid {os.getpid()} on host ",
+        match=rf"gave up deleting held after 0\.2 s: its writer, pid {os.getpid()} \(this process\) on host ",
     ):
         root.delete("held", wait=0.2)
     writer.close()

@@ -218,7 +218,8 @@ fn old_sorted_cursor(cursor: &str) -> Option<(&str, &str, &str)> {
 }
 
 impl ListFilter {
-    /// Only sessions whose header names exactly `cwd`.
+    /// Only sessions whose header names exactly `cwd` (`/srv/api/` is not `/srv/api`): pass
+    /// a user's text through [`absolute_cwd`](crate::absolute_cwd) first, as the CLI does.
     pub fn with_cwd(mut self, cwd: impl Into<String>) -> Self {
         self.cwd = Some(cwd.into());
         self

@@ -135,7 +135,10 @@ impl CreateOptions {
         }
     }
 
-    /// These options with the working directory `cwd` recorded in the header.
+    /// These options with the working directory `cwd` recorded in the header, exactly as
+    /// given (a relative one too): pass it through [`absolute_cwd`](crate::absolute_cwd)
+    /// first to record it as the CLI and the Python package do, the absolute folder it
+    /// names, which is what their `--cwd` and `cwd=` filters compare.
     pub fn with_cwd(mut self, cwd: impl Into<String>) -> Self {
         self.cwd = Some(cwd.into());
         self
@@ -286,14 +289,6 @@ struct RootInner {
     unsearchable: std::sync::Mutex<Vec<SkippedSession>>,
     /// The last read of the folder a listing's first page used ([`Root::listing_scan`]).
     scans: scan_cache::ScanCache,
-}
-
-fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".to_owned())
 }
 
 /// The header of a new session (a random id unless one is given).
@@ -523,7 +518,7 @@ impl Root {
                 path,
                 dir,
                 options,
-                host: host_name(),
+                host: crate::error::host_name(),
             }),
         })
     }

@@ -58,7 +58,10 @@ impl ImportOptions {
         self
     }
 
-    /// These options recording the working directory `cwd`.
+    /// These options recording the working directory `cwd`, exactly as given (a relative
+    /// one too): pass it through [`absolute_cwd`](crate::absolute_cwd) first to record it
+    /// as the CLI and the Python package do, the absolute folder it names, which is what
+    /// their `--cwd` and `cwd=` filters compare.
     pub fn with_cwd(mut self, cwd: impl Into<String>) -> Self {
         self.cwd = Some(cwd.into());
         self

@@ -95,7 +95,9 @@ impl SearchOptions {
         self
     }
 
-    /// Only sessions with this working directory.
+    /// Only sessions with exactly this working directory (`/srv/api/` is not `/srv/api`):
+    /// pass a user's text through [`absolute_cwd`](crate::absolute_cwd) first, as the CLI
+    /// does.
     #[must_use]
     pub fn with_cwd(mut self, cwd: impl Into<String>) -> Self {
         self.cwd = Some(cwd.into());

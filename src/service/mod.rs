@@ -287,9 +287,15 @@ impl Service {
         live
     }
 
-    /// Creates a session whose runtime is usable but not visible until published. A
-    /// caller that stops waiting (its future dropped, its task aborted) before this
-    /// returns leaves no session behind, as with [`Service::create`].
+    /// Creates a session whose runtime is usable but not visible until published. The
+    /// session itself is created in the root at once, as upstream's `PrepareCreate` does:
+    /// it is listed and its id is taken; what stays hidden is its runtime, which
+    /// [`Service::runtime`] does not return and [`Service::open`] does not bind
+    /// ([`Error::WriterOwned`] naming this process: the prepared runtime holds the
+    /// writer). [`Service::discard`] releases the writer and leaves the session; delete it
+    /// ([`Service::delete`]) if it should not stay. A caller that stops waiting (its future
+    /// dropped, its task aborted) before this returns leaves no session behind, as with
+    /// [`Service::create`].
     ///
     /// # Errors
     /// [`Error::SessionExists`]; [`Error::ServiceShutDown`] after [`Service::shutdown`] (nothing
@@ -373,9 +379,10 @@ impl Service {
         Ok(prepared.runtime.clone())
     }
 
-    /// Closes an unpublished prepared runtime and releases its writer. Repeated calls
-    /// return the first result. One another service prepared is left alone (as upstream:
-    /// a foreign one is a no-op).
+    /// Closes an unpublished prepared runtime and releases its writer. The session stays
+    /// in the root, as upstream's `Discard` leaves it (any opener may open it then);
+    /// [`Service::delete`] removes it. Repeated calls return the first result. One another
+    /// service prepared is left alone (as upstream: a foreign one is a no-op).
     ///
     /// # Errors
     /// [`Error::InvalidInput`] for a published runtime; the close error.
