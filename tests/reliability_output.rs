@@ -373,9 +373,11 @@ fn any_batch_append_accepts_prints_as_parseable_json() {
         accepted.get()
     );
     // Most draws are accepted (plan/state refuses numbers out of f64 range and deep
-    // nesting): the property is not vacuous.
+    // nesting): the property is not vacuous. About 64% are (128 of 200 in one run): at
+    // least half of 24 failed about once in 25 runs (10 of 24 in session 42's CI); a
+    // quarter is 4 standard deviations below the mean.
     assert!(
-        accepted.get() * 2 >= cases,
+        accepted.get() * 4 >= cases,
         "only {} accepted",
         accepted.get()
     );
