@@ -1206,9 +1206,9 @@ fn a_root_replaced_while_served_is_named_on_every_route() {
         let answer = server.get(path);
         assert_eq!(answer.status, 503, "{path}: {}", answer.body);
         assert!(
-            answer
-                .body
-                .contains("was removed or replaced while it was served"),
+            answer.body.contains(
+                "was removed or replaced while it was served; restart `session-store serve`"
+            ),
             "{path}: {}",
             answer.body
         );
@@ -1219,6 +1219,58 @@ fn a_root_replaced_while_served_is_named_on_every_route() {
             answer.body
         );
     }
+    // The stylesheet of that error page is still served.
+    server.ok("/assets/style.css");
+}
+
+/// A search of one fork among many that inherit a hit names that fork first in "also in:",
+/// so it is never among the forks only counted ("and 28 more"): the page filtered by the
+/// fork showed a hit that named neither it nor why (outside testing D2, session 42).
+#[test]
+fn a_search_of_one_fork_names_it_first_among_those_that_share_a_hit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("root");
+    let root = Root::open(&path).expect("root");
+    let parent = root
+        .create(CreateOptions::with_id(SessionId::new("p").expect("id")))
+        .expect("create");
+    parent
+        .append(common::turn("op", "t1", "m1"))
+        .expect("append");
+    parent.close().expect("close");
+    for n in 1..=12 {
+        root.fork(
+            &SessionId::new("p").expect("id"),
+            session_store::ForkPoint::AfterTurn("t1".into()),
+            Some(SessionId::new(format!("f{n}")).expect("id")),
+        )
+        .expect("fork");
+    }
+    drop(root);
+    let server = Server::start(&path, &[]);
+    let hits = server.ok("/api/search?q=m1").json();
+    let hit = &hits["hits"][0];
+    let position = hit["position"].as_u64().expect("position");
+    assert_eq!(
+        hit["shared_with"].as_array().map(Vec::len),
+        Some(12),
+        "{hits}"
+    );
+    let page = server.ok("/?q=m1&session=f9").body;
+    let also = page
+        .split("also in: ")
+        .nth(1)
+        .expect("also in")
+        .split("</p>")
+        .next()
+        .unwrap();
+    assert!(
+        also.starts_with(&format!(
+            "<a href=\"/sessions/f9?at={position}#m{position}\">"
+        )),
+        "{also}"
+    );
+    assert!(also.contains(" and 2 more"), "{also}");
 }
 
 /// A user who can only read the root (its files chmod'ed read-only, the server run as

@@ -629,8 +629,13 @@ fn must_exist(path: &Path) -> CliResult<()> {
         // `FILE/` for a file: a path ending in `/` names a folder, and the file is there
         // (it said "FILE/ not found", outside testing C7, session 41).
         Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => Err(Failure::invalid(format!(
-            "{}: a part of it is a file, not a folder (a path ending in / names a folder)",
-            path.display()
+            "{}: a part of it is a file, not a folder{}",
+            path.display(),
+            if path.as_os_str().as_encoded_bytes().ends_with(b"/") {
+                " (a path ending in / names a folder)"
+            } else {
+                ""
+            }
         ))),
         Err(_) => Err(Failure::with_code(
             EXIT_NOT_FOUND,

@@ -202,7 +202,9 @@ pub async fn check(State(app): State<App>, request: Request, next: Next) -> Resp
                 "a token is required: open the URL the server printed at start",
             ),
         )
-    } else if super::folder_identity(app.root.path()) != app.root_identity {
+    } else if !path.starts_with("/assets/")
+        && super::folder_identity(app.root.path()) != app.root_identity
+    {
         // The listing and a session's header came from the catalog and handles of the
         // root served, its history and search from the folder now at its path: a session
         // "not found" was served (outside testing C4, session 41).
@@ -211,7 +213,8 @@ pub async fn check(State(app): State<App>, request: Request, next: Next) -> Resp
             Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!(
-                    "the root {} was removed or replaced while it was served; restart                      `session-store serve` to serve what is there now",
+                    "the root {} was removed or replaced while it was served; restart \
+                     `session-store serve` to serve what is there now",
                     app.root.path().display()
                 ),
             ),

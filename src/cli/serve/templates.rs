@@ -267,7 +267,7 @@ pub fn search_page(page: &SearchPage, params: &Params) -> Html<String> {
                         " " span.role { (hit.role.as_deref().unwrap_or("")) }
                         @if hit.position > 0 { " " span.meta { "#" (hit.position) } }
                         " " span.meta { (utc(hit.time_ms)) }
-                        (also_in(&hit.shared_with, hit.position))
+                        (also_in(&hit.shared_with, hit.position, params.session_text()))
                         p.snippet { (snippet(&hit.snippet)) }
                     }
                 }
@@ -280,8 +280,17 @@ pub fn search_page(page: &SearchPage, params: &Params) -> Html<String> {
 /// The forks that inherit a hit's message, as the CLI's "also in:" names them, each
 /// linked to the message in it (the page named none: a hit of `session=FORK` showed only
 /// the session that wrote it; outside testing D2, session 42). The first
-/// [`ALSO_IN_SHOWN`] are named, then how many more.
-fn also_in(forks: &[SessionRef], position: u64) -> Markup {
+/// [`ALSO_IN_SHOWN`] are named, then how many more; the session the search is filtered
+/// by (`searched`) first, so it is never among those only counted.
+fn also_in(forks: &[SessionRef], position: u64, searched: Option<&str>) -> Markup {
+    let mut forks: Vec<&SessionRef> = forks.iter().collect();
+    if let Some(at) = forks
+        .iter()
+        .position(|f| Some(f.session_id.as_str()) == searched)
+    {
+        let first = forks.remove(at);
+        forks.insert(0, first);
+    }
     let more = forks.len().saturating_sub(ALSO_IN_SHOWN);
     html! {
         @if !forks.is_empty() {
