@@ -46,6 +46,8 @@ pub struct Params {
     pub limit: Option<String>,
     /// A transcript position: the page that holds it (with a few newer messages).
     pub at: Option<String>,
+    /// A transcript position: the page of the messages right after it.
+    pub after: Option<String>,
     /// Search: only messages with this role (`title` for titles).
     pub role: Option<String>,
     /// Search: only messages since this time (`7d`, `2026-12-01`, as `search --since`).
@@ -147,6 +149,17 @@ impl Params {
                     .ok_or_else(|| {
                         Problem::bad_request(format!("at {text:?} is not a position from 1"))
                     })
+            })
+            .transpose()
+    }
+
+    /// The position the page of newer messages follows, if any (a number from 0).
+    fn after(&self) -> Result<Option<u64>, Problem> {
+        given(&self.after)
+            .map(|text| {
+                text.trim().parse::<u64>().map_err(|_| {
+                    Problem::bad_request(format!("after {text:?} is not a position from 0"))
+                })
             })
             .transpose()
     }
@@ -454,19 +467,11 @@ pub struct Transcript {
     pub page: HistoryPage,
     /// The ended turns that overlap the page, in order.
     pub turns: Vec<TurnBoundary>,
-    /// When newer messages follow this page (one asked for by cursor or `at`), the page
-    /// of the link to them; not in the JSON, whose clients page by `at` themselves.
+    /// When newer messages follow this page (one asked for by cursor or position), the
+    /// position they follow (the link to them is `?after=` it); not in the JSON, whose
+    /// clients page by `after` themselves.
     #[serde(skip)]
-    pub newer: Option<NewerPage>,
-}
-
-/// The page a transcript page's "newer messages" link opens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NewerPage {
-    /// The page by `at` that starts right after this one's last message.
-    At(u64),
-    /// The newest page: the newer messages are fewer than a page.
-    Newest,
+    pub newer: Option<u64>,
 }
 
 /// The newest page of `id`'s transcript, the older page `cursor` names, or the page that
@@ -486,14 +491,35 @@ async fn history_once(app: &App, id: SessionId, params: &Params) -> Result<Trans
     // A page by `at` ends a few newer messages after it, as many as it has room for.
     let context = AT_CONTEXT.min(page_len.saturating_sub(1));
     let at = params.at()?;
-    let page = match (params.cursor(), at) {
-        // `at` was ignored beside a cursor (outside testing D4, session 42).
-        (Some(_), Some(_)) => {
-            return Err(Problem::bad_request(
-                "give at (a position) or cursor (a page), not both",
-            ));
-        }
-        (None, Some(at)) => {
+    let after = params.after()?;
+    // Only one of them: `at` was ignored beside a cursor (outside testing D4, session 42).
+    let given = [params.cursor().is_some(), at.is_some(), after.is_some()];
+    if given.iter().filter(|g| **g).count() > 1 {
+        return Err(Problem::bad_request(
+            "give one of at (a position), after (a position) or cursor (a page), not more",
+        ));
+    }
+    // The newest position (0 for an empty transcript): a page by position is checked
+    // against it, and one by cursor or position links the newer page when it is below it.
+    let newest = || async {
+        Ok::<u64, Problem>(
+            app.query
+                .history_page(&session, None, 1)
+                .await?
+                .messages
+                .first()
+                .map_or(0, |m| m.position),
+        )
+    };
+    let no_message = |what: String, held: u64| {
+        Problem::not_found(format!(
+            "session {} has no message {what}: its history holds {}",
+            shown(&id),
+            count(held, "message", "messages")
+        ))
+    };
+    let page = match (params.cursor(), at, after) {
+        (None, Some(at), None) => {
             let page = app
                 .query
                 .history_page_ending_at(&session, at.saturating_add(context), limit)
@@ -502,41 +528,30 @@ async fn history_once(app: &App, id: SessionId, params: &Params) -> Result<Trans
             // nothing (outside testing D4, session 42).
             let held = page.messages.last().map_or(0, |m| m.position);
             if held < at {
-                return Err(Problem::not_found(format!(
-                    "session {} has no message {at}: its history holds {}",
-                    shown(&id),
-                    count(held, "message", "messages")
-                )));
+                return Err(no_message(at.to_string(), held));
             }
             page
         }
-        (cursor, None) => app.query.history_page(&session, cursor, limit).await?,
-    };
-    // A page by cursor or `at` may have newer messages after it: the newer page starts
-    // right after its last message, unless that page would reach the newest message, when
-    // the link is to the newest page (a page by `at` past the end is the newest page, which
-    // showed a few messages of the page before it again: outside testing D3, session 42).
-    let not_the_newest = params.cursor().is_some() || at.is_some();
-    let newer = match page.messages.last().filter(|_| not_the_newest) {
-        Some(last) => {
-            let newest = app.query.history_page(&session, None, 1).await?;
-            newest
-                .messages
-                .first()
-                .filter(|n| n.position > last.position)
-                .map(|n| {
-                    if last.position.saturating_add(page_len) >= n.position {
-                        NewerPage::Newest
-                    } else {
-                        NewerPage::At(
-                            last.position
-                                .saturating_add(page_len)
-                                .saturating_sub(context),
-                        )
-                    }
-                })
+        // The messages right after `after`, a page of them at most: the last such page is
+        // short, where a page by `at` past the end was the newest page, which showed
+        // messages of the page before it again (outside testing D3, session 42).
+        (None, None, Some(after)) => {
+            let held = newest().await?;
+            if after >= held {
+                return Err(no_message(format!("after {after}"), held));
+            }
+            let end = after.saturating_add(page_len).min(held);
+            let len = usize::try_from(end - after).unwrap_or(limit);
+            app.query.history_page_ending_at(&session, end, len).await?
         }
-        None => None,
+        (cursor, _, _) => app.query.history_page(&session, cursor, limit).await?,
+    };
+    // A page by cursor or position may have newer messages after it: the newer page is
+    // the one after its last message.
+    let not_the_newest = params.cursor().is_some() || at.is_some() || after.is_some();
+    let newer = match page.messages.last().filter(|_| not_the_newest) {
+        Some(last) if newest().await? > last.position => Some(last.position),
+        _ => None,
     };
     let span = page
         .messages

@@ -7,7 +7,7 @@ use maud::{Markup, html};
 use serde_json::{Map, Value};
 use session_store::{Message, PersistentMessage, SessionId, TurnBoundary};
 
-use super::data::{NewerPage, Params, SessionDetail, Transcript};
+use super::data::{Params, SessionDetail, Transcript};
 use super::links;
 use super::templates::{SessionPage, clip, layout, session_nav, title_or_id};
 use crate::cli::{human_bytes, shown};
@@ -236,15 +236,14 @@ pub fn session_page(d: &SessionDetail, t: &Transcript, params: &Params) -> Html<
         )
     });
     let newest = links::with_query(&links::session(id), &[("limit", params.limit_text())]);
-    let newer = t.newer.map(|page| match page {
-        NewerPage::At(at) => links::with_query(
+    let newer = t.newer.map(|after| {
+        links::with_query(
             &links::session(id),
             &[
                 ("limit", params.limit_text()),
-                ("at", Some(&at.to_string())),
+                ("after", Some(&after.to_string())),
             ],
-        ),
-        NewerPage::Newest => newest.clone(),
+        )
     });
     let pager = html! {
         p.pager {
