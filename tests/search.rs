@@ -803,6 +803,46 @@ fn a_page_is_full_when_rows_no_session_shows_rank_ahead_of_live_ones() {
     }
 }
 
+/// A fork's inherited title is found once, under the session that wrote it, when the
+/// index is filled from scratch (the first search, `rebuild-catalog`): the fill takes the
+/// sessions in id order, so the fork came before its parent, was given a title row of its
+/// own (its parent's rows were not there yet), and kept it: the title was found under the
+/// fork and in the parent's hit's "also in" (outside testing, session 42).
+#[test]
+fn a_forks_inherited_title_is_found_once_when_the_index_is_filled_from_scratch() {
+    let (_dir, root) = temp_root();
+    let p = create(&root, "p");
+    p.append(common::turn("o1", "t1", "m1")).expect("append");
+    p.append(Batch::new("r1", vec![common::title("first title")]))
+        .expect("rename");
+    p.append(Batch::new("r2", vec![common::title("strasse")]))
+        .expect("rename");
+    p.append(common::turn("o2", "t2", "m2")).expect("append");
+    p.close().expect("close");
+    root.fork(&id("p"), ForkPoint::AfterTurn("t2".into()), Some(id("f")))
+        .expect("fork");
+    let p = root.open_writer(&id("p")).expect("writer");
+    p.append(common::turn("o3", "t3", "m3")).expect("append");
+    p.close().expect("close");
+    let found = |root: &Root| -> Vec<(String, Vec<String>)> {
+        search_all(root, "strasse", SearchOptions::default())
+            .into_iter()
+            .map(|h| {
+                let forks = h
+                    .shared_with
+                    .iter()
+                    .map(|r| r.session_id.to_string())
+                    .collect();
+                (h.session_ref.session_id.to_string(), forks)
+            })
+            .collect()
+    };
+    let once = vec![("p".to_owned(), vec!["f".to_owned()])];
+    assert_eq!(found(&root), once);
+    root.rebuild_catalog().expect("rebuild");
+    assert_eq!(found(&root), once);
+}
+
 /// The message ids of the hits of `query`.
 fn ids_of(root: &Root, query: &str) -> Vec<String> {
     search_all(root, query, SearchOptions::default())
