@@ -588,6 +588,20 @@ mod tests {
     }
 
     #[test]
+    fn a_preview_is_never_cut_inside_an_escape() {
+        let text = format!("{}\u{202e}tail", "a".repeat(95));
+        assert_eq!(
+            sessions::preview(&text, 100),
+            format!("{}…", "a".repeat(95))
+        );
+        assert_eq!(
+            sessions::preview(&text, 103),
+            format!("{}\\u{{202e}}…", "a".repeat(95))
+        );
+        assert_eq!(sessions::preview("short", 100), "short");
+    }
+
+    #[test]
     fn escapes_control_and_bidi_characters_only() {
         assert_eq!(printable("plain é"), "plain é");
         assert_eq!(
