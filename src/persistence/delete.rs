@@ -25,7 +25,9 @@ impl Root {
     /// unless a session under the root inherits from it.
     ///
     /// # Errors
-    /// [`Error::Cancelled`] when the wait is cancelled (nothing is deleted);
+    /// [`Error::Cancelled`] when the wait is cancelled (nothing is deleted; it names no
+    /// holder: [`Root::writer_owner`] says who holds the session, as the CLI's `delete
+    /// --wait` and the Python package's `Root.delete(wait=)` say in their errors);
     /// [`Error::WriterOwned`] naming a fork of an older schema version that a writer (an
     /// older build's) holds: copying the inherited range in would upgrade its file under
     /// that writer, so the session is kept (forks copied into before it keep their copy);
