@@ -29,22 +29,19 @@ const PREVIEW_CHARS: usize = 100;
 /// `text` on one line, control characters escaped, cut to `max` characters with an
 /// ellipsis, never inside an escape (`\u{202e…` was cut so; outside testing, session 42).
 pub(super) fn preview(text: &str, max: usize) -> String {
-    let flat = printable(text);
-    if flat.chars().count() <= max {
-        return flat.into_owned();
-    }
     let mut cut = String::new();
     let mut shown = 0;
     for c in text.chars() {
         let piece = printable(c.encode_utf8(&mut [0; 4])).into_owned();
         let width = piece.chars().count();
         if shown + width > max {
+            cut.push('…');
             break;
         }
         cut.push_str(&piece);
         shown += width;
     }
-    format!("{cut}…")
+    cut
 }
 
 /// A content ref for people: `<blob 1a2b3c4d5e6f… 120.0 KiB>`.

@@ -635,7 +635,7 @@ impl Root {
             after,
             limit: limit + 1,
         };
-        let marks = parsed.marks();
+        let (fts, phrase, marks) = (parsed.fts(), parsed.exact_phrase(), parsed.marks());
         let mut skipped = self.unsearchable(options.session.as_ref());
         let mut gone: Vec<SessionId> = Vec::new();
         let mut out: Vec<Found> = Vec::new();
@@ -646,8 +646,7 @@ impl Root {
         // last) or the rows end. A page cut from the first `limit + 1` rows was empty or
         // short, "no matches" with hits after it (outside testing, session 42).
         let next = loop {
-            let mut hits =
-                index.search(&parsed.fts(), parsed.exact_phrase().as_deref(), &filter)?;
+            let mut hits = index.search(&fts, phrase.as_deref(), &filter)?;
             let met = hits
                 .iter()
                 .map(|h| &h.session_id)
@@ -655,10 +654,13 @@ impl Root {
             if self.catch_up_met_dead_writers(&index, met) {
                 // A session met was behind its file (its writer died after a drain): the
                 // rows are asked again with what the index took.
-                hits = index.search(&parsed.fts(), parsed.exact_phrase().as_deref(), &filter)?;
+                hits = index.search(&fts, phrase.as_deref(), &filter)?;
             }
-            let last = hits.last().filter(|_| hits.len() >= filter.limit);
-            let after_rows = last.map(|h| (h.tier, h.row));
+            // The rows go on after a full batch's last.
+            let after_rows = hits
+                .last()
+                .filter(|_| hits.len() >= filter.limit)
+                .map(|h| (h.tier, h.row));
             out.extend(self.shown_hits(&index, &hits, options, &marks, &mut skipped, &mut gone)?);
             if out.len() > limit {
                 out.truncate(limit);

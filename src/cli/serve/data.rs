@@ -499,9 +499,11 @@ async fn history_once(app: &App, id: SessionId, params: &Params) -> Result<Trans
             "give one of at (a position), after (a position) or cursor (a page), not more",
         ));
     }
-    // The newest position (0 for an empty transcript): a page by position is checked
-    // against it, and one by cursor or position links the newer page when it is below it.
-    let newest = || async {
+    // The newest position (0 for an empty transcript), read once when needed: a page by
+    // `after` is checked against it, and one by cursor or position links the newer page
+    // when its last message is below it.
+    let mut newest: Option<u64> = None;
+    let read_newest = || async {
         Ok::<u64, Problem>(
             app.query
                 .history_page(&session, None, 1)
@@ -536,7 +538,8 @@ async fn history_once(app: &App, id: SessionId, params: &Params) -> Result<Trans
         // short, where a page by `at` past the end was the newest page, which showed
         // messages of the page before it again (outside testing D3, session 42).
         (None, None, Some(after)) => {
-            let held = newest().await?;
+            let held = read_newest().await?;
+            newest = Some(held);
             if after >= held {
                 return Err(no_message(format!("after {after}"), held));
             }
@@ -548,10 +551,15 @@ async fn history_once(app: &App, id: SessionId, params: &Params) -> Result<Trans
     };
     // A page by cursor or position may have newer messages after it: the newer page is
     // the one after its last message.
-    let not_the_newest = params.cursor().is_some() || at.is_some() || after.is_some();
-    let newer = match page.messages.last().filter(|_| not_the_newest) {
-        Some(last) if newest().await? > last.position => Some(last.position),
-        _ => None,
+    let newer = match page.messages.last().filter(|_| given.contains(&true)) {
+        Some(last) => {
+            let newest = match newest {
+                Some(newest) => newest,
+                None => read_newest().await?,
+            };
+            (newest > last.position).then_some(last.position)
+        }
+        None => None,
     };
     let span = page
         .messages

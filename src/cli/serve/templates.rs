@@ -284,13 +284,8 @@ pub fn search_page(page: &SearchPage, params: &Params) -> Html<String> {
 /// by (`searched`) first, so it is never among those only counted.
 fn also_in(forks: &[SessionRef], position: u64, searched: Option<&str>) -> Markup {
     let mut forks: Vec<&SessionRef> = forks.iter().collect();
-    if let Some(at) = forks
-        .iter()
-        .position(|f| Some(f.session_id.as_str()) == searched)
-    {
-        let first = forks.remove(at);
-        forks.insert(0, first);
-    }
+    // Stable: the others keep their order.
+    forks.sort_by_key(|f| Some(f.session_id.as_str()) != searched);
     let more = forks.len().saturating_sub(ALSO_IN_SHOWN);
     html! {
         @if !forks.is_empty() {
