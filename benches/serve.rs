@@ -101,16 +101,16 @@ fn main() -> BenchResult<()> {
     let newest_first = || ListFilter::default().with_sort(ListSort::Updated);
     let mut refreshing_ms = sample(REPS, || {
         Ok(black_box(rt.block_on(query.list_with(
+            &newest_first(),
             None,
             PAGE,
-            newest_first(),
         ))?))
     })?;
     let mut list_ms = sample(REPS, || {
         Ok(black_box(rt.block_on(query.list_with(
+            &newest_first().cached_only(),
             None,
             PAGE,
-            newest_first().cached_only(),
         ))?))
     })?;
     let history_ref = service.session_ref(history.clone());

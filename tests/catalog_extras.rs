@@ -843,7 +843,7 @@ fn list_filters_and_sorts_are_keyset_pages_on_the_catalog() {
             let service = Service::new("h", lib.clone())?;
             service
                 .query()
-                .list_with(None, 1, ListFilter::default().with_origin(Origin::Fork))
+                .list_with(&ListFilter::default().with_origin(Origin::Fork), None, 1)
                 .await
         })
         .expect("list_with");

@@ -450,7 +450,7 @@ async fn cached_only_pages_skip_the_refresh_until_a_refreshing_page() {
     };
     let q = service.query();
     assert_eq!(
-        order(q.list_with(None, 10, newest_first()).await.unwrap()),
+        order(q.list_with(&newest_first(), None, 10).await.unwrap()),
         ["c", "b", "a"]
     );
     // "a" changes behind the catalog's back (a writer appends and stays open).
@@ -460,24 +460,24 @@ async fn cached_only_pages_skip_the_refresh_until_a_refreshing_page() {
         .unwrap();
     writer.flush().unwrap();
     let cached = q
-        .list_with(None, 10, newest_first().cached_only())
+        .list_with(&newest_first().cached_only(), None, 10)
         .await
         .unwrap();
     assert_eq!(order(cached), ["c", "b", "a"]);
     assert_eq!(
-        order(q.list_with(None, 10, newest_first()).await.unwrap()),
+        order(q.list_with(&newest_first(), None, 10).await.unwrap()),
         ["a", "c", "b"]
     );
     writer.close().unwrap();
     root.delete(&id("c"), &CancelToken::new()).unwrap();
     let cached = q
-        .list_with(None, 10, newest_first().cached_only())
+        .list_with(&newest_first().cached_only(), None, 10)
         .await
         .unwrap();
     assert!(!order(cached).contains(&"c".to_owned()));
     // The plain listing ignores the flag.
     let plain = q
-        .list_with(None, 10, ListFilter::default().cached_only())
+        .list_with(&ListFilter::default().cached_only(), None, 10)
         .await
         .unwrap();
     assert_eq!(order(plain), ["a", "b"]);
@@ -494,11 +494,7 @@ async fn the_catalog_indexes_its_sorted_orders() {
         .close()
         .unwrap();
     let sorted = ListFilter::default().with_sort(ListSort::Updated);
-    service
-        .query()
-        .list_with(None, 10, sorted.clone())
-        .await
-        .unwrap();
+    service.query().list_with(&sorted, None, 10).await.unwrap();
     let catalog = dir.path().join("sessions/.catalog/catalog.sqlite");
     let indexes = "SELECT name FROM sqlite_schema WHERE type = 'index' AND name LIKE 'sessions_by_%' ORDER BY name";
     assert_eq!(
@@ -511,7 +507,7 @@ async fn the_catalog_indexes_its_sorted_orders() {
         "DROP INDEX sessions_by_created; DROP INDEX sessions_by_updated;",
     );
     let again = Service::new("local", Root::open(dir.path().join("sessions")).unwrap()).unwrap();
-    let page = again.query().list_with(None, 10, sorted).await.unwrap();
+    let page = again.query().list_with(&sorted, None, 10).await.unwrap();
     assert_eq!(page.sessions.len(), 1);
     assert_eq!(
         common::sqlite3(&catalog, indexes),

@@ -181,6 +181,64 @@ fn a_replacement_repeating_a_message_id_is_refused() {
     s.close().unwrap();
 }
 
+/// A `history/replace` or `legacy/import` message without an id is refused naming it, as
+/// a `message/complete` without one is (outside testing, session 43: one was taken as the id
+/// `""`, which no upsert can name, and two were "duplicate message id \"\""); a
+/// `model/context-replace` or `compaction` may hold id-less messages (a summary) but not one
+/// id twice, since an upsert of it changed only the last copy.
+#[test]
+fn replacement_messages_need_an_id_and_a_workset_holds_each_id_once() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "ids");
+    s.append(Batch::new("ok", vec![message("m0", "user", "hi")]))
+        .unwrap();
+    let bare = |text: &str| json!({"role": "user", "content": text});
+    let with_id = |id: &str| json!({"id": id, "role": "user", "content": id});
+    let refused = |kind: &str, messages: serde_json::Value, expected: &str| {
+        let err = s
+            .append(Batch::new(
+                "refused",
+                vec![event(kind, json!({ "messages": messages }))],
+            ))
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidPayload { kind: k, .. } if k == kind)
+                && err.is_caller_error(),
+            "{kind}: {err:?}"
+        );
+        assert!(err.to_string().contains(expected), "{kind}: {err}");
+    };
+    for kind in ["history/replace", "legacy/import"] {
+        refused(kind, json!([bare("one")]), "messages[0]: id is required");
+        refused(
+            kind,
+            json!([with_id("a"), {"id": " ", "role": "user"}]),
+            "messages[1]: id is required",
+        );
+    }
+    for kind in ["model/context-replace", "compaction"] {
+        refused(
+            kind,
+            json!([with_id("a"), bare("summary"), with_id("a")]),
+            r#"duplicate message id "a" (messages[0] and messages[2])"#,
+        );
+    }
+    assert_eq!(s.snapshot().event_sequence, 1, "nothing appended");
+    // Id-less messages in a workset are still taken, several of them.
+    s.append(Batch::new(
+        "compact",
+        vec![event(
+            "compaction",
+            json!({"messages": [bare("summary"), bare("more"), with_id("m0")]}),
+        )],
+    ))
+    .unwrap();
+    s.flush().unwrap();
+    let model = s.snapshot().projection.model_messages;
+    assert_eq!(model.len(), 3);
+    s.close().unwrap();
+}
+
 #[test]
 fn cold_readers_see_only_durable_commits() {
     let (_dir, root) = manual_root();

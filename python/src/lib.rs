@@ -645,7 +645,7 @@ impl Root {
             if cached_only {
                 filter = filter.cached_only();
             }
-            let page = self.run(self.query()?.list_with(cursor.as_deref(), limit, filter))?;
+            let page = self.run(self.query()?.list_with(&filter, cursor.as_deref(), limit))?;
             json(&page)
         })
     }

@@ -88,7 +88,7 @@ pub fn list(cx: &Context, limit: usize, cursor: Option<&str>, filter: ListFilter
         ListSort::Created => "--sort created ",
         _ => "",
     };
-    let page = block_on(service.query().list_with(cursor, limit, filter))??;
+    let page = block_on(service.query().list_with(&filter, cursor, limit))??;
     report_skipped(&page.skipped);
     if let Some(e) = &page.catalog_error {
         errln!(

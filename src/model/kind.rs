@@ -73,8 +73,8 @@ pub(crate) const DIAGNOSTIC: &str = "diagnostic";
 /// | `message/complete` | `{message}` | `message` an object with a non-empty `id` not already in the transcript; its other keys (`role`, `content`, tool calls, …) are kept verbatim |
 /// | `message/upsert` | `{message}` | as `message/complete`; replaces the message with that id, else appends it |
 /// | `assistant/attempt` | `{id, action, messageId?, attempt?, max?, reason?}` | `action` is `begin`, `discard` or `commit` |
-/// | `history/replace`, `model/context-replace`, `compaction` | `{messages, reason?, trigger?, sourceSequences?}` | `messages` an array of messages (for `history/replace`, each id once); `sourceSequences` an array of sequences |
-/// | `legacy/import` | `{messages, source?, goal?, modelRef?, modelIdentity?}` | `messages` an array of messages, each id once |
+/// | `history/replace`, `model/context-replace`, `compaction` | `{messages, reason?, trigger?, sourceSequences?}` | `messages` an array of messages (for `history/replace`, each with an id, each id once; for the others an id at most once, a message without one allowed); `sourceSequences` an array of sequences |
+/// | `legacy/import` | `{messages, source?, goal?, modelRef?, modelIdentity?}` | `messages` an array of messages, each with an id, each id once |
 /// | `session/title` | `{title}` | not blank |
 /// | `session/config` | `{modelRef, modelIdentity?}` | `modelRef` not blank |
 /// | `turn/start` | none (ignored) | no turn open; the turn id is the batch's ([`Batch::in_turn`](crate::Batch::in_turn), else derived from the operation id) |

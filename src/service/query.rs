@@ -303,22 +303,22 @@ impl SessionQuery {
     /// # Errors
     /// [`Error::InvalidInput`] for a limit over 100; I/O errors reading the root.
     pub async fn list(&self, cursor: Option<&str>, limit: usize) -> Result<SessionPage> {
-        self.list_with(cursor, limit, ListFilter::default()).await
+        self.list_with(&ListFilter::default(), cursor, limit).await
     }
 
     /// As [`SessionQuery::list`], keeping only the sessions that pass `filter` (working
     /// directory, updated since, title text, origin), in its order (id, most recently
     /// updated or created first); still one keyset query on the catalog per page
-    /// ([`Root::list_filtered`](crate::Root::list_filtered)). `cursor` is a previous
-    /// page's `next_cursor` under the same filter.
+    /// ([`Root::list_filtered`](crate::Root::list_filtered), whose arguments come in the
+    /// same order). `cursor` is a previous page's `next_cursor` under the same filter.
     ///
     /// # Errors
     /// As [`SessionQuery::list`]; [`Error::InvalidInput`] for a cursor of another order.
     pub async fn list_with(
         &self,
+        filter: &ListFilter,
         cursor: Option<&str>,
         limit: usize,
-        filter: ListFilter,
     ) -> Result<SessionPage> {
         let limit = if limit == 0 { 50 } else { limit };
         if limit > MAX_LIST_LIMIT {
@@ -328,6 +328,7 @@ impl SessionQuery {
         }
         let service = self.service.clone();
         let cursor = cursor.map(str::to_owned);
+        let filter = filter.clone();
         blocking(move || {
             let live = service.live_runtimes();
             let mut listing =

@@ -316,7 +316,7 @@ async fn refresh_catalog(app: &App) -> Result<(), Problem> {
     let newest_first = ListFilter::default().with_sort(ListSort::Updated);
     match refresh_plan(app) {
         Refresh::Now => {
-            app.query.list_with(None, 1, newest_first).await?;
+            app.query.list_with(&newest_first, None, 1).await?;
             let root = app.root.clone();
             blocking(move || Ok(root.catch_up_dead_writers())).await?;
             *app.catalog_refreshed
@@ -326,7 +326,7 @@ async fn refresh_catalog(app: &App) -> Result<(), Problem> {
         Refresh::Behind => {
             let (query, root) = (app.query.clone(), app.root.clone());
             let refresh = tokio::spawn(async move {
-                let listed = query.list_with(None, 1, newest_first).await;
+                let listed = query.list_with(&newest_first, None, 1).await;
                 let _ = blocking(move || Ok(root.catch_up_dead_writers())).await;
                 listed
             });
@@ -358,7 +358,7 @@ pub async fn sessions(app: &App, params: &Params) -> Result<SessionList, Problem
     // A first page names the sessions the last refresh could not read (once: the
     // refreshing page's list was added to it before, so the server's first page named
     // each twice) and what is no session of the root.
-    let page = app.query.list_with(params.cursor(), limit, filter).await?;
+    let page = app.query.list_with(&filter, params.cursor(), limit).await?;
     let skipped = page.skipped;
     let root = app.root.clone();
     let summaries = page.sessions;
