@@ -637,6 +637,15 @@ impl Root {
         };
         let (fts, phrase, marks) = (parsed.fts(), parsed.exact_phrase(), parsed.marks());
         let mut skipped = self.unsearchable(options.session.as_ref());
+        skipped.extend(
+            index
+                .damaged_sessions(options.session.as_ref())?
+                .into_iter()
+                .map(|(session_id, error)| SkippedSession {
+                    session_id,
+                    error: Arc::new(error),
+                }),
+        );
         let mut gone: Vec<SessionId> = Vec::new();
         let mut out: Vec<Found> = Vec::new();
         // Rows of the index that no session shows (a message a fork inherited, which the

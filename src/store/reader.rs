@@ -294,14 +294,22 @@ pub(crate) struct OwnChanges {
     pub resets: Vec<u64>,
     /// `session/title` events: sequence, title, time (ms).
     pub titles: Vec<(u64, String, i64)>,
+    /// The first damaged event read ([`Error::Corrupt`]), left out of the rows and titles.
+    pub damage: Option<Error>,
 }
 
-/// What one event's read for [`SessionReader::own_changes`] gave: a damaged event
-/// ([`Error::Corrupt`]) is `None`, left out; any other error is the caller's.
-fn unless_damaged<T>(read: Result<Option<T>>) -> Result<Option<T>> {
-    match read {
-        Err(e) if e.is_corrupt() => Ok(None),
-        other => other,
+impl OwnChanges {
+    /// What one event's read gave: a damaged event ([`Error::Corrupt`]) is `None`, left
+    /// out, and the first such error kept in [`OwnChanges::damage`]; any other error is
+    /// the caller's.
+    fn unless_damaged<T>(&mut self, read: Result<Option<T>>) -> Result<Option<T>> {
+        match read {
+            Err(e) if e.is_corrupt() => {
+                self.damage.get_or_insert(e);
+                Ok(None)
+            }
+            other => other,
+        }
     }
 }
 
@@ -1620,8 +1628,9 @@ impl SessionReader {
     /// its history rows (each with its message, content parts spliced back, and the time
     /// of its commit), transcript resets and titles, up to the file's last commit. A
     /// damaged event (its row not matching its check, a message that does not parse) is
-    /// left out (`verify` names it): the session's other messages, and those its forks
-    /// inherit, stay searchable. A search built after the damage found none of them.
+    /// left out and the first one's error kept (`OwnChanges::damage`, which searches name):
+    /// the session's other messages, and those its forks inherit, stay searchable. A
+    /// search built after the damage found none of them.
     pub(crate) fn own_changes(&self, after: u64) -> Result<OwnChanges> {
         let conn = self.own()?;
         let through = read::last_own_seq(&conn)?.unwrap_or(0).max(after);
@@ -1649,7 +1658,7 @@ impl SessionReader {
                 };
                 Ok(Some((message, read::commit_time(&conn, row.event_seq)?)))
             };
-            if let Some((message, time)) = unless_damaged(read())? {
+            if let Some((message, time)) = out.unless_damaged(read())? {
                 out.rows.push((row, message, time));
             }
         }
@@ -1661,7 +1670,7 @@ impl SessionReader {
                     .title;
                 Ok(Some((title, read::commit_time(&conn, seq)?)))
             };
-            if let Some((title, time)) = unless_damaged(read())? {
+            if let Some((title, time)) = out.unless_damaged(read())? {
                 out.titles.push((seq, title, time));
             }
         }
