@@ -1411,6 +1411,54 @@ fn a_sigkilled_writers_last_commits_are_found_by_the_next_process_that_searches(
     assert!(behind > 0, "no kill left the index behind the file");
 }
 
+/// A writer that closes cleanly while another process holds the search index longer than
+/// its busy wait (a rebuild, a long index write) cannot index its last commits; they were
+/// found by no later search, in this process or another, until a rebuild or the session's
+/// next writer (outside testing, session 43: the clean close cleared its `writer.lock`
+/// record, which is what searches look for). It now leaves the record, and the next
+/// process's search catches the session up; a close with the index free clears it.
+#[test]
+fn a_clean_close_whose_index_write_was_blocked_is_found_by_the_next_search() {
+    let (_dir, root) = temp_root();
+    create(&root, "blocked").close().expect("close");
+    assert!(search_all(&root, "quokka", SearchOptions::default()).is_empty());
+    let lock_file = root.session_dir(&id("blocked")).join("writer.lock");
+    let holder = rusqlite::Connection::open(root.path().join(".catalog/search.sqlite"))
+        .expect("open the index");
+    holder
+        .execute_batch("BEGIN IMMEDIATE")
+        .expect("hold the index");
+    let writer = root.open_writer(&id("blocked")).expect("writer");
+    writer
+        .append(Batch::new(
+            "q",
+            vec![message("q1", "user", "quokka sighting")],
+        ))
+        .expect("append");
+    writer.close().expect("close");
+    assert!(
+        std::fs::metadata(&lock_file).expect("lock file").len() > 0,
+        "the record is left for searches"
+    );
+    holder.execute_batch("COMMIT").expect("let go");
+    // Another process: the CLI, with no writer opened and no rebuild.
+    assert_eq!(
+        cli_hit_ids(root.path(), "quokka"),
+        BTreeSet::from(["q1".to_owned()])
+    );
+    // With the index free a close indexes its commits and clears the record.
+    let writer = root.open_writer(&id("blocked")).expect("writer");
+    writer
+        .append(Batch::new("r", vec![message("q2", "user", "quokka again")]))
+        .expect("append");
+    writer.close().expect("close");
+    assert_eq!(std::fs::metadata(&lock_file).expect("lock file").len(), 0);
+    assert_eq!(
+        cli_hit_ids(root.path(), "quokka"),
+        BTreeSet::from(["q1".to_owned(), "q2".to_owned()])
+    );
+}
+
 #[test]
 fn cli_search_marks_snippets_on_a_terminal_only_and_follows_the_exit_codes() {
     let (_dir, root) = temp_root();

@@ -873,6 +873,26 @@ impl Shared {
         Some(index)
     }
 
+    /// Whether the root's search index (when it has one) holds every durable commit of
+    /// this session, after one more catch-up from the file when it does not (an index
+    /// write this writer queued failed: another process held the index for longer than
+    /// its busy wait).
+    fn index_holds_all(&self) -> bool {
+        let Some(index) = self.config.index.as_ref().and_then(|slot| slot.get()) else {
+            return true;
+        };
+        let durable = lock(&self.state).durable_seq;
+        let id = &self.reader.header().session_id;
+        let holds = || {
+            index
+                .indexed_through(id)
+                .ok()
+                .flatten()
+                .is_some_and(|seq| seq >= durable)
+        };
+        holds() || (index.catch_up(&self.reader).is_ok() && holds())
+    }
+
     /// Writes the drained commits still waiting for the search index into it: all of
     /// them when `now` is `None` (a close), else only once they are due at `now`. Derived
     /// and best effort: an index write that fails (busy, full disk) is caught up by the
@@ -1027,7 +1047,12 @@ impl Shared {
                 // search since this writer last looked).
                 self.search_index(true);
                 self.index_drained(None);
-                Ok(self.release())
+                let indexed = self.index_holds_all();
+                let mut lock = self.release();
+                if !indexed && let Some(lock) = lock.as_mut() {
+                    lock.keep_record();
+                }
+                Ok(lock)
             }
             // The outcome of the last write is unknown: only a reopen (WAL recovery) can
             // tell, so give the file up; what was accepted but not written is lost.

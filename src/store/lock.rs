@@ -23,6 +23,9 @@ pub(crate) struct WriterLock {
     /// The locked file; `None` once [`close_inherited_locks`] closed it in a child made by
     /// `fork()`.
     file: Arc<Mutex<Option<File>>>,
+    /// Whether the owner record stays in the file when the lock is released
+    /// ([`WriterLock::keep_record`]).
+    keep_record: bool,
 }
 
 /// A lock file this process holds, for [`close_inherited_locks`].
@@ -52,7 +55,10 @@ fn held(file: File) -> WriterLock {
         pid: std::process::id(),
         file: Arc::downgrade(&file),
     });
-    WriterLock { file }
+    WriterLock {
+        file,
+        keep_record: false,
+    }
 }
 
 /// Closes this process's copies of the lock files another process (the parent it was forked
@@ -180,8 +186,19 @@ impl WriterLock {
         }
     }
 
+    /// Leaves the owner record in the file when the lock is released, as a writer that
+    /// died leaves it: for a writer that closed with commits the search index could not
+    /// take (another process held the index meanwhile), so that searches catch the session
+    /// up as they catch up a dead writer's (outside testing, session 43: no search found
+    /// those commits until a rebuild or the session's next writer). A later
+    /// [`WriterLock::record_owner`] undoes it.
+    pub(crate) fn keep_record(&mut self) {
+        self.keep_record = true;
+    }
+
     /// Records the owner in the lock file for diagnostics.
     pub(crate) fn record_owner(&mut self, owner: &WriterOwner) -> Result<()> {
+        self.keep_record = false;
         let text = serde_json::to_vec(owner).unwrap_or_default();
         let write = |f: &mut File| -> std::io::Result<()> {
             f.set_len(0)?;
@@ -200,8 +217,12 @@ impl WriterLock {
 
 impl Drop for WriterLock {
     /// Clears the owner record before the lock is released, so a record found in an
-    /// unlocked file can only come from a holder that died.
+    /// unlocked file can only come from a holder that died (or one that closed with
+    /// commits the search index lacks, [`WriterLock::keep_record`]).
     fn drop(&mut self) {
+        if self.keep_record {
+            return;
+        }
         if let Some(file) = self.file.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
             let _ = file.set_len(0);
         }

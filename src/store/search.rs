@@ -941,6 +941,15 @@ impl SearchIndex {
             .collect()
     }
 
+    /// The last sequence of session `id` the index holds (`None`: it holds nothing of it).
+    ///
+    /// # Errors
+    /// SQLite errors.
+    pub(crate) fn indexed_through(&self, id: &SessionId) -> Result<Option<u64>> {
+        let conn = lock(&self.read);
+        Ok(session_state(&conn, id)?.map(|(_, indexed)| indexed))
+    }
+
     /// Sessions the index knows, for tests and `verify`-like checks: id and indexed
     /// sequence, in id order.
     ///

@@ -13,19 +13,54 @@ use super::held;
 use super::problem::{ApiError, Problem};
 use super::tree::{self, ForkTree};
 
+/// A request's query parameters as given, in order, to check against those its address
+/// takes ([`only`]).
+type Given = Query<Vec<(String, String)>>;
+
+/// Refuses a query parameter this address does not take, naming it and those it takes
+/// (status 400): a misspelt filter (`rol=tool`) or one of another address or of the CLI
+/// (`sort`, `title`, `since` on `/api/sessions`) answered the unfiltered page as if it had
+/// been applied (outside testing, session 43). `token`, the access token, goes anywhere.
+fn only(given: &[(String, String)], takes: &[&str]) -> Result<(), Problem> {
+    let Some((unknown, _)) = given
+        .iter()
+        .find(|(name, _)| name != "token" && !takes.contains(&name.as_str()))
+    else {
+        return Ok(());
+    };
+    let takes = match takes {
+        [] => "takes none".to_owned(),
+        _ => format!("takes {}", takes.join(", ")),
+    };
+    Err(Problem::bad_request(format!(
+        "unknown query parameter {unknown:?}: this address {takes}"
+    )))
+}
+
 /// `GET /api/sessions?cwd=&origin=&cursor=&limit=`: a page of sessions, newest first.
 pub async fn sessions(
     State(app): State<App>,
+    Query(given): Given,
     Query(params): Query<Params>,
 ) -> Result<Json<SessionList>, ApiError> {
+    only(&given, &["cwd", "origin", "cursor", "limit"])?;
     Ok(Json(data::sessions(&app, &params).await?))
 }
 
-/// `GET /api/search?q=&cwd=&cursor=&limit=`: a page of full-text hits.
+/// `GET /api/search?q=&cwd=&role=&since=&session=&cursor=&limit=`: a page of full-text
+/// hits.
 pub async fn search(
     State(app): State<App>,
+    Query(given): Given,
     Query(params): Query<Params>,
 ) -> Result<Json<SearchPage>, ApiError> {
+    // `origin` is refused by the search itself, saying what search takes instead.
+    only(
+        &given,
+        &[
+            "q", "cwd", "role", "since", "session", "cursor", "limit", "origin",
+        ],
+    )?;
     Ok(Json(data::search(&app, &params).await?))
 }
 
@@ -33,16 +68,21 @@ pub async fn search(
 pub async fn session(
     State(app): State<App>,
     Path(id): Path<String>,
+    Query(given): Given,
 ) -> Result<Json<SessionDetail>, ApiError> {
+    only(&given, &[])?;
     Ok(Json(data::session(&app, data::session_id(&id)?).await?))
 }
 
-/// `GET /api/sessions/{id}/history?cursor=&limit=`: a page of the transcript and its turns.
+/// `GET /api/sessions/{id}/history?cursor=&at=&after=&limit=`: a page of the transcript
+/// and its turns.
 pub async fn history(
     State(app): State<App>,
     Path(id): Path<String>,
+    Query(given): Given,
     Query(params): Query<Params>,
 ) -> Result<Json<Transcript>, ApiError> {
+    only(&given, &["cursor", "at", "after", "limit"])?;
     Ok(Json(
         data::history(&app, data::session_id(&id)?, &params).await?,
     ))
@@ -52,12 +92,18 @@ pub async fn history(
 pub async fn tree(
     State(app): State<App>,
     Path(id): Path<String>,
+    Query(given): Given,
 ) -> Result<Json<ForkTree>, ApiError> {
+    only(&given, &[])?;
     Ok(Json(tree::tree(&app, data::session_id(&id)?).await?))
 }
 
 /// `GET /api/stats`: totals over the root's catalog.
-pub async fn root_stats(State(app): State<App>) -> Result<Json<CatalogTotals>, ApiError> {
+pub async fn root_stats(
+    State(app): State<App>,
+    Query(given): Given,
+) -> Result<Json<CatalogTotals>, ApiError> {
+    only(&given, &[])?;
     Ok(Json(data::root_stats(&app).await?))
 }
 
@@ -65,7 +111,9 @@ pub async fn root_stats(State(app): State<App>) -> Result<Json<CatalogTotals>, A
 pub async fn stats(
     State(app): State<App>,
     Path(id): Path<String>,
+    Query(given): Given,
 ) -> Result<Json<SessionStats>, ApiError> {
+    only(&given, &[])?;
     Ok(Json(data::stats(&app, data::session_id(&id)?).await?))
 }
 
@@ -75,7 +123,9 @@ pub async fn stats(
 pub async fn content(
     State(app): State<App>,
     Path((id, digest)): Path<(String, String)>,
+    Query(given): Given,
 ) -> Result<Response, ApiError> {
+    only(&given, &[])?;
     let id = data::session_id(&id)?;
     let digest = data::digest(&digest)?;
     let (bytes, place) = data::content(&app, id, digest).await?;
