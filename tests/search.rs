@@ -1423,39 +1423,44 @@ fn a_clean_close_whose_index_write_was_blocked_is_found_by_the_next_search() {
     create(&root, "blocked").close().expect("close");
     assert!(search_all(&root, "quokka", SearchOptions::default()).is_empty());
     let lock_file = root.session_dir(&id("blocked")).join("writer.lock");
-    let holder = rusqlite::Connection::open(root.path().join(".catalog/search.sqlite"))
-        .expect("open the index");
-    holder
-        .execute_batch("BEGIN IMMEDIATE")
-        .expect("hold the index");
-    let writer = root.open_writer(&id("blocked")).expect("writer");
-    writer
-        .append(Batch::new(
-            "q",
-            vec![message("q1", "user", "quokka sighting")],
-        ))
-        .expect("append");
-    writer.close().expect("close");
-    assert!(
-        std::fs::metadata(&lock_file).expect("lock file").len() > 0,
-        "the record is left for searches"
-    );
-    holder.execute_batch("COMMIT").expect("let go");
+    let record_len = || std::fs::metadata(&lock_file).expect("lock file").len();
+    // A close while another connection holds the index's write lock.
+    let blocked_close = |op: &str, m: &str, text: &str| {
+        let holder = rusqlite::Connection::open(root.path().join(".catalog/search.sqlite"))
+            .expect("open the index");
+        holder
+            .execute_batch("BEGIN IMMEDIATE")
+            .expect("hold the index");
+        let writer = root.open_writer(&id("blocked")).expect("writer");
+        writer
+            .append(Batch::new(op, vec![message(m, "user", text)]))
+            .expect("append");
+        writer.close().expect("close");
+        holder.execute_batch("COMMIT").expect("let go");
+    };
+    blocked_close("q", "q1", "quokka sighting");
+    assert!(record_len() > 0, "the record is left for searches");
     // Another process: the CLI, with no writer opened and no rebuild.
     assert_eq!(
         cli_hit_ids(root.path(), "quokka"),
         BTreeSet::from(["q1".to_owned()])
     );
+    // This process: its next search catches up what its own close could not index, a
+    // word of no other message (so the search meets the session only that way).
+    blocked_close("w", "q2", "wombat burrow");
+    let hits = search_all(&root, "wombat", SearchOptions::default());
+    let ids: Vec<&str> = hits.iter().map(|h| h.message_id.as_str()).collect();
+    assert_eq!(ids, ["q2"]);
     // With the index free a close indexes its commits and clears the record.
     let writer = root.open_writer(&id("blocked")).expect("writer");
     writer
-        .append(Batch::new("r", vec![message("q2", "user", "quokka again")]))
+        .append(Batch::new("r", vec![message("q3", "user", "quokka again")]))
         .expect("append");
     writer.close().expect("close");
-    assert_eq!(std::fs::metadata(&lock_file).expect("lock file").len(), 0);
+    assert_eq!(record_len(), 0);
     assert_eq!(
         cli_hit_ids(root.path(), "quokka"),
-        BTreeSet::from(["q1".to_owned(), "q2".to_owned()])
+        BTreeSet::from(["q1".to_owned(), "q3".to_owned()])
     );
 }
 

@@ -243,7 +243,8 @@ impl Root {
     /// An index whose fill never completed (the search that created it was killed while
     /// it filled it) is filled now: it used to stay empty but for what writers added.
     /// At the first search of this process, sessions whose writer died since its last
-    /// index write are caught up ([`Root::catch_up_dead_writers_in`]).
+    /// index write are caught up ([`Root::catch_up_dead_writers_in`]); at every search,
+    /// those a writer of this process closed while another process held the index.
     fn open_search_index(&self) -> Result<Arc<SearchIndex>> {
         let index = self.opened_search_index()?;
         let first = index.first_search();
@@ -251,6 +252,18 @@ impl Root {
             self.fill(&index)?;
         } else if first {
             self.catch_up_dead_writers_in(&index);
+        }
+        // Sessions a writer of this process closed while another process held the index.
+        for id in index.take_behind() {
+            let caught_up = lock::is_held(&self.session_dir(&id).join(LOCK_FILE))
+                .is_ok_and(|held| held)
+                || self
+                    .open_reader(&id)
+                    .and_then(|reader| index.catch_up(&reader))
+                    .is_ok();
+            if !caught_up && self.session_dir(&id).is_dir() {
+                index.note_behind(&id);
+            }
         }
         Ok(index)
     }

@@ -876,7 +876,8 @@ impl Shared {
     /// Whether the root's search index (when it has one) holds every durable commit of
     /// this session, after one more catch-up from the file when it does not (an index
     /// write this writer queued failed: another process held the index for longer than
-    /// its busy wait).
+    /// its busy wait); when it still does not, the session is noted for this process's
+    /// next search (`SearchIndex::note_behind`).
     fn index_holds_all(&self) -> bool {
         let Some(index) = self.config.index.as_ref().and_then(|slot| slot.get()) else {
             return true;
@@ -890,7 +891,11 @@ impl Shared {
                 .flatten()
                 .is_some_and(|seq| seq >= durable)
         };
-        holds() || (index.catch_up(&self.reader).is_ok() && holds())
+        let caught_up = holds() || (index.catch_up(&self.reader).is_ok() && holds());
+        if !caught_up {
+            index.note_behind(id);
+        }
+        caught_up
     }
 
     /// Writes the drained commits still waiting for the search index into it: all of

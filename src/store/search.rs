@@ -197,6 +197,9 @@ pub(crate) struct SearchIndex {
     /// Whether a search of this process has used the index yet
     /// ([`SearchIndex::first_search`]).
     searched: AtomicBool,
+    /// Sessions a writer of this process closed while the index lacked some of their
+    /// commits ([`SearchIndex::note_behind`]): the next search catches them up.
+    behind: Mutex<Vec<SessionId>>,
 }
 
 /// Device, inode, size and modification time (s, ns) of a session's `writer.lock` holding
@@ -394,6 +397,7 @@ impl SearchIndex {
             read: Mutex::new(open_index(path)?),
             files: HitFiles::new(kept_files()),
             searched: AtomicBool::new(false),
+            behind: Mutex::default(),
         })
     }
 
@@ -939,6 +943,30 @@ impl SearchIndex {
                 Ok((SessionId::new(id)?, error))
             })
             .collect()
+    }
+
+    /// Notes that a writer of this process closed session `id` while the index lacked some
+    /// of its commits (another process held the index): this process's next search
+    /// catches it up ([`SearchIndex::take_behind`]); other processes find the writer's
+    /// record left in `writer.lock`.
+    pub(crate) fn note_behind(&self, id: &SessionId) {
+        let mut behind = self
+            .behind
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !behind.contains(id) {
+            behind.push(id.clone());
+        }
+    }
+
+    /// The sessions [`SearchIndex::note_behind`] noted since the last call.
+    pub(crate) fn take_behind(&self) -> Vec<SessionId> {
+        std::mem::take(
+            &mut *self
+                .behind
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
     }
 
     /// The last sequence of session `id` the index holds (`None`: it holds nothing of it).
