@@ -1615,6 +1615,34 @@ fn search_takes_role_since_and_session_and_refuses_an_origin() {
         assert_eq!(reply.status, 400, "{path}: {}", reply.body);
         assert!(reply.body.contains(names), "{path}: {}", reply.body);
     }
+
+    // A parameter an API address does not take is refused naming it (a misspelt `rol`, the
+    // CLI's `--title` or `--sort`, `since` on the sessions list answered the unfiltered
+    // page: outside testing, session 43); the token goes anywhere.
+    for (path, names) in [
+        ("/api/search?q=test&rol=tool", "\"rol\""),
+        ("/api/sessions?title=x", "\"title\""),
+        ("/api/sessions?sort=created", "\"sort\""),
+        ("/api/sessions?since=1d", "\"since\""),
+        ("/api/sessions/demo-flaky-test/history?q=x", "\"q\""),
+        ("/api/sessions/demo-flaky-test?limit=1", "takes none"),
+        ("/api/stats?x=1", "takes none"),
+    ] {
+        let reply = server.get(path);
+        assert_eq!(reply.status, 400, "{path}: {}", reply.body);
+        let error = reply.json()["error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(error.contains(names), "{path}: {error}");
+    }
+    assert_eq!(
+        hits("/api/search?q=test&token=unused&limit=100").len(),
+        all.len()
+    );
+    server.ok("/api/sessions?token=unused&limit=5");
+    // Pages take unknown parameters as browsers send them (`?utm_source=…`).
+    server.ok("/?q=test&rol=tool");
 }
 
 /// A root holding `big`, a session of `messages` messages in turns of 100.
