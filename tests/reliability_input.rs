@@ -795,6 +795,23 @@ fn long_names_and_names_with_control_characters_are_refused() {
             "events[0].kind",
             "control character",
         ),
+        // At either end too (session 43: they were trimmed off with the white space, so
+        // `"ab\r"` answered as a retry of `"ab"`).
+        (
+            Batch::new("op\r", vec![title("t")]),
+            "operation id",
+            "control character",
+        ),
+        (
+            Batch::new("\nop", vec![title("t")]),
+            "operation id",
+            "control character",
+        ),
+        (
+            Batch::new("op", vec![event(" x/y\n", "")]),
+            "events[0].kind",
+            "control character",
+        ),
     ];
     for (batch, names, says) in cases {
         let validated = batch.validate().unwrap_err();
@@ -812,6 +829,20 @@ fn long_names_and_names_with_control_characters_are_refused() {
         .append(Batch::new(longest.clone(), vec![event(&kind, &longest)]).in_turn(longest.clone()))
         .unwrap();
     assert_eq!(c.operation_id, longest);
+    // Spaces around an operation id or a kind are still taken off: the same operation.
+    let first = s.append(Batch::new("spaced", vec![title("t")])).unwrap();
+    let again = s
+        .append(Batch::new(
+            " spaced\u{a0}",
+            vec![
+                Event::new(" session/title ")
+                    .with_payload(&json!({"title": "t"}))
+                    .unwrap(),
+            ],
+        ))
+        .unwrap();
+    assert_eq!(again.commit_id, first.commit_id);
+    assert!(s.append(Batch::new("spaced\r", vec![title("t")])).is_err());
     s.flush().unwrap();
     s.close().unwrap();
 }

@@ -329,7 +329,7 @@ impl Execution {
         let closure = batch
             .events
             .iter()
-            .all(|e| CLOSURE_KINDS.contains(&e.kind.trim()));
+            .all(|e| CLOSURE_KINDS.contains(&crate::model::event::trim_name(&e.kind)));
         if closure {
             return self.runtime.session().append(batch);
         }

@@ -12,6 +12,7 @@ use crate::error::{Error, Result, WriterOwner};
 use crate::format::CATALOG_DIR;
 use crate::model::event::{
     assign_derived_ids, check_fields, check_names, check_nesting, check_unique_ids, operation_hash,
+    trim_name,
 };
 use crate::model::ids::{derived_turn_id, now_ms, random_hex};
 use crate::model::projection::{FoldEffects, apply_history};
@@ -545,18 +546,18 @@ struct PreparedBatch {
 }
 
 fn prepare_batch(batch: Batch) -> Result<PreparedBatch> {
-    let operation_id = batch.operation_id.trim().to_owned();
+    let operation_id = trim_name(&batch.operation_id).to_owned();
     check_fields(&operation_id, &batch.events)?;
     let mut events = batch.events;
     for e in &mut events {
-        let kind = e.kind.trim();
+        let kind = trim_name(&e.kind);
         if kind.len() != e.kind.len() {
             e.kind = kind.to_owned();
         }
         e.seq = 0;
         e.content_ref = None;
     }
-    let turn_id = match batch.turn_id.filter(|t| !t.trim().is_empty()) {
+    let turn_id = match batch.turn_id.filter(|t| !trim_name(t).is_empty()) {
         Some(t) => Some(t),
         None if events.iter().any(|e| e.kind == "turn/start") => {
             Some(derived_turn_id(&operation_id))

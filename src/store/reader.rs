@@ -1723,7 +1723,10 @@ impl SessionReader {
     /// # Errors
     /// [`Error::Corrupt`] for a damaged commit or key chunk, SQLite's errors.
     pub fn operation(&self, operation_id: &str) -> Result<Option<Commit>> {
-        self.lookup_operation(operation_id.trim(), &mut ChunkCache::default())
+        self.lookup_operation(
+            crate::model::event::trim_name(operation_id),
+            &mut ChunkCache::default(),
+        )
     }
 
     /// The commit that recorded `operation_id` in this session's own file; `chunks` keeps
