@@ -575,6 +575,16 @@ fn hostile_usage_payloads_are_refused_and_change_nothing() {
         );
         assert!(err.is_caller_error(), "{payload}: {err}");
     }
+    // An empty model is missing, a blank one is given but blank (both said "is required").
+    for (model, says) in [("", "model is required"), (" ", "model must not be blank")] {
+        let err = s
+            .append(Batch::new(
+                "m",
+                vec![event("usage", with("model", json!(model)))],
+            ))
+            .expect_err("refused");
+        assert!(err.to_string().contains(says), "{err}");
+    }
     // A usage event without a payload, and a good event batched with a bad one.
     assert!(
         s.append(Batch::new("bare", vec![session_store::Event::new("usage")]))

@@ -772,6 +772,33 @@ fn migrate_legacy_names_the_line_of_a_duplicate_message_id() {
     );
 }
 
+/// A line that is not a batch says why in the input's terms (session 43, outside testing:
+/// `not json` said only "expected ident", an array "(column 0)", and an unknown event
+/// field listed `seq` and `content_ref`, which input never takes). Nothing is appended.
+#[test]
+fn a_line_that_is_not_a_batch_says_why_in_the_inputs_terms() {
+    let env = Env::new();
+    env.ok(&["create", "s"]);
+    for (line, says, not) in [
+        ("not json", "line 1: not a batch: not JSON: ", "column 0"),
+        ("[1,2]", "expected a batch object", "column 0"),
+        (
+            r#"{"operation_id":"x","events":[{"kind":"turn/start","optinal":true}]}"#,
+            "unknown field `optinal`, expected one of `kind`, `payload`, `optional`, `id` (column",
+            "content_ref",
+        ),
+    ] {
+        let out = env.run_bytes(&["append", "s"], format!("{line}\n").as_bytes());
+        assert_eq!(code(&out), 6, "{line}: {}", describe(&out));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(says) && !stderr.contains(not),
+            "{line}: {stderr}"
+        );
+    }
+    assert_eq!(durable(&env, "s"), 0);
+}
+
 #[test]
 fn a_byte_order_mark_before_the_first_line_is_ignored() {
     // RFC 8259 lets a parser ignore a leading BOM, and editors on Windows write one.

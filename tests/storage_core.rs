@@ -213,7 +213,7 @@ fn replacement_messages_need_an_id_and_a_workset_holds_each_id_once() {
         refused(
             kind,
             json!([with_id("a"), {"id": " ", "role": "user"}]),
-            "messages[1]: id is required",
+            "messages[1]: id must not be blank",
         );
     }
     for kind in ["model/context-replace", "compaction"] {

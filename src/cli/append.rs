@@ -327,9 +327,15 @@ fn parse_batch(n: usize, line: &str) -> CliResult<Batch> {
         // serde_json places the error "at line 1 column C" of the one line it was given;
         // the input's line is `n + 1`, so only the column is kept.
         let reason = session_store::json_error_reason(&e, line);
-        let reason = match e.line() {
-            0 => reason,
-            _ => format!("{reason} (column {})", e.column()),
+        // A line that is not JSON says so ("expected ident" alone did not); serde_json's
+        // column 0 (a value of the wrong type, found before it was read) is no place.
+        let reason = match e.classify() {
+            serde_json::error::Category::Syntax => format!("not JSON: {reason}"),
+            _ => reason,
+        };
+        let reason = match (e.line(), e.column()) {
+            (0, _) | (_, 0) => reason,
+            (_, column) => format!("{reason} (column {column})"),
         };
         Failure::invalid(format!("line {}: not a batch: {reason}", n + 1))
     })

@@ -200,8 +200,8 @@ impl SessionRef {
     /// # Errors
     /// [`Error::InvalidInput`] naming what is wrong.
     pub fn check_host_id(host_id: &str) -> Result<()> {
-        if host_id.trim().is_empty() {
-            return Err(Error::invalid("host id is required"));
+        if let Some(why) = crate::model::payload::missing_or_blank("host id", host_id) {
+            return Err(Error::invalid(why));
         }
         if host_id.chars().any(char::is_control) {
             return Err(Error::invalid(format!(

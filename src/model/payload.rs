@@ -248,8 +248,8 @@ impl UsagePayload {
     /// # Errors
     /// [`Error::InvalidPayload`] naming `usage`.
     pub(crate) fn record(self) -> Result<UsageRecord> {
-        if self.model.trim().is_empty() {
-            return Err(bad(USAGE, "model is required"));
+        if let Some(why) = missing_or_blank("model", &self.model) {
+            return Err(bad(USAGE, why));
         }
         if self.model.len() > MAX_USAGE_MODEL_BYTES {
             return Err(bad(
@@ -453,6 +453,11 @@ fn payload_json_error(e: &serde_json::Error, text: &str) -> String {
     }
 }
 
+/// The end of serde's "unknown field" error for an [`Event`](crate::Event): its fields,
+/// `seq` and `content_ref` (output only) among them.
+const EVENT_FIELDS: &str =
+    "expected one of `id`, `seq`, `kind`, `optional`, `payload`, `content_ref`";
+
 /// What serde_json found wrong in the JSON `text` it was parsing (error `e`), without its
 /// "at line L column C" (the caller says where, in its own terms). A lone UTF-16
 /// surrogate escape (`"\ud800"`: serde_json says "unexpected end of hex escape" or "lone
@@ -471,6 +476,11 @@ pub fn json_error_reason(e: &serde_json::Error, text: &str) -> String {
     let full = e.to_string();
     let suffix = format!(" at line {} column {}", e.line(), e.column());
     let message = full.strip_suffix(&suffix).unwrap_or(&full);
+    // An event's output-only fields are in serde's list of its fields, and always
+    // refused as input (outside testing, session 43).
+    if let Some(head) = message.strip_suffix(EVENT_FIELDS) {
+        return format!("{head}expected one of `kind`, `payload`, `optional`, `id`");
+    }
     if message != "unexpected end of hex escape"
         && message != "lone leading surrogate in hex escape"
     {
@@ -530,15 +540,29 @@ fn key_of_string_at(text: &str, line: usize, column: usize) -> Option<String> {
     serde_json::from_str(&text[key_open..=key_end]).ok()
 }
 
+/// Why `value`, a field named `what` that must hold text, holds none: `"{what} is
+/// required"` when it is empty (or absent), `"{what} must not be blank"` when it is only
+/// white space (a blank model said "model is required", though one was given: outside
+/// testing, session 43); `None` when it holds text.
+pub(crate) fn missing_or_blank(what: &str, value: &str) -> Option<String> {
+    if value.is_empty() {
+        Some(format!("{what} is required"))
+    } else if value.trim().is_empty() {
+        Some(format!("{what} must not be blank"))
+    } else {
+        None
+    }
+}
+
 /// Refuses a blank id.
 ///
 /// # Errors
 /// [`Error::InvalidPayload`] naming `kind`.
 pub(crate) fn required_id(kind: &str, id: &str) -> Result<()> {
-    if id.trim().is_empty() {
-        return Err(bad(kind, "id is required"));
+    match missing_or_blank("id", id) {
+        Some(why) => Err(bad(kind, why)),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Refuses a `field` whose value is not one of `allowed`.
@@ -573,6 +597,19 @@ mod tests {
 
     use super::*;
     use crate::model::kind::{INTERACTION_UNAVAILABLE, TOOL_RESULT_UNKNOWN, TURN_INTERRUPTED};
+
+    /// An event's unknown field names the fields input takes, not `seq` and `content_ref`
+    /// (output only, always refused as input): the list serde derives is the one
+    /// [`EVENT_FIELDS`] takes off.
+    #[test]
+    fn an_unknown_event_field_names_the_fields_input_takes() {
+        let text = r#"{"kind": "turn/start", "optinal": true}"#;
+        let e = serde_json::from_str::<crate::Event>(text).unwrap_err();
+        assert_eq!(
+            json_error_reason(&e, text),
+            "unknown field `optinal`, expected one of `kind`, `payload`, `optional`, `id`"
+        );
+    }
 
     /// A position serde_json gave of another text (a message parsed on its own) can fall
     /// inside a character of this one: the key is not named, nothing panics (slicing there

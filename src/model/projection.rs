@@ -277,8 +277,8 @@ fn parse(event: &Event) -> Result<Parsed> {
         kind::SESSION_TITLE => Parsed::Title(decode::<TitlePayload>(event)?.title),
         kind::SESSION_CONFIG => {
             let p: ConfigPayload = decode(event)?;
-            if p.model_ref.trim().is_empty() {
-                return Err(bad(kind, "modelRef is required"));
+            if let Some(why) = crate::model::payload::missing_or_blank("modelRef", &p.model_ref) {
+                return Err(bad(kind, why));
             }
             Parsed::Config(p)
         }
@@ -375,9 +375,9 @@ fn check_replacements(prepared: &PreparedFold) -> Result<()> {
         let mut seen: HashMap<&str, usize> =
             HashMap::with_capacity_and_hasher(messages.len(), Default::default());
         for (i, m) in messages.iter().enumerate() {
-            if m.id().trim().is_empty() {
+            if let Some(why) = crate::model::payload::missing_or_blank("id", m.id()) {
                 if ids_required {
-                    return Err(bad(kind, format!("messages[{i}]: id is required")));
+                    return Err(bad(kind, format!("messages[{i}]: {why}")));
                 }
                 continue;
             }
