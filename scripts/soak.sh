@@ -4,7 +4,7 @@
 #   scripts/soak.sh                 every step below
 #   scripts/soak.sh crash input     only these steps
 #
-# Steps: crash, contention, disk, corrupt, input, operations, load, fuzz. Each runs the
+# Steps: crash, contention, disk, corrupt, input, model, operations, load, fuzz. Each runs the
 # `soak_*` (#[ignore]d) variants of its test file and, where a count drives a default test,
 # that test with the count raised. Counts come from the environment (defaults below); the
 # full-disk step needs root (it mounts tmpfs file systems) and skips itself otherwise. The
@@ -33,7 +33,7 @@ SOAK_LOG_DIR="${SOAK_LOG_DIR:-target/soak}"
 mkdir -p "$SOAK_LOG_DIR"
 
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(crash contention disk corrupt input operations load fuzz)
+[ ${#steps[@]} -eq 0 ] && steps=(crash contention disk corrupt input model operations load fuzz)
 
 echo "soak: kills=$RELIABILITY_KILLS contenders=$RELIABILITY_CONTENDERS rounds=$RELIABILITY_ROUNDS" \
   "corrupt_trials=$RELIABILITY_CORRUPT_TRIALS proptest_cases=$PROPTEST_CASES" \
@@ -42,7 +42,8 @@ echo "soak: kills=$RELIABILITY_KILLS contenders=$RELIABILITY_CONTENDERS rounds=$
 cargo test --release --no-run --test reliability_crash --test reliability_contention \
   --test reliability_disk --test reliability_corrupt --test reliability_input \
   --test reliability_operations --test reliability_cli_crash --test reliability_load \
-  --test reliability_fuzz_corpus || exit 1
+  --test reliability_fuzz_corpus --test reliability_model --test reliability_model_lineage \
+  --test reliability_output || exit 1
 
 summary=()
 failed=0
@@ -106,6 +107,11 @@ for step in "${steps[@]}"; do
       run input-huge-random reliability_input --ignored --exact soak_huge_random_payload
       run input-over-blob-limit reliability_input --ignored --exact soak_payload_over_the_blob_limit
       ;;
+    model)
+      run model-proptest reliability_model proptest_
+      run model-lineage-proptest reliability_model_lineage proptest_
+      run output-proptest reliability_output --exact any_batch_append_accepts_prints_as_parseable_json
+      ;;
     operations)
       run operations reliability_operations --ignored soak_
       run operations-cli reliability_cli_crash --exact cli_commands_killed_at_random_moments_leave_a_whole_root
@@ -120,7 +126,7 @@ for step in "${steps[@]}"; do
       fi
       ;;
     *)
-      echo "unknown step $step (crash, contention, disk, corrupt, input, operations, load, fuzz)" >&2
+      echo "unknown step $step (crash, contention, disk, corrupt, input, model, operations, load, fuzz)" >&2
       exit 2
       ;;
   esac

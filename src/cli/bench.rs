@@ -219,11 +219,14 @@ pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
 
 fn print_human(r: &Report) -> CliResult<()> {
     outln!(
-        "bench: {} events of ~{PAYLOAD_BYTES} B in batches of {}, {} writers in parallel, \
+        "bench: {} events of ~{PAYLOAD_BYTES} B in batches of {}, {}, \
          durability {}, files in {}",
         r.events,
         r.batch,
-        r.sessions,
+        match r.sessions {
+            1 => "one writer".to_owned(),
+            n => format!("{n} writers in parallel"),
+        },
         r.durability,
         r.dir.display()
     );
