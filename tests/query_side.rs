@@ -570,7 +570,7 @@ async fn observe_refuses_a_cursor_past_the_last_sequence() {
     let past = service.query().observe(&r, 2, 10).await;
     assert!(
         matches!(past, Err(Error::InvalidInput { ref what, .. })
-            if what == "observe cursor 2 is past the last sequence 1 of session past"),
+            if what == "no events after sequence 2: it is past the last sequence 1 of session past"),
         "{past:?}"
     );
     // Detached before its commit was durable (upstream's seed): cold, the session ends at 0.

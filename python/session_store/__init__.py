@@ -219,7 +219,9 @@ def _native_args(fn: Callable[_P, _T]) -> Callable[_P, _T]:
         except UnicodeEncodeError as e:
             raise InvalidInput(f"invalid input: text is not UTF-8: {e}") from None
         except OverflowError as e:
-            raise InvalidInput(f"invalid input: number out of range: {e}") from None
+            raise InvalidInput(
+                f"invalid input: {_out_of_range_argument(fn, args, kwargs) or e}"
+            ) from None
         except TypeError as e:
             wrong = _wrong_argument(fn, args, kwargs)
             if wrong is None:
@@ -227,6 +229,24 @@ def _native_args(fn: Callable[_P, _T]) -> Callable[_P, _T]:
             raise TypeError(wrong) from e
 
     return wrapper
+
+
+def _out_of_range_argument(fn: Callable[..., Any], args: Any, kwargs: Any) -> str | None:
+    """Which int argument of a call of ``fn`` the native call could not take, said with its
+    name (``limit -1 is negative``): PyO3's :class:`OverflowError` named none ("can't
+    convert negative int to unsigned"). None when no argument is such an int."""
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError:
+        return None
+    for name, value in bound.arguments.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            continue
+        if value < 0:
+            return f"{name} {value} is negative"
+        if value >= 2**64:
+            return f"{name} {value} is over 2**64 - 1"
+    return None
 
 
 #: The annotations :func:`_wrong_argument` checks, by name (``float`` takes an int too).

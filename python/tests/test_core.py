@@ -933,19 +933,26 @@ def test_hostile_input_is_refused_and_changes_nothing(root, tmp_path):
     # Refused as list's is (it was cut to 500 silently).
     with pytest.raises(InvalidInput, match=r"history limit must be 1\.\.=500"):
         root.history("h", limit=501)
-    # Out of the native integer's range is out of range too (not OverflowError).
-    for call in (
-        lambda: root.list(limit=-1),
-        lambda: root.history("h", limit=-1),
-        lambda: root.history("h", limit=2**64),
-        lambda: root.events("h", after=-1),
-        lambda: root.events("h", limit=-5),
-        lambda: root.reader("h").messages(2**64),
-        lambda: root.events("h", after=2**64),
-        lambda: session_store.Root(tmp_path / "r3", write_behind_ms=-1),
+    # Out of the native integer's range is out of range too (not OverflowError), naming
+    # the argument (PyO3's "can't convert negative int to unsigned" named none).
+    for call, named in (
+        (lambda: root.list(limit=-1), "limit -1 is negative"),
+        (lambda: root.history("h", limit=-1), "limit -1 is negative"),
+        (lambda: root.history("h", limit=2**64), "limit"),
+        (lambda: root.events("h", after=-1), "after -1 is negative"),
+        (lambda: root.events("h", limit=-5), "limit -5 is negative"),
+        (lambda: root.reader("h").messages(2**64), "limit"),
+        (lambda: root.events("h", after=2**64), "after"),
+        (lambda: session_store.Root(tmp_path / "r3", write_behind_ms=-1), "write_behind_ms"),
+        (lambda: root.delete("h", wait=-1), "wait must be a number of seconds from 0"),
     ):
-        with pytest.raises(InvalidInput):
+        with pytest.raises(InvalidInput, match=named):
             call()
+    # The events page's limits in the Python call's terms (it said "observe cursor").
+    with pytest.raises(InvalidInput, match="no events after sequence 1000"):
+        root.events("h", after=1000)
+    with pytest.raises(InvalidInput, match=r"1\.\.=1000 commits \(a limit of 0 is 100\), not 1001"):
+        root.events("h", limit=1001)
     with pytest.raises(InvalidInput):
         session_store.Root(tmp_path / "r2", durability="sometimes")
     with pytest.raises(InvalidInput):

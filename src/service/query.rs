@@ -323,7 +323,7 @@ impl SessionQuery {
         let limit = if limit == 0 { 50 } else { limit };
         if limit > MAX_LIST_LIMIT {
             return Err(Error::invalid(format!(
-                "list limit must be 1..={MAX_LIST_LIMIT}"
+                "list limit must be 1..={MAX_LIST_LIMIT} (0 for 50), not {limit}"
             )));
         }
         let service = self.service.clone();
@@ -617,7 +617,8 @@ impl SessionQuery {
         };
         if limit > MAX_OBSERVE_LIMIT {
             return Err(Error::invalid(format!(
-                "observe limit must be 1..={MAX_OBSERVE_LIMIT} commits (0 for {DEFAULT_OBSERVE_LIMIT})"
+                "a page of events holds 1..={MAX_OBSERVE_LIMIT} commits (a limit of 0 is \
+                 {DEFAULT_OBSERVE_LIMIT}), not {limit}"
             )));
         }
         let live = self.service.settled_runtime(&r.session_id).await;
@@ -647,7 +648,8 @@ impl SessionQuery {
             // after a sequence the session has not reached and skipped its next commits.
             if cursor > end {
                 return Err(Error::invalid(format!(
-                    "observe cursor {cursor} is past the last sequence {end} of session {id}"
+                    "no events after sequence {cursor}: it is past the last sequence {end} \
+                     of session {id}"
                 )));
             }
             let mut truncated = commits.len() > limit;
