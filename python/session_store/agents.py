@@ -402,10 +402,17 @@ class SessionStoreSession:
         self._check_open()  # also for no items, as SQLiteSession
         if not messages:
             return
-        try:
-            encode_json(messages).encode()
-        except UnicodeEncodeError as e:
-            raise InvalidInput(f"invalid input: text is not UTF-8: {e}") from None
+        for i, message in enumerate(messages):
+            try:
+                encode_json(message).encode()
+            except UnicodeEncodeError as e:
+                # Named by item: the position of the whole batch's JSON could not be traced
+                # back to one (outside testing, session 43).
+                raise InvalidInput(
+                    f"invalid input: items[{i}] holds text that is not UTF-8 "
+                    f"({e.object[e.start:e.end]!a}, a lone surrogate, at character {e.start} "
+                    "of the item's JSON)"
+                ) from None
         with self._lock:
             writer = self._open_writer()
             accepted, _ = writer.sequences()

@@ -623,8 +623,14 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
             threads = self._root_threads()
             want_ns = want_id = None
         before_id = get_checkpoint_id(before) if before else None
-        out: list[CheckpointTuple] = []
         with self._lock:
+            # Every checkpoint asked for, then newest first across threads and namespaces,
+            # as SqliteSaver orders them (`ORDER BY checkpoint_id DESC`): thread by thread
+            # and namespace by namespace, `limit` took another set (outside testing,
+            # session 43: `list(None, limit=1)` gave an older thread's checkpoint). The
+            # tuples are then built thread by thread, each thread read once (the saver
+            # keeps at most MAX_OPEN_THREADS of them).
+            found: list[tuple[str, str, str]] = []
             for thread_id in threads:
                 model = self._thread_if_saved(thread_id)
                 if model is None:
@@ -632,7 +638,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                 for ns, checkpoints in model.checkpoints.items():
                     if want_ns is not None and ns != want_ns:
                         continue
-                    for cid in sorted(checkpoints, reverse=True):
+                    for cid in checkpoints:
                         if want_id and cid != want_id:
                             continue
                         if before_id and cid >= before_id:
@@ -641,9 +647,22 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                             metadata = self.serde.loads_typed(_decode(checkpoints[cid][1]))
                             if not all(metadata.get(k) == v for k, v in filter.items()):
                                 continue
-                        if limit is not None and len(out) >= limit:
-                            break
-                        out.append(self._tuple(thread_id, model, ns, cid))
+                        found.append((cid, thread_id, ns))
+            found.sort(reverse=True)
+            if limit is not None:
+                found = found[: max(limit, 0)]
+            at: dict[str, builtins.list[int]] = {}
+            for i, (_, thread_id, _) in enumerate(found):
+                at.setdefault(thread_id, []).append(i)
+            built: builtins.list[CheckpointTuple | None] = [None] * len(found)
+            for thread_id, positions in at.items():
+                model = self._thread_if_saved(thread_id)
+                if model is None:
+                    continue
+                for i in positions:
+                    cid, _, ns = found[i]
+                    built[i] = self._tuple(thread_id, model, ns, cid)
+            out = [t for t in built if t is not None]
         yield from out
 
     # Writing.
@@ -940,9 +959,46 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         if doomed:
             self._commit(thread_id, lambda: [(_DELETE, {"checkpoints": doomed})])
 
+    def _delta_sources(
+        self, model: _Thread, ns: str, cid: str, stop: Callable[[str], bool]
+    ) -> builtins.list[str]:
+        """The ancestors of checkpoint ``cid`` (namespace ``ns``) whose writes rebuild its
+        ``DeltaChannel`` values: LangGraph stores such a channel's value only every
+        ``snapshot_frequency`` steps and rebuilds the others from the ancestors' writes
+        back to the nearest stored value (``BaseCheckpointSaver.prune``'s warning). From
+        the parent back to, for each channel the metadata's
+        ``counters_since_delta_snapshot`` names and ``cid`` does not store, the nearest
+        ancestor storing it; or to the first checkpoint; or to an ancestor ``stop`` names
+        (one whose own sources are looked up on their own). Empty for a thread without
+        delta channels."""
+        checkpoints = model.checkpoints.get(ns, {})
+
+        def stored(at: str) -> set[str]:
+            record = self.serde.loads_typed(_decode(checkpoints[at][0]))
+            return {
+                channel
+                for channel, version in record["channel_versions"].items()
+                if (ns, channel, version) in model.blobs
+            }
+
+        metadata = self.serde.loads_typed(_decode(checkpoints[cid][1]))
+        missing = set(metadata.get("counters_since_delta_snapshot") or {})
+        if missing:
+            missing -= stored(cid)
+        sources: builtins.list[str] = []
+        parent = checkpoints[cid][2]
+        while missing and parent is not None and parent in checkpoints and not stop(parent):
+            sources.append(parent)
+            missing -= stored(parent)
+            parent = checkpoints[parent][2]
+        return sources
+
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Hides every checkpoint (and its writes) whose metadata ``run_id`` is one of
-        ``run_ids``, in every thread of the root."""
+        ``run_ids``, in every thread of the root, except one a kept checkpoint's
+        ``DeltaChannel`` values are rebuilt from (:meth:`_delta_sources`): hidden, it left
+        those values empty or short, with no error (LangGraph's ``delete_for_runs``
+        warning; outside testing, session 43)."""
         wanted = set(run_ids)
         if not wanted:
             return
@@ -951,18 +1007,33 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                 model = self._thread_if_saved(thread_id)
                 if model is None:
                     continue
-                doomed = [
-                    [ns, cid]
+                doomed = {
+                    (ns, cid)
                     for ns, checkpoints in model.checkpoints.items()
                     for cid, (_, metadata, _) in checkpoints.items()
                     if self.serde.loads_typed(_decode(metadata)).get("run_id") in wanted
-                ]
-                self._hide(thread_id, doomed)
+                }
+                spared: set[tuple[str, str]] = set()
+                for ns, checkpoints in model.checkpoints.items():
+
+                    def kept(at: str, ns: str = ns) -> bool:
+                        return (ns, at) not in doomed
+
+                    for cid in checkpoints:
+                        if (ns, cid) in doomed:
+                            continue
+                        # The walk stops at a kept ancestor: its own walk covers the rest.
+                        sources = self._delta_sources(model, ns, cid, kept)
+                        spared.update((ns, at) for at in sources)
+                self._hide(thread_id, [[ns, cid] for ns, cid in sorted(doomed - spared)])
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``"keep_latest"``: hides all but the latest checkpoint of each namespace (the
-        latest keeps its writes); ``"delete"``: deletes the threads. A session of one of
-        their ids that is not a thread's raises before any thread is changed."""
+        latest keeps its writes) and the ancestors its ``DeltaChannel`` values are rebuilt
+        from (:meth:`_delta_sources`; hidden, they left those values empty with no error,
+        as LangGraph's ``prune`` warns: outside testing, session 43); ``"delete"``: deletes
+        the threads. A session of one of their ids that is not a thread's raises before any
+        thread is changed."""
         if strategy not in ("keep_latest", "delete"):
             raise ValueError(f"unknown prune strategy {strategy!r}")
         with self._lock:
@@ -972,11 +1043,13 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                 for thread_id, model in models.items():
                     if model is None:
                         continue
-                    doomed = [
-                        [ns, cid]
-                        for ns, checkpoints in model.checkpoints.items()
-                        for cid in sorted(checkpoints)[:-1]
-                    ]
+                    doomed: builtins.list[builtins.list[str]] = []
+                    for ns, checkpoints in model.checkpoints.items():
+                        if not checkpoints:
+                            continue
+                        latest = max(checkpoints)
+                        kept = {latest, *self._delta_sources(model, ns, latest, lambda _: False)}
+                        doomed.extend([ns, cid] for cid in sorted(checkpoints) if cid not in kept)
                     self._hide(thread_id, doomed)
                 return
         # Deleted outside the saver's lock, as delete_thread does.

@@ -350,8 +350,9 @@ def test_hostile_items(root):
         # A key that is not str was stored as a string (it came back changed).
         with pytest.raises(session_store.InvalidInput, match="not str"):
             await s.add_items([{"role": "user", "content": "x", "meta": {7: "seven"}}])
-        # A tool output with a lone surrogate, as json.loads gives it from a "\ud800" escape.
-        with pytest.raises(session_store.InvalidInput):
+        # A tool output with a lone surrogate, as json.loads gives it from a "\ud800" escape:
+        # the item is named (a position in the whole batch's JSON could not be traced back).
+        with pytest.raises(session_store.InvalidInput, match=r"items\[1\] holds text that is not UTF-8"):
             await s.add_items([user("ok"), json.loads('{"role": "user", "content": "\\ud800"}')])
         # An id with no UTF-8 form (SQLiteSession's sqlite3 cannot bind it either).
         with pytest.raises(session_store.InvalidInput, match="not UTF-8"):

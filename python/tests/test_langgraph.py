@@ -12,11 +12,15 @@ import os
 import subprocess
 import sys
 
+from typing import Annotated
+
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.channels import DeltaChannel
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.graph import END, START, MessagesState, StateGraph
+from typing_extensions import TypedDict
 
 import session_store
 from session_store.agents import SessionStoreSession
@@ -364,6 +368,95 @@ def test_prune_and_delete_for_runs_hide_checkpoints(saver) -> None:
     assert list(saver.list(config("r"))) == []
     assert g.get_state(config("r")).values == {}
     assert len(list(saver.list(config("p")))) == 1  # other runs untouched
+
+
+def delta_graph(saver, snapshot_frequency: int):
+    """A graph whose ``log`` is a ``DeltaChannel``: LangGraph stores its value every
+    ``snapshot_frequency`` updates and rebuilds it from the ancestors' writes otherwise."""
+    def joined(state, writes):
+        return [*state, *(item for write in writes for item in write)]
+
+    # The functional form: its types are read now, not as strings in this module's scope.
+    State = TypedDict(
+        "State",
+        {
+            "log": Annotated[list, DeltaChannel(joined, snapshot_frequency=snapshot_frequency)],
+            "plain": list,
+        },
+    )
+
+    def step(state):
+        return {"log": [f"step{len(state['log'])}"], "plain": [*state.get("plain", []), "p"]}
+
+    builder = StateGraph(State)
+    builder.add_node("step", step)
+    builder.add_edge(START, "step")
+    builder.add_edge("step", END)
+    return builder.compile(checkpointer=saver)
+
+
+def test_prune_and_delete_for_runs_keep_what_a_delta_channel_is_rebuilt_from(saver) -> None:
+    """Outside testing, session 43: ``prune`` kept only the latest checkpoint, whose
+    ``DeltaChannel`` value is rebuilt from its ancestors' writes, and the value read back
+    empty with no error (LangGraph's ``prune`` and ``delete_for_runs`` warn of it);
+    ``delete_for_runs`` of an earlier run cut the later state's value short. Both keep the
+    ancestors back to the nearest stored value, and drop the others."""
+    expected = ["user0", "step1", "user1", "step3", "user2", "step5", "user3", "step7"]
+    for thread, frequency in (("rare", 100), ("often", 3)):
+        g = delta_graph(saver, frequency)
+        for i in range(4):
+            g.invoke({"log": [f"user{i}"]}, config(thread))
+        assert g.get_state(config(thread)).values["log"] == expected
+        before = len(list(saver.list(config(thread))))
+        saver.prune([thread])
+        left = len(list(saver.list(config(thread))))
+        assert g.get_state(config(thread)).values["log"] == expected, thread
+        if frequency == 100:
+            assert left == before  # no stored value since the first: every write is needed
+        else:
+            assert 1 < left < before
+        g.invoke({"log": ["user4"]}, config(thread))
+        assert g.get_state(config(thread)).values["log"] == [*expected, "user4", "step9"]
+
+    g = delta_graph(saver, 3)
+    runs = [f"5b6e0c52-0000-4000-8000-00000000010{i}" for i in range(4)]
+    for i, run in enumerate(runs):
+        g.invoke({"log": [f"user{i}"]}, {**config("runs"), "metadata": {"run_id": run}})
+    saver.delete_for_runs(runs[:1])
+    state = g.get_state(config("runs")).values
+    assert state["log"] == expected and state["plain"] == ["p"] * 4
+    # A run no kept checkpoint's value needs is gone.
+    saver.delete_for_runs(runs[3:])
+    assert {t.metadata.get("run_id") for t in saver.list(config("runs"))} <= set(runs[:3])
+
+
+def test_list_is_newest_first_across_namespaces_and_threads(root, saver) -> None:
+    """As SqliteSaver (``ORDER BY checkpoint_id DESC``): listed thread by thread and
+    namespace by namespace, ``limit`` took other checkpoints, and ``list(None, limit=1)``
+    an older thread's (outside testing, session 43)."""
+    child = StateGraph(MessagesState)
+    child.add_node("echo", echo)
+    child.add_edge(START, "echo")
+    child.add_edge("echo", END)
+    parent = StateGraph(MessagesState)
+    parent.add_node("child", child.compile())
+    parent.add_node("review", review)
+    parent.add_edge(START, "child")
+    parent.add_edge("child", "review")
+    parent.add_edge("review", END)
+    g = parent.compile(checkpointer=saver)
+    for thread in ("zzz", "aaa"):
+        g.invoke({"messages": [HumanMessage(content="hi")]}, config(thread))
+    everything = list(saver.list(None))
+    ids = [t.config["configurable"]["checkpoint_id"] for t in everything]
+    assert ids == sorted(ids, reverse=True)
+    assert {t.config["configurable"]["checkpoint_ns"] != "" for t in everything} == {True, False}
+    assert next(saver.list(None, limit=1)).config["configurable"]["thread_id"] == "aaa"
+    one_thread = [t.config["configurable"]["checkpoint_id"] for t in saver.list(config("aaa"))]
+    assert one_thread == sorted(one_thread, reverse=True)
+    assert [
+        t.config["configurable"]["checkpoint_id"] for t in saver.list(config("aaa"), limit=3)
+    ] == one_thread[:3]
 
 
 def test_long_thread_ids_map_to_their_hash_and_are_listed_by_their_log(root, saver) -> None:
