@@ -783,6 +783,11 @@ fn a_line_that_is_not_a_batch_says_why_in_the_inputs_terms() {
         ("not json", "line 1: not a batch: not JSON: ", "column 0"),
         ("[1,2]", "expected a batch object", "column 0"),
         (
+            r#"{"operation_id":"a"#,
+            "not a batch: not JSON: EOF",
+            "column 0",
+        ),
+        (
             r#"{"operation_id":"x","events":[{"kind":"turn/start","optinal":true}]}"#,
             "unknown field `optinal`, expected one of `kind`, `payload`, `optional`, `id` (column",
             "content_ref",

@@ -2261,6 +2261,28 @@ fn a_session_indexed_after_one_of_its_events_was_damaged_keeps_the_others_found(
     // Another session's search names nothing.
     sessions_saying(&root, &["other"], "okapi too");
     assert!(skipped(SearchOptions::default().with_session(id("other"))).is_empty());
+    // Repaired, the session is read anew at its next writer open: no longer named, and
+    // the repaired message found (session 43: it stayed named until a rebuild).
+    sqlite3(
+        &root.session_dir(&id("parent")).join("session.sqlite"),
+        "UPDATE events SET payload = replace(payload, 'sEcond', 'second') WHERE seq = 5",
+    );
+    root.verify(&id("parent")).expect("repaired");
+    root.open_writer(&id("parent"))
+        .expect("writer")
+        .close()
+        .expect("close");
+    assert!(skipped(SearchOptions::default()).is_empty());
+    let mut healed = found(&root);
+    healed.retain(|(session, _, _)| session == "parent");
+    healed.sort();
+    assert_eq!(
+        healed
+            .iter()
+            .map(|(_, m, _)| m.as_str())
+            .collect::<Vec<_>>(),
+        ["m0", "m1", "m2"]
+    );
 }
 
 /// A fork's inherited message searched for in the fork while its parent is deleted

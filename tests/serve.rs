@@ -1636,6 +1636,9 @@ fn search_takes_role_since_and_session_and_refuses_an_origin() {
             .to_owned();
         assert!(error.contains(names), "{path}: {error}");
     }
+    // `origin` is refused by search itself, so not named among what it takes.
+    let error = server.get("/api/search?q=test&rol=tool").json()["error"].clone();
+    assert!(!error.to_string().contains("origin"), "{error}");
     assert_eq!(
         hits("/api/search?q=test&token=unused&limit=100").len(),
         all.len()

@@ -885,11 +885,11 @@ impl Root {
         wait: f64,
         stop: Option<&Bound<'_, PyAny>>,
     ) -> NativeResult<()> {
-        let wait = Duration::try_from_secs_f64(wait).map_err(|e| {
+        let wait = Duration::try_from_secs_f64(wait).map_err(|_| {
             new_err(
                 py,
                 invalid_input_class,
-                format!("invalid input: wait must be a number of seconds from 0, not {wait} ({e})"),
+                format!("invalid input: wait must be a number of seconds from 0, not {wait}"),
             )
         })?;
         let id = self::session_id(session_id).map_err(|e| to_py(py, e))?;

@@ -330,7 +330,9 @@ fn parse_batch(n: usize, line: &str) -> CliResult<Batch> {
         // A line that is not JSON says so ("expected ident" alone did not); serde_json's
         // column 0 (a value of the wrong type, found before it was read) is no place.
         let reason = match e.classify() {
-            serde_json::error::Category::Syntax => format!("not JSON: {reason}"),
+            serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
+                format!("not JSON: {reason}")
+            }
             _ => reason,
         };
         let reason = match (e.line(), e.column()) {

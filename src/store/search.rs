@@ -605,8 +605,13 @@ impl SearchIndex {
                 // Indexed past the file's end: the file lost commits since (an OS crash
                 // under `ProcessCrash`, a copy put back), so its rows are made anew (the
                 // lost messages were still found, and what was written after them not).
+                // A session indexed with a damaged event is read anew: its file may have been
+                // repaired or put back since (session 43: it stayed "skipped" in every search,
+                // its message never found, until a rebuild).
                 Some((key, indexed))
-                    if indexed <= durable && stored_lineage(&conn, key)? == lineage =>
+                    if indexed <= durable
+                        && stored_lineage(&conn, key)? == lineage
+                        && !has_damage(&conn, id)? =>
                 {
                     Some((key, indexed))
                 }
@@ -1225,6 +1230,15 @@ fn forget_in(tx: &Transaction<'_>, id: &SessionId) -> Result<()> {
             .execute([key])?;
     }
     Ok(())
+}
+
+/// Whether session `id` held a damaged event when it was indexed (`search_damage`).
+fn has_damage(conn: &Connection, id: &SessionId) -> Result<bool> {
+    Ok(conn
+        .prepare_cached("SELECT 1 FROM search_damage WHERE session_id = ?1")?
+        .query_row([id.as_str()], |_| Ok(()))
+        .optional()?
+        .is_some())
 }
 
 /// Records `damage`, a damaged event of session `id` left out of the index, unless the
