@@ -960,7 +960,13 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
             self._commit(thread_id, lambda: [(_DELETE, {"checkpoints": doomed})])
 
     def _delta_sources(
-        self, model: _Thread, ns: str, cid: str, stop: Callable[[str], bool]
+        self,
+        model: _Thread,
+        ns: str,
+        cid: str,
+        stop: Callable[[str], bool],
+        *,
+        rebuildable: bool,
     ) -> builtins.list[str]:
         """The ancestors of checkpoint ``cid`` (namespace ``ns``) whose writes rebuild its
         ``DeltaChannel`` values: LangGraph stores such a channel's value only every
@@ -968,9 +974,11 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         back to the nearest stored value (``BaseCheckpointSaver.prune``'s warning). From
         the parent back to, for each channel the metadata's
         ``counters_since_delta_snapshot`` names and ``cid`` does not store, the nearest
-        ancestor storing it; or to the first checkpoint; or to an ancestor ``stop`` names
-        (one whose own sources are looked up on their own). Empty for a thread without
-        delta channels."""
+        ancestor storing it; with ``rebuildable``, further back to the first ancestor that
+        stores every channel named on the way, so that each ancestor returned can itself be
+        rebuilt (LangGraph's first safe option: a kept source of one channel read another
+        channel empty, re-test of session 43). It ends early at the first checkpoint, or
+        at an ancestor ``stop`` names. Empty for a thread without delta channels."""
         checkpoints = model.checkpoints.get(ns, {})
 
         def stored(at: str) -> set[str]:
@@ -981,28 +989,36 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                 if (ns, channel, version) in model.blobs
             }
 
-        metadata = self.serde.loads_typed(_decode(checkpoints[cid][1]))
-        missing = set(metadata.get("counters_since_delta_snapshot") or {})
-        if missing:
-            missing -= stored(cid)
+        def named(at: str) -> set[str]:
+            metadata = self.serde.loads_typed(_decode(checkpoints[at][1]))
+            return set(metadata.get("counters_since_delta_snapshot") or {})
+
+        channels = named(cid)
+        missing = channels - stored(cid) if channels else set()
         sources: builtins.list[str] = []
         parent = checkpoints[cid][2]
         while missing and parent is not None and parent in checkpoints and not stop(parent):
             sources.append(parent)
-            missing -= stored(parent)
+            if rebuildable:
+                channels |= named(parent)
+                missing = channels - stored(parent)
+            else:
+                missing -= stored(parent)
             parent = checkpoints[parent][2]
         return sources
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Hides every checkpoint (and its writes) whose metadata ``run_id`` is one of
-        ``run_ids``, in every thread of the root, except one a kept checkpoint's
-        ``DeltaChannel`` values are rebuilt from (:meth:`_delta_sources`): hidden, it left
-        those values empty or short, with no error (LangGraph's ``delete_for_runs``
-        warning; outside testing, session 43)."""
+        ``run_ids``, in every thread of the root. Raises :class:`session_store.InvalidInput`
+        before anything is hidden when a checkpoint of another run rebuilds its
+        ``DeltaChannel`` values from one of them (:meth:`_delta_sources`): hidden, that
+        value read empty or short with no error (LangGraph's ``delete_for_runs`` warning;
+        outside testing, session 43). Delete the later runs too, or the thread."""
         wanted = set(run_ids)
         if not wanted:
             return
         with self._lock:
+            hidden: builtins.list[tuple[str, builtins.list[builtins.list[str]]]] = []
             for thread_id in self._root_threads():
                 model = self._thread_if_saved(thread_id)
                 if model is None:
@@ -1013,7 +1029,8 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                     for cid, (_, metadata, _) in checkpoints.items()
                     if self.serde.loads_typed(_decode(metadata)).get("run_id") in wanted
                 }
-                spared: set[tuple[str, str]] = set()
+                if not doomed:
+                    continue
                 for ns, checkpoints in model.checkpoints.items():
 
                     def kept(at: str, ns: str = ns) -> bool:
@@ -1023,16 +1040,26 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                         if (ns, cid) in doomed:
                             continue
                         # The walk stops at a kept ancestor: its own walk covers the rest.
-                        sources = self._delta_sources(model, ns, cid, kept)
-                        spared.update((ns, at) for at in sources)
-                self._hide(thread_id, [[ns, cid] for ns, cid in sorted(doomed - spared)])
+                        needed = self._delta_sources(model, ns, cid, kept, rebuildable=False)
+                        if needed:
+                            raise InvalidInput(
+                                f"invalid input: thread {thread_id!r}: checkpoint {cid} of "
+                                "another run rebuilds its DeltaChannel values from checkpoint "
+                                f"{needed[0]} of a run to delete; delete the later runs too, "
+                                "or the thread"
+                            )
+                hidden.append((thread_id, [[ns, cid] for ns, cid in sorted(doomed)]))
+            for thread_id, doomed_list in hidden:
+                self._hide(thread_id, doomed_list)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """``"keep_latest"``: hides all but the latest checkpoint of each namespace (the
-        latest keeps its writes) and the ancestors its ``DeltaChannel`` values are rebuilt
-        from (:meth:`_delta_sources`; hidden, they left those values empty with no error,
-        as LangGraph's ``prune`` warns: outside testing, session 43); ``"delete"``: deletes
-        the threads. A session of one of their ids that is not a thread's raises before any
+        latest keeps its writes) and, in a graph with ``DeltaChannel`` values, the ancestors
+        back to the first that stores every such channel, each of which can be rebuilt
+        (:meth:`_delta_sources`; hidden, they left those values empty with no error, as
+        LangGraph's ``prune`` warns: outside testing, session 43). A channel never stored
+        since the thread's first checkpoint keeps them all. ``"delete"``: deletes the
+        threads. A session of one of their ids that is not a thread's raises before any
         thread is changed."""
         if strategy not in ("keep_latest", "delete"):
             raise ValueError(f"unknown prune strategy {strategy!r}")
@@ -1048,7 +1075,12 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                         if not checkpoints:
                             continue
                         latest = max(checkpoints)
-                        kept = {latest, *self._delta_sources(model, ns, latest, lambda _: False)}
+                        kept = {
+                            latest,
+                            *self._delta_sources(
+                                model, ns, latest, lambda _: False, rebuildable=True
+                            ),
+                        }
                         doomed.extend([ns, cid] for cid in sorted(checkpoints) if cid not in kept)
                     self._hide(thread_id, doomed)
                 return

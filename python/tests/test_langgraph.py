@@ -370,23 +370,28 @@ def test_prune_and_delete_for_runs_hide_checkpoints(saver) -> None:
     assert len(list(saver.list(config("p")))) == 1  # other runs untouched
 
 
-def delta_graph(saver, snapshot_frequency: int):
-    """A graph whose ``log`` is a ``DeltaChannel``: LangGraph stores its value every
+def delta_graph(saver, snapshot_frequency: int, other_frequency: int = 0):
+    """A graph whose ``log`` is a ``DeltaChannel`` (and ``other`` another, stored every
+    ``other_frequency`` updates, when given): LangGraph stores such a value every
     ``snapshot_frequency`` updates and rebuilds it from the ancestors' writes otherwise."""
+
     def joined(state, writes):
         return [*state, *(item for write in writes for item in write)]
 
     # The functional form: its types are read now, not as strings in this module's scope.
-    State = TypedDict(
-        "State",
-        {
-            "log": Annotated[list, DeltaChannel(joined, snapshot_frequency=snapshot_frequency)],
-            "plain": list,
-        },
-    )
+    fields = {
+        "log": Annotated[list, DeltaChannel(joined, snapshot_frequency=snapshot_frequency)],
+        "plain": list,
+    }
+    if other_frequency:
+        fields["other"] = Annotated[list, DeltaChannel(joined, snapshot_frequency=other_frequency)]
+    State = TypedDict("State", fields)  # type: ignore[misc]
 
     def step(state):
-        return {"log": [f"step{len(state['log'])}"], "plain": [*state.get("plain", []), "p"]}
+        update = {"log": [f"step{len(state['log'])}"], "plain": [*state.get("plain", []), "p"]}
+        if other_frequency:
+            update["other"] = ["o"]
+        return update
 
     builder = StateGraph(State)
     builder.add_node("step", step)
@@ -395,12 +400,13 @@ def delta_graph(saver, snapshot_frequency: int):
     return builder.compile(checkpointer=saver)
 
 
-def test_prune_and_delete_for_runs_keep_what_a_delta_channel_is_rebuilt_from(saver) -> None:
+def test_prune_keeps_what_a_delta_channel_is_rebuilt_from(saver) -> None:
     """Outside testing, session 43: ``prune`` kept only the latest checkpoint, whose
     ``DeltaChannel`` value is rebuilt from its ancestors' writes, and the value read back
-    empty with no error (LangGraph's ``prune`` and ``delete_for_runs`` warn of it);
-    ``delete_for_runs`` of an earlier run cut the later state's value short. Both keep the
-    ancestors back to the nearest stored value, and drop the others."""
+    empty with no error (LangGraph's ``prune`` warns of it). It keeps the ancestors back to
+    the first that stores every such channel, and each checkpoint it keeps reads as
+    LangGraph's own InMemorySaver reads it (the first fix kept the ancestors one channel
+    needed, which read another empty: the re-test)."""
     expected = ["user0", "step1", "user1", "step3", "user2", "step5", "user3", "step7"]
     for thread, frequency in (("rare", 100), ("often", 3)):
         g = delta_graph(saver, frequency)
@@ -418,16 +424,43 @@ def test_prune_and_delete_for_runs_keep_what_a_delta_channel_is_rebuilt_from(sav
         g.invoke({"log": ["user4"]}, config(thread))
         assert g.get_state(config(thread)).values["log"] == [*expected, "user4", "step9"]
 
+    # Two channels stored at different steps: every checkpoint kept reads right.
+    reference = InMemorySaver()
+    ours, theirs = delta_graph(saver, 3, 4), delta_graph(reference, 3, 4)
+    for i in range(9):
+        for g in (ours, theirs):
+            g.invoke({"log": [f"user{i}"]}, config("two"))
+    by_step = {t.metadata["step"]: t.checkpoint["id"] for t in reference.list(config("two"))}
+    saver.prune(["two"])
+    kept = list(saver.list(config("two")))
+    assert 1 < len(kept) < len(by_step)
+    for t in kept:
+        step = t.metadata["step"]
+        theirs_at = theirs.get_state(config("two", checkpoint_id=by_step[step])).values
+        assert ours.get_state(t.config).values == theirs_at, step
+
+
+def test_delete_for_runs_refuses_to_cut_what_a_delta_channel_is_rebuilt_from(saver) -> None:
+    """Deleting an earlier run's checkpoints left a later state's ``DeltaChannel`` value
+    short (LangGraph's ``delete_for_runs`` warns of it; outside testing, session 43):
+    refused, nothing hidden; the later runs, or all of them, are deleted."""
+    expected = ["user0", "step1", "user1", "step3", "user2", "step5", "user3", "step7"]
     g = delta_graph(saver, 3)
     runs = [f"5b6e0c52-0000-4000-8000-00000000010{i}" for i in range(4)]
     for i, run in enumerate(runs):
         g.invoke({"log": [f"user{i}"]}, {**config("runs"), "metadata": {"run_id": run}})
-    saver.delete_for_runs(runs[:1])
+    before = len(list(saver.list(config("runs"))))
+    with pytest.raises(session_store.InvalidInput, match="rebuilds its DeltaChannel values"):
+        saver.delete_for_runs(runs[:1])
+    assert len(list(saver.list(config("runs")))) == before
     state = g.get_state(config("runs")).values
     assert state["log"] == expected and state["plain"] == ["p"] * 4
-    # A run no kept checkpoint's value needs is gone.
+    # The newest run: no kept checkpoint depends on it.
     saver.delete_for_runs(runs[3:])
-    assert {t.metadata.get("run_id") for t in saver.list(config("runs"))} <= set(runs[:3])
+    assert {t.metadata.get("run_id") for t in saver.list(config("runs"))} == set(runs[:3])
+    assert g.get_state(config("runs")).values["log"] == expected[:6]
+    saver.delete_for_runs(runs)
+    assert list(saver.list(config("runs"))) == []
 
 
 def test_list_is_newest_first_across_namespaces_and_threads(root, saver) -> None:

@@ -71,7 +71,7 @@ pub(crate) const DIAGNOSTIC: &str = "diagnostic";
 /// | kind | payload | checked |
 /// |---|---|---|
 /// | `message/complete` | `{message}` | `message` an object with a non-empty `id` not already in the transcript; its other keys (`role`, `content`, tool calls, …) are kept verbatim |
-/// | `message/upsert` | `{message}` | as `message/complete`; replaces the message with that id, else appends it |
+/// | `message/upsert` | `{message}` | as `message/complete`; replaces the message with that id, else appends it (in the model workset, the last one with that id: a `message/complete` may add an id a `compaction` already put there) |
 /// | `assistant/attempt` | `{id, action, messageId?, attempt?, max?, reason?}` | `action` is `begin`, `discard` or `commit` |
 /// | `history/replace`, `model/context-replace`, `compaction` | `{messages, reason?, trigger?, sourceSequences?}` | `messages` an array of messages (for `history/replace`, each with an id, each id once; for the others an id at most once, a message without one allowed); `sourceSequences` an array of sequences |
 /// | `legacy/import` | `{messages, source?, goal?, modelRef?, modelIdentity?}` | `messages` an array of messages, each with an id, each id once |
