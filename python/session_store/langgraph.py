@@ -981,12 +981,16 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         at an ancestor ``stop`` names. Empty for a thread without delta channels."""
         checkpoints = model.checkpoints.get(ns, {})
 
-        def stored(at: str) -> set[str]:
-            record = self.serde.loads_typed(_decode(checkpoints[at][0]))
+        def needs(at: str, channels: set[str]) -> set[str]:
+            """Which of ``channels`` checkpoint ``at`` has a version of but does not store:
+            one without a version was never written before it (its first writes are
+            ``at``'s own), so nothing older rebuilds it (an unused delta channel blocked
+            every prune and delete: re-test, session 43)."""
+            versions = self.serde.loads_typed(_decode(checkpoints[at][0]))["channel_versions"]
             return {
                 channel
-                for channel, version in record["channel_versions"].items()
-                if (ns, channel, version) in model.blobs
+                for channel in channels
+                if channel in versions and (ns, channel, versions[channel]) not in model.blobs
             }
 
         def named(at: str) -> set[str]:
@@ -994,16 +998,16 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
             return set(metadata.get("counters_since_delta_snapshot") or {})
 
         channels = named(cid)
-        missing = channels - stored(cid) if channels else set()
+        missing = needs(cid, channels) if channels else set()
         sources: builtins.list[str] = []
         parent = checkpoints[cid][2]
         while missing and parent is not None and parent in checkpoints and not stop(parent):
             sources.append(parent)
             if rebuildable:
                 channels |= named(parent)
-                missing = channels - stored(parent)
+                missing = needs(parent, channels)
             else:
-                missing -= stored(parent)
+                missing = needs(parent, missing)
             parent = checkpoints[parent][2]
         return sources
 

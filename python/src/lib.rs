@@ -889,7 +889,9 @@ impl Root {
             new_err(
                 py,
                 invalid_input_class,
-                format!("invalid input: wait must be a number of seconds from 0, not {wait}"),
+                format!(
+                    "invalid input: wait must be a finite number of seconds from 0, not {wait:?}"
+                ),
             )
         })?;
         let id = self::session_id(session_id).map_err(|e| to_py(py, e))?;

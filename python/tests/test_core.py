@@ -944,7 +944,8 @@ def test_hostile_input_is_refused_and_changes_nothing(root, tmp_path):
         (lambda: root.reader("h").messages(2**64), "limit"),
         (lambda: root.events("h", after=2**64), "after"),
         (lambda: session_store.Root(tmp_path / "r3", write_behind_ms=-1), "write_behind_ms"),
-        (lambda: root.delete("h", wait=-1), "wait must be a number of seconds from 0"),
+        (lambda: root.delete("h", wait=-1), "wait must be a finite number of seconds from 0, not -1.0"),
+        (lambda: root.delete("h", wait=float("inf")), "finite number of seconds from 0, not inf"),
     ):
         with pytest.raises(InvalidInput, match=named):
             call()

@@ -463,6 +463,36 @@ def test_delete_for_runs_refuses_to_cut_what_a_delta_channel_is_rebuilt_from(sav
     assert list(saver.list(config("runs"))) == []
 
 
+def test_a_delta_channel_no_node_writes_blocks_no_prune_or_delete(saver) -> None:
+    """A ``DeltaChannel`` declared and never written (no version, nothing to rebuild) kept
+    every checkpoint from ``prune`` and refused every ``delete_for_runs`` (re-test, session
+    43): it is named in the metadata's counters all the same."""
+
+    def joined(state, writes):
+        return [*state, *(item for write in writes for item in write)]
+
+    State = TypedDict(  # type: ignore[misc]
+        "State",
+        {"plain": list, "errors": Annotated[list, DeltaChannel(joined, snapshot_frequency=3)]},
+    )
+    builder = StateGraph(State)
+    builder.add_node("step", lambda state: {"plain": [*state.get("plain", []), "p"]})
+    builder.add_edge(START, "step")
+    builder.add_edge("step", END)
+    g = builder.compile(checkpointer=saver)
+    runs = [f"5b6e0c52-0000-4000-8000-00000000020{i}" for i in range(3)]
+    for thread in ("pruned", "deleted"):
+        for run in runs:
+            g.invoke({"plain": []}, {**config(thread), "metadata": {"run_id": run}})
+    saver.prune(["pruned"])
+    assert len(list(saver.list(config("pruned")))) == 1
+    assert g.get_state(config("pruned")).values["plain"] == ["p"]
+    before = len(list(saver.list(config("deleted"))))
+    saver.delete_for_runs(runs[:1])
+    assert len(list(saver.list(config("deleted")))) < before
+    assert g.get_state(config("deleted")).values["plain"] == ["p"]
+
+
 def test_list_is_newest_first_across_namespaces_and_threads(root, saver) -> None:
     """As SqliteSaver (``ORDER BY checkpoint_id DESC``): listed thread by thread and
     namespace by namespace, ``limit`` took other checkpoints, and ``list(None, limit=1)``
