@@ -1062,7 +1062,10 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         back to the first that stores every such channel, each of which can be rebuilt
         (:meth:`_delta_sources`; hidden, they left those values empty with no error, as
         LangGraph's ``prune`` warns: outside testing, session 43). A channel never stored
-        since the thread's first checkpoint keeps them all. ``"delete"``: deletes the
+        since the thread's first checkpoint keeps them all. Those ancestors read right, but
+        a persistent subgraph's namespace keeps only its latest checkpoint, as every
+        namespace: a run resumed from one of them starts such a subgraph afresh.
+        ``"delete"``: deletes the
         threads. A session of one of their ids that is not a thread's raises before any
         thread is changed."""
         if strategy not in ("keep_latest", "delete"):
