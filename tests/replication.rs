@@ -711,6 +711,56 @@ fn replicate_run_keeps_a_dollar_in_the_root_and_replica_paths() {
     assert!(contents(&root, "alpha") == expected, "alpha differs");
 }
 
+/// A root whose path holds `#`, `%` or `?` is refused by `replicate` (exit 2, no config):
+/// Litestream reads a session file's path as a URL, so it replicated no session of it while
+/// `replicate --run` ran on without a word; a session whose id holds one is named in a
+/// warning, the others replicated (outside testing, session 43).
+#[test]
+fn a_root_or_session_litestream_cannot_replicate_is_refused_or_named() {
+    let work = tempfile::tempdir().unwrap();
+    let config = work.path().join("litestream.yml");
+    let run = |root: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_session-store"))
+            .arg("--root")
+            .arg(root)
+            .args(["replicate", "--replica"])
+            .arg(work.path().join("rep"))
+            .arg("--config-out")
+            .arg(&config)
+            .env("LITESTREAM_BIN", "/bin/true")
+            .output()
+            .unwrap()
+    };
+    for name in ["root#1", "root%201", "root?x"] {
+        let root = work.path().join(name);
+        create(&Root::open(&root).unwrap(), "alpha")
+            .close()
+            .unwrap();
+        let out = run(&root);
+        assert_eq!(out.status.code(), Some(2), "{name}: {}", text(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stderr)
+                .contains("which Litestream reads as part of a URL"),
+            "{name}: {}",
+            text(&out)
+        );
+        assert!(!config.exists(), "{name}: a config was written");
+    }
+    let root = work.path().join("root");
+    let r = Root::open(&root).unwrap();
+    for id in ["alpha", "x#y"] {
+        create(&r, id).close().unwrap();
+    }
+    let out = run(&root);
+    assert!(out.status.success(), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("warning: session x#y holds") && !stderr.contains("alpha"),
+        "{stderr}"
+    );
+    assert!(config.exists());
+}
+
 /// A file replica whose path holds a character Litestream escapes in a file URL (a space,
 /// `#`, `%`, `?`, `"`, a non-ASCII letter) is refused by `replicate` and `restore` (exit 2,
 /// naming it), writing no config and making no root: Litestream wrote `rep 1` to the folder

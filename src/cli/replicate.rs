@@ -293,6 +293,27 @@ pub fn replicate(
             root_dir.display()
         )));
     }
+    if let Some(c) = root_dir
+        .to_string_lossy()
+        .chars()
+        .find(|c| UNREPLICABLE.contains(c))
+    {
+        return Err(Failure::usage(format!(
+            "the root {} holds {c:?}, which Litestream reads as part of a URL: it would \
+             replicate no session; use a root whose path holds none of {UNREPLICABLE:?}",
+            root_dir.display()
+        )));
+    }
+    for id in root.list_ids()? {
+        if id.as_str().contains(UNREPLICABLE) {
+            errln!(
+                "session-store: warning: session {} holds one of {UNREPLICABLE:?}, which \
+                 Litestream reads as part of a URL: it is not replicated (copy it under \
+                 another id with export and import)",
+                super::shown(&id)
+            );
+        }
+    }
     let text = config_text(&root_dir, &replica);
     // Litestream first: without a usable one, `--run` writes no config (it left
     // `<root>/.litestream.yml`, or overwrote `--config-out FILE`, and then failed).
@@ -453,16 +474,48 @@ fn behind_catalog(
         .collect()
 }
 
+/// `name` with its `%XX` escapes decoded, as Litestream (Go's `url.PathEscape`) wrote it;
+/// `None` when an escape is malformed or the bytes are not UTF-8.
+fn unescaped(name: &str) -> Option<String> {
+    if !name.contains('%') {
+        return Some(name.to_owned());
+    }
+    let bytes = name.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = name.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// Characters of a session file's path that Litestream cannot replicate: it reads the path
+/// as a URL, so `#` ends it, `?` starts a query and `%` starts an escape (a session under
+/// such a name, or every session of a root whose path holds one, was never replicated
+/// while `replicate --run` ran on without a word; outside testing, session 43).
+const UNREPLICABLE: [char; 3] = ['#', '%', '?'];
+
 /// Ids of the sessions a file replica holds (`<dir>/<id>/session.sqlite/`), sorted.
 fn layout_ids(dir: &Path) -> CliResult<BTreeSet<SessionId>> {
     let entries = std::fs::read_dir(dir)
         .map_err(|e| Failure::context(format!("read the replica {}", dir.display()), &e))?;
     let mut ids = BTreeSet::new();
     for entry in entries.flatten() {
-        // Dot-folders (staging, trash) and invalid names are never sessions.
+        // Dot-folders (staging, trash) and invalid names are never sessions. Litestream
+        // escapes a space or a non-ASCII letter of a session's folder (`caf%C3%A9` for
+        // `café`): `restore --all` left such a session out, as one the catalog does not
+        // list (outside testing, session 43).
         let Some(id) = entry
             .file_name()
             .to_str()
+            .and_then(unescaped)
             .and_then(|n| SessionId::new(n).ok())
         else {
             continue;
@@ -984,6 +1037,17 @@ mod tests {
               110: the rest was not replicated, or is lost from the replica"
             ]
         );
+    }
+
+    #[test]
+    fn replica_folder_names_are_unescaped_as_litestream_escaped_them() {
+        assert_eq!(unescaped("plain-id").as_deref(), Some("plain-id"));
+        assert_eq!(unescaped("with%20space").as_deref(), Some("with space"));
+        assert_eq!(unescaped("caf%C3%A9").as_deref(), Some("café"));
+        assert_eq!(unescaped("%E6%97%A5%E6%9C%AC").as_deref(), Some("日本"));
+        assert_eq!(unescaped("bad%2"), None);
+        assert_eq!(unescaped("bad%zz"), None);
+        assert_eq!(unescaped("%FF"), None, "not UTF-8");
     }
 
     #[test]
