@@ -759,6 +759,27 @@ fn a_root_or_session_litestream_cannot_replicate_is_refused_or_named() {
         "{stderr}"
     );
     assert!(config.exists());
+    // `restore` into the replica folder, or a folder inside it, is refused before anything
+    // is made (it wrote `.catalog` and `.staging` into the replica).
+    let replica = work.path().join("rep");
+    std::fs::create_dir_all(&replica).unwrap();
+    for target in [replica.clone(), replica.join("inner")] {
+        let out = Command::new(env!("CARGO_BIN_EXE_session-store"))
+            .arg("--root")
+            .arg(&target)
+            .args(["restore", "--all", "--from"])
+            .arg(&replica)
+            .env("LITESTREAM_BIN", "/bin/true")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("must be outside the replica"));
+        assert_eq!(
+            std::fs::read_dir(&replica).unwrap().count(),
+            0,
+            "nothing made"
+        );
+    }
 }
 
 /// A file replica whose path holds a character Litestream escapes in a file URL (a space,

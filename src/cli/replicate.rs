@@ -567,6 +567,21 @@ fn write_config(file: &Path, text: &str, in_root: bool) -> std::io::Result<()> {
     options.open(file)?.write_all(text.as_bytes())
 }
 
+/// `path` made absolute, its deepest existing folder with symlinks resolved (a root that
+/// `restore` is about to make does not exist yet).
+fn resolved(path: &Path) -> PathBuf {
+    let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    for there in path.ancestors() {
+        if let Ok(real) = std::fs::canonicalize(there) {
+            return match path.strip_prefix(there) {
+                Ok(rest) if !rest.as_os_str().is_empty() => real.join(rest),
+                _ => real,
+            };
+        }
+    }
+    path
+}
+
 /// `restore --from REPLICA (--id ID | --all)` into the root.
 pub fn restore(
     cx: &Context,
@@ -577,6 +592,19 @@ pub fn restore(
 ) -> CliResult<()> {
     let replica = Replica::parse(from)?;
     let requested_id = id.map(super::session_id).transpose()?;
+    // A root in (or holding) the file replica: it wrote `.catalog` and `.staging` into the
+    // replica, with errors that did not say why (outside testing, session 43), as
+    // `replicate` refuses the same overlap the other way round.
+    if let Some(dir) = replica.dir() {
+        let (dir, root) = (resolved(&dir), resolved(&cx.root));
+        if root.starts_with(&dir) || dir.starts_with(&root) {
+            return Err(Failure::usage(format!(
+                "the root {} must be outside the replica {} (and not contain it)",
+                root.display(),
+                dir.display()
+            )));
+        }
+    }
     // Litestream first: without one, nothing is created.
     let bin = find_litestream(litestream)?;
     check_version(&bin)?;
