@@ -405,13 +405,18 @@ class SessionStoreSession:
         for i, message in enumerate(messages):
             try:
                 encode_json(message).encode()
+            except InvalidInput as e:
+                # A NaN, a set, a key that is not str: named by item too.
+                raise InvalidInput(
+                    str(e).replace("invalid input: ", f"invalid input: items[{i}]: ", 1)
+                ) from None
             except UnicodeEncodeError as e:
                 # Named by item: the position of the whole batch's JSON could not be traced
                 # back to one (outside testing, session 43).
                 raise InvalidInput(
                     f"invalid input: items[{i}] holds text that is not UTF-8 "
-                    f"({e.object[e.start:e.end]!a}, a lone surrogate, at character {e.start} "
-                    "of the item's JSON)"
+                    f"({e.object[e.start:e.end]!a}: a surrogate has no UTF-8 form; "
+                    f"at character {e.start} of the item's JSON)"
                 ) from None
         with self._lock:
             writer = self._open_writer()

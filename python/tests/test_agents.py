@@ -345,8 +345,10 @@ def test_hostile_items(root):
         # One item given alone: its keys were taken for items ("must be a dict, not str").
         with pytest.raises(TypeError, match=r"^add_items\(\) argument 'items' must be a list of items, not dict$"):
             await s.add_items({"role": "user", "content": "hi"})  # type: ignore[arg-type]
-        with pytest.raises(session_store.InvalidInput):
+        with pytest.raises(session_store.InvalidInput, match=r"items\[0\]: value is not JSON-able"):
             await s.add_items([{"role": "user", "content": {1, 2}}])
+        with pytest.raises(session_store.InvalidInput, match=r"items\[1\]: value is not JSON-able"):
+            await s.add_items([user("ok"), {"role": "user", "content": float("nan")}])
         # A key that is not str was stored as a string (it came back changed).
         with pytest.raises(session_store.InvalidInput, match="not str"):
             await s.add_items([{"role": "user", "content": "x", "meta": {7: "seven"}}])
