@@ -959,55 +959,47 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         if doomed:
             self._commit(thread_id, lambda: [(_DELETE, {"checkpoints": doomed})])
 
-    def _delta_sources(
-        self,
-        model: _Thread,
-        ns: str,
-        cid: str,
-        stop: Callable[[str], bool],
-        *,
-        rebuildable: bool,
-    ) -> builtins.list[str]:
-        """The ancestors of checkpoint ``cid`` (namespace ``ns``) whose writes rebuild its
-        ``DeltaChannel`` values: LangGraph stores such a channel's value only every
+    def _delta_named(self, model: _Thread, ns: str, cid: str) -> set[str]:
+        """The ``DeltaChannel`` channels checkpoint ``cid``'s metadata counts updates of
+        since their last stored value (``counters_since_delta_snapshot``)."""
+        metadata = self.serde.loads_typed(_decode(model.checkpoints[ns][cid][1]))
+        return set(metadata.get("counters_since_delta_snapshot") or {})
+
+    def _delta_unstored(
+        self, model: _Thread, ns: str, cid: str, channels: set[str]
+    ) -> set[str]:
+        """Which of ``channels`` checkpoint ``cid`` has a version of but does not store, so
+        that LangGraph rebuilds them from its ancestors' writes (``BaseCheckpointSaver.
+        prune``'s warning). One without a version was never written before it (its first
+        writes are ``cid``'s own), so nothing older rebuilds it (an unused delta channel
+        blocked every prune and delete: re-test, session 43)."""
+        record = self.serde.loads_typed(_decode(model.checkpoints[ns][cid][0]))
+        versions = record["channel_versions"]
+        return {
+            channel
+            for channel in channels
+            if channel in versions and (ns, channel, versions[channel]) not in model.blobs
+        }
+
+    def _delta_sources(self, model: _Thread, ns: str, cid: str) -> builtins.list[str]:
+        """The ancestors of checkpoint ``cid`` (namespace ``ns``) its ``DeltaChannel``
+        values are rebuilt from, and theirs: LangGraph stores such a value only every
         ``snapshot_frequency`` steps and rebuilds the others from the ancestors' writes
-        back to the nearest stored value (``BaseCheckpointSaver.prune``'s warning). From
-        the parent back to, for each channel the metadata's
-        ``counters_since_delta_snapshot`` names and ``cid`` does not store, the nearest
-        ancestor storing it; with ``rebuildable``, further back to the first ancestor that
-        stores every channel named on the way, so that each ancestor returned can itself be
-        rebuilt (LangGraph's first safe option: a kept source of one channel read another
-        channel empty, re-test of session 43). It ends early at the first checkpoint, or
-        at an ancestor ``stop`` names. Empty for a thread without delta channels."""
+        back to the nearest stored value. From the parent back to the first ancestor that
+        stores every channel named on the way (:meth:`_delta_named`,
+        :meth:`_delta_unstored`), so that each one returned can itself be rebuilt
+        (LangGraph's first safe option: a kept source of one channel read another channel
+        empty, re-test of session 43), or to the first checkpoint. Empty for a thread
+        without delta channels."""
         checkpoints = model.checkpoints.get(ns, {})
-
-        def needs(at: str, channels: set[str]) -> set[str]:
-            """Which of ``channels`` checkpoint ``at`` has a version of but does not store:
-            one without a version was never written before it (its first writes are
-            ``at``'s own), so nothing older rebuilds it (an unused delta channel blocked
-            every prune and delete: re-test, session 43)."""
-            versions = self.serde.loads_typed(_decode(checkpoints[at][0]))["channel_versions"]
-            return {
-                channel
-                for channel in channels
-                if channel in versions and (ns, channel, versions[channel]) not in model.blobs
-            }
-
-        def named(at: str) -> set[str]:
-            metadata = self.serde.loads_typed(_decode(checkpoints[at][1]))
-            return set(metadata.get("counters_since_delta_snapshot") or {})
-
-        channels = named(cid)
-        missing = needs(cid, channels) if channels else set()
+        channels = self._delta_named(model, ns, cid)
+        missing = self._delta_unstored(model, ns, cid, channels) if channels else set()
         sources: builtins.list[str] = []
         parent = checkpoints[cid][2]
-        while missing and parent is not None and parent in checkpoints and not stop(parent):
+        while missing and parent is not None and parent in checkpoints:
             sources.append(parent)
-            if rebuildable:
-                channels |= named(parent)
-                missing = needs(parent, channels)
-            else:
-                missing = needs(parent, missing)
+            channels |= self._delta_named(model, ns, parent)
+            missing = self._delta_unstored(model, ns, parent, channels)
             parent = checkpoints[parent][2]
         return sources
 
@@ -1015,7 +1007,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         """Hides every checkpoint (and its writes) whose metadata ``run_id`` is one of
         ``run_ids``, in every thread of the root. Raises :class:`session_store.InvalidInput`
         before anything is hidden when a checkpoint of another run rebuilds its
-        ``DeltaChannel`` values from one of them (:meth:`_delta_sources`): hidden, that
+        ``DeltaChannel`` values from one of them (:meth:`_delta_unstored`): hidden, that
         value read empty or short with no error (LangGraph's ``delete_for_runs`` warning;
         outside testing, session 43). Delete the later runs too, or the thread."""
         wanted = set(run_ids)
@@ -1035,21 +1027,19 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                 }
                 if not doomed:
                     continue
+                # A kept checkpoint whose parent goes, and that rebuilds a delta value from
+                # its ancestors' writes (a kept parent answers for its own ancestors).
                 for ns, checkpoints in model.checkpoints.items():
-
-                    def kept(at: str, ns: str = ns) -> bool:
-                        return (ns, at) not in doomed
-
-                    for cid in checkpoints:
-                        if (ns, cid) in doomed:
+                    for cid, (_, _, parent) in checkpoints.items():
+                        if (ns, cid) in doomed or (ns, parent) not in doomed:
                             continue
-                        # The walk stops at a kept ancestor: its own walk covers the rest.
-                        needed = self._delta_sources(model, ns, cid, kept, rebuildable=False)
-                        if needed:
+                        if self._delta_unstored(
+                            model, ns, cid, self._delta_named(model, ns, cid)
+                        ):
                             raise InvalidInput(
                                 f"invalid input: thread {thread_id!r}: checkpoint {cid} of "
                                 "another run rebuilds its DeltaChannel values from checkpoint "
-                                f"{needed[0]} of a run to delete; delete the later runs too, "
+                                f"{parent} of a run to delete; delete the later runs too, "
                                 "or the thread"
                             )
                 hidden.append((thread_id, [[ns, cid] for ns, cid in sorted(doomed)]))
@@ -1065,9 +1055,8 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         since the thread's first checkpoint keeps them all. Those ancestors read right, but
         a persistent subgraph's namespace keeps only its latest checkpoint, as every
         namespace: a run resumed from one of them starts such a subgraph afresh.
-        ``"delete"``: deletes the
-        threads. A session of one of their ids that is not a thread's raises before any
-        thread is changed."""
+        ``"delete"``: deletes the threads. A session of one of their ids that is not a
+        thread's raises before any thread is changed."""
         if strategy not in ("keep_latest", "delete"):
             raise ValueError(f"unknown prune strategy {strategy!r}")
         with self._lock:
@@ -1082,12 +1071,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
                         if not checkpoints:
                             continue
                         latest = max(checkpoints)
-                        kept = {
-                            latest,
-                            *self._delta_sources(
-                                model, ns, latest, lambda _: False, rebuildable=True
-                            ),
-                        }
+                        kept = {latest, *self._delta_sources(model, ns, latest)}
                         doomed.extend([ns, cid] for cid in sorted(checkpoints) if cid not in kept)
                     self._hide(thread_id, doomed)
                 return

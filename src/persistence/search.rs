@@ -255,13 +255,7 @@ impl Root {
         }
         // Sessions a writer of this process closed while another process held the index.
         for id in index.take_behind() {
-            let caught_up = lock::is_held(&self.session_dir(&id).join(LOCK_FILE))
-                .is_ok_and(|held| held)
-                || self
-                    .open_reader(&id)
-                    .and_then(|reader| index.catch_up(&reader))
-                    .is_ok();
-            if !caught_up && self.session_dir(&id).is_dir() {
+            if self.catch_up_unless_held(&index, &id).is_err() && self.session_dir(&id).is_dir() {
                 index.note_behind(&id);
             }
         }
@@ -314,7 +308,7 @@ impl Root {
             .iter()
             .filter(|id| {
                 if !indexed.contains(*id) {
-                    return match self.catch_up_unindexed(index, id) {
+                    return match self.catch_up_unless_held(index, id) {
                         Ok(took) => took,
                         Err(error) => {
                             unreadable.extend(unsearchable((*id).clone(), error));
@@ -330,11 +324,12 @@ impl Root {
         count
     }
 
-    /// Indexes session `id`, which the index holds nothing of, unless a writer holds it
+    /// Catches session `id` up in the index (one it holds nothing of, or one a writer of
+    /// this process closed while another process held the index) unless a writer holds it
     /// (a live writer indexes its own drains, and catches its session up at its first
-    /// drain after a search made the index). Returns whether the index took it, or why
-    /// the session could not be read (a later call tries again).
-    fn catch_up_unindexed(&self, index: &SearchIndex, id: &SessionId) -> Result<bool> {
+    /// drain after a search made the index). Returns whether the index took anything, or
+    /// why the session could not be read (a later call tries again).
+    fn catch_up_unless_held(&self, index: &SearchIndex, id: &SessionId) -> Result<bool> {
         if lock::is_held(&self.session_dir(id).join(LOCK_FILE)).unwrap_or(true) {
             return Ok(false);
         }
