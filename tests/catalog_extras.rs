@@ -875,6 +875,18 @@ fn list_filters_and_sorts_are_keyset_pages_on_the_catalog() {
     fails(&root, &["list", "--origin", "alien"], 2);
     fails(&root, &["list", "--sort", "size"], 2);
     fails(&root, &["list", "--since", "2024-02-30"], 2);
+    // A negative duration is our refusal of the value, not clap's "unexpected argument
+    // '-7'" (outside testing, clocks); so is a space around a time, as the serve API's.
+    for args in [
+        &["list", "--since", "-7d"][..],
+        &["search", "question", "--since", "-7d"],
+        &["list", "--since", " 7d"],
+    ] {
+        let err = fails(&root, args, 2);
+        assert!(err.contains("is neither a duration"), "{args:?}: {err}");
+    }
+    let err = fails(&root, &["gc", "--older-than", "-1d"], 2);
+    assert!(err.contains("\"-1d\" is not a duration"), "{err}");
 }
 
 /// Reading a session whose file has no `-wal` beside it (a fork, an import) makes SQLite
@@ -1017,6 +1029,141 @@ fn gc_ids(report: &Value, key: &str) -> Vec<String> {
         .iter()
         .map(|d| d["session_id"].as_str().expect("id").to_owned())
         .collect()
+}
+
+/// `BIN --root ROOT ARGS` under the wall clock `clock` (see [`common::under_clock`]).
+fn clocked(root: &Path, clock: &str, args: &[&str]) -> Command {
+    let mut c = common::under_clock(clock, BIN);
+    c.arg("--root")
+        .arg(root)
+        .args(args)
+        .env_remove("SESSION_STORE_ROOT");
+    c
+}
+
+/// A turn of `session` as `append` takes it.
+fn turn_line(session: &str, n: usize) -> String {
+    let t = format!("t{n}");
+    format!(
+        "{}\n",
+        json!({"operation_id": format!("{t}/op"), "turn_id": t, "events": [
+            {"kind": "turn/start"},
+            {"kind": "message/complete", "payload": {"message":
+                {"id": format!("{session}-{t}"), "role": "user", "content": format!("question {n}")}}},
+            {"kind": "turn/end", "payload": {"status": "completed"}},
+        ]})
+    )
+}
+
+/// Runs `command` with `input` on stdin; expects status 0.
+fn fed(mut command: Command, input: &str) {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input.as_bytes())
+        .expect("write");
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+}
+
+/// Commit times are the writers' clocks (outside testing, clocks). A session committed to
+/// a moment ago, the last time by a writer whose clock ran 25 years behind, is kept by
+/// `gc` (an earlier commit is newer than the age: it was deleted a second after that
+/// append); one created under a clock in 2090 is reported kept until then (passed over in
+/// silence: no run would ever collect it); a writer under a clock past year 9999 records
+/// 9999-12-31 and one before 1970 records 1970, so the export of either imports (past
+/// 9999 the header's time was refused by `import`).
+#[test]
+fn gc_and_import_under_writers_clocks_that_were_wrong() {
+    if !common::faketime_or_skip() {
+        return;
+    }
+    let (_dir, root) = temp_cli_root();
+    ok(&root, &["create", "back"]);
+    std::thread::sleep(Duration::from_millis(2_500));
+    append(&root, "back", &turn_line("back", 1));
+    fed(
+        clocked(&root, "@2001-09-09 01:46:40", &["append", "back"]),
+        &turn_line("back", 2),
+    );
+    fed(
+        clocked(
+            &root,
+            "@2090-01-01 00:00:00",
+            &["append", "ahead", "--create"],
+        ),
+        &turn_line("ahead", 1),
+    );
+    let dry = json_of(&root, &["gc", "--older-than", "2s", "--dry-run"]);
+    let real = json_of(&root, &["gc", "--older-than", "2s"]);
+    for report in [&dry, &real] {
+        assert_eq!(gc_ids(report, "deleted"), Vec::<String>::new(), "{report}");
+        assert_eq!(gc_ids(report, "kept"), ["back", "ahead"], "{report}");
+        let reasons: Vec<&str> = report["kept"]
+            .as_array()
+            .expect("kept")
+            .iter()
+            .map(|k| k["reason"].as_str().expect("reason"))
+            .collect();
+        assert!(
+            reasons[0].contains("a writer's clock went back"),
+            "{report}"
+        );
+        assert!(reasons[1].contains("a time still to come"), "{report}");
+    }
+    let human = ok(&root, &["gc", "--older-than", "2s"]);
+    assert!(
+        human.contains("kept ahead: updated at a time still to come"),
+        "{human}"
+    );
+    assert_eq!(listed(&root, &[]), ["ahead", "back"]);
+
+    for (clock, created) in [
+        ("+8000y", "9999-12-31 23:59:59"),
+        ("@1965-01-01 00:00:00", "1970-01-01 00:00:00"),
+    ] {
+        let (_dir, other) = temp_cli_root();
+        fed(
+            clocked(&other, clock, &["append", "odd", "--create"]),
+            &turn_line("odd", 1),
+        );
+        let shown = ok(&other, &["show", "odd"]);
+        assert!(shown.contains(created), "{clock}: {shown}");
+        let file = other.parent().expect("parent").join("odd.sqlite");
+        ok(&other, &["export", "odd", file.to_str().expect("path")]);
+        let (_dir, into) = temp_cli_root();
+        ok(&into, &["import", file.to_str().expect("path")]);
+        assert!(ok(&into, &["verify", "odd"]).starts_with("ok"));
+    }
+}
+
+/// `import` refuses a file whose commits' times pass year 9999, as it refuses such a
+/// header time (the session's update time passes every key of `list --sort updated`);
+/// nothing is published.
+#[test]
+fn import_refuses_a_commit_time_past_year_9999() {
+    let (_dir, root) = temp_cli_root();
+    chat(&root, "late", 1, "/w");
+    let file = root.parent().expect("parent").join("late.sqlite");
+    ok(&root, &["export", "late", file.to_str().expect("path")]);
+    let conn = rusqlite::Connection::open(&file).expect("open");
+    conn.execute_batch("UPDATE commits SET created_at = 254084649174801")
+        .expect("edit");
+    drop(conn);
+    let (_dir, into) = temp_cli_root();
+    let err = fails(&into, &["import", file.to_str().expect("path")], 6);
+    assert!(
+        err.contains("a commit of the file has a time of 254084649174801 ms since 1970, not a time of years 1970-9999"),
+        "{err}"
+    );
+    assert!(!into.join("late").exists());
 }
 
 /// `gc --older-than 0s` (or `0d`) is refused as a usage error (exit 2), nothing deleted: it

@@ -395,6 +395,46 @@ fn a_delete_killed_before_it_updated_the_index_leaves_the_forks_messages_found()
     );
 }
 
+/// The same kill, of a delete of the fork: the index still lists the fork as holding the
+/// parent's inherited message, and every search named the deleted fork in the hit's
+/// `shared_with` ("also in: child") until a `rebuild-catalog` (outside testing, power
+/// loss). A fork found gone is left out and forgotten, as a hit's own session is.
+#[test]
+fn a_fork_deleted_by_a_delete_killed_before_it_updated_the_index_is_not_named() {
+    let (dir, root) = temp_root();
+    walrus_parent_and_narwhal_fork(&root);
+    let hits = search_all(&root, "walrus", SearchOptions::default());
+    assert_eq!(at(&hits), [("parent".into(), 1)]);
+    assert_eq!(hits[0].shared_with.len(), 1);
+    assert_eq!(hits[0].shared_with[0].session_id, id("child"));
+    let path = root.path().to_path_buf();
+    drop(root);
+    let catalog = path.join(".catalog");
+    let aside = dir.path().join("aside");
+    std::fs::create_dir(&aside).expect("mkdir");
+    let files: Vec<String> = std::fs::read_dir(&catalog)
+        .expect("catalog")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("search.sqlite"))
+        .collect();
+    for f in &files {
+        std::fs::rename(catalog.join(f), aside.join(f)).expect("move aside");
+    }
+    cli_ok(&path, &["delete", "child"]);
+    for f in &files {
+        std::fs::rename(aside.join(f), catalog.join(f)).expect("put back");
+    }
+
+    let root = Root::open(&path).expect("root");
+    for _ in 0..2 {
+        let hits = search_all(&root, "walrus", SearchOptions::default());
+        assert_eq!(at(&hits), [("parent".into(), 1)]);
+        assert!(hits[0].shared_with.is_empty(), "{:?}", hits[0].shared_with);
+        assert!(search_all(&root, "narwhal", SearchOptions::default()).is_empty());
+    }
+}
+
 /// The first search of a root creates the index and fills it from every session; killed
 /// while it filled it (a SIGKILL, or Ctrl-C on a big root), it left an index file with no
 /// session in it, which every later search took as filled: "no matches" for good, but for

@@ -36,6 +36,36 @@ fn link_to(page: &str, label: &str) -> Option<String> {
     })
 }
 
+/// `serve` under a clock before 1970 or past year 9999 refuses to start, saying why (exit
+/// 1): hyper dates every answer and panicked on such a time, so it printed its URL and
+/// then reset every connection, answering nothing (outside testing, clocks).
+#[test]
+fn serve_refuses_a_clock_outside_1970_to_9999() {
+    if !common::faketime_or_skip() {
+        return;
+    }
+    let (_dir, root) = demo_root();
+    for (clock, said) in [
+        ("@1965-01-01 00:00:00", "before 1970"),
+        ("+8000y", "past year 9999"),
+    ] {
+        let out = common::under_clock(clock, serve_support::BIN)
+            .arg("--root")
+            .arg(&root)
+            .args(["serve", "--addr", "127.0.0.1:0"])
+            .output()
+            .expect("serve");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{clock}: {err}");
+        assert!(out.stdout.is_empty(), "{clock}");
+        assert!(
+            err.contains(&format!("this system's clock reads a time {said}")),
+            "{clock}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{clock}: {err}");
+    }
+}
+
 #[test]
 fn pages_and_api_over_the_demo_root() {
     let (_dir, root) = demo_root();
@@ -1602,6 +1632,10 @@ fn search_takes_role_since_and_session_and_refuses_an_origin() {
     // is a relative cwd (an empty page, 200).
     for (path, names) in [
         ("/api/search?q=test&since=yesterday", "since"),
+        // Spaces around a time are refused, as the CLI refuses them (they were trimmed, and
+        // a blank one was no filter: outside testing, clocks).
+        ("/api/search?q=test&since=%207d", "since"),
+        ("/api/search?q=test&since=%20%20", "since"),
         ("/api/search?q=test&session=..%2Fx", "session"),
         ("/api/search?q=test&origin=fork", "origin"),
         ("/?q=test&origin=fork", "origin"),

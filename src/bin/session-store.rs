@@ -95,8 +95,8 @@ enum Command {
     /// {"operation_id", "turn_id"?, "events": [{"kind", "payload"?, "optional"?, "id"?}]}.
     /// With --json, prints one line per batch once it is durable:
     /// {"operation_id","first_seq","last_seq","durable_sequence"} (with --sync end, once a
-    /// write-behind drain made it durable: within about 50 ms, also while no next line
-    /// comes; the rest at the end).
+    /// write-behind drain made it durable: within about the write-behind delay (200 ms)
+    /// and 50 ms more, also while no next line comes; the rest at the end).
     Append {
         /// The session.
         id: String,
@@ -127,7 +127,7 @@ enum Command {
         /// Only sessions updated (last committed to) since: a duration back from now (7d, 12h) or a date, UTC
         /// unless an offset is given (2026-12-01, 2026-12-01T08:30:00Z,
         /// 2026-12-01T09:30:00.250+01:00).
-        #[arg(long, value_name = "WHEN", value_parser = cli::when::parse_since)]
+        #[arg(long, value_name = "WHEN", value_parser = cli::when::parse_since, allow_hyphen_values = true)]
         since: Option<i64>,
         /// Only sessions whose title contains this text (ASCII case ignored).
         #[arg(long, value_name = "TEXT")]
@@ -187,7 +187,7 @@ enum Command {
         cwd: Option<String>,
         /// Only messages since: a duration back from now (7d, 12h) or a date, UTC unless an
         /// offset is given (2026-12-01, 2026-12-01T08:30:00Z, 2026-12-01T09:30:00.250+01:00).
-        #[arg(long, value_name = "WHEN", value_parser = cli::when::parse_since)]
+        #[arg(long, value_name = "WHEN", value_parser = cli::when::parse_since, allow_hyphen_values = true)]
         since: Option<i64>,
         /// Only messages with this role (user, assistant, tool, …; title for titles),
         /// ignoring case.
@@ -268,7 +268,7 @@ enum Command {
     /// Prints what it deletes, or with --dry-run what it would.
     Gc {
         /// Age of the last change: 90s, 45m, 12h, 7d, 2w (not 0: at least 1s).
-        #[arg(long, value_name = "DURATION", value_parser = cli::when::parse_age)]
+        #[arg(long, value_name = "DURATION", value_parser = cli::when::parse_age, allow_hyphen_values = true)]
         older_than: Duration,
         /// Print what would be deleted; delete nothing.
         #[arg(long)]

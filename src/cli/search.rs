@@ -108,7 +108,7 @@ fn print_page(page: &SearchPage, filters: &[&str], terminal: bool) -> CliResult<
             format!("  {}", preview(&hit.title, TITLE_CHARS))
         };
         outln!(
-            "{} #{} {} {}{title}",
+            "{} #{} {} {} UTC{title}",
             shown(&hit.session_ref.session_id),
             hit.position,
             printable(hit.role.as_deref().unwrap_or("-")),

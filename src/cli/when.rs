@@ -13,7 +13,7 @@ const UNITS: [(&str, u64); 5] = [
     ("w", 604_800),
 ];
 
-/// The longest duration accepted: 100 years.
+/// The longest duration accepted: 100 years of 365 days.
 const MAX_SECONDS: u64 = 100 * 365 * 86_400;
 
 /// Why a text is not a duration.
@@ -30,7 +30,9 @@ impl NotADuration {
             NotADuration::Malformed => {
                 format!("{text:?} is not a duration like 90s, 45m, 12h, 7d or 2w")
             }
-            NotADuration::TooLong => format!("{text:?} is longer than 100 years"),
+            NotADuration::TooLong => {
+                format!("{text:?} is longer than 100 years (36500d, 5214w)")
+            }
         }
     }
 }
@@ -83,9 +85,16 @@ fn duration(text: &str) -> Result<Duration, NotADuration> {
 pub fn parse_since(text: &str) -> Result<i64, String> {
     match duration(text) {
         Ok(ago) => {
+            // The value is fine; the clock is not (it blamed the value with the system's
+            // "second time provided was later than self").
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
-                .map_err(|e| format!("the clock is before 1970: {e}"))?;
+                .map_err(|_| {
+                    format!(
+                        "this system's clock reads a time before 1970, so {text:?} cannot be \
+                         counted back from it; give a date (2026-12-01) instead"
+                    )
+                })?;
             let ms = now.saturating_sub(ago).as_millis();
             return i64::try_from(ms).map_err(|_| format!("{text:?} is out of range"));
         }
@@ -104,9 +113,10 @@ pub fn parse_since(text: &str) -> Result<i64, String> {
 /// an offset says otherwise (RFC 3339's form, as other tools print times; a fraction is
 /// cut to the millisecond).
 fn parse_utc(text: &str) -> Option<i64> {
-    let (date, time) = match text.split_once(['T', ' ']) {
+    // RFC 3339 (§5.6) takes `t` and `z` for `T` and `Z`.
+    let (date, time) = match text.split_once(['T', 't', ' ']) {
         Some((d, t)) => (d, Some(t)),
-        None => (text.strip_suffix('Z').unwrap_or(text), None),
+        None => (text.strip_suffix(['Z', 'z']).unwrap_or(text), None),
     };
     let number = |s: &str, len: usize| -> Option<i64> {
         (s.len() == len && s.bytes().all(|b| b.is_ascii_digit()))
@@ -144,7 +154,9 @@ fn parse_utc(text: &str) -> Option<i64> {
         let hour = number(t.next()?, 2)?;
         let minute = number(t.next()?, 2)?;
         let second = t.next().map_or(Some(0), |s| number(s, 2))?;
-        if t.next().is_some() || hour > 23 || minute > 59 || second > 59 {
+        // A leap second (`23:59:60`, RFC 3339) is the next minute's start, as POSIX time
+        // counts it.
+        if t.next().is_some() || hour > 23 || minute > 59 || second > 60 {
             return None;
         }
         ms = (hour * 3600 + minute * 60 + second) * 1000 + fraction - offset_ms;
@@ -155,7 +167,7 @@ fn parse_utc(text: &str) -> Option<i64> {
 /// A time of day's zone: `Z`, `+HH:MM` or `-HH:MM` at its end (none: UTC), split off as
 /// the offset in ms east of UTC; `None` for a malformed or out-of-range offset.
 fn split_offset(time: &str) -> Option<(&str, i64)> {
-    if let Some(time) = time.strip_suffix('Z') {
+    if let Some(time) = time.strip_suffix(['Z', 'z']) {
         return Some((time, 0));
     }
     let Some(at) = time.rfind(['+', '-']) else {
@@ -240,6 +252,13 @@ mod tests {
             Some(1_709_209_805_000)
         );
         assert_eq!(parse_utc("1970-01-01T00:30+01:00"), Some(-1_800_000));
+        // RFC 3339's lower-case `t` and `z`, and a leap second (the next minute's start).
+        assert_eq!(parse_utc("2024-02-29t12:30:05z"), Some(1_709_209_805_000));
+        assert_eq!(parse_utc("2024-02-29z"), Some(1_709_164_800_000));
+        assert_eq!(
+            parse_utc("2016-12-31T23:59:60Z"),
+            parse_utc("2017-01-01T00:00:00Z")
+        );
         for bad in [
             "2023-02-29",
             "2024-04-31",
@@ -255,6 +274,8 @@ mod tests {
             "2024-01-01T08:30:00+01:60",
             "2024-01-01T08:30:00+0100",
             "2024-01-01T08:30:00+01:00Z",
+            "2024-01-01T08:30:61Z",
+            "2024-01-01tt08:30:00Z",
             "2024-01-01+01:00",
             "",
             "x",
@@ -264,9 +285,15 @@ mod tests {
         assert!(parse_since("1d").is_ok_and(|ms| ms > 0));
         // A duration too long says so, as `gc --older-than` does (it said "neither a
         // duration nor a UTC date").
-        for long in ["99999999999d", "99999999999999999999d", "5300w"] {
+        // The bound is 100 years of 365 days, and the message names it (36524d, under
+        // 100 calendar years, was "longer than 100 years" with no more said).
+        assert_eq!(
+            parse_duration("36500d"),
+            Ok(Duration::from_secs(36_500 * 86_400))
+        );
+        for long in ["99999999999d", "99999999999999999999d", "5300w", "36501d"] {
             let e = parse_since(long).expect_err(long);
-            assert!(e.contains("longer than 100 years"), "{e}");
+            assert!(e.contains("longer than 100 years (36500d, 5214w)"), "{e}");
             let e = parse_duration(long).expect_err(long);
             assert!(e.contains("longer than 100 years"), "{e}");
         }

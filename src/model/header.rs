@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::model::ids::SessionId;
+use crate::model::ids::{LATEST_MS, SessionId};
 
 /// How a session came to be.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -76,24 +76,35 @@ pub struct Header {
 /// path the operating system takes.
 pub(crate) const MAX_CWD_BYTES: usize = 4096;
 
-/// The last millisecond of year 9999: the latest creation time an import takes (a header
-/// of `i64::MAX` was imported, and the session was then on no page of `list --sort created`
-/// or `--sort updated`, whose keys it passed).
-const MAX_CREATED_AT_MS: i64 = 253_402_300_799_999;
-
 impl Header {
     /// Checks a header's creation time as `import` takes it: a time of years 1970-9999.
     ///
     /// # Errors
     /// [`Error::InvalidInput`] saying what the time is.
     pub(crate) fn check_created_at(&self) -> Result<()> {
-        if (0..=MAX_CREATED_AT_MS).contains(&self.created_at_ms) {
+        if (0..=LATEST_MS).contains(&self.created_at_ms) {
             return Ok(());
         }
         Err(Error::invalid(format!(
             "the file's header has a creation time of {} ms since 1970, not a time of years \
              1970-9999",
             self.created_at_ms
+        )))
+    }
+
+    /// Checks the latest commit time of a file as `import` takes it, `newest_ms` (from
+    /// [`SessionReader::newest_commit_ms`](crate::SessionReader)): not past year 9999,
+    /// where a session's update time would pass every key of `list --sort updated`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] saying what the time is.
+    pub(crate) fn check_commit_time(newest_ms: i64) -> Result<()> {
+        if newest_ms <= LATEST_MS {
+            return Ok(());
+        }
+        Err(Error::invalid(format!(
+            "a commit of the file has a time of {newest_ms} ms since 1970, not a time of \
+             years 1970-9999"
         )))
     }
 

@@ -264,9 +264,18 @@ pub(crate) fn derived_turn_id(operation_id: &str) -> String {
     derived_id(&["turn", operation_id])
 }
 
-/// Milliseconds since the Unix epoch.
+/// The last millisecond of year 9999: the latest time the store records or takes from a
+/// file (a header of `i64::MAX` was imported, and the session was then on no page of
+/// `list --sort created` or `--sort updated`, whose keys it passed).
+pub(crate) const LATEST_MS: i64 = 253_402_300_799_999;
+
+/// Milliseconds since the Unix epoch, as a time of years 1970-9999: a clock before 1970
+/// reads 0 and one past 9999 its last millisecond ([`LATEST_MS`]). A writer under a clock
+/// past 9999 stored that time, and `import` then refused the export of its session.
 pub(crate) fn now_ms() -> i64 {
-    unix_ms(std::time::SystemTime::now()).unwrap_or(0)
+    unix_ms(std::time::SystemTime::now())
+        .unwrap_or(0)
+        .min(LATEST_MS)
 }
 
 /// `time` in milliseconds since the Unix epoch; `None` before it.

@@ -370,6 +370,7 @@ impl Root {
             })?;
         }
         header.check_created_at()?;
+        Header::check_commit_time(reader.newest_commit_ms()?)?;
         header.origin = options.origin.unwrap_or(Origin::CanonicalImport);
         // A fork's export imported under its parent's id named itself as its own parent
         // (`show`: "parent X", in the root).

@@ -98,11 +98,16 @@ pub struct GcReport {
     pub dry_run: bool,
     /// Sessions deleted (or that would be), in id order.
     pub deleted: Vec<GcDeleted>,
-    /// Old sessions kept, with why.
+    /// Old sessions kept, with why; also a session updated at a time still to come (a
+    /// writer's clock was ahead), which no run collects until that time is past.
     pub kept: Vec<GcKept>,
     /// Old sessions whose deletion failed, with the error (they stay intact).
     pub failed: Vec<GcKept>,
 }
+
+/// How far past this run's clock a session's last update must be to be reported as kept
+/// for being in the future: a commit made by another process while the run starts is not.
+const FUTURE_MARGIN_MS: i64 = 60_000;
 
 /// When the session in `dir` was last updated, for a session whose file cannot be read
 /// (no commit time to read): the last change of its files (ms since the Unix epoch; 0
@@ -151,6 +156,16 @@ fn reason_to_keep(
     if reader.updated_at_ms(reader.durable_sequence()?)? > cutoff_ms {
         return Ok(Err(
             "updated meanwhile (a writer committed to it since the run began)".to_owned(),
+        ));
+    }
+    // Commit times are the writers' clocks: one that went back stamps a commit earlier
+    // than the one before it, and by its last commit alone the session looked as old as
+    // that clock said (outside testing, clocks: deleted a second after an append).
+    if reader.newest_commit_ms()? > cutoff_ms {
+        return Ok(Err(
+            "an earlier commit of it is newer than the age given (a writer's clock went back \
+             between its commits)"
+                .to_owned(),
         ));
     }
     if arrived_ms(dir).is_some_and(|ms| ms > cutoff_ms) {
@@ -215,7 +230,8 @@ impl Root {
         mut deleted: impl FnMut(&GcDeleted) -> ControlFlow<()>,
     ) -> Result<GcReport> {
         let older_ms = i64::try_from(options.older_than.as_millis()).unwrap_or(i64::MAX);
-        let cutoff_ms = now_ms().saturating_sub(older_ms);
+        let now = now_ms();
+        let cutoff_ms = now.saturating_sub(older_ms);
         let mut report = GcReport {
             dry_run: options.dry_run,
             ..GcReport::default()
@@ -238,6 +254,7 @@ impl Root {
         // a symlink with SQLite's "unable to open database file" (exit 1 every run) and
         // passed over the others in silence.
         let mut refused = Vec::new();
+        let mut future = Vec::new(); // updated after this run's clock
         let old: Vec<(SessionId, i64)> = scan
             .ids(self)
             .into_iter()
@@ -261,6 +278,15 @@ impl Root {
                         (ms, ms)
                     }
                 };
+                // No run would ever collect it, and it was passed over in silence.
+                if updated_at_ms > now.saturating_add(FUTURE_MARGIN_MS) {
+                    future.push(GcKept {
+                        session_id: id.clone(),
+                        reason: "updated at a time still to come (a writer's clock was ahead): \
+                                 kept until that time is past"
+                            .to_owned(),
+                    });
+                }
                 (age_ms <= cutoff_ms).then_some((id, updated_at_ms))
             })
             .collect();
@@ -339,6 +365,7 @@ impl Root {
         // No sessions of the root (symlinks, names no command can give): kept, and said so,
         // never as failures.
         report.kept.extend(refused);
+        report.kept.extend(future);
         report.kept.extend(scan.skipped.into_iter().map(|s| GcKept {
             session_id: s.session_id,
             reason: s.error.to_string(),

@@ -846,6 +846,16 @@ impl Root {
                 Some(shown) if !current => shown,
                 _ => sharing(&hit)?,
             };
+            // A fork deleted by a delete killed after its rename, before it updated the
+            // index, was named in every search ("also in") until a rebuild: it is left
+            // out and forgotten, as a hit's own session found gone is.
+            shared_with.retain(|fork| {
+                let there = self.session_dir(fork).join(SESSION_FILE).is_file();
+                if !there {
+                    gone.push(fork.clone());
+                }
+                there
+            });
             if !current && hit.position > 0 {
                 // Under a fork that shows it (the one searched, if any), as its session
                 // no longer does; a search of that session alone does not find it.

@@ -436,6 +436,11 @@ fn validate_target(
     if let Err(Error::InvalidInput { what, .. }) = header.check_created_at() {
         notes.push(format!("{what}: import refuses it"));
     }
+    if let Err(Error::InvalidInput { what, .. }) =
+        Header::check_commit_time(reader.newest_commit_ms()?)
+    {
+        notes.push(format!("{what}: import refuses it"));
+    }
     if let Some(Err(Error::InvalidInput { what, .. })) =
         header.cwd.as_deref().map(Header::check_cwd)
     {

@@ -213,6 +213,20 @@ impl WriterLock {
         };
         write(file).map_err(|e| Error::io("record writer owner", e))
     }
+
+    /// Syncs the owner record to disk. A record left in an unlocked file is how searches
+    /// learn that a writer died with commits the search index may lack, so a writer's must
+    /// outlive a power cut as its commits do (outside testing, power loss: unsynced, it
+    /// could be lost while they survived, and no search found them until a rebuild).
+    pub(crate) fn sync_record(&self) -> Result<()> {
+        let file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        match file.as_ref() {
+            Some(file) => file
+                .sync_data()
+                .map_err(|e| Error::io("sync writer owner record", e)),
+            None => Ok(()),
+        }
+    }
 }
 
 impl Drop for WriterLock {

@@ -915,6 +915,14 @@ pub(crate) fn commit_time(conn: &Connection, seq: u64) -> Result<i64> {
         .unwrap_or(0))
 }
 
+/// The latest time of any commit in this file (0 for none): above the last commit's when
+/// a writer's clock went back between them.
+pub(crate) fn newest_commit_time(conn: &Connection) -> Result<i64> {
+    Ok(conn
+        .prepare_cached("SELECT coalesce(max(created_at), 0) FROM commits")?
+        .query_row([], |r| r.get(0))?)
+}
+
 /// Sequences of this file's events of `kind` in `(after, through]`, in order.
 pub(crate) fn events_of_kind(
     conn: &Connection,

@@ -644,6 +644,16 @@ impl SessionReader {
         Ok(read::commit_time(&*self.own()?, durable)?.max(self.header().created_at_ms))
     }
 
+    /// The latest time of any commit in this session's own file (0 for none), which is
+    /// later than [`SessionReader::updated_at_ms`]'s last commit when a writer's clock went
+    /// back between them (ms since the Unix epoch).
+    ///
+    /// # Errors
+    /// SQLite errors mapped to [`Error`].
+    pub(crate) fn newest_commit_ms(&self) -> Result<i64> {
+        read::newest_commit_time(&*self.own()?)
+    }
+
     /// The lease row: the last (or current) writer.
     ///
     /// # Errors

@@ -59,6 +59,7 @@ impl FileWriter {
         let mut conn = schema::open_writable(&dir.join(SESSION_FILE), durability)?;
         owner.generation = write::take_lease(&mut conn, &owner)?;
         lock.record_owner(&owner)?;
+        lock.sync_record()?;
         let chunks = ChunkMark::read(&conn)?;
         Ok(FileWriter {
             conn,

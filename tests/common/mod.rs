@@ -324,3 +324,27 @@ pub fn spawn_turn_writer(
         s.close().expect("close");
     })
 }
+
+/// Whether `/usr/bin/faketime` (Debian's libfaketime: a command under another wall clock)
+/// is here; without it a clock test fails under `$CI` (`.ci/run` installs it) and is
+/// skipped with a message otherwise.
+pub fn faketime_or_skip() -> bool {
+    let there = std::path::Path::new("/usr/bin/faketime").is_file();
+    if !there {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "faketime is missing (/usr/bin/faketime): .ci/run installs it"
+        );
+        println!("clock test skipped: no /usr/bin/faketime (apt-get install faketime)");
+    }
+    there
+}
+
+/// `faketime -f CLOCK PROGRAM`: `program` run under the wall clock `clock` (`@2001-09-09
+/// 00:00:00`, `+8000y`), its monotonic clock left alone (a real one never goes back).
+pub fn under_clock(clock: &str, program: &str) -> Command {
+    let mut c = Command::new("faketime");
+    c.args(["-f", clock, program])
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+    c
+}

@@ -107,7 +107,7 @@ impl Params {
 
     /// The search's time filter as given, if one is (kept by the links to the next pages).
     pub fn since_text(&self) -> Option<&str> {
-        given(&self.since)
+        given_as_is(&self.since)
     }
 
     /// The search's session filter as given, if one is.
@@ -407,7 +407,7 @@ pub async fn search(app: &App, params: &Params) -> Result<SearchPage, Problem> {
         options = options.with_role(role);
     }
     if let Some(since) = params.since_text() {
-        let ms = crate::cli::when::parse_since(since.trim())
+        let ms = crate::cli::when::parse_since(since)
             .map_err(|e| Problem::bad_request(format!("since: {e}")))?;
         options = options.with_since(ms);
     }

@@ -164,6 +164,27 @@ fn open_browser(url: &str) {
     });
 }
 
+/// Refuses a clock that reads a time outside years 1970-9999 (`now`): hyper dates every
+/// answer and panics on such a time, so each request's connection was reset and nothing
+/// answered while the server seemed to run (outside testing, clocks).
+fn check_clock(now: std::time::SystemTime) -> CliResult<()> {
+    /// 10000-01-01T00:00:00Z, the first second an HTTP date cannot say.
+    const YEAR_10000: u64 = 253_402_300_800;
+    match now.duration_since(std::time::UNIX_EPOCH) {
+        Ok(since) if since.as_secs() < YEAR_10000 => Ok(()),
+        Ok(_) => Err(Failure::with_code(
+            1,
+            "this system's clock reads a time past year 9999, which HTTP dates cannot say: \
+             set the clock right to serve",
+        )),
+        Err(_) => Err(Failure::with_code(
+            1,
+            "this system's clock reads a time before 1970, which HTTP dates cannot say: set \
+             the clock right to serve",
+        )),
+    }
+}
+
 /// `serve [--addr IP:PORT] [--open] [--allow-remote]`: prints the URL (with the token, if
 /// any) as the first line on stdout (with `--json`, a JSON line: `url`, `address`,
 /// `token`), then serves until stopped.
@@ -175,6 +196,7 @@ pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
              (every request then needs the token printed at start)"
         )));
     }
+    check_clock(std::time::SystemTime::now())?;
     let root = cx.open_root()?;
     let service = cx.service_on(root.clone())?;
     let token = match options.allow_remote {

@@ -266,7 +266,7 @@ pub fn search_page(page: &SearchPage, params: &Params) -> Html<String> {
                         }
                         " " span.role { (hit.role.as_deref().unwrap_or("")) }
                         @if hit.position > 0 { " " span.meta { "#" (hit.position) } }
-                        " " span.meta { (utc(hit.time_ms)) }
+                        " " span.meta { (utc(hit.time_ms)) " UTC" }
                         (also_in(&hit.shared_with, hit.position, params.session_text()))
                         p.snippet { (snippet(&hit.snippet)) }
                     }
