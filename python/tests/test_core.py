@@ -1615,6 +1615,16 @@ def test_the_wheel_metadata_says_what_pypi_and_installers_read():
     crate = (Path(__file__).parents[2] / "Cargo.toml").read_text()
     assert re.search(r'(?m)^version = "([^"]+)"', crate)[1] == meta["Version"]
     assert any(str(f).endswith("session_store/py.typed") for f in metadata.files("session-store"))
+    # A wheel built from the repository carried no license texts (only one built from the
+    # sdist did), and the langgraph extra lacked the `langgraph` its README example needs
+    # (outside testing, packaging).
+    licenses = {f.name for f in metadata.files("session-store") or [] if "licenses" in f.parts}
+    assert licenses == {"LICENSE-MIT", "LICENSE-APACHE"}, licenses
+    assert sorted(meta.get_all("License-File") or []) == ["LICENSE-APACHE", "LICENSE-MIT"]
+    langgraph_extra = {
+        r.split(";")[0].strip() for r in metadata.requires("session-store") or [] if "'langgraph'" in r
+    }
+    assert langgraph_extra == {"langgraph-checkpoint>=4", "langgraph>=1"}, langgraph_extra
 
 
 def test_a_wheel_built_from_the_sdist_gets_the_python_readme(tmp_path):
@@ -1639,8 +1649,13 @@ def test_a_wheel_built_from_the_sdist_gets_the_python_readme(tmp_path):
         pyproject = tar.extractfile(f"{top}/pyproject.toml").read().decode()
         path = re.search(r'(?m)^readme = "([^"]+)"', pyproject)[1]
         readme = tar.extractfile(f"{top}/{path}").read().decode()
+        # The bundled SQLite's setting is the repository's `.cargo/config.toml`, which the
+        # sdist leaves out: a package built from the sdist searched about twice as slowly
+        # (outside testing, packaging). Its own config, which the sdist holds, sets it too.
+        config = tar.extractfile(f"{top}/python/.cargo/config.toml").read().decode()
     assert readme == (python_dir / path).read_text()
     assert readme.startswith("# session-store for Python")
+    assert re.search(r'(?m)^LIBSQLITE3_FLAGS = .*"-DSQLITE_DEFAULT_MEMSTATUS=0"', config), config
 
 
 def test_annotations_resolve_in_their_class_scope():

@@ -15,6 +15,7 @@ use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
 use crate::error::{Error, Result};
+use crate::store::schema;
 
 /// Deepest tree [`remove_tree_at`] descends into (session folders are a few levels deep).
 const MAX_DEPTH: usize = 32;
@@ -79,9 +80,18 @@ pub(crate) fn open_dir_at(dir: impl AsFd, name: &str, shown: &Path) -> Result<Ow
 
 /// Opens the directory `name` of `dir`, creating it when missing; never follows a symlink
 /// (a symlink there is refused, see [`open_dir_at`]).
+/// One made here by root is given to the owner of `dir` (see
+/// [`schema::give_to_folder_owner`]): root's first delete in a user's root made a
+/// root-owned `.trash` (its first `list`, `.catalog`), and every delete by the user then
+/// failed.
 pub(crate) fn ensure_dir_at(dir: impl AsFd, name: &str, shown: &Path) -> Result<OwnedFd> {
     match rustix::fs::mkdirat(&dir, name, Mode::from_raw_mode(0o777)) {
-        Ok(()) | Err(Errno::EXIST) => open_dir_at(dir, name, shown),
+        Ok(()) => {
+            let made = open_dir_at(&dir, name, shown)?;
+            schema::give_to_folder_owner(&made, shown.parent());
+            Ok(made)
+        }
+        Err(Errno::EXIST) => open_dir_at(dir, name, shown),
         Err(e) => Err(Error::io(format!("create {}", shown.display()), e.into())),
     }
 }

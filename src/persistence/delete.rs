@@ -102,6 +102,10 @@ impl Root {
             &trash,
             Path::new(&tomb),
             id.as_str(),
+            (
+                &self.path().join(id.as_str()),
+                &self.path().join(TRASH_DIR).join(&tomb),
+            ),
         )?;
         // Derived index; listing also drops entries whose folder is gone.
         let _ = self.catalog().forget(self, id);

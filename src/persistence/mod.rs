@@ -364,18 +364,21 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
 
 /// Renames `from` to `to`, failing with `SessionExists` if `to` exists (never replaces).
 pub(crate) fn rename_no_replace(from: &Path, to: &Path, id: &str) -> Result<()> {
-    rename_no_replace_at(rustix::fs::CWD, from, rustix::fs::CWD, to, id)
+    rename_no_replace_at(rustix::fs::CWD, from, rustix::fs::CWD, to, id, (from, to))
 }
 
 /// Renames `from` in the folder `from_dir` to `to` in `to_dir` (both names relative to
 /// their folder's descriptor, neither followed if a symlink), failing with
-/// `SessionExists` naming `id` if `to` exists (never replaces).
+/// `SessionExists` naming `id` if `to` exists (never replaces). `shown` are their whole
+/// paths, for an error (it named the bare names, "rename create-543b… to b1", and a
+/// folder in `.trash` by its random name alone).
 pub(crate) fn rename_no_replace_at(
     from_dir: impl rustix::fd::AsFd,
     from: &Path,
     to_dir: impl rustix::fd::AsFd,
     to: &Path,
     id: &str,
+    shown: (&Path, &Path),
 ) -> Result<()> {
     use rustix::fs::{RenameFlags, renameat_with};
     match renameat_with(from_dir, from, to_dir, to, RenameFlags::NOREPLACE) {
@@ -384,7 +387,7 @@ pub(crate) fn rename_no_replace_at(
             Err(Error::SessionExists(id.to_owned()))
         }
         Err(e) => Err(Error::io(
-            format!("rename {} to {}", from.display(), to.display()),
+            format!("rename {} to {}", shown.0.display(), shown.1.display()),
             std::io::Error::from(e),
         )),
     }
@@ -601,6 +604,7 @@ impl Root {
             &folder_fd,
             &Path::new(&holder).join(id.as_str()),
             id.as_str(),
+            (&dir, &aside.join(id.as_str())),
         )?;
         drop(lock);
         // Derived index; listing also drops entries whose folder is gone.

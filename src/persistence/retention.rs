@@ -161,7 +161,15 @@ fn reason_to_keep(
     // Commit times are the writers' clocks: one that went back stamps a commit earlier
     // than the one before it, and by its last commit alone the session looked as old as
     // that clock said (outside testing, clocks: deleted a second after an append).
-    if reader.newest_commit_ms()? > cutoff_ms {
+    let newest = reader.newest_commit_ms()?;
+    if newest > now_ms().saturating_add(FUTURE_MARGIN_MS) {
+        return Ok(Err(
+            "a commit of it is stamped at a time still to come (a writer's clock was ahead): \
+             kept until that time is past"
+                .to_owned(),
+        ));
+    }
+    if newest > cutoff_ms {
         return Ok(Err(
             "an earlier commit of it is newer than the age given (a writer's clock went back \
              between its commits)"

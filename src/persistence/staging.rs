@@ -110,6 +110,7 @@ impl Staged {
                 root,
                 Path::new(id),
                 id,
+                (&self.dir, &root_path.join(id)),
             )
         })?;
         self.published = true;
@@ -136,7 +137,14 @@ impl Staged {
     ) -> Result<()> {
         let relative = Path::new(&self.name).join(child);
         folder_swap::publishing(|| {
-            rename_no_replace_at(&self.staging, &relative, root, Path::new(id), id)
+            rename_no_replace_at(
+                &self.staging,
+                &relative,
+                root,
+                Path::new(id),
+                id,
+                (&self.dir.join(child), &root_path.join(id)),
+            )
         })?;
         sync_dir(root_path)
     }

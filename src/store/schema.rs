@@ -297,7 +297,7 @@ pub(crate) fn create_private_file(path: &Path) -> Result<Connection> {
 }
 
 fn create_file_with(path: &Path, private: bool) -> Result<Connection> {
-    let mut conn = Connection::open_with_flags(path, create_flags())?;
+    let mut conn = open_creating(path)?;
     harden(&conn)?;
     if private {
         conn.pragma_update(None, "locking_mode", "EXCLUSIVE")?;
@@ -430,7 +430,25 @@ pub(crate) fn open_writable(path: &Path, durability: Durability) -> Result<Conne
     if conn.is_readonly(rusqlite::MAIN_DB)? {
         return Err(not_writable(path));
     }
+    // A `-wal` or `-shm` another user's reader made and this process may not write: the
+    // first write said "attempt to write a readonly database", naming nothing (outside
+    // testing, users and permissions).
+    if let Some((side, e)) = unwritable_side_file(path) {
+        return Err(Error::io(format!("open {} for writing", side.display()), e));
+    }
     Ok(conn)
+}
+
+/// The first of the `-wal` and `-shm` beside the database at `path` that is there and that
+/// this process may not write, with the system's reason.
+fn unwritable_side_file(path: &Path) -> Option<(PathBuf, std::io::Error)> {
+    ["-wal", "-shm"].into_iter().find_map(|suffix| {
+        let side = sidecar(path, suffix);
+        match write_denied(&side) {
+            Some(e) if e.kind() != std::io::ErrorKind::NotFound => Some((side, e)),
+            _ => None,
+        }
+    })
 }
 
 /// [`Error::Io`] naming the session file at `path`, which SQLite opened read-only, and the
@@ -442,6 +460,48 @@ fn not_writable(path: &Path) -> Error {
         Ok(()) => std::io::Error::from(std::io::ErrorKind::PermissionDenied),
     };
     Error::io(format!("open {} for writing", path.display()), reason)
+}
+
+/// Opens the database at `path` with [`create_flags`], making the file first when it is
+/// missing, as other Unix programs make files: mode 0666 less the umask, and when this
+/// process runs as root, owned by the owner of the folder that takes it. SQLite makes a
+/// new database 0644 whatever the umask (its `-wal` and `-shm` then take the database's
+/// mode), so the members of a group sharing a root (umask 002, a setgid folder) could not
+/// write each other's files, and one member's reader left side files that locked the
+/// others out of a session or the search index; and root's first search left a
+/// root-owned index that the root's owner could no longer update (outside testing,
+/// users and permissions). SQLite gives side files it makes as root to the database's
+/// owner itself.
+pub(crate) fn open_creating(path: &Path) -> rusqlite::Result<Connection> {
+    // Only a file made here is changed; when it cannot be made, SQLite's open says why.
+    if let Ok(made) = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+    {
+        give_to_folder_owner(&made, path.parent());
+    }
+    Connection::open_with_flags(path, create_flags())
+}
+
+/// When this process runs as root, gives `made` (a file or folder it just made) to the
+/// owner of `folder`, the folder holding it: files root makes in a user's root are the
+/// user's, as SQLite does with the side files it makes as root. Best effort: a file left
+/// root's is what it was before.
+pub(crate) fn give_to_folder_owner(made: impl rustix::fd::AsFd, folder: Option<&Path>) {
+    if !rustix::process::geteuid().is_root() {
+        return;
+    }
+    let Some(Ok(owner)) = folder.map(rustix::fs::stat) else {
+        return;
+    };
+    if owner.st_uid != 0 {
+        let _ = rustix::fs::fchown(
+            made,
+            Some(rustix::fs::Uid::from_raw(owner.st_uid)),
+            Some(rustix::fs::Gid::from_raw(owner.st_gid)),
+        );
+    }
 }
 
 /// Flags of a connection that may create its file (never through a symlink).
@@ -482,17 +542,20 @@ pub(crate) fn open_derived(path: &Path, file: &DerivedFile<'_>) -> Result<Connec
 }
 
 /// What keeps the derived file at `path` from being written, with the system's reason: the
-/// file itself, or its folder, which must take it when it is missing and its `-wal` and
+/// file itself, its `-wal` or `-shm` (another user's reader made them), or its folder, which must take it when it is missing and its `-wal` and
 /// `-shm` (a read-only file system, no permission). `None` when both are writable. Asked
 /// with `access(2)`, never by opening the file: closing a descriptor of a database file
 /// would drop the POSIX locks this process's SQLite connections hold on it.
-fn unwritable(path: &Path) -> Option<(&Path, std::io::Error)> {
+fn unwritable(path: &Path) -> Option<(PathBuf, std::io::Error)> {
     match write_denied(path) {
-        Some(e) if e.kind() != std::io::ErrorKind::NotFound => return Some((path, e)),
+        Some(e) if e.kind() != std::io::ErrorKind::NotFound => return Some((path.into(), e)),
         _ => {}
     }
+    if let Some(side) = unwritable_side_file(path) {
+        return Some(side);
+    }
     let folder = path.parent()?;
-    write_denied(folder).map(|e| (folder, e))
+    write_denied(folder).map(|e| (folder.into(), e))
 }
 
 /// Why this process may not write `path` (for a folder: create, rename or remove what it
@@ -505,7 +568,7 @@ pub(crate) fn write_denied(path: &Path) -> Option<std::io::Error> {
 
 /// [`open_derived`] before its error is explained.
 fn open_derived_file(path: &Path, file: &DerivedFile<'_>) -> Result<Connection> {
-    let mut conn = Connection::open_with_flags(path, create_flags())?;
+    let mut conn = open_creating(path)?;
     conn.busy_timeout(Duration::from_secs(5))?;
     stable_plans(&conn)?;
     // Takes effect only in a new, empty file (before its first table). Set only when the
