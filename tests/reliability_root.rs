@@ -739,6 +739,48 @@ fn a_side_file_the_user_may_not_write_is_named_by_every_writer() {
     assert_eq!(std::fs::read(&file).expect("read"), before);
 }
 
+/// A search index the user may not write (another user made it, umask 022) is not
+/// searched as it is: it could not take the user's new messages, and the user's searches
+/// answered "no matches" for them, without a word (outside testing, users and
+/// permissions). The search falls back to a private index of the root, as on a root the
+/// user may only read, and finds them.
+#[test]
+fn a_search_index_the_user_may_not_write_is_not_trusted() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(prefix) = nobody_or_skip("a_search_index_the_user_may_not_write") else {
+        return;
+    };
+    let env = Env::new();
+    env.session("a", 1);
+    env.ok(&["search", "hello"]);
+    std::fs::set_permissions(env.work(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    open_up(&env.root);
+    for entry in std::fs::read_dir(env.root.join(".catalog")).expect("catalog") {
+        let path = entry.expect("entry").path();
+        if path.to_string_lossy().contains("search.sqlite") {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        }
+    }
+    let batch = env.work().join("zebra.jsonl");
+    std::fs::write(&batch, turn_line(7).replace("hello 7", "zebra crossing")).expect("write");
+    let appended = run_as(
+        &prefix,
+        &env.root,
+        &[
+            "append",
+            "b",
+            "--create",
+            "--file",
+            batch.to_str().expect("utf-8"),
+        ],
+    );
+    assert!(appended.status.success(), "{}", texts(&appended).1);
+    let found = run_as(&prefix, &env.root, &["search", "zebra"]);
+    let (stdout, stderr) = texts(&found);
+    assert!(found.status.success(), "{stderr}");
+    assert!(stdout.starts_with("b #1 user"), "{stdout}{stderr}");
+}
+
 /// Files the store makes take the umask as other Unix programs' do (0666 less it): SQLite
 /// made its databases 0644 whatever the umask, so the members of a group sharing a root
 /// (umask 002) could not write each other's sessions, catalog or search index, and one

@@ -532,7 +532,18 @@ pub(crate) struct DerivedFile<'a> {
 /// processes creating it at once agree). A file that is not such a file (another
 /// application's database, random bytes, a missing table or column) is
 /// [`Error::Corrupt`]: the owner replaces it, the file being derived.
+///
+/// An existing file that this process may not write (or its `-wal`, `-shm` or folder) is
+/// [`Error::Io`] naming it before it is opened: SQLite opened it and read it, and every
+/// write to it failed, so a search answered from an index that could not take what was new
+/// ("no matches", without a word) where the caller falls back to a private index or to the
+/// session files (outside testing, users and permissions).
 pub(crate) fn open_derived(path: &Path, file: &DerivedFile<'_>) -> Result<Connection> {
+    if path.exists()
+        && let Some((what, os)) = unwritable(path)
+    {
+        return Err(Error::io(format!("write {}", what.display()), os));
+    }
     open_derived_file(path, file).map_err(|e| match (&e, unwritable(path)) {
         // SQLite says "unable to open database file" or "attempt to write a readonly
         // database": the system says what and why.
