@@ -1033,7 +1033,7 @@ fn a_failed_write_of_the_output_names_stdout_and_what_stands() {
             "{args:?}: {stderr}"
         );
         assert_eq!(
-            stderr.contains("the command had done its work"),
+            stderr.contains("what the command did before it is kept"),
             changed,
             "{args:?}: {stderr}"
         );
@@ -1042,6 +1042,28 @@ fn a_failed_write_of_the_output_names_stdout_and_what_stands() {
     for made in ["f", "c"] {
         env.ok(&["show", made]);
     }
+    // `gc` prints each deletion as it makes it and stops at the first it cannot print:
+    // that one is named on stderr (with stdout gone, `| head`, it was deleted without a
+    // word; outside testing, signals), the rest kept.
+    std::thread::sleep(std::time::Duration::from_millis(1_100));
+    let out = full(&["gc", "--older-than", "1s"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 1, "{}", describe(&out));
+    assert!(
+        stderr
+            .contains("session-store: deleted c, which stdout could not take; the run stops here"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("what the command did before it is kept"),
+        "{stderr}"
+    );
+    let listed = env.ok(&["list"]);
+    assert!(!listed.contains("\nc "), "{listed}");
+    assert!(
+        listed.contains("\nf ") && listed.contains("\ns "),
+        "{listed}"
+    );
     // Help and version to a pipe print all of it, status 0.
     let version = env.ok(&["--version"]);
     assert!(version.starts_with("session-store "), "{version}");

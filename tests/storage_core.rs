@@ -895,3 +895,27 @@ fn a_batch_naming_a_turn_other_than_the_open_one_is_refused() {
     .unwrap();
     assert_eq!(s.snapshot().projection.turn_id.as_deref(), Some("b"));
 }
+
+/// A writer's open meeting a session file on which another process has held a write for
+/// the whole busy timeout (a delete of a session it inherits from, stopped while it copies
+/// that history in) says the file is busy, naming it, and stays retryable: it said only
+/// "sqlite: database is locked" (outside testing, signals). Waits out the 5 s timeout.
+#[test]
+fn a_writer_open_meeting_a_file_another_connection_writes_says_it_is_busy() {
+    let (dir, root) = temp_root();
+    create(&root, "busy").close().unwrap();
+    let file = dir.path().join("sessions/busy/session.sqlite");
+    let holder = rusqlite::Connection::open(&file).unwrap();
+    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let e = root.open_writer(&id("busy")).unwrap_err();
+    assert!(e.is_retryable(), "{e:?}");
+    assert!(
+        e.to_string().contains(&format!(
+            "{} is busy: another process held a write on it for 5 s",
+            file.display()
+        )),
+        "{e}"
+    );
+    holder.execute_batch("ROLLBACK").unwrap();
+    root.open_writer(&id("busy")).unwrap().close().unwrap();
+}

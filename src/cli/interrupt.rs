@@ -1,4 +1,6 @@
-//! Ctrl-C (SIGINT) and SIGTERM for the commands that leave something behind when a signal
+//! Ctrl-C (SIGINT), SIGTERM and SIGHUP (the terminal closed, an ssh session dropped: it
+//! left an export's temporary file, an import's staging copy and a bench's scratch folder
+//! behind; outside testing, signals) for the commands that leave something behind when a signal
 //! ends them at once: `export` (a temporary file beside its destination) and `import` (a
 //! staging copy in the root, removed at once rather than by the next command) watch a token
 //! the first signal cancels, remove what they wrote and fail with status 128 + the
@@ -25,6 +27,8 @@ use super::{CliError, CliResult, Failure};
 const SIGINT: i32 = 2;
 /// SIGTERM's number.
 const SIGTERM: i32 = 15;
+/// SIGHUP's number.
+const SIGHUP: i32 = 1;
 
 /// The signals a command listens for, from [`Interrupt::watch`] to the end of the process.
 pub struct Interrupt {
@@ -35,7 +39,7 @@ pub struct Interrupt {
 }
 
 impl Interrupt {
-    /// Starts listening for SIGINT and SIGTERM on a thread of its own. From then on the
+    /// Starts listening for SIGINT, SIGTERM and SIGHUP on a thread of its own. From then on the
     /// signals no longer end the process by themselves: the command watches
     /// [`Interrupt::token`].
     ///
@@ -55,7 +59,7 @@ impl Interrupt {
         })
     }
 
-    /// Starts listening for SIGINT and SIGTERM on a thread of its own, for a command whose
+    /// Starts listening for SIGINT, SIGTERM and SIGHUP on a thread of its own, for a command whose
     /// work can simply stop (`bench`): the first signal runs `clean_up` on that thread
     /// and ends the process with 128 + its number.
     ///
@@ -85,10 +89,10 @@ impl Interrupt {
                 status(number),
                 format!(
                     "interrupted by {}; {what}",
-                    if number == SIGINT {
-                        "SIGINT"
-                    } else {
-                        "SIGTERM"
+                    match number {
+                        SIGINT => "SIGINT",
+                        SIGHUP => "SIGHUP",
+                        _ => "SIGTERM",
                     }
                 ),
             ),
@@ -119,18 +123,19 @@ fn status(signal: i32) -> u8 {
     u8::try_from(128 + signal).unwrap_or(super::EXIT_OTHER)
 }
 
-/// Listens for SIGINT and SIGTERM on a thread of its own (registered before this returns,
+/// Listens for SIGINT, SIGTERM and SIGHUP on a thread of its own (registered before this returns,
 /// so a signal right after it is caught): the first one calls `first` with its number, a
 /// second one ends the process at once with 128 + its number (the user insists).
 fn listen(mut first: impl FnMut(i32) + Send + 'static) -> CliResult<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()?;
-    let (mut interrupt, mut terminate) = {
+    let (mut interrupt, mut terminate, mut hangup) = {
         let _context = runtime.enter();
         (
             signal(SignalKind::interrupt())?,
             signal(SignalKind::terminate())?,
+            signal(SignalKind::hangup())?,
         )
     };
     std::thread::Builder::new()
@@ -142,6 +147,7 @@ fn listen(mut first: impl FnMut(i32) + Send + 'static) -> CliResult<()> {
                     let number = tokio::select! {
                         Some(()) = interrupt.recv() => SIGINT,
                         Some(()) = terminate.recv() => SIGTERM,
+                        Some(()) = hangup.recv() => SIGHUP,
                         else => return,
                     };
                     if std::mem::replace(&mut seen, true) {

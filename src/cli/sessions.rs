@@ -829,6 +829,12 @@ pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
         bar.suspend(|| match print_collected(verb, d) {
             Ok(()) => ControlFlow::Continue(()),
             Err(e) => {
+                // Said where it can still be read: with stdout gone (`gc | head -2`) the
+                // run deleted one session more than it printed, without a word.
+                errln!(
+                    "session-store: {verb} {}, which stdout could not take; the run stops here",
+                    shown(&d.session_id)
+                );
                 unprinted = Some(e);
                 ControlFlow::Break(())
             }
