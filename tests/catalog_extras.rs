@@ -178,27 +178,19 @@ fn usage(model: &str, input: u64, output: u64, cost: &str) -> session_store::Eve
 /// binary, titled by the caller.
 fn chat(root: &Path, name: &str, turns: usize, cwd: &str) {
     ok(root, &["create", name, "--cwd", cwd]);
-    let lines: String = (1..=turns)
-        .map(|n| {
-            let t = format!("t{n}");
-            format!(
-                "{}\n",
-                json!({"operation_id": format!("{t}/op"), "turn_id": t, "events": [
-                    {"kind": "turn/start"},
-                    {"kind": "message/complete", "payload": {"message":
-                        {"id": format!("{name}-{t}"), "role": "user", "content": format!("question {n}")}}},
-                    {"kind": "turn/end", "payload": {"status": "completed"}},
-                ]})
-            )
-        })
-        .collect();
+    let lines: String = (1..=turns).map(|n| turn_line(name, n)).collect();
     let out = append(root, name, &lines);
     assert_eq!(code(&out), 0, "{}", text(&out.stderr));
 }
 
 /// `append session` with `lines` on stdin.
 fn append(root: &Path, session: &str, lines: &str) -> Output {
-    let mut child = command(root, &["append", session])
+    feed(command(root, &["append", session]), lines)
+}
+
+/// Runs `command` with `lines` on stdin (its stdout dropped).
+fn feed(mut command: Command, lines: &str) -> Output {
+    let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -1041,7 +1033,7 @@ fn clocked(root: &Path, clock: &str, args: &[&str]) -> Command {
     c
 }
 
-/// A turn of `session` as `append` takes it.
+/// Turn `t{n}` of `session` as `append` takes it: one user message, "question N".
 fn turn_line(session: &str, n: usize) -> String {
     let t = format!("t{n}");
     format!(
@@ -1056,20 +1048,8 @@ fn turn_line(session: &str, n: usize) -> String {
 }
 
 /// Runs `command` with `input` on stdin; expects status 0.
-fn fed(mut command: Command, input: &str) {
-    let mut child = command
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(input.as_bytes())
-        .expect("write");
-    let out = child.wait_with_output().expect("wait");
+fn fed(command: Command, input: &str) {
+    let out = feed(command, input);
     assert_eq!(code(&out), 0, "{}", text(&out.stderr));
 }
 

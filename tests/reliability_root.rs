@@ -663,6 +663,42 @@ fn open_up(path: &Path) {
     }
 }
 
+/// Makes a session `a` of 2 turns whose folders `nobody` may write, runs `lock` (which
+/// takes the write of one of its files away from them and returns that file), then `append`,
+/// `rename` and each of `more` as `nobody`: each must fail with exit 1 naming that file and
+/// the system's reason, the session file unchanged. `None` when the test is skipped.
+fn writers_name_the_file_they_may_not_write(
+    test: &str,
+    lock: impl FnOnce(&Path) -> PathBuf,
+    more: &[&[&str]],
+) -> Option<(Env, Vec<&'static str>)> {
+    use std::os::unix::fs::PermissionsExt;
+    let prefix = nobody_or_skip(test)?;
+    let env = Env::new();
+    env.session("a", 2);
+    std::fs::set_permissions(env.work(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    open_up(&env.root);
+    let file = env.file("a");
+    let locked = lock(&file);
+    let before = std::fs::read(&file).expect("read");
+    let batch = env.work().join("batch.jsonl");
+    std::fs::write(&batch, turn_line(3)).expect("write");
+    let batch = batch.to_str().expect("utf-8");
+    let named = format!("open {} for writing: Permission denied", locked.display());
+    let writers: [&[&str]; 2] = [
+        &["append", "a", "--file", batch],
+        &["rename", "a", "new title"],
+    ];
+    for args in writers.iter().chain(more) {
+        let out = run_as(&prefix, &env.root, args);
+        let (_, stderr) = texts(&out);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(&named), "{args:?}: {stderr}");
+    }
+    assert_eq!(std::fs::read(&file).expect("read"), before);
+    Some((env, prefix))
+}
+
 /// A session file the user may not write (mode 0444, in folders they may write): `append`,
 /// `rename` and a `fork` of it (which records the fork in it) refuse it naming the file
 /// and the system's reason, exit 1, the file unchanged (SQLite opened it read-only and the
@@ -671,31 +707,16 @@ fn open_up(path: &Path) {
 #[test]
 fn a_session_file_the_user_may_not_write_is_named_by_every_writer() {
     use std::os::unix::fs::PermissionsExt;
-    let Some(prefix) = nobody_or_skip("a_session_file_the_user_may_not_write") else {
+    let Some((env, prefix)) = writers_name_the_file_they_may_not_write(
+        "a_session_file_the_user_may_not_write",
+        |file| {
+            std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o444)).expect("chmod");
+            file.to_path_buf()
+        },
+        &[&["fork", "a", "--after-turn", "t1", "--id", "f"]],
+    ) else {
         return;
     };
-    let env = Env::new();
-    env.session("a", 2);
-    std::fs::set_permissions(env.work(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    open_up(&env.root);
-    let file = env.file("a");
-    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o444)).expect("chmod");
-    let before = std::fs::read(&file).expect("read");
-    let batch = env.work().join("batch.jsonl");
-    std::fs::write(&batch, turn_line(3)).expect("write");
-    let batch = batch.to_str().expect("utf-8");
-    let named = format!("open {} for writing: Permission denied", file.display());
-    for args in [
-        &["append", "a", "--file", batch][..],
-        &["rename", "a", "new title"],
-        &["fork", "a", "--after-turn", "t1", "--id", "f"],
-    ] {
-        let out = run_as(&prefix, &env.root, args);
-        let (_, stderr) = texts(&out);
-        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
-        assert!(stderr.contains(&named), "{args:?}: {stderr}");
-    }
-    assert_eq!(std::fs::read(&file).expect("read"), before);
     assert!(!env.root.join("f").exists());
     assert!(
         run_as(&prefix, &env.root, &["verify", "a"])
@@ -711,32 +732,16 @@ fn a_session_file_the_user_may_not_write_is_named_by_every_writer() {
 #[test]
 fn a_side_file_the_user_may_not_write_is_named_by_every_writer() {
     use std::os::unix::fs::PermissionsExt;
-    let Some(prefix) = nobody_or_skip("a_side_file_the_user_may_not_write") else {
-        return;
-    };
-    let env = Env::new();
-    env.session("a", 2);
-    std::fs::set_permissions(env.work(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    open_up(&env.root);
-    let file = env.file("a");
-    let wal = PathBuf::from(format!("{}-wal", file.display()));
-    std::fs::write(&wal, b"").expect("a foreign -wal");
-    std::fs::set_permissions(&wal, std::fs::Permissions::from_mode(0o644)).expect("chmod");
-    let before = std::fs::read(&file).expect("read");
-    let batch = env.work().join("batch.jsonl");
-    std::fs::write(&batch, turn_line(3)).expect("write");
-    let batch = batch.to_str().expect("utf-8");
-    let named = format!("open {} for writing: Permission denied", wal.display());
-    for args in [
-        &["append", "a", "--file", batch][..],
-        &["rename", "a", "new title"],
-    ] {
-        let out = run_as(&prefix, &env.root, args);
-        let (_, stderr) = texts(&out);
-        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
-        assert!(stderr.contains(&named), "{args:?}: {stderr}");
-    }
-    assert_eq!(std::fs::read(&file).expect("read"), before);
+    writers_name_the_file_they_may_not_write(
+        "a_side_file_the_user_may_not_write",
+        |file| {
+            let wal = PathBuf::from(format!("{}-wal", file.display()));
+            std::fs::write(&wal, b"").expect("a foreign -wal");
+            std::fs::set_permissions(&wal, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+            wal
+        },
+        &[],
+    );
 }
 
 /// A search index the user may not write (another user made it, umask 022) is not

@@ -334,6 +334,33 @@ fn deleted_sessions_are_never_returned_and_forks_share_inherited_hits() {
     assert!(search_all(&root, "spectral OR walrus", SearchOptions::default()).is_empty());
 }
 
+/// Deletes `session` of the root at `path` (through the CLI, another process) with the
+/// root's search index files moved aside into `work` meanwhile, then puts them back: the
+/// state a delete killed after its rename and before it updated the index leaves.
+fn delete_behind_the_index(work: &std::path::Path, path: &std::path::Path, session: &str) {
+    let catalog = path.join(".catalog");
+    let aside = work.join("aside");
+    std::fs::create_dir(&aside).expect("mkdir");
+    let files: Vec<String> = std::fs::read_dir(&catalog)
+        .expect("catalog")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("search.sqlite"))
+        .collect();
+    assert!(files.contains(&"search.sqlite".to_owned()), "{files:?}");
+    for f in &files {
+        std::fs::rename(catalog.join(f), aside.join(f)).expect("move aside");
+    }
+    cli_ok(path, &["delete", session]);
+    assert!(
+        !catalog.join("search.sqlite").exists(),
+        "the delete made no index"
+    );
+    for f in &files {
+        std::fs::rename(aside.join(f), catalog.join(f)).expect("put back");
+    }
+}
+
 /// A delete killed after its rename (the fork's inherited range already copied into the
 /// fork's file) and before it updated the index leaves the index holding the deleted
 /// parent's rows, the fork's inherited messages among them. The first search dropped those
@@ -351,27 +378,7 @@ fn a_delete_killed_before_it_updated_the_index_leaves_the_forks_messages_found()
     );
     let path = root.path().to_path_buf();
     drop(root);
-    let catalog = path.join(".catalog");
-    let aside = dir.path().join("aside");
-    std::fs::create_dir(&aside).expect("mkdir");
-    let files: Vec<String> = std::fs::read_dir(&catalog)
-        .expect("catalog")
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("search.sqlite"))
-        .collect();
-    assert!(files.contains(&"search.sqlite".to_owned()), "{files:?}");
-    for f in &files {
-        std::fs::rename(catalog.join(f), aside.join(f)).expect("move aside");
-    }
-    cli_ok(&path, &["delete", "parent"]);
-    assert!(
-        !catalog.join("search.sqlite").exists(),
-        "the delete made no index"
-    );
-    for f in &files {
-        std::fs::rename(aside.join(f), catalog.join(f)).expect("put back");
-    }
+    delete_behind_the_index(dir.path(), &path, "parent");
 
     let root = Root::open(&path).expect("root");
     // As after a delete that ran to its end: the inherited message under the fork.
@@ -409,22 +416,7 @@ fn a_fork_deleted_by_a_delete_killed_before_it_updated_the_index_is_not_named() 
     assert_eq!(hits[0].shared_with[0].session_id, id("child"));
     let path = root.path().to_path_buf();
     drop(root);
-    let catalog = path.join(".catalog");
-    let aside = dir.path().join("aside");
-    std::fs::create_dir(&aside).expect("mkdir");
-    let files: Vec<String> = std::fs::read_dir(&catalog)
-        .expect("catalog")
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with("search.sqlite"))
-        .collect();
-    for f in &files {
-        std::fs::rename(catalog.join(f), aside.join(f)).expect("move aside");
-    }
-    cli_ok(&path, &["delete", "child"]);
-    for f in &files {
-        std::fs::rename(aside.join(f), catalog.join(f)).expect("put back");
-    }
+    delete_behind_the_index(dir.path(), &path, "child");
 
     let root = Root::open(&path).expect("root");
     for _ in 0..2 {
