@@ -786,6 +786,44 @@ fn a_search_index_the_user_may_not_write_is_not_trusted() {
     assert!(stdout.starts_with("b #1 user"), "{stdout}{stderr}");
 }
 
+/// A writer that closes without writing the search index, which it may not write (another
+/// user's), keeps its owner record in `writer.lock`: once the index can be written again,
+/// the next search catches the session up from it. The record was cleared, and no search
+/// found what that writer wrote until a rebuild or its next writer open (outside testing,
+/// re-test of users and permissions).
+#[test]
+fn a_writer_that_could_not_write_the_index_leaves_it_to_the_next_search() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(prefix) = nobody_or_skip("a_writer_that_could_not_write_the_index") else {
+        return;
+    };
+    let env = Env::new();
+    env.session("a", 1);
+    env.ok(&["search", "hello"]);
+    std::fs::set_permissions(env.work(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    open_up(&env.root);
+    let index = env.root.join(".catalog/search.sqlite");
+    let mode = |m: u32| {
+        std::fs::set_permissions(&index, std::fs::Permissions::from_mode(m)).expect("chmod")
+    };
+    mode(0o644);
+    let batch = env.work().join("zebra.jsonl");
+    std::fs::write(&batch, turn_line(2).replace("hello 2", "zebra crossing")).expect("write");
+    let appended = run_as(
+        &prefix,
+        &env.root,
+        &["append", "a", "--file", batch.to_str().expect("utf-8")],
+    );
+    assert!(appended.status.success(), "{}", texts(&appended).1);
+    let record = std::fs::metadata(env.root.join("a/writer.lock")).expect("lock");
+    assert!(record.len() > 0, "the owner record was cleared");
+    mode(0o666);
+    let found = run_as(&prefix, &env.root, &["search", "zebra"]);
+    let (stdout, stderr) = texts(&found);
+    assert!(found.status.success(), "{stderr}");
+    assert!(stdout.starts_with("a #2 user"), "{stdout}{stderr}");
+}
+
 /// Files the store makes take the umask as other Unix programs' do (0666 less it): SQLite
 /// made its databases 0644 whatever the umask, so the members of a group sharing a root
 /// (umask 002) could not write each other's sessions, catalog or search index, and one

@@ -1361,6 +1361,37 @@ fn a_read_only_root_is_served() {
         8
     );
     assert_eq!(server.ok("/api/stats").json()["sessions"], 8);
+    // A message a writer (here root, which may write the root) adds to a session the
+    // private index holds is found within seconds: no writer writes a private index, and
+    // the server found nothing added since its first search (outside testing, users and
+    // permissions).
+    let turn = r#"{"operation_id":"quokka-op","turn_id":"quokka-turn","events":[{"kind":"turn/start"},{"kind":"message/complete","payload":{"message":{"id":"quokka-1","role":"user","content":"a quokka appears"}}},{"kind":"turn/end","payload":{"status":"completed"}}]}"#;
+    let mut append = std::process::Command::new(serve_support::BIN)
+        .arg("--root")
+        .arg(&root)
+        .args(["append", "demo-flaky-test"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("append");
+    {
+        use std::io::Write;
+        let mut stdin = append.stdin.take().expect("stdin");
+        writeln!(stdin, "{turn}").expect("write");
+    }
+    assert!(append.wait().expect("append").success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let hits = server.ok("/api/search?q=quokka").json()["hits"].clone();
+        if hits.as_array().is_some_and(|h| h.len() == 1) {
+            assert_eq!(hits[0]["session_ref"]["session_id"], "demo-flaky-test");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the appended message was never found: {hits}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
     // Its search built a private index, which a graceful stop removes.
     let private = |pid: u32| -> Vec<std::path::PathBuf> {
         let prefix = format!("session-store-search-{pid}-");

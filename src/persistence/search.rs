@@ -18,7 +18,7 @@ use crate::store::lock;
 use crate::store::reader::SessionReader;
 use crate::store::schema::{self, LOCK_FILE, SESSION_FILE};
 use crate::store::search::{
-    IndexFilter, IndexHit, LockStamp, SEARCH_FILE, SEARCH_FILES, SearchIndex,
+    FilesStamp, IndexFilter, IndexHit, LockStamp, SEARCH_FILE, SEARCH_FILES, SearchIndex,
 };
 
 /// Default page of a search (each hit reads its message back for the snippet).
@@ -232,8 +232,13 @@ impl Root {
             return None;
         }
         // Not filled here, when a fill never completed: that is a search's work, not a
-        // writer's.
-        self.opened_search_index().ok()
+        // writer's. The root's own index only: one this process may not write is left to
+        // the searches that can (a writer took a private index of its own for it, indexed
+        // into that, and cleared its `writer.lock` record as if the root's held its
+        // commits; outside testing, users and permissions).
+        let index = Arc::new(self.open_root_index().ok()?);
+        let _ = self.index_slot().set(index);
+        self.index_slot().get().map(Arc::clone)
     }
 
     /// Opens the search index, creating it (and filling it from every session) when it is
@@ -316,12 +321,39 @@ impl Root {
                         }
                     };
                 }
+                if index.is_private() {
+                    return self.catch_up_if_files_changed(index, id);
+                }
                 lock_record_stamp(self.dir_fd(), id)
                     .is_some_and(|stamp| self.catch_up_if_writer_died(index, id, stamp))
             })
             .count();
         self.set_unsearchable(unreadable);
         count
+    }
+
+    /// Catches session `id` up in a private index when its files changed since it was last
+    /// caught up: no writer writes a private index (a root this process may not write), so
+    /// a `serve` over one found nothing a writer added to a session it had indexed (outside
+    /// testing, users and permissions). Live writers included: reading takes no lock.
+    /// Returns whether the index took anything new. Best effort.
+    fn catch_up_if_files_changed(&self, index: &SearchIndex, id: &SessionId) -> bool {
+        let Some(stamp) = files_stamp(self.dir_fd(), id) else {
+            return false;
+        };
+        if !index.files_changed(id, stamp) {
+            return false;
+        }
+        match self
+            .open_reader(id)
+            .and_then(|reader| index.catch_up(&reader))
+        {
+            Ok(took) => took,
+            Err(_) => {
+                index.files_seen_again(id);
+                false
+            }
+        }
     }
 
     /// Catches session `id` up in the index (one it holds nothing of, or one a writer of
@@ -894,6 +926,28 @@ fn unsearchable(session_id: SessionId, error: Error) -> Option<SkippedSession> {
 /// The stamp of the `writer.lock` of session `id` (in the root folder `folder`) when it
 /// holds a record, `None` when it is empty or missing (no writer, or one that let the lock
 /// go).
+/// The stamp of session `id`'s file and `-wal` in the root folder `folder` (a missing `-wal`
+/// as zeros); `None` when the file cannot be read.
+fn files_stamp(folder: rustix::fd::BorrowedFd<'_>, id: &SessionId) -> Option<FilesStamp> {
+    let stamp = |name: &str| -> Option<(u64, i64, i64)> {
+        let st = rustix::fs::statat(
+            folder,
+            format!("{id}/{name}"),
+            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .ok()?;
+        Some((
+            u64::try_from(st.st_size).ok()?,
+            st.st_mtime,
+            i64::try_from(st.st_mtime_nsec).ok()?,
+        ))
+    };
+    Some([
+        stamp(SESSION_FILE)?,
+        stamp(&format!("{SESSION_FILE}-wal")).unwrap_or_default(),
+    ])
+}
+
 fn lock_record_stamp(folder: rustix::fd::BorrowedFd<'_>, id: &SessionId) -> Option<LockStamp> {
     let st = rustix::fs::statat(
         folder,

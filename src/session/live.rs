@@ -880,8 +880,18 @@ impl Shared {
     /// its busy wait); when it still does not, the session is noted for this process's
     /// next search (`SearchIndex::note_behind`).
     fn index_holds_all(&self) -> bool {
-        let Some(index) = self.config.index.as_ref().and_then(|slot| slot.get()) else {
+        let Some(slot) = self.config.index.as_ref() else {
             return true;
+        };
+        let Some(index) = slot.get() else {
+            // An index there that this process could not open (one it may not write): the
+            // record stays, so that a search that can write it catches this session up
+            // (outside testing, users and permissions: it was cleared, and once the index
+            // could be written again no search found what this writer wrote).
+            return !self
+                .dir
+                .parent()
+                .is_some_and(|root| root.join(CATALOG_DIR).join(SEARCH_FILE).exists());
         };
         let durable = lock(&self.state).durable_seq;
         let id = &self.reader.header().session_id;

@@ -31,6 +31,7 @@
 //!   between a drain and its index write), the stamp of the record that writer left in
 //!   `writer.lock`, so the session is read for that writer once (`persistence::search`).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -200,7 +201,14 @@ pub(crate) struct SearchIndex {
     /// Sessions a writer of this process closed while the index lacked some of their
     /// commits ([`SearchIndex::note_behind`]): the next search catches them up.
     behind: Mutex<Vec<SessionId>>,
+    /// For a private index, the stamp of each session's files when it was last caught up
+    /// ([`SearchIndex::files_changed`]).
+    seen_files: Mutex<HashMap<SessionId, FilesStamp>>,
 }
+
+/// Size and modification time (s, ns) of a session's file and of its `-wal`: every commit
+/// changes one of them.
+pub(crate) type FilesStamp = [(u64, i64, i64); 2];
 
 /// Device, inode, size and modification time (s, ns) of a session's `writer.lock` holding
 /// a record: a writer rewrites it when it takes the lock, so another writer's record has
@@ -398,7 +406,35 @@ impl SearchIndex {
             files: HitFiles::new(kept_files()),
             searched: AtomicBool::new(false),
             behind: Mutex::default(),
+            seen_files: Mutex::default(),
         })
+    }
+
+    /// Whether this is a private index ([`SearchIndex::open_private`]): no writer keeps it
+    /// current, so its owner catches up the sessions whose files changed
+    /// ([`SearchIndex::files_changed`]).
+    pub(crate) fn is_private(&self) -> bool {
+        self.private_dir.is_some()
+    }
+
+    /// Whether session `id`'s files have `stamp` for the first time since this index
+    /// last asked (then noted): the session is to be caught up. [`SearchIndex::files_seen_again`]
+    /// forgets a stamp whose catch-up failed.
+    pub(crate) fn files_changed(&self, id: &SessionId, stamp: FilesStamp) -> bool {
+        self.seen_files
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(id.clone(), stamp)
+            != Some(stamp)
+    }
+
+    /// Forgets the stamp of session `id`'s files, so that the next call of
+    /// [`SearchIndex::files_changed`] catches it up again.
+    pub(crate) fn files_seen_again(&self, id: &SessionId) {
+        self.seen_files
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(id);
     }
 
     /// Whether the index file is damaged ([`schema::is_damaged`]).

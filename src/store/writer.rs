@@ -51,8 +51,8 @@ fn busy_file(e: Error, file: &Path) -> Error {
             Error::Sqlite(SqliteError::new(rusqlite::Error::SqliteFailure(
                 rusqlite::ffi::Error::new(busy.extended_code().unwrap_or(5)),
                 Some(format!(
-                    "{} is busy: another process held a write on it for 5 s (a delete of a \
-                     session it inherits from copies that history in); try again",
+                    "{} is busy: another process held a write on it for 5 s (such as a delete \
+                     of a session it inherits from, copying that history in); try again",
                     file.display()
                 )),
             )))
