@@ -634,14 +634,16 @@ impl Error {
     /// True when retrying the same write later can succeed without reopening
     /// (the transaction rolled back cleanly: full disk, busy database).
     pub(crate) fn is_retryable_write(&self) -> bool {
-        match self {
-            Error::DiskFull(_) => true,
-            Error::Sqlite(e) => matches!(
-                e.cause().sqlite_error_code(),
-                Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
-            ),
-            _ => false,
-        }
+        matches!(self, Error::DiskFull(_)) || self.is_busy()
+    }
+
+    /// True when SQLite found the database busy or locked (another connection held it for
+    /// the whole busy timeout).
+    pub(crate) fn is_busy(&self) -> bool {
+        matches!(self, Error::Sqlite(e) if matches!(
+            e.cause().sqlite_error_code(),
+            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+        ))
     }
 }
 

@@ -1,7 +1,7 @@
 //! Ctrl-C (SIGINT), SIGTERM and SIGHUP (the terminal closed, an ssh session dropped: it
 //! left an export's temporary file, an import's staging copy and a bench's scratch folder
-//! behind; outside testing, signals) for the commands that leave something behind when a signal
-//! ends them at once: `export` (a temporary file beside its destination) and `import` (a
+//! behind; outside testing, signals) for the commands that leave something behind when a
+//! signal ends them at once: `export` (a temporary file beside its destination) and `import` (a
 //! staging copy in the root, removed at once rather than by the next command) watch a token
 //! the first signal cancels, remove what they wrote and fail with status 128 + the
 //! signal's number (130, 143), as a shell reports a process the signal ended; `bench`
@@ -39,8 +39,8 @@ pub struct Interrupt {
 }
 
 impl Interrupt {
-    /// Starts listening for SIGINT, SIGTERM and SIGHUP on a thread of its own. From then on the
-    /// signals no longer end the process by themselves: the command watches
+    /// Starts listening for SIGINT, SIGTERM and SIGHUP on a thread of its own. From then on
+    /// the signals no longer end the process by themselves: the command watches
     /// [`Interrupt::token`].
     ///
     /// # Errors
@@ -59,8 +59,8 @@ impl Interrupt {
         })
     }
 
-    /// Starts listening for SIGINT, SIGTERM and SIGHUP on a thread of its own, for a command whose
-    /// work can simply stop (`bench`): the first signal runs `clean_up` on that thread
+    /// Starts listening for SIGINT, SIGTERM and SIGHUP on a thread of its own, for a command
+    /// whose work can simply stop (`bench`): the first signal runs `clean_up` on that thread
     /// and ends the process with 128 + its number.
     ///
     /// # Errors
@@ -123,8 +123,8 @@ fn status(signal: i32) -> u8 {
     u8::try_from(128 + signal).unwrap_or(super::EXIT_OTHER)
 }
 
-/// Listens for SIGINT, SIGTERM and SIGHUP on a thread of its own (registered before this returns,
-/// so a signal right after it is caught): the first one calls `first` with its number, a
+/// Listens for SIGINT, SIGTERM and SIGHUP on a thread of its own (registered before this
+/// returns, so a signal right after it is caught): the first one calls `first` with its number, a
 /// second one ends the process at once with 128 + its number (the user insists).
 fn listen(mut first: impl FnMut(i32) + Send + 'static) -> CliResult<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()

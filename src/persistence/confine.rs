@@ -80,6 +80,7 @@ pub(crate) fn open_dir_at(dir: impl AsFd, name: &str, shown: &Path) -> Result<Ow
 
 /// Opens the directory `name` of `dir`, creating it when missing; never follows a symlink
 /// (a symlink there is refused, see [`open_dir_at`]).
+///
 /// One made here by root is given to the owner of `dir` (see
 /// [`schema::give_to_folder_owner`]): root's first delete in a user's root made a
 /// root-owned `.trash` (its first `list`, `.catalog`), and every delete by the user then

@@ -926,16 +926,23 @@ fn unsearchable(session_id: SessionId, error: Error) -> Option<SkippedSession> {
 /// The stamp of the `writer.lock` of session `id` (in the root folder `folder`) when it
 /// holds a record, `None` when it is empty or missing (no writer, or one that let the lock
 /// go).
+fn lock_record_stamp(folder: rustix::fd::BorrowedFd<'_>, id: &SessionId) -> Option<LockStamp> {
+    let st = stat_in(folder, id, LOCK_FILE)?;
+    let size = u64::try_from(st.st_size).ok().filter(|&size| size > 0)?;
+    Some((
+        st.st_dev,
+        st.st_ino,
+        size,
+        st.st_mtime,
+        i64::try_from(st.st_mtime_nsec).ok()?,
+    ))
+}
+
 /// The stamp of session `id`'s file and `-wal` in the root folder `folder` (a missing `-wal`
 /// as zeros); `None` when the file cannot be read.
 fn files_stamp(folder: rustix::fd::BorrowedFd<'_>, id: &SessionId) -> Option<FilesStamp> {
     let stamp = |name: &str| -> Option<(u64, i64, i64)> {
-        let st = rustix::fs::statat(
-            folder,
-            format!("{id}/{name}"),
-            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-        )
-        .ok()?;
+        let st = stat_in(folder, id, name)?;
         Some((
             u64::try_from(st.st_size).ok()?,
             st.st_mtime,
@@ -948,21 +955,19 @@ fn files_stamp(folder: rustix::fd::BorrowedFd<'_>, id: &SessionId) -> Option<Fil
     ])
 }
 
-fn lock_record_stamp(folder: rustix::fd::BorrowedFd<'_>, id: &SessionId) -> Option<LockStamp> {
-    let st = rustix::fs::statat(
+/// The file `name` of session `id`'s folder in the root folder `folder`, not followed if a
+/// symlink; `None` when it cannot be read.
+fn stat_in(
+    folder: rustix::fd::BorrowedFd<'_>,
+    id: &SessionId,
+    name: &str,
+) -> Option<rustix::fs::Stat> {
+    rustix::fs::statat(
         folder,
-        format!("{id}/{LOCK_FILE}"),
+        format!("{id}/{name}"),
         rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
     )
-    .ok()?;
-    let size = u64::try_from(st.st_size).ok().filter(|&size| size > 0)?;
-    Some((
-        st.st_dev,
-        st.st_ino,
-        size,
-        st.st_mtime,
-        i64::try_from(st.st_mtime_nsec).ok()?,
-    ))
+    .ok()
 }
 
 #[cfg(test)]

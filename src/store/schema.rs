@@ -60,7 +60,7 @@ fn migrations() -> Migrations<'static> {
 const FREE_PAGES_KEPT: i64 = 256;
 
 /// How long any connection waits for a lock held by another connection.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What a session survives once `flush` has returned.
 ///
@@ -553,8 +553,9 @@ pub(crate) fn open_derived(path: &Path, file: &DerivedFile<'_>) -> Result<Connec
 }
 
 /// What keeps the derived file at `path` from being written, with the system's reason: the
-/// file itself, its `-wal` or `-shm` (another user's reader made them), or its folder, which must take it when it is missing and its `-wal` and
-/// `-shm` (a read-only file system, no permission). `None` when both are writable. Asked
+/// file itself, its `-wal` or `-shm` (another user's reader made them), or its folder,
+/// which must take it when it is missing and its `-wal` and `-shm` (a read-only file
+/// system, no permission). `None` when all are writable. Asked
 /// with `access(2)`, never by opening the file: closing a descriptor of a database file
 /// would drop the POSIX locks this process's SQLite connections hold on it.
 fn unwritable(path: &Path) -> Option<(PathBuf, std::io::Error)> {

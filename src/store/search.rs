@@ -378,7 +378,7 @@ impl Drop for SearchIndex {
     }
 }
 
-fn lock(m: &Mutex<Connection>) -> MutexGuard<'_, Connection> {
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -421,20 +421,13 @@ impl SearchIndex {
     /// last asked (then noted): the session is to be caught up. [`SearchIndex::files_seen_again`]
     /// forgets a stamp whose catch-up failed.
     pub(crate) fn files_changed(&self, id: &SessionId, stamp: FilesStamp) -> bool {
-        self.seen_files
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(id.clone(), stamp)
-            != Some(stamp)
+        lock(&self.seen_files).insert(id.clone(), stamp) != Some(stamp)
     }
 
     /// Forgets the stamp of session `id`'s files, so that the next call of
     /// [`SearchIndex::files_changed`] catches it up again.
     pub(crate) fn files_seen_again(&self, id: &SessionId) {
-        self.seen_files
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(id);
+        lock(&self.seen_files).remove(id);
     }
 
     /// Whether the index file is damaged ([`schema::is_damaged`]).
@@ -991,10 +984,7 @@ impl SearchIndex {
     /// catches it up ([`SearchIndex::take_behind`]); other processes find the writer's
     /// record left in `writer.lock`.
     pub(crate) fn note_behind(&self, id: &SessionId) {
-        let mut behind = self
-            .behind
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut behind = lock(&self.behind);
         if !behind.contains(id) {
             behind.push(id.clone());
         }
@@ -1002,12 +992,7 @@ impl SearchIndex {
 
     /// The sessions [`SearchIndex::note_behind`] noted since the last call.
     pub(crate) fn take_behind(&self) -> Vec<SessionId> {
-        std::mem::take(
-            &mut *self
-                .behind
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        )
+        std::mem::take(&mut *lock(&self.behind))
     }
 
     /// The last sequence of session `id` the index holds (`None`: it holds nothing of it).

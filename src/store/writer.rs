@@ -47,13 +47,16 @@ pub(crate) struct FileWriter {
 /// "database is locked" (outside testing, signals: a delete stopped with Ctrl-Z).
 fn busy_file(e: Error, file: &Path) -> Error {
     match e {
-        Error::Sqlite(busy) if matches!(busy.code(), Some(5 | 6)) => {
+        Error::Sqlite(busy) if e.is_busy() => {
             Error::Sqlite(SqliteError::new(rusqlite::Error::SqliteFailure(
-                rusqlite::ffi::Error::new(busy.extended_code().unwrap_or(5)),
+                rusqlite::ffi::Error::new(
+                    busy.extended_code().unwrap_or(rusqlite::ffi::SQLITE_BUSY),
+                ),
                 Some(format!(
-                    "{} is busy: another process held a write on it for 5 s (such as a delete \
-                     of a session it inherits from, copying that history in); try again",
-                    file.display()
+                    "{} is busy: another process held a write on it for {} s (such as a \
+                     delete of a session it inherits from, copying that history in); try again",
+                    file.display(),
+                    schema::BUSY_TIMEOUT.as_secs()
                 )),
             )))
         }

@@ -173,12 +173,12 @@ fn check_clock(now: std::time::SystemTime) -> CliResult<()> {
     match now.duration_since(std::time::UNIX_EPOCH) {
         Ok(since) if since.as_secs() < YEAR_10000 => Ok(()),
         Ok(_) => Err(Failure::with_code(
-            1,
+            EXIT_OTHER,
             "this system's clock reads a time past year 9999, which HTTP dates cannot say: \
              set the clock right to serve",
         )),
         Err(_) => Err(Failure::with_code(
-            1,
+            EXIT_OTHER,
             "this system's clock reads a time before 1970, which HTTP dates cannot say: set \
              the clock right to serve",
         )),
