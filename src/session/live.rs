@@ -897,7 +897,7 @@ impl Shared {
         let id = &self.reader.header().session_id;
         let holds = || {
             index
-                .indexed_through(id)
+                .indexed_through(&self.reader)
                 .ok()
                 .flatten()
                 .is_some_and(|seq| seq >= durable)

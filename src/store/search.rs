@@ -30,6 +30,8 @@
 //! - `search_dead_writers`: for each session caught up after its writer died (killed
 //!   between a drain and its index write), the stamp of the record that writer left in
 //!   `writer.lock`, so the session is read for that writer once (`persistence::search`).
+//! - `search_births`: the creation time of each indexed session, so that a session deleted
+//!   and made again under its id behind the index's back is not taken for the one indexed.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -158,8 +160,22 @@ pub(crate) fn open_index(path: &Path) -> Result<Connection> {
     let _ = conn.execute_batch(DEAD_WRITERS_SCHEMA);
     // An index filled before it (`FILLED` 5) is filled again, which records the damage.
     conn.execute_batch(DAMAGE_SCHEMA)?;
+    // Not refilled either: a session indexed before it is taken for the one indexed, as
+    // before, until it is registered again.
+    conn.execute_batch(BIRTHS_SCHEMA)?;
     Ok(conn)
 }
+
+/// `search_births`: the creation time (`header.created_at`, ms) of each session the index
+/// holds. The index tells sessions apart by id: a session deleted and made again under its
+/// id while the index could not be written (another user's), or while a `serve` over a
+/// private index ran, kept the old session's rows; a search for an old word read back the
+/// new session's message at its position, and the new session's messages up to the old
+/// one's last sequence were found by no search (outside testing, session 44, N5).
+const BIRTHS_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS search_births (
+    session_id TEXT PRIMARY KEY,
+    created_ms INTEGER NOT NULL
+) WITHOUT ROWID;";
 
 /// `search_damage`: for each session whose own file held a damaged event when it was
 /// indexed (the row not matching its check, a message that does not parse), what was
@@ -561,10 +577,11 @@ impl SearchIndex {
         let (Some(first), Some(last)) = (batch.first(), batch.last()) else {
             return Ok(());
         };
-        let id = &reader.header().session_id;
+        let header = reader.header();
         let mut conn = lock(&self.write);
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let Some((key, indexed)) = session_state(&tx, id)? else {
+        let Some((key, indexed)) = session_state(&tx, &header.session_id, header.created_at_ms)?
+        else {
             drop(tx);
             drop(conn);
             return self.catch_up(reader).map(drop);
@@ -625,12 +642,12 @@ impl SearchIndex {
     /// # Errors
     /// Read errors of the session; SQLite errors of the index.
     pub(crate) fn catch_up(&self, reader: &SessionReader) -> Result<bool> {
-        let id = &reader.header().session_id;
+        let (id, born) = (&reader.header().session_id, reader.header().created_at_ms);
         let lineage = reader.lineage();
         let durable = reader.durable_sequence()?;
         let known = {
             let conn = lock(&self.write);
-            match session_state(&conn, id)? {
+            match session_state(&conn, id, born)? {
                 // Indexed past the file's end: the file lost commits since (an OS crash
                 // under `ProcessCrash`, a copy put back), so its rows are made anew (the
                 // lost messages were still found, and what was written after them not).
@@ -662,7 +679,7 @@ impl SearchIndex {
             Some((key, indexed)) => {
                 // Another writer of the index moved on meanwhile: leave it to the next
                 // catch-up rather than apply rows twice.
-                if session_state(&tx, id)? != Some((key, indexed)) {
+                if session_state(&tx, id, born)? != Some((key, indexed)) {
                     return Ok(false);
                 }
                 key
@@ -671,6 +688,7 @@ impl SearchIndex {
         };
         apply(&tx, key, &changes_of(&own))?;
         record_damage(&tx, id, own.damage.as_ref())?;
+        record_birth(&tx, id, born)?;
         carry_titles(&tx, TitleScope::Session(key))?;
         set_indexed(&tx, key, own.through.max(reader.inherited_events()))?;
         tx.commit()?;
@@ -711,7 +729,7 @@ impl SearchIndex {
         tx.execute_batch(
             "DELETE FROM search_rows; DELETE FROM search_lineage; DELETE FROM search_sessions;
              DELETE FROM search_resets; DELETE FROM search_dead_writers;
-             DELETE FROM search_damage;
+             DELETE FROM search_damage; DELETE FROM search_births;
              INSERT INTO search_text (search_text) VALUES ('delete-all');",
         )?;
         let mut count = 0;
@@ -995,13 +1013,18 @@ impl SearchIndex {
         std::mem::take(&mut *lock(&self.behind))
     }
 
-    /// The last sequence of session `id` the index holds (`None`: it holds nothing of it).
+    /// The last sequence of `reader`'s session the index holds (`None`: it holds nothing
+    /// of it, or what it holds under its id is another session's, [`BIRTHS_SCHEMA`]).
     ///
     /// # Errors
     /// SQLite errors.
-    pub(crate) fn indexed_through(&self, id: &SessionId) -> Result<Option<u64>> {
+    pub(crate) fn indexed_through(&self, reader: &SessionReader) -> Result<Option<u64>> {
+        let header = reader.header();
         let conn = lock(&self.read);
-        Ok(session_state(&conn, id)?.map(|(_, indexed)| indexed))
+        Ok(
+            session_state(&conn, &header.session_id, header.created_at_ms)?
+                .map(|(_, indexed)| indexed),
+        )
     }
 
     /// Sessions the index knows, for tests and `verify`-like checks: id and indexed
@@ -1202,12 +1225,37 @@ fn query_hits(
     Ok(out)
 }
 
-/// The key and indexed sequence of a session the index knows.
-fn session_state(conn: &Connection, id: &SessionId) -> Result<Option<(i64, u64)>> {
+/// The key and indexed sequence of session `id`, when the index holds it and what it holds
+/// under that id is the session made at `born` (ms; one registered before
+/// [`BIRTHS_SCHEMA`] is taken for it): a session made again under the id of a deleted one
+/// is one the index does not know.
+fn session_state(conn: &Connection, id: &SessionId, born: i64) -> Result<Option<(i64, u64)>> {
     Ok(conn
-        .prepare_cached("SELECT id, indexed_seq FROM search_sessions WHERE session_id = ?1")?
-        .query_row([id.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))
+        .prepare_cached(
+            "SELECT s.id, s.indexed_seq FROM search_sessions s
+             LEFT JOIN search_births b ON b.session_id = s.session_id
+             WHERE s.session_id = ?1 AND (b.created_ms IS NULL OR b.created_ms = ?2)",
+        )?
+        .query_row(params![id.as_str(), born], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?)
+}
+
+/// The key of session `id` in the index, whichever session it holds under that id.
+fn session_key(conn: &Connection, id: &SessionId) -> Result<Option<i64>> {
+    Ok(conn
+        .prepare_cached("SELECT id FROM search_sessions WHERE session_id = ?1")?
+        .query_row([id.as_str()], |r| r.get(0))
+        .optional()?)
+}
+
+/// Records that the index holds under `id` the session made at `born` (ms), unless it
+/// recorded one already ([`register`] forgets the one before).
+fn record_birth(tx: &Transaction<'_>, id: &SessionId, born: i64) -> Result<()> {
+    tx.prepare_cached(
+        "INSERT OR IGNORE INTO search_births (session_id, created_ms) VALUES (?1, ?2)",
+    )?
+    .execute(params![id.as_str(), born])?;
+    Ok(())
 }
 
 /// The lineage recorded for session `key`, in range order.
@@ -1240,7 +1288,9 @@ fn stored_lineage(conn: &Connection, key: i64) -> Result<Vec<LineageEntry>> {
 fn forget_in(tx: &Transaction<'_>, id: &SessionId) -> Result<()> {
     tx.prepare_cached("DELETE FROM search_damage WHERE session_id = ?1")?
         .execute([id.as_str()])?;
-    if let Some((key, _)) = session_state(tx, id)? {
+    tx.prepare_cached("DELETE FROM search_births WHERE session_id = ?1")?
+        .execute([id.as_str()])?;
+    if let Some(key) = session_key(tx, id)? {
         tx.prepare_cached("DELETE FROM search_rows WHERE session = ?1")?
             .execute([key])?;
         tx.prepare_cached("DELETE FROM search_lineage WHERE session = ?1")?
@@ -1298,6 +1348,7 @@ fn register(
     )?
     .execute(params![header.session_id.as_str(), header.cwd, title])?;
     let key = tx.last_insert_rowid();
+    record_birth(tx, &header.session_id, header.created_at_ms)?;
     let mut put = tx.prepare_cached(
         "INSERT OR REPLACE INTO search_lineage (ancestor_id, session, after_seq, through_seq)
          VALUES (?1, ?2, ?3, ?4)",
