@@ -834,9 +834,13 @@ fn database_files_take_the_umask() {
 /// the root folder: root's first search left a root-owned index that the user's searches
 /// could no longer update (they answered "no matches" for what was new, without a word),
 /// its first delete a root-owned `.trash` in which every later delete of the user failed
-/// (outside testing, users and permissions). Skipped unless run as root.
+/// (outside testing, users and permissions). The CLI now acts as the owner there
+/// (`cli::owner`): what it makes is the owner's, and it may write nothing outside the root
+/// that the owner may not (a user who swapped a folder of the root for a symlink while
+/// root's command ran had it create and give away files in folders only root may write:
+/// outside testing, security). Skipped unless run as root.
 #[test]
-fn root_gives_what_it_makes_in_a_users_root_to_its_owner() {
+fn root_acts_as_the_owner_of_a_users_root() {
     use std::os::unix::fs::MetadataExt;
     if !Command::new("id")
         .arg("-u")
@@ -872,10 +876,22 @@ fn root_gives_what_it_makes_in_a_users_root_to_its_owner() {
         ".catalog/search.sqlite",
         ".trash",
         ".staging",
+        "c/session.sqlite",
     ] {
         let meta = std::fs::metadata(env.root.join(made)).expect(made);
         assert_eq!((meta.uid(), meta.gid()), (65534, 65534), "{made}");
     }
+    let root_only = env.work().join("root-only");
+    std::fs::create_dir(&root_only).expect("mkdir");
+    let out_file = root_only.join("c.sqlite");
+    let refused = env
+        .command(&["export", "c", out_file.to_str().expect("utf-8")])
+        .output()
+        .expect("run");
+    let (_, stderr) = texts(&refused);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("Permission denied"), "{stderr}");
+    assert!(!out_file.exists());
 }
 
 /// A session file of an older schema (the committed schema-2 and schema-4 fixtures) the user

@@ -468,8 +468,6 @@ fn data_dir_root() -> CliResult<PathBuf> {
 fn run(args: Args) -> CliResult<()> {
     // First, before anything opens a file (which would then get descriptor 1).
     cli::stdout_is_open()?;
-    // A write past `ulimit -f` fails (and the command cleans up) instead of killing it.
-    cli::interrupt::survive_file_size_limit()?;
     // `demo` writes into `--root` or ./session-store-demo, never into the root
     // `$SESSION_STORE_ROOT` names: a user's real root got five demo sessions, and the
     // README's next command (`--root session-store-demo serve`) found no root (outside
@@ -478,6 +476,10 @@ fn run(args: Args) -> CliResult<()> {
         Command::Demo => args.root.unwrap_or_else(|| PathBuf::from(DEMO_ROOT)),
         _ => resolve_root(args.root, data_dir_root)?,
     };
+    // Before any file is opened or thread started.
+    cli::owner::act_as_root_owner(&root)?;
+    // A write past `ulimit -f` fails (and the command cleans up) instead of killing it.
+    cli::interrupt::survive_file_size_limit()?;
     let cx = Context {
         root,
         host: args.host,
