@@ -1770,3 +1770,84 @@ async fn an_export_or_import_whose_caller_stops_waiting_leaves_nothing() {
         .await
         .expect("shutdown");
 }
+
+/// A tokio runtime dropped while calls of a `Service` it ran were under way (the end of a
+/// `#[tokio::test]` sharing a service, a host replacing its runtime): the service's own
+/// tasks (`Service::to_completion`) ran on the caller's runtime and were dropped with it,
+/// halfway through an open, a close or a create, leaving the session id reserved for good:
+/// every later open of it and `shutdown` waited forever, and creates given no id left
+/// sessions whose id nobody was given (outside testing, session 45). Each round drops a
+/// runtime at a different moment of an open, a close and two creates.
+#[test]
+fn a_runtime_dropped_during_service_calls_leaves_the_service_usable() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let service = service_in(dir.path());
+    let r = service.session_ref(id("kept"));
+    service
+        .root()
+        .create(CreateOptions::with_id(id("kept")))
+        .and_then(|s| s.close())
+        .expect("create");
+    let given = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    for round in 0..24u64 {
+        let dropped = tokio::runtime::Runtime::new().expect("runtime");
+        let (s, rr) = (service.clone(), r.clone());
+        dropped.spawn(async move {
+            if let Ok(binding) = s.open(&rr).await {
+                drop(binding);
+                let _ = s.close(&rr).await;
+            }
+        });
+        for _ in 0..2 {
+            let (s, given) = (service.clone(), std::sync::Arc::clone(&given));
+            dropped.spawn(async move {
+                if let Ok(rt) = s.create(CreateOptions::default()).await {
+                    let id = rt.session_ref().session_id.clone();
+                    given.lock().expect("lock").push(id);
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_micros(300 * round));
+        drop(dropped);
+    }
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let binding = within("open after the dropped runtimes", service.open(&r))
+            .await
+            .expect("open");
+        binding.release().await.expect("release");
+        within("history", service.query().history(&r))
+            .await
+            .expect("history");
+        within("shutdown", service.shutdown())
+            .await
+            .expect("shutdown");
+    });
+    // Creates whose caller went away are deleted on the service's runtime, soon after.
+    let mut given: Vec<String> = given
+        .lock()
+        .expect("lock")
+        .iter()
+        .map(|id| id.to_string())
+        .collect();
+    given.push("kept".into());
+    given.sort();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut left: Vec<String> = std::fs::read_dir(dir.path().join("sessions"))
+            .expect("root")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| !name.starts_with('.'))
+            .collect();
+        left.sort();
+        if left == given {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sessions no caller was given are left: {left:?}, given {given:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -90,11 +90,13 @@ impl Drop for Caller {
             self.shared.gone.cancel();
             handoff.made.take()
         };
-        let (Some(r), Ok(tokio)) = (made, tokio::runtime::Handle::try_current()) else {
+        // On the service's own runtime: the caller's may be the one being dropped, which
+        // would drop the delete with it.
+        let (Some(r), Ok(tasks)) = (made, self.service.tasks()) else {
             return;
         };
         let service = self.service.clone();
-        tokio.spawn(async move {
+        tasks.spawn(async move {
             let _ = service.delete(&r, &abandoned_wait()).await;
         });
     }

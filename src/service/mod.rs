@@ -62,19 +62,6 @@ pub(crate) async fn blocking<T: Send + 'static>(
         .map_err(|e| Error::internal_from("blocking storage task did not finish", e))?
 }
 
-/// Runs `f` as a task of its own and waits for it: a caller that stops waiting (a
-/// `tokio::time::timeout`, a `select!`) does not stop it half-way. An open, fork,
-/// migration or close that reserved a session id in the registry always ends by
-/// installing a runtime or dropping the reservation; dropped mid-way, it would leave the
-/// reservation behind and every later open of that id would wait for it forever.
-async fn to_completion<T: Send + 'static>(
-    f: impl Future<Output = Result<T>> + Send + 'static,
-) -> Result<T> {
-    tokio::spawn(f)
-        .await
-        .map_err(|e| Error::internal_from("service task did not finish", e))?
-}
-
 /// How many of the sessions closed last a [`Service::close`] of them again answers `Ok`.
 const CLOSED_KEPT: usize = 4096;
 
@@ -149,9 +136,55 @@ pub(crate) struct ServiceInner {
     root: Root,
     registry: Mutex<Registry>,
     registry_changed: Notify,
+    /// The tokio runtime the service's own tasks run on ([`Service::to_completion`]), one
+    /// worker thread started at the first of them.
+    tasks: Mutex<Option<tokio::runtime::Runtime>>,
 }
 
+impl Drop for ServiceInner {
+    fn drop(&mut self) {
+        // Without waiting (the last clone may be dropped inside a caller's async task,
+        // where a runtime may not block): a task still running is dropped.
+        let Some(tasks) = self
+            .tasks
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        else {
+            return;
+        };
+        if std::thread::current().name() != Some(TASKS_THREAD) {
+            tasks.shutdown_background();
+            return;
+        }
+        // Dropped by one of its own tasks: a runtime cannot be shut down from its own
+        // threads, so a thread of its own does it (or, when none can be started, the idle
+        // runtime is left to the end of the process).
+        let (sender, receiver) = std::sync::mpsc::channel::<tokio::runtime::Runtime>();
+        let stopper = std::thread::Builder::new().spawn(move || {
+            if let Ok(tasks) = receiver.recv() {
+                tasks.shutdown_background();
+            }
+        });
+        let unsent = match stopper {
+            Ok(_) => sender.send(tasks).err().map(|e| e.0),
+            Err(_) => Some(tasks),
+        };
+        // Dropped here, on its own thread, it would panic.
+        std::mem::forget(unsent);
+    }
+}
+
+/// The name of the threads of a service's own runtime ([`ServiceInner::tasks`]).
+const TASKS_THREAD: &str = "session-store-service";
+
 /// A host's entry point: one published runtime per session, and the query side.
+///
+/// Its async methods are called inside a tokio runtime (either flavor: their storage work
+/// runs on its blocking threads; polled outside one, they panic as tokio does). An open,
+/// create, fork, rewind, close, rename, import, delete or legacy continuation runs as a
+/// task on the service's own runtime (one thread, started at the first of them), so a
+/// caller that stops waiting, or whose runtime is dropped, never leaves it half done.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> session_store::Result<()> {
@@ -221,8 +254,48 @@ impl Service {
                 root,
                 registry: Mutex::new(Registry::default()),
                 registry_changed: Notify::new(),
+                tasks: Mutex::new(None),
             }),
         })
+    }
+
+    /// Runs `f` as a task of its own on the service's runtime and waits for it: a caller
+    /// that stops waiting (a `tokio::time::timeout`, a `select!`), or whose runtime is
+    /// dropped, does not stop it half-way. An open, fork, migration or close that reserved
+    /// a session id in the registry always ends by installing a runtime or dropping the
+    /// reservation; dropped mid-way, it would leave the reservation behind and every later
+    /// open of that id, and `shutdown`, would wait for it forever. Spawned on the caller's
+    /// runtime, such a task was dropped with that runtime (outside testing, session 45: a
+    /// runtime dropped during an open, a close, a fork or a create hung every later open of
+    /// the id and the service's `shutdown`, and creates given no id left sessions nobody
+    /// was given).
+    ///
+    /// # Errors
+    /// `f`'s; [`Error::Io`] when the service's thread cannot be started.
+    async fn to_completion<T: Send + 'static>(
+        &self,
+        f: impl Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        let task = self.tasks()?.spawn(f);
+        task.await
+            .map_err(|e| Error::internal_from("service task did not finish", e))?
+    }
+
+    /// A handle of the runtime of the service's own tasks, started at the first call.
+    fn tasks(&self) -> Result<tokio::runtime::Handle> {
+        let mut tasks = self.inner.tasks.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(tasks) = tasks.as_ref() {
+            return Ok(tasks.handle().clone());
+        }
+        let started = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name(TASKS_THREAD)
+            .enable_all()
+            .build()
+            .map_err(|e| Error::io("start the service's task thread", e))?;
+        let handle = started.handle().clone();
+        *tasks = Some(started);
+        Ok(handle)
     }
 
     fn registry(&self) -> MutexGuard<'_, Registry> {
@@ -304,25 +377,26 @@ impl Service {
         self.check_running()?;
         let caller = Caller::new(self, options.session_id.is_some());
         let (service, watch) = (self.clone(), caller.watch());
-        let prepared = to_completion(async move {
-            let root = service.inner.root.clone();
-            let session = blocking(watch.unless_gone(move || root.create(options))).await?;
-            let r = service.session_ref(session.id().clone());
-            if let Some(mut handoff) = watch.hold() {
-                handoff.made(&r);
-                return Ok(PreparedRuntime {
-                    service: Arc::downgrade(&service.inner),
-                    runtime: Runtime::new(r, session),
-                    stamp: random_hex(),
-                    state: Mutex::new(PreparedState::default()),
-                });
-            }
-            if close_session(session).await.is_ok() {
-                let _ = service.delete(&r, &abandoned_wait()).await;
-            }
-            Err(Error::Cancelled)
-        })
-        .await;
+        let prepared = self
+            .to_completion(async move {
+                let root = service.inner.root.clone();
+                let session = blocking(watch.unless_gone(move || root.create(options))).await?;
+                let r = service.session_ref(session.id().clone());
+                if let Some(mut handoff) = watch.hold() {
+                    handoff.made(&r);
+                    return Ok(PreparedRuntime {
+                        service: Arc::downgrade(&service.inner),
+                        runtime: Runtime::new(r, session),
+                        stamp: random_hex(),
+                        state: Mutex::new(PreparedState::default()),
+                    });
+                }
+                if close_session(session).await.is_ok() {
+                    let _ = service.delete(&r, &abandoned_wait()).await;
+                }
+                Err(Error::Cancelled)
+            })
+            .await;
         caller.take(prepared)
     }
 
@@ -434,17 +508,18 @@ impl Service {
             .get_or_insert_with(SessionId::random)
             .clone();
         let (service, watch) = (self.clone(), caller.watch());
-        let created = to_completion(async move {
-            if service.reserve(&id).await?.is_some() {
-                return Err(Error::SessionExists(id.to_string()));
-            }
-            let root = service.inner.root.clone();
-            let created = blocking(watch.unless_gone(move || root.create(options))).await;
-            service
-                .install_for(&service.session_ref(id), created, &watch)
-                .await
-        })
-        .await;
+        let created = self
+            .to_completion(async move {
+                if service.reserve(&id).await?.is_some() {
+                    return Err(Error::SessionExists(id.to_string()));
+                }
+                let root = service.inner.root.clone();
+                let created = blocking(watch.unless_gone(move || root.create(options))).await;
+                service
+                    .install_for(&service.session_ref(id), created, &watch)
+                    .await
+            })
+            .await;
         caller.take(created)
     }
 
@@ -505,7 +580,7 @@ impl Service {
     async fn published_or_opened(&self, r: &SessionRef) -> Result<Runtime> {
         self.check_ref(r)?;
         let (service, r) = (self.clone(), r.clone());
-        to_completion(async move {
+        self.to_completion(async move {
             if let Some(rt) = service.reserve(&r.session_id).await? {
                 return Ok(rt);
             }
@@ -678,7 +753,7 @@ impl Service {
             notified.await;
         };
         let service = self.clone();
-        to_completion(async move {
+        self.to_completion(async move {
             let result = close_session(runtime.session().clone()).await;
             if result.is_ok() {
                 runtime.mark_closed();
@@ -881,21 +956,22 @@ impl Service {
         let root = self.inner.root.clone();
         let parent = r.session_id.clone();
         let (service, watch) = (self.clone(), caller.watch());
-        let forked = to_completion(async move {
-            let fork_id = child.clone();
-            // The child is published with its writer lock held and opened under it: no
-            // other process can take it in between (`Root::fork_writer`).
-            let opened = blocking(watch.unless_gone(move || {
-                let session = root.fork_writer(&parent, point, Some(fork_id))?;
-                recovery::close_interrupted_turn(&session)?;
-                Ok(session)
-            }))
+        let forked = self
+            .to_completion(async move {
+                let fork_id = child.clone();
+                // The child is published with its writer lock held and opened under it: no
+                // other process can take it in between (`Root::fork_writer`).
+                let opened = blocking(watch.unless_gone(move || {
+                    let session = root.fork_writer(&parent, point, Some(fork_id))?;
+                    recovery::close_interrupted_turn(&session)?;
+                    Ok(session)
+                }))
+                .await;
+                service
+                    .install_for(&service.session_ref(child), opened, &watch)
+                    .await
+            })
             .await;
-            service
-                .install_for(&service.session_ref(child), opened, &watch)
-                .await
-        })
-        .await;
         caller.take(forked)
     }
 
@@ -980,18 +1056,19 @@ impl Service {
         let (root, file) = (self.inner.root.clone(), file.as_ref().to_path_buf());
         let caller = Caller::new(self, false);
         let (service, watch) = (self.clone(), caller.watch());
-        let imported = to_completion(async move {
-            let gone = watch.gone().clone();
-            let id = blocking(move || root.import_cancellable(file, options, &gone)).await?;
-            let r = service.session_ref(id);
-            if let Some(mut handoff) = watch.hold() {
-                handoff.made(&r);
-                return Ok(r);
-            }
-            let _ = service.delete(&r, &abandoned_wait()).await;
-            Err(Error::Cancelled)
-        })
-        .await;
+        let imported = self
+            .to_completion(async move {
+                let gone = watch.gone().clone();
+                let id = blocking(move || root.import_cancellable(file, options, &gone)).await?;
+                let r = service.session_ref(id);
+                if let Some(mut handoff) = watch.hold() {
+                    handoff.made(&r);
+                    return Ok(r);
+                }
+                let _ = service.delete(&r, &abandoned_wait()).await;
+                Err(Error::Cancelled)
+            })
+            .await;
         caller.take(imported)
     }
 
@@ -1008,7 +1085,7 @@ impl Service {
     pub async fn delete(&self, r: &SessionRef, cancel: &CancelToken) -> Result<()> {
         self.check_ref(r)?;
         let (service, r, cancel) = (self.clone(), r.clone(), cancel.clone());
-        to_completion(async move {
+        self.to_completion(async move {
             let reserved = loop {
                 match service.reserve(&r.session_id).await {
                     Ok(None) => break true,
@@ -1077,7 +1154,7 @@ impl Service {
     pub async fn rename(&self, r: &SessionRef, title: &str) -> Result<()> {
         self.check_ref(r)?;
         let (service, r, title) = (self.clone(), r.clone(), title.to_owned());
-        to_completion(async move {
+        self.to_completion(async move {
             loop {
                 if let Some(rt) = service.reserve(&r.session_id).await? {
                     let (session, title) = (rt.session().clone(), title.clone());
@@ -1125,7 +1202,7 @@ impl Service {
         let r = self.session_ref(migration.target_id().clone());
         let root = self.inner.root.clone();
         let service = self.clone();
-        to_completion(async move {
+        self.to_completion(async move {
             // Already open in this service: reuse that runtime.
             while let Some(rt) = service.reserve(&r.session_id).await? {
                 let (session, root, m) = (rt.session().clone(), root.clone(), migration.clone());
