@@ -427,6 +427,35 @@ fn a_fork_deleted_by_a_delete_killed_before_it_updated_the_index_is_not_named() 
     }
 }
 
+/// A rebuild of the search index gives the pages it freed back to the file system: it ran
+/// `PRAGMA incremental_vacuum` one step, which frees one page, so the index of a root whose
+/// sessions came and went kept every page it ever had (outside testing, a soak: 22,506 of
+/// a 150 MB index's pages free after `rebuild-catalog`, one fewer after each).
+#[test]
+fn a_rebuild_gives_the_index_pages_it_freed_back() {
+    let (_dir, root) = temp_root();
+    let names: Vec<String> = (0..40).map(|i| format!("s{i}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        let words: Vec<String> = (0..400).map(|w| format!("w{i}x{w}")).collect();
+        sessions_saying(&root, &[name.as_str()], &words.join(" "));
+    }
+    assert_eq!(search_all(&root, "w3x7", SearchOptions::default()).len(), 1);
+    for name in &names[1..] {
+        root.delete(&id(name), &CancelToken::new()).expect("delete");
+    }
+    cli_ok(root.path(), &["rebuild-catalog"]);
+    let index = rusqlite::Connection::open(root.path().join(".catalog/search.sqlite"))
+        .expect("open the index");
+    let pages = |pragma: &str| -> i64 {
+        index
+            .pragma_query_value(None, pragma, |r| r.get(0))
+            .expect(pragma)
+    };
+    let (free, total) = (pages("freelist_count"), pages("page_count"));
+    assert!(free <= 2, "{free} of {total} pages free after the rebuild");
+    assert_eq!(search_all(&root, "w0x7", SearchOptions::default()).len(), 1);
+}
+
 /// The first search of a root creates the index and fills it from every session; killed
 /// while it filled it (a SIGKILL, or Ctrl-C on a big root), it left an index file with no
 /// session in it, which every later search took as filled: "no matches" for good, but for

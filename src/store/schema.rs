@@ -348,12 +348,19 @@ pub(crate) fn checkpoint_truncate(conn: &Connection) -> Result<()> {
 pub(crate) fn release_free_pages(conn: &Connection) -> Result<()> {
     let free: i64 = conn.pragma_query_value(None, "freelist_count", |r| r.get(0))?;
     if free > FREE_PAGES_KEPT {
-        let excess = free - FREE_PAGES_KEPT;
-        // incremental_vacuum returns one (empty) row per step; run it to the end.
-        let mut step = conn.prepare(&format!("PRAGMA incremental_vacuum({excess})"))?;
-        let mut rows = step.query([])?;
-        while rows.next()?.is_some() {}
+        incremental_vacuum(conn, free - FREE_PAGES_KEPT)?;
     }
+    Ok(())
+}
+
+/// Gives `pages` free pages back to the file system (all of them when `pages` is 0) with
+/// `PRAGMA incremental_vacuum`, run to its end: it frees one page a step (run once, as
+/// `execute_batch` runs it, a rebuild of the search index gave back one page of the
+/// thousands it freed: outside testing, session 45).
+pub(crate) fn incremental_vacuum(conn: &Connection, pages: i64) -> Result<()> {
+    let mut step = conn.prepare(&format!("PRAGMA incremental_vacuum({pages})"))?;
+    let mut rows = step.query([])?;
+    while rows.next()?.is_some() {}
     Ok(())
 }
 

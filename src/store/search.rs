@@ -767,7 +767,7 @@ impl SearchIndex {
         tx.commit()?;
         // Best effort: the pages the merge freed go back to the disk, the main file is
         // complete on its own and the WAL emptied.
-        let _ = conn.execute_batch("PRAGMA incremental_vacuum");
+        let _ = schema::incremental_vacuum(&conn, 0);
         let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
         Ok(count)
     }
