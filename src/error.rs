@@ -613,8 +613,10 @@ impl Error {
         match self {
             Error::DiskFull(_) | Error::ReadConnection(_) => true,
             Error::Io { source, .. } => {
-                source.kind() == std::io::ErrorKind::WouldBlock
-                    || self.is_disk_full_io()
+                matches!(
+                    source.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::OutOfMemory
+                ) || self.is_disk_full_io()
                     || self.is_io_errno(&[Errno::MFILE, Errno::NFILE, Errno::NOMEM])
             }
             Error::Sqlite(e) => {
@@ -748,10 +750,25 @@ pub(crate) fn is_out_of_descriptors(e: &std::io::Error) -> bool {
         .any(|errno| e.raw_os_error() == Some(errno.raw_os_error()))
 }
 
-/// The error of opening a file now, when it is that this process (`EMFILE`) or the
-/// system (`ENFILE`) has no file descriptor left; `None` when one can be opened.
+/// How many descriptors an open of a session file may need at once: the database, its
+/// `-wal`, its `-shm` and a `-journal`.
+const DESCRIPTORS_AN_OPEN_TAKES: usize = 4;
+
+/// The error of opening files now, when it is that this process (`EMFILE`) or the system
+/// (`ENFILE`) has no file descriptor left for an open of a session file; `None` when
+/// [`DESCRIPTORS_AN_OPEN_TAKES`] can be opened. Probing for one was not enough: SQLite
+/// closes what it opened before it reports that it could not open the rest, so one was
+/// free again by then, and its "unable to open database file" was taken for the file's
+/// fault (outside testing, resource limits: `gc` and `serve` out of descriptors).
 pub(crate) fn descriptors_exhausted() -> Option<std::io::Error> {
-    std::fs::File::open("/").err().filter(is_out_of_descriptors)
+    let mut held = Vec::with_capacity(DESCRIPTORS_AN_OPEN_TAKES);
+    for _ in 0..DESCRIPTORS_AN_OPEN_TAKES {
+        match std::fs::File::open("/") {
+            Ok(file) => held.push(file),
+            Err(e) => return Some(e).filter(is_out_of_descriptors),
+        }
+    }
+    None
 }
 
 /// The error of a thread that could not be started where the code that failed panics

@@ -1146,6 +1146,50 @@ fn import_refuses_a_commit_time_past_year_9999() {
     assert!(!into.join("late").exists());
 }
 
+/// Out of file descriptors (`ulimit -n`, swept), `gc` either does its work or fails (exit
+/// 1) naming the sessions it could not check or delete, each left as it was: an error of its
+/// check under the delete's lock was taken for a reason to keep, so a run kept every
+/// session "for" "Too many open files" and exited 0, having deleted nothing (outside
+/// testing, resource limits).
+#[test]
+fn gc_out_of_file_descriptors_fails_rather_than_keeping() {
+    let (dir, template) = temp_cli_root();
+    let names = ["a", "b", "c", "d", "e", "f"];
+    for name in names {
+        chat(&template, name, 1, "/w");
+    }
+    let limits = 8..24;
+    let root_of = |limit: i32| dir.path().join(format!("n{limit}"));
+    for limit in limits.clone() {
+        common::copy_tree(&template, &root_of(limit));
+    }
+    // Older than the age given, as sessions and as arrivals in their root.
+    std::thread::sleep(Duration::from_millis(1_100));
+    for limit in limits {
+        let root = root_of(limit);
+        let out = Command::new("sh")
+            .args(["-c", "ulimit -n \"$1\" && shift && exec \"$@\"", "sh"])
+            .arg(limit.to_string())
+            .arg(BIN)
+            .arg("--root")
+            .arg(&root)
+            .args(["gc", "--older-than", "1s"])
+            .env_remove("SESSION_STORE_ROOT")
+            .output()
+            .expect("sh");
+        let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        if out.status.success() {
+            assert!(
+                !said.contains("Too many open files"),
+                "ulimit -n {limit}: {said}"
+            );
+            assert!(listed(&root, &[]).is_empty(), "ulimit -n {limit}: {said}");
+        } else {
+            assert_eq!(code(&out), 1, "ulimit -n {limit}: {said}");
+        }
+    }
+}
+
 /// `gc --older-than 0s` (or `0d`) is refused as a usage error (exit 2), nothing deleted: it
 /// deleted every session without a writer, however new, for an accidental 0.
 #[test]

@@ -36,17 +36,18 @@ impl Root {
     /// a newer version (both kept); I/O and SQLite errors before the session is renamed
     /// away (then it stays intact; clean-up after the rename never fails the call).
     pub fn delete(&self, id: &SessionId, cancel: &CancelToken) -> Result<()> {
-        self.delete_unless(id, cancel, |_| None).map(drop)
+        self.delete_unless(id, cancel, |_| Ok(None)).map(drop)
     }
 
     /// As [`Root::delete`], but once the session's writer and dependents locks are held
     /// (no writer can append, no fork can start), `keep` looks at its folder and may keep
-    /// it: `Ok(Some(why))`, nothing changed. `Ok(None)`: deleted.
+    /// it: `Ok(Some(why))`, nothing changed. `Ok(None)`: deleted. An error of `keep` is the
+    /// call's, nothing changed.
     pub(crate) fn delete_unless(
         &self,
         id: &SessionId,
         cancel: &CancelToken,
-        keep: impl FnOnce(&Path) -> Option<String>,
+        keep: impl FnOnce(&Path) -> Result<Option<String>>,
     ) -> Result<Option<String>> {
         let dir = self.existing_dir(id)?;
         // A concurrent delete of the same session may rename it away while this one waits:
@@ -68,7 +69,7 @@ impl Root {
         if !file.is_file() {
             return Err(Error::SessionNotFound(id.to_string()));
         }
-        if let Some(why) = keep(&dir) {
+        if let Some(why) = keep(&dir)? {
             return Ok(Some(why));
         }
         // The exclusive dependents lock keeps new forks out until the rename.

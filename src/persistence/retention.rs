@@ -263,6 +263,10 @@ impl Root {
         // passed over the others in silence.
         let mut refused = Vec::new();
         let mut future = Vec::new(); // updated after this run's clock
+        // The process's own want (of descriptors, memory) is no session's fault: taken
+        // for unreadable, every session got its files' time as its age, and a root copied
+        // a moment before had "nothing to collect" (outside testing, resource limits).
+        let mut exhausted = None;
         let old: Vec<(SessionId, i64)> = scan
             .ids(self)
             .into_iter()
@@ -280,6 +284,10 @@ impl Root {
                     // its commits' times ([`arrived_ms`]).
                     Ok(ms) => (ms, ms.max(arrived_ms(&dir).unwrap_or(i64::MIN))),
                     Err(Error::SessionNotFound(_)) => return None,
+                    Err(e) if e.is_exhaustion() => {
+                        exhausted.get_or_insert(e);
+                        return None;
+                    }
                     // Its files' last change: never before they came into the root.
                     Err(_) => {
                         let ms = modified_ms(&dir);
@@ -298,6 +306,9 @@ impl Root {
                 (age_ms <= cutoff_ms).then_some((id, updated_at_ms))
             })
             .collect();
+        if let Some(e) = exhausted {
+            return Err(e);
+        }
         // Every session's reason to be kept is found before anything is deleted, so that
         // a run decides as its dry run reports: deleting a fork first no longer frees its
         // parent from `keep_forked` in the same run.
@@ -345,12 +356,12 @@ impl Root {
                     }
                     root_writable = true;
                 }
-                let recheck = |dir: &Path| -> Option<String> {
-                    match reason_to_keep(self, &id, dir, cutoff_ms, options.keep_forked, false) {
-                        Ok(Ok(_)) => None,
-                        Ok(Err(why)) => Some(why),
-                        Err(e) => Some(e.to_string()),
-                    }
+                // An error of the check is a failure, not a reason to keep: out of file
+                // descriptors, a run kept every session "for" that error and exited 0
+                // (outside testing, resource limits).
+                let recheck = |dir: &Path| -> Result<Option<String>> {
+                    reason_to_keep(self, &id, dir, cutoff_ms, options.keep_forked, false)
+                        .map(|kept| kept.err())
                 };
                 self.delete_unless(&id, &CancelToken::after(LOCK_WAIT), recheck)
             };

@@ -91,8 +91,14 @@ fn check_streamed(digest: &str, bytes: u64, data: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// A blob whose data does not decompress into the `bytes` its row declares.
+/// A blob whose data does not decompress into the `bytes` its row declares; or, when the
+/// buffer for them could not be allocated, the process's want of memory, not the blob's
+/// fault (outside testing, resource limits: under `ulimit -v` a sound session was called
+/// corrupt by `verify`, `export` and `import`, exit 6).
 fn undecompressed(digest: &str, bytes: u64, cause: std::io::Error) -> Error {
+    if cause.kind() == std::io::ErrorKind::OutOfMemory {
+        return Error::io(format!("decompress blob {digest} ({bytes} bytes)"), cause);
+    }
     Error::corrupt_from(
         format!("blob {digest} does not decompress into the {bytes} bytes its row declares"),
         cause,
@@ -180,6 +186,22 @@ pub(crate) fn decode(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A buffer that could not be allocated (zstd's `OutOfMemory`, under `ulimit -v`) is the
+    /// process's want of memory, not a corrupt blob: `verify` called a sound session
+    /// corrupt, exit 6 (outside testing, resource limits).
+    #[test]
+    fn a_buffer_that_cannot_be_allocated_is_no_corrupt_blob() {
+        let want = std::io::Error::new(
+            std::io::ErrorKind::OutOfMemory,
+            "could not allocate a buffer of 30000095 bytes",
+        );
+        let e = undecompressed("ab", 30_000_095, want);
+        assert!(!e.is_corrupt(), "{e}");
+        assert!(e.is_exhaustion(), "{e}");
+        let damaged = undecompressed("ab", 3, std::io::Error::other("Unknown frame descriptor"));
+        assert!(damaged.is_corrupt(), "{damaged}");
+    }
 
     #[test]
     fn round_trip_and_tamper() {
