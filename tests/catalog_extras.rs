@@ -1146,8 +1146,8 @@ fn import_refuses_a_commit_time_past_year_9999() {
     assert!(!into.join("late").exists());
 }
 
-/// Out of file descriptors (`ulimit -n`, swept), `gc` either does its work or fails (exit
-/// 1) naming the sessions it could not check or delete, each left as it was: an error of its
+/// Out of file descriptors (`ulimit -n`, swept), `gc` either does its work or fails with
+/// exit 1, naming the sessions it could not check or delete, each left as it was: an error of its
 /// check under the delete's lock was taken for a reason to keep, so a run kept every
 /// session "for" "Too many open files" and exited 0, having deleted nothing (outside
 /// testing, resource limits).
