@@ -27,6 +27,9 @@ pub enum CheckpointPolicy {
     LeaveToReplicator,
 }
 
+/// How long a closing writer's checkpoint waits for readers to leave the WAL.
+const CLOSE_CHECKPOINT_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// A session file opened for writing under its writer lock, with the lease taken.
 pub(crate) struct FileWriter {
     conn: Connection,
@@ -140,6 +143,11 @@ impl FileWriter {
             && !self.dir.join(schema::LITESTREAM_DIR).is_dir()
         {
             // Best effort: a failed checkpoint leaves a WAL that the next opener replays.
+            // A reader inside a read transaction (a sqlite3 shell after `BEGIN`) keeps it
+            // from truncating the WAL; waited for the writer's busy timeout, it made every
+            // close wait 5 s for it, and fail all the same (outside testing, people and
+            // tools: each `append` took 5 s longer while a shell sat in `BEGIN`).
+            let _ = self.conn.busy_timeout(CLOSE_CHECKPOINT_WAIT);
             let _ = schema::checkpoint_truncate(&self.conn);
         }
         // The connection is closed before the lock is handed on.
