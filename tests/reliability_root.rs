@@ -1503,3 +1503,52 @@ fn out_of_threads_is_an_error_not_a_panic() {
         }
     }
 }
+
+/// `serve` that cannot start the threads its runtime needs (`ulimit -u`, run as `nobody`:
+/// root ignores the limit) says so and exits 1: tokio's runtime panicked when it could not
+/// start a worker, and the server then hung without serving or saying anything until a
+/// signal ended it (outside testing, resource limits).
+#[test]
+fn serve_out_of_threads_says_so_and_exits() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(prefix) = nobody_or_skip("serve_out_of_threads") else {
+        return;
+    };
+    let env = Env::new();
+    env.session("a", 1);
+    std::fs::set_permissions(env.work(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    open_up(&env.root);
+    let mut serve = Command::new(prefix[0])
+        .args(&prefix[1..])
+        .args([
+            "bash",
+            "-c",
+            "ulimit -u 2 && exec \"$@\"",
+            "bash",
+            BIN,
+            "--root",
+        ])
+        .arg(&env.root)
+        .args(["serve", "--addr", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while serve.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = serve.kill();
+            let _ = serve.wait();
+            panic!("serve neither served nor exited within 20 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let out = serve.wait_with_output().expect("output");
+    let (stdout, stderr) = texts(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("serve needs 3 threads and could not start them"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

@@ -42,6 +42,33 @@ pub const DEFAULT_ADDR: &str = "127.0.0.1:8765";
 /// Worker threads of the server's runtime (storage work runs on its blocking pool).
 const WORKERS: usize = 2;
 
+/// Whether `count` threads can run at once now, each started and ended again. tokio's
+/// runtime panics when it cannot start a worker, and the server then hung without a word,
+/// serving nothing (outside testing, resource limits: `ulimit -u` of a few threads). The
+/// storage threads are started as requests need them, and one that cannot start is an
+/// error of that request.
+fn threads_can_start(count: usize) -> std::io::Result<()> {
+    let mut started = Vec::with_capacity(count);
+    let mut failed = None;
+    for _ in 0..count {
+        let (stop, wait) = std::sync::mpsc::channel::<()>();
+        match std::thread::Builder::new().spawn(move || {
+            let _ = wait.recv();
+        }) {
+            Ok(thread) => started.push((stop, thread)),
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    for (stop, thread) in started {
+        drop(stop);
+        let _ = thread.join();
+    }
+    failed.map_or(Ok(()), Err)
+}
+
 /// Threads of the runtime's blocking pool, where every request's storage work runs (tokio's
 /// default is 512): concurrent requests beyond it queue for a thread, so the server's
 /// threads and the memory its reads hold stay bounded however many clients ask at once.
@@ -213,6 +240,15 @@ pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
         root_identity,
         content_places: held::places(),
     };
+    threads_can_start(WORKERS + 1).map_err(|e| {
+        Failure::with_code(
+            EXIT_OTHER,
+            format!(
+                "serve needs {} threads and could not start them: {e}",
+                WORKERS + 1
+            ),
+        )
+    })?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(WORKERS)
         .max_blocking_threads(STORAGE_THREADS)
