@@ -650,13 +650,45 @@ impl Root {
     /// [`Error::SessionExists`] when the id is taken; [`Error::InTheWay`] when its name in
     /// the root is taken by something that is no session (a folder without a session
     /// file); [`Error::InvalidInput`] for an empty `cwd`, one over 4,096 bytes or one
-    /// holding a NUL, or a session given itself as parent; I/O and SQLite errors.
+    /// holding a NUL, or a session given itself as parent; I/O and SQLite errors. A
+    /// session whose open for writing fails once it is published (out of inodes for its
+    /// `-wal`, say) is taken out again, being empty, so that a failed create leaves no
+    /// session whose id its caller never got (outside testing, resource limits); when that
+    /// fails too (another opener took it meanwhile), the session stays.
     pub fn create(&self, options: CreateOptions) -> Result<Session> {
         let header = new_header(options)?;
         let id = header.session_id.clone();
         let (staged, lock) = self.stage(&id, "create", |conn| write::init_file(conn, &header))?;
         self.publish(staged, &id)?;
         self.start_writer(&self.session_dir(&id), lock)
+            .inspect_err(|_| drop(self.unmake(&id)))
+    }
+
+    /// Takes a session [`Root::create`] just published, empty, out of the root again: moved
+    /// back into `.staging` (which the create made) and removed there. A rename and
+    /// unlinks only, since what failed may be the want of an inode (a delete makes `.trash`
+    /// when it is missing, which then failed too).
+    fn unmake(&self, id: &SessionId) -> Result<()> {
+        let dir = self.session_dir(id);
+        let lock = self.take_writer_lock(id, &dir)?;
+        let staging_path = self.inner.path.join(staging::STAGING_DIR);
+        let staging = confine::open_dir_at(self.dir_fd(), staging::STAGING_DIR, &staging_path)?;
+        let name = format!("unmade-{}", random_hex());
+        rename_no_replace_at(
+            self.dir_fd(),
+            Path::new(id.as_str()),
+            &staging,
+            Path::new(&name),
+            id.as_str(),
+            (&dir, &staging_path.join(&name)),
+        )?;
+        drop(lock);
+        let _ = self.inner.catalog.forget(self, id);
+        let name = std::ffi::CString::new(name)
+            .map_err(|e| Error::internal_from("a staging name holds no NUL", e))?;
+        confine::remove_tree_at(&staging, &name)
+            .map_err(|e| Error::io(format!("remove {}", staging_path.display()), e))?;
+        sync_dir(&self.inner.path)
     }
 
     /// Creates a session whose first batch is `first` and opens it for writing: the session
