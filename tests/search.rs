@@ -456,6 +456,50 @@ fn a_rebuild_gives_the_index_pages_it_freed_back() {
     assert_eq!(search_all(&root, "w0x7", SearchOptions::default()).len(), 1);
 }
 
+/// While another process holds a write on the search index (a `sqlite3` shell after
+/// `BEGIN IMMEDIATE`), what a writer adds cannot go into it: a search then names the
+/// session as skipped, saying why, where it answered "no matches" for a durable message
+/// without a word (outside testing, people and tools). Once the index is free the next
+/// search finds the message.
+#[test]
+fn a_search_while_another_process_writes_the_index_says_what_it_cannot_see() {
+    let (_dir, root) = temp_root();
+    sessions_saying(&root, &["s1"], "first words");
+    assert_eq!(
+        search_all(&root, "first", SearchOptions::default()).len(),
+        1
+    );
+    let path = root.path().to_path_buf();
+    drop(root);
+    let shell = rusqlite::Connection::open(path.join(".catalog/search.sqlite")).expect("open");
+    shell.execute_batch("BEGIN IMMEDIATE").expect("begin");
+    let line = serde_json::json!({"operation_id": "z", "events": [{"kind": "message/complete",
+        "payload": {"message": {"id": "z1", "role": "user", "content": "zebracorn unique"}}}]});
+    let batch = _dir.path().join("z.jsonl");
+    std::fs::write(&batch, format!("{line}\n")).expect("write");
+    cli_ok(
+        &path,
+        &["append", "s1", "--file", batch.to_str().expect("utf-8")],
+    );
+    let out = bin()
+        .arg("--root")
+        .arg(&path)
+        .args(["search", "zebracorn"])
+        .output()
+        .expect("search");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("skipped session s1: sqlite: the search index")
+            && stderr.contains("is busy (another process holds a write on it)"),
+        "{stderr}"
+    );
+    shell.execute_batch("COMMIT").expect("commit");
+    drop(shell);
+    let found = String::from_utf8_lossy(&cli_ok(&path, &["search", "zebracorn"])).into_owned();
+    assert!(found.starts_with("s1 #2 user"), "{found}");
+}
+
 /// The first search of a root creates the index and fills it from every session; killed
 /// while it filled it (a SIGKILL, or Ctrl-C on a big root), it left an index file with no
 /// session in it, which every later search took as filled: "no matches" for good, but for

@@ -324,8 +324,21 @@ impl Root {
                 if index.is_private() {
                     return self.catch_up_if_files_changed(index, id);
                 }
-                lock_record_stamp(self.dir_fd(), id)
-                    .is_some_and(|stamp| self.catch_up_if_writer_died(index, id, stamp))
+                let Some(stamp) = lock_record_stamp(self.dir_fd(), id) else {
+                    return false;
+                };
+                match self.catch_up_if_writer_died(index, id, stamp) {
+                    Ok(took) => took,
+                    // Another process holds the index (a long write, a `sqlite3` shell in a
+                    // transaction on it): what the writer added is not in it, and a search
+                    // answered "no matches" for it without a word (outside testing, people
+                    // and tools). Named as skipped, saying why.
+                    Err(error) if error.is_busy() => {
+                        unreadable.extend(unsearchable((*id).clone(), error));
+                        false
+                    }
+                    Err(_) => false,
+                }
             })
             .count();
         self.set_unsearchable(unreadable);
@@ -373,28 +386,25 @@ impl Root {
     /// holds a record (a writer clears it when it lets the lock go), nobody holds the
     /// lock, and no search (of this process or an earlier one) caught the session up
     /// since that record was written (`search_dead_writers`). A live writer indexes its own drains. `stamp` is the stamp of that record
-    /// ([`lock_record_stamp`]). Returns whether the index took anything new. Best effort.
+    /// ([`lock_record_stamp`]). Returns whether the index took anything new, or the error
+    /// of the index's catch-up (a session that cannot be read is left to a later call).
     fn catch_up_if_writer_died(
         &self,
         index: &SearchIndex,
         id: &SessionId,
         stamp: LockStamp,
-    ) -> bool {
+    ) -> Result<bool> {
         if index.dead_writer_caught_up(id, stamp)
             || lock::is_held(&self.session_dir(id).join(LOCK_FILE)).unwrap_or(true)
         {
-            return false;
+            return Ok(false);
         }
         let Ok(reader) = self.open_reader(id) else {
-            return false;
+            return Ok(false);
         };
-        match index.catch_up(&reader) {
-            Ok(wrote) => {
-                index.caught_up_dead_writer(id, stamp);
-                wrote
-            }
-            Err(_) => false,
-        }
+        let wrote = index.catch_up(&reader)?;
+        index.caught_up_dead_writer(id, stamp);
+        Ok(wrote)
     }
 
     /// Catches up the sessions a search meets (those of its hits, and the one it is
@@ -410,9 +420,10 @@ impl Root {
         met.sort();
         met.dedup();
         met.into_iter().fold(false, |wrote, id| {
-            lock_record_stamp(self.dir_fd(), id)
-                .is_some_and(|stamp| self.catch_up_if_writer_died(index, id, stamp))
-                | wrote
+            lock_record_stamp(self.dir_fd(), id).is_some_and(|stamp| {
+                self.catch_up_if_writer_died(index, id, stamp)
+                    .unwrap_or(false)
+            }) | wrote
         })
     }
 

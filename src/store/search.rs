@@ -642,6 +642,12 @@ impl SearchIndex {
     /// # Errors
     /// Read errors of the session; SQLite errors of the index.
     pub(crate) fn catch_up(&self, reader: &SessionReader) -> Result<bool> {
+        self.catch_up_from(reader)
+            .map_err(|e| index_busy(e, &self.path))
+    }
+
+    /// [`SearchIndex::catch_up`], its errors as they come.
+    fn catch_up_from(&self, reader: &SessionReader) -> Result<bool> {
         let (id, born) = (&reader.header().session_id, reader.header().created_at_ms);
         let lineage = reader.lineage();
         let durable = reader.durable_sequence()?;
@@ -1223,6 +1229,27 @@ fn query_hits(
         });
     }
     Ok(out)
+}
+
+/// `e` reworded, when it is the index's file found busy (another process held a write on
+/// it for [`BUSY`]), to say what that means for a search: SQLite's "database is locked"
+/// named neither the file nor the consequence.
+fn index_busy(e: Error, path: &Path) -> Error {
+    match e {
+        Error::Sqlite(busy) if busy.code() == Some(rusqlite::ffi::SQLITE_BUSY) => Error::Sqlite(
+            crate::error::SqliteError::new(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(
+                    busy.extended_code().unwrap_or(rusqlite::ffi::SQLITE_BUSY),
+                ),
+                Some(format!(
+                    "the search index {} is busy (another process holds a write on it): what \
+                     is new in this session is not searchable until a later search can write it",
+                    path.display()
+                )),
+            )),
+        ),
+        other => other,
+    }
 }
 
 /// The key and indexed sequence of session `id`, when the index holds it and what it holds
