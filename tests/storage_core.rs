@@ -954,3 +954,32 @@ fn a_close_does_not_wait_for_a_reader_inside_a_transaction() {
     let reader = root.open_reader(&id("pinned")).unwrap();
     assert_eq!(reader.durable_sequence().unwrap(), 1);
 }
+
+/// Who writes a session now (`Root::writer_owner`, each row of `serve`'s session list)
+/// answers at once for a writer that has taken the lock and not yet written its final
+/// record (its lease): it waited up to 2 s for that record, so a session list met a writer
+/// just opening now and then and took 2 s (outside testing, a soak: 14 of 11,744 listings).
+/// The provisional record (generation 0) is what it gives.
+#[test]
+fn who_writes_a_session_answers_at_once_for_a_writer_still_opening() {
+    use std::io::Write;
+    let (dir, root) = temp_root();
+    create(&root, "opening").close().unwrap();
+    let mut lock = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.path().join("sessions/opening/writer.lock"))
+        .unwrap();
+    lock.lock().unwrap();
+    let record = serde_json::json!({"owner_id": "o", "host": "h", "pid": std::process::id(),
+        "generation": 0, "since_ms": 1});
+    lock.write_all(record.to_string().as_bytes()).unwrap();
+    let started = std::time::Instant::now();
+    let owner = root.writer_owner(&id("opening")).unwrap().expect("held");
+    let took = started.elapsed();
+    assert_eq!((owner.pid, owner.generation), (std::process::id(), 0));
+    assert!(
+        took < std::time::Duration::from_secs(1),
+        "waited {took:?} for a final record"
+    );
+}

@@ -10,7 +10,7 @@ use crate::model::{SessionId, TurnBoundary};
 use crate::persistence::{Root, session_file_gone};
 use crate::session::live::Session;
 use crate::store::lineage::{record_dependent, write_lineage};
-use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock, WriterLock};
+use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock, RecordWait, WriterLock};
 use crate::store::reader::SessionReader;
 use crate::store::schema::{CODEC, SESSION_FILE};
 use crate::store::write;
@@ -288,7 +288,7 @@ impl Root {
                 // as the holder of its writer lock, as a writer open names it.
                 return Err(Error::WriterOwned {
                     session: ancestor.to_string(),
-                    owner: self.current_owner(&dir)?,
+                    owner: self.current_owner(&dir, RecordWait::ForFinal)?,
                 });
             };
             _guards.push(guard);

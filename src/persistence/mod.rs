@@ -46,7 +46,7 @@ use crate::model::ids::{now_ms, random_hex};
 use crate::model::{Batch, Commit, SessionId};
 use crate::session::live::{Session, WriteBehind};
 use crate::store::content;
-use crate::store::lock::{self, WriterLock, recorded_owner};
+use crate::store::lock::{self, RecordWait, WriterLock, recorded_owner};
 use crate::store::read::LineageEntry;
 use crate::store::reader::SessionReader;
 use crate::store::schema::{self, CODEC, Durability, LOCK_FILE, SESSION_FILE, WAL_FILE};
@@ -975,12 +975,14 @@ impl Root {
         }
         Err(Error::WriterOwned {
             session: id.to_string(),
-            owner: self.current_owner(dir)?,
+            owner: self.current_owner(dir, RecordWait::ForFinal)?,
         })
     }
 
-    fn current_owner(&self, dir: &Path) -> Result<WriterOwner> {
-        match recorded_owner(&dir.join(LOCK_FILE)) {
+    /// The writer holding the lock of the session folder `dir`: its record in the lock file
+    /// (waited for as `wait` says), else the lease in its file.
+    fn current_owner(&self, dir: &Path, wait: RecordWait) -> Result<WriterOwner> {
+        match recorded_owner(&dir.join(LOCK_FILE), wait) {
             Some(owner) => Ok(owner),
             None => SessionReader::open(dir)?.lease(),
         }
@@ -1076,7 +1078,7 @@ impl Root {
         let dir = self.existing_dir(id)?;
         let owner = || {
             if lock::is_held(&dir.join(LOCK_FILE))? {
-                self.current_owner(&dir).map(Some)
+                self.current_owner(&dir, RecordWait::AsItIs).map(Some)
             } else {
                 Ok(None)
             }

@@ -271,15 +271,26 @@ fn process_alive(pid: u32) -> bool {
 /// transaction, which a loaded machine can delay).
 const RECORD_WAIT: Duration = Duration::from_secs(2);
 
+/// Whether [`recorded_owner`] waits for a holder's final record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RecordWait {
+    /// Up to [`RECORD_WAIT`]: a refusal names the writer by its lease.
+    ForFinal,
+    /// One read: a listing of who writes what now takes a provisional record as it is (a
+    /// session list of `serve` waited 2 s whenever a writer had just taken a lock:
+    /// outside testing, a soak).
+    AsItIs,
+}
+
 /// The owner recorded in a held lock file. A holder writes a provisional record
 /// (generation 0) right after taking the lock and the final one once its lease is
-/// committed; an empty or dead-process record is not written yet. Waits briefly for the
-/// final record, then settles for the provisional one; `None` at once when the file is
-/// gone (a delete moved its folder away).
-pub(crate) fn recorded_owner(path: &Path) -> Option<WriterOwner> {
+/// committed; an empty or dead-process record is not written yet. With
+/// [`RecordWait::ForFinal`], waits briefly for the final record, then settles for the
+/// provisional one; `None` at once when the file is gone (a delete moved its folder away).
+pub(crate) fn recorded_owner(path: &Path, wait: RecordWait) -> Option<WriterOwner> {
     let deadline = std::time::Instant::now() + RECORD_WAIT;
     let mut provisional = None;
-    while std::time::Instant::now() < deadline {
+    loop {
         let mut text = String::new();
         let read = match open_lock_file_to_read(path) {
             Ok(mut file) => file
@@ -303,9 +314,11 @@ pub(crate) fn recorded_owner(path: &Path) -> Option<WriterOwner> {
             }
             provisional = Some(owner);
         }
+        if wait == RecordWait::AsItIs || std::time::Instant::now() >= deadline {
+            return provisional;
+        }
         std::thread::sleep(Duration::from_millis(5));
     }
-    provisional
 }
 
 /// The lock file that orders forks against deletion of the sessions they inherit from.
