@@ -30,7 +30,17 @@ pub use query::{
 };
 pub use runtime::{CancelReceipt, Execution, Runtime, RuntimePhase, RuntimeSnapshot};
 
-/// Runs blocking storage work off the async workers.
+tokio::task_local! {
+    /// The runtime of the caller a service task runs for ([`Service::to_completion`]), when
+    /// it had one: the task's storage work runs on that runtime's blocking threads, as a
+    /// call's own does, so the service's runtime stays one thread (its own blocking pool
+    /// grew with the sessions opened at once). When the caller's runtime is gone, the work
+    /// fails there, and the task ends as for any failure.
+    static CALLER_RUNTIME: Option<tokio::runtime::Handle>;
+}
+
+/// Runs blocking storage work off the async workers (of the caller's runtime, for a
+/// service task: [`CALLER_RUNTIME`]).
 ///
 /// # Errors
 /// `f`'s; [`Error::Io`] when tokio has no blocking thread and cannot start one (the
@@ -39,19 +49,37 @@ pub use runtime::{CancelReceipt, Execution, Runtime, RuntimePhase, RuntimeSnapsh
 pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T> {
-    let abandoned = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let seen = Arc::clone(&abandoned);
-    let task = move || {
-        if seen.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(Error::Cancelled);
+    // Taken by the thread that runs it: a task queued and never run leaves it here.
+    let work = Arc::new(Mutex::new(Some(f)));
+    if let Some(caller) = CALLER_RUNTIME.try_with(Clone::clone).ok().flatten() {
+        match run_blocking(Some(&caller), &work).await {
+            // The caller's runtime was shut down before the work started: the service
+            // task goes on without it (a create's session is then closed and deleted).
+            Err(_) if work.lock().unwrap_or_else(|e| e.into_inner()).is_some() => {}
+            done => return done,
         }
-        f()
+    }
+    run_blocking(None, &work).await
+}
+
+/// [`blocking`] on `runtime`'s blocking threads (the current runtime's when `None`): the
+/// work in `work`, unless another thread took it.
+async fn run_blocking<T: Send + 'static, F: FnOnce() -> Result<T> + Send + 'static>(
+    runtime: Option<&tokio::runtime::Handle>,
+    work: &Arc<Mutex<Option<F>>>,
+) -> Result<T> {
+    let taken = Arc::clone(work);
+    let task = move || {
+        let f = taken.lock().unwrap_or_else(|e| e.into_inner()).take();
+        f.map_or(Err(Error::Cancelled), |f| f())
     };
-    let spawned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        tokio::task::spawn_blocking(task)
+    let spawned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match runtime {
+        Some(runtime) => runtime.spawn_blocking(task),
+        None => tokio::task::spawn_blocking(task),
     }));
     let Ok(handle) = spawned else {
-        abandoned.store(true, std::sync::atomic::Ordering::SeqCst);
+        // Never run later, should the queued task start after all.
+        drop(work.lock().unwrap_or_else(|e| e.into_inner()).take());
         return Err(Error::io(
             "start a thread for storage work",
             crate::error::no_thread(),
@@ -276,7 +304,8 @@ impl Service {
         &self,
         f: impl Future<Output = Result<T>> + Send + 'static,
     ) -> Result<T> {
-        let task = self.tasks()?.spawn(f);
+        let caller = tokio::runtime::Handle::try_current().ok();
+        let task = self.tasks()?.spawn(CALLER_RUNTIME.scope(caller, f));
         task.await
             .map_err(|e| Error::internal_from("service task did not finish", e))?
     }
