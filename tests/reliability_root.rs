@@ -1552,3 +1552,34 @@ fn serve_out_of_threads_says_so_and_exits() {
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// A file the user may not reach (in a folder only root may enter) is refused with the
+/// system's reason, exit 1, by `import` and `verify`: it was "FILE not found", exit 3, as
+/// a path with nothing there is (outside testing, re-test of security: root acting as a
+/// root's owner met it).
+#[test]
+fn a_file_the_user_may_not_reach_is_not_called_missing() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(prefix) = nobody_or_skip("a_file_the_user_may_not_reach") else {
+        return;
+    };
+    let env = Env::new();
+    env.session("a", 1);
+    std::fs::set_permissions(env.work(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    open_up(&env.root);
+    let closed = env.work().join("closed");
+    std::fs::create_dir(&closed).expect("mkdir");
+    let file = closed.join("a.sqlite");
+    env.ok(&["export", "a", file.to_str().expect("utf-8")]);
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    for command in ["import", "verify"] {
+        let out = run_as(
+            &prefix,
+            &env.root,
+            &[command, file.to_str().expect("utf-8")],
+        );
+        let (_, stderr) = texts(&out);
+        assert_eq!(out.status.code(), Some(1), "{command}: {stderr}");
+        assert!(stderr.contains("Permission denied"), "{command}: {stderr}");
+    }
+}
