@@ -276,9 +276,9 @@ const RECORD_WAIT: Duration = Duration::from_secs(2);
 pub(crate) enum RecordWait {
     /// Up to [`RECORD_WAIT`]: a refusal names the writer by its lease.
     ForFinal,
-    /// One read: a listing of who writes what now takes a provisional record as it is (a
-    /// session list of `serve` waited 2 s whenever a writer had just taken a lock:
-    /// outside testing, a soak).
+    /// A provisional record as it is: a listing of who writes what now does not wait for
+    /// the final one (a session list of `serve` waited 2 s whenever a writer had just
+    /// taken a lock: outside testing, a soak). An empty record is waited for all the same.
     AsItIs,
 }
 
@@ -314,7 +314,11 @@ pub(crate) fn recorded_owner(path: &Path, wait: RecordWait) -> Option<WriterOwne
             }
             provisional = Some(owner);
         }
-        if wait == RecordWait::AsItIs || std::time::Instant::now() >= deadline {
+        // Nothing readable yet (the holder has just taken the lock): waited for as a final
+        // record is, else the file's lease, the last writer's, was named instead.
+        if (wait == RecordWait::AsItIs && provisional.is_some())
+            || std::time::Instant::now() >= deadline
+        {
             return provisional;
         }
         std::thread::sleep(Duration::from_millis(5));
