@@ -639,6 +639,25 @@ impl Error {
         matches!(self, Error::DiskFull(_)) || self.is_busy()
     }
 
+    /// `self` with SQLite's message replaced by `message()` when it is a file found busy or
+    /// locked ([`Error::is_busy`]; its result codes kept, so it stays retryable): SQLite's
+    /// "database is locked" names neither the file nor what it means for the caller. Any
+    /// other error as it is.
+    pub(crate) fn busy_saying(self, message: impl FnOnce() -> String) -> Error {
+        if !self.is_busy() {
+            return self;
+        }
+        match self {
+            Error::Sqlite(busy) => Error::Sqlite(SqliteError::new(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(
+                    busy.extended_code().unwrap_or(rusqlite::ffi::SQLITE_BUSY),
+                ),
+                Some(message()),
+            ))),
+            other => other,
+        }
+    }
+
     /// True when SQLite found the database busy or locked (another connection held it for
     /// the whole busy timeout).
     pub(crate) fn is_busy(&self) -> bool {

@@ -34,8 +34,8 @@ tokio::task_local! {
     /// The runtime of the caller a service task runs for ([`Service::to_completion`]), when
     /// it had one: the task's storage work runs on that runtime's blocking threads, as a
     /// call's own does, so the service's runtime stays one thread (its own blocking pool
-    /// grew with the sessions opened at once). When the caller's runtime is gone, the work
-    /// fails there, and the task ends as for any failure.
+    /// grew with the sessions opened at once). Work the caller's runtime, shut down, never
+    /// started runs on the service's runtime instead ([`blocking`]).
     static CALLER_RUNTIME: Option<tokio::runtime::Handle>;
 }
 

@@ -1235,21 +1235,13 @@ fn query_hits(
 /// it for [`BUSY`]), to say what that means for a search: SQLite's "database is locked"
 /// named neither the file nor the consequence.
 fn index_busy(e: Error, path: &Path) -> Error {
-    match e {
-        Error::Sqlite(busy) if busy.code() == Some(rusqlite::ffi::SQLITE_BUSY) => Error::Sqlite(
-            crate::error::SqliteError::new(rusqlite::Error::SqliteFailure(
-                rusqlite::ffi::Error::new(
-                    busy.extended_code().unwrap_or(rusqlite::ffi::SQLITE_BUSY),
-                ),
-                Some(format!(
-                    "the search index {} is busy (another process holds a write on it): what \
-                     is new in this session is not searchable until a later search can write it",
-                    path.display()
-                )),
-            )),
-        ),
-        other => other,
-    }
+    e.busy_saying(|| {
+        format!(
+            "the search index {} is busy (another process holds a write on it): what is new \
+             in this session is not searchable until a later search can write it",
+            path.display()
+        )
+    })
 }
 
 /// The key and indexed sequence of session `id`, when the index holds it and what it holds

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use rusqlite::Connection;
 
-use crate::error::{Error, Result, SqliteError, WriterOwner};
+use crate::error::{Error, Result, WriterOwner};
 use crate::store::lock::WriterLock;
 use crate::store::operation_keys::ChunkMark;
 use crate::store::schema::{self, Durability, SESSION_FILE};
@@ -49,22 +49,14 @@ pub(crate) struct FileWriter {
 /// to be busy, naming it; still SQLite's busy error, which a caller may retry. It said only
 /// "database is locked" (outside testing, signals: a delete stopped with Ctrl-Z).
 fn busy_file(e: Error, file: &Path) -> Error {
-    match e {
-        Error::Sqlite(busy) if e.is_busy() => {
-            Error::Sqlite(SqliteError::new(rusqlite::Error::SqliteFailure(
-                rusqlite::ffi::Error::new(
-                    busy.extended_code().unwrap_or(rusqlite::ffi::SQLITE_BUSY),
-                ),
-                Some(format!(
-                    "{} is busy: another process held a write on it for {} s (such as a \
-                     delete of a session it inherits from, copying that history in); try again",
-                    file.display(),
-                    schema::BUSY_TIMEOUT.as_secs()
-                )),
-            )))
-        }
-        other => other,
-    }
+    e.busy_saying(|| {
+        format!(
+            "{} is busy: another process held a write on it for {} s (such as a delete of a \
+             session it inherits from, copying that history in); try again",
+            file.display(),
+            schema::BUSY_TIMEOUT.as_secs()
+        )
+    })
 }
 
 impl FileWriter {
