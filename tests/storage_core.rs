@@ -896,6 +896,21 @@ fn a_batch_naming_a_turn_other_than_the_open_one_is_refused() {
     assert_eq!(s.snapshot().projection.turn_id.as_deref(), Some("b"));
 }
 
+/// A new session `name` of `root` (in the temporary folder `dir`) and another connection to
+/// its file (as a `sqlite3` shell's) that has run `begin`: the file and the connection.
+fn in_a_transaction(
+    root: &Root,
+    dir: &std::path::Path,
+    name: &str,
+    begin: &str,
+) -> (std::path::PathBuf, rusqlite::Connection) {
+    create(root, name).close().unwrap();
+    let file = dir.join("sessions").join(name).join("session.sqlite");
+    let shell = rusqlite::Connection::open(&file).unwrap();
+    shell.execute_batch(begin).unwrap();
+    (file, shell)
+}
+
 /// A writer's open meeting a session file on which another process has held a write for
 /// the whole busy timeout (a delete of a session it inherits from, stopped while it copies
 /// that history in) says the file is busy, naming it, and stays retryable: it said only
@@ -903,10 +918,7 @@ fn a_batch_naming_a_turn_other_than_the_open_one_is_refused() {
 #[test]
 fn a_writer_open_meeting_a_file_another_connection_writes_says_it_is_busy() {
     let (dir, root) = temp_root();
-    create(&root, "busy").close().unwrap();
-    let file = dir.path().join("sessions/busy/session.sqlite");
-    let holder = rusqlite::Connection::open(&file).unwrap();
-    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let (file, holder) = in_a_transaction(&root, dir.path(), "busy", "BEGIN IMMEDIATE");
     let e = root.open_writer(&id("busy")).unwrap_err();
     assert!(e.is_retryable(), "{e:?}");
     assert!(
@@ -928,10 +940,7 @@ fn a_writer_open_meeting_a_file_another_connection_writes_says_it_is_busy() {
 #[test]
 fn a_close_does_not_wait_for_a_reader_inside_a_transaction() {
     let (dir, root) = temp_root();
-    create(&root, "pinned").close().unwrap();
-    let file = dir.path().join("sessions/pinned/session.sqlite");
-    let shell = rusqlite::Connection::open(&file).unwrap();
-    shell.execute_batch("BEGIN").unwrap();
+    let (_, shell) = in_a_transaction(&root, dir.path(), "pinned", "BEGIN");
     shell
         .query_row("SELECT count(*) FROM events", [], |r| r.get::<_, i64>(0))
         .unwrap();

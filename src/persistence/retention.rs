@@ -264,8 +264,8 @@ impl Root {
         let mut refused = Vec::new();
         let mut future = Vec::new(); // updated after this run's clock
         // The process's own want (of descriptors, memory) is no session's fault: taken
-        // for unreadable, every session got its files' time as its age, and a root copied
-        // a moment before had "nothing to collect" (outside testing, resource limits).
+        // for unreadable, a session got its files' time as its age, which says nothing of
+        // its commits (outside testing, resource limits: gc out of descriptors).
         let mut exhausted = None;
         let old: Vec<(SessionId, i64)> = scan
             .ids(self)
