@@ -650,6 +650,24 @@ fn run_as(prefix: &[&str], root: &Path, args: &[&str]) -> Output {
         .expect("spawn")
 }
 
+/// `nobody`'s command prefix ([`nobody_or_skip`]) and a root holding a session `a` of
+/// `turns` turns that `nobody` may reach, read and write; `None` when the test is skipped.
+fn nobody_with_a_session(test: &str, turns: usize) -> Option<(Vec<&'static str>, Env)> {
+    let prefix = nobody_or_skip(test)?;
+    let env = Env::new();
+    env.session("a", turns);
+    open_to_nobody(&env);
+    Some((prefix, env))
+}
+
+/// Lets `nobody` reach `env`'s root (its work folder 0755) and read and write everything in
+/// it.
+fn open_to_nobody(env: &Env) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(env.work(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    open_up(&env.root);
+}
+
 /// Lets everyone read and write `path` and, for a folder, everything in it.
 fn open_up(path: &Path) {
     use std::os::unix::fs::PermissionsExt;
@@ -672,12 +690,7 @@ fn writers_name_the_file_they_may_not_write(
     lock: impl FnOnce(&Path) -> PathBuf,
     more: &[&[&str]],
 ) -> Option<(Env, Vec<&'static str>)> {
-    use std::os::unix::fs::PermissionsExt;
-    let prefix = nobody_or_skip(test)?;
-    let env = Env::new();
-    env.session("a", 2);
-    std::fs::set_permissions(env.work(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    open_up(&env.root);
+    let (prefix, env) = nobody_with_a_session(test, 2)?;
     let file = env.file("a");
     let locked = lock(&file);
     let before = std::fs::read(&file).expect("read");
@@ -761,8 +774,7 @@ fn a_search_index_the_user_may_not_write_is_neither_trusted_nor_forgotten() {
     let env = Env::new();
     env.session("a", 1);
     env.ok(&["search", "hello"]);
-    std::fs::set_permissions(env.work(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    open_up(&env.root);
+    open_to_nobody(&env);
     let index = env.root.join(".catalog/search.sqlite");
     let mode = |m: u32| {
         std::fs::set_permissions(&index, std::fs::Permissions::from_mode(m)).expect("chmod")
@@ -1510,14 +1522,9 @@ fn out_of_threads_is_an_error_not_a_panic() {
 /// signal ended it (outside testing, resource limits).
 #[test]
 fn serve_out_of_threads_says_so_and_exits() {
-    use std::os::unix::fs::PermissionsExt;
-    let Some(prefix) = nobody_or_skip("serve_out_of_threads") else {
+    let Some((prefix, env)) = nobody_with_a_session("serve_out_of_threads", 1) else {
         return;
     };
-    let env = Env::new();
-    env.session("a", 1);
-    std::fs::set_permissions(env.work(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    open_up(&env.root);
     let mut serve = Command::new(prefix[0])
         .args(&prefix[1..])
         .args([
@@ -1560,13 +1567,9 @@ fn serve_out_of_threads_says_so_and_exits() {
 #[test]
 fn a_file_the_user_may_not_reach_is_not_called_missing() {
     use std::os::unix::fs::PermissionsExt;
-    let Some(prefix) = nobody_or_skip("a_file_the_user_may_not_reach") else {
+    let Some((prefix, env)) = nobody_with_a_session("a_file_the_user_may_not_reach", 1) else {
         return;
     };
-    let env = Env::new();
-    env.session("a", 1);
-    std::fs::set_permissions(env.work(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    open_up(&env.root);
     let closed = env.work().join("closed");
     std::fs::create_dir(&closed).expect("mkdir");
     let file = closed.join("a.sqlite");
