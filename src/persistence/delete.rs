@@ -7,9 +7,7 @@ use crate::cancel::CancelToken;
 use crate::error::{Error, Result, WriterOwner};
 use crate::model::SessionId;
 use crate::model::ids::random_hex;
-use crate::persistence::{
-    Root, TRASH_DIR, confine, gone_or, rename_no_replace_at, session_file_gone, sync_dir,
-};
+use crate::persistence::{Root, TRASH_DIR, confine, gone_or, session_file_gone, sync_dir};
 use crate::store::lineage;
 use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock, WriterLock};
 use crate::store::read::{self, DependentFork};
@@ -97,17 +95,7 @@ impl Root {
         let trash = confine::ensure_dir_at(self.dir_fd(), TRASH_DIR, &self.path().join(TRASH_DIR))?;
         // The id is not part of the name: the longest valid id must still fit.
         let tomb = random_hex();
-        rename_no_replace_at(
-            self.dir_fd(),
-            Path::new(id.as_str()),
-            &trash,
-            Path::new(&tomb),
-            id.as_str(),
-            (
-                &self.path().join(id.as_str()),
-                &self.path().join(TRASH_DIR).join(&tomb),
-            ),
-        )?;
+        self.move_out(id, &trash, TRASH_DIR, &tomb)?;
         // Derived index; listing also drops entries whose folder is gone.
         let _ = self.catalog().forget(self, id);
         let children: Vec<SessionId> = dependents.into_iter().map(|d| d.child_id).collect();

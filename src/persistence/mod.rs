@@ -664,6 +664,29 @@ impl Root {
             .inspect_err(|_| drop(self.unmake(&id)))
     }
 
+    /// Moves session `id`'s folder out of the session namespace into the root's dot-folder
+    /// `folder` (named `folder_name`, open as `into`) as `name`, which must be free: from
+    /// then on no command sees the session.
+    fn move_out(
+        &self,
+        id: &SessionId,
+        into: &rustix::fd::OwnedFd,
+        folder_name: &str,
+        name: &str,
+    ) -> Result<()> {
+        rename_no_replace_at(
+            self.dir_fd(),
+            Path::new(id.as_str()),
+            into,
+            Path::new(name),
+            id.as_str(),
+            (
+                &self.session_dir(id),
+                &self.inner.path.join(folder_name).join(name),
+            ),
+        )
+    }
+
     /// Takes a session [`Root::create`] just published, empty, out of the root again: moved
     /// back into `.staging` (which the create made) and removed there. A rename and
     /// unlinks only, since what failed may be the want of an inode (a delete makes `.trash`
@@ -674,14 +697,7 @@ impl Root {
         let staging_path = self.inner.path.join(staging::STAGING_DIR);
         let staging = confine::open_dir_at(self.dir_fd(), staging::STAGING_DIR, &staging_path)?;
         let name = format!("unmade-{}", random_hex());
-        rename_no_replace_at(
-            self.dir_fd(),
-            Path::new(id.as_str()),
-            &staging,
-            Path::new(&name),
-            id.as_str(),
-            (&dir, &staging_path.join(&name)),
-        )?;
+        self.move_out(id, &staging, staging::STAGING_DIR, &name)?;
         drop(lock);
         let _ = self.inner.catalog.forget(self, id);
         let name = std::ffi::CString::new(name)
