@@ -1339,8 +1339,8 @@ fn a_fork_of_a_damaged_range_is_refused_leaving_nothing() {
 /// child, staged folder or `dependents` row (it made a child cut where the row said, in
 /// the middle of the turn, which then failed `verify`). Damage earlier in the parent's
 /// history, away from the cut, is not looked for (that would read the whole prefix,
-/// ARCHITECTURE §6): the fork is made, and its `verify` fails naming the damaged commit
-/// as the parent's does.
+/// ARCHITECTURE §6): the fork is made, and its `verify` and reads fail naming the damaged
+/// event and the parent's file that holds it.
 #[test]
 fn a_fork_after_a_turn_whose_index_row_the_log_contradicts_is_refused() {
     let damages = [
@@ -1388,6 +1388,25 @@ fn a_fork_after_a_turn_whose_index_row_the_log_contradicts_is_refused() {
                 .contains("event 2: the row does not match its check"),
             "{name}: {e}"
         );
+    }
+    // The fork's reads name the file that holds the damaged row, its parent's (they named
+    // the fork's own file, which holds no event: outside testing T6).
+    let in_parent = format!(
+        "session child inherits sequences 1..=6 from p ({}): event 2: the row does not match",
+        file.display()
+    );
+    let child = root.open_reader(&id("child")).unwrap();
+    let errors = [
+        root.verify(&id("child")).map(|_| ()).unwrap_err(),
+        child.all_commits().map(|_| ()).unwrap_err(),
+        child
+            .transcript(child.durable_sequence().unwrap())
+            .map(|_| ())
+            .unwrap_err(),
+    ];
+    for e in errors {
+        assert!(e.is_corrupt(), "{e:?}");
+        assert!(e.to_string().contains(&in_parent), "{e}");
     }
 }
 

@@ -850,7 +850,8 @@ fn database_files_take_the_umask() {
 /// (`cli::owner`): what it makes is the owner's, and it may write nothing outside the root
 /// that the owner may not (a user who swapped a folder of the root for a symlink while
 /// root's command ran had it create and give away files in folders only root may write:
-/// outside testing, security). Skipped unless run as root.
+/// outside testing, security), with the group permissions the root folder has (outside
+/// testing F5). Skipped unless run as root.
 #[test]
 fn root_acts_as_the_owner_of_a_users_root() {
     use std::os::unix::fs::MetadataExt;
@@ -874,12 +875,24 @@ fn root_acts_as_the_owner_of_a_users_root() {
         .status()
         .expect("chown");
     assert!(chown.success());
+    // A root the group shares (setgid, group-writable).
+    std::fs::set_permissions(
+        &env.root,
+        std::os::unix::fs::PermissionsExt::from_mode(0o2775),
+    )
+    .expect("chmod");
     for args in [
         &["search", "anything"][..],
         &["delete", "b"],
         &["create", "c"],
     ] {
-        let out = env.command(args).output().expect("run");
+        // Under root's usual umask.
+        let out = Command::new("bash")
+            .args(["-c", "umask 022 && exec \"$@\"", "bash", BIN, "--root"])
+            .arg(&env.root)
+            .args(args)
+            .output()
+            .expect("run");
         assert!(out.status.success(), "{args:?}: {}", texts(&out).1);
     }
     for made in [
@@ -888,10 +901,14 @@ fn root_acts_as_the_owner_of_a_users_root() {
         ".catalog/search.sqlite",
         ".trash",
         ".staging",
+        "c",
         "c/session.sqlite",
     ] {
         let meta = std::fs::metadata(env.root.join(made)).expect(made);
         assert_eq!((meta.uid(), meta.gid()), (65534, 65534), "{made}");
+        // The group may write what root made there, as the root folder lets it: root's
+        // umask made it 0644 and a member's append or list then failed (outside testing F5).
+        assert_eq!(meta.mode() & 0o060, 0o060, "{made}: {:o}", meta.mode());
     }
     let root_only = env.work().join("root-only");
     std::fs::create_dir(&root_only).expect("mkdir");
@@ -1442,8 +1459,9 @@ fn out_of_descriptors_is_an_error_not_an_empty_root() {
 }
 
 /// Out of threads (`prlimit --nproc` 1 to 4, as a user id of its own through `setpriv`,
-/// since root is not held to the limit), `list` and `search` answer in full or fail with
-/// exit 1 naming the thread that could not be started. The read pools' thread
+/// since root is not held to the limit), `list`, `search` and `export` answer in full or
+/// fail with exit 1 naming the thread that could not be started (`export` and `import`
+/// said only "Resource temporarily unavailable": outside testing R9). The read pools' thread
 /// (`ScheduledThreadPool`, gone with r2d2 since), the search's read-back threads (`std::thread::scope`) and
 /// tokio's blocking thread panicked ("internal error: … panicked", or exit 101), and
 /// `list` and the search's index fill skipped every session ("no sessions", no hits).
@@ -1496,7 +1514,25 @@ fn out_of_threads_is_an_error_not_a_panic() {
         let page: Value = serde_json::from_slice(&out.stdout).expect("json");
         page[key].as_array().expect(key).len()
     };
+    let exports = env.work().join("exports");
+    std::fs::create_dir(&exports).expect("mkdir");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&exports, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    }
     for n in 1..=4 {
+        let export = exports.join(format!("s00-{n}.sqlite"));
+        let export_args = ["export", "s00", export.to_str().expect("utf-8 path")];
+        let out = limited(n, &export_args);
+        let stderr = texts(&out).1;
+        match out.status.code() {
+            Some(0) => assert!(export.is_file(), "--nproc={n} export: {stderr}"),
+            Some(1) => {
+                assert!(stderr.contains("thread"), "--nproc={n} export: {stderr}");
+                assert!(!export.exists(), "--nproc={n} export: {stderr}");
+            }
+            other => panic!("--nproc={n} export: exit {other:?}: {stderr}"),
+        }
         for (args, key) in [
             (&["--json", "list", "--limit", "100"][..], "sessions"),
             (&["--json", "search", "hello", "--limit", "100"], "hits"),

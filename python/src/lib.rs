@@ -405,15 +405,26 @@ fn tokio_runtime() -> session_store::Result<&'static tokio::runtime::Runtime> {
     if let Some(runtime) = *slot {
         return Ok(runtime);
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("session-store-py")
-        .enable_all()
-        .build()
-        .map_err(|e| Error::Io {
-            context: "starting the query runtime".into(),
-            source: std::sync::Arc::new(e),
-        })?;
+    // tokio panics when it cannot start the worker (out of threads): that reached Python
+    // as `PanicException`, a `BaseException` no `except SessionStoreError` catches, at
+    // every later call too (outside testing R6).
+    let built = std::panic::catch_unwind(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("session-store-py")
+            .enable_all()
+            .build()
+    })
+    .unwrap_or_else(|_| {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::WouldBlock,
+            "no thread could be started (the process or its user is out of threads or memory)",
+        ))
+    });
+    let runtime = built.map_err(|e| Error::Io {
+        context: "starting the query runtime".into(),
+        source: std::sync::Arc::new(e),
+    })?;
     let runtime: &'static tokio::runtime::Runtime = Box::leak(Box::new(runtime));
     *slot = Some(runtime);
     Ok(runtime)

@@ -1181,6 +1181,63 @@ def test_deletes_leave_no_thread_behind(root):
     assert _threads() <= before + 2, (before, _threads())
     assert root.list()["sessions"] == []
 
+_OUT_OF_THREADS = r"""
+import sys
+import session_store
+
+root = session_store.Root(sys.argv[1])
+with root.create("a") as s:
+    s.append([{"kind": "turn/start"}], operation_id="o", turn_id="t")
+failed = 0
+for call in (root.list, lambda: root.search("word")):
+    try:
+        call()
+    except session_store.SessionStoreError as e:
+        assert "thread" in str(e), e
+        failed += 1
+print("failed", failed)
+"""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0
+    or not all(os.path.exists(f"/usr/bin/{t}") for t in ("setpriv", "prlimit", "python3")),
+    reason="needs root (a user of its own is limited), setpriv, prlimit and /usr/bin/python3",
+)
+def test_out_of_threads_is_a_session_store_error():
+    # Out of threads, the query runtime's worker could not start and tokio panicked:
+    # Python got pyo3's PanicException, a BaseException that `except SessionStoreError`
+    # (or `except Exception`) does not catch, at every later call too (outside testing R6).
+    # Run as a user of its own (root is not held to the limit), with the system's Python
+    # (the venv's may lie in a folder only root may enter) and a copy of the package.
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="ss-threads-")
+    site = os.path.join(folder, "site")
+    shutil.copytree(os.path.dirname(session_store.__file__), os.path.join(site, "session_store"))
+    for path, dirs, files in os.walk(folder):
+        for name in [path, *(os.path.join(path, f) for f in files)]:
+            os.chmod(name, 0o777 if os.path.isdir(name) else 0o644)
+    user = ["setpriv", "--reuid=64322", "--regid=64322", "--clear-groups"]
+    try:
+        failures = 0
+        for n in (2, 3, 4):
+            script = ["/usr/bin/python3", "-c", _OUT_OF_THREADS, os.path.join(folder, f"root{n}")]
+            done = subprocess.run(
+                [*user, "prlimit", f"--nproc={n}", *script],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env={"PYTHONPATH": site, "RUST_BACKTRACE": "0", "PATH": "/usr/bin:/bin"},
+            )
+            assert done.returncode == 0, (n, done.stderr)
+            failures += int(done.stdout.split()[-1])
+        assert failures > 0, "no limit was low enough to make a query fail"
+    finally:
+        shutil.rmtree(folder)
+
+
 _DELETE_INTERRUPTED = r"""
 import os, signal, sys, threading, time
 import session_store

@@ -156,6 +156,20 @@ fn listen(mut first: impl FnMut(i32) + Send + 'static) -> CliResult<()> {
                     first(number);
                 }
             });
+        })
+        .map_err(|e| {
+            // A user out of threads got only "Resource temporarily unavailable" from
+            // `export` and `import` (outside testing R9).
+            let why = match e.kind() {
+                std::io::ErrorKind::WouldBlock => {
+                    " (the process or its user is out of threads or memory)"
+                }
+                _ => "",
+            };
+            std::io::Error::new(
+                e.kind(),
+                format!("start a thread to listen for signals: {e}{why}"),
+            )
         })?;
     Ok(())
 }

@@ -13,6 +13,7 @@
 
 use std::path::Path;
 
+use rustix::fs::Mode;
 use rustix::process::{Gid, Uid, geteuid};
 
 use super::{CliResult, EXIT_OTHER, Failure};
@@ -25,6 +26,12 @@ use super::{CliResult, EXIT_OTHER, Failure};
 /// thread's user is its own: one started before would keep root's). Does nothing when the
 /// folder belongs to root or none of the path exists.
 ///
+/// What it makes there gets the group permissions the folder has: the umask loses the
+/// group bits the folder grants. Root's usual umask 022 made the catalog, the search index
+/// and the sessions it created in a group root (`2775`) unwritable to the group, whose
+/// appends then failed and whose lists warned, depending only on who ran a command first
+/// (outside testing F5).
+///
 /// # Errors
 /// The system's refusal to change the user or groups (exit 1): the command does not go on
 /// as root.
@@ -32,12 +39,14 @@ pub fn act_as_root_owner(root: &Path) -> CliResult<()> {
     if !geteuid().is_root() {
         return Ok(());
     }
-    let Some((folder, uid, gid)) = owner_of_nearest(root) else {
+    let Some((folder, uid, gid, mode)) = owner_of_nearest(root) else {
         return Ok(());
     };
     if uid == 0 {
         return Ok(());
     }
+    let umask = rustix::process::umask(Mode::empty());
+    rustix::process::umask(umask - (Mode::from_raw_mode(mode) & Mode::RWXG));
     let (uid, gid) = (Uid::from_raw(uid), Gid::from_raw(gid));
     rustix::thread::set_thread_groups(&[gid])
         .and_then(|()| rustix::thread::set_thread_res_gid(gid, gid, gid))
@@ -54,8 +63,9 @@ pub fn act_as_root_owner(root: &Path) -> CliResult<()> {
         })
 }
 
-/// The nearest of `root` and the folders above it that exists, with its owner and group.
-fn owner_of_nearest(root: &Path) -> Option<(&Path, u32, u32)> {
+/// The nearest of `root` and the folders above it that exists, with its owner, group and
+/// mode.
+fn owner_of_nearest(root: &Path) -> Option<(&Path, u32, u32, u32)> {
     use std::os::unix::fs::MetadataExt;
     root.ancestors()
         .map(|p| {
@@ -65,5 +75,9 @@ fn owner_of_nearest(root: &Path) -> Option<(&Path, u32, u32)> {
                 p
             }
         })
-        .find_map(|p| std::fs::metadata(p).ok().map(|m| (p, m.uid(), m.gid())))
+        .find_map(|p| {
+            std::fs::metadata(p)
+                .ok()
+                .map(|m| (p, m.uid(), m.gid(), m.mode()))
+        })
 }

@@ -147,6 +147,25 @@ impl Segment {
         Ok(&self.connections)
     }
 
+    /// `damage`, met reading this range's file, said to be in the ancestor's file when the
+    /// range is inherited: `verify` of a fork named the fork's own file (which held no
+    /// event) for a row damaged in its parent's (outside testing T6, session 45).
+    fn damage_here(&self, damage: Error) -> Error {
+        if !self.inherited {
+            return damage;
+        }
+        damage.corrupt_in(|| {
+            format!(
+                "session {} inherits sequences {}..={} from {} ({})",
+                self.heir,
+                self.after + 1,
+                self.through,
+                self.source,
+                self.file.display()
+            )
+        })
+    }
+
     /// Checks that the file of an inherited range records `heir` in its `dependents`
     /// through at least the range's end (a fork writes that row before it is published).
     /// A session made again under a deleted ancestor's id (or brought in from another
@@ -754,7 +773,8 @@ impl SessionReader {
                 segment.through.min(through),
                 wanted,
                 &mut budget,
-            )?;
+            )
+            .map_err(|e| segment.damage_here(e))?;
             // An inherited range ends at a commit boundary of its ancestor: a whole page
             // that stops short of it means the ancestor holds less than the range (a copy
             // older than the fork, a lineage row naming this session itself). Handing out
@@ -1503,9 +1523,10 @@ impl SessionReader {
         for (row, seg) in newest.into_values().rev().take(limit) {
             let position = row.position;
             order.next(self, position, row.event_seq, row.item)?;
-            let body = self
-                .history_body(&row, seg, &mut replaced)
-                .map_err(|e| e.corrupt_in(|| self.history_place(position)))?;
+            let body = self.history_body(&row, seg, &mut replaced).map_err(|e| {
+                seg.damage_here(e)
+                    .corrupt_in(|| self.history_place(position))
+            })?;
             out.push((row, body));
         }
         order.finish(self, out.len(), limit)?;
