@@ -400,6 +400,25 @@ fn usage_event(i: usize, r: &UsageRecord) -> String {
     format!("events[{i}] (model {}):", crate::error::quoted(&r.model))
 }
 
+/// Adds a stored `usage` event's payload to `usage` as the fold does, folding nothing else:
+/// [`crate::Root::stats`] reads these events alone (its fold of every payload held a huge
+/// message decoded, about 3 GB for an 800 MB one, per request of `serve`'s stats page:
+/// outside testing V5).
+///
+/// # Errors
+/// As the fold's: [`Error::InvalidPayload`] for a payload that is no usage record or totals
+/// that would overflow.
+pub(crate) fn fold_usage(usage: &mut Usage, payload: &str) -> Result<()> {
+    let event = Event::new(kind::USAGE).with_payload_json(payload)?;
+    let r = decode::<UsagePayload>(&event)?.record()?;
+    usage.add(&r).map_err(|why| {
+        bad(
+            kind::USAGE,
+            format!("(model {}): {why}", crate::error::quoted(&r.model)),
+        )
+    })
+}
+
 /// Refuses a `usage` event whose cost is more than one call may cost
 /// ([`MAX_CALL_COST_WHOLE_DIGITS`] digits before the point): one such cost left the exact
 /// totals no room for later costs of 18 decimals, every one refused for good. A stored one

@@ -1,7 +1,7 @@
 //! Storage statistics of a session: counts and bytes by event kind, the blobs its events
 //! reference and how well they compress, bytes by table, and the usage totals. Read-only;
-//! SQL aggregates over the session file and the files of its ancestors (no payload is
-//! decoded for them); the usage totals come from the projection.
+//! SQL aggregates over the session file and the files of its ancestors; no payload is
+//! decoded but the `usage` events' (whose totals are the projection's).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -50,8 +50,8 @@ pub struct SessionStats {
     pub tables: Vec<TableBytes>,
     /// Bytes of the session's own file and its WAL.
     pub file_bytes: u64,
-    /// Token and cost totals of its `usage` events (inherited ones included), from the
-    /// projection.
+    /// Token and cost totals of its `usage` events (inherited ones included), as the
+    /// projection's.
     pub usage: Usage,
 }
 
@@ -144,7 +144,7 @@ impl Root {
             },
             tables: table_bytes(reader.file())?,
             file_bytes: file_bytes(reader.file()),
-            usage: reader.projection_at(durable)?.usage,
+            usage: reader.usage_through(durable)?,
         })
     }
 

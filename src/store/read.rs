@@ -929,6 +929,7 @@ pub(crate) fn events_of_kind(
     kind: &str,
     after: u64,
     through: u64,
+    folded_only: bool,
 ) -> Result<Vec<u64>> {
     // Rows of both forms: the kind's text (rows before schema 5, and forms a code does
     // not take) and its code.
@@ -936,10 +937,10 @@ pub(crate) fn events_of_kind(
     Ok(conn
         .prepare_cached(
             "SELECT seq FROM events WHERE kind IN (?1, ?4) AND seq > ?2 AND seq <= ?3
-             ORDER BY seq",
+             AND NOT (?5 AND optional) ORDER BY seq",
         )?
         .query_map(
-            params![kind, after, through.min(i64::MAX as u64), code],
+            params![kind, after, through.min(i64::MAX as u64), code, folded_only],
             |r| r.get(0),
         )?
         .collect::<rusqlite::Result<Vec<u64>>>()?)

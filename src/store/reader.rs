@@ -11,8 +11,8 @@ use crate::model::event::INLINE_PAYLOAD_LIMIT;
 use crate::model::event::{inherited_operation_id, rehash_commit};
 use crate::model::header::Header;
 use crate::model::kind;
-use crate::model::projection::ModelRef;
-use crate::model::{Commit, ContentRef, Message, Projection, SessionId, TurnBoundary};
+use crate::model::projection::{self, ModelRef};
+use crate::model::{Commit, ContentRef, Message, Projection, SessionId, TurnBoundary, Usage};
 use crate::store::blob::Holds;
 use crate::store::operation_keys::ChunkCache;
 use crate::store::read::{self, DependentFork, HistoryRow, LineageEntry};
@@ -1693,7 +1693,7 @@ impl SessionReader {
                 out.rows.push((row, message, time));
             }
         }
-        for seq in read::events_of_kind(&conn, "session/title", after, through)? {
+        for seq in read::events_of_kind(&conn, "session/title", after, through, false)? {
             let read = || -> Result<Option<(String, i64)>> {
                 let text = read::read_payload_text(&conn, seq)?;
                 let title = serde_json::from_str::<TitleOf>(&text)
@@ -1708,6 +1708,30 @@ impl SessionReader {
         Ok(out)
     }
 
+    /// The token and cost totals of the `usage` events through `through`, inherited ones
+    /// included: the projection's [`Projection::usage`] read from those events alone,
+    /// with no other payload decoded.
+    ///
+    /// # Errors
+    /// Read errors; [`Error::InvalidPayload`] as the fold's for a stored usage event it
+    /// refuses.
+    pub(crate) fn usage_through(&self, through: u64) -> Result<Usage> {
+        self.with_layout(|layout| {
+            let mut usage = Usage::default();
+            for seg in layout.segments.iter().filter(|s| s.after < through) {
+                let conn = seg.pool()?.get()?;
+                let last = seg.through.min(through);
+                for seq in read::events_of_kind(&conn, kind::USAGE, seg.after, last, true)? {
+                    let text =
+                        read::read_payload_text(&conn, seq).map_err(|e| seg.damage_here(e))?;
+                    projection::fold_usage(&mut usage, &text)
+                        .map_err(|e| seg.damage_here(e.corrupt_in(|| format!("event {seq}"))))?;
+                }
+            }
+            Ok(usage)
+        })
+    }
+
     /// The title this session inherits: the newest `session/title` of the ranges it
     /// inherits ("" when none sets one).
     pub(crate) fn inherited_title(&self) -> Result<String> {
@@ -1715,7 +1739,8 @@ impl SessionReader {
             for seg in layout.segments.iter().rev().filter(|s| s.inherited) {
                 let conn = seg.pool()?.get()?;
                 if let Some(seq) =
-                    read::events_of_kind(&conn, "session/title", seg.after, seg.through)?.last()
+                    read::events_of_kind(&conn, "session/title", seg.after, seg.through, false)?
+                        .last()
                 {
                     let text = read::read_payload_text(&conn, *seq)?;
                     return serde_json::from_str::<TitleOf>(&text)
