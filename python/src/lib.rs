@@ -831,13 +831,18 @@ impl Root {
         })
     }
 
-    /// Exports a session to one self-contained file (JSON of an `ExportReport`).
+    /// Exports a session to one self-contained file (JSON of an `ExportReport`). A
+    /// signal's exception (Ctrl-C's `KeyboardInterrupt`) stops it: the unfinished file is
+    /// removed and the exception raised (it was seen only once the export had finished,
+    /// leaving the file that a retry then refused as existing).
     fn export(&self, py: Python<'_>, session_id: &str, path: PathBuf) -> NativeResult<String> {
-        detached_of(py, session_id, || {
-            let report = self
-                .service()?
-                .root()
-                .export(&self::session_id(session_id)?, path)?;
+        let token = CancelToken::new();
+        interruptible(py, &token, None, |py, e| to_py_of(py, session_id, e), || {
+            let report = self.service()?.root().export_cancellable(
+                &self::session_id(session_id)?,
+                path,
+                &token,
+            )?;
             json(&report)
         })
     }
@@ -851,7 +856,8 @@ impl Root {
         session_id: Option<String>,
         cwd: Option<String>,
     ) -> NativeResult<String> {
-        detached(py, || {
+        let token = CancelToken::new();
+        interruptible(py, &token, None, to_py, || {
             let mut options = ImportOptions::default();
             if let Some(id) = session_id {
                 options = options.with_session_id(SessionId::new(id)?);
@@ -859,7 +865,11 @@ impl Root {
             if let Some(cwd) = cwd {
                 options = options.with_cwd(absolute_cwd(&cwd)?);
             }
-            Ok(self.service()?.root().import(path, options)?.to_string())
+            let imported = self
+                .service()?
+                .root()
+                .import_cancellable(path, options, &token)?;
+            Ok(imported.to_string())
         })
     }
 
@@ -919,7 +929,7 @@ impl Root {
         // seconds, so a host deleting often kept hundreds of them.
         let token = CancelToken::after(patience);
         let started = Instant::now();
-        let deleted = interruptible(py, &token, stop, || {
+        let deleted = interruptible(py, &token, stop, to_py, || {
             match service.root().delete(&id, &token) {
                 Err(Error::Cancelled) => Ok(Some((
                     service.root().writer_owner(&id).ok().flatten(),
@@ -960,17 +970,35 @@ impl Root {
 /// native wait, Ctrl-C did nothing until the wait ended). On one, `token` is cancelled, `f`
 /// is waited for and the exception is returned instead of `f`'s result. `stop`, when given,
 /// is an object with `is_set()` (a `threading.Event`) looked at as often: once it is set,
-/// `token` is cancelled and `f`'s result (its `Cancelled`, as a rule) returned.
+/// `token` is cancelled and `f`'s result (its `Cancelled`, as a rule) returned. `f`'s
+/// error becomes an exception through `to_exception`.
 fn interruptible<T: Send>(
     py: Python<'_>,
     token: &CancelToken,
     stop: Option<&Bound<'_, PyAny>>,
+    to_exception: impl Fn(Python<'_>, Error) -> PyErr,
     f: impl FnOnce() -> session_store::Result<T> + Send,
 ) -> NativeResult<T> {
     use std::sync::mpsc::{RecvTimeoutError, sync_channel};
+    // Taken by the thread that runs it, or back here when no thread could start.
+    let work = &std::sync::Mutex::new(Some(f));
+    let take = || work.lock().unwrap_or_else(|e| e.into_inner()).take();
     std::thread::scope(|scope| {
         let (done, mut outcome) = sync_channel(1);
-        scope.spawn(move || done.send(f()));
+        let started = std::thread::Builder::new().spawn_scoped(scope, move || {
+            let f = take();
+            if let Some(f) = f {
+                let _ = done.send(f());
+            }
+        });
+        if started.is_err() {
+            // Out of threads (`spawn` panicked: PanicException): the call runs here, and
+            // a signal is seen once it has ended.
+            return match take() {
+                Some(f) => py.detach(f).map_err(|e| to_exception(py, e)),
+                None => Err(InternalError::new_err("the call's thread did not run it")),
+            };
+        }
         loop {
             // The receiver goes into the GIL-free closure and back (a reference to it is
             // not `Send`).
@@ -980,7 +1008,7 @@ fn interruptible<T: Send>(
             });
             outcome = back;
             match got {
-                Ok(result) => return result.map_err(|e| to_py(py, e)),
+                Ok(result) => return result.map_err(|e| to_exception(py, e)),
                 Err(RecvTimeoutError::Timeout) => {}
                 // `f` panicked: the scope raises its panic as it ends.
                 Err(RecvTimeoutError::Disconnected) => {

@@ -1265,6 +1265,41 @@ def test_ctrl_c_ends_a_delete_waiting_for_the_writer(tmp_path):
     assert lines[1] == "kept: ['held']"
 
 
+_EXPORT_INTERRUPTED = r"""
+import os, signal, sys, threading, time
+import session_store
+
+root = session_store.Root(sys.argv[1])
+with root.create("big") as s:
+    for t in range(60):
+        items = [
+            {"kind": "message/complete", "payload": {"message": {
+                "id": f"m{t}-{i}", "role": "user", "content": os.urandom(3000).hex()}}}
+            for i in range(100)
+        ]
+        s.append(items, operation_id=f"op{t}")
+out = os.path.join(sys.argv[1], "..", "big.sse")
+threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+started = time.monotonic()
+try:
+    root.export("big", out)
+    print("exported")
+except KeyboardInterrupt:
+    print(f"interrupted after {time.monotonic() - started:.1f} s")
+print("left:", os.path.exists(out))
+"""
+
+
+def test_ctrl_c_stops_an_export_and_leaves_no_file(tmp_path):
+    # Ctrl-C was seen only after the export had finished: the caller got KeyboardInterrupt,
+    # not the report, and the finished file made a retry fail as existing (outside testing
+    # A2). The export is cancelled instead, and removes its unfinished file.
+    done = run_script(_EXPORT_INTERRUPTED, tmp_path / "root", timeout=120)
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("interrupted after "), done.stdout
+    assert lines[1] == "left: False", done.stdout
+
+
 _ADELETE_CANCELLED = r"""
 import asyncio, os, signal, sys, threading, time
 import session_store
