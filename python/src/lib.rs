@@ -837,14 +837,20 @@ impl Root {
     /// leaving the file that a retry then refused as existing).
     fn export(&self, py: Python<'_>, session_id: &str, path: PathBuf) -> NativeResult<String> {
         let token = CancelToken::new();
-        interruptible(py, &token, None, |py, e| to_py_of(py, session_id, e), || {
-            let report = self.service()?.root().export_cancellable(
-                &self::session_id(session_id)?,
-                path,
-                &token,
-            )?;
-            json(&report)
-        })
+        interruptible(
+            py,
+            &token,
+            None,
+            |py, e| to_py_of(py, session_id, e),
+            || {
+                let report = self.service()?.root().export_cancellable(
+                    &self::session_id(session_id)?,
+                    path,
+                    &token,
+                )?;
+                json(&report)
+            },
+        )
     }
 
     /// Validates and imports an exported file; returns the new session's id.
