@@ -114,13 +114,8 @@ __all__ = [
     "averify",
 ]
 
-# No other thread holds one of SQLite's process-wide mutexes as os.fork() makes a child
-# (one held then stayed locked in the child for good: its reads waited and timed out).
-os.register_at_fork(
-    before=_native.before_fork,
-    after_in_parent=_native.after_fork,
-    after_in_child=_native.after_fork,
-)
+# No other thread holds one of SQLite's process-wide mutexes, or the store's, as a fork
+# makes a child: the native module registered pthread_atfork handlers when it loaded.
 # A child made by os.fork() closes its copies of the parent's writer lock files at once (a
 # copy kept the parent's lock held for as long as the child lived).
 os.register_at_fork(after_in_child=_native.close_inherited_locks)

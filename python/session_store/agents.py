@@ -507,7 +507,7 @@ class SessionStoreSession:
                 snapshot = None
             entry = self._entry(snapshot, after_item)
             assert snapshot is not None  # without a session, _entry found no item
-            turn = self._turn_of(entry["message_id"])
+            turn = self._turn_of(entry)
             try:
                 child = self.root.fork(self.store_id, after_turn=turn["turn_id"], child=child_id)
             except AlreadyExists:
@@ -657,11 +657,17 @@ class SessionStoreSession:
             raise SessionStoreError(f"item {index} is missing from the history index")
         return entry
 
-    def _turn_of(self, message_id: str) -> dict[str, Any]:
-        """The turn whose ``add_items`` commit added the message ``i<seq>``."""
-        if not (message_id.startswith("i") and message_id[1:].isdigit()):
-            raise InvalidInput(f"invalid input: {message_id!r} is not an item id of this adapter")
-        seq = int(message_id[1:])
+    def _turn_of(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """The turn that added the transcript entry ``entry``'s item: the ``add_items`` turn
+        of this adapter's own item ``i<seq>`` (``seq`` is the event that added it, which a
+        later ``history/replace`` rewrote), else the turn holding the event that wrote the
+        entry (an item another writer added: the CLI, the core API, an importer; it was
+        refused, though :meth:`history` gives its id)."""
+        message_id = entry["message_id"]
+        if message_id.startswith("i") and message_id[1:].isdigit():
+            seq = int(message_id[1:])
+        else:
+            seq = entry["event_seq"]
         holding = self._reader._native.turn_holding(seq)
         if holding is not None:
             turn: dict[str, Any] = json.loads(holding)

@@ -48,11 +48,11 @@ deletes the sessions. Reads go through the durable log, folded into a per-thread
 that later reads extend with the new commits only (and build again when the thread's session
 was deleted, or deleted and made again, by another saver or process); the index is kept
 for the threads whose reader or writer the saver keeps open (the last
-:data:`MAX_OPEN_THREADS` read and the last written), so its memory does not grow with the
+``max_open_threads`` read and the last written), so its memory does not grow with the
 number of threads it has used.
 
 The saver holds the writer lock of the threads it changed until :meth:`close` (or the end
-of a ``with`` block, or its garbage collection), of the last :data:`MAX_OPEN_THREADS` it
+of a ``with`` block, or its garbage collection), of the last ``max_open_threads`` it
 used at most (the least recently used one's is let go beyond them); in one process it
 shares writers with the other adapters of the same root folder
 (:mod:`session_store.agents`), another process gets :class:`WriterOwned`. A saver copied
@@ -295,10 +295,12 @@ class _Thread:
             self.thread = thread if isinstance(thread, str) else None
 
 
-#: How many threads' writers, and readers, a saver keeps open at most: each holds file
-#: descriptors (about six for a writer, four for a reader); the least recently used thread's
-#: are closed beyond it and opened again when that thread is used next. What the saver knows
-#: of a thread's log (its folded index) is dropped with the last of the two.
+#: How many threads' writers, and readers, a saver keeps open at most by default (its
+#: ``max_open_threads``): each holds file descriptors (about six for a writer, four for a
+#: reader); the least recently used thread's are closed beyond it and opened again when
+#: that thread is used next. What the saver knows of a thread's log (its folded index) is
+#: dropped with the last of the two, and read again then: a host running more threads at
+#: once than this reopens and rereads a thread at nearly every step.
 MAX_OPEN_THREADS = 32
 
 
@@ -342,16 +344,36 @@ def _about_thread(error: SessionStoreError, thread_id: str) -> SessionStoreError
 
 class SessionStoreSaver(BaseCheckpointSaver[str]):
     """A LangGraph checkpointer whose threads are sessions of ``root`` (a
-    :class:`session_store.Root` or a folder, created when missing)."""
+    :class:`session_store.Root` or a folder, created when missing). It keeps the writers,
+    and the readers, of the last ``max_open_threads`` threads it used open
+    (:data:`MAX_OPEN_THREADS` by default): a host running more threads at once than that
+    gives a larger number (each costs about ten file descriptors), or every step of a thread
+    reopens its session and reads its log again (about ten times slower, measured with 64
+    threads against 32)."""
 
     __reduce_ex__ = _refuse_pickle
     #: The saver a copy shares its state with (``__copy__``); a saver made by ``__init__``
     #: has none.
     _origin: SessionStoreSaver
 
-    def __init__(self, root: Root | PathLike, *, serde: SerializerProtocol | None = None) -> None:
+    def __init__(
+        self,
+        root: Root | PathLike,
+        *,
+        serde: SerializerProtocol | None = None,
+        max_open_threads: int = MAX_OPEN_THREADS,
+    ) -> None:
+        if isinstance(max_open_threads, bool) or not isinstance(max_open_threads, int):
+            raise TypeError(
+                f"max_open_threads must be int, not {type(max_open_threads).__name__}"
+            )
+        if max_open_threads < 1:
+            raise InvalidInput(
+                f"invalid input: max_open_threads must be at least 1, not {max_open_threads}"
+            )
         super().__init__(serde=serde)
         self.root = root if isinstance(root, Root) else Root(root)
+        self._max_open_threads = max_open_threads
         self._reset()
         _SAVERS.add(self)
 
@@ -388,7 +410,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         old = getattr(self, "_release_writers", None)
         if old is not None:
             old.detach()
-        # Both least recently used first, at most MAX_OPEN_THREADS each (see _commit).
+        # Both least recently used first, at most max_open_threads each (see _commit).
         self._writers: collections.OrderedDict[str, _SharedWriter] = collections.OrderedDict()
         self._release_writers = weakref.finalize(self, _release_writers, self._writers)
         # (thread, ns, channel) -> (version, the form of the list value last stored or
@@ -423,8 +445,8 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         reader = self._readers.get(thread_id)
         if reader is None:
             reader = self._readers[thread_id] = self.root._native.reader(session_id_of(thread_id))
-            # Its read connections stay open: only the last MAX_OPEN_THREADS are kept.
-            while len(self._readers) > MAX_OPEN_THREADS:
+            # Its read connections stay open: only the last max_open_threads are kept.
+            while len(self._readers) > self._max_open_threads:
                 self._drop_unused(self._readers.popitem(last=False)[0])
         else:
             self._readers.move_to_end(thread_id)
@@ -629,7 +651,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
             # and namespace by namespace, `limit` took another set (outside testing,
             # session 43: `list(None, limit=1)` gave an older thread's checkpoint). The
             # tuples are then built thread by thread, each thread read once (the saver
-            # keeps at most MAX_OPEN_THREADS of them).
+            # keeps at most max_open_threads of them).
             found: list[tuple[str, str, str]] = []
             for thread_id in threads:
                 model = self._thread_if_saved(thread_id)
@@ -719,7 +741,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
             # after 168 threads under the usual limit of 1024). The least recently
             # written thread's share is let go (its writer closed, flushed, unless
             # another adapter of the process shares it); its next put opens it again.
-            while len(self._writers) > MAX_OPEN_THREADS:
+            while len(self._writers) > self._max_open_threads:
                 evicted, share = self._writers.popitem(last=False)
                 _release_writer(share)
                 self._drop_unused(evicted)
@@ -1085,7 +1107,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         again, so one saver can serve several ``with`` blocks (unlike the agents adapter,
         whose changes after ``close()`` raise :class:`session_store.Closed`)."""
         with self._lock:
-            # Also the threads whose reader was dropped (MAX_OPEN_THREADS): their index and
+            # Also the threads whose reader was dropped (max_open_threads): their index and
             # list bases are let go too.
             for thread_id in {*self._writers, *self._readers, *self._threads, *self._identities}:
                 self._release(thread_id)

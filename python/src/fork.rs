@@ -256,9 +256,52 @@ const STATIC_MUTEXES: [std::os::raw::c_int; 9] = [
     ffi::SQLITE_MUTEX_STATIC_MEM,
 ];
 
+/// Registers [`before_fork`] and [`after_fork`] with `pthread_atfork`, once per process:
+/// they run inside `fork()` itself, in the forking thread, after every
+/// `os.register_at_fork` handler. Registered as such a handler (`before=`), they held every
+/// file call and SQLite's mutexes while the handlers registered before them ran (the
+/// `logging` module's, Python code): another thread took the GIL meanwhile, dropped a
+/// reader, whose close waited for the fork while holding the GIL, and the forking thread
+/// never got the GIL back: the parent hung in `os.fork()` for good (outside testing P1).
+/// Inside `fork()` the forking thread holds the GIL (when Python forks), so no thread that
+/// needs it can be waiting on what the handlers hold.
+///
+/// # Errors
+/// The system's refusal to register them (out of memory).
+pub fn install_fork_handlers() -> Result<(), String> {
+    static INSTALLED: std::sync::OnceLock<c_int> = std::sync::OnceLock::new();
+    // SAFETY: the handlers are functions that live as long as the process, callable from
+    // any thread.
+    let refused = *INSTALLED.get_or_init(|| unsafe {
+        libc::pthread_atfork(Some(before_fork), Some(after_fork), Some(after_fork))
+    });
+    match refused {
+        0 => Ok(()),
+        code => Err(format!(
+            "could not register the handlers that make os.fork() safe: {}",
+            std::io::Error::from_raw_os_error(code)
+        )),
+    }
+}
+
+/// Takes the store's locks between reader opens and folder renames (and its other
+/// process-wide locks), then SQLite's process-wide mutexes, before the fork: so that no
+/// other thread holds one as the child is made. The store's locks first: a thread holding
+/// one may be inside SQLite.
+extern "C" fn before_fork() {
+    session_store::hold_for_fork();
+    hold_sqlite();
+}
+
+/// Lets go of what [`before_fork`] took, in the parent and in the child.
+extern "C" fn after_fork() {
+    release_sqlite();
+    session_store::release_after_fork();
+}
+
 /// Waits until no thread is in a call of a file's methods (holding new ones back), then
-/// takes SQLite's static mutexes, in order (`os.register_at_fork(before=...)`).
-pub fn hold_sqlite() {
+/// takes SQLite's static mutexes, in order.
+fn hold_sqlite() {
     wait_for_calls();
     for id in STATIC_MUTEXES {
         // SAFETY: a static mutex is allocated once by SQLite and never freed; entering it
@@ -275,7 +318,7 @@ pub fn hold_sqlite() {
 /// Lets SQLite's static mutexes go, in reverse order, and the calls held back (after the
 /// fork, in the parent and in the child: the thread that took them is the one that forked,
 /// in both).
-pub fn release_sqlite() {
+fn release_sqlite() {
     for id in STATIC_MUTEXES.iter().rev() {
         // SAFETY: as in `hold_sqlite`, whose locks this thread holds.
         unsafe {

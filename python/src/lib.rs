@@ -1462,24 +1462,6 @@ fn close_inherited_locks() {
     session_store::close_inherited_locks();
 }
 
-/// Takes the store's lock between reader opens and folder renames, then SQLite's
-/// process-wide mutexes, before `os.fork()`, so that no other thread holds one as the
-/// child is made (`os.register_at_fork(before=...)`, see `fork.rs`). The store's lock
-/// first: a thread holding it may be inside SQLite.
-#[pyfunction]
-fn before_fork() {
-    session_store::hold_for_fork();
-    fork::hold_sqlite();
-}
-
-/// Lets go of what [`before_fork`] took, in the parent and in the child
-/// (`after_in_parent=`, `after_in_child=`).
-#[pyfunction]
-fn after_fork() {
-    fork::release_sqlite();
-    session_store::release_after_fork();
-}
-
 /// What `verify` reports: `{"session_id", "commits", "events", "notes"}`.
 fn verified_json(verified: session_store::Verified) -> session_store::Result<String> {
     json(&serde_json::json!({
@@ -1495,6 +1477,7 @@ fn verified_json(verified: session_store::Verified) -> session_store::Result<Str
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     fork::install_vfs().map_err(pyo3::exceptions::PyImportError::new_err)?;
+    fork::install_fork_handlers().map_err(pyo3::exceptions::PyImportError::new_err)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("TOO_DEEP", pyjson::too_deep_message())?;
     m.add_class::<Root>()?;
@@ -1503,8 +1486,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify, m)?)?;
     m.add_function(wrap_pyfunction!(check_session_id, m)?)?;
     m.add_function(wrap_pyfunction!(close_inherited_locks, m)?)?;
-    m.add_function(wrap_pyfunction!(before_fork, m)?)?;
-    m.add_function(wrap_pyfunction!(after_fork, m)?)?;
     m.add("SessionStoreError", py.get_type::<SessionStoreError>())?;
     m.add("InvalidInput", invalid_input_class(py)?)?;
     m.add("InvalidPayload", invalid_payload_class(py)?)?;

@@ -337,6 +337,42 @@ def test_fork_after_item(root):
     run(main())
 
 
+def test_fork_after_an_item_another_writer_added(root):
+    # Items the adapter did not write (the core API's, the CLI's, an importer's) were
+    # refused by fork ("'m1' is not an item id of this adapter"), though history() gives
+    # their ids and get_items() and pop_item() serve them (outside testing P3).
+    with root.create("imported") as w:
+        w.append(
+            [
+                {"kind": "turn/start"},
+                *(
+                    {"kind": "message/complete", "payload": {"message": m}}
+                    for m in (
+                        {"id": "m1", "role": "user", "content": "hello"},
+                        {"id": "m2", "role": "assistant", "content": "hi!"},
+                    )
+                ),
+                {"kind": "turn/end", "payload": {"status": "completed"}},
+            ],
+            operation_id="op1",
+            turn_id="t1",
+        )
+    s = SessionStoreSession("imported", root)
+    s.add_items_sync([user("added by the adapter")])
+    hello = {"role": "user", "content": "hello"}
+    hi = {"role": "assistant", "content": "hi!"}
+    assert [h["item_id"] for h in s.history()][:2] == ["m1", "m2"]
+    for after, items in (
+        (0, [hello]),
+        ("m2", [hello, hi]),
+        (-1, [hello, hi, user("added by the adapter")]),
+    ):
+        branch = s.fork(after)
+        assert branch.get_items_sync() == items, after
+        branch.close()
+    s.close()
+
+
 def test_hostile_items(root):
     async def main():
         s = SessionStoreSession("h", root)

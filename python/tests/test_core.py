@@ -2003,6 +2003,50 @@ def test_a_forked_child_reads_while_the_parents_threads_read(tmp_path):
     assert done.stdout.strip() == "0"
 
 
+_FORK_WHILE_DROPPING_SCRIPT = r"""
+import os, sys, threading, time
+
+# An at-fork handler registered before the package's, as the logging module's is (Python
+# code: it lets other threads take the GIL while it runs).
+os.register_at_fork(before=lambda: time.sleep(0.002))
+import session_store
+
+root = session_store.Root(sys.argv[1], durability="normal")
+with root.create("s") as s:
+    s.append([{"kind": "message/complete",
+               "payload": {"message": {"id": "m", "role": "user", "content": "hi"}}}],
+             operation_id="o")
+stop = False
+
+def churn():
+    while not stop:
+        reader = root.reader("s")
+        reader.messages(1)
+        del reader  # the last reference: its connections close, the GIL held
+
+thread = threading.Thread(target=churn)
+thread.start()
+for i in range(100):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+stop = True
+thread.join()
+print("forked")
+"""
+
+
+def test_a_fork_while_another_thread_drops_a_reader_does_not_hang(tmp_path):
+    # The package's fork handlers were os.register_at_fork ones: while they held SQLite's
+    # file calls, a handler registered before them (logging's) ran Python code, another
+    # thread took the GIL and dropped a reader, whose close waited for the fork with the
+    # GIL held, and os.fork() never returned (outside testing P1). They are pthread_atfork
+    # handlers now, run inside fork() with the GIL held by the forking thread.
+    done = run_script(_FORK_WHILE_DROPPING_SCRIPT, tmp_path / "root", timeout=60)
+    assert done.stdout.strip() == "forked"
+
+
 def test_a_kept_reader_racing_deletes_and_remakes_answers_or_says_not_found(root):
     # A read that failed on a file deleted (or deleted and made again) under it was retried
     # once on a fresh open, which could race the next delete too: the caller got SQLite's

@@ -1006,6 +1006,33 @@ def test_a_saver_of_many_threads_keeps_a_bounded_index(root) -> None:
         assert reader.get_tuple(configs[threads[0]]).checkpoint["channel_values"]["x"] == ["t0"]
 
 
+def test_max_open_threads_sets_how_many_threads_a_saver_keeps_open(root) -> None:
+    # The bound was the module's constant: a host running more threads at once than 32
+    # reopened and reread a thread's log at nearly every step, about ten times slower, and
+    # could not change it (outside testing P2).
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    threads = [f"t{i}" for i in range(40)]
+    with SessionStoreSaver(root, max_open_threads=48) as saver:
+        for t in threads:
+            c = empty_checkpoint()
+            c["channel_values"] = {"x": [t]}
+            c["channel_versions"] = {"x": "1"}
+            saver.put(config(t), c, {}, {"x": "1"})
+            saver.get_tuple(config(t))
+        # 40 threads, more than the default 32: every one kept open.
+        assert set(saver._writers) == set(threads)
+        assert set(saver._readers) == set(threads)
+    with SessionStoreSaver(root, max_open_threads=4) as saver:
+        for t in threads:
+            saver.get_tuple(config(t))
+            assert len(saver._readers) <= 4
+    for bad, error in ((0, session_store.InvalidInput), (-1, session_store.InvalidInput),
+                       ("8", TypeError), (True, TypeError), (2.0, TypeError)):
+        with pytest.raises(error):
+            SessionStoreSaver(root, max_open_threads=bad)
+
+
 _STRICT_MSGPACK_SCRIPT = r"""
 import os, sys
 os.environ["LANGGRAPH_STRICT_MSGPACK"] = "true"
