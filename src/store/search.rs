@@ -74,6 +74,18 @@ pub(crate) const SEARCH_FILES: [&str; 4] = [
 /// filled again the same way.
 const FILLED: i64 = 6;
 
+/// A session the index recorded as damaged when it indexed it
+/// ([`SearchIndex::damaged_sessions`]).
+pub(crate) struct DamagedSession {
+    /// The session.
+    pub id: SessionId,
+    /// When the session the index holds under that id was made (ms), when recorded: a
+    /// session made again since under the id is another one.
+    pub born: Option<i64>,
+    /// What was found, as an [`Error::Corrupt`] saying its messages there are left out.
+    pub error: Error,
+}
+
 /// `PRAGMA application_id` of a search index ("SeSF").
 const SEARCH_APPLICATION_ID: i32 = 0x5365_5346;
 /// How long an index write waits for another process's (a drain gives up after this and
@@ -975,30 +987,36 @@ impl SearchIndex {
     ///
     /// # Errors
     /// SQLite errors.
-    pub(crate) fn damaged_sessions(
-        &self,
-        only: Option<&SessionId>,
-    ) -> Result<Vec<(SessionId, Error)>> {
+    pub(crate) fn damaged_sessions(&self, only: Option<&SessionId>) -> Result<Vec<DamagedSession>> {
         let conn = lock(&self.read);
         let mut stmt = conn.prepare_cached(
-            "SELECT session_id, error FROM search_damage
-             WHERE ?1 IS NULL OR session_id = ?1
-                OR session_id IN (SELECT l.ancestor_id FROM search_lineage l
-                                  JOIN search_sessions s ON s.id = l.session
-                                  WHERE s.session_id = ?1)
+            "SELECT d.session_id, d.error, b.created_ms FROM search_damage d
+             LEFT JOIN search_births b ON b.session_id = d.session_id
+             WHERE ?1 IS NULL OR d.session_id = ?1
+                OR d.session_id IN (SELECT l.ancestor_id FROM search_lineage l
+                                    JOIN search_sessions s ON s.id = l.session
+                                    WHERE s.session_id = ?1)
              ORDER BY 1",
         )?;
         let rows = stmt
             .query_map([only.map(SessionId::as_str)], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, Option<i64>>(2)?,
+                ))
             })?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         rows.into_iter()
-            .map(|(id, found)| {
+            .map(|(id, found, born)| {
                 let error = Error::corrupt(format!(
                     "{found}; what it holds there is left out of searches"
                 ));
-                Ok((SessionId::new(id)?, error))
+                Ok(DamagedSession {
+                    id: SessionId::new(id)?,
+                    born,
+                    error,
+                })
             })
             .collect()
     }
