@@ -550,6 +550,28 @@ fn stats_reads_no_payload_but_the_usage_events() {
     assert_eq!(stats.blobs.count, 1);
 }
 
+/// A CLI `append` records the session's catalog entry as it closes (`Root::close`), as
+/// `rename` and a service's close do: it left the entry stale, and the next `list` folded
+/// the session's whole log again (2 s and 320 MB after one turn appended to a session of
+/// 500,000 messages: outside testing L4).
+#[test]
+fn an_append_leaves_the_catalog_entry_current() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("sessions");
+    chat(&root, "a", 2, "/w");
+    assert_eq!(json_of(&root, &["list"])["sessions"][0]["turns"], 2);
+    let out = append(&root, "a", &turn_line("a", 3));
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    // Read from the catalog file itself: a `list` would bring a stale entry up to date.
+    let recorded = common::sqlite3(
+        &root.join(".catalog").join("catalog.sqlite"),
+        "SELECT json_extract(entry, '$.turns') || ' ' || json_extract(entry, '$.durable_sequence')
+         FROM sessions WHERE session_id = 'a'",
+    );
+    let durable = json_of(&root, &["show", "a"])["durable_sequence"].clone();
+    assert_eq!(recorded.trim(), format!("3 {durable}"));
+}
+
 #[test]
 fn hostile_usage_payloads_are_refused_and_change_nothing() {
     let (_dir, root) = temp_root();

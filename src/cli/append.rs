@@ -123,7 +123,7 @@ pub fn run(
     };
     let result = feed(cx, &session, lines, sync_each, &mut pending, &mut totals);
     // Whatever was accepted is made durable (and reported) even when a line failed.
-    if let Err(e) = session.close() {
+    if let Err(e) = root.close(&session) {
         result?;
         return Err(e.into());
     }

@@ -60,7 +60,7 @@ pub fn create(cx: &Context, id: Option<&str>, cwd: Option<String>) -> CliResult<
     options.cwd = cwd;
     let root = cx.create_root()?;
     let session = root.create(options)?;
-    session.close()?;
+    root.close(&session)?;
     if cx.json {
         print_json(&json!({ "session_id": session.id() }))
     } else {

@@ -9,7 +9,7 @@ use crate::model::ids::now_ms;
 use crate::model::{SessionId, TurnBoundary};
 use crate::persistence::{Root, session_file_gone};
 use crate::session::live::Session;
-use crate::store::lineage::{record_dependent, write_lineage};
+use crate::store::lineage::{empty_wal, record_dependent, write_lineage};
 use crate::store::lock::{DEPENDENTS_LOCK_FILE, DependentsLock, RecordWait, WriterLock};
 use crate::store::reader::SessionReader;
 use crate::store::schema::{CODEC, SESSION_FILE};
@@ -309,6 +309,10 @@ impl Root {
             write_lineage(conn, &lineage)
         })?;
         self.publish(staged, &child)?;
+        drop(reader);
+        for (ancestor, _) in &recorded {
+            empty_wal(&self.session_dir(ancestor).join(SESSION_FILE));
+        }
         Ok((child, lock))
     }
 }

@@ -462,7 +462,7 @@ fn validate_target(
 /// (`integrity_check`), contiguous sequences from 1, operation hashes, blob digests, known
 /// kinds, and a full fold. Ancestors of a fork are resolved as siblings of its folder.
 ///
-/// Keeps every commit in memory; [`verify_file`] makes the same checks in bounded memory.
+/// Keeps every commit in memory; [`verify_file`] makes the same checks without them.
 ///
 /// # Errors
 /// [`Error::Corrupt`] naming the first problem; [`Error::Io`] of kind `NotFound` naming a
@@ -503,7 +503,8 @@ impl crate::persistence::Root {
 }
 
 /// Makes every check of [`replay_file`] without keeping the commits: memory follows one page
-/// of the log and the projection, not the log's length.
+/// of the log, the projection (its model workset: every message of a session never
+/// compacted) and the history index's rows, not the log's bytes.
 ///
 /// # Errors
 /// As [`replay_file`].

@@ -470,7 +470,8 @@ impl Session {
 
     /// Stops accepting, drains everything, closes the file and releases the writer lock.
     /// Idempotent; when the final drain fails the session keeps its lock and tail, and a
-    /// later `close` retries.
+    /// later `close` retries. `Root::close` also records the session in the root's catalog
+    /// (a listing then reads nothing of its file).
     ///
     /// # Errors
     /// The final drain's error.
