@@ -200,6 +200,21 @@ fn reason_to_keep(
     if keep_forked && !forks.is_empty() {
         return Ok(Err(format!("{} fork(s) inherit from it", forks.len())));
     }
+    // The delete copies what a fork of an older schema version inherits into it under that
+    // fork's writer lock (it upgrades the fork's file), and is refused while a writer, an
+    // older build's, holds it: the dry run said it would delete the session, and the run
+    // then failed (outside testing M6, mixed versions).
+    for fork in &forks {
+        let file = root.session_dir(fork).join(SESSION_FILE);
+        if schema::is_older_version(&file).unwrap_or(false)
+            && let Some(owner) = root.writer_owner(fork)?
+        {
+            return Ok(Err(format!(
+                "its fork {fork}, whose file is of an older schema version, is held by a                  writer (pid {} on host {}): the delete would copy what the fork inherits into                  it, upgrading it, under its writer lock",
+                owner.pid, owner.host
+            )));
+        }
+    }
     Ok(Ok(forks))
 }
 
