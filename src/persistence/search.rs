@@ -238,6 +238,11 @@ impl Root {
         // into that, and cleared its `writer.lock` record as if the root's held its
         // commits; outside testing, users and permissions).
         let index = Arc::new(self.open_root_index().ok()?);
+        // A newer build's index is left to it: its searches catch this writer's sessions up
+        // from the record the writer leaves in `writer.lock`.
+        if index.is_newer().unwrap_or(true) {
+            return None;
+        }
         let _ = self.index_slot().set(index);
         self.index_slot().get().map(Arc::clone)
     }
@@ -450,6 +455,9 @@ impl Root {
             return Ok(Arc::clone(index));
         }
         let index = match self.open_root_index() {
+            // A newer build's index: searched through a private one, as a root this
+            // process may only read, and left as it is.
+            Ok(opened) if opened.is_newer()? => SearchIndex::open_private()?,
             Ok(opened) => opened,
             Err(e) => SearchIndex::open_private().map_err(|_| e)?,
         };

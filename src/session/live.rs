@@ -843,6 +843,9 @@ impl Shared {
         let slot = self.config.index.as_ref()?;
         let mut queue = self.unindexed.lock().unwrap_or_else(|e| e.into_inner());
         let index = match slot.get() {
+            // A private index (the root's is another user's, or a newer build's) is this
+            // process's searches' alone: no writer writes it (`index_holds_all`).
+            Some(index) if index.is_private() => return None,
             Some(index) => Arc::clone(index),
             None => {
                 if !now
@@ -884,8 +887,9 @@ impl Shared {
         let Some(slot) = self.config.index.as_ref() else {
             return true;
         };
-        let Some(index) = slot.get() else {
-            // An index there that this process could not open (one it may not write): the
+        let Some(index) = slot.get().filter(|index| !index.is_private()) else {
+            // An index there that this process could not open (one it may not write, or a
+            // newer build's, which this process's searches leave for a private one): the
             // record stays, so that a search that can write it catches this session up
             // (outside testing, users and permissions: it was cleared, and once the index
             // could be written again no search found what this writer wrote).
@@ -924,6 +928,7 @@ impl Shared {
             std::mem::take(&mut queue.commits)
         };
         if let Some(index) = self.config.index.as_ref().and_then(|slot| slot.get())
+            && !index.is_private()
             && !batch.is_empty()
         {
             let _ = index.index_drained(&self.reader, &batch);
