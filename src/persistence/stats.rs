@@ -68,7 +68,8 @@ impl Root {
     ///
     /// # Errors
     /// [`Error::SessionNotFound`], also for a session deleted while it is read;
-    /// [`Error::Corrupt`] when an ancestor is missing; SQLite errors.
+    /// [`Error::Corrupt`] when an ancestor or an event row is missing, or a `usage` payload
+    /// does not read (no other payload is read: `verify` checks them); SQLite errors.
     pub fn stats(&self, id: &SessionId) -> Result<SessionStats> {
         self.read_settled(id, |reader| self.stats_of(id, reader))
     }
@@ -123,13 +124,21 @@ impl Root {
                 .cmp(&(a.inline_bytes + a.blob_bytes))
                 .then_with(|| a.kind.cmp(&b.kind))
         });
+        // No payload is read, so the log is not folded: a missing event row (which the
+        // fold refused) is told from the count, as sequences run from 1 without a gap.
+        let events: u64 = kinds.iter().map(|k| k.count).sum();
+        if events != durable {
+            return Err(Error::corrupt(format!(
+                "session {id} holds {events} events through sequence {durable}: events are                  missing"
+            )));
+        }
         let (raw_bytes, stored_bytes) = blobs
             .values()
             .fold((0, 0), |(r, s), b| (r + b.raw, s + b.stored));
         Ok(SessionStats {
             session_id: id.clone(),
             durable_sequence: durable,
-            events: kinds.iter().map(|k| k.count).sum(),
+            events,
             kinds,
             blobs: BlobStats {
                 count: blobs.len() as u64,
