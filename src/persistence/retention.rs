@@ -15,8 +15,9 @@ use crate::error::{Error, Result};
 use crate::model::SessionId;
 use crate::model::ids::{now_ms, unix_ms};
 use crate::persistence::Root;
+use crate::store::lock;
 use crate::store::reader::SessionReader;
-use crate::store::schema::{self, SESSION_FILE, WAL_FILE, write_denied};
+use crate::store::schema::{self, LOCK_FILE, SESSION_FILE, WAL_FILE, write_denied};
 
 /// How long a deletion waits for a session's locks before it is kept as busy.
 const LOCK_WAIT: Duration = Duration::from_millis(200);
@@ -204,9 +205,12 @@ fn reason_to_keep(
     // fork's writer lock (it upgrades the fork's file), and is refused while a writer, an
     // older build's, holds it: the dry run said it would delete the session, and the run
     // then failed (outside testing M6, mixed versions).
+    // The lock first: an open of each fork's file (to read its version) cost a wide fan-out
+    // one SQLite open per fork, for a writer that is rarely there.
     for fork in &forks {
-        let file = root.session_dir(fork).join(SESSION_FILE);
-        if schema::is_older_version(&file).unwrap_or(false)
+        let dir = root.session_dir(fork);
+        if lock::is_held(&dir.join(LOCK_FILE)).unwrap_or(true)
+            && schema::is_older_version(&dir.join(SESSION_FILE)).unwrap_or(false)
             && let Some(owner) = root.writer_owner(fork)?
         {
             return Ok(Err(format!(

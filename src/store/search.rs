@@ -801,9 +801,13 @@ impl SearchIndex {
     /// # Errors
     /// SQLite errors.
     pub(crate) fn is_filled(&self) -> Result<bool> {
+        Ok(self.filled_mark()? == FILLED)
+    }
+
+    /// The mark of the build whose fill completed ([`FILLED`]'s value then; 0 for none).
+    fn filled_mark(&self) -> Result<i64> {
         let conn = lock(&self.read);
-        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
-        Ok(version == FILLED)
+        Ok(conn.pragma_query_value(None, "user_version", |r| r.get(0))?)
     }
 
     /// Whether a newer build filled this index (its mark is above this build's
@@ -816,9 +820,7 @@ impl SearchIndex {
     /// # Errors
     /// SQLite errors.
     pub(crate) fn is_newer(&self) -> Result<bool> {
-        let conn = lock(&self.read);
-        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
-        Ok(version > FILLED)
+        Ok(self.filled_mark()? > FILLED)
     }
 
     /// Hits for the FTS5 expression `fts` (built by `model::search`, every term quoted),
