@@ -1841,6 +1841,71 @@ fn import_stopped_by_a_signal_leaves_no_staging_copy() {
     env.ok(&["verify", "copy"]);
 }
 
+/// A session at the end of a chain of 40 forks, each of the one before with a turn of its
+/// own, is read, exported, forked and appended to under a soft descriptor limit of 64 (the
+/// hard one higher): each ancestor's file is read through connections of its own (its
+/// file, `-wal` and `-shm`), and every one of these commands failed with "Too many open
+/// files" under the usual soft limit of 1,024 for a chain of about 340 (outside testing
+/// R7). The command raises its soft limit to the hard one.
+#[test]
+fn a_deep_fork_chain_is_read_under_a_low_soft_descriptor_limit() {
+    let env = Env::new();
+    let root = session_store::Root::open(env.root()).expect("root");
+    let mut parent = common::id("s0");
+    let s = common::create(&root, "s0");
+    s.append(common::turn("op0", "t0", "m0")).expect("append");
+    s.close().expect("close");
+    for n in 1..=40 {
+        let child = common::id(&format!("s{n}"));
+        root.fork(
+            &parent,
+            session_store::ForkPoint::AfterTurn(format!("t{}", n - 1)),
+            Some(child.clone()),
+        )
+        .expect("fork");
+        let s = root.open_writer(&child).expect("open");
+        s.append(common::turn(
+            &format!("op{n}"),
+            &format!("t{n}"),
+            &format!("m{n}"),
+        ))
+        .expect("append");
+        root.close(&s).expect("close");
+        parent = child;
+    }
+    drop(root);
+    let soft_limited = |args: &[&str]| {
+        let out = Command::new("sh")
+            .args(["-c", "ulimit -Sn 64 && exec \"$@\"", "sh"])
+            .arg(BIN)
+            .arg("--root")
+            .arg(env.root())
+            .args(args)
+            .env_remove("SESSION_STORE_ROOT")
+            .current_dir(env.path("."))
+            .stdin(Stdio::null())
+            .output()
+            .expect("sh");
+        assert_eq!(code(&out), 0, "{args:?}: {}", stderr(&out));
+        stdout(&out)
+    };
+    let history = parse(&soft_limited(&[
+        "history", "s40", "--limit", "100", "--json",
+    ]));
+    let messages = history["messages"].as_array().expect("messages");
+    assert_eq!(messages.len(), 41, "{history}");
+    soft_limited(&["verify", "s40"]);
+    let export = env.path("s40.export");
+    soft_limited(&["export", "s40", export.to_str().expect("utf-8")]);
+    soft_limited(&["fork", "s40", "--after-turn", "t40", "--id", "s41"]);
+    let events = parse(&soft_limited(&[
+        "events", "s41", "--limit", "1000", "--json",
+    ]));
+    let events = events["events"].as_array().expect("events");
+    assert_eq!(events.len(), 41 * 3);
+    assert_eq!(events[121]["payload"]["message"]["id"], "m40");
+}
+
 /// A write past the process's file size limit (`prlimit --fsize`, `ulimit -f`) is an
 /// error the command reports in one line naming the limit, with status 1, and cleans up
 /// after: SIGXFSZ ended `export` at once, leaving its `.sse-….tmp` and `-wal` beside the

@@ -480,6 +480,8 @@ fn run(args: Args) -> CliResult<()> {
     cli::owner::act_as_root_owner(&root)?;
     // A write past `ulimit -f` fails (and the command cleans up) instead of killing it.
     cli::interrupt::survive_file_size_limit()?;
+    // A deep fork chain reads as many files as it has ancestors.
+    cli::limits::raise_descriptor_limit();
     let cx = Context {
         root,
         host: args.host,

@@ -35,6 +35,7 @@ pub mod corpus;
 pub mod demo;
 pub mod interrupt;
 pub mod lean;
+pub mod limits;
 pub mod owner;
 pub mod replicate;
 pub mod search;
