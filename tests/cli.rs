@@ -335,6 +335,18 @@ fn append_history_events_stats_and_the_sqlite3_shell() {
     let first = env.json(&["events", "made", "--limit", "3"]);
     assert_eq!(first["events"].as_array().map(Vec::len), Some(3));
     assert_eq!(first["next_after"], 3);
+    // At the durable sequence: an empty last page. Past it: refused, as Python and the
+    // library's `observe` refuse it (outside testing D1: exit 0 with an empty page).
+    let last = env.json(&["events", "made", "--after", "11"]);
+    assert_eq!(last["events"].as_array().map(Vec::len), Some(0));
+    assert_eq!(last["next_after"], Value::Null);
+    let err = env.fails(&["events", "made", "--after", "12"], 6);
+    assert!(
+        err.contains(
+            "no events after sequence 12: it is past the last sequence 11 of session made"
+        ),
+        "{err}"
+    );
     assert!(env.ok(&["events", "made"]).contains("<blob "));
 
     let stats = env.json(&["stats", "made"]);
@@ -1839,6 +1851,43 @@ fn import_stopped_by_a_signal_leaves_no_staging_copy() {
     }
     env.ok(&["import", export_arg, "--id", "copy"]);
     env.ok(&["verify", "copy"]);
+}
+
+/// A damaged session is named in the error of every command that reads or writes it, with
+/// `verify` to check it (exit 6): the CLI printed only "corrupt session store: SQLite
+/// reports: database disk image is malformed", where Python and `serve` named the session
+/// (outside testing D4).
+#[test]
+fn a_damaged_session_is_named_in_each_commands_error() {
+    let env = Env::new();
+    chat(&env, "broken", 2);
+    chat(&env, "sound", 1);
+    let file = env.root().join("broken/session.sqlite");
+    let len = std::fs::metadata(&file).expect("stat").len();
+    let mut bytes = std::fs::read(&file).expect("read");
+    for b in &mut bytes[4096..] {
+        *b = 0xde;
+    }
+    assert_eq!(bytes.len() as u64, len);
+    std::fs::write(&file, &bytes).expect("damage");
+    let export = env.path("broken.export");
+    let export = export.to_str().expect("utf-8");
+    for args in [
+        &["show", "broken"][..],
+        &["history", "broken"],
+        &["events", "broken"],
+        &["stats", "broken"],
+        &["rename", "broken", "new title"],
+        &["export", "broken", export],
+    ] {
+        let err = env.fails(args, 6);
+        assert!(
+            err.contains("session broken is damaged (")
+                && err.contains("`session-store verify broken` checks it"),
+            "{args:?}: {err}"
+        );
+    }
+    env.ok(&["show", "sound"]);
 }
 
 /// A session at the end of a chain of 40 forks, each of the one before with a turn of its

@@ -164,14 +164,23 @@ fn pages_and_api_over_the_demo_root() {
     assert_eq!(forks, ["flaky-fork", "flaky-fork-2"]);
     let html = server.ok("/?origin=rewind").body;
     assert!(html.contains("flaky-rewind") && !html.contains("demo-log-triage"));
-    for bad in [
-        "/api/sessions?origin=bogus",
-        "/api/sessions?limit=0",
-        "/api/sessions?limit=101",
+    for (bad, said) in [
+        ("/api/sessions?origin=bogus", "bogus"),
+        // A number out of range is not "not a number" (outside testing D5).
+        ("/api/sessions?limit=0", "limit 0 is not in 1..=100"),
+        ("/api/sessions?limit=101", "limit 101 is not in 1..=100"),
+        (
+            "/api/sessions?limit=ten",
+            "limit \"ten\" is not a number in 1..=100",
+        ),
     ] {
         let reply = server.get(bad);
         assert_eq!(reply.status, 400, "{bad}");
-        assert!(reply.json()["error"].is_string());
+        let error = reply.json()["error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(error.contains(said), "{bad}: {error}");
     }
 
     // Search: the page with marked words, the API, a malformed query refused.

@@ -18,9 +18,9 @@ use session_store::{
 
 use super::interrupt::Interrupt;
 use super::{
-    CliError, CliResult, Context, EXIT_NOT_FOUND, EXIT_OTHER, Failure, OutputError, block_on,
-    columns, count, exit_code, human_bytes, in_context, is_broken_pipe, padded, print_json,
-    printable, session_id, shown, spinner,
+    CliError, CliResult, Context, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_OTHER, Failure, OutputError,
+    block_on, columns, count, exit_code, human_bytes, in_context, is_broken_pipe, padded,
+    print_json, printable, session_id, shown, spinner,
 };
 
 /// Characters of a payload or message shown on one line of human output.
@@ -176,7 +176,8 @@ pub(super) fn report_skipped(skipped: &[SkippedSession]) {
 pub fn rename(cx: &Context, id: &str, title: &str) -> CliResult<()> {
     let id = session_id(id)?;
     let root = cx.open_root()?;
-    root.rename(&id, title)?;
+    root.rename(&id, title)
+        .map_err(|e| naming_damaged(&id, e.into()))?;
     if cx.json {
         print_json(&json!({ "session_id": id, "title": title }))
     } else {
@@ -264,12 +265,27 @@ fn read_of<T>(root: &Root, id: &SessionId, read: impl Fn() -> CliResult<T>) -> C
                     });
                 }
                 if not_found || attempt == READ_ATTEMPTS {
-                    return Err(e);
+                    return Err(naming_damaged(id, e));
                 }
                 attempt += 1;
             }
             other => return other,
         }
+    }
+}
+
+/// `error`, a failed read or write of session `id`, naming the session and `verify` when
+/// it says the session is damaged: the library's error names the damage ("corrupt session
+/// store: SQLite reports: database disk image is malformed") and not always the session,
+/// where Python and `serve` name it, so a script looping over ids could not tell which
+/// one was damaged (outside testing D4). The exit status stays 6.
+fn naming_damaged(id: &SessionId, error: CliError) -> CliError {
+    match error.downcast_ref::<Error>() {
+        Some(e) if e.is_corrupt() => Failure::invalid(format!(
+            "session {id} is damaged ({}); `session-store verify {id}` checks it",
+            super::one_line(e)
+        )),
+        _ => error,
     }
 }
 
@@ -567,6 +583,18 @@ pub fn events(cx: &Context, id: &str, after: u64, limit: usize, inline: bool) ->
         let reader = root.open_reader(&id)?;
         Ok((reader.durable_sequence()?, reader.commits(after, limit)?))
     })?;
+    // As the library's `observe` refuses it: a script paging with a sequence this session
+    // has not reached (another session's, a typo) saw an empty, finished stream (exit 0),
+    // where Python raised `InvalidInput` (outside testing D1).
+    if after > durable {
+        return Err(Failure::with_code(
+            EXIT_INVALID,
+            format!(
+                "no events after sequence {after}: it is past the last sequence {durable} of \
+                 session {id}"
+            ),
+        ));
+    }
     // Commits made after `durable` was read are left for the next page.
     let lines: Vec<EventLine<'_>> = commits
         .iter()
@@ -686,7 +714,10 @@ pub fn export(cx: &Context, id: &str, file: &Path) -> CliResult<()> {
         } else {
             // A failed write (a full disk, a folder that takes no files) named only the
             // temporary file SQLite was given, or nothing at all.
-            in_context(e, format!("export {id} to {}", file.display()))
+            naming_damaged(
+                &id,
+                in_context(e, format!("export {id} to {}", file.display())),
+            )
         }
     })?;
     if cx.json {
@@ -1039,7 +1070,7 @@ pub fn migrate_legacy(cx: &Context, file: &Path, head: &str) -> CliResult<()> {
 pub fn stats(cx: &Context, id: &str) -> CliResult<()> {
     let id = session_id(id)?;
     let root = cx.open_root()?;
-    let stats = root.stats(&id)?;
+    let stats = root.stats(&id).map_err(|e| naming_damaged(&id, e.into()))?;
     if cx.json {
         return print_json(&stats);
     }
