@@ -2196,9 +2196,26 @@ fn a_forks_inherited_title_is_found_after_its_parent_is_renamed() {
             [("parent".into(), 0)]
         );
     };
+    // Dated by the fork's creation, before or when its title was set there, not by the
+    // moment the index carried it: that moment moved at each rebuild, and a search since
+    // a moment after the rename found a title set before it (outside testing D3).
+    let born = root
+        .open_reader(&id("child"))
+        .expect("reader")
+        .header()
+        .created_at_ms;
+    let dated = |root: &Root| {
+        let hits = search_all(root, "quokka", SearchOptions::default());
+        assert_eq!(hits[0].time_ms, born);
+        let since = SearchOptions::default().with_since(born + 1);
+        assert!(search_all(root, "quokka", since).is_empty());
+    };
     check(&root);
+    dated(&root);
+    std::thread::sleep(std::time::Duration::from_millis(5));
     root.rebuild_catalog().expect("rebuild");
     check(&root);
+    dated(&root);
 }
 
 #[test]

@@ -1120,12 +1120,15 @@ fn the_root_storage_page_totals_the_catalog() {
     library.list(None, 100).expect("list");
     let demo = library.catalog_totals().expect("totals");
     assert!(demo.usage_events > 0 && demo.input_tokens > 0, "{demo:?}");
-    for (id, input) in [("demo-log-triage", 1000), ("demo-cli-flag", 234)] {
+    for (id, input, cost) in [
+        ("demo-log-triage", 1000, "0.1"),
+        ("demo-cli-flag", 234, "0.000000001"),
+    ] {
         let session = library
             .open_writer(&SessionId::new(id).expect("id"))
             .expect("writer");
         let usage = json!({"model": "m", "input_tokens": input, "output_tokens": 7,
-                           "cache_read_tokens": 3});
+                           "cache_read_tokens": 3, "cost": cost});
         session
             .append(Batch::new(
                 "usage-op",
@@ -1154,6 +1157,19 @@ fn the_root_storage_page_totals_the_catalog() {
     assert_eq!(totals["input_tokens"], demo.input_tokens + 1234);
     assert_eq!(totals["cache_read_tokens"], demo.cache_read_tokens + 6);
     assert_eq!(totals["usage_events"], demo.usage_events + 2);
+    // The costs summed exactly, as every per-session view gives them (outside testing D6:
+    // `/api/stats` had no cost).
+    let added = session_store::Cost::parse("0.100000001").expect("cost");
+    let cost = demo
+        .cost
+        .map_or(Some(added), |c| c.checked_add(added))
+        .expect("sum");
+    assert_eq!(totals["cost"], cost.to_string());
+    assert_eq!(
+        list.get("catalog_error"),
+        Some(&Value::Null),
+        "as list --json has it"
+    );
     let on_disk: u64 = sessions
         .iter()
         .map(|s| s["file_bytes"].as_u64().expect("file_bytes"))
@@ -1165,7 +1181,14 @@ fn the_root_storage_page_totals_the_catalog() {
     // The page: charts, linked from the navigation of every page, under the CSP.
     let page = server.ok("/stats");
     assert_eq!(page.body.matches("<svg class=\"bars\"").count(), 3);
-    for needle in ["session files", "ended turns", "cache read", "8 sessions"] {
+    let costing = format!("costing {cost} in all");
+    for needle in [
+        "session files",
+        "ended turns",
+        "cache read",
+        "8 sessions",
+        &costing,
+    ] {
         assert!(
             page.body.contains(needle),
             "{needle:?} missing: {}",

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::model::header::Origin;
-use crate::model::{Projection, SessionId, Usage};
+use crate::model::{Cost, Projection, SessionId, Usage};
 use crate::persistence::{Root, RootScan, confine, holds_session_file};
 use crate::store::reader::SessionReader;
 use crate::store::schema::{self, SESSION_FILE, WAL_FILE};
@@ -143,6 +143,37 @@ pub struct CatalogTotals {
     pub cache_read_tokens: u64,
     /// Tokens written to a cache.
     pub cache_write_tokens: u64,
+    /// The exact sum of the sessions' costs; `None` when no session has one (or, past
+    /// 38 digits, when the sum does not fit). Every other surface of usage gave the cost,
+    /// `/api/stats` alone did not (outside testing D6).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<Cost>,
+}
+
+/// The sessions' total costs, summed exactly in [`cost_total`] (SQLite's `sum` would
+/// round them as floating point).
+const COSTS_SQL: &str = "SELECT json_extract(entry, '$.usage.total.cost') FROM sessions
+    WHERE entry <> '' AND json_extract(entry, '$.usage.total.cost') IS NOT NULL";
+
+/// The exact sum of the catalog's session costs ([`CatalogTotals::cost`]). A cost the
+/// entry holds that is no decimal (a catalog edited by hand) is left out.
+fn cost_total(c: &Connection) -> Result<Option<Cost>> {
+    let mut stmt = c.prepare_cached(COSTS_SQL)?;
+    let mut rows = stmt.query([])?;
+    let mut total: Option<Cost> = None;
+    while let Some(row) = rows.next()? {
+        let Ok(Some(text)) = row.get::<_, Option<String>>(0) else {
+            continue;
+        };
+        let Ok(cost) = Cost::parse(&text) else {
+            continue;
+        };
+        match total.map_or(Some(cost), |t| t.checked_add(cost)) {
+            Some(sum) => total = Some(sum),
+            None => return Ok(None),
+        }
+    }
+    Ok(total)
 }
 
 /// The aggregate behind [`CatalogTotals`]: a stamp starts with the session file's size and
@@ -1071,9 +1102,13 @@ impl Catalog {
                     output_tokens: n(7)?,
                     cache_read_tokens: n(8)?,
                     cache_write_tokens: n(9)?,
+                    cost: None,
                 })
             })?;
-            Ok(row)
+            Ok(CatalogTotals {
+                cost: cost_total(c)?,
+                ..row
+            })
         })
     }
 

@@ -766,6 +766,7 @@ impl SearchIndex {
                 let key = register(&tx, &reader, &reader.lineage(), &title)?;
                 apply(&tx, key, &changes_of(&own))?;
                 record_damage(&tx, &id, own.damage.as_ref())?;
+                record_birth(&tx, &id, reader.header().created_at_ms)?;
                 set_indexed(&tx, key, own.through.max(reader.inherited_events()))
             });
             match indexed {
@@ -1558,7 +1559,11 @@ enum TitleScope {
 /// current title row within its inherited ranges holds any more: the ancestor was renamed
 /// after the fork, and its title row now holds the new title. Without it the fork's title
 /// (still what `list` shows for it) was found nowhere. The row's sequence is 0 (no event
-/// of this file) and its time the time it is carried.
+/// of this file) and its time the session's creation (the title was set at or before it;
+/// its own event's time is in the ancestor's file only), or the time it is carried when
+/// the index has no creation time for it. Dated by the carrying, such a title was found by
+/// searches `since` a moment after it was set, and its time moved at every rebuild
+/// (outside testing D3).
 fn carry_titles(tx: &Transaction<'_>, scope: TitleScope) -> Result<()> {
     // Each scope picks its sessions by key (a catch-up or a rename reads a few rows).
     let (pick, key) = match scope {
@@ -1589,17 +1594,24 @@ fn carry_titles(tx: &Transaction<'_>, scope: TitleScope) -> Result<()> {
     .execute([key])?;
     let orphans = tx
         .prepare_cached(&format!(
-            "SELECT f.id, f.title FROM search_sessions f
+            "SELECT f.id, f.title, b.created_ms FROM search_sessions f
+             LEFT JOIN search_births b ON b.session_id = f.session_id
              WHERE {pick} AND f.title <> ''
                AND NOT EXISTS (SELECT 1 FROM search_rows r
                                WHERE r.session = f.id AND r.position = 0)
                AND NOT {inherited}"
         ))?
-        .query_map([key], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))?
+        .query_map([key], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, Option<i64>>(2)?,
+            ))
+        })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let now = crate::model::ids::now_ms();
-    for (key, title) in orphans {
-        put(tx, key, 0, 0, now, Some("title"), &title)?;
+    for (key, title, born) in orphans {
+        put(tx, key, 0, 0, born.unwrap_or(now), Some("title"), &title)?;
     }
     Ok(())
 }

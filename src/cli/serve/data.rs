@@ -274,6 +274,9 @@ pub struct SessionList {
     pub next_cursor: Option<String>,
     /// Sessions that could not be read, with why.
     pub skipped: Vec<SkippedSession>,
+    /// Why the catalog was not used for this page (it was listed from the session files),
+    /// as `list --json` and Python's `Root.list` say it (outside testing D6).
+    pub catalog_error: Option<String>,
 }
 
 /// Whether a sessions page refreshes the catalog first.
@@ -360,6 +363,7 @@ pub async fn sessions(app: &App, params: &Params) -> Result<SessionList, Problem
     // each twice) and what is no session of the root.
     let page = app.query.list_with(&filter, params.cursor(), limit).await?;
     let skipped = page.skipped;
+    let catalog_error = page.catalog_error.map(|e| crate::cli::one_line(e.as_ref()));
     let root = app.root.clone();
     let summaries = page.sessions;
     let sessions = blocking(move || {
@@ -382,6 +386,7 @@ pub async fn sessions(app: &App, params: &Params) -> Result<SessionList, Problem
         sessions,
         next_cursor: page.next_cursor,
         skipped,
+        catalog_error,
     })
 }
 

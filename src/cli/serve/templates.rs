@@ -431,7 +431,11 @@ pub fn root_stats_page(t: &CatalogTotals) -> Html<String> {
                 (svg::count_bars(&[("sessions", t.sessions), ("events", t.events), ("ended turns", t.turns)]))
             }
             h2 { "Token usage" }
-            p { (t.usage_events) " usage events." }
+            p {
+                (t.usage_events) " usage events"
+                @if let Some(cost) = &t.cost { ", costing " (cost.to_string()) " in all" }
+                "."
+            }
             div.chart {
                 (svg::count_bars(&[
                     ("input", t.input_tokens),
