@@ -526,6 +526,65 @@ fn a_busy_file_is_retryable_and_flush_recovers() {
     s.close().expect("close");
 }
 
+/// A session paused by a busy file retries its drain by itself once the file is free:
+/// what it accepted becomes durable without a flush, and an append over the budget drains
+/// again before it is refused. Timed drains stopped until the host flushed, so another
+/// process's write held for 5 s (a delete copying history in, a fork's `dependents` row)
+/// left everything appended after it in memory alone, long after that process had gone,
+/// and an append over the budget was refused with the file already free (outside testing
+/// W2, W3).
+#[test]
+fn a_session_paused_by_a_busy_file_drains_again_once_it_is_free() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = Root::open(dir.path()).expect("root");
+    let s = durable_session(&root, "busy");
+    let durable = s.snapshot().durable_sequence;
+    let other = rusqlite::Connection::open(session_file(&s)).expect("sqlite");
+    other.execute_batch("BEGIN IMMEDIATE").expect("write lock");
+    s.append(Batch::new("op-1", vec![message("m1", "user", "one")]))
+        .expect("accepted in memory");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while s.snapshot().persistence_status != PersistenceStatus::Failed {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the drain never failed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    other.execute_batch("ROLLBACK").expect("let go");
+    // No flush: the retry makes it durable.
+    while s.snapshot().durable_sequence < durable + 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never retried: {:?}",
+            s.snapshot()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(s.snapshot().persistence_status, PersistenceStatus::Ready);
+    s.close().expect("close");
+
+    // Over the budget while paused: the append drains once more, and is accepted when the
+    // file is free by then.
+    let options = StoreOptions::default()
+        .with_write_behind(Duration::from_secs(3600))
+        .with_queue_budget(1);
+    let root = Root::with_options(dir.path(), options).expect("root");
+    let s = root.open_writer(&id("busy")).expect("writer");
+    other.execute_batch("BEGIN IMMEDIATE").expect("write lock");
+    s.append(Batch::new("op-2", vec![message("m2", "user", "two")]))
+        .expect("accepted in memory");
+    let e = s
+        .append(Batch::new("op-3", vec![message("m3", "user", "three")]))
+        .expect_err("over budget while the file is busy");
+    assert!(matches!(e, Error::PersistenceFailed(_)), "{e:?}");
+    other.execute_batch("ROLLBACK").expect("let go");
+    s.append(Batch::new("op-4", vec![message("m4", "user", "four")]))
+        .expect("drained again, then accepted");
+    assert_eq!(s.flush().expect("flush"), durable + 3, "m1, m2 and m4");
+    s.close().expect("close");
+}
+
 /// A closed session and a writer fenced off by another lease need a reopen; a poisoned
 /// session says so with the failed write as its source.
 #[test]

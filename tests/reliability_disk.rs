@@ -363,7 +363,8 @@ fn full_disk_in_a_timed_drain_and_in_close() {
         error.contains("full"),
         "the status names the cause: {error}"
     );
-    // Timed drains pause after a failure: nothing is retried behind the caller's back.
+    // Paused after a failure: an append arms no drain (the retry, 500 ms after the
+    // failure, meets the full disk as well).
     s.append(Batch::new(
         "after-failure",
         vec![message("m-after", "user", "x")],

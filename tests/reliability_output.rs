@@ -440,7 +440,10 @@ fn numeric_arguments_out_of_range_are_usage_errors_not_panics() {
     // The edges that are in range still work.
     // Past the session's last sequence: refused for that, exit 6, as Python refuses it.
     let past = env.fails(&["events", "s", "--after", "9223372036854775807"], 6);
-    assert!(past.contains("past the last sequence 0 of session s"), "{past}");
+    assert!(
+        past.contains("past the last sequence 0 of session s"),
+        "{past}"
+    );
     let page = env.ok(&["--json", "events", "s", "--after", "0"]);
     assert!(page.contains(r#""events":[]"#), "{page}");
     env.ok(&["events", "s", "--limit", "1000000"]);

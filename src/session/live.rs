@@ -94,6 +94,13 @@ const DERIVED_ID_CHARGE: usize = 36;
 /// index write.
 const INDEX_DELAY: Duration = Duration::from_millis(50);
 
+/// The first retry of a paused session's drain comes this long after its failure; each
+/// failed retry doubles the wait, up to [`RETRY_AT_MOST`].
+const RETRY_FIRST: Duration = Duration::from_millis(500);
+
+/// The longest wait between retries of a paused session's drain.
+const RETRY_AT_MOST: Duration = Duration::from_secs(8);
+
 /// How a live session writes behind.
 #[derive(Clone, Debug)]
 pub(crate) struct WriteBehind {
@@ -156,8 +163,16 @@ struct State {
     draining: bool,
     /// The earliest drain scheduled on the writer pool and not yet run.
     armed_at: Option<Instant>,
-    /// Set after a clean failure: timed drains stop until an explicit flush succeeds.
+    /// Set after a clean failure (a file busy for the whole busy timeout, a full disk):
+    /// appends arm no drain, and the drain is retried after [`State::retry_in`] instead,
+    /// until one succeeds. Timed drains stopped until an explicit flush succeeded, so
+    /// another process's write held for 5 s (a delete copying history in, a fork's
+    /// `dependents` row) left everything appended after it in memory alone until the
+    /// host flushed or closed, long after that process had gone (outside testing W2, W3).
     paused: bool,
+    /// How long after the next failure the drain is retried ([`RETRY_FIRST`] after a
+    /// success, doubled by each failure up to [`RETRY_AT_MOST`]).
+    retry_in: Duration,
     /// The error of the last failed drain (cleared by a successful one).
     error: Option<Error>,
     poisoned: bool,
@@ -254,6 +269,7 @@ impl Session {
             draining: false,
             armed_at: None,
             paused: false,
+            retry_in: RETRY_FIRST,
             error: None,
             poisoned: false,
             closed: false,
@@ -648,18 +664,23 @@ impl Shared {
         // or drains the queue itself when none is (unless the queue is empty: one
         // oversized commit is always accepted).
         let mut s = lock(&self.state);
+        // A paused session's drain is tried once more here before the append is refused:
+        // the file may be free again (it was refused at once, seconds after the other
+        // process had let go; outside testing W2).
+        let mut tried = false;
         while !s.closed
             && !s.poisoned
             && s.queued_bytes > 0
             && s.queued_bytes + charge > self.config.budget
         {
-            if s.paused {
-                return Err(Error::PersistenceFailed(Box::new(s.failure())));
-            }
             if s.draining {
                 s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
                 continue;
             }
+            if s.paused && tried {
+                return Err(Error::PersistenceFailed(Box::new(s.failure())));
+            }
+            tried = true;
             drop(s);
             // A failure is recorded in the state and answered on the next loop.
             let _ = self.drain();
@@ -792,6 +813,7 @@ impl Shared {
                     s.drained_at_ms = Some(last.commit.created_at_ms);
                 }
                 s.paused = false;
+                s.retry_in = RETRY_FIRST;
                 s.error = None;
                 // Commits accepted during the write are drained right after (drain chain).
                 if !s.tail.is_empty() {
@@ -803,6 +825,11 @@ impl Shared {
                 s.error = Some(e.clone());
                 if e.is_retryable_write() {
                     s.paused = true;
+                    let retry = s.retry_in;
+                    s.retry_in = (retry * 2).min(RETRY_AT_MOST);
+                    if let Some(due) = Instant::now().checked_add(retry) {
+                        self.arm(&mut s, due);
+                    }
                 } else {
                     s.poisoned = true;
                 }
@@ -953,11 +980,9 @@ impl Drain for Shared {
                 self.load_operation_ids();
                 return;
             }
-            // Any scheduled drain that runs stands for every one armed before it.
+            // Any scheduled drain that runs stands for every one armed before it (a paused
+            // session's retry too: appends arm none while it is paused).
             s.armed_at = None;
-            if s.paused {
-                return;
-            }
         }
         self.load_operation_ids();
         // A failure is recorded in the state and reported by the next flush.
