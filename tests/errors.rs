@@ -501,10 +501,18 @@ fn a_busy_file_is_retryable_and_flush_recovers() {
     let Error::Sqlite(reported) = cause else {
         panic!("{cause:?}")
     };
-    // The store's own type says what SQLite said: SQLITE_BUSY (5), its message.
+    // The store's own type keeps SQLite's codes, SQLITE_BUSY (5), and names the file and
+    // what it means (outside testing W6: "database is locked" named neither).
     assert_eq!(reported.code(), Some(5), "{reported}");
     assert_eq!(reported.extended_code(), Some(5), "{reported}");
-    assert_eq!(reported.to_string(), "database is locked");
+    assert_eq!(
+        reported.to_string(),
+        format!(
+            "{} is busy: another process held a write on it for 5 s (its writer, or a delete \
+             or fork of a session it shares history with); try again",
+            session_file(&s).display()
+        )
+    );
     assert_eq!(classes(cause), ["retryable"]);
     let sqlite = cause
         .source()
@@ -583,6 +591,59 @@ fn a_session_paused_by_a_busy_file_drains_again_once_it_is_free() {
         .expect("drained again, then accepted");
     assert_eq!(s.flush().expect("flush"), durable + 3, "m1, m2 and m4");
     s.close().expect("close");
+}
+
+/// A fork whose parent's file, and a delete whose fork's file, another process holds a
+/// write on for the whole busy timeout (its writer stopped inside a drain) fail naming the
+/// file as busy, to be tried again, and change nothing: both said only "database is
+/// locked" (outside testing W6).
+#[test]
+fn a_fork_and_a_delete_meeting_a_busy_file_name_it() {
+    let (_dir, root) = temp_root();
+    let p = create(&root, "p");
+    p.append(common::turn("op-1", "t1", "m1")).expect("append");
+    p.close().expect("close");
+    let c = root
+        .fork(
+            &id("p"),
+            session_store::ForkPoint::AfterTurn("t1".into()),
+            Some(id("c")),
+        )
+        .expect("fork");
+    let busy = |name: &str| {
+        let file = root.session_dir(&id(name)).join("session.sqlite");
+        let other = rusqlite::Connection::open(&file).expect("sqlite");
+        other.execute_batch("BEGIN IMMEDIATE").expect("write lock");
+        (file, other)
+    };
+    let said = |file: &std::path::Path| {
+        format!(
+            "{} is busy: another process held a write on it for 5 s (its writer, or a delete \
+             or fork of a session it shares history with); try again",
+            file.display()
+        )
+    };
+    let (file, other) = busy("p");
+    let e = root
+        .fork(
+            &id("p"),
+            session_store::ForkPoint::AfterTurn("t1".into()),
+            Some(id("c2")),
+        )
+        .expect_err("the parent's file is busy");
+    assert!(e.to_string().contains(&said(&file)), "{e}");
+    assert!(e.is_retryable(), "{e:?}");
+    drop(other);
+    assert_eq!(root.list_ids().expect("ids"), [id("c"), id("p")]);
+    let (file, other) = busy("c");
+    let e = root
+        .delete(&id("p"), &session_store::CancelToken::new())
+        .expect_err("the fork's file is busy");
+    assert!(e.to_string().contains(&said(&file)), "{e}");
+    drop(other);
+    assert_eq!(root.list_ids().expect("ids"), [c, id("p")]);
+    root.delete(&id("p"), &session_store::CancelToken::new())
+        .expect("delete once the file is free");
 }
 
 /// A closed session and a writer fenced off by another lease need a reopen; a poisoned

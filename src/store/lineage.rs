@@ -19,15 +19,18 @@ const COPY_PAGE: usize = 1000;
 /// Records `child` as a dependent of the session file `file` through `through`, durably
 /// (on a side connection: the file's writer, if any, is not disturbed).
 pub(crate) fn record_dependent(file: &Path, child: &str, through: u64) -> Result<()> {
-    let mut conn = schema::open_side_writer(file)?;
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    tx.execute(
-        "INSERT INTO dependents (child_id, through_seq) VALUES (?1, ?2)
-         ON CONFLICT (child_id) DO UPDATE SET through_seq = max(through_seq, excluded.through_seq)",
-        params![child, through],
-    )?;
-    tx.commit()?;
-    Ok(())
+    let record = || -> Result<()> {
+        let mut conn = schema::open_side_writer(file)?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        tx.execute(
+            "INSERT INTO dependents (child_id, through_seq) VALUES (?1, ?2)
+             ON CONFLICT (child_id) DO UPDATE SET through_seq = max(through_seq, excluded.through_seq)",
+            params![child, through],
+        )?;
+        tx.commit()?;
+        Ok(())
+    };
+    record().map_err(|e| schema::busy_file(e, file))
 }
 
 /// Gives back to the session file `file` the frames its WAL holds and empties the WAL,
@@ -48,9 +51,12 @@ pub(crate) fn empty_wal(file: &Path) {
 /// Drops `child`'s dependents row from the session file `file` (on a side connection, as
 /// [`record_dependent`]).
 pub(crate) fn forget_dependent(file: &Path, child: &str) -> Result<()> {
-    let conn = schema::open_side_writer(file)?;
-    conn.execute("DELETE FROM dependents WHERE child_id = ?1", [child])?;
-    Ok(())
+    let forget = || -> Result<()> {
+        let conn = schema::open_side_writer(file)?;
+        conn.execute("DELETE FROM dependents WHERE child_id = ?1", [child])?;
+        Ok(())
+    };
+    forget().map_err(|e| schema::busy_file(e, file))
 }
 
 /// Replaces a file's lineage rows.
@@ -74,6 +80,17 @@ pub(crate) fn write_lineage(conn: &mut Connection, lineage: &[LineageEntry]) -> 
 /// String values longer than `inline_threshold` become content parts of the child. A
 /// child of an older version is upgraded first: the caller holds its writer lock then.
 pub(crate) fn materialize(
+    source_file: &Path,
+    ancestor: &str,
+    child_file: &Path,
+    inline_threshold: usize,
+) -> Result<()> {
+    copy_ranges(source_file, ancestor, child_file, inline_threshold)
+        .map_err(|e| schema::busy_file(e, child_file))
+}
+
+/// [`materialize`], its errors as they come.
+fn copy_ranges(
     source_file: &Path,
     ancestor: &str,
     child_file: &Path,

@@ -371,6 +371,23 @@ pub(crate) fn use_rollback_journal(conn: &Connection) -> Result<()> {
     Ok(())
 }
 
+/// `e` of a write to the session file `file`: a file another process held a write on for
+/// the whole busy timeout (its writer, stopped inside a drain; a delete of a session it
+/// inherits from, copying that history in; a fork recording itself) is said to be busy,
+/// naming it; still SQLite's busy error, which a caller may retry. It said only "database
+/// is locked" (outside testing, signals: a delete stopped with Ctrl-Z; W6: a fork, rewind,
+/// delete or gc meeting a writer stopped inside its drain).
+pub(crate) fn busy_file(e: Error, file: &Path) -> Error {
+    e.busy_saying(|| {
+        format!(
+            "{} is busy: another process held a write on it for {} s (its writer, or a \
+             delete or fork of a session it shares history with); try again",
+            file.display(),
+            BUSY_TIMEOUT.as_secs()
+        )
+    })
+}
+
 /// A writing connection for a short side update (a `dependents` row) of a session file
 /// at any version this build reads, which it leaves at that version: a side update holds
 /// no writer lock, and an older build's writer may be writing the file (upgraded under it,

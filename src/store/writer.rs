@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use rusqlite::Connection;
 
-use crate::error::{Error, Result, WriterOwner};
+use crate::error::{Result, WriterOwner};
 use crate::store::lock::WriterLock;
 use crate::store::operation_keys::ChunkMark;
 use crate::store::schema::{self, Durability, SESSION_FILE};
@@ -44,21 +44,6 @@ pub(crate) struct FileWriter {
     chunks: ChunkMark,
 }
 
-/// `e` of a writer's open of `file`: a file another process held a write on for the whole
-/// busy timeout (a delete of a session it inherits from, copying that history in) is said
-/// to be busy, naming it; still SQLite's busy error, which a caller may retry. It said only
-/// "database is locked" (outside testing, signals: a delete stopped with Ctrl-Z).
-fn busy_file(e: Error, file: &Path) -> Error {
-    e.busy_saying(|| {
-        format!(
-            "{} is busy: another process held a write on it for {} s (such as a delete of a \
-             session it inherits from, copying that history in); try again",
-            file.display(),
-            schema::BUSY_TIMEOUT.as_secs()
-        )
-    })
-}
-
 impl FileWriter {
     /// Opens the session file in `dir` under `lock` (already held by the caller, e.g.
     /// handed over from staging), bumps the lease generation and records `owner` with
@@ -75,8 +60,10 @@ impl FileWriter {
         // Provisional record first, so a refused opener can name us at once.
         lock.record_owner(&owner)?;
         let file = dir.join(SESSION_FILE);
-        let mut conn = schema::open_writable(&file, durability).map_err(|e| busy_file(e, &file))?;
-        owner.generation = write::take_lease(&mut conn, &owner).map_err(|e| busy_file(e, &file))?;
+        let mut conn =
+            schema::open_writable(&file, durability).map_err(|e| schema::busy_file(e, &file))?;
+        owner.generation =
+            write::take_lease(&mut conn, &owner).map_err(|e| schema::busy_file(e, &file))?;
         lock.record_owner(&owner)?;
         lock.sync_record()?;
         let chunks = ChunkMark::read(&conn)?;
@@ -104,7 +91,8 @@ impl FileWriter {
             batch,
             self.inline_threshold,
             self.chunks,
-        )?;
+        )
+        .map_err(|e| schema::busy_file(e, &self.dir.join(SESSION_FILE)))?;
         Ok(())
     }
 
