@@ -1779,3 +1779,54 @@ fn import_refuses_a_header_that_create_would_refuse() {
         }
     }
 }
+
+/// `gc` names a session that another delete (another `gc`'s, or `delete`'s) is deleting
+/// as such, as `append` names it: it said "a live writer holds it" of a stopped `gc`
+/// (outside testing W5). The delete is held inside the fork's file by another connection.
+#[test]
+fn gc_names_a_delete_in_progress_as_a_delete() {
+    let (_dir, root) = temp_root();
+    let p = create(&root, "p");
+    p.append(turn("op-1", "t1", "m1")).expect("append");
+    p.close().expect("close");
+    root.fork(
+        &id("p"),
+        session_store::ForkPoint::AfterTurn("t1".into()),
+        Some(id("c")),
+    )
+    .expect("fork");
+    // Older than the age given, as sessions and as arrivals in their root.
+    std::thread::sleep(Duration::from_millis(1_100));
+    let fork_file = root.session_dir(&id("c")).join("session.sqlite");
+    let other = rusqlite::Connection::open(&fork_file).expect("sqlite");
+    other.execute_batch("BEGIN IMMEDIATE").expect("write lock");
+    let deleting = std::thread::spawn({
+        let root = root.clone();
+        move || root.delete(&id("p"), &session_store::CancelToken::new())
+    });
+    let deadline = Instant::now() + Duration::from_secs(4);
+    while root
+        .writer_owner(&id("p"))
+        .ok()
+        .flatten()
+        .is_none_or(|o| o.holding_for.is_none())
+    {
+        assert!(Instant::now() < deadline, "the delete never took the lock");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let options = session_store::GcOptions::older_than(Duration::from_secs(1)).with_dry_run(true);
+    let report = root.gc(&options).expect("gc");
+    let kept = report
+        .kept
+        .iter()
+        .find(|k| k.session_id == id("p"))
+        .unwrap_or_else(|| panic!("p not kept: {report:?}"));
+    assert!(
+        kept.reason
+            .starts_with("a delete in progress holds it (pid "),
+        "{}",
+        kept.reason
+    );
+    drop(other);
+    let _ = deleting.join().expect("delete thread");
+}

@@ -184,10 +184,18 @@ fn reason_to_keep(
         ));
     }
     if writer && let Some(owner) = root.writer_owner(id)? {
-        return Ok(Err(format!(
-            "a live writer holds it (pid {} on host {})",
-            owner.pid, owner.host
-        )));
+        // A delete (another `gc`'s, or `delete`'s) holds the same lock: named as such, as
+        // `append` names it (outside testing W5: "a live writer holds it" of a stopped gc).
+        return Ok(Err(match owner.holding_for.as_deref() {
+            Some(what) => format!(
+                "a {what} in progress holds it (pid {} on host {})",
+                owner.pid, owner.host
+            ),
+            None => format!(
+                "a live writer holds it (pid {} on host {})",
+                owner.pid, owner.host
+            ),
+        }));
     }
     // A fork killed between recording itself here and its publication left a row naming
     // no session: it keeps nothing (one that cannot be read is counted, to keep on the
