@@ -3170,3 +3170,53 @@ fn a_message_is_searched_in_its_first_mebibyte() {
     );
     assert!(search_all(&root, "lateword", SearchOptions::default()).is_empty());
 }
+
+/// A root's first search waits for another process's write on the index that is not done
+/// within 5 s (its fill of the root, which takes 4-15 s for 200,000 messages) and then
+/// answers; a rebuild meeting the same write names the index as busy, to be tried again.
+/// Both failed after 5 s with "database is locked", the rebuild's error under "rebuild
+/// the catalog" (outside testing W1).
+#[test]
+fn a_first_search_waits_out_another_fill_and_a_rebuild_names_the_busy_index() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "s");
+    s.append(Batch::new(
+        "op",
+        vec![message("m1", "user", "a quokka here")],
+    ))
+    .expect("append");
+    s.close().expect("close");
+    assert_eq!(
+        search_all(&root, "quokka", SearchOptions::default()).len(),
+        1
+    );
+    // Another process fills the index again: unfilled, and written for 5.5 s.
+    let index = root.path().join(".catalog").join("search.sqlite");
+    let other = rusqlite::Connection::open(&index).expect("sqlite");
+    other
+        .execute_batch("PRAGMA user_version = 0; BEGIN IMMEDIATE")
+        .expect("write lock");
+    let searching = std::thread::spawn({
+        let path = root.path().to_path_buf();
+        move || {
+            let fresh = Root::open(path).expect("root");
+            search_all(&fresh, "quokka", SearchOptions::default()).len()
+        }
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let e = Root::open(root.path())
+        .expect("root")
+        .rebuild_catalog()
+        .expect_err("the index is held");
+    assert!(
+        e.to_string().contains(&format!(
+            "the search index {} is busy: another process held a write on it for 5 s",
+            index.display()
+        )),
+        "{e}"
+    );
+    assert!(e.is_retryable(), "{e:?}");
+    std::thread::sleep(Duration::from_millis(500));
+    other.execute_batch("ROLLBACK").expect("let go");
+    assert_eq!(searching.join().expect("search thread"), 1);
+}

@@ -18,7 +18,7 @@ use crate::store::lock;
 use crate::store::reader::SessionReader;
 use crate::store::schema::{self, LOCK_FILE, SESSION_FILE};
 use crate::store::search::{
-    DamagedSession, FilesStamp, IndexFilter, IndexHit, LockStamp, SEARCH_FILE, SEARCH_FILES,
+    DamagedSession, FilesStamp, Fill, IndexFilter, IndexHit, LockStamp, SEARCH_FILE, SEARCH_FILES,
     SearchIndex,
 };
 
@@ -260,7 +260,7 @@ impl Root {
         let index = self.opened_search_index()?;
         let first = index.first_search();
         if !index.is_filled()? {
-            self.fill(&index)?;
+            self.fill(&index, Fill::UnlessFilled)?;
         } else if first {
             self.catch_up_dead_writers_in(&index);
         }
@@ -492,14 +492,15 @@ impl Root {
             let shown = self.path().join(CATALOG_DIR);
             unlink_files_at(&catalog_dir(self)?, &SEARCH_FILES, &shown)
         })?;
-        self.fill(index)
+        self.fill(index, Fill::Anew)
     }
 
-    /// Indexes every session of the root into `index` (emptied first).
-    fn fill(&self, index: &SearchIndex) -> Result<usize> {
+    /// Indexes every session of the root into `index` (emptied first), as `fill` says.
+    fn fill(&self, index: &SearchIndex, fill: Fill) -> Result<usize> {
         let ids = self.list_ids()?;
         let mut unreadable = Vec::new();
         let count = index.rebuild(
+            fill,
             ids.into_iter().map(|id| {
                 let reader = self.open_reader(&id);
                 (id, reader)
@@ -542,7 +543,7 @@ impl Root {
     /// sessions it indexed.
     pub(crate) fn rebuild_search(&self) -> Result<usize> {
         match self.search_index() {
-            Some(index) => match self.fill(&index) {
+            Some(index) => match self.fill(&index, Fill::Anew) {
                 Err(e) if e.is_corrupt() && index.is_damaged() => {
                     self.replace_damaged_index(&index)
                 }
