@@ -16,6 +16,7 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
@@ -175,6 +176,10 @@ fn cost_total(c: &Connection) -> Result<Option<Cost>> {
     }
     Ok(total)
 }
+
+/// How long a small write of a derived catalog row waits for another process's write on
+/// the catalog ([`Catalog::with_conn_writing`]).
+const CATALOG_WRITE_WAIT: Duration = Duration::from_secs(1);
 
 /// The aggregate behind [`CatalogTotals`]: a stamp starts with the session file's size and
 /// holds the WAL's after its `/` (`-`, a missing file, casts to 0).
@@ -859,6 +864,26 @@ impl Catalog {
         self.with_conn_knowing(root, None, f)
     }
 
+    /// [`Catalog::with_conn`] for one small write of a derived row (a session recorded,
+    /// its entry stored or dropped), waiting [`CATALOG_WRITE_WAIT`] at most for another
+    /// process's write instead of the busy timeout: each such write is best effort (a
+    /// stale row is computed again when listed), and a process stopped inside a catalog
+    /// write (a `rebuild-catalog` under Ctrl-Z) made every `append`, `delete` and `rename`
+    /// wait 5 s and `create` 10 s, and a refresh kept `serve`'s pages waiting as long
+    /// (outside testing W8).
+    fn with_conn_writing<T>(
+        &self,
+        root: &Root,
+        f: impl FnOnce(&Connection) -> Result<T>,
+    ) -> Result<T> {
+        self.with_conn(root, |c| {
+            c.busy_timeout(CATALOG_WRITE_WAIT)?;
+            let out = f(c);
+            c.busy_timeout(schema::BUSY_TIMEOUT)?;
+            out
+        })
+    }
+
     /// [`Catalog::with_conn`], given the read of the root folder the caller has just made
     /// (a first page's [`Root::scan`]), so that the first open does not read it again.
     fn with_conn_knowing<T>(
@@ -939,7 +964,7 @@ impl Catalog {
 
     /// Records that a session exists (its entry is computed when first listed).
     pub(crate) fn touch(&self, root: &Root, id: &SessionId) -> Result<()> {
-        self.with_conn(root, |c| {
+        self.with_conn_writing(root, |c| {
             c.prepare_cached(
                 "INSERT OR IGNORE INTO sessions (session_id, stamp, entry) VALUES (?1, '', '')",
             )?
@@ -965,7 +990,7 @@ impl Catalog {
         if stamp.starts_with(MISSING) {
             return self.forget(root, &entry.session_id);
         }
-        self.with_conn(root, |c| {
+        self.with_conn_writing(root, |c| {
             c.prepare_cached(
                 "INSERT OR REPLACE INTO sessions (session_id, stamp, entry) VALUES (?1, ?2, ?3)",
             )?
@@ -1015,7 +1040,7 @@ impl Catalog {
 
     /// Drops a session's entry.
     pub(crate) fn forget(&self, root: &Root, id: &SessionId) -> Result<()> {
-        self.with_conn(root, |c| {
+        self.with_conn_writing(root, |c| {
             c.prepare_cached("DELETE FROM sessions WHERE session_id = ?1")?
                 .execute([id.as_str()])?;
             Ok(())
@@ -1137,7 +1162,7 @@ impl Catalog {
                 Computed::Unreadable(s) => {
                     // Its old entry must not match a filter: the row is left stale and
                     // empty (retried next time, as `touch` leaves a new one).
-                    self.with_conn(root, |c| {
+                    self.with_conn_writing(root, |c| {
                         c.prepare_cached(
                             "UPDATE sessions SET stamp = '', entry = '' WHERE session_id = ?1",
                         )?
