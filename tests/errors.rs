@@ -856,3 +856,33 @@ fn a_file_that_is_no_session_file_is_corrupt_naming_it() {
     }
     assert!(root.list_ids().expect("list").is_empty());
 }
+
+/// `verify` names a history row that the log contradicts as a reader would read it, its
+/// role quoted or "no role", the expected row the same way: it said `role Some("tool")`,
+/// Rust's debug form, and gave only the expected row's id (outside testing Z4).
+#[test]
+fn verify_names_a_contradicted_history_row_plainly() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "h");
+    s.append(Batch::new(
+        "op-1",
+        vec![message("m1", "user", "hello"), message("m2", "tool", "ok")],
+    ))
+    .expect("append");
+    let file = session_file(&s);
+    s.close().expect("close");
+    let conn = rusqlite::Connection::open(&file).expect("sqlite");
+    conn.execute("UPDATE history SET role = NULL WHERE position = 1", [])
+        .expect("edit");
+    drop(conn);
+    let e = root.verify(&id("h")).expect_err("unsound");
+    let said = e.to_string();
+    assert!(
+        said.contains(
+            "history index: expected message \"m1\" (role \"user\", 43 bytes) at position 1 \
+             from event 1, found message \"m1\" (no role, 43 bytes) at position 1 from event 1"
+        ),
+        "{said}"
+    );
+    assert!(!said.contains("Some("), "{said}");
+}

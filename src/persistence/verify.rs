@@ -103,19 +103,8 @@ impl HistoryIndex {
                 (None, None) => break,
                 (Some(want), Some(got)) if want == got => {}
                 (Some(want), got) => {
-                    let found = got.map_or_else(
-                        || "nothing".to_owned(),
-                        |g| {
-                            format!(
-                                "message {:?} (role {:?}, {} bytes) at position {} from event {}",
-                                g.message_id, g.role, g.bytes, g.position, g.event_seq
-                            )
-                        },
-                    );
-                    return mismatch(format!(
-                        "expected message {:?} at position {} from event {}, found {found}",
-                        want.message_id, want.position, want.event_seq
-                    ));
+                    let found = got.map_or_else(|| "nothing".to_owned(), |g| described(&g));
+                    return mismatch(format!("expected {}, found {found}", described(&want)));
                 }
                 (None, Some(got)) => {
                     return mismatch(format!(
@@ -142,6 +131,24 @@ impl HistoryIndex {
 
 /// Refuses a stored turn index that differs from the turns the log ends: a turn missing,
 /// extra or altered (a fork or rewind cuts where the index says).
+/// A history row as `verify` names it: `message "m1" (role "tool", 148 bytes) at position
+/// 4 from event 13`, or `(no role, …)`. It said `role Some("tool")` (Rust's debug form;
+/// outside testing Z4), and of the expected row only its id and place, so a row that
+/// differed in its role or size read as the same message twice.
+fn described(row: &HistoryRow) -> String {
+    let role = row.role.as_deref().map_or_else(
+        || "no role".to_owned(),
+        |r| format!("role {}", crate::quoted(r)),
+    );
+    format!(
+        "message {} ({role}, {} bytes) at position {} from event {}",
+        crate::quoted(&row.message_id),
+        row.bytes,
+        row.position,
+        row.event_seq
+    )
+}
+
 fn compare_turns(folded: &[TurnBoundary], stored: &[TurnBoundary]) -> Result<()> {
     let differs = |what: String| Err(Error::corrupt(format!("turn index: {what}")));
     for (i, want) in folded.iter().enumerate() {
