@@ -961,6 +961,26 @@ fn refusals_axum_makes_use_the_servers_error_body() {
     ] {
         own_error(path, &server.get(path), 400);
     }
+    // In the server's words, not axum's ("Failed to deserialize query string: duplicate
+    // field `q`", "Invalid URL: Invalid UTF-8 in `id`"; outside testing Z1).
+    for (path, said) in [
+        (
+            "/api/search?q=a&q=b",
+            "the query parameter \"q\" is given more than once",
+        ),
+        ("/api/sessions/%FF", "the id in the path is not valid UTF-8"),
+    ] {
+        let reply = server.get(path);
+        assert_eq!(reply.status, 400, "{path}");
+        assert_eq!(reply.json()["error"], said, "{path}");
+    }
+    let page = server.get("/?cwd=a&cwd=b");
+    assert!(
+        page.body
+            .contains("the query parameter &quot;cwd&quot; is given more than once"),
+        "{}",
+        page.body
+    );
     // Unknown routes: 404; a wrong method: 405, still naming the allowed one.
     for path in ["/nowhere", "/sessions", "/api/", "/api/sessions/x/y/z"] {
         own_error(path, &server.get(path), 404);
