@@ -382,13 +382,34 @@ fn root_totals_of_counts_past_u64_saturate_instead_of_wrapping() {
         .expect("append");
         s.close().expect("close");
     }
+    let c = create(&root, "c");
+    c.append(Batch::new(
+        "u",
+        vec![event(
+            "usage",
+            json!({"model": "m", "input_tokens": 1, "output_tokens": 1, "cost": "0.25"}),
+        )],
+    ))
+    .expect("append");
+    c.close().expect("close");
     root.list(None, 10).expect("list");
+    // Damaged after it was listed: the totals come from the catalog's entries alone, so
+    // it still counts. They were summed by SQLite, whose `sum` of counts past 2^63 - 1
+    // failed, and every totals call then opened every session file instead (outside
+    // testing Z3), where this one's could not be read.
+    let file = root.session_dir(&id("c")).join("session.sqlite");
+    let mut bytes = std::fs::read(&file).expect("read");
+    for b in &mut bytes[100..] {
+        *b = 0xde;
+    }
+    std::fs::write(&file, &bytes).expect("damage");
     let totals = root.catalog_totals().expect("totals");
-    assert_eq!(totals.sessions, 2);
-    assert_eq!(totals.usage_events, 2);
+    assert_eq!(totals.sessions, 3);
+    assert_eq!(totals.usage_events, 3);
     assert_eq!(totals.input_tokens, u64::MAX);
     assert_eq!(totals.output_tokens, u64::MAX);
     assert_eq!(totals.cache_read_tokens, 10);
+    assert_eq!(totals.cost.map(|c| c.to_string()), Some("0.25".to_owned()));
 }
 
 #[test]

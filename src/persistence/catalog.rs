@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::model::header::Origin;
-use crate::model::{Cost, Projection, SessionId, Usage};
+use crate::model::{Cost, Projection, SessionId, Usage, UsageTotals};
 use crate::persistence::{Root, RootScan, confine, holds_session_file};
 use crate::store::reader::SessionReader;
 use crate::store::schema::{self, SESSION_FILE, WAL_FILE};
@@ -116,8 +116,8 @@ impl Listing {
     }
 }
 
-/// Totals over the catalog as last refreshed ([`Root::catalog_totals`]): one aggregate
-/// query over its rows, no session file opened. Sizes are those of the entries' stamps
+/// Totals over the catalog as last refreshed ([`Root::catalog_totals`]): one scan of its
+/// rows, no session file opened. Sizes are those of the entries' stamps
 /// (the last refresh); a fork's events, turns and usage include its inherited prefix, as
 /// its [`CatalogEntry`] does. A sum past 2^64 - 1 (each session's counts fit in 64 bits,
 /// their sum may not) is 2^64 - 1.
@@ -151,48 +151,56 @@ pub struct CatalogTotals {
     pub cost: Option<Cost>,
 }
 
-/// The sessions' total costs, summed exactly in [`cost_total`] (SQLite's `sum` would
-/// round them as floating point).
-const COSTS_SQL: &str = "SELECT json_extract(entry, '$.usage.total.cost') FROM sessions
-    WHERE entry <> '' AND json_extract(entry, '$.usage.total.cost') IS NOT NULL";
+/// [`CatalogTotals`] being summed, one session at a time.
+#[derive(Default)]
+struct TotalsSum {
+    totals: CatalogTotals,
+    /// The costs' sum went past 38 digits: the totals give none.
+    cost_overflowed: bool,
+}
 
-/// The exact sum of the catalog's session costs ([`CatalogTotals::cost`]). A cost the
-/// entry holds that is no decimal (a catalog edited by hand) is left out.
-fn cost_total(c: &Connection) -> Result<Option<Cost>> {
-    let mut stmt = c.prepare_cached(COSTS_SQL)?;
-    let mut rows = stmt.query([])?;
-    let mut total: Option<Cost> = None;
-    while let Some(row) = rows.next()? {
-        let Ok(Some(text)) = row.get::<_, Option<String>>(0) else {
-            continue;
-        };
-        let Ok(cost) = Cost::parse(&text) else {
-            continue;
-        };
-        match total.map_or(Some(cost), |t| t.checked_add(cost)) {
-            Some(sum) => total = Some(sum),
-            None => return Ok(None),
+impl TotalsSum {
+    /// Adds one session: its file and WAL bytes, durable events and turns, and usage.
+    /// Each count of a session fits in 64 bits, their sum may not (a `usage` count may be
+    /// 2^64 - 1): it saturates, where it wrapped.
+    fn add(&mut self, [file, wal, events, turns]: [u64; 4], usage: &UsageTotals) {
+        let t = &mut self.totals;
+        let add = |sum: &mut u64, n: u64| *sum = sum.saturating_add(n);
+        add(&mut t.sessions, 1);
+        add(&mut t.file_bytes, file);
+        add(&mut t.wal_bytes, wal);
+        add(&mut t.events, events);
+        add(&mut t.turns, turns);
+        add(&mut t.usage_events, usage.events);
+        add(&mut t.input_tokens, usage.input_tokens);
+        add(&mut t.output_tokens, usage.output_tokens);
+        add(&mut t.cache_read_tokens, usage.cache_read_tokens);
+        add(&mut t.cache_write_tokens, usage.cache_write_tokens);
+        if let Some(cost) = usage.cost.filter(|_| !self.cost_overflowed) {
+            t.cost = match t.cost {
+                None => Some(cost),
+                Some(sum) => sum.checked_add(cost),
+            };
+            self.cost_overflowed = t.cost.is_none();
         }
     }
-    Ok(total)
 }
 
 /// How long a small write of a derived catalog row waits for another process's write on
 /// the catalog ([`Catalog::with_conn_writing`]).
 const CATALOG_WRITE_WAIT: Duration = Duration::from_secs(1);
 
-/// The aggregate behind [`CatalogTotals`]: a stamp starts with the session file's size and
-/// holds the WAL's after its `/` (`-`, a missing file, casts to 0).
-const TOTALS_SQL: &str = "SELECT count(*),
-    sum(CAST(stamp AS INTEGER)),
-    sum(CAST(substr(stamp, instr(stamp, '/') + 1) AS INTEGER)),
-    sum(json_extract(entry, '$.durable_sequence')),
-    sum(json_extract(entry, '$.turns')),
-    sum(json_extract(entry, '$.usage.total.events')),
-    sum(json_extract(entry, '$.usage.total.input_tokens')),
-    sum(json_extract(entry, '$.usage.total.output_tokens')),
-    sum(json_extract(entry, '$.usage.total.cache_read_tokens')),
-    sum(json_extract(entry, '$.usage.total.cache_write_tokens'))
+/// The rows behind [`CatalogTotals`], summed in [`Catalog::cached_totals`]: a stamp
+/// starts with the session file's size and holds the WAL's after its `/` (`-`, a missing
+/// file, casts to 0); the usage totals come as their JSON text, read exactly (a count up
+/// to 2^64 - 1 is a floating-point number to SQLite, and its `sum` failed with "integer
+/// overflow" past 2^63 - 1, so every totals call opened every session file instead;
+/// outside testing Z3) and the cost summed as a decimal.
+const TOTALS_SQL: &str = "SELECT CAST(stamp AS INTEGER),
+    CAST(substr(stamp, instr(stamp, '/') + 1) AS INTEGER),
+    json_extract(entry, '$.durable_sequence'),
+    json_extract(entry, '$.turns'),
+    json_extract(entry, '$.usage.total')
     FROM sessions WHERE entry <> ''";
 
 /// The order of a listing.
@@ -1112,28 +1120,28 @@ impl Catalog {
 
     fn cached_totals(&self, root: &Root) -> Result<CatalogTotals> {
         self.with_conn(root, |c| {
-            let row = c.query_row(TOTALS_SQL, [], |r| {
-                let n = |i| -> rusqlite::Result<u64> {
-                    Ok(u64::try_from(r.get::<_, Option<i64>>(i)?.unwrap_or(0)).unwrap_or(0))
+            let mut sum = TotalsSum::default();
+            let mut stmt = c.prepare_cached(TOTALS_SQL)?;
+            let mut rows = stmt.query([])?;
+            while let Some(r) = rows.next()? {
+                let n = |i| -> u64 {
+                    r.get::<_, Option<i64>>(i)
+                        .ok()
+                        .flatten()
+                        .and_then(|v| u64::try_from(v).ok())
+                        .unwrap_or(0)
                 };
-                Ok(CatalogTotals {
-                    sessions: n(0)?,
-                    file_bytes: n(1)?,
-                    wal_bytes: n(2)?,
-                    events: n(3)?,
-                    turns: n(4)?,
-                    usage_events: n(5)?,
-                    input_tokens: n(6)?,
-                    output_tokens: n(7)?,
-                    cache_read_tokens: n(8)?,
-                    cache_write_tokens: n(9)?,
-                    cost: None,
-                })
-            })?;
-            Ok(CatalogTotals {
-                cost: cost_total(c)?,
-                ..row
-            })
+                // An entry whose usage is not this build's JSON (a catalog edited by hand)
+                // counts none.
+                let usage = r
+                    .get::<_, Option<String>>(4)
+                    .ok()
+                    .flatten()
+                    .and_then(|text| serde_json::from_str::<UsageTotals>(&text).ok())
+                    .unwrap_or_default();
+                sum.add([n(0), n(1), n(2), n(3)], &usage);
+            }
+            Ok(sum.totals)
         })
     }
 
@@ -1416,28 +1424,18 @@ fn direct_page(
 /// are left out, as from the catalog).
 fn direct_totals(root: &Root) -> Result<CatalogTotals> {
     let stamper = Stamper::of(root);
-    let mut totals = CatalogTotals::default();
+    let mut sum = TotalsSum::default();
     for id in root.list_ids()? {
         let Computed::Entry(entry) = compute(root, &stamper, &id)? else {
             continue;
         };
         let (file_bytes, wal_bytes) = stamper.bytes(&id);
-        let usage = &entry.usage.total;
-        // Each count of a session fits in 64 bits, their sum may not (a `usage` count may
-        // be 2^64 - 1): it saturates, where it wrapped.
-        let add = |sum: &mut u64, n: u64| *sum = sum.saturating_add(n);
-        add(&mut totals.sessions, 1);
-        add(&mut totals.file_bytes, file_bytes);
-        add(&mut totals.wal_bytes, wal_bytes);
-        add(&mut totals.events, entry.durable_sequence);
-        add(&mut totals.turns, entry.turns);
-        add(&mut totals.usage_events, usage.events);
-        add(&mut totals.input_tokens, usage.input_tokens);
-        add(&mut totals.output_tokens, usage.output_tokens);
-        add(&mut totals.cache_read_tokens, usage.cache_read_tokens);
-        add(&mut totals.cache_write_tokens, usage.cache_write_tokens);
+        sum.add(
+            [file_bytes, wal_bytes, entry.durable_sequence, entry.turns],
+            &entry.usage.total,
+        );
     }
-    Ok(totals)
+    Ok(sum.totals)
 }
 
 /// A filtered or sorted page computed from the session files alone.

@@ -935,7 +935,7 @@ impl Root {
     }
 
     /// Totals over the catalog as last refreshed: sessions, bytes of their files and WALs,
-    /// events, turns and token usage, in one aggregate query (no session file opened, so
+    /// events, turns, token usage and cost, in one scan of its rows (no session file opened, so
     /// its cost does not grow with the sessions' sizes). Entries are as fresh as the last
     /// refreshing listing ([`Root::list`], or [`Root::list_filtered`] without
     /// [`ListFilter::cached_only`]).

@@ -581,7 +581,7 @@ async fn history_once(app: &App, id: SessionId, params: &Params) -> Result<Trans
     Ok(Transcript { page, turns, newer })
 }
 
-/// Totals over the whole root, from the catalog alone (one aggregate query, no session
+/// Totals over the whole root, from the catalog alone (one scan of its rows, no session
 /// file opened), kept fresh as the sessions page keeps it.
 pub async fn root_stats(app: &App) -> Result<CatalogTotals, Problem> {
     refresh_catalog(app).await?;
