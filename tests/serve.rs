@@ -3124,3 +3124,50 @@ fn a_stop_does_not_wait_for_a_client_that_stopped_reading() {
     assert!(stderr.contains("were cut"), "{stderr}");
     drop(client);
 }
+
+/// A search waits for the catch-up it starts (up to 2 s), so that a session whose writer
+/// could not write the index (another process held it) is named in `skipped` by the very
+/// search that finds nothing of what it added: the search went ahead after 250 ms and
+/// answered "no matches", `skipped: []` (outside testing W7).
+#[test]
+fn a_search_names_a_session_its_writer_could_not_index() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("root");
+    let root = Root::open(&path).expect("root");
+    let s = root
+        .create(CreateOptions::with_id(SessionId::new("s6").expect("id")))
+        .expect("create");
+    s.close().expect("close");
+    let server = Server::start(&path, &[]);
+    server.ok("/api/search?q=anything");
+    // Another process holds the index while s6's writer adds a message and closes.
+    let index =
+        rusqlite::Connection::open(path.join(".catalog").join("search.sqlite")).expect("sqlite");
+    index.execute_batch("BEGIN IMMEDIATE").expect("write lock");
+    let writer = Root::open(&path).expect("root");
+    let s = writer
+        .open_writer(&SessionId::new("s6").expect("id"))
+        .expect("writer");
+    let message = json!({"message": {"id": "m1", "role": "user", "content": "wombat 779"}});
+    s.append(Batch::new(
+        "op-1",
+        vec![
+            Event::new("message/complete")
+                .with_payload(&message)
+                .expect("payload"),
+        ],
+    ))
+    .expect("append");
+    writer.close(&s).expect("close");
+    drop(writer);
+    // Past the server's refresh interval: this search starts a refresh and waits for it.
+    std::thread::sleep(Duration::from_millis(2_100));
+    let page = server.ok("/api/search?q=wombat").json();
+    assert_eq!(page["hits"].as_array().map(Vec::len), Some(0), "{page}");
+    let skipped = page["skipped"].as_array().expect("skipped");
+    assert!(skipped.iter().any(|s| s["session_id"] == "s6"), "{page}");
+    index.execute_batch("ROLLBACK").expect("let go");
+    std::thread::sleep(Duration::from_millis(2_100));
+    let page = server.ok("/api/search?q=wombat").json();
+    assert_eq!(page["hits"][0]["session_ref"]["session_id"], "s6", "{page}");
+}

@@ -30,6 +30,11 @@ pub const REFRESH_EVERY: Duration = Duration::from_secs(2);
 /// How long a sessions page waits for the refresh it starts before it serves the catalog
 /// as it is.
 const REFRESH_WAIT: Duration = Duration::from_millis(250);
+/// How long a search waits for a refresh it started: its catch-up of sessions whose writer
+/// died, or could not write the index (another process held it), names those it cannot
+/// catch up as skipped. A search that went ahead after [`REFRESH_WAIT`] answered "no
+/// matches" without a word for what such a writer had added (outside testing W7).
+const SEARCH_REFRESH_WAIT: Duration = Duration::from_secs(2);
 
 /// The query parameters every route understands (each optional; empty means absent).
 #[derive(Debug, Default, Deserialize)]
@@ -315,6 +320,11 @@ fn refresh_plan(app: &App) -> Refresh {
 /// ([`Root::catch_up_dead_writers`]; only a process's first search did, so a writer killed
 /// later was found only by a search that met its session otherwise).
 async fn refresh_catalog(app: &App) -> Result<(), Problem> {
+    refresh_catalog_within(app, REFRESH_WAIT).await
+}
+
+/// [`refresh_catalog`], a refresh started now waited for `wait` at most.
+async fn refresh_catalog_within(app: &App, wait: Duration) -> Result<(), Problem> {
     // A refreshing page of one; its result is the catalog it leaves behind.
     let newest_first = ListFilter::default().with_sort(ListSort::Updated);
     match refresh_plan(app) {
@@ -337,7 +347,7 @@ async fn refresh_catalog(app: &App) -> Result<(), Problem> {
             // showed the catalog of the spell's start, without the sessions made since
             // (outside testing D1, session 42). A refresh that takes longer (a large root
             // on a busy machine) goes on in the background, as before.
-            let _ = tokio::time::timeout(REFRESH_WAIT, refresh).await;
+            let _ = tokio::time::timeout(wait, refresh).await;
         }
         Refresh::Recent => {}
     }
@@ -420,7 +430,7 @@ pub async fn search(app: &App, params: &Params) -> Result<SearchPage, Problem> {
         options = options.with_session(session_id(session)?);
     }
     // A search-only client keeps the index caught up too (a writer killed since).
-    refresh_catalog(app).await?;
+    refresh_catalog_within(app, SEARCH_REFRESH_WAIT).await?;
     Ok(app.query.search(q, options).await?)
 }
 
