@@ -854,8 +854,16 @@ impl Catalog {
             Ok::<_, Error>(())
         };
         let conn = self.open(root)?;
-        match add_rows(&conn) {
+        // Best effort as the other one-row writes ([`Catalog::with_conn_writing`]): rows a
+        // process could not add while another held the catalog are added by a later open
+        // or page. Each command's first use of the catalog waited out the 5 s busy timeout
+        // there (outside testing W8).
+        conn.busy_timeout(CATALOG_WRITE_WAIT)?;
+        let added = add_rows(&conn);
+        conn.busy_timeout(schema::BUSY_TIMEOUT)?;
+        match added {
             Ok(()) => Ok(conn),
+            Err(e) if e.is_busy() => Ok(conn),
             Err(e) if e.is_corrupt() && schema::is_damaged(&conn) => {
                 drop(conn);
                 unlink_files_at(&catalog_dir(root)?, &CATALOG_FILES, &self.dir)?;
@@ -933,7 +941,7 @@ impl Catalog {
         if Weak::ptr_eq(&indexed, &Arc::downgrade(scan)) {
             return Ok(());
         }
-        self.with_conn(root, |c| {
+        self.with_conn_writing(root, |c| {
             let known: HashSet<String> = c
                 .prepare_cached("SELECT session_id FROM sessions")?
                 .query_map([], |r| r.get(0))?
