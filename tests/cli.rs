@@ -1853,7 +1853,8 @@ fn import_stopped_by_a_signal_leaves_no_staging_copy() {
     env.ok(&["verify", "copy"]);
 }
 
-/// A damaged session is named in the error of every command that reads or writes it, with
+/// A damaged session is named in the error of every command that reads or writes it (show,
+/// history, events, stats, rename, export, fork, rewind, append), with
 /// `verify` to check it (exit 6): the CLI printed only "corrupt session store: SQLite
 /// reports: database disk image is malformed", where Python and `serve` named the session
 /// (outside testing D4).
@@ -1879,8 +1880,13 @@ fn a_damaged_session_is_named_in_each_commands_error() {
         &["stats", "broken"],
         &["rename", "broken", "new title"],
         &["export", "broken", export],
+        &["fork", "broken", "--after-turn", "turn-1"],
+        &["rewind", "broken", "--before-turn", "turn-2"],
+        &["append", "broken"],
     ] {
-        let err = env.fails(args, 6);
+        let out = env.run_with(args, &turn_lines(3));
+        assert_eq!(code(&out), 6, "{args:?}: {}", stderr(&out));
+        let err = stderr(&out);
         assert!(
             err.contains("session broken is damaged (")
                 && err.contains("`session-store verify broken` checks it"),

@@ -111,7 +111,7 @@ pub fn run(
         Err(Error::SessionNotFound(_)) if create => {
             create_with_first(&root, &id, &mut lines, &mut pending, &mut totals)?
         }
-        other => other?,
+        other => other.map_err(|e| super::naming_damaged(&id, e.into()))?,
     };
     // Input that may sit idle (a pipe, a terminal) is read on a thread of its own, so that
     // with `--json --sync end` a batch a write-behind drain made durable is reported while

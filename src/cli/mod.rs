@@ -130,6 +130,25 @@ pub fn in_context(error: Error, what: impl fmt::Display) -> CliError {
     }
 }
 
+/// `error`, a failed read or write of session `id`, naming the session and `verify` when
+/// it says the session is damaged: the library's error names the damage ("corrupt session
+/// store: SQLite reports: database disk image is malformed") and not always the session,
+/// where Python and `serve` name it, so a script looping over ids could not tell which
+/// one was damaged (outside testing D4). The exit status stays 6. A message that names
+/// the session already is left as it is.
+pub fn naming_damaged(id: &session_store::SessionId, error: CliError) -> CliError {
+    match error.downcast_ref::<Error>() {
+        // A message that names the session already ("session P cannot be forked at …").
+        Some(e) if e.is_corrupt() && !e.to_string().contains(&format!("session {id}")) => {
+            Failure::invalid(format!(
+                "session {id} is damaged ({}); `session-store verify {id}` checks it",
+                one_line(e)
+            ))
+        }
+        _ => error,
+    }
+}
+
 /// The exit status of a library error, through its classifiers (the table is in
 /// `docs/ARCHITECTURE.md`, "Public API: errors").
 pub fn library_code(error: &Error) -> u8 {

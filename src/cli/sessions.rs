@@ -19,8 +19,8 @@ use session_store::{
 use super::interrupt::Interrupt;
 use super::{
     CliError, CliResult, Context, EXIT_INVALID, EXIT_NOT_FOUND, EXIT_OTHER, Failure, OutputError,
-    block_on, columns, count, exit_code, human_bytes, in_context, is_broken_pipe, padded,
-    print_json, printable, session_id, shown, spinner,
+    block_on, columns, count, exit_code, human_bytes, in_context, is_broken_pipe, naming_damaged,
+    padded, print_json, printable, session_id, shown, spinner,
 };
 
 /// Characters of a payload or message shown on one line of human output.
@@ -271,21 +271,6 @@ fn read_of<T>(root: &Root, id: &SessionId, read: impl Fn() -> CliResult<T>) -> C
             }
             other => return other,
         }
-    }
-}
-
-/// `error`, a failed read or write of session `id`, naming the session and `verify` when
-/// it says the session is damaged: the library's error names the damage ("corrupt session
-/// store: SQLite reports: database disk image is malformed") and not always the session,
-/// where Python and `serve` name it, so a script looping over ids could not tell which
-/// one was damaged (outside testing D4). The exit status stays 6.
-fn naming_damaged(id: &SessionId, error: CliError) -> CliError {
-    match error.downcast_ref::<Error>() {
-        Some(e) if e.is_corrupt() => Failure::invalid(format!(
-            "session {id} is damaged ({}); `session-store verify {id}` checks it",
-            super::one_line(e)
-        )),
-        _ => error,
     }
 }
 
@@ -647,7 +632,9 @@ pub fn fork(cx: &Context, id: &str, point: ForkPoint, new_id: Option<&str>) -> C
     } else {
         "fork"
     };
-    let child = root.fork(&parent, point, new_id.map(session_id).transpose()?)?;
+    let child = root
+        .fork(&parent, point, new_id.map(session_id).transpose()?)
+        .map_err(|e| naming_damaged(&parent, e.into()))?;
     if cx.json {
         print_json(&json!({"session_id": child, "parent_id": parent, "origin": origin}))
     } else {
