@@ -540,11 +540,10 @@ fn a_busy_file_is_retryable_and_flush_recovers() {
 
 /// A session paused by a busy file retries its drain by itself once the file is free:
 /// what it accepted becomes durable without a flush (an append over the budget drains
-/// again before it is refused: `a_busy_file_is_retryable_and_flush_recovers`). Timed drains stopped until the host flushed, so another
-/// process's write held for 5 s (a delete copying history in, a fork's `dependents` row)
-/// left everything appended after it in memory alone, long after that process had gone,
-/// and an append over the budget was refused with the file already free (outside testing
-/// W2, W3).
+/// again before it is refused: `a_busy_file_is_retryable_and_flush_recovers`). Timed
+/// drains stopped until the host flushed, so another process's write held for 5 s (a
+/// delete copying history in, a fork's `dependents` row) left everything appended after
+/// it in memory alone, long after that process had gone (outside testing W2, W3).
 #[test]
 fn a_session_paused_by_a_busy_file_drains_again_once_it_is_free() {
     let (_dir, root) = temp_root();
