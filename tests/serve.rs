@@ -3171,3 +3171,40 @@ fn a_search_names_a_session_its_writer_could_not_index() {
     let page = server.ok("/api/search?q=wombat").json();
     assert_eq!(page["hits"][0]["session_ref"]["session_id"], "s6", "{page}");
 }
+
+/// A search meeting a search index that another process keeps for longer than a first
+/// search waits (its fill, here a write held 30 s) answers 503 with the library's "busy
+/// … try again", not 500 (the re-test of outside testing W1).
+#[test]
+fn a_search_of_an_index_another_process_holds_answers_503() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("root");
+    let root = Root::open(&path).expect("root");
+    let s = root
+        .create(CreateOptions::with_id(SessionId::new("s").expect("id")))
+        .expect("create");
+    s.close().expect("close");
+    let index_file = path.join(".catalog").join("search.sqlite");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let service = session_store::Service::new("local", root.clone()).expect("service");
+    rt.block_on(service.query().search("anything", Default::default()))
+        .expect("the first search makes the index");
+    // Unfilled, and written by another process past a first search's wait.
+    let index = rusqlite::Connection::open(&index_file).expect("sqlite");
+    index
+        .execute_batch("PRAGMA user_version = 0; BEGIN IMMEDIATE")
+        .expect("write lock");
+    let server = Server::start(&path, &[]);
+    let reply = server.get("/api/search?q=anything");
+    assert_eq!(reply.status, 503, "{}", reply.body);
+    let error = reply.json()["error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        error.contains("is busy") && error.contains("try again"),
+        "{error}"
+    );
+    index.execute_batch("ROLLBACK").expect("let go");
+    server.ok("/api/search?q=anything");
+}

@@ -43,14 +43,18 @@ impl Problem {
         Problem::new(StatusCode::NOT_FOUND, message)
     }
 
-    /// A library error, by its classifiers: not found 404, the caller's mistake 400,
-    /// anything else 500 (a damaged file too: the server cannot serve what it holds, and
-    /// no other request would fare better).
+    /// A library error, by its classifiers: not found 404, the caller's mistake 400, a
+    /// retryable one (a file another process holds, a full disk) 503, anything else 500 (a
+    /// damaged file too: the server cannot serve what it holds, and no other request would
+    /// fare better). A search meeting the index another process fills said 500 for an
+    /// error that says "try again" (the re-test of outside testing W1).
     pub fn library(error: &Error) -> Problem {
         let status = if error.is_not_found() {
             StatusCode::NOT_FOUND
         } else if error.is_caller_error() {
             StatusCode::BAD_REQUEST
+        } else if error.is_retryable() {
+            StatusCode::SERVICE_UNAVAILABLE
         } else {
             StatusCode::INTERNAL_SERVER_ERROR
         };
