@@ -3125,19 +3125,25 @@ fn a_stop_does_not_wait_for_a_client_that_stopped_reading() {
     drop(client);
 }
 
+/// A fresh root (its path and the library's `Root`) holding one empty session `id`, closed.
+fn root_with_empty_session(id: &str) -> (tempfile::TempDir, std::path::PathBuf, Root) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("root");
+    let root = Root::open(&path).expect("root");
+    let s = root
+        .create(CreateOptions::with_id(SessionId::new(id).expect("id")))
+        .expect("create");
+    s.close().expect("close");
+    (dir, path, root)
+}
+
 /// A search waits for the catch-up it starts (up to 2 s), so that a session whose writer
 /// could not write the index (another process held it) is named in `skipped` by the very
 /// search that finds nothing of what it added: the search went ahead after 250 ms and
 /// answered "no matches", `skipped: []` (outside testing W7).
 #[test]
 fn a_search_names_a_session_its_writer_could_not_index() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("root");
-    let root = Root::open(&path).expect("root");
-    let s = root
-        .create(CreateOptions::with_id(SessionId::new("s6").expect("id")))
-        .expect("create");
-    s.close().expect("close");
+    let (_dir, path, _root) = root_with_empty_session("s6");
     let server = Server::start(&path, &[]);
     server.ok("/api/search?q=anything");
     // Another process holds the index while s6's writer adds a message and closes.
@@ -3177,13 +3183,7 @@ fn a_search_names_a_session_its_writer_could_not_index() {
 /// … try again", not 500 (the re-test of outside testing W1).
 #[test]
 fn a_search_of_an_index_another_process_holds_answers_503() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("root");
-    let root = Root::open(&path).expect("root");
-    let s = root
-        .create(CreateOptions::with_id(SessionId::new("s").expect("id")))
-        .expect("create");
-    s.close().expect("close");
+    let (_dir, path, root) = root_with_empty_session("s");
     let index_file = path.join(".catalog").join("search.sqlite");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let service = session_store::Service::new("local", root.clone()).expect("service");
