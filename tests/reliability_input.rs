@@ -1088,3 +1088,48 @@ fn a_session_cannot_be_its_own_parent() {
     }
     assert!(root.list_ids().unwrap().is_empty());
 }
+
+/// A payload given as a JSON array where the kind takes an object is refused by a live
+/// session's append and by `Batch::validate` alike, and changes nothing: serde read a
+/// struct from an array of its fields, so `["x"]` was stored as a title the sqlite3 shell's
+/// views, search and Python did not read as one (outside testing, session 47).
+#[test]
+fn a_payload_given_as_an_array_is_refused_and_changes_nothing() {
+    let (_dir, root) = temp_root();
+    let s = create(&root, "arrays");
+    for (kind, payload) in [
+        ("session/title", json!(["x"])),
+        ("tool/result", json!(["call-1", "bash"])),
+        ("todo/write", json!({"todos": [["write it", "pending"]]})),
+    ] {
+        let batch = || {
+            Batch::new(
+                "array",
+                vec![Event::new(kind).with_payload(&payload).unwrap()],
+            )
+        };
+        let said = |e: Error| match e {
+            Error::InvalidPayload { reason, .. } => reason,
+            other => panic!("{kind} {payload}: {other:?}"),
+        };
+        let validated = said(batch().validate().unwrap_err());
+        let appended = said(s.append(batch()).unwrap_err());
+        assert_eq!(validated, appended, "{kind}: one error for both");
+        assert!(
+            appended.contains("must be a JSON object, not an array"),
+            "{appended}"
+        );
+        assert_eq!(s.sequences(), (0, 0), "{kind}: a refusal changed nothing");
+    }
+    s.append(Batch::new(
+        "object",
+        vec![
+            Event::new("session/title")
+                .with_payload(&json!({"title": "x"}))
+                .unwrap(),
+        ],
+    ))
+    .unwrap();
+    s.flush().unwrap();
+    assert_eq!(s.sequences(), (1, 1), "an object is accepted");
+}

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::error::{Error, Result};
 use crate::model::event::Event;
@@ -599,6 +600,54 @@ pub(crate) fn one_of(kind: &str, field: &str, value: &str, allowed: &[&str]) -> 
         ));
     }
     Ok(())
+}
+
+/// Refuses, on append only, a required event's payload given as a JSON array where its
+/// kind takes a JSON object, and a `todo/write` todo given as one: serde reads a struct
+/// from an array of its fields in order, so `["x"]` was stored as a title and `[{…}]` as a
+/// message payload, in a form none of the log's other readers (the sqlite3 shell's views,
+/// search, Python) read as the event (outside testing, session 47). A stored one still
+/// folds, so files written before the rule keep opening, replaying and verifying.
+/// Checked before the payloads' schemas, so that an array is said to be one, not "invalid
+/// length 2, expected a JSON object with 35 elements". `events` have their kinds trimmed;
+/// an unknown kind, `turn/start` and `diagnostic` (which read no payload) are left alone,
+/// as is a `todo/write` payload that is no object of todos (its schema says why).
+///
+/// # Errors
+/// [`Error::InvalidPayload`] of the event's kind, naming the array.
+pub(crate) fn check_objects(events: &[Event]) -> Result<()> {
+    use crate::model::kind::{DIAGNOSTIC, PROJECTION_KINDS, TODO_WRITE, TURN_START};
+    for event in events.iter().filter(|e| !e.optional) {
+        let kind = event.kind.as_str();
+        let Some(text) = event.payload_str() else {
+            continue;
+        };
+        if kind == TURN_START || kind == DIAGNOSTIC || !PROJECTION_KINDS.contains(&kind) {
+            continue;
+        }
+        if text.trim_start().starts_with('[') {
+            return Err(bad(kind, "payload must be a JSON object, not an array"));
+        }
+        if kind == TODO_WRITE
+            && let Ok(todos) = serde_json::from_str::<TodoShapes>(text)
+        {
+            let array = |t: &&RawValue| t.get().trim_start().starts_with('[');
+            if let Some(i) = todos.todos.iter().position(array) {
+                return Err(bad(
+                    kind,
+                    format!("todos[{i}] must be a JSON object, not an array"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A `todo/write` payload's todos as their JSON text, for [`check_objects`].
+#[derive(Deserialize)]
+struct TodoShapes<'a> {
+    #[serde(borrow)]
+    todos: Vec<&'a RawValue>,
 }
 
 /// Decodes a payload that must be a JSON object (`plan/state`, `goal/state`).

@@ -226,16 +226,18 @@ enum Parsed {
 
 /// The rules of an append that need no session state, for [`Batch::validate`]: each
 /// payload against its kind's schema, no message id completed twice in `events`, and the
-/// append-only rules that read the batch alone ([`check_titles`], [`check_costs`],
-/// [`check_replacements`]). A fresh projection holds nothing that could make a batch it
-/// refuses acceptable: every session refuses what this refuses.
+/// append-only rules that read the batch alone ([`check_objects`], [`check_titles`],
+/// [`check_costs`], [`check_replacements`]). A fresh projection holds nothing that could
+/// make a batch it refuses acceptable: every session refuses what this refuses.
 ///
 /// [`Batch::validate`]: crate::Batch::validate
+/// [`check_objects`]: crate::model::payload::check_objects
 ///
 /// # Errors
 /// As an append's: [`Error::InvalidPayload`], [`Error::InvalidInput`] or
 /// [`Error::UnsupportedVersion`] (a required event of an unknown kind).
 pub(crate) fn check_alone(events: &[Event]) -> Result<()> {
+    crate::model::payload::check_objects(events)?;
     let prepared = Projection::default().prepare(events)?;
     check_titles(&prepared)?;
     check_costs(&prepared)?;
@@ -1034,6 +1036,63 @@ mod tests {
                 .unwrap();
             assert!(p.check_append(&named, None).is_ok(), "{good:?}");
         }
+    }
+
+    /// A payload (or a todo) given as a JSON array, which serde reads as a struct of its
+    /// fields in order, is refused on append only: the log's other readers do not read it
+    /// as the event, and a stored one (written before the rule) still folds.
+    #[test]
+    fn a_payload_given_as_an_array_is_refused_on_append_and_folded_when_stored() {
+        let arrays = [
+            ("session/title", json!(["x"])),
+            (
+                "message/complete",
+                json!([{"id": "m", "role": "user", "content": "hi"}]),
+            ),
+            ("turn/end", json!(["completed"])),
+            ("todo/write", json!({"todos": [["write it", "pending"]]})),
+            (
+                "todo/write",
+                json!([[{"content": "a", "status": "pending"}]]),
+            ),
+            ("interaction/resolved", json!(["i", "answered"])),
+        ];
+        for (kind, payload) in arrays {
+            let events = vec![ev(kind, payload.clone())];
+            let err = check_alone(&events).unwrap_err();
+            assert!(
+                matches!(&err, Error::InvalidPayload { reason, .. } if reason.contains("not an array")),
+                "{kind} {payload}: {err}"
+            );
+            assert!(
+                fold(events, None).is_ok(),
+                "{kind} {payload}: stored, it folds"
+            );
+        }
+        assert_eq!(
+            fold(vec![ev("session/title", json!(["x"]))], None)
+                .unwrap()
+                .title,
+            "x"
+        );
+        for (kind, payload) in [
+            ("turn/start", json!(["anything"])),
+            ("diagnostic", json!([1, 2])),
+            (
+                "todo/write",
+                json!({"todos": [{"content": "a", "status": "pending"}]}),
+            ),
+        ] {
+            assert!(
+                check_alone(&[ev(kind, payload.clone())]).is_ok(),
+                "{kind} {payload}"
+            );
+        }
+        let optional = ev("session/title", json!(["x"])).optional();
+        assert!(
+            check_alone(&[optional]).is_ok(),
+            "an optional event is not read"
+        );
     }
 
     #[test]
