@@ -1089,23 +1089,43 @@ fn a_session_cannot_be_its_own_parent() {
     assert!(root.list_ids().unwrap().is_empty());
 }
 
-/// A payload given as a JSON array where the kind takes an object is refused by a live
-/// session's append and by `Batch::validate` alike, and changes nothing: serde read a
-/// struct from an array of its fields, so `["x"]` was stored as a title the sqlite3 shell's
-/// views, search and Python did not read as one (outside testing, session 47).
+/// A payload given as a JSON array where the kind takes an object, or holding a key twice
+/// in one object, is refused by a live session's append and by `Batch::validate` alike,
+/// and changes nothing: serde read a struct from an array of its fields, so `["x"]` was
+/// stored as a title the sqlite3 shell's views, search and Python did not read as one
+/// (outside testing, session 47), and a message of two `content` keys showed one text on
+/// the history page and another to search and Python (U3, session 48).
 #[test]
-fn a_payload_given_as_an_array_is_refused_and_changes_nothing() {
+fn a_payload_its_readers_would_read_apart_is_refused_and_changes_nothing() {
     let (_dir, root) = temp_root();
     let s = create(&root, "arrays");
-    for (kind, payload) in [
-        ("session/title", json!(["x"])),
-        ("tool/result", json!(["call-1", "bash"])),
-        ("todo/write", json!({"todos": [["write it", "pending"]]})),
+    let twice = r#"{"message":{"id":"m1","role":"user","content":"harmless","content":"hidden"}}"#;
+    for (kind, payload, reason) in [
+        (
+            "session/title",
+            r#"["x"]"#,
+            "must be a JSON object, not an array",
+        ),
+        (
+            "tool/result",
+            r#"["call-1", "bash"]"#,
+            "must be a JSON object, not an array",
+        ),
+        (
+            "todo/write",
+            r#"{"todos": [["write it", "pending"]]}"#,
+            "todos[0] must be a JSON object",
+        ),
+        (
+            "message/complete",
+            twice,
+            r#"holds the key "content" twice"#,
+        ),
     ] {
         let batch = || {
             Batch::new(
-                "array",
-                vec![Event::new(kind).with_payload(&payload).unwrap()],
+                "apart",
+                vec![Event::new(kind).with_payload_json(payload).unwrap()],
             )
         };
         let said = |e: Error| match e {
@@ -1115,10 +1135,7 @@ fn a_payload_given_as_an_array_is_refused_and_changes_nothing() {
         let validated = said(batch().validate().unwrap_err());
         let appended = said(s.append(batch()).unwrap_err());
         assert_eq!(validated, appended, "{kind}: one error for both");
-        assert!(
-            appended.contains("must be a JSON object, not an array"),
-            "{appended}"
-        );
+        assert!(appended.contains(reason), "{appended}");
         assert_eq!(s.sequences(), (0, 0), "{kind}: a refusal changed nothing");
     }
     s.append(Batch::new(

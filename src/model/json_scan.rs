@@ -102,6 +102,61 @@ pub(crate) fn nests_deeper_than(bytes: &[u8], limit: usize) -> bool {
     false
 }
 
+/// The first key that one object in `text` (valid JSON text) holds twice, at any depth,
+/// as its text unescaped (`"a"` and `"\u0061"` are one key); `None` when no object
+/// repeats a key. Readers disagree on such an object: serde_json and Python keep the last
+/// value, SQLite's `json_extract` and a scan for the first key the first.
+pub(crate) fn repeated_key(text: &str) -> Option<String> {
+    use std::borrow::Cow;
+    let bytes = text.as_bytes();
+    // The keys of every open object, the innermost last; per open object or array, where
+    // its keys start in `keys` (`None` for an array).
+    let mut keys: Vec<Cow<'_, str>> = Vec::new();
+    let mut open: Vec<Option<usize>> = Vec::new();
+    let mut key_next = false;
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        match b {
+            b'"' => {
+                let end = string_end(bytes, i + 1)?;
+                if key_next && let Some(Some(first)) = open.last() {
+                    let raw = text.get(i + 1..end - 1)?;
+                    let key = if raw.contains('\\') {
+                        Cow::Owned(serde_json::from_str(text.get(i..end)?).ok()?)
+                    } else {
+                        Cow::Borrowed(raw)
+                    };
+                    if keys.get(*first..)?.contains(&key) {
+                        return Some(key.into_owned());
+                    }
+                    keys.push(key);
+                    key_next = false;
+                }
+                i = end;
+                continue;
+            }
+            b'{' => {
+                open.push(Some(keys.len()));
+                key_next = true;
+            }
+            b'[' => {
+                open.push(None);
+                key_next = false;
+            }
+            b'}' | b']' => {
+                if let Some(Some(first)) = open.pop() {
+                    keys.truncate(first);
+                }
+                key_next = false;
+            }
+            b',' => key_next = matches!(open.last(), Some(Some(_))),
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
 /// The index of the first byte at or after `at` that is not JSON white space.
 pub(crate) fn skip_space(bytes: &[u8], at: usize) -> usize {
     let rest = bytes.get(at..).unwrap_or_default();
@@ -134,6 +189,27 @@ mod tests {
         assert_eq!(skip_space(b" \t\r\n x", 0), 5);
         assert_eq!(skip_space(b"  ", 0), 2);
         assert_eq!(skip_space(b"", 3), 3);
+    }
+
+    #[test]
+    fn a_repeated_key_is_found_at_any_depth_and_only_among_keys() {
+        for (text, key) in [
+            (r#"{"a":1,"a":2}"#, Some("a")),
+            (
+                r#"{"a":{"b":1},"c":[{"d":1,"e":{"d":2},"d":3}]}"#,
+                Some("d"),
+            ),
+            (r#"{"k":"x","\u006b":"y"}"#, Some("k")),
+            (r#"{ "a" : "a" , "b" : ["a", "a"] }"#, None),
+            (r#"{"a":{"a":{"a":1}}}"#, None),
+            (r#"[{"a":1},{"a":2}]"#, None),
+            (r#"{"a\"b":1,"a\"b":2}"#, Some("a\"b")),
+            (r#"{"a":"{\"a\":1}","b":1}"#, None),
+            ("[1,2,1]", None),
+            (r#""a""#, None),
+        ] {
+            assert_eq!(repeated_key(text).as_deref(), key, "{text}");
+        }
     }
 
     #[test]

@@ -63,10 +63,12 @@ pub(crate) const DIAGNOSTIC: &str = "diagnostic";
 /// Event kinds the projection understands; any other kind must be `optional`.
 ///
 /// Each kind's payload is a JSON object whose keys are checked strictly: a key not listed
-/// here, a missing required key, a value of the wrong type or an array in place of an
-/// object (the payload's or a todo's, even one of the right values in order: a log
-/// written before this rule may hold one, and still folds) refuses the whole batch
-/// ([`Error::InvalidPayload`](crate::Error::InvalidPayload), nothing changed). Keys ending
+/// here, a missing required key, a value of the wrong type, an array in place of an
+/// object (the payload's or a todo's, even one of the right values in order) or an object
+/// anywhere in the payload holding a key twice (its readers would disagree on the value)
+/// refuses the whole batch ([`Error::InvalidPayload`](crate::Error::InvalidPayload),
+/// nothing changed; a log written before the last two rules may hold either, and still
+/// folds). Keys ending
 /// in `?` are optional; keys the library only stores (it does not read them) take any
 /// JSON value. An `optional` event of any kind is stored without being checked.
 ///

@@ -602,20 +602,24 @@ pub(crate) fn one_of(kind: &str, field: &str, value: &str, allowed: &[&str]) -> 
     Ok(())
 }
 
-/// Refuses, on append only, a required event's payload given as a JSON array where its
-/// kind takes a JSON object, and a `todo/write` todo given as one: serde reads a struct
-/// from an array of its fields in order, so `["x"]` was stored as a title and `[{…}]` as a
-/// message payload, in a form none of the log's other readers (the sqlite3 shell's views,
-/// search, Python) read as the event (outside testing, session 47). A stored one still
-/// folds, so files written before the rule keep opening, replaying and verifying.
-/// Checked before the payloads' schemas, so that an array is said to be one, not "invalid
-/// length 2, expected a JSON object with 35 elements". `events` have their kinds trimmed;
+/// Refuses, on append only, what a required event's payload text holds that its readers
+/// would read apart: an object holding a key twice, at any depth (serde_json and Python
+/// keep the last value, the sqlite3 shell's `json_extract` and the history page the first:
+/// a message of two `content` keys read "harmless" on the page and "hidden secret" in
+/// search and Python, outside testing U3, session 48), and a payload given as a JSON array
+/// where its kind takes a JSON object, or a `todo/write` todo given as one: serde reads a
+/// struct from an array of its fields in order, so `["x"]` was stored as a title and
+/// `[{…}]` as a message payload, in a form none of the log's other readers (the sqlite3
+/// shell's views, search, Python) read as the event (outside testing, session 47). A
+/// stored one still folds, so files written before the rule keep opening, replaying and
+/// verifying. Checked before the payloads' schemas, so that an array is said to be one,
+/// not "invalid length 2, expected a JSON object with 35 elements". `events` have their kinds trimmed;
 /// an unknown kind, `turn/start` and `diagnostic` (which read no payload) are left alone,
 /// as is a `todo/write` payload that is no object of todos (its schema says why).
 ///
 /// # Errors
-/// [`Error::InvalidPayload`] of the event's kind, naming the array.
-pub(crate) fn check_objects(events: &[Event]) -> Result<()> {
+/// [`Error::InvalidPayload`] of the event's kind, naming the key or the array.
+pub(crate) fn check_shapes(events: &[Event]) -> Result<()> {
     use crate::model::kind::{DIAGNOSTIC, PROJECTION_KINDS, TODO_WRITE, TURN_START};
     for event in events.iter().filter(|e| !e.optional) {
         let kind = event.kind.as_str();
@@ -627,6 +631,16 @@ pub(crate) fn check_objects(events: &[Event]) -> Result<()> {
         }
         if text.trim_start().starts_with('[') {
             return Err(bad(kind, "payload must be a JSON object, not an array"));
+        }
+        if let Some(key) = json_scan::repeated_key(text) {
+            return Err(bad(
+                kind,
+                format!(
+                    "payload holds the key {} twice in one object (readers would disagree \
+                     on its value)",
+                    crate::quoted(&key)
+                ),
+            ));
         }
         if kind == TODO_WRITE
             && let Ok(todos) = serde_json::from_str::<TodoShapes>(text)
@@ -643,7 +657,7 @@ pub(crate) fn check_objects(events: &[Event]) -> Result<()> {
     Ok(())
 }
 
-/// A `todo/write` payload's todos as their JSON text, for [`check_objects`].
+/// A `todo/write` payload's todos as their JSON text, for [`check_shapes`].
 #[derive(Deserialize)]
 struct TodoShapes<'a> {
     #[serde(borrow)]

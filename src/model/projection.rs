@@ -226,18 +226,18 @@ enum Parsed {
 
 /// The rules of an append that need no session state, for [`Batch::validate`]: each
 /// payload against its kind's schema, no message id completed twice in `events`, and the
-/// append-only rules that read the batch alone ([`check_objects`], [`check_titles`],
+/// append-only rules that read the batch alone ([`check_shapes`], [`check_titles`],
 /// [`check_costs`], [`check_replacements`]). A fresh projection holds nothing that could
 /// make a batch it refuses acceptable: every session refuses what this refuses.
 ///
 /// [`Batch::validate`]: crate::Batch::validate
-/// [`check_objects`]: crate::model::payload::check_objects
+/// [`check_shapes`]: crate::model::payload::check_shapes
 ///
 /// # Errors
 /// As an append's: [`Error::InvalidPayload`], [`Error::InvalidInput`] or
 /// [`Error::UnsupportedVersion`] (a required event of an unknown kind).
 pub(crate) fn check_alone(events: &[Event]) -> Result<()> {
-    crate::model::payload::check_objects(events)?;
+    crate::model::payload::check_shapes(events)?;
     let prepared = Projection::default().prepare(events)?;
     check_titles(&prepared)?;
     check_costs(&prepared)?;
@@ -1093,6 +1093,36 @@ mod tests {
             check_alone(&[optional]).is_ok(),
             "an optional event is not read"
         );
+    }
+
+    /// A payload whose object holds a key twice is refused on append only (readers
+    /// disagree on its value: the history page showed the first `content`, search and
+    /// Python the last); a stored one still folds.
+    #[test]
+    fn a_repeated_key_is_refused_on_append_and_folded_when_stored() {
+        let text =
+            r#"{"message":{"id":"m1","role":"user","content":"harmless","content":"hidden"}}"#;
+        let events = vec![
+            Event::new("message/complete")
+                .with_payload_json(text)
+                .unwrap(),
+        ];
+        let err = check_alone(&events).unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidPayload { reason, .. } if reason.contains(r#"the key "content" twice"#)),
+            "{err}"
+        );
+        assert_eq!(
+            fold(events, None).unwrap().transcript_len,
+            1,
+            "stored, it folds"
+        );
+        let nested = r#"{"id":"c","name":"bash","args":{"cmd":"ls","cmd":"rm -rf /"}}"#;
+        let events = vec![Event::new("tool/call").with_payload_json(nested).unwrap()];
+        assert!(check_alone(&events).is_err(), "at any depth");
+        let apart = r#"{"id":"c","name":"bash","args":[{"cmd":"ls"},{"cmd":"pwd"}]}"#;
+        let events = vec![Event::new("tool/call").with_payload_json(apart).unwrap()];
+        assert!(check_alone(&events).is_ok(), "one key in two objects");
     }
 
     #[test]

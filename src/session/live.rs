@@ -706,7 +706,7 @@ impl Shared {
         check_unique_ids(&batch.events)?;
         check_nesting(&batch.events)?;
         check_names(&batch.operation_id, batch.turn_id.as_deref(), &batch.events)?;
-        crate::model::payload::check_objects(&batch.events)?;
+        crate::model::payload::check_shapes(&batch.events)?;
         let fold = s.projection.prepare(&batch.events)?;
         s.projection.check_append(&fold, batch.turn_id.as_deref())?;
         let first_seq = s.next_seq;
