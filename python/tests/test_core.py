@@ -1958,6 +1958,121 @@ def test_a_forked_child_does_not_keep_the_parents_writer_lock(tmp_path):
     assert json.loads(done.stdout) == {"parent_reopened": True, "child_opened": True}
 
 
+_DAEMON_WRITER_EXIT_SCRIPT = r"""
+import queue, sys, threading
+import session_store
+
+root = session_store.Root(sys.argv[1], write_behind_ms=60_000)
+inbox, acks = queue.Queue(), queue.Queue()
+
+def worker():  # a daemon thread owns the session: its frame is never torn down
+    session = root.create("w")
+    while True:
+        i = inbox.get()
+        message = {"id": f"m{i}", "role": "user", "content": f"hello {i}"}
+        acks.put(session.append([{"kind": "message/complete", "payload": {"message": message}}],
+                                operation_id=f"o{i}"))
+
+threading.Thread(target=worker, daemon=True).start()
+for i in range(3):
+    inbox.put(i)
+    acks.get()
+sys.exit(0)
+"""
+
+
+def test_what_a_daemon_threads_session_accepted_is_durable_after_a_clean_exit(tmp_path):
+    # Outside testing P2: a session a daemon thread held was never dropped at a clean
+    # sys.exit(0), so what it had accepted (the last write-behind window; with a long
+    # write-behind, everything) was lost. The package closes every open session at exit.
+    run_script(_DAEMON_WRITER_EXIT_SCRIPT, tmp_path / "root")
+    root = session_store.Root(tmp_path / "root")
+    assert [m["id"] for m in root.transcript("w")] == ["m0", "m1", "m2"]
+    assert root.writer_owner("w") is None
+
+
+_FORK_DURING_LOCKING_SCRIPT = r"""
+import json, os, signal, sys, threading, time
+import session_store
+from session_store import SessionStoreError
+
+root = session_store.Root(sys.argv[1], durability="normal")
+with root.create("s") as s:
+    s.append([{"kind": "turn/start"}], operation_id="o", turn_id="t")
+    s.append([{"kind": "turn/end", "payload": {"status": "completed"}}], operation_id="e")
+stop = threading.Event()
+
+def churn_writer():  # a request thread opening and closing its writer
+    while not stop.is_set():
+        try:
+            root.open("s").close()
+        except SessionStoreError:
+            pass
+
+def churn_forks():  # forks of "s" made and deleted: its dependents.lock, shared and exclusive
+    i = 0
+    while not stop.is_set():
+        i += 1
+        try:
+            root.fork("s", after_turn="t", child=f"f{i}")
+            root.delete(f"f{i}")
+        except SessionStoreError:
+            pass
+
+threads = [threading.Thread(target=churn_writer), threading.Thread(target=churn_forks)]
+for t in threads:
+    t.start()
+kids = []
+for _ in range(int(sys.argv[2])):
+    pid = os.fork()
+    if pid == 0:  # a worker that lives on (multiprocessing's, say)
+        signal.alarm(60)
+        time.sleep(60)
+        os._exit(0)
+    kids.append(pid)
+    time.sleep(0.003)
+stop.set()
+for t in threads:
+    t.join()
+# Every descriptor of a child that holds a flock, by file: the parent has let go of all.
+held = {}
+for pid in kids:
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            with open(f"/proc/{pid}/fdinfo/{fd}") as info:
+                locked = "FLOCK" in info.read()
+        except OSError:
+            continue
+        if locked:
+            name = os.path.basename(target)
+            held[name] = held.get(name, 0) + 1
+out = {"held": held}
+try:
+    root.open("s").close()
+    root.delete("s", wait=1)
+    out["parent"] = "ok"
+except SessionStoreError as e:
+    out["parent"] = f"{type(e).__name__}: {e}"
+for pid in kids:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+print(json.dumps(out))
+"""
+
+
+def test_a_child_forked_while_threads_take_locks_keeps_none_of_them(tmp_path):
+    # Outside testing P1: a child forked while another thread of the parent was taking or
+    # releasing a lock (a writer's open or close, a fork's or a delete's dependents.lock)
+    # kept a copy of its descriptor, and with it the lock after the parent let go: the
+    # parent's own open of the session it had closed was refused "by this process", its
+    # delete "a fork or delete of it is in progress" (1-2 writer locks and about 19
+    # dependents.lock copies in 200-300 children). Every lock file descriptor is now
+    # recorded from its open and closed in the child.
+    done = run_script(_FORK_DURING_LOCKING_SCRIPT, tmp_path / "root", "150", timeout=120)
+    assert json.loads(done.stdout) == {"held": {}, "parent": "ok"}
+
+
 _FORK_READING_SCRIPT = r"""
 import os, signal, sys, threading
 import session_store

@@ -20,44 +20,99 @@ const POLL: Duration = Duration::from_millis(10);
 /// A held writer lock; dropping it releases the lock.
 #[derive(Debug)]
 pub(crate) struct WriterLock {
-    /// The locked file; `None` once [`close_inherited_locks`] closed it in a child made by
-    /// `fork()`.
-    file: Arc<Mutex<Option<File>>>,
+    /// The locked file.
+    file: LockFd,
     /// Whether the owner record stays in the file when the lock is released
     /// ([`WriterLock::keep_record`]).
     keep_record: bool,
 }
 
-/// A lock file this process holds, for [`close_inherited_locks`].
+/// A descriptor of a lock file, in [`HELD`] from its open to its close. `flock` belongs to
+/// the open file description, which a child made by `fork()` shares: while the child's
+/// copy of the descriptor is open, the lock outlives the parent's release (a session
+/// stayed locked for as long as a forked worker lived), even a lock the parent took after
+/// the fork on a descriptor it had opened before. So every descriptor that may hold a
+/// lock is recorded before any `fork()` can copy it, and used only under [`HELD`]'s lock,
+/// which [`hold_for_fork`] takes across a fork: the child's [`close_inherited_locks`] then
+/// finds each one free to close (outside testing P1, session 48: a descriptor locked but
+/// not yet recorded, one whose mutex a parent thread held at the fork, and every
+/// `dependents.lock` stayed open in children, refusing the parent its own session).
+#[derive(Debug)]
+struct LockFd {
+    /// The file; `None` once [`close_inherited_locks`] closed it in a child.
+    file: Arc<Mutex<Option<File>>>,
+}
+
+/// A lock file's descriptor this process holds, for [`close_inherited_locks`].
 struct Held {
     pid: u32,
     file: Weak<Mutex<Option<File>>>,
 }
 
-/// Every writer lock (and staging guard) file held in this process, with the id of the
-/// process that took it. `flock` belongs to the open file description, which a child made by
-/// `fork()` shares: while the child's copy of the descriptor is open, the lock outlives the
-/// parent's release (a session stayed locked for as long as a forked worker lived).
+/// Every lock file descriptor open in this process (writer locks, staging guards,
+/// `dependents.lock`), with the id of the process that opened it. Its lock is taken
+/// before any descriptor's own.
 static HELD: Mutex<Vec<Held>> = Mutex::new(Vec::new());
 
-/// Takes the registry's lock for a `fork()` (`persistence::fork_hold`), so that the child's
-/// [`close_inherited_locks`] finds every lock file its parent held.
-pub(crate) fn hold_for_fork() -> Box<dyn std::any::Any> {
-    Box::new(HELD.lock().unwrap_or_else(|e| e.into_inner()))
+/// The registry of lock file descriptors, locked.
+fn registry() -> std::sync::MutexGuard<'static, Vec<Held>> {
+    HELD.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// `file` (just locked) as a [`WriterLock`], recorded in [`HELD`].
-fn held(file: File) -> WriterLock {
-    let file = Arc::new(Mutex::new(Some(file)));
-    let mut all = HELD.lock().unwrap_or_else(|e| e.into_inner());
-    all.retain(|h| h.file.strong_count() > 0);
-    all.push(Held {
-        pid: std::process::id(),
-        file: Arc::downgrade(&file),
-    });
-    WriterLock {
-        file,
-        keep_record: false,
+/// Takes the registry's lock for a `fork()` (`persistence::fork_hold`), so that the child's
+/// [`close_inherited_locks`] finds every lock file its parent held, none in use.
+pub(crate) fn hold_for_fork() -> Box<dyn std::any::Any> {
+    Box::new(registry())
+}
+
+impl LockFd {
+    /// Opens the lock file at `path` with `open` ([`open_lock_file`] or
+    /// [`open_lock_file_to_read`]) and records it, both under the registry's lock.
+    fn open(path: &Path, open: fn(&Path) -> Result<File>) -> Result<LockFd> {
+        let mut all = registry();
+        let file = Arc::new(Mutex::new(Some(open(path)?)));
+        all.retain(|h| h.file.strong_count() > 0);
+        all.push(Held {
+            pid: std::process::id(),
+            file: Arc::downgrade(&file),
+        });
+        Ok(LockFd { file })
+    }
+
+    /// `f` of the file, under the registry's lock; `None` when the file was inherited
+    /// through `fork()` and closed in this process.
+    fn with<R>(&self, f: impl FnOnce(&mut File) -> R) -> Option<R> {
+        let _all = registry();
+        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        file.as_mut().map(f)
+    }
+
+    /// Tries the lock, `shared` or exclusive: `Ok(false)` when another holder's lock
+    /// refuses it.
+    fn try_lock(&self, path: &Path, shared: bool) -> Result<bool> {
+        let tried = self.with(|f| {
+            if shared {
+                f.try_lock_shared()
+            } else {
+                f.try_lock()
+            }
+        });
+        match tried {
+            Some(Ok(())) => Ok(true),
+            Some(Err(TryLockError::WouldBlock)) | None => Ok(false),
+            Some(Err(TryLockError::Error(e))) => {
+                Err(Error::io(format!("lock {}", path.display()), e))
+            }
+        }
+    }
+}
+
+impl Drop for LockFd {
+    /// Closes the file under the registry's lock, so that no `fork()` copies it between
+    /// the last use and the close.
+    fn drop(&mut self) {
+        let _all = registry();
+        drop(self.file.lock().unwrap_or_else(|e| e.into_inner()).take());
     }
 }
 
@@ -68,7 +123,8 @@ fn held(file: File) -> WriterLock {
 /// took itself are left alone, so calling it elsewhere does nothing.
 pub fn close_inherited_locks() {
     let pid = std::process::id();
-    // A lock held by a parent thread at the fork is never released in the child: skip it.
+    // The registry held by a parent thread at a fork made without `hold_for_fork` is never
+    // released in the child: nothing can be found then.
     let mut all = match HELD.try_lock() {
         Ok(all) => all,
         Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
@@ -78,6 +134,8 @@ pub fn close_inherited_locks() {
         if h.pid == pid {
             return h.file.strong_count() > 0;
         }
+        // Every use of a file is under the registry's lock, which this thread holds: none
+        // is in use.
         if let Some(file) = h.file.upgrade()
             && let Ok(mut file) = file.try_lock()
         {
@@ -150,12 +208,11 @@ fn not_a_lock_file(path: &Path, what: &str) -> Error {
 impl WriterLock {
     /// Takes the lock without waiting; `None` when someone else holds it.
     pub(crate) fn try_acquire(path: &Path) -> Result<Option<WriterLock>> {
-        let file = open_lock_file(path)?;
-        match file.try_lock() {
-            Ok(()) => Ok(Some(held(file))),
-            Err(TryLockError::WouldBlock) => Ok(None),
-            Err(TryLockError::Error(e)) => Err(Error::io(format!("lock {}", path.display()), e)),
-        }
+        let file = LockFd::open(path, open_lock_file)?;
+        Ok(file.try_lock(path, false)?.then_some(WriterLock {
+            file,
+            keep_record: false,
+        }))
     }
 
     /// Whether `path` still names the file this lock holds (same device and inode). A
@@ -163,13 +220,12 @@ impl WriterLock {
     /// next opener of `path` creates a new file and locks that one.
     pub(crate) fn is_at(&self, path: &Path) -> bool {
         use std::os::unix::fs::MetadataExt;
-        let file = self.file.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(file) = file.as_ref() else {
+        let Some(Ok(held)) = self.file.with(|f| f.metadata()) else {
             return false;
         };
-        match (file.metadata(), std::fs::symlink_metadata(path)) {
-            (Ok(held), Ok(named)) => held.dev() == named.dev() && held.ino() == named.ino(),
-            _ => false,
+        match std::fs::symlink_metadata(path) {
+            Ok(named) => held.dev() == named.dev() && held.ino() == named.ino(),
+            Err(_) => false,
         }
     }
 
@@ -205,13 +261,12 @@ impl WriterLock {
             f.seek(SeekFrom::Start(0))?;
             f.write_all(&text)
         };
-        let mut file = self.file.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(file) = file.as_mut() else {
-            return Err(Error::invalid(
+        match self.file.with(write) {
+            Some(written) => written.map_err(|e| Error::io("record writer owner", e)),
+            None => Err(Error::invalid(
                 "the writer lock was inherited through fork() and closed in this process",
-            ));
-        };
-        write(file).map_err(|e| Error::io("record writer owner", e))
+            )),
+        }
     }
 
     /// Syncs the owner record to disk. A record left in an unlocked file is how searches
@@ -219,13 +274,10 @@ impl WriterLock {
     /// outlive a power cut as its commits do (outside testing, power loss: unsynced, it
     /// could be lost while they survived, and no search found them until a rebuild).
     pub(crate) fn sync_record(&self) -> Result<()> {
-        let file = self.file.lock().unwrap_or_else(|e| e.into_inner());
-        match file.as_ref() {
-            Some(file) => file
-                .sync_data()
-                .map_err(|e| Error::io("sync writer owner record", e)),
-            None => Ok(()),
-        }
+        self.file
+            .with(|f| f.sync_data())
+            .unwrap_or(Ok(()))
+            .map_err(|e| Error::io("sync writer owner record", e))
     }
 }
 
@@ -237,9 +289,7 @@ impl Drop for WriterLock {
         if self.keep_record {
             return;
         }
-        if let Some(file) = self.file.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
-            let _ = file.set_len(0);
-        }
+        let _ = self.file.with(|f| f.set_len(0));
     }
 }
 
@@ -247,18 +297,14 @@ impl Drop for WriterLock {
 /// (`flock` needs no write access), never creates or writes the file, so it works on a
 /// root the caller can only read; a missing lock file is a free lock.
 pub(crate) fn is_held(path: &Path) -> Result<bool> {
-    let file = match open_lock_file_to_read(path) {
+    let file = match LockFd::open(path, open_lock_file_to_read) {
         Ok(file) => file,
         Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
             return Ok(false);
         }
         Err(e) => return Err(e),
     };
-    match file.try_lock() {
-        Ok(()) => Ok(false),
-        Err(TryLockError::WouldBlock) => Ok(true),
-        Err(TryLockError::Error(e)) => Err(Error::io(format!("lock {}", path.display()), e)),
-    }
+    Ok(!file.try_lock(path, false)?)
 }
 
 fn process_alive(pid: u32) -> bool {
@@ -332,43 +378,35 @@ pub(crate) const DEPENDENTS_LOCK_FILE: &str = "dependents.lock";
 /// publishes, exclusive while a delete materialises dependents and removes the session.
 #[derive(Debug)]
 pub(crate) struct DependentsLock {
-    _file: File,
+    _file: LockFd,
 }
 
 impl DependentsLock {
     /// Takes the shared lock, waiting up to `wait` for a delete in progress to finish:
     /// `None` when the delete still holds it then.
     pub(crate) fn shared_within(path: &Path, wait: Duration) -> Result<Option<DependentsLock>> {
-        let file = open_lock_file(path)?;
+        let file = LockFd::open(path, open_lock_file)?;
         let deadline = std::time::Instant::now() + wait;
-        loop {
-            match file.try_lock_shared() {
-                Ok(()) => return Ok(Some(DependentsLock { _file: file })),
-                Err(TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
-                    std::thread::sleep(POLL);
-                }
-                Err(TryLockError::WouldBlock) => return Ok(None),
-                Err(TryLockError::Error(e)) => {
-                    return Err(Error::io(format!("lock {}", path.display()), e));
-                }
+        while !file.try_lock(path, true)? {
+            if std::time::Instant::now() >= deadline {
+                return Ok(None);
             }
+            std::thread::sleep(POLL);
         }
+        Ok(Some(DependentsLock { _file: file }))
     }
 
     /// Takes the exclusive lock, waiting for forks in progress until `cancel` fires.
     pub(crate) fn exclusive(path: &Path, cancel: &CancelToken) -> Result<DependentsLock> {
-        let file = open_lock_file(path)?;
+        let file = LockFd::open(path, open_lock_file)?;
         loop {
             if cancel.is_cancelled() {
                 return Err(Error::Cancelled);
             }
-            match file.try_lock() {
-                Ok(()) => return Ok(DependentsLock { _file: file }),
-                Err(TryLockError::WouldBlock) => std::thread::sleep(POLL),
-                Err(TryLockError::Error(e)) => {
-                    return Err(Error::io(format!("lock {}", path.display()), e));
-                }
+            if file.try_lock(path, false)? {
+                return Ok(DependentsLock { _file: file });
             }
+            std::thread::sleep(POLL);
         }
     }
 }
