@@ -49,6 +49,7 @@ Reads through :class:`Root` (``history``, ``transcript``, ``events``, ``turns``)
 from __future__ import annotations
 
 import asyncio
+import atexit
 import builtins
 import contextlib
 import functools
@@ -57,6 +58,7 @@ import json
 import os
 import sys
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, NoReturn, ParamSpec, TypeVar
@@ -338,6 +340,20 @@ def _missing_sdk(
     )
 
 
+def _raise_missing_sdk(modules: tuple[str, ...], what: str, extra: str, sdk: str) -> NoReturn:
+    """In an ``except ModuleNotFoundError:`` block around an adapter's imports: raises
+    :func:`_missing_sdk`'s error for the one being handled, or that one itself when
+    another module is missing. The block binds no name (``except ... as e`` left ``e``
+    and the error at module level in the stubs: ``mypy.stubtest`` reported both)."""
+    error = sys.exc_info()[1]
+    if not isinstance(error, ModuleNotFoundError):
+        raise RuntimeError("_raise_missing_sdk called outside an except block") from error
+    missing = _missing_sdk(error, modules, what, extra, sdk)
+    if missing is None:
+        raise error
+    raise missing from error
+
+
 async def _to_thread(fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
     return await asyncio.to_thread(functools.partial(fn, *args, **kwargs))
 
@@ -424,20 +440,56 @@ def _check_events(events: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+#: How many times :meth:`Root._open_or_create` tries: a session deleted and made again by
+#: other processes between each open and create is not waited for beyond that.
+_OPEN_OR_CREATE_ATTEMPTS = 3
+
+#: Every :class:`Session` made in this process and not yet collected, for
+#: :func:`_close_at_exit`.
+_OPEN_SESSIONS: weakref.WeakSet[Session] = weakref.WeakSet()
+
+
+def _close_at_exit() -> None:
+    """Closes (so flushes) every session still open when the interpreter exits normally.
+
+    A session a daemon thread held was never dropped (its thread's frame is not torn
+    down), so what it had accepted in the last write-behind window was lost at a clean
+    ``sys.exit(0)`` (outside testing P2). Closed, not only flushed: a daemon thread's
+    later append raises :class:`Closed` instead of being acknowledged and lost. Errors
+    are left unsaid (a copy inherited through ``os.fork`` only lets its handle go).
+    """
+    while True:
+        try:
+            sessions = list(_OPEN_SESSIONS)
+            break
+        except RuntimeError:  # another thread added one meanwhile
+            continue
+    for session in sessions:
+        with contextlib.suppress(Exception):
+            session.close()
+
+
+atexit.register(_close_at_exit)
+
+
 class Session:
     """A session opened for writing: the one writer of its file (across processes).
 
     Obtained from :meth:`Root.create` or :meth:`Root.open`. Appends are accepted in memory
     and become durable after the write-behind delay, on :meth:`flush` or on :meth:`close`.
-    A context manager (sync and async) that closes the session on exit.
+    A context manager (sync and async) that closes the session on exit. At the
+    interpreter's normal exit every session still open is closed (so flushed), also one
+    that a daemon thread holds; a process that dies, or ends by ``os._exit``, keeps only
+    what was durable.
     """
 
-    __slots__ = ("_native", "_root")
+    __slots__ = ("_native", "_root", "__weakref__")
     __reduce_ex__ = _refuse_pickle
 
     def __init__(self, native: _native.Session, root: Root) -> None:
         self._native = native
         self._root = root
+        _OPEN_SESSIONS.add(self)
 
     @property
     def id(self) -> str:
@@ -731,6 +783,25 @@ class Root:
         another writer, in this process or another, has it.
         """
         return Session(self._native.open_writer(session_id), self)
+
+    def _open_or_create(self, session_id: str) -> Session:
+        """The session's writer, the session created when it is missing (the adapters').
+
+        Another process may create it between this one's ``open`` and ``create``: the
+        ``create`` then raises :class:`AlreadyExists`, and the session is opened again,
+        which gives its writer or :class:`WriterOwned` (outside testing P3: two processes
+        writing a new conversation at once, one got ``AlreadyExists`` in 38 of 40 races).
+        """
+        for _ in range(_OPEN_OR_CREATE_ATTEMPTS - 1):
+            try:
+                return self.open(session_id)
+            except NotFound:
+                pass
+            try:
+                return self.create(session_id)
+            except AlreadyExists:
+                continue  # made by another process meanwhile: open it
+        return self.open(session_id)
 
     def reader(self, session_id: str) -> SessionReader:
         """A reader of one session (no lock; durable state). A ``session_id`` that is not a

@@ -587,10 +587,7 @@ class SessionStoreSession:
         shared = self._shared
         if shared.session is None:
             try:
-                try:
-                    shared.session = self.root.open(self.store_id)
-                except NotFound:
-                    shared.session = self.root.create(self.store_id)
+                shared.session = self.root._open_or_create(self.store_id)
             except SessionStoreError as e:
                 raise self._named(e) from None
         return shared.session

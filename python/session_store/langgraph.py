@@ -82,7 +82,7 @@ from . import (
     Root,
     Session,
     SessionStoreError,
-    _missing_sdk,
+    _raise_missing_sdk,
     _naming_caller_id,
     _native,
     _refuse_pickle,
@@ -104,13 +104,10 @@ try:
         writes_sort_key,
     )
     from langgraph.checkpoint.serde.base import SerializerProtocol
-except ModuleNotFoundError as e:
-    missing = _missing_sdk(
-        e, ("langchain_core", "langgraph"), __name__, "langgraph", "langgraph-checkpoint"
+except ModuleNotFoundError:
+    _raise_missing_sdk(
+        ("langchain_core", "langgraph"), __name__, "langgraph", "langgraph-checkpoint"
     )
-    if missing is None:
-        raise
-    raise missing from e
 from .agents import _acquire_writer, _release_writer, _SharedWriter
 
 __all__ = ["MAX_OPEN_THREADS", "SessionStoreSaver", "session_id_of", "thread_id_of"]
@@ -750,11 +747,7 @@ class SessionStoreSaver(BaseCheckpointSaver[str]):
         named: _Thread | None = None
         with shared.lock:
             if shared.session is None:
-                sid = session_id_of(thread_id)
-                try:
-                    shared.session = self.root.open(sid)
-                except NotFound:
-                    shared.session = self.root.create(sid)
+                shared.session = self.root._open_or_create(session_id_of(thread_id))
             writer = shared.session
             events = events_of()
             if _HASHED.fullmatch(session_id_of(thread_id)):

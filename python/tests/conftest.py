@@ -24,6 +24,19 @@ def turn(turn_id: str, *messages: dict) -> list[dict]:
     ]
 
 
+def lose_the_create_race(monkeypatch) -> None:
+    """Makes the next ``Root.open`` find no session while another process (played by the
+    same root) creates it just after: the caller's ``create`` then meets it."""
+    real_open = session_store.Root.open
+
+    def open_as_the_race_is_lost(self, session_id):
+        monkeypatch.setattr(session_store.Root, "open", real_open)
+        self.create(session_id).close()
+        raise session_store.NotFound(f"session {session_id} not found")
+
+    monkeypatch.setattr(session_store.Root, "open", open_as_the_race_is_lost)
+
+
 def msg(i: int, role: str = "user", content: str | None = None) -> dict:
     return {"id": f"m{i}", "role": role, "content": content or f"message {i}"}
 

@@ -21,7 +21,7 @@ from agents.testing import ScriptedModel, assistant_message, function_call
 import session_store
 from session_store.agents import SessionStoreSession
 
-from conftest import FORK_HANDSHAKE, run_script
+from conftest import FORK_HANDSHAKE, lose_the_create_race, run_script
 
 set_tracing_disabled(True)  # offline: no trace export
 
@@ -237,6 +237,16 @@ def test_a_second_writer_process_gets_writer_owned(root):
         assert await s.get_items() == [user("mine"), user("intruder")]
 
     run(main())
+
+
+def test_a_conversation_another_process_creates_meanwhile_is_opened(root, monkeypatch):
+    # Outside testing P3: two processes writing a new conversation at once, the one whose
+    # create came second raised AlreadyExists (38 of 40 races) instead of opening it.
+    lose_the_create_race(monkeypatch)
+    s = SessionStoreSession("raced", root)
+    run(s.add_items([user("mine")]))
+    assert run(s.get_items()) == [user("mine")]
+    s.close()
 
 
 def test_writer_owned_of_a_mapped_id_names_the_conversation_as_given(root):

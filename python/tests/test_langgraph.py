@@ -26,7 +26,7 @@ import session_store
 from session_store.agents import SessionStoreSession
 from session_store.langgraph import SessionStoreSaver, session_id_of, thread_id_of
 
-from conftest import FORK_HANDSHAKE, run_script
+from conftest import FORK_HANDSHAKE, lose_the_create_race, run_script
 
 
 def echo(state: MessagesState) -> dict:
@@ -212,6 +212,16 @@ def test_grown_message_lists_are_stored_as_their_suffix(root, list_saver, list_s
     for _, record in records:
         value = list_saver.serde.loads_typed((record["t"], base64.b64decode(record["b"])))
         assert len(value) == 1
+
+
+def test_a_thread_another_process_creates_meanwhile_is_opened(root, saver, monkeypatch):
+    # Outside testing P3: two processes saving a new thread at once, the one whose create
+    # came second raised AlreadyExists (29 of 30 races) instead of opening it.
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    lose_the_create_race(monkeypatch)
+    saved = saver.put(config("raced"), empty_checkpoint(), {"step": 1}, {})
+    assert saver.get_tuple(saved) is not None
 
 
 def test_a_refused_put_leaves_no_base_outside_the_log(root, saver) -> None:
