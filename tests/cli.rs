@@ -300,6 +300,11 @@ fn append_history_events_stats_and_the_sqlite3_shell() {
             && summary.contains("durable sequence 6"),
         "{summary}"
     );
+    // A `--json` line names the operation as stored, spaces around it taken off (it said
+    // "  spaced  " where `events --json` and Python say "spaced": outside testing C3).
+    let spaced = json!({"operation_id": "  spaced  ", "events": [message("m-sp", "user", "s")]});
+    let out = env.run_with(&["append", "other", "--json"], &format!("{spaced}\n"));
+    assert_eq!(parse(stdout(&out).trim())["operation_id"], "spaced");
 
     let history = env.json(&["history", "made"]);
     let messages = history["messages"].as_array().expect("messages");
@@ -426,6 +431,36 @@ fn append_reports_and_keeps_the_batches_before_a_bad_line() {
             ]})
             .to_string(),
             "events[0].content_ref is not input",
+        ),
+        // Whatever their value: `null` and `0` passed unnoticed, a wrong type was "expected
+        // a JSON object" (outside testing C2).
+        (
+            json!({"operation_id": "x", "events": [
+                {"kind": "tool/log", "optional": true, "payload": {"a": 1}, "content_ref": null}
+            ]})
+            .to_string(),
+            "events[0].content_ref is not input",
+        ),
+        (
+            json!({"operation_id": "x", "events": [
+                {"kind": "tool/log", "optional": true, "content_ref": "abc"}
+            ]})
+            .to_string(),
+            "events[0].content_ref is not input",
+        ),
+        (
+            json!({"operation_id": "x", "events": [
+                {"kind": "session/title", "payload": {"title": "t"}, "seq": 0}
+            ]})
+            .to_string(),
+            "events[0].seq is not input",
+        ),
+        (
+            json!({"operation_id": "x", "events": [
+                {"kind": "session/title", "payload": {"title": "t"}, "seq": null}
+            ]})
+            .to_string(),
+            "events[0].seq is not input",
         ),
         // A lone surrogate escape was "unexpected end of hex escape": now said as such,
         // naming the key whose value holds it.

@@ -30,7 +30,8 @@ pub struct Event {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub id: String,
     /// Sequence number, assigned at acceptance: [`Session::append`](crate::Session::append)
-    /// ignores it, and a [`Batch`] deserialized with an event whose `seq` is not 0 is refused.
+    /// ignores it, and a [`Batch`] deserialized with an event that has a `seq` (any value)
+    /// is refused.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub seq: u64,
     /// Event kind, e.g. `message/complete`: one of
@@ -353,7 +354,34 @@ struct BatchFields {
     operation_id: String,
     #[serde(default)]
     turn_id: Option<String>,
-    events: Vec<Event>,
+    events: Vec<EventFields>,
+}
+
+/// An input [`Event`]'s fields as serde's derive reads them, the output-only `seq` and
+/// `content_ref` only as present or not, whatever their value: read as [`Event`]'s,
+/// `"content_ref": null` and `"seq": 0` passed unnoticed, and `"content_ref": "abc"` was
+/// "expected a JSON object" instead of what the key is (outside testing C2). The fields in
+/// [`Event`]'s order, so that serde's "expected one of" lists them as it does for an
+/// [`Event`] (`json_error_reason` says them as input).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventFields {
+    #[serde(default)]
+    id: String,
+    #[serde(default, deserialize_with = "present")]
+    seq: bool,
+    kind: String,
+    #[serde(default)]
+    optional: bool,
+    #[serde(default)]
+    payload: Option<Box<RawValue>>,
+    #[serde(default, deserialize_with = "present")]
+    content_ref: bool,
+}
+
+/// `true` for a field that is there, whatever its value (`null` included).
+fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+    serde::de::IgnoredAny::deserialize(deserializer).map(|_| true)
 }
 
 impl<'de> Deserialize<'de> for Batch {
@@ -374,10 +402,18 @@ impl<'de> Deserialize<'de> for Batch {
                 if let Some(refusal) = output_only_field(&fields.events) {
                     return Err(serde::de::Error::custom(refusal));
                 }
+                let events = fields.events.into_iter().map(|e| Event {
+                    id: e.id,
+                    seq: 0,
+                    kind: e.kind,
+                    optional: e.optional,
+                    payload: e.payload,
+                    content_ref: None,
+                });
                 Ok(Batch {
                     operation_id: fields.operation_id,
                     turn_id: fields.turn_id,
-                    events: fields.events,
+                    events: events.collect(),
                 })
             }
         }
@@ -387,17 +423,18 @@ impl<'de> Deserialize<'de> for Batch {
 }
 
 /// Why a deserialized batch's events are not input, if they are not: an event that came
-/// with a `seq` or a `content_ref`, fields the store sets on events it returns. Dropping
-/// them would lose what the caller meant (a `content_ref` without a `payload` would be
-/// stored with no payload at all), so the batch is refused, naming the event and field.
-fn output_only_field(events: &[Event]) -> Option<String> {
+/// with a `seq` or a `content_ref` (any value), fields the store sets on events it
+/// returns. Dropping them would lose what the caller meant (a `content_ref` without a
+/// `payload` would be stored with no payload at all), so the batch is refused, naming the
+/// event and field.
+fn output_only_field(events: &[EventFields]) -> Option<String> {
     events.iter().enumerate().find_map(|(i, e)| {
-        if e.seq != 0 {
+        if e.seq {
             Some(format!(
                 "events[{i}].seq is not input: sequences are assigned when a batch is accepted; \
                  remove the field"
             ))
-        } else if e.content_ref.is_some() {
+        } else if e.content_ref {
             Some(format!(
                 "events[{i}].content_ref is not input: it names content the store already \
                  holds; give the content itself as \"payload\""
