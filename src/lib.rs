@@ -41,7 +41,7 @@ mod store;
 pub use cancel::CancelToken;
 pub use error::{Error, Result, SqliteError, WriterOwner, naming_file_size_limit, quoted, utc};
 pub use model::header::{Header, Origin, absolute_cwd};
-pub use model::payload::json_error_reason;
+pub use model::payload::{is_invisible, json_error_reason};
 pub use model::{
     Batch, CLOSURE_KINDS, Commit, ContentRef, Event, Message, PROJECTION_KINDS, Projection,
     RecoveryStatus, SessionId, SessionRef, Snippet, TERMINAL_TURN_STATUSES, Todo, TurnBoundary,

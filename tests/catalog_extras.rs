@@ -674,15 +674,22 @@ fn hostile_usage_payloads_are_refused_and_change_nothing() {
         s.append(Batch::new("bare", vec![session_store::Event::new("usage")]))
             .is_err()
     );
-    assert!(
-        s.append(Batch::new(
+    // The refused event is named, as the range checks name it (outside testing C1: only
+    // they did; "cost \"x\" is not a decimal string" said nothing of which event).
+    let mixed = s
+        .append(Batch::new(
             "mixed",
             vec![
                 usage("m", 1, 1, "1"),
-                event("usage", with("cost", json!("x")))
-            ]
+                event("usage", with("cost", json!("x"))),
+            ],
         ))
-        .is_err()
+        .expect_err("refused");
+    assert!(
+        mixed
+            .to_string()
+            .contains(r#"events[1] (model "m"): cost "x""#),
+        "{mixed}"
     );
     s.with_projection(|p| assert_eq!(p.usage, before));
     assert_eq!(

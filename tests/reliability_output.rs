@@ -1242,6 +1242,32 @@ fn list_escapes_invisible_ids_and_aligns_wide_ones() {
     }
     let out = env.ok(&["list"]);
     assert!(out.contains(r"\u{200b}\u{200d}"), "{out}");
+    // The rest of Unicode's default-ignorable characters, and the line separator, as well:
+    // `tag` + U+E0041 + `x` was listed as `tagx`, another session's id (outside testing U1).
+    let more = [
+        "tag\u{e0041}x",
+        "comb\u{34f}x",
+        "vs\u{fe0f}x",
+        "mongol\u{180e}x",
+        "i\u{206a}x",
+        "i\u{3164}x",
+        "i\u{1d173}x",
+        "i\u{fff9}x",
+        "lsep\u{2028}x",
+    ];
+    for id in more {
+        env.ok(&["create", id]);
+    }
+    let listed = env.ok(&["list"]);
+    for id in more {
+        let escaped: String = id.escape_unicode().to_string();
+        let hidden = id.chars().find(|c| !c.is_ascii()).expect("one");
+        assert!(!listed.contains(hidden), "{escaped} printed raw:\n{listed}");
+        assert!(
+            listed.contains(&format!(r"\u{{{:x}}}", hidden as u32)),
+            "{listed}"
+        );
+    }
     // Every line's second column (TURNS, right-aligned in 5) ends at the same terminal
     // column: the width before it, counted as a terminal draws it.
     let ends: Vec<usize> = out

@@ -2076,6 +2076,20 @@ fn ids_with_bidi_controls_or_invisible_characters_are_shown_escaped() {
         list.contains(r"cafe\u{301}") && list.contains("caf\u{e9}"),
         "{list}"
     );
+    // The search form keeps what was asked exactly, a bidirectional control as a character
+    // reference the browser reads back as the character: escaped for people, "Go" searched
+    // for `/srv/app\u{202e}1`, other text (outside testing U5).
+    let asked = server
+        .ok("/?q=a%E2%80%AEb&cwd=/srv/app%E2%80%AE1&role=user%E2%80%AE")
+        .body;
+    for value in [
+        r#"name="q" placeholder="Search messages, tool outputs, titles" value="a&#x202e;b""#,
+        r#"name="cwd" placeholder="Working directory" value="/srv/app&#x202e;1""#,
+        r#"name="role" value="user&#x202e;""#,
+    ] {
+        assert!(asked.contains(value), "{value}: {asked}");
+    }
+    assert!(!asked.contains('\u{202e}'), "{asked}");
 }
 
 /// A rewind before the first turn inherits nothing, and no file recorded it: the parent's

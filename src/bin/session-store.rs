@@ -190,7 +190,7 @@ enum Command {
         #[arg(long, value_name = "WHEN", value_parser = cli::when::parse_since, allow_hyphen_values = true)]
         since: Option<i64>,
         /// Only messages with this role (user, assistant, tool, …; title for titles),
-        /// ignoring case.
+        /// ignoring ASCII case.
         #[arg(long)]
         role: Option<String>,
     },
@@ -243,7 +243,8 @@ enum Command {
         /// place, so it cannot go to stdout).
         file: PathBuf,
     },
-    /// Validate an exported file and publish it as a new session.
+    /// Validate an exported file and publish it as a new session. Ctrl-C (SIGINT), SIGTERM
+    /// or SIGHUP stops it publishing nothing (exit 130, 143 or 129).
     Import {
         /// The exported file.
         file: PathBuf,

@@ -467,19 +467,9 @@ pub fn shown<T: AsRef<str> + ?Sized>(id: &T) -> Cow<'_, str> {
     escape_controls(id, |c| {
         c.is_control()
             || is_bidi_control(c)
-            || is_invisible(c)
+            || session_store::is_invisible(c)
             || (decomposed && unicode_normalization::char::is_combining_mark(c))
     })
-}
-
-/// Whether `c` is a character a terminal draws as nothing: zero-width space, joiners and
-/// non-joiner, the left-to-right, right-to-left and Arabic letter marks, the word joiner
-/// and the invisible operators, the byte-order mark, the soft hyphen.
-fn is_invisible(c: char) -> bool {
-    matches!(
-        c,
-        '\u{200b}'..='\u{200f}' | '\u{2060}'..='\u{2064}' | '\u{feff}' | '\u{061c}' | '\u{00ad}'
-    )
 }
 
 /// `text` followed by spaces up to `width` columns as a terminal draws it (a CJK character
@@ -505,9 +495,13 @@ pub fn is_bidi_control(c: char) -> bool {
 /// search snippet (`invoice_\u{202e}txt.exe`) drew as other text (`invoice_exe.txt`; outside
 /// testing D6, session 42).
 pub fn printable_block(text: &str) -> Cow<'_, str> {
-    escape_controls(text, |c| {
-        (c.is_control() && !matches!(c, '\n' | '\r' | '\t')) || is_bidi_control(c)
-    })
+    escape_controls(text, escaped_in_blocks)
+}
+
+/// Whether [`printable_block`] writes `c` as an escape: a control character other than a
+/// line break or tab, or a bidirectional control.
+pub fn escaped_in_blocks(c: char) -> bool {
+    (c.is_control() && !matches!(c, '\n' | '\r' | '\t')) || is_bidi_control(c)
 }
 
 /// `text` with every character `escaped` picks written as a Rust escape (`\u{1b}`).

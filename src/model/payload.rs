@@ -191,16 +191,55 @@ pub(crate) struct TitlePayload {
     pub(crate) title: String,
 }
 
+/// Whether `c` is a character a terminal draws as nothing, or as a line break: Unicode's
+/// Default_Ignorable_Code_Point set (zero-width space, joiners, direction marks, the word
+/// joiner and invisible operators, the byte-order mark, the soft hyphen, the combining
+/// grapheme joiner, Hangul and Khmer fillers, Mongolian and other variation selectors,
+/// tags, ...), the interlinear annotation marks and the line and paragraph separators.
+/// A title of these and white space alone is blank; the command line and `serve` write
+/// them as escapes in session ids (outside testing U1, session 48: `tag` + U+E0041 + `x`
+/// was listed as `tagx`, another session's id, as were ids holding U+034F, U+FE0F,
+/// U+180E, U+206A-U+206F or U+3164).
+///
+/// ```
+/// assert!(session_store::is_invisible('\u{200b}'));
+/// assert!(!session_store::is_invisible('a'));
+/// ```
+pub fn is_invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00ad}'
+            | '\u{034f}'
+            | '\u{061c}'
+            | '\u{115f}'..='\u{1160}'
+            | '\u{17b4}'..='\u{17b5}'
+            | '\u{180b}'..='\u{180f}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{2028}'..='\u{2029}'
+            | '\u{2060}'..='\u{206f}'
+            | '\u{3164}'
+            | '\u{fe00}'..='\u{fe0f}'
+            | '\u{feff}'
+            | '\u{ffa0}'
+            | '\u{fff0}'..='\u{fffb}'
+            | '\u{1bca0}'..='\u{1bca3}'
+            | '\u{1d173}'..='\u{1d17a}'
+            | '\u{e0000}'..='\u{e0fff}'
+    )
+}
+
 /// Longest title, in UTF-8 bytes, that [`title_event`] and an appended `session/title`
 /// accept (a title is shown in one line of a listing and kept in the catalog).
 pub(crate) const MAX_TITLE_BYTES: usize = 1024;
 
-/// Why `title` is refused, if it is: blank (empty or whitespace), holding a NUL character
+/// Why `title` is refused, if it is: blank (empty, or white space and characters drawn as
+/// nothing, [`is_invisible`]: a title of zero-width spaces was listed as no text, and the
+/// browser's link to the session had none, outside testing U7), holding a NUL character
 /// (SQLite's text functions and C tools such as `sqlite3` end a string there), or longer
 /// than [`MAX_TITLE_BYTES`]. Refused by [`title_event`] and, on append, in a
 /// `session/title` event; a stored one still folds.
 pub(crate) fn title_problem(title: &str) -> Option<String> {
-    if title.trim().is_empty() {
+    if title.chars().all(|c| c.is_whitespace() || is_invisible(c)) {
         Some("a title must not be blank".to_owned())
     } else if title.contains('\0') {
         Some("a title must not contain a NUL character (\\0)".to_owned())

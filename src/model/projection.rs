@@ -399,7 +399,40 @@ fn check_replacements(prepared: &PreparedFold) -> Result<()> {
 
 /// How an error names the `usage` event `events[i]` of a batch: its index and model.
 fn usage_event(i: usize, r: &UsageRecord) -> String {
-    format!("events[{i}] (model {}):", crate::error::quoted(&r.model))
+    named_usage_event(i, Some(&r.model))
+}
+
+/// How an error names the `usage` event `events[i]`, with its model when it has one.
+fn named_usage_event(i: usize, model: Option<&str>) -> String {
+    match model {
+        Some(model) => format!("events[{i}] (model {}):", crate::error::quoted(model)),
+        None => format!("events[{i}]:"),
+    }
+}
+
+/// `e`, the refusal of event `events[i]`'s payload, naming the event when it is a `usage`
+/// event's, as the range checks of usage name it: in a batch of several, "invalid usage
+/// payload: cost \"-1\" is not a decimal string" said nothing of which (outside testing C1).
+fn naming_usage(e: Error, i: usize, event: &Event) -> Error {
+    /// The `model` of a usage payload, when it is a string.
+    #[derive(Deserialize)]
+    struct ModelOf {
+        model: Option<String>,
+    }
+    match e {
+        Error::InvalidPayload { kind, reason } if kind == kind::USAGE => {
+            let model = event
+                .payload_str()
+                .and_then(|text| serde_json::from_str::<ModelOf>(text).ok())
+                .and_then(|m| m.model);
+            let named = named_usage_event(i, model.as_deref());
+            Error::InvalidPayload {
+                kind,
+                reason: format!("{named} {reason}"),
+            }
+        }
+        other => other,
+    }
 }
 
 /// Adds a stored `usage` event's payload to `usage` as the fold does, folding nothing else:
@@ -476,8 +509,8 @@ impl Projection {
     /// [`Error::UnsupportedVersion`] for an unknown required kind.
     pub fn prepare(&self, events: &[Event]) -> Result<PreparedFold> {
         let mut parsed = Vec::with_capacity(events.len());
-        for event in events {
-            parsed.push(parse(event)?);
+        for (i, event) in events.iter().enumerate() {
+            parsed.push(parse(event).map_err(|e| naming_usage(e, i, event))?);
         }
         // Duplicate stable ids through message/complete reject the whole batch.
         let mut reset: Option<HashSet<&str>> = None;
@@ -1017,7 +1050,15 @@ mod tests {
     #[test]
     fn a_bad_title_is_refused_on_append_and_folded_when_stored() {
         let long = "t".repeat(crate::model::payload::MAX_TITLE_BYTES + 1);
-        for blank in ["", "  ", "\n\t", "a\0b", long.as_str()] {
+        for blank in [
+            "",
+            "  ",
+            "\n\t",
+            "\u{200b}\u{200b}",
+            " \u{3164}\u{feff}",
+            "a\0b",
+            long.as_str(),
+        ] {
             let events = vec![ev("session/title", json!({ "title": blank }))];
             let p = Projection::default();
             let prepared = p.prepare(&events).unwrap();
@@ -1030,7 +1071,7 @@ mod tests {
         }
         let p = Projection::default();
         let most = "é".repeat(crate::model::payload::MAX_TITLE_BYTES / 2);
-        for good in [" a ", "a\tb", most.as_str()] {
+        for good in [" a ", "a\tb", "\u{200b}a", most.as_str()] {
             let named = p
                 .prepare(&[ev("session/title", json!({ "title": good }))])
                 .unwrap();

@@ -209,7 +209,8 @@ impl WriterLock {
     /// Takes the lock without waiting; `None` when someone else holds it.
     pub(crate) fn try_acquire(path: &Path) -> Result<Option<WriterLock>> {
         let file = LockFd::open(path, open_lock_file)?;
-        Ok(file.try_lock(path, false)?.then_some(WriterLock {
+        // Made only once locked: a `WriterLock` dropped clears the record in the file.
+        Ok(file.try_lock(path, false)?.then(|| WriterLock {
             file,
             keep_record: false,
         }))

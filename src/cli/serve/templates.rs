@@ -6,7 +6,7 @@
 use std::borrow::Cow;
 
 use axum::response::Html;
-use maud::{DOCTYPE, Markup, html};
+use maud::{DOCTYPE, Markup, PreEscaped, html};
 use session_store::{CatalogTotals, SearchPage, SessionId, SessionRef, SessionStats, Snippet};
 
 use super::data::{Params, SessionList};
@@ -81,15 +81,37 @@ pub fn error_page(problem: &Problem) -> Html<String> {
     )
 }
 
+/// `text` as the value of a form field that sends it back exactly: HTML-escaped, with each
+/// character the page's pass for people writes as `\u{…}` (a control character or a
+/// bidirectional control, [`crate::cli::escaped_in_blocks`]) given as a numeric character
+/// reference instead, which the browser reads back as the character. Escaped for people,
+/// the field held `/srv/app\u{202e}1`, and "Go" searched for that text: no hits (outside
+/// testing U5).
+fn exact_value(text: &str) -> PreEscaped<String> {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c if crate::cli::escaped_in_blocks(c) => out.push_str(&format!("&#x{:x};", c as u32)),
+            c => out.push(c),
+        }
+    }
+    PreEscaped(out)
+}
+
 /// The search box and the filters, keeping what was asked.
 fn filters(params: &Params) -> Markup {
     let origin = params.origin_text().unwrap_or("");
     html! {
         form.filters method="get" action="/" {
             input type="search" name="q" placeholder="Search messages, tool outputs, titles"
-                value=(params.query().unwrap_or("")) aria-label="Search";
+                value=(exact_value(params.query().unwrap_or(""))) aria-label="Search";
             input type="text" name="cwd" placeholder="Working directory"
-                value=(params.cwd().unwrap_or("")) aria-label="Working directory";
+                value=(exact_value(params.cwd().unwrap_or(""))) aria-label="Working directory";
             select name="origin" aria-label="Origin" {
                 option value="" selected[origin.is_empty()] { "any origin" }
                 @for o in ORIGINS {
@@ -99,7 +121,7 @@ fn filters(params: &Params) -> Markup {
             // Search filters given in the URL (no fields of their own) stay with a new query.
             @for (name, value) in [("role", params.role()), ("since", params.since_text()), ("session", params.session_text())] {
                 @if let Some(value) = value {
-                    input type="hidden" name=(name) value=(value);
+                    input type="hidden" name=(name) value=(exact_value(value));
                 }
             }
             button type="submit" { "Go" }
