@@ -1806,6 +1806,28 @@ fn import_refuses_a_header_that_create_would_refuse() {
             ok(&root, &["import", path, "--id", &id, "--cwd", "/elsewhere"]);
         }
     }
+    // An absolute cwd spelled otherwise than `--cwd` spells it is imported as `--cwd`
+    // spells it: kept as the file had it, `/srv//api/./` was found by no `--cwd` filter
+    // (outside testing C4).
+    let file = dir.path().join("spelled.sqlite");
+    std::fs::copy(&clean, &file).expect("copy");
+    let conn = rusqlite::Connection::open(&file).expect("open");
+    conn.execute_batch("UPDATE header SET cwd = '/srv//api/./'")
+        .expect("edit");
+    drop(conn);
+    ok(
+        &root,
+        &["import", file.to_str().expect("utf-8"), "--id", "spelled"],
+    );
+    let listed = json_of(&root, &["list", "--cwd", "/srv/api"]);
+    assert_eq!(
+        listed["sessions"][0]["session_ref"]["session_id"], "spelled",
+        "{listed}"
+    );
+    assert_eq!(
+        json_of(&root, &["show", "spelled"])["header"]["cwd"],
+        "/srv/api"
+    );
 }
 
 /// `gc` names a session that another delete (another `gc`'s, or `delete`'s) is deleting

@@ -2766,3 +2766,44 @@ fn legacy_paths_that_differ_only_in_bytes_not_utf8_are_two_sessions() {
     }
     assert_ne!(ids[0], ids[1]);
 }
+
+/// A `gc` stopped by a signal finishes the deletion under way, prints it and exits 130:
+/// the signal's default action ended it between a deletion and its line, so a session was
+/// gone that no line named (outside testing I5).
+#[test]
+fn a_gc_stopped_by_a_signal_has_printed_every_session_it_deleted() {
+    let env = Env::new();
+    let ids: Vec<String> = (0..150).map(|i| format!("s{i:03}")).collect();
+    for id in &ids {
+        env.ok(&["create", id]);
+    }
+    std::thread::sleep(Duration::from_millis(1_100));
+    let mut gc = env
+        .command(&["gc", "--older-than", "1s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut out = BufReader::new(gc.stdout.take().expect("stdout"));
+    let mut first = String::new();
+    out.read_line(&mut first).expect("first line");
+    assert!(first.starts_with("deleted "), "{first}");
+    let sent = Command::new("kill")
+        .args(["-INT", &gc.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).expect("the rest");
+    let done = gc.wait_with_output().expect("wait");
+    let printed = 1 + rest.lines().filter(|l| l.starts_with("deleted ")).count();
+    let left = ids.iter().filter(|id| env.root().join(id).exists()).count();
+    assert_eq!(done.status.code(), Some(130), "{}", stderr(&done));
+    assert!(
+        stderr(&done).contains("interrupted by SIGINT"),
+        "{}",
+        stderr(&done)
+    );
+    assert_eq!(ids.len() - left, printed, "{first}{rest}");
+    assert!(left > 0, "the run ended before the signal: {first}{rest}");
+}

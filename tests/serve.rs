@@ -1511,25 +1511,31 @@ fn a_read_only_root_is_served() {
     common::chmod_tree(&root, true);
 }
 
-/// SIGTERM (and Ctrl-C's SIGINT) stop the server gracefully: a request in flight is
-/// answered, then it exits 0 and says so.
+/// SIGTERM, Ctrl-C's SIGINT and SIGHUP (the terminal closed) stop the server gracefully:
+/// a request in flight is answered, then it exits 0 and says so. SIGHUP ended it at once,
+/// exit 129 (outside testing I3).
 #[test]
 fn a_signal_stops_the_server_gracefully() {
     let (dir, root) = demo_root();
-    let log = dir.path().join("stderr.txt");
-    let mut command = Server::command(&[], &root, "127.0.0.1:0", &[]);
-    command.stderr(std::fs::File::create(&log).expect("log"));
-    let mut server = Server::spawn(command);
-    server.ok("/");
-    let status = server.terminate();
-    assert!(status.success(), "{status:?}");
-    let stderr = std::fs::read_to_string(&log).expect("read log");
-    assert!(stderr.contains("session-store: stopped"), "{stderr}");
-    // Nothing answers on the port any more.
-    assert!(
-        std::net::TcpStream::connect(server.base.trim_start_matches("http://")).is_err(),
-        "still listening"
-    );
+    for signal in ["TERM", "INT", "HUP"] {
+        let log = dir.path().join(format!("stderr-{signal}.txt"));
+        let mut command = Server::command(&[], &root, "127.0.0.1:0", &[]);
+        command.stderr(std::fs::File::create(&log).expect("log"));
+        let mut server = Server::spawn(command);
+        server.ok("/");
+        let status = server.signal(signal);
+        assert!(status.success(), "SIG{signal}: {status:?}");
+        let stderr = std::fs::read_to_string(&log).expect("read log");
+        assert!(
+            stderr.contains("session-store: stopped"),
+            "SIG{signal}: {stderr}"
+        );
+        // Nothing answers on the port any more.
+        assert!(
+            std::net::TcpStream::connect(server.base.trim_start_matches("http://")).is_err(),
+            "SIG{signal}: still listening"
+        );
+    }
 }
 
 /// `serve --open` with only `dir` on the PATH; the server and its stderr once that holds

@@ -185,13 +185,13 @@ def _json_list(text: str) -> list[dict[str, Any]]:
 
 def _epoch_ms(when: datetime | None) -> int | None:
     """``when`` as whole milliseconds since the Unix epoch; a naive datetime (no timezone:
-    local time or UTC?) or another type raises :class:`InvalidInput`."""
+    local time or UTC?) raises :class:`InvalidInput`, another type :class:`TypeError`, as
+    any argument of the wrong type does (it raised :class:`InvalidInput`: outside testing
+    C5)."""
     if when is None:
         return None
     if not isinstance(when, datetime):
-        raise InvalidInput(
-            f"invalid input: since must be a datetime.datetime, not {type(when).__name__}"
-        )
+        raise TypeError(f"since must be datetime.datetime or None, not {type(when).__name__}")
     if when.utcoffset() is None:
         raise InvalidInput(
             "invalid input: since is a naive datetime; give it a timezone "
@@ -277,11 +277,17 @@ def _wrong_argument(fn: Callable[..., Any], args: Any, kwargs: Any) -> str | Non
     return None
 
 
-def _fspath(path: PathLike) -> str:
-    """``path`` as a str (bytes decoded as the file system does, ``os.fsdecode``: a name
-    that is not UTF-8 keeps its bytes); a NUL in it (no file can be named so) raises
-    :class:`InvalidInput`."""
-    text = os.fsdecode(path)
+def _fspath(path: PathLike, name: str) -> str:
+    """``path``, the argument ``name``, as a str (bytes decoded as the file system does,
+    ``os.fsdecode``: a name that is not UTF-8 keeps its bytes); a NUL in it (no file can be
+    named so) raises :class:`InvalidInput`, another type than a path :class:`TypeError`
+    naming the argument (``os.fsdecode``'s named none: outside testing C5)."""
+    try:
+        text = os.fsdecode(path)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be str, bytes or os.PathLike, not {type(path).__name__}"
+        ) from None
     if "\0" in text:
         raise InvalidInput(f"invalid input: path {text!r} contains a NUL character")
     return text
@@ -682,8 +688,11 @@ class _SessionWalk:
     a session is yielded once (its id remembered) however it moves."""
 
     def __init__(self, page_size: int, **filters: Any) -> None:
-        # Named as the caller named it (the list's "limit must be 1..=100" named another).
-        if isinstance(page_size, int) and not isinstance(page_size, bool) and not 0 < page_size <= 100:
+        # Named as the caller named it (the list's "limit must be 1..=100" named another,
+        # and its TypeError "list() argument 'limit'": outside testing C5).
+        if not isinstance(page_size, int) or isinstance(page_size, bool):
+            raise TypeError(f"page_size must be int, not {type(page_size).__name__}")
+        if not 0 < page_size <= 100:
             raise InvalidInput(f"invalid input: page_size must be 1..=100, not {page_size}")
         self._page_size = page_size
         self._filters = filters  # Root.list's keyword arguments: sort and the filters
@@ -752,7 +761,7 @@ class Root:
         durability: str = "full",
         write_behind_ms: int | None = None,
     ) -> None:
-        self._native = _native.Root(_fspath(path), durability, write_behind_ms)
+        self._native = _native.Root(_fspath(path, "path"), durability, write_behind_ms)
 
     @property
     def path(self) -> str:
@@ -772,7 +781,7 @@ class Root:
         id, :class:`InvalidInput` for a bad one.
         """
         return Session(
-            self._native.create(session_id, None if cwd is None else _fspath(cwd)), self
+            self._native.create(session_id, None if cwd is None else _fspath(cwd, "cwd")), self
         )
 
     @_native_args
@@ -849,7 +858,7 @@ class Root:
             self._native.list(
                 cursor,
                 limit,
-                None if cwd is None else _fspath(cwd),
+                None if cwd is None else _fspath(cwd, "cwd"),
                 _epoch_ms(since),
                 title,
                 origin,
@@ -946,7 +955,7 @@ class Root:
                 cursor,
                 limit,
                 session,
-                None if cwd is None else _fspath(cwd),
+                None if cwd is None else _fspath(cwd, "cwd"),
                 _epoch_ms(since),
                 role,
             )
@@ -1008,7 +1017,7 @@ class Root:
         not flushed by it: call its :meth:`Session.flush` first, or the batches it accepted
         and has not yet written are not in the file. Raises :class:`AlreadyExists` when
         ``path`` exists (nothing is written)."""
-        return _json_object(self._native.export(session_id, _fspath(path)))
+        return _json_object(self._native.export(session_id, _fspath(path, "path")))
 
     @_native_args
     def import_file(
@@ -1020,7 +1029,7 @@ class Root:
         :class:`NotFound` naming it."""
         try:
             return self._native.import_file(
-                _fspath(path), session_id, None if cwd is None else _fspath(cwd)
+                _fspath(path, "path"), session_id, None if cwd is None else _fspath(cwd, "cwd")
             )
         except (NotFound, Corrupt, UnsupportedVersion) as e:
             raise _about_file(path, e) from None
@@ -1264,7 +1273,7 @@ def verify(path: PathLike) -> dict[str, Any]:
     that does not check out, one sentence each), else raises :class:`Corrupt` (or
     :class:`NotFound`, :class:`UnsupportedVersion`) naming the path."""
     try:
-        return _json_object(_native.verify(_fspath(path)))
+        return _json_object(_native.verify(_fspath(path, "path")))
     except (NotFound, Corrupt, UnsupportedVersion) as e:
         raise _about_file(path, e) from None
 

@@ -841,6 +841,7 @@ impl Root {
             py,
             &token,
             None,
+            Some("the export had finished when interrupted: its file is whole and kept"),
             |py, e| to_py_of(py, session_id, e),
             || {
                 let report = self.service()?.root().export_cancellable(
@@ -863,7 +864,8 @@ impl Root {
         cwd: Option<String>,
     ) -> NativeResult<String> {
         let token = CancelToken::new();
-        interruptible(py, &token, None, to_py, || {
+        let finished = "the import had finished when interrupted: the session is published";
+        interruptible(py, &token, None, Some(finished), to_py, || {
             let mut options = ImportOptions::default();
             if let Some(id) = session_id {
                 options = options.with_session_id(SessionId::new(id)?);
@@ -935,7 +937,7 @@ impl Root {
         // seconds, so a host deleting often kept hundreds of them.
         let token = CancelToken::after(patience);
         let started = Instant::now();
-        let deleted = interruptible(py, &token, stop, to_py, || {
+        let deleted = interruptible(py, &token, stop, None, to_py, || {
             match service.root().delete(&id, &token) {
                 Err(Error::Cancelled) => Ok(Some((
                     service.root().writer_owner(&id).ok().flatten(),
@@ -977,11 +979,16 @@ impl Root {
 /// is waited for and the exception is returned instead of `f`'s result. `stop`, when given,
 /// is an object with `is_set()` (a `threading.Event`) looked at as often: once it is set,
 /// `token` is cancelled and `f`'s result (its `Cancelled`, as a rule) returned. `f`'s
-/// error becomes an exception through `to_exception`.
+/// error becomes an exception through `to_exception`. When `f` succeeded all the same
+/// (the signal came after its last look at `token`: an export's file in place, an
+/// import's session published) and `finished` says what that leaves, the exception
+/// carries it as a note (`add_note`, Python 3.11+): a `KeyboardInterrupt` said nothing
+/// of it, and the caller took the work for undone (outside testing I1).
 fn interruptible<T: Send>(
     py: Python<'_>,
     token: &CancelToken,
     stop: Option<&Bound<'_, PyAny>>,
+    finished: Option<&str>,
     to_exception: impl Fn(Python<'_>, Error) -> PyErr,
     f: impl FnOnce() -> session_store::Result<T> + Send,
 ) -> NativeResult<T> {
@@ -1023,7 +1030,11 @@ fn interruptible<T: Send>(
             }
             if let Err(signal) = py.check_signals() {
                 token.cancel();
-                let _ = py.detach(move || outcome.recv());
+                let succeeded = py.detach(move || outcome.recv()).is_ok_and(|r| r.is_ok());
+                if succeeded && let Some(finished) = finished {
+                    // Best effort: Python 3.10 has no notes.
+                    let _ = signal.value(py).call_method1("add_note", (finished,));
+                }
                 return Err(signal);
             }
             if let Some(stop) = stop

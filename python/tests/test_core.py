@@ -792,6 +792,14 @@ def test_append_names_the_argument_or_event_key_of_a_wrong_value(root):
              "messages() argument 'limit' must be int | None, not str"),
             # Taken, then refused at the first read naming nothing (session 37).
             (lambda: root.reader(5), "reader() argument 'session_id' must be str, not int"),
+            # InvalidInput, and paths and page sizes named nothing or another argument
+            # (outside testing C5).
+            (lambda: root.list(since="7d"), "since must be datetime.datetime or None, not str"),
+            (lambda: root.search("x", since=7), "since must be datetime.datetime or None, not int"),
+            (lambda: root.list(cwd=5), "cwd must be str, bytes or os.PathLike, not int"),
+            (lambda: root.export("w", 5), "path must be str, bytes or os.PathLike, not int"),
+            (lambda: session_store.Root(5), "path must be str, bytes or os.PathLike, not int"),
+            (lambda: next(root.iter_sessions(page_size="x")), "page_size must be int, not str"),
         ]:
             with pytest.raises(TypeError) as e:
                 call()
@@ -1534,7 +1542,6 @@ def test_search_finds_words_with_filters_and_pages(root):
         lambda: root.search(""),
         lambda: root.search("harbour", limit=101),
         lambda: root.search("harbour", since=datetime(2026, 1, 1)),  # naive: which zone?
-        lambda: root.search("harbour", since=1767225600),  # a number: seconds or ms?
         lambda: root.search("harbour", cursor="s1.x"),
         lambda: root.search("harbour", session="../x"),
     ]:
@@ -1542,6 +1549,10 @@ def test_search_finds_words_with_filters_and_pages(root):
             bad()
     with pytest.raises(NotFound):
         root.search("harbour", session="nope")
+    # A number (seconds or ms?) is of the wrong type, as any argument's is (InvalidInput
+    # before: outside testing C5).
+    with pytest.raises(TypeError, match="^since must be datetime.datetime or None, not int$"):
+        root.search("harbour", since=1767225600)
 
 
 def test_rename_sets_the_title_that_list_and_search_show(root):

@@ -83,19 +83,24 @@ impl Interrupt {
     /// `error` as the command's failure: when a signal stopped the command, a failure with
     /// status 128 + its number saying `what` (`"nothing was written"`), else `error`.
     pub fn failure(&self, error: CliError, what: &str) -> CliError {
+        self.stopped(what).unwrap_or(error)
+    }
+
+    /// When a signal came, the command's failure with status 128 + its number saying
+    /// `what`; `None` otherwise.
+    pub fn stopped(&self, what: &str) -> Option<CliError> {
+        self.seen().map(|(number, name)| {
+            Failure::with_code(status(number), format!("interrupted by {name}; {what}"))
+        })
+    }
+
+    /// The first signal that came, with its name, if one did.
+    pub fn seen(&self) -> Option<(i32, &'static str)> {
         match self.signal.load(Ordering::SeqCst) {
-            0 => error,
-            number => Failure::with_code(
-                status(number),
-                format!(
-                    "interrupted by {}; {what}",
-                    match number {
-                        SIGINT => "SIGINT",
-                        SIGHUP => "SIGHUP",
-                        _ => "SIGTERM",
-                    }
-                ),
-            ),
+            0 => None,
+            SIGINT => Some((SIGINT, "SIGINT")),
+            SIGHUP => Some((SIGHUP, "SIGHUP")),
+            number => Some((number, "SIGTERM")),
         }
     }
 }

@@ -752,6 +752,16 @@ pub fn import(
             in_context(e, format!("import {}", file.display()))
         }
     })?;
+    // A signal after the session was published stopped only its search indexing: the
+    // import is done, and said so (the signal went unnoticed for the 10 s a large session
+    // was indexed, then the command printed the id, exit 0, or a second one ended it,
+    // exit 130, with the session published: outside testing I2).
+    if let Some((_, name)) = interrupt.seen() {
+        errln!(
+            "{name} came once the session was published: it is kept; the next search \
+             indexes what its search indexing had not"
+        );
+    }
     if cx.json {
         print_json(&json!({"session_id": id, "file": file.to_string_lossy()}))
     } else {
@@ -845,14 +855,21 @@ pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
     };
     // Each deletion is printed as it is made (with --json the report comes at the end): a
     // run stopped midway printed nothing of what it had deleted. One that cannot print
-    // stops before its next deletion.
+    // stops before its next deletion, and so does one a signal stops: the deletion under
+    // way is finished and printed first (the signal's default action ended the process
+    // between a deletion and its line: outside testing I5).
+    let interrupt = Interrupt::watch()?;
+    let go_on = || match interrupt.seen() {
+        Some(_) => ControlFlow::Break(()),
+        None => ControlFlow::Continue(()),
+    };
     let mut unprinted = None;
     let collected = root.gc_with_progress(options, |d| {
         if cx.json {
-            return ControlFlow::Continue(());
+            return go_on();
         }
         bar.suspend(|| match print_collected(verb, d) {
-            Ok(()) => ControlFlow::Continue(()),
+            Ok(()) => go_on(),
             Err(e) => {
                 // Said where it can still be read: with stdout gone (`gc | head -2`) the
                 // run deleted one session more than it printed, without a word.
@@ -894,6 +911,9 @@ pub fn gc(cx: &Context, options: &GcOptions) -> CliResult<()> {
         if report.deleted.is_empty() && report.kept.is_empty() && report.failed.is_empty() {
             outln!("nothing to collect");
         }
+    }
+    if let Some(stopped) = interrupt.stopped("the run stopped after the deletions it reported") {
+        return Err(stopped);
     }
     match report.failed.len() {
         0 => Ok(()),

@@ -3,6 +3,7 @@
 
 use serde_json::json;
 
+use crate::cancel::CancelToken;
 use crate::error::{Error, Result};
 use crate::model::header::{Header, Origin};
 use crate::model::ids::now_ms;
@@ -308,7 +309,7 @@ impl Root {
             write::init_file(conn, &header)?;
             write_lineage(conn, &lineage)
         })?;
-        self.publish(staged, &child)?;
+        self.publish(staged, &child, &CancelToken::new())?;
         drop(reader);
         for (ancestor, _) in &recorded {
             empty_wal(&self.session_dir(ancestor).join(SESSION_FILE));

@@ -39,6 +39,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::cancel::CancelToken;
 use crate::error::{Error, Result, WriterOwner};
 use crate::format::DEFAULT_INLINE_THRESHOLD;
 use crate::model::header::{Header, Origin};
@@ -659,7 +660,7 @@ impl Root {
         let header = new_header(options)?;
         let id = header.session_id.clone();
         let (staged, lock) = self.stage(&id, "create", |conn| write::init_file(conn, &header))?;
-        self.publish(staged, &id)?;
+        self.publish(staged, &id, &CancelToken::new())?;
         self.start_writer(&self.session_dir(&id), lock)
             .inspect_err(|_| drop(self.unmake(&id)))
     }
@@ -752,7 +753,7 @@ impl Root {
         let lock = filling.close_keeping_lock()?;
         // Nothing of the filling session may stay open on the staged path.
         drop(filling);
-        self.publish(staged, &id)?;
+        self.publish(staged, &id, &CancelToken::new())?;
         self.start_writer(&self.session_dir(&id), lock)
     }
 
@@ -813,8 +814,14 @@ impl Root {
     }
 
     /// Renames a staged session folder into place (removing it if that fails) and
-    /// records it in the catalog.
-    pub(crate) fn publish(&self, staged: Staged, id: &SessionId) -> Result<()> {
+    /// records it in the catalog and the search index, the latter until `cancel` fires
+    /// (both are derived: what they miss is caught up later).
+    pub(crate) fn publish(
+        &self,
+        staged: Staged,
+        id: &SessionId,
+        cancel: &CancelToken,
+    ) -> Result<()> {
         staged
             .publish(self.dir_fd(), &self.inner.path, id.as_str())
             .map_err(|e| match e {
@@ -823,7 +830,7 @@ impl Root {
             })?;
         // The catalog is derived: a session it misses is indexed on the next open.
         drop(self.inner.catalog.touch(self, id));
-        self.index_session(id);
+        self.index_session_unless_cancelled(id, cancel);
         Ok(())
     }
 

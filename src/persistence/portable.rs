@@ -312,7 +312,9 @@ impl Root {
     /// [`Root::import`] that stops when `cancel` fires (a command line's Ctrl-C, a service
     /// caller gone): it is checked before anything is read, before each commit of the copy
     /// and before the session is published, and a cancelled import removes its staging
-    /// folder, as a failed one does.
+    /// folder, as a failed one does. Once the session is published the import is done:
+    /// `cancel` then only stops its search indexing (left to the next process's first
+    /// search), and the new id is returned.
     ///
     /// # Errors
     /// [`Error::Cancelled`] when `cancel` fired before the session was published (nothing
@@ -358,16 +360,24 @@ impl Root {
         if let Some(cwd) = options.cwd {
             Header::check_cwd(&cwd)?;
             header.cwd = Some(cwd);
-        }
-        // What `create` refuses is refused from a file too (an empty cwd, one holding NUL
-        // or longer than a path; a creation time no listing can place were imported).
-        if let Some(cwd) = &header.cwd {
-            Header::check_cwd(cwd).map_err(|e| match e {
+        } else if let Some(cwd) = header.cwd.take() {
+            // What `create` refuses is refused from a file too (an empty cwd, one holding
+            // NUL or longer than a path; a creation time no listing can place were
+            // imported).
+            Header::check_cwd(&cwd).map_err(|e| match e {
                 Error::InvalidInput { what, .. } => Error::invalid(format!(
                     "the file's header: {what}; import it with a cwd of its own (--cwd DIR)"
                 )),
                 other => other,
             })?;
+            // An absolute one spelled as `--cwd` and `cwd=` filters spell it (`/srv//api/.`
+            // is `/srv/api`): kept as the file had it, no filter found the session (outside
+            // testing C4). A relative one, which a library host may record, is kept.
+            let spelled = match std::path::Path::new(&cwd).is_absolute() {
+                true => crate::absolute_cwd(&cwd)?,
+                false => cwd,
+            };
+            header.cwd = Some(spelled);
         }
         header.check_created_at()?;
         Header::check_commit_time(reader.newest_commit_ms()?)?;
@@ -397,7 +407,7 @@ impl Root {
         if cancel.is_cancelled() {
             return Err(Error::Cancelled);
         }
-        self.publish(staged, &id)?;
+        self.publish(staged, &id, cancel)?;
         Ok(id)
     }
 }

@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::cancel::CancelToken;
 use crate::error::{Error, Result};
 use crate::model::Message;
 use crate::model::search::{Mark, SearchQuery, message_text, snippet};
@@ -562,13 +563,24 @@ impl Root {
     /// lineage changed and indexes it anew. Best effort: the index is derived, and a
     /// session it misses is caught up when next opened for writing or by a rebuild.
     pub(crate) fn index_session(&self, id: &SessionId) {
+        self.index_session_unless_cancelled(id, &CancelToken::new());
+    }
+
+    /// [`Root::index_session`] that stops when `cancel` fires, leaving what it had not
+    /// indexed to the next process's first search (a session the index holds nothing of
+    /// is caught up then): for an import, whose Ctrl-C did nothing for the 10 s it indexed
+    /// a large session after publishing it (outside testing I2).
+    pub(crate) fn index_session_unless_cancelled(&self, id: &SessionId, cancel: &CancelToken) {
         if let Some(index) = self.search_index()
             && let Ok(reader) = self.open_reader(id)
         {
-            let _ = index.catch_up(&reader);
+            let _ = index.catch_up_unless_cancelled(&reader, cancel);
             for entry in reader.lineage() {
+                if cancel.is_cancelled() {
+                    return;
+                }
                 if let Ok(ancestor) = self.open_reader(&entry.ancestor_id) {
-                    let _ = index.catch_up(&ancestor);
+                    let _ = index.catch_up_unless_cancelled(&ancestor, cancel);
                 }
             }
         }
@@ -1010,6 +1022,40 @@ fn stat_in(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A catch-up whose token fired writes nothing: the session stays one the index holds
+    /// nothing of, which a later catch-up (the next process's first search) takes whole.
+    /// An import's indexing after it published runs so (outside testing I2: Ctrl-C did
+    /// nothing for the 10 s a large session was indexed).
+    #[test]
+    fn a_cancelled_catch_up_writes_nothing_and_a_later_one_takes_the_session() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = Root::open(dir.path()).expect("root");
+        let id = SessionId::new("imported").expect("id");
+        let session = root
+            .create(crate::CreateOptions::with_id(id.clone()))
+            .expect("create");
+        let message = crate::Event::new("message/complete")
+            .with_payload(
+                &serde_json::json!({"message": {"id": "m", "role": "user", "content": "wombat"}}),
+            )
+            .expect("event");
+        session
+            .append(crate::Batch::new("o", vec![message]))
+            .expect("append");
+        session.close().expect("close");
+        let index = crate::store::search::SearchIndex::open_private().expect("index");
+        let reader = root.open_reader(&id).expect("reader");
+        let cancelled = CancelToken::new();
+        cancelled.cancel();
+        assert!(matches!(
+            index.catch_up_unless_cancelled(&reader, &cancelled),
+            Err(Error::Cancelled)
+        ));
+        assert!(index.indexed_sessions().expect("sessions").is_empty());
+        assert!(index.catch_up(&reader).expect("catch up"));
+        assert_eq!(index.indexed_sessions().expect("sessions"), vec![(id, 1)]);
+    }
 
     #[test]
     fn cursors_round_trip_and_refuse_junk() {

@@ -196,11 +196,17 @@ impl Server {
 
     /// Sends the server SIGTERM and waits (at most 10 s) for it to exit; its exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
+        self.signal("TERM")
+    }
+
+    /// Sends the server the signal `name` (`TERM`, `INT`, `HUP`) and waits (at most 10 s)
+    /// for it to exit; its exit status.
+    pub fn signal(&mut self, name: &str) -> std::process::ExitStatus {
         let sent = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+            .args([&format!("-{name}"), &self.child.id().to_string()])
             .status()
             .expect("run kill");
-        assert!(sent.success(), "kill -TERM failed");
+        assert!(sent.success(), "kill -{name} failed");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
             if let Some(status) = self.child.try_wait().expect("wait") {
@@ -208,7 +214,7 @@ impl Server {
             }
             assert!(
                 std::time::Instant::now() < deadline,
-                "serve ignored SIGTERM"
+                "serve ignored SIG{name}"
             );
             std::thread::sleep(std::time::Duration::from_millis(20));
         }

@@ -299,7 +299,9 @@ pub fn run(cx: &Context, options: &Options) -> CliResult<()> {
     served
 }
 
-/// Resolves on SIGINT (Ctrl-C) or SIGTERM. The server then takes no new connection,
+/// Resolves on SIGINT (Ctrl-C), SIGTERM or SIGHUP (the terminal closed: it ended the
+/// process at once, exit 129, requests in flight cut and a private search index left in
+/// the temporary folder: outside testing I3). The server then takes no new connection,
 /// finishes the requests in flight (for at most `listen::DRAIN_LIMIT`) and returns, and the root is dropped as usual (a
 /// private search index, built for a root this process may only read, is removed with it).
 /// A signal that cannot be listened for is never awaited.
@@ -310,16 +312,17 @@ async fn shutdown_requested() {
             std::future::pending::<()>().await;
         }
     };
-    let terminate = async {
-        match signal(SignalKind::terminate()) {
-            Ok(mut terminate) => {
-                terminate.recv().await;
+    let received = |kind: SignalKind| async move {
+        match signal(kind) {
+            Ok(mut signal) => {
+                signal.recv().await;
             }
             Err(_) => std::future::pending::<()>().await,
         }
     };
     tokio::select! {
         () = interrupt => {}
-        () = terminate => {}
+        () = received(SignalKind::terminate()) => {}
+        () = received(SignalKind::hangup()) => {}
     }
 }
