@@ -758,8 +758,8 @@ pub fn import(
     // exit 130, with the session published: outside testing I2).
     if let Some((_, name)) = interrupt.seen() {
         errln!(
-            "{name} came once the session was published: it is kept; the next search \
-             indexes what its search indexing had not"
+            "session-store: interrupted by {name} after the session was published: it is \
+             kept (the next search indexes what this import had not)"
         );
     }
     if cx.json {

@@ -373,11 +373,11 @@ impl Root {
             // An absolute one spelled as `--cwd` and `cwd=` filters spell it (`/srv//api/.`
             // is `/srv/api`): kept as the file had it, no filter found the session (outside
             // testing C4). A relative one, which a library host may record, is kept.
-            let spelled = match std::path::Path::new(&cwd).is_absolute() {
-                true => crate::absolute_cwd(&cwd)?,
-                false => cwd,
-            };
-            header.cwd = Some(spelled);
+            header.cwd = Some(if std::path::Path::new(&cwd).is_absolute() {
+                crate::absolute_cwd(&cwd)?
+            } else {
+                cwd
+            });
         }
         header.check_created_at()?;
         Header::check_commit_time(reader.newest_commit_ms()?)?;
