@@ -244,7 +244,8 @@ enum Command {
         file: PathBuf,
     },
     /// Validate an exported file and publish it as a new session. Ctrl-C (SIGINT), SIGTERM
-    /// or SIGHUP stops it publishing nothing (exit 130, 143 or 129).
+    /// or SIGHUP stops it publishing nothing (exit 130, 143 or 129); once it has published,
+    /// only its search indexing stops, and it prints the id (exit 0).
     Import {
         /// The exported file.
         file: PathBuf,
