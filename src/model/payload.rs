@@ -652,9 +652,10 @@ pub(crate) fn one_of(kind: &str, field: &str, value: &str, allowed: &[&str]) -> 
 /// shell's views, search, Python) read as the event (outside testing, session 47). A
 /// stored one still folds, so files written before the rule keep opening, replaying and
 /// verifying. Checked before the payloads' schemas, so that an array is said to be one,
-/// not "invalid length 2, expected a JSON object with 35 elements". `events` have their kinds trimmed;
-/// an unknown kind, `turn/start` and `diagnostic` (which read no payload) are left alone,
-/// as is a `todo/write` payload that is no object of todos (its schema says why).
+/// not "invalid length 2, expected a JSON object with 35 elements". `events` have their
+/// kinds trimmed; an unknown kind, `turn/start` and `diagnostic` (which read no payload)
+/// are left alone, as is a `todo/write` payload that is no object of todos (its schema
+/// says why).
 ///
 /// # Errors
 /// [`Error::InvalidPayload`] of the event's kind, naming the key or the array.

@@ -397,13 +397,9 @@ fn check_replacements(prepared: &PreparedFold) -> Result<()> {
     Ok(())
 }
 
-/// How an error names the `usage` event `events[i]` of a batch: its index and model.
-fn usage_event(i: usize, r: &UsageRecord) -> String {
-    named_usage_event(i, Some(&r.model))
-}
-
-/// How an error names the `usage` event `events[i]`, with its model when it has one.
-fn named_usage_event(i: usize, model: Option<&str>) -> String {
+/// How an error names the `usage` event `events[i]` of a batch: its index, and its model
+/// when it has one.
+fn usage_event(i: usize, model: Option<&str>) -> String {
     match model {
         Some(model) => format!("events[{i}] (model {}):", crate::error::quoted(model)),
         None => format!("events[{i}]:"),
@@ -425,7 +421,7 @@ fn naming_usage(e: Error, i: usize, event: &Event) -> Error {
                 .payload_str()
                 .and_then(|text| serde_json::from_str::<ModelOf>(text).ok())
                 .and_then(|m| m.model);
-            let named = named_usage_event(i, model.as_deref());
+            let named = usage_event(i, model.as_deref());
             Error::InvalidPayload {
                 kind,
                 reason: format!("{named} {reason}"),
@@ -471,7 +467,7 @@ fn check_costs(prepared: &PreparedFold) -> Result<()> {
                 format!(
                     "{} cost {cost} is over what one call may cost (at most \
                      {MAX_CALL_COST_WHOLE_DIGITS} digits before the point)",
-                    usage_event(i, r)
+                    usage_event(i, Some(&r.model))
                 ),
             ));
         }
@@ -522,7 +518,12 @@ impl Projection {
                 Parsed::Usage(r) => usage
                     .get_or_insert_with(|| self.usage.clone())
                     .add(r)
-                    .map_err(|why| bad(kind::USAGE, format!("{} {why}", usage_event(i, r))))?,
+                    .map_err(|why| {
+                        bad(
+                            kind::USAGE,
+                            format!("{} {why}", usage_event(i, Some(&r.model))),
+                        )
+                    })?,
                 Parsed::MessageComplete(m) => {
                     let known = match &reset {
                         Some(ids) => ids.contains(m.id()),
